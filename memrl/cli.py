@@ -1,0 +1,64 @@
+"""The `memrl` command. Each subcommand lives in its own module (memrl/commands/<name>.py) exposing
+`add_arguments(parser)` and `run(args) -> int`; this file only dispatches, so importing it is cheap."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "model": ("memrl.commands.model", "build tiny local models (tokenizer + Qwen2 weights)"),
+    "data": ("memrl.commands.data", "build, convert and inspect datasets"),
+    "eval": ("memrl.commands.eval", "evaluate a workflow on eval files, by context length"),
+    "train": ("memrl.commands.train", "RL training (dotted config overrides)"),
+    "train-sft": ("memrl.commands.train_sft", "supervised cold start on workflow traces"),
+    "demo": ("memrl.commands.demo", "the CPU demo: tiny model -> SFT -> RL -> eval -> report"),
+    "serve": ("memrl.commands.serve", "start a service (retrieval, judge)"),
+}
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
+    parser = argparse.ArgumentParser(prog="memrl", description="Long-context memory agents trained with RL.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    modules: dict[str, object] = {}
+    for name, (modname, help_) in COMMANDS.items():
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as e:
+            if e.name == modname:  # command not built yet in this version
+                continue
+            raise
+        p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip())
+        mod.add_arguments(p)
+        modules[name] = mod
+    return parser, modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, modules = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from memrl import __version__
+
+        print(__version__)
+        return 0
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        return int(modules[args.command].run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, PermissionError, RuntimeError) as e:
+        if getattr(args, "debug", False):
+            raise
+        print(f"memrl {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

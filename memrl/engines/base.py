@@ -1,0 +1,88 @@
+"""The engine protocol every inference backend implements.
+
+Logprob convention (shared by every engine and the trainer): a returned logprob is the log-probability
+of the sampled token under softmax(logits / T), with T the sampling temperature (T = 1 when greedy,
+temperature 0), *before* top-k / top-p truncation. The trainer recomputes log_softmax(logits / T) on the
+same tokens, so old and new logprobs agree exactly when the weights are unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+class EngineError(RuntimeError):
+    """An engine could not serve a request (unreachable server, malformed reply, bad request)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion. temperature 0 means greedy; top_k <= 0 and top_p = 1 disable them."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature that logprobs are computed under (1 for greedy)."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+    def replace(self, **kw: Any) -> SamplingParams:
+        from dataclasses import replace
+
+        return replace(self, **kw)
+
+
+@dataclass
+class Completion:
+    """What an engine returns: generated token ids, their logprobs, and why generation stopped.
+
+    finish_reason is "stop" (a stop token was produced; it is included in token_ids) or "length".
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise EngineError(
+                f"Completion has {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs"
+            )
+        if self.finish_reason not in ("stop", "length", "abort"):
+            raise EngineError(f"Completion.finish_reason must be stop/length/abort, got {self.finish_reason!r}")
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Token in, token out. Concurrent `generate` calls are batched by the engine itself."""
+
+    tokenizer: Any
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion: ...
+
+    def update_weights(self, weights: Mapping[str, Any] | str) -> None:
+        """Load new weights: a state dict (name -> tensor) or a HuggingFace checkpoint directory."""
+        ...
+
+    async def close(self) -> None: ...
