@@ -112,6 +112,12 @@ class Trajectory:
     def num_response_tokens(self) -> int:
         return sum(len(s.response_ids) for s in self.segments)
 
+    def set_id(self, trajectory_id: str) -> None:
+        """Name this trajectory (and its segments); the rollout runner calls this."""
+        self.trajectory_id = trajectory_id
+        for seg in self.segments:
+            seg.trajectory_id = trajectory_id
+
 
 @dataclass
 class Group:

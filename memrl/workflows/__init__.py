@@ -1,0 +1,67 @@
+"""Workflows: `async def run(task, engine, cfg, rng) -> Trajectory`, registered by name."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from memrl.types import Task, Trajectory
+
+
+@dataclass(frozen=True)
+class WorkflowSpec:
+    """A registered workflow: its run function, its config dataclass and its outcome reward."""
+
+    name: str
+    run: Callable[..., Awaitable[Trajectory]]
+    config_cls: type
+    reward: Callable[[Task, Trajectory], float]
+
+
+_REGISTRY: dict[str, Callable[[], WorkflowSpec]] = {}
+
+
+def register_workflow(name: str, factory: Callable[[], WorkflowSpec]) -> None:
+    _REGISTRY[name] = factory
+
+
+def get_workflow(name: str) -> WorkflowSpec:
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown workflow {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]()
+
+
+def workflow_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def boxed_em_outcome(task: Task, traj: Trajectory) -> float:
+    """Training reward shared by the chunked workflows: exact match of the last \\boxed{} answer."""
+    from memrl.rewards.qa import boxed_em_reward
+
+    return boxed_em_reward(traj.info.get("answer_text", ""), task.answers)
+
+
+def _memagent() -> WorkflowSpec:
+    from memrl.workflows import memagent
+
+    return WorkflowSpec("memagent", memagent.run, memagent.MemAgentConfig, boxed_em_outcome)
+
+
+register_workflow("memagent", _memagent)
+
+
+def _try_register(name: str, module: str) -> None:
+    """Workflows that arrive in later modules register lazily, so a missing one fails by name only."""
+
+    def factory() -> WorkflowSpec:
+        import importlib
+
+        mod: Any = importlib.import_module(module)
+        return mod.SPEC
+
+    register_workflow(name, factory)
+
+
+_try_register("rememr1", "memrl.workflows.rememr1")

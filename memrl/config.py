@@ -1,0 +1,120 @@
+"""Typed configs: dataclasses composed with OmegaConf, presets from YAML, dotted CLI overrides.
+
+    cfg = load_config(TrainConfig, ["workflow=memagent", "algorithm.n=8"], preset="demo_cpu")
+
+- A preset is `memrl/configs/<name>.yaml` (packaged) or a path to a YAML file.
+- `section=value`, where `section` is a dataclass field with a `name` field, selects by name
+  (`workflow=rememr1` is `workflow.name=rememr1`), as Hydra's config groups read on the command line.
+- Unknown keys and wrong types fail with a `ConfigError` naming the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config key, value or preset is invalid; the message names it."""
+
+
+def preset_path(preset: str) -> Path:
+    """The YAML file of a preset name (packaged under memrl/configs/) or a path."""
+    p = Path(preset)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.exists():
+            raise ConfigError(f"preset file {p} does not exist")
+        return p
+    packaged = resources.files("memrl").joinpath("configs", f"{preset}.yaml")
+    if not packaged.is_file():
+        raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(preset_names())}")
+    return Path(str(packaged))
+
+
+def preset_names() -> list[str]:
+    d = resources.files("memrl").joinpath("configs")
+    return sorted(p.name[:-5] for p in d.iterdir() if p.name.endswith(".yaml"))
+
+
+def _selector_overrides(schema: Any, overrides: list[str]) -> list[str]:
+    """Rewrite `section=value` into `section.name=value` for dataclass sections with a `name` field."""
+    out = []
+    fields = {f.name: f for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
+    for ov in overrides:
+        if "=" not in ov:
+            raise ConfigError(f"override {ov!r} is not of the form key=value")
+        key, value = ov.split("=", 1)
+        key = key.lstrip("+")
+        f = fields.get(key)
+        if f is not None and dataclasses.is_dataclass(f.default_factory() if callable(f.default_factory) else None):
+            section = f.default_factory()  # type: ignore[misc]
+            if any(g.name == "name" for g in dataclasses.fields(section)):
+                out.append(f"{key}.name={value}")
+                continue
+        out.append(f"{key}={value}")
+    return out
+
+
+def _wrap(e: OmegaConfBaseException, origin: str) -> ConfigError:
+    key = getattr(e, "full_key", None) or ""
+    msg = str(e).splitlines()[0]
+    where = f" (key '{key}')" if key else ""
+    return ConfigError(f"invalid config from {origin}{where}: {msg}")
+
+
+def load_config(schema: type[T], overrides: list[str] | tuple[str, ...] = (), preset: str | None = None) -> T:
+    """Defaults of `schema`, then the preset YAML, then the overrides; returns a `schema` instance."""
+    try:
+        cfg: DictConfig = OmegaConf.structured(schema)
+    except OmegaConfBaseException as e:  # pragma: no cover - a schema bug
+        raise _wrap(e, f"schema {schema.__name__}") from e
+    if preset:
+        path = preset_path(preset)
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.load(path))  # type: ignore[assignment]
+        except OmegaConfBaseException as e:
+            raise _wrap(e, f"preset {path}") from e
+    dotlist = _selector_overrides(schema, list(overrides))
+    for ov in dotlist:
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([ov]))  # type: ignore[assignment]
+        except OmegaConfBaseException as e:
+            raise _wrap(e, f"override '{ov}'") from e
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        raise _wrap(e, "config") from e
+    except (TypeError, ValueError) as e:  # a dataclass __post_init__ rejected a value
+        raise ConfigError(str(e)) from e
+    return obj  # type: ignore[return-value]
+
+
+def section_from_dict(cls: type[T], values: dict[str, Any] | None, where: str) -> T:
+    """Build a dataclass from a free-form dict section, with typed errors naming `where.key`."""
+    values = dict(values or {})
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) {', '.join(where + '.' + k for k in unknown)} for {cls.__name__}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(cls), values)
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        raise _wrap(e, where) from e
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: {e}") from e
+
+
+def to_yaml(obj: Any) -> str:
+    """A config dataclass as YAML (saved next to every run)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(obj))

@@ -1,0 +1,177 @@
+"""Contract tests: the MemAgent workflow against a scripted engine with a character tokenizer.
+
+With one token per character, chunk boundaries and prompts can be written out by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from memrl.testing import CharTokenizer, ScriptedEngine
+from memrl.types import Task
+from memrl.workflows import get_workflow
+from memrl.workflows.memagent import MemAgentConfig, centre_truncate, chunk_context, run
+from memrl.workflows.runner import rollout
+from memrl.workflows.templates import TemplateError
+
+MEM_TPL = "P:{problem}|M:{memory}|C:{chunk}"
+FIN_TPL = "P:{problem}|M:{memory}|answer:"
+
+
+def cfg(**kw) -> MemAgentConfig:
+    base = dict(chunk_tokens=4, max_memory_tokens=20, max_final_tokens=20, temperature=0.0,
+                memory_template=MEM_TPL, final_template=FIN_TPL)
+    base.update(kw)
+    return MemAgentConfig(**base)
+
+
+def user(text: str) -> str:
+    return f"<user>{text}</user><assistant>"
+
+
+def run_one(task: Task, engine: ScriptedEngine, c: MemAgentConfig):
+    return asyncio.run(run(task, engine, c, random.Random(0)))
+
+
+def test_exact_prompts_memory_overwrite_and_final_segment():
+    # context "abcdefghij" = 10 chars = 10 tokens -> chunks "abcd", "efgh", "ij" (3 memory calls + final)
+    task = Task("t1", "Q?", "abcdefghij", ["x"])
+    engine = ScriptedEngine(["m1", "m2", "m3", r"so \boxed{x}"])
+    traj = run_one(task, engine, cfg())
+
+    prompts = [c.prompt_text for c in engine.calls]
+    assert prompts == [
+        user("P:Q?|M:No previous memory|C:abcd"),
+        user("P:Q?|M:m1|C:efgh"),  # the memory is overwritten wholesale, never appended
+        user("P:Q?|M:m2|C:ij"),
+        user("P:Q?|M:m3|answer:"),
+    ]
+    assert [s.step for s in traj.segments] == [0, 1, 2, 3]
+    assert [s.info["kind"] for s in traj.segments] == ["memory", "memory", "memory", "final"]
+    assert [s.info["memory"] for s in traj.segments] == ["m1", "m2", "m3", "m3"]
+    assert [s.info["previous_memory"] for s in traj.segments[:3]] == ["No previous memory", "m1", "m2"]
+    # token in, token out: the segment holds the engine's ids (reply + EOS) and logprobs
+    tok = CharTokenizer()
+    assert traj.segments[0].response_ids == tok.encode("m1") + [tok.eos_token_id]
+    assert traj.segments[0].response_logprobs == [-0.5, -0.5, -0.5]
+    assert traj.segments[0].loss_mask == [1, 1, 1]
+    assert traj.segments[0].prompt_ids == tok.encode(prompts[0])
+    final = traj.segments[-1]
+    assert final.info["answer_text"] == r"so \boxed{x}"
+    assert final.info["prediction"] == "x"
+    assert traj.final_answer == "x"
+    assert traj.metrics["num_chunks"] == 3.0
+    assert traj.metrics["tokens_read"] == 10.0
+    assert traj.metrics["no_box"] == 0.0
+    # greedy: sampling carries no seed; budgets come from the config
+    assert [c.sampling.max_tokens for c in engine.calls] == [20, 20, 20, 20]
+    assert all(c.sampling.temperature == 0 for c in engine.calls)
+
+
+def test_empty_generated_memory_falls_back_to_placeholder():
+    task = Task("t1", "Q?", "abcdefgh", ["x"])
+    engine = ScriptedEngine(["", "  ", r"\boxed{y}"])
+    traj = run_one(task, engine, cfg())
+    assert engine.calls[1].prompt_text == user("P:Q?|M:No previous memory|C:efgh")
+    assert engine.calls[2].prompt_text == user("P:Q?|M:No previous memory|answer:")
+    assert traj.metrics["empty_memories"] == 2.0
+
+
+def test_memory_is_capped_at_max_memory_tokens():
+    task = Task("t1", "Q?", "abcd", ["x"])
+    engine = ScriptedEngine(["0123456789", r"\boxed{x}"])
+    traj = run_one(task, engine, cfg(max_memory_tokens=5))
+    assert traj.segments[0].info["memory"] == "01234"
+    assert traj.segments[0].info["finish_reason"] == "length"
+    assert engine.calls[1].prompt_text == user("P:Q?|M:01234|answer:")
+
+
+def test_empty_context_answers_from_placeholder_memory():
+    task = Task("t1", "Q?", "", ["x"])
+    engine = ScriptedEngine([r"\boxed{x}"])
+    traj = run_one(task, engine, cfg())
+    assert len(traj.segments) == 1
+    assert engine.calls[0].prompt_text == user("P:Q?|M:No previous memory|answer:")
+    assert traj.metrics["num_chunks"] == 0.0
+
+
+def test_context_shorter_than_one_chunk_is_one_memory_call():
+    task = Task("t1", "Q?", "ab", ["x"])
+    engine = ScriptedEngine(["m", r"\boxed{x}"])
+    traj = run_one(task, engine, cfg(chunk_tokens=100))
+    assert [c.prompt_text for c in engine.calls] == [user("P:Q?|M:No previous memory|C:ab"), user("P:Q?|M:m|answer:")]
+    assert len(traj.segments) == 2
+
+
+def test_model_that_never_closes_its_box_gets_no_prediction_and_zero_reward():
+    task = Task("t1", "Q?", "ab", ["x"])
+    engine = ScriptedEngine(["m", r"the answer is \boxed{x"])
+    spec = get_workflow("memagent")
+    groups = asyncio.run(rollout([task], spec, engine, cfg(), n=1))
+    traj = groups[0].trajectories[0]
+    assert traj.final_answer == ""
+    assert traj.metrics["no_box"] == 1.0
+    assert traj.reward == 0.0
+
+
+def test_centre_truncation_keeps_head_and_tail():
+    assert centre_truncate(list(range(10)), 5) == [0, 1, 2, 8, 9]
+    assert centre_truncate(list(range(10)), 4) == [0, 1, 8, 9]
+    assert centre_truncate(list(range(3)), 5) == [0, 1, 2]
+    assert centre_truncate(list(range(3)), 0) == [0, 1, 2]
+    chunks, truncated = chunk_context(list(range(10)), chunk_tokens=2, max_chunks=2)
+    assert chunks == [[0, 1], [8, 9]] and truncated
+    chunks, truncated = chunk_context(list(range(5)), chunk_tokens=2, max_chunks=0)
+    assert chunks == [[0, 1], [2, 3], [4]] and not truncated
+
+
+def test_max_chunks_truncates_the_middle_of_the_context():
+    task = Task("t1", "Q?", "abcdefghijkl", ["x"])  # 12 tokens, cap 2 chunks of 4 -> "abcd" + "ijkl"
+    engine = ScriptedEngine(["m1", "m2", r"\boxed{x}"])
+    traj = run_one(task, engine, cfg(max_chunks=2))
+    assert [c.prompt_text for c in engine.calls[:2]] == [
+        user("P:Q?|M:No previous memory|C:abcd"), user("P:Q?|M:m1|C:ijkl")]
+    assert traj.metrics["truncated"] == 1.0 and traj.metrics["context_tokens"] == 12.0
+
+
+def test_template_file_with_missing_placeholder_names_it(tmp_path):
+    bad = tmp_path / "mem.txt"
+    bad.write_text("P:{problem}|M:{memory}\n")  # no {chunk}
+    with pytest.raises(TemplateError, match=r"mem\.txt is missing placeholder\(s\) \{chunk\}"):
+        MemAgentConfig(memory_template_file=str(bad)).templates()
+    with pytest.raises(TemplateError, match="cannot read template file"):
+        MemAgentConfig(final_template_file=str(tmp_path / "nope.txt")).templates()
+
+
+def test_template_file_overrides_the_prompt(tmp_path):
+    f = tmp_path / "fin.txt"
+    f.write_text("FINAL {problem} / {memory} \\boxed{}\n")
+    task = Task("t1", "Q?", "", ["x"])
+    engine = ScriptedEngine([r"\boxed{x}"])
+    run_one(task, engine, cfg(final_template=None, final_template_file=str(f)))
+    assert engine.calls[0].prompt_text == user("FINAL Q? / No previous memory \\boxed{}")
+
+
+def test_default_templates_keep_the_published_tags():
+    mem, fin = MemAgentConfig().templates()
+    text = mem.render(problem="Q", memory="M", chunk="C")
+    for tag in ("<problem>\nQ\n</problem>", "<memory>\nM\n</memory>", "<section>\nC\n</section>"):
+        assert tag in text
+    assert "\\boxed{}" in fin.render(problem="Q", memory="M")
+
+
+def test_rollout_groups_ids_rewards_and_seeds():
+    tasks = [Task("a", "Q?", "abcd", ["x"]), Task("b", "Q?", "abcd", ["y"])]
+    engine = ScriptedEngine(lambda prompt, i: r"\boxed{x}" if "answer:" in prompt else "m")
+    spec = get_workflow("memagent")
+    groups = asyncio.run(rollout(tasks, spec, engine, cfg(temperature=1.0), n=3, concurrency=4, seed=7))
+    assert [g.task_id for g in groups] == ["a", "b"]
+    assert [t.trajectory_id for t in groups[0].trajectories] == ["a#0", "a#1", "a#2"]
+    assert groups[0].rewards == [1.0, 1.0, 1.0] and groups[1].rewards == [0.0, 0.0, 0.0]
+    assert all(s.trajectory_id == "b#2" and s.task_id == "b" for s in groups[1].trajectories[2].segments)
+    seeds = [c.sampling.seed for c in engine.calls]
+    assert all(s is not None for s in seeds) and len(set(seeds)) == len(seeds)
+    assert len(engine.calls) == 2 * 3 * 2
