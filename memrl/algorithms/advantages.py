@@ -1,0 +1,211 @@
+"""Advantage estimators over groups of trajectories (REFERENCE sections 2-4).
+
+Group statistics are taken over TRAJECTORIES (one outcome reward each), never over rows, so a
+trajectory with many segments does not count more. The list functions (`grpo_advantages`,
+`rememr1_advantages`) are the math; the registered estimators apply them to `Group`s and return one
+value per segment, indexed [group][trajectory][segment]; `compute_group_advantages` writes those
+values onto `Segment.advantage`. Each `Group` object is its own group (its position in the list keys
+it), so two groups for the same task are never pooled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Hashable, Sequence
+from typing import Literal
+
+from memrl.algorithms.registry import get_advantage, register_advantage
+from memrl.types import Group, Trajectory
+
+Credit = Literal["broadcast", "split"]
+SegmentAdvantages = list[list[list[float]]]
+
+
+def _centre(values: list[float], norm_by_std: bool, eps: float) -> list[float]:
+    """values - mean, divided by (unbiased std + eps) when norm_by_std; needs len(values) >= 2."""
+    mean = sum(values) / len(values)
+    out = [v - mean for v in values]
+    if norm_by_std:
+        std = math.sqrt(sum(d * d for d in out) / (len(values) - 1))
+        out = [d / (std + eps) for d in out]
+    return out
+
+
+def grpo_advantages(
+    rewards: Sequence[float], group_ids: Sequence[Hashable], norm_by_std: bool = True, eps: float = 1e-6
+) -> list[float]:
+    """GRPO: A_i = (r_i - mean_g) / (std_g + eps), std unbiased; r_i - mean_g without std division.
+
+    One value per trajectory; statistics over the trajectories sharing a group id. A group of one
+    gets A = r exactly (mean 0, std 1, as verl treats it).
+    """
+    if len(rewards) != len(group_ids):
+        raise ValueError(f"grpo_advantages: {len(rewards)} rewards but {len(group_ids)} group ids")
+    members: dict[Hashable, list[int]] = defaultdict(list)
+    for i, g in enumerate(group_ids):
+        members[g].append(i)
+    out = [0.0] * len(rewards)
+    for idx in members.values():
+        if len(idx) == 1:
+            out[idx[0]] = float(rewards[idx[0]])
+            continue
+        for i, a in zip(idx, _centre([float(rewards[i]) for i in idx], norm_by_std, eps), strict=True):
+            out[i] = a
+    return out
+
+
+def assign_advantages(
+    trajectories: Sequence[Trajectory], advantages: Sequence[float], credit: Credit = "broadcast"
+) -> None:
+    """Write each trajectory's advantage A onto its segments: `broadcast` gives every segment A, `split` A/T."""
+    if len(trajectories) != len(advantages):
+        raise ValueError(
+            f"assign_advantages: {len(trajectories)} trajectories but {len(advantages)} advantages"
+        )
+    for traj, a in zip(trajectories, advantages, strict=True):
+        for seg, v in zip(traj.segments, _credit(a, len(traj.segments), credit), strict=True):
+            seg.advantage = v
+
+
+def _credit(a: float, num_segments: int, credit: Credit) -> list[float]:
+    if credit == "broadcast":
+        return [a] * num_segments
+    if credit == "split":
+        return [a / num_segments] * num_segments
+    raise ValueError(f"unknown credit mode {credit!r}; expected 'broadcast' or 'split'")
+
+
+def rememr1_advantages(
+    outcome_rewards: Sequence[float],
+    step_rewards: Sequence[Sequence[float | None]],
+    group_ids: Sequence[Hashable],
+    step_keys: Sequence[Sequence[Hashable]] | None = None,
+    alpha: float = 0.8,
+    norm_by_std: bool = False,
+    eps: float = 1e-6,
+) -> list[list[float]]:
+    """ReMemR1 multi-level advantage: A_{i,t} = alpha * A_out,i + (1 - alpha) * A_state,i,t.
+
+    A_out is GRPO over the group's outcome rewards. A_state,i,t normalizes r_{i,t} over the
+    trajectories of the same group that HAVE a step with key t and a step reward there (mean-centred,
+    std division optional). Uneven lengths: a step key held by only one trajectory gets A_state = 0
+    (nothing to compare with), and a segment whose step reward is None gets A_state = 0 and is left out
+    of the statistics. `step_keys` default to the segment positions 0..T-1.
+    Returns one value per segment, per trajectory.
+    """
+    n = len(outcome_rewards)
+    if len(step_rewards) != n or len(group_ids) != n:
+        raise ValueError(
+            f"rememr1_advantages: {n} outcome rewards, {len(step_rewards)} step-reward lists and "
+            f"{len(group_ids)} group ids; all must match"
+        )
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"rememr1_advantages: alpha must be in [0, 1], got {alpha}")
+    keys = [list(range(len(s))) for s in step_rewards] if step_keys is None else [list(k) for k in step_keys]
+    for i, (k, s) in enumerate(zip(keys, step_rewards, strict=True)):
+        if len(k) != len(s):
+            raise ValueError(
+                f"rememr1_advantages: trajectory {i} has {len(s)} step rewards but {len(k)} step keys"
+            )
+        if len(set(k)) != len(k):
+            raise ValueError(f"rememr1_advantages: trajectory {i} repeats a step key: {k}")
+
+    a_out = grpo_advantages(outcome_rewards, group_ids, norm_by_std, eps)
+    a_state = [[0.0] * len(s) for s in step_rewards]
+    cells: dict[tuple[Hashable, Hashable], list[tuple[int, int]]] = defaultdict(list)
+    for i, (g, k, s) in enumerate(zip(group_ids, keys, step_rewards, strict=True)):
+        for j, (key, r) in enumerate(zip(k, s, strict=True)):
+            if r is not None:
+                cells[(g, key)].append((i, j))
+    for where in cells.values():
+        if len(where) < 2:
+            continue  # a step only one trajectory reached: A_state stays 0
+        centred = _centre([float(step_rewards[i][j]) for i, j in where], norm_by_std, eps)  # type: ignore[arg-type]
+        for (i, j), a in zip(where, centred, strict=True):
+            a_state[i][j] = a
+    return [[alpha * a_out[i] + (1.0 - alpha) * a for a in a_state[i]] for i in range(n)]
+
+
+def _outcomes(groups: Sequence[Group]) -> tuple[list[float], list[int], list[Trajectory]]:
+    rewards, gids, trajs = [], [], []
+    for gi, group in enumerate(groups):
+        for traj, r in zip(group.trajectories, group.rewards, strict=True):
+            rewards.append(r)
+            gids.append(gi)
+            trajs.append(traj)
+    return rewards, gids, trajs
+
+
+def _regroup(groups: Sequence[Group], per_traj: list[list[float]]) -> SegmentAdvantages:
+    out: SegmentAdvantages = []
+    it = iter(per_traj)
+    for group in groups:
+        out.append([next(it) for _ in group.trajectories])
+    return out
+
+
+@register_advantage("grpo")
+def grpo_estimator(
+    groups: Sequence[Group], norm_by_std: bool = True, eps: float = 1e-6, credit: Credit = "broadcast"
+) -> SegmentAdvantages:
+    """GRPO over trajectories (`grpo_advantages`), credited to segments by `broadcast` or `split`."""
+    rewards, gids, trajs = _outcomes(groups)
+    adv = grpo_advantages(rewards, gids, norm_by_std, eps)
+    return _regroup(groups, [_credit(a, len(t.segments), credit) for a, t in zip(adv, trajs, strict=True)])
+
+
+@register_advantage("dcpo")
+def dcpo_estimator(groups: Sequence[Group], eps: float = 1e-6) -> SegmentAdvantages:
+    """MemAct DCPO: A = (R - mean) / (std + eps) over distinct trajectories, given to every segment."""
+    return grpo_estimator(groups, norm_by_std=True, eps=eps, credit="broadcast")
+
+
+def _step_key(seg_step: int, kind: object) -> Hashable:
+    # The final answer step lines up with the other trajectories' final steps even when they read a
+    # different number of chunks; memory steps line up by their step index.
+    return "final" if kind == "final" else seg_step
+
+
+@register_advantage("rememr1")
+def rememr1_estimator(
+    groups: Sequence[Group], alpha: float = 0.8, norm_by_std: bool = False, eps: float = 1e-6
+) -> SegmentAdvantages:
+    """ReMemR1 (`rememr1_advantages`) from trajectory rewards and `Segment.step_reward`; steps keyed by `Segment.step`.
+
+    A segment with `info["kind"] == "final"` is keyed "final", so final answers compare with final answers.
+    """
+    for group in groups:
+        if all(s.step_reward is None for t in group.trajectories for s in t.segments):
+            raise ValueError(
+                f"rememr1 advantage: group {group.task_id} has no step rewards; "
+                "set Segment.step_reward (memrl.rewards.steps) before computing advantages"
+            )
+    rewards, gids, trajs = _outcomes(groups)
+    step_rewards = [[s.step_reward for s in t.segments] for t in trajs]
+    keys = [[_step_key(s.step, s.info.get("kind")) for s in t.segments] for t in trajs]
+    per_traj = rememr1_advantages(rewards, step_rewards, gids, keys, alpha, norm_by_std, eps)
+    return _regroup(groups, per_traj)
+
+
+def compute_group_advantages(
+    groups: Sequence[Group], name: str = "grpo", **kwargs: object
+) -> SegmentAdvantages:
+    """Run the estimator registered as `name` and write its values onto every `Segment.advantage`."""
+    values = get_advantage(name)(groups, **kwargs)
+    if len(values) != len(groups):
+        raise ValueError(f"advantage estimator {name!r} returned {len(values)} groups for {len(groups)}")
+    for group, per_group in zip(groups, values, strict=True):
+        if len(per_group) != len(group.trajectories):
+            raise ValueError(
+                f"advantage estimator {name!r}: wrong trajectory count for group {group.task_id}"
+            )
+        for traj, per_traj in zip(group.trajectories, per_group, strict=True):
+            if len(per_traj) != len(traj.segments):
+                raise ValueError(
+                    f"advantage estimator {name!r}: {len(per_traj)} values for the "
+                    f"{len(traj.segments)} segments of trajectory {traj.trajectory_id}"
+                )
+            for seg, a in zip(traj.segments, per_traj, strict=True):
+                seg.advantage = float(a)
+    return values

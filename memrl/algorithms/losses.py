@@ -1,0 +1,138 @@
+"""Policy-loss pieces: PPO clip (clip-higher, dual clip), KL estimators, entropy, loss aggregation.
+
+Aggregation is expressed as per-token WEIGHTS computed once over the whole training batch
+(`loss_token_weights`); the loss is sum(weight * token_loss). Because every weight is fixed before
+the batch is cut into micro-batches, summing the micro-batch losses gives exactly the full-batch loss
+(and gradient), whatever the split. Formulas follow verl's `core_algos` (compute_policy_loss,
+kl_penalty, agg_loss).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+
+from memrl.algorithms.registry import register_loss
+
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "traj-mean"]
+AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "traj-mean")
+KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3", "low_var_kl")
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    n = mask.sum()
+    return float((x * mask).sum() / n) if n > 0 else 0.0
+
+
+@register_loss("ppo")
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip_c: float | None = 3.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO clip: max(-A*rho, -A*clip(rho, 1-clip_low, 1+clip_high)); for A<0 also min(that, -A*c) (dual clip).
+
+    rho = exp(logprobs - old_logprobs) (log-ratio clamped to [-20, 20]). `advantages` is [B, L] or
+    [B] (one per row). Returns the per-token loss [B, L] (0 where mask is 0) and stats: clipfrac,
+    clipfrac_lower (dual clip active), approx_kl = mean(old - new), all masked means over this batch.
+    """
+    if dual_clip_c is not None and dual_clip_c <= 1.0:
+        raise ValueError(f"dual_clip_c must be > 1.0 (or None to disable), got {dual_clip_c}")
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1).expand_as(logprobs)
+    m = mask.to(logprobs.dtype)
+    log_ratio = torch.clamp(logprobs - old_logprobs, -20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    loss1 = -advantages * ratio
+    loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    clipped = torch.maximum(loss1, loss2)
+    stats = {"clipfrac": _masked_mean((loss2 > loss1).to(m.dtype), m)}
+    if dual_clip_c is not None:
+        loss3 = -advantages * dual_clip_c
+        dual = torch.minimum(clipped, loss3)
+        stats["clipfrac_lower"] = _masked_mean(((clipped > loss3) & (advantages < 0)).to(m.dtype), m)
+        clipped = torch.where(advantages < 0, dual, clipped)
+    else:
+        stats["clipfrac_lower"] = 0.0
+    stats["approx_kl"] = _masked_mean(-log_ratio.detach(), m)
+    return torch.where(mask.bool(), clipped, torch.zeros_like(clipped)), stats
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:
+    """Per-token KL(pi || ref) estimate. k1: d; k2: d^2/2; k3 = low_var_kl: e^-d + d - 1 clamped to [-10, 10].
+
+    d = logprobs - ref_logprobs; for k3 the log-ratio is clamped to [-20, 20] first (as in verl).
+    """
+    d = logprobs - ref_logprobs
+    if kind == "k1":
+        return d
+    if kind == "k2":
+        return 0.5 * d.square()
+    if kind in ("k3", "low_var_kl"):
+        kl = torch.clamp(-d, -20.0, 20.0)
+        return torch.clamp(torch.exp(kl) - kl - 1.0, -10.0, 10.0)
+    raise ValueError(f"unknown KL estimator {kind!r}; known: {', '.join(KL_KINDS)}")
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) over the last axis: logsumexp(z) - sum(softmax(z) * z)."""
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+def loss_token_weights(
+    masks: Sequence[Sequence[int]], traj_ids: Sequence[str] | None = None, mode: str = "token-mean"
+) -> list[list[float]]:
+    """Per-token weights w such that sum(w * token_loss) is the `mode` aggregate of the whole batch.
+
+    token-mean: 1 / N (N = trained tokens in the batch). seq-mean-token-mean: 1 / (R * n_r).
+    seq-mean-token-sum: 1 / R. traj-mean: 1 / (J * n_j) (each trajectory's token mean, then the mean
+    over trajectories). n_r / n_j = trained tokens of the row / trajectory; R and J count only rows and
+    trajectories with at least one trained token. Masked-out tokens weigh 0. Rows may be ragged.
+    """
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown loss aggregation mode {mode!r}; known: {', '.join(AGG_MODES)}")
+    row_tokens = [sum(1 for v in m if v) for m in masks]
+    if mode == "token-mean":
+        total = sum(row_tokens)
+        row_w = [1.0 / total if total else 0.0 for _ in masks]
+    elif mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
+        rows = sum(1 for n in row_tokens if n)
+        if mode == "seq-mean-token-mean":
+            row_w = [1.0 / (rows * n) if n else 0.0 for n in row_tokens]
+        else:
+            row_w = [1.0 / rows if n else 0.0 for n in row_tokens]
+    else:
+        if traj_ids is None or len(traj_ids) != len(masks):
+            got = "none" if traj_ids is None else len(traj_ids)
+            raise ValueError(
+                f"traj-mean aggregation needs one trajectory id per row: {len(masks)} rows, {got} ids"
+            )
+        traj_tokens: dict[str, int] = defaultdict(int)
+        for t, n in zip(traj_ids, row_tokens, strict=True):
+            traj_tokens[t] += n
+        trajs = sum(1 for n in traj_tokens.values() if n)
+        row_w = [1.0 / (trajs * traj_tokens[t]) if traj_tokens[t] else 0.0 for t in traj_ids]
+    return [[w if v else 0.0 for v in m] for w, m in zip(row_w, masks, strict=True)]
+
+
+def agg_loss(
+    token_loss: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "token-mean",
+    traj_ids: Sequence[str] | None = None,
+) -> torch.Tensor:
+    """Scalar sum(weight * token_loss) over a [B, L] batch, weights from `loss_token_weights(mask, traj_ids, mode)`.
+
+    For micro-batching, compute the weights once over the full batch and sum(weights * loss) per micro-batch.
+    """
+    weights = loss_token_weights(mask.int().tolist(), traj_ids, mode)
+    w = torch.tensor(weights, dtype=token_loss.dtype, device=token_loss.device)
+    return (torch.where(w != 0, token_loss, torch.zeros_like(token_loss)) * w).sum()
