@@ -1,0 +1,116 @@
+"""ReMemR1 step rewards (paper definitions): recall, format, memory gain, callback gain, their sum.
+
+Every expected value is written out by hand.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from memrl.rewards.steps import answer_word_recall, callback_gain, format_reward, memory_gain, step_reward
+
+
+@pytest.mark.parametrize(
+    "text, golds, expected",
+    [
+        ("The capital is Paris.\nIt lies in France.", ["Paris France"], 1.0),  # 2/2 words
+        ("Memory:\nJohn\nSmith was born in 1901", ["John Smith"], 1.0),  # words split over lines
+        ("Obama won", ["Barack Obama", "Obama"], 1.0),  # max(1/2, 1/1) = 1 (a mean would give 0.75)
+        ("I like york", ["New York City"], 1 / 3),  # {new, york, city}: only york -> 1/3
+        ("new", ["New New York"], 1 / 2),  # gold words de-duplicated: {new, york} -> 1/2
+        ("the", ["The"], 0.0),  # gold with no words after normalization is skipped -> 0
+        (None, ["Paris"], 0.0),
+        ("", ["Paris"], 0.0),
+        ("zürich.", ["Zürich"], 1.0),
+        ("paris", "Paris", 1.0),  # a single gold string is accepted
+    ],
+)
+def test_answer_word_recall(text, golds, expected):
+    assert answer_word_recall(text, golds) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        ("<thinking>x</thinking><update>mem line 1\nline 2</update>", 1.0),  # multi-line update
+        ("<thinking>\nx\n</thinking>\n<update>\nmem\n</update>\n<recall>where born</recall>", 1.0),
+        ("<update>a</update><update>b</update>", 0.0),  # two updates
+        ("<update>a</update><update>b", 0.0),  # a second, unclosed update
+        ("<update>  \n </update>", 0.0),  # empty update
+        ("<update>mem", 0.0),  # unclosed
+        ("no tags at all", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_format_reward_memory_step(response, expected):
+    assert format_reward(response, final=False) == expected
+
+
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        (r"<thinking>ok</thinking> \boxed{Paris}", 1.0),
+        (r"\boxed{a} \boxed{b}", 0.0),  # two boxes
+        (r"\boxed{}", 0.0),  # empty box
+        (r"\boxed{Paris", 0.0),  # unclosed
+        ("Paris", 0.0),  # no box
+    ],
+)
+def test_format_reward_final_step(response, expected):
+    assert format_reward(response, final=True) == expected
+
+
+def test_memory_gain():
+    golds = ["John Smith"]
+    # recall(new) = 2/2, recall(prev) = 1/2 -> 1 - 0.5 = 0.5
+    assert memory_gain("John Smith lived here", "John", golds) == pytest.approx(0.5)
+    # the update dropped both words: 0 - 1 = -1
+    assert memory_gain("nothing useful", "John\nSmith", golds) == pytest.approx(-1.0)
+    # no previous memory counts as recall 0: 1/2 - 0
+    assert memory_gain("John", None, golds) == pytest.approx(0.5)
+
+
+def test_callback_gain():
+    golds = ["John Smith"]
+    # recall("John\nSmith") = 1, recall("John") = 1/2 -> max(0, 0.5) = 0.5
+    assert callback_gain("John", "Smith", golds) == pytest.approx(0.5)
+    # nothing new in the recalled memory: max(0, 1 - 1) = 0
+    assert callback_gain("John Smith", "John", golds) == 0.0
+    assert callback_gain("John", None, golds) == 0.0
+    assert callback_gain("John", "", golds) == 0.0
+
+
+def test_step_reward_sums_weighted_terms():
+    golds = ["John Smith"]
+    response = "<thinking>t</thinking><update>John\nSmith</update><recall>birth</recall>"
+    # format 1 + memory gain (1 - 1/2) + callback max(0, recall(new+recalled) 1 - recall(new) 1) = 1.5
+    assert step_reward(
+        response,
+        golds,
+        final=False,
+        new_memory="John\nSmith",
+        prev_memory="John",
+        recalled="Smith the carpenter",
+    ) == pytest.approx(1.5)
+    # weights: 0.5 * 1 + 2 * 0.5 + 3 * 0 = 1.5
+    assert step_reward(
+        response,
+        golds,
+        final=False,
+        new_memory="John\nSmith",
+        prev_memory="John",
+        recalled="Smith",
+        format_weight=0.5,
+        memory_weight=2.0,
+        callback_weight=3.0,
+    ) == pytest.approx(1.5)
+    # memory "John" from "": gain 1/2; recalled "Smith" completes it: callback 1 - 1/2 = 1/2; total 1 + 0.5 + 0.5
+    assert step_reward(
+        "<update>John</update>", golds, final=False, new_memory="John", prev_memory="", recalled="Smith"
+    ) == pytest.approx(2.0)
+    # bad format, memory lost a word: 0 + (0 - 1/2) + 0 = -0.5
+    assert step_reward("junk", golds, final=False, new_memory="junk", prev_memory="John") == pytest.approx(
+        -0.5
+    )
+    # final step: only the format term
+    assert step_reward(r"\boxed{John Smith}", golds, final=True) == 1.0
