@@ -1,0 +1,139 @@
+"""Top-1 retrieval over a trajectory's own past memories (ReMemR1 callbacks, arXiv 2509.23040).
+
+Three scorers, pure python (no sklearn):
+- "tfidf": cosine of TF-IDF vectors, refit on the candidate memories at every call, as the released
+  code does (sklearn `TfidfVectorizer` defaults: raw term counts, smooth idf
+  idf(w) = ln((1 + N) / (1 + df(w))) + 1, L2-normalized rows; query words outside the memories'
+  vocabulary are ignored).
+- "word_overlap": the paper's word-overlap recall, |words(q) & words(m)| / |words(q)| over unique words.
+- "bm25": Okapi BM25 with the Lucene idf ln(1 + (N - df + 0.5) / (df + 0.5)) (always positive),
+  score(q, m) = sum over unique query words w of idf(w) * tf(w,m)*(k1+1) / (tf(w,m) + k1*(1 - b + b*|m|/avgdl)).
+
+Words are lowercase `\\w+` runs. The released code tokenizes with the policy's subword tokenizer for
+TF-IDF; words keep retrieval independent of the model. Identical memory texts are one candidate (the
+released code keeps memories in a set), credited to the latest step that wrote them. Ties go to the most
+recent memory. A best score <= `min_score` (default 0: nothing in common) retrieves nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Scorer = Literal["tfidf", "word_overlap", "bm25"]
+SCORERS: tuple[str, ...] = ("tfidf", "word_overlap", "bm25")
+
+_WORD = re.compile(r"\w+")
+
+
+def words(text: str) -> list[str]:
+    """Lowercase `\\w+` runs of `text`, in order, with repeats."""
+    return _WORD.findall((text or "").lower())
+
+
+def tfidf_scores(query: str, docs: Sequence[str]) -> list[float]:
+    """Cosine(tfidf(query), tfidf(doc)) for each doc, with idf fitted on `docs` only (sklearn defaults)."""
+    toks = [Counter(words(d)) for d in docs]
+    n = len(docs)
+    df: Counter[str] = Counter()
+    for c in toks:
+        df.update(c.keys())
+    idf = {w: math.log((1 + n) / (1 + k)) + 1.0 for w, k in df.items()}
+
+    def unit(counts: Counter[str]) -> dict[str, float]:
+        vec = {w: c * idf[w] for w, c in counts.items() if w in idf}
+        norm = math.sqrt(sum(v * v for v in vec.values()))
+        return {w: v / norm for w, v in vec.items()} if norm > 0 else {}
+
+    q = unit(Counter(words(query)))
+    out = []
+    for c in toks:
+        d = unit(c)
+        out.append(sum(v * d.get(w, 0.0) for w, v in q.items()))
+    return out
+
+
+def word_overlap_scores(query: str, docs: Sequence[str]) -> list[float]:
+    """|unique query words found in doc| / |unique query words| (0 for a query without words)."""
+    q = set(words(query))
+    if not q:
+        return [0.0] * len(docs)
+    return [len(q & set(words(d))) / len(q) for d in docs]
+
+
+def bm25_scores(query: str, docs: Sequence[str], k1: float = 1.5, b: float = 0.75) -> list[float]:
+    """Okapi BM25 of each doc for the unique query words (Lucene idf, see the module docstring)."""
+    if k1 < 0 or not 0.0 <= b <= 1.0:
+        raise ValueError(f"bm25_scores: need k1 >= 0 and 0 <= b <= 1, got k1={k1}, b={b}")
+    toks = [Counter(words(d)) for d in docs]
+    lens = [sum(c.values()) for c in toks]
+    n = len(docs)
+    avgdl = sum(lens) / n if n else 0.0
+    df: Counter[str] = Counter()
+    for c in toks:
+        df.update(c.keys())
+    out = []
+    for c, dl in zip(toks, lens, strict=True):
+        s = 0.0
+        for w in set(words(query)):
+            tf = c.get(w, 0)
+            if not tf:
+                continue
+            idf = math.log(1.0 + (n - df[w] + 0.5) / (df[w] + 0.5))
+            norm = k1 * (1.0 - b + b * dl / avgdl) if avgdl > 0 else k1
+            s += idf * tf * (k1 + 1.0) / (tf + norm)
+        out.append(s)
+    return out
+
+
+def score(query: str, docs: Sequence[str], scorer: str, k1: float = 1.5, b: float = 0.75) -> list[float]:
+    """Scores of `docs` for `query` under the named scorer."""
+    if scorer == "tfidf":
+        return tfidf_scores(query, docs)
+    if scorer == "word_overlap":
+        return word_overlap_scores(query, docs)
+    if scorer == "bm25":
+        return bm25_scores(query, docs, k1, b)
+    raise ValueError(f"unknown recall scorer {scorer!r}; expected one of {', '.join(SCORERS)}")
+
+
+@dataclass(frozen=True)
+class Recalled:
+    """The memory a recall query retrieved: its text, the step that wrote it, and its score."""
+
+    text: str
+    step: int
+    score: float
+
+
+def recall_top1(
+    query: str,
+    memories: Sequence[tuple[int, str]],
+    scorer: str = "tfidf",
+    min_score: float = 0.0,
+    k1: float = 1.5,
+    b: float = 0.75,
+) -> Recalled | None:
+    """The best of `memories` ((step, text) pairs, oldest first) for `query`, or None.
+
+    The caller decides which memories are candidates; ReMemR1 passes only those of earlier steps.
+    """
+    if not query or not query.strip():
+        return None
+    latest: dict[str, int] = {}
+    for step, text in memories:
+        if text and text.strip():
+            latest[text] = step  # identical texts are one candidate, credited to the latest step
+    if not latest:
+        return None
+    cands = sorted(latest.items(), key=lambda kv: kv[1])
+    scores = score(query, [t for t, _ in cands], scorer, k1, b)
+    best = max(range(len(cands)), key=lambda i: (scores[i], cands[i][1]))  # ties -> most recent
+    if not scores[best] > min_score:
+        return None
+    text, step = cands[best]
+    return Recalled(text, step, float(scores[best]))

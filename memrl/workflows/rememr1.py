@@ -1,0 +1,380 @@
+"""ReMemR1 (arXiv 2509.23040): MemAgent's chunked loop with revisitable memory.
+
+Each memory step t sees problem + recalled memory + memory m_{t-1} + chunk t and answers
+`<thinking>...</thinking>`, one `<update>m_t</update>` and optionally one `<recall>q_t</recall>`. The
+query is matched (top-1, `memrl.workflows.recall`) against the memories of steps < t, i.e. m_0..m_{t-1};
+the hit is shown in the `<recalled_memory>` block of prompt t+1 (the final prompt for the last step),
+"No memory was recalled." otherwise. m_t itself is added to the history only after its own query is
+answered: that is the released training code's order. The released eval code adds m_t first, so a query
+can return the memory the next prompt already shows (an open bug report there); we use the training
+order everywhere.
+
+Malformed steps never crash a rollout (REFERENCE.md section 3; the rule is counted in the metrics):
+- no `<update>` at all, or an empty one: keep the previous memory (`missing_update`, `empty_update`);
+- two or more `<update>`s: the first closed block is the memory (`multiple_updates`);
+- an `<update>` that never closes (e.g. cut at max tokens): the text after it to the end of the response
+  (`unclosed_update`);
+- `<recall>` blocks are cut out of the memory text; the first closed non-empty one is the query
+  (`multiple_recalls`), an unclosed or empty one is no query (`unclosed_recall`, `empty_recall`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+from dataclasses import dataclass
+
+from memrl.engines.base import Engine, SamplingParams
+from memrl.rewards import steps as step_rewards_lib
+from memrl.types import Segment, Task, Trajectory
+from memrl.workflows import WorkflowSpec
+from memrl.workflows.memagent import NO_MEMORY, chunk_context, decode_response
+from memrl.workflows.recall import SCORERS, recall_top1
+from memrl.workflows.templates import Template, chat_prompt, load_template
+
+log = logging.getLogger(__name__)
+
+NO_RECALL = "No memory was recalled."
+FORMAT_FLAGS = (
+    "missing_update", "empty_update", "multiple_updates", "unclosed_update",
+    "multiple_recalls", "unclosed_recall", "empty_recall",
+)  # fmt: skip
+_DEFAULT_TAGS = {"update_tag": "update", "recall_tag": "recall", "thinking_tag": "thinking"}
+
+
+@dataclass
+class ReMemR1Config:
+    """ReMemR1 workflow settings; defaults are the published values (REFERENCE.md section 3)."""
+
+    chunk_tokens: int = 5000
+    """Tokens of context per memory call (contiguous, non-overlapping, ignoring document boundaries)."""
+    max_chunks: int = 0
+    """Cap on chunks by centre truncation (head half + tail half); 0 = no cap (evaluation); training uses 8."""
+    max_memory_tokens: int = 2048
+    """Generation budget of a memory step (thinking + update + recall)."""
+    max_final_tokens: int = 2048
+    """Generation budget of the final answer call."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    no_memory_text: str = NO_MEMORY
+    """The first memory (and the memory while no step has produced one)."""
+    no_recall_text: str = NO_RECALL
+    """What the <recalled_memory> block holds when nothing was recalled."""
+    update_tag: str = "update"
+    """Tag around the new memory."""
+    recall_tag: str = "recall"
+    """Tag around a callback query."""
+    thinking_tag: str = "thinking"
+    """Tag around the reasoning (not parsed; only named in the default prompt)."""
+    scorer: str = "tfidf"
+    """Recall scorer: tfidf (released code), word_overlap (paper), bm25."""
+    min_recall_score: float = 0.0
+    """A recall retrieves nothing unless the best score is above this."""
+    bm25_k1: float = 1.5
+    bm25_b: float = 0.75
+    format_weight: float = 1.0
+    """Step reward weights: w_f * format + w_m * memory gain + w_c * callback gain (memrl.rewards.steps)."""
+    memory_weight: float = 1.0
+    callback_weight: float = 1.0
+    memory_template_file: str | None = None
+    """File overriding the memory prompt; needs {problem}, {recalled_memory}, {memory} and {chunk}."""
+    final_template_file: str | None = None
+    """File overriding the final prompt; needs {problem}, {recalled_memory} and {memory}."""
+    memory_template: str | None = None
+    """Inline memory prompt (wins over the file)."""
+    final_template: str | None = None
+    """Inline final prompt (wins over the file)."""
+
+    def __post_init__(self) -> None:
+        for name in ("chunk_tokens", "max_memory_tokens", "max_final_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ReMemR1Config.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_chunks < 0:
+            raise ValueError(f"ReMemR1Config.max_chunks must be >= 0, got {self.max_chunks}")
+        if self.scorer not in SCORERS:
+            raise ValueError(f"ReMemR1Config.scorer must be one of {', '.join(SCORERS)}, got {self.scorer!r}")
+        tags = [self.update_tag, self.recall_tag, self.thinking_tag]
+        for name, tag in zip(_DEFAULT_TAGS, tags, strict=True):
+            if not re.fullmatch(r"[A-Za-z_][\w-]*", tag or ""):
+                raise ValueError(f"ReMemR1Config.{name} must be a tag name like 'update', got {tag!r}")
+        if len(set(tags)) != 3:
+            raise ValueError(f"ReMemR1Config: update/recall/thinking tags must differ, got {tags}")
+
+    def templates(self) -> tuple[Template, Template]:
+        mem = load_template(
+            "rememr1_memory", ("problem", "recalled_memory", "memory", "chunk"),
+            self.memory_template_file, self.memory_template,
+        )  # fmt: skip
+        fin = load_template(
+            "rememr1_final",
+            ("problem", "recalled_memory", "memory"),
+            self.final_template_file,
+            self.final_template,
+        )
+        if self.memory_template is None and self.memory_template_file is None:
+            mem = Template(self._retag(mem.text), mem.placeholders, mem.source)
+        return mem, fin
+
+    def _retag(self, text: str) -> str:
+        """The packaged prompt names the default tags; rename them when the config renames tags."""
+        for name, default in _DEFAULT_TAGS.items():
+            tag = getattr(self, name)
+            if tag != default:
+                text = text.replace(f"<{default}>", f"<{tag}>").replace(f"</{default}>", f"</{tag}>")
+        return text
+
+    def sampling(self, max_tokens: int, rng: random.Random) -> SamplingParams:
+        seed = rng.getrandbits(31) if self.temperature > 0 else None
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_tokens=max_tokens, seed=seed
+        )
+
+
+@dataclass
+class ParsedStep:
+    """One memory-step response, parsed. `memory` None means: keep the previous memory."""
+
+    memory: str | None
+    query: str | None
+    update_blocks: int
+    recall_blocks: int
+    flags: dict[str, bool]
+
+    @property
+    def well_formed(self) -> bool:
+        """Exactly one closed, non-empty update (what the format reward asks for)."""
+        return self.update_blocks == 1 and not any(
+            self.flags[k] for k in ("missing_update", "empty_update", "unclosed_update")
+        )
+
+
+def parse_step(text: str, update_tag: str = "update", recall_tag: str = "recall") -> ParsedStep:
+    """Memory and recall query of a memory-step response, by the rules in the module docstring."""
+    text = text or ""
+    u_open, u_close = f"<{update_tag}>", f"</{update_tag}>"
+    r_open, r_close = f"<{recall_tag}>", f"</{recall_tag}>"
+    recall_block = re.compile(re.escape(r_open) + r"(.*?)" + re.escape(r_close), re.DOTALL)
+    flags = dict.fromkeys(FORMAT_FLAGS, False)
+
+    n_update = text.count(u_open)
+    memory: str | None = None
+    if n_update == 0:
+        flags["missing_update"] = True
+    else:
+        start = text.index(u_open) + len(u_open)
+        end = text.find(u_close, start)
+        if end < 0:
+            flags["unclosed_update"] = True
+            body = text[start:]
+        else:
+            body = text[start:end]
+        flags["multiple_updates"] = n_update > 1
+        body = recall_block.sub("", body)
+        if r_open in body:  # an unclosed recall inside the memory: cut from it to the end
+            body = body[: body.index(r_open)]
+        body = body.strip()
+        if body:
+            memory = body
+        else:
+            flags["empty_update"] = True
+
+    n_recall = text.count(r_open)
+    queries = [q.strip() for q in recall_block.findall(text)]
+    query: str | None = None
+    if n_recall:
+        if not queries:
+            flags["unclosed_recall"] = True
+        elif not queries[0]:
+            flags["empty_recall"] = True
+        else:
+            query = queries[0]
+        flags["multiple_recalls"] = n_recall > 1
+    return ParsedStep(memory, query, n_update, n_recall, flags)
+
+
+async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random) -> Trajectory:
+    """One ReMemR1 trajectory: memory steps over the chunks (with callbacks), then the final answer."""
+    from memrl.rewards.qa import extract_boxed
+
+    tok = engine.tokenizer
+    mem_tpl, fin_tpl = cfg.templates()
+    context_ids = list(tok.encode(task.context, add_special_tokens=False)) if task.context else []
+    chunks, truncated = chunk_context(context_ids, cfg.chunk_tokens, cfg.max_chunks)
+    if not chunks:
+        log.warning("task %s has an empty context: answering from the empty memory", task.task_id)
+
+    memory = cfg.no_memory_text
+    shown_recall = cfg.no_recall_text  # what the next prompt's <recalled_memory> block holds
+    history: list[tuple[int, str]] = []  # (step, memory) of steps already finished
+    segments: list[Segment] = []
+    counts = dict.fromkeys(FORMAT_FLAGS, 0)
+    recalls = retrieved = callback_hits = well_formed = 0
+    memory_lengths: list[int] = []
+    for t, chunk_ids in enumerate(chunks):
+        _, prompt_ids = chat_prompt(
+            tok,
+            mem_tpl.render(
+                problem=task.question,
+                recalled_memory=shown_recall,
+                memory=memory,
+                chunk=tok.decode(chunk_ids),
+            ),
+        )
+        out = await engine.generate(prompt_ids, cfg.sampling(cfg.max_memory_tokens, rng))
+        response = decode_response(tok, out.token_ids)
+        parsed = parse_step(response, cfg.update_tag, cfg.recall_tag)
+        for k, v in parsed.flags.items():
+            counts[k] += int(v)
+        well_formed += int(parsed.well_formed)
+        new_memory = parsed.memory if parsed.memory is not None else memory
+        # Retrieval sees only the memories of steps < t: m_t joins the history after its own query.
+        hit = (
+            recall_top1(parsed.query, history, cfg.scorer, cfg.min_recall_score, cfg.bm25_k1, cfg.bm25_b)
+            if parsed.query
+            else None
+        )
+        recalls += int(parsed.query is not None)
+        retrieved += int(hit is not None)
+        gold_in_recall = hit is not None and step_rewards_lib.answer_word_recall(hit.text, task.answers) > 0
+        callback_hits += int(gold_in_recall)
+        memory_lengths.append(len(out.token_ids))
+        segments.append(
+            Segment(
+                prompt_ids=prompt_ids,
+                response_ids=list(out.token_ids),
+                response_logprobs=list(out.logprobs),
+                step=t,
+                info={
+                    "kind": "memory",
+                    "chunk_index": t,
+                    "chunk_tokens": len(chunk_ids),
+                    "response_text": response,
+                    "previous_memory": memory,
+                    "memory": new_memory,
+                    "shown_recalled_memory": shown_recall,
+                    "recall_query": parsed.query,
+                    "recalled_memory": hit.text if hit else None,
+                    "recalled_step": hit.step if hit else None,
+                    "recall_score": hit.score if hit else None,
+                    "recall_hit": hit is not None,
+                    "callback_hit": gold_in_recall,
+                    "format_ok": parsed.well_formed,
+                    "format_flags": [k for k, v in parsed.flags.items() if v],
+                    "finish_reason": out.finish_reason,
+                },
+            )
+        )
+        if new_memory != cfg.no_memory_text:  # the placeholder is not a memory worth recalling
+            history.append((t, new_memory))
+        memory = new_memory
+        shown_recall = hit.text if hit else cfg.no_recall_text
+
+    _, prompt_ids = chat_prompt(
+        tok, fin_tpl.render(problem=task.question, recalled_memory=shown_recall, memory=memory)
+    )
+    out = await engine.generate(prompt_ids, cfg.sampling(cfg.max_final_tokens, rng))
+    answer_text = decode_response(tok, out.token_ids)
+    boxed = extract_boxed(answer_text)
+    segments.append(
+        Segment(
+            prompt_ids=prompt_ids,
+            response_ids=list(out.token_ids),
+            response_logprobs=list(out.logprobs),
+            step=len(chunks),
+            info={
+                "kind": "final",
+                "response_text": answer_text,
+                "memory": memory,
+                "shown_recalled_memory": shown_recall,
+                "answer_text": answer_text,
+                "prediction": boxed or "",
+                "finish_reason": out.finish_reason,
+            },
+        )
+    )
+    n = len(chunks)
+    metrics = {
+        "num_chunks": float(n),
+        "context_tokens": float(len(context_ids)),
+        "tokens_read": float(sum(len(c) for c in chunks)),
+        "truncated": float(truncated),
+        "memory_tokens_mean": sum(memory_lengths) / n if n else 0.0,
+        "no_box": float(boxed is None),
+        "generated_tokens": float(sum(len(s.response_ids) for s in segments)),
+        "recalls": float(recalls),
+        "recall_rate": recalls / n if n else 0.0,
+        "recall_retrieved": float(retrieved),
+        "callback_hits": float(callback_hits),
+        "callback_hit_rate": callback_hits / recalls if recalls else 0.0,
+        "format_ok_rate": well_formed / n if n else 1.0,
+        "format_errors": float(n - well_formed),
+        **{k: float(v) for k, v in counts.items()},
+    }
+    return Trajectory(
+        task_id=task.task_id,
+        trajectory_id="",
+        segments=segments,
+        final_answer=boxed or "",
+        metrics=metrics,
+        info={
+            "answer_text": answer_text,
+            "memories": [m for _, m in history],
+            "step_reward_weights": [cfg.format_weight, cfg.memory_weight, cfg.callback_weight],
+        },
+    )
+
+
+def assign_step_rewards(task: Task, traj: Trajectory, cfg: ReMemR1Config | None = None) -> list[float]:
+    """Write `Segment.step_reward` on every segment of a ReMemR1 trajectory and return the values.
+
+    Weights come from `cfg`, else from the config the trajectory ran with (traj.info), else 1.
+
+    Memory step t: w_f*format(response) + w_m*(recall(m_t) - recall(m_{t-1})) + w_c*max(0, recall(m_t +
+    recalled_t) - recall(m_t)), recall = fraction of gold-answer words found, max over golds; recalled_t
+    is what step t's own query retrieved. Final step: w_f * (exactly one non-empty \\boxed{}).
+    """
+    if cfg is not None:
+        wf, wm, wc = cfg.format_weight, cfg.memory_weight, cfg.callback_weight
+    else:
+        wf, wm, wc = traj.info.get("step_reward_weights", (1.0, 1.0, 1.0))
+    out = []
+    for seg in traj.segments:
+        info = seg.info
+        final = info.get("kind") == "final"
+        if "response_text" not in info:
+            raise ValueError(
+                f"trajectory {traj.trajectory_id or traj.task_id}: segment {seg.step} has no "
+                "info['response_text']; step rewards need a ReMemR1 trajectory"
+            )
+        r = step_rewards_lib.step_reward(
+            info["response_text"],
+            task.answers,
+            final=final,
+            new_memory=None if final else info["memory"],
+            prev_memory=None if final else info["previous_memory"],
+            recalled=None if final else info.get("recalled_memory"),
+            format_weight=wf,
+            memory_weight=wm,
+            callback_weight=wc,
+        )
+        seg.step_reward = r
+        out.append(r)
+    return out
+
+
+def reward(task: Task, traj: Trajectory) -> float:
+    """Outcome reward = boxed exact match (max over golds); also writes the step rewards.
+
+    The rollout runner calls this for every trajectory, so `algorithm=rememr1` finds step rewards on
+    the segments (weights from the config the trajectory ran with, kept in traj.info).
+    """
+    from memrl.workflows import boxed_em_outcome
+
+    if any(s.step_reward is None for s in traj.segments):
+        assign_step_rewards(task, traj)
+    return boxed_em_outcome(task, traj)
+
+
+SPEC = WorkflowSpec("rememr1", run, ReMemR1Config, reward)

@@ -1,0 +1,232 @@
+"""Contract tests: the ReMemR1 workflow against a scripted engine with a character tokenizer.
+
+One token per character, so chunk boundaries and prompts are written out by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from memrl.testing import CharTokenizer, ScriptedEngine
+from memrl.types import Task
+from memrl.workflows import get_workflow
+from memrl.workflows.rememr1 import ReMemR1Config, assign_step_rewards, parse_step, run
+from memrl.workflows.runner import rollout
+from memrl.workflows.templates import TemplateError
+
+MEM_TPL = "P:{problem}|R:{recalled_memory}|M:{memory}|C:{chunk}"
+FIN_TPL = "P:{problem}|R:{recalled_memory}|M:{memory}|answer:"
+NO_RECALL = "No memory was recalled."
+
+
+def cfg(**kw) -> ReMemR1Config:
+    base = dict(chunk_tokens=4, max_memory_tokens=200, max_final_tokens=50, temperature=0.0,
+                memory_template=MEM_TPL, final_template=FIN_TPL, scorer="word_overlap")
+    base.update(kw)
+    return ReMemR1Config(**base)
+
+
+def user(text: str) -> str:
+    return f"<user>{text}</user><assistant>"
+
+
+def run_one(task: Task, engine: ScriptedEngine, c: ReMemR1Config):
+    return asyncio.run(run(task, engine, c, random.Random(0)))
+
+
+def test_exact_prompts_recalled_memory_goes_into_the_next_prompt():
+    # context "abcdefghij" -> chunks "abcd", "efgh", "ij": 3 memory steps + final
+    task = Task("t1", "Q?", "abcdefghij", ["red"])
+    engine = ScriptedEngine([
+        "<thinking>t0</thinking><update>red apple</update><recall>apple</recall>",  # no past memory yet
+        "<thinking>t1</thinking><update>green pear</update><recall>apple</recall>",  # hits step 0
+        "<update>blue plum</update>",  # no recall
+        r"so \boxed{red}",
+    ])
+    traj = run_one(task, engine, cfg())
+    assert [c.prompt_text for c in engine.calls] == [
+        user(f"P:Q?|R:{NO_RECALL}|M:No previous memory|C:abcd"),
+        user(f"P:Q?|R:{NO_RECALL}|M:red apple|C:efgh"),
+        user("P:Q?|R:red apple|M:green pear|C:ij"),  # step 1's recall, shown at step 2
+        user(f"P:Q?|R:{NO_RECALL}|M:blue plum|answer:"),
+    ]
+    mem = traj.segments[:3]
+    assert [s.info["memory"] for s in mem] == ["red apple", "green pear", "blue plum"]
+    assert [s.info["previous_memory"] for s in mem] == ["No previous memory", "red apple", "green pear"]
+    assert [s.info["recall_query"] for s in mem] == ["apple", "apple", None]
+    assert [s.info["recalled_memory"] for s in mem] == [None, "red apple", None]
+    assert [s.info["recalled_step"] for s in mem] == [None, 0, None]
+    assert [s.info["recall_hit"] for s in mem] == [False, True, False]
+    assert [s.info["callback_hit"] for s in mem] == [False, True, False]  # "red apple" holds gold "red"
+    assert [s.info["shown_recalled_memory"] for s in mem] == [NO_RECALL, NO_RECALL, "red apple"]
+    assert all(s.info["format_ok"] for s in mem)
+    final = traj.segments[-1]
+    assert final.info["kind"] == "final" and final.step == 3
+    assert final.info["prediction"] == "red" and traj.final_answer == "red"
+    # token in, token out
+    tok = CharTokenizer()
+    assert traj.segments[1].response_ids == tok.encode(engine.calls[1].reply) + [tok.eos_token_id]
+    assert traj.segments[1].prompt_ids == tok.encode(engine.calls[1].prompt_text)
+    m = traj.metrics
+    assert m["recalls"] == 2.0 and m["recall_rate"] == pytest.approx(2 / 3)
+    assert m["recall_retrieved"] == 1.0 and m["callback_hits"] == 1.0 and m["callback_hit_rate"] == 0.5
+    assert m["format_errors"] == 0.0 and m["num_chunks"] == 3.0
+    assert [c.sampling.max_tokens for c in engine.calls] == [200, 200, 200, 50]
+
+
+def test_last_steps_recall_is_shown_in_the_final_prompt():
+    task = Task("t1", "Q?", "abcdefgh", ["x"])
+    engine = ScriptedEngine(["<update>cat</update>", "<update>dog</update><recall>cat</recall>", r"\boxed{x}"])
+    run_one(task, engine, cfg())
+    assert engine.calls[2].prompt_text == user("P:Q?|R:cat|M:dog|answer:")
+
+
+def test_retrieval_never_sees_the_current_or_future_memories():
+    # Each step asks for words that appear only in its own new memory or in later ones.
+    task = Task("t1", "Q?", "abcdefghijkl", ["x"])  # 3 chunks
+    engine = ScriptedEngine([
+        "<update>alpha</update><recall>alpha beta gamma</recall>",  # history empty
+        "<update>beta</update><recall>beta gamma</recall>",  # history {alpha}: no overlap
+        "<update>gamma</update><recall>gamma alpha</recall>",  # history {alpha, beta}: only alpha can hit
+        r"\boxed{x}",
+    ])
+    for scorer in ("tfidf", "word_overlap", "bm25"):
+        engine.calls.clear()
+        traj = run_one(task, engine, cfg(scorer=scorer))
+        got = [(s.info["recalled_memory"], s.info["recalled_step"]) for s in traj.segments[:3]]
+        assert got == [(None, None), (None, None), ("alpha", 0)], scorer
+
+
+def test_garbage_outputs_follow_the_documented_rules_and_are_counted():
+    task = Task("t1", "Q?", "a" * 24, ["x"])  # 6 chunks
+    engine = ScriptedEngine([
+        "I forgot the tags",  # missing_update: keep "No previous memory"
+        "<update>first</update> and <update>second</update>",  # multiple_updates: first
+        "<update>   </update>",  # empty_update: keep "first"
+        "<thinking>hm</thinking><update>open to the end <recall>q</recall> tail",  # unclosed_update
+        "<update>m5</update><recall>unclosed",  # unclosed_recall: no query
+        "<update>m6</update><recall>first</recall><recall>m5</recall><recall></recall>",  # multiple_recalls
+        r"\boxed{x}",
+    ])
+    traj = run_one(task, engine, cfg())
+    mem = traj.segments[:6]
+    assert [s.info["memory"] for s in mem] == [
+        "No previous memory", "first", "first", "open to the end  tail", "m5", "m6"]
+    assert [s.info["format_flags"] for s in mem] == [
+        ["missing_update"], ["multiple_updates"], ["empty_update"], ["unclosed_update"],
+        ["unclosed_recall"], ["multiple_recalls"]]
+    assert [s.info["format_ok"] for s in mem] == [False, False, False, False, True, True]
+    assert mem[3].info["recall_query"] == "q"  # a recall inside an unclosed update still counts
+    assert mem[5].info["recall_query"] == "first"  # the first recall wins
+    assert mem[5].info["recalled_memory"] == "first"
+    m = traj.metrics
+    assert (m["missing_update"], m["multiple_updates"], m["empty_update"], m["unclosed_update"]) == (1, 1, 1, 1)
+    assert (m["unclosed_recall"], m["multiple_recalls"], m["format_errors"]) == (1, 1, 4)
+
+
+def test_multiline_memory_and_query_are_parsed():
+    p = parse_step("<thinking>a\nb</thinking>\n<update>line one\nline two\n</update>\n<recall>who\nwas it</recall>")
+    assert p.memory == "line one\nline two" and p.query == "who\nwas it" and p.well_formed
+
+
+def test_truncated_response_keeps_the_text_after_the_open_tag():
+    task = Task("t1", "Q?", "abcd", ["x"])
+    engine = ScriptedEngine(["<update>0123456789", r"\boxed{x}"])
+    traj = run_one(task, engine, cfg(max_memory_tokens=12))  # "<update>0123" then cut
+    assert traj.segments[0].info["memory"] == "0123"
+    assert traj.segments[0].info["finish_reason"] == "length"
+    assert traj.segments[0].info["format_flags"] == ["unclosed_update"]
+
+
+def test_renamed_tags_are_parsed_and_named_in_the_default_prompt():
+    p = parse_step("<mem>m</mem><ask>q</ask>", update_tag="mem", recall_tag="ask")
+    assert (p.memory, p.query) == ("m", "q")
+    c = ReMemR1Config(update_tag="mem", recall_tag="ask")
+    mem_tpl, _ = c.templates()
+    assert "<mem>" in mem_tpl.text and "<ask>" in mem_tpl.text and "<update>" not in mem_tpl.text
+    with pytest.raises(ValueError, match="tags must differ"):
+        ReMemR1Config(update_tag="x", recall_tag="x")
+    with pytest.raises(ValueError, match="update_tag must be a tag name"):
+        ReMemR1Config(update_tag="<update>")
+    with pytest.raises(ValueError, match="scorer must be one of"):
+        ReMemR1Config(scorer="dense")
+
+
+def test_default_templates_keep_the_published_tags_and_lengths():
+    c = ReMemR1Config()
+    assert (c.max_memory_tokens, c.max_final_tokens, c.chunk_tokens) == (2048, 2048, 5000)
+    mem, fin = c.templates()
+    text = mem.render(problem="Q", recalled_memory="R", memory="M", chunk="C")
+    for tag in ("<problem>\nQ\n</problem>", "<recalled_memory>\nR\n</recalled_memory>",
+                "<memory>\nM\n</memory>", "<section>\nC\n</section>", "<update>", "<recall>", "<thinking>"):
+        assert tag in text
+    assert "\\boxed{}" in fin.render(problem="Q", recalled_memory="R", memory="M")
+
+
+def test_template_file_overrides_and_missing_placeholder_is_named(tmp_path):
+    f = tmp_path / "fin.txt"
+    f.write_text("FIN {problem} {memory} {recalled_memory}\n")
+    task = Task("t1", "Q?", "", ["x"])
+    engine = ScriptedEngine([r"\boxed{x}"])
+    run_one(task, engine, cfg(final_template=None, final_template_file=str(f)))
+    assert engine.calls[0].prompt_text == user(f"FIN Q? No previous memory {NO_RECALL}")
+    bad = tmp_path / "mem.txt"
+    bad.write_text("{problem} {memory} {chunk}\n")
+    with pytest.raises(TemplateError, match=r"missing placeholder\(s\) \{recalled_memory\}"):
+        ReMemR1Config(memory_template_file=str(bad)).templates()
+
+
+def test_rollout_reward_is_boxed_em_and_step_rewards_are_written():
+    # gold "red apple"; words {red, apple}
+    task = Task("t1", "Q?", "abcdefgh", ["red apple", "crimson"])
+    engine = ScriptedEngine([
+        "<update>red</update>",  # format 1 + gain (1/2 - 0) = 1.5; no recall
+        "<update>pear</update><recall>red</recall>",  # 1 + (0 - 1/2) + callback max(0, 1/2 - 0) = 1.0
+        r"\boxed{Red Apple}",  # final: format 1
+    ])
+    spec = get_workflow("rememr1")
+    groups = asyncio.run(rollout([task], spec, engine, cfg(), n=1))
+    traj = groups[0].trajectories[0]
+    assert traj.reward == 1.0
+    assert [s.step_reward for s in traj.segments] == pytest.approx([1.5, 1.0, 1.0])
+    # other weights: w_f = 0, w_m = 2, w_c = 3 -> step 0: 2*0.5 = 1.0; step 1: 2*(-0.5) + 3*0.5 = 0.5; final 0
+    got = assign_step_rewards(task, traj, cfg(format_weight=0.0, memory_weight=2.0, callback_weight=3.0))
+    assert got == pytest.approx([1.0, 0.5, 0.0])
+    assert [s.step_reward for s in traj.segments] == pytest.approx([1.0, 0.5, 0.0])
+
+
+def test_step_reward_weights_travel_with_the_trajectory():
+    task = Task("t1", "Q?", "abcd", ["red"])
+    engine = ScriptedEngine(["<update>red</update>", r"\boxed{blue}"])
+    spec = get_workflow("rememr1")
+    groups = asyncio.run(rollout([task], spec, engine, cfg(format_weight=0.5), n=1))
+    # step 0: 0.5*1 + (1 - 0) = 1.5; final: 0.5*1
+    assert [s.step_reward for s in groups[0].trajectories[0].segments] == pytest.approx([1.5, 0.5])
+    assert groups[0].trajectories[0].reward == 0.0
+
+
+def test_rememr1_advantage_runs_on_rollout_groups():
+    from memrl.algorithms.advantages import compute_group_advantages
+
+    task = Task("t1", "Q?", "abcd", ["red"])
+    replies = iter(["<update>red</update>", r"\boxed{red}", "<update>x</update>", r"\boxed{no}"])
+    engine = ScriptedEngine(lambda prompt, i: next(replies))
+    spec = get_workflow("rememr1")
+    groups = asyncio.run(rollout([task], spec, engine, cfg(), n=2, concurrency=1))
+    compute_group_advantages(groups, "rememr1", alpha=0.8)
+    a, b = groups[0].trajectories
+    # outcomes 1, 0 -> A_out = +0.5, -0.5; step 0 rewards 2.0 (fmt 1 + gain 1), 1.0 -> A_state +0.5, -0.5
+    # final rewards 1, 1 -> A_state 0; A = 0.8*A_out + 0.2*A_state
+    assert [s.advantage for s in a.segments] == pytest.approx([0.5, 0.4])
+    assert [s.advantage for s in b.segments] == pytest.approx([-0.5, -0.4])
+
+
+def test_empty_context_answers_with_no_recall():
+    task = Task("t1", "Q?", "", ["x"])
+    engine = ScriptedEngine([r"\boxed{x}"])
+    traj = run_one(task, engine, cfg())
+    assert engine.calls[0].prompt_text == user(f"P:Q?|R:{NO_RECALL}|M:No previous memory|answer:")
+    assert traj.metrics["recall_rate"] == 0.0 and len(traj.segments) == 1
