@@ -211,3 +211,43 @@ def write_records(path: str | os.PathLike[str], records: list[dict[str, Any]]) -
     if fmt == "jsonl":
         return write_jsonl(path, records)
     return write_json(path, records)
+
+
+KINDS = ("hotpotqa", "2wiki", "eval", "memagent")
+
+
+def detect_kind(path: str | os.PathLike[str]) -> str:
+    """Which loader fits a file, from the fields of its first record: hotpotqa, 2wiki, eval or memagent."""
+    for _, rec in iter_records(path):
+        if not isinstance(rec, dict):
+            break
+        keys = set(rec)
+        if {"data_source", "reward_model"} <= keys:
+            return "memagent"
+        if {"input", "answers", "context"} <= keys:
+            return "eval"
+        if {"question", "answer", "context"} <= keys:
+            return "2wiki" if ("evidences" in keys or "entity_ids" in keys) else "hotpotqa"
+        raise DataError(f"{path}: row 0 has fields {sorted(keys)}; cannot tell which dataset it is "
+                        f"(pass the kind explicitly: {', '.join(KINDS)})")
+    raise DataError(f"{path}: empty or not a list of objects; cannot tell which dataset it is")
+
+
+def load_tasks(
+    path: str | os.PathLike[str], kind: str = "auto", skip_bad: bool = False, limit: int | None = None,
+    stats: ReadStats | None = None,
+) -> list[Task]:
+    """Tasks from any supported file; kind is one of KINDS or "auto" (detected from the first record)."""
+    from memrl.data import hotpotqa, memagent_files, twowiki
+
+    if kind == "auto":
+        kind = detect_kind(path)
+    loaders = {
+        "hotpotqa": hotpotqa.load_hotpotqa,
+        "2wiki": twowiki.load_twowiki,
+        "eval": memagent_files.load_eval_json,
+        "memagent": memagent_files.load_memagent_parquet,
+    }
+    if kind not in loaders:
+        raise DataError(f"unknown data kind {kind!r}; expected auto or one of {', '.join(KINDS)}")
+    return loaders[kind](path, skip_bad=skip_bad, limit=limit, stats=stats)

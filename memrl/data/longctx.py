@@ -10,7 +10,7 @@ from the seed recorded in every row (`meta["seed"]`) and in `manifest.json`, and
 (building one never shifts another). Cost per question is O(pool + N): a partial permutation of the pool
 indices, no per-question copies of the pool.
 
-Recorded per row: `evidence_idx` (0-based positions of the supporting-fact documents in the shuffled
+Recorded per row (the task id is written as ReMemR1's `id` field): `evidence_idx` (0-based positions of the supporting-fact documents in the shuffled
 order; document number = position + 1) and `min_distance` (smallest gap between two evidence positions;
 None with fewer than two).
 """
@@ -124,7 +124,6 @@ def build_long_task(task: Task, pool: DocPool, num_docs: int, seed: int, positio
         "evidence_idx": evidence,
         "min_distance": min_gap(evidence),
         "type": task.meta.get("type"),
-        "id": task.task_id,
         "source": task.meta.get("dataset"),
         "seed": seed,
     }

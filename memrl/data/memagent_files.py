@@ -3,17 +3,21 @@
 - Training parquet rows: `data_source`, `prompt` ([{role: user, content: question}]), `context`, `ability`,
   `reward_model` {style: rule, ground_truth: [answers]}, `extra_info` {index, question, num_docs}.
   `Task.meta` holds data_source, ability, reward_style, index, num_docs, any other extra_info keys
-  (written back into extra_info) and any other top-level columns under meta["columns"].
+  (written back into extra_info) and any other top-level columns under meta["columns"]. Meta values that
+  parquet cannot hold as they are (nested or mixed-type lists, dicts) go into extra_info as JSON text
+  under "<key>__json" and are decoded on load.
 - Eval files `eval_{N}.json`: a JSON list of {context, input, answers, num_docs, index}, plus ReMemR1's
   `evidence_idx`, `min_distance`, `type`, `id` when present. Every field other than context/input/answers
   lands in `Task.meta` under its own name and is written back as a field.
 
 Task ids: the row's `id` when it has one, else "{data_source}-{index}" (parquet) / "{index}" (eval json);
-a Task whose id differs from that gets an explicit `id` field on write, so ids survive a round trip.
+a Task whose id differs from that default gets an `id` field (extra_info.id in parquet) on write, so ids
+survive a round trip both ways. `meta["id"]` holds a row's id only when task_id cannot reproduce it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -23,6 +27,7 @@ from memrl.types import Task
 
 EVAL_CORE = ("context", "input", "answers")
 PARQUET_COLUMNS = ("data_source", "prompt", "context", "ability", "reward_model", "extra_info")
+JSON_SUFFIX = "__json"
 _PARQUET_META = ("data_source", "ability", "reward_style", "index", "num_docs", "columns")
 
 
@@ -45,6 +50,8 @@ def parse_eval_record(rec: Any, where: str) -> Task:
     meta = {k: v for k, v in rec.items() if k not in EVAL_CORE}
     if "id" in rec:
         tid = str(rec["id"])
+        if isinstance(rec["id"], str) and rec["id"] and rec["id"] != str(rec.get("index")):
+            del meta["id"]  # carried by task_id; the writer puts it back
     elif "index" in rec:
         tid = str(rec["index"])
     else:
@@ -103,15 +110,20 @@ def parse_parquet_row(rec: Any, where: str) -> Task:
         meta["prompt"] = prompt
     for k, v in extra.items():
         # kept even when None: pyarrow fills keys missing from some rows with null, harmless on re-write
-        if k != "question":
+        if k.endswith(JSON_SUFFIX) and isinstance(v, str):
+            try:
+                meta[k[: -len(JSON_SUFFIX)]] = json.loads(v)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: field 'extra_info.{k}' is not valid JSON: {e.msg}") from e
+        elif k != "question":
             meta[k] = v
+    default_id = f"{data_source}-{extra.get('index', where.rsplit(' ', 1)[-1])}"
+    if isinstance(extra.get("id"), str) and extra["id"] and extra["id"] != default_id:
+        del meta["id"]  # carried by task_id; the writer puts it back
     cols = {k: v for k, v in rec.items() if k not in PARQUET_COLUMNS}
     if cols:
         meta["columns"] = cols
-    if "id" in extra and extra["id"] is not None:
-        tid = str(extra["id"])
-    else:
-        tid = f"{data_source}-{extra.get('index', where.rsplit(' ', 1)[-1])}"
+    tid = str(extra["id"]) if extra.get("id") not in (None, "") else default_id
     return Task(task_id=tid, question=question, context=context, answers=answers, meta=meta)
 
 
@@ -123,14 +135,51 @@ def load_memagent_parquet(
     return parse_records(path, parse_parquet_row, skip_bad=skip_bad, limit=limit, stats=stats)
 
 
-def to_parquet_row(task: Task, data_source: str = "hotpotqa", ability: str = "memory") -> dict[str, Any]:
-    """A Task as a MemAgent parquet row; meta keys other than the known ones go into extra_info."""
+def _arrow_native(v: Any) -> bool:
+    """A scalar, or a list of scalars of one type: parquet stores these as they are."""
+    scalar = (str, int, float, bool, type(None))
+    if isinstance(v, scalar):
+        return True
+    if isinstance(v, list):
+        kinds = {type(x) for x in v if x is not None}
+        return len(kinds) <= 1 and all(isinstance(x, scalar) for x in v)
+    return False
+
+
+def json_meta_keys(tasks: Iterable[Task]) -> set[str]:
+    """Meta keys that some task holds in a form parquet cannot store as is (decided per column)."""
+    out: set[str] = set()
+    kinds: dict[str, set[type]] = {}
+    for t in tasks:
+        for k, v in t.meta.items():
+            if k in _PARQUET_META or k == "prompt" or k in out:
+                continue
+            if not _arrow_native(v):
+                out.add(k)
+                continue
+            vals = v if isinstance(v, list) else [v]
+            kinds.setdefault(k, set()).update(type(x) for x in vals if x is not None)
+    return out | {k for k, ks in kinds.items() if len(ks - {bool}) > 1 and not ks <= {int, float}}
+
+
+def to_parquet_row(
+    task: Task, data_source: str = "hotpotqa", ability: str = "memory", json_keys: set[str] | None = None
+) -> dict[str, Any]:
+    """A Task as a MemAgent parquet row; meta keys other than the known ones go into extra_info.
+
+    `json_keys` (default: decided from this task alone) are written as JSON text under "<key>__json".
+    """
+    if json_keys is None:
+        json_keys = json_meta_keys([task])
     m = task.meta
     ds = m.get("data_source", data_source)
     extra: dict[str, Any] = {"index": m.get("index"), "question": task.question, "num_docs": m.get("num_docs")}
     for k, v in m.items():
         if k not in _PARQUET_META and k != "prompt":
-            extra[k] = v
+            if k in json_keys:
+                extra[k + JSON_SUFFIX] = json.dumps(v, ensure_ascii=False)
+            else:
+                extra[k] = v
     if "id" not in extra and task.task_id != f"{ds}-{m.get('index')}":
         extra["id"] = task.task_id
     row: dict[str, Any] = {
@@ -147,7 +196,9 @@ def to_parquet_row(task: Task, data_source: str = "hotpotqa", ability: str = "me
 
 def write_memagent_parquet(path: str | os.PathLike[str], tasks: Iterable[Task], data_source: str = "hotpotqa") -> int:
     """Write tasks as a MemAgent parquet file; returns the row count."""
-    return write_parquet(path, [to_parquet_row(t, data_source) for t in tasks])
+    tasks = list(tasks)
+    keys = json_meta_keys(tasks)
+    return write_parquet(path, [to_parquet_row(t, data_source, json_keys=keys) for t in tasks])
 
 
 def iter_eval_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[tuple[str, list[Task]]]:

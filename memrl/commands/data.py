@@ -1,0 +1,182 @@
+"""Build, convert and inspect datasets.
+
+  memrl data build --source hotpot_dev_distractor_v1.json --out data/hqa [--docs 50,100,...,6400]
+                   [--num-questions 128] [--seed 42]                      -> eval_{N}.json + manifest.json
+  memrl data train --source hotpot_train_v1.1.json --out data/train.parquet [--docs 200]
+  memrl data convert SRC DST [--kind auto] [--to hf|original|eval|memagent]
+  memrl data stats --tokenizer MODEL_DIR eval_50.json eval_100.json ...  -> average context tokens per N
+  memrl data show FILE [--rows 1]
+
+Every reader takes --skip-bad: malformed rows are skipped and counted instead of failing the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from memrl.data.io import KINDS, ReadStats
+
+
+def _docs(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--docs must be comma-separated integers, got {text!r}") from e
+    if not out or any(n < 1 for n in out):
+        raise argparse.ArgumentTypeError(f"--docs needs positive document counts, got {text!r}")
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from memrl.data.longctx import DEFAULT_DOC_COUNTS, TRAIN_NUM_DOCS
+
+    sub = parser.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--kind", choices=("auto", *KINDS), default="auto", help="input dataset kind")
+        p.add_argument("--skip-bad", action="store_true", help="skip (and count) malformed rows instead of failing")
+        p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+    b = sub.add_parser("build", help="long-context eval sets eval_{N}.json (RULER-HQA / MemAgent style)")
+    b.add_argument("--source", nargs="+", required=True, help="HotpotQA / 2Wiki file(s), either layout")
+    b.add_argument("--out", required=True, help="output directory")
+    b.add_argument("--docs", type=_docs, default=list(DEFAULT_DOC_COUNTS), help="comma-separated document counts")
+    b.add_argument("--num-questions", type=int, default=128, help="questions per set (0 = all)")
+    b.add_argument("--seed", type=int, default=42, help="seed of question choice, padding and shuffling")
+    common(b)
+
+    t = sub.add_parser("train", help="training set: questions padded to 200 docs, MemAgent parquet")
+    t.add_argument("--source", nargs="+", required=True, help="HotpotQA / 2Wiki file(s), either layout")
+    t.add_argument("--out", required=True, help="output .parquet file")
+    t.add_argument("--docs", type=int, default=TRAIN_NUM_DOCS, help="documents per question")
+    t.add_argument("--num-questions", type=int, default=0, help="questions (0 = all)")
+    t.add_argument("--seed", type=int, default=42)
+    t.add_argument("--data-source", default="hotpotqa", help="the rows' data_source field")
+    common(t)
+
+    c = sub.add_parser("convert", help="convert between layouts and formats")
+    c.add_argument("src")
+    c.add_argument("dst", help="output file; its extension picks json / jsonl / parquet")
+    c.add_argument("--to", choices=("hf", "original", "eval", "memagent"), default="hf",
+                   help="output layout (hf/original for HotpotQA and 2Wiki sources)")
+    common(c)
+
+    s = sub.add_parser("stats", help="average context tokens per document count")
+    s.add_argument("files", nargs="+")
+    s.add_argument("--tokenizer", required=True, help="tokenizer / model directory (HuggingFace format)")
+    common(s)
+
+    sh = sub.add_parser("show", help="print the first rows of a file as tasks")
+    sh.add_argument("file")
+    sh.add_argument("--rows", type=int, default=1)
+    sh.add_argument("--chars", type=int, default=400, help="context characters to show")
+    common(sh)
+
+
+def _load_sources(paths: list[str], kind: str, skip_bad: bool):
+    from memrl.data.io import load_tasks
+
+    tasks = []
+    for p in paths:
+        st = ReadStats(p)
+        tasks += load_tasks(p, kind, skip_bad=skip_bad, stats=st)
+        note = f", skipped {st.skipped} malformed" if st.skipped else ""
+        print(f"read {st.rows - st.skipped} questions from {p}{note}")
+    return tasks
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"build": _build, "train": _train, "convert": _convert, "stats": _stats, "show": _show}[
+        args.data_command
+    ](args)
+
+
+def _build(args: argparse.Namespace) -> int:
+    from memrl.data.longctx import build_eval_sets
+
+    tasks = _load_sources(args.source, args.kind, args.skip_bad)
+    t0 = time.perf_counter()
+    man = build_eval_sets(
+        tasks, args.out, args.docs, args.num_questions, args.seed, source=args.source,
+        on_file=lambda n, p, dt: print(f"  {n:>6} docs -> {p} ({dt:.1f}s)", flush=True),
+    )
+    print(f"built {len(man.doc_counts)} sets of {man.num_questions} questions (pool {man.pool_size} paragraphs, "
+          f"seed {man.seed}) in {time.perf_counter() - t0:.1f}s -> {args.out}")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from memrl.data.longctx import build_train_set
+
+    tasks = _load_sources(args.source, args.kind, args.skip_bad)
+    n = build_train_set(tasks, args.out, args.docs, args.seed, args.num_questions, args.data_source)
+    print(f"wrote {n} rows of {args.docs} documents -> {args.out}")
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from memrl.data import hotpotqa, memagent_files, twowiki
+    from memrl.data.io import detect_kind, write_records
+
+    kind = detect_kind(args.src) if args.kind == "auto" else args.kind
+    tasks = _load_sources([args.src], kind, args.skip_bad)
+    if args.to in ("hf", "original"):
+        if kind not in ("hotpotqa", "2wiki"):
+            raise ValueError(f"--to {args.to} needs a HotpotQA or 2Wiki source; {args.src} is {kind}")
+        mod = hotpotqa if kind == "hotpotqa" else twowiki
+        conv = mod.to_hf_record if args.to == "hf" else mod.to_original_record
+        recs = [conv(t) for t in tasks]
+    elif args.to == "eval":
+        recs = [memagent_files.to_eval_record(t) for t in tasks]
+    else:
+        recs = [memagent_files.to_parquet_row(t) for t in tasks]
+    n = write_records(args.dst, recs)
+    print(f"wrote {n} rows ({args.to} layout) -> {args.dst}")
+    return 0
+
+
+def context_token_stats(files: list[str], tokenizer, kind: str = "auto", skip_bad: bool = False):
+    """Rows (num_docs, files, questions, mean context tokens, mean characters) grouped by num_docs."""
+    from memrl.data.io import load_tasks
+
+    acc: dict[int, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    for f in files:
+        for t in load_tasks(f, kind, skip_bad=skip_bad):
+            n = int(t.meta.get("num_docs") or t.context.count("\n\nDocument ") + 1)
+            a = acc[n]
+            a[0] += 1
+            a[1] += len(tokenizer.encode(t.context, add_special_tokens=False))
+            a[2] += len(t.context)
+    return [(n, int(a[0]), a[1] / a[0], a[2] / a[0]) for n, a in sorted(acc.items())]
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    if not Path(args.tokenizer).exists():
+        raise FileNotFoundError(f"--tokenizer {args.tokenizer} does not exist")
+    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    rows = context_token_stats(args.files, tok, args.kind, args.skip_bad)
+    print(f"tokenizer: {args.tokenizer}")
+    print("| docs | questions | mean context tokens | mean characters |")
+    print("|---:|---:|---:|---:|")
+    for n, q, tokens, chars in rows:
+        print(f"| {n} | {q} | {tokens:,.0f} ({tokens / 1000:.1f}K) | {chars:,.0f} |")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from memrl.data.io import load_tasks
+
+    tasks = load_tasks(args.file, args.kind, skip_bad=args.skip_bad, limit=args.rows)
+    for t in tasks:
+        meta = {k: v for k, v in t.meta.items() if k != "paragraphs"}
+        print(json.dumps({"task_id": t.task_id, "question": t.question, "answers": t.answers, "meta": meta,
+                          "context_chars": len(t.context)}, ensure_ascii=False, default=str)[:2000])
+        print(t.context[: args.chars] + ("..." if len(t.context) > args.chars else ""))
+        print()
+    return 0
