@@ -1,0 +1,211 @@
+"""A synthetic task where looking back matters (ReMemR1's motivation, arXiv 2509.23040).
+
+The question is a two-hop bridge, "what is what Kalo is". The answer fact "Miran is red" is planted in
+an EARLIER piece than the link "Kalo is Miran" that makes it relevant. While reading the answer fact
+nothing marks it as relevant (every piece holds facts about unrelated keys too), so a memory that is
+overwritten with what looks relevant, within a small budget, has usually dropped it by the time the link
+arrives. A ReMemR1 agent can issue `<recall>Miran</recall>` when it reads the link and get back the past
+memory that still held "Miran is red".
+
+Same building blocks as `memrl.data.synthetic` (keys, values and filler are single tokens of the demo
+tokenizer, a piece is exactly `chunk_words` tokens, so token chunks line up with pieces); length is
+counted in pieces. Exact-match single-word answers. Seeded: the same (config, seed, index) always gives
+the same task.
+
+`oracle_memagent` / `oracle_rememr1` are scripted policies (for `memrl.testing.ScriptedEngine`) that
+keep the facts known to matter plus the current piece's facts: the best an overwriting memory of about
+that size can do, and its ReMemR1 counterpart that recalls a bridge target it has not kept. They make
+SFT traces and upper-bound references.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from memrl.data.synthetic import FILLER, KEYS, QUESTION_2, VALUES, fact_text, find_facts
+from memrl.types import Task
+
+
+@dataclass
+class LookbackConfig:
+    """Shape of the look-back tasks; length is `num_chunks` pieces of `chunk_words` tokens."""
+
+    num_chunks: int = 4
+    """Pieces per document (>= 2: the answer fact and the link need different pieces)."""
+    chunk_words: int = 24
+    """Words (= tokens of the demo tokenizer) per piece; set the workflow's chunk_tokens to this."""
+    facts_per_chunk: int = 1
+    """Facts per piece; the answer fact and the link take one slot each, distractors fill the rest."""
+    lookback_fraction: float = 1.0
+    """Fraction of tasks whose answer fact comes before the link (the rest: at or after it)."""
+    num_keys: int = 256
+    """Keys drawn from the first num_keys of memrl.data.synthetic.KEYS."""
+
+    def __post_init__(self) -> None:
+        if self.num_chunks < 2:
+            raise ValueError(f"LookbackConfig.num_chunks must be >= 2, got {self.num_chunks}")
+        if self.facts_per_chunk < 1 or 4 * self.facts_per_chunk > self.chunk_words:
+            raise ValueError(
+                f"LookbackConfig.facts_per_chunk must be in [1, chunk_words/4], got {self.facts_per_chunk}"
+            )
+        if not 0.0 <= self.lookback_fraction <= 1.0:
+            raise ValueError(
+                f"LookbackConfig.lookback_fraction must be in [0, 1], got {self.lookback_fraction}"
+            )
+        if not 8 <= self.num_keys <= len(KEYS):
+            raise ValueError(f"LookbackConfig.num_keys must be in [8, {len(KEYS)}], got {self.num_keys}")
+
+
+def make_lookback_task(cfg: LookbackConfig, seed: int, index: int) -> Task:
+    """Task `index` of the look-back stream seeded `seed`.
+
+    meta: answer_chunk / link_chunk (piece indices), gap = link_chunk - answer_chunk (> 0 = look-back).
+    """
+    rng = random.Random(f"lookback:{seed}:{index}:{cfg.num_chunks}:{cfg.facts_per_chunk}")
+    n = cfg.num_chunks
+    keys = list(KEYS[: cfg.num_keys])
+    qkey, mid = rng.sample(keys, 2)
+    answer = rng.choice(VALUES)
+    if rng.random() < cfg.lookback_fraction:
+        link_chunk = rng.randrange(1, n)
+        answer_chunk = rng.randrange(0, link_chunk)
+    else:
+        answer_chunk = rng.randrange(0, n)
+        link_chunk = rng.randrange(0, answer_chunk + 1)
+    others = [k for k in keys if k not in (qkey, mid)]
+    slots: list[list[tuple[str, str]]] = [[] for _ in range(n)]
+    slots[link_chunk].append((qkey, mid))
+    slots[answer_chunk].append((mid, answer))
+    # Distractor keys are distinct while the key set lasts; a reused one never collides with qkey/mid.
+    pool = rng.sample(others, k=len(others))
+    j = 0
+    for c in range(n):
+        while len(slots[c]) < cfg.facts_per_chunk:
+            slots[c].append((pool[j % len(pool)], rng.choice(VALUES)))
+            j += 1
+        rng.shuffle(slots[c])
+    pieces = []
+    for these in slots:
+        n_filler = cfg.chunk_words - 3 * len(these)
+        words = [rng.choice(FILLER) for _ in range(n_filler)]
+        spots = sorted(rng.sample(range(n_filler + 1), k=len(these)))
+        for off, (spot, (k, v)) in enumerate(zip(spots, these, strict=True)):
+            words[spot + 3 * off : spot + 3 * off] = [k, "is", v]
+        pieces.append("".join(" " + w for w in words))
+    return Task(
+        task_id=f"lookback-s{seed}-c{n}-{index}",
+        question=QUESTION_2.format(key=qkey),
+        context="".join(pieces),
+        answers=[answer],
+        meta={
+            "num_chunks": n,
+            "answer_chunk": answer_chunk,
+            "link_chunk": link_chunk,
+            "gap": link_chunk - answer_chunk,
+            "bridge": mid,
+            "seed": seed,
+        },
+    )
+
+
+def make_lookback_tasks(cfg: LookbackConfig, n: int, seed: int, start: int = 0) -> list[Task]:
+    """Tasks start..start+n-1 of the look-back stream seeded `seed`."""
+    return [make_lookback_task(cfg, seed, i) for i in range(start, start + n)]
+
+
+def corpus_extra() -> tuple[str, ...]:
+    """Strings to add to the tokenizer corpus (`synthetic.corpus_text(extra=...)`) so ReMemR1's tags and
+    placeholders become few tokens."""
+    k, m, v = KEYS[0], KEYS[1], VALUES[0]
+    block = (
+        f"<thinking></thinking><update>{k} is {m}\n{m} is {v}</update><recall>{m}</recall>\n"
+        "<problem>what is what {k} is</problem>\n<recalled_memory>No memory was recalled.</recalled_memory>\n"
+        f"<memory>No previous memory</memory>\n<section> {k} is {v}</section>\n"
+    )
+    return tuple(block for _ in range(50))
+
+
+# ----------------------------------------------------------------------------------------------
+# Scripted reference policies (prompt text in, reply text out), for ScriptedEngine.
+# ----------------------------------------------------------------------------------------------
+
+_QUESTION = re.compile(r"what is (what )?([A-Z][a-z]+)( is)?")
+
+
+def _block(prompt: str, tag: str) -> str | None:
+    m = re.search(rf"<{tag}>(.*?)</{tag}>", prompt, re.DOTALL)
+    return m.group(1) if m else None
+
+
+def _facts(text: str | None) -> list[tuple[str, str]]:
+    return find_facts(text or "")
+
+
+def _state(
+    prompt: str,
+) -> tuple[str | None, int, list[tuple[str, str]], list[tuple[str, str]], dict[str, str]]:
+    """(question key, hops, kept-candidate facts in order, section facts, everything known)."""
+    problem = _block(prompt, "problem") or ""
+    m = _QUESTION.search(problem)
+    qkey, hops = (m.group(2), 2 if m.group(1) else 1) if m else (None, 1)
+    seen = _facts(_block(prompt, "memory")) + _facts(_block(prompt, "recalled_memory"))
+    section = _facts(_block(prompt, "section"))
+    known: dict[str, str] = {}
+    for k, v in seen + section:
+        known.setdefault(k, v)
+    return qkey, hops, seen, section, known
+
+
+def _relevant(qkey: str | None, hops: int, known: dict[str, str]) -> tuple[list[tuple[str, str]], str | None]:
+    """Facts known to matter, and the bridge key still missing (two-hop only)."""
+    if qkey is None or qkey not in known:
+        return [], None
+    out = [(qkey, known[qkey])]
+    if hops == 2:
+        mid = known[qkey]
+        if mid in known:
+            out.append((mid, known[mid]))
+        else:
+            return out, mid
+    return out, None
+
+
+def _memory_text(relevant: list[tuple[str, str]], section: list[tuple[str, str]]) -> str:
+    facts: list[tuple[str, str]] = []
+    for f in relevant + section:
+        if f not in facts:
+            facts.append(f)
+    return "\n".join(fact_text(k, v) for k, v in facts) or "No previous memory"
+
+
+def _final(prompt: str) -> str:
+    qkey, hops, seen, _, known = _state(prompt)
+    rel, missing = _relevant(qkey, hops, known)
+    if rel and missing is None:
+        return f"\\boxed{{{rel[-1][1]}}}"
+    # Not found: guess the value of a remembered fact (a wrong answer, but a well-formed one).
+    guess = next((v for _, v in reversed(seen) if v in VALUES), VALUES[0])
+    return f"\\boxed{{{guess}}}"
+
+
+def oracle_memagent(prompt: str, call_index: int = 0) -> str:
+    """MemAgent reference: new memory = facts known to matter + this piece's facts (plain text)."""
+    if "<section>" not in prompt:
+        return _final(prompt)
+    qkey, hops, _, section, known = _state(prompt)
+    rel, _ = _relevant(qkey, hops, known)
+    return _memory_text(rel, section)
+
+
+def oracle_rememr1(prompt: str, call_index: int = 0, thinking: bool = False) -> str:
+    """ReMemR1 reference: the same memory inside <update>, plus <recall>bridge</recall> while the bridge
+    key's value is unknown."""
+    if "<section>" not in prompt:
+        return _final(prompt)
+    qkey, hops, _, section, known = _state(prompt)
+    rel, missing = _relevant(qkey, hops, known)
+    think = "<thinking></thinking>" if thinking else ""
+    recall = f"<recall>{missing}</recall>" if missing else ""
+    return f"{think}<update>{_memory_text(rel, section)}</update>{recall}"

@@ -1,0 +1,106 @@
+"""The look-back synthetic task and its scripted reference policies (MemAgent vs ReMemR1)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+
+from memrl.data.synthetic import KEYS, find_facts
+from memrl.data.synthetic_lookback import (
+    LookbackConfig,
+    make_lookback_task,
+    make_lookback_tasks,
+    oracle_memagent,
+    oracle_rememr1,
+)
+from memrl.testing import ScriptedEngine
+from memrl.workflows import get_workflow
+from memrl.workflows.memagent import MemAgentConfig
+from memrl.workflows.rememr1 import ReMemR1Config
+from memrl.workflows.runner import rollout
+
+
+class WordTokenizer:
+    """One token per word with its leading space (as the demo tokenizer gives for this task's words)."""
+
+    pad_token_id, eos_token_id = 0, 1
+
+    def __init__(self) -> None:
+        self.vocab = {"<pad>": 0, "<eos>": 1}
+        self.inv = ["<pad>", "<eos>"]
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        out = []
+        for piece in re.findall(r" ?\w+|\s+|[^\s\w]", text):
+            if piece not in self.vocab:
+                self.vocab[piece] = len(self.inv)
+                self.inv.append(piece)
+            out.append(self.vocab[piece])
+        return out
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(self.inv[i] for i in ids if not (skip_special_tokens and i < 2))
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, **_):
+        text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
+        text += "<assistant>" if add_generation_prompt else ""
+        return self.encode(text) if tokenize else text
+
+
+def test_tasks_are_seeded_and_plant_the_answer_before_the_link():
+    cfg = LookbackConfig(num_chunks=6, chunk_words=24, facts_per_chunk=2)
+    a = make_lookback_tasks(cfg, 20, seed=3)
+    assert [t.context for t in a] == [t.context for t in make_lookback_tasks(cfg, 20, seed=3)]
+    assert a[0].context != make_lookback_task(cfg, 4, 0).context
+    for t in a:
+        words = t.context.split(" ")[1:]
+        assert len(words) == 6 * 24  # pieces of exactly chunk_words words
+        pieces = [" ".join(words[i * 24 : (i + 1) * 24]) for i in range(6)]
+        m = t.meta
+        qkey = re.fullmatch(r"what is what (\w+) is", t.question).group(1)
+        assert (qkey, m["bridge"]) in find_facts(pieces[m["link_chunk"]])
+        assert (m["bridge"], t.answers[0]) in find_facts(pieces[m["answer_chunk"]])
+        assert m["gap"] == m["link_chunk"] - m["answer_chunk"] > 0
+        assert all(len(find_facts(p)) == 2 for p in pieces)
+        keys = [k for k, _ in find_facts(t.context)]
+        assert keys.count(qkey) == 1 and keys.count(m["bridge"]) == 1  # no distractor reuses them
+
+
+def test_lookback_fraction_zero_puts_the_answer_at_or_after_the_link():
+    cfg = LookbackConfig(num_chunks=5, lookback_fraction=0.0)
+    assert all(t.meta["gap"] <= 0 for t in make_lookback_tasks(cfg, 30, seed=0))
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="num_chunks must be >= 2"):
+        LookbackConfig(num_chunks=1)
+    with pytest.raises(ValueError, match="facts_per_chunk"):
+        LookbackConfig(facts_per_chunk=7, chunk_words=24)
+    with pytest.raises(ValueError, match=f"num_keys must be in \\[8, {len(KEYS)}\\]"):
+        LookbackConfig(num_keys=2)
+
+
+def _accuracy(name: str, policy, tasks):
+    wcfg = dict(chunk_tokens=24, max_memory_tokens=64, max_final_tokens=16, temperature=0.0)
+    cfg = MemAgentConfig(**wcfg) if name == "memagent" else ReMemR1Config(**wcfg)
+    engine = ScriptedEngine(policy, tokenizer=WordTokenizer())
+    groups = asyncio.run(rollout(tasks, get_workflow(name), engine, cfg, n=1))
+    return [g.trajectories[0] for g in groups]
+
+
+def test_overwriting_memory_drops_the_fact_and_a_callback_recovers_it():
+    tasks = make_lookback_tasks(LookbackConfig(num_chunks=8), 60, seed=1)
+    mem = _accuracy("memagent", oracle_memagent, tasks)
+    rem = _accuracy("rememr1", oracle_rememr1, tasks)
+    # The reference MemAgent keeps the current piece's facts: right exactly when the link follows the
+    # answer fact immediately (gap 1), else it guesses a remembered value (rarely right by chance);
+    # ReMemR1 recalls the bridge and is always right.
+    assert all(t.reward == 1.0 for task, t in zip(tasks, mem, strict=True) if task.meta["gap"] == 1)
+    far_mem = [t.reward for task, t in zip(tasks, mem, strict=True) if task.meta["gap"] > 1]
+    assert len(far_mem) > 30 and sum(far_mem) / len(far_mem) < 0.2
+    assert all(t.reward == 1.0 for t in rem)
+    far = [(task, t) for task, t in zip(tasks, rem, strict=True) if task.meta["gap"] > 1]
+    assert far and all(t.metrics["recalls"] >= 1 and t.metrics["callback_hits"] >= 1 for _, t in far)
+    assert all(t.metrics["format_errors"] == 0 for t in rem)
