@@ -1,0 +1,269 @@
+"""OpenAI-compatible HTTP engine: prompt token ids to a running server's /v1/completions, token ids +
+logprobs back. For `vllm serve` (python -m vllm.entrypoints.openai.api_server) and SGLang.
+
+Request: {"prompt": [ids], "logprobs": 1, "return_token_ids": true, "return_tokens_as_token_ids": true,
+"temperature", "top_p", "top_k", "seed", "stop_token_ids", "max_tokens"}. Token ids are read from
+`choices[0].token_ids` (vLLM's return_token_ids), else from "token_id:N" strings in
+`choices[0].logprobs.tokens` (vLLM's return_tokens_as_token_ids); logprobs from
+`choices[0].logprobs.token_logprobs`. A reply with neither, or with lengths that disagree, is an
+EngineError naming the URL: decoded text is never re-tokenized.
+
+Logprob convention: the server decides. Start vLLM with `--logprobs-mode processed_logprobs` to get
+memrl's convention (see memrl.engines.vllm); its default, raw_logprobs, ignores the temperature.
+
+SGLang (untested here): its OpenAI server accepts top_k, stop_token_ids and token-id prompts; token
+ids come back only where it supports `return_token_ids`/"token_id:N" logprob tokens (without them this
+engine fails with a clear error rather than re-tokenizing text); its logprobs are of the
+temperature-scaled distribution; weights reload from a directory via /update_weights_from_disk.
+
+Transport: one pooled httpx AsyncClient per event loop (pooled connections cannot cross loops), a
+semaphore capping requests in flight, per-request timeouts, and retries with exponential backoff on
+connection errors, timeouts and 5xx replies. httpx is used when installed, else httpx2 (same API; a
+huggingface_hub dependency).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from memrl.engines.base import Completion, EngineError, SamplingParams
+
+log = logging.getLogger(__name__)
+
+try:  # pragma: no cover - which one is installed depends on the environment
+    import httpx
+except ImportError:  # pragma: no cover
+    import httpx2 as httpx  # type: ignore[no-redef]
+
+
+@dataclass
+class OpenAIConfig:
+    """Settings of the HTTP engine."""
+
+    base_url: str = "http://127.0.0.1:8000"
+    """Server root, with or without a trailing /v1."""
+    tokenizer: str = ""
+    """Local tokenizer directory (the served model's); workflows tokenize with it."""
+    model: str | None = None
+    """Served model name; None = the server's default (vLLM and SGLang pick their only model)."""
+    api_key: str | None = None
+    """Sent as a Bearer token; None = OPENAI_API_KEY when set."""
+    server: str = "vllm"
+    """vllm | sglang: which weight-reload endpoint update_weights uses."""
+    max_concurrency: int = 64
+    """Requests in flight at once, per engine."""
+    timeout_s: float = 600.0
+    """Per-request timeout (read); connecting times out after connect_timeout_s."""
+    connect_timeout_s: float = 10.0
+    max_retries: int = 3
+    """Retries after a connection error, timeout or 5xx (so up to max_retries + 1 attempts)."""
+    backoff_s: float = 0.5
+    """First retry delay; doubled per retry, with up to 10% jitter."""
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"OpenAIConfig.base_url must start with http:// or https://, got {self.base_url!r}")
+        if self.server not in ("vllm", "sglang"):
+            raise ValueError(f"OpenAIConfig.server must be vllm or sglang, got {self.server!r}")
+        if self.max_concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0:
+            raise ValueError("OpenAIConfig: max_concurrency >= 1, max_retries >= 0 and timeout_s > 0 are required")
+
+
+def _root(base_url: str) -> str:
+    url = base_url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def completion_request(prompt_ids: list[int], sampling: SamplingParams, model: str | None) -> dict[str, Any]:
+    """The /v1/completions body for one token-id prompt."""
+    body: dict[str, Any] = {
+        "prompt": [int(t) for t in prompt_ids],
+        "max_tokens": int(sampling.max_tokens),
+        "temperature": float(sampling.temperature),
+        "top_p": float(sampling.top_p),
+        "logprobs": 1,  # the sampled token's logprob is token_logprobs; 1 is accepted by every server
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "skip_special_tokens": False,
+        "n": 1,
+        "stream": False,
+    }
+    if sampling.top_k > 0:
+        body["top_k"] = int(sampling.top_k)
+    if sampling.seed is not None:
+        body["seed"] = int(sampling.seed)
+    if sampling.stop_token_ids:
+        body["stop_token_ids"] = list(sampling.stop_token_ids)
+    if model:
+        body["model"] = model
+    return body
+
+
+def parse_completion(payload: Any, url: str) -> Completion:
+    """A /v1/completions JSON reply -> Completion; any missing or inconsistent field is an EngineError."""
+
+    def bad(what: str) -> EngineError:
+        return EngineError(f"{url}: malformed completion reply: {what}")
+
+    if not isinstance(payload, dict):
+        raise bad(f"expected a JSON object, got {type(payload).__name__}")
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise bad("no choices[0]")
+    choice = choices[0]
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict) or not isinstance(lp.get("token_logprobs"), list):
+        raise bad("choices[0].logprobs.token_logprobs missing (was logprobs requested?)")
+    logprobs = lp["token_logprobs"]
+    ids = choice.get("token_ids")
+    if ids is None:
+        tokens = lp.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+            raise bad("no token ids: neither choices[0].token_ids nor 'token_id:N' logprob tokens")
+        ids = [t[len("token_id:") :] for t in tokens]
+    try:
+        token_ids = [int(t) for t in ids]
+        values = [float(x) for x in logprobs]
+    except (TypeError, ValueError) as e:
+        raise bad(f"non-numeric token id or logprob ({e})") from e
+    if len(token_ids) != len(values):
+        raise bad(f"{len(token_ids)} token ids but {len(values)} logprobs")
+    finish = choice.get("finish_reason")
+    if finish not in ("stop", "length", "abort"):
+        raise bad(f"finish_reason {finish!r} (expected stop, length or abort)")
+    return Completion(token_ids, values, finish)
+
+
+class _Retryable(Exception):
+    """An attempt failed in a way worth retrying (connection, timeout, 5xx)."""
+
+
+class OpenAIEngine:
+    """The Engine protocol over an OpenAI-compatible server (see the module docstring)."""
+
+    def __init__(self, config: OpenAIConfig | None = None, tokenizer: Any = None, **kwargs: Any) -> None:
+        self.config = config if config is not None else OpenAIConfig(**kwargs)
+        if config is not None and kwargs:
+            raise TypeError("OpenAIEngine takes an OpenAIConfig or keyword fields, not both")
+        self.root = _root(self.config.base_url)
+        self.url = f"{self.root}/v1/completions"
+        if tokenizer is None and self.config.tokenizer:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer)
+        self.tokenizer = tokenizer
+        key = self.config.api_key or os.environ.get("OPENAI_API_KEY")
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        # Per event loop: an AsyncClient's pooled connections and a semaphore belong to one loop.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: Any = None
+        self._sem: asyncio.Semaphore | None = None
+
+    def _timeout(self) -> Any:
+        c = self.config
+        return httpx.Timeout(c.timeout_s, connect=c.connect_timeout_s)
+
+    def _state(self) -> tuple[Any, asyncio.Semaphore]:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._client is None or self._sem is None:
+            # A client left on a closed loop cannot be closed from here; dropping it is all we can do.
+            self._loop = loop
+            n = self.config.max_concurrency
+            self._client = httpx.AsyncClient(
+                timeout=self._timeout(),
+                limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                headers=self._headers,
+            )
+            self._sem = asyncio.Semaphore(n)
+        return self._client, self._sem
+
+    async def _post_once(self, client: Any, body: dict[str, Any]) -> Any:
+        try:
+            resp = await client.post(self.url, json=body)
+        except httpx.TimeoutException as e:
+            raise _Retryable(f"timed out ({type(e).__name__})") from e
+        except httpx.TransportError as e:
+            raise _Retryable(f"unreachable ({type(e).__name__}: {e})") from e
+        if resp.status_code >= 500:
+            raise _Retryable(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        if resp.status_code >= 400:
+            raise EngineError(f"{self.url}: HTTP {resp.status_code}: {resp.text[:500]}")
+        try:
+            return resp.json()
+        except (json.JSONDecodeError, ValueError) as e:
+            raise EngineError(f"{self.url}: malformed completion reply: not JSON ({resp.text[:200]!r})") from e
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+        """One completion; at most max_concurrency in flight, retried on transient failures."""
+        if not prompt_ids:
+            raise EngineError(f"{self.url}: empty prompt")
+        client, sem = self._state()
+        body = completion_request(prompt_ids, sampling, self.config.model)
+        attempts = self.config.max_retries + 1
+        async with sem:
+            for attempt in range(attempts):
+                try:
+                    payload = await self._post_once(client, body)
+                    return parse_completion(payload, self.url)
+                except _Retryable as e:
+                    if attempt + 1 == attempts:
+                        raise EngineError(f"{self.url}: {e} (gave up after {attempts} attempts)") from e
+                    delay = self.config.backoff_s * (2**attempt) * (1 + 0.1 * random.random())
+                    log.warning("%s: %s; retry %d/%d in %.2fs", self.url, e, attempt + 1, attempts - 1, delay)
+                    await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def update_weights(self, weights: Mapping[str, Any] | str) -> None:
+        """Make the server reload weights from a checkpoint directory on its own filesystem.
+
+        vLLM needs VLLM_SERVER_DEV_MODE=1 (it uses /collective_rpc reload_weights, then
+        /reset_prefix_cache); SGLang uses /update_weights_from_disk. State dicts cannot go over HTTP:
+        save a checkpoint and pass its directory.
+        """
+        if not isinstance(weights, (str, os.PathLike)):
+            raise EngineError(
+                f"{self.root}: update_weights over HTTP takes a checkpoint directory, not a state dict"
+            )
+        path = os.fspath(weights)
+        if self.config.server == "vllm":
+            calls = [
+                (f"{self.root}/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}}),
+                (f"{self.root}/reset_prefix_cache", None),
+            ]
+        else:
+            calls = [(f"{self.root}/update_weights_from_disk", {"model_path": path})]
+        with httpx.Client(timeout=self._timeout(), headers=self._headers) as client:
+            for url, body in calls:
+                try:
+                    resp = client.post(url, json=body) if body is not None else client.post(url)
+                except httpx.TransportError as e:
+                    raise EngineError(f"{url}: unreachable ({type(e).__name__}: {e})") from e
+                if resp.status_code == 404:
+                    hint = " (start vLLM with VLLM_SERVER_DEV_MODE=1)" if self.config.server == "vllm" else ""
+                    raise EngineError(f"{url}: not found{hint}")
+                if resp.status_code >= 400:
+                    raise EngineError(f"{url}: HTTP {resp.status_code}: {resp.text[:500]}")
+
+    async def health(self) -> bool:
+        """True when GET /health answers 200."""
+        client, _ = self._state()
+        try:
+            return (await client.get(f"{self.root}/health")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def close(self) -> None:
+        """Close the pooled client of the current loop."""
+        client, self._client, self._loop, self._sem = self._client, None, None, None
+        if client is not None:
+            try:
+                await client.aclose()
+            except RuntimeError:  # its loop is gone; nothing left to close
+                pass
