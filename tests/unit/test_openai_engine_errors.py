@@ -1,0 +1,205 @@
+"""OpenAIEngine without vLLM: request body, reply parsing, and the errors for unreachable / broken servers.
+
+A tiny local HTTP server (127.0.0.1, free port, bounded requests) stands in for vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from memrl.engines.base import EngineError, SamplingParams
+from memrl.engines.openai_http import OpenAIEngine, completion_request, parse_completion
+
+GREEDY = SamplingParams(temperature=0, max_tokens=4)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def good_reply(ids: list[int], lps: list[float], finish: str = "length") -> dict:
+    return {
+        "choices": [
+            {
+                "token_ids": ids,
+                "finish_reason": finish,
+                "logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": lps},
+            }
+        ]
+    }
+
+
+class FakeServer:
+    """Answers POSTs with `reply(n, body) -> (status, bytes)`; n counts requests from 0."""
+
+    def __init__(self, reply: Callable[[int, dict], tuple[int, bytes]]) -> None:
+        self.bodies: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                outer.bodies.append(body)
+                status, data = reply(len(outer.bodies) - 1, body)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
+
+    def __enter__(self) -> FakeServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Callable[[int, dict], tuple[int, bytes]]], FakeServer]]:
+    servers: list[FakeServer] = []
+
+    def start(reply: Callable[[int, dict], tuple[int, bytes]]) -> FakeServer:
+        servers.append(FakeServer(reply).__enter__())
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.__exit__(None, None, None)
+
+
+def engine(url: str, **kw: object) -> OpenAIEngine:
+    kw = {"max_retries": 2, "backoff_s": 0.01, "timeout_s": 5.0, "connect_timeout_s": 2.0, **kw}
+    return OpenAIEngine(base_url=url, tokenizer=None, **kw)  # type: ignore[arg-type]
+
+
+def run(coro):  # noqa: ANN001, ANN201
+    return asyncio.run(coro)
+
+
+def test_request_body_maps_sampling_params() -> None:
+    body = completion_request([5, 6], SamplingParams(0.7, 0.9, 20, 8, (2, 3), 11), "m")
+    assert body["prompt"] == [5, 6] and body["max_tokens"] == 8 and body["model"] == "m"
+    assert (body["temperature"], body["top_p"], body["top_k"], body["seed"]) == (0.7, 0.9, 20, 11)
+    assert body["stop_token_ids"] == [2, 3]
+    assert body["logprobs"] == 1 and body["return_token_ids"] and body["return_tokens_as_token_ids"]
+    off = completion_request([5], SamplingParams(top_k=-1), None)
+    assert "top_k" not in off and "seed" not in off and "stop_token_ids" not in off and "model" not in off
+
+
+def test_parse_reads_token_ids_or_token_id_strings() -> None:
+    c = parse_completion(good_reply([7, 8], [-0.1, -0.2], "stop"), "u")
+    assert (c.token_ids, c.logprobs, c.finish_reason) == ([7, 8], [-0.1, -0.2], "stop")
+    reply = good_reply([7, 8], [-0.1, -0.2])
+    del reply["choices"][0]["token_ids"]
+    assert parse_completion(reply, "u").token_ids == [7, 8]
+
+
+def test_generate_against_fake_server(serve) -> None:  # noqa: ANN001
+    srv = serve(lambda n, body: (200, json.dumps(good_reply([9, 10], [-1.0, -2.0])).encode()))
+    out = run(engine(srv.url + "/v1").generate([1, 2, 3], GREEDY))
+    assert out.token_ids == [9, 10] and out.logprobs == [-1.0, -2.0]
+    assert srv.bodies[0]["prompt"] == [1, 2, 3]
+
+
+def test_unreachable_server_names_the_url() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(EngineError, match=rf"{url}/v1/completions: unreachable.*gave up after 3 attempts"):
+        run(engine(url).generate([1, 2], GREEDY))
+
+
+@pytest.mark.parametrize(
+    "data, what",
+    [
+        (b"this is not json", "not JSON"),
+        (b'{"choices": []}', "no choices"),
+        (json.dumps({"choices": [{"finish_reason": "stop", "text": "hi"}]}).encode(), "token_logprobs missing"),
+        (
+            json.dumps({"choices": [{"finish_reason": "stop", "logprobs": {"tokens": ["hi"], "token_logprobs": [-1]}}]}).encode(),
+            "no token ids",
+        ),
+        (json.dumps(good_reply([1, 2], [-1.0])).encode(), "2 token ids but 1 logprobs"),
+        (json.dumps(good_reply([1], [-1.0], "weird")).encode(), "finish_reason 'weird'"),
+    ],
+)
+def test_malformed_reply_is_a_clear_error(serve, data: bytes, what: str) -> None:  # noqa: ANN001
+    srv = serve(lambda n, body: (200, data))
+    with pytest.raises(EngineError, match=rf"{srv.url}/v1/completions: malformed completion reply: .*{what}"):
+        run(engine(srv.url).generate([1], GREEDY))
+    assert len(srv.bodies) == 1  # malformed data is not retried
+
+
+def test_5xx_is_retried_then_succeeds(serve) -> None:  # noqa: ANN001
+    def reply(n: int, body: dict) -> tuple[int, bytes]:
+        return (503, b'{"error": "busy"}') if n < 2 else (200, json.dumps(good_reply([4], [-0.5], "stop")).encode())
+
+    srv = serve(reply)
+    assert run(engine(srv.url).generate([1], GREEDY)).token_ids == [4]
+    assert len(srv.bodies) == 3
+
+
+def test_5xx_gives_up_after_retries(serve) -> None:  # noqa: ANN001
+    srv = serve(lambda n, body: (500, b'{"error": "boom"}'))
+    with pytest.raises(EngineError, match="HTTP 500.*gave up after 3 attempts"):
+        run(engine(srv.url).generate([1], GREEDY))
+    assert len(srv.bodies) == 3
+
+
+def test_4xx_is_not_retried(serve) -> None:  # noqa: ANN001
+    srv = serve(lambda n, body: (400, b'{"error": "prompt too long"}'))
+    with pytest.raises(EngineError, match="HTTP 400.*prompt too long"):
+        run(engine(srv.url).generate([1], GREEDY))
+    assert len(srv.bodies) == 1
+
+
+def test_concurrency_cap_and_loop_changes(serve) -> None:  # noqa: ANN001
+    in_flight, peak, lock = [0], [0], threading.Lock()
+
+    def reply(n: int, body: dict) -> tuple[int, bytes]:
+        import time
+
+        with lock:
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+        time.sleep(0.05)
+        with lock:
+            in_flight[0] -= 1
+        return 200, json.dumps(good_reply([body["prompt"][0]], [-0.1])).encode()
+
+    srv = serve(reply)
+    eng = engine(srv.url, max_concurrency=2)
+
+    async def batch() -> list[int]:
+        outs = await asyncio.gather(*(eng.generate([i], GREEDY) for i in range(6)))
+        return [o.token_ids[0] for o in outs]
+
+    assert run(batch()) == list(range(6))
+    assert run(batch()) == list(range(6))  # a second event loop gets its own pooled client
+    assert peak[0] <= 2
+    run(eng.close())
+
+
+def test_update_weights_rejects_state_dicts_and_names_missing_endpoint(serve) -> None:  # noqa: ANN001
+    srv = serve(lambda n, body: (404, b'{"detail": "Not Found"}'))
+    eng = engine(srv.url)
+    with pytest.raises(EngineError, match="checkpoint directory, not a state dict"):
+        eng.update_weights({"w": 0})
+    with pytest.raises(EngineError, match=rf"{srv.url}/collective_rpc: not found .*VLLM_SERVER_DEV_MODE=1"):
+        eng.update_weights("/some/ckpt")
