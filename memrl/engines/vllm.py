@@ -13,12 +13,13 @@ top-k/top-p masking, i.e. renormalised over the kept tokens. With top_k <= 0 and
 published MemAgent/GRPO settings, and greedy) it is exactly the convention; with truncation on it is
 larger by -log(kept probability mass). "raw_logprobs" (vLLM's default) ignores the temperature.
 
-Weight updates (no restart): a checkpoint directory goes to the workers' `reload_weights(weights_path=)`;
-a state dict is packed as one safetensors blob and loaded by `MemrlWorkerExtension.memrl_load_weights`
-(vLLM's `worker_extension_cls` hook, the way its RLHF examples and verl extend workers). The prefix
-cache is reset afterwards so no KV computed with old weights is reused. The blob travels through
-vLLM's RPC, which suits CPU and small models; large GPU models should sync over NCCL with vLLM's
-weight-transfer engine instead.
+Weight updates (no restart): `MemrlWorkerExtension.memrl_load_weights` (vLLM's `worker_extension_cls`
+hook, the way its RLHF examples and verl extend workers) runs in each worker and feeds the weights to
+vLLM's in-place `reload_weights(weights_iterator=...)`: a state dict travels as one safetensors blob, a
+checkpoint directory is read by the worker itself. With tied embeddings lm_head is loaded from the
+embedding explicitly (vLLM 0.32's reload leaves a tied lm_head stale otherwise). The prefix cache is
+reset afterwards so no KV computed with old weights is reused. The blob goes through vLLM's RPC, which
+suits CPU and small models; large GPU models should sync over NCCL with vLLM's weight-transfer engine.
 
 Sleep: `sleep()`/`wake_up()` free and re-take KV cache (and weights at level 2) on CUDA with
 `enable_sleep_mode=True`. vLLM's CPU backend has no sleep mode; there both are no-ops.
@@ -33,6 +34,7 @@ import threading
 import uuid
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from memrl.engines.base import Completion, EngineError, SamplingParams
@@ -133,11 +135,26 @@ def completion_from_output(output: Any, where: str) -> Completion:
 class MemrlWorkerExtension:
     """Mixed into vLLM's worker (worker_extension_cls); called through collective_rpc."""
 
-    def memrl_load_weights(self, blob: bytes) -> int:
-        """Load a safetensors-serialised state dict into the running model; returns the tensor count."""
-        from safetensors.torch import load
+    def memrl_load_weights(self, blob: bytes | None = None, path: str | None = None, tied: bool = False) -> int:
+        """Load a safetensors blob or a checkpoint directory's *.safetensors into the running model.
 
-        weights = load(blob)
+        tied: the model ties lm_head to the input embedding. vLLM 0.32's in-place reload refreshes
+        embed_tokens but leaves the tied lm_head stale (checkpoints carry no lm_head.weight), so the
+        embedding is loaded into lm_head explicitly. Returns the number of tensors loaded.
+        """
+        from safetensors.torch import load, load_file
+
+        if blob is not None:
+            weights = load(blob)
+        else:
+            files = sorted(Path(path or "").glob("*.safetensors"))
+            if not files:
+                raise FileNotFoundError(f"no *.safetensors files in {path}")
+            weights = {}
+            for f in files:
+                weights.update(load_file(f))
+        if tied and "model.embed_tokens.weight" in weights:
+            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
         self.reload_weights(weights_iterator=iter(weights.items()))  # type: ignore[attr-defined]
         return len(weights)
 
@@ -266,17 +283,17 @@ class VLLMEngine:
 
         Call between rollouts: requests in flight during the update may mix old and new weights.
         """
+        kwargs: dict[str, Any] = {"tied": self._tied_embeddings}
         if isinstance(weights, (str, os.PathLike)):
-            path = os.fspath(weights)
+            path = os.path.abspath(os.fspath(weights))
             if not os.path.isdir(path):
                 raise EngineError(f"{self.where}: update_weights path {path} is not a directory")
-            rpc: tuple[str, dict[str, Any]] = ("reload_weights", {"weights_path": path})
+            kwargs["path"] = path  # read by the worker itself: no copy through the RPC
         else:
-            if self._tied_embeddings:
-                # As in a saved checkpoint: loading a tied lm_head separately would untie it in vLLM,
-                # and a later reload from a directory (which has no lm_head) would leave it stale.
-                weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
-            rpc = ("memrl_load_weights", {"blob": pack_state_dict(weights)})
+            # lm_head goes in only through the tie (see memrl_load_weights), never as a stale copy.
+            kwargs["blob"] = pack_state_dict({k: v for k, v in weights.items() if k != "lm_head.weight"}
+                                             if self._tied_embeddings else weights)
+        rpc = ("memrl_load_weights", kwargs)
 
         async def do() -> None:
             await self._llm.collective_rpc(rpc[0], kwargs=rpc[1])
