@@ -1,0 +1,717 @@
+"""The transformers engine: an embedded HuggingFace causal LM behind the Engine protocol, with batching.
+
+Concurrent `generate` calls go into a queue; one worker thread runs a continuous-batching decode loop:
+waiting requests are prefilled together (left padded) and merged into the running batch between decode
+steps, every row keeps its own SamplingParams, and finished rows leave the batch. A batch opens when
+`max_batch_size` requests wait or the oldest has waited `max_wait_ms`. The loop is written out here
+(no `model.generate`) so that per-row sampling, seeds and logprobs follow memrl's conventions:
+
+- logprob of a sampled token = log_softmax(logits / T)[token], T = temperature (1 when greedy), taken
+  before top-k / top-p truncation (memrl.engines.base), computed in float32 from the model's logits;
+- a request with a seed samples from its own torch.Generator (one uniform draw per token, inverse CDF), so
+  its tokens do not depend on which other requests share the batch (up to float rounding of the logits);
+- stop tokens = the request's stop_token_ids plus the tokenizer's eos; a stop token ends the completion
+  and is included in it (finish "stop"); max_tokens ends it with finish "length".
+
+Weight updates (`update_weights`) wait until the running rows finish, so no completion mixes weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memrl.engines.base import Completion, EngineError, SamplingParams
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}
+
+
+@dataclass
+class EngineStats:
+    """Counters of an HFEngine since it was built (or since `reset`)."""
+
+    requests: int = 0
+    """generate() calls accepted."""
+    completed: int = 0
+    forward_calls: int = 0
+    """Batched model forward passes (prefills + decode steps)."""
+    prefill_calls: int = 0
+    decode_steps: int = 0
+    batch_sizes: collections.Counter = field(default_factory=collections.Counter)
+    """Histogram: rows in a forward pass -> number of such passes (prefill and decode)."""
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    generate_seconds: float = 0.0
+    """Seconds the worker spent in model work (forward, sampling, cache bookkeeping)."""
+    weight_updates: int = 0
+
+    @property
+    def max_batch_size(self) -> int:
+        return max(self.batch_sizes, default=0)
+
+    @property
+    def mean_decode_batch(self) -> float:
+        """Average rows per forward pass, weighted by passes."""
+        n = sum(self.batch_sizes.values())
+        return sum(b * c for b, c in self.batch_sizes.items()) / n if n else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.generate_seconds if self.generate_seconds > 0 else 0.0
+
+    def reset(self) -> None:
+        for f, v in EngineStats().__dict__.items():
+            setattr(self, f, v)
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    stop_ids: frozenset[int]
+    max_new: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    generator: torch.Generator | None
+    submitted: float
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+def _cache_layer_class() -> type:
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """A DynamicLayer that writes into a preallocated buffer grown geometrically, not torch.cat per step.
+
+        Slots of left padding are zeroed on write (`pad_valid`), so a NaN from a fully masked padded query
+        can never reach a later layer through the cache.
+        """
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.kbuf: torch.Tensor | None = None
+            self.vbuf: torch.Tensor | None = None
+            self.length = 0
+            self.pad_valid: torch.Tensor | None = None  # [B, n] bool for the tokens being written, or None
+            self.min_capacity = 0  # allocate at least this many slots on first write (prompt + generation)
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+            if not self.is_initialized:
+                self.dtype, self.device = key_states.dtype, key_states.device
+                self.is_initialized = True
+            n = key_states.shape[-2]
+            if self.pad_valid is not None:
+                keep = self.pad_valid[:, None, :, None]
+                key_states = key_states.masked_fill(~keep, 0.0)
+                value_states = value_states.masked_fill(~keep, 0.0)
+            need = self.length + n
+            if self.kbuf is None or need > self.kbuf.shape[-2]:
+                self.reserve(need, key_states)
+            assert self.kbuf is not None and self.vbuf is not None
+            self.kbuf[:, :, self.length : need] = key_states
+            self.vbuf[:, :, self.length : need] = value_states
+            self.length = need
+            self.keys = self.kbuf[:, :, :need]
+            self.values = self.vbuf[:, :, :need]
+            return self.keys, self.values
+
+        def reserve(self, need: int, like: torch.Tensor) -> None:
+            cap = max(need, 64, self.min_capacity, int(1.5 * (self.kbuf.shape[-2] if self.kbuf is not None else 0)))
+            b, h, _, d = like.shape
+            kbuf = like.new_zeros((b, h, cap, d))
+            vbuf = like.new_zeros((b, h, cap, d))
+            if self.kbuf is not None and self.length:
+                kbuf[:, :, : self.length] = self.kbuf[:, :, : self.length]
+                vbuf[:, :, : self.length] = self.vbuf[:, :, : self.length]
+            self.kbuf, self.vbuf = kbuf, vbuf
+
+        def set_contents(self, keys: torch.Tensor, values: torch.Tensor, extra: int) -> None:
+            """Replace the cache by (keys, values) [B, H, T, D], leaving room for `extra` more tokens."""
+            b, h, t, d = keys.shape
+            cap = max(t + extra, 64)
+            self.kbuf = keys.new_zeros((b, h, cap, d))
+            self.vbuf = values.new_zeros((b, h, cap, d))
+            self.kbuf[:, :, :t] = keys
+            self.vbuf[:, :, :t] = values
+            self.length = t
+            self.keys, self.values = self.kbuf[:, :, :t], self.vbuf[:, :, :t]
+            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+    return GrowingLayer
+
+
+class _Batch:
+    """The running rows: their requests, the shared left-padded KV cache, mask, next positions and inputs."""
+
+    def __init__(self, requests: list[_Request], cache: Any, mask: torch.Tensor, next_pos: torch.Tensor,
+                 last: torch.Tensor) -> None:
+        self.requests = requests
+        self.cache = cache  # transformers Cache of GrowingLayers
+        self.mask = mask  # [B, T] long, 1 on real tokens
+        self.next_pos = next_pos  # [B] long, position id of the next input token
+        self.last = last  # [B] long, the next input token (last sampled)
+        self.done = [False] * len(requests)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+
+class HFEngine:
+    """A transformers causal LM served with a micro-batcher and a hand-written KV-cache decoding loop.
+
+    model_or_path: a HuggingFace directory (tokenizer loaded from it too) or a loaded PreTrainedModel.
+    device: "cpu" or "cuda[:i]"; dtype: torch dtype or name (default float32 on CPU, bfloat16 on CUDA).
+    max_batch_size: most rows decoded together; max_wait_ms: how long the first waiting request holds the
+    batch open for others; max_prefill_tokens: padded tokens per prefill pass (bounds memory).
+    seed: seeds the generator of requests that carry no seed of their own.
+    """
+
+    def __init__(
+        self,
+        model_or_path: Any,
+        tokenizer: Any = None,
+        device: str = "cpu",
+        dtype: torch.dtype | str | None = None,
+        max_batch_size: int = 64,
+        max_wait_ms: float = 5.0,
+        max_prefill_tokens: int = 32768,
+        seed: int | None = None,
+        attn_implementation: str | None = "sdpa",
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"HFEngine.max_batch_size must be >= 1, got {max_batch_size}")
+        if max_wait_ms < 0:
+            raise ValueError(f"HFEngine.max_wait_ms must be >= 0, got {max_wait_ms}")
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise EngineError("HFEngine: device 'cuda' requested but torch.cuda.is_available() is False")
+        self.dtype = self._resolve_dtype(dtype)
+        self.model, self.tokenizer = self._load(model_or_path, tokenizer, attn_implementation)
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.max_prefill_tokens = max(1, max_prefill_tokens)
+        cfg = self.model.config
+        self.vocab_size = int(getattr(cfg, "vocab_size", 0) or self.model.get_output_embeddings().weight.shape[0])
+        self.max_positions = int(getattr(cfg, "max_position_embeddings", 0) or 1 << 30)
+        self.num_layers = int(cfg.num_hidden_layers)
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if eos is None:
+            raise EngineError("HFEngine: the tokenizer has no eos_token_id; every completion needs a stop token")
+        self.eos_token_id = int(eos)
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        self.pad_token_id = int(pad) if pad is not None else self.eos_token_id
+        self.stats = EngineStats()
+        self._rng = torch.Generator(device="cpu")
+        self._rng.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+        self._layer_cls = _cache_layer_class()
+
+        self._cond = threading.Condition()
+        self._pending: collections.deque[_Request] = collections.deque()
+        self._active = 0  # rows in the running batch (read under _cond)
+        self._draining = False  # a weight update waits for the running rows to finish
+        self._closed = False
+        self._worker: threading.Thread | None = None
+        self._model_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ loading
+
+    def _resolve_dtype(self, dtype: torch.dtype | str | None) -> torch.dtype:
+        if dtype is None or dtype == "auto":
+            return torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        if isinstance(dtype, torch.dtype):
+            return dtype
+        if dtype not in _DTYPES:
+            raise ValueError(f"HFEngine: unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}")
+        return _DTYPES[dtype]
+
+    def _load(self, model_or_path: Any, tokenizer: Any, attn: str | None) -> tuple[Any, Any]:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if isinstance(model_or_path, str | os.PathLike):
+            path = Path(model_or_path)
+            if not (path / "config.json").is_file():
+                raise FileNotFoundError(f"HFEngine: {path} is not a HuggingFace model directory (no config.json)")
+            kwargs: dict[str, Any] = {"dtype": self.dtype}
+            if attn:
+                kwargs["attn_implementation"] = attn
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            if tokenizer is None:
+                tokenizer = AutoTokenizer.from_pretrained(path)
+        else:
+            model = model_or_path
+            if tokenizer is None:
+                name = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
+                if not name or not Path(name).is_dir():
+                    raise EngineError("HFEngine: pass tokenizer= when giving a model object without a local path")
+                tokenizer = AutoTokenizer.from_pretrained(name)
+            model = model.to(dtype=self.dtype)
+        model = model.to(self.device).eval()
+        return model, tokenizer
+
+    # ------------------------------------------------------------------ public API
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+        """One completion of `prompt_ids`; concurrent calls are decoded together."""
+        if self._closed:
+            raise EngineError("HFEngine: generate() called after close()")
+        req = self._make_request(prompt_ids, sampling)
+        with self._cond:
+            self._pending.append(req)
+            self.stats.requests += 1
+            self._cond.notify_all()
+        self._ensure_worker()
+        return await req.future
+
+    def update_weights(self, weights: Mapping[str, Any] | str | os.PathLike | torch.nn.Module) -> None:
+        """Copy new weights into the model in place: a state dict (HF parameter names), a HuggingFace
+        directory / .safetensors file, or a module. Waits for running rows to finish; waiting requests
+        start after the update."""
+        state = self._read_weights(weights)
+        with self._cond:
+            self._draining = True  # the worker admits nothing new while set
+            while self._active > 0 and self._worker is not None and self._worker.is_alive():
+                self._cond.wait(timeout=0.1)
+        try:
+            with self._model_lock:  # never taken while holding _cond: the worker nests them the other way
+                self._copy_weights(state)
+            self.stats.weight_updates += 1
+        finally:
+            with self._cond:
+                self._draining = False
+                self._cond.notify_all()
+
+    async def close(self) -> None:
+        """Stop the worker; requests still waiting fail with EngineError."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            await asyncio.to_thread(worker.join)
+        with self._cond:
+            pending, self._pending = list(self._pending), collections.deque()
+        for req in pending:
+            self._resolve(req, EngineError("HFEngine closed before the request ran"))
+
+    # ------------------------------------------------------------------ requests
+
+    def _make_request(self, prompt_ids: list[int], sampling: SamplingParams) -> _Request:
+        if not isinstance(sampling, SamplingParams):
+            raise EngineError(f"HFEngine.generate: sampling must be SamplingParams, got {type(sampling).__name__}")
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise EngineError("HFEngine.generate: prompt_ids is empty; a prompt needs at least one token")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise EngineError(f"HFEngine.generate: prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        room = self.max_positions - len(ids)
+        if room < 1:
+            raise EngineError(
+                f"HFEngine.generate: prompt has {len(ids)} tokens; the model allows {self.max_positions} positions"
+            )
+        gen = None
+        if not sampling.greedy and sampling.seed is not None:
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(int(sampling.seed))
+        loop = asyncio.get_running_loop()
+        return _Request(
+            prompt_ids=ids,
+            sampling=sampling,
+            stop_ids=frozenset(sampling.stop_token_ids) | {self.eos_token_id},
+            max_new=min(sampling.max_tokens, room),
+            loop=loop,
+            future=loop.create_future(),
+            generator=gen,
+            submitted=time.monotonic(),
+        )
+
+    @staticmethod
+    def _resolve(req: _Request, result: Completion | BaseException) -> None:
+        def settle() -> None:
+            if req.future.done():
+                return
+            if isinstance(result, BaseException):
+                req.future.set_exception(result)
+            else:
+                req.future.set_result(result)
+
+        try:
+            req.loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the caller's event loop is gone; nobody is waiting
+            pass
+
+    # ------------------------------------------------------------------ worker
+
+    def _ensure_worker(self) -> None:
+        with self._cond:
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._worker_main, name="memrl-hf-engine", daemon=True)
+                self._worker.start()
+
+    def _take_admissions(self, batch: _Batch | None) -> list[_Request]:
+        """Block until there is work; return the requests to prefill now (possibly none if a batch runs)."""
+        with self._cond:
+            while True:
+                if self._closed:
+                    return []
+                running = batch is not None and len(batch) > 0
+                free = self.max_batch_size - (len(batch) if batch is not None else 0)
+                if self._pending and free > 0 and not self._draining:
+                    waited = time.monotonic() - self._pending[0].submitted
+                    if len(self._pending) >= free or waited >= self.max_wait_s:
+                        return self._pop_admissions(free)
+                    if not running:
+                        self._cond.wait(timeout=self.max_wait_s - waited)
+                        continue
+                if running:
+                    return []
+                self._cond.wait(timeout=0.5 if self._pending else None)
+
+    def _pop_admissions(self, free: int) -> list[_Request]:
+        out: list[_Request] = []
+        longest = 0
+        while self._pending and len(out) < free:
+            req = self._pending[0]
+            if req.future.done():  # cancelled by its caller
+                self._pending.popleft()
+                continue
+            longest_next = max(longest, len(req.prompt_ids))
+            if out and longest_next * (len(out) + 1) > self.max_prefill_tokens:
+                break
+            out.append(self._pending.popleft())
+            longest = longest_next
+        self._active += len(out)
+        return out
+
+    def _worker_main(self) -> None:
+        batch: _Batch | None = None
+        while True:
+            admit = self._take_admissions(batch)
+            if self._closed:
+                if batch is not None:
+                    for req in batch.requests:
+                        self._resolve(req, EngineError("HFEngine closed while the request was running"))
+                with self._cond:
+                    self._active = 0
+                    self._cond.notify_all()
+                return
+            try:
+                t0 = time.perf_counter()
+                with self._model_lock, torch.inference_mode():
+                    if admit:
+                        batch = self._admit(batch, admit)
+                    if batch is not None and len(batch):
+                        self._decode_step(batch)
+                    if batch is not None:
+                        batch = self._retire(batch)
+                self.stats.generate_seconds += time.perf_counter() - t0
+            except Exception as e:  # noqa: BLE001 - every waiting caller gets the error, the worker survives
+                log.exception("HFEngine worker step failed")
+                failed = (batch.requests if batch is not None else []) + admit
+                seen: set[int] = set()
+                for req in failed:
+                    if id(req) not in seen:
+                        seen.add(id(req))
+                        self._resolve(req, EngineError(f"HFEngine: generation failed: {type(e).__name__}: {e}"))
+                batch = None
+                with self._cond:
+                    self._active = 0
+                    self._cond.notify_all()
+
+    # ------------------------------------------------------------------ model work (worker thread only)
+
+    def _new_cache(self) -> Any:
+        from transformers.cache_utils import Cache
+
+        return Cache(layers=[self._layer_cls() for _ in range(self.num_layers)])
+
+    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+        out = self.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+            use_cache=True, logits_to_keep=1,
+        )
+        self.stats.forward_calls += 1
+        self.stats.batch_sizes[int(input_ids.shape[0])] += 1
+        return out.logits[:, -1, :].float()
+
+    def _admit(self, batch: _Batch | None, reqs: list[_Request]) -> _Batch:
+        """Prefill `reqs` together (left padded), sample their first tokens, merge them into the batch."""
+        dev = self.device
+        n, t = len(reqs), max(len(r.prompt_ids) for r in reqs)
+        ids = torch.full((n, t), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, t), dtype=torch.long)
+        for i, r in enumerate(reqs):
+            k = len(r.prompt_ids)
+            ids[i, t - k :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+            mask[i, t - k :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
+        cache = self._new_cache()
+        padded = bool((mask == 0).any())
+        headroom = max(r.max_new for r in reqs) + 1
+        for layer in cache.layers:
+            layer.pad_valid = mask.bool() if padded else None
+            layer.min_capacity = t + headroom
+        logits = self._forward(ids, mask, pos, cache)
+        for layer in cache.layers:
+            layer.pad_valid = None
+        self.stats.prefill_calls += 1
+        self.stats.prompt_tokens += sum(len(r.prompt_ids) for r in reqs)
+        new = _Batch(reqs, cache, mask, mask.sum(-1), torch.zeros(n, dtype=torch.long, device=dev))
+        self._sample_into(new, logits)
+        if batch is None or len(batch) == 0:
+            return new
+        return self._merge(batch, new)
+
+    def _decode_step(self, batch: _Batch) -> None:
+        live = [i for i, d in enumerate(batch.done) if not d]
+        if not live:
+            return
+        batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
+        logits = self._forward(batch.last[:, None], batch.mask, batch.next_pos[:, None], batch.cache)
+        batch.next_pos = batch.next_pos + 1
+        self.stats.decode_steps += 1
+        self._sample_into(batch, logits)
+
+    def _sample_into(self, batch: _Batch, logits: torch.Tensor) -> None:
+        """Sample one token per live row from float32 logits [B, V]; record token, logprob, finish."""
+        rows = [i for i, d in enumerate(batch.done) if not d]
+        idx = torch.tensor(rows, dtype=torch.long, device=logits.device)
+        sub = logits.index_select(0, idx) if len(rows) < logits.shape[0] else logits
+        params = [batch.requests[i].sampling for i in rows]
+        temps = torch.tensor([p.logprob_temperature for p in params], dtype=torch.float32, device=sub.device)
+        scaled = sub / temps[:, None]
+        logp = torch.log_softmax(scaled, dim=-1)
+        tokens = torch.argmax(sub, dim=-1)
+        sampled = [j for j, p in enumerate(params) if not p.greedy]
+        if sampled:
+            sidx = torch.tensor(sampled, dtype=torch.long, device=sub.device)
+            u = torch.tensor(
+                [self._uniform(batch.requests[rows[j]]) for j in sampled], dtype=torch.float32
+            ).to(sub.device)
+            choice = _sample_rows(
+                logp.index_select(0, sidx), u,
+                [params[j].top_k for j in sampled], [params[j].top_p for j in sampled],
+            )
+            tokens = tokens.index_copy(0, sidx, choice)
+        chosen_lp = logp.gather(1, tokens[:, None]).squeeze(1)
+        tok_list, lp_list = tokens.tolist(), chosen_lp.tolist()
+        new_last = batch.last.clone()
+        for j, i in enumerate(rows):
+            req = batch.requests[i]
+            tok = tok_list[j]
+            req.tokens.append(tok)
+            req.logprobs.append(lp_list[j])
+            if tok in req.stop_ids:
+                self._finish(batch, i, "stop")
+            elif len(req.tokens) >= req.max_new:
+                self._finish(batch, i, "length")
+        new_last.index_copy_(0, idx, tokens)
+        batch.last = new_last
+        self.stats.generated_tokens += len(rows)
+
+    def _uniform(self, req: _Request) -> float:
+        gen = req.generator if req.generator is not None else self._rng
+        return float(torch.rand((), generator=gen, dtype=torch.float64))
+
+    def _finish(self, batch: _Batch, i: int, reason: str) -> None:
+        batch.done[i] = True
+        req = batch.requests[i]
+        self.stats.completed += 1
+        self._resolve(req, Completion(list(req.tokens), list(req.logprobs), reason))
+
+    def _retire(self, batch: _Batch) -> _Batch:
+        """Drop finished rows once they are a quarter of the batch (or all of it); trim all-padding columns."""
+        ndone = sum(batch.done)
+        if ndone == 0:
+            return batch
+        if ndone < len(batch) and ndone * 4 < len(batch):
+            return batch
+        keep = [i for i, d in enumerate(batch.done) if not d]
+        with self._cond:
+            self._active -= ndone
+            self._cond.notify_all()
+        if not keep:
+            return _Batch([], None, batch.mask[:0], batch.next_pos[:0], batch.last[:0])
+        return self._select(batch, keep)
+
+    def _select(self, batch: _Batch, keep: list[int]) -> _Batch:
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        mask = batch.mask.index_select(0, idx)
+        first = int((mask.sum(0) > 0).nonzero()[0]) if mask.numel() else 0
+        mask = mask[:, first:]
+        for layer in batch.cache.layers:
+            k = layer.keys.index_select(0, idx)[:, :, first:]
+            v = layer.values.index_select(0, idx)[:, :, first:]
+            layer.set_contents(k, v, extra=self._headroom(batch, keep))
+        out = _Batch([batch.requests[i] for i in keep], batch.cache, mask,
+                     batch.next_pos.index_select(0, idx), batch.last.index_select(0, idx))
+        return out
+
+    @staticmethod
+    def _headroom(batch: _Batch, rows: list[int]) -> int:
+        return max((batch.requests[i].max_new - len(batch.requests[i].tokens) for i in rows), default=0) + 1
+
+    def _merge(self, old: _Batch, new: _Batch) -> _Batch:
+        """One batch from two: unfinished rows of `old` then `new`, right-aligned (left padding)."""
+        keep = [i for i, d in enumerate(old.done) if not d]
+        dropped = len(old) - len(keep)
+        if dropped:
+            with self._cond:
+                self._active -= dropped
+                self._cond.notify_all()
+        if not keep:
+            return new
+        t_old, t_new = old.mask.shape[1], new.mask.shape[1]
+        t = max(t_old, t_new)
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+
+        def left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+            if width == 0:
+                return x
+            shape = list(x.shape)
+            shape[dim] = width
+            return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+        mask = torch.cat([left_pad(old.mask.index_select(0, idx), t - t_old, 1), left_pad(new.mask, t - t_new, 1)])
+        first = int((mask.sum(0) > 0).nonzero()[0])
+        mask = mask[:, first:]
+        headroom = max(self._headroom(old, keep), self._headroom(new, list(range(len(new)))))
+        for lo, ln in zip(old.cache.layers, new.cache.layers, strict=True):
+            k = torch.cat([left_pad(lo.keys.index_select(0, idx), t - t_old, 2), left_pad(ln.keys, t - t_new, 2)])
+            v = torch.cat([left_pad(lo.values.index_select(0, idx), t - t_old, 2), left_pad(ln.values, t - t_new, 2)])
+            lo.set_contents(k[:, :, first:], v[:, :, first:], extra=headroom)
+        out = _Batch(
+            [old.requests[i] for i in keep] + new.requests,
+            old.cache,
+            mask,
+            torch.cat([old.next_pos.index_select(0, idx), new.next_pos]),
+            torch.cat([old.last.index_select(0, idx), new.last]),
+        )
+        out.done = [False] * len(keep) + list(new.done)
+        return out
+
+    # ------------------------------------------------------------------ weights
+
+    def _read_weights(self, weights: Any) -> Mapping[str, torch.Tensor]:
+        if isinstance(weights, torch.nn.Module):
+            return weights.state_dict()
+        if isinstance(weights, Mapping):
+            return weights
+        if isinstance(weights, str | os.PathLike):
+            return _load_state_dict(Path(weights))
+        raise EngineError(
+            f"HFEngine.update_weights: expected a state dict, a module or a path, got {type(weights).__name__}"
+        )
+
+    def _copy_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        own = dict(self.model.named_parameters(remove_duplicate=False))
+        own.update(dict(self.model.named_buffers(remove_duplicate=False)))
+        if not state:
+            raise EngineError("HFEngine.update_weights: the state dict is empty")
+        resolved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        unknown = []
+        for name, tensor in state.items():
+            key = _strip_wrappers(name)
+            if key not in own:
+                unknown.append(name)
+                continue
+            target = own[key]
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise EngineError(
+                    f"HFEngine.update_weights: {name} has shape {tuple(tensor.shape)}, "
+                    f"the model expects {tuple(target.shape)}"
+                )
+            resolved.append((target, tensor))
+        if unknown:
+            raise EngineError(
+                f"HFEngine.update_weights: {len(unknown)} name(s) not in the model, e.g. {unknown[:3]}"
+            )
+        with torch.no_grad():
+            for target, tensor in resolved:
+                target.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
+
+
+def _strip_wrappers(name: str) -> str:
+    for prefix in ("module.", "_orig_mod.", "_fsdp_wrapped_module."):
+        while name.startswith(prefix):
+            name = name[len(prefix) :]
+    return name
+
+
+def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a .safetensors file, or of every *.safetensors (else pytorch_model*.bin) in a directory."""
+    from safetensors.torch import load_file
+
+    if path.is_file() and path.suffix == ".safetensors":
+        return load_file(str(path))
+    if not path.is_dir():
+        raise FileNotFoundError(f"HFEngine.update_weights: {path} is neither a directory nor a .safetensors file")
+    files = sorted(path.glob("*.safetensors"))
+    state: dict[str, torch.Tensor] = {}
+    if files:
+        for f in files:
+            state.update(load_file(str(f)))
+        return state
+    bins = sorted(path.glob("pytorch_model*.bin"))
+    if not bins:
+        raise FileNotFoundError(f"HFEngine.update_weights: no *.safetensors or pytorch_model*.bin in {path}")
+    for f in bins:
+        state.update(torch.load(f, map_location="cpu", weights_only=True))
+    return state
+
+
+def _sample_rows(logp: torch.Tensor, u: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Inverse-CDF sampling of one token per row from log-probs [R, V] with per-row top-k / top-p.
+
+    u [R] are uniforms in [0, 1). Rows without truncation use the full distribution (vocabulary order);
+    truncated rows sort by probability, keep the top_k and the smallest prefix reaching top_p mass.
+    """
+    r, v = logp.shape
+    probs = logp.exp()
+    needs = [j for j in range(r) if 0 < top_k[j] < v or top_p[j] < 1.0]
+    out = torch.empty(r, dtype=torch.long, device=logp.device)
+    plain = [j for j in range(r) if j not in set(needs)]
+    if plain:
+        pidx = torch.tensor(plain, dtype=torch.long, device=logp.device)
+        cdf = probs.index_select(0, pidx).cumsum(-1)
+        x = (u.index_select(0, pidx) * cdf[:, -1]).unsqueeze(1)
+        pick = torch.searchsorted(cdf, x, right=True).squeeze(1).clamp(max=v - 1)
+        out.index_copy_(0, pidx, pick)
+    if needs:
+        nidx = torch.tensor(needs, dtype=torch.long, device=logp.device)
+        p = probs.index_select(0, nidx)
+        sp, order = p.sort(dim=-1, descending=True)
+        ranks = torch.arange(v, device=logp.device)[None, :]
+        k = torch.tensor([top_k[j] if 0 < top_k[j] < v else v for j in needs], device=logp.device)
+        tp = torch.tensor([top_p[j] for j in needs], dtype=sp.dtype, device=logp.device)
+        before = sp.cumsum(-1) - sp  # mass strictly before each token
+        keep = (ranks < k[:, None]) & (before < tp[:, None])
+        keep[:, 0] = True
+        sp = sp * keep
+        cdf = sp.cumsum(-1)
+        x = (u.index_select(0, nidx) * cdf[:, -1]).unsqueeze(1)
+        last = keep.sum(-1, keepdim=True) - 1
+        pos = torch.minimum(torch.searchsorted(cdf, x, right=True), last)
+        out.index_copy_(0, nidx, order.gather(1, pos).squeeze(1))
+    return out

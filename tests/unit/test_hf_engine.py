@@ -1,0 +1,274 @@
+"""HFEngine against plain transformers forward passes on the tiny random model (CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import types
+
+import pytest
+import torch
+
+from memrl.engines import make_engine
+from memrl.engines.base import Engine, EngineError, SamplingParams
+from memrl.engines.hf import HFEngine, _sample_rows
+from memrl.models.tiny import cached_tiny_model, qwen2_config
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return cached_tiny_model("tiny", tmp_path_factory.getbasetemp() / "memrl-models")
+
+
+@pytest.fixture(scope="module")
+def ref_model(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    eng = HFEngine(model_dir, max_batch_size=64, max_wait_ms=20.0, seed=0)
+    yield eng
+    asyncio.run(eng.close())
+
+
+@pytest.fixture(scope="module")
+def prompts(engine):
+    tok = engine.tokenizer
+    texts = ["Hello there.", "Document 1:\nKalomi\nThe river was founded in 1875 by a band",
+             "<problem>Who won?</problem>", "x", "The answer is \\boxed{42}. " * 3]
+    return [tok.encode(t, add_special_tokens=False) for t in texts]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def run_all(coros, timeout: float = 60.0) -> list:
+    """Await the coroutines concurrently (so the engine batches them) in a fresh event loop."""
+
+    async def main():
+        return await asyncio.wait_for(asyncio.gather(*coros), timeout)
+
+    return run(main())
+
+
+def greedy_reference(model, prompt: list[int], n: int, stop: set[int]) -> list[int]:
+    """Argmax decoding with full forward passes and no cache."""
+    ids, out = list(prompt), []
+    with torch.no_grad():
+        for _ in range(n):
+            tok = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            out.append(tok)
+            ids.append(tok)
+            if tok in stop:
+                break
+    return out
+
+
+def reference_logprobs(model, prompt: list[int], response: list[int], temperature: float) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + response])).logits[0].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)[len(prompt) - 1 : -1]
+    return logp.gather(1, torch.tensor(response)[:, None]).squeeze(1)
+
+
+def test_protocol_and_factory(engine, model_dir):
+    assert isinstance(engine, Engine)
+    eng = make_engine("hf", model_dir, max_batch_size=4)
+    assert isinstance(eng, HFEngine) and eng.max_batch_size == 4
+    with pytest.raises(ValueError, match="unknown engine kind 'nope'"):
+        make_engine("nope", model_dir)
+
+
+def test_greedy_matches_argmax_loop_in_one_batch(engine, ref_model, prompts):
+    eos = {engine.eos_token_id}
+    outs = run_all([engine.generate(p, GREEDY) for p in prompts])
+    for p, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == greedy_reference(ref_model, p, GREEDY.max_tokens, eos)
+        assert out.finish_reason == ("stop" if out.token_ids[-1] in eos else "length")
+        expected = reference_logprobs(ref_model, p, out.token_ids, 1.0)
+        assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4)
+
+
+def test_requests_joining_a_running_batch_decode_correctly(engine, ref_model, prompts):
+    """Continuous batching: rows admitted mid-decode, and rows leaving early, must not disturb others."""
+    eos = {engine.eos_token_id}
+
+    async def staggered():
+        long = asyncio.ensure_future(engine.generate(prompts[1], GREEDY.replace(max_tokens=30)))
+        start = engine.stats.decode_steps
+        while engine.stats.decode_steps < start + 5:
+            await asyncio.sleep(0.005)
+        short = [engine.generate(p, GREEDY.replace(max_tokens=3 + i)) for i, p in enumerate(prompts)]
+        return await asyncio.gather(long, *short)
+
+    before = collections.Counter(engine.stats.batch_sizes)
+    outs = run(asyncio.wait_for(staggered(), 60))
+    joined = collections.Counter(engine.stats.batch_sizes) - before
+    assert joined[len(prompts) + 1] > 0, joined  # the newcomers decoded together with the running row
+    assert outs[0].token_ids == greedy_reference(ref_model, prompts[1], 30, eos)
+    for i, (p, out) in enumerate(zip(prompts, outs[1:], strict=True)):
+        assert out.token_ids == greedy_reference(ref_model, p, 3 + i, eos)
+
+
+def test_sampled_logprobs_match_full_forward_before_truncation(engine, ref_model, prompts):
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=10, seed=1),
+        SamplingParams(temperature=0.7, top_k=20, max_tokens=10, seed=2),
+        SamplingParams(temperature=1.3, top_p=0.8, max_tokens=10, seed=3),
+        SamplingParams(temperature=0.5, top_k=5, top_p=0.9, max_tokens=10, seed=4),
+        SamplingParams(temperature=0.0, max_tokens=10),
+    ]
+    outs = run_all([engine.generate(p, s) for p, s in zip(prompts, params, strict=True)])
+    for p, s, out in zip(prompts, params, outs, strict=True):
+        expected = reference_logprobs(ref_model, p, out.token_ids, s.logprob_temperature)
+        assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4), s
+        if s.top_k > 0:  # every sampled token was among the top_k of its step
+            with torch.no_grad():
+                logits = ref_model(torch.tensor([p + out.token_ids])).logits[0, len(p) - 1 : -1]
+            ranks = (logits > logits.gather(1, torch.tensor(out.token_ids)[:, None])).sum(-1)
+            assert int(ranks.max()) < s.top_k
+
+
+def test_seeded_sampling_is_reproducible_regardless_of_batch(engine, prompts):
+    s = SamplingParams(temperature=1.0, max_tokens=16, seed=1234)
+    alone = run(engine.generate(prompts[0], s))
+    crowd = run_all(
+        [engine.generate(p, SamplingParams(temperature=1.0, max_tokens=5 + i, seed=i)) for i, p in enumerate(prompts)]
+        + [engine.generate(prompts[0], s)]
+    )
+    assert crowd[-1].token_ids == alone.token_ids
+    assert crowd[-1].logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    other = run(engine.generate(prompts[0], s.replace(seed=99)))
+    assert other.token_ids != alone.token_ids
+
+
+def test_max_tokens_stop_tokens_and_finish_reason(engine, ref_model, prompts):
+    p = prompts[2]
+    full = greedy_reference(ref_model, p, 8, {engine.eos_token_id})
+    assert len(full) == 8  # a random model does not hit EOS this early; the checks below rely on it
+    out = run(engine.generate(p, GREEDY.replace(max_tokens=1)))
+    assert out.token_ids == full[:1] and out.finish_reason == "length"
+    stop_at = full[4]
+    first = full.index(stop_at)
+    out = run(engine.generate(p, GREEDY.replace(max_tokens=8, stop_token_ids=(stop_at,))))
+    assert out.token_ids == full[: first + 1] and out.finish_reason == "stop"  # the stop token is included
+    assert len(out.logprobs) == len(out.token_ids)
+
+
+def test_tokenizer_eos_always_stops(model_dir, ref_model, prompts):
+    """The tokenizer's EOS ends a completion even when the request lists no stop tokens."""
+    full = greedy_reference(ref_model, prompts[0], 6, set())
+    fake_eos = full[3]
+    tok = types.SimpleNamespace(eos_token_id=fake_eos, pad_token_id=0)
+    eng = HFEngine(ref_model, tokenizer=tok)
+    try:
+        out = run(eng.generate(prompts[0], GREEDY.replace(max_tokens=6)))
+    finally:
+        run(eng.close())
+    assert out.token_ids == full[: full.index(fake_eos) + 1] and out.finish_reason == "stop"
+
+
+def test_concurrent_requests_are_batched(model_dir):
+    eng = HFEngine(model_dir, max_batch_size=64, max_wait_ms=50.0)
+    tok = eng.tokenizer
+    n, new = 24, 8
+    prompts = [tok.encode(f"Question {i}: what is {i} plus {i}?", add_special_tokens=False) for i in range(n)]
+
+    try:
+        outs = run_all([eng.generate(p, SamplingParams(max_tokens=new, seed=i)) for i, p in enumerate(prompts)])
+    finally:
+        run(eng.close())
+    st = eng.stats
+    assert st.requests == n and st.completed == n
+    assert st.generated_tokens == sum(len(o.token_ids) for o in outs)
+    assert st.forward_calls <= 2 * new  # one prefill + new-1 decode steps, plus slack for a late joiner
+    assert st.forward_calls < n * new / 4
+    assert st.max_batch_size >= n // 2
+    assert st.generate_seconds > 0 and st.tokens_per_second > 0
+
+
+def test_update_weights_from_state_dict_and_path(model_dir, prompts, tmp_path):
+    from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
+
+    eng = HFEngine(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    torch.manual_seed(123)
+    other = Qwen2ForCausalLM(qwen2_config("tiny", base.config.vocab_size, eng.eos_token_id, eng.pad_token_id)).eval()
+    eos = {eng.eos_token_id}
+    try:
+        before = run(eng.generate(prompts[1], GREEDY))
+        assert before.token_ids == greedy_reference(base, prompts[1], GREEDY.max_tokens, eos)
+        eng.update_weights(other.state_dict())
+        after = run(eng.generate(prompts[1], GREEDY))
+        assert after.token_ids == greedy_reference(other, prompts[1], GREEDY.max_tokens, eos)
+        assert after.token_ids != before.token_ids
+        eng.update_weights(str(model_dir))  # back to the original, from a directory
+        assert run(eng.generate(prompts[1], GREEDY)).token_ids == before.token_ids
+        assert eng.stats.weight_updates == 2
+        with pytest.raises(EngineError, match="not in the model"):
+            eng.update_weights({"model.nope.weight": torch.zeros(1)})
+        with pytest.raises(EngineError, match="shape"):
+            eng.update_weights({"model.norm.weight": torch.zeros(3)})
+        with pytest.raises(FileNotFoundError):
+            eng.update_weights(str(tmp_path / "missing"))
+    finally:
+        run(eng.close())
+
+
+def test_update_weights_waits_for_running_rows(model_dir, prompts):
+    """A completion never mixes weights: the update lands after the running row finishes."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    zeroed = {k: torch.zeros_like(v) for k, v in base.state_dict().items() if k.endswith("o_proj.weight")}
+    eng = HFEngine(model_dir)
+
+    async def go():
+        task = asyncio.ensure_future(eng.generate(prompts[1], GREEDY.replace(max_tokens=40)))
+        while eng.stats.decode_steps < 3:
+            await asyncio.sleep(0.005)
+        await asyncio.to_thread(eng.update_weights, zeroed)
+        return await task
+
+    try:
+        out = run(asyncio.wait_for(go(), 60))
+        later = run(eng.generate(prompts[1], GREEDY.replace(max_tokens=40)))
+    finally:
+        run(eng.close())
+    assert out.token_ids == greedy_reference(base, prompts[1], 40, {eng.eos_token_id})
+    assert eng.stats.weight_updates == 1 and later.token_ids != out.token_ids
+
+
+def test_bad_requests(engine):
+    with pytest.raises(EngineError, match="prompt_ids is empty"):
+        run(engine.generate([], GREEDY))
+    with pytest.raises(EngineError, match="outside the vocabulary"):
+        run(engine.generate([engine.vocab_size + 5], GREEDY))
+    with pytest.raises(EngineError, match="positions"):
+        run(engine.generate([1] * (engine.max_positions + 1), GREEDY))
+    with pytest.raises(ValueError, match="max_batch_size"):
+        HFEngine(engine.model, tokenizer=engine.tokenizer, max_batch_size=0)
+
+
+def test_closed_engine_refuses(model_dir, prompts):
+    eng = HFEngine(model_dir)
+    run(eng.close())
+    with pytest.raises(EngineError, match="after close"):
+        run(eng.generate(prompts[0], GREEDY))
+
+
+def test_sample_rows_truncation():
+    logp = torch.log_softmax(torch.tensor([[0.0, 3.0, 1.0, 2.0], [0.0, 3.0, 1.0, 2.0], [5.0, 0.0, 0.0, 0.0]]), -1)
+    for u in (0.0, 0.3, 0.999999):
+        out = _sample_rows(logp, torch.full((3,), u), [1, 2, -1], [1.0, 1.0, 1e-3])
+        assert out[0] == 1  # top_k=1 is argmax
+        assert out[1] in (1, 3)  # top_k=2 keeps the two most likely
+        assert out[2] == 0  # a tiny top_p keeps only the most likely
+    out = _sample_rows(logp[:1], torch.tensor([0.999999]), [-1], [1.0])
+    assert out[0] == 3  # inverse CDF in vocabulary order: the last bucket is token 3
