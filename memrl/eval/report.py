@@ -1,0 +1,177 @@
+"""Summaries of eval results by context length: markdown + CSV tables and an accuracy-vs-length plot.
+
+Everything here is recomputed from results.jsonl, so a table always matches its rows. Percentages
+(EM, accuracy = sub-EM as in MemAgent's Table 2, F1) are means over questions x 100.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from memrl.eval.runner import CONFIG_FILE, RESULTS_FILE, read_results
+
+
+@dataclass
+class LengthSummary:
+    """One row of the table: a run at one document count."""
+
+    run: str
+    num_docs: int
+    questions: int
+    em: float
+    """Exact match, percent."""
+    accuracy: float
+    """Sub-EM, percent (MemAgent reports this as accuracy)."""
+    f1: float
+    """Token F1, percent."""
+    mean_context_tokens: float
+    mean_tokens_read: float
+    mean_generated_tokens: float
+    seconds_per_question: float
+    """Wall time per question: per run session, first start to last finish, summed, / questions."""
+    mean_latency_seconds: float
+    """Mean of the rows' own start-to-finish seconds (includes waiting for the engine's batch)."""
+
+
+TABLE_COLUMNS = [f.name for f in fields(LengthSummary)]
+
+
+def summarize(rows: Sequence[dict[str, Any]], run: str) -> list[LengthSummary]:
+    """One LengthSummary per num_docs, ascending."""
+    by_n: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_n[int(r["num_docs"])].append(r)
+    out = []
+    for n in sorted(by_n):
+        rs = by_n[n]
+        k = len(rs)
+
+        def mean(key: str, rs: list[dict[str, Any]] = rs, k: int = k) -> float:
+            return sum(float(r[key]) for r in rs) / k
+
+        out.append(LengthSummary(
+            run=run, num_docs=n, questions=k,
+            em=100 * mean("em"), accuracy=100 * mean("sub_em"), f1=100 * mean("f1"),
+            mean_context_tokens=mean("context_tokens"), mean_tokens_read=mean("tokens_read"),
+            mean_generated_tokens=mean("generated_tokens"), seconds_per_question=wall_seconds(rs) / k,
+            mean_latency_seconds=mean("seconds"),
+        ))
+    return out
+
+
+def wall_seconds(rows: Sequence[dict[str, Any]]) -> float:
+    """Summed wall spans (first start to last finish) of the sessions that produced `rows`."""
+    spans: dict[str, list[float]] = {}
+    total = 0.0
+    for r in rows:
+        if "started" not in r or "finished" not in r:
+            total += float(r.get("seconds", 0.0))  # rows from elsewhere: fall back to latency
+            continue
+        lo_hi = spans.setdefault(str(r.get("session", "")), [float(r["started"]), float(r["finished"])])
+        lo_hi[0] = min(lo_hi[0], float(r["started"]))
+        lo_hi[1] = max(lo_hi[1], float(r["finished"]))
+    return total + sum(hi - lo for lo, hi in spans.values())
+
+
+def run_name(result_dir: str | os.PathLike[str]) -> str:
+    """The run's name from its eval_config.json, else the directory name."""
+    p = Path(result_dir) / CONFIG_FILE
+    if p.exists():
+        name = json.loads(p.read_text()).get("name")
+        if name:
+            return str(name)
+    return Path(result_dir).resolve().name
+
+
+def load_summaries(result_dir: str | os.PathLike[str]) -> list[LengthSummary]:
+    path = Path(result_dir) / RESULTS_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist; is {result_dir} an eval output directory?")
+    return summarize(read_results(path), run_name(result_dir))
+
+
+def markdown_table(summaries: Sequence[LengthSummary]) -> str:
+    """A markdown table, one line per (run, num_docs)."""
+    head = ("| run | docs | questions | EM | accuracy (sub-EM) | F1 | context tokens | tokens read "
+            "| generated tokens | s / question | latency s |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in summaries:
+        lines.append(
+            f"| {s.run} | {s.num_docs} | {s.questions} | {s.em:.2f} | {s.accuracy:.2f} | {s.f1:.2f} "
+            f"| {s.mean_context_tokens:.0f} | {s.mean_tokens_read:.0f} | {s.mean_generated_tokens:.1f} "
+            f"| {s.seconds_per_question:.3f} | {s.mean_latency_seconds:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(path: str | os.PathLike[str], summaries: Sequence[LengthSummary]) -> None:
+    """The summaries as CSV at full precision (columns = LengthSummary fields)."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=TABLE_COLUMNS)
+        w.writeheader()
+        for s in summaries:
+            w.writerow({k: repr(v) if isinstance(v, float) else v for k, v in asdict(s).items()})
+
+
+def plot_accuracy(path: str | os.PathLike[str], summaries: Sequence[LengthSummary], title: str = "") -> None:
+    """PNG of accuracy (sub-EM, %) vs document count, log-x, one line per run (Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    runs: dict[str, list[LengthSummary]] = defaultdict(list)
+    for s in summaries:
+        runs[s.run].append(s)
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    ns: set[int] = set()
+    for name, ss in runs.items():
+        ss = sorted(ss, key=lambda s: s.num_docs)
+        ns.update(s.num_docs for s in ss)
+        ax.plot([s.num_docs for s in ss], [s.accuracy for s in ss], marker="o", label=name)
+    if ns and min(ns) > 0:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(ns))
+        ax.set_xticklabels([str(n) for n in sorted(ns)])
+    ax.set_xlabel("documents per context")
+    ax.set_ylabel("accuracy (sub-EM, %)")
+    ax.set_ylim(0, 100)
+    ax.grid(True, alpha=0.3)
+    ax.set_title(title or "accuracy vs context length")
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+@dataclass
+class ReportFiles:
+    markdown: Path
+    csv: Path
+    png: Path
+
+
+def write_report(out_dir: str | os.PathLike[str], summaries: Sequence[LengthSummary], title: str = "") -> ReportFiles:
+    """summary.md, summary.csv and accuracy.png in out_dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = ReportFiles(out / "summary.md", out / "summary.csv", out / "accuracy.png")
+    files.markdown.write_text(markdown_table(summaries), encoding="utf-8")
+    write_csv(files.csv, summaries)
+    plot_accuracy(files.png, summaries, title)
+    return files
+
+
+def report_dirs(result_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str]) -> ReportFiles:
+    """One table and one plot over several result directories (a line per run)."""
+    summaries: list[LengthSummary] = []
+    for d in result_dirs:
+        summaries += load_summaries(d)
+    return write_report(out_dir, summaries)
