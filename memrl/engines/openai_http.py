@@ -57,6 +57,10 @@ class OpenAIConfig:
     """Sent as a Bearer token; None = OPENAI_API_KEY when set."""
     server: str = "vllm"
     """vllm | sglang: which weight-reload endpoint update_weights uses."""
+    vllm_reload_method: str = "memrl_load_weights"
+    """Worker method update_weights calls through vLLM's /collective_rpc. "memrl_load_weights" needs the
+    server started with --worker-extension-cls memrl.engines.vllm.MemrlWorkerExtension; "reload_weights"
+    works on a stock server, but vLLM 0.32 then leaves a tied lm_head stale (see memrl.engines.vllm)."""
     max_concurrency: int = 64
     """Requests in flight at once, per engine."""
     timeout_s: float = 600.0
@@ -223,7 +227,7 @@ class OpenAIEngine:
     def update_weights(self, weights: Mapping[str, Any] | str) -> None:
         """Make the server reload weights from a checkpoint directory on its own filesystem.
 
-        vLLM needs VLLM_SERVER_DEV_MODE=1 (it uses /collective_rpc reload_weights, then
+        vLLM needs VLLM_SERVER_DEV_MODE=1 (/collective_rpc with `vllm_reload_method`, then
         /reset_prefix_cache); SGLang uses /update_weights_from_disk. State dicts cannot go over HTTP:
         save a checkpoint and pass its directory.
         """
@@ -233,8 +237,10 @@ class OpenAIEngine:
             )
         path = os.fspath(weights)
         if self.config.server == "vllm":
+            method = self.config.vllm_reload_method
+            kwargs = {"weights_path": path} if method == "reload_weights" else {"path": path}
             calls = [
-                (f"{self.root}/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}}),
+                (f"{self.root}/collective_rpc", {"method": method, "kwargs": kwargs}),
                 (f"{self.root}/reset_prefix_cache", None),
             ]
         else:

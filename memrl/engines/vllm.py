@@ -135,12 +135,12 @@ def completion_from_output(output: Any, where: str) -> Completion:
 class MemrlWorkerExtension:
     """Mixed into vLLM's worker (worker_extension_cls); called through collective_rpc."""
 
-    def memrl_load_weights(self, blob: bytes | None = None, path: str | None = None, tied: bool = False) -> int:
+    def memrl_load_weights(self, blob: bytes | None = None, path: str | None = None) -> int:
         """Load a safetensors blob or a checkpoint directory's *.safetensors into the running model.
 
-        tied: the model ties lm_head to the input embedding. vLLM 0.32's in-place reload refreshes
-        embed_tokens but leaves the tied lm_head stale (checkpoints carry no lm_head.weight), so the
-        embedding is loaded into lm_head explicitly. Returns the number of tensors loaded.
+        With tied embeddings vLLM 0.32's in-place reload refreshes embed_tokens but leaves lm_head stale
+        (checkpoints carry no lm_head.weight), so the embedding is loaded into lm_head explicitly.
+        Returns the number of tensors loaded. Also callable over HTTP: see memrl.engines.openai_http.
         """
         from safetensors.torch import load, load_file
 
@@ -153,6 +153,7 @@ class MemrlWorkerExtension:
             weights = {}
             for f in files:
                 weights.update(load_file(f))
+        tied = bool(getattr(self.model_config.hf_config, "tie_word_embeddings", False))  # type: ignore[attr-defined]
         if tied and "model.embed_tokens.weight" in weights:
             weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
         self.reload_weights(weights_iterator=iter(weights.items()))  # type: ignore[attr-defined]
@@ -283,7 +284,7 @@ class VLLMEngine:
 
         Call between rollouts: requests in flight during the update may mix old and new weights.
         """
-        kwargs: dict[str, Any] = {"tied": self._tied_embeddings}
+        kwargs: dict[str, Any] = {}
         if isinstance(weights, (str, os.PathLike)):
             path = os.path.abspath(os.fspath(weights))
             if not os.path.isdir(path):

@@ -83,6 +83,7 @@ class VLLMServer:
             "--enforce-eager", "--seed", str(ENGINE_KW["seed"]),
             "--kv-cache-memory-bytes", str(int(ENGINE_KW["kv_cache_gib"] * (1 << 30))),
             "--logprobs-mode", "processed_logprobs",
+            "--worker-extension-cls", "memrl.engines.vllm.MemrlWorkerExtension",
         ]  # fmt: skip
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # enables /collective_rpc for weight reloads
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
