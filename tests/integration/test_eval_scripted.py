@@ -155,3 +155,13 @@ def test_report_over_several_dirs(tmp_path, files):
     with open(rep.csv) as f:
         assert len(list(csv.DictReader(f))) == 4
     assert json.loads((tmp_path / "a" / "eval_config.json").read_text())["workflow"] == "memagent"
+
+
+def test_other_registered_workflows_run_through_the_harness(tmp_path, files):
+    from memrl.workflows import workflow_names
+
+    if "rememr1" not in workflow_names():
+        pytest.skip("rememr1 workflow not registered in this version")
+    rows = evaluate(files, tmp_path / "r1", _cfg(workflow="rememr1"), WF, engine=ScriptedEngine(_reply))
+    assert len(rows) == 12 and all(isinstance(r["memory_trace"], list) and r["model_calls"] > 1 for r in rows)
+    assert {r["prediction"] for r in rows if r["task_id"] == "q0"} == {"Paris"}
