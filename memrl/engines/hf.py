@@ -95,7 +95,13 @@ class _Request:
 
 
 def _cache_layer_class() -> type:
-    from transformers.cache_utils import DynamicLayer
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError as e:  # transformers before the layered Cache API
+        raise EngineError(
+            "HFEngine needs a transformers version with transformers.cache_utils.DynamicLayer (the layered "
+            f"Cache API, transformers >= 4.56); this one has none: {e}"
+        ) from e
 
     class GrowingLayer(DynamicLayer):
         """A DynamicLayer that writes into a preallocated buffer grown geometrically, not torch.cat per step.
@@ -375,7 +381,8 @@ class HFEngine:
                 if self._closed:
                     return []
                 running = batch is not None and len(batch) > 0
-                free = self.max_batch_size - (len(batch) if batch is not None else 0)
+                # finished rows still in the batch are dropped by the merge, so they leave room
+                free = self.max_batch_size - (len(batch) - sum(batch.done) if batch is not None else 0)
                 if self._pending and free > 0 and not self._draining:
                     waited = time.monotonic() - self._pending[0].submitted
                     if len(self._pending) >= free or waited >= self.max_wait_s:
@@ -506,9 +513,8 @@ class HFEngine:
         sampled = [j for j, p in enumerate(params) if not p.greedy]
         if sampled:
             sidx = torch.tensor(sampled, dtype=torch.long, device=sub.device)
-            u = torch.tensor(
-                [self._uniform(batch.requests[rows[j]]) for j in sampled], dtype=torch.float32
-            ).to(sub.device)
+            u = torch.tensor([self._uniform(batch.requests[rows[j]]) for j in sampled], dtype=torch.float64)
+            u = u.clamp_(max=1 - 2**-24).to(sub.device, torch.float32)  # stays < 1 in float32
             choice = _sample_rows(
                 logp.index_select(0, sidx), u,
                 [params[j].top_k for j in sampled], [params[j].top_p for j in sampled],
@@ -519,16 +525,19 @@ class HFEngine:
         new_last = batch.last.clone()
         for j, i in enumerate(rows):
             req = batch.requests[i]
+            if req.future.cancelled():  # the caller gave up: stop spending compute on the row
+                batch.done[i] = True
+                continue
             tok = tok_list[j]
             req.tokens.append(tok)
             req.logprobs.append(lp_list[j])
+            self.stats.generated_tokens += 1
             if tok in req.stop_ids:
                 self._finish(batch, i, "stop")
             elif len(req.tokens) >= req.max_new:
                 self._finish(batch, i, "length")
         new_last.index_copy_(0, idx, tokens)
         batch.last = new_last
-        self.stats.generated_tokens += len(rows)
 
     def _uniform(self, req: _Request) -> float:
         gen = req.generator if req.generator is not None else self._rng
