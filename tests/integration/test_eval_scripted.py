@@ -165,3 +165,14 @@ def test_other_registered_workflows_run_through_the_harness(tmp_path, files):
     rows = evaluate(files, tmp_path / "r1", _cfg(workflow="rememr1"), WF, engine=ScriptedEngine(_reply))
     assert len(rows) == 12 and all(isinstance(r["memory_trace"], list) and r["model_calls"] > 1 for r in rows)
     assert {r["prediction"] for r in rows if r["task_id"] == "q0"} == {"Paris"}
+
+
+def test_eval_report_command(tmp_path, files, capsys):
+    from memrl.cli import main
+
+    evaluate(files, tmp_path / "a", _cfg(name="A"), WF, engine=ScriptedEngine(_reply))
+    assert main(["eval", "report", str(tmp_path / "a"), "--out", str(tmp_path / "rep")]) == 0
+    out = capsys.readouterr().out
+    assert "| A | 2 | 6 |" in out and (tmp_path / "rep" / "accuracy.png").exists()
+    assert main(["eval", "--out", str(tmp_path / "x"), str(tmp_path / "missing.json")]) == 1
+    assert "does not exist" in capsys.readouterr().err
