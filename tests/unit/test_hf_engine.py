@@ -256,6 +256,16 @@ def test_bad_requests(engine):
         HFEngine(engine.model, tokenizer=engine.tokenizer, max_batch_size=0)
 
 
+def test_cancelled_request_leaves_the_engine_serving(engine, ref_model, prompts):
+    async def go():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(engine.generate(prompts[0], GREEDY.replace(max_tokens=2000)), 0.2)
+        return await engine.generate(prompts[1], GREEDY)
+
+    out = run(asyncio.wait_for(go(), 60))
+    assert out.token_ids == greedy_reference(ref_model, prompts[1], GREEDY.max_tokens, {engine.eos_token_id})
+
+
 def test_closed_engine_refuses(model_dir, prompts):
     eng = HFEngine(model_dir)
     run(eng.close())
