@@ -1,0 +1,277 @@
+"""Synthetic long-context QA that a tiny model can learn on CPU: facts planted in filler text.
+
+A document is `num_chunks` pieces of exactly `chunk_words` words. Every piece is filler words with
+`facts_per_chunk` facts "<key> is <value>" planted at a random word position. A one-fact question asks
+for the value of one planted key ("what is Kalo"); a two-fact "bridge" question asks for the value of
+the key that another key points to ("what is what Kalo is", with facts "Kalo is Miran" and
+"Miran is red" planted anywhere). Answers are single words, checked by exact match. Distractor facts
+use other keys, so only the question tells which fact matters.
+
+Every word (key, value, filler, template word) is a single token of a tokenizer trained on
+`corpus_text()`, so a piece of `chunk_words` words is exactly `chunk_words` tokens and MemAgent's
+token chunks line up with the pieces (`memrl demo` checks this). Generation is seeded: the same
+(config, seed) always gives the same tasks, and different seeds give independent tasks.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from memrl.types import Task
+
+_SYL = (
+    "ka lo mi ra ten vor al ber gen ston ham ley ton mar cus ric son bel fer gus dor vil mont ro sa "
+    "gar lin mor tor wal ker ash nor ox chi go pa tu zen qui dax fen pol ur ith"
+).split()
+
+VALUES: tuple[str, ...] = tuple(
+    (
+        "red blue green black white pink grey gold silver brown orange purple cyan amber ivory olive "
+        "cat dog fox owl bee ant cow pig yak elk bat eel rat hen ram emu "
+        "oak elm ash fir yew "
+        "tin iron zinc lead jade ruby opal onyx "
+        "rain snow wind mist hail frost "
+        "salt rice corn milk tea wine bread honey"
+    ).split()
+)
+"""Answer words (single tokens); a fact's value is one of these, or a key for a bridge link."""
+
+FILLER: tuple[str, ...] = tuple(
+    (
+        "the of and to in a that for it as was with be by on not he this are or his from at which "
+        "but have an they you were her she there been one all we their has would when if so no will "
+        "more can who its than about after other into two some time only could may first then do any "
+        "like over also new such these most years where well made did between back through many before "
+        "must being three used under world city river year film album band team game party state "
+        "school book people war history part country called known born during including several later "
+        "since became found played released based located north south east west family company "
+        "president member season series town village church university population district region "
+        "county island station music record single director written published directed founded served "
+        "elected won award national"
+    ).split()
+)
+"""Filler words; none of them is a key, a value, or the word "is"/"what"."""
+
+QUESTION_1 = "what is {key}"
+QUESTION_2 = "what is what {key} is"
+
+
+def make_keys(n: int = 256, seed: int = 12345) -> tuple[str, ...]:
+    """`n` distinct capitalized two-syllable names (fixed seed, so every run shares the key set)."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    seen = set(VALUES) | set(FILLER)
+    while len(out) < n:
+        k = (rng.choice(_SYL) + rng.choice(_SYL)).capitalize()
+        if k.lower() not in seen:
+            seen.add(k.lower())
+            out.append(k)
+    return tuple(out)
+
+
+KEYS: tuple[str, ...] = make_keys()
+
+
+@dataclass
+class SyntheticConfig:
+    """Shape of the synthetic tasks. Length is counted in chunks (pieces of `chunk_words` tokens)."""
+
+    num_chunks: int = 4
+    """Pieces per document; evaluation scales this (x1, x4, x16)."""
+    chunk_words: int = 24
+    """Words (= tokens) per piece; set the workflow's chunk_tokens to the same number."""
+    facts_per_chunk: int = 1
+    """Facts planted in every piece (the question's fact(s) replace some of them)."""
+    bridge_fraction: float = 0.0
+    """Fraction of two-fact bridge questions (the rest ask for one fact)."""
+    num_keys: int = 256
+    """Keys drawn from the first num_keys of KEYS."""
+    num_values: int = len(VALUES)
+    """Values drawn from the first num_values of VALUES."""
+
+    def __post_init__(self) -> None:
+        if self.num_chunks < 1:
+            raise ValueError(f"SyntheticConfig.num_chunks must be >= 1, got {self.num_chunks}")
+        if self.facts_per_chunk < 1 or 4 * self.facts_per_chunk > self.chunk_words:
+            raise ValueError(
+                f"SyntheticConfig.facts_per_chunk must be in [1, chunk_words/4], got {self.facts_per_chunk}"
+            )
+        if not 0.0 <= self.bridge_fraction <= 1.0:
+            raise ValueError(f"SyntheticConfig.bridge_fraction must be in [0, 1], got {self.bridge_fraction}")
+        if self.bridge_fraction > 0 and self.num_chunks * self.facts_per_chunk < 2:
+            raise ValueError("SyntheticConfig: bridge questions need at least 2 fact slots per document")
+        if not 2 <= self.num_values <= len(VALUES):
+            raise ValueError(f"SyntheticConfig.num_values must be in [2, {len(VALUES)}], got {self.num_values}")
+        if not 4 <= self.num_keys <= len(KEYS):
+            raise ValueError(f"SyntheticConfig.num_keys must be in [4, {len(KEYS)}], got {self.num_keys}")
+
+
+def fact_text(key: str, value: str) -> str:
+    return f"{key} is {value}"
+
+
+_FACT = re.compile(r"\b([A-Z][a-z]+) is ([A-Za-z]+)\b")
+
+
+def find_facts(text: str) -> list[tuple[str, str]]:
+    """(key, value) of every fact "<Key> is <value>" in `text`, in order of appearance."""
+    return _FACT.findall(text)
+
+
+def question_key(question: str) -> tuple[str, int]:
+    """(key, hops) of a question made by this module; ValueError for anything else."""
+    m = re.fullmatch(r"what is (what )?([A-Z][a-z]+)( is)?", question.strip())
+    if not m:
+        raise ValueError(f"not a synthetic question: {question!r}")
+    return m.group(2), 2 if m.group(1) else 1
+
+
+def make_task(cfg: SyntheticConfig, seed: int, index: int) -> Task:
+    """Task `index` of the stream seeded `seed` (independent of every other index)."""
+    rng = random.Random(f"synthetic:{seed}:{index}:{cfg.num_chunks}")
+    keys = list(KEYS[: cfg.num_keys])
+    slots = cfg.num_chunks * cfg.facts_per_chunk
+    bridge = rng.random() < cfg.bridge_fraction
+    used = rng.sample(keys, k=min(len(keys), slots + 1))
+    qkey = used[0]
+    values = VALUES[: cfg.num_values]
+    answer = rng.choice(values)
+    if bridge:
+        mid = used[1]
+        planted = [(qkey, mid), (mid, answer)]
+        distract_keys = used[2:]
+        question = QUESTION_2.format(key=qkey)
+    else:
+        planted = [(qkey, answer)]
+        distract_keys = used[1:]
+        question = QUESTION_1.format(key=qkey)
+    facts: list[tuple[str, str]] = list(planted)
+    i = 0
+    while len(facts) < slots:
+        # Distractor keys repeat only when the key set is smaller than the slots (very long documents).
+        facts.append((distract_keys[i % len(distract_keys)] if distract_keys else rng.choice(keys[1:]),
+                      rng.choice(values)))
+        i += 1
+    order = list(range(slots))
+    rng.shuffle(order)
+    placed = [facts[j] for j in order]
+    # A repeated distractor key must never be the question's key or carry its answer chain.
+    pieces: list[str] = []
+    positions: dict[str, int] = {}
+    for c in range(cfg.num_chunks):
+        these = placed[c * cfg.facts_per_chunk : (c + 1) * cfg.facts_per_chunk]
+        n_filler = cfg.chunk_words - 3 * len(these)
+        words = [rng.choice(FILLER) for _ in range(n_filler)]
+        # Insert facts at distinct filler positions, left to right.
+        spots = sorted(rng.sample(range(n_filler + 1), k=len(these)))
+        for off, (spot, (k, v)) in enumerate(zip(spots, these, strict=True)):
+            words[spot + 3 * off : spot + 3 * off] = [k, "is", v]
+            if (k, v) in planted:
+                positions[f"{k} is {v}"] = c
+        pieces.append("".join(" " + w for w in words))
+    return Task(
+        task_id=f"syn-s{seed}-c{cfg.num_chunks}-{index}",
+        question=question,
+        context="".join(pieces),
+        answers=[answer],
+        meta={"hops": 2 if bridge else 1, "num_chunks": cfg.num_chunks, "fact_chunks": positions, "seed": seed},
+    )
+
+
+def make_tasks(cfg: SyntheticConfig, n: int, seed: int, start: int = 0) -> list[Task]:
+    """Tasks start..start+n-1 of the stream seeded `seed`."""
+    return [make_task(cfg, seed, i) for i in range(start, start + n)]
+
+
+def task_stream(cfg: SyntheticConfig, seed: int, start: int = 0) -> Iterator[Task]:
+    """An endless, resumable stream of tasks: position `start` continues where a run stopped."""
+    i = start
+    while True:
+        yield make_task(cfg, seed, i)
+        i += 1
+
+
+def corpus_text(num_docs: int = 400, seed: int = 0, extra: tuple[str, ...] = ()) -> str:
+    """Text to train the tokenizer on: documents, questions, memories and boxed answers of this task.
+
+    Every key, value and filler word appears many times (with a leading space and at line starts), so
+    byte-level BPE learns each as one token.
+    """
+    rng = random.Random(f"corpus:{seed}")
+    cfg = SyntheticConfig(num_chunks=4, chunk_words=24, bridge_fraction=0.5)
+    parts: list[str] = list(extra)
+    for i in range(num_docs):
+        t = make_task(cfg, seed, i)
+        parts.append(t.context)
+        parts.append(t.question)
+        k, v = rng.choice(KEYS), rng.choice(VALUES)
+        parts.append(f"{k} is {v}\n\\boxed{{{v}}}\nNo previous memory")
+    # Every word at least a few times, both with and without a leading space.
+    for _ in range(20):
+        parts.append(" ".join(KEYS) + "\n" + "\n".join(KEYS))
+        parts.append(" ".join(VALUES) + "\n" + "\n".join(VALUES))
+        parts.append(" ".join(FILLER) + "\n" + "\n".join(FILLER))
+        parts.append("\n".join(f"\\boxed{{{v}}}" for v in VALUES))
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The cold-start demonstrator: a simple, question-blind rule (often wrong by design).
+# ---------------------------------------------------------------------------------------------------
+
+
+def _template_regex(template: str, names: tuple[str, ...]) -> re.Pattern[str]:
+    pattern = re.escape(template)
+    for name in names:
+        pattern = pattern.replace(re.escape("{" + name + "}"), f"(?P<{name}>.*?)", 1)
+    return re.compile(pattern + r"(?:<\|im_end\|>|</user>|$)", re.DOTALL)
+
+
+@dataclass
+class RecentFactsRule:
+    """MemAgent demonstrations that teach the FORMAT, not the strategy.
+
+    Memory step: keep the `budget` most recent facts of (old memory + this section), regardless of the
+    question; with probability `skip_prob` ignore the section's facts and keep the old memory (so the
+    demonstrated policy is stochastic and question-blind). Final step: `\\boxed{value}` of the memory
+    fact that answers the question (following a bridge link when both facts are there), else the value
+    of the last fact in memory. Call it as a `memrl.testing.ScriptedEngine` script.
+    """
+
+    memory_template: str
+    final_template: str
+    budget: int = 1
+    skip_prob: float = 0.25
+    no_memory_text: str = "No previous memory"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self._mem = _template_regex(self.memory_template, ("problem", "memory", "chunk"))
+        self._fin = _template_regex(self.final_template, ("problem", "memory"))
+        self._rng = random.Random(f"rule:{self.seed}")
+
+    def __call__(self, prompt_text: str, call_index: int = 0) -> str:
+        m = self._mem.search(prompt_text)
+        if m and "chunk" in m.groupdict():
+            old = find_facts(m.group("memory"))
+            new = find_facts(m.group("chunk"))
+            facts = old if (new and self._rng.random() < self.skip_prob) else (old + new)[-self.budget :]
+            return " ; ".join(fact_text(k, v) for k, v in facts) if facts else self.no_memory_text
+        f = self._fin.search(prompt_text)
+        if not f:
+            raise ValueError(f"RecentFactsRule: prompt matches neither template: {prompt_text[:200]!r}")
+        facts = find_facts(f.group("memory"))
+        try:
+            key, hops = question_key(f.group("problem"))
+        except ValueError:
+            key, hops = "", 1
+        table = dict(facts)
+        answer = table.get(key)
+        if answer is not None and hops == 2:
+            answer = table.get(answer)
+        if answer is None:
+            answer = facts[-1][1] if facts else VALUES[0]
+        return f"\\boxed{{{answer}}}"

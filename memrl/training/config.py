@@ -1,0 +1,139 @@
+"""Typed training configs: one dataclass per component, defaults = the published MemAgent recipe
+(REFERENCE.md sections 1-2). Load with `memrl.config.load_config(TrainConfig, overrides, preset)`:
+
+    memrl train workflow=memagent algorithm=grpo algorithm.n=8 workflow.options.chunk_tokens=1000
+
+The workflow section is free-form (`workflow.options`, a dict) because each workflow has its own config
+class; it is validated against that class (`memrl.config.section_from_dict`) before anything runs, so an
+unknown or mistyped workflow option fails with its dotted name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from memrl.data.synthetic import SyntheticConfig
+
+
+@dataclass
+class ModelSection:
+    """The policy to train: a HuggingFace causal-LM directory."""
+
+    path: str = ""
+    """HF model directory (config, safetensors, tokenizer). Required."""
+    dtype: str = "float32"
+    """Training dtype: float32 or bfloat16."""
+    device: str = "cpu"
+    """Where the trainer runs ("cpu", "cuda")."""
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class EngineSection:
+    """The rollout engine. "local" shares the policy module in-process (no copy, deterministic batching);
+    "hf" is memrl.engines.hf.HFEngine on a copy of the weights; "vllm"/"openai" via make_engine."""
+
+    name: str = "local"
+    max_batch_size: int = 64
+    max_wait_ms: float = 5.0
+    concurrency: int = 1024
+    """Trajectories in flight at once (the rollout runner's cap)."""
+
+
+@dataclass
+class WorkflowSection:
+    """Which workflow to roll out, and its options (validated against the workflow's config class)."""
+
+    name: str = "memagent"
+    options: dict[str, Any] = field(default_factory=lambda: {"max_chunks": 8})
+    """Workflow config fields, e.g. chunk_tokens, max_memory_tokens, memory_template (MemAgent: 5000 /
+    1024, training caps the context at 8 chunks)."""
+
+
+@dataclass
+class DataSection:
+    """Training tasks: the synthetic generator, or a data file read by memrl.data.io."""
+
+    name: str = "synthetic"
+    """"synthetic" or "file"."""
+    path: str = ""
+    """Data file (JSON / JSONL / parquet) when name=file."""
+    seed: int = 0
+    """Seed of the synthetic stream / the shuffle of a file."""
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass
+class AlgorithmSection:
+    """Advantage estimator, group size and the policy loss (REFERENCE section 2)."""
+
+    name: str = "grpo"
+    """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1."""
+    n: int = 16
+    """Trajectories sampled per task (the group)."""
+    norm_by_std: bool = False
+    """GRPO: divide by the group's std (MemAgent's script mean-centres only)."""
+    credit: str = "broadcast"
+    """broadcast: every row of a trajectory gets its advantage; split: A / number of rows."""
+    loss: str = "ppo"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip_c: float | None = 3.0
+    loss_agg: str = "token-mean"
+    """token-mean, seq-mean-token-mean, seq-mean-token-sum, traj-mean."""
+    kl_coef: float = 0.001
+    """KL-to-reference loss coefficient (0 disables the reference model)."""
+    kl_kind: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards all agree and refill with new tasks."""
+    max_refill_rounds: int = 3
+    """Extra rollout rounds dynamic sampling may run to refill the batch."""
+    temperature: float = 1.0
+    """Rollout temperature (overrides the workflow's); logprobs are recomputed under the same T."""
+
+
+@dataclass
+class OptimSection:
+    """AdamW with linear warm-up then constant (MemAgent: lr 1e-6, 20 warm-up steps)."""
+
+    lr: float = 1e-6
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    grad_clip: float = 1.0
+
+
+@dataclass
+class TrainerSection:
+    """The driver loop: how many steps, batch size, packing, saving and logging."""
+
+    steps: int = 150
+    batch_size: int = 128
+    """Tasks (groups) per step; each gives `algorithm.n` trajectories."""
+    mini_batches: int = 1
+    """Optimizer steps per RL step (the batch's groups split evenly); 1 = fully on-policy."""
+    token_budget: int = 16384
+    """Padded tokens per micro-batch (rows x longest row); gradient accumulation over micro-batches."""
+    save_every: int = 50
+    """Checkpoint every k steps (and at the end); 0 = only at the end."""
+    keep_checkpoints: int = 2
+    seed: int = 0
+    tensorboard: bool = True
+    progress: bool = True
+
+
+@dataclass
+class TrainConfig:
+    """Everything `memrl train` needs; presets in memrl/configs/*.yaml."""
+
+    model: ModelSection = field(default_factory=ModelSection)
+    engine: EngineSection = field(default_factory=EngineSection)
+    workflow: WorkflowSection = field(default_factory=WorkflowSection)
+    data: DataSection = field(default_factory=DataSection)
+    algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    trainer: TrainerSection = field(default_factory=TrainerSection)
+    out_dir: str = "runs/train"

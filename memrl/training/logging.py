@@ -1,0 +1,61 @@
+"""Metrics sinks for training: JSONL (one object per step), TensorBoard, and a tqdm bar with ETA."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLogger:
+    """Appends `{"step": k, ...metrics}` lines to `metrics.jsonl`, mirrors them to TensorBoard."""
+
+    def __init__(self, out_dir: str | os.PathLike, tensorboard: bool = True, progress_total: int = 0,
+                 progress_initial: int = 0, progress: bool = True, desc: str = "train") -> None:
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "metrics.jsonl"
+        self._fh = self.path.open("a", encoding="utf-8")
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.dir / "tb"))
+            except ImportError:  # tensorboard is a declared dependency; degrade to JSONL only
+                self._tb = None
+        self._bar = None
+        if progress and progress_total:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=progress_total, initial=progress_initial, desc=desc, unit="step",
+                             dynamic_ncols=True)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        clean = {k: (float(v) if isinstance(v, int | float) else v) for k, v in metrics.items()}
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in clean.items()}
+        self._fh.write(json.dumps({"step": step, **clean}, allow_nan=False, default=str) + "\n")
+        self._fh.flush()
+        if self._tb is not None:
+            for k, v in clean.items():
+                if isinstance(v, float) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+        if self._bar is not None:
+            self._bar.update(1)
+            shown = {k.split("/")[-1]: f"{clean[k]:.3g}" for k in ("reward/mean", "loss/total", "sft/loss")
+                     if isinstance(clean.get(k), float)}
+            self._bar.set_postfix(shown)
+
+    def close(self) -> None:
+        self._fh.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._bar is not None:
+            self._bar.close()
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """All rows of a metrics.jsonl."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -1,0 +1,90 @@
+"""Rollout for training: build the engine for a policy, sample groups, apply dynamic sampling."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from memrl.training.config import EngineSection
+from memrl.types import Group, Task
+from memrl.workflows import WorkflowSpec
+from memrl.workflows.runner import rollout_sync
+
+log = logging.getLogger(__name__)
+
+
+def build_engine(sec: EngineSection, model: Any, tokenizer: Any, model_path: str = "", device: str = "cpu") -> Any:
+    """The rollout engine for `model`. "local" serves the very module being trained (weight sync is a
+    no-op); "hf" serves a copy (synced by `update_weights(state_dict)`); others go through make_engine."""
+    if sec.name == "local":
+        from memrl.training.local_engine import LocalEngine
+
+        return LocalEngine(model, tokenizer, max_batch_size=sec.max_batch_size)
+    from memrl.engines import make_engine
+
+    if sec.name == "hf":
+        return make_engine("hf", copy.deepcopy(model), tokenizer=tokenizer, device=device,
+                           max_batch_size=sec.max_batch_size, max_wait_ms=sec.max_wait_ms)
+    return make_engine(sec.name, model_path, max_batch_size=sec.max_batch_size)
+
+
+@dataclass
+class RolloutResult:
+    """The groups that train this step, plus what was sampled and dropped on the way."""
+
+    groups: list[Group]
+    sampled_groups: int = 0
+    dropped_groups: int = 0
+    rounds: int = 0
+    seconds: float = 0.0
+    all_rewards: list[float] = field(default_factory=list)
+    """Outcome rewards of every sampled trajectory (kept or dropped), for honest reward curves."""
+
+
+def sample_groups(
+    next_tasks: Callable[[int], list[Task]],
+    spec: WorkflowSpec,
+    engine: Any,
+    wf_cfg: Any,
+    batch_size: int,
+    n: int,
+    concurrency: int,
+    seed: int,
+    dynamic_sampling: bool = False,
+    max_refill_rounds: int = 0,
+) -> RolloutResult:
+    """Roll out `batch_size` tasks x n; with dynamic sampling, drop zero-variance groups and refill
+    with fresh tasks for up to `max_refill_rounds` more rounds (the batch may end up smaller)."""
+    from memrl.algorithms.selection import filter_zero_variance_groups
+
+    t0 = time.perf_counter()
+    res = RolloutResult(groups=[])
+    want = batch_size
+    for rnd in range(1 + (max_refill_rounds if dynamic_sampling else 0)):
+        tasks = next_tasks(want)
+        groups = rollout_sync(tasks, spec, engine, wf_cfg, n=n, concurrency=concurrency, seed=seed * 1000 + rnd)
+        res.rounds += 1
+        res.sampled_groups += len(groups)
+        res.all_rewards.extend(r for g in groups for r in g.rewards)
+        if dynamic_sampling:
+            groups, dropped = filter_zero_variance_groups(groups)
+            res.dropped_groups += dropped
+        res.groups.extend(groups[: batch_size - len(res.groups)])
+        want = batch_size - len(res.groups)
+        if want <= 0:
+            break
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def task_batches(stream: Iterator[Task], position: int) -> Callable[[int], list[Task]]:
+    """A `next_tasks(k)` over an iterator; the caller tracks the position for checkpoints."""
+
+    def take(k: int) -> list[Task]:
+        return [next(stream) for _ in range(k)]
+
+    return take

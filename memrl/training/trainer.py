@@ -1,0 +1,313 @@
+"""The RL driver loop. One step of `Trainer.fit`:
+
+    tasks -> rollout (n per task, concurrent, through the engine) -> rewards -> advantages (registry)
+    -> optional dynamic sampling -> rows packed into micro-batches by a token budget
+    -> logprobs recomputed as log_softmax(logits / T) -> PPO loss, gradients accumulated with weights
+       fixed over the whole batch (sum of micro-batch losses == un-split loss) -> optimizer step
+    -> weight sync to the engine -> log -> checkpoint
+
+Same code on a laptop CPU and a GPU; only `model.device` / `engine.name` change.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memrl.config import ConfigError, section_from_dict, to_yaml
+from memrl.training.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
+from memrl.training.config import TrainConfig
+from memrl.training.packing import Row, collate, pack_rows, rows_from_segments, set_loss_weights
+from memrl.training.policy import ppo_micro_loss, token_logprobs
+from memrl.training.rollout import build_engine, sample_groups
+from memrl.types import Group, Task
+
+log = logging.getLogger(__name__)
+
+
+def check_writable(out_dir: str | os.PathLike) -> Path:
+    """Create `out_dir` and prove we can write in it, before any expensive work starts."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write_test"
+        probe.write_text("ok", encoding="utf-8")
+        probe.unlink()
+    except OSError as e:
+        raise PermissionError(f"output directory {out} is not writable: {e.strerror or e}") from e
+    return out
+
+
+def workflow_config(cfg: TrainConfig) -> tuple[Any, Any]:
+    """(WorkflowSpec, validated workflow config) from the free-form `workflow.options` section."""
+    from memrl.workflows import get_workflow
+
+    try:
+        spec = get_workflow(cfg.workflow.name)
+    except KeyError as e:
+        raise ConfigError(f"workflow.name: {e.args[0]}") from e
+    options = dict(cfg.workflow.options)
+    if "temperature" in {f for f in getattr(spec.config_cls, "__dataclass_fields__", {})}:
+        options.setdefault("temperature", cfg.algorithm.temperature)
+    wf = section_from_dict(spec.config_cls, options, "workflow.options")
+    return spec, wf
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Fail fast, naming the field, on values the dataclass types cannot express."""
+    from memrl.algorithms.losses import AGG_MODES, KL_KINDS
+    from memrl.algorithms.registry import advantage_names, loss_names
+
+    a = cfg.algorithm
+    checks = [
+        (a.name in advantage_names(), f"algorithm.name {a.name!r} is not one of {advantage_names()}"),
+        (a.loss in loss_names(), f"algorithm.loss {a.loss!r} is not one of {loss_names()}"),
+        (a.loss_agg in AGG_MODES, f"algorithm.loss_agg {a.loss_agg!r} is not one of {list(AGG_MODES)}"),
+        (a.kl_kind in KL_KINDS, f"algorithm.kl_kind {a.kl_kind!r} is not one of {list(KL_KINDS)}"),
+        (a.credit in ("broadcast", "split"), f"algorithm.credit {a.credit!r} is not broadcast or split"),
+        (a.n >= 1, f"algorithm.n must be >= 1, got {a.n}"),
+        (a.temperature > 0, f"algorithm.temperature must be > 0 for RL sampling, got {a.temperature}"),
+        (cfg.trainer.steps >= 0, f"trainer.steps must be >= 0, got {cfg.trainer.steps}"),
+        (cfg.trainer.batch_size >= 1, f"trainer.batch_size must be >= 1, got {cfg.trainer.batch_size}"),
+        (cfg.trainer.mini_batches >= 1, f"trainer.mini_batches must be >= 1, got {cfg.trainer.mini_batches}"),
+        (cfg.trainer.token_budget >= 1, f"trainer.token_budget must be >= 1, got {cfg.trainer.token_budget}"),
+        (cfg.optim.lr > 0, f"optim.lr must be > 0, got {cfg.optim.lr}"),
+        (cfg.data.name in ("synthetic", "file"), f"data.name {cfg.data.name!r} is not synthetic or file"),
+        (cfg.data.name != "file" or bool(cfg.data.path), "data.path is required when data.name=file"),
+        (bool(cfg.model.path), "model.path is required (a HuggingFace model directory)"),
+        (cfg.model.dtype in ("float32", "bfloat16"), f"model.dtype {cfg.model.dtype!r} is not float32 or bfloat16"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(msg)
+    workflow_config(cfg)
+
+
+def task_stream(cfg: TrainConfig, start: int) -> Iterator[Task]:
+    """The training tasks from position `start` on (synthetic: endless; file: shuffled epochs)."""
+    if cfg.data.name == "synthetic":
+        from memrl.data.synthetic import task_stream as synthetic_stream
+
+        return synthetic_stream(cfg.data.synthetic, cfg.data.seed, start)
+    from memrl.data.io import load_tasks
+
+    tasks = load_tasks(cfg.data.path)
+    if not tasks:
+        raise ValueError(f"data.path {cfg.data.path} holds no tasks")
+
+    def epochs() -> Iterator[Task]:
+        for epoch in itertools.count():
+            order = list(range(len(tasks)))
+            random.Random(f"{cfg.data.seed}:{epoch}").shuffle(order)
+            for i in order:
+                t = tasks[i]
+                yield Task(f"{t.task_id}@e{epoch}", t.question, t.context, t.answers, t.meta)
+
+    return itertools.islice(epochs(), start, None)
+
+
+def lr_lambda(warmup: int) -> Callable[[int], float]:
+    """Linear warm-up over `warmup` steps, then constant (MemAgent / verl default)."""
+    return lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0
+
+
+def _stats(prefix: str, xs: list[float]) -> dict[str, float]:
+    if not xs:
+        return {}
+    return {f"{prefix}/mean": statistics.fmean(xs), f"{prefix}/std": statistics.pstdev(xs),
+            f"{prefix}/max": max(xs), f"{prefix}/min": min(xs)}
+
+
+class Trainer:
+    """RL training of one policy on one workflow. `fit()` runs `trainer.steps` steps (resuming from the
+    latest checkpoint in `out_dir/checkpoints` when `resume=True`)."""
+
+    def __init__(self, cfg: TrainConfig, resume: bool = False,
+                 on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:
+        validate(cfg)
+        self.cfg = cfg
+        self.out = check_writable(cfg.out_dir)
+        self.resume = resume
+        self.on_step = on_step
+        self.spec, self.wf_cfg = workflow_config(cfg)
+
+    # -------------------------------------------------------------- setup
+    def _load(self) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        cfg = self.cfg
+        self.ckpt_root = self.out / "checkpoints"
+        start = latest_checkpoint(self.ckpt_root) if self.resume else None
+        src = str(start) if start is not None else cfg.model.path
+        dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+        self.tokenizer = AutoTokenizer.from_pretrained(src)
+        self.model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).to(cfg.model.device)
+        if cfg.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.ref = None
+        if cfg.algorithm.kl_coef > 0:
+            # The reference is the INITIAL policy, also when resuming.
+            self.ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).to(cfg.model.device).eval()
+            for p in self.ref.parameters():
+                p.requires_grad_(False)
+        o = cfg.optim
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
+                                     weight_decay=o.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(o.warmup_steps))
+        self.step = 0
+        self.position = 0
+        random.seed(cfg.trainer.seed)
+        torch.manual_seed(cfg.trainer.seed)
+        if start is not None:
+            state = load_state(start)
+            self.opt.load_state_dict(state["optimizer"])
+            self.sched.load_state_dict(state["scheduler"])
+            set_rng_state(state["rng"])
+            self.step, self.position = int(state["step"]), int(state["data_position"])
+            log.info("resumed from %s (step %d, data position %d)", start, self.step, self.position)
+        self.engine = build_engine(cfg.engine, self.model, self.tokenizer, cfg.model.path, cfg.model.device)
+        self.stream = task_stream(cfg, self.position)
+
+    def _next_tasks(self, k: int) -> list[Task]:
+        tasks = [next(self.stream) for _ in range(k)]
+        self.position += k
+        return tasks
+
+    # -------------------------------------------------------------- one update
+    def update(self, groups: list[Group]) -> dict[str, float]:
+        """Advantages -> rows -> PPO update(s) over micro-batches; returns loss statistics."""
+        from memrl.algorithms.advantages import compute_group_advantages
+
+        a = self.cfg.algorithm
+        kw: dict[str, Any] = {}
+        if a.name == "grpo":
+            kw = {"norm_by_std": a.norm_by_std, "credit": a.credit}
+        compute_group_advantages(groups, a.name, **kw)
+        metrics: dict[str, float] = {}
+        mbs = self.cfg.trainer.mini_batches
+        chunks = [groups[i::mbs] for i in range(mbs)] if mbs > 1 else [groups]
+        sums: dict[str, float] = {}
+        for part in chunks:
+            rows = rows_from_segments([s for g in part for s in g.segments()])
+            if not rows:
+                continue
+            got = self.train_rows(rows)
+            for k, v in got.items():
+                sums[k] = sums.get(k, 0.0) + v / len(chunks)
+        metrics.update(sums)
+        return metrics
+
+    def train_rows(self, rows: list[Row]) -> dict[str, float]:
+        """One optimizer step on `rows` with gradient accumulation over token-budget micro-batches."""
+        a = self.cfg.algorithm
+        set_loss_weights(rows, a.loss_agg)
+        self.model.train()
+        self.opt.zero_grad(set_to_none=True)
+        pad = self.tokenizer.pad_token_id or 0
+        sums: dict[str, float] = {"loss/total": 0.0}
+        tokens = 0
+        n_micro = 0
+        for idx in pack_rows(rows, self.cfg.trainer.token_budget):
+            mb = collate([rows[i] for i in idx], pad).to(self.cfg.model.device)
+            ref_lp = None
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref_lp, _ = token_logprobs(self.ref, mb, a.temperature)
+            part = ppo_micro_loss(
+                self.model, mb, a.temperature, a.loss,
+                {"clip_low": a.clip_low, "clip_high": a.clip_high, "dual_clip_c": a.dual_clip_c},
+                ref_lp, a.kl_coef, a.kl_kind, a.entropy_coef,
+            )
+            part.loss.backward()
+            sums["loss/total"] += float(part.loss.detach())
+            for k, v in part.sums.items():
+                sums[f"loss/{k}"] = sums.get(f"loss/{k}", 0.0) + v
+            tokens += mb.num_tokens
+            n_micro += 1
+        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        self.model.eval()
+        sums["train/grad_norm"] = float(gn)
+        sums["train/lr"] = self.sched.get_last_lr()[0]
+        sums["train/micro_batches"] = n_micro
+        sums["train/rows"] = len(rows)
+        sums["train/tokens"] = tokens
+        return sums
+
+    # -------------------------------------------------------------- the loop
+    def fit(self) -> list[dict[str, float]]:
+        """Run (or resume) training; returns the logged metrics of the steps run now."""
+        from memrl.training.logging import MetricsLogger
+
+        self._load()
+        cfg = self.cfg
+        (self.out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
+        logger = MetricsLogger(self.out, cfg.trainer.tensorboard, cfg.trainer.steps, self.step,
+                               cfg.trainer.progress, desc="rl")
+        history: list[dict[str, float]] = []
+        try:
+            while self.step < cfg.trainer.steps:
+                metrics = self.train_step()
+                self.step += 1
+                logger.log(self.step, metrics)
+                history.append(metrics)
+                if self.on_step is not None:
+                    self.on_step(self.step, metrics)
+                every = cfg.trainer.save_every
+                if (every and self.step % every == 0) or self.step == cfg.trainer.steps:
+                    self.save()
+        finally:
+            logger.close()
+        return history
+
+    def train_step(self) -> dict[str, float]:
+        cfg, a = self.cfg, self.cfg.algorithm
+        t0 = time.perf_counter()
+        res = sample_groups(self._next_tasks, self.spec, self.engine, self.wf_cfg, cfg.trainer.batch_size,
+                            a.n, cfg.engine.concurrency, seed=cfg.trainer.seed * 100003 + self.step,
+                            dynamic_sampling=a.dynamic_sampling, max_refill_rounds=a.max_refill_rounds)
+        t1 = time.perf_counter()
+        metrics: dict[str, float] = {}
+        trajs = [t for g in res.groups for t in g.trajectories]
+        metrics.update(_stats("reward", res.all_rewards))
+        metrics["reward/accuracy"] = statistics.fmean([float(r > 0) for r in res.all_rewards]) if res.all_rewards else 0.0
+        metrics["rollout/groups_sampled"] = res.sampled_groups
+        metrics["rollout/groups_dropped"] = res.dropped_groups
+        metrics["rollout/groups_kept"] = len(res.groups)
+        mem = [t.metrics.get("memory_tokens_mean", 0.0) for t in trajs]
+        if mem:
+            metrics["rollout/memory_tokens_mean"] = statistics.fmean(mem)
+        gen = sum(len(s.response_ids) for t in trajs for s in t.segments)
+        metrics["rollout/generated_tokens"] = gen
+        metrics["rollout/segments"] = sum(len(t.segments) for t in trajs)
+        if res.groups:
+            metrics.update(self.update(res.groups))
+            advs = [s.advantage or 0.0 for t in trajs for s in t.segments]
+            metrics.update(_stats("advantage", advs))
+            self.engine.update_weights(self.model.state_dict())
+        t2 = time.perf_counter()
+        metrics["time/rollout_s"] = t1 - t0
+        metrics["time/update_s"] = t2 - t1
+        metrics["time/step_s"] = t2 - t0
+        metrics["perf/rollout_tokens_per_s"] = gen / max(t1 - t0, 1e-9)
+        metrics["perf/train_tokens_per_s"] = metrics.get("train/tokens", 0.0) / max(t2 - t1, 1e-9)
+        metrics["data/position"] = self.position
+        return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+
+    def save(self) -> Path:
+        state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(), "rng": rng_state(),
+                 "step": self.step, "data_position": self.position}
+        return save_checkpoint(self.ckpt_root, self.step, self.model, self.tokenizer, state,
+                               keep=self.cfg.trainer.keep_checkpoints, extra_files={"config.yaml": to_yaml(self.cfg)})
+

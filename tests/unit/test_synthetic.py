@@ -1,0 +1,96 @@
+"""The synthetic task generator and its question-blind demonstrator rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from memrl.data.synthetic import (
+    KEYS,
+    RecentFactsRule,
+    SyntheticConfig,
+    find_facts,
+    make_task,
+    make_tasks,
+    question_key,
+    task_stream,
+)
+
+
+def test_seeded_and_independent():
+    cfg = SyntheticConfig(num_chunks=4, chunk_words=16)
+    a = make_tasks(cfg, 5, seed=3)
+    b = make_tasks(cfg, 5, seed=3)
+    c = make_tasks(cfg, 5, seed=4)
+    assert [t.context for t in a] == [t.context for t in b]
+    assert [t.context for t in a] != [t.context for t in c]
+    # the stream continues exactly where a run stopped
+    s = task_stream(cfg, seed=3, start=2)
+    assert next(s).context == a[2].context
+
+
+@pytest.mark.parametrize("chunks", [1, 4, 64])
+def test_one_fact_question_is_answerable_once(chunks):
+    cfg = SyntheticConfig(num_chunks=chunks, chunk_words=16)
+    for i in range(20):
+        t = make_task(cfg, seed=0, index=i)
+        words = t.context.split()
+        assert len(words) == chunks * 16
+        key, hops = question_key(t.question)
+        assert hops == 1
+        facts = find_facts(t.context)
+        assert len(facts) == chunks
+        assert [v for k, v in facts if k == key] == t.answers  # exactly one fact answers it
+
+
+def test_bridge_question_needs_two_facts():
+    cfg = SyntheticConfig(num_chunks=8, chunk_words=16, bridge_fraction=1.0)
+    t = make_task(cfg, seed=1, index=0)
+    key, hops = question_key(t.question)
+    assert hops == 2 and t.question == f"what is what {key} is"
+    table = dict(find_facts(t.context))
+    assert table[table[key]] == t.answers[0]
+
+
+def test_small_key_set_repeats_only_distractors():
+    cfg = SyntheticConfig(num_chunks=64, chunk_words=16, num_keys=8, num_values=4)
+    t = make_task(cfg, seed=2, index=0)
+    key, _ = question_key(t.question)
+    facts = find_facts(t.context)
+    assert len(facts) == 64 and sum(1 for k, _ in facts if k == key) == 1
+    assert {k for k, _ in facts} <= set(KEYS[:8])
+
+
+def test_bad_config_names_the_field():
+    with pytest.raises(ValueError, match="num_chunks"):
+        SyntheticConfig(num_chunks=0)
+    with pytest.raises(ValueError, match="bridge_fraction"):
+        SyntheticConfig(bridge_fraction=2.0)
+
+
+MT = "Q: {problem}\nM: {memory}\nS:{chunk}"
+FT = "Q: {problem}\nM: {memory}\nA:"
+
+
+def test_rule_keeps_recent_facts_regardless_of_question():
+    rule = RecentFactsRule(MT, FT, budget=1, skip_prob=0.0)
+    prompt = "Q: what is Kalo\nM: Kalo is red\nS: the of Miran is blue and"
+    assert rule(prompt) == "Miran is blue"  # overwrites the answer: the rule is question-blind
+    assert rule("Q: what is Kalo\nM: Kalo is red\nS: the of and") == "Kalo is red"
+    assert rule("Q: what is Kalo\nM: No previous memory\nS: the of") == "No previous memory"
+    two = RecentFactsRule(MT, FT, budget=2, skip_prob=0.0)
+    assert two("Q: what is Kalo\nM: Kalo is red\nS: Miran is blue") == "Kalo is red ; Miran is blue"
+
+
+def test_rule_final_answer():
+    rule = RecentFactsRule(MT, FT)
+    assert rule("Q: what is Kalo\nM: Kalo is red\nA:") == "\\boxed{red}"
+    assert rule("Q: what is Kalo\nM: Miran is blue\nA:") == "\\boxed{blue}"
+    assert rule("Q: what is what Kalo is\nM: Kalo is Miran ; Miran is blue\nA:") == "\\boxed{blue}"
+
+
+def test_rule_skip_is_seeded():
+    a = RecentFactsRule(MT, FT, skip_prob=0.5, seed=1)
+    b = RecentFactsRule(MT, FT, skip_prob=0.5, seed=1)
+    p = "Q: what is Kalo\nM: Kalo is red\nS: Miran is blue"
+    assert [a(p) for _ in range(20)] == [b(p) for _ in range(20)]
+    assert len({a(p) for _ in range(50)}) == 2
