@@ -66,6 +66,9 @@ class VLLMConfig:
     max_num_seqs: int = 256
     """Most sequences vLLM batches at once."""
     enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool | None = None
+    """None = vLLM's default, except on CPU, where it is off: vLLM 0.32's CPU runner crashes ("CPU
+    Generator does not use offset") when a seeded request's prefill is split across steps."""
     tensor_parallel_size: int = 1
     logprobs_mode: str = "processed_logprobs"
     """See the module docstring; "processed_logprobs" matches memrl's logprob convention."""
@@ -226,6 +229,13 @@ class VLLMEngine:
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
         )
+        chunked = c.enable_chunked_prefill
+        if chunked is None and self.on_cpu:
+            chunked = False
+        if chunked is not None:
+            kw["enable_chunked_prefill"] = chunked
+            if not chunked:  # every prompt must then fit in one step
+                kw["max_num_batched_tokens"] = max(c.max_model_len or 0, 8192)
         if c.kv_cache_gib is not None:
             kw["kv_cache_memory_bytes"] = int(c.kv_cache_gib * (1 << 30))
         kw.update(c.engine_kwargs)
