@@ -10,10 +10,9 @@ import pytest
 from memrl.data.synthetic import KEYS, find_facts
 from memrl.data.synthetic_lookback import (
     LookbackConfig,
+    LookbackOracle,
     make_lookback_task,
     make_lookback_tasks,
-    oracle_memagent,
-    oracle_rememr1,
 )
 from memrl.testing import ScriptedEngine
 from memrl.workflows import get_workflow
@@ -82,18 +81,18 @@ def test_config_errors_name_the_field():
         LookbackConfig(num_keys=2)
 
 
-def _accuracy(name: str, policy, tasks):
-    wcfg = dict(chunk_tokens=24, max_memory_tokens=64, max_final_tokens=16, temperature=0.0)
+def _accuracy(name: str, tasks, **kw):
+    wcfg = {"chunk_tokens": 24, "max_memory_tokens": 64, "max_final_tokens": 16, "temperature": 0.0, **kw}
     cfg = MemAgentConfig(**wcfg) if name == "memagent" else ReMemR1Config(**wcfg)
-    engine = ScriptedEngine(policy, tokenizer=WordTokenizer())
+    engine = ScriptedEngine(LookbackOracle.for_config(name, cfg), tokenizer=WordTokenizer())
     groups = asyncio.run(rollout(tasks, get_workflow(name), engine, cfg, n=1))
     return [g.trajectories[0] for g in groups]
 
 
 def test_overwriting_memory_drops_the_fact_and_a_callback_recovers_it():
     tasks = make_lookback_tasks(LookbackConfig(num_chunks=8), 60, seed=1)
-    mem = _accuracy("memagent", oracle_memagent, tasks)
-    rem = _accuracy("rememr1", oracle_rememr1, tasks)
+    mem = _accuracy("memagent", tasks)
+    rem = _accuracy("rememr1", tasks)
     # The reference MemAgent keeps the current piece's facts: right exactly when the link follows the
     # answer fact immediately (gap 1), else it guesses a remembered value (rarely right by chance);
     # ReMemR1 recalls the bridge and is always right.
@@ -104,3 +103,21 @@ def test_overwriting_memory_drops_the_fact_and_a_callback_recovers_it():
     far = [(task, t) for task, t in zip(tasks, rem, strict=True) if task.meta["gap"] > 1]
     assert far and all(t.metrics["recalls"] >= 1 and t.metrics["callback_hits"] >= 1 for _, t in far)
     assert all(t.metrics["format_errors"] == 0 for t in rem)
+
+
+def test_oracle_follows_short_templates_and_writes_document_tokens():
+    short = dict(memory_template="Q: {problem}\nR: {recalled_memory}\nM: {memory}\nS:{chunk}",
+                 final_template="Q: {problem}\nR: {recalled_memory}\nM: {memory}\nA:")
+    cfg = LookbackConfig(num_chunks=4, chunk_words=4, num_keys=8, num_values=4, fact_position="start")
+    tasks = make_lookback_tasks(cfg, 40, seed=2)
+    for t in tasks:
+        assert all(p.split()[1] == "is" for p in re.findall(r"(?: \w+){4}", t.context))  # facts open pieces
+        assert t.answers[0] in ("red", "blue", "green", "black")
+    rem = _accuracy("rememr1", tasks, chunk_tokens=4, **short)
+    assert all(t.reward == 1.0 for t in rem)
+    step = next(s for t in rem for s in t.segments if s.info.get("recall_query"))
+    assert step.info["response_text"].endswith(f"</update><recall> {step.info['recall_query']}</recall>")
+    assert step.info["memory"].startswith("- ")  # memory_text keeps " Key" tokens as in the document
+    assert rem[0].segments[-1].info["answer_text"].startswith("\\boxed{ ")
+    with pytest.raises(ValueError, match="matches neither template"):
+        LookbackOracle("rememr1", "X{problem}{recalled_memory}{memory}{chunk}", "Y{problem}{recalled_memory}{memory}")("zzz")
