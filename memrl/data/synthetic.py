@@ -91,6 +91,8 @@ class SyntheticConfig:
     """Keys drawn from the first num_keys of KEYS."""
     num_values: int = len(VALUES)
     """Values drawn from the first num_values of VALUES."""
+    fact_position: str = "random"
+    """Where a piece's facts sit: "random" word positions, or "start" (the piece begins with them)."""
 
     def __post_init__(self) -> None:
         if self.num_chunks < 1:
@@ -103,6 +105,8 @@ class SyntheticConfig:
             raise ValueError(f"SyntheticConfig.bridge_fraction must be in [0, 1], got {self.bridge_fraction}")
         if self.bridge_fraction > 0 and self.num_chunks * self.facts_per_chunk < 2:
             raise ValueError("SyntheticConfig: bridge questions need at least 2 fact slots per document")
+        if self.fact_position not in ("random", "start"):
+            raise ValueError(f"SyntheticConfig.fact_position must be random or start, got {self.fact_position!r}")
         if not 2 <= self.num_values <= len(VALUES):
             raise ValueError(f"SyntheticConfig.num_values must be in [2, {len(VALUES)}], got {self.num_values}")
         if not 4 <= self.num_keys <= len(KEYS):
@@ -111,6 +115,12 @@ class SyntheticConfig:
 
 def fact_text(key: str, value: str) -> str:
     return f"{key} is {value}"
+
+
+def memory_text(facts: list[tuple[str, str]]) -> str:
+    """A memory holding `facts`: "- Kalo is red ; Miran is blue". The leading "- " makes every word
+    the same token (" Kalo") as in the document, so writing a memory is copying tokens."""
+    return "- " + " ; ".join(fact_text(k, v) for k, v in facts)
 
 
 _FACT = re.compile(r"\b([A-Z][a-z]+) is ([A-Za-z]+)\b")
@@ -166,7 +176,10 @@ def make_task(cfg: SyntheticConfig, seed: int, index: int) -> Task:
         n_filler = cfg.chunk_words - 3 * len(these)
         words = [rng.choice(FILLER) for _ in range(n_filler)]
         # Insert facts at distinct filler positions, left to right.
-        spots = sorted(rng.sample(range(n_filler + 1), k=len(these)))
+        if cfg.fact_position == "start":
+            spots = [0] * len(these)
+        else:
+            spots = sorted(rng.sample(range(n_filler + 1), k=len(these)))
         for off, (spot, (k, v)) in enumerate(zip(spots, these, strict=True)):
             words[spot + 3 * off : spot + 3 * off] = [k, "is", v]
             if (k, v) in planted:
@@ -208,13 +221,13 @@ def corpus_text(num_docs: int = 400, seed: int = 0, extra: tuple[str, ...] = ())
         parts.append(t.context)
         parts.append(t.question)
         k, v = rng.choice(KEYS), rng.choice(VALUES)
-        parts.append(f"{k} is {v}\n\\boxed{{{v}}}\nNo previous memory")
+        parts.append(f"{memory_text([(k, v)])}\n\\boxed{{ {v}}}\nNo previous memory")
     # Every word at least a few times, both with and without a leading space.
     for _ in range(20):
         parts.append(" ".join(KEYS) + "\n" + "\n".join(KEYS))
         parts.append(" ".join(VALUES) + "\n" + "\n".join(VALUES))
         parts.append(" ".join(FILLER) + "\n" + "\n".join(FILLER))
-        parts.append("\n".join(f"\\boxed{{{v}}}" for v in VALUES))
+        parts.append("\n".join(f"\\boxed{{ {v}}}" for v in VALUES))
     return "\n".join(parts)
 
 
@@ -259,7 +272,7 @@ class RecentFactsRule:
             old = find_facts(m.group("memory"))
             new = find_facts(m.group("chunk"))
             facts = old if (new and self._rng.random() < self.skip_prob) else (old + new)[-self.budget :]
-            return " ; ".join(fact_text(k, v) for k, v in facts) if facts else self.no_memory_text
+            return memory_text(facts) if facts else self.no_memory_text
         f = self._fin.search(prompt_text)
         if not f:
             raise ValueError(f"RecentFactsRule: prompt matches neither template: {prompt_text[:200]!r}")
@@ -274,4 +287,5 @@ class RecentFactsRule:
             answer = table.get(answer)
         if answer is None:
             answer = facts[-1][1] if facts else VALUES[0]
-        return f"\\boxed{{{answer}}}"
+        # "{ red}" keeps the value the same token (" red") as in the document; the box strips spaces.
+        return f"\\boxed{{ {answer}}}"

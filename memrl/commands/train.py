@@ -1,0 +1,40 @@
+"""RL training with dotted config overrides (typed: memrl.training.config.TrainConfig).
+
+  memrl train --preset demo_cpu model.path=runs/demo/sft out_dir=runs/rl algorithm.n=8
+  memrl train --preset memagent_grpo model.path=/models/qwen2.5-7b-instruct data.name=file data.path=train.parquet
+  memrl train ... --resume          # continue from out_dir/checkpoints/latest, exactly
+
+Overrides: `section.key=value`; `workflow=memagent` / `algorithm=grpo` select by name; workflow
+settings go under `workflow.options.<field>` and are checked against the workflow's config class.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
+    parser.add_argument("--preset", default=None, help="preset name (memrl/configs/<name>.yaml) or YAML path")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in out_dir")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def run(args: argparse.Namespace) -> int:
+    from memrl.config import load_config, to_yaml
+    from memrl.training.config import TrainConfig
+    from memrl.training.trainer import Trainer, validate
+
+    cfg = load_config(TrainConfig, args.overrides, preset=args.preset)
+    validate(cfg)
+    if args.print_config:
+        print(to_yaml(cfg), end="")
+        return 0
+    trainer = Trainer(cfg, resume=args.resume)  # fails here, before any model loads, on a bad out_dir
+    history = trainer.fit()
+    if history:
+        last = history[-1]
+        print(f"trained to step {trainer.step}: reward {last.get('reward/mean', float('nan')):.3f}; "
+              f"checkpoints in {trainer.ckpt_root}")
+    return 0

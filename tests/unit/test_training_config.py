@@ -1,0 +1,61 @@
+"""Training config: overrides, presets, and bad input failing with the offending name."""
+
+from __future__ import annotations
+
+import pytest
+
+from memrl.cli import main
+from memrl.config import ConfigError, load_config
+from memrl.training.config import TrainConfig
+from memrl.training.trainer import Trainer, validate, workflow_config
+
+
+def test_presets_load_and_overrides_apply():
+    cfg = load_config(TrainConfig, ["workflow=memagent", "algorithm=grpo", "algorithm.n=8",
+                                    "workflow.options.chunk_tokens=1000"], preset="memagent_grpo")
+    assert cfg.algorithm.n == 8 and cfg.algorithm.kl_coef == 0.001 and cfg.optim.lr == 1e-6
+    assert cfg.trainer.batch_size == 128 and cfg.workflow.options["chunk_tokens"] == 1000
+    _, wf = workflow_config(cfg)
+    assert wf.chunk_tokens == 1000 and wf.max_chunks == 8 and wf.max_memory_tokens == 1024
+    demo = load_config(TrainConfig, ["model.path=x"], preset="demo_cpu")
+    validate(demo)
+    assert demo.engine.name == "local" and demo.data.synthetic.num_chunks == 4
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ConfigError, match="algorithm.nn"):
+        load_config(TrainConfig, ["algorithm.nn=8"])
+
+
+def test_wrong_type_is_named():
+    with pytest.raises(ConfigError, match="algorithm.n"):
+        load_config(TrainConfig, ["algorithm.n=eight"])
+
+
+def test_unknown_workflow_option_is_named():
+    cfg = load_config(TrainConfig, ["model.path=x", "workflow.options.chunk_tokenz=3"])
+    with pytest.raises(ConfigError, match="workflow.options.chunk_tokenz"):
+        validate(cfg)
+    cfg = load_config(TrainConfig, ["model.path=x", "workflow.options.chunk_tokens=many"])
+    with pytest.raises(ConfigError, match="workflow.options"):
+        validate(cfg)
+
+
+def test_bad_enum_values_are_named():
+    for ov, name in [("algorithm.loss_agg=mean", "algorithm.loss_agg"), ("algorithm.name=ppo2", "algorithm.name"),
+                     ("workflow=nope", "workflow.name")]:
+        with pytest.raises(ConfigError, match=name):
+            validate(load_config(TrainConfig, ["model.path=x", ov]))
+
+
+def test_unwritable_out_dir_fails_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cfg = load_config(TrainConfig, ["model.path=/does/not/exist", f"out_dir={blocker}/run"])
+    with pytest.raises(PermissionError, match="not writable"):
+        Trainer(cfg)  # before loading the (missing) model
+
+
+def test_cli_reports_bad_override(capsys):
+    assert main(["train", "model.path=x", "algorithm.clip_low=wide"]) == 1
+    assert "algorithm.clip_low" in capsys.readouterr().err
