@@ -34,6 +34,7 @@ def _docs(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from memrl.data.longctx import DEFAULT_DOC_COUNTS, TRAIN_NUM_DOCS
 
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     sub = parser.add_subparsers(dest="data_command", metavar="ACTION", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
