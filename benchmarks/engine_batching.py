@@ -65,7 +65,7 @@ async def measure(engine, spec, cfg, tasks, concurrency: int) -> Row:
     segs = [s for g in groups for s in g.segments()]
     st = engine.stats
     return Row(concurrency, len(tasks), len(segs), sum(len(s.response_ids) for s in segs),
-               sum(len(s.prompt_ids) for s in segs), wall, st.forward_calls, st.mean_decode_batch,
+               sum(len(s.prompt_ids) for s in segs), wall, st.forward_calls, st.mean_batch_size,
                st.max_batch_size)
 
 

@@ -66,7 +66,7 @@ class EngineStats:
         return max(self.batch_sizes, default=0)
 
     @property
-    def mean_decode_batch(self) -> float:
+    def mean_batch_size(self) -> float:
         """Average rows per forward pass, weighted by passes."""
         n = sum(self.batch_sizes.values())
         return sum(b * c for b, c in self.batch_sizes.items()) / n if n else 0.0
