@@ -29,6 +29,9 @@ HERE = Path(__file__).parent
 ENGINE_KW = dict(dtype="float32", max_model_len=4096, enforce_eager=True, kv_cache_gib=0.5, seed=0)
 
 
+_NEEDS_SERVER: list[bool] = [False]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     ok = vllm_available()
     for item in items:
@@ -36,6 +39,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.vllm)
             if not ok:
                 item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+            elif "vllm_server" in getattr(item, "fixturenames", ()):
+                _NEEDS_SERVER[0] = True
+    # Server tests last, so the server boots while the in-process tests run.
+    items.sort(key=lambda it: "vllm_server" in getattr(it, "fixturenames", ()))
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +79,7 @@ def free_port() -> int:
 class VLLMServer:
     """A `python -m vllm.entrypoints.openai.api_server` child process on 127.0.0.1."""
 
-    def __init__(self, model: Path, log_path: Path, startup_timeout_s: float = 240.0) -> None:
+    def __init__(self, model: Path, log_path: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -88,9 +95,9 @@ class VLLMServer:
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # enables /collective_rpc for weight reloads
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        self._wait_healthy(startup_timeout_s)
 
-    def _wait_healthy(self, timeout_s: float) -> None:
+    def wait_healthy(self, timeout_s: float = 300.0) -> None:
+        """Poll /health; on exit or timeout stop the server and raise with its log tail."""
         import urllib.error
         import urllib.request
 
@@ -126,8 +133,21 @@ class VLLMServer:
         self._log.close()
 
 
-@pytest.fixture(scope="session")
-def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    server = VLLMServer(tiny_model, tmp_path_factory.mktemp("vllm-server") / "server.log")
+@pytest.fixture(scope="session", autouse=True)
+def _early_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer | None]:
+    """Launch the server at session start when a selected test needs it: it boots while other tests run."""
+    if not _NEEDS_SERVER[0]:
+        yield None
+        return
+    from memrl.models.tiny import cached_tiny_model
+
+    server = VLLMServer(cached_tiny_model("tiny"), tmp_path_factory.mktemp("vllm-server") / "server.log")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(_early_server: VLLMServer | None) -> VLLMServer:
+    assert _early_server is not None, "vllm_server requested but not launched at collection"
+    _early_server.wait_healthy()
+    return _early_server
