@@ -28,13 +28,13 @@ log = logging.getLogger(__name__)
 class DemoSFT:
     """Cold start: demonstrations from `RecentFactsRule` (question-blind: keep the newest fact)."""
 
-    num_tasks: int = 800
+    num_tasks: int = 2000
     """Training tasks to record demonstrations on (each gives num_chunks + 1 rows)."""
     budget: int = 1
     """Facts the demonstrated memory keeps."""
     skip_prob: float = 0.25
     """Chance the demonstrator ignores a section's fact (a question-blind coin flip)."""
-    epochs: int = 1
+    epochs: int = 2
     lr: float = 3e-3
     batch_rows: int = 32
     warmup_steps: int = 20
@@ -44,7 +44,7 @@ class DemoSFT:
 class DemoEval:
     """Held-out evaluation: fixed protocol, greedy decoding, seeds never used in training."""
 
-    num_tasks: int = 200
+    num_tasks: int = 256
     """Tasks per length."""
     multipliers: list[int] = field(default_factory=lambda: [1, 4, 16])
     """Lengths evaluated, as multiples of the training length (in chunks)."""
@@ -56,8 +56,15 @@ class DemoEval:
 class DemoConfig:
     """`memrl demo` settings; the RL settings are the `demo_cpu` training preset (+ train.* overrides)."""
 
-    model_preset: str = "tiny"
+    model_preset: str = "micro"
+    """"micro" (the shape below, ~0.8M parameters: learns to copy facts within the CPU budget) or a
+    memrl.models.tiny preset ("tiny" ~3M, "small" ~24M)."""
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
     vocab_size: int = 2048
+    """BPE target; the trained vocabulary stops earlier when the corpus runs out of merges."""
     seed: int = 0
     sft_seed: int = 500
     """Seed of the SFT demonstration tasks."""
@@ -188,7 +195,21 @@ def _init_model(cfg: DemoConfig, tcfg: Any, out: Path) -> tuple[Any, Any, Any]:
     corpus = out / "tokenizer_corpus.txt"
     corpus.write_text(corpus_text(seed=cfg.seed, extra=tuple(filled * 50)), encoding="utf-8")
     init_dir = out / "init"
-    init_tiny_model(init_dir, preset=cfg.model_preset, corpus=[corpus], seed=cfg.seed, vocab_size=cfg.vocab_size)
+    if cfg.model_preset == "micro":
+        import torch
+        from transformers import Qwen2ForCausalLM
+
+        from memrl.models.tiny import ModelPreset, qwen2_config, train_tokenizer
+
+        tok = train_tokenizer([corpus], cfg.vocab_size, cfg.seed)
+        tok.save_pretrained(init_dir)
+        shape = ModelPreset(cfg.vocab_size, cfg.hidden_size, 2 * cfg.hidden_size, cfg.num_layers, cfg.num_heads,
+                            cfg.num_kv_heads, max_position_embeddings=4096)
+        torch.manual_seed(cfg.seed)
+        Qwen2ForCausalLM(qwen2_config(shape, len(tok), tok.eos_token_id, tok.pad_token_id)).save_pretrained(init_dir)
+    else:
+        init_tiny_model(init_dir, preset=cfg.model_preset, corpus=[corpus], seed=cfg.seed,
+                        vocab_size=cfg.vocab_size)
     tokenizer = AutoTokenizer.from_pretrained(init_dir)
     model = AutoModelForCausalLM.from_pretrained(init_dir)
     syn = tcfg.data.synthetic
