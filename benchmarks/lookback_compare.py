@@ -103,8 +103,11 @@ def stage_sft(out: Path, model_dir: Path, args) -> Path:
         eng = ScriptedEngine(LookbackOracle.for_config(wf, c), tokenizer=tok)
         groups = asyncio.run(rollout(tasks, get_workflow(wf), eng, c, n=1))
         acc = sum(g.rewards[0] for g in groups) / len(groups)
-        segs += [x for g in groups for x in g.segments()]
-        print(f"sft traces {wf}: {sum(len(g.segments()) for g in groups)} rows, demonstrator accuracy {acc:.3f}")
+        rows = [x for g in groups for x in g.segments()]
+        # Recalls are rare steps (~6% of the demonstrations); repeat them so the cold start learns them.
+        rows += [x for x in rows if x.info.get("recall_query")] * (args.oversample_recall - 1)
+        segs += rows
+        print(f"sft traces {wf}: {len(rows)} rows, demonstrator accuracy {acc:.3f}")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     t0 = time.time()
 
@@ -211,7 +214,8 @@ def main() -> int:
     p.add_argument("--lengths", type=int, nargs="+", default=[2, 4, 8, 16])
     p.add_argument("--train-tasks", type=int, default=2000)
     p.add_argument("--sft-tasks", type=int, default=500)
-    p.add_argument("--sft-epochs", type=int, default=1)
+    p.add_argument("--sft-epochs", type=int, default=2)
+    p.add_argument("--oversample-recall", type=int, default=1, help="repeat demonstrated recall steps k times")
     p.add_argument("--rl-steps", type=int, default=12)
     p.add_argument("--eval-n", type=int, default=48)
     p.add_argument("--stage", choices=["all", "prep", "rl-memagent", "rl-rememr1", "eval", "report"], default="all")

@@ -322,6 +322,7 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
             "answer_text": answer_text,
             "memories": [m for _, m in history],
             "step_reward_weights": [cfg.format_weight, cfg.memory_weight, cfg.callback_weight],
+            "update_tag": cfg.update_tag,
         },
     )
 
@@ -337,8 +338,10 @@ def assign_step_rewards(task: Task, traj: Trajectory, cfg: ReMemR1Config | None 
     """
     if cfg is not None:
         wf, wm, wc = cfg.format_weight, cfg.memory_weight, cfg.callback_weight
+        tag = cfg.update_tag
     else:
         wf, wm, wc = traj.info.get("step_reward_weights", (1.0, 1.0, 1.0))
+        tag = traj.info.get("update_tag", "update")
     out = []
     for seg in traj.segments:
         info = seg.info
@@ -348,8 +351,12 @@ def assign_step_rewards(task: Task, traj: Trajectory, cfg: ReMemR1Config | None 
                 f"trajectory {traj.trajectory_id or traj.task_id}: segment {seg.step} has no "
                 "info['response_text']; step rewards need a ReMemR1 trajectory"
             )
+        response = info["response_text"]
+        if tag != "update" and not final:
+            # memrl.rewards.steps.format_reward only knows <update>: present a renamed tag under that name.
+            response = response.replace(f"<{tag}>", "<update>").replace(f"</{tag}>", "</update>")
         r = step_rewards_lib.step_reward(
-            info["response_text"],
+            response,
             task.answers,
             final=final,
             new_memory=None if final else info["memory"],

@@ -230,3 +230,12 @@ def test_empty_context_answers_with_no_recall():
     traj = run_one(task, engine, cfg())
     assert engine.calls[0].prompt_text == user(f"P:Q?|R:{NO_RECALL}|M:No previous memory|answer:")
     assert traj.metrics["recall_rate"] == 0.0 and len(traj.segments) == 1
+
+
+def test_renamed_update_tag_still_earns_the_format_reward():
+    task = Task("t1", "Q?", "abcd", ["red"])
+    engine = ScriptedEngine(["<mem>red</mem>", r"\boxed{red}"])
+    spec = get_workflow("rememr1")
+    groups = asyncio.run(rollout([task], spec, engine, cfg(update_tag="mem"), n=1))
+    # step 0: format 1 + gain (1 - 0) = 2.0; final: format 1
+    assert [s.step_reward for s in groups[0].trajectories[0].segments] == pytest.approx([2.0, 1.0])
