@@ -28,12 +28,13 @@ log = logging.getLogger(__name__)
 class DemoSFT:
     """Cold start: demonstrations from `RecentFactsRule` (question-blind: keep the newest fact)."""
 
-    num_tasks: int = 2000
+    num_tasks: int = 3000
     """Training tasks to record demonstrations on (each gives num_chunks + 1 rows)."""
     budget: int = 1
     """Facts the demonstrated memory keeps."""
-    skip_prob: float = 0.25
-    """Chance the demonstrator ignores a section's fact (a question-blind coin flip)."""
+    skip_prob: float = 0.4
+    """Chance the demonstrator ignores a section's fact (a question-blind coin flip; < 0.5 so the
+    demonstrated majority action is "keep the newest fact", while sampling still explores keeping)."""
     epochs: int = 2
     lr: float = 3e-3
     batch_rows: int = 32
@@ -292,7 +293,9 @@ def _plots(out: Path, sft: dict[int, dict[str, float]], rl: dict[int, dict[str, 
     ax.plot(xs, [sft[n]["accuracy"] for n in sft], "o-", label="SFT (cold start)")
     ax.plot(xs, [rl[n]["accuracy"] for n in rl], "s-", label="SFT + RL (GRPO)")
     ax.set_xscale("log")
-    ax.set_xlabel("document length (tokens)")
+    ax.minorticks_off()
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("document length (tokens, log scale)")
     ax.set_ylabel("held-out accuracy (%)")
     ax.set_ylim(0, 100)
     ax.legend()

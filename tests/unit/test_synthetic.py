@@ -51,6 +51,13 @@ def test_bridge_question_needs_two_facts():
     assert table[table[key]] == t.answers[0]
 
 
+def test_facts_can_open_every_piece():
+    cfg = SyntheticConfig(num_chunks=3, chunk_words=8, fact_position="start")
+    words = make_task(cfg, seed=0, index=0).context.split()
+    for c in range(3):
+        assert words[8 * c + 1] == "is"
+
+
 def test_small_key_set_repeats_only_distractors():
     cfg = SyntheticConfig(num_chunks=64, chunk_words=16, num_keys=8, num_values=4)
     t = make_task(cfg, seed=2, index=0)
@@ -74,18 +81,18 @@ FT = "Q: {problem}\nM: {memory}\nA:"
 def test_rule_keeps_recent_facts_regardless_of_question():
     rule = RecentFactsRule(MT, FT, budget=1, skip_prob=0.0)
     prompt = "Q: what is Kalo\nM: Kalo is red\nS: the of Miran is blue and"
-    assert rule(prompt) == "Miran is blue"  # overwrites the answer: the rule is question-blind
-    assert rule("Q: what is Kalo\nM: Kalo is red\nS: the of and") == "Kalo is red"
+    assert rule(prompt) == "- Miran is blue"  # overwrites the answer: the rule is question-blind
+    assert rule("Q: what is Kalo\nM: - Kalo is red\nS: the of and") == "- Kalo is red"
     assert rule("Q: what is Kalo\nM: No previous memory\nS: the of") == "No previous memory"
     two = RecentFactsRule(MT, FT, budget=2, skip_prob=0.0)
-    assert two("Q: what is Kalo\nM: Kalo is red\nS: Miran is blue") == "Kalo is red ; Miran is blue"
+    assert two("Q: what is Kalo\nM: - Kalo is red\nS: Miran is blue") == "- Kalo is red ; Miran is blue"
 
 
 def test_rule_final_answer():
     rule = RecentFactsRule(MT, FT)
-    assert rule("Q: what is Kalo\nM: Kalo is red\nA:") == "\\boxed{red}"
-    assert rule("Q: what is Kalo\nM: Miran is blue\nA:") == "\\boxed{blue}"
-    assert rule("Q: what is what Kalo is\nM: Kalo is Miran ; Miran is blue\nA:") == "\\boxed{blue}"
+    assert rule("Q: what is Kalo\nM: - Kalo is red\nA:") == "\\boxed{ red}"
+    assert rule("Q: what is Kalo\nM: - Miran is blue\nA:") == "\\boxed{ blue}"
+    assert rule("Q: what is what Kalo is\nM: - Kalo is Miran ; Miran is blue\nA:") == "\\boxed{ blue}"
 
 
 def test_rule_skip_is_seeded():
