@@ -57,8 +57,14 @@ def workflow_config(cfg: TrainConfig) -> tuple[Any, Any]:
     except KeyError as e:
         raise ConfigError(f"workflow.name: {e.args[0]}") from e
     options = dict(cfg.workflow.options)
-    if "temperature" in {f for f in getattr(spec.config_cls, "__dataclass_fields__", {})}:
-        options.setdefault("temperature", cfg.algorithm.temperature)
+    if "temperature" in getattr(spec.config_cls, "__dataclass_fields__", {}):
+        # The trainer recomputes logprobs at algorithm.temperature; sampling must use the same T.
+        t = options.setdefault("temperature", cfg.algorithm.temperature)
+        if float(t) != float(cfg.algorithm.temperature):
+            raise ConfigError(
+                f"workflow.options.temperature={t} differs from algorithm.temperature="
+                f"{cfg.algorithm.temperature}; logprobs must be recomputed at the sampling temperature"
+            )
     wf = section_from_dict(spec.config_cls, options, "workflow.options")
     return spec, wf
 

@@ -41,6 +41,14 @@ def test_unknown_workflow_option_is_named():
         validate(cfg)
 
 
+def test_sampling_and_training_temperature_must_agree():
+    cfg = load_config(TrainConfig, ["model.path=x", "workflow.options.temperature=0.7"])
+    with pytest.raises(ConfigError, match="algorithm.temperature"):
+        validate(cfg)
+    cfg = load_config(TrainConfig, ["model.path=x", "algorithm.temperature=0.7"])
+    assert workflow_config(cfg)[1].temperature == 0.7
+
+
 def test_bad_enum_values_are_named():
     for ov, name in [("algorithm.loss_agg=mean", "algorithm.loss_agg"), ("algorithm.name=ppo2", "algorithm.name"),
                      ("workflow=nope", "workflow.name")]:
