@@ -86,7 +86,7 @@ def test_accumulated_loss_and_grads_equal_unsplit(mode):
             part = ppo_micro_loss(model, collate([rows[i] for i in idx]), 0.7, "ppo", kw)
             part.loss.backward()
             total += float(part.loss.detach())
-        assert total == pytest.approx(float(ref_loss), rel=1e-5, abs=1e-7), (mode, budget, len(batches))
+        assert total == pytest.approx(float(ref_loss.detach()), rel=1e-5, abs=1e-7), (mode, budget, len(batches))
         for g, r in zip(_grads(model), ref_grads, strict=True):
             torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
 
