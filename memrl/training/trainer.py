@@ -275,6 +275,11 @@ class Trainer:
                     self.save()
         finally:
             logger.close()
+            close = getattr(self.engine, "close", None)
+            if close is not None:
+                import asyncio
+
+                asyncio.run(close())
         return history
 
     def train_step(self) -> dict[str, float]:
