@@ -35,6 +35,10 @@ class DemoSFT:
     skip_prob: float = 0.4
     """Chance the demonstrator ignores a section's fact (a question-blind coin flip; < 0.5 so the
     demonstrated majority action is "keep the newest fact", while sampling still explores keeping)."""
+    unanswerable_text: str | None = None
+    """What the demonstrated final answer boxes when the memory holds no fact about the question's key,
+    e.g. "unknown" (null = guess the memory fact's value). Off: with "unknown" the micro model's cold start
+    collapsed to always answering it (0% held-out, docs/demo.md)."""
     epochs: int = 2
     lr: float = 3e-3
     batch_rows: int = 32
@@ -193,6 +197,8 @@ def _init_model(cfg: DemoConfig, tcfg: Any, out: Path) -> tuple[Any, Any, Any]:
     mem_tpl, fin_tpl = wf_cfg.templates()
     filled = [mem_tpl.render(problem="what is Kalo", memory=wf_cfg.no_memory_text, chunk=" the"),
               fin_tpl.render(problem="what is Kalo", memory="Kalo is red")]
+    if cfg.sft.unanswerable_text:
+        filled.append(f"\\boxed{{ {cfg.sft.unanswerable_text}}}")
     corpus = out / "tokenizer_corpus.txt"
     corpus.write_text(corpus_text(seed=cfg.seed, extra=tuple(filled * 50)), encoding="utf-8")
     init_dir = out / "init"
@@ -235,7 +241,8 @@ def _sft(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, ou
 
     mem_tpl, fin_tpl = wf_cfg.templates()
     rule = RecentFactsRule(mem_tpl.text, fin_tpl.text, budget=cfg.sft.budget, skip_prob=cfg.sft.skip_prob,
-                           no_memory_text=wf_cfg.no_memory_text, seed=cfg.seed)
+                           no_memory_text=wf_cfg.no_memory_text, seed=cfg.seed,
+                           unanswerable_text=cfg.sft.unanswerable_text or None)
     tasks = make_tasks(tcfg.data.synthetic, cfg.sft.num_tasks, seed=cfg.sft_seed)
     groups = rollout_sync(tasks, get_workflow("memagent"), ScriptedEngine(rule, tokenizer=tokenizer), wf_cfg, n=1)
     segments = [s for g in groups for s in g.segments()]

@@ -250,8 +250,10 @@ class RecentFactsRule:
     Memory step: keep the `budget` most recent facts of (old memory + this section), regardless of the
     question; with probability `skip_prob` ignore the section's facts and keep the old memory (so the
     demonstrated policy is stochastic and question-blind). Final step: `\\boxed{value}` of the memory
-    fact that answers the question (following a bridge link when both facts are there), else the value
-    of the last fact in memory. Call it as a `memrl.testing.ScriptedEngine` script.
+    fact that answers the question (following a bridge link when both facts are there), else
+    `\\boxed{unanswerable_text}` (or, when that is None, the value of the last fact in memory: a blind
+    guess). Reading the answer from memory is part of the format; what to keep is not. Call it as a
+    `memrl.testing.ScriptedEngine` script.
     """
 
     memory_template: str
@@ -260,6 +262,8 @@ class RecentFactsRule:
     skip_prob: float = 0.25
     no_memory_text: str = "No previous memory"
     seed: int = 0
+    unanswerable_text: str | None = None
+    """Boxed when no memory fact answers the question (e.g. "unknown"); None guesses the last fact's value."""
 
     def __post_init__(self) -> None:
         self._mem = _template_regex(self.memory_template, ("problem", "memory", "chunk"))
@@ -285,6 +289,8 @@ class RecentFactsRule:
         answer = table.get(key)
         if answer is not None and hops == 2:
             answer = table.get(answer)
+        if answer is None and self.unanswerable_text is not None:
+            answer = self.unanswerable_text
         if answer is None:
             answer = facts[-1][1] if facts else VALUES[0]
         # "{ red}" keeps the value the same token (" red") as in the document; the box strips spaces.

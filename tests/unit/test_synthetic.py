@@ -95,6 +95,15 @@ def test_rule_final_answer():
     assert rule("Q: what is what Kalo is\nM: - Kalo is Miran ; Miran is blue\nA:") == "\\boxed{ blue}"
 
 
+def test_rule_says_unknown_when_memory_does_not_answer():
+    rule = RecentFactsRule(MT, FT, unanswerable_text="unknown")
+    assert rule("Q: what is Kalo\nM: - Kalo is red\nA:") == "\\boxed{ red}"
+    assert rule("Q: what is Kalo\nM: - Miran is blue\nA:") == "\\boxed{ unknown}"
+    assert rule("Q: what is Kalo\nM: No previous memory\nA:") == "\\boxed{ unknown}"
+    # a bridge whose second hop is missing is unanswerable too
+    assert rule("Q: what is what Kalo is\nM: - Kalo is Miran\nA:") == "\\boxed{ unknown}"
+
+
 def test_rule_skip_is_seeded():
     a = RecentFactsRule(MT, FT, skip_prob=0.5, seed=1)
     b = RecentFactsRule(MT, FT, skip_prob=0.5, seed=1)
