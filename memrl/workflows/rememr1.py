@@ -320,7 +320,10 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
         metrics=metrics,
         info={
             "answer_text": answer_text,
-            "memories": [m for _, m in history],
+            # One memory per memory call, as MemAgent's (the eval JSONL's memory_trace); the recall
+            # candidates leave out placeholder memories, so they can be fewer.
+            "memories": [s.info["memory"] for s in segments if s.info.get("kind") == "memory"],
+            "recall_candidates": [m for _, m in history],
             "step_reward_weights": [cfg.format_weight, cfg.memory_weight, cfg.callback_weight],
             "update_tag": cfg.update_tag,
         },

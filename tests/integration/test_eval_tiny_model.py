@@ -106,3 +106,22 @@ def test_killed_then_restarted_run_gives_the_same_table(setup):
     sa, sb = summarize(a, "x")[0], summarize(b, "x")[0]
     assert (sa.em, sa.accuracy, sa.f1) == (sb.em, sb.accuracy, sb.f1)
     assert json.loads((resumed / "eval_config.json").read_text())["workflow"] == "memagent"
+
+
+def test_rememr1_evaluates_the_real_set_and_counts_garbage(setup):
+    root, model, _ = setup
+    out = root / "rememr1"
+    rc = main(["eval", "--model", str(model), "--out", str(out), "--no-progress", "--name", "r1",
+               str(root / "data" / "eval_50.json"), "workflow=rememr1", *OVERRIDES])
+    assert rc == 0
+    rows = read_results(out / RESULTS_FILE)
+    assert len(rows) == 20
+    for r in rows:
+        assert r["num_docs"] == 50 and r["model_calls"] == 3 and len(r["memory_trace"]) == 2
+        m = r["metrics"]
+        # a random model writes no tags within 4 tokens: every memory step is a counted format error
+        assert m["missing_update"] + m["unclosed_update"] + m["empty_update"] == m["format_errors"] == 2
+        assert m["recalls"] == m["recall_rate"] == 0
+    assert json.loads((out / "eval_config.json").read_text())["workflow"] == "rememr1"
+    [row] = _table(out / "summary.csv")
+    assert row["run"] == "r1" and int(row["questions"]) == 20

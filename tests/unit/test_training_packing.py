@@ -99,7 +99,7 @@ def test_sft_loss_is_token_mean_nll():
     lp, _ = token_logprobs(model, mb)
     expected = -(lp * mb.loss_mask).sum() / mb.loss_mask.sum()
     split = sum(float(sft_micro_loss(model, collate([rows[i] for i in idx])).loss.detach()) for idx in pack_rows(rows, 30))
-    assert split == pytest.approx(float(expected), rel=1e-5)
+    assert split == pytest.approx(float(expected.detach()), rel=1e-5)
 
 
 def test_logprobs_follow_the_temperature_convention():
