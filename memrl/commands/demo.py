@@ -231,8 +231,11 @@ def _init_model(cfg: DemoConfig, tcfg: Any, out: Path) -> tuple[Any, Any, Any]:
     return tokenizer, model, wf_cfg
 
 
-def _sft(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, out: Path) -> list[float]:
-    from memrl.data.synthetic import RecentFactsRule, make_tasks
+def _sft(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, out: Path,
+         question_aware: bool = False) -> list[float]:
+    """Cold start on the question-blind rule's traces (`question_aware`: on the optimal policy's
+    instead, which only benchmarks/demo_ceiling.py uses, to measure what the model can represent)."""
+    from memrl.data.synthetic import QuestionAwareRule, RecentFactsRule, make_tasks
     from memrl.testing import ScriptedEngine
     from memrl.training.logging import MetricsLogger
     from memrl.training.sft import SFTConfig, sft_train
@@ -240,9 +243,10 @@ def _sft(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, ou
     from memrl.workflows.runner import rollout_sync
 
     mem_tpl, fin_tpl = wf_cfg.templates()
-    rule = RecentFactsRule(mem_tpl.text, fin_tpl.text, budget=cfg.sft.budget, skip_prob=cfg.sft.skip_prob,
-                           no_memory_text=wf_cfg.no_memory_text, seed=cfg.seed,
-                           unanswerable_text=cfg.sft.unanswerable_text or None)
+    rule_cls = QuestionAwareRule if question_aware else RecentFactsRule
+    rule = rule_cls(mem_tpl.text, fin_tpl.text, budget=cfg.sft.budget, skip_prob=cfg.sft.skip_prob,
+                    no_memory_text=wf_cfg.no_memory_text, seed=cfg.seed,
+                    unanswerable_text=cfg.sft.unanswerable_text or None, fact_sep=tcfg.data.synthetic.fact_sep)
     tasks = make_tasks(tcfg.data.synthetic, cfg.sft.num_tasks, seed=cfg.sft_seed)
     groups = rollout_sync(tasks, get_workflow("memagent"), ScriptedEngine(rule, tokenizer=tokenizer), wf_cfg, n=1)
     segments = [s for g in groups for s in g.segments()]

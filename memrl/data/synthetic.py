@@ -73,6 +73,7 @@ def make_keys(n: int = 256, seed: int = 12345) -> tuple[str, ...]:
 
 
 KEYS: tuple[str, ...] = make_keys()
+_KEY_SET = frozenset(KEYS)
 
 
 @dataclass
@@ -93,11 +94,18 @@ class SyntheticConfig:
     """Values drawn from the first num_values of VALUES."""
     fact_position: str = "random"
     """Where a piece's facts sit: "random" word positions, or "start" (the piece begins with them)."""
+    fact_sep: str | None = "is"
+    """Word between a fact's key and value ("Kalo is red"); null writes "Kalo red", so the value is the
+    token right after its key (a one-step induction copy, easier for tiny models)."""
+
+    @property
+    def fact_words(self) -> int:
+        return 3 if self.fact_sep else 2
 
     def __post_init__(self) -> None:
         if self.num_chunks < 1:
             raise ValueError(f"SyntheticConfig.num_chunks must be >= 1, got {self.num_chunks}")
-        if self.facts_per_chunk < 1 or 4 * self.facts_per_chunk > self.chunk_words:
+        if self.facts_per_chunk < 1 or (self.fact_words + 1) * self.facts_per_chunk > self.chunk_words:
             raise ValueError(
                 f"SyntheticConfig.facts_per_chunk must be in [1, chunk_words/4], got {self.facts_per_chunk}"
             )
@@ -113,22 +121,28 @@ class SyntheticConfig:
             raise ValueError(f"SyntheticConfig.num_keys must be in [4, {len(KEYS)}], got {self.num_keys}")
 
 
-def fact_text(key: str, value: str) -> str:
-    return f"{key} is {value}"
+def fact_text(key: str, value: str, sep: str | None = "is") -> str:
+    return f"{key} {sep} {value}" if sep else f"{key} {value}"
 
 
-def memory_text(facts: list[tuple[str, str]]) -> str:
+def memory_text(facts: list[tuple[str, str]], sep: str | None = "is") -> str:
     """A memory holding `facts`: "- Kalo is red ; Miran is blue". The leading "- " makes every word
     the same token (" Kalo") as in the document, so writing a memory is copying tokens."""
-    return "- " + " ; ".join(fact_text(k, v) for k, v in facts)
+    return "- " + " ; ".join(fact_text(k, v, sep) for k, v in facts)
 
 
 _FACT = re.compile(r"\b([A-Z][a-z]+) is ([A-Za-z]+)\b")
+_FACT_NO_SEP = re.compile(r"\b([A-Z][a-z]+) ([A-Za-z]+)\b")
 
 
-def find_facts(text: str) -> list[tuple[str, str]]:
-    """(key, value) of every fact "<Key> is <value>" in `text`, in order of appearance."""
-    return _FACT.findall(text)
+def find_facts(text: str, sep: str | None = "is") -> list[tuple[str, str]]:
+    """(key, value) of every fact "<Key> <sep> <value>" in `text`, in order of appearance."""
+    if sep is None or sep == "":
+        # Without the separator only the key set tells a fact from text ("No previous memory").
+        return [(k, v) for k, v in _FACT_NO_SEP.findall(text) if k in _KEY_SET]
+    if sep == "is":
+        return _FACT.findall(text)
+    return re.findall(rf"\b([A-Z][a-z]+) {re.escape(sep)} ([A-Za-z]+)\b", text)
 
 
 def question_key(question: str) -> tuple[str, int]:
@@ -173,7 +187,8 @@ def make_task(cfg: SyntheticConfig, seed: int, index: int) -> Task:
     positions: dict[str, int] = {}
     for c in range(cfg.num_chunks):
         these = placed[c * cfg.facts_per_chunk : (c + 1) * cfg.facts_per_chunk]
-        n_filler = cfg.chunk_words - 3 * len(these)
+        fw = cfg.fact_words
+        n_filler = cfg.chunk_words - fw * len(these)
         words = [rng.choice(FILLER) for _ in range(n_filler)]
         # Insert facts at distinct filler positions, left to right.
         if cfg.fact_position == "start":
@@ -181,9 +196,9 @@ def make_task(cfg: SyntheticConfig, seed: int, index: int) -> Task:
         else:
             spots = sorted(rng.sample(range(n_filler + 1), k=len(these)))
         for off, (spot, (k, v)) in enumerate(zip(spots, these, strict=True)):
-            words[spot + 3 * off : spot + 3 * off] = [k, "is", v]
+            words[spot + fw * off : spot + fw * off] = [k, cfg.fact_sep, v] if cfg.fact_sep else [k, v]
             if (k, v) in planted:
-                positions[f"{k} is {v}"] = c
+                positions[fact_text(k, v, cfg.fact_sep)] = c
         pieces.append("".join(" " + w for w in words))
     return Task(
         task_id=f"syn-s{seed}-c{cfg.num_chunks}-{index}",
@@ -264,6 +279,8 @@ class RecentFactsRule:
     seed: int = 0
     unanswerable_text: str | None = None
     """Boxed when no memory fact answers the question (e.g. "unknown"); None guesses the last fact's value."""
+    fact_sep: str | None = "is"
+    """The task's `SyntheticConfig.fact_sep`."""
 
     def __post_init__(self) -> None:
         self._mem = _template_regex(self.memory_template, ("problem", "memory", "chunk"))
@@ -273,14 +290,14 @@ class RecentFactsRule:
     def __call__(self, prompt_text: str, call_index: int = 0) -> str:
         m = self._mem.search(prompt_text)
         if m and "chunk" in m.groupdict():
-            old = find_facts(m.group("memory"))
-            new = find_facts(m.group("chunk"))
+            old = find_facts(m.group("memory"), self.fact_sep)
+            new = find_facts(m.group("chunk"), self.fact_sep)
             facts = old if (new and self._rng.random() < self.skip_prob) else (old + new)[-self.budget :]
-            return memory_text(facts) if facts else self.no_memory_text
+            return memory_text(facts, self.fact_sep) if facts else self.no_memory_text
         f = self._fin.search(prompt_text)
         if not f:
             raise ValueError(f"RecentFactsRule: prompt matches neither template: {prompt_text[:200]!r}")
-        facts = find_facts(f.group("memory"))
+        facts = find_facts(f.group("memory"), self.fact_sep)
         try:
             key, hops = question_key(f.group("problem"))
         except ValueError:
@@ -295,3 +312,23 @@ class RecentFactsRule:
             answer = facts[-1][1] if facts else VALUES[0]
         # "{ red}" keeps the value the same token (" red") as in the document; the box strips spaces.
         return f"\\boxed{{ {answer}}}"
+
+
+@dataclass
+class QuestionAwareRule(RecentFactsRule):
+    """The optimal one-hop policy, as a reference (never the cold start): a memory step keeps the fact
+    whose key is the question's (from the section, else from the memory), else the newest fact; the
+    final step answers like `RecentFactsRule`. SFT on its traces measures what a model can represent
+    (benchmarks/demo_ceiling.py)."""
+
+    def __call__(self, prompt_text: str, call_index: int = 0) -> str:
+        m = self._mem.search(prompt_text)
+        if not (m and "chunk" in m.groupdict()):
+            return super().__call__(prompt_text, call_index)
+        try:
+            key, _ = question_key(m.group("problem"))
+        except ValueError:
+            key = ""
+        old, new = find_facts(m.group("memory"), self.fact_sep), find_facts(m.group("chunk"), self.fact_sep)
+        keep = [f for f in new if f[0] == key] or [f for f in old if f[0] == key] or (old + new)
+        return memory_text(keep[-self.budget :], self.fact_sep) if keep else self.no_memory_text

@@ -6,6 +6,7 @@ import pytest
 
 from memrl.data.synthetic import (
     KEYS,
+    QuestionAwareRule,
     RecentFactsRule,
     SyntheticConfig,
     find_facts,
@@ -110,3 +111,28 @@ def test_rule_skip_is_seeded():
     p = "Q: what is Kalo\nM: Kalo is red\nS: Miran is blue"
     assert [a(p) for _ in range(20)] == [b(p) for _ in range(20)]
     assert len({a(p) for _ in range(50)}) == 2
+
+
+def test_question_aware_rule_keeps_the_questions_fact():
+    rule = QuestionAwareRule(MT, FT)
+    assert rule("Q: what is Kalo\nM: - Kalo is red\nS: Miran is blue the") == "- Kalo is red"
+    assert rule("Q: what is Kalo\nM: - Miran is blue\nS: Kalo is red the") == "- Kalo is red"
+    assert rule("Q: what is Kalo\nM: - Miran is blue\nS: Tor is gold the") == "- Tor is gold"
+    assert rule("Q: what is Kalo\nM: No previous memory\nS: the of and") == "No previous memory"
+    assert rule("Q: what is Kalo\nM: - Kalo is red\nA:") == "\\boxed{ red}"
+
+
+def test_facts_without_separator():
+    cfg = SyntheticConfig(num_chunks=3, chunk_words=8, fact_position="start", fact_sep=None)
+    t = make_task(cfg, seed=0, index=0)
+    words = t.context.split()
+    assert len(words) == 24 and all(words[8 * c] in KEYS for c in range(3))
+    facts = find_facts(t.context, None)
+    key, _ = question_key(t.question)
+    assert [(k, v) for k, v in facts if k == key] == [(key, t.answers[0])] and len(facts) == 3
+    assert find_facts("No previous memory", None) == []
+    rule = QuestionAwareRule(MT, FT, fact_sep=None)
+    k0, k1 = KEYS[0], KEYS[1]
+    assert rule(f"Q: what is {k0}\nM: - {k0} red\nS: {k1} blue the") == f"- {k0} red"
+    assert rule(f"Q: what is {k0}\nM: No previous memory\nS: {k1} blue the") == f"- {k1} blue"
+    assert rule(f"Q: what is {k0}\nM: - {k0} red\nA:") == "\\boxed{ red}"

@@ -1,0 +1,58 @@
+"""What can the demo's model represent? Supervised training on the OPTIMAL policy's traces.
+
+`memrl demo` asks RL to discover question-dependent retention (keep the fact whose key is the question's)
+from a question-blind cold start. This script trains the same freshly initialised model, with the same
+SFT budget, on traces of `memrl.data.synthetic.QuestionAwareRule` (the optimal one-hop policy, 100% by
+construction) and evaluates it with the demo's protocol. If even full supervision stays near the
+question-blind level, the demo's RL goal is limited by the model, not by the RL algorithm.
+
+    .venv/bin/python benchmarks/demo_ceiling.py --out runs/ceiling [demo overrides, e.g. hidden_size=192]
+    .venv/bin/python benchmarks/demo_ceiling.py --out runs/ceiling train.data.synthetic.num_keys=4
+
+Overrides are `memrl demo`'s (`train.*` go to the demo_cpu training preset). Prints one table row:
+the oracle's own accuracy and the SFT model's held-out greedy accuracy per length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from memrl.commands.demo import DemoConfig, _init_model, _sft, _split, evaluate
+
+
+def main() -> int:
+    import torch
+
+    from memrl.config import load_config
+    from memrl.training.config import TrainConfig
+    from memrl.training.trainer import check_writable
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    ap.add_argument("--out", default="runs/demo_ceiling")
+    args = ap.parse_args()
+    demo_ov, train_ov = _split(args.overrides)
+    cfg = load_config(DemoConfig, demo_ov)
+    out = check_writable(args.out)
+    tcfg = load_config(TrainConfig, [f"model.path={out / 'sft'}", f"out_dir={out / 'rl'}",
+                                     "trainer.progress=false", *train_ov], preset=cfg.train_preset)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    t0 = time.perf_counter()
+    tokenizer, model, wf_cfg = _init_model(cfg, tcfg, out)
+    _sft(cfg, tcfg, model, tokenizer, wf_cfg, out, question_aware=True)
+    sft_s = time.perf_counter() - t0
+    syn = tcfg.data.synthetic
+    lengths = [syn.num_chunks * m for m in cfg.eval.multipliers]
+    res = evaluate(model, tokenizer, wf_cfg, syn, lengths, cfg.eval.num_tasks, cfg.eval.seed)
+    params = sum(p.numel() for p in model.parameters())
+    print("| overrides | params | SFT s | " + " | ".join(f"{n} chunks" for n in lengths) + " |")
+    print("|---|---:|---:|" + "---:|" * len(lengths))
+    cells = " | ".join(f"{res[n]['accuracy']:.1f}" for n in lengths)
+    print(f"| {' '.join(args.overrides) or '(defaults)'} | {params / 1e6:.2f}M | {sft_s:.0f} | {cells} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
