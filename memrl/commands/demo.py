@@ -101,7 +101,7 @@ def evaluate(model: Any, tokenizer: Any, wf_cfg: Any, syn: Any, lengths: list[in
     out: dict[int, dict[str, float]] = {}
     for n_chunks in lengths:
         t0 = time.perf_counter()
-        tasks = make_tasks(replace(syn, num_chunks=n_chunks), num_tasks, seed=seed)
+        tasks = make_tasks(replace(syn, num_chunks=n_chunks, min_chunks=0), num_tasks, seed=seed)
         groups = rollout_sync(tasks, spec, engine, greedy, n=1, concurrency=4096, seed=seed)
         rewards = [g.rewards[0] for g in groups]
         trajs = [g.trajectories[0] for g in groups]

@@ -82,6 +82,9 @@ class SyntheticConfig:
 
     num_chunks: int = 4
     """Pieces per document; evaluation scales this (x1, x4, x16)."""
+    min_chunks: int = 0
+    """When > 0, every task draws its length uniformly from [min_chunks, num_chunks] (mixed-length
+    training, so the answer is often several pieces back); 0 = every task has num_chunks pieces."""
     chunk_words: int = 24
     """Words (= tokens) per piece; set the workflow's chunk_tokens to the same number."""
     facts_per_chunk: int = 1
@@ -105,6 +108,8 @@ class SyntheticConfig:
     def __post_init__(self) -> None:
         if self.num_chunks < 1:
             raise ValueError(f"SyntheticConfig.num_chunks must be >= 1, got {self.num_chunks}")
+        if not 0 <= self.min_chunks <= self.num_chunks:
+            raise ValueError(f"SyntheticConfig.min_chunks must be in [0, num_chunks], got {self.min_chunks}")
         if self.facts_per_chunk < 1 or (self.fact_words + 1) * self.facts_per_chunk > self.chunk_words:
             raise ValueError(
                 f"SyntheticConfig.facts_per_chunk must be in [1, chunk_words/4], got {self.facts_per_chunk}"
@@ -156,8 +161,12 @@ def question_key(question: str) -> tuple[str, int]:
 def make_task(cfg: SyntheticConfig, seed: int, index: int) -> Task:
     """Task `index` of the stream seeded `seed` (independent of every other index)."""
     rng = random.Random(f"synthetic:{seed}:{index}:{cfg.num_chunks}")
+    n_chunks = cfg.num_chunks
+    if cfg.min_chunks:
+        rng = random.Random(f"synthetic:{seed}:{index}:{cfg.min_chunks}-{cfg.num_chunks}")
+        n_chunks = rng.randint(cfg.min_chunks, cfg.num_chunks)
     keys = list(KEYS[: cfg.num_keys])
-    slots = cfg.num_chunks * cfg.facts_per_chunk
+    slots = n_chunks * cfg.facts_per_chunk
     bridge = rng.random() < cfg.bridge_fraction
     used = rng.sample(keys, k=min(len(keys), slots + 1))
     qkey = used[0]
@@ -185,7 +194,7 @@ def make_task(cfg: SyntheticConfig, seed: int, index: int) -> Task:
     # A repeated distractor key must never be the question's key or carry its answer chain.
     pieces: list[str] = []
     positions: dict[str, int] = {}
-    for c in range(cfg.num_chunks):
+    for c in range(n_chunks):
         these = placed[c * cfg.facts_per_chunk : (c + 1) * cfg.facts_per_chunk]
         fw = cfg.fact_words
         n_filler = cfg.chunk_words - fw * len(these)
@@ -201,11 +210,12 @@ def make_task(cfg: SyntheticConfig, seed: int, index: int) -> Task:
                 positions[fact_text(k, v, cfg.fact_sep)] = c
         pieces.append("".join(" " + w for w in words))
     return Task(
-        task_id=f"syn-s{seed}-c{cfg.num_chunks}-{index}",
+        task_id=f"syn-s{seed}-c{n_chunks}-{index}" if not cfg.min_chunks
+        else f"syn-s{seed}-c{cfg.min_chunks}to{cfg.num_chunks}-{index}",
         question=question,
         context="".join(pieces),
         answers=[answer],
-        meta={"hops": 2 if bridge else 1, "num_chunks": cfg.num_chunks, "fact_chunks": positions, "seed": seed},
+        meta={"hops": 2 if bridge else 1, "num_chunks": n_chunks, "fact_chunks": positions, "seed": seed},
     )
 
 

@@ -136,3 +136,17 @@ def test_facts_without_separator():
     assert rule(f"Q: what is {k0}\nM: - {k0} red\nS: {k1} blue the") == f"- {k0} red"
     assert rule(f"Q: what is {k0}\nM: No previous memory\nS: {k1} blue the") == f"- {k1} blue"
     assert rule(f"Q: what is {k0}\nM: - {k0} red\nA:") == "\\boxed{ red}"
+
+
+def test_mixed_lengths():
+    cfg = SyntheticConfig(num_chunks=6, min_chunks=2, chunk_words=8, fact_position="start")
+    tasks = make_tasks(cfg, 60, seed=0)
+    lengths = [len(t.context.split()) // 8 for t in tasks]
+    assert set(lengths) == {2, 3, 4, 5, 6}
+    assert all(t.meta["num_chunks"] == n for t, n in zip(tasks, lengths, strict=True))
+    assert [t.context for t in make_tasks(cfg, 60, seed=0)] == [t.context for t in tasks]
+    # min_chunks=0 keeps the fixed-length stream exactly as before
+    fixed = SyntheticConfig(num_chunks=6, chunk_words=8, fact_position="start")
+    assert make_task(fixed, 0, 3).task_id == "syn-s0-c6-3"
+    with pytest.raises(ValueError, match="min_chunks"):
+        SyntheticConfig(num_chunks=2, min_chunks=3)
