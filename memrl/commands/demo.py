@@ -223,9 +223,9 @@ def _init_model(cfg: DemoConfig, tcfg: Any, out: Path) -> tuple[Any, Any, Any]:
     # Chunks must line up with the task's pieces: every word one token.
     sample = make_task(syn, seed=0, index=0)
     n_tok = len(tokenizer.encode(sample.context, add_special_tokens=False))
-    if n_tok != syn.num_chunks * syn.chunk_words:
-        log.warning("synthetic pieces are %d tokens, expected %d: chunks will not align with facts",
-                    n_tok, syn.num_chunks * syn.chunk_words)
+    want = sample.meta["num_chunks"] * syn.chunk_words
+    if n_tok != want:
+        log.warning("synthetic pieces are %d tokens, expected %d: chunks will not align with facts", n_tok, want)
     if wf_cfg.chunk_tokens != syn.chunk_words:
         log.warning("workflow chunk_tokens=%d but synthetic chunk_words=%d", wf_cfg.chunk_tokens, syn.chunk_words)
     return tokenizer, model, wf_cfg
