@@ -76,6 +76,8 @@ class AlgorithmSection:
     """GRPO: divide by the group's std (MemAgent's script mean-centres only)."""
     credit: str = "broadcast"
     """broadcast: every row of a trajectory gets its advantage; split: A / number of rows."""
+    alpha: float = 0.8
+    """rememr1: A = alpha * A_out + (1 - alpha) * A_state,t (ReMemR1's published 0.8)."""
     loss: str = "ppo"
     clip_low: float = 0.2
     clip_high: float = 0.2

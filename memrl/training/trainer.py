@@ -198,6 +198,8 @@ class Trainer:
         kw: dict[str, Any] = {}
         if a.name == "grpo":
             kw = {"norm_by_std": a.norm_by_std, "credit": a.credit}
+        elif a.name == "rememr1":
+            kw = {"alpha": a.alpha, "norm_by_std": a.norm_by_std}
         compute_group_advantages(groups, a.name, **kw)
         metrics: dict[str, float] = {}
         mbs = self.cfg.trainer.mini_batches

@@ -46,7 +46,7 @@ def boxed_em_outcome(task: Task, traj: Trajectory) -> float:
 def _memagent() -> WorkflowSpec:
     from memrl.workflows import memagent
 
-    return WorkflowSpec("memagent", memagent.run, memagent.MemAgentConfig, boxed_em_outcome)
+    return WorkflowSpec("memagent", memagent.run, memagent.MemAgentConfig, memagent.reward)
 
 
 register_workflow("memagent", _memagent)

@@ -170,3 +170,29 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
         metrics=metrics,
         info={"answer_text": answer_text, "memories": [s.info["memory"] for s in segments[:-1]]},
     )
+
+
+def assign_step_rewards(task: Task, traj: Trajectory) -> list[float]:
+    """Write `Segment.step_reward` on a MemAgent trajectory (ReMemR1's terms, no tags): a memory call
+    earns its memory gain, recall(m_t) - recall(m_{t-1}) of the gold-answer words (memrl.rewards.steps);
+    the final call earns 1 for exactly one non-empty `\\boxed{}`. Lets `algorithm=rememr1` mix
+    per-call credit into MemAgent's outcome advantage; GRPO ignores these values."""
+    from memrl.rewards import steps
+
+    out: list[float] = []
+    for seg in traj.segments:
+        if seg.info.get("kind") == "final":
+            r = steps.format_reward(seg.info.get("answer_text", ""), final=True)
+        else:
+            r = steps.memory_gain(seg.info.get("memory", ""), seg.info.get("previous_memory"), task.answers)
+        seg.step_reward = r
+        out.append(r)
+    return out
+
+
+def reward(task: Task, traj: Trajectory) -> float:
+    """Outcome: exact match of the last \\boxed{} (max over gold answers); also writes step rewards."""
+    from memrl.workflows import boxed_em_outcome
+
+    assign_step_rewards(task, traj)
+    return boxed_em_outcome(task, traj)

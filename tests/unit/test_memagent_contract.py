@@ -175,3 +175,25 @@ def test_rollout_groups_ids_rewards_and_seeds():
     seeds = [c.sampling.seed for c in engine.calls]
     assert all(s is not None for s in seeds) and len(set(seeds)) == len(seeds)
     assert len(engine.calls) == 2 * 3 * 2
+
+
+def test_memagent_reward_writes_memory_gain_step_rewards():
+    from memrl.types import Segment, Trajectory
+    from memrl.workflows import get_workflow
+
+    def seg(step, **info):
+        return Segment(prompt_ids=[1], response_ids=[2], response_logprobs=[0.0], step=step, info=info)
+
+    task = Task("t", "what is Kalo", "ctx", ["deep red"])
+    traj = Trajectory("t", "t#0", [
+        seg(0, kind="memory", previous_memory="No previous memory", memory="- Kalo is red"),   # +1/2
+        seg(1, kind="memory", previous_memory="- Kalo is red", memory="- Kalo is deep red"),    # +1/2
+        seg(2, kind="memory", previous_memory="- Kalo is deep red", memory="- Miran is blue"),  # -1
+        seg(3, kind="final", memory="- Miran is blue", answer_text="\\boxed{blue} \\boxed{x}"),  # two boxes: 0
+    ], info={"answer_text": "\\boxed{blue} \\boxed{x}"})
+    assert get_workflow("memagent").reward(task, traj) == 0.0
+    assert [s.step_reward for s in traj.segments] == [0.5, 0.5, -1.0, 0.0]
+    traj.segments[3].info["answer_text"] = "\\boxed{ Deep red }"
+    traj.info["answer_text"] = "\\boxed{ Deep red }"
+    assert get_workflow("memagent").reward(task, traj) == 1.0
+    assert traj.segments[3].step_reward == 1.0
