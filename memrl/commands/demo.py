@@ -38,7 +38,7 @@ class DemoSFT:
     unanswerable_text: str | None = None
     """What the demonstrated final answer boxes when the memory holds no fact about the question's key,
     e.g. "unknown" (null = guess the memory fact's value). Off: with "unknown" the micro model's cold start
-    collapsed to always answering it (0% held-out, docs/demo.md)."""
+    learned that shortcut before copying facts (0-19% held-out after SFT, docs/demo.md)."""
     epochs: int = 2
     lr: float = 3e-3
     batch_rows: int = 32

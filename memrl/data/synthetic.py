@@ -112,7 +112,8 @@ class SyntheticConfig:
             raise ValueError(f"SyntheticConfig.min_chunks must be in [0, num_chunks], got {self.min_chunks}")
         if self.facts_per_chunk < 1 or (self.fact_words + 1) * self.facts_per_chunk > self.chunk_words:
             raise ValueError(
-                f"SyntheticConfig.facts_per_chunk must be in [1, chunk_words/4], got {self.facts_per_chunk}"
+                f"SyntheticConfig.facts_per_chunk must be in [1, chunk_words/{self.fact_words + 1}], "
+                f"got {self.facts_per_chunk}"
             )
         if not 0.0 <= self.bridge_fraction <= 1.0:
             raise ValueError(f"SyntheticConfig.bridge_fraction must be in [0, 1], got {self.bridge_fraction}")
@@ -160,11 +161,12 @@ def question_key(question: str) -> tuple[str, int]:
 
 def make_task(cfg: SyntheticConfig, seed: int, index: int) -> Task:
     """Task `index` of the stream seeded `seed` (independent of every other index)."""
-    rng = random.Random(f"synthetic:{seed}:{index}:{cfg.num_chunks}")
-    n_chunks = cfg.num_chunks
     if cfg.min_chunks:
         rng = random.Random(f"synthetic:{seed}:{index}:{cfg.min_chunks}-{cfg.num_chunks}")
         n_chunks = rng.randint(cfg.min_chunks, cfg.num_chunks)
+    else:  # the fixed-length stream, unchanged
+        rng = random.Random(f"synthetic:{seed}:{index}:{cfg.num_chunks}")
+        n_chunks = cfg.num_chunks
     keys = list(KEYS[: cfg.num_keys])
     slots = n_chunks * cfg.facts_per_chunk
     bridge = rng.random() < cfg.bridge_fraction

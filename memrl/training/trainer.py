@@ -81,6 +81,7 @@ def validate(cfg: TrainConfig) -> None:
         (a.loss_agg in AGG_MODES, f"algorithm.loss_agg {a.loss_agg!r} is not one of {list(AGG_MODES)}"),
         (a.kl_kind in KL_KINDS, f"algorithm.kl_kind {a.kl_kind!r} is not one of {list(KL_KINDS)}"),
         (a.credit in ("broadcast", "split"), f"algorithm.credit {a.credit!r} is not broadcast or split"),
+        (0.0 <= a.alpha <= 1.0, f"algorithm.alpha must be in [0, 1], got {a.alpha}"),
         (a.n >= 1, f"algorithm.n must be >= 1, got {a.n}"),
         (a.temperature > 0, f"algorithm.temperature must be > 0 for RL sampling, got {a.temperature}"),
         (cfg.trainer.steps >= 0, f"trainer.steps must be >= 0, got {cfg.trainer.steps}"),

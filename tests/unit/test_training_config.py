@@ -51,7 +51,7 @@ def test_sampling_and_training_temperature_must_agree():
 
 def test_bad_enum_values_are_named():
     for ov, name in [("algorithm.loss_agg=mean", "algorithm.loss_agg"), ("algorithm.name=ppo2", "algorithm.name"),
-                     ("workflow=nope", "workflow.name")]:
+                     ("workflow=nope", "workflow.name"), ("algorithm.alpha=1.5", "algorithm.alpha")]:
         with pytest.raises(ConfigError, match=name):
             validate(load_config(TrainConfig, ["model.path=x", ov]))
 
