@@ -122,22 +122,31 @@ def _split(overrides: list[str]) -> tuple[list[str], list[str]]:
     return demo, train
 
 
-def run(args: argparse.Namespace) -> int:
+def load_demo_configs(overrides: list[str], out_dir: str | Path) -> tuple[DemoConfig, Any, Path]:
+    """(demo config, validated RL config, writable output dir) from `key=value` / `train.key=value`
+    overrides; sets torch's thread count when `threads` is given. Fails before any work on a bad value."""
     import torch
 
-    from memrl.config import load_config, to_yaml
+    from memrl.config import load_config
     from memrl.training.config import TrainConfig
     from memrl.training.trainer import check_writable, validate
 
-    t_start = time.perf_counter()
-    demo_ov, train_ov = _split(list(args.overrides))
+    demo_ov, train_ov = _split(list(overrides))
     cfg = load_config(DemoConfig, demo_ov)
-    out = check_writable(args.out)
+    out = check_writable(out_dir)
     tcfg = load_config(TrainConfig, [f"model.path={out / 'sft'}", f"out_dir={out / 'rl'}", *train_ov],
                        preset=cfg.train_preset)
     validate(tcfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    return cfg, tcfg, out
+
+
+def run(args: argparse.Namespace) -> int:
+    from memrl.config import to_yaml
+
+    t_start = time.perf_counter()
+    cfg, tcfg, out = load_demo_configs(args.overrides, args.out)
     (out / "demo_config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     timings: dict[str, float] = {}
 
