@@ -299,6 +299,10 @@ class Trainer:
         metrics["rollout/groups_sampled"] = res.sampled_groups
         metrics["rollout/groups_dropped"] = res.dropped_groups
         metrics["rollout/groups_kept"] = len(res.groups)
+        for name in ("answer_seen", "answer_kept"):
+            vals = [t.metrics[name] for t in trajs if name in t.metrics]
+            if vals:
+                metrics[f"rollout/{name}"] = statistics.fmean(vals)
         mem = [t.metrics.get("memory_tokens_mean", 0.0) for t in trajs]
         if mem:
             metrics["rollout/memory_tokens_mean"] = statistics.fmean(mem)

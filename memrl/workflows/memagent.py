@@ -161,6 +161,7 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
         "memory_tokens_mean": sum(memory_lengths) / len(memory_lengths) if memory_lengths else 0.0,
         "no_box": float(boxed is None),
         "generated_tokens": float(sum(len(s.response_ids) for s in segments)),
+        **memory_recall_metrics([s.info["memory"] for s in segments[:-1]], task.answers),
     }
     return Trajectory(
         task_id=task.task_id,
@@ -170,6 +171,19 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
         metrics=metrics,
         info={"answer_text": answer_text, "memories": [s.info["memory"] for s in segments[:-1]]},
     )
+
+
+def memory_recall_metrics(memories: list[str], golds: list[str]) -> dict[str, float]:
+    """Did the memory ever hold the gold answer, and did it still hold it at the end? (all answer words
+    present, `memrl.rewards.steps.answer_word_recall` == 1). `answer_seen - answer_kept` is the rate at which
+    a memory wrote the answer and later overwrote it: the retention failures a memory policy must learn
+    to avoid. Both 0 when there are no golds."""
+    from memrl.rewards.steps import answer_word_recall
+
+    if not golds or not memories:
+        return {"answer_seen": 0.0, "answer_kept": 0.0}
+    hits = [answer_word_recall(m, golds) >= 1.0 for m in memories]
+    return {"answer_seen": float(any(hits)), "answer_kept": float(hits[-1])}
 
 
 def assign_step_rewards(task: Task, traj: Trajectory) -> list[float]:

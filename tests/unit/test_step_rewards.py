@@ -114,3 +114,17 @@ def test_step_reward_sums_weighted_terms():
     )
     # final step: only the format term
     assert step_reward(r"\boxed{John Smith}", golds, final=True) == 1.0
+
+
+def test_memagent_memory_recall_metrics():
+    from memrl.workflows.memagent import memory_recall_metrics
+
+    golds = ["New York City"]
+    # written at call 2, overwritten at call 3: seen but not kept
+    mems = ["No previous memory", "born in New York City", "born in Paris"]
+    assert memory_recall_metrics(mems, golds) == {"answer_seen": 1.0, "answer_kept": 0.0}
+    assert memory_recall_metrics(mems[:2], golds) == {"answer_seen": 1.0, "answer_kept": 1.0}
+    # partial answer words are not the answer
+    assert memory_recall_metrics(["New York"], golds) == {"answer_seen": 0.0, "answer_kept": 0.0}
+    assert memory_recall_metrics(["- Kalo is red"], ["blue", "red"]) == {"answer_seen": 1.0, "answer_kept": 1.0}
+    assert memory_recall_metrics([], golds) == {"answer_seen": 0.0, "answer_kept": 0.0}
