@@ -100,6 +100,9 @@ class SyntheticConfig:
     fact_sep: str | None = "is"
     """Word between a fact's key and value ("Kalo is red"); null writes "Kalo red", so the value is the
     token right after its key (a one-step induction copy, easier for tiny models)."""
+    question_style: str = "what"
+    """"what": "what is Kalo" / "what is what Kalo is"; "cloze": the question is the fact with its value
+    blanked, "Kalo is ?" / "Kalo is ? is ?" (it reads like the facts it asks about)."""
 
     @property
     def fact_words(self) -> int:
@@ -119,6 +122,8 @@ class SyntheticConfig:
             raise ValueError(f"SyntheticConfig.bridge_fraction must be in [0, 1], got {self.bridge_fraction}")
         if self.bridge_fraction > 0 and self.num_chunks * self.facts_per_chunk < 2:
             raise ValueError("SyntheticConfig: bridge questions need at least 2 fact slots per document")
+        if self.question_style not in ("what", "cloze"):
+            raise ValueError(f"SyntheticConfig.question_style must be what or cloze, got {self.question_style!r}")
         if self.fact_position not in ("random", "start"):
             raise ValueError(f"SyntheticConfig.fact_position must be random or start, got {self.fact_position!r}")
         if not 2 <= self.num_values <= len(VALUES):
@@ -131,10 +136,13 @@ def fact_text(key: str, value: str, sep: str | None = "is") -> str:
     return f"{key} {sep} {value}" if sep else f"{key} {value}"
 
 
-def memory_text(facts: list[tuple[str, str]], sep: str | None = "is") -> str:
+def memory_text(facts: list[tuple[str, str]], sep: str | None = "is", topic: str | None = None,
+                topic_sep: str | None = ":") -> str:
     """A memory holding `facts`: "- Kalo is red ; Miran is blue". The leading "- " makes every word
-    the same token (" Kalo") as in the document, so writing a memory is copying tokens."""
-    return "- " + " ; ".join(fact_text(k, v, sep) for k, v in facts)
+    the same token (" Kalo") as in the document, so writing a memory is copying tokens. With `topic`
+    (the question's key) the memory first restates what it is looking for: "- Linka : Kalo is red"."""
+    head = f"- {topic} {topic_sep} " if topic and topic_sep else (f"- {topic} " if topic else "- ")
+    return head + " ; ".join(fact_text(k, v, sep) for k, v in facts)
 
 
 _FACT = re.compile(r"\b([A-Z][a-z]+) is ([A-Za-z]+)\b")
@@ -151,12 +159,24 @@ def find_facts(text: str, sep: str | None = "is") -> list[tuple[str, str]]:
     return re.findall(rf"\b([A-Z][a-z]+) {re.escape(sep)} ([A-Za-z]+)\b", text)
 
 
+def question_text(key: str, hops: int, style: str = "what", sep: str | None = "is") -> str:
+    """The question asking for `key`'s value (hops=1) or for the value of the key it points to (hops=2)."""
+    if style == "cloze":
+        blank = f" {sep} ?" if sep else " ?"
+        return key + blank * hops
+    return (QUESTION_2 if hops == 2 else QUESTION_1).format(key=key)
+
+
 def question_key(question: str) -> tuple[str, int]:
-    """(key, hops) of a question made by this module; ValueError for anything else."""
-    m = re.fullmatch(r"what is (what )?([A-Z][a-z]+)( is)?", question.strip())
-    if not m:
-        raise ValueError(f"not a synthetic question: {question!r}")
-    return m.group(2), 2 if m.group(1) else 1
+    """(key, hops) of a question made by this module (either style); ValueError for anything else."""
+    q = question.strip()
+    m = re.fullmatch(r"what is (what )?([A-Z][a-z]+)( is)?", q)
+    if m:
+        return m.group(2), 2 if m.group(1) else 1
+    m = re.fullmatch(r"([A-Z][a-z]+)((?: [a-z]+)? \?)((?: [a-z]+)? \?)?", q)
+    if m:
+        return m.group(1), 2 if m.group(3) else 1
+    raise ValueError(f"not a synthetic question: {question!r}")
 
 
 def make_task(cfg: SyntheticConfig, seed: int, index: int) -> Task:
@@ -178,11 +198,11 @@ def make_task(cfg: SyntheticConfig, seed: int, index: int) -> Task:
         mid = used[1]
         planted = [(qkey, mid), (mid, answer)]
         distract_keys = used[2:]
-        question = QUESTION_2.format(key=qkey)
+        question = question_text(qkey, 2, cfg.question_style, cfg.fact_sep)
     else:
         planted = [(qkey, answer)]
         distract_keys = used[1:]
-        question = QUESTION_1.format(key=qkey)
+        question = question_text(qkey, 1, cfg.question_style, cfg.fact_sep)
     facts: list[tuple[str, str]] = list(planted)
     i = 0
     while len(facts) < slots:
@@ -293,8 +313,15 @@ class RecentFactsRule:
     """Boxed when no memory fact answers the question (e.g. "unknown"); None guesses the last fact's value."""
     fact_sep: str | None = "is"
     """The task's `SyntheticConfig.fact_sep`."""
+    restate_key: bool = False
+    """Open every memory with the question's key ("- Linka : Kalo is red"): the memory says what it is
+    looking for. Format only: which fact is kept stays question-blind."""
+    restate_sep: str | None = ":"
+    """Word between the restated key and the facts (None or "" = none: "- Linka Kalo is red")."""
 
     def __post_init__(self) -> None:
+        if self.restate_key and not self.fact_sep:
+            raise ValueError("RecentFactsRule.restate_key needs a fact separator (fact_sep), e.g. 'is'")
         self._mem = _template_regex(self.memory_template, ("problem", "memory", "chunk"))
         self._fin = _template_regex(self.final_template, ("problem", "memory"))
         self._rng = random.Random(f"rule:{self.seed}")
@@ -305,7 +332,7 @@ class RecentFactsRule:
             old = find_facts(m.group("memory"), self.fact_sep)
             new = find_facts(m.group("chunk"), self.fact_sep)
             facts = old if (new and self._rng.random() < self.skip_prob) else (old + new)[-self.budget :]
-            return memory_text(facts, self.fact_sep) if facts else self.no_memory_text
+            return self._memory(facts, m.group("problem"))
         f = self._fin.search(prompt_text)
         if not f:
             raise ValueError(f"RecentFactsRule: prompt matches neither template: {prompt_text[:200]!r}")
@@ -325,6 +352,17 @@ class RecentFactsRule:
         # "{ red}" keeps the value the same token (" red") as in the document; the box strips spaces.
         return f"\\boxed{{ {answer}}}"
 
+    def _memory(self, facts: list[tuple[str, str]], problem: str) -> str:
+        if not facts:
+            return self.no_memory_text
+        topic = None
+        if self.restate_key:
+            try:
+                topic = question_key(problem)[0]
+            except ValueError:
+                topic = None
+        return memory_text(facts, self.fact_sep, topic, self.restate_sep)
+
 
 @dataclass
 class QuestionAwareRule(RecentFactsRule):
@@ -337,10 +375,15 @@ class QuestionAwareRule(RecentFactsRule):
         m = self._mem.search(prompt_text)
         if not (m and "chunk" in m.groupdict()):
             return super().__call__(prompt_text, call_index)
-        try:
-            key, _ = question_key(m.group("problem"))
-        except ValueError:
-            key = ""
         old, new = find_facts(m.group("memory"), self.fact_sep), find_facts(m.group("chunk"), self.fact_sep)
-        keep = [f for f in new if f[0] == key] or [f for f in old if f[0] == key] or (old + new)
-        return memory_text(keep[-self.budget :], self.fact_sep) if keep else self.no_memory_text
+        return self._memory(_relevant(old, new, m.group("problem"))[-self.budget :], m.group("problem"))
+
+
+def _relevant(old: list[tuple[str, str]], new: list[tuple[str, str]], problem: str) -> list[tuple[str, str]]:
+    """The optimal one-hop choice: the section's fact about the question's key, else the memory's, else
+    every fact (old + new, newest last)."""
+    try:
+        key, _ = question_key(problem)
+    except ValueError:
+        key = ""
+    return [f for f in new if f[0] == key] or [f for f in old if f[0] == key] or (old + new)

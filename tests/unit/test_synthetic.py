@@ -122,6 +122,22 @@ def test_question_aware_rule_keeps_the_questions_fact():
     assert rule("Q: what is Kalo\nM: - Kalo is red\nA:") == "\\boxed{ red}"
 
 
+def test_rule_restates_the_questions_key():
+    rule = RecentFactsRule(MT, FT, skip_prob=0.0, restate_key=True)
+    # the memory opens with the question's key, the kept fact is still the newest (question-blind)
+    assert rule("Q: what is Kalo\nM: - Kalo : Kalo is red\nS: Miran is blue the") == "- Kalo : Miran is blue"
+    assert rule("Q: what is Kalo\nM: No previous memory\nS: the of and") == "No previous memory"
+    # the restated key is not read as a fact, so the final answer is unchanged
+    assert find_facts("- Kalo : Miran is blue") == [("Miran", "blue")]
+    assert rule("Q: what is Kalo\nM: - Kalo : Kalo is red\nA:") == "\\boxed{ red}"
+    bare = RecentFactsRule(MT, FT, skip_prob=0.0, restate_key=True, restate_sep="")
+    assert bare("Q: what is Kalo\nM: No previous memory\nS: Miran is blue the") == "- Kalo Miran is blue"
+    oracle = QuestionAwareRule(MT, FT, restate_key=True)
+    assert oracle("Q: what is Kalo\nM: - Kalo : Kalo is red\nS: Miran is blue the") == "- Kalo : Kalo is red"
+    with pytest.raises(ValueError, match="restate_key needs a fact separator"):
+        RecentFactsRule(MT, FT, restate_key=True, fact_sep=None)
+
+
 def test_facts_without_separator():
     cfg = SyntheticConfig(num_chunks=3, chunk_words=8, fact_position="start", fact_sep=None)
     t = make_task(cfg, seed=0, index=0)
@@ -150,3 +166,22 @@ def test_mixed_lengths():
     assert make_task(fixed, 0, 3).task_id == "syn-s0-c6-3"
     with pytest.raises(ValueError, match="min_chunks"):
         SyntheticConfig(num_chunks=2, min_chunks=3)
+
+
+def test_cloze_questions():
+    cfg = SyntheticConfig(num_chunks=3, chunk_words=8, fact_position="start", question_style="cloze",
+                          bridge_fraction=0.5)
+    plain = SyntheticConfig(num_chunks=3, chunk_words=8, fact_position="start", bridge_fraction=0.5)
+    for i in range(6):
+        t, p = make_task(cfg, seed=3, index=i), make_task(plain, seed=3, index=i)
+        key, hops = question_key(t.question)
+        # the same task as the "what" style, only the question's wording differs
+        assert (t.context, t.answers, (key, hops)) == (p.context, p.answers, question_key(p.question))
+        assert t.question == (f"{key} is ? is ?" if hops == 2 else f"{key} is ?")
+    assert question_key("Kalo ?") == ("Kalo", 1) and question_key("Kalo is ? is ?") == ("Kalo", 2)
+    rule = QuestionAwareRule(MT, FT)
+    assert rule("Q: Kalo is ?\nM: - Miran is blue\nS: Kalo is red the") == "- Kalo is red"
+    with pytest.raises(ValueError, match="question_style"):
+        SyntheticConfig(question_style="how")
+    with pytest.raises(ValueError, match="not a synthetic question"):
+        question_key("Kalo is red")
