@@ -39,6 +39,16 @@ class DemoSFT:
     """What the demonstrated final answer boxes when the memory holds no fact about the question's key,
     e.g. "unknown" (null = guess the memory fact's value). Off: with "unknown" the micro model's cold start
     learned that shortcut before copying facts (0-19% held-out after SFT, docs/demo.md)."""
+    restate_key: bool = False
+    """Demonstrated memories open with the question's key ("- Linka : Kalo is red"): the memory says what
+    it is looking for (format; the kept fact stays question-blind)."""
+    restate_sep: str | None = ":"
+    """Word between the restated key and the fact (null = none: "- Linka Kalo is red")."""
+    reading_tasks: int = 0
+    """Extra rows that answer the question from the whole (short) document, in the final-answer format
+    ("Q: what is Kalo\nM: <document>\nA:" -> "\\boxed{ red}"): reading comprehension, the skill a
+    pretrained LLM brings to MemAgent. It shows how to find the fact a question asks for, never which facts
+    a memory should keep. 0 = off."""
     epochs: int = 2
     lr: float = 3e-3
     batch_rows: int = 32
@@ -109,6 +119,9 @@ def evaluate(model: Any, tokenizer: Any, wf_cfg: Any, syn: Any, lengths: list[in
             "accuracy": 100.0 * sum(rewards) / len(rewards),
             "tokens": sum(t.metrics.get("context_tokens", 0.0) for t in trajs) / len(trajs),
             "no_box": 100.0 * sum(t.metrics.get("no_box", 0.0) for t in trajs) / len(trajs),
+            # retention: the memory held the answer at some call / still held it at the end
+            "answer_seen": 100.0 * sum(t.metrics.get("answer_seen", 0.0) for t in trajs) / len(trajs),
+            "answer_kept": 100.0 * sum(t.metrics.get("answer_kept", 0.0) for t in trajs) / len(trajs),
             "seconds": time.perf_counter() - t0,
         }
     return out
@@ -204,8 +217,13 @@ def _init_model(cfg: DemoConfig, tcfg: Any, out: Path) -> tuple[Any, Any, Any]:
 
     _, wf_cfg = workflow_config(tcfg)
     mem_tpl, fin_tpl = wf_cfg.templates()
-    filled = [mem_tpl.render(problem="what is Kalo", memory=wf_cfg.no_memory_text, chunk=" the"),
-              fin_tpl.render(problem="what is Kalo", memory="Kalo is red")]
+    question = make_task(tcfg.data.synthetic, seed=0, index=0).question
+    filled = [mem_tpl.render(problem=question, memory=wf_cfg.no_memory_text, chunk=" the"),
+              fin_tpl.render(problem=question, memory="Kalo is red")]
+    if cfg.sft.restate_key:
+        from memrl.data.synthetic import memory_text
+
+        filled.append(memory_text([("Kalo", "red")], topic="Linka", topic_sep=cfg.sft.restate_sep))
     if cfg.sft.unanswerable_text:
         filled.append(f"\\boxed{{ {cfg.sft.unanswerable_text}}}")
     corpus = out / "tokenizer_corpus.txt"
@@ -255,12 +273,18 @@ def _sft(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, ou
     rule_cls = QuestionAwareRule if question_aware else RecentFactsRule
     rule = rule_cls(mem_tpl.text, fin_tpl.text, budget=cfg.sft.budget, skip_prob=cfg.sft.skip_prob,
                     no_memory_text=wf_cfg.no_memory_text, seed=cfg.seed,
-                    unanswerable_text=cfg.sft.unanswerable_text or None, fact_sep=tcfg.data.synthetic.fact_sep)
+                    unanswerable_text=cfg.sft.unanswerable_text or None, fact_sep=tcfg.data.synthetic.fact_sep,
+                    restate_key=cfg.sft.restate_key, restate_sep=cfg.sft.restate_sep)
     tasks = make_tasks(tcfg.data.synthetic, cfg.sft.num_tasks, seed=cfg.sft_seed)
     groups = rollout_sync(tasks, get_workflow("memagent"), ScriptedEngine(rule, tokenizer=tokenizer), wf_cfg, n=1)
     segments = [s for g in groups for s in g.segments()]
     rule_acc = sum(g.rewards[0] for g in groups) / len(groups)
     print(f"SFT: {len(segments)} rows from {len(groups)} demonstrations (the rule's own accuracy {100 * rule_acc:.1f}%)")
+    if cfg.sft.reading_tasks:
+        reading = reading_segments(make_tasks(tcfg.data.synthetic, cfg.sft.reading_tasks, seed=cfg.sft_seed + 1),
+                                   tokenizer, fin_tpl)
+        segments += reading
+        print(f"SFT: + {len(reading)} reading-comprehension rows (answer from the whole document)")
     scfg = SFTConfig(epochs=cfg.sft.epochs, batch_rows=cfg.sft.batch_rows, lr=cfg.sft.lr,
                      warmup_steps=cfg.sft.warmup_steps, seed=cfg.seed)
     steps = cfg.sft.epochs * ((len(segments) + scfg.batch_rows - 1) // scfg.batch_rows)
@@ -274,6 +298,22 @@ def _sft(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, ou
     model.save_pretrained(out / "sft", safe_serialization=True)
     tokenizer.save_pretrained(out / "sft")
     return losses
+
+
+def reading_segments(tasks: list[Any], tokenizer: Any, final_template: Any) -> list[Any]:
+    """One row per task: the final-answer prompt with the WHOLE document as the memory, answered with the
+    boxed gold answer (reading comprehension; no memory decision is shown)."""
+    from memrl.types import Segment
+    from memrl.workflows.templates import chat_prompt
+
+    out = []
+    for t in tasks:
+        _, prompt_ids = chat_prompt(tokenizer, final_template.render(problem=t.question, memory=t.context.strip()))
+        resp = list(tokenizer.encode(f"\\boxed{{ {t.answers[0]}}}", add_special_tokens=False))
+        resp.append(tokenizer.eos_token_id)
+        out.append(Segment(prompt_ids=prompt_ids, response_ids=resp, response_logprobs=[0.0] * len(resp),
+                           step=0, info={"kind": "reading"}, task_id=t.task_id))
+    return out
 
 
 def _print_eval(name: str, res: dict[int, dict[str, float]]) -> None:

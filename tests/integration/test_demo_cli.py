@@ -38,3 +38,23 @@ def test_demo_refuses_unknown_override_before_work(tmp_path, capsys):
     assert rc != 0
     assert "sft.epoch" in capsys.readouterr().err
     assert not (tmp_path / "d" / "sft").exists()
+
+
+def test_reading_rows_answer_from_the_whole_document(tmp_path):
+    from memrl.commands.demo import reading_segments
+    from memrl.data.synthetic import SyntheticConfig, corpus_text, make_tasks
+    from memrl.models.tiny import train_tokenizer
+    from memrl.workflows.templates import load_template
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text(num_docs=50), encoding="utf-8")
+    tok = train_tokenizer([corpus], 1024)
+    fin = load_template("final", ("problem", "memory"), None, "Q: {problem}\nM: {memory}\nA:")
+    tasks = make_tasks(SyntheticConfig(num_chunks=2, chunk_words=8, fact_position="start"), 3, seed=5)
+    segs = reading_segments(tasks, tok, fin)
+    assert len(segs) == 3
+    for t, s in zip(tasks, segs, strict=True):
+        prompt = tok.decode(s.prompt_ids)
+        assert f"Q: {t.question}\nM: {t.context.strip()}\nA:" in prompt  # the whole document, no memory
+        assert tok.decode(s.response_ids) == f"\\boxed{{ {t.answers[0]}}}<|im_end|>"
+        assert s.loss_mask == [1] * len(s.response_ids) and s.info["kind"] == "reading"
