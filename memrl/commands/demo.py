@@ -331,6 +331,17 @@ def results_markdown(sft: dict[int, dict[str, float]], rl: dict[int, dict[str, f
     for n in sft:
         s, r = sft[n]["accuracy"], rl[n]["accuracy"]
         lines.append(f"| {n} | {n * chunk_words} | {n // train_chunks}x | {s:.1f}% | {r:.1f}% | {r - s:+.1f} |")
+    if all("answer_kept" in sft[n] and "answer_kept" in rl[n] for n in sft):
+        lines += [
+            "",
+            "Memory retention (held-out, % of tasks): the answer was in some memory (seen) / in the last one (kept).",
+            "",
+            "| length (chunks) | SFT seen | SFT kept | SFT+RL seen | SFT+RL kept |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        for n in sft:
+            lines.append(f"| {n} | {sft[n]['answer_seen']:.1f}% | {sft[n]['answer_kept']:.1f}% | "
+                         f"{rl[n]['answer_seen']:.1f}% | {rl[n]['answer_kept']:.1f}% |")
     t = timings
     lines += [
         "",

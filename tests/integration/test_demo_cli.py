@@ -29,6 +29,11 @@ def test_demo_writes_table_json_and_plots(tmp_path, capsys):
         # 8 tasks per length: every accuracy is a multiple of 12.5 points
         assert (s / 12.5).is_integer() and (r / 12.5).is_integer()
         assert f"| {s:.1f}% | {r:.1f}% | {r - s:+.1f} |" in table
+        sft, rl = res["sft"][n], res["rl"][n]
+        # a memory that ends with the answer held it at some call
+        assert sft["answer_kept"] <= sft["answer_seen"] and rl["answer_kept"] <= rl["answer_seen"]
+        assert (f"| {n} | {sft['answer_seen']:.1f}% | {sft['answer_kept']:.1f}% | {rl['answer_seen']:.1f}% | "
+                f"{rl['answer_kept']:.1f}% |") in table
     png = (out / "accuracy_vs_length.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
