@@ -8,6 +8,12 @@ question-blind level, the demo's RL goal is limited by the model, not by the RL 
 
     .venv/bin/python benchmarks/demo_ceiling.py --out runs/ceiling [demo overrides, e.g. hidden_size=192]
     .venv/bin/python benchmarks/demo_ceiling.py --out runs/ceiling train.data.synthetic.num_keys=4
+    .venv/bin/python benchmarks/demo_ceiling.py --out runs/oft --start-from runs/demo/sft sft.epochs=1
+
+`--start-from DIR` trains an existing checkpoint (e.g. the demo's question-blind cold start, `DIR/sft`)
+instead of a fresh model: how many supervised steps on the optimal policy does it take to leave the
+question-blind policy? (docs/demo.md, round 3). Give it the same task overrides the checkpoint was
+trained with.
 
 Overrides are `memrl demo`'s (`train.*` go to the demo_cpu training preset). Prints the oracle's own
 accuracy, then one table row: parameters, SFT seconds and the SFT model's held-out greedy accuracy per
@@ -26,10 +32,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     ap.add_argument("--out", default="runs/demo_ceiling")
+    ap.add_argument("--start-from", default=None, metavar="DIR",
+                    help="HF checkpoint to fine-tune (default: a fresh model, as `memrl demo` inits it)")
     args = ap.parse_args()
     cfg, tcfg, out = load_demo_configs(["train.trainer.progress=false", *args.overrides], args.out)
     t0 = time.perf_counter()
-    tokenizer, model, wf_cfg = _init_model(cfg, tcfg, out)
+    if args.start_from:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from memrl.training.trainer import workflow_config
+
+        _, wf_cfg = workflow_config(tcfg)
+        tokenizer = AutoTokenizer.from_pretrained(args.start_from)
+        model = AutoModelForCausalLM.from_pretrained(args.start_from)
+    else:
+        tokenizer, model, wf_cfg = _init_model(cfg, tcfg, out)
     _sft(cfg, tcfg, model, tokenizer, wf_cfg, out, question_aware=True)
     sft_s = time.perf_counter() - t0
     syn = tcfg.data.synthetic
@@ -39,7 +56,10 @@ def main() -> int:
     print("| overrides | params | SFT s | " + " | ".join(f"{n} chunks" for n in lengths) + " |")
     print("|---|---:|---:|" + "---:|" * len(lengths))
     cells = " | ".join(f"{res[n]['accuracy']:.1f}" for n in lengths)
-    print(f"| {' '.join(args.overrides) or '(defaults)'} | {params / 1e6:.2f}M | {sft_s:.0f} | {cells} |")
+    label = " ".join(args.overrides) or "(defaults)"
+    if args.start_from:
+        label = f"from {args.start_from}: {label}"
+    print(f"| {label} | {params / 1e6:.2f}M | {sft_s:.0f} | {cells} |")
     return 0
 
 
