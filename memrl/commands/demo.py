@@ -117,14 +117,18 @@ def evaluate(model: Any, tokenizer: Any, wf_cfg: Any, syn: Any, lengths: list[in
         trajs = [g.trajectories[0] for g in groups]
         out[n_chunks] = {
             "accuracy": 100.0 * sum(rewards) / len(rewards),
-            "tokens": sum(t.metrics.get("context_tokens", 0.0) for t in trajs) / len(trajs),
-            "no_box": 100.0 * sum(t.metrics.get("no_box", 0.0) for t in trajs) / len(trajs),
+            "tokens": _metric_mean(trajs, "context_tokens"),
+            "no_box": 100.0 * _metric_mean(trajs, "no_box"),
             # retention: the memory held the answer at some call / still held it at the end
-            "answer_seen": 100.0 * sum(t.metrics.get("answer_seen", 0.0) for t in trajs) / len(trajs),
-            "answer_kept": 100.0 * sum(t.metrics.get("answer_kept", 0.0) for t in trajs) / len(trajs),
+            "answer_seen": 100.0 * _metric_mean(trajs, "answer_seen"),
+            "answer_kept": 100.0 * _metric_mean(trajs, "answer_kept"),
             "seconds": time.perf_counter() - t0,
         }
     return out
+
+
+def _metric_mean(trajs: list[Any], name: str) -> float:
+    return sum(t.metrics.get(name, 0.0) for t in trajs) / len(trajs)
 
 
 def _split(overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -217,7 +221,9 @@ def _init_model(cfg: DemoConfig, tcfg: Any, out: Path) -> tuple[Any, Any, Any]:
 
     _, wf_cfg = workflow_config(tcfg)
     mem_tpl, fin_tpl = wf_cfg.templates()
-    question = make_task(tcfg.data.synthetic, seed=0, index=0).question
+    syn = tcfg.data.synthetic
+    sample = make_task(syn, seed=0, index=0)
+    question = sample.question
     filled = [mem_tpl.render(problem=question, memory=wf_cfg.no_memory_text, chunk=" the"),
               fin_tpl.render(problem=question, memory="Kalo is red")]
     if cfg.sft.restate_key:
@@ -246,9 +252,7 @@ def _init_model(cfg: DemoConfig, tcfg: Any, out: Path) -> tuple[Any, Any, Any]:
                         vocab_size=cfg.vocab_size)
     tokenizer = AutoTokenizer.from_pretrained(init_dir)
     model = AutoModelForCausalLM.from_pretrained(init_dir)
-    syn = tcfg.data.synthetic
     # Chunks must line up with the task's pieces: every word one token.
-    sample = make_task(syn, seed=0, index=0)
     n_tok = len(tokenizer.encode(sample.context, add_special_tokens=False))
     want = sample.meta["num_chunks"] * syn.chunk_words
     if n_tok != want:
@@ -331,17 +335,16 @@ def results_markdown(sft: dict[int, dict[str, float]], rl: dict[int, dict[str, f
     for n in sft:
         s, r = sft[n]["accuracy"], rl[n]["accuracy"]
         lines.append(f"| {n} | {n * chunk_words} | {n // train_chunks}x | {s:.1f}% | {r:.1f}% | {r - s:+.1f} |")
-    if all("answer_kept" in sft[n] and "answer_kept" in rl[n] for n in sft):
-        lines += [
-            "",
-            "Memory retention (held-out, % of tasks): the answer was in some memory (seen) / in the last one (kept).",
-            "",
-            "| length (chunks) | SFT seen | SFT kept | SFT+RL seen | SFT+RL kept |",
-            "|---:|---:|---:|---:|---:|",
-        ]
-        for n in sft:
-            lines.append(f"| {n} | {sft[n]['answer_seen']:.1f}% | {sft[n]['answer_kept']:.1f}% | "
-                         f"{rl[n]['answer_seen']:.1f}% | {rl[n]['answer_kept']:.1f}% |")
+    lines += [
+        "",
+        "Memory retention (held-out, % of tasks): the answer was in some memory (seen) / in the last one (kept).",
+        "",
+        "| length (chunks) | SFT seen | SFT kept | SFT+RL seen | SFT+RL kept |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for n in sft:
+        lines.append(f"| {n} | {sft[n]['answer_seen']:.1f}% | {sft[n]['answer_kept']:.1f}% | "
+                     f"{rl[n]['answer_seen']:.1f}% | {rl[n]['answer_kept']:.1f}% |")
     t = timings
     lines += [
         "",

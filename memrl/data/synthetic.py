@@ -141,7 +141,9 @@ def memory_text(facts: list[tuple[str, str]], sep: str | None = "is", topic: str
     """A memory holding `facts`: "- Kalo is red ; Miran is blue". The leading "- " makes every word
     the same token (" Kalo") as in the document, so writing a memory is copying tokens. With `topic`
     (the question's key) the memory first restates what it is looking for: "- Linka : Kalo is red"."""
-    head = f"- {topic} {topic_sep} " if topic and topic_sep else (f"- {topic} " if topic else "- ")
+    head = "- "
+    if topic:
+        head += f"{topic} {topic_sep} " if topic_sep else f"{topic} "
     return head + " ; ".join(fact_text(k, v, sep) for k, v in facts)
 
 
@@ -177,6 +179,14 @@ def question_key(question: str) -> tuple[str, int]:
     if m:
         return m.group(1), 2 if m.group(3) else 1
     raise ValueError(f"not a synthetic question: {question!r}")
+
+
+def _asked(problem: str) -> tuple[str, int]:
+    """`question_key(problem)`, or ("", 1) for a problem this module did not write (matches no fact)."""
+    try:
+        return question_key(problem)
+    except ValueError:
+        return "", 1
 
 
 def make_task(cfg: SyntheticConfig, seed: int, index: int) -> Task:
@@ -337,10 +347,7 @@ class RecentFactsRule:
         if not f:
             raise ValueError(f"RecentFactsRule: prompt matches neither template: {prompt_text[:200]!r}")
         facts = find_facts(f.group("memory"), self.fact_sep)
-        try:
-            key, hops = question_key(f.group("problem"))
-        except ValueError:
-            key, hops = "", 1
+        key, hops = _asked(f.group("problem"))
         table = dict(facts)
         answer = table.get(key)
         if answer is not None and hops == 2:
@@ -355,12 +362,7 @@ class RecentFactsRule:
     def _memory(self, facts: list[tuple[str, str]], problem: str) -> str:
         if not facts:
             return self.no_memory_text
-        topic = None
-        if self.restate_key:
-            try:
-                topic = question_key(problem)[0]
-            except ValueError:
-                topic = None
+        topic = _asked(problem)[0] if self.restate_key else None
         return memory_text(facts, self.fact_sep, topic, self.restate_sep)
 
 
@@ -382,8 +384,5 @@ class QuestionAwareRule(RecentFactsRule):
 def _relevant(old: list[tuple[str, str]], new: list[tuple[str, str]], problem: str) -> list[tuple[str, str]]:
     """The optimal one-hop choice: the section's fact about the question's key, else the memory's, else
     every fact (old + new, newest last)."""
-    try:
-        key, _ = question_key(problem)
-    except ValueError:
-        key = ""
+    key, _ = _asked(problem)
     return [f for f in new if f[0] == key] or [f for f in old if f[0] == key] or (old + new)

@@ -152,6 +152,7 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
             },
         )
     )
+    memories = [s.info["memory"] for s in segments[:-1]]
     metrics = {
         "num_chunks": float(len(chunks)),
         "context_tokens": float(len(context_ids)),
@@ -161,7 +162,7 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
         "memory_tokens_mean": sum(memory_lengths) / len(memory_lengths) if memory_lengths else 0.0,
         "no_box": float(boxed is None),
         "generated_tokens": float(sum(len(s.response_ids) for s in segments)),
-        **memory_recall_metrics([s.info["memory"] for s in segments[:-1]], task.answers),
+        **memory_recall_metrics(memories, task.answers),
     }
     return Trajectory(
         task_id=task.task_id,
@@ -169,7 +170,7 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
         segments=segments,
         final_answer=boxed or "",
         metrics=metrics,
-        info={"answer_text": answer_text, "memories": [s.info["memory"] for s in segments[:-1]]},
+        info={"answer_text": answer_text, "memories": memories},
     )
 
 
