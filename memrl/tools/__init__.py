@@ -1,0 +1,1 @@
+"""Agent tools: the Hermes tool-call parser, search and prune_context (MemAct)."""
