@@ -143,7 +143,8 @@ def stage_rl(out: Path, sft_dir: Path, wf: str, args) -> Path:
 
 
 def stage_eval(out: Path, name: str, wf: str, model_dir: Path | None, args) -> Path:
-    from memrl.eval.runner import EngineSection, EvalConfig, evaluate
+    from memrl.engines import EngineConfig
+    from memrl.eval.runner import EvalConfig, evaluate
 
     res = out / "eval" / name
     files = [str(out / "data" / f"eval_{n}.json") for n in args.lengths]
@@ -164,7 +165,7 @@ def stage_eval(out: Path, name: str, wf: str, model_dir: Path | None, args) -> P
         from memrl.testing import ScriptedEngine
 
         engine = ScriptedEngine(LookbackOracle.for_config(wf, c), tokenizer=AutoTokenizer.from_pretrained(out / "model"))
-    ecfg = EvalConfig(workflow=wf, engine=EngineSection(model=str(model_dir or "oracle"), max_batch_size=256),
+    ecfg = EvalConfig(workflow=wf, engine=EngineConfig(model=str(model_dir or "oracle"), max_batch_size=256),
                       concurrency=256, name=name, progress=False)
     evaluate(files, res, ecfg, overrides, engine=engine)
     return res

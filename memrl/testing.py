@@ -92,3 +92,78 @@ class ScriptedEngine:
 
     async def close(self) -> None:
         return None
+
+
+class CompletionServer:
+    """A real OpenAI-compatible HTTP server on 127.0.0.1 (free port) in front of an in-process engine.
+
+    Serves what memrl.engines.openai_http uses: POST /v1/completions (token-id prompts, token ids and
+    logprobs back), POST /collective_rpc {"method": "memrl_load_weights", "kwargs": {"path": DIR}}
+    (engine.update_weights(DIR)), POST /reset_prefix_cache, GET /health. `events` records
+    ("complete", prompt_ids, token_ids, logprobs) and ("load", path) in arrival order.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.engine = engine
+        self.events: list[tuple[Any, ...]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _send(self, status: int, payload: Any) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server API
+                self._send(200 if self.path == "/health" else 404, {})
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                try:
+                    self._send(200, outer._handle(self.path, body))
+                except KeyError as e:
+                    self._send(404, {"error": f"unknown endpoint or method {e}"})
+                except Exception as e:  # noqa: BLE001 - reported to the client as a 400, like a server would
+                    self._send(400, {"error": f"{type(e).__name__}: {e}"})
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+
+    def _handle(self, path: str, body: dict[str, Any]) -> Any:
+        if path == "/v1/completions":
+            sp = SamplingParams(temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
+                                top_k=body.get("top_k", -1), max_tokens=body["max_tokens"],
+                                stop_token_ids=tuple(body.get("stop_token_ids", ())), seed=body.get("seed"))
+            out = asyncio.run(self.engine.generate(list(body["prompt"]), sp))
+            self.events.append(("complete", list(body["prompt"]), out.token_ids, out.logprobs))
+            return {"choices": [{"token_ids": out.token_ids, "finish_reason": out.finish_reason,
+                                 "logprobs": {"token_logprobs": out.logprobs}}]}
+        if path == "/collective_rpc":
+            if body.get("method") != "memrl_load_weights":
+                raise KeyError(body.get("method"))
+            self.engine.update_weights(body["kwargs"]["path"])
+            self.events.append(("load", body["kwargs"]["path"]))
+            return {"results": [None]}
+        if path == "/reset_prefix_cache":
+            return {}
+        raise KeyError(path)
+
+    def __enter__(self) -> CompletionServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        asyncio.run(self.engine.close())

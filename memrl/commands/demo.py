@@ -8,7 +8,8 @@ on traces of a question-blind rule (keep the most recent fact) -> multi-conversa
 MemAgent workflow -> greedy evaluation on held-out synthetic tasks (new seeds) at the training length,
 4x and 16x -> results.md (printed), results.json, accuracy_vs_length.png, rl_reward.png.
 Overrides: `key=value` for the demo config (DemoConfig below), `train.<key>=value` for the RL
-config (preset demo_cpu).
+config (preset demo_cpu); `engine.*` and `workflow.*` are spelled as in `memrl train` and `memrl eval`
+(they set the RL config's sections, which the demo's evaluations use too).
 """
 
 from __future__ import annotations
@@ -98,16 +99,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def evaluate(model: Any, tokenizer: Any, wf_cfg: Any, syn: Any, lengths: list[int], num_tasks: int,
-             seed: int) -> dict[int, dict[str, float]]:
-    """Greedy accuracy (boxed exact match) on `num_tasks` held-out tasks per length (in chunks)."""
-    from memrl.data.synthetic import make_tasks
-    from memrl.training.local_engine import LocalEngine
+             seed: int, engine_cfg: Any = None, model_dir: str | Path = "") -> dict[int, dict[str, float]]:
+    """Greedy accuracy (boxed exact match) on `num_tasks` held-out tasks per length (in chunks), through
+    the engine `engine_cfg` names (default: hf serving `model` itself); an engine that loads weights
+    itself loads `model_dir`, which must hold `model`'s weights."""
+    import asyncio
+
+    from memrl.engines import EngineConfig, build_engine
     from memrl.workflows import get_workflow
-    from memrl.workflows.runner import rollout_sync
 
     spec = get_workflow("memagent")
-    engine = LocalEngine(model, tokenizer, max_batch_size=256)
-    greedy = replace(wf_cfg, temperature=0.0)
+    ecfg = engine_cfg if engine_cfg is not None else EngineConfig(max_batch_size=256)
+    if ecfg.name != "hf" and not ecfg.model:
+        ecfg = replace(ecfg, model=str(model_dir))
+    engine = build_engine(ecfg, policy=model, tokenizer=tokenizer)
+    try:
+        return _evaluate(engine, spec, replace(wf_cfg, temperature=0.0), syn, lengths, num_tasks, seed)
+    finally:
+        asyncio.run(engine.close())
+
+
+def _evaluate(engine: Any, spec: Any, greedy: Any, syn: Any, lengths: list[int], num_tasks: int,
+              seed: int) -> dict[int, dict[str, float]]:
+    from memrl.data.synthetic import make_tasks
+    from memrl.workflows.runner import rollout_sync
+
     out: dict[int, dict[str, float]] = {}
     for n_chunks in lengths:
         t0 = time.perf_counter()
@@ -132,11 +148,21 @@ def _metric_mean(trajs: list[Any], name: str) -> float:
 
 
 def _split(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(demo overrides, RL overrides): `train.<key>` and the shared sections (`engine`, `workflow`, spelled
+    as in `memrl train` / `memrl eval`) go to the RL config."""
     demo, train = [], []
     for ov in overrides:
-        (train if ov.startswith("train.") else demo).append(ov.removeprefix("train.") if ov.startswith("train.")
-                                                           else ov)
+        key = ov.split("=", 1)[0]
+        if ov.startswith("train."):
+            train.append(ov.removeprefix("train."))
+        elif key.split(".", 1)[0] in SHARED_SECTIONS:
+            train.append(ov)
+        else:
+            demo.append(ov)
     return demo, train
+
+
+SHARED_SECTIONS = ("engine", "workflow")
 
 
 def load_demo_configs(overrides: list[str], out_dir: str | Path) -> tuple[DemoConfig, Any, Path]:
@@ -179,11 +205,13 @@ def run(args: argparse.Namespace) -> int:
     syn = tcfg.data.synthetic
     lengths = [syn.num_chunks * m for m in cfg.eval.multipliers]
     t0 = time.perf_counter()
-    sft_eval = evaluate(model, tokenizer, wf_cfg, syn, lengths, cfg.eval.num_tasks, cfg.eval.seed)
+    sft_eval = evaluate(model, tokenizer, wf_cfg, syn, lengths, cfg.eval.num_tasks, cfg.eval.seed,
+                        tcfg.engine, out / "sft")
     timings["eval_sft_s"] = time.perf_counter() - t0
     _print_eval("SFT", sft_eval)
 
     # 3. RL: multi-conversation GRPO on MemAgent
+    from memrl.training.checkpoint import latest_checkpoint
     from memrl.training.trainer import Trainer
 
     t0 = time.perf_counter()
@@ -193,7 +221,8 @@ def run(args: argparse.Namespace) -> int:
 
     # 4. held-out evaluation of the RL policy, same protocol
     t0 = time.perf_counter()
-    rl_eval = evaluate(trainer.model, tokenizer, wf_cfg, syn, lengths, cfg.eval.num_tasks, cfg.eval.seed)
+    rl_eval = evaluate(trainer.model, tokenizer, wf_cfg, syn, lengths, cfg.eval.num_tasks, cfg.eval.seed,
+                       tcfg.engine, latest_checkpoint(trainer.ckpt_root) or "")
     timings["eval_rl_s"] = time.perf_counter() - t0
     _print_eval("SFT+RL", rl_eval)
     timings["total_s"] = time.perf_counter() - t_start

@@ -1,28 +1,64 @@
 """Inference engines behind one protocol (memrl.engines.base): transformers (hf), vLLM, OpenAI-compatible HTTP.
 
-`make_engine(kind, model, **kwargs)` builds one by name; each backend is imported only when asked for.
+`build_engine(EngineConfig, policy=None)` builds the engine a config names (train, eval and demo all use
+it); each backend is imported only when asked for. `make_engine(kind, model, **kwargs)` is the keyword
+form for scripts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from memrl.engines.base import Completion, Engine, EngineError, SamplingParams
+from memrl.engines.config import ENGINE_KINDS, EngineConfig, HFSection, OpenAISection, VLLMSection
 
-ENGINE_KINDS = ("hf", "vllm", "vllm-cpu", "openai")
+__all__ = ["ENGINE_KINDS", "Completion", "Engine", "EngineConfig", "EngineError", "HFSection", "OpenAISection",
+           "SamplingParams", "VLLMSection", "build_engine", "make_engine"]
 
-__all__ = ["ENGINE_KINDS", "Completion", "Engine", "EngineError", "SamplingParams", "make_engine"]
+
+def build_engine(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None) -> Engine:
+    """The engine `cfg` names. `policy` (a loaded model, with its `tokenizer`) is what the trainer trains:
+    hf serves it directly (engine.hf.share_weights) or a copy of it; vllm / openai load `cfg.model`."""
+    if cfg.name == "hf":
+        from memrl.engines.hf import HFEngine
+
+        h = cfg.hf
+        kw: dict[str, Any] = {"max_batch_size": cfg.max_batch_size, "max_wait_ms": h.max_wait_ms,
+                              "max_prefill_tokens": h.max_prefill_tokens, "seed": cfg.seed}
+        if policy is not None:
+            if h.share_weights:
+                return HFEngine(policy, tokenizer=tokenizer, share_weights=True, **kw)
+            import copy
+
+            device = h.device or str(next(policy.parameters()).device)
+            return HFEngine(copy.deepcopy(policy), tokenizer=tokenizer, device=device, dtype=cfg.dtype, **kw)
+        if not cfg.model:
+            raise ValueError("engine.model is empty: give the model directory (--model DIR or engine.model=DIR)")
+        return HFEngine(cfg.model, tokenizer=tokenizer, device=h.device or "cpu", dtype=cfg.dtype,
+                        attn_implementation=h.attn_implementation, **kw)
+    if not cfg.model:
+        raise ValueError(f"engine.model is empty: engine {cfg.name!r} needs a model directory")
+    if cfg.name in ("vllm", "vllm-cpu"):
+        from memrl.engines.vllm import VLLMConfig, VLLMEngine
+
+        v = dataclasses.asdict(cfg.vllm)
+        return VLLMEngine(VLLMConfig(model=cfg.model, dtype=cfg.dtype or "auto", seed=cfg.seed,
+                                     max_num_seqs=cfg.max_batch_size, **v))
+    if cfg.name == "openai":
+        from memrl.engines.openai_http import OpenAIConfig, OpenAIEngine
+
+        o = dataclasses.asdict(cfg.openai)
+        o.pop("sync_dir")
+        o["model"] = o.pop("served_model")
+        return OpenAIEngine(OpenAIConfig(tokenizer=cfg.model, max_concurrency=cfg.max_batch_size, **o),
+                            tokenizer=tokenizer)
+    raise ValueError(f"unknown engine kind {cfg.name!r}; known: {', '.join(ENGINE_KINDS)}")
 
 
 def make_engine(kind: str, model: Any = None, **kwargs: Any) -> Engine:
-    """An engine by name.
-
-    - "hf": HFEngine(model, **kwargs) (model = HF directory or loaded model; device, dtype, max_batch_size...)
-    - "vllm" / "vllm-cpu": VLLMEngine(model=model, ...); max_batch_size maps to max_num_seqs; device is
-      chosen by the installed vLLM build and ignored here.
-    - "openai": OpenAIEngine over a running server; model is the local tokenizer directory, base_url a
-      keyword; max_batch_size maps to max_concurrency.
-    """
+    """An engine by name with keyword settings (scripts): "hf" -> HFEngine(model, **kwargs), "vllm" /
+    "vllm-cpu" -> VLLMEngine(model=model, **kwargs), "openai" -> OpenAIEngine(tokenizer=model, **kwargs)."""
     if kind == "hf":
         from memrl.engines.hf import HFEngine
 
@@ -32,15 +68,9 @@ def make_engine(kind: str, model: Any = None, **kwargs: Any) -> Engine:
     if kind in ("vllm", "vllm-cpu"):
         from memrl.engines.vllm import VLLMEngine
 
-        kwargs.pop("device", None)
-        if "max_batch_size" in kwargs:
-            kwargs["max_num_seqs"] = kwargs.pop("max_batch_size")
         return VLLMEngine(model=str(model), **kwargs)
     if kind == "openai":
         from memrl.engines.openai_http import OpenAIConfig, OpenAIEngine
 
-        kwargs.pop("device", None)
-        if "max_batch_size" in kwargs:
-            kwargs["max_concurrency"] = kwargs.pop("max_batch_size")
         return OpenAIEngine(OpenAIConfig(tokenizer=str(model) if model is not None else "", **kwargs))
     raise ValueError(f"unknown engine kind {kind!r}; known: {', '.join(ENGINE_KINDS)}")

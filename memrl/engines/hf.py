@@ -190,6 +190,8 @@ class HFEngine:
     max_batch_size: most rows decoded together; max_wait_ms: how long the first waiting request holds the
     batch open for others; max_prefill_tokens: padded tokens per prefill pass (bounds memory).
     seed: seeds the generator of requests that carry no seed of their own.
+    share_weights: serve `model_or_path` (a loaded module) itself, on its own device and dtype, with no
+    copy: the trainer's policy. `update_weights` with tensors that are that module's own is then a no-op.
     """
 
     def __init__(
@@ -203,16 +205,25 @@ class HFEngine:
         max_prefill_tokens: int = 32768,
         seed: int | None = None,
         attn_implementation: str | None = "sdpa",
+        share_weights: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine.max_batch_size must be >= 1, got {max_batch_size}")
         if max_wait_ms < 0:
             raise ValueError(f"HFEngine.max_wait_ms must be >= 0, got {max_wait_ms}")
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise EngineError("HFEngine: device 'cuda' requested but torch.cuda.is_available() is False")
-        self.dtype = self._resolve_dtype(dtype)
-        self.model, self.tokenizer = self._load(model_or_path, tokenizer, attn_implementation)
+        self.share_weights = share_weights
+        if share_weights:
+            if not isinstance(model_or_path, torch.nn.Module):
+                raise EngineError("HFEngine(share_weights=True) needs a loaded model, not a path")
+            param = next(model_or_path.parameters())
+            self.device, self.dtype = param.device, param.dtype
+            self.model, self.tokenizer = self._shared(model_or_path, tokenizer)
+        else:
+            self.device = torch.device(device)
+            if self.device.type == "cuda" and not torch.cuda.is_available():
+                raise EngineError("HFEngine: device 'cuda' requested but torch.cuda.is_available() is False")
+            self.dtype = self._resolve_dtype(dtype)
+            self.model, self.tokenizer = self._load(model_or_path, tokenizer, attn_implementation)
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_prefill_tokens = max(1, max_prefill_tokens)
@@ -250,6 +261,21 @@ class HFEngine:
             raise ValueError(f"HFEngine: unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}")
         return _DTYPES[dtype]
 
+    @staticmethod
+    def _tokenizer_of(model: Any, tokenizer: Any) -> Any:
+        if tokenizer is not None:
+            return tokenizer
+        from transformers import AutoTokenizer
+
+        name = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
+        if not name or not Path(name).is_dir():
+            raise EngineError("HFEngine: pass tokenizer= when giving a model object without a local path")
+        return AutoTokenizer.from_pretrained(name)
+
+    def _shared(self, model: Any, tokenizer: Any) -> tuple[Any, Any]:
+        """The caller's module as is: no dtype / device move, and its train/eval mode stays the caller's."""
+        return model, self._tokenizer_of(model, tokenizer)
+
     def _load(self, model_or_path: Any, tokenizer: Any, attn: str | None) -> tuple[Any, Any]:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -265,11 +291,7 @@ class HFEngine:
                 tokenizer = AutoTokenizer.from_pretrained(path)
         else:
             model = model_or_path
-            if tokenizer is None:
-                name = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
-                if not name or not Path(name).is_dir():
-                    raise EngineError("HFEngine: pass tokenizer= when giving a model object without a local path")
-                tokenizer = AutoTokenizer.from_pretrained(name)
+            tokenizer = self._tokenizer_of(model, tokenizer)
             model = model.to(dtype=self.dtype)
         model = model.to(self.device).eval()
         return model, tokenizer
@@ -291,8 +313,11 @@ class HFEngine:
     def update_weights(self, weights: Mapping[str, Any] | str | os.PathLike | torch.nn.Module) -> None:
         """Copy new weights into the model in place: a state dict (HF parameter names), a HuggingFace
         directory / .safetensors file, or a module. Waits for running rows to finish; waiting requests
-        start after the update."""
+        start after the update. Tensors that already are the model's own (shared storage) are skipped, so
+        syncing the module an engine shares costs nothing."""
         state = self._read_weights(weights)
+        if self._all_shared(state):
+            return
         with self._cond:
             self._draining = True  # the worker admits nothing new while set
             while self._active > 0 and self._worker is not None and self._worker.is_alive():
@@ -631,6 +656,15 @@ class HFEngine:
             return _load_state_dict(Path(weights))
         raise EngineError(
             f"HFEngine.update_weights: expected a state dict, a module or a path, got {type(weights).__name__}"
+        )
+
+    def _all_shared(self, state: Mapping[str, torch.Tensor]) -> bool:
+        """True when every tensor of `state` is stored where the model's tensor of that name is."""
+        own = self.model.state_dict()
+        return bool(state) and all(
+            (key := _strip_wrappers(name)) in own and own[key].data_ptr() == t.data_ptr()
+            and own[key].shape == t.shape
+            for name, t in state.items()
         )
 
     def _copy_weights(self, state: Mapping[str, torch.Tensor]) -> None:

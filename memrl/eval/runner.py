@@ -1,6 +1,6 @@
 """Evaluate a workflow through an engine on eval files: one JSONL row per question, resumable.
 
-    rows = evaluate(files, out_dir, EvalConfig(workflow="memagent", engine=EngineSection(model="m/")))
+    rows = evaluate(files, out_dir, EvalConfig(workflow="memagent", engine=EngineConfig(model="m/")))
 
 Rows go to `<out_dir>/results.jsonl` as each question finishes. A re-run skips the (num_docs, task_id)
 pairs already there; a half-written last line (a killed run) is cut off and that question re-run.
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memrl.engines.config import EngineConfig
 from memrl.types import Segment, Task, Trajectory
 
 log = logging.getLogger(__name__)
@@ -49,22 +50,6 @@ Answer:""".replace("{{}}", "{}")
 
 
 @dataclass
-class EngineSection:
-    """Which engine serves the model during evaluation."""
-
-    name: str = "hf"
-    """Engine kind: hf (transformers, embedded), or any kind memrl.engines.make_engine knows."""
-    model: str = ""
-    """Model directory (HuggingFace format) or served model name."""
-    device: str = "cpu"
-    dtype: str | None = None
-    """torch dtype name; default float32 on CPU, bfloat16 on CUDA."""
-    max_batch_size: int = 16
-    """Rows decoded together by the engine's batcher."""
-    seed: int = 0
-
-
-@dataclass
 class FullContextConfig:
     """The full-context baseline: whole document in one prompt, truncated in the middle to a budget."""
 
@@ -84,7 +69,8 @@ class EvalConfig:
 
     workflow: str = "memagent"
     """A registered workflow (memagent, rememr1, ...) or full_context (the baseline)."""
-    engine: EngineSection = field(default_factory=EngineSection)
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(max_batch_size=16))
+    """The engine (memrl.engines.config): `engine.model` is the model directory (--model)."""
     full_context: FullContextConfig = field(default_factory=FullContextConfig)
     limit: int = 0
     """Questions per file (the first ones); 0 = all."""
@@ -160,22 +146,15 @@ def workflow_config(cfg: EvalConfig, overrides: Sequence[str] = ()) -> Any:
 # ---------------------------------------------------------------- engines
 
 
-def make_eval_engine(sec: EngineSection) -> Any:
-    """The engine named by `sec` (hf directly; other kinds through memrl.engines.make_engine)."""
+def make_eval_engine(sec: EngineConfig) -> Any:
+    """The engine `sec` names (memrl.engines.build_engine), after checking the model directory exists."""
+    from memrl.engines import build_engine
+
     if not sec.model:
         raise ValueError("eval: engine.model is empty; pass --model DIR (or engine.model=DIR)")
-    if sec.name == "hf":
-        from memrl.engines.hf import HFEngine
-
-        if not Path(sec.model).exists():
-            raise FileNotFoundError(f"eval: model directory {sec.model} does not exist")
-        return HFEngine(sec.model, device=sec.device, dtype=sec.dtype, max_batch_size=sec.max_batch_size,
-                        seed=sec.seed)
-    try:
-        from memrl.engines import make_engine  # type: ignore[attr-defined]
-    except ImportError as e:
-        raise ValueError(f"eval: engine {sec.name!r} is not available in this version (only 'hf')") from e
-    return make_engine(sec.name, sec.model, device=sec.device, max_batch_size=sec.max_batch_size)
+    if sec.name != "openai" and not Path(sec.model).exists():
+        raise FileNotFoundError(f"eval: model directory {sec.model} does not exist")
+    return build_engine(sec)
 
 
 # ---------------------------------------------------------------- results file

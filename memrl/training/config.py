@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memrl.data.synthetic import SyntheticConfig
+from memrl.engines.config import EngineConfig
 
 
 @dataclass
@@ -27,18 +28,6 @@ class ModelSection:
     device: str = "cpu"
     """Where the trainer runs ("cpu", "cuda")."""
     gradient_checkpointing: bool = False
-
-
-@dataclass
-class EngineSection:
-    """The rollout engine. "local" shares the policy module in-process (no copy, deterministic batching);
-    "hf" is memrl.engines.hf.HFEngine on a copy of the weights; "vllm"/"openai" via make_engine."""
-
-    name: str = "local"
-    max_batch_size: int = 64
-    max_wait_ms: float = 5.0
-    concurrency: int = 1024
-    """Trajectories in flight at once (the rollout runner's cap)."""
 
 
 @dataclass
@@ -115,6 +104,8 @@ class TrainerSection:
     steps: int = 150
     batch_size: int = 128
     """Tasks (groups) per step; each gives `algorithm.n` trajectories."""
+    concurrency: int = 1024
+    """Trajectories in flight at once (the rollout runner's cap)."""
     mini_batches: int = 1
     """Optimizer steps per RL step (the batch's groups split evenly); 1 = fully on-policy."""
     token_budget: int = 16384
@@ -132,7 +123,8 @@ class TrainConfig:
     """Everything `memrl train` needs; presets in memrl/configs/*.yaml."""
 
     model: ModelSection = field(default_factory=ModelSection)
-    engine: EngineSection = field(default_factory=EngineSection)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """The rollout engine (memrl.engines.config); hf by default, serving the trained module itself."""
     workflow: WorkflowSection = field(default_factory=WorkflowSection)
     data: DataSection = field(default_factory=DataSection)
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)

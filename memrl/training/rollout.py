@@ -1,35 +1,18 @@
-"""Rollout for training: build the engine for a policy, sample groups, apply dynamic sampling."""
+"""Rollout for training: sample groups through the engine, apply dynamic sampling."""
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from memrl.training.config import EngineSection
 from memrl.types import Group, Task
 from memrl.workflows import WorkflowSpec
 from memrl.workflows.runner import rollout_sync
 
 log = logging.getLogger(__name__)
-
-
-def build_engine(sec: EngineSection, model: Any, tokenizer: Any, model_path: str = "", device: str = "cpu") -> Any:
-    """The rollout engine for `model`. "local" serves the very module being trained (weight sync is a
-    no-op); "hf" serves a copy (synced by `update_weights(state_dict)`); others go through make_engine."""
-    if sec.name == "local":
-        from memrl.training.local_engine import LocalEngine
-
-        return LocalEngine(model, tokenizer, max_batch_size=sec.max_batch_size)
-    from memrl.engines import make_engine
-
-    if sec.name == "hf":
-        return make_engine("hf", copy.deepcopy(model), tokenizer=tokenizer, device=device,
-                           max_batch_size=sec.max_batch_size, max_wait_ms=sec.max_wait_ms)
-    return make_engine(sec.name, model_path, max_batch_size=sec.max_batch_size)
 
 
 @dataclass

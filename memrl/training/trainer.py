@@ -6,11 +6,15 @@
        fixed over the whole batch (sum of micro-batch losses == un-split loss) -> optimizer step
     -> weight sync to the engine -> log -> checkpoint
 
+The engine's weights are synced once more before the first rollout of every run (fresh or resumed), so
+an engine that loaded other weights (a server started on the initial model) never samples from them.
+
 Same code on a laptop CPU and a GPU; only `model.device` / `engine.name` change.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -29,7 +33,7 @@ from memrl.training.checkpoint import latest_checkpoint, load_state, rng_state, 
 from memrl.training.config import TrainConfig
 from memrl.training.packing import Row, collate, pack_rows, rows_from_segments, set_loss_weights
 from memrl.training.policy import ppo_micro_loss, token_logprobs
-from memrl.training.rollout import build_engine, sample_groups
+from memrl.training.rollout import sample_groups
 from memrl.types import Group, Task
 
 log = logging.getLogger(__name__)
@@ -182,8 +186,29 @@ class Trainer:
             set_rng_state(state["rng"])
             self.step, self.position = int(state["step"]), int(state["data_position"])
             log.info("resumed from %s (step %d, data position %d)", start, self.step, self.position)
-        self.engine = build_engine(cfg.engine, self.model, self.tokenizer, cfg.model.path, cfg.model.device)
+        self.engine = self._build_engine(src)
+        self.sync_weights()  # before the first rollout: the engine may hold other weights than the policy
         self.stream = task_stream(cfg, self.position)
+
+    def _build_engine(self, src: str) -> Any:
+        """The rollout engine; one that loads weights itself starts from `src` (the resumed checkpoint)."""
+        from memrl.engines import build_engine
+
+        sec = self.cfg.engine
+        if sec.name != "hf" and not sec.model:
+            sec = dataclasses.replace(sec, model=src)
+        return build_engine(sec, policy=self.model, tokenizer=self.tokenizer)
+
+    def sync_weights(self) -> None:
+        """Give the engine the policy's current weights: a no-op for an hf engine sharing the module, a
+        state dict for in-process engines, a saved directory for a server (engine.openai.sync_dir)."""
+        if self.cfg.engine.name != "openai":
+            self.engine.update_weights(self.model.state_dict())
+            return
+        d = Path(self.cfg.engine.openai.sync_dir or self.out / "engine_weights")
+        self.model.save_pretrained(d)
+        self.tokenizer.save_pretrained(d)
+        self.engine.update_weights(str(d.resolve()))
 
     def _next_tasks(self, k: int) -> list[Task]:
         tasks = [next(self.stream) for _ in range(k)]
@@ -289,7 +314,7 @@ class Trainer:
         cfg, a = self.cfg, self.cfg.algorithm
         t0 = time.perf_counter()
         res = sample_groups(self._next_tasks, self.spec, self.engine, self.wf_cfg, cfg.trainer.batch_size,
-                            a.n, cfg.engine.concurrency, seed=cfg.trainer.seed * 100003 + self.step,
+                            a.n, cfg.trainer.concurrency, seed=cfg.trainer.seed * 100003 + self.step,
                             dynamic_sampling=a.dynamic_sampling, max_refill_rounds=a.max_refill_rounds)
         t1 = time.perf_counter()
         metrics: dict[str, float] = {}
@@ -313,7 +338,7 @@ class Trainer:
             metrics.update(self.update(res.groups))
             advs = [s.advantage or 0.0 for t in trajs for s in t.segments]
             metrics.update(_stats("advantage", advs))
-            self.engine.update_weights(self.model.state_dict())
+            self.sync_weights()
         t2 = time.perf_counter()
         metrics["time/rollout_s"] = t1 - t0
         metrics["time/update_s"] = t2 - t1

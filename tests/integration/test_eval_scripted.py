@@ -10,10 +10,10 @@ import shutil
 import pytest
 
 from memrl.data.memagent_files import write_eval_json
+from memrl.engines import EngineConfig
 from memrl.eval.report import TABLE_COLUMNS, load_summaries, report_dirs, summarize, write_report
 from memrl.eval.runner import (
     RESULTS_FILE,
-    EngineSection,
     EvalConfig,
     FullContextConfig,
     evaluate,
@@ -58,7 +58,7 @@ def files(tmp_path):
 
 
 def _cfg(**kw) -> EvalConfig:
-    return EvalConfig(engine=EngineSection(model="scripted"), progress=False, concurrency=3, **kw)
+    return EvalConfig(engine=EngineConfig(model="scripted"), progress=False, concurrency=3, **kw)
 
 
 WF = ["chunk_tokens=40", "max_memory_tokens=32", "max_final_tokens=64"]

@@ -43,7 +43,7 @@ def _cfg(model: str, out, steps: int, **extra: str) -> TrainConfig:
         "workflow.options.max_final_tokens=3", "data.synthetic.num_chunks=2", "data.synthetic.chunk_words=8",
         "trainer.batch_size=2", "algorithm.n=3", "algorithm.kl_coef=0.01", "algorithm.entropy_coef=0.001",
         "optim.lr=1e-3", "optim.warmup_steps=2", "trainer.save_every=2", "trainer.token_budget=600",
-        "trainer.progress=false", "trainer.tensorboard=false", "engine.name=local",
+        "trainer.progress=false", "trainer.tensorboard=false", "engine.name=hf",
     ] + [f"{k}={v}" for k, v in extra.items()]
     return load_config(TrainConfig, ov)
 
@@ -86,3 +86,38 @@ def test_resume_is_exact(tiny_path, tmp_path):
             assert torch.equal(sa[i][k], sb[i][k])
     for x, y in zip(hist_a[2:], hist_b, strict=True):
         assert x["reward/mean"] == y["reward/mean"] and x["loss/total"] == y["loss/total"]
+
+
+def _logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """log_softmax(logits)[token] of each completion token under `model` (T = 1)."""
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None]).squeeze(1)
+
+
+def test_resume_with_http_engine_samples_from_the_checkpoint(tiny_path, tmp_path):
+    """A server started on the INITIAL model: the resumed trainer must load the checkpoint into it before
+    its first rollout (the bug: the first resumed step sampled from the initial policy)."""
+    from transformers import AutoModelForCausalLM
+
+    from memrl.engines.hf import HFEngine
+    from memrl.testing import CompletionServer
+    from memrl.training.checkpoint import latest_checkpoint
+
+    Trainer(_cfg(tiny_path, tmp_path / "b", 2)).fit()
+    ckpt = latest_checkpoint(tmp_path / "b" / "checkpoints")
+    with CompletionServer(HFEngine(tiny_path, max_batch_size=64, seed=0)) as server:
+        cfg = _cfg(tiny_path, tmp_path / "b", 3, **{"engine": "openai", "engine.openai.base_url": server.url})
+        Trainer(cfg, resume=True).fit()
+        events = list(server.events)
+    assert events[0] == ("load", str((tmp_path / "b" / "engine_weights").resolve()))
+    first = next(e for e in events if e[0] == "complete")
+    _, prompt, tokens, served = first
+    at_ckpt = _logprobs(AutoModelForCausalLM.from_pretrained(ckpt), prompt, tokens)
+    at_init = _logprobs(AutoModelForCausalLM.from_pretrained(tiny_path), prompt, tokens)
+    served = torch.tensor(served)
+    assert torch.allclose(served, at_ckpt, atol=1e-4), (served - at_ckpt).abs().max()
+    assert (served - at_init).abs().max() > 1e-2  # the initial policy would be told apart
+    # after the resumed step's update the server got the new weights too, then the run ended
+    assert [e[0] for e in events].count("load") == 2 and events[-1][0] == "load"

@@ -1,0 +1,118 @@
+"""The one engine config (`engine.*` in `memrl train`, `memrl eval` and `memrl demo`).
+
+    engine=vllm engine.max_batch_size=256 engine.vllm.gpu_memory_utilization=0.5
+    engine=openai engine.openai.base_url=http://127.0.0.1:8000 engine.openai.timeout_s=120
+
+Fields every kind reads sit at the top; each kind's own settings live in its sub-section and are
+ignored by the other kinds. `memrl.engines.build_engine` turns an EngineConfig into an engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ENGINE_KINDS = ("hf", "vllm", "vllm-cpu", "openai")
+
+
+@dataclass
+class HFSection:
+    """The embedded transformers engine (memrl.engines.hf.HFEngine)."""
+
+    device: str = ""
+    """"cpu" or "cuda[:i]"; "" = the policy's device when training, else cpu."""
+    max_wait_ms: float = 5.0
+    """How long the first waiting request holds a batch open for others."""
+    max_prefill_tokens: int = 32768
+    """Padded tokens per prefill pass (bounds memory)."""
+    attn_implementation: str | None = "sdpa"
+    """transformers attention implementation when the engine loads the model itself."""
+    share_weights: bool = True
+    """Training only: serve the very module being trained (no copy; weight sync is a no-op). False = a
+    copy of the policy, synced after every update."""
+
+
+@dataclass
+class VLLMSection:
+    """The in-process vLLM engine (memrl.engines.vllm.VLLMEngine; names follow vLLM's engine arguments)."""
+
+    max_model_len: int | None = None
+    """Prompt + completion token limit; None = the model's own."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of GPU memory for weights + KV cache (on CPU: of host memory, unless kv_cache_gib is set)."""
+    kv_cache_gib: float | None = None
+    """KV cache size in GiB; None = derive from gpu_memory_utilization."""
+    enforce_eager: bool = False
+    """Skip torch.compile / CUDA graphs: faster start, slower decode."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV cache of shared prompt prefixes."""
+    enable_chunked_prefill: bool | None = None
+    """None = vLLM's default (off on CPU, see VLLMConfig)."""
+    tensor_parallel_size: int = 1
+    """GPUs one engine spans."""
+    logprobs_mode: str = "processed_logprobs"
+    """"processed_logprobs" matches memrl's logprob convention (memrl.engines.base)."""
+    enable_sleep_mode: bool = False
+    """Allow sleep()/wake_up() (CUDA only)."""
+    cpu_threads_bind: str | None = None
+    """VLLM_CPU_OMP_THREADS_BIND for vLLM's CPU backend, e.g. "0-1"; None = every usable core."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Any other vllm AsyncEngineArgs field, passed through unchanged."""
+
+
+@dataclass
+class OpenAISection:
+    """An OpenAI-compatible server (memrl.engines.openai_http.OpenAIEngine); `engine.model` is the local
+    tokenizer directory of the served model."""
+
+    base_url: str = "http://127.0.0.1:8000"
+    """Server root, with or without a trailing /v1."""
+    served_model: str | None = None
+    """Served model name sent in requests; None = the server's only model."""
+    api_key: str | None = None
+    """Sent as a Bearer token; None = OPENAI_API_KEY when set."""
+    server: str = "vllm"
+    """vllm | sglang: which weight-reload endpoint weight syncs use."""
+    vllm_reload_method: str = "memrl_load_weights"
+    """Worker method a weight sync calls through vLLM's /collective_rpc (see OpenAIConfig)."""
+    timeout_s: float = 600.0
+    """Per-request read timeout."""
+    connect_timeout_s: float = 10.0
+    """Connection timeout."""
+    max_retries: int = 3
+    """Retries after a connection error, timeout or 5xx."""
+    backoff_s: float = 0.5
+    """First retry delay; doubled per retry."""
+    sync_dir: str = ""
+    """Training: directory the policy is saved to for the server to reload (must be readable by the
+    server); "" = <out_dir>/engine_weights."""
+
+
+@dataclass
+class EngineConfig:
+    """Which engine serves the model, and its settings (kind-specific ones in hf / vllm / openai)."""
+
+    name: str = "hf"
+    """Engine kind: hf (transformers, in process), vllm, vllm-cpu, openai (a running server)."""
+    model: str = ""
+    """Model directory (HuggingFace format). Training: "" = the policy (model.path, or the checkpoint a
+    resumed run starts from). openai: the local tokenizer directory."""
+    max_batch_size: int = 64
+    """Sequences decoded together (hf max_batch_size, vLLM max_num_seqs, openai requests in flight)."""
+    dtype: str | None = None
+    """Weights dtype name; None = the policy's when sharing, else float32 on CPU / bfloat16 on CUDA (hf),
+    "auto" (vLLM)."""
+    seed: int = 0
+    """Seed for requests that carry none of their own."""
+    hf: HFSection = field(default_factory=HFSection)
+    vllm: VLLMSection = field(default_factory=VLLMSection)
+    openai: OpenAISection = field(default_factory=OpenAISection)
+
+    def __post_init__(self) -> None:
+        if self.name == "local":
+            raise ValueError("engine.name 'local' was removed: use hf (it serves the trained module itself, "
+                             "engine.hf.share_weights=true)")
+        if self.name not in ENGINE_KINDS:
+            raise ValueError(f"engine.name {self.name!r} is not one of {', '.join(ENGINE_KINDS)}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"engine.max_batch_size must be >= 1, got {self.max_batch_size}")
