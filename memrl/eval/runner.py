@@ -28,40 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from memrl.engines.config import EngineConfig
-from memrl.types import Segment, Task, Trajectory
+from memrl.types import Task, Trajectory
+from memrl.workflows.full_context import FULL_CONTEXT_TEMPLATE, FullContextConfig  # noqa: F401 - re-exported
+from memrl.workflows.full_context import run as run_full_context  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.jsonl"
 CONFIG_FILE = "eval_config.json"
 FULL_CONTEXT = "full_context"
-
-FULL_CONTEXT_TEMPLATE = """You are given a problem and a long document. Read the document, then answer the problem and put the final answer inside \\boxed{{}}.
-
-<problem>
-{problem}
-</problem>
-
-<document>
-{context}
-</document>
-
-Answer:""".replace("{{}}", "{}")
-
-
-@dataclass
-class FullContextConfig:
-    """The full-context baseline: whole document in one prompt, truncated in the middle to a budget."""
-
-    max_context_tokens: int = 120_000
-    """Document tokens kept (head half + tail half); the rest of the model window is prompt + answer."""
-    max_final_tokens: int = 1024
-    temperature: float = 0.0
-    top_p: float = 1.0
-    template: str | None = None
-    """Inline prompt with {problem} and {context} (default: a boxed-answer prompt)."""
-    template_file: str | None = None
-
 
 @dataclass
 class EvalConfig:
@@ -83,43 +58,10 @@ class EvalConfig:
     progress: bool = True
 
 
-# ---------------------------------------------------------------- full-context baseline
-
-
-async def run_full_context(task: Task, engine: Any, cfg: FullContextConfig, rng: random.Random) -> Trajectory:
-    """Baseline: one call with the (centre-truncated) whole document; the answer is the last \\boxed{}."""
-    from memrl.engines.base import SamplingParams
-    from memrl.rewards.qa import extract_boxed
-    from memrl.workflows.memagent import centre_truncate, decode_response
-    from memrl.workflows.templates import chat_prompt, load_template
-
-    tok = engine.tokenizer
-    tpl = load_template("full_context", ("problem", "context"), cfg.template_file,
-                        cfg.template if cfg.template is not None or cfg.template_file else FULL_CONTEXT_TEMPLATE)
-    ids = list(tok.encode(task.context, add_special_tokens=False)) if task.context else []
-    kept = centre_truncate(ids, cfg.max_context_tokens)
-    _, prompt_ids = chat_prompt(tok, tpl.render(problem=task.question, context=tok.decode(kept)))
-    seed = rng.getrandbits(31) if cfg.temperature > 0 else None
-    sp = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_final_tokens, seed=seed)
-    out = await engine.generate(prompt_ids, sp)
-    text = decode_response(tok, out.token_ids)
-    boxed = extract_boxed(text)
-    seg = Segment(prompt_ids=prompt_ids, response_ids=list(out.token_ids), response_logprobs=list(out.logprobs),
-                  info={"kind": "final", "answer_text": text, "prediction": boxed or "",
-                        "finish_reason": out.finish_reason})
-    metrics = {"context_tokens": float(len(ids)), "tokens_read": float(len(kept)),
-               "truncated": float(len(kept) < len(ids)), "no_box": float(boxed is None),
-               "generated_tokens": float(len(out.token_ids))}
-    return Trajectory(task.task_id, "", [seg], final_answer=boxed or "", metrics=metrics,
-                      info={"answer_text": text, "memories": []})
-
-
 def get_spec(name: str):
     """The WorkflowSpec of a registered workflow, or of the full-context baseline."""
-    from memrl.workflows import WorkflowSpec, boxed_em_outcome, get_workflow
+    from memrl.workflows import get_workflow
 
-    if name == FULL_CONTEXT:
-        return WorkflowSpec(FULL_CONTEXT, run_full_context, FullContextConfig, boxed_em_outcome)
     return get_workflow(name)
 
 

@@ -65,3 +65,4 @@ def _try_register(name: str, module: str) -> None:
 
 
 _try_register("rememr1", "memrl.workflows.rememr1")
+_try_register("full_context", "memrl.workflows.full_context")
