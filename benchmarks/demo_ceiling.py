@@ -35,18 +35,15 @@ def main() -> int:
     ap.add_argument("--start-from", default=None, metavar="DIR",
                     help="HF checkpoint to fine-tune (default: a fresh model, as `memrl demo` inits it)")
     args = ap.parse_args()
-    cfg, tcfg, out = load_demo_configs(["train.trainer.progress=false", *args.overrides], args.out)
+    cfg, tcfg, out, (_, wf_cfg) = load_demo_configs(["train.trainer.progress=false", *args.overrides], args.out)
     t0 = time.perf_counter()
     if args.start_from:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from memrl.training.trainer import workflow_config
-
-        _, wf_cfg = workflow_config(tcfg)
         tokenizer = AutoTokenizer.from_pretrained(args.start_from)
         model = AutoModelForCausalLM.from_pretrained(args.start_from)
     else:
-        tokenizer, model, wf_cfg = _init_model(cfg, tcfg, out)
+        tokenizer, model = _init_model(cfg, tcfg, out, wf_cfg)
     _sft(cfg, tcfg, model, tokenizer, wf_cfg, out, question_aware=True)
     sft_s = time.perf_counter() - t0
     syn = tcfg.data.synthetic

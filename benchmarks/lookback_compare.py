@@ -33,12 +33,11 @@ def train_config(workflow: str, overrides: list[str]):
 
 
 def workflow_cfg(workflow: str, **extra):
-    from memrl.config import section_from_dict
-    from memrl.workflows import get_workflow
+    from memrl.workflows import parse_workflow
 
-    opts = dict(train_config(workflow, ["model.path=x", "data.path=x"]).workflow.options)
-    opts.update(extra)
-    return section_from_dict(get_workflow(workflow).config_cls, opts, "workflow.options")
+    section = dict(train_config(workflow, ["model.path=x", "data.path=x"]).workflow)
+    section.update(extra)
+    return parse_workflow(section)[1]
 
 
 def stage_data(out: Path, args) -> None:
@@ -155,8 +154,8 @@ def stage_eval(out: Path, name: str, wf: str, model_dir: Path | None, args) -> P
     (tdir / "memory.txt").write_text(mem.text + "\n", encoding="utf-8")
     (tdir / "final.txt").write_text(fin.text + "\n", encoding="utf-8")
     keep = ("chunk_tokens", "max_memory_tokens", "max_final_tokens", "scorer")
-    overrides = [f"{k}={getattr(c, k)}" for k in keep if hasattr(c, k)]
-    overrides += [f"memory_template_file={tdir / 'memory.txt'}", f"final_template_file={tdir / 'final.txt'}"]
+    section = {"name": wf, **{k: getattr(c, k) for k in keep if hasattr(c, k)},
+               "memory_template_file": str(tdir / "memory.txt"), "final_template_file": str(tdir / "final.txt")}
     engine = None
     if model_dir is None:  # the scripted oracle
         from transformers import AutoTokenizer
@@ -165,9 +164,9 @@ def stage_eval(out: Path, name: str, wf: str, model_dir: Path | None, args) -> P
         from memrl.testing import ScriptedEngine
 
         engine = ScriptedEngine(LookbackOracle.for_config(wf, c), tokenizer=AutoTokenizer.from_pretrained(out / "model"))
-    ecfg = EvalConfig(workflow=wf, engine=EngineConfig(model=str(model_dir or "oracle"), max_batch_size=256),
+    ecfg = EvalConfig(workflow=section, engine=EngineConfig(model=str(model_dir or "oracle"), max_batch_size=256),
                       concurrency=256, name=name, progress=False)
-    evaluate(files, res, ecfg, overrides, engine=engine)
+    evaluate(files, res, ecfg, engine=engine)
     return res
 
 

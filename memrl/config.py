@@ -3,8 +3,9 @@
     cfg = load_config(TrainConfig, ["workflow=memagent", "algorithm.n=8"], preset="demo_cpu")
 
 - A preset is `memrl/configs/<name>.yaml` (packaged) or a path to a YAML file.
-- `section=value`, where `section` is a dataclass field with a `name` field, selects by name
-  (`workflow=rememr1` is `workflow.name=rememr1`), as Hydra's config groups read on the command line.
+- `section=value`, where `section` is a dataclass field (or a free-form dict section) with a `name`
+  field, selects by name (`workflow=rememr1` is `workflow.name=rememr1`), as Hydra's config groups read
+  on the command line.
 - Unknown keys and wrong types fail with a `ConfigError` naming the key and what was expected.
 """
 
@@ -53,11 +54,12 @@ def _selector_overrides(schema: Any, overrides: list[str]) -> list[str]:
         key, value = ov.split("=", 1)
         key = key.lstrip("+")
         f = fields.get(key)
-        if f is not None and dataclasses.is_dataclass(f.default_factory() if callable(f.default_factory) else None):
-            section = f.default_factory()  # type: ignore[misc]
-            if any(g.name == "name" for g in dataclasses.fields(section)):
-                out.append(f"{key}.name={value}")
-                continue
+        section = f.default_factory() if f is not None and callable(f.default_factory) else None
+        named = (dataclasses.is_dataclass(section) and any(g.name == "name" for g in dataclasses.fields(section))
+                 or isinstance(section, dict) and "name" in section)
+        if named:
+            out.append(f"{key}.name={value}")
+            continue
         out.append(f"{key}={value}")
     return out
 

@@ -165,9 +165,10 @@ def _split(overrides: list[str]) -> tuple[list[str], list[str]]:
 SHARED_SECTIONS = ("engine", "workflow")
 
 
-def load_demo_configs(overrides: list[str], out_dir: str | Path) -> tuple[DemoConfig, Any, Path]:
-    """(demo config, validated RL config, writable output dir) from `key=value` / `train.key=value`
-    overrides; sets torch's thread count when `threads` is given. Fails before any work on a bad value."""
+def load_demo_configs(overrides: list[str], out_dir: str | Path) -> tuple[DemoConfig, Any, Path, tuple[Any, Any]]:
+    """(demo config, validated RL config, writable output dir, parsed workflow (spec, config)) from
+    `key=value` / `train.key=value` overrides; sets torch's thread count when `threads` is given. Fails
+    before any work on a bad value."""
     import torch
 
     from memrl.config import load_config
@@ -179,23 +180,24 @@ def load_demo_configs(overrides: list[str], out_dir: str | Path) -> tuple[DemoCo
     out = check_writable(out_dir)
     tcfg = load_config(TrainConfig, [f"model.path={out / 'sft'}", f"out_dir={out / 'rl'}", *train_ov],
                        preset=cfg.train_preset)
-    validate(tcfg)
+    workflow = validate(tcfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    return cfg, tcfg, out
+    return cfg, tcfg, out, workflow
 
 
 def run(args: argparse.Namespace) -> int:
     from memrl.config import to_yaml
 
     t_start = time.perf_counter()
-    cfg, tcfg, out = load_demo_configs(args.overrides, args.out)
+    cfg, tcfg, out, workflow = load_demo_configs(args.overrides, args.out)
+    wf_cfg = workflow[1]
     (out / "demo_config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     timings: dict[str, float] = {}
 
     # 1. tiny model with a tokenizer trained on the task's own text
     t0 = time.perf_counter()
-    tokenizer, model, wf_cfg = _init_model(cfg, tcfg, out)
+    tokenizer, model = _init_model(cfg, tcfg, out, wf_cfg)
     timings["init_s"] = time.perf_counter() - t0
 
     # 2. cold-start SFT on the question-blind rule's traces
@@ -215,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     from memrl.training.trainer import Trainer
 
     t0 = time.perf_counter()
-    trainer = Trainer(tcfg)
+    trainer = Trainer(tcfg, workflow=workflow)
     history = trainer.fit()
     timings["rl_s"] = time.perf_counter() - t0
 
@@ -241,14 +243,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _init_model(cfg: DemoConfig, tcfg: Any, out: Path) -> tuple[Any, Any, Any]:
+def _init_model(cfg: DemoConfig, tcfg: Any, out: Path, wf_cfg: Any) -> tuple[Any, Any]:
+    """(tokenizer, model): a fresh model whose tokenizer is trained on the task's own text."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from memrl.data.synthetic import corpus_text, make_task
     from memrl.models.tiny import init_tiny_model
-    from memrl.training.trainer import workflow_config
 
-    _, wf_cfg = workflow_config(tcfg)
     mem_tpl, fin_tpl = wf_cfg.templates()
     syn = tcfg.data.synthetic
     sample = make_task(syn, seed=0, index=0)
@@ -288,7 +289,7 @@ def _init_model(cfg: DemoConfig, tcfg: Any, out: Path) -> tuple[Any, Any, Any]:
         log.warning("synthetic pieces are %d tokens, expected %d: chunks will not align with facts", n_tok, want)
     if wf_cfg.chunk_tokens != syn.chunk_words:
         log.warning("workflow chunk_tokens=%d but synthetic chunk_words=%d", wf_cfg.chunk_tokens, syn.chunk_words)
-    return tokenizer, model, wf_cfg
+    return tokenizer, model
 
 
 def _sft(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, out: Path,

@@ -3,11 +3,11 @@
   memrl eval --model MODEL_DIR --out runs/eval/memagent data/hqa/eval_*.json \\
       [workflow=memagent] [workflow.chunk_tokens=5000] [engine.max_batch_size=16] [limit=20]
   memrl eval --model MODEL_DIR --out runs/eval/fullctx data/hqa/eval_*.json workflow=full_context \\
-      full_context.max_context_tokens=120000
+      workflow.max_context_tokens=120000
   memrl eval report runs/eval/memagent runs/eval/fullctx --out runs/eval/compare
 
-Arguments with '=' are dotted config overrides: `workflow.*` go to the workflow's config (greedy decoding
-by default), the rest to memrl.eval.runner.EvalConfig. Results: <out>/results.jsonl (one row per question;
+Arguments with '=' are dotted overrides of memrl.eval.runner.EvalConfig, spelled as in `memrl train`:
+`workflow.<field>` sets the workflow's config (greedy decoding by default), `engine.*` the engine. Results: <out>/results.jsonl (one row per question;
 re-running resumes), summary.md, summary.csv and accuracy.png.
 """
 
@@ -31,19 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
-def split_items(items: list[str]) -> tuple[list[str], list[str], list[str]]:
-    """(files, eval overrides, workflow overrides); a workflow override loses its `workflow.` prefix."""
-    files, ev, wf = [], [], []
+def split_items(items: list[str]) -> tuple[list[str], list[str]]:
+    """(files, overrides): an item with '=' that is not an existing path is an override."""
+    files, ev = [], []
     for it in items:
-        if "=" in it and not Path(it).exists():
-            key, _, value = it.partition("=")
-            if key.startswith("workflow."):
-                wf.append(f"{key[len('workflow.'):]}={value}")
-            else:
-                ev.append(it)
-        else:
-            files.append(it)
-    return files, ev, wf
+        (ev if "=" in it and not Path(it).exists() else files).append(it)
+    return files, ev
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from memrl.config import load_config
     from memrl.eval.runner import EvalConfig, evaluate
 
-    files, ev, wf = split_items(args.items)
+    files, ev = split_items(args.items)
     if not files:
         raise ValueError("eval: no eval files given")
     for f in files:
@@ -75,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if args.no_progress:
         ev.append("progress=false")
     cfg = load_config(EvalConfig, ev, preset=args.preset)
-    rows = evaluate(files, args.out, cfg, wf)
+    rows = evaluate(files, args.out, cfg)
     summaries = summarize(rows, cfg.name or Path(args.out).resolve().name)
     out = write_report(args.out, summaries)
     print(out.markdown.read_text(), end="")

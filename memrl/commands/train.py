@@ -4,8 +4,9 @@
   memrl train --preset memagent_grpo model.path=/models/qwen2.5-7b-instruct data.name=file data.path=train.parquet
   memrl train ... --resume          # continue from out_dir/checkpoints/latest, exactly
 
-Overrides: `section.key=value`; `workflow=memagent` / `algorithm=grpo` select by name; workflow
-settings go under `workflow.options.<field>` and are checked against the workflow's config class.
+Overrides: `section.key=value`; `workflow=memagent` / `algorithm=grpo` / `engine=vllm` select by name;
+workflow settings are `workflow.<field>` (checked against the workflow's config class), engine settings
+`engine.<field>` / `engine.{hf,vllm,openai}.<field>` (memrl.engines.config), as in `memrl eval`.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ def run(args: argparse.Namespace) -> int:
     from memrl.training.trainer import Trainer, validate
 
     cfg = load_config(TrainConfig, args.overrides, preset=args.preset)
-    validate(cfg)
+    workflow = validate(cfg)
     if args.print_config:
         print(to_yaml(cfg), end="")
         return 0
-    trainer = Trainer(cfg, resume=args.resume)  # fails here, before any model loads, on a bad out_dir
+    trainer = Trainer(cfg, resume=args.resume, workflow=workflow)  # fails here, before any model loads, on a bad out_dir
     history = trainer.fit()
     if history:
         last = history[-1]

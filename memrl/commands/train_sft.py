@@ -1,7 +1,7 @@
 """Supervised cold start on workflow traces (same Segment rows and loss masks as RL).
 
   memrl train-sft --preset sft_demo_cpu model.path=runs/demo/init out_dir=runs/sft
-  memrl train-sft model.path=... workflow.options.chunk_tokens=16 demonstrator.skip_prob=0.1 sft.epochs=2
+  memrl train-sft model.path=... workflow.chunk_tokens=16 demonstrator.skip_prob=0.1 sft.epochs=2
 
 Demonstrations come from running the workflow with a scripted demonstrator engine; the built-in one is
 `memrl.data.synthetic.RecentFactsRule` over synthetic tasks (question-blind: keep the newest facts).
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from typing import Any
 
-from memrl.training.config import DataSection, ModelSection, WorkflowSection
+from memrl.training.config import DataSection, ModelSection
 from memrl.training.sft import SFTConfig
 
 
@@ -33,7 +34,8 @@ class SFTRunConfig:
     """Everything `memrl train-sft` needs."""
 
     model: ModelSection = field(default_factory=ModelSection)
-    workflow: WorkflowSection = field(default_factory=WorkflowSection)
+    workflow: dict[str, Any] = field(default_factory=lambda: {"name": "memagent"})
+    """The workflow (`name`) and its config fields (workflow.chunk_tokens=16), as in `memrl train`."""
     data: DataSection = field(default_factory=DataSection)
     demonstrator: DemonstratorSection = field(default_factory=DemonstratorSection)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -49,13 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memrl.config import ConfigError, load_config, section_from_dict, to_yaml
+    from memrl.config import ConfigError, load_config, to_yaml
     from memrl.data.synthetic import RecentFactsRule, make_tasks
     from memrl.testing import ScriptedEngine
     from memrl.training.logging import MetricsLogger
     from memrl.training.sft import sft_train
     from memrl.training.trainer import check_writable
-    from memrl.workflows import get_workflow
+    from memrl.workflows import parse_workflow
     from memrl.workflows.runner import rollout_sync
 
     cfg = load_config(SFTRunConfig, args.overrides, preset=args.preset)
@@ -63,8 +65,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("model.path is required (a HuggingFace model directory)")
     if cfg.data.name != "synthetic":
         raise ConfigError("data.name: train-sft's built-in demonstrator needs synthetic tasks")
-    spec = get_workflow(cfg.workflow.name)
-    wf = section_from_dict(spec.config_cls, dict(cfg.workflow.options), "workflow.options")
+    spec, wf = parse_workflow(cfg.workflow)
     out = check_writable(cfg.out_dir)
     (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     tok = AutoTokenizer.from_pretrained(cfg.model.path)

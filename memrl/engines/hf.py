@@ -92,6 +92,25 @@ class _Request:
     submitted: float
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    seq: int = 0
+
+
+def _settle_on_loop(loop: asyncio.AbstractEventLoop, results: list[tuple[_Request, Any]]) -> None:
+    """Set every (request, result) on `loop`, in one callback (so waiters resume in one turn, in order)."""
+
+    def settle() -> None:
+        for req, result in results:
+            if req.future.done():
+                continue
+            if isinstance(result, BaseException):
+                req.future.set_exception(result)
+            else:
+                req.future.set_result(result)
+
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # the caller's event loop is gone; nobody is waiting
+        pass
 
 
 def _cache_layer_class() -> type:
@@ -192,6 +211,9 @@ class HFEngine:
     seed: seeds the generator of requests that carry no seed of their own.
     share_weights: serve `model_or_path` (a loaded module) itself, on its own device and dtype, with no
     copy: the trainer's policy. `update_weights` with tensors that are that module's own is then a no-op.
+    deterministic: batch by waves instead of by time, so the same requests always meet the same batches
+    (bitwise-reproducible rollouts, exact resume): the requests one event-loop turn submits form a wave,
+    a wave is decoded without admitting later requests, and its completions are all handed back together.
     """
 
     def __init__(
@@ -206,6 +228,7 @@ class HFEngine:
         seed: int | None = None,
         attn_implementation: str | None = "sdpa",
         share_weights: bool = False,
+        deterministic: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine.max_batch_size must be >= 1, got {max_batch_size}")
@@ -225,7 +248,8 @@ class HFEngine:
             self.dtype = self._resolve_dtype(dtype)
             self.model, self.tokenizer = self._load(model_or_path, tokenizer, attn_implementation)
         self.max_batch_size = max_batch_size
-        self.max_wait_s = max_wait_ms / 1000.0
+        self.deterministic = deterministic
+        self.max_wait_s = 0.0 if deterministic else max_wait_ms / 1000.0
         self.max_prefill_tokens = max(1, max_prefill_tokens)
         cfg = self.model.config
         self.vocab_size = int(getattr(cfg, "vocab_size", 0) or self.model.get_output_embeddings().weight.shape[0])
@@ -249,6 +273,9 @@ class HFEngine:
         self._closed = False
         self._worker: threading.Thread | None = None
         self._model_lock = threading.Lock()
+        self._seq = 0  # submission order of requests
+        self._waves: dict[asyncio.AbstractEventLoop, list[_Request]] = {}  # deterministic: the forming wave
+        self._held: list[tuple[_Request, Completion | BaseException]] = []  # deterministic: the running wave's results
 
     # ------------------------------------------------------------------ loading
 
@@ -303,12 +330,31 @@ class HFEngine:
         if self._closed:
             raise EngineError("HFEngine: generate() called after close()")
         req = self._make_request(prompt_ids, sampling)
+        self._seq += 1
+        req.seq = self._seq
+        if self.deterministic:
+            wave = self._waves.setdefault(req.loop, [])
+            if not wave:  # runs after every coroutine already scheduled this turn has submitted
+                req.loop.call_soon(self._submit_wave, req.loop)
+            wave.append(req)
+        else:
+            self._submit([req])
+        return await req.future
+
+    def _submit(self, reqs: list[_Request]) -> None:
         with self._cond:
-            self._pending.append(req)
-            self.stats.requests += 1
+            self._pending.extend(reqs)
+            self.stats.requests += len(reqs)
             self._cond.notify_all()
         self._ensure_worker()
-        return await req.future
+
+    def _submit_wave(self, loop: asyncio.AbstractEventLoop) -> None:
+        wave = self._waves.pop(loop, [])
+        if self._closed:
+            for req in wave:
+                req.future.set_exception(EngineError("HFEngine closed before the request ran"))
+            return
+        self._submit(wave)
 
     def update_weights(self, weights: Mapping[str, Any] | str | os.PathLike | torch.nn.Module) -> None:
         """Copy new weights into the model in place: a state dict (HF parameter names), a HuggingFace
@@ -343,6 +389,7 @@ class HFEngine:
             pending, self._pending = list(self._pending), collections.deque()
         for req in pending:
             self._resolve(req, EngineError("HFEngine closed before the request ran"))
+        self._release_held()
 
     # ------------------------------------------------------------------ requests
 
@@ -376,20 +423,23 @@ class HFEngine:
             submitted=time.monotonic(),
         )
 
-    @staticmethod
-    def _resolve(req: _Request, result: Completion | BaseException) -> None:
-        def settle() -> None:
-            if req.future.done():
-                return
-            if isinstance(result, BaseException):
-                req.future.set_exception(result)
-            else:
-                req.future.set_result(result)
+    def _resolve(self, req: _Request, result: Completion | BaseException) -> None:
+        """Hand `result` to the caller's loop (deterministic: held until the whole wave is done)."""
+        if self.deterministic:
+            with self._cond:
+                self._held.append((req, result))
+            return
+        _settle_on_loop(req.loop, [(req, result)])
 
-        try:
-            req.loop.call_soon_threadsafe(settle)
-        except RuntimeError:  # the caller's event loop is gone; nobody is waiting
-            pass
+    def _release_held(self) -> None:
+        """Deterministic mode: hand back a finished wave's results at once, in submission order."""
+        with self._cond:
+            held, self._held = self._held, []
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Request, Completion | BaseException]]] = {}
+        for req, result in sorted(held, key=lambda x: x[0].seq):
+            by_loop.setdefault(req.loop, []).append((req, result))
+        for loop, results in by_loop.items():
+            _settle_on_loop(loop, results)
 
     # ------------------------------------------------------------------ worker
 
@@ -438,6 +488,8 @@ class HFEngine:
     def _worker_main(self) -> None:
         batch: _Batch | None = None
         while True:
+            if self.deterministic and self._held and not self._pending and (batch is None or all(batch.done)):
+                self._release_held()
             admit = self._take_admissions(batch)
             if self._closed:
                 if batch is not None:

@@ -1,6 +1,6 @@
 """Evaluate a workflow through an engine on eval files: one JSONL row per question, resumable.
 
-    rows = evaluate(files, out_dir, EvalConfig(workflow="memagent", engine=EngineConfig(model="m/")))
+    rows = evaluate(files, out_dir, EvalConfig(workflow={"name": "memagent"}, engine=EngineConfig(model="m/")))
 
 Rows go to `<out_dir>/results.jsonl` as each question finishes. A re-run skips the (num_docs, task_id)
 pairs already there; a half-written last line (a killed run) is cut off and that question re-run.
@@ -8,8 +8,8 @@ Row metrics use memrl.rewards.qa on the boxed prediction: em, sub_em (MemAgent's
 Timing: `seconds` is one question's latency (queueing in the engine included); `started`/`finished` and
 `session` let the report compute throughput time per question (wall span of a session / its questions).
 
-`workflow="full_context"` is the baseline: the whole document in one prompt, centre-truncated to
-`full_context.max_context_tokens`, answered in `\\boxed{}`.
+`workflow=full_context` is the baseline (memrl.workflows.full_context): the whole document in one prompt,
+centre-truncated to `workflow.max_context_tokens`, answered in `\\boxed{}`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memrl.engines.config import EngineConfig
+from memrl.engines.config import EngineConfig, HFSection
 from memrl.types import Task, Trajectory
 from memrl.workflows.full_context import FULL_CONTEXT_TEMPLATE, FullContextConfig  # noqa: F401 - re-exported
 from memrl.workflows.full_context import run as run_full_context  # noqa: F401 - re-exported
@@ -40,13 +40,14 @@ FULL_CONTEXT = "full_context"
 
 @dataclass
 class EvalConfig:
-    """One evaluation run. Workflow settings come separately (the workflow's own config dataclass)."""
+    """One evaluation run: `memrl eval` overrides, spelled as in `memrl train` (workflow.*, engine.*)."""
 
-    workflow: str = "memagent"
-    """A registered workflow (memagent, rememr1, ...) or full_context (the baseline)."""
-    engine: EngineConfig = field(default_factory=lambda: EngineConfig(max_batch_size=16))
+    workflow: dict[str, Any] = field(default_factory=lambda: {"name": "memagent"})
+    """A registered workflow (`name`: memagent, rememr1, full_context = the baseline, ...) and its config
+    fields (workflow.chunk_tokens=5000); greedy decoding unless workflow.temperature is given."""
+    engine: EngineConfig = field(
+        default_factory=lambda: EngineConfig(max_batch_size=16, hf=HFSection(deterministic=False)))
     """The engine (memrl.engines.config): `engine.model` is the model directory (--model)."""
-    full_context: FullContextConfig = field(default_factory=FullContextConfig)
     limit: int = 0
     """Questions per file (the first ones); 0 = all."""
     concurrency: int = 16
@@ -59,30 +60,18 @@ class EvalConfig:
 
 
 def get_spec(name: str):
-    """The WorkflowSpec of a registered workflow, or of the full-context baseline."""
+    """The WorkflowSpec of a registered workflow (full_context, the baseline, is one)."""
     from memrl.workflows import get_workflow
 
     return get_workflow(name)
 
 
-def workflow_config(cfg: EvalConfig, overrides: Sequence[str] = ()) -> Any:
-    """The workflow's config: its defaults, greedy decoding for evaluation, then `overrides` (dotted)."""
-    from memrl.config import load_config
+def workflow_config(cfg: EvalConfig) -> tuple[Any, Any]:
+    """(spec, config) of `cfg.workflow`: the workflow's defaults, greedy decoding for evaluation, then
+    the section's fields."""
+    from memrl.workflows import parse_workflow
 
-    if cfg.workflow == FULL_CONTEXT:
-        from omegaconf import OmegaConf
-
-        from memrl.config import ConfigError
-
-        try:
-            merged = OmegaConf.merge(OmegaConf.structured(cfg.full_context), OmegaConf.from_dotlist(list(overrides)))
-            return OmegaConf.to_object(merged)
-        except Exception as e:  # noqa: BLE001 - OmegaConf raises several types
-            raise ConfigError(f"invalid full_context override in {list(overrides)}: {e}") from e
-    spec = get_spec(cfg.workflow)
-    names = {f.name for f in dataclasses.fields(spec.config_cls)}
-    greedy = ["temperature=0"] if "temperature" in names else []
-    return load_config(spec.config_cls, greedy + list(overrides))
+    return parse_workflow(cfg.workflow, defaults={"temperature": 0.0})
 
 
 # ---------------------------------------------------------------- engines
@@ -202,7 +191,6 @@ def evaluate(
     files: Sequence[str | os.PathLike[str]],
     out_dir: str | os.PathLike[str],
     cfg: EvalConfig,
-    workflow_overrides: Sequence[str] = (),
     engine: Any = None,
 ) -> list[dict[str, Any]]:
     """Evaluate every file (smallest N first) into out_dir/results.jsonl; returns all rows, old and new.
@@ -213,9 +201,8 @@ def evaluate(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    spec = get_spec(cfg.workflow)
-    wf_cfg = workflow_config(cfg, workflow_overrides)
-    record = {"workflow": cfg.workflow, "model": cfg.engine.model, "engine": dataclasses.asdict(cfg.engine),
+    spec, wf_cfg = workflow_config(cfg)
+    record = {"workflow": spec.name, "model": cfg.engine.model, "engine": dataclasses.asdict(cfg.engine),
               "workflow_config": dataclasses.asdict(wf_cfg), "files": [str(f) for f in files],
               "name": cfg.name or out.resolve().name, "seed": cfg.seed}
     _check_config(out, record)

@@ -1,11 +1,11 @@
 """Typed training configs: one dataclass per component, defaults = the published MemAgent recipe
 (REFERENCE.md sections 1-2). Load with `memrl.config.load_config(TrainConfig, overrides, preset)`:
 
-    memrl train workflow=memagent algorithm=grpo algorithm.n=8 workflow.options.chunk_tokens=1000
+    memrl train workflow=memagent algorithm=grpo algorithm.n=8 workflow.chunk_tokens=1000
 
-The workflow section is free-form (`workflow.options`, a dict) because each workflow has its own config
-class; it is validated against that class (`memrl.config.section_from_dict`) before anything runs, so an
-unknown or mistyped workflow option fails with its dotted name.
+The workflow section is free-form (a dict: `name` + the fields of that workflow's config class); it is
+parsed once into that class (`memrl.workflows.parse_workflow`) before anything runs, so an unknown or
+mistyped workflow field fails with its dotted name.
 """
 
 from __future__ import annotations
@@ -28,16 +28,6 @@ class ModelSection:
     device: str = "cpu"
     """Where the trainer runs ("cpu", "cuda")."""
     gradient_checkpointing: bool = False
-
-
-@dataclass
-class WorkflowSection:
-    """Which workflow to roll out, and its options (validated against the workflow's config class)."""
-
-    name: str = "memagent"
-    options: dict[str, Any] = field(default_factory=lambda: {"max_chunks": 8})
-    """Workflow config fields, e.g. chunk_tokens, max_memory_tokens, memory_template (MemAgent: 5000 /
-    1024, training caps the context at 8 chunks)."""
 
 
 @dataclass
@@ -125,7 +115,9 @@ class TrainConfig:
     model: ModelSection = field(default_factory=ModelSection)
     engine: EngineConfig = field(default_factory=EngineConfig)
     """The rollout engine (memrl.engines.config); hf by default, serving the trained module itself."""
-    workflow: WorkflowSection = field(default_factory=WorkflowSection)
+    workflow: dict[str, Any] = field(default_factory=lambda: {"name": "memagent", "max_chunks": 8})
+    """The workflow (`name`) and its config fields, e.g. workflow.chunk_tokens=5000 (memrl.workflows.
+    parse_workflow checks them against the workflow's config class; training caps MemAgent at 8 chunks)."""
     data: DataSection = field(default_factory=DataSection)
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
     optim: OptimSection = field(default_factory=OptimSection)

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from memrl.config import ConfigError, section_from_dict, to_yaml
+from memrl.config import ConfigError, to_yaml
 from memrl.training.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from memrl.training.config import TrainConfig
 from memrl.training.packing import Row, collate, pack_rows, rows_from_segments, set_loss_weights
@@ -53,28 +53,23 @@ def check_writable(out_dir: str | os.PathLike) -> Path:
 
 
 def workflow_config(cfg: TrainConfig) -> tuple[Any, Any]:
-    """(WorkflowSpec, validated workflow config) from the free-form `workflow.options` section."""
-    from memrl.workflows import get_workflow
+    """(WorkflowSpec, typed workflow config) from the `workflow` section; sampling runs at
+    algorithm.temperature, because the trainer recomputes logprobs at that temperature."""
+    from memrl.workflows import parse_workflow
 
-    try:
-        spec = get_workflow(cfg.workflow.name)
-    except KeyError as e:
-        raise ConfigError(f"workflow.name: {e.args[0]}") from e
-    options = dict(cfg.workflow.options)
-    if "temperature" in getattr(spec.config_cls, "__dataclass_fields__", {}):
-        # The trainer recomputes logprobs at algorithm.temperature; sampling must use the same T.
-        t = options.setdefault("temperature", cfg.algorithm.temperature)
-        if float(t) != float(cfg.algorithm.temperature):
-            raise ConfigError(
-                f"workflow.options.temperature={t} differs from algorithm.temperature="
-                f"{cfg.algorithm.temperature}; logprobs must be recomputed at the sampling temperature"
-            )
-    wf = section_from_dict(spec.config_cls, options, "workflow.options")
+    spec, wf = parse_workflow(cfg.workflow, defaults={"temperature": cfg.algorithm.temperature})
+    t = getattr(wf, "temperature", cfg.algorithm.temperature)
+    if float(t) != float(cfg.algorithm.temperature):
+        raise ConfigError(
+            f"workflow.temperature={t} differs from algorithm.temperature={cfg.algorithm.temperature}; "
+            "logprobs must be recomputed at the sampling temperature"
+        )
     return spec, wf
 
 
-def validate(cfg: TrainConfig) -> None:
-    """Fail fast, naming the field, on values the dataclass types cannot express."""
+def validate(cfg: TrainConfig) -> tuple[Any, Any]:
+    """Fail fast, naming the field, on values the dataclass types cannot express; returns the parsed
+    workflow (spec, config), which `Trainer(cfg, workflow=...)` takes so it is parsed once."""
     from memrl.algorithms.losses import AGG_MODES, KL_KINDS
     from memrl.algorithms.registry import advantage_names, loss_names
 
@@ -101,7 +96,7 @@ def validate(cfg: TrainConfig) -> None:
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
-    workflow_config(cfg)
+    return workflow_config(cfg)
 
 
 def task_stream(cfg: TrainConfig, start: int) -> Iterator[Task]:
@@ -144,13 +139,14 @@ class Trainer:
     latest checkpoint in `out_dir/checkpoints` when `resume=True`)."""
 
     def __init__(self, cfg: TrainConfig, resume: bool = False,
-                 on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:
-        validate(cfg)
+                 on_step: Callable[[int, dict[str, float]], None] | None = None,
+                 workflow: tuple[Any, Any] | None = None) -> None:
+        """`workflow`: the (spec, config) `validate(cfg)` returned, when the caller validated already."""
+        self.spec, self.wf_cfg = workflow if workflow is not None else validate(cfg)
         self.cfg = cfg
         self.out = check_writable(cfg.out_dir)
         self.resume = resume
         self.on_step = on_step
-        self.spec, self.wf_cfg = workflow_config(cfg)
 
     # -------------------------------------------------------------- setup
     def _load(self) -> None:

@@ -1,8 +1,14 @@
-"""Workflows: `async def run(task, engine, cfg, rng) -> Trajectory`, registered by name."""
+"""Workflows: `async def run(task, engine, cfg, rng) -> Trajectory`, registered by name.
+
+Every command spells a workflow's settings the same way: `workflow=<name>` (or `workflow.name=<name>`)
+chooses it and `workflow.<field>=value` sets a field of its config dataclass; `parse_workflow` turns that
+section into (WorkflowSpec, config) once per run.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import dataclasses
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +40,30 @@ def get_workflow(name: str) -> WorkflowSpec:
 
 def workflow_names() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def parse_workflow(
+    section: Mapping[str, Any], defaults: Mapping[str, Any] | None = None, where: str = "workflow"
+) -> tuple[WorkflowSpec, Any]:
+    """(spec, typed config) from a `workflow` section {name, <field>: value, ...}; `defaults` fill the
+    fields the section leaves out (only those the workflow's config has). Errors name `where.<key>`."""
+    from memrl.config import ConfigError, section_from_dict
+
+    values = dict(section)
+    name = values.pop("name", None)
+    if not name:
+        raise ConfigError(f"{where}.name is required (one of {', '.join(workflow_names())})")
+    try:
+        spec = get_workflow(str(name))
+    except KeyError as e:
+        raise ConfigError(f"{where}.name: {e.args[0]}") from e
+    fields = {f.name for f in dataclasses.fields(spec.config_cls)}
+    if "options" in values and "options" not in fields:
+        raise ConfigError(f"{where}.options.<field> is now spelled {where}.<field> (e.g. {where}.chunk_tokens=...)")
+    for k, v in (defaults or {}).items():
+        if k in fields:
+            values.setdefault(k, v)
+    return spec, section_from_dict(spec.config_cls, values, where)
 
 
 def boxed_em_outcome(task: Task, traj: Trajectory) -> float:

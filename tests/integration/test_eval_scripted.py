@@ -15,7 +15,6 @@ from memrl.eval.report import TABLE_COLUMNS, load_summaries, report_dirs, summar
 from memrl.eval.runner import (
     RESULTS_FILE,
     EvalConfig,
-    FullContextConfig,
     evaluate,
     read_results,
 )
@@ -57,11 +56,13 @@ def files(tmp_path):
     return paths
 
 
-def _cfg(**kw) -> EvalConfig:
-    return EvalConfig(engine=EngineConfig(model="scripted"), progress=False, concurrency=3, **kw)
+WF = {"chunk_tokens": 40, "max_memory_tokens": 32, "max_final_tokens": 64}
 
 
-WF = ["chunk_tokens=40", "max_memory_tokens=32", "max_final_tokens=64"]
+def _cfg(workflow: str = "memagent", wf: dict | None = None, **kw) -> EvalConfig:
+    """An EvalConfig; the workflow section as `memrl eval workflow=<name> workflow.<field>=...` gives it."""
+    return EvalConfig(workflow={"name": workflow, **(WF if wf is None else wf)},
+                      engine=EngineConfig(model="scripted"), progress=False, concurrency=3, **kw)
 
 
 def _expected(n: int) -> dict[str, float]:
@@ -72,7 +73,7 @@ def _expected(n: int) -> dict[str, float]:
 
 def test_rows_and_tables_match_hand_computed(tmp_path, files):
     out = tmp_path / "run"
-    rows = evaluate(files, out, _cfg(), WF, engine=ScriptedEngine(_reply))
+    rows = evaluate(files, out, _cfg(), engine=ScriptedEngine(_reply))
     assert len(rows) == 12 and len(read_results(out / RESULTS_FILE)) == 12
     r = next(r for r in rows if r["task_id"] == "q1" and r["num_docs"] == 2)
     assert r["prediction"] == "the blue whale species" and r["sub_em"] == 1.0 and r["em"] == 0.0
@@ -96,11 +97,11 @@ def test_rows_and_tables_match_hand_computed(tmp_path, files):
 
 def test_resume_skips_done_rows_and_tolerates_a_cut_line(tmp_path, files):
     out = tmp_path / "run"
-    full = evaluate(files, out, _cfg(), WF, engine=ScriptedEngine(_reply))
+    full = evaluate(files, out, _cfg(), engine=ScriptedEngine(_reply))
     lines = (out / RESULTS_FILE).read_text().splitlines(keepends=True)
     (out / RESULTS_FILE).write_text("".join(lines[:5]) + lines[5][: len(lines[5]) // 2])
     eng = ScriptedEngine(_reply)
-    again = evaluate(files, out, _cfg(), WF, engine=eng)
+    again = evaluate(files, out, _cfg(), engine=eng)
     assert len(again) == 12 and len(read_results(out / RESULTS_FILE)) == 12
     finals = [c for c in eng.calls if "<section>" not in c.prompt_text]
     assert len(finals) == 7  # only the 7 questions not fully written were re-run
@@ -113,14 +114,14 @@ def test_resume_skips_done_rows_and_tolerates_a_cut_line(tmp_path, files):
     assert a == b
     # a third run has nothing to do
     eng3 = ScriptedEngine(_reply)
-    assert len(evaluate(files, out, _cfg(), WF, engine=eng3)) == 12 and not eng3.calls
+    assert len(evaluate(files, out, _cfg(), engine=eng3)) == 12 and not eng3.calls
 
 
 def test_refuses_to_resume_a_different_run(tmp_path, files):
     out = tmp_path / "run"
-    evaluate(files[:1], out, _cfg(limit=1), WF, engine=ScriptedEngine(_reply))
+    evaluate(files[:1], out, _cfg(limit=1), engine=ScriptedEngine(_reply))
     with pytest.raises(ValueError, match="workflow_config"):
-        evaluate(files[:1], out, _cfg(limit=1), ["chunk_tokens=41"], engine=ScriptedEngine(_reply))
+        evaluate(files[:1], out, _cfg(limit=1, wf={**WF, "chunk_tokens": 41}), engine=ScriptedEngine(_reply))
 
 
 def test_bad_line_in_the_middle_is_named(tmp_path):
@@ -135,7 +136,7 @@ def test_full_context_baseline_truncates_the_middle(tmp_path):
     task = Task("only", "Question number 0?", ctx, ["Paris"], meta={"num_docs": 1, "index": 0})
     write_eval_json(tmp_path / "eval_1.json", [task])
     eng = ScriptedEngine(lambda p, i: "\\boxed{Paris}")
-    cfg = _cfg(workflow="full_context", full_context=FullContextConfig(max_context_tokens=100))
+    cfg = _cfg(workflow="full_context", wf={"max_context_tokens": 100})
     [row] = evaluate([str(tmp_path / "eval_1.json")], tmp_path / "fc", cfg, engine=eng)
     [call] = eng.calls
     assert "HEAD" in call.prompt_text and "TAIL" in call.prompt_text and "m" * 101 not in call.prompt_text
@@ -146,7 +147,7 @@ def test_full_context_baseline_truncates_the_middle(tmp_path):
 
 def test_report_over_several_dirs(tmp_path, files):
     for name in ("a", "b"):
-        evaluate(files, tmp_path / name, _cfg(name=f"run-{name}"), WF, engine=ScriptedEngine(_reply))
+        evaluate(files, tmp_path / name, _cfg(name=f"run-{name}"), engine=ScriptedEngine(_reply))
     shutil.copytree(tmp_path / "a", tmp_path / "a2")
     assert load_summaries(tmp_path / "a")[0].run == "run-a"
     rep = report_dirs([tmp_path / "a", tmp_path / "b"], tmp_path / "cmp")
@@ -162,7 +163,7 @@ def test_other_registered_workflows_run_through_the_harness(tmp_path, files):
 
     if "rememr1" not in workflow_names():
         pytest.skip("rememr1 workflow not registered in this version")
-    rows = evaluate(files, tmp_path / "r1", _cfg(workflow="rememr1"), WF, engine=ScriptedEngine(_reply))
+    rows = evaluate(files, tmp_path / "r1", _cfg(workflow="rememr1"), engine=ScriptedEngine(_reply))
     assert len(rows) == 12 and all(isinstance(r["memory_trace"], list) and r["model_calls"] > 1 for r in rows)
     assert {r["prediction"] for r in rows if r["task_id"] == "q0"} == {"Paris"}
 
@@ -170,7 +171,7 @@ def test_other_registered_workflows_run_through_the_harness(tmp_path, files):
 def test_eval_report_command(tmp_path, files, capsys):
     from memrl.cli import main
 
-    evaluate(files, tmp_path / "a", _cfg(name="A"), WF, engine=ScriptedEngine(_reply))
+    evaluate(files, tmp_path / "a", _cfg(name="A"), engine=ScriptedEngine(_reply))
     assert main(["eval", "report", str(tmp_path / "a"), "--out", str(tmp_path / "rep")]) == 0
     out = capsys.readouterr().out
     assert "| A | 2 | 6 |" in out and (tmp_path / "rep" / "accuracy.png").exists()

@@ -31,7 +31,8 @@ def test_every_engine_field_has_the_same_key_in_train_eval_and_demo():
     from memrl.training.config import TrainConfig
 
     ov = ["engine=openai", "engine.max_batch_size=7", "engine.openai.timeout_s=12.5", "engine.hf.device=cpu",
-          "engine.vllm.gpu_memory_utilization=0.3", "engine.openai.base_url=http://h:1", "engine.seed=3"]
+          "engine.vllm.gpu_memory_utilization=0.3", "engine.openai.base_url=http://h:1", "engine.seed=3",
+          "engine.hf.deterministic=true"]
     train = load_config(TrainConfig, ov).engine
     ev = load_config(EvalConfig, ov).engine
     assert train == ev
@@ -40,8 +41,25 @@ def test_every_engine_field_has_the_same_key_in_train_eval_and_demo():
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
-        _, tcfg, _ = load_demo_configs(ov, d)
+        _, tcfg, _, _ = load_demo_configs(ov, d)
     assert tcfg.engine == train
+
+
+def test_workflow_settings_have_one_spelling_in_train_eval_and_demo(tmp_path):
+    from memrl.commands.demo import load_demo_configs
+    from memrl.eval.runner import EvalConfig
+    from memrl.eval.runner import workflow_config as eval_workflow
+    from memrl.training.config import TrainConfig
+    from memrl.training.trainer import workflow_config as train_workflow
+
+    ov = ["workflow=rememr1", "workflow.chunk_tokens=12", "workflow.max_memory_tokens=5"]
+    _, tr = train_workflow(load_config(TrainConfig, ["model.path=x", *ov]))
+    _, ev = eval_workflow(load_config(EvalConfig, ov))
+    _, _, _, (spec, demo) = load_demo_configs(ov[1:], tmp_path)  # the demo preset's workflow is memagent
+    assert spec.name == "memagent" and type(tr).__name__ == "ReMemR1Config"
+    assert (tr.chunk_tokens, tr.max_memory_tokens, tr.temperature) == (12, 5, 1.0)
+    assert (ev.chunk_tokens, ev.max_memory_tokens, ev.temperature) == (12, 5, 0.0)  # eval decodes greedily
+    assert (demo.chunk_tokens, demo.max_memory_tokens) == (12, 5)
 
 
 def test_removed_and_unknown_engine_names_fail_by_key():
@@ -114,3 +132,23 @@ def test_greedy_memagent_trajectories_unchanged(model_dir):
         asyncio.run(eng.close())
         got = {g.task_id: [s.response_ids for s in g.trajectories[0].segments] for g in groups}
         assert got == golden["responses"], f"share_weights={share}"
+
+
+def test_deterministic_hf_engine_repeats_sampled_rollouts_bitwise(model_dir):
+    """Waves, not time windows, decide the batches: two runs give identical tokens and logprobs."""
+    from memrl.types import Task
+    from memrl.workflows import get_workflow
+    from memrl.workflows.runner import rollout
+
+    golden = json.loads(GOLDEN.read_text())
+    tasks = [Task(t["task_id"], t["question"], t["context"], ["Kalomi"]) for t in golden["tasks"]]
+    spec = get_workflow("memagent")
+    cfg = spec.config_cls(chunk_tokens=64, max_memory_tokens=12, max_final_tokens=8, temperature=1.0)
+    runs = []
+    for _ in range(2):
+        eng = build_engine(EngineConfig(model=model_dir, max_batch_size=5))
+        assert eng.deterministic
+        groups = asyncio.run(rollout(tasks, spec, eng, cfg, n=3, concurrency=64, seed=7))
+        asyncio.run(eng.close())
+        runs.append([(s.response_ids, s.response_logprobs) for g in groups for s in g.segments()])
+    assert runs[0] == runs[1] and len(runs[0]) == 3 * sum(len(r) for r in golden["responses"].values())

@@ -12,9 +12,9 @@ from memrl.training.trainer import Trainer, validate, workflow_config
 
 def test_presets_load_and_overrides_apply():
     cfg = load_config(TrainConfig, ["workflow=memagent", "algorithm=grpo", "algorithm.n=8",
-                                    "workflow.options.chunk_tokens=1000"], preset="memagent_grpo")
+                                    "workflow.chunk_tokens=1000"], preset="memagent_grpo")
     assert cfg.algorithm.n == 8 and cfg.algorithm.kl_coef == 0.001 and cfg.optim.lr == 1e-6
-    assert cfg.trainer.batch_size == 128 and cfg.workflow.options["chunk_tokens"] == 1000
+    assert cfg.trainer.batch_size == 128 and cfg.workflow["chunk_tokens"] == 1000
     _, wf = workflow_config(cfg)
     assert wf.chunk_tokens == 1000 and wf.max_chunks == 8 and wf.max_memory_tokens == 1024
     demo = load_config(TrainConfig, ["model.path=x"], preset="demo_cpu")
@@ -33,16 +33,19 @@ def test_wrong_type_is_named():
 
 
 def test_unknown_workflow_option_is_named():
-    cfg = load_config(TrainConfig, ["model.path=x", "workflow.options.chunk_tokenz=3"])
-    with pytest.raises(ConfigError, match="workflow.options.chunk_tokenz"):
+    cfg = load_config(TrainConfig, ["model.path=x", "workflow.chunk_tokenz=3"])
+    with pytest.raises(ConfigError, match="workflow.chunk_tokenz"):
         validate(cfg)
-    cfg = load_config(TrainConfig, ["model.path=x", "workflow.options.chunk_tokens=many"])
-    with pytest.raises(ConfigError, match="workflow.options"):
+    cfg = load_config(TrainConfig, ["model.path=x", "workflow.chunk_tokens=many"])
+    with pytest.raises(ConfigError, match="workflow"):
+        validate(cfg)
+    cfg = load_config(TrainConfig, ["model.path=x", "workflow.options.chunk_tokens=8"])
+    with pytest.raises(ConfigError, match=r"workflow.options.<field> is now spelled workflow.<field>"):
         validate(cfg)
 
 
 def test_sampling_and_training_temperature_must_agree():
-    cfg = load_config(TrainConfig, ["model.path=x", "workflow.options.temperature=0.7"])
+    cfg = load_config(TrainConfig, ["model.path=x", "workflow.temperature=0.7"])
     with pytest.raises(ConfigError, match="algorithm.temperature"):
         validate(cfg)
     cfg = load_config(TrainConfig, ["model.path=x", "algorithm.temperature=0.7"])
