@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from memrl.algorithms.registry import get_advantage, register_advantage
+from memrl.algorithms.registry import get_advantage, options_kwargs, register_advantage
 from memrl.types import Group, Trajectory
 
 Credit = Literal["broadcast", "split"]
@@ -145,7 +146,39 @@ def _regroup(groups: Sequence[Group], per_traj: list[list[float]]) -> SegmentAdv
     return out
 
 
-@register_advantage("grpo")
+@dataclass
+class GRPOOptions:
+    """Options of the grpo estimator (filled from algorithm.*)."""
+
+    norm_by_std: bool = True
+    """Divide by the group's std (MemAgent's script mean-centres only)."""
+    eps: float = 1e-6
+    """Added to the std before dividing."""
+    credit: str = "broadcast"
+    """broadcast: every segment gets its trajectory's advantage; split: A / number of segments."""
+
+
+@dataclass
+class DCPOOptions:
+    """Options of the dcpo estimator (filled from algorithm.*)."""
+
+    eps: float = 1e-6
+    """Added to the std before dividing."""
+
+
+@dataclass
+class ReMemR1Options:
+    """Options of the rememr1 estimator (filled from algorithm.*)."""
+
+    alpha: float = 0.8
+    """A = alpha * A_out + (1 - alpha) * A_state,t (ReMemR1's published 0.8)."""
+    norm_by_std: bool = False
+    """Divide each centred level by its std."""
+    eps: float = 1e-6
+    """Added to the std before dividing."""
+
+
+@register_advantage("grpo", GRPOOptions)
 def grpo_estimator(
     groups: Sequence[Group], norm_by_std: bool = True, eps: float = 1e-6, credit: Credit = "broadcast"
 ) -> SegmentAdvantages:
@@ -155,7 +188,7 @@ def grpo_estimator(
     return _regroup(groups, [_credit(a, len(t.segments), credit) for a, t in zip(adv, trajs, strict=True)])
 
 
-@register_advantage("dcpo")
+@register_advantage("dcpo", DCPOOptions)
 def dcpo_estimator(groups: Sequence[Group], eps: float = 1e-6) -> SegmentAdvantages:
     """MemAct DCPO: A = (R - mean) / (std + eps) over distinct trajectories, given to every segment."""
     return grpo_estimator(groups, norm_by_std=True, eps=eps, credit="broadcast")
@@ -167,7 +200,7 @@ def _step_key(seg_step: int, kind: object) -> Hashable:
     return "final" if kind == "final" else seg_step
 
 
-@register_advantage("rememr1")
+@register_advantage("rememr1", ReMemR1Options)
 def rememr1_estimator(
     groups: Sequence[Group], alpha: float = 0.8, norm_by_std: bool = False, eps: float = 1e-6
 ) -> SegmentAdvantages:
@@ -189,10 +222,11 @@ def rememr1_estimator(
 
 
 def compute_group_advantages(
-    groups: Sequence[Group], name: str = "grpo", **kwargs: object
+    groups: Sequence[Group], name: str = "grpo", options: Any = None, **kwargs: object
 ) -> SegmentAdvantages:
-    """Run the estimator registered as `name` and write its values onto every `Segment.advantage`."""
-    values = get_advantage(name)(groups, **kwargs)
+    """Run the estimator registered as `name` with `options` (its options dataclass, e.g. from
+    registry.fill_options) or keyword options, and write its values onto every `Segment.advantage`."""
+    values = get_advantage(name)(groups, **options_kwargs(options), **kwargs)
     if len(values) != len(groups):
         raise ValueError(f"advantage estimator {name!r} returned {len(values)} groups for {len(groups)}")
     for group, per_group in zip(groups, values, strict=True):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -27,7 +28,19 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum() / n) if n > 0 else 0.0
 
 
-@register_loss("ppo")
+@dataclass
+class PPOOptions:
+    """Options of the ppo loss (filled from algorithm.*)."""
+
+    clip_low: float = 0.2
+    """rho is clipped below at 1 - clip_low."""
+    clip_high: float = 0.2
+    """rho is clipped above at 1 + clip_high (DAPO's clip-higher when > clip_low)."""
+    dual_clip_c: float | None = 3.0
+    """Dual clip: for A < 0 the loss is at most -A * c (None disables)."""
+
+
+@register_loss("ppo", PPOOptions)
 def ppo_clip_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -45,7 +45,8 @@ class DataSection:
 
 @dataclass
 class AlgorithmSection:
-    """Advantage estimator, group size and the policy loss (REFERENCE section 2)."""
+    """Advantage estimator, group size and the policy loss (REFERENCE section 2). The estimator's and the
+    loss's options (their registered options dataclasses) are filled from the fields of the same name."""
 
     name: str = "grpo"
     """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1."""
@@ -57,6 +58,8 @@ class AlgorithmSection:
     """broadcast: every row of a trajectory gets its advantage; split: A / number of rows."""
     alpha: float = 0.8
     """rememr1: A = alpha * A_out + (1 - alpha) * A_state,t (ReMemR1's published 0.8)."""
+    eps: float = 1e-6
+    """grpo / dcpo / rememr1: added to the group std before dividing."""
     loss: str = "ppo"
     clip_low: float = 0.2
     clip_high: float = 0.2

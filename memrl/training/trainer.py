@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from memrl.algorithms.registry import options_kwargs
 from memrl.config import ConfigError, to_yaml
 from memrl.training.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from memrl.training.config import TrainConfig
@@ -96,7 +97,20 @@ def validate(cfg: TrainConfig) -> tuple[Any, Any]:
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
+    algorithm_options(cfg)
     return workflow_config(cfg)
+
+
+def algorithm_options(cfg: TrainConfig) -> tuple[Any, Any]:
+    """The options of the chosen advantage estimator and loss, filled from algorithm.* (their
+    registered options dataclasses; None for one registered without)."""
+    from memrl.algorithms.registry import advantage_options, fill_options, loss_options
+
+    a = cfg.algorithm
+    try:
+        return fill_options(advantage_options(a.name), a), fill_options(loss_options(a.loss), a)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"algorithm: {e}") from e
 
 
 def task_stream(cfg: TrainConfig, start: int) -> Iterator[Task]:
@@ -143,6 +157,7 @@ class Trainer:
                  workflow: tuple[Any, Any] | None = None) -> None:
         """`workflow`: the (spec, config) `validate(cfg)` returned, when the caller validated already."""
         self.spec, self.wf_cfg = workflow if workflow is not None else validate(cfg)
+        self.adv_options, self.loss_options = algorithm_options(cfg)
         self.cfg = cfg
         self.out = check_writable(cfg.out_dir)
         self.resume = resume
@@ -216,13 +231,7 @@ class Trainer:
         """Advantages -> rows -> PPO update(s) over micro-batches; returns loss statistics."""
         from memrl.algorithms.advantages import compute_group_advantages
 
-        a = self.cfg.algorithm
-        kw: dict[str, Any] = {}
-        if a.name == "grpo":
-            kw = {"norm_by_std": a.norm_by_std, "credit": a.credit}
-        elif a.name == "rememr1":
-            kw = {"alpha": a.alpha, "norm_by_std": a.norm_by_std}
-        compute_group_advantages(groups, a.name, **kw)
+        compute_group_advantages(groups, self.cfg.algorithm.name, self.adv_options)
         metrics: dict[str, float] = {}
         mbs = self.cfg.trainer.mini_batches
         chunks = [groups[i::mbs] for i in range(mbs)] if mbs > 1 else [groups]
@@ -253,11 +262,8 @@ class Trainer:
             if self.ref is not None:
                 with torch.no_grad():
                     ref_lp, _ = token_logprobs(self.ref, mb, a.temperature)
-            part = ppo_micro_loss(
-                self.model, mb, a.temperature, a.loss,
-                {"clip_low": a.clip_low, "clip_high": a.clip_high, "dual_clip_c": a.dual_clip_c},
-                ref_lp, a.kl_coef, a.kl_kind, a.entropy_coef,
-            )
+            part = ppo_micro_loss(self.model, mb, a.temperature, a.loss, options_kwargs(self.loss_options),
+                                  ref_lp, a.kl_coef, a.kl_kind, a.entropy_coef)
             part.loss.backward()
             sums["loss/total"] += float(part.loss.detach())
             for k, v in part.sums.items():

@@ -5,6 +5,8 @@ Every expected value is written out by hand (std is the unbiased one, eps = 1e-6
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from memrl.algorithms.advantages import (
@@ -207,3 +209,46 @@ def test_registry():
     g = Group("q", [traj("q", "a", 1.0, 2)])
     compute_group_advantages([g], "test-constant", value=3.0)
     assert [s.advantage for s in g.trajectories[0].segments] == [3.0, 3.0]
+
+
+def test_registered_options_are_the_estimators_and_losses_keyword_options():
+    """An options dataclass names exactly its function's keyword parameters, with the same defaults."""
+    import inspect
+
+    from memrl.algorithms.registry import advantage_options, get_loss, loss_names, loss_options
+
+    pairs = [(get_advantage(n), advantage_options(n)) for n in ("grpo", "dcpo", "rememr1")]
+    pairs += [(get_loss(n), loss_options(n)) for n in loss_names()]
+    for fn, opts in pairs:
+        params = {p.name: p.default for p in list(inspect.signature(fn).parameters.values())
+                  if p.default is not inspect.Parameter.empty}
+        assert {f.name: f.default for f in dataclasses.fields(opts)} == params, fn.__name__
+
+
+def test_trainer_fills_options_from_the_algorithm_section_without_a_name_switch():
+    from memrl.algorithms.advantages import DCPOOptions, GRPOOptions
+    from memrl.algorithms.losses import PPOOptions
+    from memrl.config import load_config
+    from memrl.training.config import TrainConfig
+    from memrl.training.trainer import algorithm_options
+
+    cfg = load_config(TrainConfig, ["model.path=x", "algorithm=dcpo", "algorithm.eps=0.5", "algorithm.clip_high=0.28"])
+    adv, loss = algorithm_options(cfg)
+    assert adv == DCPOOptions(eps=0.5) and loss == PPOOptions(clip_low=0.2, clip_high=0.28, dual_clip_c=3.0)
+    g = Group("q", [traj("q", "a", 1.0, 1), traj("q", "b", 0.0, 1)])
+    # rewards [1, 0]: devs [0.5, -0.5], unbiased std 0.7071...; / (std + 0.5) -> +-0.5 / 1.2071 = +-0.41421
+    compute_group_advantages([g], "dcpo", adv)
+    assert [t.segments[0].advantage for t in g.trajectories] == pytest.approx([0.41421356, -0.41421356], rel=1e-6)
+    cfg = load_config(TrainConfig, ["model.path=x", "algorithm.credit=split"])
+    assert algorithm_options(cfg)[0] == GRPOOptions(norm_by_std=False, eps=1e-6, credit="split")
+
+    @dataclasses.dataclass
+    class NeedsGamma:
+        gamma: float = 0.9
+
+    register_advantage("test-gamma", NeedsGamma)(lambda groups, gamma=0.9: [])
+    from memrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="algorithm.gamma"):
+        algorithm_options(load_config(TrainConfig, ["model.path=x", "algorithm.name=test-gamma"]))
+
