@@ -15,29 +15,30 @@ import unicodedata
 from collections import Counter
 
 _BOX_OPEN = re.compile(r"\\boxed\s*\{")
+_BRACES = re.compile(r"\\[{}]|[{}]")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _ASCII_PUNCT = frozenset(string.punctuation)
 _SPECIAL_F1 = ("yes", "no", "noanswer")
 
 
 def _box_contents(text: str) -> list[str | None]:
-    """Contents of every `\\boxed{...}` in order; None for a box whose brace never closes."""
-    out: list[str | None] = []
-    for m in _BOX_OPEN.finditer(text):
-        depth, i = 1, m.end()
-        while i < len(text):
-            ch = text[i]
-            if ch == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
-                i += 2  # an escaped brace is literal text, not nesting
-                continue
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    break
-            i += 1
-        out.append(text[m.end() : i].strip() if depth == 0 else None)
+    """Contents of every `\\boxed{...}` in order; None for a box whose brace never closes.
+
+    One pass over the braces with a stack (linear time, also on many unclosed boxes); an escaped brace
+    `\\{` / `\\}` is literal text, not nesting.
+    """
+    boxes = {m.end(): k for k, m in enumerate(_BOX_OPEN.finditer(text))}  # content start -> box index
+    out: list[str | None] = [None] * len(boxes)
+    stack: list[int] = []  # content start of every open brace
+    for m in _BRACES.finditer(text):
+        tok = m.group()
+        if tok == "{":
+            stack.append(m.end())
+        elif tok == "}" and stack:
+            start = stack.pop()
+            k = boxes.get(start)
+            if k is not None:
+                out[k] = text[start : m.start()].strip()
     return out
 
 
