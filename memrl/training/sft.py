@@ -49,11 +49,13 @@ def sft_train(
     pad_id: int = 0,
     on_step: Callable[[int, int, dict[str, float]], None] | None = None,
 ) -> list[float]:
-    """Train `model` in place on the segments' masked response tokens; returns the loss of every step."""
+    """Train `model` in place (on its own device) on the segments' masked response tokens; returns the
+    loss of every step."""
     rows = rows_from_segments(segments)
     if not rows:
         raise ValueError("sft_train: no segments to train on")
     rng = random.Random(cfg.seed)
+    device = next(model.parameters()).device  # batches are built on the CPU; the model may be elsewhere
     steps_per_epoch = max(1, (len(rows) + cfg.batch_rows - 1) // cfg.batch_rows)
     total = steps_per_epoch * cfg.epochs
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -72,7 +74,7 @@ def sft_train(
             loss = 0.0
             tokens = 0
             for idx in pack_rows(batch, cfg.token_budget):
-                mb = collate([batch[i] for i in idx], pad_id)
+                mb = collate([batch[i] for i in idx], pad_id).to(device)
                 part = sft_micro_loss(model, mb)
                 part.loss.backward()
                 loss += float(part.loss.detach())

@@ -37,3 +37,43 @@ def test_sft_on_rule_traces_lowers_loss():
                                                   token_budget=1024), pad_id=tok.pad_token_id)
     assert len(losses) >= 8
     assert sum(losses[-3:]) / 3 < 0.7 * sum(losses[:3]) / 3
+
+
+def test_sft_moves_every_micro_batch_to_the_models_device(monkeypatch):
+    """`memrl train-sft model.device=cuda` put the model on the GPU while batches stayed on the CPU (an
+    "Expected all tensors to be on the same device" error at the first forward): every collated
+    micro-batch must be sent to the device of the model's parameters."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memrl.models.tiny import cached_tiny_model
+    from memrl.training import packing
+    from memrl.training import sft as sft_module
+
+    path = cached_tiny_model("tiny")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    wf = MemAgentConfig(chunk_tokens=24, max_memory_tokens=24, max_final_tokens=12, memory_template=MT,
+                        final_template=FT)
+    tasks = make_tasks(SyntheticConfig(num_chunks=2, chunk_words=8, num_keys=4, num_values=4), 4, seed=0)
+    groups = rollout_sync(tasks, get_workflow("memagent"),
+                          ScriptedEngine(RecentFactsRule(MT, FT, budget=1, skip_prob=0.0), tokenizer=tok), wf, n=1)
+    segments = [s for g in groups for s in g.segments()]
+    moved: list[torch.device] = []
+    collated: list[int] = []
+    real_to, real_collate = packing.MicroBatch.to, sft_module.collate
+
+    def spy_to(self, device):
+        moved.append(torch.device(device))
+        return real_to(self, device)
+
+    def spy_collate(rows, pad_id=0):
+        collated.append(len(rows))
+        return real_collate(rows, pad_id)
+
+    monkeypatch.setattr(packing.MicroBatch, "to", spy_to)
+    monkeypatch.setattr(sft_module, "collate", spy_collate)
+    sft_train(model, segments, SFTConfig(epochs=1, batch_rows=len(segments), token_budget=200),
+              pad_id=tok.pad_token_id)
+    assert len(collated) >= 2 and sum(collated) == len(segments)  # the budget split the batch
+    assert moved == [torch.device("cpu")] * len(collated)
