@@ -85,8 +85,7 @@ def stage_sft(out: Path, model_dir: Path, args) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from memrl.data.io import load_tasks
-    from memrl.data.synthetic_lookback import LookbackOracle
-    from memrl.testing import ScriptedEngine
+    from memrl.demonstrators import LookbackOracle, ScriptedEngine
     from memrl.training.sft import SFTConfig, sft_train
     from memrl.workflows import get_workflow
     from memrl.workflows.runner import rollout
@@ -160,8 +159,7 @@ def stage_eval(out: Path, name: str, wf: str, model_dir: Path | None, args) -> P
     if model_dir is None:  # the scripted oracle
         from transformers import AutoTokenizer
 
-        from memrl.data.synthetic_lookback import LookbackOracle
-        from memrl.testing import ScriptedEngine
+        from memrl.demonstrators import LookbackOracle, ScriptedEngine
 
         engine = ScriptedEngine(LookbackOracle.for_config(wf, c), tokenizer=AutoTokenizer.from_pretrained(out / "model"))
     ecfg = EvalConfig(workflow=section, engine=EngineConfig(model=str(model_dir or "oracle"), max_batch_size=256),

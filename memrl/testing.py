@@ -7,11 +7,12 @@ use a real tiny model (memrl.models.tiny) for anything that must learn or batch.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from memrl.engines.base import Completion, SamplingParams
+from memrl.demonstrators.engine import Call  # noqa: F401 - re-exported for tests
+from memrl.demonstrators.engine import ScriptedEngine as _ScriptedEngine
+from memrl.engines.base import SamplingParams
 
 
 class CharTokenizer:
@@ -47,51 +48,10 @@ class CharTokenizer:
 
 
 @dataclass
-class Call:
-    """One recorded generate() call."""
+class ScriptedEngine(_ScriptedEngine):
+    """memrl.demonstrators.ScriptedEngine with the character tokenizer by default (contract tests)."""
 
-    prompt_ids: list[int]
-    prompt_text: str
-    sampling: SamplingParams
-    reply: str
-
-
-@dataclass
-class ScriptedEngine:
-    """Answers each generate() with `script(prompt_text, call_index)` (or the next item of a list).
-
-    The reply is tokenized with the tokenizer, truncated at max_tokens (finish "length"), else
-    followed by EOS (finish "stop"). Logprobs are a fixed -0.5 per token. All calls are recorded.
-    """
-
-    script: Callable[[str, int], str] | list[str]
     tokenizer: Any = field(default_factory=CharTokenizer)
-    calls: list[Call] = field(default_factory=list)
-    weight_updates: int = 0
-
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
-        await asyncio.sleep(0)  # yield, so concurrent workflows interleave as with a real engine
-        prompt_text = self.tokenizer.decode(prompt_ids)
-        idx = len(self.calls)
-        if callable(self.script):
-            reply = self.script(prompt_text, idx)
-        else:
-            if idx >= len(self.script):
-                raise AssertionError(f"ScriptedEngine: call {idx} but only {len(self.script)} replies scripted")
-            reply = self.script[idx]
-        self.calls.append(Call(list(prompt_ids), prompt_text, sampling, reply))
-        ids = self.tokenizer.encode(reply)
-        if len(ids) >= sampling.max_tokens:
-            ids, finish = ids[: sampling.max_tokens], "length"
-        else:
-            ids, finish = ids + [self.tokenizer.eos_token_id], "stop"
-        return Completion(ids, [-0.5] * len(ids), finish)
-
-    def update_weights(self, weights: Mapping[str, Any] | str) -> None:
-        self.weight_updates += 1
-
-    async def close(self) -> None:
-        return None
 
 
 class CompletionServer:

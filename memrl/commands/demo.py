@@ -296,8 +296,8 @@ def _sft(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, ou
          question_aware: bool = False) -> list[float]:
     """Cold start on the question-blind rule's traces (`question_aware`: on the optimal policy's
     instead, which only benchmarks/demo_ceiling.py uses, to measure what the model can represent)."""
-    from memrl.data.synthetic import QuestionAwareRule, RecentFactsRule, make_tasks
-    from memrl.testing import ScriptedEngine
+    from memrl.data.synthetic import make_tasks
+    from memrl.demonstrators import QuestionAwareRule, RecentFactsRule, ScriptedEngine
     from memrl.training.logging import MetricsLogger
     from memrl.training.sft import SFTConfig, sft_train
     from memrl.workflows import get_workflow

@@ -4,7 +4,7 @@
   memrl train-sft model.path=... workflow.chunk_tokens=16 demonstrator.skip_prob=0.1 sft.epochs=2
 
 Demonstrations come from running the workflow with a scripted demonstrator engine; the built-in one is
-`memrl.data.synthetic.RecentFactsRule` over synthetic tasks (question-blind: keep the newest facts).
+`memrl.demonstrators.RecentFactsRule` over synthetic tasks (question-blind: keep the newest facts).
 The result is a HuggingFace directory in out_dir.
 """
 
@@ -52,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from memrl.config import ConfigError, load_config, to_yaml
-    from memrl.data.synthetic import RecentFactsRule, make_tasks
-    from memrl.testing import ScriptedEngine
+    from memrl.data.synthetic import make_tasks
+    from memrl.demonstrators import RecentFactsRule, ScriptedEngine
     from memrl.training.logging import MetricsLogger
     from memrl.training.sft import sft_train
     from memrl.training.trainer import check_writable

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from memrl.data.synthetic import RecentFactsRule, SyntheticConfig, make_tasks
-from memrl.testing import ScriptedEngine
+from memrl.data.synthetic import SyntheticConfig, make_tasks
+from memrl.demonstrators import RecentFactsRule, ScriptedEngine
 from memrl.training.sft import SFTConfig, sft_train
 from memrl.workflows import get_workflow
 from memrl.workflows.memagent import MemAgentConfig

@@ -10,10 +10,10 @@ import pytest
 from memrl.data.synthetic import KEYS, find_facts
 from memrl.data.synthetic_lookback import (
     LookbackConfig,
-    LookbackOracle,
     make_lookback_task,
     make_lookback_tasks,
 )
+from memrl.demonstrators import LookbackOracle
 from memrl.testing import ScriptedEngine
 from memrl.workflows import get_workflow
 from memrl.workflows.memagent import MemAgentConfig

@@ -6,8 +6,6 @@ import pytest
 
 from memrl.data.synthetic import (
     KEYS,
-    QuestionAwareRule,
-    RecentFactsRule,
     SyntheticConfig,
     find_facts,
     make_task,
@@ -15,6 +13,7 @@ from memrl.data.synthetic import (
     question_key,
     task_stream,
 )
+from memrl.demonstrators import QuestionAwareRule, RecentFactsRule
 
 
 def test_seeded_and_independent():

@@ -1,0 +1,105 @@
+"""Demonstrators for the synthetic fact-retrieval task (memrl.data.synthetic): the question-blind
+cold-start rule and the optimal one-hop policy, as ScriptedEngine scripts (prompt text in, reply out)."""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from memrl.data.synthetic import VALUES, _asked, find_facts, memory_text
+
+
+def _template_regex(template: str, names: tuple[str, ...]) -> re.Pattern[str]:
+    pattern = re.escape(template)
+    for name in names:
+        pattern = pattern.replace(re.escape("{" + name + "}"), f"(?P<{name}>.*?)", 1)
+    return re.compile(pattern + r"(?:<\|im_end\|>|</user>|$)", re.DOTALL)
+
+
+@dataclass
+class RecentFactsRule:
+    """MemAgent demonstrations that teach the FORMAT, not the strategy.
+
+    Memory step: keep the `budget` most recent facts of (old memory + this section), regardless of the
+    question; with probability `skip_prob` ignore the section's facts and keep the old memory (so the
+    demonstrated policy is stochastic and question-blind). Final step: `\\boxed{value}` of the memory
+    fact that answers the question (following a bridge link when both facts are there), else
+    `\\boxed{unanswerable_text}` (or, when that is None, the value of the last fact in memory: a blind
+    guess). Reading the answer from memory is part of the format; what to keep is not. Call it as a
+    `memrl.demonstrators.ScriptedEngine` script.
+    """
+
+    memory_template: str
+    final_template: str
+    budget: int = 1
+    skip_prob: float = 0.25
+    no_memory_text: str = "No previous memory"
+    seed: int = 0
+    unanswerable_text: str | None = None
+    """Boxed when no memory fact answers the question (e.g. "unknown"); None guesses the last fact's value."""
+    fact_sep: str | None = "is"
+    """The task's `SyntheticConfig.fact_sep`."""
+    restate_key: bool = False
+    """Open every memory with the question's key ("- Linka : Kalo is red"): the memory says what it is
+    looking for. Format only: which fact is kept stays question-blind."""
+    restate_sep: str | None = ":"
+    """Word between the restated key and the facts (None or "" = none: "- Linka Kalo is red")."""
+
+    def __post_init__(self) -> None:
+        if self.restate_key and not self.fact_sep:
+            raise ValueError("RecentFactsRule.restate_key needs a fact separator (fact_sep), e.g. 'is'")
+        self._mem = _template_regex(self.memory_template, ("problem", "memory", "chunk"))
+        self._fin = _template_regex(self.final_template, ("problem", "memory"))
+        self._rng = random.Random(f"rule:{self.seed}")
+
+    def __call__(self, prompt_text: str, call_index: int = 0) -> str:
+        m = self._mem.search(prompt_text)
+        if m and "chunk" in m.groupdict():
+            old = find_facts(m.group("memory"), self.fact_sep)
+            new = find_facts(m.group("chunk"), self.fact_sep)
+            facts = old if (new and self._rng.random() < self.skip_prob) else (old + new)[-self.budget :]
+            return self._memory(facts, m.group("problem"))
+        f = self._fin.search(prompt_text)
+        if not f:
+            raise ValueError(f"RecentFactsRule: prompt matches neither template: {prompt_text[:200]!r}")
+        facts = find_facts(f.group("memory"), self.fact_sep)
+        key, hops = _asked(f.group("problem"))
+        table = dict(facts)
+        answer = table.get(key)
+        if answer is not None and hops == 2:
+            answer = table.get(answer)
+        if answer is None and self.unanswerable_text is not None:
+            answer = self.unanswerable_text
+        if answer is None:
+            answer = facts[-1][1] if facts else VALUES[0]
+        # "{ red}" keeps the value the same token (" red") as in the document; the box strips spaces.
+        return f"\\boxed{{ {answer}}}"
+
+    def _memory(self, facts: list[tuple[str, str]], problem: str) -> str:
+        if not facts:
+            return self.no_memory_text
+        topic = _asked(problem)[0] if self.restate_key else None
+        return memory_text(facts, self.fact_sep, topic, self.restate_sep)
+
+
+@dataclass
+class QuestionAwareRule(RecentFactsRule):
+    """The optimal one-hop policy, as a reference (never the cold start): a memory step keeps the fact
+    whose key is the question's (from the section, else from the memory), else the newest fact; the
+    final step answers like `RecentFactsRule`. SFT on its traces measures what a model can represent
+    (benchmarks/demo_ceiling.py)."""
+
+    def __call__(self, prompt_text: str, call_index: int = 0) -> str:
+        m = self._mem.search(prompt_text)
+        if not (m and "chunk" in m.groupdict()):
+            return super().__call__(prompt_text, call_index)
+        old, new = find_facts(m.group("memory"), self.fact_sep), find_facts(m.group("chunk"), self.fact_sep)
+        return self._memory(_relevant(old, new, m.group("problem"))[-self.budget :], m.group("problem"))
+
+
+def _relevant(old: list[tuple[str, str]], new: list[tuple[str, str]], problem: str) -> list[tuple[str, str]]:
+    """The optimal one-hop choice: the section's fact about the question's key, else the memory's, else
+    every fact (old + new, newest last)."""
+    key, _ = _asked(problem)
+    return [f for f in new if f[0] == key] or [f for f in old if f[0] == key] or (old + new)
