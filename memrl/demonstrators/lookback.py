@@ -7,13 +7,7 @@ import re
 from dataclasses import dataclass
 
 from memrl.data.synthetic import VALUES, find_facts, memory_text
-
-
-def _template_regex(template: str, names: tuple[str, ...]) -> re.Pattern[str]:
-    pattern = re.escape(template)
-    for name in names:
-        pattern = pattern.replace(re.escape("{" + name + "}"), f"(?P<{name}>.*?)", 1)
-    return re.compile(pattern + r"(?:<\|im_end\|>|</user>|$)", re.DOTALL)
+from memrl.demonstrators.prompts import prompt_pattern
 
 
 @dataclass
@@ -40,8 +34,8 @@ class LookbackOracle:
         if self.workflow not in ("memagent", "rememr1"):
             raise ValueError(f"LookbackOracle.workflow must be memagent or rememr1, got {self.workflow!r}")
         recalled = ("recalled_memory",) if self.workflow == "rememr1" else ()
-        self._mem = _template_regex(self.memory_template, ("problem", *recalled, "memory", "chunk"))
-        self._fin = _template_regex(self.final_template, ("problem", *recalled, "memory"))
+        self._mem = prompt_pattern(self.memory_template, ("problem", *recalled, "memory", "chunk"))
+        self._fin = prompt_pattern(self.final_template, ("problem", *recalled, "memory"))
 
     @classmethod
     def for_config(cls, workflow: str, cfg: object, **kw: object) -> LookbackOracle:

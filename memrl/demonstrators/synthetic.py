@@ -4,17 +4,10 @@ cold-start rule and the optimal one-hop policy, as ScriptedEngine scripts (promp
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass
 
 from memrl.data.synthetic import VALUES, _asked, find_facts, memory_text
-
-
-def _template_regex(template: str, names: tuple[str, ...]) -> re.Pattern[str]:
-    pattern = re.escape(template)
-    for name in names:
-        pattern = pattern.replace(re.escape("{" + name + "}"), f"(?P<{name}>.*?)", 1)
-    return re.compile(pattern + r"(?:<\|im_end\|>|</user>|$)", re.DOTALL)
+from memrl.demonstrators.prompts import prompt_pattern
 
 
 @dataclass
@@ -49,8 +42,8 @@ class RecentFactsRule:
     def __post_init__(self) -> None:
         if self.restate_key and not self.fact_sep:
             raise ValueError("RecentFactsRule.restate_key needs a fact separator (fact_sep), e.g. 'is'")
-        self._mem = _template_regex(self.memory_template, ("problem", "memory", "chunk"))
-        self._fin = _template_regex(self.final_template, ("problem", "memory"))
+        self._mem = prompt_pattern(self.memory_template, ("problem", "memory", "chunk"))
+        self._fin = prompt_pattern(self.final_template, ("problem", "memory"))
         self._rng = random.Random(f"rule:{self.seed}")
 
     def __call__(self, prompt_text: str, call_index: int = 0) -> str:
