@@ -41,7 +41,7 @@ async def run(task: Task, engine: Any, cfg: FullContextConfig, rng: random.Rando
     """Baseline: one call with the (centre-truncated) whole document; the answer is the last \\boxed{}."""
     from memrl.engines.base import SamplingParams
     from memrl.rewards.qa import extract_boxed
-    from memrl.workflows.memagent import centre_truncate, decode_response
+    from memrl.workflows.chunked import centre_truncate, decode_response
     from memrl.workflows.templates import chat_prompt, load_template
 
     tok = engine.tokenizer

@@ -11,33 +11,29 @@ import logging
 import random
 from dataclasses import dataclass
 
-from memrl.engines.base import Engine, SamplingParams
+from memrl.engines.base import Engine
 from memrl.types import Segment, Task, Trajectory
-from memrl.workflows.templates import Template, chat_prompt, load_template
+from memrl.workflows.chunked import (  # noqa: F401 - chunking helpers re-exported under their old home
+    NO_MEMORY,
+    ChunkedConfig,
+    call_model,
+    call_segment,
+    centre_truncate,
+    chunk_context,
+    decode_response,
+    loop_metrics,
+    task_chunks,
+)
+from memrl.workflows.templates import Template, load_template
 
 log = logging.getLogger(__name__)
 
-NO_MEMORY = "No previous memory"
-
 
 @dataclass
-class MemAgentConfig:
-    """MemAgent workflow settings; defaults are the published values (REFERENCE.md section 1)."""
+class MemAgentConfig(ChunkedConfig):
+    """MemAgent workflow settings; defaults are the published values (REFERENCE.md section 1). The loop
+    settings (chunk_tokens, max_chunks, budgets, sampling, no_memory_text) are ChunkedConfig's."""
 
-    chunk_tokens: int = 5000
-    """Tokens of context per memory call (contiguous, non-overlapping, ignoring document boundaries)."""
-    max_chunks: int = 0
-    """Cap on chunks by centre truncation (keep head half + tail half); 0 = no cap (evaluation).
-    The published training recipe uses 8."""
-    max_memory_tokens: int = 1024
-    """Generation budget of a memory update; the memory can never be longer than this."""
-    max_final_tokens: int = 1024
-    """Generation budget of the final answer call."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    no_memory_text: str = NO_MEMORY
-    """The first memory, and the fallback when a generated memory is empty."""
     memory_template_file: str | None = None
     """File overriding the memory-update prompt; must contain {problem}, {memory} and {chunk}."""
     final_template_file: str | None = None
@@ -47,13 +43,6 @@ class MemAgentConfig:
     final_template: str | None = None
     """Inline final-answer prompt (wins over the file)."""
 
-    def __post_init__(self) -> None:
-        for name in ("chunk_tokens", "max_memory_tokens", "max_final_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"MemAgentConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_chunks < 0:
-            raise ValueError(f"MemAgentConfig.max_chunks must be >= 0, got {self.max_chunks}")
-
     def templates(self) -> tuple[Template, Template]:
         mem = load_template(
             "memagent_memory", ("problem", "memory", "chunk"), self.memory_template_file, self.memory_template
@@ -61,107 +50,40 @@ class MemAgentConfig:
         fin = load_template("memagent_final", ("problem", "memory"), self.final_template_file, self.final_template)
         return mem, fin
 
-    def sampling(self, max_tokens: int, rng: random.Random) -> SamplingParams:
-        seed = rng.getrandbits(31) if self.temperature > 0 else None
-        return SamplingParams(
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_tokens=max_tokens, seed=seed
-        )
-
-
-def centre_truncate(ids: list[int], limit: int) -> list[int]:
-    """Keep the first ceil(limit/2) and the last floor(limit/2) tokens when ids is longer than limit."""
-    if limit <= 0 or len(ids) <= limit:
-        return ids
-    head = (limit + 1) // 2
-    tail = limit - head
-    return ids[:head] + (ids[len(ids) - tail :] if tail else [])
-
-
-def chunk_context(context_ids: list[int], chunk_tokens: int, max_chunks: int = 0) -> tuple[list[list[int]], bool]:
-    """Cut token ids into contiguous chunks of chunk_tokens (last may be shorter); (chunks, truncated)."""
-    limit = max_chunks * chunk_tokens if max_chunks else 0
-    kept = centre_truncate(context_ids, limit)
-    chunks = [kept[i : i + chunk_tokens] for i in range(0, len(kept), chunk_tokens)]
-    return chunks, len(kept) < len(context_ids)
-
-
-def decode_response(tokenizer, token_ids: list[int]) -> str:
-    """Generated text without EOS/pad or other special tokens, whitespace-trimmed."""
-    return tokenizer.decode(token_ids, skip_special_tokens=True).strip()
-
 
 async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Random) -> Trajectory:
     """One MemAgent trajectory for `task`; returns segments (memory calls, then the final call)."""
     from memrl.rewards.qa import extract_boxed
 
-    tok = engine.tokenizer
     mem_tpl, fin_tpl = cfg.templates()
-    context_ids = list(tok.encode(task.context, add_special_tokens=False)) if task.context else []
-    chunks, truncated = chunk_context(context_ids, cfg.chunk_tokens, cfg.max_chunks)
-    if not chunks:
-        log.warning("task %s has an empty context: answering from the empty memory", task.task_id)
-
+    context_ids, chunks, truncated = task_chunks(task, engine.tokenizer, cfg)
     memory = cfg.no_memory_text
     segments: list[Segment] = []
     empty_memories = 0
     memory_lengths: list[int] = []
     for i, chunk_ids in enumerate(chunks):
-        prompt_text, prompt_ids = chat_prompt(
-            tok, mem_tpl.render(problem=task.question, memory=memory, chunk=tok.decode(chunk_ids))
-        )
-        out = await engine.generate(prompt_ids, cfg.sampling(cfg.max_memory_tokens, rng))
-        new_memory = decode_response(tok, out.token_ids)
+        user = mem_tpl.render(problem=task.question, memory=memory, chunk=engine.tokenizer.decode(chunk_ids))
+        prompt_ids, out, new_memory = await call_model(engine, user, cfg.sampling(cfg.max_memory_tokens, rng))
         if not new_memory:
             empty_memories += 1
             new_memory = cfg.no_memory_text
         memory_lengths.append(len(out.token_ids))
-        segments.append(
-            Segment(
-                prompt_ids=prompt_ids,
-                response_ids=list(out.token_ids),
-                response_logprobs=list(out.logprobs),
-                step=i,
-                info={
-                    "kind": "memory",
-                    "chunk_index": i,
-                    "chunk_tokens": len(chunk_ids),
-                    "previous_memory": memory,
-                    "memory": new_memory,
-                    "finish_reason": out.finish_reason,
-                },
-            )
-        )
+        segments.append(call_segment(prompt_ids, out, i, {
+            "kind": "memory", "chunk_index": i, "chunk_tokens": len(chunk_ids), "previous_memory": memory,
+            "memory": new_memory,
+        }))
         memory = new_memory
 
-    prompt_text, prompt_ids = chat_prompt(tok, fin_tpl.render(problem=task.question, memory=memory))
-    out = await engine.generate(prompt_ids, cfg.sampling(cfg.max_final_tokens, rng))
-    answer_text = decode_response(tok, out.token_ids)
+    user = fin_tpl.render(problem=task.question, memory=memory)
+    prompt_ids, out, answer_text = await call_model(engine, user, cfg.sampling(cfg.max_final_tokens, rng))
     boxed = extract_boxed(answer_text)
-    segments.append(
-        Segment(
-            prompt_ids=prompt_ids,
-            response_ids=list(out.token_ids),
-            response_logprobs=list(out.logprobs),
-            step=len(chunks),
-            info={
-                "kind": "final",
-                "memory": memory,
-                "answer_text": answer_text,
-                "prediction": boxed or "",
-                "finish_reason": out.finish_reason,
-            },
-        )
-    )
+    segments.append(call_segment(prompt_ids, out, len(chunks), {
+        "kind": "final", "memory": memory, "answer_text": answer_text, "prediction": boxed or "",
+    }))
     memories = [s.info["memory"] for s in segments[:-1]]
     metrics = {
-        "num_chunks": float(len(chunks)),
-        "context_tokens": float(len(context_ids)),
-        "tokens_read": float(sum(len(c) for c in chunks)),
-        "truncated": float(truncated),
+        **loop_metrics(context_ids, chunks, truncated, memory_lengths, boxed, segments),
         "empty_memories": float(empty_memories),
-        "memory_tokens_mean": sum(memory_lengths) / len(memory_lengths) if memory_lengths else 0.0,
-        "no_box": float(boxed is None),
-        "generated_tokens": float(sum(len(s.response_ids) for s in segments)),
         **memory_recall_metrics(memories, task.answers),
     }
     return Trajectory(

@@ -25,13 +25,13 @@ import random
 import re
 from dataclasses import dataclass
 
-from memrl.engines.base import Engine, SamplingParams
+from memrl.engines.base import Engine
 from memrl.rewards import steps as step_rewards_lib
 from memrl.types import Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec
-from memrl.workflows.memagent import NO_MEMORY, chunk_context, decode_response
+from memrl.workflows.chunked import ChunkedConfig, call_model, call_segment, loop_metrics, task_chunks
 from memrl.workflows.recall import SCORERS, recall_top1
-from memrl.workflows.templates import Template, chat_prompt, load_template
+from memrl.workflows.templates import Template, load_template
 
 log = logging.getLogger(__name__)
 
@@ -44,22 +44,14 @@ _DEFAULT_TAGS = {"update_tag": "update", "recall_tag": "recall", "thinking_tag":
 
 
 @dataclass
-class ReMemR1Config:
-    """ReMemR1 workflow settings; defaults are the published values (REFERENCE.md section 3)."""
+class ReMemR1Config(ChunkedConfig):
+    """ReMemR1 workflow settings; defaults are the published values (REFERENCE.md section 3). The loop
+    settings (chunk_tokens, max_chunks, sampling, no_memory_text) are ChunkedConfig's."""
 
-    chunk_tokens: int = 5000
-    """Tokens of context per memory call (contiguous, non-overlapping, ignoring document boundaries)."""
-    max_chunks: int = 0
-    """Cap on chunks by centre truncation (head half + tail half); 0 = no cap (evaluation); training uses 8."""
     max_memory_tokens: int = 2048
     """Generation budget of a memory step (thinking + update + recall)."""
     max_final_tokens: int = 2048
     """Generation budget of the final answer call."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    no_memory_text: str = NO_MEMORY
-    """The first memory (and the memory while no step has produced one)."""
     no_recall_text: str = NO_RECALL
     """What the <recalled_memory> block holds when nothing was recalled."""
     update_tag: str = "update"
@@ -88,11 +80,7 @@ class ReMemR1Config:
     """Inline final prompt (wins over the file)."""
 
     def __post_init__(self) -> None:
-        for name in ("chunk_tokens", "max_memory_tokens", "max_final_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ReMemR1Config.{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_chunks < 0:
-            raise ValueError(f"ReMemR1Config.max_chunks must be >= 0, got {self.max_chunks}")
+        super().__post_init__()
         if self.scorer not in SCORERS:
             raise ValueError(f"ReMemR1Config.scorer must be one of {', '.join(SCORERS)}, got {self.scorer!r}")
         tags = [self.update_tag, self.recall_tag, self.thinking_tag]
@@ -125,11 +113,6 @@ class ReMemR1Config:
                 text = text.replace(f"<{default}>", f"<{tag}>").replace(f"</{default}>", f"</{tag}>")
         return text
 
-    def sampling(self, max_tokens: int, rng: random.Random) -> SamplingParams:
-        seed = rng.getrandbits(31) if self.temperature > 0 else None
-        return SamplingParams(
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_tokens=max_tokens, seed=seed
-        )
 
 
 @dataclass
@@ -198,12 +181,8 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
     """One ReMemR1 trajectory: memory steps over the chunks (with callbacks), then the final answer."""
     from memrl.rewards.qa import extract_boxed
 
-    tok = engine.tokenizer
     mem_tpl, fin_tpl = cfg.templates()
-    context_ids = list(tok.encode(task.context, add_special_tokens=False)) if task.context else []
-    chunks, truncated = chunk_context(context_ids, cfg.chunk_tokens, cfg.max_chunks)
-    if not chunks:
-        log.warning("task %s has an empty context: answering from the empty memory", task.task_id)
+    context_ids, chunks, truncated = task_chunks(task, engine.tokenizer, cfg)
 
     memory = cfg.no_memory_text
     shown_recall = cfg.no_recall_text  # what the next prompt's <recalled_memory> block holds
@@ -213,17 +192,9 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
     recalls = retrieved = callback_hits = well_formed = 0
     memory_lengths: list[int] = []
     for t, chunk_ids in enumerate(chunks):
-        _, prompt_ids = chat_prompt(
-            tok,
-            mem_tpl.render(
-                problem=task.question,
-                recalled_memory=shown_recall,
-                memory=memory,
-                chunk=tok.decode(chunk_ids),
-            ),
-        )
-        out = await engine.generate(prompt_ids, cfg.sampling(cfg.max_memory_tokens, rng))
-        response = decode_response(tok, out.token_ids)
+        user = mem_tpl.render(problem=task.question, recalled_memory=shown_recall, memory=memory,
+                              chunk=engine.tokenizer.decode(chunk_ids))
+        prompt_ids, out, response = await call_model(engine, user, cfg.sampling(cfg.max_memory_tokens, rng))
         parsed = parse_step(response, cfg.update_tag, cfg.recall_tag)
         for k, v in parsed.flags.items():
             counts[k] += int(v)
@@ -240,69 +211,38 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
         gold_in_recall = hit is not None and step_rewards_lib.answer_word_recall(hit.text, task.answers) > 0
         callback_hits += int(gold_in_recall)
         memory_lengths.append(len(out.token_ids))
-        segments.append(
-            Segment(
-                prompt_ids=prompt_ids,
-                response_ids=list(out.token_ids),
-                response_logprobs=list(out.logprobs),
-                step=t,
-                info={
-                    "kind": "memory",
-                    "chunk_index": t,
-                    "chunk_tokens": len(chunk_ids),
-                    "response_text": response,
-                    "previous_memory": memory,
-                    "memory": new_memory,
-                    "shown_recalled_memory": shown_recall,
-                    "recall_query": parsed.query,
-                    "recalled_memory": hit.text if hit else None,
-                    "recalled_step": hit.step if hit else None,
-                    "recall_score": hit.score if hit else None,
-                    "recall_hit": hit is not None,
-                    "callback_hit": gold_in_recall,
-                    "format_ok": parsed.well_formed,
-                    "format_flags": [k for k, v in parsed.flags.items() if v],
-                    "finish_reason": out.finish_reason,
-                },
-            )
-        )
+        segments.append(call_segment(prompt_ids, out, t, {
+            "kind": "memory",
+            "chunk_index": t,
+            "chunk_tokens": len(chunk_ids),
+            "response_text": response,
+            "previous_memory": memory,
+            "memory": new_memory,
+            "shown_recalled_memory": shown_recall,
+            "recall_query": parsed.query,
+            "recalled_memory": hit.text if hit else None,
+            "recalled_step": hit.step if hit else None,
+            "recall_score": hit.score if hit else None,
+            "recall_hit": hit is not None,
+            "callback_hit": gold_in_recall,
+            "format_ok": parsed.well_formed,
+            "format_flags": [k for k, v in parsed.flags.items() if v],
+        }))
         if new_memory != cfg.no_memory_text:  # the placeholder is not a memory worth recalling
             history.append((t, new_memory))
         memory = new_memory
         shown_recall = hit.text if hit else cfg.no_recall_text
 
-    _, prompt_ids = chat_prompt(
-        tok, fin_tpl.render(problem=task.question, recalled_memory=shown_recall, memory=memory)
-    )
-    out = await engine.generate(prompt_ids, cfg.sampling(cfg.max_final_tokens, rng))
-    answer_text = decode_response(tok, out.token_ids)
+    user = fin_tpl.render(problem=task.question, recalled_memory=shown_recall, memory=memory)
+    prompt_ids, out, answer_text = await call_model(engine, user, cfg.sampling(cfg.max_final_tokens, rng))
     boxed = extract_boxed(answer_text)
-    segments.append(
-        Segment(
-            prompt_ids=prompt_ids,
-            response_ids=list(out.token_ids),
-            response_logprobs=list(out.logprobs),
-            step=len(chunks),
-            info={
-                "kind": "final",
-                "response_text": answer_text,
-                "memory": memory,
-                "shown_recalled_memory": shown_recall,
-                "answer_text": answer_text,
-                "prediction": boxed or "",
-                "finish_reason": out.finish_reason,
-            },
-        )
-    )
+    segments.append(call_segment(prompt_ids, out, len(chunks), {
+        "kind": "final", "response_text": answer_text, "memory": memory, "shown_recalled_memory": shown_recall,
+        "answer_text": answer_text, "prediction": boxed or "",
+    }))
     n = len(chunks)
     metrics = {
-        "num_chunks": float(n),
-        "context_tokens": float(len(context_ids)),
-        "tokens_read": float(sum(len(c) for c in chunks)),
-        "truncated": float(truncated),
-        "memory_tokens_mean": sum(memory_lengths) / n if n else 0.0,
-        "no_box": float(boxed is None),
-        "generated_tokens": float(sum(len(s.response_ids) for s in segments)),
+        **loop_metrics(context_ids, chunks, truncated, memory_lengths, boxed, segments),
         "recalls": float(recalls),
         "recall_rate": recalls / n if n else 0.0,
         "recall_retrieved": float(retrieved),

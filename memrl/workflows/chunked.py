@@ -1,0 +1,111 @@
+"""Pieces every chunked-memory workflow shares (MemAgent, ReMemR1): the common config fields and their
+sampling, cutting the context into chunks, and one model call recorded as a training segment."""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from memrl.engines.base import Completion, Engine, SamplingParams
+from memrl.types import Segment, Task
+from memrl.workflows.templates import chat_prompt
+
+log = logging.getLogger(__name__)
+
+NO_MEMORY = "No previous memory"
+
+
+@dataclass
+class ChunkedConfig:
+    """Settings of the chunk-by-chunk memory loop (defaults: MemAgent's published values)."""
+
+    chunk_tokens: int = 5000
+    """Tokens of context per memory call (contiguous, non-overlapping, ignoring document boundaries)."""
+    max_chunks: int = 0
+    """Cap on chunks by centre truncation (keep head half + tail half); 0 = no cap (evaluation).
+    The published training recipes use 8."""
+    max_memory_tokens: int = 1024
+    """Generation budget of a memory call."""
+    max_final_tokens: int = 1024
+    """Generation budget of the final answer call."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    no_memory_text: str = NO_MEMORY
+    """The first memory, and the fallback when a step produces none."""
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        for f in ("chunk_tokens", "max_memory_tokens", "max_final_tokens"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"{name}.{f} must be >= 1, got {getattr(self, f)}")
+        if self.max_chunks < 0:
+            raise ValueError(f"{name}.max_chunks must be >= 0, got {self.max_chunks}")
+
+    def sampling(self, max_tokens: int, rng: random.Random) -> SamplingParams:
+        """One call's sampling; a sampled call draws its seed from the trajectory's rng."""
+        seed = rng.getrandbits(31) if self.temperature > 0 else None
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_tokens=max_tokens, seed=seed
+        )
+
+
+def centre_truncate(ids: list[int], limit: int) -> list[int]:
+    """Keep the first ceil(limit/2) and the last floor(limit/2) tokens when ids is longer than limit."""
+    if limit <= 0 or len(ids) <= limit:
+        return ids
+    head = (limit + 1) // 2
+    tail = limit - head
+    return ids[:head] + (ids[len(ids) - tail :] if tail else [])
+
+
+def chunk_context(context_ids: list[int], chunk_tokens: int, max_chunks: int = 0) -> tuple[list[list[int]], bool]:
+    """Cut token ids into contiguous chunks of chunk_tokens (last may be shorter); (chunks, truncated)."""
+    limit = max_chunks * chunk_tokens if max_chunks else 0
+    kept = centre_truncate(context_ids, limit)
+    chunks = [kept[i : i + chunk_tokens] for i in range(0, len(kept), chunk_tokens)]
+    return chunks, len(kept) < len(context_ids)
+
+
+def task_chunks(task: Task, tokenizer: Any, cfg: ChunkedConfig) -> tuple[list[int], list[list[int]], bool]:
+    """(context ids, chunks, truncated) of a task's context under `cfg`; an empty context is logged."""
+    context_ids = list(tokenizer.encode(task.context, add_special_tokens=False)) if task.context else []
+    chunks, truncated = chunk_context(context_ids, cfg.chunk_tokens, cfg.max_chunks)
+    if not chunks:
+        log.warning("task %s has an empty context: answering from the empty memory", task.task_id)
+    return context_ids, chunks, truncated
+
+
+def decode_response(tokenizer: Any, token_ids: list[int]) -> str:
+    """Generated text without EOS/pad or other special tokens, whitespace-trimmed."""
+    return tokenizer.decode(token_ids, skip_special_tokens=True).strip()
+
+
+async def call_model(engine: Engine, user_text: str, sampling: SamplingParams) -> tuple[list[int], Completion, str]:
+    """One single-turn chat call: (prompt ids, the completion, its decoded text)."""
+    _, prompt_ids = chat_prompt(engine.tokenizer, user_text)
+    out = await engine.generate(prompt_ids, sampling)
+    return prompt_ids, out, decode_response(engine.tokenizer, out.token_ids)
+
+
+def call_segment(prompt_ids: list[int], out: Completion, step: int, info: dict[str, Any]) -> Segment:
+    """The training segment of one call; `info` gets the completion's finish_reason last."""
+    return Segment(prompt_ids=prompt_ids, response_ids=list(out.token_ids), response_logprobs=list(out.logprobs),
+                   step=step, info={**info, "finish_reason": out.finish_reason})
+
+
+def loop_metrics(context_ids: list[int], chunks: list[list[int]], truncated: bool, memory_lengths: list[int],
+                 boxed: str | None, segments: list[Segment]) -> dict[str, float]:
+    """The metrics every chunked trajectory reports (reading, memory length, answer format, tokens)."""
+    n = len(chunks)
+    return {
+        "num_chunks": float(n),
+        "context_tokens": float(len(context_ids)),
+        "tokens_read": float(sum(len(c) for c in chunks)),
+        "truncated": float(truncated),
+        "memory_tokens_mean": sum(memory_lengths) / len(memory_lengths) if memory_lengths else 0.0,
+        "no_box": float(boxed is None),
+        "generated_tokens": float(sum(len(s.response_ids) for s in segments)),
+    }
