@@ -86,14 +86,8 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
         "empty_memories": float(empty_memories),
         **memory_recall_metrics(memories, task.answers),
     }
-    return Trajectory(
-        task_id=task.task_id,
-        trajectory_id="",
-        segments=segments,
-        final_answer=boxed or "",
-        metrics=metrics,
-        info={"answer_text": answer_text, "memories": memories},
-    )
+    return Trajectory(task.task_id, "", segments, final_answer=boxed or "", metrics=metrics,
+                      info={"answer_text": answer_text, "memories": memories})
 
 
 def memory_recall_metrics(memories: list[str], golds: list[str]) -> dict[str, float]:
