@@ -59,7 +59,8 @@ def build_engine(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None) -
 
 def make_engine(kind: str, model: Any = None, **kwargs: Any) -> Engine:
     """An engine by name with keyword settings (scripts): "hf" -> HFEngine(model, **kwargs), "vllm" /
-    "vllm-cpu" -> VLLMEngine(model=model, **kwargs), "openai" -> OpenAIEngine(tokenizer=model, **kwargs)."""
+    "vllm-cpu" -> VLLMEngine(model=model, **kwargs), "openai" -> OpenAIEngine(tokenizer=model, **kwargs);
+    for vllm / openai, `device` is ignored and `max_batch_size` means max_num_seqs / max_concurrency."""
     if kind == "hf":
         from memrl.engines.hf import HFEngine
 
@@ -69,9 +70,15 @@ def make_engine(kind: str, model: Any = None, **kwargs: Any) -> Engine:
     if kind in ("vllm", "vllm-cpu"):
         from memrl.engines.vllm import VLLMEngine
 
+        kwargs.pop("device", None)
+        if "max_batch_size" in kwargs:
+            kwargs["max_num_seqs"] = kwargs.pop("max_batch_size")
         return VLLMEngine(model=str(model), **kwargs)
     if kind == "openai":
         from memrl.engines.openai_http import OpenAIConfig, OpenAIEngine
 
+        kwargs.pop("device", None)
+        if "max_batch_size" in kwargs:
+            kwargs["max_concurrency"] = kwargs.pop("max_batch_size")
         return OpenAIEngine(OpenAIConfig(tokenizer=str(model) if model is not None else "", **kwargs))
     raise ValueError(f"unknown engine kind {kind!r}; known: {', '.join(ENGINE_KINDS)}")

@@ -32,6 +32,9 @@ from typing import Any
 import torch
 
 from memrl.engines.base import Completion, EngineError, SamplingParams
+from memrl.engines.hf_cache import cache_layer_class
+from memrl.engines.hf_sampling import sample_rows
+from memrl.engines.hf_weights import load_state_dict, strip_wrappers
 
 log = logging.getLogger(__name__)
 
@@ -113,78 +116,6 @@ def _settle_on_loop(loop: asyncio.AbstractEventLoop, results: list[tuple[_Reques
         pass
 
 
-def _cache_layer_class() -> type:
-    try:
-        from transformers.cache_utils import DynamicLayer
-    except ImportError as e:  # transformers before the layered Cache API
-        raise EngineError(
-            "HFEngine needs a transformers version with transformers.cache_utils.DynamicLayer (the layered "
-            f"Cache API, transformers >= 4.56); this one has none: {e}"
-        ) from e
-
-    class GrowingLayer(DynamicLayer):
-        """A DynamicLayer that writes into a preallocated buffer grown geometrically, not torch.cat per step.
-
-        Slots of left padding are zeroed on write (`pad_valid`), so a NaN from a fully masked padded query
-        can never reach a later layer through the cache.
-        """
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.kbuf: torch.Tensor | None = None
-            self.vbuf: torch.Tensor | None = None
-            self.length = 0
-            self.pad_valid: torch.Tensor | None = None  # [B, n] bool for the tokens being written, or None
-            self.min_capacity = 0  # allocate at least this many slots on first write (prompt + generation)
-
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-            if not self.is_initialized:
-                self.dtype, self.device = key_states.dtype, key_states.device
-                self.is_initialized = True
-            n = key_states.shape[-2]
-            if self.pad_valid is not None:
-                keep = self.pad_valid[:, None, :, None]
-                key_states = key_states.masked_fill(~keep, 0.0)
-                value_states = value_states.masked_fill(~keep, 0.0)
-            need = self.length + n
-            if self.kbuf is None or need > self.kbuf.shape[-2]:
-                self.reserve(need, key_states)
-            assert self.kbuf is not None and self.vbuf is not None
-            self.kbuf[:, :, self.length : need] = key_states
-            self.vbuf[:, :, self.length : need] = value_states
-            self.length = need
-            self.keys = self.kbuf[:, :, :need]
-            self.values = self.vbuf[:, :, :need]
-            return self.keys, self.values
-
-        def reserve(self, need: int, like: torch.Tensor) -> None:
-            cap = max(need, 64, self.min_capacity, int(1.5 * (self.kbuf.shape[-2] if self.kbuf is not None else 0)))
-            b, h, _, d = like.shape
-            kbuf = like.new_zeros((b, h, cap, d))
-            vbuf = like.new_zeros((b, h, cap, d))
-            if self.kbuf is not None and self.length:
-                kbuf[:, :, : self.length] = self.kbuf[:, :, : self.length]
-                vbuf[:, :, : self.length] = self.vbuf[:, :, : self.length]
-            self.kbuf, self.vbuf = kbuf, vbuf
-
-        def set_contents(self, keys: torch.Tensor, values: torch.Tensor, extra: int) -> None:
-            """Replace the cache by (keys, values) [B, H, T, D], leaving room for `extra` more tokens."""
-            b, h, t, d = keys.shape
-            cap = max(t + extra, 64)
-            self.kbuf = keys.new_zeros((b, h, cap, d))
-            self.vbuf = values.new_zeros((b, h, cap, d))
-            self.kbuf[:, :, :t] = keys
-            self.vbuf[:, :, :t] = values
-            self.length = t
-            self.keys, self.values = self.kbuf[:, :, :t], self.vbuf[:, :, :t]
-            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-
-        def get_seq_length(self) -> int:
-            return self.length
-
-    return GrowingLayer
-
-
 class _Batch:
     """The running rows: their requests, the shared left-padded KV cache, mask, next positions and inputs."""
 
@@ -264,7 +195,7 @@ class HFEngine:
         self.stats = EngineStats()
         self._rng = torch.Generator(device="cpu")
         self._rng.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
-        self._layer_cls = _cache_layer_class()
+        self._layer_cls = cache_layer_class()
 
         self._cond = threading.Condition()
         self._pending: collections.deque[_Request] = collections.deque()
@@ -592,7 +523,7 @@ class HFEngine:
             sidx = torch.tensor(sampled, dtype=torch.long, device=sub.device)
             u = torch.tensor([self._uniform(batch.requests[rows[j]]) for j in sampled], dtype=torch.float64)
             u = u.clamp_(max=1 - 2**-24).to(sub.device, torch.float32)  # stays < 1 in float32
-            choice = _sample_rows(
+            choice = sample_rows(
                 logp.index_select(0, sidx), u,
                 [params[j].top_k for j in sampled], [params[j].top_p for j in sampled],
             )
@@ -705,7 +636,7 @@ class HFEngine:
         if isinstance(weights, Mapping):
             return weights
         if isinstance(weights, str | os.PathLike):
-            return _load_state_dict(Path(weights))
+            return load_state_dict(Path(weights))
         raise EngineError(
             f"HFEngine.update_weights: expected a state dict, a module or a path, got {type(weights).__name__}"
         )
@@ -714,7 +645,7 @@ class HFEngine:
         """True when every tensor of `state` is stored where the model's tensor of that name is."""
         own = self.model.state_dict()
         return bool(state) and all(
-            (key := _strip_wrappers(name)) in own and own[key].data_ptr() == t.data_ptr()
+            (key := strip_wrappers(name)) in own and own[key].data_ptr() == t.data_ptr()
             and own[key].shape == t.shape
             for name, t in state.items()
         )
@@ -727,7 +658,7 @@ class HFEngine:
         resolved: list[tuple[torch.Tensor, torch.Tensor]] = []
         unknown = []
         for name, tensor in state.items():
-            key = _strip_wrappers(name)
+            key = strip_wrappers(name)
             if key not in own:
                 unknown.append(name)
                 continue
@@ -745,68 +676,3 @@ class HFEngine:
         with torch.no_grad():
             for target, tensor in resolved:
                 target.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
-
-
-def _strip_wrappers(name: str) -> str:
-    for prefix in ("module.", "_orig_mod.", "_fsdp_wrapped_module."):
-        while name.startswith(prefix):
-            name = name[len(prefix) :]
-    return name
-
-
-def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """Tensors of a .safetensors file, or of every *.safetensors (else pytorch_model*.bin) in a directory."""
-    from safetensors.torch import load_file
-
-    if path.is_file() and path.suffix == ".safetensors":
-        return load_file(str(path))
-    if not path.is_dir():
-        raise FileNotFoundError(f"HFEngine.update_weights: {path} is neither a directory nor a .safetensors file")
-    files = sorted(path.glob("*.safetensors"))
-    state: dict[str, torch.Tensor] = {}
-    if files:
-        for f in files:
-            state.update(load_file(str(f)))
-        return state
-    bins = sorted(path.glob("pytorch_model*.bin"))
-    if not bins:
-        raise FileNotFoundError(f"HFEngine.update_weights: no *.safetensors or pytorch_model*.bin in {path}")
-    for f in bins:
-        state.update(torch.load(f, map_location="cpu", weights_only=True))
-    return state
-
-
-def _sample_rows(logp: torch.Tensor, u: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
-    """Inverse-CDF sampling of one token per row from log-probs [R, V] with per-row top-k / top-p.
-
-    u [R] are uniforms in [0, 1). Rows without truncation use the full distribution (vocabulary order);
-    truncated rows sort by probability, keep the top_k and the smallest prefix reaching top_p mass.
-    """
-    r, v = logp.shape
-    probs = logp.exp()
-    needs = [j for j in range(r) if 0 < top_k[j] < v or top_p[j] < 1.0]
-    out = torch.empty(r, dtype=torch.long, device=logp.device)
-    plain = [j for j in range(r) if j not in set(needs)]
-    if plain:
-        pidx = torch.tensor(plain, dtype=torch.long, device=logp.device)
-        cdf = probs.index_select(0, pidx).cumsum(-1)
-        x = (u.index_select(0, pidx) * cdf[:, -1]).unsqueeze(1)
-        pick = torch.searchsorted(cdf, x, right=True).squeeze(1).clamp(max=v - 1)
-        out.index_copy_(0, pidx, pick)
-    if needs:
-        nidx = torch.tensor(needs, dtype=torch.long, device=logp.device)
-        p = probs.index_select(0, nidx)
-        sp, order = p.sort(dim=-1, descending=True)
-        ranks = torch.arange(v, device=logp.device)[None, :]
-        k = torch.tensor([top_k[j] if 0 < top_k[j] < v else v for j in needs], device=logp.device)
-        tp = torch.tensor([top_p[j] for j in needs], dtype=sp.dtype, device=logp.device)
-        before = sp.cumsum(-1) - sp  # mass strictly before each token
-        keep = (ranks < k[:, None]) & (before < tp[:, None])
-        keep[:, 0] = True
-        sp = sp * keep
-        cdf = sp.cumsum(-1)
-        x = (u.index_select(0, nidx) * cdf[:, -1]).unsqueeze(1)
-        last = keep.sum(-1, keepdim=True) - 1
-        pos = torch.minimum(torch.searchsorted(cdf, x, right=True), last)
-        out.index_copy_(0, nidx, order.gather(1, pos).squeeze(1))
-    return out

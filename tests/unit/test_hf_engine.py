@@ -11,7 +11,8 @@ import torch
 
 from memrl.engines import make_engine
 from memrl.engines.base import Engine, EngineError, SamplingParams
-from memrl.engines.hf import HFEngine, _sample_rows
+from memrl.engines.hf import HFEngine
+from memrl.engines.hf_sampling import sample_rows
 from memrl.models.tiny import cached_tiny_model, qwen2_config
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
@@ -276,9 +277,9 @@ def test_closed_engine_refuses(model_dir, prompts):
 def test_sample_rows_truncation():
     logp = torch.log_softmax(torch.tensor([[0.0, 3.0, 1.0, 2.0], [0.0, 3.0, 1.0, 2.0], [5.0, 0.0, 0.0, 0.0]]), -1)
     for u in (0.0, 0.3, 0.999999):
-        out = _sample_rows(logp, torch.full((3,), u), [1, 2, -1], [1.0, 1.0, 1e-3])
+        out = sample_rows(logp, torch.full((3,), u), [1, 2, -1], [1.0, 1.0, 1e-3])
         assert out[0] == 1  # top_k=1 is argmax
         assert out[1] in (1, 3)  # top_k=2 keeps the two most likely
         assert out[2] == 0  # a tiny top_p keeps only the most likely
-    out = _sample_rows(logp[:1], torch.tensor([0.999999]), [-1], [1.0])
+    out = sample_rows(logp[:1], torch.tensor([0.999999]), [-1], [1.0])
     assert out[0] == 3  # inverse CDF in vocabulary order: the last bucket is token 3
