@@ -75,7 +75,8 @@ class OpenAISection:
     served_model: str | None = None
     """Served model name sent in requests; None = the server's only model."""
     api_key: str | None = None
-    """Sent as a Bearer token; None = OPENAI_API_KEY when set."""
+    """Sent as a Bearer token; None = OPENAI_API_KEY when set (prefer the variable: configs are saved
+    next to every run)."""
     server: str = "vllm"
     """vllm | sglang: which weight-reload endpoint weight syncs use."""
     vllm_reload_method: str = "memrl_load_weights"

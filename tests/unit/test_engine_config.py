@@ -152,3 +152,27 @@ def test_deterministic_hf_engine_repeats_sampled_rollouts_bitwise(model_dir):
         asyncio.run(eng.close())
         runs.append([(s.response_ids, s.response_logprobs) for g in groups for s in g.segments()])
     assert runs[0] == runs[1] and len(runs[0]) == 3 * sum(len(r) for r in golden["responses"].values())
+
+
+def test_engine_sections_mirror_the_engines_own_configs():
+    """Every vLLM / OpenAI engine setting is reachable from engine.*, with the engine's own default."""
+    import dataclasses
+
+    from memrl.engines.config import OpenAISection, VLLMSection
+    from memrl.engines.openai_http import OpenAIConfig
+    from memrl.engines.vllm import VLLMConfig
+
+    def defaults(cls, rename=None):
+        out = {}
+        for f in dataclasses.fields(cls):
+            d = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            out[(rename or {}).get(f.name, f.name)] = d
+        return out
+
+    common = {"model", "dtype", "seed", "max_num_seqs"}  # engine.model / dtype / seed / max_batch_size
+    vllm = {k: v for k, v in defaults(VLLMConfig).items() if k not in common}
+    assert defaults(VLLMSection) == vllm
+    openai = {k: v for k, v in defaults(OpenAIConfig, {"model": "served_model"}).items()
+              if k not in ("tokenizer", "max_concurrency")}  # engine.model / engine.max_batch_size
+    section = defaults(OpenAISection)
+    assert section.pop("sync_dir") == "" and section == openai
