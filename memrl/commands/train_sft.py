@@ -34,7 +34,7 @@ class SFTRunConfig:
     """Everything `memrl train-sft` needs."""
 
     model: ModelSection = field(default_factory=ModelSection)
-    workflow: dict[str, Any] = field(default_factory=lambda: {"name": "memagent"})
+    workflow: dict[str, Any] = field(default_factory=lambda: {"name": "memagent", "max_chunks": 8})
     """The workflow (`name`) and its config fields (workflow.chunk_tokens=16), as in `memrl train`."""
     data: DataSection = field(default_factory=DataSection)
     demonstrator: DemonstratorSection = field(default_factory=DemonstratorSection)
