@@ -6,8 +6,7 @@ Bad requests get 422 with `error` naming the field; at most `max_concurrency` ba
 an LRU cache keyed by (query, topk) answers repeated queries without scoring them again.
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations`: FastAPI must see the request model class, defined in create_app
 import asyncio
 import time
 from collections import OrderedDict
@@ -91,6 +90,9 @@ def create_app(retriever: BM25Retriever, max_concurrency: int = 8, cache_size: i
         stats.invalid += 1
         parts = []
         for err in exc.errors():
+            if err.get("type") == "json_invalid":  # loc is (body, character offset), not a field
+                parts.append(f"field 'body': not valid JSON ({err.get('ctx', {}).get('error', 'decode error')})")
+                continue
             loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
             parts.append(f"field '{loc}': {err.get('msg', 'invalid')}")
         return JSONResponse(status_code=422, content={"error": "; ".join(parts),
