@@ -58,10 +58,8 @@ class LRUCache:
 
 def _hit_json(h: Hit, scores: bool) -> dict[str, Any]:
     d = h.document
-    out: dict[str, Any] = {"document": {"id": d.id, "title": d.title, "text": d.text}}
-    if scores:
-        out["score"] = h.score
-    return out
+    doc = {"id": d.id, "title": d.title, "text": d.text}
+    return {"document": doc, "score": h.score} if scores else {"document": doc}
 
 
 def create_app(retriever: BM25Retriever, max_concurrency: int = 8, cache_size: int = 10000, corpus: str = ""):
@@ -123,6 +121,7 @@ def create_app(retriever: BM25Retriever, max_concurrency: int = 8, cache_size: i
             for i, hits in zip(missing, fresh, strict=True):
                 results[i] = hits
                 cache.put((req.queries[i], req.topk), hits)
-        return {"result": [[_hit_json(h, req.return_scores) for h in hits or []] for hits in results]}
+        # a JSONResponse goes out as it is: FastAPI's encoder would walk every hit once more
+        return JSONResponse({"result": [[_hit_json(h, req.return_scores) for h in hits or []] for hits in results]})
 
     return app
