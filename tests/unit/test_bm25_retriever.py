@@ -68,3 +68,10 @@ def test_queries_must_be_strings_and_corpus_non_empty():
         BM25Retriever(DOCS).search("paris", 3)
     with pytest.raises(RetrievalError, match="corpus is empty"):
         BM25Retriever([])
+
+
+def test_serve_with_a_missing_corpus_is_a_clear_cli_error(tmp_path, capsys):
+    from memrl.cli import main
+
+    assert main(["serve", "retrieval", "--corpus", str(tmp_path / "nope.jsonl")]) == 1
+    assert f"memrl serve: error: corpus file {tmp_path / 'nope.jsonl'} does not exist" in capsys.readouterr().err
