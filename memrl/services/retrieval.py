@@ -1,7 +1,7 @@
 """In-process BM25 retrieval over a corpus JSONL (`{"id", "title", "text"}` per line).
 
 BM25 (Robertson & Zaragoza 2009, Lucene variant, k1=1.5, b=0.75) scored by `bm25s`, picked by
-measurement on the 11,195-paragraph HotpotQA corpus: 12.9k queries/s against rank_bm25's 21 queries/s
+measurement on the 11,195-paragraph HotpotQA corpus: ~7k queries/s against rank_bm25's ~24 queries/s
 (docs/memact_services.md). Ranking is by score, ties broken by corpus order, so every caller (in-process,
 the HTTP service, tests) gets the same lists. Dense retrieval is an optional extra (`DenseRetriever`).
 """
@@ -82,6 +82,64 @@ class BM25Retriever:
 
     async def retrieve(self, queries: list[str], topk: int) -> list[list[Hit]]:
         # scoring is numpy work: off the event loop so other rollouts keep generating meanwhile
+        return await asyncio.to_thread(self.search, queries, topk)
+
+    async def close(self) -> None:
+        return None
+
+
+class DenseRetriever:
+    """Dense retrieval (optional `dense` extra): sentence-transformers embeddings, L2-normalized, searched
+    exactly by FAISS inner product (= cosine similarity); satisfies `Retriever`.
+
+    `model` is a local sentence-transformers or HuggingFace model directory (a plain HF model gets
+    sentence-transformers' default pooling for its architecture). Passages are embedded as "title\\ntext";
+    ties are ordered as FAISS returns them.
+    """
+
+    def __init__(self, docs: Sequence[Document], model: str, batch_size: int = 64, device: str = "cpu",
+                 max_topk: int = MAX_TOPK):
+        try:
+            import faiss
+            from sentence_transformers import SentenceTransformer
+        except ImportError as e:
+            raise RetrievalError(
+                f"dense retrieval needs the optional packages sentence-transformers and faiss-cpu (missing: "
+                f"{e.name}); install them with pip install 'memrl[dense]', or use BM25Retriever"
+            ) from e
+        if not docs:
+            raise RetrievalError("DenseRetriever: the corpus is empty")
+        self.docs = list(docs)
+        self.max_topk = max_topk
+        self.batch_size = batch_size
+        self._model = SentenceTransformer(model, device=device)
+        emb = self._embed([f"{d.title}\n{d.text}" for d in self.docs])
+        self._index = faiss.IndexFlatIP(emb.shape[1])
+        self._index.add(emb)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], model: str, **kw) -> DenseRetriever:
+        from memrl.data.corpus import load_corpus
+
+        return cls(load_corpus(path), model, **kw)
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        emb = self._model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
+                                 convert_to_numpy=True, show_progress_bar=False)
+        return np.ascontiguousarray(emb, dtype=np.float32)
+
+    def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
+        """Synchronous batch search; checks the arguments."""
+        check_topk(topk, self.max_topk)
+        if isinstance(queries, str) or not all(isinstance(q, str) for q in queries):
+            raise RetrievalError("queries must be a list of strings")
+        if not queries:
+            return []
+        scores, idx = self._index.search(self._embed(list(queries)), min(topk, len(self.docs)))
+        return [[Hit(self.docs[i], float(s)) for s, i in zip(srow, irow, strict=True) if i >= 0]
+                for srow, irow in zip(scores, idx, strict=True)]
+
+    async def retrieve(self, queries: list[str], topk: int) -> list[list[Hit]]:
         return await asyncio.to_thread(self.search, queries, topk)
 
     async def close(self) -> None:

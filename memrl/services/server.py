@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memrl.services.base import Hit
-from memrl.services.retrieval import BM25Retriever
+from memrl.services.retrieval import BM25Retriever, DenseRetriever
 
 MAX_QUERIES = 256  # per request: bounds one request's work and response size
 MAX_QUERY_CHARS = 4096
@@ -62,7 +62,7 @@ def _hit_json(h: Hit, scores: bool) -> dict[str, Any]:
     return {"document": doc, "score": h.score} if scores else {"document": doc}
 
 
-def create_app(retriever: BM25Retriever, max_concurrency: int = 8, cache_size: int = 10000, corpus: str = ""):
+def create_app(retriever: BM25Retriever | DenseRetriever, max_concurrency: int = 8, cache_size: int = 10000, corpus: str = ""):
     """The FastAPI app serving `retriever`."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
