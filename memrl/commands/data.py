@@ -2,6 +2,9 @@
 
   memrl data build --source hotpot_dev_distractor_v1.json --out data/hqa [--docs 50,100,...,6400]
                    [--num-questions 128] [--seed 42]                      -> eval_{N}.json + manifest.json
+  memrl data build --kind multiobjective --source hotpot.json 2wiki.json --out data/mo.parquet
+                   [--num-questions 128] [--seed 42] [--sub-questions 2,3]  -> MemAct multi-question tasks
+  memrl data corpus --source hotpotqa|2wiki FILE... --out corpus.jsonl   -> retrieval corpus (paragraphs)
   memrl data train --source hotpot_train_v1.1.json --out data/train.parquet [--docs 200]
   memrl data convert SRC DST [--kind auto] [--to hf|original|eval|memagent]
   memrl data stats --tokenizer MODEL_DIR eval_50.json eval_100.json ...  -> average context tokens per N
@@ -48,7 +51,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--docs", type=_docs, default=list(DEFAULT_DOC_COUNTS), help="comma-separated document counts")
     b.add_argument("--num-questions", type=int, default=128, help="questions per set (0 = all)")
     b.add_argument("--seed", type=int, default=42, help="seed of question choice, padding and shuffling")
+    b.add_argument("--sub-questions", type=_docs, default=[2, 3],
+                   help="--kind multiobjective: sub-question counts to draw from (comma-separated)")
     common(b)
+    b.epilog = ("--kind multiobjective builds MemAct tasks (--num-questions of them, 0 = as many as the "
+                "sources allow) into the file --out; the sources' own kinds are detected.")
+
+    co = sub.add_parser("corpus", help="retrieval corpus JSONL {id, title, text}: deduplicated paragraphs")
+    co.add_argument("--source", choices=("hotpotqa", "2wiki"), required=True, help="the files' dataset")
+    co.add_argument("files", nargs="+", help="HotpotQA / 2Wiki file(s), either layout, .json[.xz] etc.")
+    co.add_argument("--out", required=True, help="output .jsonl file")
+    co.add_argument("--skip-bad", action="store_true", help="skip (and count) malformed rows instead of failing")
+    co.add_argument("--debug", action="store_true", help="show tracebacks")
 
     t = sub.add_parser("train", help="training set: questions padded to 200 docs, MemAgent parquet")
     t.add_argument("--source", nargs="+", required=True, help="HotpotQA / 2Wiki file(s), either layout")
@@ -91,13 +105,16 @@ def _load_sources(paths: list[str], kind: str, skip_bad: bool):
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"build": _build, "train": _train, "convert": _convert, "stats": _stats, "show": _show}[
+    return {"build": _build, "corpus": _corpus, "train": _train, "convert": _convert, "stats": _stats, "show": _show}[
         args.data_command
     ](args)
 
 
 def _build(args: argparse.Namespace) -> int:
     from memrl.data.longctx import build_eval_sets
+
+    if args.kind == "multiobjective":
+        return _build_multiobjective(args)
 
     tasks = _load_sources(args.source, args.kind, args.skip_bad)
     t0 = time.perf_counter()
@@ -107,6 +124,29 @@ def _build(args: argparse.Namespace) -> int:
     )
     print(f"built {len(man.doc_counts)} sets of {man.num_questions} questions (pool {man.pool_size} paragraphs, "
           f"seed {man.seed}) in {time.perf_counter() - t0:.1f}s -> {args.out}")
+    return 0
+
+
+def _build_multiobjective(args: argparse.Namespace) -> int:
+    from memrl.data.multiobjective import build_multiobjective, write_multiobjective
+
+    pool = _load_sources(args.source, "auto", args.skip_bad)
+    tasks = build_multiobjective(pool, args.num_questions, args.seed, args.sub_questions)
+    n = write_multiobjective(args.out, tasks)
+    sizes = {k: sum(len(t.answers) == k for t in tasks) for k in sorted(set(args.sub_questions))}
+    print(f"wrote {n} multi-objective tasks (sub-questions: {sizes}, seed {args.seed}) -> {args.out}")
+    return 0
+
+
+def _corpus(args: argparse.Namespace) -> int:
+    from memrl.data.corpus import CorpusStats, build_corpus, write_corpus
+
+    kind = {"hotpotqa": "hotpotqa", "2wiki": "2wiki"}[args.source]
+    st = CorpusStats()
+    docs = build_corpus(_load_sources(args.files, kind, args.skip_bad), st)
+    n = write_corpus(args.out, docs)
+    empty = f", {st.empty} empty paragraphs dropped" if st.empty else ""
+    print(f"wrote {n} unique paragraphs of {st.paragraphs} from {st.questions} questions{empty} -> {args.out}")
     return 0
 
 

@@ -213,16 +213,19 @@ def write_records(path: str | os.PathLike[str], records: list[dict[str, Any]]) -
     return write_json(path, records)
 
 
-KINDS = ("hotpotqa", "2wiki", "eval", "memagent")
+KINDS = ("hotpotqa", "2wiki", "eval", "memagent", "multiobjective")
 
 
 def detect_kind(path: str | os.PathLike[str]) -> str:
-    """Which loader fits a file, from the fields of its first record: hotpotqa, 2wiki, eval or memagent."""
+    """Which loader fits a file, from the fields of its first record: one of KINDS."""
     for _, rec in iter_records(path):
         if not isinstance(rec, dict):
             break
         keys = set(rec)
         if {"data_source", "reward_model"} <= keys:
+            extra = rec.get("extra_info")
+            if "agent_name" in keys or (isinstance(extra, dict) and "sub_questions" in extra):
+                return "multiobjective"
             return "memagent"
         if {"input", "answers", "context"} <= keys:
             return "eval"
@@ -238,7 +241,7 @@ def load_tasks(
     stats: ReadStats | None = None,
 ) -> list[Task]:
     """Tasks from any supported file; kind is one of KINDS or "auto" (detected from the first record)."""
-    from memrl.data import hotpotqa, memagent_files, twowiki
+    from memrl.data import hotpotqa, memagent_files, multiobjective, twowiki
 
     if kind == "auto":
         kind = detect_kind(path)
@@ -247,6 +250,7 @@ def load_tasks(
         "2wiki": twowiki.load_twowiki,
         "eval": memagent_files.load_eval_json,
         "memagent": memagent_files.load_memagent_parquet,
+        "multiobjective": multiobjective.load_multiobjective,
     }
     if kind not in loaders:
         raise DataError(f"unknown data kind {kind!r}; expected auto or one of {', '.join(KINDS)}")

@@ -1,0 +1,64 @@
+"""Start a service.
+
+  memrl serve retrieval --corpus corpus.jsonl [--host 127.0.0.1] [--port 8000]
+                        [--max-concurrency 8] [--cache-size 10000] [--max-topk 100]
+                        [--retriever bm25|dense --model EMBEDDING_MODEL_DIR]
+
+`retrieval` serves BM25 over a corpus JSONL (build one with `memrl data corpus`) at POST /retrieve and
+GET /health (docs/memact_services.md). It binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    sub = parser.add_subparsers(dest="service", metavar="SERVICE", required=True)
+    r = sub.add_parser("retrieval", help="BM25 retrieval over a corpus JSONL (POST /retrieve, GET /health)")
+    r.add_argument("--corpus", required=True, help="corpus JSONL: {id, title, text} per line")
+    r.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    r.add_argument("--port", type=int, default=8000)
+    r.add_argument("--max-concurrency", type=int, default=8, help="request batches scored at once")
+    r.add_argument("--cache-size", type=int, default=10000, help="LRU cache entries (query, topk); 0 = off")
+    r.add_argument("--max-topk", type=int, default=100, help="largest topk a request may ask for")
+    r.add_argument("--retriever", choices=("bm25", "dense"), default="bm25",
+                   help="bm25 (default) or dense (needs the 'dense' extra and --model)")
+    r.add_argument("--model", help="--retriever dense: a local sentence-transformers / HF model directory")
+    r.add_argument("--device", default="cpu", help="--retriever dense: torch device of the embedding model")
+    r.add_argument("--log-level", default="warning", help="uvicorn log level")
+    r.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.service == "retrieval":
+        return _retrieval(args)
+    raise ValueError(f"unknown service {args.service!r}")
+
+
+def _retrieval(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+    except ImportError as e:
+        raise RuntimeError("memrl serve needs the 'serve' extra: pip install 'memrl[serve]'") from e
+    from memrl.services.retrieval import BM25Retriever, DenseRetriever
+    from memrl.services.server import create_app
+
+    if not 1 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    if args.max_concurrency < 1 or args.max_topk < 1:
+        raise ValueError("--max-concurrency and --max-topk must be at least 1")
+    t0 = time.perf_counter()
+    if args.retriever == "dense":
+        if not args.model:
+            raise ValueError("--retriever dense needs --model (a local embedding model directory)")
+        retriever = DenseRetriever.from_file(args.corpus, args.model, device=args.device, max_topk=args.max_topk)
+    else:
+        retriever = BM25Retriever.from_file(args.corpus, max_topk=args.max_topk)
+    print(f"indexed {len(retriever.docs)} documents from {args.corpus} in {time.perf_counter() - t0:.1f}s; "
+          f"serving on http://{args.host}:{args.port}", flush=True)
+    app = create_app(retriever, args.max_concurrency, args.cache_size, corpus=args.corpus)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
