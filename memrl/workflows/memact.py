@@ -273,6 +273,7 @@ class _Run:
             "generated_tokens": float(self.generated),
             "mean_context_tokens": sum(self.context_lengths) / n if n else 0.0,
             "peak_context_tokens": float(max(self.context_lengths, default=0)),
+            "context_tokens": float(max(self.context_lengths, default=0)),  # the eval table's column: the peak
             "final_context_tokens": float(len(ctx.context_ids(self.messages))),
             "prune_withheld": float(not self.prune_on),
             "native_tools_template": float(native),

@@ -294,3 +294,34 @@ def test_async_and_failing_rewards_in_the_rollout_runner():
     assert g.trajectories[0].reward == 0.25
     (g,) = asyncio.run(rollout([task], dataclasses.replace(base, reward=broken), ScriptedEngine(["A"]), cfg()))
     assert g.trajectories[0].reward == 0.0 and g.trajectories[0].metrics["reward_error"] == 1.0
+
+
+def test_chatml_tokenizer_context_is_the_concatenation_of_message_ids():
+    """With the tiny models' real tokenizer: EOS (<|im_end|>) is sampled, only '\\n' is appended after it,
+    and the context after a prune is the concatenation of the kept messages' ids."""
+    from transformers import AutoTokenizer
+
+    from memrl.models.tiny import cached_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(cached_tiny_model("tiny"))
+    register_retriever("kw_test", KeywordRetriever(DOCS))
+    r = [call("search", query="France", topk=1), call("prune_context", memory="Paris", delete_ids=["r1"]),
+         "FINAL_ANSWER: Paris"]
+    engine = ScriptedEngine(r, tokenizer=tok)
+    traj = asyncio.run(run(Task("t1", "Q", "", ["Paris"]), engine, cfg(), random.Random(0)))
+
+    def e(text):
+        return tok.encode(text, add_special_tokens=False)
+
+    head_ids = e("<|im_start|>system\nS" + tools_fallback_text([SEARCH_SCHEMA, PRUNE_SCHEMA])
+                 + f"<|im_end|>\n<|im_start|>user\nQ|{FMT}<|im_end|>\n")
+    hdr, nl = e("<|im_start|>assistant\n"), e("\n")
+    g = [tok.encode(x) + [tok.eos_token_id] for x in r]
+    t1 = e("<|im_start|>tool\n[r1] " + results("France", DOCS[0]) + "<|im_end|>\n")
+    t2 = e("<|im_start|>tool\n[r2] Removed r1. Your memory note stays in your prune_context call above.<|im_end|>\n")
+    assert engine.calls[1].prompt_ids == head_ids + hdr + g[0] + nl + t1 + hdr
+    assert engine.calls[2].prompt_ids == head_ids + hdr + g[1] + nl + t2 + hdr
+    s1, fin = traj.segments
+    assert s1.response_ids == g[0] + nl + t1 + hdr + g[1]
+    assert fin.prompt_ids == engine.calls[2].prompt_ids and fin.response_ids == g[2]
+    assert traj.reward is None and traj.final_answer == "Paris"
