@@ -249,7 +249,7 @@ class _Run:
             if not parsed.attempted:
                 answer_text, stop = text, "answer"
                 break
-            owner.has_prune = any(c.name == ts.PRUNE for c in parsed.calls)
+            owner.has_prune = self.prune_on and any(c.name == ts.PRUNE for c in parsed.calls)
             self.counts["sanitized_calls"] += parsed.sanitized
             for c in parsed.calls:
                 await self.call(turn, c, owner)
@@ -264,9 +264,9 @@ class _Run:
         final = segment_from(self.messages, self.last_prune_turn, len(self.segments), {"kind": "final"})
         if final is not None:
             self.segments.append(final)
-        if not self.segments:  # e.g. the very first prompt is over the budget: nothing was generated
-            raise ValueError(f"memact: task {task.task_id}: the first prompt ({len(header) + len(head_text)}+ "
-                             f"tokens) is over max_context_tokens={cfg.max_context_tokens}")
+        if turns == 0:  # the very first prompt is over the budget: counted, no segment, no answer
+            log.warning("memact: task %s: the first prompt (%d tokens) is over max_context_tokens=%d",
+                        task.task_id, len(ctx.context_ids(self.messages)) + len(header), cfg.max_context_tokens)
         n = len(self.context_lengths)
         metrics = {
             "turns": float(turns),

@@ -10,8 +10,6 @@ import asyncio
 import json
 import random
 
-import pytest
-
 from memrl.engines.base import Completion
 from memrl.services.base import Document
 from memrl.testing import CharTokenizer, KeywordRetriever, ScriptedEngine
@@ -260,8 +258,23 @@ def test_stops_on_max_turns_and_on_the_context_budget():
     traj, engine = run_one([loop] * 3, max_context_tokens=budget)
     assert len(engine.calls) == 1 and traj.info["stop"] == "context_budget"
     assert traj.metrics["stop_context_budget"] == 1.0
-    with pytest.raises(ValueError, match="max_context_tokens=5"):
-        run_one([loop], max_context_tokens=5)
+    traj, engine = run_one([loop], max_context_tokens=5)  # no turn fits: counted, no segment, no crash
+    assert engine.calls == [] and traj.segments == [] and traj.metrics["stop_context_budget"] == 1.0
+
+
+def test_native_tools_template_gets_the_schemas():
+    class ToolsTokenizer(CharTokenizer):
+        def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, tools=None, **kw):
+            text = super().apply_chat_template(messages, False, add_generation_prompt)
+            if tools:
+                text = "<tools>" + ",".join(t["function"]["name"] for t in tools) + "</tools>" + text
+            return self.encode(text) if tokenize else text
+
+    register_retriever("kw_test", KeywordRetriever(DOCS))
+    engine = ScriptedEngine(["FINAL_ANSWER: x"], tokenizer=ToolsTokenizer())
+    traj = asyncio.run(run(Task("t1", "Q", "", ["x"]), engine, cfg(), random.Random(0)))
+    assert engine.calls[0].prompt_text == f"<tools>search,prune_context</tools><system>S</system><user>Q|{FMT}</user><assistant>"
+    assert traj.metrics["native_tools_template"] == 1.0
 
 
 def test_registered_and_multiq_reward_through_rollout():
