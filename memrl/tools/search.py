@@ -65,8 +65,10 @@ def format_hits(query: str, hits: list[Hit]) -> str:
 
 @dataclass
 class SearchOutcome:
+    """The tool message text; `error` is None, "arguments" or "retrieval"; `clamped`: topk was out of range."""
+
     text: str
-    ok: bool
+    error: str | None = None
     clamped: bool = False
 
 
@@ -74,20 +76,20 @@ async def run_search(retriever: Retriever, arguments: dict[str, Any]) -> SearchO
     """Run one search call; argument problems and retrieval failures come back as error text."""
     query = arguments.get("query")
     if not isinstance(query, str) or not query.strip():
-        return SearchOutcome('Error: search needs a non-empty string "query".', False)
+        return SearchOutcome('Error: search needs a non-empty string "query".', "arguments")
     topk = arguments.get("topk", TOPK_DEFAULT)
     if isinstance(topk, str) and topk.strip().isdigit():
         topk = int(topk)
     if isinstance(topk, bool) or not isinstance(topk, int):
-        return SearchOutcome(f'Error: search "topk" must be an integer, got {topk!r}.', False)
+        return SearchOutcome(f'Error: search "topk" must be an integer, got {topk!r}.', "arguments")
     clamped = not 1 <= topk <= TOPK_MAX
     topk = min(max(topk, 1), TOPK_MAX)
     try:
         hits = (await retriever.retrieve([query.strip()], topk))[0]
     except RetrievalError as e:
         log.warning("search failed: %s", e)
-        return SearchOutcome(f"Error: search failed: {e}", False, clamped)
-    return SearchOutcome(format_hits(query.strip(), hits[:topk]), True, clamped)
+        return SearchOutcome(f"Error: search failed: {e}", "retrieval", clamped)
+    return SearchOutcome(format_hits(query.strip(), hits[:topk]), None, clamped)
 
 
 # ---------------------------------------------------------------- building the retriever

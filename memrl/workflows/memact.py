@@ -151,7 +151,8 @@ class _Run:
         self.next_id = 1
         self.last_prune_turn = -1
         self.context_lengths: list[int] = []
-        self.retriever = None
+        # built (once per source, cached) before the first turn: a missing retriever fails fast, by name
+        self.retriever = ts.build_retriever(cfg.retriever_kind, cfg.retriever_corpus, cfg.retriever_url)
         self.generated = 0  # pruned turns included
 
     def encode(self, text: str) -> list[int]:
@@ -170,14 +171,11 @@ class _Run:
 
     async def call(self, turn: int, call: tc.ToolCall, owner: ctx.Message) -> None:
         if call.name == ts.SEARCH:
-            if self.retriever is None:
-                self.retriever = ts.build_retriever(self.cfg.retriever_kind, self.cfg.retriever_corpus,
-                                                    self.cfg.retriever_url)
             out = await ts.run_search(self.retriever, call.arguments)
             self.counts["searches"] += 1
             self.counts["topk_clamped"] += int(out.clamped)
-            if not out.ok:
-                self.counts["search_errors" if out.text.startswith("Error: search failed") else "bad_arguments"] += 1
+            if out.error is not None:
+                self.counts["search_errors" if out.error == "retrieval" else "bad_arguments"] += 1
             self.add_tool(turn, out.text, owner)
         elif call.name == ts.PRUNE and self.prune_on:
             self.prune(turn, call, owner)

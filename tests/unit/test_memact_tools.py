@@ -130,3 +130,23 @@ def test_multiq_single_question_and_partial_f1():
     s = score('FINAL_ANSWER: {"1": "Paris", "2": "1990", "3": "Ada"}', MULTI)
     assert s["f1"] == [1.0, 1.0, pytest.approx(2 / 3)] and s["metrics"]["multiq_f1_mean"] == pytest.approx(8 / 9)
     assert parse_prediction('FINAL_ANSWER: ["a"]', 2).answers == ["a", None]
+
+
+def test_building_the_retriever(tmp_path):
+    import asyncio
+
+    from memrl.tools.search import build_retriever
+
+    with pytest.raises(ValueError, match="memact needs a retriever: set retriever_url, retriever_corpus"):
+        build_retriever("nope", None, None)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "title": "T", "text": "alpha beta"}\n{"id": "b", "text": "beta"}\n')
+    r = build_retriever("keyword", str(corpus), None)
+    assert build_retriever("keyword", str(corpus), None) is r  # built once per source
+    hits = asyncio.run(r.retrieve(["alpha beta", "gamma"], 5))
+    assert [[(h.document.id, h.score) for h in hs] for hs in hits] == [[("a", 2.0), ("b", 1.0)], []]
+    with pytest.raises(ValueError, match="unknown retriever_kind 'bad'"):
+        build_retriever("bad", str(corpus), None)
+    (tmp_path / "bad.jsonl").write_text('{"id": "a"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl: line 1 is not a corpus row with id and text"):
+        build_retriever("keyword", str(tmp_path / "bad.jsonl"), None)
