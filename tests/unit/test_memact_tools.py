@@ -150,3 +150,18 @@ def test_building_the_retriever(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"id": "a"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl: line 1 is not a corpus row with id and text"):
         build_retriever("keyword", str(tmp_path / "bad.jsonl"), None)
+
+
+def test_task_layout_files_round_trip_and_bad_rows_are_named(tmp_path):
+    from memrl.data.io import DataError
+    from memrl.data.tasks_jsonl import is_task_layout, load_task_file, write_tasks
+
+    path = tmp_path / "t.jsonl"
+    write_tasks(path, [MULTI, Task("s", "q", "", ["a"])])
+    assert is_task_layout(path) and load_task_file(path) == [MULTI, Task("s", "q", "", ["a"])]
+    (tmp_path / "e.json").write_text('[{"input": "q", "answers": ["a"], "context": "c"}]')
+    assert not is_task_layout(tmp_path / "e.json")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"task_id": "x", "question": "q", "answers": ["a", "b"], "meta": {"sub_answers": [["a"]]}}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl: row 0: meta.sub_answers has 1 entries, answers has 2"):
+        load_task_file(bad)
