@@ -90,3 +90,65 @@ def test_memact_eval_with_a_random_tiny_model(tmp_path):
     table = list(csv.DictReader(open(tmp_path / "cmp" / "memact_summary.csv")))
     assert [r["run"] for r in table] == ["memact", "search_only"]
     assert [float(r["prune_withheld"]) for r in table] == [0.0, 1.0]
+
+
+def test_real_engine_rows_hold_exactly_the_sampled_ids_and_logprobs():
+    """The tiny model through HFEngine, its first two turns forced to a search and a prune (a random model
+    would not call tools): every later prompt is the kept messages' ids, and the trained ids / logprobs of
+    all segments are exactly what the engine sampled (temperature 1, so logprobs are real)."""
+    import asyncio
+    import random
+
+    from memrl.engines.base import Completion
+    from memrl.engines.hf import HFEngine
+    from memrl.models.tiny import cached_tiny_model
+    from memrl.services.base import Document
+    from memrl.testing import KeywordRetriever
+    from memrl.tools.search import register_retriever
+    from memrl.workflows.memact import MemActConfig, run
+
+    hf = HFEngine(str(cached_tiny_model("tiny")), device="cpu", seed=0)
+    tok = hf.tokenizer
+    forced = ['<tool_call>{"name": "search", "arguments": {"query": "Paris"}}</tool_call>',
+              '<tool_call>{"name": "prune_context", "arguments": {"memory": "Paris", "delete_ids": ["r1"]}}'
+              "</tool_call>"]
+
+    class Forced:
+        tokenizer = tok
+
+        def __init__(self):
+            self.prompts, self.outs = [], []
+
+        async def generate(self, prompt_ids, sampling):
+            k = len(self.outs)
+            if k < len(forced):
+                ids = tok.encode(forced[k], add_special_tokens=False) + [tok.eos_token_id]
+                out = Completion(ids, [-0.25] * len(ids), "stop")
+            else:
+                out = await hf.generate(prompt_ids, sampling)
+            self.prompts.append(list(prompt_ids))
+            self.outs.append(out)
+            return out
+
+    register_retriever("kw_real", KeywordRetriever([Document("p", "Paris", "Paris is in France.")]))
+    engine = Forced()
+    cfg = MemActConfig(retriever_kind="kw_real", no_prune_prob=0.0, temperature=1.0, max_assistant_turns=4,
+                       max_turn_tokens=8)
+    try:
+        traj = asyncio.run(run(Task("t", "Where is Paris?", "", ["France"]), engine, cfg, random.Random(3)))
+    finally:
+        asyncio.run(hf.close())
+    assert traj.metrics["prunes"] == 1.0 and len(engine.outs) >= 3
+    trained = [(i, lp) for s in traj.segments
+               for i, lp, m in zip(s.response_ids, s.response_logprobs, s.loss_mask, strict=True) if m]
+    sampled = [(i, lp) for o in engine.outs for i, lp in zip(o.token_ids, o.logprobs, strict=True)]
+    assert trained == sampled and any(lp != -0.25 for _, lp in sampled)
+    # after the prune: the head, the kept prune turn (sampled ids, then "\n"), its result, the header
+    def e(text):
+        return tok.encode(text, add_special_tokens=False)
+
+    hdr = e("<|im_start|>assistant\n")
+    assert engine.prompts[0][-len(hdr):] == hdr
+    result = e("<|im_start|>tool\n[r2] Removed r1. Your memory note stays in your prune_context call above."
+               "<|im_end|>\n")
+    assert engine.prompts[2] == engine.prompts[0] + engine.outs[1].token_ids + e("\n") + result + hdr
