@@ -5,10 +5,13 @@
   memrl eval --model MODEL_DIR --out runs/eval/fullctx data/hqa/eval_*.json workflow=full_context \\
       workflow.max_context_tokens=120000
   memrl eval report runs/eval/memagent runs/eval/fullctx --out runs/eval/compare
+  memrl eval --model MODEL_DIR --out runs/eval/memact tasks.jsonl workflow=memact \
+      workflow.retriever_corpus=corpus.jsonl [workflow.prune_tool=false  (the search-only baseline)]
 
 Arguments with '=' are dotted overrides of memrl.eval.runner.EvalConfig, spelled as in `memrl train`:
 `workflow.<field>` sets the workflow's config (greedy decoding by default), `engine.*` the engine. Results: <out>/results.jsonl (one row per question;
-re-running resumes), summary.md, summary.csv and accuracy.png.
+re-running resumes), summary.md, summary.csv and accuracy.png (MemAct runs: also the MemAct table in
+summary.md, memact_summary.csv and memact_context.png).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def split_items(items: list[str]) -> tuple[list[str], list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memrl.eval.report import report_dirs, summarize, write_report
+    from memrl.eval.report import is_memact, report_dirs, summarize, summarize_memact, write_report
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.items[0] == "report":
@@ -69,8 +72,9 @@ def run(args: argparse.Namespace) -> int:
         ev.append("progress=false")
     cfg = load_config(EvalConfig, ev, preset=args.preset)
     rows = evaluate(files, args.out, cfg)
-    summaries = summarize(rows, cfg.name or Path(args.out).resolve().name)
-    out = write_report(args.out, summaries)
+    name = cfg.name or Path(args.out).resolve().name
+    memact = [summarize_memact(rows, name)] if is_memact(rows) else []
+    out = write_report(args.out, summarize(rows, name), memact=memact)
     print(out.markdown.read_text(), end="")
     print(f"wrote {Path(args.out) / 'results.jsonl'}, {out.markdown}, {out.csv}, {out.png}")
     return 0

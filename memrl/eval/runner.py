@@ -4,7 +4,9 @@
 
 Rows go to `<out_dir>/results.jsonl` as each question finishes. A re-run skips the (num_docs, task_id)
 pairs already there; a half-written last line (a killed run) is cut off and that question re-run.
-Row metrics use memrl.rewards.qa on the boxed prediction: em, sub_em (MemAgent's "accuracy"), f1.
+Row metrics use memrl.rewards.qa on the boxed prediction: em, sub_em (MemAgent's "accuracy"), f1; a MemAct
+row (multi-question reward metrics present) has em = sub_em = all sub-questions right, f1 = their mean F1.
+`reward` is the workflow's outcome reward (awaited when async; a failing one counts reward_error, 0).
 Timing: `seconds` is one question's latency (queueing in the engine included); `started`/`finished` and
 `session` let the report compute throughput time per question (wall span of a session / its questions).
 
@@ -71,7 +73,7 @@ def workflow_config(cfg: EvalConfig) -> tuple[Any, Any]:
     the section's fields."""
     from memrl.workflows import parse_workflow
 
-    return parse_workflow(cfg.workflow, defaults={"temperature": 0.0})
+    return parse_workflow(cfg.workflow, defaults={"temperature": 0.0, "no_prune_prob": 0.0})
 
 
 # ---------------------------------------------------------------- engines
@@ -141,10 +143,12 @@ def result_row(
 
     pred = traj.final_answer or ""
     m = qa_metrics(pred, task.answers)
+    tm = traj.metrics
+    if "multiq_questions" in tm:  # MemAct: all sub-questions right (memrl.rewards.multiq), mean sub-question F1
+        m = {"em": tm["multiq_all_correct"], "sub_em": tm["multiq_all_correct"], "f1": tm["multiq_f1_mean"]}
     memories = traj.info.get("memories")
     if memories is None:
         memories = [s.info["memory"] for s in traj.segments if s.info.get("kind") != "final" and "memory" in s.info]
-    tm = traj.metrics
     return {
         "task_id": task.task_id,
         "num_docs": num_docs,
@@ -159,8 +163,11 @@ def result_row(
         "f1": m["f1"],
         "tokens_read": int(tm.get("tokens_read", tm.get("context_tokens", 0))),
         "context_tokens": int(tm.get("context_tokens", 0)),
-        "generated_tokens": int(sum(len(s.response_ids) for s in traj.segments)),
+        # MemAct rows also hold tool output; their own count is what the model generated
+        "generated_tokens": int(tm.get("generated_tokens", 0) if "multiq_questions" in tm
+                                else sum(len(s.response_ids) for s in traj.segments)),
         "model_calls": len(traj.segments),
+        "reward": traj.reward,
         "seconds": round(finished - started, 4),
         "started": round(started, 4),
         "finished": round(finished, 4),
@@ -198,6 +205,7 @@ def evaluate(
     `engine` may be passed in (tests, notebooks); otherwise it is built from cfg.engine and closed after.
     """
     from memrl.data.io import load_tasks
+    from memrl.data.tasks_jsonl import is_task_layout, load_task_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -209,7 +217,7 @@ def evaluate(
 
     loaded = []
     for f in files:
-        tasks = load_tasks(f)
+        tasks = load_task_file(f) if is_task_layout(f) else load_tasks(f)
         if cfg.limit:
             tasks = tasks[: cfg.limit]
         loaded.append((num_docs_of(str(f), tasks), str(f), tasks))
@@ -269,7 +277,7 @@ async def _run_all(todo, spec, wf_cfg, engine, cfg: EvalConfig, fh, total: int) 
                 bar.update(1)
 
             await rollout(tasks, timed_spec, engine, wf_cfg, n=1, concurrency=cfg.concurrency, seed=cfg.seed,
-                          on_done=on_done, score=False)
+                          on_done=on_done, score=True)
     finally:
         bar.close()
     return new

@@ -17,12 +17,15 @@ from memrl.types import Task, Trajectory
 
 @dataclass(frozen=True)
 class WorkflowSpec:
-    """A registered workflow: its run function, its config dataclass and its outcome reward."""
+    """A registered workflow: its run function, its config dataclass and its outcome reward.
+
+    `reward` returns a float or an awaitable of one (a judge service); callers use `score_trajectory`.
+    """
 
     name: str
     run: Callable[..., Awaitable[Trajectory]]
     config_cls: type
-    reward: Callable[[Task, Trajectory], float]
+    reward: Callable[[Task, Trajectory], float | Awaitable[float]]
 
 
 _REGISTRY: dict[str, Callable[[], WorkflowSpec]] = {}
@@ -96,3 +99,4 @@ def _try_register(name: str, module: str) -> None:
 
 _try_register("rememr1", "memrl.workflows.rememr1")
 _try_register("full_context", "memrl.workflows.full_context")
+_try_register("memact", "memrl.workflows.memact")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
+import logging
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -11,9 +13,27 @@ from memrl.engines.base import Engine
 from memrl.types import Group, Task, Trajectory
 from memrl.workflows import WorkflowSpec
 
+log = logging.getLogger(__name__)
+
 
 class RolloutError(RuntimeError):
     """A workflow failed on one task; the message names the task and sample."""
+
+
+async def score_trajectory(spec: WorkflowSpec, task: Task, traj: Trajectory) -> float:
+    """spec.reward (plain or async) as a float; a failing reward is logged, scored 0 and counted.
+
+    The count is `traj.metrics["reward_error"] = 1.0` (absent when the reward worked).
+    """
+    try:
+        value = spec.reward(task, traj)
+        if inspect.isawaitable(value):
+            value = await value
+        return float(value)
+    except Exception as e:  # noqa: BLE001 - a reward service may fail in any way; never crash the run
+        log.warning("reward of %s failed on task %s: %s: %s", spec.name, task.task_id, type(e).__name__, e)
+        traj.metrics["reward_error"] = 1.0
+        return 0.0
 
 
 def trajectory_rng(seed: int, task_id: str, sample: int) -> random.Random:
@@ -51,7 +71,7 @@ async def rollout(
                 raise RolloutError(f"workflow {spec.name} failed on task {task.task_id} sample {k}: {e}") from e
         traj.set_id(f"{task.task_id}#{k}")
         if score:
-            traj.reward = float(spec.reward(task, traj))
+            traj.reward = await score_trajectory(spec, task, traj)
         if on_done is not None:
             on_done(task, traj)
         return traj

@@ -1,0 +1,137 @@
+"""Multi-question rule reward (MemAct's "fully correct"): 1.0 only when every sub-question is right.
+
+The prediction is the text after the last `FINAL_ANSWER:`, read as JSON: an object keyed by sub-question
+number ("1", "q1", "answer_1", ... in numeric order; other keys in written order) or a list in question
+order. A code fence or text around the JSON is cut away (counted: `answer_parse_fallback`); text that
+holds no JSON at all answers a single-question task as is, and no question of a multi-question task
+(`answer_unparsed`). Sub-question i is right when its answer exactly matches (after QA normalization,
+memrl.rewards.qa) one of its aliases; F1 is reported too.
+
+Task layout: `answers` = the primary answer of each sub-question in order, `meta["sub_questions"]` and
+`meta["sub_answers"]` (a list of aliases per sub-question). Without meta, `answers` are the aliases of one
+question.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from memrl.rewards.qa import best_em, best_f1
+from memrl.types import Task, Trajectory
+
+MARKER = "FINAL_ANSWER:"
+_FENCE = re.compile(r"```[A-Za-z0-9_-]*\s*\n?(.*?)\n?\s*```", re.DOTALL)
+_NUM = re.compile(r"\d+")
+
+
+@dataclass
+class ParsedAnswer:
+    """The answers read from a prediction, one per position (None = missing), and how they were read."""
+
+    answers: list[str | None]
+    fallback: bool
+    unparsed: bool
+
+
+def gold_aliases(task: Task) -> list[list[str]]:
+    """Aliases per sub-question (one entry for a single-question task)."""
+    subs = task.meta.get("sub_answers")
+    if subs:
+        return [[str(a) for a in (s if isinstance(s, list) else [s])] for s in subs]
+    return [list(task.answers)]
+
+
+def _as_text(v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list):
+        return ", ".join(str(x) for x in v)
+    return json.dumps(v, ensure_ascii=False) if isinstance(v, dict) else str(v)
+
+
+def _ordered(obj: dict[str, Any]) -> list[Any]:
+    keys = list(obj)
+    nums = [_NUM.search(str(k)) for k in keys]
+    if all(nums):
+        return [obj[k] for _, k in sorted(zip([int(n.group()) for n in nums], keys, strict=True),  # type: ignore[union-attr]
+                                          key=lambda x: x[0])]
+    return [obj[k] for k in keys]
+
+
+def _json_value(text: str) -> tuple[Any, bool] | None:
+    """(value, needed_cleaning) of the first JSON object/list in text, or None."""
+    t = text.strip()
+    try:
+        v = json.loads(t)
+        if isinstance(v, dict | list):
+            return v, False
+    except json.JSONDecodeError:
+        pass
+    m = _FENCE.search(t)
+    if m:
+        t = m.group(1)
+    starts = [i for i in (t.find("{"), t.find("[")) if i >= 0]
+    for s in sorted(starts):
+        try:
+            v, _ = json.JSONDecoder().raw_decode(t, s)
+            return v, True
+        except json.JSONDecodeError:
+            continue
+    return None
+
+
+def parse_prediction(text: str, k: int) -> ParsedAnswer:
+    """k answers from the text after the last FINAL_ANSWER: (or the whole text when there is no marker)."""
+    i = text.rfind(MARKER)
+    body = text[i + len(MARKER):] if i >= 0 else text
+    got = _json_value(body)
+    if got is None:
+        plain = body.strip()
+        if k == 1 and plain:
+            return ParsedAnswer([plain.splitlines()[0].strip()], False, False)
+        return ParsedAnswer([None] * k, False, True)
+    value, cleaned = got
+    items = _ordered(value) if isinstance(value, dict) else list(value)
+    if k == 1 and len(items) != 1:
+        items = [value]  # a single question answered with a structure: score its text
+    answers = [_as_text(items[j]) if j < len(items) else None for j in range(k)]
+    return ParsedAnswer(answers, cleaned, False)
+
+
+def score(text: str, task: Task) -> dict[str, Any]:
+    """Per-sub-question EM / F1 and the all-correct reward for one prediction text."""
+    golds = gold_aliases(task)
+    parsed = parse_prediction(text, len(golds))
+    ems, f1s = [], []
+    for pred, aliases in zip(parsed.answers, golds, strict=True):
+        ems.append(best_em(pred, aliases) if pred is not None else 0.0)
+        f1s.append(best_f1(pred, aliases) if pred is not None else 0.0)
+    k = len(golds)
+    return {
+        "reward": 1.0 if all(e == 1.0 for e in ems) else 0.0,
+        "answers": parsed.answers,
+        "em": ems,
+        "f1": f1s,
+        "metrics": {
+            "multiq_questions": float(k),
+            "multiq_correct": float(sum(ems)),
+            "multiq_all_correct": 1.0 if all(e == 1.0 for e in ems) else 0.0,
+            "multiq_subq_accuracy": sum(ems) / k,
+            "multiq_f1_mean": sum(f1s) / k,
+            "answer_parse_fallback": float(parsed.fallback),
+            "answer_unparsed": float(parsed.unparsed),
+        },
+    }
+
+
+def multiq_reward(task: Task, traj: Trajectory) -> float:
+    """Score traj.info["answer_text"]; writes the metrics onto traj.metrics and the details to traj.info."""
+    s = score(traj.info.get("answer_text", traj.final_answer or ""), task)
+    traj.metrics.update(s["metrics"])
+    traj.info["multiq"] = {"answers": s["answers"], "em": s["em"], "f1": s["f1"]}
+    return s["reward"]

@@ -1,0 +1,159 @@
+"""Hermes tool calls: parse `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, render schemas.
+
+Parsing never raises. Each block is sanitized for what small models really emit (a BOM or zero-width
+characters, a ```json code fence, text before or after the JSON object, `arguments` given as a JSON
+string); a block that still is not `{"name": str, "arguments": object}`, or a `<tool_call>` that never
+closes, becomes a `ParseResult.errors` entry that the workflow answers with an error tool message.
+
+Tool schemas are OpenAI-style JSON schema, rendered through the tokenizer's chat template (`tools=`).
+Templates without tools support (they render the same text with and without `tools=`, e.g. the tiny
+models' ChatML template and memrl.testing.CharTokenizer) get the schemas appended to the system prompt
+instead, in the Hermes wording (`# Tools`, `<tools>...</tools>`, the call format): see `render_system`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
+# BOM, zero-width space / non-joiner / joiner, word joiner, and the other invisible format characters.
+_INVISIBLE = re.compile("[\ufeff\u200b\u200c\u200d\u2060\u180e\u00ad]")
+_FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One well-formed call: the tool's name and its arguments object."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class ParseResult:
+    """The calls of one assistant turn, in order, and what could not be used.
+
+    `errors` has one message per malformed block; `dropped` counts well-formed calls past the cap;
+    `sanitized` counts blocks that parsed only after cleaning; `attempted` is whether the text holds
+    any `<tool_call>` at all (a turn without one is the answer).
+    """
+
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    dropped: int = 0
+    sanitized: int = 0
+    attempted: bool = False
+
+
+def sanitize(block: str) -> str:
+    """The JSON object inside a block: invisible characters removed, code fence and surrounding text cut."""
+    text = _INVISIBLE.sub("", block).strip()
+    m = _FENCE.match(text)
+    if m:
+        text = m.group(1).strip()
+    start = text.find("{")
+    if start < 0:
+        return text
+    try:  # the first complete JSON value from the first '{': trailing text is dropped
+        _, end = json.JSONDecoder().raw_decode(text, start)
+        return text[start:end]
+    except json.JSONDecodeError:
+        end = text.rfind("}")
+        return text[start : end + 1] if end > start else text[start:]
+
+
+def parse_block(block: str) -> tuple[ToolCall | None, str | None, bool]:
+    """(call, error, sanitized) for the text between `<tool_call>` and `</tool_call>`."""
+    raw = block.strip()
+    cleaned = sanitize(block)
+    was_sanitized = cleaned != raw
+    try:
+        obj = json.loads(cleaned)
+    except json.JSONDecodeError as e:
+        return None, f"the tool call is not valid JSON ({e.msg} at character {e.pos})", was_sanitized
+    if not isinstance(obj, dict):
+        return None, f"the tool call must be a JSON object, got {type(obj).__name__}", was_sanitized
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return None, "the tool call has no \"name\" string", was_sanitized
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models emit the arguments as a JSON string
+        try:
+            args = json.loads(_INVISIBLE.sub("", args) or "{}")
+            was_sanitized = True
+        except json.JSONDecodeError:
+            return None, f"the arguments of {name!r} are a string that is not a JSON object", was_sanitized
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        return None, f"the arguments of {name!r} must be a JSON object, got {type(args).__name__}", was_sanitized
+    return ToolCall(name.strip(), args), None, was_sanitized
+
+
+def parse_tool_calls(text: str, max_calls: int = 5) -> ParseResult:
+    """Every `<tool_call>` block of `text`, in order; at most `max_calls` calls are kept (the rest dropped)."""
+    res = ParseResult(attempted=OPEN in text)
+    last = 0
+    for m in _BLOCK.finditer(text):
+        last = m.end()
+        call, err, cleaned = parse_block(m.group(1))
+        res.sanitized += int(cleaned)
+        if err is not None:
+            res.errors.append(err)
+        elif len(res.calls) >= max_calls:
+            res.dropped += 1
+        else:
+            res.calls.append(call)  # type: ignore[arg-type]
+    if OPEN in text[last:]:  # e.g. cut off at the turn's token budget
+        res.errors.append("a <tool_call> block was not closed with </tool_call>")
+    return res
+
+
+def format_call(call: ToolCall) -> str:
+    """The canonical text of a call (for scripts and docs)."""
+    return f"{OPEN}{json.dumps({'name': call.name, 'arguments': call.arguments}, ensure_ascii=False)}{CLOSE}"
+
+
+def function_schema(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict:
+    """An OpenAI-style function tool schema."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
+
+
+def tools_fallback_text(tools: list[dict[str, Any]]) -> str:
+    """The Hermes tools block appended to the system prompt when the chat template ignores `tools=`."""
+    lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return (
+        "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        f"<tools>\n{lines}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n"
+        '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
+def render_system(tokenizer: Any, system: str, user: str, tools: list[dict[str, Any]]) -> tuple[str, bool]:
+    """(text of the system + user messages, without generation prompt; whether the template took `tools=`)."""
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    plain = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False)
+    if tools:
+        try:
+            with_tools = tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=False)
+        except Exception:  # noqa: BLE001 - a template may reject the argument; use the fallback
+            with_tools = plain
+        if with_tools != plain:
+            return with_tools, True
+        msgs[0] = {"role": "system", "content": system + tools_fallback_text(tools)}
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False), False
+    return plain, False

@@ -1,0 +1,155 @@
+"""MemAct's working context: a list of messages, each holding the token ids it contributed.
+
+Token in, token out: an assistant message holds its role header (tokenized once, mask 0), the ids the
+engine sampled with their logprobs (mask 1) and the end-of-message text the template adds after them
+(mask 0). A tool message is tokenized once when it is added. The working context is always the
+concatenation of the kept messages' ids; pruning removes messages and never re-tokenizes anything.
+
+Message pieces come from the tokenizer's chat template by difference (rendered once per tokenizer):
+the assistant header is render(msgs, add_generation_prompt=True) minus render(msgs); the assistant end
+is what follows the content of a rendered assistant message; a tool message is the text a single tool
+message adds after an assistant message. Each tool result is rendered as if it were the only one of its
+turn (templates that merge consecutive tool results into one block would otherwise leave a half block
+after a deletion).
+
+Pruning (`prune`): the tool messages with the given ids go, and with them the assistant messages all of
+whose results went, unless they hold a `prune_context` call (that call carries the memory). An assistant
+message with some results kept stays whole, the text of its deleted calls included: its ids are sampled
+tokens, and cutting one call out of them would mean slicing sampled text at token boundaries that need
+not exist (or re-tokenizing it). The model then sees the call without its result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+_SENTINEL = "\u2063MEMACT\u2063"
+
+
+class ChatFormatError(ValueError):
+    """The tokenizer's chat template cannot be split into per-message pieces."""
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """Per-message text pieces of one tokenizer's chat template."""
+
+    assistant_header: str
+    assistant_end: str
+    tool_prefix: str
+    tool_suffix: str
+
+    @classmethod
+    def from_tokenizer(cls, tok: Any) -> ChatFormat:
+        def render(msgs: list[dict[str, str]], gen: bool) -> str:
+            return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+
+        base = [{"role": "user", "content": "u"}]
+        with_gen, without = render(base, True), render(base, False)
+        if not with_gen.startswith(without):
+            raise ChatFormatError("chat template: the generation prompt is not a suffix of the rendered messages")
+        header = with_gen[len(without):]
+        convo = base + [{"role": "assistant", "content": _SENTINEL}]
+        full = render(convo, False)
+        if not full.startswith(with_gen) or _SENTINEL not in full[len(with_gen):]:
+            raise ChatFormatError("chat template: an assistant message does not follow the generation prompt")
+        end = full[len(with_gen):].split(_SENTINEL, 1)[1]
+        try:
+            tool_full = render(convo + [{"role": "tool", "content": _SENTINEL}], False)
+            role_ok = tool_full.startswith(full) and _SENTINEL in tool_full[len(full):]
+        except Exception:  # noqa: BLE001 - a template without a tool role
+            role_ok = False
+        if role_ok:
+            pre, post = tool_full[len(full):].split(_SENTINEL, 1)
+        else:  # no tool role: a user message holding a <tool_response> block (Hermes)
+            user_full = render(convo + [{"role": "user", "content": _SENTINEL}], False)
+            pre, post = user_full[len(full):].split(_SENTINEL, 1)
+            pre, post = pre + "<tool_response>\n", "\n</tool_response>" + post
+        return cls(header, end, pre, post)
+
+
+@dataclass
+class Message:
+    """One piece of the working context with its ids, per-token loss mask and logprobs.
+
+    kind: "head" (system + user), "assistant" or "tool". `turn` is the assistant turn that produced it
+    (-1 for the head). `result_id` is a tool message's visible id; `call_ids` are the result ids an
+    assistant message's calls produced; `has_prune` marks an assistant message holding a prune call.
+    """
+
+    kind: str
+    ids: list[int]
+    mask: list[int]
+    logprobs: list[float]
+    turn: int = -1
+    header_len: int = 0
+    generated_len: int = 0
+    result_id: str | None = None
+    call_ids: list[str] = field(default_factory=list)
+    has_prune: bool = False
+    text: str = ""
+
+
+def head_message(ids: list[int], text: str) -> Message:
+    return Message("head", list(ids), [0] * len(ids), [0.0] * len(ids), text=text)
+
+
+def assistant_message(
+    header_ids: list[int], gen_ids: list[int], gen_logprobs: list[float], end_ids: list[int], turn: int, text: str
+) -> Message:
+    """Header and end are template text (mask 0, logprob 0.0); the generated ids train (mask 1)."""
+    ids = list(header_ids) + list(gen_ids) + list(end_ids)
+    mask = [0] * len(header_ids) + [1] * len(gen_ids) + [0] * len(end_ids)
+    lps = [0.0] * len(header_ids) + [float(x) for x in gen_logprobs] + [0.0] * len(end_ids)
+    return Message("assistant", ids, mask, lps, turn=turn, header_len=len(header_ids),
+                   generated_len=len(gen_ids), text=text)
+
+
+def tool_message(ids: list[int], turn: int, result_id: str, text: str) -> Message:
+    return Message("tool", list(ids), [0] * len(ids), [0.0] * len(ids), turn=turn, result_id=result_id, text=text)
+
+
+def context_ids(messages: list[Message]) -> list[int]:
+    """The working context: the kept messages' ids, concatenated."""
+    return [i for m in messages for i in m.ids]
+
+
+@dataclass
+class PruneOutcome:
+    """What a prune did: the kept messages, and the removed tool results and assistant turns."""
+
+    messages: list[Message]
+    removed_results: list[str]
+    removed_turns: list[int]
+    error: str | None = None
+
+
+def prune(messages: list[Message], delete_ids: list[str]) -> PruneOutcome:
+    """Remove the tool messages named in `delete_ids` and the calls left without results (module docstring).
+
+    Unknown ids (or none) are an error and change nothing.
+    """
+    ids = [str(i).strip() for i in delete_ids]
+    if not ids or any(not i for i in ids):
+        return PruneOutcome(messages, [], [], "delete_ids must be a non-empty list of result ids")
+    known = {m.result_id for m in messages if m.kind == "tool"}
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        names = ", ".join(sorted(known - {None})) or "none"  # type: ignore[arg-type]
+        return PruneOutcome(messages, [], [], f"unknown result id(s) {', '.join(unknown)}; current ids: {names}")
+    gone = set(ids)
+    remaining: dict[int, int] = {}  # turn -> results still kept
+    for m in messages:
+        if m.kind == "tool" and m.result_id not in gone:
+            remaining[m.turn] = remaining.get(m.turn, 0) + 1
+    kept, removed_turns = [], []
+    for m in messages:
+        if m.kind == "tool" and m.result_id in gone:
+            continue
+        if m.kind == "assistant" and not m.has_prune and m.call_ids and not remaining.get(m.turn):
+            if set(m.call_ids) & gone:  # every result of this turn went, and some by this prune
+                removed_turns.append(m.turn)
+                continue
+        kept.append(m)
+    return PruneOutcome(kept, [i for i in ids], removed_turns)

@@ -1,0 +1,155 @@
+"""MemAct's tools: their schemas, `search` over any Retriever, result formatting, and retriever building.
+
+`search(query, topk)`: topk defaults to 5 and is clamped to [1, 20] (counted); a RetrievalError comes
+back to the agent as an error tool message naming the endpoint, never as an exception.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from memrl.services.base import Hit, RetrievalError, Retriever
+from memrl.tools.calls import function_schema
+
+log = logging.getLogger(__name__)
+
+SEARCH, PRUNE = "search", "prune_context"
+TOPK_DEFAULT, TOPK_MAX = 5, 20
+
+SEARCH_SCHEMA = function_schema(
+    SEARCH,
+    "Search the document collection. Returns the best-matching passages, each with its title.",
+    {
+        "query": {"type": "string", "description": "What to look for."},
+        "topk": {"type": "integer", "description": f"How many passages (default {TOPK_DEFAULT}, "
+                                                   f"at most {TOPK_MAX}).", "minimum": 1, "maximum": TOPK_MAX},
+    },
+    ["query"],
+)
+PRUNE_SCHEMA = function_schema(
+    PRUNE,
+    "Remove tool results you no longer need from your context. Write what you learned from them into "
+    "`memory` first: the memory stays in your context, the removed results do not.",
+    {
+        "memory": {"type": "string", "description": "A summary of everything useful you learned so far."},
+        "delete_ids": {"type": "array", "items": {"type": "string"},
+                       "description": "The ids of the tool results to remove (e.g. [\"r1\", \"r3\"])."},
+    },
+    ["memory", "delete_ids"],
+)
+
+
+def truncate_middle(text: str, max_chars: int) -> tuple[str, bool]:
+    """Head + marker + tail when `text` is over `max_chars` (head max_chars//2, tail the rest)."""
+    if max_chars <= 0 or len(text) <= max_chars:
+        return text, False
+    head = max_chars // 2
+    tail = max_chars - head
+    cut = len(text) - max_chars
+    return f"{text[:head]}\n...[{cut} characters truncated]...\n{text[len(text) - tail:]}", True
+
+
+def format_hits(query: str, hits: list[Hit]) -> str:
+    """The text a search result shows the agent."""
+    if not hits:
+        return f'No passages found for "{query}".'
+    parts = [f'Search results for "{query}":']
+    for k, h in enumerate(hits, 1):
+        d = h.document
+        parts.append(f"({k}) {d.title}\n{d.text}" if d.title else f"({k}) {d.text}")
+    return "\n\n".join(parts)
+
+
+@dataclass
+class SearchOutcome:
+    """The tool message text; `error` is None, "arguments" or "retrieval"; `clamped`: topk was out of range."""
+
+    text: str
+    error: str | None = None
+    clamped: bool = False
+
+
+async def run_search(retriever: Retriever, arguments: dict[str, Any]) -> SearchOutcome:
+    """Run one search call; argument problems and retrieval failures come back as error text."""
+    query = arguments.get("query")
+    if not isinstance(query, str) or not query.strip():
+        return SearchOutcome('Error: search needs a non-empty string "query".', "arguments")
+    topk = arguments.get("topk", TOPK_DEFAULT)
+    if isinstance(topk, str) and topk.strip().isdigit():
+        topk = int(topk)
+    if isinstance(topk, bool) or not isinstance(topk, int):
+        return SearchOutcome(f'Error: search "topk" must be an integer, got {topk!r}.', "arguments")
+    clamped = not 1 <= topk <= TOPK_MAX
+    topk = min(max(topk, 1), TOPK_MAX)
+    try:
+        hits = (await retriever.retrieve([query.strip()], topk))[0]
+    except RetrievalError as e:
+        log.warning("search failed: %s", e)
+        return SearchOutcome(f"Error: search failed: {e}", "retrieval", clamped)
+    return SearchOutcome(format_hits(query.strip(), hits[:topk]), None, clamped)
+
+
+# ---------------------------------------------------------------- building the retriever
+
+_REGISTERED: dict[str, Any] = {}
+_CACHE: dict[tuple[str, str], Any] = {}
+
+
+def register_retriever(name: str, retriever: Any) -> None:
+    """Make an object satisfying Retriever available to `memact` as `retriever_kind=NAME` (tests, notebooks)."""
+    _REGISTERED[name] = retriever
+
+
+def _loop_id() -> int:
+    import asyncio
+
+    try:
+        return id(asyncio.get_running_loop())
+    except RuntimeError:
+        return 0
+
+
+def build_retriever(kind: str, corpus: str | None, url: str | None) -> Any:
+    """The retriever a config names, built once per (kind, source) and reused.
+
+    url -> memrl.services.client.HTTPRetriever(url); kind registered -> that object; corpus with kind
+    "bm25" -> memrl.services.retrieval.BM25Retriever.from_file(corpus), "keyword" -> memrl.testing.KeywordRetriever
+    (word overlap; tests), "module:callable" -> callable(corpus). Imports are lazy.
+    """
+    if url:
+        # An httpx client is bound to the event loop that first used it: one client per loop.
+        key = ("url", url, _loop_id())
+        if key not in _CACHE:
+            _CACHE[key] = _import("memrl.services.client", "HTTPRetriever")(url)
+        return _CACHE[key]
+    if kind in _REGISTERED:
+        return _REGISTERED[kind]
+    if not corpus:
+        raise ValueError(
+            "memact needs a retriever: set retriever_url, retriever_corpus (with retriever_kind bm25 or "
+            f"keyword), or register one; retriever_kind={kind!r} is not registered"
+        )
+    key = (kind, corpus)
+    if key not in _CACHE:
+        if kind == "bm25":
+            _CACHE[key] = _import("memrl.services.retrieval", "BM25Retriever").from_file(corpus)
+        elif kind == "keyword":
+            from memrl.testing import KeywordRetriever
+
+            _CACHE[key] = KeywordRetriever.from_jsonl(corpus)
+        elif ":" in kind:
+            mod, _, attr = kind.partition(":")
+            _CACHE[key] = _import(mod, attr)(corpus)
+        else:
+            raise ValueError(f"unknown retriever_kind {kind!r}: use bm25, keyword, module:callable or a registered name")
+    return _CACHE[key]
+
+
+def _import(module: str, attr: str) -> Any:
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"retriever {module}.{attr} is not available in this installation: {e}") from e

@@ -1,0 +1,306 @@
+"""MemAct (arXiv 2510.12635): a tool-using agent that curates its own working context.
+
+Each assistant turn sees the working context (system + user, then the kept assistant turns and tool
+results) and answers with Hermes tool calls (`search`, `prune_context`; at most `max_parallel_calls`)
+or, with no call, the final answer (`FINAL_ANSWER: ...`). It stops on the answer, after
+`max_assistant_turns` turns, or when the context to send passes `max_context_tokens`.
+
+Token in, token out: the context is a list of messages each holding its ids (memrl.tools.context);
+pruning drops messages and concatenates the rest, never re-tokenizing sampled text.
+
+Segments (one training row each): every successful prune closes one. Its row is the working context
+just before the deletion, ending with the prune turn's generated ids: prompt = the context up to the first
+assistant turn after the previous prune (that turn's role header included), response = the rest; mask 1
+only on ids generated in those turns, 0 on tool results and on the headers / end-of-message text we
+insert. The final segment covers the turns after the last prune, so no kept turn trains twice (the
+public code re-trains kept turns in the final segment). Non-generated tokens carry logprob 0.0, a
+placeholder the loss never reads (mask 0). A failed prune changes nothing and closes no segment.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+from memrl.engines.base import Engine, SamplingParams
+from memrl.tools import calls as tc
+from memrl.tools import context as ctx
+from memrl.tools import search as ts
+from memrl.types import Segment, Task, Trajectory
+from memrl.workflows import WorkflowSpec
+from memrl.workflows.memagent import decode_response
+from memrl.workflows.templates import Template, load_template
+
+log = logging.getLogger(__name__)
+
+FINAL_MARKER = "FINAL_ANSWER:"
+COUNTERS = (
+    "searches", "search_errors", "prunes", "failed_prunes", "malformed_calls", "unknown_tools",
+    "bad_arguments", "dropped_calls", "sanitized_calls", "tool_truncations", "topk_clamped",
+)  # fmt: skip
+
+
+@dataclass
+class MemActConfig:
+    """MemAct workflow settings; defaults follow the published recipe (REFERENCE.md section 4)."""
+
+    max_assistant_turns: int = 40
+    """Assistant turns per trajectory."""
+    max_turn_tokens: int = 2048
+    """Generation budget of one assistant turn."""
+    max_context_tokens: int = 32768
+    """Stop before a turn whose working context (prompt) would pass this many tokens."""
+    max_tool_response_chars: int = 8192
+    """Tool output longer than this is cut in the middle (head half + marker + tail half)."""
+    max_parallel_calls: int = 5
+    """Tool calls executed per turn; further well-formed calls are dropped (counted)."""
+    no_prune_prob: float = 0.5
+    """Probability of withholding prune_context for a trajectory (training; evaluation sets 0)."""
+    prune_tool: bool = True
+    """False withholds prune_context in every trajectory (the search-only baseline)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    retriever_kind: str = "bm25"
+    """bm25 or keyword over retriever_corpus, module:callable(corpus), or a name given to register_retriever."""
+    retriever_corpus: str | None = None
+    """Corpus JSONL ({id, title, text} rows) for an in-process retriever."""
+    retriever_url: str | None = None
+    """Base URL of `memrl serve retrieval` (wins over the corpus)."""
+    system_template_file: str | None = None
+    """File overriding the system prompt (no placeholders)."""
+    system_noprune_template_file: str | None = None
+    """File overriding the system prompt used when prune_context is withheld."""
+    user_template_file: str | None = None
+    """File overriding the user prompt; needs {question} and {answer_format}."""
+    system_template: str | None = None
+    system_noprune_template: str | None = None
+    user_template: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_assistant_turns", "max_turn_tokens", "max_context_tokens", "max_parallel_calls"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"MemActConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.no_prune_prob <= 1.0:
+            raise ValueError(f"MemActConfig.no_prune_prob must be in [0, 1], got {self.no_prune_prob}")
+
+    def templates(self, prune: bool) -> tuple[Template, Template]:
+        if prune:
+            system = load_template("memact_system", (), self.system_template_file, self.system_template)
+        else:
+            system = load_template("memact_system_noprune", (), self.system_noprune_template_file,
+                                   self.system_noprune_template)
+        user = load_template("memact_user", ("question", "answer_format"), self.user_template_file,
+                             self.user_template)
+        return system, user
+
+    def sampling(self, rng: random.Random) -> SamplingParams:
+        seed = rng.getrandbits(31) if self.temperature > 0 else None
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_tokens=self.max_turn_tokens, seed=seed)
+
+
+def answer_format(task: Task) -> str:
+    """The answer instruction: a JSON object keyed "1".."k" for k sub-questions, else a short answer."""
+    subs = task.meta.get("sub_questions") or []
+    if len(subs) > 1:
+        keys = ", ".join(f'"{i}": "<answer {i}>"' for i in range(1, len(subs) + 1))
+        return (f"Answer all {len(subs)} questions. End with one line: FINAL_ANSWER: {{{keys}}} "
+                "(a JSON object; each answer a short phrase).")
+    return "End with one line: FINAL_ANSWER: <short answer>."
+
+
+def final_answer_text(text: str) -> str:
+    """The text after the last FINAL_ANSWER: marker ("" when there is none)."""
+    i = text.rfind(FINAL_MARKER)
+    return text[i + len(FINAL_MARKER):].strip() if i >= 0 else ""
+
+
+def segment_from(snapshot: list[ctx.Message], since_turn: int, step: int, info: dict) -> Segment | None:
+    """The row of the turns after `since_turn` in `snapshot` (module docstring); None if nothing trains."""
+    first = next((i for i, m in enumerate(snapshot) if m.kind == "assistant" and m.turn > since_turn), None)
+    if first is None:
+        return None
+    lead = snapshot[first]
+    prompt = ctx.context_ids(snapshot[:first]) + lead.ids[: lead.header_len]
+    ids, mask, lps = lead.ids[lead.header_len:], lead.mask[lead.header_len:], lead.logprobs[lead.header_len:]
+    for m in snapshot[first + 1:]:
+        ids, mask, lps = ids + m.ids, mask + m.mask, lps + m.logprobs
+    if 1 not in mask:
+        return None
+    end = len(mask) - mask[::-1].index(1)  # drop what follows the last generated token
+    turns = sorted({m.turn for m in snapshot[first:] if m.kind == "assistant"})
+    return Segment(prompt_ids=prompt, response_ids=ids[:end], response_logprobs=lps[:end], loss_mask=mask[:end],
+                   step=step, info={**info, "turns": turns})
+
+
+class _Run:
+    """State of one trajectory: the messages, counters, segments and result ids."""
+
+    def __init__(self, task: Task, engine: Engine, cfg: MemActConfig, rng: random.Random) -> None:
+        self.task, self.engine, self.cfg, self.rng = task, engine, cfg, rng
+        self.tok = engine.tokenizer
+        self.fmt = ctx.ChatFormat.from_tokenizer(self.tok)
+        self.prune_on = cfg.prune_tool and not (cfg.no_prune_prob > 0 and rng.random() < cfg.no_prune_prob)
+        self.tools = [ts.SEARCH_SCHEMA] + ([ts.PRUNE_SCHEMA] if self.prune_on else [])
+        self.counts = dict.fromkeys(COUNTERS, 0)
+        self.messages: list[ctx.Message] = []
+        self.segments: list[Segment] = []
+        self.memories: list[str] = []
+        self.next_id = 1
+        self.last_prune_turn = -1
+        self.context_lengths: list[int] = []
+        # built (once per source, cached) before the first turn: a missing retriever fails fast, by name
+        self.retriever = ts.build_retriever(cfg.retriever_kind, cfg.retriever_corpus, cfg.retriever_url)
+        self.generated = 0  # pruned turns included
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False))
+
+    def add_tool(self, turn: int, body: str, owner: ctx.Message) -> str:
+        rid = f"r{self.next_id}"
+        self.next_id += 1
+        body, cut = ts.truncate_middle(body, self.cfg.max_tool_response_chars)
+        self.counts["tool_truncations"] += int(cut)
+        content = f"[{rid}] {body}"
+        ids = self.encode(self.fmt.tool_prefix + content + self.fmt.tool_suffix)
+        self.messages.append(ctx.tool_message(ids, turn, rid, content))
+        owner.call_ids.append(rid)
+        return rid
+
+    async def call(self, turn: int, call: tc.ToolCall, owner: ctx.Message) -> None:
+        if call.name == ts.SEARCH:
+            out = await ts.run_search(self.retriever, call.arguments)
+            self.counts["searches"] += 1
+            self.counts["topk_clamped"] += int(out.clamped)
+            if out.error is not None:
+                self.counts["search_errors" if out.error == "retrieval" else "bad_arguments"] += 1
+            self.add_tool(turn, out.text, owner)
+        elif call.name == ts.PRUNE and self.prune_on:
+            self.prune(turn, call, owner)
+        else:
+            self.counts["unknown_tools"] += 1
+            names = ", ".join(t["function"]["name"] for t in self.tools)
+            self.add_tool(turn, f"Error: unknown tool {call.name!r}; available tools: {names}.", owner)
+
+    def prune(self, turn: int, call: tc.ToolCall, owner: ctx.Message) -> None:
+        memory, ids = call.arguments.get("memory"), call.arguments.get("delete_ids")
+        if isinstance(ids, str):
+            ids = [ids]
+        error = None
+        if not isinstance(memory, str) or not memory.strip():
+            error = 'prune_context needs a non-empty "memory" string'
+        elif not isinstance(ids, list) or not all(isinstance(i, str | int) for i in ids):
+            error = 'prune_context needs "delete_ids", a list of result ids'
+        outcome = None
+        if error is None:
+            snapshot = self.messages[: self.messages.index(owner) + 1]
+            outcome = ctx.prune(self.messages, [str(i) for i in ids])  # type: ignore[union-attr]
+            error = outcome.error
+        if error is not None or outcome is None:
+            self.counts["failed_prunes"] += 1
+            self.add_tool(turn, f"Error: {error}. Nothing was removed.", owner)
+            return
+        seg = segment_from(snapshot, self.last_prune_turn, len(self.segments),
+                           {"kind": "prune", "prune_turn": turn, "memory": memory.strip(),
+                            "deleted": outcome.removed_results, "removed_turns": outcome.removed_turns})
+        if seg is not None:
+            self.segments.append(seg)
+        self.messages = outcome.messages
+        self.last_prune_turn = turn
+        self.counts["prunes"] += 1
+        self.memories.append(memory.strip())
+        self.add_tool(turn, f"Removed {', '.join(outcome.removed_results)}. Your memory note stays in "
+                            "your prune_context call above.", owner)
+
+    async def run(self) -> Trajectory:
+        cfg, task = self.cfg, self.task
+        sys_tpl, user_tpl = cfg.templates(self.prune_on)
+        head_text, native = tc.render_system(
+            self.tok, sys_tpl.render(), user_tpl.render(question=task.question, answer_format=answer_format(task)),
+            self.tools,
+        )
+        self.messages.append(ctx.head_message(self.encode(head_text), head_text))
+        header = self.encode(self.fmt.assistant_header)
+        eos = getattr(self.tok, "eos_token_id", None)
+        eos_text = self.tok.decode([eos]) if eos is not None else None
+        end_full = self.encode(self.fmt.assistant_end)
+        end_after_eos = self.encode(self.fmt.assistant_end[len(eos_text):]) if (
+            eos_text and self.fmt.assistant_end.startswith(eos_text)) else end_full
+        answer_text, stop, turns = "", "max_turns", 0
+        for turn in range(cfg.max_assistant_turns):
+            prompt = ctx.context_ids(self.messages) + header
+            if len(prompt) > cfg.max_context_tokens:
+                stop = "context_budget"
+                break
+            self.context_lengths.append(len(prompt))
+            out = await self.engine.generate(prompt, cfg.sampling(self.rng))
+            turns += 1
+            gen = list(out.token_ids)
+            self.generated += len(gen)
+            text = decode_response(self.tok, gen)
+            end = end_after_eos if gen and gen[-1] == eos else end_full
+            owner = ctx.assistant_message(header, gen, list(out.logprobs), end, turn, text)
+            self.messages.append(owner)
+            parsed = tc.parse_tool_calls(text, cfg.max_parallel_calls)
+            if not parsed.attempted:
+                answer_text, stop = text, "answer"
+                break
+            owner.has_prune = self.prune_on and any(c.name == ts.PRUNE for c in parsed.calls)
+            self.counts["sanitized_calls"] += parsed.sanitized
+            for c in parsed.calls:
+                await self.call(turn, c, owner)
+            for err in parsed.errors:
+                self.counts["malformed_calls"] += 1
+                self.add_tool(turn, f"Error: {err}. Write each call as <tool_call>{{\"name\": ..., "
+                                    "\"arguments\": {...}}</tool_call>.", owner)
+            if parsed.dropped:
+                self.counts["dropped_calls"] += parsed.dropped
+                self.add_tool(turn, f"Error: at most {cfg.max_parallel_calls} tool calls run per turn; "
+                                    f"{parsed.dropped} more were not run.", owner)
+        final = segment_from(self.messages, self.last_prune_turn, len(self.segments), {"kind": "final"})
+        if final is not None:
+            self.segments.append(final)
+        if turns == 0:  # the very first prompt is over the budget: counted, no segment, no answer
+            log.warning("memact: task %s: the first prompt (%d tokens) is over max_context_tokens=%d",
+                        task.task_id, len(ctx.context_ids(self.messages)) + len(header), cfg.max_context_tokens)
+        n = len(self.context_lengths)
+        metrics = {
+            "turns": float(turns),
+            "generated_tokens": float(self.generated),
+            "mean_context_tokens": sum(self.context_lengths) / n if n else 0.0,
+            "peak_context_tokens": float(max(self.context_lengths, default=0)),
+            "context_tokens": float(max(self.context_lengths, default=0)),  # the eval table's column: the peak
+            "final_context_tokens": float(len(ctx.context_ids(self.messages))),
+            "prune_withheld": float(not self.prune_on),
+            "native_tools_template": float(native),
+            "stop_answer": float(stop == "answer"),
+            "stop_max_turns": float(stop == "max_turns"),
+            "stop_context_budget": float(stop == "context_budget"),
+            "no_final_marker": float(FINAL_MARKER not in answer_text),
+            "segments": float(len(self.segments)),
+            **{k: float(v) for k, v in self.counts.items()},
+        }
+        return Trajectory(
+            task_id=task.task_id, trajectory_id="", segments=self.segments,
+            final_answer=final_answer_text(answer_text), metrics=metrics,
+            info={"answer_text": answer_text, "memories": self.memories, "stop": stop,
+                  "transcript": [{"kind": m.kind, "turn": m.turn, "id": m.result_id, "text": m.text}
+                                 for m in self.messages]},
+        )
+
+
+async def run(task: Task, engine: Engine, cfg: MemActConfig, rng: random.Random) -> Trajectory:
+    """One MemAct trajectory for `task` (module docstring)."""
+    return await _Run(task, engine, cfg, rng).run()
+
+
+def reward(task: Task, traj: Trajectory) -> float:
+    """Outcome reward: 1.0 only when every sub-question is answered right (memrl.rewards.multiq)."""
+    from memrl.rewards.multiq import multiq_reward
+
+    return multiq_reward(task, traj)
+
+
+SPEC = WorkflowSpec("memact", run, MemActConfig, reward)

@@ -1,0 +1,167 @@
+"""Tool-call parsing and sanitizing, prune_context on message lists, the multi-question reward."""
+
+from __future__ import annotations
+
+import pytest
+
+from memrl.rewards.multiq import parse_prediction, score
+from memrl.tools import context as ctx
+from memrl.tools.calls import ToolCall, parse_tool_calls, render_system, sanitize
+from memrl.tools.search import SEARCH_SCHEMA, truncate_middle
+from memrl.types import Task
+
+OK = ToolCall("search", {"query": "a"})
+
+
+@pytest.mark.parametrize("block, sanitized", [
+    ('{"name": "search", "arguments": {"query": "a"}}', False),
+    ('\n{"name": "search", "arguments": {"query": "a"}}\n', False),
+    ('\ufeff{"name": "search", "arguments": {"query": "a"}}', True),
+    ('{"name": "sea\u200brch", "arguments": {"query": "a"}}', True),
+    ('```json\n{"name": "search", "arguments": {"query": "a"}}\n```', True),
+    ('Sure! {"name": "search", "arguments": {"query": "a"}} hope this helps }', True),
+    ('{"name": "search", "arguments": "{\\"query\\": \\"a\\"}"}', True),
+    ('{"name": "search", "parameters": {"query": "a"}}', False),
+])
+def test_sanitizer_recovers_what_small_models_emit(block, sanitized):
+    res = parse_tool_calls(f"think <tool_call>{block}</tool_call> done")
+    assert res.calls == [OK] and res.errors == [] and res.sanitized == int(sanitized)
+
+
+def test_sanitize_cuts_to_the_first_json_object():
+    assert sanitize('x ```\n{"a": {"b": 1}} trailing {"c": 2}\n```') == '{"a": {"b": 1}}'
+
+
+def test_malformed_blocks_become_errors_in_order_and_the_cap_drops_the_rest():
+    text = ("<tool_call>{bad</tool_call><tool_call>{\"arguments\": {}}</tool_call>"
+            "<tool_call>{\"name\": \"s\", \"arguments\": [1]}</tool_call>"
+            + "<tool_call>{\"name\": \"search\", \"arguments\": {\"query\": \"a\"}}</tool_call>" * 3
+            + "<tool_call>{\"name\": \"x\"")
+    res = parse_tool_calls(text, max_calls=2)
+    assert res.calls == [OK, OK] and res.dropped == 1 and res.attempted
+    assert res.errors == [
+        "the tool call is not valid JSON (Expecting property name enclosed in double quotes at character 1)",
+        'the tool call has no "name" string',
+        "the arguments of 's' must be a JSON object, got list",
+        "a <tool_call> block was not closed with </tool_call>",
+    ]
+    assert not parse_tool_calls("FINAL_ANSWER: x").attempted
+
+
+def test_truncate_middle():
+    assert truncate_middle("abcdef", 6) == ("abcdef", False)
+    assert truncate_middle("abcdefghij", 4) == ("ab\n...[6 characters truncated]...\nij", True)
+    assert truncate_middle("abcdefghij", 5) == ("ab\n...[5 characters truncated]...\nhij", True)
+
+
+def _msgs():
+    """head, turn 0 (calls -> r1, r2), turn 1 (prune call -> r3), turn 2 (-> r4)."""
+    h = ctx.head_message([1, 2], "h")
+    a0 = ctx.assistant_message([9], [10, 11], [-0.1, -0.2], [8], 0, "a0")
+    a0.call_ids = ["r1", "r2"]
+    a1 = ctx.assistant_message([9], [12], [-0.3], [8], 1, "a1")
+    a1.call_ids, a1.has_prune = ["r3"], True
+    a2 = ctx.assistant_message([9], [13], [-0.4], [8], 2, "a2")
+    a2.call_ids = ["r4"]
+    return [h, a0, ctx.tool_message([20], 0, "r1", "t1"), ctx.tool_message([21], 0, "r2", "t2"),
+            a1, ctx.tool_message([22], 1, "r3", "t3"), a2, ctx.tool_message([23], 2, "r4", "t4")]
+
+
+def test_prune_partial_and_whole_assistant_messages():
+    msgs = _msgs()
+    out = ctx.prune(msgs, ["r1"])  # r2 remains: turn 0 stays whole
+    assert out.error is None and out.removed_turns == []
+    assert ctx.context_ids(out.messages) == [1, 2, 9, 10, 11, 8, 21, 9, 12, 8, 22, 9, 13, 8, 23]
+    out = ctx.prune(out.messages, ["r2", "r4", "r3"])  # turns 0 and 2 go; the prune turn 1 stays
+    assert out.removed_turns == [0, 2]
+    assert ctx.context_ids(out.messages) == [1, 2, 9, 12, 8]
+
+
+@pytest.mark.parametrize("ids, error", [
+    ([], "delete_ids must be a non-empty list of result ids"),
+    (["r1", " "], "delete_ids must be a non-empty list of result ids"),
+    (["r1", "r7"], "unknown result id(s) r7; current ids: r1, r2, r3, r4"),
+])
+def test_prune_errors_change_nothing(ids, error):
+    msgs = _msgs()
+    out = ctx.prune(msgs, ids)
+    assert out.error == error and out.messages is msgs
+
+
+def test_chat_format_of_the_tiny_models_template():
+    from transformers import AutoTokenizer
+
+    from memrl.models.tiny import cached_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(cached_tiny_model("tiny"))
+    fmt = ctx.ChatFormat.from_tokenizer(tok)
+    assert fmt == ctx.ChatFormat("<|im_start|>assistant\n", "<|im_end|>\n", "<|im_start|>tool\n", "<|im_end|>\n")
+    text, native = render_system(tok, "S", "U", [SEARCH_SCHEMA])
+    assert not native  # ChatML without tools support: schemas go into the system prompt
+    assert text.startswith("<|im_start|>system\nS\n\n# Tools\n") and text.endswith("<|im_start|>user\nU<|im_end|>\n")
+
+
+MULTI = Task("m", "1. a? 2. b? 3. c?", "", ["Paris", "1990", "Ada Lovelace"],
+             meta={"sub_questions": ["a?", "b?", "c?"],
+                   "sub_answers": [["Paris"], ["1990"], ["Ada Lovelace", "Augusta Ada King"]]})
+
+
+@pytest.mark.parametrize("text, reward, ems, fallback, unparsed", [
+    ('FINAL_ANSWER: {"1": "paris", "2": 1990, "3": "Augusta Ada King"}', 1.0, [1, 1, 1], 0, 0),
+    ('FINAL_ANSWER: ["The Paris", "1990", "Ada Lovelace"]', 1.0, [1, 1, 1], 0, 0),
+    ('FINAL_ANSWER: {"q3": "Ada", "q1": "Paris", "q2": "1990"}', 0.0, [1, 1, 0], 0, 0),
+    ('FINAL_ANSWER: ```json\n{"1": "Paris", "2": "1990", "3": "Ada Lovelace"}\n``` done', 1.0, [1, 1, 1], 1, 0),
+    ('FINAL_ANSWER: {"1": "x"} then FINAL_ANSWER: {"1": "Paris", "2": "1991"}', 0.0, [1, 0, 0], 0, 0),
+    ("FINAL_ANSWER: Paris, 1990, Ada Lovelace", 0.0, [0, 0, 0], 0, 1),
+    ("", 0.0, [0, 0, 0], 0, 1),
+])
+def test_multiq_reward(text, reward, ems, fallback, unparsed):
+    s = score(text, MULTI)
+    assert s["reward"] == reward and s["em"] == ems
+    assert s["metrics"]["answer_parse_fallback"] == fallback and s["metrics"]["answer_unparsed"] == unparsed
+    assert s["metrics"]["multiq_correct"] == sum(ems) and s["metrics"]["multiq_questions"] == 3
+
+
+def test_multiq_single_question_and_partial_f1():
+    single = Task("s", "q", "", ["Ada Lovelace", "Lovelace"])
+    assert score("FINAL_ANSWER: lovelace\nextra line", single)["reward"] == 1.0
+    assert score('FINAL_ANSWER: {"answer": "Ada Lovelace"}', single)["reward"] == 1.0  # one value: the answer
+    assert score('FINAL_ANSWER: ["Ada", "Lovelace"]', single)["answers"] == ["Ada, Lovelace"]
+    s = score('FINAL_ANSWER: {"1": "Paris", "2": "1990", "3": "Ada"}', MULTI)
+    assert s["f1"] == [1.0, 1.0, pytest.approx(2 / 3)] and s["metrics"]["multiq_f1_mean"] == pytest.approx(8 / 9)
+    assert parse_prediction('FINAL_ANSWER: ["a"]', 2).answers == ["a", None]
+
+
+def test_building_the_retriever(tmp_path):
+    import asyncio
+
+    from memrl.tools.search import build_retriever
+
+    with pytest.raises(ValueError, match="memact needs a retriever: set retriever_url, retriever_corpus"):
+        build_retriever("nope", None, None)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "title": "T", "text": "alpha beta"}\n{"id": "b", "text": "beta"}\n')
+    r = build_retriever("keyword", str(corpus), None)
+    assert build_retriever("keyword", str(corpus), None) is r  # built once per source
+    hits = asyncio.run(r.retrieve(["alpha beta", "gamma"], 5))
+    assert [[(h.document.id, h.score) for h in hs] for hs in hits] == [[("a", 2.0), ("b", 1.0)], []]
+    with pytest.raises(ValueError, match="unknown retriever_kind 'bad'"):
+        build_retriever("bad", str(corpus), None)
+    (tmp_path / "bad.jsonl").write_text('{"id": "a"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl: line 1 is not a corpus row with id and text"):
+        build_retriever("keyword", str(tmp_path / "bad.jsonl"), None)
+
+
+def test_task_layout_files_round_trip_and_bad_rows_are_named(tmp_path):
+    from memrl.data.io import DataError
+    from memrl.data.tasks_jsonl import is_task_layout, load_task_file, write_tasks
+
+    path = tmp_path / "t.jsonl"
+    write_tasks(path, [MULTI, Task("s", "q", "", ["a"])])
+    assert is_task_layout(path) and load_task_file(path) == [MULTI, Task("s", "q", "", ["a"])]
+    (tmp_path / "e.json").write_text('[{"input": "q", "answers": ["a"], "context": "c"}]')
+    assert not is_task_layout(tmp_path / "e.json")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"task_id": "x", "question": "q", "answers": ["a", "b"], "meta": {"sub_answers": [["a"]]}}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl: row 0: meta.sub_answers has 1 entries, answers has 2"):
+        load_task_file(bad)
