@@ -27,6 +27,7 @@ import torch
 from memrl.config import ConfigError, section_from_dict, to_yaml
 from memrl.training.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from memrl.training.config import TrainConfig
+from memrl.training.dump import maybe_dump, note_tasks
 from memrl.training.packing import Row, collate, pack_rows, rows_from_segments, set_loss_weights
 from memrl.training.policy import ppo_micro_loss, token_logprobs
 from memrl.training.rollout import build_engine, sample_groups
@@ -188,6 +189,7 @@ class Trainer:
     def _next_tasks(self, k: int) -> list[Task]:
         tasks = [next(self.stream) for _ in range(k)]
         self.position += k
+        note_tasks(self, tasks)  # memrl.training.dump: question/answers for the trajectory sample
         return tasks
 
     # -------------------------------------------------------------- one update
@@ -314,6 +316,7 @@ class Trainer:
             advs = [s.advantage or 0.0 for t in trajs for s in t.segments]
             metrics.update(_stats("advantage", advs))
             self.engine.update_weights(self.model.state_dict())
+        maybe_dump(self, res.groups)  # memrl.training.dump: a bounded sample every trainer.dump_every steps
         t2 = time.perf_counter()
         metrics["time/rollout_s"] = t1 - t0
         metrics["time/update_s"] = t2 - t1

@@ -106,9 +106,8 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
     empty_memories = 0
     memory_lengths: list[int] = []
     for i, chunk_ids in enumerate(chunks):
-        prompt_text, prompt_ids = chat_prompt(
-            tok, mem_tpl.render(problem=task.question, memory=memory, chunk=tok.decode(chunk_ids))
-        )
+        chunk = tok.decode(chunk_ids)
+        prompt_text, prompt_ids = chat_prompt(tok, mem_tpl.render(problem=task.question, memory=memory, chunk=chunk))
         out = await engine.generate(prompt_ids, cfg.sampling(cfg.max_memory_tokens, rng))
         new_memory = decode_response(tok, out.token_ids)
         if not new_memory:
@@ -125,6 +124,7 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
                     "kind": "memory",
                     "chunk_index": i,
                     "chunk_tokens": len(chunk_ids),
+                    "chunk": chunk,
                     "previous_memory": memory,
                     "memory": new_memory,
                     "finish_reason": out.finish_reason,

@@ -213,13 +213,14 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
     recalls = retrieved = callback_hits = well_formed = 0
     memory_lengths: list[int] = []
     for t, chunk_ids in enumerate(chunks):
+        chunk = tok.decode(chunk_ids)
         _, prompt_ids = chat_prompt(
             tok,
             mem_tpl.render(
                 problem=task.question,
                 recalled_memory=shown_recall,
                 memory=memory,
-                chunk=tok.decode(chunk_ids),
+                chunk=chunk,
             ),
         )
         out = await engine.generate(prompt_ids, cfg.sampling(cfg.max_memory_tokens, rng))
@@ -250,6 +251,7 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
                     "kind": "memory",
                     "chunk_index": t,
                     "chunk_tokens": len(chunk_ids),
+                    "chunk": chunk,
                     "response_text": response,
                     "previous_memory": memory,
                     "memory": new_memory,
