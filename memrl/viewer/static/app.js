@@ -78,7 +78,7 @@ function lineChart(points, opts) {
       g.append(svg("circle", { cx: X(i), cy: Y(p[1]), r: 2.6, fill: "#4f7cff" },
         svg("title", {}, `${opts.xlabel || "x"}=${p[0]}: ${fmt(p[1], 3)}`)));
     }
-    if (opts.xcat) g.append(svg("text", { x: X(i) - 4, y: h - 4 }, p[0]));
+    if (opts.xcat) g.append(svg("text", { x: X(i) - 4, y: h - 4 }, p[0]), svg("text", { x: X(i) - 8, y: Y(p[1]) - 6 }, fmt(p[1], 1)));
   });
   if (!opts.xcat) {
     g.append(svg("text", { x: pad, y: h - 4 }, points[0][0]), svg("text", { x: w - 30, y: h - 4 }, points[points.length - 1][0]));
@@ -305,8 +305,12 @@ function renderStep(run, idx, j, s, answers) {
   }
   const rest = Object.entries(info).filter(([k]) => !KNOWN.has(k));
   if (rest.length) {
-    box.append(el("table", { class: "kv" }, rest.map(([k, v]) => el("tr", {}, el("td", {}, k),
-      el("td", {}, typeof v === "object" && v !== null ? el("pre", {}, json(v)) : String(v))))));
+    // Keys this page does not know (any workflow's extras): short values inline, long ones as a block.
+    box.append(el("div", { class: "kv" }, rest.map(([k, v]) => {
+      const text = typeof v === "object" && v !== null ? JSON.stringify(v) : String(v);
+      return text.length > 80 ? el("details", { class: "kvi" }, el("summary", {}, k), el("pre", {}, json(v)))
+        : el("span", { class: "kvi" }, el("span", { class: "k" }, k + ": "), text);
+    })));
   }
   return box;
 }
