@@ -47,6 +47,7 @@ def trajectory_rows(step: int, groups: list[Group], tasks: dict[str, Task], limi
                 "group_rewards": json_safe([tt.reward for tt in g.trajectories]),
                 "metrics": json_safe(t.metrics),
                 "memory_trace": json_safe(t.info.get("memories", [])),
+                "model_calls": len(t.segments),
                 "steps": segment_records(t.segments, tokenizer),
             })
     return rows

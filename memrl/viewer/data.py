@@ -54,6 +54,28 @@ class Entry:
                 "score": self.score}
 
 
+_STEPS_KEYS = (b', "steps": ', b',"steps":')
+
+
+def _head(line: bytes) -> dict[str, Any]:
+    """A row without its `steps` (the last key of eval rows and dumps, and the bulk of them), parsed
+    from the bytes before it; the whole line when that fails. A quote inside a JSON string is escaped,
+    so `"steps":` with a bare quote is a key."""
+    for k in _STEPS_KEYS:
+        pos = line.find(k)
+        if pos > 0:
+            try:
+                out = json.loads(line[:pos] + b"}")
+                if isinstance(out, dict):
+                    return out
+            except ValueError:
+                break
+    out = json.loads(line)
+    if not isinstance(out, dict):
+        raise ValueError("not a JSON object")
+    return out
+
+
 def _load_json(path: Path) -> dict[str, Any]:
     try:
         out = json.loads(path.read_text(encoding="utf-8"))
@@ -101,22 +123,23 @@ class Run:
 
     # ------------------------------------------------------------ index
     def refresh(self) -> None:
-        """Index the complete lines appended since the last call; a half-written last line waits."""
+        """Index the complete lines appended since the last call (streamed); a half-written last line waits."""
         with self._lock:
             p = self.rows_path
             if not p.exists():
                 return
+            tail = 0
             with open(p, "rb") as f:
                 f.seek(self._end)
-                data = f.read()
-            end = data.rfind(b"\n") + 1
-            pos = self._end
-            for line in data[:end].split(b"\n")[:-1]:
-                if line.strip():
-                    self._add(line, pos)
-                pos += len(line) + 1
-            self._end += end
-            tail = len(data) - end
+                pos = self._end
+                for line in f:
+                    if not line.endswith(b"\n"):
+                        tail = len(line)
+                        break
+                    if line.strip():
+                        self._add(line[:-1], pos)
+                    pos += len(line)
+            self._end = pos
             if tail and tail != self._tail_warned:
                 self.warnings.append(f"{p}: the last line ({tail} bytes) is incomplete (a running or "
                                      "killed run); it is left out")
@@ -125,11 +148,9 @@ class Run:
     def _add(self, line: bytes, offset: int) -> None:
         lineno = len(self.entries) + 1
         try:
-            r = json.loads(line)
-            if not isinstance(r, dict):
-                raise ValueError("not a JSON object")
+            r = _head(line)
         except ValueError as e:
-            self.warnings.append(f"{self.rows_path}: a line at byte {offset} is not a JSON row ({e}); skipped")
+            self.warnings.append(f"{self.rows_path}: the line at byte {offset} is not a JSON row ({e}); skipped")
             return
         m = r.get("metrics") or {}
         if self.kind == "eval":
@@ -138,7 +159,7 @@ class Run:
             score = float(r.get("sub_em", 0.0) or 0.0)
             step = None
         else:
-            size = int(m.get("num_chunks", 0) or len(r.get("steps") or []))
+            size = int(m.get("num_chunks", 0) or r.get("model_calls", 0))
             key = f"{r.get('step', 0)}/{r.get('trajectory_id', lineno)}"
             score = float(r.get("reward") or 0.0)
             step = int(r.get("step", 0) or 0)
@@ -146,7 +167,7 @@ class Run:
             offset=offset, length=len(line), key=key, task_id=str(r.get("task_id", "")), size=size,
             correct=score > 0 if self.kind == "train" else score >= 1.0,
             workflow=str(r.get("workflow") or self.workflow), question=str(r.get("question", "")),
-            prediction=str(r.get("prediction", "")), calls=len(r.get("steps") or []) or int(r.get("model_calls", 0)),
+            prediction=str(r.get("prediction", "")), calls=int(r.get("model_calls", 0)),
             step=step, score=score,
         ))
 
@@ -189,7 +210,12 @@ class Run:
         e = self.entries[idx]
         with open(self.rows_path, "rb") as f:
             f.seek(e.offset)
-            return json.loads(f.read(e.length))
+            data = f.read(e.length)
+        try:
+            return json.loads(data)
+        except ValueError as err:
+            raise ViewerError(f"{self.rows_path}: the row at byte {e.offset} ({e.key}) is not valid JSON "
+                              f"({err}); was the file edited?") from err
 
     def row(self, idx: int) -> dict[str, Any]:
         """Row `idx` for the page: chunk texts left out (fetched on expand), memory diffs and gold marks added."""

@@ -262,11 +262,15 @@ def test_truncated_results_file_and_growth(runs, tmp_path):
     extra = json.loads(lines[0])
     extra["task_id"] = "q9"
     half = json.dumps(extra) + "\n"
-    (d / RESULTS_FILE).write_text("".join(lines) + half[:50])  # a killed run: last line half-written
+    # a malformed line in the middle, and a killed run's half-written last line
+    (d / RESULTS_FILE).write_text("".join(lines[:2]) + "{broken\n" + "".join(lines[2:]) + half[:50])
     s = Server([d])
     try:
         summ = s.get("api/runs/0/summary")[1]
-        assert summ["rows"] == 6 and len(summ["warnings"]) == 1 and "incomplete" in summ["warnings"][0]
+        assert summ["rows"] == 6 and len(summ["warnings"]) == 2
+        assert "is not a JSON row" in summ["warnings"][0] and "incomplete" in summ["warnings"][1]
+        assert [i["task_id"] for i in s.get("api/runs/0/questions")[1]["items"]] == [
+            json.loads(x)["task_id"] for x in lines]
         with open(d / RESULTS_FILE, "a") as f:  # the run goes on: the line completes
             f.write(half[50:])
         assert s.get("api/runs/0/questions")[1]["total"] == 7
@@ -283,6 +287,19 @@ def test_bad_run_dirs_and_port_in_use(runs, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["view", str(tmp_path / "empty")]) == 1
     assert "holds no results.jsonl, trajectories.jsonl or metrics.jsonl" in capsys.readouterr().err
+    assert main(["view", str(runs["memagent"]), str(runs["rememr1"]), str(runs["train"])]) == 1
+    assert "give one or two run directories, got 3" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert main(["view", str(tmp_path / "file")]) == 1
+    assert "is not a directory" in capsys.readouterr().err
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / RESULTS_FILE).write_text("")  # an eval that has not finished a question yet
+    s = Server([tmp_path / "fresh"])
+    try:
+        assert s.get("api/runs/0/summary")[1]["rows"] == 0
+        assert s.get("api/runs/0/questions")[1]["items"] == []
+    finally:
+        s.close()
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -395,6 +412,10 @@ def test_page_in_headless_chromium(runs):
             page.select_option("#correct", "correct")
             page.fill("#q", "")
             page.wait_for_function("document.querySelectorAll('.q').length === 1 && document.querySelector('#range').textContent === '1–1 of 1'")
+            # an API error is shown in the page, not a blank or broken page
+            page.goto(s.url + "#run=0&idx=99")
+            page.wait_for_selector("main .error")
+            assert page.inner_text("main .error") == "memagent: no row 99 (the run has 6)"
             # a training dump: tool calls, results, prunes, context per turn, advantages, unknown keys
             page.goto(t.url + "#run=0&idx=0")
             page.wait_for_selector(".step .tool_calls")

@@ -119,6 +119,12 @@ async function init() {
   const h = new URLSearchParams(location.hash.slice(1));
   await selectRun(+(h.get("run") || 0));
   if (h.get("idx") !== null) openRow(+h.get("idx"));
+  window.addEventListener("hashchange", async () => {  // links, back / forward
+    const h = new URLSearchParams(location.hash.slice(1));
+    const run = +(h.get("run") || 0), idx = h.get("idx") === null ? null : +h.get("idx");
+    if (run !== state.run) await selectRun(run);
+    if (idx !== null && (idx !== state.idx || run !== state.shown)) openRow(idx);
+  });
 }
 
 async function selectRun(i) {
@@ -190,6 +196,7 @@ async function loadList() {
 
 async function openRow(idx) {
   state.idx = idx;
+  state.shown = state.run;
   location.hash = `run=${state.run}&idx=${idx}`;
   document.querySelectorAll(".q").forEach(n => n.classList.toggle("sel", +n.dataset.idx === idx));
   const main = document.getElementById("main");
