@@ -136,9 +136,12 @@ def num_docs_of(path: str, tasks: Sequence[Task]) -> int:
 
 
 def result_row(
-    task: Task, traj: Trajectory, num_docs: int, file: str, started: float, finished: float, session: str = ""
+    task: Task, traj: Trajectory, num_docs: int, file: str, started: float, finished: float, session: str = "",
+    tokenizer: Any = None,
 ) -> dict[str, Any]:
-    """The JSONL row of one finished question; started/finished are wall-clock times (time.time())."""
+    """The JSONL row of one finished question; started/finished are wall-clock times (time.time()).
+    `steps` holds one memrl.records record per model call (what `memrl view` shows)."""
+    from memrl.records import segment_records
     from memrl.rewards.qa import qa_metrics
 
     pred = traj.final_answer or ""
@@ -173,6 +176,7 @@ def result_row(
         "finished": round(finished, 4),
         "session": session,
         "metrics": {k: float(v) for k, v in tm.items()},
+        "steps": segment_records(traj.segments, tokenizer),
     }
 
 
@@ -268,7 +272,8 @@ async def _run_all(todo, spec, wf_cfg, engine, cfg: EvalConfig, fh, total: int) 
             acc: list[float] = []
 
             def on_done(task: Task, traj: Trajectory, n: int = n, f: str = f, acc: list[float] = acc) -> None:
-                row = result_row(task, traj, n, f, starts.pop(task.task_id), time.time(), session)
+                row = result_row(task, traj, n, f, starts.pop(task.task_id), time.time(), session,
+                                 tokenizer=getattr(engine, "tokenizer", None))
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
                 fh.flush()
                 new.append(row)

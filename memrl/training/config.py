@@ -109,6 +109,12 @@ class TrainerSection:
     seed: int = 0
     tensorboard: bool = True
     progress: bool = True
+    dump_every: int = 10
+    """Append a sample of this step's trajectories to trajectories.jsonl every k steps (`memrl view`); 0 = off."""
+    dump_trajectories: int = 4
+    """Trajectories per dump, whole groups in batch order (so advantages compare within a group)."""
+    dump_max_mb: float = 200.0
+    """Stop dumping (one warning) once trajectories.jsonl reaches this size."""
 
 
 @dataclass

@@ -32,6 +32,7 @@ from memrl.algorithms.registry import options_kwargs
 from memrl.config import ConfigError, to_yaml
 from memrl.training.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from memrl.training.config import TrainConfig
+from memrl.training.dump import maybe_dump, note_tasks
 from memrl.training.packing import Row, collate, pack_rows, rows_from_segments, set_loss_weights
 from memrl.training.policy import ppo_micro_loss, token_logprobs
 from memrl.training.rollout import sample_groups
@@ -224,6 +225,7 @@ class Trainer:
     def _next_tasks(self, k: int) -> list[Task]:
         tasks = [next(self.stream) for _ in range(k)]
         self.position += k
+        note_tasks(self, tasks)  # memrl.training.dump: question/answers for the trajectory sample
         return tasks
 
     # -------------------------------------------------------------- one update
@@ -341,6 +343,7 @@ class Trainer:
             advs = [s.advantage or 0.0 for t in trajs for s in t.segments]
             metrics.update(_stats("advantage", advs))
             self.sync_weights()
+        maybe_dump(self, res.groups)  # memrl.training.dump: a bounded sample every trainer.dump_every steps
         t2 = time.perf_counter()
         metrics["time/rollout_s"] = t1 - t0
         metrics["time/update_s"] = t2 - t1

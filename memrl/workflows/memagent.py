@@ -62,14 +62,15 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
     empty_memories = 0
     memory_lengths: list[int] = []
     for i, chunk_ids in enumerate(chunks):
-        user = mem_tpl.render(problem=task.question, memory=memory, chunk=engine.tokenizer.decode(chunk_ids))
+        chunk = engine.tokenizer.decode(chunk_ids)
+        user = mem_tpl.render(problem=task.question, memory=memory, chunk=chunk)
         prompt_ids, out, new_memory = await call_model(engine, user, cfg.sampling(cfg.max_memory_tokens, rng))
         if not new_memory:
             empty_memories += 1
             new_memory = cfg.no_memory_text
         memory_lengths.append(len(out.token_ids))
         segments.append(call_segment(prompt_ids, out, i, {
-            "kind": "memory", "chunk_index": i, "chunk_tokens": len(chunk_ids), "previous_memory": memory,
+            "kind": "memory", "chunk_index": i, "chunk_tokens": len(chunk_ids), "chunk": chunk, "previous_memory": memory,
             "memory": new_memory,
         }))
         memory = new_memory

@@ -192,8 +192,9 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
     recalls = retrieved = callback_hits = well_formed = 0
     memory_lengths: list[int] = []
     for t, chunk_ids in enumerate(chunks):
+        chunk = engine.tokenizer.decode(chunk_ids)
         user = mem_tpl.render(problem=task.question, recalled_memory=shown_recall, memory=memory,
-                              chunk=engine.tokenizer.decode(chunk_ids))
+                              chunk=chunk)
         prompt_ids, out, response = await call_model(engine, user, cfg.sampling(cfg.max_memory_tokens, rng))
         parsed = parse_step(response, cfg.update_tag, cfg.recall_tag)
         for k, v in parsed.flags.items():
@@ -215,6 +216,7 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
             "kind": "memory",
             "chunk_index": t,
             "chunk_tokens": len(chunk_ids),
+            "chunk": chunk,
             "response_text": response,
             "previous_memory": memory,
             "memory": new_memory,

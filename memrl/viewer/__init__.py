@@ -1,0 +1,1 @@
+"""`memrl view`: a local web page over eval and training runs (trajectories, memory diffs, curves)."""

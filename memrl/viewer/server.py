@@ -1,0 +1,165 @@
+"""The viewer's HTTP server (standard library only): static page + a JSON API over one or two runs.
+
+    GET /                                   the page (memrl/viewer/static)
+    GET /api/runs                           [{id, name, kind, path}]
+    GET /api/runs/{r}/summary               accuracy by length, metric names, warnings
+    GET /api/runs/{r}/questions?offset=&limit=&correct=&length=&workflow=&q=
+    GET /api/runs/{r}/rows/{i}              one trajectory (chunks left out)
+    GET /api/runs/{r}/rows/{i}/chunk/{j}    the chunk text of step j
+    GET /api/runs/{r}/find?key=K            {idx} of the row with key K (num_docs/task_id or step/trajectory)
+    GET /api/runs/{r}/metrics?names=a,b     training curves
+    GET /api/runs/{r}/plot.png              the eval report's accuracy.png
+Errors are JSON {"error": message} with a 4xx/5xx status; the page shows the message.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from memrl.viewer.data import Run, ViewerError
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
+FILES = {"/": ("index.html", "text/html; charset=utf-8"),
+         "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+         "/static/style.css": ("style.css", "text/css; charset=utf-8")}
+MAX_LIMIT = 500
+
+
+class NotFound(ViewerError):
+    pass
+
+
+def _int(qs: dict[str, list[str]], name: str, default: int, lo: int = 0, hi: int | None = None) -> int:
+    raw = qs.get(name, [str(default)])[0]
+    try:
+        v = int(raw)
+    except ValueError as e:
+        raise ViewerError(f"query parameter {name} must be an integer, got {raw!r}") from e
+    if v < lo or (hi is not None and v > hi):
+        raise ViewerError(f"query parameter {name} must be in [{lo}, {hi if hi is not None else 'inf'}], got {v}")
+    return v
+
+
+class Handler(BaseHTTPRequestHandler):
+    runs: list[Run] = []
+    server_version = "memrl-view"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        url = urlsplit(self.path)
+        try:
+            if url.path in FILES:
+                name, ctype = FILES[url.path]
+                self._send(HTTPStatus.OK, (STATIC / name).read_bytes(), ctype)
+                return
+            if not url.path.startswith("/api/"):
+                raise NotFound(f"no page {url.path}")
+            body = self._api(url.path[len("/api/"):].strip("/").split("/"), parse_qs(url.query))
+            if isinstance(body, bytes):
+                self._send(HTTPStatus.OK, body, "image/png")
+            else:
+                self._json(HTTPStatus.OK, body)
+        except NotFound as e:
+            self._json(HTTPStatus.NOT_FOUND, {"error": str(e)})
+        except (ViewerError, FileNotFoundError) as e:
+            self._json(HTTPStatus.BAD_REQUEST, {"error": str(e)})
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        except Exception as e:  # noqa: BLE001 - one bad request must not stop the server
+            log.exception("GET %s failed", self.path)
+            self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{self.path}: {type(e).__name__}: {e}"})
+
+    def _api(self, parts: list[str], qs: dict[str, list[str]]) -> Any:
+        if parts == ["runs"]:
+            return [{"id": i, "name": r.name, "kind": r.kind, "path": str(r.path)} for i, r in enumerate(self.runs)]
+        if len(parts) < 3 or parts[0] != "runs":
+            raise NotFound(f"no endpoint /api/{'/'.join(parts)}")
+        try:
+            run = self.runs[int(parts[1])]
+        except (ValueError, IndexError) as e:
+            raise NotFound(f"no run {parts[1]!r} (runs: 0..{len(self.runs) - 1})") from e
+        what, rest = parts[2], parts[3:]
+        if what == "summary" and not rest:
+            return run.summary()
+        if what == "questions" and not rest:
+            return run.questions(
+                offset=_int(qs, "offset", 0), limit=_int(qs, "limit", 50, 1, MAX_LIMIT),
+                correct=qs.get("correct", [""])[0], length=qs.get("length", [""])[0],
+                workflow=qs.get("workflow", [""])[0], q=qs.get("q", [""])[0])
+        if what == "rows" and len(rest) in (1, 3):
+            idx = _row_index(rest[0])
+            if len(rest) == 1:
+                return run.row(idx)
+            if rest[1] == "chunk":
+                return {"chunk": run.chunk(idx, _row_index(rest[2]))}
+        if what == "find" and not rest:
+            key = unquote(qs.get("key", [""])[0])
+            return {"idx": run.find(key), "key": key}
+        if what == "metrics" and not rest:
+            names = [n for n in qs.get("names", [""])[0].split(",") if n]
+            return run.metrics(names)
+        if what == "plot.png" and not rest:
+            p = run.path / "accuracy.png"
+            if not p.exists():
+                raise NotFound(f"{p} does not exist")
+            return p.read_bytes()
+        raise NotFound(f"no endpoint /api/{'/'.join(parts)}")
+
+    def _send(self, status: HTTPStatus, body: bytes, ctype: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: HTTPStatus, obj: Any) -> None:
+        self._send(status, json.dumps(obj, ensure_ascii=False, allow_nan=False).encode(), "application/json")
+
+
+def _row_index(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError as e:
+        raise ViewerError(f"row/step index must be an integer, got {raw!r}") from e
+
+
+def make_server(run_dirs: Sequence[str | Path], host: str = "127.0.0.1", port: int = 8765) -> ThreadingHTTPServer:
+    """A bound (not yet serving) server over the runs; clear errors for bad dirs and a port in use."""
+    if not run_dirs:
+        raise ViewerError("view: give one or two run directories")
+    runs = [Run.open(d) for d in run_dirs]
+    handler = type("RunHandler", (Handler,), {"runs": runs})
+    try:
+        server = ThreadingHTTPServer((host, port), handler)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise RuntimeError(f"port {port} on {host} is already in use; pass another --port (0 = any free)") from e
+        raise RuntimeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+    server.daemon_threads = True
+    return server
+
+
+def serve_in_thread(server: ThreadingHTTPServer) -> threading.Thread:
+    """Serve in a daemon thread (tests, notebooks); stop with server.shutdown(); server.server_close()."""
+    t = threading.Thread(target=server.serve_forever, name="memrl-view", daemon=True)
+    t.start()
+    return t
+
+
+def url_of(server: ThreadingHTTPServer) -> str:
+    host, port = server.server_address[:2]
+    return f"http://{host}:{port}/"
