@@ -68,7 +68,7 @@ def maybe_dump(trainer: Any, groups: list[Group]) -> int:
             log.warning("%s reached trainer.dump_max_mb=%s; no more trajectory dumps", path, sec.dump_max_mb)
             trainer._dump_capped = True
         return 0
-    rows = trajectory_rows(step, groups, tasks, max(1, sec.dump_trajectories), trainer.cfg.workflow.name,
+    rows = trajectory_rows(step, groups, tasks, max(1, sec.dump_trajectories), trainer.cfg.workflow["name"],
                            getattr(trainer, "tokenizer", None))
     with open(path, "a", encoding="utf-8") as f:
         for r in rows:

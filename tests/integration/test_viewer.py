@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import pytest
 
 from memrl.data.memagent_files import write_eval_json
-from memrl.eval.runner import RESULTS_FILE, EngineSection, EvalConfig, evaluate
+from memrl.engines import EngineConfig
+from memrl.eval.runner import RESULTS_FILE, EvalConfig, evaluate
 from memrl.testing import CharTokenizer, ScriptedEngine
 from memrl.training.config import TrainConfig
 from memrl.training.dump import DUMP_FILE, maybe_dump, note_tasks, trajectory_rows
@@ -69,10 +70,9 @@ def _eval(tmp: Path, name: str, workflow: str, script) -> Path:
     f = tmp / "data" / "eval_3.json"
     if not f.exists():
         write_eval_json(f, _tasks())
-    cfg = EvalConfig(workflow=workflow, engine=EngineSection(model="scripted"), progress=False, concurrency=2,
-                     name=name)
-    evaluate([str(f)], tmp / name, cfg, [f"chunk_tokens={CHUNK}", "max_memory_tokens=200", "max_final_tokens=40"],
-             engine=ScriptedEngine(script))
+    wf = {"name": workflow, "chunk_tokens": CHUNK, "max_memory_tokens": 200, "max_final_tokens": 40}
+    cfg = EvalConfig(workflow=wf, engine=EngineConfig(model="scripted"), progress=False, concurrency=2, name=name)
+    evaluate([str(f)], tmp / name, cfg, engine=ScriptedEngine(script))
     return tmp / name
 
 
@@ -106,7 +106,7 @@ def _train_dir(tmp: Path) -> Path:
     groups, task = _memact_groups()
     cfg = TrainConfig()
     cfg.trainer.dump_every, cfg.trainer.dump_trajectories = 2, 4
-    cfg.workflow.name = "memact"
+    cfg.workflow["name"] = "memact"
     out = tmp / "train"
     out.mkdir()
     trainer = SimpleNamespace(cfg=cfg, out=out, step=0, tokenizer=CharTokenizer())
@@ -332,10 +332,10 @@ def test_real_training_dumps_every_k_steps(tmp_path):
 
     cfg = load_config(TrainConfig, [
         f"model.path={cached_tiny_model('tiny')}", f"out_dir={tmp_path / 'run'}", "trainer.steps=2",
-        "workflow=memagent", "workflow.options.chunk_tokens=24", "workflow.options.max_memory_tokens=6",
-        "workflow.options.max_final_tokens=3", "data.synthetic.num_chunks=2", "data.synthetic.chunk_words=8",
+        "workflow=memagent", "workflow.chunk_tokens=24", "workflow.max_memory_tokens=6",
+        "workflow.max_final_tokens=3", "data.synthetic.num_chunks=2", "data.synthetic.chunk_words=8",
         "trainer.batch_size=1", "algorithm.n=3", "trainer.token_budget=600", "trainer.progress=false",
-        "trainer.tensorboard=false", "engine.name=local", "trainer.dump_every=2", "trainer.dump_trajectories=3",
+        "trainer.tensorboard=false", "trainer.dump_every=2", "trainer.dump_trajectories=3",
         "trainer.save_every=0"])
     Trainer(cfg).fit()
     rows = [json.loads(x) for x in (tmp_path / "run" / DUMP_FILE).read_text().splitlines()]
