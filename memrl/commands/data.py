@@ -19,6 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from memrl.data.io import KINDS, ReadStats
+from memrl.errors import UserError
 
 
 def _docs(text: str) -> list[int]:
@@ -127,7 +128,7 @@ def _convert(args: argparse.Namespace) -> int:
     tasks = _load_sources([args.src], kind, args.skip_bad)
     if args.to in ("hf", "original"):
         if kind not in ("hotpotqa", "2wiki"):
-            raise ValueError(f"--to {args.to} needs a HotpotQA or 2Wiki source; {args.src} is {kind}")
+            raise UserError(f"--to {args.to} needs a HotpotQA or 2Wiki source; {args.src} is {kind}")
         mod = hotpotqa if kind == "hotpotqa" else twowiki
         conv = mod.to_hf_record if args.to == "hf" else mod.to_original_record
         recs = [conv(t) for t in tasks]
@@ -170,7 +171,7 @@ def _stats(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     if not Path(args.tokenizer).exists():
-        raise FileNotFoundError(f"--tokenizer {args.tokenizer} does not exist")
+        raise UserError(f"--tokenizer {args.tokenizer} does not exist")
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     tok.model_max_length = 1 << 40  # counting tokens, not feeding a model: no length warning
     rows = context_token_stats(args.files, tok, args.kind, args.skip_bad)

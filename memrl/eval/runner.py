@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memrl.errors import UserError, model_dir, writable_dir
 from memrl.types import Segment, Task, Trajectory
 
 log = logging.getLogger(__name__)
@@ -132,9 +133,14 @@ def get_spec(name: str):
     """The WorkflowSpec of a registered workflow, or of the full-context baseline."""
     from memrl.workflows import WorkflowSpec, boxed_em_outcome, get_workflow
 
+    from memrl.config import ConfigError
+
     if name == FULL_CONTEXT:
         return WorkflowSpec(FULL_CONTEXT, run_full_context, FullContextConfig, boxed_em_outcome)
-    return get_workflow(name)
+    try:
+        return get_workflow(name)
+    except KeyError as e:
+        raise ConfigError(f"workflow: {e.args[0]} or {FULL_CONTEXT}") from e
 
 
 def workflow_config(cfg: EvalConfig, overrides: Sequence[str] = ()) -> Any:
@@ -163,18 +169,17 @@ def workflow_config(cfg: EvalConfig, overrides: Sequence[str] = ()) -> Any:
 def make_eval_engine(sec: EngineSection) -> Any:
     """The engine named by `sec` (hf directly; other kinds through memrl.engines.make_engine)."""
     if not sec.model:
-        raise ValueError("eval: engine.model is empty; pass --model DIR (or engine.model=DIR)")
+        raise UserError("eval: engine.model is empty; pass --model DIR (or engine.model=DIR)")
     if sec.name == "hf":
         from memrl.engines.hf import HFEngine
 
-        if not Path(sec.model).exists():
-            raise FileNotFoundError(f"eval: model directory {sec.model} does not exist")
+        model_dir(sec.model, "engine.model (--model)")
         return HFEngine(sec.model, device=sec.device, dtype=sec.dtype, max_batch_size=sec.max_batch_size,
                         seed=sec.seed)
     try:
         from memrl.engines import make_engine  # type: ignore[attr-defined]
     except ImportError as e:
-        raise ValueError(f"eval: engine {sec.name!r} is not available in this version (only 'hf')") from e
+        raise UserError(f"eval: engine {sec.name!r} is not available in this version (only 'hf')") from e
     return make_engine(sec.name, sec.model, device=sec.device, max_batch_size=sec.max_batch_size)
 
 
@@ -198,7 +203,7 @@ def read_results(path: str | os.PathLike[str], repair: bool = False) -> list[dic
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as e:
-            raise ValueError(f"{p}: line {lineno} is not valid JSON ({e.msg}); fix or remove it") from e
+            raise UserError(f"{p}: line {lineno} is not valid JSON ({e.msg}); fix or remove it") from e
     tail = data[end:]
     if tail.strip():
         try:  # a complete last row that only lacks its newline
@@ -270,7 +275,7 @@ def _check_config(out: Path, record: dict[str, Any]) -> None:
         keys = ("workflow", "model", "workflow_config")
         diff = [k for k in keys if old.get(k) != record.get(k)]
         if diff and (out / RESULTS_FILE).exists():
-            raise ValueError(
+            raise UserError(
                 f"{out} holds results of a different run ({', '.join(diff)} differ from {p}); "
                 "use another --out directory or delete it"
             )
@@ -290,8 +295,7 @@ def evaluate(
     """
     from memrl.data.io import load_tasks
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = writable_dir(out_dir, "output directory (--out)")
     spec = get_spec(cfg.workflow)
     wf_cfg = workflow_config(cfg, workflow_overrides)
     record = {"workflow": cfg.workflow, "model": cfg.engine.model, "engine": dataclasses.asdict(cfg.engine),

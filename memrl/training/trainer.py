@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from memrl.config import ConfigError, section_from_dict, to_yaml
-from memrl.training.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
+from memrl.errors import model_dir, writable_dir
+from memrl.training.checkpoint import clean_stale, resume_point, rng_state, save_checkpoint, set_rng_state
 from memrl.training.config import TrainConfig
 from memrl.training.packing import Row, collate, pack_rows, rows_from_segments, set_loss_weights
 from memrl.training.policy import ppo_micro_loss, token_logprobs
@@ -37,15 +38,7 @@ log = logging.getLogger(__name__)
 
 def check_writable(out_dir: str | os.PathLike) -> Path:
     """Create `out_dir` and prove we can write in it, before any expensive work starts."""
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write_test"
-        probe.write_text("ok", encoding="utf-8")
-        probe.unlink()
-    except OSError as e:
-        raise PermissionError(f"output directory {out} is not writable: {e.strerror or e}") from e
-    return out
+    return writable_dir(out_dir, "output directory (out_dir)")
 
 
 def workflow_config(cfg: TrainConfig) -> tuple[Any, Any]:
@@ -144,6 +137,7 @@ class Trainer:
         validate(cfg)
         self.cfg = cfg
         self.out = check_writable(cfg.out_dir)
+        model_dir(cfg.model.path, "model.path")  # before any work, not deep inside transformers
         self.resume = resume
         self.on_step = on_step
         self.spec, self.wf_cfg = workflow_config(cfg)
@@ -154,7 +148,11 @@ class Trainer:
 
         cfg = self.cfg
         self.ckpt_root = self.out / "checkpoints"
-        start = latest_checkpoint(self.ckpt_root) if self.resume else None
+        clean_stale(self.ckpt_root)
+        point = resume_point(self.ckpt_root) if self.resume else None
+        if self.resume and point is None:
+            log.warning("--resume: no checkpoint in %s; starting from step 0", self.ckpt_root)
+        start = point.path if point is not None else None
         src = str(start) if start is not None else cfg.model.path
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(src)
@@ -176,12 +174,12 @@ class Trainer:
         random.seed(cfg.trainer.seed)
         torch.manual_seed(cfg.trainer.seed)
         if start is not None:
-            state = load_state(start)
+            state = point.state
             self.opt.load_state_dict(state["optimizer"])
             self.sched.load_state_dict(state["scheduler"])
             set_rng_state(state["rng"])
             self.step, self.position = int(state["step"]), int(state["data_position"])
-            log.info("resumed from %s (step %d, data position %d)", start, self.step, self.position)
+            log.warning("resumed from %s (step %d, data position %d)", start, self.step, self.position)
         self.engine = build_engine(cfg.engine, self.model, self.tokenizer, cfg.model.path, cfg.model.device)
         self.stream = task_stream(cfg, self.position)
 
@@ -263,7 +261,10 @@ class Trainer:
         cfg = self.cfg
         (self.out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
         logger = MetricsLogger(self.out, cfg.trainer.tensorboard, cfg.trainer.steps, self.step,
-                               cfg.trainer.progress, desc="rl")
+                               cfg.trainer.progress, desc="rl", keep_until=self.step)
+        if logger.dropped:
+            log.warning("%s: replaced %d row(s) of steps after %d, which are redone", logger.path,
+                        logger.dropped, self.step)
         history: list[dict[str, float]] = []
         try:
             while self.step < cfg.trainer.steps:
@@ -303,6 +304,9 @@ class Trainer:
             vals = [t.metrics[name] for t in trajs if name in t.metrics]
             if vals:
                 metrics[f"rollout/{name}"] = statistics.fmean(vals)
+        from memrl.workflows import format_counts
+
+        metrics.update({f"format/{k}": v for k, v in format_counts([t.metrics for t in trajs]).items()})
         mem = [t.metrics.get("memory_tokens_mean", 0.0) for t in trajs]
         if mem:
             metrics["rollout/memory_tokens_mean"] = statistics.fmean(mem)

@@ -1,0 +1,79 @@
+"""User-facing errors and the up-front checks that raise them.
+
+`UserError` is what the `memrl` command prints as one line (no traceback unless --debug): bad files,
+overrides, presets, paths, model directories, unknown names. Anything else escaping a command is a bug
+and keeps its traceback. `fault_point` lets the fault-injection tests kill the process at a named place.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+
+class UserError(ValueError):
+    """Bad input from the user; the message names the thing and what was expected."""
+
+    exit_code = 1
+
+
+class UsageError(UserError):
+    """A bad command line (override, preset, option value): exit status 2, like argparse."""
+
+    exit_code = 2
+
+
+def os_message(e: OSError) -> str:
+    """'<strerror>: <file>' for an OSError, without the '[Errno N]' prefix."""
+    what = e.strerror or str(e)
+    return f"{what}: {e.filename}" if e.filename else what
+
+
+def writable_dir(path: str | os.PathLike[str], what: str = "output directory") -> Path:
+    """Create `path` and prove a file can be written in it; UserError naming `what` otherwise."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{what} {out} exists and is not a directory")
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise UserError(f"{what} {out} cannot be created: {blocker} is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write_test"
+        probe.write_text("ok", encoding="utf-8")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"{what} {out} is not writable ({e.strerror or e})") from e
+    return out
+
+
+def model_dir(path: str, key: str) -> Path:
+    """A HuggingFace model directory named by config key `key` (holds config.json), else UserError."""
+    p = Path(path)
+    if not path:
+        raise UsageError(f"{key} is required (a HuggingFace model directory)")
+    if not p.exists():
+        raise UserError(f"{key}={path}: no such directory (expected a HuggingFace model directory)")
+    if not p.is_dir():
+        raise UserError(f"{key}={path} is a file, not a HuggingFace model directory")
+    if not (p / "config.json").is_file():
+        raise UserError(f"{key}={path} has no config.json (expected a HuggingFace model directory)")
+    return p
+
+
+def fault_point(name: str) -> None:
+    """Test hook: MEMRL_FAULT_AT=name (or name@k, the k-th time) SIGKILLs this process here."""
+    want = os.environ.get("MEMRL_FAULT_AT")
+    if not want:
+        return
+    target, _, nth = want.partition("@")
+    if target != name:
+        return
+    count = _FAULT_COUNTS.get(name, 0) + 1
+    _FAULT_COUNTS[name] = count
+    if count >= int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_FAULT_COUNTS: dict[str, int] = {}
