@@ -30,21 +30,22 @@ def os_message(e: OSError) -> str:
     return f"{what}: {e.filename}" if e.filename else what
 
 
-def writable_dir(path: str | os.PathLike[str], what: str = "output directory") -> Path:
-    """Create `path` and prove a file can be written in it; UserError naming `what` otherwise."""
+def writable_dir(path: str | os.PathLike[str], key: str = "--out") -> Path:
+    """Create `path` and prove a file can be written in it; UserError naming the option `key` otherwise."""
     out = Path(path)
+    what = f"output directory {key}={out}"
     if out.exists() and not out.is_dir():
-        raise UserError(f"{what} {out} exists and is not a directory")
+        raise UserError(f"{what} exists and is not a directory")
     blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
     if blocker is not None:
-        raise UserError(f"{what} {out} cannot be created: {blocker} is a file, not a directory")
+        raise UserError(f"{what} cannot be created: {blocker} is a file, not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write_test"
         probe.write_text("ok", encoding="utf-8")
         probe.unlink()
     except OSError as e:
-        raise UserError(f"{what} {out} is not writable ({e.strerror or e})") from e
+        raise UserError(f"{what} is not writable ({e.strerror or e})") from e
     return out
 
 

@@ -131,9 +131,8 @@ async def run_full_context(task: Task, engine: Any, cfg: FullContextConfig, rng:
 
 def get_spec(name: str):
     """The WorkflowSpec of a registered workflow, or of the full-context baseline."""
-    from memrl.workflows import WorkflowSpec, boxed_em_outcome, get_workflow
-
     from memrl.config import ConfigError
+    from memrl.workflows import WorkflowSpec, boxed_em_outcome, get_workflow
 
     if name == FULL_CONTEXT:
         return WorkflowSpec(FULL_CONTEXT, run_full_context, FullContextConfig, boxed_em_outcome)
@@ -295,7 +294,7 @@ def evaluate(
     """
     from memrl.data.io import load_tasks
 
-    out = writable_dir(out_dir, "output directory (--out)")
+    out = writable_dir(out_dir, "--out")
     spec = get_spec(cfg.workflow)
     wf_cfg = workflow_config(cfg, workflow_overrides)
     record = {"workflow": cfg.workflow, "model": cfg.engine.model, "engine": dataclasses.asdict(cfg.engine),

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 def check_writable(out_dir: str | os.PathLike) -> Path:
     """Create `out_dir` and prove we can write in it, before any expensive work starts."""
-    return writable_dir(out_dir, "output directory (out_dir)")
+    return writable_dir(out_dir, "out_dir")
 
 
 def workflow_config(cfg: TrainConfig) -> tuple[Any, Any]:
