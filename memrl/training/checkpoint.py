@@ -159,7 +159,8 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     try:
         state = torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises RuntimeError / UnpicklingError / EOFError
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        text = str(e).strip()
+        first = text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(e).__name__
         if "Weights only load failed" in first or "Unsupported global" in str(e):
             raise CheckpointError(f"{f}: refused, it holds objects other than tensors and plain data "
                                   "(a pickle that could run code)") from e
