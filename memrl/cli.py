@@ -81,6 +81,19 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"memrl {args.command}: error: {os_message(e)}", file=sys.stderr)
         return 1
+    except RuntimeError as e:  # a server or engine that failed (named in the message); not a bug of ours
+        if debug or not _service_failure(e):
+            raise
+        print(f"memrl {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _service_failure(e: BaseException) -> bool:
+    """Whether `e` (or what a rollout wrapped) is an engine / retrieval failure rather than a bug."""
+    from memrl.engines.base import EngineError
+    from memrl.services.base import RetrievalError
+
+    return isinstance(e, EngineError | RetrievalError) or isinstance(e.__cause__, EngineError | RetrievalError)
 
 
 if __name__ == "__main__":

@@ -151,3 +151,46 @@ def test_stray_option_is_still_refused(capsys):
         main(["eval", "x.json", "--out", "o", "--bogus"])
     assert e.value.code == 2
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+class _FailingEngine:
+    """Serves `ok` requests through a real tiny model's tokenizer, then fails like a dead server would."""
+
+    def __init__(self, tokenizer, ok: int) -> None:
+        self.tokenizer, self.ok, self.calls = tokenizer, ok, 0
+
+    async def generate(self, prompt_ids, sampling):
+        from memrl.engines.base import Completion, EngineError
+
+        self.calls += 1
+        if self.calls > self.ok:
+            raise EngineError("http://127.0.0.1:9/v1/completions: connection refused (gave up after 4 attempts)")
+        ids = self.tokenizer.encode(" \\boxed{v0}", add_special_tokens=False)
+        return Completion(ids, [-0.5] * len(ids), "stop")
+
+    def update_weights(self, weights) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+def test_engine_failure_is_one_line_and_finished_rows_are_kept(tmp_path, tiny_model, capsys, monkeypatch):
+    from transformers import AutoTokenizer
+
+    import memrl.eval.runner as runner
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    # full_context makes one call per question: the first two questions finish, the third fails
+    monkeypatch.setattr(runner, "make_eval_engine", lambda sec: _FailingEngine(tok, ok=2))
+    good = tmp_path / "eval_1.json"
+    write_records(good, RECORDS)
+    out = tmp_path / "ev"
+    argv = ["eval", str(good), "--out", str(out), "--model", tiny_model, "workflow=full_context", "concurrency=1",
+            "--no-progress"]
+    assert main(argv) == 1
+    assert one_line(capsys.readouterr().err) == (
+        "memrl eval: error: workflow full_context failed on task 2 sample 0: "
+        "http://127.0.0.1:9/v1/completions: connection refused (gave up after 4 attempts)")
+    rows = runner.read_results(out / "results.jsonl")
+    assert [r["task_id"] for r in rows] == ["0", "1"] and [r["prediction"] for r in rows] == ["v0", "v0"]
