@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     from memrl.config import ConfigError, load_config, section_from_dict, to_yaml
     from memrl.data.synthetic import RecentFactsRule, make_tasks
+    from memrl.errors import model_dir
     from memrl.testing import ScriptedEngine
     from memrl.training.logging import MetricsLogger
     from memrl.training.sft import sft_train
@@ -59,11 +60,13 @@ def run(args: argparse.Namespace) -> int:
     from memrl.workflows.runner import rollout_sync
 
     cfg = load_config(SFTRunConfig, args.overrides, preset=args.preset)
-    if not cfg.model.path:
-        raise ConfigError("model.path is required (a HuggingFace model directory)")
+    model_dir(cfg.model.path, "model.path")
     if cfg.data.name != "synthetic":
         raise ConfigError("data.name: train-sft's built-in demonstrator needs synthetic tasks")
-    spec = get_workflow(cfg.workflow.name)
+    try:
+        spec = get_workflow(cfg.workflow.name)
+    except KeyError as e:
+        raise ConfigError(f"workflow.name: {e.args[0]}") from e
     wf = section_from_dict(spec.config_cls, dict(cfg.workflow.options), "workflow.options")
     out = check_writable(cfg.out_dir)
     (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from memrl.config import ConfigError, section_from_dict, to_yaml
-from memrl.errors import model_dir, writable_dir
+from memrl.errors import UserError, model_dir, writable_dir
 from memrl.training.checkpoint import clean_stale, resume_point, rng_state, save_checkpoint, set_rng_state
 from memrl.training.config import TrainConfig
 from memrl.training.packing import Row, collate, pack_rows, rows_from_segments, set_loss_weights
@@ -103,7 +103,7 @@ def task_stream(cfg: TrainConfig, start: int) -> Iterator[Task]:
 
     tasks = load_tasks(cfg.data.path)
     if not tasks:
-        raise ValueError(f"data.path {cfg.data.path} holds no tasks")
+        raise UserError(f"data.path {cfg.data.path} holds no tasks")
 
     def epochs() -> Iterator[Task]:
         for epoch in itertools.count():

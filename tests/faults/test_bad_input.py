@@ -194,3 +194,19 @@ def test_engine_failure_is_one_line_and_finished_rows_are_kept(tmp_path, tiny_mo
         "http://127.0.0.1:9/v1/completions: connection refused (gave up after 4 attempts)")
     rows = runner.read_results(out / "results.jsonl")
     assert [r["task_id"] for r in rows] == ["0", "1"] and [r["prediction"] for r in rows] == ["v0", "v0"]
+
+
+def test_unknown_workflow_and_missing_model_in_train_commands(tmp_path, tiny_model, capsys):
+    from memrl.workflows import workflow_names
+
+    known = ", ".join(workflow_names())
+    assert main(["train", f"model.path={tiny_model}", "workflow=nosuch", f"out_dir={tmp_path / 'r'}"]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"memrl train: error: workflow.name: unknown workflow 'nosuch'; known: {known}")
+    assert main(["train-sft", f"model.path={tiny_model}", "workflow=nosuch", f"out_dir={tmp_path / 's'}"]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"memrl train-sft: error: workflow.name: unknown workflow 'nosuch'; known: {known}")
+    assert main(["train-sft", f"model.path={tmp_path / 'nope'}", f"out_dir={tmp_path / 's'}"]) == 1
+    assert one_line(capsys.readouterr().err) == (
+        f"memrl train-sft: error: model.path={tmp_path / 'nope'}: no such directory "
+        "(expected a HuggingFace model directory)")
