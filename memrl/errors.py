@@ -30,23 +30,41 @@ def os_message(e: OSError) -> str:
     return f"{what}: {e.filename}" if e.filename else what
 
 
-def writable_dir(path: str | os.PathLike[str], key: str = "--out") -> Path:
-    """Create `path` and prove a file can be written in it; UserError naming the option `key` otherwise."""
-    out = Path(path)
-    what = f"output directory {key}={out}"
+def _dir_problem(out: Path) -> str | None:
+    """Create directory `out`; what stops it (or a file being written in it), None when all is well."""
     if out.exists() and not out.is_dir():
-        raise UserError(f"{what} exists and is not a directory")
+        return "exists and is not a directory"
     blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
     if blocker is not None:
-        raise UserError(f"{what} cannot be created: {blocker} is a file, not a directory")
+        return f"cannot be created: {blocker} is a file, not a directory"
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write_test"
         probe.write_text("ok", encoding="utf-8")
         probe.unlink()
     except OSError as e:
-        raise UserError(f"{what} is not writable ({e.strerror or e})") from e
+        return f"is not writable ({e.strerror or e})"
+    return None
+
+
+def writable_dir(path: str | os.PathLike[str], key: str = "--out") -> Path:
+    """Create `path` and prove a file can be written in it; UserError naming the option `key` otherwise."""
+    out = Path(path)
+    problem = _dir_problem(out)
+    if problem:
+        raise UserError(f"output directory {key}={out} {problem}")
     return out
+
+
+def writable_file(path: str | os.PathLike[str], key: str) -> Path:
+    """Check an output file can be written (its directory created), before any work; UserError otherwise."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"output file {key}={p} is a directory")
+    problem = _dir_problem(p.parent)
+    if problem:
+        raise UserError(f"output file {key}={p}: its directory {p.parent} {problem}")
+    return p
 
 
 def model_dir(path: str, key: str) -> Path:

@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from memrl.data.io import KINDS, ReadStats
-from memrl.errors import UserError
+from memrl.errors import UserError, writable_dir, writable_file
 
 
 def _docs(text: str) -> list[int]:
@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> int:
     from memrl.data.longctx import build_eval_sets
 
+    writable_dir(args.out, "--out")
     tasks = _load_sources(args.source, args.kind, args.skip_bad)
     t0 = time.perf_counter()
     man = build_eval_sets(
@@ -114,6 +115,7 @@ def _build(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from memrl.data.longctx import build_train_set
 
+    writable_file(args.out, "--out")
     tasks = _load_sources(args.source, args.kind, args.skip_bad)
     n = build_train_set(tasks, args.out, args.docs, args.seed, args.num_questions, args.data_source)
     print(f"wrote {n} rows of {args.docs} documents -> {args.out}")
@@ -124,6 +126,7 @@ def _convert(args: argparse.Namespace) -> int:
     from memrl.data import hotpotqa, memagent_files, twowiki
     from memrl.data.io import detect_kind, write_records
 
+    writable_file(args.dst, "DST")
     kind = detect_kind(args.src) if args.kind == "auto" else args.kind
     tasks = _load_sources([args.src], kind, args.skip_bad)
     if args.to in ("hf", "original"):

@@ -210,3 +210,22 @@ def test_unknown_workflow_and_missing_model_in_train_commands(tmp_path, tiny_mod
     assert one_line(capsys.readouterr().err) == (
         f"memrl train-sft: error: model.path={tmp_path / 'nope'}: no such directory "
         "(expected a HuggingFace model directory)")
+
+
+def test_data_outputs_checked_before_reading(tmp_path, capsys):
+    good = tmp_path / "good.json"
+    write_records(good, RECORDS)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cases = [
+        (["data", "convert", str(good), str(blocker / "x.json"), "--to", "eval"],
+         f"output file DST={blocker / 'x.json'}: its directory {blocker} exists and is not a directory"),
+        (["data", "build", "--source", str(good), "--out", str(blocker / "o")],
+         f"output directory --out={blocker / 'o'} cannot be created: {blocker} is a file, not a directory"),
+        (["data", "train", "--source", str(good), "--out", str(blocker / "t.parquet")],
+         f"output file --out={blocker / 't.parquet'}: its directory {blocker} exists and is not a directory"),
+        (["data", "convert", str(good), str(tmp_path), "--to", "eval"], f"output file DST={tmp_path} is a directory"),
+    ]
+    for argv, msg in cases:
+        assert main(argv) == 1, argv
+        assert capsys.readouterr().err == f"memrl data: error: {msg}\n"  # nothing read, nothing printed before
