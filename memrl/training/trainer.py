@@ -36,9 +36,9 @@ from memrl.types import Group, Task
 log = logging.getLogger(__name__)
 
 
-def check_writable(out_dir: str | os.PathLike) -> Path:
+def check_writable(out_dir: str | os.PathLike, key: str = "out_dir") -> Path:
     """Create `out_dir` and prove we can write in it, before any expensive work starts."""
-    return writable_dir(out_dir, "out_dir")
+    return writable_dir(out_dir, key)
 
 
 def workflow_config(cfg: TrainConfig) -> tuple[Any, Any]:
