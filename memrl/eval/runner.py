@@ -172,7 +172,7 @@ def make_eval_engine(sec: EngineSection) -> Any:
     if sec.name == "hf":
         from memrl.engines.hf import HFEngine
 
-        model_dir(sec.model, "engine.model (--model)")
+        model_dir(sec.model, "--model")
         return HFEngine(sec.model, device=sec.device, dtype=sec.dtype, max_batch_size=sec.max_batch_size,
                         seed=sec.seed)
     try:

@@ -32,6 +32,7 @@ from memrl.training.packing import Row, collate, pack_rows, rows_from_segments, 
 from memrl.training.policy import ppo_micro_loss, token_logprobs
 from memrl.training.rollout import build_engine, sample_groups
 from memrl.types import Group, Task
+from memrl.workflows import format_counts
 
 log = logging.getLogger(__name__)
 
@@ -304,8 +305,6 @@ class Trainer:
             vals = [t.metrics[name] for t in trajs if name in t.metrics]
             if vals:
                 metrics[f"rollout/{name}"] = statistics.fmean(vals)
-        from memrl.workflows import format_counts
-
         metrics.update({f"format/{k}": v for k, v in format_counts([t.metrics for t in trajs]).items()})
         mem = [t.metrics.get("memory_tokens_mean", 0.0) for t in trajs]
         if mem:

@@ -134,7 +134,7 @@ def test_missing_or_wrong_model_dir(tmp_path, capsys):
     write_records(good, RECORDS)
     assert main(["eval", str(good), "--out", str(tmp_path / "ev"), "--model", str(missing)]) == 1
     assert one_line(capsys.readouterr().err) == (
-        f"memrl eval: error: engine.model (--model)={missing}: no such directory "
+        f"memrl eval: error: --model={missing}: no such directory "
         "(expected a HuggingFace model directory)")
 
 
