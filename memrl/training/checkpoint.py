@@ -195,8 +195,15 @@ def _candidates(root: Path) -> list[Path]:
                   key=lambda p: int(p.name[5:]), reverse=True)
     pointer = root / LATEST
     if pointer.is_file():
-        named = root / pointer.read_text(encoding="utf-8").strip()
-        return [named] + [d for d in dirs if d != named]
+        try:
+            name = pointer.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            log.warning("%s is unreadable (%s); trying the checkpoints newest first", pointer, e)
+            return dirs
+        if _STEP_DIR.fullmatch(name):
+            named = root / name
+            return [named] + [d for d in dirs if d != named]
+        log.warning("%s names %r, not a step_N checkpoint; trying the checkpoints newest first", pointer, name)
     return dirs
 
 

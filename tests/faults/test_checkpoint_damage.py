@@ -123,3 +123,14 @@ def test_clean_stale_removes_temp_dirs_and_restores_a_half_swapped_checkpoint(tm
     assert clean_stale(root) == [".latest.tmp", ".step_000004-abc123"]
     assert sorted(p.name for p in root.iterdir()) == ["step_000001", "step_000002"]
     assert (root / "step_000002" / "trainer_state.pt").read_bytes() == b"state"
+
+
+def test_garbage_latest_pointer_falls_back_to_newest_good(reference, tmp_path, caplog):
+    _, ckpts = _copy_run(reference, tmp_path)
+    (ckpts / "latest").write_bytes(b"\xff\xfe../../etc\n")
+    with caplog.at_level(logging.WARNING):
+        point = resume_point(ckpts)
+    assert point.path == ckpts / "step_000003" and point.state["step"] == 3 and point.skipped == []
+    assert any(r.getMessage().startswith(f"{ckpts / 'latest'} is unreadable (") for r in caplog.records)
+    (ckpts / "latest").write_text("../../elsewhere\n")
+    assert resume_point(ckpts).path == ckpts / "step_000003"
