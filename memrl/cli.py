@@ -38,9 +38,26 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
     return parser, modules
 
 
+# Positional list arguments that take `key=value` overrides (and files) wherever they appear on the line.
+_LIST_ARGS = ("overrides", "items", "files")
+
+
+def _place_extras(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> None:
+    """Append stray positional words (an override after an option) to the command's list argument."""
+    target = next((a for a in _LIST_ARGS if isinstance(getattr(args, a, None), list)), None)
+    stray = [x for x in extra if x.startswith("-") or target is None]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    getattr(args, target).extend(extra)  # type: ignore[arg-type]
+
+
 def main(argv: list[str] | None = None) -> int:
+    from memrl.errors import UserError, os_message
+
     parser, modules = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _place_extras(parser, args, extra)
     if args.version:
         from memrl import __version__
 
@@ -49,16 +66,35 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    debug = getattr(args, "debug", False)
     try:
         return int(modules[args.command].run(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, PermissionError, RuntimeError) as e:
-        if getattr(args, "debug", False):
+    except UserError as e:
+        if debug:
+            raise
+        print(f"memrl {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except OSError as e:  # the file system refused: name the file and why
+        if debug:
+            raise
+        print(f"memrl {args.command}: error: {os_message(e)}", file=sys.stderr)
+        return 1
+    except RuntimeError as e:  # a server or engine that failed (named in the message); not a bug of ours
+        if debug or not _service_failure(e):
             raise
         print(f"memrl {args.command}: error: {e}", file=sys.stderr)
         return 1
+
+
+def _service_failure(e: BaseException) -> bool:
+    """Whether `e` (or what a rollout wrapped) is an engine / retrieval failure rather than a bug."""
+    from memrl.engines.base import EngineError
+    from memrl.services.base import RetrievalError
+
+    return isinstance(e, EngineError | RetrievalError) or isinstance(e.__cause__, EngineError | RetrievalError)
 
 
 if __name__ == "__main__":

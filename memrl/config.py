@@ -16,14 +16,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from memrl.errors import UsageError
 
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
-    """A config key, value or preset is invalid; the message names it."""
+class ConfigError(UsageError):
+    """A config key, value or preset is invalid; the message names it (the CLI exits 2)."""
 
 
 def preset_path(preset: str) -> Path:
@@ -83,6 +86,14 @@ def load_config(schema: type[T], overrides: list[str] | tuple[str, ...] = (), pr
             cfg = OmegaConf.merge(cfg, OmegaConf.load(path))  # type: ignore[assignment]
         except OmegaConfBaseException as e:
             raise _wrap(e, f"preset {path}") from e
+        except yaml.YAMLError as e:  # not YAML at all
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"preset {path} is not valid YAML{where}: {problem}") from e
+        except (OSError, UnicodeDecodeError) as e:
+            reason = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
+            raise ConfigError(f"preset {path} cannot be read: {reason}") from e
     dotlist = _selector_overrides(schema, list(overrides))
     for ov in dotlist:
         try:

@@ -22,6 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from memrl.data.io import KINDS, ReadStats
+from memrl.errors import UserError, writable_dir, writable_file
 
 
 def _docs(text: str) -> list[int]:
@@ -116,6 +117,7 @@ def _build(args: argparse.Namespace) -> int:
     if args.kind == "multiobjective":
         return _build_multiobjective(args)
 
+    writable_dir(args.out, "--out")
     tasks = _load_sources(args.source, args.kind, args.skip_bad)
     t0 = time.perf_counter()
     man = build_eval_sets(
@@ -153,6 +155,7 @@ def _corpus(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from memrl.data.longctx import build_train_set
 
+    writable_file(args.out, "--out")
     tasks = _load_sources(args.source, args.kind, args.skip_bad)
     n = build_train_set(tasks, args.out, args.docs, args.seed, args.num_questions, args.data_source)
     print(f"wrote {n} rows of {args.docs} documents -> {args.out}")
@@ -163,11 +166,12 @@ def _convert(args: argparse.Namespace) -> int:
     from memrl.data import hotpotqa, memagent_files, twowiki
     from memrl.data.io import detect_kind, write_records
 
+    writable_file(args.dst, "DST")
     kind = detect_kind(args.src) if args.kind == "auto" else args.kind
     tasks = _load_sources([args.src], kind, args.skip_bad)
     if args.to in ("hf", "original"):
         if kind not in ("hotpotqa", "2wiki"):
-            raise ValueError(f"--to {args.to} needs a HotpotQA or 2Wiki source; {args.src} is {kind}")
+            raise UserError(f"--to {args.to} needs a HotpotQA or 2Wiki source; {args.src} is {kind}")
         mod = hotpotqa if kind == "hotpotqa" else twowiki
         conv = mod.to_hf_record if args.to == "hf" else mod.to_original_record
         recs = [conv(t) for t in tasks]
@@ -210,7 +214,7 @@ def _stats(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     if not Path(args.tokenizer).exists():
-        raise FileNotFoundError(f"--tokenizer {args.tokenizer} does not exist")
+        raise UserError(f"--tokenizer {args.tokenizer} does not exist")
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     tok.model_max_length = 1 << 40  # counting tokens, not feeding a model: no length warning
     rows = context_token_stats(args.files, tok, args.kind, args.skip_bad)

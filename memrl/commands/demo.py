@@ -177,7 +177,7 @@ def load_demo_configs(overrides: list[str], out_dir: str | Path) -> tuple[DemoCo
 
     demo_ov, train_ov = _split(list(overrides))
     cfg = load_config(DemoConfig, demo_ov)
-    out = check_writable(out_dir)
+    out = check_writable(out_dir, "--out")
     tcfg = load_config(TrainConfig, [f"model.path={out / 'sft'}", f"out_dir={out / 'rl'}", *train_ov],
                        preset=cfg.train_preset)
     workflow = validate(tcfg)

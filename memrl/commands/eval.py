@@ -20,6 +20,8 @@ import argparse
 import logging
 from pathlib import Path
 
+from memrl.errors import UserError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if args.items[0] == "report":
         dirs = args.items[1:]
         if not dirs:
-            raise ValueError("eval report: give one or more result directories")
+            raise UserError("eval report: give one or more result directories")
         files = report_dirs(dirs, args.out)
         print(files.markdown.read_text(), end="")
         print(f"wrote {files.markdown}, {files.csv}, {files.png}")
@@ -60,10 +62,10 @@ def run(args: argparse.Namespace) -> int:
 
     files, ev = split_items(args.items)
     if not files:
-        raise ValueError("eval: no eval files given")
+        raise UserError("eval: no eval files given")
     for f in files:
         if not Path(f).exists():
-            raise FileNotFoundError(f"eval file {f} does not exist")
+            raise UserError(f"eval file {f} does not exist")
     if args.model:
         ev.append(f"engine.model={args.model}")
     if args.name:

@@ -27,16 +27,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from memrl.errors import UserError
     from memrl.models.tiny import init_tiny_model
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
+        raise UserError(f"--out {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not args.force:
-        raise ValueError(f"--out {out} is not empty; pass --force to write into it")
+        raise UserError(f"--out {out} is not empty; pass --force to write into it")
     for c in args.corpus or []:
         if not Path(c).is_file():
-            raise FileNotFoundError(f"--corpus file {c} does not exist")
+            raise UserError(f"--corpus file {c} does not exist")
     init_tiny_model(out, preset=args.preset, corpus=args.corpus, seed=args.seed, vocab_size=args.vocab_size)
     info = json.loads((out / "memrl_model.json").read_text(encoding="utf-8"))
     print(f"wrote {args.preset} model to {out}: {info['num_parameters']:,} parameters, vocab {info['vocab_size']}")

@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from memrl.config import ConfigError, load_config, to_yaml
     from memrl.data.synthetic import make_tasks
     from memrl.demonstrators import RecentFactsRule, ScriptedEngine
+    from memrl.errors import model_dir
     from memrl.training.logging import MetricsLogger
     from memrl.training.sft import sft_train
     from memrl.training.trainer import check_writable
@@ -61,8 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from memrl.workflows.runner import rollout_sync
 
     cfg = load_config(SFTRunConfig, args.overrides, preset=args.preset)
-    if not cfg.model.path:
-        raise ConfigError("model.path is required (a HuggingFace model directory)")
+    model_dir(cfg.model.path, "model.path")
     if cfg.data.name != "synthetic":
         raise ConfigError("data.name: train-sft's built-in demonstrator needs synthetic tasks")
     spec, wf = parse_workflow(cfg.workflow)

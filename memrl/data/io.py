@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from memrl.errors import UserError
 from memrl.types import DataModelError, Task
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 _COMPRESSORS: dict[str, Callable[..., IO[Any]]] = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """A data file or record is malformed; the message names file, row and field."""
 
 
@@ -70,12 +71,35 @@ def iter_records(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
     """Yield (row number from 0, record) for every record of a JSON list, JSONL or parquet file.
 
     A `.json` file whose text does not start with '[' is read as JSON lines (many hub exports are).
+    A file that cannot be decoded (corrupt or truncated compression, not UTF-8) is a DataError naming it.
     """
     path = str(path)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"data file {path} does not exist")
-    fmt, _ = file_format(path)
+        raise DataError(f"data file {path} does not exist")
+    if os.path.isdir(path):
+        raise DataError(f"data file {path} is a directory, not a file")
+    fmt, comp = file_format(path)
+    try:
+        yield from _records(path, fmt)
+    except (lzma.LZMAError, EOFError, gzip.BadGzipFile, UnicodeDecodeError, OSError) as e:
+        if isinstance(e, OSError) and not isinstance(e, gzip.BadGzipFile) and comp != ".bz2":
+            raise  # a real I/O error (permissions, disk), not a decoding one
+        raise DataError(f"{path}: {_decode_problem(e, comp)}") from e
+
+
+def _decode_problem(e: BaseException, comp: str | None) -> str:
+    """What is wrong with a file that failed to decode, in words."""
+    if isinstance(e, UnicodeDecodeError):
+        return f"not UTF-8 text (byte 0x{e.object[e.start]:02x}); expected UTF-8 JSON"
+    name = {".xz": "xz", ".gz": "gzip", ".bz2": "bzip2"}.get(comp or "", "compressed")
+    if isinstance(e, EOFError):
+        return f"truncated {name} file (it ends before the end-of-stream marker)"
+    return f"not a valid {name} file ({e})"
+
+
+def _records(path: str, fmt: str) -> Iterator[tuple[int, Any]]:
     if fmt == "parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         try:
@@ -83,10 +107,13 @@ def iter_records(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
         except Exception as e:  # noqa: BLE001 - pyarrow raises several types
             raise DataError(f"{path}: not a readable parquet file: {e}") from e
         row = 0
-        for batch in pf.iter_batches(batch_size=256):
-            for rec in batch.to_pylist():
-                yield row, rec
-                row += 1
+        try:
+            for batch in pf.iter_batches(batch_size=256):
+                for rec in batch.to_pylist():
+                    yield row, rec
+                    row += 1
+        except pa.ArrowException as e:  # a damaged data page
+            raise DataError(f"{path}: parquet data damaged after row {row}: {e}") from e
         return
     with open_text(path) as f:
         if fmt == "json":
@@ -219,6 +246,8 @@ KINDS = ("hotpotqa", "2wiki", "eval", "memagent", "multiobjective")
 def detect_kind(path: str | os.PathLike[str]) -> str:
     """Which loader fits a file, from the fields of its first record: one of KINDS."""
     for _, rec in iter_records(path):
+        if isinstance(rec, DataError):
+            raise rec
         if not isinstance(rec, dict):
             break
         keys = set(rec)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from memrl.data.hotpotqa import gold_paragraph_indices, paragraph_text, render_document
+from memrl.data.io import DataError
 from memrl.types import Task
 
 DEFAULT_DOC_COUNTS: tuple[int, ...] = (50, 100, 200, 400, 800, 1600, 3200, 6400)
@@ -66,7 +67,7 @@ class DocPool:
 def _paragraphs(task: Task) -> list[dict[str, Any]]:
     paras = task.meta.get("paragraphs")
     if not isinstance(paras, list):
-        raise ValueError(
+        raise DataError(
             f"task {task.task_id}: meta['paragraphs'] is missing; long contexts are built from HotpotQA/2Wiki "
             "tasks (memrl.data.hotpotqa / twowiki loaders)"
         )
@@ -103,7 +104,7 @@ def build_long_task(task: Task, pool: DocPool, num_docs: int, seed: int, positio
         excluded = {j for p in own for j in pool.by_title.get(p["title"], ())}
         available = len(pool) - len(excluded)
         if need > available:
-            raise ValueError(
+            raise DataError(
                 f"task {task.task_id}: {num_docs} documents need {need} pool paragraphs, but the pool has only "
                 f"{available} usable ({len(pool)} distinct minus {len(excluded)} sharing its titles); "
                 "use a larger source set or a smaller N"

@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from memrl.errors import UserError
 from memrl.eval.runner import CONFIG_FILE, RESULTS_FILE, read_results
+from memrl.workflows import format_counts
 
 
 @dataclass
@@ -38,6 +40,12 @@ class LengthSummary:
     """Wall time per question: per run session, first start to last finish, summed, / questions."""
     mean_latency_seconds: float
     """Mean of the rows' own start-to-finish seconds (includes waiting for the engine's batch)."""
+    no_box: int = 0
+    """Questions whose final answer had no \\boxed{} (scored as an empty prediction)."""
+    format_errors: int = 0
+    """Questions with any other format error or fallback (e.g. ReMemR1's missing_update)."""
+    format_detail: str = ""
+    """Those errors by kind, e.g. "missing_update=3 unclosed_update=1" (questions with each)."""
 
 
 TABLE_COLUMNS = [f.name for f in fields(LengthSummary)]
@@ -56,12 +64,16 @@ def summarize(rows: Sequence[dict[str, Any]], run: str) -> list[LengthSummary]:
         def mean(key: str, rs: list[dict[str, Any]] = rs, k: int = k) -> float:
             return sum(float(r[key]) for r in rs) / k
 
+        counts = format_counts([r.get("metrics") or {} for r in rs])
+        other = {kk: v for kk, v in counts.items() if kk != "no_box" and v}
+        flagged = sum(1 for r in rs if any((r.get("metrics") or {}).get(kk, 0.0) > 0 for kk in other))
         out.append(LengthSummary(
             run=run, num_docs=n, questions=k,
             em=100 * mean("em"), accuracy=100 * mean("sub_em"), f1=100 * mean("f1"),
             mean_context_tokens=mean("context_tokens"), mean_tokens_read=mean("tokens_read"),
             mean_generated_tokens=mean("generated_tokens"), seconds_per_question=wall_seconds(rs) / k,
-            mean_latency_seconds=mean("seconds"),
+            mean_latency_seconds=mean("seconds"), no_box=counts.get("no_box", 0), format_errors=flagged,
+            format_detail=" ".join(f"{kk}={v}" for kk, v in other.items()),
         ))
     return out
 
@@ -93,20 +105,21 @@ def run_name(result_dir: str | os.PathLike[str]) -> str:
 def load_summaries(result_dir: str | os.PathLike[str]) -> list[LengthSummary]:
     path = Path(result_dir) / RESULTS_FILE
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist; is {result_dir} an eval output directory?")
+        raise UserError(f"{path} does not exist; is {result_dir} an eval output directory?")
     return summarize(read_results(path), run_name(result_dir))
 
 
 def markdown_table(summaries: Sequence[LengthSummary]) -> str:
     """A markdown table, one line per (run, num_docs)."""
     head = ("| run | docs | questions | EM | accuracy (sub-EM) | F1 | context tokens | tokens read "
-            "| generated tokens | s / question | latency s |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| generated tokens | s / question | latency s | no box | format errors |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for s in summaries:
         lines.append(
             f"| {s.run} | {s.num_docs} | {s.questions} | {s.em:.2f} | {s.accuracy:.2f} | {s.f1:.2f} "
             f"| {s.mean_context_tokens:.0f} | {s.mean_tokens_read:.0f} | {s.mean_generated_tokens:.1f} "
-            f"| {s.seconds_per_question:.3f} | {s.mean_latency_seconds:.3f} |"
+            f"| {s.seconds_per_question:.3f} | {s.mean_latency_seconds:.3f} | {s.no_box} "
+            f"| {s.format_errors}{f' ({s.format_detail})' if s.format_detail else ''} |"
         )
     return "\n".join(lines) + "\n"
 

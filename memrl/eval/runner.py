@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.engines.config import EngineConfig, HFSection
+from memrl.errors import UserError, model_dir, writable_dir
 from memrl.types import Task, Trajectory
 from memrl.workflows.full_context import FULL_CONTEXT_TEMPLATE, FullContextConfig  # noqa: F401 - re-exported
 from memrl.workflows.full_context import run as run_full_context  # noqa: F401 - re-exported
@@ -63,9 +64,13 @@ class EvalConfig:
 
 def get_spec(name: str):
     """The WorkflowSpec of a registered workflow (full_context, the baseline, is one)."""
+    from memrl.config import ConfigError
     from memrl.workflows import get_workflow
 
-    return get_workflow(name)
+    try:
+        return get_workflow(name)
+    except KeyError as e:
+        raise ConfigError(f"workflow: {e.args[0]}") from e
 
 
 def workflow_config(cfg: EvalConfig) -> tuple[Any, Any]:
@@ -84,9 +89,9 @@ def make_eval_engine(sec: EngineConfig) -> Any:
     from memrl.engines import build_engine
 
     if not sec.model:
-        raise ValueError("eval: engine.model is empty; pass --model DIR (or engine.model=DIR)")
-    if sec.name != "openai" and not Path(sec.model).exists():
-        raise FileNotFoundError(f"eval: model directory {sec.model} does not exist")
+        raise UserError("eval: engine.model is empty; pass --model DIR (or engine.model=DIR)")
+    if sec.name != "openai":
+        model_dir(sec.model, "--model")
     return build_engine(sec)
 
 
@@ -110,7 +115,7 @@ def read_results(path: str | os.PathLike[str], repair: bool = False) -> list[dic
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as e:
-            raise ValueError(f"{p}: line {lineno} is not valid JSON ({e.msg}); fix or remove it") from e
+            raise UserError(f"{p}: line {lineno} is not valid JSON ({e.msg}); fix or remove it") from e
     tail = data[end:]
     if tail.strip():
         try:  # a complete last row that only lacks its newline
@@ -191,7 +196,7 @@ def _check_config(out: Path, record: dict[str, Any]) -> None:
         keys = ("workflow", "model", "workflow_config")
         diff = [k for k in keys if old.get(k) != record.get(k)]
         if diff and (out / RESULTS_FILE).exists():
-            raise ValueError(
+            raise UserError(
                 f"{out} holds results of a different run ({', '.join(diff)} differ from {p}); "
                 "use another --out directory or delete it"
             )
@@ -211,8 +216,7 @@ def evaluate(
     from memrl.data.io import load_tasks
     from memrl.data.tasks_jsonl import is_task_layout, load_task_file
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = writable_dir(out_dir, "--out")
     spec, wf_cfg = workflow_config(cfg)
     record = {"workflow": spec.name, "model": cfg.engine.model, "engine": dataclasses.asdict(cfg.engine),
               "workflow_config": dataclasses.asdict(wf_cfg), "files": [str(f) for f in files],

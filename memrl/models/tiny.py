@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
+from memrl.errors import UserError
+
 # Bump when the synthetic corpus, tokenizer recipe or presets change, so cached models are rebuilt.
 FORMAT_VERSION = 1
 
@@ -219,7 +221,7 @@ def train_tokenizer(corpus: Sequence[str | os.PathLike] | None = None, vocab_siz
     from transformers import PreTrainedTokenizerFast
 
     if vocab_size < 256 + len(SPECIAL_TOKENS) + 1:
-        raise ValueError(f"vocab_size must be > {256 + len(SPECIAL_TOKENS)} (256 bytes + specials), got {vocab_size}")
+        raise UserError(f"vocab_size must be > {256 + len(SPECIAL_TOKENS)} (256 bytes + specials), got {vocab_size}")
     tok = Tokenizer(models.BPE(byte_fallback=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(

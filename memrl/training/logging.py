@@ -10,13 +10,18 @@ from typing import Any
 
 
 class MetricsLogger:
-    """Appends `{"step": k, ...metrics}` lines to `metrics.jsonl`, mirrors them to TensorBoard."""
+    """Appends `{"step": k, ...metrics}` lines to `metrics.jsonl`, mirrors them to TensorBoard.
+
+    `keep_until=k` (a resumed run at step k) first drops the rows of steps after k: those steps are redone.
+    """
 
     def __init__(self, out_dir: str | os.PathLike, tensorboard: bool = True, progress_total: int = 0,
-                 progress_initial: int = 0, progress: bool = True, desc: str = "train") -> None:
+                 progress_initial: int = 0, progress: bool = True, desc: str = "train",
+                 keep_until: int | None = None) -> None:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
+        self.dropped = truncate_metrics(self.path, keep_until) if keep_until is not None else 0
         self._fh = self.path.open("a", encoding="utf-8")
         self._tb = None
         if tensorboard:
@@ -59,3 +64,31 @@ class MetricsLogger:
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """All rows of a metrics.jsonl."""
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def truncate_metrics(path: str | os.PathLike, keep_until: int) -> int:
+    """Drop rows with step > keep_until (and a half-written last line) from a metrics.jsonl; returns how many.
+
+    The file is rewritten through a temporary sibling and os.replace, so a kill here loses nothing.
+    """
+    p = Path(path)
+    if not p.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in p.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            step = json.loads(line).get("step", 0)
+        except (ValueError, AttributeError):  # cut off by a kill mid-write
+            dropped += 1
+            continue
+        if isinstance(step, int | float) and step > keep_until:
+            dropped += 1
+        else:
+            kept.append(line)
+    if dropped:
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+        os.replace(tmp, p)
+    return dropped

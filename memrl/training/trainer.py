@@ -30,28 +30,22 @@ import torch
 
 from memrl.algorithms.registry import options_kwargs
 from memrl.config import ConfigError, to_yaml
-from memrl.training.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
+from memrl.errors import UserError, model_dir, writable_dir
+from memrl.training.checkpoint import clean_stale, resume_point, rng_state, save_checkpoint, set_rng_state
 from memrl.training.config import TrainConfig
 from memrl.training.dump import maybe_dump, note_tasks
 from memrl.training.packing import Row, collate, pack_rows, rows_from_segments, set_loss_weights
 from memrl.training.policy import ppo_micro_loss, token_logprobs
 from memrl.training.rollout import sample_groups
 from memrl.types import Group, Task
+from memrl.workflows import format_counts
 
 log = logging.getLogger(__name__)
 
 
-def check_writable(out_dir: str | os.PathLike) -> Path:
+def check_writable(out_dir: str | os.PathLike, key: str = "out_dir") -> Path:
     """Create `out_dir` and prove we can write in it, before any expensive work starts."""
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write_test"
-        probe.write_text("ok", encoding="utf-8")
-        probe.unlink()
-    except OSError as e:
-        raise PermissionError(f"output directory {out} is not writable: {e.strerror or e}") from e
-    return out
+    return writable_dir(out_dir, key)
 
 
 def workflow_config(cfg: TrainConfig) -> tuple[Any, Any]:
@@ -124,7 +118,7 @@ def task_stream(cfg: TrainConfig, start: int) -> Iterator[Task]:
 
     tasks = load_tasks(cfg.data.path)
     if not tasks:
-        raise ValueError(f"data.path {cfg.data.path} holds no tasks")
+        raise UserError(f"data.path {cfg.data.path} holds no tasks")
 
     def epochs() -> Iterator[Task]:
         for epoch in itertools.count():
@@ -161,6 +155,7 @@ class Trainer:
         self.adv_options, self.loss_options = algorithm_options(cfg)
         self.cfg = cfg
         self.out = check_writable(cfg.out_dir)
+        model_dir(cfg.model.path, "model.path")  # before any work, not deep inside transformers
         self.resume = resume
         self.on_step = on_step
 
@@ -170,7 +165,11 @@ class Trainer:
 
         cfg = self.cfg
         self.ckpt_root = self.out / "checkpoints"
-        start = latest_checkpoint(self.ckpt_root) if self.resume else None
+        clean_stale(self.ckpt_root)
+        point = resume_point(self.ckpt_root) if self.resume else None
+        if self.resume and point is None:
+            log.warning("--resume: no checkpoint in %s; starting from step 0", self.ckpt_root)
+        start = point.path if point is not None else None
         src = str(start) if start is not None else cfg.model.path
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(src)
@@ -192,12 +191,12 @@ class Trainer:
         random.seed(cfg.trainer.seed)
         torch.manual_seed(cfg.trainer.seed)
         if start is not None:
-            state = load_state(start)
+            state = point.state
             self.opt.load_state_dict(state["optimizer"])
             self.sched.load_state_dict(state["scheduler"])
             set_rng_state(state["rng"])
             self.step, self.position = int(state["step"]), int(state["data_position"])
-            log.info("resumed from %s (step %d, data position %d)", start, self.step, self.position)
+            log.warning("resumed from %s (step %d, data position %d)", start, self.step, self.position)
         self.engine = self._build_engine(src)
         self.sync_weights()  # before the first rollout: the engine may hold other weights than the policy
         self.stream = task_stream(cfg, self.position)
@@ -292,7 +291,10 @@ class Trainer:
         cfg = self.cfg
         (self.out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
         logger = MetricsLogger(self.out, cfg.trainer.tensorboard, cfg.trainer.steps, self.step,
-                               cfg.trainer.progress, desc="rl")
+                               cfg.trainer.progress, desc="rl", keep_until=self.step)
+        if logger.dropped:
+            log.warning("%s: replaced %d row(s) of steps after %d, which are redone", logger.path,
+                        logger.dropped, self.step)
         history: list[dict[str, float]] = []
         try:
             while self.step < cfg.trainer.steps:
@@ -332,6 +334,7 @@ class Trainer:
             vals = [t.metrics[name] for t in trajs if name in t.metrics]
             if vals:
                 metrics[f"rollout/{name}"] = statistics.fmean(vals)
+        metrics.update({f"format/{k}": v for k, v in format_counts([t.metrics for t in trajs]).items()})
         mem = [t.metrics.get("memory_tokens_mean", 0.0) for t in trajs]
         if mem:
             metrics["rollout/memory_tokens_mean"] = statistics.fmean(mem)

@@ -69,6 +69,18 @@ def parse_workflow(
     return spec, section_from_dict(spec.config_cls, values, where)
 
 
+FORMAT_KEYS = (
+    "no_box", "missing_update", "empty_update", "multiple_updates", "unclosed_update",
+    "multiple_recalls", "unclosed_recall", "empty_recall",
+)  # fmt: skip
+"""Trajectory metrics that count a format error or a fallback (no \\boxed{} answer, ReMemR1's tag errors)."""
+
+
+def format_counts(metrics: list[dict[str, float]]) -> dict[str, int]:
+    """How many trajectories show each format error at least once (keys some trajectory reports)."""
+    return {k: sum(1 for m in metrics if m.get(k, 0.0) > 0) for k in FORMAT_KEYS if any(k in m for m in metrics)}
+
+
 def boxed_em_outcome(task: Task, traj: Trajectory) -> float:
     """Training reward shared by the chunked workflows: exact match of the last \\boxed{} answer."""
     from memrl.rewards.qa import boxed_em_reward

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from memrl.engines.base import Engine
+from memrl.errors import fault_point
 from memrl.types import Group, Task, Trajectory
 from memrl.workflows import WorkflowSpec
 
@@ -74,6 +75,7 @@ async def rollout(
             traj.reward = await score_trajectory(spec, task, traj)
         if on_done is not None:
             on_done(task, traj)
+        fault_point("trajectory")  # tests only: MEMRL_FAULT_AT=trajectory@k kills mid-rollout
         return traj
 
     results = await asyncio.gather(*(one(t, k) for t in tasks for k in range(n)))

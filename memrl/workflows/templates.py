@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from memrl.errors import UserError
 
-class TemplateError(ValueError):
+
+class TemplateError(UserError):
     """A template is missing a placeholder or cannot be read."""
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from memrl.cli import main
 from memrl.config import ConfigError, load_config
+from memrl.errors import UserError
 from memrl.training.config import TrainConfig
 from memrl.training.trainer import Trainer, validate, workflow_config
 
@@ -63,10 +64,10 @@ def test_unwritable_out_dir_fails_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     cfg = load_config(TrainConfig, ["model.path=/does/not/exist", f"out_dir={blocker}/run"])
-    with pytest.raises(PermissionError, match="not writable"):
+    with pytest.raises(UserError, match="is a file, not a directory"):
         Trainer(cfg)  # before loading the (missing) model
 
 
 def test_cli_reports_bad_override(capsys):
-    assert main(["train", "model.path=x", "algorithm.clip_low=wide"]) == 1
+    assert main(["train", "model.path=x", "algorithm.clip_low=wide"]) == 2  # a usage error
     assert "algorithm.clip_low" in capsys.readouterr().err

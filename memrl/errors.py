@@ -1,0 +1,98 @@
+"""User-facing errors and the up-front checks that raise them.
+
+`UserError` is what the `memrl` command prints as one line (no traceback unless --debug): bad files,
+overrides, presets, paths, model directories, unknown names. Anything else escaping a command is a bug
+and keeps its traceback. `fault_point` lets the fault-injection tests kill the process at a named place.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+
+class UserError(ValueError):
+    """Bad input from the user; the message names the thing and what was expected."""
+
+    exit_code = 1
+
+
+class UsageError(UserError):
+    """A bad command line (override, preset, option value): exit status 2, like argparse."""
+
+    exit_code = 2
+
+
+def os_message(e: OSError) -> str:
+    """'<strerror>: <file>' for an OSError, without the '[Errno N]' prefix."""
+    what = e.strerror or str(e)
+    return f"{what}: {e.filename}" if e.filename else what
+
+
+def _dir_problem(out: Path) -> str | None:
+    """Create directory `out`; what stops it (or a file being written in it), None when all is well."""
+    if out.exists() and not out.is_dir():
+        return "exists and is not a directory"
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        return f"cannot be created: {blocker} is a file, not a directory"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write_test"
+        probe.write_text("ok", encoding="utf-8")
+        probe.unlink()
+    except OSError as e:
+        return f"is not writable ({e.strerror or e})"
+    return None
+
+
+def writable_dir(path: str | os.PathLike[str], key: str = "--out") -> Path:
+    """Create `path` and prove a file can be written in it; UserError naming the option `key` otherwise."""
+    out = Path(path)
+    problem = _dir_problem(out)
+    if problem:
+        raise UserError(f"output directory {key}={out} {problem}")
+    return out
+
+
+def writable_file(path: str | os.PathLike[str], key: str) -> Path:
+    """Check an output file can be written (its directory created), before any work; UserError otherwise."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"output file {key}={p} is a directory")
+    problem = _dir_problem(p.parent)
+    if problem:
+        raise UserError(f"output file {key}={p}: its directory {p.parent} {problem}")
+    return p
+
+
+def model_dir(path: str, key: str) -> Path:
+    """A HuggingFace model directory named by config key `key` (holds config.json), else UserError."""
+    p = Path(path)
+    if not path:
+        raise UsageError(f"{key} is required (a HuggingFace model directory)")
+    if not p.exists():
+        raise UserError(f"{key}={path}: no such directory (expected a HuggingFace model directory)")
+    if not p.is_dir():
+        raise UserError(f"{key}={path} is a file, not a HuggingFace model directory")
+    if not (p / "config.json").is_file():
+        raise UserError(f"{key}={path} has no config.json (expected a HuggingFace model directory)")
+    return p
+
+
+def fault_point(name: str) -> None:
+    """Test hook: MEMRL_FAULT_AT=name (or name@k, the k-th time) SIGKILLs this process here."""
+    want = os.environ.get("MEMRL_FAULT_AT")
+    if not want:
+        return
+    target, _, nth = want.partition("@")
+    if target != name:
+        return
+    count = _FAULT_COUNTS.get(name, 0) + 1
+    _FAULT_COUNTS[name] = count
+    if count >= int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_FAULT_COUNTS: dict[str, int] = {}
