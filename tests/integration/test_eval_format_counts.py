@@ -7,8 +7,8 @@ import csv
 import re
 
 from memrl.data.memagent_files import write_eval_json
-from memrl.eval.report import summarize, write_report
 from memrl.engines import EngineConfig
+from memrl.eval.report import summarize, write_report
 from memrl.eval.runner import EvalConfig, evaluate
 from memrl.testing import ScriptedEngine
 from memrl.types import Task
