@@ -125,6 +125,37 @@ class TrainerSection:
     seed: int = 0
     tensorboard: bool = True
     progress: bool = True
+    num_workers: int = 1
+    """Training ranks (FSDP2). 1 = in the trainer's process; N > 1 = Ray actors (memrl.training.placement)."""
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    """Ray resources of each training rank (GPUs > 0 trains on CUDA with NCCL)."""
+    fsdp_bf16: bool = False
+    """FSDP2 mixed precision: bf16 compute, fp32 gradient reduction (num_workers > 1)."""
+    cpu_offload: bool = False
+    """FSDP2 CPU offload of parameters and optimizer state (num_workers > 1)."""
+
+
+@dataclass
+class RolloutSection:
+    """Rollout engine replicas placed by Ray (transformers engines; requests go to the least busy one)."""
+
+    num_engines: int = 0
+    """0 = the in-process engine of `engine.name`; N >= 1 = N Ray actor engines."""
+    cpus_per_engine: float = 1.0
+    gpus_per_engine: float = 0.0
+
+
+@dataclass
+class RaySection:
+    """How to reach Ray when trainer.num_workers > 1 or rollout.num_engines > 0."""
+
+    address: str = ""
+    """"" = start a local Ray; "host:port" = join a cluster started with `ray start --head`."""
+    temp_dir: str = ""
+    """Ray's session/log directory for a local start ("" = Ray's default)."""
+    num_cpus: int = 0
+    """CPUs a local Ray start offers (0 = all the machine's)."""
 
 
 @dataclass
@@ -138,4 +169,6 @@ class TrainConfig:
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
     optim: OptimSection = field(default_factory=OptimSection)
     trainer: TrainerSection = field(default_factory=TrainerSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    ray: RaySection = field(default_factory=RaySection)
     out_dir: str = "runs/train"

@@ -25,10 +25,9 @@ from typing import Any
 import torch
 
 from memrl.config import ConfigError, section_from_dict, to_yaml
-from memrl.training.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
+from memrl.training.checkpoint import latest_checkpoint, load_state, rng_state, set_rng_state
 from memrl.training.config import TrainConfig
-from memrl.training.packing import Row, collate, pack_rows, rows_from_segments, set_loss_weights
-from memrl.training.policy import ppo_micro_loss, token_logprobs
+from memrl.training.packing import Row, rows_from_segments
 from memrl.training.rollout import build_engine, sample_groups
 from memrl.types import Group, Task
 
@@ -93,6 +92,15 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.data.name != "file" or bool(cfg.data.path), "data.path is required when data.name=file"),
         (bool(cfg.model.path), "model.path is required (a HuggingFace model directory)"),
         (cfg.model.dtype in ("float32", "bfloat16"), f"model.dtype {cfg.model.dtype!r} is not float32 or bfloat16"),
+        (not cfg.model.device.startswith("cuda") or torch.cuda.is_available(),
+         f"model.device={cfg.model.device} but torch.cuda.is_available() is False"),
+        (cfg.trainer.num_workers >= 1, f"trainer.num_workers must be >= 1, got {cfg.trainer.num_workers}"),
+        (cfg.rollout.num_engines >= 0, f"rollout.num_engines must be >= 0, got {cfg.rollout.num_engines}"),
+        (cfg.trainer.cpus_per_worker > 0 and cfg.rollout.cpus_per_engine > 0,
+         "trainer.cpus_per_worker and rollout.cpus_per_engine must be > 0"),
+        (cfg.trainer.num_workers == 1 or cfg.rollout.num_engines >= 1,
+         f"trainer.num_workers={cfg.trainer.num_workers} needs rollout.num_engines >= 1 (the in-process "
+         "engine serves the live module of world size 1)"),
     ]
     for ok, msg in checks:
         if not ok:
@@ -150,39 +158,34 @@ class Trainer:
 
     # -------------------------------------------------------------- setup
     def _load(self) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from memrl.training.placement import RayEngines, connect, uses_ray
+        from memrl.training.workers import build_workers
 
         cfg = self.cfg
         self.ckpt_root = self.out / "checkpoints"
         start = latest_checkpoint(self.ckpt_root) if self.resume else None
         src = str(start) if start is not None else cfg.model.path
-        dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+        if uses_ray(cfg):
+            connect(cfg)  # address and resources checked before any model is loaded
         self.tokenizer = AutoTokenizer.from_pretrained(src)
-        self.model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).to(cfg.model.device)
-        if cfg.model.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
-        self.ref = None
-        if cfg.algorithm.kl_coef > 0:
-            # The reference is the INITIAL policy, also when resuming.
-            self.ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).to(cfg.model.device).eval()
-            for p in self.ref.parameters():
-                p.requires_grad_(False)
-        o = cfg.optim
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
-                                     weight_decay=o.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(o.warmup_steps))
+        self.workers = build_workers(cfg, start)  # model, KL reference, optimizer, scheduler (resumed)
+        self.model = getattr(self.workers, "model", None)  # the live module at world size 1
+        self.opt = getattr(self.workers, "opt", None)
         self.step = 0
         self.position = 0
         random.seed(cfg.trainer.seed)
         torch.manual_seed(cfg.trainer.seed)
         if start is not None:
             state = load_state(start)
-            self.opt.load_state_dict(state["optimizer"])
-            self.sched.load_state_dict(state["scheduler"])
             set_rng_state(state["rng"])
             self.step, self.position = int(state["step"]), int(state["data_position"])
             log.info("resumed from %s (step %d, data position %d)", start, self.step, self.position)
-        self.engine = build_engine(cfg.engine, self.model, self.tokenizer, cfg.model.path, cfg.model.device)
+        if cfg.rollout.num_engines > 0:
+            self.engine = RayEngines(cfg, src, self.tokenizer)
+        else:
+            self.engine = build_engine(cfg.engine, self.model, self.tokenizer, cfg.model.path, cfg.model.device)
         self.stream = task_stream(cfg, self.position)
 
     def _next_tasks(self, k: int) -> list[Task]:
@@ -217,42 +220,8 @@ class Trainer:
         return metrics
 
     def train_rows(self, rows: list[Row]) -> dict[str, float]:
-        """One optimizer step on `rows` with gradient accumulation over token-budget micro-batches."""
-        a = self.cfg.algorithm
-        set_loss_weights(rows, a.loss_agg)
-        self.model.train()
-        self.opt.zero_grad(set_to_none=True)
-        pad = self.tokenizer.pad_token_id or 0
-        sums: dict[str, float] = {"loss/total": 0.0}
-        tokens = 0
-        n_micro = 0
-        for idx in pack_rows(rows, self.cfg.trainer.token_budget):
-            mb = collate([rows[i] for i in idx], pad).to(self.cfg.model.device)
-            ref_lp = None
-            if self.ref is not None:
-                with torch.no_grad():
-                    ref_lp, _ = token_logprobs(self.ref, mb, a.temperature)
-            part = ppo_micro_loss(
-                self.model, mb, a.temperature, a.loss,
-                {"clip_low": a.clip_low, "clip_high": a.clip_high, "dual_clip_c": a.dual_clip_c},
-                ref_lp, a.kl_coef, a.kl_kind, a.entropy_coef,
-            )
-            part.loss.backward()
-            sums["loss/total"] += float(part.loss.detach())
-            for k, v in part.sums.items():
-                sums[f"loss/{k}"] = sums.get(f"loss/{k}", 0.0) + v
-            tokens += mb.num_tokens
-            n_micro += 1
-        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
-        self.opt.step()
-        self.sched.step()
-        self.model.eval()
-        sums["train/grad_norm"] = float(gn)
-        sums["train/lr"] = self.sched.get_last_lr()[0]
-        sums["train/micro_batches"] = n_micro
-        sums["train/rows"] = len(rows)
-        sums["train/tokens"] = tokens
-        return sums
+        """One optimizer step on `rows` (memrl.training.workers.PolicyWorker.train_rows, on every rank)."""
+        return self.workers.train_rows(rows)
 
     # -------------------------------------------------------------- the loop
     def fit(self) -> list[dict[str, float]]:
@@ -283,6 +252,7 @@ class Trainer:
                 import asyncio
 
                 asyncio.run(close())
+            self.workers.close()
         return history
 
     def train_step(self) -> dict[str, float]:
@@ -313,7 +283,9 @@ class Trainer:
             metrics.update(self.update(res.groups))
             advs = [s.advantage or 0.0 for t in trajs for s in t.segments]
             metrics.update(_stats("advantage", advs))
-            self.engine.update_weights(self.model.state_dict())
+            ts = time.perf_counter()
+            self.engine.update_weights(self.workers.weights_for_engines())
+            metrics["time/sync_s"] = time.perf_counter() - ts
         t2 = time.perf_counter()
         metrics["time/rollout_s"] = t1 - t0
         metrics["time/update_s"] = t2 - t1
@@ -324,8 +296,7 @@ class Trainer:
         return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
 
     def save(self) -> Path:
-        state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(), "rng": rng_state(),
-                 "step": self.step, "data_position": self.position}
-        return save_checkpoint(self.ckpt_root, self.step, self.model, self.tokenizer, state,
-                               keep=self.cfg.trainer.keep_checkpoints, extra_files={"config.yaml": to_yaml(self.cfg)})
+        state = {"rng": rng_state(), "step": self.step, "data_position": self.position}
+        return self.workers.save(self.ckpt_root, self.step, state, keep=self.cfg.trainer.keep_checkpoints,
+                                 extra_files={"config.yaml": to_yaml(self.cfg)})
 
