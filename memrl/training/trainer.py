@@ -157,6 +157,10 @@ class Trainer:
         self.spec, self.wf_cfg = workflow_config(cfg)
 
     # -------------------------------------------------------------- setup
+    def setup(self) -> None:
+        """Load (or resume) the workers and engines without training; `fit` runs it when needed."""
+        self._load()
+
     def _load(self) -> None:
         from transformers import AutoTokenizer
 
@@ -228,7 +232,8 @@ class Trainer:
         """Run (or resume) training; returns the logged metrics of the steps run now."""
         from memrl.training.logging import MetricsLogger
 
-        self._load()
+        if not hasattr(self, "workers"):  # setup() may have run already
+            self._load()
         cfg = self.cfg
         (self.out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
         logger = MetricsLogger(self.out, cfg.trainer.tensorboard, cfg.trainer.steps, self.step,
