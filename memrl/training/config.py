@@ -144,6 +144,13 @@ class RolloutSection:
     """0 = the in-process engine of `engine.name`; N >= 1 = N Ray actor engines."""
     cpus_per_engine: float = 1.0
     gpus_per_engine: float = 0.0
+    engine: str = "hf"
+    """Replica kind: "hf" (memrl.engines.hf.HFEngine) or "vllm" (memrl.engines.vllm.VLLMEngine)."""
+    colocate: bool = False
+    """Engines share the trainer ranks' bundles (and GPUs): engine i sits with rank i; vLLM sleeps
+    during the update. Needs rollout.num_engines <= trainer.num_workers."""
+    gpu_memory_utilization: float = 0.4
+    """vLLM: share of its GPU for weights + KV cache (keep room for the trainer when colocated)."""
 
 
 @dataclass

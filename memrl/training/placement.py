@@ -55,6 +55,8 @@ def needs(cfg: TrainConfig) -> tuple[float, float]:
     """(CPUs, GPUs) the run reserves in Ray."""
     t, r = cfg.trainer, cfg.rollout
     workers = t.num_workers if t.num_workers > 1 else 0  # world size 1 trains in the driver
+    if r.colocate:  # engines sit in the ranks' bundles and share their GPUs
+        return workers * (t.cpus_per_worker + r.cpus_per_engine), workers * t.gpus_per_worker
     return (workers * t.cpus_per_worker + r.num_engines * r.cpus_per_engine,
             workers * t.gpus_per_worker + r.num_engines * r.gpus_per_engine)
 
@@ -81,6 +83,11 @@ def connect(cfg: TrainConfig) -> None:
 def check_resources(cfg: TrainConfig, have: dict[str, float]) -> None:
     """Raise PlacementError naming the fields when the cluster cannot place the workers and engines."""
     t, r = cfg.trainer, cfg.rollout
+    if r.engine not in ("hf", "vllm"):
+        raise PlacementError(f"rollout.engine {r.engine!r} is not hf or vllm")
+    if r.colocate and not (1 < t.num_workers and r.num_engines <= t.num_workers):
+        raise PlacementError(f"rollout.colocate needs trainer.num_workers > 1 and rollout.num_engines <= it "
+                             f"(got {t.num_workers} workers, {r.num_engines} engines)")
     cpus, gpus = needs(cfg)
     got_cpu, got_gpu = float(have.get("CPU", 0)), float(have.get("GPU", 0))
     ask = (f"trainer.num_workers={t.num_workers} x (cpus {t.cpus_per_worker}, gpus {t.gpus_per_worker}) + "
@@ -113,6 +120,12 @@ def placement_group(n: int, cpus: float, gpus: float, what: str) -> Any:
         raise PlacementError(f"{what}: {n} bundles of {_bundle(cpus, gpus)} were not placed within "
                              f"{READY_TIMEOUT_S:g} s (cluster resources: {ray.cluster_resources()})")
     return pg
+
+
+def share_gpu(cfg: TrainConfig) -> float:
+    """GPUs each colocated actor takes of its bundle (a rank and an engine split it); else the rank's."""
+    g = cfg.trainer.gpus_per_worker
+    return g / 2 if cfg.rollout.colocate and g > 0 else g
 
 
 def _on(pg: Any, i: int, cpus: float, gpus: float) -> dict[str, Any]:
@@ -179,9 +192,13 @@ class RayWorkers:
         self.world_size = t.num_workers
         gpu = t.gpus_per_worker > 0
         wcfg = replace(cfg, model=replace(cfg.model, device="cuda" if gpu else "cpu"))
-        self.pg = placement_group(t.num_workers, t.cpus_per_worker, t.gpus_per_worker, "trainer.num_workers")
+        r = cfg.rollout
+        extra_cpu = r.cpus_per_engine if r.colocate else 0.0
+        self.pg = placement_group(t.num_workers, t.cpus_per_worker + extra_cpu, t.gpus_per_worker,
+                                  "trainer.num_workers")
+        gpus = share_gpu(cfg)
         cls = ray.remote(_RankActor)
-        self.actors = [cls.options(**_on(self.pg, i, t.cpus_per_worker, t.gpus_per_worker)).remote()
+        self.actors = [cls.options(**_on(self.pg, i, t.cpus_per_worker, gpus)).remote()
                        for i in range(t.num_workers)]
         ip, port = ray.get(self.actors[0].address.remote())
         backend = "nccl" if gpu else "gloo"
@@ -230,13 +247,25 @@ class RayWorkers:
 
 # ---------------------------------------------------------------------------- rollout engines
 class _EngineActor:
-    """An HFEngine in an async Ray actor: concurrent generate calls batch inside it."""
+    """An HFEngine or VLLMEngine in an async Ray actor: concurrent generate calls batch inside it."""
 
-    def __init__(self, path: str, device: str, dtype: str, max_batch_size: int, max_wait_ms: float) -> None:
-        from memrl.engines.hf import HFEngine
+    def __init__(self, kind: str, path: str, device: str, dtype: str, max_batch_size: int, max_wait_ms: float,
+                 gpu_memory_utilization: float, sleep_mode: bool) -> None:
+        from memrl.engines import make_engine
 
-        self.engine = HFEngine(path, device=device, dtype=dtype, max_batch_size=max_batch_size,
-                               max_wait_ms=max_wait_ms)
+        if kind == "hf":
+            self.engine = make_engine("hf", path, device=device, dtype=dtype, max_batch_size=max_batch_size,
+                                      max_wait_ms=max_wait_ms)
+        else:
+            self.engine = make_engine("vllm", path, dtype=dtype, max_batch_size=max_batch_size,
+                                      gpu_memory_utilization=gpu_memory_utilization,
+                                      enable_sleep_mode=sleep_mode)
+
+    async def sleep(self) -> None:
+        await asyncio.to_thread(self.engine.sleep, 1)
+
+    async def wake_up(self) -> None:
+        await asyncio.to_thread(self.engine.wake_up)
 
     async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
         return await self.engine.generate(prompt_ids, sampling)
@@ -256,16 +285,24 @@ class _EngineActor:
 class RayEngines:
     """`rollout.num_engines` engine replicas behind one Engine: least-outstanding-requests balancing."""
 
-    def __init__(self, cfg: TrainConfig, path: str | Path, tokenizer: Any) -> None:
+    def __init__(self, cfg: TrainConfig, path: str | Path, tokenizer: Any, shared_pg: Any = None) -> None:
         import ray
 
         r = cfg.rollout
         self.tokenizer = tokenizer
-        self.pg = placement_group(r.num_engines, r.cpus_per_engine, r.gpus_per_engine, "rollout.num_engines")
+        self.own_pg = not (r.colocate and shared_pg is not None)
+        if self.own_pg:
+            self.pg = placement_group(r.num_engines, r.cpus_per_engine, r.gpus_per_engine, "rollout.num_engines")
+            gpus = r.gpus_per_engine
+        else:  # engine i in rank i's bundle, on the GPU share the rank leaves
+            self.pg, gpus = shared_pg, share_gpu(cfg)
+        self.sleeps = r.colocate and r.engine == "vllm" and gpus > 0
+        self.asleep = False
         cls = ray.remote(_EngineActor)
-        device = "cuda" if r.gpus_per_engine > 0 else "cpu"
-        self.actors = [cls.options(max_concurrency=4096, **_on(self.pg, i, r.cpus_per_engine, r.gpus_per_engine))
-                       .remote(str(path), device, cfg.model.dtype, cfg.engine.max_batch_size, cfg.engine.max_wait_ms)
+        device = "cuda" if gpus > 0 else "cpu"
+        args = (r.engine, str(path), device, cfg.model.dtype, cfg.engine.max_batch_size, cfg.engine.max_wait_ms,
+                r.gpu_memory_utilization, self.sleeps)
+        self.actors = [cls.options(max_concurrency=4096, **_on(self.pg, i, r.cpus_per_engine, gpus)).remote(*args)
                        for i in range(r.num_engines)]
         ray.get([a.__ray_ready__.remote() for a in self.actors])
         self.outstanding = [0] * r.num_engines
@@ -281,10 +318,21 @@ class RayEngines:
         finally:
             self.outstanding[i] -= 1
 
+    def release_memory(self) -> None:
+        """Before the update: colocated vLLM replicas sleep (free KV cache, offload weights)."""
+        import ray
+
+        if self.sleeps and not self.asleep:
+            ray.get([a.sleep.remote() for a in self.actors])
+            self.asleep = True
+
     def update_weights(self, weights: Any) -> None:
         """New weights on every replica: an object-store reference, or a state dict (put once)."""
         import ray
 
+        if self.asleep:
+            ray.get([a.wake_up.remote() for a in self.actors])
+            self.asleep = False
         ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(dict(weights))
         self.last_load_s = max(ray.get([a.update_weights.remote([ref]) for a in self.actors]))
 
@@ -297,4 +345,5 @@ class RayEngines:
         finally:
             for a in self.actors:
                 ray.kill(a)
-            remove_placement_group(self.pg)
+            if self.own_pg:
+                remove_placement_group(self.pg)

@@ -187,7 +187,7 @@ class Trainer:
             self.step, self.position = int(state["step"]), int(state["data_position"])
             log.info("resumed from %s (step %d, data position %d)", start, self.step, self.position)
         if cfg.rollout.num_engines > 0:
-            self.engine = RayEngines(cfg, src, self.tokenizer)
+            self.engine = RayEngines(cfg, src, self.tokenizer, getattr(self.workers, "pg", None))
         else:
             self.engine = build_engine(cfg.engine, self.model, self.tokenizer, cfg.model.path, cfg.model.device)
         self.stream = task_stream(cfg, self.position)
@@ -210,6 +210,9 @@ class Trainer:
             kw = {"alpha": a.alpha, "norm_by_std": a.norm_by_std}
         compute_group_advantages(groups, a.name, **kw)
         metrics: dict[str, float] = {}
+        release = getattr(self.engine, "release_memory", None)  # colocated vLLM sleeps during the update
+        if release is not None:
+            release()
         mbs = self.cfg.trainer.mini_batches
         chunks = [groups[i::mbs] for i in range(mbs)] if mbs > 1 else [groups]
         sums: dict[str, float] = {}
