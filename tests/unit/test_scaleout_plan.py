@@ -65,3 +65,10 @@ def test_malformed_ray_address_is_named():
         check_address("headnode")
     check_address("")  # local Ray
     check_address("auto")
+
+
+def test_eight_gpu_preset_places_eight_colocated_ranks():
+    cfg = load_config(TrainConfig, ["model.path=x"], "memagent_grpo_8gpu")
+    assert (cfg.trainer.num_workers, cfg.rollout.num_engines, cfg.rollout.colocate) == (8, 8, True)
+    assert needs(cfg) == (64.0, 8.0)
+    check_resources(cfg, {"CPU": 64, "GPU": 8})
