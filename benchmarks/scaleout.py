@@ -118,7 +118,7 @@ def sync_by_size(skip_05b: bool) -> None:
             src = AutoModelForCausalLM.from_pretrained(path)
             dst = AutoModelForCausalLM.from_pretrained(path)
             times = []
-            for _ in range(3):
+            for _ in range(5):
                 t0 = time.perf_counter()
                 sd = {k: v.detach().to("cpu", copy=True) for k, v in src.state_dict().items()}
                 t1 = time.perf_counter()
@@ -132,8 +132,8 @@ def sync_by_size(skip_05b: bool) -> None:
                 times.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3))
                 del ref, got
             c, p, g, ld = (min(x) for x in zip(*times, strict=True))
-            n = sum(v.numel() for v in src.state_dict().values())
-            mb = sum(v.numel() * v.element_size() for v in src.state_dict().values()) / 2**20
+            n = sum(p.numel() for p in src.parameters())  # tied embeddings counted once
+            mb = sum(p.numel() * p.element_size() for p in src.parameters()) / 2**20
             print(f"| {name} | {n / 1e6:.1f}M | {mb:.0f} | {c:.3f} | {p:.3f} | {g:.3f} | {ld:.3f} | {c + p + g + ld:.3f} |")
             del src, dst, sd
 

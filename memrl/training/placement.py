@@ -200,11 +200,15 @@ class RayWorkers:
         cls = ray.remote(_RankActor)
         self.actors = [cls.options(**_on(self.pg, i, t.cpus_per_worker, gpus)).remote()
                        for i in range(t.num_workers)]
-        ip, port = ray.get(self.actors[0].address.remote())
-        backend = "nccl" if gpu else "gloo"
-        ray.get([a.setup.remote(wcfg, DistInfo(i, t.num_workers, ip, port, backend),
-                                str(start) if start is not None else None)
-                 for i, a in enumerate(self.actors)])
+        try:
+            ip, port = ray.get(self.actors[0].address.remote())
+            backend = "nccl" if gpu else "gloo"
+            ray.get([a.setup.remote(wcfg, DistInfo(i, t.num_workers, ip, port, backend),
+                                    str(start) if start is not None else None)
+                     for i, a in enumerate(self.actors)])
+        except BaseException:
+            self._release()
+            raise
 
     def _all(self, method: str, *args: Any) -> list[Any]:
         import ray
@@ -234,15 +238,18 @@ class RayWorkers:
         return Path(self._all("save", str(root), step, driver_state, keep, extra_files)[0])
 
     def close(self) -> None:
-        import ray
-        from ray.util.placement_group import remove_placement_group
-
         try:
             self._all("close")
         finally:
-            for a in self.actors:
-                ray.kill(a)
-            remove_placement_group(self.pg)
+            self._release()
+
+    def _release(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for a in self.actors:
+            ray.kill(a)
+        remove_placement_group(self.pg)
 
 
 # ---------------------------------------------------------------------------- rollout engines
@@ -305,7 +312,16 @@ class RayEngines:
                 r.gpu_memory_utilization, self.sleeps)
         self.actors = [cls.options(max_concurrency=4096, **_on(self.pg, i, r.cpus_per_engine, gpus)).remote(*args)
                        for i in range(r.num_engines)]
-        ray.get([a.__ray_ready__.remote() for a in self.actors])
+        try:
+            ray.get([a.__ray_ready__.remote() for a in self.actors])
+        except BaseException:
+            for a in self.actors:
+                ray.kill(a)
+            if self.own_pg:
+                from ray.util.placement_group import remove_placement_group
+
+                remove_placement_group(self.pg)
+            raise
         self.outstanding = [0] * r.num_engines
         self.served = [0] * r.num_engines
         self.last_load_s = 0.0

@@ -186,10 +186,14 @@ class Trainer:
             set_rng_state(state["rng"])
             self.step, self.position = int(state["step"]), int(state["data_position"])
             log.info("resumed from %s (step %d, data position %d)", start, self.step, self.position)
-        if cfg.rollout.num_engines > 0:
-            self.engine = RayEngines(cfg, src, self.tokenizer, getattr(self.workers, "pg", None))
-        else:
-            self.engine = build_engine(cfg.engine, self.model, self.tokenizer, cfg.model.path, cfg.model.device)
+        try:
+            if cfg.rollout.num_engines > 0:
+                self.engine = RayEngines(cfg, src, self.tokenizer, getattr(self.workers, "pg", None))
+            else:
+                self.engine = build_engine(cfg.engine, self.model, self.tokenizer, cfg.model.path, cfg.model.device)
+        except BaseException:
+            self.workers.close()  # Ray actors and placement groups are not left behind
+            raise
         self.stream = task_stream(cfg, self.position)
 
     def _next_tasks(self, k: int) -> list[Task]:
