@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from memrl.training import distributed as D
-from memrl.training.checkpoint import load_state, save_checkpoint
+from memrl.training.checkpoint import STATE_FILE, load_state, save_checkpoint
 from memrl.training.config import TrainConfig
 from memrl.training.packing import Row, collate, pack_rows
 from memrl.training.policy import ppo_micro_loss, token_logprobs
@@ -43,6 +43,15 @@ class _GatheredModel:
     def save_pretrained(self, path: Any, **kw: Any) -> None:
         # save_pretrained empties the dict it is given: hand it a shallow copy.
         self.model.save_pretrained(path, state_dict=dict(self.state), **kw)
+
+
+def _read_state(start: str) -> dict[str, Any]:
+    """trainer_state.pt memory-mapped (every rank reads it; pages are shared, tensors load lazily) and
+    weights-only; checkpoints written before name-keyed optimizer states need the full unpickler."""
+    try:
+        return torch.load(Path(start) / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - older checkpoints pickled other objects
+        return load_state(start)
 
 
 def _is_name_keyed(optim_state: dict[str, Any]) -> bool:
@@ -82,7 +91,7 @@ class PolicyWorker:
                                      weight_decay=o.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(o.warmup_steps))
         if start is not None:
-            state = load_state(start)
+            state = _read_state(start)
             if _is_name_keyed(state["optimizer"]):
                 D.load_optim_state(self.model, self.opt, state["optimizer"])
             elif info.world_size == 1:
