@@ -285,6 +285,10 @@ class _EngineActor:
         await asyncio.to_thread(self.engine.update_weights, state)
         return time.perf_counter() - t0
 
+    def param_sums(self) -> dict[str, float]:
+        """Per-parameter float64 sums of the served weights (to check a sync landed; hf replicas)."""
+        return {k: float(v.double().sum()) for k, v in self.engine.model.state_dict().items()}
+
     async def close(self) -> None:
         await self.engine.close()
 
@@ -334,6 +338,12 @@ class RayEngines:
             return await self.actors[i].generate.remote(list(prompt_ids), sampling)
         finally:
             self.outstanding[i] -= 1
+
+    def param_sums(self) -> list[dict[str, float]]:
+        """Each replica's per-parameter sums (memrl.training.placement._EngineActor.param_sums)."""
+        import ray
+
+        return ray.get([a.param_sums.remote() for a in self.actors])
 
     def release_memory(self) -> None:
         """Before the update: colocated vLLM replicas sleep (free KV cache, offload weights)."""

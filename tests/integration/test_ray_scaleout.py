@@ -84,8 +84,18 @@ def test_two_ranks_two_engines_train_save_and_resume_exactly(ray_session, tiny_p
     from memrl.training.checkpoint import load_state
 
     run = tmp_path / "run"
-    first = Trainer(_cfg(tiny_path, run, 3))
+    synced: list[int] = []
+
+    def check_sync(step: int, metrics: dict[str, float]) -> None:
+        """After each step's sync, every replica serves exactly the trainer's gathered weights."""
+        want = {k: float(v.double().sum()) for k, v in first.workers.full_state().items()}
+        for got in first.engine.param_sums():
+            assert {k: got[k] for k in want} == want
+        synced.append(step)
+
+    first = Trainer(_cfg(tiny_path, run, 3), on_step=check_sync)
     history = first.fit()
+    assert synced == [1, 2, 3]
     assert len(history) == 3
     assert all(h["time/sync_s"] > 0 and h["train/rows"] > 0 for h in history)
     assert any(h["advantage/std"] > 0 for h in history)  # the policy gradient was not zero
