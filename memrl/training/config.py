@@ -115,6 +115,44 @@ class TrainerSection:
     """Trajectories per dump, whole groups in batch order (so advantages compare within a group)."""
     dump_max_mb: float = 200.0
     """Stop dumping (one warning) once trajectories.jsonl reaches this size."""
+    num_workers: int = 1
+    """Training ranks (FSDP2). 1 = in the trainer's process; N > 1 = Ray actors (memrl.training.placement)."""
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    """Ray resources of each training rank (GPUs > 0 trains on CUDA with NCCL)."""
+    fsdp_bf16: bool = False
+    """FSDP2 mixed precision: bf16 compute, fp32 gradient reduction (num_workers > 1)."""
+    cpu_offload: bool = False
+    """FSDP2 CPU offload of parameters and optimizer state (num_workers > 1)."""
+
+
+@dataclass
+class RolloutSection:
+    """Rollout engine replicas placed by Ray (transformers engines; requests go to the least busy one)."""
+
+    num_engines: int = 0
+    """0 = the in-process engine of `engine.name`; N >= 1 = N Ray actor engines."""
+    cpus_per_engine: float = 1.0
+    gpus_per_engine: float = 0.0
+    engine: str = "hf"
+    """Replica kind: "hf" (memrl.engines.hf.HFEngine) or "vllm" (memrl.engines.vllm.VLLMEngine)."""
+    colocate: bool = False
+    """Engines share the trainer ranks' bundles (and GPUs): engine i sits with rank i; vLLM sleeps
+    during the update. Needs rollout.num_engines <= trainer.num_workers."""
+    gpu_memory_utilization: float = 0.4
+    """vLLM: share of its GPU for weights + KV cache (keep room for the trainer when colocated)."""
+
+
+@dataclass
+class RaySection:
+    """How to reach Ray when trainer.num_workers > 1 or rollout.num_engines > 0."""
+
+    address: str = ""
+    """"" = start a local Ray; "host:port" = join a cluster started with `ray start --head`."""
+    temp_dir: str = ""
+    """Ray's session/log directory for a local start ("" = Ray's default)."""
+    num_cpus: int = 0
+    """CPUs a local Ray start offers (0 = all the machine's)."""
 
 
 @dataclass
@@ -131,4 +169,6 @@ class TrainConfig:
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
     optim: OptimSection = field(default_factory=OptimSection)
     trainer: TrainerSection = field(default_factory=TrainerSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    ray: RaySection = field(default_factory=RaySection)
     out_dir: str = "runs/train"

@@ -28,14 +28,12 @@ from typing import Any
 
 import torch
 
-from memrl.algorithms.registry import options_kwargs
 from memrl.config import ConfigError, to_yaml
 from memrl.errors import UserError, model_dir, writable_dir
-from memrl.training.checkpoint import clean_stale, resume_point, rng_state, save_checkpoint, set_rng_state
+from memrl.training.checkpoint import clean_stale, resume_point, rng_state, set_rng_state
 from memrl.training.config import TrainConfig
 from memrl.training.dump import maybe_dump, note_tasks
-from memrl.training.packing import Row, collate, pack_rows, rows_from_segments, set_loss_weights
-from memrl.training.policy import ppo_micro_loss, token_logprobs
+from memrl.training.packing import Row, rows_from_segments
 from memrl.training.rollout import sample_groups
 from memrl.types import Group, Task
 from memrl.workflows import format_counts
@@ -88,6 +86,15 @@ def validate(cfg: TrainConfig) -> tuple[Any, Any]:
         (cfg.data.name != "file" or bool(cfg.data.path), "data.path is required when data.name=file"),
         (bool(cfg.model.path), "model.path is required (a HuggingFace model directory)"),
         (cfg.model.dtype in ("float32", "bfloat16"), f"model.dtype {cfg.model.dtype!r} is not float32 or bfloat16"),
+        (not cfg.model.device.startswith("cuda") or torch.cuda.is_available(),
+         f"model.device={cfg.model.device} but torch.cuda.is_available() is False"),
+        (cfg.trainer.num_workers >= 1, f"trainer.num_workers must be >= 1, got {cfg.trainer.num_workers}"),
+        (cfg.rollout.num_engines >= 0, f"rollout.num_engines must be >= 0, got {cfg.rollout.num_engines}"),
+        (cfg.trainer.cpus_per_worker > 0 and cfg.rollout.cpus_per_engine > 0,
+         "trainer.cpus_per_worker and rollout.cpus_per_engine must be > 0"),
+        (cfg.trainer.num_workers == 1 or cfg.rollout.num_engines >= 1,
+         f"trainer.num_workers={cfg.trainer.num_workers} needs rollout.num_engines >= 1 (the in-process "
+         "engine serves the live module of world size 1)"),
     ]
     for ok, msg in checks:
         if not ok:
@@ -160,8 +167,15 @@ class Trainer:
         self.on_step = on_step
 
     # -------------------------------------------------------------- setup
+    def setup(self) -> None:
+        """Load (or resume) the workers and engines without training; `fit` runs it when needed."""
+        self._load()
+
     def _load(self) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from memrl.training.placement import RayEngines, connect, uses_ray
+        from memrl.training.workers import build_workers
 
         cfg = self.cfg
         self.ckpt_root = self.out / "checkpoints"
@@ -171,34 +185,30 @@ class Trainer:
             log.warning("--resume: no checkpoint in %s; starting from step 0", self.ckpt_root)
         start = point.path if point is not None else None
         src = str(start) if start is not None else cfg.model.path
-        dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+        if uses_ray(cfg):
+            connect(cfg)  # address and resources checked before any model is loaded
         self.tokenizer = AutoTokenizer.from_pretrained(src)
-        self.model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).to(cfg.model.device)
-        if cfg.model.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
-        self.ref = None
-        if cfg.algorithm.kl_coef > 0:
-            # The reference is the INITIAL policy, also when resuming.
-            self.ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).to(cfg.model.device).eval()
-            for p in self.ref.parameters():
-                p.requires_grad_(False)
-        o = cfg.optim
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
-                                     weight_decay=o.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(o.warmup_steps))
+        self.workers = build_workers(cfg, start)  # model, KL reference, optimizer, scheduler (resumed)
+        self.model = getattr(self.workers, "model", None)  # the live module at world size 1
+        self.opt = getattr(self.workers, "opt", None)
         self.step = 0
         self.position = 0
         random.seed(cfg.trainer.seed)
         torch.manual_seed(cfg.trainer.seed)
         if start is not None:
             state = point.state
-            self.opt.load_state_dict(state["optimizer"])
-            self.sched.load_state_dict(state["scheduler"])
             set_rng_state(state["rng"])
             self.step, self.position = int(state["step"]), int(state["data_position"])
             log.warning("resumed from %s (step %d, data position %d)", start, self.step, self.position)
-        self.engine = self._build_engine(src)
-        self.sync_weights()  # before the first rollout: the engine may hold other weights than the policy
+        try:
+            if cfg.rollout.num_engines > 0:
+                self.engine = RayEngines(cfg, src, self.tokenizer, getattr(self.workers, "pg", None))
+            else:
+                self.engine = self._build_engine(src)
+            self.sync_weights()  # before the first rollout: the engine may hold other weights than the policy
+        except BaseException:
+            self.workers.close()  # Ray actors and placement groups are not left behind
+            raise
         self.stream = task_stream(cfg, self.position)
 
     def _build_engine(self, src: str) -> Any:
@@ -210,16 +220,19 @@ class Trainer:
             sec = dataclasses.replace(sec, model=src)
         return build_engine(sec, policy=self.model, tokenizer=self.tokenizer)
 
-    def sync_weights(self) -> None:
-        """Give the engine the policy's current weights: a no-op for an hf engine sharing the module, a
-        state dict for in-process engines, a saved directory for a server (engine.openai.sync_dir)."""
-        if self.cfg.engine.name != "openai":
-            self.engine.update_weights(self.model.state_dict())
-            return
-        d = Path(self.cfg.engine.openai.sync_dir or self.out / "engine_weights")
-        self.model.save_pretrained(d)
-        self.tokenizer.save_pretrained(d)
-        self.engine.update_weights(str(d.resolve()))
+    def sync_weights(self) -> float:
+        """Give the engine(s) the policy's current weights; returns the seconds it took. A no-op for an hf
+        engine sharing the module, the gathered state dict for in-process and Ray replicas, a saved
+        directory for a server (engine.openai.sync_dir)."""
+        t0 = time.perf_counter()
+        if self.cfg.engine.name != "openai" or self.cfg.rollout.num_engines > 0:
+            self.engine.update_weights(self.workers.weights_for_engines())
+        else:
+            d = Path(self.cfg.engine.openai.sync_dir or self.out / "engine_weights")
+            self.model.save_pretrained(d)
+            self.tokenizer.save_pretrained(d)
+            self.engine.update_weights(str(d.resolve()))
+        return time.perf_counter() - t0
 
     def _next_tasks(self, k: int) -> list[Task]:
         tasks = [next(self.stream) for _ in range(k)]
@@ -234,6 +247,9 @@ class Trainer:
 
         compute_group_advantages(groups, self.cfg.algorithm.name, self.adv_options)
         metrics: dict[str, float] = {}
+        release = getattr(self.engine, "release_memory", None)  # colocated vLLM sleeps during the update
+        if release is not None:
+            release()
         mbs = self.cfg.trainer.mini_batches
         chunks = [groups[i::mbs] for i in range(mbs)] if mbs > 1 else [groups]
         sums: dict[str, float] = {}
@@ -248,46 +264,16 @@ class Trainer:
         return metrics
 
     def train_rows(self, rows: list[Row]) -> dict[str, float]:
-        """One optimizer step on `rows` with gradient accumulation over token-budget micro-batches."""
-        a = self.cfg.algorithm
-        set_loss_weights(rows, a.loss_agg)
-        self.model.train()
-        self.opt.zero_grad(set_to_none=True)
-        pad = self.tokenizer.pad_token_id or 0
-        sums: dict[str, float] = {"loss/total": 0.0}
-        tokens = 0
-        n_micro = 0
-        for idx in pack_rows(rows, self.cfg.trainer.token_budget):
-            mb = collate([rows[i] for i in idx], pad).to(self.cfg.model.device)
-            ref_lp = None
-            if self.ref is not None:
-                with torch.no_grad():
-                    ref_lp, _ = token_logprobs(self.ref, mb, a.temperature)
-            part = ppo_micro_loss(self.model, mb, a.temperature, a.loss, options_kwargs(self.loss_options),
-                                  ref_lp, a.kl_coef, a.kl_kind, a.entropy_coef)
-            part.loss.backward()
-            sums["loss/total"] += float(part.loss.detach())
-            for k, v in part.sums.items():
-                sums[f"loss/{k}"] = sums.get(f"loss/{k}", 0.0) + v
-            tokens += mb.num_tokens
-            n_micro += 1
-        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
-        self.opt.step()
-        self.sched.step()
-        self.model.eval()
-        sums["train/grad_norm"] = float(gn)
-        sums["train/lr"] = self.sched.get_last_lr()[0]
-        sums["train/micro_batches"] = n_micro
-        sums["train/rows"] = len(rows)
-        sums["train/tokens"] = tokens
-        return sums
+        """One optimizer step on `rows` (memrl.training.workers.PolicyWorker.train_rows, on every rank)."""
+        return self.workers.train_rows(rows)
 
     # -------------------------------------------------------------- the loop
     def fit(self) -> list[dict[str, float]]:
         """Run (or resume) training; returns the logged metrics of the steps run now."""
         from memrl.training.logging import MetricsLogger
 
-        self._load()
+        if not hasattr(self, "workers"):  # setup() may have run already
+            self._load()
         cfg = self.cfg
         (self.out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
         logger = MetricsLogger(self.out, cfg.trainer.tensorboard, cfg.trainer.steps, self.step,
@@ -314,6 +300,7 @@ class Trainer:
                 import asyncio
 
                 asyncio.run(close())
+            self.workers.close()
         return history
 
     def train_step(self) -> dict[str, float]:
@@ -345,7 +332,7 @@ class Trainer:
             metrics.update(self.update(res.groups))
             advs = [s.advantage or 0.0 for t in trajs for s in t.segments]
             metrics.update(_stats("advantage", advs))
-            self.sync_weights()
+            metrics["time/sync_s"] = self.sync_weights()
         maybe_dump(self, res.groups)  # memrl.training.dump: a bounded sample every trainer.dump_every steps
         t2 = time.perf_counter()
         metrics["time/rollout_s"] = t1 - t0
@@ -357,8 +344,7 @@ class Trainer:
         return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
 
     def save(self) -> Path:
-        state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(), "rng": rng_state(),
-                 "step": self.step, "data_position": self.position}
-        return save_checkpoint(self.ckpt_root, self.step, self.model, self.tokenizer, state,
-                               keep=self.cfg.trainer.keep_checkpoints, extra_files={"config.yaml": to_yaml(self.cfg)})
+        state = {"rng": rng_state(), "step": self.step, "data_position": self.position}
+        return self.workers.save(self.ckpt_root, self.step, state, keep=self.cfg.trainer.keep_checkpoints,
+                                 extra_files={"config.yaml": to_yaml(self.cfg)})
 

@@ -1,0 +1,184 @@
+"""Scale-out figures on CPU: update step time at world size 1 vs 2 (FSDP2 on gloo), weight-sync time by
+model size (tiny, small, a 0.5B-shaped random Qwen2), and the share of a real Ray training step spent
+in weight sync (2 ranks + 2 transformers engines).
+
+    PYTHONPATH=$PWD RAY_AUTH_MODE=disabled python benchmarks/scaleout.py [--skip-ray] [--skip-05b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from memrl.config import load_config
+from memrl.training import distributed as D
+from memrl.training.config import TrainConfig
+from memrl.training.packing import Row
+
+WARMUP, TIMED = 2, 5
+
+
+def _rows(vocab: int, n: int = 16, prompt: int = 96, response: int = 32) -> list[Row]:
+    rng = random.Random(0)
+    return [Row([rng.randrange(vocab) for _ in range(prompt)], [rng.randrange(vocab) for _ in range(response)],
+                [1] * response, [-3.0] * response, rng.uniform(-1, 1), f"t{i // 4}") for i in range(n)]
+
+
+def _cfg(model: str) -> TrainConfig:
+    return load_config(TrainConfig, [f"model.path={model}", "algorithm.kl_coef=0.001", "optim.lr=1e-5",
+                                     "trainer.token_budget=1024"])
+
+
+def _time_steps(worker, rows: list[Row]) -> tuple[float, float]:
+    """(mean update seconds, mean full-state gather seconds) over TIMED steps after WARMUP."""
+    steps, gathers = [], []
+    for i in range(WARMUP + TIMED):
+        t0 = time.perf_counter()
+        worker.train_rows(rows)
+        t1 = time.perf_counter()
+        worker.full_state()
+        t2 = time.perf_counter()
+        if i >= WARMUP:
+            steps.append(t1 - t0)
+            gathers.append(t2 - t1)
+    return statistics.fmean(steps), statistics.fmean(gathers)
+
+
+def _rank(rank: int, model: str, port: int, vocab: int, out: str) -> None:
+    torch.set_num_threads(1)
+    from memrl.training.workers import PolicyWorker
+
+    w = PolicyWorker(_cfg(model), D.DistInfo(rank, 2, "127.0.0.1", port))
+    step, gather = _time_steps(w, _rows(vocab))
+    if rank == 0:
+        Path(out).write_text(f"{step} {gather}")
+    w.close()
+
+
+def world_size_step(model: str) -> None:
+    from transformers import AutoConfig
+
+    from memrl.training.workers import PolicyWorker
+
+    vocab = AutoConfig.from_pretrained(model).vocab_size
+    torch.set_num_threads(1)  # the same one thread per process as each rank
+    s1, g1 = _time_steps(PolicyWorker(_cfg(model)), _rows(vocab))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "r0")
+        mp.spawn(_rank, args=(model, D.free_port(), vocab, out), nprocs=2, join=True)
+        s2, g2 = map(float, Path(out).read_text().split())
+    print("\n## update step, tiny model, 16 rows x 128 tokens (1 thread per process)")
+    print("| world size | step s | full-state gather s |")
+    print("|---|---|---|")
+    print(f"| 1 | {s1:.3f} | {g1:.4f} |")
+    print(f"| 2 (FSDP2, gloo) | {s2:.3f} | {g2:.4f} |")
+
+
+def _random_05b(tmp: str) -> str:
+    """A Qwen2.5-0.5B-shaped random model (494M parameters), bf16, saved with the tiny tokenizer."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from memrl.models.tiny import cached_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(cached_tiny_model("tiny"))
+    cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                      num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True,
+                      max_position_embeddings=4096, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    with torch.device("cpu"):
+        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    return tmp
+
+
+def sync_by_size(skip_05b: bool) -> None:
+    """Gather (CPU copy of the state dict) -> ray.put -> ray.get -> copy into a second model instance."""
+    import ray
+    from transformers import AutoModelForCausalLM
+
+    from memrl.models.tiny import cached_tiny_model
+
+    torch.set_num_threads(2)
+    print("\n## weight sync by model size (one process: state-dict copy, object store put/get, load)")
+    print("| model | params | MB | copy s | put s | get s | load s | total s |")
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        sizes = [("tiny", str(cached_tiny_model("tiny"))), ("small", str(cached_tiny_model("small")))]
+        if not skip_05b:
+            sizes.append(("0.5B-shaped (bf16)", _random_05b(os.path.join(tmp, "m05"))))
+        for name, path in sizes:
+            src = AutoModelForCausalLM.from_pretrained(path)
+            dst = AutoModelForCausalLM.from_pretrained(path)
+            times = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                sd = {k: v.detach().to("cpu", copy=True) for k, v in src.state_dict().items()}
+                t1 = time.perf_counter()
+                ref = ray.put(sd)
+                t2 = time.perf_counter()
+                got = ray.get(ref)
+                t3 = time.perf_counter()
+                with torch.no_grad():
+                    dst.load_state_dict(got, strict=False)
+                t4 = time.perf_counter()
+                times.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3))
+                del ref, got
+            c, p, g, ld = (min(x) for x in zip(*times, strict=True))
+            n = sum(p.numel() for p in src.parameters())  # tied embeddings counted once
+            mb = sum(p.numel() * p.element_size() for p in src.parameters()) / 2**20
+            print(f"| {name} | {n / 1e6:.1f}M | {mb:.0f} | {c:.3f} | {p:.3f} | {g:.3f} | {ld:.3f} | {c + p + g + ld:.3f} |")
+            del src, dst, sd
+
+
+def ray_run_share(tmp: str) -> None:
+    """A real 2-rank + 2-engine run on the tiny model: mean sync and step time per step."""
+    from memrl.models.tiny import cached_tiny_model
+    from memrl.training.trainer import Trainer
+
+    cfg = load_config(TrainConfig, [
+        f"model.path={cached_tiny_model('tiny')}", f"out_dir={tmp}/run", "trainer.steps=4",
+        "workflow.options.chunk_tokens=24", "workflow.options.max_memory_tokens=6",
+        "workflow.options.max_final_tokens=3", "data.synthetic.num_chunks=2", "data.synthetic.chunk_words=8",
+        "trainer.batch_size=2", "algorithm.n=3", "optim.lr=1e-3", "trainer.save_every=0",
+        "trainer.progress=false", "trainer.tensorboard=false", "trainer.num_workers=2",
+        "trainer.cpus_per_worker=0.5", "rollout.num_engines=2", "rollout.cpus_per_engine=0.5",
+    ])
+    hist = Trainer(cfg).fit()[1:]  # the first step includes start-up work
+    sync = statistics.fmean(h["time/sync_s"] for h in hist)
+    step = statistics.fmean(h["time/step_s"] for h in hist)
+    print("\n## Ray run, tiny model, 2 FSDP2 ranks + 2 HFEngine replicas (steps 2-4)")
+    print(f"step {step:.3f} s, weight sync {sync:.3f} s = {100 * sync / step:.1f}% of the step")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--skip-ray", action="store_true")
+    ap.add_argument("--skip-05b", action="store_true")
+    args = ap.parse_args()
+    import ray
+
+    from memrl.models.tiny import cached_tiny_model
+
+    world_size_step(str(cached_tiny_model("tiny")))
+    with tempfile.TemporaryDirectory(prefix="sb", dir="/tmp") as tmp:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        ray.init(_temp_dir=os.path.join(tmp, "ray"), num_cpus=4, include_dashboard=False, log_to_driver=False,
+                 object_store_memory=4 * 2**30)
+        try:
+            sync_by_size(args.skip_05b)
+            if not args.skip_ray:
+                ray_run_share(tmp)
+        finally:
+            ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""Process groups and FSDP2 for the policy update: rank setup, token-balanced row split, loss weights
+with GLOBAL normalizers, and full (gathered) state dicts for saving and weight sync.
+
+At world size 1 there is no process group: every collective here is the identity, so the single-process
+trainer runs the same code. At world size N each rank trains on its share of the rows with weights whose
+normalizers are all-reduced, and scales its loss by N because FSDP averages gradients over ranks; the
+sum over ranks then equals the single-process loss and gradient (measured: notes/scaleout.md).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from memrl.training.packing import Row
+
+TIMEOUT_S = 60
+"""Collective / rendezvous timeout: a dead peer fails the step fast instead of hanging it."""
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits: its rank, the world size, and the rendezvous address."""
+
+    rank: int = 0
+    world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    backend: str = "gloo"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free now (bound with port 0, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def init_group(info: DistInfo) -> None:
+    """Join the default process group (no-op at world size 1 or when already joined)."""
+    if info.world_size <= 1 or (dist.is_available() and dist.is_initialized()):
+        return
+    os.environ["MASTER_ADDR"] = info.master_addr
+    os.environ["MASTER_PORT"] = str(info.master_port)
+    if info.backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % max(torch.cuda.device_count(), 1))
+    dist.init_process_group(info.backend, rank=info.rank, world_size=info.world_size,
+                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def all_reduce_sum(values: list[float], device: str | torch.device = "cpu") -> list[float]:
+    """Element-wise sum over ranks (float64 so counts stay exact)."""
+    if world_size() == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_reduce_max(value: int, device: str | torch.device = "cpu") -> int:
+    if world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def split_rows(rows: Sequence[Row], n: int) -> list[list[int]]:
+    """Row indices for each of `n` ranks, balanced by tokens: longest row first to the rank with the
+    fewest tokens so far (ties to the lower rank). Deterministic; every index appears once."""
+    shares: list[list[int]] = [[] for _ in range(n)]
+    load = [0] * n
+    for i in sorted(range(len(rows)), key=lambda i: (-rows[i].length, i)):
+        r = min(range(n), key=lambda k: (load[k], k))
+        shares[r].append(i)
+        load[r] += rows[i].length
+    return [sorted(s) for s in shares]
+
+
+def set_global_loss_weights(rows: Sequence[Row], mode: str, device: str | torch.device = "cpu") -> None:
+    """Per-token weights of this rank's rows with the normalizers of the GLOBAL batch (all-reduced):
+    token-mean 1/N, seq-mean-token-mean 1/(R n_r), seq-mean-token-sum 1/R, traj-mean 1/(J n_j), where
+    N, R, J and each trajectory's n_j count every rank's rows (algorithms.losses.loss_token_weights)."""
+    from memrl.algorithms.losses import AGG_MODES
+
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown loss aggregation mode {mode!r}; known: {', '.join(AGG_MODES)}")
+    row_tokens = [sum(1 for v in r.loss_mask if v) for r in rows]
+    if mode == "traj-mean":
+        local: dict[str, int] = defaultdict(int)
+        for r, n in zip(rows, row_tokens, strict=True):
+            local[r.trajectory_id] += n
+        traj_tokens: dict[str, int] = defaultdict(int)
+        gathered: list[Any] = [None] * world_size()
+        if world_size() == 1:
+            gathered = [dict(local)]
+        else:
+            dist.all_gather_object(gathered, dict(local))
+        for part in gathered:
+            for t, n in part.items():
+                traj_tokens[t] += n
+        trajs = sum(1 for n in traj_tokens.values() if n)
+        row_w = [1.0 / (trajs * traj_tokens[r.trajectory_id]) if n else 0.0 for r, n in zip(rows, row_tokens, strict=True)]
+    else:
+        total, nrows = all_reduce_sum([float(sum(row_tokens)), float(sum(1 for n in row_tokens if n))], device)
+        if mode == "token-mean":
+            row_w = [1.0 / total if n else 0.0 for n in row_tokens]
+        elif mode == "seq-mean-token-mean":
+            row_w = [1.0 / (nrows * n) if n else 0.0 for n in row_tokens]
+        else:
+            row_w = [1.0 / nrows if n else 0.0 for n in row_tokens]
+    for r, w in zip(rows, row_w, strict=True):
+        r.weights = [w if v else 0.0 for v in r.loss_mask]
+
+
+def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
+    """The repeated decoder blocks of a HF causal LM (`model.model.layers` for Llama/Qwen-style models)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(f"FSDP: cannot find decoder layers on {type(model).__name__} (expected model.model.layers)")
+    return layers
+
+
+def shard_model(model: torch.nn.Module, bf16: bool = False, cpu_offload: bool = False) -> torch.nn.Module:
+    """FSDP2: `fully_shard` each decoder layer, then the root (a no-op at world size 1).
+
+    bf16: compute in bfloat16, reduce gradients in float32; cpu_offload: parameters and optimizer
+    state live on the CPU between uses."""
+    if world_size() == 1:
+        return model
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    kw: dict[str, Any] = {}
+    if bf16:
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if cpu_offload:
+        kw["offload_policy"] = CPUOffloadPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def _options(**kw: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(**kw)
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's state dict as plain CPU tensors (gathered from the shards; rank 0 gets it,
+    other ranks an empty dict). Plain modules: a CPU copy."""
+    if world_size() == 1:
+        return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=True))
+
+
+def full_optim_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer state keyed by parameter NAME (so it loads at any world size); full on rank 0."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, opt, options=_options(full_state_dict=True, cpu_offload=True))
+
+
+def load_optim_state(model: torch.nn.Module, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a name-keyed full optimizer state (from `full_optim_state` at any world size); each rank
+    keeps its shard."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, opt, state, options=_options(full_state_dict=True))

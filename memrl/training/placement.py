@@ -1,0 +1,376 @@
+"""Ray placement: training ranks and rollout engines as actors in placement groups.
+
+- `connect(cfg)`: checks the Ray address is reachable, joins (or starts) Ray, and checks the cluster has
+  the CPUs / GPUs the config asks for, each before any model is loaded.
+- `RayWorkers`: `trainer.num_workers` PolicyWorker actors (one per bundle) forming one FSDP2 group
+  (gloo on CPU, NCCL when `trainer.gpus_per_worker` > 0); rank 0 hosts the rendezvous.
+- `RayEngines`: `rollout.num_engines` transformers engines (memrl.engines.hf.HFEngine) in actors, each
+  request sent to the replica with the fewest outstanding requests; weights are synced from the gathered
+  state dict through the object store (one put, every engine reads it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from memrl.training.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 60.0
+"""How long a placement group may wait for its resources before the run fails."""
+
+
+class PlacementError(RuntimeError):
+    """The Ray cluster cannot hold what the config asks for (or cannot be reached)."""
+
+
+def uses_ray(cfg: TrainConfig) -> bool:
+    return cfg.trainer.num_workers > 1 or cfg.rollout.num_engines > 0
+
+
+def check_address(address: str, timeout: float = 5.0) -> None:
+    """Fail fast, naming `ray.address`, when a "host:port" address does not accept connections."""
+    if not address or address == "auto":
+        return
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise PlacementError(f"ray.address {address!r} is not host:port (e.g. 10.0.0.1:6379)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise PlacementError(
+            f"ray.address {address}: cannot reach {host}:{port} ({e.strerror or e}); start the head node "
+            "with `ray start --head` there, or leave ray.address empty for a local Ray") from e
+
+
+def needs(cfg: TrainConfig) -> tuple[float, float]:
+    """(CPUs, GPUs) the run reserves in Ray."""
+    t, r = cfg.trainer, cfg.rollout
+    workers = t.num_workers if t.num_workers > 1 else 0  # world size 1 trains in the driver
+    if r.colocate:  # engines sit in the ranks' bundles and share their GPUs
+        return workers * (t.cpus_per_worker + r.cpus_per_engine), workers * t.gpus_per_worker
+    return (workers * t.cpus_per_worker + r.num_engines * r.cpus_per_engine,
+            workers * t.gpus_per_worker + r.num_engines * r.gpus_per_engine)
+
+
+def connect(cfg: TrainConfig) -> None:
+    """Join the Ray cluster at `ray.address` (or start a local one) and check its resources."""
+    import ray
+
+    sec = cfg.ray
+    check_address(sec.address)
+    if not ray.is_initialized():
+        kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
+        if sec.address:
+            kw["address"] = sec.address
+        else:
+            if sec.temp_dir:
+                kw["_temp_dir"] = str(Path(sec.temp_dir).resolve())
+            if sec.num_cpus:
+                kw["num_cpus"] = sec.num_cpus
+        ray.init(**kw)
+    check_resources(cfg, ray.cluster_resources())
+
+
+def check_resources(cfg: TrainConfig, have: dict[str, float]) -> None:
+    """Raise PlacementError naming the fields when the cluster cannot place the workers and engines."""
+    t, r = cfg.trainer, cfg.rollout
+    if r.engine not in ("hf", "vllm"):
+        raise PlacementError(f"rollout.engine {r.engine!r} is not hf or vllm")
+    if r.colocate and not (1 < t.num_workers and r.num_engines <= t.num_workers):
+        raise PlacementError(f"rollout.colocate needs trainer.num_workers > 1 and rollout.num_engines <= it "
+                             f"(got {t.num_workers} workers, {r.num_engines} engines)")
+    cpus, gpus = needs(cfg)
+    got_cpu, got_gpu = float(have.get("CPU", 0)), float(have.get("GPU", 0))
+    ask = (f"trainer.num_workers={t.num_workers} x (cpus {t.cpus_per_worker}, gpus {t.gpus_per_worker}) + "
+           f"rollout.num_engines={r.num_engines} x (cpus {r.cpus_per_engine}, gpus {r.gpus_per_engine})")
+    if gpus > 0 and got_gpu == 0:
+        raise PlacementError(f"{ask} asks for {gpus:g} GPUs, but the Ray cluster has no GPU")
+    if gpus > got_gpu:
+        raise PlacementError(f"{ask} asks for {gpus:g} GPUs, but the Ray cluster has {got_gpu:g}")
+    if cpus > got_cpu:
+        raise PlacementError(f"{ask} asks for {cpus:g} CPUs, but the Ray cluster has {got_cpu:g}")
+
+
+def _bundle(cpus: float, gpus: float) -> dict[str, float]:
+    b = {"CPU": cpus}
+    if gpus > 0:
+        b["GPU"] = gpus
+    return b
+
+
+def placement_group(n: int, cpus: float, gpus: float, what: str) -> Any:
+    """A PACK placement group of `n` equal bundles, ready (or PlacementError after READY_TIMEOUT_S)."""
+    import ray
+    from ray.util.placement_group import placement_group as make_pg
+    from ray.util.placement_group import remove_placement_group
+
+    pg = make_pg([_bundle(cpus, gpus) for _ in range(n)], strategy="PACK")
+    ready, _ = ray.wait([pg.ready()], timeout=READY_TIMEOUT_S)
+    if not ready:
+        remove_placement_group(pg)
+        raise PlacementError(f"{what}: {n} bundles of {_bundle(cpus, gpus)} were not placed within "
+                             f"{READY_TIMEOUT_S:g} s (cluster resources: {ray.cluster_resources()})")
+    return pg
+
+
+def share_gpu(cfg: TrainConfig) -> float:
+    """GPUs each colocated actor takes of its bundle (a rank and an engine split it); else the rank's."""
+    g = cfg.trainer.gpus_per_worker
+    return g / 2 if cfg.rollout.colocate and g > 0 else g
+
+
+def _on(pg: Any, i: int, cpus: float, gpus: float) -> dict[str, Any]:
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {"num_cpus": cpus, "num_gpus": gpus, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+        placement_group=pg, placement_group_bundle_index=i)}
+
+
+# ---------------------------------------------------------------------------- training ranks
+class _RankActor:
+    """A PolicyWorker in a Ray actor (one training rank)."""
+
+    def __init__(self) -> None:
+        self.worker: Any = None
+
+    def address(self) -> tuple[str, int]:
+        import ray
+
+        from memrl.training.distributed import free_port
+
+        ip = ray.util.get_node_ip_address()
+        return ip, free_port(ip)
+
+    def setup(self, cfg: TrainConfig, info: Any, start: str | None) -> None:
+        from memrl.training.workers import PolicyWorker
+
+        self.worker = PolicyWorker(cfg, info, start)
+
+    def train_rows(self, rows: list[Any]) -> dict[str, float]:
+        return self.worker.train_rows(rows)
+
+    def publish_weights(self) -> list[Any] | None:
+        """Gather the weights (collective); rank 0 puts them in the object store and returns [ref]
+        (in a list, so Ray hands the reference on instead of resolving it)."""
+        import ray
+
+        state = self.worker.full_state()
+        return [ray.put(state)] if self.worker.info.rank == 0 else None
+
+    def save(self, root: str, step: int, driver_state: dict[str, Any], keep: int,
+             extra_files: dict[str, str] | None) -> str:
+        return self.worker.save(root, step, driver_state, keep, extra_files)
+
+    def optim_state(self) -> dict[str, Any]:
+        from memrl.training.distributed import full_optim_state
+
+        return full_optim_state(self.worker.model, self.worker.opt)
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+
+
+class RayWorkers:
+    """`trainer.num_workers` training ranks placed by Ray; the trainer's worker group at world size N."""
+
+    def __init__(self, cfg: TrainConfig, start: str | Path | None = None) -> None:
+        import ray
+
+        from memrl.training.distributed import DistInfo
+
+        t = cfg.trainer
+        self.world_size = t.num_workers
+        gpu = t.gpus_per_worker > 0
+        wcfg = replace(cfg, model=replace(cfg.model, device="cuda" if gpu else "cpu"))
+        r = cfg.rollout
+        extra_cpu = r.cpus_per_engine if r.colocate else 0.0
+        self.pg = placement_group(t.num_workers, t.cpus_per_worker + extra_cpu, t.gpus_per_worker,
+                                  "trainer.num_workers")
+        gpus = share_gpu(cfg)
+        cls = ray.remote(_RankActor)
+        self.actors = [cls.options(**_on(self.pg, i, t.cpus_per_worker, gpus)).remote()
+                       for i in range(t.num_workers)]
+        try:
+            ip, port = ray.get(self.actors[0].address.remote())
+            backend = "nccl" if gpu else "gloo"
+            ray.get([a.setup.remote(wcfg, DistInfo(i, t.num_workers, ip, port, backend),
+                                    str(start) if start is not None else None)
+                     for i, a in enumerate(self.actors)])
+        except BaseException:
+            self._release()
+            raise
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+
+    def train_rows(self, rows: list[Any]) -> dict[str, float]:
+        import ray
+
+        ref = ray.put(rows)  # one copy in the object store; every rank reads it and keeps its share
+        return self._all("train_rows", ref)[0]
+
+    def weights_for_engines(self) -> Any:
+        """An object-store reference to the gathered state dict."""
+        return self._all("publish_weights")[0][0]
+
+    def full_state(self) -> dict[str, Any]:
+        import ray
+
+        return ray.get(self.weights_for_engines())
+
+    def optim_state(self) -> dict[str, Any]:
+        return self._all("optim_state")[0]
+
+    def save(self, root: str | Path, step: int, driver_state: dict[str, Any], keep: int = 0,
+             extra_files: dict[str, str] | None = None) -> Path:
+        return Path(self._all("save", str(root), step, driver_state, keep, extra_files)[0])
+
+    def close(self) -> None:
+        try:
+            self._all("close")
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for a in self.actors:
+            ray.kill(a)
+        remove_placement_group(self.pg)
+
+
+# ---------------------------------------------------------------------------- rollout engines
+class _EngineActor:
+    """An HFEngine or VLLMEngine in an async Ray actor: concurrent generate calls batch inside it."""
+
+    def __init__(self, kind: str, path: str, device: str, dtype: str, max_batch_size: int, max_wait_ms: float,
+                 gpu_memory_utilization: float, sleep_mode: bool) -> None:
+        from memrl.engines import make_engine
+
+        if kind == "hf":
+            self.engine = make_engine("hf", path, device=device, dtype=dtype, max_batch_size=max_batch_size,
+                                      max_wait_ms=max_wait_ms)
+        else:
+            self.engine = make_engine("vllm", path, dtype=dtype, max_batch_size=max_batch_size,
+                                      gpu_memory_utilization=gpu_memory_utilization,
+                                      enable_sleep_mode=sleep_mode)
+
+    async def sleep(self) -> None:
+        await asyncio.to_thread(self.engine.sleep, 1)
+
+    async def wake_up(self) -> None:
+        await asyncio.to_thread(self.engine.wake_up)
+
+    async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
+        return await self.engine.generate(prompt_ids, sampling)
+
+    async def update_weights(self, box: list[Any]) -> float:
+        import time
+
+        t0 = time.perf_counter()
+        state = await box[0]
+        await asyncio.to_thread(self.engine.update_weights, state)
+        return time.perf_counter() - t0
+
+    def param_sums(self) -> dict[str, float]:
+        """Per-parameter float64 sums of the served weights (to check a sync landed; hf replicas)."""
+        return {k: float(v.double().sum()) for k, v in self.engine.model.state_dict().items()}
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+
+class RayEngines:
+    """`rollout.num_engines` engine replicas behind one Engine: least-outstanding-requests balancing."""
+
+    def __init__(self, cfg: TrainConfig, path: str | Path, tokenizer: Any, shared_pg: Any = None) -> None:
+        import ray
+
+        r = cfg.rollout
+        self.tokenizer = tokenizer
+        self.own_pg = not (r.colocate and shared_pg is not None)
+        if self.own_pg:
+            self.pg = placement_group(r.num_engines, r.cpus_per_engine, r.gpus_per_engine, "rollout.num_engines")
+            gpus = r.gpus_per_engine
+        else:  # engine i in rank i's bundle, on the GPU share the rank leaves
+            self.pg, gpus = shared_pg, share_gpu(cfg)
+        self.sleeps = r.colocate and r.engine == "vllm" and gpus > 0
+        self.asleep = False
+        cls = ray.remote(_EngineActor)
+        device = "cuda" if gpus > 0 else "cpu"
+        dtype = "bfloat16" if cfg.trainer.fsdp_bf16 else cfg.model.dtype  # serve in the compute dtype
+        args = (r.engine, str(path), device, dtype, cfg.engine.max_batch_size, cfg.engine.max_wait_ms,
+                r.gpu_memory_utilization, self.sleeps)
+        self.actors = [cls.options(max_concurrency=4096, **_on(self.pg, i, r.cpus_per_engine, gpus)).remote(*args)
+                       for i in range(r.num_engines)]
+        try:
+            ray.get([a.__ray_ready__.remote() for a in self.actors])
+        except BaseException:
+            for a in self.actors:
+                ray.kill(a)
+            if self.own_pg:
+                from ray.util.placement_group import remove_placement_group
+
+                remove_placement_group(self.pg)
+            raise
+        self.outstanding = [0] * r.num_engines
+        self.served = [0] * r.num_engines
+        self.last_load_s = 0.0
+
+    async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
+        i = min(range(len(self.actors)), key=lambda k: (self.outstanding[k], k))
+        self.outstanding[i] += 1
+        self.served[i] += 1
+        try:
+            return await self.actors[i].generate.remote(list(prompt_ids), sampling)
+        finally:
+            self.outstanding[i] -= 1
+
+    def param_sums(self) -> list[dict[str, float]]:
+        """Each replica's per-parameter sums (memrl.training.placement._EngineActor.param_sums)."""
+        import ray
+
+        return ray.get([a.param_sums.remote() for a in self.actors])
+
+    def release_memory(self) -> None:
+        """Before the update: colocated vLLM replicas sleep (free KV cache, offload weights)."""
+        import ray
+
+        if self.sleeps and not self.asleep:
+            ray.get([a.sleep.remote() for a in self.actors])
+            self.asleep = True
+
+    def update_weights(self, weights: Any) -> None:
+        """New weights on every replica: an object-store reference, or a state dict (put once)."""
+        import ray
+
+        if self.asleep:
+            ray.get([a.wake_up.remote() for a in self.actors])
+            self.asleep = False
+        ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(dict(weights))
+        self.last_load_s = max(ray.get([a.update_weights.remote([ref]) for a in self.actors]))
+
+    async def close(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        try:
+            await asyncio.gather(*[a.close.remote() for a in self.actors])
+        finally:
+            for a in self.actors:
+                ray.kill(a)
+            if self.own_pg:
+                remove_placement_group(self.pg)

@@ -1,0 +1,228 @@
+"""The policy worker: model (+ KL reference), optimizer and the sharded update of one training rank.
+
+`PolicyWorker` is the same code at world size 1 (in the trainer's process, no process group, a plain
+module) and at world size N (one per rank, FSDP2 over gloo/NCCL; placed by memrl.training.placement).
+`train_rows` takes the WHOLE batch's rows, keeps this rank's token-balanced share and weighs it with
+global normalizers, so the update equals the single-process one (memrl.training.distributed).
+Checkpoints are HF directories written by rank 0 from the gathered state dict, with the optimizer state
+keyed by parameter name, so a run resumes at any world size.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memrl.training import distributed as D
+from memrl.training.checkpoint import STATE_FILE, load_state, save_checkpoint
+from memrl.training.config import TrainConfig
+from memrl.training.packing import Row, collate, pack_rows
+from memrl.training.policy import ppo_micro_loss, token_logprobs
+
+log = logging.getLogger(__name__)
+
+
+def _lr_lambda(warmup: int) -> Any:
+    from memrl.training.trainer import lr_lambda
+
+    return lr_lambda(warmup)
+
+
+class _GatheredModel:
+    """What `checkpoint.save_checkpoint` needs of a model (`save_pretrained`), writing a gathered
+    full state dict instead of the (possibly sharded) module's own."""
+
+    def __init__(self, model: Any, state: dict[str, torch.Tensor]) -> None:
+        self.model, self.state = model, state
+
+    def save_pretrained(self, path: Any, **kw: Any) -> None:
+        # save_pretrained empties the dict it is given: hand it a shallow copy.
+        self.model.save_pretrained(path, state_dict=dict(self.state), **kw)
+
+
+def _read_state(start: str) -> dict[str, Any]:
+    """trainer_state.pt memory-mapped (every rank reads it; pages are shared, tensors load lazily) and
+    weights-only; checkpoints written before name-keyed optimizer states need the full unpickler."""
+    try:
+        return torch.load(Path(start) / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - older checkpoints pickled other objects
+        return load_state(start)
+
+
+def _is_name_keyed(optim_state: dict[str, Any]) -> bool:
+    groups = optim_state.get("param_groups") or [{}]
+    params = groups[0].get("params", [])
+    return bool(params) and isinstance(params[0], str)
+
+
+class PolicyWorker:
+    """One training rank. `start`: a checkpoint directory to resume from (weights + optimizer), or None."""
+
+    def __init__(self, cfg: TrainConfig, info: D.DistInfo = D.DistInfo(), start: str | None = None) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from memrl.algorithms.registry import fill_options, loss_options, options_kwargs
+
+        D.init_group(info)
+        self.cfg, self.info = cfg, info
+        self.loss_kwargs = options_kwargs(fill_options(loss_options(cfg.algorithm.loss), cfg.algorithm))
+        src = start or cfg.model.path
+        dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+        self.device = cfg.model.device
+        if info.world_size > 1 and self.device.startswith("cuda"):
+            self.device = f"cuda:{torch.cuda.current_device()}"
+        self.tokenizer = AutoTokenizer.from_pretrained(src)
+        self.model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).to(self.device)
+        if cfg.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        t = cfg.trainer
+        D.shard_model(self.model, t.fsdp_bf16, t.cpu_offload)
+        self.ref = None
+        if cfg.algorithm.kl_coef > 0:
+            # The reference is the INITIAL policy, also when resuming; sharded like the policy.
+            self.ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).to(self.device).eval()
+            for p in self.ref.parameters():
+                p.requires_grad_(False)
+            D.shard_model(self.ref, t.fsdp_bf16, t.cpu_offload)
+        o = cfg.optim
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
+                                     weight_decay=o.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(o.warmup_steps))
+        if start is not None:
+            state = _read_state(start)
+            if _is_name_keyed(state["optimizer"]):
+                D.load_optim_state(self.model, self.opt, state["optimizer"])
+            elif info.world_size == 1:
+                self.opt.load_state_dict(state["optimizer"])  # checkpoints written before name-keyed states
+            else:
+                raise ValueError(f"checkpoint {start}: its optimizer state is keyed by parameter index and "
+                                 "loads only at trainer.num_workers=1")
+            self.sched.load_state_dict(state["scheduler"])
+
+    # ------------------------------------------------------------------ the update
+    def train_rows(self, rows: list[Row]) -> dict[str, float]:
+        """One optimizer step on this rank's share of `rows` (the whole batch), gradients accumulated over
+        token-budget micro-batches; metrics are sums / norms over the GLOBAL batch."""
+        a = self.cfg.algorithm
+        ws, rk = D.world_size(), D.rank()
+        mine = rows if ws == 1 else [rows[i] for i in D.split_rows(rows, ws)[rk]]
+        D.set_global_loss_weights(mine, a.loss_agg, self._comm_device())
+        batches = pack_rows(mine, self.cfg.trainer.token_budget) if mine else []
+        # FSDP collectives run per forward/backward: every rank runs the same number of micro-batches,
+        # padding with zero-weight copies of a row (they add nothing to the loss or the gradient).
+        n_steps = D.all_reduce_max(len(batches), self._comm_device())
+        pad = self.tokenizer.pad_token_id or 0
+        self.model.train()
+        self.opt.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {"loss/total": 0.0}
+        tokens = 0
+        for j in range(n_steps):
+            if j < len(batches):
+                mb = collate([mine[i] for i in batches[j]], pad).to(self.device)
+                tokens += mb.num_tokens
+            else:
+                blank = replace(rows[0], weights=[0.0] * len(rows[0].response_ids))
+                mb = collate([blank], pad).to(self.device)
+            ref_lp = None
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref_lp, _ = token_logprobs(self.ref, mb, a.temperature)
+            part = ppo_micro_loss(self.model, mb, a.temperature, a.loss, self.loss_kwargs,
+                                  ref_lp, a.kl_coef, a.kl_kind, a.entropy_coef)
+            # FSDP averages gradients over ranks; the weights already sum over the global batch.
+            (part.loss * ws if ws > 1 else part.loss).backward()
+            sums["loss/total"] += float(part.loss.detach())
+            for k, v in part.sums.items():
+                sums[f"loss/{k}"] = sums.get(f"loss/{k}", 0.0) + v
+        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        self.model.eval()
+        keys = sorted(sums)
+        totals = D.all_reduce_sum([sums[k] for k in keys] + [float(len(batches)), float(len(mine)), float(tokens)],
+                                  self._comm_device())
+        out = dict(zip(keys, totals[: len(keys)], strict=True))
+        out["train/grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
+        out["train/lr"] = self.sched.get_last_lr()[0]
+        out["train/micro_batches"], out["train/rows"], out["train/tokens"] = totals[len(keys):]
+        return out
+
+    def _comm_device(self) -> str:
+        return self.device if self.info.backend == "nccl" else "cpu"
+
+    # ------------------------------------------------------------------ state
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The gathered model weights on CPU (rank 0; other ranks get {}). Collective at world size > 1."""
+        return D.full_model_state(self.model)
+
+    def save(self, root: str, step: int, driver_state: dict[str, Any], keep: int = 0,
+             extra_files: dict[str, str] | None = None) -> str:
+        """Checkpoint `root/step_XXXXXX` (collective): rank 0 writes the HF directory from the gathered
+        weights, the name-keyed full optimizer state and the scheduler next to `driver_state`."""
+        weights = self.full_state()
+        optim = D.full_optim_state(self.model, self.opt)
+        path = ""
+        if D.rank() == 0:
+            state = dict(driver_state, optimizer=optim, scheduler=self.sched.state_dict())
+            model = self.model if D.world_size() == 1 else _GatheredModel(self.model, weights)
+            path = str(save_checkpoint(root, step, model, self.tokenizer, state, keep=keep,
+                                       extra_files=extra_files))
+        if D.world_size() > 1:
+            torch.distributed.barrier()
+        return path
+
+    def node_address(self) -> tuple[str, int]:
+        """This process's node IP and a free port on it (rank 0 hosts the rendezvous)."""
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        return ip, D.free_port(ip)
+
+    def close(self) -> None:
+        if D.world_size() > 1:
+            torch.distributed.destroy_process_group()
+
+
+class LocalWorkers:
+    """World size 1 in the trainer's own process: one PolicyWorker, its live module shared with the
+    in-process engine."""
+
+    world_size = 1
+
+    def __init__(self, cfg: TrainConfig, start: str | os.PathLike | None = None) -> None:
+        self.worker = PolicyWorker(cfg, D.DistInfo(), str(start) if start is not None else None)
+        self.model, self.opt, self.sched = self.worker.model, self.worker.opt, self.worker.sched
+
+    def train_rows(self, rows: list[Row]) -> dict[str, float]:
+        return self.worker.train_rows(rows)
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        return self.worker.full_state()
+
+    def weights_for_engines(self) -> dict[str, torch.Tensor]:
+        """The live module's state dict (the in-process engine shares or copies it)."""
+        return self.model.state_dict()
+
+    def optim_state(self) -> dict[str, Any]:
+        return D.full_optim_state(self.model, self.opt)
+
+    def save(self, root: str | os.PathLike, step: int, driver_state: dict[str, Any], keep: int = 0,
+             extra_files: dict[str, str] | None = None) -> Path:
+        return Path(self.worker.save(str(root), step, driver_state, keep, extra_files))
+
+    def close(self) -> None:
+        pass
+
+
+def build_workers(cfg: TrainConfig, start: str | os.PathLike | None = None) -> Any:
+    """The trainer's worker group: in-process at trainer.num_workers=1, Ray actors above."""
+    if cfg.trainer.num_workers > 1:
+        from memrl.training.placement import RayWorkers
+
+        return RayWorkers(cfg, start)
+    return LocalWorkers(cfg, start)

@@ -1,0 +1,153 @@
+"""Ray placement on CPU: 2 FSDP2 trainer ranks (gloo) and 2 transformers rollout engines train the tiny
+model, write a checkpoint AutoModelForCausalLM loads, and resume exactly; bad placements fail first.
+
+One Ray session for the module (temp dir inside the test's tmp folder, auth off), shut down at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+import torch
+
+from memrl.config import ConfigError, load_config
+from memrl.training.config import TrainConfig
+from memrl.training.distributed import free_port
+from memrl.training.placement import PlacementError
+from memrl.training.trainer import Trainer
+from memrl.workflows import WorkflowSpec, register_workflow
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+
+def _parity_reward(task, traj) -> float:
+    """Earned half the time by a random model (first answer token id even): advantages are non-zero."""
+    final = traj.segments[-1].response_ids
+    return float(bool(final) and final[0] % 2 == 0)
+
+
+def _parity_spec() -> WorkflowSpec:
+    from memrl.workflows import memagent
+
+    return WorkflowSpec("memagent_parity_ray", memagent.run, memagent.MemAgentConfig, _parity_reward)
+
+
+register_workflow("memagent_parity_ray", _parity_spec)
+
+
+@pytest.fixture(scope="module")
+def ray_session(tmp_path_factory):
+    old = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    temp = str(tmp_path_factory.mktemp("r"))
+    own = None
+    if len(temp) > 40:  # Ray's socket paths (temp + ~60 chars) must stay under the 107-char AF_UNIX limit
+        own = temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    ray.init(_temp_dir=temp, num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+    if own is not None:
+        shutil.rmtree(own, ignore_errors=True)
+    if old is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = old
+
+
+@pytest.fixture(scope="module")
+def tiny_path():
+    from memrl.models.tiny import cached_tiny_model
+
+    return str(cached_tiny_model("tiny"))
+
+
+def _cfg(model: str, out, steps: int, *extra: str) -> TrainConfig:
+    return load_config(TrainConfig, [
+        f"model.path={model}", f"out_dir={out}", f"trainer.steps={steps}", "workflow=memagent_parity_ray",
+        "workflow.options.chunk_tokens=24", "workflow.options.max_memory_tokens=6",
+        "workflow.options.max_final_tokens=3", "data.synthetic.num_chunks=2", "data.synthetic.chunk_words=8",
+        "trainer.batch_size=2", "algorithm.n=3", "algorithm.kl_coef=0.01", "optim.lr=1e-3",
+        "optim.warmup_steps=2", "trainer.save_every=2", "trainer.token_budget=600", "trainer.progress=false",
+        "trainer.tensorboard=false", "trainer.num_workers=2", "trainer.cpus_per_worker=0.5",
+        "rollout.num_engines=2", "rollout.cpus_per_engine=0.5", *extra,
+    ])
+
+
+def test_two_ranks_two_engines_train_save_and_resume_exactly(ray_session, tiny_path, tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from memrl.training.checkpoint import load_state
+
+    run = tmp_path / "run"
+    synced: list[int] = []
+
+    def check_sync(step: int, metrics: dict[str, float]) -> None:
+        """After each step's sync, every replica serves exactly the trainer's gathered weights."""
+        want = {k: float(v.double().sum()) for k, v in first.workers.full_state().items()}
+        for got in first.engine.param_sums():
+            assert {k: got[k] for k in want} == want
+        synced.append(step)
+
+    first = Trainer(_cfg(tiny_path, run, 3), on_step=check_sync)
+    history = first.fit()
+    assert synced == [1, 2, 3]
+    assert len(history) == 3
+    assert all(h["time/sync_s"] > 0 and h["train/rows"] > 0 for h in history)
+    assert any(h["advantage/std"] > 0 for h in history)  # the policy gradient was not zero
+    assert all(n > 0 for n in first.engine.served), first.engine.served  # both replicas took requests
+    ckpt = run / "checkpoints" / "step_000003"
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_000003"
+    loaded = AutoModelForCausalLM.from_pretrained(ckpt).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(tiny_path).state_dict()
+    assert any(not torch.equal(base[k], loaded[k]) for k in base), "3 steps did not change any weight"
+
+    # One replica is enough to resume (and starts one process fewer); the ranks stay at 2.
+    resumed = Trainer(_cfg(tiny_path, run, 4, "rollout.num_engines=1"), resume=True)
+    resumed.setup()
+    assert (resumed.step, resumed.position) == (3, first.position)
+    saved = load_file(str(ckpt / "model.safetensors"))
+    got = resumed.workers.full_state()
+    for k, v in saved.items():
+        assert torch.equal(got[k], v), k
+    opt_saved = load_state(ckpt)["optimizer"]
+    opt_got = resumed.workers.optim_state()
+    assert opt_got["state"].keys() == opt_saved["state"].keys()
+    for name, st in opt_saved["state"].items():
+        for k, v in st.items():
+            assert torch.equal(opt_got["state"][name][k], v), (name, k)
+    more = resumed.fit()
+    assert len(more) == 1 and more[0]["data/position"] == first.position + 2
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_000004"
+
+
+def test_more_workers_than_cpus_fails_before_work(ray_session, tiny_path, tmp_path):
+    t = Trainer(_cfg(tiny_path, tmp_path / "r", 1, "trainer.num_workers=8", "trainer.cpus_per_worker=1"))
+    with pytest.raises(PlacementError, match=r"trainer.num_workers=8 .* asks for 9 CPUs, but the Ray cluster has 4"):
+        t.setup()
+    assert not hasattr(t, "workers")
+
+
+def test_gpus_asked_without_gpu_fail_before_work(ray_session, tiny_path, tmp_path):
+    t = Trainer(_cfg(tiny_path, tmp_path / "r", 1, "trainer.gpus_per_worker=1"))
+    with pytest.raises(PlacementError, match="asks for 2 GPUs, but the Ray cluster has no GPU"):
+        t.setup()
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="model.device=cuda but torch.cuda.is_available"):
+            Trainer(_cfg(tiny_path, tmp_path / "r", 1, "model.device=cuda"))
+
+
+def test_unreachable_ray_address_fails_before_work(tiny_path, tmp_path):
+    port = free_port()
+    t = Trainer(_cfg(tiny_path, tmp_path / "r", 1, f"ray.address=127.0.0.1:{port}"))
+    with pytest.raises(PlacementError, match=f"ray.address 127.0.0.1:{port}: cannot reach 127.0.0.1:{port}"):
+        t.setup()
+
+
+def test_many_workers_need_ray_engines(tiny_path, tmp_path):
+    with pytest.raises(ConfigError, match="trainer.num_workers=2 needs rollout.num_engines >= 1"):
+        Trainer(_cfg(tiny_path, tmp_path / "r", 1, "rollout.num_engines=0"))
