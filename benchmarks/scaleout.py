@@ -145,8 +145,8 @@ def ray_run_share(tmp: str) -> None:
 
     cfg = load_config(TrainConfig, [
         f"model.path={cached_tiny_model('tiny')}", f"out_dir={tmp}/run", "trainer.steps=4",
-        "workflow.options.chunk_tokens=24", "workflow.options.max_memory_tokens=6",
-        "workflow.options.max_final_tokens=3", "data.synthetic.num_chunks=2", "data.synthetic.chunk_words=8",
+        "workflow.chunk_tokens=24", "workflow.max_memory_tokens=6",
+        "workflow.max_final_tokens=3", "data.synthetic.num_chunks=2", "data.synthetic.chunk_words=8",
         "trainer.batch_size=2", "algorithm.n=3", "optim.lr=1e-3", "trainer.save_every=0",
         "trainer.progress=false", "trainer.tensorboard=false", "trainer.num_workers=2",
         "trainer.cpus_per_worker=0.5", "rollout.num_engines=2", "rollout.cpus_per_engine=0.5",

@@ -149,13 +149,18 @@ def _question(rng: random.Random, names: Sequence[str]) -> str:
     return f"{head} {_sentence(rng, names)[:-1].lower()}?"
 
 
+# The prompt templates mixed into the tokenizer corpus, in the order the tiny models were first built with.
+# A fixed list: adding a template (MemAct's) or a filesystem that lists a folder in another order must not
+# change the tiny models (their tokens are pinned by golden tests and by the demo's measured results).
+CORPUS_TEMPLATES = ("memagent_final.txt", "rememr1_memory.txt", "rememr1_final.txt", "memagent_memory.txt")
+
+
 def _packaged_templates() -> list[str]:
     out = []
     try:
         folder = resources.files("memrl").joinpath("templates")
-        for entry in folder.iterdir():
-            if entry.name.endswith(".txt"):
-                out.append(entry.read_text(encoding="utf-8"))
+        for name in CORPUS_TEMPLATES:
+            out.append(folder.joinpath(name).read_text(encoding="utf-8"))
     except (FileNotFoundError, NotADirectoryError, ModuleNotFoundError):
         pass
     return out

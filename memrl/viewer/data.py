@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memrl.errors import UserError
+
 log = logging.getLogger(__name__)
 
 RESULTS = "results.jsonl"
@@ -25,7 +27,7 @@ MAX_POINTS = 400
 """Points per training curve sent to the page (evenly thinned)."""
 
 
-class ViewerError(ValueError):
+class ViewerError(UserError):
     """Bad input for the viewer (missing directory, unknown row, bad parameter); the message says which."""
 
 

@@ -68,8 +68,8 @@ def tiny_path():
 def _cfg(model: str, out, steps: int, *extra: str) -> TrainConfig:
     return load_config(TrainConfig, [
         f"model.path={model}", f"out_dir={out}", f"trainer.steps={steps}", "workflow=memagent_parity_ray",
-        "workflow.options.chunk_tokens=24", "workflow.options.max_memory_tokens=6",
-        "workflow.options.max_final_tokens=3", "data.synthetic.num_chunks=2", "data.synthetic.chunk_words=8",
+        "workflow.chunk_tokens=24", "workflow.max_memory_tokens=6",
+        "workflow.max_final_tokens=3", "data.synthetic.num_chunks=2", "data.synthetic.chunk_words=8",
         "trainer.batch_size=2", "algorithm.n=3", "algorithm.kl_coef=0.01", "optim.lr=1e-3",
         "optim.warmup_steps=2", "trainer.save_every=2", "trainer.token_budget=600", "trainer.progress=false",
         "trainer.tensorboard=false", "trainer.num_workers=2", "trainer.cpus_per_worker=0.5",
