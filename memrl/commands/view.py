@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from memrl.errors import UsageError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -25,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if len(args.runs) > 2:
-        raise ValueError(f"view: give one or two run directories, got {len(args.runs)}")
+        raise UsageError(f"view: give one or two run directories, got {len(args.runs)}")
     server = make_server(args.runs, args.host, args.port)
     print(f"memrl view: serving {', '.join(args.runs)} at {url_of(server)} (Ctrl-C to stop)", flush=True)
     try:

@@ -312,7 +312,7 @@ class RayEngines:
         cls = ray.remote(_EngineActor)
         device = "cuda" if gpus > 0 else "cpu"
         dtype = "bfloat16" if cfg.trainer.fsdp_bf16 else cfg.model.dtype  # serve in the compute dtype
-        args = (r.engine, str(path), device, dtype, cfg.engine.max_batch_size, cfg.engine.max_wait_ms,
+        args = (r.engine, str(path), device, dtype, cfg.engine.max_batch_size, cfg.engine.hf.max_wait_ms,
                 r.gpu_memory_utilization, self.sleeps)
         self.actors = [cls.options(max_concurrency=4096, **_on(self.pg, i, r.cpus_per_engine, gpus)).remote(*args)
                        for i in range(r.num_engines)]

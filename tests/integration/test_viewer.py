@@ -287,7 +287,7 @@ def test_bad_run_dirs_and_port_in_use(runs, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["view", str(tmp_path / "empty")]) == 1
     assert "holds no results.jsonl, trajectories.jsonl or metrics.jsonl" in capsys.readouterr().err
-    assert main(["view", str(runs["memagent"]), str(runs["rememr1"]), str(runs["train"])]) == 1
+    assert main(["view", str(runs["memagent"]), str(runs["rememr1"]), str(runs["train"])]) == 2  # a usage error
     assert "give one or two run directories, got 3" in capsys.readouterr().err
     (tmp_path / "file").write_text("x")
     assert main(["view", str(tmp_path / "file")]) == 1
