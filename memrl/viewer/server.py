@@ -147,8 +147,8 @@ def make_server(run_dirs: Sequence[str | Path], host: str = "127.0.0.1", port: i
         server = ThreadingHTTPServer((host, port), handler)
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
-            raise RuntimeError(f"port {port} on {host} is already in use; pass another --port (0 = any free)") from e
-        raise RuntimeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+            raise ViewerError(f"port {port} on {host} is already in use; pass another --port (0 = any free)") from e
+        raise ViewerError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
     server.daemon_threads = True
     return server
 
