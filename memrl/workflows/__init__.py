@@ -72,8 +72,10 @@ def parse_workflow(
 FORMAT_KEYS = (
     "no_box", "missing_update", "empty_update", "multiple_updates", "unclosed_update",
     "multiple_recalls", "unclosed_recall", "empty_recall",
+    "no_final_marker", "malformed_calls", "answer_unparsed",
 )  # fmt: skip
-"""Trajectory metrics that count a format error or a fallback (no \\boxed{} answer, ReMemR1's tag errors)."""
+"""Trajectory metrics that count a format error or a fallback (no \\boxed{} answer, ReMemR1's tag errors,
+MemAct's missing FINAL_ANSWER:, malformed tool calls and unparseable answers)."""
 
 
 def format_counts(metrics: list[dict[str, float]]) -> dict[str, int]:
