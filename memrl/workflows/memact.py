@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from memrl.engines.base import Engine, SamplingParams
 from memrl.tools import calls as tc
@@ -68,6 +69,12 @@ class MemActConfig:
     """Corpus JSONL ({id, title, text} rows) for an in-process retriever."""
     retriever_url: str | None = None
     """Base URL of `memrl serve retrieval` (wins over the corpus)."""
+    judge_url: str | None = None
+    """OpenAI-compatible server of an LLM judge (e.g. http://127.0.0.1:8001/v1); the outcome reward is then
+    the judge's verdict over the text after FINAL_ANSWER: (1.0 only when CORRECT). None = the rule reward."""
+    judge_model: str = ""
+    """The judge's served model name."""
+    judge_timeout_s: float = 30.0
     system_template_file: str | None = None
     """File overriding the system prompt (no placeholders)."""
     system_noprune_template_file: str | None = None
@@ -292,15 +299,44 @@ class _Run:
 
 
 async def run(task: Task, engine: Engine, cfg: MemActConfig, rng: random.Random) -> Trajectory:
-    """One MemAct trajectory for `task` (module docstring)."""
-    return await _Run(task, engine, cfg, rng).run()
+    """One MemAct trajectory for `task` (module docstring); with `judge_url`, judged before it returns."""
+    traj = await _Run(task, engine, cfg, rng).run()
+    if cfg.judge_url:
+        await judge_trajectory(task, traj, cfg)
+    return traj
+
+
+_JUDGES: dict[tuple[str, str, float, int], Any] = {}
+
+
+async def judge_trajectory(task: Task, traj: Trajectory, cfg: MemActConfig) -> None:
+    """The judge's verdict on the final answer into traj.info["judge"]; a failed call scores 0 and is
+    counted as traj.metrics["judge_error"] (memrl.rewards.judge never raises)."""
+    import asyncio
+    import json
+
+    from memrl.rewards.judge import JudgeClient, JudgeConfig
+
+    # An httpx client is bound to the event loop that first used it: one client per loop.
+    key = (str(cfg.judge_url), cfg.judge_model, cfg.judge_timeout_s, id(asyncio.get_running_loop()))
+    if key not in _JUDGES:
+        _JUDGES[key] = JudgeClient(JudgeConfig(base_url=str(cfg.judge_url), model=cfg.judge_model,
+                                               timeout_s=cfg.judge_timeout_s))
+    multi = len(task.meta.get("sub_questions", [])) > 1
+    gold = [json.dumps(task.answers, ensure_ascii=False)] if multi else list(task.answers)
+    res = await _JUDGES[key].judge(task.question, gold, traj.final_answer)
+    traj.info["judge"] = {"score": res.score, "verdict": res.verdict, "error": res.error}
+    traj.metrics["judge_error"] = float(res.error is not None)
 
 
 def reward(task: Task, traj: Trajectory) -> float:
-    """Outcome reward: 1.0 only when every sub-question is answered right (memrl.rewards.multiq)."""
+    """Outcome reward: the judge's score when the trajectory was judged (`judge_url`), else 1.0 only
+    when every sub-question is answered right (memrl.rewards.multiq; its metrics are written either way)."""
     from memrl.rewards.multiq import multiq_reward
 
-    return multiq_reward(task, traj)
+    rule = multiq_reward(task, traj)
+    judged = traj.info.get("judge")
+    return float(judged["score"]) if judged is not None else rule
 
 
 SPEC = WorkflowSpec("memact", run, MemActConfig, reward)

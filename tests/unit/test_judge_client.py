@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import socket
 import threading
@@ -172,3 +173,33 @@ def test_parse_verdict():
     assert parse_verdict("<think>correct? incorrect?</think> INCORRECT") == "incorrect"
     assert parse_verdict("uncorrectable") is None
     assert parse_verdict("") is None
+
+
+def test_memact_reward_is_the_judges_verdict_when_judge_url_is_set(judge_server):
+    """workflow.judge_url: the judge scores the text after FINAL_ANSWER: (the rule reward would say the
+    opposite here); a judge failure scores 0 and is counted as judge_error; no judge_url = the rule."""
+    from memrl.services.base import Document
+    from memrl.testing import KeywordRetriever, ScriptedEngine
+    from memrl.tools.search import register_retriever
+    from memrl.types import Task
+    from memrl.workflows.memact import MemActConfig, reward, run
+
+    register_retriever("kw_judge", KeywordRetriever([Document("d1", "Paris", "Paris is in France.")]))
+    task = Task("t1", "What is the capital of France?", "", ["Lyon"])  # the rule reward says 0 for "Paris"
+
+    def trajectory(reply: str, judge_url: str | None):
+        cfg = MemActConfig(retriever_kind="kw_judge", no_prune_prob=0.0, temperature=0.0, judge_url=judge_url,
+                           judge_model="judge-m", judge_timeout_s=2.0)
+        traj = asyncio.run(run(task, ScriptedEngine([reply]), cfg, random.Random(0)))
+        return traj, reward(task, traj)
+
+    traj, r = trajectory("FINAL_ANSWER: Paris", judge_server.url)
+    assert r == 1.0 and traj.info["judge"] == {"score": 1.0, "verdict": "correct", "error": None}
+    assert traj.metrics["judge_error"] == 0.0
+    traj, r = trajectory("FINAL_ANSWER: London", judge_server.url)
+    assert r == 0.0 and traj.info["judge"]["verdict"] == "incorrect"
+    traj, r = trajectory("FINAL_ANSWER: boom", judge_server.url)  # HTTP 500 from the judge
+    assert r == 0.0 and traj.metrics["judge_error"] == 1.0 and traj.info["judge"]["error"] is not None
+    assert judge_server.preds() == ["Paris", "London"] + ["boom"] * 3  # 2 retries after the first 500
+    traj, r = trajectory("FINAL_ANSWER: Paris", None)
+    assert r == 0.0 and "judge" not in traj.info and "judge_error" not in traj.metrics
