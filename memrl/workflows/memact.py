@@ -211,7 +211,9 @@ class _Run:
             return
         seg = segment_from(snapshot, self.last_prune_turn, len(self.segments),
                            {"kind": "prune", "prune_turn": turn, "memory": memory.strip(),
-                            "deleted": outcome.removed_results, "removed_turns": outcome.removed_turns})
+                            "deleted": outcome.removed_results, "removed_turns": outcome.removed_turns,
+                            # the viewer's prune record (docs/CONTRACTS.md, trajectory records)
+                            "prunes": [{"deleted_ids": outcome.removed_results, "memory": memory.strip()}]})
         if seg is not None:
             self.segments.append(seg)
         self.messages = outcome.messages
