@@ -51,7 +51,10 @@ class AlgorithmSection:
     name: str = "grpo"
     """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1."""
     n: int = 16
-    """Trajectories sampled per task (the group)."""
+    """Trajectories sampled per task (the group); with name=dcpo, segments selected per task to train
+    (MemAct publishes 12)."""
+    actual_n: int = 8
+    """name=dcpo only: trajectories rolled out per task (MemAct publishes 8); `n` segments of them train."""
     norm_by_std: bool = False
     """GRPO: divide by the group's std (MemAgent's script mean-centres only)."""
     credit: str = "broadcast"
@@ -96,7 +99,7 @@ class TrainerSection:
 
     steps: int = 150
     batch_size: int = 128
-    """Tasks (groups) per step; each gives `algorithm.n` trajectories."""
+    """Tasks (groups) per step; each gives `algorithm.n` trajectories (`algorithm.actual_n` under dcpo)."""
     concurrency: int = 1024
     """Trajectories in flight at once (the rollout runner's cap)."""
     mini_batches: int = 1

@@ -1,7 +1,7 @@
 """The RL driver loop. One step of `Trainer.fit`:
 
     tasks -> rollout (n per task, concurrent, through the engine) -> rewards -> advantages (registry)
-    -> optional dynamic sampling -> rows packed into micro-batches by a token budget
+    -> optional dynamic sampling -> [dcpo: n segments per task selected] -> rows packed into micro-batches by a token budget
     -> logprobs recomputed as log_softmax(logits / T) -> PPO loss, gradients accumulated with weights
        fixed over the whole batch (sum of micro-batch losses == un-split loss) -> optimizer step
     -> weight sync to the engine -> log -> checkpoint
@@ -35,7 +35,7 @@ from memrl.training.config import TrainConfig
 from memrl.training.dump import maybe_dump, note_tasks
 from memrl.training.packing import Row, rows_from_segments
 from memrl.training.rollout import sample_groups
-from memrl.types import Group, Task
+from memrl.types import Group, Segment, Task
 from memrl.workflows import format_counts
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,9 @@ def validate(cfg: TrainConfig) -> tuple[Any, Any]:
         (a.credit in ("broadcast", "split"), f"algorithm.credit {a.credit!r} is not broadcast or split"),
         (0.0 <= a.alpha <= 1.0, f"algorithm.alpha must be in [0, 1], got {a.alpha}"),
         (a.n >= 1, f"algorithm.n must be >= 1, got {a.n}"),
+        (a.name != "dcpo" or a.actual_n >= 2,
+         f"algorithm.actual_n must be >= 2 with algorithm.name=dcpo (its advantage divides by the group's "
+         f"std, which one trajectory does not have), got {a.actual_n}"),
         (a.temperature > 0, f"algorithm.temperature must be > 0 for RL sampling, got {a.temperature}"),
         (cfg.trainer.steps >= 0, f"trainer.steps must be >= 0, got {cfg.trainer.steps}"),
         (cfg.trainer.batch_size >= 1, f"trainer.batch_size must be >= 1, got {cfg.trainer.batch_size}"),
@@ -136,6 +139,38 @@ def task_stream(cfg: TrainConfig, start: int) -> Iterator[Task]:
                 yield Task(f"{t.task_id}@e{epoch}", t.question, t.context, t.answers, t.meta)
 
     return itertools.islice(epochs(), start, None)
+
+
+def rollout_n(cfg: TrainConfig) -> int:
+    """Trajectories rolled out per task: algorithm.actual_n under dcpo (where n counts segments), else n."""
+    a = cfg.algorithm
+    return a.actual_n if a.name == "dcpo" else a.n
+
+
+def dcpo_rng(seed: int, step: int) -> random.Random:
+    """The rng of step `step`'s DCPO segment selection: from the seed and step alone, so resume is exact."""
+    return random.Random(f"dcpo:{seed}:{step}")
+
+
+def dcpo_selection(groups: list[Group], n: int, rng: random.Random) -> tuple[list[list[Segment]], dict[str, float]]:
+    """MemAct DCPO: per group (in order, one rng), the `dcpo_select_segments(group, n, rng)` that train.
+
+    A group with fewer than n segments trains all of them, each once (no repeats, which would double a
+    row's weight). Returns (selected segments per group, dcpo/* metrics).
+    """
+    from memrl.algorithms.selection import dcpo_select_segments
+
+    chosen = [dcpo_select_segments(g, n, rng) for g in groups]
+    trajs = [t for g in groups for t in g.trajectories]
+    available = sum(len(t.segments) for t in trajs)
+    pruned = [len(t.segments) > 1 or float(t.metrics.get("prunes", 0) or 0) > 0 for t in trajs]
+    metrics = {
+        "dcpo/segments_per_trajectory": available / len(trajs) if trajs else 0.0,
+        "dcpo/selected": float(sum(len(c) for c in chosen)),
+        "dcpo/available": float(available),
+        "dcpo/pruned_share": statistics.fmean(pruned) if pruned else 0.0,
+    }
+    return chosen, metrics
 
 
 def lr_lambda(warmup: int) -> Callable[[int], float]:
@@ -245,8 +280,15 @@ class Trainer:
         """Advantages -> rows -> PPO update(s) over micro-batches; returns loss statistics."""
         from memrl.algorithms.advantages import compute_group_advantages
 
-        compute_group_advantages(groups, self.cfg.algorithm.name, self.adv_options)
+        a = self.cfg.algorithm
+        compute_group_advantages(groups, a.name, self.adv_options)
         metrics: dict[str, float] = {}
+        if a.name == "dcpo":  # only the selected segments become rows
+            chosen, dcpo_metrics = dcpo_selection(groups, a.n, dcpo_rng(self.cfg.trainer.seed, self.step))
+            metrics.update(dcpo_metrics)
+            trained = {id(g): c for g, c in zip(groups, chosen, strict=True)}
+        else:
+            trained = {id(g): g.segments() for g in groups}
         release = getattr(self.engine, "release_memory", None)  # colocated vLLM sleeps during the update
         if release is not None:
             release()
@@ -254,7 +296,7 @@ class Trainer:
         chunks = [groups[i::mbs] for i in range(mbs)] if mbs > 1 else [groups]
         sums: dict[str, float] = {}
         for part in chunks:
-            rows = rows_from_segments([s for g in part for s in g.segments()])
+            rows = rows_from_segments([s for g in part for s in trained[id(g)]])
             if not rows:
                 continue
             got = self.train_rows(rows)
@@ -307,7 +349,7 @@ class Trainer:
         cfg, a = self.cfg, self.cfg.algorithm
         t0 = time.perf_counter()
         res = sample_groups(self._next_tasks, self.spec, self.engine, self.wf_cfg, cfg.trainer.batch_size,
-                            a.n, cfg.trainer.concurrency, seed=cfg.trainer.seed * 100003 + self.step,
+                            rollout_n(cfg), cfg.trainer.concurrency, seed=cfg.trainer.seed * 100003 + self.step,
                             dynamic_sampling=a.dynamic_sampling, max_refill_rounds=a.max_refill_rounds)
         t1 = time.perf_counter()
         metrics: dict[str, float] = {}

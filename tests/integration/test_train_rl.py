@@ -121,3 +121,68 @@ def test_resume_with_http_engine_samples_from_the_checkpoint(tiny_path, tmp_path
     assert (served - at_init).abs().max() > 1e-2  # the initial policy would be told apart
     # after the resumed step's update the server got the new weights too, then the run ended
     assert [e[0] for e in events].count("load") == 2 and events[-1][0] == "load"
+
+
+class _RecordingTrainer(Trainer):
+    """Keeps each step's groups and the rows that reach the loss, to check DCPO's selection."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[tuple[int, list, list]] = []  # (step, groups, rows)
+
+    def update(self, groups):
+        self.seen.append((self.step, groups, []))
+        return super().update(groups)
+
+    def train_rows(self, rows):
+        self.seen[-1][2].extend(rows)
+        return super().train_rows(rows)
+
+
+def _dcpo(**extra: str) -> dict[str, str]:
+    return {"algorithm.name": "dcpo", "algorithm.actual_n": "3", "algorithm.n": "4", **extra}
+
+
+def test_dcpo_step_trains_exactly_the_selected_segments(tiny_path, tmp_path):
+    import random
+
+    from memrl.algorithms.selection import dcpo_select_segments
+
+    trainer = _RecordingTrainer(_cfg(tiny_path, tmp_path / "d", 2, **_dcpo(**{"trainer.seed": "7"})))
+    history = trainer.fit()
+    assert [s for s, _, _ in trainer.seen] == [0, 1]
+    for (step, groups, rows), h in zip(trainer.seen, history, strict=True):
+        assert len(groups) == 2 and all(len(g.trajectories) == 3 for g in groups)  # actual_n per task
+        # one memory chunk + the final answer: 2 segments per trajectory, 6 per group, 4 of them train
+        assert all(len(t.segments) == 2 for g in groups for t in g.trajectories)
+        rng = random.Random(f"dcpo:7:{step}")
+        want = [s for g in groups for s in dcpo_select_segments(g, 4, rng)]
+        key = [(s.trajectory_id, tuple(s.prompt_ids), tuple(s.response_ids)) for s in want]
+        got = [(r.trajectory_id, tuple(r.prompt_ids), tuple(r.response_ids)) for r in rows]
+        assert sorted(got) == sorted(key) and len(set(key)) == 8
+        assert h["train/rows"] == 8 and h["dcpo/selected"] == 8 and h["dcpo/available"] == 12
+        assert h["dcpo/segments_per_trajectory"] == 2 and h["dcpo/pruned_share"] == 1.0
+        assert h["rollout/segments"] == 12
+
+
+def test_dcpo_group_with_fewer_segments_than_n_trains_each_once(tiny_path, tmp_path):
+    trainer = _RecordingTrainer(_cfg(tiny_path, tmp_path / "f", 1, **_dcpo(**{"algorithm.n": "12"})))
+    (h,) = trainer.fit()
+    (_, groups, rows) = trainer.seen[0]
+    every = sorted((s.trajectory_id, tuple(s.prompt_ids)) for g in groups for s in g.segments())
+    assert sorted((r.trajectory_id, tuple(r.prompt_ids)) for r in rows) == every
+    assert h["train/rows"] == 12 == h["dcpo/selected"] == h["dcpo/available"]
+
+
+def test_dcpo_resume_is_exact(tiny_path, tmp_path):
+    straight = Trainer(_cfg(tiny_path, tmp_path / "a", 2, **_dcpo()))
+    hist_a = straight.fit()
+    Trainer(_cfg(tiny_path, tmp_path / "b", 1, **_dcpo(**{"trainer.save_every": "1"}))).fit()
+    resumed = Trainer(_cfg(tiny_path, tmp_path / "b", 2, **_dcpo()), resume=True)
+    hist_b = resumed.fit()
+    assert len(hist_b) == 1 and resumed.position == straight.position
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    x, y = hist_a[1], hist_b[0]
+    assert x["loss/total"] == y["loss/total"] and x["dcpo/selected"] == y["dcpo/selected"] == 8

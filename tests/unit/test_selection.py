@@ -104,3 +104,19 @@ def test_dcpo_select_edge_cases():
     assert dcpo_select_segments(g, 0, random.Random(0)) == []
     with pytest.raises(ValueError, match="n must be >= 0"):
         dcpo_select_segments(g, -1, random.Random(0))
+
+
+def test_trainer_dcpo_selection_metrics_and_shortfall():
+    from memrl.training.trainer import dcpo_rng, dcpo_selection
+
+    g1 = group("q1", [1.0, 0.0, 1.0], [1, 1, 3])
+    g1.trajectories[1].metrics["prunes"] = 2  # one segment, but it pruned
+    g2 = group("q2", [0.0, 1.0], [1, 1])  # 2 segments < n: both train, once each
+    chosen, m = dcpo_selection([g1, g2], 3, dcpo_rng(5, 2))
+    rng = dcpo_rng(5, 2)
+    assert chosen == [dcpo_select_segments(g1, 3, rng), dcpo_select_segments(g2, 3, rng)]
+    assert sorted(s.trajectory_id for s in chosen[0]) == ["q1-0", "q1-1", "q1-2"]  # one per trajectory
+    assert sorted(s.trajectory_id for s in chosen[1]) == ["q2-0", "q2-1"]
+    assert m == {"dcpo/segments_per_trajectory": 7 / 5, "dcpo/selected": 5.0, "dcpo/available": 7.0,
+                 "dcpo/pruned_share": 2 / 5}
+    assert dcpo_selection([g1, g2], 3, dcpo_rng(5, 2))[0] == chosen  # same seed and step, same selection

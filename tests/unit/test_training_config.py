@@ -71,3 +71,21 @@ def test_unwritable_out_dir_fails_before_training(tmp_path):
 def test_cli_reports_bad_override(capsys):
     assert main(["train", "model.path=x", "algorithm.clip_low=wide"]) == 2  # a usage error
     assert "algorithm.clip_low" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ov,field", [
+    (["algorithm.n=0"], "algorithm.n"),
+    (["algorithm.actual_n=1"], "algorithm.actual_n"),
+    (["algorithm.actual_n=0"], "algorithm.actual_n"),
+])
+def test_dcpo_bad_group_sizes_are_named(ov, field):
+    cfg = load_config(TrainConfig, ["model.path=x", "algorithm.name=dcpo"] + ov)
+    with pytest.raises(ConfigError, match=field):
+        validate(cfg)
+
+
+def test_dcpo_defaults_and_actual_n_only_checked_under_dcpo():
+    cfg = load_config(TrainConfig, ["model.path=x", "algorithm.name=dcpo", "algorithm.n=12"])
+    validate(cfg)
+    assert cfg.algorithm.actual_n == 8
+    validate(load_config(TrainConfig, ["model.path=x", "algorithm.actual_n=1"]))  # grpo ignores actual_n
