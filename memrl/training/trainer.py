@@ -1,7 +1,8 @@
 """The RL driver loop. One step of `Trainer.fit`:
 
     tasks -> rollout (n per task, concurrent, through the engine) -> rewards -> advantages (registry)
-    -> optional dynamic sampling -> [dcpo: n segments per task selected] -> rows packed into micro-batches by a token budget
+    -> optional dynamic sampling -> [dcpo: algorithm.n segments per task selected]
+    -> rows packed into micro-batches by a token budget
     -> logprobs recomputed as log_softmax(logits / T) -> PPO loss, gradients accumulated with weights
        fixed over the whole batch (sum of micro-batch losses == un-split loss) -> optimizer step
     -> weight sync to the engine -> log -> checkpoint
@@ -152,7 +153,9 @@ def dcpo_rng(seed: int, step: int) -> random.Random:
     return random.Random(f"dcpo:{seed}:{step}")
 
 
-def dcpo_selection(groups: list[Group], n: int, rng: random.Random) -> tuple[list[list[Segment]], dict[str, float]]:
+def dcpo_selection(
+    groups: list[Group], n: int, rng: random.Random
+) -> tuple[list[list[Segment]], dict[str, float]]:
     """MemAct DCPO: per group (in order, one rng), the `dcpo_select_segments(group, n, rng)` that train.
 
     A group with fewer than n segments trains all of them, each once (no repeats, which would double a
@@ -349,7 +352,8 @@ class Trainer:
         cfg, a = self.cfg, self.cfg.algorithm
         t0 = time.perf_counter()
         res = sample_groups(self._next_tasks, self.spec, self.engine, self.wf_cfg, cfg.trainer.batch_size,
-                            rollout_n(cfg), cfg.trainer.concurrency, seed=cfg.trainer.seed * 100003 + self.step,
+                            rollout_n(cfg), cfg.trainer.concurrency,
+                            seed=cfg.trainer.seed * 100003 + self.step,
                             dynamic_sampling=a.dynamic_sampling, max_refill_rounds=a.max_refill_rounds)
         t1 = time.perf_counter()
         metrics: dict[str, float] = {}
