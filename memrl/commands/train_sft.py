@@ -14,7 +14,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from memrl.training.config import DataSection, ModelSection
+from memrl.training.config import WORKFLOW_DEFAULTS, DataSection, ModelSection
 from memrl.training.sft import SFTConfig
 
 
@@ -34,7 +34,7 @@ class SFTRunConfig:
     """Everything `memrl train-sft` needs."""
 
     model: ModelSection = field(default_factory=ModelSection)
-    workflow: dict[str, Any] = field(default_factory=lambda: {"name": "memagent", "max_chunks": 8})
+    workflow: dict[str, Any] = field(default_factory=lambda: {"name": "memagent"})
     """The workflow (`name`) and its config fields (workflow.chunk_tokens=16), as in `memrl train`."""
     data: DataSection = field(default_factory=DataSection)
     demonstrator: DemonstratorSection = field(default_factory=DemonstratorSection)
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     model_dir(cfg.model.path, "model.path")
     if cfg.data.name != "synthetic":
         raise ConfigError("data.name: train-sft's built-in demonstrator needs synthetic tasks")
-    spec, wf = parse_workflow(cfg.workflow)
+    spec, wf = parse_workflow(cfg.workflow, defaults=WORKFLOW_DEFAULTS)
     out = check_writable(cfg.out_dir)
     (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     tok = AutoTokenizer.from_pretrained(cfg.model.path)

@@ -240,7 +240,7 @@ def write_records(path: str | os.PathLike[str], records: list[dict[str, Any]]) -
     return write_json(path, records)
 
 
-KINDS = ("hotpotqa", "2wiki", "eval", "memagent", "multiobjective")
+KINDS = ("hotpotqa", "2wiki", "eval", "memagent", "multiobjective", "tasks")
 
 
 def detect_kind(path: str | os.PathLike[str]) -> str:
@@ -251,6 +251,8 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
         if not isinstance(rec, dict):
             break
         keys = set(rec)
+        if {"task_id", "question", "answers"} <= keys:
+            return "tasks"
         if {"data_source", "reward_model"} <= keys:
             extra = rec.get("extra_info")
             if "agent_name" in keys or (isinstance(extra, dict) and "sub_questions" in extra):
@@ -270,7 +272,7 @@ def load_tasks(
     stats: ReadStats | None = None,
 ) -> list[Task]:
     """Tasks from any supported file; kind is one of KINDS or "auto" (detected from the first record)."""
-    from memrl.data import hotpotqa, memagent_files, multiobjective, twowiki
+    from memrl.data import hotpotqa, memagent_files, multiobjective, tasks_jsonl, twowiki
 
     if kind == "auto":
         kind = detect_kind(path)
@@ -280,6 +282,7 @@ def load_tasks(
         "eval": memagent_files.load_eval_json,
         "memagent": memagent_files.load_memagent_parquet,
         "multiobjective": multiobjective.load_multiobjective,
+        "tasks": tasks_jsonl.load_task_file,
     }
     if kind not in loaders:
         raise DataError(f"unknown data kind {kind!r}; expected auto or one of {', '.join(KINDS)}")

@@ -10,7 +10,7 @@ import dataclasses
 import os
 from typing import Any
 
-from memrl.data.io import DataError, iter_records, parse_records, require, write_records
+from memrl.data.io import DataError, ReadStats, iter_records, parse_records, require, write_records
 from memrl.types import Task
 
 TASK_FIELDS = ("task_id", "question", "answers")
@@ -42,9 +42,11 @@ def _parse(rec: Any, where: str) -> Task:
     return task
 
 
-def load_task_file(path: str | os.PathLike[str], skip_bad: bool = False, limit: int | None = None) -> list[Task]:
+def load_task_file(
+    path: str | os.PathLike[str], skip_bad: bool = False, limit: int | None = None, stats: ReadStats | None = None,
+) -> list[Task]:
     """Tasks from a file in memrl's Task layout; a bad row names file, row and field."""
-    return parse_records(path, _parse, skip_bad=skip_bad, limit=limit)
+    return parse_records(path, _parse, skip_bad=skip_bad, limit=limit, stats=stats)
 
 
 def write_tasks(path: str | os.PathLike[str], tasks: list[Task]) -> int:

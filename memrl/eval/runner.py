@@ -214,7 +214,6 @@ def evaluate(
     `engine` may be passed in (tests, notebooks); otherwise it is built from cfg.engine and closed after.
     """
     from memrl.data.io import load_tasks
-    from memrl.data.tasks_jsonl import is_task_layout, load_task_file
 
     out = writable_dir(out_dir, "--out")
     spec, wf_cfg = workflow_config(cfg)
@@ -225,7 +224,7 @@ def evaluate(
 
     loaded = []
     for f in files:
-        tasks = load_task_file(f) if is_task_layout(f) else load_tasks(f)
+        tasks = load_tasks(f)
         if cfg.limit:
             tasks = tasks[: cfg.limit]
         loaded.append((num_docs_of(str(f), tasks), str(f), tasks))

@@ -158,6 +158,11 @@ class RaySection:
     """CPUs a local Ray start offers (0 = all the machine's)."""
 
 
+WORKFLOW_DEFAULTS: dict[str, Any] = {"max_chunks": 8}
+"""Training defaults for workflow fields the config leaves out, applied only to workflows that have the
+field (training caps the chunked workflows at 8 chunks; MemAct has no chunks)."""
+
+
 @dataclass
 class TrainConfig:
     """Everything `memrl train` needs; presets in memrl/configs/*.yaml."""
@@ -165,9 +170,9 @@ class TrainConfig:
     model: ModelSection = field(default_factory=ModelSection)
     engine: EngineConfig = field(default_factory=EngineConfig)
     """The rollout engine (memrl.engines.config); hf by default, serving the trained module itself."""
-    workflow: dict[str, Any] = field(default_factory=lambda: {"name": "memagent", "max_chunks": 8})
+    workflow: dict[str, Any] = field(default_factory=lambda: {"name": "memagent"})
     """The workflow (`name`) and its config fields, e.g. workflow.chunk_tokens=5000 (memrl.workflows.
-    parse_workflow checks them against the workflow's config class; training caps MemAgent at 8 chunks)."""
+    parse_workflow checks them against the workflow's config class; WORKFLOW_DEFAULTS fill what it leaves out)."""
     data: DataSection = field(default_factory=DataSection)
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
     optim: OptimSection = field(default_factory=OptimSection)

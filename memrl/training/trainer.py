@@ -32,7 +32,7 @@ import torch
 from memrl.config import ConfigError, to_yaml
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.training.checkpoint import clean_stale, resume_point, rng_state, set_rng_state
-from memrl.training.config import TrainConfig
+from memrl.training.config import WORKFLOW_DEFAULTS, TrainConfig
 from memrl.training.dump import maybe_dump, note_tasks
 from memrl.training.packing import Row, rows_from_segments
 from memrl.training.rollout import sample_groups
@@ -52,7 +52,7 @@ def workflow_config(cfg: TrainConfig) -> tuple[Any, Any]:
     algorithm.temperature, because the trainer recomputes logprobs at that temperature."""
     from memrl.workflows import parse_workflow
 
-    spec, wf = parse_workflow(cfg.workflow, defaults={"temperature": cfg.algorithm.temperature})
+    spec, wf = parse_workflow(cfg.workflow, defaults={**WORKFLOW_DEFAULTS, "temperature": cfg.algorithm.temperature})
     t = getattr(wf, "temperature", cfg.algorithm.temperature)
     if float(t) != float(cfg.algorithm.temperature):
         raise ConfigError(

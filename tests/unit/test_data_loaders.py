@@ -135,3 +135,20 @@ def test_unknown_file_type_and_kind(tmp_path):
     p = _write(tmp_path, [{"foo": 1}])
     with pytest.raises(DataError, match="cannot tell which dataset"):
         detect_kind(p)
+
+
+def test_task_layout_is_detected_and_read_by_load_tasks(tmp_path):
+    """memrl's own Task rows (data.tasks_jsonl) load through the generic loader the trainer uses."""
+    from memrl.data.tasks_jsonl import write_tasks
+    from memrl.types import Task
+
+    tasks = [Task(task_id="t0", question="q0?", context="", answers=["a", "b"],
+                  meta={"sub_questions": ["x?", "y?"], "sub_answers": [["a"], ["b"]]}),
+             Task(task_id="t1", question="q1?", context="ctx", answers=["c"], meta={})]
+    p = tmp_path / "tasks.jsonl"
+    assert write_tasks(p, tasks) == 2
+    assert detect_kind(p) == "tasks"
+    assert load_tasks(p) == tasks
+    p.write_text(p.read_text().replace('"sub_answers": [["a"], ["b"]]', '"sub_answers": [["a"]]'))
+    with pytest.raises(DataError, match=r"tasks.jsonl: row 0: meta.sub_answers has 1 entries, answers has 2"):
+        load_tasks(p)

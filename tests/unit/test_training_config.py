@@ -89,3 +89,15 @@ def test_dcpo_defaults_and_actual_n_only_checked_under_dcpo():
     validate(cfg)
     assert cfg.algorithm.actual_n == 8
     validate(load_config(TrainConfig, ["model.path=x", "algorithm.actual_n=1"]))  # grpo ignores actual_n
+
+
+def test_switching_workflow_keeps_no_memagent_defaults():
+    """`workflow=memact` trains MemAct: the chunk cap is a training default only chunked workflows get."""
+    cfg = load_config(TrainConfig, ["model.path=x", "workflow=memact", "algorithm=dcpo"])
+    validate(cfg)
+    spec, wf = workflow_config(cfg)
+    assert spec.name == "memact" and not hasattr(wf, "max_chunks")
+    _, wf = workflow_config(load_config(TrainConfig, ["model.path=x"]))
+    assert wf.max_chunks == 8
+    _, wf = workflow_config(load_config(TrainConfig, ["model.path=x", "workflow.max_chunks=3"]))
+    assert wf.max_chunks == 3
