@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import collections
+import threading
 import types
 
 import pytest
@@ -96,21 +96,40 @@ def test_greedy_matches_argmax_loop_in_one_batch(engine, ref_model, prompts):
         assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4)
 
 
-def test_requests_joining_a_running_batch_decode_correctly(engine, ref_model, prompts):
-    """Continuous batching: rows admitted mid-decode, and rows leaving early, must not disturb others."""
-    eos = {engine.eos_token_id}
+def test_requests_joining_a_running_batch_decode_correctly(model_dir, ref_model, prompts):
+    """Continuous batching: rows admitted mid-decode, and rows leaving early, must not disturb others.
+
+    No timing race: the worker is held after the long row's 5th decode step until the newcomers are queued,
+    and the engine holds exactly long + newcomers rows, so they are admitted at the next step (no wait)."""
+    eng = HFEngine(model_dir, max_batch_size=len(prompts) + 1, max_wait_ms=20.0, seed=0)
+    eos = {eng.eos_token_id}
+    gate = threading.Event()
+    forward = eng._forward
+
+    def gated_forward(*args, **kwargs):
+        if eng.stats.decode_steps >= 5:
+            assert gate.wait(30), "the newcomers were never queued"
+        return forward(*args, **kwargs)
+
+    eng._forward = gated_forward
 
     async def staggered():
-        long = asyncio.ensure_future(engine.generate(prompts[1], GREEDY.replace(max_tokens=30)))
-        start = engine.stats.decode_steps
-        while engine.stats.decode_steps < start + 5:
+        long = asyncio.ensure_future(eng.generate(prompts[1], GREEDY.replace(max_tokens=30)))
+        while eng.stats.decode_steps < 5:
             await asyncio.sleep(0.005)
-        short = [engine.generate(p, GREEDY.replace(max_tokens=3 + i)) for i, p in enumerate(prompts)]
+        short = [asyncio.ensure_future(eng.generate(p, GREEDY.replace(max_tokens=3 + i)))
+                 for i, p in enumerate(prompts)]
+        await asyncio.sleep(0)  # each newcomer has run up to its submission
+        assert len(eng._pending) == len(prompts)
+        gate.set()
         return await asyncio.gather(long, *short)
 
-    before = collections.Counter(engine.stats.batch_sizes)
-    outs = run(asyncio.wait_for(staggered(), 60))
-    joined = collections.Counter(engine.stats.batch_sizes) - before
+    try:
+        outs = run(asyncio.wait_for(staggered(), 60))
+    finally:
+        gate.set()
+        run(eng.close())
+    joined = eng.stats.batch_sizes
     assert joined[len(prompts) + 1] > 0, joined  # the newcomers decoded together with the running row
     assert outs[0].token_ids == greedy_reference(ref_model, prompts[1], 30, eos)
     for i, (p, out) in enumerate(zip(prompts, outs[1:], strict=True)):
