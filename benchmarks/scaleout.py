@@ -1,8 +1,10 @@
 """Scale-out figures on CPU: update step time at world size 1 vs 2 (FSDP2 on gloo), weight-sync time by
-model size (tiny, small, a 0.5B-shaped random Qwen2), and the share of a real Ray training step spent
-in weight sync (2 ranks + 2 transformers engines).
+model size (tiny, small, a 0.5B-shaped random Qwen2) through the object store, a gloo broadcast and a
+safetensors directory, and the share of a real Ray training step spent in weight sync (2 ranks + 2
+transformers engines, object store vs broadcast).
 
     PYTHONPATH=$PWD RAY_AUTH_MODE=disabled python benchmarks/scaleout.py [--skip-ray] [--skip-05b]
+        [--only-sync | --only-ray]
 """
 
 from __future__ import annotations
@@ -138,44 +140,138 @@ def sync_by_size(skip_05b: bool) -> None:
             del src, dst, sd
 
 
-def ray_run_share(tmp: str) -> None:
+def _broadcast_once(src, dst, bucket_bytes: int) -> tuple[float, float]:  # noqa: ANN001
+    """One gloo broadcast of src's state dict into dst (receiver in a second thread, loopback TCP):
+    (seconds until the receiver has loaded everything, bytes)."""
+    import threading
+
+    from memrl.engines.weight_transfer import TransferSpec, WeightTransfer, receive_all
+
+    spec = TransferSpec("127.0.0.1", D.free_port(), 2, "gloo", bucket_bytes=bucket_bytes)
+    box: dict[str, object] = {}
+    th = threading.Thread(target=lambda: box.setdefault("rx", WeightTransfer(spec, 1)))
+    th.start()
+    tx = WeightTransfer(spec, 0)
+    th.join()
+    rx = box["rx"]
+    skip = ("lm_head.weight",) if src.config.tie_word_embeddings else ()
+    times = []
+    for _ in range(3):
+        done: dict[str, float] = {}
+
+        def receive() -> None:
+            got = receive_all(rx)  # noqa: B023
+            with torch.no_grad():
+                dst.load_state_dict(got, strict=False)
+            done["t"] = time.perf_counter()  # noqa: B023
+
+        th = threading.Thread(target=receive)
+        t0 = time.perf_counter()
+        th.start()
+        sent = tx.send(src.state_dict(), skip=skip)
+        th.join()
+        times.append(done["t"] - t0)
+    return min(times), sent
+
+
+def _directory_once(src, dst, tmp: str) -> float:  # noqa: ANN001
+    """save_file of the state dict (tied lm_head left out) + load_file + load into dst, best of 3."""
+    from safetensors.torch import load_file, save_file
+
+    skip = "lm_head.weight" if src.config.tie_word_embeddings else None
+    f = os.path.join(tmp, "model.safetensors")
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        save_file({k: v.contiguous() for k, v in src.state_dict().items() if k != skip}, f)
+        with torch.no_grad():
+            dst.load_state_dict(load_file(f), strict=False)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def sync_modes_by_size(skip_05b: bool) -> None:
+    """Object store (copy + put + get + load), gloo broadcast (send + receive + load), directory."""
+    import ray
+    from transformers import AutoModelForCausalLM
+
+    from memrl.models.tiny import cached_tiny_model
+
+    torch.set_num_threads(2)
+    print("\n## weight sync by mode and model size (one process; broadcast: 2 threads over loopback gloo, "
+          "256 MiB buckets; best of 3)")
+    print("| model | MB | object store s | broadcast s | directory s |")
+    print("|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        sizes = [("tiny", str(cached_tiny_model("tiny"))), ("small", str(cached_tiny_model("small")))]
+        if not skip_05b:
+            sizes.append(("0.5B-shaped (bf16)", _random_05b(os.path.join(tmp, "m05"))))
+        for name, path in sizes:
+            src = AutoModelForCausalLM.from_pretrained(path)
+            dst = AutoModelForCausalLM.from_pretrained(path)
+            store = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                ref = ray.put({k: v.detach().to("cpu", copy=True) for k, v in src.state_dict().items()})
+                with torch.no_grad():
+                    dst.load_state_dict(ray.get(ref), strict=False)
+                store.append(time.perf_counter() - t0)
+                del ref
+            bcast, sent = _broadcast_once(src, dst, 256 << 20)
+            dirs = _directory_once(src, dst, tmp)
+            print(f"| {name} | {sent / 2**20:.0f} | {min(store):.3f} | {bcast:.3f} | {dirs:.3f} |")
+            del src, dst
+
+
+def ray_run_share(tmp: str, mode: str = "object_store") -> None:
     """A real 2-rank + 2-engine run on the tiny model: mean sync and step time per step."""
     from memrl.models.tiny import cached_tiny_model
     from memrl.training.trainer import Trainer
 
     cfg = load_config(TrainConfig, [
-        f"model.path={cached_tiny_model('tiny')}", f"out_dir={tmp}/run", "trainer.steps=4",
+        f"model.path={cached_tiny_model('tiny')}", f"out_dir={tmp}/run_{mode}", "trainer.steps=4",
         "workflow.chunk_tokens=24", "workflow.max_memory_tokens=6",
         "workflow.max_final_tokens=3", "data.synthetic.num_chunks=2", "data.synthetic.chunk_words=8",
         "trainer.batch_size=2", "algorithm.n=3", "optim.lr=1e-3", "trainer.save_every=0",
         "trainer.progress=false", "trainer.tensorboard=false", "trainer.num_workers=2",
         "trainer.cpus_per_worker=0.5", "rollout.num_engines=2", "rollout.cpus_per_engine=0.5",
+        f"rollout.weight_sync={mode}",
     ])
     hist = Trainer(cfg).fit()[1:]  # the first step includes start-up work
     sync = statistics.fmean(h["time/sync_s"] for h in hist)
     step = statistics.fmean(h["time/step_s"] for h in hist)
-    print("\n## Ray run, tiny model, 2 FSDP2 ranks + 2 HFEngine replicas (steps 2-4)")
-    print(f"step {step:.3f} s, weight sync {sync:.3f} s = {100 * sync / step:.1f}% of the step")
+    print(f"\n## Ray run, tiny model, 2 FSDP2 ranks + 2 HFEngine replicas, weight_sync={mode} (steps 2-4)")
+    parts = {k[len("time/sync_"):]: statistics.fmean(h[k] for h in hist) for k in hist[0]
+             if k.startswith("time/sync_") and k != "time/sync_s"}
+    print(f"step {step:.3f} s, weight sync {sync:.3f} s = {100 * sync / step:.1f}% of the step; parts (s): "
+          + ", ".join(f"{k} {v:.3f}" for k, v in sorted(parts.items())))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--skip-ray", action="store_true")
     ap.add_argument("--skip-05b", action="store_true")
+    ap.add_argument("--only-sync", action="store_true", help="only the sync-by-mode table")
+    ap.add_argument("--only-ray", action="store_true", help="only the Ray runs (object store vs broadcast)")
     args = ap.parse_args()
     import ray
 
     from memrl.models.tiny import cached_tiny_model
 
-    world_size_step(str(cached_tiny_model("tiny")))
+    if not (args.only_sync or args.only_ray):
+        world_size_step(str(cached_tiny_model("tiny")))
     with tempfile.TemporaryDirectory(prefix="sb", dir="/tmp") as tmp:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         ray.init(_temp_dir=os.path.join(tmp, "ray"), num_cpus=4, include_dashboard=False, log_to_driver=False,
                  object_store_memory=4 * 2**30)
         try:
-            sync_by_size(args.skip_05b)
-            if not args.skip_ray:
-                ray_run_share(tmp)
+            if not (args.only_sync or args.only_ray):
+                sync_by_size(args.skip_05b)
+            if not args.only_ray:
+                sync_modes_by_size(args.skip_05b)
+            if not args.skip_ray and not args.only_sync:
+                for mode in ("object_store", "broadcast"):
+                    ray_run_share(tmp, mode)
         finally:
             ray.shutdown()
 

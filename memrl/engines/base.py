@@ -75,7 +75,10 @@ class Completion:
 
 @runtime_checkable
 class Engine(Protocol):
-    """Token in, token out. Concurrent `generate` calls are batched by the engine itself."""
+    """Token in, token out. Concurrent `generate` calls are batched by the engine itself.
+
+    Engines that can take weights by collective broadcast (hf, vllm) also have `transfer_members`,
+    `init_weight_transfer(spec, first_rank)` and `receive_weights()` (memrl.engines.weight_transfer)."""
 
     tokenizer: Any
 

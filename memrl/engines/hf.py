@@ -308,6 +308,25 @@ class HFEngine:
                 self._draining = False
                 self._cond.notify_all()
 
+    transfer_members = 1
+    """Processes this engine adds to a weight-transfer group (memrl.engines.weight_transfer)."""
+
+    def init_weight_transfer(self, spec: Any, first_rank: int) -> None:
+        """Join the trainer's broadcast group as rank `first_rank` (blocks until every member joined)."""
+        from memrl.engines.weight_transfer import WeightTransfer
+
+        device = self.device if spec.backend == "nccl" else None
+        self._transfer = WeightTransfer(spec, first_rank, device)
+
+    def receive_weights(self) -> None:
+        """Receive the trainer's next broadcast and load it (update_weights); call while it sends."""
+        from memrl.engines.weight_transfer import receive_all
+
+        transfer = getattr(self, "_transfer", None)
+        if transfer is None:
+            raise EngineError("HFEngine.receive_weights before init_weight_transfer")
+        self.update_weights(receive_all(transfer))
+
     async def close(self) -> None:
         """Stop the worker; requests still waiting fail with EngineError."""
         with self._cond:

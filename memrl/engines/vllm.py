@@ -19,7 +19,10 @@ vLLM's in-place `reload_weights(weights_iterator=...)`: a state dict travels as 
 checkpoint directory is read by the worker itself. With tied embeddings lm_head is loaded from the
 embedding explicitly (vLLM 0.32's reload leaves a tied lm_head stale otherwise). The prefix cache is
 reset afterwards so no KV computed with old weights is reused. The blob goes through vLLM's RPC, which
-suits CPU and small models; large GPU models should sync over NCCL with vLLM's weight-transfer engine.
+suits CPU and small models. Large models sync by collective broadcast instead
+(`init_weight_transfer` / `receive_weights`, memrl.engines.weight_transfer): each worker joins a group
+of its own with the trainer (nccl on GPUs, gloo on CPU) and streams the received buckets into
+`reload_weights`; or by directory (`update_weights(path)`: each worker reads the files itself).
 
 Sleep: `sleep()`/`wake_up()` free and re-take KV cache (and weights at level 2) on CUDA with
 `enable_sleep_mode=True`. vLLM's CPU backend has no sleep mode; there both are no-ops.
@@ -36,7 +39,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -160,11 +163,50 @@ class MemrlWorkerExtension:
             weights = {}
             for f in files:
                 weights.update(load_file(f))
+        return self._memrl_reload(iter(weights.items()))
+
+    def _memrl_reload(self, weights: Iterator[tuple[str, Any]]) -> int:
+        """Feed (name, tensor) pairs to vLLM's in-place reload; a tied lm_head follows the embedding and
+        an incoming lm_head is dropped then. Drains `weights` (a broadcast must be received whole)."""
         tied = bool(getattr(self.model_config.hf_config, "tie_word_embeddings", False))  # type: ignore[attr-defined]
-        if tied and "model.embed_tokens.weight" in weights:
-            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
-        self.reload_weights(weights_iterator=iter(weights.items()))  # type: ignore[attr-defined]
-        return len(weights)
+        count = [0]
+
+        def stream() -> Iterator[tuple[str, Any]]:
+            for name, t in weights:
+                count[0] += 1
+                if tied and name == "lm_head.weight":
+                    continue
+                yield name, t
+                if tied and name == "model.embed_tokens.weight":
+                    yield "lm_head.weight", t
+
+        it = stream()
+        self.reload_weights(weights_iterator=it)  # type: ignore[attr-defined]
+        for _ in it:  # whatever vLLM did not read still has to come off the wire
+            pass
+        return count[0]
+
+    def memrl_init_transfer(self, spec: dict[str, Any], first_rank: int) -> int:
+        """Join the trainer's weight-transfer group as rank first_rank + this worker's rank (blocks until
+        every member joined); returns the rank taken."""
+        import torch
+
+        from memrl.engines.weight_transfer import TransferSpec, WeightTransfer
+
+        rank = first_rank + int(getattr(self, "rank", 0))
+        ts = TransferSpec(**spec)
+        device = getattr(self, "device", None) if ts.backend == "nccl" else None
+        if isinstance(device, torch.device) and device.type == "cuda":
+            torch.cuda.set_device(device)
+        self._memrl_transfer = WeightTransfer(ts, rank, device)
+        return rank
+
+    def memrl_receive_weights(self) -> int:
+        """Receive one broadcast from the trainer and load it; returns the number of tensors received."""
+        transfer = getattr(self, "_memrl_transfer", None)
+        if transfer is None:
+            raise RuntimeError("memrl_receive_weights before memrl_init_transfer")
+        return self._memrl_reload(transfer.receive())
 
 
 def pack_state_dict(weights: Mapping[str, Any]) -> bytes:
@@ -316,6 +358,33 @@ class VLLMEngine:
             self._run(do())
         except Exception as e:  # noqa: BLE001
             raise EngineError(f"{self.where}: update_weights failed: {e}") from e
+
+    @property
+    def transfer_members(self) -> int:
+        """Processes this engine adds to a weight-transfer group (one per tensor-parallel worker)."""
+        return int(self.config.tensor_parallel_size)
+
+    def init_weight_transfer(self, spec: Any, first_rank: int) -> None:
+        """Every worker joins the trainer's broadcast group (memrl.engines.weight_transfer) as ranks
+        first_rank.. ; blocks until the trainer (rank 0) and every other member joined."""
+        import dataclasses
+
+        self._rpc("memrl_init_transfer", {"spec": dataclasses.asdict(spec), "first_rank": first_rank},
+                  "init_weight_transfer")
+
+    def receive_weights(self) -> None:
+        """Receive the trainer's next broadcast and load it in place (call while the trainer sends)."""
+        self._rpc("memrl_receive_weights", {}, "receive_weights")
+
+    def _rpc(self, method: str, kwargs: dict[str, Any], what: str) -> None:
+        async def do() -> None:
+            await self._llm.collective_rpc(method, kwargs=kwargs)
+            await self._llm.reset_prefix_cache()
+
+        try:
+            self._run(do())
+        except Exception as e:  # noqa: BLE001
+            raise EngineError(f"{self.where}: {what} failed: {e}") from e
 
     def sleep(self, level: int = 1) -> None:
         """Free KV cache (level 1: also offload weights to CPU; level 2: drop weights). No-op on CPU."""

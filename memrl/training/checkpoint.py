@@ -1,12 +1,18 @@
-"""Checkpoints: a HuggingFace directory (config, safetensors, tokenizer) plus `trainer_state.pt`
-(optimizer, scheduler, RNG states, step, data position). Saves are atomic: everything is written to a
-temporary sibling directory that is renamed into place, then the `latest` pointer is replaced, so a
-kill during a save leaves the previous checkpoint intact and `latest` pointing at it.
+"""Checkpoints: a HuggingFace directory (config, safetensors, tokenizer, written by rank 0 from the
+gathered weights) plus `trainer_state.pt` (scheduler, RNG states, step, data position, the optimizer's
+param groups) and `optimizer/`, the optimizer's tensors as a `torch.distributed.checkpoint` (DCP)
+directory: every rank writes its own shards, and DCP reshards on load, so a run resumes at any world
+size. Saves are atomic: everything is written to a temporary sibling directory that is renamed into
+place, then the `latest` pointer is replaced, so a kill during a save leaves the previous checkpoint
+intact and `latest` pointing at it.
 
 The state file holds only tensors, numbers, strings, lists, tuples and dicts, and is read with
-`torch.load(weights_only=True)`: a planted pickle that would run code is refused. Checkpoints written
-before this change have the same content and load unchanged. On resume every candidate is verified
-(safetensors header covers the file, state readable) and a damaged one is skipped with a warning.
+`torch.load(weights_only=True)`: a planted pickle that would run code is refused. DCP's `.metadata` is a
+pickle: it is read with an unpickler that admits only DCP's metadata classes (and only tensor entries,
+so DCP never unpickles a value either). Older checkpoints keep the whole optimizer state in
+`trainer_state.pt` (`optimizer`, keyed by parameter name or index) and load unchanged. On resume every
+candidate is verified (safetensors header covers the file, state readable, every DCP shard file present
+and long enough) and a damaged one is skipped with a warning.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
@@ -29,8 +36,12 @@ from memrl.errors import UserError, fault_point
 log = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.pt"
+OPTIM_DIR = "optimizer"
+"""The DCP directory of the optimizer's tensors inside a checkpoint (state key optimizer_layout="dcp")."""
 LATEST = "latest"
-STATE_KEYS = ("optimizer", "scheduler", "rng", "step", "data_position")
+STATE_KEYS = ("scheduler", "rng", "step", "data_position")
+"""Keys every trainer_state.pt has; the optimizer is either `optimizer` (older layout) or
+`optimizer_groups` + OPTIM_DIR (optimizer_layout="dcp")."""
 _STEP_DIR = re.compile(r"step_(\d+)")
 _TEMP_DIR = re.compile(r"\.step_\d+-")
 
@@ -54,9 +65,26 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def temp_dir(root: str | os.PathLike, step: int, fixed: bool = False) -> Path:
+    """A new, empty temporary directory for checkpoint `step` beside the checkpoints (removed by
+    clean_stale if a save dies). fixed: the name every rank can compute (`.step_N-new`), replacing a
+    leftover of that name; else a unique name."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{step:06d}"
+    if not fixed:
+        return Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    tmp = root / f".{name}-new"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
 def save_checkpoint(root: str | os.PathLike, step: int, model: Any, tokenizer: Any, state: dict[str, Any],
-                    keep: int = 0, extra_files: dict[str, str] | None = None) -> Path:
+                    keep: int = 0, extra_files: dict[str, str] | None = None, tmp: Path | None = None) -> Path:
     """Write `root/step_XXXXXX` atomically and point `root/latest` at it; prune to `keep` newest (0 = all).
+    `tmp`: a temp_dir other writers already put files in (the ranks' DCP optimizer shards); it becomes
+    the checkpoint, or is removed on failure.
 
     Fault points (MEMRL_FAULT_AT, tests only): ckpt_tmp, ckpt_weights, ckpt_state, ckpt_renamed, ckpt_latest.
     """
@@ -64,7 +92,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: Any, tokenizer: A
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
     final = root / name
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    tmp = Path(tmp) if tmp is not None else temp_dir(root, step)
     try:
         fault_point("ckpt_tmp")
         model.save_pretrained(tmp, safe_serialization=True)
@@ -166,6 +194,9 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
                                   "(a pickle that could run code)") from e
         raise CheckpointError(f"{f}: not a readable torch state file ({first})") from e
     missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
+    if isinstance(state, dict) and "optimizer" not in state and (
+            state.get("optimizer_layout") != "dcp" or "optimizer_groups" not in state):
+        missing.append("optimizer")
     if missing:
         raise CheckpointError(f"{f}: missing {', '.join(missing)}")
     return state
@@ -177,7 +208,114 @@ def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not path.is_dir():
         raise CheckpointError(f"{path} does not exist")
     _check_weights(path)
-    return load_state(path)
+    state = load_state(path)
+    if state.get("optimizer_layout") == "dcp":
+        check_dcp(path / OPTIM_DIR)
+    return state
+
+
+# ---------------------------------------------------------------------------- DCP optimizer shards
+_DCP_CLASSES = {
+    ("torch.distributed.checkpoint.metadata", n)
+    for n in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+              "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
+} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch.serialization", "_get_layout"),
+     ("torch", "Size"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("collections", "OrderedDict")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Admits DCP's metadata classes and torch dtypes only: anything else in `.metadata` is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _DCP_CLASSES:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP metadata")
+
+
+def read_dcp_metadata(path: str | os.PathLike) -> Any:
+    """The `.metadata` of a DCP directory, unpickled with _MetadataUnpickler; CheckpointError when it is
+    missing, damaged, holds other objects, or describes anything but tensors."""
+    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+    f = Path(path) / ".metadata"
+    if not f.is_file():
+        raise CheckpointError(f"{f} is missing")
+    try:
+        with f.open("rb") as fh:
+            md = _MetadataUnpickler(fh).load()
+    except Exception as e:  # noqa: BLE001 - truncation: EOFError/UnpicklingError; planted: UnpicklingError
+        raise CheckpointError(f"{f}: not readable DCP metadata ({type(e).__name__}: {e})") from e
+    if not isinstance(md, Metadata) or not isinstance(md.storage_data, dict):
+        raise CheckpointError(f"{f}: not DCP metadata")
+    other = [k for k, v in md.state_dict_metadata.items() if not isinstance(v, TensorStorageMetadata)]
+    if other:
+        raise CheckpointError(f"{f}: entries other than tensors ({', '.join(other[:3])}); memrl writes tensors only")
+    return md
+
+
+def check_dcp(path: str | os.PathLike) -> None:
+    """Every shard file the metadata names exists and covers the byte ranges it is said to hold."""
+    path = Path(path)
+    md = read_dcp_metadata(path)
+    ends: dict[str, int] = {}
+    for info in md.storage_data.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), int(info.offset) + int(info.length))
+    for rel, end in sorted(ends.items()):
+        f = path / rel
+        if not f.is_file():
+            raise CheckpointError(f"{f} is missing")
+        if f.stat().st_size < end:
+            raise CheckpointError(f"{f}: {f.stat().st_size} bytes, the metadata expects at least {end}")
+
+
+def dcp_reader(path: str | os.PathLike) -> Any:
+    """A FileSystemReader for `path` whose metadata goes through read_dcp_metadata."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class _Reader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            md = read_dcp_metadata(self.path)
+            if getattr(md, "storage_meta", None) is None:
+                md.storage_meta = StorageMeta()
+            md.storage_meta.load_id = self.load_id
+            return md
+
+    return _Reader(path)
+
+
+def read_optimizer(path: str | os.PathLike) -> dict[str, Any]:
+    """A checkpoint's whole optimizer state keyed by parameter name, {"state", "param_groups"}, in one
+    process: from OPTIM_DIR (DCP, any world size) or the older `optimizer` entry of trainer_state.pt."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    state = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
+    if state.get("optimizer_layout") != "dcp":
+        return state["optimizer"]
+    md = read_dcp_metadata(Path(path) / OPTIM_DIR)
+    flat = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype) for k, v in md.state_dict_metadata.items()}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(flat, storage_reader=dcp_reader(Path(path) / OPTIM_DIR), no_dist=True)
+    return {"state": unflatten_optim(flat), "param_groups": state["optimizer_groups"]}
+
+
+def flatten_optim(state: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """{param name: {key: tensor}} -> {"param name/key": tensor} (DCP keys; names hold dots, not '/')."""
+    return {f"{name}/{k}": v for name, st in state.items() for k, v in st.items()}
+
+
+def unflatten_optim(flat: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for key, v in flat.items():
+        name, _, k = key.rpartition("/")
+        out.setdefault(name, {})[k] = v
+    return out
 
 
 @dataclass

@@ -134,11 +134,26 @@ class RolloutSection:
     """Rollout engine replicas placed by Ray (transformers engines; requests go to the least busy one)."""
 
     num_engines: int = 0
-    """0 = the in-process engine of `engine.name`; N >= 1 = N Ray actor engines."""
+    """0 = the in-process engine of `engine.name`; N >= 1 = N Ray actor engines, each built from the
+    whole `engine` section (its kind from rollout.engine, its device from the resources below)."""
     cpus_per_engine: float = 1.0
     gpus_per_engine: float = 0.0
-    engine: str = "hf"
-    """Replica kind: "hf" (memrl.engines.hf.HFEngine) or "vllm" (memrl.engines.vllm.VLLMEngine)."""
+    engine: str = ""
+    """Replica kind: "hf" (memrl.engines.hf.HFEngine) or "vllm" (memrl.engines.vllm.VLLMEngine);
+    "" = engine.name (vllm-cpu counts as vllm)."""
+    weight_sync: str = "auto"
+    """How each update reaches the replicas: "object_store" (the gathered state dict put once in Ray's
+    object store, every replica reads it), "broadcast" (a collective broadcast from trainer rank 0 into
+    every replica over a group of their own: memrl.engines.weight_transfer), "directory" (rank 0 writes
+    safetensors to rollout.sync_dir, every replica reads them; needs a filesystem they all see).
+    "auto" = broadcast for vLLM replicas on their own GPUs, directory for vLLM on CPU (or sharing the
+    ranks' GPUs, where NCCL cannot pair two ranks on one device), object_store for hf replicas."""
+    broadcast_backend: str = "auto"
+    """weight_sync=broadcast: "gloo", "nccl", or "auto" (nccl when the replicas have GPUs, else gloo)."""
+    broadcast_bucket_mb: int = 256
+    """weight_sync=broadcast: tensors go in buckets of at most this many MiB (one collective each)."""
+    sync_dir: str = ""
+    """weight_sync=directory: where rank 0 writes the weights ("" = <out_dir>/engine_weights)."""
     colocate: bool = False
     """Engines share the trainer ranks' bundles (and GPUs): engine i sits with rank i; vLLM sleeps
     during the update. Needs rollout.num_engines <= trainer.num_workers."""

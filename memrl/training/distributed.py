@@ -56,6 +56,12 @@ def init_group(info: DistInfo) -> None:
                             timeout=datetime.timedelta(seconds=TIMEOUT_S))
 
 
+def grouped() -> bool:
+    """True when this process is in a process group: the model is then FSDP2-sharded (also a group of
+    one, as the single-GPU check of the NCCL/FSDP2 path uses), its state dicts hold DTensors."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
@@ -143,7 +149,7 @@ def shard_model(model: torch.nn.Module, bf16: bool = False, cpu_offload: bool = 
 
     bf16: compute in bfloat16, reduce gradients in float32; cpu_offload: parameters and optimizer
     state live on the CPU between uses."""
-    if world_size() == 1:
+    if not grouped():
         return model
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
@@ -167,7 +173,7 @@ def _options(**kw: Any) -> Any:
 def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's state dict as plain CPU tensors (gathered from the shards; rank 0 gets it,
     other ranks an empty dict). Plain modules: a CPU copy."""
-    if world_size() == 1:
+    if not grouped():
         return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
@@ -178,7 +184,13 @@ def full_optim_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict
     """The optimizer state keyed by parameter NAME (so it loads at any world size); full on rank 0."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    return get_optimizer_state_dict(model, opt, options=_options(full_state_dict=True, cpu_offload=True))
+    osd = get_optimizer_state_dict(model, opt, options=_options(full_state_dict=True, cpu_offload=True))
+    # Plain tensors (all of them at world size 1, `step` at any) alias the live state: the next optimizer
+    # step would change the returned dict in place. Copies only.
+    if "state" in osd:
+        osd["state"] = {n: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in st.items()}
+                        for n, st in osd["state"].items()}
+    return osd
 
 
 def load_optim_state(model: torch.nn.Module, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
@@ -187,3 +199,40 @@ def load_optim_state(model: torch.nn.Module, opt: torch.optim.Optimizer, state: 
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     set_optimizer_state_dict(model, opt, state, options=_options(full_state_dict=True))
+
+
+def save_optim_dcp(model: torch.nn.Module, opt: torch.optim.Optimizer, path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Write the optimizer's tensors to the DCP directory `path` (collective: every rank writes its own
+    shards; replicated tensors once). Returns the param groups (plain data, parameters by name), which
+    the caller stores beside them."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    from memrl.training.checkpoint import flatten_optim
+
+    osd = get_optimizer_state_dict(model, opt)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(flatten_optim(osd["state"]), checkpoint_id=os.fspath(path), no_dist=not grouped())
+    return [dict(g) for g in osd["param_groups"]]
+
+
+def load_optim_dcp(model: torch.nn.Module, opt: torch.optim.Optimizer, path: str | os.PathLike,
+                   param_groups: list[dict[str, Any]]) -> None:
+    """Load optimizer tensors written by save_optim_dcp at ANY world size into this rank's shards
+    (collective; DCP reads the slices each rank owns), with the saved param groups."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    from memrl.training.checkpoint import dcp_reader, flatten_optim, unflatten_optim
+
+    osd = get_optimizer_state_dict(model, opt)  # initialises empty state: the shapes/shards to fill
+    flat = flatten_optim(osd["state"])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(flat, storage_reader=dcp_reader(path), no_dist=not grouped())
+    set_optimizer_state_dict(model, opt, {"state": unflatten_optim(flat), "param_groups": param_groups})

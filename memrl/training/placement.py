@@ -4,9 +4,10 @@
   the CPUs / GPUs the config asks for, each before any model is loaded.
 - `RayWorkers`: `trainer.num_workers` PolicyWorker actors (one per bundle) forming one FSDP2 group
   (gloo on CPU, NCCL when `trainer.gpus_per_worker` > 0); rank 0 hosts the rendezvous.
-- `RayEngines`: `rollout.num_engines` transformers engines (memrl.engines.hf.HFEngine) in actors, each
-  request sent to the replica with the fewest outstanding requests; weights are synced from the gathered
-  state dict through the object store (one put, every engine reads it).
+- `RayEngines`: `rollout.num_engines` engines (transformers HFEngine or VLLMEngine, each built from the
+  whole `engine` config section) in actors, each request sent to the replica with the fewest outstanding
+  requests. Weights reach them through the object store (one put, every engine reads it), a directory,
+  or a collective broadcast (memrl.training.weight_sync chooses and times it).
 """
 
 from __future__ import annotations
@@ -80,11 +81,19 @@ def connect(cfg: TrainConfig) -> None:
     check_resources(cfg, ray.cluster_resources())
 
 
+def replica_kind(cfg: TrainConfig) -> str:
+    """The replicas' engine kind: rollout.engine, or engine.name when that is empty (vllm-cpu -> vllm)."""
+    kind = cfg.rollout.engine or cfg.engine.name
+    return "vllm" if kind == "vllm-cpu" else kind
+
+
 def check_resources(cfg: TrainConfig, have: dict[str, float]) -> None:
     """Raise PlacementError naming the fields when the cluster cannot place the workers and engines."""
     t, r = cfg.trainer, cfg.rollout
-    if r.engine not in ("hf", "vllm"):
-        raise PlacementError(f"rollout.engine {r.engine!r} is not hf or vllm")
+    kind = replica_kind(cfg)
+    if kind not in ("hf", "vllm"):
+        where = "rollout.engine" if r.engine else "engine.name (rollout.engine is empty)"
+        raise PlacementError(f"{where} {kind!r} is not hf or vllm")
     if r.colocate and not (1 < t.num_workers and r.num_engines <= t.num_workers):
         raise PlacementError(f"rollout.colocate needs trainer.num_workers > 1 and rollout.num_engines <= it "
                              f"(got {t.num_workers} workers, {r.num_engines} engines)")
@@ -135,6 +144,20 @@ def _on(pg: Any, i: int, cpus: float, gpus: float) -> dict[str, Any]:
         placement_group=pg, placement_group_bundle_index=i)}
 
 
+def replica_engine_config(cfg: TrainConfig, path: str, gpus: float) -> Any:
+    """The EngineConfig of every replica: the whole `engine` section, with the replica kind, the model
+    `path` (the policy or the resumed checkpoint), a device from its resources, weights in the compute
+    dtype unless engine.dtype says otherwise, and for vLLM rollout.gpu_memory_utilization (plus sleep
+    mode when colocated on GPUs)."""
+    e, r = cfg.engine, cfg.rollout
+    kind = replica_kind(cfg)
+    dtype = e.dtype or ("bfloat16" if cfg.trainer.fsdp_bf16 else cfg.model.dtype)
+    hf = replace(e.hf, device="cuda" if gpus > 0 else "cpu", share_weights=False)
+    vllm = replace(e.vllm, gpu_memory_utilization=r.gpu_memory_utilization,
+                   enable_sleep_mode=e.vllm.enable_sleep_mode or (r.colocate and kind == "vllm" and gpus > 0))
+    return replace(e, name=kind, model=path, dtype=dtype, hf=hf, vllm=vllm)
+
+
 # ---------------------------------------------------------------------------- training ranks
 class _RankActor:
     """A PolicyWorker in a Ray actor (one training rank)."""
@@ -169,6 +192,19 @@ class _RankActor:
     def save(self, root: str, step: int, driver_state: dict[str, Any], keep: int,
              extra_files: dict[str, str] | None) -> str:
         return self.worker.save(root, step, driver_state, keep, extra_files)
+
+    def join_transfer(self, spec: Any) -> None:
+        """Rank 0 joins the weight-transfer group as its sender (blocks until the engines joined)."""
+        if self.worker.info.rank == 0:
+            self.worker.join_transfer(spec)
+
+    def send_weights(self) -> tuple[float, float]:
+        """Gather (collective), then rank 0 broadcasts; returns (gather s, send s)."""
+        return self.worker.send_weights()
+
+    def write_weights(self, path: str) -> float:
+        """Gather (collective), then rank 0 writes `path`/model.safetensors; returns seconds."""
+        return self.worker.write_weights(path)
 
     def optim_state(self) -> dict[str, Any]:
         from memrl.training.distributed import full_optim_state
@@ -237,6 +273,21 @@ class RayWorkers:
              extra_files: dict[str, str] | None = None) -> Path:
         return Path(self._all("save", str(root), step, driver_state, keep, extra_files)[0])
 
+    def transfer_address(self) -> tuple[str, int]:
+        """Rank 0's node IP and a free port there: the weight-transfer group's rendezvous."""
+        import ray
+
+        return ray.get(self.actors[0].address.remote())
+
+    def join_transfer(self, spec: Any) -> None:
+        self._all("join_transfer", spec)
+
+    def send_weights(self) -> tuple[float, float]:
+        return self._all("send_weights")[0]
+
+    def write_weights(self, path: str) -> float:
+        return self._all("write_weights", path)[0]
+
     def close(self) -> None:
         try:
             self._all("close")
@@ -254,19 +305,21 @@ class RayWorkers:
 
 # ---------------------------------------------------------------------------- rollout engines
 class _EngineActor:
-    """An HFEngine or VLLMEngine in an async Ray actor: concurrent generate calls batch inside it."""
+    """An HFEngine or VLLMEngine (memrl.engines.build_engine of a whole EngineConfig) in an async Ray
+    actor: concurrent generate calls batch inside it."""
 
-    def __init__(self, kind: str, path: str, device: str, dtype: str, max_batch_size: int, max_wait_ms: float,
-                 gpu_memory_utilization: float, sleep_mode: bool) -> None:
-        from memrl.engines import make_engine
+    def __init__(self, engine_cfg: Any) -> None:
+        from memrl.engines import build_engine
 
-        if kind == "hf":
-            self.engine = make_engine("hf", path, device=device, dtype=dtype, max_batch_size=max_batch_size,
-                                      max_wait_ms=max_wait_ms)
-        else:
-            self.engine = make_engine("vllm", path, dtype=dtype, max_batch_size=max_batch_size,
-                                      gpu_memory_utilization=gpu_memory_utilization,
-                                      enable_sleep_mode=sleep_mode)
+        self.engine = build_engine(engine_cfg)
+        self.engine_cfg = engine_cfg
+
+    def settings(self) -> Any:
+        """The EngineConfig this replica was built from."""
+        return self.engine_cfg
+
+    def transfer_members(self) -> int:
+        return int(getattr(self.engine, "transfer_members", 1))
 
     async def sleep(self) -> None:
         await asyncio.to_thread(self.engine.sleep, 1)
@@ -277,12 +330,24 @@ class _EngineActor:
     async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
         return await self.engine.generate(prompt_ids, sampling)
 
-    async def update_weights(self, box: list[Any]) -> float:
+    async def update_weights(self, box: list[Any] | str) -> float:
+        """New weights from an object-store reference (in a list, so Ray hands the reference on) or a
+        directory; returns the seconds it took here."""
         import time
 
         t0 = time.perf_counter()
-        state = await box[0]
+        state = box if isinstance(box, str) else await box[0]
         await asyncio.to_thread(self.engine.update_weights, state)
+        return time.perf_counter() - t0
+
+    async def init_weight_transfer(self, spec: Any, first_rank: int) -> None:
+        await asyncio.to_thread(self.engine.init_weight_transfer, spec, first_rank)
+
+    async def receive_weights(self) -> float:
+        import time
+
+        t0 = time.perf_counter()
+        await asyncio.to_thread(self.engine.receive_weights)
         return time.perf_counter() - t0
 
     def param_sums(self) -> dict[str, float]:
@@ -307,14 +372,13 @@ class RayEngines:
             gpus = r.gpus_per_engine
         else:  # engine i in rank i's bundle, on the GPU share the rank leaves
             self.pg, gpus = shared_pg, share_gpu(cfg)
-        self.sleeps = r.colocate and r.engine == "vllm" and gpus > 0
+        self.kind = replica_kind(cfg)
+        self.gpus = gpus
+        self.sleeps = r.colocate and self.kind == "vllm" and gpus > 0
         self.asleep = False
         cls = ray.remote(_EngineActor)
-        device = "cuda" if gpus > 0 else "cpu"
-        dtype = "bfloat16" if cfg.trainer.fsdp_bf16 else cfg.model.dtype  # serve in the compute dtype
-        args = (r.engine, str(path), device, dtype, cfg.engine.max_batch_size, cfg.engine.hf.max_wait_ms,
-                r.gpu_memory_utilization, self.sleeps)
-        self.actors = [cls.options(max_concurrency=4096, **_on(self.pg, i, r.cpus_per_engine, gpus)).remote(*args)
+        ecfg = replica_engine_config(cfg, str(path), gpus)
+        self.actors = [cls.options(max_concurrency=4096, **_on(self.pg, i, r.cpus_per_engine, gpus)).remote(ecfg)
                        for i in range(r.num_engines)]
         try:
             ray.get([a.__ray_ready__.remote() for a in self.actors])
@@ -353,15 +417,57 @@ class RayEngines:
             ray.get([a.sleep.remote() for a in self.actors])
             self.asleep = True
 
-    def update_weights(self, weights: Any) -> None:
-        """New weights on every replica: an object-store reference, or a state dict (put once)."""
+    def _wake(self) -> None:
         import ray
 
         if self.asleep:
             ray.get([a.wake_up.remote() for a in self.actors])
             self.asleep = False
-        ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(dict(weights))
-        self.last_load_s = max(ray.get([a.update_weights.remote([ref]) for a in self.actors]))
+
+    def update_weights(self, weights: Any) -> None:
+        """New weights on every replica: an object-store reference, a state dict (put once), or a
+        directory every replica reads."""
+        import ray
+
+        self._wake()
+        if isinstance(weights, str | Path):
+            box: Any = str(weights)
+        else:
+            box = [weights if isinstance(weights, ray.ObjectRef) else ray.put(dict(weights))]
+        self.last_load_s = max(ray.get([a.update_weights.remote(box) for a in self.actors]))
+
+    def settings(self) -> list[Any]:
+        """Each replica's EngineConfig."""
+        import ray
+
+        return ray.get([a.settings.remote() for a in self.actors])
+
+    @property
+    def transfer_members(self) -> int:
+        """Processes the replicas add to a weight-transfer group."""
+        import ray
+
+        if not hasattr(self, "_members"):
+            self._members = ray.get([a.transfer_members.remote() for a in self.actors])
+        return sum(self._members)
+
+    def init_weight_transfer(self, spec: Any, first_rank: int) -> None:
+        """Every replica joins the broadcast group (ranks first_rank..; blocks until all joined)."""
+        import ray
+
+        self._wake()
+        assert self.transfer_members > 0  # asks each replica once
+        ranks = [first_rank]
+        for m in self._members:
+            ranks.append(ranks[-1] + m)
+        ray.get([a.init_weight_transfer.remote(spec, ranks[i]) for i, a in enumerate(self.actors)])
+
+    def receive_weights(self) -> None:
+        """Every replica receives the trainer's broadcast (the trainer sends meanwhile)."""
+        import ray
+
+        self._wake()
+        self.last_load_s = max(ray.get([a.receive_weights.remote() for a in self.actors]))
 
     async def close(self) -> None:
         import ray

@@ -96,6 +96,13 @@ def validate(cfg: TrainConfig) -> tuple[Any, Any]:
         (cfg.rollout.num_engines >= 0, f"rollout.num_engines must be >= 0, got {cfg.rollout.num_engines}"),
         (cfg.trainer.cpus_per_worker > 0 and cfg.rollout.cpus_per_engine > 0,
          "trainer.cpus_per_worker and rollout.cpus_per_engine must be > 0"),
+        (cfg.rollout.weight_sync in ("auto", "object_store", "broadcast", "directory"),
+         f"rollout.weight_sync {cfg.rollout.weight_sync!r} is not auto, object_store, broadcast or directory"),
+        (cfg.rollout.weight_sync == "auto" or cfg.rollout.num_engines >= 1,
+         f"rollout.weight_sync={cfg.rollout.weight_sync} applies to Ray replicas: it needs rollout.num_engines >= 1 "
+         "(the in-process engine shares the module or takes the state dict)"),
+        (cfg.rollout.broadcast_backend in ("auto", "gloo", "nccl"),
+         f"rollout.broadcast_backend {cfg.rollout.broadcast_backend!r} is not auto, gloo or nccl"),
         (cfg.trainer.num_workers == 1 or cfg.rollout.num_engines >= 1,
          f"trainer.num_workers={cfg.trainer.num_workers} needs rollout.num_engines >= 1 (the in-process "
          "engine serves the live module of world size 1)"),
@@ -240,7 +247,10 @@ class Trainer:
             log.warning("resumed from %s (step %d, data position %d)", start, self.step, self.position)
         try:
             if cfg.rollout.num_engines > 0:
+                from memrl.training.weight_sync import WeightSync
+
                 self.engine = RayEngines(cfg, src, self.tokenizer, getattr(self.workers, "pg", None))
+                self.weight_sync = WeightSync(cfg, self.workers, self.engine, self.out)
             else:
                 self.engine = self._build_engine(src)
             self.sync_weights()  # before the first rollout: the engine may hold other weights than the policy
@@ -259,11 +269,13 @@ class Trainer:
         return build_engine(sec, policy=self.model, tokenizer=self.tokenizer)
 
     def sync_weights(self) -> float:
-        """Give the engine(s) the policy's current weights; returns the seconds it took. A no-op for an hf
-        engine sharing the module, the gathered state dict for in-process and Ray replicas, a saved
-        directory for a server (engine.openai.sync_dir)."""
+        """Give the engine(s) the policy's current weights; returns the seconds it took. Ray replicas:
+        rollout.weight_sync (memrl.training.weight_sync). In process: a no-op for an hf engine sharing
+        the module, else the state dict; a saved directory for a server (engine.openai.sync_dir)."""
+        if self.cfg.rollout.num_engines > 0:
+            return self.weight_sync()
         t0 = time.perf_counter()
-        if self.cfg.engine.name != "openai" or self.cfg.rollout.num_engines > 0:
+        if self.cfg.engine.name != "openai":
             self.engine.update_weights(self.workers.weights_for_engines())
         else:
             d = Path(self.cfg.engine.openai.sync_dir or self.out / "engine_weights")
@@ -379,6 +391,8 @@ class Trainer:
             advs = [s.advantage or 0.0 for t in trajs for s in t.segments]
             metrics.update(_stats("advantage", advs))
             metrics["time/sync_s"] = self.sync_weights()
+            if cfg.rollout.num_engines > 0:  # its parts: time/sync_gather_s, _send_s, _write_s, _load_s
+                metrics.update({f"time/sync_{k}": v for k, v in self.weight_sync.last.items()})
         maybe_dump(self, res.groups)  # memrl.training.dump: a bounded sample every trainer.dump_every steps
         t2 = time.perf_counter()
         metrics["time/rollout_s"] = t1 - t0

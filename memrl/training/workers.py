@@ -4,8 +4,9 @@
 module) and at world size N (one per rank, FSDP2 over gloo/NCCL; placed by memrl.training.placement).
 `train_rows` takes the WHOLE batch's rows, keeps this rank's token-balanced share and weighs it with
 global normalizers, so the update equals the single-process one (memrl.training.distributed).
-Checkpoints are HF directories written by rank 0 from the gathered state dict, with the optimizer state
-keyed by parameter name, so a run resumes at any world size.
+Checkpoints are HF directories written by rank 0 from the gathered state dict, with the optimizer's
+tensors as a torch.distributed.checkpoint directory every rank writes its shards to, so a run resumes at
+any world size (memrl.training.checkpoint).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 
 from memrl.training import distributed as D
-from memrl.training.checkpoint import STATE_FILE, load_state, save_checkpoint
+from memrl.training.checkpoint import OPTIM_DIR, STATE_FILE, load_state, save_checkpoint, temp_dir
 from memrl.training.config import TrainConfig
 from memrl.training.packing import Row, collate, pack_rows
 from memrl.training.policy import ppo_micro_loss, token_logprobs
@@ -95,7 +96,9 @@ class PolicyWorker:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(o.warmup_steps))
         if start is not None:
             state = _read_state(start)
-            if _is_name_keyed(state["optimizer"]):
+            if state.get("optimizer_layout") == "dcp":
+                D.load_optim_dcp(self.model, self.opt, Path(start) / OPTIM_DIR, state["optimizer_groups"])
+            elif _is_name_keyed(state["optimizer"]):  # checkpoints written before the DCP layout
                 D.load_optim_state(self.model, self.opt, state["optimizer"])
             elif info.world_size == 1:
                 self.opt.load_state_dict(state["optimizer"])  # checkpoints written before name-keyed states
@@ -162,19 +165,70 @@ class PolicyWorker:
 
     def save(self, root: str, step: int, driver_state: dict[str, Any], keep: int = 0,
              extra_files: dict[str, str] | None = None) -> str:
-        """Checkpoint `root/step_XXXXXX` (collective): rank 0 writes the HF directory from the gathered
-        weights, the name-keyed full optimizer state and the scheduler next to `driver_state`."""
+        """Checkpoint `root/step_XXXXXX` (collective): every rank writes its optimizer shards (DCP) into
+        the temporary directory, then rank 0 adds the HF directory from the gathered weights and
+        trainer_state.pt (scheduler, param groups, `driver_state`) and renames it into place."""
         weights = self.full_state()
-        optim = D.full_optim_state(self.model, self.opt)
+        tmp = temp_dir(root, step, fixed=True) if D.rank() == 0 else Path(root) / f".step_{step:06d}-new"
+        if D.grouped():
+            torch.distributed.barrier()  # the directory exists before any rank writes into it
         path = ""
-        if D.rank() == 0:
-            state = dict(driver_state, optimizer=optim, scheduler=self.sched.state_dict())
-            model = self.model if D.world_size() == 1 else _GatheredModel(self.model, weights)
-            path = str(save_checkpoint(root, step, model, self.tokenizer, state, keep=keep,
-                                       extra_files=extra_files))
-        if D.world_size() > 1:
+        try:
+            groups = D.save_optim_dcp(self.model, self.opt, tmp / OPTIM_DIR)
+            if D.rank() == 0:
+                state = dict(driver_state, scheduler=self.sched.state_dict(), optimizer_layout="dcp",
+                             optimizer_groups=groups)
+                model = _GatheredModel(self.model, weights) if D.grouped() else self.model
+                path = str(save_checkpoint(root, step, model, self.tokenizer, state, keep=keep,
+                                           extra_files=extra_files, tmp=tmp))
+        finally:
+            if D.rank() == 0 and tmp.exists():
+                import shutil
+
+                shutil.rmtree(tmp, ignore_errors=True)  # a failed save leaves nothing behind
+        if D.grouped():
             torch.distributed.barrier()
         return path
+
+    # ------------------------------------------------------------------ weight sync (rank 0 sends)
+    def _tied(self) -> bool:
+        return bool(getattr(self.model.config, "tie_word_embeddings", False))
+
+    def join_transfer(self, spec: Any) -> None:
+        """Join the weight-transfer group as its sender, rank 0 (memrl.engines.weight_transfer)."""
+        from memrl.engines.weight_transfer import WeightTransfer
+
+        self.transfer = WeightTransfer(spec, 0, self.device if spec.backend == "nccl" else None)
+
+    def send_weights(self) -> tuple[float, float]:
+        """Gather the weights (collective), rank 0 broadcasts them; (gather s, send s). A tied lm_head is
+        left out: the receivers tie it to the embedding."""
+        import time
+
+        t0 = time.perf_counter()
+        weights = self.full_state() if D.grouped() else self.model.state_dict()
+        t1 = time.perf_counter()
+        if D.rank() == 0:
+            self.transfer.send(weights, skip=("lm_head.weight",) if self._tied() else ())
+        return t1 - t0, time.perf_counter() - t1
+
+    def write_weights(self, path: str) -> float:
+        """Gather the weights (collective), rank 0 writes `path`/model.safetensors (atomically: a temp file
+        renamed); returns seconds. A tied lm_head is left out, as in HF checkpoints."""
+        import time
+
+        from safetensors.torch import save_file
+
+        t0 = time.perf_counter()
+        weights = self.full_state()
+        if D.rank() == 0:
+            d = Path(path)
+            d.mkdir(parents=True, exist_ok=True)
+            tmp = d / ".model.safetensors.tmp"
+            skip = "lm_head.weight" if self._tied() else None
+            save_file({k: v.contiguous() for k, v in weights.items() if k != skip}, str(tmp), metadata={"format": "pt"})
+            os.replace(tmp, d / "model.safetensors")
+        return time.perf_counter() - t0
 
     def node_address(self) -> tuple[str, int]:
         """This process's node IP and a free port on it (rank 0 hosts the rendezvous)."""
@@ -184,7 +238,7 @@ class PolicyWorker:
         return ip, D.free_port(ip)
 
     def close(self) -> None:
-        if D.world_size() > 1:
+        if D.grouped() and self.info.world_size > 1:  # a group of one belongs to whoever made it
             torch.distributed.destroy_process_group()
 
 
@@ -210,6 +264,25 @@ class LocalWorkers:
 
     def optim_state(self) -> dict[str, Any]:
         return D.full_optim_state(self.model, self.opt)
+
+    def transfer_address(self) -> tuple[str, int]:
+        """This process's address for the weight-transfer rendezvous (Ray's node IP when Ray runs)."""
+        try:
+            import ray
+
+            ip = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+        except ImportError:
+            ip = "127.0.0.1"
+        return ip, D.free_port(ip)
+
+    def join_transfer(self, spec: Any) -> None:
+        self.worker.join_transfer(spec)
+
+    def send_weights(self) -> tuple[float, float]:
+        return self.worker.send_weights()
+
+    def write_weights(self, path: str) -> float:
+        return self.worker.write_weights(path)
 
     def save(self, root: str | os.PathLike, step: int, driver_state: dict[str, Any], keep: int = 0,
              extra_files: dict[str, str] | None = None) -> Path:

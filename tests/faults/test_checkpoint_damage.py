@@ -39,10 +39,13 @@ def _truncate(path):
     path.write_bytes(data[: len(data) // 2])
 
 
-@pytest.mark.parametrize("damage", ["weights", "state"])
+@pytest.mark.parametrize("damage", ["weights", "state", "optimizer", "optimizer_metadata"])
 def test_damaged_latest_falls_back_to_previous_checkpoint(damage, reference, tiny_model, tmp_path, caplog):
     out, ckpts = _copy_run(reference, tmp_path)
-    bad = ckpts / "step_000003" / ("model.safetensors" if damage == "weights" else "trainer_state.pt")
+    bad = ckpts / "step_000003" / {"weights": "model.safetensors", "state": "trainer_state.pt",
+                                   "optimizer": "optimizer/__0_0.distcp",
+                                   "optimizer_metadata": "optimizer/.metadata"}[damage]
+    size = bad.stat().st_size
     _truncate(bad)
     with caplog.at_level(logging.INFO):
         trainer = make_trainer(tiny_model, out, resume=True)
@@ -50,8 +53,10 @@ def test_damaged_latest_falls_back_to_previous_checkpoint(damage, reference, tin
     why = {
         "weights": f"{bad}: not a complete safetensors file (Error while deserializing header: incomplete "
                    "metadata, file not fully covered)",
-        "state": f"{bad}: not a readable torch state file (PytorchStreamReader failed reading zip archive: "
-                 "failed finding central directory)",
+        # torch's own words for a zip archive cut in half (a small one fails before its central directory)
+        "state": f"{bad}: not a readable torch state file ([Errno 22] Invalid argument)",
+        "optimizer": f"{bad}: {size // 2} bytes, the metadata expects at least {size}",
+        "optimizer_metadata": f"{bad}: not readable DCP metadata (UnpicklingError: pickle data was truncated)",
     }[damage]
     said = [r.getMessage() for r in caplog.records]
     assert f"checkpoint step_000003 is not usable: {why}; trying an older one" in said
@@ -80,6 +85,22 @@ def test_planted_pickle_is_refused_and_never_runs(container, reference, tiny_mod
         trainer = make_trainer(tiny_model, out, resume=True)
         trainer.fit()
     assert f"resumed from {ckpts / 'step_000002'} (step 2, data position 4)" in [r.getMessage() for r in caplog.records]
+    assert not marker.exists()
+    assert_same_weights(reference[1], trainer.model.state_dict())
+
+
+def test_planted_pickle_in_dcp_metadata_is_refused_and_never_runs(reference, tiny_model, tmp_path, caplog):
+    """DCP's .metadata is a pickle: only DCP's own metadata classes are admitted."""
+    out, ckpts = _copy_run(reference, tmp_path)
+    marker = tmp_path / "pwned"
+    meta = ckpts / "step_000003" / "optimizer" / ".metadata"
+    meta.write_bytes(pickle.dumps(_Planted(str(marker))))
+    with caplog.at_level(logging.INFO):
+        trainer = make_trainer(tiny_model, out, resume=True)
+        trainer.fit()
+    said = [r.getMessage() for r in caplog.records]
+    assert (f"checkpoint step_000003 is not usable: {meta}: not readable DCP metadata (UnpicklingError: "
+            "posix.system is not part of DCP metadata); trying an older one") in said
     assert not marker.exists()
     assert_same_weights(reference[1], trainer.model.state_dict())
 

@@ -1,17 +1,21 @@
 """FSDP2 on gloo: 2 ranks give the single-process update, and checkpoints move between world sizes.
 
 One spawn of 2 processes checks: (a) global loss weights of every loss_agg mode equal the whole-batch
-weights; (b) one update on batch 1 equals world size 1 (loss, grad norm, weights); (c) a checkpoint
-written at world size 1 resumes at world size 2 and one written at world size 2 resumes at world
-size 1, both landing on the weights of an uninterrupted world-size-1 run after batch 2.
+weights; (b) one update on batch 1 equals world size 1 (loss, grad norm, weights); (c) checkpoints (HF
+weights + DCP optimizer shards) resume 1 -> 2, 2 -> 1 and 2 -> 2 with the saved weights and optimizer
+state bit-identical, 2 -> 2 then trains bit-identically to the uninterrupted run, 1 -> 2 and 2 -> 1
+land on the uninterrupted world-size-1 weights after batch 2 (tolerance below); (d) checkpoints of the
+older layout (whole optimizer state in trainer_state.pt, keyed by name or by index) still resume.
 Tolerances (float32, CPU): loss 1e-6, grad norm 3e-5 relative (measured 7e-6), weights 1e-5 absolute (measured
 differences: loss ~2e-7, weights ~1e-6 after AdamW; notes/scaleout.md).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import random
+import shutil
 
 import pytest
 import torch
@@ -47,6 +51,32 @@ def _cfg(model: str, out: str) -> TrainConfig:
     ])
 
 
+def _same_optim(a: dict, b: dict) -> None:
+    """Bit-identical optimizer states (name-keyed), param groups included."""
+    assert a["state"].keys() == b["state"].keys()
+    for name, st in a["state"].items():
+        assert st.keys() == b["state"][name].keys(), name
+        for k, v in st.items():
+            assert torch.equal(v, b["state"][name][k]), (name, k)
+    def plain(groups: list[dict]) -> list[dict]:  # the gather at world size 2 hands tuples back as lists
+        return [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in groups]
+
+    assert plain(a["param_groups"]) == plain(b["param_groups"])
+
+
+def _legacy(src: str, dst: str, optimizer: dict) -> str:
+    """A copy of checkpoint `src` in the older layout: the optimizer dict inside trainer_state.pt."""
+    from memrl.training.checkpoint import OPTIM_DIR, STATE_FILE
+
+    shutil.copytree(src, dst)
+    shutil.rmtree(os.path.join(dst, OPTIM_DIR))
+    state = torch.load(os.path.join(dst, STATE_FILE), weights_only=True)
+    state.pop("optimizer_layout")
+    state.pop("optimizer_groups")
+    torch.save(dict(state, optimizer=optimizer), os.path.join(dst, STATE_FILE))
+    return dst
+
+
 def _rank_main(rank: int, model: str, tmp: str, port: int, vocab: int) -> None:
     torch.set_num_threads(1)
     from memrl.training.workers import PolicyWorker
@@ -67,13 +97,22 @@ def _rank_main(rank: int, model: str, tmp: str, port: int, vocab: int) -> None:
     w = PolicyWorker(cfg, info)
     out["m1"] = w.train_rows(_rows(1, vocab))
     out["w1"] = w.full_state()
+    out["o1"] = D.full_optim_state(w.model, w.opt)
     w.save(os.path.join(tmp, "ck2"), 1, {"step": 1, "data_position": 0})
     out["m2"] = w.train_rows(_rows(2, vocab))
     out["w2"] = w.full_state()
-    # (c) resume at world size 2 from the world-size-1 checkpoint, then batch 2
+    # (c) 2 -> 2: the saved weights and optimizer state come back bit-identical, and so does batch 2
+    w22 = PolicyWorker(cfg, info, start=os.path.join(tmp, "ck2", "step_000001"))
+    out["w22_start"], out["o22_start"] = w22.full_state(), D.full_optim_state(w22.model, w22.opt)
+    out["m22"] = w22.train_rows(_rows(2, vocab))
+    out["w22"] = w22.full_state()
+    # 1 -> 2, then batch 2; and (d) the older layout at world size 2
     w12 = PolicyWorker(cfg, info, start=os.path.join(tmp, "ck1", "step_000001"))
+    out["w12_start"], out["o12_start"] = w12.full_state(), D.full_optim_state(w12.model, w12.opt)
     out["m12"] = w12.train_rows(_rows(2, vocab))
     out["w12"] = w12.full_state()
+    wold = PolicyWorker(cfg, info, start=os.path.join(tmp, "ck1_named"))
+    out["oold_start"] = D.full_optim_state(wold.model, wold.opt)
     if rank == 0:
         torch.save(out, os.path.join(tmp, "rank0.pt"))
     w.close()
@@ -97,7 +136,12 @@ def test_two_ranks_equal_one_and_checkpoints_cross_world_sizes(tmp_path):
     base = w.full_state()
     m1 = w.train_rows(_rows(1, vocab))
     w1 = w.full_state()
-    w.save(str(tmp_path / "ck1"), 1, {"step": 1, "data_position": 0})
+    o1 = D.full_optim_state(w.model, w.opt)
+    by_index = copy.deepcopy(w.opt.state_dict())
+    ck1 = w.save(str(tmp_path / "ck1"), 1, {"step": 1, "data_position": 0})
+    assert sorted(os.listdir(os.path.join(ck1, "optimizer"))) == [".metadata", "__0_0.distcp"]
+    _legacy(ck1, str(tmp_path / "ck1_named"), o1)
+    _legacy(ck1, str(tmp_path / "ck1_index"), by_index)
     m2 = w.train_rows(_rows(2, vocab))
     w2 = w.full_state()
 
@@ -112,10 +156,28 @@ def test_two_ranks_equal_one_and_checkpoints_cross_world_sizes(tmp_path):
         assert (m_got["train/rows"], m_got["train/tokens"]) == (m_ref["train/rows"], m_ref["train/tokens"])
     assert _close(w1, got["w1"]) < W_TOL
     assert _close(w2, got["w2"]) < W_TOL
-    assert _close(w2, got["w12"]) < W_TOL  # 1 -> 2
-    # 2 -> 1: the world-size-2 checkpoint resumes in one process onto the same weights
+    # 2 -> 2: exact
+    assert sorted(os.listdir(tmp_path / "ck2" / "step_000001" / "optimizer")) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]  # each rank wrote its shards
+    assert _close(got["w22_start"], got["w1"]) == 0.0
+    _same_optim(got["o22_start"], got["o1"])
+    assert got["m22"] == got["m2"]
+    assert _close(got["w22"], got["w2"]) == 0.0
+    # 1 -> 2: the world-size-1 state, resharded, bit-identical; batch 2 within tolerance
+    assert _close(got["w12_start"], w1) == 0.0
+    _same_optim(got["o12_start"], o1)
+    _same_optim(got["oold_start"], o1)
+    assert _close(w2, got["w12"]) < W_TOL
+    # 2 -> 1: the world-size-2 checkpoint resumes in one process onto the same weights and optimizer state
     w21 = PolicyWorker(cfg, start=str(tmp_path / "ck2" / "step_000001"))
     assert _close(w21.full_state(), got["w1"]) == 0.0
+    _same_optim(D.full_optim_state(w21.model, w21.opt), got["o1"])
     m21 = w21.train_rows(_rows(2, vocab))
     assert abs(m21["loss/total"] - m2["loss/total"]) < LOSS_TOL
     assert _close(w2, w21.full_state()) < W_TOL
+    # 1 -> 1 and the older layouts at world size 1: exact
+    for start in ("ck1/step_000001", "ck1_named", "ck1_index"):
+        w11 = PolicyWorker(cfg, start=str(tmp_path / start))
+        _same_optim(D.full_optim_state(w11.model, w11.opt), o1)
+        assert w11.train_rows(_rows(2, vocab)) == m2, start
+        assert _close(w11.full_state(), w2) == 0.0, start

@@ -1,5 +1,7 @@
 """Ray placement on CPU: 2 FSDP2 trainer ranks (gloo) and 2 transformers rollout engines train the tiny
-model, write a checkpoint AutoModelForCausalLM loads, and resume exactly; bad placements fail first.
+model with weights synced by gloo broadcast, write a checkpoint AutoModelForCausalLM loads, and resume
+exactly (synced through the object store); world size 1 with a replica synced by directory; replicas are
+built from the whole engine section; bad placements fail first.
 
 One Ray session for the module (temp dir inside the test's tmp folder, auth off), shut down at the end.
 """
@@ -12,6 +14,7 @@ import tempfile
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from memrl.config import ConfigError, load_config
 from memrl.training.config import TrainConfig
@@ -78,10 +81,9 @@ def _cfg(model: str, out, steps: int, *extra: str) -> TrainConfig:
 
 
 def test_two_ranks_two_engines_train_save_and_resume_exactly(ray_session, tiny_path, tmp_path):
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from memrl.training.checkpoint import load_state
+    from memrl.training.checkpoint import read_optimizer
 
     run = tmp_path / "run"
     synced: list[int] = []
@@ -93,9 +95,17 @@ def test_two_ranks_two_engines_train_save_and_resume_exactly(ray_session, tiny_p
             assert {k: got[k] for k in want} == want
         synced.append(step)
 
-    first = Trainer(_cfg(tiny_path, run, 3), on_step=check_sync)
+    first = Trainer(_cfg(tiny_path, run, 3, "rollout.weight_sync=broadcast", "rollout.broadcast_bucket_mb=1",
+                         "engine.hf.max_prefill_tokens=4096", "engine.seed=7"), on_step=check_sync)
+    first.setup()
+    assert (first.weight_sync.mode, first.weight_sync.backend) == ("broadcast", "gloo")
+    for got in first.engine.settings():  # the whole engine section reached every replica
+        assert (got.name, got.seed, got.hf.max_prefill_tokens, got.hf.device) == ("hf", 7, 4096, "cpu")
+        assert got.hf.deterministic and got.model == tiny_path
     history = first.fit()
     assert synced == [1, 2, 3]
+    assert first.weight_sync.joined and set(first.weight_sync.last) == {"gather_s", "send_s", "load_s"}
+    assert all(h["time/sync_s"] >= h["time/sync_send_s"] + h["time/sync_gather_s"] for h in history)
     assert len(history) == 3
     assert all(h["time/sync_s"] > 0 and h["train/rows"] > 0 for h in history)
     assert any(h["advantage/std"] > 0 for h in history)  # the policy gradient was not zero
@@ -109,12 +119,13 @@ def test_two_ranks_two_engines_train_save_and_resume_exactly(ray_session, tiny_p
     # One replica is enough to resume (and starts one process fewer); the ranks stay at 2.
     resumed = Trainer(_cfg(tiny_path, run, 4, "rollout.num_engines=1"), resume=True)
     resumed.setup()
+    assert resumed.weight_sync.mode == "object_store"  # auto, for hf replicas
     assert (resumed.step, resumed.position) == (3, first.position)
     saved = load_file(str(ckpt / "model.safetensors"))
     got = resumed.workers.full_state()
     for k, v in saved.items():
         assert torch.equal(got[k], v), k
-    opt_saved = load_state(ckpt)["optimizer"]
+    opt_saved = read_optimizer(ckpt)  # the DCP shards of 2 ranks, read in one process
     opt_got = resumed.workers.optim_state()
     assert opt_got["state"].keys() == opt_saved["state"].keys()
     for name, st in opt_saved["state"].items():
@@ -123,6 +134,23 @@ def test_two_ranks_two_engines_train_save_and_resume_exactly(ray_session, tiny_p
     more = resumed.fit()
     assert len(more) == 1 and more[0]["data/position"] == first.position + 2
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000004"
+
+
+def test_world_size_one_syncs_a_replica_through_a_directory(ray_session, tiny_path, tmp_path):
+    run = tmp_path / "run"
+
+    def check_sync(step: int, metrics: dict[str, float]) -> None:
+        want = {k: float(v.double().sum()) for k, v in t.workers.full_state().items()}
+        (got,) = t.engine.param_sums()
+        assert {k: got[k] for k in want} == want
+
+    t = Trainer(_cfg(tiny_path, run, 2, "trainer.num_workers=1", "rollout.num_engines=1",
+                     "rollout.weight_sync=directory", "algorithm.kl_coef=0"), on_step=check_sync)
+    history = t.fit()
+    assert len(history) == 2 and t.weight_sync.mode == "directory"
+    synced = load_file(str(run / "engine_weights" / "model.safetensors"))
+    for k, v in synced.items():
+        assert torch.equal(v, t.model.state_dict()[k]), k
 
 
 def test_more_workers_than_cpus_fails_before_work(ray_session, tiny_path, tmp_path):

@@ -1,6 +1,8 @@
-"""The Ray scale-out run on GPUs: 2 FSDP2 ranks over NCCL and 2 vLLM rollout engines (split, then
-colocated with vLLM sleeping during the update). Marked gpu: skipped without 4 (split) / 2 CUDA devices
-or without vllm. Not run on the CPU development machine."""
+"""The Ray scale-out run on GPUs: 2 FSDP2 ranks over NCCL and 2 vLLM rollout engines (split: weights by
+NCCL broadcast into the vLLM workers; colocated: vLLM sleeping during the update, weights by directory,
+since NCCL cannot pair a rank with the engine on its own GPU). Marked gpu: skipped without 4 (split) /
+2 CUDA devices or without vllm. Not run here: the development machine has no GPU and the lent one has
+one GPU and no vLLM."""
 
 from __future__ import annotations
 
@@ -58,8 +60,11 @@ def test_nccl_ranks_and_vllm_engines_train_and_resume(ray_session, tmp_path, lay
     if layout == "split" and _gpus() < 4:
         pytest.skip("split layout needs 4 CUDA devices")
     run = tmp_path / "run"
-    history = Trainer(_cfg(run, 3, *extra)).fit()
+    first = Trainer(_cfg(run, 3, *extra))
+    history = first.fit()
     assert len(history) == 3 and all(h["time/sync_s"] > 0 for h in history)
+    want = ("broadcast", "nccl") if layout == "split" else ("directory", "")
+    assert (first.weight_sync.mode, first.weight_sync.backend) == want
     AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_000003")
     resumed = Trainer(_cfg(run, 4, *extra), resume=True)
     more = resumed.fit()

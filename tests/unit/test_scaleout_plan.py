@@ -72,3 +72,58 @@ def test_eight_gpu_preset_places_eight_colocated_ranks():
     assert (cfg.trainer.num_workers, cfg.rollout.num_engines, cfg.rollout.colocate) == (8, 8, True)
     assert needs(cfg) == (64.0, 8.0)
     check_resources(cfg, {"CPU": 64, "GPU": 8})
+
+
+def test_replicas_take_the_whole_engine_section():
+    from memrl.training.placement import replica_engine_config, replica_kind
+
+    cfg = _cfg("engine=vllm", "engine.seed=3", "engine.max_batch_size=32", "engine.vllm.max_model_len=2048",
+               "engine.vllm.enforce_eager=true", "engine.hf.max_prefill_tokens=100", "trainer.num_workers=2",
+               "trainer.gpus_per_worker=1", "rollout.num_engines=2", "rollout.colocate=true",
+               "rollout.gpu_memory_utilization=0.3", "trainer.fsdp_bf16=true")
+    assert replica_kind(cfg) == "vllm"  # rollout.engine empty: engine.name
+    e = replica_engine_config(cfg, "/ckpt/step_000002", 0.5)
+    assert (e.name, e.model, e.seed, e.max_batch_size, e.dtype) == ("vllm", "/ckpt/step_000002", 3, 32, "bfloat16")
+    assert (e.vllm.max_model_len, e.vllm.enforce_eager, e.vllm.gpu_memory_utilization) == (2048, True, 0.3)
+    assert e.vllm.enable_sleep_mode  # colocated on GPUs: sleeps during the update
+    assert e.hf.max_prefill_tokens == 100 and e.hf.device == "cuda"
+    hf = replica_engine_config(_cfg("rollout.num_engines=1", "engine.dtype=float32", "engine.hf.max_wait_ms=9"),
+                               "/m", 0)
+    assert (hf.name, hf.dtype, hf.hf.device, hf.hf.max_wait_ms, hf.hf.share_weights) == ("hf", "float32", "cpu", 9, False)
+    assert replica_kind(_cfg("engine=vllm-cpu")) == "vllm"
+    assert replica_kind(_cfg("engine=vllm", "rollout.engine=hf")) == "hf"
+    with pytest.raises(PlacementError, match=r"engine.name \(rollout.engine is empty\) 'openai' is not hf or vllm"):
+        check_resources(_cfg("rollout.num_engines=1", "engine=openai"), {"CPU": 8})
+
+
+@pytest.mark.parametrize("overrides, mode, backend", [
+    (("rollout.num_engines=2",), "object_store", ""),  # hf replicas
+    (("rollout.num_engines=2", "rollout.engine=vllm"), "directory", ""),  # vLLM on CPU
+    (("rollout.num_engines=2", "rollout.engine=vllm", "rollout.gpus_per_engine=1"), "broadcast", "nccl"),
+    (("trainer.num_workers=2", "trainer.gpus_per_worker=1", "rollout.num_engines=2", "rollout.engine=vllm",
+      "rollout.colocate=true"), "directory", ""),  # one GPU per rank + engine pair: no NCCL pair on it
+    (("rollout.num_engines=2", "rollout.weight_sync=broadcast"), "broadcast", "gloo"),
+    (("rollout.num_engines=2", "rollout.weight_sync=broadcast", "rollout.broadcast_backend=nccl"), "broadcast", "nccl"),
+])
+def test_weight_sync_auto_modes(overrides, mode, backend):
+    from memrl.training.weight_sync import broadcast_backend, resolve_mode
+
+    cfg = _cfg(*overrides)
+    assert resolve_mode(cfg) == mode
+    if backend:
+        assert broadcast_backend(cfg) == backend
+
+
+def test_bad_weight_sync_settings_are_named(tmp_path):
+    from memrl.config import ConfigError
+    from memrl.models.tiny import cached_tiny_model
+    from memrl.training.trainer import validate
+
+    model = str(cached_tiny_model("tiny"))
+    with pytest.raises(ConfigError, match="rollout.weight_sync 'nccl' is not auto, object_store, broadcast or directory"):
+        validate(load_config(TrainConfig, [f"model.path={model}", "rollout.weight_sync=nccl"]))
+    with pytest.raises(ConfigError, match=r"rollout.weight_sync=directory applies to Ray replicas: it needs "
+                                          r"rollout.num_engines >= 1"):
+        validate(load_config(TrainConfig, [f"model.path={model}", "rollout.weight_sync=directory"]))
+    with pytest.raises(ConfigError, match="rollout.broadcast_backend 'mpi' is not auto, gloo or nccl"):
+        validate(load_config(TrainConfig, [f"model.path={model}", "rollout.broadcast_backend=mpi"]))

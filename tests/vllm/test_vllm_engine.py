@@ -182,3 +182,40 @@ def test_memagent_trajectories_identical_through_vllm_and_transformers(vllm_engi
     via_vllm = memagent_batch(vllm_engine)
     assert sum(len(t.segments) for g in via_vllm for t in g.trajectories) == 8 * 4
     assert_same_trajectories(via_vllm, memagent_batch(hf_engine))
+
+
+def test_broadcast_weight_transfer_into_vllm_workers(vllm_engine, tiny_model) -> None:  # noqa: ANN001
+    """The trainer side (this process, rank 0) broadcasts over gloo into vLLM's worker (rank 1), which
+    streams the buckets into reload_weights: greedy output then follows the sent weights, twice."""
+    import threading
+
+    from memrl.engines.hf import HFEngine
+    from memrl.engines.weight_transfer import TransferSpec, WeightTransfer
+    from memrl.training.distributed import free_port
+
+    prompts = chat_prompts(vllm_engine.tokenizer)
+    greedy = SamplingParams(temperature=0, max_tokens=16)
+    before = generate_all(vllm_engine, prompts, greedy)
+    model = perturbed_model(tiny_model, seed=11)
+    ref_engine = HFEngine(model, tokenizer=vllm_engine.tokenizer, dtype="float32")
+    spec = TransferSpec("127.0.0.1", free_port(), 1 + vllm_engine.transfer_members, "gloo", bucket_bytes=1 << 20)
+    box: dict[str, WeightTransfer] = {}
+    joiner = threading.Thread(target=lambda: box.setdefault("t", WeightTransfer(spec, 0)))
+    try:
+        want = generate_all(ref_engine, prompts, greedy)
+        assert [c.token_ids for c in want] != [c.token_ids for c in before], "the perturbation must matter"
+        joiner.start()
+        vllm_engine.init_weight_transfer(spec, 1)  # blocks until rank 0 joined too
+        joiner.join(timeout=60)
+        sender = box["t"]
+        original = {k: v.clone() for k, v in perturbed_model(tiny_model, seed=0, scale=0.0).state_dict().items()}
+        for weights, expect in ((model.state_dict(), want), (original, before)):
+            th = threading.Thread(target=sender.send, args=(weights,), kwargs={"skip": ("lm_head.weight",)})
+            th.start()
+            vllm_engine.receive_weights()
+            th.join(timeout=60)
+            assert_same(generate_all(vllm_engine, prompts, greedy), expect)
+        assert sender.bytes_sent > 2 * (1 << 20)  # several buckets per sync
+    finally:
+        vllm_engine.update_weights(str(tiny_model))
+        asyncio.run(ref_engine.close())
