@@ -2,8 +2,9 @@
 
 `memrl demo` asks RL to discover question-dependent retention (keep the fact whose key is the question's)
 from a question-blind cold start. This script trains the same freshly initialised model, with the same
-SFT budget, on traces of `memrl.data.synthetic.QuestionAwareRule` (the optimal one-hop policy, 100% by
-construction) and evaluates it with the demo's protocol. If even full supervision stays near the
+SFT budget, on traces of `memrl.demonstrators.QuestionAwareRule` (the optimal one-hop policy, 100% by
+construction; the demo's mixture demonstrator at p_aware = 1) and evaluates it greedily on the demo's
+held-out tasks. If even full supervision stays near the
 question-blind level, the demo's RL goal is limited by the model, not by the RL algorithm.
 
     .venv/bin/python benchmarks/demo_ceiling.py --out runs/ceiling [demo overrides, e.g. hidden_size=192]
@@ -24,8 +25,9 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
-from memrl.commands.demo import _init_model, _sft, evaluate, load_demo_configs
+from memrl.demos.memagent import cold_start, evaluate_model, heldout_tasks, init_model, load_demo_configs
 
 
 def main() -> int:
@@ -35,7 +37,8 @@ def main() -> int:
     ap.add_argument("--start-from", default=None, metavar="DIR",
                     help="HF checkpoint to fine-tune (default: a fresh model, as `memrl demo` inits it)")
     args = ap.parse_args()
-    cfg, tcfg, out, (_, wf_cfg) = load_demo_configs(["train.trainer.progress=false", *args.overrides], args.out)
+    cfg, tcfg, out, (spec, wf_cfg) = load_demo_configs(["train.trainer.progress=false", *args.overrides], args.out)
+    cfg = replace(cfg, sft=replace(cfg.sft, p_aware=1.0), eval=replace(cfg.eval, samples=0, greedy=True))
     t0 = time.perf_counter()
     if args.start_from:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -43,12 +46,13 @@ def main() -> int:
         tokenizer = AutoTokenizer.from_pretrained(args.start_from)
         model = AutoModelForCausalLM.from_pretrained(args.start_from)
     else:
-        tokenizer, model = _init_model(cfg, tcfg, out, wf_cfg)
-    _sft(cfg, tcfg, model, tokenizer, wf_cfg, out, question_aware=True)
+        tokenizer, model = init_model(cfg, tcfg, out, wf_cfg)
+    cold_start(cfg, tcfg, model, tokenizer, wf_cfg, out)
     sft_s = time.perf_counter() - t0
-    syn = tcfg.data.synthetic
-    lengths = [syn.num_chunks * m for m in cfg.eval.multipliers]
-    res = evaluate(model, tokenizer, wf_cfg, syn, lengths, cfg.eval.num_tasks, cfg.eval.seed)
+    tasks = heldout_tasks(cfg, tcfg)
+    lengths = list(tasks)
+    res = {n: r["greedy"].to_json() for n, r in
+           evaluate_model(cfg, tcfg, spec, wf_cfg, model, tokenizer, tasks, out / "sft").items()}
     params = sum(p.numel() for p in model.parameters())
     print("| overrides | params | SFT s | " + " | ".join(f"{n} chunks" for n in lengths) + " |")
     print("|---|---:|---:|" + "---:|" * len(lengths))

@@ -4,7 +4,8 @@
   memrl train-sft model.path=... workflow.chunk_tokens=16 demonstrator.skip_prob=0.1 sft.epochs=2
 
 Demonstrations come from running the workflow with a scripted demonstrator engine; the built-in one is
-`memrl.demonstrators.RecentFactsRule` over synthetic tasks (question-blind: keep the newest facts).
+`memrl.demonstrators.MixtureRule` over synthetic tasks: per memory step the optimal QuestionAwareRule with
+probability demonstrator.p_aware, else the question-blind RecentFactsRule (keep the newest facts).
 The result is a HuggingFace directory in out_dir.
 """
 
@@ -27,6 +28,9 @@ class DemonstratorSection:
     """Facts a demonstrated memory keeps."""
     skip_prob: float = 0.25
     """Chance the rule ignores a section's facts (a question-blind coin flip)."""
+    p_aware: float = 0.0
+    """Per memory step, the chance of playing the optimal `QuestionAwareRule` instead (`MixtureRule`; 0 =
+    the question-blind `RecentFactsRule` exactly)."""
 
 
 @dataclass
@@ -53,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     from memrl.config import ConfigError, load_config, to_yaml
     from memrl.data.synthetic import make_tasks
-    from memrl.demonstrators import RecentFactsRule, ScriptedEngine
+    from memrl.demonstrators import MixtureRule, ScriptedEngine
     from memrl.errors import model_dir
     from memrl.training.logging import MetricsLogger
     from memrl.training.sft import sft_train
@@ -71,8 +75,10 @@ def run(args: argparse.Namespace) -> int:
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     model = AutoModelForCausalLM.from_pretrained(cfg.model.path).to(cfg.model.device)
     mem, fin = wf.templates()
-    rule = RecentFactsRule(mem.text, fin.text, cfg.demonstrator.budget, cfg.demonstrator.skip_prob,
-                           wf.no_memory_text, cfg.data.seed)
+    if not 0.0 <= cfg.demonstrator.p_aware <= 1.0:
+        raise ConfigError(f"demonstrator.p_aware must be in [0, 1], got {cfg.demonstrator.p_aware}")
+    rule = MixtureRule(mem.text, fin.text, cfg.demonstrator.budget, cfg.demonstrator.skip_prob,
+                       wf.no_memory_text, cfg.data.seed, p_aware=cfg.demonstrator.p_aware)
     tasks = make_tasks(cfg.data.synthetic, cfg.demonstrator.num_tasks, seed=cfg.data.seed)
     groups = rollout_sync(tasks, spec, ScriptedEngine(rule, tokenizer=tok), wf, n=1)
     segments = [s for g in groups for s in g.segments()]

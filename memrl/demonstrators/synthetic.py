@@ -96,3 +96,35 @@ def _relevant(old: list[tuple[str, str]], new: list[tuple[str, str]], problem: s
     every fact (old + new, newest last)."""
     key, _ = _asked(problem)
     return [f for f in new if f[0] == key] or [f for f in old if f[0] == key] or (old + new)
+
+
+@dataclass
+class MixtureRule(QuestionAwareRule):
+    """A demonstrator that has the right strategy but uses it unreliably: each memory step plays the
+    optimal `QuestionAwareRule` with probability `p_aware` and the question-blind `RecentFactsRule`
+    otherwise (one coin per memory step, from its own seeded stream); the final step answers like both.
+
+    p_aware = 0 plays `RecentFactsRule` exactly (same rng stream, no coin drawn), 1 `QuestionAwareRule`.
+    `aware_steps` / `memory_steps` count what was played.
+    """
+
+    p_aware: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.p_aware <= 1.0:
+            raise ValueError(f"MixtureRule.p_aware must be in [0, 1], got {self.p_aware}")
+        self._coin = random.Random(f"mixture:{self.seed}")
+        self.aware_steps = 0
+        self.memory_steps = 0
+
+    def __call__(self, prompt_text: str, call_index: int = 0) -> str:
+        m = self._mem.search(prompt_text)
+        if not (m and "chunk" in m.groupdict()):
+            return RecentFactsRule.__call__(self, prompt_text, call_index)
+        self.memory_steps += 1
+        aware = self.p_aware >= 1.0 or (self.p_aware > 0.0 and self._coin.random() < self.p_aware)
+        if aware:
+            self.aware_steps += 1
+            return QuestionAwareRule.__call__(self, prompt_text, call_index)
+        return RecentFactsRule.__call__(self, prompt_text, call_index)

@@ -1,4 +1,5 @@
-"""`memrl demo` end to end at a toy budget: every output is written and the table matches results.json."""
+"""`memrl demo` end to end at a toy budget: every output is written, the printed table is results.md and
+its numbers are results.json's; the sampled evaluation is seeded and reproducible on a real model."""
 
 from __future__ import annotations
 
@@ -7,35 +8,97 @@ import json
 import pytest
 
 from memrl.cli import main
+from memrl.demos.evaluation import paired_gain
 
 pytestmark = pytest.mark.slow
 
+TOY = ["sft.num_tasks=40", "sft.epochs=1", "sft.p_aware=0.5", "eval.num_tasks=8", "eval.samples=3",
+       "eval.multipliers=[1,2]", "train.data.synthetic.min_chunks=1", "train.data.synthetic.num_chunks=2",
+       "train.trainer.steps=2", "train.trainer.batch_size=2", "train.algorithm.n=2",
+       "train.trainer.progress=false", "train.trainer.tensorboard=false"]
 
-def test_demo_writes_table_json_and_plots(tmp_path, capsys):
-    out = tmp_path / "demo"
-    rc = main(["demo", "--out", str(out), "sft.num_tasks=40", "sft.epochs=1", "eval.num_tasks=8",
-               "eval.multipliers=[1,2]", "train.trainer.steps=2", "train.trainer.batch_size=2",
-               "train.algorithm.n=2", "train.trainer.progress=false", "train.trainer.tensorboard=false"])
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "demo"
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["demo", "--out", str(out), *TOY])
     assert rc == 0
+    return out, buf.getvalue()
+
+
+def test_demo_writes_every_output(demo):
+    out, _ = demo
     for name in ("results.md", "results.json", "accuracy_vs_length.png", "rl_reward.png", "demo_config.yaml",
                  "sft/config.json", "rl/metrics.jsonl", "rl/checkpoints/step_000002/model.safetensors"):
         assert (out / name).is_file(), name
+    for png in ("accuracy_vs_length.png", "rl_reward.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_printed_table_is_results_json(demo):
+    out, printed = demo
     res = json.loads((out / "results.json").read_text())
-    assert sorted(res["sft"]) == ["2", "4"] and len(res["rl_reward"]) == 2
     table = (out / "results.md").read_text()
-    assert table in capsys.readouterr().out
+    assert table in printed
+    assert res["lengths"] == [2, 4] and len(res["rl_reward"]) == 2 and res["recipe"]["p_aware"] == 0.5
+    st = res["stages"]
+    assert sorted(st) == ["demonstrator", "rl", "sft"]
     for n in ("2", "4"):
-        s, r = res["sft"][n]["accuracy"], res["rl"][n]["accuracy"]
-        # 8 tasks per length: every accuracy is a multiple of 12.5 points
-        assert (s / 12.5).is_integer() and (r / 12.5).is_integer()
-        assert f"| {s:.1f}% | {r:.1f}% | {r - s:+.1f} |" in table
-        sft, rl = res["sft"][n], res["rl"][n]
-        # a memory that ends with the answer held it at some call
-        assert sft["answer_kept"] <= sft["answer_seen"] and rl["answer_kept"] <= rl["answer_seen"]
-        assert (f"| {n} | {sft['answer_seen']:.1f}% | {sft['answer_kept']:.1f}% | {rl['answer_seen']:.1f}% | "
-                f"{rl['answer_kept']:.1f}% |") in table
-    png = (out / "accuracy_vs_length.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        assert set(st["demonstrator"][n]) == {"sampled"} and set(st["sft"][n]) == set(st["rl"][n]) == {"greedy", "sampled"}
+        for stage in ("demonstrator", "sft", "rl"):
+            for r in st[stage][n].values():
+                # 8 tasks, each a mean of 1 (greedy) or 3 (sampled) rewards in {0, 1}
+                assert r["num_tasks"] == 8 and len(r["per_task"]) == 8
+                assert r["accuracy"] == pytest.approx(100 * sum(r["per_task"]) / 8)
+                k = r["samples"]
+                assert all((x * k) == pytest.approx(round(x * k)) for x in r["per_task"])
+        d, s, g = st["demonstrator"][n]["sampled"], st["sft"][n], st["rl"][n]
+        gs = "{:+.1f} ± {:.1f}".format(*paired_gain(s["sampled"]["per_task"], g["sampled"]["per_task"]))
+        gg = "{:+.1f} ± {:.1f}".format(*paired_gain(s["greedy"]["per_task"], g["greedy"]["per_task"]))
+        row = (f"| {n} | {int(n) * 8} | {int(n) // 2}x | {d['accuracy']:.1f} ± {d['se']:.1f} | "
+               f"{s['sampled']['accuracy']:.1f} ± {s['sampled']['se']:.1f} | "
+               f"{g['sampled']['accuracy']:.1f} ± {g['sampled']['se']:.1f} | {gs} | "
+               f"{s['greedy']['accuracy']:.1f} ± {s['greedy']['se']:.1f} | "
+               f"{g['greedy']['accuracy']:.1f} ± {g['greedy']['se']:.1f} | {gg} |")
+        assert row in table.splitlines()
+        ret = (f"| {n} | {s['greedy']['metrics']['answer_seen']:.1f}% | {s['greedy']['metrics']['answer_kept']:.1f}% | "
+               f"{g['greedy']['metrics']['answer_seen']:.1f}% | {g['greedy']['metrics']['answer_kept']:.1f}% |")
+        assert ret in table.splitlines()
+        for r in (s["greedy"], g["greedy"]):  # a memory that ends with the answer held it at some call
+            assert r["metrics"]["answer_kept"] <= r["metrics"]["answer_seen"]
+
+
+def test_sampled_evaluation_is_seeded_and_reproducible(demo):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memrl.demos.evaluation import evaluate_tasks, model_engine
+    from memrl.demos.memagent import heldout_tasks, load_demo_configs
+
+    out, _ = demo
+    cfg, tcfg, _, (spec, wf_cfg) = load_demo_configs(TOY, out.parent / "again")
+    tasks = heldout_tasks(cfg, tcfg)[2]
+    tok = AutoTokenizer.from_pretrained(out / "sft")
+    model = AutoModelForCausalLM.from_pretrained(out / "sft")
+
+    def run(seed: int, temperature: float = 1.0, samples: int = 3):
+        seen = {}
+        with model_engine(model, tok, tcfg.engine) as engine:
+            res = evaluate_tasks(engine, spec, wf_cfg, tasks, samples, temperature, seed,
+                                 on_trajectory=lambda t, tr: seen.setdefault(tr.trajectory_id, [
+                                     s.response_ids for s in tr.segments]))
+        return res, seen
+
+    a, ta = run(7)
+    b, tb = run(7)
+    c, tc = run(8)
+    assert len(ta) == 8 * 3 and ta == tb and a.to_json() | {"seconds": 0} == b.to_json() | {"seconds": 0}
+    assert ta != tc  # another seed samples other trajectories
+    assert len({tuple(map(tuple, v)) for v in ta.values()}) > 8  # it samples: the 3 samples of a task differ
 
 
 def test_demo_refuses_unknown_override_before_work(tmp_path, capsys):
@@ -43,6 +106,8 @@ def test_demo_refuses_unknown_override_before_work(tmp_path, capsys):
     assert rc != 0
     assert "sft.epoch" in capsys.readouterr().err
     assert not (tmp_path / "d" / "sft").exists()
+    rc = main(["demo", "--out", str(tmp_path / "e"), "sft.p_aware=1.5"])
+    assert rc != 0 and "p_aware" in capsys.readouterr().err
 
 
 def test_reading_rows_answer_from_the_whole_document(tmp_path):

@@ -13,7 +13,7 @@ from memrl.data.synthetic import (
     question_key,
     task_stream,
 )
-from memrl.demonstrators import QuestionAwareRule, RecentFactsRule
+from memrl.demonstrators import MixtureRule, QuestionAwareRule, RecentFactsRule
 
 
 def test_seeded_and_independent():
@@ -119,6 +119,35 @@ def test_question_aware_rule_keeps_the_questions_fact():
     assert rule("Q: what is Kalo\nM: - Miran is blue\nS: Tor is gold the") == "- Tor is gold"
     assert rule("Q: what is Kalo\nM: No previous memory\nS: the of and") == "No previous memory"
     assert rule("Q: what is Kalo\nM: - Kalo is red\nA:") == "\\boxed{ red}"
+
+
+@pytest.mark.parametrize("p", [0.3, 0.5, 0.7, 0.9])
+def test_mixture_plays_the_aware_rule_with_probability_p(p):
+    # memory holds the answer, the section a distractor: the aware rule keeps "- Kalo is red", the blind
+    # rule (skip_prob 0) overwrites it, so every reply says which rule played the step
+    rule = MixtureRule(MT, FT, skip_prob=0.0, p_aware=p, seed=3)
+    prompt = "Q: what is Kalo\nM: - Kalo is red\nS: Miran is blue the"
+    replies = [rule(prompt) for _ in range(4000)]
+    assert set(replies) == {"- Kalo is red", "- Miran is blue"}
+    aware = replies.count("- Kalo is red")
+    assert rule.memory_steps == 4000 and rule.aware_steps == aware
+    assert abs(aware / 4000 - p) < 0.025  # 3.4 binomial SEs at p = 0.5
+    # seeded: the same seed plays the same steps; final answers draw no coin
+    twin = MixtureRule(MT, FT, skip_prob=0.0, p_aware=p, seed=3)
+    assert [twin(prompt) for _ in range(4000)] == replies
+    assert rule("Q: what is Kalo\nM: - Kalo is red\nA:") == "\\boxed{ red}" and rule.memory_steps == 4000
+
+
+def test_mixture_ends_are_the_two_rules():
+    prompts = ["Q: what is Kalo\nM: - Kalo is red\nS: Miran is blue the",
+               "Q: what is Kalo\nM: - Miran is blue\nS: Kalo is red the",
+               "Q: what is Kalo\nM: - Miran is blue\nS: Tor is gold the", "Q: what is Kalo\nM: - Tor is gold\nA:"] * 50
+    blind, zero = RecentFactsRule(MT, FT, skip_prob=0.4, seed=2), MixtureRule(MT, FT, skip_prob=0.4, p_aware=0.0, seed=2)
+    assert [zero(q) for q in prompts] == [blind(q) for q in prompts] and zero.aware_steps == 0
+    aware, one = QuestionAwareRule(MT, FT, seed=2), MixtureRule(MT, FT, skip_prob=0.4, p_aware=1.0, seed=2)
+    assert [one(q) for q in prompts] == [aware(q) for q in prompts] and one.aware_steps == one.memory_steps == 150
+    with pytest.raises(ValueError, match="p_aware"):
+        MixtureRule(MT, FT, p_aware=1.5)
 
 
 def test_rule_restates_the_questions_key():

@@ -1,0 +1,71 @@
+"""Evaluate a finished `memrl demo` run again, under the protocol its overrides give (e.g. another seed).
+
+Training is seeded and independent of the evaluation, so a run trained once can be scored on a dev seed
+(to choose a recipe) and then on the held-out seed (to report it) without training twice:
+
+    .venv/bin/python benchmarks/demo_eval.py --run runs/dev_p0.7 --out runs/heldout_p0.7 [the run's overrides]
+
+Give the run's own overrides (the task / demonstrator settings must match; `eval.*` may differ). Reads
+RUN/sft and RUN/rl's latest checkpoint, evaluates the demonstrator, SFT and SFT+RL like `memrl demo`,
+and writes results.md / results.json / plots to --out (timings and SFT losses copied from
+RUN/results.json, RL rewards read from RUN/rl/metrics.jsonl; the evaluation times are this script's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memrl.demos.evaluation import results_to_json
+    from memrl.demos.memagent import (
+        evaluate_demonstrator,
+        evaluate_model,
+        heldout_tasks,
+        load_demo_configs,
+        write_outputs,
+    )
+    from memrl.training.checkpoint import latest_checkpoint
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    ap.add_argument("--run", required=True, help="a finished `memrl demo --out` directory")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    run = Path(args.run)
+    cfg, tcfg, out, (spec, wf_cfg) = load_demo_configs(args.overrides, args.out)
+    old = json.loads((run / "results.json").read_text())
+    tasks = heldout_tasks(cfg, tcfg)
+    tok = AutoTokenizer.from_pretrained(run / "sft")
+    timings = dict(old["timings"])
+    t0 = time.perf_counter()
+    demo = evaluate_demonstrator(cfg, tcfg, spec, wf_cfg, tok, tasks) if cfg.eval.demonstrator else {}
+    timings["eval_demonstrator_s"] = time.perf_counter() - t0
+    stages = {"demonstrator": results_to_json(demo)}
+    for stage, path in (("sft", run / "sft"), ("rl", latest_checkpoint(run / "rl" / "checkpoints"))):
+        if path is None:
+            raise SystemExit(f"{run}: no RL checkpoint under {run / 'rl' / 'checkpoints'}")
+        t0 = time.perf_counter()
+        print(f"{stage} ({path}), held-out:")
+        model = AutoModelForCausalLM.from_pretrained(path)
+        stages[stage] = results_to_json(evaluate_model(cfg, tcfg, spec, wf_cfg, model, tok, tasks, path))
+        timings[f"eval_{stage}_s"] = time.perf_counter() - t0
+    from dataclasses import asdict
+
+    rl_rows = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rewards = [r.get("reward/mean", 0.0) for r in rl_rows]
+    timings["rl_s"] = sum(r.get("time/step_s", 0.0) for r in rl_rows)
+    timings["total_s"] = sum(v for k, v in timings.items() if k != "total_s")
+    results = dict(old, lengths=list(tasks), stages=stages, timings=timings, rl_reward=rewards)
+    results["recipe"] = dict(old["recipe"], eval=asdict(cfg.eval), rl_steps=len(rewards))
+    print(write_outputs(results, out), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""memrl.demos.evaluation: standard errors over tasks, paired gains, and the evaluation of a scripted
+engine through the real MemAgent workflow (exact, hand-checked accuracies)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from memrl.data.synthetic import SyntheticConfig, corpus_text, make_tasks
+from memrl.demonstrators import RecentFactsRule, ScriptedEngine
+from memrl.demos.evaluation import EvalProtocol, evaluate_policy, evaluate_tasks, mean_and_se, paired_gain
+from memrl.models.tiny import train_tokenizer
+from memrl.workflows import get_workflow
+from memrl.workflows.memagent import MemAgentConfig
+
+MT = "Q: {problem}\nM: {memory}\nS:{chunk}"
+FT = "Q: {problem}\nM: {memory}\nA:"
+
+
+def test_mean_and_se_by_hand():
+    # mean 0.5; sample variance (0.25 + 0.25 + 0 + 0) / 3 = 1/6; SE = sqrt(1/6 / 4)
+    assert mean_and_se([1.0, 0.0, 0.5, 0.5]) == pytest.approx((0.5, math.sqrt(1 / 24)))
+    assert mean_and_se([0.7]) == (0.7, 0.0)
+    with pytest.raises(ValueError, match="no tasks"):
+        mean_and_se([])
+
+
+def test_paired_gain_is_the_se_of_the_differences():
+    before, after = [0.0, 0.5, 1.0, 0.25], [0.5, 0.5, 1.0, 0.75]
+    # differences 0.5, 0, 0, 0.5: mean 0.25, variance (4 * 0.0625) / 3, SE = sqrt(1/12 / 4) = 0.1443
+    g, se = paired_gain(before, after)
+    assert g == pytest.approx(25.0) and se == pytest.approx(100 * math.sqrt(1 / 48))
+    with pytest.raises(ValueError, match="same tasks"):
+        paired_gain([0.0], [0.0, 1.0])
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    corpus = tmp_path_factory.mktemp("tok") / "corpus.txt"
+    corpus.write_text(corpus_text(extra=(MT, FT, "No previous memory", "\\boxed{ red}") * 50),
+                      encoding="utf-8")
+    return train_tokenizer([corpus], 2048)
+
+
+def test_scripted_engine_accuracy_and_se_over_tasks(tokenizer):
+    # The question-blind rule with skip 0 keeps the newest fact and answers with it: right exactly when the
+    # question's fact sits in the document's last piece. Deterministic, so every sample of a task agrees,
+    # and the SE must count TASKS (40), not tasks x samples (120).
+    syn = SyntheticConfig(num_chunks=3, chunk_words=8, fact_position="start")
+    tasks = make_tasks(syn, 40, seed=11)
+    right = [1.0 if list(t.meta["fact_chunks"].values()) == [2] else 0.0 for t in tasks]
+    k = sum(right)
+    assert 0 < k < 40
+    wf = MemAgentConfig(chunk_tokens=8, max_memory_tokens=10, max_final_tokens=6, memory_template=MT,
+                        final_template=FT)
+    engine = ScriptedEngine(RecentFactsRule(MT, FT, skip_prob=0.0), tokenizer=tokenizer)
+    res = evaluate_tasks(engine, get_workflow("memagent"), wf, tasks, samples=3, temperature=1.0, seed=5)
+    p = k / 40
+    assert res.per_task == right
+    assert res.accuracy == pytest.approx(100 * p)
+    assert res.se == pytest.approx(100 * math.sqrt(p * (1 - p) * 40 / 39 / 40))  # ddof 1 over 40 tasks
+    assert (res.num_tasks, res.samples, res.temperature) == (40, 3, 1.0)
+    assert len(engine.calls) == 40 * 3 * 4  # 3 memory calls + 1 final per trajectory
+    assert res.metrics["answer_kept"] == pytest.approx(100 * p) and res.metrics["no_box"] == 0.0
+    both = evaluate_policy(engine, get_workflow("memagent"), wf, {3: tasks}, EvalProtocol(samples=2, seed=5))
+    assert set(both[3]) == {"greedy", "sampled"} and both[3]["greedy"].per_task == right
+    with pytest.raises(ValueError, match="samples must be 1"):
+        evaluate_tasks(engine, get_workflow("memagent"), wf, tasks, samples=2, temperature=0.0)
