@@ -37,6 +37,22 @@ CHAT_TEMPLATE = (
     "{%- endif %}"
 )
 
+# ChatML that renders `tools=` compactly: the system message ends with "tools: search prune_context"
+# (the tool names only). For tiny models trained from scratch (the MemAct CPU task): the Hermes block of
+# JSON schemas that memrl.tools.calls appends for templates without tools support is ~300 tokens.
+CHAT_TEMPLATE_COMPACT_TOOLS = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] }}"
+    "{%- if loop.first and tools and message['role'] == 'system' %}"
+    "{{- '\\ntools:' }}{%- for t in tools %}{{- ' ' + t['function']['name'] }}{%- endfor %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- endif %}"
+)
+
 # Qwen2's pre-tokenizer split: digits one by one, words with one leading non-letter, punctuation runs.
 PRETOKENIZE_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"

@@ -84,6 +84,9 @@ class MemActConfig:
     system_template: str | None = None
     system_noprune_template: str | None = None
     user_template: str | None = None
+    answer_instruction: str | None = None
+    """Text put in the user prompt's {answer_format} (None = `answer_format(task)`: the JSON keys spelled out
+    for the task's sub-question count). A short one keeps a tiny model's prompt short (the CPU demo)."""
 
     def __post_init__(self) -> None:
         for name in ("max_assistant_turns", "max_turn_tokens", "max_context_tokens", "max_parallel_calls"):
@@ -227,7 +230,8 @@ class _Run:
         cfg, task = self.cfg, self.task
         sys_tpl, user_tpl = cfg.templates(self.prune_on)
         head_text, native = tc.render_system(
-            self.tok, sys_tpl.render(), user_tpl.render(question=task.question, answer_format=answer_format(task)),
+            self.tok, sys_tpl.render(), user_tpl.render(question=task.question, answer_format=(
+                cfg.answer_instruction if cfg.answer_instruction is not None else answer_format(task))),
             self.tools,
         )
         self.messages.append(ctx.head_message(self.encode(head_text), head_text))

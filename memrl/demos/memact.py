@@ -1,0 +1,459 @@
+"""The MemAct CPU demo: a tiny model learns, with DCPO, when to prune its working context.
+
+  memrl demo --agent memact --out runs/memact_demo
+  memrl demo --agent memact --out runs/m sft.epochs=2 train.trainer.steps=10 eval.num_tasks=100
+
+Steps: write the task (memrl.data.synthetic_memact: a training world and a held-out world, their BM25
+corpora, SFT / RL / held-out tasks) -> init a ~0.6M-parameter Qwen2 whose tokenizer is trained on the task's
+text -> cold-start SFT on the scripted agent's trajectories (memrl.demonstrators.memact: prunes late with
+probability `sft.late_prob`), played through the real memact workflow, so the SFT rows are the workflow's
+segments -> DCPO (preset memact_dcpo_cpu) -> the same held-out evaluation of the SFT and the SFT+DCPO
+policy: greedy and sampled (one sample per task, temperature `eval.temperature`), accuracy (all
+sub-questions right) with its standard error, mean and peak working-context tokens, prunes per task,
+overflow rate -> results.md (printed), results.json, memact_results.png.
+
+Overrides: `key=value` for the demo config (MemActDemoConfig below), `train.<key>=value` for the DCPO
+config (preset memact_dcpo_cpu); `engine.*` and `workflow.*` are spelled as in `memrl train` (they set
+the DCPO config's sections, which the demo's cold start and evaluations use too).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from memrl.data.synthetic_memact import MemActTaskConfig
+from memrl.demos import split_overrides
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class MemActDemoModel:
+    """The tiny Qwen2 trained from scratch (tied embeddings; the vocabulary is what BPE learns)."""
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    vocab_size: int = 2048
+    """BPE target; the task's text runs out of merges well before (about 900 tokens)."""
+    max_positions: int = 1024
+
+
+@dataclass
+class MemActDemoSFT:
+    """Cold start on the scripted agent's trajectories (memrl.demonstrators.memact.MemActDemonstrator)."""
+
+    num_tasks: int = 4000
+    """Demonstration tasks (training world); each gives one segment per prune plus the final one."""
+    late_prob: float = 0.6
+    """The scripted agent's flaw: the probability it searches on instead of pruning, overflowing the budget."""
+    seed: int = 500
+    """Seed of the demonstration tasks."""
+    epochs: int = 2
+    lr: float = 1e-3
+    """(3e-3 and 6e-3 learned more slowly in the runs that chose this recipe.)"""
+    batch_rows: int = 8
+    """Small batches: the model needs many steps (~1000) before it copies names and values at all."""
+    warmup_steps: int = 20
+
+
+@dataclass
+class MemActDemoEval:
+    """Held-out evaluation, fixed before any run: the held-out world, new task seed, same protocol for both
+    policies (greedy, then one sample per task at `temperature`)."""
+
+    num_tasks: int = 300
+    seed: int = 987654
+    """Seed of the held-out tasks (SFT uses sft.seed, DCPO rl_task_seed; all over the training world)."""
+    temperature: float = 1.0
+    """The sampled evaluation's temperature (the DCPO rollouts' own)."""
+
+
+@dataclass
+class MemActDemoConfig:
+    """`memrl demo --agent memact` settings; the DCPO settings are the `memact_dcpo_cpu` preset (+ train.*)."""
+
+    model: MemActDemoModel = field(default_factory=MemActDemoModel)
+    task: MemActTaskConfig = field(default_factory=MemActTaskConfig)
+    sft: MemActDemoSFT = field(default_factory=MemActDemoSFT)
+    eval: MemActDemoEval = field(default_factory=MemActDemoEval)
+    rl_tasks: int = 5000
+    """Training tasks written for DCPO (read in shuffled epochs)."""
+    rl_task_seed: int = 100
+    context_budget: int = 0
+    """The working-context budget (workflow.max_context_tokens of the cold start, DCPO and evaluation).
+    0 = calibrated with the demo's tokenizer: the largest prompt the scripted agent without its flaw
+    reaches on the SFT tasks (the task prompt and two search results); the demo checks that no
+    prompt holding three search results fits."""
+    seed: int = 0
+    """Seed of the tokenizer and the model's initial weights."""
+    train_preset: str = "memact_dcpo_cpu"
+    threads: int = 0
+    """torch threads (0 = torch's default)."""
+
+
+def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[MemActDemoConfig, Any, Path, tuple[Any, Any]]:
+    """(demo config, validated DCPO config, writable output dir, parsed workflow (spec, config)); fails on a
+    bad value before any work."""
+    import torch
+
+    from memrl.config import load_config
+    from memrl.training.config import TrainConfig
+    from memrl.training.trainer import check_writable, validate
+
+    demo_ov, train_ov = split_overrides(list(overrides))
+    cfg = load_config(MemActDemoConfig, demo_ov)
+    out = check_writable(out_dir, "--out")
+    data = out / "data"
+    tcfg = load_config(TrainConfig, [f"model.path={out / 'sft'}", f"out_dir={out / 'rl'}", "data.name=file",
+                                     f"data.path={data / 'train_tasks.jsonl'}",
+                                     f"workflow.retriever_corpus={data / 'train_corpus.jsonl'}", *train_ov],
+                       preset=cfg.train_preset)
+    workflow = validate(tcfg)
+    if workflow[0].name != "memact":
+        from memrl.config import ConfigError
+
+        raise ConfigError(f"workflow.name must be memact for the MemAct demo, got {workflow[0].name!r}")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    return cfg, tcfg, out, workflow
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+@dataclass
+class DemoData:
+    """Paths and tasks the demo wrote."""
+
+    train_corpus: Path
+    heldout_corpus: Path
+    sft_tasks: list[Any]
+    eval_tasks: list[Any]
+
+
+def write_data(cfg: MemActDemoConfig, data_dir: Path) -> DemoData:
+    from memrl.data.synthetic_memact import make_tasks, make_world, write_corpus
+    from memrl.data.tasks_jsonl import write_tasks
+
+    t = cfg.task
+    train_world, heldout_world = make_world(t, t.world_seed), make_world(t, t.heldout_world_seed)
+    train_corpus = write_corpus(data_dir / "train_corpus.jsonl", train_world)
+    heldout_corpus = write_corpus(data_dir / "heldout_corpus.jsonl", heldout_world)
+    sft_tasks = make_tasks(t, train_world, cfg.sft.num_tasks, cfg.sft.seed, prefix="sft")
+    write_tasks(data_dir / "train_tasks.jsonl", make_tasks(t, train_world, cfg.rl_tasks, cfg.rl_task_seed, "rl"))
+    eval_tasks = make_tasks(t, heldout_world, cfg.eval.num_tasks, cfg.eval.seed, prefix="heldout")
+    write_tasks(data_dir / "heldout_tasks.jsonl", eval_tasks)
+    return DemoData(train_corpus, heldout_corpus, sft_tasks, eval_tasks)
+
+
+# ---------------------------------------------------------------------------------------------- model
+
+
+def init_model(cfg: MemActDemoConfig, wf_cfg: Any, sample_tasks: list[Any], out: Path) -> tuple[Any, Any]:
+    """(tokenizer, model): BPE trained on the task's text (compact-tools ChatML), a seeded Qwen2 from scratch."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
+
+    from memrl.data.synthetic_memact import tokenizer_text
+    from memrl.demonstrators.memact import answer_reply, prune_reply, search_reply
+    from memrl.models.tiny import CHAT_TEMPLATE_COMPACT_TOOLS, ModelPreset, qwen2_config, train_tokenizer
+    from memrl.workflows.memact import answer_format
+
+    sys_tpl, user_tpl = wf_cfg.templates(True)
+    extra = [sys_tpl.render(), "tools: search prune_context",
+             "Removed r1, r2, r3. Your memory note stays in your prune_context call above."]
+    for task in sample_tasks[:40]:
+        names, attrs = task.meta["entities"], task.meta["attributes"]
+        instruction = wf_cfg.answer_instruction if wf_cfg.answer_instruction is not None else answer_format(task)
+        extra.append(user_tpl.render(question=task.question, answer_format=instruction))
+        extra += [search_reply(a, n) for a, n in zip(attrs, names, strict=True)]
+        extra.append(prune_reply([(n, a, v) for n, a, v in zip(names, attrs, task.answers, strict=True)],
+                                 ["r1", "r2"]))
+        extra.append(answer_reply(task.answers))
+    # Two passes: a first tokenizer plays the scripted agent on a few tasks, whose whole working contexts
+    # (chat markers, tool results, the workflow's own messages) join the text the final tokenizer learns.
+    m = cfg.model
+    corpus = out / "tokenizer_corpus.txt"
+    corpus.write_text(tokenizer_text(cfg.task, tuple(extra * 10)), encoding="utf-8")
+    tok = train_tokenizer([corpus], m.vocab_size, cfg.seed)
+    tok.chat_template = CHAT_TEMPLATE_COMPACT_TOOLS
+    big = replace(wf_cfg, max_context_tokens=10**9)
+    seen = [tok.decode(s.prompt_ids + s.response_ids) for g in demonstrations(sample_tasks[:60], tok, big, 0.5, 0)
+            for s in g.trajectories[0].segments]
+    corpus.write_text(tokenizer_text(cfg.task, tuple(extra * 10 + seen * 10)), encoding="utf-8")
+    tok = train_tokenizer([corpus], m.vocab_size, cfg.seed)
+    tok.chat_template = CHAT_TEMPLATE_COMPACT_TOOLS
+    tok.model_max_length = m.max_positions
+    init_dir = out / "init"
+    tok.save_pretrained(init_dir)
+    shape = ModelPreset(m.vocab_size, m.hidden_size, 2 * m.hidden_size, m.num_layers, m.num_heads,
+                        m.num_kv_heads, max_position_embeddings=m.max_positions)
+    torch.manual_seed(cfg.seed)
+    Qwen2ForCausalLM(qwen2_config(shape, len(tok), tok.eos_token_id, tok.pad_token_id)).save_pretrained(init_dir)
+    return AutoTokenizer.from_pretrained(init_dir), AutoModelForCausalLM.from_pretrained(init_dir)
+
+
+# ---------------------------------------------------------------------------------------------- budget
+
+
+def calibrate_budget(tasks: list[Any], tokenizer: Any, wf_cfg: Any) -> int:
+    """The largest prompt of the flawless scripted agent (late_prob 0) on `tasks`; raises ValueError when a
+    prompt holding three search results (late_prob 1) would fit in it too, so pruning would not be needed."""
+    big = replace(wf_cfg, max_context_tokens=10**9)
+    two = [g.trajectories[0] for g in demonstrations(tasks, tokenizer, big, 0.0, 0)]
+    budget = int(max(t.metrics["peak_context_tokens"] for t in two))
+    three = [g.trajectories[0] for g in demonstrations(tasks, tokenizer, big, 1.0, 0)]
+    over = [t.metrics["peak_context_tokens"] for t in three if t.metrics["searches"] >= 3]
+    if not over or min(over) <= budget:
+        raise ValueError(f"context budget {budget}: a prompt with three search results has "
+                         f"{min(over, default=0):.0f} tokens and fits; the task would not need pruning")
+    return budget
+
+
+# ---------------------------------------------------------------------------------------------- cold start
+
+
+def demonstrations(tasks: list[Any], tokenizer: Any, wf_cfg: Any, late_prob: float, seed: int) -> list[Any]:
+    """The scripted agent's trajectories (one Group per task), played through the memact workflow by
+    ScriptedEngine: their segments are the SFT rows, built exactly as RL builds its rows."""
+    from memrl.demonstrators import ScriptedEngine
+    from memrl.demonstrators.memact import MemActDemonstrator
+    from memrl.workflows import get_workflow
+    from memrl.workflows.runner import rollout_sync
+
+    script = MemActDemonstrator(late_prob=late_prob, seed=seed)
+    wf = replace(wf_cfg, no_prune_prob=0.0, prune_tool=True)
+    return rollout_sync(tasks, get_workflow("memact"), ScriptedEngine(script, tokenizer=tokenizer), wf, n=1,
+                        concurrency=256, seed=seed)
+
+
+def cold_start(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any],
+               out: Path) -> tuple[list[float], dict[str, float]]:
+    """SFT on the demonstrations' segments; saves the model to out/sft. Returns (losses, demo statistics)."""
+    from memrl.training.logging import MetricsLogger
+    from memrl.training.sft import SFTConfig, sft_train
+
+    groups = demonstrations(tasks, tokenizer, wf_cfg, cfg.sft.late_prob, cfg.sft.seed)
+    trajs = [g.trajectories[0] for g in groups]
+    segments = [s for t in trajs for s in t.segments]
+    stats = summarize(trajs)
+    print(f"cold start: {len(segments)} rows from {len(trajs)} scripted trajectories (its accuracy "
+          f"{stats['accuracy']:.1f}%, prunes/task {stats['prunes_per_task']:.2f}, overflow {stats['overflow']:.1f}%)")
+    scfg = SFTConfig(epochs=cfg.sft.epochs, batch_rows=cfg.sft.batch_rows, lr=cfg.sft.lr,
+                     warmup_steps=cfg.sft.warmup_steps, seed=cfg.seed)
+    steps = cfg.sft.epochs * ((len(segments) + scfg.batch_rows - 1) // scfg.batch_rows)
+    logger = MetricsLogger(out / "sft", tensorboard=False, progress_total=steps, progress=tcfg.trainer.progress,
+                           desc="sft")
+    try:
+        losses = sft_train(model, segments, scfg, pad_id=tokenizer.pad_token_id or 0,
+                           on_step=lambda s, n, m: logger.log(s, m))
+    finally:
+        logger.close()
+    model.save_pretrained(out / "sft", safe_serialization=True)
+    tokenizer.save_pretrained(out / "sft")
+    return losses, stats
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+
+
+def summarize(trajs: list[Any]) -> dict[str, float]:
+    """Accuracy (all sub-questions right, %) with its standard error, sub-question accuracy, mean / peak
+    working context, prunes per task, overflow (stopped by the context budget, %), by-size accuracy."""
+    n = len(trajs)
+    acc = [float(t.reward or 0.0) for t in trajs]
+    p = statistics.fmean(acc)
+    out = {
+        "accuracy": 100.0 * p,
+        "accuracy_se": 100.0 * math.sqrt(p * (1 - p) / n) if n > 1 else 0.0,
+        "subq_accuracy": 100.0 * statistics.fmean(t.metrics.get("multiq_subq_accuracy", 0.0) for t in trajs),
+        "mean_context_tokens": statistics.fmean(t.metrics["mean_context_tokens"] for t in trajs),
+        "peak_context_tokens": statistics.fmean(t.metrics["peak_context_tokens"] for t in trajs),
+        "max_context_tokens": max(t.metrics["peak_context_tokens"] for t in trajs),
+        "prunes_per_task": statistics.fmean(t.metrics["prunes"] for t in trajs),
+        "failed_prunes_per_task": statistics.fmean(t.metrics["failed_prunes"] for t in trajs),
+        "overflow": 100.0 * statistics.fmean(t.metrics["stop_context_budget"] for t in trajs),
+        "turns": statistics.fmean(t.metrics["turns"] for t in trajs),
+        "num_tasks": float(n),
+    }
+    for k in sorted({int(t.metrics.get("multiq_questions", 0)) for t in trajs}):
+        sub = [a for a, t in zip(acc, trajs, strict=True) if int(t.metrics.get("multiq_questions", 0)) == k]
+        out[f"accuracy_{k}q"] = 100.0 * statistics.fmean(sub)
+    return out
+
+
+def evaluate(model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any], corpus: Path, temperature: float,
+             seed: int, engine_cfg: Any = None, model_dir: str | Path = "") -> dict[str, dict[str, float]]:
+    """{"greedy": summary, "sampled": summary} of the policy on the held-out tasks over `corpus`."""
+    import asyncio
+
+    from memrl.engines import EngineConfig, build_engine
+    from memrl.workflows import get_workflow
+    from memrl.workflows.runner import rollout_sync
+
+    ecfg = engine_cfg if engine_cfg is not None else EngineConfig(max_batch_size=256)
+    if ecfg.name != "hf" and not ecfg.model:
+        ecfg = replace(ecfg, model=str(model_dir))
+    engine = build_engine(ecfg, policy=model, tokenizer=tokenizer)
+    spec = get_workflow("memact")
+    base = replace(wf_cfg, retriever_corpus=str(corpus), retriever_url=None, no_prune_prob=0.0, prune_tool=True)
+    out = {}
+    try:
+        for name, temp in (("greedy", 0.0), ("sampled", temperature)):
+            t0 = time.perf_counter()
+            groups = rollout_sync(tasks, spec, engine, replace(base, temperature=temp, top_p=1.0, top_k=-1), n=1,
+                                  concurrency=4096, seed=seed)
+            out[name] = summarize([g.trajectories[0] for g in groups])
+            out[name]["seconds"] = time.perf_counter() - t0
+    finally:
+        asyncio.run(engine.close())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- the demo
+
+
+def run_memact_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
+    """Run the whole demo (module docstring); returns what results.json holds."""
+    from memrl.config import to_yaml
+    from memrl.training.checkpoint import latest_checkpoint
+    from memrl.training.trainer import Trainer
+
+    t_start = time.perf_counter()
+    cfg, tcfg, out, workflow = load_configs(overrides, out_dir)
+    wf_cfg = workflow[1]
+    (out / "demo_config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
+    timings: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    data = write_data(cfg, out / "data")
+    tokenizer, model = init_model(cfg, wf_cfg, data.sft_tasks, out)
+    n_params = sum(p.numel() for p in model.parameters())
+    budget = cfg.context_budget or calibrate_budget(data.sft_tasks[:200], tokenizer, wf_cfg)
+    wf_cfg = replace(wf_cfg, max_context_tokens=budget)
+    tcfg.workflow["max_context_tokens"] = budget
+    workflow = (workflow[0], wf_cfg)
+    print(f"working-context budget: {budget} tokens")
+    print(f"model: {n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
+    timings["init_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    sft_losses, demo_stats = cold_start(cfg, tcfg, model, tokenizer, wf_cfg, data.sft_tasks, out)
+    timings["sft_s"] = time.perf_counter() - t0
+
+    def heldout(policy: Any, model_dir: str | Path) -> dict[str, dict[str, float]]:
+        return evaluate(policy, tokenizer, wf_cfg, data.eval_tasks, data.heldout_corpus, cfg.eval.temperature,
+                        cfg.eval.seed, tcfg.engine, model_dir)
+
+    t0 = time.perf_counter()
+    sft_eval = heldout(model, out / "sft")
+    timings["eval_sft_s"] = time.perf_counter() - t0
+    print_eval("SFT", sft_eval)
+
+    t0 = time.perf_counter()
+    trainer = Trainer(tcfg, workflow=workflow)
+    history = trainer.fit()
+    timings["rl_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    rl_eval = heldout(trainer.model, latest_checkpoint(trainer.ckpt_root) or "")
+    timings["eval_rl_s"] = time.perf_counter() - t0
+    print_eval("SFT+DCPO", rl_eval)
+    timings["total_s"] = time.perf_counter() - t_start
+
+    results = {
+        "sft": sft_eval, "dcpo": rl_eval, "demonstrator": demo_stats, "timings": timings,
+        "num_parameters": n_params, "vocab_size": len(tokenizer), "sft_losses": sft_losses,
+        "rl": {k: [h.get(k, 0.0) for h in history]
+               for k in ("reward/mean", "dcpo/pruned_share", "dcpo/selected", "dcpo/available",
+                         "dcpo/segments_per_trajectory", "rollout/segments")},
+        "budget": {"max_context_tokens": wf_cfg.max_context_tokens, "eval_tasks": len(data.eval_tasks)},
+    }
+    table = results_markdown(results)
+    print(table)
+    (out / "results.md").write_text(table, encoding="utf-8")
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    plot(out / "memact_results.png", results)
+    print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'memact_results.png'} "
+          f"({timings['total_s'] / 60:.1f} min)")
+    return results
+
+
+def print_eval(name: str, res: dict[str, dict[str, float]]) -> None:
+    g, s = res["greedy"], res["sampled"]
+    print(f"{name} held-out: greedy {g['accuracy']:.1f}% (+-{g['accuracy_se']:.1f}), sampled {s['accuracy']:.1f}% "
+          f"(+-{s['accuracy_se']:.1f}); greedy prunes/task {g['prunes_per_task']:.2f}, overflow {g['overflow']:.1f}%")
+
+
+ROWS = (("cold start (SFT)", "sft"), ("SFT + DCPO", "dcpo"))
+
+
+def results_markdown(res: dict[str, Any]) -> str:
+    """The demo's table: one row per policy and decoding, from results.json's numbers."""
+    lines = [
+        "| policy | decoding | accuracy (%) | +- s.e. | 2-question | 3-question | sub-question acc. (%) | "
+        "mean context (tokens) | peak context (tokens) | prunes / task | overflow (%) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, key in ROWS:
+        for dec in ("greedy", "sampled"):
+            r = res[key][dec]
+            lines.append(
+                f"| {label} | {dec} | {r['accuracy']:.1f} | {r['accuracy_se']:.1f} | {r.get('accuracy_2q', 0.0):.1f} | "
+                f"{r.get('accuracy_3q', 0.0):.1f} | {r['subq_accuracy']:.1f} | {r['mean_context_tokens']:.1f} | "
+                f"{r['peak_context_tokens']:.1f} | {r['prunes_per_task']:.2f} | {r['overflow']:.1f} |")
+    d, t, b = res["demonstrator"], res["timings"], res["budget"]
+    gain = {dec: res["dcpo"][dec]["accuracy"] - res["sft"][dec]["accuracy"] for dec in ("greedy", "sampled")}
+    lines += [
+        "",
+        f"DCPO - cold start: greedy {gain['greedy']:+.1f} points, sampled {gain['sampled']:+.1f} points.",
+        f"Held-out: {b['eval_tasks']} tasks over a held-out fact world, working-context budget "
+        f"{b['max_context_tokens']} tokens (the prompt and two search results; 3-question tasks need a prune).",
+        f"Scripted cold-start agent (training world): accuracy {d['accuracy']:.1f}%, prunes/task "
+        f"{d['prunes_per_task']:.2f}, overflow {d['overflow']:.1f}% (it prunes late on purpose).",
+        f"Model: {res['num_parameters'] / 1e6:.2f}M parameters. Time: init {t.get('init_s', 0):.0f}s, SFT "
+        f"{t.get('sft_s', 0):.0f}s, SFT eval {t.get('eval_sft_s', 0):.0f}s, DCPO {t.get('rl_s', 0):.0f}s, DCPO eval "
+        f"{t.get('eval_rl_s', 0):.0f}s, total {t.get('total_s', 0) / 60:.1f} min.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(path: Path, res: dict[str, Any]) -> None:
+    """Held-out accuracy (with standard errors) and mean working context per policy; the DCPO reward curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    xs = range(len(ROWS))
+    for j, dec in enumerate(("greedy", "sampled")):
+        accs = [res[k][dec]["accuracy"] for _, k in ROWS]
+        ses = [res[k][dec]["accuracy_se"] for _, k in ROWS]
+        axes[0].bar([x + 0.38 * j for x in xs], accs, 0.38, yerr=ses, capsize=3, label=dec)
+        axes[1].bar([x + 0.38 * j for x in xs], [res[k][dec]["mean_context_tokens"] for _, k in ROWS], 0.38,
+                    label=dec)
+    for ax, ylabel in ((axes[0], "held-out accuracy (%)"), (axes[1], "mean working context (tokens)")):
+        ax.set_xticks([x + 0.19 for x in xs], [label for label, _ in ROWS])
+        ax.set_ylabel(ylabel)
+        ax.legend()
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylim(0, 100)
+    rewards = res["rl"]["reward/mean"]
+    axes[2].plot(range(1, len(rewards) + 1), rewards, "-", label="mean reward")
+    axes[2].plot(range(1, len(rewards) + 1), res["rl"]["dcpo/pruned_share"], "--", label="share that pruned")
+    axes[2].set_xlabel("DCPO step")
+    axes[2].set_ylim(0, 1)
+    axes[2].legend()
+    axes[2].grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

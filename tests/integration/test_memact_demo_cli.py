@@ -1,0 +1,50 @@
+"""`memrl demo --agent memact` end to end at a toy budget: every output is written and the table is
+results.json's numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memrl.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_memact_demo_writes_table_json_and_plot(tmp_path, capsys):
+    out = tmp_path / "demo"
+    rc = main(["demo", "--agent", "memact", "--out", str(out), "sft.num_tasks=40", "sft.epochs=1",
+               "eval.num_tasks=8", "rl_tasks=30", "task.num_entities=40", "threads=1", "train.trainer.steps=2",
+               "train.trainer.batch_size=2", "train.algorithm.actual_n=2", "train.algorithm.n=3",
+               "train.trainer.progress=false"])
+    assert rc == 0
+    for name in ("results.md", "results.json", "memact_results.png", "demo_config.yaml", "sft/config.json",
+                 "rl/metrics.jsonl", "rl/checkpoints/step_000002/model.safetensors", "data/train_corpus.jsonl",
+                 "data/heldout_corpus.jsonl", "data/train_tasks.jsonl", "data/heldout_tasks.jsonl"):
+        assert (out / name).is_file(), name
+    res = json.loads((out / "results.json").read_text())
+    table = (out / "results.md").read_text()
+    assert table in capsys.readouterr().out
+    assert len(res["rl"]["reward/mean"]) == 2 and res["budget"]["eval_tasks"] == 8
+    for label, key in (("cold start (SFT)", "sft"), ("SFT + DCPO", "dcpo")):
+        for dec in ("greedy", "sampled"):
+            r = res[key][dec]
+            assert r["num_tasks"] == 8 and (r["accuracy"] / 12.5).is_integer()  # 8 tasks: steps of 12.5 points
+            assert r["peak_context_tokens"] <= res["budget"]["max_context_tokens"] + 0.0
+            row = (f"| {label} | {dec} | {r['accuracy']:.1f} | {r['accuracy_se']:.1f} | "
+                   f"{r.get('accuracy_2q', 0.0):.1f} | {r.get('accuracy_3q', 0.0):.1f} | {r['subq_accuracy']:.1f} | "
+                   f"{r['mean_context_tokens']:.1f} | {r['peak_context_tokens']:.1f} | {r['prunes_per_task']:.2f} | "
+                   f"{r['overflow']:.1f} |")
+            assert row in table
+    d = res["demonstrator"]
+    assert 0.0 <= d["overflow"] < 100.0 and d["accuracy"] + d["overflow"] <= 100.0 + 1e-9
+    png = (out / "memact_results.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_memact_demo_refuses_unknown_override_before_work(tmp_path, capsys):
+    rc = main(["demo", "--agent", "memact", "--out", str(tmp_path / "d"), "sft.epoch=1"])
+    assert rc != 0
+    assert "sft.epoch" in capsys.readouterr().err
+    assert not (tmp_path / "d" / "data").exists()
