@@ -15,17 +15,44 @@ def token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log_softmax(logits / T) of each next token, [B, L-1] (the engine's convention; T=1 for greedy).
 
-    With `with_entropy`, also the entropy of softmax(logits / T) per position.
+    With `with_entropy`, also the entropy of softmax(logits / T) per position. Only positions from the
+    micro-batch's first trained token on get logits (`logits_to_keep`): the vocabulary projection and
+    softmax over prompt positions nobody trains on were half of an update's time on the CPU demo.
+    Earlier positions are 0 (their loss mask and weights are 0).
     """
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1, :].float()
+    width = mb.input_ids.shape[1] - 1
+    first = _first_trained_position(mb)
+    kwargs = {"logits_to_keep": width + 1 - first} if first > 0 and _takes_logits_to_keep(model) else {}
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, **kwargs).logits[:, :-1, :].float()
+    start = width - logits.shape[1]
     if temperature != 1.0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
-    lp = logp.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
-    ent = None
-    if with_entropy:
-        ent = -(logp.exp() * logp).sum(-1)
+    lp = logp.gather(-1, mb.targets[:, start:].unsqueeze(-1)).squeeze(-1)
+    ent = -(logp.exp() * logp).sum(-1) if with_entropy else None
+    if start:
+        lp = torch.nn.functional.pad(lp, (start, 0))
+        ent = None if ent is None else torch.nn.functional.pad(ent, (start, 0))
     return lp, ent
+
+
+def _first_trained_position(mb: MicroBatch) -> int:
+    """The first column where any row has a nonzero loss mask or weight (the width when there is none)."""
+    used = ((mb.loss_mask != 0) | (mb.weights != 0)).any(0).nonzero()
+    return int(used[0]) if len(used) else mb.loss_mask.shape[1] - 1
+
+
+_KEEPS: dict[type, bool] = {}
+
+
+def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (every transformers CausalLM since 4.50)."""
+    import inspect
+
+    cls = type(model)
+    if cls not in _KEEPS:
+        _KEEPS[cls] = "logits_to_keep" in inspect.signature(cls.forward).parameters
+    return _KEEPS[cls]
 
 
 @dataclass

@@ -110,4 +110,27 @@ def test_logprobs_follow_the_temperature_convention():
         logits = model(input_ids=mb.input_ids).logits[0, :-1].float()
         lp, _ = token_logprobs(model, mb, temperature=0.5)
     expected = torch.log_softmax(logits / 0.5, -1).gather(-1, mb.targets[0].unsqueeze(-1)).squeeze(-1)
-    torch.testing.assert_close(lp[0], expected)
+    torch.testing.assert_close(lp[0, 2:], expected[2:])  # the response's positions; prompt positions are 0
+    assert torch.equal(lp[0, :2], torch.zeros(2))
+
+
+def test_logprobs_skip_prompt_positions_but_match_full_logits():
+    """Only positions from the first trained token on get logits; those (and their gradients) equal the
+    full forward's, and earlier positions are 0."""
+    model = tiny_model()
+    rows = [Row([5, 6, 7, 8, 9, 10], [11, 12], [1, 1], [0.0, 0.0], 1.0, "a"),
+            Row([5, 6, 7, 8], [13, 14, 15], [1, 0, 1], [0.0] * 3, -1.0, "b")]
+    set_loss_weights(rows, "token-mean")
+    mb = collate(rows)
+    lp, ent = token_logprobs(model, mb, temperature=0.7, with_entropy=True)
+    logp = torch.log_softmax(model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1] / 0.7, -1)
+    full_lp = logp.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
+    full_ent = -(logp.exp() * logp).sum(-1)
+    first = 3  # row b's prompt has 4 tokens: its first response token is predicted at position 3
+    assert lp.shape == full_lp.shape == (2, 7)
+    assert torch.equal(lp[:, :first], torch.zeros(2, first)) and torch.equal(ent[:, :first], torch.zeros(2, first))
+    torch.testing.assert_close(lp[:, first:], full_lp[:, first:])
+    torch.testing.assert_close(ent[:, first:], full_ent[:, first:])
+    (g_new,) = torch.autograd.grad((lp * mb.weights).sum(), model.model.layers[0].mlp.up_proj.weight)
+    (g_full,) = torch.autograd.grad((full_lp * mb.weights).sum(), model.model.layers[0].mlp.up_proj.weight)
+    torch.testing.assert_close(g_new, g_full)
