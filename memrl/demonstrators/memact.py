@@ -32,16 +32,16 @@ from memrl.tools.search import PRUNE, SEARCH
 _QUESTION = re.compile(r"^(\d+)\. (\w+) of (\w+)\?$", re.MULTILINE)
 _RESULT = re.compile(r"\[(r\d+)\] ")
 _SEARCH_RESULT = re.compile(r"\[(r\d+)\] Search results for ")
-_DOC = re.compile(r"^\(\d+\) (.+)$", re.MULTILINE)
+_DOC = re.compile(r"^\(\d+\) ([^<\n]+)", re.MULTILINE)  # a document line, up to the chat marker that may close it
 _MEMORY = re.compile(r'"memory": "([^"]*)"')
 
 
 SEARCH_TOPK = 2
 
 
-def search_reply(attribute: str, name: str) -> str:
+def search_reply(attribute: str, name: str, topk: int = SEARCH_TOPK) -> str:
     query = " " + sub_question(attribute, name).rstrip("?")
-    return format_call(ToolCall(SEARCH, {"query": query, "topk": SEARCH_TOPK}))
+    return format_call(ToolCall(SEARCH, {"query": query, "topk": topk}))
 
 
 def prune_reply(facts: list[tuple[str, str, str]], delete_ids: list[str]) -> str:
@@ -80,12 +80,17 @@ class MemActDemonstrator:
     late_prob: float = 0.6
     """Probability of pruning late (searching on instead, which overflows the budget)."""
     seed: int = 0
+    topk: int = SEARCH_TOPK
+    """Passages each search asks for: 2 = the asked fact and a distractor fact of the same name; 1 = the
+    asked fact alone."""
 
     def __post_init__(self) -> None:
         if self.keep_results < 1:
             raise ValueError(f"MemActDemonstrator.keep_results must be >= 1, got {self.keep_results}")
         if not 0.0 <= self.late_prob <= 1.0:
             raise ValueError(f"MemActDemonstrator.late_prob must be in [0, 1], got {self.late_prob}")
+        if self.topk < 1:
+            raise ValueError(f"MemActDemonstrator.topk must be >= 1, got {self.topk}")
 
     def __call__(self, prompt_text: str, call_index: int = 0) -> str:
         questions = [(a, n) for _, a, n in _QUESTION.findall(prompt_text)]
@@ -109,4 +114,4 @@ class MemActDemonstrator:
             if not late:
                 facts = [(n, a, held[(n, a)]) for a, n in questions if (n, a) in held and (n, a) not in known]
                 return prune_reply(facts, _RESULT.findall(prompt_text))
-        return search_reply(*missing[0])
+        return search_reply(*missing[0], topk=self.topk)

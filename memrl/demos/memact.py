@@ -56,6 +56,9 @@ class MemActDemoSFT:
     """The scripted agent's flaw: the probability it searches on instead of pruning, overflowing the budget."""
     seed: int = 500
     """Seed of the demonstration tasks."""
+    search_topk: int = 2
+    """Passages the scripted agent's searches ask for (2: the asked fact and a distractor of the same name;
+    1: the asked fact alone). The working-context budget is calibrated with it."""
     epochs: int = 2
     lr: float = 1e-3
     """(3e-3 and 6e-3 learned more slowly in the runs that chose this recipe.)"""
@@ -174,7 +177,7 @@ def init_model(cfg: MemActDemoConfig, wf_cfg: Any, sample_tasks: list[Any], out:
         names, attrs = task.meta["entities"], task.meta["attributes"]
         instruction = wf_cfg.answer_instruction if wf_cfg.answer_instruction is not None else answer_format(task)
         extra.append(user_tpl.render(question=task.question, answer_format=instruction))
-        extra += [search_reply(a, n) for a, n in zip(attrs, names, strict=True)]
+        extra += [search_reply(a, n, cfg.sft.search_topk) for a, n in zip(attrs, names, strict=True)]
         extra.append(prune_reply([(n, a, v) for n, a, v in zip(names, attrs, task.answers, strict=True)],
                                  ["r1", "r2"]))
         extra.append(answer_reply(task.answers))
@@ -186,7 +189,7 @@ def init_model(cfg: MemActDemoConfig, wf_cfg: Any, sample_tasks: list[Any], out:
     tok = train_tokenizer([corpus], m.vocab_size, cfg.seed)
     tok.chat_template = CHAT_TEMPLATE_COMPACT_TOOLS
     big = replace(wf_cfg, max_context_tokens=10**9)
-    seen = [tok.decode(s.prompt_ids + s.response_ids) for g in demonstrations(sample_tasks[:60], tok, big, 0.5, 0)
+    seen = [tok.decode(s.prompt_ids + s.response_ids) for g in demonstrations(sample_tasks[:60], tok, big, 0.5, 0, cfg.sft.search_topk)
             for s in g.trajectories[0].segments]
     corpus.write_text(tokenizer_text(cfg.task, tuple(extra * 10 + seen * 10)), encoding="utf-8")
     tok = train_tokenizer([corpus], m.vocab_size, cfg.seed)
@@ -204,13 +207,13 @@ def init_model(cfg: MemActDemoConfig, wf_cfg: Any, sample_tasks: list[Any], out:
 # ---------------------------------------------------------------------------------------------- budget
 
 
-def calibrate_budget(tasks: list[Any], tokenizer: Any, wf_cfg: Any) -> int:
+def calibrate_budget(tasks: list[Any], tokenizer: Any, wf_cfg: Any, topk: int = 2) -> int:
     """The largest prompt of the flawless scripted agent (late_prob 0) on `tasks`; raises ValueError when a
     prompt holding three search results (late_prob 1) would fit in it too, so pruning would not be needed."""
     big = replace(wf_cfg, max_context_tokens=10**9)
-    two = [g.trajectories[0] for g in demonstrations(tasks, tokenizer, big, 0.0, 0)]
+    two = [g.trajectories[0] for g in demonstrations(tasks, tokenizer, big, 0.0, 0, topk)]
     budget = int(max(t.metrics["peak_context_tokens"] for t in two))
-    three = [g.trajectories[0] for g in demonstrations(tasks, tokenizer, big, 1.0, 0)]
+    three = [g.trajectories[0] for g in demonstrations(tasks, tokenizer, big, 1.0, 0, topk)]
     over = [t.metrics["peak_context_tokens"] for t in three if t.metrics["searches"] >= 3]
     if not over or min(over) <= budget:
         raise ValueError(f"context budget {budget}: a prompt with three search results has "
@@ -221,7 +224,8 @@ def calibrate_budget(tasks: list[Any], tokenizer: Any, wf_cfg: Any) -> int:
 # ---------------------------------------------------------------------------------------------- cold start
 
 
-def demonstrations(tasks: list[Any], tokenizer: Any, wf_cfg: Any, late_prob: float, seed: int) -> list[Any]:
+def demonstrations(tasks: list[Any], tokenizer: Any, wf_cfg: Any, late_prob: float, seed: int,
+                   topk: int = 2) -> list[Any]:
     """The scripted agent's trajectories (one Group per task), played through the memact workflow by
     ScriptedEngine: their segments are the SFT rows, built exactly as RL builds its rows."""
     from memrl.demonstrators import ScriptedEngine
@@ -229,7 +233,7 @@ def demonstrations(tasks: list[Any], tokenizer: Any, wf_cfg: Any, late_prob: flo
     from memrl.workflows import get_workflow
     from memrl.workflows.runner import rollout_sync
 
-    script = MemActDemonstrator(late_prob=late_prob, seed=seed)
+    script = MemActDemonstrator(late_prob=late_prob, seed=seed, topk=topk)
     wf = replace(wf_cfg, no_prune_prob=0.0, prune_tool=True)
     return rollout_sync(tasks, get_workflow("memact"), ScriptedEngine(script, tokenizer=tokenizer), wf, n=1,
                         concurrency=256, seed=seed)
@@ -241,7 +245,7 @@ def cold_start(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_
     from memrl.training.logging import MetricsLogger
     from memrl.training.sft import SFTConfig, sft_train
 
-    groups = demonstrations(tasks, tokenizer, wf_cfg, cfg.sft.late_prob, cfg.sft.seed)
+    groups = demonstrations(tasks, tokenizer, wf_cfg, cfg.sft.late_prob, cfg.sft.seed, cfg.sft.search_topk)
     trajs = [g.trajectories[0] for g in groups]
     segments = [s for t in trajs for s in t.segments]
     stats = summarize(trajs)
@@ -337,7 +341,7 @@ def run_memact_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]
     data = write_data(cfg, out / "data")
     tokenizer, model = init_model(cfg, wf_cfg, data.sft_tasks, out)
     n_params = sum(p.numel() for p in model.parameters())
-    budget = cfg.context_budget or calibrate_budget(data.sft_tasks[:200], tokenizer, wf_cfg)
+    budget = cfg.context_budget or calibrate_budget(data.sft_tasks[:200], tokenizer, wf_cfg, cfg.sft.search_topk)
     wf_cfg = replace(wf_cfg, max_context_tokens=budget)
     tcfg.workflow["max_context_tokens"] = budget
     workflow = (workflow[0], wf_cfg)

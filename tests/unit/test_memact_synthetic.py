@@ -133,6 +133,20 @@ def test_agent_searches_prunes_the_needed_facts_searches_on_and_answers():
     assert agent(after + R3) == answer_reply(["38", "71", "55"])
 
 
+def test_topk_one_agent_reads_a_result_closed_by_the_chat_marker():
+    """With one passage per search the fact's line is the last of the tool message, so the decoded prompt
+    has the chat marker right after it ("(1) 417 age 38<|im_end|>"): the fact must still count as held."""
+    agent = MemActDemonstrator(late_prob=0.0, topk=1)
+    assert agent(HEAD) == search_reply("age", "417", topk=1) == (
+        '<tool_call>{"name": "search", "arguments": {"query": " age of 417", "topk": 1}}</tool_call>')
+    r1 = "<|im_start|>tool\n[r1] Search results for \"age of 417\":\n\n(1) 417 age 38<|im_end|>\n"
+    r2 = "<|im_start|>tool\n[r2] Search results for \"room of 523\":\n\n(1) 523 room 71<|im_end|>\n"
+    assert agent(HEAD + r1) == search_reply("room", "523", topk=1)
+    assert agent(HEAD + r1 + r2) == prune_reply([("417", "age", "38"), ("523", "room", "71")], ["r1", "r2"])
+    with pytest.raises(ValueError, match="topk"):
+        MemActDemonstrator(topk=0)
+
+
 def test_late_agent_searches_on_instead_of_pruning():
     assert MemActDemonstrator(late_prob=1.0)(HEAD + R1 + R2) == search_reply("code", "610")
     # the coin depends on the prompt and seed only: the same prompt always gets the same reply
