@@ -1,64 +1,69 @@
-"""A CPU task where a tiny MemAct agent must manage its context: multi-question lookups over a fact world.
+"""A CPU task where a tiny MemAct agent must manage its context: multi-question lookups over per-task facts.
 
-A world is `num_entities` names (three-digit numbers), each with one value per attribute. Its corpus has one document
-per fact, "417 age 38", so a name has four documents and an attribute word is in a quarter of all.
+Every task draws its own small world: `entities_per_task` names (one-token names, memrl.data.synthetic.KEYS),
+each with one value per attribute (color, pet, stone, food; one-token words). Its documents, one per fact
+("Kalo color red"), are the task's own search corpus (`task.meta["documents"]`; the memact workflow with
+`retriever_scope=task` searches them with BM25). A task asks 2 or 3 sub-questions ("color of Kalo?") about
+distinct names, in memrl's multi-question layout (memrl.data.multiobjective), answered with one word each.
+Searching a sub-question's text finds the asked fact first (both words match; "of" is a stopword); with
+topk 2 the second hit is another fact of the same name (the rarer word), a distractor.
 
-A task asks 2 or 3 sub-questions ("age of 417?") about distinct names, in memrl's multi-question layout
-(memrl.data.multiobjective), answered with one value each. Searching a sub-question's text with topk 2
-(BM25, memrl.services.retrieval; "of" is a stopword) finds the asked fact first (both words match) and
-another fact of the same name second (the rarer word matches): a distractor, and every result has the
-same size.
+Facts are drawn per task, so nothing can be memorized: every answer must be copied from a search result or
+from the agent's own memory note, and held-out tasks (another seed) are new fact sheets. Names and values
+are single tokens of the tokenizer trained on `tokenizer_text()` (always after a space: the scripted agent
+writes JSON strings with a leading space, `" red"`), because a tiny model trained from scratch learns to
+copy one token by induction; with names of three digit tokens over one fixed 900-name world (the first
+design) a 0.65M model copied neither names nor values after 1,200-1,800 SFT steps (docs/memact.md).
 
 The workflow's `max_context_tokens` is set (the demo calibrates it with its tokenizer) so that the task
-prompt plus two search turns fit and three do not: a 3-question task is answerable only by pruning the first two
-results into a memory note (`prune_context`) before the third search.
-
-Held-out evaluation uses a second world (same names, facts drawn again from another seed), so
-facts memorized during training do not help. Every attribute is one token of a tokenizer trained on
-`tokenizer_text()` (words always appear after a space: the demonstrator writes JSON strings with a
-leading space, `" 38"`, as the MemAgent demo writes `\\boxed{ red}`); a name is three digit tokens and a
-value two.
+prompt plus two search turns fit and three do not: a 3-question task is answerable only by pruning the
+first two results into a memory note (`prune_context`) before the third search.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from memrl.data.multiobjective import combined_question
-from memrl.services.base import Document
+from memrl.data.synthetic import KEYS, VALUES
 from memrl.types import Task
 
-_NUMBERS = tuple(str(i) for i in range(10, 100))
-ATTRIBUTES: dict[str, tuple[str, ...]] = {"age": _NUMBERS, "room": _NUMBERS, "floor": _NUMBERS, "code": _NUMBERS}
-"""Attribute -> its values: two-digit numbers. Digits are the tokens a tiny model learns to copy soonest
-(with word values, e.g. colors, it had learned to copy names but not values after 1800 SFT steps)."""
+ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "color": VALUES[0:16],
+    "pet": VALUES[16:32],
+    "stone": VALUES[37:45],
+    "food": VALUES[51:59],
+}
+"""Attribute -> its values (one-token words, disjoint across attributes)."""
 
 SOURCE = "synthetic_memact"
 
 
 @dataclass
 class MemActTaskConfig:
-    """The fact world and its tasks."""
+    """The per-task fact sheets and their questions."""
 
-    num_entities: int = 900
-    """Names in a world (documents in its corpus)."""
+    num_names: int = 32
+    """Size of the name pool (the first num_names of memrl.data.synthetic.KEYS)."""
+    entities_per_task: int = 6
+    """Names in one task's world; its corpus has one document per (name, attribute)."""
+    num_values: int = 16
+    """Values per attribute: the first num_values of its list (8 for stone and food whatever this says)."""
     sub_questions: list[int] = field(default_factory=lambda: [2, 3])
     """How many sub-questions a task asks, drawn uniformly from this list (each about another name)."""
-    world_seed: int = 0
-    """Seed of the training world's facts (the held-out world uses `heldout_world_seed`)."""
-    heldout_world_seed: int = 1
-    """Seed of the held-out world: the same names with facts drawn again."""
 
     def __post_init__(self) -> None:
-        if not 3 <= self.num_entities <= len(name_pool()):
-            raise ValueError(f"MemActTaskConfig.num_entities must be in 3..{len(name_pool())}, "
-                             f"got {self.num_entities}")
-        if not self.sub_questions or any(not 1 <= k < self.num_entities for k in self.sub_questions):
-            raise ValueError(f"MemActTaskConfig.sub_questions must be counts in 1..num_entities-1, "
-                             f"got {self.sub_questions}")
+        if not 1 <= self.num_names <= len(KEYS):
+            raise ValueError(f"MemActTaskConfig.num_names must be in 1..{len(KEYS)}, got {self.num_names}")
+        if not 1 <= self.entities_per_task <= self.num_names:
+            raise ValueError(f"MemActTaskConfig.entities_per_task must be in 1..num_names ({self.num_names}), "
+                             f"got {self.entities_per_task}")
+        if self.num_values < 2:
+            raise ValueError(f"MemActTaskConfig.num_values must be >= 2, got {self.num_values}")
+        if not self.sub_questions or any(not 1 <= k <= self.entities_per_task for k in self.sub_questions):
+            raise ValueError(f"MemActTaskConfig.sub_questions must be counts in 1..entities_per_task "
+                             f"({self.entities_per_task}), got {self.sub_questions}")
 
 
 @dataclass(frozen=True)
@@ -72,56 +77,39 @@ class Entity:
         return dict(self.facts)[attribute]
 
     def documents(self) -> list[str]:
-        """One document text per fact: "417 age 38"."""
+        """One document text per fact: "Kalo color red"."""
         return [f"{self.name} {a} {v}" for a, v in self.facts]
 
 
-def name_pool() -> list[str]:
-    """Every name a world may use: the three-digit numbers "100".."999".
-
-    Numbers, not made-up words: the tokenizer splits digits one by one, so a name is three tokens out of
-    ten and a tiny model trained from scratch learns to copy names within its CPU budget (with 120
-    single-token word names it had not after 1800 SFT steps: each name token was too rare). Many names
-    (num_entities) keep each fact rare in training, so copying it from the search result is easier for
-    the model than memorizing it.
-    """
-    return [str(i) for i in range(100, 1000)]
+def names(cfg: MemActTaskConfig) -> tuple[str, ...]:
+    return KEYS[: cfg.num_names]
 
 
-def make_world(cfg: MemActTaskConfig, seed: int) -> list[Entity]:
-    """`cfg.num_entities` names (sorted) with facts drawn from `seed`. The names are the first of a fixed
-    shuffle of the pool and depend only on num_entities, so every world has the same names."""
-    pool = name_pool()
-    random.Random("memact-names").shuffle(pool)
-    names = sorted(pool[: cfg.num_entities])
-    rng = random.Random(f"memact-world:{seed}")
-    return [Entity(n, tuple((a, rng.choice(vs)) for a, vs in ATTRIBUTES.items())) for n in names]
+def values(cfg: MemActTaskConfig) -> dict[str, tuple[str, ...]]:
+    """Attribute -> the values tasks draw from."""
+    return {a: vs[: cfg.num_values] for a, vs in ATTRIBUTES.items()}
 
 
-def world_documents(world: list[Entity]) -> list[Document]:
-    """The world's corpus: one document per fact ("e<name index>-<attribute index>"), no title."""
-    return [Document(f"e{i}-{j}", "", text) for i, e in enumerate(world) for j, text in enumerate(e.documents())]
-
-
-def write_corpus(path: str | Path, world: list[Entity]) -> Path:
-    """The corpus JSONL ({"id", "title", "text"} rows) that `workflow.retriever_corpus` reads."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    rows = [json.dumps({"id": d.id, "title": d.title, "text": d.text}) for d in world_documents(world)]
-    p.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return p
+def make_world(cfg: MemActTaskConfig, rng: random.Random) -> list[Entity]:
+    """`cfg.entities_per_task` distinct names with a value per attribute, drawn from `rng`."""
+    vals = values(cfg)
+    return [Entity(n, tuple((a, rng.choice(vs)) for a, vs in vals.items()))
+            for n in rng.sample(names(cfg), cfg.entities_per_task)]
 
 
 def sub_question(attribute: str, name: str) -> str:
     return f"{attribute} of {name}?"
 
 
-def make_tasks(cfg: MemActTaskConfig, world: list[Entity], num_tasks: int, seed: int, prefix: str = "mq") -> list[Task]:
-    """`num_tasks` tasks over `world`, drawn from `seed` (ids "<prefix><seed>-<i>")."""
+def make_tasks(cfg: MemActTaskConfig, num_tasks: int, seed: int, prefix: str = "mq") -> list[Task]:
+    """`num_tasks` tasks, each with its own fact sheet, drawn from `seed` (ids "<prefix><seed>-<i>")."""
     rng = random.Random(f"memact-tasks:{seed}")
     attrs = list(ATTRIBUTES)
     tasks = []
     for i in range(num_tasks):
+        world = make_world(cfg, rng)
+        docs = [d for e in world for d in e.documents()]
+        rng.shuffle(docs)
         k = rng.choice(cfg.sub_questions)
         ents = rng.sample(world, k)
         asked = [rng.choice(attrs) for _ in ents]
@@ -130,18 +118,16 @@ def make_tasks(cfg: MemActTaskConfig, world: list[Entity], num_tasks: int, seed:
         tasks.append(Task(
             task_id=f"{prefix}{seed}-{i}", question=combined_question(subs), context="", answers=answers,
             meta={"sub_questions": subs, "sub_answers": [[a] for a in answers], "source": SOURCE,
-                  "entities": [e.name for e in ents], "attributes": asked, "index": i},
+                  "entities": [e.name for e in ents], "attributes": asked, "documents": docs, "index": i},
         ))
     return tasks
 
 
 def tokenizer_text(cfg: MemActTaskConfig, extra: tuple[str, ...] = (), repeats: int = 30) -> str:
-    """Text to train the tiny model's tokenizer on: both worlds' documents and every attribute word with a
-    leading space and at line starts, many times (so BPE makes each one token)."""
-    words = list(ATTRIBUTES) + ["of"]
+    """Text to train the tiny model's tokenizer on: every name, attribute and value word with a leading space
+    and at line starts, many times (so BPE makes each one token), plus `extra`."""
+    words = list(names(cfg)) + list(ATTRIBUTES) + [v for vs in values(cfg).values() for v in vs] + ["of"]
     parts = list(extra)
-    for seed in (cfg.world_seed, cfg.heldout_world_seed):
-        parts += [d.text for d in world_documents(make_world(cfg, seed))]
     for _ in range(repeats):
         parts.append(" " + " ".join(words))
         parts.append("\n".join(words))

@@ -3,8 +3,8 @@
   memrl demo --agent memact --out runs/memact_demo
   memrl demo --agent memact --out runs/m sft.epochs=2 train.trainer.steps=10 eval.num_tasks=100
 
-Steps: write the task (memrl.data.synthetic_memact: a training world and a held-out world, their BM25
-corpora, SFT / RL / held-out tasks) -> init a ~0.6M-parameter Qwen2 whose tokenizer is trained on the task's
+Steps: write the task (memrl.data.synthetic_memact: SFT / RL / held-out tasks, each with its own fact
+sheet that the agent searches with BM25) -> init a ~0.6M-parameter Qwen2 whose tokenizer is trained on the task's
 text -> cold-start SFT on the scripted agent's trajectories (memrl.demonstrators.memact: prunes late with
 probability `sft.late_prob`), played through the real memact workflow, so the SFT rows are the workflow's
 segments -> DCPO (preset memact_dcpo_cpu) -> the same held-out evaluation of the SFT and the SFT+DCPO
@@ -51,7 +51,7 @@ class MemActDemoSFT:
     """Cold start on the scripted agent's trajectories (memrl.demonstrators.memact.MemActDemonstrator)."""
 
     num_tasks: int = 4000
-    """Demonstration tasks (training world); each gives one segment per prune plus the final one."""
+    """Demonstration tasks; each gives one segment per prune plus the final one."""
     late_prob: float = 0.6
     """The scripted agent's flaw: the probability it searches on instead of pruning, overflowing the budget."""
     seed: int = 500
@@ -69,12 +69,12 @@ class MemActDemoSFT:
 
 @dataclass
 class MemActDemoEval:
-    """Held-out evaluation, fixed before any run: the held-out world, new task seed, same protocol for both
+    """Held-out evaluation, fixed before any run: new fact sheets (another task seed), same protocol for both
     policies (greedy, then one sample per task at `temperature`)."""
 
     num_tasks: int = 300
     seed: int = 987654
-    """Seed of the held-out tasks (SFT uses sft.seed, DCPO rl_task_seed; all over the training world)."""
+    """Seed of the held-out tasks (SFT uses sft.seed, DCPO rl_task_seed)."""
     temperature: float = 1.0
     """The sampled evaluation's temperature (the DCPO rollouts' own)."""
 
@@ -116,8 +116,7 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[MemActDemoC
     out = check_writable(out_dir, "--out")
     data = out / "data"
     tcfg = load_config(TrainConfig, [f"model.path={out / 'sft'}", f"out_dir={out / 'rl'}", "data.name=file",
-                                     f"data.path={data / 'train_tasks.jsonl'}",
-                                     f"workflow.retriever_corpus={data / 'train_corpus.jsonl'}", *train_ov],
+                                     f"data.path={data / 'train_tasks.jsonl'}", *train_ov],
                        preset=cfg.train_preset)
     workflow = validate(tcfg)
     if workflow[0].name != "memact":
@@ -134,27 +133,24 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[MemActDemoC
 
 @dataclass
 class DemoData:
-    """Paths and tasks the demo wrote."""
+    """The tasks the demo made (each carries its own fact sheet in meta["documents"])."""
 
-    train_corpus: Path
-    heldout_corpus: Path
     sft_tasks: list[Any]
     eval_tasks: list[Any]
 
 
 def write_data(cfg: MemActDemoConfig, data_dir: Path) -> DemoData:
-    from memrl.data.synthetic_memact import make_tasks, make_world, write_corpus
+    """SFT tasks (kept in memory), DCPO tasks (data/train_tasks.jsonl), held-out tasks
+    (data/heldout_tasks.jsonl); three seeds, so no fact sheet is shared."""
+    from memrl.data.synthetic_memact import make_tasks
     from memrl.data.tasks_jsonl import write_tasks
 
     t = cfg.task
-    train_world, heldout_world = make_world(t, t.world_seed), make_world(t, t.heldout_world_seed)
-    train_corpus = write_corpus(data_dir / "train_corpus.jsonl", train_world)
-    heldout_corpus = write_corpus(data_dir / "heldout_corpus.jsonl", heldout_world)
-    sft_tasks = make_tasks(t, train_world, cfg.sft.num_tasks, cfg.sft.seed, prefix="sft")
-    write_tasks(data_dir / "train_tasks.jsonl", make_tasks(t, train_world, cfg.rl_tasks, cfg.rl_task_seed, "rl"))
-    eval_tasks = make_tasks(t, heldout_world, cfg.eval.num_tasks, cfg.eval.seed, prefix="heldout")
+    sft_tasks = make_tasks(t, cfg.sft.num_tasks, cfg.sft.seed, prefix="sft")
+    write_tasks(data_dir / "train_tasks.jsonl", make_tasks(t, cfg.rl_tasks, cfg.rl_task_seed, "rl"))
+    eval_tasks = make_tasks(t, cfg.eval.num_tasks, cfg.eval.seed, prefix="heldout")
     write_tasks(data_dir / "heldout_tasks.jsonl", eval_tasks)
-    return DemoData(train_corpus, heldout_corpus, sft_tasks, eval_tasks)
+    return DemoData(sft_tasks, eval_tasks)
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -294,9 +290,10 @@ def summarize(trajs: list[Any]) -> dict[str, float]:
     return out
 
 
-def evaluate(model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any], corpus: Path, temperature: float,
+def evaluate(model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any], temperature: float,
              seed: int, engine_cfg: Any = None, model_dir: str | Path = "") -> dict[str, dict[str, float]]:
-    """{"greedy": summary, "sampled": summary} of the policy on the held-out tasks over `corpus`."""
+    """{"greedy": summary, "sampled": summary} of the policy on the held-out tasks (each searching its own
+    fact sheet)."""
     import asyncio
 
     from memrl.engines import EngineConfig, build_engine
@@ -308,7 +305,7 @@ def evaluate(model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any], corpus: 
         ecfg = replace(ecfg, model=str(model_dir))
     engine = build_engine(ecfg, policy=model, tokenizer=tokenizer)
     spec = get_workflow("memact")
-    base = replace(wf_cfg, retriever_corpus=str(corpus), retriever_url=None, no_prune_prob=0.0, prune_tool=True)
+    base = replace(wf_cfg, no_prune_prob=0.0, prune_tool=True)
     out = {}
     try:
         for name, temp in (("greedy", 0.0), ("sampled", temperature)):
@@ -354,7 +351,7 @@ def run_memact_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]
     timings["sft_s"] = time.perf_counter() - t0
 
     def heldout(policy: Any, model_dir: str | Path) -> dict[str, dict[str, float]]:
-        return evaluate(policy, tokenizer, wf_cfg, data.eval_tasks, data.heldout_corpus, cfg.eval.temperature,
+        return evaluate(policy, tokenizer, wf_cfg, data.eval_tasks, cfg.eval.temperature,
                         cfg.eval.seed, tcfg.engine, model_dir)
 
     t0 = time.perf_counter()
@@ -419,9 +416,9 @@ def results_markdown(res: dict[str, Any]) -> str:
     lines += [
         "",
         f"DCPO - cold start: greedy {gain['greedy']:+.1f} points, sampled {gain['sampled']:+.1f} points.",
-        f"Held-out: {b['eval_tasks']} tasks over a held-out fact world, working-context budget "
+        f"Held-out: {b['eval_tasks']} tasks (fact sheets never trained on), working-context budget "
         f"{b['max_context_tokens']} tokens (the prompt and two search results; 3-question tasks need a prune).",
-        f"Scripted cold-start agent (training world): accuracy {d['accuracy']:.1f}%, prunes/task "
+        f"Scripted cold-start agent (SFT tasks): accuracy {d['accuracy']:.1f}%, prunes/task "
         f"{d['prunes_per_task']:.2f}, overflow {d['overflow']:.1f}% (it prunes late on purpose).",
         f"Model: {res['num_parameters'] / 1e6:.2f}M parameters. Time: init {t.get('init_s', 0):.0f}s, SFT "
         f"{t.get('sft_s', 0):.0f}s, SFT eval {t.get('eval_sft_s', 0):.0f}s, DCPO {t.get('rl_s', 0):.0f}s, DCPO eval "

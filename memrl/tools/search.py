@@ -148,6 +148,27 @@ def build_retriever(kind: str, corpus: str | None, url: str | None) -> Any:
     return _CACHE[key]
 
 
+def task_retriever(task: Any) -> Any:
+    """BM25 over the task's own documents, `task.meta["documents"]`: texts (ids "<task_id>-<i>") or
+    {id, title, text} rows. Built per trajectory (a few dozen documents index in about a millisecond)."""
+    from memrl.services.base import Document
+
+    docs = task.meta.get("documents")
+    if not isinstance(docs, list) or not docs:
+        raise ValueError(f"task {task.task_id!r}: retriever_scope=task needs task.meta['documents'], a non-empty "
+                         "list of texts or {id, title, text} rows")
+    parsed = []
+    for i, d in enumerate(docs):
+        if isinstance(d, str):
+            parsed.append(Document(f"{task.task_id}-{i}", "", d))
+        elif isinstance(d, dict) and isinstance(d.get("text"), str):
+            parsed.append(Document(str(d.get("id", f"{task.task_id}-{i}")), str(d.get("title") or ""), d["text"]))
+        else:
+            raise ValueError(f"task {task.task_id!r}: documents[{i}] must be a text or a row with a 'text' "
+                             f"string, got {type(d).__name__}")
+    return _import("memrl.services.retrieval", "BM25Retriever")(parsed)
+
+
 def _import(module: str, attr: str) -> Any:
     try:
         return getattr(importlib.import_module(module), attr)

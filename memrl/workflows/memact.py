@@ -69,6 +69,10 @@ class MemActConfig:
     """Corpus JSONL ({id, title, text} rows) for an in-process retriever."""
     retriever_url: str | None = None
     """Base URL of `memrl serve retrieval` (wins over the corpus)."""
+    retriever_scope: str = "corpus"
+    """"corpus": one retriever (retriever_url / retriever_corpus / a registered one) for every task; "task":
+    BM25 over the task's own documents, `task.meta["documents"]` (texts or {id, title, text} rows), e.g. a
+    HotpotQA question's ten paragraphs or the CPU demo's per-task fact sheet."""
     judge_url: str | None = None
     """OpenAI-compatible server of an LLM judge (e.g. http://127.0.0.1:8001/v1); the outcome reward is then
     the judge's verdict over the text after FINAL_ANSWER: (1.0 only when CORRECT). None = the rule reward."""
@@ -94,6 +98,8 @@ class MemActConfig:
                 raise ValueError(f"MemActConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.no_prune_prob <= 1.0:
             raise ValueError(f"MemActConfig.no_prune_prob must be in [0, 1], got {self.no_prune_prob}")
+        if self.retriever_scope not in ("corpus", "task"):
+            raise ValueError(f"MemActConfig.retriever_scope must be corpus or task, got {self.retriever_scope!r}")
 
     def templates(self, prune: bool) -> tuple[Template, Template]:
         if prune:
@@ -162,7 +168,8 @@ class _Run:
         self.last_prune_turn = -1
         self.context_lengths: list[int] = []
         # built (once per source, cached) before the first turn: a missing retriever fails fast, by name
-        self.retriever = ts.build_retriever(cfg.retriever_kind, cfg.retriever_corpus, cfg.retriever_url)
+        self.retriever = (ts.task_retriever(task) if cfg.retriever_scope == "task" else
+                          ts.build_retriever(cfg.retriever_kind, cfg.retriever_corpus, cfg.retriever_url))
         self.generated = 0  # pruned turns included
 
     def encode(self, text: str) -> list[int]:

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from memrl.config import load_config
-from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks, make_world, write_corpus
+from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks
 from memrl.data.tasks_jsonl import write_tasks
 from memrl.demonstrators import ScriptedEngine
 from memrl.demonstrators.memact import MemActDemonstrator, prune_reply, search_reply
@@ -30,11 +30,9 @@ def tiny_path():
 @pytest.fixture(scope="module")
 def task_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("memact_task")
-    cfg = MemActTaskConfig(num_entities=40, sub_questions=[3])
-    world = make_world(cfg, 0)
-    tasks = make_tasks(cfg, world, 2, seed=12)  # (seed 11 has a task one search less)
+    tasks = make_tasks(MemActTaskConfig(sub_questions=[3]), 2, seed=12)  # each task searches its own fact sheet
     write_tasks(d / "tasks.jsonl", tasks)
-    return d, write_corpus(d / "corpus.jsonl", world), tasks
+    return d, tasks
 
 
 class _ScriptedTrainer(Trainer):
@@ -56,20 +54,20 @@ class _ScriptedTrainer(Trainer):
         return super().train_rows(rows)
 
 
-def _cfg(model, out, corpus, data, budget, **extra) -> TrainConfig:
+def _cfg(model, out, data, budget, **extra) -> TrainConfig:
     ov = [f"model.path={model}", f"out_dir={out}", "trainer.steps=1", "workflow=memact",
-          f"workflow.retriever_corpus={corpus}", f"workflow.max_context_tokens={budget}",
+          "workflow.retriever_scope=task", f"workflow.max_context_tokens={budget}",
           "workflow.max_turn_tokens=96", "workflow.no_prune_prob=0.0", "data.name=file", f"data.path={data}",
           "algorithm.name=dcpo", "trainer.batch_size=2", "algorithm.kl_coef=0.0", "optim.lr=1e-4",
           "trainer.progress=false", "trainer.tensorboard=false", "trainer.dump_every=0", "trainer.seed=3"]
     return load_config(TrainConfig, ov + [f"{k}={v}" for k, v in extra.items()])
 
 
-def _budget(tokenizer, corpus, tasks):
+def _budget(tokenizer, tasks):
     from memrl.demos.memact import calibrate_budget
     from memrl.workflows.memact import MemActConfig
 
-    return calibrate_budget(tasks, tokenizer, MemActConfig(retriever_corpus=str(corpus), max_turn_tokens=96))
+    return calibrate_budget(tasks, tokenizer, MemActConfig(retriever_scope="task", max_turn_tokens=96))
 
 
 def test_sft_rows_equal_the_rl_rows_of_the_same_trajectory(tiny_path, task_files, tmp_path):
@@ -78,16 +76,16 @@ def test_sft_rows_equal_the_rl_rows_of_the_same_trajectory(tiny_path, task_files
     from memrl.demos.memact import demonstrations
     from memrl.workflows.memact import MemActConfig
 
-    d, corpus, tasks = task_files
+    d, tasks = task_files
     tok = AutoTokenizer.from_pretrained(tiny_path)
-    budget = _budget(tok, corpus, tasks)
+    budget = _budget(tok, tasks)
     # the cold start's rows: the demo's own path (the workflow's segments, as sft_train reads them)
-    wf = MemActConfig(retriever_corpus=str(corpus), max_context_tokens=budget, max_turn_tokens=96)
+    wf = MemActConfig(retriever_scope="task", max_context_tokens=budget, max_turn_tokens=96)
     groups = demonstrations(tasks, tok, wf, late_prob=0.0, seed=0)
     sft = rows_from_segments([s for g in groups for s in g.trajectories[0].segments])
     # RL: DCPO over the same flawless script (every sample of a task is the same trajectory); n=4 of 4 train
     _ScriptedTrainer.script = MemActDemonstrator(late_prob=0.0)
-    trainer = _ScriptedTrainer(_cfg(tiny_path, tmp_path / "rl", corpus, d / "tasks.jsonl", budget,
+    trainer = _ScriptedTrainer(_cfg(tiny_path, tmp_path / "rl", d / "tasks.jsonl", budget,
                                     **{"algorithm.actual_n": 2, "algorithm.n": 4}))
     (h,) = trainer.fit()
     rl = trainer.seen[1]
@@ -116,12 +114,12 @@ def test_dcpo_step_on_memact_trains_exactly_the_selected_segments(tiny_path, tas
 
     from memrl.algorithms.selection import dcpo_select_segments
 
-    d, corpus, tasks = task_files
-    budget = _budget(AutoTokenizer.from_pretrained(tiny_path), corpus, tasks)
+    d, tasks = task_files
+    budget = _budget(AutoTokenizer.from_pretrained(tiny_path), tasks)
     # a coin per model call (by call index): samples of one task differ, some prune (2 segments, reward 1),
     # some prune late and overflow (1 segment, reward 0)
     _ScriptedTrainer.script = staticmethod(lambda prompt, i: MemActDemonstrator(late_prob=0.5, seed=i)(prompt))
-    trainer = _ScriptedTrainer(_cfg(tiny_path, tmp_path / "rl", corpus, d / "tasks.jsonl", budget,
+    trainer = _ScriptedTrainer(_cfg(tiny_path, tmp_path / "rl", d / "tasks.jsonl", budget,
                                     **{"algorithm.actual_n": 4, "algorithm.n": 5}))
     (h,) = trainer.fit()
     groups, rows = trainer.seen
@@ -153,10 +151,10 @@ def test_late_scripted_agent_overflows_the_budget(tiny_path, task_files):
     from memrl.demos.memact import demonstrations
     from memrl.workflows.memact import MemActConfig
 
-    d, corpus, tasks = task_files
+    d, tasks = task_files
     tok = AutoTokenizer.from_pretrained(tiny_path)
-    budget = _budget(tok, corpus, tasks)
-    wf = MemActConfig(retriever_corpus=str(corpus), max_context_tokens=budget, max_turn_tokens=96)
+    budget = _budget(tok, tasks)
+    wf = MemActConfig(retriever_scope="task", max_context_tokens=budget, max_turn_tokens=96)
     late = [g.trajectories[0] for g in demonstrations(tasks, tok, wf, late_prob=1.0, seed=0)]
     assert all(t.info["stop"] == "context_budget" and t.metrics["searches"] == 3 and t.reward == 0.0 for t in late)
     assert all(len(t.segments) == 1 and t.metrics["prunes"] == 0 for t in late)
@@ -171,10 +169,10 @@ def test_dcpo_memact_step_on_cuda(tiny_path, task_files, tmp_path):
     import torch
     from transformers import AutoTokenizer
 
-    d, corpus, tasks = task_files
-    budget = _budget(AutoTokenizer.from_pretrained(tiny_path), corpus, tasks)
+    d, tasks = task_files
+    budget = _budget(AutoTokenizer.from_pretrained(tiny_path), tasks)
     _ScriptedTrainer.script = staticmethod(lambda prompt, i: MemActDemonstrator(late_prob=0.5, seed=i)(prompt))
-    trainer = _ScriptedTrainer(_cfg(tiny_path, tmp_path / "rl", corpus, d / "tasks.jsonl", budget,
+    trainer = _ScriptedTrainer(_cfg(tiny_path, tmp_path / "rl", d / "tasks.jsonl", budget,
                                     **{"algorithm.actual_n": 4, "algorithm.n": 5, "model.device": "cuda"}))
     before = _initial_state(tiny_path)
     (h,) = trainer.fit()

@@ -15,13 +15,13 @@ pytestmark = pytest.mark.slow
 def test_memact_demo_writes_table_json_and_plot(tmp_path, capsys):
     out = tmp_path / "demo"
     rc = main(["demo", "--agent", "memact", "--out", str(out), "sft.num_tasks=40", "sft.epochs=1",
-               "eval.num_tasks=8", "rl_tasks=30", "task.num_entities=40", "threads=1", "train.trainer.steps=2",
+               "eval.num_tasks=8", "rl_tasks=30", "threads=1", "train.trainer.steps=2",
                "train.trainer.batch_size=2", "train.algorithm.actual_n=2", "train.algorithm.n=3",
                "train.trainer.progress=false"])
     assert rc == 0
     for name in ("results.md", "results.json", "memact_results.png", "demo_config.yaml", "sft/config.json",
-                 "rl/metrics.jsonl", "rl/checkpoints/step_000002/model.safetensors", "data/train_corpus.jsonl",
-                 "data/heldout_corpus.jsonl", "data/train_tasks.jsonl", "data/heldout_tasks.jsonl"):
+                 "rl/metrics.jsonl", "rl/checkpoints/step_000002/model.safetensors", "data/train_tasks.jsonl",
+                 "data/heldout_tasks.jsonl"):
         assert (out / name).is_file(), name
     res = json.loads((out / "results.json").read_text())
     table = (out / "results.md").read_text()

@@ -338,3 +338,30 @@ def test_chatml_tokenizer_context_is_the_concatenation_of_message_ids():
     assert s1.response_ids == g[0] + nl + t1 + hdr + g[1]
     assert fin.prompt_ids == engine.calls[2].prompt_ids and fin.response_ids == g[2]
     assert traj.reward is None and traj.final_answer == "Paris"
+
+
+def test_task_scope_searches_the_tasks_own_documents():
+    """retriever_scope=task: BM25 over task.meta["documents"] (texts or rows), never the shared retriever."""
+    rows = [{"id": "x1", "title": "Oslo", "text": "Oslo is the capital of Norway."}, "Lima is the capital of Peru."]
+    task = Task("t9", "Q", "", ["Oslo"], meta={"documents": rows})
+    r0 = call("search", query="capital of Norway", topk=1)
+    traj, engine = run_one([r0, "FINAL_ANSWER: Oslo"], task=task, retriever_scope="task")
+    oslo = Document("x1", "Oslo", rows[0]["text"])
+    assert engine.calls[1].prompt_ids == head() + asst(r0) + tool("[r1] " + results("capital of Norway", oslo)) + HDR
+    assert traj.final_answer == "Oslo" and traj.metrics["searches"] == 1.0
+    r0 = call("search", query="Peru", topk=1)
+    traj, engine = run_one([r0, "FINAL_ANSWER: Lima"], task=task, retriever_scope="task")
+    lima = '[r1] Search results for "Peru":\n\n(1) Lima is the capital of Peru.'  # a text row: no title
+    assert engine.calls[1].prompt_ids == head() + asst(r0) + tool(lima) + HDR
+
+
+def test_task_scope_without_documents_names_the_task():
+    import pytest
+
+    with pytest.raises(ValueError, match="task 't1'.*documents"):
+        run_one(["FINAL_ANSWER: x"], retriever_scope="task")
+    with pytest.raises(ValueError, match=r"documents\[1\]"):
+        run_one(["FINAL_ANSWER: x"], task=Task("t2", "Q", "", ["x"], meta={"documents": ["a b", {"title": "no text"}]}),
+                retriever_scope="task")
+    with pytest.raises(ValueError, match="retriever_scope"):
+        cfg(retriever_scope="everywhere")

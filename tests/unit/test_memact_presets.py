@@ -21,12 +21,11 @@ def test_published_memact_dcpo_recipe():
 
 
 def test_cpu_memact_dcpo_preset_validates():
-    cfg = load_config(TrainConfig, ["model.path=x", "data.path=t.jsonl", "workflow.retriever_corpus=c.jsonl"],
-                      preset="memact_dcpo_cpu")
+    cfg = load_config(TrainConfig, ["model.path=x", "data.path=t.jsonl"], preset="memact_dcpo_cpu")
     spec, wf = validate(cfg)
     assert spec.name == "memact" and (cfg.algorithm.name, cfg.algorithm.actual_n, cfg.algorithm.n) == ("dcpo", 8, 12)
     assert wf.temperature == cfg.algorithm.temperature == 1.0 and wf.no_prune_prob == 0.0
-    assert wf.retriever_kind == "bm25" and wf.retriever_corpus == "c.jsonl"
+    assert wf.retriever_scope == "task" and wf.retriever_corpus is None  # every task searches its own facts
     assert wf.answer_instruction and (cfg.engine.name, cfg.model.device) == ("hf", "cpu")
 
 
