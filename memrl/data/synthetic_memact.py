@@ -44,12 +44,13 @@ SOURCE = "synthetic_memact"
 class MemActTaskConfig:
     """The per-task fact sheets and their questions."""
 
-    num_names: int = 32
-    """Size of the name pool (the first num_names of memrl.data.synthetic.KEYS)."""
+    num_names: int = 16
+    """Size of the name pool (the first num_names of memrl.data.synthetic.KEYS): few enough that every name
+    is frequent in training."""
     entities_per_task: int = 6
     """Names in one task's world; its corpus has one document per (name, attribute)."""
-    num_values: int = 16
-    """Values per attribute: the first num_values of its list (8 for stone and food whatever this says)."""
+    num_values: int = 8
+    """Values per attribute: the first num_values of its list (stone and food have 8)."""
     sub_questions: list[int] = field(default_factory=lambda: [2, 3])
     """How many sub-questions a task asks, drawn uniformly from this list (each about another name)."""
 

@@ -56,12 +56,18 @@ class MemActDemoSFT:
     """The scripted agent's flaw: the probability it searches on instead of pruning, overflowing the budget."""
     seed: int = 500
     """Seed of the demonstration tasks."""
-    search_topk: int = 2
-    """Passages the scripted agent's searches ask for (2: the asked fact and a distractor of the same name;
-    1: the asked fact alone). The working-context budget is calibrated with it."""
+    search_topk: int = 1
+    """Passages the scripted agent's searches ask for (1: the asked fact alone; 2: also a distractor fact of
+    the same name). The working-context budget is calibrated with it."""
+    copy_warmup_steps: int = 1500
+    """Steps (of `batch_rows` x 4 rows) of copy warm-up before the cold start: random token sequences, each
+    followed by itself (memrl.training.sft.copy_warmup_segments). A model trained from scratch has no
+    induction heads, and without them it never learned to copy a name into a query or a value into an
+    answer (at chance after 2,400 SFT steps); the warm-up forms them at ~700 steps (docs/memact.md). 0 = off."""
     epochs: int = 2
     lr: float = 1e-3
-    """(3e-3 and 6e-3 learned more slowly in the runs that chose this recipe.)"""
+    """(3e-3 and 6e-3 learned more slowly in the runs that chose this recipe; 3e-3 also stops the copy
+    warm-up from forming induction.)"""
     batch_rows: int = 8
     """Small batches: the model needs many steps (~1000) before it copies names and values at all."""
     warmup_steps: int = 20
@@ -235,6 +241,30 @@ def demonstrations(tasks: list[Any], tokenizer: Any, wf_cfg: Any, late_prob: flo
                         concurrency=256, seed=seed)
 
 
+def copy_warmup(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, out: Path) -> list[float]:
+    """Train `model` to copy by content on repeated random sequences over its whole vocabulary (special tokens
+    aside); returns the losses."""
+    from memrl.training.logging import MetricsLogger
+    from memrl.training.sft import SFTConfig, copy_warmup_segments, sft_train
+
+    special = set(tokenizer.all_special_ids)
+    ids = [i for i in range(len(tokenizer)) if i not in special]
+    batch = 4 * cfg.sft.batch_rows
+    rows = copy_warmup_segments(ids, cfg.sft.copy_warmup_steps * batch, block=batch, seed=cfg.seed)
+    logger = MetricsLogger(out / "copy_warmup", tensorboard=False, progress_total=cfg.sft.copy_warmup_steps,
+                           progress=tcfg.trainer.progress, desc="copy warm-up")
+    scfg = SFTConfig(epochs=1, batch_rows=batch, lr=cfg.sft.lr, warmup_steps=20, lr_floor=1.0, shuffle=False,
+                     seed=cfg.seed)
+    try:
+        losses = sft_train(model, rows, scfg, pad_id=tokenizer.pad_token_id or 0,
+                           on_step=lambda s, n, m: logger.log(s, m))
+    finally:
+        logger.close()
+    print(f"copy warm-up: {len(losses)} steps over {len(ids)} tokens, loss {losses[0]:.2f} -> "
+          f"{sum(losses[-20:]) / len(losses[-20:]):.3f} (mean of the last 20; chance {math.log(len(ids)):.2f})")
+    return losses
+
+
 def cold_start(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any],
                out: Path) -> tuple[list[float], dict[str, float]]:
     """SFT on the demonstrations' segments; saves the model to out/sft. Returns (losses, demo statistics)."""
@@ -347,6 +377,10 @@ def run_memact_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]
     timings["init_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    warmup_losses = copy_warmup(cfg, tcfg, model, tokenizer, out) if cfg.sft.copy_warmup_steps else []
+    timings["copy_warmup_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
     sft_losses, demo_stats = cold_start(cfg, tcfg, model, tokenizer, wf_cfg, data.sft_tasks, out)
     timings["sft_s"] = time.perf_counter() - t0
 
@@ -373,6 +407,7 @@ def run_memact_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]
     results = {
         "sft": sft_eval, "dcpo": rl_eval, "demonstrator": demo_stats, "timings": timings,
         "num_parameters": n_params, "vocab_size": len(tokenizer), "sft_losses": sft_losses,
+        "copy_warmup_losses": warmup_losses,
         "rl": {k: [h.get(k, 0.0) for h in history]
                for k in ("reward/mean", "dcpo/pruned_share", "dcpo/selected", "dcpo/available",
                          "dcpo/segments_per_trajectory", "rollout/segments")},
@@ -420,7 +455,8 @@ def results_markdown(res: dict[str, Any]) -> str:
         f"{b['max_context_tokens']} tokens (the prompt and two search results; 3-question tasks need a prune).",
         f"Scripted cold-start agent (SFT tasks): accuracy {d['accuracy']:.1f}%, prunes/task "
         f"{d['prunes_per_task']:.2f}, overflow {d['overflow']:.1f}% (it prunes late on purpose).",
-        f"Model: {res['num_parameters'] / 1e6:.2f}M parameters. Time: init {t.get('init_s', 0):.0f}s, SFT "
+        f"Model: {res['num_parameters'] / 1e6:.2f}M parameters. Time: init {t.get('init_s', 0):.0f}s, copy warm-up "
+        f"{t.get('copy_warmup_s', 0):.0f}s, SFT "
         f"{t.get('sft_s', 0):.0f}s, SFT eval {t.get('eval_sft_s', 0):.0f}s, DCPO {t.get('rl_s', 0):.0f}s, DCPO eval "
         f"{t.get('eval_rl_s', 0):.0f}s, total {t.get('total_s', 0) / 60:.1f} min.",
     ]

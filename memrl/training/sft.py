@@ -39,6 +39,10 @@ class SFTConfig:
     """Padded tokens per micro-batch (gradient accumulation over micro-batches)."""
     loss_agg: str = "token-mean"
     """Aggregation over the tokens of a batch (see algorithms.losses.loss_token_weights)."""
+    lr_floor: float = 0.1
+    """The cosine decay ends at lr * lr_floor (1.0 = constant after warm-up)."""
+    shuffle: bool = True
+    """Shuffle the rows every epoch (False: batches are consecutive rows, e.g. rows made in same-length blocks)."""
     seed: int = 0
 
 
@@ -59,13 +63,14 @@ def sft_train(
     steps_per_epoch = max(1, (len(rows) + cfg.batch_rows - 1) // cfg.batch_rows)
     total = steps_per_epoch * cfg.epochs
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.warmup_steps, total))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.warmup_steps, total, cfg.lr_floor))
     model.train()
     losses: list[float] = []
     step = 0
     for _ in range(cfg.epochs):
         order = list(range(len(rows)))
-        rng.shuffle(order)
+        if cfg.shuffle:
+            rng.shuffle(order)
         for b in range(0, len(order), cfg.batch_rows):
             t0 = time.perf_counter()
             batch = [rows[i] for i in order[b : b + cfg.batch_rows]]
@@ -90,6 +95,28 @@ def sft_train(
                                       "sft/tokens_per_s": tokens / max(dt, 1e-9)})
     model.eval()
     return losses
+
+
+def copy_warmup_segments(token_ids: Sequence[int], rows: int, min_len: int = 8, max_len: int = 40,
+                         block: int = 1, seed: int = 0) -> list[Segment]:
+    """Rows that teach a model trained from scratch to copy by content (induction): a random sequence of
+    `token_ids` (length uniform in [min_len, max_len]) followed by itself, trained on the repeat after its
+    first token. Variable lengths matter: at one fixed length a tiny model copies by a fixed offset
+    instead, which does not carry over to looking a fact up in a context (docs/memact.md). `block`
+    consecutive rows share a length (train them unshuffled in batches of `block`: no padding)."""
+    if not token_ids or not 1 < min_len <= max_len or block < 1:
+        raise ValueError(f"copy_warmup_segments: need token ids, 1 < min_len <= max_len and block >= 1, got "
+                         f"{len(token_ids)} ids, {min_len}..{max_len}, block {block}")
+    rng = random.Random(f"copy-warmup:{seed}")
+    out = []
+    n = min_len
+    for r in range(rows):
+        if r % block == 0:
+            n = rng.randint(min_len, max_len)
+        seq = [rng.choice(token_ids) for _ in range(n)]
+        out.append(Segment(prompt_ids=seq + seq[:1], response_ids=seq[1:], response_logprobs=[0.0] * (n - 1),
+                           loss_mask=[1] * (n - 1), step=0, info={"kind": "copy_warmup"}))
+    return out
 
 
 def lr_factor(step: int, warmup: int, total: int, floor: float = 0.1) -> float:
