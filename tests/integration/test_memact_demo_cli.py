@@ -15,17 +15,20 @@ pytestmark = pytest.mark.slow
 def test_memact_demo_writes_table_json_and_plot(tmp_path, capsys):
     out = tmp_path / "demo"
     rc = main(["demo", "--agent", "memact", "--out", str(out), "sft.num_tasks=40", "sft.epochs=1",
+               "sft.copy_warmup_steps=3",
                "eval.num_tasks=8", "rl_tasks=30", "threads=1", "train.trainer.steps=2",
                "train.trainer.batch_size=2", "train.algorithm.actual_n=2", "train.algorithm.n=3",
                "train.trainer.progress=false"])
     assert rc == 0
     for name in ("results.md", "results.json", "memact_results.png", "demo_config.yaml", "sft/config.json",
+                 "copy_warmup/metrics.jsonl",
                  "rl/metrics.jsonl", "rl/checkpoints/step_000002/model.safetensors", "data/train_tasks.jsonl",
                  "data/heldout_tasks.jsonl"):
         assert (out / name).is_file(), name
     res = json.loads((out / "results.json").read_text())
     table = (out / "results.md").read_text()
     assert table in capsys.readouterr().out
+    assert len(res["copy_warmup_losses"]) == 3
     assert len(res["rl"]["reward/mean"]) == 2 and res["budget"]["eval_tasks"] == 8
     for label, key in (("cold start (SFT)", "sft"), ("SFT + DCPO", "dcpo")):
         for dec in ("greedy", "sampled"):
