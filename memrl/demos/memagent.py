@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 class DemoSFT:
     """Cold start: demonstrations from a mixture of the optimal and the question-blind rule."""
 
-    p_aware: float = 0.7
+    p_aware: float = 0.9
     """Per memory step, the chance the demonstrator plays the optimal `QuestionAwareRule` (keep the fact
     whose key is the question's) instead of the question-blind `RecentFactsRule` (keep the newest fact,
     or skip it with `skip_prob`). 0 = question-blind cold start (the negative result of docs/demo.md),
