@@ -483,9 +483,11 @@ def plot(path: Path, res: dict[str, Any]) -> None:
     for ax, ylabel in ((axes[0], "held-out accuracy (%)"), (axes[1], "mean working context (tokens)")):
         ax.set_xticks([x + 0.19 for x in xs], [label for label, _ in ROWS])
         ax.set_ylabel(ylabel)
-        ax.legend()
+        ax.legend(loc="upper left", fontsize=8)
         ax.grid(alpha=0.3, axis="y")
     axes[0].set_ylim(0, 100)
+    top = max(res[k][dec]["mean_context_tokens"] for _, k in ROWS for dec in ("greedy", "sampled"))
+    axes[1].set_ylim(0, 1.35 * top if top > 0 else 1)  # room for the legend above the bars
     rewards = res["rl"]["reward/mean"]
     axes[2].plot(range(1, len(rewards) + 1), rewards, "-", label="mean reward")
     axes[2].plot(range(1, len(rewards) + 1), res["rl"]["dcpo/pruned_share"], "--", label="share that pruned")
