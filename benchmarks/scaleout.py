@@ -101,24 +101,30 @@ def _random_05b(tmp: str) -> str:
     return tmp
 
 
-def sync_by_size(skip_05b: bool) -> None:
-    """Gather (CPU copy of the state dict) -> ray.put -> ray.get -> copy into a second model instance."""
-    import ray
+def _model_pairs(tmp: str, skip_05b: bool):  # noqa: ANN202
+    """(name, source model, destination model) for tiny, small and (unless skipped) the 0.5B shape; two
+    instances of each, loaded one size at a time."""
     from transformers import AutoModelForCausalLM
 
     from memrl.models.tiny import cached_tiny_model
+
+    sizes = [("tiny", str(cached_tiny_model("tiny"))), ("small", str(cached_tiny_model("small")))]
+    if not skip_05b:
+        sizes.append(("0.5B-shaped (bf16)", _random_05b(os.path.join(tmp, "m05"))))
+    for name, path in sizes:
+        yield name, AutoModelForCausalLM.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+
+
+def sync_by_size(skip_05b: bool) -> None:
+    """Gather (CPU copy of the state dict) -> ray.put -> ray.get -> copy into a second model instance."""
+    import ray
 
     torch.set_num_threads(2)
     print("\n## weight sync by model size (one process: state-dict copy, object store put/get, load)")
     print("| model | params | MB | copy s | put s | get s | load s | total s |")
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        sizes = [("tiny", str(cached_tiny_model("tiny"))), ("small", str(cached_tiny_model("small")))]
-        if not skip_05b:
-            sizes.append(("0.5B-shaped (bf16)", _random_05b(os.path.join(tmp, "m05"))))
-        for name, path in sizes:
-            src = AutoModelForCausalLM.from_pretrained(path)
-            dst = AutoModelForCausalLM.from_pretrained(path)
+        for name, src, dst in _model_pairs(tmp, skip_05b):
             times = []
             for _ in range(5):
                 t0 = time.perf_counter()
@@ -193,9 +199,6 @@ def _directory_once(src, dst, tmp: str) -> float:  # noqa: ANN001
 def sync_modes_by_size(skip_05b: bool) -> None:
     """Object store (copy + put + get + load), gloo broadcast (send + receive + load), directory."""
     import ray
-    from transformers import AutoModelForCausalLM
-
-    from memrl.models.tiny import cached_tiny_model
 
     torch.set_num_threads(2)
     print("\n## weight sync by mode and model size (one process; broadcast: 2 threads over loopback gloo, "
@@ -203,12 +206,7 @@ def sync_modes_by_size(skip_05b: bool) -> None:
     print("| model | MB | object store s | broadcast s | directory s |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        sizes = [("tiny", str(cached_tiny_model("tiny"))), ("small", str(cached_tiny_model("small")))]
-        if not skip_05b:
-            sizes.append(("0.5B-shaped (bf16)", _random_05b(os.path.join(tmp, "m05"))))
-        for name, path in sizes:
-            src = AutoModelForCausalLM.from_pretrained(path)
-            dst = AutoModelForCausalLM.from_pretrained(path)
+        for name, src, dst in _model_pairs(tmp, skip_05b):
             store = []
             for _ in range(3):
                 t0 = time.perf_counter()

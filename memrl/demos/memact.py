@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.data.synthetic_memact import MemActTaskConfig
-from memrl.demos import split_overrides
+from memrl.demos import logged_sft, split_overrides
 
 log = logging.getLogger(__name__)
 
@@ -246,22 +246,16 @@ def demonstrations(tasks: list[Any], tokenizer: Any, wf_cfg: Any, late_prob: flo
 def copy_warmup(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, out: Path) -> list[float]:
     """Train `model` to copy by content on repeated random sequences over its whole vocabulary (special tokens
     aside); returns the losses."""
-    from memrl.training.logging import MetricsLogger
-    from memrl.training.sft import SFTConfig, copy_warmup_segments, sft_train
+    from memrl.training.sft import SFTConfig, copy_warmup_segments
 
     special = set(tokenizer.all_special_ids)
     ids = [i for i in range(len(tokenizer)) if i not in special]
     batch = 4 * cfg.sft.batch_rows
     rows = copy_warmup_segments(ids, cfg.sft.copy_warmup_steps * batch, block=batch, seed=cfg.seed)
-    logger = MetricsLogger(out / "copy_warmup", tensorboard=False, progress_total=cfg.sft.copy_warmup_steps,
-                           progress=tcfg.trainer.progress, desc="copy warm-up")
     scfg = SFTConfig(epochs=1, batch_rows=batch, lr=cfg.sft.lr, warmup_steps=20, lr_floor=1.0, shuffle=False,
                      seed=cfg.seed)
-    try:
-        losses = sft_train(model, rows, scfg, pad_id=tokenizer.pad_token_id or 0,
-                           on_step=lambda s, n, m: logger.log(s, m))
-    finally:
-        logger.close()
+    losses = logged_sft(model, tokenizer, rows, scfg, out / "copy_warmup", desc="copy warm-up",
+                        progress=tcfg.trainer.progress)
     print(f"copy warm-up: {len(losses)} steps over {len(ids)} tokens, loss {losses[0]:.2f} -> "
           f"{sum(losses[-20:]) / len(losses[-20:]):.3f} (mean of the last 20; chance {math.log(len(ids)):.2f})")
     return losses
@@ -270,8 +264,7 @@ def copy_warmup(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, ou
 def cold_start(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any],
                out: Path) -> tuple[list[float], dict[str, float]]:
     """SFT on the demonstrations' segments; saves the model to out/sft. Returns (losses, demo statistics)."""
-    from memrl.training.logging import MetricsLogger
-    from memrl.training.sft import SFTConfig, sft_train
+    from memrl.training.sft import SFTConfig
 
     groups = demonstrations(tasks, tokenizer, wf_cfg, cfg.sft.late_prob, cfg.sft.seed, cfg.sft.search_topk)
     trajs = [g.trajectories[0] for g in groups]
@@ -281,16 +274,8 @@ def cold_start(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_
           f"{stats['accuracy']:.1f}%, prunes/task {stats['prunes_per_task']:.2f}, overflow {stats['overflow']:.1f}%)")
     scfg = SFTConfig(epochs=cfg.sft.epochs, batch_rows=cfg.sft.batch_rows, lr=cfg.sft.lr,
                      warmup_steps=cfg.sft.warmup_steps, seed=cfg.seed)
-    steps = cfg.sft.epochs * ((len(segments) + scfg.batch_rows - 1) // scfg.batch_rows)
-    logger = MetricsLogger(out / "sft", tensorboard=False, progress_total=steps, progress=tcfg.trainer.progress,
-                           desc="sft")
-    try:
-        losses = sft_train(model, segments, scfg, pad_id=tokenizer.pad_token_id or 0,
-                           on_step=lambda s, n, m: logger.log(s, m))
-    finally:
-        logger.close()
-    model.save_pretrained(out / "sft", safe_serialization=True)
-    tokenizer.save_pretrained(out / "sft")
+    losses = logged_sft(model, tokenizer, segments, scfg, out / "sft", desc="sft", progress=tcfg.trainer.progress,
+                        save_dir=out / "sft")
     return losses, stats
 
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from memrl.demos import split_overrides
+from memrl.demos import logged_sft, split_overrides
 from memrl.demos.evaluation import EvalProtocol, evaluate_policy, model_engine, results_to_json
 
 log = logging.getLogger(__name__)
@@ -227,8 +227,7 @@ def cold_start(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: A
     the model to out/sft and returns the per-step losses."""
     from memrl.data.synthetic import make_tasks
     from memrl.demonstrators import ScriptedEngine
-    from memrl.training.logging import MetricsLogger
-    from memrl.training.sft import SFTConfig, sft_train
+    from memrl.training.sft import SFTConfig
     from memrl.workflows import get_workflow
     from memrl.workflows.runner import rollout_sync
 
@@ -249,16 +248,8 @@ def cold_start(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: A
         print(f"SFT: + {len(reading)} reading-comprehension rows (answer from the whole document)")
     scfg = SFTConfig(epochs=cfg.sft.epochs, batch_rows=cfg.sft.batch_rows, lr=cfg.sft.lr,
                      warmup_steps=cfg.sft.warmup_steps, seed=cfg.seed)
-    steps = cfg.sft.epochs * ((len(segments) + scfg.batch_rows - 1) // scfg.batch_rows)
-    logger = MetricsLogger(out / "sft", tensorboard=tcfg.trainer.tensorboard, progress_total=steps,
-                           progress=tcfg.trainer.progress, desc="sft")
-    try:
-        losses = sft_train(model, segments, scfg, pad_id=tokenizer.pad_token_id or 0,
-                           on_step=lambda s, n, m: logger.log(s, m))
-    finally:
-        logger.close()
-    model.save_pretrained(out / "sft", safe_serialization=True)
-    tokenizer.save_pretrained(out / "sft")
+    losses = logged_sft(model, tokenizer, segments, scfg, out / "sft", desc="sft", progress=tcfg.trainer.progress,
+                        tensorboard=tcfg.trainer.tensorboard, save_dir=out / "sft")
     return losses
 
 
