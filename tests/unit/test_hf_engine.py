@@ -242,26 +242,47 @@ def test_update_weights_from_state_dict_and_path(model_dir, prompts, tmp_path):
 
 
 def test_update_weights_waits_for_running_rows(model_dir, prompts):
-    """A completion never mixes weights: the update lands after the running row finishes."""
+    """A completion never mixes weights: an update requested while a row runs (the worker is held after the
+    row's 3rd decode step until the update is waiting) lands only after the row finishes."""
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(model_dir)
     zeroed = {k: torch.zeros_like(v) for k, v in base.state_dict().items() if k.endswith("o_proj.weight")}
     eng = HFEngine(model_dir)
+    gate = threading.Event()
+    forward = eng._forward
+
+    def gated_forward(*args, **kwargs):
+        if eng.stats.decode_steps == 3:
+            assert gate.wait(30), "the update was never requested"
+        return forward(*args, **kwargs)
+
+    eng._forward = gated_forward
+    seen_while_running = {}
 
     async def go():
         task = asyncio.ensure_future(eng.generate(prompts[1], GREEDY.replace(max_tokens=40)))
         while eng.stats.decode_steps < 3:
             await asyncio.sleep(0.005)
-        await asyncio.to_thread(eng.update_weights, zeroed)
-        return await task
+        update = asyncio.ensure_future(asyncio.to_thread(eng.update_weights, zeroed))
+        while not eng._draining:  # the update is waiting for the running row
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        seen_while_running.update(done=task.done(), updates=eng.stats.weight_updates)
+        gate.set()
+        out = await task
+        await update
+        return out
 
     try:
         out = run(asyncio.wait_for(go(), 60))
         later = run(eng.generate(prompts[1], GREEDY.replace(max_tokens=40)))
     finally:
+        gate.set()
         run(eng.close())
+    assert seen_while_running == {"done": False, "updates": 0}
     assert out.token_ids == greedy_reference(base, prompts[1], 40, {eng.eos_token_id})
+    assert len(out.token_ids) > 4  # the row ran past the step where the update was requested
     assert eng.stats.weight_updates == 1 and later.token_ids != out.token_ids
 
 
