@@ -59,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from memrl.data.synthetic import make_tasks
     from memrl.demonstrators import MixtureRule, ScriptedEngine
     from memrl.errors import model_dir
-    from memrl.training.logging import MetricsLogger
-    from memrl.training.sft import sft_train
+    from memrl.training.sft import sft_train_logged
     from memrl.training.trainer import check_writable
     from memrl.workflows import parse_workflow
     from memrl.workflows.runner import rollout_sync
@@ -82,14 +81,6 @@ def run(args: argparse.Namespace) -> int:
     tasks = make_tasks(cfg.data.synthetic, cfg.demonstrator.num_tasks, seed=cfg.data.seed)
     groups = rollout_sync(tasks, spec, ScriptedEngine(rule, tokenizer=tok), wf, n=1)
     segments = [s for g in groups for s in g.segments()]
-    steps = cfg.sft.epochs * ((len(segments) + cfg.sft.batch_rows - 1) // cfg.sft.batch_rows)
-    logger = MetricsLogger(out, progress_total=steps, desc="sft")
-    try:
-        losses = sft_train(model, segments, cfg.sft, pad_id=tok.pad_token_id or 0,
-                           on_step=lambda s, n, m: logger.log(s, m))
-    finally:
-        logger.close()
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
+    losses = sft_train_logged(model, tok, segments, cfg.sft, out, save_dir=out)
     print(f"SFT on {len(segments)} rows: loss {losses[0]:.3f} -> {losses[-1]:.3f}; model in {out}")
     return 0

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.data.synthetic_memact import MemActTaskConfig
-from memrl.demos import logged_sft, split_overrides
+from memrl.demos import split_overrides
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ def demonstrations(tasks: list[Any], tokenizer: Any, wf_cfg: Any, late_prob: flo
 def copy_warmup(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, out: Path) -> list[float]:
     """Train `model` to copy by content on repeated random sequences over its whole vocabulary (special tokens
     aside); returns the losses."""
-    from memrl.training.sft import SFTConfig, copy_warmup_segments
+    from memrl.training.sft import SFTConfig, copy_warmup_segments, sft_train_logged
 
     special = set(tokenizer.all_special_ids)
     ids = [i for i in range(len(tokenizer)) if i not in special]
@@ -254,8 +254,8 @@ def copy_warmup(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, ou
     rows = copy_warmup_segments(ids, cfg.sft.copy_warmup_steps * batch, block=batch, seed=cfg.seed)
     scfg = SFTConfig(epochs=1, batch_rows=batch, lr=cfg.sft.lr, warmup_steps=20, lr_floor=1.0, shuffle=False,
                      seed=cfg.seed)
-    losses = logged_sft(model, tokenizer, rows, scfg, out / "copy_warmup", desc="copy warm-up",
-                        progress=tcfg.trainer.progress)
+    losses = sft_train_logged(model, tokenizer, rows, scfg, out / "copy_warmup", desc="copy warm-up",
+                              progress=tcfg.trainer.progress, tensorboard=False)
     print(f"copy warm-up: {len(losses)} steps over {len(ids)} tokens, loss {losses[0]:.2f} -> "
           f"{sum(losses[-20:]) / len(losses[-20:]):.3f} (mean of the last 20; chance {math.log(len(ids)):.2f})")
     return losses
@@ -264,7 +264,7 @@ def copy_warmup(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, ou
 def cold_start(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any],
                out: Path) -> tuple[list[float], dict[str, float]]:
     """SFT on the demonstrations' segments; saves the model to out/sft. Returns (losses, demo statistics)."""
-    from memrl.training.sft import SFTConfig
+    from memrl.training.sft import SFTConfig, sft_train_logged
 
     groups = demonstrations(tasks, tokenizer, wf_cfg, cfg.sft.late_prob, cfg.sft.seed, cfg.sft.search_topk)
     trajs = [g.trajectories[0] for g in groups]
@@ -274,8 +274,8 @@ def cold_start(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_
           f"{stats['accuracy']:.1f}%, prunes/task {stats['prunes_per_task']:.2f}, overflow {stats['overflow']:.1f}%)")
     scfg = SFTConfig(epochs=cfg.sft.epochs, batch_rows=cfg.sft.batch_rows, lr=cfg.sft.lr,
                      warmup_steps=cfg.sft.warmup_steps, seed=cfg.seed)
-    losses = logged_sft(model, tokenizer, segments, scfg, out / "sft", desc="sft", progress=tcfg.trainer.progress,
-                        save_dir=out / "sft")
+    losses = sft_train_logged(model, tokenizer, segments, scfg, out / "sft", progress=tcfg.trainer.progress,
+                              tensorboard=False, save_dir=out / "sft")
     return losses, stats
 
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from memrl.demos import logged_sft, split_overrides
+from memrl.demos import split_overrides
 from memrl.demos.evaluation import EvalProtocol, evaluate_policy, model_engine, results_to_json
 
 log = logging.getLogger(__name__)
@@ -227,7 +227,7 @@ def cold_start(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: A
     the model to out/sft and returns the per-step losses."""
     from memrl.data.synthetic import make_tasks
     from memrl.demonstrators import ScriptedEngine
-    from memrl.training.sft import SFTConfig
+    from memrl.training.sft import SFTConfig, sft_train_logged
     from memrl.workflows import get_workflow
     from memrl.workflows.runner import rollout_sync
 
@@ -248,8 +248,8 @@ def cold_start(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: A
         print(f"SFT: + {len(reading)} reading-comprehension rows (answer from the whole document)")
     scfg = SFTConfig(epochs=cfg.sft.epochs, batch_rows=cfg.sft.batch_rows, lr=cfg.sft.lr,
                      warmup_steps=cfg.sft.warmup_steps, seed=cfg.seed)
-    losses = logged_sft(model, tokenizer, segments, scfg, out / "sft", desc="sft", progress=tcfg.trainer.progress,
-                        tensorboard=tcfg.trainer.tensorboard, save_dir=out / "sft")
+    losses = sft_train_logged(model, tokenizer, segments, scfg, out / "sft", progress=tcfg.trainer.progress,
+                              tensorboard=tcfg.trainer.tensorboard, save_dir=out / "sft")
     return losses
 
 

@@ -8,10 +8,12 @@ script is `memrl.demonstrators.RecentFactsRule`), so SFT rows are built exactly 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -45,6 +47,10 @@ class SFTConfig:
     """Shuffle the rows every epoch (False: batches are consecutive rows, e.g. rows made in same-length blocks)."""
     seed: int = 0
 
+    def total_steps(self, num_rows: int) -> int:
+        """Optimizer steps `sft_train` takes over `num_rows` rows."""
+        return max(1, (num_rows + self.batch_rows - 1) // self.batch_rows) * self.epochs
+
 
 def sft_train(
     model: torch.nn.Module,
@@ -60,8 +66,7 @@ def sft_train(
         raise ValueError("sft_train: no segments to train on")
     rng = random.Random(cfg.seed)
     device = next(model.parameters()).device  # batches are built on the CPU; the model may be elsewhere
-    steps_per_epoch = max(1, (len(rows) + cfg.batch_rows - 1) // cfg.batch_rows)
-    total = steps_per_epoch * cfg.epochs
+    total = cfg.total_steps(len(rows))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.warmup_steps, total, cfg.lr_floor))
     model.train()
@@ -94,6 +99,26 @@ def sft_train(
                 on_step(step, total, {"sft/loss": loss, "sft/grad_norm": float(gn), "sft/lr": sched.get_last_lr()[0],
                                       "sft/tokens_per_s": tokens / max(dt, 1e-9)})
     model.eval()
+    return losses
+
+
+def sft_train_logged(model: torch.nn.Module, tokenizer: Any, segments: Sequence[Segment], cfg: SFTConfig,
+                     log_dir: str | os.PathLike, *, desc: str = "sft", progress: bool = True,
+                     tensorboard: bool = True, save_dir: str | os.PathLike | None = None) -> list[float]:
+    """`sft_train` with a progress bar and metrics.jsonl in `log_dir` (one line per step); the model and
+    tokenizer are saved to `save_dir` when given. Returns the per-step losses."""
+    from memrl.training.logging import MetricsLogger
+
+    logger = MetricsLogger(log_dir, tensorboard=tensorboard, progress_total=cfg.total_steps(len(segments)),
+                           progress=progress, desc=desc)
+    try:
+        losses = sft_train(model, segments, cfg, pad_id=tokenizer.pad_token_id or 0,
+                           on_step=lambda s, n, m: logger.log(s, m))
+    finally:
+        logger.close()
+    if save_dir is not None:
+        model.save_pretrained(save_dir, safe_serialization=True)
+        tokenizer.save_pretrained(save_dir)
     return losses
 
 
