@@ -96,6 +96,21 @@ def test_greedy_matches_argmax_loop_in_one_batch(engine, ref_model, prompts):
         assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4)
 
 
+def hold_worker(eng: HFEngine, after_decode_steps: int, why: str) -> threading.Event:
+    """Hold `eng`'s worker before its next forward once it has made `after_decode_steps` decode steps, until
+    the returned event is set (the test sets it once the state it needs is reached; `why` names that)."""
+    gate = threading.Event()
+    forward = eng._forward
+
+    def gated_forward(*args, **kwargs):
+        if eng.stats.decode_steps >= after_decode_steps:
+            assert gate.wait(30), why
+        return forward(*args, **kwargs)
+
+    eng._forward = gated_forward
+    return gate
+
+
 def test_requests_joining_a_running_batch_decode_correctly(model_dir, ref_model, prompts):
     """Continuous batching: rows admitted mid-decode, and rows leaving early, must not disturb others.
 
@@ -103,15 +118,7 @@ def test_requests_joining_a_running_batch_decode_correctly(model_dir, ref_model,
     and the engine holds exactly long + newcomers rows, so they are admitted at the next step (no wait)."""
     eng = HFEngine(model_dir, max_batch_size=len(prompts) + 1, max_wait_ms=20.0, seed=0)
     eos = {eng.eos_token_id}
-    gate = threading.Event()
-    forward = eng._forward
-
-    def gated_forward(*args, **kwargs):
-        if eng.stats.decode_steps >= 5:
-            assert gate.wait(30), "the newcomers were never queued"
-        return forward(*args, **kwargs)
-
-    eng._forward = gated_forward
+    gate = hold_worker(eng, after_decode_steps=5, why="the newcomers were never queued")
 
     async def staggered():
         long = asyncio.ensure_future(eng.generate(prompts[1], GREEDY.replace(max_tokens=30)))
@@ -249,15 +256,7 @@ def test_update_weights_waits_for_running_rows(model_dir, prompts):
     base = AutoModelForCausalLM.from_pretrained(model_dir)
     zeroed = {k: torch.zeros_like(v) for k, v in base.state_dict().items() if k.endswith("o_proj.weight")}
     eng = HFEngine(model_dir)
-    gate = threading.Event()
-    forward = eng._forward
-
-    def gated_forward(*args, **kwargs):
-        if eng.stats.decode_steps == 3:
-            assert gate.wait(30), "the update was never requested"
-        return forward(*args, **kwargs)
-
-    eng._forward = gated_forward
+    gate = hold_worker(eng, after_decode_steps=3, why="the update was never requested")
     seen_while_running = {}
 
     async def go():
