@@ -106,6 +106,11 @@ class TrainerSection:
     """Optimizer steps per RL step (the batch's groups split evenly); 1 = fully on-policy."""
     token_budget: int = 16384
     """Padded tokens per micro-batch (rows x longest row); gradient accumulation over micro-batches."""
+    skip_zero_advantage: bool = True
+    """Leave rows whose advantage is exactly 0 (uniform groups, unchanged steps) out of the forward and
+    backward pass. Exact (same loss and gradient, the batch's normalizers kept) and applied only with the
+    PPO loss and no KL or entropy term; `train/rows_zero_adv_skipped` counts them, and the logged entropy,
+    clipfrac and approx_kl are then means over the trained rows."""
     save_every: int = 50
     """Checkpoint every k steps (and at the end); 0 = only at the end."""
     keep_checkpoints: int = 2

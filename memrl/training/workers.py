@@ -61,6 +61,13 @@ def _is_name_keyed(optim_state: dict[str, Any]) -> bool:
     return bool(params) and isinstance(params[0], str)
 
 
+def skips_zero_advantage(cfg: TrainConfig) -> bool:
+    """Whether the update leaves out rows whose advantage is exactly 0 (`trainer.skip_zero_advantage`): only
+    where that is exact, the built-in PPO loss with no KL and no entropy term."""
+    a = cfg.algorithm
+    return cfg.trainer.skip_zero_advantage and a.loss == "ppo" and a.kl_coef == 0 and a.entropy_coef == 0
+
+
 class PolicyWorker:
     """One training rank. `start`: a checkpoint directory to resume from (weights + optimizer), or None."""
 
@@ -115,6 +122,13 @@ class PolicyWorker:
         ws, rk = D.world_size(), D.rank()
         mine = rows if ws == 1 else [rows[i] for i in D.split_rows(rows, ws)[rk]]
         D.set_global_loss_weights(mine, a.loss_agg, self._comm_device())
+        n_rows = len(mine)
+        all_w = sum(sum(r.weights or ()) for r in mine)
+        if skips_zero_advantage(self.cfg):
+            # Exact: a row with A = 0 adds nothing to the PPO loss or its gradient (no KL or entropy term), and
+            # the weights above keep the whole batch's normalizers. Logged means then cover the trained rows.
+            mine = [r for r in mine if r.advantage != 0.0]
+        kept_w = sum(sum(r.weights or ()) for r in mine)
         batches = pack_rows(mine, self.cfg.trainer.token_budget) if mine else []
         # FSDP collectives run per forward/backward: every rank runs the same number of micro-batches,
         # padding with zero-weight copies of a row (they add nothing to the loss or the gradient).
@@ -147,12 +161,18 @@ class PolicyWorker:
         self.sched.step()
         self.model.eval()
         keys = sorted(sums)
-        totals = D.all_reduce_sum([sums[k] for k in keys] + [float(len(batches)), float(len(mine)), float(tokens)],
-                                  self._comm_device())
+        totals = D.all_reduce_sum([sums[k] for k in keys] + [float(len(batches)), float(n_rows), float(len(mine)),
+                                                             float(tokens), all_w, kept_w], self._comm_device())
         out = dict(zip(keys, totals[: len(keys)], strict=True))
+        n_mb, rows_all, rows_kept, n_tok, w_all, w_kept = totals[len(keys):]
+        if 0 < w_kept < w_all:  # entropy / clipfrac / approx_kl / kl: weighted means over the trained tokens
+            for k in ("loss/entropy", "loss/clipfrac", "loss/approx_kl", "loss/kl"):
+                if k in out:
+                    out[k] *= w_all / w_kept
         out["train/grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
         out["train/lr"] = self.sched.get_last_lr()[0]
-        out["train/micro_batches"], out["train/rows"], out["train/tokens"] = totals[len(keys):]
+        out["train/micro_batches"], out["train/rows"], out["train/tokens"] = n_mb, rows_all, n_tok
+        out["train/rows_zero_adv_skipped"] = rows_all - rows_kept
         return out
 
     def _comm_device(self) -> str:
