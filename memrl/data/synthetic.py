@@ -15,6 +15,7 @@ token chunks line up with the pieces (`memrl demo` checks this). Generation is s
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Iterator
@@ -100,6 +101,11 @@ class SyntheticConfig:
     fact_sep: str | None = "is"
     """Word between a fact's key and value ("Kalo is red"); null writes "Kalo red", so the value is the
     token right after its key (a one-step induction copy, easier for tiny models)."""
+    answer_span: float = 1.0
+    """Where the question's fact may sit: in the first ceil(answer_span x num_chunks) pieces of its document
+    (1.0 = anywhere, uniformly; the default stream is unchanged). Smaller values leave more memory rewrites
+    after the fact, a training curriculum for retention; evaluation keeps 1.0. One-fact questions only (a
+    bridge question's facts stay anywhere)."""
     question_style: str = "what"
     """"what": "what is Kalo" / "what is what Kalo is"; "cloze": the question is the fact with its value
     blanked, "Kalo is ?" / "Kalo is ? is ?" (it reads like the facts it asks about)."""
@@ -124,6 +130,8 @@ class SyntheticConfig:
             raise ValueError("SyntheticConfig: bridge questions need at least 2 fact slots per document")
         if self.question_style not in ("what", "cloze"):
             raise ValueError(f"SyntheticConfig.question_style must be what or cloze, got {self.question_style!r}")
+        if not 0.0 < self.answer_span <= 1.0:
+            raise ValueError(f"SyntheticConfig.answer_span must be in (0, 1], got {self.answer_span}")
         if self.fact_position not in ("random", "start"):
             raise ValueError(f"SyntheticConfig.fact_position must be random or start, got {self.fact_position!r}")
         if not 2 <= self.num_values <= len(VALUES):
@@ -223,6 +231,10 @@ def make_task(cfg: SyntheticConfig, seed: int, index: int) -> Task:
     order = list(range(slots))
     rng.shuffle(order)
     placed = [facts[j] for j in order]
+    if cfg.answer_span < 1.0 and not bridge:  # move the fact to a uniform slot of the span (extra draw only here)
+        span = math.ceil(cfg.answer_span * n_chunks) * cfg.facts_per_chunk
+        at, to = placed.index(planted[0]), rng.randrange(span)
+        placed[at], placed[to] = placed[to], placed[at]
     # A repeated distractor key must never be the question's key or carry its answer chain.
     pieces: list[str] = []
     positions: dict[str, int] = {}

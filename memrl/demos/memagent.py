@@ -137,7 +137,7 @@ def heldout_tasks(cfg: DemoConfig, tcfg: Any) -> dict[int, list[Any]]:
     from memrl.data.synthetic import make_tasks
 
     syn = tcfg.data.synthetic
-    return {n: make_tasks(replace(syn, num_chunks=n, min_chunks=0), cfg.eval.num_tasks, seed=cfg.eval.seed)
+    return {n: make_tasks(replace(syn, num_chunks=n, min_chunks=0, answer_span=1.0), cfg.eval.num_tasks, seed=cfg.eval.seed)
             for n in eval_lengths(cfg, tcfg)}
 
 

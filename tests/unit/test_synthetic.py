@@ -213,3 +213,28 @@ def test_cloze_questions():
         SyntheticConfig(question_style="how")
     with pytest.raises(ValueError, match="not a synthetic question"):
         question_key("Kalo is red")
+
+
+def test_answer_span_puts_the_fact_early_and_leaves_the_default_stream_alone():
+    base = SyntheticConfig(num_chunks=8, min_chunks=2, chunk_words=8, fact_position="start")
+    early = SyntheticConfig(num_chunks=8, min_chunks=2, chunk_words=8, fact_position="start", answer_span=0.5)
+    default = make_tasks(base, 200, seed=5)
+    tasks = make_tasks(early, 200, seed=5)
+    spans = set()
+    for d, t in zip(default, tasks, strict=True):
+        n = t.meta["num_chunks"]
+        assert n == d.meta["num_chunks"] and t.question == d.question and t.answers == d.answers
+        (chunk,) = t.meta["fact_chunks"].values()
+        assert chunk < -(-n // 2)  # ceil(n / 2): e.g. 5 chunks -> the fact is in chunk 0, 1 or 2
+        spans.add((n, chunk))
+        key, _ = question_key(t.question)
+        facts = find_facts(t.context)
+        assert len(facts) == n and [v for k, v in facts if k == key] == t.answers  # still answerable once
+        assert sorted(facts) == sorted(find_facts(d.context))  # the same facts, one swap apart
+    assert {c for n, c in spans if n == 8} == {0, 1, 2, 3}  # the whole span is used
+    # the uniform default: the fact lands in the second half too, and answer_span=1 is the same stream
+    assert any(next(iter(d.meta["fact_chunks"].values())) >= -(-d.meta["num_chunks"] // 2) for d in default)
+    same = SyntheticConfig(num_chunks=8, min_chunks=2, chunk_words=8, fact_position="start", answer_span=1.0)
+    assert [t.context for t in make_tasks(same, 200, seed=5)] == [d.context for d in default]
+    with pytest.raises(ValueError, match="answer_span"):
+        SyntheticConfig(answer_span=0.0)
