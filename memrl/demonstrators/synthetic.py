@@ -83,19 +83,27 @@ class QuestionAwareRule(RecentFactsRule):
     final step answers like `RecentFactsRule`. SFT on its traces measures what a model can represent
     (benchmarks/demo_ceiling.py)."""
 
+    keep_distractors: bool = True
+    """With no fact about the question's key in the section or the memory: keep the newest fact (True) or
+    leave the memory empty (False, `no_memory_text`). Both are optimal for one-hop questions; an empty memory
+    gives a model no other fact to confuse with the one it must capture."""
+
     def __call__(self, prompt_text: str, call_index: int = 0) -> str:
         m = self._mem.search(prompt_text)
         if not (m and "chunk" in m.groupdict()):
             return super().__call__(prompt_text, call_index)
         old, new = find_facts(m.group("memory"), self.fact_sep), find_facts(m.group("chunk"), self.fact_sep)
-        return self._memory(_relevant(old, new, m.group("problem"))[-self.budget :], m.group("problem"))
+        facts = _relevant(old, new, m.group("problem"), self.keep_distractors)
+        return self._memory(facts[-self.budget :], m.group("problem"))
 
 
-def _relevant(old: list[tuple[str, str]], new: list[tuple[str, str]], problem: str) -> list[tuple[str, str]]:
+def _relevant(old: list[tuple[str, str]], new: list[tuple[str, str]], problem: str,
+              keep_distractors: bool = True) -> list[tuple[str, str]]:
     """The optimal one-hop choice: the section's fact about the question's key, else the memory's, else
-    every fact (old + new, newest last)."""
+    every fact (old + new, newest last) or, without `keep_distractors`, none."""
     key, _ = _asked(problem)
-    return [f for f in new if f[0] == key] or [f for f in old if f[0] == key] or (old + new)
+    about = [f for f in new if f[0] == key] or [f for f in old if f[0] == key]
+    return about or ((old + new) if keep_distractors else [])
 
 
 @dataclass

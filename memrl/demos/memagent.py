@@ -31,6 +31,9 @@ class DemoSFT:
     whose key is the question's) instead of the question-blind `RecentFactsRule` (keep the newest fact,
     or skip it with `skip_prob`). 0 = question-blind cold start (the negative result of docs/demo.md),
     1 = the optimal policy (benchmarks/demo_ceiling.py)."""
+    keep_distractors: bool = True
+    """The optimal rule's choice when nothing is about the question's key yet: keep the newest fact (True)
+    or an empty memory (False); `QuestionAwareRule.keep_distractors`."""
     num_tasks: int = 3000
     """Training tasks to record demonstrations on (each gives num_chunks + 1 rows)."""
     budget: int = 1
@@ -155,7 +158,8 @@ def demonstrator(cfg: DemoConfig, tcfg: Any, wf_cfg: Any, seed: int, p_aware: fl
                        no_memory_text=wf_cfg.no_memory_text, seed=seed,
                        unanswerable_text=cfg.sft.unanswerable_text or None, fact_sep=tcfg.data.synthetic.fact_sep,
                        restate_key=cfg.sft.restate_key, restate_sep=cfg.sft.restate_sep,
-                       p_aware=cfg.sft.p_aware if p_aware is None else p_aware)
+                       p_aware=cfg.sft.p_aware if p_aware is None else p_aware,
+                       keep_distractors=cfg.sft.keep_distractors)
 
 
 def evaluate_demonstrator(cfg: DemoConfig, tcfg: Any, spec: Any, wf_cfg: Any, tokenizer: Any,

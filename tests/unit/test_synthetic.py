@@ -91,6 +91,14 @@ def test_rule_keeps_recent_facts_regardless_of_question():
 def test_rule_final_answer():
     rule = RecentFactsRule(MT, FT)
     assert rule("Q: what is Kalo\nM: - Kalo is red\nA:") == "\\boxed{ red}"
+    # keep_distractors=False: an empty memory until a fact about the question's key arrives, then that fact
+    empty = QuestionAwareRule(MT, FT, keep_distractors=False)
+    assert empty("Q: what is Kalo\nM: - Miran is blue\nS: Tor is gold the") == "No previous memory"
+    assert empty("Q: what is Kalo\nM: No previous memory\nS: Tor is gold the") == "No previous memory"
+    assert empty("Q: what is Kalo\nM: No previous memory\nS: Kalo is red the") == "- Kalo is red"
+    assert empty("Q: what is Kalo\nM: - Kalo is red\nS: Tor is gold the") == "- Kalo is red"
+    mix = MixtureRule(MT, FT, p_aware=1.0, keep_distractors=False)
+    assert mix("Q: what is Kalo\nM: - Miran is blue\nS: Tor is gold the") == "No previous memory"
     assert rule("Q: what is Kalo\nM: - Miran is blue\nA:") == "\\boxed{ blue}"
     assert rule("Q: what is what Kalo is\nM: - Kalo is Miran ; Miran is blue\nA:") == "\\boxed{ blue}"
 
