@@ -31,9 +31,11 @@ class DemoSFT:
     whose key is the question's) instead of the question-blind `RecentFactsRule` (keep the newest fact,
     or skip it with `skip_prob`). 0 = question-blind cold start (the negative result of docs/demo.md),
     1 = the optimal policy (benchmarks/demo_ceiling.py)."""
-    keep_distractors: bool = True
-    """The optimal rule's choice when nothing is about the question's key yet: keep the newest fact (True)
-    or an empty memory (False); `QuestionAwareRule.keep_distractors`."""
+    keep_distractors: bool = False
+    """The optimal rule's choice when nothing is about the question's key yet: an empty memory (False) or
+    the newest fact (True, the recipe before 2026-11-23 evening). With distractors kept, the sampled model
+    confused a held distractor with the fact it had to capture (capture 70% after RL, docs/demo.md); with an
+    empty memory there is nothing to confuse. `QuestionAwareRule.keep_distractors`."""
     num_tasks: int = 3000
     """Training tasks to record demonstrations on (each gives num_chunks + 1 rows)."""
     budget: int = 1
