@@ -341,6 +341,12 @@ STAGES = [("demonstrator", "demonstrator"), ("sft", "SFT"), ("rl", "SFT+RL")]
 """The rows of the MemAgent demo's results, in order, with their table labels."""
 
 
+def _empty_note(recipe: dict[str, Any]) -> str:
+    """How the optimal rule treats the memory before the asked fact (runs written before the option: kept)."""
+    keep = recipe.get("sft", {}).get("keep_distractors", True)
+    return " (an empty memory until the asked fact is read)" if keep is False else " (keeping the newest fact until the asked one is read)"
+
+
 def results_markdown(results: dict[str, Any]) -> str:
     """The demo's results.md: accuracy (sampled and greedy, ± SE) per length, retention, recipe, timings."""
     from memrl.demos.report import accuracy_table, retention_table
@@ -353,7 +359,8 @@ def results_markdown(results: dict[str, Any]) -> str:
         f"± one standard error over tasks. Sampled: {e['samples']} trajectories per task at temperature "
         f"{e['temperature']:g} (SE over the tasks' mean rewards); greedy: one per task. Gain: SFT+RL minus SFT "
         f"on the same tasks (paired SE). Cold start: SFT on a demonstrator that plays the optimal rule on "
-        f"p_aware = {r['p_aware']:g} of its memory steps and the question-blind rule otherwise; its own accuracy "
+        f"p_aware = {r['p_aware']:g} of its memory steps{_empty_note(r)} and the question-blind rule otherwise; "
+        f"its own accuracy "
         f"is the demonstrator column. Training documents: {train}; {r['rl_steps']} RL steps.",
         "",
         "Memory retention (held-out, greedy, % of tasks): the answer was in some memory (seen) / in the last one (kept).",
