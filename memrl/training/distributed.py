@@ -23,7 +23,11 @@ import torch.distributed as dist
 from memrl.training.packing import Row
 
 TIMEOUT_S = 60
-"""Collective / rendezvous timeout: a dead peer fails the step fast instead of hanging it."""
+"""Collective timeout: a dead peer fails the step fast instead of hanging it."""
+JOIN_TIMEOUT_S = 300
+"""How long the rendezvous waits for every rank to join: a rank that is still starting (importing torch on
+a loaded machine, a Ray actor waiting for a CPU) is not dead. Seen: 2 ranks on a 2-core machine busy with
+other jobs missed a 60 s join ("Timed out after 61 seconds waiting for clients. 1/2 clients joined")."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,10 @@ def init_group(info: DistInfo) -> None:
     os.environ["MASTER_PORT"] = str(info.master_port)
     if info.backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % max(torch.cuda.device_count(), 1))
-    dist.init_process_group(info.backend, rank=info.rank, world_size=info.world_size,
+    # Our own store: joining may take JOIN_TIMEOUT_S, while the group's collectives keep TIMEOUT_S.
+    store = dist.TCPStore(info.master_addr, info.master_port, info.world_size, is_master=info.rank == 0,
+                          timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S), wait_for_workers=True)
+    dist.init_process_group(info.backend, store=store, rank=info.rank, world_size=info.world_size,
                             timeout=datetime.timedelta(seconds=TIMEOUT_S))
 
 
