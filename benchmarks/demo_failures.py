@@ -12,7 +12,6 @@ rate, the count of each event and a few examples of each kind of loss. Give the 
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
 
 
@@ -22,7 +21,7 @@ def main() -> int:
     from memrl.data.synthetic import make_tasks
     from memrl.demonstrators import ScriptedEngine
     from memrl.demos.evaluation import evaluate_tasks, model_engine
-    from memrl.demos.memagent import demonstrator, load_demo_configs
+    from memrl.demos.memagent import demonstrator, eval_synthetic, load_demo_configs
     from memrl.demos.retention import EVENTS, RetentionCounter
     from memrl.training.checkpoint import latest_checkpoint
 
@@ -37,7 +36,7 @@ def main() -> int:
     args = ap.parse_args()
     run = Path(args.run)
     cfg, tcfg, _, (spec, wf_cfg) = load_demo_configs(args.overrides, run / "failures_tmp")
-    syn = replace(tcfg.data.synthetic, num_chunks=args.chunks, min_chunks=0, answer_span=1.0)
+    syn = eval_synthetic(tcfg.data.synthetic, args.chunks)
     tasks = make_tasks(syn, cfg.eval.num_tasks, seed=cfg.eval.seed)
     tok = AutoTokenizer.from_pretrained(run / "sft")
     paths = args.checkpoint or [str(run / "sft"), str(latest_checkpoint(run / "rl" / "checkpoints"))]
@@ -45,18 +44,19 @@ def main() -> int:
         if not (Path(path) / "config.json").is_file():
             raise SystemExit(f"--checkpoint {path}: not a HuggingFace model directory (no config.json)")
     rows = []
-    if args.demonstrator:
+
+    def score(label: str, engine) -> None:  # noqa: ANN001
         counter = RetentionCounter(sep=syn.fact_sep, keep_examples=args.examples)
-        engine = ScriptedEngine(demonstrator(cfg, tcfg, wf_cfg, seed=cfg.eval.seed), tokenizer=tok)
         res = evaluate_tasks(engine, spec, wf_cfg, tasks, cfg.eval.samples, cfg.eval.temperature, cfg.eval.seed,
                              on_trajectory=counter.add)
-        rows.append((f"demonstrator (p_aware {cfg.sft.p_aware})", res, counter))
+        rows.append((label, res, counter))
+
+    if args.demonstrator:
+        rule = demonstrator(cfg, tcfg, wf_cfg, seed=cfg.eval.seed)
+        score(f"demonstrator (p_aware {cfg.sft.p_aware})", ScriptedEngine(rule, tokenizer=tok))
     for path in paths:
-        counter = RetentionCounter(sep=syn.fact_sep, keep_examples=args.examples)
         with model_engine(AutoModelForCausalLM.from_pretrained(path), tok, tcfg.engine, path) as engine:
-            res = evaluate_tasks(engine, spec, wf_cfg, tasks, cfg.eval.samples, cfg.eval.temperature, cfg.eval.seed,
-                                 on_trajectory=counter.add)
-        rows.append((path, res, counter))
+            score(path, engine)
     print(f"{len(tasks)} tasks x {cfg.eval.samples} samples at T={cfg.eval.temperature}, {args.chunks} chunks, "
           f"seed {cfg.eval.seed}\n")
     print("| policy | acc % | loss rate / rewrite % | capture % | " + " | ".join(EVENTS) + " |")

@@ -137,12 +137,17 @@ def eval_lengths(cfg: DemoConfig, tcfg: Any) -> list[int]:
     return [tcfg.data.synthetic.num_chunks * m for m in cfg.eval.multipliers]
 
 
+def eval_synthetic(syn: Any, num_chunks: int) -> Any:
+    """The evaluation's task shape at `num_chunks`: the training config's pieces and facts, every document
+    exactly that long, the asked fact anywhere (training-only curricula such as `answer_span` off)."""
+    return replace(syn, num_chunks=num_chunks, min_chunks=0, answer_span=1.0)
+
+
 def heldout_tasks(cfg: DemoConfig, tcfg: Any) -> dict[int, list[Any]]:
     """{length: the held-out tasks of that length}, the same for every evaluated policy."""
     from memrl.data.synthetic import make_tasks
 
-    syn = tcfg.data.synthetic
-    return {n: make_tasks(replace(syn, num_chunks=n, min_chunks=0, answer_span=1.0), cfg.eval.num_tasks, seed=cfg.eval.seed)
+    return {n: make_tasks(eval_synthetic(tcfg.data.synthetic, n), cfg.eval.num_tasks, seed=cfg.eval.seed)
             for n in eval_lengths(cfg, tcfg)}
 
 

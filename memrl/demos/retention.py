@@ -23,6 +23,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from memrl.data.synthetic import find_facts, question_key
+
 LOST = ("lost_replaced", "lost_value_from_section", "lost_value_other", "lost_key_from_section",
         "lost_key_other", "lost_other")
 EVENTS = ("captured", "missed", "kept", *LOST, "idle")
@@ -31,8 +33,6 @@ EVENTS = ("captured", "missed", "kept", *LOST, "idle")
 def classify_step(previous_memory: str, memory: str, section: str, key: str, answer: str,
                   sep: str | None = "is") -> str:
     """One memory call's event (see the module docstring) for the question asking `key`, gold `answer`."""
-    from memrl.data.synthetic import find_facts
-
     gold = (key, answer)
     read, held, now = find_facts(section, sep), find_facts(previous_memory or "", sep), find_facts(memory or "", sep)
     if gold in read:
@@ -66,8 +66,6 @@ class RetentionCounter:
     skipped_tasks: int = 0
 
     def add(self, task: Any, trajectory: Any) -> None:
-        from memrl.data.synthetic import question_key
-
         key, hops = question_key(task.question)
         if hops != 1:
             self.skipped_tasks += 1
@@ -76,13 +74,13 @@ class RetentionCounter:
             info = seg.info
             if info.get("kind") != "memory":
                 continue
-            ev = classify_step(info.get("previous_memory") or "", info.get("memory") or "", info.get("chunk") or "",
-                               key, task.answers[0], self.sep)
+            prev, section, new = (info.get(k) or "" for k in ("previous_memory", "chunk", "memory"))
+            ev = classify_step(prev, new, section, key, task.answers[0], self.sep)
             self.events[ev] += 1
-            if ev.startswith("lost") or ev == "missed":
+            if ev in LOST or ev == "missed":
                 ex = self.examples.setdefault(ev, [])
                 if len(ex) < self.keep_examples:
-                    ex.append((info.get("previous_memory") or "", info.get("chunk") or "", info.get("memory") or ""))
+                    ex.append((prev, section, new))
 
     @property
     def lost(self) -> int:
@@ -97,8 +95,3 @@ class RetentionCounter:
     def capture_rate(self) -> float:
         n = self.events["captured"] + self.events["missed"]
         return self.events["captured"] / n if n else 0.0
-
-    def summary(self) -> dict[str, float]:
-        out: dict[str, float] = {e: float(self.events[e]) for e in EVENTS}
-        out["loss_rate"], out["capture_rate"] = self.loss_rate, self.capture_rate
-        return out

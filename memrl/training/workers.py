@@ -123,12 +123,12 @@ class PolicyWorker:
         mine = rows if ws == 1 else [rows[i] for i in D.split_rows(rows, ws)[rk]]
         D.set_global_loss_weights(mine, a.loss_agg, self._comm_device())
         n_rows = len(mine)
-        all_w = sum(sum(r.weights or ()) for r in mine)
+        all_w = kept_w = sum(sum(r.weights or ()) for r in mine)
         if skips_zero_advantage(self.cfg):
             # Exact: a row with A = 0 adds nothing to the PPO loss or its gradient (no KL or entropy term), and
             # the weights above keep the whole batch's normalizers. Logged means then cover the trained rows.
             mine = [r for r in mine if r.advantage != 0.0]
-        kept_w = sum(sum(r.weights or ()) for r in mine)
+            kept_w = sum(sum(r.weights or ()) for r in mine)
         batches = pack_rows(mine, self.cfg.trainer.token_budget) if mine else []
         # FSDP collectives run per forward/backward: every rank runs the same number of micro-batches,
         # padding with zero-weight copies of a row (they add nothing to the loss or the gradient).
@@ -165,8 +165,8 @@ class PolicyWorker:
                                                              float(tokens), all_w, kept_w], self._comm_device())
         out = dict(zip(keys, totals[: len(keys)], strict=True))
         n_mb, rows_all, rows_kept, n_tok, w_all, w_kept = totals[len(keys):]
-        if 0 < w_kept < w_all:  # entropy / clipfrac / approx_kl / kl: weighted means over the trained tokens
-            for k in ("loss/entropy", "loss/clipfrac", "loss/approx_kl", "loss/kl"):
+        if 0 < w_kept < w_all:  # entropy / clipfrac / approx_kl: weighted means over the trained tokens (no KL
+            for k in ("loss/entropy", "loss/clipfrac", "loss/approx_kl"):  # term is logged when rows are skipped)
                 if k in out:
                     out[k] *= w_all / w_kept
         out["train/grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
