@@ -78,6 +78,14 @@ def _head(line: bytes) -> dict[str, Any]:
     return out
 
 
+def _number(r: dict[str, Any], key: str, kind: type) -> Any:
+    """r[key] as int or float; a bool, string or null is a wrong type, named."""
+    v = r.get(key, 0)
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError(f"{key!r} must be a number, got {v!r}")
+    return kind(v)
+
+
 def _load_json(path: Path) -> dict[str, Any]:
     try:
         out = json.loads(path.read_text(encoding="utf-8"))
@@ -98,6 +106,8 @@ class Run:
     warnings: list[str] = field(default_factory=list)
     _end: int = 0
     _tail_warned: int = -1
+    skipped: int = 0
+    """Complete lines that are not usable rows (each also named in `warnings`)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -148,30 +158,44 @@ class Run:
                 self._tail_warned = tail
 
     def _add(self, line: bytes, offset: int) -> None:
-        lineno = len(self.entries) + 1
+        lineno = len(self.entries) + self.skipped + 1
         try:
             r = _head(line)
-        except ValueError as e:
-            self.warnings.append(f"{self.rows_path}: the line at byte {offset} is not a JSON row ({e}); skipped")
+            entry = self._entry(r, offset, len(line), lineno)
+        except (ValueError, TypeError) as e:
+            self.skipped += 1
+            self.warnings.append(f"{self.rows_path}: the line at byte {offset} is not a usable row ({e}); skipped")
+            log.warning("view: %s: the line at byte %d is not a usable row (%s); skipped", self.rows_path, offset, e)
             return
+        self.entries.append(entry)
+
+    def _entry(self, r: dict[str, Any], offset: int, length: int, lineno: int) -> Entry:
+        """One row's index entry; ValueError/TypeError naming the field when a field the list needs is
+        missing or of the wrong type (such a row must not count as a wrong answer)."""
         m = r.get("metrics") or {}
+        if not isinstance(m, dict):
+            raise ValueError(f"metrics must be an object, got {type(m).__name__}")
         if self.kind == "eval":
-            size = int(r.get("num_docs", 0) or 0)
+            for k in ("task_id", "num_docs", "sub_em"):
+                if k not in r:
+                    raise ValueError(f"it has no {k!r}")
+            size = _number(r, "num_docs", int)
             key = f"{size}/{r.get('task_id', lineno)}"
-            score = float(r.get("sub_em", 0.0) or 0.0)
+            score = _number(r, "sub_em", float)
             step = None
         else:
-            size = int(m.get("num_chunks", 0) or r.get("model_calls", 0))
+            size = int(_number(m, "num_chunks", int) if "num_chunks" in m else _number(r, "model_calls", int))
             key = f"{r.get('step', 0)}/{r.get('trajectory_id', lineno)}"
-            score = float(r.get("reward") or 0.0)
-            step = int(r.get("step", 0) or 0)
-        self.entries.append(Entry(
-            offset=offset, length=len(line), key=key, task_id=str(r.get("task_id", "")), size=size,
+            score = _number(r, "reward", float) if r.get("reward") is not None else 0.0
+            step = _number(r, "step", int) if r.get("step") is not None else 0
+        return Entry(
+            offset=offset, length=length, key=key, task_id=str(r.get("task_id", "")), size=size,
             correct=score > 0 if self.kind == "train" else score >= 1.0,
             workflow=str(r.get("workflow") or self.workflow), question=str(r.get("question", "")),
-            prediction=str(r.get("prediction", "")), calls=int(r.get("model_calls", 0)),
+            prediction=str(r.get("prediction", "")),
+            calls=_number(r, "model_calls", int) if r.get("model_calls") is not None else 0,
             step=step, score=score,
-        ))
+        )
 
     # ------------------------------------------------------------ queries
     def questions(self, offset: int = 0, limit: int = 50, correct: str = "", length: str = "",
@@ -252,7 +276,7 @@ class Run:
         metric_names = sorted({k for r in self._metrics_rows() for k in r if k != "step"})
         workflow = self.workflow or ", ".join(sorted({e.workflow for e in self.entries if e.workflow}))
         return {"name": self.name, "kind": self.kind, "path": str(self.path), "workflow": workflow,
-                "rows": len(self.entries), "accuracy_by_length": acc, "metric_names": metric_names,
+                "rows": len(self.entries), "skipped_rows": self.skipped, "accuracy_by_length": acc, "metric_names": metric_names,
                 "has_plot": (self.path / "accuracy.png").exists(), "warnings": list(self.warnings)}
 
     def _metrics_rows(self) -> list[dict[str, Any]]:

@@ -10,17 +10,23 @@
     GET /api/runs/{r}/metrics?names=a,b     training curves
     GET /api/runs/{r}/plot.png              the eval report's accuracy.png
 Errors are JSON {"error": message} with a 4xx/5xx status; the page shows the message.
+
+A request whose Host header names another host is refused (403): a page on another site that rebinds
+its DNS name to 127.0.0.1 cannot read runs. Requests are served by a bounded pool of threads behind a
+deep listen backlog, so a burst of connections waits its turn instead of being dropped.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -34,6 +40,58 @@ FILES = {"/": ("index.html", "text/html; charset=utf-8"),
          "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
          "/static/style.css": ("style.css", "text/css; charset=utf-8")}
 MAX_LIMIT = 500
+POOL_THREADS = 16
+"""Threads answering requests (the viewer's work is short file reads)."""
+BACKLOG = 1024
+"""Connections the kernel queues before the pool takes them (the standard library's default is 5)."""
+
+
+class PooledHTTPServer(HTTPServer):
+    """An HTTPServer that hands each connection to a bounded thread pool."""
+
+    request_queue_size = BACKLOG
+    allowed_hosts: frozenset[str] | None = None
+    """Host header values accepted (None = any: the server listens on every interface)."""
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 threads: int = POOL_THREADS) -> None:
+        # before binding: a failed bind calls server_close(), which shuts the pool down
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="memrl-view")
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._pool.submit(self._handle, request, client_address)
+
+    def _handle(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:  # noqa: BLE001 - the same as socketserver's handle_error
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def allowed_hosts(host: str, port: int, extra: Iterable[str] = ()) -> frozenset[str] | None:
+    """Host header values a server bound to host:port answers: the bound address and, on loopback,
+    localhost's names, each with and without the port. None for a wildcard bind (0.0.0.0, ::)."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        ip = None
+    if ip is not None and ip.is_unspecified:
+        return None
+    names = {host.lower()}
+    if ip is not None and ip.version == 6:
+        names.add(f"[{host.strip('[]').lower()}]")
+    if host.lower() == "localhost" or (ip is not None and ip.is_loopback):
+        names |= {"localhost", "127.0.0.1", "[::1]"}
+    names |= {h.lower() for h in extra}
+    raw_v6 = {n for n in names if ":" in n and not n.startswith("[")}  # "::1" takes no ":port" suffix
+    return frozenset(names | {f"{n}:{port}" for n in names - raw_v6})
 
 
 class NotFound(ViewerError):
@@ -60,6 +118,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
         url = urlsplit(self.path)
+        allowed = getattr(self.server, "allowed_hosts", None)
+        host = (self.headers.get("Host") or "").strip().lower()
+        if allowed is not None and host not in allowed:
+            log.warning("view: refused a request for Host %r (serving %s)", host, ", ".join(sorted(allowed)))
+            self._json(HTTPStatus.FORBIDDEN, {"error": f"Host {host!r} is not this viewer's address"})
+            return
         try:
             if url.path in FILES:
                 name, ctype = FILES[url.path]
@@ -137,29 +201,31 @@ def _row_index(raw: str) -> int:
         raise ViewerError(f"row/step index must be an integer, got {raw!r}") from e
 
 
-def make_server(run_dirs: Sequence[str | Path], host: str = "127.0.0.1", port: int = 8765) -> ThreadingHTTPServer:
-    """A bound (not yet serving) server over the runs; clear errors for bad dirs and a port in use."""
+def make_server(run_dirs: Sequence[str | Path], host: str = "127.0.0.1", port: int = 8765,
+                extra_hosts: Iterable[str] = ()) -> PooledHTTPServer:
+    """A bound (not yet serving) server over the runs; clear errors for bad dirs and a port in use.
+    `extra_hosts`: further Host header values to answer (a name a proxy forwards under)."""
     if not run_dirs:
         raise ViewerError("view: give one or two run directories")
     runs = [Run.open(d) for d in run_dirs]
     handler = type("RunHandler", (Handler,), {"runs": runs})
     try:
-        server = ThreadingHTTPServer((host, port), handler)
+        server = PooledHTTPServer((host, port), handler)
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
             raise ViewerError(f"port {port} on {host} is already in use; pass another --port (0 = any free)") from e
         raise ViewerError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
-    server.daemon_threads = True
+    server.allowed_hosts = allowed_hosts(host, server.server_address[1], extra_hosts)
     return server
 
 
-def serve_in_thread(server: ThreadingHTTPServer) -> threading.Thread:
+def serve_in_thread(server: PooledHTTPServer) -> threading.Thread:
     """Serve in a daemon thread (tests, notebooks); stop with server.shutdown(); server.server_close()."""
     t = threading.Thread(target=server.serve_forever, name="memrl-view", daemon=True)
     t.start()
     return t
 
 
-def url_of(server: ThreadingHTTPServer) -> str:
+def url_of(server: PooledHTTPServer) -> str:
     host, port = server.server_address[:2]
     return f"http://{host}:{port}/"

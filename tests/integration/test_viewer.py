@@ -268,7 +268,7 @@ def test_truncated_results_file_and_growth(runs, tmp_path):
     try:
         summ = s.get("api/runs/0/summary")[1]
         assert summ["rows"] == 6 and len(summ["warnings"]) == 2
-        assert "is not a JSON row" in summ["warnings"][0] and "incomplete" in summ["warnings"][1]
+        assert "is not a usable row" in summ["warnings"][0] and "incomplete" in summ["warnings"][1]
         assert [i["task_id"] for i in s.get("api/runs/0/questions")[1]["items"]] == [
             json.loads(x)["task_id"] for x in lines]
         with open(d / RESULTS_FILE, "a") as f:  # the run goes on: the line completes
@@ -276,6 +276,87 @@ def test_truncated_results_file_and_growth(runs, tmp_path):
         assert s.get("api/runs/0/questions")[1]["total"] == 7
         assert s.get("api/runs/0/rows/6")[1]["task_id"] == "q9"
     finally:
+        s.close()
+
+
+def test_rows_with_unusable_fields_are_counted_not_scored(runs, tmp_path):
+    """A row that parses but whose score or length is missing or not a number is skipped, counted and
+    named; it never counts as a wrong answer (it used to score 0 silently)."""
+    d = tmp_path / "odd"
+    shutil.copytree(runs["memagent"], d)
+    lines = (d / RESULTS_FILE).read_text().splitlines(keepends=True)
+    bad_score, no_len = json.loads(lines[0]), json.loads(lines[1])
+    bad_score["task_id"], bad_score["sub_em"] = "x1", "1.0"
+    no_len["task_id"] = "x2"
+    del no_len["num_docs"]
+    (d / RESULTS_FILE).write_text("".join(lines) + json.dumps(bad_score) + "\n" + json.dumps(no_len) + "\n")
+    s = Server([d])
+    try:
+        summ = s.get("api/runs/0/summary")[1]
+        assert (summ["rows"], summ["skipped_rows"]) == (6, 2)
+        assert "'sub_em' must be a number, got '1.0'" in summ["warnings"][0]
+        assert "it has no 'num_docs'" in summ["warnings"][1]
+        assert summ["accuracy_by_length"] == s.get("api/runs/0/summary")[1]["accuracy_by_length"]
+        assert sum(a["questions"] for a in summ["accuracy_by_length"]) == 6
+    finally:
+        s.close()
+
+
+def test_host_header_must_name_the_viewer(runs):
+    """DNS rebinding: a page whose name now resolves to 127.0.0.1 sends its own Host; it is refused."""
+    import http.client
+
+    s = Server([runs["memagent"]])
+    port = s.srv.server_address[1]
+    try:
+        for host, status in [("evil.example", 403), (f"evil.example:{port}", 403), (f"127.0.0.1:{port}", 200),
+                             (f"localhost:{port}", 200), ("localhost", 200), ("", 403)]:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            c.putrequest("GET", "/api/runs", skip_host=True)
+            if host:
+                c.putheader("Host", host)
+            c.endheaders()
+            r = c.getresponse()
+            body = json.loads(r.read())
+            c.close()
+            assert r.status == status, host
+            if status == 403:
+                assert body == {"error": f"Host {host!r} is not this viewer's address"}
+    finally:
+        s.close()
+    from memrl.viewer.server import allowed_hosts
+
+    assert allowed_hosts("0.0.0.0", 80) is None  # listening everywhere was asked for: any name
+    assert allowed_hosts("10.1.2.3", 8) == {"10.1.2.3", "10.1.2.3:8"}
+    assert allowed_hosts("127.0.0.1", 8, ["view.lab"]) == {
+        "127.0.0.1", "localhost", "[::1]", "view.lab", "127.0.0.1:8", "localhost:8", "[::1]:8", "view.lab:8"}
+
+
+def test_500_simultaneous_connections_are_all_answered(runs):
+    """500 clients connect at once before the server reads any request: all are queued (listen backlog)
+    and answered by the bounded pool within 30 s. With the standard library's backlog of 5 the kernel
+    dropped the handshakes it could not queue and clients waited on retransmits: 60+ s for the 500."""
+    import time
+
+    s = Server([runs["memagent"]])
+    port = s.srv.server_address[1]
+    socks, deadline = [], time.monotonic() + 30
+    try:
+        for _ in range(500):
+            c = socket.create_connection(("127.0.0.1", port), timeout=max(0.01, deadline - time.monotonic()))
+            c.sendall(f"GET /api/runs/0/summary HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            socks.append(c)
+        answered = 0
+        for c in socks:
+            data = b""
+            c.settimeout(max(0.01, deadline - time.monotonic()))
+            while chunk := c.recv(65536):
+                data += chunk
+            answered += data.startswith(b"HTTP/1.0 200") and b'"rows": 6' in data
+        assert answered == 500
+    finally:
+        for c in socks:
+            c.close()
         s.close()
 
 
@@ -307,6 +388,8 @@ def test_bad_run_dirs_and_port_in_use(runs, tmp_path, capsys):
         assert main(["view", str(runs["memagent"]), "--port", str(port)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"memrl view: error: port {port} on 127.0.0.1 is already in use; pass another --port (0 = any free)"]
+    assert main(["view", str(runs["memagent"]), "--port", "70000"]) == 2
+    assert capsys.readouterr().err.strip() == "memrl view: error: --port must be in [0, 65535], got 70000"
 
 
 def test_training_run_api(runs):
