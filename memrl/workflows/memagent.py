@@ -44,6 +44,12 @@ class MemAgentConfig(ChunkedConfig):
     final_template: str | None = None
     """Inline final-answer prompt (wins over the file)."""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if any(v is not None for v in (self.memory_template_file, self.final_template_file,
+                                       self.memory_template, self.final_template)):
+            self.templates()  # a bad template is a one-line error now, not in the middle of a rollout
+
     def templates(self) -> tuple[Template, Template]:
         mem = self.load_template(
             "memagent_memory", ("problem", "memory", "chunk"), self.memory_template_file, self.memory_template

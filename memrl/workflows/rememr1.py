@@ -108,6 +108,9 @@ class ReMemR1Config(ChunkedConfig):
                 raise ValueError(f"ReMemR1Config.{name} must be a tag name like 'update', got {tag!r}")
         if len(set(tags)) != 3:
             raise ValueError(f"ReMemR1Config: update/recall/thinking tags must differ, got {tags}")
+        if any(v is not None for v in (self.memory_template_file, self.final_template_file,
+                                       self.memory_template, self.final_template)):
+            self.templates()  # a bad template is a one-line error now, not in the middle of a rollout
 
     def templates(self) -> tuple[Template, Template]:
         mem = self.load_template(
