@@ -45,6 +45,7 @@ FORMAT_FLAGS = (
     "multiple_recalls", "unclosed_recall", "empty_recall",
 )  # fmt: skip
 MEMORY_RULES: tuple[str, ...] = ("update_tag", "strip_recall")
+QUERY_RULES: tuple[str, ...] = ("first_block", "greedy_line")
 _DEFAULT_TAGS = {"update_tag": "update", "recall_tag": "recall", "thinking_tag": "thinking"}
 
 
@@ -90,6 +91,10 @@ class ReMemR1Config(ChunkedConfig):
     """What the new memory is: update_tag (the first <update> block's text: the paper and memrl) or
     strip_recall (the whole response with every closed <recall>...</recall> block cut out, thinking and
     tags included, whitespace-trimmed: the released code, memory_revisit.py _parse_update_memory)."""
+    query_rule: str = "first_block"
+    """The recall query: first_block (the first closed non-empty <recall> block, across lines,
+    whitespace-trimmed: memrl) or greedy_line (the released regex <recall>(.+)</recall>: one line, from
+    the first open tag to the last close tag on it, untrimmed: memory_revisit.py _parse_recall_query)."""
     empty_memory: str = "keep_previous"
     """A step that yields no memory (no / empty <update>, or an empty strip_recall text): keep_previous
     (memrl), placeholder (no_memory_text) or empty (the empty string: the released code)."""
@@ -99,6 +104,10 @@ class ReMemR1Config(ChunkedConfig):
         if self.memory_rule not in MEMORY_RULES:
             raise ValueError(
                 f"ReMemR1Config.memory_rule must be one of {', '.join(MEMORY_RULES)}, got {self.memory_rule!r}"
+            )
+        if self.query_rule not in QUERY_RULES:
+            raise ValueError(
+                f"ReMemR1Config.query_rule must be one of {', '.join(QUERY_RULES)}, got {self.query_rule!r}"
             )
         if self.scorer not in SCORERS:
             raise ValueError(f"ReMemR1Config.scorer must be one of {', '.join(SCORERS)}, got {self.scorer!r}")
@@ -199,6 +208,13 @@ def parse_step(text: str, update_tag: str = "update", recall_tag: str = "recall"
     return ParsedStep(memory, query, n_update, n_recall, flags)
 
 
+def greedy_line_query(text: str, recall_tag: str = "recall") -> str | None:
+    """The released code's recall query: `<recall>(.+)</recall>` searched without DOTALL (so within one
+    line, greedy up to the line's last close tag), not trimmed; None when there is no match."""
+    m = re.search(re.escape(f"<{recall_tag}>") + r"(.+)" + re.escape(f"</{recall_tag}>"), text or "")
+    return m.group(1) if m else None
+
+
 def strip_recall_memory(text: str, recall_tag: str = "recall") -> str:
     """The released code's memory: the response without its closed recall blocks (non-greedy, across
     lines), whitespace-trimmed; thinking blocks and <update> tags stay. An unclosed recall stays too."""
@@ -229,17 +245,18 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
         for k, v in parsed.flags.items():
             counts[k] += int(v)
         well_formed += int(parsed.well_formed)
+        query = greedy_line_query(response, cfg.recall_tag) if cfg.query_rule == "greedy_line" else parsed.query
         new_memory = cfg.memory_after(
             strip_recall_memory(response, cfg.recall_tag) if cfg.memory_rule == "strip_recall" else parsed.memory,
             memory,
         )
         # Retrieval sees only the memories of steps < t: m_t joins the history after its own query.
         hit = (
-            recall_top1(parsed.query, history, cfg.scorer, cfg.min_recall_score, cfg.bm25_k1, cfg.bm25_b)
-            if parsed.query
+            recall_top1(query, history, cfg.scorer, cfg.min_recall_score, cfg.bm25_k1, cfg.bm25_b)
+            if query
             else None
         )
-        recalls += int(parsed.query is not None)
+        recalls += int(query is not None)
         retrieved += int(hit is not None)
         gold_in_recall = hit is not None and step_rewards_lib.answer_word_recall(hit.text, task.answers) > 0
         callback_hits += int(gold_in_recall)
@@ -253,7 +270,7 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
             "previous_memory": memory,
             "memory": new_memory,
             "shown_recalled_memory": shown_recall,
-            "recall_query": parsed.query,
+            "recall_query": query,
             "recalled_memory": hit.text if hit else None,
             "recalled_step": hit.step if hit else None,
             "recall_score": hit.score if hit else None,

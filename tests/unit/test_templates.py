@@ -204,3 +204,33 @@ def test_memory_rule_through_the_rememr1_workflow():
     # step 2's query "only" matches nothing in m_0..m_1 -> nothing recalled; the final prompt shows ""
     assert engine.calls[2].prompt_text == user("M:|R:No memory was recalled.|P:Q?")
     assert released.metrics["missing_update"] == 1.0  # the flags still read the tags
+
+
+def test_greedy_line_query_on_hand_made_responses():
+    from memrl.workflows.rememr1 import greedy_line_query
+
+    # one line, greedy: from the first <recall> to the last </recall> on the line, untrimmed
+    assert greedy_line_query("<recall> a </recall> x <recall>b</recall>") == " a </recall> x <recall>b"
+    assert greedy_line_query("<recall>a\nb</recall>") is None  # "." does not cross a newline
+    assert greedy_line_query("x\n<recall>q</recall>\n<recall>r</recall>") == "q"  # first line that matches
+    assert greedy_line_query("<recall></recall>") is None and greedy_line_query("no tags") is None
+
+
+def test_query_rule_through_the_rememr1_workflow():
+    task = Task("t1", "Q?", "abcdefgh", ["x"])
+    replies = ["<update>red fox</update>", "<update>m2</update><recall>\nfox\n</recall>", r"\boxed{x}"]
+
+    def run(**kw):
+        engine = ScriptedEngine(list(replies))
+        c = ReMemR1Config(chunk_tokens=4, temperature=0.0, scorer="word_overlap",
+                          memory_template="M:{memory}|C:{chunk}|R:{recalled_memory}|P:{problem}",
+                          final_template="M:{memory}|R:{recalled_memory}|P:{problem}", **kw)
+        return asyncio.run(run_rememr1(task, engine, c, random.Random(0)))
+
+    # first_block: the multi-line query "fox" finds m_0 "red fox"; greedy_line: no query at all
+    first = run()
+    assert first.segments[1].info["recall_query"] == "fox" and first.segments[1].info["recalled_memory"] == "red fox"
+    greedy = run(query_rule="greedy_line")
+    assert greedy.segments[1].info["recall_query"] is None and greedy.metrics["recalls"] == 0.0
+    with pytest.raises(ValueError, match=r"ReMemR1Config\.query_rule must be one of first_block, greedy_line"):
+        ReMemR1Config(query_rule="x")
