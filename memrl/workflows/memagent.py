@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class MemAgentConfig(ChunkedConfig):
     """MemAgent workflow settings; defaults are the published values (MemAgent's run_memory_7B.sh and
-    recurrent/impls/memory.py), the prompts excepted (memrl's own wording). The loop settings (chunk_tokens, max_chunks, budgets, sampling, no_memory_text) are ChunkedConfig's."""
+    recurrent/impls/memory.py), the prompts excepted (memrl's own wording). The loop settings
+    (chunk_tokens, max_chunks, budgets, sampling, no_memory_text, the published-setup switches) are
+    ChunkedConfig's."""
 
     memory_template_file: str | None = None
     """File overriding the memory-update prompt; must contain {problem} (or {prompt}), {memory} and {chunk}

@@ -52,7 +52,8 @@ _DEFAULT_TAGS = {"update_tag": "update", "recall_tag": "recall", "thinking_tag":
 @dataclass
 class ReMemR1Config(ChunkedConfig):
     """ReMemR1 workflow settings; defaults are the published values (the paper and the released
-    recurrent/impls/memory_revisit.py), the prompts excepted (memrl's own wording). The loop settings (chunk_tokens, max_chunks, sampling, no_memory_text) are ChunkedConfig's."""
+    recurrent/impls/memory_revisit.py), the prompts excepted (memrl's own wording). The loop settings
+    (chunk_tokens, max_chunks, sampling, no_memory_text) are ChunkedConfig's."""
 
     max_memory_tokens: int = 2048
     """Generation budget of a memory step (thinking + update + recall)."""

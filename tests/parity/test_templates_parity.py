@@ -25,7 +25,8 @@ from memrl.workflows.memagent import run as run_memagent
 from memrl.workflows.rememr1 import ReMemR1Config
 from memrl.workflows.rememr1 import run as run_rememr1
 
-MEM = "Revise the notes.\n\n<q> \n{prompt}\n</q>\n\n<notes>\n{memory}\n</notes>\n\n<part>\n{chunk}\n</part>\n\nNew notes:\n"
+MEM = "Revise the notes.\n\n<q> \n{prompt}\n</q>\n\n<notes>\n{memory}\n</notes>\n\n<part>\n{chunk}\n</part>\n\n" \
+      "New notes:\n"
 FIN = "Answer in \\boxed{{}}.\n\n<q> \n{prompt}\n</q>\n\n<notes>\n{memory}\n</notes>\n\nAnswer:\n"
 RMEM = "Revise; recall with <recall>q</recall>.\n<q> \n{prompt}\n</q>\n<got>\n{recalled_memory}\n</got>\n" \
        "<notes>\n{memory}\n</notes>\n<part>\n{chunk}\n</part>\nNew notes:\n"
