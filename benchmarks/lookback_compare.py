@@ -150,8 +150,9 @@ def stage_eval(out: Path, name: str, wf: str, model_dir: Path | None, args) -> P
     tdir = out / "templates" / wf
     tdir.mkdir(parents=True, exist_ok=True)
     mem, fin = c.templates()
-    (tdir / "memory.txt").write_text(mem.text + "\n", encoding="utf-8")
-    (tdir / "final.txt").write_text(fin.text + "\n", encoding="utf-8")
+    # a template file's text is used exactly (template_strip=false): write the prompt text, no final newline
+    (tdir / "memory.txt").write_text(mem.text, encoding="utf-8", newline="")
+    (tdir / "final.txt").write_text(fin.text, encoding="utf-8", newline="")
     keep = ("chunk_tokens", "max_memory_tokens", "max_final_tokens", "scorer")
     section = {"name": wf, **{k: getattr(c, k) for k in keep if hasattr(c, k)},
                "memory_template_file": str(tdir / "memory.txt"), "final_template_file": str(tdir / "final.txt")}

@@ -1,4 +1,4 @@
-"""Advantage estimators over groups of trajectories (REFERENCE sections 2-4).
+"""Advantage estimators over groups of trajectories (GRPO; ReMemR1 arXiv 2509.23040; MemAct DCPO arXiv 2510.12635).
 
 Group statistics are taken over TRAJECTORIES (one outcome reward each), never over rows, so a
 trajectory with many segments does not count more. The list functions (`grpo_advantages`,
@@ -20,6 +20,7 @@ from memrl.algorithms.registry import get_advantage, options_kwargs, register_ad
 from memrl.types import Group, Trajectory
 
 Credit = Literal["broadcast", "split"]
+STATE_TERMS: tuple[str, ...] = ("paper", "released")
 SegmentAdvantages = list[list[list[float]]]
 
 
@@ -85,8 +86,16 @@ def rememr1_advantages(
     alpha: float = 0.8,
     norm_by_std: bool = False,
     eps: float = 1e-6,
+    state_term: str = "paper",
 ) -> list[list[float]]:
     """ReMemR1 multi-level advantage: A_{i,t} = alpha * A_out,i + (1 - alpha) * A_state,i,t.
+
+    `state_term="released"` computes A_state as the released trainer does (ReMemR1 ray_trainer.py
+    fit(): the step reward is tiled over 2 columns that compute_1D_grpo_advantage sums, so it normalizes
+    2 * r): A_state = 2r - mean(2r), i.e. 2 * (r - mean r), without std division (the released scripts'
+    grpo_use_adv=False), or (2r - mean(2r)) / (std(2r) + eps) = (r - mean r) / (std(r) + eps / 2) with it;
+    a step key held by one trajectory gets 2r (resp. 2r / (1 + eps)), verl's group-of-one rule. At
+    alpha 0.8 without std: 0.8 * A_out + 0.4 * (r - mean r).
 
     A_out is GRPO over the group's outcome rewards. A_state,i,t normalizes r_{i,t} over the
     trajectories of the same group that HAVE a step with key t and a step reward there (mean-centred,
@@ -103,6 +112,9 @@ def rememr1_advantages(
         )
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"rememr1_advantages: alpha must be in [0, 1], got {alpha}")
+    if state_term not in STATE_TERMS:
+        raise ValueError(f"rememr1_advantages: state_term must be one of {', '.join(STATE_TERMS)}, got {state_term!r}")
+    scale = 2.0 if state_term == "released" else 1.0
     keys = [list(range(len(s))) for s in step_rewards] if step_keys is None else [list(k) for k in step_keys]
     for i, (k, s) in enumerate(zip(keys, step_rewards, strict=True)):
         if len(k) != len(s):
@@ -120,9 +132,13 @@ def rememr1_advantages(
             if r is not None:
                 cells[(g, key)].append((i, j))
     for where in cells.values():
+        values = [scale * float(step_rewards[i][j]) for i, j in where]  # type: ignore[arg-type]
         if len(where) < 2:
-            continue  # a step only one trajectory reached: A_state stays 0
-        centred = _centre([float(step_rewards[i][j]) for i, j in where], norm_by_std, eps)  # type: ignore[arg-type]
+            if state_term == "released":  # verl's group of one: mean 0, std 1
+                (i, j), = where
+                a_state[i][j] = values[0] / (1.0 + eps) if norm_by_std else values[0]
+            continue  # paper: a step only one trajectory reached has nothing to compare with, A_state = 0
+        centred = _centre(values, norm_by_std, eps)
         for (i, j), a in zip(where, centred, strict=True):
             a_state[i][j] = a
     return [[alpha * a_out[i] + (1.0 - alpha) * a for a in a_state[i]] for i in range(n)]
@@ -176,6 +192,15 @@ class ReMemR1Options:
     """Divide each centred level by its std."""
     eps: float = 1e-6
     """Added to the std before dividing."""
+    state_term: str = "paper"
+    """paper: (1 - alpha) * A_state; released: the released trainer's term, A_state over 2 * r (twice the
+    paper's without std division: 0.8 * A_out + 0.4 * (r - mean) at alpha 0.8)."""
+
+    def __post_init__(self) -> None:
+        if self.state_term not in STATE_TERMS:
+            raise ValueError(
+                f"algorithm.state_term must be one of {', '.join(STATE_TERMS)}, got {self.state_term!r}"
+            )
 
 
 @register_advantage("grpo", GRPOOptions)
@@ -202,7 +227,8 @@ def _step_key(seg_step: int, kind: object) -> Hashable:
 
 @register_advantage("rememr1", ReMemR1Options)
 def rememr1_estimator(
-    groups: Sequence[Group], alpha: float = 0.8, norm_by_std: bool = False, eps: float = 1e-6
+    groups: Sequence[Group], alpha: float = 0.8, norm_by_std: bool = False, eps: float = 1e-6,
+    state_term: str = "paper",
 ) -> SegmentAdvantages:
     """ReMemR1 (`rememr1_advantages`) from trajectory rewards and `Segment.step_reward`; steps keyed by `Segment.step`.
 
@@ -217,7 +243,7 @@ def rememr1_estimator(
     rewards, gids, trajs = _outcomes(groups)
     step_rewards = [[s.step_reward for s in t.segments] for t in trajs]
     keys = [[_step_key(s.step, s.info.get("kind")) for s in t.segments] for t in trajs]
-    per_traj = rememr1_advantages(rewards, step_rewards, gids, keys, alpha, norm_by_std, eps)
+    per_traj = rememr1_advantages(rewards, step_rewards, gids, keys, alpha, norm_by_std, eps, state_term)
     return _regroup(groups, per_traj)
 
 

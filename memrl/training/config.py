@@ -63,6 +63,9 @@ class AlgorithmSection:
     """rememr1: A = alpha * A_out + (1 - alpha) * A_state,t (ReMemR1's published 0.8)."""
     eps: float = 1e-6
     """grpo / dcpo / rememr1: added to the group std before dividing."""
+    state_term: str = "paper"
+    """rememr1: paper = alpha * A_out + (1 - alpha) * A_state; released = the released trainer's state term
+    over twice the step reward (0.8 * A_out + 0.4 * (r - mean) at alpha 0.8 without std division)."""
     loss: str = "ppo"
     clip_low: float = 0.2
     clip_high: float = 0.2

@@ -10,11 +10,13 @@ from typing import Any
 
 from memrl.engines.base import Completion, Engine, SamplingParams
 from memrl.types import Segment, Task
-from memrl.workflows.templates import chat_prompt
+from memrl.workflows.templates import TEMPLATE_STYLES, Template, chat_prompt, load_template
 
 log = logging.getLogger(__name__)
 
 NO_MEMORY = "No previous memory"
+TRUNCATIONS: tuple[str, ...] = ("centre", "head")
+EMPTY_MEMORY_RULES: tuple[str, ...] = ("placeholder", "keep_previous", "empty")
 
 
 @dataclass
@@ -24,8 +26,8 @@ class ChunkedConfig:
     chunk_tokens: int = 5000
     """Tokens of context per memory call (contiguous, non-overlapping, ignoring document boundaries)."""
     max_chunks: int = 0
-    """Cap on chunks by centre truncation (keep head half + tail half); 0 = no cap (evaluation).
-    The published training recipes use 8."""
+    """Cap on chunks (cut as `truncation` says); 0 = no cap (evaluation). The published training recipes
+    use 8."""
     max_memory_tokens: int = 1024
     """Generation budget of a memory call."""
     max_final_tokens: int = 1024
@@ -34,7 +36,23 @@ class ChunkedConfig:
     top_p: float = 1.0
     top_k: int = -1
     no_memory_text: str = NO_MEMORY
-    """The first memory, and the fallback when a step produces none."""
+    """The first memory, and what an empty memory becomes under empty_memory=placeholder."""
+
+    # Published-setup switches (memrl's default first; docs/differences/templates.md).
+    template_style: str = "memrl"
+    """How a user's template (inline or file) is read: memrl (literal {name} substitution, other braces
+    are text) or str_format (a Python str.format string as the published code writes it: {{ }} escapes,
+    {prompt} = {problem}). The packaged default templates are always memrl style."""
+    template_strip: bool = False
+    """A template file: False keeps its text exactly (a published template ends with a newline); True
+    reads it as memrl did before (line endings as \\n, one final newline dropped)."""
+    truncation: str = "centre"
+    """How max_chunks cuts a long context: centre (keep the head half and the tail half: MemAgent, memrl)
+    or head (keep the first max_chunks chunks: vime)."""
+    empty_memory: str = "placeholder"
+    """A memory call whose memory is empty (after special tokens and surrounding whitespace are removed):
+    placeholder (no_memory_text: MemAgent), keep_previous (the previous memory stays: vime) or empty (the
+    empty string: MemAgent's synchronous trainer, ReMemR1's released code)."""
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -43,6 +61,23 @@ class ChunkedConfig:
                 raise ValueError(f"{name}.{f} must be >= 1, got {getattr(self, f)}")
         if self.max_chunks < 0:
             raise ValueError(f"{name}.max_chunks must be >= 0, got {self.max_chunks}")
+        for f, allowed in (("template_style", TEMPLATE_STYLES), ("truncation", TRUNCATIONS),
+                           ("empty_memory", EMPTY_MEMORY_RULES)):
+            if getattr(self, f) not in allowed:
+                raise ValueError(f"{name}.{f} must be one of {', '.join(allowed)}, got {getattr(self, f)!r}")
+
+    def load_template(self, default_name: str, placeholders: tuple[str, ...], path: str | None,
+                      text: str | None) -> Template:
+        """A prompt template read under this config's template_style / template_strip."""
+        return load_template(default_name, placeholders, path, text, self.template_style, self.template_strip)
+
+    def memory_after(self, new_memory: str | None, previous: str) -> str:
+        """The memory a call leaves: its own when non-empty, else what `empty_memory` says."""
+        if new_memory:
+            return new_memory
+        if self.empty_memory == "keep_previous":
+            return previous
+        return "" if self.empty_memory == "empty" else self.no_memory_text
 
     def sampling(self, max_tokens: int, rng: random.Random) -> SamplingParams:
         """One call's sampling; a sampled call draws its seed from the trajectory's rng."""
@@ -61,10 +96,20 @@ def centre_truncate(ids: list[int], limit: int) -> list[int]:
     return ids[:head] + (ids[len(ids) - tail :] if tail else [])
 
 
-def chunk_context(context_ids: list[int], chunk_tokens: int, max_chunks: int = 0) -> tuple[list[list[int]], bool]:
-    """Cut token ids into contiguous chunks of chunk_tokens (last may be shorter); (chunks, truncated)."""
+def chunk_context(context_ids: list[int], chunk_tokens: int, max_chunks: int = 0,
+                  truncation: str = "centre") -> tuple[list[list[int]], bool]:
+    """Cut token ids into contiguous chunks of chunk_tokens (last may be shorter); (chunks, truncated).
+
+    Over max_chunks chunks, `centre` keeps the head and tail halves of max_chunks * chunk_tokens tokens
+    (then chunks them), `head` the first max_chunks chunks (vime's `chunks[:MAX_CHUNKS]`).
+    """
     limit = max_chunks * chunk_tokens if max_chunks else 0
-    kept = centre_truncate(context_ids, limit)
+    if truncation == "head":
+        kept = context_ids[:limit] if limit else context_ids
+    elif truncation == "centre":
+        kept = centre_truncate(context_ids, limit)
+    else:
+        raise ValueError(f"unknown truncation {truncation!r}; expected one of {', '.join(TRUNCATIONS)}")
     chunks = [kept[i : i + chunk_tokens] for i in range(0, len(kept), chunk_tokens)]
     return chunks, len(kept) < len(context_ids)
 
@@ -72,7 +117,7 @@ def chunk_context(context_ids: list[int], chunk_tokens: int, max_chunks: int = 0
 def task_chunks(task: Task, tokenizer: Any, cfg: ChunkedConfig) -> tuple[list[int], list[list[int]], bool]:
     """(context ids, chunks, truncated) of a task's context under `cfg`; an empty context is logged."""
     context_ids = list(tokenizer.encode(task.context, add_special_tokens=False)) if task.context else []
-    chunks, truncated = chunk_context(context_ids, cfg.chunk_tokens, cfg.max_chunks)
+    chunks, truncated = chunk_context(context_ids, cfg.chunk_tokens, cfg.max_chunks, cfg.truncation)
     if not chunks:
         log.warning("task %s has an empty context: answering from the empty memory", task.task_id)
     return context_ids, chunks, truncated

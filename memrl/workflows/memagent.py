@@ -24,30 +24,41 @@ from memrl.workflows.chunked import (  # noqa: F401 - chunking helpers re-export
     loop_metrics,
     task_chunks,
 )
-from memrl.workflows.templates import Template, load_template
+from memrl.workflows.templates import Template
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class MemAgentConfig(ChunkedConfig):
-    """MemAgent workflow settings; defaults are the published values (REFERENCE.md section 1). The loop
-    settings (chunk_tokens, max_chunks, budgets, sampling, no_memory_text) are ChunkedConfig's."""
+    """MemAgent workflow settings; defaults are the published values (MemAgent's run_memory_7B.sh and
+    recurrent/impls/memory.py), the prompts excepted (memrl's own wording). The loop settings
+    (chunk_tokens, max_chunks, budgets, sampling, no_memory_text, the published-setup switches) are
+    ChunkedConfig's."""
 
     memory_template_file: str | None = None
-    """File overriding the memory-update prompt; must contain {problem}, {memory} and {chunk}."""
+    """File overriding the memory-update prompt; must contain {problem} (or {prompt}), {memory} and {chunk}
+    (read as template_style / template_strip say)."""
     final_template_file: str | None = None
-    """File overriding the final-answer prompt; must contain {problem} and {memory}."""
+    """File overriding the final-answer prompt; must contain {problem} (or {prompt}) and {memory}."""
     memory_template: str | None = None
     """Inline memory-update prompt (wins over the file)."""
     final_template: str | None = None
     """Inline final-answer prompt (wins over the file)."""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if any(v is not None for v in (self.memory_template_file, self.final_template_file,
+                                       self.memory_template, self.final_template)):
+            self.templates()  # a bad template is a one-line error now, not in the middle of a rollout
+
     def templates(self) -> tuple[Template, Template]:
-        mem = load_template(
+        mem = self.load_template(
             "memagent_memory", ("problem", "memory", "chunk"), self.memory_template_file, self.memory_template
         )
-        fin = load_template("memagent_final", ("problem", "memory"), self.final_template_file, self.final_template)
+        fin = self.load_template(
+            "memagent_final", ("problem", "memory"), self.final_template_file, self.final_template
+        )
         return mem, fin
 
 
@@ -67,7 +78,7 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
         prompt_ids, out, new_memory = await call_model(engine, user, cfg.sampling(cfg.max_memory_tokens, rng))
         if not new_memory:
             empty_memories += 1
-            new_memory = cfg.no_memory_text
+        new_memory = cfg.memory_after(new_memory, memory)
         memory_lengths.append(len(out.token_ids))
         segments.append(call_segment(prompt_ids, out, i, {
             "kind": "memory", "chunk_index": i, "chunk_tokens": len(chunk_ids), "chunk": chunk, "previous_memory": memory,

@@ -9,13 +9,17 @@ answered: that is the released training code's order. The released eval code add
 can return the memory the next prompt already shows (an open bug report there); we use the training
 order everywhere.
 
-Malformed steps never crash a rollout (REFERENCE.md section 3; the rule is counted in the metrics):
-- no `<update>` at all, or an empty one: keep the previous memory (`missing_update`, `empty_update`);
+Malformed steps never crash a rollout (each case is counted in the metrics):
+- no `<update>` at all, or an empty one: no memory, so `empty_memory` decides (default: keep the previous
+  memory) (`missing_update`, `empty_update`);
 - two or more `<update>`s: the first closed block is the memory (`multiple_updates`);
 - an `<update>` that never closes (e.g. cut at max tokens): the text after it to the end of the response
   (`unclosed_update`);
 - `<recall>` blocks are cut out of the memory text; the first closed non-empty one is the query
   (`multiple_recalls`), an unclosed or empty one is no query (`unclosed_recall`, `empty_recall`).
+
+`memory_rule=strip_recall` takes the released code's memory instead: the whole response minus its closed
+recall blocks (`strip_recall_memory`); the format flags and rewards still read the tags.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from memrl.types import Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec
 from memrl.workflows.chunked import ChunkedConfig, call_model, call_segment, loop_metrics, task_chunks
 from memrl.workflows.recall import SCORERS, recall_top1
-from memrl.workflows.templates import Template, load_template
+from memrl.workflows.templates import Template
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +44,16 @@ FORMAT_FLAGS = (
     "missing_update", "empty_update", "multiple_updates", "unclosed_update",
     "multiple_recalls", "unclosed_recall", "empty_recall",
 )  # fmt: skip
+MEMORY_RULES: tuple[str, ...] = ("update_tag", "strip_recall")
+QUERY_RULES: tuple[str, ...] = ("first_block", "greedy_line")
 _DEFAULT_TAGS = {"update_tag": "update", "recall_tag": "recall", "thinking_tag": "thinking"}
 
 
 @dataclass
 class ReMemR1Config(ChunkedConfig):
-    """ReMemR1 workflow settings; defaults are the published values (REFERENCE.md section 3). The loop
-    settings (chunk_tokens, max_chunks, sampling, no_memory_text) are ChunkedConfig's."""
+    """ReMemR1 workflow settings; defaults are the published values (the paper and the released
+    recurrent/impls/memory_revisit.py), the prompts excepted (memrl's own wording). The loop settings
+    (chunk_tokens, max_chunks, sampling, no_memory_text) are ChunkedConfig's."""
 
     max_memory_tokens: int = 2048
     """Generation budget of a memory step (thinking + update + recall)."""
@@ -71,16 +78,38 @@ class ReMemR1Config(ChunkedConfig):
     memory_weight: float = 1.0
     callback_weight: float = 1.0
     memory_template_file: str | None = None
-    """File overriding the memory prompt; needs {problem}, {recalled_memory}, {memory} and {chunk}."""
+    """File overriding the memory prompt; needs {problem} (or {prompt}), {recalled_memory}, {memory} and
+    {chunk} (read as template_style / template_strip say)."""
     final_template_file: str | None = None
-    """File overriding the final prompt; needs {problem}, {recalled_memory} and {memory}."""
+    """File overriding the final prompt; needs {problem} (or {prompt}), {recalled_memory} and {memory}."""
     memory_template: str | None = None
     """Inline memory prompt (wins over the file)."""
     final_template: str | None = None
     """Inline final prompt (wins over the file)."""
 
+    # Published-setup switches (memrl's default first; docs/differences/templates.md).
+    memory_rule: str = "update_tag"
+    """What the new memory is: update_tag (the first <update> block's text: the paper and memrl) or
+    strip_recall (the whole response with every closed <recall>...</recall> block cut out, thinking and
+    tags included, whitespace-trimmed: the released code, memory_revisit.py _parse_update_memory)."""
+    query_rule: str = "first_block"
+    """The recall query: first_block (the first closed non-empty <recall> block, across lines,
+    whitespace-trimmed: memrl) or greedy_line (the released regex <recall>(.+)</recall>: one line, from
+    the first open tag to the last close tag on it, untrimmed: memory_revisit.py _parse_recall_query)."""
+    empty_memory: str = "keep_previous"
+    """A step that yields no memory (no / empty <update>, or an empty strip_recall text): keep_previous
+    (memrl), placeholder (no_memory_text) or empty (the empty string: the released code)."""
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.memory_rule not in MEMORY_RULES:
+            raise ValueError(
+                f"ReMemR1Config.memory_rule must be one of {', '.join(MEMORY_RULES)}, got {self.memory_rule!r}"
+            )
+        if self.query_rule not in QUERY_RULES:
+            raise ValueError(
+                f"ReMemR1Config.query_rule must be one of {', '.join(QUERY_RULES)}, got {self.query_rule!r}"
+            )
         if self.scorer not in SCORERS:
             raise ValueError(f"ReMemR1Config.scorer must be one of {', '.join(SCORERS)}, got {self.scorer!r}")
         tags = [self.update_tag, self.recall_tag, self.thinking_tag]
@@ -89,13 +118,16 @@ class ReMemR1Config(ChunkedConfig):
                 raise ValueError(f"ReMemR1Config.{name} must be a tag name like 'update', got {tag!r}")
         if len(set(tags)) != 3:
             raise ValueError(f"ReMemR1Config: update/recall/thinking tags must differ, got {tags}")
+        if any(v is not None for v in (self.memory_template_file, self.final_template_file,
+                                       self.memory_template, self.final_template)):
+            self.templates()  # a bad template is a one-line error now, not in the middle of a rollout
 
     def templates(self) -> tuple[Template, Template]:
-        mem = load_template(
+        mem = self.load_template(
             "rememr1_memory", ("problem", "recalled_memory", "memory", "chunk"),
             self.memory_template_file, self.memory_template,
         )  # fmt: skip
-        fin = load_template(
+        fin = self.load_template(
             "rememr1_final",
             ("problem", "recalled_memory", "memory"),
             self.final_template_file,
@@ -177,6 +209,20 @@ def parse_step(text: str, update_tag: str = "update", recall_tag: str = "recall"
     return ParsedStep(memory, query, n_update, n_recall, flags)
 
 
+def greedy_line_query(text: str, recall_tag: str = "recall") -> str | None:
+    """The released code's recall query: `<recall>(.+)</recall>` searched without DOTALL (so within one
+    line, greedy up to the line's last close tag), not trimmed; None when there is no match."""
+    m = re.search(re.escape(f"<{recall_tag}>") + r"(.+)" + re.escape(f"</{recall_tag}>"), text or "")
+    return m.group(1) if m else None
+
+
+def strip_recall_memory(text: str, recall_tag: str = "recall") -> str:
+    """The released code's memory: the response without its closed recall blocks (non-greedy, across
+    lines), whitespace-trimmed; thinking blocks and <update> tags stay. An unclosed recall stays too."""
+    block = re.compile(re.escape(f"<{recall_tag}>") + r".*?" + re.escape(f"</{recall_tag}>"), re.DOTALL)
+    return block.sub("", text or "").strip()
+
+
 async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random) -> Trajectory:
     """One ReMemR1 trajectory: memory steps over the chunks (with callbacks), then the final answer."""
     from memrl.rewards.qa import extract_boxed
@@ -200,14 +246,18 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
         for k, v in parsed.flags.items():
             counts[k] += int(v)
         well_formed += int(parsed.well_formed)
-        new_memory = parsed.memory if parsed.memory is not None else memory
+        query = greedy_line_query(response, cfg.recall_tag) if cfg.query_rule == "greedy_line" else parsed.query
+        new_memory = cfg.memory_after(
+            strip_recall_memory(response, cfg.recall_tag) if cfg.memory_rule == "strip_recall" else parsed.memory,
+            memory,
+        )
         # Retrieval sees only the memories of steps < t: m_t joins the history after its own query.
         hit = (
-            recall_top1(parsed.query, history, cfg.scorer, cfg.min_recall_score, cfg.bm25_k1, cfg.bm25_b)
-            if parsed.query
+            recall_top1(query, history, cfg.scorer, cfg.min_recall_score, cfg.bm25_k1, cfg.bm25_b)
+            if query
             else None
         )
-        recalls += int(parsed.query is not None)
+        recalls += int(query is not None)
         retrieved += int(hit is not None)
         gold_in_recall = hit is not None and step_rewards_lib.answer_word_recall(hit.text, task.answers) > 0
         callback_hits += int(gold_in_recall)
@@ -221,7 +271,7 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
             "previous_memory": memory,
             "memory": new_memory,
             "shown_recalled_memory": shown_recall,
-            "recall_query": parsed.query,
+            "recall_query": query,
             "recalled_memory": hit.text if hit else None,
             "recalled_step": hit.step if hit else None,
             "recall_score": hit.score if hit else None,
@@ -230,7 +280,7 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
             "format_ok": parsed.well_formed,
             "format_flags": [k for k, v in parsed.flags.items() if v],
         }))
-        if new_memory != cfg.no_memory_text:  # the placeholder is not a memory worth recalling
+        if new_memory and new_memory != cfg.no_memory_text:  # the placeholder is not a memory worth recalling
             history.append((t, new_memory))
         memory = new_memory
         shown_recall = hit.text if hit else cfg.no_recall_text

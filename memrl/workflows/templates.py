@@ -1,20 +1,42 @@
 """Prompt templates: packaged defaults, overridable from a file or a string.
 
-A template is plain text with `{name}` placeholders, filled by literal substitution (so `\\boxed{}` and
-other braces need no escaping). Every placeholder a workflow declares must appear in the template.
+Two ways to read a user's template (`template_style`):
+- "memrl" (default): plain text with `{name}` placeholders, filled by literal substitution, so
+  `\\boxed{}` and other braces need no escaping; any other brace is literal text.
+- "str_format": a Python `str.format` string, as the published code writes its prompts (MemAgent,
+  ReMemR1, vime): `{{` and `}}` are literal braces, and every `{field}` must be a known placeholder.
+  A published template saved to a file renders the same bytes as the published code's `.format(...)`.
+
+Placeholder names follow memrl; the published code's names are accepted as aliases (PLACEHOLDER_ALIASES:
+`{prompt}` is memrl's `{problem}`, the question). Every placeholder a workflow declares must appear in the
+template, under its name or an alias. The packaged defaults (memrl's own wording, not the published
+prompts) are always "memrl" style, stored with one final newline that is not part of the prompt. A user's
+template file is taken byte for byte (`strip=False`); `strip=True` drops one final newline, as memrl did
+before.
 """
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from memrl.errors import UserError
 
+TEMPLATE_STYLES: tuple[str, ...] = ("memrl", "str_format")
+# Published placeholder name -> memrl's (MemAgent recurrent/impls/memory.py, ReMemR1
+# recurrent/impls/memory_revisit.py and vime examples/mem_agent/rollout.py call the question {prompt}).
+PLACEHOLDER_ALIASES: dict[str, str] = {"prompt": "problem"}
+
 
 class TemplateError(UserError):
     """A template is missing a placeholder or cannot be read."""
+
+
+def _spellings(name: str) -> list[str]:
+    """memrl's name and the published aliases of a placeholder."""
+    return [name] + [a for a, target in PLACEHOLDER_ALIASES.items() if target == name]
 
 
 @dataclass(frozen=True)
@@ -22,12 +44,49 @@ class Template:
     text: str
     placeholders: tuple[str, ...]
     source: str  # where the text came from, for error messages
+    style: str = "memrl"
 
     def __post_init__(self) -> None:
-        missing = [p for p in self.placeholders if "{" + p + "}" not in self.text]
+        if self.style not in TEMPLATE_STYLES:
+            raise TemplateError(
+                f"template {self.source}: unknown template style {self.style!r}; "
+                f"expected one of {', '.join(TEMPLATE_STYLES)}"
+            )
+        present = self._fields() if self.style == "str_format" else None
+        missing = []
+        for p in self.placeholders:
+            names = _spellings(p)
+            found = (any(n in present for n in names) if present is not None
+                     else any("{" + n + "}" in self.text for n in names))
+            if not found:
+                missing.append(" or ".join("{" + n + "}" for n in names))
         if missing:
-            names = ", ".join("{" + m + "}" for m in missing)
-            raise TemplateError(f"template {self.source} is missing placeholder(s) {names}")
+            raise TemplateError(f"template {self.source} is missing placeholder(s) {', '.join(missing)}")
+
+    def _fields(self) -> set[str]:
+        """The `{field}` names of a str.format template; a one-line error for anything else."""
+        known = {n for p in self.placeholders for n in _spellings(p)}
+        try:
+            parsed = list(string.Formatter().parse(self.text))
+        except ValueError as e:
+            raise TemplateError(f"template {self.source} is not a valid str.format string: {e}") from e
+        fields: set[str] = set()
+        for _, field, spec, conversion in parsed:
+            if field is None:
+                continue
+            if field not in known:
+                what = "a positional placeholder {}" if field == "" else "{" + field + "}"
+                raise TemplateError(
+                    f"template {self.source} has unknown placeholder {what}; known: "
+                    f"{', '.join('{' + k + '}' for k in sorted(known))} (write {{{{ and }}}} for literal braces)"
+                )
+            if spec or conversion:
+                raise TemplateError(
+                    f"template {self.source}: placeholder {{{field}}} has a format spec or conversion; "
+                    "only plain {name} placeholders are supported"
+                )
+            fields.add(field)
+        return fields
 
     def render(self, **values: str) -> str:
         unknown = set(values) - set(self.placeholders)
@@ -35,13 +94,16 @@ class Template:
             raise TemplateError(
                 f"template {self.source} takes {sorted(self.placeholders)}, got {sorted(values)}"
             )
+        spelled = {n: values[p] for p in self.placeholders for n in _spellings(p)}
+        if self.style == "str_format":
+            return self.text.format(**spelled)  # str.format never re-substitutes a value's braces
         # Substitute in one pass so a value containing "{memory}" is never substituted again.
+        keys = [("{" + n + "}", v) for n, v in spelled.items()]
         out, i, text = [], 0, self.text
         while i < len(text):
-            for name in self.placeholders:
-                key = "{" + name + "}"
+            for key, value in keys:
                 if text.startswith(key, i):
-                    out.append(values[name])
+                    out.append(value)
                     i += len(key)
                     break
             else:
@@ -55,18 +117,33 @@ def _strip_final_newline(text: str) -> str:
 
 
 def load_template(
-    default_name: str, placeholders: tuple[str, ...], path: str | None = None, text: str | None = None
+    default_name: str,
+    placeholders: tuple[str, ...],
+    path: str | None = None,
+    text: str | None = None,
+    style: str = "memrl",
+    strip: bool = True,
 ) -> Template:
-    """Template from an inline string, else a file, else the packaged default `templates/<name>.txt`."""
+    """Template from an inline string, else a file, else the packaged default `templates/<name>.txt`.
+
+    `style` applies to the user's template (inline or file); the packaged default is always "memrl".
+    `strip` reads a template file as memrl did before (line endings as \n, one final newline dropped);
+    False keeps the file's text exactly.
+    """
     if text is not None:
-        return Template(text, placeholders, "(inline)")
+        return Template(text, placeholders, "(inline)", style)
     if path is not None:
         p = Path(path)
         try:
-            body = p.read_text(encoding="utf-8")
+            # newline="" keeps the file's line endings as they are (no \r\n -> \n translation);
+            # strip keeps memrl's former reading: universal newlines, one final newline dropped.
+            with p.open(encoding="utf-8", newline=None if strip else "") as f:
+                body = f.read()
         except OSError as e:
             raise TemplateError(f"cannot read template file {p}: {e.strerror or e}") from e
-        return Template(_strip_final_newline(body), placeholders, str(p))
+        except UnicodeDecodeError as e:
+            raise TemplateError(f"template file {p} is not UTF-8 text: {e.reason} at byte {e.start}") from e
+        return Template(_strip_final_newline(body) if strip else body, placeholders, str(p), style)
     body = resources.files("memrl").joinpath("templates", f"{default_name}.txt").read_text(encoding="utf-8")
     return Template(_strip_final_newline(body), placeholders, f"memrl/templates/{default_name}.txt")
 

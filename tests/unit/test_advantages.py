@@ -252,3 +252,64 @@ def test_trainer_fills_options_from_the_algorithm_section_without_a_name_switch(
     with pytest.raises(ConfigError, match="algorithm.gamma"):
         algorithm_options(load_config(TrainConfig, ["model.path=x", "algorithm.name=test-gamma"]))
 
+
+
+# ReMemR1's released state term (ray_trainer.py fit(): the step reward tiled over 2 columns that
+# compute_1D_grpo_advantage sums, so the step groups normalize 2 * r). One group, 2 trajectories x 3 steps.
+# Outcome R = [1, 0] -> A_out = [0.5, -0.5] (no std). Step rewards t0 = [1, 0.25, 1], t1 = [0, 0.75, 1].
+RELEASED_GROUP = ([1.0, 0.0], [[1.0, 0.25, 1.0], [0.0, 0.75, 1.0]])
+
+
+def test_rememr1_released_state_term_doubles_the_paper_term_without_std():
+    outcome, steps = RELEASED_GROUP
+    # paper: step 0 mean 0.5 -> A_state [0.5, -0.5]; step 1 mean 0.5 -> [-0.25, 0.25]; step 2 equal -> 0
+    #   t0: 0.8*0.5 + 0.2*[0.5, -0.25, 0] = [0.5, 0.35, 0.4];  t1: -0.4 + 0.2*[-0.5, 0.25, 0] = [-0.5, -0.35, -0.4]
+    paper = rememr1_advantages(outcome, steps, ["g", "g"], state_term="paper")
+    assert paper == [pytest.approx([0.5, 0.35, 0.4]), pytest.approx([-0.5, -0.35, -0.4])]
+    # released: 2r - mean(2r) = [1, -1], [-0.5, 0.5], [0, 0] -> 0.8 * A_out + 0.4 * (r - mean r)
+    #   t0: 0.4 + 0.2*[1, -0.5, 0] = [0.6, 0.3, 0.4];  t1: -0.4 + 0.2*[-1, 0.5, 0] = [-0.6, -0.3, -0.4]
+    released = rememr1_advantages(outcome, steps, ["g", "g"], state_term="released")
+    assert released == [pytest.approx([0.6, 0.3, 0.4]), pytest.approx([-0.6, -0.3, -0.4])]
+
+
+def test_rememr1_released_state_term_with_std_halves_eps_only():
+    outcome, steps = RELEASED_GROUP
+    # eps = 0.1 makes the difference visible. A_out: [1, 0] -> +-0.5 / (sqrt(0.5) + 0.1) = +-0.5 / 0.8071068
+    # = +-0.6194967. Step 0 paper: the same +-0.6194967; released: 2r = [2, 0] -> +-1 / (sqrt(2) + 0.1)
+    # = +-0.6604088 (= 0.5 / (sqrt(0.5) + 0.05)). Step 1 ([0.25, 0.75]): paper -+0.25 / (sqrt(0.125) + 0.1)
+    # = -+0.5512030; released -+0.5 / (sqrt(0.5) + 0.1) = -+0.6194967. Step 2 equal -> 0 in both.
+    a = 0.8 * 0.6194967
+    paper = rememr1_advantages(outcome, steps, ["g", "g"], norm_by_std=True, eps=0.1)
+    assert paper[0] == pytest.approx([a + 0.2 * 0.6194967, a - 0.2 * 0.5512030, a], rel=1e-6)
+    released = rememr1_advantages(outcome, steps, ["g", "g"], norm_by_std=True, eps=0.1, state_term="released")
+    assert released[0] == pytest.approx([a + 0.2 * 0.6604088, a - 0.2 * 0.6194967, a], rel=1e-6)
+    assert released[1] == pytest.approx([-a - 0.2 * 0.6604088, -a + 0.2 * 0.6194967, -a], rel=1e-6)
+
+
+def test_rememr1_released_single_member_step_is_verls_group_of_one():
+    # t0 has an extra step (key 3, r = 0.3) no other trajectory reached: paper A_state 0, released 2r = 0.6
+    # (no std) or 0.6 / (1 + eps) (std; eps 0.1 -> 0.5454545). Outcome [1, 0]: A_out t0 = 0.5 / 0.6194967
+    outcome, steps = [1.0, 0.0], [[1.0, 0.3], [0.0]]
+    keys = [[0, 3], [0]]
+    assert rememr1_advantages(outcome, steps, ["g", "g"], keys)[0][1] == pytest.approx(0.4)
+    assert rememr1_advantages(outcome, steps, ["g", "g"], keys, state_term="released")[0][1] == pytest.approx(0.52)
+    std = rememr1_advantages(outcome, steps, ["g", "g"], keys, norm_by_std=True, eps=0.1, state_term="released")
+    assert std[0][1] == pytest.approx(0.8 * 0.6194967 + 0.2 * 0.5454545, rel=1e-6)
+
+
+def test_rememr1_state_term_from_the_algorithm_section():
+    from memrl.algorithms.advantages import ReMemR1Options
+    from memrl.algorithms.registry import advantage_options, fill_options
+    from memrl.training.config import AlgorithmSection
+
+    opts = fill_options(advantage_options("rememr1"), AlgorithmSection(name="rememr1", state_term="released"))
+    assert opts == ReMemR1Options(alpha=0.8, norm_by_std=False, eps=1e-6, state_term="released")
+    outcome, steps = RELEASED_GROUP
+    g = Group("q", [Trajectory("q", f"t{i}", [seg(j, r) for j, r in enumerate(s)], reward=outcome[i])
+                    for i, s in enumerate(steps)])
+    assert compute_group_advantages([g], "rememr1", opts) == [
+        [pytest.approx([0.6, 0.3, 0.4]), pytest.approx([-0.6, -0.3, -0.4])]]
+    with pytest.raises(ValueError, match="algorithm.state_term must be one of paper, released, got 'twice'"):
+        fill_options(ReMemR1Options, AlgorithmSection(state_term="twice"))
+    with pytest.raises(ValueError, match="state_term must be one of paper, released"):
+        rememr1_advantages([1.0], [[1.0]], ["g"], state_term="x")

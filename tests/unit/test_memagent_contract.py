@@ -152,7 +152,11 @@ def test_template_file_overrides_the_prompt(tmp_path):
     task = Task("t1", "Q?", "", ["x"])
     engine = ScriptedEngine([r"\boxed{x}"])
     run_one(task, engine, cfg(final_template=None, final_template_file=str(f)))
-    assert engine.calls[0].prompt_text == user("FINAL Q? / No previous memory \\boxed{}")
+    # the file's text exactly: its final newline is part of the prompt (template_strip=False)
+    assert engine.calls[0].prompt_text == user("FINAL Q? / No previous memory \\boxed{}\n")
+    engine = ScriptedEngine([r"\boxed{x}"])
+    run_one(task, engine, cfg(final_template=None, final_template_file=str(f), template_strip=True))
+    assert engine.calls[0].prompt_text == user("FINAL Q? / No previous memory \\boxed{}")  # memrl's former reading
 
 
 def test_default_templates_keep_the_published_tags():

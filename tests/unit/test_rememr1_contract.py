@@ -172,7 +172,7 @@ def test_template_file_overrides_and_missing_placeholder_is_named(tmp_path):
     task = Task("t1", "Q?", "", ["x"])
     engine = ScriptedEngine([r"\boxed{x}"])
     run_one(task, engine, cfg(final_template=None, final_template_file=str(f)))
-    assert engine.calls[0].prompt_text == user(f"FIN Q? No previous memory {NO_RECALL}")
+    assert engine.calls[0].prompt_text == user(f"FIN Q? No previous memory {NO_RECALL}\n")  # the file's text exactly
     bad = tmp_path / "mem.txt"
     bad.write_text("{problem} {memory} {chunk}\n")
     with pytest.raises(TemplateError, match=r"missing placeholder\(s\) \{recalled_memory\}"):
