@@ -69,8 +69,9 @@ class EvalConfig:
     """Which gold answers a prediction is scored against: any = the best over all of them (memrl);
     first = answers[0] only (MemAgent's, ReMemR1's and vime's evaluations)."""
     extract: str = "boxed"
-    """How the prediction is read from the final text: boxed = the last \\boxed{}; answer_is = the text
-    after the last "the answer is" (MemAgent's protocol, memrl.rewards.extract); raw = the whole text."""
+    """How the prediction is read from the final text (memrl.rewards.extract): boxed = the last \\boxed{};
+    answer_is = the text after the last "the answer is" (MemAgent's protocol for its RL models);
+    boxed_published = the published evaluations' box reader (also `\\boxed ans`); raw = the whole text."""
 
     def __post_init__(self) -> None:
         from memrl.rewards.extract import EXTRACT_MODES

@@ -142,7 +142,16 @@ def test_extract_modes():
     assert extract_prediction(text, "boxed") == "Paris"
     assert extract_prediction(text, "answer_is") == "Paris"
     assert extract_prediction(text, "raw") == "I think \\boxed{Paris}, so the answer is Paris."
-    with pytest.raises(ValueError, match="extract must be one of boxed, answer_is, raw"):
+    assert extract_prediction(text, "boxed_published") == "Paris"
+    # the published box reader: whole text (no 300-character window), case kept, "\boxed ans" up to "$"
+    assert extract_prediction("\\boxed{Paris}" + PAD, "boxed_published") == "Paris"
+    assert extract_prediction("It is \\boxed New York$.", "boxed_published") == "New York"
+    # "\boxed {x}" is the space form there: "{x}" (memrl's boxed reads "x")
+    assert extract_prediction("\\boxed {Oslo}", "boxed_published") == "{Oslo}"
+    assert extract_prediction("\\boxed {Oslo}", "boxed") == "Oslo"
+    # \fbox fails the original's assertion: no prediction
+    assert extract_prediction("\\fbox{Oslo}", "boxed_published") == ""
+    with pytest.raises(ValueError, match="extract must be one of boxed, answer_is, boxed_published, raw"):
         extract_prediction(text, "last_line")
 
 
@@ -293,7 +302,7 @@ def test_config_values_are_checked():
         parse_workflow({"name": "memagent", "reward": "em"})
     with pytest.raises(ConfigError, match=r"golds must be one of any, first, got 'all'"):
         load_config(EvalConfig, ["golds=all"])
-    with pytest.raises(ConfigError, match=r"extract must be one of boxed, answer_is, raw, got 'last'"):
+    with pytest.raises(ConfigError, match=r"extract must be one of boxed, answer_is, boxed_published, raw, got 'last'"):
         load_config(EvalConfig, ["extract=last"])
     cfg = load_config(EvalConfig, ["golds=first", "extract=answer_is"])
     assert (cfg.golds, cfg.extract) == ("first", "answer_is")
@@ -328,3 +337,10 @@ def test_evaluate_applies_the_scoring_options_and_keeps_them_apart(tmp_path):
     # rows scored one way are never mixed with rows scored another way
     with pytest.raises(UserError, match="scoring"):
         run("first", golds="any", extract="answer_is")
+
+
+def test_boxed_published_reads_after_think():
+    # extract_solution first: the box inside the thinking is ignored -> "Paris"
+    assert extract_prediction(r"<think>\boxed{Rome}</think> so \boxed{Paris}", "boxed_published") == "Paris"
+    # nothing after </think>: the whole response -> the last box "Rome"
+    assert extract_prediction(r"<think>\boxed{Rome}</think>", "boxed_published") == "Rome"
