@@ -177,14 +177,14 @@ def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: 
     else:
         pred = extract_prediction(traj.info["answer_text"], extract)
     answers = task.answers if golds == "any" else task.answers[:1]
-    m = qa_metrics(pred, answers) if answers else {"em": 0.0, "sub_em": 0.0, "f1": 0.0}
+    m = qa_metrics(pred, answers)
     name = task.meta.get("metric")
     if name:
         try:
             fn = get_metric(str(name))
         except KeyError as e:
             raise UserError(f"task {task.task_id}: meta['metric']: {e.args[0]}") from e
-        m[str(name)] = fn(pred, task.answers) if task.answers else 0.0
+        m[str(name)] = fn(pred, task.answers)
     return pred, m
 
 
