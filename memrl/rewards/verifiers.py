@@ -9,7 +9,8 @@
   best over all gold answers (`memrl.rewards.qa.boxed_em_reward`).
 - `verl_hotpotqa`: the published training verifier of MemAgent and ReMemR1
   (`verl/utils/reward_score/hotpotqa.py:compute_score`, reward_metric "em"; vime's
-  `examples/mem_agent/rollout.py:reward_func` is the same rule), reimplemented from reading it:
+  `examples/mem_agent/rollout.py:reward_func` differs only as noted at the end), reimplemented from
+  reading it:
   1. only the LAST 300 characters of the response count, lowercased;
   2. if the window contains `\\boxed ` (boxed + one space) anywhere, the answer is the text after the
      last `\\boxed ` up to the next `$` (the "`\\boxed ans`" form), and this wins over any `\\boxed{}`;

@@ -1,7 +1,8 @@
 """Parity of memrl's scoring with the published code, every expected value derived by hand from reading:
 
 - the training verifier of MemAgent and ReMemR1, `verl/utils/reward_score/hotpotqa.py:compute_score`
-  (vime's `examples/mem_agent/rollout.py:reward_func` is the same rule), here `verl_hotpotqa`;
+  (vime's `examples/mem_agent/rollout.py:reward_func` is the same rule but lowercases only the answer,
+  after finding the box), here `verl_hotpotqa`;
 - MemAgent's evaluation, `taskutils/memory_eval/utils/__init__.py` (extract_solution, extract_answer) and
   `ruler_hqa.py:get_pred` (scores item["answers"][0]; ReMemR1's `run_eval.py`/`test_qa.py` do the same);
 - RULER's metrics, `scripts/eval/synthetic/constants.py` and `scripts/eval/evaluate.py:postprocess_pred`.
