@@ -9,7 +9,9 @@
       workflow.retriever_corpus=corpus.jsonl [workflow.prune_tool=false  (the search-only baseline)]
 
 Arguments with '=' are dotted overrides of memrl.eval.runner.EvalConfig, spelled as in `memrl train`:
-`workflow.<field>` sets the workflow's config (greedy decoding by default), `engine.*` the engine. Results: <out>/results.jsonl (one row per question;
+`workflow.<field>` sets the workflow's config (greedy decoding by default), `engine.*` the engine;
+`golds=any|first` and `extract=boxed|answer_is|boxed_published|raw` choose how answers are scored
+(docs/eval_scoring.md). Results: <out>/results.jsonl (one row per question;
 re-running resumes), summary.md, summary.csv and accuracy.png (MemAct runs: also the MemAct table in
 summary.md, memact_summary.csv and memact_context.png).
 """

@@ -46,9 +46,25 @@ class LengthSummary:
     """Questions with any other format error or fallback (e.g. ReMemR1's missing_update)."""
     format_detail: str = ""
     """Those errors by kind, e.g. "missing_update=3 unclosed_update=1" (questions with each)."""
+    string_match_all: float | None = None
+    """RULER's string_match_all, percent, over the questions whose task names it (meta["metric"]);
+    None when none does."""
+    string_match_part: float | None = None
+    """RULER's string_match_part, percent, likewise."""
 
 
 TABLE_COLUMNS = [f.name for f in fields(LengthSummary)]
+TASK_METRIC_COLUMNS = ("string_match_all", "string_match_part")
+"""Row keys of the eval metrics a task can name (memrl.rewards.eval_metrics), summarized when present."""
+
+
+def task_metric_means(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """Mean x 100 of each task-named eval metric over the rows that carry it (None when none does)."""
+    out: dict[str, float | None] = {}
+    for key in TASK_METRIC_COLUMNS:
+        vals = [float(r[key]) for r in rows if r.get(key) is not None]
+        out[key] = 100 * sum(vals) / len(vals) if vals else None
+    return out
 
 
 def summarize(rows: Sequence[dict[str, Any]], run: str) -> list[LengthSummary]:
@@ -73,7 +89,7 @@ def summarize(rows: Sequence[dict[str, Any]], run: str) -> list[LengthSummary]:
             mean_context_tokens=mean("context_tokens"), mean_tokens_read=mean("tokens_read"),
             mean_generated_tokens=mean("generated_tokens"), seconds_per_question=wall_seconds(rs) / k,
             mean_latency_seconds=mean("seconds"), no_box=counts.get("no_box", 0), format_errors=flagged,
-            format_detail=" ".join(f"{kk}={v}" for kk, v in other.items()),
+            format_detail=" ".join(f"{kk}={v}" for kk, v in other.items()), **task_metric_means(rs),
         ))
     return out
 
@@ -110,14 +126,18 @@ def load_summaries(result_dir: str | os.PathLike[str]) -> list[LengthSummary]:
 
 
 def markdown_table(summaries: Sequence[LengthSummary]) -> str:
-    """A markdown table, one line per (run, num_docs)."""
-    head = ("| run | docs | questions | EM | accuracy (sub-EM) | F1 | context tokens | tokens read "
-            "| generated tokens | s / question | latency s | no box | format errors |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    """A markdown table, one line per (run, num_docs); a task-named metric (RULER's string_match_all /
+    string_match_part) gets a column when some row has it ("-" where a row does not)."""
+    extra = [k for k in TASK_METRIC_COLUMNS if any(getattr(s, k) is not None for s in summaries)]
+    head = ("| run | docs | questions | EM | accuracy (sub-EM) | F1 | "
+            + "".join(f"{k} | " for k in extra)
+            + "context tokens | tokens read | generated tokens | s / question | latency s | no box | format errors |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|" + "---:|" * len(extra) + "---:|---:|---:|---:|---:|---:|---|"]
     for s in summaries:
+        cells = "".join("- | " if getattr(s, k) is None else f"{getattr(s, k):.2f} | " for k in extra)
         lines.append(
-            f"| {s.run} | {s.num_docs} | {s.questions} | {s.em:.2f} | {s.accuracy:.2f} | {s.f1:.2f} "
-            f"| {s.mean_context_tokens:.0f} | {s.mean_tokens_read:.0f} | {s.mean_generated_tokens:.1f} "
+            f"| {s.run} | {s.num_docs} | {s.questions} | {s.em:.2f} | {s.accuracy:.2f} | {s.f1:.2f} | {cells}"
+            f"{s.mean_context_tokens:.0f} | {s.mean_tokens_read:.0f} | {s.mean_generated_tokens:.1f} "
             f"| {s.seconds_per_question:.3f} | {s.mean_latency_seconds:.3f} | {s.no_box} "
             f"| {s.format_errors}{f' ({s.format_detail})' if s.format_detail else ''} |"
         )
@@ -125,12 +145,12 @@ def markdown_table(summaries: Sequence[LengthSummary]) -> str:
 
 
 def write_csv(path: str | os.PathLike[str], summaries: Sequence[LengthSummary]) -> None:
-    """The summaries as CSV at full precision (columns = LengthSummary fields)."""
+    """The summaries as CSV at full precision (columns = LengthSummary fields; an absent metric is empty)."""
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=TABLE_COLUMNS)
         w.writeheader()
         for s in summaries:
-            w.writerow({k: repr(v) if isinstance(v, float) else v for k, v in asdict(s).items()})
+            w.writerow({k: repr(v) if isinstance(v, float) else ("" if v is None else v) for k, v in asdict(s).items()})
 
 
 def plot_accuracy(path: str | os.PathLike[str], summaries: Sequence[LengthSummary], title: str = "") -> None:

@@ -4,8 +4,13 @@
 
 Rows go to `<out_dir>/results.jsonl` as each question finishes. A re-run skips the (num_docs, task_id)
 pairs already there; a half-written last line (a killed run) is cut off and that question re-run.
-Row metrics use memrl.rewards.qa on the boxed prediction: em, sub_em (MemAgent's "accuracy"), f1; a MemAct
+Row metrics use memrl.rewards.qa on the prediction: em, sub_em (MemAgent's "accuracy"), f1; a MemAct
 row (multi-question reward metrics present) has em = sub_em = all sub-questions right, f1 = their mean F1.
+Scoring (`golds`, `extract`; docs/eval_scoring.md): the prediction is the last \\boxed{} (extract=boxed),
+the text after the last "the answer is" (answer_is, MemAgent's protocol) or the whole final text (raw),
+scored against the best of all gold answers (golds=any) or answers[0] only (golds=first, as the public
+evaluations do). A task whose meta["metric"] names a registered eval metric (memrl.rewards.eval_metrics:
+RULER's string_match_all / string_match_part) also gets that metric under its name, over all answers.
 `reward` is the workflow's outcome reward (awaited when async; a failing one counts reward_error, 0).
 Timing: `seconds` is one question's latency (queueing in the engine included); `started`/`finished` and
 `session` let the report compute throughput time per question (wall span of a session / its questions).
@@ -60,6 +65,24 @@ class EvalConfig:
     name: str = ""
     """Run name in tables and plots (default: the output directory's name)."""
     progress: bool = True
+    golds: str = "any"
+    """Which gold answers a prediction is scored against: any = the best over all of them (memrl);
+    first = answers[0] only (MemAgent's, ReMemR1's and vime's evaluations)."""
+    extract: str = "boxed"
+    """How the prediction is read from the final text (memrl.rewards.extract): boxed = the last \\boxed{};
+    answer_is = the text after the last "the answer is" (MemAgent's protocol for its RL models);
+    boxed_published = the published evaluations' box reader (also `\\boxed ans`); raw = the whole text."""
+
+    def __post_init__(self) -> None:
+        from memrl.rewards.extract import EXTRACT_MODES
+
+        if self.golds not in GOLDS_MODES:
+            raise ValueError(f"golds must be one of {', '.join(GOLDS_MODES)}, got {self.golds!r}")
+        if self.extract not in EXTRACT_MODES:
+            raise ValueError(f"extract must be one of {', '.join(EXTRACT_MODES)}, got {self.extract!r}")
+
+
+GOLDS_MODES = ("any", "first")
 
 
 def get_spec(name: str):
@@ -140,17 +163,42 @@ def num_docs_of(path: str, tasks: Sequence[Task]) -> int:
     return int(m.group(1)) if m else 0
 
 
-def result_row(
-    task: Task, traj: Trajectory, num_docs: int, file: str, started: float, finished: float, session: str = "",
-    tokenizer: Any = None,
-) -> dict[str, Any]:
-    """The JSONL row of one finished question; started/finished are wall-clock times (time.time()).
-    `steps` holds one memrl.records record per model call (what `memrl view` shows)."""
-    from memrl.records import segment_records
+def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: str = "boxed"
+                     ) -> tuple[str, dict[str, float]]:
+    """(prediction, metrics) of a finished question: em / sub_em / f1 of the prediction `extract` reads,
+    against all gold answers (golds=any, best of them) or answers[0] (first); plus the eval metric the
+    task's meta["metric"] names, over all answers. A MemAct row keeps its own final answer."""
+    from memrl.rewards.eval_metrics import get_metric
+    from memrl.rewards.extract import extract_prediction
     from memrl.rewards.qa import qa_metrics
 
-    pred = traj.final_answer or ""
-    m = qa_metrics(pred, task.answers)
+    if extract == "boxed" or "answer_text" not in traj.info or "multiq_questions" in traj.metrics:
+        pred = traj.final_answer or ""
+    else:
+        pred = extract_prediction(traj.info["answer_text"], extract)
+    answers = task.answers if golds == "any" else task.answers[:1]
+    m = qa_metrics(pred, answers)
+    name = task.meta.get("metric")
+    if name:
+        try:
+            fn = get_metric(str(name))
+        except KeyError as e:
+            raise UserError(f"task {task.task_id}: meta['metric']: {e.args[0]}") from e
+        m[str(name)] = fn(pred, task.answers)
+    return pred, m
+
+
+def result_row(
+    task: Task, traj: Trajectory, num_docs: int, file: str, started: float, finished: float, session: str = "",
+    tokenizer: Any = None, golds: str = "any", extract: str = "boxed",
+) -> dict[str, Any]:
+    """The JSONL row of one finished question; started/finished are wall-clock times (time.time()).
+    `steps` holds one memrl.records record per model call (what `memrl view` shows). Scoring:
+    `score_prediction`; a task's named eval metric (meta["metric"]) is a column of its own."""
+    from memrl.records import segment_records
+
+    pred, m = score_prediction(task, traj, golds, extract)
+    extra = {k: v for k, v in m.items() if k not in ("em", "sub_em", "f1")}
     tm = traj.metrics
     if "multiq_questions" in tm:  # MemAct: all sub-questions right (memrl.rewards.multiq), mean sub-question F1
         m = {"em": tm["multiq_all_correct"], "sub_em": tm["multiq_all_correct"], "f1": tm["multiq_f1_mean"]}
@@ -169,6 +217,7 @@ def result_row(
         "em": m["em"],
         "sub_em": m["sub_em"],
         "f1": m["f1"],
+        **extra,
         "tokens_read": int(tm.get("tokens_read", tm.get("context_tokens", 0))),
         "context_tokens": int(tm.get("context_tokens", 0)),
         # MemAct rows also hold tool output; their own count is what the model generated
@@ -193,7 +242,9 @@ def _check_config(out: Path, record: dict[str, Any]) -> None:
     p = out / CONFIG_FILE
     if p.exists():
         old = json.loads(p.read_text())
-        keys = ("workflow", "model", "workflow_config")
+        keys = ("workflow", "model", "workflow_config", "scoring")
+        # directories written before scoring options existed were scored with today's defaults
+        old.setdefault("scoring", {"golds": "any", "extract": "boxed"})
         diff = [k for k in keys if old.get(k) != record.get(k)]
         if diff and (out / RESULTS_FILE).exists():
             raise UserError(
@@ -219,7 +270,8 @@ def evaluate(
     spec, wf_cfg = workflow_config(cfg)
     record = {"workflow": spec.name, "model": cfg.engine.model, "engine": dataclasses.asdict(cfg.engine),
               "workflow_config": dataclasses.asdict(wf_cfg), "files": [str(f) for f in files],
-              "name": cfg.name or out.resolve().name, "seed": cfg.seed}
+              "name": cfg.name or out.resolve().name, "seed": cfg.seed,
+              "scoring": {"golds": cfg.golds, "extract": cfg.extract}}
     _check_config(out, record)
 
     loaded = []
@@ -276,7 +328,7 @@ async def _run_all(todo, spec, wf_cfg, engine, cfg: EvalConfig, fh, total: int) 
 
             def on_done(task: Task, traj: Trajectory, n: int = n, f: str = f, acc: list[float] = acc) -> None:
                 row = result_row(task, traj, n, f, starts.pop(task.task_id), time.time(), session,
-                                 tokenizer=getattr(engine, "tokenizer", None))
+                                 tokenizer=getattr(engine, "tokenizer", None), golds=cfg.golds, extract=cfg.extract)
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
                 fh.flush()
                 new.append(row)

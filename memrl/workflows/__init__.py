@@ -84,10 +84,11 @@ def format_counts(metrics: list[dict[str, float]]) -> dict[str, int]:
 
 
 def boxed_em_outcome(task: Task, traj: Trajectory) -> float:
-    """Training reward shared by the chunked workflows: exact match of the last \\boxed{} answer."""
-    from memrl.rewards.qa import boxed_em_reward
+    """Outcome reward shared by the chunked workflows: the verifier named by `traj.info["reward"]` (the
+    workflow's `reward` field, memrl.rewards.verifiers; `boxed_em` when absent) on the final answer text."""
+    from memrl.rewards.verifiers import get_verifier
 
-    return boxed_em_reward(traj.info.get("answer_text", ""), task.answers)
+    return get_verifier(traj.info.get("reward", "boxed_em"))(traj.info.get("answer_text", ""), task.answers)
 
 
 def _memagent() -> WorkflowSpec:

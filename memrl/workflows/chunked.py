@@ -53,9 +53,17 @@ class ChunkedConfig:
     """A memory call whose memory is empty (after special tokens and surrounding whitespace are removed):
     placeholder (no_memory_text: MemAgent), keep_previous (the previous memory stays: vime) or empty (the
     empty string: MemAgent's synchronous trainer, ReMemR1's released code)."""
+    reward: str = "boxed_em"
+    """Outcome verifier (memrl.rewards.verifiers): boxed_em = memrl's exact match of the last \\boxed{}
+    over the whole text, best over all golds; verl_hotpotqa = the published MemAgent/ReMemR1 verifier
+    (last 300 characters, its strip_string, also the `\\boxed ans` form)."""
 
     def __post_init__(self) -> None:
+        from memrl.rewards.verifiers import verifier_names
+
         name = type(self).__name__
+        if self.reward not in verifier_names():
+            raise ValueError(f"{name}.reward must be one of {', '.join(verifier_names())}, got {self.reward!r}")
         for f in ("chunk_tokens", "max_memory_tokens", "max_final_tokens"):
             if getattr(self, f) < 1:
                 raise ValueError(f"{name}.{f} must be >= 1, got {getattr(self, f)}")

@@ -99,7 +99,7 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
         **memory_recall_metrics(memories, task.answers),
     }
     return Trajectory(task.task_id, "", segments, final_answer=boxed or "", metrics=metrics,
-                      info={"answer_text": answer_text, "memories": memories})
+                      info={"answer_text": answer_text, "memories": memories, "reward": cfg.reward})
 
 
 def memory_recall_metrics(memories: list[str], golds: list[str]) -> dict[str, float]:
@@ -134,7 +134,8 @@ def assign_step_rewards(task: Task, traj: Trajectory) -> list[float]:
 
 
 def reward(task: Task, traj: Trajectory) -> float:
-    """Outcome: exact match of the last \\boxed{} (max over gold answers); also writes step rewards."""
+    """Outcome: the verifier `workflow.reward` names (default boxed_em: exact match of the last \\boxed{},
+    max over gold answers); also writes step rewards."""
     from memrl.workflows import boxed_em_outcome
 
     assign_step_rewards(task, traj)

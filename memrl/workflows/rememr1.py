@@ -47,6 +47,7 @@ FORMAT_FLAGS = (
 MEMORY_RULES: tuple[str, ...] = ("update_tag", "strip_recall")
 QUERY_RULES: tuple[str, ...] = ("first_block", "greedy_line")
 _DEFAULT_TAGS = {"update_tag": "update", "recall_tag": "recall", "thinking_tag": "thinking"}
+_MEMORY_FIELDS = ("problem", "recalled_memory", "memory", "chunk")
 
 
 @dataclass
@@ -77,6 +78,10 @@ class ReMemR1Config(ChunkedConfig):
     """Step reward weights: w_f * format + w_m * memory gain + w_c * callback gain (memrl.rewards.steps)."""
     memory_weight: float = 1.0
     callback_weight: float = 1.0
+    callback_rule: str = "paper"
+    """How a recall is credited (memrl.rewards.steps): paper = only gold-answer words that neither the
+    memory the step read nor its chunk hold (normalized words, max over golds); released = the public
+    code's rule (raw substrings of the whole step prompt, mean over golds)."""
     memory_template_file: str | None = None
     """File overriding the memory prompt; needs {problem} (or {prompt}), {recalled_memory}, {memory} and
     {chunk} (read as template_style / template_strip say)."""
@@ -109,6 +114,11 @@ class ReMemR1Config(ChunkedConfig):
         if self.query_rule not in QUERY_RULES:
             raise ValueError(
                 f"ReMemR1Config.query_rule must be one of {', '.join(QUERY_RULES)}, got {self.query_rule!r}"
+            )
+        if self.callback_rule not in step_rewards_lib.CALLBACK_RULES:
+            raise ValueError(
+                f"ReMemR1Config.callback_rule must be one of {', '.join(step_rewards_lib.CALLBACK_RULES)}, "
+                f"got {self.callback_rule!r}"
             )
         if self.scorer not in SCORERS:
             raise ValueError(f"ReMemR1Config.scorer must be one of {', '.join(SCORERS)}, got {self.scorer!r}")
@@ -318,6 +328,11 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
             "recall_candidates": [m for _, m in history],
             "step_reward_weights": [cfg.format_weight, cfg.memory_weight, cfg.callback_weight],
             "update_tag": cfg.update_tag,
+            "reward": cfg.reward,
+            "callback_rule": cfg.callback_rule,
+            # the released callback rule reads the whole step prompt: re-rendered from this at reward time
+            **({"memory_template_text": mem_tpl.text, "no_recall_text": cfg.no_recall_text}
+               if cfg.callback_rule == "released" else {}),
         },
     )
 
@@ -327,16 +342,25 @@ def assign_step_rewards(task: Task, traj: Trajectory, cfg: ReMemR1Config | None 
 
     Weights come from `cfg`, else from the config the trajectory ran with (traj.info), else 1.
 
-    Memory step t: w_f*format(response) + w_m*(recall(m_t) - recall(m_{t-1})) + w_c*max(0, recall(m_t +
-    recalled_t) - recall(m_t)), recall = fraction of gold-answer words found, max over golds; recalled_t
-    is what step t's own query retrieved. Final step: w_f * (exactly one non-empty \\boxed{}).
+    Memory step t: w_f*format(response) + w_m*(recall(m_t) - recall(m_{t-1})) + w_c*max(0, recall(m_{t-1} +
+    c_t + recalled_t) - recall(m_{t-1} + c_t)), recall = fraction of gold-answer words found, max over
+    golds; c_t is the step's chunk, recalled_t what step t's own query retrieved: a recall earns only
+    what neither the memory the step read nor its chunk hold (`callback_rule=released`: the public
+    code's rule over the whole step prompt, memrl.rewards.steps.released_callback_gain).
+    Final step: w_f * (exactly one non-empty \\boxed{}).
     """
     if cfg is not None:
         wf, wm, wc = cfg.format_weight, cfg.memory_weight, cfg.callback_weight
-        tag = cfg.update_tag
+        tag, rule = cfg.update_tag, cfg.callback_rule
+        tpl_text, no_recall = cfg.templates()[0].text, cfg.no_recall_text
     else:
         wf, wm, wc = traj.info.get("step_reward_weights", (1.0, 1.0, 1.0))
-        tag = traj.info.get("update_tag", "update")
+        tag, rule = traj.info.get("update_tag", "update"), traj.info.get("callback_rule", "paper")
+        tpl_text, no_recall = traj.info.get("memory_template_text"), traj.info.get("no_recall_text", NO_RECALL)
+    if rule == "released" and not tpl_text:
+        raise ValueError(f"trajectory {traj.trajectory_id or traj.task_id}: callback_rule=released needs "
+                         "the memory prompt (traj.info['memory_template_text'] or a config)")
+    template = Template(tpl_text, _MEMORY_FIELDS, "the trajectory's memory prompt") if rule == "released" else None
     out = []
     for seg in traj.segments:
         info = seg.info
@@ -350,16 +374,25 @@ def assign_step_rewards(task: Task, traj: Trajectory, cfg: ReMemR1Config | None 
         if tag != "update" and not final:
             # memrl.rewards.steps.format_reward only knows <update>: present a renamed tag under that name.
             response = response.replace(f"<{tag}>", "<update>").replace(f"</{tag}>", "</update>")
+        recalled = None if final else info.get("recalled_memory")
+        prompt = None
+        if template is not None and not final:
+            prompt = template.render(problem=task.question, recalled_memory=info["shown_recalled_memory"],
+                                     memory=info["previous_memory"], chunk=info["chunk"])
+            recalled = recalled or no_recall  # the released code appends the no-recall text then
         r = step_rewards_lib.step_reward(
             response,
             task.answers,
             final=final,
             new_memory=None if final else info["memory"],
             prev_memory=None if final else info["previous_memory"],
-            recalled=None if final else info.get("recalled_memory"),
+            chunk=None if final else info.get("chunk"),
+            recalled=recalled,
             format_weight=wf,
             memory_weight=wm,
             callback_weight=wc,
+            callback_rule=rule,
+            prompt=prompt,
         )
         seg.step_reward = r
         out.append(r)
@@ -367,7 +400,8 @@ def assign_step_rewards(task: Task, traj: Trajectory, cfg: ReMemR1Config | None 
 
 
 def reward(task: Task, traj: Trajectory) -> float:
-    """Outcome reward = boxed exact match (max over golds); also writes the step rewards.
+    """Outcome reward = the verifier `workflow.reward` names (default boxed_em: boxed exact match, max over
+    golds); also writes the step rewards.
 
     The rollout runner calls this for every trajectory, so `algorithm=rememr1` finds step rewards on
     the segments (weights from the config the trajectory ran with, kept in traj.info).

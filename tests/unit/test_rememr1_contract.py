@@ -180,22 +180,66 @@ def test_template_file_overrides_and_missing_placeholder_is_named(tmp_path):
 
 
 def test_rollout_reward_is_boxed_em_and_step_rewards_are_written():
-    # gold "red apple"; words {red, apple}
-    task = Task("t1", "Q?", "abcdefgh", ["red apple", "crimson"])
+    # gold "red apple"; words {red, apple}; chunks of 4 characters: "abcd", "efgh", "ijkl"
+    task = Task("t1", "Q?", "abcdefghijkl", ["red apple", "crimson"])
     engine = ScriptedEngine([
         "<update>red</update>",  # format 1 + gain (1/2 - 0) = 1.5; no recall
-        "<update>pear</update><recall>red</recall>",  # 1 + (0 - 1/2) + callback max(0, 1/2 - 0) = 1.0
+        "<update>pear</update>",  # 1 + (0 - 1/2) = 0.5
+        # recall "red" returns m_0 "red"; held = m_1 "pear" + chunk "ijkl": 0 -> with "red" 1/2:
+        # 1 + (0 - 0) + 0.5 = 1.5
+        "<update>pear</update><recall>red</recall>",
         r"\boxed{Red Apple}",  # final: format 1
     ])
     spec = get_workflow("rememr1")
     groups = asyncio.run(rollout([task], spec, engine, cfg(), n=1))
     traj = groups[0].trajectories[0]
     assert traj.reward == 1.0
-    assert [s.step_reward for s in traj.segments] == pytest.approx([1.5, 1.0, 1.0])
-    # other weights: w_f = 0, w_m = 2, w_c = 3 -> step 0: 2*0.5 = 1.0; step 1: 2*(-0.5) + 3*0.5 = 0.5; final 0
+    assert traj.segments[2].info["recalled_memory"] == "red"
+    assert [s.step_reward for s in traj.segments] == pytest.approx([1.5, 0.5, 1.5, 1.0])
+    # other weights: w_f = 0, w_m = 2, w_c = 3 -> 2*0.5 = 1.0; 2*(-0.5) = -1.0; 3*0.5 = 1.5; final 0
     got = assign_step_rewards(task, traj, cfg(format_weight=0.0, memory_weight=2.0, callback_weight=3.0))
-    assert got == pytest.approx([1.0, 0.5, 0.0])
-    assert [s.step_reward for s in traj.segments] == pytest.approx([1.0, 0.5, 0.0])
+    assert got == pytest.approx([1.0, -1.0, 1.5, 0.0])
+    assert [s.step_reward for s in traj.segments] == pytest.approx([1.0, -1.0, 1.5, 0.0])
+
+
+def test_a_recall_of_what_the_chunk_already_says_earns_nothing():
+    """The callback bug: the old rule credited max(0, recall(m_t + recalled) - recall(m_t)) = 1/2 here
+    (step 2 = 1.5) although the chunk being read already says "red"."""
+    task = Task("t1", "Q?", "abcdefghred ", ["red apple"])  # chunks "abcd", "efgh", "red "
+    engine = ScriptedEngine([
+        "<update>red</update>",  # 1 + 1/2
+        "<update>pear</update>",  # 1 - 1/2
+        # held = m_1 "pear" + chunk "red ": 1/2; with the recalled "red" still 1/2 -> callback 0: 1 + 0 + 0
+        "<update>pear</update><recall>red</recall>",
+        r"\boxed{red apple}",
+    ])
+    traj = asyncio.run(rollout([task], get_workflow("rememr1"), engine, cfg(), n=1))[0].trajectories[0]
+    assert traj.segments[2].info["recalled_memory"] == "red"
+    assert [s.step_reward for s in traj.segments] == pytest.approx([1.5, 0.5, 1.0, 1.0])
+
+
+def test_released_callback_rule_reads_the_whole_step_prompt():
+    """callback_rule=released (verl/trainer/ppo/metric_utils.py:compute_action_rewards): R(text) = mean over
+    golds of the fraction of raw gold words that are case-sensitive substrings of text; callback =
+    max(0, R(recalled + " " + prompt) - R(prompt)); the memory term stays memrl's."""
+    task = Task("t1", "Q?", "abcdefghijkl", ["red apple", "crimson"])
+    replies = ["<update>red</update>", "<update>pear</update>", "<update>pear</update><recall>red</recall>",
+               r"\boxed{red apple}"]
+    traj = asyncio.run(rollout([task], get_workflow("rememr1"), ScriptedEngine(replies),
+                               cfg(callback_rule="released"), n=1))[0].trajectories[0]
+    # step 2's prompt "P:Q?|R:No memory was recalled.|M:pear|C:ijkl" holds neither "red" nor "apple" nor
+    # "crimson": R = (0/2 + 0/1) / 2 = 0; with "red" prepended: (1/2 + 0) / 2 = 1/4 -> callback 0.25
+    # (memrl's paper rule: max over golds, 1/2). Steps 0 and 1 recall nothing: the released code then
+    # prepends "No memory was recalled.", which holds no gold word -> 0.
+    assert [s.step_reward for s in traj.segments] == pytest.approx([1.5, 0.5, 1.25, 1.0])
+    # a gold word in the QUESTION counts as held by the released rule: question "red?" -> R(prompt) =
+    # (1/2 + 0) / 2 = 1/4 both with and without the recall -> gain 0, step 2 = 1 + 0 + 0
+    task2 = Task("t2", "red?", "abcdefghijkl", ["red apple", "crimson"])
+    traj2 = asyncio.run(rollout([task2], get_workflow("rememr1"), ScriptedEngine(replies),
+                                cfg(callback_rule="released"), n=1))[0].trajectories[0]
+    assert traj2.segments[2].step_reward == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="callback_rule must be one of paper, released"):
+        cfg(callback_rule="old")
 
 
 def test_step_reward_weights_travel_with_the_trajectory():

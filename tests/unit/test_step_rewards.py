@@ -1,4 +1,5 @@
 """ReMemR1 step rewards (paper definitions): recall, format, memory gain, callback gain, their sum.
+(The released code's callback rule has parity tests in tests/parity/test_rewards_parity.py.)
 
 Every expected value is written out by hand.
 """
@@ -72,41 +73,66 @@ def test_memory_gain():
 
 def test_callback_gain():
     golds = ["John Smith"]
-    # recall("John\nSmith") = 1, recall("John") = 1/2 -> max(0, 0.5) = 0.5
-    assert callback_gain("John", "Smith", golds) == pytest.approx(0.5)
+    # held = memory "John" + chunk "": recall 1/2; with "Smith" recalled: 1 -> max(0, 0.5) = 0.5
+    assert callback_gain("John", "", "Smith", golds) == pytest.approx(0.5)
     # nothing new in the recalled memory: max(0, 1 - 1) = 0
-    assert callback_gain("John Smith", "John", golds) == 0.0
-    assert callback_gain("John", None, golds) == 0.0
-    assert callback_gain("John", "", golds) == 0.0
+    assert callback_gain("John Smith", None, "John", golds) == 0.0
+    assert callback_gain("John", None, None, golds) == 0.0
+    assert callback_gain("John", None, "", golds) == 0.0
+
+
+def test_callback_gain_ignores_what_the_chunk_already_says():
+    """The fix of the callback bug: a recall of a word the current chunk already holds earns nothing.
+    The old rule (recall(memory + recalled) - recall(memory)) paid 0.5 here."""
+    golds = ["John Smith"]
+    # memory "John", chunk "Smith was a carpenter": held recall = 2/2 = 1; recalling "Smith" adds nothing
+    assert callback_gain("John", "Smith was a carpenter", "Smith", golds) == 0.0
+    # the chunk holds "John", the memory nothing: held 1/2; the recall brings "Smith": 1 - 1/2 = 1/2
+    assert callback_gain("No previous memory", "John arrived", "Smith", golds) == pytest.approx(0.5)
 
 
 def test_step_reward_sums_weighted_terms():
     golds = ["John Smith"]
     response = "<thinking>t</thinking><update>John\nSmith</update><recall>birth</recall>"
-    # format 1 + memory gain (1 - 1/2) + callback max(0, recall(new+recalled) 1 - recall(new) 1) = 1.5
+    # format 1 + memory gain (1 - 1/2) + callback over (prev "John" + chunk "birth records"):
+    # held recall 1/2, with "Smith the carpenter" 1 -> 1/2; total 1 + 0.5 + 0.5 = 2.0
     assert step_reward(
         response,
         golds,
         final=False,
         new_memory="John\nSmith",
         prev_memory="John",
+        chunk="birth records",
+        recalled="Smith the carpenter",
+    ) == pytest.approx(2.0)
+    # the chunk already says "Smith": the callback earns 0; format 1 + memory 0.5 + 0 = 1.5
+    assert step_reward(
+        response,
+        golds,
+        final=False,
+        new_memory="John\nSmith",
+        prev_memory="John",
+        chunk="Smith was born in 1901",
         recalled="Smith the carpenter",
     ) == pytest.approx(1.5)
-    # weights: 0.5 * 1 + 2 * 0.5 + 3 * 0 = 1.5
+    # weights: 0.5 * 1 + 2 * 0.5 + 3 * 0.5 (held "John" + chunk "x": 1/2 -> 1 with "Smith") = 3.0
     assert step_reward(
         response,
         golds,
         final=False,
         new_memory="John\nSmith",
         prev_memory="John",
+        chunk="x",
         recalled="Smith",
         format_weight=0.5,
         memory_weight=2.0,
         callback_weight=3.0,
-    ) == pytest.approx(1.5)
-    # memory "John" from "": gain 1/2; recalled "Smith" completes it: callback 1 - 1/2 = 1/2; total 1 + 0.5 + 0.5
+    ) == pytest.approx(3.0)
+    # memory "John" from "": gain 1/2; held "" + chunk "John": 1/2, recalled "Smith" completes it: 1/2;
+    # total 1 + 0.5 + 0.5
     assert step_reward(
-        "<update>John</update>", golds, final=False, new_memory="John", prev_memory="", recalled="Smith"
+        "<update>John</update>", golds, final=False, new_memory="John", prev_memory="", chunk="John",
+        recalled="Smith",
     ) == pytest.approx(2.0)
     # bad format, memory lost a word: 0 + (0 - 1/2) + 0 = -0.5
     assert step_reward("junk", golds, final=False, new_memory="junk", prev_memory="John") == pytest.approx(
@@ -114,6 +140,8 @@ def test_step_reward_sums_weighted_terms():
     )
     # final step: only the format term
     assert step_reward(r"\boxed{John Smith}", golds, final=True) == 1.0
+    with pytest.raises(ValueError, match="callback_rule must be one of paper, released"):
+        step_reward("x", golds, final=False, new_memory="x", callback_rule="both")
 
 
 def test_memagent_memory_recall_metrics():

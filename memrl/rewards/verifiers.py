@@ -1,0 +1,147 @@
+"""Training verifiers: the outcome reward of a final answer text against the gold answers, by name.
+
+    verify = get_verifier("verl_hotpotqa")
+    verify(answer_text, ["Beatles"])  # -> 0.0 or 1.0
+
+`workflow.reward=<name>` picks one for the chunked workflows (memagent, rememr1):
+
+- `boxed_em` (memrl's default): the last `\\boxed{...}` of the whole text, SQuAD-normalized exact match,
+  best over all gold answers (`memrl.rewards.qa.boxed_em_reward`).
+- `verl_hotpotqa`: the published training verifier of MemAgent and ReMemR1
+  (`verl/utils/reward_score/hotpotqa.py:compute_score`, reward_metric "em"; vime's
+  `examples/mem_agent/rollout.py:reward_func` differs only as noted at the end), reimplemented from
+  reading it:
+  1. only the LAST 300 characters of the response count, lowercased;
+  2. if the window contains `\\boxed ` (boxed + one space) anywhere, the answer is the text after the
+     last `\\boxed ` up to the next `$` (the "`\\boxed ans`" form), and this wins over any `\\boxed{}`;
+  3. otherwise the last `\\boxed` is matched to its closing brace by counting every `{` and `}` from
+     there on (nested braces kept); no closing brace, or a box not written `\\boxed{` (`\\fbox{}`,
+     `\\boxed\\n{}`), scores 0; with no `\\boxed` at all the answer is none and scores 0;
+  4. answer and each gold (lowercased) are compared after `strip_string` (below): articles and
+     punctuation stay and matter, every space is removed, some LaTeX is dropped;
+  5. the score is the max over the gold list (a list of one for HotpotQA).
+  One departure: vime does not lowercase the window before looking for the box, so `\\BOXED{x}` scores
+  there 0 and here (MemAgent's order) as the answer x.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+Verifier = Callable[[str, "str | list[str]"], float]
+
+_VERIFIERS: dict[str, Verifier] = {}
+
+PUBLISHED_WINDOW = 300
+"""Characters at the end of the response that the published verifier reads."""
+
+
+def register_verifier(name: str) -> Callable[[Verifier], Verifier]:
+    """Decorator: register `fn(response_text, golds) -> float` under `name`."""
+
+    def deco(fn: Verifier) -> Verifier:
+        _VERIFIERS[name] = fn
+        return fn
+
+    return deco
+
+
+def verifier_names() -> list[str]:
+    return sorted(_VERIFIERS)
+
+
+def get_verifier(name: str) -> Verifier:
+    """The registered verifier `name`; a KeyError listing the registered names otherwise."""
+    if name not in _VERIFIERS:
+        raise KeyError(f"unknown reward verifier {name!r}; registered: {', '.join(verifier_names())}")
+    return _VERIFIERS[name]
+
+
+def _gold_list(golds: str | list[str]) -> list[str]:
+    # Task.answers is always a list; a bare string is one answer (the published code would iterate its
+    # characters, never intended). An empty list is an error, as in memrl.rewards.qa.
+    out = [golds] if isinstance(golds, str) else list(golds)
+    if not out:
+        raise ValueError("no gold answers given: expected a non-empty list of strings")
+    return out
+
+
+@register_verifier("boxed_em")
+def boxed_em(response_text: str, golds: str | list[str]) -> float:
+    """memrl's rule: exact match (SQuAD normalization) of the last closed `\\boxed{}` to any gold."""
+    from memrl.rewards.qa import boxed_em_reward
+
+    return boxed_em_reward(response_text, golds)
+
+
+# ------------------------------------------------------------------ the published verifier
+
+_SPACE_BOX = "\\boxed "
+_BRACE_BOX = "\\boxed{"
+
+
+def published_last_box(text: str) -> str | None:
+    """The published `last_boxed_only_string`: `\\boxed <ans>` up to `$` when the text has a `\\boxed `
+    anywhere, else from the last `\\boxed` (or, with none, the last `\\fbox`) through the brace that
+    brings the count of `{` minus `}` back to 0; None when there is no box or it never closes."""
+    if _SPACE_BOX in text:
+        return _SPACE_BOX + text.split(_SPACE_BOX)[-1].split("$")[0]
+    start = text.rfind("\\boxed")
+    if start < 0:
+        start = text.rfind("\\fbox")
+        if start < 0:
+            return None
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start : i + 1]
+    return None
+
+
+def published_unbox(box: str) -> str | None:
+    """The published `remove_boxed`; None where the original's assertions fail (scored 0 there)."""
+    if _SPACE_BOX in box:
+        return box[len(_SPACE_BOX) :] if box.startswith(_SPACE_BOX) else None
+    if box.startswith(_BRACE_BOX) and box.endswith("}"):
+        return box[len(_BRACE_BOX) : -1]
+    return None
+
+
+# (old, new) in the published order; the order matters (e.g. " ." -> " 0." happens before spaces go).
+_STRIP_STEPS = (
+    ("\n", ""), ("\\!", ""), ("\\\\", "\\"), ("tfrac", "frac"), ("dfrac", "frac"), ("\\left", ""),
+    ("\\right", ""), ("^{\\circ}", ""), ("^\\circ", ""), ("\\$", ""), ("\\%", ""), (" .", " 0."),
+    ("{.", "{0."), (" ", ""),
+)  # fmt: skip
+
+
+def published_strip_string(s: str) -> str:
+    """The published `strip_string` (a MATH normalizer): drop newlines, `\\!`, `\\left`/`\\right`,
+    degree marks, `\\$`, `\\%`; `\\\\` -> `\\`; tfrac/dfrac -> frac; " ." -> " 0.", "{." -> "{0.";
+    then remove every space. No lowercasing here (the caller lowercases), no article or punctuation rule."""
+    for old, new in _STRIP_STEPS:
+        s = s.replace(old, new)
+    return s
+
+
+def published_answer(response_text: str) -> str | None:
+    """The answer the published verifier reads: unboxed from the last 300 characters, lowercased."""
+    window = (response_text or "")[-PUBLISHED_WINDOW:].lower()
+    box = published_last_box(window)
+    return None if box is None else published_unbox(box)
+
+
+@register_verifier("verl_hotpotqa")
+def verl_hotpotqa(response_text: str, golds: str | list[str]) -> float:
+    """The published training verifier (module docstring): 1.0 when strip_string(answer) ==
+    strip_string(gold.lower()) for some gold, the answer read from the last 300 characters."""
+    gold_list = _gold_list(golds)
+    answer = published_answer(response_text)
+    if answer is None:
+        return 0.0
+    mine = published_strip_string(answer)
+    return float(any(mine == published_strip_string(g.lower()) for g in gold_list))
