@@ -92,6 +92,26 @@ class MemActConfig:
     """Text put in the user prompt's {answer_format} (None = `answer_format(task)`: the JSON keys spelled out
     for the task's sub-question count). A short one keeps a tiny model's prompt short (the CPU demo)."""
 
+    # --- Rollout rules where memrl differs from the public MemAct agent loop (upstream
+    # verl/experimental/agent_loop/mem_agent_loop.py; docs/memact.md "Rollout switches"). Each default is
+    # memrl's rule; the other value is the published one (the memact_official preset sets them all).
+    unparsable_tool_calls: str = "reply_error"
+    """A reply with <tool_call> blocks: "reply_error" answers every malformed block with an error message
+    and the loop goes on; "end" (published) runs only the calls that parse, silently, and a reply none of
+    whose calls parse ends the trajectory as its final reply (stop "unparsable_calls")."""
+    prune_id_match: str = "exact"
+    """prune_context's delete_ids: "exact" (every id must be a current result id, else nothing is removed);
+    "substring" (published: a result goes when any id occurs in its text, unmatched ids are ignored)."""
+    prune_turns_deletable: bool = False
+    """True (published): an assistant turn holding a prune call goes, memory included, once all its results
+    (its prune's own result too) are deleted; False keeps it, so memory notes are never lost."""
+    failed_prune_closes_segment: bool = False
+    """True (published): every turn with a prune call closes a training segment, also when the prune fails
+    (the context is then unchanged); False: only a successful prune closes one."""
+    withheld_prune_runs: bool = False
+    """True (published): a prune_context call runs even in a trajectory whose prune tool was withheld
+    (no_prune_prob / prune_tool=false only hide it from the prompt); False answers it as an unknown tool."""
+
     def __post_init__(self) -> None:
         for name in ("max_assistant_turns", "max_turn_tokens", "max_context_tokens", "max_parallel_calls"):
             if getattr(self, name) < 1:
@@ -100,6 +120,11 @@ class MemActConfig:
             raise ValueError(f"MemActConfig.no_prune_prob must be in [0, 1], got {self.no_prune_prob}")
         if self.retriever_scope not in ("corpus", "task"):
             raise ValueError(f"MemActConfig.retriever_scope must be corpus or task, got {self.retriever_scope!r}")
+        if self.unparsable_tool_calls not in ("reply_error", "end"):
+            raise ValueError("MemActConfig.unparsable_tool_calls must be reply_error or end, got "
+                             f"{self.unparsable_tool_calls!r}")
+        if self.prune_id_match not in ("exact", "substring"):
+            raise ValueError(f"MemActConfig.prune_id_match must be exact or substring, got {self.prune_id_match!r}")
 
     def templates(self, prune: bool) -> tuple[Template, Template]:
         if prune:
@@ -159,6 +184,7 @@ class _Run:
         self.tok = engine.tokenizer
         self.fmt = ctx.ChatFormat.from_tokenizer(self.tok)
         self.prune_on = cfg.prune_tool and not (cfg.no_prune_prob > 0 and rng.random() < cfg.no_prune_prob)
+        self.prune_runs = self.prune_on or cfg.withheld_prune_runs  # the tool offered, or run anyway
         self.tools = [ts.SEARCH_SCHEMA] + ([ts.PRUNE_SCHEMA] if self.prune_on else [])
         self.counts = dict.fromkeys(COUNTERS, 0)
         self.messages: list[ctx.Message] = []
@@ -194,7 +220,7 @@ class _Run:
             if out.error is not None:
                 self.counts["search_errors" if out.error == "retrieval" else "bad_arguments"] += 1
             self.add_tool(turn, out.text, owner)
-        elif call.name == ts.PRUNE and self.prune_on:
+        elif call.name == ts.PRUNE and self.prune_runs:
             self.prune(turn, call, owner)
         else:
             self.counts["unknown_tools"] += 1
@@ -211,12 +237,20 @@ class _Run:
         elif not isinstance(ids, list) or not all(isinstance(i, str | int) for i in ids):
             error = 'prune_context needs "delete_ids", a list of result ids'
         outcome = None
+        snapshot = self.messages[: self.messages.index(owner) + 1]
         if error is None:
-            snapshot = self.messages[: self.messages.index(owner) + 1]
-            outcome = ctx.prune(self.messages, [str(i) for i in ids])  # type: ignore[union-attr]
+            outcome = ctx.prune(self.messages, [str(i) for i in ids],  # type: ignore[union-attr]
+                                match=self.cfg.prune_id_match, keep_prune_turns=not self.cfg.prune_turns_deletable,
+                                current_turn=turn)
             error = outcome.error
         if error is not None or outcome is None:
             self.counts["failed_prunes"] += 1
+            if self.cfg.failed_prune_closes_segment and self.last_prune_turn < turn:  # published rule
+                seg = segment_from(snapshot, self.last_prune_turn, len(self.segments),
+                                   {"kind": "failed_prune", "prune_turn": turn})
+                if seg is not None:
+                    self.segments.append(seg)
+                self.last_prune_turn = turn
             self.add_tool(turn, f"Error: {error}. Nothing was removed.", owner)
             return
         seg = segment_from(snapshot, self.last_prune_turn, len(self.segments),
@@ -267,12 +301,16 @@ class _Run:
             if not parsed.attempted:
                 answer_text, stop = text, "answer"
                 break
-            owner.has_prune = self.prune_on and any(c.name == ts.PRUNE for c in parsed.calls)
             self.counts["sanitized_calls"] += parsed.sanitized
+            self.counts["malformed_calls"] += len(parsed.errors)
+            silent = cfg.unparsable_tool_calls == "end"  # published: malformed blocks get no reply
+            if silent and not parsed.calls:  # ... and a reply with none that parse ends the trajectory
+                answer_text, stop = text, "unparsable_calls"
+                break
+            owner.has_prune = self.prune_runs and any(c.name == ts.PRUNE for c in parsed.calls)
             for c in parsed.calls:
                 await self.call(turn, c, owner)
-            for err in parsed.errors:
-                self.counts["malformed_calls"] += 1
+            for err in [] if silent else parsed.errors:
                 self.add_tool(turn, f"Error: {err}. Write each call as <tool_call>{{\"name\": ..., "
                                     "\"arguments\": {...}}</tool_call>.", owner)
             if parsed.dropped:
@@ -298,6 +336,7 @@ class _Run:
             "stop_answer": float(stop == "answer"),
             "stop_max_turns": float(stop == "max_turns"),
             "stop_context_budget": float(stop == "context_budget"),
+            "stop_unparsable_calls": float(stop == "unparsable_calls"),
             "no_final_marker": float(FINAL_MARKER not in answer_text),
             "segments": float(len(self.segments)),
             **{k: float(v) for k, v in self.counts.items()},

@@ -140,23 +140,24 @@ class _RecordingTrainer(Trainer):
 
 
 def _dcpo(**extra: str) -> dict[str, str]:
-    return {"algorithm.name": "dcpo", "algorithm.actual_n": "3", "algorithm.n": "4", **extra}
+    return {"algorithm.name": "dcpo", "algorithm.n": "3", "algorithm.selection": "spread_unused",
+            "algorithm.segments_per_task": "4", **extra}
 
 
 def test_dcpo_step_trains_exactly_the_selected_segments(tiny_path, tmp_path):
     import random
 
-    from memrl.algorithms.selection import dcpo_select_segments
+    from memrl.algorithms.selection import spread_unused_segments
 
     trainer = _RecordingTrainer(_cfg(tiny_path, tmp_path / "d", 2, **_dcpo(**{"trainer.seed": "7"})))
     history = trainer.fit()
     assert [s for s, _, _ in trainer.seen] == [0, 1]
     for (step, groups, rows), h in zip(trainer.seen, history, strict=True):
-        assert len(groups) == 2 and all(len(g.trajectories) == 3 for g in groups)  # actual_n per task
+        assert len(groups) == 2 and all(len(g.trajectories) == 3 for g in groups)  # algorithm.n per task
         # one memory chunk + the final answer: 2 segments per trajectory, 6 per group, 4 of them train
         assert all(len(t.segments) == 2 for g in groups for t in g.trajectories)
         rng = random.Random(f"dcpo:7:{step}")
-        want = [s for g in groups for s in dcpo_select_segments(g, 4, rng)]
+        want = [s for g in groups for s in spread_unused_segments(g, 4, rng)]
         key = [(s.trajectory_id, tuple(s.prompt_ids), tuple(s.response_ids)) for s in want]
         got = [(r.trajectory_id, tuple(r.prompt_ids), tuple(r.response_ids)) for r in rows]
         assert sorted(got) == sorted(key) and len(set(key)) == 8
@@ -166,7 +167,7 @@ def test_dcpo_step_trains_exactly_the_selected_segments(tiny_path, tmp_path):
 
 
 def test_dcpo_group_with_fewer_segments_than_n_trains_each_once(tiny_path, tmp_path):
-    trainer = _RecordingTrainer(_cfg(tiny_path, tmp_path / "f", 1, **_dcpo(**{"algorithm.n": "12"})))
+    trainer = _RecordingTrainer(_cfg(tiny_path, tmp_path / "f", 1, **_dcpo(**{"algorithm.segments_per_task": "12"})))
     (h,) = trainer.fit()
     (_, groups, rows) = trainer.seen[0]
     every = sorted((s.trajectory_id, tuple(s.prompt_ids)) for g in groups for s in g.segments())
