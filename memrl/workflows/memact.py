@@ -15,6 +15,7 @@ only on ids generated in those turns, 0 on tool results and on the headers / end
 insert. The final segment covers the turns after the last prune, so no kept turn trains twice (the
 public code re-trains kept turns in the final segment). Non-generated tokens carry logprob 0.0, a
 placeholder the loss never reads (mask 0). A failed prune changes nothing and closes no segment.
+Where the public agent loop's rules differ, MemActConfig's "rollout rules" fields switch to them.
 """
 
 from __future__ import annotations
@@ -99,6 +100,10 @@ class MemActConfig:
     """A reply with <tool_call> blocks: "reply_error" answers every malformed block with an error message
     and the loop goes on; "end" (published) runs only the calls that parse, silently, and a reply none of
     whose calls parse ends the trajectory as its final reply (stop "unparsable_calls")."""
+    unknown_tool_calls: str = "reply_error"
+    """A call to a tool not offered: "reply_error" answers it with an error message and the loop goes on;
+    "end" (published: the tool lookup raises, and any failed call ends the loop) runs the turn's other
+    calls, then ends the trajectory with that reply as its last (stop "tool_error")."""
     prune_id_match: str = "exact"
     """prune_context's delete_ids: "exact" (every id must be a current result id, else nothing is removed);
     "substring" (published: a result goes when any id occurs in its text, unmatched ids are ignored)."""
@@ -123,6 +128,9 @@ class MemActConfig:
         if self.unparsable_tool_calls not in ("reply_error", "end"):
             raise ValueError("MemActConfig.unparsable_tool_calls must be reply_error or end, got "
                              f"{self.unparsable_tool_calls!r}")
+        if self.unknown_tool_calls not in ("reply_error", "end"):
+            raise ValueError("MemActConfig.unknown_tool_calls must be reply_error or end, got "
+                             f"{self.unknown_tool_calls!r}")
         if self.prune_id_match not in ("exact", "substring"):
             raise ValueError(f"MemActConfig.prune_id_match must be exact or substring, got {self.prune_id_match!r}")
 
@@ -197,6 +205,7 @@ class _Run:
         self.retriever = (ts.task_retriever(task) if cfg.retriever_scope == "task" else
                           ts.build_retriever(cfg.retriever_kind, cfg.retriever_corpus, cfg.retriever_url))
         self.generated = 0  # pruned turns included
+        self.tool_failed = False  # unknown_tool_calls=end: a call this turn named no offered tool
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
@@ -224,6 +233,9 @@ class _Run:
             self.prune(turn, call, owner)
         else:
             self.counts["unknown_tools"] += 1
+            if self.cfg.unknown_tool_calls == "end":  # published: ends the trajectory after this turn
+                self.tool_failed = True
+                return
             names = ", ".join(t["function"]["name"] for t in self.tools)
             self.add_tool(turn, f"Error: unknown tool {call.name!r}; available tools: {names}.", owner)
 
@@ -317,6 +329,9 @@ class _Run:
                 self.counts["dropped_calls"] += parsed.dropped
                 self.add_tool(turn, f"Error: at most {cfg.max_parallel_calls} tool calls run per turn; "
                                     f"{parsed.dropped} more were not run.", owner)
+            if self.tool_failed:
+                answer_text, stop = text, "tool_error"
+                break
         final = segment_from(self.messages, self.last_prune_turn, len(self.segments), {"kind": "final"})
         if final is not None:
             self.segments.append(final)
@@ -337,6 +352,7 @@ class _Run:
             "stop_max_turns": float(stop == "max_turns"),
             "stop_context_budget": float(stop == "context_budget"),
             "stop_unparsable_calls": float(stop == "unparsable_calls"),
+            "stop_tool_error": float(stop == "tool_error"),
             "no_final_marker": float(FINAL_MARKER not in answer_text),
             "segments": float(len(self.segments)),
             **{k: float(v) for k, v in self.counts.items()},

@@ -51,6 +51,8 @@ PUBLISHED = [
     ("workflow.max_parallel_calls", 5, "DCPO/config/mem_agent_loop_config.yaml: multi_turn.max_parallel_calls"),
     ("workflow.no_prune_prob", 0.5, f"{SCRIPT}: +actor_rollout_ref.rollout.random_no_prune=True, random_no_prune_prob=0.5"),
     ("workflow.unparsable_tool_calls", "end", f"{LOOP}: MemAgentLoop.run, `if not tool_calls: break`"),
+    ("workflow.unknown_tool_calls", "end", f"{LOOP}: MemAgentLoop._call_tool returns the KeyError of "
+                                           "self.tools[name]; run breaks on any Exception among the results"),
     ("workflow.prune_id_match", "substring", f"{LOOP}: prune_actual_messages_prompt_ids, `uid in content`"),
     ("workflow.prune_turns_deletable", True, f"{LOOP}: prune_actual_messages_prompt_ids removes any assistant "
                                              "message whose tool calls all went"),
@@ -82,7 +84,7 @@ def test_official_preset_sets_every_rollout_switch_to_its_published_value():
     from memrl.workflows.memact import MemActConfig
 
     _, wf = _official()
-    switches = ("unparsable_tool_calls", "prune_id_match", "prune_turns_deletable", "failed_prune_closes_segment",
+    switches = ("unparsable_tool_calls", "unknown_tool_calls", "prune_id_match", "prune_turns_deletable", "failed_prune_closes_segment",
                 "withheld_prune_runs")
     table = {k.split(".", 1)[1] for k, _, _ in PUBLISHED if k.startswith("workflow.")}
     assert set(switches) <= table

@@ -70,6 +70,8 @@ def run_one(replies: list[str], **kw):
 def test_switch_values_are_checked():
     with pytest.raises(ValueError, match="unparsable_tool_calls must be reply_error or end, got 'stop'"):
         MemActConfig(unparsable_tool_calls="stop")
+    with pytest.raises(ValueError, match="unknown_tool_calls must be reply_error or end, got 'skip'"):
+        MemActConfig(unknown_tool_calls="skip")
     with pytest.raises(ValueError, match="prune_id_match must be exact or substring, got 'prefix'"):
         MemActConfig(prune_id_match="prefix")
 
@@ -104,6 +106,23 @@ def test_malformed_blocks_beside_a_good_call_get_no_reply_under_end():
     # memrl's default answers it after the call's result
     _, engine = run_one([r0, "FINAL_ANSWER: Paris"])
     assert "[r2] Error: the tool call must be a JSON object, got list" in TOK.decode(engine.calls[1].prompt_ids)
+
+
+# ---------------------------------------------------------------- unknown_tool_calls
+def test_a_call_to_an_unknown_tool_ends_the_trajectory_only_under_end():
+    r0 = call("browse", url="x") + call("search", query="France", topk=1)
+    traj, engine = run_one([r0, "FINAL_ANSWER: Paris"])
+    err = tool("[r1] Error: unknown tool 'browse'; available tools: search, prune_context.")
+    assert engine.calls[1].prompt_ids == head() + asst(r0) + err + tool("[r2] " + found("France", DOCS[0])) + HDR
+    assert (traj.info["stop"], traj.final_answer) == ("answer", "Paris")
+    # published: the search still runs, then the loop ends on this reply
+    traj, engine = run_one([r0, "FINAL_ANSWER: Paris"], unknown_tool_calls="end")
+    assert len(engine.calls) == 1 and traj.info["stop"] == "tool_error" and traj.final_answer == ""
+    m = traj.metrics
+    assert (m["unknown_tools"], m["searches"], m["stop_tool_error"], m["turns"]) == (1.0, 1.0, 1.0, 1.0)
+    assert traj.info["transcript"][-1]["text"] == "[r1] " + found("France", DOCS[0])
+    (seg,) = traj.segments  # the tool output after the last reply is not part of the row
+    assert seg.response_ids == gen(r0) and seg.loss_mask == [1] * len(gen(r0))
 
 
 # ---------------------------------------------------------------- prune_id_match, prune_turns_deletable
