@@ -45,12 +45,14 @@ COUNTERS = (
 
 @dataclass
 class MemActConfig:
-    """MemAct workflow settings; defaults follow the published recipe (REFERENCE.md section 4)."""
+    """MemAct workflow settings, memrl's defaults. The public recipe (arXiv 2510.12635; upstream
+    DCPO/scripts/run_dcpo_7B.sh) is the memact_official preset, which also sets the rollout-rule switches
+    at the end to their published values."""
 
     max_assistant_turns: int = 40
     """Assistant turns per trajectory."""
     max_turn_tokens: int = 2048
-    """Generation budget of one assistant turn."""
+    """Generation budget of one assistant turn (the public agent loop: 4096)."""
     max_context_tokens: int = 32768
     """Stop before a turn whose working context (prompt) would pass this many tokens."""
     max_tool_response_chars: int = 8192
