@@ -106,6 +106,9 @@ class MemActConfig:
     """A call to a tool not offered: "reply_error" answers it with an error message and the loop goes on;
     "end" (published: the tool lookup raises, and any failed call ends the loop) runs the turn's other
     calls, then ends the trajectory with that reply as its last (stop "tool_error")."""
+    last_turn_runs_tools: bool = True
+    """True: the calls of the last allowed turn (max_assistant_turns) run, a prune there included; False
+    (published: the turn limit is checked before any call runs) ends the trajectory on that reply."""
     prune_id_match: str = "exact"
     """prune_context's delete_ids: "exact" (every id must be a current result id, else nothing is removed);
     "substring" (published: a result goes when any id occurs in its text, unmatched ids are ignored)."""
@@ -315,6 +318,8 @@ class _Run:
             if not parsed.attempted:
                 answer_text, stop = text, "answer"
                 break
+            if turn == cfg.max_assistant_turns - 1 and not cfg.last_turn_runs_tools:
+                break  # published: the last turn's calls never run (stop stays "max_turns")
             self.counts["sanitized_calls"] += parsed.sanitized
             self.counts["malformed_calls"] += len(parsed.errors)
             silent = cfg.unparsable_tool_calls == "end"  # published: malformed blocks get no reply

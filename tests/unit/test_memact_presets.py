@@ -53,6 +53,8 @@ PUBLISHED = [
     ("workflow.unparsable_tool_calls", "end", f"{LOOP}: MemAgentLoop.run, `if not tool_calls: break`"),
     ("workflow.unknown_tool_calls", "end", f"{LOOP}: MemAgentLoop._call_tool returns the KeyError of "
                                            "self.tools[name]; run breaks on any Exception among the results"),
+    ("workflow.last_turn_runs_tools", False, f"{LOOP}: MemAgentLoop.run checks max_assistant_turns before "
+                                             "running the turn's calls"),
     ("workflow.prune_id_match", "substring", f"{LOOP}: prune_actual_messages_prompt_ids, `uid in content`"),
     ("workflow.prune_turns_deletable", True, f"{LOOP}: prune_actual_messages_prompt_ids removes any assistant "
                                              "message whose tool calls all went"),
@@ -84,7 +86,7 @@ def test_official_preset_sets_every_rollout_switch_to_its_published_value():
     from memrl.workflows.memact import MemActConfig
 
     _, wf = _official()
-    switches = ("unparsable_tool_calls", "unknown_tool_calls", "prune_id_match", "prune_turns_deletable", "failed_prune_closes_segment",
+    switches = ("unparsable_tool_calls", "unknown_tool_calls", "last_turn_runs_tools", "prune_id_match", "prune_turns_deletable", "failed_prune_closes_segment",
                 "withheld_prune_runs")
     table = {k.split(".", 1)[1] for k, _, _ in PUBLISHED if k.startswith("workflow.")}
     assert set(switches) <= table

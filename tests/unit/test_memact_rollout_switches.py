@@ -125,6 +125,22 @@ def test_a_call_to_an_unknown_tool_ends_the_trajectory_only_under_end():
     assert seg.response_ids == gen(r0) and seg.loss_mask == [1] * len(gen(r0))
 
 
+# ---------------------------------------------------------------- last_turn_runs_tools
+def test_the_last_turns_calls_run_only_by_default():
+    r = [call("search", query="France", topk=1), call("prune_context", memory="m", delete_ids=["r1"])]
+    traj, _ = run_one(r, max_assistant_turns=2)
+    # memrl: the prune in turn 2 (the last) runs and closes a segment; the final segment is then empty
+    assert (traj.metrics["prunes"], traj.info["stop"], [s.info["kind"] for s in traj.segments]) == (
+        1.0, "max_turns", ["prune"])
+    traj, _ = run_one(r, max_assistant_turns=2, last_turn_runs_tools=False)
+    # published: the limit ends the loop first; the one segment is both turns, up to the prune call
+    assert (traj.metrics["prunes"], traj.info["stop"], traj.final_answer) == (0.0, "max_turns", "")
+    (seg,) = traj.segments
+    assert seg.info["kind"] == "final" and seg.prompt_ids == head() + HDR
+    assert seg.response_ids == gen(r[0]) + END + T1 + HDR + gen(r[1])
+    assert traj.info["transcript"][-1]["kind"] == "assistant"  # no tool message after the last reply
+
+
 # ---------------------------------------------------------------- prune_id_match, prune_turns_deletable
 R = [
     call("search", query="France", topk=1),                          # t0 -> r1
