@@ -257,8 +257,8 @@ class _Run:
         snapshot = self.messages[: self.messages.index(owner) + 1]
         if error is None:
             outcome = ctx.prune(self.messages, [str(i) for i in ids],  # type: ignore[union-attr]
-                                match=self.cfg.prune_id_match, keep_prune_turns=not self.cfg.prune_turns_deletable,
-                                current_turn=turn)
+                                match=self.cfg.prune_id_match, current_turn=turn,
+                                keep_prune_turns=not self.cfg.prune_turns_deletable)
             error = outcome.error
         if error is not None or outcome is None:
             self.counts["failed_prunes"] += 1
@@ -318,10 +318,10 @@ class _Run:
             if not parsed.attempted:
                 answer_text, stop = text, "answer"
                 break
-            if turn == cfg.max_assistant_turns - 1 and not cfg.last_turn_runs_tools:
-                break  # published: the last turn's calls never run (stop stays "max_turns")
             self.counts["sanitized_calls"] += parsed.sanitized
             self.counts["malformed_calls"] += len(parsed.errors)
+            if turn == cfg.max_assistant_turns - 1 and not cfg.last_turn_runs_tools:
+                break  # published: the last turn's calls never run (stop stays "max_turns")
             silent = cfg.unparsable_tool_calls == "end"  # published: malformed blocks get no reply
             if silent and not parsed.calls:  # ... and a reply with none that parse ends the trajectory
                 answer_text, stop = text, "unparsable_calls"

@@ -86,8 +86,8 @@ def test_official_preset_sets_every_rollout_switch_to_its_published_value():
     from memrl.workflows.memact import MemActConfig
 
     _, wf = _official()
-    switches = ("unparsable_tool_calls", "unknown_tool_calls", "last_turn_runs_tools", "prune_id_match", "prune_turns_deletable", "failed_prune_closes_segment",
-                "withheld_prune_runs")
+    switches = ("unparsable_tool_calls", "unknown_tool_calls", "last_turn_runs_tools", "prune_id_match",
+                "prune_turns_deletable", "failed_prune_closes_segment", "withheld_prune_runs")
     table = {k.split(".", 1)[1] for k, _, _ in PUBLISHED if k.startswith("workflow.")}
     assert set(switches) <= table
     defaults = MemActConfig()
