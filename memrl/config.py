@@ -29,6 +29,26 @@ class ConfigError(UsageError):
     """A config key, value or preset is invalid; the message names it (the CLI exits 2)."""
 
 
+REMOVED_KEYS: dict[str, str] = {}
+"""Dotted keys a config may no longer set -> what replaces them (filled by the config modules, e.g.
+memrl.training.config). A preset or override that sets one fails with one line naming the replacement;
+a key ending in `.<removed key>` (e.g. the demo's `train.algorithm.actual_n`) counts too."""
+
+
+def _flat_keys(node: Any, prefix: str = "") -> list[str]:
+    if not isinstance(node, dict):
+        return [prefix] if prefix else []
+    return [k for key, v in node.items() for k in _flat_keys(v, f"{prefix}{key}.")] or [prefix.rstrip(".")]
+
+
+def _check_removed(keys: list[str], origin: str) -> None:
+    for key in keys:
+        key = key.rstrip(".")
+        for old, hint in REMOVED_KEYS.items():
+            if key == old or key.endswith("." + old):
+                raise ConfigError(f"{key} (set by {origin}) was removed: {hint}")
+
+
 def preset_path(preset: str) -> Path:
     """The YAML file of a preset name (packaged under memrl/configs/) or a path."""
     p = Path(preset)
@@ -83,7 +103,9 @@ def load_config(schema: type[T], overrides: list[str] | tuple[str, ...] = (), pr
     if preset:
         path = preset_path(preset)
         try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.load(path))  # type: ignore[assignment]
+            loaded = OmegaConf.load(path)
+            _check_removed(_flat_keys(OmegaConf.to_container(loaded)), f"preset {path}")
+            cfg = OmegaConf.merge(cfg, loaded)  # type: ignore[assignment]
         except OmegaConfBaseException as e:
             raise _wrap(e, f"preset {path}") from e
         except yaml.YAMLError as e:  # not YAML at all
@@ -95,6 +117,7 @@ def load_config(schema: type[T], overrides: list[str] | tuple[str, ...] = (), pr
             reason = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
             raise ConfigError(f"preset {path} cannot be read: {reason}") from e
     dotlist = _selector_overrides(schema, list(overrides))
+    _check_removed([ov.split("=", 1)[0] for ov in dotlist], "an override")
     for ov in dotlist:
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([ov]))  # type: ignore[assignment]

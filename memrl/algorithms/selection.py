@@ -1,9 +1,11 @@
-"""Which groups and segments train: DAPO dynamic sampling and MemAct's DCPO segment sampling."""
+"""Which groups and segments train: DAPO dynamic sampling and MemAct's DCPO segment selection
+(`algorithm.selection`: "published", the public sampler, or memrl's "spread_unused"; docs/memact.md
+says how each weighs trajectories)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from memrl.types import Group, Segment
 
@@ -23,20 +25,18 @@ def filter_zero_variance_groups(groups: Sequence[Group], tol: float = 1e-12) -> 
     return kept, len(groups) - len(kept)
 
 
-def dcpo_select_segments(
-    group: Group, n: int, rng: random.Random, allow_repeats: bool = False
-) -> list[Segment]:
-    """DCPO segment sampling (MemAct): n segments of the group, one per trajectory first, then round-robin.
+def spread_unused_segments(group: Group, n: int, rng: random.Random) -> list[Segment]:
+    """memrl's DCPO selection (`algorithm.selection=spread_unused`): n segments, never one twice.
 
     Trajectories are visited in one rng-shuffled order (so with more trajectories than n, a random n
-    get one segment each). Each visit takes a uniformly random segment of that trajectory not taken
-    yet; trajectories with none left are skipped. When every segment is taken before n is reached,
-    fewer than n segments come back (the default: a repeated row would silently double its weight);
-    with `allow_repeats=True` the round-robin goes on, drawing from all of a trajectory's segments.
-    Deterministic given the rng state.
+    get one segment each), then again and again: each visit takes a uniformly random segment of that
+    trajectory not taken yet, and trajectories with none left are skipped. So the rows beyond one per
+    trajectory go to the trajectories that still have unused segments, i.e. those that pruned (K = 8,
+    n = 12: one 10-segment trajectory among seven single-segment ones trains 5 rows). When every
+    segment is taken before n is reached, fewer than n come back. Deterministic given the rng state.
     """
     if n < 0:
-        raise ValueError(f"dcpo_select_segments: n must be >= 0, got {n}")
+        raise ValueError(f"spread_unused_segments: n must be >= 0, got {n}")
     trajs = [t for t in group.trajectories if t.segments]
     if not trajs or n == 0:
         return []
@@ -44,20 +44,63 @@ def dcpo_select_segments(
     rng.shuffle(order)
     unused = {i: list(range(len(trajs[i].segments))) for i in order}
     chosen: list[Segment] = []
-    while len(chosen) < n:
-        progressed = False
+    while len(chosen) < n and any(unused.values()):
         for i in order:
             if len(chosen) == n:
                 break
             pool = unused[i]
             if pool:
-                j = pool.pop(rng.randrange(len(pool)))
-            elif allow_repeats and not any(unused.values()):
-                j = rng.randrange(len(trajs[i].segments))
-            else:
-                continue
-            chosen.append(trajs[i].segments[j])
-            progressed = True
-        if not progressed:
-            break
+                chosen.append(trajs[i].segments[pool.pop(rng.randrange(len(pool)))])
     return chosen
+
+
+def published_segments(group: Group, n: int, rng: random.Random) -> list[Segment]:
+    """The public MemAct sampler (`algorithm.selection=published`; upstream
+    verl/experimental/agent_loop/agent_loop.py, AgentLoopManager._sampling_random): exactly n rows.
+
+    K = trajectories with a segment. K >= n: n of them drawn without replacement, one uniformly random
+    segment each. K < n: one uniformly random segment of every trajectory (in group order), then the
+    n - K remaining slots cycle over one rng-shuffled list of all K trajectories (a single pass when
+    n - K <= K), each visit taking a random segment of that trajectory not taken yet, or, when it has
+    none left, a random one of all its segments again (a repeated row). So with K = 8, n = 12 every
+    trajectory trains 1 or 2 rows (1 + Bernoulli(1/2)), whatever its segment count. The public code draws
+    from Python's process-wide `random`; here `rng` (seeded by the trainer) makes it reproducible.
+    """
+    if n < 0:
+        raise ValueError(f"published_segments: n must be >= 0, got {n}")
+    trajs = [t for t in group.trajectories if t.segments]
+    if not trajs or n == 0:
+        return []
+    if len(trajs) >= n:
+        return [t.segments[rng.randrange(len(t.segments))] for t in rng.sample(trajs, n)]
+    used: list[set[int]] = []
+    chosen: list[Segment] = []
+    for t in trajs:
+        j = rng.randrange(len(t.segments))
+        used.append({j})
+        chosen.append(t.segments[j])
+    cycle = list(range(len(trajs)))
+    rng.shuffle(cycle)
+    for k in range(n - len(trajs)):
+        i = cycle[k % len(cycle)]
+        free = [j for j in range(len(trajs[i].segments)) if j not in used[i]]
+        j = free[rng.randrange(len(free))] if free else rng.randrange(len(trajs[i].segments))
+        used[i].add(j)
+        chosen.append(trajs[i].segments[j])
+    return chosen
+
+
+SELECTIONS: dict[str, Callable[[Group, int, random.Random], list[Segment]]] = {
+    "published": published_segments,
+    "spread_unused": spread_unused_segments,
+}
+"""`algorithm.selection` -> rule; "all" (every segment trains) is not a rule but the absence of one."""
+
+
+def select_segments(
+    groups: Sequence[Group], rule: str, n: int, rng: random.Random
+) -> list[list[Segment]]:
+    """Per group (in order, one rng for the whole batch), the segments that train under `rule`."""
+    if rule not in SELECTIONS:
+        raise ValueError(f"unknown segment selection {rule!r}; known: {', '.join(sorted(SELECTIONS))}")
+    return [SELECTIONS[rule](g, n, rng) for g in groups]

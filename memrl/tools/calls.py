@@ -1,9 +1,10 @@
 """Hermes tool calls: parse `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, render schemas.
 
-Parsing never raises. Each block is sanitized for what small models really emit (a BOM or zero-width
-characters, a ```json code fence, text before or after the JSON object, `arguments` given as a JSON
-string); a block that still is not `{"name": str, "arguments": object}`, or a `<tool_call>` that never
-closes, becomes a `ParseResult.errors` entry that the workflow answers with an error tool message.
+Parsing never raises. Each block is sanitized for what small models really emit (a BOM, zero-width
+characters or bidirectional marks, a ```json code fence, text before or after the JSON object, `arguments`
+given as a JSON string); a block that still is not `{"name": str, "arguments": object}`, or a
+`<tool_call>` that never closes, becomes a `ParseResult.errors` entry that the workflow answers with an
+error tool message (or, with workflow.unparsable_tool_calls=end, skips).
 
 Tool schemas are OpenAI-style JSON schema, rendered through the tokenizer's chat template (`tools=`).
 Templates without tools support (they render the same text with and without `tools=`, e.g. the tiny
@@ -20,8 +21,10 @@ from typing import Any
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
-# BOM, zero-width space / non-joiner / joiner, word joiner, and the other invisible format characters.
-_INVISIBLE = re.compile("[\ufeff\u200b\u200c\u200d\u2060\u180e\u00ad]")
+# BOM, zero-width space / non-joiner / joiner, word joiner, the other invisible format characters, and the
+# bidirectional marks and embeddings U+200E, U+200F, U+202A-U+202E (the public sanitizer strips those too:
+# MemAct's verl/experimental/agent_loop/tool_parser.py, HermesToolParser._sanitize_json_block).
+_INVISIBLE = re.compile("[\ufeff\u200b\u200c\u200d\u200e\u200f\u202a-\u202e\u2060\u180e\u00ad]")
 _FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
 
 

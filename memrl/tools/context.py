@@ -125,15 +125,26 @@ class PruneOutcome:
     error: str | None = None
 
 
-def prune(messages: list[Message], delete_ids: list[str]) -> PruneOutcome:
+def prune(messages: list[Message], delete_ids: list[str], match: str = "exact", keep_prune_turns: bool = True,
+          current_turn: int | None = None) -> PruneOutcome:
     """Remove the tool messages named in `delete_ids` and the calls left without results (module docstring).
 
-    Unknown ids (or none) are an error and change nothing.
+    match="exact": each id must be a current result id; an unknown one is an error and changes nothing.
+    match="substring" (the public MemAct code, mem_agent_loop.py prune_actual_messages_prompt_ids): a
+    result goes when any id occurs anywhere in its text (`[rK] ...`), so "r1" also takes r10-r19 and a
+    result that mentions r1; ids that match nothing are ignored, and only no match at all is an error.
+    keep_prune_turns=False lets an assistant turn holding a prune call go like any other (its memory
+    with it). The assistant turn `current_turn` (the one calling this prune) always stays.
     """
     ids = [str(i).strip() for i in delete_ids]
     if not ids or any(not i for i in ids):
         return PruneOutcome(messages, [], [], "delete_ids must be a non-empty list of result ids")
     known = {m.result_id for m in messages if m.kind == "tool"}
+    if match == "substring":
+        hit = [m.result_id for m in messages if m.kind == "tool" and any(i in m.text for i in ids)]
+        if not hit:
+            return PruneOutcome(messages, [], [], f"no result matched {', '.join(ids)}")
+        ids = [str(i) for i in hit]
     unknown = [i for i in ids if i not in known]
     if unknown:
         names = ", ".join(sorted(known - {None})) or "none"  # type: ignore[arg-type]
@@ -147,7 +158,9 @@ def prune(messages: list[Message], delete_ids: list[str]) -> PruneOutcome:
     for m in messages:
         if m.kind == "tool" and m.result_id in gone:
             continue
-        if m.kind == "assistant" and not m.has_prune and m.call_ids and not remaining.get(m.turn):
+        deletable = keep_prune_turns is False or not m.has_prune
+        if (m.kind == "assistant" and deletable and m.turn != current_turn and m.call_ids
+                and not remaining.get(m.turn)):
             if set(m.call_ids) & gone:  # every result of this turn went, and some by this prune
                 removed_turns.append(m.turn)
                 continue

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from memrl.config import REMOVED_KEYS
 from memrl.data.synthetic import SyntheticConfig
 from memrl.engines.config import EngineConfig
 
@@ -49,12 +50,19 @@ class AlgorithmSection:
     loss's options (their registered options dataclasses) are filled from the fields of the same name."""
 
     name: str = "grpo"
-    """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1."""
+    """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1. It does not choose which
+    segments train: that is `selection`."""
     n: int = 16
-    """Trajectories sampled per task (the group); with name=dcpo, segments selected per task to train
-    (MemAct publishes 12)."""
-    actual_n: int = 8
-    """name=dcpo only: trajectories rolled out per task (MemAct publishes 8); `n` segments of them train."""
+    """Trajectories sampled per task (the group), under every estimator (MemAct publishes 8)."""
+    # --- DCPO segment selection (docs/memact.md, "Training with DCPO"): which segments become rows.
+    selection: str = "all"
+    """"all": every segment of every trajectory trains; "published": the public MemAct sampler
+    (segments_per_task rows per task, one per trajectory first, the rest one more each in a shuffled
+    order, a segment repeated when its trajectory has no unused one); "spread_unused": memrl's rule (no
+    repeats: the extra rows cycle over the trajectories that still have unused segments, i.e. those
+    that pruned). memrl.algorithms.selection."""
+    segments_per_task: int = 12
+    """selection != all: rows trained per task (MemAct publishes 12; `rollout.n` upstream); >= n."""
     norm_by_std: bool = False
     """GRPO: divide by the group's std (MemAgent's script mean-centres only)."""
     credit: str = "broadcast"
@@ -102,7 +110,7 @@ class TrainerSection:
 
     steps: int = 150
     batch_size: int = 128
-    """Tasks (groups) per step; each gives `algorithm.n` trajectories (`algorithm.actual_n` under dcpo)."""
+    """Tasks (groups) per step; each gives `algorithm.n` trajectories."""
     concurrency: int = 1024
     """Trajectories in flight at once (the rollout runner's cap)."""
     mini_batches: int = 1
@@ -179,6 +187,12 @@ class RaySection:
     """Ray's session/log directory for a local start ("" = Ray's default)."""
     num_cpus: int = 0
     """CPUs a local Ray start offers (0 = all the machine's)."""
+
+
+REMOVED_KEYS["algorithm.actual_n"] = (
+    "algorithm.n now counts the trajectories rolled out per task (set it to the old actual_n) and "
+    "algorithm.segments_per_task the rows trained per task (the old n under dcpo), picked by "
+    "algorithm.selection (published | spread_unused | all)")
 
 
 WORKFLOW_DEFAULTS: dict[str, Any] = {"max_chunks": 8}

@@ -1,7 +1,7 @@
 """The RL driver loop. One step of `Trainer.fit`:
 
     tasks -> rollout (n per task, concurrent, through the engine) -> rewards -> advantages (registry)
-    -> optional dynamic sampling -> [dcpo: algorithm.n segments per task selected]
+    -> optional dynamic sampling -> [algorithm.selection: segments_per_task segments per task selected]
     -> rows packed into micro-batches by a token budget
     -> logprobs recomputed as log_softmax(logits / T) -> PPO loss, gradients accumulated with weights
        fixed over the whole batch (sum of micro-batch losses == un-split loss) -> optimizer step
@@ -67,6 +67,7 @@ def validate(cfg: TrainConfig) -> tuple[Any, Any]:
     workflow (spec, config), which `Trainer(cfg, workflow=...)` takes so it is parsed once."""
     from memrl.algorithms.losses import AGG_MODES, KL_KINDS
     from memrl.algorithms.registry import advantage_names, loss_names
+    from memrl.algorithms.selection import SELECTIONS
 
     a = cfg.algorithm
     checks = [
@@ -77,9 +78,15 @@ def validate(cfg: TrainConfig) -> tuple[Any, Any]:
         (a.credit in ("broadcast", "split"), f"algorithm.credit {a.credit!r} is not broadcast or split"),
         (0.0 <= a.alpha <= 1.0, f"algorithm.alpha must be in [0, 1], got {a.alpha}"),
         (a.n >= 1, f"algorithm.n must be >= 1, got {a.n}"),
-        (a.name != "dcpo" or a.actual_n >= 2,
-         f"algorithm.actual_n must be >= 2 with algorithm.name=dcpo (its advantage divides by the group's "
-         f"std, which one trajectory does not have), got {a.actual_n}"),
+        (a.name != "dcpo" or a.n >= 2,
+         f"algorithm.n must be >= 2 with algorithm.name=dcpo (its advantage divides by the group's "
+         f"std, which one trajectory does not have), got {a.n}"),
+        (a.selection in ("all", *SELECTIONS),
+         f"algorithm.selection {a.selection!r} is not one of {['all', *sorted(SELECTIONS)]}"),
+        (a.selection == "all" or a.segments_per_task >= a.n,
+         f"algorithm.segments_per_task={a.segments_per_task} must be >= algorithm.n={a.n} with "
+         f"algorithm.selection={a.selection} (every trajectory trains at least one row; the public sampler "
+         "asserts the same)"),
         (a.temperature > 0, f"algorithm.temperature must be > 0 for RL sampling, got {a.temperature}"),
         (cfg.trainer.steps >= 0, f"trainer.steps must be >= 0, got {cfg.trainer.steps}"),
         (cfg.trainer.batch_size >= 1, f"trainer.batch_size must be >= 1, got {cfg.trainer.batch_size}"),
@@ -149,35 +156,30 @@ def task_stream(cfg: TrainConfig, start: int) -> Iterator[Task]:
     return itertools.islice(epochs(), start, None)
 
 
-def rollout_n(cfg: TrainConfig) -> int:
-    """Trajectories rolled out per task: algorithm.actual_n under dcpo (where n counts segments), else n."""
-    a = cfg.algorithm
-    return a.actual_n if a.name == "dcpo" else a.n
-
-
-def dcpo_rng(seed: int, step: int) -> random.Random:
-    """The rng of step `step`'s DCPO segment selection: from the seed and step alone, so resume is exact."""
+def selection_rng(seed: int, step: int) -> random.Random:
+    """The rng of step `step`'s segment selection: from the seed and step alone, so resume is exact
+    (the string is the one memrl used before selection had its own key, so old runs select alike)."""
     return random.Random(f"dcpo:{seed}:{step}")
 
 
-def dcpo_selection(
-    groups: list[Group], n: int, rng: random.Random
+def segment_selection(
+    groups: list[Group], rule: str, per_task: int, rng: random.Random
 ) -> tuple[list[list[Segment]], dict[str, float]]:
-    """MemAct DCPO: per group (in order, one rng), the `dcpo_select_segments(group, n, rng)` that train.
+    """`algorithm.selection` (not "all"): per group (in order, one rng), the segments that train
+    (memrl.algorithms.selection.select_segments). Returns (selected segments per group, dcpo/* metrics;
+    `dcpo/repeated` counts rows that repeat a segment already selected, which only "published" makes)."""
+    from memrl.algorithms.selection import select_segments
 
-    A group with fewer than n segments trains all of them, each once (no repeats, which would double a
-    row's weight). Returns (selected segments per group, dcpo/* metrics).
-    """
-    from memrl.algorithms.selection import dcpo_select_segments
-
-    chosen = [dcpo_select_segments(g, n, rng) for g in groups]
+    chosen = select_segments(groups, rule, per_task, rng)
     trajs = [t for g in groups for t in g.trajectories]
     available = sum(len(t.segments) for t in trajs)
     pruned = [len(t.segments) > 1 or float(t.metrics.get("prunes", 0) or 0) > 0 for t in trajs]
+    selected = sum(len(c) for c in chosen)
     metrics = {
         "dcpo/segments_per_trajectory": available / len(trajs) if trajs else 0.0,
-        "dcpo/selected": float(sum(len(c) for c in chosen)),
+        "dcpo/selected": float(selected),
         "dcpo/available": float(available),
+        "dcpo/repeated": float(selected - sum(len({id(s) for s in c}) for c in chosen)),
         "dcpo/pruned_share": statistics.fmean(pruned) if pruned else 0.0,
     }
     return chosen, metrics
@@ -298,8 +300,9 @@ class Trainer:
         a = self.cfg.algorithm
         compute_group_advantages(groups, a.name, self.adv_options)
         metrics: dict[str, float] = {}
-        if a.name == "dcpo":  # only the selected segments become rows
-            chosen, dcpo_metrics = dcpo_selection(groups, a.n, dcpo_rng(self.cfg.trainer.seed, self.step))
+        if a.selection != "all":  # only the selected segments become rows
+            chosen, dcpo_metrics = segment_selection(groups, a.selection, a.segments_per_task,
+                                                     selection_rng(self.cfg.trainer.seed, self.step))
             metrics.update(dcpo_metrics)
             trained = {id(g): c for g, c in zip(groups, chosen, strict=True)}
         else:
@@ -364,7 +367,7 @@ class Trainer:
         cfg, a = self.cfg, self.cfg.algorithm
         t0 = time.perf_counter()
         res = sample_groups(self._next_tasks, self.spec, self.engine, self.wf_cfg, cfg.trainer.batch_size,
-                            rollout_n(cfg), cfg.trainer.concurrency,
+                            a.n, cfg.trainer.concurrency,
                             seed=cfg.trainer.seed * 100003 + self.step,
                             dynamic_sampling=a.dynamic_sampling, max_refill_rounds=a.max_refill_rounds)
         t1 = time.perf_counter()

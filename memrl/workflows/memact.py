@@ -15,6 +15,7 @@ only on ids generated in those turns, 0 on tool results and on the headers / end
 insert. The final segment covers the turns after the last prune, so no kept turn trains twice (the
 public code re-trains kept turns in the final segment). Non-generated tokens carry logprob 0.0, a
 placeholder the loss never reads (mask 0). A failed prune changes nothing and closes no segment.
+Where the public agent loop's rules differ, MemActConfig's "rollout rules" fields switch to them.
 """
 
 from __future__ import annotations
@@ -44,12 +45,14 @@ COUNTERS = (
 
 @dataclass
 class MemActConfig:
-    """MemAct workflow settings; defaults follow the published recipe (REFERENCE.md section 4)."""
+    """MemAct workflow settings, memrl's defaults. The public recipe (arXiv 2510.12635; upstream
+    DCPO/scripts/run_dcpo_7B.sh) is the memact_official preset, which also sets the rollout-rule switches
+    at the end to their published values."""
 
     max_assistant_turns: int = 40
     """Assistant turns per trajectory."""
     max_turn_tokens: int = 2048
-    """Generation budget of one assistant turn."""
+    """Generation budget of one assistant turn (the public agent loop: 4096)."""
     max_context_tokens: int = 32768
     """Stop before a turn whose working context (prompt) would pass this many tokens."""
     max_tool_response_chars: int = 8192
@@ -92,6 +95,33 @@ class MemActConfig:
     """Text put in the user prompt's {answer_format} (None = `answer_format(task)`: the JSON keys spelled out
     for the task's sub-question count). A short one keeps a tiny model's prompt short (the CPU demo)."""
 
+    # --- Rollout rules where memrl differs from the public MemAct agent loop (upstream
+    # verl/experimental/agent_loop/mem_agent_loop.py; docs/memact.md "Rollout switches"). Each default is
+    # memrl's rule; the other value is the published one (the memact_official preset sets them all).
+    unparsable_tool_calls: str = "reply_error"
+    """A reply with <tool_call> blocks: "reply_error" answers every malformed block with an error message
+    and the loop goes on; "end" (published) runs only the calls that parse, silently, and a reply none of
+    whose calls parse ends the trajectory as its final reply (stop "unparsable_calls")."""
+    unknown_tool_calls: str = "reply_error"
+    """A call to a tool not offered: "reply_error" answers it with an error message and the loop goes on;
+    "end" (published: the tool lookup raises, and any failed call ends the loop) runs the turn's other
+    calls, then ends the trajectory with that reply as its last (stop "tool_error")."""
+    last_turn_runs_tools: bool = True
+    """True: the calls of the last allowed turn (max_assistant_turns) run, a prune there included; False
+    (published: the turn limit is checked before any call runs) ends the trajectory on that reply."""
+    prune_id_match: str = "exact"
+    """prune_context's delete_ids: "exact" (every id must be a current result id, else nothing is removed);
+    "substring" (published: a result goes when any id occurs in its text, unmatched ids are ignored)."""
+    prune_turns_deletable: bool = False
+    """True (published): an assistant turn holding a prune call goes, memory included, once all its results
+    (its prune's own result too) are deleted; False keeps it, so memory notes are never lost."""
+    failed_prune_closes_segment: bool = False
+    """True (published): every turn with a prune call closes a training segment, also when the prune fails
+    (the context is then unchanged); False: only a successful prune closes one."""
+    withheld_prune_runs: bool = False
+    """True (published): a prune_context call runs even in a trajectory whose prune tool was withheld
+    (no_prune_prob / prune_tool=false only hide it from the prompt); False answers it as an unknown tool."""
+
     def __post_init__(self) -> None:
         for name in ("max_assistant_turns", "max_turn_tokens", "max_context_tokens", "max_parallel_calls"):
             if getattr(self, name) < 1:
@@ -100,6 +130,14 @@ class MemActConfig:
             raise ValueError(f"MemActConfig.no_prune_prob must be in [0, 1], got {self.no_prune_prob}")
         if self.retriever_scope not in ("corpus", "task"):
             raise ValueError(f"MemActConfig.retriever_scope must be corpus or task, got {self.retriever_scope!r}")
+        if self.unparsable_tool_calls not in ("reply_error", "end"):
+            raise ValueError("MemActConfig.unparsable_tool_calls must be reply_error or end, got "
+                             f"{self.unparsable_tool_calls!r}")
+        if self.unknown_tool_calls not in ("reply_error", "end"):
+            raise ValueError("MemActConfig.unknown_tool_calls must be reply_error or end, got "
+                             f"{self.unknown_tool_calls!r}")
+        if self.prune_id_match not in ("exact", "substring"):
+            raise ValueError(f"MemActConfig.prune_id_match must be exact or substring, got {self.prune_id_match!r}")
 
     def templates(self, prune: bool) -> tuple[Template, Template]:
         if prune:
@@ -159,6 +197,7 @@ class _Run:
         self.tok = engine.tokenizer
         self.fmt = ctx.ChatFormat.from_tokenizer(self.tok)
         self.prune_on = cfg.prune_tool and not (cfg.no_prune_prob > 0 and rng.random() < cfg.no_prune_prob)
+        self.prune_runs = self.prune_on or cfg.withheld_prune_runs  # the tool offered, or run anyway
         self.tools = [ts.SEARCH_SCHEMA] + ([ts.PRUNE_SCHEMA] if self.prune_on else [])
         self.counts = dict.fromkeys(COUNTERS, 0)
         self.messages: list[ctx.Message] = []
@@ -171,6 +210,7 @@ class _Run:
         self.retriever = (ts.task_retriever(task) if cfg.retriever_scope == "task" else
                           ts.build_retriever(cfg.retriever_kind, cfg.retriever_corpus, cfg.retriever_url))
         self.generated = 0  # pruned turns included
+        self.tool_failed = False  # unknown_tool_calls=end: a call this turn named no offered tool
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
@@ -194,10 +234,13 @@ class _Run:
             if out.error is not None:
                 self.counts["search_errors" if out.error == "retrieval" else "bad_arguments"] += 1
             self.add_tool(turn, out.text, owner)
-        elif call.name == ts.PRUNE and self.prune_on:
+        elif call.name == ts.PRUNE and self.prune_runs:
             self.prune(turn, call, owner)
         else:
             self.counts["unknown_tools"] += 1
+            if self.cfg.unknown_tool_calls == "end":  # published: ends the trajectory after this turn
+                self.tool_failed = True
+                return
             names = ", ".join(t["function"]["name"] for t in self.tools)
             self.add_tool(turn, f"Error: unknown tool {call.name!r}; available tools: {names}.", owner)
 
@@ -211,12 +254,20 @@ class _Run:
         elif not isinstance(ids, list) or not all(isinstance(i, str | int) for i in ids):
             error = 'prune_context needs "delete_ids", a list of result ids'
         outcome = None
+        snapshot = self.messages[: self.messages.index(owner) + 1]
         if error is None:
-            snapshot = self.messages[: self.messages.index(owner) + 1]
-            outcome = ctx.prune(self.messages, [str(i) for i in ids])  # type: ignore[union-attr]
+            outcome = ctx.prune(self.messages, [str(i) for i in ids],  # type: ignore[union-attr]
+                                match=self.cfg.prune_id_match, current_turn=turn,
+                                keep_prune_turns=not self.cfg.prune_turns_deletable)
             error = outcome.error
         if error is not None or outcome is None:
             self.counts["failed_prunes"] += 1
+            if self.cfg.failed_prune_closes_segment and self.last_prune_turn < turn:  # published rule
+                seg = segment_from(snapshot, self.last_prune_turn, len(self.segments),
+                                   {"kind": "failed_prune", "prune_turn": turn})
+                if seg is not None:
+                    self.segments.append(seg)
+                self.last_prune_turn = turn
             self.add_tool(turn, f"Error: {error}. Nothing was removed.", owner)
             return
         seg = segment_from(snapshot, self.last_prune_turn, len(self.segments),
@@ -267,18 +318,27 @@ class _Run:
             if not parsed.attempted:
                 answer_text, stop = text, "answer"
                 break
-            owner.has_prune = self.prune_on and any(c.name == ts.PRUNE for c in parsed.calls)
             self.counts["sanitized_calls"] += parsed.sanitized
+            self.counts["malformed_calls"] += len(parsed.errors)
+            if turn == cfg.max_assistant_turns - 1 and not cfg.last_turn_runs_tools:
+                break  # published: the last turn's calls never run (stop stays "max_turns")
+            silent = cfg.unparsable_tool_calls == "end"  # published: malformed blocks get no reply
+            if silent and not parsed.calls:  # ... and a reply with none that parse ends the trajectory
+                answer_text, stop = text, "unparsable_calls"
+                break
+            owner.has_prune = self.prune_runs and any(c.name == ts.PRUNE for c in parsed.calls)
             for c in parsed.calls:
                 await self.call(turn, c, owner)
-            for err in parsed.errors:
-                self.counts["malformed_calls"] += 1
+            for err in [] if silent else parsed.errors:
                 self.add_tool(turn, f"Error: {err}. Write each call as <tool_call>{{\"name\": ..., "
                                     "\"arguments\": {...}}</tool_call>.", owner)
             if parsed.dropped:
                 self.counts["dropped_calls"] += parsed.dropped
                 self.add_tool(turn, f"Error: at most {cfg.max_parallel_calls} tool calls run per turn; "
                                     f"{parsed.dropped} more were not run.", owner)
+            if self.tool_failed:
+                answer_text, stop = text, "tool_error"
+                break
         final = segment_from(self.messages, self.last_prune_turn, len(self.segments), {"kind": "final"})
         if final is not None:
             self.segments.append(final)
@@ -298,6 +358,8 @@ class _Run:
             "stop_answer": float(stop == "answer"),
             "stop_max_turns": float(stop == "max_turns"),
             "stop_context_budget": float(stop == "context_budget"),
+            "stop_unparsable_calls": float(stop == "unparsable_calls"),
+            "stop_tool_error": float(stop == "tool_error"),
             "no_final_marker": float(FINAL_MARKER not in answer_text),
             "segments": float(len(self.segments)),
             **{k: float(v) for k, v in self.counts.items()},

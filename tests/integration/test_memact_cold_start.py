@@ -58,7 +58,7 @@ def _cfg(model, out, data, budget, **extra) -> TrainConfig:
     ov = [f"model.path={model}", f"out_dir={out}", "trainer.steps=1", "workflow=memact",
           "workflow.retriever_scope=task", f"workflow.max_context_tokens={budget}",
           "workflow.max_turn_tokens=96", "workflow.no_prune_prob=0.0", "data.name=file", f"data.path={data}",
-          "algorithm.name=dcpo", "trainer.batch_size=2", "algorithm.kl_coef=0.0", "optim.lr=1e-4",
+          "algorithm.name=dcpo", "algorithm.selection=spread_unused", "trainer.batch_size=2", "algorithm.kl_coef=0.0", "optim.lr=1e-4",
           "trainer.progress=false", "trainer.tensorboard=false", "trainer.dump_every=0", "trainer.seed=3"]
     return load_config(TrainConfig, ov + [f"{k}={v}" for k, v in extra.items()])
 
@@ -86,7 +86,7 @@ def test_sft_rows_equal_the_rl_rows_of_the_same_trajectory(tiny_path, task_files
     # RL: DCPO over the same flawless script (every sample of a task is the same trajectory); n=4 of 4 train
     _ScriptedTrainer.script = MemActDemonstrator(late_prob=0.0)
     trainer = _ScriptedTrainer(_cfg(tiny_path, tmp_path / "rl", d / "tasks.jsonl", budget,
-                                    **{"algorithm.actual_n": 2, "algorithm.n": 4}))
+                                    **{"algorithm.n": 2, "algorithm.segments_per_task": 4}))
     (h,) = trainer.fit()
     rl = trainer.seen[1]
     assert h["train/rows"] == 8 == len(rl) and h["dcpo/available"] == 8
@@ -112,7 +112,7 @@ def test_sft_rows_equal_the_rl_rows_of_the_same_trajectory(tiny_path, task_files
 def test_dcpo_step_on_memact_trains_exactly_the_selected_segments(tiny_path, task_files, tmp_path):
     from transformers import AutoTokenizer
 
-    from memrl.algorithms.selection import dcpo_select_segments
+    from memrl.algorithms.selection import spread_unused_segments
 
     d, tasks = task_files
     budget = _budget(AutoTokenizer.from_pretrained(tiny_path), tasks)
@@ -120,7 +120,7 @@ def test_dcpo_step_on_memact_trains_exactly_the_selected_segments(tiny_path, tas
     # some prune late and overflow (1 segment, reward 0)
     _ScriptedTrainer.script = staticmethod(lambda prompt, i: MemActDemonstrator(late_prob=0.5, seed=i)(prompt))
     trainer = _ScriptedTrainer(_cfg(tiny_path, tmp_path / "rl", d / "tasks.jsonl", budget,
-                                    **{"algorithm.actual_n": 4, "algorithm.n": 5}))
+                                    **{"algorithm.n": 4, "algorithm.segments_per_task": 5}))
     (h,) = trainer.fit()
     groups, rows = trainer.seen
     counts = sorted(len(t.segments) for g in groups for t in g.trajectories)
@@ -129,7 +129,7 @@ def test_dcpo_step_on_memact_trains_exactly_the_selected_segments(tiny_path, tas
         for t in g.trajectories:
             assert g.rewards[g.trajectories.index(t)] == float(len(t.segments) == 2)
     rng = random.Random("dcpo:3:0")  # the trainer's: trainer.seed 3, step 0, one rng over the groups in order
-    want = [s for g in groups for s in dcpo_select_segments(g, 5, rng)]
+    want = [s for g in groups for s in spread_unused_segments(g, 5, rng)]
     key = lambda r: (r.trajectory_id, tuple(r.prompt_ids), tuple(r.response_ids))  # noqa: E731
     assert sorted(key(r) for r in rows) == sorted(key(s) for s in want)
     assert len(rows) == h["train/rows"] == h["dcpo/selected"] == sum(min(5, len(g.segments())) for g in groups)
@@ -173,7 +173,8 @@ def test_dcpo_memact_step_on_cuda(tiny_path, task_files, tmp_path):
     budget = _budget(AutoTokenizer.from_pretrained(tiny_path), tasks)
     _ScriptedTrainer.script = staticmethod(lambda prompt, i: MemActDemonstrator(late_prob=0.5, seed=i)(prompt))
     trainer = _ScriptedTrainer(_cfg(tiny_path, tmp_path / "rl", d / "tasks.jsonl", budget,
-                                    **{"algorithm.actual_n": 4, "algorithm.n": 5, "model.device": "cuda"}))
+                                    **{"algorithm.n": 4, "algorithm.segments_per_task": 5,
+                                       "model.device": "cuda"}))
     before = _initial_state(tiny_path)
     (h,) = trainer.fit()
     assert next(trainer.model.parameters()).device.type == "cuda"

@@ -17,7 +17,7 @@ def test_memact_demo_writes_table_json_and_plot(tmp_path, capsys):
     rc = main(["demo", "--agent", "memact", "--out", str(out), "sft.num_tasks=40", "sft.epochs=1",
                "sft.copy_warmup_steps=3",
                "eval.num_tasks=8", "rl_tasks=30", "threads=1", "train.trainer.steps=2",
-               "train.trainer.batch_size=2", "train.algorithm.actual_n=2", "train.algorithm.n=3",
+               "train.trainer.batch_size=2", "train.algorithm.n=2", "train.algorithm.segments_per_task=3",
                "train.trainer.progress=false"])
     assert rc == 0
     for name in ("results.md", "results.json", "memact_results.png", "demo_config.yaml", "sft/config.json",

@@ -140,23 +140,24 @@ class _RecordingTrainer(Trainer):
 
 
 def _dcpo(**extra: str) -> dict[str, str]:
-    return {"algorithm.name": "dcpo", "algorithm.actual_n": "3", "algorithm.n": "4", **extra}
+    return {"algorithm.name": "dcpo", "algorithm.n": "3", "algorithm.selection": "spread_unused",
+            "algorithm.segments_per_task": "4", **extra}
 
 
 def test_dcpo_step_trains_exactly_the_selected_segments(tiny_path, tmp_path):
     import random
 
-    from memrl.algorithms.selection import dcpo_select_segments
+    from memrl.algorithms.selection import spread_unused_segments
 
     trainer = _RecordingTrainer(_cfg(tiny_path, tmp_path / "d", 2, **_dcpo(**{"trainer.seed": "7"})))
     history = trainer.fit()
     assert [s for s, _, _ in trainer.seen] == [0, 1]
     for (step, groups, rows), h in zip(trainer.seen, history, strict=True):
-        assert len(groups) == 2 and all(len(g.trajectories) == 3 for g in groups)  # actual_n per task
+        assert len(groups) == 2 and all(len(g.trajectories) == 3 for g in groups)  # algorithm.n per task
         # one memory chunk + the final answer: 2 segments per trajectory, 6 per group, 4 of them train
         assert all(len(t.segments) == 2 for g in groups for t in g.trajectories)
         rng = random.Random(f"dcpo:7:{step}")
-        want = [s for g in groups for s in dcpo_select_segments(g, 4, rng)]
+        want = [s for g in groups for s in spread_unused_segments(g, 4, rng)]
         key = [(s.trajectory_id, tuple(s.prompt_ids), tuple(s.response_ids)) for s in want]
         got = [(r.trajectory_id, tuple(r.prompt_ids), tuple(r.response_ids)) for r in rows]
         assert sorted(got) == sorted(key) and len(set(key)) == 8
@@ -166,7 +167,7 @@ def test_dcpo_step_trains_exactly_the_selected_segments(tiny_path, tmp_path):
 
 
 def test_dcpo_group_with_fewer_segments_than_n_trains_each_once(tiny_path, tmp_path):
-    trainer = _RecordingTrainer(_cfg(tiny_path, tmp_path / "f", 1, **_dcpo(**{"algorithm.n": "12"})))
+    trainer = _RecordingTrainer(_cfg(tiny_path, tmp_path / "f", 1, **_dcpo(**{"algorithm.segments_per_task": "12"})))
     (h,) = trainer.fit()
     (_, groups, rows) = trainer.seen[0]
     every = sorted((s.trajectory_id, tuple(s.prompt_ids)) for g in groups for s in g.segments())
@@ -174,15 +175,37 @@ def test_dcpo_group_with_fewer_segments_than_n_trains_each_once(tiny_path, tmp_p
     assert h["train/rows"] == 12 == h["dcpo/selected"] == h["dcpo/available"]
 
 
-def test_dcpo_resume_is_exact(tiny_path, tmp_path):
-    straight = Trainer(_cfg(tiny_path, tmp_path / "a", 2, **_dcpo()))
+@pytest.mark.parametrize("selection, rows", [("spread_unused", 8), ("published", 8)])
+def test_dcpo_resume_is_exact(tiny_path, tmp_path, selection, rows):
+    sel = {"algorithm.selection": selection}
+    straight = Trainer(_cfg(tiny_path, tmp_path / "a", 2, **_dcpo(**sel)))
     hist_a = straight.fit()
-    Trainer(_cfg(tiny_path, tmp_path / "b", 1, **_dcpo(**{"trainer.save_every": "1"}))).fit()
-    resumed = Trainer(_cfg(tiny_path, tmp_path / "b", 2, **_dcpo()), resume=True)
+    Trainer(_cfg(tiny_path, tmp_path / "b", 1, **_dcpo(**sel, **{"trainer.save_every": "1"}))).fit()
+    resumed = Trainer(_cfg(tiny_path, tmp_path / "b", 2, **_dcpo(**sel)), resume=True)
     hist_b = resumed.fit()
     assert len(hist_b) == 1 and resumed.position == straight.position
     a, b = straight.model.state_dict(), resumed.model.state_dict()
     for k in a:
         assert torch.equal(a[k], b[k]), k
     x, y = hist_a[1], hist_b[0]
-    assert x["loss/total"] == y["loss/total"] and x["dcpo/selected"] == y["dcpo/selected"] == 8
+    assert x["loss/total"] == y["loss/total"] and x["dcpo/selected"] == y["dcpo/selected"] == rows
+
+
+def test_dcpo_published_selection_trains_exactly_its_rows_repeats_included(tiny_path, tmp_path):
+    import random
+
+    from memrl.algorithms.selection import published_segments
+
+    # 3 trajectories of 2 segments per task, 7 rows: one each, then 4 slots cycle over the shuffled 3
+    # (positions 0, 1, 2, 0): the first of the cycle gets 2 more, so it has no unused segment left for the
+    # second and repeats one: exactly 1 repeated row per group, 2 per step
+    sel = {"algorithm.selection": "published", "algorithm.segments_per_task": "7", "trainer.seed": "7"}
+    trainer = _RecordingTrainer(_cfg(tiny_path, tmp_path / "p", 1, **_dcpo(**sel)))
+    (h,) = trainer.fit()
+    (step, groups, rows) = trainer.seen[0]
+    rng = random.Random(f"dcpo:7:{step}")
+    want = [s for g in groups for s in published_segments(g, 7, rng)]
+    key = [(s.trajectory_id, tuple(s.prompt_ids), tuple(s.response_ids)) for s in want]
+    got = [(r.trajectory_id, tuple(r.prompt_ids), tuple(r.response_ids)) for r in rows]
+    assert sorted(got) == sorted(key) and len(rows) == 14 == h["train/rows"] == h["dcpo/selected"]
+    assert h["dcpo/repeated"] == 2 and len(set(key)) == 12

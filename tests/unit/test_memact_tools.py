@@ -18,6 +18,11 @@ OK = ToolCall("search", {"query": "a"})
     ('\n{"name": "search", "arguments": {"query": "a"}}\n', False),
     ('\ufeff{"name": "search", "arguments": {"query": "a"}}', True),
     ('{"name": "sea\u200brch", "arguments": {"query": "a"}}', True),
+    # bidirectional marks (U+200E, U+200F) and embeddings / overrides (U+202A-U+202E), as the public
+    # sanitizer strips them (MemAct tool_parser.py, HermesToolParser._sanitize_json_block)
+    ('{"name": "search\u200e", "arguments": {"query": "a"}}', True),
+    ('{"name": "\u200fsearch", "arguments": {"query": "a\u202a"}}', True),
+    ('{"name": "se\u202b\u202carch", "arguments": {"query": "\u202da\u202e"}}', True),
     ('```json\n{"name": "search", "arguments": {"query": "a"}}\n```', True),
     ('Sure! {"name": "search", "arguments": {"query": "a"}} hope this helps }', True),
     ('{"name": "search", "arguments": "{\\"query\\": \\"a\\"}"}', True),

@@ -75,8 +75,11 @@ def test_cli_reports_bad_override(capsys):
 
 @pytest.mark.parametrize("ov,field", [
     (["algorithm.n=0"], "algorithm.n"),
-    (["algorithm.actual_n=1"], "algorithm.actual_n"),
-    (["algorithm.actual_n=0"], "algorithm.actual_n"),
+    (["algorithm.n=1"], "algorithm.n must be >= 2 with algorithm.name=dcpo"),
+    (["algorithm.selection=spread_unused", "algorithm.n=13"], "algorithm.segments_per_task=12 must be >= algorithm.n=13"),
+    (["algorithm.selection=published", "algorithm.segments_per_task=7", "algorithm.n=8"],
+     "algorithm.segments_per_task=7 must be >= algorithm.n=8"),
+    (["algorithm.selection=best"], "algorithm.selection 'best' is not one of"),
 ])
 def test_dcpo_bad_group_sizes_are_named(ov, field):
     cfg = load_config(TrainConfig, ["model.path=x", "algorithm.name=dcpo"] + ov)
@@ -84,11 +87,29 @@ def test_dcpo_bad_group_sizes_are_named(ov, field):
         validate(cfg)
 
 
-def test_dcpo_defaults_and_actual_n_only_checked_under_dcpo():
-    cfg = load_config(TrainConfig, ["model.path=x", "algorithm.name=dcpo", "algorithm.n=12"])
+def test_selection_defaults_and_segments_per_task_only_checked_with_a_selection():
+    cfg = load_config(TrainConfig, ["model.path=x", "algorithm.name=dcpo", "algorithm.n=8"])
     validate(cfg)
-    assert cfg.algorithm.actual_n == 8
-    validate(load_config(TrainConfig, ["model.path=x", "algorithm.actual_n=1"]))  # grpo ignores actual_n
+    a = cfg.algorithm
+    assert (a.selection, a.segments_per_task) == ("all", 12)  # the estimator alone selects nothing
+    validate(load_config(TrainConfig, ["model.path=x", "algorithm.n=16"]))  # n > 12 is fine without a selection
+    validate(load_config(TrainConfig, ["model.path=x", "algorithm.selection=published", "algorithm.n=12"]))
+
+
+@pytest.mark.parametrize("ov", [["algorithm.actual_n=8"], ["+algorithm.actual_n=8"]])
+def test_removed_actual_n_names_its_replacement(ov):
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, ["model.path=x"] + ov)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("algorithm.actual_n (set by an override) was removed: ")
+    assert "algorithm.n" in msg and "algorithm.segments_per_task" in msg and "algorithm.selection" in msg
+
+
+def test_removed_actual_n_in_a_preset_file_is_named(tmp_path):
+    preset = tmp_path / "old.yaml"
+    preset.write_text("algorithm:\n  name: dcpo\n  actual_n: 8\n  n: 12\n")
+    with pytest.raises(ConfigError, match=f"algorithm.actual_n \\(set by preset {preset}\\) was removed"):
+        load_config(TrainConfig, ["model.path=x"], preset=str(preset))
 
 
 def test_switching_workflow_keeps_no_memagent_defaults():

@@ -1,0 +1,237 @@
+"""The MemAct rollout switches (MemActConfig's "rollout rules" block): memrl's default and the published
+value of each, on hand-made replies through the scripted engine and the character tokenizer (one token
+per character, so every context and segment is written out by hand). Published behaviour: upstream
+verl/experimental/agent_loop/mem_agent_loop.py (MemAgentLoop.run, prune_actual_messages_prompt_ids)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+
+from memrl.services.base import Document
+from memrl.testing import CharTokenizer, KeywordRetriever, ScriptedEngine
+from memrl.tools.calls import tools_fallback_text
+from memrl.tools.search import PRUNE_SCHEMA, SEARCH_SCHEMA, register_retriever
+from memrl.types import Task
+from memrl.workflows.memact import MemActConfig, run
+
+TOK = CharTokenizer()
+DOCS = [Document("d1", "Paris", "Paris is the capital of France."),
+        Document("d2", "Berlin", "Berlin is the capital of Germany.")]
+FMT = "End with one line: FINAL_ANSWER: <short answer>."
+NOTE = "Your memory note stays in your prune_context call above."
+
+
+def enc(text: str) -> list[int]:
+    return TOK.encode(text)
+
+
+def call(name: str, **arguments) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+def head(prune: bool = True) -> list[int]:
+    tools = [SEARCH_SCHEMA, PRUNE_SCHEMA] if prune else [SEARCH_SCHEMA]
+    system = "S" if prune else "N"
+    return enc(f"<system>{system}" + tools_fallback_text(tools) + f"</system><user>Q|{FMT}</user>")
+
+
+HDR, END = enc("<assistant>"), enc("</assistant>")
+
+
+def gen(reply: str) -> list[int]:
+    return enc(reply) + [TOK.eos_token_id]
+
+
+def asst(reply: str) -> list[int]:
+    return HDR + gen(reply) + END
+
+
+def tool(content: str) -> list[int]:
+    return enc(f"<tool>{content}</tool>")
+
+
+def found(query: str, doc: Document) -> str:
+    return f'Search results for "{query}":\n\n(1) {doc.title}\n{doc.text}'
+
+
+def run_one(replies: list[str], **kw):
+    register_retriever("kw_switch", KeywordRetriever(DOCS))
+    base = dict(retriever_kind="kw_switch", no_prune_prob=0.0, temperature=0.0, max_turn_tokens=400,
+                system_template="S", system_noprune_template="N", user_template="{question}|{answer_format}")
+    engine = ScriptedEngine(replies)
+    traj = asyncio.run(run(Task("t1", "Q", "", ["Paris"]), engine, MemActConfig(**{**base, **kw}), random.Random(0)))
+    return traj, engine
+
+
+def test_switch_values_are_checked():
+    with pytest.raises(ValueError, match="unparsable_tool_calls must be reply_error or end, got 'stop'"):
+        MemActConfig(unparsable_tool_calls="stop")
+    with pytest.raises(ValueError, match="unknown_tool_calls must be reply_error or end, got 'skip'"):
+        MemActConfig(unknown_tool_calls="skip")
+    with pytest.raises(ValueError, match="prune_id_match must be exact or substring, got 'prefix'"):
+        MemActConfig(prune_id_match="prefix")
+
+
+# ---------------------------------------------------------------- unparsable_tool_calls
+def test_a_reply_with_no_parsable_call_ends_the_trajectory_only_under_end():
+    bad = "<tool_call>not json</tool_call>"
+    r = [bad, "FINAL_ANSWER: Paris"]
+    # memrl: an error message answers the block and the loop goes on to the answer
+    traj, engine = run_one(r)
+    err = tool("[r1] Error: the tool call is not valid JSON (Expecting value at character 0). Write each call as "
+               '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.')
+    assert engine.calls[1].prompt_ids == head() + asst(bad) + err + HDR
+    assert (traj.info["stop"], traj.final_answer, traj.metrics["turns"]) == ("answer", "Paris", 2.0)
+    # published: the reply is the last one; its text is the answer (no FINAL_ANSWER in it)
+    traj, engine = run_one(r, unparsable_tool_calls="end")
+    assert len(engine.calls) == 1
+    assert (traj.info["stop"], traj.final_answer, traj.metrics["turns"]) == ("unparsable_calls", "", 1.0)
+    assert traj.info["answer_text"] == bad
+    m = traj.metrics
+    assert (m["malformed_calls"], m["stop_unparsable_calls"], m["stop_answer"]) == (1.0, 1.0, 0.0)
+    (seg,) = traj.segments
+    assert seg.prompt_ids == head() + HDR and seg.response_ids == gen(bad) and seg.loss_mask == [1] * len(gen(bad))
+
+
+def test_malformed_blocks_beside_a_good_call_get_no_reply_under_end():
+    r0 = "<tool_call>[1]</tool_call>" + call("search", query="France", topk=1)
+    traj, engine = run_one([r0, "FINAL_ANSWER: Paris"], unparsable_tool_calls="end")
+    # the search runs (r1); the malformed block is counted, not answered
+    assert engine.calls[1].prompt_ids == head() + asst(r0) + tool("[r1] " + found("France", DOCS[0])) + HDR
+    assert (traj.metrics["malformed_calls"], traj.metrics["searches"], traj.final_answer) == (1.0, 1.0, "Paris")
+    # memrl's default answers it after the call's result
+    _, engine = run_one([r0, "FINAL_ANSWER: Paris"])
+    assert "[r2] Error: the tool call must be a JSON object, got list" in TOK.decode(engine.calls[1].prompt_ids)
+
+
+# ---------------------------------------------------------------- unknown_tool_calls
+def test_a_call_to_an_unknown_tool_ends_the_trajectory_only_under_end():
+    r0 = call("browse", url="x") + call("search", query="France", topk=1)
+    traj, engine = run_one([r0, "FINAL_ANSWER: Paris"])
+    err = tool("[r1] Error: unknown tool 'browse'; available tools: search, prune_context.")
+    assert engine.calls[1].prompt_ids == head() + asst(r0) + err + tool("[r2] " + found("France", DOCS[0])) + HDR
+    assert (traj.info["stop"], traj.final_answer) == ("answer", "Paris")
+    # published: the search still runs, then the loop ends on this reply
+    traj, engine = run_one([r0, "FINAL_ANSWER: Paris"], unknown_tool_calls="end")
+    assert len(engine.calls) == 1 and traj.info["stop"] == "tool_error" and traj.final_answer == ""
+    m = traj.metrics
+    assert (m["unknown_tools"], m["searches"], m["stop_tool_error"], m["turns"]) == (1.0, 1.0, 1.0, 1.0)
+    assert traj.info["transcript"][-1]["text"] == "[r1] " + found("France", DOCS[0])
+    (seg,) = traj.segments  # the tool output after the last reply is not part of the row
+    assert seg.response_ids == gen(r0) and seg.loss_mask == [1] * len(gen(r0))
+
+
+# ---------------------------------------------------------------- last_turn_runs_tools
+def test_the_last_turns_calls_run_only_by_default():
+    r = [call("search", query="France", topk=1), call("prune_context", memory="m", delete_ids=["r1"])]
+    traj, _ = run_one(r, max_assistant_turns=2)
+    # memrl: the prune in turn 2 (the last) runs and closes a segment; the final segment is then empty
+    assert (traj.metrics["prunes"], traj.info["stop"], [s.info["kind"] for s in traj.segments]) == (
+        1.0, "max_turns", ["prune"])
+    traj, _ = run_one(r, max_assistant_turns=2, last_turn_runs_tools=False)
+    # published: the limit ends the loop first; the one segment is both turns, up to the prune call
+    assert (traj.metrics["prunes"], traj.info["stop"], traj.final_answer) == (0.0, "max_turns", "")
+    (seg,) = traj.segments
+    assert seg.info["kind"] == "final" and seg.prompt_ids == head() + HDR
+    assert seg.response_ids == gen(r[0]) + END + T1 + HDR + gen(r[1])
+    assert traj.info["transcript"][-1]["kind"] == "assistant"  # no tool message after the last reply
+
+
+# ---------------------------------------------------------------- prune_id_match, prune_turns_deletable
+R = [
+    call("search", query="France", topk=1),                          # t0 -> r1
+    call("search", query="Germany", topk=1),                         # t1 -> r2
+    call("prune_context", memory="m1", delete_ids=["r1", "nope"]),   # t2 -> r3
+    call("prune_context", memory="m2", delete_ids=["r3"]),           # t3 -> r4
+    "FINAL_ANSWER: Paris",                                           # t4
+]
+T1, T2 = tool("[r1] " + found("France", DOCS[0])), tool("[r2] " + found("Germany", DOCS[1]))
+
+
+def test_exact_ids_fail_the_whole_prune_on_one_unknown_id():
+    traj, engine = run_one(R)
+    err = tool("[r3] Error: unknown result id(s) nope; current ids: r1, r2. Nothing was removed.")
+    assert engine.calls[3].prompt_ids == head() + asst(R[0]) + T1 + asst(R[1]) + T2 + asst(R[2]) + err + HDR
+    assert (traj.metrics["failed_prunes"], traj.metrics["prunes"]) == (1.0, 1.0)
+
+
+def test_substring_ids_delete_what_matches_and_ignore_the_rest():
+    # "r1" occurs in r1's text ("[r1] ..."), nowhere else; "nope" matches nothing and is ignored: r1 goes and
+    # t0 with it. Then "r3" matches the prune's own result "[r3] Removed r1. ...": it goes; the prune turn t2
+    # stays by default (its memory lives there) ...
+    traj, engine = run_one(R, prune_id_match="substring")
+    T3 = tool(f"[r3] Removed r1. {NOTE}")
+    T4 = tool(f"[r4] Removed r3. {NOTE}")
+    assert engine.calls[3].prompt_ids == head() + asst(R[1]) + T2 + asst(R[2]) + T3 + HDR
+    assert engine.calls[4].prompt_ids == head() + asst(R[1]) + T2 + asst(R[2]) + asst(R[3]) + T4 + HDR
+    assert (traj.metrics["failed_prunes"], traj.metrics["prunes"]) == (0.0, 2.0)
+    # ... and goes with its result when prune turns are deletable (published): memory m1 is gone
+    traj, engine = run_one(R, prune_id_match="substring", prune_turns_deletable=True)
+    assert engine.calls[4].prompt_ids == head() + asst(R[1]) + T2 + asst(R[3]) + T4 + HDR
+    assert traj.segments[1].info["removed_turns"] == [2]
+
+
+def test_substring_matches_longer_ids_and_any_text_that_mentions_one():
+    # "r1" is a substring of "[r12] ..." too: ids r1..r12 from twelve searches; deleting ["r1"] takes r1, r10,
+    # r11 and r12 (and the four turns that made them)
+    searches = [call("search", query="France", topk=1) for _ in range(12)]
+    prune = call("prune_context", memory="m", delete_ids=["r1"])
+    traj, engine = run_one([*searches, prune, "FINAL_ANSWER: Paris"], prune_id_match="substring")
+    assert traj.segments[0].info["deleted"] == ["r1", "r10", "r11", "r12"]
+    assert traj.segments[0].info["removed_turns"] == [0, 9, 10, 11]
+    text = TOK.decode(engine.calls[-1].prompt_ids)
+    assert "[r13] Removed r1, r10, r11, r12." in text and "[r2] " in text and "[r12] Search" not in text
+
+
+def test_prune_turn_protection_is_the_default_under_exact_ids_too():
+    r = [call("search", query="France", topk=1),
+         call("prune_context", memory="m1", delete_ids=["r1"]),      # t1 -> r2
+         call("prune_context", memory="m2", delete_ids=["r2"]),      # t2 -> r3: r2 was t1's only result
+         "FINAL_ANSWER: Paris"]
+    T3 = tool(f"[r3] Removed r2. {NOTE}")  # r2 ("Removed r1. ...") is gone: t1 keeps only its call text
+    _, engine = run_one(r)
+    assert engine.calls[3].prompt_ids == head() + asst(r[1]) + asst(r[2]) + T3 + HDR
+    traj, engine = run_one(r, prune_turns_deletable=True)
+    assert engine.calls[3].prompt_ids == head() + asst(r[2]) + T3 + HDR
+    assert traj.info["memories"] == ["m1", "m2"]  # still recorded in the trajectory, gone from the context
+
+
+# ---------------------------------------------------------------- failed_prune_closes_segment
+def test_a_failed_prune_closes_a_segment_only_when_switched_on():
+    r = [call("search", query="France", topk=1), call("prune_context", memory="m", delete_ids=["r9"]),
+         "FINAL_ANSWER: Paris"]
+    T2 = tool("[r2] Error: unknown result id(s) r9; current ids: r1. Nothing was removed.")
+    ctx = head() + asst(r[0]) + T1 + asst(r[1]) + T2 + HDR  # the context is unchanged either way
+    traj, engine = run_one(r)
+    assert engine.calls[2].prompt_ids == ctx
+    (seg,) = traj.segments
+    assert seg.info["kind"] == "final" and seg.prompt_ids == head() + HDR
+    traj, engine = run_one(r, failed_prune_closes_segment=True)
+    assert engine.calls[2].prompt_ids == ctx
+    first, final = traj.segments
+    assert first.info == {"kind": "failed_prune", "prune_turn": 1, "turns": [0, 1]}
+    assert first.prompt_ids == head() + HDR
+    assert first.response_ids == gen(r[0]) + END + T1 + HDR + gen(r[1])
+    assert first.loss_mask == [1] * len(gen(r[0])) + [0] * len(END + T1 + HDR) + [1] * len(gen(r[1]))
+    # the final segment starts after the failed prune turn: the earlier turns are its prompt (mask 0)
+    assert final.prompt_ids == ctx and final.response_ids == gen(r[2]) and final.info["turns"] == [2]
+    assert (traj.metrics["failed_prunes"], traj.metrics["prunes"], traj.metrics["segments"]) == (1.0, 0.0, 2.0)
+
+
+# ---------------------------------------------------------------- withheld_prune_runs
+def test_a_prune_call_in_a_withheld_rollout_runs_only_when_switched_on():
+    r = [call("search", query="France", topk=1), call("prune_context", memory="m", delete_ids=["r1"]),
+         "FINAL_ANSWER: Paris"]
+    traj, engine = run_one(r, prune_tool=False)
+    err = tool("[r2] Error: unknown tool 'prune_context'; available tools: search.")
+    assert engine.calls[2].prompt_ids == head(False) + asst(r[0]) + T1 + asst(r[1]) + err + HDR
+    assert (traj.metrics["unknown_tools"], traj.metrics["prunes"], len(traj.segments)) == (1.0, 0.0, 1)
+    traj, engine = run_one(r, prune_tool=False, withheld_prune_runs=True)
+    # the prompt still offers search only, but the call prunes: r1 and t0 go, the prune turn stays
+    assert engine.calls[2].prompt_ids == head(False) + asst(r[1]) + tool(f"[r2] Removed r1. {NOTE}") + HDR
+    m = traj.metrics
+    assert (m["prune_withheld"], m["unknown_tools"], m["prunes"], len(traj.segments)) == (1.0, 0.0, 1.0, 2)
