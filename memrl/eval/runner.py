@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memrl.config import redact_secrets
 from memrl.engines.config import EngineConfig, HFSection
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.types import Task, Trajectory
@@ -220,7 +221,7 @@ def evaluate(
     record = {"workflow": spec.name, "model": cfg.engine.model, "engine": dataclasses.asdict(cfg.engine),
               "workflow_config": dataclasses.asdict(wf_cfg), "files": [str(f) for f in files],
               "name": cfg.name or out.resolve().name, "seed": cfg.seed}
-    _check_config(out, record)
+    _check_config(out, redact_secrets(record))  # api keys never reach the disk
 
     loaded = []
     for f in files:
