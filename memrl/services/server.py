@@ -25,10 +25,6 @@ MAX_BODY_BYTES = 8 * 1024 * 1024  # 256 queries x 4096 characters fit with room 
 REPLY_SHAPES = ("memrl", "public")
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class BodyLimit:
     """ASGI middleware: 413 for a request body over `limit` bytes, decided before the app reads it.
 
@@ -54,27 +50,31 @@ class BodyLimit:
         if length is not None and (not length.isdigit() or int(length) > self.limit):
             return await self._refuse(send, f"request body of {length.decode(errors='replace')} bytes is over "
                                             f"the limit of {self.limit} bytes")
-        seen, started = 0, False
+        seen, over = 0, False
 
         async def limited_receive():
-            nonlocal seen
+            nonlocal seen, over
+            if over:
+                return {"type": "http.disconnect"}
             msg = await receive()
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
+                if seen > self.limit:  # stop here: the app sees a disconnect, never the rest of the body
+                    over = True
+                    return {"type": "http.disconnect"}
             return msg
 
-        async def tracked_send(msg):
-            nonlocal started
-            started = started or msg["type"] == "http.response.start"
-            await send(msg)
+        async def guarded_send(msg):
+            if not over:  # the app's answer to a cut-off body is replaced by the 413 below
+                await send(msg)
 
         try:
-            await self.app(scope, limited_receive, tracked_send)
-        except _TooLarge:
-            if not started:
-                await self._refuse(send, f"request body is over the limit of {self.limit} bytes")
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if not over:
+                raise
+        if over:
+            await self._refuse(send, f"request body is over the limit of {self.limit} bytes")
 
 
 @dataclass
