@@ -151,6 +151,27 @@ def section_from_dict(cls: type[T], values: dict[str, Any] | None, where: str) -
         raise ConfigError(f"{where}: {e}") from e
 
 
+REDACTED = "<redacted>"
+
+
+def is_secret_key(key: object) -> bool:
+    """Config keys whose values are credentials: `api_key` and `*_api_key`."""
+    return isinstance(key, str) and (key == "api_key" or key.endswith("_api_key"))
+
+
+def redact_secrets(value: Any) -> Any:
+    """A copy of a dict / list tree with every non-empty secret value (is_secret_key) replaced by
+    REDACTED: what configs look like when saved (eval_config.json, config.yaml). Keys stay, so a saved
+    config still says a key was set; set it again through its environment variable (api_key_env)."""
+    if isinstance(value, dict):
+        return {k: (REDACTED if is_secret_key(k) and v not in (None, "") else redact_secrets(v))
+                for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_secrets(v) for v in value]
+    return value
+
+
 def to_yaml(obj: Any) -> str:
-    """A config dataclass as YAML (saved next to every run)."""
-    return OmegaConf.to_yaml(OmegaConf.structured(obj))
+    """A config dataclass as YAML (saved next to every run), secrets redacted (`redact_secrets`)."""
+    tree = OmegaConf.to_container(OmegaConf.structured(obj), resolve=True)
+    return OmegaConf.to_yaml(OmegaConf.create(redact_secrets(tree)))

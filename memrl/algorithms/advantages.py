@@ -207,9 +207,16 @@ class ReMemR1Options:
 def grpo_estimator(
     groups: Sequence[Group], norm_by_std: bool = True, eps: float = 1e-6, credit: Credit = "broadcast"
 ) -> SegmentAdvantages:
-    """GRPO over trajectories (`grpo_advantages`), credited to segments by `broadcast` or `split`."""
+    """GRPO over trajectories (`grpo_advantages`), credited to segments by `broadcast` or `split`.
+
+    A trajectory marked `info["exclude_from_group"]` (MemAct's failed LLM judgement under
+    workflow.judge.on_failure=exclude) is left out of its group's mean and std and gets advantage 0."""
     rewards, gids, trajs = _outcomes(groups)
-    adv = grpo_advantages(rewards, gids, norm_by_std, eps)
+    kept = [i for i, t in enumerate(trajs) if not t.info.get("exclude_from_group")]
+    adv = [0.0] * len(trajs)
+    for i, a in zip(kept, grpo_advantages([rewards[i] for i in kept], [gids[i] for i in kept], norm_by_std, eps),
+                    strict=True):
+        adv[i] = a
     return _regroup(groups, [_credit(a, len(t.segments), credit) for a, t in zip(adv, trajs, strict=True)])
 
 

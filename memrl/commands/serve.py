@@ -3,6 +3,7 @@
   memrl serve retrieval --corpus corpus.jsonl [--host 127.0.0.1] [--port 8000]
                         [--max-concurrency 8] [--cache-size 10000] [--max-topk 100]
                         [--retriever bm25|dense --model EMBEDDING_MODEL_DIR]
+                        [--reply-shape memrl|public] [--max-body-bytes 8388608]
 
 `retrieval` serves BM25 over a corpus JSONL (build one with `memrl data corpus`) at POST /retrieve and
 GET /health (docs/memact_services.md). It binds 127.0.0.1 unless told otherwise.
@@ -28,6 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="bm25 (default) or dense (needs the 'dense' extra and --model)")
     r.add_argument("--model", help="--retriever dense: a local sentence-transformers / HF model directory")
     r.add_argument("--device", default="cpu", help="--retriever dense: torch device of the embedding model")
+    r.add_argument("--reply-shape", choices=("memrl", "public"), default="memrl",
+                   help="memrl: documents with id and score; public: as the public MemAct service (title and "
+                        "text only)")
+    r.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
+                   help="larger request bodies get 413 before they are read (default 8 MiB)")
     r.add_argument("--log-level", default="warning", help="uvicorn log level")
     r.add_argument("--debug", action="store_true", help="show tracebacks")
 
@@ -48,8 +54,8 @@ def _retrieval(args: argparse.Namespace) -> int:
 
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
-    if args.max_concurrency < 1 or args.max_topk < 1:
-        raise ValueError("--max-concurrency and --max-topk must be at least 1")
+    if args.max_concurrency < 1 or args.max_topk < 1 or args.max_body_bytes < 1:
+        raise ValueError("--max-concurrency, --max-topk and --max-body-bytes must be at least 1")
     t0 = time.perf_counter()
     if args.retriever == "dense":
         if not args.model:
@@ -59,6 +65,7 @@ def _retrieval(args: argparse.Namespace) -> int:
         retriever = BM25Retriever.from_file(args.corpus, max_topk=args.max_topk)
     print(f"indexed {len(retriever.docs)} documents from {args.corpus} in {time.perf_counter() - t0:.1f}s; "
           f"serving on http://{args.host}:{args.port}", flush=True)
-    app = create_app(retriever, args.max_concurrency, args.cache_size, corpus=args.corpus)
+    app = create_app(retriever, args.max_concurrency, args.cache_size, corpus=args.corpus,
+                     reply_shape=args.reply_shape, max_body_bytes=args.max_body_bytes)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -75,8 +75,10 @@ class OpenAISection:
     served_model: str | None = None
     """Served model name sent in requests; None = the server's only model."""
     api_key: str | None = None
-    """Sent as a Bearer token; None = OPENAI_API_KEY when set (prefer the variable: configs are saved
-    next to every run)."""
+    """Sent as a Bearer token; None = the variable api_key_env names. Prefer the variable: a key given here
+    is redacted ("<redacted>") in every saved config (eval_config.json, config.yaml)."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the key when api_key is None; "" = none."""
     server: str = "vllm"
     """vllm | sglang: which weight-reload endpoint weight syncs use."""
     vllm_reload_method: str = "memrl_load_weights"

@@ -54,7 +54,9 @@ class OpenAIConfig:
     model: str | None = None
     """Served model name; None = the server's default (vLLM and SGLang pick their only model)."""
     api_key: str | None = None
-    """Sent as a Bearer token; None = OPENAI_API_KEY when set."""
+    """Sent as a Bearer token; None = the environment variable api_key_env names, when set."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the key when api_key is None; "" = none."""
     server: str = "vllm"
     """vllm | sglang: which weight-reload endpoint update_weights uses."""
     vllm_reload_method: str = "memrl_load_weights"
@@ -163,7 +165,8 @@ class OpenAIEngine:
 
             tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer)
         self.tokenizer = tokenizer
-        key = self.config.api_key or os.environ.get("OPENAI_API_KEY")
+        env = self.config.api_key_env
+        key = self.config.api_key or (os.environ.get(env) if env else None)
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         # Per event loop: an AsyncClient's pooled connections and a semaphore belong to one loop.
         self._loop: asyncio.AbstractEventLoop | None = None

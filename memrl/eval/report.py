@@ -213,6 +213,9 @@ class MemActSummary:
     reward_errors: int
     prune_withheld: float
     """Fraction of questions run without the prune tool."""
+    judge_errors: int = 0
+    """Questions whose LLM judgement failed (workflow.judge; scored 0 or excluded, by judge.on_failure);
+    the kinds are in each row's metrics (judge_error_http_error / _timeout / _no_verdict / _garbled)."""
 
 
 MEMACT_COLUMNS = [f.name for f in fields(MemActSummary)]
@@ -243,7 +246,7 @@ def summarize_memact(rows: Sequence[dict[str, Any]], run: str) -> MemActSummary:
         mean_generated_tokens=mean("generated_tokens"), mean_turns=mean("turns"), mean_searches=mean("searches"),
         mean_prunes=mean("prunes"), failed_prunes=total("failed_prunes"), malformed_calls=total("malformed_calls"),
         search_errors=total("search_errors"), reward_errors=total("reward_error"),
-        prune_withheld=mean("prune_withheld"),
+        prune_withheld=mean("prune_withheld"), judge_errors=total("judge_error"),
     )
 
 
@@ -251,15 +254,15 @@ def memact_markdown(summaries: Sequence[MemActSummary]) -> str:
     """The MemAct table: accuracy against context size and tool use, one line per run."""
     lines = ["| run | questions | accuracy (all) | sub-question acc. | F1 | mean context | peak context "
              "| max context | generated | turns | searches | prunes | failed prunes | malformed calls "
-             "| search errors | reward errors | prune withheld |",
-             "|---|" + "---:|" * 16]
+             "| search errors | reward errors | prune withheld | judge errors |",
+             "|---|" + "---:|" * 17]
     for s in summaries:
         lines.append(
             f"| {s.run} | {s.questions} | {s.accuracy:.2f} | {s.subq_accuracy:.2f} | {s.f1:.2f} "
             f"| {s.mean_context_tokens:.0f} | {s.peak_context_tokens:.0f} | {s.max_context_tokens:.0f} "
             f"| {s.mean_generated_tokens:.1f} | {s.mean_turns:.2f} | {s.mean_searches:.2f} | {s.mean_prunes:.2f} "
             f"| {s.failed_prunes} | {s.malformed_calls} | {s.search_errors} | {s.reward_errors} "
-            f"| {s.prune_withheld:.2f} |"
+            f"| {s.prune_withheld:.2f} | {s.judge_errors} |"
         )
     return "\n".join(lines) + "\n"
 

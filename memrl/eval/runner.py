@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memrl.config import redact_secrets
 from memrl.engines.config import EngineConfig, HFSection
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.types import Task, Trajectory
@@ -272,7 +273,7 @@ def evaluate(
               "workflow_config": dataclasses.asdict(wf_cfg), "files": [str(f) for f in files],
               "name": cfg.name or out.resolve().name, "seed": cfg.seed,
               "scoring": {"golds": cfg.golds, "extract": cfg.extract}}
-    _check_config(out, record)
+    _check_config(out, redact_secrets(record))  # api keys never reach the disk
 
     loaded = []
     for f in files:

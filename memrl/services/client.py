@@ -3,6 +3,13 @@
 One pooled httpx.AsyncClient; connection errors, timeouts and 5xx answers are retried with exponential
 backoff (`backoff * 2**attempt` seconds); a 4xx is not retried. Every failure raises RetrievalError naming
 the URL, which MemAct's search tool turns into a tool message.
+
+Replies: `{"result": [[{"document": {...}, "score": s}, ...], ...]}`, one list per query. memrl's service
+sends documents {id, title, text} with a score; the public MemAct service sends the corpus row without its
+id and no score. So `id` is optional (absent: `paragraph_id(title, text)`, the first 16 hex digits of
+sha1(title NUL text), the id `memrl data corpus` gives the same passage), `score` too (absent: 0.0, the
+service's order kept), and a Search-R1 style row with `contents` ('"Title"\nbody') instead of `text`
+gives title = its first line without quotes, text = the rest.
 """
 
 from __future__ import annotations
@@ -63,13 +70,29 @@ class HTTPRetriever:
             result = data["result"]
             if not isinstance(result, list) or len(result) != n:
                 raise ValueError(f"expected {n} result lists")
-            return [[Hit(Document(str(h["document"]["id"]), str(h["document"].get("title", "")),
-                                  str(h["document"]["text"])), float(h.get("score", 0.0))) for h in hits]
-                    for hits in result]
-        except (ValueError, KeyError, TypeError) as e:
+            return [[_hit(h) for h in hits] for hits in result]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise RetrievalError(f"retrieval service {self.url}: malformed response ({e}): {resp.text[:200]}") from e
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+
+
+def _hit(h: dict[str, Any]) -> Hit:
+    """One reply entry as a Hit (module docstring: the id and score rules)."""
+    from memrl.data.corpus import paragraph_id
+
+    doc = h["document"]
+    title = doc.get("title")
+    if "text" in doc:
+        text = doc["text"]
+    else:  # a Search-R1 style row: contents = '"Title"\nbody'
+        first, _, text = str(doc["contents"]).partition("\n")
+        title = first.strip().strip('"') if title is None else title
+    title, text = str(title or ""), str(text)
+    doc_id = doc.get("id")
+    score = h.get("score")
+    return Hit(Document(str(doc_id) if doc_id is not None else paragraph_id(title, text), title, text),
+               float(score) if score is not None else 0.0)

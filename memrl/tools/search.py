@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,14 +94,57 @@ async def run_search(retriever: Retriever, arguments: dict[str, Any]) -> SearchO
 
 
 # ---------------------------------------------------------------- building the retriever
+#
+# `retriever_kind` comes from configs and presets. Presets are trusted input, but a name that resolves to
+# Python code is still restricted: "module:attr" must name an object marked with @retriever_factory (an
+# identity registry, checked before anything is called); any other callable (os:system, builtins:exec)
+# is refused with a one-line ConfigError and never called.
 
 _REGISTERED: dict[str, Any] = {}
-_CACHE: dict[tuple[str, str], Any] = {}
+_CACHE: dict[tuple[Any, ...], Any] = {}
+_FACTORIES: list[Any] = []  # objects marked by @retriever_factory, compared by identity
+_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+BUILTIN_KINDS = ("bm25", "keyword")
 
 
 def register_retriever(name: str, retriever: Any) -> None:
     """Make an object satisfying Retriever available to `memact` as `retriever_kind=NAME` (tests, notebooks)."""
     _REGISTERED[name] = retriever
+
+
+def retriever_factory(fn: Any) -> Any:
+    """Mark `fn` (a class or function taking the corpus path, returning a Retriever) as one that
+    `retriever_kind="module:attr"` may call. Nothing else a config names is ever called."""
+    if not callable(fn):
+        raise TypeError(f"@retriever_factory needs a class or function, got {type(fn).__name__}")
+    if not any(f is fn for f in _FACTORIES):
+        _FACTORIES.append(fn)
+    return fn
+
+
+def resolve_factory(kind: str) -> Any:
+    """The @retriever_factory object "module:attr" names; ConfigError (nothing called) otherwise.
+
+    Importing the module runs its top-level code, as any import does; the attribute is read from the
+    module's namespace (no __getattr__ hook runs) and must be a marked factory by identity."""
+    from memrl.config import ConfigError
+
+    where = f"workflow.retriever_kind={kind!r}"
+    if not _IMPORT_PATH.match(kind):
+        raise ConfigError(f"{where}: expected bm25, keyword, a registered name or module:attr of a "
+                          "@retriever_factory")
+    mod_name, _, attr = kind.partition(":")
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ConfigError(f"{where}: cannot import module {mod_name!r} ({e})") from e
+    obj = vars(module).get(attr)
+    if obj is None:
+        raise ConfigError(f"{where}: module {mod_name!r} has no attribute {attr!r}")
+    if not any(f is obj for f in _FACTORIES):
+        raise ConfigError(f"{where} is not a retriever factory: only objects marked with "
+                          "@memrl.tools.search.retriever_factory may be named (nothing was called)")
+    return obj
 
 
 def _loop_id() -> int:
@@ -117,8 +161,12 @@ def build_retriever(kind: str, corpus: str | None, url: str | None) -> Any:
 
     url -> memrl.services.client.HTTPRetriever(url); kind registered -> that object; corpus with kind
     "bm25" -> memrl.services.retrieval.BM25Retriever.from_file(corpus), "keyword" -> memrl.testing.KeywordRetriever
-    (word overlap; tests), "module:callable" -> callable(corpus). Imports are lazy.
+    (word overlap; tests), "module:attr" -> attr(corpus) when attr is a @retriever_factory. Imports are lazy.
+    Mistakes raise ConfigError / DataError (one line, naming the workflow field).
     """
+    from memrl.config import ConfigError
+    from memrl.data.io import DataError
+
     if url:
         # An httpx client is bound to the event loop that first used it: one client per loop.
         key = ("url", url, _loop_id())
@@ -127,36 +175,48 @@ def build_retriever(kind: str, corpus: str | None, url: str | None) -> Any:
         return _CACHE[key]
     if kind in _REGISTERED:
         return _REGISTERED[kind]
+    if kind not in BUILTIN_KINDS and ":" not in kind:
+        raise ConfigError(f"workflow.retriever_kind={kind!r} is unknown: use bm25, keyword, module:attr of a "
+                          "@retriever_factory, or a name given to register_retriever")
+    factory = resolve_factory(kind) if ":" in kind else None  # refused before any corpus is read
     if not corpus:
-        raise ValueError(
-            "memact needs a retriever: set retriever_url, retriever_corpus (with retriever_kind bm25 or "
-            f"keyword), or register one; retriever_kind={kind!r} is not registered"
-        )
+        raise ConfigError("memact needs a retriever: set workflow.retriever_url, workflow.retriever_corpus (with "
+                          f"retriever_kind bm25 or keyword), or workflow.retriever_scope=task; "
+                          f"retriever_kind={kind!r} has no corpus")
     key = (kind, corpus)
     if key not in _CACHE:
-        if kind == "bm25":
-            _CACHE[key] = _import("memrl.services.retrieval", "BM25Retriever").from_file(corpus)
-        elif kind == "keyword":
-            from memrl.testing import KeywordRetriever
+        where = f"workflow.retriever_corpus={corpus}"
+        try:
+            if kind == "bm25":
+                r = _import("memrl.services.retrieval", "BM25Retriever").from_file(corpus)
+            elif kind == "keyword":
+                from memrl.testing import KeywordRetriever
 
-            _CACHE[key] = KeywordRetriever.from_jsonl(corpus)
-        elif ":" in kind:
-            mod, _, attr = kind.partition(":")
-            _CACHE[key] = _import(mod, attr)(corpus)
-        else:
-            raise ValueError(f"unknown retriever_kind {kind!r}: use bm25, keyword, module:callable or a registered name")
+                r = KeywordRetriever.from_jsonl(corpus)
+                if not r.documents:
+                    raise DataError(f"{corpus}: the corpus is empty")
+            else:
+                r = factory(corpus)
+        except FileNotFoundError as e:
+            raise DataError(f"{where}: no such file ({e.filename or corpus})") from e
+        except IsADirectoryError as e:
+            raise DataError(f"{where} is a directory, not a corpus JSONL") from e
+        except (ValueError, RetrievalError, OSError) as e:  # DataError is a ValueError
+            raise DataError(f"{where}: {e}") from e
+        _CACHE[key] = r
     return _CACHE[key]
 
 
 def task_retriever(task: Any) -> Any:
     """BM25 over the task's own documents, `task.meta["documents"]`: texts (ids "<task_id>-<i>") or
     {id, title, text} rows. Built per trajectory (a few dozen documents index in about a millisecond)."""
+    from memrl.data.io import DataError
     from memrl.services.base import Document
 
     docs = task.meta.get("documents")
     if not isinstance(docs, list) or not docs:
-        raise ValueError(f"task {task.task_id!r}: retriever_scope=task needs task.meta['documents'], a non-empty "
-                         "list of texts or {id, title, text} rows")
+        raise DataError(f"task {task.task_id!r}: workflow.retriever_scope=task needs task.meta['documents'], a "
+                        "non-empty list of texts or {id, title, text} rows")
     parsed = []
     for i, d in enumerate(docs):
         if isinstance(d, str):
@@ -164,12 +224,13 @@ def task_retriever(task: Any) -> Any:
         elif isinstance(d, dict) and isinstance(d.get("text"), str):
             parsed.append(Document(str(d.get("id", f"{task.task_id}-{i}")), str(d.get("title") or ""), d["text"]))
         else:
-            raise ValueError(f"task {task.task_id!r}: documents[{i}] must be a text or a row with a 'text' "
-                             f"string, got {type(d).__name__}")
+            raise DataError(f"task {task.task_id!r}: meta.documents[{i}] must be a text or a row with a 'text' "
+                            f"string, got {type(d).__name__}")
     return _import("memrl.services.retrieval", "BM25Retriever")(parsed)
 
 
 def _import(module: str, attr: str) -> Any:
+    """One of memrl's own retriever classes (fixed names, never from a config)."""
     try:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:

@@ -383,6 +383,9 @@ class Trainer:
             if vals:
                 metrics[f"rollout/{name}"] = statistics.fmean(vals)
         metrics.update({f"format/{k}": v for k, v in format_counts([t.metrics for t in trajs]).items()})
+        for name in sorted({k for t in trajs for k in t.metrics if k.startswith("judge_")}):
+            # MemAct's LLM judge: trajectories per verdict / failure kind / exclusion in this step
+            metrics[f"judge/{name[len('judge_'):]}"] = sum(float(t.metrics.get(name, 0.0)) for t in trajs)
         mem = [t.metrics.get("memory_tokens_mean", 0.0) for t in trajs]
         if mem:
             metrics["rollout/memory_tokens_mean"] = statistics.fmean(mem)

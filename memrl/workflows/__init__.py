@@ -63,6 +63,10 @@ def parse_workflow(
     fields = {f.name for f in dataclasses.fields(spec.config_cls)}
     if "options" in values and "options" not in fields:
         raise ConfigError(f"{where}.options.<field> is now spelled {where}.<field> (e.g. {where}.chunk_tokens=...)")
+    renamed = getattr(spec.config_cls, "RENAMED", {})  # old spellings of moved fields: say the new one
+    for k in values:
+        if k in renamed and k not in fields:
+            raise ConfigError(f"{where}.{k} is now spelled {where}.{renamed[k]}")
     for k, v in (defaults or {}).items():
         if k in fields:
             values.setdefault(k, v)

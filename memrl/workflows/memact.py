@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from memrl.engines.base import Engine, SamplingParams
+from memrl.rewards.judge import ERROR_KINDS, JudgeSettings
 from memrl.tools import calls as tc
 from memrl.tools import context as ctx
 from memrl.tools import search as ts
@@ -49,6 +50,9 @@ class MemActConfig:
     DCPO/scripts/run_dcpo_7B.sh) is the memact_official preset, which also sets the rollout-rule switches
     at the end to their published values."""
 
+    RENAMED: ClassVar[dict[str, str]] = {"judge_url": "judge.url", "judge_model": "judge.model",
+                                         "judge_timeout_s": "judge.timeout_s"}
+
     max_assistant_turns: int = 40
     """Assistant turns per trajectory."""
     max_turn_tokens: int = 2048
@@ -66,22 +70,25 @@ class MemActConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    # ---- retriever and judge wiring (h/mjudge): docs/memact_services.md ----------------------------
     retriever_kind: str = "bm25"
-    """bm25 or keyword over retriever_corpus, module:callable(corpus), or a name given to register_retriever."""
+    """bm25 or keyword over retriever_corpus, a name given to register_retriever, or module:attr of a
+    class / function marked @memrl.tools.search.retriever_factory (called with the corpus path); any other
+    import path is refused before anything is called."""
     retriever_corpus: str | None = None
     """Corpus JSONL ({id, title, text} rows) for an in-process retriever."""
     retriever_url: str | None = None
-    """Base URL of `memrl serve retrieval` (wins over the corpus)."""
+    """Base URL of a retrieval service (wins over the corpus): `memrl serve retrieval`, or one answering in
+    the public MemAct reply shape (documents without id or score; memrl.services.client)."""
     retriever_scope: str = "corpus"
     """"corpus": one retriever (retriever_url / retriever_corpus / a registered one) for every task; "task":
     BM25 over the task's own documents, `task.meta["documents"]` (texts or {id, title, text} rows), e.g. a
     HotpotQA question's ten paragraphs or the CPU demo's per-task fact sheet."""
-    judge_url: str | None = None
-    """OpenAI-compatible server of an LLM judge (e.g. http://127.0.0.1:8001/v1); the outcome reward is then
-    the judge's verdict over the text after FINAL_ANSWER: (1.0 only when CORRECT). None = the rule reward."""
-    judge_model: str = ""
-    """The judge's served model name."""
-    judge_timeout_s: float = 30.0
+    judge: JudgeSettings = field(default_factory=JudgeSettings)
+    """LLM judge (`workflow.judge.<field>`, memrl.rewards.judge.JudgeSettings): with `judge.url` set, the
+    outcome reward is the judge's verdict over the text after FINAL_ANSWER: (1.0 only when CORRECT);
+    unset = the rule reward."""
+    # ---- end of the retriever and judge block ---------------------------------------------------------
     system_template_file: str | None = None
     """File overriding the system prompt (no placeholders)."""
     system_noprune_template_file: str | None = None
@@ -138,6 +145,8 @@ class MemActConfig:
                              f"{self.unknown_tool_calls!r}")
         if self.prune_id_match not in ("exact", "substring"):
             raise ValueError(f"MemActConfig.prune_id_match must be exact or substring, got {self.prune_id_match!r}")
+        if ":" in self.retriever_kind and not self.retriever_url and self.retriever_scope == "corpus":
+            ts.resolve_factory(self.retriever_kind)  # an import path is checked now, before anything runs
 
     def templates(self, prune: bool) -> tuple[Template, Template]:
         if prune:
@@ -374,39 +383,48 @@ class _Run:
 
 
 async def run(task: Task, engine: Engine, cfg: MemActConfig, rng: random.Random) -> Trajectory:
-    """One MemAct trajectory for `task` (module docstring); with `judge_url`, judged before it returns."""
+    """One MemAct trajectory for `task` (module docstring); with `judge.url`, judged before it returns."""
     traj = await _Run(task, engine, cfg, rng).run()
-    if cfg.judge_url:
+    if cfg.judge.url:
         await judge_trajectory(task, traj, cfg)
     return traj
 
 
-_JUDGES: dict[tuple[str, str, float, int], Any] = {}
+_JUDGES: dict[tuple[Any, ...], Any] = {}
 
 
 async def judge_trajectory(task: Task, traj: Trajectory, cfg: MemActConfig) -> None:
     """The judge's verdict on the final answer into traj.info["judge"]; a failed call scores 0 and is
-    counted as traj.metrics["judge_error"] (memrl.rewards.judge never raises)."""
+    counted as traj.metrics["judge_error"] and ["judge_error_<kind>"] (memrl.rewards.judge never raises);
+    with judge.on_failure=exclude it also marks traj.info["exclude_from_group"] (metrics: judge_excluded)."""
     import asyncio
+    import dataclasses
     import json
 
-    from memrl.rewards.judge import JudgeClient, JudgeConfig
+    from memrl.rewards.judge import JudgeClient
 
+    j = cfg.judge
     # An httpx client is bound to the event loop that first used it: one client per loop.
-    key = (str(cfg.judge_url), cfg.judge_model, cfg.judge_timeout_s, id(asyncio.get_running_loop()))
+    key = (tuple(sorted(dataclasses.asdict(j).items())), id(asyncio.get_running_loop()))
     if key not in _JUDGES:
-        _JUDGES[key] = JudgeClient(JudgeConfig(base_url=str(cfg.judge_url), model=cfg.judge_model,
-                                               timeout_s=cfg.judge_timeout_s))
+        _JUDGES[key] = JudgeClient(j.client_config())
     multi = len(task.meta.get("sub_questions", [])) > 1
     gold = [json.dumps(task.answers, ensure_ascii=False)] if multi else list(task.answers)
     res = await _JUDGES[key].judge(task.question, gold, traj.final_answer)
     traj.info["judge"] = {"score": res.score, "verdict": res.verdict, "error": res.error}
     traj.metrics["judge_error"] = float(res.error is not None)
+    traj.metrics.update({f"judge_error_{k}": float(res.error == k) for k in ERROR_KINDS})
+    traj.metrics["judge_correct"] = float(res.verdict == "correct")
+    excluded = res.error is not None and j.on_failure == "exclude"
+    traj.metrics["judge_excluded"] = float(excluded)
+    if excluded:
+        traj.info["exclude_from_group"] = True
 
 
 def reward(task: Task, traj: Trajectory) -> float:
-    """Outcome reward: the judge's score when the trajectory was judged (`judge_url`), else 1.0 only
-    when every sub-question is answered right (memrl.rewards.multiq; its metrics are written either way)."""
+    """Outcome reward: the judge's score when the trajectory was judged (`judge.url`; a failed judgement
+    scores 0), else 1.0 only when every sub-question is answered right (memrl.rewards.multiq; its metrics
+    are written either way)."""
     from memrl.rewards.multiq import multiq_reward
 
     rule = multiq_reward(task, traj)

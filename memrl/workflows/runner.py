@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from memrl.engines.base import Engine
-from memrl.errors import fault_point
+from memrl.errors import UserError, fault_point
 from memrl.types import Group, Task, Trajectory
 from memrl.workflows import WorkflowSpec
 
@@ -68,6 +68,8 @@ async def rollout(
         async with sem:
             try:
                 traj = await spec.run(task, engine, cfg, trajectory_rng(seed, task.task_id, k))
+            except UserError:  # a config / data mistake (e.g. MemAct's retriever): one line, named already
+                raise
             except Exception as e:  # noqa: BLE001 - re-raised with the task named
                 raise RolloutError(f"workflow {spec.name} failed on task {task.task_id} sample {k}: {e}") from e
         traj.set_id(f"{task.task_id}#{k}")

@@ -7,7 +7,7 @@ import pytest
 from memrl.rewards.multiq import parse_prediction, score
 from memrl.tools import context as ctx
 from memrl.tools.calls import ToolCall, parse_tool_calls, render_system, sanitize
-from memrl.tools.search import SEARCH_SCHEMA, truncate_middle
+from memrl.tools.search import SEARCH_SCHEMA, retriever_factory, truncate_middle
 from memrl.types import Task
 
 OK = ToolCall("search", {"query": "a"})
@@ -140,21 +140,63 @@ def test_multiq_single_question_and_partial_f1():
 def test_building_the_retriever(tmp_path):
     import asyncio
 
+    from memrl.config import ConfigError
+    from memrl.data.io import DataError
     from memrl.tools.search import build_retriever
 
-    with pytest.raises(ValueError, match="memact needs a retriever: set retriever_url, retriever_corpus"):
-        build_retriever("nope", None, None)
+    with pytest.raises(ConfigError, match="memact needs a retriever: set workflow.retriever_url, workflow.retriever_corpus"):
+        build_retriever("bm25", None, None)
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"id": "a", "title": "T", "text": "alpha beta"}\n{"id": "b", "text": "beta"}\n')
     r = build_retriever("keyword", str(corpus), None)
     assert build_retriever("keyword", str(corpus), None) is r  # built once per source
     hits = asyncio.run(r.retrieve(["alpha beta", "gamma"], 5))
     assert [[(h.document.id, h.score) for h in hs] for hs in hits] == [[("a", 2.0), ("b", 1.0)], []]
-    with pytest.raises(ValueError, match="unknown retriever_kind 'bad'"):
+    with pytest.raises(ConfigError, match="workflow.retriever_kind='bad' is unknown"):
         build_retriever("bad", str(corpus), None)
     (tmp_path / "bad.jsonl").write_text('{"id": "a"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl: line 1 is not a corpus row with id and text"):
+    with pytest.raises(DataError, match=r"bad.jsonl: line 1 is not a corpus row with id and text"):
         build_retriever("keyword", str(tmp_path / "bad.jsonl"), None)
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(DataError, match=r"retriever_corpus=.*empty.jsonl: .*the corpus is empty"):
+        build_retriever("keyword", str(tmp_path / "empty.jsonl"), None)
+
+
+@retriever_factory
+def marked_factory(corpus: str):
+    """A factory a config may name (tests.unit.test_memact_tools:marked_factory)."""
+    from memrl.testing import KeywordRetriever
+
+    return KeywordRetriever.from_jsonl(corpus)
+
+
+def unmarked_factory(corpus: str):  # pragma: no cover - must never be called
+    raise AssertionError("an unmarked callable was called")
+
+
+def test_import_paths_resolve_only_to_marked_retriever_factories(tmp_path):
+    """module:attr names only @retriever_factory objects (by identity); anything else is refused before
+    it is called: os:system with a shell command creates no file."""
+    from memrl.config import ConfigError
+    from memrl.tools.search import build_retriever, resolve_factory
+    from memrl.workflows import parse_workflow
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "title": "T", "text": "alpha"}\n')
+    assert resolve_factory(f"{__name__}:marked_factory") is marked_factory
+    r = build_retriever(f"{__name__}:marked_factory", str(corpus), None)
+    assert [d.id for d in r.documents] == ["a"]
+    marker = tmp_path / "pwned"
+    for kind, msg in [("os:system", "is not a retriever factory"), ("builtins:exec", "is not a retriever factory"),
+                      (f"{__name__}:unmarked_factory", "is not a retriever factory"),
+                      ("os:nope", "module 'os' has no attribute 'nope'"),
+                      ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
+                      ("os:system; touch x", "expected bm25, keyword")]:
+        with pytest.raises(ConfigError, match=msg):
+            build_retriever(kind, f"touch {marker}", None)
+        with pytest.raises(ConfigError, match=msg):  # refused when the config is parsed, too
+            parse_workflow({"name": "memact", "retriever_kind": kind, "retriever_corpus": f"touch {marker}"})
+    assert not marker.exists()
 
 
 def test_task_layout_files_round_trip_and_bad_rows_are_named(tmp_path):
