@@ -154,7 +154,7 @@ def _keyed_answers(obj: dict[str, Any], where: str) -> tuple[list[str], list[str
     if not obj or not all(nums):
         raise DataError(f"{where}: every key of the ground-truth object must number a sub-question (Q1, Q2, ...), "
                         f"got {list(obj)}")
-    order = sorted(zip([int(n.group()) for n in nums], obj), key=lambda x: x[0])  # type: ignore[union-attr]
+    order = sorted(zip([int(n.group()) for n in nums], obj, strict=True), key=lambda x: x[0])  # type: ignore[union-attr]
     if [n for n, _ in order] != list(range(1, len(order) + 1)):
         raise DataError(f"{where}: the ground-truth keys must number the sub-questions 1..{len(order)}, "
                         f"got {list(obj)}")
