@@ -107,10 +107,17 @@ class MemActConfig:
     published loop drops its pruning instructions there); absent from the message = kept whole."""
     row_noprune_user_cut: str = "</developer_message>\n\n"
     """...and the user message keeps only what follows this text (absent = kept whole)."""
+    tool_schemas_file: str | None = None
+    """JSON or YAML file of the tool schemas the prompt shows, instead of memrl's: a list of OpenAI-style
+    schemas, or the published tool config (`tools: [{tool_schema: ...}, ...]`, DCPO/config/*.yaml). It must
+    name `search` and `prune_context`; the prompt lists them in the file's order (prune_context left out
+    when withheld)."""
 
     def __post_init__(self) -> None:
         if self.prompt_source not in ("auto", "row", "template"):
             raise ValueError(f"MemActConfig.prompt_source must be auto, row or template, got {self.prompt_source!r}")
+        if self.tool_schemas_file is not None:
+            load_tool_schemas(self.tool_schemas_file)  # a bad file fails here, by name
         for name in ("max_assistant_turns", "max_turn_tokens", "max_context_tokens", "max_parallel_calls"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MemActConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -156,7 +163,45 @@ def final_answer_text(text: str, require_final_answer: bool = False) -> str:
     return text[i + len(FINAL_MARKER):].strip() if i >= 0 else ""
 
 
-# ---- the row's prompt messages (prompt_source) ----
+# ---- the row's prompt messages (prompt_source) and the tool schemas it shows ----
+
+_TOOL_FILES: dict[str, list[dict[str, Any]]] = {}
+
+
+def load_tool_schemas(path: str) -> list[dict[str, Any]]:
+    """The schemas of a tool_schemas_file (MemActConfig), read once per path; ValueError naming the file."""
+    if path in _TOOL_FILES:
+        return _TOOL_FILES[path]
+    import json
+
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        raise ValueError(f"workflow.tool_schemas_file {path}: cannot read it ({e})") from e
+    if isinstance(data, dict) and isinstance(data.get("tools"), list):  # the published tool config
+        data = [t.get("tool_schema") if isinstance(t, dict) else None for t in data["tools"]]
+    if (not isinstance(data, list) or not all(isinstance(t, dict) and isinstance(t.get("function"), dict)
+                                              and isinstance(t["function"].get("name"), str) for t in data)):
+        raise ValueError(f"workflow.tool_schemas_file {path}: expected a list of tool schemas "
+                         "({type: function, function: {name, ...}}) or a tool config with tools[].tool_schema")
+    names = [t["function"]["name"] for t in data]
+    missing = [n for n in (ts.SEARCH, ts.PRUNE) if n not in names]
+    if missing:
+        raise ValueError(f"workflow.tool_schemas_file {path}: no schema for {', '.join(missing)} (has {names})")
+    _TOOL_FILES[path] = data
+    return data
+
+
+def tool_schemas(cfg: MemActConfig, prune_on: bool) -> list[dict[str, Any]]:
+    """The tool schemas the first prompt shows: memrl's, or `cfg.tool_schemas_file`'s in its order."""
+    if cfg.tool_schemas_file is None:
+        return [ts.SEARCH_SCHEMA] + ([ts.PRUNE_SCHEMA] if prune_on else [])
+    return [t for t in load_tool_schemas(cfg.tool_schemas_file) if prune_on or t["function"]["name"] != ts.PRUNE]
+
 
 
 def row_prompt(task: Task, cfg: MemActConfig) -> list[dict[str, str]] | None:
@@ -227,7 +272,7 @@ class _Run:
         self.tok = engine.tokenizer
         self.fmt = ctx.ChatFormat.from_tokenizer(self.tok)
         self.prune_on = cfg.prune_tool and not (cfg.no_prune_prob > 0 and rng.random() < cfg.no_prune_prob)
-        self.tools = [ts.SEARCH_SCHEMA] + ([ts.PRUNE_SCHEMA] if self.prune_on else [])
+        self.tools = tool_schemas(cfg, self.prune_on)
         self.counts = dict.fromkeys(COUNTERS, 0)
         self.messages: list[ctx.Message] = []
         self.segments: list[Segment] = []

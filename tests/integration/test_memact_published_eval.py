@@ -4,7 +4,7 @@ files: prompt [system, user], a Q-keyed JSON or plain-text ground truth, no sub-
 A real OpenAI-compatible server on 127.0.0.1 (memrl.testing.CompletionServer) serves a scripted engine and
 records every prompt it receives: the first prompt of each task must be exactly the tokenizer's chat
 template applied to the row's messages with the workflow's tools and the generation prompt, as the
-published agent loop builds it (mem_agent_loop.py: apply_chat_template(messages, tools=..., 
+published agent loop builds it (mem_agent_loop.py: apply_chat_template(messages, tools=...,
 add_generation_prompt=True, tokenize=True)). The tokenizer's template takes `tools=` (Qwen2.5-style,
 memrl.testing_chat), so nothing of memrl's own templates may appear.
 """

@@ -273,3 +273,30 @@ def test_no_marker_skips_the_judge():
     from memrl.workflows.memact import reward
 
     assert reward(ROW_TASK, traj) == 0.0
+
+
+def test_tool_schemas_file_in_the_published_config_shape(tmp_path):
+    # the shape of the published DCPO/config/mem_search_tool_config_single.yaml, our own descriptions
+    cfg = tmp_path / "tools.yaml"
+    cfg.write_text(
+        "tools:\n"
+        "  - class_name: some.SearchTool\n    config: {type: native}\n    tool_schema:\n"
+        "      type: function\n      function:\n        name: search\n        description: Look it up.\n"
+        "        parameters: {type: object, properties: {query: {type: string}}, required: [query]}\n"
+        "  - class_name: some.PruneTool\n    config: {type: native}\n    tool_schema:\n"
+        "      type: function\n      function:\n        name: prune_context\n        description: Forget.\n"
+        "        parameters: {type: object, properties: {memory: {type: string}}, required: [memory]}\n")
+    search = {"type": "function", "function": {"name": "search", "description": "Look it up.", "parameters": {
+        "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
+    prune = {"type": "function", "function": {"name": "prune_context", "description": "Forget.", "parameters": {
+        "type": "object", "properties": {"memory": {"type": "string"}}, "required": ["memory"]}}}
+    _, engine = run_one(ROW_TASK, tool_schemas_file=str(cfg))
+    user = USER.format(q=Q_SINGLE)
+    assert engine.calls[0].prompt_ids == TOK.encode(
+        f"<system>{SYSTEM}{tools_fallback_text([search, prune])}</system><user>{user}</user><assistant>")
+    _, engine = run_one(ROW_TASK, tool_schemas_file=str(cfg), prune_tool=False)
+    assert tools_fallback_text([search]) in engine.calls[0].prompt_text and "Forget." not in engine.calls[0].prompt_text
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([search]))
+    with pytest.raises(ValueError, match=r"tool_schemas_file .*bad.json: no schema for prune_context"):
+        MemActConfig(tool_schemas_file=str(bad))
