@@ -2,11 +2,14 @@
 
   memrl train-sft --preset sft_demo_cpu model.path=runs/demo/init out_dir=runs/sft
   memrl train-sft model.path=... workflow.chunk_tokens=16 demonstrator.skip_prob=0.1 sft.epochs=2
+  memrl train-sft model.path=... data.name=file data.path=cold_start.parquet [conversations.max_length=18000]
 
 Demonstrations come from running the workflow with a scripted demonstrator engine; the built-in one is
 `memrl.demonstrators.MixtureRule` over synthetic tasks: per memory step the optimal QuestionAwareRule with
 probability demonstrator.p_aware, else the question-blind RecentFactsRule (keep the newest facts).
-The result is a HuggingFace directory in out_dir.
+With `data.name=file`, `data.path` is a conversation file instead (rows of `messages` + `tools`, MemAct's
+cold-start layout; detected from its first row): each chat is one row, masked by MemAct's prune rule
+(memrl.data.conversations). The result is a HuggingFace directory in out_dir.
 """
 
 from __future__ import annotations
@@ -34,6 +37,25 @@ class DemonstratorSection:
 
 
 @dataclass
+class ConversationSection:
+    """data.name=file with a conversation file: how its chats become rows (memrl.data.conversations)."""
+
+    max_length: int = 0
+    """Tokens per chat; a longer one is truncated by `truncation`. 0 = no limit (memrl); MemAct's cold-start
+    scripts use 18000 with left truncation."""
+    truncation: str = "left"
+    """left (keep the end, MemAct's scripts), right (keep the start) or error (refuse the file)."""
+    skip_bad: bool = False
+    """Skip (and count) malformed rows instead of failing."""
+
+    def __post_init__(self) -> None:
+        if self.max_length < 0:
+            raise ValueError(f"conversations.max_length must be >= 0, got {self.max_length}")
+        if self.truncation not in ("left", "right", "error"):
+            raise ValueError(f"conversations.truncation must be left, right or error, got {self.truncation!r}")
+
+
+@dataclass
 class SFTRunConfig:
     """Everything `memrl train-sft` needs."""
 
@@ -42,6 +64,7 @@ class SFTRunConfig:
     """The workflow (`name`) and its config fields (workflow.chunk_tokens=16), as in `memrl train`."""
     data: DataSection = field(default_factory=DataSection)
     demonstrator: DemonstratorSection = field(default_factory=DemonstratorSection)
+    conversations: ConversationSection = field(default_factory=ConversationSection)
     sft: SFTConfig = field(default_factory=SFTConfig)
     out_dir: str = "runs/sft"
 
@@ -66,8 +89,11 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(SFTRunConfig, args.overrides, preset=args.preset)
     model_dir(cfg.model.path, "model.path")
+    if cfg.data.name == "file":
+        return _run_conversations(cfg)
     if cfg.data.name != "synthetic":
-        raise ConfigError("data.name: train-sft's built-in demonstrator needs synthetic tasks")
+        raise ConfigError(f"data.name: train-sft takes synthetic (the built-in demonstrator) or file (a "
+                          f"conversation file), got {cfg.data.name!r}")
     spec, wf = parse_workflow(cfg.workflow, defaults=WORKFLOW_DEFAULTS)
     out = check_writable(cfg.out_dir)
     (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
@@ -83,4 +109,35 @@ def run(args: argparse.Namespace) -> int:
     segments = [s for g in groups for s in g.segments()]
     losses = sft_train_logged(model, tok, segments, cfg.sft, out, save_dir=out)
     print(f"SFT on {len(segments)} rows: loss {losses[0]:.3f} -> {losses[-1]:.3f}; model in {out}")
+    return 0
+
+
+def _run_conversations(cfg: SFTRunConfig) -> int:
+    """SFT on a conversation file's chats (memrl.data.conversations)."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memrl.config import ConfigError, to_yaml
+    from memrl.data.conversations import conversation_segments, is_conversation_file, load_conversations
+    from memrl.training.sft import sft_train_logged
+    from memrl.training.trainer import check_writable
+
+    path = cfg.data.path
+    if not path or not Path(path).is_file():
+        raise ConfigError(f"data.path: {path!r} is not a file (train-sft with data.name=file reads a conversation file)")
+    if not is_conversation_file(path):
+        raise ConfigError(f"data.path: {path} is not a conversation file: its first row has no 'messages' list "
+                          "(train-sft reads rows of messages + tools)")
+    convs, skipped = load_conversations(path, skip_bad=cfg.conversations.skip_bad)
+    out = check_writable(cfg.out_dir)
+    (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
+    tok = AutoTokenizer.from_pretrained(cfg.model.path)
+    segments = conversation_segments(tok, convs, cfg.conversations.max_length, cfg.conversations.truncation)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.path).to(cfg.model.device)
+    losses = sft_train_logged(model, tok, segments, cfg.sft, out, save_dir=out)
+    note = f" ({skipped} malformed rows skipped)" if skipped else ""
+    trained = sum(s.num_trained_tokens for s in segments)
+    print(f"SFT on {len(segments)} chats{note}, {trained} trained tokens: loss {losses[0]:.3f} -> "
+          f"{losses[-1]:.3f}; model in {out}")
     return 0

@@ -1,13 +1,26 @@
-"""MemAct's multi-objective QA tasks: 2-3 HotpotQA / 2Wiki questions asked together, and their parquet layout.
+"""MemAct's multi-objective QA tasks: 2-3 HotpotQA / 2Wiki questions asked together, and the published file layout.
 
 Task layout (shared with the memact workflow and the multi-question reward): `question` lists the
-sub-questions numbered 1..k, `context` is empty (the agent searches), `answers` holds each sub-question's
-primary answer in order, `meta` = {sub_questions, sub_answers (aliases per sub-question), source,
-source_ids, index}.
+sub-questions, `context` is empty (the agent searches), `answers` holds each sub-question's primary
+answer in order, `meta` = {sub_questions, sub_answers (aliases per sub-question), source, source_ids, index}
+plus, for a task read from a file, `prompt` (the row's chat messages, which drive the agent under
+`workflow.prompt_source=auto|row`), `ground_truth` (the row's ground-truth text verbatim: the LLM judge's
+gold) and `answer_keys` (["Q1", "Q2", ...] for a Q-keyed ground truth).
 
-Parquet row (MemAct's layout): `data_source`, `prompt` [system, user], `ability`, `agent_name`,
-`reward_model` {style, ground_truth: JSON text of the answer list}, `extra_info` {index, id, question,
-ground_truth, sub_questions, sub_answers, source, source_ids}. A reader also accepts ground_truth as a list.
+Row layout: the one MemAct publishes (its DCPO/data/*.parquet files; field names and value shapes read
+from them, no text copied):
+  data_source, prompt [system, user], ability, agent_name,
+  reward_model {ground_truth},
+  extra_info {ground_truth, question, need_tools_kwargs, tools_kwargs}.
+The ground truth is text: a JSON object keyed by sub-question, `{"Q1": "...", "Q2": "..."}` (multi-question
+rows), or the plain answer (single-question rows, e.g. `wiki_val_512`; "1875" is a plain answer, not JSON).
+Published rows carry no sub-question list: the sub-questions are split from `extra_info.question`, which
+enumerates them one per line as `Q<n>: <text>` (memrl's own `<n>. <text>` lines are read the same way).
+memrl writes the same fields and adds `extra_info.sub_questions`, `sub_answers`, `source`, `source_ids`,
+`index` and `id` (ignored by the published code, which reads only `question` and `ground_truth`), so files
+round-trip both ways: a published file read and written again gives its rows back, and memrl's rows are
+read back to the same tasks. Older memrl files (ground truth a JSON list, sub_questions in extra_info)
+still load.
 """
 
 from __future__ import annotations
@@ -15,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -22,14 +36,15 @@ from memrl.data.io import DataError, ReadStats, parse_records, require, write_re
 from memrl.types import Task
 
 DATA_SOURCE = "memact_multiobjective"
-AGENT_NAME = "memact"
+AGENT_NAME = "mem_agent"
+"""The published agent loop is picked by this name (verl's `agent_name` field): a file memrl writes runs there."""
 ABILITY = "multi_objective_qa"
-SYSTEM_PROMPT = (
-    "You answer several questions by searching a document collection. Use the tools to search, keep "
-    "your working context short, and end with FINAL_ANSWER: followed by a JSON object mapping each "
-    "question number to its answer."
-)
 _META = ("sub_questions", "sub_answers", "source", "source_ids", "index")
+# extra_info keys memrl models; any other key of a read row is kept verbatim (meta["row_extra"])
+_EXTRA_KEYS = ("ground_truth", "question", "id", *_META)
+_PUBLISHED_QUESTION = re.compile(r"^Q(\d+):[ \t]*(\S.*?)\s*$", re.MULTILINE)
+_NUMBERED_QUESTION = re.compile(r"^(\d+)\.[ \t]+(\S.*?)\s*$", re.MULTILINE)
+_KEY_NUMBER = re.compile(r"\d+")
 
 
 def combined_question(sub_questions: Sequence[str]) -> str:
@@ -37,6 +52,16 @@ def combined_question(sub_questions: Sequence[str]) -> str:
     lines = [f"Answer the following {len(sub_questions)} questions."]
     lines += [f"{i}. {q.strip()}" for i, q in enumerate(sub_questions, start=1)]
     return "\n".join(lines)
+
+
+def split_sub_questions(question: str) -> list[str]:
+    """The sub-questions a question text enumerates: lines `Q<n>: text` (the published files) or, when there
+    are none, `<n>. text` (memrl's combined_question), numbered 1..k in order; [] when it enumerates none."""
+    for pattern in (_PUBLISHED_QUESTION, _NUMBERED_QUESTION):
+        found = pattern.findall(question)
+        if found and [int(n) for n, _ in found] == list(range(1, len(found) + 1)):
+            return [text for _, text in found]
+    return []
 
 
 def build_multiobjective(
@@ -81,26 +106,127 @@ def build_multiobjective(
     return tasks
 
 
-def to_row(task: Task, system_prompt: str = SYSTEM_PROMPT) -> dict[str, Any]:
-    """A multi-objective Task as a MemAct parquet row."""
+# ---------------------------------------------------------------------------------------------- ground truth
+
+
+def ground_truth_text(task: Task) -> str:
+    """The row's ground truth: the text read from the file when it still says what `task.answers` says,
+    else a JSON object keyed Q1..Qk (k > 1; `json.dumps` defaults, as the published files are written) or
+    the plain answer (k = 1)."""
+    raw = task.meta.get("ground_truth")
+    if isinstance(raw, str):
+        try:
+            answers, _ = parse_ground_truth(raw, "ground_truth")
+        except DataError:
+            answers = None
+        if answers == list(task.answers):
+            return raw
+    keys = task.meta.get("answer_keys") or [f"Q{i}" for i in range(1, len(task.answers) + 1)]
+    if len(task.answers) == 1 and not task.meta.get("answer_keys"):
+        return str(task.answers[0])
+    return json.dumps(dict(zip(keys, task.answers, strict=True)))
+
+
+def parse_ground_truth(val: Any, where: str) -> tuple[list[str], list[str] | None]:
+    """(primary answer per sub-question, the Q keys or None) of a ground truth: a JSON object keyed by
+    sub-question (text or already an object), a JSON list (memrl's older files) or plain text (one answer)."""
+    if isinstance(val, str):
+        try:
+            parsed = json.loads(val)
+        except json.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict | list):
+            val = parsed
+        elif val.strip():
+            return [val], None  # plain text (also "1875", which JSON would read as a number)
+        else:
+            raise DataError(f"{where}: the ground truth is empty")
+    if isinstance(val, dict):
+        return _keyed_answers(val, where)
+    if isinstance(val, list) and val and all(isinstance(a, str) for a in val):
+        return list(val), None
+    raise DataError(f"{where}: expected a JSON object keyed by sub-question ({{\"Q1\": ...}}), a list of "
+                    f"answers or plain text, got {val!r:.80}")
+
+
+def _keyed_answers(obj: dict[str, Any], where: str) -> tuple[list[str], list[str]]:
+    nums = [_KEY_NUMBER.search(str(k)) for k in obj]
+    if not obj or not all(nums):
+        raise DataError(f"{where}: every key of the ground-truth object must number a sub-question (Q1, Q2, ...), "
+                        f"got {list(obj)}")
+    order = sorted(zip([int(n.group()) for n in nums], obj, strict=True), key=lambda x: x[0])  # type: ignore[union-attr]
+    if [n for n, _ in order] != list(range(1, len(order) + 1)):
+        raise DataError(f"{where}: the ground-truth keys must number the sub-questions 1..{len(order)}, "
+                        f"got {list(obj)}")
+    answers = []
+    for _, key in order:
+        v = obj[key]
+        if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
+            v = v[0]
+        if isinstance(v, bool) or not isinstance(v, str | int | float) or not str(v).strip():
+            raise DataError(f"{where}: the answer under {key!r} must be non-empty text, got {v!r:.60}")
+        answers.append(str(v))
+    return answers, [str(k) for _, k in order]
+
+
+# ---------------------------------------------------------------------------------------------- rows
+
+
+def default_prompt(task: Task) -> list[dict[str, str]]:
+    """The prompt messages memrl writes for a task without its own: the memact workflow's default system
+    prompt and user prompt (`workflow.prompt_source=auto` then builds the same first prompt as `template`)."""
+    from memrl.workflows.memact import MemActConfig, answer_format
+
+    system, user = MemActConfig().templates(True)
+    return [{"role": "system", "content": system.render()},
+            {"role": "user", "content": user.render(question=task.question, answer_format=answer_format(task))}]
+
+
+def to_row(task: Task, agent_name: str = AGENT_NAME) -> dict[str, Any]:
+    """A multi-objective Task as a row in the published layout (module docstring), plus memrl's extra keys."""
     m = task.meta
-    gt = json.dumps(list(task.answers), ensure_ascii=False)
+    gt = ground_truth_text(task)
+    kept = m.get("row_extra") or {}
+    extra: dict[str, Any] = {"ground_truth": gt, "question": task.question,
+                             "need_tools_kwargs": True, "tools_kwargs": {"search": {"create_kwargs": {"ground_truth": ""}}}}
+    extra.update(kept.get("extra_info", {}))
+    extra.update(_memrl_extras(task))
+    prompt = m.get("prompt") or default_prompt(task)
     return {
         "data_source": m.get("data_source", DATA_SOURCE),
-        "prompt": [{"role": "system", "content": m.get("system_prompt", system_prompt)},
-                   {"role": "user", "content": task.question}],
+        "prompt": [{"content": p["content"], "role": p["role"]} for p in prompt],
         "ability": m.get("ability", ABILITY),
-        "agent_name": m.get("agent_name", AGENT_NAME),
-        "reward_model": {"style": "rule", "ground_truth": gt},
-        "extra_info": {"index": m.get("index"), "id": task.task_id, "question": task.question,
-                       "ground_truth": gt, "sub_questions": list(m["sub_questions"]),
-                       "sub_answers": [list(a) for a in m["sub_answers"]], "source": m.get("source", ""),
-                       "source_ids": list(m.get("source_ids", []))},
+        "agent_name": m.get("agent_name", agent_name),
+        "reward_model": {**kept.get("reward_model", {}), "ground_truth": gt},
+        "extra_info": extra,
     }
 
 
+def _memrl_extras(task: Task) -> dict[str, Any]:
+    """The extra_info keys memrl adds, only where the published fields do not already say it: so a published
+    row read and written again comes back as it was."""
+    m, out = task.meta, {}
+    subs = list(m.get("sub_questions") or [task.question.strip()])
+    if subs != (split_sub_questions(task.question) or [task.question.strip()]):
+        out["sub_questions"] = subs
+    aliases = [list(a) for a in (m.get("sub_answers") or [[a] for a in task.answers])]
+    if aliases != [[a] for a in task.answers]:
+        out["sub_answers"] = aliases
+    for key in ("source", "source_ids"):
+        if m.get(key):
+            out[key] = list(m[key]) if key == "source_ids" else m[key]
+    if m.get("index") is not None:
+        out["index"] = m["index"]
+    ds = m.get("data_source", DATA_SOURCE)
+    default_id = (task.task_id == f"{ds}-{m['index']}" if m.get("index") is not None
+                  else re.fullmatch(re.escape(ds) + r"-\d+", task.task_id) is not None)  # the id the reader makes
+    if not default_id:
+        out["id"] = task.task_id
+    return out
+
+
 def _str_list(val: Any, where: str, field: str) -> list[str]:
-    if isinstance(val, str):  # JSON text (MemAct writes ground_truth this way)
+    if isinstance(val, str):
         try:
             val = json.loads(val)
         except json.JSONDecodeError as e:
@@ -110,17 +236,36 @@ def _str_list(val: Any, where: str, field: str) -> list[str]:
     return list(val)
 
 
+def _messages(val: Any, where: str) -> list[dict[str, str]]:
+    if (not isinstance(val, list) or not val
+            or not all(isinstance(p, dict) and isinstance(p.get("content"), str) and isinstance(p.get("role"), str)
+                       for p in val)):
+        raise DataError(f"{where}: field 'prompt' must be a non-empty list of {{role, content}} messages")
+    return [{"role": p["role"], "content": p["content"]} for p in val]
+
+
 def parse_row(rec: Any, where: str) -> Task:
-    """One MemAct parquet row to a Task (the layout in the module docstring)."""
+    """One row (the published layout or memrl's, module docstring) to a Task."""
     data_source = require(rec, "data_source", str, where)
-    prompt = require(rec, "prompt", list, where)
-    if not prompt or not all(isinstance(p, dict) and isinstance(p.get("content"), str) for p in prompt):
-        raise DataError(f"{where}: field 'prompt' must be a list of {{role, content}} messages")
+    prompt = _messages(rec["prompt"], where) if rec.get("prompt") is not None else None
     rm = require(rec, "reward_model", dict, where)
-    answers = _str_list(rm.get("ground_truth"), where, "reward_model.ground_truth")
-    extra = require(rec, "extra_info", dict, where)
-    question = extra.get("question") if isinstance(extra.get("question"), str) else prompt[-1]["content"]
-    subs = _str_list(extra.get("sub_questions"), where, "extra_info.sub_questions")
+    extra = rec.get("extra_info") or {}
+    if not isinstance(extra, dict):
+        raise DataError(f"{where}: field 'extra_info' must be an object, got {type(extra).__name__}")
+    raw_gt = rm.get("ground_truth", extra.get("ground_truth"))
+    if raw_gt is None:
+        raise DataError(f"{where}: missing field 'reward_model.ground_truth'")
+    answers, keys = parse_ground_truth(raw_gt, f"{where}: field 'reward_model.ground_truth'")
+    question = extra.get("question")
+    if not isinstance(question, str) or not question.strip():
+        users = [p["content"] for p in prompt or [] if p["role"] == "user"]
+        if not users:
+            raise DataError(f"{where}: no question: neither 'extra_info.question' nor a user message in 'prompt'")
+        question = users[-1]
+    if extra.get("sub_questions") is not None:
+        subs = _str_list(extra["sub_questions"], where, "extra_info.sub_questions")
+    else:
+        subs = split_sub_questions(question) or [question.strip()]
     if len(subs) != len(answers):
         raise DataError(f"{where}: {len(subs)} sub_questions but {len(answers)} answers in reward_model.ground_truth")
     aliases = extra.get("sub_answers")
@@ -138,13 +283,20 @@ def parse_row(rec: Any, where: str) -> Task:
     ids = extra.get("source_ids") or []
     meta: dict[str, Any] = {"sub_questions": subs, "sub_answers": [list(a) for a in aliases],
                             "source": str(extra.get("source") or ""), "source_ids": [str(i) for i in ids],
-                            "index": extra.get("index")}
-    system = prompt[0]["content"] if prompt[0].get("role") == "system" else ""
-    for key, val, default in (("data_source", data_source, DATA_SOURCE), ("system_prompt", system, SYSTEM_PROMPT),
-                              ("ability", rec.get("ability"), ABILITY),
+                            "index": extra.get("index"), "ground_truth": raw_gt if isinstance(raw_gt, str)
+                            else json.dumps(raw_gt)}
+    if keys is not None:
+        meta["answer_keys"] = keys
+    if prompt is not None:
+        meta["prompt"] = prompt
+    for key, val, default in (("data_source", data_source, DATA_SOURCE), ("ability", rec.get("ability"), ABILITY),
                               ("agent_name", rec.get("agent_name"), AGENT_NAME)):
         if val != default:
             meta[key] = val
+    row_extra = {"reward_model": {k: v for k, v in rm.items() if k != "ground_truth"},
+                 "extra_info": {k: v for k, v in extra.items() if k not in _EXTRA_KEYS}}
+    if any(row_extra.values()):
+        meta["row_extra"] = {k: v for k, v in row_extra.items() if v}
     tid = str(extra.get("id") or f"{data_source}-{extra.get('index', where.rsplit(' ', 1)[-1])}")
     return Task(task_id=tid, question=question, context="", answers=answers, meta=meta)
 
@@ -157,12 +309,7 @@ def load_multiobjective(
     return parse_records(path, parse_row, skip_bad=skip_bad, limit=limit, stats=stats)
 
 
-def write_multiobjective(path: str | os.PathLike[str], tasks: Iterable[Task],
-                         system_prompt: str = SYSTEM_PROMPT) -> int:
-    """Write tasks as MemAct rows in the format the file name says; returns the count."""
+def write_multiobjective(path: str | os.PathLike[str], tasks: Iterable[Task], agent_name: str = AGENT_NAME) -> int:
+    """Write tasks as rows in the published layout, in the format the file name says; returns the count."""
     tasks = list(tasks)
-    for t in tasks:
-        missing = [k for k in ("sub_questions", "sub_answers") if k not in t.meta]
-        if missing:
-            raise DataError(f"task {t.task_id}: not a multi-objective task (meta lacks {', '.join(missing)})")
-    return write_records(path, [to_row(t, system_prompt) for t in tasks])
+    return write_records(path, [to_row(t, agent_name) for t in tasks])

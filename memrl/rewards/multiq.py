@@ -7,6 +7,12 @@ holds no JSON at all answers a single-question task as is, and no question of a 
 (`answer_unparsed`). Sub-question i is right when its answer exactly matches (after QA normalization,
 memrl.rewards.qa) one of its aliases; F1 is reported too.
 
+`require_final_answer=True` (`workflow.require_final_answer`) reads the reply as the published reward does
+(MemAct's verl/utils/reward_score/mem_agent.py, extract_solution_str): the text after the last
+"FINAL_ANSWER: " (colon and space), with "<|im_end|>" removed and stripped; a reply without that marker
+answers nothing and scores 0 (`no_final_marker`). memrl's default (False) reads the whole reply when it
+has no marker.
+
 Task layout: `answers` = the primary answer of each sub-question in order, `meta["sub_questions"]` and
 `meta["sub_answers"]` (a list of aliases per sub-question). Without meta, `answers` are the aliases of one
 question.
@@ -23,6 +29,8 @@ from memrl.rewards.qa import best_em, best_f1
 from memrl.types import Task, Trajectory
 
 MARKER = "FINAL_ANSWER:"
+PUBLISHED_MARKER = "FINAL_ANSWER: "
+"""The published reward's marker: with the space (a reply writing "FINAL_ANSWER:" + newline has none)."""
 _FENCE = re.compile(r"```[A-Za-z0-9_-]*\s*\n?(.*?)\n?\s*```", re.DOTALL)
 _NUM = re.compile(r"\d+")
 
@@ -54,13 +62,30 @@ def _as_text(v: Any) -> str | None:
     return json.dumps(v, ensure_ascii=False) if isinstance(v, dict) else str(v)
 
 
-def _ordered(obj: dict[str, Any]) -> list[Any]:
+def _ordered(obj: dict[str, Any], k: int) -> list[Any]:
+    """The values of a keyed answer by position. Keys numbering distinct sub-questions within 1..k ("1",
+    "Q2", "answer_3") put each value at its number (a missing one stays None: {"Q1", "Q3"} answers 1 and 3,
+    not 1 and 2); other numbered keys go in numeric order; keys without numbers in written order."""
     keys = list(obj)
-    nums = [_NUM.search(str(k)) for k in keys]
+    nums = [_NUM.search(str(key)) for key in keys]
     if all(nums):
-        return [obj[k] for _, k in sorted(zip([int(n.group()) for n in nums], keys, strict=True),  # type: ignore[union-attr]
-                                          key=lambda x: x[0])]
-    return [obj[k] for k in keys]
+        ns = [int(n.group()) for n in nums]  # type: ignore[union-attr]
+        if len(set(ns)) == len(ns) and all(1 <= n <= k for n in ns):
+            out: list[Any] = [None] * max(ns)
+            for n, key in zip(ns, keys, strict=True):
+                out[n - 1] = obj[key]
+            return out
+        return [obj[key] for _, key in sorted(zip(ns, keys, strict=True), key=lambda x: x[0])]
+    return [obj[key] for key in keys]
+
+
+def published_answer_text(text: str) -> str:
+    """What the published reward reads of a reply: the text after the last "FINAL_ANSWER: ", "<|im_end|>"
+    removed, stripped; "" when there is no such marker (mem_agent.py scores that 0 without judging)."""
+    i = text.rfind(PUBLISHED_MARKER)
+    if i < 0:
+        return ""
+    return text[i + len(PUBLISHED_MARKER):].replace("<|im_end|>", "").strip()
 
 
 def _json_value(text: str) -> tuple[Any, bool] | None:
@@ -85,10 +110,16 @@ def _json_value(text: str) -> tuple[Any, bool] | None:
     return None
 
 
-def parse_prediction(text: str, k: int) -> ParsedAnswer:
-    """k answers from the text after the last FINAL_ANSWER: (or the whole text when there is no marker)."""
-    i = text.rfind(MARKER)
-    body = text[i + len(MARKER):] if i >= 0 else text
+def parse_prediction(text: str, k: int, require_final_answer: bool = False) -> ParsedAnswer:
+    """k answers from the text after the last FINAL_ANSWER: (or the whole text when there is no marker);
+    with require_final_answer, from `published_answer_text` (no marker: nothing answered)."""
+    if require_final_answer:
+        if PUBLISHED_MARKER not in text:
+            return ParsedAnswer([None] * k, False, False)
+        body = published_answer_text(text)
+    else:
+        i = text.rfind(MARKER)
+        body = text[i + len(MARKER):] if i >= 0 else text
     got = _json_value(body)
     if got is None:
         plain = body.strip()
@@ -96,17 +127,17 @@ def parse_prediction(text: str, k: int) -> ParsedAnswer:
             return ParsedAnswer([plain.splitlines()[0].strip()], False, False)
         return ParsedAnswer([None] * k, False, True)
     value, cleaned = got
-    items = _ordered(value) if isinstance(value, dict) else list(value)
+    items = _ordered(value, k) if isinstance(value, dict) else list(value)
     if k == 1 and len(items) != 1:
         items = [value]  # a single question answered with a structure: score its text
     answers = [_as_text(items[j]) if j < len(items) else None for j in range(k)]
     return ParsedAnswer(answers, cleaned, False)
 
 
-def score(text: str, task: Task) -> dict[str, Any]:
+def score(text: str, task: Task, require_final_answer: bool = False) -> dict[str, Any]:
     """Per-sub-question EM / F1 and the all-correct reward for one prediction text."""
     golds = gold_aliases(task)
-    parsed = parse_prediction(text, len(golds))
+    parsed = parse_prediction(text, len(golds), require_final_answer)
     ems, f1s = [], []
     for pred, aliases in zip(parsed.answers, golds, strict=True):
         ems.append(best_em(pred, aliases) if pred is not None else 0.0)
@@ -125,13 +156,16 @@ def score(text: str, task: Task) -> dict[str, Any]:
             "multiq_f1_mean": sum(f1s) / k,
             "answer_parse_fallback": float(parsed.fallback),
             "answer_unparsed": float(parsed.unparsed),
+            "no_final_marker": float((PUBLISHED_MARKER if require_final_answer else MARKER) not in text),
         },
     }
 
 
 def multiq_reward(task: Task, traj: Trajectory) -> float:
-    """Score traj.info["answer_text"]; writes the metrics onto traj.metrics and the details to traj.info."""
-    s = score(traj.info.get("answer_text", traj.final_answer or ""), task)
+    """Score traj.info["answer_text"] (under traj.info["require_final_answer"], set by the workflow from
+    `workflow.require_final_answer`); writes the metrics onto traj.metrics and the details to traj.info."""
+    s = score(traj.info.get("answer_text", traj.final_answer or ""), task,
+              bool(traj.info.get("require_final_answer", False)))
     traj.metrics.update(s["metrics"])
     traj.info["multiq"] = {"answers": s["answers"], "em": s["em"], "f1": s["f1"]}
     return s["reward"]

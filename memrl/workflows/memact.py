@@ -38,6 +38,7 @@ from memrl.workflows.templates import Template, load_template
 log = logging.getLogger(__name__)
 
 FINAL_MARKER = "FINAL_ANSWER:"
+PUBLISHED_FINAL_MARKER = "FINAL_ANSWER: "
 COUNTERS = (
     "searches", "search_errors", "prunes", "failed_prunes", "malformed_calls", "unknown_tools",
     "bad_arguments", "dropped_calls", "sanitized_calls", "tool_truncations", "topk_clamped",
@@ -129,7 +130,31 @@ class MemActConfig:
     """True (published): a prune_context call runs even in a trajectory whose prune tool was withheld
     (no_prune_prob / prune_tool=false only hide it from the prompt); False answers it as an unknown tool."""
 
+    # ---- data: the row's prompt and the answer format (published layout; docs/differences/mdata.md) ----
+    prompt_source: str = "auto"
+    """Where the first prompt comes from: "row" = the task's own chat messages (`task.meta["prompt"]`, the
+    file row's `prompt`; the published agent loop renders them with the tools through the chat template),
+    "template" = memrl's templates above around `task.question`, "auto" = row when the task has messages."""
+    require_final_answer: bool = False
+    """True: the rule reward (and the judge's input) reads only the text after the last "FINAL_ANSWER: "
+    (with the space), "<|im_end|>" removed, and a reply without it scores 0, as the published reward does;
+    False (memrl): the text after the last "FINAL_ANSWER:", or the whole reply when it has none."""
+    row_noprune_system_cut: str = "# Most important:"
+    """prompt_source=row with prune_context withheld: the system message is cut before this text (the
+    published loop drops its pruning instructions there); absent from the message = kept whole."""
+    row_noprune_user_cut: str = "</developer_message>\n\n"
+    """...and the user message keeps only what follows this text (absent = kept whole)."""
+    tool_schemas_file: str | None = None
+    """JSON or YAML file of the tool schemas the prompt shows, instead of memrl's: a list of OpenAI-style
+    schemas, or the published tool config (`tools: [{tool_schema: ...}, ...]`, DCPO/config/*.yaml). It must
+    name `search` and `prune_context`; the prompt lists them in the file's order (prune_context left out
+    when withheld)."""
+
     def __post_init__(self) -> None:
+        if self.prompt_source not in ("auto", "row", "template"):
+            raise ValueError(f"MemActConfig.prompt_source must be auto, row or template, got {self.prompt_source!r}")
+        if self.tool_schemas_file is not None:
+            load_tool_schemas(self.tool_schemas_file)  # a bad file fails here, by name
         for name in ("max_assistant_turns", "max_turn_tokens", "max_context_tokens", "max_parallel_calls"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MemActConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -174,10 +199,98 @@ def answer_format(task: Task) -> str:
     return "End with one line: FINAL_ANSWER: <short answer>."
 
 
-def final_answer_text(text: str) -> str:
-    """The text after the last FINAL_ANSWER: marker ("" when there is none)."""
+def final_answer_text(text: str, require_final_answer: bool = False) -> str:
+    """The text after the last FINAL_ANSWER: marker ("" when there is none); with require_final_answer,
+    what the published reward reads (memrl.rewards.multiq.published_answer_text)."""
+    if require_final_answer:
+        from memrl.rewards.multiq import published_answer_text
+
+        return published_answer_text(text)
     i = text.rfind(FINAL_MARKER)
     return text[i + len(FINAL_MARKER):].strip() if i >= 0 else ""
+
+
+# ---- the row's prompt messages (prompt_source) and the tool schemas it shows ----
+
+_TOOL_FILES: dict[str, list[dict[str, Any]]] = {}
+
+
+def load_tool_schemas(path: str) -> list[dict[str, Any]]:
+    """The schemas of a tool_schemas_file (MemActConfig), read once per path; ValueError naming the file."""
+    if path in _TOOL_FILES:
+        return _TOOL_FILES[path]
+    import json
+
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        raise ValueError(f"workflow.tool_schemas_file {path}: cannot read it ({e})") from e
+    if isinstance(data, dict) and isinstance(data.get("tools"), list):  # the published tool config
+        data = [t.get("tool_schema") if isinstance(t, dict) else None for t in data["tools"]]
+    if (not isinstance(data, list) or not all(isinstance(t, dict) and isinstance(t.get("function"), dict)
+                                              and isinstance(t["function"].get("name"), str) for t in data)):
+        raise ValueError(f"workflow.tool_schemas_file {path}: expected a list of tool schemas "
+                         "({type: function, function: {name, ...}}) or a tool config with tools[].tool_schema")
+    names = [t["function"]["name"] for t in data]
+    missing = [n for n in (ts.SEARCH, ts.PRUNE) if n not in names]
+    if missing:
+        raise ValueError(f"workflow.tool_schemas_file {path}: no schema for {', '.join(missing)} (has {names})")
+    _TOOL_FILES[path] = data
+    return data
+
+
+def tool_schemas(cfg: MemActConfig, prune_on: bool) -> list[dict[str, Any]]:
+    """The tool schemas the first prompt shows: memrl's, or `cfg.tool_schemas_file`'s in its order."""
+    if cfg.tool_schemas_file is None:
+        return [ts.SEARCH_SCHEMA] + ([ts.PRUNE_SCHEMA] if prune_on else [])
+    return [t for t in load_tool_schemas(cfg.tool_schemas_file) if prune_on or t["function"]["name"] != ts.PRUNE]
+
+
+
+def row_prompt(task: Task, cfg: MemActConfig) -> list[dict[str, str]] | None:
+    """The task's own prompt messages when they drive the agent (`cfg.prompt_source`), else None."""
+    msgs = task.meta.get("prompt")
+    if cfg.prompt_source == "template" or (cfg.prompt_source == "auto" and not msgs):
+        return None
+    if not msgs:
+        raise ValueError(f"workflow.prompt_source=row: task {task.task_id!r} has no prompt messages "
+                         "(meta.prompt; a file row's 'prompt' field)")
+    return [{"role": str(m["role"]), "content": str(m["content"])} for m in msgs]
+
+
+def noprune_messages(msgs: list[dict[str, str]], cfg: MemActConfig) -> list[dict[str, str]]:
+    """The row's messages with the pruning instructions cut out (prune_context withheld), as the published
+    loop does: the system message up to `row_noprune_system_cut`, the user message after `row_noprune_user_cut`."""
+    out = [dict(m) for m in msgs]
+    for m in out:
+        if m["role"] == "system" and cfg.row_noprune_system_cut and cfg.row_noprune_system_cut in m["content"]:
+            m["content"] = m["content"].split(cfg.row_noprune_system_cut)[0]
+        elif m["role"] == "user" and cfg.row_noprune_user_cut and cfg.row_noprune_user_cut in m["content"]:
+            m["content"] = m["content"].split(cfg.row_noprune_user_cut)[-1]
+    return out
+
+
+def render_messages(tok: Any, msgs: list[dict[str, str]], tools: list[dict[str, Any]]) -> tuple[str, bool]:
+    """(the messages through the chat template with `tools=`, without the generation prompt; whether the
+    template took the tools). A template that ignores `tools=` gets the Hermes tools block appended to the
+    system message (one is added first when there is none), as memrl.tools.calls.render_system does."""
+    plain = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False)
+    try:
+        with_tools = tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=False)
+    except Exception:  # noqa: BLE001 - a template may reject the argument; use the fallback
+        with_tools = plain
+    if with_tools != plain:
+        return with_tools, True
+    msgs = [dict(m) for m in msgs]
+    if msgs[0]["role"] == "system":
+        msgs[0]["content"] += tc.tools_fallback_text(tools)
+    else:
+        msgs.insert(0, {"role": "system", "content": tc.tools_fallback_text(tools).lstrip("\n")})
+    return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False), False
 
 
 def segment_from(snapshot: list[ctx.Message], since_turn: int, step: int, info: dict) -> Segment | None:
@@ -207,7 +320,7 @@ class _Run:
         self.fmt = ctx.ChatFormat.from_tokenizer(self.tok)
         self.prune_on = cfg.prune_tool and not (cfg.no_prune_prob > 0 and rng.random() < cfg.no_prune_prob)
         self.prune_runs = self.prune_on or cfg.withheld_prune_runs  # the tool offered, or run anyway
-        self.tools = [ts.SEARCH_SCHEMA] + ([ts.PRUNE_SCHEMA] if self.prune_on else [])
+        self.tools = tool_schemas(cfg, self.prune_on)
         self.counts = dict.fromkeys(COUNTERS, 0)
         self.messages: list[ctx.Message] = []
         self.segments: list[Segment] = []
@@ -293,14 +406,24 @@ class _Run:
         self.add_tool(turn, f"Removed {', '.join(outcome.removed_results)}. Your memory note stays in "
                             "your prune_context call above.", owner)
 
-    async def run(self) -> Trajectory:
+    def head(self) -> tuple[str, bool]:
+        """(text of the first prompt without the assistant header, whether the template took `tools=`)."""
         cfg, task = self.cfg, self.task
+        row = row_prompt(task, cfg)
+        if row is not None:
+            if not self.prune_on:
+                row = noprune_messages(row, cfg)
+            return render_messages(self.tok, row, self.tools)
         sys_tpl, user_tpl = cfg.templates(self.prune_on)
-        head_text, native = tc.render_system(
+        return tc.render_system(
             self.tok, sys_tpl.render(), user_tpl.render(question=task.question, answer_format=(
                 cfg.answer_instruction if cfg.answer_instruction is not None else answer_format(task))),
             self.tools,
         )
+
+    async def run(self) -> Trajectory:
+        cfg, task = self.cfg, self.task
+        head_text, native = self.head()
         self.messages.append(ctx.head_message(self.encode(head_text), head_text))
         header = self.encode(self.fmt.assistant_header)
         eos = getattr(self.tok, "eos_token_id", None)
@@ -369,14 +492,16 @@ class _Run:
             "stop_context_budget": float(stop == "context_budget"),
             "stop_unparsable_calls": float(stop == "unparsable_calls"),
             "stop_tool_error": float(stop == "tool_error"),
-            "no_final_marker": float(FINAL_MARKER not in answer_text),
+            "no_final_marker": float((PUBLISHED_FINAL_MARKER if cfg.require_final_answer else FINAL_MARKER)
+                                     not in answer_text),
             "segments": float(len(self.segments)),
             **{k: float(v) for k, v in self.counts.items()},
         }
         return Trajectory(
             task_id=task.task_id, trajectory_id="", segments=self.segments,
-            final_answer=final_answer_text(answer_text), metrics=metrics,
+            final_answer=final_answer_text(answer_text, cfg.require_final_answer), metrics=metrics,
             info={"answer_text": answer_text, "memories": self.memories, "stop": stop,
+                  "require_final_answer": cfg.require_final_answer,
                   "transcript": [{"kind": m.kind, "turn": m.turn, "id": m.result_id, "text": m.text}
                                  for m in self.messages]},
         )
@@ -410,6 +535,8 @@ async def judge_trajectory(task: Task, traj: Trajectory, cfg: MemActConfig) -> N
         _JUDGES[key] = JudgeClient(j.client_config())
     multi = len(task.meta.get("sub_questions", [])) > 1
     gold = [json.dumps(task.answers, ensure_ascii=False)] if multi else list(task.answers)
+    if isinstance(task.meta.get("ground_truth"), str):  # a file row's ground truth, verbatim (Q-keyed JSON)
+        gold = [task.meta["ground_truth"]]
     res = await _JUDGES[key].judge(task.question, gold, traj.final_answer)
     traj.info["judge"] = {"score": res.score, "verdict": res.verdict, "error": res.error}
     traj.metrics["judge_error"] = float(res.error is not None)

@@ -102,27 +102,39 @@ def test_multiobjective_too_small_pool_is_an_error(pool):
         build_multiobjective(pool[:4], 2, seed=0, sizes=(3,))
 
 
+def _same_task(a, b):
+    keys = ("sub_questions", "sub_answers", "source", "source_ids", "index")
+    return (a.task_id, a.question, a.context, a.answers, {k: a.meta[k] for k in keys}) == (
+        b.task_id, b.question, b.context, b.answers, {k: b.meta[k] for k in keys})
+
+
 def test_multiobjective_parquet_round_trip_and_layout(pool, tmp_path):
     tasks = build_multiobjective(pool, 12, seed=3)
     p = tmp_path / "mo.parquet"
     assert write_multiobjective(p, tasks) == 12
     assert detect_kind(p) == "multiobjective"
-    assert load_tasks(p) == tasks
+    back = load_tasks(p)
+    assert all(_same_task(a, b) for a, b in zip(back, tasks, strict=True))
+    # the rows read back write the same rows again (the reader keeps the prompt and ground-truth text)
+    write_multiobjective(tmp_path / "again.parquet", back)
+    assert pq.read_table(tmp_path / "again.parquet").to_pylist() == pq.read_table(p).to_pylist()
     row = pq.read_table(p).to_pylist()[0]
+    # the published layout: prompt [system, user], ground truth a JSON object keyed Q1..Qk
     assert [m["role"] for m in row["prompt"]] == ["system", "user"]
-    assert row["prompt"][1]["content"] == tasks[0].question
-    assert row["agent_name"] == "memact" and row["data_source"] == "memact_multiobjective"
-    assert json.loads(row["reward_model"]["ground_truth"]) == tasks[0].answers
+    assert tasks[0].question in row["prompt"][1]["content"]
+    assert row["agent_name"] == "mem_agent" and row["data_source"] == "memact_multiobjective"
+    keyed = {f"Q{i}": a for i, a in enumerate(tasks[0].answers, start=1)}
+    assert json.loads(row["reward_model"]["ground_truth"]) == keyed
     ex = row["extra_info"]
-    assert ex["question"] == tasks[0].question and json.loads(ex["ground_truth"]) == tasks[0].answers
-    assert ex["sub_questions"] == tasks[0].meta["sub_questions"]
-    # JSONL rows read the same; a list ground truth (not JSON text) is accepted too
+    assert ex["question"] == tasks[0].question and json.loads(ex["ground_truth"]) == keyed
+    assert ex["source_ids"] == tasks[0].meta["source_ids"]
+    # JSONL rows read the same; an older file's list ground truth (not JSON text) is accepted too
     j = tmp_path / "mo.jsonl"
     write_multiobjective(j, tasks)
-    assert load_tasks(j) == tasks
+    assert all(_same_task(a, b) for a, b in zip(load_tasks(j), tasks, strict=True))
     rec = json.loads(j.read_text().splitlines()[0])
     rec["reward_model"]["ground_truth"] = tasks[0].answers
-    rec["extra_info"]["sub_questions"] = rec["extra_info"]["sub_questions"][:1]
+    rec["extra_info"]["sub_questions"] = tasks[0].meta["sub_questions"][:1]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(rec) + "\n")
     with pytest.raises(DataError, match=r"bad.jsonl: row 0: 1 sub_questions but 3 answers"):
