@@ -266,8 +266,10 @@ def test_require_final_answer_through_the_workflow():
 
 def test_no_marker_skips_the_judge():
     # nothing listens on port 9: a judge call would fail and count judge_error = 1
-    traj, _ = run_one(ROW_TASK, reply="Oslo", require_final_answer=True, judge_url="http://127.0.0.1:9/v1",
-                      judge_model="j", judge_timeout_s=1.0)
+    from memrl.rewards.judge import JudgeSettings
+
+    traj, _ = run_one(ROW_TASK, reply="Oslo", require_final_answer=True,
+                      judge=JudgeSettings(url="http://127.0.0.1:9/v1", model="j", timeout_s=1.0))
     assert traj.info["judge"]["score"] == 0.0 and traj.info["judge"]["error"] is None
     assert traj.metrics["judge_error"] == 0.0
     from memrl.workflows.memact import reward
