@@ -1,6 +1,9 @@
-"""Summaries of eval results by context length: markdown + CSV tables and an accuracy-vs-length plot.
+"""Summaries of eval results by dataset and context length: markdown + CSV tables and an accuracy-vs-length
+plot.
 
-Everything here is recomputed from results.jsonl, so a table always matches its rows. Percentages
+Everything here is recomputed from results.jsonl, so a table always matches its rows. A table row is one
+(dataset, N) of a run: files of two datasets at one N (ReMemR1 evaluates HotpotQA and 2Wiki at every N)
+give two rows; the dataset column appears once any row names a dataset. Percentages
 (EM, accuracy = sub-EM as in MemAgent's Table 2, F1) are means over questions x 100.
 """
 
@@ -22,10 +25,11 @@ from memrl.workflows import format_counts
 
 @dataclass
 class LengthSummary:
-    """One row of the table: a run at one document count."""
+    """One row of the table: a run on one dataset at one document count."""
 
     run: str
     num_docs: int
+    """N: the rows' document count (RULER rows: the sequence length)."""
     questions: int
     em: float
     """Exact match, percent."""
@@ -46,19 +50,21 @@ class LengthSummary:
     """Questions with any other format error or fallback (e.g. ReMemR1's missing_update)."""
     format_detail: str = ""
     """Those errors by kind, e.g. "missing_update=3 unclosed_update=1" (questions with each)."""
+    dataset: str = ""
+    """The rows' dataset (Task.meta["dataset"]; "" when their files did not say)."""
 
 
 TABLE_COLUMNS = [f.name for f in fields(LengthSummary)]
 
 
 def summarize(rows: Sequence[dict[str, Any]], run: str) -> list[LengthSummary]:
-    """One LengthSummary per num_docs, ascending."""
-    by_n: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    """One LengthSummary per (dataset, num_docs), by dataset then ascending N."""
+    by_n: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        by_n[int(r["num_docs"])].append(r)
+        by_n[(str(r.get("dataset") or ""), int(r["num_docs"]))].append(r)
     out = []
-    for n in sorted(by_n):
-        rs = by_n[n]
+    for ds, n in sorted(by_n):
+        rs = by_n[(ds, n)]
         k = len(rs)
 
         def mean(key: str, rs: list[dict[str, Any]] = rs, k: int = k) -> float:
@@ -68,7 +74,7 @@ def summarize(rows: Sequence[dict[str, Any]], run: str) -> list[LengthSummary]:
         other = {kk: v for kk, v in counts.items() if kk != "no_box" and v}
         flagged = sum(1 for r in rs if any((r.get("metrics") or {}).get(kk, 0.0) > 0 for kk in other))
         out.append(LengthSummary(
-            run=run, num_docs=n, questions=k,
+            run=run, num_docs=n, questions=k, dataset=ds,
             em=100 * mean("em"), accuracy=100 * mean("sub_em"), f1=100 * mean("f1"),
             mean_context_tokens=mean("context_tokens"), mean_tokens_read=mean("tokens_read"),
             mean_generated_tokens=mean("generated_tokens"), seconds_per_question=wall_seconds(rs) / k,
@@ -110,13 +116,15 @@ def load_summaries(result_dir: str | os.PathLike[str]) -> list[LengthSummary]:
 
 
 def markdown_table(summaries: Sequence[LengthSummary]) -> str:
-    """A markdown table, one line per (run, num_docs)."""
-    head = ("| run | docs | questions | EM | accuracy (sub-EM) | F1 | context tokens | tokens read "
-            "| generated tokens | s / question | latency s | no box | format errors |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    """A markdown table, one line per (run, dataset, num_docs); a dataset column when any row names one."""
+    with_ds = any(s.dataset for s in summaries)
+    head = ("| run |" + (" dataset |" if with_ds else "") + " docs | questions | EM | accuracy (sub-EM) | F1 "
+            "| context tokens | tokens read | generated tokens | s / question | latency s | no box | format errors |")
+    lines = [head, "|---|" + ("---|" if with_ds else "") + "---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for s in summaries:
+        ds = f" {s.dataset or '-'} |" if with_ds else ""
         lines.append(
-            f"| {s.run} | {s.num_docs} | {s.questions} | {s.em:.2f} | {s.accuracy:.2f} | {s.f1:.2f} "
+            f"| {s.run} |{ds} {s.num_docs} | {s.questions} | {s.em:.2f} | {s.accuracy:.2f} | {s.f1:.2f} "
             f"| {s.mean_context_tokens:.0f} | {s.mean_tokens_read:.0f} | {s.mean_generated_tokens:.1f} "
             f"| {s.seconds_per_question:.3f} | {s.mean_latency_seconds:.3f} | {s.no_box} "
             f"| {s.format_errors}{f' ({s.format_detail})' if s.format_detail else ''} |"
@@ -134,7 +142,7 @@ def write_csv(path: str | os.PathLike[str], summaries: Sequence[LengthSummary]) 
 
 
 def plot_accuracy(path: str | os.PathLike[str], summaries: Sequence[LengthSummary], title: str = "") -> None:
-    """PNG of accuracy (sub-EM, %) vs document count, log-x, one line per run (Agg backend)."""
+    """PNG of accuracy (sub-EM, %) vs document count, log-x, one line per run and dataset (Agg backend)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -142,7 +150,7 @@ def plot_accuracy(path: str | os.PathLike[str], summaries: Sequence[LengthSummar
 
     runs: dict[str, list[LengthSummary]] = defaultdict(list)
     for s in summaries:
-        runs[s.run].append(s)
+        runs[f"{s.run} / {s.dataset}" if s.dataset else s.run].append(s)
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     ns: set[int] = set()
     for name, ss in runs.items():
