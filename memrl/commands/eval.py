@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--docs-from", default=None, metavar="DEV_FILE",
                         help="index-only eval files: the dev file their document indices point into "
                              "(same as docs_from=...)")
+    parser.add_argument("--group-by", choices=("dataset", "file"), default="dataset",
+                        help="table rows per (dataset, N) (default) or per (eval file, N), as MemAgent / vime "
+                             "score each file")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
 
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         dirs = args.items[1:]
         if not dirs:
             raise UserError("eval report: give one or more result directories")
-        files = report_dirs(dirs, args.out)
+        files = report_dirs(dirs, args.out, args.group_by)
         print(files.markdown.read_text(), end="")
         print(f"wrote {files.markdown}, {files.csv}, {files.png}")
         return 0
@@ -85,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     rows = evaluate(files, args.out, cfg)
     name = cfg.name or Path(args.out).resolve().name
     memact = [summarize_memact(rows, name)] if is_memact(rows) else []
-    out = write_report(args.out, summarize(rows, name), memact=memact)
+    out = write_report(args.out, summarize(rows, name, args.group_by), memact=memact)
     print(out.markdown.read_text(), end="")
     print(f"wrote {Path(args.out) / 'results.jsonl'}, {out.markdown}, {out.csv}, {out.png}")
     return 0

@@ -57,11 +57,19 @@ class LengthSummary:
 TABLE_COLUMNS = [f.name for f in fields(LengthSummary)]
 
 
-def summarize(rows: Sequence[dict[str, Any]], run: str) -> list[LengthSummary]:
-    """One LengthSummary per (dataset, num_docs), by dataset then ascending N."""
+GROUP_BY = ("dataset", "file")
+
+
+def summarize(rows: Sequence[dict[str, Any]], run: str, group_by: str = "dataset") -> list[LengthSummary]:
+    """One LengthSummary per (dataset, num_docs), by dataset then ascending N. group_by="file": one per
+    (eval file, num_docs) instead, the file name in the dataset column (MemAgent's and vime's evaluators
+    score each eval file on its own)."""
+    if group_by not in GROUP_BY:
+        raise UserError(f"--group-by {group_by!r} is not one of {', '.join(GROUP_BY)}")
     by_n: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        by_n[(str(r.get("dataset") or ""), int(r["num_docs"]))].append(r)
+        label = r.get("file") if group_by == "file" else r.get("dataset")
+        by_n[(str(label or ""), int(r["num_docs"]))].append(r)
     out = []
     for ds, n in sorted(by_n):
         rs = by_n[(ds, n)]
@@ -108,11 +116,11 @@ def run_name(result_dir: str | os.PathLike[str]) -> str:
     return Path(result_dir).resolve().name
 
 
-def load_summaries(result_dir: str | os.PathLike[str]) -> list[LengthSummary]:
+def load_summaries(result_dir: str | os.PathLike[str], group_by: str = "dataset") -> list[LengthSummary]:
     path = Path(result_dir) / RESULTS_FILE
     if not path.exists():
         raise UserError(f"{path} does not exist; is {result_dir} an eval output directory?")
-    return summarize(read_results(path), run_name(result_dir))
+    return summarize(read_results(path), run_name(result_dir), group_by)
 
 
 def markdown_table(summaries: Sequence[LengthSummary]) -> str:
@@ -309,12 +317,13 @@ def write_report(out_dir: str | os.PathLike[str], summaries: Sequence[LengthSumm
     return files
 
 
-def report_dirs(result_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str]) -> ReportFiles:
+def report_dirs(result_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str],
+                group_by: str = "dataset") -> ReportFiles:
     """One table and one plot over several result directories (a line per run)."""
     summaries: list[LengthSummary] = []
     memact: list[MemActSummary] = []
     for d in result_dirs:
-        summaries += load_summaries(d)
+        summaries += load_summaries(d, group_by)
         rows = read_results(Path(d) / RESULTS_FILE)
         if is_memact(rows):
             memact.append(summarize_memact(rows, run_name(d)))

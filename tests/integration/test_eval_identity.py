@@ -65,6 +65,9 @@ def test_two_datasets_at_one_n_are_two_rows_and_resume_exactly(tmp_path, pair):
         ("2wikimultihopqa", 4, 4, 50.0), ("hotpotqa", 4, 4, 50.0)]
     md = markdown_table(sums)
     assert "| run | dataset | docs |" in md and "| r | hotpotqa | 4 | 4 |" in md
+    # the published evaluators' grouping: one row per eval file
+    assert [(s.dataset, s.questions) for s in summarize(full, "r", group_by="file")] == [
+        ("eval_2wikimultihopqa_4.json", 4), ("eval_hotpotqa_4.json", 4)]
 
     # a kill mid-run: 3 full rows, then half of the 4th
     lines = (out / RESULTS_FILE).read_text().splitlines(keepends=True)
@@ -131,6 +134,8 @@ def test_garbled_results_lines_are_named_and_rerun(tmp_path, pair, caplog):
     caplog.clear()
     assert main(["eval", "report", str(out), "--out", str(tmp_path / "rep")]) == 0
     assert any("skipped 2 unreadable lines" in r.getMessage() for r in caplog.records)
+    assert main(["eval", "report", str(out), "--out", str(tmp_path / "rep2"), "--group-by", "file"]) == 0
+    assert "| eval_hotpotqa_4.json | 4 |" in (tmp_path / "rep2" / "summary.md").read_text()
 
     eng = ScriptedEngine(_reply)
     again = evaluate(pair, out, _cfg(), engine=eng)
