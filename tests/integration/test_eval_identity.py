@@ -169,3 +169,23 @@ def test_legacy_rows_still_resume(tmp_path, pair):
     p.write_text("".join(json.dumps(r) + "\n" for r in old[:3]))
     eng = ScriptedEngine(_reply)
     assert len(evaluate(pair[:1], out, _cfg(), engine=eng)) == 4 and _finals(eng) == 1
+
+
+def test_index_only_eval_with_docs_from(tmp_path):
+    """An over-1M style file (context = indices) evaluates with docs_from; another dev file may not resume."""
+    dev = tmp_path / "dev.json"
+    paras = [["Beta", [" b1."]], ["alpha", ["a1."]]]
+    dev.write_text(json.dumps([{"_id": "x", "question": "q", "answer": "a", "supporting_facts": [],
+                                "context": paras}]))
+    p = tmp_path / "eval_12800.json"
+    p.write_text(json.dumps([{"context": [1, 0], "input": "Question number 0?", "answers": ["Paris"],
+                              "num_docs": 12800, "index": 7}]))
+    eng = ScriptedEngine(_reply)
+    [row] = evaluate([str(p)], tmp_path / "run", _cfg(docs_from=str(dev)), engine=eng)
+    assert (row["dataset"], row["num_docs"], row["task_id"], row["sub_em"]) == ("hotpotqa", 12800, "7", 1.0)
+    # the chunk the memory call read is the rebuilt context ("alpha" sorts after "Beta": index 1 is alpha)
+    assert "<section>\nDocument 1:\nalpha\na1.\n\nDocument 2:\nBeta" in eng.calls[0].prompt_text
+    dev.write_text(json.dumps([{"_id": "x", "question": "q", "answer": "a", "supporting_facts": [],
+                                "context": paras + [["Zeta", ["z."]]]}]))
+    with pytest.raises(ValueError, match="docs_from differ"):
+        evaluate([str(p)], tmp_path / "run", _cfg(docs_from=str(dev)), engine=ScriptedEngine(_reply))
