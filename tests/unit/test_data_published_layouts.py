@@ -259,3 +259,9 @@ def test_rememr1_file_names_give_the_dataset(tmp_path):
         (tmp_path / name).write_text(json.dumps([row]))
         [t] = _load_all(tmp_path / name)
         assert (t.task_id, t.meta.get("dataset")) == ("8813f87c0bdd11eba7f7acde48001122", ds)
+
+
+def test_convert_to_slime_writes_the_published_rows_back(tmp_path):
+    src = _jsonl(tmp_path / "train.jsonl", SLIME_TRAIN)
+    assert main(["data", "convert", str(src), str(tmp_path / "again.jsonl"), "--to", "slime"]) == 0
+    assert [json.loads(ln) for ln in (tmp_path / "again.jsonl").read_text().splitlines()] == SLIME_TRAIN
