@@ -168,8 +168,9 @@ def _parse_row(line: bytes) -> tuple[dict[str, Any] | None, str]:
         row = json.loads(text)
     except json.JSONDecodeError as e:
         return None, f"invalid JSON: {e.msg} at column {e.colno}"
-    if not isinstance(row, dict) or "task_id" not in row or "num_docs" not in row:
-        return None, "not a result row (needs task_id and num_docs)"
+    if not isinstance(row, dict) or not isinstance(row.get("task_id"), str | int) \
+            or isinstance(row.get("num_docs"), bool) or not isinstance(row.get("num_docs"), int):
+        return None, "not a result row (needs task_id and an integer num_docs)"
     return row, ""
 
 
@@ -347,7 +348,15 @@ def evaluate(
         record["docs_from_sha256"] = file_identity(cfg.docs_from)["file_sha256"]
     _check_config(out, record)
 
-    loaded = sorted((load_eval_file(f, cfg) for f in files), key=lambda ef: ef.n)
+    loaded: list[EvalFile] = []
+    for f in files:
+        ef = load_eval_file(f, cfg)
+        twin = next((o for o in loaded if o.ident["file_sha256"] == ef.ident["file_sha256"]), None)
+        if twin is not None:  # the same bytes twice (a copy, a repeated argument): its rows are the same rows
+            log.warning("%s has the same content as %s; evaluating it once", f, twin.path)
+            continue
+        loaded.append(ef)
+    loaded.sort(key=lambda ef: ef.n)
 
     results_path = out / RESULTS_FILE
     rows = read_results(results_path, repair=True)

@@ -189,3 +189,13 @@ def test_index_only_eval_with_docs_from(tmp_path):
                                 "context": paras + [["Zeta", ["z."]]]}]))
     with pytest.raises(ValueError, match="docs_from differ"):
         evaluate([str(p)], tmp_path / "run", _cfg(docs_from=str(dev)), engine=ScriptedEngine(_reply))
+
+
+def test_the_same_file_twice_runs_once(tmp_path, pair):
+    import shutil
+
+    copy = tmp_path / "copy_of_hotpotqa.json"
+    shutil.copy(pair[0], copy)
+    eng = ScriptedEngine(_reply)
+    rows = evaluate([pair[0], str(copy)], tmp_path / "run", _cfg(), engine=eng)
+    assert len(rows) == 4 and _finals(eng) == 4 and {r["file"] for r in rows} == {"eval_hotpotqa_4.json"}
