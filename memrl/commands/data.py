@@ -8,9 +8,10 @@
   memrl data train --source hotpot_train_v1.1.json --out data/train.parquet [--docs 200]
   memrl data convert SRC DST [--kind auto] [--to hf|original|eval|memagent]
   memrl data stats --tokenizer MODEL_DIR eval_50.json eval_100.json ...  -> average context tokens per N
-  memrl data show FILE [--rows 1]
+  memrl data show FILE [--rows 1] [--docs-from hotpot_dev_distractor_v1.json]   -> detected kind + tasks
 
-Every reader takes --skip-bad: malformed rows are skipped and counted instead of failing the command.
+Every reader takes --skip-bad (malformed rows are skipped and counted instead of failing the command) and
+--docs-from (the dev file whose documents index-only eval files point into).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--kind", choices=("auto", *KINDS), default="auto", help="input dataset kind")
         p.add_argument("--skip-bad", action="store_true", help="skip (and count) malformed rows instead of failing")
+        p.add_argument("--docs-from", default=None, metavar="DEV_FILE",
+                       help="index-only eval files: the HotpotQA / 2Wiki / SQuAD dev file their indices point into")
         p.add_argument("--debug", action="store_true", help="show tracebacks")
 
     b = sub.add_parser("build", help="long-context eval sets eval_{N}.json (RULER-HQA / MemAgent style)")
@@ -77,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c = sub.add_parser("convert", help="convert between layouts and formats")
     c.add_argument("src")
     c.add_argument("dst", help="output file; its extension picks json / jsonl / parquet")
-    c.add_argument("--to", choices=("hf", "original", "eval", "memagent"), default="hf",
+    c.add_argument("--to", choices=("hf", "original", "eval", "memagent", "slime"), default="hf",
                    help="output layout (hf/original for HotpotQA and 2Wiki sources)")
     common(c)
 
@@ -93,13 +96,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common(sh)
 
 
-def _load_sources(paths: list[str], kind: str, skip_bad: bool):
+def _load_sources(paths: list[str], kind: str, skip_bad: bool, docs_from: str | None = None):
     from memrl.data.io import load_tasks
 
     tasks = []
     for p in paths:
         st = ReadStats(p)
-        tasks += load_tasks(p, kind, skip_bad=skip_bad, stats=st)
+        tasks += load_tasks(p, kind, skip_bad=skip_bad, stats=st, docs_from=docs_from)
         note = f", skipped {st.skipped} malformed" if st.skipped else ""
         print(f"read {st.rows - st.skipped} questions from {p}{note}")
     return tasks
@@ -118,7 +121,7 @@ def _build(args: argparse.Namespace) -> int:
         return _build_multiobjective(args)
 
     writable_dir(args.out, "--out")
-    tasks = _load_sources(args.source, args.kind, args.skip_bad)
+    tasks = _load_sources(args.source, args.kind, args.skip_bad, args.docs_from)
     t0 = time.perf_counter()
     man = build_eval_sets(
         tasks, args.out, args.docs, args.num_questions, args.seed, source=args.source,
@@ -168,7 +171,7 @@ def _convert(args: argparse.Namespace) -> int:
 
     writable_file(args.dst, "DST")
     kind = detect_kind(args.src) if args.kind == "auto" else args.kind
-    tasks = _load_sources([args.src], kind, args.skip_bad)
+    tasks = _load_sources([args.src], kind, args.skip_bad, args.docs_from)
     if args.to in ("hf", "original"):
         if kind not in ("hotpotqa", "2wiki"):
             raise UserError(f"--to {args.to} needs a HotpotQA or 2Wiki source; {args.src} is {kind}")
@@ -177,6 +180,10 @@ def _convert(args: argparse.Namespace) -> int:
         recs = [conv(t) for t in tasks]
     elif args.to == "eval":
         recs = [memagent_files.to_eval_record(t) for t in tasks]
+    elif args.to == "slime":
+        from memrl.data.slime import to_slime_record
+
+        recs = [to_slime_record(t) for t in tasks]
     else:
         recs = [memagent_files.to_parquet_row(t) for t in tasks]
     n = write_records(args.dst, recs)
@@ -192,13 +199,14 @@ def _count_tokens(tokenizer, texts: list[str]) -> list[int]:
     return [len(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
 
 
-def context_token_stats(files: list[str], tokenizer, kind: str = "auto", skip_bad: bool = False):
+def context_token_stats(files: list[str], tokenizer, kind: str = "auto", skip_bad: bool = False,
+                        docs_from: str | None = None):
     """Rows (num_docs, files, questions, mean context tokens, mean characters) grouped by num_docs."""
     from memrl.data.io import load_tasks
 
     acc: dict[int, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     for f in files:
-        tasks = load_tasks(f, kind, skip_bad=skip_bad)
+        tasks = load_tasks(f, kind, skip_bad=skip_bad, docs_from=docs_from)
         for i in range(0, len(tasks), 16):
             batch = tasks[i : i + 16]
             for t, ntok in zip(batch, _count_tokens(tokenizer, [t.context for t in batch]), strict=True):
@@ -217,7 +225,7 @@ def _stats(args: argparse.Namespace) -> int:
         raise UserError(f"--tokenizer {args.tokenizer} does not exist")
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     tok.model_max_length = 1 << 40  # counting tokens, not feeding a model: no length warning
-    rows = context_token_stats(args.files, tok, args.kind, args.skip_bad)
+    rows = context_token_stats(args.files, tok, args.kind, args.skip_bad, args.docs_from)
     print(f"tokenizer: {args.tokenizer}")
     print("| docs | questions | mean context tokens | mean characters |")
     print("|---:|---:|---:|---:|")
@@ -227,9 +235,13 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from memrl.data.io import load_tasks
+    from memrl.data.io import KIND_NAMES, detect_kind, load_tasks
 
-    tasks = load_tasks(args.file, args.kind, skip_bad=args.skip_bad, limit=args.rows)
+    kind = detect_kind(args.file) if args.kind == "auto" else args.kind
+    print(f"kind: {kind} ({KIND_NAMES.get(kind, kind)})")
+    st = ReadStats(args.file)
+    tasks = load_tasks(args.file, kind, skip_bad=args.skip_bad, limit=args.rows, stats=st, docs_from=args.docs_from)
+    print(f"read {st.rows} rows, {st.skipped} rejected" + (f" (first: {st.reasons[0]})" if st.reasons else ""))
     for t in tasks:
         meta = {k: v for k, v in t.meta.items() if k != "paragraphs"}
         print(json.dumps({"task_id": t.task_id, "question": t.question, "answers": t.answers, "meta": meta,

@@ -7,6 +7,10 @@
   memrl eval report runs/eval/memagent runs/eval/fullctx --out runs/eval/compare
   memrl eval --model MODEL_DIR --out runs/eval/memact tasks.jsonl workflow=memact \
       workflow.retriever_corpus=corpus.jsonl [workflow.prune_tool=false  (the search-only baseline)]
+  memrl eval --model MODEL_DIR --out runs/eval/over1m eval_12800.json --docs-from hotpot_dev_distractor_v1.json
+
+Eval files: MemAgent / ReMemR1 eval_{N}.json (index-only ones with --docs-from), MemAgent parquet,
+vime / slime JSONL, RULER (validation.jsonl or MemAgent's eval_<task>_<len>.json), memrl task files.
 
 Arguments with '=' are dotted overrides of memrl.eval.runner.EvalConfig, spelled as in `memrl train`:
 `workflow.<field>` sets the workflow's config (greedy decoding by default), `engine.*` the engine;
@@ -34,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model directory (same as engine.model=...)")
     parser.add_argument("--preset", default=None, help="config preset YAML for EvalConfig")
     parser.add_argument("--name", default=None, help="run name in tables and plots")
+    parser.add_argument("--docs-from", default=None, metavar="DEV_FILE",
+                        help="index-only eval files: the dev file their document indices point into "
+                             "(same as docs_from=...)")
+    parser.add_argument("--group-by", choices=("dataset", "file"), default="dataset",
+                        help="table rows per (dataset, N) (default) or per (eval file, N), as MemAgent / vime "
+                             "score each file")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
 
@@ -54,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         dirs = args.items[1:]
         if not dirs:
             raise UserError("eval report: give one or more result directories")
-        files = report_dirs(dirs, args.out)
+        files = report_dirs(dirs, args.out, args.group_by)
         print(files.markdown.read_text(), end="")
         print(f"wrote {files.markdown}, {files.csv}, {files.png}")
         return 0
@@ -72,13 +82,15 @@ def run(args: argparse.Namespace) -> int:
         ev.append(f"engine.model={args.model}")
     if args.name:
         ev.append(f"name={args.name}")
+    if args.docs_from:
+        ev.append(f"docs_from={args.docs_from}")
     if args.no_progress:
         ev.append("progress=false")
     cfg = load_config(EvalConfig, ev, preset=args.preset)
     rows = evaluate(files, args.out, cfg)
     name = cfg.name or Path(args.out).resolve().name
     memact = [summarize_memact(rows, name)] if is_memact(rows) else []
-    out = write_report(args.out, summarize(rows, name), memact=memact)
+    out = write_report(args.out, summarize(rows, name, args.group_by), memact=memact)
     print(out.markdown.read_text(), end="")
     print(f"wrote {Path(args.out) / 'results.jsonl'}, {out.markdown}, {out.csv}, {out.png}")
     return 0

@@ -181,6 +181,11 @@ def parse_records(
     return tasks
 
 
+def row_of(where: str) -> int:
+    """The row number inside a `where` string made by parse_records ("<path>: row <n>")."""
+    return int(where.rsplit(" ", 1)[-1])
+
+
 def require(rec: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
     """rec[key], checked to be of `kind`; DataError naming where, the field and what was expected."""
     if not isinstance(rec, dict):
@@ -240,16 +245,35 @@ def write_records(path: str | os.PathLike[str], records: list[dict[str, Any]]) -
     return write_json(path, records)
 
 
-KINDS = ("hotpotqa", "2wiki", "eval", "memagent", "multiobjective", "tasks")
+KINDS = ("hotpotqa", "2wiki", "eval", "eval_index", "memagent", "multiobjective", "tasks", "slime", "ruler")
+KIND_NAMES = {
+    "hotpotqa": "HotpotQA (original or HF layout)",
+    "2wiki": "2WikiMultihopQA (original or HF layout)",
+    "eval": "MemAgent / ReMemR1 eval_{N}.json rows (context, input, answers)",
+    "eval_index": "MemAgent index-only eval rows (context = document indices, rebuilt from docs_from)",
+    "memagent": "MemAgent / verl training parquet rows (prompt, context, reward_model, extra_info)",
+    "multiobjective": "MemAct multi-question rows",
+    "tasks": "memrl Task rows (task_id, question, context, answers, meta)",
+    "slime": "vime / slime JSONL rows (prompt, label, metadata.context)",
+    "ruler": "RULER rows (input, outputs; RULER's or MemAgent's layout)",
+}
+
+
+def first_record(path: str | os.PathLike[str]) -> Any:
+    """The first record of a file (None when it has none); a malformed first line is a DataError."""
+    for _, rec in iter_records(path):
+        if isinstance(rec, DataError):
+            raise rec
+        return rec
+    return None
 
 
 def detect_kind(path: str | os.PathLike[str]) -> str:
     """Which loader fits a file, from the fields of its first record: one of KINDS."""
-    for _, rec in iter_records(path):
-        if isinstance(rec, DataError):
-            raise rec
-        if not isinstance(rec, dict):
-            break
+    from memrl.data.index_only import is_index_list
+
+    rec = first_record(path)
+    if isinstance(rec, dict):
         keys = set(rec)
         if {"task_id", "question", "answers"} <= keys:
             return "tasks"
@@ -258,8 +282,12 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
             if "agent_name" in keys or (isinstance(extra, dict) and "sub_questions" in extra):
                 return "multiobjective"
             return "memagent"
+        if {"input", "outputs"} <= keys:
+            return "ruler"
         if {"input", "answers", "context"} <= keys:
-            return "eval"
+            return "eval_index" if is_index_list(rec["context"]) else "eval"
+        if {"prompt", "metadata"} <= keys:
+            return "slime"
         if {"question", "answer", "context"} <= keys:
             return "2wiki" if ("evidences" in keys or "entity_ids" in keys) else "hotpotqa"
         raise DataError(f"{path}: row 0 has fields {sorted(keys)}; cannot tell which dataset it is "
@@ -269,21 +297,29 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
 
 def load_tasks(
     path: str | os.PathLike[str], kind: str = "auto", skip_bad: bool = False, limit: int | None = None,
-    stats: ReadStats | None = None,
+    stats: ReadStats | None = None, docs_from: str | os.PathLike[str] | None = None,
 ) -> list[Task]:
-    """Tasks from any supported file; kind is one of KINDS or "auto" (detected from the first record)."""
-    from memrl.data import hotpotqa, memagent_files, multiobjective, tasks_jsonl, twowiki
+    """Tasks from any supported file; kind is one of KINDS or "auto" (detected from the first record).
+
+    `docs_from` names the dev file whose documents index-only contexts (eval_index, RULER QA past 2M
+    tokens) are rebuilt from; other kinds ignore it.
+    """
+    from memrl.data import hotpotqa, memagent_files, multiobjective, ruler, slime, tasks_jsonl, twowiki
 
     if kind == "auto":
         kind = detect_kind(path)
     loaders = {
         "hotpotqa": hotpotqa.load_hotpotqa,
         "2wiki": twowiki.load_twowiki,
-        "eval": memagent_files.load_eval_json,
         "memagent": memagent_files.load_memagent_parquet,
         "multiobjective": multiobjective.load_multiobjective,
         "tasks": tasks_jsonl.load_task_file,
+        "slime": slime.load_slime,
     }
+    if kind in ("eval", "eval_index"):
+        return memagent_files.load_eval_json(path, skip_bad=skip_bad, limit=limit, stats=stats, docs_from=docs_from)
+    if kind == "ruler":
+        return ruler.load_ruler(path, skip_bad=skip_bad, limit=limit, stats=stats, docs_from=docs_from)
     if kind not in loaders:
         raise DataError(f"unknown data kind {kind!r}; expected auto or one of {', '.join(KINDS)}")
     return loaders[kind](path, skip_bad=skip_bad, limit=limit, stats=stats)

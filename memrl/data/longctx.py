@@ -3,7 +3,7 @@
 For question q and a document count N: q's own paragraphs (gold + its distractors) plus N - |own| paragraphs
 drawn without replacement from the pool (every distinct (title, text) paragraph of the source set, minus
 those sharing a title with q's own), shuffled, rendered "Document i:\\n{title}\\n{text}" (i from 1) and
-joined by blank lines (REFERENCE.md sections 1 and 5). The same questions are used at every N.
+joined by blank lines (MemAgent taskutils/memory_data/processing.py, different_docs_eval.py). The same questions are used at every N.
 
 Randomness: one numpy Generator per (seed, N, question position), so a set is reproducible byte for byte
 from the seed recorded in every row (`meta["seed"]`) and in `manifest.json`, and questions are independent
@@ -128,6 +128,8 @@ def build_long_task(task: Task, pool: DocPool, num_docs: int, seed: int, positio
         "source": task.meta.get("dataset"),
         "seed": seed,
     }
+    if isinstance(task.meta.get("dataset"), str):
+        meta["dataset"] = task.meta["dataset"]  # eval files keep it as `source`; the loader restores it
     return Task(task_id=task.task_id, question=task.question, context=context, answers=list(task.answers),
                 meta=meta)
 

@@ -1,4 +1,5 @@
-"""MemAgent's file formats (REFERENCE.md section 5), read to `Task` and written back losslessly.
+"""MemAgent's file formats (taskutils/memory_data/processing.py, different_docs_eval.py), read to `Task`
+and written back losslessly.
 
 - Training parquet rows: `data_source`, `prompt` ([{role: user, content: question}]), `context`, `ability`,
   `reward_model` {style: rule, ground_truth: [answers]}, `extra_info` {index, question, num_docs}.
@@ -8,7 +9,14 @@
   under "<key>__json" and are decoded on load.
 - Eval files `eval_{N}.json`: a JSON list of {context, input, answers, num_docs, index}, plus ReMemR1's
   `evidence_idx`, `min_distance`, `type`, `id` when present. Every field other than context/input/answers
-  lands in `Task.meta` under its own name and is written back as a field.
+  lands in `Task.meta` under its own name and is written back as a field. Index-only rows (`context` a
+  list of document indices: MemAgent's sets of 12800 documents and more) are rebuilt from a `docs_from`
+  dev file (memrl.data.index_only).
+
+`meta["dataset"]`: the parquet's data_source; for eval rows a `dataset`, `data_source` or `source` field
+(memrl's builder writes `source`), else the file name `eval_<dataset>_<N>.json` (ReMemR1 names its sets
+eval_hotpotqa_50.json, eval_2wikimultihopqa_50.json), else the docs_from file's dataset (index-only
+rows); absent when none says. Writers leave it out when another field of the row carries it.
 
 Task ids: the row's `id` when it has one, else "{data_source}-{index}" (parquet) / "{index}" (eval json);
 a Task whose id differs from that default gets an `id` field (extra_info.id in parquet) on write, so ids
@@ -22,7 +30,15 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from memrl.data.io import DataError, ReadStats, parse_records, require, write_json, write_parquet
+from memrl.data.io import (
+    DataError,
+    ReadStats,
+    first_record,
+    parse_records,
+    require,
+    write_json,
+    write_parquet,
+)
 from memrl.types import Task
 
 EVAL_CORE = ("context", "input", "answers")
@@ -42,9 +58,20 @@ def _answers(val: Any, where: str, field: str) -> list[str]:
 # --- eval_{N}.json -----------------------------------------------------------------------------------
 
 
-def parse_eval_record(rec: Any, where: str) -> Task:
-    """One `eval_{N}.json` row to a Task."""
-    context = require(rec, "context", str, where)
+def parse_eval_record(rec: Any, where: str, docs: Any = None) -> Task:
+    """One `eval_{N}.json` row to a Task; `docs` (an index_only.DocumentList) rebuilds index-only contexts."""
+    from memrl.data.index_only import is_index_list, rebuild_context
+
+    ctx = rec.get("context") if isinstance(rec, dict) else None
+    if is_index_list(ctx):
+        if docs is None:
+            from memrl.data.index_only import missing_docs_error
+            from memrl.data.io import row_of
+
+            raise missing_docs_error(where.rsplit(": row", 1)[0], row_of(where))
+        context = rebuild_context(ctx, docs, where)
+    else:
+        context = require(rec, "context", str, where)
     question = require(rec, "input", str, where)
     answers = _answers(require(rec, "answers", (list, str), where), where, "answers")
     meta = {k: v for k, v in rec.items() if k not in EVAL_CORE}
@@ -58,15 +85,37 @@ def parse_eval_record(rec: Any, where: str) -> Task:
         raise DataError(f"{where}: needs an 'index' (or 'id') field to name the question")
     if not tid:
         raise DataError(f"{where}: field 'id' is empty")
+    if "dataset" not in meta:
+        for k in ("data_source", "source"):
+            if isinstance(meta.get(k), str) and meta[k]:
+                meta["dataset"] = meta[k]
+                break
+        else:
+            if docs is not None and is_index_list(ctx):
+                meta["dataset"] = docs.dataset
     return Task(task_id=tid, question=question, context=context, answers=answers, meta=meta)
 
 
 def load_eval_json(
     path: str | os.PathLike[str], skip_bad: bool = False, limit: int | None = None,
-    stats: ReadStats | None = None,
+    stats: ReadStats | None = None, docs_from: str | os.PathLike[str] | None = None,
 ) -> list[Task]:
-    """Tasks from a MemAgent / RULER-HQA `eval_{N}.json` file (JSON list or JSONL)."""
-    return parse_records(path, parse_eval_record, skip_bad=skip_bad, limit=limit, stats=stats)
+    """Tasks from a MemAgent / RULER-HQA `eval_{N}.json` file (JSON list or JSONL); index-only files need
+    `docs_from` (the dev file their indices point into)."""
+    from memrl.data.index_only import document_list, is_index_list, missing_docs_error
+    from memrl.data.ruler import name_label
+
+    docs = document_list(docs_from) if docs_from else None
+    first = first_record(path)
+    if docs is None and isinstance(first, dict) and is_index_list(first.get("context")):
+        raise missing_docs_error(str(path), 0)
+    tasks = parse_records(path, lambda r, w: parse_eval_record(r, w, docs), skip_bad=skip_bad, limit=limit,
+                          stats=stats)
+    named, _ = name_label(path)
+    if named:
+        for t in tasks:
+            t.meta.setdefault("dataset", named)
+    return tasks
 
 
 def to_eval_record(task: Task) -> dict[str, Any]:
@@ -76,7 +125,8 @@ def to_eval_record(task: Task) -> dict[str, Any]:
         if k in task.meta:
             rec[k] = task.meta[k]
     for k, v in task.meta.items():
-        if k not in rec and k not in EVAL_CORE:
+        if k not in rec and k not in EVAL_CORE and not (k == "dataset" and v in (task.meta.get("source"),
+                                                                                task.meta.get("data_source"))):
             rec[k] = v
     if "id" not in rec and task.task_id != str(rec.get("index")):
         rec["id"] = task.task_id
@@ -120,6 +170,7 @@ def parse_parquet_row(rec: Any, where: str) -> Task:
     default_id = f"{data_source}-{extra.get('index', where.rsplit(' ', 1)[-1])}"
     if isinstance(extra.get("id"), str) and extra["id"] and extra["id"] != default_id:
         del meta["id"]  # carried by task_id; the writer puts it back
+    meta.setdefault("dataset", data_source)
     cols = {k: v for k, v in rec.items() if k not in PARQUET_COLUMNS}
     if cols:
         meta["columns"] = cols
@@ -175,7 +226,7 @@ def to_parquet_row(
     ds = m.get("data_source", data_source)
     extra: dict[str, Any] = {"index": m.get("index"), "question": task.question, "num_docs": m.get("num_docs")}
     for k, v in m.items():
-        if k not in _PARQUET_META and k != "prompt":
+        if k not in _PARQUET_META and k != "prompt" and not (k == "dataset" and v == ds):
             if k in json_keys:
                 extra[k + JSON_SUFFIX] = json.dumps(v, ensure_ascii=False)
             else:

@@ -1,6 +1,9 @@
-"""Summaries of eval results by context length: markdown + CSV tables and an accuracy-vs-length plot.
+"""Summaries of eval results by dataset and context length: markdown + CSV tables and an accuracy-vs-length
+plot.
 
-Everything here is recomputed from results.jsonl, so a table always matches its rows. Percentages
+Everything here is recomputed from results.jsonl, so a table always matches its rows. A table row is one
+(dataset, N) of a run: files of two datasets at one N (ReMemR1 evaluates HotpotQA and 2Wiki at every N)
+give two rows; the dataset column appears once any row names a dataset. Percentages
 (EM, accuracy = sub-EM as in MemAgent's Table 2, F1) are means over questions x 100.
 """
 
@@ -22,10 +25,11 @@ from memrl.workflows import format_counts
 
 @dataclass
 class LengthSummary:
-    """One row of the table: a run at one document count."""
+    """One row of the table: a run on one dataset at one document count."""
 
     run: str
     num_docs: int
+    """N: the rows' document count (RULER rows: the sequence length)."""
     questions: int
     em: float
     """Exact match, percent."""
@@ -51,6 +55,8 @@ class LengthSummary:
     None when none does."""
     string_match_part: float | None = None
     """RULER's string_match_part, percent, likewise."""
+    dataset: str = ""
+    """The rows' dataset (Task.meta["dataset"]; "" when their files did not say)."""
 
 
 TABLE_COLUMNS = [f.name for f in fields(LengthSummary)]
@@ -67,14 +73,22 @@ def task_metric_means(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]
     return out
 
 
-def summarize(rows: Sequence[dict[str, Any]], run: str) -> list[LengthSummary]:
-    """One LengthSummary per num_docs, ascending."""
-    by_n: dict[int, list[dict[str, Any]]] = defaultdict(list)
+GROUP_BY = ("dataset", "file")
+
+
+def summarize(rows: Sequence[dict[str, Any]], run: str, group_by: str = "dataset") -> list[LengthSummary]:
+    """One LengthSummary per (dataset, num_docs), by dataset then ascending N. group_by="file": one per
+    (eval file, num_docs) instead, the file name in the dataset column (MemAgent's and vime's evaluators
+    score each eval file on its own)."""
+    if group_by not in GROUP_BY:
+        raise UserError(f"--group-by {group_by!r} is not one of {', '.join(GROUP_BY)}")
+    by_n: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        by_n[int(r["num_docs"])].append(r)
+        label = r.get("file") if group_by == "file" else r.get("dataset")
+        by_n[(str(label or ""), int(r["num_docs"]))].append(r)
     out = []
-    for n in sorted(by_n):
-        rs = by_n[n]
+    for ds, n in sorted(by_n):
+        rs = by_n[(ds, n)]
         k = len(rs)
 
         def mean(key: str, rs: list[dict[str, Any]] = rs, k: int = k) -> float:
@@ -84,7 +98,7 @@ def summarize(rows: Sequence[dict[str, Any]], run: str) -> list[LengthSummary]:
         other = {kk: v for kk, v in counts.items() if kk != "no_box" and v}
         flagged = sum(1 for r in rs if any((r.get("metrics") or {}).get(kk, 0.0) > 0 for kk in other))
         out.append(LengthSummary(
-            run=run, num_docs=n, questions=k,
+            run=run, num_docs=n, questions=k, dataset=ds,
             em=100 * mean("em"), accuracy=100 * mean("sub_em"), f1=100 * mean("f1"),
             mean_context_tokens=mean("context_tokens"), mean_tokens_read=mean("tokens_read"),
             mean_generated_tokens=mean("generated_tokens"), seconds_per_question=wall_seconds(rs) / k,
@@ -118,25 +132,29 @@ def run_name(result_dir: str | os.PathLike[str]) -> str:
     return Path(result_dir).resolve().name
 
 
-def load_summaries(result_dir: str | os.PathLike[str]) -> list[LengthSummary]:
+def load_summaries(result_dir: str | os.PathLike[str], group_by: str = "dataset") -> list[LengthSummary]:
     path = Path(result_dir) / RESULTS_FILE
     if not path.exists():
         raise UserError(f"{path} does not exist; is {result_dir} an eval output directory?")
-    return summarize(read_results(path), run_name(result_dir))
+    return summarize(read_results(path), run_name(result_dir), group_by)
 
 
 def markdown_table(summaries: Sequence[LengthSummary]) -> str:
-    """A markdown table, one line per (run, num_docs); a task-named metric (RULER's string_match_all /
-    string_match_part) gets a column when some row has it ("-" where a row does not)."""
+    """A markdown table, one line per (run, dataset, num_docs); a dataset column when any row names one; a
+    task-named metric (RULER's string_match_all / string_match_part) gets a column when some row has it
+    ("-" where a row does not)."""
+    with_ds = any(s.dataset for s in summaries)
     extra = [k for k in TASK_METRIC_COLUMNS if any(getattr(s, k) is not None for s in summaries)]
-    head = ("| run | docs | questions | EM | accuracy (sub-EM) | F1 | "
+    head = ("| run |" + (" dataset |" if with_ds else "") + " docs | questions | EM | accuracy (sub-EM) | F1 | "
             + "".join(f"{k} | " for k in extra)
             + "context tokens | tokens read | generated tokens | s / question | latency s | no box | format errors |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|" + "---:|" * len(extra) + "---:|---:|---:|---:|---:|---:|---|"]
+    lines = [head, "|---|" + ("---|" if with_ds else "") + "---:|---:|---:|---:|---:|" + "---:|" * len(extra)
+             + "---:|---:|---:|---:|---:|---:|---|"]
     for s in summaries:
+        ds = f" {s.dataset or '-'} |" if with_ds else ""
         cells = "".join("- | " if getattr(s, k) is None else f"{getattr(s, k):.2f} | " for k in extra)
         lines.append(
-            f"| {s.run} | {s.num_docs} | {s.questions} | {s.em:.2f} | {s.accuracy:.2f} | {s.f1:.2f} | {cells}"
+            f"| {s.run} |{ds} {s.num_docs} | {s.questions} | {s.em:.2f} | {s.accuracy:.2f} | {s.f1:.2f} | {cells}"
             f"{s.mean_context_tokens:.0f} | {s.mean_tokens_read:.0f} | {s.mean_generated_tokens:.1f} "
             f"| {s.seconds_per_question:.3f} | {s.mean_latency_seconds:.3f} | {s.no_box} "
             f"| {s.format_errors}{f' ({s.format_detail})' if s.format_detail else ''} |"
@@ -154,7 +172,7 @@ def write_csv(path: str | os.PathLike[str], summaries: Sequence[LengthSummary]) 
 
 
 def plot_accuracy(path: str | os.PathLike[str], summaries: Sequence[LengthSummary], title: str = "") -> None:
-    """PNG of accuracy (sub-EM, %) vs document count, log-x, one line per run (Agg backend)."""
+    """PNG of accuracy (sub-EM, %) vs document count, log-x, one line per run and dataset (Agg backend)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -162,7 +180,7 @@ def plot_accuracy(path: str | os.PathLike[str], summaries: Sequence[LengthSummar
 
     runs: dict[str, list[LengthSummary]] = defaultdict(list)
     for s in summaries:
-        runs[s.run].append(s)
+        runs[f"{s.run} / {s.dataset}" if s.dataset else s.run].append(s)
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     ns: set[int] = set()
     for name, ss in runs.items():
@@ -324,12 +342,13 @@ def write_report(out_dir: str | os.PathLike[str], summaries: Sequence[LengthSumm
     return files
 
 
-def report_dirs(result_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str]) -> ReportFiles:
+def report_dirs(result_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str],
+                group_by: str = "dataset") -> ReportFiles:
     """One table and one plot over several result directories (a line per run)."""
     summaries: list[LengthSummary] = []
     memact: list[MemActSummary] = []
     for d in result_dirs:
-        summaries += load_summaries(d)
+        summaries += load_summaries(d, group_by)
         rows = read_results(Path(d) / RESULTS_FILE)
         if is_memact(rows):
             memact.append(summarize_memact(rows, run_name(d)))

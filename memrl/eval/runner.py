@@ -2,9 +2,17 @@
 
     rows = evaluate(files, out_dir, EvalConfig(workflow={"name": "memagent"}, engine=EngineConfig(model="m/")))
 
-Rows go to `<out_dir>/results.jsonl` as each question finishes. A re-run skips the (num_docs, task_id)
-pairs already there; a half-written last line (a killed run) is cut off and that question re-run.
-Row metrics use memrl.rewards.qa on the prediction: em, sub_em (MemAgent's "accuracy"), f1; a MemAct
+Rows go to `<out_dir>/results.jsonl` as each question finishes. Each row names what it answered: the
+source file (`file` name, `file_path`, `file_bytes` and `file_sha256`, the first 16 hex digits of the
+SHA-256 of the file's bytes: the identity, so a moved file resumes and a changed one re-runs), `dataset`
+(Task.meta["dataset"], "" when the file does not say), `num_docs` (the row's N: its num_docs, else RULER's
+sequence length, else the N of an `eval_..._<N>` file name, else 0), `task_id` and `sample` (0..samples-1).
+A re-run skips the rows whose (file_sha256, dataset, num_docs, task_id, sample) is already there, so a
+second file, or a second dataset at the same N, into the same --out runs in full. Rows written before
+this identity existed resume by (file name, num_docs, task_id). A half-written last line (a killed run)
+is cut off and that question re-run; any other unreadable line (invalid JSON, not UTF-8, not a row) is
+counted and named in one warning, left in place, and its question re-run.
+Row metrics use memrl.rewards.qa on the boxed prediction: em, sub_em (MemAgent's "accuracy"), f1; a MemAct
 row (multi-question reward metrics present) has em = sub_em = all sub-questions right, f1 = their mean F1.
 Scoring (`golds`, `extract`; docs/eval_scoring.md): the prediction is the last \\boxed{} (extract=boxed),
 the text after the last "the answer is" (answer_is, MemAgent's protocol) or the whole final text (raw),
@@ -73,6 +81,12 @@ class EvalConfig:
     """How the prediction is read from the final text (memrl.rewards.extract): boxed = the last \\boxed{};
     answer_is = the text after the last "the answer is" (MemAgent's protocol for its RL models);
     boxed_published = the published evaluations' box reader (also `\\boxed ans`); raw = the whole text."""
+    docs_from: str = ""
+    """Index-only eval files (contexts stored as document indices: MemAgent's sets of 12800 documents and
+    more, RULER QA past 2M tokens): the dev file the indices point into (`--docs-from`); "" = none."""
+    samples: int = 1
+    """Answers per question (rows carry `sample` 0..samples-1); more than 1 needs workflow.temperature > 0
+    to differ."""
 
     def __post_init__(self) -> None:
         from memrl.rewards.extract import EXTRACT_MODES
@@ -81,6 +95,10 @@ class EvalConfig:
             raise ValueError(f"golds must be one of {', '.join(GOLDS_MODES)}, got {self.golds!r}")
         if self.extract not in EXTRACT_MODES:
             raise ValueError(f"extract must be one of {', '.join(EXTRACT_MODES)}, got {self.extract!r}")
+        if self.samples < 1:
+            raise ValueError(f"samples must be >= 1, got {self.samples}")
+        if self.limit < 0:
+            raise ValueError(f"limit must be >= 0 (0 = all), got {self.limit}")
 
 
 GOLDS_MODES = ("any", "first")
@@ -125,34 +143,57 @@ def make_eval_engine(sec: EngineConfig) -> Any:
 def read_results(path: str | os.PathLike[str], repair: bool = False) -> list[dict[str, Any]]:
     """Rows of a results.jsonl. A last line cut off by a kill is dropped (and cut from the file if repair).
 
-    A malformed line elsewhere is an error naming the file and line.
+    Any other line that is not a result row (invalid JSON, bytes that are not UTF-8, not an object with
+    task_id and num_docs) is skipped and counted; one warning names the file and those lines.
     """
     p = Path(path)
     if not p.exists():
         return []
     data = p.read_bytes()
     end = data.rfind(b"\n") + 1
-    rows = []
-    for lineno, line in enumerate(data[:end].splitlines(), start=1):
+    rows: list[dict[str, Any]] = []
+    bad: list[str] = []
+    for lineno, line in enumerate(data[:end].split(b"\n"), start=1):
         if not line.strip():
             continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise UserError(f"{p}: line {lineno} is not valid JSON ({e.msg}); fix or remove it") from e
+        row, why = _parse_row(line)
+        if row is None:
+            bad.append(f"line {lineno} ({why})")
+        else:
+            rows.append(row)
     tail = data[end:]
     if tail.strip():
-        try:  # a complete last row that only lacks its newline
-            rows.append(json.loads(tail))
+        row, _ = _parse_row(tail)
+        if row is not None:  # a complete last row that only lacks its newline
+            rows.append(row)
             if repair:
                 with open(p, "ab") as f:
                     f.write(b"\n")
-        except json.JSONDecodeError:
+        else:
             log.warning("%s: dropping a half-written last line (%d bytes) from an interrupted run", p, len(tail))
             if repair:
                 with open(p, "r+b") as f:
                     f.truncate(end)
+    if bad:
+        log.warning("%s: skipped %d unreadable line%s: %s%s; their questions count as not done", p, len(bad),
+                    "s" if len(bad) > 1 else "", ", ".join(bad[:5]), f" and {len(bad) - 5} more" if len(bad) > 5 else "")
     return rows
+
+
+def _parse_row(line: bytes) -> tuple[dict[str, Any] | None, str]:
+    """(row, "") or (None, what is wrong) for one line of results.jsonl."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"not UTF-8: byte 0x{line[e.start]:02x} at column {e.start + 1}"
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as e:
+        return None, f"invalid JSON: {e.msg} at column {e.colno}"
+    if not isinstance(row, dict) or not isinstance(row.get("task_id"), str | int) \
+            or isinstance(row.get("num_docs"), bool) or not isinstance(row.get("num_docs"), int):
+        return None, "not a result row (needs task_id and an integer num_docs)"
+    return row, ""
 
 
 def num_docs_of(path: str, tasks: Sequence[Task]) -> int:
@@ -162,6 +203,79 @@ def num_docs_of(path: str, tasks: Sequence[Task]) -> int:
         return int(next(iter(vals)))
     m = re.search(r"eval_(\d+)", Path(path).name)
     return int(m.group(1)) if m else 0
+
+
+def task_length(task: Task, file_n: int) -> int:
+    """A row's N: its num_docs, else its RULER sequence length, else the file's N."""
+    for key in ("num_docs", "seq_length"):
+        v = task.meta.get(key)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return file_n
+
+
+def file_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The source file of a row: name, resolved path, size and the first 16 hex digits of its SHA-256."""
+    import hashlib
+
+    p = Path(path)
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return {"file": p.name, "file_path": str(p.resolve()), "file_bytes": p.stat().st_size,
+            "file_sha256": h.hexdigest()[:16]}
+
+
+def row_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    """The resume key of a results row: (file_sha256, dataset, num_docs, task_id, sample); rows written
+    before rows carried their file's digest: ("legacy", file name, num_docs, task_id, sample)."""
+    if "file_sha256" in row:
+        return (row["file_sha256"], row.get("dataset", ""), int(row["num_docs"]), str(row["task_id"]),
+                int(row.get("sample", 0)))
+    return ("legacy", row.get("file", ""), int(row["num_docs"]), str(row["task_id"]), int(row.get("sample", 0)))
+
+
+@dataclass
+class EvalFile:
+    """One loaded eval file: its identity, N (the smallest of its rows) and tasks with their (dataset, N)."""
+
+    path: str
+    ident: dict[str, Any]
+    n: int
+    tasks: list[Task]
+    labels: dict[str, tuple[str, int]]
+    """task_id -> (dataset, N)."""
+
+    def key(self, task: Task, sample: int) -> tuple[Any, ...]:
+        ds, n = self.labels[task.task_id]
+        return (self.ident["file_sha256"], ds, n, task.task_id, sample)
+
+    def legacy_key(self, task: Task, sample: int) -> tuple[Any, ...]:
+        return ("legacy", self.ident["file"], self.labels[task.task_id][1], task.task_id, sample)
+
+
+def load_eval_file(path: str | os.PathLike[str], cfg: EvalConfig) -> EvalFile:
+    """Tasks of one eval file (first cfg.limit), each labelled with its (dataset, N); ids must be unique."""
+    from memrl.data.io import DataError, load_tasks
+    from memrl.data.ruler import name_label
+
+    tasks = load_tasks(path, docs_from=cfg.docs_from or None)
+    if cfg.limit:
+        tasks = tasks[: cfg.limit]
+    seen: dict[str, int] = {}
+    for i, t in enumerate(tasks):
+        if t.task_id in seen:
+            raise DataError(f"{path}: rows {seen[t.task_id]} and {i} have the same task id {t.task_id!r}; "
+                            "an eval file needs one id per question")
+        seen[t.task_id] = i
+    file_n = num_docs_of(str(path), tasks) or (name_label(path)[1] or 0)
+    labels = {}
+    for t in tasks:
+        ds = t.meta.get("dataset")
+        labels[t.task_id] = (ds if isinstance(ds, str) else "", task_length(t, file_n))
+    n = min((v[1] for v in labels.values()), default=file_n)
+    return EvalFile(str(path), file_identity(path), n, tasks, labels)
 
 
 def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: str = "boxed"
@@ -191,11 +305,13 @@ def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: 
 
 def result_row(
     task: Task, traj: Trajectory, num_docs: int, file: str, started: float, finished: float, session: str = "",
-    tokenizer: Any = None, golds: str = "any", extract: str = "boxed",
+    tokenizer: Any = None, ident: dict[str, Any] | None = None, dataset: str = "", sample: int = 0,
+    golds: str = "any", extract: str = "boxed",
 ) -> dict[str, Any]:
     """The JSONL row of one finished question; started/finished are wall-clock times (time.time()).
-    `steps` holds one memrl.records record per model call (what `memrl view` shows). Scoring:
-    `score_prediction`; a task's named eval metric (meta["metric"]) is a column of its own."""
+    `ident` is the source file's file_identity(); `steps` holds one memrl.records record per model call
+    (what `memrl view` shows). Scoring: `score_prediction`; a task's named eval metric (meta["metric"])
+    is a column of its own."""
     from memrl.records import segment_records
 
     pred, m = score_prediction(task, traj, golds, extract)
@@ -209,7 +325,9 @@ def result_row(
     return {
         "task_id": task.task_id,
         "num_docs": num_docs,
-        "file": Path(file).name,
+        "dataset": dataset,
+        "sample": sample,
+        **(ident or {"file": Path(file).name}),
         "question": task.question,
         "answers": task.answers,
         "prediction": pred,
@@ -247,6 +365,10 @@ def _check_config(out: Path, record: dict[str, Any]) -> None:
         # directories written before scoring options existed were scored with today's defaults
         old.setdefault("scoring", {"golds": "any", "extract": "boxed"})
         diff = [k for k in keys if old.get(k) != record.get(k)]
+        # index-only contexts depend on the dev file: a different one (by content) may not resume
+        if old.get("docs_from_sha256") and record.get("docs_from_sha256") \
+                and old["docs_from_sha256"] != record["docs_from_sha256"]:
+            diff.append("docs_from")
         if diff and (out / RESULTS_FILE).exists():
             raise UserError(
                 f"{out} holds results of a different run ({', '.join(diff)} differ from {p}); "
@@ -265,28 +387,38 @@ def evaluate(
 
     `engine` may be passed in (tests, notebooks); otherwise it is built from cfg.engine and closed after.
     """
-    from memrl.data.io import load_tasks
-
     out = writable_dir(out_dir, "--out")
     spec, wf_cfg = workflow_config(cfg)
     record = {"workflow": spec.name, "model": cfg.engine.model, "engine": dataclasses.asdict(cfg.engine),
               "workflow_config": dataclasses.asdict(wf_cfg), "files": [str(f) for f in files],
-              "name": cfg.name or out.resolve().name, "seed": cfg.seed,
+              "name": cfg.name or out.resolve().name, "seed": cfg.seed, "samples": cfg.samples,
               "scoring": {"golds": cfg.golds, "extract": cfg.extract}}
+    if cfg.docs_from:
+        if not Path(cfg.docs_from).is_file():
+            raise UserError(f"docs_from {cfg.docs_from} does not exist (the dev file of index-only eval files)")
+        record["docs_from"] = cfg.docs_from
+        record["docs_from_sha256"] = file_identity(cfg.docs_from)["file_sha256"]
     _check_config(out, redact_secrets(record))  # api keys never reach the disk
 
-    loaded = []
+    loaded: list[EvalFile] = []
     for f in files:
-        tasks = load_tasks(f)
-        if cfg.limit:
-            tasks = tasks[: cfg.limit]
-        loaded.append((num_docs_of(str(f), tasks), str(f), tasks))
-    loaded.sort(key=lambda x: x[0])
+        ef = load_eval_file(f, cfg)
+        twin = next((o for o in loaded if o.ident["file_sha256"] == ef.ident["file_sha256"]), None)
+        if twin is not None:  # the same bytes twice (a copy, a repeated argument): its rows are the same rows
+            log.warning("%s has the same content as %s; evaluating it once", f, twin.path)
+            continue
+        loaded.append(ef)
+    loaded.sort(key=lambda ef: ef.n)
 
     results_path = out / RESULTS_FILE
     rows = read_results(results_path, repair=True)
-    done = {(r["num_docs"], r["task_id"]) for r in rows}
-    todo = [(n, f, [t for t in ts if (n, t.task_id) not in done]) for n, f, ts in loaded]
+    done = {row_key(r) for r in rows}
+    todo = []  # (file, sample, tasks not done at that sample)
+    for ef in loaded:
+        for k in range(cfg.samples):
+            ts = [t for t in ef.tasks if ef.key(t, k) not in done and ef.legacy_key(t, k) not in done]
+            if ts:
+                todo.append((ef, k, ts))
     total = sum(len(ts) for _, _, ts in todo)
     if rows:
         log.info("%s: %d rows already done, %d to go", results_path, len(rows), total)
@@ -308,28 +440,28 @@ def evaluate(
 async def _run_all(todo, spec, wf_cfg, engine, cfg: EvalConfig, fh, total: int) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
-    from memrl.workflows.runner import rollout
+    from memrl.workflows.runner import rollout, trajectory_rng
 
     new: list[dict[str, Any]] = []
     bar = tqdm(total=total, unit="q", disable=not cfg.progress, dynamic_ncols=True)
     starts: dict[str, float] = {}
     session = f"{int(time.time())}-{os.getpid()}"
-
-    async def timed(task: Task, eng: Any, c: Any, rng: random.Random) -> Trajectory:
-        starts[task.task_id] = time.time()
-        return await spec.run(task, eng, c, rng)
-
-    timed_spec = dataclasses.replace(spec, run=timed)
+    tokenizer = getattr(engine, "tokenizer", None)
     try:
-        for n, f, tasks in todo:
-            if not tasks:
-                continue
-            bar.set_description(f"N={n}")
+        for ef, k, tasks in todo:
+            bar.set_description(f"{ef.ident['file']} N={ef.n}" + (f" sample {k}" if cfg.samples > 1 else ""))
             acc: list[float] = []
 
-            def on_done(task: Task, traj: Trajectory, n: int = n, f: str = f, acc: list[float] = acc) -> None:
-                row = result_row(task, traj, n, f, starts.pop(task.task_id), time.time(), session,
-                                 tokenizer=getattr(engine, "tokenizer", None), golds=cfg.golds, extract=cfg.extract)
+            async def timed(task: Task, eng: Any, c: Any, rng: random.Random, k: int = k) -> Trajectory:
+                starts[task.task_id] = time.time()
+                # sample k of a task samples as the rollout runner's k-th trajectory would (k = 0: the same rng)
+                return await spec.run(task, eng, c, trajectory_rng(cfg.seed, task.task_id, k))
+
+            def on_done(task: Task, traj: Trajectory, ef: EvalFile = ef, k: int = k, acc: list[float] = acc) -> None:
+                ds, n = ef.labels[task.task_id]
+                row = result_row(task, traj, n, ef.path, starts.pop(task.task_id), time.time(), session,
+                                 tokenizer=tokenizer, ident=ef.ident, dataset=ds, sample=k,
+                                 golds=cfg.golds, extract=cfg.extract)
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
                 fh.flush()
                 new.append(row)
@@ -337,8 +469,8 @@ async def _run_all(todo, spec, wf_cfg, engine, cfg: EvalConfig, fh, total: int) 
                 bar.set_postfix(acc=f"{100 * sum(acc) / len(acc):.1f}%", refresh=False)
                 bar.update(1)
 
-            await rollout(tasks, timed_spec, engine, wf_cfg, n=1, concurrency=cfg.concurrency, seed=cfg.seed,
-                          on_done=on_done, score=True)
+            await rollout(tasks, dataclasses.replace(spec, run=timed), engine, wf_cfg, n=1,
+                          concurrency=cfg.concurrency, seed=cfg.seed, on_done=on_done, score=True)
     finally:
         bar.close()
     return new

@@ -124,11 +124,12 @@ def test_refuses_to_resume_a_different_run(tmp_path, files):
         evaluate(files[:1], out, _cfg(limit=1, wf={**WF, "chunk_tokens": 41}), engine=ScriptedEngine(_reply))
 
 
-def test_bad_line_in_the_middle_is_named(tmp_path):
+def test_bad_line_in_the_middle_is_named(tmp_path, caplog):
     p = tmp_path / RESULTS_FILE
-    p.write_text('{"a": 1}\n{broken\n{"a": 2}\n')
-    with pytest.raises(ValueError, match="line 2 is not valid JSON"):
-        read_results(p)
+    p.write_text('{"task_id": "a", "num_docs": 1}\n{broken\n{"a": 2}\n')
+    assert read_results(p) == [{"task_id": "a", "num_docs": 1}]  # counted and named, not fatal
+    [msg] = [r.getMessage() for r in caplog.records]
+    assert "skipped 2 unreadable lines: line 2 (invalid JSON" in msg and "line 3 (not a result row" in msg
 
 
 def test_full_context_baseline_truncates_the_middle(tmp_path):

@@ -76,13 +76,15 @@ def test_outputs_match_the_jsonl(setup):
         "seconds_per_question": (max(r["finished"] for r in rows) - min(r["started"] for r in rows)) / n,
     }
     assert row["run"] == "tiny" and int(row["num_docs"]) == 50 and int(row["questions"]) == 20
+    assert row["dataset"] == "hotpotqa"  # the built set's rows carry source = hotpotqa
     for k, v in recomputed.items():
         assert float(row[k]) == pytest.approx(v, abs=1e-6), k
     md = (out / "summary.md").read_text()
     line = next(ln for ln in md.splitlines() if ln.startswith("| tiny |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[3:6] == [f"{recomputed[k]:.2f}" for k in ("em", "accuracy", "f1")]
-    assert cells[7] == f"{recomputed['mean_tokens_read']:.0f}"
+    assert cells[1] == "hotpotqa"  # the dataset column
+    assert cells[4:7] == [f"{recomputed[k]:.2f}" for k in ("em", "accuracy", "f1")]
+    assert cells[8] == f"{recomputed['mean_tokens_read']:.0f}"
 
 
 def test_killed_then_restarted_run_gives_the_same_table(setup):
