@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from memrl.config import ConfigError, to_yaml
+from memrl.config import ConfigError, check_config, check_shared_fields, to_yaml
+from memrl.engines.base import SamplingParams
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.training.checkpoint import clean_stale, resume_point, rng_state, set_rng_state
 from memrl.training.config import WORKFLOW_DEFAULTS, TrainConfig
@@ -53,6 +54,7 @@ def workflow_config(cfg: TrainConfig) -> tuple[Any, Any]:
     from memrl.workflows import parse_workflow
 
     spec, wf = parse_workflow(cfg.workflow, defaults={**WORKFLOW_DEFAULTS, "temperature": cfg.algorithm.temperature})
+    check_shared_fields(wf, SamplingParams, "workflow")  # top_p / top_k before any model loads
     t = getattr(wf, "temperature", cfg.algorithm.temperature)
     if float(t) != float(cfg.algorithm.temperature):
         raise ConfigError(
@@ -63,46 +65,25 @@ def workflow_config(cfg: TrainConfig) -> tuple[Any, Any]:
 
 
 def validate(cfg: TrainConfig) -> tuple[Any, Any]:
-    """Fail fast, naming the field, on values the dataclass types cannot express; returns the parsed
-    workflow (spec, config), which `Trainer(cfg, workflow=...)` takes so it is parsed once."""
-    from memrl.algorithms.losses import AGG_MODES, KL_KINDS
-    from memrl.algorithms.registry import advantage_names, loss_names
-
-    a = cfg.algorithm
+    """Fail fast, naming the field, before any work: every field against its declared range or set
+    (`memrl.config.check_config`), then what involves several fields; returns the parsed workflow (spec,
+    config), which `Trainer(cfg, workflow=...)` takes so it is parsed once."""
+    check_config(cfg)
+    a, t = cfg.algorithm, cfg.trainer
     checks = [
-        (a.name in advantage_names(), f"algorithm.name {a.name!r} is not one of {advantage_names()}"),
-        (a.loss in loss_names(), f"algorithm.loss {a.loss!r} is not one of {loss_names()}"),
-        (a.loss_agg in AGG_MODES, f"algorithm.loss_agg {a.loss_agg!r} is not one of {list(AGG_MODES)}"),
-        (a.kl_kind in KL_KINDS, f"algorithm.kl_kind {a.kl_kind!r} is not one of {list(KL_KINDS)}"),
-        (a.credit in ("broadcast", "split"), f"algorithm.credit {a.credit!r} is not broadcast or split"),
-        (0.0 <= a.alpha <= 1.0, f"algorithm.alpha must be in [0, 1], got {a.alpha}"),
-        (a.n >= 1, f"algorithm.n must be >= 1, got {a.n}"),
         (a.name != "dcpo" or a.actual_n >= 2,
          f"algorithm.actual_n must be >= 2 with algorithm.name=dcpo (its advantage divides by the group's "
          f"std, which one trajectory does not have), got {a.actual_n}"),
-        (a.temperature > 0, f"algorithm.temperature must be > 0 for RL sampling, got {a.temperature}"),
-        (cfg.trainer.steps >= 0, f"trainer.steps must be >= 0, got {cfg.trainer.steps}"),
-        (cfg.trainer.batch_size >= 1, f"trainer.batch_size must be >= 1, got {cfg.trainer.batch_size}"),
-        (cfg.trainer.mini_batches >= 1, f"trainer.mini_batches must be >= 1, got {cfg.trainer.mini_batches}"),
-        (cfg.trainer.token_budget >= 1, f"trainer.token_budget must be >= 1, got {cfg.trainer.token_budget}"),
-        (cfg.optim.lr > 0, f"optim.lr must be > 0, got {cfg.optim.lr}"),
-        (cfg.data.name in ("synthetic", "file"), f"data.name {cfg.data.name!r} is not synthetic or file"),
+        (t.mini_batch_rows == 0 or t.mini_batches == 1,
+         f"trainer.mini_batch_rows={t.mini_batch_rows} (a step every k rows) and trainer.mini_batches="
+         f"{t.mini_batches} both set the update schedule; set one (the other to its default)"),
         (cfg.data.name != "file" or bool(cfg.data.path), "data.path is required when data.name=file"),
         (bool(cfg.model.path), "model.path is required (a HuggingFace model directory)"),
-        (cfg.model.dtype in ("float32", "bfloat16"), f"model.dtype {cfg.model.dtype!r} is not float32 or bfloat16"),
         (not cfg.model.device.startswith("cuda") or torch.cuda.is_available(),
          f"model.device={cfg.model.device} but torch.cuda.is_available() is False"),
-        (cfg.trainer.num_workers >= 1, f"trainer.num_workers must be >= 1, got {cfg.trainer.num_workers}"),
-        (cfg.rollout.num_engines >= 0, f"rollout.num_engines must be >= 0, got {cfg.rollout.num_engines}"),
-        (cfg.trainer.cpus_per_worker > 0 and cfg.rollout.cpus_per_engine > 0,
-         "trainer.cpus_per_worker and rollout.cpus_per_engine must be > 0"),
-        (cfg.rollout.weight_sync in ("auto", "object_store", "broadcast", "directory"),
-         f"rollout.weight_sync {cfg.rollout.weight_sync!r} is not auto, object_store, broadcast or directory"),
         (cfg.rollout.weight_sync == "auto" or cfg.rollout.num_engines >= 1,
          f"rollout.weight_sync={cfg.rollout.weight_sync} applies to Ray replicas: it needs rollout.num_engines >= 1 "
          "(the in-process engine shares the module or takes the state dict)"),
-        (cfg.rollout.broadcast_backend in ("auto", "gloo", "nccl"),
-         f"rollout.broadcast_backend {cfg.rollout.broadcast_backend!r} is not auto, gloo or nccl"),
         (cfg.trainer.num_workers == 1 or cfg.rollout.num_engines >= 1,
          f"trainer.num_workers={cfg.trainer.num_workers} needs rollout.num_engines >= 1 (the in-process "
          "engine serves the live module of world size 1)"),

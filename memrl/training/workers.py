@@ -23,7 +23,7 @@ from memrl.training import distributed as D
 from memrl.training.checkpoint import OPTIM_DIR, STATE_FILE, load_state, save_checkpoint, temp_dir
 from memrl.training.config import TrainConfig
 from memrl.training.packing import Row, collate, pack_rows
-from memrl.training.policy import ppo_micro_loss, token_logprobs
+from memrl.training.policy import clip_norm, ppo_micro_loss, token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class PolicyWorker:
             sums["loss/total"] += float(part.loss.detach())
             for k, v in part.sums.items():
                 sums[f"loss/{k}"] = sums.get(f"loss/{k}", 0.0) + v
-        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip_norm(self.cfg.optim.grad_clip))
         self.opt.step()
         self.sched.step()
         self.model.eval()
