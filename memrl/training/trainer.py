@@ -34,9 +34,10 @@ from memrl.engines.base import SamplingParams
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.training.checkpoint import clean_stale, resume_point, rng_state, set_rng_state
 from memrl.training.config import WORKFLOW_DEFAULTS, TrainConfig
-from memrl.training.dump import maybe_dump, note_tasks
+from memrl.training.dump import maybe_dump, note_tasks, truncate_dump
 from memrl.training.packing import Row, rows_from_segments
 from memrl.training.rollout import sample_groups
+from memrl.training.schedule import optimizer_steps
 from memrl.types import Group, Segment, Task
 from memrl.workflows import format_counts
 
@@ -108,7 +109,8 @@ def algorithm_options(cfg: TrainConfig) -> tuple[Any, Any]:
 
 
 def task_stream(cfg: TrainConfig, start: int) -> Iterator[Task]:
-    """The training tasks from position `start` on (synthetic: endless; file: shuffled epochs)."""
+    """The training tasks from position `start` on (synthetic: endless; file: epochs, each in a new seeded
+    order, or in the file's order with data.shuffle=false)."""
     if cfg.data.name == "synthetic":
         from memrl.data.synthetic import task_stream as synthetic_stream
 
@@ -122,7 +124,8 @@ def task_stream(cfg: TrainConfig, start: int) -> Iterator[Task]:
     def epochs() -> Iterator[Task]:
         for epoch in itertools.count():
             order = list(range(len(tasks)))
-            random.Random(f"{cfg.data.seed}:{epoch}").shuffle(order)
+            if cfg.data.shuffle:  # False: the file's order every epoch (verl's SequentialSampler)
+                random.Random(f"{cfg.data.seed}:{epoch}").shuffle(order)
             for i in order:
                 t = tasks[i]
                 yield Task(f"{t.task_id}@e{epoch}", t.question, t.context, t.answers, t.meta)
@@ -162,6 +165,27 @@ def dcpo_selection(
         "dcpo/pruned_share": statistics.fmean(pruned) if pruned else 0.0,
     }
     return chosen, metrics
+
+
+COUNTED = ("train/rows", "train/tokens", "train/micro_batches", "train/rows_zero_adv_skipped")
+"""Per-step metrics that count things: summed over an RL step's optimizer steps (the rest are averaged)."""
+
+
+def combine_step_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
+    """One RL step's metrics from its optimizer steps' (memrl.training.schedule): counts summed, train/lr
+    the last step's, everything else the mean over the steps taken; train/optimizer_steps counts them."""
+    out: dict[str, float] = {}
+    for m in steps:
+        for k, v in m.items():
+            out[k] = out.get(k, 0.0) + v
+    for k in out:
+        if k == "train/lr":
+            out[k] = steps[-1][k]
+        elif k not in COUNTED:
+            out[k] /= sum(1 for m in steps if k in m)
+    if steps:
+        out["train/optimizer_steps"] = float(len(steps))
+    return out
 
 
 def lr_lambda(warmup: int) -> Callable[[int], float]:
@@ -280,30 +304,24 @@ class Trainer:
         compute_group_advantages(groups, a.name, self.adv_options)
         metrics: dict[str, float] = {}
         if a.name == "dcpo":  # only the selected segments become rows
-            chosen, dcpo_metrics = dcpo_selection(groups, a.n, dcpo_rng(self.cfg.trainer.seed, self.step))
+            per_group, dcpo_metrics = dcpo_selection(groups, a.n, dcpo_rng(self.cfg.trainer.seed, self.step))
             metrics.update(dcpo_metrics)
-            trained = {id(g): c for g, c in zip(groups, chosen, strict=True)}
         else:
-            trained = {id(g): g.segments() for g in groups}
+            per_group = [g.segments() for g in groups]
         release = getattr(self.engine, "release_memory", None)  # colocated vLLM sleeps during the update
         if release is not None:
             release()
-        mbs = self.cfg.trainer.mini_batches
-        chunks = [groups[i::mbs] for i in range(mbs)] if mbs > 1 else [groups]
-        sums: dict[str, float] = {}
-        for part in chunks:
-            rows = rows_from_segments([s for g in part for s in trained[id(g)]])
-            if not rows:
-                continue
-            got = self.train_rows(rows)
-            for k, v in got.items():
-                sums[k] = sums.get(k, 0.0) + v / len(chunks)
-        metrics.update(sums)
+        t = self.cfg.trainer
+        steps = optimizer_steps(per_group, t.mini_batches, t.mini_batch_split, t.mini_batch_rows)
+        got = [self.train_rows(rows_from_segments(part), step_scheduler=j == len(steps) - 1)
+               for j, part in enumerate(steps)]
+        metrics.update(combine_step_metrics(got))
         return metrics
 
-    def train_rows(self, rows: list[Row]) -> dict[str, float]:
-        """One optimizer step on `rows` (memrl.training.workers.PolicyWorker.train_rows, on every rank)."""
-        return self.workers.train_rows(rows)
+    def train_rows(self, rows: list[Row], step_scheduler: bool = True) -> dict[str, float]:
+        """One optimizer step on `rows` (memrl.training.workers.PolicyWorker.train_rows, on every rank);
+        `step_scheduler`: advance the learning-rate schedule after it (once per RL step)."""
+        return self.workers.train_rows(rows, step_scheduler)
 
     # -------------------------------------------------------------- the loop
     def fit(self) -> list[dict[str, float]]:
@@ -319,6 +337,7 @@ class Trainer:
         if logger.dropped:
             log.warning("%s: replaced %d row(s) of steps after %d, which are redone", logger.path,
                         logger.dropped, self.step)
+        truncate_dump(self)  # trajectories.jsonl likewise holds each step once
         history: list[dict[str, float]] = []
         try:
             while self.step < cfg.trainer.steps:
