@@ -238,7 +238,7 @@ def allowed_of(f: dataclasses.Field) -> Allowed | None:
     return f.metadata.get(ALLOWED)
 
 
-def _admits_none(cls: type, f: dataclasses.Field) -> bool:
+def _admits_none(f: dataclasses.Field) -> bool:
     t = f.type if isinstance(f.type, str) else str(f.type)
     return "None" in t or "Optional" in t
 
@@ -255,13 +255,13 @@ def check_config(obj: Any, where: str = "") -> None:
             check_config(value, path)
             continue
         rule = allowed_of(f)
-        if rule is None or (value is None and _admits_none(type(obj), f)):
+        if rule is None or (value is None and _admits_none(f)):
             continue
         items = list(value) if isinstance(value, list | tuple) else [value]
         for v in items:
             if not rule.admits(v, obj):
-                shown = f"{path}={value!r}" if len(items) == 1 and items[0] is value else f"{path} item {v!r}"
-                raise ConfigError(f"{shown} is not allowed: must be {rule.describe(path, obj)}")
+                what = f"{path}={value!r}" + ("" if items[0] is value else f": item {v!r}")
+                raise ConfigError(f"{what} is not allowed: must be {rule.describe(path, obj)}")
 
 
 def bounded(kind: Callable[[str], Any], **rule: Any) -> Callable[[str], Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from memrl.config import bounded
 from memrl.errors import UsageError
 
 
@@ -18,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="one or two run directories")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 = any free port)")
+    parser.add_argument("--port", type=bounded(int, ge=0, le=65535), default=8765, help="port (default 8765; 0 = any free port)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
