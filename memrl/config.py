@@ -199,7 +199,7 @@ class Allowed:
         parts = []
         known = self.known()
         if known is not None:
-            parts.append("one of " + ", ".join(str(c) for c in known))
+            parts.append("one of " + ", ".join(str(c) if c != "" else '""' for c in known))
         prefix = where.rsplit(".", 1)[0] + "." if "." in where else ""
 
         def show(k: str) -> str:
