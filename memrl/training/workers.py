@@ -158,6 +158,10 @@ class PolicyWorker:
             sums["loss/total"] += float(part.loss.detach())
             for k, v in part.sums.items():
                 sums[f"loss/{k}"] = sums.get(f"loss/{k}", 0.0) + v
+        if n_steps == 0 and rows:  # every row skipped (A = 0 throughout): the step the full pass would take,
+            for p in self.model.parameters():  # with zero gradients (Adam's momentum and weight decay still act)
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
         gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip_norm(self.cfg.optim.grad_clip))
         self.opt.step()
         if step_scheduler:
