@@ -2,9 +2,12 @@
 
     tasks -> rollout (n per task, concurrent, through the engine) -> rewards -> advantages (registry)
     -> optional dynamic sampling -> [dcpo: algorithm.n segments per task selected]
-    -> rows packed into micro-batches by a token budget
+    -> the update schedule (memrl.training.schedule: trainer.mini_batches / mini_batch_split /
+       mini_batch_rows) cuts the rows into the mini-batches of one or more optimizer steps
+    -> each mini-batch's rows packed into micro-batches by a token budget
     -> logprobs recomputed as log_softmax(logits / T) -> PPO loss, gradients accumulated with weights
-       fixed over the whole batch (sum of micro-batch losses == un-split loss) -> optimizer step
+       fixed over the whole mini-batch (sum of micro-batch losses == un-split loss) -> optimizer step
+    -> (after the last mini-batch) one learning-rate scheduler step
     -> weight sync to the engine -> log -> checkpoint
 
 The engine's weights are synced once more before the first rollout of every run (fresh or resumed), so
