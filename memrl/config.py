@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -129,6 +131,7 @@ def load_config(schema: type[T], overrides: list[str] | tuple[str, ...] = (), pr
         raise _wrap(e, "config") from e
     except (TypeError, ValueError) as e:  # a dataclass __post_init__ rejected a value
         raise ConfigError(str(e)) from e
+    check_config(obj)
     return obj  # type: ignore[return-value]
 
 
@@ -144,11 +147,13 @@ def section_from_dict(cls: type[T], values: dict[str, Any] | None, where: str) -
         )
     try:
         merged = OmegaConf.merge(OmegaConf.structured(cls), values)
-        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+        obj = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         raise _wrap(e, where) from e
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where}: {e}") from e
+    check_config(obj, where)
+    return obj  # type: ignore[return-value]
 
 
 REDACTED = "<redacted>"
@@ -175,3 +180,162 @@ def to_yaml(obj: Any) -> str:
     """A config dataclass as YAML (saved next to every run), secrets redacted (`redact_secrets`)."""
     tree = OmegaConf.to_container(OmegaConf.structured(obj), resolve=True)
     return OmegaConf.to_yaml(OmegaConf.create(redact_secrets(tree)))
+
+
+
+# ----------------------------------------------------------------------------------------- valid values
+# Every config field declares the values it admits, next to its default: `lr: float = valid(1e-6, gt=0)`.
+# One walker (`check_config`) checks a whole config tree against those declarations before any work, and
+# names the dotted field, the value and what is allowed. Fields with no declaration admit any value of
+# their type (strings such as paths, booleans); every numeric field must declare a range (tested).
+
+ALLOWED = "allowed"
+"""The `dataclasses.field` metadata key holding a field's `Allowed` declaration."""
+
+Bound = float | int | str | None
+"""A bound: a number, or the name of a sibling field of the same dataclass (its value is the bound)."""
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """The values a config field admits: a range (each end inclusive or not, a number or a sibling field's
+    name) and/or a set of choices (a tuple, or a function returning the names known at check time). None
+    is admitted when the field's type admits it (`int | None`), whatever the range. A list field's
+    declaration applies to each of its elements."""
+
+    ge: Bound = None
+    gt: Bound = None
+    le: Bound = None
+    lt: Bound = None
+    choices: tuple[Any, ...] | Callable[[], Any] | None = None
+    note: str = ""
+    """What a special value means, shown in the error ("0 = off")."""
+
+    def known(self) -> tuple[Any, ...] | None:
+        if self.choices is None:
+            return None
+        return tuple(self.choices() if callable(self.choices) else self.choices)
+
+    def bounds(self, owner: Any = None) -> dict[str, float]:
+        """{'ge'|'gt'|'le'|'lt': number}, sibling-field bounds read from `owner`."""
+        out = {}
+        for k in ("ge", "gt", "le", "lt"):
+            b = getattr(self, k)
+            if isinstance(b, str):
+                b = getattr(owner, b, None) if owner is not None else None
+            if b is not None:
+                out[k] = b
+        return out
+
+    def admits(self, value: Any, owner: Any = None) -> bool:
+        known = self.known()
+        if known is not None and value not in known:
+            return False
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return known is not None or not self.bounds(owner)
+        if value != value:  # NaN is in no range
+            return False
+        ops = {"ge": lambda v, b: v >= b, "gt": lambda v, b: v > b, "le": lambda v, b: v <= b,
+               "lt": lambda v, b: v < b}
+        return all(ops[k](value, b) for k, b in self.bounds(owner).items())
+
+    def describe(self, where: str = "", owner: Any = None) -> str:
+        """'> 0', 'in [0, 1)', 'one of a, b', '<= trainer.batch_size (128)', plus the note."""
+        parts = []
+        known = self.known()
+        if known is not None:
+            parts.append("one of " + ", ".join(str(c) if c != "" else '""' for c in known))
+        prefix = where.rsplit(".", 1)[0] + "." if "." in where else ""
+
+        def show(k: str) -> str:
+            b = getattr(self, k)
+            if isinstance(b, str):
+                return f"{prefix}{b} ({getattr(owner, b, '?')})" if owner is not None else prefix + b
+            return f"{b:g}" if isinstance(b, float) else str(b)
+
+        lo = "ge" if self.ge is not None else "gt" if self.gt is not None else None
+        hi = "le" if self.le is not None else "lt" if self.lt is not None else None
+        if lo and hi:
+            parts.append(f"in {'[' if lo == 'ge' else '('}{show(lo)}, {show(hi)}{']' if hi == 'le' else ')'}")
+        elif lo or hi:
+            k = lo or hi
+            parts.append(f"{ {'ge': '>=', 'gt': '>', 'le': '<=', 'lt': '<'}[k] } {show(k)}".strip())
+        text = " and ".join(parts) or "any value"
+        return f"{text} ({self.note})" if self.note else text
+
+
+def valid(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, ge: Bound = None,
+          gt: Bound = None, le: Bound = None, lt: Bound = None, choices: Any = None, note: str = "") -> Any:
+    """A dataclass field with its default and the values it admits (see `Allowed`):
+
+        lr: float = valid(1e-6, gt=0)
+        clip_low: float = valid(0.2, ge=0, lt=1)
+        mini_batches: int = valid(1, ge=1, le="batch_size")
+        loss_agg: str = valid("token-mean", choices=AGG_MODES)
+        multipliers: list[int] = valid(default_factory=lambda: [1, 4, 16], ge=1)
+    """
+    allowed = Allowed(ge=ge, gt=gt, le=le, lt=lt, choices=choices, note=note)
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={ALLOWED: allowed})
+
+
+def allowed_of(f: dataclasses.Field) -> Allowed | None:
+    """A field's declaration (None when it declares none)."""
+    return f.metadata.get(ALLOWED)
+
+
+def _admits_none(f: dataclasses.Field) -> bool:
+    t = f.type if isinstance(f.type, str) else str(f.type)
+    return "None" in t or "Optional" in t
+
+
+def check_config(obj: Any, where: str = "") -> None:
+    """Walk a config tree (nested dataclasses, dicts of them) and raise a one-line `ConfigError` naming
+    the dotted field, its value and what is allowed, for the first value outside its declaration."""
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        return
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name, None)
+        path = f"{where}.{f.name}" if where else f.name
+        if dataclasses.is_dataclass(value):
+            check_config(value, path)
+            continue
+        rule = allowed_of(f)
+        if rule is None or (value is None and _admits_none(f)):
+            continue
+        items = list(value) if isinstance(value, list | tuple) else [value]
+        for v in items:
+            if not rule.admits(v, obj):
+                what = f"{path}={value!r}" + ("" if items[0] is value else f": item {v!r}")
+                raise ConfigError(f"{what} is not allowed: must be {rule.describe(path, obj)}")
+
+
+def bounded(kind: Callable[[str], Any], **rule: Any) -> Callable[[str], Any]:
+    """An argparse `type=` that parses with `kind` and admits what `Allowed(**rule)` admits, so command-line
+    options declare their ranges the same way config fields do (argparse prints the error, exit 2)."""
+    import argparse
+
+    allowed = Allowed(**rule)
+
+    def parse(text: str) -> Any:
+        try:
+            v = kind(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from e
+        if not allowed.admits(v):
+            raise argparse.ArgumentTypeError(f"{v!r} is not allowed: must be {allowed.describe()}")
+        return v
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def check_shared_fields(obj: Any, declared_by: type, where: str) -> None:
+    """Check the fields of `obj` that share a name with a field `declared_by` declares (e.g. a workflow
+    config's temperature / top_p / top_k against `SamplingParams`), naming them `where.<field>`: values
+    a config passes on unchanged are checked before any work, not when the first request is made."""
+    rules = {f.name: allowed_of(f) for f in dataclasses.fields(declared_by) if allowed_of(f) is not None}
+    names = [f.name for f in dataclasses.fields(obj)] if dataclasses.is_dataclass(obj) else []
+    for name in names:
+        rule, value = rules.get(name), getattr(obj, name)
+        if rule is not None and value is not None and not rule.admits(value, obj):
+            raise ConfigError(f"{where}.{name}={value!r} is not allowed: must be {rule.describe()}")

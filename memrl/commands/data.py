@@ -22,6 +22,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from memrl.config import bounded
 from memrl.data.io import KINDS, ReadStats
 from memrl.errors import UserError, writable_dir, writable_file
 
@@ -53,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--source", nargs="+", required=True, help="HotpotQA / 2Wiki file(s), either layout")
     b.add_argument("--out", required=True, help="output directory")
     b.add_argument("--docs", type=_docs, default=list(DEFAULT_DOC_COUNTS), help="comma-separated document counts")
-    b.add_argument("--num-questions", type=int, default=128, help="questions per set (0 = all)")
-    b.add_argument("--seed", type=int, default=42, help="seed of question choice, padding and shuffling")
+    b.add_argument("--num-questions", type=bounded(int, ge=0), default=128, help="questions per set (0 = all)")
+    b.add_argument("--seed", type=bounded(int, ge=0), default=42, help="seed of question choice, padding and shuffling")
     b.add_argument("--sub-questions", type=_docs, default=[2, 3],
                    help="--kind multiobjective: sub-question counts to draw from (comma-separated)")
     common(b)
@@ -71,9 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t = sub.add_parser("train", help="training set: questions padded to 200 docs, MemAgent parquet")
     t.add_argument("--source", nargs="+", required=True, help="HotpotQA / 2Wiki file(s), either layout")
     t.add_argument("--out", required=True, help="output .parquet file")
-    t.add_argument("--docs", type=int, default=TRAIN_NUM_DOCS, help="documents per question")
-    t.add_argument("--num-questions", type=int, default=0, help="questions (0 = all)")
-    t.add_argument("--seed", type=int, default=42)
+    t.add_argument("--docs", type=bounded(int, ge=1), default=TRAIN_NUM_DOCS, help="documents per question")
+    t.add_argument("--num-questions", type=bounded(int, ge=0), default=0, help="questions (0 = all)")
+    t.add_argument("--seed", type=bounded(int, ge=0), default=42)
     t.add_argument("--data-source", default="hotpotqa", help="the rows' data_source field")
     common(t)
 
@@ -91,8 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     sh = sub.add_parser("show", help="print the first rows of a file as tasks")
     sh.add_argument("file")
-    sh.add_argument("--rows", type=int, default=1)
-    sh.add_argument("--chars", type=int, default=400, help="context characters to show")
+    sh.add_argument("--rows", type=bounded(int, ge=1), default=1)
+    sh.add_argument("--chars", type=bounded(int, ge=0), default=400, help="context characters to show")
     common(sh)
 
 

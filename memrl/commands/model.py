@@ -10,6 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
+from memrl.config import bounded
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from memrl.models.tiny import PRESETS
@@ -20,8 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--out", required=True, help="output directory (HuggingFace format)")
     init.add_argument("--corpus", nargs="+", default=None, metavar="FILE",
                       help="text files to train the tokenizer on (default: built-in synthetic text)")
-    init.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size (default: the preset's)")
-    init.add_argument("--seed", type=int, default=0, help="seed of the synthetic text and the weights")
+    init.add_argument("--vocab-size", type=bounded(int, ge=1), default=None, help="BPE vocabulary size (default: the preset's)")
+    init.add_argument("--seed", type=bounded(int, ge=0), default=0, help="seed of the synthetic text and the weights")
     init.add_argument("--force", action="store_true", help="write into a non-empty output directory")
     init.add_argument("--debug", action="store_true", help="show tracebacks")
 

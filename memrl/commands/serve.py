@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from memrl.config import bounded
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -21,10 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r = sub.add_parser("retrieval", help="BM25 retrieval over a corpus JSONL (POST /retrieve, GET /health)")
     r.add_argument("--corpus", required=True, help="corpus JSONL: {id, title, text} per line")
     r.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
-    r.add_argument("--port", type=int, default=8000)
-    r.add_argument("--max-concurrency", type=int, default=8, help="request batches scored at once")
-    r.add_argument("--cache-size", type=int, default=10000, help="LRU cache entries (query, topk); 0 = off")
-    r.add_argument("--max-topk", type=int, default=100, help="largest topk a request may ask for")
+    r.add_argument("--port", type=bounded(int, ge=1, le=65535), default=8000)
+    r.add_argument("--max-concurrency", type=bounded(int, ge=1), default=8, help="request batches scored at once")
+    r.add_argument("--cache-size", type=bounded(int, ge=0), default=10000, help="LRU cache entries (query, topk); 0 = off")
+    r.add_argument("--max-topk", type=bounded(int, ge=1), default=100, help="largest topk a request may ask for")
     r.add_argument("--retriever", choices=("bm25", "dense"), default="bm25",
                    help="bm25 (default) or dense (needs the 'dense' extra and --model)")
     r.add_argument("--model", help="--retriever dense: a local sentence-transformers / HF model directory")
@@ -32,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--reply-shape", choices=("memrl", "public"), default="memrl",
                    help="memrl: documents with id and score; public: as the public MemAct service (title and "
                         "text only)")
-    r.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
+    r.add_argument("--max-body-bytes", type=bounded(int, ge=1), default=8 * 1024 * 1024,
                    help="larger request bodies get 413 before they are read (default 8 MiB)")
     r.add_argument("--log-level", default="warning", help="uvicorn log level")
     r.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -52,10 +54,6 @@ def _retrieval(args: argparse.Namespace) -> int:
     from memrl.services.retrieval import BM25Retriever, DenseRetriever
     from memrl.services.server import create_app
 
-    if not 1 <= args.port <= 65535:
-        raise ValueError(f"--port must be in 1..65535, got {args.port}")
-    if args.max_concurrency < 1 or args.max_topk < 1 or args.max_body_bytes < 1:
-        raise ValueError("--max-concurrency, --max-topk and --max-body-bytes must be at least 1")
     t0 = time.perf_counter()
     if args.retriever == "dense":
         if not args.model:

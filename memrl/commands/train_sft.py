@@ -18,6 +18,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
+from memrl.config import valid
 from memrl.training.config import WORKFLOW_DEFAULTS, DataSection, ModelSection
 from memrl.training.sft import SFTConfig
 
@@ -26,12 +27,12 @@ from memrl.training.sft import SFTConfig
 class DemonstratorSection:
     """The rule that writes the demonstrations."""
 
-    num_tasks: int = 800
-    budget: int = 1
+    num_tasks: int = valid(800, ge=1)
+    budget: int = valid(1, ge=1)
     """Facts a demonstrated memory keeps."""
-    skip_prob: float = 0.25
+    skip_prob: float = valid(0.25, ge=0, le=1)
     """Chance the rule ignores a section's facts (a question-blind coin flip)."""
-    p_aware: float = 0.0
+    p_aware: float = valid(0.0, ge=0, le=1)
     """Per memory step, the chance of playing the optimal `QuestionAwareRule` instead (`MixtureRule`; 0 =
     the question-blind `RecentFactsRule` exactly)."""
 
@@ -100,8 +101,6 @@ def run(args: argparse.Namespace) -> int:
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     model = AutoModelForCausalLM.from_pretrained(cfg.model.path).to(cfg.model.device)
     mem, fin = wf.templates()
-    if not 0.0 <= cfg.demonstrator.p_aware <= 1.0:
-        raise ConfigError(f"demonstrator.p_aware must be in [0, 1], got {cfg.demonstrator.p_aware}")
     rule = MixtureRule(mem.text, fin.text, cfg.demonstrator.budget, cfg.demonstrator.skip_prob,
                        wf.no_memory_text, cfg.data.seed, p_aware=cfg.demonstrator.p_aware)
     tasks = make_tasks(cfg.data.synthetic, cfg.demonstrator.num_tasks, seed=cfg.data.seed)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from memrl.config import valid
 from memrl.data.synthetic_memact import MemActTaskConfig
 from memrl.demos import split_overrides
 
@@ -37,42 +38,42 @@ log = logging.getLogger(__name__)
 class MemActDemoModel:
     """The tiny Qwen2 trained from scratch (tied embeddings; the vocabulary is what BPE learns)."""
 
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    vocab_size: int = 2048
+    hidden_size: int = valid(128, ge=1)
+    num_layers: int = valid(4, ge=1)
+    num_heads: int = valid(4, ge=1)
+    num_kv_heads: int = valid(2, ge=1, le="num_heads")
+    vocab_size: int = valid(2048, ge=1)
     """BPE target; the task's text runs out of merges well before (about 900 tokens)."""
-    max_positions: int = 1024
+    max_positions: int = valid(1024, ge=1)
 
 
 @dataclass
 class MemActDemoSFT:
     """Cold start on the scripted agent's trajectories (memrl.demonstrators.memact.MemActDemonstrator)."""
 
-    num_tasks: int = 4000
+    num_tasks: int = valid(4000, ge=1)
     """Demonstration tasks; each gives one segment per prune plus the final one."""
-    late_prob: float = 0.6
+    late_prob: float = valid(0.6, ge=0, le=1)
     """The scripted agent's flaw: the probability it searches on instead of pruning, overflowing the budget."""
-    seed: int = 500
+    seed: int = valid(500, ge=0)
     """Seed of the demonstration tasks."""
-    search_topk: int = 1
+    search_topk: int = valid(1, ge=1)
     """Passages the scripted agent's searches ask for (1: the asked fact alone; 2: also a distractor fact of
     the same name). The working-context budget is calibrated with it."""
-    copy_warmup_steps: int = 1500
+    copy_warmup_steps: int = valid(1500, ge=0, note="0 = off")
     """Steps (of `batch_rows` x 4 rows) of copy warm-up before the cold start: random token sequences, each
     followed by itself (memrl.training.sft.copy_warmup_segments). A model trained from scratch has no
     induction heads, and without them it never learned to copy a name into a query or a value into an
     answer (at chance after 2,400 SFT steps); the warm-up forms them at ~700 steps (docs/memact.md). 0 = off."""
-    epochs: int = 4
+    epochs: int = valid(4, ge=1)
     """~2,400 steps: with 2 epochs the cold start copied only some values (sampled sub-question accuracy 42%
     vs 47% at 4 epochs, 3-question tasks 6.5% vs 41.8%; docs/memact.md)."""
-    lr: float = 1e-3
+    lr: float = valid(1e-3, gt=0)
     """(3e-3 and 6e-3 learned more slowly in the runs that chose this recipe; 3e-3 also stops the copy
     warm-up from forming induction.)"""
-    batch_rows: int = 8
+    batch_rows: int = valid(8, ge=1)
     """Small batches: the model needs many steps (~1000) before it copies names and values at all."""
-    warmup_steps: int = 20
+    warmup_steps: int = valid(20, ge=0)
 
 
 @dataclass
@@ -80,10 +81,10 @@ class MemActDemoEval:
     """Held-out evaluation, fixed before any run: new fact sheets (another task seed), same protocol for both
     policies (greedy, then one sample per task at `temperature`)."""
 
-    num_tasks: int = 300
-    seed: int = 987654
+    num_tasks: int = valid(300, ge=1)
+    seed: int = valid(987654, ge=0)
     """Seed of the held-out tasks (SFT uses sft.seed, DCPO rl_task_seed)."""
-    temperature: float = 1.0
+    temperature: float = valid(1.0, gt=0)
     """The sampled evaluation's temperature (the DCPO rollouts' own)."""
 
 
@@ -95,18 +96,18 @@ class MemActDemoConfig:
     task: MemActTaskConfig = field(default_factory=MemActTaskConfig)
     sft: MemActDemoSFT = field(default_factory=MemActDemoSFT)
     eval: MemActDemoEval = field(default_factory=MemActDemoEval)
-    rl_tasks: int = 5000
+    rl_tasks: int = valid(5000, ge=1)
     """Training tasks written for DCPO (read in shuffled epochs)."""
-    rl_task_seed: int = 100
-    context_budget: int = 0
+    rl_task_seed: int = valid(100, ge=0)
+    context_budget: int = valid(0, ge=0, note="0 = calibrated")
     """The working-context budget (workflow.max_context_tokens of the cold start, DCPO and evaluation).
     0 = calibrated with the demo's tokenizer: the largest prompt the scripted agent without its flaw
     reaches on the SFT tasks (the task prompt and two search results); the demo checks that no
     prompt holding three search results fits."""
-    seed: int = 0
+    seed: int = valid(0, ge=0)
     """Seed of the tokenizer and the model's initial weights."""
     train_preset: str = "memact_dcpo_cpu"
-    threads: int = 0
+    threads: int = valid(0, ge=0, note="0 = torch's default")
     """torch threads (0 = torch's default)."""
 
 

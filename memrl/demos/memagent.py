@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from memrl.config import valid
 from memrl.demos import split_overrides
 from memrl.demos.evaluation import EvalProtocol, evaluate_policy, model_engine, results_to_json
 
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 class DemoSFT:
     """Cold start: demonstrations from a mixture of the optimal and the question-blind rule."""
 
-    p_aware: float = 0.9
+    p_aware: float = valid(0.9, ge=0, le=1)
     """Per memory step, the chance the demonstrator plays the optimal `QuestionAwareRule` (keep the fact
     whose key is the question's) instead of the question-blind `RecentFactsRule` (keep the newest fact,
     or skip it with `skip_prob`). 0 = question-blind cold start (the negative result of docs/demo.md),
@@ -36,11 +37,11 @@ class DemoSFT:
     the newest fact (True, the recipe before 2026-11-23 evening). With distractors kept, the sampled model
     confused a held distractor with the fact it had to capture (capture 70% after RL, docs/demo.md); with an
     empty memory there is nothing to confuse. `QuestionAwareRule.keep_distractors`."""
-    num_tasks: int = 3000
+    num_tasks: int = valid(3000, ge=1)
     """Training tasks to record demonstrations on (each gives num_chunks + 1 rows)."""
-    budget: int = 1
+    budget: int = valid(1, ge=1)
     """Facts the demonstrated memory keeps."""
-    skip_prob: float = 0.4
+    skip_prob: float = valid(0.4, ge=0, le=1)
     """Chance the question-blind rule ignores a section's fact (a coin flip; < 0.5 so its majority action
     is "keep the newest fact", while sampling still explores keeping)."""
     unanswerable_text: str | None = None
@@ -51,33 +52,33 @@ class DemoSFT:
     """Demonstrated memories open with the question's key ("- Linka : Kalo is red")."""
     restate_sep: str | None = ":"
     """Word between the restated key and the fact (null = none: "- Linka Kalo is red")."""
-    reading_tasks: int = 0
+    reading_tasks: int = valid(0, ge=0)
     """Extra rows that answer the question from the whole (short) document, in the final-answer format:
     reading comprehension, never which facts a memory should keep. 0 = off."""
-    epochs: int = 4
+    epochs: int = valid(4, ge=1)
     """~2250 steps on 2-8-chunk documents: with a mixture demonstrator the question-aware skill appears
     only after ~1100-2200 supervised steps (docs/demo.md)."""
-    lr: float = 1e-3
+    lr: float = valid(1e-3, gt=0)
     """3e-3 stalls near loss 0.2 before the copy skill is exact (docs/demo.md, the ceiling runs)."""
-    batch_rows: int = 32
-    warmup_steps: int = 20
+    batch_rows: int = valid(32, ge=1)
+    warmup_steps: int = valid(20, ge=0)
 
 
 @dataclass
 class DemoEval:
     """Held-out evaluation, the same for every row: seeds never used in training."""
 
-    num_tasks: int = 128
+    num_tasks: int = valid(128, ge=1)
     """Tasks per length."""
-    multipliers: list[int] = field(default_factory=lambda: [1, 4, 16])
+    multipliers: list[int] = valid(default_factory=lambda: [1, 4, 16], ge=1)
     """Lengths evaluated, as multiples of the training length (the longest training document, in chunks)."""
-    seed: int = 987654
+    seed: int = valid(987654, ge=0)
     """Seed of the held-out task stream and of the sampled evaluation (training uses data.seed and sft_seed)."""
     greedy: bool = True
     """Greedy decoding (one trajectory per task)."""
-    samples: int = 4
+    samples: int = valid(4, ge=0, note="0 = no sampled evaluation")
     """Sampled trajectories per task (0 = no sampled evaluation): the policy RL optimizes."""
-    temperature: float = 1.0
+    temperature: float = valid(1.0, gt=0)
     """Temperature of the sampled evaluation."""
     demonstrator: bool = True
     """Also evaluate the scripted demonstrator (sampled) through the same workflow."""
@@ -90,19 +91,19 @@ class DemoConfig:
     model_preset: str = "micro"
     """"micro" (the shape below, ~0.8M parameters: learns to copy facts within the CPU budget) or a
     memrl.models.tiny preset ("tiny" ~3M, "small" ~24M)."""
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    vocab_size: int = 2048
+    hidden_size: int = valid(128, ge=1)
+    num_layers: int = valid(4, ge=1)
+    num_heads: int = valid(4, ge=1)
+    num_kv_heads: int = valid(2, ge=1, le="num_heads")
+    vocab_size: int = valid(2048, ge=1)
     """BPE target; the trained vocabulary stops earlier when the corpus runs out of merges."""
-    seed: int = 0
-    sft_seed: int = 500
+    seed: int = valid(0, ge=0)
+    sft_seed: int = valid(500, ge=0)
     """Seed of the SFT demonstration tasks."""
     sft: DemoSFT = field(default_factory=DemoSFT)
     eval: DemoEval = field(default_factory=DemoEval)
     train_preset: str = "demo_cpu"
-    threads: int = 0
+    threads: int = valid(0, ge=0, note="0 = torch's default")
     """torch threads (0 = torch's default)."""
 
 
@@ -112,17 +113,12 @@ def load_demo_configs(overrides: list[str], out_dir: str | Path) -> tuple[DemoCo
     before any work on a bad value."""
     import torch
 
-    from memrl.config import ConfigError, load_config
+    from memrl.config import load_config
     from memrl.training.config import TrainConfig
     from memrl.training.trainer import check_writable, validate
 
     demo_ov, train_ov = split_overrides(list(overrides))
-    cfg = load_config(DemoConfig, demo_ov)
-    if not 0.0 <= cfg.sft.p_aware <= 1.0:
-        raise ConfigError(f"sft.p_aware must be in [0, 1], got {cfg.sft.p_aware}")
-    if cfg.eval.samples < 0 or cfg.eval.temperature <= 0 and cfg.eval.samples:
-        raise ConfigError(f"eval.samples must be >= 0 and eval.temperature > 0 when sampling, got "
-                         f"samples={cfg.eval.samples} temperature={cfg.eval.temperature}")
+    cfg = load_config(DemoConfig, demo_ov)  # every field against its declared range
     out = check_writable(out_dir, "--out")
     tcfg = load_config(TrainConfig, [f"model.path={out / 'sft'}", f"out_dir={out / 'rl'}", *train_ov],
                        preset=cfg.train_preset)

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from memrl.config import valid
+
 
 class EngineError(RuntimeError):
     """An engine could not serve a request (unreachable server, malformed reply, bad request)."""
@@ -21,12 +23,12 @@ class EngineError(RuntimeError):
 class SamplingParams:
     """How to sample one completion. temperature 0 means greedy; top_k <= 0 and top_p = 1 disable them."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 256
+    temperature: float = valid(1.0, ge=0, note="0 = greedy")
+    top_p: float = valid(1.0, gt=0, le=1, note="1 = off")
+    top_k: int = valid(-1, ge=-1, note="-1 or 0 = off")
+    max_tokens: int = valid(256, ge=1)
     stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = None
+    seed: int | None = valid(None, ge=0)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from memrl.config import valid
+
 ENGINE_KINDS = ("hf", "vllm", "vllm-cpu", "openai")
 
 
@@ -21,9 +23,9 @@ class HFSection:
 
     device: str = ""
     """"cpu" or "cuda[:i]"; "" = the policy's device when training, else cpu."""
-    max_wait_ms: float = 5.0
+    max_wait_ms: float = valid(5.0, ge=0)
     """How long the first waiting request holds a batch open for others."""
-    max_prefill_tokens: int = 32768
+    max_prefill_tokens: int = valid(32768, ge=1)
     """Padded tokens per prefill pass (bounds memory)."""
     attn_implementation: str | None = "sdpa"
     """transformers attention implementation when the engine loads the model itself."""
@@ -41,11 +43,11 @@ class HFSection:
 class VLLMSection:
     """The in-process vLLM engine (memrl.engines.vllm.VLLMEngine; names follow vLLM's engine arguments)."""
 
-    max_model_len: int | None = None
+    max_model_len: int | None = valid(None, ge=1)
     """Prompt + completion token limit; None = the model's own."""
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = valid(0.9, gt=0, le=1)
     """Fraction of GPU memory for weights + KV cache (on CPU: of host memory, unless kv_cache_gib is set)."""
-    kv_cache_gib: float | None = None
+    kv_cache_gib: float | None = valid(None, gt=0)
     """KV cache size in GiB; None = derive from gpu_memory_utilization."""
     enforce_eager: bool = False
     """Skip torch.compile / CUDA graphs: faster start, slower decode."""
@@ -53,7 +55,7 @@ class VLLMSection:
     """Reuse the KV cache of shared prompt prefixes."""
     enable_chunked_prefill: bool | None = None
     """None = vLLM's default (off on CPU, see VLLMConfig)."""
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = valid(1, ge=1)
     """GPUs one engine spans."""
     logprobs_mode: str = "processed_logprobs"
     """"processed_logprobs" matches memrl's logprob convention (memrl.engines.base)."""
@@ -79,17 +81,17 @@ class OpenAISection:
     is redacted ("<redacted>") in every saved config (eval_config.json, config.yaml)."""
     api_key_env: str = "OPENAI_API_KEY"
     """Environment variable holding the key when api_key is None; "" = none."""
-    server: str = "vllm"
+    server: str = valid("vllm", choices=("vllm", "sglang"))
     """vllm | sglang: which weight-reload endpoint weight syncs use."""
     vllm_reload_method: str = "memrl_load_weights"
     """Worker method a weight sync calls through vLLM's /collective_rpc (see OpenAIConfig)."""
-    timeout_s: float = 600.0
+    timeout_s: float = valid(600.0, gt=0)
     """Per-request read timeout."""
-    connect_timeout_s: float = 10.0
+    connect_timeout_s: float = valid(10.0, gt=0)
     """Connection timeout."""
-    max_retries: int = 3
+    max_retries: int = valid(3, ge=0)
     """Retries after a connection error, timeout or 5xx."""
-    backoff_s: float = 0.5
+    backoff_s: float = valid(0.5, ge=0)
     """First retry delay; doubled per retry."""
     sync_dir: str = ""
     """Training: directory the policy is saved to for the server to reload (must be readable by the
@@ -100,17 +102,17 @@ class OpenAISection:
 class EngineConfig:
     """Which engine serves the model, and its settings (kind-specific ones in hf / vllm / openai)."""
 
-    name: str = "hf"
+    name: str = valid("hf", choices=ENGINE_KINDS)
     """Engine kind: hf (transformers, in process), vllm, vllm-cpu, openai (a running server)."""
     model: str = ""
     """Model directory (HuggingFace format). Training: "" = the policy (model.path, or the checkpoint a
     resumed run starts from). openai: the local tokenizer directory."""
-    max_batch_size: int = 64
+    max_batch_size: int = valid(64, ge=1)
     """Sequences decoded together (hf max_batch_size, vLLM max_num_seqs, openai requests in flight)."""
     dtype: str | None = None
     """Weights dtype name; None = the policy's when sharing, else float32 on CPU / bfloat16 on CUDA (hf),
     "auto" (vLLM)."""
-    seed: int = 0
+    seed: int = valid(0, ge=0)
     """Seed for requests that carry none of their own."""
     hf: HFSection = field(default_factory=HFSection)
     vllm: VLLMSection = field(default_factory=VLLMSection)

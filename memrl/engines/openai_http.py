@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from memrl.config import valid
 from memrl.engines.base import Completion, EngineError, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -63,14 +64,14 @@ class OpenAIConfig:
     """Worker method update_weights calls through vLLM's /collective_rpc. "memrl_load_weights" needs the
     server started with --worker-extension-cls memrl.engines.vllm.MemrlWorkerExtension; "reload_weights"
     works on a stock server, but vLLM 0.32 then leaves a tied lm_head stale (see memrl.engines.vllm)."""
-    max_concurrency: int = 64
+    max_concurrency: int = valid(64, ge=1)
     """Requests in flight at once, per engine."""
-    timeout_s: float = 600.0
+    timeout_s: float = valid(600.0, gt=0)
     """Per-request timeout (read); connecting times out after connect_timeout_s."""
-    connect_timeout_s: float = 10.0
-    max_retries: int = 3
+    connect_timeout_s: float = valid(10.0, gt=0)
+    max_retries: int = valid(3, ge=0)
     """Retries after a connection error, timeout or 5xx (so up to max_retries + 1 attempts)."""
-    backoff_s: float = 0.5
+    backoff_s: float = valid(0.5, ge=0)
     """First retry delay; doubled per retry, with up to 10% jitter."""
 
     def __post_init__(self) -> None:

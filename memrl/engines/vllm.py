@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from memrl.config import valid
 from memrl.engines.base import Completion, EngineError, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -60,23 +61,23 @@ class VLLMConfig:
     """HuggingFace model directory (or hub id where a hub is reachable)."""
     dtype: str = "auto"
     """auto | float32 | bfloat16 | float16."""
-    max_model_len: int | None = None
+    max_model_len: int | None = valid(None, ge=1)
     """Prompt + completion token limit; None = the model's own."""
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = valid(0.9, gt=0, le=1)
     """Fraction of GPU memory for weights + KV cache (on CPU: of host memory, unless kv_cache_gib is set)."""
-    kv_cache_gib: float | None = None
+    kv_cache_gib: float | None = valid(None, gt=0)
     """KV cache size in GiB (vLLM's kv_cache_memory_bytes). On CPU, VLLM_CPU_KVCACHE_SPACE (whole GiB)
     overrides it when set. None = derive from gpu_memory_utilization."""
     enforce_eager: bool = False
     """Skip torch.compile / CUDA graphs: faster start, slower decode."""
-    seed: int = 0
-    max_num_seqs: int = 256
+    seed: int = valid(0, ge=0)
+    max_num_seqs: int = valid(256, ge=1)
     """Most sequences vLLM batches at once."""
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool | None = None
     """None = vLLM's default, except on CPU, where it is off: vLLM 0.32's CPU runner crashes ("CPU
     Generator does not use offset") when a seeded request's prefill is split across steps."""
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = valid(1, ge=1)
     logprobs_mode: str = "processed_logprobs"
     """See the module docstring; "processed_logprobs" matches memrl's logprob convention."""
     enable_sleep_mode: bool = False

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memrl.config import redact_secrets
+from memrl.config import redact_secrets, valid
 from memrl.engines.config import EngineConfig, HFSection
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.types import Task, Trajectory
@@ -65,11 +65,11 @@ class EvalConfig:
     engine: EngineConfig = field(
         default_factory=lambda: EngineConfig(max_batch_size=16, hf=HFSection(deterministic=False)))
     """The engine (memrl.engines.config): `engine.model` is the model directory (--model)."""
-    limit: int = 0
+    limit: int = valid(0, ge=0, note="0 = all")
     """Questions per file (the first ones); 0 = all."""
-    concurrency: int = 16
+    concurrency: int = valid(16, ge=1)
     """Questions in flight at once (their model calls batch in the engine)."""
-    seed: int = 0
+    seed: int = valid(0, ge=0)
     """Seed of the per-question RNGs (only matters when sampling)."""
     name: str = ""
     """Run name in tables and plots (default: the output directory's name)."""
@@ -118,9 +118,13 @@ def get_spec(name: str):
 def workflow_config(cfg: EvalConfig) -> tuple[Any, Any]:
     """(spec, config) of `cfg.workflow`: the workflow's defaults, greedy decoding for evaluation, then
     the section's fields."""
+    from memrl.config import check_shared_fields
+    from memrl.engines.base import SamplingParams
     from memrl.workflows import parse_workflow
 
-    return parse_workflow(cfg.workflow, defaults={"temperature": 0.0, "no_prune_prob": 0.0})
+    spec, wf = parse_workflow(cfg.workflow, defaults={"temperature": 0.0, "no_prune_prob": 0.0})
+    check_shared_fields(wf, SamplingParams, "workflow")  # temperature / top_p before the model loads
+    return spec, wf
 
 
 # ---------------------------------------------------------------- engines
@@ -387,6 +391,9 @@ def evaluate(
 
     `engine` may be passed in (tests, notebooks); otherwise it is built from cfg.engine and closed after.
     """
+    from memrl.config import check_config
+
+    check_config(cfg)  # also when called with a config built in code, not by load_config
     out = writable_dir(out_dir, "--out")
     spec, wf_cfg = workflow_config(cfg)
     record = {"workflow": spec.name, "model": cfg.engine.model, "engine": dataclasses.asdict(cfg.engine),

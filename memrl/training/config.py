@@ -1,5 +1,5 @@
 """Typed training configs: one dataclass per component, defaults = the published MemAgent recipe
-(REFERENCE.md sections 1-2). Load with `memrl.config.load_config(TrainConfig, overrides, preset)`:
+(arXiv 2507.02259; the MemAgent repository's run_memory_7B.sh). Load with `memrl.config.load_config(TrainConfig, overrides, preset)`:
 
     memrl train workflow=memagent algorithm=grpo algorithm.n=8 workflow.chunk_tokens=1000
 
@@ -13,9 +13,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from memrl.config import REMOVED_KEYS
+from memrl.config import REMOVED_KEYS, valid
 from memrl.data.synthetic import SyntheticConfig
 from memrl.engines.config import EngineConfig
+
+
+def _advantage_names() -> list[str]:
+    from memrl.algorithms.registry import advantage_names
+
+    return advantage_names()
+
+
+def _loss_names() -> list[str]:
+    from memrl.algorithms.registry import loss_names
+
+    return loss_names()
+
+
+def _agg_modes() -> tuple[str, ...]:
+    from memrl.algorithms.losses import AGG_MODES
+
+    return AGG_MODES
+
+
+def _kl_kinds() -> tuple[str, ...]:
+    from memrl.algorithms.losses import KL_KINDS
+
+    return KL_KINDS
 
 
 @dataclass
@@ -24,7 +48,7 @@ class ModelSection:
 
     path: str = ""
     """HF model directory (config, safetensors, tokenizer). Required."""
-    dtype: str = "float32"
+    dtype: str = valid("float32", choices=("float32", "bfloat16"))
     """Training dtype: float32 or bfloat16."""
     device: str = "cpu"
     """Where the trainer runs ("cpu", "cuda")."""
@@ -35,60 +59,68 @@ class ModelSection:
 class DataSection:
     """Training tasks: the synthetic generator, or a data file read by memrl.data.io."""
 
-    name: str = "synthetic"
+    name: str = valid("synthetic", choices=("synthetic", "file"))
     """"synthetic" or "file"."""
     path: str = ""
     """Data file (JSON / JSONL / parquet) when name=file."""
-    seed: int = 0
+    seed: int = valid(0, ge=0)
     """Seed of the synthetic stream / the shuffle of a file."""
+    shuffle: bool = True
+    """name=file: visit the file's tasks in a new seeded order every epoch. False = the file's own order,
+    every epoch (the published MemAgent and ReMemR1 scripts set verl's data.shuffle=False)."""
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
 @dataclass
 class AlgorithmSection:
-    """Advantage estimator, group size and the policy loss (REFERENCE section 2). The estimator's and the
+    """Advantage estimator, group size and the policy loss (MemAgent / ReMemR1 papers and scripts). The estimator's and the
     loss's options (their registered options dataclasses) are filled from the fields of the same name."""
 
-    name: str = "grpo"
+    name: str = valid("grpo", choices=_advantage_names)
     """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1. It does not choose which
     segments train: that is `selection`."""
-    n: int = 16
+    n: int = valid(16, ge=1)
     """Trajectories sampled per task (the group), under every estimator (MemAct publishes 8)."""
     # --- DCPO segment selection (docs/memact.md, "Training with DCPO"): which segments become rows.
-    selection: str = "all"
+    selection: str = valid("all", choices=("all", "published", "spread_unused"))
     """"all": every segment of every trajectory trains; "published": the public MemAct sampler
     (segments_per_task rows per task, one per trajectory first, the rest one more each in a shuffled
     order, a segment repeated when its trajectory has no unused one); "spread_unused": memrl's rule (no
     repeats: the extra rows cycle over the trajectories that still have unused segments, i.e. those
     that pruned). memrl.algorithms.selection."""
-    segments_per_task: int = 12
+    segments_per_task: int = valid(12, ge=1)
     """selection != all: rows trained per task (MemAct publishes 12; `rollout.n` upstream); >= n."""
     norm_by_std: bool = False
     """GRPO: divide by the group's std (MemAgent's script mean-centres only)."""
-    credit: str = "broadcast"
+    credit: str = valid("broadcast", choices=("broadcast", "split"))
     """broadcast: every row of a trajectory gets its advantage; split: A / number of rows."""
-    alpha: float = 0.8
+    alpha: float = valid(0.8, ge=0, le=1)
     """rememr1: A = alpha * A_out + (1 - alpha) * A_state,t (ReMemR1's published 0.8)."""
-    eps: float = 1e-6
+    eps: float = valid(1e-6, gt=0)
     """grpo / dcpo / rememr1: added to the group std before dividing."""
-    state_term: str = "paper"
+    state_term: str = valid("paper", choices=("paper", "released"))
     """rememr1: paper = alpha * A_out + (1 - alpha) * A_state; released = the released trainer's state term
     over twice the step reward (0.8 * A_out + 0.4 * (r - mean) at alpha 0.8 without std division)."""
-    loss: str = "ppo"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip_c: float | None = 3.0
-    loss_agg: str = "token-mean"
+    loss: str = valid("ppo", choices=_loss_names)
+    """Policy loss (memrl.algorithms.registry)."""
+    clip_low: float = valid(0.2, ge=0, lt=1)
+    """PPO: the ratio is clipped below at 1 - clip_low."""
+    clip_high: float = valid(0.2, ge=0)
+    """PPO: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher when > clip_low)."""
+    dual_clip_c: float | None = valid(3.0, gt=1, note="null = no dual clip")
+    """Dual clip: for A < 0 the loss is at most -A * c."""
+    loss_agg: str = valid("token-mean", choices=_agg_modes)
     """token-mean, seq-mean-token-mean, seq-mean-token-sum, traj-mean."""
-    kl_coef: float = 0.001
+    kl_coef: float = valid(0.001, ge=0)
     """KL-to-reference loss coefficient (0 disables the reference model)."""
-    kl_kind: str = "low_var_kl"
-    entropy_coef: float = 0.0
+    kl_kind: str = valid("low_var_kl", choices=_kl_kinds)
+    entropy_coef: float = valid(0.0, ge=0)
+    """Entropy bonus coefficient (0 = none)."""
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards all agree and refill with new tasks."""
-    max_refill_rounds: int = 3
+    max_refill_rounds: int = valid(3, ge=0)
     """Extra rollout rounds dynamic sampling may run to refill the batch."""
-    temperature: float = 1.0
+    temperature: float = valid(1.0, gt=0)
     """Rollout temperature (overrides the workflow's); logprobs are recomputed under the same T."""
 
 
@@ -96,48 +128,64 @@ class AlgorithmSection:
 class OptimSection:
     """AdamW with linear warm-up then constant (MemAgent: lr 1e-6, 20 warm-up steps)."""
 
-    lr: float = 1e-6
-    warmup_steps: int = 20
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.999
-    grad_clip: float = 1.0
+    lr: float = valid(1e-6, gt=0)
+    """Peak learning rate."""
+    warmup_steps: int = valid(20, ge=0)
+    """Linear warm-up over this many RL steps (the scheduler steps once per batch, as verl's update_actor
+    does, whatever trainer.mini_batches is); 0 = none."""
+    weight_decay: float = valid(0.01, ge=0)
+    beta1: float = valid(0.9, ge=0, lt=1)
+    beta2: float = valid(0.999, ge=0, lt=1)
+    grad_clip: float = valid(1.0, ge=0, note="0 = no clipping")
+    """Clip the global gradient norm to this before every optimizer step; 0 = no clipping (never a
+    zero-length update)."""
 
 
 @dataclass
 class TrainerSection:
     """The driver loop: how many steps, batch size, packing, saving and logging."""
 
-    steps: int = 150
-    batch_size: int = 128
+    steps: int = valid(150, ge=0)
+    """RL steps (batches) to train."""
+    batch_size: int = valid(128, ge=1)
     """Tasks (groups) per step; each gives `algorithm.n` trajectories."""
-    concurrency: int = 1024
+    concurrency: int = valid(1024, ge=1)
     """Trajectories in flight at once (the rollout runner's cap)."""
-    mini_batches: int = 1
-    """Optimizer steps per RL step (the batch's groups split evenly); 1 = fully on-policy."""
-    token_budget: int = 16384
+    mini_batches: int = valid(1, ge=1, le="batch_size")
+    """Optimizer steps per RL step, the batch cut as `mini_batch_split` says; 1 = fully on-policy. The
+    published MemAgent / ReMemR1 scripts take 16 (train_batch_size 128 / ppo_mini_batch_size 8)."""
+    mini_batch_split: str = valid("groups", choices=("groups", "rows"))
+    """How `mini_batches` cuts a batch. "groups": whole groups, group i to mini-batch i mod k (memrl's
+    default). "rows": verl's rule in the MemAgent / ReMemR1 forks (dp_actor.update_policy, td_split):
+    the batch's rows in verl's order (every trajectory's first call, then every second call, ..., the final
+    answers last) cut into k contiguous slices whose sizes differ by at most one, larger ones first."""
+    mini_batch_rows: int = valid(0, ge=0, note="0 = off")
+    """vime / slime: one optimizer step every k rows (--global-batch-size), rows in batch order (each
+    trajectory's calls together); a last slice of fewer rows is a step of its own. Needs mini_batches=1."""
+    token_budget: int = valid(16384, ge=1)
     """Padded tokens per micro-batch (rows x longest row); gradient accumulation over micro-batches."""
     skip_zero_advantage: bool = True
     """Leave rows whose advantage is exactly 0 (uniform groups, unchanged steps) out of the forward and
     backward pass. Exact (same loss and gradient, the batch's normalizers kept) and applied only with the
     PPO loss and no KL or entropy term; `train/rows_zero_adv_skipped` counts them, and the logged entropy,
     clipfrac and approx_kl are then means over the trained rows."""
-    save_every: int = 50
+    save_every: int = valid(50, ge=0, note="0 = only at the end")
     """Checkpoint every k steps (and at the end); 0 = only at the end."""
-    keep_checkpoints: int = 2
-    seed: int = 0
+    keep_checkpoints: int = valid(2, ge=0, note="0 = keep all")
+    """Newest checkpoints kept; 0 = all."""
+    seed: int = valid(0, ge=0)
     tensorboard: bool = True
     progress: bool = True
-    dump_every: int = 10
+    dump_every: int = valid(10, ge=0, note="0 = off")
     """Append a sample of this step's trajectories to trajectories.jsonl every k steps (`memrl view`); 0 = off."""
-    dump_trajectories: int = 4
+    dump_trajectories: int = valid(4, ge=1)
     """Trajectories per dump, whole groups in batch order (so advantages compare within a group)."""
-    dump_max_mb: float = 200.0
+    dump_max_mb: float = valid(200.0, ge=0)
     """Stop dumping (one warning) once trajectories.jsonl reaches this size."""
-    num_workers: int = 1
+    num_workers: int = valid(1, ge=1)
     """Training ranks (FSDP2). 1 = in the trainer's process; N > 1 = Ray actors (memrl.training.placement)."""
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
+    cpus_per_worker: float = valid(1.0, gt=0)
+    gpus_per_worker: float = valid(0.0, ge=0)
     """Ray resources of each training rank (GPUs > 0 trains on CUDA with NCCL)."""
     fsdp_bf16: bool = False
     """FSDP2 mixed precision: bf16 compute, fp32 gradient reduction (num_workers > 1)."""
@@ -149,31 +197,31 @@ class TrainerSection:
 class RolloutSection:
     """Rollout engine replicas placed by Ray (transformers engines; requests go to the least busy one)."""
 
-    num_engines: int = 0
+    num_engines: int = valid(0, ge=0)
     """0 = the in-process engine of `engine.name`; N >= 1 = N Ray actor engines, each built from the
     whole `engine` section (its kind from rollout.engine, its device from the resources below)."""
-    cpus_per_engine: float = 1.0
-    gpus_per_engine: float = 0.0
-    engine: str = ""
+    cpus_per_engine: float = valid(1.0, gt=0)
+    gpus_per_engine: float = valid(0.0, ge=0)
+    engine: str = valid("", choices=("", "hf", "vllm", "vllm-cpu"))
     """Replica kind: "hf" (memrl.engines.hf.HFEngine) or "vllm" (memrl.engines.vllm.VLLMEngine);
     "" = engine.name (vllm-cpu counts as vllm)."""
-    weight_sync: str = "auto"
+    weight_sync: str = valid("auto", choices=("auto", "object_store", "broadcast", "directory"))
     """How each update reaches the replicas: "object_store" (the gathered state dict put once in Ray's
     object store, every replica reads it), "broadcast" (a collective broadcast from trainer rank 0 into
     every replica over a group of their own: memrl.engines.weight_transfer), "directory" (rank 0 writes
     safetensors to rollout.sync_dir, every replica reads them; needs a filesystem they all see).
     "auto" = broadcast for vLLM replicas on their own GPUs, directory for vLLM on CPU (or sharing the
     ranks' GPUs, where NCCL cannot pair two ranks on one device), object_store for hf replicas."""
-    broadcast_backend: str = "auto"
+    broadcast_backend: str = valid("auto", choices=("auto", "gloo", "nccl"))
     """weight_sync=broadcast: "gloo", "nccl", or "auto" (nccl when the replicas have GPUs, else gloo)."""
-    broadcast_bucket_mb: int = 256
+    broadcast_bucket_mb: int = valid(256, ge=1)
     """weight_sync=broadcast: tensors go in buckets of at most this many MiB (one collective each)."""
     sync_dir: str = ""
     """weight_sync=directory: where rank 0 writes the weights ("" = <out_dir>/engine_weights)."""
     colocate: bool = False
     """Engines share the trainer ranks' bundles (and GPUs): engine i sits with rank i; vLLM sleeps
     during the update. Needs rollout.num_engines <= trainer.num_workers."""
-    gpu_memory_utilization: float = 0.4
+    gpu_memory_utilization: float = valid(0.4, gt=0, le=1)
     """vLLM: share of its GPU for weights + KV cache (keep room for the trainer when colocated)."""
 
 
@@ -185,7 +233,7 @@ class RaySection:
     """"" = start a local Ray; "host:port" = join a cluster started with `ray start --head`."""
     temp_dir: str = ""
     """Ray's session/log directory for a local start ("" = Ray's default)."""
-    num_cpus: int = 0
+    num_cpus: int = valid(0, ge=0, note="0 = all")
     """CPUs a local Ray start offers (0 = all the machine's)."""
 
 

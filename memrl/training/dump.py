@@ -20,6 +20,18 @@ log = logging.getLogger(__name__)
 DUMP_FILE = "trajectories.jsonl"
 
 
+def truncate_dump(trainer: Any) -> int:
+    """On resume at step k: drop the dumped rows of steps after k (a kill between a dump and the next
+    checkpoint), which the resumed run dumps again; returns how many (memrl.training.logging.truncate_steps)."""
+    from memrl.training.logging import truncate_steps
+
+    path = Path(trainer.out) / DUMP_FILE
+    dropped = truncate_steps(path, trainer.step)
+    if dropped:
+        log.warning("%s: replaced %d row(s) of steps after %d, which are redone", path, dropped, trainer.step)
+    return dropped
+
+
 def note_tasks(trainer: Any, tasks: list[Task]) -> None:
     """Remember this step's tasks (question, answers) on the trainer until the next dump check."""
     seen = trainer.__dict__.setdefault("_dump_tasks", {})

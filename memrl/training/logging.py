@@ -21,7 +21,7 @@ class MetricsLogger:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
-        self.dropped = truncate_metrics(self.path, keep_until) if keep_until is not None else 0
+        self.dropped = truncate_steps(self.path, keep_until) if keep_until is not None else 0
         self._fh = self.path.open("a", encoding="utf-8")
         self._tb = None
         if tensorboard:
@@ -66,8 +66,9 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def truncate_metrics(path: str | os.PathLike, keep_until: int) -> int:
-    """Drop rows with step > keep_until (and a half-written last line) from a metrics.jsonl; returns how many.
+def truncate_steps(path: str | os.PathLike, keep_until: int) -> int:
+    """Drop rows with step > keep_until (and a half-written line) from a JSONL file of `{"step": k, ...}`
+    rows (metrics.jsonl, trajectories.jsonl); returns how many. A resumed run redoes those steps.
 
     The file is rewritten through a temporary sibling and os.replace, so a kill here loses nothing.
     """

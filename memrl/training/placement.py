@@ -178,8 +178,8 @@ class _RankActor:
 
         self.worker = PolicyWorker(cfg, info, start)
 
-    def train_rows(self, rows: list[Any]) -> dict[str, float]:
-        return self.worker.train_rows(rows)
+    def train_rows(self, rows: list[Any], step_scheduler: bool = True) -> dict[str, float]:
+        return self.worker.train_rows(rows, step_scheduler)
 
     def publish_weights(self) -> list[Any] | None:
         """Gather the weights (collective); rank 0 puts them in the object store and returns [ref]
@@ -251,11 +251,11 @@ class RayWorkers:
 
         return ray.get([getattr(a, method).remote(*args) for a in self.actors])
 
-    def train_rows(self, rows: list[Any]) -> dict[str, float]:
+    def train_rows(self, rows: list[Any], step_scheduler: bool = True) -> dict[str, float]:
         import ray
 
         ref = ray.put(rows)  # one copy in the object store; every rank reads it and keeps its share
-        return self._all("train_rows", ref)[0]
+        return self._all("train_rows", ref, step_scheduler)[0]
 
     def weights_for_engines(self) -> Any:
         """An object-store reference to the gathered state dict."""

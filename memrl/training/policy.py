@@ -55,6 +55,15 @@ def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
     return _KEEPS[cls]
 
 
+def clip_norm(grad_clip: float) -> float:
+    """The max_norm handed to clip_grad_norm_: grad_clip > 0 clips, 0 means no clipping (infinity: the
+    norm is still measured and logged). A negative value would reverse every update (torch scales the
+    gradient by max_norm / norm): refused here too, for configs built in code."""
+    if grad_clip < 0:
+        raise ValueError(f"grad_clip must be >= 0 (0 = no clipping), got {grad_clip}")
+    return grad_clip if grad_clip > 0 else float("inf")
+
+
 @dataclass
 class LossParts:
     """One micro-batch's contribution: the loss to backpropagate and weighted sums for logging."""

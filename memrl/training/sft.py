@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
+from memrl.config import valid
 from memrl.training.packing import collate, pack_rows, rows_from_segments, set_loss_weights
-from memrl.training.policy import sft_micro_loss
+from memrl.training.policy import clip_norm, sft_micro_loss
 from memrl.types import Segment
 
 log = logging.getLogger(__name__)
@@ -28,24 +29,26 @@ log = logging.getLogger(__name__)
 class SFTConfig:
     """Supervised cold start: optimizer and batching settings."""
 
-    epochs: int = 1
+    epochs: int = valid(1, ge=1)
     """Passes over the traces."""
-    batch_rows: int = 64
+    batch_rows: int = valid(64, ge=1)
     """Rows (segments) per optimizer step."""
-    lr: float = 1e-3
+    lr: float = valid(1e-3, gt=0)
     """AdamW peak learning rate (cosine decay to 10% after `warmup_steps`)."""
-    warmup_steps: int = 10
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    token_budget: int = 8192
+    warmup_steps: int = valid(10, ge=0)
+    weight_decay: float = valid(0.0, ge=0)
+    grad_clip: float = valid(1.0, ge=0, note="0 = no clipping")
+    """Clip the gradient norm to this before every step; 0 = no clipping."""
+    token_budget: int = valid(8192, ge=1)
     """Padded tokens per micro-batch (gradient accumulation over micro-batches)."""
-    loss_agg: str = "token-mean"
+    loss_agg: str = valid("token-mean", choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                                 "traj-mean"))
     """Aggregation over the tokens of a batch (see algorithms.losses.loss_token_weights)."""
-    lr_floor: float = 0.1
+    lr_floor: float = valid(0.1, ge=0, le=1)
     """The cosine decay ends at lr * lr_floor (1.0 = constant after warm-up)."""
     shuffle: bool = True
     """Shuffle the rows every epoch (False: batches are consecutive rows, e.g. rows made in same-length blocks)."""
-    seed: int = 0
+    seed: int = valid(0, ge=0)
 
     def total_steps(self, num_rows: int) -> int:
         """Optimizer steps `sft_train` takes over `num_rows` rows."""
@@ -61,6 +64,9 @@ def sft_train(
 ) -> list[float]:
     """Train `model` in place (on its own device) on the segments' masked response tokens; returns the
     loss of every step."""
+    from memrl.config import check_config
+
+    check_config(cfg, "sft")  # also a config built in code: never a negative clip or epoch count
     rows = rows_from_segments(segments)
     if not rows:
         raise ValueError("sft_train: no segments to train on")
@@ -89,7 +95,7 @@ def sft_train(
                 part.loss.backward()
                 loss += float(part.loss.detach())
                 tokens += mb.num_tokens
-            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm(cfg.grad_clip))
             opt.step()
             sched.step()
             losses.append(loss)

@@ -2,9 +2,12 @@
 
     tasks -> rollout (n per task, concurrent, through the engine) -> rewards -> advantages (registry)
     -> optional dynamic sampling -> [algorithm.selection: segments_per_task segments per task selected]
-    -> rows packed into micro-batches by a token budget
+    -> the update schedule (memrl.training.schedule: trainer.mini_batches / mini_batch_split /
+       mini_batch_rows) cuts the rows into the mini-batches of one or more optimizer steps
+    -> each mini-batch's rows packed into micro-batches by a token budget
     -> logprobs recomputed as log_softmax(logits / T) -> PPO loss, gradients accumulated with weights
-       fixed over the whole batch (sum of micro-batch losses == un-split loss) -> optimizer step
+       fixed over the whole mini-batch (sum of micro-batch losses == un-split loss) -> optimizer step
+    -> (after the last mini-batch) one learning-rate scheduler step
     -> weight sync to the engine -> log -> checkpoint
 
 The engine's weights are synced once more before the first rollout of every run (fresh or resumed), so
@@ -29,13 +32,15 @@ from typing import Any
 
 import torch
 
-from memrl.config import ConfigError, to_yaml
+from memrl.config import ConfigError, check_config, check_shared_fields, to_yaml
+from memrl.engines.base import SamplingParams
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.training.checkpoint import clean_stale, resume_point, rng_state, set_rng_state
 from memrl.training.config import WORKFLOW_DEFAULTS, TrainConfig
-from memrl.training.dump import maybe_dump, note_tasks
+from memrl.training.dump import maybe_dump, note_tasks, truncate_dump
 from memrl.training.packing import Row, rows_from_segments
 from memrl.training.rollout import sample_groups
+from memrl.training.schedule import optimizer_steps
 from memrl.types import Group, Segment, Task
 from memrl.workflows import format_counts
 
@@ -53,6 +58,7 @@ def workflow_config(cfg: TrainConfig) -> tuple[Any, Any]:
     from memrl.workflows import parse_workflow
 
     spec, wf = parse_workflow(cfg.workflow, defaults={**WORKFLOW_DEFAULTS, "temperature": cfg.algorithm.temperature})
+    check_shared_fields(wf, SamplingParams, "workflow")  # top_p / top_k before any model loads
     t = getattr(wf, "temperature", cfg.algorithm.temperature)
     if float(t) != float(cfg.algorithm.temperature):
         raise ConfigError(
@@ -63,53 +69,29 @@ def workflow_config(cfg: TrainConfig) -> tuple[Any, Any]:
 
 
 def validate(cfg: TrainConfig) -> tuple[Any, Any]:
-    """Fail fast, naming the field, on values the dataclass types cannot express; returns the parsed
-    workflow (spec, config), which `Trainer(cfg, workflow=...)` takes so it is parsed once."""
-    from memrl.algorithms.losses import AGG_MODES, KL_KINDS
-    from memrl.algorithms.registry import advantage_names, loss_names
-    from memrl.algorithms.selection import SELECTIONS
-
-    a = cfg.algorithm
+    """Fail fast, naming the field, before any work: every field against its declared range or set
+    (`memrl.config.check_config`), then what involves several fields; returns the parsed workflow (spec,
+    config), which `Trainer(cfg, workflow=...)` takes so it is parsed once."""
+    check_config(cfg)
+    a, t = cfg.algorithm, cfg.trainer
     checks = [
-        (a.name in advantage_names(), f"algorithm.name {a.name!r} is not one of {advantage_names()}"),
-        (a.loss in loss_names(), f"algorithm.loss {a.loss!r} is not one of {loss_names()}"),
-        (a.loss_agg in AGG_MODES, f"algorithm.loss_agg {a.loss_agg!r} is not one of {list(AGG_MODES)}"),
-        (a.kl_kind in KL_KINDS, f"algorithm.kl_kind {a.kl_kind!r} is not one of {list(KL_KINDS)}"),
-        (a.credit in ("broadcast", "split"), f"algorithm.credit {a.credit!r} is not broadcast or split"),
-        (0.0 <= a.alpha <= 1.0, f"algorithm.alpha must be in [0, 1], got {a.alpha}"),
-        (a.n >= 1, f"algorithm.n must be >= 1, got {a.n}"),
         (a.name != "dcpo" or a.n >= 2,
          f"algorithm.n must be >= 2 with algorithm.name=dcpo (its advantage divides by the group's "
          f"std, which one trajectory does not have), got {a.n}"),
-        (a.selection in ("all", *SELECTIONS),
-         f"algorithm.selection {a.selection!r} is not one of {['all', *sorted(SELECTIONS)]}"),
         (a.selection == "all" or a.segments_per_task >= a.n,
          f"algorithm.segments_per_task={a.segments_per_task} must be >= algorithm.n={a.n} with "
          f"algorithm.selection={a.selection} (every trajectory trains at least one row; the public sampler "
          "asserts the same)"),
-        (a.temperature > 0, f"algorithm.temperature must be > 0 for RL sampling, got {a.temperature}"),
-        (cfg.trainer.steps >= 0, f"trainer.steps must be >= 0, got {cfg.trainer.steps}"),
-        (cfg.trainer.batch_size >= 1, f"trainer.batch_size must be >= 1, got {cfg.trainer.batch_size}"),
-        (cfg.trainer.mini_batches >= 1, f"trainer.mini_batches must be >= 1, got {cfg.trainer.mini_batches}"),
-        (cfg.trainer.token_budget >= 1, f"trainer.token_budget must be >= 1, got {cfg.trainer.token_budget}"),
-        (cfg.optim.lr > 0, f"optim.lr must be > 0, got {cfg.optim.lr}"),
-        (cfg.data.name in ("synthetic", "file"), f"data.name {cfg.data.name!r} is not synthetic or file"),
+        (t.mini_batch_rows == 0 or t.mini_batches == 1,
+         f"trainer.mini_batch_rows={t.mini_batch_rows} (a step every k rows) and trainer.mini_batches="
+         f"{t.mini_batches} both set the update schedule; set one (the other to its default)"),
         (cfg.data.name != "file" or bool(cfg.data.path), "data.path is required when data.name=file"),
         (bool(cfg.model.path), "model.path is required (a HuggingFace model directory)"),
-        (cfg.model.dtype in ("float32", "bfloat16"), f"model.dtype {cfg.model.dtype!r} is not float32 or bfloat16"),
         (not cfg.model.device.startswith("cuda") or torch.cuda.is_available(),
          f"model.device={cfg.model.device} but torch.cuda.is_available() is False"),
-        (cfg.trainer.num_workers >= 1, f"trainer.num_workers must be >= 1, got {cfg.trainer.num_workers}"),
-        (cfg.rollout.num_engines >= 0, f"rollout.num_engines must be >= 0, got {cfg.rollout.num_engines}"),
-        (cfg.trainer.cpus_per_worker > 0 and cfg.rollout.cpus_per_engine > 0,
-         "trainer.cpus_per_worker and rollout.cpus_per_engine must be > 0"),
-        (cfg.rollout.weight_sync in ("auto", "object_store", "broadcast", "directory"),
-         f"rollout.weight_sync {cfg.rollout.weight_sync!r} is not auto, object_store, broadcast or directory"),
         (cfg.rollout.weight_sync == "auto" or cfg.rollout.num_engines >= 1,
          f"rollout.weight_sync={cfg.rollout.weight_sync} applies to Ray replicas: it needs rollout.num_engines >= 1 "
          "(the in-process engine shares the module or takes the state dict)"),
-        (cfg.rollout.broadcast_backend in ("auto", "gloo", "nccl"),
-         f"rollout.broadcast_backend {cfg.rollout.broadcast_backend!r} is not auto, gloo or nccl"),
         (cfg.trainer.num_workers == 1 or cfg.rollout.num_engines >= 1,
          f"trainer.num_workers={cfg.trainer.num_workers} needs rollout.num_engines >= 1 (the in-process "
          "engine serves the live module of world size 1)"),
@@ -134,7 +116,8 @@ def algorithm_options(cfg: TrainConfig) -> tuple[Any, Any]:
 
 
 def task_stream(cfg: TrainConfig, start: int) -> Iterator[Task]:
-    """The training tasks from position `start` on (synthetic: endless; file: shuffled epochs)."""
+    """The training tasks from position `start` on (synthetic: endless; file: epochs, each in a new seeded
+    order, or in the file's order with data.shuffle=false)."""
     if cfg.data.name == "synthetic":
         from memrl.data.synthetic import task_stream as synthetic_stream
 
@@ -148,7 +131,8 @@ def task_stream(cfg: TrainConfig, start: int) -> Iterator[Task]:
     def epochs() -> Iterator[Task]:
         for epoch in itertools.count():
             order = list(range(len(tasks)))
-            random.Random(f"{cfg.data.seed}:{epoch}").shuffle(order)
+            if cfg.data.shuffle:  # False: the file's order every epoch (verl's SequentialSampler)
+                random.Random(f"{cfg.data.seed}:{epoch}").shuffle(order)
             for i in order:
                 t = tasks[i]
                 yield Task(f"{t.task_id}@e{epoch}", t.question, t.context, t.answers, t.meta)
@@ -183,6 +167,27 @@ def segment_selection(
         "dcpo/pruned_share": statistics.fmean(pruned) if pruned else 0.0,
     }
     return chosen, metrics
+
+
+COUNTED = ("train/rows", "train/tokens", "train/micro_batches", "train/rows_zero_adv_skipped")
+"""Per-step metrics that count things: summed over an RL step's optimizer steps (the rest are averaged)."""
+
+
+def combine_step_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
+    """One RL step's metrics from its optimizer steps' (memrl.training.schedule): counts summed, train/lr
+    the last step's, everything else the mean over the steps taken; train/optimizer_steps counts them."""
+    out: dict[str, float] = {}
+    for m in steps:
+        for k, v in m.items():
+            out[k] = out.get(k, 0.0) + v
+    for k in out:
+        if k == "train/lr":
+            out[k] = steps[-1][k]
+        elif k not in COUNTED:
+            out[k] /= sum(1 for m in steps if k in m)
+    if steps:
+        out["train/optimizer_steps"] = float(len(steps))
+    return out
 
 
 def lr_lambda(warmup: int) -> Callable[[int], float]:
@@ -301,31 +306,25 @@ class Trainer:
         compute_group_advantages(groups, a.name, self.adv_options)
         metrics: dict[str, float] = {}
         if a.selection != "all":  # only the selected segments become rows
-            chosen, dcpo_metrics = segment_selection(groups, a.selection, a.segments_per_task,
-                                                     selection_rng(self.cfg.trainer.seed, self.step))
+            per_group, dcpo_metrics = segment_selection(groups, a.selection, a.segments_per_task,
+                                                        selection_rng(self.cfg.trainer.seed, self.step))
             metrics.update(dcpo_metrics)
-            trained = {id(g): c for g, c in zip(groups, chosen, strict=True)}
         else:
-            trained = {id(g): g.segments() for g in groups}
+            per_group = [g.segments() for g in groups]
         release = getattr(self.engine, "release_memory", None)  # colocated vLLM sleeps during the update
         if release is not None:
             release()
-        mbs = self.cfg.trainer.mini_batches
-        chunks = [groups[i::mbs] for i in range(mbs)] if mbs > 1 else [groups]
-        sums: dict[str, float] = {}
-        for part in chunks:
-            rows = rows_from_segments([s for g in part for s in trained[id(g)]])
-            if not rows:
-                continue
-            got = self.train_rows(rows)
-            for k, v in got.items():
-                sums[k] = sums.get(k, 0.0) + v / len(chunks)
-        metrics.update(sums)
+        t = self.cfg.trainer
+        steps = optimizer_steps(per_group, t.mini_batches, t.mini_batch_split, t.mini_batch_rows)
+        got = [self.train_rows(rows_from_segments(part), step_scheduler=j == len(steps) - 1)
+               for j, part in enumerate(steps)]
+        metrics.update(combine_step_metrics(got))
         return metrics
 
-    def train_rows(self, rows: list[Row]) -> dict[str, float]:
-        """One optimizer step on `rows` (memrl.training.workers.PolicyWorker.train_rows, on every rank)."""
-        return self.workers.train_rows(rows)
+    def train_rows(self, rows: list[Row], step_scheduler: bool = True) -> dict[str, float]:
+        """One optimizer step on `rows` (memrl.training.workers.PolicyWorker.train_rows, on every rank);
+        `step_scheduler`: advance the learning-rate schedule after it (once per RL step)."""
+        return self.workers.train_rows(rows, step_scheduler)
 
     # -------------------------------------------------------------- the loop
     def fit(self) -> list[dict[str, float]]:
@@ -341,6 +340,7 @@ class Trainer:
         if logger.dropped:
             log.warning("%s: replaced %d row(s) of steps after %d, which are redone", logger.path,
                         logger.dropped, self.step)
+        truncate_dump(self)  # trajectories.jsonl likewise holds each step once
         history: list[dict[str, float]] = []
         try:
             while self.step < cfg.trainer.steps:

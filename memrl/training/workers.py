@@ -23,7 +23,7 @@ from memrl.training import distributed as D
 from memrl.training.checkpoint import OPTIM_DIR, STATE_FILE, load_state, save_checkpoint, temp_dir
 from memrl.training.config import TrainConfig
 from memrl.training.packing import Row, collate, pack_rows
-from memrl.training.policy import ppo_micro_loss, token_logprobs
+from memrl.training.policy import clip_norm, ppo_micro_loss, token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +115,11 @@ class PolicyWorker:
             self.sched.load_state_dict(state["scheduler"])
 
     # ------------------------------------------------------------------ the update
-    def train_rows(self, rows: list[Row]) -> dict[str, float]:
-        """One optimizer step on this rank's share of `rows` (the whole batch), gradients accumulated over
-        token-budget micro-batches; metrics are sums / norms over the GLOBAL batch."""
+    def train_rows(self, rows: list[Row], step_scheduler: bool = True) -> dict[str, float]:
+        """One optimizer step on this rank's share of `rows` (the whole mini-batch), gradients accumulated
+        over token-budget micro-batches; metrics are sums / norms over the GLOBAL mini-batch. The loss
+        weights are normalized over `rows` alone. `step_scheduler`: advance the learning-rate schedule
+        after the step (the trainer does so once per RL step, after its last mini-batch, as verl does)."""
         a = self.cfg.algorithm
         ws, rk = D.world_size(), D.rank()
         mine = rows if ws == 1 else [rows[i] for i in D.split_rows(rows, ws)[rk]]
@@ -156,9 +158,14 @@ class PolicyWorker:
             sums["loss/total"] += float(part.loss.detach())
             for k, v in part.sums.items():
                 sums[f"loss/{k}"] = sums.get(f"loss/{k}", 0.0) + v
-        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        if n_steps == 0 and rows:  # every row skipped (A = 0 throughout): the step the full pass would take,
+            for p in self.model.parameters():  # with zero gradients (Adam's momentum and weight decay still act)
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip_norm(self.cfg.optim.grad_clip))
         self.opt.step()
-        self.sched.step()
+        if step_scheduler:
+            self.sched.step()
         self.model.eval()
         keys = sorted(sums)
         totals = D.all_reduce_sum([sums[k] for k in keys] + [float(len(batches)), float(n_rows), float(len(mine)),
@@ -272,8 +279,8 @@ class LocalWorkers:
         self.worker = PolicyWorker(cfg, D.DistInfo(), str(start) if start is not None else None)
         self.model, self.opt, self.sched = self.worker.model, self.worker.opt, self.worker.sched
 
-    def train_rows(self, rows: list[Row]) -> dict[str, float]:
-        return self.worker.train_rows(rows)
+    def train_rows(self, rows: list[Row], step_scheduler: bool = True) -> dict[str, float]:
+        return self.worker.train_rows(rows, step_scheduler)
 
     def full_state(self) -> dict[str, torch.Tensor]:
         return self.worker.full_state()

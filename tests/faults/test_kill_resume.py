@@ -3,6 +3,7 @@ ends bit-identical to an uninterrupted one, no save leftovers remain, metrics ho
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 
@@ -59,3 +60,24 @@ def test_kill_then_resume_matches_uninterrupted_run(fault, tiny_model, reference
     for a, b in zip(ref_rows, got, strict=True):
         assert [a[k] for k in keys] == [b[k] for k in keys]
         assert 0 <= b["format/no_box"] <= 4
+
+
+def test_trajectory_dump_holds_each_step_once_after_a_kill_during_a_save(tiny_model, tmp_path, caplog):
+    """Step 2 is dumped, then the run dies saving its checkpoint: the resumed run redoes step 2 and replaces
+    its dumped rows (as metrics.jsonl's), so trajectories.jsonl holds steps 1, 2, 3 once each."""
+    from memrl.training.dump import DUMP_FILE
+
+    out = tmp_path / "run"
+    dump = ("trainer.dump_every=1", "trainer.dump_trajectories=2")  # one group of 2 trajectories per step
+    proc = run_child(tiny_model, out, "ckpt_state@2", *dump)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+
+    def steps() -> list[int]:
+        return [json.loads(line)["step"] for line in (out / DUMP_FILE).read_text().splitlines()]
+
+    assert steps() == [1, 1, 2, 2]  # step 2's rows were written before its checkpoint died
+    with caplog.at_level(logging.INFO):
+        make_trainer(tiny_model, out, resume=True, extra=dump).fit()
+    assert steps() == [1, 1, 2, 2, 3, 3]
+    said = [r.getMessage() for r in caplog.records]
+    assert f"{out / DUMP_FILE}: replaced 2 row(s) of steps after 1, which are redone" in said

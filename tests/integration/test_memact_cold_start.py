@@ -49,9 +49,9 @@ class _ScriptedTrainer(Trainer):
         self.seen = (groups, [])
         return super().update(groups)
 
-    def train_rows(self, rows):
+    def train_rows(self, rows, **kw):
         self.seen[1].extend(rows)
-        return super().train_rows(rows)
+        return super().train_rows(rows, **kw)
 
 
 def _cfg(model, out, data, budget, **extra) -> TrainConfig:

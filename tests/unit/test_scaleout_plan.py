@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from memrl.algorithms.losses import AGG_MODES, loss_token_weights
-from memrl.config import load_config
+from memrl.config import ConfigError, load_config
 from memrl.training.config import TrainConfig
 from memrl.training.distributed import set_global_loss_weights, split_rows
 from memrl.training.packing import Row
@@ -56,8 +56,8 @@ def test_resources_needed_split_and_colocated():
         check_resources(split, {"CPU": 8, "GPU": 8})
     with pytest.raises(PlacementError, match="rollout.colocate needs trainer.num_workers > 1"):
         check_resources(_cfg("rollout.num_engines=1", "rollout.colocate=true"), {"CPU": 8})
-    with pytest.raises(PlacementError, match="rollout.engine 'sglang' is not hf or vllm"):
-        check_resources(_cfg("rollout.num_engines=1", "rollout.engine=sglang"), {"CPU": 8})
+    with pytest.raises(ConfigError, match="""rollout.engine='sglang' is not allowed: must be one of "", hf, vllm"""):
+        _cfg("rollout.num_engines=1", "rollout.engine=sglang")  # refused when the config is read
 
 
 def test_malformed_ray_address_is_named():
@@ -115,15 +115,14 @@ def test_weight_sync_auto_modes(overrides, mode, backend):
 
 
 def test_bad_weight_sync_settings_are_named(tmp_path):
-    from memrl.config import ConfigError
     from memrl.models.tiny import cached_tiny_model
     from memrl.training.trainer import validate
 
     model = str(cached_tiny_model("tiny"))
-    with pytest.raises(ConfigError, match="rollout.weight_sync 'nccl' is not auto, object_store, broadcast or directory"):
+    with pytest.raises(ConfigError, match="rollout.weight_sync='nccl' is not allowed: must be one of auto, object_store, broadcast, directory"):
         validate(load_config(TrainConfig, [f"model.path={model}", "rollout.weight_sync=nccl"]))
     with pytest.raises(ConfigError, match=r"rollout.weight_sync=directory applies to Ray replicas: it needs "
                                           r"rollout.num_engines >= 1"):
         validate(load_config(TrainConfig, [f"model.path={model}", "rollout.weight_sync=directory"]))
-    with pytest.raises(ConfigError, match="rollout.broadcast_backend 'mpi' is not auto, gloo or nccl"):
+    with pytest.raises(ConfigError, match="rollout.broadcast_backend='mpi' is not allowed: must be one of auto, gloo, nccl"):
         validate(load_config(TrainConfig, [f"model.path={model}", "rollout.broadcast_backend=mpi"]))

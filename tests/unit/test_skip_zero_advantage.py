@@ -93,3 +93,23 @@ def test_no_skipping_where_it_would_not_be_exact(tiny, tmp_path):
         w = _worker(model, str(tmp_path / str(i)), extra)
         m = w.train_rows(_rows(vocab))
         assert m["train/rows_zero_adv_skipped"] == 0 and m["train/rows"] == 9, extra
+
+
+def test_a_mini_batch_of_zero_advantage_rows_still_takes_the_optimizer_step(tiny, tmp_path):
+    """A later mini-batch whose rows all have A = 0: skipping them must still let Adam step with zero
+    gradients (momentum and weight decay move the weights), exactly as the full pass does."""
+    model, vocab = tiny
+    rows = _rows(vocab)
+    zero = [Row(**{**rows[i].__dict__, "weights": None}) for i in ZERO]
+    moving = [Row(**r.__dict__) for i, r in enumerate(rows) if i not in ZERO]
+    skip = _worker(model, str(tmp_path / "a"), "optim.weight_decay=0.1")
+    full = _worker(model, str(tmp_path / "b"), "optim.weight_decay=0.1", "trainer.skip_zero_advantage=false")
+    for w in (skip, full):
+        w.train_rows([Row(**r.__dict__) for r in moving], step_scheduler=False)
+        before = {k: v.clone() for k, v in w.model.state_dict().items()}
+        m = w.train_rows([Row(**r.__dict__) for r in zero])
+        assert m["train/rows"] == 3
+        assert max(float((v - before[k]).abs().max()) for k, v in w.model.state_dict().items()) > 1e-5
+    assert _max_diff(skip.model, full.model) < 1e-6
+    steps = {float(s["step"]) for s in skip.opt.state.values()}
+    assert steps == {2.0}

@@ -82,9 +82,8 @@ def test_cli_reports_bad_override(capsys):
     (["algorithm.selection=best"], "algorithm.selection 'best' is not one of"),
 ])
 def test_dcpo_bad_group_sizes_are_named(ov, field):
-    cfg = load_config(TrainConfig, ["model.path=x", "algorithm.name=dcpo"] + ov)
-    with pytest.raises(ConfigError, match=field):
-        validate(cfg)
+    with pytest.raises(ConfigError, match=field):  # a range (n >= 1) when loading, actual_n >= 2 in validate
+        validate(load_config(TrainConfig, ["model.path=x", "algorithm.name=dcpo"] + ov))
 
 
 def test_selection_defaults_and_segments_per_task_only_checked_with_a_selection():
@@ -122,3 +121,15 @@ def test_switching_workflow_keeps_no_memagent_defaults():
     assert wf.max_chunks == 8
     _, wf = workflow_config(load_config(TrainConfig, ["model.path=x", "workflow.max_chunks=3"]))
     assert wf.max_chunks == 3
+
+
+def test_published_presets_take_the_published_update_schedule():
+    """run_memory_7B.sh and ReMemR1's scripts: train_batch_size 128 / ppo_mini_batch_size 8 = 16 optimizer
+    steps per batch, verl's row split, data.shuffle=False."""
+    for preset in ("memagent_grpo", "memagent_grpo_8gpu"):
+        cfg = load_config(TrainConfig, ["model.path=x"], preset=preset)
+        t = cfg.trainer
+        assert (t.batch_size, t.mini_batches, t.mini_batch_split, t.mini_batch_rows) == (128, 16, "rows", 0), preset
+        assert cfg.data.shuffle is False, preset
+    default = load_config(TrainConfig, [])
+    assert (default.trainer.mini_batches, default.trainer.mini_batch_split, default.data.shuffle) == (1, "groups", True)
