@@ -130,9 +130,46 @@ def load_config(schema: type[T], overrides: list[str] | tuple[str, ...] = (), pr
     except OmegaConfBaseException as e:
         raise _wrap(e, "config") from e
     except (TypeError, ValueError) as e:  # a dataclass __post_init__ rejected a value
+        _check_raw(schema, cfg, "")  # a value outside its declared range: named by its dotted path
         raise ConfigError(str(e)) from e
     check_config(obj)
     return obj  # type: ignore[return-value]
+
+
+def _check_raw(schema: type, node: Any, where: str) -> None:
+    """The declared ranges of `schema`'s fields checked on a not yet constructed config tree (a
+    DictConfig), so an out-of-range value is named by its dotted path even when the dataclass's own
+    __post_init__ (which sees only its own fields) would reject it first."""
+    import typing
+
+    if not dataclasses.is_dataclass(schema) or not isinstance(node, DictConfig):
+        return
+    try:
+        hints = typing.get_type_hints(schema)
+    except Exception:  # noqa: BLE001 - an unresolvable annotation: nothing to add to the original error
+        return
+    values = {k: node.get(k) for k in node.keys()}
+    for f in dataclasses.fields(schema):
+        path = f"{where}.{f.name}" if where else f.name
+        value = values.get(f.name)
+        if dataclasses.is_dataclass(hints.get(f.name)):
+            _check_raw(hints[f.name], value, path)
+            continue
+        rule = allowed_of(f)
+        if rule is None or value is None:
+            continue
+        items = list(value) if OmegaConf.is_list(value) or isinstance(value, list | tuple) else [value]
+        owner = _Values(values)
+        for v in items:
+            if not rule.admits(v, owner):
+                raise ConfigError(f"{path}={value!r} is not allowed: must be {rule.describe(path, owner)}")
+
+
+class _Values:
+    """Attribute access over a dict (sibling-field bounds of a not yet constructed section)."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
 
 
 def section_from_dict(cls: type[T], values: dict[str, Any] | None, where: str) -> T:

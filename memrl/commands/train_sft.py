@@ -41,7 +41,7 @@ class DemonstratorSection:
 class ConversationSection:
     """data.name=file with a conversation file: how its chats become rows (memrl.data.conversations)."""
 
-    max_length: int = 0
+    max_length: int = valid(0, ge=0, note="0 = no limit")
     """Tokens per chat; a longer one is truncated by `truncation`. 0 = no limit (memrl); MemAct's cold-start
     scripts use 18000 with left truncation."""
     truncation: str = "left"

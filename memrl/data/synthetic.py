@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from memrl.config import check_config, valid
 from memrl.types import Task
 
 _SYL = (
@@ -81,27 +82,27 @@ _KEY_SET = frozenset(KEYS)
 class SyntheticConfig:
     """Shape of the synthetic tasks. Length is counted in chunks (pieces of `chunk_words` tokens)."""
 
-    num_chunks: int = 4
+    num_chunks: int = valid(4, ge=1)
     """Pieces per document; evaluation scales this (x1, x4, x16)."""
-    min_chunks: int = 0
+    min_chunks: int = valid(0, ge=0, le="num_chunks", note="0 = fixed num_chunks")
     """When > 0, every task draws its length uniformly from [min_chunks, num_chunks] (mixed-length
     training, so the answer is often several pieces back); 0 = every task has num_chunks pieces."""
-    chunk_words: int = 24
+    chunk_words: int = valid(24, ge=1)
     """Words (= tokens) per piece; set the workflow's chunk_tokens to the same number."""
-    facts_per_chunk: int = 1
+    facts_per_chunk: int = valid(1, ge=1)
     """Facts planted in every piece (the question's fact(s) replace some of them)."""
-    bridge_fraction: float = 0.0
+    bridge_fraction: float = valid(0.0, ge=0, le=1)
     """Fraction of two-fact bridge questions (the rest ask for one fact)."""
-    num_keys: int = 256
+    num_keys: int = valid(256, ge=4, le=len(KEYS))
     """Keys drawn from the first num_keys of KEYS."""
-    num_values: int = len(VALUES)
+    num_values: int = valid(len(VALUES), ge=1)
     """Values drawn from the first num_values of VALUES."""
     fact_position: str = "random"
     """Where a piece's facts sit: "random" word positions, or "start" (the piece begins with them)."""
     fact_sep: str | None = "is"
     """Word between a fact's key and value ("Kalo is red"); null writes "Kalo red", so the value is the
     token right after its key (a one-step induction copy, easier for tiny models)."""
-    answer_span: float = 1.0
+    answer_span: float = valid(1.0, gt=0, le=1)
     """Where the question's fact may sit: in the first ceil(answer_span x num_chunks) pieces of its document
     (1.0 = anywhere, uniformly; the default stream is unchanged). Smaller values leave more memory rewrites
     after the fact, a training curriculum for retention; evaluation keeps 1.0. One-fact questions only (a
@@ -115,29 +116,19 @@ class SyntheticConfig:
         return 3 if self.fact_sep else 2
 
     def __post_init__(self) -> None:
-        if self.num_chunks < 1:
-            raise ValueError(f"SyntheticConfig.num_chunks must be >= 1, got {self.num_chunks}")
-        if not 0 <= self.min_chunks <= self.num_chunks:
-            raise ValueError(f"SyntheticConfig.min_chunks must be in [0, num_chunks], got {self.min_chunks}")
-        if self.facts_per_chunk < 1 or (self.fact_words + 1) * self.facts_per_chunk > self.chunk_words:
+        check_config(self, "SyntheticConfig")  # the declared ranges (valid), also when built in code
+        # (a field outside its own range is left to check_config, which names it)
+        if self.chunk_words >= 1 and self.facts_per_chunk >= 1 and (self.fact_words + 1) * self.facts_per_chunk > self.chunk_words:
             raise ValueError(
                 f"SyntheticConfig.facts_per_chunk must be in [1, chunk_words/{self.fact_words + 1}], "
                 f"got {self.facts_per_chunk}"
             )
-        if not 0.0 <= self.bridge_fraction <= 1.0:
-            raise ValueError(f"SyntheticConfig.bridge_fraction must be in [0, 1], got {self.bridge_fraction}")
         if self.bridge_fraction > 0 and self.num_chunks * self.facts_per_chunk < 2:
             raise ValueError("SyntheticConfig: bridge questions need at least 2 fact slots per document")
         if self.question_style not in ("what", "cloze"):
             raise ValueError(f"SyntheticConfig.question_style must be what or cloze, got {self.question_style!r}")
-        if not 0.0 < self.answer_span <= 1.0:
-            raise ValueError(f"SyntheticConfig.answer_span must be in (0, 1], got {self.answer_span}")
         if self.fact_position not in ("random", "start"):
             raise ValueError(f"SyntheticConfig.fact_position must be random or start, got {self.fact_position!r}")
-        if not 2 <= self.num_values <= len(VALUES):
-            raise ValueError(f"SyntheticConfig.num_values must be in [2, {len(VALUES)}], got {self.num_values}")
-        if not 4 <= self.num_keys <= len(KEYS):
-            raise ValueError(f"SyntheticConfig.num_keys must be in [4, {len(KEYS)}], got {self.num_keys}")
 
 
 def fact_text(key: str, value: str, sep: str | None = "is") -> str:

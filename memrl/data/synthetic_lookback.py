@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from memrl.config import check_config, valid
 from memrl.data.synthetic import FILLER, KEYS, QUESTION_2, VALUES, memory_text
 from memrl.types import Task
 
@@ -30,42 +31,31 @@ from memrl.types import Task
 class LookbackConfig:
     """Shape of the look-back tasks; length is `num_chunks` pieces of `chunk_words` tokens."""
 
-    num_chunks: int = 4
+    num_chunks: int = valid(4, ge=2)
     """Pieces per document (>= 2: the answer fact and the link need different pieces)."""
-    chunk_words: int = 24
+    chunk_words: int = valid(24, ge=1)
     """Words (= tokens of the demo tokenizer) per piece; set the workflow's chunk_tokens to this."""
-    facts_per_chunk: int = 1
+    facts_per_chunk: int = valid(1, ge=1)
     """Facts per piece; the answer fact and the link take one slot each, distractors fill the rest."""
-    lookback_fraction: float = 1.0
+    lookback_fraction: float = valid(1.0, ge=0, le=1)
     """Fraction of tasks whose answer fact comes before the link (the rest: at or after it)."""
-    num_keys: int = 256
+    num_keys: int = valid(256, ge=8, le=len(KEYS))
     """Keys drawn from the first num_keys of memrl.data.synthetic.KEYS."""
-    num_values: int = len(VALUES)
+    num_values: int = valid(len(VALUES), ge=2, le=len(VALUES))
     """Answer values drawn from the first num_values of memrl.data.synthetic.VALUES."""
     fact_position: str = "random"
     """Where a piece's facts sit: "random" word positions, or "start" (the piece begins with them)."""
 
     def __post_init__(self) -> None:
-        if self.num_chunks < 2:
-            raise ValueError(f"LookbackConfig.num_chunks must be >= 2, got {self.num_chunks}")
-        if self.facts_per_chunk < 1 or 4 * self.facts_per_chunk > self.chunk_words:
+        check_config(self, "LookbackConfig")  # the declared ranges (valid), also when built in code
+        if self.chunk_words >= 1 and self.facts_per_chunk >= 1 and 4 * self.facts_per_chunk > self.chunk_words:
             raise ValueError(
                 f"LookbackConfig.facts_per_chunk must be in [1, chunk_words/4], got {self.facts_per_chunk}"
-            )
-        if not 0.0 <= self.lookback_fraction <= 1.0:
-            raise ValueError(
-                f"LookbackConfig.lookback_fraction must be in [0, 1], got {self.lookback_fraction}"
             )
         if self.fact_position not in ("random", "start"):
             raise ValueError(
                 f"LookbackConfig.fact_position must be random or start, got {self.fact_position!r}"
             )
-        if not 2 <= self.num_values <= len(VALUES):
-            raise ValueError(
-                f"LookbackConfig.num_values must be in [2, {len(VALUES)}], got {self.num_values}"
-            )
-        if not 8 <= self.num_keys <= len(KEYS):
-            raise ValueError(f"LookbackConfig.num_keys must be in [8, {len(KEYS)}], got {self.num_keys}")
 
 
 def make_lookback_task(cfg: LookbackConfig, seed: int, index: int) -> Task:

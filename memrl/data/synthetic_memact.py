@@ -23,8 +23,9 @@ first two results into a memory note (`prune_context`) before the third search.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from memrl.config import check_config, valid
 from memrl.data.multiobjective import combined_question
 from memrl.data.synthetic import KEYS, VALUES
 from memrl.types import Task
@@ -44,25 +45,21 @@ SOURCE = "synthetic_memact"
 class MemActTaskConfig:
     """The per-task fact sheets and their questions."""
 
-    num_names: int = 16
+    num_names: int = valid(16, ge=1, le=len(KEYS))
     """Size of the name pool (the first num_names of memrl.data.synthetic.KEYS): few enough that every name
     is frequent in training."""
-    entities_per_task: int = 6
+    entities_per_task: int = valid(6, ge=1, le="num_names")
     """Names in one task's world; its corpus has one document per (name, attribute)."""
-    num_values: int = 8
+    num_values: int = valid(8, ge=2)
     """Values per attribute: the first num_values of its list (stone and food have 8)."""
-    sub_questions: list[int] = field(default_factory=lambda: [2, 3])
+    sub_questions: list[int] = valid(default_factory=lambda: [2, 3], ge=1)
     """How many sub-questions a task asks, drawn uniformly from this list (each about another name)."""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.num_names <= len(KEYS):
-            raise ValueError(f"MemActTaskConfig.num_names must be in 1..{len(KEYS)}, got {self.num_names}")
-        if not 1 <= self.entities_per_task <= self.num_names:
-            raise ValueError(f"MemActTaskConfig.entities_per_task must be in 1..num_names ({self.num_names}), "
-                             f"got {self.entities_per_task}")
-        if self.num_values < 2:
-            raise ValueError(f"MemActTaskConfig.num_values must be >= 2, got {self.num_values}")
-        if not self.sub_questions or any(not 1 <= k <= self.entities_per_task for k in self.sub_questions):
+        check_config(self, "MemActTaskConfig")  # the declared ranges (valid), also when built in code
+        if not self.sub_questions:
+            raise ValueError("MemActTaskConfig.sub_questions must name at least one count, got []")
+        if self.entities_per_task >= 1 and any(k > self.entities_per_task for k in self.sub_questions):
             raise ValueError(f"MemActTaskConfig.sub_questions must be counts in 1..entities_per_task "
                              f"({self.entities_per_task}), got {self.sub_questions}")
 

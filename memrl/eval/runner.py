@@ -74,7 +74,7 @@ class EvalConfig:
     name: str = ""
     """Run name in tables and plots (default: the output directory's name)."""
     progress: bool = True
-    golds: str = "any"
+    golds: str = valid("any", choices=("any", "first"))
     """Which gold answers a prediction is scored against: any = the best over all of them (memrl);
     first = answers[0] only (MemAgent's, ReMemR1's and vime's evaluations)."""
     extract: str = "boxed"
@@ -84,7 +84,7 @@ class EvalConfig:
     docs_from: str = ""
     """Index-only eval files (contexts stored as document indices: MemAgent's sets of 12800 documents and
     more, RULER QA past 2M tokens): the dev file the indices point into (`--docs-from`); "" = none."""
-    samples: int = 1
+    samples: int = valid(1, ge=1)
     """Answers per question (rows carry `sample` 0..samples-1); more than 1 needs workflow.temperature > 0
     to differ."""
 
@@ -95,10 +95,6 @@ class EvalConfig:
             raise ValueError(f"golds must be one of {', '.join(GOLDS_MODES)}, got {self.golds!r}")
         if self.extract not in EXTRACT_MODES:
             raise ValueError(f"extract must be one of {', '.join(EXTRACT_MODES)}, got {self.extract!r}")
-        if self.samples < 1:
-            raise ValueError(f"samples must be >= 1, got {self.samples}")
-        if self.limit < 0:
-            raise ValueError(f"limit must be >= 0 (0 = all), got {self.limit}")
 
 
 GOLDS_MODES = ("any", "first")
@@ -282,7 +278,7 @@ def load_eval_file(path: str | os.PathLike[str], cfg: EvalConfig) -> EvalFile:
     return EvalFile(str(path), file_identity(path), n, tasks, labels)
 
 
-def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: str = "boxed"
+def score_prediction(task: Task, traj: Trajectory, golds: str = valid("any", choices=("any", "first")), extract: str = "boxed"
                      ) -> tuple[str, dict[str, float]]:
     """(prediction, metrics) of a finished question: em / sub_em / f1 of the prediction `extract` reads,
     against all gold answers (golds=any, best of them) or answers[0] (first); plus the eval metric the
@@ -310,7 +306,7 @@ def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: 
 def result_row(
     task: Task, traj: Trajectory, num_docs: int, file: str, started: float, finished: float, session: str = "",
     tokenizer: Any = None, ident: dict[str, Any] | None = None, dataset: str = "", sample: int = 0,
-    golds: str = "any", extract: str = "boxed",
+    golds: str = valid("any", choices=("any", "first")), extract: str = "boxed",
 ) -> dict[str, Any]:
     """The JSONL row of one finished question; started/finished are wall-clock times (time.time()).
     `ident` is the source file's file_identity(); `steps` holds one memrl.records record per model call

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import httpx
 
+from memrl.config import valid
+
 RUBRIC = """You are grading an answer to a question against the gold answer(s).
 
 Question: {question}
@@ -72,19 +74,19 @@ class JudgeSettings:
     api_key_env: str = ""
     """Name of the environment variable holding the judge's API key, sent as a Bearer token; "" = none.
     The key itself is never a config value, so it is never written to a run directory."""
-    timeout_s: float = 30.0
+    timeout_s: float = valid(30.0, gt=0)
     """Per-request timeout in seconds."""
-    retries: int = 2
+    retries: int = valid(2, ge=0)
     """Extra attempts after a timeout, a lost connection, HTTP 408 / 429 or 5xx."""
-    backoff_s: float = 0.5
+    backoff_s: float = valid(0.5, ge=0)
     """First retry delay; doubled per retry."""
-    max_concurrency: int = 16
+    max_concurrency: int = valid(16, ge=1)
     """Judge calls in flight at once."""
-    max_tokens: int = 8
+    max_tokens: int = valid(8, ge=1)
     """Generation budget of one verdict (a reasoning judge needs hundreds: the published 800)."""
-    temperature: float = 0.0
+    temperature: float = valid(0.0, ge=0)
     """Sampling temperature of the judge."""
-    top_p: float | None = None
+    top_p: float | None = valid(None, gt=0, le=1, note="null = not sent")
     """Sent when set; None = not sent (the server's default), as the published reward does."""
     rubric_file: str | None = None
     """Text file replacing memrl's rubric; placeholders {question}, {gold} (or {ground_truth}) and
@@ -167,13 +169,13 @@ class JudgeConfig:
 
     base_url: str
     model: str
-    timeout_s: float = 30.0
-    retries: int = 2
-    backoff_s: float = 0.5
-    max_concurrency: int = 16
-    max_tokens: int = 8
-    temperature: float = 0.0
-    top_p: float | None = None
+    timeout_s: float = valid(30.0, gt=0)
+    retries: int = valid(2, ge=0)
+    backoff_s: float = valid(0.5, ge=0)
+    max_concurrency: int = valid(16, ge=1)
+    max_tokens: int = valid(8, ge=1)
+    temperature: float = valid(0.0, ge=0)
+    top_p: float | None = valid(None, gt=0, le=1, note="null = not sent")
     api_key: str | None = field(default=None, repr=False)
     rubric: str = RUBRIC
     tags: tuple[str, str, str] = ("CORRECT", "PARTIAL", "INCORRECT")

@@ -8,6 +8,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from memrl.config import valid
 from memrl.engines.base import Completion, Engine, SamplingParams
 from memrl.types import Segment, Task
 from memrl.workflows.templates import TEMPLATE_STYLES, Template, chat_prompt, load_template
@@ -23,18 +24,18 @@ EMPTY_MEMORY_RULES: tuple[str, ...] = ("placeholder", "keep_previous", "empty")
 class ChunkedConfig:
     """Settings of the chunk-by-chunk memory loop (defaults: MemAgent's published values)."""
 
-    chunk_tokens: int = 5000
+    chunk_tokens: int = valid(5000, ge=1)
     """Tokens of context per memory call (contiguous, non-overlapping, ignoring document boundaries)."""
-    max_chunks: int = 0
+    max_chunks: int = valid(0, ge=0, note="0 = no cap")
     """Cap on chunks (cut as `truncation` says); 0 = no cap (evaluation). The published training recipes
     use 8."""
-    max_memory_tokens: int = 1024
+    max_memory_tokens: int = valid(1024, ge=1)
     """Generation budget of a memory call."""
-    max_final_tokens: int = 1024
+    max_final_tokens: int = valid(1024, ge=1)
     """Generation budget of the final answer call."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
+    temperature: float = valid(1.0, ge=0, note="0 = greedy")
+    top_p: float = valid(1.0, gt=0, le=1, note="1 = off")
+    top_k: int = valid(-1, ge=-1, note="-1 or 0 = off")
     no_memory_text: str = NO_MEMORY
     """The first memory, and what an empty memory becomes under empty_memory=placeholder."""
 

@@ -7,6 +7,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from memrl.config import valid
 from memrl.types import Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec, boxed_em_outcome
 
@@ -27,11 +28,11 @@ Answer:""".replace("{{}}", "{}")
 class FullContextConfig:
     """The full-context baseline: whole document in one prompt, truncated in the middle to a budget."""
 
-    max_context_tokens: int = 120_000
+    max_context_tokens: int = valid(120_000, ge=1)
     """Document tokens kept (head half + tail half); the rest of the model window is prompt + answer."""
-    max_final_tokens: int = 1024
-    temperature: float = 0.0
-    top_p: float = 1.0
+    max_final_tokens: int = valid(1024, ge=1)
+    temperature: float = valid(0.0, ge=0, note="0 = greedy")
+    top_p: float = valid(1.0, gt=0, le=1, note="1 = off")
     template: str | None = None
     """Inline prompt with {problem} and {context} (default: a boxed-answer prompt)."""
     template_file: str | None = None

@@ -25,6 +25,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from memrl.config import valid
 from memrl.engines.base import Engine, SamplingParams
 from memrl.rewards.judge import ERROR_KINDS, JudgeSettings
 from memrl.tools import calls as tc
@@ -54,23 +55,23 @@ class MemActConfig:
     RENAMED: ClassVar[dict[str, str]] = {"judge_url": "judge.url", "judge_model": "judge.model",
                                          "judge_timeout_s": "judge.timeout_s"}
 
-    max_assistant_turns: int = 40
+    max_assistant_turns: int = valid(40, ge=1)
     """Assistant turns per trajectory."""
-    max_turn_tokens: int = 2048
+    max_turn_tokens: int = valid(2048, ge=1)
     """Generation budget of one assistant turn (the public agent loop: 4096)."""
-    max_context_tokens: int = 32768
+    max_context_tokens: int = valid(32768, ge=1)
     """Stop before a turn whose working context (prompt) would pass this many tokens."""
-    max_tool_response_chars: int = 8192
+    max_tool_response_chars: int = valid(8192, ge=1)
     """Tool output longer than this is cut in the middle (head half + marker + tail half)."""
-    max_parallel_calls: int = 5
+    max_parallel_calls: int = valid(5, ge=1)
     """Tool calls executed per turn; further well-formed calls are dropped (counted)."""
-    no_prune_prob: float = 0.5
+    no_prune_prob: float = valid(0.5, ge=0, le=1)
     """Probability of withholding prune_context for a trajectory (training; evaluation sets 0)."""
     prune_tool: bool = True
     """False withholds prune_context in every trajectory (the search-only baseline)."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
+    temperature: float = valid(1.0, ge=0, note="0 = greedy")
+    top_p: float = valid(1.0, gt=0, le=1, note="1 = off")
+    top_k: int = valid(-1, ge=-1, note="-1 or 0 = off")
     # ---- retriever and judge wiring (h/mjudge): docs/memact_services.md ----------------------------
     retriever_kind: str = "bm25"
     """bm25 or keyword over retriever_corpus, a name given to register_retriever, or module:attr of a

@@ -29,6 +29,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from memrl.config import valid
 from memrl.engines.base import Engine
 from memrl.rewards import steps as step_rewards_lib
 from memrl.types import Segment, Task, Trajectory
@@ -56,9 +57,9 @@ class ReMemR1Config(ChunkedConfig):
     recurrent/impls/memory_revisit.py), the prompts excepted (memrl's own wording). The loop settings
     (chunk_tokens, max_chunks, sampling, no_memory_text) are ChunkedConfig's."""
 
-    max_memory_tokens: int = 2048
+    max_memory_tokens: int = valid(2048, ge=1)
     """Generation budget of a memory step (thinking + update + recall)."""
-    max_final_tokens: int = 2048
+    max_final_tokens: int = valid(2048, ge=1)
     """Generation budget of the final answer call."""
     no_recall_text: str = NO_RECALL
     """What the <recalled_memory> block holds when nothing was recalled."""
@@ -70,14 +71,14 @@ class ReMemR1Config(ChunkedConfig):
     """Tag around the reasoning (not parsed; only named in the default prompt)."""
     scorer: str = "tfidf"
     """Recall scorer: tfidf (released code), word_overlap (paper), bm25."""
-    min_recall_score: float = 0.0
+    min_recall_score: float = valid(0.0, ge=0)
     """A recall retrieves nothing unless the best score is above this."""
-    bm25_k1: float = 1.5
-    bm25_b: float = 0.75
-    format_weight: float = 1.0
+    bm25_k1: float = valid(1.5, ge=0)
+    bm25_b: float = valid(0.75, ge=0, le=1)
+    format_weight: float = valid(1.0, ge=0)
     """Step reward weights: w_f * format + w_m * memory gain + w_c * callback gain (memrl.rewards.steps)."""
-    memory_weight: float = 1.0
-    callback_weight: float = 1.0
+    memory_weight: float = valid(1.0, ge=0)
+    callback_weight: float = valid(1.0, ge=0)
     callback_rule: str = "paper"
     """How a recall is credited (memrl.rewards.steps): paper = only gold-answer words that neither the
     memory the step read nor its chunk hold (normalized words, max over golds); released = the public

@@ -79,7 +79,7 @@ def test_cli_reports_bad_override(capsys):
     (["algorithm.selection=spread_unused", "algorithm.n=13"], "algorithm.segments_per_task=12 must be >= algorithm.n=13"),
     (["algorithm.selection=published", "algorithm.segments_per_task=7", "algorithm.n=8"],
      "algorithm.segments_per_task=7 must be >= algorithm.n=8"),
-    (["algorithm.selection=best"], "algorithm.selection 'best' is not one of"),
+    (["algorithm.selection=best"], "algorithm.selection='best' is not allowed: must be one of all, published, spread_unused"),
 ])
 def test_dcpo_bad_group_sizes_are_named(ov, field):
     with pytest.raises(ConfigError, match=field):  # a range (n >= 1) when loading, actual_n >= 2 in validate
