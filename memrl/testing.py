@@ -184,3 +184,51 @@ def _words(text: str) -> set[str]:
     import re
 
     return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+# ---------------------------------------------------------------------------- foreign checkpoint layouts
+def _verl_rank(rank: int, world: int, model_dir: str, actor: str, port: int) -> None:
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        torch.save(model.state_dict(), f"{actor}/model_world_size_{world}_rank_{rank}.pt")
+        dist.barrier()
+        if rank == 0:  # verl's manager: config + tokenizer (no weights) in actor/huggingface
+            model.config.save_pretrained(f"{actor}/huggingface")
+            AutoTokenizer.from_pretrained(model_dir).save_pretrained(f"{actor}/huggingface")
+            with open(f"{actor}/fsdp_config.json", "w", encoding="utf-8") as f:
+                f.write(f'{{"FSDP_version": 2, "world_size": {world}}}\n')
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def save_verl_fsdp_checkpoint(model_dir: str, step_dir: str, world_size: int) -> str:
+    """Write the model at `model_dir` as verl's FSDP checkpoint manager does, from `world_size` gloo ranks
+    (FSDP2 `fully_shard` per decoder layer and the root on a 1-D mesh named "fsdp"): each rank
+    torch.save()s its sharded `model.state_dict()` (DTensors, Shard(0)) to
+    `<step_dir>/actor/model_world_size_W_rank_R.pt`; rank 0 adds `actor/huggingface/` (config and
+    tokenizer, no weights) and `actor/fsdp_config.json`. Returns the actor directory."""
+    import os
+
+    import torch.multiprocessing as mp
+
+    from memrl.training.distributed import free_port
+
+    actor = os.path.join(step_dir, "actor")
+    os.makedirs(actor, exist_ok=True)
+    mp.spawn(_verl_rank, args=(world_size, str(model_dir), actor, free_port()), nprocs=world_size, join=True)
+    return actor
