@@ -120,10 +120,34 @@ def test_verl_actor_dir_and_dtype_switch(qwen3, tmp_path, capsys):
     assert json.loads((bf / "config.json").read_text())["dtype"] == "bfloat16"
 
 
-def test_verl_refuses_planted_pickle_and_missing_rank(qwen2, tmp_path, capsys):
+def legacy_paths(pt: Path) -> None:
+    """Rewrite a torch.save file's class references to torch < 2.5 module paths (torch.distributed._tensor),
+    as files written by older verl installs name them."""
+    import zipfile
+
+    old = {b"ctorch.distributed.tensor\nDTensor\n": b"ctorch.distributed._tensor.api\nDTensor\n",
+           b"ctorch.distributed.tensor.placement_types\nShard\n": b"ctorch.distributed._tensor.placement_types\nShard\n"}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(pt) as zin, zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zout:
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            if item.filename.endswith("data.pkl"):
+                for a, b in old.items():
+                    assert a in data
+                    data = data.replace(a, b)
+            zout.writestr(item, data)
+    pt.write_bytes(buf.getvalue())
+
+
+def test_verl_legacy_paths_planted_pickle_and_missing_rank(qwen2, tmp_path, capsys):
     from memrl.testing import save_verl_fsdp_checkpoint
 
     actor = Path(save_verl_fsdp_checkpoint(str(qwen2), str(tmp_path / "global_step_1"), 2))
+    for r in (0, 1):
+        legacy_paths(actor / f"model_world_size_2_rank_{r}.pt")
+    assert main(["model", "convert", str(actor), "--out", str(tmp_path / "legacy")]) == 0
+    assert_same_model(qwen2, tmp_path / "legacy")
+    capsys.readouterr()
     (actor / "model_world_size_2_rank_1.pt").unlink()
     assert main(["model", "convert", str(actor), "--out", str(tmp_path / "a")]) == 1
     err = capsys.readouterr().err.strip()
