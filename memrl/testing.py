@@ -61,14 +61,25 @@ class CompletionServer:
     logprobs back), POST /collective_rpc {"method": "memrl_load_weights", "kwargs": {"path": DIR}}
     (engine.update_weights(DIR)), POST /reset_prefix_cache, GET /health. `events` records
     ("complete", prompt_ids, token_ids, logprobs) and ("load", path) in arrival order.
+
+    api="chat": a chat-only server (like MemAgent's serve/llm070.py): /v1/completions answers 404, POST
+    /v1/chat/completions renders the messages with the engine tokenizer's chat template and answers
+    `message.content` (the generated text without its stop token, special tokens skipped), with
+    `logprobs.content` when asked. chat_token_ids=True answers like vLLM >= 0.10 (`choices[0].token_ids`
+    on return_token_ids, "token_id:N" token strings on return_tokens_as_token_ids); False like vLLM 0.7
+    (token strings are decoded text, no token ids). Events: ("chat", prompt_ids, token_ids, logprobs).
     """
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, api: str = "completions", chat_token_ids: bool = True) -> None:
         import json
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+        if api not in ("completions", "chat"):
+            raise ValueError(f"CompletionServer api must be completions or chat, got {api!r}")
         self.engine = engine
+        self.api = api
+        self.chat_token_ids = chat_token_ids
         self.events: list[tuple[Any, ...]] = []
         outer = self
 
@@ -100,12 +111,36 @@ class CompletionServer:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
 
+    @staticmethod
+    def _sampling(body: dict[str, Any]) -> SamplingParams:
+        return SamplingParams(temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
+                              top_k=body.get("top_k", -1), max_tokens=body["max_tokens"],
+                              stop_token_ids=tuple(body.get("stop_token_ids", ())), seed=body.get("seed"))
+
+    def _chat(self, body: dict[str, Any]) -> Any:
+        tok = self.engine.tokenizer
+        text = tok.apply_chat_template(body["messages"], tokenize=False, add_generation_prompt=True)
+        prompt = list(tok.encode(text, add_special_tokens=False))
+        out = asyncio.run(self.engine.generate(prompt, self._sampling(body)))
+        self.events.append(("chat", prompt, out.token_ids, out.logprobs))
+        ids = list(out.token_ids)
+        shown = ids[:-1] if out.finish_reason == "stop" and ids else ids  # the stop token is not text
+        choice: dict[str, Any] = {"index": 0, "finish_reason": out.finish_reason,
+                                  "message": {"role": "assistant", "content": tok.decode(shown, skip_special_tokens=True)}}
+        as_ids = self.chat_token_ids and body.get("return_tokens_as_token_ids")
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": [
+                {"token": f"token_id:{t}" if as_ids else tok.decode([t]), "logprob": lp, "top_logprobs": []}
+                for t, lp in zip(ids, out.logprobs, strict=True)]}
+        if self.chat_token_ids and body.get("return_token_ids"):
+            choice["token_ids"] = ids
+        return {"object": "chat.completion", "choices": [choice]}
+
     def _handle(self, path: str, body: dict[str, Any]) -> Any:
-        if path == "/v1/completions":
-            sp = SamplingParams(temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
-                                top_k=body.get("top_k", -1), max_tokens=body["max_tokens"],
-                                stop_token_ids=tuple(body.get("stop_token_ids", ())), seed=body.get("seed"))
-            out = asyncio.run(self.engine.generate(list(body["prompt"]), sp))
+        if path == "/v1/chat/completions" and self.api == "chat":
+            return self._chat(body)
+        if path == "/v1/completions" and self.api == "completions":
+            out = asyncio.run(self.engine.generate(list(body["prompt"]), self._sampling(body)))
             self.events.append(("complete", list(body["prompt"]), out.token_ids, out.logprobs))
             return {"choices": [{"token_ids": out.token_ids, "finish_reason": out.finish_reason,
                                  "logprobs": {"token_logprobs": out.logprobs}}]}
