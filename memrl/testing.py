@@ -222,7 +222,7 @@ def _words(text: str) -> set[str]:
 
 
 # ---------------------------------------------------------------------------- foreign checkpoint layouts
-def _verl_rank(rank: int, world: int, model_dir: str, actor: str, port: int) -> None:
+def _verl_rank(rank: int, world: int, model_dir: str, actor: str, port: int, replicas: int) -> None:
     import os
 
     import torch
@@ -234,7 +234,10 @@ def _verl_rank(rank: int, world: int, model_dir: str, actor: str, port: int) -> 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+        if replicas == 1:
+            mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+        else:  # HSDP: replicate over "ddp", shard over "fsdp" (verl's mesh names)
+            mesh = init_device_mesh("cpu", (replicas, world // replicas), mesh_dim_names=("ddp", "fsdp"))
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh)
@@ -251,9 +254,10 @@ def _verl_rank(rank: int, world: int, model_dir: str, actor: str, port: int) -> 
         dist.destroy_process_group()
 
 
-def save_verl_fsdp_checkpoint(model_dir: str, step_dir: str, world_size: int) -> str:
+def save_verl_fsdp_checkpoint(model_dir: str, step_dir: str, world_size: int, replicas: int = 1) -> str:
     """Write the model at `model_dir` as verl's FSDP checkpoint manager does, from `world_size` gloo ranks
-    (FSDP2 `fully_shard` per decoder layer and the root on a 1-D mesh named "fsdp"): each rank
+    (FSDP2 `fully_shard` per decoder layer and the root on a 1-D mesh named "fsdp", or with `replicas` > 1
+    HSDP on a ("ddp", "fsdp") mesh of replicas x world_size/replicas): each rank
     torch.save()s its sharded `model.state_dict()` (DTensors, Shard(0)) to
     `<step_dir>/actor/model_world_size_W_rank_R.pt`; rank 0 adds `actor/huggingface/` (config and
     tokenizer, no weights) and `actor/fsdp_config.json`. Returns the actor directory."""
@@ -265,5 +269,6 @@ def save_verl_fsdp_checkpoint(model_dir: str, step_dir: str, world_size: int) ->
 
     actor = os.path.join(step_dir, "actor")
     os.makedirs(actor, exist_ok=True)
-    mp.spawn(_verl_rank, args=(world_size, str(model_dir), actor, free_port()), nprocs=world_size, join=True)
+    mp.spawn(_verl_rank, args=(world_size, str(model_dir), actor, free_port(), replicas), nprocs=world_size,
+             join=True)
     return actor

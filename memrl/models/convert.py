@@ -7,8 +7,10 @@ verl (MemAgent, ReMemR1, MemAct: verl/utils/checkpoint/fsdp_checkpoint_manager.p
 `global_step_N` directory or its `actor` directory: one `model_world_size_W_rank_R.pt` per rank, each
 `torch.save` of the FSDP model's sharded state dict (FSDP1 SHARDED_STATE_DICT or FSDP2 `state_dict()`):
 parameter name -> DTensor whose local tensor is that rank's slice under placement Shard(0) (torch.chunk
-sizes, so the last ranks may hold fewer rows) on a 1-D mesh of W ranks. The full tensor is the local
-tensors concatenated along the shard dim in mesh order (what verl's scripts/model_merger.py does). Config
+sizes, so the last ranks may hold fewer rows) on a 1-D mesh ("fsdp",) of W ranks, or (Replicate(),
+Shard(0)) on an HSDP mesh ("ddp", "fsdp"). The full tensor is the local tensors of one replica group
+concatenated along the shard dim in mesh order (what verl's scripts/model_merger.py does). Plain tensors
+are replicated when they already have the architecture's full shape, else dim-0 shards. Config
 and tokenizer come from `actor/huggingface/` (written beside the shards, without weights) or --hf-config.
 Files are read with torch.load(weights_only=True): DTensor, DeviceMesh and placement types are the only
 classes admitted besides tensors (torch registers them on import of torch.distributed.tensor; the older
@@ -166,24 +168,38 @@ def _clean_name(name: str) -> str:
     return name
 
 
-def _mesh_order(t: Any, world: int, where: str) -> list[int]:
-    """Ranks in mesh order of a DTensor on a 1-D mesh (its shards concatenate in this order)."""
-    mesh = t._spec.mesh
-    if getattr(mesh, "ndim", 1) != 1:
-        names = getattr(mesh, "mesh_dim_names", None)
-        raise ConvertError(f"{where}: a {mesh.ndim}-D device mesh {names} (HSDP or tensor parallel); only "
-                           "plain FSDP (a 1-D mesh over all ranks) is supported")
+def _shard_ranks(t: Any, world: int, where: str) -> tuple[list[int], Any]:
+    """(ranks whose local tensors concatenate to the full tensor, in mesh order; the Shard placement) of a
+    DTensor. 1-D mesh (FSDP): every rank, placement (Shard(d),). 2-D mesh (HSDP, verl's ("ddp", "fsdp")):
+    the ranks of the first replica group (mesh row 0), placements (Replicate(), Shard(d))."""
+    spec = t._spec
+    placements = tuple(spec.placements)
+    mesh = spec.mesh
+    names = getattr(mesh, "mesh_dim_names", None)
     try:
-        order = [int(r) for r in mesh.mesh.flatten().tolist()]
-    except Exception:  # noqa: BLE001 - a mesh pickled by another torch version: ranks 0..W-1
-        order = list(range(world))
-    if sorted(order) != list(range(world)):
-        raise ConvertError(f"{where}: device mesh over ranks {order}, expected 0..{world - 1}")
-    return order
+        grid = mesh.mesh.tolist()
+    except Exception:  # noqa: BLE001 - a mesh pickled by another torch version: a 1-D mesh is ranks 0..W-1
+        grid = list(range(world)) if len(placements) == 1 else None
+    if grid is None:
+        raise ConvertError(f"{where}: cannot read the {len(placements)}-D device mesh {names}")
+    if len(placements) == 1:
+        shard, ranks = placements[0], [int(r) for r in grid]
+    elif len(placements) == 2 and placements[0].is_replicate():
+        shard, ranks = placements[1], [int(r) for r in grid[0]]
+    else:
+        raise ConvertError(f"{where}: placements {placements} on mesh {names}; supported: (Shard,) for FSDP and "
+                           "(Replicate, Shard) for HSDP (tensor parallel is not)")
+    flat = sorted(int(r) for r in (grid if len(placements) == 1 else [x for row in grid for x in row]))
+    if flat != list(range(world)):
+        raise ConvertError(f"{where}: device mesh over ranks {flat}, expected 0..{world - 1}")
+    return ranks, shard
 
 
-def merge_fsdp_shards(states: list[dict[str, Any]], files: list[Path]) -> dict[str, torch.Tensor]:
-    """Full tensors from per-rank sharded state dicts (index = rank)."""
+def merge_fsdp_shards(states: list[dict[str, Any]], files: list[Path],
+                      shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, torch.Tensor]:
+    """Full tensors from per-rank sharded state dicts (index = rank). DTensors: local tensors concatenated
+    along the Shard dim in mesh order (Replicate: rank 0's). Plain tensors: replicated when rank 0's has
+    the full shape the architecture expects (`shapes`), else dim-0 shards concatenated in rank order."""
     from torch.distributed.tensor import DTensor
 
     world = len(states)
@@ -195,37 +211,39 @@ def merge_fsdp_shards(states: list[dict[str, Any]], files: list[Path]) -> dict[s
     out: dict[str, torch.Tensor] = {}
     for key in keys:
         vals = [sd[key] for sd in states]
+        name = _clean_name(key)
         where = f"{files[0].parent}: {key}"
         if all(isinstance(v, DTensor) for v in vals):
             placements = tuple(vals[0]._spec.placements)
-            if len(placements) != 1:
-                raise ConvertError(f"{where}: placements {placements}; expected one Shard or Replicate")
-            p = placements[0]
-            if p.is_replicate():
+            if all(p.is_replicate() for p in placements):
                 full = vals[0]._local_tensor
-            elif p.is_shard() and type(p).__name__ == "Shard":
-                order = _mesh_order(vals[0], world, where)
-                full = torch.cat([vals[r]._local_tensor for r in order], dim=p.dim)
             else:
-                raise ConvertError(f"{where}: placement {p} is not supported (Shard or Replicate expected)")
+                ranks, p = _shard_ranks(vals[0], world, where)
+                if not (p.is_shard() and type(p).__name__ == "Shard"):
+                    raise ConvertError(f"{where}: placement {p} is not supported (Shard or Replicate expected)")
+                full = torch.cat([vals[r]._local_tensor for r in ranks], dim=p.dim)
             if tuple(full.shape) != tuple(vals[0].shape):
                 raise ConvertError(f"{where}: shards concatenate to {tuple(full.shape)}, the DTensor says "
                                    f"{tuple(vals[0].shape)} (a rank file from another save?)")
         elif all(isinstance(v, torch.Tensor) and not isinstance(v, DTensor) for v in vals):
-            # Plain tensors (buffers, world size 1 without a mesh) are replicated: every rank holds the same.
-            full = vals[0]
-            for r, v in enumerate(vals[1:], 1):
-                if v.shape != full.shape or not torch.equal(v, full):
-                    raise ConvertError(f"{where}: a plain tensor that differs between rank 0 and rank {r}")
+            want = (shapes or {}).get(name)
+            if world == 1 or (want is not None and tuple(vals[0].shape) == tuple(want)):
+                full = vals[0]
+                for r, v in enumerate(vals[1:], 1):
+                    if v.shape != full.shape or not torch.equal(v, full):
+                        raise ConvertError(f"{where}: a replicated plain tensor that differs between rank 0 "
+                                           f"and rank {r}")
+            else:  # plain local shards (verl's merger concatenates plain tensors along dim 0)
+                full = torch.cat(vals, dim=0)
         else:
             kinds = sorted({type(v).__name__ for v in vals})
             raise ConvertError(f"{where}: holds {', '.join(kinds)}; expected DTensor shards or tensors")
-        out[_clean_name(key)] = full.contiguous()
+        out[name] = full.contiguous()
     return out
 
 
-def read_verl(src: Path) -> tuple[dict[str, torch.Tensor], Path, Path | None]:
-    """(full state dict, actor dir, its huggingface/ folder or None) of a verl FSDP checkpoint."""
+def verl_files(src: Path) -> tuple[Path, list[Path], Path | None]:
+    """(actor dir, its rank files in rank order, its huggingface/ folder or None) of a verl checkpoint."""
     actor = verl_actor_dir(src)
     if actor is None:
         raise ConvertError(f"{src}: no model_world_size_W_rank_R.pt files here or in {src / 'actor'}")
@@ -245,10 +263,14 @@ def read_verl(src: Path) -> tuple[dict[str, torch.Tensor], Path, Path | None]:
             raise ConvertError(f"{meta}: not valid JSON ({e})") from e
         if declared is not None and int(declared) != world:
             raise ConvertError(f"{meta}: world_size {declared}, but the shards are for {world} ranks")
-    files = [ranks[r] for r in range(world)]
-    states = [load_rank_file(f) for f in files]
     hf = actor / "huggingface"
-    return merge_fsdp_shards(states, files), actor, hf if (hf / "config.json").is_file() else None
+    return actor, [ranks[r] for r in range(world)], hf if (hf / "config.json").is_file() else None
+
+
+def read_verl(src: Path, shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, torch.Tensor]:
+    """The full state dict of a verl FSDP checkpoint (`shapes`: the architecture's, see merge_fsdp_shards)."""
+    _, files, _ = verl_files(src)
+    return merge_fsdp_shards([load_rank_file(f) for f in files], files, shapes)
 
 
 # ------------------------------------------------------------------------------------------ Megatron / DCP
@@ -528,13 +550,14 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, fmt: str | None = No
         raise ConvertError(f"--from {fmt!r} is not one of {', '.join(FORMATS)}")
     info: dict[str, Any] = {"format": fmt}
     if fmt == "verl":
-        sd, actor, hf = read_verl(src_p)
+        actor, files, hf = verl_files(src_p)
         assets = Path(hf_config) if hf_config else hf
         if assets is None:
             raise ConvertError(f"{actor}/huggingface has no config.json; pass --hf-config DIR (the base model's "
                                "HuggingFace folder: config and tokenizer)")
         config = load_hf_config(assets, "--hf-config" if hf_config else "huggingface")
-        info["world_size"] = len(rank_files(actor)[next(iter(rank_files(actor)))])
+        sd = read_verl(src_p, _expected(config)[0])
+        info["world_size"] = len(files)
         where = str(actor)
     else:
         if not hf_config:
@@ -564,4 +587,4 @@ def summary_line(info: dict[str, Any], out: Path) -> str:
 
 
 __all__ = ["ConvertError", "FORMATS", "convert", "detect_format", "megatron_to_hf", "merge_fsdp_shards",
-           "read_dcp_tensors", "read_verl"]
+           "read_dcp_tensors", "read_verl", "verl_files"]

@@ -80,17 +80,19 @@ def qwen3(tmp_path_factory) -> Path:
 
 
 # ------------------------------------------------------------------------------------------ verl
-@pytest.mark.parametrize("world", [2, 1])
-def test_verl_fsdp_checkpoint_converts_exactly(world, qwen2, tmp_path, capsys):
+@pytest.mark.parametrize("world, replicas", [(2, 1), (1, 1), (4, 2)], ids=["fsdp2", "fsdp1rank", "hsdp2x2"])
+def test_verl_fsdp_checkpoint_converts_exactly(world, replicas, qwen2, tmp_path, capsys):
     from memrl.testing import save_verl_fsdp_checkpoint
 
     step = tmp_path / "global_step_7"
-    actor = Path(save_verl_fsdp_checkpoint(str(qwen2), str(step), world))
+    actor = Path(save_verl_fsdp_checkpoint(str(qwen2), str(step), world, replicas))
     shard = torch.load(actor / f"model_world_size_{world}_rank_0.pt", weights_only=False)
     gate = shard["model.layers.0.mlp.gate_proj.weight"]
-    # What verl's manager writes: DTensor shards, Shard(0); 71 rows over 2 ranks = 36 + 35 (torch.chunk).
-    assert type(gate).__name__ == "DTensor" and str(gate.placements) == "(Shard(dim=0),)"
-    assert gate._local_tensor.shape[0] == (36 if world == 2 else 71)
+    # What verl's manager writes: DTensor shards, Shard(0) (HSDP: replicated over "ddp" first); 71 rows over
+    # 2 shards = 36 + 35 (torch.chunk sizes).
+    placements = "(Shard(dim=0),)" if replicas == 1 else "(Replicate(), Shard(dim=0))"
+    assert type(gate).__name__ == "DTensor" and str(gate.placements) == placements
+    assert gate._local_tensor.shape[0] == (71 if world == 1 else 36)
     assert not any(p.name.endswith(".safetensors") for p in (actor / "huggingface").iterdir())
 
     out = tmp_path / "hf"
