@@ -60,3 +60,23 @@ def test_detect_format(tmp_path: Path) -> None:
     assert detect_format(tmp_path / "iter_0000005") == "megatron"
     with pytest.raises(ConvertError, match="holds Megatron checkpoints iter_0000005: give one iter_\\* directory"):
         detect_format(tmp_path)
+
+
+def test_weightless_dir_fails_at_model_dir_and_build_engine(tmp_path: Path) -> None:
+    from memrl.engines import EngineConfig, build_engine
+    from memrl.errors import UserError, model_dir
+
+    cfg_only = tmp_path / "m"
+    cfg_only.mkdir()
+    (cfg_only / "config.json").write_text("{}")
+    hint = (f"{cfg_only} has config.json but no weights (*.safetensors or pytorch_model*.bin); a verl or Megatron "
+            "checkpoint converts with: memrl model convert --from verl|megatron SRC --out DIR")
+    with pytest.raises(UserError) as e:
+        model_dir(str(cfg_only), "model.path")
+    assert str(e.value) == f"model.path={cfg_only}: {hint}"
+    for kind in ("hf", "vllm"):
+        with pytest.raises(UserError) as e:
+            build_engine(EngineConfig(name=kind, model=str(cfg_only)))
+        assert str(e.value) == f"engine.model={cfg_only}: {hint}"
+    (cfg_only / "model.safetensors").write_bytes(b"")
+    assert model_dir(str(cfg_only), "model.path") == cfg_only
