@@ -498,6 +498,9 @@ def write_hf_dir(sd: dict[str, torch.Tensor], assets: Path, out: Path, dtype: to
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
+    for p in out.iterdir():  # --force over an older model: its weight files must not outlive it
+        if p.is_file() and WEIGHT_FILES.fullmatch(p.name):
+            p.unlink()
     for p in sorted(assets.iterdir()):
         if p.is_file() and not WEIGHT_FILES.fullmatch(p.name):
             shutil.copyfile(p, out / p.name)
