@@ -1,4 +1,5 @@
-"""Test doubles with exact, hand-checkable behaviour: a character tokenizer and a scripted engine.
+"""Test doubles with exact, hand-checkable behaviour: a character tokenizer, a scripted engine, a local
+OpenAI-compatible server (completions or chat-only), and writers of other frameworks' checkpoint layouts.
 
 Use them for contract tests of workflows (what prompt was sent at each step, how the reply was used);
 use a real tiny model (memrl.models.tiny) for anything that must learn or batch.
@@ -222,7 +223,7 @@ def _words(text: str) -> set[str]:
 
 
 # ---------------------------------------------------------------------------- foreign checkpoint layouts
-def _verl_rank(rank: int, world: int, model_dir: str, actor: str, port: int, replicas: int) -> None:
+def _verl_rank(rank: int, world: int, model_dir: str, actor: str, port: int, replicas: int, version: int) -> None:
     import os
 
     import torch
@@ -239,25 +240,39 @@ def _verl_rank(rank: int, world: int, model_dir: str, actor: str, port: int, rep
         else:  # HSDP: replicate over "ddp", shard over "fsdp" (verl's mesh names)
             mesh = init_device_mesh("cpu", (replicas, world // replicas), mesh_dim_names=("ddp", "fsdp"))
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        torch.save(model.state_dict(), f"{actor}/model_world_size_{world}_rank_{rank}.pt")
+        if version == 2:
+            for layer in model.model.layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            state = model.state_dict()
+        else:  # FSDP1 wrapped per decoder layer, state dict type SHARDED_STATE_DICT (MemAgent's verl)
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            from torch.distributed.fsdp import ShardedStateDictConfig, ShardingStrategy, StateDictType
+            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+            strategy = ShardingStrategy.FULL_SHARD if replicas == 1 else ShardingStrategy.HYBRID_SHARD
+            wrapped = FSDP(model, device_mesh=mesh, use_orig_params=True, device_id=torch.device("cpu"),
+                           auto_wrap_policy=ModuleWrapPolicy({type(model.model.layers[0])}), sharding_strategy=strategy)
+            with FSDP.state_dict_type(wrapped, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(offload_to_cpu=True)):
+                state = wrapped.state_dict()
+        torch.save(state, f"{actor}/model_world_size_{world}_rank_{rank}.pt")
         dist.barrier()
         if rank == 0:  # verl's manager: config + tokenizer (no weights) in actor/huggingface
             model.config.save_pretrained(f"{actor}/huggingface")
             AutoTokenizer.from_pretrained(model_dir).save_pretrained(f"{actor}/huggingface")
             with open(f"{actor}/fsdp_config.json", "w", encoding="utf-8") as f:
-                f.write(f'{{"FSDP_version": 2, "world_size": {world}}}\n')
+                f.write(f'{{"FSDP_version": {version}, "world_size": {world}}}\n')
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def save_verl_fsdp_checkpoint(model_dir: str, step_dir: str, world_size: int, replicas: int = 1) -> str:
+def save_verl_fsdp_checkpoint(model_dir: str, step_dir: str, world_size: int, replicas: int = 1,
+                              fsdp_version: int = 2) -> str:
     """Write the model at `model_dir` as verl's FSDP checkpoint manager does, from `world_size` gloo ranks
-    (FSDP2 `fully_shard` per decoder layer and the root on a 1-D mesh named "fsdp", or with `replicas` > 1
-    HSDP on a ("ddp", "fsdp") mesh of replicas x world_size/replicas): each rank
+    (FSDP2 `fully_shard` per decoder layer and the root, or FSDP1 wrapping each decoder layer with the
+    SHARDED_STATE_DICT state dict type; on a 1-D mesh named "fsdp", or with `replicas` > 1 HSDP on a
+    ("ddp", "fsdp") mesh of replicas x world_size/replicas): each rank
     torch.save()s its sharded `model.state_dict()` (DTensors, Shard(0)) to
     `<step_dir>/actor/model_world_size_W_rank_R.pt`; rank 0 adds `actor/huggingface/` (config and
     tokenizer, no weights) and `actor/fsdp_config.json`. Returns the actor directory."""
@@ -269,6 +284,6 @@ def save_verl_fsdp_checkpoint(model_dir: str, step_dir: str, world_size: int, re
 
     actor = os.path.join(step_dir, "actor")
     os.makedirs(actor, exist_ok=True)
-    mp.spawn(_verl_rank, args=(world_size, str(model_dir), actor, free_port(), replicas), nprocs=world_size,
-             join=True)
+    mp.spawn(_verl_rank, args=(world_size, str(model_dir), actor, free_port(), replicas, fsdp_version),
+             nprocs=world_size, join=True)
     return actor

@@ -80,12 +80,13 @@ def qwen3(tmp_path_factory) -> Path:
 
 
 # ------------------------------------------------------------------------------------------ verl
-@pytest.mark.parametrize("world, replicas", [(2, 1), (1, 1), (4, 2)], ids=["fsdp2", "fsdp1rank", "hsdp2x2"])
-def test_verl_fsdp_checkpoint_converts_exactly(world, replicas, qwen2, tmp_path, capsys):
+@pytest.mark.parametrize("world, replicas, version", [(2, 1, 2), (1, 1, 2), (4, 2, 2), (2, 1, 1)],
+                         ids=["fsdp2", "fsdp2-1rank", "hsdp2x2", "fsdp1"])
+def test_verl_fsdp_checkpoint_converts_exactly(world, replicas, version, qwen2, tmp_path, capsys):
     from memrl.testing import save_verl_fsdp_checkpoint
 
     step = tmp_path / "global_step_7"
-    actor = Path(save_verl_fsdp_checkpoint(str(qwen2), str(step), world, replicas))
+    actor = Path(save_verl_fsdp_checkpoint(str(qwen2), str(step), world, replicas, version))
     shard = torch.load(actor / f"model_world_size_{world}_rank_0.pt", weights_only=False)
     gate = shard["model.layers.0.mlp.gate_proj.weight"]
     # What verl's manager writes: DTensor shards, Shard(0) (HSDP: replicated over "ddp" first); 71 rows over
