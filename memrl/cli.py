@@ -9,7 +9,7 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "model": ("memrl.commands.model", "build tiny local models (tokenizer + Qwen2 weights)"),
+    "model": ("memrl.commands.model", "build tiny local models; convert verl / Megatron checkpoints"),
     "data": ("memrl.commands.data", "build, convert and inspect datasets"),
     "eval": ("memrl.commands.eval", "evaluate a workflow on eval files, by context length"),
     "train": ("memrl.commands.train", "RL training (dotted config overrides)"),

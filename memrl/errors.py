@@ -8,8 +8,12 @@ and keeps its traceback. `fault_point` lets the fault-injection tests kill the p
 from __future__ import annotations
 
 import os
+import re
 import signal
 from pathlib import Path
+
+WEIGHT_FILES = re.compile(r".*\.safetensors$|.*\.safetensors\.index\.json$|pytorch_model.*\.bin$|.*\.bin\.index\.json$")
+"""Files a HuggingFace directory keeps its weights in."""
 
 
 class UserError(ValueError):
@@ -78,7 +82,24 @@ def model_dir(path: str, key: str) -> Path:
         raise UserError(f"{key}={path} is a file, not a HuggingFace model directory")
     if not (p / "config.json").is_file():
         raise UserError(f"{key}={path} has no config.json (expected a HuggingFace model directory)")
+    hint = weightless_hint(p)
+    if hint:
+        raise UserError(f"{key}={path}: {hint}")
     return p
+
+
+def weightless_hint(path: Path) -> str | None:
+    """For a directory with config.json but no weights (a verl checkpoint's huggingface/ folder): what is
+    wrong and the conversion command; None when it has weights."""
+    if not (path / "config.json").is_file() or any(WEIGHT_FILES.fullmatch(q.name) for q in path.iterdir()):
+        return None
+    actor = path.parent
+    if path.name == "huggingface" and any(actor.glob("model_world_size_*_rank_*.pt")):
+        dest = actor.parent / "hf" if actor.name == "actor" else actor / "hf"
+        return (f"{path} holds a config and tokenizer but no weights: it is the huggingface/ folder of a verl "
+                f"checkpoint; convert it first: memrl model convert --from verl {actor} --out {dest}")
+    return (f"{path} has config.json but no weights (*.safetensors or pytorch_model*.bin); a verl or Megatron "
+            "checkpoint converts with: memrl model convert --from verl|megatron SRC --out DIR")
 
 
 def fault_point(name: str) -> None:

@@ -1,4 +1,5 @@
-"""Test doubles with exact, hand-checkable behaviour: a character tokenizer and a scripted engine.
+"""Test doubles with exact, hand-checkable behaviour: a character tokenizer, a scripted engine, a local
+OpenAI-compatible server (completions or chat-only), and writers of other frameworks' checkpoint layouts.
 
 Use them for contract tests of workflows (what prompt was sent at each step, how the reply was used);
 use a real tiny model (memrl.models.tiny) for anything that must learn or batch.
@@ -61,14 +62,25 @@ class CompletionServer:
     logprobs back), POST /collective_rpc {"method": "memrl_load_weights", "kwargs": {"path": DIR}}
     (engine.update_weights(DIR)), POST /reset_prefix_cache, GET /health. `events` records
     ("complete", prompt_ids, token_ids, logprobs) and ("load", path) in arrival order.
+
+    api="chat": a chat-only server (like MemAgent's serve/llm070.py): /v1/completions answers 404, POST
+    /v1/chat/completions renders the messages with the engine tokenizer's chat template and answers
+    `message.content` (the generated text without its stop token, special tokens skipped), with
+    `logprobs.content` when asked. chat_token_ids=True answers like vLLM >= 0.10 (`choices[0].token_ids`
+    on return_token_ids, "token_id:N" token strings on return_tokens_as_token_ids); False like vLLM 0.7
+    (token strings are decoded text, no token ids). Events: ("chat", prompt_ids, token_ids, logprobs).
     """
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, api: str = "completions", chat_token_ids: bool = True) -> None:
         import json
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+        if api not in ("completions", "chat"):
+            raise ValueError(f"CompletionServer api must be completions or chat, got {api!r}")
         self.engine = engine
+        self.api = api
+        self.chat_token_ids = chat_token_ids
         self.events: list[tuple[Any, ...]] = []
         outer = self
 
@@ -100,12 +112,36 @@ class CompletionServer:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
 
+    @staticmethod
+    def _sampling(body: dict[str, Any]) -> SamplingParams:
+        return SamplingParams(temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
+                              top_k=body.get("top_k", -1), max_tokens=body["max_tokens"],
+                              stop_token_ids=tuple(body.get("stop_token_ids", ())), seed=body.get("seed"))
+
+    def _chat(self, body: dict[str, Any]) -> Any:
+        tok = self.engine.tokenizer
+        text = tok.apply_chat_template(body["messages"], tokenize=False, add_generation_prompt=True)
+        prompt = list(tok.encode(text, add_special_tokens=False))
+        out = asyncio.run(self.engine.generate(prompt, self._sampling(body)))
+        self.events.append(("chat", prompt, out.token_ids, out.logprobs))
+        ids = list(out.token_ids)
+        shown = ids[:-1] if out.finish_reason == "stop" and ids else ids  # the stop token is not text
+        choice: dict[str, Any] = {"index": 0, "finish_reason": out.finish_reason,
+                                  "message": {"role": "assistant", "content": tok.decode(shown, skip_special_tokens=True)}}
+        as_ids = self.chat_token_ids and body.get("return_tokens_as_token_ids")
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": [
+                {"token": f"token_id:{t}" if as_ids else tok.decode([t]), "logprob": lp, "top_logprobs": []}
+                for t, lp in zip(ids, out.logprobs, strict=True)]}
+        if self.chat_token_ids and body.get("return_token_ids"):
+            choice["token_ids"] = ids
+        return {"object": "chat.completion", "choices": [choice]}
+
     def _handle(self, path: str, body: dict[str, Any]) -> Any:
-        if path == "/v1/completions":
-            sp = SamplingParams(temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
-                                top_k=body.get("top_k", -1), max_tokens=body["max_tokens"],
-                                stop_token_ids=tuple(body.get("stop_token_ids", ())), seed=body.get("seed"))
-            out = asyncio.run(self.engine.generate(list(body["prompt"]), sp))
+        if path == "/v1/chat/completions" and self.api == "chat":
+            return self._chat(body)
+        if path == "/v1/completions" and self.api == "completions":
+            out = asyncio.run(self.engine.generate(list(body["prompt"]), self._sampling(body)))
             self.events.append(("complete", list(body["prompt"]), out.token_ids, out.logprobs))
             return {"choices": [{"token_ids": out.token_ids, "finish_reason": out.finish_reason,
                                  "logprobs": {"token_logprobs": out.logprobs}}]}
@@ -184,3 +220,70 @@ def _words(text: str) -> set[str]:
     import re
 
     return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+# ---------------------------------------------------------------------------- foreign checkpoint layouts
+def _verl_rank(rank: int, world: int, model_dir: str, actor: str, port: int, replicas: int, version: int) -> None:
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        if replicas == 1:
+            mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+        else:  # HSDP: replicate over "ddp", shard over "fsdp" (verl's mesh names)
+            mesh = init_device_mesh("cpu", (replicas, world // replicas), mesh_dim_names=("ddp", "fsdp"))
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        if version == 2:
+            for layer in model.model.layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            state = model.state_dict()
+        else:  # FSDP1 wrapped per decoder layer, state dict type SHARDED_STATE_DICT (MemAgent's verl)
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            from torch.distributed.fsdp import ShardedStateDictConfig, ShardingStrategy, StateDictType
+            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+            strategy = ShardingStrategy.FULL_SHARD if replicas == 1 else ShardingStrategy.HYBRID_SHARD
+            wrapped = FSDP(model, device_mesh=mesh, use_orig_params=True, device_id=torch.device("cpu"),
+                           auto_wrap_policy=ModuleWrapPolicy({type(model.model.layers[0])}), sharding_strategy=strategy)
+            with FSDP.state_dict_type(wrapped, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(offload_to_cpu=True)):
+                state = wrapped.state_dict()
+        torch.save(state, f"{actor}/model_world_size_{world}_rank_{rank}.pt")
+        dist.barrier()
+        if rank == 0:  # verl's manager: config + tokenizer (no weights) in actor/huggingface
+            model.config.save_pretrained(f"{actor}/huggingface")
+            AutoTokenizer.from_pretrained(model_dir).save_pretrained(f"{actor}/huggingface")
+            with open(f"{actor}/fsdp_config.json", "w", encoding="utf-8") as f:
+                f.write(f'{{"FSDP_version": {version}, "world_size": {world}}}\n')
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def save_verl_fsdp_checkpoint(model_dir: str, step_dir: str, world_size: int, replicas: int = 1,
+                              fsdp_version: int = 2) -> str:
+    """Write the model at `model_dir` as verl's FSDP checkpoint manager does, from `world_size` gloo ranks
+    (FSDP2 `fully_shard` per decoder layer and the root, or FSDP1 wrapping each decoder layer with the
+    SHARDED_STATE_DICT state dict type; on a 1-D mesh named "fsdp", or with `replicas` > 1 HSDP on a
+    ("ddp", "fsdp") mesh of replicas x world_size/replicas): each rank
+    torch.save()s its sharded `model.state_dict()` (DTensors, Shard(0)) to
+    `<step_dir>/actor/model_world_size_W_rank_R.pt`; rank 0 adds `actor/huggingface/` (config and
+    tokenizer, no weights) and `actor/fsdp_config.json`. Returns the actor directory."""
+    import os
+
+    import torch.multiprocessing as mp
+
+    from memrl.training.distributed import free_port
+
+    actor = os.path.join(step_dir, "actor")
+    os.makedirs(actor, exist_ok=True)
+    mp.spawn(_verl_rank, args=(world_size, str(model_dir), actor, free_port(), replicas, fsdp_version),
+             nprocs=world_size, join=True)
+    return actor

@@ -1,13 +1,20 @@
-"""Build tiny local models: a byte-level BPE tokenizer (ChatML template) and a randomly initialized Qwen2
-causal LM in HuggingFace format. Nothing is downloaded.
+"""Build tiny local models, and convert other frameworks' checkpoints into HuggingFace directories.
 
   memrl model init --preset tiny --out models/tiny [--corpus a.txt b.txt] [--vocab-size 4096] [--seed 0]
+  memrl model convert [--from verl] ckpts/global_step_400 --out models/step400      # or .../actor
+  memrl model convert [--from megatron] save/iter_0000400 --out models/iter400 --hf-config /models/Qwen3-4B
+
+init: a byte-level BPE tokenizer (ChatML template) and a randomly initialized Qwen2 causal LM; nothing is
+downloaded. convert: a verl FSDP actor checkpoint (model_world_size_W_rank_R.pt shards, any W; config and
+tokenizer from its huggingface/ folder) or a Megatron torch_dist iter_* directory (Qwen2/Qwen3 dense) ->
+safetensors + config + tokenizer (memrl.models.convert). --from is detected when omitted.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 from memrl.config import bounded
@@ -27,16 +34,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--force", action="store_true", help="write into a non-empty output directory")
     init.add_argument("--debug", action="store_true", help="show tracebacks")
 
+    from memrl.models.convert import DTYPES, FORMATS
+
+    conv = sub.add_parser("convert", help="verl FSDP / Megatron torch_dist checkpoint -> HuggingFace directory")
+    conv.add_argument("src", metavar="SRC", help="verl global_step_N or actor directory; Megatron iter_* directory")
+    conv.add_argument("--from", dest="fmt", choices=FORMATS, default=None,
+                      help="checkpoint format (default: detected from SRC)")
+    conv.add_argument("--out", required=True, help="output directory (HuggingFace format, safetensors)")
+    conv.add_argument("--hf-config", default=None, metavar="DIR",
+                      help="HuggingFace folder with config.json and tokenizer (required for megatron; verl: "
+                           "default SRC's actor/huggingface)")
+    conv.add_argument("--dtype", choices=sorted(DTYPES), default="keep",
+                      help="weights dtype written (default keep: the stored dtype, bit-exact; verl's merger "
+                           "writes bfloat16)")
+    conv.add_argument("--force", action="store_true", help="write into a non-empty output directory")
+    conv.add_argument("--debug", action="store_true", help="show tracebacks")
+
 
 def run(args: argparse.Namespace) -> int:
-    from memrl.errors import UserError
-    from memrl.models.tiny import init_tiny_model
+    from memrl.errors import UserError, writable_dir
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not args.force:
         raise UserError(f"--out {out} is not empty; pass --force to write into it")
+    if args.model_command == "convert":
+        from memrl.models.convert import convert, summary_line
+
+        if Path(args.src).resolve() == out.resolve():
+            raise UserError(f"--out {out} is the source directory; write the model elsewhere")
+        existed = out.exists()
+        writable_dir(out)
+        try:
+            info = convert(args.src, out, fmt=args.fmt, hf_config=args.hf_config, dtype=args.dtype)
+        except BaseException:
+            if not existed:  # no half-written model directory left behind
+                shutil.rmtree(out, ignore_errors=True)
+            raise
+        print(summary_line(info, out))
+        return 0
+
+    from memrl.models.tiny import init_tiny_model
+
     for c in args.corpus or []:
         if not Path(c).is_file():
             raise UserError(f"--corpus file {c} does not exist")

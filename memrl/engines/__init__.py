@@ -36,10 +36,13 @@ def build_engine(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None) -
             return HFEngine(copy.deepcopy(policy), tokenizer=tokenizer, device=device, dtype=cfg.dtype, **kw)
         if not cfg.model:
             raise ValueError("engine.model is empty: give the model directory (--model DIR or engine.model=DIR)")
+        _check_weights(cfg.model)
         return HFEngine(cfg.model, tokenizer=tokenizer, device=h.device or "cpu", dtype=cfg.dtype,
                         attn_implementation=h.attn_implementation, **kw)
     if not cfg.model:
         raise ValueError(f"engine.model is empty: engine {cfg.name!r} needs a model directory")
+    if cfg.name != "openai":  # openai reads only the tokenizer from engine.model
+        _check_weights(cfg.model)
     if cfg.name in ("vllm", "vllm-cpu"):
         from memrl.engines.vllm import VLLMConfig, VLLMEngine
 
@@ -55,6 +58,17 @@ def build_engine(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None) -
         return OpenAIEngine(OpenAIConfig(tokenizer=cfg.model, max_concurrency=cfg.max_batch_size, **o),
                             tokenizer=tokenizer)
     raise ValueError(f"unknown engine kind {cfg.name!r}; known: {', '.join(ENGINE_KINDS)}")
+
+
+def _check_weights(model: str) -> None:
+    """A config-only directory (a verl checkpoint's huggingface/ folder) fails here, naming the conversion."""
+    from pathlib import Path
+
+    from memrl.errors import UserError, weightless_hint
+
+    hint = weightless_hint(Path(model)) if Path(model).is_dir() else None
+    if hint:
+        raise UserError(f"engine.model={model}: {hint}")
 
 
 def make_engine(kind: str, model: Any = None, **kwargs: Any) -> Engine:

@@ -54,6 +54,19 @@ class SamplingParams:
         return replace(self, **kw)
 
 
+class ChatPrompt(list):
+    """The token ids of a prompt rendered from chat messages, carrying those messages (`.messages`).
+
+    Every engine takes it as the list of ids it is; the OpenAI engine in chat mode
+    (engine.openai.api=chat) sends the messages to /v1/chat/completions instead, since a chat server
+    renders the template itself. Prompts built from token ids (MemAct's working context) are plain lists.
+    """
+
+    def __init__(self, ids: Any, messages: list[dict[str, Any]]) -> None:
+        super().__init__(ids)
+        self.messages = messages
+
+
 @dataclass
 class Completion:
     """What an engine returns: generated token ids, their logprobs, and why generation stopped.

@@ -83,6 +83,11 @@ class OpenAISection:
     """Environment variable holding the key when api_key is None; "" = none."""
     server: str = valid("vllm", choices=("vllm", "sglang"))
     """vllm | sglang: which weight-reload endpoint weight syncs use."""
+    api: str = "completions"
+    """completions: /v1/completions with token ids in and out (training and eval) | chat:
+    /v1/chat/completions with the prompt's messages, for servers that only have it (MemAgent's
+    serve/llm070.py); eval only: token ids and logprobs are used when the server returns them, else the
+    reply text is tokenized and logprobs are unavailable; training refuses it up front."""
     vllm_reload_method: str = "memrl_load_weights"
     """Worker method a weight sync calls through vLLM's /collective_rpc (see OpenAIConfig)."""
     timeout_s: float = valid(600.0, gt=0)
@@ -126,3 +131,5 @@ class EngineConfig:
             raise ValueError(f"engine.name {self.name!r} is not one of {', '.join(ENGINE_KINDS)}")
         if self.max_batch_size < 1:
             raise ValueError(f"engine.max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.openai.api not in ("completions", "chat"):
+            raise ValueError(f"engine.openai.api {self.openai.api!r} is not completions or chat")

@@ -1,5 +1,7 @@
 """OpenAI-compatible HTTP engine: prompt token ids to a running server's /v1/completions, token ids +
-logprobs back. For `vllm serve` (python -m vllm.entrypoints.openai.api_server) and SGLang.
+logprobs back. For `vllm serve` (python -m vllm.entrypoints.openai.api_server) and SGLang. With
+`api="chat"` it speaks /v1/chat/completions instead (servers that have nothing else, such as MemAgent's
+serve/llm070.py): evaluation only, see "Chat mode" below.
 
 Request: {"prompt": [ids], "logprobs": 1, "return_token_ids": true, "return_tokens_as_token_ids": true,
 "temperature", "top_p", "top_k", "seed", "stop_token_ids", "max_tokens"}. Token ids are read from
@@ -15,6 +17,18 @@ SGLang (untested here): its OpenAI server accepts top_k, stop_token_ids and toke
 ids come back only where it supports `return_token_ids`/"token_id:N" logprob tokens (without them this
 engine fails with a clear error rather than re-tokenizing text); its logprobs are of the
 temperature-scaled distribution; weights reload from a directory via /update_weights_from_disk.
+
+Chat mode (api="chat"): the request carries the prompt's chat messages (the workflows' prompt ids are
+memrl.engines.base.ChatPrompt lists that hold them; the server renders its own chat template), plus
+{"logprobs": true, "top_logprobs": 0, "return_token_ids": true, "return_tokens_as_token_ids": true} and
+the sampling fields. Token ids come from `choices[0].token_ids`, else from "token_id:N" strings in
+`choices[0].logprobs.content[*].token`, else (a server that returns text only, like vLLM 0.7's chat
+endpoint) by tokenizing `choices[0].message.content` with the local tokenizer; logprobs come from
+`logprobs.content[*].logprob` when the ids came from the server and the counts agree, else
+`Completion.info["logprobs"]` is "unavailable" and the logprobs are 0.0 placeholders (a Segment holds
+finite logprobs; nothing in evaluation reads them) (`info["token_ids"]` says "server" or "text"). Training
+refuses chat mode up front (memrl.training.trainer.validate): the prompt tokens the server conditioned on
+are not known to be the ones trained on, and token ids and logprobs are optional extras of the chat API.
 
 Transport: one pooled httpx AsyncClient per event loop (pooled connections cannot cross loops), a
 semaphore capping requests in flight, per-request timeouts, and retries with exponential backoff on
@@ -44,6 +58,11 @@ except ImportError:  # pragma: no cover
     import httpx2 as httpx  # type: ignore[no-redef]
 
 
+API_KINDS = ("completions", "chat")
+"""Which OpenAI endpoint the engine speaks (OpenAIConfig.api / engine.openai.api)."""
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
 @dataclass
 class OpenAIConfig:
     """Settings of the HTTP engine."""
@@ -60,6 +79,9 @@ class OpenAIConfig:
     """Environment variable holding the key when api_key is None; "" = none."""
     server: str = "vllm"
     """vllm | sglang: which weight-reload endpoint update_weights uses."""
+    api: str = "completions"
+    """completions (/v1/completions, token ids in and out) | chat (/v1/chat/completions, messages in;
+    evaluation only)."""
     vllm_reload_method: str = "memrl_load_weights"
     """Worker method update_weights calls through vLLM's /collective_rpc. "memrl_load_weights" needs the
     server started with --worker-extension-cls memrl.engines.vllm.MemrlWorkerExtension; "reload_weights"
@@ -79,6 +101,8 @@ class OpenAIConfig:
             raise ValueError(f"OpenAIConfig.base_url must start with http:// or https://, got {self.base_url!r}")
         if self.server not in ("vllm", "sglang"):
             raise ValueError(f"OpenAIConfig.server must be vllm or sglang, got {self.server!r}")
+        if self.api not in API_KINDS:
+            raise ValueError(f"OpenAIConfig.api must be one of {', '.join(API_KINDS)}, got {self.api!r}")
         if self.max_concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0:
             raise ValueError("OpenAIConfig: max_concurrency >= 1, max_retries >= 0 and timeout_s > 0 are required")
 
@@ -111,6 +135,79 @@ def completion_request(prompt_ids: list[int], sampling: SamplingParams, model: s
     if model:
         body["model"] = model
     return body
+
+
+def chat_request(messages: list[dict[str, Any]], sampling: SamplingParams, model: str | None) -> dict[str, Any]:
+    """The /v1/chat/completions body for one prompt's messages (vLLM / SGLang extras included; servers
+    ignore fields they do not know)."""
+    body: dict[str, Any] = {
+        "messages": messages,
+        "max_tokens": int(sampling.max_tokens),
+        "temperature": float(sampling.temperature),
+        "top_p": float(sampling.top_p),
+        "logprobs": True,
+        "top_logprobs": 0,  # the sampled token's own logprob only
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "n": 1,
+        "stream": False,
+    }
+    if sampling.top_k > 0:
+        body["top_k"] = int(sampling.top_k)
+    if sampling.seed is not None:
+        body["seed"] = int(sampling.seed)
+    if sampling.stop_token_ids:
+        body["stop_token_ids"] = list(sampling.stop_token_ids)
+    if model:
+        body["model"] = model
+    return body
+
+
+def parse_chat(payload: Any, url: str, tokenizer: Any) -> Completion:
+    """A /v1/chat/completions JSON reply -> Completion (see "Chat mode" in the module docstring)."""
+
+    def bad(what: str) -> EngineError:
+        return EngineError(f"{url}: malformed chat reply: {what}")
+
+    if not isinstance(payload, dict):
+        raise bad(f"expected a JSON object, got {type(payload).__name__}")
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise bad("no choices[0]")
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, dict) or not isinstance(message.get("content") or "", str):
+        raise bad("choices[0].message.content missing or not text")
+    finish = choice.get("finish_reason")
+    if finish not in ("stop", "length", "abort"):
+        raise bad(f"finish_reason {finish!r} (expected stop, length or abort)")
+    lp = choice.get("logprobs")
+    content = lp.get("content") if isinstance(lp, dict) else None
+    entries = content if isinstance(content, list) and all(isinstance(e, dict) for e in content) else None
+    ids: Any = choice.get("token_ids")
+    source = "server"
+    if ids is None and entries and all(str(e.get("token", "")).startswith("token_id:") for e in entries):
+        ids = [str(e["token"])[len("token_id:"):] for e in entries]
+    if ids is None:
+        if tokenizer is None:
+            raise EngineError(f"{url}: the chat reply has no token ids and the engine has no tokenizer "
+                              "to tokenize its text (set engine.model / OpenAIConfig.tokenizer)")
+        ids = list(tokenizer.encode(message.get("content") or "", add_special_tokens=False))
+        source = "text"
+    try:
+        token_ids = [int(t) for t in ids]
+    except (TypeError, ValueError) as e:
+        raise bad(f"non-numeric token id ({e})") from e
+    values: list[float] | None = None
+    if source == "server" and entries is not None and len(entries) == len(token_ids):
+        try:
+            values = [float(e["logprob"]) for e in entries]
+        except (KeyError, TypeError, ValueError):
+            values = None
+    info = {"token_ids": source, "logprobs": "server" if values is not None else "unavailable"}
+    if values is None:  # placeholders: Segment requires finite logprobs; training never gets here
+        values = [0.0] * len(token_ids)
+    return Completion(token_ids, values, finish, info=info)
 
 
 def parse_completion(payload: Any, url: str) -> Completion:
@@ -160,7 +257,7 @@ class OpenAIEngine:
         if config is not None and kwargs:
             raise TypeError("OpenAIEngine takes an OpenAIConfig or keyword fields, not both")
         self.root = _root(self.config.base_url)
-        self.url = f"{self.root}/v1/completions"
+        self.url = f"{self.root}{ENDPOINTS[self.config.api]}"
         if tokenizer is None and self.config.tokenizer:
             from transformers import AutoTokenizer
 
@@ -201,6 +298,9 @@ class OpenAIEngine:
             raise _Retryable(f"unreachable ({type(e).__name__}: {e})") from e
         if resp.status_code >= 500:
             raise _Retryable(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        if resp.status_code == 404 and self.config.api == "completions":
+            raise EngineError(f"{self.url}: HTTP 404: {resp.text[:200]} (no /v1/completions here; a chat-only "
+                              "server such as MemAgent's serve/llm070.py needs engine.openai.api=chat, eval only)")
         if resp.status_code >= 400:
             raise EngineError(f"{self.url}: HTTP {resp.status_code}: {resp.text[:500]}")
         try:
@@ -212,13 +312,22 @@ class OpenAIEngine:
         """One completion; at most max_concurrency in flight, retried on transient failures."""
         if not prompt_ids:
             raise EngineError(f"{self.url}: empty prompt")
+        if self.config.api == "chat":
+            messages = getattr(prompt_ids, "messages", None)
+            if messages is None:
+                raise EngineError(f"{self.url}: engine.openai.api=chat sends chat messages, but this prompt was "
+                                  "built as token ids (MemAct's working context is); use engine.openai.api=completions")
+            body = chat_request(messages, sampling, self.config.model)
+        else:
+            body = completion_request(prompt_ids, sampling, self.config.model)
         client, sem = self._state()
-        body = completion_request(prompt_ids, sampling, self.config.model)
         attempts = self.config.max_retries + 1
         async with sem:
             for attempt in range(attempts):
                 try:
                     payload = await self._post_once(client, body)
+                    if self.config.api == "chat":
+                        return parse_chat(payload, self.url, self.tokenizer)
                     return parse_completion(payload, self.url)
                 except _Retryable as e:
                     if attempt + 1 == attempts:

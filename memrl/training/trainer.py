@@ -95,6 +95,10 @@ def validate(cfg: TrainConfig) -> tuple[Any, Any]:
         (cfg.trainer.num_workers == 1 or cfg.rollout.num_engines >= 1,
          f"trainer.num_workers={cfg.trainer.num_workers} needs rollout.num_engines >= 1 (the in-process "
          "engine serves the live module of world size 1)"),
+        (cfg.engine.name != "openai" or cfg.engine.openai.api != "chat",
+         "engine.openai.api=chat cannot train: RL needs the generated token ids and their sampling logprobs "
+         "for the exact prompt tokens, and /v1/chat/completions renders its own prompt and returns ids and "
+         "logprobs only as optional extras; serve /v1/completions and set engine.openai.api=completions"),
     ]
     for ok, msg in checks:
         if not ok:

@@ -203,3 +203,96 @@ def test_update_weights_rejects_state_dicts_and_names_missing_endpoint(serve) ->
         eng.update_weights({"w": 0})
     with pytest.raises(EngineError, match=rf"{srv.url}/collective_rpc: not found .*VLLM_SERVER_DEV_MODE=1"):
         eng.update_weights("/some/ckpt")
+
+
+# ------------------------------------------------------------------------------------------ chat mode
+def chat_reply(content: str, finish: str = "stop", ids: list[int] | None = None, tokens: list[str] | None = None,
+               lps: list[float] | None = None) -> dict:
+    choice: dict = {"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": content}}
+    if ids is not None:
+        choice["token_ids"] = ids
+    if tokens is not None:
+        choice["logprobs"] = {"content": [{"token": t, "logprob": lp} for t, lp in zip(tokens, lps or [], strict=True)]}
+    return {"choices": [choice]}
+
+
+def test_chat_request_body_maps_sampling_params() -> None:
+    from memrl.engines.openai_http import chat_request
+
+    msgs = [{"role": "user", "content": "hi"}]
+    body = chat_request(msgs, SamplingParams(0.7, 0.9, 20, 8, (2, 3), 11), "m")
+    assert body["messages"] == msgs and body["max_tokens"] == 8 and body["model"] == "m"
+    assert (body["temperature"], body["top_p"], body["top_k"], body["seed"], body["stop_token_ids"]) == (0.7, 0.9, 20, 11, [2, 3])
+    assert body["logprobs"] is True and body["top_logprobs"] == 0
+    assert body["return_token_ids"] and body["return_tokens_as_token_ids"] and "prompt" not in body
+
+
+def test_parse_chat_token_ids_strings_or_text() -> None:
+    from memrl.engines.openai_http import parse_chat
+    from memrl.testing import CharTokenizer
+
+    tok = CharTokenizer()
+    # vLLM >= 0.10: token ids and logprobs from the server
+    c = parse_chat(chat_reply("ab", ids=[7, 8, 1], tokens=["a", "b", ""], lps=[-0.1, -0.2, -0.3]), "u", tok)
+    assert (c.token_ids, c.logprobs, c.finish_reason) == ([7, 8, 1], [-0.1, -0.2, -0.3], "stop")
+    assert c.info == {"token_ids": "server", "logprobs": "server"}
+    # return_tokens_as_token_ids only
+    c = parse_chat(chat_reply("ab", tokens=["token_id:7", "token_id:8"], lps=[-1.0, -2.0], finish="length"), "u", tok)
+    assert (c.token_ids, c.logprobs, c.finish_reason) == ([7, 8], [-1.0, -2.0], "length")
+    # vLLM 0.7 (MemAgent's server): decoded token strings -> the text is tokenized locally:
+    # CharTokenizer ids are code points + 3: "a" = 97 + 3 = 100, "b" = 101; logprobs unknown (0.0 placeholders)
+    c = parse_chat(chat_reply("ab", tokens=["a", "b"], lps=[-1.0, -2.0]), "u", tok)
+    assert c.token_ids == [100, 101] and c.logprobs == [0.0, 0.0]
+    assert c.info == {"token_ids": "text", "logprobs": "unavailable"}
+    # no logprobs at all
+    assert parse_chat(chat_reply("a"), "u", tok).token_ids == [100]
+
+
+@pytest.mark.parametrize("reply, what", [
+    ({"choices": []}, "no choices"),
+    (chat_reply("x", finish="tool_calls"), "finish_reason 'tool_calls'"),
+    ({"choices": [{"finish_reason": "stop"}]}, "message.content missing"),
+    (chat_reply("x", ids=["a"]), "non-numeric token id"),
+])
+def test_parse_chat_malformed(reply: dict, what: str) -> None:
+    from memrl.engines.openai_http import parse_chat
+    from memrl.testing import CharTokenizer
+
+    with pytest.raises(EngineError, match=rf"^u: malformed chat reply: .*{what}"):
+        parse_chat(reply, "u", CharTokenizer())
+
+
+def test_parse_chat_text_without_tokenizer_is_named() -> None:
+    from memrl.engines.openai_http import parse_chat
+
+    with pytest.raises(EngineError, match="no token ids and the engine has no tokenizer"):
+        parse_chat(chat_reply("x"), "u", None)
+
+
+def test_chat_engine_sends_messages_and_refuses_plain_ids(serve) -> None:  # noqa: ANN001
+    from memrl.engines.base import ChatPrompt
+
+    srv = serve(lambda n, body: (200, json.dumps(chat_reply("z", ids=[9], tokens=["token_id:9"], lps=[-0.5])).encode()))
+    eng = engine(srv.url, api="chat")
+    msgs = [{"role": "user", "content": "hello"}]
+    out = run(eng.generate(ChatPrompt([1, 2], msgs), GREEDY))
+    assert (out.token_ids, out.logprobs) == ([9], [-0.5])
+    assert srv.bodies[0]["messages"] == msgs and "prompt" not in srv.bodies[0]
+    with pytest.raises(EngineError, match=rf"^{srv.url}/v1/chat/completions: engine.openai.api=chat sends chat "
+                                          "messages, but this prompt was built as token ids"):
+        run(eng.generate([1, 2], GREEDY))
+    assert len(srv.bodies) == 1
+
+
+def test_completions_404_suggests_chat_mode(serve) -> None:  # noqa: ANN001
+    srv = serve(lambda n, body: (404, b'{"detail": "Not Found"}'))
+    with pytest.raises(EngineError, match=r"/v1/completions: HTTP 404: .*needs engine.openai.api=chat, eval only"):
+        run(engine(srv.url).generate([1], GREEDY))
+    assert len(srv.bodies) == 1
+
+
+def test_api_value_is_checked() -> None:
+    from memrl.engines.config import EngineConfig, OpenAISection
+
+    with pytest.raises(ValueError, match="engine.openai.api 'chats' is not completions or chat"):
+        EngineConfig(openai=OpenAISection(api="chats"))

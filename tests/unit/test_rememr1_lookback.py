@@ -77,7 +77,7 @@ def test_config_errors_name_the_field():
         LookbackConfig(num_chunks=1)
     with pytest.raises(ValueError, match="facts_per_chunk"):
         LookbackConfig(facts_per_chunk=7, chunk_words=24)
-    with pytest.raises(ValueError, match=f"num_keys must be in \\[8, {len(KEYS)}\\]"):
+    with pytest.raises(ValueError, match=f"num_keys=2 is not allowed: must be in \\[8, {len(KEYS)}\\]"):
         LookbackConfig(num_keys=2)
 
 

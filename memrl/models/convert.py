@@ -1,0 +1,593 @@
+"""Convert training checkpoints of other frameworks into HuggingFace model directories (safetensors).
+
+  memrl model convert --from verl     SRC --out DST [--hf-config DIR] [--dtype keep]
+  memrl model convert --from megatron SRC --out DST --hf-config DIR [--dtype keep]
+
+verl (MemAgent, ReMemR1, MemAct: verl/utils/checkpoint/fsdp_checkpoint_manager.py). SRC is a
+`global_step_N` directory or its `actor` directory: one `model_world_size_W_rank_R.pt` per rank, each
+`torch.save` of the FSDP model's sharded state dict (FSDP1 SHARDED_STATE_DICT or FSDP2 `state_dict()`):
+parameter name -> DTensor whose local tensor is that rank's slice under placement Shard(0) (torch.chunk
+sizes, so the last ranks may hold fewer rows) on a 1-D mesh ("fsdp",) of W ranks, or (Replicate(),
+Shard(0)) on an HSDP mesh ("ddp", "fsdp"). The full tensor is the local tensors of one replica group
+concatenated along the shard dim in mesh order (what verl's scripts/model_merger.py does). Plain tensors
+are replicated when they already have the architecture's full shape, else dim-0 shards. Config
+and tokenizer come from `actor/huggingface/` (written beside the shards, without weights) or --hf-config.
+Files are read with torch.load(weights_only=True): DTensor, DeviceMesh and placement types are the only
+classes admitted besides tensors (torch registers them on import of torch.distributed.tensor; the older
+torch.distributed._tensor module paths are admitted as aliases of the same classes).
+
+Megatron torch_dist (slime / vime; slime's tools/convert_torch_dist_to_hf.py): SRC is one `iter_*`
+directory written by Megatron-core's dist checkpointing through torch.distributed.checkpoint (DCP):
+`.metadata` + `*.distcp`. DCP reassembles tensor-parallel shards into global tensors; decoder weights
+are either stacked (`decoder.layers.<name>`, leading axis = layer) or per layer
+(`decoder.layers.<i>.<name>`). Qwen2 / Qwen3 dense names (--hf-config gives the HF config: heads,
+query groups, head_dim, vocab size):
+  embedding.word_embeddings.weight            -> model.embed_tokens.weight (vocab padding rows cut)
+  output_layer.weight                         -> lm_head.weight (absent when tied)
+  decoder.final_layernorm.weight              -> model.norm.weight
+  self_attention.linear_qkv.weight / .bias    -> q/k/v_proj: rows grouped by query group g =
+      [q heads of g (heads/groups x head_dim rows), k head g, v head g], groups in order
+  self_attention.linear_proj.weight           -> self_attn.o_proj.weight
+  self_attention.linear_qkv.layer_norm_weight -> input_layernorm.weight (also input_layernorm.weight)
+  mlp.linear_fc1.weight                       -> [gate_proj; up_proj] (first half gate)
+  mlp.linear_fc1.layer_norm_weight            -> post_attention_layernorm.weight (also pre_mlp_layernorm)
+  mlp.linear_fc2.weight                       -> mlp.down_proj.weight
+  self_attention.q_layernorm / k_layernorm    -> self_attn.q_norm / k_norm (Qwen3)
+Other entries (optimizer state, RNG, Transformer Engine `_extra_state`, any non-tensor) are not read.
+Safety: `.metadata` is unpickled by an allowlist (DCP's metadata classes, BytesStorageMetadata, and
+Megatron's MCoreMetadata read as plain DCP Metadata); tensor data is read by DCP's FileSystemReader with
+torch.load(weights_only=True); byte entries (which DCP would unpickle freely) and `common.pt` (Megatron's
+pickled args) are never read.
+
+The output holds every weight the architecture expects (checked against the config's model class),
+in the stored dtype unless --dtype says otherwise, plus the source's config and tokenizer files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memrl.errors import WEIGHT_FILES, UserError
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("verl", "megatron")
+DTYPES = {"keep": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SHARD_BYTES = 4 * 1024**3
+"""Largest safetensors file written; bigger models get model-0000i-of-0000n.safetensors + an index."""
+_RANK_FILE = re.compile(r"model_world_size_(\d+)_rank_(\d+)\.pt")
+
+
+class ConvertError(UserError):
+    """A checkpoint cannot be converted; the message names the file or tensor and what is wrong."""
+
+
+# ------------------------------------------------------------------------------------------ detection
+def rank_files(path: Path) -> dict[int, dict[int, Path]]:
+    """{world size: {rank: file}} of verl model shards directly in `path`."""
+    out: dict[int, dict[int, Path]] = {}
+    if path.is_dir():
+        for p in path.iterdir():
+            m = _RANK_FILE.fullmatch(p.name)
+            if m:
+                out.setdefault(int(m.group(1)), {})[int(m.group(2))] = p
+    return out
+
+
+def verl_actor_dir(src: Path) -> Path | None:
+    """The directory holding verl's model shards: `src` itself or `src/actor` (a global_step_N dir)."""
+    for cand in (src, src / "actor"):
+        if rank_files(cand):
+            return cand
+    return None
+
+
+def is_dcp_dir(src: Path) -> bool:
+    return (src / ".metadata").is_file()
+
+
+def detect_format(src: Path) -> str:
+    """"verl" or "megatron" from what `src` holds; ConvertError when it is neither."""
+    if verl_actor_dir(src) is not None:
+        return "verl"
+    if is_dcp_dir(src):
+        return "megatron"
+    iters = sorted(p.name for p in src.glob("iter_*") if p.is_dir()) if src.is_dir() else []
+    if iters:
+        raise ConvertError(f"{src} holds Megatron checkpoints {', '.join(iters[-3:])}: give one iter_* directory")
+    raise ConvertError(f"cannot tell the checkpoint format of {src}: expected a verl actor or global_step_N "
+                       "directory (model_world_size_W_rank_R.pt) or a Megatron torch_dist iter_* directory "
+                       "(.metadata + *.distcp); pass --from verl|megatron")
+
+
+# ------------------------------------------------------------------------------------------ verl / FSDP
+_LEGACY_DTENSOR_PATHS = {
+    "DTensor": "torch.distributed._tensor.api.DTensor",
+    "Shard": "torch.distributed._tensor.placement_types.Shard",
+    "Replicate": "torch.distributed._tensor.placement_types.Replicate",
+    "Partial": "torch.distributed._tensor.placement_types.Partial",
+    "DTensorSpec": "torch.distributed._tensor.placement_types.DTensorSpec",
+    "TensorMeta": "torch.distributed._tensor.placement_types.TensorMeta",
+}
+
+
+@contextlib.contextmanager
+def _dtensor_globals() -> Iterator[None]:
+    """While loading: DTensor's own classes admitted (torch does that on import of torch.distributed.tensor),
+    plus the pre-2.5 module paths of the same classes; and the DeviceMesh "no process group" warning off."""
+    import torch.distributed.tensor as dt
+    from torch.distributed.tensor import _dtensor_spec as spec
+
+    classes = {"DTensor": dt.DTensor, "Shard": dt.Shard, "Replicate": dt.Replicate, "Partial": dt.Partial,
+               "DTensorSpec": spec.DTensorSpec, "TensorMeta": spec.TensorMeta}
+    aliases = [(classes[name], path) for name, path in _LEGACY_DTENSOR_PATHS.items()]
+    mesh_log = logging.getLogger("torch.distributed.device_mesh")
+    level = mesh_log.level
+    mesh_log.setLevel(logging.ERROR)
+    try:
+        with torch.serialization.safe_globals(aliases):
+            yield
+    finally:
+        mesh_log.setLevel(level)
+
+
+def load_rank_file(path: Path) -> dict[str, Any]:
+    """One rank's state dict, read without running pickled code (tensors, DTensors and plain data only)."""
+    try:
+        with _dtensor_globals():
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - RuntimeError / UnpicklingError / EOFError / zip errors
+        text = str(e).strip()
+        first = text.splitlines()[0] if text else type(e).__name__
+        if "Weights only load failed" in text or "Unsupported global" in text:
+            glob = re.search(r"GLOBAL (\S+)", text)
+            what = f" ({glob.group(1)})" if glob else ""
+            raise ConvertError(f"{path}: refused, it holds objects other than tensors, DTensors and plain data"
+                               f"{what}; a pickle that could run code") from e
+        raise ConvertError(f"{path}: not a readable torch file ({first})") from e
+    if not isinstance(sd, dict):
+        raise ConvertError(f"{path}: expected a state dict (name -> tensor), got {type(sd).__name__}")
+    return sd
+
+
+def _clean_name(name: str) -> str:
+    """Parameter name without wrapper prefixes (FSDP1 / activation checkpointing / torch.compile)."""
+    for part in ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod."):
+        name = name.replace(part, "")
+    return name
+
+
+def _shard_ranks(t: Any, world: int, where: str) -> tuple[list[int], Any]:
+    """(ranks whose local tensors concatenate to the full tensor, in mesh order; the Shard placement) of a
+    DTensor. 1-D mesh (FSDP): every rank, placement (Shard(d),). 2-D mesh (HSDP, verl's ("ddp", "fsdp")):
+    the ranks of the first replica group (mesh row 0), placements (Replicate(), Shard(d))."""
+    spec = t._spec
+    placements = tuple(spec.placements)
+    mesh = spec.mesh
+    names = getattr(mesh, "mesh_dim_names", None)
+    try:
+        grid = mesh.mesh.tolist()
+    except Exception:  # noqa: BLE001 - a mesh pickled by another torch version: a 1-D mesh is ranks 0..W-1
+        grid = list(range(world)) if len(placements) == 1 else None
+    if grid is None:
+        raise ConvertError(f"{where}: cannot read the {len(placements)}-D device mesh {names}")
+    if len(placements) == 1:
+        shard, ranks = placements[0], [int(r) for r in grid]
+    elif len(placements) == 2 and placements[0].is_replicate():
+        shard, ranks = placements[1], [int(r) for r in grid[0]]
+    else:
+        raise ConvertError(f"{where}: placements {placements} on mesh {names}; supported: (Shard,) for FSDP and "
+                           "(Replicate, Shard) for HSDP (tensor parallel is not)")
+    flat = sorted(int(r) for r in (grid if len(placements) == 1 else [x for row in grid for x in row]))
+    if flat != list(range(world)):
+        raise ConvertError(f"{where}: device mesh over ranks {flat}, expected 0..{world - 1}")
+    return ranks, shard
+
+
+def merge_fsdp_shards(states: list[dict[str, Any]], files: list[Path],
+                      shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, torch.Tensor]:
+    """Full tensors from per-rank sharded state dicts (index = rank). DTensors: local tensors concatenated
+    along the Shard dim in mesh order (Replicate: rank 0's). Plain tensors: replicated when rank 0's has
+    the full shape the architecture expects (`shapes`), else dim-0 shards concatenated in rank order."""
+    from torch.distributed.tensor import DTensor
+
+    world = len(states)
+    keys = list(states[0])
+    for r, sd in enumerate(states[1:], 1):
+        if set(sd) != set(keys):
+            diff = sorted(set(sd) ^ set(keys))
+            raise ConvertError(f"{files[r]}: its tensor names differ from rank 0's ({', '.join(diff[:3])})")
+    out: dict[str, torch.Tensor] = {}
+    for key in keys:
+        vals = [sd[key] for sd in states]
+        name = _clean_name(key)
+        where = f"{files[0].parent}: {key}"
+        if all(isinstance(v, DTensor) for v in vals):
+            placements = tuple(vals[0]._spec.placements)
+            if all(p.is_replicate() for p in placements):
+                full = vals[0]._local_tensor
+            else:
+                ranks, p = _shard_ranks(vals[0], world, where)
+                if not (p.is_shard() and type(p).__name__ == "Shard"):
+                    raise ConvertError(f"{where}: placement {p} is not supported (Shard or Replicate expected)")
+                full = torch.cat([vals[r]._local_tensor for r in ranks], dim=p.dim)
+            if tuple(full.shape) != tuple(vals[0].shape):
+                raise ConvertError(f"{where}: shards concatenate to {tuple(full.shape)}, the DTensor says "
+                                   f"{tuple(vals[0].shape)} (a rank file from another save?)")
+        elif all(isinstance(v, torch.Tensor) and not isinstance(v, DTensor) for v in vals):
+            want = (shapes or {}).get(name)
+            if world == 1 or (want is not None and tuple(vals[0].shape) == tuple(want)):
+                full = vals[0]
+                for r, v in enumerate(vals[1:], 1):
+                    if v.shape != full.shape or not torch.equal(v, full):
+                        raise ConvertError(f"{where}: a replicated plain tensor that differs between rank 0 "
+                                           f"and rank {r}")
+            else:  # plain local shards (verl's merger concatenates plain tensors along dim 0)
+                full = torch.cat(vals, dim=0)
+        else:
+            kinds = sorted({type(v).__name__ for v in vals})
+            raise ConvertError(f"{where}: holds {', '.join(kinds)}; expected DTensor shards or tensors")
+        out[name] = full.contiguous()
+    return out
+
+
+def verl_files(src: Path) -> tuple[Path, list[Path], Path | None]:
+    """(actor dir, its rank files in rank order, its huggingface/ folder or None) of a verl checkpoint."""
+    actor = verl_actor_dir(src)
+    if actor is None:
+        raise ConvertError(f"{src}: no model_world_size_W_rank_R.pt files here or in {src / 'actor'}")
+    by_world = rank_files(actor)
+    if len(by_world) > 1:
+        raise ConvertError(f"{actor}: model shards of several world sizes ({sorted(by_world)}); keep one save")
+    world, ranks = next(iter(by_world.items()))
+    missing = [r for r in range(world) if r not in ranks]
+    if missing:
+        raise ConvertError(f"{actor}: model_world_size_{world}_rank_{missing[0]}.pt is missing "
+                           f"({len(ranks)} of {world} rank files present)")
+    meta = actor / "fsdp_config.json"
+    if meta.is_file():
+        try:
+            declared = json.loads(meta.read_text(encoding="utf-8")).get("world_size")
+        except (OSError, ValueError, AttributeError) as e:
+            raise ConvertError(f"{meta}: not valid JSON ({e})") from e
+        if declared is not None and int(declared) != world:
+            raise ConvertError(f"{meta}: world_size {declared}, but the shards are for {world} ranks")
+    hf = actor / "huggingface"
+    return actor, [ranks[r] for r in range(world)], hf if (hf / "config.json").is_file() else None
+
+
+def read_verl(src: Path, shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, torch.Tensor]:
+    """The full state dict of a verl FSDP checkpoint (`shapes`: the architecture's, see merge_fsdp_shards)."""
+    _, files, _ = verl_files(src)
+    return merge_fsdp_shards([load_rank_file(f) for f in files], files, shapes)
+
+
+# ------------------------------------------------------------------------------------------ Megatron / DCP
+def _metadata_classes() -> dict[tuple[str, str], Any]:
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
+
+    from memrl.training.checkpoint import _DCP_CLASSES
+
+    class MCoreMetadata(Metadata):
+        """Megatron-core's Metadata subclass (an extra `mcore_data` dict of plain data), read as DCP's."""
+
+    allowed: dict[tuple[str, str], Any] = {k: None for k in _DCP_CLASSES}
+    allowed[("torch.distributed.checkpoint.metadata", "BytesStorageMetadata")] = BytesStorageMetadata
+    allowed[("megatron.core.dist_checkpointing.strategies.torch", "MCoreMetadata")] = MCoreMetadata
+    return allowed
+
+
+class _MegatronMetadataUnpickler(pickle.Unpickler):
+    """DCP metadata classes, torch dtypes and Megatron's MCoreMetadata; anything else is refused."""
+
+    allowed: dict[tuple[str, str], Any] = {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self.allowed:
+            cls = self.allowed[(module, name)]
+            return cls if cls is not None else super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP metadata")
+
+
+def read_megatron_metadata(src: Path) -> Any:
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    f = src / ".metadata"
+    if not f.is_file():
+        raise ConvertError(f"{f} is missing (expected a Megatron torch_dist iter_* directory)")
+    _MegatronMetadataUnpickler.allowed = _metadata_classes()
+    try:
+        with f.open("rb") as fh:
+            md = _MegatronMetadataUnpickler(fh).load()
+    except Exception as e:  # noqa: BLE001 - truncated: EOFError; planted objects: UnpicklingError
+        raise ConvertError(f"{f}: not readable DCP metadata ({type(e).__name__}: {e})") from e
+    if not isinstance(md, Metadata) or not isinstance(getattr(md, "state_dict_metadata", None), dict):
+        raise ConvertError(f"{f}: not DCP metadata")
+    return md
+
+
+def _model_keys(md: Any) -> list[str]:
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    return [k for k, v in md.state_dict_metadata.items()
+            if isinstance(v, TensorStorageMetadata) and k.startswith(("embedding.", "decoder.", "output_layer."))
+            and "_extra_state" not in k]
+
+
+def read_dcp_tensors(src: Path) -> dict[str, torch.Tensor]:
+    """The model tensors of a Megatron torch_dist directory (global, TP shards joined by DCP)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    md = read_megatron_metadata(src)
+    keys = _model_keys(md)
+    if not keys:
+        raise ConvertError(f"{src / '.metadata'}: no model tensors (embedding.*, decoder.*, output_layer.*)")
+    sdm = md.state_dict_metadata
+    flat = {k: torch.empty(tuple(sdm[k].size), dtype=sdm[k].properties.dtype) for k in keys}
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            if getattr(md, "storage_meta", None) is None:
+                md.storage_meta = StorageMeta()
+            md.storage_meta.load_id = self.load_id
+            if getattr(md, "planner_data", None) is None:
+                md.planner_data = {}
+            return md
+
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(flat, storage_reader=Reader(src), no_dist=True)
+    except Exception as e:  # noqa: BLE001 - a missing or cut .distcp file surfaces in many types
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConvertError(f"{src}: cannot read the tensor data ({type(e).__name__}: {first[:300]})") from e
+    return flat
+
+
+def _qkv_split(t: torch.Tensor, groups: int, per_group: int, head_dim: int, where: str) -> list[torch.Tensor]:
+    rows = groups * (per_group + 2) * head_dim
+    if t.shape[0] != rows:
+        raise ConvertError(f"{where}: {t.shape[0]} rows, expected {groups} query groups x ({per_group} q + 1 k "
+                           f"+ 1 v heads) x head_dim {head_dim} = {rows}")
+    g = t.reshape(groups, per_group + 2, head_dim, *t.shape[1:])
+    rest = tuple(t.shape[1:])
+    return [g[:, :per_group].reshape(groups * per_group * head_dim, *rest),
+            g[:, per_group].reshape(groups * head_dim, *rest),
+            g[:, per_group + 1].reshape(groups * head_dim, *rest)]
+
+
+_LAYER_NAMES = {
+    "self_attention.linear_proj.weight": ["self_attn.o_proj.weight"],
+    "self_attention.linear_qkv.layer_norm_weight": ["input_layernorm.weight"],
+    "input_layernorm.weight": ["input_layernorm.weight"],
+    "mlp.linear_fc1.layer_norm_weight": ["post_attention_layernorm.weight"],
+    "pre_mlp_layernorm.weight": ["post_attention_layernorm.weight"],
+    "mlp.linear_fc2.weight": ["mlp.down_proj.weight"],
+    "self_attention.q_layernorm.weight": ["self_attn.q_norm.weight"],
+    "self_attention.k_layernorm.weight": ["self_attn.k_norm.weight"],
+}
+
+
+def megatron_layer_to_hf(rest: str, t: torch.Tensor, config: Any, where: str) -> list[tuple[str, torch.Tensor]]:
+    """One decoder layer's Megatron tensor -> (HF name below model.layers.<i>., tensor) pairs."""
+    heads = int(config.num_attention_heads)
+    groups = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    if rest in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
+        if heads % groups:
+            raise ConvertError(f"{where}: {heads} attention heads do not divide into {groups} query groups")
+        kind = rest.rsplit(".", 1)[1]
+        q, k, v = _qkv_split(t, groups, heads // groups, head_dim, where)
+        return [(f"self_attn.{n}_proj.{kind}", x) for n, x in zip("qkv", (q, k, v), strict=True)]
+    if rest == "mlp.linear_fc1.weight":
+        if t.shape[0] % 2:
+            raise ConvertError(f"{where}: {t.shape[0]} rows cannot be split into gate and up halves")
+        gate, up = t.chunk(2, dim=0)
+        return [("mlp.gate_proj.weight", gate), ("mlp.up_proj.weight", up)]
+    if rest in _LAYER_NAMES:
+        return [(n, t) for n in _LAYER_NAMES[rest]]
+    raise ConvertError(f"{where}: unknown Megatron weight name (Qwen2/Qwen3 dense names are supported)")
+
+
+def _vocab_cut(t: torch.Tensor, vocab: int, where: str) -> torch.Tensor:
+    """Megatron pads the vocabulary to a multiple of its divisor; the HF model has config.vocab_size rows."""
+    if t.shape[0] < vocab:
+        raise ConvertError(f"{where}: {t.shape[0]} rows, fewer than the config's vocab_size {vocab}")
+    return t[:vocab]
+
+
+def megatron_to_hf(tensors: dict[str, torch.Tensor], config: Any, src: Path) -> dict[str, torch.Tensor]:
+    """Megatron-core GPT names (Qwen2/Qwen3 dense) -> HuggingFace Qwen2/Qwen3 names."""
+    layers = int(config.num_hidden_layers)
+    vocab = int(config.vocab_size)
+    out: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        where = f"{src}: {name}"
+        if name == "embedding.word_embeddings.weight":
+            out["model.embed_tokens.weight"] = _vocab_cut(t, vocab, where)
+        elif name == "output_layer.weight":
+            out["lm_head.weight"] = _vocab_cut(t, vocab, where)
+        elif name == "decoder.final_layernorm.weight":
+            out["model.norm.weight"] = t
+        elif name.startswith("decoder.layers."):
+            rest = name[len("decoder.layers."):]
+            head, _, tail = rest.partition(".")
+            if head.isdigit():  # per-layer keys (non-homogeneous layers)
+                per_layer = [(int(head), tail, t)]
+            else:  # stacked: the global layer index is the leading axis
+                if t.shape[0] != layers:
+                    raise ConvertError(f"{where}: leading axis {t.shape[0]}, expected num_hidden_layers {layers}")
+                per_layer = [(i, rest, t[i]) for i in range(layers)]
+            for i, r, x in per_layer:
+                if i >= layers:
+                    raise ConvertError(f"{where}: layer {i}, but the config has {layers} layers")
+                for n, y in megatron_layer_to_hf(r, x, config, where):
+                    out[f"model.layers.{i}.{n}"] = y.contiguous()
+        else:
+            raise ConvertError(f"{where}: unknown Megatron weight name (Qwen2/Qwen3 dense names are supported)")
+    return out
+
+
+# ------------------------------------------------------------------------------------------ output
+def _expected(config: Any) -> tuple[dict[str, tuple[int, ...]], bool]:
+    """({name: shape} the config's causal-LM class holds, whether lm_head is tied to the embedding)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    return shapes, tied
+
+
+def check_against_config(sd: dict[str, torch.Tensor], config: Any, where: str) -> dict[str, torch.Tensor]:
+    """Every weight the architecture expects, with its shape; a tied lm_head is dropped (HF re-ties it)."""
+    shapes, tied = _expected(config)
+    sd = dict(sd)
+    if tied:
+        shapes.pop("lm_head.weight", None)
+        head = sd.pop("lm_head.weight", None)
+        emb = sd.get("model.embed_tokens.weight")
+        if head is not None and emb is not None and not torch.equal(head, emb):
+            raise ConvertError(f"{where}: the config ties lm_head to the embedding, but the checkpoint's "
+                               "lm_head.weight differs from model.embed_tokens.weight")
+    missing = sorted(set(shapes) - set(sd))
+    extra = sorted(set(sd) - set(shapes))
+    arch = (getattr(config, "architectures", None) or [type(config).__name__])[0]
+    if missing:
+        raise ConvertError(f"{where}: {len(missing)} weight(s) of {arch} missing, e.g. {', '.join(missing[:3])}")
+    if extra:
+        raise ConvertError(f"{where}: {len(extra)} weight(s) {arch} does not have, e.g. {', '.join(extra[:3])}")
+    for k, shape in shapes.items():
+        if tuple(sd[k].shape) != shape:
+            raise ConvertError(f"{where}: {k} has shape {tuple(sd[k].shape)}, {arch} expects {shape}")
+    return sd
+
+
+def load_hf_config(path: Path, key: str) -> Any:
+    from transformers import AutoConfig
+
+    if not (path / "config.json").is_file():
+        raise ConvertError(f"{key}={path} has no config.json (expected the model's HuggingFace config folder)")
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise ConvertError(f"{key}={path}/config.json: not a HuggingFace config ({e})") from e
+
+
+def write_hf_dir(sd: dict[str, torch.Tensor], assets: Path, out: Path, dtype: torch.dtype | None) -> list[str]:
+    """Weights as safetensors (sharded above SHARD_BYTES) plus every non-weight file of `assets`
+    (config, tokenizer, generation config); config.json's dtype names the written dtype."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    for p in out.iterdir():  # --force over an older model: its weight files must not outlive it
+        if p.is_file() and WEIGHT_FILES.fullmatch(p.name):
+            p.unlink()
+    for p in sorted(assets.iterdir()):
+        if p.is_file() and not WEIGHT_FILES.fullmatch(p.name):
+            shutil.copyfile(p, out / p.name)
+    tensors = {k: (v.to(dtype) if dtype is not None else v).contiguous() for k, v in sorted(sd.items())}
+    used = {v.dtype for v in tensors.values()}
+    total = sum(v.numel() * v.element_size() for v in tensors.values())
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for k, v in tensors.items():
+        n = v.numel() * v.element_size()
+        if shards[-1] and size + n > SHARD_BYTES:
+            shards.append({})
+            size = 0
+        shards[-1][k] = v
+        size += n
+    written = []
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        written.append("model.safetensors")
+    else:
+        index: dict[str, Any] = {"metadata": {"total_size": total}, "weight_map": {}}
+        for i, shard in enumerate(shards, 1):
+            name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(out / name), metadata={"format": "pt"})
+            index["weight_map"].update({k: name for k in shard})
+            written.append(name)
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    cfg_file = out / "config.json"
+    cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    if len(used) == 1:
+        name = str(next(iter(used))).removeprefix("torch.")
+        keys = [k for k in ("dtype", "torch_dtype") if k in cfg] or ["torch_dtype"]
+        for k in keys:
+            cfg[k] = name
+    cfg_file.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return written
+
+
+def convert(src: str | os.PathLike, out: str | os.PathLike, fmt: str | None = None,
+            hf_config: str | os.PathLike | None = None, dtype: str = "keep") -> dict[str, Any]:
+    """Convert `src` (verl or Megatron, detected when `fmt` is None) into the HuggingFace directory `out`.
+    Returns a summary: format, source, tensors, parameters, dtype, files."""
+    src_p = Path(src)
+    if not src_p.is_dir():
+        raise ConvertError(f"{src_p}: no such directory")
+    if dtype not in DTYPES:
+        raise ConvertError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    fmt = fmt or detect_format(src_p)
+    if fmt not in FORMATS:
+        raise ConvertError(f"--from {fmt!r} is not one of {', '.join(FORMATS)}")
+    info: dict[str, Any] = {"format": fmt}
+    if fmt == "verl":
+        actor, files, hf = verl_files(src_p)
+        assets = Path(hf_config) if hf_config else hf
+        if assets is None:
+            raise ConvertError(f"{actor}/huggingface has no config.json; pass --hf-config DIR (the base model's "
+                               "HuggingFace folder: config and tokenizer)")
+        config = load_hf_config(assets, "--hf-config" if hf_config else "huggingface")
+        sd = read_verl(src_p, _expected(config)[0])
+        info["world_size"] = len(files)
+        where = str(actor)
+    else:
+        if not hf_config:
+            raise ConvertError("--from megatron needs --hf-config DIR (the model's HuggingFace config and "
+                               "tokenizer; Megatron's own args in common.pt are a pickle memrl does not load)")
+        assets = Path(hf_config)
+        config = load_hf_config(assets, "--hf-config")
+        sd = megatron_to_hf(read_dcp_tensors(src_p), config, src_p)
+        where = str(src_p)
+    sd = check_against_config(sd, config, where)
+    info["files"] = write_hf_dir(sd, assets, Path(out), DTYPES[dtype])
+    info["tensors"] = len(sd)
+    info["parameters"] = sum(v.numel() for v in sd.values())
+    info["dtype"] = ", ".join(sorted({str(v.dtype if DTYPES[dtype] is None else DTYPES[dtype]).removeprefix("torch.")
+                                      for v in sd.values()}))
+    return info
+
+
+def _fmt_params(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n < 1e9 else f"{n / 1e9:.2f}B"
+
+
+def summary_line(info: dict[str, Any], out: Path) -> str:
+    ws = f", world size {info['world_size']}" if "world_size" in info else ""
+    return (f"converted {info['format']} checkpoint{ws} to {out}: {info['tensors']} tensors, "
+            f"{_fmt_params(info['parameters'])} parameters, {info['dtype']}, {', '.join(info['files'])}")
+
+
+__all__ = ["ConvertError", "FORMATS", "convert", "detect_format", "megatron_to_hf", "merge_fsdp_shards",
+           "read_dcp_tensors", "read_verl", "verl_files"]

@@ -1,0 +1,325 @@
+"""`memrl model convert`: real verl FSDP2 shards (gloo ranks) and a real DCP directory with Megatron-core
+names, converted and loaded back with transformers; every tensor and the logits must equal the original's
+exactly. Also: refusals (planted pickles), auto-detection, and the weightless huggingface/ folder error."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from memrl.cli import main
+
+# Small shapes chosen so sharding is uneven (intermediate 71 over 2 ranks: 36 + 35 rows) and GQA has
+# 3 query heads per group (6 heads, 2 groups); Qwen3's head_dim 8 differs from hidden/heads = 6.
+HIDDEN, INTER, LAYERS, HEADS, GROUPS = 36, 71, 2, 6, 2
+IDS = torch.tensor([[5, 17, 300, 2048, 9, 4000, 77, 1]])
+
+
+def _tokenizer():
+    from transformers import AutoTokenizer
+
+    from memrl.models.tiny import cached_tiny_model
+
+    return AutoTokenizer.from_pretrained(cached_tiny_model("tiny"))
+
+
+def make_model(path: Path, arch: str) -> Path:
+    """A seeded Qwen2 (tied embeddings, qkv bias) or Qwen3 (untied, q/k norms) with every weight perturbed
+    (norms not all ones, biases not zero) so that any swapped or misplaced tensor changes the result."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from memrl.models.tiny import ModelPreset, qwen2_config
+
+    tok = _tokenizer()
+    if arch == "qwen2":
+        config = qwen2_config(ModelPreset(0, HIDDEN, INTER, LAYERS, HEADS, GROUPS), len(tok), tok.eos_token_id,
+                              tok.pad_token_id)
+    else:
+        config = Qwen3Config(vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=INTER,
+                             num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=GROUPS,
+                             head_dim=8, tie_word_embeddings=False, eos_token_id=tok.eos_token_id,
+                             pad_token_id=tok.pad_token_id)
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def assert_same_model(original: Path, converted: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    a = AutoModelForCausalLM.from_pretrained(original, dtype=torch.float32).eval()
+    b = AutoModelForCausalLM.from_pretrained(converted).eval()
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sorted(sa) == sorted(sb)
+    for k in sa:
+        assert sb[k].dtype == torch.float32, k
+        assert torch.equal(sa[k], sb[k]), k
+    with torch.no_grad():
+        assert torch.equal(a(IDS).logits, b(IDS).logits)
+    assert (converted / "tokenizer.json").is_file() and (converted / "tokenizer_config.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory) -> Path:
+    return make_model(tmp_path_factory.mktemp("qwen2"), "qwen2")
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory) -> Path:
+    return make_model(tmp_path_factory.mktemp("qwen3"), "qwen3")
+
+
+# ------------------------------------------------------------------------------------------ verl
+@pytest.mark.parametrize("world, replicas, version", [(2, 1, 2), (1, 1, 2), (4, 2, 2), (2, 1, 1)],
+                         ids=["fsdp2", "fsdp2-1rank", "hsdp2x2", "fsdp1"])
+def test_verl_fsdp_checkpoint_converts_exactly(world, replicas, version, qwen2, tmp_path, capsys):
+    from memrl.testing import save_verl_fsdp_checkpoint
+
+    step = tmp_path / "global_step_7"
+    actor = Path(save_verl_fsdp_checkpoint(str(qwen2), str(step), world, replicas, version))
+    shard = torch.load(actor / f"model_world_size_{world}_rank_0.pt", weights_only=False)
+    gate = shard["model.layers.0.mlp.gate_proj.weight"]
+    # What verl's manager writes: DTensor shards, Shard(0) (HSDP: replicated over "ddp" first); 71 rows over
+    # 2 shards = 36 + 35 (torch.chunk sizes).
+    placements = "(Shard(dim=0),)" if replicas == 1 else "(Replicate(), Shard(dim=0))"
+    assert type(gate).__name__ == "DTensor" and str(gate.placements) == placements
+    assert gate._local_tensor.shape[0] == (71 if world == 1 else 36)
+    assert not any(p.name.endswith(".safetensors") for p in (actor / "huggingface").iterdir())
+
+    out = tmp_path / "hf"
+    # SRC = the global_step dir, format detected
+    assert main(["model", "convert", str(step), "--out", str(out)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"converted verl checkpoint, world size {world} to {out}: ")
+    assert_same_model(qwen2, out)
+
+
+def test_verl_actor_dir_and_dtype_switch(qwen3, tmp_path, capsys):
+    """SRC = the actor dir, --from given; --dtype bfloat16 (the published merger's dtype) casts every tensor."""
+    from transformers import AutoModelForCausalLM
+
+    from memrl.testing import save_verl_fsdp_checkpoint
+
+    actor = Path(save_verl_fsdp_checkpoint(str(qwen3), str(tmp_path / "global_step_1"), 2))
+    out = tmp_path / "hf"
+    assert main(["model", "convert", "--from", "verl", str(actor), "--out", str(out)]) == 0
+    assert_same_model(qwen3, out)
+    bf = tmp_path / "bf16"
+    assert main(["model", "convert", str(actor), "--out", str(bf), "--dtype", "bfloat16"]) == 0
+    assert "bfloat16" in capsys.readouterr().out
+    a = AutoModelForCausalLM.from_pretrained(qwen3, dtype=torch.float32).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(bf, dtype="auto").state_dict()
+    assert all(b[k].dtype == torch.bfloat16 and torch.equal(b[k], a[k].to(torch.bfloat16)) for k in a)
+    assert json.loads((bf / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def legacy_paths(pt: Path) -> None:
+    """Rewrite a torch.save file's class references to torch < 2.5 module paths (torch.distributed._tensor),
+    as files written by older verl installs name them."""
+    import zipfile
+
+    old = {b"ctorch.distributed.tensor\nDTensor\n": b"ctorch.distributed._tensor.api\nDTensor\n",
+           b"ctorch.distributed.tensor.placement_types\nShard\n": b"ctorch.distributed._tensor.placement_types\nShard\n"}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(pt) as zin, zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zout:
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            if item.filename.endswith("data.pkl"):
+                for a, b in old.items():
+                    assert a in data
+                    data = data.replace(a, b)
+            zout.writestr(item, data)
+    pt.write_bytes(buf.getvalue())
+
+
+def test_verl_legacy_paths_planted_pickle_and_missing_rank(qwen2, tmp_path, capsys):
+    from memrl.testing import save_verl_fsdp_checkpoint
+
+    actor = Path(save_verl_fsdp_checkpoint(str(qwen2), str(tmp_path / "global_step_1"), 2))
+    for r in (0, 1):
+        legacy_paths(actor / f"model_world_size_2_rank_{r}.pt")
+    assert main(["model", "convert", str(actor), "--out", str(tmp_path / "legacy")]) == 0
+    assert_same_model(qwen2, tmp_path / "legacy")
+    capsys.readouterr()
+    (actor / "model_world_size_2_rank_1.pt").unlink()
+    assert main(["model", "convert", str(actor), "--out", str(tmp_path / "a")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"memrl model: error: {actor}: model_world_size_2_rank_1.pt is missing "
+                   "(1 of 2 rank files present)")
+    assert not (tmp_path / "a").exists()  # nothing half-written left behind
+    torch.save({"w": torch.zeros(2), "planted": io.StringIO("x")}, actor / "model_world_size_2_rank_1.pt")
+    assert main(["model", "convert", str(actor), "--out", str(tmp_path / "b")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"memrl model: error: {actor}/model_world_size_2_rank_1.pt: refused, it holds objects "
+                          "other than tensors") and "_io.StringIO" in err and len(err.splitlines()) == 1
+
+
+# ------------------------------------------------------------------------------------------ Megatron
+def megatron_state(model_dir: Path, stacked: bool, pad_vocab: int) -> dict[str, object]:
+    """The HF weights laid out as Megatron-core's GPT model stores them, built independently of the
+    converter: fused qkv concatenated group by group ([q heads 3g..3g+2; k head g; v head g], since
+    heads/groups = 3), fc1 = [gate; up], TE layer-norm names, the vocabulary padded with `pad_vocab`
+    random rows; stacked = one tensor per name with the layer as leading axis (homogeneous layers).
+    Plus entries a real checkpoint has that are not weights: an optimizer tensor and byte objects."""
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    sd = m.state_dict()
+    cfg = m.config
+    hd = getattr(cfg, "head_dim", None) or HIDDEN // HEADS
+    per = HEADS // GROUPS
+    layers: list[dict[str, torch.Tensor]] = []
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        q = sd[p + "self_attn.q_proj.weight"].reshape(HEADS, hd, HIDDEN)
+        k = sd[p + "self_attn.k_proj.weight"].reshape(GROUPS, hd, HIDDEN)
+        v = sd[p + "self_attn.v_proj.weight"].reshape(GROUPS, hd, HIDDEN)
+        parts = []
+        for g in range(GROUPS):
+            parts += [q[g * per + j] for j in range(per)] + [k[g], v[g]]
+        layer = {
+            "self_attention.linear_qkv.weight": torch.cat(parts),
+            "self_attention.linear_proj.weight": sd[p + "self_attn.o_proj.weight"],
+            "self_attention.linear_qkv.layer_norm_weight": sd[p + "input_layernorm.weight"],
+            "mlp.linear_fc1.weight": torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]]),
+            "mlp.linear_fc1.layer_norm_weight": sd[p + "post_attention_layernorm.weight"],
+            "mlp.linear_fc2.weight": sd[p + "mlp.down_proj.weight"],
+        }
+        if p + "self_attn.q_proj.bias" in sd:
+            qb = sd[p + "self_attn.q_proj.bias"].reshape(HEADS, hd)
+            kb = sd[p + "self_attn.k_proj.bias"].reshape(GROUPS, hd)
+            vb = sd[p + "self_attn.v_proj.bias"].reshape(GROUPS, hd)
+            bparts = []
+            for g in range(GROUPS):
+                bparts += [qb[g * per + j] for j in range(per)] + [kb[g], vb[g]]
+            layer["self_attention.linear_qkv.bias"] = torch.cat(bparts)
+        if p + "self_attn.q_norm.weight" in sd:
+            layer["self_attention.q_layernorm.weight"] = sd[p + "self_attn.q_norm.weight"]
+            layer["self_attention.k_layernorm.weight"] = sd[p + "self_attn.k_norm.weight"]
+        layers.append(layer)
+    torch.manual_seed(11)
+    pad = torch.randn(pad_vocab, HIDDEN)
+    out: dict[str, object] = {
+        "embedding.word_embeddings.weight": torch.cat([sd["model.embed_tokens.weight"], pad]),
+        "decoder.final_layernorm.weight": sd["model.norm.weight"],
+        "optimizer.state.exp_avg.decoder.final_layernorm.weight": torch.ones(HIDDEN),
+        "rng_state": {"random": [1, 2, 3]},  # stored as bytes (a pickle): must never be read
+        "decoder.layers.self_attention.linear_qkv._extra_state": io.BytesIO(b"transformer engine state"),
+    }
+    if not cfg.tie_word_embeddings:
+        out["output_layer.weight"] = torch.cat([sd["lm_head.weight"], pad])
+    for name in layers[0]:
+        if stacked:
+            out[f"decoder.layers.{name}"] = torch.stack([layer[name] for layer in layers])
+        else:
+            out.update({f"decoder.layers.{i}.{name}": layer[name] for i, layer in enumerate(layers)})
+    return out
+
+
+def write_dcp(state: dict[str, object], path: Path) -> Path:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, checkpoint_id=str(path), no_dist=True)
+    return path
+
+
+@pytest.mark.parametrize("arch, stacked", [("qwen2", True), ("qwen3", False)])
+def test_megatron_torch_dist_converts_exactly(arch, stacked, qwen2, qwen3, tmp_path, capsys):
+    model = qwen2 if arch == "qwen2" else qwen3
+    it = write_dcp(megatron_state(model, stacked, pad_vocab=128), tmp_path / "iter_0000010")
+    out = tmp_path / "hf"
+    # --from detected from the .metadata file
+    assert main(["model", "convert", str(it), "--out", str(out), "--hf-config", str(model)]) == 0
+    assert capsys.readouterr().out.startswith(f"converted megatron checkpoint to {out}: ")
+    assert_same_model(model, out)
+
+
+def test_megatron_mcore_metadata_is_read_and_planted_metadata_refused(qwen2, tmp_path, capsys):
+    """Megatron's .metadata root is megatron.core...MCoreMetadata (a DCP Metadata with mcore_data): it is
+    admitted by name without importing Megatron; a pickle naming any other class is refused unrun."""
+    import sys
+    import types
+    from dataclasses import dataclass
+
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    it = write_dcp(megatron_state(qwen2, True, pad_vocab=0), tmp_path / "iter_0000001")
+    md = pickle.loads((it / ".metadata").read_bytes())
+    name = "megatron.core.dist_checkpointing.strategies.torch"
+    mod = types.ModuleType(name)
+
+    @dataclass
+    class MCoreMetadata(Metadata):
+        mcore_data: dict | None = None
+
+    MCoreMetadata.__module__, MCoreMetadata.__qualname__ = name, "MCoreMetadata"
+    mod.MCoreMetadata = MCoreMetadata
+    parts = name.split(".")
+    fake = {".".join(parts[:i]): types.ModuleType(".".join(parts[:i])) for i in range(1, len(parts))}
+    fake[name] = mod
+    sys.modules.update(fake)  # pickle checks the class is importable by its name
+    try:
+        data = pickle.dumps(MCoreMetadata(**vars(md), mcore_data={"k": {"shape": (1, 2)}}))
+    finally:
+        for k in fake:
+            del sys.modules[k]
+    (it / ".metadata").write_bytes(data)
+    assert main(["model", "convert", "--from", "megatron", str(it), "--out", str(tmp_path / "a"),
+                 "--hf-config", str(qwen2)]) == 0
+    assert_same_model(qwen2, tmp_path / "a")
+    capsys.readouterr()
+
+    (it / ".metadata").write_bytes(b"cos\nsystem\n(S'touch " + str(tmp_path / "pwned").encode() + b"'\ntR.")
+    assert main(["model", "convert", str(it), "--out", str(tmp_path / "b"), "--hf-config", str(qwen2)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"memrl model: error: {it}/.metadata: not readable DCP metadata "
+                   "(UnpicklingError: os.system is not part of DCP metadata)")
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_megatron_needs_hf_config_and_names_wrong_shapes(qwen2, qwen3, tmp_path, capsys):
+    it = write_dcp(megatron_state(qwen2, True, pad_vocab=0), tmp_path / "iter_0000002")
+    assert main(["model", "convert", str(it), "--out", str(tmp_path / "a")]) == 1
+    assert "--from megatron needs --hf-config DIR" in capsys.readouterr().err
+    # Qwen3's config (head_dim 8) against Qwen2's fused qkv (head_dim 6): 2 groups x (3 + 2) heads x 6 = 60
+    # rows stored, 2 x 5 x 8 = 80 expected.
+    assert main(["model", "convert", str(it), "--out", str(tmp_path / "b"), "--hf-config", str(qwen3)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"memrl model: error: {it}: decoder.layers.self_attention.linear_qkv.weight: 60 rows, expected "
+                   "2 query groups x (3 q + 1 k + 1 v heads) x head_dim 8 = 80")
+
+
+def test_unknown_source_is_one_line(tmp_path, capsys):
+    (tmp_path / "x").mkdir()
+    assert main(["model", "convert", str(tmp_path / "x"), "--out", str(tmp_path / "o")]) == 1
+    assert capsys.readouterr().err.startswith(f"memrl model: error: cannot tell the checkpoint format of {tmp_path / 'x'}")
+
+
+# ------------------------------------------------------------------------------------------ weightless folder
+def test_weightless_huggingface_folder_names_the_convert_command(qwen2, tmp_path, capsys):
+    from memrl.testing import save_verl_fsdp_checkpoint
+
+    step = tmp_path / "global_step_3"
+    actor = Path(save_verl_fsdp_checkpoint(str(qwen2), str(step), 1))
+    hf = actor / "huggingface"
+    data = tmp_path / "eval_1.json"
+    data.write_text(json.dumps([{"input": "q?", "answers": ["a"], "context": "c", "index": 0, "num_docs": 1}]))
+    want = (f"{hf} holds a config and tokenizer but no weights: it is the huggingface/ folder of a verl "
+            f"checkpoint; convert it first: memrl model convert --from verl {actor} --out {step / 'hf'}")
+    assert main(["eval", str(data), "--out", str(tmp_path / "ev"), "--model", str(hf), "--no-progress"]) == 1
+    assert capsys.readouterr().err.strip() == f"memrl eval: error: --model={hf}: {want}"
+    assert main(["train", f"model.path={hf}", f"out_dir={tmp_path / 'run'}"]) == 1
+    assert capsys.readouterr().err.strip() == f"memrl train: error: model.path={hf}: {want}"
+    # ... and the command it names works
+    assert main(["model", "convert", "--from", "verl", str(actor), "--out", str(step / "hf")]) == 0
+    assert_same_model(qwen2, step / "hf")
