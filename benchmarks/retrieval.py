@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/retrieval.py [--source FILE] [--queries 1000] [--topk 5]
                                              [--concurrency 1,16,64] [--compare]
 
-Builds the paragraph corpus (~11k paragraphs) from the shared HotpotQA file, then for each concurrency c
+Builds the paragraph corpus (~11k paragraphs) from a HotpotQA dev file (--source; default $MEMRL_HOTPOTQA_DEV), then for each concurrency c
 runs `--queries` single-query requests from c concurrent clients: once against BM25Retriever in this
 process, once against `memrl serve retrieval` started here on a free 127.0.0.1 port (cache off, so every
 request is scored) and stopped at the end. Prints queries/s and p50/p99 latency per request.
@@ -26,9 +26,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 _NAME = "hotpotqa_dev_distractor_1143.json.xz"
-# next to the checkout (/work/main -> /work/shared), else the shared location from a worktree
-DEFAULT_SOURCE = next((p for p in (ROOT / ".." / "shared" / "data" / _NAME, Path("/work/shared/data") / _NAME)
-                       if p.exists()), ROOT / ".." / "shared" / "data" / _NAME)
+# a HotpotQA dev file in its original layout: --source, else $MEMRL_HOTPOTQA_DEV, else data/<name> here
+DEFAULT_SOURCE = Path(os.environ.get("MEMRL_HOTPOTQA_DEV", str(ROOT / "data" / _NAME)))
 
 
 def free_port() -> int:
