@@ -72,7 +72,13 @@ class EvalConfig:
     extract: str = "boxed"
     """How the prediction is read from the final text (memrl.rewards.extract): boxed = the last \\boxed{};
     answer_is = the text after the last "the answer is" (MemAgent's protocol for its RL models);
-    boxed_published = the published evaluations' box reader (also `\\boxed ans`); raw = the whole text."""
+    boxed_published = the published evaluations' box reader (also `\\boxed ans`); boxed_last300 = that
+    reader over the last 300 characters only (vime's evaluation); raw = the whole text."""
+    requires_templates: bool = False
+    """True (the *_eval_official presets): the run needs the user's prompt files,
+    workflow.memory_template_file and workflow.final_template_file (or the inline memory_template /
+    final_template); a config without them is a one-line error naming the missing key (memrl ships no
+    published prompt text)."""
 
     def __post_init__(self) -> None:
         from memrl.rewards.extract import EXTRACT_MODES
@@ -81,9 +87,20 @@ class EvalConfig:
             raise ValueError(f"golds must be one of {', '.join(GOLDS_MODES)}, got {self.golds!r}")
         if self.extract not in EXTRACT_MODES:
             raise ValueError(f"extract must be one of {', '.join(EXTRACT_MODES)}, got {self.extract!r}")
+        if self.requires_templates:
+            # a file, or the same text given inline (workflow.memory_template=...)
+            missing = [k for k in TEMPLATE_FILE_KEYS
+                       if not self.workflow.get(k) and not self.workflow.get(k.removesuffix("_file"))]
+            if missing:
+                raise ValueError(
+                    f"{', '.join('workflow.' + k for k in missing)} must be set: this config has "
+                    "requires_templates=true (a published-eval preset); save the published prompts to files "
+                    "and pass workflow.memory_template_file=PATH workflow.final_template_file=PATH")
 
 
 GOLDS_MODES = ("any", "first")
+TEMPLATE_FILE_KEYS = ("memory_template_file", "final_template_file")
+"""The workflow keys a requires_templates config must set (the user's copies of the published prompts)."""
 
 
 def get_spec(name: str):
