@@ -10,7 +10,8 @@
 
 Arguments with '=' are dotted overrides of memrl.eval.runner.EvalConfig, spelled as in `memrl train`:
 `workflow.<field>` sets the workflow's config (greedy decoding by default), `engine.*` the engine;
-`golds=any|first` and `extract=boxed|answer_is|boxed_published|raw` choose how answers are scored
+`golds=any|first` and `extract=boxed|answer_is|boxed_published|boxed_last300|raw` choose how answers
+are scored
 (docs/eval_scoring.md). Results: <out>/results.jsonl (one row per question;
 re-running resumes), summary.md, summary.csv and accuracy.png (MemAct runs: also the MemAct table in
 summary.md, memact_summary.csv and memact_context.png).
