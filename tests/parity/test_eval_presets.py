@@ -326,3 +326,40 @@ def test_vime_eval_official_end_to_end(monkeypatch, tmp_path):
     assert [rows[i]["prediction"] for i in range(3)] == ["Paris", "Oslo", "Lovelace"]
     # table: em 2/3 = 66.67, accuracy 3/3 = 100, f1 (1 + 1 + 2/3)/3 = 88.89
     _check_summary(summary, 3, 200 / 3, 100.0, 800 / 9)
+
+
+@pytest.mark.slow
+def test_vime_eval_official_on_a_tiny_model(tmp_path):
+    """The preset through `memrl eval` on a real (tiny, random) local model: sampled at T 0.7 / top-p 0.95
+    with the user's str_format templates; the rows are scored by boxed_last300 against answers[0].
+    The budgets are cut (8 new tokens) only to keep the run short on a CPU."""
+    import json
+
+    from memrl.models.tiny import cached_tiny_model
+    from memrl.rewards.extract import extract_prediction
+    from memrl.rewards.qa import qa_metrics
+
+    model = cached_tiny_model("tiny")
+    data = tmp_path / "eval_2.json"
+    write_eval_json(data, [Task(f"q{i}", f"number {i}", "Paris is in France. " * 30, ["Paris", "France"],
+                                meta={"num_docs": 2}) for i in range(3)])
+    out = tmp_path / "out"
+    rc = main(["eval", "--preset", "vime_eval_official", "--model", str(model), "--out", str(out), "--no-progress",
+               str(data), *_template_files(tmp_path, VIME_TEMPLATES), "workflow.max_memory_tokens=8",
+               "workflow.max_final_tokens=8", "engine.max_batch_size=1"])
+    assert rc == 0
+    saved = json.loads((out / "eval_config.json").read_text())
+    wf = saved["workflow_config"]
+    assert (wf["temperature"], wf["top_p"], wf["chunk_tokens"], wf["max_chunks"], wf["truncation"]) == (
+        0.7, 0.95, 2048, 64, "head")
+    assert saved["scoring"] == {"golds": "first", "extract": "boxed_last300"}
+    rows = read_results(out / "results.jsonl")
+    assert len(rows) == 3
+    for r in rows:
+        assert r["model_calls"] == 2  # 600 characters are one 2048-token chunk, then the final call
+        assert r["prediction"] == extract_prediction(r["answer_text"], "boxed_last300")
+        m = qa_metrics(r["prediction"], ["Paris"])
+        assert (r["em"], r["sub_em"], r["f1"]) == (m["em"], m["sub_em"], m["f1"])
+    with open(out / "summary.csv") as f:
+        (summary,) = list(csv.DictReader(f))
+    assert int(summary["questions"]) == 3
