@@ -74,6 +74,11 @@ class EvalConfig:
     answer_is = the text after the last "the answer is" (MemAgent's protocol for its RL models);
     boxed_published = the published evaluations' box reader (also `\\boxed ans`); boxed_last300 = that
     reader over the last 300 characters only (vime's evaluation); raw = the whole text."""
+    metric_rules: str = "memrl"
+    """How em / sub_em / f1 score a prediction (memrl.rewards.published_metrics): memrl (memrl.rewards.qa);
+    memagent = MemAgent's and ReMemR1's evaluations (ASCII punctuation only, an empty prediction scores
+    0, each score rounded to 2 decimals per question); vime = vime's (an empty prediction has sub_em 1,
+    no yes/no rule in f1)."""
     requires_templates: bool = False
     """True (the *_eval_official presets): the run needs the user's prompt files,
     workflow.memory_template_file and workflow.final_template_file (or the inline memory_template /
@@ -82,11 +87,14 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         from memrl.rewards.extract import EXTRACT_MODES
+        from memrl.rewards.published_metrics import METRIC_RULES
 
         if self.golds not in GOLDS_MODES:
             raise ValueError(f"golds must be one of {', '.join(GOLDS_MODES)}, got {self.golds!r}")
         if self.extract not in EXTRACT_MODES:
             raise ValueError(f"extract must be one of {', '.join(EXTRACT_MODES)}, got {self.extract!r}")
+        if self.metric_rules not in METRIC_RULES:
+            raise ValueError(f"metric_rules must be one of {', '.join(METRIC_RULES)}, got {self.metric_rules!r}")
         if self.requires_templates:
             # a file, or the same text given inline (workflow.memory_template=...)
             missing = [k for k in TEMPLATE_FILE_KEYS
@@ -181,13 +189,15 @@ def num_docs_of(path: str, tasks: Sequence[Task]) -> int:
     return int(m.group(1)) if m else 0
 
 
-def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: str = "boxed"
-                     ) -> tuple[str, dict[str, float]]:
+def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: str = "boxed",
+                     metric_rules: str = "memrl") -> tuple[str, dict[str, float]]:
     """(prediction, metrics) of a finished question: em / sub_em / f1 of the prediction `extract` reads,
     against all gold answers (golds=any, best of them) or answers[0] (first); plus the eval metric the
-    task's meta["metric"] names, over all answers. A MemAct row keeps its own final answer."""
+    task's meta["metric"] names, over all answers. A MemAct row keeps its own final answer. em / sub_em /
+    f1 follow `metric_rules` (memrl, or a published evaluation's: memrl.rewards.published_metrics)."""
     from memrl.rewards.eval_metrics import get_metric
     from memrl.rewards.extract import extract_prediction
+    from memrl.rewards.published_metrics import published_qa_metrics
     from memrl.rewards.qa import qa_metrics
 
     if extract == "boxed" or "answer_text" not in traj.info or "multiq_questions" in traj.metrics:
@@ -195,7 +205,7 @@ def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: 
     else:
         pred = extract_prediction(traj.info["answer_text"], extract)
     answers = task.answers if golds == "any" else task.answers[:1]
-    m = qa_metrics(pred, answers)
+    m = qa_metrics(pred, answers) if metric_rules == "memrl" else published_qa_metrics(pred, answers, metric_rules)
     name = task.meta.get("metric")
     if name:
         try:
@@ -208,14 +218,14 @@ def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: 
 
 def result_row(
     task: Task, traj: Trajectory, num_docs: int, file: str, started: float, finished: float, session: str = "",
-    tokenizer: Any = None, golds: str = "any", extract: str = "boxed",
+    tokenizer: Any = None, golds: str = "any", extract: str = "boxed", metric_rules: str = "memrl",
 ) -> dict[str, Any]:
     """The JSONL row of one finished question; started/finished are wall-clock times (time.time()).
     `steps` holds one memrl.records record per model call (what `memrl view` shows). Scoring:
     `score_prediction`; a task's named eval metric (meta["metric"]) is a column of its own."""
     from memrl.records import segment_records
 
-    pred, m = score_prediction(task, traj, golds, extract)
+    pred, m = score_prediction(task, traj, golds, extract, metric_rules)
     extra = {k: v for k, v in m.items() if k not in ("em", "sub_em", "f1")}
     tm = traj.metrics
     if "multiq_questions" in tm:  # MemAct: all sub-questions right (memrl.rewards.multiq), mean sub-question F1
@@ -289,7 +299,9 @@ def evaluate(
     record = {"workflow": spec.name, "model": cfg.engine.model, "engine": dataclasses.asdict(cfg.engine),
               "workflow_config": dataclasses.asdict(wf_cfg), "files": [str(f) for f in files],
               "name": cfg.name or out.resolve().name, "seed": cfg.seed,
-              "scoring": {"golds": cfg.golds, "extract": cfg.extract}}
+              "scoring": {"golds": cfg.golds, "extract": cfg.extract,
+                          # only when set, so directories from before the option still resume
+                          **({"metric_rules": cfg.metric_rules} if cfg.metric_rules != "memrl" else {})}}
     _check_config(out, redact_secrets(record))  # api keys never reach the disk
 
     loaded = []
@@ -346,7 +358,8 @@ async def _run_all(todo, spec, wf_cfg, engine, cfg: EvalConfig, fh, total: int) 
 
             def on_done(task: Task, traj: Trajectory, n: int = n, f: str = f, acc: list[float] = acc) -> None:
                 row = result_row(task, traj, n, f, starts.pop(task.task_id), time.time(), session,
-                                 tokenizer=getattr(engine, "tokenizer", None), golds=cfg.golds, extract=cfg.extract)
+                                 tokenizer=getattr(engine, "tokenizer", None), golds=cfg.golds, extract=cfg.extract,
+                                 metric_rules=cfg.metric_rules)
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
                 fh.flush()
                 new.append(row)

@@ -39,6 +39,7 @@ TABLES: dict[str, list[tuple[str, object, str]]] = {
         # run.py MemoryAgent_7B_5k_1k / _14B_: method="recurrent"; ruler_hqa.py: --api recurrent ->
         # `from utils import extract_answer` (the text after the last "the answer is")
         ("extract", "answer_is", f"{MA}/run.py MemoryAgent_*: method='recurrent' + ruler_hqa.py get_pred"),
+        ("metric_rules", "memagent", f"{MA}/ruler_hqa.py calc_metrics + utils/__init__.py update_answer"),
         ("workflow.name", "memagent", f"{MA}/utils/recurrent.py async_query_llm (memory loop, no recall)"),
         ("workflow.template_style", "str_format", f"{MA}/utils/recurrent.py: TEMPLATE.format(prompt=..., ...)"),
         ("workflow.template_strip", False, f"{MA}/utils/recurrent.py: TEMPLATE ends with a newline"),
@@ -58,6 +59,7 @@ TABLES: dict[str, list[tuple[str, object, str]]] = {
         ("requires_templates", True, "the prompts are utils/rememr1.py TEMPLATE / TEMPLATE_FINAL_BOXED"),
         ("golds", "first", f"{RR}/test_qa.py get_pred: item['answer'] = item['answers'][0]"),
         ("extract", "boxed_published", f"{RR}/test_qa.py get_pred: --api rememr1 -> extract_boxed_answer"),
+        ("metric_rules", "memagent", f"{RR}/test_qa.py calc_metrics + utils/__init__.py (MemAgent's file)"),
         ("workflow.name", "rememr1", f"{RR}/run_eval.py ReMemR1_3B / ReMemR1_7B: method='rememr1'"),
         ("workflow.template_style", "str_format", f"{RR}/utils/rememr1.py: TEMPLATE.format(...)"),
         ("workflow.template_strip", False, f"{RR}/utils/rememr1.py: TEMPLATE ends with a newline"),
@@ -81,6 +83,7 @@ TABLES: dict[str, list[tuple[str, object, str]]] = {
         ("requires_templates", True, "the prompts are eval_ruler_hqa.py _MEMORY_TEMPLATE / _FINAL_TEMPLATE"),
         ("golds", "first", f"{VI}/eval_ruler_hqa.py run_eval: gold = item['answers'][0]"),
         ("extract", "boxed_last300", f"{VI}/eval_ruler_hqa.py run_eval: _extract_boxed(response[-300:])"),
+        ("metric_rules", "vime", f"{VI}/eval_ruler_hqa.py run_eval: _f1_score, _exact_match, _sub_exact_match"),
         ("workflow.name", "memagent", f"{VI}/run-eval.sh API=recurrent -> eval_ruler_hqa.py _recurrent_infer"),
         ("workflow.template_style", "str_format", f"{VI}/eval_ruler_hqa.py: _MEMORY_TEMPLATE.format(...)"),
         ("workflow.template_strip", False, f"{VI}/eval_ruler_hqa.py: _MEMORY_TEMPLATE ends with a newline"),
@@ -178,6 +181,49 @@ def test_cli_without_templates_exits_2_with_one_line(tmp_path, capsys):
     assert "workflow.memory_template_file, workflow.final_template_file must be set" in err
 
 
+# ------------------------------------------------------------------ the published metric rules
+
+
+@pytest.mark.parametrize(
+    "pred, gold, memrl, memagent, vime",
+    [
+        # empty prediction: memrl 0; MemAgent's `if item["pred"] else 0` -> 0; vime: "" in "paris" -> sub_em 1
+        ("", "Paris", (0, 0, 0), (0, 0, 0), (0, 1, 0)),
+        # F1 = 2 * (1 * 1/2) / (1 + 1/2) = 2/3; MemAgent rounds it per question to 0.67
+        ("Lovelace", "Ada Lovelace", (0, 1, 2 / 3), (0, 1, 0.67), (0, 1, 2 / 3)),
+        # yes/no gold: MemAgent's and memrl's F1 give 0 when they differ; vime's: P 1/3, R 1 -> 2(1/3)/(4/3) = 0.5
+        ("yes it is", "yes", (0, 1, 0), (0, 1, 0), (0, 1, 0.5)),
+        # curly quotes are not string.punctuation: published "“paris”" != "paris" (em 0, one token
+        # "“paris”" -> f1 0; sub_em "paris" in "“paris”" -> 1); memrl drops Unicode punctuation -> 1, 1, 1
+        ("\u201cParis\u201d", "Paris", (1, 1, 1), (0, 1, 0), (0, 1, 0)),
+        # "The" normalizes to "": published sub_em "" in "paris" -> 1 (the guard only sees "The"); memrl 0
+        ("The", "Paris", (0, 0, 0), (0, 1, 0), (0, 1, 0)),
+    ],
+)
+def test_metric_rules(pred, gold, memrl, memagent, vime):
+    from memrl.rewards.published_metrics import published_qa_metrics
+    from memrl.rewards.qa import qa_metrics
+
+    def triple(m):
+        return (m["em"], m["sub_em"], m["f1"])
+
+    assert triple(qa_metrics(pred, [gold])) == pytest.approx(memrl)
+    assert triple(published_qa_metrics(pred, [gold], "memagent")) == memagent  # exact: already rounded
+    assert triple(published_qa_metrics(pred, [gold], "vime")) == pytest.approx(vime)
+
+
+def test_metric_rules_best_over_golds_and_checked():
+    from memrl.rewards.published_metrics import published_qa_metrics
+
+    # golds=any: each metric is the best over the golds ("Lovelace" == the second gold)
+    assert published_qa_metrics("Lovelace", ["Ada Lovelace", "Lovelace"], "memagent") == {
+        "em": 1.0, "sub_em": 1.0, "f1": 1.0}
+    with pytest.raises(ValueError, match="metric_rules must be one of memrl, memagent, vime, got 'squad'"):
+        published_qa_metrics("x", ["x"], "squad")
+    with pytest.raises(ConfigError, match="metric_rules must be one of memrl, memagent, vime, got 'squad'"):
+        load_config(EvalConfig, ["metric_rules=squad"])
+
+
 # ------------------------------------------------------------------ end to end through the CLI
 
 
@@ -249,9 +295,9 @@ def test_memagent_eval_official_end_to_end(monkeypatch, tmp_path):
     assert [rows[i]["prediction"] for i in range(4)] == ["Paris", "Lovelace", "", "Blue Whale"]
     assert [rows[i]["em"] for i in range(4)] == [1.0, 0.0, 0.0, 1.0]
     assert [rows[i]["sub_em"] for i in range(4)] == [1.0, 1.0, 0.0, 1.0]
-    assert rows[1]["f1"] == pytest.approx(2 / 3)
-    # table: em 2/4 = 50, accuracy 3/4 = 75, f1 (1 + 2/3 + 0 + 1)/4 = 66.67
-    _check_summary(summary, 4, 50.0, 75.0, 200 / 3)
+    assert rows[1]["f1"] == 0.67  # metric_rules=memagent: rounded to 2 decimals per question
+    # table: em 2/4 = 50, accuracy 3/4 = 75, f1 (1 + 0.67 + 0 + 1)/4 = 66.75
+    _check_summary(summary, 4, 50.0, 75.0, 66.75)
 
 
 def test_rememr1_eval_official_end_to_end(monkeypatch, tmp_path):
@@ -287,20 +333,22 @@ def test_rememr1_eval_official_end_to_end(monkeypatch, tmp_path):
                 "Put the answer in \\boxed{}.\n</user>") in final
     assert [rows[i]["prediction"] for i in range(3)] == ["Paris", "Lovelace", "New York"]
     assert [rows[i]["em"] for i in range(3)] == [1.0, 0.0, 1.0]
-    # table: em 2/3 = 66.67, accuracy 3/3 = 100, f1 (1 + 2/3 + 1)/3 = 88.89
-    _check_summary(summary, 3, 200 / 3, 100.0, 800 / 9)
+    assert rows[1]["f1"] == 0.67  # metric_rules=memagent: rounded to 2 decimals per question
+    # table: em 2/3 = 66.67, accuracy 3/3 = 100, f1 (1 + 0.67 + 1)/3 = 89.0
+    _check_summary(summary, 3, 200 / 3, 100.0, 89.0)
 
 
 def test_vime_eval_official_end_to_end(monkeypatch, tmp_path):
     # 64 chunks of 2048 tokens and 500 more: head truncation keeps chunks 0..63, the tail is never read
     context = "x" * (64 * 2048) + "TAILWORD" * 62 + "zzzz"
-    answers = [["Paris", "Lutetia"], ["Oslo"], ["Ada Lovelace", "Lovelace"]]
+    answers = [["Paris", "Lutetia"], ["Oslo"], ["Ada Lovelace", "Lovelace"], ["1969"]]
     finals = [
         "\\boxed{Paris}",
         # the published "\boxed ans" form (memrl's extract=boxed reads no box here); the 300-character
         # window is tested in test_rewards_parity.py (a reply here is at most 256 tokens = characters)
         "It is \\boxed Oslo$ ok",
         "\\boxed{Lovelace}",
+        "no box at all",  # no prediction: vime's sub_em still counts it ("" is in every gold)
     ]
     tasks = [Task(f"q{i}", f"number {i}", context, a, meta={"num_docs": 2}) for i, a in enumerate(answers)]
     steps: dict[int, int] = {}
@@ -313,7 +361,7 @@ def test_vime_eval_official_end_to_end(monkeypatch, tmp_path):
         return "   " if k == 1 else f"note{k}"  # step 1 replies nothing: the previous memory stays
 
     rows, summary, engine = _run_cli(monkeypatch, tmp_path, "vime_eval_official", VIME_TEMPLATES, tasks, script)
-    assert len(engine.calls) == 3 * 65
+    assert len(engine.calls) == 4 * 65
     assert all("TAILWORD" not in c.prompt_text for c in engine.calls)
     mem = [c for c in engine.calls if "Passage:" in c.prompt_text]
     fin = [c for c in engine.calls if "Passage:" not in c.prompt_text]
@@ -323,9 +371,11 @@ def test_vime_eval_official_end_to_end(monkeypatch, tmp_path):
     assert "Notes so far:\nnote0\nPassage:" in q0[2]  # after the empty step-1 reply
     assert all(r["metrics"]["tokens_read"] == 64 * 2048 and r["metrics"]["truncated"] == 1.0 for r in rows.values())
     #  q0 "Paris" -> 1, 1, 1; q1 "Oslo" -> 1, 1, 1; q2 "Lovelace" vs "Ada Lovelace" -> em 0, sub_em 1, f1 2/3
-    assert [rows[i]["prediction"] for i in range(3)] == ["Paris", "Oslo", "Lovelace"]
-    # table: em 2/3 = 66.67, accuracy 3/3 = 100, f1 (1 + 1 + 2/3)/3 = 88.89
-    _check_summary(summary, 3, 200 / 3, 100.0, 800 / 9)
+    #  q3 "" -> em 0, sub_em 1 (metric_rules=vime), f1 0; memrl's rules give sub_em 0
+    assert [rows[i]["prediction"] for i in range(4)] == ["Paris", "Oslo", "Lovelace", ""]
+    assert (rows[3]["em"], rows[3]["sub_em"], rows[3]["f1"]) == (0.0, 1.0, 0.0)
+    # table: em 2/4 = 50, accuracy 4/4 = 100, f1 (1 + 1 + 2/3 + 0)/4 = 66.67 (unrounded)
+    _check_summary(summary, 4, 50.0, 100.0, 200 / 3)
 
 
 @pytest.mark.slow
