@@ -224,6 +224,27 @@ def test_metric_rules_best_over_golds_and_checked():
         load_config(EvalConfig, ["metric_rules=squad"])
 
 
+def test_metric_rules_are_part_of_the_scoring_record(tmp_path):
+    """A directory scored with metric_rules=memagent refuses to resume under memrl's rules (and back)."""
+    from memrl.engines import EngineConfig
+    from memrl.errors import UserError
+
+    data = tmp_path / "eval_2.json"
+    write_eval_json(data, [Task("q0", "number 0", "ctx", ["Ada Lovelace"], meta={"num_docs": 2})])
+
+    def cfg(**kw):
+        return EvalConfig(workflow={"name": "memagent", "chunk_tokens": 40}, engine=EngineConfig(model="scripted"),
+                          progress=False, **kw)
+
+    reply = ScriptedEngine(lambda p, _: "note" if "<section>" in p else "\\boxed{Lovelace}")
+    rows = runner.evaluate([str(data)], tmp_path / "a", cfg(metric_rules="memagent"), engine=reply)
+    assert rows[0]["f1"] == 0.67
+    with pytest.raises(UserError, match="scoring differ"):
+        runner.evaluate([str(data)], tmp_path / "a", cfg(), engine=reply)
+    rows = runner.evaluate([str(data)], tmp_path / "b", cfg(), engine=reply)
+    assert rows[0]["f1"] == pytest.approx(2 / 3)
+
+
 # ------------------------------------------------------------------ end to end through the CLI
 
 
