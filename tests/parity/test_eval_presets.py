@@ -76,6 +76,8 @@ TABLES: dict[str, list[tuple[str, object, str]]] = {
         ("workflow.empty_memory", "empty", f"{RR}/utils/rememr1.py: memory = cleaned.strip(), also ''"),
         ("workflow.query_rule", "greedy_line", f"{RR}/utils/rememr1.py _parse_recall_query: r'<recall>(.+)</recall>'"),
         ("workflow.scorer", "tfidf", f"{RR}/utils/tf_idf_retriever.py TfidfRetriever"),
+        # history_memory.add(memory) comes before recall_query / top1_retrieve in the same step
+        ("workflow.recall_candidates", "with_current", f"{RR}/utils/rememr1.py async_query_llm: add, then retrieve"),
         # top1_retrieve = retrieve(top_k=1)[0][0]: corpus[argsort(sims)[-1]], returned at any score
         ("workflow.min_recall_score", -1.0, f"{RR}/utils/tf_idf_retriever.py top1_retrieve (no threshold)"),
     ],
@@ -337,20 +339,23 @@ def test_rememr1_eval_official_end_to_end(monkeypatch, tmp_path):
             return finals[i]
         if re.search(r"Passage:\n(.)", prompt).group(1) == "A":
             return "<thinking>t</thinking>\n<update>alpha fact</update>"
-        # q1 asks for words no memory holds: the released top-1 still returns the best (only) memory
+        # q1 asks for words no memory holds: the released top-1 still returns a memory (all scores 0: memrl
+        # breaks the tie towards the most recent one, here step 1's own memory, a candidate under with_current)
         return "<update>beta</update><recall>zzz</recall>" if i == 1 else "<update>beta</update><recall>alpha fact</recall>"
 
     rows, summary, engine = _run_cli(monkeypatch, tmp_path, "rememr1_eval_official", REMEMR1_TEMPLATES,
                                      tasks, script)
     assert len(engine.calls) == 9
     assert {(c.sampling.temperature, c.sampling.top_p, c.sampling.max_tokens) for c in engine.calls} == {(0.7, 0.95, 2048)}
-    for i in (0, 1):
+    m0 = "<thinking>t</thinking>\n<update>alpha fact</update>"
+    for i, recalled in ((0, m0), (1, "<update>beta</update>")):
         prompts = [c.prompt_text for c in engine.calls if _qnum(c.prompt_text) == i]
         # strip_recall: the whole reply (thinking and tags included) is the memory
-        assert "Notes so far:\n<thinking>t</thinking>\n<update>alpha fact</update>\nPassage:\nB" in prompts[1]
+        assert f"Notes so far:\n{m0}\nPassage:\nB" in prompts[1]
         final = next(p for p in prompts if "Notes:\n" in p)
-        # the recalled memory is step 0's; the memory is step 1's reply minus its recall block
-        assert ("Recalled:\n<thinking>t</thinking>\n<update>alpha fact</update>\nNotes:\n<update>beta</update>\n"
+        # q0: "alpha fact" finds step 0's memory; q1: see the script. The memory is step 1's reply
+        # minus its recall block.
+        assert (f"Recalled:\n{recalled}\nNotes:\n<update>beta</update>\n"
                 "Put the answer in \\boxed{}.\n</user>") in final
     assert [rows[i]["prediction"] for i in range(3)] == ["Paris", "Lovelace", "New York"]
     assert [rows[i]["em"] for i in range(3)] == [1.0, 0.0, 1.0]
@@ -434,3 +439,35 @@ def test_vime_eval_official_on_a_tiny_model(tmp_path):
     with open(out / "summary.csv") as f:
         (summary,) = list(csv.DictReader(f))
     assert int(summary["questions"]) == 3
+
+
+def test_recall_candidates_with_current_searches_the_steps_own_memory():
+    """ReMemR1 `recall_candidates=with_current` (the released evaluation: utils/rememr1.py adds m_t to
+    history_memory before top1_retrieve) against `earlier` (steps < t only), with word overlap scores."""
+    import asyncio
+    import random
+
+    from memrl.workflows.rememr1 import ReMemR1Config, run
+
+    task = Task("t1", "Q?", "abcdefghijkl", ["x"])  # 3 chunks of 4 characters
+    replies = [
+        "<update>alpha</update><recall>alpha beta gamma</recall>",
+        "<update>beta</update><recall>beta gamma</recall>",
+        "<update>gamma</update><recall>gamma alpha</recall>",
+        r"\boxed{x}",
+    ]
+
+    def recalled(mode: str):
+        c = ReMemR1Config(chunk_tokens=4, temperature=0.0, scorer="word_overlap", recall_candidates=mode,
+                          memory_template="P:{problem}|R:{recalled_memory}|M:{memory}|C:{chunk}",
+                          final_template="P:{problem}|R:{recalled_memory}|M:{memory}|answer:")
+        traj = asyncio.run(run(task, ScriptedEngine(list(replies)), c, random.Random(0)))
+        return [(s.info["recalled_memory"], s.info["recalled_step"]) for s in traj.segments[:3]]
+
+    # earlier: step 0 has no history; step 1 sees {alpha}: no overlap; step 2 sees {alpha, beta}: alpha
+    assert recalled("earlier") == [(None, None), (None, None), ("alpha", 0)]
+    # with_current: step 0 "alpha beta gamma" vs {alpha}: 1/3 -> alpha; step 1 "beta gamma" vs {alpha, beta}:
+    # beta 1/2; step 2 "gamma alpha" vs {alpha, beta, gamma}: alpha 1/2 = gamma 1/2 -> the most recent, gamma
+    assert recalled("with_current") == [("alpha", 0), ("beta", 1), ("gamma", 2)]
+    with pytest.raises(ValueError, match="ReMemR1Config.recall_candidates must be one of earlier, with_current"):
+        ReMemR1Config(recall_candidates="all")
