@@ -197,7 +197,7 @@ def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: 
     f1 follow `metric_rules` (memrl, or a published evaluation's: memrl.rewards.published_metrics)."""
     from memrl.rewards.eval_metrics import get_metric
     from memrl.rewards.extract import extract_prediction
-    from memrl.rewards.published_metrics import published_qa_metrics
+    from memrl.rewards.published_metrics import published_qa_metrics, published_task_metric
     from memrl.rewards.qa import qa_metrics
 
     if extract == "boxed" or "answer_text" not in traj.info or "multiq_questions" in traj.metrics:
@@ -212,7 +212,7 @@ def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: 
             fn = get_metric(str(name))
         except KeyError as e:
             raise UserError(f"task {task.task_id}: meta['metric']: {e.args[0]}") from e
-        m[str(name)] = fn(pred, task.answers)
+        m[str(name)] = published_task_metric(fn(pred, task.answers), pred, metric_rules)
     return pred, m
 
 

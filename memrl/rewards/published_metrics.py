@@ -21,6 +21,10 @@ numbers, so each is offered by name (reimplemented from reading them; docs/diffe
   tokens); em's yes/no rule changes nothing (it only zeroes unequal pairs); no rounding.
 
 Over several gold answers (golds=any) each metric is the best over them, as memrl's are.
+
+A task's named metric (RULER's string_match_all / _part, memrl.rewards.eval_metrics) under `memagent`
+is MemAgent's `ruler_general.py:get_pred` + `calc_metrics`: 0 for an empty prediction, else rounded to 2
+decimals per question (1/3 -> 0.33); `memrl` and `vime` keep it as computed.
 """
 
 from __future__ import annotations
@@ -70,3 +74,10 @@ def published_qa_metrics(prediction: str, golds: Sequence[str], rules: str) -> d
         raise ValueError("no gold answers given: expected a non-empty list of strings")
     per = [_one(prediction or "", g, rules) for g in golds]
     return {k: max(m[k] for m in per) for k in ("em", "sub_em", "f1")}
+
+
+def published_task_metric(value: float, prediction: str, rules: str) -> float:
+    """A task's named eval metric (already computed) under `rules`: MemAgent's empty guard and rounding."""
+    if rules == "memagent":
+        return round(value, 2) if prediction else 0.0
+    return value

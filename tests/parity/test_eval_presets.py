@@ -226,6 +226,25 @@ def test_metric_rules_best_over_golds_and_checked():
         load_config(EvalConfig, ["metric_rules=squad"])
 
 
+def test_metric_rules_round_a_task_metric_like_ruler_general():
+    """MemAgent's ruler_general.py get_pred: sub_em = calc_metrics = round(string_match_all, 2) per
+    question, 0 when no prediction was read; memrl keeps the fraction."""
+    from memrl.types import Trajectory
+
+    task = Task("r0", "q", "ctx", ["123", "456", "789"], meta={"metric": "string_match_all"})
+    traj = Trajectory(task_id="r0", trajectory_id="r0-0", segments=[], final_answer="",
+                      info={"answer_text": "Therefore, the answer is 123 and 999."})
+    # "123 and 999" holds 1 of the 3 references: 1/3 -> memagent 0.33, memrl 0.333...
+    _, m = runner.score_prediction(task, traj, "first", "answer_is", "memagent")
+    assert m["string_match_all"] == 0.33
+    _, m = runner.score_prediction(task, traj, "first", "answer_is", "memrl")
+    assert m["string_match_all"] == pytest.approx(1 / 3)
+    # no "the answer is": no prediction -> 0 under memagent (the references are not in "" either way)
+    traj.info["answer_text"] = "123 456"
+    _, m = runner.score_prediction(task, traj, "first", "answer_is", "memagent")
+    assert m["string_match_all"] == 0.0
+
+
 def test_metric_rules_are_part_of_the_scoring_record(tmp_path):
     """A directory scored with metric_rules=memagent refuses to resume under memrl's rules (and back)."""
     from memrl.engines import EngineConfig
