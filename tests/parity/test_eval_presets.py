@@ -426,13 +426,14 @@ def test_vime_eval_official_end_to_end(monkeypatch, tmp_path):
 @pytest.mark.slow
 def test_vime_eval_official_on_a_tiny_model(tmp_path):
     """The preset through `memrl eval` on a real (tiny, random) local model: sampled at T 0.7 / top-p 0.95
-    with the user's str_format templates; the rows are scored by boxed_last300 against answers[0].
+    with the user's str_format templates; the rows are scored by boxed_last300 against answers[0] under
+    vime's metric rules.
     The budgets are cut (8 new tokens) only to keep the run short on a CPU."""
     import json
 
     from memrl.models.tiny import cached_tiny_model
     from memrl.rewards.extract import extract_prediction
-    from memrl.rewards.qa import qa_metrics
+    from memrl.rewards.published_metrics import published_qa_metrics
 
     model = cached_tiny_model("tiny")
     data = tmp_path / "eval_2.json"
@@ -447,13 +448,13 @@ def test_vime_eval_official_on_a_tiny_model(tmp_path):
     wf = saved["workflow_config"]
     assert (wf["temperature"], wf["top_p"], wf["chunk_tokens"], wf["max_chunks"], wf["truncation"]) == (
         0.7, 0.95, 2048, 64, "head")
-    assert saved["scoring"] == {"golds": "first", "extract": "boxed_last300"}
+    assert saved["scoring"] == {"golds": "first", "extract": "boxed_last300", "metric_rules": "vime"}
     rows = read_results(out / "results.jsonl")
     assert len(rows) == 3
     for r in rows:
         assert r["model_calls"] == 2  # 600 characters are one 2048-token chunk, then the final call
         assert r["prediction"] == extract_prediction(r["answer_text"], "boxed_last300")
-        m = qa_metrics(r["prediction"], ["Paris"])
+        m = published_qa_metrics(r["prediction"], ["Paris"], "vime")
         assert (r["em"], r["sub_em"], r["f1"]) == (m["em"], m["sub_em"], m["f1"])
     with open(out / "summary.csv") as f:
         (summary,) = list(csv.DictReader(f))
