@@ -14,10 +14,13 @@ vime / slime JSONL, RULER (validation.jsonl or MemAgent's eval_<task>_<len>.json
 
 Arguments with '=' are dotted overrides of memrl.eval.runner.EvalConfig, spelled as in `memrl train`:
 `workflow.<field>` sets the workflow's config (greedy decoding by default), `engine.*` the engine;
-`golds=any|first` and `extract=boxed|answer_is|boxed_published|raw` choose how answers are scored
-(docs/eval_scoring.md). Results: <out>/results.jsonl (one row per question;
-re-running resumes), summary.md, summary.csv and accuracy.png (MemAct runs: also the MemAct table in
-summary.md, memact_summary.csv and memact_context.png).
+`golds=any|first`, `extract=boxed|answer_is|boxed_published|boxed_last300|raw` and
+`metric_rules=memrl|memagent|vime` choose how answers are scored (docs/eval_scoring.md). `--preset memagent_eval_official` (rememr1_eval_official,
+vime_eval_official) is a published evaluation value for value; it needs your copies of the published
+prompts: workflow.memory_template_file=... workflow.final_template_file=... (README "Evaluate as
+published"). Results: <out>/results.jsonl (one row per question; re-running resumes), summary.md,
+summary.csv and accuracy.png (MemAct runs: also the MemAct table in summary.md, memact_summary.csv and
+memact_context.png).
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "or 'report DIR [DIR ...]'")
     parser.add_argument("--out", required=True, help="output directory (results, tables, plot)")
     parser.add_argument("--model", default=None, help="model directory (same as engine.model=...)")
-    parser.add_argument("--preset", default=None, help="config preset YAML for EvalConfig")
+    parser.add_argument("--preset", default=None, help="config preset for EvalConfig: a packaged name "
+                        "(memagent_eval_official, rememr1_eval_official, vime_eval_official) or a YAML path")
     parser.add_argument("--name", default=None, help="run name in tables and plots")
     parser.add_argument("--docs-from", default=None, metavar="DEV_FILE",
                         help="index-only eval files: the dev file their document indices point into "

@@ -80,24 +80,52 @@ class EvalConfig:
     extract: str = "boxed"
     """How the prediction is read from the final text (memrl.rewards.extract): boxed = the last \\boxed{};
     answer_is = the text after the last "the answer is" (MemAgent's protocol for its RL models);
-    boxed_published = the published evaluations' box reader (also `\\boxed ans`); raw = the whole text."""
+    boxed_published = the published evaluations' box reader (also `\\boxed ans`); boxed_last300 = that
+    reader over the last 300 characters only (vime's evaluation); raw = the whole text."""
     docs_from: str = ""
     """Index-only eval files (contexts stored as document indices: MemAgent's sets of 12800 documents and
     more, RULER QA past 2M tokens): the dev file the indices point into (`--docs-from`); "" = none."""
     samples: int = valid(1, ge=1)
     """Answers per question (rows carry `sample` 0..samples-1); more than 1 needs workflow.temperature > 0
     to differ."""
+    metric_rules: str = "memrl"
+    """How em / sub_em / f1 score a prediction (memrl.rewards.published_metrics): memrl (memrl.rewards.qa);
+    memagent = MemAgent's and ReMemR1's evaluations (ASCII punctuation only, an empty prediction scores
+    0, each score rounded to 2 decimals per question); vime = vime's (an empty prediction has sub_em 1,
+    no yes/no rule in f1)."""
+    requires_templates: bool = False
+    """True (the *_eval_official presets): the run needs the user's prompt files,
+    workflow.memory_template_file and workflow.final_template_file (or the inline memory_template /
+    final_template); a config without them is a one-line error naming the missing key (memrl ships no
+    published prompt text)."""
 
     def __post_init__(self) -> None:
+        from memrl.config import check_config
         from memrl.rewards.extract import EXTRACT_MODES
+        from memrl.rewards.published_metrics import METRIC_RULES
+
+        check_config(self)  # the declared ranges (valid), also for a config built in code
 
         if self.golds not in GOLDS_MODES:
             raise ValueError(f"golds must be one of {', '.join(GOLDS_MODES)}, got {self.golds!r}")
         if self.extract not in EXTRACT_MODES:
             raise ValueError(f"extract must be one of {', '.join(EXTRACT_MODES)}, got {self.extract!r}")
+        if self.metric_rules not in METRIC_RULES:
+            raise ValueError(f"metric_rules must be one of {', '.join(METRIC_RULES)}, got {self.metric_rules!r}")
+        if self.requires_templates:
+            # a file, or the same text given inline (workflow.memory_template=...)
+            missing = [k for k in TEMPLATE_FILE_KEYS
+                       if not self.workflow.get(k) and not self.workflow.get(k.removesuffix("_file"))]
+            if missing:
+                raise ValueError(
+                    f"{', '.join('workflow.' + k for k in missing)} must be set: this config has "
+                    "requires_templates=true (a published-eval preset); save the published prompts to files "
+                    "and pass workflow.memory_template_file=PATH workflow.final_template_file=PATH")
 
 
 GOLDS_MODES = ("any", "first")
+TEMPLATE_FILE_KEYS = ("memory_template_file", "final_template_file")
+"""The workflow keys a requires_templates config must set (the user's copies of the published prompts)."""
 
 
 def get_spec(name: str):
@@ -278,13 +306,15 @@ def load_eval_file(path: str | os.PathLike[str], cfg: EvalConfig) -> EvalFile:
     return EvalFile(str(path), file_identity(path), n, tasks, labels)
 
 
-def score_prediction(task: Task, traj: Trajectory, golds: str = valid("any", choices=("any", "first")), extract: str = "boxed"
-                     ) -> tuple[str, dict[str, float]]:
+def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: str = "boxed",
+                     metric_rules: str = "memrl") -> tuple[str, dict[str, float]]:
     """(prediction, metrics) of a finished question: em / sub_em / f1 of the prediction `extract` reads,
     against all gold answers (golds=any, best of them) or answers[0] (first); plus the eval metric the
-    task's meta["metric"] names, over all answers. A MemAct row keeps its own final answer."""
+    task's meta["metric"] names, over all answers. A MemAct row keeps its own final answer. em / sub_em /
+    f1 follow `metric_rules` (memrl, or a published evaluation's: memrl.rewards.published_metrics)."""
     from memrl.rewards.eval_metrics import get_metric
     from memrl.rewards.extract import extract_prediction
+    from memrl.rewards.published_metrics import published_qa_metrics, published_task_metric
     from memrl.rewards.qa import qa_metrics
 
     if extract == "boxed" or "answer_text" not in traj.info or "multiq_questions" in traj.metrics:
@@ -292,21 +322,21 @@ def score_prediction(task: Task, traj: Trajectory, golds: str = valid("any", cho
     else:
         pred = extract_prediction(traj.info["answer_text"], extract)
     answers = task.answers if golds == "any" else task.answers[:1]
-    m = qa_metrics(pred, answers)
+    m = qa_metrics(pred, answers) if metric_rules == "memrl" else published_qa_metrics(pred, answers, metric_rules)
     name = task.meta.get("metric")
     if name:
         try:
             fn = get_metric(str(name))
         except KeyError as e:
             raise UserError(f"task {task.task_id}: meta['metric']: {e.args[0]}") from e
-        m[str(name)] = fn(pred, task.answers)
+        m[str(name)] = published_task_metric(fn(pred, task.answers), pred, metric_rules)
     return pred, m
 
 
 def result_row(
     task: Task, traj: Trajectory, num_docs: int, file: str, started: float, finished: float, session: str = "",
     tokenizer: Any = None, ident: dict[str, Any] | None = None, dataset: str = "", sample: int = 0,
-    golds: str = valid("any", choices=("any", "first")), extract: str = "boxed",
+    golds: str = "any", extract: str = "boxed", metric_rules: str = "memrl",
 ) -> dict[str, Any]:
     """The JSONL row of one finished question; started/finished are wall-clock times (time.time()).
     `ident` is the source file's file_identity(); `steps` holds one memrl.records record per model call
@@ -314,7 +344,7 @@ def result_row(
     is a column of its own."""
     from memrl.records import segment_records
 
-    pred, m = score_prediction(task, traj, golds, extract)
+    pred, m = score_prediction(task, traj, golds, extract, metric_rules)
     extra = {k: v for k, v in m.items() if k not in ("em", "sub_em", "f1")}
     tm = traj.metrics
     if "multiq_questions" in tm:  # MemAct: all sub-questions right (memrl.rewards.multiq), mean sub-question F1
@@ -395,7 +425,9 @@ def evaluate(
     record = {"workflow": spec.name, "model": cfg.engine.model, "engine": dataclasses.asdict(cfg.engine),
               "workflow_config": dataclasses.asdict(wf_cfg), "files": [str(f) for f in files],
               "name": cfg.name or out.resolve().name, "seed": cfg.seed, "samples": cfg.samples,
-              "scoring": {"golds": cfg.golds, "extract": cfg.extract}}
+              "scoring": {"golds": cfg.golds, "extract": cfg.extract,
+                          # only when set, so directories from before the option still resume
+                          **({"metric_rules": cfg.metric_rules} if cfg.metric_rules != "memrl" else {})}}
     if cfg.docs_from:
         if not Path(cfg.docs_from).is_file():
             raise UserError(f"docs_from {cfg.docs_from} does not exist (the dev file of index-only eval files)")
@@ -464,7 +496,8 @@ async def _run_all(todo, spec, wf_cfg, engine, cfg: EvalConfig, fh, total: int) 
                 ds, n = ef.labels[task.task_id]
                 row = result_row(task, traj, n, ef.path, starts.pop(task.task_id), time.time(), session,
                                  tokenizer=tokenizer, ident=ef.ident, dataset=ds, sample=k,
-                                 golds=cfg.golds, extract=cfg.extract)
+                                 golds=cfg.golds, extract=cfg.extract,
+                                 metric_rules=cfg.metric_rules)
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
                 fh.flush()
                 new.append(row)

@@ -17,15 +17,19 @@
   `</think>` step as answer_is: over the WHOLE text, case kept, the `\\boxed ans` form first, else the last `\\boxed` matched by brace counting
   (memrl.rewards.verifiers.published_last_box); a box the original would fail an assertion on scores
   as no prediction here.
+- `boxed_last300`: vime's evaluation reader (`examples/mem_agent/eval_ruler_hqa.py:run_eval`,
+  `_extract_boxed(response[-300:])`): the same published box reader over only the LAST 300 characters
+  of the (stripped) final text, case kept (MemAgent's training verifier lowercases first; vime's eval
+  does not), no `</think>` step, the unboxed answer stripped; no box there: no prediction.
 - `raw`: the whole final text, stripped (what RULER's own harness scores).
 """
 
 from __future__ import annotations
 
 from memrl.rewards.qa import extract_boxed
-from memrl.rewards.verifiers import published_last_box, published_unbox
+from memrl.rewards.verifiers import PUBLISHED_WINDOW, published_last_box, published_unbox
 
-EXTRACT_MODES = ("boxed", "answer_is", "boxed_published", "raw")
+EXTRACT_MODES = ("boxed", "answer_is", "boxed_published", "boxed_last300", "raw")
 
 _ANSWER_IS = "the answer is"
 _THINK_END = "</think>"
@@ -61,6 +65,9 @@ def extract_prediction(answer_text: str, mode: str) -> str:
     if mode == "boxed_published":
         box = published_last_box(after_think(answer_text))
         return (published_unbox(box) if box is not None else None) or ""
+    if mode == "boxed_last300":
+        box = published_last_box((answer_text or "").strip()[-PUBLISHED_WINDOW:])
+        return ((published_unbox(box) if box is not None else None) or "").strip()
     if mode == "raw":
         return (answer_text or "").strip()
     raise ValueError(f"extract must be one of {', '.join(EXTRACT_MODES)}, got {mode!r}")

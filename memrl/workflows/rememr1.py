@@ -6,8 +6,8 @@ query is matched (top-1, `memrl.workflows.recall`) against the memories of steps
 the hit is shown in the `<recalled_memory>` block of prompt t+1 (the final prompt for the last step),
 "No memory was recalled." otherwise. m_t itself is added to the history only after its own query is
 answered: that is the released training code's order. The released eval code adds m_t first, so a query
-can return the memory the next prompt already shows (an open bug report there); we use the training
-order everywhere.
+can return the memory the next prompt already shows (an open bug report there); memrl uses the training
+order unless `recall_candidates=with_current` (the released evaluation's order) says otherwise.
 
 Malformed steps never crash a rollout (each case is counted in the metrics):
 - no `<update>` at all, or an empty one: no memory, so `empty_memory` decides (default: keep the previous
@@ -47,6 +47,7 @@ FORMAT_FLAGS = (
 )  # fmt: skip
 MEMORY_RULES: tuple[str, ...] = ("update_tag", "strip_recall")
 QUERY_RULES: tuple[str, ...] = ("first_block", "greedy_line")
+RECALL_CANDIDATES: tuple[str, ...] = ("earlier", "with_current")
 _DEFAULT_TAGS = {"update_tag": "update", "recall_tag": "recall", "thinking_tag": "thinking"}
 _MEMORY_FIELDS = ("problem", "recalled_memory", "memory", "chunk")
 
@@ -71,7 +72,7 @@ class ReMemR1Config(ChunkedConfig):
     """Tag around the reasoning (not parsed; only named in the default prompt)."""
     scorer: str = "tfidf"
     """Recall scorer: tfidf (released code), word_overlap (paper), bm25."""
-    min_recall_score: float = valid(0.0, ge=0)
+    min_recall_score: float = valid(0.0, ge=-1, note="below 0 = the best match is recalled even at score 0")
     """A recall retrieves nothing unless the best score is above this."""
     bm25_k1: float = valid(1.5, ge=0)
     bm25_b: float = valid(0.75, ge=0, le=1)
@@ -102,6 +103,10 @@ class ReMemR1Config(ChunkedConfig):
     """The recall query: first_block (the first closed non-empty <recall> block, across lines,
     whitespace-trimmed: memrl) or greedy_line (the released regex <recall>(.+)</recall>: one line, from
     the first open tag to the last close tag on it, untrimmed: memory_revisit.py _parse_recall_query)."""
+    recall_candidates: str = "earlier"
+    """Which memories step t's query searches: earlier (those of steps < t: the paper and the released
+    training code, memory_revisit.py) or with_current (m_t too, added before its own query is answered:
+    the released evaluation, taskutils/memory_eval/utils/rememr1.py async_query_llm)."""
     empty_memory: str = "keep_previous"
     """A step that yields no memory (no / empty <update>, or an empty strip_recall text): keep_previous
     (memrl), placeholder (no_memory_text) or empty (the empty string: the released code)."""
@@ -121,6 +126,9 @@ class ReMemR1Config(ChunkedConfig):
                 f"ReMemR1Config.callback_rule must be one of {', '.join(step_rewards_lib.CALLBACK_RULES)}, "
                 f"got {self.callback_rule!r}"
             )
+        if self.recall_candidates not in RECALL_CANDIDATES:
+            raise ValueError(f"ReMemR1Config.recall_candidates must be one of {', '.join(RECALL_CANDIDATES)}, "
+                             f"got {self.recall_candidates!r}")
         if self.scorer not in SCORERS:
             raise ValueError(f"ReMemR1Config.scorer must be one of {', '.join(SCORERS)}, got {self.scorer!r}")
         tags = [self.update_tag, self.recall_tag, self.thinking_tag]
@@ -262,9 +270,12 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
             strip_recall_memory(response, cfg.recall_tag) if cfg.memory_rule == "strip_recall" else parsed.memory,
             memory,
         )
-        # Retrieval sees only the memories of steps < t: m_t joins the history after its own query.
+        # Retrieval sees only the memories of steps < t: m_t joins the history after its own query
+        # (with_current: before it, as the released evaluation does).
+        recallable = bool(new_memory) and new_memory != cfg.no_memory_text  # as history.append below
+        candidates = history + [(t, new_memory)] if cfg.recall_candidates == "with_current" and recallable else history
         hit = (
-            recall_top1(query, history, cfg.scorer, cfg.min_recall_score, cfg.bm25_k1, cfg.bm25_b)
+            recall_top1(query, candidates, cfg.scorer, cfg.min_recall_score, cfg.bm25_k1, cfg.bm25_b)
             if query
             else None
         )
@@ -291,7 +302,7 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
             "format_ok": parsed.well_formed,
             "format_flags": [k for k, v in parsed.flags.items() if v],
         }))
-        if new_memory and new_memory != cfg.no_memory_text:  # the placeholder is not a memory worth recalling
+        if recallable:  # the placeholder is not a memory worth recalling
             history.append((t, new_memory))
         memory = new_memory
         shown_recall = hit.text if hit else cfg.no_recall_text

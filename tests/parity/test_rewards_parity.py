@@ -152,7 +152,14 @@ def test_extract_modes():
     assert extract_prediction("\\boxed {Oslo}", "boxed") == "Oslo"
     # \fbox fails the original's assertion: no prediction
     assert extract_prediction("\\fbox{Oslo}", "boxed_published") == ""
-    with pytest.raises(ValueError, match="extract must be one of boxed, answer_is, boxed_published, raw"):
+    # vime's reader: the published box reader over the LAST 300 characters only, case kept, no </think> step
+    assert extract_prediction("\\boxed{Paris}" + PAD, "boxed_last300") == ""
+    assert extract_prediction("\\boxed{Paris}" + "x" * 287, "boxed_last300") == "Paris"  # 13 + 287 = 300
+    assert extract_prediction("\\boxed{Paris}" + "x" * 288, "boxed_last300") == ""  # "\" falls out
+    assert extract_prediction("\\BOXED{Paris}", "boxed_last300") == ""  # not lowercased (verl_hotpotqa: 1)
+    assert extract_prediction("\\boxed{ Oslo } </think> none", "boxed_last300") == "Oslo"  # stripped
+    assert extract_prediction("It is \\boxed New York$.", "boxed_last300") == "New York"
+    with pytest.raises(ValueError, match="extract must be one of boxed, answer_is, boxed_published, boxed_last300, raw"):
         extract_prediction(text, "last_line")
 
 
@@ -301,9 +308,9 @@ def test_config_values_are_checked():
 
     with pytest.raises(ConfigError, match=r"MemAgentConfig.reward must be one of boxed_em, verl_hotpotqa, got 'em'"):
         parse_workflow({"name": "memagent", "reward": "em"})
-    with pytest.raises(ConfigError, match=r"golds must be one of any, first, got 'all'"):
+    with pytest.raises(ConfigError, match=r"golds='all' is not allowed: must be one of any, first"):
         load_config(EvalConfig, ["golds=all"])
-    with pytest.raises(ConfigError, match=r"extract must be one of boxed, answer_is, boxed_published, raw, got 'last'"):
+    with pytest.raises(ConfigError, match=r"extract must be one of boxed, answer_is, boxed_published, boxed_last300, raw, got 'last'"):
         load_config(EvalConfig, ["extract=last"])
     cfg = load_config(EvalConfig, ["golds=first", "extract=answer_is"])
     assert (cfg.golds, cfg.extract) == ("first", "answer_is")
