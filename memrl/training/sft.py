@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from memrl.quiet import hf_progress_off
 from memrl.training.packing import collate, pack_rows, rows_from_segments, set_loss_weights
 from memrl.training.policy import sft_micro_loss
 from memrl.types import Segment
@@ -117,7 +118,8 @@ def sft_train_logged(model: torch.nn.Module, tokenizer: Any, segments: Sequence[
     finally:
         logger.close()
     if save_dir is not None:
-        model.save_pretrained(save_dir, safe_serialization=True)
+        with hf_progress_off():
+            model.save_pretrained(save_dir, safe_serialization=True)
         tokenizer.save_pretrained(save_dir)
     return losses
 
