@@ -116,7 +116,7 @@ def test_training_ranks_rendezvous_on_master_addr_only(tmp_path):
     procs = [subprocess.Popen([sys.executable, str(path), str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env) for r in (0, 1)]
     outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs, strict=True):
+    for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-2000:]
     results = [line for out, _ in outs for line in out.splitlines() if line.startswith("RESULT")]
     # 1 + 2 = 3 on both ranks; rank 0's store: one listener, on 127.0.0.1
