@@ -197,7 +197,7 @@ class HFEngine:
         self._rng = torch.Generator(device="cpu")
         self._rng.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
         self._layer_cls = cache_layer_class()
-        self._cache_kw = cache_kwarg(self.model)  # "cache" (transformers >= 5.x), else "past_key_values"
+        self._cache_kw = cache_kwarg(self.model)  # "cache" (transformers 5.24), else "past_key_values"
 
         self._cond = threading.Condition()
         self._pending: collections.deque[_Request] = collections.deque()
