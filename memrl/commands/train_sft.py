@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memrl.config import valid
+from memrl.quiet import hf_progress_off
 from memrl.training.config import WORKFLOW_DEFAULTS, DataSection, ModelSection
 from memrl.training.sft import SFTConfig
 
@@ -99,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
     out = check_writable(cfg.out_dir)
     (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.path).to(cfg.model.device)
+    with hf_progress_off():
+        model = AutoModelForCausalLM.from_pretrained(cfg.model.path).to(cfg.model.device)
     mem, fin = wf.templates()
     rule = MixtureRule(mem.text, fin.text, cfg.demonstrator.budget, cfg.demonstrator.skip_prob,
                        wf.no_memory_text, cfg.data.seed, p_aware=cfg.demonstrator.p_aware)
@@ -133,7 +135,8 @@ def _run_conversations(cfg: SFTRunConfig) -> int:
     (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     segments = conversation_segments(tok, convs, cfg.conversations.max_length, cfg.conversations.truncation)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.path).to(cfg.model.device)
+    with hf_progress_off():
+        model = AutoModelForCausalLM.from_pretrained(cfg.model.path).to(cfg.model.device)
     losses = sft_train_logged(model, tok, segments, cfg.sft, out, save_dir=out)
     note = f" ({skipped} malformed rows skipped)" if skipped else ""
     trained = sum(s.num_trained_tokens for s in segments)

@@ -31,6 +31,7 @@ from typing import Any
 from memrl.config import valid
 from memrl.data.synthetic_memact import MemActTaskConfig
 from memrl.demos import split_overrides
+from memrl.quiet import hf_progress_off
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +206,9 @@ def init_model(cfg: MemActDemoConfig, wf_cfg: Any, sample_tasks: list[Any], out:
     shape = ModelPreset(m.vocab_size, m.hidden_size, 2 * m.hidden_size, m.num_layers, m.num_heads,
                         m.num_kv_heads, max_position_embeddings=m.max_positions)
     torch.manual_seed(cfg.seed)
-    Qwen2ForCausalLM(qwen2_config(shape, len(tok), tok.eos_token_id, tok.pad_token_id)).save_pretrained(init_dir)
-    return AutoTokenizer.from_pretrained(init_dir), AutoModelForCausalLM.from_pretrained(init_dir)
+    with hf_progress_off():
+        Qwen2ForCausalLM(qwen2_config(shape, len(tok), tok.eos_token_id, tok.pad_token_id)).save_pretrained(init_dir)
+        return AutoTokenizer.from_pretrained(init_dir), AutoModelForCausalLM.from_pretrained(init_dir)
 
 
 # ---------------------------------------------------------------------------------------------- budget

@@ -19,6 +19,7 @@ from typing import Any
 from memrl.config import valid
 from memrl.demos import split_overrides
 from memrl.demos.evaluation import EvalProtocol, evaluate_policy, model_engine, results_to_json
+from memrl.quiet import encode_document, hf_progress_off
 
 log = logging.getLogger(__name__)
 
@@ -213,14 +214,16 @@ def init_model(cfg: DemoConfig, tcfg: Any, out: Path, wf_cfg: Any) -> tuple[Any,
         shape = ModelPreset(cfg.vocab_size, cfg.hidden_size, 2 * cfg.hidden_size, cfg.num_layers, cfg.num_heads,
                             cfg.num_kv_heads, max_position_embeddings=4096)
         torch.manual_seed(cfg.seed)
-        Qwen2ForCausalLM(qwen2_config(shape, len(tok), tok.eos_token_id, tok.pad_token_id)).save_pretrained(init_dir)
+        with hf_progress_off():
+            Qwen2ForCausalLM(qwen2_config(shape, len(tok), tok.eos_token_id, tok.pad_token_id)).save_pretrained(init_dir)
     else:
         init_tiny_model(init_dir, preset=cfg.model_preset, corpus=[corpus], seed=cfg.seed,
                         vocab_size=cfg.vocab_size)
     tokenizer = AutoTokenizer.from_pretrained(init_dir)
-    model = AutoModelForCausalLM.from_pretrained(init_dir)
+    with hf_progress_off():
+        model = AutoModelForCausalLM.from_pretrained(init_dir)
     # Chunks must line up with the task's pieces: every word one token.
-    n_tok = len(tokenizer.encode(sample.context, add_special_tokens=False))
+    n_tok = len(encode_document(tokenizer, sample.context))
     want = sample.meta["num_chunks"] * syn.chunk_words
     if n_tok != want:
         log.warning("synthetic pieces are %d tokens, expected %d: chunks will not align with facts", n_tok, want)

@@ -32,9 +32,10 @@ from typing import Any
 import torch
 
 from memrl.engines.base import Completion, EngineError, SamplingParams
-from memrl.engines.hf_cache import cache_layer_class
+from memrl.engines.hf_cache import cache_kwarg, cache_layer_class
 from memrl.engines.hf_sampling import sample_rows
 from memrl.engines.hf_weights import load_state_dict, strip_wrappers
+from memrl.quiet import hf_progress_off
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +197,7 @@ class HFEngine:
         self._rng = torch.Generator(device="cpu")
         self._rng.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
         self._layer_cls = cache_layer_class()
+        self._cache_kw = cache_kwarg(self.model)  # "cache" (transformers 5.24), else "past_key_values"
 
         self._cond = threading.Condition()
         self._pending: collections.deque[_Request] = collections.deque()
@@ -244,7 +246,8 @@ class HFEngine:
             kwargs: dict[str, Any] = {"dtype": self.dtype}
             if attn:
                 kwargs["attn_implementation"] = attn
-            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            with hf_progress_off():  # no "Loading weights" bar per engine build
+                model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(path)
         else:
@@ -481,8 +484,8 @@ class HFEngine:
 
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         out = self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-            use_cache=True, logits_to_keep=1,
+            input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+            **{self._cache_kw: cache},
         )
         self.stats.forward_calls += 1
         self.stats.batch_sizes[int(input_ids.shape[0])] += 1

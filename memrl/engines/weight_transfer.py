@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from memrl.tcpstore import tcp_store
+
 DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
     torch.int8, torch.uint8, torch.bool)}
@@ -70,8 +72,9 @@ class WeightTransfer:
             self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
         else:
             self.device = torch.device("cpu")
-        store = dist.TCPStore(spec.host, spec.port, spec.world_size, is_master=rank == 0, timeout=timeout,
-                              wait_for_workers=False)
+        # rank 0 hosts the store, listening on spec.host only (memrl.tcpstore)
+        store = tcp_store(spec.host, spec.port, spec.world_size, is_master=rank == 0, timeout=timeout,
+                          wait_for_workers=False)
         prefix = dist.PrefixStore(spec.name, store)
         if spec.backend == "nccl":
             opts = dist.ProcessGroupNCCL.Options()

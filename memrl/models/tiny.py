@@ -320,7 +320,10 @@ def init_tiny_model(
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None
-    model.save_pretrained(out, safe_serialization=True)
+    from memrl.quiet import hf_progress_off
+
+    with hf_progress_off():
+        model.save_pretrained(out, safe_serialization=True)
     info = {
         "preset": preset,
         "seed": seed,

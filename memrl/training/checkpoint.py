@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from memrl.errors import UserError, fault_point
+from memrl.quiet import hf_progress_off
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,8 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: Any, tokenizer: A
     tmp = Path(tmp) if tmp is not None else temp_dir(root, step)
     try:
         fault_point("ckpt_tmp")
-        model.save_pretrained(tmp, safe_serialization=True)
+        with hf_progress_off():  # no "Writing model shards" bar per checkpoint
+            model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         fault_point("ckpt_weights")

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from memrl.tcpstore import tcp_store
 from memrl.training.packing import Row
 
 TIMEOUT_S = 60
@@ -57,8 +58,9 @@ def init_group(info: DistInfo) -> None:
     if info.backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % max(torch.cuda.device_count(), 1))
     # Our own store: joining may take JOIN_TIMEOUT_S, while the group's collectives keep TIMEOUT_S.
-    store = dist.TCPStore(info.master_addr, info.master_port, info.world_size, is_master=info.rank == 0,
-                          timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S), wait_for_workers=True)
+    # Rank 0 hosts the store, listening on master_addr only (memrl.tcpstore; torch's own binds all).
+    store = tcp_store(info.master_addr, info.master_port, info.world_size, is_master=info.rank == 0,
+                      timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S), wait_for_workers=True)
     dist.init_process_group(info.backend, store=store, rank=info.rank, world_size=info.world_size,
                             timeout=datetime.timedelta(seconds=TIMEOUT_S))
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from memrl.config import valid
+from memrl.quiet import hf_progress_off
 from memrl.training.packing import collate, pack_rows, rows_from_segments, set_loss_weights
 from memrl.training.policy import clip_norm, sft_micro_loss
 from memrl.types import Segment
@@ -123,7 +124,8 @@ def sft_train_logged(model: torch.nn.Module, tokenizer: Any, segments: Sequence[
     finally:
         logger.close()
     if save_dir is not None:
-        model.save_pretrained(save_dir, safe_serialization=True)
+        with hf_progress_off():
+            model.save_pretrained(save_dir, safe_serialization=True)
         tokenizer.save_pretrained(save_dir)
     return losses
 

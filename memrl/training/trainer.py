@@ -35,6 +35,7 @@ import torch
 from memrl.config import ConfigError, check_config, check_shared_fields, to_yaml
 from memrl.engines.base import SamplingParams
 from memrl.errors import UserError, model_dir, writable_dir
+from memrl.quiet import hf_progress_off
 from memrl.training.checkpoint import clean_stale, resume_point, rng_state, set_rng_state
 from memrl.training.config import WORKFLOW_DEFAULTS, TrainConfig
 from memrl.training.dump import maybe_dump, note_tasks, truncate_dump
@@ -290,8 +291,9 @@ class Trainer:
             self.engine.update_weights(self.workers.weights_for_engines())
         else:
             d = Path(self.cfg.engine.openai.sync_dir or self.out / "engine_weights")
-            self.model.save_pretrained(d)
-            self.tokenizer.save_pretrained(d)
+            with hf_progress_off():
+                self.model.save_pretrained(d)
+                self.tokenizer.save_pretrained(d)
             self.engine.update_weights(str(d.resolve()))
         return time.perf_counter() - t0
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from memrl.quiet import hf_progress_off
 from memrl.training import distributed as D
 from memrl.training.checkpoint import OPTIM_DIR, STATE_FILE, load_state, save_checkpoint, temp_dir
 from memrl.training.config import TrainConfig
@@ -85,7 +86,8 @@ class PolicyWorker:
         if info.world_size > 1 and self.device.startswith("cuda"):
             self.device = f"cuda:{torch.cuda.current_device()}"
         self.tokenizer = AutoTokenizer.from_pretrained(src)
-        self.model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).to(self.device)
+        with hf_progress_off():
+            self.model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).to(self.device)
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         t = cfg.trainer
@@ -93,7 +95,8 @@ class PolicyWorker:
         self.ref = None
         if cfg.algorithm.kl_coef > 0:
             # The reference is the INITIAL policy, also when resuming; sharded like the policy.
-            self.ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).to(self.device).eval()
+            with hf_progress_off():
+                self.ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).to(self.device).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
             D.shard_model(self.ref, t.fsdp_bf16, t.cpu_offload)

@@ -10,6 +10,7 @@ from typing import Any
 
 from memrl.config import valid
 from memrl.engines.base import Completion, Engine, SamplingParams
+from memrl.quiet import encode_document
 from memrl.types import Segment, Task
 from memrl.workflows.templates import TEMPLATE_STYLES, Template, chat_prompt, load_template
 
@@ -125,7 +126,8 @@ def chunk_context(context_ids: list[int], chunk_tokens: int, max_chunks: int = 0
 
 def task_chunks(task: Task, tokenizer: Any, cfg: ChunkedConfig) -> tuple[list[int], list[list[int]], bool]:
     """(context ids, chunks, truncated) of a task's context under `cfg`; an empty context is logged."""
-    context_ids = list(tokenizer.encode(task.context, add_special_tokens=False)) if task.context else []
+    # The whole document, longer than model_max_length on purpose: it is chunked below.
+    context_ids = encode_document(tokenizer, task.context) if task.context else []
     chunks, truncated = chunk_context(context_ids, cfg.chunk_tokens, cfg.max_chunks, cfg.truncation)
     if not chunks:
         log.warning("task %s has an empty context: answering from the empty memory", task.task_id)

@@ -48,7 +48,9 @@ async def run(task: Task, engine: Any, cfg: FullContextConfig, rng: random.Rando
     tok = engine.tokenizer
     tpl = load_template("full_context", ("problem", "context"), cfg.template_file,
                         cfg.template if cfg.template is not None or cfg.template_file else FULL_CONTEXT_TEMPLATE)
-    ids = list(tok.encode(task.context, add_special_tokens=False)) if task.context else []
+    from memrl.quiet import encode_document
+
+    ids = encode_document(tok, task.context) if task.context else []  # centre-truncated below
     kept = centre_truncate(ids, cfg.max_context_tokens)
     _, prompt_ids = chat_prompt(tok, tpl.render(problem=task.question, context=tok.decode(kept)))
     seed = rng.getrandbits(31) if cfg.temperature > 0 else None
