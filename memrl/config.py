@@ -156,8 +156,8 @@ def _check_raw(schema: type, node: Any, where: str) -> None:
             _check_raw(hints[f.name], value, path)
             continue
         rule = allowed_of(f)
-        if rule is None or value is None:
-            continue
+        if rule is None or value is None or rule.choices is not None:
+            continue  # a choice's own __post_init__ message may say more (a removed name and its successor)
         items = list(value) if OmegaConf.is_list(value) or isinstance(value, list | tuple) else [value]
         owner = _Values(values)
         for v in items:
