@@ -68,7 +68,8 @@ def writable_file(path: str | os.PathLike[str], key: str) -> Path:
 
 
 def model_dir(path: str, key: str) -> Path:
-    """A HuggingFace model directory named by config key `key` (holds config.json), else UserError."""
+    """A HuggingFace model directory named by config key `key`, else UserError: it holds config.json,
+    and its config, weights and tokenizer pass `memrl.models.check.check_model_files`."""
     p = Path(path)
     if not path:
         raise UsageError(f"{key} is required (a HuggingFace model directory)")
@@ -78,6 +79,9 @@ def model_dir(path: str, key: str) -> Path:
         raise UserError(f"{key}={path} is a file, not a HuggingFace model directory")
     if not (p / "config.json").is_file():
         raise UserError(f"{key}={path} has no config.json (expected a HuggingFace model directory)")
+    from memrl.models.check import check_model_files
+
+    check_model_files(p, key)
     return p
 
 
