@@ -10,7 +10,8 @@
   memrl data stats --tokenizer MODEL_DIR eval_50.json eval_100.json ...  -> average context tokens per N
   memrl data show FILE [--rows 1]
 
-Every reader takes --skip-bad: malformed rows are skipped and counted instead of failing the command.
+Every reader takes --skip-bad: malformed rows are skipped and counted instead of failing the command
+(malformed includes a task without a usable gold answer and a task id an earlier row used).
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="--kind multiobjective: sub-question counts to draw from (comma-separated)")
     common(b)
     b.epilog = ("--kind multiobjective builds MemAct tasks (--num-questions of them, 0 = as many as the "
-                "sources allow) into the file --out; the sources' own kinds are detected.")
+                "sources allow) into the file --out; the sources' own kinds are detected, and each must hold "
+                "single questions (a multi-question source is refused).")
 
     co = sub.add_parser("corpus", help="retrieval corpus JSONL {id, title, text}: deduplicated paragraphs")
     co.add_argument("--source", choices=("hotpotqa", "2wiki"), required=True, help="the files' dataset")
