@@ -78,11 +78,23 @@ def model_dir(path: str, key: str) -> Path:
     if not p.is_dir():
         raise UserError(f"{key}={path} is a file, not a HuggingFace model directory")
     if not (p / "config.json").is_file():
-        raise UserError(f"{key}={path} has no config.json (expected a HuggingFace model directory)")
+        raise UserError(f"{key}={path} has no config.json (expected a HuggingFace model directory){_run_hint(p)}")
     from memrl.models.check import check_model_files
 
     check_model_files(p, key)
     return p
+
+
+def _run_hint(p: Path) -> str:
+    """For a training run's directory (or its checkpoints/) given as a model: the checkpoint to give instead."""
+    for root in (p / "checkpoints", p):
+        try:
+            name = (root / "latest").read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if name.startswith("step_") and (root / name / "config.json").is_file():
+            return f"; it is a training run: its latest checkpoint is {root / name}"
+    return ""
 
 
 def fault_point(name: str) -> None:

@@ -326,3 +326,16 @@ def test_multiobjective_build_refuses_multi_question_sources(hotpot, tmp_path, c
         f"memrl data: error: --kind multiobjective combines single questions; {first} holds multi-question tasks "
         "(task memact_multiobjective-0 asks 2)")
     assert not again.exists()
+
+
+def test_a_training_run_given_as_the_model_names_its_latest_checkpoint(tmp_path, tiny_model, capsys):
+    # the layout memrl.training.checkpoint writes: out_dir/checkpoints/{step_N/, latest (text "step_N")}
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model, run / "checkpoints" / "step_2")
+    (run / "checkpoints" / "latest").write_text("step_2\n", encoding="utf-8")
+    good = tmp_path / "eval_1.json"
+    write_records(good, [{"input": "q", "answers": ["v"], "context": "Document 1: x", "index": 0}])
+    for given in (run, run / "checkpoints"):
+        assert _fails(_eval(good, str(given), tmp_path), capsys) == (
+            f"memrl eval: error: --model={given} has no config.json (expected a HuggingFace model directory); "
+            f"it is a training run: its latest checkpoint is {run / 'checkpoints' / 'step_2'}")
