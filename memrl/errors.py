@@ -49,6 +49,8 @@ def _dir_problem(out: Path) -> str | None:
 
 def writable_dir(path: str | os.PathLike[str], key: str = "--out") -> Path:
     """Create `path` and prove a file can be written in it; UserError naming the option `key` otherwise."""
+    if not str(path).strip():  # Path("") is ".": an empty value would write into the current directory
+        raise UsageError(f"{key} is empty; give an output directory")
     out = Path(path)
     problem = _dir_problem(out)
     if problem:
@@ -58,6 +60,8 @@ def writable_dir(path: str | os.PathLike[str], key: str = "--out") -> Path:
 
 def writable_file(path: str | os.PathLike[str], key: str) -> Path:
     """Check an output file can be written (its directory created), before any work; UserError otherwise."""
+    if not str(path).strip():
+        raise UsageError(f"{key} is empty; give an output file")
     p = Path(path)
     if p.is_dir():
         raise UserError(f"output file {key}={p} is a directory")

@@ -339,3 +339,18 @@ def test_a_training_run_given_as_the_model_names_its_latest_checkpoint(tmp_path,
         assert _fails(_eval(good, str(given), tmp_path), capsys) == (
             f"memrl eval: error: --model={given} has no config.json (expected a HuggingFace model directory); "
             f"it is a training run: its latest checkpoint is {run / 'checkpoints' / 'step_2'}")
+
+
+def test_an_empty_output_path_is_refused(tmp_path, tiny_model, hotpot, capsys):
+    # Path("") is ".": these wrote into the current directory
+    good = tmp_path / "eval_1.json"
+    write_records(good, [{"input": "q", "answers": ["v"], "context": "Document 1: x", "index": 0}])
+    assert _fails(["eval", str(good), "--out", "", "--model", tiny_model], capsys, code=2) == (
+        "memrl eval: error: --out is empty; give an output directory")
+    assert _fails(["demo", "--out", ""], capsys, code=2) == "memrl demo: error: --out is empty; give an output directory"
+    assert _fails(["train", f"model.path={tiny_model}", "out_dir=''"], capsys, code=2) == (
+        "memrl train: error: out_dir is empty; give an output directory")
+    assert _fails(["data", "build", "--source", str(hotpot), "--out", ""], capsys, code=2) == (
+        "memrl data: error: --out is empty; give an output directory")
+    assert _fails(["data", "convert", str(hotpot), ""], capsys, code=2) == (
+        "memrl data: error: DST is empty; give an output file")
