@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -20,8 +21,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class ArgumentError(Exception):
+    """A command-line option argparse refused (a bad value, an unknown option): printed as one line."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser, except that a refused option is one line, `memrl <command>: error: <why>` (exit 2),
+    like every other memrl error, instead of a usage block; `--help` still prints the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ArgumentError(self.prog, message)
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
-    parser = argparse.ArgumentParser(prog="memrl", description="Long-context memory agents trained with RL.")
+    parser = OneLineParser(prog="memrl", description="Long-context memory agents trained with RL.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules: dict[str, object] = {}
@@ -55,9 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     from memrl.errors import UserError, os_message
 
     parser, modules = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        _place_extras(parser, args, extra)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            _place_extras(parser, args, extra)
+    except ArgumentError as e:
+        print(f"{e.prog}: error: {e}", file=sys.stderr)
+        return 2
     if args.version:
         from memrl import __version__
 

@@ -53,6 +53,8 @@ def _dir_problem(out: Path) -> str | None:
 
 def writable_dir(path: str | os.PathLike[str], key: str = "--out") -> Path:
     """Create `path` and prove a file can be written in it; UserError naming the option `key` otherwise."""
+    if not str(path).strip():  # Path("") is ".": an empty value would write into the current directory
+        raise UsageError(f"{key} is empty; give an output directory")
     out = Path(path)
     problem = _dir_problem(out)
     if problem:
@@ -62,6 +64,8 @@ def writable_dir(path: str | os.PathLike[str], key: str = "--out") -> Path:
 
 def writable_file(path: str | os.PathLike[str], key: str) -> Path:
     """Check an output file can be written (its directory created), before any work; UserError otherwise."""
+    if not str(path).strip():
+        raise UsageError(f"{key} is empty; give an output file")
     p = Path(path)
     if p.is_dir():
         raise UserError(f"output file {key}={p} is a directory")
@@ -72,7 +76,8 @@ def writable_file(path: str | os.PathLike[str], key: str) -> Path:
 
 
 def model_dir(path: str, key: str) -> Path:
-    """A HuggingFace model directory named by config key `key` (holds config.json), else UserError."""
+    """A HuggingFace model directory named by config key `key`, else UserError: it holds config.json,
+    and its config, weights and tokenizer pass `memrl.models.check.check_model_files`."""
     p = Path(path)
     if not path:
         raise UsageError(f"{key} is required (a HuggingFace model directory)")
@@ -81,10 +86,13 @@ def model_dir(path: str, key: str) -> Path:
     if not p.is_dir():
         raise UserError(f"{key}={path} is a file, not a HuggingFace model directory")
     if not (p / "config.json").is_file():
-        raise UserError(f"{key}={path} has no config.json (expected a HuggingFace model directory)")
+        raise UserError(f"{key}={path} has no config.json (expected a HuggingFace model directory){_run_hint(p)}")
     hint = weightless_hint(p)
     if hint:
         raise UserError(f"{key}={path}: {hint}")
+    from memrl.models.check import check_model_files
+
+    check_model_files(p, key)
     return p
 
 
@@ -100,6 +108,18 @@ def weightless_hint(path: Path) -> str | None:
                 f"checkpoint; convert it first: memrl model convert --from verl {actor} --out {dest}")
     return (f"{path} has config.json but no weights (*.safetensors or pytorch_model*.bin); a verl or Megatron "
             "checkpoint converts with: memrl model convert --from verl|megatron SRC --out DIR")
+
+
+def _run_hint(p: Path) -> str:
+    """For a training run's directory (or its checkpoints/) given as a model: the checkpoint to give instead."""
+    for root in (p / "checkpoints", p):
+        try:
+            name = (root / "latest").read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if name.startswith("step_") and (root / name / "config.json").is_file():
+            return f"; it is a training run: its latest checkpoint is {root / name}"
+    return ""
 
 
 def fault_point(name: str) -> None:

@@ -10,7 +10,8 @@
   memrl data stats --tokenizer MODEL_DIR eval_50.json eval_100.json ...  -> average context tokens per N
   memrl data show FILE [--rows 1] [--docs-from hotpot_dev_distractor_v1.json]   -> detected kind + tasks
 
-Every reader takes --skip-bad (malformed rows are skipped and counted instead of failing the command) and
+Every reader takes --skip-bad (malformed rows are skipped and counted instead of failing the command;
+malformed includes a task without a usable gold answer and a task id an earlier row used) and
 --docs-from (the dev file whose documents index-only eval files point into).
 """
 
@@ -24,17 +25,48 @@ from pathlib import Path
 
 from memrl.config import bounded
 from memrl.data.io import KINDS, ReadStats
-from memrl.errors import UserError, writable_dir, writable_file
+from memrl.errors import UsageError, UserError, writable_dir, writable_file
 
 
-def _docs(text: str) -> list[int]:
+def _counts(text: str | list[int], opt: str) -> list[int]:
+    """A comma-separated list of positive integers (option `opt`); UsageError naming the option otherwise."""
+    if isinstance(text, list):  # the default
+        return text
     try:
         out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError as e:
-        raise argparse.ArgumentTypeError(f"--docs must be comma-separated integers, got {text!r}") from e
+        raise UsageError(f"{opt} must be comma-separated integers, got {text!r}") from e
     if not out or any(n < 1 for n in out):
-        raise argparse.ArgumentTypeError(f"--docs needs positive document counts, got {text!r}")
+        raise UsageError(f"{opt} needs positive counts, got {text!r}")
     return out
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Option values and input files, before anything is read or written: one-line UsageError (exit 2)
+    for a value out of range, DataError (exit 1) for an input file that is not there."""
+    from memrl.data.io import DataError
+
+    cmd = args.data_command
+    for opt in ("docs", "sub_questions"):
+        if isinstance(getattr(args, opt, None), str):
+            setattr(args, opt, _counts(getattr(args, opt), "--" + opt.replace("_", "-")))
+    low = {"num_questions": 0, "rows": 1, "chars": 0}
+    if cmd == "train":
+        low["docs"] = 1
+    for name, least in low.items():
+        val = getattr(args, name, None)
+        if isinstance(val, int) and val < least:
+            opt = "--" + name.replace("_", "-")
+            zero = " (0 = all)" if name == "num_questions" else ""
+            raise UsageError(f"{opt} must be at least {least}{zero}, got {val}")
+    sources = getattr(args, "source", None) if cmd in ("build", "train") else getattr(args, "files", None)
+    if cmd == "convert":
+        sources = [args.src]
+    elif cmd == "show":
+        sources = [args.file]
+    for f in sources or []:
+        if not Path(f).exists():
+            raise DataError(f"data file {f} does not exist")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,14 +85,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b = sub.add_parser("build", help="long-context eval sets eval_{N}.json (RULER-HQA / MemAgent style)")
     b.add_argument("--source", nargs="+", required=True, help="HotpotQA / 2Wiki file(s), either layout")
     b.add_argument("--out", required=True, help="output directory")
-    b.add_argument("--docs", type=_docs, default=list(DEFAULT_DOC_COUNTS), help="comma-separated document counts")
+    b.add_argument("--docs", default=list(DEFAULT_DOC_COUNTS), help="comma-separated document counts")
     b.add_argument("--num-questions", type=bounded(int, ge=0), default=128, help="questions per set (0 = all)")
     b.add_argument("--seed", type=bounded(int, ge=0), default=42, help="seed of question choice, padding and shuffling")
-    b.add_argument("--sub-questions", type=_docs, default=[2, 3],
+    b.add_argument("--sub-questions", default=[2, 3],
                    help="--kind multiobjective: sub-question counts to draw from (comma-separated)")
     common(b)
     b.epilog = ("--kind multiobjective builds MemAct tasks (--num-questions of them, 0 = as many as the "
-                "sources allow) into the file --out; the sources' own kinds are detected.")
+                "sources allow) into the file --out; the sources' own kinds are detected, and each must hold "
+                "single questions (a multi-question source is refused).")
 
     co = sub.add_parser("corpus", help="retrieval corpus JSONL {id, title, text}: deduplicated paragraphs")
     co.add_argument("--source", choices=("hotpotqa", "2wiki"), required=True, help="the files' dataset")
@@ -110,6 +143,7 @@ def _load_sources(paths: list[str], kind: str, skip_bad: bool, docs_from: str | 
 
 
 def run(args: argparse.Namespace) -> int:
+    check_args(args)
     return {"build": _build, "corpus": _corpus, "train": _train, "convert": _convert, "stats": _stats, "show": _show}[
         args.data_command
     ](args)
@@ -134,10 +168,23 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _build_multiobjective(args: argparse.Namespace) -> int:
+    from memrl.data.io import DataError, file_format
     from memrl.data.multiobjective import build_multiobjective, write_multiobjective
 
-    pool = _load_sources(args.source, "auto", args.skip_bad)
-    tasks = build_multiobjective(pool, args.num_questions, args.seed, args.sub_questions)
+    writable_file(args.out, "--out")
+    file_format(args.out)  # a file type it can write, before reading the sources
+    pool = []
+    for path in args.source:
+        tasks = _load_sources([path], "auto", args.skip_bad)
+        multi = next((t for t in tasks if len(t.meta.get("sub_questions") or []) > 1), None)
+        if multi is not None:  # combining it would nest questions that no answer format can address
+            raise DataError(f"--kind multiobjective combines single questions; {path} holds multi-question "
+                            f"tasks (task {multi.task_id} asks {len(multi.meta['sub_questions'])})")
+        pool += tasks
+    try:
+        tasks = build_multiobjective(pool, args.num_questions, args.seed, args.sub_questions)
+    except ValueError as e:  # the pool is too small for what was asked
+        raise UserError(f"--kind multiobjective: {e}") from e
     n = write_multiobjective(args.out, tasks)
     sizes = {k: sum(len(t.answers) == k for t in tasks) for k in sorted(set(args.sub_questions))}
     print(f"wrote {n} multi-objective tasks (sub-questions: {sizes}, seed {args.seed}) -> {args.out}")
@@ -222,8 +269,12 @@ def context_token_stats(files: list[str], tokenizer, kind: str = "auto", skip_ba
 def _stats(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
+    from memrl.models.check import check_tokenizer_files
+
     if not Path(args.tokenizer).exists():
         raise UserError(f"--tokenizer {args.tokenizer} does not exist")
+    if Path(args.tokenizer).is_dir():  # (a hub name is left to transformers)
+        check_tokenizer_files(Path(args.tokenizer), f"--tokenizer {args.tokenizer}", chat_template=False)
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     tok.model_max_length = 1 << 40  # counting tokens, not feeding a model: no length warning
     rows = context_token_stats(args.files, tok, args.kind, args.skip_bad, args.docs_from)

@@ -46,18 +46,64 @@ def run(args: argparse.Namespace) -> int:
     raise ValueError(f"unknown service {args.service!r}")
 
 
+def check_retrieval_args(args: argparse.Namespace) -> None:
+    """Option values and the files they name, before any import or indexing: UsageError (exit 2) for a
+    value out of range, UserError for a missing file or a port that cannot be bound."""
+    from pathlib import Path
+
+    from memrl.errors import UsageError, UserError
+
+    if not 1 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 1..65535, got {args.port}")
+    for opt, val, low in (("--max-concurrency", args.max_concurrency, 1), ("--max-topk", args.max_topk, 1),
+                          ("--max-body-bytes", args.max_body_bytes, 1), ("--cache-size", args.cache_size, 0)):
+        if val < low:
+            raise UsageError(f"{opt} must be at least {low}{' (0 = no cache)' if low == 0 else ''}, got {val}")
+    if args.retriever == "dense":
+        if not args.model:
+            raise UsageError("--retriever dense needs --model (a local embedding model directory)")
+        if not Path(args.model).is_dir():
+            raise UserError(f"--model {args.model}: no such directory (expected a local embedding model directory)")
+    if not Path(args.corpus).is_file():
+        what = "is a directory" if Path(args.corpus).is_dir() else "does not exist"
+        raise UserError(f"corpus file {args.corpus} {what} (expected a corpus JSONL: memrl data corpus)")
+    problem = bind_problem(args.host, args.port)
+    if problem:
+        raise UserError(f"--host {args.host} --port {args.port}: cannot listen there ({problem})")
+
+
+def bind_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on (host, port) (address in use, unknown host), None if it can.
+    Checked before indexing a corpus, which can take minutes; the port is released again at once."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        return f"unknown host: {e.strerror}"
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind(addr)
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
+
+
 def _retrieval(args: argparse.Namespace) -> int:
+    from memrl.errors import UserError
+
+    check_retrieval_args(args)
     try:
         import uvicorn
     except ImportError as e:
-        raise RuntimeError("memrl serve needs the 'serve' extra: pip install 'memrl[serve]'") from e
+        raise UserError("memrl serve needs the 'serve' extra: pip install 'memrl[serve]'") from e
     from memrl.services.retrieval import BM25Retriever, DenseRetriever
     from memrl.services.server import create_app
 
     t0 = time.perf_counter()
     if args.retriever == "dense":
-        if not args.model:
-            raise ValueError("--retriever dense needs --model (a local embedding model directory)")
         retriever = DenseRetriever.from_file(args.corpus, args.model, device=args.device, max_topk=args.max_topk)
     else:
         retriever = BM25Retriever.from_file(args.corpus, max_topk=args.max_topk)

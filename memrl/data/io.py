@@ -97,6 +97,11 @@ def _decode_problem(e: BaseException, comp: str | None) -> str:
     return f"not a valid {name} file ({e})"
 
 
+def _one_line(text: str) -> str:
+    """A library's message as one printable line (pyarrow's can hold newlines and raw bytes)."""
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+
+
 def _records(path: str, fmt: str) -> Iterator[tuple[int, Any]]:
     if fmt == "parquet":
         import pyarrow as pa
@@ -107,13 +112,19 @@ def _records(path: str, fmt: str) -> Iterator[tuple[int, Any]]:
         except Exception as e:  # noqa: BLE001 - pyarrow raises several types
             raise DataError(f"{path}: not a readable parquet file: {e}") from e
         row = 0
-        try:
-            for batch in pf.iter_batches(batch_size=256):
-                for rec in batch.to_pylist():
-                    yield row, rec
-                    row += 1
-        except pa.ArrowException as e:  # a damaged data page
-            raise DataError(f"{path}: parquet data damaged after row {row}: {e}") from e
+        groups = pf.metadata.num_row_groups
+        for group in range(groups):
+            first = row
+            try:
+                # one row group at a time, so a damaged page is named by its row group
+                for batch in pf.iter_batches(batch_size=256, row_groups=[group]):
+                    for rec in batch.to_pylist():
+                        yield row, rec
+                        row += 1
+            except (pa.ArrowException, OSError) as e:  # a damaged data page (pyarrow raises OSError for some)
+                end = first + pf.metadata.row_group(group).num_rows - 1
+                raise DataError(f"{path}: parquet data damaged in row group {group} of {groups} "
+                                f"(rows {first}-{end}): {_one_line(str(e))}") from e
         return
     with open_text(path) as f:
         if fmt == "json":
@@ -153,10 +164,14 @@ def parse_records(
     """Tasks from every record of `path` via `parse(record, where)`; `where` names file and row for errors.
 
     A malformed record raises DataError naming file, row and what is wrong; with skip_bad=True it is
-    skipped and the count (with the first reasons) is logged at WARNING level.
+    skipped and the count (with the first reasons) is logged at WARNING level. Malformed includes a task
+    that can never be scored or whose id an earlier row used (memrl.data.checks).
     """
+    from memrl.data.checks import DuplicateIds, gold_problem
+
     st = stats if stats is not None else ReadStats(str(path))
     tasks: list[Task] = []
+    ids = DuplicateIds()
     for row, rec in iter_records(path):
         if limit is not None and len(tasks) >= limit:
             break
@@ -165,7 +180,11 @@ def parse_records(
         try:
             if isinstance(rec, DataError):
                 raise rec
-            tasks.append(parse(rec, where))
+            task = parse(rec, where)
+            problem = gold_problem(task) or ids.problem(task.task_id, row)  # memrl.data.checks
+            if problem:
+                raise DataError(f"{where}: {problem}")
+            tasks.append(task)
         except (DataError, DataModelError, KeyError, TypeError, ValueError, IndexError) as e:
             msg = str(e) if isinstance(e, DataError) else f"{where}: {type(e).__name__}: {e}"
             if not skip_bad:

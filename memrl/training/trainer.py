@@ -120,18 +120,29 @@ def algorithm_options(cfg: TrainConfig) -> tuple[Any, Any]:
         raise ConfigError(f"algorithm: {e}") from e
 
 
-def task_stream(cfg: TrainConfig, start: int) -> Iterator[Task]:
-    """The training tasks from position `start` on (synthetic: endless; file: epochs, each in a new seeded
-    order, or in the file's order with data.shuffle=false)."""
+def file_tasks(cfg: TrainConfig) -> list[Task] | None:
+    """The tasks of `data.path` (None for synthetic data); the Trainer reads them before any model loads,
+    so a bad file (duplicate ids, unscorable rows) fails in seconds."""
     if cfg.data.name == "synthetic":
-        from memrl.data.synthetic import task_stream as synthetic_stream
-
-        return synthetic_stream(cfg.data.synthetic, cfg.data.seed, start)
+        return None
     from memrl.data.io import load_tasks
 
     tasks = load_tasks(cfg.data.path)
     if not tasks:
         raise UserError(f"data.path {cfg.data.path} holds no tasks")
+    return tasks
+
+
+def task_stream(cfg: TrainConfig, start: int, tasks: list[Task] | None = None) -> Iterator[Task]:
+    """The training tasks from position `start` on (synthetic: endless; file: epochs of `tasks`, read from
+    data.path when not given, each in a new seeded order, or in the file's order with data.shuffle=false)."""
+    if cfg.data.name == "synthetic":
+        from memrl.data.synthetic import task_stream as synthetic_stream
+
+        return synthetic_stream(cfg.data.synthetic, cfg.data.seed, start)
+    if tasks is None:
+        tasks = file_tasks(cfg)
+    assert tasks is not None
 
     def epochs() -> Iterator[Task]:
         for epoch in itertools.count():
@@ -220,6 +231,7 @@ class Trainer:
         self.cfg = cfg
         self.out = check_writable(cfg.out_dir)
         model_dir(cfg.model.path, "model.path")  # before any work, not deep inside transformers
+        self.tasks = file_tasks(cfg)  # data errors too, before any model loads
         self.resume = resume
         self.on_step = on_step
 
@@ -269,7 +281,7 @@ class Trainer:
         except BaseException:
             self.workers.close()  # Ray actors and placement groups are not left behind
             raise
-        self.stream = task_stream(cfg, self.position)
+        self.stream = task_stream(cfg, self.position, self.tasks)
 
     def _build_engine(self, src: str) -> Any:
         """The rollout engine; one that loads weights itself starts from `src` (the resumed checkpoint)."""

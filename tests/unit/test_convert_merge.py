@@ -79,4 +79,6 @@ def test_weightless_dir_fails_at_model_dir_and_build_engine(tmp_path: Path) -> N
             build_engine(EngineConfig(name=kind, model=str(cfg_only)))
         assert str(e.value) == f"engine.model={cfg_only}: {hint}"
     (cfg_only / "model.safetensors").write_bytes(b"")
-    assert model_dir(str(cfg_only), "model.path") == cfg_only
+    with pytest.raises(UserError) as e:  # with a weight file the folder goes on to the full check (a bad config)
+        model_dir(str(cfg_only), "model.path")
+    assert "no weights" not in str(e.value) and 'config.json has no "model_type"' in str(e.value)

@@ -1,0 +1,53 @@
+"""Checks every loaded task passes, whatever its file layout (`memrl.data.io.parse_records` runs them per row).
+
+A task must be scorable and nameable: at least one gold answer, no question (or sub-question) whose golds
+are all empty text, and a task id no earlier row of the same file used (results, resume keys and rollout
+groups are keyed by it). Each check returns what is wrong in words, or None; the reader adds file and row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memrl.types import Task
+
+
+def gold_groups(task: Task) -> list[list[str]]:
+    """The gold answers per question: one list for a single-question task, one per sub-question for a
+    multi-question one (meta.sub_answers when present, else one answer per sub-question)."""
+    subs: Any = task.meta.get("sub_answers")
+    if isinstance(subs, list) and subs:
+        return [[str(a) for a in (s if isinstance(s, list) else [s])] for s in subs]
+    questions = task.meta.get("sub_questions")
+    if isinstance(questions, list) and len(questions) > 1 and len(questions) == len(task.answers):
+        return [[a] for a in task.answers]
+    return [list(task.answers)]
+
+
+def gold_problem(task: Task) -> str | None:
+    """Why `task` can never be scored (no gold answer, or a question whose golds are all empty); None if fine."""
+    if not task.answers:
+        return "no gold answers (field 'answers' is empty); every task is scored, so it needs at least one"
+    groups = gold_groups(task)
+    empty = [i for i, g in enumerate(groups, start=1) if not any(a.strip() for a in g)]
+    if not empty:
+        return None
+    if len(groups) == 1:
+        return f"every gold answer is empty ({task.answers!r:.80}); the task can never be scored"
+    which = ("sub-question " if len(empty) == 1 else "sub-questions ") + ", ".join(str(i) for i in empty)
+    return (f"the gold answers of {which} (of {len(groups)}) are all empty; "
+            "the task can never be scored")
+
+
+class DuplicateIds:
+    """The row of each task id accepted from one file; `problem` names the earlier row of a repeated id."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, int] = {}
+
+    def problem(self, task_id: str, row: int) -> str | None:
+        first = self.rows.setdefault(task_id, row)
+        if first == row:
+            return None
+        return (f"task id {task_id!r} is already used by row {first}; task ids must be unique within a file "
+                "(results and resume are keyed by them)")
