@@ -137,6 +137,10 @@ class OptimSection:
     """Linear warm-up over this many RL steps (the scheduler steps once per batch, as verl's update_actor
     does, whatever trainer.mini_batches is); 0 = none."""
     weight_decay: float = valid(0.01, ge=0)
+    weight_decay_scope: str = valid("all", choices=("all", "matrices"))
+    """Which parameters weight_decay applies to: "all" (memrl; the verl forks' AdamW over every parameter) or
+    "matrices" (Megatron-LM's rule, vime: biases and 1-D parameters such as norms get none;
+    megatron/core/optimizer _get_param_groups)."""
     beta1: float = valid(0.9, ge=0, lt=1)
     beta2: float = valid(0.999, ge=0, lt=1)
     grad_clip: float = valid(1.0, ge=0, note="0 = no clipping")

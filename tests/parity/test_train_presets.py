@@ -43,6 +43,7 @@ _VERL_ACTOR = [
     ("optim.lr", 1e-6, "actor.optim.lr=1e-6"),
     ("optim.warmup_steps", 20, "actor.optim.lr_warmup_steps=20 (warmup_style constant)"),
     ("optim.weight_decay", 0.01, f"{VERL}: actor.optim.weight_decay"),
+    ("optim.weight_decay_scope", "all", "verl/workers/fsdp_workers.py: optim.AdamW(actor_module_fsdp.parameters())"),
     ("optim.beta1", 0.9, "verl/workers/fsdp_workers.py: AdamW betas default (0.9, 0.999)"),
     ("optim.beta2", 0.999, "verl/workers/fsdp_workers.py: AdamW betas default (0.9, 0.999)"),
     ("optim.grad_clip", 1.0, f"{VERL}: actor.grad_clip"),
@@ -124,6 +125,8 @@ PUBLISHED: dict[str, list[tuple[str, object, str]]] = {
         ("optim.lr", 1e-6, f"{COMMON}: --lr 1e-6"),
         ("optim.warmup_steps", 0, f"{COMMON}: --lr-decay-style constant, no --lr-warmup-iters"),
         ("optim.weight_decay", 0.1, f"{COMMON}: --weight-decay 0.1"),
+        ("optim.weight_decay_scope", "matrices", "Megatron-LM megatron/core/optimizer _get_param_groups: no decay "
+                                                 "on biases and 1-D parameters"),
         ("optim.beta1", 0.9, f"{COMMON}: --adam-beta1 0.9"),
         ("optim.beta2", 0.98, f"{COMMON}: --adam-beta2 0.98"),
         ("optim.grad_clip", 1.0, f"{ARGS}: --clip-grad reset to 1.0"),

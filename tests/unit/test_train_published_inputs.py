@@ -48,3 +48,25 @@ def test_train_reads_index_only_files_with_data_docs_from(tmp_path):
                                          r"`data\.docs_from=FILE` \(memrl train\)"):
         task_stream(load_config(TrainConfig, base), 0)
     assert load_config(TrainConfig, []).data.docs_from == ""  # default: none
+
+
+def test_weight_decay_scope_matrices_leaves_biases_and_norms_undecayed(tmp_path):
+    """optim.weight_decay_scope=matrices (Megatron's rule, memagent_vime): the tiny Qwen2's q/k/v biases and
+    RMSNorm weights (1-D) in a group with weight decay 0, every matrix in the decayed group; "all" (memrl,
+    verl) keeps one group of every parameter."""
+    from memrl.models.tiny import cached_tiny_model
+    from memrl.training.workers import PolicyWorker
+
+    model = str(cached_tiny_model("tiny"))
+    base = [f"model.path={model}", "algorithm.kl_coef=0", "optim.weight_decay=0.1"]
+    w = PolicyWorker(load_config(TrainConfig, [*base, "optim.weight_decay_scope=matrices"]))
+    names = {id(p): n for n, p in w.model.named_parameters()}
+    decayed, plain = w.opt.param_groups
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert all(p.ndim == 2 for p in decayed["params"])
+    plain_names = sorted(names[id(p)] for p in plain["params"])
+    assert plain_names and all(n.endswith(".bias") or n.endswith("norm.weight") for n in plain_names)
+    assert any(n.endswith("q_proj.bias") for n in plain_names) and "model.norm.weight" in plain_names
+    assert len(decayed["params"]) + len(plain["params"]) == len(names)
+    (group,) = PolicyWorker(load_config(TrainConfig, base)).opt.param_groups
+    assert group["weight_decay"] == 0.1 and len(group["params"]) == len(names)
