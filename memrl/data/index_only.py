@@ -107,6 +107,6 @@ def missing_docs_error(path: str, row: int) -> DataError:
     """The one error for an index-only file read without the dev file."""
     return DataError(
         f"{path}: row {row}: field 'context' holds document indices (an index-only eval file); give the dev "
-        "file they index: `--docs-from FILE` (memrl eval, memrl data) or the `docs_from=FILE` override "
-        "(memrl eval)"
+        "file they index: `--docs-from FILE` (memrl eval, memrl data), the `docs_from=FILE` override "
+        "(memrl eval) or `data.docs_from=FILE` (memrl train)"
     )

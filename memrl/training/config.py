@@ -68,6 +68,9 @@ class DataSection:
     shuffle: bool = True
     """name=file: visit the file's tasks in a new seeded order every epoch. False = the file's own order,
     every epoch (the published MemAgent and ReMemR1 scripts set verl's data.shuffle=False)."""
+    docs_from: str = ""
+    """name=file: the dev file (HotpotQA / 2Wiki / SQuAD) whose documents an index-only file's contexts
+    index (MemAgent's eval_index layout; memrl.data.index_only); "" = none (such a file is then an error)."""
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -134,6 +137,10 @@ class OptimSection:
     """Linear warm-up over this many RL steps (the scheduler steps once per batch, as verl's update_actor
     does, whatever trainer.mini_batches is); 0 = none."""
     weight_decay: float = valid(0.01, ge=0)
+    weight_decay_scope: str = valid("all", choices=("all", "matrices"))
+    """Which parameters weight_decay applies to: "all" (memrl; the verl forks' AdamW over every parameter) or
+    "matrices" (Megatron-LM's rule, vime: biases and 1-D parameters such as norms get none;
+    megatron/core/optimizer _get_param_groups)."""
     beta1: float = valid(0.9, ge=0, lt=1)
     beta2: float = valid(0.999, ge=0, lt=1)
     grad_clip: float = valid(1.0, ge=0, note="0 = no clipping")
@@ -162,6 +169,11 @@ class TrainerSection:
     mini_batch_rows: int = valid(0, ge=0, note="0 = off")
     """vime / slime: one optimizer step every k rows (--global-batch-size), rows in batch order (each
     trajectory's calls together); a last slice of fewer rows is a step of its own. Needs mini_batches=1."""
+    mini_batch_rows_tail: str = valid("step", choices=("step", "drop"))
+    """mini_batch_rows=r and a batch of rows not a multiple of r: "step" (memrl) trains the last rows as
+    a smaller step of their own; "drop" leaves them out of the update, as vime's custom convert does
+    (examples/mem_agent/custom_convert.py trims the unrolled rows to a multiple of --global-batch-size;
+    a batch of fewer than r rows is kept whole)."""
     token_budget: int = valid(16384, ge=1)
     """Padded tokens per micro-batch (rows x longest row); gradient accumulation over micro-batches."""
     skip_zero_advantage: bool = True

@@ -13,7 +13,9 @@ Three rules (`trainer.*`), each returning the rows of every optimizer step, in o
   ceil(n/k) rows, then slices of floor(n/k). verl refuses fewer rows than slices; here each row is then a
   step of its own.
 - `mini_batch_rows=r` (vime on slime, --global-batch-size): one step every r rows in batch order (each
-  trajectory's calls together, groups in order); a last slice of fewer rows is a step of its own.
+  trajectory's calls together, groups in order); a last slice of fewer rows is a step of its own
+  (`tail="step"`), or is left out (`tail="drop"`: vime's custom_convert trims the rows to a multiple of
+  r, keeping a batch of fewer than r rows whole).
 
 Each step's loss is normalized over its own rows (verl scales each micro-batch by its share of the
 mini-batch's tokens or rows, so the mini-batch loss is the token- or sequence-mean of that mini-batch).
@@ -62,11 +64,15 @@ def turn_major(per_group: Sequence[Sequence[Segment]]) -> list[Segment]:
 
 
 def optimizer_steps(per_group: Sequence[Sequence[Segment]], mini_batches: int = 1, split: str = "groups",
-                    every_rows: int = 0) -> list[list[Segment]]:
+                    every_rows: int = 0, tail: str = "step") -> list[list[Segment]]:
     """The segments each optimizer step trains, in order (`per_group`: the trained segments of each group,
-    in batch order). Empty steps are left out."""
+    in batch order). Empty steps are left out. `tail` ("step" | "drop") applies to `every_rows` only."""
     if every_rows > 0:
         rows = [s for segs in per_group for s in segs]
+        if tail == "drop":  # vime: (total // r) * r rows, all of them when that is 0
+            rows = rows[: (len(rows) // every_rows) * every_rows or len(rows)]
+        elif tail != "step":
+            raise ValueError(f"unknown mini-batch tail {tail!r}; known: step, drop")
         return [rows[i : i + every_rows] for i in range(0, len(rows), every_rows)]
     if split == "rows":
         return [p for p in even_slices(turn_major(per_group), mini_batches) if p]

@@ -127,7 +127,7 @@ def file_tasks(cfg: TrainConfig) -> list[Task] | None:
         return None
     from memrl.data.io import load_tasks
 
-    tasks = load_tasks(cfg.data.path)
+    tasks = load_tasks(cfg.data.path, docs_from=cfg.data.docs_from or None)
     if not tasks:
         raise UserError(f"data.path {cfg.data.path} holds no tasks")
     return tasks
@@ -333,7 +333,8 @@ class Trainer:
         if release is not None:
             release()
         t = self.cfg.trainer
-        steps = optimizer_steps(per_group, t.mini_batches, t.mini_batch_split, t.mini_batch_rows)
+        steps = optimizer_steps(per_group, t.mini_batches, t.mini_batch_split, t.mini_batch_rows,
+                                t.mini_batch_rows_tail)
         got = [self.train_rows(rows_from_segments(part), step_scheduler=j == len(steps) - 1)
                for j, part in enumerate(steps)]
         metrics.update(combine_step_metrics(got))

@@ -62,6 +62,20 @@ def _is_name_keyed(optim_state: dict[str, Any]) -> bool:
     return bool(params) and isinstance(params[0], str)
 
 
+def decay_groups(model: torch.nn.Module, scope: str) -> Any:
+    """The optimizer's parameters under `optim.weight_decay_scope`: "all" = every parameter in one group;
+    "matrices" = Megatron-LM's rule (megatron/core/optimizer _get_param_groups): biases and 1-D parameters
+    (norms) in a second group with weight decay 0."""
+    if scope == "all":
+        return model.parameters()
+    if scope != "matrices":
+        raise ValueError(f"unknown weight-decay scope {scope!r}; known: all, matrices")
+    decay, plain = [], []
+    for name, p in model.named_parameters():
+        (plain if name.endswith(".bias") or p.ndim == 1 else decay).append(p)
+    return [{"params": decay}, {"params": plain, "weight_decay": 0.0}]
+
+
 def skips_zero_advantage(cfg: TrainConfig) -> bool:
     """Whether the update leaves out rows whose advantage is exactly 0 (`trainer.skip_zero_advantage`): only
     where that is exact, the built-in PPO loss with no KL and no entropy term."""
@@ -101,8 +115,8 @@ class PolicyWorker:
                 p.requires_grad_(False)
             D.shard_model(self.ref, t.fsdp_bf16, t.cpu_offload)
         o = cfg.optim
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
-                                     weight_decay=o.weight_decay)
+        self.opt = torch.optim.AdamW(decay_groups(self.model, o.weight_decay_scope), lr=o.lr,
+                                     betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(o.warmup_steps))
         if start is not None:
             state = _read_state(start)

@@ -59,6 +59,10 @@ class ChunkedConfig:
     """Outcome verifier (memrl.rewards.verifiers): boxed_em = memrl's exact match of the last \\boxed{}
     over the whole text, best over all golds; verl_hotpotqa = the published MemAgent/ReMemR1 verifier
     (last 300 characters, its strip_string, also the `\\boxed ans` form)."""
+    require_template_files: bool = False
+    """True: refuse to run without the user's own prompts (memory_template_file and final_template_file,
+    or the inline memory_template / final_template). The published-recipe presets set it: their prompts
+    are the published text, which memrl does not ship, so memrl's default wording would silently stand in."""
 
     def __post_init__(self) -> None:
         from memrl.rewards.verifiers import verifier_names
@@ -75,6 +79,14 @@ class ChunkedConfig:
                            ("empty_memory", EMPTY_MEMORY_RULES)):
             if getattr(self, f) not in allowed:
                 raise ValueError(f"{name}.{f} must be one of {', '.join(allowed)}, got {getattr(self, f)!r}")
+        if self.require_template_files:
+            for kind in ("memory", "final"):
+                given = (getattr(self, f"{kind}_template_file", None), getattr(self, f"{kind}_template", None))
+                if given == (None, None):
+                    raise ValueError(
+                        f"workflow.{kind}_template_file is required (workflow.require_template_files=true, set by "
+                        f"the published-recipe presets): save the published {kind} prompt to a file and pass "
+                        f"workflow.{kind}_template_file=FILE")
 
     def load_template(self, default_name: str, placeholders: tuple[str, ...], path: str | None,
                       text: str | None) -> Template:

@@ -123,13 +123,16 @@ def test_switching_workflow_keeps_no_memagent_defaults():
     assert wf.max_chunks == 3
 
 
-def test_published_presets_take_the_published_update_schedule():
-    """run_memory_7B.sh and ReMemR1's scripts: train_batch_size 128 / ppo_mini_batch_size 8 = 16 optimizer
-    steps per batch, verl's row split, data.shuffle=False."""
+def test_memrl_presets_keep_memrls_schedule_and_official_presets_take_the_published_one():
+    """memagent_grpo / _8gpu are memrl's recipe: one optimizer step per batch, shuffled epochs. The published
+    schedule (run_memory_7B.sh: train_batch_size 128 / ppo_mini_batch_size 8 = 16 steps, verl's row cut,
+    data.shuffle=False) is memagent_official's (tests/parity/test_train_presets.py has the whole table)."""
     for preset in ("memagent_grpo", "memagent_grpo_8gpu"):
         cfg = load_config(TrainConfig, ["model.path=x"], preset=preset)
         t = cfg.trainer
-        assert (t.batch_size, t.mini_batches, t.mini_batch_split, t.mini_batch_rows) == (128, 16, "rows", 0), preset
-        assert cfg.data.shuffle is False, preset
+        assert (t.batch_size, t.mini_batches, t.mini_batch_split, t.mini_batch_rows) == (128, 1, "groups", 0), preset
+        assert cfg.data.shuffle is True, preset
+    t = load_config(TrainConfig, ["model.path=x"], preset="memagent_official").trainer
+    assert (t.batch_size, t.mini_batches, t.mini_batch_split, t.mini_batch_rows) == (128, 16, "rows", 0)
     default = load_config(TrainConfig, [])
     assert (default.trainer.mini_batches, default.trainer.mini_batch_split, default.data.shuffle) == (1, "groups", True)
