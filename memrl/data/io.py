@@ -245,7 +245,7 @@ def write_records(path: str | os.PathLike[str], records: list[dict[str, Any]]) -
     return write_json(path, records)
 
 
-KINDS = ("hotpotqa", "2wiki", "eval", "eval_index", "memagent", "multiobjective", "tasks", "slime", "ruler")
+KINDS = ("hotpotqa", "2wiki", "eval", "eval_index", "memagent", "multiobjective", "tasks", "slime", "ruler", "longbench")
 KIND_NAMES = {
     "hotpotqa": "HotpotQA (original or HF layout)",
     "2wiki": "2WikiMultihopQA (original or HF layout)",
@@ -256,6 +256,7 @@ KIND_NAMES = {
     "tasks": "memrl Task rows (task_id, question, context, answers, meta)",
     "slime": "vime / slime JSONL rows (prompt, label, metadata.context)",
     "ruler": "RULER rows (input, outputs; RULER's or MemAgent's layout)",
+    "longbench": "LongBench / LongBench-E rows (input, context, answers, length, dataset, all_classes, _id)",
 }
 
 
@@ -284,6 +285,8 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
             return "memagent"
         if {"input", "outputs"} <= keys:
             return "ruler"
+        if {"input", "answers", "context", "length"} <= keys and ("all_classes" in keys or "_id" in keys):
+            return "longbench"
         if {"input", "answers", "context"} <= keys:
             return "eval_index" if is_index_list(rec["context"]) else "eval"
         if {"prompt", "metadata"} <= keys:
@@ -304,7 +307,16 @@ def load_tasks(
     `docs_from` names the dev file whose documents index-only contexts (eval_index, RULER QA past 2M
     tokens) are rebuilt from; other kinds ignore it.
     """
-    from memrl.data import hotpotqa, memagent_files, multiobjective, ruler, slime, tasks_jsonl, twowiki
+    from memrl.data import (
+        hotpotqa,
+        longbench,
+        memagent_files,
+        multiobjective,
+        ruler,
+        slime,
+        tasks_jsonl,
+        twowiki,
+    )
 
     if kind == "auto":
         kind = detect_kind(path)
@@ -315,6 +327,7 @@ def load_tasks(
         "multiobjective": multiobjective.load_multiobjective,
         "tasks": tasks_jsonl.load_task_file,
         "slime": slime.load_slime,
+        "longbench": longbench.load_longbench,
     }
     if kind in ("eval", "eval_index"):
         return memagent_files.load_eval_json(path, skip_bad=skip_bad, limit=limit, stats=stats, docs_from=docs_from)

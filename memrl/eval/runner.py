@@ -206,8 +206,9 @@ def num_docs_of(path: str, tasks: Sequence[Task]) -> int:
 
 
 def task_length(task: Task, file_n: int) -> int:
-    """A row's N: its num_docs, else its RULER sequence length, else the file's N."""
-    for key in ("num_docs", "seq_length"):
+    """A row's N: its num_docs, else its RULER sequence length, else its LongBench length bucket (the
+    bucket's lower bound), else the file's N."""
+    for key in ("num_docs", "seq_length", "length_bucket"):
         v = task.meta.get(key)
         if isinstance(v, int) and not isinstance(v, bool):
             return v
