@@ -25,7 +25,7 @@ LONGBENCH_E_BUCKETS: tuple[int, ...] = (4000, 8000)
 
 
 def _k(n: int) -> str:
-    return f"{n // 1000}k" if n % 1000 == 0 else str(n)
+    return f"{n // 1000}k" if n and n % 1000 == 0 else str(n)
 
 
 def bucket_of(length: int, bounds: Sequence[int] = LONGBENCH_E_BUCKETS) -> tuple[int, str]:
@@ -33,7 +33,8 @@ def bucket_of(length: int, bounds: Sequence[int] = LONGBENCH_E_BUCKETS) -> tuple
     lo = 0
     for b in bounds:
         if length < b:
-            return lo, f"{_k(lo)}-{_k(b)}"
+            short = lo % 1000 == 0 and b % 1000 == 0  # LongBench-E's spelling: 0-4k, 4-8k
+            return lo, f"{lo // 1000 if short else lo}-{_k(b)}"
         lo = b
     return lo, f"{_k(lo)}+"
 

@@ -373,6 +373,10 @@ def _largest_fitting(make: Callable[[int], int], target: int, guess: int, lo: in
             good = mid
         else:
             bad = mid
+    # random placement makes the length only nearly monotone in the size: look a few sizes further
+    for more in range(good + 1, good + 4):
+        if make(more) <= target:
+            good = more
     return good
 
 
