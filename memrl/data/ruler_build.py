@@ -69,6 +69,8 @@ FWE_ALPHA, FWE_WORDLEN = 2.0, 6
 DEPTHS = [round(100 * i / 39) for i in range(40)]
 """Needle depths (percent) for essay haystacks: 40 evenly spaced from 0 to 100."""
 QA_FILL = ("words", "docs")
+MAX_SIZE = 1 << 24
+"""Haystack units past which a search gives up (a source that cannot reach the length)."""
 LOWER = 0.98
 """Each row's length is in [LOWER * target, target]."""
 
@@ -335,9 +337,12 @@ def qa_row(item: QAItem, docs: list[str], size: int, extra_words: int, rng: rand
     if pool_needed > 0:
         cand = order_rng.sample(range(len(docs)), min(len(docs), pool_needed + len(taken)))
         others = [j for j in cand if j not in taken][:pool_needed]
-    chosen = (own + near + others)[: max(size, len(own))]
+    distinct = own + near + others
+    if size + 1 > len(distinct):  # the source has too few documents: repeat them, as RULER's qa.py does
+        distinct = (distinct * -(-(size + 1) // len(distinct)))[: size + 1]
+    chosen = distinct[: max(size, len(own))]
     texts = [docs[j] for j in chosen]
-    spare = (own + near + others)[len(chosen):]
+    spare = distinct[len(chosen):]
     if extra_words and spare:
         texts.append(" ".join(docs[spare[0]].split(" ")[:extra_words]))
     random.Random(rng.random()).shuffle(texts)
@@ -356,6 +361,9 @@ def _largest_fitting(make: Callable[[int], int], target: int, guess: int, lo: in
         good, step = guess, max(1, guess // 8)
         while make(good + step) <= target:
             good, step = good + step, step * 2
+            if good > MAX_SIZE:
+                raise DataError(f"the text stops growing with its haystack size (still <= {target} tokens at "
+                                f"{good} units); is the haystack / QA source empty?")
         bad = good + step
     else:
         bad, step = guess, max(1, (guess - lo) // 8)
