@@ -111,12 +111,20 @@ def mean_and_se(values: Sequence[float]) -> tuple[float, float]:
     return 100 * m, 100 * math.sqrt(var / n)
 
 
+def question_key(row: dict[str, Any], i: int) -> tuple[str, str]:
+    """Which question a row answers: (file digest, else file name; task_id); a row without a task_id
+    (rows made elsewhere) is a question of its own."""
+    if "task_id" not in row:
+        return ("row", str(i))
+    return (str(row.get("file_sha256") or row.get("file", "")), str(row["task_id"]))
+
+
 def sampled_stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """samples, mean@k, pass@k and their standard errors over the questions of `rows` (one (dataset, N));
     a question is (file digest or name, task_id). samples = 1: only {"samples": 1}."""
     per_q: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for r in rows:
-        per_q[(str(r.get("file_sha256") or r.get("file", "")), str(r["task_id"]))].append(row_score(r))
+    for i, r in enumerate(rows):
+        per_q[question_key(r, i)].append(row_score(r))
     k = max(len(v) for v in per_q.values())
     if k < 2:
         return {"samples": 1}
@@ -140,8 +148,7 @@ def summarize(rows: Sequence[dict[str, Any]], run: str, group_by: str = "dataset
         rs = by_n[(ds, n)]
         k = len(rs)
         sampled = sampled_stats(rs)
-        questions = len({(str(r.get("file_sha256") or r.get("file", "")), str(r["task_id"])) for r in rs}) \
-            if sampled["samples"] > 1 else k
+        questions = len({question_key(r, i) for i, r in enumerate(rs)}) if sampled["samples"] > 1 else k
 
         def mean(key: str, rs: list[dict[str, Any]] = rs, k: int = k) -> float:
             return sum(float(r[key]) for r in rs) / k
