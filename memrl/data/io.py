@@ -13,7 +13,7 @@ import json
 import logging
 import lzma
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -301,8 +301,11 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
 def load_tasks(
     path: str | os.PathLike[str], kind: str = "auto", skip_bad: bool = False, limit: int | None = None,
     stats: ReadStats | None = None, docs_from: str | os.PathLike[str] | None = None,
+    buckets: Sequence[int] | None = None,
 ) -> list[Task]:
     """Tasks from any supported file; kind is one of KINDS or "auto" (detected from the first record).
+
+    `buckets`: LongBench files' length-bucket bounds (default LongBench-E's 4000, 8000); others ignore it.
 
     `docs_from` names the dev file whose documents index-only contexts (eval_index, RULER QA past 2M
     tokens) are rebuilt from; other kinds ignore it.
@@ -327,10 +330,12 @@ def load_tasks(
         "multiobjective": multiobjective.load_multiobjective,
         "tasks": tasks_jsonl.load_task_file,
         "slime": slime.load_slime,
-        "longbench": longbench.load_longbench,
     }
     if kind in ("eval", "eval_index"):
         return memagent_files.load_eval_json(path, skip_bad=skip_bad, limit=limit, stats=stats, docs_from=docs_from)
+    if kind == "longbench":
+        return longbench.load_longbench(path, skip_bad=skip_bad, limit=limit, stats=stats,
+                                        buckets=buckets or longbench.LONGBENCH_E_BUCKETS)
     if kind == "ruler":
         return ruler.load_ruler(path, skip_bad=skip_bad, limit=limit, stats=stats, docs_from=docs_from)
     if kind not in loaders:

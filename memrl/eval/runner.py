@@ -87,6 +87,9 @@ class EvalConfig:
     samples: int = valid(1, ge=1)
     """Answers per question (rows carry `sample` 0..samples-1); more than 1 needs workflow.temperature > 0
     to differ."""
+    length_buckets: list[int] = valid(default_factory=lambda: [4000, 8000], ge=1)
+    """LongBench files: increasing upper bounds of the length buckets the report groups rows by (each row's
+    N = its bucket's lower bound); [4000, 8000] = LongBench-E's 0-4k, 4-8k, 8k+."""
 
     def __post_init__(self) -> None:
         from memrl.rewards.extract import EXTRACT_MODES
@@ -95,6 +98,8 @@ class EvalConfig:
             raise ValueError(f"golds must be one of {', '.join(GOLDS_MODES)}, got {self.golds!r}")
         if self.extract not in EXTRACT_MODES:
             raise ValueError(f"extract must be one of {', '.join(EXTRACT_MODES)}, got {self.extract!r}")
+        if not self.length_buckets or list(self.length_buckets) != sorted(set(self.length_buckets)):
+            raise ValueError(f"length_buckets must be increasing bounds (e.g. [4000, 8000]), got {self.length_buckets!r}")
 
 
 GOLDS_MODES = ("any", "first")
@@ -261,7 +266,7 @@ def load_eval_file(path: str | os.PathLike[str], cfg: EvalConfig) -> EvalFile:
     from memrl.data.io import DataError, load_tasks
     from memrl.data.ruler import name_label
 
-    tasks = load_tasks(path, docs_from=cfg.docs_from or None)
+    tasks = load_tasks(path, docs_from=cfg.docs_from or None, buckets=cfg.length_buckets)
     if cfg.limit:
         tasks = tasks[: cfg.limit]
     seen: dict[str, int] = {}
@@ -366,6 +371,8 @@ def _check_config(out: Path, record: dict[str, Any]) -> None:
         # directories written before scoring options existed were scored with today's defaults
         old.setdefault("scoring", {"golds": "any", "extract": "boxed"})
         diff = [k for k in keys if old.get(k) != record.get(k)]
+        if old.get("length_buckets", [4000, 8000]) != record.get("length_buckets", [4000, 8000]):
+            diff.append("length_buckets")  # LongBench rows' N (their bucket) would change
         # index-only contexts depend on the dev file: a different one (by content) may not resume
         if old.get("docs_from_sha256") and record.get("docs_from_sha256") \
                 and old["docs_from_sha256"] != record["docs_from_sha256"]:
@@ -397,6 +404,8 @@ def evaluate(
               "workflow_config": dataclasses.asdict(wf_cfg), "files": [str(f) for f in files],
               "name": cfg.name or out.resolve().name, "seed": cfg.seed, "samples": cfg.samples,
               "scoring": {"golds": cfg.golds, "extract": cfg.extract}}
+    if list(cfg.length_buckets) != [4000, 8000]:  # LongBench rows' N depends on it (the default stays unrecorded)
+        record["length_buckets"] = list(cfg.length_buckets)
     if cfg.docs_from:
         if not Path(cfg.docs_from).is_file():
             raise UserError(f"docs_from {cfg.docs_from} does not exist (the dev file of index-only eval files)")

@@ -124,3 +124,12 @@ def test_longbench_rows_load_with_length_buckets(tmp_path):
     # a1 right, a2 wrong (0-4k: 50%); a3 right (4-8k: 100%); b1 wrong (trec_e 8k+: 0%)
     assert sums == [("hotpotqa_e", 0, 2, 50.0), ("hotpotqa_e", 4000, 1, 100.0), ("trec_e", 8000, 1, 0.0)]
     assert not math.isnan(sums[0][3])
+    # length_buckets=[5000]: 0-5k holds a1, a2, a3; 5k+ holds b1 (a new bucket layout re-runs nothing:
+    # rows are keyed by their N, so this goes to its own --out)
+    rows = evaluate([str(p)], tmp_path / "run5", _cfg(length_buckets=[5000]), engine=ScriptedEngine(reply))
+    assert [(s.dataset, s.num_docs, s.questions) for s in summarize(rows, "r")] == [
+        ("hotpotqa_e", 0, 3), ("trec_e", 5000, 1)]
+    with pytest.raises(ValueError, match="length_buckets"):  # the same --out with other buckets: refused
+        evaluate([str(p)], tmp_path / "run5", _cfg(length_buckets=[6000]), engine=ScriptedEngine(reply))
+    with pytest.raises(ValueError, match="length_buckets must be increasing"):
+        _cfg(length_buckets=[8000, 4000])
