@@ -175,3 +175,5 @@ def test_cli_refuses_bad_arguments(tmp_path, capsys):
     assert "niah_single_2 needs an essay haystack: pass --haystack FILE" in capsys.readouterr().err
     assert main(base + ["--lengths", "1k", "--tasks", "qa_1"]) == 1
     assert "qa_1 needs --qa-source FILE" in capsys.readouterr().err
+    assert main(["data", "build", "--out", str(tmp_path / "h")]) == 1  # the HotpotQA build still needs sources
+    assert "--source is required" in capsys.readouterr().err
