@@ -98,6 +98,8 @@ class EvalConfig:
             raise ValueError(f"golds must be one of {', '.join(GOLDS_MODES)}, got {self.golds!r}")
         if self.extract not in EXTRACT_MODES:
             raise ValueError(f"extract must be one of {', '.join(EXTRACT_MODES)}, got {self.extract!r}")
+        if self.samples < 1:  # checked here too, for configs built in code (the test suite's samples=0 case)
+            raise ValueError(f"samples must be >= 1, got {self.samples}")
         if not self.length_buckets or list(self.length_buckets) != sorted(set(self.length_buckets)):
             raise ValueError(f"length_buckets must be increasing bounds (e.g. [4000, 8000]), got {self.length_buckets!r}")
 
