@@ -4,6 +4,9 @@
                    [--num-questions 128] [--seed 42]                      -> eval_{N}.json + manifest.json
   memrl data build --kind multiobjective --source hotpot.json 2wiki.json --out data/mo.parquet
                    [--num-questions 128] [--seed 42] [--sub-questions 2,3]  -> MemAct multi-question tasks
+  memrl data build --kind ruler --tasks niah_single_1,...,qa_1 --lengths 8k,16k --tokenizer MODEL_DIR --out DIR
+                   [--seed 42] [--samples 100] [--haystack ESSAY.txt] [--qa-source squad.json]
+                   -> RULER's <len>/data/<task>/validation.jsonl, built locally (memrl.data.ruler_build)
   memrl data corpus --source hotpotqa|2wiki FILE... --out corpus.jsonl   -> retrieval corpus (paragraphs)
   memrl data train --source hotpot_train_v1.1.json --out data/train.parquet [--docs 200]
   memrl data convert SRC DST [--kind auto] [--to hf|original|eval|memagent]
@@ -83,8 +86,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--debug", action="store_true", help="show tracebacks")
 
     b = sub.add_parser("build", help="long-context eval sets eval_{N}.json (RULER-HQA / MemAgent style)")
-    b.add_argument("--source", nargs="+", required=True, help="HotpotQA / 2Wiki file(s), either layout")
+    b.add_argument("--source", nargs="+", default=None, help="HotpotQA / 2Wiki file(s), either layout")
     b.add_argument("--out", required=True, help="output directory")
+    r = b.add_argument_group("--kind ruler (RULER's synthetic tasks, built locally)")
+    r.add_argument("--tasks", default=None, help="comma-separated RULER tasks (default: the 11 of MemAgent's paper)")
+    r.add_argument("--lengths", default=None, help="comma-separated target lengths in tokens: 8k,16k,... (k = 1024)")
+    r.add_argument("--tokenizer", default=None, help="tokenizer / model directory the lengths are measured in")
+    r.add_argument("--samples", type=bounded(int, ge=1), default=100, help="rows per task and length (RULER: 500)")
+    r.add_argument("--haystack", default=None, help="essay text file for the essay haystacks (niah_single_2/3, ...)")
+    r.add_argument("--noise", default=None, help="noise sentences, one per line (default: memrl's built-in ones)")
+    r.add_argument("--qa-source", default=None, help="SQuAD JSON (qa_1) or HotpotQA file (qa_2) for the qa tasks")
+    r.add_argument("--qa-fill", choices=("words", "docs"), default="words",
+                   help="qa: fill up to the length with the first words of one more document (words) or whole "
+                        "documents only (docs, as RULER)")
     b.add_argument("--docs", default=list(DEFAULT_DOC_COUNTS), help="comma-separated document counts")
     b.add_argument("--num-questions", type=bounded(int, ge=0), default=128, help="questions per set (0 = all)")
     b.add_argument("--seed", type=bounded(int, ge=0), default=42, help="seed of question choice, padding and shuffling")
@@ -154,6 +168,10 @@ def _build(args: argparse.Namespace) -> int:
 
     if args.kind == "multiobjective":
         return _build_multiobjective(args)
+    if args.kind == "ruler":
+        return _build_ruler(args)
+    if not args.source:
+        raise UserError("data build: --source is required (HotpotQA / 2Wiki files), except with --kind ruler")
 
     writable_dir(args.out, "--out")
     tasks = _load_sources(args.source, args.kind, args.skip_bad, args.docs_from)
@@ -164,6 +182,41 @@ def _build(args: argparse.Namespace) -> int:
     )
     print(f"built {len(man.doc_counts)} sets of {man.num_questions} questions (pool {man.pool_size} paragraphs, "
           f"seed {man.seed}) in {time.perf_counter() - t0:.1f}s -> {args.out}")
+    return 0
+
+
+def _build_ruler(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    from memrl.data.ruler_build import BUILD_TASKS, PAPER_TASKS, BuildOptions, build_ruler, parse_length
+
+    if not args.tokenizer:
+        raise UserError("data build --kind ruler: --tokenizer MODEL_DIR is required (lengths are counted in it)")
+    if not args.lengths:
+        raise UserError("data build --kind ruler: --lengths is required, e.g. --lengths 8k,16k,32k")
+    if not Path(args.tokenizer).exists():
+        raise UserError(f"--tokenizer {args.tokenizer} does not exist")
+    for flag, path in (("--haystack", args.haystack), ("--noise", args.noise), ("--qa-source", args.qa_source)):
+        if path and not Path(path).is_file():
+            raise UserError(f"{flag} {path} does not exist or is not a file")
+    try:
+        lengths = [parse_length(x) for x in args.lengths.split(",") if x.strip()]
+    except ValueError as e:
+        raise UserError(f"--lengths: {e}") from e
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else list(PAPER_TASKS)
+    bad = [t for t in tasks if t not in BUILD_TASKS]
+    if bad:
+        raise UserError(f"--tasks: unknown {', '.join(bad)}; expected some of {', '.join(BUILD_TASKS)}")
+    writable_dir(args.out, "--out")
+    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    tok.model_max_length = 1 << 40  # counting tokens, not feeding a model: no length warning
+    opts = BuildOptions(seed=args.seed, samples=args.samples, haystack=args.haystack or "", noise=args.noise or "",
+                        qa_source=args.qa_source or "", qa_fill=args.qa_fill)
+    t0 = time.perf_counter()
+    build_ruler(args.out, tok, tasks, lengths, opts, tokenizer_name=Path(args.tokenizer).name,
+                on_file=lambda t, n, p, k: print(f"  {t} @ {n} tokens: {k} rows -> {p}", flush=True))
+    print(f"built {len(tasks)} RULER tasks x {len(lengths)} lengths ({args.samples} rows each, seed {args.seed}) "
+          f"in {time.perf_counter() - t0:.1f}s -> {args.out}")
     return 0
 
 

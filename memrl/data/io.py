@@ -13,7 +13,7 @@ import json
 import logging
 import lzma
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -264,7 +264,7 @@ def write_records(path: str | os.PathLike[str], records: list[dict[str, Any]]) -
     return write_json(path, records)
 
 
-KINDS = ("hotpotqa", "2wiki", "eval", "eval_index", "memagent", "multiobjective", "tasks", "slime", "ruler")
+KINDS = ("hotpotqa", "2wiki", "eval", "eval_index", "memagent", "multiobjective", "tasks", "slime", "ruler", "longbench")
 KIND_NAMES = {
     "hotpotqa": "HotpotQA (original or HF layout)",
     "2wiki": "2WikiMultihopQA (original or HF layout)",
@@ -275,6 +275,7 @@ KIND_NAMES = {
     "tasks": "memrl Task rows (task_id, question, context, answers, meta)",
     "slime": "vime / slime JSONL rows (prompt, label, metadata.context)",
     "ruler": "RULER rows (input, outputs; RULER's or MemAgent's layout)",
+    "longbench": "LongBench / LongBench-E rows (input, context, answers, length, dataset, all_classes, _id)",
 }
 
 
@@ -303,6 +304,8 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
             return "memagent"
         if {"input", "outputs"} <= keys:
             return "ruler"
+        if {"input", "answers", "context", "length"} <= keys and ("all_classes" in keys or "_id" in keys):
+            return "longbench"
         if {"input", "answers", "context"} <= keys:
             return "eval_index" if is_index_list(rec["context"]) else "eval"
         if {"prompt", "metadata"} <= keys:
@@ -317,13 +320,25 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
 def load_tasks(
     path: str | os.PathLike[str], kind: str = "auto", skip_bad: bool = False, limit: int | None = None,
     stats: ReadStats | None = None, docs_from: str | os.PathLike[str] | None = None,
+    buckets: Sequence[int] | None = None,
 ) -> list[Task]:
     """Tasks from any supported file; kind is one of KINDS or "auto" (detected from the first record).
+
+    `buckets`: LongBench files' length-bucket bounds (default LongBench-E's 4000, 8000); others ignore it.
 
     `docs_from` names the dev file whose documents index-only contexts (eval_index, RULER QA past 2M
     tokens) are rebuilt from; other kinds ignore it.
     """
-    from memrl.data import hotpotqa, memagent_files, multiobjective, ruler, slime, tasks_jsonl, twowiki
+    from memrl.data import (
+        hotpotqa,
+        longbench,
+        memagent_files,
+        multiobjective,
+        ruler,
+        slime,
+        tasks_jsonl,
+        twowiki,
+    )
 
     if kind == "auto":
         kind = detect_kind(path)
@@ -337,6 +352,9 @@ def load_tasks(
     }
     if kind in ("eval", "eval_index"):
         return memagent_files.load_eval_json(path, skip_bad=skip_bad, limit=limit, stats=stats, docs_from=docs_from)
+    if kind == "longbench":
+        return longbench.load_longbench(path, skip_bad=skip_bad, limit=limit, stats=stats,
+                                        buckets=buckets or longbench.LONGBENCH_E_BUCKETS)
     if kind == "ruler":
         return ruler.load_ruler(path, skip_bad=skip_bad, limit=limit, stats=stats, docs_from=docs_from)
     if kind not in loaders:

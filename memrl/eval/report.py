@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 from collections import defaultdict
 from collections.abc import Sequence
@@ -57,9 +58,25 @@ class LengthSummary:
     """RULER's string_match_part, percent, likewise."""
     dataset: str = ""
     """The rows' dataset (Task.meta["dataset"]; "" when their files did not say)."""
+    samples: int = 1
+    """Answers per question (`memrl eval samples=k`): the most samples any question of the row has."""
+    mean_at_k: float | None = None
+    """mean@k, percent: per question the mean score over its samples, then the mean over questions. A row's
+    score is its task-named metric (RULER's string_match_all / string_match_part) when it has one, else
+    sub-EM (accuracy). None when samples = 1."""
+    mean_at_k_se: float | None = None
+    """Standard error of mean@k over questions: the sample standard deviation (n - 1) of the per-question
+    values / sqrt(questions); 0 with one question."""
+    pass_at_k: float | None = None
+    """pass@k, percent: per question the best score over its samples (1 when any sample is right, for 0/1
+    scores), then the mean over questions."""
+    pass_at_k_se: float | None = None
+    """Standard error of pass@k over questions, as mean_at_k_se."""
 
 
-TABLE_COLUMNS = [f.name for f in fields(LengthSummary)]
+SAMPLED_COLUMNS = ("samples", "mean_at_k", "mean_at_k_se", "pass_at_k", "pass_at_k_se")
+"""Columns the CSV carries only when some row was sampled more than once (samples=1 output is unchanged)."""
+TABLE_COLUMNS = [f.name for f in fields(LengthSummary) if f.name not in SAMPLED_COLUMNS]
 TASK_METRIC_COLUMNS = ("string_match_all", "string_match_part")
 """Row keys of the eval metrics a task can name (memrl.rewards.eval_metrics), summarized when present."""
 
@@ -76,6 +93,46 @@ def task_metric_means(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]
 GROUP_BY = ("dataset", "file")
 
 
+def row_score(row: dict[str, Any]) -> float:
+    """A row's score for mean@k / pass@k: its task-named metric when it has one, else sub-EM."""
+    for key in TASK_METRIC_COLUMNS:
+        if row.get(key) is not None:
+            return float(row[key])
+    return float(row["sub_em"])
+
+
+def mean_and_se(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, standard error) of per-question values, both x 100; SE = sample std (n - 1) / sqrt(n)."""
+    n = len(values)
+    m = sum(values) / n
+    if n < 2:
+        return 100 * m, 0.0
+    var = sum((v - m) ** 2 for v in values) / (n - 1)
+    return 100 * m, 100 * math.sqrt(var / n)
+
+
+def question_key(row: dict[str, Any], i: int) -> tuple[str, str]:
+    """Which question a row answers: (file digest, else file name; task_id); a row without a task_id
+    (rows made elsewhere) is a question of its own."""
+    if "task_id" not in row:
+        return ("row", str(i))
+    return (str(row.get("file_sha256") or row.get("file", "")), str(row["task_id"]))
+
+
+def sampled_stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """samples, mean@k, pass@k and their standard errors over the questions of `rows` (one (dataset, N));
+    a question is (file digest or name, task_id). samples = 1: only {"samples": 1}."""
+    per_q: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        per_q[question_key(r, i)].append(row_score(r))
+    k = max(len(v) for v in per_q.values())
+    if k < 2:
+        return {"samples": 1}
+    mean_k, mean_se = mean_and_se([sum(v) / len(v) for v in per_q.values()])
+    pass_k, pass_se = mean_and_se([max(v) for v in per_q.values()])
+    return {"samples": k, "mean_at_k": mean_k, "mean_at_k_se": mean_se, "pass_at_k": pass_k, "pass_at_k_se": pass_se}
+
+
 def summarize(rows: Sequence[dict[str, Any]], run: str, group_by: str = "dataset") -> list[LengthSummary]:
     """One LengthSummary per (dataset, num_docs), by dataset then ascending N. group_by="file": one per
     (eval file, num_docs) instead, the file name in the dataset column (MemAgent's and vime's evaluators
@@ -90,6 +147,8 @@ def summarize(rows: Sequence[dict[str, Any]], run: str, group_by: str = "dataset
     for ds, n in sorted(by_n):
         rs = by_n[(ds, n)]
         k = len(rs)
+        sampled = sampled_stats(rs)
+        questions = len({question_key(r, i) for i, r in enumerate(rs)}) if sampled["samples"] > 1 else k
 
         def mean(key: str, rs: list[dict[str, Any]] = rs, k: int = k) -> float:
             return sum(float(r[key]) for r in rs) / k
@@ -98,7 +157,7 @@ def summarize(rows: Sequence[dict[str, Any]], run: str, group_by: str = "dataset
         other = {kk: v for kk, v in counts.items() if kk != "no_box" and v}
         flagged = sum(1 for r in rs if any((r.get("metrics") or {}).get(kk, 0.0) > 0 for kk in other))
         out.append(LengthSummary(
-            run=run, num_docs=n, questions=k, dataset=ds,
+            run=run, num_docs=n, questions=questions, dataset=ds, **sampled,
             em=100 * mean("em"), accuracy=100 * mean("sub_em"), f1=100 * mean("f1"),
             mean_context_tokens=mean("context_tokens"), mean_tokens_read=mean("tokens_read"),
             mean_generated_tokens=mean("generated_tokens"), seconds_per_question=wall_seconds(rs) / k,
@@ -145,14 +204,20 @@ def markdown_table(summaries: Sequence[LengthSummary]) -> str:
     ("-" where a row does not)."""
     with_ds = any(s.dataset for s in summaries)
     extra = [k for k in TASK_METRIC_COLUMNS if any(getattr(s, k) is not None for s in summaries)]
+    sampled = any(s.samples > 1 for s in summaries)
     head = ("| run |" + (" dataset |" if with_ds else "") + " docs | questions | EM | accuracy (sub-EM) | F1 | "
             + "".join(f"{k} | " for k in extra)
+            + ("samples | mean@k ± SE | pass@k ± SE | " if sampled else "")
             + "context tokens | tokens read | generated tokens | s / question | latency s | no box | format errors |")
     lines = [head, "|---|" + ("---|" if with_ds else "") + "---:|---:|---:|---:|---:|" + "---:|" * len(extra)
-             + "---:|---:|---:|---:|---:|---:|---|"]
+             + ("---:|---:|---:|" if sampled else "") + "---:|---:|---:|---:|---:|---:|---|"]
     for s in summaries:
         ds = f" {s.dataset or '-'} |" if with_ds else ""
         cells = "".join("- | " if getattr(s, k) is None else f"{getattr(s, k):.2f} | " for k in extra)
+        if sampled:
+            cells += f"{s.samples} | " + ("- | - | " if s.mean_at_k is None else
+                                          f"{s.mean_at_k:.2f} ± {s.mean_at_k_se:.2f} | "
+                                          f"{s.pass_at_k:.2f} ± {s.pass_at_k_se:.2f} | ")
         lines.append(
             f"| {s.run} |{ds} {s.num_docs} | {s.questions} | {s.em:.2f} | {s.accuracy:.2f} | {s.f1:.2f} | {cells}"
             f"{s.mean_context_tokens:.0f} | {s.mean_tokens_read:.0f} | {s.mean_generated_tokens:.1f} "
@@ -164,11 +229,13 @@ def markdown_table(summaries: Sequence[LengthSummary]) -> str:
 
 def write_csv(path: str | os.PathLike[str], summaries: Sequence[LengthSummary]) -> None:
     """The summaries as CSV at full precision (columns = LengthSummary fields; an absent metric is empty)."""
+    cols = TABLE_COLUMNS + (list(SAMPLED_COLUMNS) if any(s.samples > 1 for s in summaries) else [])
     with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=TABLE_COLUMNS)
+        w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
         for s in summaries:
-            w.writerow({k: repr(v) if isinstance(v, float) else ("" if v is None else v) for k, v in asdict(s).items()})
+            w.writerow({k: repr(v) if isinstance(v, float) else ("" if v is None else v)
+                        for k, v in asdict(s).items() if k in cols})
 
 
 def plot_accuracy(path: str | os.PathLike[str], summaries: Sequence[LengthSummary], title: str = "") -> None:
@@ -186,6 +253,13 @@ def plot_accuracy(path: str | os.PathLike[str], summaries: Sequence[LengthSummar
     for name, ss in runs.items():
         ss = sorted(ss, key=lambda s: s.num_docs)
         ns.update(s.num_docs for s in ss)
+        if any(s.mean_at_k is not None for s in ss):  # sampled: mean@k and pass@k with their standard errors
+            xs = [s.num_docs for s in ss]
+            ax.errorbar(xs, [s.mean_at_k or 0.0 for s in ss], yerr=[s.mean_at_k_se or 0.0 for s in ss],
+                        marker="o", capsize=3, label=f"{name} mean@{max(s.samples for s in ss)}")
+            ax.errorbar(xs, [s.pass_at_k or 0.0 for s in ss], yerr=[s.pass_at_k_se or 0.0 for s in ss],
+                        marker="s", linestyle="--", capsize=3, label=f"{name} pass@{max(s.samples for s in ss)}")
+            continue
         ax.plot([s.num_docs for s in ss], [s.accuracy for s in ss], marker="o", label=name)
     if ns and min(ns) > 0:
         ax.set_xscale("log", base=2)

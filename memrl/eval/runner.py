@@ -98,6 +98,9 @@ class EvalConfig:
     workflow.memory_template_file and workflow.final_template_file (or the inline memory_template /
     final_template); a config without them is a one-line error naming the missing key (memrl ships no
     published prompt text)."""
+    length_buckets: list[int] = valid(default_factory=lambda: [4000, 8000], ge=1)
+    """LongBench files: increasing upper bounds of the length buckets the report groups rows by (each row's
+    N = its bucket's lower bound); [4000, 8000] = LongBench-E's 0-4k, 4-8k, 8k+."""
 
     def __post_init__(self) -> None:
         from memrl.config import check_config
@@ -121,6 +124,8 @@ class EvalConfig:
                     f"{', '.join('workflow.' + k for k in missing)} must be set: this config has "
                     "requires_templates=true (a published-eval preset); save the published prompts to files "
                     "and pass workflow.memory_template_file=PATH workflow.final_template_file=PATH")
+        if not self.length_buckets or list(self.length_buckets) != sorted(set(self.length_buckets)):
+            raise ValueError(f"length_buckets must be increasing bounds (e.g. [4000, 8000]), got {self.length_buckets!r}")
 
 
 GOLDS_MODES = ("any", "first")
@@ -234,8 +239,9 @@ def num_docs_of(path: str, tasks: Sequence[Task]) -> int:
 
 
 def task_length(task: Task, file_n: int) -> int:
-    """A row's N: its num_docs, else its RULER sequence length, else the file's N."""
-    for key in ("num_docs", "seq_length"):
+    """A row's N: its num_docs, else its RULER sequence length, else its LongBench length bucket (the
+    bucket's lower bound), else the file's N."""
+    for key in ("num_docs", "seq_length", "length_bucket"):
         v = task.meta.get(key)
         if isinstance(v, int) and not isinstance(v, bool):
             return v
@@ -288,7 +294,7 @@ def load_eval_file(path: str | os.PathLike[str], cfg: EvalConfig) -> EvalFile:
     from memrl.data.io import DataError, load_tasks
     from memrl.data.ruler import name_label
 
-    tasks = load_tasks(path, docs_from=cfg.docs_from or None)
+    tasks = load_tasks(path, docs_from=cfg.docs_from or None, buckets=cfg.length_buckets)
     if cfg.limit:
         tasks = tasks[: cfg.limit]
     seen: dict[str, int] = {}
@@ -395,6 +401,8 @@ def _check_config(out: Path, record: dict[str, Any]) -> None:
         # directories written before scoring options existed were scored with today's defaults
         old.setdefault("scoring", {"golds": "any", "extract": "boxed"})
         diff = [k for k in keys if old.get(k) != record.get(k)]
+        if old.get("length_buckets", [4000, 8000]) != record.get("length_buckets", [4000, 8000]):
+            diff.append("length_buckets")  # LongBench rows' N (their bucket) would change
         # index-only contexts depend on the dev file: a different one (by content) may not resume
         if old.get("docs_from_sha256") and record.get("docs_from_sha256") \
                 and old["docs_from_sha256"] != record["docs_from_sha256"]:
@@ -428,6 +436,8 @@ def evaluate(
               "scoring": {"golds": cfg.golds, "extract": cfg.extract,
                           # only when set, so directories from before the option still resume
                           **({"metric_rules": cfg.metric_rules} if cfg.metric_rules != "memrl" else {})}}
+    if list(cfg.length_buckets) != [4000, 8000]:  # LongBench rows' N depends on it (the default stays unrecorded)
+        record["length_buckets"] = list(cfg.length_buckets)
     if cfg.docs_from:
         if not Path(cfg.docs_from).is_file():
             raise UserError(f"docs_from {cfg.docs_from} does not exist (the dev file of index-only eval files)")
