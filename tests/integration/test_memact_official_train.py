@@ -6,12 +6,13 @@ Everything runs for real on 127.0.0.1 free ports, started and stopped here:
   and plain-text ground truths, no sub-question list), our own text;
 - the retriever: `memrl serve retrieval --reply-shape public` (a subprocess), documents without id / score;
 - the judge: an OpenAI-compatible HTTP server answering like a reasoning model (gpt-oss behind SGLang, as
-  DCPO/scripts/reward_service.sh serves it): a separate `reasoning_content` field that names the opposite
-  verdict, and a final answer holding one of the published tags. Its verdict is a function of the request
+  DCPO/scripts/reward_service.sh serves it): reasoning that names the opposite verdict (a separate
+  `reasoning_content` field, or harmony's analysis channel in the content) and a final answer holding one of
+  the published tags, or reasoning only (the budget spent: no verdict). Its verdict is a function of the request
   alone (`verdict()` below), and every request and reply is recorded;
 - the policy: the tiny model (memrl.models.tiny) with weights set by hand so that each turn it samples one
-  of a few replies (search, prune, "FINAL_ANSWER: ..." with one of five answers, or an answer without the
-  marker); a randomly initialized model never writes "FINAL_ANSWER: ", so nothing would reach the judge,
+  of a few replies (search, prune, "FINAL_ANSWER: ..." with one of three answers, or an answer without
+  the marker); a randomly initialized model never writes "FINAL_ANSWER: ", so nothing would reach the judge,
   and an SFT to the same effect takes minutes on a 2-core CPU. The trainer loads, samples and updates it
   like any other model.
 
@@ -23,6 +24,7 @@ without the marker is never sent and scores 0); each step trains the rows the pu
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import socket
@@ -113,6 +115,9 @@ class ReasoningJudge:
                 reasoning = f"Comparing each part. Could it be {OPPOSITE[v]}? Let me check again."
                 if v is None:  # the token budget ran out in the analysis channel: no final part
                     message = {"content": f"<|channel|>analysis<|message|>{reasoning}", "reasoning_content": None}
+                elif v == "incorrect":  # no reasoning parser on the server: harmony channels in the content
+                    message = {"content": f"<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant"
+                                          f"<|channel|>final<|message|>{TAG[v]}<|return|>"}
                 else:
                     message = {"content": f"The answer is graded.\n{TAG[v]}", "reasoning_content": reasoning}
                 data = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"],
@@ -167,13 +172,20 @@ def write_inputs(tmp: Path) -> dict[str, Path]:
 
 # The policy: a tiny Qwen2 (memrl.models.tiny) whose weights are set by hand so that it writes one of these
 # replies per turn. Each reply piece is one added token; from the assistant header's last token, and from
-# each piece, the model puts equal logits on the pieces that may follow (so T=0.7 samples among them) and
-# nothing on anything else. SFT to the same effect takes minutes on a 2-core CPU; this takes none.
+# each piece, the model puts (nearly) equal logits on the pieces that may follow, so T=0.7 samples among
+# them, and nothing on anything else. SFT to the same effect takes minutes on a 2-core CPU; this takes none.
+# The answers, judged against every task's ground truth: ALL_GOLDS names every gold value (the judge says
+# correct; memrl's rule reward reads no answer in it: no JSON object, and its first line is not the single
+# answer), " Cusco" none (incorrect), " unsure" gets a reply without a final part (no verdict).
 SEARCH_CALL = '{"name": "search", "arguments": {"query": "Peru"}}'
 PRUNE_CALL = '{"name": "prune_context", "arguments": {"memory": "Lima is the capital of Peru.", "delete_ids": ["r1"]}}'
+ALL_GOLDS = " Lima, 1969, Rhone, 1889, Oslo, 1875"
 REPLIES = [["<tool_call>", SEARCH_CALL, "</tool_call>"], ["<tool_call>", PRUNE_CALL, "</tool_call>"],
-           ["FINAL_ANSWER:", " Lima"], ["FINAL_ANSWER:", " Lima, 1969"], ["FINAL_ANSWER:", " Oslo"], ["FINAL_ANSWER:", " unsure"],
-           ["FINAL_ANSWER:", " 1875"], ["I do not know."]]
+           ["FINAL_ANSWER:", ALL_GOLDS], ["FINAL_ANSWER:", " Cusco"], ["FINAL_ANSWER:", " unsure"],
+           ["I do not know."]]
+ODDS = {"I do not know.": 0.2}
+"""Relative odds of a first piece (1 unless listed): the answer without the marker is rarer, so about 29 of
+the 32 trajectories reach the judge and each of its three verdicts is all but certain to occur."""
 
 
 def scripted_policy(out: Path) -> Path:
@@ -198,6 +210,7 @@ def scripted_policy(out: Path) -> Path:
         ids = [start] + [e[0] for e in encoded] + [tok.eos_token_id]
         for a, b in zip(ids[:-1], ids[1:], strict=True):
             follow.setdefault(a, set()).add(b)
+    odds = {tok.convert_tokens_to_ids(p): w for p, w in ODDS.items()}
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     model.resize_token_embeddings(len(tok))
     with torch.no_grad():
@@ -211,7 +224,9 @@ def scripted_policy(out: Path) -> Path:
             emb[a] = 0.0
             emb[a, j] = 1.0  # after the final RMSNorm: sqrt(hidden) * e_j
             head[:, j] = 0.0
-            head[sorted(nexts), j] = 3.0  # logit 3 * sqrt(192) = 41.6 for each allowed next token, 0 otherwise
+            for b in nexts:  # logit 3 * sqrt(192) = 41.6 for each allowed next token, 0 otherwise; odds w at
+                # temperature 0.7: 0.7 * ln(w) / sqrt(192) less
+                head[b, j] = 3.0 + 0.7 * math.log(odds.get(b, 1.0)) / math.sqrt(emb.shape[1])
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     return out
@@ -313,16 +328,16 @@ def test_memact_official_trains_two_steps_against_a_reasoning_judge(tmp_path, mo
         v = verdicts[(gold[t.trajectory_id], t.final_answer)]
         assert t.reward == (1.0 if v == "correct" else 0.0), (t.final_answer, v, t.reward)
         assert t.info["judge"]["verdict"] == (v or "error") and t.metrics["judge_error_no_verdict"] == float(v is None)
-    assert {v for _, _, _, v in judge.seen} >= {"correct", "incorrect"}  # both rewards occur (seeded)
+    assert {v for _, _, _, v in judge.seen} == {"correct", "incorrect", None}  # ODDS: all but certain
     assert {t.reward for t in trajs} == {0.0, 1.0}
-    # where the judge and memrl's rule reward disagree, the judge decides: "Lima, 1969" answers both of the
-    # first task's questions (the judge: correct) but is no JSON object, so the rule finds no answer
-    overruled = [t for t in trajs if t.reward == 1.0 and t.metrics["multiq_all_correct"] == 0.0]
+    # the judge decides where memrl's rule reward disagrees: ALL_GOLDS is right for the judge, not for the rule
+    judged_right = [t for t in trajs if t.reward == 1.0]
+    assert judged_right and all(t.final_answer == ALL_GOLDS.strip() and t.metrics["multiq_all_correct"] == 0.0
+                                for t in judged_right)
     print(f"judged {len(judge.seen)}: " + ", ".join(f"{v}={sum(x[3] == v for x in judge.seen)}"
-                                                    for v in ("correct", "partial", "incorrect", None))
-          + f"; overruled {len(overruled)}; searches {sum(t.metrics['searches'] for t in trajs)}; segments "
+                                                    for v in ("correct", "incorrect", None))
+          + f"; searches {sum(t.metrics['searches'] for t in trajs)}; segments "
           + str(sorted(len(t.segments) for t in trajs)))
-    assert overruled  # seeded: one such trajectory in these 2 steps
 
     # --- the segments trained follow the published selection: 12 rows per task (algorithm.segments_per_task)
     for s, line in zip(seen, lines, strict=True):
@@ -334,11 +349,13 @@ def test_memact_official_trains_two_steps_against_a_reasoning_judge(tmp_path, mo
         assert sorted((r.trajectory_id, tuple(r.prompt_ids), tuple(r.response_ids)) for r in rows) == key
         repeats = 0
         for g in groups:
-            # by hand: K = trajectories with a segment (<= 8 < 12): one row each, then the 12 - K extra slots go
-            # once round a shuffled list of the K (12 - K <= K), an unused segment if the trajectory has one
+            # by hand: K = 8 trajectories, each with a segment (every reply has sampled tokens), S = 12: one row
+            # each, then the S - K = 4 extra slots go once round a shuffled list of the 8 (4 <= 8): 4 trajectories
+            # train 2 rows, 4 train 1; a second row is an unused segment if the trajectory has one, else a repeat
             with_seg = [t for t in g.trajectories if t.segments]
+            assert len(with_seg) == 8
             per = {t.trajectory_id: [r for r in rows if r.trajectory_id == t.trajectory_id] for t in with_seg}
-            assert sorted(len(v) for v in per.values()) == [1] * (2 * len(with_seg) - 12) + [2] * (12 - len(with_seg))
+            assert sorted(len(v) for v in per.values()) == [1] * 4 + [2] * 4
             for t in with_seg:
                 got = per[t.trajectory_id]
                 distinct = len({(tuple(r.prompt_ids), tuple(r.response_ids)) for r in got})
@@ -356,7 +373,7 @@ def test_memact_official_trains_two_steps_against_a_reasoning_judge(tmp_path, mo
         assert line["judge/error_http_error"] == line["judge/error_timeout"] == line["judge/error_garbled"] == 0
         assert line["judge/excluded"] == 0  # on_failure=zero: a failed judgement stays in the group, scored 0
         assert line["reward/mean"] == pytest.approx(sum(t.reward for t in step_trajs) / len(step_trajs))
-    assert sum(line["judge/error_no_verdict"] for line in lines) >= 1  # the "unsure" answers (seeded)
+    assert sum(line["judge/error_no_verdict"] for line in lines) >= 1  # the " unsure" answers
 
     # --- the agent searched the public-shape service and read its documents (no id, no score in the reply)
     searches = sum(t.metrics["searches"] for t in trajs)
