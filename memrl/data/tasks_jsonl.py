@@ -1,7 +1,7 @@
 """Tasks stored in memrl's own layout: JSON/JSONL rows {task_id, question, context, answers, meta}.
 
-MemAct's multi-question eval files use it (meta holds sub_questions and sub_answers); any tool can write it
-with `write_tasks`.
+memrl's multi-question tasks can be stored in it too (meta holds sub_questions and sub_answers; MemAct's
+published parquet layout is memrl.data.multiobjective); any tool can write it with `write_tasks`.
 """
 
 from __future__ import annotations

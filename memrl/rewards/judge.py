@@ -45,6 +45,17 @@ Rules:
 - PARTIAL if it is only partly right (some but not all of what the gold answer asks for).
 
 Reply with exactly one word: CORRECT, PARTIAL or INCORRECT."""
+_RUBRIC_VERDICT_LINE = "Reply with exactly one word: CORRECT, PARTIAL or INCORRECT."
+
+
+def default_rubric(tags: tuple[str, str, str] = ("CORRECT", "PARTIAL", "INCORRECT")) -> str:
+    """memrl's rubric asking for the configured verdict tags (RUBRIC itself for memrl's tags), so a config
+    with the published tags but no rubric_file still gets replies the tags can be read from."""
+    if tuple(tags) == ("CORRECT", "PARTIAL", "INCORRECT"):
+        return RUBRIC
+    c, p, i = tags
+    return RUBRIC.replace(_RUBRIC_VERDICT_LINE, f"Reply with exactly one of: {c} (correct), {p} (partial) or {i} "
+                                                "(incorrect).")
 
 VERDICTS = ("correct", "partial", "incorrect")  # only "correct" scores: partial = 0
 ERROR_KINDS = ("http_error", "timeout", "no_verdict", "garbled")
@@ -69,6 +80,10 @@ class JudgeSettings:
 
     url: str | None = None
     """OpenAI-compatible server of the judge (e.g. http://127.0.0.1:8001/v1); None = no judge (rule reward)."""
+    required: bool = False
+    """True: the reward must be the judge's, so a config without `url` is refused up front, naming
+    workflow.judge.url (the memact_official preset: the published reward is the judge's verdict).
+    False: no url = memrl's rule reward."""
     model: str = ""
     """The judge's served model name."""
     api_key_env: str = ""
@@ -106,6 +121,10 @@ class JudgeSettings:
 
     def __post_init__(self) -> None:
         w = "workflow.judge"
+        if self.required and not self.url:
+            raise ValueError(f"{w}.url is required ({w}.required=true: the reward is the LLM judge's verdict); "
+                             f"set {w}.url=http://HOST:PORT/v1 and {w}.model=NAME, or {w}.required=false for "
+                             "memrl's rule reward")
         if self.timeout_s <= 0 or self.backoff_s < 0:
             raise ValueError(f"{w}.timeout_s must be > 0 and {w}.backoff_s >= 0, got {self.timeout_s}, "
                              f"{self.backoff_s}")
@@ -139,7 +158,8 @@ class JudgeSettings:
             base_url=str(self.url), model=self.model, timeout_s=self.timeout_s, retries=self.retries,
             backoff_s=self.backoff_s, max_concurrency=self.max_concurrency, max_tokens=self.max_tokens,
             temperature=self.temperature, top_p=self.top_p, api_key=key,
-            rubric=load_rubric(self.rubric_file) if self.rubric_file else RUBRIC,
+            rubric=load_rubric(self.rubric_file) if self.rubric_file else default_rubric(
+                (self.correct_tag, self.partial_tag, self.incorrect_tag)),
             tags=(self.correct_tag, self.partial_tag, self.incorrect_tag), verdict_rule=self.verdict_rule)
 
 

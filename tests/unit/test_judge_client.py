@@ -325,3 +325,24 @@ def test_memact_reward_is_the_judges_verdict_when_judge_url_is_set(judge_server)
     assert len(judge_server.bodies) == 6
     traj, r = trajectory("FINAL_ANSWER: Paris", None)
     assert r == 0.0 and "judge" not in traj.info and "judge_error" not in traj.metrics
+
+
+def test_memrl_rubric_asks_for_the_configured_tags():
+    """Without rubric_file, memrl's rubric names the tags that will be read: with the published tags (the
+    memact_official preset) it asks for them, not for memrl's words, which those tags would never match."""
+    from memrl.rewards.judge import RUBRIC
+
+    published = JudgeSettings(url="http://127.0.0.1:9/v1", correct_tag=PUBLISHED_TAGS[0], partial_tag=PUBLISHED_TAGS[1],
+                              incorrect_tag=PUBLISHED_TAGS[2], verdict_rule="contains_correct")
+    rubric = published.client_config().rubric
+    assert rubric == RUBRIC.replace("Reply with exactly one word: CORRECT, PARTIAL or INCORRECT.",
+                                    "Reply with exactly one of: <ANSWER_CORRECT> (correct), <ANSWER_PARTIAL_CORRECT> "
+                                    "(partial) or <ANSWER_INCORRECT> (incorrect).")
+    assert rubric != RUBRIC and JudgeSettings(url="http://127.0.0.1:9/v1").client_config().rubric == RUBRIC
+
+
+def test_required_judge_needs_its_url():
+    with pytest.raises(ValueError, match=r"^workflow\.judge\.url is required \(workflow\.judge\.required=true"):
+        JudgeSettings(required=True)
+    assert JudgeSettings(required=True, url="http://127.0.0.1:9/v1").url == "http://127.0.0.1:9/v1"
+    assert JudgeSettings().url is None  # not required: no url = the rule reward

@@ -14,6 +14,9 @@ from memrl.training.trainer import validate, workflow_config
 SCRIPT = "DCPO/scripts/run_dcpo_7B.sh"
 LOOP = "verl/experimental/agent_loop/mem_agent_loop.py"
 ACTOR = "verl/trainer/config/actor/actor.yaml"
+REWARD = "verl/utils/reward_score/mem_agent.py"
+OPENAI = "openai.OpenAI defaults (mem_agent.py: compute_score builds its client without timeout / max_retries)"
+JUDGE_URL = "http://127.0.0.1:9527/v1"  # the user's override (the preset leaves the server to them)
 
 # The published recipe, written from the public MemAct repository (one row per preset value):
 # (memrl dotted key, published value, where upstream says so: file + flag / key).
@@ -60,6 +63,25 @@ PUBLISHED = [
                                              "message whose tool calls all went"),
     ("workflow.failed_prune_closes_segment", True, f"{LOOP}: MemAgentLoop.run, `if prune_flag:` closes a segment"),
     ("workflow.withheld_prune_runs", True, f"{LOOP}: MemAgentLoop.run dispatches prune_context by name"),
+    ("workflow.prompt_source", "row", f"{LOOP}: MemAgentLoop.run renders the row's messages (raw_prompt, "
+                                      "data.return_raw_chat=True in the script) with apply_chat_template"),
+    ("workflow.require_final_answer", True, f"{REWARD}: extract_solution_str reads after the last "
+                                            "'FINAL_ANSWER: ', compute_score returns 0.0 when there is none"),
+    ("workflow.judge.required", True, f"{SCRIPT}: reward_model.reward_manager=mem_reward; verl/experimental/"
+                                      "agent_loop/agent_loop.py scores every trajectory with compute_score"),
+    ("workflow.judge.model", "gpt-oss", f"{REWARD}: compute_score model=\"gpt-oss\" (DCPO/scripts/"
+                                        "reward_service.sh: --served-model-name gpt-oss)"),
+    ("workflow.judge.max_tokens", 800, f"{REWARD}: compute_score max_tokens=800"),
+    ("workflow.judge.temperature", 1.0, f"{REWARD}: compute_score temperature=1.0"),
+    ("workflow.judge.top_p", None, f"{REWARD}: compute_score sends no top_p"),
+    ("workflow.judge.correct_tag", "<ANSWER_CORRECT>", f"{REWARD}: compute_score, '<ANSWER_CORRECT>' in ..."),
+    ("workflow.judge.partial_tag", "<ANSWER_PARTIAL_CORRECT>", f"{REWARD}: create_evaluation_prompt's tags"),
+    ("workflow.judge.incorrect_tag", "<ANSWER_INCORRECT>", f"{REWARD}: create_evaluation_prompt's tags"),
+    ("workflow.judge.verdict_rule", "contains_correct",
+     f"{REWARD}: compute_score, score 1.0 iff '<ANSWER_CORRECT>' in the text after the last 'final<|message|>'"),
+    ("workflow.judge.on_failure", "zero", f"{REWARD}: compute_score, any exception -> score 0.0"),
+    ("workflow.judge.timeout_s", 600.0, f"{OPENAI}: timeout 600 s"),
+    ("workflow.judge.retries", 2, f"{OPENAI}: max_retries 2"),
     ("engine.name", "vllm", f"{SCRIPT}: actor_rollout_ref.rollout.name=vllm"),
     ("engine.vllm.gpu_memory_utilization", 0.7, f"{SCRIPT}: actor_rollout_ref.rollout.gpu_memory_utilization=0.7"),
     ("model.gradient_checkpointing", True, f"{SCRIPT}: actor_rollout_ref.model.enable_gradient_checkpointing=True"),
@@ -67,8 +89,9 @@ PUBLISHED = [
 ]
 
 
-def _official():
-    cfg = load_config(TrainConfig, ["model.path=x", "data.path=t.jsonl", "model.device=cpu"], preset="memact_official")
+def _official(*extra: str):
+    cfg = load_config(TrainConfig, ["model.path=x", "data.path=t.jsonl", "model.device=cpu",
+                                    f"workflow.judge.url={JUDGE_URL}", *extra], preset="memact_official")
     _, wf = validate(cfg)
     return cfg, wf
 
@@ -80,6 +103,20 @@ def test_official_preset_is_the_published_recipe(key, value, source):
     root = wf if section == "workflow" else getattr(cfg, section)
     got = reduce(getattr, path, root)
     assert got == value and type(got) is type(value), f"{key}={got!r}, published {value!r} ({source})"
+
+
+def test_official_preset_needs_the_judge_url_and_says_so():
+    with pytest.raises(ConfigError) as e:
+        validate(load_config(TrainConfig, ["model.path=x", "data.path=t.jsonl", "model.device=cpu"],
+                             preset="memact_official"))
+    msg = str(e.value)
+    assert "\n" not in msg and "workflow.judge.url is required" in msg and "workflow.judge.required=false" in msg
+    _, wf = _official()
+    assert wf.judge.url == JUDGE_URL and wf.judge.rubric_file is None and wf.tool_schemas_file is None
+    # opting out of the judge (memrl's rule reward) is the named switch
+    _, wf = validate(load_config(TrainConfig, ["model.path=x", "data.path=t.jsonl", "model.device=cpu",
+                                               "workflow.judge.required=false"], preset="memact_official"))
+    assert wf.judge.url is None
 
 
 def test_official_preset_sets_every_rollout_switch_to_its_published_value():

@@ -238,6 +238,13 @@ def test_first_prompt_from_the_rows_messages():
     assert engine.calls[0].prompt_ids == TOK.encode(f"<system>S{tools}</system><user>Q|F</user><assistant>")
     with pytest.raises(ValueError, match="workflow.prompt_source=row: task 'p' has no prompt messages"):
         run_one(plain, prompt_source="row")
+    # through the rollout runner (memrl train / eval) it stays a one-line data error, not a RolloutError
+    from memrl.workflows import get_workflow
+    from memrl.workflows.runner import rollout_sync
+
+    with pytest.raises(DataError, match="^workflow.prompt_source=row: task 'p' has no prompt messages"):
+        rollout_sync([plain], get_workflow("memact"), ScriptedEngine(["x"]),
+                     MemActConfig(prompt_source="row", retriever_kind="kw_pub"), n=1)
     with pytest.raises(ValueError, match="prompt_source must be auto, row or template"):
         MemActConfig(prompt_source="rows")
 
