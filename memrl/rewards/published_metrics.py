@@ -2,7 +2,7 @@
 
 memrl's own metrics (`metric_rules=memrl`, memrl.rewards.qa) drop Unicode punctuation too, never match an
 empty prediction and keep every score exact. The published scripts differ in small ways that move their
-numbers, so each is offered by name (reimplemented from reading them; docs/differences/evalpresets.md):
+numbers, so each is offered by name (reimplemented from reading them; docs/DIFFERENCES.md):
 
 - `memagent`: MemAgent's and ReMemR1's evaluations (`taskutils/memory_eval/ruler_hqa.py` / `test_qa.py`
   `get_pred` + `calc_metrics`, `utils/__init__.py` `normalize_answer`, `f1_score`,

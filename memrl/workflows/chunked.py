@@ -40,7 +40,7 @@ class ChunkedConfig:
     no_memory_text: str = NO_MEMORY
     """The first memory, and what an empty memory becomes under empty_memory=placeholder."""
 
-    # Published-setup switches (memrl's default first; docs/differences/templates.md).
+    # Published-setup switches (memrl's default first; docs/DIFFERENCES.md).
     template_style: str = "memrl"
     """How a user's template (inline or file) is read: memrl (literal {name} substitution, other braces
     are text) or str_format (a Python str.format string as the published code writes it: {{ }} escapes,

@@ -131,7 +131,7 @@ class MemActConfig:
     """True (published): a prune_context call runs even in a trajectory whose prune tool was withheld
     (no_prune_prob / prune_tool=false only hide it from the prompt); False answers it as an unknown tool."""
 
-    # ---- data: the row's prompt and the answer format (published layout; docs/differences/mdata.md) ----
+    # ---- data: the row's prompt and the answer format (published layout; docs/DIFFERENCES.md) ----
     prompt_source: str = "auto"
     """Where the first prompt comes from: "row" = the task's own chat messages (`task.meta["prompt"]`, the
     file row's `prompt`; the published agent loop renders them with the tools through the chat template),

@@ -94,7 +94,7 @@ class ReMemR1Config(ChunkedConfig):
     final_template: str | None = None
     """Inline final prompt (wins over the file)."""
 
-    # Published-setup switches (memrl's default first; docs/differences/templates.md).
+    # Published-setup switches (memrl's default first; docs/DIFFERENCES.md).
     memory_rule: str = "update_tag"
     """What the new memory is: update_tag (the first <update> block's text: the paper and memrl) or
     strip_recall (the whole response with every closed <recall>...</recall> block cut out, thinking and
