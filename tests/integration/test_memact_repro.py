@@ -3,9 +3,10 @@ and identical trajectories (token ids and logprobs), and a resumed run ends equa
 
 The policy must really search between its model calls (a rollout that awaits a search is what used to
 reorder the hf engine's waves: BM25 ran in a thread and each trajectory came back at a time-dependent
-point, so which calls shared a forward pass changed from run to run; measured before the fix: weights
-differed by up to 1.7e-6 after two steps, and a resume matched only to ~6e-7). So the tiny model is first
-taught the scripted agent's replies (a few SFT steps), and the test checks that its rollouts do search.
+point, so which calls shared a forward pass changed from run to run). Measured with these tests' runs
+before the fix: the same token ids, rollout logprobs up to 1.5e-5 apart, and after two steps all 27 weight
+tensors differed, by up to 3.4e-5. So the tiny model is first taught the scripted agent's search calls (SFT),
+the test checks that its rollouts do search, and a reward for searching makes every step move the weights.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from memrl.config import load_config
 from memrl.training.config import TrainConfig
 from memrl.training.trainer import Trainer
+from memrl.workflows import WorkflowSpec, register_workflow
 
 pytestmark = pytest.mark.slow
 
@@ -87,6 +89,21 @@ def searching_model() -> tuple[Path, Path]:
     return target, target / "tasks.jsonl"
 
 
+def _searched(task, traj) -> float:
+    """Reward 1 for a trajectory that searched: the tiny policy never answers right, so the rule reward would
+    be 0 everywhere, every DCPO advantage 0 and the weights would never move; this one splits each group."""
+    return float(traj.metrics["searches"] > 0)
+
+
+def _searched_spec() -> WorkflowSpec:
+    from memrl.workflows import memact
+
+    return WorkflowSpec("memact_searched", memact.run, memact.MemActConfig, _searched)
+
+
+register_workflow("memact_searched", _searched_spec)
+
+
 class _Recording(Trainer):
     """Keeps every rolled-out trajectory: (id, reward, [(prompt ids, response ids, logprobs) per segment])."""
 
@@ -100,7 +117,7 @@ class _Recording(Trainer):
 
 def _run(searching_model, out, steps: int, resume: bool = False, save_every: int = 0) -> _Recording:
     model, tasks = searching_model
-    ov = [f"model.path={model}", f"out_dir={out}", f"trainer.steps={steps}", "workflow=memact",
+    ov = [f"model.path={model}", f"out_dir={out}", f"trainer.steps={steps}", "workflow=memact_searched",
           *[f"workflow.{k}={v}" for k, v in WF.items()], "workflow.max_context_tokens=4000",
           "workflow.no_prune_prob=0.0", "data.name=file", f"data.path={tasks}", "algorithm.name=dcpo",
           "algorithm.selection=spread_unused", "algorithm.n=4", "algorithm.segments_per_task=5",
@@ -124,6 +141,8 @@ def test_two_memact_dcpo_runs_are_bit_identical(searching_model, tmp_path):
     a = _run(searching_model, tmp_path / "a", 2)
     b = _run(searching_model, tmp_path / "b", 2)
     assert sum(t[2] for t in a.trajectories) > 0, "the policy never searched: the test would prove nothing"
+    before = _initial(searching_model[0])
+    assert any(not torch.equal(before[k], v) for k, v in a.model.state_dict().items()), "no weight moved"
     assert len(a.trajectories) == len(b.trajectories) == 2 * 2 * 4  # steps x tasks x n
     for x, y in zip(a.trajectories, b.trajectories, strict=True):
         assert x == y, f"trajectory {x[0]} differs between two identical runs"
@@ -141,3 +160,9 @@ def test_memact_dcpo_resume_is_exact(searching_model, tmp_path):
     assert sum(t[2] for t in first.trajectories + resumed.trajectories) > 0, "the policy never searched"
     assert first.trajectories + resumed.trajectories == straight.trajectories
     _assert_equal_weights(straight, resumed)
+
+
+def _initial(path) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path).state_dict()
