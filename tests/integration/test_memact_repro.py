@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -27,6 +30,7 @@ from memrl.workflows import WorkflowSpec, register_workflow
 pytestmark = pytest.mark.slow
 
 SEARCHER_VERSION = 1  # bump when _build_searcher changes
+ROOT = Path(__file__).resolve().parents[2]
 
 WF = {"retriever_scope": "task", "max_turn_tokens": 64, "max_assistant_turns": 4,
       "system_template": "Search, prune, answer.", "answer_instruction": "Answer in JSON after FINAL_ANSWER."}
@@ -115,16 +119,20 @@ class _Recording(Trainer):
         return super().update(groups)
 
 
-def _run(searching_model, out, steps: int, resume: bool = False, save_every: int = 0) -> _Recording:
+def _overrides(searching_model, out, steps: int, save_every: int = 0) -> list[str]:
+    """DCPO on memact_searched: 2 tasks x 4 trajectories per step, sampled at temperature 0.4."""
     model, tasks = searching_model
-    ov = [f"model.path={model}", f"out_dir={out}", f"trainer.steps={steps}", "workflow=memact_searched",
+    return [f"model.path={model}", f"out_dir={out}", f"trainer.steps={steps}", "workflow=memact_searched",
           *[f"workflow.{k}={v}" for k, v in WF.items()], "workflow.max_context_tokens=4000",
           "workflow.no_prune_prob=0.0", "data.name=file", f"data.path={tasks}", "algorithm.name=dcpo",
           "algorithm.selection=spread_unused", "algorithm.n=4", "algorithm.segments_per_task=5",
           "trainer.batch_size=2", "algorithm.temperature=0.4", "algorithm.kl_coef=0.0", "optim.lr=1e-3", "optim.warmup_steps=0",
           f"trainer.save_every={save_every}", "trainer.progress=false", "trainer.tensorboard=false",
           "trainer.dump_every=0"]
-    trainer = _Recording(load_config(TrainConfig, ov), resume=resume)
+
+
+def _run(searching_model, out, steps: int, resume: bool = False, save_every: int = 0) -> _Recording:
+    trainer = _Recording(load_config(TrainConfig, _overrides(searching_model, out, steps, save_every)), resume=resume)
     trainer.fit()
     return trainer
 
@@ -159,6 +167,29 @@ def test_memact_dcpo_resume_is_exact(searching_model, tmp_path):
     assert resumed.position == straight.position
     assert sum(t[2] for t in first.trajectories + resumed.trajectories) > 0, "the policy never searched"
     assert first.trajectories + resumed.trajectories == straight.trajectories
+    _assert_equal_weights(straight, resumed)
+
+
+# `memrl train` in a child process with memact_searched registered (this module imported by path)
+CHILD = ("import sys; sys.path.insert(0, {here!r}); import test_memact_repro; from memrl.cli import main; "
+         "sys.exit(main(['train', *sys.argv[1:]]))")
+
+
+def test_memact_dcpo_killed_mid_rollout_resumes_exactly(searching_model, tmp_path):
+    """kill -9 in the middle of step 2's rollout (its 4th trajectory: MEMRL_FAULT_AT=trajectory@12), then
+    --resume from step 1's checkpoint: the run ends bit-identical to an uninterrupted one."""
+    straight = _run(searching_model, tmp_path / "a", 2)
+    out = tmp_path / "b"
+    env = {k: v for k, v in os.environ.items() if k != "MEMRL_FAULT_AT"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["MEMRL_FAULT_AT"] = "trajectory@12"
+    proc = subprocess.run([sys.executable, "-c", CHILD.format(here=str(Path(__file__).parent)),
+                           *_overrides(searching_model, out, 2, save_every=1)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000001"
+    resumed = _run(searching_model, out, 2, resume=True)
+    assert resumed.trajectories == straight.trajectories[8:]  # step 2's, redone whole
     _assert_equal_weights(straight, resumed)
 
 
