@@ -30,9 +30,11 @@ class HFSection:
     attn_implementation: str | None = "sdpa"
     """transformers attention implementation when the engine loads the model itself."""
     deterministic: bool = True
-    """Batch by waves (the requests of one event-loop turn), not by time: the same requests always meet
-    the same batches, so rollouts are bitwise reproducible and resume is exact. False = continuous
-    batching with a time window (max_wait_ms): higher throughput, batch-dependent float rounding.
+    """Batch by waves (the requests of one event-loop turn), not by time: a wave is decoded alone (a later
+    one waits until it is done) and its results come back together, so the same requests always meet the
+    same batches: rollouts are bitwise reproducible and resume is exact, as long as nothing a rollout awaits
+    between model calls runs in a thread or over the network (docs/CONTRACTS.md, determinism). False =
+    continuous batching with a time window (max_wait_ms): higher throughput, batch-dependent float rounding.
     `memrl eval` defaults to false."""
     share_weights: bool = True
     """Training only: serve the very module being trained (no copy; weight sync is a no-op). False = a

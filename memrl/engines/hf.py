@@ -97,6 +97,7 @@ class _Request:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     seq: int = 0
+    wave: int = 0
 
 
 def _settle_on_loop(loop: asyncio.AbstractEventLoop, results: list[tuple[_Request, Any]]) -> None:
@@ -209,6 +210,8 @@ class HFEngine:
         self._seq = 0  # submission order of requests
         self._waves: dict[asyncio.AbstractEventLoop, list[_Request]] = {}  # deterministic: the forming wave
         self._held: list[tuple[_Request, Completion | BaseException]] = []  # deterministic: the running wave's results
+        self._wave_count = 0  # deterministic: waves submitted so far (a request's `wave` is its wave's number)
+        self._running_wave = 0  # deterministic: the wave whose rows the worker decodes (0 = none yet)
 
     # ------------------------------------------------------------------ loading
 
@@ -288,6 +291,10 @@ class HFEngine:
             for req in wave:
                 req.future.set_exception(EngineError("HFEngine closed before the request ran"))
             return
+        with self._cond:
+            self._wave_count += 1
+            for req in wave:
+                req.wave = self._wave_count
         self._submit(wave)
 
     def update_weights(self, weights: Mapping[str, Any] | str | os.PathLike | torch.nn.Module) -> None:
@@ -411,6 +418,8 @@ class HFEngine:
                 running = batch is not None and len(batch) > 0
                 # finished rows still in the batch are dropped by the merge, so they leave room
                 free = self.max_batch_size - (len(batch) - sum(batch.done) if batch is not None else 0)
+                if self.deterministic and running and self._pending and self._pending[0].wave != self._running_wave:
+                    return []  # a later wave waits until every row of the running one is done (never merged)
                 if self._pending and free > 0 and not self._draining:
                     waited = time.monotonic() - self._pending[0].submitted
                     if len(self._pending) >= free or waited >= self.max_wait_s:
@@ -430,6 +439,10 @@ class HFEngine:
             if req.future.done():  # cancelled by its caller
                 self._pending.popleft()
                 continue
+            if self.deterministic:  # one wave per batch: the requests of the next wave wait for this one
+                if out and req.wave != out[0].wave:
+                    break
+                self._running_wave = req.wave
             longest_next = max(longest, len(req.prompt_ids))
             if out and longest_next * (len(out) + 1) > self.max_prefill_tokens:
                 break
@@ -441,8 +454,9 @@ class HFEngine:
     def _worker_main(self) -> None:
         batch: _Batch | None = None
         while True:
-            if self.deterministic and self._held and not self._pending and (batch is None or all(batch.done)):
-                self._release_held()
+            if self.deterministic and self._held and (batch is None or all(batch.done)) and not (
+                    self._pending and self._pending[0].wave == self._running_wave):
+                self._release_held()  # the running wave is done (a later wave may already be waiting)
             admit = self._take_admissions(batch)
             if self._closed:
                 if batch is not None:

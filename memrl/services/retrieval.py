@@ -81,8 +81,10 @@ class BM25Retriever:
         return [self.search_one(q, topk) for q in queries]
 
     async def retrieve(self, queries: list[str], topk: int) -> list[list[Hit]]:
-        # scoring is numpy work: off the event loop so other rollouts keep generating meanwhile
-        return await asyncio.to_thread(self.search, queries, topk)
+        # On the event loop, not in a thread: a search (well under a millisecond) then finishes in a fixed
+        # place of the loop's order, so concurrent rollouts reach the engine in the same waves on every run
+        # (docs/CONTRACTS.md, determinism); a thread would return at a time-dependent point and reorder them.
+        return self.search(queries, topk)
 
     async def close(self) -> None:
         return None

@@ -183,7 +183,8 @@ def create_app(retriever: BM25Retriever | DenseRetriever, max_concurrency: int =
         stats.cache_misses += len(missing)
         if missing:
             async with sem:
-                fresh = await retriever.retrieve([req.queries[i] for i in missing], req.topk)
+                # in a thread: the service scores up to max_concurrency batches at once, off its event loop
+                fresh = await asyncio.to_thread(retriever.search, [req.queries[i] for i in missing], req.topk)
             for i, hits in zip(missing, fresh, strict=True):
                 results[i] = hits
                 cache.put((req.queries[i], req.topk), hits)

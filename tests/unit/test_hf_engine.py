@@ -322,3 +322,36 @@ def test_sample_rows_truncation():
         assert out[2] == 0  # a tiny top_p keeps only the most likely
     out = sample_rows(logp[:1], torch.tensor([0.999999]), [-1], [1.0])
     assert out[0] == 3  # inverse CDF in vocabulary order: the last bucket is token 3
+
+
+def test_deterministic_engine_never_merges_a_later_wave_into_a_running_one(model_dir, prompts):
+    """A wave submitted while another is decoding waits until every row of the running one is done: its
+    rows never join the running batch at a time-dependent decode step (the MemAct nondeterminism: callers
+    coming back from a thread-run search joined the batch wherever the decode loop happened to be)."""
+    eng = HFEngine(model_dir, max_batch_size=64, seed=0, deterministic=True)
+    long = SamplingParams(temperature=1.0, max_tokens=40, seed=1)
+    short = SamplingParams(temperature=1.0, max_tokens=4, seed=2)
+    order: list[str] = []
+
+    async def first(p):
+        out = await eng.generate(p, long)
+        order.append("first")
+        return out
+
+    async def late(p):
+        while eng.stats.decode_steps < 2:  # the first wave is decoding now
+            await asyncio.sleep(0.001)
+        out = await eng.generate(p, short)
+        order.append("late")
+        return out
+
+    a, b, c, d = run_all([first(prompts[0]), first(prompts[1]), late(prompts[2]), late(prompts[3])])
+    run(eng.close())
+    assert set(eng.stats.batch_sizes) == {2}, eng.stats.batch_sizes  # never 3 or 4 rows in one pass
+    assert eng.stats.prefill_calls == 2 and order[:2] == ["first", "first"]
+    # each wave's completions are the ones it gets alone (seeded rows, batches of exactly these two)
+    alone = HFEngine(model_dir, max_batch_size=64, seed=0, deterministic=True)
+    again = run_all([alone.generate(prompts[2], short), alone.generate(prompts[3], short)])
+    run(alone.close())
+    assert [c.token_ids, d.token_ids] == [x.token_ids for x in again]
+    assert len(a.token_ids) <= 40 and len(b.token_ids) <= 40
