@@ -31,7 +31,7 @@ def _val_file(path, dataset: str, n: int, answers: list[str]) -> str:
     with open(path, "w", encoding="utf-8") as f:
         for i, a in enumerate(answers):
             ctx = " ".join(WORDS[(i + j) % len(WORDS)] for j in range(16)) + f" the code is {a}."
-            f.write(json.dumps({"task_id": f"{dataset}-{i}", "question": "What is the code?", "context": ctx,
+            f.write(json.dumps({"task_id": f"{dataset}-{i}", "question": f"What is code {i}?", "context": ctx,
                                 "answers": [a], "meta": {"dataset": dataset, "num_docs": n}}) + "\n")
     return str(path)
 
@@ -186,10 +186,9 @@ def test_save_best_keeps_the_best_step_through_pruning_and_resume(tiny_path, tmp
         tr.setup()
 
         def script(prompt: str, i: int) -> str:
-            if "the code" in prompt and "\\boxed" not in prompt and "memory" in prompt.lower() and False:
-                return ""
-            # the final call asks for the answer: boxed `alpha` / `beta` right only at the scripted steps
-            ans = ("beta" if "hq-1" in prompt else "alpha") if tr.step in right else "wrong"
+            # every call (memory updates too) replies with the boxed answer: right only at the scripted
+            # steps; hq-1 (the only question "What is code 1?") is `beta`, the others `alpha`
+            ans = ("beta" if "What is code 1?" in prompt else "alpha") if tr.step in right else "wrong"
             return f"\\boxed{{{ans}}}"
 
         tr.engine = ScriptedEngine(script, tr.tokenizer)
