@@ -200,8 +200,12 @@ class TrainerSection:
     """Validate on the `val` section's files every k steps (memrl.training.validation); 0 = off. The
     published MemAgent script validates every 5 steps, ReMemR1's and MemAct's every 10."""
     save_best: str = ""
-    """A validation metric (val/mean_accuracy, val/<dataset>/<N>/accuracy, ...): keep the checkpoint of its
-    highest value as checkpoints/best (ReMemR1's save-best-validation); "" = off."""
+    """A logged metric whose highest value's checkpoint is kept as checkpoints/best; "" = off. memrl ranks
+    by validation (val/mean_accuracy, val/<dataset>/<N>/accuracy, ...); ReMemR1's save_best_val ranks by
+    the training batch's mean score (reward/mean here)."""
+    save_best_after: int = valid(0, ge=0, note="0 = every step saves")
+    """save_best: steps <= k still set the best value but save no checkpoint (ReMemR1's trainer skips its
+    first 20 steps so: `global_steps > 20`)."""
     progress: bool = True
     dump_every: int = valid(10, ge=0, note="0 = off")
     """Append a sample of this step's trajectories to trajectories.jsonl every k steps (`memrl view`); 0 = off."""

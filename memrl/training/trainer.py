@@ -383,11 +383,9 @@ class Trainer:
             while self.step < cfg.trainer.steps:
                 metrics = self.train_step()
                 self.step += 1
-                saved = False
                 if cfg.trainer.val_every and self.step % cfg.trainer.val_every == 0:
-                    val = self.validate_step(self.step)
-                    metrics.update(val)
-                    saved = self.keep_best(val)  # trainer.save_best: saves this step when it is the best
+                    metrics.update(self.validate_step(self.step))
+                saved = self.keep_best(metrics)  # trainer.save_best: saves this step when it is the best
                 logger.log(self.step, metrics)
                 dumped = self.__dict__.pop("_dumped_rows", None)  # memrl.training.dump, this step's sample
                 if dumped:

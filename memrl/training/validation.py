@@ -52,11 +52,8 @@ def check(cfg: Any) -> None:
     for f in v.files:
         if not Path(f).is_file():
             raise ConfigError(f"val.files: {f} does not exist")
-    if t.save_best and not (t.val_every or v.before_train):
+    if t.save_best.startswith("val/") and not t.val_every:
         raise ConfigError(f"trainer.save_best={t.save_best} needs validation: set trainer.val_every > 0")
-    if t.save_best and not t.save_best.startswith("val/"):
-        raise ConfigError(f"trainer.save_best={t.save_best!r} must name a validation metric "
-                          "(val/mean_accuracy or val/<dataset>/<N>/<metric>)")
     eval_config(cfg)  # workflow / sampling values checked now
 
 
@@ -102,19 +99,22 @@ def run_validation(trainer: Any, step: int) -> dict[str, float]:
 def keep_best(trainer: Any, step: int, metrics: dict[str, float]) -> bool:
     """trainer.save_best: when this step's value of the metric beats the best so far (higher is better;
     the first value always does), save checkpoint `step` and copy it to checkpoints/best (atomically,
-    through a temporary sibling). The best so far lives in the trainer state, so a resumed run compares
-    against it. Returns whether this step became the best."""
-    name = trainer.cfg.trainer.save_best
-    if not name:
-        return False
+    through a temporary sibling); steps <= trainer.save_best_after only set the best value. The best so
+    far lives in the trainer state, so a resumed run compares against it. Returns whether it saved."""
+    t = trainer.cfg.trainer
+    name = t.save_best
+    if not name or (name.startswith("val/") and not any(k.startswith("val/") for k in metrics)):
+        return False  # off, or a step without validation
     if name not in metrics:
-        raise ConfigError(f"trainer.save_best={name!r} is not a validation metric of this run; "
-                          f"known: {', '.join(sorted(k for k in metrics if k.startswith('val/')))}")
+        known = sorted(k for k in metrics if k.startswith("val/")) or sorted(metrics)
+        raise ConfigError(f"trainer.save_best={name!r} is not a metric of this run; known: {', '.join(known)}")
     value = float(metrics[name])
     best = trainer.best
     if best and value <= float(best["value"]):
         return False
     trainer.best = {"metric": name, "value": value, "step": step}
+    if step <= t.save_best_after:
+        return False
     src = trainer.save()  # the regular step checkpoint, holding the new best in its state
     root = Path(src).parent
     tmp = root / f".{BEST_DIR}-new"

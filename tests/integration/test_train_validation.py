@@ -142,7 +142,7 @@ def test_validation_metrics_trackers_and_resume(tiny_path, tmp_path, val_files):
 def test_validation_equals_memrl_eval(tiny_path, tmp_path, val_files):
     """Validation at step 2 and `memrl eval`'s evaluate() on checkpoint step_2, same seed and engine
     config: identical predictions, answer texts and model calls (sampled: T 1.0, top_p 0.7, 2 samples)."""
-    from memrl.eval.runner import evaluate, make_eval_engine
+    from memrl.eval.runner import evaluate
     from memrl.training.validation import eval_config
 
     out = tmp_path / "run"
@@ -218,7 +218,41 @@ def test_config_errors_are_one_line(tiny_path, tmp_path, val_files):
         Trainer(_cfg(tiny_path, tmp_path, 1, val_files, "trainer.loggers=[wandb]"))
     with pytest.raises(ConfigError, match="trainer.loggers"):
         _cfg(tiny_path, tmp_path, 1, val_files, "trainer.loggers=[jsonl,comet]")
-    with pytest.raises(ConfigError, match="must name a validation metric"):
-        Trainer(_cfg(tiny_path, tmp_path, 1, val_files, "trainer.save_best=reward/mean"))
+    with pytest.raises(ConfigError, match="trainer.save_best=val/mean_accuracy needs validation"):
+        Trainer(_cfg(tiny_path, tmp_path, 1, val_files, "trainer.save_best=val/mean_accuracy", "trainer.val_every=0"))
+    with pytest.raises(ConfigError, match="trainer.save_best_after=-1"):
+        _cfg(tiny_path, tmp_path, 1, val_files, "trainer.save_best_after=-1")
     with pytest.raises(ConfigError, match="val.samples"):
         _cfg(tiny_path, tmp_path, 1, val_files, "val.samples=0")
+
+
+def test_save_best_after_tracks_the_best_but_saves_only_later(tmp_path):
+    """trainer.save_best_after=k (ReMemR1's `global_steps > 20`): steps <= k set the best value without
+    saving. Values 5, 3, 7, 6 at steps 1..4 with k=2: step 1 sets best=5 (no save), step 2 is not better,
+    step 3 (7 > 5) saves, step 4 (6 < 7) does not."""
+    from types import SimpleNamespace
+
+    from memrl.training.validation import keep_best
+
+    saved: list[int] = []
+    root = tmp_path / "checkpoints"
+
+    class Run:  # the two things keep_best uses of a Trainer: its config and save()
+        cfg = SimpleNamespace(trainer=SimpleNamespace(save_best="reward/mean", save_best_after=2))
+        best = None
+
+        def save(self):
+            saved.append(self.best["step"])
+            d = root / f"step_{self.best['step']:06d}"
+            d.mkdir(parents=True)
+            (d / "weights").write_text(str(self.best["step"]))
+            return d
+
+    run = Run()
+    got = [keep_best(run, s, {"reward/mean": v}) for s, v in zip([1, 2, 3, 4], [5.0, 3.0, 7.0, 6.0], strict=True)]
+    assert got == [False, False, True, False]
+    assert saved == [3]
+    assert run.best == {"metric": "reward/mean", "value": 7.0, "step": 3}
+    assert (root / "best" / "weights").read_text() == "3"
+    with pytest.raises(ConfigError, match="not a metric of this run"):
+        keep_best(run, 5, {"reward/max": 1.0})
