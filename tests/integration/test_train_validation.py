@@ -164,6 +164,8 @@ def test_validation_equals_memrl_eval(tiny_path, tmp_path, val_files):
         return (r["prediction"], r["answer_text"], r["sub_em"], [s.get("response") for s in r["steps"]])
 
     assert len(val) == len(ev) == 6
+    by = {key(r): same(r) for r in val}
+    assert by[("hq", "hq-0", 0)] != by[("hq", "hq-0", 1)]  # sampled: the two answers differ
     assert {key(r): same(r) for r in val} == {key(r): same(r) for r in ev}
 
 
