@@ -38,6 +38,13 @@ def _import(module: str) -> Any:
                         "pip install 'memrl[track]'") from e
 
 
+def check_installed(names: list[str]) -> None:
+    """The packages of the trackers `names` asks for import (a one-line UserError naming the extra if not)."""
+    for n, module in (("wandb", "wandb"), ("mlflow", "mlflow.tracking")):
+        if n in names:
+            _import(module)
+
+
 def _finite(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items()
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))}

@@ -118,6 +118,9 @@ def check_loggers(cfg: TrainConfig) -> None:
     if "jsonl" not in names or len(set(names)) != len(names):
         raise ConfigError(f"trainer.loggers={names} must hold jsonl (metrics.jsonl is what resume and memrl view "
                           "read) and each logger once")
+    from memrl.training.trackers import check_installed
+
+    check_installed(names)  # a missing wandb / mlflow fails now, before any model loads
 
 
 def algorithm_options(cfg: TrainConfig) -> tuple[Any, Any]:

@@ -9,6 +9,7 @@ import struct
 
 import pytest
 
+from memrl.cli import main
 from memrl.config import ConfigError, load_config
 from memrl.training.config import TrainConfig
 from memrl.training.logging import read_metrics
@@ -42,16 +43,19 @@ def val_files(tmp_path):
             _val_file(tmp_path / "wiki.jsonl", "wiki", 4, ["alpha"])]
 
 
-def _cfg(model: str, out, steps: int, files: list[str], *extra: str) -> TrainConfig:
-    ov = [
+def _overrides(model: str, out, steps: int, files: list[str], *extra: str) -> list[str]:
+    return [
         f"model.path={model}", f"out_dir={out}", f"trainer.steps={steps}", "workflow=memagent",
         "workflow.chunk_tokens=24", "workflow.max_memory_tokens=6", "workflow.max_final_tokens=8",
         "data.synthetic.num_chunks=2", "data.synthetic.chunk_words=8", "trainer.batch_size=1", "algorithm.n=2",
         "optim.lr=1e-3", "optim.warmup_steps=0", "trainer.token_budget=600", "trainer.progress=false",
         "trainer.tensorboard=false", "engine.name=hf", "trainer.val_every=1",
-        f"val.files=[{','.join(files)}]",
+        f"val.files=[{','.join(files)}]", *extra,
     ]
-    return load_config(TrainConfig, ov + list(extra))
+
+
+def _cfg(model: str, out, steps: int, files: list[str], *extra: str) -> TrainConfig:
+    return load_config(TrainConfig, _overrides(model, out, steps, files, *extra))
 
 
 # ------------------------------------------------------------------ wandb's offline run file
@@ -94,7 +98,7 @@ def test_validation_metrics_trackers_and_resume(tiny_path, tmp_path, val_files):
     out = tmp_path / "run"
     extra = ("trainer.loggers=[jsonl,wandb,mlflow]", "val.before_train=true", "trainer.save_every=1",
              "trainer.dump_every=1", "trainer.dump_trajectories=2")
-    Trainer(_cfg(tiny_path, out, 2, val_files, *extra)).fit()
+    assert main(["train", *_overrides(tiny_path, out, 2, val_files, *extra)]) == 0
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
     keys = {"val/hq/2/accuracy", "val/hq/2/em", "val/hq/2/f1", "val/wiki/4/accuracy", "val/mean_accuracy"}
@@ -127,7 +131,7 @@ def test_validation_metrics_trackers_and_resume(tiny_path, tmp_path, val_files):
     assert arts == {"trajectories/step_1.json", "trajectories/step_2.json"}
 
     # resume to step 3: both tracker runs continue (same ids), step 3 appended
-    Trainer(_cfg(tiny_path, out, 3, val_files, *extra), resume=True).fit()
+    assert main(["train", *_overrides(tiny_path, out, 3, val_files, *extra), "--resume"]) == 0
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2, 3]
     hist = wandb_history(out)
     assert {rid for rid, _ in hist} == {wandb_id}
@@ -258,3 +262,15 @@ def test_save_best_after_tracks_the_best_but_saves_only_later(tmp_path):
     assert (root / "best" / "weights").read_text() == "3"
     with pytest.raises(ConfigError, match="not a metric of this run"):
         keep_best(run, 5, {"reward/max": 1.0})
+
+
+def test_missing_tracker_package_is_one_line(tiny_path, tmp_path, val_files, monkeypatch, capsys):
+    """A tracker whose package does not import: exit 1 with one line naming the extra to install."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    code = main(["train", *_overrides(tiny_path, tmp_path / "run", 1, val_files, "trainer.loggers=[jsonl,wandb]",
+                                      "trainer.val_every=0")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert "trainer.loggers names wandb but it is not installed" in err[0] and "memrl[track]" in err[0]
