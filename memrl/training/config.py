@@ -241,7 +241,8 @@ class ValSection:
     max_questions: int = valid(0, ge=0, note="0 = all")
     """Questions per file (the first ones); 0 = all."""
     before_train: bool = False
-    """Also validate the initial weights, logged at step 0 (the published scripts do)."""
+    """With trainer.val_every > 0: also validate the initial weights, logged at step 0 (the published
+    scripts do)."""
     golds: str = valid("any", choices=("any", "first"))
     """As `memrl eval golds=`: score against any gold answer or answers[0] only."""
     extract: str = "boxed"

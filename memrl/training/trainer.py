@@ -381,7 +381,7 @@ class Trainer:
         truncate_dump(self)  # trajectories.jsonl likewise holds each step once
         history: list[dict[str, float]] = []
         try:
-            if self.step == 0 and cfg.val.before_train:  # the initial weights, logged at step 0
+            if self.step == 0 and cfg.trainer.val_every and cfg.val.before_train:  # initial weights, as step 0
                 logger.log(0, self.validate_step(0))
             while self.step < cfg.trainer.steps:
                 metrics = self.train_step()

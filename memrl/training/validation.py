@@ -46,8 +46,8 @@ def check(cfg: Any) -> None:
     """One-line errors before any model loads: val_every without files, files that do not exist, a
     save_best metric with validation off."""
     t, v = cfg.trainer, cfg.val
-    if (t.val_every or v.before_train) and not v.files:
-        raise ConfigError("val.files is empty but trainer.val_every / val.before_train asks for validation; "
+    if t.val_every and not v.files:
+        raise ConfigError(f"val.files is empty but trainer.val_every={t.val_every} asks for validation; "
                           "pass val.files=[path,...] (eval files, as memrl eval reads them)")
     for f in v.files:
         if not Path(f).is_file():
