@@ -379,6 +379,10 @@ class Trainer:
             log.warning("%s: replaced %d row(s) of steps after %d, which are redone", logger.path,
                         logger.dropped, self.step)
         truncate_dump(self)  # trajectories.jsonl likewise holds each step once
+        if cfg.trainer.save_best:
+            from memrl.training.validation import restore_best
+
+            restore_best(self.ckpt_root, self.best)  # what a kill while replacing checkpoints/best left
         history: list[dict[str, float]] = []
         try:
             if self.step == 0 and cfg.trainer.val_every and cfg.val.before_train:  # initial weights, as step 0

@@ -96,6 +96,39 @@ def run_validation(trainer: Any, step: int) -> dict[str, float]:
     return val_metrics(rows)
 
 
+def copy_best(src: Path, root: Path, best: dict[str, Any]) -> None:
+    """Make root/best a copy of checkpoint `src` plus best.json: written beside it, then swapped in."""
+    tmp, old = root / f".{BEST_DIR}-new", root / f".{BEST_DIR}-old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    (tmp / BEST_FILE).write_text(json.dumps(best) + "\n", encoding="utf-8")
+    shutil.rmtree(old, ignore_errors=True)
+    if (root / BEST_DIR).exists():
+        os.replace(root / BEST_DIR, old)
+    os.replace(tmp, root / BEST_DIR)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def restore_best(root: Path, best: dict[str, Any] | None) -> None:
+    """On resume: undo what a kill inside keep_best left. A best moved aside but not replaced is moved
+    back; a half-made copy is removed; a best the resumed state names (saved as step_N, killed before
+    the copy) but checkpoints/best does not hold is copied now when step_N still exists."""
+    cur, old = root / BEST_DIR, root / f".{BEST_DIR}-old"
+    if old.is_dir() and not cur.exists():
+        os.replace(old, cur)
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(root / f".{BEST_DIR}-new", ignore_errors=True)
+    if not best or best["step"] <= 0:
+        return
+    try:
+        held = json.loads((cur / BEST_FILE).read_text(encoding="utf-8")).get("step")
+    except (OSError, ValueError, AttributeError):
+        held = None
+    src = root / f"step_{int(best['step']):06d}"
+    if held != best["step"] and src.is_dir():
+        copy_best(src, root, best)
+
+
 def keep_best(trainer: Any, step: int, metrics: dict[str, float]) -> bool:
     """trainer.save_best: when this step's value of the metric beats the best so far (higher is better;
     the first value always does), save checkpoint `step` and copy it to checkpoints/best (atomically,
@@ -115,17 +148,8 @@ def keep_best(trainer: Any, step: int, metrics: dict[str, float]) -> bool:
     trainer.best = {"metric": name, "value": value, "step": step}
     if step <= t.save_best_after:
         return False
-    src = trainer.save()  # the regular step checkpoint, holding the new best in its state
-    root = Path(src).parent
-    tmp = root / f".{BEST_DIR}-new"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    (tmp / BEST_FILE).write_text(json.dumps(trainer.best) + "\n", encoding="utf-8")
-    old = root / f".{BEST_DIR}-old"
-    shutil.rmtree(old, ignore_errors=True)
-    if (root / BEST_DIR).exists():
-        os.replace(root / BEST_DIR, old)
-    os.replace(tmp, root / BEST_DIR)
-    shutil.rmtree(old, ignore_errors=True)
+    src = Path(trainer.save())  # the regular step checkpoint, holding the new best in its state
+    root = src.parent
+    copy_best(src, root, trainer.best)
     log.info("validation: %s=%.4g at step %d is the best so far; saved %s", name, value, step, root / BEST_DIR)
     return True

@@ -274,3 +274,24 @@ def test_missing_tracker_package_is_one_line(tiny_path, tmp_path, val_files, mon
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1, err
     assert "trainer.loggers names wandb but it is not installed" in err[0] and "memrl[track]" in err[0]
+
+
+def test_restore_best_after_a_kill(tmp_path):
+    """restore_best on resume: (a) killed between moving best aside and swapping the copy in: the old
+    best comes back and the half copy goes; (b) killed after saving step_3 as the new best but before the
+    copy: best is copied from step_3."""
+    from memrl.training.validation import restore_best
+
+    root = tmp_path / "checkpoints"
+    (root / ".best-old").mkdir(parents=True)
+    (root / ".best-old" / "best.json").write_text(json.dumps({"metric": "m", "value": 1.0, "step": 2}))
+    (root / ".best-new").mkdir()
+    restore_best(root, {"metric": "m", "value": 1.0, "step": 2})
+    assert sorted(p.name for p in root.iterdir()) == ["best"]
+    assert json.loads((root / "best" / "best.json").read_text())["step"] == 2
+
+    (root / "step_000003").mkdir()
+    (root / "step_000003" / "weights").write_text("3")
+    restore_best(root, {"metric": "m", "value": 2.0, "step": 3})
+    assert (root / "best" / "weights").read_text() == "3"
+    assert json.loads((root / "best" / "best.json").read_text()) == {"metric": "m", "value": 2.0, "step": 3}
