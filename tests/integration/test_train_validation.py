@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import struct
 
@@ -144,11 +143,9 @@ def test_validation_metrics_trackers_and_resume(tiny_path, tmp_path, val_files):
 
 
 def test_validation_equals_memrl_eval(tiny_path, tmp_path, val_files):
-    """Validation at step 2 and `memrl eval`'s evaluate() on checkpoint step_2, same seed and engine
-    config: identical predictions, answer texts and model calls (sampled: T 1.0, top_p 0.7, 2 samples)."""
-    from memrl.eval.runner import evaluate
-    from memrl.training.validation import eval_config
-
+    """Validation at step 2 and `memrl eval` on checkpoint step_2 with the same workflow, sampling
+    (T 1.0, top_p 0.7, 2 samples), seed (0) and engine settings: identical predictions, answer texts and
+    model calls, question by question and sample by sample."""
     out = tmp_path / "run"
     cfg = _cfg(tiny_path, out, 2, val_files, "trainer.val_every=2", "trainer.save_every=2", "val.samples=2",
                "val.temperature=1.0", "val.top_p=0.7")
@@ -157,9 +154,15 @@ def test_validation_equals_memrl_eval(tiny_path, tmp_path, val_files):
     assert [("val/mean_accuracy" in r) for r in rows] == [False, True]
     assert {"val/hq/2/mean_at_k", "val/hq/2/pass_at_k"} <= set(rows[1])
     val = [json.loads(x) for x in (out / "val" / "step_2" / "results.jsonl").read_text().splitlines()]
-    ecfg = eval_config(cfg)
-    ecfg = dataclasses.replace(ecfg, engine=dataclasses.replace(cfg.engine, model=str(out / "checkpoints" / "step_000002")))
-    ev = evaluate(val_files, tmp_path / "eval", ecfg)
+    # memrl eval's own engine defaults differ from training's (max_batch_size, hf.deterministic): pass the
+    # training engine's values, so both runs use the same engine settings
+    assert main(["eval", "--model", str(out / "checkpoints" / "step_000002"), "--out", str(tmp_path / "eval"),
+                 *val_files, "--no-progress", "workflow=memagent", "workflow.chunk_tokens=24",
+                 "workflow.max_memory_tokens=6", "workflow.max_final_tokens=8", "workflow.temperature=1.0",
+                 "workflow.top_p=0.7", "samples=2", "seed=0", "engine.name=hf",
+                 f"engine.max_batch_size={cfg.engine.max_batch_size}",
+                 f"engine.hf.deterministic={str(cfg.engine.hf.deterministic).lower()}"]) == 0
+    ev = [json.loads(x) for x in (tmp_path / "eval" / "results.jsonl").read_text().splitlines()]
 
     def key(r):
         return (r["dataset"], r["task_id"], r["sample"])
@@ -170,7 +173,7 @@ def test_validation_equals_memrl_eval(tiny_path, tmp_path, val_files):
     assert len(val) == len(ev) == 6
     by = {key(r): same(r) for r in val}
     assert by[("hq", "hq-0", 0)] != by[("hq", "hq-0", 1)]  # sampled: the two answers differ
-    assert {key(r): same(r) for r in val} == {key(r): same(r) for r in ev}
+    assert by == {key(r): same(r) for r in ev}
 
 
 def test_save_best_keeps_the_best_step_through_pruning_and_resume(tiny_path, tmp_path, val_files):
