@@ -187,6 +187,25 @@ class TrainerSection:
     """Newest checkpoints kept; 0 = all."""
     seed: int = valid(0, ge=0)
     tensorboard: bool = True
+    """False drops "tensorboard" from `loggers` (the older switch, kept as an alias)."""
+    loggers: list[str] = valid(default_factory=lambda: ["jsonl", "tensorboard"],
+                               choices=("jsonl", "tensorboard", "wandb", "mlflow"))
+    """Where step metrics go (memrl.training.trackers): jsonl (metrics.jsonl, always written: resume and
+    `memrl view` read it), tensorboard (<out_dir>/tb), wandb (offline, <out_dir>/wandb), mlflow (local
+    store, <out_dir>/mlruns unless mlflow_uri). The tracker run ids live in the checkpoints, so a resumed
+    run continues the same runs. wandb / mlflow need `pip install 'memrl[track]'`."""
+    mlflow_uri: str = ""
+    """loggers has mlflow: its tracking URI ("" = file:<out_dir>/mlruns; e.g. sqlite:///runs.db)."""
+    val_every: int = valid(0, ge=0, note="0 = off")
+    """Validate on the `val` section's files every k steps (memrl.training.validation); 0 = off. The
+    published MemAgent script validates every 5 steps, ReMemR1's and MemAct's every 10."""
+    save_best: str = ""
+    """A logged metric whose highest value's checkpoint is kept as checkpoints/best; "" = off. memrl ranks
+    by validation (val/mean_accuracy, val/<dataset>/<N>/accuracy, ...); ReMemR1's save_best_val ranks by
+    the training batch's mean score (reward/mean here)."""
+    save_best_after: int = valid(0, ge=0, note="0 = every step saves")
+    """save_best: steps <= k still set the best value but save no checkpoint (ReMemR1's trainer skips its
+    first 20 steps so: `global_steps > 20`)."""
     progress: bool = True
     dump_every: int = valid(10, ge=0, note="0 = off")
     """Append a sample of this step's trajectories to trajectories.jsonl every k steps (`memrl view`); 0 = off."""
@@ -203,6 +222,33 @@ class TrainerSection:
     """FSDP2 mixed precision: bf16 compute, fp32 gradient reduction (num_workers > 1)."""
     cpu_offload: bool = False
     """FSDP2 CPU offload of parameters and optimizer state (num_workers > 1)."""
+
+
+@dataclass
+class ValSection:
+    """Validation during training (trainer.val_every): the files and sampling of the evaluation that runs
+    through memrl.eval.runner.evaluate, the code of `memrl eval`, on the trainer's engine."""
+
+    files: list[str] = field(default_factory=list)
+    """Eval files (as `memrl eval` reads them; several datasets and lengths); each (dataset, N) gets its
+    own val/<dataset>/<N>/<metric> metrics."""
+    samples: int = valid(1, ge=1)
+    """Answers per question; > 1 adds mean_at_k / pass_at_k (the published MemAgent script samples 4)."""
+    temperature: float = valid(0.0, ge=0, note="0 = greedy")
+    """Sampling temperature of validation (memrl eval's greedy default; MemAgent's script: 1.0)."""
+    top_p: float = valid(1.0, gt=0, le=1, note="1 = off")
+    """Nucleus sampling of validation (MemAgent's script: 0.7)."""
+    max_questions: int = valid(0, ge=0, note="0 = all")
+    """Questions per file (the first ones); 0 = all."""
+    before_train: bool = False
+    """With trainer.val_every > 0: also validate the initial weights, logged at step 0 (the published
+    scripts do)."""
+    golds: str = valid("any", choices=("any", "first"))
+    """As `memrl eval golds=`: score against any gold answer or answers[0] only."""
+    extract: str = "boxed"
+    """As `memrl eval extract=` (memrl.rewards.extract)."""
+    metric_rules: str = "memrl"
+    """As `memrl eval metric_rules=` (memrl.rewards.published_metrics)."""
 
 
 @dataclass
@@ -274,6 +320,7 @@ class TrainConfig:
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
     optim: OptimSection = field(default_factory=OptimSection)
     trainer: TrainerSection = field(default_factory=TrainerSection)
+    val: ValSection = field(default_factory=ValSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
     ray: RaySection = field(default_factory=RaySection)
     out_dir: str = "runs/train"

@@ -85,4 +85,5 @@ def maybe_dump(trainer: Any, groups: list[Group]) -> int:
     with open(path, "a", encoding="utf-8") as f:
         for r in rows:
             f.write(dumps(r) + "\n")
+    trainer._dumped_rows = rows  # the trainer's trackers log them as a table (trainer.loggers)
     return len(rows)

@@ -17,7 +17,8 @@ class MetricsLogger:
 
     def __init__(self, out_dir: str | os.PathLike, tensorboard: bool = True, progress_total: int = 0,
                  progress_initial: int = 0, progress: bool = True, desc: str = "train",
-                 keep_until: int | None = None) -> None:
+                 keep_until: int | None = None, trackers: list[Any] | None = None) -> None:
+        self.trackers = list(trackers or [])  # memrl.training.trackers (wandb, mlflow): every row goes there too
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
@@ -47,13 +48,22 @@ class MetricsLogger:
             for k, v in clean.items():
                 if isinstance(v, float) and math.isfinite(v):
                     self._tb.add_scalar(k, v, step)
+        for t in self.trackers:
+            t.log(step, clean)
         if self._bar is not None:
             self._bar.update(1)
             shown = {k.split("/")[-1]: f"{clean[k]:.3g}" for k in ("reward/mean", "loss/total", "sft/loss")
                      if isinstance(clean.get(k), float)}
             self._bar.set_postfix(shown)
 
+    def table(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """A sample of trajectories (memrl.training.dump rows) to the trackers that keep tables."""
+        for t in self.trackers:
+            t.table(step, rows)
+
     def close(self) -> None:
+        for t in self.trackers:
+            t.close()
         self._fh.close()
         if self._tb is not None:
             self._tb.close()

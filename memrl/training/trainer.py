@@ -104,8 +104,23 @@ def validate(cfg: TrainConfig) -> tuple[Any, Any]:
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
+    check_loggers(cfg)
+    from memrl.training.validation import check as check_validation
+
+    check_validation(cfg)
     algorithm_options(cfg)
     return workflow_config(cfg)
+
+
+def check_loggers(cfg: TrainConfig) -> None:
+    """trainer.loggers: jsonl always (resume and `memrl view` read metrics.jsonl), each name once."""
+    names = list(cfg.trainer.loggers)
+    if "jsonl" not in names or len(set(names)) != len(names):
+        raise ConfigError(f"trainer.loggers={names} must hold jsonl (metrics.jsonl is what resume and memrl view "
+                          "read) and each logger once")
+    from memrl.training.trackers import check_installed
+
+    check_installed(names)  # a missing wandb / mlflow fails now, before any model loads
 
 
 def algorithm_options(cfg: TrainConfig) -> tuple[Any, Any]:
@@ -262,12 +277,15 @@ class Trainer:
         self.opt = getattr(self.workers, "opt", None)
         self.step = 0
         self.position = 0
+        self.tracker_ids: dict[str, str] = {}  # wandb / mlflow run ids (memrl.training.trackers), resumed
+        self.best: dict[str, Any] | None = None  # trainer.save_best: {"metric", "value", "step"} so far
         random.seed(cfg.trainer.seed)
         torch.manual_seed(cfg.trainer.seed)
         if start is not None:
             state = point.state
             set_rng_state(state["rng"])
             self.step, self.position = int(state["step"]), int(state["data_position"])
+            self.tracker_ids, self.best = dict(state.get("trackers") or {}), state.get("best")
             log.warning("resumed from %s (step %d, data position %d)", start, self.step, self.position)
         try:
             if cfg.rollout.num_engines > 0:
@@ -354,23 +372,36 @@ class Trainer:
             self._load()
         cfg = self.cfg
         (self.out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
-        logger = MetricsLogger(self.out, cfg.trainer.tensorboard, cfg.trainer.steps, self.step,
-                               cfg.trainer.progress, desc="rl", keep_until=self.step)
+        logger = MetricsLogger(self.out, cfg.trainer.tensorboard and "tensorboard" in cfg.trainer.loggers,
+                               cfg.trainer.steps, self.step, cfg.trainer.progress, desc="rl",
+                               keep_until=self.step, trackers=self._open_trackers())
         if logger.dropped:
             log.warning("%s: replaced %d row(s) of steps after %d, which are redone", logger.path,
                         logger.dropped, self.step)
         truncate_dump(self)  # trajectories.jsonl likewise holds each step once
+        if cfg.trainer.save_best:
+            from memrl.training.validation import restore_best
+
+            restore_best(self.ckpt_root, self.best)  # what a kill while replacing checkpoints/best left
         history: list[dict[str, float]] = []
         try:
+            if self.step == 0 and cfg.trainer.val_every and cfg.val.before_train:  # initial weights, as step 0
+                logger.log(0, self.validate_step(0))
             while self.step < cfg.trainer.steps:
                 metrics = self.train_step()
                 self.step += 1
+                if cfg.trainer.val_every and self.step % cfg.trainer.val_every == 0:
+                    metrics.update(self.validate_step(self.step))
+                saved = self.keep_best(metrics)  # trainer.save_best: saves this step when it is the best
                 logger.log(self.step, metrics)
+                dumped = self.__dict__.pop("_dumped_rows", None)  # memrl.training.dump, this step's sample
+                if dumped:
+                    logger.table(self.step, dumped)
                 history.append(metrics)
                 if self.on_step is not None:
                     self.on_step(self.step, metrics)
                 every = cfg.trainer.save_every
-                if (every and self.step % every == 0) or self.step == cfg.trainer.steps:
+                if not saved and ((every and self.step % every == 0) or self.step == cfg.trainer.steps):
                     self.save()
         finally:
             logger.close()
@@ -428,8 +459,41 @@ class Trainer:
         metrics["data/position"] = self.position
         return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
 
+    def _open_trackers(self) -> list[Any]:
+        """wandb / mlflow trackers of trainer.loggers, continuing the runs the checkpoint names."""
+        import yaml
+
+        from memrl.training.trackers import open_trackers
+
+        t = self.cfg.trainer
+        if not {"wandb", "mlflow"} & set(t.loggers):
+            return []
+        text = to_yaml(self.cfg)
+        made = open_trackers(t.loggers, self.out, self.tracker_ids, yaml.safe_load(text), text, t.mlflow_uri)
+        self.tracker_ids = {tr.name: tr.run_id for tr in made}
+        return made
+
+    def validate_step(self, step: int) -> dict[str, float]:
+        """Validation of the current weights (memrl.training.validation): val/... metrics of `step`."""
+        from memrl.training.validation import run_validation
+
+        t0 = time.perf_counter()
+        metrics = run_validation(self, step)
+        metrics["time/val_s"] = time.perf_counter() - t0
+        return metrics
+
+    def keep_best(self, metrics: dict[str, float]) -> bool:
+        """trainer.save_best: checkpoint this step as checkpoints/best when it beats the best so far."""
+        from memrl.training.validation import keep_best
+
+        return keep_best(self, self.step, metrics)
+
     def save(self) -> Path:
         state = {"rng": rng_state(), "step": self.step, "data_position": self.position}
+        if self.tracker_ids:
+            state["trackers"] = dict(self.tracker_ids)
+        if self.best is not None:
+            state["best"] = dict(self.best)
         return self.workers.save(self.ckpt_root, self.step, state, keep=self.cfg.trainer.keep_checkpoints,
                                  extra_files={"config.yaml": to_yaml(self.cfg)})
 

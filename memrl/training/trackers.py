@@ -1,0 +1,135 @@
+"""Experiment trackers beside metrics.jsonl (`trainer.loggers`): Weights & Biases in offline mode and
+MLflow on a local store, both under the run's out_dir, so nothing needs a network.
+
+- wandb: `wandb.init(mode="offline", dir=<out_dir>)`; the run lives in <out_dir>/wandb/offline-run-*/
+  (`wandb sync` uploads it later). A resumed run passes the saved id with resume="must".
+- mlflow: an MlflowClient on `file:<out_dir>/mlruns` (or `trainer.mlflow_uri`), experiment "memrl"; a
+  resumed run logs into the saved run id. MLflow 3 keeps its file store behind MLFLOW_ALLOW_FILE_STORE,
+  which memrl sets (unless already set) for a file: URI.
+
+The run ids are kept in every checkpoint's trainer state (`trackers`), so `--resume` continues the
+same tracker runs; steps a resume redoes are logged again (the trackers keep both values).
+Trajectory samples (the rows trajectories.jsonl gets at dump steps) go to a wandb.Table /
+an mlflow JSON artifact `trajectories/step_<k>.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from memrl.errors import UserError
+
+TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow")
+TABLE_COLUMNS = ("step", "task_id", "trajectory_id", "question", "answers", "prediction", "reward", "model_calls")
+
+
+def _import(module: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise UserError(f"trainer.loggers names {module.split('.')[0]} but it is not installed ({e}); "
+                        "pip install 'memrl[track]'") from e
+
+
+def check_installed(names: list[str]) -> None:
+    """The packages of the trackers `names` asks for import (a one-line UserError naming the extra if not)."""
+    for n, module in (("wandb", "wandb"), ("mlflow", "mlflow.tracking")):
+        if n in names:
+            _import(module)
+
+
+def _finite(metrics: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))}
+
+
+def _table_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    return [[r.get("step"), r.get("task_id"), r.get("trajectory_id"), r.get("question"),
+             json.dumps(r.get("answers", []), ensure_ascii=False), r.get("prediction"),
+             r.get("reward"), r.get("model_calls")] for r in rows]
+
+
+class WandbTracker:
+    name = "wandb"
+
+    def __init__(self, out: Path, run_id: str | None, config: dict[str, Any], run_name: str) -> None:
+        wandb = _import("wandb")
+        self._wandb = wandb
+        kw: dict[str, Any] = {"id": run_id, "resume": "must"} if run_id else {}
+        self.run = wandb.init(project="memrl", name=run_name, dir=str(out), mode="offline", config=config,
+                              settings=wandb.Settings(silent=True, console="off", x_disable_stats=True), **kw)
+        self.run_id = self.run.id
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        self.run.log(_finite(metrics), step=step)
+
+    def table(self, step: int, rows: list[dict[str, Any]]) -> None:
+        t = self._wandb.Table(columns=list(TABLE_COLUMNS), data=_table_rows(rows))
+        self.run.log({"trajectories": t}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowTracker:
+    name = "mlflow"
+
+    def __init__(self, out: Path, run_id: str | None, uri: str, config_yaml: str, run_name: str) -> None:
+        tracking = _import("mlflow.tracking")
+        self._entities = _import("mlflow.entities")
+        uri = uri or f"file:{(out / 'mlruns').resolve()}"
+        if uri.startswith("file:"):
+            # MLflow 3 refuses its file store unless this is set (the database stores need sqlalchemy,
+            # which mlflow-skinny does not pull in); the store still works and needs no server
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = tracking.MlflowClient(tracking_uri=uri)
+        if run_id:
+            self.client.get_run(run_id)  # a missing run fails here, naming the id
+            self.client.update_run(run_id, status="RUNNING")
+        else:
+            exp = self.client.get_experiment_by_name("memrl")
+            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment("memrl")
+            run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
+            self.client.log_text(run_id, config_yaml, "config.yaml")
+        self.run_id = run_id
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        now = int(time.time() * 1000)
+        ms = [self._entities.Metric(k, v, now, step) for k, v in _finite(metrics).items()]
+        for i in range(0, len(ms), 1000):  # log_batch takes at most 1000 metrics
+            self.client.log_batch(self.run_id, metrics=ms[i:i + 1000])
+
+    def table(self, step: int, rows: list[dict[str, Any]]) -> None:
+        data = {"columns": list(TABLE_COLUMNS), "data": _table_rows(rows)}
+        self.client.log_text(self.run_id, json.dumps(data, ensure_ascii=False, default=str),
+                             f"trajectories/step_{step}.json")
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+def open_trackers(names: list[str], out: str | os.PathLike, ids: dict[str, str], config: dict[str, Any],
+                  config_yaml: str, mlflow_uri: str = "") -> list[Any]:
+    """The trackers `names` asks for beyond jsonl / tensorboard (which MetricsLogger writes itself),
+    continuing the runs `ids` names (from the checkpoint state)."""
+    out = Path(out)
+    run_name = out.resolve().name
+    made: list[Any] = []
+    try:
+        for n in names:
+            if n == "wandb":
+                made.append(WandbTracker(out, ids.get("wandb"), config, run_name))
+            elif n == "mlflow":
+                made.append(MlflowTracker(out, ids.get("mlflow"), mlflow_uri, config_yaml, run_name))
+    except BaseException:
+        for t in made:
+            t.close()
+        raise
+    return made
