@@ -521,3 +521,39 @@ def test_page_in_headless_chromium(runs):
     assert (shots / "side_by_side.png").stat().st_size > 10_000
     if os.environ.get("MEMRL_VIEWER_SCREENSHOT"):  # how docs/img/viewer.png is made
         shutil.copyfile(shots / "side_by_side.png", os.environ["MEMRL_VIEWER_SCREENSHOT"])
+
+
+def test_validation_curves_in_headless_chromium(runs, tmp_path):
+    """A training run that validated (trainer.val_every, val.before_train): its metrics.jsonl holds
+    val/<dataset>/<N>/<metric> on the steps that validated only (step 0 = before training), as
+    memrl.training.validation logs them; the page's metric picker lists them and draws just those points."""
+    chromium, sync_playwright = _browser()
+    d = tmp_path / "validated"
+    shutil.copytree(runs["train"], d)
+    rows = [{"step": 0, "val/hotpotqa/50/accuracy": 25.0, "val/mean_accuracy": 25.0},
+            {"step": 1, "reward/mean": 0.25},
+            {"step": 2, "reward/mean": 0.5, "val/hotpotqa/50/accuracy": 75.0, "val/mean_accuracy": 75.0},
+            {"step": 3, "reward/mean": 0.75}]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = Server([d])
+    try:
+        names = s.get("api/runs/0/summary")[1]["metric_names"]
+        assert names == ["reward/mean", "val/hotpotqa/50/accuracy", "val/mean_accuracy"]
+        assert s.get("api/runs/0/metrics?names=val/hotpotqa/50/accuracy")[1] == {
+            "val/hotpotqa/50/accuracy": [[0.0, 25.0], [2.0, 75.0]]}
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1200, "height": 800})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(s.url + "#run=0&idx=0")
+            page.wait_for_selector("#metric")
+            assert [o.inner_text() for o in page.locator("#metric option").all()] == names
+            page.wait_for_function("document.querySelectorAll('#curve svg circle').length === 3")  # reward/mean
+            page.select_option("#metric", "val/hotpotqa/50/accuracy")
+            page.wait_for_function("document.querySelectorAll('#curve svg circle').length === 2")
+            page.screenshot(path=str(tmp_path / "validation.png"))
+            assert errors == []
+            browser.close()
+    finally:
+        s.close()
