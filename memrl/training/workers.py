@@ -103,7 +103,9 @@ class PolicyWorker:
         with hf_progress_off():
             self.model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).to(self.device)
         if cfg.model.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+            # transformers >= 5.24 names it activation checkpointing (the old name warns); older ones only have the old
+            enable = getattr(self.model, "activation_checkpointing_enable", None) or self.model.gradient_checkpointing_enable
+            enable()
         t = cfg.trainer
         D.shard_model(self.model, t.fsdp_bf16, t.cpu_offload)
         self.ref = None
