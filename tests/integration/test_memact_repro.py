@@ -170,9 +170,11 @@ def test_memact_dcpo_resume_is_exact(searching_model, tmp_path):
     _assert_equal_weights(straight, resumed)
 
 
-# `memrl train` in a child process with memact_searched registered (this module imported by path)
-CHILD = ("import sys; sys.path.insert(0, {here!r}); import test_memact_repro; from memrl.cli import main; "
-         "sys.exit(main(['train', *sys.argv[1:]]))")
+# `memrl train` in a child process with memact_searched registered (this module imported by path), on the
+# same number of torch threads as this process: bit-exactness holds for one thread count (docs/CONTRACTS.md),
+# and an earlier in-process test (`memrl demo ... threads=1`) may have changed this process's
+CHILD = ("import sys; sys.path.insert(0, {here!r}); import torch; torch.set_num_threads({threads}); "
+         "import test_memact_repro; from memrl.cli import main; sys.exit(main(['train', *sys.argv[1:]]))")
 
 
 def test_memact_dcpo_killed_mid_rollout_resumes_exactly(searching_model, tmp_path):
@@ -183,7 +185,8 @@ def test_memact_dcpo_killed_mid_rollout_resumes_exactly(searching_model, tmp_pat
     env = {k: v for k, v in os.environ.items() if k != "MEMRL_FAULT_AT"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["MEMRL_FAULT_AT"] = "trajectory@12"
-    proc = subprocess.run([sys.executable, "-c", CHILD.format(here=str(Path(__file__).parent)),
+    proc = subprocess.run([sys.executable, "-c", CHILD.format(here=str(Path(__file__).parent),
+                                                          threads=torch.get_num_threads()),
                            *_overrides(searching_model, out, 2, save_every=1)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
