@@ -90,9 +90,12 @@ def model_dir(path: str, key: str) -> Path:
     hint = weightless_hint(p)
     if hint:
         raise UserError(f"{key}={path}: {hint}")
-    from memrl.models.check import check_model_files
+    from memrl.models.check import ModelFilesError, check_model_files
 
-    check_model_files(p, key)
+    try:
+        check_model_files(p, key)
+    except ModelFilesError as e:
+        raise UserError(str(e)) from None
     return p
 
 

@@ -322,12 +322,15 @@ def context_token_stats(files: list[str], tokenizer, kind: str = "auto", skip_ba
 def _stats(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from memrl.models.check import check_tokenizer_files
+    from memrl.models.check import ModelFilesError, check_tokenizer_files
 
     if not Path(args.tokenizer).exists():
         raise UserError(f"--tokenizer {args.tokenizer} does not exist")
     if Path(args.tokenizer).is_dir():  # (a hub name is left to transformers)
-        check_tokenizer_files(Path(args.tokenizer), f"--tokenizer {args.tokenizer}", chat_template=False)
+        try:
+            check_tokenizer_files(Path(args.tokenizer), f"--tokenizer {args.tokenizer}", chat_template=False)
+        except ModelFilesError as e:
+            raise UserError(str(e)) from None
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     tok.model_max_length = 1 << 40  # counting tokens, not feeding a model: no length warning
     rows = context_token_stats(args.files, tok, args.kind, args.skip_bad, args.docs_from)

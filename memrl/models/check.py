@@ -18,7 +18,11 @@ import json
 import struct
 from pathlib import Path
 
-from memrl.errors import UserError
+
+class ModelFilesError(ValueError):
+    """A model directory's files are missing or damaged; the message names the directory and what. The
+    callers (`memrl.errors.model_dir`, `memrl data stats`) report it as a `memrl.errors.UserError` (this
+    module stays below memrl.errors: no import cycle)."""
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -27,7 +31,7 @@ _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
 
 
 def check_model_files(path: str | Path, key: str) -> None:
-    """Config, weights and tokenizer of the model directory `path` (named by option `key`); UserError
+    """Config, weights and tokenizer of the model directory `path` (named by option `key`); ModelFilesError
     naming the directory and what is missing or damaged. The directory itself is checked by
     `memrl.errors.model_dir`, which calls this."""
     p = Path(path)
@@ -41,22 +45,22 @@ def _check_config(p: Path, where: str) -> None:
     try:
         cfg = json.loads((p / "config.json").read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
-        raise UserError(f"{where}: config.json is not UTF-8 text") from e
+        raise ModelFilesError(f"{where}: config.json is not UTF-8 text") from e
     except json.JSONDecodeError as e:
-        raise UserError(f"{where}: config.json is not valid JSON (line {e.lineno} column {e.colno}: {e.msg})") from e
+        raise ModelFilesError(f"{where}: config.json is not valid JSON (line {e.lineno} column {e.colno}: {e.msg})") from e
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model_type"), str) or not cfg["model_type"]:
-        raise UserError(f"{where}: config.json has no \"model_type\" (expected a HuggingFace model config)")
+        raise ModelFilesError(f"{where}: config.json has no \"model_type\" (expected a HuggingFace model config)")
 
 
 def _check_weights(p: Path, where: str) -> None:
     present = [f for f in WEIGHT_FILES if (p / f).is_file()]
     if not present:
-        raise UserError(f"{where} has no model weights (expected {', '.join(WEIGHT_FILES[:-1])} "
+        raise ModelFilesError(f"{where} has no model weights (expected {', '.join(WEIGHT_FILES[:-1])} "
                         f"or {WEIGHT_FILES[-1]})")
     for index in (f for f in present if f.endswith(".index.json")):
         for shard in _index_shards(p / index, where):
             if not (p / shard).is_file():
-                raise UserError(f"{where}: weight shard {shard} (listed in {index}) is missing")
+                raise ModelFilesError(f"{where}: weight shard {shard} (listed in {index}) is missing")
             if shard.endswith(".safetensors"):
                 _check_safetensors(p / shard, where)
     if "model.safetensors" in present:
@@ -68,10 +72,10 @@ def _index_shards(index: Path, where: str) -> list[str]:
         shards = json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()
         names = sorted({str(s) for s in shards})
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise UserError(f"{where}: {index.name} is not a valid weight index (expected JSON with a "
+        raise ModelFilesError(f"{where}: {index.name} is not a valid weight index (expected JSON with a "
                         "\"weight_map\" object)") from e
     if not names or any("/" in s or "\\" in s or s.startswith(".") for s in names):
-        raise UserError(f"{where}: {index.name} lists no weight shards, or names outside the directory")
+        raise ModelFilesError(f"{where}: {index.name} lists no weight shards, or names outside the directory")
     return names
 
 
@@ -105,14 +109,14 @@ def safetensors_problem(f: Path) -> str | None:
 def _check_safetensors(f: Path, where: str) -> None:
     problem = safetensors_problem(f)
     if problem:
-        raise UserError(f"{where}: {f.name} is damaged: {problem}")
+        raise ModelFilesError(f"{where}: {f.name} is damaged: {problem}")
 
 
 def check_tokenizer_files(p: Path, where: str, chat_template: bool = True) -> None:
-    """A tokenizer vocabulary (and, with `chat_template`, a chat template) in directory `p`; UserError
+    """A tokenizer vocabulary (and, with `chat_template`, a chat template) in directory `p`; ModelFilesError
     naming `where` otherwise."""
     if not any(all((p / f).is_file() for f in files) for files in VOCAB_FILES):
-        raise UserError(f"{where} has no tokenizer (expected tokenizer.json, tokenizer.model, "
+        raise ModelFilesError(f"{where} has no tokenizer (expected tokenizer.json, tokenizer.model, "
                         "vocab.json + merges.txt, or vocab.txt)")
     if not chat_template or (p / "chat_template.jinja").is_file() or (p / "chat_template.json").is_file():
         return
@@ -121,5 +125,5 @@ def check_tokenizer_files(p: Path, where: str, chat_template: bool = True) -> No
     except (OSError, ValueError):
         tok_cfg = None
     if not (isinstance(tok_cfg, dict) and tok_cfg.get("chat_template")):
-        raise UserError(f"{where} has no chat template (expected chat_template.jinja, chat_template.json or "
+        raise ModelFilesError(f"{where} has no chat template (expected chat_template.jinja, chat_template.json or "
                         "\"chat_template\" in tokenizer_config.json; memrl's workflows format every prompt with it)")
