@@ -112,17 +112,15 @@ def _root(base_url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-def completion_request(prompt_ids: list[int], sampling: SamplingParams, model: str | None) -> dict[str, Any]:
-    """The /v1/completions body for one token-id prompt."""
+def _sampling_fields(sampling: SamplingParams, model: str | None) -> dict[str, Any]:
+    """The body fields both endpoints share: sampling, ids in the reply (vLLM / SGLang extras; servers ignore
+    fields they do not know), one unstreamed choice, and the model when named."""
     body: dict[str, Any] = {
-        "prompt": [int(t) for t in prompt_ids],
         "max_tokens": int(sampling.max_tokens),
         "temperature": float(sampling.temperature),
         "top_p": float(sampling.top_p),
-        "logprobs": 1,  # the sampled token's logprob is token_logprobs; 1 is accepted by every server
         "return_token_ids": True,
         "return_tokens_as_token_ids": True,
-        "skip_special_tokens": False,
         "n": 1,
         "stream": False,
     }
@@ -135,32 +133,26 @@ def completion_request(prompt_ids: list[int], sampling: SamplingParams, model: s
     if model:
         body["model"] = model
     return body
+
+
+def completion_request(prompt_ids: list[int], sampling: SamplingParams, model: str | None) -> dict[str, Any]:
+    """The /v1/completions body for one token-id prompt."""
+    return {
+        "prompt": [int(t) for t in prompt_ids],
+        **_sampling_fields(sampling, model),
+        "logprobs": 1,  # the sampled token's logprob is token_logprobs; 1 is accepted by every server
+        "skip_special_tokens": False,
+    }
 
 
 def chat_request(messages: list[dict[str, Any]], sampling: SamplingParams, model: str | None) -> dict[str, Any]:
-    """The /v1/chat/completions body for one prompt's messages (vLLM / SGLang extras included; servers
-    ignore fields they do not know)."""
-    body: dict[str, Any] = {
+    """The /v1/chat/completions body for one prompt's messages."""
+    return {
         "messages": messages,
-        "max_tokens": int(sampling.max_tokens),
-        "temperature": float(sampling.temperature),
-        "top_p": float(sampling.top_p),
+        **_sampling_fields(sampling, model),
         "logprobs": True,
         "top_logprobs": 0,  # the sampled token's own logprob only
-        "return_token_ids": True,
-        "return_tokens_as_token_ids": True,
-        "n": 1,
-        "stream": False,
     }
-    if sampling.top_k > 0:
-        body["top_k"] = int(sampling.top_k)
-    if sampling.seed is not None:
-        body["seed"] = int(sampling.seed)
-    if sampling.stop_token_ids:
-        body["stop_token_ids"] = list(sampling.stop_token_ids)
-    if model:
-        body["model"] = model
-    return body
 
 
 def parse_chat(payload: Any, url: str, tokenizer: Any) -> Completion:
