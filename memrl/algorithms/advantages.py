@@ -13,14 +13,17 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
-from memrl.algorithms.registry import get_advantage, options_kwargs, register_advantage
+from memrl.algorithms.base import ADVANTAGE, ADVANTAGES, lookup, options_kwargs, register_advantage
+from memrl.algorithms.options import STATE_TERMS, DCPOOptions, GRPOOptions, ReMemR1Options
 from memrl.types import Group, Trajectory
 
+__all__ = ["STATE_TERMS", "DCPOOptions", "GRPOOptions", "ReMemR1Options", "assign_advantages",
+           "compute_group_advantages", "dcpo_estimator", "grpo_advantages", "grpo_estimator",
+           "rememr1_advantages", "rememr1_estimator"]
+
 Credit = Literal["broadcast", "split"]
-STATE_TERMS: tuple[str, ...] = ("paper", "released")
 SegmentAdvantages = list[list[list[float]]]
 
 
@@ -35,7 +38,7 @@ def _centre(values: list[float], norm_by_std: bool, eps: float) -> list[float]:
 
 
 def grpo_advantages(
-    rewards: Sequence[float], group_ids: Sequence[Hashable], norm_by_std: bool = True, eps: float = 1e-6
+    rewards: Sequence[float], group_ids: Sequence[Hashable], norm_by_std: bool, eps: float = GRPOOptions.eps
 ) -> list[float]:
     """GRPO: A_i = (r_i - mean_g) / (std_g + eps), std unbiased; r_i - mean_g without std division.
 
@@ -58,7 +61,7 @@ def grpo_advantages(
 
 
 def assign_advantages(
-    trajectories: Sequence[Trajectory], advantages: Sequence[float], credit: Credit = "broadcast"
+    trajectories: Sequence[Trajectory], advantages: Sequence[float], credit: str = GRPOOptions.credit
 ) -> None:
     """Write each trajectory's advantage A onto its segments: `broadcast` gives every segment A, `split` A/T."""
     if len(trajectories) != len(advantages):
@@ -70,7 +73,7 @@ def assign_advantages(
             seg.advantage = v
 
 
-def _credit(a: float, num_segments: int, credit: Credit) -> list[float]:
+def _credit(a: float, num_segments: int, credit: str) -> list[float]:
     if credit == "broadcast":
         return [a] * num_segments
     if credit == "split":
@@ -83,10 +86,10 @@ def rememr1_advantages(
     step_rewards: Sequence[Sequence[float | None]],
     group_ids: Sequence[Hashable],
     step_keys: Sequence[Sequence[Hashable]] | None = None,
-    alpha: float = 0.8,
-    norm_by_std: bool = False,
-    eps: float = 1e-6,
-    state_term: str = "paper",
+    alpha: float = ReMemR1Options.alpha,
+    norm_by_std: bool = ReMemR1Options.norm_by_std,
+    eps: float = ReMemR1Options.eps,
+    state_term: str = ReMemR1Options.state_term,
 ) -> list[list[float]]:
     """ReMemR1 multi-level advantage: A_{i,t} = alpha * A_out,i + (1 - alpha) * A_state,i,t.
 
@@ -162,50 +165,10 @@ def _regroup(groups: Sequence[Group], per_traj: list[list[float]]) -> SegmentAdv
     return out
 
 
-@dataclass
-class GRPOOptions:
-    """Options of the grpo estimator (filled from algorithm.*)."""
-
-    norm_by_std: bool = True
-    """Divide by the group's std (MemAgent's script mean-centres only)."""
-    eps: float = 1e-6
-    """Added to the std before dividing."""
-    credit: str = "broadcast"
-    """broadcast: every segment gets its trajectory's advantage; split: A / number of segments."""
-
-
-@dataclass
-class DCPOOptions:
-    """Options of the dcpo estimator (filled from algorithm.*)."""
-
-    eps: float = 1e-6
-    """Added to the std before dividing."""
-
-
-@dataclass
-class ReMemR1Options:
-    """Options of the rememr1 estimator (filled from algorithm.*)."""
-
-    alpha: float = 0.8
-    """A = alpha * A_out + (1 - alpha) * A_state,t (ReMemR1's published 0.8)."""
-    norm_by_std: bool = False
-    """Divide each centred level by its std."""
-    eps: float = 1e-6
-    """Added to the std before dividing."""
-    state_term: str = "paper"
-    """paper: (1 - alpha) * A_state; released: the released trainer's term, A_state over 2 * r (twice the
-    paper's without std division: 0.8 * A_out + 0.4 * (r - mean) at alpha 0.8)."""
-
-    def __post_init__(self) -> None:
-        if self.state_term not in STATE_TERMS:
-            raise ValueError(
-                f"algorithm.state_term must be one of {', '.join(STATE_TERMS)}, got {self.state_term!r}"
-            )
-
-
 @register_advantage("grpo", GRPOOptions)
 def grpo_estimator(
-    groups: Sequence[Group], norm_by_std: bool = True, eps: float = 1e-6, credit: Credit = "broadcast"
+    groups: Sequence[Group], norm_by_std: bool = GRPOOptions.norm_by_std, eps: float = GRPOOptions.eps,
+    credit: str = GRPOOptions.credit,
 ) -> SegmentAdvantages:
     """GRPO over trajectories (`grpo_advantages`), credited to segments by `broadcast` or `split`.
 
@@ -221,7 +184,7 @@ def grpo_estimator(
 
 
 @register_advantage("dcpo", DCPOOptions)
-def dcpo_estimator(groups: Sequence[Group], eps: float = 1e-6) -> SegmentAdvantages:
+def dcpo_estimator(groups: Sequence[Group], eps: float = DCPOOptions.eps) -> SegmentAdvantages:
     """MemAct DCPO: A = (R - mean) / (std + eps) over distinct trajectories, given to every segment."""
     return grpo_estimator(groups, norm_by_std=True, eps=eps, credit="broadcast")
 
@@ -234,8 +197,8 @@ def _step_key(seg_step: int, kind: object) -> Hashable:
 
 @register_advantage("rememr1", ReMemR1Options)
 def rememr1_estimator(
-    groups: Sequence[Group], alpha: float = 0.8, norm_by_std: bool = False, eps: float = 1e-6,
-    state_term: str = "paper",
+    groups: Sequence[Group], alpha: float = ReMemR1Options.alpha, norm_by_std: bool = ReMemR1Options.norm_by_std,
+    eps: float = ReMemR1Options.eps, state_term: str = ReMemR1Options.state_term,
 ) -> SegmentAdvantages:
     """ReMemR1 (`rememr1_advantages`) from trajectory rewards and `Segment.step_reward`; steps keyed by `Segment.step`.
 
@@ -259,7 +222,7 @@ def compute_group_advantages(
 ) -> SegmentAdvantages:
     """Run the estimator registered as `name` with `options` (its options dataclass, e.g. from
     registry.fill_options) or keyword options, and write its values onto every `Segment.advantage`."""
-    values = get_advantage(name)(groups, **options_kwargs(options), **kwargs)
+    values = lookup(ADVANTAGES, ADVANTAGE, name)(groups, **options_kwargs(options), **kwargs)
     if len(values) != len(groups):
         raise ValueError(f"advantage estimator {name!r} returned {len(values)} groups for {len(groups)}")
     for group, per_group in zip(groups, values, strict=True):

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-from memrl.algorithms.registry import register_loss
+from memrl.algorithms.base import register_loss
+from memrl.algorithms.options import PPOOptions
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "traj-mean"]
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "traj-mean")
@@ -28,27 +28,15 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum() / n) if n > 0 else 0.0
 
 
-@dataclass
-class PPOOptions:
-    """Options of the ppo loss (filled from algorithm.*)."""
-
-    clip_low: float = 0.2
-    """rho is clipped below at 1 - clip_low."""
-    clip_high: float = 0.2
-    """rho is clipped above at 1 + clip_high (DAPO's clip-higher when > clip_low)."""
-    dual_clip_c: float | None = 3.0
-    """Dual clip: for A < 0 the loss is at most -A * c (None disables)."""
-
-
 @register_loss("ppo", PPOOptions)
 def ppo_clip_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip_c: float | None = 3.0,
+    clip_low: float = PPOOptions.clip_low,
+    clip_high: float = PPOOptions.clip_high,
+    dual_clip_c: float | None = PPOOptions.dual_clip_c,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clip: max(-A*rho, -A*clip(rho, 1-clip_low, 1+clip_high)); for A<0 also min(that, -A*c) (dual clip).
 

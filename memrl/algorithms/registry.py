@@ -5,107 +5,72 @@ segment, indexed [group][trajectory][segment]. A policy loss is `fn(logprobs, ol
 mask, **options) -> (per_token_loss, stats)`. Each registers with an options dataclass whose fields are
 its keyword options; `fill_options` fills one from the `algorithm.*` config section (same field names),
 so the trainer calls any registered estimator or loss without knowing its name.
+
+The tables and decorators live in memrl.algorithms.base (what an implementation imports); this module
+adds the lookups, which import the built-in implementations on first use, so `get_advantage("grpo")`
+works without importing them first (and without importing torch). Dependencies run one way:
+registry -> advantages / losses -> base.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-F = TypeVar("F", bound=Callable[..., Any])
+from memrl.algorithms.base import (
+    ADVANTAGE,
+    ADVANTAGES,
+    LOSS,
+    LOSSES,
+    OPTIONS,
+    fill_options,
+    lookup,
+    options_kwargs,
+    register_advantage,
+    register_loss,
+)
 
-_ADVANTAGES: dict[str, Callable[..., Any]] = {}
-_LOSSES: dict[str, Callable[..., Any]] = {}
-_OPTIONS: dict[tuple[str, str], type | None] = {}
-
-
-def _register(table: dict[str, Callable[..., Any]], kind: str, name: str, options: type | None) -> Callable[[F], F]:
-    if options is not None and not dataclasses.is_dataclass(options):
-        raise TypeError(f"{kind} {name!r}: options must be a dataclass, got {options!r}")
-
-    def deco(fn: F) -> F:
-        if name in table and table[name] is not fn:
-            raise ValueError(f"{kind} {name!r} is already registered (by {table[name].__qualname__})")
-        table[name] = fn
-        _OPTIONS[(kind, name)] = options
-        return fn
-
-    return deco
+__all__ = ["advantage_names", "advantage_options", "fill_options", "get_advantage", "get_loss", "loss_names",
+           "loss_options", "options_kwargs", "register_advantage", "register_loss"]
 
 
-def fill_options(cls: type | None, section: Any, where: str = "algorithm") -> Any:
-    """An instance of the options dataclass `cls`, each field taken from `section`'s field of the same
-    name (None when `cls` is None). A field the section lacks is an error naming it."""
-    if cls is None:
-        return None
-    missing = [f.name for f in dataclasses.fields(cls) if not hasattr(section, f.name)]
-    if missing:
-        raise ValueError(f"{cls.__name__} needs {', '.join(where + '.' + m for m in missing)}, which the "
-                         f"{type(section).__name__} config does not have; add the field there")
-    return cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(cls)})
-
-
-def options_kwargs(opts: Any) -> dict[str, Any]:
-    """The keyword arguments an options dataclass instance stands for ({} for None)."""
-    return {} if opts is None else {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
-
-
-def _lookup(table: dict[str, Callable[..., Any]], kind: str, name: str) -> Callable[..., Any]:
-    if name not in table:
-        raise KeyError(f"unknown {kind} {name!r}; known: {', '.join(sorted(table)) or '(none)'}")
-    return table[name]
-
-
-# The built-in estimators and losses register when their module is imported; lookups import it
-# lazily, so `get_advantage("grpo")` works without importing it first (and without importing torch).
 def _load_advantages() -> None:
-    from memrl.algorithms import advantages  # noqa: F401
+    from memrl.algorithms import advantages  # noqa: F401 - registers grpo, dcpo, rememr1
 
 
 def _load_losses() -> None:
-    from memrl.algorithms import losses  # noqa: F401
-
-
-def register_advantage(name: str, options: type | None = None) -> Callable[[F], F]:
-    """Decorator: register an advantage estimator under `name`, with its options dataclass."""
-    return _register(_ADVANTAGES, "advantage estimator", name, options)
+    from memrl.algorithms import losses  # noqa: F401 - registers ppo (imports torch)
 
 
 def advantage_options(name: str) -> type | None:
     """The options dataclass the estimator `name` registered with (None: it takes no options)."""
     get_advantage(name)
-    return _OPTIONS[("advantage estimator", name)]
+    return OPTIONS[(ADVANTAGE, name)]
 
 
 def get_advantage(name: str) -> Callable[..., Any]:
     """The advantage estimator registered as `name` (KeyError listing the known names otherwise)."""
     _load_advantages()
-    return _lookup(_ADVANTAGES, "advantage estimator", name)
+    return lookup(ADVANTAGES, ADVANTAGE, name)
 
 
 def advantage_names() -> list[str]:
     _load_advantages()
-    return sorted(_ADVANTAGES)
-
-
-def register_loss(name: str, options: type | None = None) -> Callable[[F], F]:
-    """Decorator: register a policy loss under `name`, with its options dataclass."""
-    return _register(_LOSSES, "policy loss", name, options)
+    return sorted(ADVANTAGES)
 
 
 def loss_options(name: str) -> type | None:
     """The options dataclass the loss `name` registered with (None: it takes no options)."""
     get_loss(name)
-    return _OPTIONS[("policy loss", name)]
+    return OPTIONS[(LOSS, name)]
 
 
 def get_loss(name: str) -> Callable[..., Any]:
     """The policy loss registered as `name` (KeyError listing the known names otherwise)."""
     _load_losses()
-    return _lookup(_LOSSES, "policy loss", name)
+    return lookup(LOSSES, LOSS, name)
 
 
 def loss_names() -> list[str]:
     _load_losses()
-    return sorted(_LOSSES)
+    return sorted(LOSSES)

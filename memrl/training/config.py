@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from memrl.algorithms.options import STATE_TERMS, GRPOOptions, PPOOptions, ReMemR1Options
 from memrl.config import REMOVED_KEYS, valid
 from memrl.data.synthetic import SyntheticConfig
 from memrl.engines.config import EngineConfig
@@ -77,7 +78,8 @@ class DataSection:
 @dataclass
 class AlgorithmSection:
     """Advantage estimator, group size and the policy loss (MemAgent / ReMemR1 papers and scripts). The estimator's and the
-    loss's options (their registered options dataclasses) are filled from the fields of the same name."""
+    loss's options (their registered options dataclasses) are filled from the fields of the same name, whose
+    defaults are those dataclasses' defaults (memrl.algorithms.options: the one place they are set)."""
 
     name: str = valid("grpo", choices=_advantage_names)
     """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1. It does not choose which
@@ -93,24 +95,24 @@ class AlgorithmSection:
     that pruned). memrl.algorithms.selection."""
     segments_per_task: int = valid(12, ge=1)
     """selection != all: rows trained per task (MemAct publishes 12; `rollout.n` upstream); >= n."""
-    norm_by_std: bool = False
+    norm_by_std: bool = GRPOOptions.norm_by_std
     """GRPO: divide by the group's std (MemAgent's script mean-centres only)."""
-    credit: str = valid("broadcast", choices=("broadcast", "split"))
+    credit: str = valid(GRPOOptions.credit, choices=("broadcast", "split"))
     """broadcast: every row of a trajectory gets its advantage; split: A / number of rows."""
-    alpha: float = valid(0.8, ge=0, le=1)
+    alpha: float = valid(ReMemR1Options.alpha, ge=0, le=1)
     """rememr1: A = alpha * A_out + (1 - alpha) * A_state,t (ReMemR1's published 0.8)."""
-    eps: float = valid(1e-6, gt=0)
+    eps: float = valid(GRPOOptions.eps, gt=0)
     """grpo / dcpo / rememr1: added to the group std before dividing."""
-    state_term: str = valid("paper", choices=("paper", "released"))
+    state_term: str = valid(ReMemR1Options.state_term, choices=STATE_TERMS)
     """rememr1: paper = alpha * A_out + (1 - alpha) * A_state; released = the released trainer's state term
     over twice the step reward (0.8 * A_out + 0.4 * (r - mean) at alpha 0.8 without std division)."""
     loss: str = valid("ppo", choices=_loss_names)
     """Policy loss (memrl.algorithms.registry)."""
-    clip_low: float = valid(0.2, ge=0, lt=1)
+    clip_low: float = valid(PPOOptions.clip_low, ge=0, lt=1)
     """PPO: the ratio is clipped below at 1 - clip_low."""
-    clip_high: float = valid(0.2, ge=0)
+    clip_high: float = valid(PPOOptions.clip_high, ge=0)
     """PPO: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher when > clip_low)."""
-    dual_clip_c: float | None = valid(3.0, gt=1, note="null = no dual clip")
+    dual_clip_c: float | None = valid(PPOOptions.dual_clip_c, gt=1, note="null = no dual clip")
     """Dual clip: for A < 0 the loss is at most -A * c."""
     loss_agg: str = valid("token-mean", choices=_agg_modes)
     """token-mean, seq-mean-token-mean, seq-mean-token-sum, traj-mean."""

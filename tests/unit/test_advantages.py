@@ -47,25 +47,25 @@ def test_grpo_mean_centring_only():
 
 def test_grpo_std_normalized():
     # b = [0, 2, 4]: mean 2, unbiased var = (4 + 0 + 4) / 2 = 4, std 2 -> [-2, 0, 2] / (2 + 1e-6)
-    assert grpo_advantages([0, 2, 4], ["b"] * 3) == pytest.approx([-1, 0, 1], rel=1e-6)
-    assert grpo_advantages([0, 2, 4], ["b"] * 3)[2] == pytest.approx(2 / 2.000001, rel=1e-12)
+    assert grpo_advantages([0, 2, 4], ["b"] * 3, norm_by_std=True) == pytest.approx([-1, 0, 1], rel=1e-6)
+    assert grpo_advantages([0, 2, 4], ["b"] * 3, norm_by_std=True)[2] == pytest.approx(2 / 2.000001, rel=1e-12)
     # a = [1, 0, 0, 1]: var = 4 * 0.25 / 3 = 1/3, std = 0.5773503 -> 0.5 / 0.5773503 = 0.8660254 (= sqrt(3)/2)
-    assert grpo_advantages([1, 0, 0, 1], ["a"] * 4) == pytest.approx(
+    assert grpo_advantages([1, 0, 0, 1], ["a"] * 4, norm_by_std=True) == pytest.approx(
         [0.8660254, -0.8660254, -0.8660254, 0.8660254], rel=REL
     )
 
 
 def test_grpo_single_member_and_zero_variance_groups():
     # a group of one gets A = r exactly (mean 0, std 1), with and without std division
-    assert grpo_advantages([0.7], ["solo"]) == [0.7]
+    assert grpo_advantages([0.7], ["solo"], norm_by_std=True) == [0.7]
     assert grpo_advantages([0.7], ["solo"], norm_by_std=False) == [0.7]
     # all rewards equal: (1 - 1) / (0 + eps) = 0
-    assert grpo_advantages([1, 1], ["same", "same"]) == [0.0, 0.0]
+    assert grpo_advantages([1, 1], ["same", "same"], norm_by_std=True) == [0.0, 0.0]
 
 
 def test_grpo_length_mismatch_is_an_error():
     with pytest.raises(ValueError, match="2 rewards but 1 group ids"):
-        grpo_advantages([1, 0], ["a"])
+        grpo_advantages([1, 0], ["a"], norm_by_std=True)
 
 
 def test_assign_advantages_broadcast_and_split():
@@ -90,7 +90,7 @@ def test_compute_group_advantages_grpo_on_multi_segment_trajectories():
     assert [s.advantage for s in g1.trajectories[1].segments] == pytest.approx([-1 / 6] * 3)
     assert g2.trajectories[0].segments[0].advantage == pytest.approx(0.3)
     # with std: std([1, 0]) = sqrt(0.5) -> 0.5 / 0.7071068 = 0.7071068, broadcast to every row
-    compute_group_advantages([g1], "grpo")
+    compute_group_advantages([g1], "grpo", norm_by_std=True)
     assert [s.advantage for s in g1.trajectories[0].segments] == pytest.approx([0.7071068] * 2, rel=REL)
     assert [s.advantage for s in g1.trajectories[1].segments] == pytest.approx([-0.7071068] * 3, rel=REL)
 

@@ -19,7 +19,7 @@ def test_excluded_trajectory_is_left_out_of_the_group_statistics():
     # std = 0.5773503 -> A = [0.5773503, -1.1547005, 0.5773503]; the excluded one (reward 0) gets 0 on both
     # of its segments. Without the exclusion the group [1, 0, 0, 1] would give +-0.8660254.
     g = Group("t", [traj("a", 1.0), traj("b", 0.0), traj("x", 0.0, excluded=True, n_segments=2), traj("c", 1.0)])
-    for est in (grpo_estimator, dcpo_estimator):
+    for est in (lambda gs: grpo_estimator(gs, norm_by_std=True), dcpo_estimator):
         out = est([g])
         assert out[0][2] == [0.0, 0.0]
         assert [v[0] for i, v in enumerate(out[0]) if i != 2] == pytest.approx([0.5773503, -1.1547005, 0.5773503],
