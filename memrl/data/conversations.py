@@ -33,7 +33,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from memrl.data.io import DataError, iter_records
+from memrl.data.errors import DataError
+from memrl.data.files import iter_records
 from memrl.types import Segment
 
 PRUNE_TOOL = "prune_context"

@@ -12,7 +12,8 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from memrl.data.io import DataError, open_text, write_jsonl
+from memrl.data.errors import DataError
+from memrl.data.files import open_text, write_jsonl
 from memrl.services.base import Document
 from memrl.types import Task
 

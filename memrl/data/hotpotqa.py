@@ -14,7 +14,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from memrl.data.io import DataError, ReadStats, parse_records, require
+from memrl.data.errors import DataError
+from memrl.data.files import ReadStats, parse_records, require
 from memrl.types import Task
 
 HOTPOT_EXTRA_FIELDS = ("type", "level")

@@ -20,9 +20,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
-from memrl.data.io import DataError, open_text
+from memrl.data.errors import DataError
+from memrl.data.files import open_text
+from memrl.data.kinds import detect_kind, is_index_list  # noqa: F401 - is_index_list: re-exported
 
 _DATASET_NAMES = {"hotpotqa": "hotpotqa", "2wiki": "2wikimultihopqa", "squad": "squad"}
 
@@ -37,11 +38,6 @@ class DocumentList:
 
     def __len__(self) -> int:
         return len(self.docs)
-
-
-def is_index_list(val: Any) -> bool:
-    """Whether a `context` value is a list of document indices (not text)."""
-    return isinstance(val, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in val)
 
 
 def document_list(docs_from: str | os.PathLike[str]) -> DocumentList:
@@ -59,14 +55,15 @@ def _cached_list(path: str, size: int, mtime_ns: int) -> DocumentList:
     squad = _squad_paragraphs(path)
     if squad is not None:
         return DocumentList(path, "squad", tuple(sorted(set(squad))))
-    from memrl.data.hotpotqa import paragraph_text
-    from memrl.data.io import detect_kind, load_tasks
+    from memrl.data.hotpotqa import load_hotpotqa, paragraph_text
+    from memrl.data.twowiki import load_twowiki
 
     kind = detect_kind(path)
     if kind not in ("hotpotqa", "2wiki"):
         raise DataError(f"docs_from file {path} is a {kind} file; expected the HotpotQA / 2Wiki dev set "
                         "(or SQuAD) whose documents the index-only contexts index")
-    docs = {f"{p['title']}\n{paragraph_text(p['sentences'])}" for t in load_tasks(path, kind)
+    load = load_hotpotqa if kind == "hotpotqa" else load_twowiki
+    docs = {f"{p['title']}\n{paragraph_text(p['sentences'])}" for t in load(path)
             for p in t.meta["paragraphs"]}
     return DocumentList(path, _DATASET_NAMES[kind], tuple(sorted(docs)))
 

@@ -17,7 +17,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from memrl.data.io import DataError, ReadStats, parse_records, require, row_of
+from memrl.data.errors import DataError
+from memrl.data.files import ReadStats, parse_records, require, row_of
 from memrl.types import Task
 
 LONGBENCH_E_BUCKETS: tuple[int, ...] = (4000, 8000)

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from memrl.data.errors import DataError
 from memrl.data.hotpotqa import gold_paragraph_indices, paragraph_text, render_document
-from memrl.data.io import DataError
 from memrl.types import Task
 
 DEFAULT_DOC_COUNTS: tuple[int, ...] = (50, 100, 200, 400, 800, 1600, 3200, 6400)

@@ -30,12 +30,13 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from memrl.data.io import (
-    DataError,
+from memrl.data.errors import DataError
+from memrl.data.files import (
     ReadStats,
     first_record,
     parse_records,
     require,
+    row_of,
     write_json,
     write_parquet,
 )
@@ -66,7 +67,6 @@ def parse_eval_record(rec: Any, where: str, docs: Any = None) -> Task:
     if is_index_list(ctx):
         if docs is None:
             from memrl.data.index_only import missing_docs_error
-            from memrl.data.io import row_of
 
             raise missing_docs_error(where.rsplit(": row", 1)[0], row_of(where))
         context = rebuild_context(ctx, docs, where)

@@ -32,7 +32,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from memrl.data.io import DataError, ReadStats, parse_records, require, write_records
+from memrl.data.errors import DataError
+from memrl.data.files import ReadStats, parse_records, require, write_records
 from memrl.types import Task
 
 DATA_SOURCE = "memact_multiobjective"

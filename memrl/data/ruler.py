@@ -27,8 +27,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from memrl.data.errors import DataError
+from memrl.data.files import ReadStats, first_record, parse_records, require, row_of
 from memrl.data.index_only import DocumentList, is_index_list, rebuild_context
-from memrl.data.io import DataError, ReadStats, parse_records, require, row_of
 from memrl.types import Task
 
 RULER_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
@@ -117,7 +118,6 @@ def load_ruler(
 ) -> list[Task]:
     """Tasks from a RULER file (either layout); index-only contexts need `docs_from`."""
     from memrl.data.index_only import document_list, missing_docs_error
-    from memrl.data.io import first_record
 
     docs = document_list(docs_from) if docs_from else None
     first = first_record(path)

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memrl.data.io import DataError
+from memrl.data.errors import DataError
 
 # ------------------------------------------------------------------ task parameters (RULER synthetic.yaml)
 

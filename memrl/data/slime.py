@@ -19,7 +19,8 @@ import json
 import os
 from typing import Any
 
-from memrl.data.io import DataError, ReadStats, parse_records, require, row_of
+from memrl.data.errors import DataError
+from memrl.data.files import ReadStats, parse_records, require, row_of
 from memrl.types import Task
 
 SLIME_KEYS = ("prompt", "metadata")

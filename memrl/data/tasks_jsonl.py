@@ -10,7 +10,8 @@ import dataclasses
 import os
 from typing import Any
 
-from memrl.data.io import DataError, ReadStats, iter_records, parse_records, require, write_records
+from memrl.data.errors import DataError
+from memrl.data.files import ReadStats, iter_records, parse_records, require, write_records
 from memrl.types import Task
 
 TASK_FIELDS = ("task_id", "question", "answers")

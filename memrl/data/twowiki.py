@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from memrl.data import hotpotqa
-from memrl.data.io import ReadStats, parse_records
+from memrl.data.files import ReadStats, parse_records
 from memrl.types import Task
 
 TWOWIKI_EXTRA_FIELDS = ("type", "evidences", "entity_ids", "evidences_id", "answer_id")

@@ -165,7 +165,7 @@ def build_retriever(kind: str, corpus: str | None, url: str | None) -> Any:
     Mistakes raise ConfigError / DataError (one line, naming the workflow field).
     """
     from memrl.config import ConfigError
-    from memrl.data.io import DataError
+    from memrl.data.errors import DataError
 
     if url:
         # An httpx client is bound to the event loop that first used it: one client per loop.
@@ -210,7 +210,7 @@ def build_retriever(kind: str, corpus: str | None, url: str | None) -> Any:
 def task_retriever(task: Any) -> Any:
     """BM25 over the task's own documents, `task.meta["documents"]`: texts (ids "<task_id>-<i>") or
     {id, title, text} rows. Built per trajectory (a few dozen documents index in about a millisecond)."""
-    from memrl.data.io import DataError
+    from memrl.data.errors import DataError
     from memrl.services.base import Document
 
     docs = task.meta.get("documents")

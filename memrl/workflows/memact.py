@@ -258,7 +258,7 @@ def row_prompt(task: Task, cfg: MemActConfig) -> list[dict[str, str]] | None:
     if cfg.prompt_source == "template" or (cfg.prompt_source == "auto" and not msgs):
         return None
     if not msgs:  # a data mistake: one line through the rollout runner and the CLI, not a RolloutError
-        from memrl.data.io import DataError
+        from memrl.data.errors import DataError
 
         raise DataError(f"workflow.prompt_source=row: task {task.task_id!r} has no prompt messages (meta.prompt; "
                         "a file row's 'prompt' field, as in the published parquet layout); use such a file "
