@@ -14,6 +14,8 @@ from typing import Any
 from memrl.demonstrators.engine import Call  # noqa: F401 - re-exported for tests
 from memrl.demonstrators.engine import ScriptedEngine as _ScriptedEngine
 from memrl.engines.base import SamplingParams
+from memrl.services.base import RetrievalError
+from memrl.services.keyword import KeywordRetriever as _KeywordRetriever
 
 
 class CharTokenizer:
@@ -165,61 +167,21 @@ class CompletionServer:
         asyncio.run(self.engine.close())
 
 
-class KeywordRetriever:
-    """An in-memory Retriever: documents ranked by how many distinct query words they contain.
-
-    Score = |words(query) & words(title + text)|, ties broken by corpus order; documents scoring 0 are
-    left out. `fail_with` makes every call raise that RetrievalError (to test error handling).
-    """
+class KeywordRetriever(_KeywordRetriever):
+    """memrl.services.keyword.KeywordRetriever (the `keyword` retriever kind) that also records every call
+    in `calls` and, with `fail_with`, makes every call raise that RetrievalError (to test error handling)."""
 
     def __init__(self, documents: list[Any], fail_with: str | None = None) -> None:
-        self.documents = list(documents)
+        super().__init__(documents)
         self.fail_with = fail_with
         self.calls: list[tuple[list[str], int]] = []
-        self._words = [_words(f"{d.title} {d.text}") for d in self.documents]
-
-    @classmethod
-    def from_jsonl(cls, path: str) -> KeywordRetriever:
-        """Documents from a JSONL file of {"id", "title", "text"} rows."""
-        import json
-
-        from memrl.services.base import Document
-
-        docs = []
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                    docs.append(Document(str(rec["id"]), str(rec.get("title", "")), str(rec["text"])))
-                except (json.JSONDecodeError, KeyError, TypeError) as e:
-                    raise ValueError(f"{path}: line {lineno} is not a corpus row with id and text: {e}") from e
-        return cls(docs)
 
     async def retrieve(self, queries: list[str], topk: int) -> list[list[Any]]:
-        from memrl.services.base import Hit, RetrievalError
-
         await asyncio.sleep(0)
         self.calls.append((list(queries), topk))
         if self.fail_with is not None:
             raise RetrievalError(self.fail_with)
-        out = []
-        for q in queries:
-            qw = _words(q)
-            scored = [(len(qw & w), -i) for i, w in enumerate(self._words)]
-            best = sorted((s for s in scored if s[0] > 0), reverse=True)[:topk]
-            out.append([Hit(self.documents[-i], float(s)) for s, i in best])
-        return out
-
-    async def close(self) -> None:
-        return None
-
-
-def _words(text: str) -> set[str]:
-    import re
-
-    return set(re.findall(r"[a-z0-9]+", text.lower()))
+        return self.rank(queries, topk)
 
 
 # ---------------------------------------------------------------------------- foreign checkpoint layouts

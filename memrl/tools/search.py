@@ -160,7 +160,7 @@ def build_retriever(kind: str, corpus: str | None, url: str | None) -> Any:
     """The retriever a config names, built once per (kind, source) and reused.
 
     url -> memrl.services.client.HTTPRetriever(url); kind registered -> that object; corpus with kind
-    "bm25" -> memrl.services.retrieval.BM25Retriever.from_file(corpus), "keyword" -> memrl.testing.KeywordRetriever
+    "bm25" -> memrl.services.retrieval.BM25Retriever.from_file(corpus), "keyword" -> memrl.services.keyword.KeywordRetriever
     (word overlap; tests), "module:attr" -> attr(corpus) when attr is a @retriever_factory. Imports are lazy.
     Mistakes raise ConfigError / DataError (one line, naming the workflow field).
     """
@@ -190,7 +190,7 @@ def build_retriever(kind: str, corpus: str | None, url: str | None) -> Any:
             if kind == "bm25":
                 r = _import("memrl.services.retrieval", "BM25Retriever").from_file(corpus)
             elif kind == "keyword":
-                from memrl.testing import KeywordRetriever
+                from memrl.services.keyword import KeywordRetriever
 
                 r = KeywordRetriever.from_jsonl(corpus)
                 if not r.documents:
