@@ -6,6 +6,11 @@
 The workflow section is free-form (a dict: `name` + the fields of that workflow's config class); it is
 parsed once into that class (`memrl.workflows.parse_workflow`) before anything runs, so an unknown or
 mistyped workflow field fails with its dotted name.
+
+Each field declares its own range (`valid`, checked by `memrl.config.check_config`); what involves several
+fields is checked by the `check()` method of the section that holds them (`TrainConfig.check()` runs them
+all, then what spans sections), each a one-line `ConfigError` naming the fields. `memrl.training.trainer.
+validate` runs both before any work.
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memrl.algorithms.options import STATE_TERMS, GRPOOptions, PPOOptions, ReMemR1Options
-from memrl.config import REMOVED_KEYS, valid
+from memrl.config import REMOVED_KEYS, ConfigError, valid
 from memrl.data.synthetic import SyntheticConfig
 from memrl.engines.config import EngineConfig
+from memrl.training.trackers import check_installed
 
 
 def _advantage_names() -> list[str]:
@@ -55,6 +61,16 @@ class ModelSection:
     """Where the trainer runs ("cpu", "cuda")."""
     gradient_checkpointing: bool = False
 
+    def check(self) -> None:
+        """A model directory is named; a CUDA device exists when one is asked for."""
+        if not self.path:
+            raise ConfigError("model.path is required (a HuggingFace model directory)")
+        if self.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError(f"model.device={self.device} but torch.cuda.is_available() is False")
+
 
 @dataclass
 class DataSection:
@@ -73,6 +89,11 @@ class DataSection:
     """name=file: the dev file (HotpotQA / 2Wiki / SQuAD) whose documents an index-only file's contexts
     index (MemAgent's eval_index layout; memrl.data.index_only); "" = none (such a file is then an error)."""
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    def check(self) -> None:
+        """A data file is named when the data come from one."""
+        if self.name == "file" and not self.path:
+            raise ConfigError("data.path is required when data.name=file")
 
 
 @dataclass
@@ -127,6 +148,30 @@ class AlgorithmSection:
     """Extra rollout rounds dynamic sampling may run to refill the batch."""
     temperature: float = valid(1.0, gt=0)
     """Rollout temperature (overrides the workflow's); logprobs are recomputed under the same T."""
+
+    def check(self) -> None:
+        """dcpo needs a group of 2 or more; a segment selection trains at least one row per trajectory; the
+        estimator's and the loss's options fill from these fields (`options`)."""
+        if self.name == "dcpo" and self.n < 2:
+            raise ConfigError(
+                f"algorithm.n must be >= 2 with algorithm.name=dcpo (its advantage divides by the group's "
+                f"std, which one trajectory does not have), got {self.n}")
+        if self.selection != "all" and self.segments_per_task < self.n:
+            raise ConfigError(
+                f"algorithm.segments_per_task={self.segments_per_task} must be >= algorithm.n={self.n} with "
+                f"algorithm.selection={self.selection} (every trajectory trains at least one row; the public "
+                "sampler asserts the same)")
+        self.options()
+
+    def options(self) -> tuple[Any, Any]:
+        """The options of the chosen advantage estimator and loss, filled from these fields (their
+        registered options dataclasses; None for one registered without)."""
+        from memrl.algorithms.registry import advantage_options, fill_options, loss_options
+
+        try:
+            return fill_options(advantage_options(self.name), self), fill_options(loss_options(self.loss), self)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"algorithm: {e}") from e
 
 
 @dataclass
@@ -225,6 +270,23 @@ class TrainerSection:
     cpu_offload: bool = False
     """FSDP2 CPU offload of parameters and optimizer state (num_workers > 1)."""
 
+    def check(self) -> None:
+        """One update schedule is set; the loggers hold jsonl, each once, and are installed."""
+        if self.mini_batch_rows != 0 and self.mini_batches != 1:
+            raise ConfigError(
+                f"trainer.mini_batch_rows={self.mini_batch_rows} (a step every k rows) and trainer.mini_batches="
+                f"{self.mini_batches} both set the update schedule; set one (the other to its default)")
+        self.check_loggers()
+
+    def check_loggers(self) -> None:
+        """trainer.loggers: jsonl always (resume and `memrl view` read metrics.jsonl), each name once; a
+        missing wandb / mlflow fails now, before any model loads."""
+        names = list(self.loggers)
+        if "jsonl" not in names or len(set(names)) != len(names):
+            raise ConfigError(f"trainer.loggers={names} must hold jsonl (metrics.jsonl is what resume and memrl "
+                              "view read) and each logger once")
+        check_installed(names)
+
 
 @dataclass
 class ValSection:
@@ -284,6 +346,13 @@ class RolloutSection:
     gpu_memory_utilization: float = valid(0.4, gt=0, le=1)
     """vLLM: share of its GPU for weights + KV cache (keep room for the trainer when colocated)."""
 
+    def check(self) -> None:
+        """A weight-sync mode is chosen only for Ray replicas."""
+        if self.weight_sync != "auto" and self.num_engines < 1:
+            raise ConfigError(
+                f"rollout.weight_sync={self.weight_sync} applies to Ray replicas: it needs rollout.num_engines >= 1 "
+                "(the in-process engine shares the module or takes the state dict)")
+
 
 @dataclass
 class RaySection:
@@ -326,3 +395,21 @@ class TrainConfig:
     rollout: RolloutSection = field(default_factory=RolloutSection)
     ray: RaySection = field(default_factory=RaySection)
     out_dir: str = "runs/train"
+
+    def check(self) -> None:
+        """Each section's own check (what involves several of its fields), then what spans sections."""
+        self.algorithm.check()
+        self.trainer.check()
+        self.data.check()
+        self.model.check()
+        self.rollout.check()
+        if self.trainer.num_workers != 1 and self.rollout.num_engines < 1:
+            raise ConfigError(
+                f"trainer.num_workers={self.trainer.num_workers} needs rollout.num_engines >= 1 (the in-process "
+                "engine serves the live module of world size 1)")
+        if self.engine.name == "openai" and self.engine.openai.api == "chat":
+            raise ConfigError(
+                "engine.openai.api=chat cannot train: RL needs the generated token ids and their sampling "
+                "logprobs for the exact prompt tokens, and /v1/chat/completions renders its own prompt and "
+                "returns ids and logprobs only as optional extras; serve /v1/completions and set "
+                "engine.openai.api=completions")

@@ -71,68 +71,27 @@ def workflow_config(cfg: TrainConfig) -> tuple[Any, Any]:
 
 def validate(cfg: TrainConfig) -> tuple[Any, Any]:
     """Fail fast, naming the field, before any work: every field against its declared range or set
-    (`memrl.config.check_config`), then what involves several fields; returns the parsed workflow (spec,
-    config), which `Trainer(cfg, workflow=...)` takes so it is parsed once."""
+    (`memrl.config.check_config`), then what involves several fields (`TrainConfig.check()`: each section's
+    `check()` in memrl.training.config, then what spans sections; the val section's files and metric,
+    memrl.training.validation.check); returns the parsed workflow (spec, config), which
+    `Trainer(cfg, workflow=...)` takes so it is parsed once."""
     check_config(cfg)
-    a, t = cfg.algorithm, cfg.trainer
-    checks = [
-        (a.name != "dcpo" or a.n >= 2,
-         f"algorithm.n must be >= 2 with algorithm.name=dcpo (its advantage divides by the group's "
-         f"std, which one trajectory does not have), got {a.n}"),
-        (a.selection == "all" or a.segments_per_task >= a.n,
-         f"algorithm.segments_per_task={a.segments_per_task} must be >= algorithm.n={a.n} with "
-         f"algorithm.selection={a.selection} (every trajectory trains at least one row; the public sampler "
-         "asserts the same)"),
-        (t.mini_batch_rows == 0 or t.mini_batches == 1,
-         f"trainer.mini_batch_rows={t.mini_batch_rows} (a step every k rows) and trainer.mini_batches="
-         f"{t.mini_batches} both set the update schedule; set one (the other to its default)"),
-        (cfg.data.name != "file" or bool(cfg.data.path), "data.path is required when data.name=file"),
-        (bool(cfg.model.path), "model.path is required (a HuggingFace model directory)"),
-        (not cfg.model.device.startswith("cuda") or torch.cuda.is_available(),
-         f"model.device={cfg.model.device} but torch.cuda.is_available() is False"),
-        (cfg.rollout.weight_sync == "auto" or cfg.rollout.num_engines >= 1,
-         f"rollout.weight_sync={cfg.rollout.weight_sync} applies to Ray replicas: it needs rollout.num_engines >= 1 "
-         "(the in-process engine shares the module or takes the state dict)"),
-        (cfg.trainer.num_workers == 1 or cfg.rollout.num_engines >= 1,
-         f"trainer.num_workers={cfg.trainer.num_workers} needs rollout.num_engines >= 1 (the in-process "
-         "engine serves the live module of world size 1)"),
-        (cfg.engine.name != "openai" or cfg.engine.openai.api != "chat",
-         "engine.openai.api=chat cannot train: RL needs the generated token ids and their sampling logprobs "
-         "for the exact prompt tokens, and /v1/chat/completions renders its own prompt and returns ids and "
-         "logprobs only as optional extras; serve /v1/completions and set engine.openai.api=completions"),
-    ]
-    for ok, msg in checks:
-        if not ok:
-            raise ConfigError(msg)
-    check_loggers(cfg)
+    cfg.check()
     from memrl.training.validation import check as check_validation
 
     check_validation(cfg)
-    algorithm_options(cfg)
     return workflow_config(cfg)
 
 
 def check_loggers(cfg: TrainConfig) -> None:
-    """trainer.loggers: jsonl always (resume and `memrl view` read metrics.jsonl), each name once."""
-    names = list(cfg.trainer.loggers)
-    if "jsonl" not in names or len(set(names)) != len(names):
-        raise ConfigError(f"trainer.loggers={names} must hold jsonl (metrics.jsonl is what resume and memrl view "
-                          "read) and each logger once")
-    from memrl.training.trackers import check_installed
-
-    check_installed(names)  # a missing wandb / mlflow fails now, before any model loads
+    """trainer.loggers: jsonl always, each name once, installed (`TrainerSection.check_loggers`)."""
+    cfg.trainer.check_loggers()
 
 
 def algorithm_options(cfg: TrainConfig) -> tuple[Any, Any]:
     """The options of the chosen advantage estimator and loss, filled from algorithm.* (their
-    registered options dataclasses; None for one registered without)."""
-    from memrl.algorithms.registry import advantage_options, fill_options, loss_options
-
-    a = cfg.algorithm
-    try:
-        return fill_options(advantage_options(a.name), a), fill_options(loss_options(a.loss), a)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"algorithm: {e}") from e
+    registered options dataclasses; None for one registered without): `AlgorithmSection.options`."""
+    return cfg.algorithm.options()
 
 
 def file_tasks(cfg: TrainConfig) -> list[Task] | None:
