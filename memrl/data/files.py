@@ -24,7 +24,7 @@ from memrl.data.checks import DuplicateIds, gold_problem
 from memrl.data.errors import DataError
 from memrl.types import DataModelError, Task
 
-log = logging.getLogger("memrl.data.io")
+log = logging.getLogger("memrl.data.io")  # the name these readers always logged under
 
 _COMPRESSORS: dict[str, Callable[..., IO[Any]]] = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}
 
