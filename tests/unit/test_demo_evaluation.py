@@ -1,4 +1,4 @@
-"""memrl.demos.evaluation: standard errors over tasks, paired gains, and the evaluation of a scripted
+"""memrl.eval.evaluator (the one evaluator): standard errors over tasks, paired gains, and the evaluation of a scripted
 engine through the real MemAgent workflow (exact, hand-checked accuracies)."""
 
 from __future__ import annotations
@@ -9,7 +9,14 @@ import pytest
 
 from memrl.data.synthetic import SyntheticConfig, corpus_text, make_tasks
 from memrl.demonstrators import RecentFactsRule, ScriptedEngine
-from memrl.demos.evaluation import EvalProtocol, evaluate_policy, evaluate_tasks, mean_and_se, paired_gain
+from memrl.eval.evaluator import (
+    EngineRollout,
+    EvalProtocol,
+    evaluate_policy,
+    evaluate_tasks,
+    mean_and_se,
+    paired_gain,
+)
 from memrl.models.tiny import train_tokenizer
 from memrl.workflows import get_workflow
 from memrl.workflows.memagent import MemAgentConfig
@@ -55,7 +62,7 @@ def test_scripted_engine_accuracy_and_se_over_tasks(tokenizer):
     wf = MemAgentConfig(chunk_tokens=8, max_memory_tokens=10, max_final_tokens=6, memory_template=MT,
                         final_template=FT)
     engine = ScriptedEngine(RecentFactsRule(MT, FT, skip_prob=0.0), tokenizer=tokenizer)
-    res = evaluate_tasks(engine, get_workflow("memagent"), wf, tasks, samples=3, temperature=1.0, seed=5)
+    res = evaluate_tasks(EngineRollout(engine, get_workflow("memagent")), wf, tasks, samples=3, temperature=1.0, seed=5)
     p = k / 40
     assert res.per_task == right
     assert res.accuracy == pytest.approx(100 * p)
@@ -63,7 +70,7 @@ def test_scripted_engine_accuracy_and_se_over_tasks(tokenizer):
     assert (res.num_tasks, res.samples, res.temperature) == (40, 3, 1.0)
     assert len(engine.calls) == 40 * 3 * 4  # 3 memory calls + 1 final per trajectory
     assert res.metrics["answer_kept"] == pytest.approx(100 * p) and res.metrics["no_box"] == 0.0
-    both = evaluate_policy(engine, get_workflow("memagent"), wf, {3: tasks}, EvalProtocol(samples=2, seed=5))
+    both = evaluate_policy(EngineRollout(engine, get_workflow("memagent")), wf, {3: tasks}, EvalProtocol(samples=2, seed=5))
     assert set(both[3]) == {"greedy", "sampled"} and both[3]["greedy"].per_task == right
     with pytest.raises(ValueError, match="samples must be 1"):
-        evaluate_tasks(engine, get_workflow("memagent"), wf, tasks, samples=2, temperature=0.0)
+        evaluate_tasks(EngineRollout(engine, get_workflow("memagent")), wf, tasks, samples=2, temperature=0.0)
