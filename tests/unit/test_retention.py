@@ -1,4 +1,4 @@
-"""memrl.demos.retention: each memory call classified by hand-checked cases, and the counts over the real
+"""memrl.eval.retention: each memory call classified by hand-checked cases, and the counts over the real
 MemAgent workflow with two scripted policies whose events follow from where each task's fact sits."""
 
 from __future__ import annotations
