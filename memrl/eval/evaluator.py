@@ -162,7 +162,8 @@ class EvalResult:
     per_task: list[float] = field(default_factory=list)
     """Each task's mean reward (0..1), in task order: paired comparisons of two policies on the same tasks."""
     groups: list[Group] = field(default_factory=list, repr=False, compare=False)
-    """The scored groups (not in `to_json`): workflow-specific summaries such as `memact_summary`."""
+    """The scored groups when asked for (`keep_groups`; not in `to_json`): workflow-specific summaries such
+    as `memact_summary`. Empty by default, so a long evaluation does not hold every trajectory."""
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(replace(self, groups=[]))
@@ -176,9 +177,10 @@ def metric_mean(trajs: Sequence[Trajectory], name: str) -> float:
 
 
 def result_from_groups(groups: Sequence[Group], samples: int, temperature: float, seconds: float = 0.0,
-                       metrics: Sequence[str] = DEFAULT_METRICS, se_ddof: int = 1) -> EvalResult:
+                       metrics: Sequence[str] = DEFAULT_METRICS, se_ddof: int = 1,
+                       keep_groups: bool = False) -> EvalResult:
     """Accuracy +- SE over tasks (each task's mean reward over its samples) and the trajectory metrics'
-    means, from scored groups."""
+    means, from scored groups (kept in the result with `keep_groups`)."""
     per_task = task_means(g.rewards for g in groups)
     acc, se = mean_and_se(per_task, se_ddof)
     trajs = [t for g in groups for t in g.trajectories]
@@ -187,13 +189,13 @@ def result_from_groups(groups: Sequence[Group], samples: int, temperature: float
         m = metric_mean(trajs, name)
         means[name] = 100.0 * m if name in PERCENT else m
     return EvalResult(100.0 * acc, 100.0 * se, len(groups), samples, temperature, means, seconds, per_task,
-                      list(groups))
+                      list(groups) if keep_groups else [])
 
 
 def evaluate_tasks(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], samples: int = 1,
                    temperature: float = 0.0, seed: int = 0, metrics: Sequence[str] = DEFAULT_METRICS,
                    on_trajectory: Callable[[Task, Trajectory], None] | None = None,
-                   se_ddof: int = 1) -> EvalResult:
+                   se_ddof: int = 1, keep_groups: bool = False) -> EvalResult:
     """`samples` trajectories per task through `rollout` at `temperature` (0 = greedy, one per task; the
     workflow config's `temperature` is replaced); the accuracy and its standard error over tasks, plus the
     mean of each named trajectory metric. `on_trajectory` sees every finished trajectory."""
@@ -203,7 +205,8 @@ def evaluate_tasks(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], samples
         raise ValueError("evaluate_tasks: greedy decoding (temperature 0) gives one trajectory per task; samples must be 1")
     t0 = time.perf_counter()
     groups = rollout(list(tasks), replace(wf_cfg, temperature=temperature), samples, seed, on_done=on_trajectory)
-    return result_from_groups(groups, samples, temperature, time.perf_counter() - t0, metrics, se_ddof)
+    return result_from_groups(groups, samples, temperature, time.perf_counter() - t0, metrics, se_ddof,
+                              keep_groups)
 
 
 @dataclass
@@ -220,6 +223,8 @@ class EvalProtocol:
     """The trajectory metrics averaged into EvalResult.metrics."""
     se_ddof: int = 1
     """1: the sample standard deviation over tasks; 0: the binomial SE (the MemAct demo's table)."""
+    keep_groups: bool = False
+    """Keep the scored groups in each EvalResult (for a workflow summary such as `memact_summary`)."""
 
 
 def evaluate_policy(rollout: Rollout, wf_cfg: Any, tasks_by_length: dict[int, list[Task]],
@@ -232,10 +237,11 @@ def evaluate_policy(rollout: Rollout, wf_cfg: Any, tasks_by_length: dict[int, li
         row: dict[str, EvalResult] = {}
         if protocol.greedy and "greedy" in modes:
             row["greedy"] = evaluate_tasks(rollout, wf_cfg, tasks, 1, 0.0, protocol.seed, protocol.metrics,
-                                           se_ddof=protocol.se_ddof)
+                                           se_ddof=protocol.se_ddof, keep_groups=protocol.keep_groups)
         if protocol.samples > 0 and "sampled" in modes:
             row["sampled"] = evaluate_tasks(rollout, wf_cfg, tasks, protocol.samples, protocol.temperature,
-                                            protocol.seed, protocol.metrics, se_ddof=protocol.se_ddof)
+                                            protocol.seed, protocol.metrics, se_ddof=protocol.se_ddof,
+                                            keep_groups=protocol.keep_groups)
         out[length] = row
         if log is not None:
             log(f"  {length}: " + ", ".join(f"{m} {r.accuracy:.1f} ± {r.se:.1f}% ({r.seconds:.0f}s)"
@@ -256,10 +262,13 @@ MEMACT_METRICS = ("multiq_subq_accuracy", "mean_context_tokens", "peak_context_t
 
 
 def memact_summary(res: EvalResult) -> dict[str, float]:
-    """A MemAct evaluation (one sample per task) in the MemAct demo's terms: accuracy (all sub-questions
+    """A MemAct evaluation (one sample per task, groups kept) in the MemAct demo's terms: accuracy (all sub-questions
     right, %) and its SE (`res.se`), sub-question accuracy, mean / peak working context, the largest peak,
     prunes per task, overflow (stopped by the context budget, %), turns, and accuracy by question count."""
     trajs = [t for g in res.groups for t in g.trajectories]
+    if len(trajs) != res.num_tasks:
+        raise ValueError(f"memact_summary: {len(trajs)} trajectories for {res.num_tasks} tasks; it needs the "
+                         "result's groups (keep_groups=True), one trajectory per task")
     out = {
         "accuracy": res.accuracy,
         "accuracy_se": res.se,
@@ -285,7 +294,7 @@ MEMACT_SE_DDOF = 0
 
 def memact_summary_of(groups: Sequence[Group]) -> dict[str, float]:
     """`memact_summary` of scored groups of one trajectory each (e.g. a scripted agent's)."""
-    return memact_summary(result_from_groups(groups, 1, 0.0, metrics=(), se_ddof=MEMACT_SE_DDOF))
+    return memact_summary(result_from_groups(groups, 1, 0.0, metrics=(), se_ddof=MEMACT_SE_DDOF, keep_groups=True))
 
 
 def evaluate_memact(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], temperature: float,
@@ -295,6 +304,6 @@ def evaluate_memact(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], temper
     seeded with `seed`; each summary is `memact_summary` plus the evaluation's `seconds`."""
     base = replace(wf_cfg, no_prune_prob=0.0, prune_tool=True, top_p=1.0, top_k=-1)
     proto = EvalProtocol(greedy=True, samples=1, temperature=temperature, seed=seed, metrics=(),
-                         se_ddof=MEMACT_SE_DDOF)
+                         se_ddof=MEMACT_SE_DDOF, keep_groups=True)
     res = evaluate_policy(rollout, base, {0: list(tasks)}, proto)[0]
     return {mode: {**memact_summary(r), "seconds": r.seconds} for mode, r in res.items()}

@@ -74,3 +74,54 @@ def test_scripted_engine_accuracy_and_se_over_tasks(tokenizer):
     assert set(both[3]) == {"greedy", "sampled"} and both[3]["greedy"].per_task == right
     with pytest.raises(ValueError, match="samples must be 1"):
         evaluate_tasks(EngineRollout(engine, get_workflow("memagent")), wf, tasks, samples=2, temperature=0.0)
+
+
+def test_binomial_se_is_ddof_0():
+    # 0/1 values with p = 3/4 over 4 tasks: sum of squared deviations 3 * 1/16 + 9/16 = 3/4;
+    # ddof 0: sqrt(3/4 / 4 / 4) = sqrt(p (1 - p) / n) = 0.2165; ddof 1: sqrt(3/4 / 3 / 4) = 0.25
+    assert mean_and_se([1.0, 0.0, 1.0, 1.0], ddof=0) == pytest.approx((0.75, math.sqrt(0.75 * 0.25 / 4)))
+    assert mean_and_se([1.0, 0.0, 1.0, 1.0]) == pytest.approx((0.75, 0.25))
+    with pytest.raises(ValueError, match="ddof"):
+        mean_and_se([1.0, 0.0], ddof=2)
+
+
+def _draw_spec():
+    """A workflow whose trajectory is one draw of its rng (reward = the draw): which seed a sample got."""
+    from memrl.types import Trajectory
+    from memrl.workflows import WorkflowSpec
+
+    async def run(task, engine, cfg, rng):
+        return Trajectory(task.task_id, "", [], metrics={"context_tokens": 3.0}, info={"draw": rng.random()})
+
+    return WorkflowSpec("draw", run, MemAgentConfig, lambda task, traj: traj.info["draw"])
+
+
+def test_rollout_sample_k_is_seeded_as_the_kth_trajectory():
+    from memrl.types import Task
+    from memrl.workflows.runner import trajectory_rng
+
+    tasks = [Task(f"t{i}", "q", "c", ["a"]) for i in range(3)]
+    rollout = EngineRollout(None, _draw_spec())
+    together = rollout(tasks, MemAgentConfig(), n=3, seed=9)
+    started = []
+    for k in range(3):
+        alone = rollout(tasks, MemAgentConfig(), 1, 9, first_sample=k, on_start=lambda t: started.append(t.task_id))
+        assert [g.rewards[0] for g in alone] == [g.rewards[k] for g in together] == \
+            [trajectory_rng(9, t.task_id, k).random() for t in tasks]
+    assert started == ["t0", "t1", "t2"] * 3
+    with pytest.raises(ValueError, match="needs n=1"):
+        rollout(tasks, MemAgentConfig(), 2, 9, first_sample=1)
+    # the per-task mean over samples, then mean and SE over tasks
+    res = evaluate_tasks(rollout, MemAgentConfig(), tasks, samples=3, temperature=1.0, seed=9)
+    assert res.per_task == [sum(g.rewards) / 3 for g in together]
+    assert (res.accuracy, res.se) == tuple(100 * x for x in mean_and_se(res.per_task))
+    assert res.metrics["context_tokens"] == 3.0 and res.groups == []
+
+
+def test_memact_summary_needs_the_groups():
+    from memrl.eval.evaluator import memact_summary
+    from memrl.types import Task
+
+    res = evaluate_tasks(EngineRollout(None, _draw_spec()), MemAgentConfig(), [Task("t", "q", "c", ["a"])])
+    with pytest.raises(ValueError, match="keep_groups"):
+        memact_summary(res)
