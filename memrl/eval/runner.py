@@ -23,6 +23,11 @@ RULER's string_match_all / string_match_part) also gets that metric under its na
 Timing: `seconds` is one question's latency (queueing in the engine included); `started`/`finished` and
 `session` let the report compute throughput time per question (wall span of a session / its questions).
 
+Questions run through memrl.eval.evaluator's `Rollout` (default `EngineRollout` over the engine, one
+event loop for the whole call; `evaluate(..., rollout=...)` injects another), sample k of a file's
+questions as one call seeded like the k-th trajectory of the demos' evaluation (`first_sample=k`), so the
+demos, validation and `memrl eval` sample the same trajectories from the same seed.
+
 `workflow=full_context` is the baseline (memrl.workflows.full_context): the whole document in one prompt,
 centre-truncated to `workflow.max_context_tokens`, answered in `\\boxed{}`.
 """
