@@ -35,8 +35,9 @@ from memrl.types import Group, Task, Trajectory
 
 def mean_and_se(per_task: Sequence[float], ddof: int = 1) -> tuple[float, float]:
     """(mean, standard error of the mean) of per-task values; SE = sqrt(sum of squared deviations /
-    (n - ddof) / n): ddof 1 = the sample standard deviation (every evaluation here), ddof 0 = the binomial
-    sqrt(p (1 - p) / n) of 0/1 values (the MemAct demo's published table). 0 for one task."""
+    (n - ddof) / n): ddof 1 = the sample standard deviation (every evaluation here), ddof 0 = the population
+    one, for 0/1 values the binomial sqrt(p (1 - p) / n), computed in that closed form (the MemAct demo's
+    published table). 0 for one task."""
     n = len(per_task)
     if n == 0:
         raise ValueError("mean_and_se: no tasks")
@@ -45,6 +46,8 @@ def mean_and_se(per_task: Sequence[float], ddof: int = 1) -> tuple[float, float]
     mean = sum(per_task) / n
     if n == 1:
         return mean, 0.0
+    if ddof == 0 and all(x in (0.0, 1.0) for x in per_task):  # 0/1 values: the binomial closed form
+        return mean, math.sqrt(mean * (1 - mean) / n)
     var = sum((x - mean) ** 2 for x in per_task) / (n - ddof)
     return mean, math.sqrt(var / n)
 
@@ -284,7 +287,7 @@ def memact_summary(res: EvalResult) -> dict[str, float]:
     }
     for k in sorted({int(t.metrics.get("multiq_questions", 0)) for t in trajs}):
         sub = [float(t.reward or 0.0) for t in trajs if int(t.metrics.get("multiq_questions", 0)) == k]
-        out[f"accuracy_{k}q"] = 100.0 * math.fsum(sub) / len(sub)
+        out[f"accuracy_{k}q"] = 100.0 * (math.fsum(sub) / len(sub))
     return out
 
 

@@ -81,6 +81,8 @@ def test_binomial_se_is_ddof_0():
     # ddof 0: sqrt(3/4 / 4 / 4) = sqrt(p (1 - p) / n) = 0.2165; ddof 1: sqrt(3/4 / 3 / 4) = 0.25
     assert mean_and_se([1.0, 0.0, 1.0, 1.0], ddof=0) == pytest.approx((0.75, math.sqrt(0.75 * 0.25 / 4)))
     assert mean_and_se([1.0, 0.0, 1.0, 1.0]) == pytest.approx((0.75, 0.25))
+    # values other than 0/1: squared deviations 1/16 + 1/16 over n = 2, SE = sqrt(1/16 / 2) = 0.1768
+    assert mean_and_se([0.5, 1.0], ddof=0) == pytest.approx((0.75, math.sqrt(1 / 32)))
     with pytest.raises(ValueError, match="ddof"):
         mean_and_se([1.0, 0.0], ddof=2)
 
