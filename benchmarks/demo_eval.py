@@ -22,14 +22,9 @@ from pathlib import Path
 def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memrl.demos.evaluation import results_to_json
-    from memrl.demos.memagent import (
-        evaluate_demonstrator,
-        evaluate_model,
-        heldout_tasks,
-        load_demo_configs,
-        write_outputs,
-    )
+    from memrl.demos.memagent import evaluate_demonstrator, evaluate_model, heldout_tasks, load_demo_configs
+    from memrl.eval.demo_report import write_memagent_outputs
+    from memrl.eval.evaluator import results_to_json
     from memrl.training.checkpoint import latest_checkpoint
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -63,7 +58,7 @@ def main() -> int:
     timings["total_s"] = sum(v for k, v in timings.items() if k != "total_s")
     results = dict(old, lengths=list(tasks), stages=stages, timings=timings, rl_reward=rewards)
     results["recipe"] = dict(old["recipe"], eval=asdict(cfg.eval), rl_steps=len(rewards))
-    print(write_outputs(results, out), end="")
+    print(write_memagent_outputs(results, out), end="")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Where a demo policy's memory loses the asked fact: every memory call classified (memrl.demos.retention).
+"""Where a demo policy's memory loses the asked fact: every memory call classified (memrl.eval.retention).
 
     .venv/bin/python benchmarks/demo_failures.py --run runs/demo --chunks 32 eval.seed=24680
 
@@ -20,9 +20,9 @@ def main() -> int:
 
     from memrl.data.synthetic import make_tasks
     from memrl.demonstrators import ScriptedEngine
-    from memrl.demos.evaluation import evaluate_tasks, model_engine
     from memrl.demos.memagent import demonstrator, eval_synthetic, load_demo_configs
-    from memrl.demos.retention import EVENTS, RetentionCounter
+    from memrl.eval.evaluator import EngineRollout, evaluate_tasks, model_engine
+    from memrl.eval.retention import EVENTS, RetentionCounter
     from memrl.training.checkpoint import latest_checkpoint
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -47,8 +47,8 @@ def main() -> int:
 
     def score(label: str, engine) -> None:  # noqa: ANN001
         counter = RetentionCounter(sep=syn.fact_sep, keep_examples=args.examples)
-        res = evaluate_tasks(engine, spec, wf_cfg, tasks, cfg.eval.samples, cfg.eval.temperature, cfg.eval.seed,
-                             on_trajectory=counter.add)
+        res = evaluate_tasks(EngineRollout(engine, spec), wf_cfg, tasks, cfg.eval.samples, cfg.eval.temperature,
+                             cfg.eval.seed, on_trajectory=counter.add)
         rows.append((label, res, counter))
 
     if args.demonstrator:

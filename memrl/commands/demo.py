@@ -6,7 +6,7 @@
 
 The recipe is `memrl.demos.memagent` (init -> cold-start SFT on a mixture demonstrator -> GRPO on
 MemAgent -> the demonstrator, SFT and SFT+RL evaluated on held-out tasks at 1x/4x/16x the training length,
-greedy and sampled); the tables and plots are `memrl.demos.report`. Writes results.md (printed),
+greedy and sampled, by `memrl.eval.evaluator`); the tables and plots are `memrl.eval.demo_report`. Writes results.md (printed),
 results.json, accuracy_vs_length.png, rl_reward.png. Overrides: `key=value` for the demo config
 (`memrl.demos.memagent.DemoConfig`), `train.<key>=value` for the RL config (preset demo_cpu); `engine.*`
 and `workflow.*` are spelled as in `memrl train` and `memrl eval` (they set the RL config's sections,
@@ -21,7 +21,6 @@ from memrl.demos.memagent import (  # noqa: F401 - re-exported: benchmarks and t
     DemoConfig,
     load_demo_configs,
     reading_segments,
-    results_markdown,
 )
 
 
@@ -36,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from memrl.config import to_yaml
-    from memrl.demos.memagent import run_demo, write_outputs
+    from memrl.demos.memagent import run_demo
+    from memrl.eval.demo_report import write_memagent_outputs
 
     if getattr(args, "agent", "memagent") == "memact":
         from memrl.demos.memact import run_memact_demo
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     cfg, tcfg, out, workflow = load_demo_configs(args.overrides, args.out)
     (out / "demo_config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     results = run_demo(cfg, tcfg, out, workflow)
-    print(write_outputs(results, out), end="")
+    print(write_memagent_outputs(results, out), end="")
     print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'accuracy_vs_length.png'}, "
           f"{out / 'rl_reward.png'} ({results['timings']['total_s'] / 60:.1f} min)")
     return 0

@@ -1,10 +1,10 @@
-"""Demos: end-to-end recipes on CPU and the reusable pieces they are made of.
+"""Demos: end-to-end recipes on CPU, one module per demo that chains the library's stages.
 
-- evaluation: held-out evaluation of a policy or a scripted engine over tasks of several lengths,
-  greedy and sampled, with standard errors over tasks (generic over the workflow).
-- report: markdown tables and plots from a demo's results dict.
-- memagent: the MemAgent demo recipe (`memrl demo`): configs, model init, cold start, RL.
-- memact: the MemAct demo recipe (`memrl demo --agent memact`): copy warm-up, cold start, DCPO.
+- memagent: `memrl demo` (configs, model init, cold start on a mixture demonstrator, GRPO, evaluation).
+- memact: `memrl demo --agent memact` (copy warm-up, cold start, DCPO, evaluation).
+
+The evaluation is `memrl.eval.evaluator` (the one `memrl eval` and validation use: greedy and sampled per
+length, standard errors over tasks); the tables and plots are `memrl.eval.demo_report`.
 """
 
 SHARED_SECTIONS = ("engine", "workflow")

@@ -10,7 +10,8 @@ probability `sft.late_prob`), played through the real memact workflow, so the SF
 segments -> DCPO (preset memact_dcpo_cpu) -> the same held-out evaluation of the SFT and the SFT+DCPO
 policy: greedy and sampled (one sample per task, temperature `eval.temperature`), accuracy (all
 sub-questions right) with its standard error, mean and peak working-context tokens, prunes per task,
-overflow rate -> results.md (printed), results.json, memact_results.png.
+overflow rate (memrl.eval.evaluator.evaluate_memact) -> results.md (printed), results.json,
+memact_results.png (memrl.eval.demo_report).
 
 Overrides: `key=value` for the demo config (MemActDemoConfig below), `train.<key>=value` for the DCPO
 config (preset memact_dcpo_cpu); `engine.*` and `workflow.*` are spelled as in `memrl train` (they set
@@ -19,10 +20,8 @@ the DCPO config's sections, which the demo's cold start and evaluations use too)
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -270,10 +269,9 @@ def cold_start(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_
     from memrl.training.sft import SFTConfig, sft_train_logged
 
     groups = demonstrations(tasks, tokenizer, wf_cfg, cfg.sft.late_prob, cfg.sft.seed, cfg.sft.search_topk)
-    trajs = [g.trajectories[0] for g in groups]
-    segments = [s for t in trajs for s in t.segments]
-    stats = summarize(trajs)
-    print(f"cold start: {len(segments)} rows from {len(trajs)} scripted trajectories (its accuracy "
+    segments = [s for g in groups for s in g.trajectories[0].segments]
+    stats = summarize_groups(groups)
+    print(f"cold start: {len(segments)} rows from {len(groups)} scripted trajectories (its accuracy "
           f"{stats['accuracy']:.1f}%, prunes/task {stats['prunes_per_task']:.2f}, overflow {stats['overflow']:.1f}%)")
     scfg = SFTConfig(epochs=cfg.sft.epochs, batch_rows=cfg.sft.batch_rows, lr=cfg.sft.lr,
                      warmup_steps=cfg.sft.warmup_steps, seed=cfg.seed)
@@ -285,58 +283,22 @@ def cold_start(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_
 # ---------------------------------------------------------------------------------------------- evaluation
 
 
-def summarize(trajs: list[Any]) -> dict[str, float]:
-    """Accuracy (all sub-questions right, %) with its standard error, sub-question accuracy, mean / peak
-    working context, prunes per task, overflow (stopped by the context budget, %), by-size accuracy."""
-    n = len(trajs)
-    acc = [float(t.reward or 0.0) for t in trajs]
-    p = statistics.fmean(acc)
-    out = {
-        "accuracy": 100.0 * p,
-        "accuracy_se": 100.0 * math.sqrt(p * (1 - p) / n) if n > 1 else 0.0,
-        "subq_accuracy": 100.0 * statistics.fmean(t.metrics.get("multiq_subq_accuracy", 0.0) for t in trajs),
-        "mean_context_tokens": statistics.fmean(t.metrics["mean_context_tokens"] for t in trajs),
-        "peak_context_tokens": statistics.fmean(t.metrics["peak_context_tokens"] for t in trajs),
-        "max_context_tokens": max(t.metrics["peak_context_tokens"] for t in trajs),
-        "prunes_per_task": statistics.fmean(t.metrics["prunes"] for t in trajs),
-        "failed_prunes_per_task": statistics.fmean(t.metrics["failed_prunes"] for t in trajs),
-        "overflow": 100.0 * statistics.fmean(t.metrics["stop_context_budget"] for t in trajs),
-        "turns": statistics.fmean(t.metrics["turns"] for t in trajs),
-        "num_tasks": float(n),
-    }
-    for k in sorted({int(t.metrics.get("multiq_questions", 0)) for t in trajs}):
-        sub = [a for a, t in zip(acc, trajs, strict=True) if int(t.metrics.get("multiq_questions", 0)) == k]
-        out[f"accuracy_{k}q"] = 100.0 * statistics.fmean(sub)
-    return out
+def summarize_groups(groups: list[Any]) -> dict[str, float]:
+    """The demo's statistics of one-trajectory groups (memrl.eval.evaluator.memact_summary_of)."""
+    from memrl.eval.evaluator import memact_summary_of
+
+    return memact_summary_of(groups)
 
 
 def evaluate(model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any], temperature: float,
              seed: int, engine_cfg: Any = None, model_dir: str | Path = "") -> dict[str, dict[str, float]]:
     """{"greedy": summary, "sampled": summary} of the policy on the held-out tasks (each searching its own
-    fact sheet)."""
-    import asyncio
-
-    from memrl.engines import EngineConfig, build_engine
+    fact sheet): memrl.eval.evaluator.evaluate_memact through the engine `engine_cfg` names."""
+    from memrl.eval.evaluator import EngineRollout, evaluate_memact, model_engine
     from memrl.workflows import get_workflow
-    from memrl.workflows.runner import rollout_sync
 
-    ecfg = engine_cfg if engine_cfg is not None else EngineConfig(max_batch_size=256)
-    if ecfg.name != "hf" and not ecfg.model:
-        ecfg = replace(ecfg, model=str(model_dir))
-    engine = build_engine(ecfg, policy=model, tokenizer=tokenizer)
-    spec = get_workflow("memact")
-    base = replace(wf_cfg, no_prune_prob=0.0, prune_tool=True)
-    out = {}
-    try:
-        for name, temp in (("greedy", 0.0), ("sampled", temperature)):
-            t0 = time.perf_counter()
-            groups = rollout_sync(tasks, spec, engine, replace(base, temperature=temp, top_p=1.0, top_k=-1), n=1,
-                                  concurrency=4096, seed=seed)
-            out[name] = summarize([g.trajectories[0] for g in groups])
-            out[name]["seconds"] = time.perf_counter() - t0
-    finally:
-        asyncio.run(engine.close())
-    return out
+    with model_engine(model, tokenizer, engine_cfg, model_dir) as engine:
+        return evaluate_memact(EngineRollout(engine, get_workflow("memact")), wf_cfg, tasks, temperature, seed)
 
 
 # ---------------------------------------------------------------------------------------------- the demo
@@ -345,6 +307,7 @@ def evaluate(model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any], temperat
 def run_memact_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
     """Run the whole demo (module docstring); returns what results.json holds."""
     from memrl.config import to_yaml
+    from memrl.eval.demo_report import print_memact_eval, write_memact_outputs
     from memrl.training.checkpoint import latest_checkpoint
     from memrl.training.trainer import Trainer
 
@@ -381,7 +344,7 @@ def run_memact_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]
     t0 = time.perf_counter()
     sft_eval = heldout(model, out / "sft")
     timings["eval_sft_s"] = time.perf_counter() - t0
-    print_eval("SFT", sft_eval)
+    print_memact_eval("SFT", sft_eval)
 
     t0 = time.perf_counter()
     trainer = Trainer(tcfg, workflow=workflow)
@@ -391,7 +354,7 @@ def run_memact_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]
     t0 = time.perf_counter()
     rl_eval = heldout(trainer.model, latest_checkpoint(trainer.ckpt_root) or "")
     timings["eval_rl_s"] = time.perf_counter() - t0
-    print_eval("SFT+DCPO", rl_eval)
+    print_memact_eval("SFT+DCPO", rl_eval)
     timings["total_s"] = time.perf_counter() - t_start
 
     results = {
@@ -403,86 +366,7 @@ def run_memact_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]
                          "dcpo/segments_per_trajectory", "rollout/segments")},
         "budget": {"max_context_tokens": wf_cfg.max_context_tokens, "eval_tasks": len(data.eval_tasks)},
     }
-    table = results_markdown(results)
-    print(table)
-    (out / "results.md").write_text(table, encoding="utf-8")
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    plot(out / "memact_results.png", results)
+    print(write_memact_outputs(results, out))
     print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'memact_results.png'} "
           f"({timings['total_s'] / 60:.1f} min)")
     return results
-
-
-def print_eval(name: str, res: dict[str, dict[str, float]]) -> None:
-    g, s = res["greedy"], res["sampled"]
-    print(f"{name} held-out: greedy {g['accuracy']:.1f}% (+-{g['accuracy_se']:.1f}), sampled {s['accuracy']:.1f}% "
-          f"(+-{s['accuracy_se']:.1f}); greedy prunes/task {g['prunes_per_task']:.2f}, overflow {g['overflow']:.1f}%")
-
-
-ROWS = (("cold start (SFT)", "sft"), ("SFT + DCPO", "dcpo"))
-
-
-def results_markdown(res: dict[str, Any]) -> str:
-    """The demo's table: one row per policy and decoding, from results.json's numbers."""
-    lines = [
-        "| policy | decoding | accuracy (%) | +- s.e. | 2-question | 3-question | sub-question acc. (%) | "
-        "mean context (tokens) | peak context (tokens) | prunes / task | overflow (%) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for label, key in ROWS:
-        for dec in ("greedy", "sampled"):
-            r = res[key][dec]
-            lines.append(
-                f"| {label} | {dec} | {r['accuracy']:.1f} | {r['accuracy_se']:.1f} | {r.get('accuracy_2q', 0.0):.1f} | "
-                f"{r.get('accuracy_3q', 0.0):.1f} | {r['subq_accuracy']:.1f} | {r['mean_context_tokens']:.1f} | "
-                f"{r['peak_context_tokens']:.1f} | {r['prunes_per_task']:.2f} | {r['overflow']:.1f} |")
-    d, t, b = res["demonstrator"], res["timings"], res["budget"]
-    gain = {dec: res["dcpo"][dec]["accuracy"] - res["sft"][dec]["accuracy"] for dec in ("greedy", "sampled")}
-    lines += [
-        "",
-        f"DCPO - cold start: greedy {gain['greedy']:+.1f} points, sampled {gain['sampled']:+.1f} points.",
-        f"Held-out: {b['eval_tasks']} tasks (fact sheets never trained on), working-context budget "
-        f"{b['max_context_tokens']} tokens (the prompt and two search results; 3-question tasks need a prune).",
-        f"Scripted cold-start agent (SFT tasks): accuracy {d['accuracy']:.1f}%, prunes/task "
-        f"{d['prunes_per_task']:.2f}, overflow {d['overflow']:.1f}% (it prunes late on purpose).",
-        f"Model: {res['num_parameters'] / 1e6:.2f}M parameters. Time: init {t.get('init_s', 0):.0f}s, copy warm-up "
-        f"{t.get('copy_warmup_s', 0):.0f}s, SFT "
-        f"{t.get('sft_s', 0):.0f}s, SFT eval {t.get('eval_sft_s', 0):.0f}s, DCPO {t.get('rl_s', 0):.0f}s, DCPO eval "
-        f"{t.get('eval_rl_s', 0):.0f}s, total {t.get('total_s', 0) / 60:.1f} min.",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def plot(path: Path, res: dict[str, Any]) -> None:
-    """Held-out accuracy (with standard errors) and mean working context per policy; the DCPO reward curve."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    xs = range(len(ROWS))
-    for j, dec in enumerate(("greedy", "sampled")):
-        accs = [res[k][dec]["accuracy"] for _, k in ROWS]
-        ses = [res[k][dec]["accuracy_se"] for _, k in ROWS]
-        axes[0].bar([x + 0.38 * j for x in xs], accs, 0.38, yerr=ses, capsize=3, label=dec)
-        axes[1].bar([x + 0.38 * j for x in xs], [res[k][dec]["mean_context_tokens"] for _, k in ROWS], 0.38,
-                    label=dec)
-    for ax, ylabel in ((axes[0], "held-out accuracy (%)"), (axes[1], "mean working context (tokens)")):
-        ax.set_xticks([x + 0.19 for x in xs], [label for label, _ in ROWS])
-        ax.set_ylabel(ylabel)
-        ax.legend(loc="upper left", fontsize=8)
-        ax.grid(alpha=0.3, axis="y")
-    axes[0].set_ylim(0, 100)
-    top = max(res[k][dec]["mean_context_tokens"] for _, k in ROWS for dec in ("greedy", "sampled"))
-    axes[1].set_ylim(0, 1.35 * top if top > 0 else 1)  # room for the legend above the bars
-    rewards = res["rl"]["reward/mean"]
-    axes[2].plot(range(1, len(rewards) + 1), rewards, "-", label="mean reward")
-    axes[2].plot(range(1, len(rewards) + 1), res["rl"]["dcpo/pruned_share"], "--", label="share that pruned")
-    axes[2].set_xlabel("DCPO step")
-    axes[2].set_ylim(0, 1)
-    axes[2].legend()
-    axes[2].grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

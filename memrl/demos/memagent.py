@@ -5,7 +5,8 @@ Qwen2 whose tokenizer is trained on the synthetic task's text -> cold-start SFT 
 demonstrator (per memory step the optimal `QuestionAwareRule` with probability `sft.p_aware`, the
 question-blind `RecentFactsRule` otherwise) -> multi-conversation GRPO on the MemAgent workflow -> the
 demonstrator, the cold start and SFT+RL evaluated with one protocol (held-out tasks at 1x, 4x, 16x the
-training length; greedy and sampled) -> a results dict that `memrl.demos.report` renders.
+training length; greedy and sampled) -> a results dict that `memrl.eval.demo_report` renders
+(`write_memagent_outputs`: results.md, results.json, the plots).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from memrl.config import valid
 from memrl.demos import split_overrides
-from memrl.demos.evaluation import EvalProtocol, evaluate_policy, model_engine, results_to_json
+from memrl.eval.evaluator import EngineRollout, EvalProtocol, evaluate_policy, model_engine, results_to_json
 from memrl.quiet import encode_document, hf_progress_off
 
 log = logging.getLogger(__name__)
@@ -176,8 +177,8 @@ def evaluate_demonstrator(cfg: DemoConfig, tcfg: Any, spec: Any, wf_cfg: Any, to
     proto = replace(protocol(cfg), greedy=False)
     out = {}
     for n, tasks in tasks_by_length.items():  # a fresh engine per length: it records every call
-        out.update(evaluate_policy(ScriptedEngine(rule, tokenizer=tokenizer), spec, wf_cfg,
-                                   {n: tasks}, proto, log=print))
+        rollout = EngineRollout(ScriptedEngine(rule, tokenizer=tokenizer), spec)
+        out.update(evaluate_policy(rollout, wf_cfg, {n: tasks}, proto, log=print))
     return out
 
 
@@ -283,11 +284,11 @@ def evaluate_model(cfg: DemoConfig, tcfg: Any, spec: Any, wf_cfg: Any, model: An
                    tasks_by_length: dict[int, list[Any]], model_dir: str | Path) -> dict[int, dict[str, Any]]:
     """Greedy and sampled held-out evaluation of `model` through the RL config's engine."""
     with model_engine(model, tokenizer, tcfg.engine, model_dir) as engine:
-        return evaluate_policy(engine, spec, wf_cfg, tasks_by_length, protocol(cfg), log=print)
+        return evaluate_policy(EngineRollout(engine, spec), wf_cfg, tasks_by_length, protocol(cfg), log=print)
 
 
 def run_demo(cfg: DemoConfig, tcfg: Any, out: Path, workflow: tuple[Any, Any]) -> dict[str, Any]:
-    """The whole recipe; returns the results dict (JSON-ready) that `memrl.demos.report` renders."""
+    """The whole recipe; returns the results dict (JSON-ready) that `memrl.eval.demo_report` renders."""
     from memrl.training.checkpoint import latest_checkpoint
     from memrl.training.trainer import Trainer
 
@@ -339,53 +340,3 @@ def run_demo(cfg: DemoConfig, tcfg: Any, out: Path, workflow: tuple[Any, Any]) -
         "sft_losses": sft_losses,
         "rl_reward": [h.get("reward/mean", 0.0) for h in history],
     }
-
-
-STAGES = [("demonstrator", "demonstrator"), ("sft", "SFT"), ("rl", "SFT+RL")]
-"""The rows of the MemAgent demo's results, in order, with their table labels."""
-
-
-def _empty_note(recipe: dict[str, Any]) -> str:
-    """How the optimal rule treats the memory before the asked fact (runs written before the option: kept)."""
-    keep = recipe.get("sft", {}).get("keep_distractors", True)
-    return " (an empty memory until the asked fact is read)" if keep is False else " (keeping the newest fact until the asked one is read)"
-
-
-def results_markdown(results: dict[str, Any]) -> str:
-    """The demo's results.md: accuracy (sampled and greedy, ± SE) per length, retention, recipe, timings."""
-    from memrl.demos.report import accuracy_table, retention_table
-
-    r, e, t = results["recipe"], results["recipe"]["eval"], results["timings"]
-    train = (f"{r['min_chunks']}-{r['train_chunks']} chunks (mixed)" if r["min_chunks"] else f"{r['train_chunks']} chunks")
-    parts = [
-        accuracy_table(results, STAGES, gain=("sft", "rl")),
-        f"Held-out synthetic tasks ({e['num_tasks']} per length, seed {e['seed']}), boxed exact match, accuracy in % "
-        f"± one standard error over tasks. Sampled: {e['samples']} trajectories per task at temperature "
-        f"{e['temperature']:g} (SE over the tasks' mean rewards); greedy: one per task. Gain: SFT+RL minus SFT "
-        f"on the same tasks (paired SE). Cold start: SFT on a demonstrator that plays the optimal rule on "
-        f"p_aware = {r['p_aware']:g} of its memory steps{_empty_note(r)} and the question-blind rule otherwise; "
-        f"its own accuracy "
-        f"is the demonstrator column. Training documents: {train}; {r['rl_steps']} RL steps.",
-        "",
-        "Memory retention (held-out, greedy, % of tasks): the answer was in some memory (seen) / in the last one (kept).",
-        "",
-        retention_table(results, STAGES[1:], "greedy"),
-        f"Time: init {t.get('init_s', 0):.0f}s, demonstrator eval {t.get('eval_demonstrator_s', 0):.0f}s, "
-        f"SFT {t.get('sft_s', 0):.0f}s, SFT eval {t.get('eval_sft_s', 0):.0f}s, RL {t.get('rl_s', 0):.0f}s, "
-        f"RL eval {t.get('eval_rl_s', 0):.0f}s, total {t.get('total_s', 0) / 60:.1f} min.",
-    ]
-    return "\n".join(parts) + "\n"
-
-
-def write_outputs(results: dict[str, Any], out: Path) -> str:
-    """results.md, results.json, accuracy_vs_length.png, rl_reward.png in `out`; returns the markdown."""
-    import json
-
-    from memrl.demos.report import plot_accuracy, plot_reward
-
-    table = results_markdown(results)
-    (out / "results.md").write_text(table, encoding="utf-8")
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    plot_accuracy(results, STAGES, out / "accuracy_vs_length.png")
-    plot_reward(results["rl_reward"], out / "rl_reward.png")
-    return table

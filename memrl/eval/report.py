@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 from collections import defaultdict
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.errors import UserError
+from memrl.eval import evaluator
 from memrl.eval.runner import CONFIG_FILE, RESULTS_FILE, read_results
 from memrl.workflows import format_counts
 
@@ -102,13 +102,10 @@ def row_score(row: dict[str, Any]) -> float:
 
 
 def mean_and_se(values: Sequence[float]) -> tuple[float, float]:
-    """(mean, standard error) of per-question values, both x 100; SE = sample std (n - 1) / sqrt(n)."""
-    n = len(values)
-    m = sum(values) / n
-    if n < 2:
-        return 100 * m, 0.0
-    var = sum((v - m) ** 2 for v in values) / (n - 1)
-    return 100 * m, 100 * math.sqrt(var / n)
+    """(mean, standard error) of per-question values, both x 100: memrl.eval.evaluator.mean_and_se (SE =
+    sample std (n - 1) / sqrt(n)), the one the demos and `memrl eval` share."""
+    m, se = evaluator.mean_and_se(values)
+    return 100 * m, 100 * se
 
 
 def question_key(row: dict[str, Any], i: int) -> tuple[str, str]:
@@ -128,8 +125,8 @@ def sampled_stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     k = max(len(v) for v in per_q.values())
     if k < 2:
         return {"samples": 1}
-    mean_k, mean_se = mean_and_se([sum(v) / len(v) for v in per_q.values()])
-    pass_k, pass_se = mean_and_se([max(v) for v in per_q.values()])
+    mean_k, mean_se = mean_and_se(evaluator.task_means(per_q.values()))
+    pass_k, pass_se = mean_and_se(evaluator.task_best(per_q.values()))
     return {"samples": k, "mean_at_k": mean_k, "mean_at_k_se": mean_se, "pass_at_k": pass_k, "pass_at_k_se": pass_se}
 
 

@@ -23,6 +23,11 @@ RULER's string_match_all / string_match_part) also gets that metric under its na
 Timing: `seconds` is one question's latency (queueing in the engine included); `started`/`finished` and
 `session` let the report compute throughput time per question (wall span of a session / its questions).
 
+Questions run through memrl.eval.evaluator's `Rollout` (default `EngineRollout` over the engine, one
+event loop for the whole call; `evaluate(..., rollout=...)` injects another), sample k of a file's
+questions as one call seeded like the k-th trajectory of the demos' evaluation (`first_sample=k`), so the
+demos, validation and `memrl eval` sample the same trajectories from the same seed.
+
 `workflow=full_context` is the baseline (memrl.workflows.full_context): the whole document in one prompt,
 centre-truncated to `workflow.max_context_tokens`, answered in `\\boxed{}`.
 """
@@ -34,7 +39,6 @@ import dataclasses
 import json
 import logging
 import os
-import random
 import re
 import time
 from collections.abc import Sequence
@@ -45,6 +49,7 @@ from typing import Any
 from memrl.config import redact_secrets, valid
 from memrl.engines.config import EngineConfig, HFSection
 from memrl.errors import UserError, model_dir, writable_dir
+from memrl.eval.evaluator import EngineRollout
 from memrl.types import Task, Trajectory
 from memrl.workflows.full_context import FULL_CONTEXT_TEMPLATE, FullContextConfig  # noqa: F401 - re-exported
 from memrl.workflows.full_context import run as run_full_context  # noqa: F401 - re-exported
@@ -420,10 +425,13 @@ def evaluate(
     out_dir: str | os.PathLike[str],
     cfg: EvalConfig,
     engine: Any = None,
+    rollout: Any = None,
 ) -> list[dict[str, Any]]:
     """Evaluate every file (smallest N first) into out_dir/results.jsonl; returns all rows, old and new.
 
-    `engine` may be passed in (tests, notebooks); otherwise it is built from cfg.engine and closed after.
+    `engine` may be passed in (tests, notebooks, validation); otherwise it is built from cfg.engine and
+    closed after. The questions run through `rollout` (a memrl.eval.evaluator.Rollout of cfg's workflow;
+    default: an EngineRollout over the engine), one sample index at a time.
     """
     from memrl.config import check_config
 
@@ -470,37 +478,38 @@ def evaluate(
     if total == 0:
         return rows
 
-    own_engine = engine is None
+    own_engine = engine is None and rollout is None
     if own_engine:
         engine = make_eval_engine(cfg.engine)
     try:
-        with open(results_path, "a", encoding="utf-8") as fh:
-            rows += asyncio.run(_run_all(todo, spec, wf_cfg, engine, cfg, fh, total))
+        with asyncio.Runner() as loop, open(results_path, "a", encoding="utf-8") as fh:  # one loop for all files
+            if rollout is None:
+                rollout = EngineRollout(engine, spec, cfg.concurrency, runner=loop)
+            tokenizer = getattr(rollout, "tokenizer", None) or getattr(engine, "tokenizer", None)
+            rows += _run_all(todo, rollout, wf_cfg, cfg, fh, total, tokenizer)
     finally:
         if own_engine:
             asyncio.run(engine.close())
     return rows
 
 
-async def _run_all(todo, spec, wf_cfg, engine, cfg: EvalConfig, fh, total: int) -> list[dict[str, Any]]:
+def _run_all(todo, rollout, wf_cfg, cfg: EvalConfig, fh, total: int, tokenizer: Any) -> list[dict[str, Any]]:
+    """Each (file, sample k, tasks) of `todo` through `rollout` (sample k seeded as the rollout's k-th
+    trajectory of a task); one row per finished question, written and flushed as it finishes."""
     from tqdm import tqdm
-
-    from memrl.workflows.runner import rollout, trajectory_rng
 
     new: list[dict[str, Any]] = []
     bar = tqdm(total=total, unit="q", disable=not cfg.progress, dynamic_ncols=True)
     starts: dict[str, float] = {}
     session = f"{int(time.time())}-{os.getpid()}"
-    tokenizer = getattr(engine, "tokenizer", None)
+
+    def started(task: Task) -> None:
+        starts[task.task_id] = time.time()
+
     try:
         for ef, k, tasks in todo:
             bar.set_description(f"{ef.ident['file']} N={ef.n}" + (f" sample {k}" if cfg.samples > 1 else ""))
             acc: list[float] = []
-
-            async def timed(task: Task, eng: Any, c: Any, rng: random.Random, k: int = k) -> Trajectory:
-                starts[task.task_id] = time.time()
-                # sample k of a task samples as the rollout runner's k-th trajectory would (k = 0: the same rng)
-                return await spec.run(task, eng, c, trajectory_rng(cfg.seed, task.task_id, k))
 
             def on_done(task: Task, traj: Trajectory, ef: EvalFile = ef, k: int = k, acc: list[float] = acc) -> None:
                 ds, n = ef.labels[task.task_id]
@@ -515,8 +524,7 @@ async def _run_all(todo, spec, wf_cfg, engine, cfg: EvalConfig, fh, total: int) 
                 bar.set_postfix(acc=f"{100 * sum(acc) / len(acc):.1f}%", refresh=False)
                 bar.update(1)
 
-            await rollout(tasks, dataclasses.replace(spec, run=timed), engine, wf_cfg, n=1,
-                          concurrency=cfg.concurrency, seed=cfg.seed, on_done=on_done, score=True)
+            rollout(tasks, wf_cfg, 1, cfg.seed, first_sample=k, on_start=started, on_done=on_done)
     finally:
         bar.close()
     return new

@@ -1,6 +1,7 @@
 """Validation during training: every `trainer.val_every` steps (and before the first step with
 `val.before_train`), the current policy answers the `val.files` through `memrl.eval.runner.evaluate`,
-the very code `memrl eval` runs, on the trainer's own engine. Rows go to
+the very code `memrl eval` runs (rollouts through memrl.eval.evaluator's `Rollout`, statistics over tasks
+by its `mean_and_se`, the demos' too), on the trainer's own engine or an injected rollout. Rows go to
 `<out_dir>/val/step_<k>/results.jsonl` (with its eval_config.json, so `memrl report` reads the directory),
 and the per-(dataset, N) summary of `memrl.eval.report.summarize` becomes metrics of step k:
 
@@ -83,16 +84,17 @@ def _file_label(rows: list[dict[str, Any]], n: int) -> str:
     return "+".join(names) or "data"
 
 
-def run_validation(trainer: Any, step: int) -> dict[str, float]:
+def run_validation(trainer: Any, step: int, rollout: Any = None) -> dict[str, float]:
     """Evaluate the current policy on val.files into <out_dir>/val/step_<step> (replacing what a killed
-    earlier attempt left there) and return its metrics."""
+    earlier attempt left there) and return its metrics. `rollout` (a memrl.eval.evaluator.Rollout of the
+    training workflow, e.g. a run-scoped runtime's) replaces the default rollout over trainer.engine."""
     from memrl.eval.runner import evaluate
 
     cfg = trainer.cfg
     out = Path(trainer.out) / VAL_DIR / f"step_{step}"
     shutil.rmtree(out, ignore_errors=True)  # a redone step (resume) validates afresh
     ecfg = eval_config(cfg)
-    rows = evaluate(cfg.val.files, out, ecfg, engine=trainer.engine)
+    rows = evaluate(cfg.val.files, out, ecfg, engine=trainer.engine, rollout=rollout)
     return val_metrics(rows)
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from memrl.cli import main
-from memrl.demos.evaluation import paired_gain
+from memrl.eval.evaluator import paired_gain
 
 pytestmark = pytest.mark.slow
 
@@ -76,8 +76,8 @@ def test_printed_table_is_results_json(demo):
 def test_sampled_evaluation_is_seeded_and_reproducible(demo):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memrl.demos.evaluation import evaluate_tasks, model_engine
     from memrl.demos.memagent import heldout_tasks, load_demo_configs
+    from memrl.eval.evaluator import EngineRollout, evaluate_tasks, model_engine
 
     out, _ = demo
     cfg, tcfg, _, (spec, wf_cfg) = load_demo_configs(TOY, out.parent / "again")
@@ -88,7 +88,7 @@ def test_sampled_evaluation_is_seeded_and_reproducible(demo):
     def run(seed: int, temperature: float = 1.0, samples: int = 3):
         seen = {}
         with model_engine(model, tok, tcfg.engine) as engine:
-            res = evaluate_tasks(engine, spec, wf_cfg, tasks, samples, temperature, seed,
+            res = evaluate_tasks(EngineRollout(engine, spec), wf_cfg, tasks, samples, temperature, seed,
                                  on_trajectory=lambda t, tr: seen.setdefault(tr.trajectory_id, [
                                      s.response_ids for s in tr.segments]))
         return res, seen

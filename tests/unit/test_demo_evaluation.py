@@ -1,4 +1,4 @@
-"""memrl.demos.evaluation: standard errors over tasks, paired gains, and the evaluation of a scripted
+"""memrl.eval.evaluator (the one evaluator): standard errors over tasks, paired gains, and the evaluation of a scripted
 engine through the real MemAgent workflow (exact, hand-checked accuracies)."""
 
 from __future__ import annotations
@@ -9,7 +9,14 @@ import pytest
 
 from memrl.data.synthetic import SyntheticConfig, corpus_text, make_tasks
 from memrl.demonstrators import RecentFactsRule, ScriptedEngine
-from memrl.demos.evaluation import EvalProtocol, evaluate_policy, evaluate_tasks, mean_and_se, paired_gain
+from memrl.eval.evaluator import (
+    EngineRollout,
+    EvalProtocol,
+    evaluate_policy,
+    evaluate_tasks,
+    mean_and_se,
+    paired_gain,
+)
 from memrl.models.tiny import train_tokenizer
 from memrl.workflows import get_workflow
 from memrl.workflows.memagent import MemAgentConfig
@@ -55,7 +62,7 @@ def test_scripted_engine_accuracy_and_se_over_tasks(tokenizer):
     wf = MemAgentConfig(chunk_tokens=8, max_memory_tokens=10, max_final_tokens=6, memory_template=MT,
                         final_template=FT)
     engine = ScriptedEngine(RecentFactsRule(MT, FT, skip_prob=0.0), tokenizer=tokenizer)
-    res = evaluate_tasks(engine, get_workflow("memagent"), wf, tasks, samples=3, temperature=1.0, seed=5)
+    res = evaluate_tasks(EngineRollout(engine, get_workflow("memagent")), wf, tasks, samples=3, temperature=1.0, seed=5)
     p = k / 40
     assert res.per_task == right
     assert res.accuracy == pytest.approx(100 * p)
@@ -63,7 +70,60 @@ def test_scripted_engine_accuracy_and_se_over_tasks(tokenizer):
     assert (res.num_tasks, res.samples, res.temperature) == (40, 3, 1.0)
     assert len(engine.calls) == 40 * 3 * 4  # 3 memory calls + 1 final per trajectory
     assert res.metrics["answer_kept"] == pytest.approx(100 * p) and res.metrics["no_box"] == 0.0
-    both = evaluate_policy(engine, get_workflow("memagent"), wf, {3: tasks}, EvalProtocol(samples=2, seed=5))
+    both = evaluate_policy(EngineRollout(engine, get_workflow("memagent")), wf, {3: tasks}, EvalProtocol(samples=2, seed=5))
     assert set(both[3]) == {"greedy", "sampled"} and both[3]["greedy"].per_task == right
     with pytest.raises(ValueError, match="samples must be 1"):
-        evaluate_tasks(engine, get_workflow("memagent"), wf, tasks, samples=2, temperature=0.0)
+        evaluate_tasks(EngineRollout(engine, get_workflow("memagent")), wf, tasks, samples=2, temperature=0.0)
+
+
+def test_binomial_se_is_ddof_0():
+    # 0/1 values with p = 3/4 over 4 tasks: sum of squared deviations 3 * 1/16 + 9/16 = 3/4;
+    # ddof 0: sqrt(3/4 / 4 / 4) = sqrt(p (1 - p) / n) = 0.2165; ddof 1: sqrt(3/4 / 3 / 4) = 0.25
+    assert mean_and_se([1.0, 0.0, 1.0, 1.0], ddof=0) == pytest.approx((0.75, math.sqrt(0.75 * 0.25 / 4)))
+    assert mean_and_se([1.0, 0.0, 1.0, 1.0]) == pytest.approx((0.75, 0.25))
+    # values other than 0/1: squared deviations 1/16 + 1/16 over n = 2, SE = sqrt(1/16 / 2) = 0.1768
+    assert mean_and_se([0.5, 1.0], ddof=0) == pytest.approx((0.75, math.sqrt(1 / 32)))
+    with pytest.raises(ValueError, match="ddof"):
+        mean_and_se([1.0, 0.0], ddof=2)
+
+
+def _draw_spec():
+    """A workflow whose trajectory is one draw of its rng (reward = the draw): which seed a sample got."""
+    from memrl.types import Trajectory
+    from memrl.workflows import WorkflowSpec
+
+    async def run(task, engine, cfg, rng):
+        return Trajectory(task.task_id, "", [], metrics={"context_tokens": 3.0}, info={"draw": rng.random()})
+
+    return WorkflowSpec("draw", run, MemAgentConfig, lambda task, traj: traj.info["draw"])
+
+
+def test_rollout_sample_k_is_seeded_as_the_kth_trajectory():
+    from memrl.types import Task
+    from memrl.workflows.runner import trajectory_rng
+
+    tasks = [Task(f"t{i}", "q", "c", ["a"]) for i in range(3)]
+    rollout = EngineRollout(None, _draw_spec())
+    together = rollout(tasks, MemAgentConfig(), n=3, seed=9)
+    started = []
+    for k in range(3):
+        alone = rollout(tasks, MemAgentConfig(), 1, 9, first_sample=k, on_start=lambda t: started.append(t.task_id))
+        assert [g.rewards[0] for g in alone] == [g.rewards[k] for g in together] == \
+            [trajectory_rng(9, t.task_id, k).random() for t in tasks]
+    assert started == ["t0", "t1", "t2"] * 3
+    with pytest.raises(ValueError, match="needs n=1"):
+        rollout(tasks, MemAgentConfig(), 2, 9, first_sample=1)
+    # the per-task mean over samples, then mean and SE over tasks
+    res = evaluate_tasks(rollout, MemAgentConfig(), tasks, samples=3, temperature=1.0, seed=9)
+    assert res.per_task == [sum(g.rewards) / 3 for g in together]
+    assert (res.accuracy, res.se) == tuple(100 * x for x in mean_and_se(res.per_task))
+    assert res.metrics["context_tokens"] == 3.0 and res.groups == []
+
+
+def test_memact_summary_needs_the_groups():
+    from memrl.eval.evaluator import memact_summary
+    from memrl.types import Task
+
+    res = evaluate_tasks(EngineRollout(None, _draw_spec()), MemAgentConfig(), [Task("t", "q", "c", ["a"])])
+    with pytest.raises(ValueError, match="keep_groups"):
+        memact_summary(res)

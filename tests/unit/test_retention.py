@@ -1,4 +1,4 @@
-"""memrl.demos.retention: each memory call classified by hand-checked cases, and the counts over the real
+"""memrl.eval.retention: each memory call classified by hand-checked cases, and the counts over the real
 MemAgent workflow with two scripted policies whose events follow from where each task's fact sits."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 
 from memrl.data.synthetic import SyntheticConfig, corpus_text, make_tasks
 from memrl.demonstrators import QuestionAwareRule, RecentFactsRule, ScriptedEngine
-from memrl.demos.evaluation import evaluate_tasks
-from memrl.demos.retention import RetentionCounter, classify_step
+from memrl.eval.evaluator import EngineRollout, evaluate_tasks
+from memrl.eval.retention import RetentionCounter, classify_step
 from memrl.models.tiny import train_tokenizer
 from memrl.workflows import get_workflow
 from memrl.workflows.memagent import MemAgentConfig
@@ -47,7 +47,7 @@ def _count(tokenizer, rule, tasks) -> RetentionCounter:
     wf = MemAgentConfig(chunk_tokens=8, max_memory_tokens=10, max_final_tokens=6, memory_template=MT,
                         final_template=FT)
     counter = RetentionCounter()
-    evaluate_tasks(ScriptedEngine(rule, tokenizer=tokenizer), get_workflow("memagent"), wf, tasks, samples=1,
+    evaluate_tasks(EngineRollout(ScriptedEngine(rule, tokenizer=tokenizer), get_workflow("memagent")), wf, tasks, samples=1,
                    temperature=0.0, on_trajectory=counter.add)
     return counter
 

@@ -1,0 +1,266 @@
+"""The demos' reports: markdown tables and matplotlib plots from a demo's results dict (results.json).
+
+MemAgent (`memrl demo`): `lengths` (evaluated lengths, in chunks), `recipe.train_chunks`,
+`recipe.chunk_words`, and `stages`: {stage: {length (str): {mode: EvalResult.to_json()}}} with modes
+"greedy" / "sampled". Stages are named by the caller (demonstrator, sft, rl: `MEMAGENT_STAGES`); the gain
+columns compare two of them on the same tasks (paired standard error, `memrl.eval.evaluator.paired_gain`).
+`memagent_markdown` / `write_memagent_outputs` write results.md, results.json and the plots.
+
+MemAct (`memrl demo --agent memact`): {"sft" / "dcpo": {mode: memact_summary(...)}, "demonstrator", ...};
+`memact_markdown`, `plot_memact`, `print_memact_eval`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from memrl.eval.evaluator import paired_gain
+
+MODES = ("sampled", "greedy")
+
+
+def cell(res: dict[str, Any] | None) -> str:
+    """"45.3 ± 2.1" (accuracy ± one standard error, percent), "-" when not evaluated."""
+    return "-" if res is None else f"{res['accuracy']:.1f} ± {res['se']:.1f}"
+
+
+def gain_cell(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
+    """"+12.3 ± 2.0": the paired gain in points and its standard error, "-" when either is missing."""
+    if before is None or after is None:
+        return "-"
+    g, se = paired_gain(before["per_task"], after["per_task"])
+    return f"{g:+.1f} ± {se:.1f}"
+
+
+def accuracy_table(results: dict[str, Any], stages: list[tuple[str, str]], gain: tuple[str, str] | None) -> str:
+    """One row per length; for each mode the stages' accuracy ± SE and, with `gain` = (before, after), the
+    paired gain. Columns of a stage/mode that was not evaluated anywhere are left out."""
+    st = results["stages"]
+    lengths = [str(n) for n in results["lengths"]]
+    train, words = results["recipe"]["train_chunks"], results["recipe"]["chunk_words"]
+
+    def get(stage: str, n: str, mode: str) -> dict[str, Any] | None:
+        return st.get(stage, {}).get(n, {}).get(mode)
+
+    head = ["length (chunks)", "context tokens", "x training length"]
+    cols: list[tuple[str, Any]] = []
+    for mode in MODES:
+        for key, label in stages:
+            if any(get(key, n, mode) for n in lengths):
+                head.append(f"{label} {mode}")
+                cols.append((key, mode))
+        if gain and all(get(k, n, mode) for k in gain for n in lengths):
+            head.append(f"gain {mode} (points)")
+            cols.append((gain, mode))
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for n in lengths:
+        row = [n, str(int(n) * words), f"{int(n) // train}x" if int(n) % train == 0 else f"{int(n) / train:g}x"]
+        for key, mode in cols:
+            row.append(gain_cell(get(key[0], n, mode), get(key[1], n, mode)) if isinstance(key, tuple)
+                       else cell(get(key, n, mode)))
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def retention_table(results: dict[str, Any], stages: list[tuple[str, str]], mode: str = "greedy") -> str:
+    """Memory retention per length: % of trajectories whose memory held the answer at some call (seen) and
+    at the end (kept)."""
+    st = results["stages"]
+    lengths = [str(n) for n in results["lengths"]]
+    present = [(k, label) for k, label in stages if any(st.get(k, {}).get(n, {}).get(mode) for n in lengths)]
+    head = ["length (chunks)"] + [f"{label} {w}" for _, label in present for w in ("seen", "kept")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for n in lengths:
+        row = [n]
+        for k, _ in present:
+            m = st[k][n][mode]["metrics"]
+            row += [f"{m.get('answer_seen', 0.0):.1f}%", f"{m.get('answer_kept', 0.0):.1f}%"]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_accuracy(results: dict[str, Any], stages: list[tuple[str, str]], path: str | Path) -> None:
+    """Accuracy vs document length (log x): one line per stage and mode (sampled solid, greedy dashed),
+    error bars of one standard error."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    st, words = results["stages"], results["recipe"]["chunk_words"]
+    lengths = [str(n) for n in results["lengths"]]
+    xs = [int(n) * words for n in lengths]
+    markers = "o^sdv*"
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (key, label) in enumerate(stages):
+        for mode, style in (("sampled", "-"), ("greedy", "--")):
+            pts = [st.get(key, {}).get(n, {}).get(mode) for n in lengths]
+            if not all(pts):
+                continue
+            ax.errorbar(xs, [p["accuracy"] for p in pts], yerr=[p["se"] for p in pts], fmt=markers[i % 6] + style,
+                        color=f"C{i}", capsize=3, label=f"{label} ({mode})")
+    ax.set_xscale("log")
+    ax.minorticks_off()
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("document length (tokens, log scale)")
+    ax.set_ylabel("held-out accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_reward(rewards: list[float], path: str | Path) -> None:
+    """Mean sampled training reward per RL step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(range(1, len(rewards) + 1), rewards, "-")
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("mean reward (sampled, T=1)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- the MemAgent demo
+
+
+MEMAGENT_STAGES = [("demonstrator", "demonstrator"), ("sft", "SFT"), ("rl", "SFT+RL")]
+"""The rows of the MemAgent demo's results, in order, with their table labels."""
+
+
+def _empty_note(recipe: dict[str, Any]) -> str:
+    """How the optimal rule treats the memory before the asked fact (runs written before the option: kept)."""
+    keep = recipe.get("sft", {}).get("keep_distractors", True)
+    return " (an empty memory until the asked fact is read)" if keep is False else " (keeping the newest fact until the asked one is read)"
+
+
+def memagent_markdown(results: dict[str, Any]) -> str:
+    """The demo's results.md: accuracy (sampled and greedy, ± SE) per length, retention, recipe, timings."""
+    r, e, t = results["recipe"], results["recipe"]["eval"], results["timings"]
+    train = (f"{r['min_chunks']}-{r['train_chunks']} chunks (mixed)" if r["min_chunks"] else f"{r['train_chunks']} chunks")
+    parts = [
+        accuracy_table(results, MEMAGENT_STAGES, gain=("sft", "rl")),
+        f"Held-out synthetic tasks ({e['num_tasks']} per length, seed {e['seed']}), boxed exact match, accuracy in % "
+        f"± one standard error over tasks. Sampled: {e['samples']} trajectories per task at temperature "
+        f"{e['temperature']:g} (SE over the tasks' mean rewards); greedy: one per task. Gain: SFT+RL minus SFT "
+        f"on the same tasks (paired SE). Cold start: SFT on a demonstrator that plays the optimal rule on "
+        f"p_aware = {r['p_aware']:g} of its memory steps{_empty_note(r)} and the question-blind rule otherwise; "
+        f"its own accuracy "
+        f"is the demonstrator column. Training documents: {train}; {r['rl_steps']} RL steps.",
+        "",
+        "Memory retention (held-out, greedy, % of tasks): the answer was in some memory (seen) / in the last one (kept).",
+        "",
+        retention_table(results, MEMAGENT_STAGES[1:], "greedy"),
+        f"Time: init {t.get('init_s', 0):.0f}s, demonstrator eval {t.get('eval_demonstrator_s', 0):.0f}s, "
+        f"SFT {t.get('sft_s', 0):.0f}s, SFT eval {t.get('eval_sft_s', 0):.0f}s, RL {t.get('rl_s', 0):.0f}s, "
+        f"RL eval {t.get('eval_rl_s', 0):.0f}s, total {t.get('total_s', 0) / 60:.1f} min.",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def write_memagent_outputs(results: dict[str, Any], out: Path) -> str:
+    """results.md, results.json, accuracy_vs_length.png, rl_reward.png in `out`; returns the markdown."""
+    table = memagent_markdown(results)
+    (out / "results.md").write_text(table, encoding="utf-8")
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    plot_accuracy(results, MEMAGENT_STAGES, out / "accuracy_vs_length.png")
+    plot_reward(results["rl_reward"], out / "rl_reward.png")
+    return table
+
+
+# ---------------------------------------------------------------- the MemAct demo
+
+
+def print_memact_eval(name: str, res: dict[str, dict[str, float]]) -> None:
+    g, s = res["greedy"], res["sampled"]
+    print(f"{name} held-out: greedy {g['accuracy']:.1f}% (+-{g['accuracy_se']:.1f}), sampled {s['accuracy']:.1f}% "
+          f"(+-{s['accuracy_se']:.1f}); greedy prunes/task {g['prunes_per_task']:.2f}, overflow {g['overflow']:.1f}%")
+
+
+MEMACT_ROWS = (("cold start (SFT)", "sft"), ("SFT + DCPO", "dcpo"))
+
+
+def memact_markdown(res: dict[str, Any]) -> str:
+    """The demo's table: one row per policy and decoding, from results.json's numbers."""
+    lines = [
+        "| policy | decoding | accuracy (%) | +- s.e. | 2-question | 3-question | sub-question acc. (%) | "
+        "mean context (tokens) | peak context (tokens) | prunes / task | overflow (%) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, key in MEMACT_ROWS:
+        for dec in ("greedy", "sampled"):
+            r = res[key][dec]
+            lines.append(
+                f"| {label} | {dec} | {r['accuracy']:.1f} | {r['accuracy_se']:.1f} | {r.get('accuracy_2q', 0.0):.1f} | "
+                f"{r.get('accuracy_3q', 0.0):.1f} | {r['subq_accuracy']:.1f} | {r['mean_context_tokens']:.1f} | "
+                f"{r['peak_context_tokens']:.1f} | {r['prunes_per_task']:.2f} | {r['overflow']:.1f} |")
+    d, t, b = res["demonstrator"], res["timings"], res["budget"]
+    gain = {dec: res["dcpo"][dec]["accuracy"] - res["sft"][dec]["accuracy"] for dec in ("greedy", "sampled")}
+    lines += [
+        "",
+        f"DCPO - cold start: greedy {gain['greedy']:+.1f} points, sampled {gain['sampled']:+.1f} points.",
+        f"Held-out: {b['eval_tasks']} tasks (fact sheets never trained on), working-context budget "
+        f"{b['max_context_tokens']} tokens (the prompt and two search results; 3-question tasks need a prune).",
+        f"Scripted cold-start agent (SFT tasks): accuracy {d['accuracy']:.1f}%, prunes/task "
+        f"{d['prunes_per_task']:.2f}, overflow {d['overflow']:.1f}% (it prunes late on purpose).",
+        f"Model: {res['num_parameters'] / 1e6:.2f}M parameters. Time: init {t.get('init_s', 0):.0f}s, copy warm-up "
+        f"{t.get('copy_warmup_s', 0):.0f}s, SFT "
+        f"{t.get('sft_s', 0):.0f}s, SFT eval {t.get('eval_sft_s', 0):.0f}s, DCPO {t.get('rl_s', 0):.0f}s, DCPO eval "
+        f"{t.get('eval_rl_s', 0):.0f}s, total {t.get('total_s', 0) / 60:.1f} min.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot_memact(path: Path, res: dict[str, Any]) -> None:
+    """Held-out accuracy (with standard errors) and mean working context per policy; the DCPO reward curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    xs = range(len(MEMACT_ROWS))
+    for j, dec in enumerate(("greedy", "sampled")):
+        accs = [res[k][dec]["accuracy"] for _, k in MEMACT_ROWS]
+        ses = [res[k][dec]["accuracy_se"] for _, k in MEMACT_ROWS]
+        axes[0].bar([x + 0.38 * j for x in xs], accs, 0.38, yerr=ses, capsize=3, label=dec)
+        axes[1].bar([x + 0.38 * j for x in xs], [res[k][dec]["mean_context_tokens"] for _, k in MEMACT_ROWS], 0.38,
+                    label=dec)
+    for ax, ylabel in ((axes[0], "held-out accuracy (%)"), (axes[1], "mean working context (tokens)")):
+        ax.set_xticks([x + 0.19 for x in xs], [label for label, _ in MEMACT_ROWS])
+        ax.set_ylabel(ylabel)
+        ax.legend(loc="upper left", fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylim(0, 100)
+    top = max(res[k][dec]["mean_context_tokens"] for _, k in MEMACT_ROWS for dec in ("greedy", "sampled"))
+    axes[1].set_ylim(0, 1.35 * top if top > 0 else 1)  # room for the legend above the bars
+    rewards = res["rl"]["reward/mean"]
+    axes[2].plot(range(1, len(rewards) + 1), rewards, "-", label="mean reward")
+    axes[2].plot(range(1, len(rewards) + 1), res["rl"]["dcpo/pruned_share"], "--", label="share that pruned")
+    axes[2].set_xlabel("DCPO step")
+    axes[2].set_ylim(0, 1)
+    axes[2].legend()
+    axes[2].grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_memact_outputs(results: dict[str, Any], out: Path) -> str:
+    """results.md, results.json, memact_results.png in `out`; returns the markdown."""
+    table = memact_markdown(results)
+    (out / "results.md").write_text(table, encoding="utf-8")
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    plot_memact(out / "memact_results.png", results)
+    return table

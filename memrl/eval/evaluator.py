@@ -1,0 +1,312 @@
+"""The one evaluator: `memrl eval` (memrl.eval.runner), both demos and in-training validation score with
+the code here, so a fix to a metric or a standard error is made once.
+
+Three pieces:
+
+- **the rollout**, injected as ONE callable (`Rollout`): `rollout(tasks, wf_cfg, n, seed) -> list[Group]`,
+  scored groups in task order, trajectory k of a task seeded by
+  `memrl.workflows.runner.trajectory_rng(seed, task_id, first_sample + k)`. `EngineRollout` is the default
+  (today's `memrl.workflows.runner.rollout` over one engine); a run-scoped runtime can stand in for it.
+- **statistics over tasks**: each task's mean score over its samples is one observation; the accuracy is
+  their mean and its standard error `mean_and_se` = std(task means, ddof 1) / sqrt(tasks) (the k samples
+  of one task share the task, so k x tasks observations would understate it). pass@k likewise over each
+  task's best sample. `memrl.eval.report` (mean@k, pass@k of results.jsonl rows) calls the same functions.
+- **one evaluation**: `evaluate_tasks` (one task set, one decoding) and `evaluate_policy` (greedy and
+  sampled per length, as the `EvalProtocol` says) return `EvalResult`s: accuracy +- SE over tasks, the
+  per-task means (paired comparisons, `paired_gain`) and the means of the workflow's own trajectory
+  metrics (context tokens, ...; `memact_summary` adds MemAct's peak context, prunes and overflow).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from memrl.types import Group, Task, Trajectory
+
+# ---------------------------------------------------------------- statistics over tasks
+
+
+def mean_and_se(per_task: Sequence[float], ddof: int = 1) -> tuple[float, float]:
+    """(mean, standard error of the mean) of per-task values; SE = sqrt(sum of squared deviations /
+    (n - ddof) / n): ddof 1 = the sample standard deviation (every evaluation here), ddof 0 = the population
+    one, for 0/1 values the binomial sqrt(p (1 - p) / n), computed in that closed form (the MemAct demo's
+    published table). 0 for one task."""
+    n = len(per_task)
+    if n == 0:
+        raise ValueError("mean_and_se: no tasks")
+    if ddof not in (0, 1):
+        raise ValueError(f"mean_and_se: ddof must be 0 or 1, got {ddof}")
+    mean = sum(per_task) / n
+    if n == 1:
+        return mean, 0.0
+    if ddof == 0 and all(x in (0.0, 1.0) for x in per_task):  # 0/1 values: the binomial closed form
+        return mean, math.sqrt(mean * (1 - mean) / n)
+    var = sum((x - mean) ** 2 for x in per_task) / (n - ddof)
+    return mean, math.sqrt(var / n)
+
+
+def task_means(scores_by_task: Iterable[Sequence[float]]) -> list[float]:
+    """Each task's mean score over its samples (mean@k's per-task value)."""
+    return [sum(v) / len(v) for v in scores_by_task]
+
+
+def task_best(scores_by_task: Iterable[Sequence[float]]) -> list[float]:
+    """Each task's best score over its samples (pass@k's per-task value)."""
+    return [max(v) for v in scores_by_task]
+
+
+def paired_gain(before: Sequence[float], after: Sequence[float]) -> tuple[float, float]:
+    """(mean gain, its standard error) in percent from two policies' per-task mean rewards on the SAME tasks:
+    the SE of the per-task differences (paired), which removes the between-task variance both share."""
+    if len(before) != len(after):
+        raise ValueError(f"paired_gain: {len(before)} vs {len(after)} tasks; a paired gain needs the same tasks")
+    mean, se = mean_and_se([b - a for a, b in zip(before, after, strict=True)])
+    return 100.0 * mean, 100.0 * se
+
+
+# ---------------------------------------------------------------- the rollout, injected
+
+
+class Rollout(Protocol):
+    """n scored trajectories per task, one Group per task in task order. Trajectory k of a task is sample
+    `first_sample + k`, seeded trajectory_rng(seed, task_id, first_sample + k); `on_start(task)` runs when
+    a trajectory starts, `on_done(task, trajectory)` when it is scored."""
+
+    def __call__(self, tasks: Sequence[Task], wf_cfg: Any, n: int = 1, seed: int = 0, *, first_sample: int = 0,
+                 on_start: Callable[[Task], None] | None = None,
+                 on_done: Callable[[Task, Trajectory], None] | None = None) -> list[Group]: ...
+
+
+@dataclass
+class EngineRollout:
+    """The default `Rollout`: `memrl.workflows.runner.rollout` of `spec` through `engine`, at most
+    `concurrency` trajectories in flight; each call runs on `runner`'s event loop (an asyncio.Runner the
+    caller owns: one loop for many calls), else on a new loop of its own (asyncio.run)."""
+
+    engine: Any
+    spec: Any
+    concurrency: int = 4096
+    runner: asyncio.Runner | None = None
+
+    @property
+    def tokenizer(self) -> Any:
+        return getattr(self.engine, "tokenizer", None)
+
+    def __call__(self, tasks: Sequence[Task], wf_cfg: Any, n: int = 1, seed: int = 0, *, first_sample: int = 0,
+                 on_start: Callable[[Task], None] | None = None,
+                 on_done: Callable[[Task, Trajectory], None] | None = None) -> list[Group]:
+        from memrl.workflows.runner import rollout, trajectory_rng
+
+        if first_sample and n != 1:
+            raise ValueError(f"EngineRollout: first_sample={first_sample} needs n=1, got n={n}")
+        spec = self.spec
+        if first_sample or on_start is not None:
+            base = spec.run
+
+            async def run(task: Task, engine: Any, cfg: Any, rng: Any) -> Trajectory:
+                if on_start is not None:
+                    on_start(task)
+                if first_sample:  # the rollout's own rng is sample 0's
+                    rng = trajectory_rng(seed, task.task_id, first_sample)
+                return await base(task, engine, cfg, rng)
+
+            spec = replace(spec, run=run)
+        coro = rollout(list(tasks), spec, self.engine, wf_cfg, n=n, concurrency=self.concurrency, seed=seed,
+                       on_done=on_done)
+        return self.runner.run(coro) if self.runner is not None else asyncio.run(coro)
+
+
+@contextmanager
+def model_engine(model: Any, tokenizer: Any, engine_cfg: Any = None, model_dir: str | Path = "") -> Iterator[Any]:
+    """The engine `engine_cfg` names serving `model` (default: the hf engine over `model` itself); an engine
+    that loads weights itself (vllm) loads `model_dir`, which must hold `model`'s weights. Closed on exit."""
+    from memrl.engines import EngineConfig, build_engine
+
+    ecfg = engine_cfg if engine_cfg is not None else EngineConfig(max_batch_size=256)
+    if ecfg.name != "hf" and not ecfg.model:
+        ecfg = replace(ecfg, model=str(model_dir))
+    engine = build_engine(ecfg, policy=model, tokenizer=tokenizer)
+    try:
+        yield engine
+    finally:
+        asyncio.run(engine.close())
+
+
+# ---------------------------------------------------------------- one evaluation
+
+
+PERCENT = ("no_box", "answer_seen", "answer_kept")
+"""Trajectory metrics that are 0/1 per trajectory, reported in percent."""
+DEFAULT_METRICS = ("context_tokens", *PERCENT)
+"""The MemAgent workflow's trajectory metrics an `EvalResult` reports by default."""
+
+
+@dataclass
+class EvalResult:
+    """One policy, one task set (one length), one decoding mode."""
+
+    accuracy: float
+    """Mean reward over tasks x samples, in percent."""
+    se: float
+    """Standard error of `accuracy` over tasks (of each task's mean reward), in percent; 0 for one task."""
+    num_tasks: int
+    samples: int
+    temperature: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Means of trajectory metrics over all trajectories (percent for the 0/1 ones named in PERCENT)."""
+    seconds: float = 0.0
+    per_task: list[float] = field(default_factory=list)
+    """Each task's mean reward (0..1), in task order: paired comparisons of two policies on the same tasks."""
+    groups: list[Group] = field(default_factory=list, repr=False, compare=False)
+    """The scored groups when asked for (`keep_groups`; not in `to_json`): workflow-specific summaries such
+    as `memact_summary`. Empty by default, so a long evaluation does not hold every trajectory."""
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(replace(self, groups=[]))
+        del d["groups"]
+        return d
+
+
+def metric_mean(trajs: Sequence[Trajectory], name: str) -> float:
+    """Mean of one trajectory metric (0 where a trajectory lacks it), summed exactly (math.fsum)."""
+    return math.fsum(t.metrics.get(name, 0.0) for t in trajs) / len(trajs)
+
+
+def result_from_groups(groups: Sequence[Group], samples: int, temperature: float, seconds: float = 0.0,
+                       metrics: Sequence[str] = DEFAULT_METRICS, se_ddof: int = 1,
+                       keep_groups: bool = False) -> EvalResult:
+    """Accuracy +- SE over tasks (each task's mean reward over its samples) and the trajectory metrics'
+    means, from scored groups (kept in the result with `keep_groups`)."""
+    per_task = task_means(g.rewards for g in groups)
+    acc, se = mean_and_se(per_task, se_ddof)
+    trajs = [t for g in groups for t in g.trajectories]
+    means = {}
+    for name in metrics:
+        m = metric_mean(trajs, name)
+        means[name] = 100.0 * m if name in PERCENT else m
+    return EvalResult(100.0 * acc, 100.0 * se, len(groups), samples, temperature, means, seconds, per_task,
+                      list(groups) if keep_groups else [])
+
+
+def evaluate_tasks(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], samples: int = 1,
+                   temperature: float = 0.0, seed: int = 0, metrics: Sequence[str] = DEFAULT_METRICS,
+                   on_trajectory: Callable[[Task, Trajectory], None] | None = None,
+                   se_ddof: int = 1, keep_groups: bool = False) -> EvalResult:
+    """`samples` trajectories per task through `rollout` at `temperature` (0 = greedy, one per task; the
+    workflow config's `temperature` is replaced); the accuracy and its standard error over tasks, plus the
+    mean of each named trajectory metric. `on_trajectory` sees every finished trajectory."""
+    if samples < 1:
+        raise ValueError(f"evaluate_tasks: samples must be >= 1, got {samples}")
+    if temperature == 0 and samples != 1:
+        raise ValueError("evaluate_tasks: greedy decoding (temperature 0) gives one trajectory per task; samples must be 1")
+    t0 = time.perf_counter()
+    groups = rollout(list(tasks), replace(wf_cfg, temperature=temperature), samples, seed, on_done=on_trajectory)
+    return result_from_groups(groups, samples, temperature, time.perf_counter() - t0, metrics, se_ddof,
+                              keep_groups)
+
+
+@dataclass
+class EvalProtocol:
+    """What every evaluated policy is run on (fixed before any run)."""
+
+    greedy: bool = True
+    samples: int = 4
+    """Sampled trajectories per task (0 = no sampled evaluation)."""
+    temperature: float = 1.0
+    seed: int = 987654
+    """Seeds the tasks' sampling (the task set itself is the caller's)."""
+    metrics: tuple[str, ...] = DEFAULT_METRICS
+    """The trajectory metrics averaged into EvalResult.metrics."""
+    se_ddof: int = 1
+    """1: the sample standard deviation over tasks; 0: the binomial SE (the MemAct demo's table)."""
+    keep_groups: bool = False
+    """Keep the scored groups in each EvalResult (for a workflow summary such as `memact_summary`)."""
+
+
+def evaluate_policy(rollout: Rollout, wf_cfg: Any, tasks_by_length: dict[int, list[Task]],
+                    protocol: EvalProtocol, modes: Sequence[str] = ("greedy", "sampled"),
+                    log: Any = None) -> dict[int, dict[str, EvalResult]]:
+    """{length: {"greedy": ..., "sampled": ...}} for the modes the protocol enables (and `modes` asks for);
+    greedy then sampled at each length, both seeded with protocol.seed."""
+    out: dict[int, dict[str, EvalResult]] = {}
+    for length, tasks in tasks_by_length.items():
+        row: dict[str, EvalResult] = {}
+        if protocol.greedy and "greedy" in modes:
+            row["greedy"] = evaluate_tasks(rollout, wf_cfg, tasks, 1, 0.0, protocol.seed, protocol.metrics,
+                                           se_ddof=protocol.se_ddof, keep_groups=protocol.keep_groups)
+        if protocol.samples > 0 and "sampled" in modes:
+            row["sampled"] = evaluate_tasks(rollout, wf_cfg, tasks, protocol.samples, protocol.temperature,
+                                            protocol.seed, protocol.metrics, se_ddof=protocol.se_ddof,
+                                            keep_groups=protocol.keep_groups)
+        out[length] = row
+        if log is not None:
+            log(f"  {length}: " + ", ".join(f"{m} {r.accuracy:.1f} ± {r.se:.1f}% ({r.seconds:.0f}s)"
+                                            for m, r in row.items()))
+    return out
+
+
+def results_to_json(res: dict[int, dict[str, EvalResult]]) -> dict[str, dict[str, Any]]:
+    """JSON form of `evaluate_policy`'s result: lengths become strings."""
+    return {str(n): {m: r.to_json() for m, r in row.items()} for n, row in res.items()}
+
+
+# ---------------------------------------------------------------- MemAct's trajectory metrics
+
+
+MEMACT_METRICS = ("multiq_subq_accuracy", "mean_context_tokens", "peak_context_tokens", "prunes",
+                  "failed_prunes", "stop_context_budget", "turns")
+
+
+def memact_summary(res: EvalResult) -> dict[str, float]:
+    """A MemAct evaluation (one sample per task, groups kept) in the MemAct demo's terms: accuracy (all sub-questions
+    right, %) and its SE (`res.se`), sub-question accuracy, mean / peak working context, the largest peak,
+    prunes per task, overflow (stopped by the context budget, %), turns, and accuracy by question count."""
+    trajs = [t for g in res.groups for t in g.trajectories]
+    if len(trajs) != res.num_tasks:
+        raise ValueError(f"memact_summary: {len(trajs)} trajectories for {res.num_tasks} tasks; it needs the "
+                         "result's groups (keep_groups=True), one trajectory per task")
+    out = {
+        "accuracy": res.accuracy,
+        "accuracy_se": res.se,
+        "subq_accuracy": 100.0 * metric_mean(trajs, "multiq_subq_accuracy"),
+        "mean_context_tokens": metric_mean(trajs, "mean_context_tokens"),
+        "peak_context_tokens": metric_mean(trajs, "peak_context_tokens"),
+        "max_context_tokens": max(t.metrics["peak_context_tokens"] for t in trajs),
+        "prunes_per_task": metric_mean(trajs, "prunes"),
+        "failed_prunes_per_task": metric_mean(trajs, "failed_prunes"),
+        "overflow": 100.0 * metric_mean(trajs, "stop_context_budget"),
+        "turns": metric_mean(trajs, "turns"),
+        "num_tasks": float(len(trajs)),
+    }
+    for k in sorted({int(t.metrics.get("multiq_questions", 0)) for t in trajs}):
+        sub = [float(t.reward or 0.0) for t in trajs if int(t.metrics.get("multiq_questions", 0)) == k]
+        out[f"accuracy_{k}q"] = 100.0 * (math.fsum(sub) / len(sub))
+    return out
+
+
+MEMACT_SE_DDOF = 0
+"""The MemAct demo's standard error: binomial, sqrt(p (1 - p) / tasks) (one 0/1 sample per task)."""
+
+
+def memact_summary_of(groups: Sequence[Group]) -> dict[str, float]:
+    """`memact_summary` of scored groups of one trajectory each (e.g. a scripted agent's)."""
+    return memact_summary(result_from_groups(groups, 1, 0.0, metrics=(), se_ddof=MEMACT_SE_DDOF, keep_groups=True))
+
+
+def evaluate_memact(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], temperature: float,
+                    seed: int) -> dict[str, dict[str, float]]:
+    """The MemAct demo's held-out protocol: {"greedy": summary, "sampled": summary}, one trajectory per task
+    each (sampled at `temperature`, top_p 1, no top-k), the prune tool offered and never withheld, both
+    seeded with `seed`; each summary is `memact_summary` plus the evaluation's `seconds`."""
+    base = replace(wf_cfg, no_prune_prob=0.0, prune_tool=True, top_p=1.0, top_k=-1)
+    proto = EvalProtocol(greedy=True, samples=1, temperature=temperature, seed=seed, metrics=(),
+                         se_ddof=MEMACT_SE_DDOF, keep_groups=True)
+    res = evaluate_policy(rollout, base, {0: list(tasks)}, proto)[0]
+    return {mode: {**memact_summary(r), "seconds": r.seconds} for mode, r in res.items()}

@@ -1,0 +1,137 @@
+"""Both demos' evaluation paths give the numbers the code before the one evaluator (memrl.eval.evaluator)
+gave: values computed once with the old demos/evaluation.py and demos/memact.py on a tiny model and a
+few tasks, hard-coded here (bit for bit, seconds aside), and checked by hand where noted.
+
+The MemAgent setup: the demo's own configs at a toy size (2-chunk training documents, held-out lengths 2
+and 4, 6 tasks each, 3 samples), a 1-layer random model; the MemAct setup: the demo's configs, 10-12
+held-out tasks, the working-context budget the demo calibrates (181 tokens)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+
+import pytest
+
+from memrl.eval.evaluator import EngineRollout, evaluate_memact, evaluate_tasks, model_engine, results_to_json
+
+pytestmark = pytest.mark.slow
+
+T3, T23 = 1 / 3, 2 / 3
+
+
+@pytest.fixture(scope="module")
+def memagent(tmp_path_factory):
+    import torch
+
+    from memrl.demos import memagent as ma
+
+    torch.set_num_threads(1)
+    cfg, tcfg, out, (spec, wf) = ma.load_demo_configs(
+        ["hidden_size=32", "num_layers=1", "num_heads=2", "num_kv_heads=1", "vocab_size=800", "eval.num_tasks=6",
+         "eval.multipliers=[1,2]", "eval.samples=3", "sft.p_aware=0.5", "train.data.synthetic.num_chunks=2",
+         "train.data.synthetic.min_chunks=0"], tmp_path_factory.mktemp("ma"))
+    tasks = ma.heldout_tasks(cfg, tcfg)
+    tok, model = ma.init_model(cfg, tcfg, out, wf)
+    return ma, cfg, tcfg, out, spec, wf, tasks, tok, model
+
+
+def _strip(res):
+    for row in res.values():
+        for r in row.values():
+            r.pop("seconds")
+    return res
+
+
+def test_memagent_demonstrator_numbers_unchanged(memagent):
+    ma, cfg, tcfg, _, spec, wf, tasks, tok, _ = memagent
+    got = _strip(results_to_json(ma.evaluate_demonstrator(cfg, tcfg, spec, wf, tok, tasks)))
+    # length 2: per-task means 2/3, 2/3, 1, 1/3, 1/3, 1 -> mean 2/3; deviations 0, 0, +-1/3 (x4):
+    # variance (4/9) / 5, SE = sqrt(4/45 / 6) = 0.12172 (by hand)
+    assert got == {
+        "2": {"sampled": {"accuracy": 66.66666666666666, "se": 12.171612389003693, "num_tasks": 6, "samples": 3,
+                          "temperature": 1.0, "per_task": [T23, T23, 1.0, T3, T3, 1.0],
+                          "metrics": {"context_tokens": 20.166666666666668, "no_box": 0.0,
+                                      "answer_seen": 72.22222222222221, "answer_kept": 55.55555555555556}}},
+        "4": {"sampled": {"accuracy": 33.33333333333333, "se": 14.9071198499986, "num_tasks": 6, "samples": 3,
+                          "temperature": 1.0, "per_task": [T3, T3, 0.0, T3, 0.0, 1.0],
+                          "metrics": {"context_tokens": 39.5, "no_box": 0.0, "answer_seen": 77.77777777777779,
+                                      "answer_kept": 27.77777777777778}}},
+    }
+
+
+def test_memagent_model_numbers_and_sampled_trajectories_unchanged(memagent):
+    ma, cfg, tcfg, out, spec, wf, tasks, tok, model = memagent
+    got = _strip(results_to_json(ma.evaluate_model(cfg, tcfg, spec, wf, model, tok, tasks, out / "init")))
+    for n, ctx in (("2", 20.166666666666668), ("4", 39.5)):
+        for mode, samples, temp in (("greedy", 1, 0.0), ("sampled", 3, 1.0)):
+            assert got[n][mode] == {"accuracy": 0.0, "se": 0.0, "num_tasks": 6, "samples": samples,
+                                    "temperature": temp, "per_task": [0.0] * 6,
+                                    "metrics": {"context_tokens": ctx, "no_box": 100.0, "answer_seen": 0.0,
+                                                "answer_kept": 0.0}}
+    # the sampled trajectories themselves (same seeds per (seed, task, sample)): their token ids' digest
+    seen = {}
+    with model_engine(model, tok, tcfg.engine) as engine:
+        evaluate_tasks(EngineRollout(engine, spec), wf, tasks[2], 3, 1.0, 987654,
+                       on_trajectory=lambda t, tr: seen.__setitem__(tr.trajectory_id,
+                                                                    [s.response_ids for s in tr.segments]))
+    assert len(seen) == 18 and len({json.dumps(v) for v in seen.values()}) == 18
+    digest = hashlib.sha256(json.dumps(sorted(seen.items())).encode()).hexdigest()
+    assert digest == "5ea084163d09cf5ed445b81814aa85708f9b75f84a870c3e441e19eae8ce6085"
+
+
+@pytest.fixture(scope="module")
+def memact(tmp_path_factory):
+    import torch
+
+    from memrl.demos import memact as mc
+
+    torch.set_num_threads(1)
+    cfg, tcfg, out, (spec, wf) = mc.load_configs(
+        ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
+         "sft.num_tasks=80", "rl_tasks=4", "eval.num_tasks=10"], tmp_path_factory.mktemp("mc"))
+    data = mc.write_data(cfg, out / "data")
+    tok, model = mc.init_model(cfg, wf, data.sft_tasks, out)
+    return mc, cfg, tcfg, out, wf, data, tok, model
+
+
+SCRIPTED = {"accuracy": 75.0, "accuracy_se": 12.5, "subq_accuracy": 75.0, "mean_context_tokens": 112.25,
+            "peak_context_tokens": 166.75, "max_context_tokens": 181.0, "prunes_per_task": 0.25,
+            "failed_prunes_per_task": 0.0, "overflow": 25.0, "turns": 3.5, "num_tasks": 12.0,
+            "accuracy_2q": 100.0, "accuracy_3q": 50.0}
+
+
+def test_memact_numbers_unchanged(memact):
+    from memrl.demonstrators import ScriptedEngine
+    from memrl.demonstrators.memact import MemActDemonstrator
+    from memrl.workflows import get_workflow
+
+    mc, cfg, tcfg, out, wf, data, tok, model = memact
+    budget = mc.calibrate_budget(data.sft_tasks[:40], tok, wf, cfg.sft.search_topk)
+    assert budget == 181
+    wf = replace(wf, max_context_tokens=budget)
+    # the cold start's statistics of the scripted agent (binomial SE: sqrt(0.7 * 0.3 / 10) = 0.144914)
+    stats = mc.summarize_groups(mc.demonstrations(data.eval_tasks, tok, wf, 0.5, 3, cfg.sft.search_topk))
+    assert stats == {"accuracy": 70.0, "accuracy_se": 14.491376746189438, "subq_accuracy": 70.0,
+                     "mean_context_tokens": 111.4, "peak_context_tokens": 166.0, "max_context_tokens": 181.0,
+                     "prunes_per_task": 0.2, "failed_prunes_per_task": 0.0, "overflow": 30.0, "turns": 3.4,
+                     "num_tasks": 10.0, "accuracy_2q": 100.0, "accuracy_3q": 40.0}
+    # the held-out protocol (greedy, then one sample per task) through a scripted agent on 12 tasks:
+    # p = 0.75, binomial SE sqrt(0.75 * 0.25 / 12) = 0.125 (by hand)
+    from memrl.data.synthetic_memact import make_tasks
+
+    tasks12 = make_tasks(cfg.task, 12, cfg.eval.seed, prefix="heldout")
+    engine = ScriptedEngine(MemActDemonstrator(late_prob=0.5, seed=4, topk=cfg.sft.search_topk), tokenizer=tok)
+    res = evaluate_memact(EngineRollout(engine, get_workflow("memact")), wf, tasks12, 1.0, cfg.eval.seed)
+    assert {m: {k: v for k, v in r.items() if k != "seconds"} for m, r in res.items()} == \
+        {"greedy": SCRIPTED, "sampled": SCRIPTED}
+    # the demo's own evaluation of a (random) model through the HF engine
+    got = mc.evaluate(model, tok, wf, data.eval_tasks, cfg.eval.temperature, cfg.eval.seed, tcfg.engine,
+                      out / "init")
+    zero = {"accuracy": 0.0, "accuracy_se": 0.0, "subq_accuracy": 0.0, "mean_context_tokens": 53.0,
+            "peak_context_tokens": 53.0, "max_context_tokens": 56.0, "prunes_per_task": 0.0,
+            "failed_prunes_per_task": 0.0, "overflow": 0.0, "turns": 1.0, "num_tasks": 10.0,
+            "accuracy_2q": 0.0, "accuracy_3q": 0.0}
+    assert {m: {k: v for k, v in r.items() if k != "seconds"} for m, r in got.items()} == \
+        {"greedy": zero, "sampled": zero}
