@@ -349,7 +349,7 @@ class Trainer:
         steps = optimizer_steps(per_group, t.mini_batches, t.mini_batch_split, t.mini_batch_rows,
                                 t.mini_batch_rows_tail)
         # each mini-batch weighed once here, over all of it (one weight per row); each rank gets its share
-        got = [self.train_rows(weigh(part, a.loss_agg), step_scheduler=j == len(steps) - 1)
+        got = [self.train_rows(weigh(part, self.cfg.algorithm.loss_agg), step_scheduler=j == len(steps) - 1)
                for j, part in enumerate(steps)]
         metrics.update(combine_step_metrics(got))
         return metrics
