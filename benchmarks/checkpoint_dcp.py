@@ -19,7 +19,8 @@ import torch.distributed as dist
 from memrl.config import load_config
 from memrl.training import distributed as D
 from memrl.training.config import TrainConfig
-from memrl.training.packing import Row
+from memrl.training.packing import TrainBatch, weigh
+from memrl.types import Segment
 
 
 def _model(name: str, tmp: str) -> str:
@@ -39,10 +40,11 @@ def _model(name: str, tmp: str) -> str:
     return path
 
 
-def _rows(vocab: int) -> list[Row]:
+def _rows(vocab: int) -> TrainBatch:
     rng = random.Random(0)
-    return [Row([rng.randrange(vocab) for _ in range(64)], [rng.randrange(vocab) for _ in range(16)], [1] * 16,
-                [-3.0] * 16, rng.uniform(-1, 1), f"t{i}") for i in range(4)]
+    return weigh([Segment([rng.randrange(vocab) for _ in range(64)], [rng.randrange(vocab) for _ in range(16)],
+                          [-3.0] * 16, advantage=rng.uniform(-1, 1), trajectory_id=f"t{i}") for i in range(4)],
+                 "token-mean")
 
 
 def main() -> None:

@@ -28,15 +28,18 @@ from scaleout import _random_05b  # noqa: E402  (same 0.5B-shaped model as the C
 
 from memrl.config import load_config  # noqa: E402
 from memrl.training.config import TrainConfig  # noqa: E402
-from memrl.training.packing import Row  # noqa: E402
+from memrl.training.packing import TrainBatch, weigh  # noqa: E402
+from memrl.types import Segment  # noqa: E402
 
 WARMUP, TIMED = 2, 5
 
 
-def _rows(vocab: int, n: int = 16, prompt: int = 96, response: int = 32) -> list[Row]:
+def _rows(vocab: int, n: int = 16, prompt: int = 96, response: int = 32) -> TrainBatch:
+    """`n` rows weighed over all of them (token-mean)."""
     rng = random.Random(0)
-    return [Row([rng.randrange(vocab) for _ in range(prompt)], [rng.randrange(vocab) for _ in range(response)],
-                [1] * response, [-3.0] * response, rng.uniform(-1, 1), f"t{i // 4}") for i in range(n)]
+    return weigh([Segment([rng.randrange(vocab) for _ in range(prompt)], [rng.randrange(vocab) for _ in range(response)],
+                          [-3.0] * response, advantage=rng.uniform(-1, 1), trajectory_id=f"t{i // 4}")
+                  for i in range(n)], "token-mean")
 
 
 def _sync() -> None:

@@ -23,15 +23,18 @@ import torch.multiprocessing as mp
 from memrl.config import load_config
 from memrl.training import distributed as D
 from memrl.training.config import TrainConfig
-from memrl.training.packing import Row
+from memrl.training.packing import TrainBatch, split, weigh
+from memrl.types import Segment
 
 WARMUP, TIMED = 2, 5
 
 
-def _rows(vocab: int, n: int = 16, prompt: int = 96, response: int = 32) -> list[Row]:
+def _rows(vocab: int, n: int = 16, prompt: int = 96, response: int = 32) -> TrainBatch:
+    """`n` rows weighed over all of them (token-mean)."""
     rng = random.Random(0)
-    return [Row([rng.randrange(vocab) for _ in range(prompt)], [rng.randrange(vocab) for _ in range(response)],
-                [1] * response, [-3.0] * response, rng.uniform(-1, 1), f"t{i // 4}") for i in range(n)]
+    return weigh([Segment([rng.randrange(vocab) for _ in range(prompt)], [rng.randrange(vocab) for _ in range(response)],
+                          [-3.0] * response, advantage=rng.uniform(-1, 1), trajectory_id=f"t{i // 4}")
+                  for i in range(n)], "token-mean")
 
 
 def _cfg(model: str) -> TrainConfig:
@@ -39,7 +42,7 @@ def _cfg(model: str) -> TrainConfig:
                                      "trainer.token_budget=1024"])
 
 
-def _time_steps(worker, rows: list[Row]) -> tuple[float, float]:
+def _time_steps(worker, rows: TrainBatch) -> tuple[float, float]:
     """(mean update seconds, mean full-state gather seconds) over TIMED steps after WARMUP."""
     steps, gathers = [], []
     for i in range(WARMUP + TIMED):
@@ -59,7 +62,7 @@ def _rank(rank: int, model: str, port: int, vocab: int, out: str) -> None:
     from memrl.training.workers import PolicyWorker
 
     w = PolicyWorker(_cfg(model), D.DistInfo(rank, 2, "127.0.0.1", port))
-    step, gather = _time_steps(w, _rows(vocab))
+    step, gather = _time_steps(w, split(_rows(vocab), 2)[rank])  # this rank's share, as the driver sends it
     if rank == 0:
         Path(out).write_text(f"{step} {gather}")
     w.close()

@@ -1,7 +1,8 @@
 """Policy-loss pieces: PPO clip (clip-higher, dual clip), KL estimators, entropy, loss aggregation.
 
-Aggregation is expressed as per-token WEIGHTS computed once over the whole training batch
-(`loss_token_weights`); the loss is sum(weight * token_loss). Because every weight is fixed before
+Aggregation is expressed as one WEIGHT per row computed once over the whole training batch
+(`row_weights`; `loss_token_weights` spreads it over the row's trained tokens); the loss is
+sum(weight * token_loss). Because every weight is fixed before
 the batch is cut into micro-batches, summing the micro-batch losses gives exactly the full-batch loss
 (and gradient), whatever the split. Formulas follow verl's `core_algos` (compute_policy_loss,
 kl_penalty, agg_loss).
@@ -88,40 +89,45 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
 
 
-def loss_token_weights(
+def row_weights(
     masks: Sequence[Sequence[int]], traj_ids: Sequence[str] | None = None, mode: str = "token-mean"
-) -> list[list[float]]:
-    """Per-token weights w such that sum(w * token_loss) is the `mode` aggregate of the whole batch.
+) -> list[float]:
+    """One loss weight per row such that sum over rows of weight * (sum of the row's trained token losses)
+    is the `mode` aggregate of the whole batch (every trained token of a row weighs the same).
 
     token-mean: 1 / N (N = trained tokens in the batch). seq-mean-token-mean: 1 / (R * n_r).
     seq-mean-token-sum: 1 / R. traj-mean: 1 / (J * n_j) (each trajectory's token mean, then the mean
     over trajectories). n_r / n_j = trained tokens of the row / trajectory; R and J count only rows and
-    trajectories with at least one trained token. Masked-out tokens weigh 0. Rows may be ragged.
+    trajectories with at least one trained token. A row without trained tokens weighs 0. The training
+    driver computes these once over a whole mini-batch, before it is split between ranks and micro-batches.
     """
     if mode not in AGG_MODES:
         raise ValueError(f"unknown loss aggregation mode {mode!r}; known: {', '.join(AGG_MODES)}")
     row_tokens = [sum(1 for v in m if v) for m in masks]
     if mode == "token-mean":
         total = sum(row_tokens)
-        row_w = [1.0 / total if total else 0.0 for _ in masks]
-    elif mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
+        return [1.0 / total if n else 0.0 for n in row_tokens]
+    if mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
         rows = sum(1 for n in row_tokens if n)
         if mode == "seq-mean-token-mean":
-            row_w = [1.0 / (rows * n) if n else 0.0 for n in row_tokens]
-        else:
-            row_w = [1.0 / rows if n else 0.0 for n in row_tokens]
-    else:
-        if traj_ids is None or len(traj_ids) != len(masks):
-            got = "none" if traj_ids is None else len(traj_ids)
-            raise ValueError(
-                f"traj-mean aggregation needs one trajectory id per row: {len(masks)} rows, {got} ids"
-            )
-        traj_tokens: dict[str, int] = defaultdict(int)
-        for t, n in zip(traj_ids, row_tokens, strict=True):
-            traj_tokens[t] += n
-        trajs = sum(1 for n in traj_tokens.values() if n)
-        row_w = [1.0 / (trajs * traj_tokens[t]) if traj_tokens[t] else 0.0 for t in traj_ids]
-    return [[w if v else 0.0 for v in m] for w, m in zip(row_w, masks, strict=True)]
+            return [1.0 / (rows * n) if n else 0.0 for n in row_tokens]
+        return [1.0 / rows if n else 0.0 for n in row_tokens]
+    if traj_ids is None or len(traj_ids) != len(masks):
+        got = "none" if traj_ids is None else len(traj_ids)
+        raise ValueError(f"traj-mean aggregation needs one trajectory id per row: {len(masks)} rows, {got} ids")
+    traj_tokens: dict[str, int] = defaultdict(int)
+    for t, n in zip(traj_ids, row_tokens, strict=True):
+        traj_tokens[t] += n
+    trajs = sum(1 for n in traj_tokens.values() if n)
+    return [1.0 / (trajs * traj_tokens[t]) if n else 0.0 for t, n in zip(traj_ids, row_tokens, strict=True)]
+
+
+def loss_token_weights(
+    masks: Sequence[Sequence[int]], traj_ids: Sequence[str] | None = None, mode: str = "token-mean"
+) -> list[list[float]]:
+    """Per-token weights w such that sum(w * token_loss) is the `mode` aggregate of the whole batch: each
+    trained token carries its row's `row_weights`, masked-out tokens weigh 0. Rows may be ragged."""
+    return [[w if v else 0.0 for v in m] for w, m in zip(row_weights(masks, traj_ids, mode), masks, strict=True)]
 
 
 def agg_loss(

@@ -1,10 +1,11 @@
-"""Process groups and FSDP2 for the policy update: rank setup, token-balanced row split, loss weights
-with GLOBAL normalizers, and full (gathered) state dicts for saving and weight sync.
+"""Process groups and FSDP2 for the policy update: rank setup, collectives, and full (gathered) state
+dicts for saving and weight sync.
 
 At world size 1 there is no process group: every collective here is the identity, so the single-process
-trainer runs the same code. At world size N each rank trains on its share of the rows with weights whose
-normalizers are all-reduced, and scales its loss by N because FSDP averages gradients over ranks; the
-sum over ranks then equals the single-process loss and gradient (measured: notes/scaleout.md).
+trainer runs the same code. At world size N each rank trains on the share of the rows the driver sent it,
+with the row weights the driver computed over the whole mini-batch (memrl.training.packing), and scales
+its loss by N because FSDP averages gradients over ranks; the sum over ranks then equals the
+single-process loss and gradient (measured: notes/scaleout.md).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +21,6 @@ import torch
 import torch.distributed as dist
 
 from memrl.tcpstore import tcp_store
-from memrl.training.packing import Row
 
 TIMEOUT_S = 60
 """Collective timeout: a dead peer fails the step fast instead of hanging it."""
@@ -94,54 +93,6 @@ def all_reduce_max(value: int, device: str | torch.device = "cpu") -> int:
     t = torch.tensor([value], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
-
-
-def split_rows(rows: Sequence[Row], n: int) -> list[list[int]]:
-    """Row indices for each of `n` ranks, balanced by tokens: longest row first to the rank with the
-    fewest tokens so far (ties to the lower rank). Deterministic; every index appears once."""
-    shares: list[list[int]] = [[] for _ in range(n)]
-    load = [0] * n
-    for i in sorted(range(len(rows)), key=lambda i: (-rows[i].length, i)):
-        r = min(range(n), key=lambda k: (load[k], k))
-        shares[r].append(i)
-        load[r] += rows[i].length
-    return [sorted(s) for s in shares]
-
-
-def set_global_loss_weights(rows: Sequence[Row], mode: str, device: str | torch.device = "cpu") -> None:
-    """Per-token weights of this rank's rows with the normalizers of the GLOBAL batch (all-reduced):
-    token-mean 1/N, seq-mean-token-mean 1/(R n_r), seq-mean-token-sum 1/R, traj-mean 1/(J n_j), where
-    N, R, J and each trajectory's n_j count every rank's rows (algorithms.losses.loss_token_weights)."""
-    from memrl.algorithms.losses import AGG_MODES
-
-    if mode not in AGG_MODES:
-        raise ValueError(f"unknown loss aggregation mode {mode!r}; known: {', '.join(AGG_MODES)}")
-    row_tokens = [sum(1 for v in r.loss_mask if v) for r in rows]
-    if mode == "traj-mean":
-        local: dict[str, int] = defaultdict(int)
-        for r, n in zip(rows, row_tokens, strict=True):
-            local[r.trajectory_id] += n
-        traj_tokens: dict[str, int] = defaultdict(int)
-        gathered: list[Any] = [None] * world_size()
-        if world_size() == 1:
-            gathered = [dict(local)]
-        else:
-            dist.all_gather_object(gathered, dict(local))
-        for part in gathered:
-            for t, n in part.items():
-                traj_tokens[t] += n
-        trajs = sum(1 for n in traj_tokens.values() if n)
-        row_w = [1.0 / (trajs * traj_tokens[r.trajectory_id]) if n else 0.0 for r, n in zip(rows, row_tokens, strict=True)]
-    else:
-        total, nrows = all_reduce_sum([float(sum(row_tokens)), float(sum(1 for n in row_tokens if n))], device)
-        if mode == "token-mean":
-            row_w = [1.0 / total if n else 0.0 for n in row_tokens]
-        elif mode == "seq-mean-token-mean":
-            row_w = [1.0 / (nrows * n) if n else 0.0 for n in row_tokens]
-        else:
-            row_w = [1.0 / nrows if n else 0.0 for n in row_tokens]
-    for r, w in zip(rows, row_w, strict=True):
-        r.weights = [w if v else 0.0 for v in r.loss_mask]
 
 
 def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:

@@ -1,16 +1,19 @@
-"""Segments -> training rows -> micro-batches by a token budget -> padded tensors.
+"""Segments -> one loss weight per row -> rank shares -> micro-batches by a token budget -> padded tensors.
 
 A row is one `Segment`: prompt ids + response ids, trained on the response tokens whose loss mask is
-1. Rows are sorted by length and cut into micro-batches whose padded size (rows x longest row) stays
-within `token_budget`, so rows of similar length share a micro-batch and padding stays small. Every
-row lands in exactly one micro-batch (a row longer than the budget gets a micro-batch of its own);
-no row is ever dropped.
+1. The driver weighs the rows of a mini-batch once (`weigh`: one weight per row over the WHOLE
+mini-batch, memrl.algorithms.losses.row_weights) and cuts it into token-balanced shares, one per rank
+(`split`); a rank receives only its share. Within a share, rows are sorted by length and cut into
+micro-batches whose padded size (rows x longest row) stays within `token_budget`, so rows of similar
+length share a micro-batch and padding stays small. Every row lands in exactly one micro-batch (a row
+longer than the budget gets a micro-batch of its own); no row is ever dropped. `collate` builds the
+tensors straight from the segments' ids, masks, logprobs and advantage and the row weights.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,61 +21,82 @@ from memrl.types import Segment
 
 
 @dataclass
-class Row:
-    """One training row: the token ids and, per response token, what the loss needs."""
+class TrainBatch:
+    """The rows of one optimizer step, or one rank's share of them: segments, each with its loss weight
+    (fixed over the whole mini-batch, so micro-batch and rank losses sum to the mini-batch's loss)."""
 
-    prompt_ids: list[int]
-    response_ids: list[int]
-    loss_mask: list[int]
-    old_logprobs: list[float]
-    advantage: float
-    trajectory_id: str
-    weights: list[float] | None = None
-    """Per-response-token loss weights (set by `set_loss_weights`); their sum over the batch is 1 for token-mean."""
+    segments: list[Segment]
+    weights: list[float]
+    batch_rows: int = field(default=-1)
+    """Rows of the whole mini-batch (every rank's share); `weigh` and `split` set it (-1: len(segments))."""
 
-    @property
-    def length(self) -> int:
-        return len(self.prompt_ids) + len(self.response_ids)
+    def __post_init__(self) -> None:
+        if len(self.weights) != len(self.segments):
+            raise ValueError(f"TrainBatch: {len(self.segments)} segments but {len(self.weights)} weights")
+        if self.batch_rows < 0:
+            self.batch_rows = len(self.segments)
 
+    def __len__(self) -> int:
+        return len(self.segments)
 
-def rows_from_segments(segments: Sequence[Segment]) -> list[Row]:
-    """One row per segment, token ids and logprobs exactly as the engine produced them."""
-    rows = []
-    for s in segments:
-        assert s.loss_mask is not None
-        rows.append(
-            Row(list(s.prompt_ids), list(s.response_ids), list(s.loss_mask), list(s.response_logprobs),
-                float(s.advantage or 0.0), s.trajectory_id)
-        )
-    return rows
+    def weight_sum(self) -> float:
+        """Sum of the weights over the trained tokens (row weight x its trained tokens, token by token)."""
+        return sum(sum(w if v else 0.0 for v in _mask(s)) for s, w in zip(self.segments, self.weights, strict=True))
 
 
-def set_loss_weights(rows: Sequence[Row], mode: str) -> None:
-    """Fix each row's per-token weights over the WHOLE batch (see algorithms.losses.loss_token_weights).
-
-    Weights are decided before the batch is split, so the micro-batch losses sum to the full loss.
-    """
-    from memrl.algorithms.losses import loss_token_weights
-
-    weights = loss_token_weights([r.loss_mask for r in rows], [r.trajectory_id for r in rows], mode)
-    for r, w in zip(rows, weights, strict=True):
-        r.weights = w
+def _mask(s: Segment) -> list[int]:
+    assert s.loss_mask is not None  # Segment fills it in
+    return s.loss_mask
 
 
-def pack_rows(rows: Sequence[Row], token_budget: int) -> list[list[int]]:
-    """Indices of `rows` grouped into micro-batches whose padded size rows*max_len <= token_budget.
+def weigh(segments: Sequence[Segment], mode: str) -> TrainBatch:
+    """The mini-batch `segments` with one loss weight per row over the whole of it (`mode`: algorithm.loss_agg,
+    memrl.algorithms.losses.row_weights)."""
+    from memrl.algorithms.losses import row_weights
+
+    segs = list(segments)
+    return TrainBatch(segs, row_weights([_mask(s) for s in segs], [s.trajectory_id for s in segs], mode))
+
+
+def split_rows(segments: Sequence[Segment], n: int) -> list[list[int]]:
+    """Row indices for each of `n` ranks, balanced by tokens: longest row first to the rank with the
+    fewest tokens so far (ties to the lower rank). Deterministic; every index appears once; each rank's
+    indices in order."""
+    shares: list[list[int]] = [[] for _ in range(n)]
+    load = [0] * n
+    for i in sorted(range(len(segments)), key=lambda i: (-segments[i].num_tokens, i)):
+        r = min(range(n), key=lambda k: (load[k], k))
+        shares[r].append(i)
+        load[r] += segments[i].num_tokens
+    return [sorted(s) for s in shares]
+
+
+def split(batch: TrainBatch, n: int) -> list[TrainBatch]:
+    """`batch` cut into `n` token-balanced shares (`split_rows`), each row keeping its weight."""
+    return [TrainBatch([batch.segments[i] for i in idx], [batch.weights[i] for i in idx], batch.batch_rows)
+            for idx in split_rows(batch.segments, n)]
+
+
+def blank_row(pad_id: int = 0) -> Segment:
+    """A two-token row that trains nothing (weight 0): a rank with fewer micro-batches than the others
+    runs it so that every rank joins the same number of FSDP collectives."""
+    return Segment([pad_id], [pad_id], [0.0], loss_mask=[0])
+
+
+def pack_rows(segments: Sequence[Segment], token_budget: int) -> list[list[int]]:
+    """Indices of `segments` grouped into micro-batches whose padded size rows*max_len <= token_budget.
 
     Rows are taken longest first; each micro-batch grows while the budget allows. Every index appears
     exactly once.
     """
     if token_budget < 1:
         raise ValueError(f"pack_rows: token_budget must be >= 1, got {token_budget}")
-    order = sorted(range(len(rows)), key=lambda i: (-rows[i].length, i))
+    order = sorted(range(len(segments)), key=lambda i: (-segments[i].num_tokens, i))
     batches: list[list[int]] = []
     cur: list[int] = []
     cur_max = 0
     for i in order:
-        n = rows[i].length
+        n = segments[i].num_tokens
         new_max = max(cur_max, n)
         if cur and new_max * (len(cur) + 1) > token_budget:
             batches.append(cur)
@@ -107,27 +131,28 @@ class MicroBatch:
         return MicroBatch(**moved)
 
 
-def collate(rows: Sequence[Row], pad_id: int = 0) -> MicroBatch:
-    """Pad a micro-batch of rows to its own longest row; response tokens carry mask/old logprob/weight."""
-    b = len(rows)
-    width = max(r.length for r in rows)
+def collate(segments: Sequence[Segment], weights: Sequence[float] | None = None, pad_id: int = 0) -> MicroBatch:
+    """Pad a micro-batch of rows to its own longest row; response tokens carry mask / old logprob /
+    advantage / weight (the row's weight on its trained tokens; None: all weights 0)."""
+    b = len(segments)
+    width = max(s.num_tokens for s in segments)
     ids = torch.full((b, width), pad_id, dtype=torch.long)
     att = torch.zeros((b, width), dtype=torch.long)
     mask = torch.zeros((b, width - 1))
     old = torch.zeros((b, width - 1))
     adv = torch.zeros((b, width - 1))
     wts = torch.zeros((b, width - 1))
-    for i, r in enumerate(rows):
-        seq = r.prompt_ids + r.response_ids
+    for i, s in enumerate(segments):
+        seq = s.prompt_ids + s.response_ids
         ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         att[i, : len(seq)] = 1
-        p, n = len(r.prompt_ids), len(r.response_ids)
+        p, n = len(s.prompt_ids), len(s.response_ids)
         if n == 0:
             continue
         sl = slice(p - 1, p - 1 + n)
-        mask[i, sl] = torch.tensor(r.loss_mask, dtype=torch.float32)
-        old[i, sl] = torch.tensor(r.old_logprobs, dtype=torch.float32)
-        adv[i, sl] = r.advantage
-        if r.weights is not None:
-            wts[i, sl] = torch.tensor(r.weights, dtype=torch.float32)
+        mask[i, sl] = torch.tensor(_mask(s), dtype=torch.float32)
+        old[i, sl] = torch.tensor(s.response_logprobs, dtype=torch.float32)
+        adv[i, sl] = float(s.advantage or 0.0)
+        if weights is not None:
+            wts[i, sl] = mask[i, sl] * weights[i]  # the row's weight (as float32) on its trained tokens, 0 elsewhere
     return MicroBatch(ids, att, ids[:, 1:].clone(), mask, old, adv, wts, b, int(att.sum()))

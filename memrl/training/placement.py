@@ -2,8 +2,8 @@
 
 - `connect(cfg)`: checks the Ray address is reachable, joins (or starts) Ray, and checks the cluster has
   the CPUs / GPUs the config asks for, each before any model is loaded.
-- `RayWorkers`: `trainer.num_workers` PolicyWorker actors (one per bundle) forming one FSDP2 group
-  (gloo on CPU, NCCL when `trainer.gpus_per_worker` > 0); rank 0 hosts the rendezvous.
+- `placement_group` / `on_bundle`: the bundles the training ranks take (memrl.training.workers builds
+  the ranks' actors in them: one FSDP2 group, gloo on CPU, NCCL when `trainer.gpus_per_worker` > 0).
 - `RayEngines`: `rollout.num_engines` engines (transformers HFEngine or VLLMEngine, each built from the
   whole `engine` config section) in actors, each request sent to the replica with the fewest outstanding
   requests. Weights reach them through the object store (one put, every engine reads it), a directory,
@@ -137,7 +137,8 @@ def share_gpu(cfg: TrainConfig) -> float:
     return g / 2 if cfg.rollout.colocate and g > 0 else g
 
 
-def _on(pg: Any, i: int, cpus: float, gpus: float) -> dict[str, Any]:
+def on_bundle(pg: Any, i: int, cpus: float, gpus: float) -> dict[str, Any]:
+    """Actor options that place an actor of `cpus` / `gpus` in bundle `i` of the placement group `pg`."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     return {"num_cpus": cpus, "num_gpus": gpus, "scheduling_strategy": PlacementGroupSchedulingStrategy(
@@ -156,151 +157,6 @@ def replica_engine_config(cfg: TrainConfig, path: str, gpus: float) -> Any:
     vllm = replace(e.vllm, gpu_memory_utilization=r.gpu_memory_utilization,
                    enable_sleep_mode=e.vllm.enable_sleep_mode or (r.colocate and kind == "vllm" and gpus > 0))
     return replace(e, name=kind, model=path, dtype=dtype, hf=hf, vllm=vllm)
-
-
-# ---------------------------------------------------------------------------- training ranks
-class _RankActor:
-    """A PolicyWorker in a Ray actor (one training rank)."""
-
-    def __init__(self) -> None:
-        self.worker: Any = None
-
-    def address(self) -> tuple[str, int]:
-        import ray
-
-        from memrl.training.distributed import free_port
-
-        ip = ray.util.get_node_ip_address()
-        return ip, free_port(ip)
-
-    def setup(self, cfg: TrainConfig, info: Any, start: str | None) -> None:
-        from memrl.training.workers import PolicyWorker
-
-        self.worker = PolicyWorker(cfg, info, start)
-
-    def train_rows(self, rows: list[Any], step_scheduler: bool = True) -> dict[str, float]:
-        return self.worker.train_rows(rows, step_scheduler)
-
-    def publish_weights(self) -> list[Any] | None:
-        """Gather the weights (collective); rank 0 puts them in the object store and returns [ref]
-        (in a list, so Ray hands the reference on instead of resolving it)."""
-        import ray
-
-        state = self.worker.full_state()
-        return [ray.put(state)] if self.worker.info.rank == 0 else None
-
-    def save(self, root: str, step: int, driver_state: dict[str, Any], keep: int,
-             extra_files: dict[str, str] | None) -> str:
-        return self.worker.save(root, step, driver_state, keep, extra_files)
-
-    def join_transfer(self, spec: Any) -> None:
-        """Rank 0 joins the weight-transfer group as its sender (blocks until the engines joined)."""
-        if self.worker.info.rank == 0:
-            self.worker.join_transfer(spec)
-
-    def send_weights(self) -> tuple[float, float]:
-        """Gather (collective), then rank 0 broadcasts; returns (gather s, send s)."""
-        return self.worker.send_weights()
-
-    def write_weights(self, path: str) -> float:
-        """Gather (collective), then rank 0 writes `path`/model.safetensors; returns seconds."""
-        return self.worker.write_weights(path)
-
-    def optim_state(self) -> dict[str, Any]:
-        from memrl.training.distributed import full_optim_state
-
-        return full_optim_state(self.worker.model, self.worker.opt)
-
-    def close(self) -> None:
-        if self.worker is not None:
-            self.worker.close()
-
-
-class RayWorkers:
-    """`trainer.num_workers` training ranks placed by Ray; the trainer's worker group at world size N."""
-
-    def __init__(self, cfg: TrainConfig, start: str | Path | None = None) -> None:
-        import ray
-
-        from memrl.training.distributed import DistInfo
-
-        t = cfg.trainer
-        self.world_size = t.num_workers
-        gpu = t.gpus_per_worker > 0
-        wcfg = replace(cfg, model=replace(cfg.model, device="cuda" if gpu else "cpu"))
-        r = cfg.rollout
-        extra_cpu = r.cpus_per_engine if r.colocate else 0.0
-        self.pg = placement_group(t.num_workers, t.cpus_per_worker + extra_cpu, t.gpus_per_worker,
-                                  "trainer.num_workers")
-        gpus = share_gpu(cfg)
-        cls = ray.remote(_RankActor)
-        self.actors = [cls.options(**_on(self.pg, i, t.cpus_per_worker, gpus)).remote()
-                       for i in range(t.num_workers)]
-        try:
-            ip, port = ray.get(self.actors[0].address.remote())
-            backend = "nccl" if gpu else "gloo"
-            ray.get([a.setup.remote(wcfg, DistInfo(i, t.num_workers, ip, port, backend),
-                                    str(start) if start is not None else None)
-                     for i, a in enumerate(self.actors)])
-        except BaseException:
-            self._release()
-            raise
-
-    def _all(self, method: str, *args: Any) -> list[Any]:
-        import ray
-
-        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
-
-    def train_rows(self, rows: list[Any], step_scheduler: bool = True) -> dict[str, float]:
-        import ray
-
-        ref = ray.put(rows)  # one copy in the object store; every rank reads it and keeps its share
-        return self._all("train_rows", ref, step_scheduler)[0]
-
-    def weights_for_engines(self) -> Any:
-        """An object-store reference to the gathered state dict."""
-        return self._all("publish_weights")[0][0]
-
-    def full_state(self) -> dict[str, Any]:
-        import ray
-
-        return ray.get(self.weights_for_engines())
-
-    def optim_state(self) -> dict[str, Any]:
-        return self._all("optim_state")[0]
-
-    def save(self, root: str | Path, step: int, driver_state: dict[str, Any], keep: int = 0,
-             extra_files: dict[str, str] | None = None) -> Path:
-        return Path(self._all("save", str(root), step, driver_state, keep, extra_files)[0])
-
-    def transfer_address(self) -> tuple[str, int]:
-        """Rank 0's node IP and a free port there: the weight-transfer group's rendezvous."""
-        import ray
-
-        return ray.get(self.actors[0].address.remote())
-
-    def join_transfer(self, spec: Any) -> None:
-        self._all("join_transfer", spec)
-
-    def send_weights(self) -> tuple[float, float]:
-        return self._all("send_weights")[0]
-
-    def write_weights(self, path: str) -> float:
-        return self._all("write_weights", path)[0]
-
-    def close(self) -> None:
-        try:
-            self._all("close")
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        import ray
-        from ray.util.placement_group import remove_placement_group
-
-        for a in self.actors:
-            ray.kill(a)
-        remove_placement_group(self.pg)
 
 
 # ---------------------------------------------------------------------------- rollout engines
@@ -378,7 +234,7 @@ class RayEngines:
         self.asleep = False
         cls = ray.remote(_EngineActor)
         ecfg = replica_engine_config(cfg, str(path), gpus)
-        self.actors = [cls.options(max_concurrency=4096, **_on(self.pg, i, r.cpus_per_engine, gpus)).remote(ecfg)
+        self.actors = [cls.options(max_concurrency=4096, **on_bundle(self.pg, i, r.cpus_per_engine, gpus)).remote(ecfg)
                        for i in range(r.num_engines)]
         try:
             ray.get([a.__ray_ready__.remote() for a in self.actors])

@@ -19,7 +19,7 @@ import torch
 
 from memrl.config import valid
 from memrl.quiet import hf_progress_off
-from memrl.training.packing import collate, pack_rows, rows_from_segments, set_loss_weights
+from memrl.training.packing import collate, pack_rows, weigh
 from memrl.training.policy import clip_norm, sft_micro_loss
 from memrl.types import Segment
 
@@ -68,7 +68,7 @@ def sft_train(
     from memrl.config import check_config
 
     check_config(cfg, "sft")  # also a config built in code: never a negative clip or epoch count
-    rows = rows_from_segments(segments)
+    rows = list(segments)
     if not rows:
         raise ValueError("sft_train: no segments to train on")
     rng = random.Random(cfg.seed)
@@ -85,13 +85,12 @@ def sft_train(
             rng.shuffle(order)
         for b in range(0, len(order), cfg.batch_rows):
             t0 = time.perf_counter()
-            batch = [rows[i] for i in order[b : b + cfg.batch_rows]]
-            set_loss_weights(batch, cfg.loss_agg)
+            batch = weigh([rows[i] for i in order[b : b + cfg.batch_rows]], cfg.loss_agg)
             opt.zero_grad(set_to_none=True)
             loss = 0.0
             tokens = 0
-            for idx in pack_rows(batch, cfg.token_budget):
-                mb = collate([batch[i] for i in idx], pad_id).to(device)
+            for idx in pack_rows(batch.segments, cfg.token_budget):
+                mb = collate([batch.segments[i] for i in idx], [batch.weights[i] for i in idx], pad_id).to(device)
                 part = sft_micro_loss(model, mb)
                 part.loss.backward()
                 loss += float(part.loss.detach())

@@ -39,7 +39,7 @@ from memrl.quiet import hf_progress_off
 from memrl.training.checkpoint import clean_stale, resume_point, rng_state, set_rng_state
 from memrl.training.config import WORKFLOW_DEFAULTS, TrainConfig
 from memrl.training.dump import maybe_dump, note_tasks, truncate_dump
-from memrl.training.packing import Row, rows_from_segments
+from memrl.training.packing import TrainBatch, weigh
 from memrl.training.rollout import sample_groups
 from memrl.training.schedule import optimizer_steps
 from memrl.types import Group, Segment, Task
@@ -180,11 +180,6 @@ def combine_step_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def lr_lambda(warmup: int) -> Callable[[int], float]:
-    """Linear warm-up over `warmup` steps, then constant (MemAgent / verl default)."""
-    return lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0
-
-
 def _stats(prefix: str, xs: list[float]) -> dict[str, float]:
     if not xs:
         return {}
@@ -232,8 +227,8 @@ class Trainer:
             connect(cfg)  # address and resources checked before any model is loaded
         self.tokenizer = AutoTokenizer.from_pretrained(src)
         self.workers = build_workers(cfg, start)  # model, KL reference, optimizer, scheduler (resumed)
-        self.model = getattr(self.workers, "model", None)  # the live module at world size 1
-        self.opt = getattr(self.workers, "opt", None)
+        self.model = self.workers.model  # the live module at world size 1 (None for Ray ranks)
+        self.opt = self.workers.opt
         self.step = 0
         self.position = 0
         self.tracker_ids: dict[str, str] = {}  # wandb / mlflow run ids (memrl.training.trackers), resumed
@@ -250,7 +245,7 @@ class Trainer:
             if cfg.rollout.num_engines > 0:
                 from memrl.training.weight_sync import WeightSync
 
-                self.engine = RayEngines(cfg, src, self.tokenizer, getattr(self.workers, "pg", None))
+                self.engine = RayEngines(cfg, src, self.tokenizer, self.workers.pg)
                 self.weight_sync = WeightSync(cfg, self.workers, self.engine, self.out)
             else:
                 self.engine = self._build_engine(src)
@@ -312,15 +307,17 @@ class Trainer:
         t = self.cfg.trainer
         steps = optimizer_steps(per_group, t.mini_batches, t.mini_batch_split, t.mini_batch_rows,
                                 t.mini_batch_rows_tail)
-        got = [self.train_rows(rows_from_segments(part), step_scheduler=j == len(steps) - 1)
+        # each mini-batch weighed once here, over all of it (one weight per row); each rank gets its share
+        got = [self.train_rows(weigh(part, self.cfg.algorithm.loss_agg), step_scheduler=j == len(steps) - 1)
                for j, part in enumerate(steps)]
         metrics.update(combine_step_metrics(got))
         return metrics
 
-    def train_rows(self, rows: list[Row], step_scheduler: bool = True) -> dict[str, float]:
-        """One optimizer step on `rows` (memrl.training.workers.PolicyWorker.train_rows, on every rank);
-        `step_scheduler`: advance the learning-rate schedule after it (once per RL step)."""
-        return self.workers.train_rows(rows, step_scheduler)
+    def train_rows(self, batch: TrainBatch, step_scheduler: bool = True) -> dict[str, float]:
+        """One optimizer step on the weighed mini-batch `batch` (memrl.training.worker_group: each rank
+        trains its share, PolicyWorker.train_rows); `step_scheduler`: advance the learning-rate schedule
+        after it (once per RL step)."""
+        return self.workers.train_rows(batch, step_scheduler)
 
     # -------------------------------------------------------------- the loop
     def fit(self) -> list[dict[str, float]]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from memrl.config import ConfigError
 from memrl.training.config import TrainConfig
+from memrl.training.worker_group import WorkerGroup
 
 MODES = ("object_store", "broadcast", "directory")
 
@@ -56,9 +57,9 @@ def broadcast_backend(cfg: TrainConfig) -> str:
 
 
 class WeightSync:
-    """Moves the policy's weights from `workers` (LocalWorkers / RayWorkers) into `engines` (RayEngines)."""
+    """Moves the policy's weights from `workers` (memrl.training.worker_group) into `engines` (RayEngines)."""
 
-    def __init__(self, cfg: TrainConfig, workers: Any, engines: Any, out_dir: Path) -> None:
+    def __init__(self, cfg: TrainConfig, workers: WorkerGroup, engines: Any, out_dir: Path) -> None:
         self.cfg, self.workers, self.engines = cfg, workers, engines
         self.mode = resolve_mode(cfg)
         self.backend = broadcast_backend(cfg) if self.mode == "broadcast" else ""

@@ -1,12 +1,13 @@
-"""The policy worker: model (+ KL reference), optimizer and the sharded update of one training rank.
+"""The policy worker: model (+ KL reference), optimizer and the sharded update of one training rank, and
+`build_workers`, which makes the trainer's worker group of them (memrl.training.worker_group).
 
 `PolicyWorker` is the same code at world size 1 (in the trainer's process, no process group, a plain
-module) and at world size N (one per rank, FSDP2 over gloo/NCCL; placed by memrl.training.placement).
-`train_rows` takes the WHOLE batch's rows, keeps this rank's token-balanced share and weighs it with
-global normalizers, so the update equals the single-process one (memrl.training.distributed).
-Checkpoints are HF directories written by rank 0 from the gathered state dict, with the optimizer's
-tensors as a torch.distributed.checkpoint directory every rank writes its shards to, so a run resumes at
-any world size (memrl.training.checkpoint).
+module) and at world size N (one per rank in a Ray actor, FSDP2 over gloo/NCCL; placed in bundles of a
+placement group, memrl.training.placement). `train_rows` takes this rank's share of a mini-batch, whose
+row weights the driver fixed over the whole mini-batch (memrl.training.packing), so the update equals the
+single-process one. Checkpoints are HF directories written by rank 0 from the gathered state dict, with
+the optimizer's tensors as a torch.distributed.checkpoint directory every rank writes its shards to, so a
+run resumes at any world size (memrl.training.checkpoint).
 """
 
 from __future__ import annotations
@@ -23,16 +24,25 @@ from memrl.quiet import hf_progress_off
 from memrl.training import distributed as D
 from memrl.training.checkpoint import OPTIM_DIR, STATE_FILE, load_state, save_checkpoint, temp_dir
 from memrl.training.config import TrainConfig
-from memrl.training.packing import Row, collate, pack_rows
+from memrl.training.optim import decay_groups, lr_lambda, skips_zero_advantage
+from memrl.training.packing import TrainBatch, blank_row, collate, pack_rows
 from memrl.training.policy import clip_norm, ppo_micro_loss, token_logprobs
+from memrl.training.worker_group import LocalRank, RankGroup, WorkerGroup
+
+__all__ = ["PolicyWorker", "RayRank", "build_workers", "decay_groups", "node_address", "skips_zero_advantage"]
 
 log = logging.getLogger(__name__)
 
 
-def _lr_lambda(warmup: int) -> Any:
-    from memrl.training.trainer import lr_lambda
+def node_address() -> tuple[str, int]:
+    """This process's node IP (Ray's, when Ray runs here; else 127.0.0.1) and a free port on it."""
+    try:
+        import ray
 
-    return lr_lambda(warmup)
+        ip = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+    except ImportError:
+        ip = "127.0.0.1"
+    return ip, D.free_port(ip)
 
 
 class _GatheredModel:
@@ -60,27 +70,6 @@ def _is_name_keyed(optim_state: dict[str, Any]) -> bool:
     groups = optim_state.get("param_groups") or [{}]
     params = groups[0].get("params", [])
     return bool(params) and isinstance(params[0], str)
-
-
-def decay_groups(model: torch.nn.Module, scope: str) -> Any:
-    """The optimizer's parameters under `optim.weight_decay_scope`: "all" = every parameter in one group;
-    "matrices" = Megatron-LM's rule (megatron/core/optimizer _get_param_groups): biases and 1-D parameters
-    (norms) in a second group with weight decay 0."""
-    if scope == "all":
-        return model.parameters()
-    if scope != "matrices":
-        raise ValueError(f"unknown weight-decay scope {scope!r}; known: all, matrices")
-    decay, plain = [], []
-    for name, p in model.named_parameters():
-        (plain if name.endswith(".bias") or p.ndim == 1 else decay).append(p)
-    return [{"params": decay}, {"params": plain, "weight_decay": 0.0}]
-
-
-def skips_zero_advantage(cfg: TrainConfig) -> bool:
-    """Whether the update leaves out rows whose advantage is exactly 0 (`trainer.skip_zero_advantage`): only
-    where that is exact, the built-in PPO loss with no KL and no entropy term."""
-    a = cfg.algorithm
-    return cfg.trainer.skip_zero_advantage and a.loss == "ppo" and a.kl_coef == 0 and a.entropy_coef == 0
 
 
 class PolicyWorker:
@@ -119,7 +108,7 @@ class PolicyWorker:
         o = cfg.optim
         self.opt = torch.optim.AdamW(decay_groups(self.model, o.weight_decay_scope), lr=o.lr,
                                      betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(o.warmup_steps))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(o.warmup_steps))
         if start is not None:
             state = _read_state(start)
             if state.get("optimizer_layout") == "dcp":
@@ -134,25 +123,25 @@ class PolicyWorker:
             self.sched.load_state_dict(state["scheduler"])
 
     # ------------------------------------------------------------------ the update
-    def train_rows(self, rows: list[Row], step_scheduler: bool = True) -> dict[str, float]:
-        """One optimizer step on this rank's share of `rows` (the whole mini-batch), gradients accumulated
-        over token-budget micro-batches; metrics are sums / norms over the GLOBAL mini-batch. The loss
-        weights are normalized over `rows` alone. `step_scheduler`: advance the learning-rate schedule
-        after the step (the trainer does so once per RL step, after its last mini-batch, as verl does)."""
+    def train_rows(self, share: TrainBatch, step_scheduler: bool = True) -> dict[str, float]:
+        """One optimizer step on this rank's `share` of a mini-batch (its rows with the weights the driver
+        fixed over the whole mini-batch; at world size 1 the whole of it), gradients accumulated over
+        token-budget micro-batches; metrics are sums / norms over the GLOBAL mini-batch. `step_scheduler`:
+        advance the learning-rate schedule after the step (the trainer does so once per RL step, after its
+        last mini-batch, as verl does)."""
         a = self.cfg.algorithm
-        ws, rk = D.world_size(), D.rank()
-        mine = rows if ws == 1 else [rows[i] for i in D.split_rows(rows, ws)[rk]]
-        D.set_global_loss_weights(mine, a.loss_agg, self._comm_device())
-        n_rows = len(mine)
-        all_w = kept_w = sum(sum(r.weights or ()) for r in mine)
+        ws = D.world_size()
+        mine = share
+        all_w = kept_w = share.weight_sum()
         if skips_zero_advantage(self.cfg):
             # Exact: a row with A = 0 adds nothing to the PPO loss or its gradient (no KL or entropy term), and
-            # the weights above keep the whole batch's normalizers. Logged means then cover the trained rows.
-            mine = [r for r in mine if r.advantage != 0.0]
-            kept_w = sum(sum(r.weights or ()) for r in mine)
-        batches = pack_rows(mine, self.cfg.trainer.token_budget) if mine else []
+            # the weights keep the whole batch's normalizers. Logged means then cover the trained rows.
+            keep = [i for i, s in enumerate(share.segments) if float(s.advantage or 0.0) != 0.0]
+            mine = TrainBatch([share.segments[i] for i in keep], [share.weights[i] for i in keep], share.batch_rows)
+            kept_w = mine.weight_sum()
+        batches = pack_rows(mine.segments, self.cfg.trainer.token_budget) if len(mine) else []
         # FSDP collectives run per forward/backward: every rank runs the same number of micro-batches,
-        # padding with zero-weight copies of a row (they add nothing to the loss or the gradient).
+        # padding with a row of weight 0 (it adds nothing to the loss or the gradient).
         n_steps = D.all_reduce_max(len(batches), self._comm_device())
         pad = self.tokenizer.pad_token_id or 0
         self.model.train()
@@ -161,11 +150,11 @@ class PolicyWorker:
         tokens = 0
         for j in range(n_steps):
             if j < len(batches):
-                mb = collate([mine[i] for i in batches[j]], pad).to(self.device)
+                idx = batches[j]
+                mb = collate([mine.segments[i] for i in idx], [mine.weights[i] for i in idx], pad).to(self.device)
                 tokens += mb.num_tokens
             else:
-                blank = replace(rows[0], weights=[0.0] * len(rows[0].response_ids))
-                mb = collate([blank], pad).to(self.device)
+                mb = collate([blank_row(pad)], [0.0], pad).to(self.device)
             ref_lp = None
             if self.ref is not None:
                 with torch.no_grad():
@@ -177,7 +166,7 @@ class PolicyWorker:
             sums["loss/total"] += float(part.loss.detach())
             for k, v in part.sums.items():
                 sums[f"loss/{k}"] = sums.get(f"loss/{k}", 0.0) + v
-        if n_steps == 0 and rows:  # every row skipped (A = 0 throughout): the step the full pass would take,
+        if n_steps == 0 and share.batch_rows:  # every row skipped (A = 0 throughout): the step the full pass would take,
             for p in self.model.parameters():  # with zero gradients (Adam's momentum and weight decay still act)
                 if p.requires_grad:
                     p.grad = torch.zeros_like(p)
@@ -187,7 +176,7 @@ class PolicyWorker:
             self.sched.step()
         self.model.eval()
         keys = sorted(sums)
-        totals = D.all_reduce_sum([sums[k] for k in keys] + [float(len(batches)), float(n_rows), float(len(mine)),
+        totals = D.all_reduce_sum([sums[k] for k in keys] + [float(len(batches)), float(len(share)), float(len(mine)),
                                                              float(tokens), all_w, kept_w], self._comm_device())
         out = dict(zip(keys, totals[: len(keys)], strict=True))
         n_mb, rows_all, rows_kept, n_tok, w_all, w_kept = totals[len(keys):]
@@ -208,6 +197,15 @@ class PolicyWorker:
     def full_state(self) -> dict[str, torch.Tensor]:
         """The gathered model weights on CPU (rank 0; other ranks get {}). Collective at world size > 1."""
         return D.full_model_state(self.model)
+
+    def engine_weights(self) -> dict[str, torch.Tensor]:
+        """What an engine loads after an update: without a process group the live module's state dict (the
+        in-process engine shares or copies it), else the gathered weights (rank 0; collective)."""
+        return self.full_state() if D.grouped() else self.model.state_dict()
+
+    def optim_state(self) -> dict[str, Any]:
+        """The optimizer state keyed by parameter name, full on rank 0 (collective at world size > 1)."""
+        return D.full_optim_state(self.model, self.opt)
 
     def save(self, root: str, step: int, driver_state: dict[str, Any], keep: int = 0,
              extra_files: dict[str, str] | None = None) -> str:
@@ -240,10 +238,17 @@ class PolicyWorker:
     def _tied(self) -> bool:
         return bool(getattr(self.model.config, "tie_word_embeddings", False))
 
+    def transfer_address(self) -> tuple[str, int]:
+        """This rank's node IP and a free port there (rank 0's hosts the weight-transfer rendezvous)."""
+        return node_address()
+
     def join_transfer(self, spec: Any) -> None:
-        """Join the weight-transfer group as its sender, rank 0 (memrl.engines.weight_transfer)."""
+        """Rank 0 joins the weight-transfer group as its sender (memrl.engines.weight_transfer); the other
+        ranks only take part in the gathers."""
         from memrl.engines.weight_transfer import WeightTransfer
 
+        if self.info.rank != 0:
+            return
         self.transfer = WeightTransfer(spec, 0, self.device if spec.backend == "nccl" else None)
 
     def send_weights(self) -> tuple[float, float]:
@@ -276,72 +281,89 @@ class PolicyWorker:
             os.replace(tmp, d / "model.safetensors")
         return time.perf_counter() - t0
 
-    def node_address(self) -> tuple[str, int]:
-        """This process's node IP and a free port on it (rank 0 hosts the rendezvous)."""
-        import ray
-
-        ip = ray.util.get_node_ip_address()
-        return ip, D.free_port(ip)
-
     def close(self) -> None:
         if D.grouped() and self.info.world_size > 1:  # a group of one belongs to whoever made it
             torch.distributed.destroy_process_group()
 
 
-class LocalWorkers:
-    """World size 1 in the trainer's own process: one PolicyWorker, its live module shared with the
-    in-process engine."""
+class RankActor:
+    """The body of a Ray actor holding one training rank's PolicyWorker (`RayRank` drives it)."""
 
-    world_size = 1
+    def __init__(self) -> None:
+        self.worker: PolicyWorker | None = None
 
-    def __init__(self, cfg: TrainConfig, start: str | os.PathLike | None = None) -> None:
-        self.worker = PolicyWorker(cfg, D.DistInfo(), str(start) if start is not None else None)
-        self.model, self.opt, self.sched = self.worker.model, self.worker.opt, self.worker.sched
+    def address(self) -> tuple[str, int]:
+        """This node's IP and a free port: rank 0's hosts the process group's rendezvous."""
+        return node_address()
 
-    def train_rows(self, rows: list[Row], step_scheduler: bool = True) -> dict[str, float]:
-        return self.worker.train_rows(rows, step_scheduler)
+    def setup(self, cfg: TrainConfig, info: D.DistInfo, start: str | None) -> None:
+        self.worker = PolicyWorker(cfg, info, start)
 
-    def full_state(self) -> dict[str, torch.Tensor]:
-        return self.worker.full_state()
+    def call(self, method: str, args: tuple[Any, ...], publish: bool) -> Any:
+        """worker.`method`(*args); `publish`: rank 0 puts the result in the object store and returns
+        [reference] (other ranks None)."""
+        assert self.worker is not None, "RankActor.setup did not run"
+        out = getattr(self.worker, method)(*args)
+        if not publish:
+            return out
+        import ray
 
-    def weights_for_engines(self) -> dict[str, torch.Tensor]:
-        """The live module's state dict (the in-process engine shares or copies it)."""
-        return self.model.state_dict()
-
-    def optim_state(self) -> dict[str, Any]:
-        return D.full_optim_state(self.model, self.opt)
-
-    def transfer_address(self) -> tuple[str, int]:
-        """This process's address for the weight-transfer rendezvous (Ray's node IP when Ray runs)."""
-        try:
-            import ray
-
-            ip = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
-        except ImportError:
-            ip = "127.0.0.1"
-        return ip, D.free_port(ip)
-
-    def join_transfer(self, spec: Any) -> None:
-        self.worker.join_transfer(spec)
-
-    def send_weights(self) -> tuple[float, float]:
-        return self.worker.send_weights()
-
-    def write_weights(self, path: str) -> float:
-        return self.worker.write_weights(path)
-
-    def save(self, root: str | os.PathLike, step: int, driver_state: dict[str, Any], keep: int = 0,
-             extra_files: dict[str, str] | None = None) -> Path:
-        return Path(self.worker.save(str(root), step, driver_state, keep, extra_files))
-
-    def close(self) -> None:
-        pass
+        return [ray.put(out)] if self.worker.info.rank == 0 else None
 
 
-def build_workers(cfg: TrainConfig, start: str | os.PathLike | None = None) -> Any:
-    """The trainer's worker group: in-process at trainer.num_workers=1, Ray actors above."""
+class RayRank:
+    """A rank in a Ray actor (`RankActor`): a call is an actor call; results come back through ray.get."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def start(self, method: str, *args: Any, publish: bool = False) -> Any:
+        return self.actor.call.remote(method, args, publish)
+
+    def wait(self, pending: list[Any]) -> list[Any]:
+        import ray
+
+        return ray.get(pending)
+
+
+def _ray_group(cfg: TrainConfig, start: str | None) -> RankGroup:
+    """`trainer.num_workers` ranks as Ray actors, one per bundle of a placement group, forming one FSDP2
+    group (gloo on CPU, NCCL when trainer.gpus_per_worker > 0); rank 0 hosts the rendezvous."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    from memrl.training.placement import on_bundle, placement_group, share_gpu
+
+    t, r = cfg.trainer, cfg.rollout
+    gpu = t.gpus_per_worker > 0
+    wcfg = replace(cfg, model=replace(cfg.model, device="cuda" if gpu else "cpu"))
+    extra_cpu = r.cpus_per_engine if r.colocate else 0.0
+    pg = placement_group(t.num_workers, t.cpus_per_worker + extra_cpu, t.gpus_per_worker, "trainer.num_workers")
+    cls = ray.remote(RankActor)
+    actors = [cls.options(**on_bundle(pg, i, t.cpus_per_worker, share_gpu(cfg))).remote()
+              for i in range(t.num_workers)]
+
+    def release() -> None:
+        for a in actors:
+            ray.kill(a)
+        remove_placement_group(pg)
+
+    try:
+        ip, port = ray.get(actors[0].address.remote())
+        backend = "nccl" if gpu else "gloo"
+        ray.get([a.setup.remote(wcfg, D.DistInfo(i, t.num_workers, ip, port, backend), start)
+                 for i, a in enumerate(actors)])
+    except BaseException:
+        release()
+        raise
+    return RankGroup([RayRank(a) for a in actors], pg=pg, release=release)
+
+
+def build_workers(cfg: TrainConfig, start: str | os.PathLike | None = None) -> WorkerGroup:
+    """The trainer's worker group: in process at trainer.num_workers=1 (its live model, optimizer and
+    scheduler exposed), Ray actors above. `start`: a checkpoint directory to resume from, or None."""
+    path = str(start) if start is not None else None
     if cfg.trainer.num_workers > 1:
-        from memrl.training.placement import RayWorkers
-
-        return RayWorkers(cfg, start)
-    return LocalWorkers(cfg, start)
+        return _ray_group(cfg, path)
+    w = PolicyWorker(cfg, D.DistInfo(), path)
+    return RankGroup([LocalRank(w)], model=w.model, opt=w.opt, sched=w.sched)

@@ -1,7 +1,7 @@
 """FSDP2 on gloo: 2 ranks give the single-process update, and checkpoints move between world sizes.
 
-One spawn of 2 processes checks: (a) global loss weights of every loss_agg mode equal the whole-batch
-weights; (b) one update on batch 1 equals world size 1 (loss, grad norm, weights); (c) checkpoints (HF
+One spawn of 2 processes checks: (a) the driver's split hands each rank its token-balanced share of the
+rows with the whole batch's weights, every loss_agg mode; (b) one update on batch 1 equals world size 1 (loss, grad norm, weights); (c) checkpoints (HF
 weights + DCP optimizer shards) resume 1 -> 2, 2 -> 1 and 2 -> 2 with the saved weights and optimizer
 state bit-identical, 2 -> 2 then trains bit-identically to the uninterrupted run, 1 -> 2 and 2 -> 1
 land on the uninterrupted world-size-1 weights after batch 2 (tolerance below); (d) checkpoints of the
@@ -21,27 +21,35 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from memrl.algorithms.losses import AGG_MODES, loss_token_weights
+from memrl.algorithms.losses import AGG_MODES, row_weights
 from memrl.config import load_config
 from memrl.training import distributed as D
 from memrl.training.config import TrainConfig
-from memrl.training.packing import Row
+from memrl.training.packing import TrainBatch, split, split_rows, weigh
+from memrl.types import Segment
 
 pytestmark = pytest.mark.slow
 
 LOSS_TOL, GN_RTOL, W_TOL = 1e-6, 3e-5, 1e-5
 
 
-def _rows(seed: int, vocab: int) -> list[Row]:
+def _segments(seed: int, vocab: int) -> list[Segment]:
     """9 rows of uneven lengths over 4 trajectories, random tokens, old logprobs and advantages."""
     rng = random.Random(seed)
     rows = []
     for i in range(9):
         p, n = rng.randint(3, 20), rng.randint(1, 12)
         mask = [1 if rng.random() < 0.85 else 0 for _ in range(n)]
-        rows.append(Row([rng.randrange(vocab) for _ in range(p)], [rng.randrange(vocab) for _ in range(n)], mask,
-                        [-rng.uniform(0.5, 9.0) for _ in range(n)], rng.uniform(-1, 1), f"t{i % 4}"))
+        rows.append(Segment([rng.randrange(vocab) for _ in range(p)], [rng.randrange(vocab) for _ in range(n)],
+                            [-rng.uniform(0.5, 9.0) for _ in range(n)], loss_mask=mask, advantage=rng.uniform(-1, 1),
+                            trajectory_id=f"t{i % 4}"))
     return rows
+
+
+def _rows(seed: int, vocab: int, rank: int | None = None) -> TrainBatch:
+    """The batch weighed over all 9 rows (loss_agg token-mean, the default); `rank`: that rank's share of 2."""
+    batch = weigh(_segments(seed, vocab), "token-mean")
+    return batch if rank is None else split(batch, 2)[rank]
 
 
 def _cfg(model: str, out: str) -> TrainConfig:
@@ -83,33 +91,32 @@ def _rank_main(rank: int, model: str, tmp: str, port: int, vocab: int) -> None:
 
     info = D.DistInfo(rank, 2, "127.0.0.1", port)
     D.init_group(info)
-    # (a) global normalizers: this rank's weights equal the whole-batch weights of its rows, every mode
-    rows = _rows(1, vocab)
-    share = D.split_rows(rows, 2)
+    # (a) this rank's share: its rows of the batch, each with the whole batch's weight, every mode
+    rows = _segments(1, vocab)
+    share = split_rows(rows, 2)
     for mode in AGG_MODES:
-        full = loss_token_weights([r.loss_mask for r in rows], [r.trajectory_id for r in rows], mode)
-        mine = [Row(**{**rows[i].__dict__}) for i in share[rank]]
-        D.set_global_loss_weights(mine, mode)
-        for i, r in zip(share[rank], mine, strict=True):
-            assert r.weights == full[i], (mode, i)
+        full = row_weights([r.loss_mask for r in rows], [r.trajectory_id for r in rows], mode)
+        mine = split(weigh(rows, mode), 2)[rank]
+        assert mine.segments == [rows[i] for i in share[rank]] and mine.batch_rows == 9, mode
+        assert mine.weights == [full[i] for i in share[rank]], mode
     out: dict[str, object] = {}
     cfg = _cfg(model, tmp)
     w = PolicyWorker(cfg, info)
-    out["m1"] = w.train_rows(_rows(1, vocab))
+    out["m1"] = w.train_rows(_rows(1, vocab, rank))
     out["w1"] = w.full_state()
     out["o1"] = D.full_optim_state(w.model, w.opt)
     w.save(os.path.join(tmp, "ck2"), 1, {"step": 1, "data_position": 0})
-    out["m2"] = w.train_rows(_rows(2, vocab))
+    out["m2"] = w.train_rows(_rows(2, vocab, rank))
     out["w2"] = w.full_state()
     # (c) 2 -> 2: the saved weights and optimizer state come back bit-identical, and so does batch 2
     w22 = PolicyWorker(cfg, info, start=os.path.join(tmp, "ck2", "step_000001"))
     out["w22_start"], out["o22_start"] = w22.full_state(), D.full_optim_state(w22.model, w22.opt)
-    out["m22"] = w22.train_rows(_rows(2, vocab))
+    out["m22"] = w22.train_rows(_rows(2, vocab, rank))
     out["w22"] = w22.full_state()
     # 1 -> 2, then batch 2; and (d) the older layout at world size 2
     w12 = PolicyWorker(cfg, info, start=os.path.join(tmp, "ck1", "step_000001"))
     out["w12_start"], out["o12_start"] = w12.full_state(), D.full_optim_state(w12.model, w12.opt)
-    out["m12"] = w12.train_rows(_rows(2, vocab))
+    out["m12"] = w12.train_rows(_rows(2, vocab, rank))
     out["w12"] = w12.full_state()
     wold = PolicyWorker(cfg, info, start=os.path.join(tmp, "ck1_named"))
     out["oold_start"] = D.full_optim_state(wold.model, wold.opt)

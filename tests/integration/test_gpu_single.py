@@ -20,7 +20,8 @@ import torch
 
 from memrl.config import load_config
 from memrl.training.config import TrainConfig
-from memrl.training.packing import Row
+from memrl.training.packing import TrainBatch, weigh
+from memrl.types import Segment
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -45,14 +46,15 @@ def _train_cfg(model: str, out, steps: int, device: str) -> TrainConfig:
     ])
 
 
-def _rows(vocab: int) -> list[Row]:
+def _rows(vocab: int) -> TrainBatch:
     rng = random.Random(1)
     rows = []
     for i in range(9):
         p, n = rng.randint(3, 20), rng.randint(1, 12)
-        rows.append(Row([rng.randrange(vocab) for _ in range(p)], [rng.randrange(vocab) for _ in range(n)],
-                        [1] * n, [-rng.uniform(0.5, 9.0) for _ in range(n)], rng.uniform(-1, 1), f"t{i % 4}"))
-    return rows
+        rows.append(Segment([rng.randrange(vocab) for _ in range(p)], [rng.randrange(vocab) for _ in range(n)],
+                            [-rng.uniform(0.5, 9.0) for _ in range(n)], advantage=rng.uniform(-1, 1),
+                            trajectory_id=f"t{i % 4}"))
+    return weigh(rows, "token-mean")  # loss_agg's default
 
 
 def _maxdiff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

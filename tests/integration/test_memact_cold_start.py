@@ -14,7 +14,6 @@ from memrl.data.tasks_jsonl import write_tasks
 from memrl.demonstrators import ScriptedEngine
 from memrl.demonstrators.memact import MemActDemonstrator, prune_reply, search_reply
 from memrl.training.config import TrainConfig
-from memrl.training.packing import rows_from_segments
 from memrl.training.trainer import Trainer
 
 pytestmark = pytest.mark.slow
@@ -49,9 +48,9 @@ class _ScriptedTrainer(Trainer):
         self.seen = (groups, [])
         return super().update(groups)
 
-    def train_rows(self, rows, **kw):
-        self.seen[1].extend(rows)
-        return super().train_rows(rows, **kw)
+    def train_rows(self, batch, **kw):
+        self.seen[1].extend(batch.segments)
+        return super().train_rows(batch, **kw)
 
 
 def _cfg(model, out, data, budget, **extra) -> TrainConfig:
@@ -82,7 +81,7 @@ def test_sft_rows_equal_the_rl_rows_of_the_same_trajectory(tiny_path, task_files
     # the cold start's rows: the demo's own path (the workflow's segments, as sft_train reads them)
     wf = MemActConfig(retriever_scope="task", max_context_tokens=budget, max_turn_tokens=96)
     groups = demonstrations(tasks, tok, wf, late_prob=0.0, seed=0)
-    sft = rows_from_segments([s for g in groups for s in g.trajectories[0].segments])
+    sft = [s for g in groups for s in g.trajectories[0].segments]
     # RL: DCPO over the same flawless script (every sample of a task is the same trajectory); n=4 of 4 train
     _ScriptedTrainer.script = MemActDemonstrator(late_prob=0.0)
     trainer = _ScriptedTrainer(_cfg(tiny_path, tmp_path / "rl", d / "tasks.jsonl", budget,

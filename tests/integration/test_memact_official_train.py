@@ -285,9 +285,9 @@ def test_memact_official_trains_two_steps_against_a_reasoning_judge(tmp_path, mo
         seen.append({"step": self.step, "groups": groups, "rows": [], "judged": len(judge.seen)})
         return update(self, groups)
 
-    def recording_train_rows(self, rows, *args, **kwargs):
-        seen[-1]["rows"].extend(rows)
-        return train_rows(self, rows, *args, **kwargs)
+    def recording_train_rows(self, batch, *args, **kwargs):
+        seen[-1]["rows"].extend(batch.segments)
+        return train_rows(self, batch, *args, **kwargs)
 
     monkeypatch.setattr(trainer_mod.Trainer, "update", recording_update)
     monkeypatch.setattr(trainer_mod.Trainer, "train_rows", recording_train_rows)

@@ -134,9 +134,9 @@ class _RecordingTrainer(Trainer):
         self.seen.append((self.step, groups, []))
         return super().update(groups)
 
-    def train_rows(self, rows, **kw):
-        self.seen[-1][2].extend(rows)
-        return super().train_rows(rows, **kw)
+    def train_rows(self, batch, **kw):
+        self.seen[-1][2].extend(batch.segments)
+        return super().train_rows(batch, **kw)
 
 
 def _dcpo(**extra: str) -> dict[str, str]:

@@ -33,15 +33,15 @@ def _cfg(model: str, out, steps: int, *extra: str) -> TrainConfig:
 
 
 class _Recording(Trainer):
-    """Keeps the rows of every optimizer step (their loss weights are set in place by the worker)."""
+    """Keeps the weighed rows of every optimizer step (one loss weight per row, fixed by the trainer)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[int, list, bool]] = []  # (RL step, rows, step_scheduler)
 
-    def train_rows(self, rows, step_scheduler=True):
-        self.calls.append((self.step, rows, step_scheduler))
-        return super().train_rows(rows, step_scheduler)
+    def train_rows(self, batch, step_scheduler=True):
+        self.calls.append((self.step, batch, step_scheduler))
+        return super().train_rows(batch, step_scheduler)
 
 
 def _adam_steps(trainer) -> int:
@@ -65,12 +65,14 @@ def test_rows_split_makes_two_optimizer_steps_per_batch(tiny_path, tmp_path):
         assert h["train/optimizer_steps"] == 2 and h["train/rows"] == 8
     # warm-up of 4 RL steps: the lr after RL step k is lr * (k + 1) / 4
     assert [h["train/lr"] for h in history] == pytest.approx([1e-3 * 2 / 4, 1e-3 * 3 / 4])
-    for _, rows, _ in trainer.calls:  # token-mean over each mini-batch's own rows
-        assert sum(sum(r.weights) for r in rows) == pytest.approx(1.0)
+    for _, batch, _ in trainer.calls:  # token-mean over each mini-batch's own rows
+        assert sum(w * sum(s.loss_mask) for s, w in zip(batch.segments, batch.weights, strict=True)) == \
+            pytest.approx(1.0)
+        assert batch.weight_sum() == pytest.approx(1.0)
     # verl's order (turn-major, finals last): the first slice is the 4 trajectories' memory calls, the second
     # their 4 final answers
     for s in (0, 2):
-        first, second = trainer.calls[s][1], trainer.calls[s + 1][1]
+        first, second = trainer.calls[s][1].segments, trainer.calls[s + 1][1].segments
         assert len({r.trajectory_id for r in first}) == 4 == len({r.trajectory_id for r in second})
 
 
@@ -99,21 +101,22 @@ def test_file_order_without_shuffle(tmp_path):
 def _rows(vocab: int):
     import random
 
-    from memrl.training.packing import Row
+    from memrl.types import Segment
 
     rng = random.Random(5)
     out = []
     for i in range(6):
         n = rng.randint(3, 9)
-        out.append(Row([rng.randrange(vocab) for _ in range(8)], [rng.randrange(vocab) for _ in range(n)], [1] * n,
-                       [-rng.uniform(1.0, 8.0) for _ in range(n)], rng.choice((-1.0, 1.0)), f"t{i}"))
+        out.append(Segment([rng.randrange(vocab) for _ in range(8)], [rng.randrange(vocab) for _ in range(n)],
+                           [-rng.uniform(1.0, 8.0) for _ in range(n)], advantage=rng.choice((-1.0, 1.0)),
+                           trajectory_id=f"t{i}"))
     return out
 
 
 def test_grad_clip_zero_means_no_clipping_never_a_frozen_or_reversed_update(tiny_path, tmp_path):
     from transformers import AutoConfig
 
-    from memrl.training.packing import Row
+    from memrl.training.packing import weigh
     from memrl.training.workers import PolicyWorker
 
     vocab = AutoConfig.from_pretrained(tiny_path).vocab_size
@@ -124,7 +127,7 @@ def test_grad_clip_zero_means_no_clipping_never_a_frozen_or_reversed_update(tiny
         w = PolicyWorker(load_config(TrainConfig, [f"model.path={tiny_path}", "algorithm.kl_coef=0", "optim.lr=1e-3",
                                                    "optim.warmup_steps=0", f"optim.grad_clip={clip}"]))
         before = {k: v.clone() for k, v in w.model.state_dict().items()}
-        m = w.train_rows([Row(**r.__dict__) for r in rows])
+        m = w.train_rows(weigh(rows, "token-mean"))
         moved[clip] = {k: v - before[k] for k, v in w.model.state_dict().items()}
         assert m["train/grad_norm"] > 1e-3
     # 0 = no clipping: the same update as a clip no gradient reaches, and it moves the weights

@@ -67,9 +67,9 @@ def test_sft_moves_every_micro_batch_to_the_models_device(monkeypatch):
         moved.append(torch.device(device))
         return real_to(self, device)
 
-    def spy_collate(rows, pad_id=0):
+    def spy_collate(rows, weights, pad_id=0):
         collated.append(len(rows))
-        return real_collate(rows, pad_id)
+        return real_collate(rows, weights, pad_id)
 
     monkeypatch.setattr(packing.MicroBatch, "to", spy_to)
     monkeypatch.setattr(sft_module, "collate", spy_collate)

@@ -16,6 +16,7 @@ from memrl.algorithms.losses import (
     kl_penalty,
     loss_token_weights,
     ppo_clip_loss,
+    row_weights,
 )
 from memrl.algorithms.registry import get_loss, loss_names
 
@@ -110,6 +111,17 @@ TRAJ = ["a", "a", "b", "c"]
 def test_loss_token_weights(mode, expected):
     got = loss_token_weights(MASKS, TRAJ, mode)
     assert [pytest.approx(r) for r in expected] == got
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("token-mean", [1 / 7, 1 / 7, 0.0, 1 / 7]),
+    ("seq-mean-token-mean", [1 / 6, 1 / 3, 0.0, 1 / 12]),
+    ("seq-mean-token-sum", [1 / 3, 1 / 3, 0.0, 1 / 3]),
+    ("traj-mean", [1 / 6, 1 / 6, 0.0, 1 / 8]),
+])
+def test_row_weights_one_per_row_and_spread_over_its_trained_tokens(mode, expected):
+    assert row_weights(MASKS, TRAJ, mode) == expected  # the same divisions as by hand: exact
+    assert loss_token_weights(MASKS, TRAJ, mode) == [[w if v else 0.0 for v in m] for w, m in zip(expected, MASKS, strict=True)]
 
 
 def test_loss_token_weights_errors_and_empty_batch():

@@ -1,5 +1,5 @@
-"""Scale-out planning without processes: token-balanced row split, world-size-1 global weights, and the
-resource / address checks that run before Ray places anything."""
+"""Scale-out planning without processes: the driver's token-balanced split of a weighed mini-batch, the
+worker group's fan-out to its ranks, and the resource / address checks that run before Ray places anything."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ import pytest
 from memrl.algorithms.losses import AGG_MODES, loss_token_weights
 from memrl.config import ConfigError, load_config
 from memrl.training.config import TrainConfig
-from memrl.training.distributed import set_global_loss_weights, split_rows
-from memrl.training.packing import Row
+from memrl.training.packing import TrainBatch, split, split_rows, weigh
 from memrl.training.placement import PlacementError, check_address, check_resources, needs
+from memrl.training.worker_group import LocalRank, RankGroup
+from memrl.types import Segment
 
 
-def _row(n_prompt: int, mask: list[int], traj: str = "t") -> Row:
-    return Row([1] * n_prompt, [2] * len(mask), mask, [0.0] * len(mask), 1.0, traj)
+def _row(n_prompt: int, mask: list[int], traj: str = "t") -> Segment:
+    return Segment([1] * n_prompt, [2] * len(mask), [0.0] * len(mask), loss_mask=mask, advantage=1.0,
+                   trajectory_id=traj)
 
 
 def test_split_rows_balances_tokens_longest_first():
@@ -25,16 +27,62 @@ def test_split_rows_balances_tokens_longest_first():
     assert split_rows(rows[:1], 3) == [[0], [], []]
 
 
-def test_global_weights_at_world_size_one_equal_whole_batch_weights():
+def test_driver_weighs_once_and_each_rank_gets_its_rows_with_the_whole_batch_weights():
     rows = [_row(2, [1, 1, 0], "a"), _row(3, [0, 0], "a"), _row(1, [1, 1, 1, 1], "b"), _row(2, [1], "c")]
-    for mode in AGG_MODES:
-        set_global_loss_weights(rows, mode)
+    for mode in AGG_MODES:  # spread over the tokens, one weight per row is the per-token weighting
+        b = weigh(rows, mode)
         want = loss_token_weights([r.loss_mask for r in rows], [r.trajectory_id for r in rows], mode)
-        assert [r.weights for r in rows] == want, mode
-    set_global_loss_weights(rows, "token-mean")
-    assert rows[0].weights == [1 / 7, 1 / 7, 0.0]
+        assert [[w if v else 0.0 for v in r.loss_mask] for r, w in zip(rows, b.weights, strict=True)] == want, mode
+    b = weigh(rows, "token-mean")  # 7 trained tokens; row 1 trains none
+    assert b.weights == [1 / 7, 0.0, 1 / 7, 1 / 7] and b.batch_rows == 4
+    # lengths 5, 5, 5, 3: 5 -> r0, 5 -> r1, 5 -> r0 (5 = 5, lower rank), 3 -> r1 (8 > 5)
+    left, right = split(b, 2)
+    assert (left.segments, left.weights, left.batch_rows) == ([rows[0], rows[2]], [1 / 7, 1 / 7], 4)
+    assert (right.segments, right.weights, right.batch_rows) == ([rows[1], rows[3]], [0.0, 1 / 7], 4)
+    assert left.weight_sum() == pytest.approx(6 / 7) and right.weight_sum() == 1 / 7  # 2 + 4 and 0 + 1 tokens
     with pytest.raises(ValueError, match="unknown loss aggregation mode 'mean'"):
-        set_global_loss_weights(rows, "mean")
+        weigh(rows, "mean")
+    with pytest.raises(ValueError, match="TrainBatch: 4 segments but 3 weights"):
+        TrainBatch(rows, [1.0] * 3)
+
+
+class _Rank:
+    """A rank that records its calls (rank 0 of a group answers for it)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.calls = rank, []
+
+    def train_rows(self, share, step_scheduler):
+        self.calls.append(("train_rows", [s.prompt_ids for s in share.segments], share.weights, step_scheduler))
+        return {"rank": float(self.rank)}
+
+    def engine_weights(self):
+        return {"w": self.rank}
+
+    def save(self, root, step, state, keep, extra):
+        self.calls.append(("save", root, step, keep))
+        return f"{root}/step_{step:06d}"
+
+    def close(self):
+        self.calls.append(("close",))
+
+
+def test_rank_group_sends_each_rank_only_its_share_and_answers_with_rank_0():
+    ranks = [_Rank(0), _Rank(1)]
+    released = []
+    group = RankGroup([LocalRank(r) for r in ranks], release=lambda: released.append(True))
+    rows = [_row(4, [1]), _row(1, [1, 1]), _row(2, [1])]  # lengths 5, 3, 3: 5 -> r0, 3 -> r1, 3 -> r1
+    assert group.train_rows(weigh(rows, "seq-mean-token-sum"), step_scheduler=False) == {"rank": 0.0}
+    assert ranks[0].calls == [("train_rows", [[1] * 4], [1 / 3], False)]
+    assert ranks[1].calls == [("train_rows", [[1], [1] * 2], [1 / 3, 1 / 3], False)]
+    assert group.weights_for_engines() == {"w": 0}
+    assert str(group.save("/ck", 3, {}, keep=2)) == "/ck/step_000003"
+    assert (group.world_size, group.model, group.opt, group.pg) == (2, None, None, None)
+    group.close()
+    group.close()  # the release runs once
+    assert ranks[1].calls[-1] == ("close",) and released == [True]
+    with pytest.raises(ValueError, match="RankGroup: no ranks"):
+        RankGroup([])
 
 
 def _cfg(*ov: str) -> TrainConfig:

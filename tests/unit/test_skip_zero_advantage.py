@@ -16,19 +16,20 @@ import torch
 
 from memrl.config import load_config
 from memrl.training.config import TrainConfig
-from memrl.training.packing import Row
+from memrl.training.packing import weigh
+from memrl.types import Segment
 
 ZERO = (1, 4, 7)
 
 
-def _rows(vocab: int) -> list[Row]:
+def _rows(vocab: int) -> list[Segment]:
     rng = random.Random(3)
     rows = []
     for i in range(9):
         p, n = rng.randint(3, 20), rng.randint(2, 12)
         adv = 0.0 if i in ZERO else rng.choice((-1, 1)) * rng.uniform(0.2, 1.5)
-        rows.append(Row([rng.randrange(vocab) for _ in range(p)], [rng.randrange(vocab) for _ in range(n)], [1] * n,
-                        [-rng.uniform(0.5, 9.0) for _ in range(n)], adv, f"t{i % 4}"))
+        rows.append(Segment([rng.randrange(vocab) for _ in range(p)], [rng.randrange(vocab) for _ in range(n)],
+                            [-rng.uniform(0.5, 9.0) for _ in range(n)], advantage=adv, trajectory_id=f"t{i % 4}"))
     return rows
 
 
@@ -64,14 +65,14 @@ def test_skipping_zero_advantage_rows_leaves_the_update_unchanged(tiny, tmp_path
     full = _worker(model, str(tmp_path / "b"), "trainer.skip_zero_advantage=false")
     only = _worker(model, str(tmp_path / "c"))
     base = {k: v.clone() for k, v in skip.model.state_dict().items()}
-    ms = skip.train_rows([Row(**r.__dict__) for r in rows])
-    mf = full.train_rows([Row(**r.__dict__) for r in rows])
-    mo = only.train_rows([Row(**r.__dict__) for i, r in enumerate(rows) if i not in ZERO])
+    ms = skip.train_rows(weigh(rows, "token-mean"))
+    mf = full.train_rows(weigh(rows, "token-mean"))
+    mo = only.train_rows(weigh([r for i, r in enumerate(rows) if i not in ZERO], "token-mean"))
 
     assert ms["train/rows"] == mf["train/rows"] == 9
     assert ms["train/rows_zero_adv_skipped"] == 3 and mf["train/rows_zero_adv_skipped"] == 0
     assert mo["train/rows_zero_adv_skipped"] == 0
-    assert ms["train/tokens"] == mo["train/tokens"] == mf["train/tokens"] - sum(rows[i].length for i in ZERO)
+    assert ms["train/tokens"] == mo["train/tokens"] == mf["train/tokens"] - sum(rows[i].num_tokens for i in ZERO)
     assert abs(ms["loss/total"] - mf["loss/total"]) < 1e-7
     assert abs(ms["train/grad_norm"] - mf["train/grad_norm"]) <= 1e-5 * mf["train/grad_norm"]
     moved = max(float((v - base[k]).abs().max()) for k, v in skip.model.state_dict().items())
@@ -91,7 +92,7 @@ def test_no_skipping_where_it_would_not_be_exact(tiny, tmp_path):
     model, vocab = tiny
     for i, extra in enumerate(("algorithm.entropy_coef=0.01", "algorithm.kl_coef=0.05")):
         w = _worker(model, str(tmp_path / str(i)), extra)
-        m = w.train_rows(_rows(vocab))
+        m = w.train_rows(weigh(_rows(vocab), "token-mean"))
         assert m["train/rows_zero_adv_skipped"] == 0 and m["train/rows"] == 9, extra
 
 
@@ -100,14 +101,14 @@ def test_a_mini_batch_of_zero_advantage_rows_still_takes_the_optimizer_step(tiny
     gradients (momentum and weight decay move the weights), exactly as the full pass does."""
     model, vocab = tiny
     rows = _rows(vocab)
-    zero = [Row(**{**rows[i].__dict__, "weights": None}) for i in ZERO]
-    moving = [Row(**r.__dict__) for i, r in enumerate(rows) if i not in ZERO]
+    zero = weigh([rows[i] for i in ZERO], "token-mean")
+    moving = weigh([r for i, r in enumerate(rows) if i not in ZERO], "token-mean")
     skip = _worker(model, str(tmp_path / "a"), "optim.weight_decay=0.1")
     full = _worker(model, str(tmp_path / "b"), "optim.weight_decay=0.1", "trainer.skip_zero_advantage=false")
     for w in (skip, full):
-        w.train_rows([Row(**r.__dict__) for r in moving], step_scheduler=False)
+        w.train_rows(moving, step_scheduler=False)
         before = {k: v.clone() for k, v in w.model.state_dict().items()}
-        m = w.train_rows([Row(**r.__dict__) for r in zero])
+        m = w.train_rows(zero)
         assert m["train/rows"] == 3
         assert max(float((v - before[k]).abs().max()) for k, v in w.model.state_dict().items()) > 1e-5
     assert _max_diff(skip.model, full.model) < 1e-6

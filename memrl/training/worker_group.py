@@ -1,0 +1,170 @@
+"""The trainer's worker group: the one contract between the driver and its training ranks.
+
+`WorkerGroup` declares everything the trainer, the weight sync (memrl.training.weight_sync), validation
+and checkpointing call. `RankGroup` implements it once over N rank handles: a call starts the method on
+every rank (collectives need them all), then waits for every result and returns rank 0's (the ranks
+all-reduce their metrics, and rank 0 holds what is gathered). A handle runs a `PolicyWorker` method:
+
+- `LocalRank`: the worker in the trainer's own process (world size 1): a direct call.
+- `RayRank` (memrl.training.workers): a Ray actor holding one rank's worker: an actor call.
+
+`train_rows` takes the mini-batch the driver weighed (memrl.training.packing.weigh: one weight per row
+over the whole mini-batch) and sends each rank only its token-balanced share (packing.split).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from memrl.training.packing import TrainBatch, split
+
+
+class WorkerGroup(Protocol):
+    """What the driver uses of its training ranks (built by memrl.training.workers.build_workers)."""
+
+    world_size: int
+    model: torch.nn.Module | None
+    """The live policy module when the only rank runs in the trainer's process (the in-process engine
+    shares it, the OpenAI-server sync saves it); None when the ranks are Ray actors."""
+    opt: torch.optim.Optimizer | None
+    """The live optimizer of an in-process rank; None for Ray ranks (see `optim_state`)."""
+    sched: Any
+    """The live learning-rate scheduler of an in-process rank; None for Ray ranks."""
+    pg: Any
+    """The Ray placement group of the ranks (colocated engines take their bundles); None in process."""
+
+    def train_rows(self, batch: TrainBatch, step_scheduler: bool = True) -> dict[str, float]:
+        """One optimizer step on the weighed mini-batch (each rank on its share); metrics over all of it."""
+        ...
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The gathered model weights as CPU tensors, in the driver."""
+        ...
+
+    def weights_for_engines(self) -> Any:
+        """What an engine's update_weights takes: in process the live state dict, for Ray ranks an
+        object-store reference to the gathered one."""
+        ...
+
+    def optim_state(self) -> dict[str, Any]:
+        """The optimizer state keyed by parameter name (memrl.training.distributed.full_optim_state)."""
+        ...
+
+    def save(self, root: str | Path, step: int, driver_state: dict[str, Any], keep: int = 0,
+             extra_files: dict[str, str] | None = None) -> Path:
+        """Checkpoint `root/step_XXXXXX` (memrl.training.workers.PolicyWorker.save); its path."""
+        ...
+
+    def transfer_address(self) -> tuple[str, int]:
+        """Rank 0's node IP and a free port there: the weight-transfer group's rendezvous."""
+        ...
+
+    def join_transfer(self, spec: Any) -> None:
+        """Rank 0 joins the weight-transfer group as its sender (blocks until the engines joined)."""
+        ...
+
+    def send_weights(self) -> tuple[float, float]:
+        """Gather (collective), rank 0 broadcasts to the engines; (gather s, send s)."""
+        ...
+
+    def write_weights(self, path: str) -> float:
+        """Gather (collective), rank 0 writes `path`/model.safetensors; seconds."""
+        ...
+
+    def close(self) -> None:
+        """Leave the process group and release the ranks (Ray actors and their placement group)."""
+        ...
+
+
+class RankHandle(Protocol):
+    """One training rank as the group drives it."""
+
+    def start(self, method: str, *args: Any, publish: bool = False) -> Any:
+        """Begin worker.`method`(*args) on the rank; a pending result for `wait`. `publish`: rank 0's
+        result comes back as [reference] (Ray: an object-store reference, in a list so Ray hands it on
+        unresolved; in process: the object itself)."""
+        ...
+
+    def wait(self, pending: list[Any]) -> list[Any]:
+        """The results of pending calls on ranks of this kind, in order."""
+        ...
+
+
+class LocalRank:
+    """The rank in the trainer's own process: a call runs at once."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+
+    def start(self, method: str, *args: Any, publish: bool = False) -> Any:
+        out = getattr(self.worker, method)(*args)
+        return [out] if publish else out
+
+    def wait(self, pending: list[Any]) -> list[Any]:
+        return list(pending)
+
+
+class RankGroup:
+    """`WorkerGroup` over rank handles (rank i = handles[i]). `model` / `opt` / `sched`: the in-process
+    rank's live objects (None for remote ranks); `pg`: the ranks' placement group (None in process);
+    `release`: called once by `close` after every rank closed, also when closing failed."""
+
+    def __init__(self, handles: Sequence[RankHandle], *, model: torch.nn.Module | None = None,
+                 opt: torch.optim.Optimizer | None = None, sched: Any = None, pg: Any = None,
+                 release: Callable[[], None] | None = None) -> None:
+        if not handles:
+            raise ValueError("RankGroup: no ranks")
+        self.handles = list(handles)
+        self.world_size = len(self.handles)
+        self.model, self.opt, self.sched, self.pg = model, opt, sched, pg
+        self._release = release
+
+    def _each(self, method: str, args: Sequence[tuple[Any, ...]], publish: bool = False) -> list[Any]:
+        """worker.`method`(*args[i]) on every rank i at once; every rank's result."""
+        pending = [h.start(method, *a, publish=publish) for h, a in zip(self.handles, args, strict=True)]
+        return self.handles[0].wait(pending)
+
+    def _all(self, method: str, *args: Any, publish: bool = False) -> list[Any]:
+        return self._each(method, [args] * self.world_size, publish)
+
+    def train_rows(self, batch: TrainBatch, step_scheduler: bool = True) -> dict[str, float]:
+        shares = [batch] if self.world_size == 1 else split(batch, self.world_size)
+        return self._each("train_rows", [(s, step_scheduler) for s in shares])[0]
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        return self._all("full_state")[0]
+
+    def weights_for_engines(self) -> Any:
+        return self._all("engine_weights", publish=True)[0][0]
+
+    def optim_state(self) -> dict[str, Any]:
+        return self._all("optim_state")[0]
+
+    def save(self, root: str | Path, step: int, driver_state: dict[str, Any], keep: int = 0,
+             extra_files: dict[str, str] | None = None) -> Path:
+        return Path(self._all("save", str(root), step, driver_state, keep, extra_files)[0])
+
+    def transfer_address(self) -> tuple[str, int]:
+        h = self.handles[0]
+        return tuple(h.wait([h.start("transfer_address")])[0])  # type: ignore[return-value]
+
+    def join_transfer(self, spec: Any) -> None:
+        self._all("join_transfer", spec)
+
+    def send_weights(self) -> tuple[float, float]:
+        return self._all("send_weights")[0]
+
+    def write_weights(self, path: str) -> float:
+        return self._all("write_weights", path)[0]
+
+    def close(self) -> None:
+        try:
+            self._all("close")
+        finally:
+            if self._release is not None:
+                release, self._release = self._release, None
+                release()
