@@ -110,22 +110,21 @@ def _load_spec(path: str, where: str) -> WorkflowSpec:
 def get_workflow(name: str, where: str = "workflow.name") -> WorkflowSpec:
     """The WorkflowSpec `name` stands for: a registered name, or an import path "package.module:ATTR".
 
-    A spec named by import path is known by that path (its `name`, as logs and eval records show it), so
-    a saved config names it again; the path of a registered one (memrl.workflows.memagent:SPEC) gives
-    the registered name. An unknown name is a KeyError; a bad import path a ConfigError naming `where`.
+    The spec returned is known by the name it was asked for (its `name`, as logs and eval records show
+    it), so a saved config names it again; the import path of a registered one
+    (memrl.workflows.memagent:SPEC) gives the registered name. An unknown name is a KeyError; a bad import path a ConfigError naming `where`.
     """
     if name in _REGISTRY:
         ref = _REGISTRY[name]
-        spec = _load_spec(ref, where) if isinstance(ref, str) else ref()
+        spec, canonical = (_load_spec(ref, where) if isinstance(ref, str) else ref()), name
     elif is_import_path(name):
         spec = _load_spec(name, where)
-        registered = [n for n, r in _REGISTRY.items() if r == name]
-        canonical = registered[0] if registered else name
-        if spec.name != canonical:
-            spec = dataclasses.replace(spec, name=canonical)
+        canonical = next((n for n, r in _REGISTRY.items() if r == name), name)
     else:
         hint = "; an import path is written module:ATTR" if "." in name else ""
         raise KeyError(f"unknown workflow {name!r}; known: {', '.join(sorted(_REGISTRY))}{hint}")
+    if spec.name != canonical:
+        spec = dataclasses.replace(spec, name=canonical)
     _SEEN.setdefault(spec.name, spec)
     return spec
 
