@@ -112,7 +112,8 @@ def get_workflow(name: str, where: str = "workflow.name") -> WorkflowSpec:
 
     The spec returned is known by the name it was asked for (its `name`, as logs and eval records show
     it), so a saved config names it again; the import path of a registered one
-    (memrl.workflows.memagent:SPEC) gives the registered name. An unknown name is a KeyError; a bad import path a ConfigError naming `where`.
+    (memrl.workflows.memagent:SPEC) gives the registered name. An unknown name is a KeyError; a bad
+    import path a ConfigError naming `where`.
     """
     if name in _REGISTRY:
         ref = _REGISTRY[name]
