@@ -20,7 +20,7 @@ from typing import Any
 
 from memrl.config import valid
 from memrl.quiet import hf_progress_off
-from memrl.training.config import WORKFLOW_DEFAULTS, DataSection, ModelSection
+from memrl.training.config import DataSection, ModelSection
 from memrl.training.sft import SFTConfig
 
 
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg.data.name != "synthetic":
         raise ConfigError(f"data.name: train-sft takes synthetic (the built-in demonstrator) or file (a "
                           f"conversation file), got {cfg.data.name!r}")
-    spec, wf = parse_workflow(cfg.workflow, defaults=WORKFLOW_DEFAULTS)
+    spec, wf = parse_workflow(cfg.workflow, stage="train")
     out = check_writable(cfg.out_dir)
     (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     tok = AutoTokenizer.from_pretrained(cfg.model.path)

@@ -139,24 +139,25 @@ TEMPLATE_FILE_KEYS = ("memory_template_file", "final_template_file")
 
 
 def get_spec(name: str):
-    """The WorkflowSpec of a registered workflow (full_context, the baseline, is one)."""
+    """The WorkflowSpec of a registered workflow (full_context, the baseline, is one) or of an import
+    path package.module:SPEC."""
     from memrl.config import ConfigError
     from memrl.workflows import get_workflow
 
     try:
-        return get_workflow(name)
+        return get_workflow(name, "workflow")
     except KeyError as e:
         raise ConfigError(f"workflow: {e.args[0]}") from e
 
 
 def workflow_config(cfg: EvalConfig) -> tuple[Any, Any]:
-    """(spec, config) of `cfg.workflow`: the workflow's defaults, greedy decoding for evaluation, then
-    the section's fields."""
+    """(spec, config) of `cfg.workflow`: the section's fields, the rest from the spec's eval_defaults
+    (greedy decoding unless the spec says otherwise), then the config class's own defaults."""
     from memrl.config import check_shared_fields
     from memrl.engines.base import SamplingParams
     from memrl.workflows import parse_workflow
 
-    spec, wf = parse_workflow(cfg.workflow, defaults={"temperature": 0.0, "no_prune_prob": 0.0})
+    spec, wf = parse_workflow(cfg.workflow, stage="eval")
     check_shared_fields(wf, SamplingParams, "workflow")  # temperature / top_p before the model loads
     return spec, wf
 

@@ -3,7 +3,17 @@
     verify = get_verifier("verl_hotpotqa")
     verify(answer_text, ["Beatles"])  # -> 0.0 or 1.0
 
-`workflow.reward=<name>` picks one for the chunked workflows (memagent, rememr1):
+`workflow.reward=<name>` picks one for the chunked workflows (memagent, rememr1), or
+`workflow.reward=package.module:fn` names your own, a function marked with `@verifier`:
+
+    from memrl.rewards.verifiers import verifier
+
+    @verifier
+    def contains_gold(response_text: str, golds: list[str]) -> float:
+        return float(any(g.lower() in response_text.lower() for g in golds))
+
+Only marked functions may be named by import path (anything else is refused before it is called).
+The built-in ones:
 
 - `boxed_em` (memrl's default): the last `\\boxed{...}` of the whole text, SQuAD-normalized exact match,
   best over all gold answers (`memrl.rewards.qa.boxed_em_reward`).
@@ -27,10 +37,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
+
+from memrl.plugins import is_import_path, load_object
 
 Verifier = Callable[[str, "str | list[str]"], float]
 
 _VERIFIERS: dict[str, Verifier] = {}
+_MARKED: list[Any] = []  # functions @verifier / @register_verifier marked, compared by identity
 
 PUBLISHED_WINDOW = 300
 """Characters at the end of the response that the published verifier reads."""
@@ -40,18 +54,52 @@ def register_verifier(name: str) -> Callable[[Verifier], Verifier]:
     """Decorator: register `fn(response_text, golds) -> float` under `name`."""
 
     def deco(fn: Verifier) -> Verifier:
-        _VERIFIERS[name] = fn
+        _VERIFIERS[name] = verifier(fn)
         return fn
 
     return deco
+
+
+def verifier(fn: Verifier) -> Verifier:
+    """Mark `fn(response_text, golds) -> float` as a verifier a config may name by import path
+    (`workflow.reward=package.module:fn`). Nothing unmarked is ever called."""
+    if not callable(fn):
+        raise TypeError(f"@verifier needs a function, got {type(fn).__name__}")
+    if not any(f is fn for f in _MARKED):
+        _MARKED.append(fn)
+    return fn
 
 
 def verifier_names() -> list[str]:
     return sorted(_VERIFIERS)
 
 
+def _is_marked(obj: Any) -> bool:
+    return any(f is obj for f in _MARKED)
+
+
+def resolve_verifier(path: str, where: str = "workflow.reward") -> Verifier:
+    """The @verifier function "package.module:fn" names; a one-line ConfigError naming `where` otherwise
+    (bad syntax, module not importable, no such attribute, not a marked verifier)."""
+    return load_object(path, where, "a verifier", _is_marked,
+                       "only functions marked with @memrl.rewards.verifiers.verifier may be named")
+
+
+def check_verifier(name: str, where: str = "workflow.reward") -> None:
+    """Raise a one-line error (ValueError) when `name` is neither a registered verifier nor the import path
+    of a @verifier function."""
+    if is_import_path(name):
+        resolve_verifier(name, where)
+    elif name not in _VERIFIERS:
+        raise ValueError(f"{where} must be one of {', '.join(verifier_names())}, got {name!r} (or the import "
+                         "path module:fn of a @memrl.rewards.verifiers.verifier function)")
+
+
 def get_verifier(name: str) -> Verifier:
-    """The registered verifier `name`; a KeyError listing the registered names otherwise."""
+    """The registered verifier `name`, or the @verifier function an import path names; a KeyError listing
+    the registered names for an unknown name (a ConfigError for a bad import path)."""
+    if is_import_path(name):
+        return resolve_verifier(name)
     if name not in _VERIFIERS:
         raise KeyError(f"unknown reward verifier {name!r}; registered: {', '.join(verifier_names())}")
     return _VERIFIERS[name]

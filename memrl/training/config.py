@@ -372,11 +372,6 @@ REMOVED_KEYS["algorithm.actual_n"] = (
     "algorithm.selection (published | spread_unused | all)")
 
 
-WORKFLOW_DEFAULTS: dict[str, Any] = {"max_chunks": 8}
-"""Training defaults for workflow fields the config leaves out, applied only to workflows that have the
-field (training caps the chunked workflows at 8 chunks; MemAct has no chunks)."""
-
-
 @dataclass
 class TrainConfig:
     """Everything `memrl train` needs; presets in memrl/configs/*.yaml."""
@@ -385,8 +380,9 @@ class TrainConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     """The rollout engine (memrl.engines.config); hf by default, serving the trained module itself."""
     workflow: dict[str, Any] = field(default_factory=lambda: {"name": "memagent"})
-    """The workflow (`name`) and its config fields, e.g. workflow.chunk_tokens=5000 (memrl.workflows.
-    parse_workflow checks them against the workflow's config class; WORKFLOW_DEFAULTS fill what it leaves out)."""
+    """The workflow (`name`: registered, or an import path package.module:SPEC of a WorkflowSpec) and its
+    config fields, e.g. workflow.chunk_tokens=5000 (memrl.workflows.parse_workflow checks them against the
+    workflow's config class; the spec's train_defaults fill what it leaves out, e.g. max_chunks=8)."""
     data: DataSection = field(default_factory=DataSection)
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
     optim: OptimSection = field(default_factory=OptimSection)

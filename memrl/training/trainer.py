@@ -37,7 +37,7 @@ from memrl.engines.base import SamplingParams
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.quiet import hf_progress_off
 from memrl.training.checkpoint import clean_stale, resume_point, rng_state, set_rng_state
-from memrl.training.config import WORKFLOW_DEFAULTS, TrainConfig
+from memrl.training.config import TrainConfig
 from memrl.training.dump import maybe_dump, note_tasks, truncate_dump
 from memrl.training.packing import TrainBatch, weigh
 from memrl.training.rollout import sample_groups
@@ -54,11 +54,11 @@ def check_writable(out_dir: str | os.PathLike, key: str = "out_dir") -> Path:
 
 
 def workflow_config(cfg: TrainConfig) -> tuple[Any, Any]:
-    """(WorkflowSpec, typed workflow config) from the `workflow` section; sampling runs at
-    algorithm.temperature, because the trainer recomputes logprobs at that temperature."""
+    """(WorkflowSpec, typed workflow config) from the `workflow` section and the spec's train_defaults;
+    sampling runs at algorithm.temperature, because the trainer recomputes logprobs at that temperature."""
     from memrl.workflows import parse_workflow
 
-    spec, wf = parse_workflow(cfg.workflow, defaults={**WORKFLOW_DEFAULTS, "temperature": cfg.algorithm.temperature})
+    spec, wf = parse_workflow(cfg.workflow, defaults={"temperature": cfg.algorithm.temperature}, stage="train")
     check_shared_fields(wf, SamplingParams, "workflow")  # top_p / top_k before any model loads
     t = getattr(wf, "temperature", cfg.algorithm.temperature)
     if float(t) != float(cfg.algorithm.temperature):

@@ -1,23 +1,36 @@
-"""Workflows: `async def run(task, engine, cfg, rng) -> Trajectory`, registered by name.
+"""Workflows: `async def run(task, engine, cfg, rng) -> Trajectory`, described by a WorkflowSpec.
 
 Every command spells a workflow's settings the same way: `workflow=<name>` (or `workflow.name=<name>`)
 chooses it and `workflow.<field>=value` sets a field of its config dataclass; `parse_workflow` turns that
 section into (WorkflowSpec, config) once per run.
+
+A name is either registered (`memagent`, `rememr1`, `full_context`, `memact`, or one given to
+`register_workflow`) or an import path `package.module:ATTR` naming a WorkflowSpec instance, so a
+workflow living outside memrl needs no edit here: its spec carries its run function, config class,
+outcome reward, format-error metric keys and training / evaluation defaults. The built-ins are
+registered by the same import paths (their modules are imported when first named; this module imports
+none of them).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from memrl.config import ConfigError, section_from_dict
+from memrl.plugins import is_import_path, load_object
+from memrl.rewards.verifiers import get_verifier, resolve_verifier
 from memrl.types import Task, Trajectory
+
+STAGES = ("train", "eval")
 
 
 @dataclass(frozen=True)
 class WorkflowSpec:
-    """A registered workflow: its run function, its config dataclass and its outcome reward.
+    """A workflow: its run function, its config dataclass and its outcome reward, plus what the commands
+    need to know about it (all optional).
 
     `reward` returns a float or an awaitable of one (a judge service); callers use `score_trajectory`.
     """
@@ -26,19 +39,95 @@ class WorkflowSpec:
     run: Callable[..., Awaitable[Trajectory]]
     config_cls: type
     reward: Callable[[Task, Trajectory], float | Awaitable[float]]
+    format_keys: tuple[str, ...] = ()
+    """Trajectory metrics that count a format error or a fallback (> 0 = that error happened); the
+    trainer logs format/<key> and the eval table counts questions with each (`format_counts`)."""
+    train_defaults: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    """Values `memrl train` (and train-sft) gives config fields the workflow section leaves out, e.g.
+    {"max_chunks": 8}. Keys must be fields of `config_cls`."""
+    eval_defaults: Mapping[str, Any] | None = field(default=None, hash=False)
+    """Values `memrl eval` and validation give config fields the section leaves out; None = greedy
+    decoding ({"temperature": 0.0} when config_cls has a temperature field). Keys must be fields."""
+
+    def __post_init__(self) -> None:
+        if not dataclasses.is_dataclass(self.config_cls):
+            raise TypeError(f"WorkflowSpec {self.name!r}: config_cls must be a dataclass, got {self.config_cls!r}")
+        keys = (self.format_keys,) if isinstance(self.format_keys, str) else self.format_keys
+        object.__setattr__(self, "format_keys", tuple(keys))
+        if not all(isinstance(k, str) for k in self.format_keys):
+            raise TypeError(f"WorkflowSpec {self.name!r}: format_keys must be metric names (strings)")
+        known = self.config_fields()
+        for attr in ("train_defaults", "eval_defaults"):
+            values = getattr(self, attr)
+            unknown = sorted(set(values or {}) - known)
+            if unknown:
+                raise ValueError(f"WorkflowSpec {self.name!r}: {attr} names {', '.join(unknown)}, not fields of "
+                                 f"{self.config_cls.__name__}")
+
+    def config_fields(self) -> set[str]:
+        return {f.name for f in dataclasses.fields(self.config_cls)}
+
+    def defaults(self, stage: str) -> dict[str, Any]:
+        """The spec's own defaults for `stage` ("train" or "eval")."""
+        if stage == "train":
+            return dict(self.train_defaults)
+        if stage == "eval":
+            if self.eval_defaults is not None:
+                return dict(self.eval_defaults)
+            return {"temperature": 0.0} if "temperature" in self.config_fields() else {}
+        raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
 
 
-_REGISTRY: dict[str, Callable[[], WorkflowSpec]] = {}
+WorkflowRef = Callable[[], WorkflowSpec] | str
+
+_REGISTRY: dict[str, WorkflowRef] = {}
+_SEEN: dict[str, WorkflowSpec] = {}  # every spec resolved in this process (format keys of plugins)
 
 
-def register_workflow(name: str, factory: Callable[[], WorkflowSpec]) -> None:
-    _REGISTRY[name] = factory
+def register_workflow(name: str, ref: WorkflowRef) -> None:
+    """Make `workflow=name` mean `ref`: an import path "package.module:ATTR" of a WorkflowSpec (resolved
+    when first named) or a function returning one (tests, notebooks)."""
+    _REGISTRY[name] = ref
 
 
-def get_workflow(name: str) -> WorkflowSpec:
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown workflow {name!r}; known: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]()
+# The built-ins, by the same mechanism a plugin uses: each module defines its own SPEC.
+register_workflow("memagent", "memrl.workflows.memagent:SPEC")
+register_workflow("rememr1", "memrl.workflows.rememr1:SPEC")
+register_workflow("full_context", "memrl.workflows.full_context:SPEC")
+register_workflow("memact", "memrl.workflows.memact:SPEC")
+BUILTIN_WORKFLOWS = ("memagent", "rememr1", "full_context", "memact")
+
+
+def _is_spec(obj: Any) -> bool:
+    return isinstance(obj, WorkflowSpec)
+
+
+def _load_spec(path: str, where: str) -> WorkflowSpec:
+    return load_object(path, where, "a WorkflowSpec", _is_spec,
+                       "name a memrl.workflows.WorkflowSpec instance, e.g. mypkg.myworkflow:SPEC")
+
+
+def get_workflow(name: str, where: str = "workflow.name") -> WorkflowSpec:
+    """The WorkflowSpec `name` stands for: a registered name, or an import path "package.module:ATTR".
+
+    The spec returned is known by the name it was asked for (its `name`, as logs and eval records show
+    it), so a saved config names it again; the import path of a registered one
+    (memrl.workflows.memagent:SPEC) gives the registered name. An unknown name is a KeyError; a bad
+    import path a ConfigError naming `where`.
+    """
+    if name in _REGISTRY:
+        ref = _REGISTRY[name]
+        spec, canonical = (_load_spec(ref, where) if isinstance(ref, str) else ref()), name
+    elif is_import_path(name):
+        spec = _load_spec(name, where)
+        canonical = next((n for n, r in _REGISTRY.items() if r == name), name)
+    else:
+        hint = "; an import path is written module:ATTR" if "." in name else ""
+        raise KeyError(f"unknown workflow {name!r}; known: {', '.join(sorted(_REGISTRY))}{hint}")
+    if spec.name != canonical:
+        spec = dataclasses.replace(spec, name=canonical)
+    _SEEN.setdefault(spec.name, spec)
+    return spec
 
 
 def workflow_names() -> list[str]:
@@ -46,76 +135,58 @@ def workflow_names() -> list[str]:
 
 
 def parse_workflow(
-    section: Mapping[str, Any], defaults: Mapping[str, Any] | None = None, where: str = "workflow"
+    section: Mapping[str, Any], defaults: Mapping[str, Any] | None = None, where: str = "workflow",
+    stage: str | None = None,
 ) -> tuple[WorkflowSpec, Any]:
-    """(spec, typed config) from a `workflow` section {name, <field>: value, ...}; `defaults` fill the
-    fields the section leaves out (only those the workflow's config has). Errors name `where.<key>`."""
-    from memrl.config import ConfigError, section_from_dict
+    """(spec, typed config) from a `workflow` section {name, <field>: value, ...}.
 
+    Fields the section leaves out are filled from `defaults` (only those the workflow's config has), then
+    from the spec's own defaults for `stage` ("train": spec.train_defaults, "eval": spec.eval_defaults).
+    A `reward` field holding an import path is resolved first (memrl.rewards.verifiers.resolve_verifier).
+    Errors name `where.<key>`."""
     values = dict(section)
     name = values.pop("name", None)
     if not name:
-        raise ConfigError(f"{where}.name is required (one of {', '.join(workflow_names())})")
+        raise ConfigError(f"{where}.name is required (one of {', '.join(workflow_names())}, or module:ATTR)")
     try:
-        spec = get_workflow(str(name))
+        spec = get_workflow(str(name), f"{where}.name")
     except KeyError as e:
         raise ConfigError(f"{where}.name: {e.args[0]}") from e
-    fields = {f.name for f in dataclasses.fields(spec.config_cls)}
+    fields = spec.config_fields()
     if "options" in values and "options" not in fields:
         raise ConfigError(f"{where}.options.<field> is now spelled {where}.<field> (e.g. {where}.chunk_tokens=...)")
     renamed = getattr(spec.config_cls, "RENAMED", {})  # old spellings of moved fields: say the new one
     for k in values:
         if k in renamed and k not in fields:
             raise ConfigError(f"{where}.{k} is now spelled {where}.{renamed[k]}")
+    if "reward" in fields and is_import_path(values.get("reward")):
+        resolve_verifier(values["reward"], f"{where}.reward")  # one line naming the field, before the config
     for k, v in (defaults or {}).items():
         if k in fields:
+            values.setdefault(k, v)
+    if stage is not None:
+        for k, v in spec.defaults(stage).items():
             values.setdefault(k, v)
     return spec, section_from_dict(spec.config_cls, values, where)
 
 
-FORMAT_KEYS = (
-    "no_box", "missing_update", "empty_update", "multiple_updates", "unclosed_update",
-    "multiple_recalls", "unclosed_recall", "empty_recall",
-    "no_final_marker", "malformed_calls", "answer_unparsed",
-)  # fmt: skip
-"""Trajectory metrics that count a format error or a fallback (no \\boxed{} answer, ReMemR1's tag errors,
-MemAct's missing FINAL_ANSWER:, malformed tool calls and unparseable answers)."""
+def format_keys(specs: Iterable[WorkflowSpec] | None = None) -> tuple[str, ...]:
+    """The format-error metric keys of `specs` (first occurrence order); None = every built-in workflow
+    and every spec resolved in this process so far."""
+    if specs is None:
+        specs = [*(get_workflow(n) for n in BUILTIN_WORKFLOWS), *_SEEN.values()]
+    return tuple(dict.fromkeys(k for s in specs for k in s.format_keys))
 
 
-def format_counts(metrics: list[dict[str, float]]) -> dict[str, int]:
-    """How many trajectories show each format error at least once (keys some trajectory reports)."""
-    return {k: sum(1 for m in metrics if m.get(k, 0.0) > 0) for k in FORMAT_KEYS if any(k in m for m in metrics)}
+def format_counts(metrics: list[dict[str, float]], keys: Iterable[str] | None = None) -> dict[str, int]:
+    """How many trajectories show each format error at least once (keys some trajectory reports); `keys`
+    default to `format_keys()` (give a spec's own, `spec.format_keys`, to count only those)."""
+    keys = format_keys() if keys is None else tuple(keys)
+    return {k: sum(1 for m in metrics if m.get(k, 0.0) > 0) for k in keys if any(k in m for m in metrics)}
 
 
 def boxed_em_outcome(task: Task, traj: Trajectory) -> float:
     """Outcome reward shared by the chunked workflows: the verifier named by `traj.info["reward"]` (the
-    workflow's `reward` field, memrl.rewards.verifiers; `boxed_em` when absent) on the final answer text."""
-    from memrl.rewards.verifiers import get_verifier
-
+    workflow's `reward` field: a name in memrl.rewards.verifiers or an import path of a @verifier
+    function; `boxed_em` when absent) on the final answer text."""
     return get_verifier(traj.info.get("reward", "boxed_em"))(traj.info.get("answer_text", ""), task.answers)
-
-
-def _memagent() -> WorkflowSpec:
-    from memrl.workflows import memagent
-
-    return WorkflowSpec("memagent", memagent.run, memagent.MemAgentConfig, memagent.reward)
-
-
-register_workflow("memagent", _memagent)
-
-
-def _try_register(name: str, module: str) -> None:
-    """Workflows that arrive in later modules register lazily, so a missing one fails by name only."""
-
-    def factory() -> WorkflowSpec:
-        import importlib
-
-        mod: Any = importlib.import_module(module)
-        return mod.SPEC
-
-    register_workflow(name, factory)
-
-
-_try_register("rememr1", "memrl.workflows.rememr1")
-_try_register("full_context", "memrl.workflows.full_context")
-_try_register("memact", "memrl.workflows.memact")

@@ -58,18 +58,18 @@ class ChunkedConfig:
     reward: str = "boxed_em"
     """Outcome verifier (memrl.rewards.verifiers): boxed_em = memrl's exact match of the last \\boxed{}
     over the whole text, best over all golds; verl_hotpotqa = the published MemAgent/ReMemR1 verifier
-    (last 300 characters, its strip_string, also the `\\boxed ans` form)."""
+    (last 300 characters, its strip_string, also the `\\boxed ans` form); or package.module:fn, your own
+    function marked with @memrl.rewards.verifiers.verifier."""
     require_template_files: bool = False
     """True: refuse to run without the user's own prompts (memory_template_file and final_template_file,
     or the inline memory_template / final_template). The published-recipe presets set it: their prompts
     are the published text, which memrl does not ship, so memrl's default wording would silently stand in."""
 
     def __post_init__(self) -> None:
-        from memrl.rewards.verifiers import verifier_names
+        from memrl.rewards.verifiers import check_verifier
 
         name = type(self).__name__
-        if self.reward not in verifier_names():
-            raise ValueError(f"{name}.reward must be one of {', '.join(verifier_names())}, got {self.reward!r}")
+        check_verifier(self.reward, f"{name}.reward")  # a registered name or module:fn of a @verifier
         for f in ("chunk_tokens", "max_memory_tokens", "max_final_tokens"):
             if getattr(self, f) < 1:
                 raise ValueError(f"{name}.{f} must be >= 1, got {getattr(self, f)}")

@@ -68,5 +68,4 @@ async def run(task: Task, engine: Any, cfg: FullContextConfig, rng: random.Rando
                       info={"answer_text": text, "memories": []})
 
 
-
-SPEC = WorkflowSpec("full_context", run, FullContextConfig, boxed_em_outcome)
+SPEC = WorkflowSpec("full_context", run, FullContextConfig, boxed_em_outcome, format_keys=("no_box",))

@@ -563,4 +563,8 @@ def reward(task: Task, traj: Trajectory) -> float:
     return float(judged["score"]) if judged is not None else rule
 
 
-SPEC = WorkflowSpec("memact", run, MemActConfig, reward)
+SPEC = WorkflowSpec(
+    "memact", run, MemActConfig, reward,
+    format_keys=("no_final_marker", "malformed_calls", "answer_unparsed"),
+    eval_defaults={"temperature": 0.0, "no_prune_prob": 0.0},  # greedy, and the prune tool always offered
+)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from memrl.engines.base import Engine
 from memrl.types import Segment, Task, Trajectory
+from memrl.workflows import WorkflowSpec, boxed_em_outcome
 from memrl.workflows.chunked import (  # noqa: F401 - chunking helpers re-exported under their old home
     NO_MEMORY,
     ChunkedConfig,
@@ -136,7 +137,14 @@ def assign_step_rewards(task: Task, traj: Trajectory) -> list[float]:
 def reward(task: Task, traj: Trajectory) -> float:
     """Outcome: the verifier `workflow.reward` names (default boxed_em: exact match of the last \\boxed{},
     max over gold answers); also writes step rewards."""
-    from memrl.workflows import boxed_em_outcome
-
     assign_step_rewards(task, traj)
     return boxed_em_outcome(task, traj)
+
+
+SPEC = WorkflowSpec(
+    "memagent", run, MemAgentConfig, reward,
+    format_keys=("no_box",),
+    train_defaults={"max_chunks": 8},  # training caps the context at 8 chunks (the published recipes)
+)
+"""`workflow=memagent` (registered in memrl.workflows as memrl.workflows.memagent:SPEC); evaluation is
+greedy (the spec's default eval_defaults)."""

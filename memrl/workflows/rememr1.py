@@ -33,7 +33,7 @@ from memrl.config import valid
 from memrl.engines.base import Engine
 from memrl.rewards import steps as step_rewards_lib
 from memrl.types import Segment, Task, Trajectory
-from memrl.workflows import WorkflowSpec
+from memrl.workflows import WorkflowSpec, boxed_em_outcome
 from memrl.workflows.chunked import ChunkedConfig, call_model, call_segment, loop_metrics, task_chunks
 from memrl.workflows.recall import SCORERS, recall_top1
 from memrl.workflows.templates import Template
@@ -418,11 +418,13 @@ def reward(task: Task, traj: Trajectory) -> float:
     The rollout runner calls this for every trajectory, so `algorithm=rememr1` finds step rewards on
     the segments (weights from the config the trajectory ran with, kept in traj.info).
     """
-    from memrl.workflows import boxed_em_outcome
-
     if any(s.step_reward is None for s in traj.segments):
         assign_step_rewards(task, traj)
     return boxed_em_outcome(task, traj)
 
 
-SPEC = WorkflowSpec("rememr1", run, ReMemR1Config, reward)
+SPEC = WorkflowSpec(
+    "rememr1", run, ReMemR1Config, reward,
+    format_keys=("no_box", *FORMAT_FLAGS),
+    train_defaults={"max_chunks": 8},  # training caps the context at 8 chunks, as for memagent
+)
