@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 from collections import defaultdict
 from collections.abc import Sequence
@@ -22,6 +23,8 @@ from memrl.errors import UserError
 from memrl.eval import evaluator
 from memrl.eval.runner import CONFIG_FILE, RESULTS_FILE, read_results
 from memrl.workflows import format_counts
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -130,10 +133,11 @@ def sampled_stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"samples": k, "mean_at_k": mean_k, "mean_at_k_se": mean_se, "pass_at_k": pass_k, "pass_at_k_se": pass_se}
 
 
-def summarize(rows: Sequence[dict[str, Any]], run: str, group_by: str = "dataset") -> list[LengthSummary]:
+def summarize(rows: Sequence[dict[str, Any]], run: str, group_by: str = "dataset",
+              format_keys: Sequence[str] | None = None) -> list[LengthSummary]:
     """One LengthSummary per (dataset, num_docs), by dataset then ascending N. group_by="file": one per
     (eval file, num_docs) instead, the file name in the dataset column (MemAgent's and vime's evaluators
-    score each eval file on its own)."""
+    score each eval file on its own). `format_keys`: the run's workflow's (None: every known workflow's)."""
     if group_by not in GROUP_BY:
         raise UserError(f"--group-by {group_by!r} is not one of {', '.join(GROUP_BY)}")
     by_n: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
@@ -150,7 +154,7 @@ def summarize(rows: Sequence[dict[str, Any]], run: str, group_by: str = "dataset
         def mean(key: str, rs: list[dict[str, Any]] = rs, k: int = k) -> float:
             return sum(float(r[key]) for r in rs) / k
 
-        counts = format_counts([r.get("metrics") or {} for r in rs])
+        counts = format_counts([r.get("metrics") or {} for r in rs], format_keys)
         other = {kk: v for kk, v in counts.items() if kk != "no_box" and v}
         flagged = sum(1 for r in rs if any((r.get("metrics") or {}).get(kk, 0.0) > 0 for kk in other))
         out.append(LengthSummary(
@@ -192,7 +196,28 @@ def load_summaries(result_dir: str | os.PathLike[str], group_by: str = "dataset"
     path = Path(result_dir) / RESULTS_FILE
     if not path.exists():
         raise UserError(f"{path} does not exist; is {result_dir} an eval output directory?")
-    return summarize(read_results(path), run_name(result_dir), group_by)
+    return summarize(read_results(path), run_name(result_dir), group_by, run_format_keys(result_dir))
+
+
+def run_format_keys(result_dir: str | os.PathLike[str]) -> tuple[str, ...] | None:
+    """The format-error keys a report of this run counts: the built-in workflows' and the run's own (a
+    plugin's, resolved from eval_config.json's import path, so a report in a new process counts them too);
+    None (the known workflows') when the file or the workflow cannot be read, which is logged."""
+    from memrl.workflows import get_workflow
+
+    p = Path(result_dir) / CONFIG_FILE
+    try:
+        name = json.loads(p.read_text(encoding="utf-8")).get("workflow") if p.exists() else None
+        if not name:
+            return None
+        spec = get_workflow(str(name))
+    except Exception as e:  # noqa: BLE001 - a report still prints, with the built-ins' keys
+        log.warning("%s: workflow of the run not resolved (%s: %s); counting the known workflows' format keys",
+                    p, type(e).__name__, e)
+        return None
+    from memrl.workflows import format_keys
+
+    return tuple(dict.fromkeys([*format_keys(), *spec.format_keys]))
 
 
 def markdown_table(summaries: Sequence[LengthSummary]) -> str:

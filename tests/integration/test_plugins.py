@@ -5,6 +5,7 @@ the one-line errors for each way a name can be wrong; the built-ins unchanged.""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -283,6 +284,15 @@ def test_plugin_workflow_through_memrl_eval_and_train(plugin, tmp_path):
     # the saved config check accepts the same import paths again: nothing is redone
     assert main(argv) == 0
     assert read_results(out / RESULTS_FILE) == rows
+
+    # a report read in a new process resolves the plugin from eval_config.json and counts its format key
+    short = sum(1 for r in rows if r["metrics"]["short_answer"] > 0)
+    code = ("import json, sys; from memrl.eval.report import load_summaries; "
+            "s = load_summaries(sys.argv[1])[0]; print(json.dumps([s.format_errors, s.format_detail]))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path / "plugins")])}
+    got = subprocess.run([sys.executable, "-c", code, str(out)], env=env, capture_output=True, text=True,
+                         check=True)
+    assert json.loads(got.stdout) == [short, f"short_answer={short}" if short else ""]
 
     # memrl train: two steps with the spec's train defaults, then a resumed third step
     run = tmp_path / "train"
