@@ -17,7 +17,11 @@ from typing import Any
 from memrl.demonstrators.engine import ScriptedEngine
 from memrl.demonstrators.memact import MemActDemonstrator
 from memrl.demonstrators.synthetic import MixtureRule
+from memrl.eval.evaluator import EngineRollout, evaluate_policy
 from memrl.types import Group, Segment, Task
+from memrl.workflows import get_workflow
+from memrl.workflows.runner import rollout_sync
+from memrl.workflows.templates import chat_prompt
 
 # ------------------------------------------------------------------------------------------- MemAgent
 
@@ -38,17 +42,12 @@ def mixture_rule(wf_cfg: Any, *, seed: int, p_aware: float, budget: int = 1, ski
 def record_demonstrations(rule: Any, tasks: list[Task], tokenizer: Any, wf_cfg: Any,
                           workflow: str = "memagent") -> list[Group]:
     """The scripted `rule` played through `workflow` by ScriptedEngine, one trajectory per task."""
-    from memrl.workflows import get_workflow
-    from memrl.workflows.runner import rollout_sync
-
     return rollout_sync(tasks, get_workflow(workflow), ScriptedEngine(rule, tokenizer=tokenizer), wf_cfg, n=1)
 
 
 def reading_segments(tasks: list[Task], tokenizer: Any, final_template: Any) -> list[Segment]:
     """One row per task: the final-answer prompt with the WHOLE document as the memory, answered with the
     boxed gold answer (reading comprehension; no memory decision is shown)."""
-    from memrl.workflows.templates import chat_prompt
-
     out = []
     for t in tasks:
         _, prompt_ids = chat_prompt(tokenizer, final_template.render(problem=t.question, memory=t.context.strip()))
@@ -64,8 +63,6 @@ def evaluate_rule(rule: Any, tokenizer: Any, spec: Any, wf_cfg: Any, tasks_by_le
     """A scripted rule's accuracy through the workflow `spec` under the evaluator's `protocol`
     (memrl.eval.evaluator.evaluate_policy), with a fresh ScriptedEngine per length (it records every
     call); the rule's own random state runs on across the lengths."""
-    from memrl.eval.evaluator import EngineRollout, evaluate_policy
-
     out = {}
     for n, tasks in tasks_by_length.items():
         rollout = EngineRollout(ScriptedEngine(rule, tokenizer=tokenizer), spec)
@@ -80,9 +77,6 @@ def memact_demonstrations(tasks: list[Task], tokenizer: Any, wf_cfg: Any, late_p
                           topk: int = 2) -> list[Group]:
     """The scripted MemAct agent's trajectories (one Group per task; `MemActDemonstrator`, pruning late with
     probability `late_prob`), played through the memact workflow with the prune tool on."""
-    from memrl.workflows import get_workflow
-    from memrl.workflows.runner import rollout_sync
-
     script = MemActDemonstrator(late_prob=late_prob, seed=seed, topk=topk)
     wf = replace(wf_cfg, no_prune_prob=0.0, prune_tool=True)
     return rollout_sync(tasks, get_workflow("memact"), ScriptedEngine(script, tokenizer=tokenizer), wf, n=1,

@@ -15,6 +15,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from memrl.data.synthetic import corpus_text, make_task, memory_text
+from memrl.data.synthetic_memact import tokenizer_text
+from memrl.demonstrators.memact import answer_reply, prune_reply, search_reply
+from memrl.demonstrators.stages import memact_demonstrations
 from memrl.models.tiny import (
     CHAT_TEMPLATE_COMPACT_TOOLS,
     ModelPreset,
@@ -24,6 +28,7 @@ from memrl.models.tiny import (
 )
 from memrl.quiet import encode_document, hf_progress_off
 from memrl.types import Task
+from memrl.workflows.memact import answer_format
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +55,6 @@ def init_memagent_model(out: str | Path, syn: Any, wf_cfg: Any, shape: ModelPres
     restated-key memory / unanswerable answer the cold start demonstrates, when on); the model is saved to
     out/init, of `shape` or of the memrl.models.tiny preset it names. Warns when a piece is not one token
     per word or the workflow's chunk size is not the task's piece size."""
-    from memrl.data.synthetic import corpus_text, make_task, memory_text
-
     out = Path(out)
     mem_tpl, fin_tpl = wf_cfg.templates()
     sample = make_task(syn, seed=0, index=0)
@@ -91,11 +94,6 @@ def init_memact_model(out: str | Path, task_cfg: Any, wf_cfg: Any, sample_tasks:
     on the first 40 `sample_tasks`, then again with the whole working contexts the scripted agent reaches
     on the first 60 with that first tokenizer; compact-tools ChatML, model_max_length the shape's
     positions; the model is saved to out/init."""
-    from memrl.data.synthetic_memact import tokenizer_text
-    from memrl.demonstrators.memact import answer_reply, prune_reply, search_reply
-    from memrl.demonstrators.stages import memact_demonstrations
-    from memrl.workflows.memact import answer_format
-
     out = Path(out)
     sys_tpl, user_tpl = wf_cfg.templates(True)
     extra = [sys_tpl.render(), "tools: search prune_context",
