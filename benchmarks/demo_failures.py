@@ -18,9 +18,9 @@ from pathlib import Path
 def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memrl.data.synthetic import make_tasks
+    from memrl.data.synthetic import at_length, make_tasks
     from memrl.demonstrators import ScriptedEngine
-    from memrl.demos.memagent import demonstrator, eval_synthetic, load_demo_configs
+    from memrl.demos.memagent import demonstrator, load_demo_configs
     from memrl.eval.evaluator import EngineRollout, evaluate_tasks, model_engine
     from memrl.eval.retention import EVENTS, RetentionCounter
     from memrl.training.checkpoint import latest_checkpoint
@@ -36,7 +36,7 @@ def main() -> int:
     args = ap.parse_args()
     run = Path(args.run)
     cfg, tcfg, _, (spec, wf_cfg) = load_demo_configs(args.overrides, run / "failures_tmp")
-    syn = eval_synthetic(tcfg.data.synthetic, args.chunks)
+    syn = at_length(tcfg.data.synthetic, args.chunks)
     tasks = make_tasks(syn, cfg.eval.num_tasks, seed=cfg.eval.seed)
     tok = AutoTokenizer.from_pretrained(run / "sft")
     paths = args.checkpoint or [str(run / "sft"), str(latest_checkpoint(run / "rl" / "checkpoints"))]

@@ -19,7 +19,7 @@ import math
 import random
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memrl.config import check_config, valid
 from memrl.types import Task
@@ -257,6 +257,18 @@ def make_task(cfg: SyntheticConfig, seed: int, index: int) -> Task:
 def make_tasks(cfg: SyntheticConfig, n: int, seed: int, start: int = 0) -> list[Task]:
     """Tasks start..start+n-1 of the stream seeded `seed`."""
     return [make_task(cfg, seed, i) for i in range(start, start + n)]
+
+
+def at_length(cfg: SyntheticConfig, num_chunks: int) -> SyntheticConfig:
+    """The task shape an evaluation at `num_chunks` uses: `cfg`'s pieces and facts, every document exactly
+    that long, the asked fact anywhere (training-only curricula such as `answer_span` off)."""
+    return replace(cfg, num_chunks=num_chunks, min_chunks=0, answer_span=1.0)
+
+
+def tasks_by_length(cfg: SyntheticConfig, lengths: list[int], n: int, seed: int) -> dict[int, list[Task]]:
+    """{length: `n` tasks of `at_length(cfg, length)` seeded `seed`} (held-out tasks: the same for every
+    evaluated policy when the seed is one training never uses)."""
+    return {k: make_tasks(at_length(cfg, k), n, seed=seed) for k in lengths}
 
 
 def task_stream(cfg: SyntheticConfig, seed: int, start: int = 0) -> Iterator[Task]:

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 from memrl.config import check_config, valid
 from memrl.data.multiobjective import combined_question
 from memrl.data.synthetic import KEYS, VALUES
+from memrl.data.tasks_jsonl import write_tasks
 from memrl.types import Task
 
 ATTRIBUTES: dict[str, tuple[str, ...]] = {
@@ -119,6 +121,28 @@ def make_tasks(cfg: MemActTaskConfig, num_tasks: int, seed: int, prefix: str = "
                   "entities": [e.name for e in ents], "attributes": asked, "documents": docs, "index": i},
         ))
     return tasks
+
+
+@dataclass
+class MemActSplits:
+    """The task splits a MemAct run makes (each task carries its own fact sheet in meta["documents"]); the
+    RL split is on disk only (`write_splits`)."""
+
+    sft_tasks: list[Task]
+    eval_tasks: list[Task]
+
+
+def write_splits(cfg: MemActTaskConfig, data_dir: str | Path, sft: tuple[int, int], rl: tuple[int, int],
+                 heldout: tuple[int, int]) -> MemActSplits:
+    """Three splits, each (number of tasks, seed): SFT tasks (kept in memory), RL tasks
+    (data_dir/train_tasks.jsonl), held-out tasks (data_dir/heldout_tasks.jsonl); with three seeds no fact
+    sheet is shared."""
+    data_dir = Path(data_dir)
+    sft_tasks = make_tasks(cfg, sft[0], sft[1], prefix="sft")
+    write_tasks(data_dir / "train_tasks.jsonl", make_tasks(cfg, rl[0], rl[1], "rl"))
+    eval_tasks = make_tasks(cfg, heldout[0], heldout[1], prefix="heldout")
+    write_tasks(data_dir / "heldout_tasks.jsonl", eval_tasks)
+    return MemActSplits(sft_tasks, eval_tasks)
 
 
 def tokenizer_text(cfg: MemActTaskConfig, extra: tuple[str, ...] = (), repeats: int = 30) -> str:

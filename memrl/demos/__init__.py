@@ -1,10 +1,15 @@
-"""Demos: end-to-end recipes on CPU, one module per demo that chains the library's stages.
+"""Demos: end-to-end recipes on CPU, one module per demo: its configs and one function that chains the
+library's stages (the module's other functions only map its configs onto one library call each).
 
-- memagent: `memrl demo` (configs, model init, cold start on a mixture demonstrator, GRPO, evaluation).
-- memact: `memrl demo --agent memact` (copy warm-up, cold start, DCPO, evaluation).
+- memagent: `memrl demo` (model init, cold start on a mixture demonstrator, GRPO, evaluation).
+- memact: `memrl demo --agent memact` (task splits, model init, budget, copy warm-up, cold start, DCPO,
+  evaluation).
 
-The evaluation is `memrl.eval.evaluator` (the one `memrl eval` and validation use: greedy and sampled per
-length, standard errors over tasks); the tables and plots are `memrl.eval.demo_report`.
+The stages: memrl.data.synthetic / synthetic_memact (tasks), memrl.models.scratch (model init),
+memrl.demonstrators.stages (demonstrators, their demonstrations, MemAct's budget), memrl.training.cold_start
+(cold-start SFT, copy warm-up), memrl.training.trainer (RL), memrl.eval.evaluator (the one evaluator
+`memrl eval` and validation use: greedy and sampled per length, standard errors over tasks) and
+memrl.eval.demo_report (the tables and plots).
 """
 
 SHARED_SECTIONS = ("engine", "workflow")

@@ -3,9 +3,13 @@
   memrl demo --agent memact --out runs/memact_demo
   memrl demo --agent memact --out runs/m sft.epochs=2 train.trainer.steps=10 eval.num_tasks=100
 
-Steps: write the task (memrl.data.synthetic_memact: SFT / RL / held-out tasks, each with its own fact
-sheet that the agent searches with BM25) -> init a ~0.6M-parameter Qwen2 whose tokenizer is trained on the task's
-text -> cold-start SFT on the scripted agent's trajectories (memrl.demonstrators.memact: prunes late with
+This module holds the demo's configs and `run_memact_demo`, which chains the library's stages (the
+functions between them only map the configs onto one library call each): write the task splits
+(memrl.data.synthetic_memact.write_splits: SFT / RL / held-out tasks, each with its own fact sheet that
+the agent searches with BM25) -> init a ~0.6M-parameter Qwen2 whose tokenizer is trained on the task's
+text (memrl.models.scratch.init_memact_model) -> calibrate the working-context budget
+(memrl.demonstrators.stages.calibrate_budget) -> copy warm-up and cold-start SFT on the scripted agent's
+trajectories (memrl.training.cold_start; the agent, memrl.demonstrators.memact, prunes late with
 probability `sft.late_prob`), played through the real memact workflow, so the SFT rows are the workflow's
 segments -> DCPO (preset memact_dcpo_cpu) -> the same held-out evaluation of the SFT and the SFT+DCPO
 policy: greedy and sampled (one sample per task, temperature `eval.temperature`), accuracy (all
@@ -20,19 +24,27 @@ the DCPO config's sections, which the demo's cold start and evaluations use too)
 
 from __future__ import annotations
 
-import logging
-import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from memrl.config import valid
-from memrl.data.synthetic_memact import MemActTaskConfig
+from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_splits
+from memrl.demonstrators.stages import calibrate_budget, memact_demonstrations
 from memrl.demos import split_overrides
-from memrl.quiet import hf_progress_off
+from memrl.eval.evaluator import EngineRollout, evaluate_memact, memact_summary_of, model_engine
+from memrl.models.scratch import init_memact_model
+from memrl.models.tiny import ModelPreset
+from memrl.training.cold_start import copy_warmup as copy_warmup_stage
+from memrl.training.cold_start import memact_cold_start
+from memrl.training.sft import SFTConfig
+from memrl.workflows import get_workflow
 
-log = logging.getLogger(__name__)
+__all__ = ["DemoData", "MemActDemoConfig", "MemActDemoEval", "MemActDemoModel", "MemActDemoSFT", "calibrate_budget",
+           "cold_start", "copy_warmup", "demonstrations", "evaluate", "init_model", "load_configs", "run_memact_demo",
+           "summarize_groups", "write_data"]
+
 
 @dataclass
 class MemActDemoModel:
@@ -137,168 +149,52 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[MemActDemoC
     return cfg, tcfg, out, workflow
 
 
-# ---------------------------------------------------------------------------------------------- data
+# ------------------------------------------------------------------ the demo's configs on the library's stages
+# (one call each; benchmarks/ and tests call them by these names)
+
+DemoData = MemActSplits
+"""The tasks the demo made (memrl.data.synthetic_memact.MemActSplits)."""
 
 
-@dataclass
-class DemoData:
-    """The tasks the demo made (each carries its own fact sheet in meta["documents"])."""
-
-    sft_tasks: list[Any]
-    eval_tasks: list[Any]
-
-
-def write_data(cfg: MemActDemoConfig, data_dir: Path) -> DemoData:
-    """SFT tasks (kept in memory), DCPO tasks (data/train_tasks.jsonl), held-out tasks
-    (data/heldout_tasks.jsonl); three seeds, so no fact sheet is shared."""
-    from memrl.data.synthetic_memact import make_tasks
-    from memrl.data.tasks_jsonl import write_tasks
-
-    t = cfg.task
-    sft_tasks = make_tasks(t, cfg.sft.num_tasks, cfg.sft.seed, prefix="sft")
-    write_tasks(data_dir / "train_tasks.jsonl", make_tasks(t, cfg.rl_tasks, cfg.rl_task_seed, "rl"))
-    eval_tasks = make_tasks(t, cfg.eval.num_tasks, cfg.eval.seed, prefix="heldout")
-    write_tasks(data_dir / "heldout_tasks.jsonl", eval_tasks)
-    return DemoData(sft_tasks, eval_tasks)
-
-
-# ---------------------------------------------------------------------------------------------- model
+def write_data(cfg: MemActDemoConfig, data_dir: Path) -> MemActSplits:
+    """SFT tasks (in memory), DCPO tasks (data/train_tasks.jsonl), held-out tasks (data/heldout_tasks.jsonl)."""
+    return write_splits(cfg.task, data_dir, sft=(cfg.sft.num_tasks, cfg.sft.seed),
+                        rl=(cfg.rl_tasks, cfg.rl_task_seed), heldout=(cfg.eval.num_tasks, cfg.eval.seed))
 
 
 def init_model(cfg: MemActDemoConfig, wf_cfg: Any, sample_tasks: list[Any], out: Path) -> tuple[Any, Any]:
-    """(tokenizer, model): BPE trained on the task's text (compact-tools ChatML), a seeded Qwen2 from scratch."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
-
-    from memrl.data.synthetic_memact import tokenizer_text
-    from memrl.demonstrators.memact import answer_reply, prune_reply, search_reply
-    from memrl.models.tiny import CHAT_TEMPLATE_COMPACT_TOOLS, ModelPreset, qwen2_config, train_tokenizer
-    from memrl.workflows.memact import answer_format
-
-    sys_tpl, user_tpl = wf_cfg.templates(True)
-    extra = [sys_tpl.render(), "tools: search prune_context",
-             "Removed r1, r2, r3. Your memory note stays in your prune_context call above."]
-    for task in sample_tasks[:40]:
-        names, attrs = task.meta["entities"], task.meta["attributes"]
-        instruction = wf_cfg.answer_instruction if wf_cfg.answer_instruction is not None else answer_format(task)
-        extra.append(user_tpl.render(question=task.question, answer_format=instruction))
-        extra += [search_reply(a, n, cfg.sft.search_topk) for a, n in zip(attrs, names, strict=True)]
-        extra.append(prune_reply([(n, a, v) for n, a, v in zip(names, attrs, task.answers, strict=True)],
-                                 ["r1", "r2"]))
-        extra.append(answer_reply(task.answers))
-    # Two passes: a first tokenizer plays the scripted agent on a few tasks, whose whole working contexts
-    # (chat markers, tool results, the workflow's own messages) join the text the final tokenizer learns.
+    """(tokenizer, model): memrl.models.scratch.init_memact_model at the `model.*` shape."""
     m = cfg.model
-    corpus = out / "tokenizer_corpus.txt"
-    corpus.write_text(tokenizer_text(cfg.task, tuple(extra * 10)), encoding="utf-8")
-    tok = train_tokenizer([corpus], m.vocab_size, cfg.seed)
-    tok.chat_template = CHAT_TEMPLATE_COMPACT_TOOLS
-    big = replace(wf_cfg, max_context_tokens=10**9)
-    seen = [tok.decode(s.prompt_ids + s.response_ids) for g in demonstrations(sample_tasks[:60], tok, big, 0.5, 0, cfg.sft.search_topk)
-            for s in g.trajectories[0].segments]
-    corpus.write_text(tokenizer_text(cfg.task, tuple(extra * 10 + seen * 10)), encoding="utf-8")
-    tok = train_tokenizer([corpus], m.vocab_size, cfg.seed)
-    tok.chat_template = CHAT_TEMPLATE_COMPACT_TOOLS
-    tok.model_max_length = m.max_positions
-    init_dir = out / "init"
-    tok.save_pretrained(init_dir)
-    shape = ModelPreset(m.vocab_size, m.hidden_size, 2 * m.hidden_size, m.num_layers, m.num_heads,
-                        m.num_kv_heads, max_position_embeddings=m.max_positions)
-    torch.manual_seed(cfg.seed)
-    with hf_progress_off():
-        Qwen2ForCausalLM(qwen2_config(shape, len(tok), tok.eos_token_id, tok.pad_token_id)).save_pretrained(init_dir)
-        return AutoTokenizer.from_pretrained(init_dir), AutoModelForCausalLM.from_pretrained(init_dir)
-
-
-# ---------------------------------------------------------------------------------------------- budget
-
-
-def calibrate_budget(tasks: list[Any], tokenizer: Any, wf_cfg: Any, topk: int = 2) -> int:
-    """The largest prompt of the flawless scripted agent (late_prob 0) on `tasks`; raises ValueError when a
-    prompt holding three search results (late_prob 1) would fit in it too, so pruning would not be needed."""
-    big = replace(wf_cfg, max_context_tokens=10**9)
-    two = [g.trajectories[0] for g in demonstrations(tasks, tokenizer, big, 0.0, 0, topk)]
-    budget = int(max(t.metrics["peak_context_tokens"] for t in two))
-    three = [g.trajectories[0] for g in demonstrations(tasks, tokenizer, big, 1.0, 0, topk)]
-    over = [t.metrics["peak_context_tokens"] for t in three if t.metrics["searches"] >= 3]
-    if not over or min(over) <= budget:
-        raise ValueError(f"context budget {budget}: a prompt with three search results has "
-                         f"{min(over, default=0):.0f} tokens and fits; the task would not need pruning")
-    return budget
-
-
-# ---------------------------------------------------------------------------------------------- cold start
-
-
-def demonstrations(tasks: list[Any], tokenizer: Any, wf_cfg: Any, late_prob: float, seed: int,
-                   topk: int = 2) -> list[Any]:
-    """The scripted agent's trajectories (one Group per task), played through the memact workflow by
-    ScriptedEngine: their segments are the SFT rows, built exactly as RL builds its rows."""
-    from memrl.demonstrators import ScriptedEngine
-    from memrl.demonstrators.memact import MemActDemonstrator
-    from memrl.workflows import get_workflow
-    from memrl.workflows.runner import rollout_sync
-
-    script = MemActDemonstrator(late_prob=late_prob, seed=seed, topk=topk)
-    wf = replace(wf_cfg, no_prune_prob=0.0, prune_tool=True)
-    return rollout_sync(tasks, get_workflow("memact"), ScriptedEngine(script, tokenizer=tokenizer), wf, n=1,
-                        concurrency=256, seed=seed)
+    shape = ModelPreset(m.vocab_size, m.hidden_size, 2 * m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads,
+                        max_position_embeddings=m.max_positions)
+    return init_memact_model(out, cfg.task, wf_cfg, sample_tasks, shape, m.vocab_size, cfg.seed, cfg.sft.search_topk)
 
 
 def copy_warmup(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, out: Path) -> list[float]:
-    """Train `model` to copy by content on repeated random sequences over its whole vocabulary (special tokens
-    aside); returns the losses."""
-    from memrl.training.sft import SFTConfig, copy_warmup_segments, sft_train_logged
-
-    special = set(tokenizer.all_special_ids)
-    ids = [i for i in range(len(tokenizer)) if i not in special]
-    batch = 4 * cfg.sft.batch_rows
-    rows = copy_warmup_segments(ids, cfg.sft.copy_warmup_steps * batch, block=batch, seed=cfg.seed)
-    scfg = SFTConfig(epochs=1, batch_rows=batch, lr=cfg.sft.lr, warmup_steps=20, lr_floor=1.0, shuffle=False,
-                     seed=cfg.seed)
-    losses = sft_train_logged(model, tokenizer, rows, scfg, out / "copy_warmup", desc="copy warm-up",
-                              progress=tcfg.trainer.progress, tensorboard=False)
-    print(f"copy warm-up: {len(losses)} steps over {len(ids)} tokens, loss {losses[0]:.2f} -> "
-          f"{sum(losses[-20:]) / len(losses[-20:]):.3f} (mean of the last 20; chance {math.log(len(ids)):.2f})")
-    return losses
+    """memrl.training.cold_start.copy_warmup: `sft.copy_warmup_steps` steps of 4 x `sft.batch_rows` rows."""
+    return copy_warmup_stage(model, tokenizer, cfg.sft.copy_warmup_steps, 4 * cfg.sft.batch_rows, cfg.sft.lr,
+                             cfg.seed, out / "copy_warmup", progress=tcfg.trainer.progress)
 
 
 def cold_start(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any],
                out: Path) -> tuple[list[float], dict[str, float]]:
-    """SFT on the demonstrations' segments; saves the model to out/sft. Returns (losses, demo statistics)."""
-    from memrl.training.sft import SFTConfig, sft_train_logged
-
-    groups = demonstrations(tasks, tokenizer, wf_cfg, cfg.sft.late_prob, cfg.sft.seed, cfg.sft.search_topk)
-    segments = [s for g in groups for s in g.trajectories[0].segments]
-    stats = summarize_groups(groups)
-    print(f"cold start: {len(segments)} rows from {len(groups)} scripted trajectories (its accuracy "
-          f"{stats['accuracy']:.1f}%, prunes/task {stats['prunes_per_task']:.2f}, overflow {stats['overflow']:.1f}%)")
-    scfg = SFTConfig(epochs=cfg.sft.epochs, batch_rows=cfg.sft.batch_rows, lr=cfg.sft.lr,
-                     warmup_steps=cfg.sft.warmup_steps, seed=cfg.seed)
-    losses = sft_train_logged(model, tokenizer, segments, scfg, out / "sft", progress=tcfg.trainer.progress,
-                              tensorboard=False, save_dir=out / "sft")
-    return losses, stats
-
-
-# ---------------------------------------------------------------------------------------------- evaluation
-
-
-def summarize_groups(groups: list[Any]) -> dict[str, float]:
-    """The demo's statistics of one-trajectory groups (memrl.eval.evaluator.memact_summary_of)."""
-    from memrl.eval.evaluator import memact_summary_of
-
-    return memact_summary_of(groups)
+    """memrl.training.cold_start.memact_cold_start; saves the model to out/sft. Returns (losses, statistics)."""
+    s = cfg.sft
+    scfg = SFTConfig(epochs=s.epochs, batch_rows=s.batch_rows, lr=s.lr, warmup_steps=s.warmup_steps, seed=cfg.seed)
+    return memact_cold_start(model, tokenizer, tasks, wf_cfg, scfg, out / "sft", late_prob=s.late_prob, seed=s.seed,
+                             topk=s.search_topk, progress=tcfg.trainer.progress)
 
 
 def evaluate(model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any], temperature: float,
              seed: int, engine_cfg: Any = None, model_dir: str | Path = "") -> dict[str, dict[str, float]]:
     """{"greedy": summary, "sampled": summary} of the policy on the held-out tasks (each searching its own
     fact sheet): memrl.eval.evaluator.evaluate_memact through the engine `engine_cfg` names."""
-    from memrl.eval.evaluator import EngineRollout, evaluate_memact, model_engine
-    from memrl.workflows import get_workflow
-
     with model_engine(model, tokenizer, engine_cfg, model_dir) as engine:
         return evaluate_memact(EngineRollout(engine, get_workflow("memact")), wf_cfg, tasks, temperature, seed)
+
+
+demonstrations = memact_demonstrations
+summarize_groups = memact_summary_of
 
 
 # ---------------------------------------------------------------------------------------------- the demo

@@ -1,30 +1,36 @@
-"""The MemAgent demo recipe: configs, model init, cold-start SFT, RL, and the held-out evaluations.
+"""The MemAgent demo recipe: its configs, and `run_demo`, which chains the library's stages.
 
-`memrl demo` (memrl/commands/demo.py) is a thin driver over `run_demo`. Steps: init a ~0.8M-parameter
-Qwen2 whose tokenizer is trained on the synthetic task's text -> cold-start SFT on a mixture
-demonstrator (per memory step the optimal `QuestionAwareRule` with probability `sft.p_aware`, the
-question-blind `RecentFactsRule` otherwise) -> multi-conversation GRPO on the MemAgent workflow -> the
-demonstrator, the cold start and SFT+RL evaluated with one protocol (held-out tasks at 1x, 4x, 16x the
-training length; greedy and sampled) -> a results dict that `memrl.eval.demo_report` renders
-(`write_memagent_outputs`: results.md, results.json, the plots).
+`memrl demo` (memrl/commands/demo.py) is a thin driver over `run_demo`. Stages: init a ~0.8M-parameter
+Qwen2 whose tokenizer is trained on the synthetic task's text (memrl.models.scratch) -> cold-start SFT on a
+mixture demonstrator (memrl.demonstrators.stages.mixture_rule: per memory step the optimal
+`QuestionAwareRule` with probability `sft.p_aware`, the question-blind `RecentFactsRule` otherwise;
+memrl.training.cold_start) -> multi-conversation GRPO on the MemAgent workflow (memrl.training.trainer)
+-> the demonstrator, the cold start and SFT+RL evaluated with one protocol (held-out tasks at 1x, 4x, 16x
+the training length; greedy and sampled; memrl.eval.evaluator) -> a results dict that
+`memrl.eval.demo_report` renders (`write_memagent_outputs`: results.md, results.json, the plots).
+The functions between the configs and `run_demo` only map the demo's configs onto one library call each.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from memrl.config import valid
+from memrl.data.synthetic import make_tasks, tasks_by_length
+from memrl.demonstrators.stages import evaluate_rule, mixture_rule, reading_segments
 from memrl.demos import split_overrides
 from memrl.eval.evaluator import EngineRollout, EvalProtocol, evaluate_policy, model_engine, results_to_json
-from memrl.quiet import encode_document, hf_progress_off
+from memrl.models.scratch import init_memagent_model
+from memrl.models.tiny import ModelPreset
+from memrl.training.cold_start import memagent_cold_start
+from memrl.training.sft import SFTConfig
 
-log = logging.getLogger(__name__)
-
-
+__all__ = ["DemoConfig", "DemoEval", "DemoSFT", "cold_start", "demonstrator", "evaluate_demonstrator",
+           "evaluate_model", "heldout_tasks", "init_model", "load_demo_configs", "protocol", "reading_segments",
+           "run_demo"]
 @dataclass
 class DemoSFT:
     """Cold start: demonstrations from a mixture of the optimal and the question-blind rule."""
@@ -130,154 +136,63 @@ def load_demo_configs(overrides: list[str], out_dir: str | Path) -> tuple[DemoCo
     return cfg, tcfg, out, workflow
 
 
+def protocol(cfg: DemoConfig) -> EvalProtocol:
+    """The held-out protocol every policy is evaluated under (greedy and/or `eval.samples` per task)."""
+    return EvalProtocol(greedy=cfg.eval.greedy, samples=cfg.eval.samples, temperature=cfg.eval.temperature,
+                        seed=cfg.eval.seed)
+
+
+# ------------------------------------------------------------------ the demo's configs on the library's stages
+# (one call each; benchmarks/ and tests call them by these names)
+
+
 def eval_lengths(cfg: DemoConfig, tcfg: Any) -> list[int]:
     """Evaluated lengths in chunks: the training length (longest training document) x each multiplier."""
     return [tcfg.data.synthetic.num_chunks * m for m in cfg.eval.multipliers]
 
 
-def eval_synthetic(syn: Any, num_chunks: int) -> Any:
-    """The evaluation's task shape at `num_chunks`: the training config's pieces and facts, every document
-    exactly that long, the asked fact anywhere (training-only curricula such as `answer_span` off)."""
-    return replace(syn, num_chunks=num_chunks, min_chunks=0, answer_span=1.0)
-
-
 def heldout_tasks(cfg: DemoConfig, tcfg: Any) -> dict[int, list[Any]]:
     """{length: the held-out tasks of that length}, the same for every evaluated policy."""
-    from memrl.data.synthetic import make_tasks
-
-    return {n: make_tasks(eval_synthetic(tcfg.data.synthetic, n), cfg.eval.num_tasks, seed=cfg.eval.seed)
-            for n in eval_lengths(cfg, tcfg)}
-
-
-def protocol(cfg: DemoConfig) -> EvalProtocol:
-    return EvalProtocol(greedy=cfg.eval.greedy, samples=cfg.eval.samples, temperature=cfg.eval.temperature,
-                        seed=cfg.eval.seed)
+    return tasks_by_length(tcfg.data.synthetic, eval_lengths(cfg, tcfg), cfg.eval.num_tasks, cfg.eval.seed)
 
 
 def demonstrator(cfg: DemoConfig, tcfg: Any, wf_cfg: Any, seed: int, p_aware: float | None = None) -> Any:
-    """The cold start's scripted demonstrator (a `MixtureRule`; p_aware 0 plays `RecentFactsRule` exactly)."""
-    from memrl.demonstrators import MixtureRule
+    """The cold start's scripted demonstrator (memrl.demonstrators.stages.mixture_rule with `sft.*`)."""
+    s = cfg.sft
+    return mixture_rule(wf_cfg, seed=seed, p_aware=s.p_aware if p_aware is None else p_aware, budget=s.budget,
+                        skip_prob=s.skip_prob, unanswerable_text=s.unanswerable_text,
+                        fact_sep=tcfg.data.synthetic.fact_sep, restate_key=s.restate_key, restate_sep=s.restate_sep,
+                        keep_distractors=s.keep_distractors)
 
-    mem_tpl, fin_tpl = wf_cfg.templates()
-    return MixtureRule(mem_tpl.text, fin_tpl.text, budget=cfg.sft.budget, skip_prob=cfg.sft.skip_prob,
-                       no_memory_text=wf_cfg.no_memory_text, seed=seed,
-                       unanswerable_text=cfg.sft.unanswerable_text or None, fact_sep=tcfg.data.synthetic.fact_sep,
-                       restate_key=cfg.sft.restate_key, restate_sep=cfg.sft.restate_sep,
-                       p_aware=cfg.sft.p_aware if p_aware is None else p_aware,
-                       keep_distractors=cfg.sft.keep_distractors)
+
+def init_model(cfg: DemoConfig, tcfg: Any, out: Path, wf_cfg: Any) -> tuple[Any, Any]:
+    """(tokenizer, model): memrl.models.scratch.init_memagent_model at the "micro" shape or a tiny preset."""
+    shape = ModelPreset(cfg.vocab_size, cfg.hidden_size, 2 * cfg.hidden_size, cfg.num_layers, cfg.num_heads,
+                        cfg.num_kv_heads, max_position_embeddings=4096) if cfg.model_preset == "micro" \
+        else cfg.model_preset
+    return init_memagent_model(out, tcfg.data.synthetic, wf_cfg, shape, cfg.vocab_size, cfg.seed,
+                               restate_key=cfg.sft.restate_key, restate_sep=cfg.sft.restate_sep,
+                               unanswerable_text=cfg.sft.unanswerable_text)
+
+
+def cold_start(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, out: Path) -> list[float]:
+    """memrl.training.cold_start.memagent_cold_start on `sft.num_tasks` tasks (seed `sft_seed`); saves the
+    model to out/sft and returns the per-step losses."""
+    syn, s = tcfg.data.synthetic, cfg.sft
+    reading = make_tasks(syn, s.reading_tasks, seed=cfg.sft_seed + 1) if s.reading_tasks else None
+    scfg = SFTConfig(epochs=s.epochs, batch_rows=s.batch_rows, lr=s.lr, warmup_steps=s.warmup_steps, seed=cfg.seed)
+    return memagent_cold_start(model, tokenizer, demonstrator(cfg, tcfg, wf_cfg, seed=cfg.seed),
+                               make_tasks(syn, s.num_tasks, seed=cfg.sft_seed), wf_cfg, scfg, out / "sft",
+                               reading_tasks=reading, progress=tcfg.trainer.progress,
+                               tensorboard=tcfg.trainer.tensorboard)
 
 
 def evaluate_demonstrator(cfg: DemoConfig, tcfg: Any, spec: Any, wf_cfg: Any, tokenizer: Any,
                           tasks_by_length: dict[int, list[Any]]) -> dict[int, dict[str, Any]]:
-    """The demonstrator's own accuracy: the scripted mixture through the same workflow and tasks, sampled
-    (`eval.samples` per task; a fresh rule seeded with eval.seed, not the one that recorded the SFT data)."""
-    from memrl.demonstrators import ScriptedEngine
-
-    rule = demonstrator(cfg, tcfg, wf_cfg, seed=cfg.eval.seed)
-    proto = replace(protocol(cfg), greedy=False)
-    out = {}
-    for n, tasks in tasks_by_length.items():  # a fresh engine per length: it records every call
-        rollout = EngineRollout(ScriptedEngine(rule, tokenizer=tokenizer), spec)
-        out.update(evaluate_policy(rollout, wf_cfg, {n: tasks}, proto, log=print))
-    return out
-
-
-def init_model(cfg: DemoConfig, tcfg: Any, out: Path, wf_cfg: Any) -> tuple[Any, Any]:
-    """(tokenizer, model): a fresh model whose tokenizer is trained on the task's own text."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from memrl.data.synthetic import corpus_text, make_task
-    from memrl.models.tiny import init_tiny_model
-
-    mem_tpl, fin_tpl = wf_cfg.templates()
-    syn = tcfg.data.synthetic
-    sample = make_task(syn, seed=0, index=0)
-    question = sample.question
-    filled = [mem_tpl.render(problem=question, memory=wf_cfg.no_memory_text, chunk=" the"),
-              fin_tpl.render(problem=question, memory="Kalo is red")]
-    if cfg.sft.restate_key:
-        from memrl.data.synthetic import memory_text
-
-        filled.append(memory_text([("Kalo", "red")], topic="Linka", topic_sep=cfg.sft.restate_sep))
-    if cfg.sft.unanswerable_text:
-        filled.append(f"\\boxed{{ {cfg.sft.unanswerable_text}}}")
-    corpus = out / "tokenizer_corpus.txt"
-    corpus.write_text(corpus_text(seed=cfg.seed, extra=tuple(filled * 50)), encoding="utf-8")
-    init_dir = out / "init"
-    if cfg.model_preset == "micro":
-        import torch
-        from transformers import Qwen2ForCausalLM
-
-        from memrl.models.tiny import ModelPreset, qwen2_config, train_tokenizer
-
-        tok = train_tokenizer([corpus], cfg.vocab_size, cfg.seed)
-        tok.save_pretrained(init_dir)
-        shape = ModelPreset(cfg.vocab_size, cfg.hidden_size, 2 * cfg.hidden_size, cfg.num_layers, cfg.num_heads,
-                            cfg.num_kv_heads, max_position_embeddings=4096)
-        torch.manual_seed(cfg.seed)
-        with hf_progress_off():
-            Qwen2ForCausalLM(qwen2_config(shape, len(tok), tok.eos_token_id, tok.pad_token_id)).save_pretrained(init_dir)
-    else:
-        init_tiny_model(init_dir, preset=cfg.model_preset, corpus=[corpus], seed=cfg.seed,
-                        vocab_size=cfg.vocab_size)
-    tokenizer = AutoTokenizer.from_pretrained(init_dir)
-    with hf_progress_off():
-        model = AutoModelForCausalLM.from_pretrained(init_dir)
-    # Chunks must line up with the task's pieces: every word one token.
-    n_tok = len(encode_document(tokenizer, sample.context))
-    want = sample.meta["num_chunks"] * syn.chunk_words
-    if n_tok != want:
-        log.warning("synthetic pieces are %d tokens, expected %d: chunks will not align with facts", n_tok, want)
-    if wf_cfg.chunk_tokens != syn.chunk_words:
-        log.warning("workflow chunk_tokens=%d but synthetic chunk_words=%d", wf_cfg.chunk_tokens, syn.chunk_words)
-    return tokenizer, model
-
-
-def cold_start(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, out: Path) -> list[float]:
-    """SFT on the demonstrator's traces (recorded through the workflow, so SFT rows are RL's rows); saves
-    the model to out/sft and returns the per-step losses."""
-    from memrl.data.synthetic import make_tasks
-    from memrl.demonstrators import ScriptedEngine
-    from memrl.training.sft import SFTConfig, sft_train_logged
-    from memrl.workflows import get_workflow
-    from memrl.workflows.runner import rollout_sync
-
-    _, fin_tpl = wf_cfg.templates()
-    rule = demonstrator(cfg, tcfg, wf_cfg, seed=cfg.seed)
-    tasks = make_tasks(tcfg.data.synthetic, cfg.sft.num_tasks, seed=cfg.sft_seed)
-    groups = rollout_sync(tasks, get_workflow("memagent"), ScriptedEngine(rule, tokenizer=tokenizer), wf_cfg, n=1)
-    segments = [s for g in groups for s in g.segments()]
-    rule_acc = sum(g.rewards[0] for g in groups) / len(groups)
-    share = rule.aware_steps / max(1, rule.memory_steps)
-    print(f"SFT: {len(segments)} rows from {len(groups)} demonstrations (p_aware {cfg.sft.p_aware}: "
-          f"{100 * share:.1f}% of {rule.memory_steps} memory steps question-aware; the demonstrator's own "
-          f"accuracy {100 * rule_acc:.1f}%)")
-    if cfg.sft.reading_tasks:
-        reading = reading_segments(make_tasks(tcfg.data.synthetic, cfg.sft.reading_tasks, seed=cfg.sft_seed + 1),
-                                   tokenizer, fin_tpl)
-        segments += reading
-        print(f"SFT: + {len(reading)} reading-comprehension rows (answer from the whole document)")
-    scfg = SFTConfig(epochs=cfg.sft.epochs, batch_rows=cfg.sft.batch_rows, lr=cfg.sft.lr,
-                     warmup_steps=cfg.sft.warmup_steps, seed=cfg.seed)
-    losses = sft_train_logged(model, tokenizer, segments, scfg, out / "sft", progress=tcfg.trainer.progress,
-                              tensorboard=tcfg.trainer.tensorboard, save_dir=out / "sft")
-    return losses
-
-
-def reading_segments(tasks: list[Any], tokenizer: Any, final_template: Any) -> list[Any]:
-    """One row per task: the final-answer prompt with the WHOLE document as the memory, answered with the
-    boxed gold answer (reading comprehension; no memory decision is shown)."""
-    from memrl.types import Segment
-    from memrl.workflows.templates import chat_prompt
-
-    out = []
-    for t in tasks:
-        _, prompt_ids = chat_prompt(tokenizer, final_template.render(problem=t.question, memory=t.context.strip()))
-        resp = list(tokenizer.encode(f"\\boxed{{ {t.answers[0]}}}", add_special_tokens=False))
-        resp.append(tokenizer.eos_token_id)
-        out.append(Segment(prompt_ids=prompt_ids, response_ids=resp, response_logprobs=[0.0] * len(resp),
-                           step=0, info={"kind": "reading"}, task_id=t.task_id))
-    return out
+    """The demonstrator's own accuracy through the same workflow and tasks, sampled (`eval.samples` per task;
+    a fresh rule seeded with eval.seed, not the one that recorded the SFT data)."""
+    return evaluate_rule(demonstrator(cfg, tcfg, wf_cfg, seed=cfg.eval.seed), tokenizer, spec, wf_cfg,
+                         tasks_by_length, replace(protocol(cfg), greedy=False))
 
 
 def evaluate_model(cfg: DemoConfig, tcfg: Any, spec: Any, wf_cfg: Any, model: Any, tokenizer: Any,
@@ -285,6 +200,9 @@ def evaluate_model(cfg: DemoConfig, tcfg: Any, spec: Any, wf_cfg: Any, model: An
     """Greedy and sampled held-out evaluation of `model` through the RL config's engine."""
     with model_engine(model, tokenizer, tcfg.engine, model_dir) as engine:
         return evaluate_policy(EngineRollout(engine, spec), wf_cfg, tasks_by_length, protocol(cfg), log=print)
+
+
+# ---------------------------------------------------------------------------------------------- the recipe
 
 
 def run_demo(cfg: DemoConfig, tcfg: Any, out: Path, workflow: tuple[Any, Any]) -> dict[str, Any]:

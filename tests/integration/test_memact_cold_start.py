@@ -63,7 +63,7 @@ def _cfg(model, out, data, budget, **extra) -> TrainConfig:
 
 
 def _budget(tokenizer, tasks):
-    from memrl.demos.memact import calibrate_budget
+    from memrl.demonstrators.stages import calibrate_budget
     from memrl.workflows.memact import MemActConfig
 
     return calibrate_budget(tasks, tokenizer, MemActConfig(retriever_scope="task", max_turn_tokens=96))
@@ -72,7 +72,7 @@ def _budget(tokenizer, tasks):
 def test_sft_rows_equal_the_rl_rows_of_the_same_trajectory(tiny_path, task_files, tmp_path):
     from transformers import AutoTokenizer
 
-    from memrl.demos.memact import demonstrations
+    from memrl.demonstrators.stages import memact_demonstrations as demonstrations
     from memrl.workflows.memact import MemActConfig
 
     d, tasks = task_files
@@ -147,7 +147,7 @@ def test_dcpo_step_on_memact_trains_exactly_the_selected_segments(tiny_path, tas
 def test_late_scripted_agent_overflows_the_budget(tiny_path, task_files):
     from transformers import AutoTokenizer
 
-    from memrl.demos.memact import demonstrations
+    from memrl.demonstrators.stages import memact_demonstrations as demonstrations
     from memrl.workflows.memact import MemActConfig
 
     d, tasks = task_files

@@ -46,7 +46,7 @@ def _build_searcher(out: Path) -> None:
     from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks
     from memrl.data.tasks_jsonl import write_tasks
     from memrl.demonstrators.memact import search_reply
-    from memrl.demos.memact import demonstrations
+    from memrl.demonstrators.stages import memact_demonstrations as demonstrations
     from memrl.models.tiny import CHAT_TEMPLATE_COMPACT_TOOLS, ModelPreset, cached_tiny_model, qwen2_config
     from memrl.training.sft import SFTConfig, sft_train
     from memrl.types import Segment

@@ -147,3 +147,19 @@ def test_late_share_over_many_prompts_matches_late_prob():
     agent = MemActDemonstrator(late_prob=0.6, seed=0)
     late = sum(agent(HEAD + R1 + R2 + f"<pad{i}>") == search_reply("food", "Tovi") for i in range(2000))
     assert abs(late / 2000 - 0.6) < 0.035  # binomial s.e. 0.011
+
+
+def test_write_splits_keeps_sft_in_memory_and_writes_rl_and_heldout(tmp_path):
+    from memrl.data.synthetic_memact import write_splits
+    from memrl.data.tasks_jsonl import load_task_file
+
+    cfg = MemActTaskConfig()
+    splits = write_splits(cfg, tmp_path / "data", sft=(3, 500), rl=(4, 100), heldout=(2, 987654))
+    assert [t.task_id for t in splits.sft_tasks] == ["sft500-0", "sft500-1", "sft500-2"]
+    assert splits.sft_tasks == make_tasks(cfg, 3, 500, prefix="sft")
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["heldout_tasks.jsonl", "train_tasks.jsonl"]
+    rl = load_task_file(tmp_path / "data" / "train_tasks.jsonl")
+    assert [t.task_id for t in rl] == ["rl100-0", "rl100-1", "rl100-2", "rl100-3"]
+    assert [t.task_id for t in splits.eval_tasks] == ["heldout987654-0", "heldout987654-1"]
+    held = load_task_file(tmp_path / "data" / "heldout_tasks.jsonl")
+    assert [(t.question, t.answers) for t in held] == [(t.question, t.answers) for t in splits.eval_tasks]

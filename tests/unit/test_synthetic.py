@@ -246,3 +246,15 @@ def test_answer_span_puts_the_fact_early_and_leaves_the_default_stream_alone():
     assert [t.context for t in make_tasks(same, 200, seed=5)] == [d.context for d in default]
     with pytest.raises(ValueError, match="answer_span"):
         SyntheticConfig(answer_span=0.0)
+
+
+def test_tasks_by_length_are_full_length_documents_with_the_fact_anywhere():
+    from memrl.data.synthetic import at_length, tasks_by_length
+
+    train = SyntheticConfig(num_chunks=4, min_chunks=2, chunk_words=8, answer_span=0.5)
+    assert at_length(train, 8) == SyntheticConfig(num_chunks=8, min_chunks=0, chunk_words=8, answer_span=1.0)
+    got = tasks_by_length(train, [4, 8], 3, seed=7)
+    assert list(got) == [4, 8]
+    for n, tasks in got.items():
+        assert tasks == make_tasks(at_length(train, n), 3, seed=7)
+        assert [t.meta["num_chunks"] for t in tasks] == [n] * 3

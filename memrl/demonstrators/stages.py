@@ -1,0 +1,97 @@
+"""Scripted policies as stages of a recipe: build one, record its demonstrations through a workflow (the
+SFT rows are the workflow's own segments, built exactly as RL builds its rows), calibrate MemAct's
+working-context budget with it, and evaluate it with the one evaluator.
+
+- MemAgent (synthetic task): `mixture_rule`, `record_demonstrations`, `reading_segments`, `evaluate_rule`.
+- MemAct (synthetic_memact task): `memact_demonstrations`, `calibrate_budget`.
+
+Used by the demos (memrl.demos), the cold-start stages (memrl.training.cold_start) and the model init
+(memrl.models.scratch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from memrl.demonstrators.engine import ScriptedEngine
+from memrl.demonstrators.memact import MemActDemonstrator
+from memrl.demonstrators.synthetic import MixtureRule
+from memrl.eval.evaluator import EngineRollout, evaluate_policy
+from memrl.types import Group, Segment, Task
+from memrl.workflows import get_workflow
+from memrl.workflows.runner import rollout_sync
+from memrl.workflows.templates import chat_prompt
+
+# ------------------------------------------------------------------------------------------- MemAgent
+
+
+def mixture_rule(wf_cfg: Any, *, seed: int, p_aware: float, budget: int = 1, skip_prob: float = 0.4,
+                 unanswerable_text: str | None = None, fact_sep: str | None = "is", restate_key: bool = False,
+                 restate_sep: str | None = ":", keep_distractors: bool = False) -> MixtureRule:
+    """The MemAgent cold start's scripted demonstrator on the synthetic task, in the workflow's templates
+    (a `MixtureRule`: per memory step the optimal `QuestionAwareRule` with probability `p_aware`, the
+    question-blind `RecentFactsRule` otherwise; p_aware 0 plays `RecentFactsRule` exactly)."""
+    mem_tpl, fin_tpl = wf_cfg.templates()
+    return MixtureRule(mem_tpl.text, fin_tpl.text, budget=budget, skip_prob=skip_prob,
+                       no_memory_text=wf_cfg.no_memory_text, seed=seed, unanswerable_text=unanswerable_text or None,
+                       fact_sep=fact_sep, restate_key=restate_key, restate_sep=restate_sep, p_aware=p_aware,
+                       keep_distractors=keep_distractors)
+
+
+def record_demonstrations(rule: Any, tasks: list[Task], tokenizer: Any, wf_cfg: Any,
+                          workflow: str = "memagent") -> list[Group]:
+    """The scripted `rule` played through `workflow` by ScriptedEngine, one trajectory per task."""
+    return rollout_sync(tasks, get_workflow(workflow), ScriptedEngine(rule, tokenizer=tokenizer), wf_cfg, n=1)
+
+
+def reading_segments(tasks: list[Task], tokenizer: Any, final_template: Any) -> list[Segment]:
+    """One row per task: the final-answer prompt with the WHOLE document as the memory, answered with the
+    boxed gold answer (reading comprehension; no memory decision is shown)."""
+    out = []
+    for t in tasks:
+        _, prompt_ids = chat_prompt(tokenizer, final_template.render(problem=t.question, memory=t.context.strip()))
+        resp = list(tokenizer.encode(f"\\boxed{{ {t.answers[0]}}}", add_special_tokens=False))
+        resp.append(tokenizer.eos_token_id)
+        out.append(Segment(prompt_ids=prompt_ids, response_ids=resp, response_logprobs=[0.0] * len(resp),
+                           step=0, info={"kind": "reading"}, task_id=t.task_id))
+    return out
+
+
+def evaluate_rule(rule: Any, tokenizer: Any, spec: Any, wf_cfg: Any, tasks_by_length: dict[int, list[Task]],
+                  protocol: Any, log: Any = print) -> dict[int, dict[str, Any]]:
+    """A scripted rule's accuracy through the workflow `spec` under the evaluator's `protocol`
+    (memrl.eval.evaluator.evaluate_policy), with a fresh ScriptedEngine per length (it records every
+    call); the rule's own random state runs on across the lengths."""
+    out = {}
+    for n, tasks in tasks_by_length.items():
+        rollout = EngineRollout(ScriptedEngine(rule, tokenizer=tokenizer), spec)
+        out.update(evaluate_policy(rollout, wf_cfg, {n: tasks}, protocol, log=log))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- MemAct
+
+
+def memact_demonstrations(tasks: list[Task], tokenizer: Any, wf_cfg: Any, late_prob: float, seed: int,
+                          topk: int = 2) -> list[Group]:
+    """The scripted MemAct agent's trajectories (one Group per task; `MemActDemonstrator`, pruning late with
+    probability `late_prob`), played through the memact workflow with the prune tool on."""
+    script = MemActDemonstrator(late_prob=late_prob, seed=seed, topk=topk)
+    wf = replace(wf_cfg, no_prune_prob=0.0, prune_tool=True)
+    return rollout_sync(tasks, get_workflow("memact"), ScriptedEngine(script, tokenizer=tokenizer), wf, n=1,
+                        concurrency=256, seed=seed)
+
+
+def calibrate_budget(tasks: list[Task], tokenizer: Any, wf_cfg: Any, topk: int = 2) -> int:
+    """The largest prompt of the flawless scripted agent (late_prob 0) on `tasks`; raises ValueError when a
+    prompt holding three search results (late_prob 1) would fit in it too, so pruning would not be needed."""
+    big = replace(wf_cfg, max_context_tokens=10**9)
+    two = [g.trajectories[0] for g in memact_demonstrations(tasks, tokenizer, big, 0.0, 0, topk)]
+    budget = int(max(t.metrics["peak_context_tokens"] for t in two))
+    three = [g.trajectories[0] for g in memact_demonstrations(tasks, tokenizer, big, 1.0, 0, topk)]
+    over = [t.metrics["peak_context_tokens"] for t in three if t.metrics["searches"] >= 3]
+    if not over or min(over) <= budget:
+        raise ValueError(f"context budget {budget}: a prompt with three search results has "
+                         f"{min(over, default=0):.0f} tokens and fits; the task would not need pruning")
+    return budget

@@ -1,0 +1,123 @@
+"""Tiny Qwen2 models trained from scratch on a task's own text (the demos' model init).
+
+- `fresh_qwen2`: save a tokenizer and a seeded, randomly initialised Qwen2 of a given shape; load both back.
+- `init_memagent_model`: BPE trained on the synthetic task's text and the MemAgent workflow's filled
+  templates (every word of a piece one token, so chunks line up with facts), then `fresh_qwen2` (or a
+  memrl.models.tiny preset).
+- `init_memact_model`: BPE trained in two passes on the MemAct task's text (the second pass adds whole
+  working contexts the scripted agent reaches with the first tokenizer), compact-tools chat template.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from memrl.data.synthetic import corpus_text, make_task, memory_text
+from memrl.data.synthetic_memact import tokenizer_text
+from memrl.demonstrators.memact import answer_reply, prune_reply, search_reply
+from memrl.demonstrators.stages import memact_demonstrations
+from memrl.models.tiny import (
+    CHAT_TEMPLATE_COMPACT_TOOLS,
+    ModelPreset,
+    init_tiny_model,
+    qwen2_config,
+    train_tokenizer,
+)
+from memrl.quiet import encode_document, hf_progress_off
+from memrl.types import Task
+from memrl.workflows.memact import answer_format
+
+log = logging.getLogger(__name__)
+
+
+def fresh_qwen2(init_dir: str | Path, tokenizer: Any, shape: ModelPreset, seed: int) -> tuple[Any, Any]:
+    """(tokenizer, model) loaded back from `init_dir`, where `tokenizer` and a Qwen2 of `shape` (vocabulary:
+    the tokenizer's length), initialised under torch.manual_seed(seed), are saved."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
+
+    tokenizer.save_pretrained(init_dir)
+    torch.manual_seed(seed)
+    with hf_progress_off():
+        cfg = qwen2_config(shape, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
+        Qwen2ForCausalLM(cfg).save_pretrained(init_dir)
+        return AutoTokenizer.from_pretrained(init_dir), AutoModelForCausalLM.from_pretrained(init_dir)
+
+
+def init_memagent_model(out: str | Path, syn: Any, wf_cfg: Any, shape: ModelPreset | str, vocab_size: int,
+                        seed: int, *, restate_key: bool = False, restate_sep: str | None = ":",
+                        unanswerable_text: str | None = None) -> tuple[Any, Any]:
+    """(tokenizer, model) for the MemAgent workflow `wf_cfg` on the synthetic task `syn` (a SyntheticConfig):
+    the tokenizer corpus (out/tokenizer_corpus.txt) is the task's text plus the filled templates (and the
+    restated-key memory / unanswerable answer the cold start demonstrates, when on); the model is saved to
+    out/init, of `shape` or of the memrl.models.tiny preset it names. Warns when a piece is not one token
+    per word or the workflow's chunk size is not the task's piece size."""
+    out = Path(out)
+    mem_tpl, fin_tpl = wf_cfg.templates()
+    sample = make_task(syn, seed=0, index=0)
+    question = sample.question
+    filled = [mem_tpl.render(problem=question, memory=wf_cfg.no_memory_text, chunk=" the"),
+              fin_tpl.render(problem=question, memory="Kalo is red")]
+    if restate_key:
+        filled.append(memory_text([("Kalo", "red")], topic="Linka", topic_sep=restate_sep))
+    if unanswerable_text:
+        filled.append(f"\\boxed{{ {unanswerable_text}}}")
+    corpus = out / "tokenizer_corpus.txt"
+    corpus.write_text(corpus_text(seed=seed, extra=tuple(filled * 50)), encoding="utf-8")
+    init_dir = out / "init"
+    if isinstance(shape, ModelPreset):
+        tokenizer, model = fresh_qwen2(init_dir, train_tokenizer([corpus], vocab_size, seed), shape, seed)
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        init_tiny_model(init_dir, preset=shape, corpus=[corpus], seed=seed, vocab_size=vocab_size)
+        tokenizer = AutoTokenizer.from_pretrained(init_dir)
+        with hf_progress_off():
+            model = AutoModelForCausalLM.from_pretrained(init_dir)
+    # Chunks must line up with the task's pieces: every word one token.
+    n_tok = len(encode_document(tokenizer, sample.context))
+    want = sample.meta["num_chunks"] * syn.chunk_words
+    if n_tok != want:
+        log.warning("synthetic pieces are %d tokens, expected %d: chunks will not align with facts", n_tok, want)
+    if wf_cfg.chunk_tokens != syn.chunk_words:
+        log.warning("workflow chunk_tokens=%d but synthetic chunk_words=%d", wf_cfg.chunk_tokens, syn.chunk_words)
+    return tokenizer, model
+
+
+def init_memact_model(out: str | Path, task_cfg: Any, wf_cfg: Any, sample_tasks: list[Task], shape: ModelPreset,
+                      vocab_size: int, seed: int, search_topk: int) -> tuple[Any, Any]:
+    """(tokenizer, model) for the memact workflow `wf_cfg` on the synthetic_memact task `task_cfg`: BPE
+    (out/tokenizer_corpus.txt) on the task's text, the filled templates and the scripted agent's replies
+    on the first 40 `sample_tasks`, then again with the whole working contexts the scripted agent reaches
+    on the first 60 with that first tokenizer; compact-tools ChatML, model_max_length the shape's
+    positions; the model is saved to out/init."""
+    out = Path(out)
+    sys_tpl, user_tpl = wf_cfg.templates(True)
+    extra = [sys_tpl.render(), "tools: search prune_context",
+             "Removed r1, r2, r3. Your memory note stays in your prune_context call above."]
+    for task in sample_tasks[:40]:
+        names, attrs = task.meta["entities"], task.meta["attributes"]
+        instruction = wf_cfg.answer_instruction if wf_cfg.answer_instruction is not None else answer_format(task)
+        extra.append(user_tpl.render(question=task.question, answer_format=instruction))
+        extra += [search_reply(a, n, search_topk) for a, n in zip(attrs, names, strict=True)]
+        extra.append(prune_reply([(n, a, v) for n, a, v in zip(names, attrs, task.answers, strict=True)],
+                                 ["r1", "r2"]))
+        extra.append(answer_reply(task.answers))
+    # Two passes: a first tokenizer plays the scripted agent on a few tasks, whose whole working contexts
+    # (chat markers, tool results, the workflow's own messages) join the text the final tokenizer learns.
+    corpus = out / "tokenizer_corpus.txt"
+    corpus.write_text(tokenizer_text(task_cfg, tuple(extra * 10)), encoding="utf-8")
+    tok = train_tokenizer([corpus], vocab_size, seed)
+    tok.chat_template = CHAT_TEMPLATE_COMPACT_TOOLS
+    big = replace(wf_cfg, max_context_tokens=10**9)
+    seen = [tok.decode(s.prompt_ids + s.response_ids)
+            for g in memact_demonstrations(sample_tasks[:60], tok, big, 0.5, 0, search_topk)
+            for s in g.trajectories[0].segments]
+    corpus.write_text(tokenizer_text(task_cfg, tuple(extra * 10 + seen * 10)), encoding="utf-8")
+    tok = train_tokenizer([corpus], vocab_size, seed)
+    tok.chat_template = CHAT_TEMPLATE_COMPACT_TOOLS
+    tok.model_max_length = shape.max_position_embeddings
+    return fresh_qwen2(out / "init", tok, shape, seed)
