@@ -29,7 +29,6 @@ centre-truncated to `workflow.max_context_tokens`, answered in `\\boxed{}`.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
@@ -420,10 +419,14 @@ def evaluate(
     out_dir: str | os.PathLike[str],
     cfg: EvalConfig,
     engine: Any = None,
+    runtime: Any = None,
 ) -> list[dict[str, Any]]:
     """Evaluate every file (smallest N first) into out_dir/results.jsonl; returns all rows, old and new.
 
-    `engine` may be passed in (tests, notebooks); otherwise it is built from cfg.engine and closed after.
+    Everything runs on one memrl.runtime.RolloutRuntime (one event loop, one client per service):
+    `runtime` when given (in-training validation passes the trainer's; its engine, left open), else one
+    made here over `engine` (tests, notebooks; left open) or over an engine built from cfg.engine, and
+    closed before this returns.
     """
     from memrl.config import check_config
 
@@ -470,22 +473,26 @@ def evaluate(
     if total == 0:
         return rows
 
-    own_engine = engine is None
-    if own_engine:
-        engine = make_eval_engine(cfg.engine)
+    from memrl.runtime import RolloutRuntime
+
+    own = runtime is None
+    if own:
+        own_engine = engine is None
+        runtime = RolloutRuntime(make_eval_engine(cfg.engine) if own_engine else engine, close_engine=own_engine)
     try:
         with open(results_path, "a", encoding="utf-8") as fh:
-            rows += asyncio.run(_run_all(todo, spec, wf_cfg, engine, cfg, fh, total))
+            rows += runtime.run(_run_all(todo, spec, wf_cfg, runtime.engine, cfg, fh, total, runtime.services))
     finally:
-        if own_engine:
-            asyncio.run(engine.close())
+        if own:
+            runtime.close()
     return rows
 
 
-async def _run_all(todo, spec, wf_cfg, engine, cfg: EvalConfig, fh, total: int) -> list[dict[str, Any]]:
+async def _run_all(todo, spec, wf_cfg, engine, cfg: EvalConfig, fh, total: int,
+                   services: Any = None) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
-    from memrl.workflows.runner import rollout, trajectory_rng
+    from memrl.workflows.runner import rollout, takes_services, trajectory_rng
 
     new: list[dict[str, Any]] = []
     bar = tqdm(total=total, unit="q", disable=not cfg.progress, dynamic_ncols=True)
@@ -497,10 +504,14 @@ async def _run_all(todo, spec, wf_cfg, engine, cfg: EvalConfig, fh, total: int) 
             bar.set_description(f"{ef.ident['file']} N={ef.n}" + (f" sample {k}" if cfg.samples > 1 else ""))
             acc: list[float] = []
 
-            async def timed(task: Task, eng: Any, c: Any, rng: random.Random, k: int = k) -> Trajectory:
+            async def timed(task: Task, eng: Any, c: Any, rng: random.Random, services: Any = None,
+                            k: int = k) -> Trajectory:
                 starts[task.task_id] = time.time()
                 # sample k of a task samples as the rollout runner's k-th trajectory would (k = 0: the same rng)
-                return await spec.run(task, eng, c, trajectory_rng(cfg.seed, task.task_id, k))
+                rng = trajectory_rng(cfg.seed, task.task_id, k)
+                if takes_services(spec.run):
+                    return await spec.run(task, eng, c, rng, services=services)
+                return await spec.run(task, eng, c, rng)
 
             def on_done(task: Task, traj: Trajectory, ef: EvalFile = ef, k: int = k, acc: list[float] = acc) -> None:
                 ds, n = ef.labels[task.task_id]
@@ -516,7 +527,8 @@ async def _run_all(todo, spec, wf_cfg, engine, cfg: EvalConfig, fh, total: int) 
                 bar.update(1)
 
             await rollout(tasks, dataclasses.replace(spec, run=timed), engine, wf_cfg, n=1,
-                          concurrency=cfg.concurrency, seed=cfg.seed, on_done=on_done, score=True)
+                          concurrency=cfg.concurrency, seed=cfg.seed, on_done=on_done, score=True,
+                          services=services)
     finally:
         bar.close()
     return new

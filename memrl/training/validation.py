@@ -1,6 +1,6 @@
 """Validation during training: every `trainer.val_every` steps (and before the first step with
 `val.before_train`), the current policy answers the `val.files` through `memrl.eval.runner.evaluate`,
-the very code `memrl eval` runs, on the trainer's own engine. Rows go to
+the very code `memrl eval` runs, on the trainer's own RolloutRuntime (its engine, event loop and services). Rows go to
 `<out_dir>/val/step_<k>/results.jsonl` (with its eval_config.json, so `memrl report` reads the directory),
 and the per-(dataset, N) summary of `memrl.eval.report.summarize` becomes metrics of step k:
 
@@ -92,7 +92,7 @@ def run_validation(trainer: Any, step: int) -> dict[str, float]:
     out = Path(trainer.out) / VAL_DIR / f"step_{step}"
     shutil.rmtree(out, ignore_errors=True)  # a redone step (resume) validates afresh
     ecfg = eval_config(cfg)
-    rows = evaluate(cfg.val.files, out, ecfg, engine=trainer.engine)
+    rows = evaluate(cfg.val.files, out, ecfg, runtime=trainer.runtime)  # the run's loop, engine and services
     return val_metrics(rows)
 
 

@@ -1,4 +1,4 @@
-"""Workflows: `async def run(task, engine, cfg, rng) -> Trajectory`, registered by name.
+"""Workflows: `async def run(task, engine, cfg, rng[, services]) -> Trajectory`, registered by name.
 
 Every command spells a workflow's settings the same way: `workflow=<name>` (or `workflow.name=<name>`)
 chooses it and `workflow.<field>=value` sets a field of its config dataclass; `parse_workflow` turns that
@@ -17,15 +17,21 @@ from memrl.types import Task, Trajectory
 
 @dataclass(frozen=True)
 class WorkflowSpec:
-    """A registered workflow: its run function, its config dataclass and its outcome reward.
+    """A registered workflow: its run function, its config dataclass, its outcome reward and (optionally)
+    its step rewards.
 
-    `reward` returns a float or an awaitable of one (a judge service); callers use `score_trajectory`.
+    `run(task, engine, cfg, rng[, services])` generates only. `reward(task, traj[, services])` returns a
+    float or a memrl.types.Score, or an awaitable of one (an LLM judge); `step_rewards(task, traj)` returns
+    one value (or None) per segment. Both are pure (they write nothing onto the trajectory): callers use
+    memrl.workflows.runner.score_trajectory / score_groups, which return Scores. A function with a
+    `services` parameter gets the run's memrl.runtime.Services (retriever and judge clients).
     """
 
     name: str
     run: Callable[..., Awaitable[Trajectory]]
     config_cls: type
-    reward: Callable[[Task, Trajectory], float | Awaitable[float]]
+    reward: Callable[..., Any]
+    step_rewards: Callable[[Task, Trajectory], list[float | None]] | None = None
 
 
 _REGISTRY: dict[str, Callable[[], WorkflowSpec]] = {}
@@ -98,7 +104,7 @@ def boxed_em_outcome(task: Task, traj: Trajectory) -> float:
 def _memagent() -> WorkflowSpec:
     from memrl.workflows import memagent
 
-    return WorkflowSpec("memagent", memagent.run, memagent.MemAgentConfig, memagent.reward)
+    return WorkflowSpec("memagent", memagent.run, memagent.MemAgentConfig, memagent.reward, memagent.step_rewards)
 
 
 register_workflow("memagent", _memagent)
