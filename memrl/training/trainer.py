@@ -489,11 +489,16 @@ class Trainer:
                     self.save()
         finally:
             logger.close()
-            try:
-                self.runtime.close()  # the services' clients, the engine, the event loop: once, here
-            finally:
-                self.workers.close()
+            self.close()
         return history
+
+    def close(self) -> None:
+        """End the run: the runtime (the services' clients, the engine, the event loop), then the workers.
+        fit() calls it; a caller that only ran setup() calls it itself."""
+        try:
+            self.runtime.close()
+        finally:
+            self.workers.close()
 
     def train_step(self) -> dict[str, float]:
         """One RL step: sample -> score -> advantages -> selection -> update -> sync (module docstring)."""
