@@ -30,7 +30,7 @@ class StubWorkers:
         self.closed = True
 
 
-def _trainer(tmp_path: Path, script: list[str]) -> tuple[Trainer, StubWorkers, ScriptedEngine]:
+def _config(tmp_path: Path) -> TrainConfig:
     cfg = TrainConfig()
     cfg.out_dir = str(tmp_path / "run")
     cfg.data.name, cfg.data.path, cfg.data.shuffle = "file", "unused.jsonl", False
@@ -38,11 +38,16 @@ def _trainer(tmp_path: Path, script: list[str]) -> tuple[Trainer, StubWorkers, S
     a = cfg.algorithm
     a.name, a.n, a.alpha, a.norm_by_std, a.state_term, a.selection = "rememr1", 2, 0.8, False, "paper", "all"
     cfg.trainer.batch_size, cfg.trainer.concurrency, cfg.trainer.dump_every = 1, 1, 1
+    return cfg
+
+
+def _trainer(tmp_path: Path, script: list[str], workflow=None) -> tuple[Trainer, StubWorkers, ScriptedEngine]:  # noqa: ANN001
+    cfg = _config(tmp_path)
     tok = CharTokenizer()
     engine = ScriptedEngine(script, tokenizer=tok)
     workers = StubWorkers()
     tasks = [Task("q0", "Where is the tower?", "The tower is in Paris.", ["Paris"])]
-    return Trainer.from_parts(cfg, workers, engine, tokenizer=tok, tasks=tasks), workers, engine
+    return Trainer.from_parts(cfg, workers, engine, tokenizer=tok, tasks=tasks, workflow=workflow), workers, engine
 
 
 def test_one_train_step_hand_checked(tmp_path):
@@ -77,3 +82,25 @@ def test_one_train_step_hand_checked(tmp_path):
     assert [d["question"] for d in dumped] == ["Where is the tower?"] * 2
     assert [[s["step_reward"] for s in d["steps"]] for d in dumped] == [[1.0, 1.0], [0.0, 1.0]]
     assert trainer.dumped_rows == dumped
+
+
+def test_a_swapped_outcome_reward_keeps_the_step_rewards_rememr1_needs(tmp_path):
+    """The rememr1 estimator takes the step rewards the score stage returns (WorkflowSpec.step_rewards),
+    so replacing the outcome reward no longer leaves it without them."""
+    import dataclasses
+
+    from memrl.training.trainer import workflow_config
+
+    spec, wf = workflow_config(_config(tmp_path))
+    swapped = dataclasses.replace(spec, reward=lambda task, traj: 1.0 if "Paris" in traj.final_answer else 0.25)
+    trainer, workers, _ = _trainer(tmp_path, ["Paris", "\\boxed{Paris}", "nothing", "\\boxed{Rome}"],
+                                   workflow=(swapped, wf))
+    try:
+        metrics = trainer.train_step()
+    finally:
+        trainer.runtime.close()
+    # outcome 1 / 0.25 -> A_out = +-0.375; step rewards as before -> A_state +-0.5 (memory), 0 (final)
+    (rows,) = workers.rows
+    assert metrics["reward/mean"] == (1.0 + 0.25) / 2
+    assert [r.advantage for r in rows] == [0.8 * 0.375 + (1 - 0.8) * 0.5, 0.8 * 0.375,
+                                           0.8 * -0.375 + (1 - 0.8) * -0.5, 0.8 * -0.375]
