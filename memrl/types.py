@@ -1,4 +1,4 @@
-"""The rollout data model: Task -> Trajectory (of Segments) -> Group.
+"""The rollout data model: Task -> Trajectory (of Segments) -> Group (with its Task); Score per trajectory.
 
 A `Segment` is one model call and one training row. Token ids and logprobs are the ones the engine
 produced; nothing downstream re-tokenizes decoded text.
@@ -121,12 +121,18 @@ class Trajectory:
 
 @dataclass
 class Group:
-    """The n trajectories sampled for one task; advantages are computed within a group."""
+    """The n trajectories sampled for one task, and the task; advantages are computed within a group.
+
+    `task` is the Task they answer (the rollout runner always sets it; the score stage and the training
+    dump read it); None only for groups built by hand."""
 
     task_id: str
     trajectories: list[Trajectory]
+    task: Task | None = None
 
     def __post_init__(self) -> None:
+        if self.task is not None and self.task.task_id != self.task_id:
+            raise DataModelError(f"Group {self.task_id}: its task is {self.task.task_id}")
         for t in self.trajectories:
             if t.task_id != self.task_id:
                 raise DataModelError(f"Group {self.task_id}: trajectory {t.trajectory_id} is for task {t.task_id}")
@@ -145,3 +151,18 @@ class Group:
 
     def segments(self) -> list[Segment]:
         return [s for t in self.trajectories for s in t.segments]
+
+
+@dataclass
+class Score:
+    """What the score stage returns for one trajectory (memrl.workflows.runner.score_trajectory).
+
+    `reward`: the outcome reward; `step_rewards`: one value (or None) per segment, from the workflow's
+    `step_rewards` function (None when it has none); `metrics` / `info`: what the reward reports (an LLM
+    judge's verdict, a failed reward's `reward_error`), merged into the trajectory's by
+    memrl.workflows.runner.apply_scores, the one place that writes scores onto trajectories."""
+
+    reward: float
+    step_rewards: list[float | None] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)

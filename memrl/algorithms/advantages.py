@@ -10,6 +10,7 @@ it), so two groups for the same task are never pooled.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
@@ -195,34 +196,51 @@ def _step_key(seg_step: int, kind: object) -> Hashable:
     return "final" if kind == "final" else seg_step
 
 
+StepRewards = Sequence[Sequence[Sequence[float | None] | None]]
+"""Step rewards as the score stage returns them: [group][trajectory] -> one value (or None) per segment,
+or None for a trajectory without step rewards (memrl.types.Score.step_rewards)."""
+
+
 @register_advantage("rememr1", ReMemR1Options)
 def rememr1_estimator(
     groups: Sequence[Group], alpha: float = ReMemR1Options.alpha, norm_by_std: bool = ReMemR1Options.norm_by_std,
-    eps: float = ReMemR1Options.eps, state_term: str = ReMemR1Options.state_term,
+    eps: float = ReMemR1Options.eps, state_term: str = ReMemR1Options.state_term, *, step_rewards: StepRewards | None,
 ) -> SegmentAdvantages:
-    """ReMemR1 (`rememr1_advantages`) from trajectory rewards and `Segment.step_reward`; steps keyed by `Segment.step`.
+    """ReMemR1 (`rememr1_advantages`) from trajectory rewards and the step rewards the score stage returned
+    (`step_rewards`, [group][trajectory][segment], keyword-only, an input rather than an option; None:
+    `Segment.step_reward` as written on hand-built segments); steps keyed by `Segment.step`.
 
     A segment with `info["kind"] == "final"` is keyed "final", so final answers compare with final answers.
     """
-    for group in groups:
-        if all(s.step_reward is None for t in group.trajectories for s in t.segments):
+    if step_rewards is None:
+        step_rewards = [[[s.step_reward for s in t.segments] for t in g.trajectories] for g in groups]
+    if len(step_rewards) != len(groups):
+        raise ValueError(f"rememr1 advantage: {len(step_rewards)} groups of step rewards for {len(groups)} groups")
+    for group, per_group in zip(groups, step_rewards, strict=True):
+        if all(v is None for per_traj in per_group for v in (per_traj or [])):
             raise ValueError(
-                f"rememr1 advantage: group {group.task_id} has no step rewards; "
-                "set Segment.step_reward (memrl.rewards.steps) before computing advantages"
+                f"rememr1 advantage: group {group.task_id} has no step rewards; its workflow must give them "
+                "(WorkflowSpec.step_rewards: memagent and rememr1 do) or set Segment.step_reward"
             )
     rewards, gids, trajs = _outcomes(groups)
-    step_rewards = [[s.step_reward for s in t.segments] for t in trajs]
+    flat = [per_traj for per_group in step_rewards for per_traj in per_group]
+    per_traj_steps = [list(r) if r is not None else [None] * len(t.segments) for r, t in zip(flat, trajs, strict=True)]
     keys = [[_step_key(s.step, s.info.get("kind")) for s in t.segments] for t in trajs]
-    per_traj = rememr1_advantages(rewards, step_rewards, gids, keys, alpha, norm_by_std, eps, state_term)
+    per_traj = rememr1_advantages(rewards, per_traj_steps, gids, keys, alpha, norm_by_std, eps, state_term)
     return _regroup(groups, per_traj)
 
 
 def compute_group_advantages(
-    groups: Sequence[Group], name: str = "grpo", options: Any = None, **kwargs: object
+    groups: Sequence[Group], name: str = "grpo", options: Any = None, step_rewards: StepRewards | None = None,
+    **kwargs: object
 ) -> SegmentAdvantages:
     """Run the estimator registered as `name` with `options` (its options dataclass, e.g. from
-    registry.fill_options) or keyword options, and write its values onto every `Segment.advantage`."""
-    values = lookup(ADVANTAGES, ADVANTAGE, name)(groups, **options_kwargs(options), **kwargs)
+    registry.fill_options) or keyword options, and write its values onto every `Segment.advantage`.
+    `step_rewards` (the score stage's, [group][trajectory][segment]) go to an estimator that takes them."""
+    fn = lookup(ADVANTAGES, ADVANTAGE, name)
+    if "step_rewards" in inspect.signature(fn).parameters:  # a keyword-only input, not an option
+        kwargs["step_rewards"] = step_rewards
+    values = fn(groups, **options_kwargs(options), **kwargs)
     if len(values) != len(groups):
         raise ValueError(f"advantage estimator {name!r} returned {len(values)} groups for {len(groups)}")
     for group, per_group in zip(groups, values, strict=True):

@@ -30,8 +30,10 @@ finite logprobs; nothing in evaluation reads them) (`info["token_ids"]` says "se
 refuses chat mode up front (memrl.training.trainer.validate): the prompt tokens the server conditioned on
 are not known to be the ones trained on, and token ids and logprobs are optional extras of the chat API.
 
-Transport: one pooled httpx AsyncClient per event loop (pooled connections cannot cross loops), a
-semaphore capping requests in flight, per-request timeouts, and retries with exponential backoff on
+Transport: one pooled httpx AsyncClient for the engine's lifetime, made on first use in the event loop
+of the run (memrl.runtime.RolloutRuntime: one loop per run) and closed by `close()`; a call from another
+loop while it is open is an EngineError (pooled connections cannot cross loops), never a silent second
+client. A semaphore caps requests in flight, per-request timeouts, and retries with exponential backoff on
 connection errors, timeouts and 5xx replies. httpx is used when installed, else httpx2 (same API; a
 huggingface_hub dependency).
 """
@@ -258,7 +260,7 @@ class OpenAIEngine:
         env = self.config.api_key_env
         key = self.config.api_key or (os.environ.get(env) if env else None)
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
-        # Per event loop: an AsyncClient's pooled connections and a semaphore belong to one loop.
+        # One client for the run: its pooled connections and the semaphore belong to the run's loop.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: Any = None
         self._sem: asyncio.Semaphore | None = None
@@ -269,16 +271,20 @@ class OpenAIEngine:
 
     def _state(self) -> tuple[Any, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._client is None or self._sem is None:
-            # A client left on a closed loop cannot be closed from here; dropping it is all we can do.
-            self._loop = loop
-            n = self.config.max_concurrency
-            self._client = httpx.AsyncClient(
-                timeout=self._timeout(),
-                limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
-                headers=self._headers,
-            )
-            self._sem = asyncio.Semaphore(n)
+        if self._client is not None and self._sem is not None:
+            if self._loop is not loop:
+                raise EngineError(f"{self.url}: the engine's HTTP client belongs to another event loop; run every "
+                                  "rollout of a run on one loop (memrl.runtime.RolloutRuntime) or close() the "
+                                  "engine before using it from a new one")
+            return self._client, self._sem
+        self._loop = loop
+        n = self.config.max_concurrency
+        self._client = httpx.AsyncClient(
+            timeout=self._timeout(),
+            limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+            headers=self._headers,
+        )
+        self._sem = asyncio.Semaphore(n)
         return self._client, self._sem
 
     async def _post_once(self, client: Any, body: dict[str, Any]) -> Any:
@@ -371,7 +377,7 @@ class OpenAIEngine:
             return False
 
     async def close(self) -> None:
-        """Close the pooled client of the current loop."""
+        """Close the pooled client (the engine may be used again afterwards, from any loop)."""
         client, self._client, self._loop, self._sem = self._client, None, None, None
         if client is not None:
             try:

@@ -87,13 +87,15 @@ class Rollout(Protocol):
 @dataclass
 class EngineRollout:
     """The default `Rollout`: `memrl.workflows.runner.rollout` of `spec` through `engine`, at most
-    `concurrency` trajectories in flight; each call runs on `runner`'s event loop (an asyncio.Runner the
-    caller owns: one loop for many calls), else on a new loop of its own (asyncio.run)."""
+    `concurrency` trajectories in flight, scored as each finishes. With `runtime` (a
+    memrl.runtime.RolloutRuntime: one event loop and one client per service for a whole run) every call
+    runs on its loop with its services; without, each call runs on a new loop with services of its own,
+    closed before it returns."""
 
     engine: Any
     spec: Any
     concurrency: int = 4096
-    runner: asyncio.Runner | None = None
+    runtime: Any = None
 
     @property
     def tokenizer(self) -> Any:
@@ -102,25 +104,28 @@ class EngineRollout:
     def __call__(self, tasks: Sequence[Task], wf_cfg: Any, n: int = 1, seed: int = 0, *, first_sample: int = 0,
                  on_start: Callable[[Task], None] | None = None,
                  on_done: Callable[[Task, Trajectory], None] | None = None) -> list[Group]:
-        from memrl.workflows.runner import rollout, trajectory_rng
+        from memrl.workflows.runner import rollout, takes_services, trajectory_rng
 
         if first_sample and n != 1:
             raise ValueError(f"EngineRollout: first_sample={first_sample} needs n=1, got n={n}")
         spec = self.spec
         if first_sample or on_start is not None:
-            base = spec.run
+            base, base_takes = spec.run, takes_services(spec.run)
 
-            async def run(task: Task, engine: Any, cfg: Any, rng: Any) -> Trajectory:
+            async def run(task: Task, engine: Any, cfg: Any, rng: Any, services: Any = None) -> Trajectory:
                 if on_start is not None:
                     on_start(task)
                 if first_sample:  # the rollout's own rng is sample 0's
                     rng = trajectory_rng(seed, task.task_id, first_sample)
+                if base_takes:
+                    return await base(task, engine, cfg, rng, services=services)
                 return await base(task, engine, cfg, rng)
 
             spec = replace(spec, run=run)
+        services = self.runtime.services if self.runtime is not None else None
         coro = rollout(list(tasks), spec, self.engine, wf_cfg, n=n, concurrency=self.concurrency, seed=seed,
-                       on_done=on_done)
-        return self.runner.run(coro) if self.runner is not None else asyncio.run(coro)
+                       on_done=on_done, services=services)
+        return self.runtime.run(coro) if self.runtime is not None else asyncio.run(coro)
 
 
 @contextmanager

@@ -34,7 +34,6 @@ centre-truncated to `workflow.max_context_tokens`, answered in `\\boxed{}`.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
@@ -427,12 +426,15 @@ def evaluate(
     cfg: EvalConfig,
     engine: Any = None,
     rollout: Any = None,
+    runtime: Any = None,
 ) -> list[dict[str, Any]]:
     """Evaluate every file (smallest N first) into out_dir/results.jsonl; returns all rows, old and new.
 
-    `engine` may be passed in (tests, notebooks, validation); otherwise it is built from cfg.engine and
-    closed after. The questions run through `rollout` (a memrl.eval.evaluator.Rollout of cfg's workflow;
-    default: an EngineRollout over the engine), one sample index at a time.
+    The questions run through `rollout` (a memrl.eval.evaluator.Rollout of cfg's workflow), one sample
+    index at a time; by default an EngineRollout on one memrl.runtime.RolloutRuntime (one event loop, one
+    client per service): `runtime` when given (in-training validation passes the trainer's; its engine
+    left open), else one made here over `engine` (tests, notebooks; left open) or over an engine built
+    from cfg.engine, and closed before this returns.
     """
     from memrl.config import check_config
 
@@ -479,18 +481,21 @@ def evaluate(
     if total == 0:
         return rows
 
-    own_engine = engine is None and rollout is None
-    if own_engine:
-        engine = make_eval_engine(cfg.engine)
+    from memrl.runtime import RolloutRuntime
+
+    own = runtime is None and rollout is None
+    if own:
+        own_engine = engine is None
+        runtime = RolloutRuntime(make_eval_engine(cfg.engine) if own_engine else engine, close_engine=own_engine)
     try:
-        with asyncio.Runner() as loop, open(results_path, "a", encoding="utf-8") as fh:  # one loop for all files
+        with open(results_path, "a", encoding="utf-8") as fh:
             if rollout is None:
-                rollout = EngineRollout(engine, spec, cfg.concurrency, runner=loop)
+                rollout = EngineRollout(runtime.engine, spec, cfg.concurrency, runtime=runtime)
             tokenizer = getattr(rollout, "tokenizer", None) or getattr(engine, "tokenizer", None)
             rows += _run_all(todo, rollout, wf_cfg, cfg, fh, total, tokenizer)
     finally:
-        if own_engine:
-            asyncio.run(engine.close())
+        if own:
+            runtime.close()
     return rows
 
 

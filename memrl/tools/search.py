@@ -101,7 +101,7 @@ async def run_search(retriever: Retriever, arguments: dict[str, Any]) -> SearchO
 # is refused with a one-line ConfigError and never called.
 
 _REGISTERED: dict[str, Any] = {}
-_CACHE: dict[tuple[Any, ...], Any] = {}
+_CACHE: dict[tuple[Any, ...], Any] = {}  # in-process indexes by (kind, corpus): no clients, no loops
 _FACTORIES: list[Any] = []  # objects marked by @retriever_factory, compared by identity
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 BUILTIN_KINDS = ("bm25", "keyword")
@@ -147,32 +147,21 @@ def resolve_factory(kind: str) -> Any:
     return obj
 
 
-def _loop_id() -> int:
-    import asyncio
-
-    try:
-        return id(asyncio.get_running_loop())
-    except RuntimeError:
-        return 0
-
-
 def build_retriever(kind: str, corpus: str | None, url: str | None) -> Any:
-    """The retriever a config names, built once per (kind, source) and reused.
+    """The retriever a config names.
 
-    url -> memrl.services.client.HTTPRetriever(url); kind registered -> that object; corpus with kind
+    url -> a NEW memrl.services.client.HTTPRetriever(url), owned by the caller (memrl.runtime.Services
+    builds one per run and closes it); kind registered -> that object; corpus with kind
     "bm25" -> memrl.services.retrieval.BM25Retriever.from_file(corpus), "keyword" -> memrl.services.keyword.KeywordRetriever
-    (word overlap; tests), "module:attr" -> attr(corpus) when attr is a @retriever_factory. Imports are lazy.
+    (word overlap; tests), "module:attr" -> attr(corpus) when attr is a @retriever_factory; an in-process
+    index is built once per (kind, corpus) and reused (it holds no client, no event loop). Imports are lazy.
     Mistakes raise ConfigError / DataError (one line, naming the workflow field).
     """
     from memrl.config import ConfigError
     from memrl.data.errors import DataError
 
     if url:
-        # An httpx client is bound to the event loop that first used it: one client per loop.
-        key = ("url", url, _loop_id())
-        if key not in _CACHE:
-            _CACHE[key] = _import("memrl.services.client", "HTTPRetriever")(url)
-        return _CACHE[key]
+        return _import("memrl.services.client", "HTTPRetriever")(url)
     if kind in _REGISTERED:
         return _REGISTERED[kind]
     if kind not in BUILTIN_KINDS and ":" not in kind:

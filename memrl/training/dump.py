@@ -13,39 +13,63 @@ from pathlib import Path
 from typing import Any
 
 from memrl.records import dumps, json_safe, segment_records
-from memrl.types import Group, Task
+from memrl.types import Group
 
 log = logging.getLogger(__name__)
 
 DUMP_FILE = "trajectories.jsonl"
 
 
-def truncate_dump(trainer: Any) -> int:
-    """On resume at step k: drop the dumped rows of steps after k (a kill between a dump and the next
-    checkpoint), which the resumed run dumps again; returns how many (memrl.training.logging.truncate_steps)."""
-    from memrl.training.logging import truncate_steps
+class TrajectoryDump:
+    """The trainer's writer of `<out_dir>/trajectories.jsonl` (`sec`: the trainer section: dump_every,
+    dump_trajectories, dump_max_mb). All its state is here (the size cap's warning, once); the tasks come
+    from the groups (memrl.types.Group.task)."""
 
-    path = Path(trainer.out) / DUMP_FILE
-    dropped = truncate_steps(path, trainer.step)
-    if dropped:
-        log.warning("%s: replaced %d row(s) of steps after %d, which are redone", path, dropped, trainer.step)
-    return dropped
+    def __init__(self, out: str | Path, sec: Any, workflow: str, tokenizer: Any = None) -> None:
+        self.path = Path(out) / DUMP_FILE
+        self.sec, self.workflow, self.tokenizer = sec, workflow, tokenizer
+        self.capped = False
+
+    def truncate(self, step: int) -> int:
+        """On resume at step k: drop the dumped rows of steps after k (a kill between a dump and the next
+        checkpoint), which the resumed run dumps again; returns how many
+        (memrl.training.logging.truncate_steps)."""
+        from memrl.training.logging import truncate_steps
+
+        dropped = truncate_steps(self.path, step)
+        if dropped:
+            log.warning("%s: replaced %d row(s) of steps after %d, which are redone", self.path, dropped, step)
+        return dropped
+
+    def write(self, step: int, groups: list[Group]) -> list[dict[str, Any]]:
+        """After the update of `step`: on a dump step, a bounded sample of `groups` appended to the file;
+        returns the rows written (the trainer's trackers log them as a table), [] otherwise."""
+        sec = self.sec
+        if not sec.dump_every or step % sec.dump_every or not groups:
+            return []
+        cap = int(sec.dump_max_mb * 2**20)
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if size >= cap:
+            if not self.capped:
+                log.warning("%s reached trainer.dump_max_mb=%s; no more trajectory dumps", self.path, sec.dump_max_mb)
+                self.capped = True
+            return []
+        rows = trajectory_rows(step, groups, max(1, sec.dump_trajectories), self.workflow, self.tokenizer)
+        with open(self.path, "a", encoding="utf-8") as f:
+            for r in rows:
+                f.write(dumps(r) + "\n")
+        return rows
 
 
-def note_tasks(trainer: Any, tasks: list[Task]) -> None:
-    """Remember this step's tasks (question, answers) on the trainer until the next dump check."""
-    seen = trainer.__dict__.setdefault("_dump_tasks", {})
-    seen.update({t.task_id: t for t in tasks})
-
-
-def trajectory_rows(step: int, groups: list[Group], tasks: dict[str, Task], limit: int, workflow: str,
+def trajectory_rows(step: int, groups: list[Group], limit: int, workflow: str,
                     tokenizer: Any = None) -> list[dict[str, Any]]:
-    """Rows of the first whole groups holding up to `limit` trajectories (at least one group)."""
+    """Rows of the first whole groups holding up to `limit` trajectories (at least one group); the
+    question and answers are the group's Task's (empty for a group without one)."""
     rows: list[dict[str, Any]] = []
     for g in groups:
         if rows and len(rows) + len(g.trajectories) > limit:
             break
-        task = tasks.get(g.task_id)
+        task = g.task
         for t in g.trajectories:
             rows.append({
                 "step": step,
@@ -63,27 +87,3 @@ def trajectory_rows(step: int, groups: list[Group], tasks: dict[str, Task], limi
                 "steps": segment_records(t.segments, tokenizer),
             })
     return rows
-
-
-def maybe_dump(trainer: Any, groups: list[Group]) -> int:
-    """The trainer hook: after the update of step `trainer.step + 1`; returns the lines written."""
-    sec = trainer.cfg.trainer
-    tasks = trainer.__dict__.pop("_dump_tasks", {})
-    step = trainer.step + 1
-    if not sec.dump_every or step % sec.dump_every or not groups:
-        return 0
-    path = Path(trainer.out) / DUMP_FILE
-    cap = int(sec.dump_max_mb * 2**20)
-    size = path.stat().st_size if path.exists() else 0
-    if size >= cap:
-        if not trainer.__dict__.get("_dump_capped"):
-            log.warning("%s reached trainer.dump_max_mb=%s; no more trajectory dumps", path, sec.dump_max_mb)
-            trainer._dump_capped = True
-        return 0
-    rows = trajectory_rows(step, groups, tasks, max(1, sec.dump_trajectories), trainer.cfg.workflow["name"],
-                           getattr(trainer, "tokenizer", None))
-    with open(path, "a", encoding="utf-8") as f:
-        for r in rows:
-            f.write(dumps(r) + "\n")
-    trainer._dumped_rows = rows  # the trainer's trackers log them as a table (trainer.loggers)
-    return len(rows)

@@ -1,4 +1,4 @@
-"""Rollout for training: sample groups through the engine, apply dynamic sampling."""
+"""Rollout for training: sample groups through the run's RolloutRuntime, score them, apply dynamic sampling."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from memrl.types import Group, Task
-from memrl.workflows import WorkflowSpec
-from memrl.workflows.runner import rollout_sync
+from memrl.types import Group, Score, Task
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +18,8 @@ class RolloutResult:
     """The groups that train this step, plus what was sampled and dropped on the way."""
 
     groups: list[Group]
+    scores: list[list[Score]] = field(default_factory=list)
+    """The score stage's result for `groups` ([group][trajectory]; already applied onto them)."""
     sampled_groups: int = 0
     dropped_groups: int = 0
     rounds: int = 0
@@ -30,33 +30,37 @@ class RolloutResult:
 
 def sample_groups(
     next_tasks: Callable[[int], list[Task]],
-    spec: WorkflowSpec,
-    engine: Any,
-    wf_cfg: Any,
+    runtime: Any,
     batch_size: int,
     n: int,
-    concurrency: int,
     seed: int,
     dynamic_sampling: bool = False,
     max_refill_rounds: int = 0,
 ) -> RolloutResult:
-    """Roll out `batch_size` tasks x n; with dynamic sampling, drop zero-variance groups and refill
-    with fresh tasks for up to `max_refill_rounds` more rounds (the batch may end up smaller)."""
+    """Per round: `runtime.sample` -> `runtime.score` -> apply_scores (memrl.runtime.RolloutRuntime, one
+    event loop for the whole run). `batch_size` tasks x n; with dynamic sampling, drop zero-variance groups
+    and refill with fresh tasks for up to `max_refill_rounds` more rounds (the batch may end up smaller)."""
     from memrl.algorithms.selection import filter_zero_variance_groups
+    from memrl.workflows.runner import apply_scores
 
     t0 = time.perf_counter()
     res = RolloutResult(groups=[])
     want = batch_size
     for rnd in range(1 + (max_refill_rounds if dynamic_sampling else 0)):
         tasks = next_tasks(want)
-        groups = rollout_sync(tasks, spec, engine, wf_cfg, n=n, concurrency=concurrency, seed=seed * 1000 + rnd)
+        groups = runtime.sample(tasks, n, seed=seed * 1000 + rnd)
+        scores = runtime.score(groups)
+        apply_scores(groups, scores)  # reward, metrics, info and Segment.step_reward, in one place
         res.rounds += 1
         res.sampled_groups += len(groups)
         res.all_rewards.extend(r for g in groups for r in g.rewards)
+        by_group = {id(g): sc for g, sc in zip(groups, scores, strict=True)}
         if dynamic_sampling:
             groups, dropped = filter_zero_variance_groups(groups)
             res.dropped_groups += dropped
-        res.groups.extend(groups[: batch_size - len(res.groups)])
+        kept = groups[: batch_size - len(res.groups)]
+        res.groups.extend(kept)
+        res.scores.extend(by_group[id(g)] for g in kept)
         want = batch_size - len(res.groups)
         if want <= 0:
             break

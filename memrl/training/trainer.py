@@ -1,7 +1,11 @@
-"""The RL driver loop. One step of `Trainer.fit`:
+"""The RL driver loop. One step of `Trainer.fit` (`Trainer.train_step`), on the run's RolloutRuntime
+(memrl.runtime: one event loop, the engine and the services for the whole fit()):
 
-    tasks -> rollout (n per task, concurrent, through the engine) -> rewards -> advantages (registry)
-    -> optional dynamic sampling -> [algorithm.selection: segments_per_task segments per task selected]
+    sample (tasks -> n trajectories per task, concurrent, through the engine; generation only)
+    -> score (outcome and step rewards returned per trajectory; applied onto the trajectories in one place)
+    -> optional dynamic sampling (drop zero-variance groups, refill: sample -> score again)
+    -> advantages (registry; rememr1 takes the scored step rewards)
+    -> selection [algorithm.selection: segments_per_task segments per task selected]
     -> the update schedule (memrl.training.schedule: trainer.mini_batches / mini_batch_split /
        mini_batch_rows) cuts the rows into the mini-batches of one or more optimizer steps
     -> each mini-batch's rows packed into micro-batches by a token budget
@@ -38,12 +42,12 @@ from memrl.errors import UserError, model_dir, writable_dir
 from memrl.quiet import hf_progress_off
 from memrl.training.checkpoint import clean_stale, resume_point, rng_state, set_rng_state
 from memrl.training.config import TrainConfig
-from memrl.training.dump import maybe_dump, note_tasks, truncate_dump
+from memrl.training.dump import TrajectoryDump
 from memrl.training.packing import TrainBatch, weigh
-from memrl.training.rollout import sample_groups
+from memrl.training.rollout import RolloutResult, sample_groups
 from memrl.training.schedule import optimizer_steps
 from memrl.types import Group, Segment, Task
-from memrl.workflows import format_counts
+from memrl.workflows import format_counts, format_keys
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +191,40 @@ def _stats(prefix: str, xs: list[float]) -> dict[str, float]:
             f"{prefix}/max": max(xs), f"{prefix}/min": min(xs)}
 
 
+ROLLOUT_METRICS = ("answer_seen", "answer_kept", "memory_tokens_mean")
+"""Trajectory metrics logged as rollout/<key> (MemAgent's names since the start); every other numeric
+trajectory metric is logged as traj/<key>."""
+
+
+def rollout_metrics(res: RolloutResult) -> dict[str, float]:
+    """The metrics of a step's rollout: reward/* over every sampled trajectory, group counts, and the
+    workflow's own trajectory metrics over the kept ones: format/<key> (trajectories with that format
+    error), judge/<kind> (MemAct's LLM judge: trajectories per verdict / failure / exclusion), and the
+    mean of every other numeric trajectory metric some trajectory of the step reports (over those that
+    report it): rollout/<key> for ROLLOUT_METRICS, traj/<key> for the rest. A workflow logs only the
+    metrics it has (a MemAct run has no rollout/memory_tokens_mean)."""
+    metrics: dict[str, float] = {}
+    trajs = [t for g in res.groups for t in g.trajectories]
+    metrics.update(_stats("reward", res.all_rewards))
+    metrics["reward/accuracy"] = statistics.fmean([float(r > 0) for r in res.all_rewards]) if res.all_rewards else 0.0
+    metrics["rollout/groups_sampled"] = res.sampled_groups
+    metrics["rollout/groups_dropped"] = res.dropped_groups
+    metrics["rollout/groups_kept"] = len(res.groups)
+    names = sorted({k for t in trajs for k, v in t.metrics.items() if isinstance(v, int | float)})
+    counted = set(format_keys())  # logged as format/<key> below
+    for name in names:
+        if name in counted or name.startswith("judge_"):
+            continue
+        vals = [float(t.metrics[name]) for t in trajs if name in t.metrics]
+        metrics[f"{'rollout' if name in ROLLOUT_METRICS else 'traj'}/{name}"] = statistics.fmean(vals)
+    metrics.update({f"format/{k}": v for k, v in format_counts([t.metrics for t in trajs]).items()})
+    for name in sorted({k for t in trajs for k in t.metrics if k.startswith("judge_")}):
+        metrics[f"judge/{name[len('judge_'):]}"] = sum(float(t.metrics.get(name, 0.0)) for t in trajs)
+    metrics["rollout/generated_tokens"] = sum(len(s.response_ids) for t in trajs for s in t.segments)
+    metrics["rollout/segments"] = sum(len(t.segments) for t in trajs)
+    return metrics
+
+
 class Trainer:
     """RL training of one policy on one workflow. `fit()` runs `trainer.steps` steps (resuming from the
     latest checkpoint in `out_dir/checkpoints` when `resume=True`)."""
@@ -253,7 +291,39 @@ class Trainer:
         except BaseException:
             self.workers.close()  # Ray actors and placement groups are not left behind
             raise
+        self._start_run()
+
+    def _start_run(self) -> None:
+        """What a loaded trainer needs to run: the task stream from the current position, the trajectory
+        dump and the run's RolloutRuntime (one event loop, the engine and the services until fit() ends)."""
+        from memrl.runtime import RolloutRuntime
+
+        cfg = self.cfg
         self.stream = task_stream(cfg, self.position, self.tasks)
+        self.dump = TrajectoryDump(self.out, cfg.trainer, str(cfg.workflow["name"]), getattr(self, "tokenizer", None))
+        self.dumped_rows: list[dict[str, Any]] = []  # the last train_step's dump, logged as a table by fit()
+        self.runtime = RolloutRuntime(self.engine, self.spec, self.wf_cfg, concurrency=cfg.trainer.concurrency)
+
+    @classmethod
+    def from_parts(cls, cfg: TrainConfig, workers: Any, engine: Any, tokenizer: Any = None,
+                   tasks: list[Task] | None = None, workflow: tuple[Any, Any] | None = None) -> Trainer:
+        """A trainer over given workers and engine, nothing loaded (no tokenizer, model or checkpoint):
+        tests drive `train_step` with a scripted engine and stub workers (memrl.training.workers' protocol:
+        train_rows, weights_for_engines, save, close). Starts at step 0; `workflow` as for __init__."""
+        self = cls.__new__(cls)
+        self.spec, self.wf_cfg = workflow if workflow is not None else workflow_config(cfg)
+        self.adv_options, self.loss_options = algorithm_options(cfg)
+        self.cfg, self.resume, self.on_step = cfg, False, None
+        self.out = check_writable(cfg.out_dir)
+        self.tasks = tasks if tasks is not None else file_tasks(cfg)
+        self.ckpt_root = self.out / "checkpoints"
+        self.tokenizer, self.workers, self.engine = tokenizer, workers, engine
+        self.model = getattr(workers, "model", None)
+        self.opt = getattr(workers, "opt", None)
+        self.step, self.position = 0, 0
+        self.tracker_ids, self.best = {}, None
+        self._start_run()
+        return self
 
     def _build_engine(self, src: str) -> Any:
         """The rollout engine; one that loads weights itself starts from `src` (the resumed checkpoint)."""
@@ -284,23 +354,39 @@ class Trainer:
     def _next_tasks(self, k: int) -> list[Task]:
         tasks = [next(self.stream) for _ in range(k)]
         self.position += k
-        note_tasks(self, tasks)  # memrl.training.dump: question/answers for the trajectory sample
         return tasks
 
-    # -------------------------------------------------------------- one update
-    def update(self, groups: list[Group]) -> dict[str, float]:
-        """Advantages -> rows -> PPO update(s) over micro-batches; returns loss statistics."""
+    # -------------------------------------------------------------- the stages of one step
+    def sample_and_score(self) -> RolloutResult:
+        """sample -> score on the run's runtime (with dynamic sampling: rounds of both until the batch is
+        full or the refills run out); the scores are applied onto the kept groups' trajectories."""
+        cfg, a = self.cfg, self.cfg.algorithm
+        return sample_groups(self._next_tasks, self.runtime, cfg.trainer.batch_size, a.n,
+                             seed=cfg.trainer.seed * 100003 + self.step,
+                             dynamic_sampling=a.dynamic_sampling, max_refill_rounds=a.max_refill_rounds)
+
+    def advantages(self, res: RolloutResult) -> None:
+        """The registered estimator (algorithm.name) over the kept groups, from their outcome rewards and
+        the step rewards the score stage returned; writes Segment.advantage."""
         from memrl.algorithms.advantages import compute_group_advantages
 
+        steps = [[sc.step_rewards for sc in per_group] for per_group in res.scores]
+        compute_group_advantages(res.groups, self.cfg.algorithm.name, self.adv_options, step_rewards=steps)
+
+    def select(self, groups: list[Group]) -> tuple[list[list[Segment]], dict[str, float]]:
+        """algorithm.selection: the segments of each group that become rows (all of them with "all"),
+        and its dcpo/* metrics."""
         a = self.cfg.algorithm
-        compute_group_advantages(groups, a.name, self.adv_options)
+        if a.selection == "all":
+            return [g.segments() for g in groups], {}
+        return segment_selection(groups, a.selection, a.segments_per_task,
+                                 selection_rng(self.cfg.trainer.seed, self.step))
+
+    # -------------------------------------------------------------- one update
+    def update(self, per_group: list[list[Segment]]) -> dict[str, float]:
+        """The selected segments of each group -> rows -> PPO update(s) over micro-batches; returns loss
+        statistics."""
         metrics: dict[str, float] = {}
-        if a.selection != "all":  # only the selected segments become rows
-            per_group, dcpo_metrics = segment_selection(groups, a.selection, a.segments_per_task,
-                                                        selection_rng(self.cfg.trainer.seed, self.step))
-            metrics.update(dcpo_metrics)
-        else:
-            per_group = [g.segments() for g in groups]
         release = getattr(self.engine, "release_memory", None)  # colocated vLLM sleeps during the update
         if release is not None:
             release()
@@ -334,7 +420,7 @@ class Trainer:
         if logger.dropped:
             log.warning("%s: replaced %d row(s) of steps after %d, which are redone", logger.path,
                         logger.dropped, self.step)
-        truncate_dump(self)  # trajectories.jsonl likewise holds each step once
+        self.dump.truncate(self.step)  # trajectories.jsonl likewise holds each step once
         if cfg.trainer.save_best:
             from memrl.training.validation import restore_best
 
@@ -350,9 +436,8 @@ class Trainer:
                     metrics.update(self.validate_step(self.step))
                 saved = self.keep_best(metrics)  # trainer.save_best: saves this step when it is the best
                 logger.log(self.step, metrics)
-                dumped = self.__dict__.pop("_dumped_rows", None)  # memrl.training.dump, this step's sample
-                if dumped:
-                    logger.table(self.step, dumped)
+                if self.dumped_rows:  # memrl.training.dump: this step's sample
+                    logger.table(self.step, self.dumped_rows)
                 history.append(metrics)
                 if self.on_step is not None:
                     self.on_step(self.step, metrics)
@@ -361,51 +446,36 @@ class Trainer:
                     self.save()
         finally:
             logger.close()
-            close = getattr(self.engine, "close", None)
-            if close is not None:
-                import asyncio
-
-                asyncio.run(close())
-            self.workers.close()
+            self.close()
         return history
 
+    def close(self) -> None:
+        """End the run: the runtime (the services' clients, the engine, the event loop), then the workers.
+        fit() calls it; a caller that only ran setup() calls it itself."""
+        try:
+            self.runtime.close()
+        finally:
+            self.workers.close()
+
     def train_step(self) -> dict[str, float]:
-        cfg, a = self.cfg, self.cfg.algorithm
+        """One RL step: sample -> score -> advantages -> selection -> update -> sync (module docstring)."""
+        cfg = self.cfg
         t0 = time.perf_counter()
-        res = sample_groups(self._next_tasks, self.spec, self.engine, self.wf_cfg, cfg.trainer.batch_size,
-                            a.n, cfg.trainer.concurrency,
-                            seed=cfg.trainer.seed * 100003 + self.step,
-                            dynamic_sampling=a.dynamic_sampling, max_refill_rounds=a.max_refill_rounds)
+        res = self.sample_and_score()
         t1 = time.perf_counter()
-        metrics: dict[str, float] = {}
-        trajs = [t for g in res.groups for t in g.trajectories]
-        metrics.update(_stats("reward", res.all_rewards))
-        metrics["reward/accuracy"] = statistics.fmean([float(r > 0) for r in res.all_rewards]) if res.all_rewards else 0.0
-        metrics["rollout/groups_sampled"] = res.sampled_groups
-        metrics["rollout/groups_dropped"] = res.dropped_groups
-        metrics["rollout/groups_kept"] = len(res.groups)
-        for name in ("answer_seen", "answer_kept"):
-            vals = [t.metrics[name] for t in trajs if name in t.metrics]
-            if vals:
-                metrics[f"rollout/{name}"] = statistics.fmean(vals)
-        metrics.update({f"format/{k}": v for k, v in format_counts([t.metrics for t in trajs]).items()})
-        for name in sorted({k for t in trajs for k in t.metrics if k.startswith("judge_")}):
-            # MemAct's LLM judge: trajectories per verdict / failure kind / exclusion in this step
-            metrics[f"judge/{name[len('judge_'):]}"] = sum(float(t.metrics.get(name, 0.0)) for t in trajs)
-        mem = [t.metrics.get("memory_tokens_mean", 0.0) for t in trajs]
-        if mem:
-            metrics["rollout/memory_tokens_mean"] = statistics.fmean(mem)
-        gen = sum(len(s.response_ids) for t in trajs for s in t.segments)
-        metrics["rollout/generated_tokens"] = gen
-        metrics["rollout/segments"] = sum(len(t.segments) for t in trajs)
+        metrics = rollout_metrics(res)
+        gen = metrics["rollout/generated_tokens"]
         if res.groups:
-            metrics.update(self.update(res.groups))
-            advs = [s.advantage or 0.0 for t in trajs for s in t.segments]
+            self.advantages(res)
+            per_group, selection_metrics = self.select(res.groups)
+            metrics.update(selection_metrics)
+            metrics.update(self.update(per_group))
+            advs = [s.advantage or 0.0 for g in res.groups for t in g.trajectories for s in t.segments]
             metrics.update(_stats("advantage", advs))
             metrics["time/sync_s"] = self.sync_weights()
             if cfg.rollout.num_engines > 0:  # its parts: time/sync_gather_s, _send_s, _write_s, _load_s
                 metrics.update({f"time/sync_{k}": v for k, v in self.weight_sync.last.items()})
-        maybe_dump(self, res.groups)  # memrl.training.dump: a bounded sample every trainer.dump_every steps
+        self.dumped_rows = self.dump.write(self.step + 1, res.groups)  # every trainer.dump_every steps
         t2 = time.perf_counter()
         metrics["time/rollout_s"] = t1 - t0
         metrics["time/update_s"] = t2 - t1

@@ -1,7 +1,8 @@
 """Validation during training: every `trainer.val_every` steps (and before the first step with
 `val.before_train`), the current policy answers the `val.files` through `memrl.eval.runner.evaluate`,
 the very code `memrl eval` runs (rollouts through memrl.eval.evaluator's `Rollout`, statistics over tasks
-by its `mean_and_se`, the demos' too), on the trainer's own engine or an injected rollout. Rows go to
+by its `mean_and_se`, the demos' too), on the trainer's own RolloutRuntime (its engine, event loop and
+services) or an injected rollout. Rows go to
 `<out_dir>/val/step_<k>/results.jsonl` (with its eval_config.json, so `memrl report` reads the directory),
 and the per-(dataset, N) summary of `memrl.eval.report.summarize` becomes metrics of step k:
 
@@ -94,7 +95,8 @@ def run_validation(trainer: Any, step: int, rollout: Any = None) -> dict[str, fl
     out = Path(trainer.out) / VAL_DIR / f"step_{step}"
     shutil.rmtree(out, ignore_errors=True)  # a redone step (resume) validates afresh
     ecfg = eval_config(cfg)
-    rows = evaluate(cfg.val.files, out, ecfg, engine=trainer.engine, rollout=rollout)
+    rows = evaluate(cfg.val.files, out, ecfg, engine=trainer.engine, rollout=rollout,
+                    runtime=trainer.runtime if rollout is None else None)  # the run's loop, engine and services
     return val_metrics(rows)
 
 

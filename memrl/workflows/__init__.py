@@ -1,4 +1,4 @@
-"""Workflows: `async def run(task, engine, cfg, rng) -> Trajectory`, described by a WorkflowSpec.
+"""Workflows: `async def run(task, engine, cfg, rng[, services]) -> Trajectory`, described by a WorkflowSpec.
 
 Every command spells a workflow's settings the same way: `workflow=<name>` (or `workflow.name=<name>`)
 chooses it and `workflow.<field>=value` sets a field of its config dataclass; `parse_workflow` turns that
@@ -32,13 +32,19 @@ class WorkflowSpec:
     """A workflow: its run function, its config dataclass and its outcome reward, plus what the commands
     need to know about it (all optional).
 
-    `reward` returns a float or an awaitable of one (a judge service); callers use `score_trajectory`.
+    `run(task, engine, cfg, rng[, services])` generates only. `reward(task, traj[, services])` returns a
+    float or a memrl.types.Score, or an awaitable of one (an LLM judge); `step_rewards(task, traj)` returns
+    one value (or None) per segment. Both are pure (they write nothing onto the trajectory): callers use
+    memrl.workflows.runner.score_trajectory / score_groups, which return Scores. A function with a
+    `services` parameter gets the run's memrl.runtime.Services (retriever and judge clients).
     """
 
     name: str
     run: Callable[..., Awaitable[Trajectory]]
     config_cls: type
-    reward: Callable[[Task, Trajectory], float | Awaitable[float]]
+    reward: Callable[..., Any]
+    step_rewards: Callable[[Task, Trajectory], list[float | None]] | None = None
+    """Per-segment step rewards (ReMemR1's; memagent's for algorithm=rememr1), returned by the score stage."""
     format_keys: tuple[str, ...] = ()
     """Trajectory metrics that count a format error or a fallback (> 0 = that error happened); the
     trainer logs format/<key> and the eval table counts questions with each (`format_counts`)."""

@@ -20,8 +20,10 @@ Where the public agent loop's rules differ, MemActConfig's "rollout rules" field
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -31,7 +33,7 @@ from memrl.rewards.judge import ERROR_KINDS, JudgeSettings
 from memrl.tools import calls as tc
 from memrl.tools import context as ctx
 from memrl.tools import search as ts
-from memrl.types import Segment, Task, Trajectory
+from memrl.types import Score, Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec
 from memrl.workflows.memagent import decode_response
 from memrl.workflows.templates import Template, load_template
@@ -318,7 +320,7 @@ def segment_from(snapshot: list[ctx.Message], since_turn: int, step: int, info: 
 class _Run:
     """State of one trajectory: the messages, counters, segments and result ids."""
 
-    def __init__(self, task: Task, engine: Engine, cfg: MemActConfig, rng: random.Random) -> None:
+    def __init__(self, task: Task, engine: Engine, cfg: MemActConfig, rng: random.Random, services: Any) -> None:
         self.task, self.engine, self.cfg, self.rng = task, engine, cfg, rng
         self.tok = engine.tokenizer
         self.fmt = ctx.ChatFormat.from_tokenizer(self.tok)
@@ -332,9 +334,10 @@ class _Run:
         self.next_id = 1
         self.last_prune_turn = -1
         self.context_lengths: list[int] = []
-        # built (once per source, cached) before the first turn: a missing retriever fails fast, by name
+        # the run's retriever (memrl.runtime.Services, built once per run) before the first turn: a missing
+        # retriever fails fast, by name
         self.retriever = (ts.task_retriever(task) if cfg.retriever_scope == "task" else
-                          ts.build_retriever(cfg.retriever_kind, cfg.retriever_corpus, cfg.retriever_url))
+                          services.retriever(cfg.retriever_kind, cfg.retriever_corpus, cfg.retriever_url))
         self.generated = 0  # pruned turns included
         self.tool_failed = False  # unknown_tool_calls=end: a call this turn named no offered tool
 
@@ -506,61 +509,75 @@ class _Run:
             final_answer=final_answer_text(answer_text, cfg.require_final_answer), metrics=metrics,
             info={"answer_text": answer_text, "memories": self.memories, "stop": stop,
                   "require_final_answer": cfg.require_final_answer,
+                  # what the reward's judge call needs (no secret: the key stays in its environment variable)
+                  **({"judge_settings": dataclasses.asdict(cfg.judge)} if cfg.judge.url else {}),
                   "transcript": [{"kind": m.kind, "turn": m.turn, "id": m.result_id, "text": m.text}
                                  for m in self.messages]},
         )
 
 
-async def run(task: Task, engine: Engine, cfg: MemActConfig, rng: random.Random) -> Trajectory:
-    """One MemAct trajectory for `task` (module docstring); with `judge.url`, judged before it returns."""
-    traj = await _Run(task, engine, cfg, rng).run()
-    if cfg.judge.url:
-        await judge_trajectory(task, traj, cfg)
-    return traj
+async def run(task: Task, engine: Engine, cfg: MemActConfig, rng: random.Random,
+              services: Any = None) -> Trajectory:
+    """One MemAct trajectory for `task` (module docstring); generation only (the judge is the reward's).
+    `services`: the run's memrl.runtime.Services (its retriever); None = a Services for this call alone."""
+    if services is None:
+        from memrl.services.session import Services
+
+        own = Services()
+        try:
+            return await _Run(task, engine, cfg, rng, own).run()
+        finally:
+            await own.aclose()
+    return await _Run(task, engine, cfg, rng, services).run()
 
 
-_JUDGES: dict[tuple[Any, ...], Any] = {}
-
-
-async def judge_trajectory(task: Task, traj: Trajectory, cfg: MemActConfig) -> None:
-    """The judge's verdict on the final answer into traj.info["judge"]; a failed call scores 0 and is
-    counted as traj.metrics["judge_error"] and ["judge_error_<kind>"] (memrl.rewards.judge never raises);
-    with judge.on_failure=exclude it also marks traj.info["exclude_from_group"] (metrics: judge_excluded)."""
-    import asyncio
-    import dataclasses
+async def judge_score(task: Task, traj: Trajectory, on_failure: str, client: Any) -> Score:
+    """The judge's verdict on the final answer as a Score: reward = its score (1.0 only when CORRECT),
+    info["judge"] = {score, verdict, error}, metrics judge_correct / judge_error / judge_error_<kind> /
+    judge_excluded. A failed call scores 0 and is counted (memrl.rewards.judge never raises); with
+    judge.on_failure=exclude it also sets info["exclude_from_group"]."""
     import json
 
-    from memrl.rewards.judge import JudgeClient
-
-    j = cfg.judge
-    # An httpx client is bound to the event loop that first used it: one client per loop.
-    key = (tuple(sorted(dataclasses.asdict(j).items())), id(asyncio.get_running_loop()))
-    if key not in _JUDGES:
-        _JUDGES[key] = JudgeClient(j.client_config())
     multi = len(task.meta.get("sub_questions", [])) > 1
     gold = [json.dumps(task.answers, ensure_ascii=False)] if multi else list(task.answers)
     if isinstance(task.meta.get("ground_truth"), str):  # a file row's ground truth, verbatim (Q-keyed JSON)
         gold = [task.meta["ground_truth"]]
-    res = await _JUDGES[key].judge(task.question, gold, traj.final_answer)
-    traj.info["judge"] = {"score": res.score, "verdict": res.verdict, "error": res.error}
-    traj.metrics["judge_error"] = float(res.error is not None)
-    traj.metrics.update({f"judge_error_{k}": float(res.error == k) for k in ERROR_KINDS})
-    traj.metrics["judge_correct"] = float(res.verdict == "correct")
-    excluded = res.error is not None and j.on_failure == "exclude"
-    traj.metrics["judge_excluded"] = float(excluded)
+    res = await client.judge(task.question, gold, traj.final_answer)
+    excluded = res.error is not None and on_failure == "exclude"
+    metrics = {"judge_error": float(res.error is not None),
+               **{f"judge_error_{k}": float(res.error == k) for k in ERROR_KINDS},
+               "judge_correct": float(res.verdict == "correct"), "judge_excluded": float(excluded)}
+    info: dict[str, Any] = {"judge": {"score": res.score, "verdict": res.verdict, "error": res.error}}
     if excluded:
-        traj.info["exclude_from_group"] = True
+        info["exclude_from_group"] = True
+    return Score(float(res.score), metrics=metrics, info=info)
 
 
-def reward(task: Task, traj: Trajectory) -> float:
-    """Outcome reward: the judge's score when the trajectory was judged (`judge.url`; a failed judgement
-    scores 0), else 1.0 only when every sub-question is answered right (memrl.rewards.multiq; its metrics
-    are written either way)."""
+def reward(task: Task, traj: Trajectory, services: Any = None) -> float | Awaitable[Score]:
+    """Outcome reward: 1.0 only when every sub-question is answered right (memrl.rewards.multiq; its
+    metrics are written either way), a float; with `judge.url` (traj.info["judge_settings"], the config's
+    JudgeSettings as a dict) instead an awaitable of the judge's verdict as a memrl.types.Score (with its
+    metrics and info; a failed judgement scores 0), through the run's judge client (`services.judge`)."""
     from memrl.rewards.multiq import multiq_reward
 
     rule = multiq_reward(task, traj)
-    judged = traj.info.get("judge")
-    return float(judged["score"]) if judged is not None else rule
+    settings = traj.info.get("judge_settings")
+    if not settings or not settings.get("url"):
+        return rule
+    return _judged(task, traj, settings, services)
+
+
+async def _judged(task: Task, traj: Trajectory, settings: dict[str, Any], services: Any) -> Score:
+    on_failure = str(settings.get("on_failure", "zero"))
+    if services is not None:
+        return await judge_score(task, traj, on_failure, services.judge(settings))
+    from memrl.rewards.judge import JudgeClient
+
+    client = JudgeClient(JudgeSettings(**settings).client_config())  # outside a run: its own client, closed here
+    try:
+        return await judge_score(task, traj, on_failure, client)
+    finally:
+        await client.close()
 
 
 SPEC = WorkflowSpec(

@@ -116,11 +116,12 @@ def memory_recall_metrics(memories: list[str], golds: list[str]) -> dict[str, fl
     return {"answer_seen": float(any(hits)), "answer_kept": float(hits[-1])}
 
 
-def assign_step_rewards(task: Task, traj: Trajectory) -> list[float]:
-    """Write `Segment.step_reward` on a MemAgent trajectory (ReMemR1's terms, no tags): a memory call
+def step_rewards(task: Task, traj: Trajectory) -> list[float]:
+    """The step reward of each call of a MemAgent trajectory (ReMemR1's terms, no tags): a memory call
     earns its memory gain, recall(m_t) - recall(m_{t-1}) of the gold-answer words (memrl.rewards.steps);
     the final call earns 1 for exactly one non-empty `\\boxed{}`. Lets `algorithm=rememr1` mix
-    per-call credit into MemAgent's outcome advantage; GRPO ignores these values."""
+    per-call credit into MemAgent's outcome advantage; GRPO ignores these values. Pure: the score stage
+    returns them (WorkflowSpec.step_rewards)."""
     from memrl.rewards import steps
 
     out: list[float] = []
@@ -129,20 +130,18 @@ def assign_step_rewards(task: Task, traj: Trajectory) -> list[float]:
             r = steps.format_reward(seg.info.get("answer_text", ""), final=True)
         else:
             r = steps.memory_gain(seg.info.get("memory", ""), seg.info.get("previous_memory"), task.answers)
-        seg.step_reward = r
         out.append(r)
     return out
 
 
 def reward(task: Task, traj: Trajectory) -> float:
     """Outcome: the verifier `workflow.reward` names (default boxed_em: exact match of the last \\boxed{},
-    max over gold answers); also writes step rewards."""
-    assign_step_rewards(task, traj)
+    max over gold answers). The step rewards are `step_rewards`'."""
     return boxed_em_outcome(task, traj)
 
 
 SPEC = WorkflowSpec(
-    "memagent", run, MemAgentConfig, reward,
+    "memagent", run, MemAgentConfig, reward, step_rewards=step_rewards,
     format_keys=("no_box",),
     train_defaults={"max_chunks": 8},  # training caps the context at 8 chunks (the published recipes)
 )

@@ -349,8 +349,9 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
     )
 
 
-def assign_step_rewards(task: Task, traj: Trajectory, cfg: ReMemR1Config | None = None) -> list[float]:
-    """Write `Segment.step_reward` on every segment of a ReMemR1 trajectory and return the values.
+def step_rewards(task: Task, traj: Trajectory, cfg: ReMemR1Config | None = None) -> list[float]:
+    """The step reward of every segment of a ReMemR1 trajectory (pure: the score stage returns them,
+    WorkflowSpec.step_rewards).
 
     Weights come from `cfg`, else from the config the trajectory ran with (traj.info), else 1.
 
@@ -406,25 +407,19 @@ def assign_step_rewards(task: Task, traj: Trajectory, cfg: ReMemR1Config | None 
             callback_rule=rule,
             prompt=prompt,
         )
-        seg.step_reward = r
         out.append(r)
     return out
 
 
 def reward(task: Task, traj: Trajectory) -> float:
     """Outcome reward = the verifier `workflow.reward` names (default boxed_em: boxed exact match, max over
-    golds); also writes the step rewards.
-
-    The rollout runner calls this for every trajectory, so `algorithm=rememr1` finds step rewards on
-    the segments (weights from the config the trajectory ran with, kept in traj.info).
-    """
-    if any(s.step_reward is None for s in traj.segments):
-        assign_step_rewards(task, traj)
+    golds). The step rewards are `step_rewards`' (weights from the config the trajectory ran with, kept
+    in traj.info), returned next to it by the score stage."""
     return boxed_em_outcome(task, traj)
 
 
 SPEC = WorkflowSpec(
-    "rememr1", run, ReMemR1Config, reward,
+    "rememr1", run, ReMemR1Config, reward, step_rewards=step_rewards,
     format_keys=("no_box", *FORMAT_FLAGS),
     train_defaults={"max_chunks": 8},  # training caps the context at 8 chunks, as for memagent
 )

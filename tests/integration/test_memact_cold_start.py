@@ -44,9 +44,9 @@ class _ScriptedTrainer(Trainer):
 
         return ScriptedEngine(self.script, tokenizer=AutoTokenizer.from_pretrained(src))
 
-    def update(self, groups):
+    def select(self, groups):
         self.seen = (groups, [])
-        return super().update(groups)
+        return super().select(groups)
 
     def train_rows(self, batch, **kw):
         self.seen[1].extend(batch.segments)

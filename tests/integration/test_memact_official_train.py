@@ -279,17 +279,17 @@ def test_memact_official_trains_two_steps_against_a_reasoning_judge(tmp_path, mo
     assert health()["reply_shape"] == "public"
     judge = ReasoningJudge()
     seen: list[dict] = []  # per step: its groups, the rows trained, the judge requests so far
-    update, train_rows = trainer_mod.Trainer.update, trainer_mod.Trainer.train_rows
+    select, train_rows = trainer_mod.Trainer.select, trainer_mod.Trainer.train_rows
 
-    def recording_update(self, groups):
+    def recording_select(self, groups):  # the selection stage gets the scored groups
         seen.append({"step": self.step, "groups": groups, "rows": [], "judged": len(judge.seen)})
-        return update(self, groups)
+        return select(self, groups)
 
     def recording_train_rows(self, batch, *args, **kwargs):
         seen[-1]["rows"].extend(batch.segments)
         return train_rows(self, batch, *args, **kwargs)
 
-    monkeypatch.setattr(trainer_mod.Trainer, "update", recording_update)
+    monkeypatch.setattr(trainer_mod.Trainer, "select", recording_select)
     monkeypatch.setattr(trainer_mod.Trainer, "train_rows", recording_train_rows)
     out = tmp_path / "run"
     overrides = [

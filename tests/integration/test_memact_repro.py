@@ -111,12 +111,12 @@ register_workflow("memact_searched", _searched_spec)
 class _Recording(Trainer):
     """Keeps every rolled-out trajectory: (id, reward, [(prompt ids, response ids, logprobs) per segment])."""
 
-    def update(self, groups):
+    def select(self, groups):
         self.trajectories = getattr(self, "trajectories", [])
         self.trajectories += [(t.trajectory_id, t.reward, t.metrics.get("searches", 0.0),
                                [(s.prompt_ids, s.response_ids, s.response_logprobs) for s in t.segments])
                               for g in groups for t in g.trajectories]
-        return super().update(groups)
+        return super().select(groups)
 
 
 def _overrides(searching_model, out, steps: int, save_every: int = 0) -> list[str]:

@@ -130,9 +130,9 @@ class _RecordingTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.seen: list[tuple[int, list, list]] = []  # (step, groups, rows)
 
-    def update(self, groups):
+    def select(self, groups):
         self.seen.append((self.step, groups, []))
-        return super().update(groups)
+        return super().select(groups)
 
     def train_rows(self, batch, **kw):
         self.seen[-1][2].extend(batch.segments)

@@ -200,7 +200,7 @@ def test_save_best_keeps_the_best_step_through_pruning_and_resume(tiny_path, tmp
             ans = ("beta" if "What is code 1?" in prompt else "alpha") if tr.step in right else "wrong"
             return f"\\boxed{{{ans}}}"
 
-        tr.engine = ScriptedEngine(script, tr.tokenizer)
+        tr.engine = tr.runtime.engine = ScriptedEngine(script, tr.tokenizer)  # the run's runtime samples with it
         tr.fit()
         return tr
 

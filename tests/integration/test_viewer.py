@@ -11,7 +11,6 @@ import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -20,7 +19,7 @@ from memrl.engines import EngineConfig
 from memrl.eval.runner import RESULTS_FILE, EvalConfig, evaluate
 from memrl.testing import CharTokenizer, ScriptedEngine
 from memrl.training.config import TrainConfig
-from memrl.training.dump import DUMP_FILE, maybe_dump, note_tasks, trajectory_rows
+from memrl.training.dump import DUMP_FILE, TrajectoryDump, trajectory_rows
 from memrl.types import Group, Segment, Task, Trajectory
 from memrl.viewer.data import word_diff
 from memrl.viewer.server import make_server, serve_in_thread, url_of
@@ -98,7 +97,7 @@ def _memact_groups() -> tuple[list[Group], Task]:
     ], final_answer="Paris", reward=1.0, info={"memories": ["Eiffel Tower: in Paris"]})
     bad = Trajectory("m0", "m0#1", [seg(0, "\\boxed{Rome}", {"kind": "final", "answer_text": "\\boxed{Rome}"},
                                         adv=-0.5)], final_answer="Rome", reward=0.0)
-    return [Group("m0", [good, bad])], task
+    return [Group("m0", [good, bad], task)], task
 
 
 def _train_dir(tmp: Path) -> Path:
@@ -109,12 +108,9 @@ def _train_dir(tmp: Path) -> Path:
     cfg.workflow["name"] = "memact"
     out = tmp / "train"
     out.mkdir()
-    trainer = SimpleNamespace(cfg=cfg, out=out, step=0, tokenizer=CharTokenizer())
-    note_tasks(trainer, [task])
-    assert maybe_dump(trainer, groups) == 0  # step 1: not a dump step
-    trainer.step = 1
-    note_tasks(trainer, [task])
-    assert maybe_dump(trainer, groups) == 2  # step 2
+    dump = TrajectoryDump(out, cfg.trainer, "memact", CharTokenizer())
+    assert dump.write(1, groups) == []  # step 1: not a dump step
+    assert len(dump.write(2, groups)) == 2  # step 2
     (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/mean": r}) + "\n"
                                                for s, r in [(1, 0.25), (2, 0.5), (3, 0.75)]))
     return out
@@ -187,14 +183,14 @@ def test_training_dump_rows_and_size_cap(runs, tmp_path, caplog):
     assert s[2]["step_reward"] == pytest.approx(0.2) and rows[0]["workflow"] == "memact"
     # whole groups only, at least one: a limit of 1 still gives the first group whole
     groups, task = _memact_groups()
-    assert len(trajectory_rows(5, groups + groups, {}, 1, "x")) == 2
+    assert len(trajectory_rows(5, groups + groups, 1, "x")) == 2
     # the cap: once the file is as big as dump_max_mb, nothing more is written (one warning)
     cfg = TrainConfig()
     cfg.trainer.dump_every, cfg.trainer.dump_max_mb = 1, 1e-6
-    trainer = SimpleNamespace(cfg=cfg, out=tmp_path, step=0)
-    assert maybe_dump(trainer, groups) == 2
+    dump = TrajectoryDump(tmp_path, cfg.trainer, "x")
+    assert len(dump.write(1, groups)) == 2
     size = (tmp_path / DUMP_FILE).stat().st_size
-    assert maybe_dump(trainer, groups) == 0 and maybe_dump(trainer, groups) == 0
+    assert dump.write(2, groups) == [] and dump.write(3, groups) == []
     assert (tmp_path / DUMP_FILE).stat().st_size == size
     assert sum("dump_max_mb" in r.message for r in caplog.records) == 1
 

@@ -294,7 +294,9 @@ def test_memact_reward_is_the_judges_verdict_when_judge_url_is_set(judge_server)
     from memrl.testing import KeywordRetriever, ScriptedEngine
     from memrl.tools.search import register_retriever
     from memrl.types import Task
-    from memrl.workflows.memact import MemActConfig, reward, run
+    from memrl.workflows import get_workflow
+    from memrl.workflows.memact import MemActConfig, run
+    from memrl.workflows.runner import apply_score, score_trajectory
 
     register_retriever("kw_judge", KeywordRetriever([Document("d1", "Paris", "Paris is in France.")]))
     task = Task("t1", "What is the capital of France?", "", ["Lyon"])  # the rule reward says 0 for "Paris"
@@ -303,7 +305,9 @@ def test_memact_reward_is_the_judges_verdict_when_judge_url_is_set(judge_server)
         cfg = MemActConfig(retriever_kind="kw_judge", no_prune_prob=0.0, temperature=0.0,
                            judge=JudgeSettings(url=judge_url, model="judge-m", timeout_s=2.0, on_failure=on_failure))
         traj = asyncio.run(run(task, ScriptedEngine([reply]), cfg, random.Random(0)))
-        return traj, reward(task, traj)
+        # the score stage: the reward (the judge's verdict) returned as a Score, then applied
+        apply_score(traj, asyncio.run(score_trajectory(get_workflow("memact"), task, traj)))
+        return traj, traj.reward
 
     traj, r = trajectory("FINAL_ANSWER: Paris", judge_server.url)
     assert r == 1.0 and traj.info["judge"] == {"score": 1.0, "verdict": "correct", "error": None}

@@ -195,9 +195,11 @@ def test_memagent_reward_writes_memory_gain_step_rewards():
         seg(2, kind="memory", previous_memory="- Kalo is deep red", memory="- Miran is blue"),  # -1
         seg(3, kind="final", memory="- Miran is blue", answer_text="\\boxed{blue} \\boxed{x}"),  # two boxes: 0
     ], info={"answer_text": "\\boxed{blue} \\boxed{x}"})
-    assert get_workflow("memagent").reward(task, traj) == 0.0
-    assert [s.step_reward for s in traj.segments] == [0.5, 0.5, -1.0, 0.0]
+    spec = get_workflow("memagent")
+    assert spec.reward(task, traj) == 0.0
+    assert spec.step_rewards(task, traj) == [0.5, 0.5, -1.0, 0.0]
+    assert all(s.step_reward is None for s in traj.segments)  # the rewards are pure: nothing written
     traj.segments[3].info["answer_text"] = "\\boxed{ Deep red }"
     traj.info["answer_text"] = "\\boxed{ Deep red }"
-    assert get_workflow("memagent").reward(task, traj) == 1.0
-    assert traj.segments[3].step_reward == 1.0
+    assert spec.reward(task, traj) == 1.0
+    assert spec.step_rewards(task, traj)[3] == 1.0

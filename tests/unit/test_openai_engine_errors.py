@@ -191,7 +191,10 @@ def test_concurrency_cap_and_loop_changes(serve) -> None:  # noqa: ANN001
         return [o.token_ids[0] for o in outs]
 
     assert run(batch()) == list(range(6))
-    assert run(batch()) == list(range(6))  # a second event loop gets its own pooled client
+    with pytest.raises(EngineError, match="another event loop"):  # one client per run, never a second
+        run(batch())
+    run(eng.close())
+    assert run(batch()) == list(range(6))  # closed: a new loop may open the next client
     assert peak[0] <= 2
     run(eng.close())
 

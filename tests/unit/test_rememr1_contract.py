@@ -13,7 +13,7 @@ import pytest
 from memrl.testing import CharTokenizer, ScriptedEngine
 from memrl.types import Task
 from memrl.workflows import get_workflow
-from memrl.workflows.rememr1 import ReMemR1Config, assign_step_rewards, parse_step, run
+from memrl.workflows.rememr1 import ReMemR1Config, parse_step, run, step_rewards
 from memrl.workflows.runner import rollout
 from memrl.workflows.templates import TemplateError
 
@@ -197,9 +197,10 @@ def test_rollout_reward_is_boxed_em_and_step_rewards_are_written():
     assert traj.segments[2].info["recalled_memory"] == "red"
     assert [s.step_reward for s in traj.segments] == pytest.approx([1.5, 0.5, 1.5, 1.0])
     # other weights: w_f = 0, w_m = 2, w_c = 3 -> 2*0.5 = 1.0; 2*(-0.5) = -1.0; 3*0.5 = 1.5; final 0
-    got = assign_step_rewards(task, traj, cfg(format_weight=0.0, memory_weight=2.0, callback_weight=3.0))
+    got = step_rewards(task, traj, cfg(format_weight=0.0, memory_weight=2.0, callback_weight=3.0))
     assert got == pytest.approx([1.0, -1.0, 1.5, 0.0])
-    assert [s.step_reward for s in traj.segments] == pytest.approx([1.0, -1.0, 1.5, 0.0])
+    # pure: the segments keep the values the rollout's score stage wrote
+    assert [s.step_reward for s in traj.segments] == pytest.approx([1.5, 0.5, 1.5, 1.0])
 
 
 def test_a_recall_of_what_the_chunk_already_says_earns_nothing():

@@ -1,0 +1,205 @@
+"""One client of each service per run (issue 29): 50 training steps and one `memrl eval` run against a real
+retrieval service (`memrl serve retrieval`, a subprocess) and an OpenAI-compatible judge (a thread), both
+on 127.0.0.1 free ports, started and stopped here. Every httpx.AsyncClient made is counted (by patching
+its constructor) and must be closed when the run ends.
+
+Training runs `Trainer.fit` over MemAct with a scripted policy (`Trainer.from_parts`: a ScriptedEngine and
+stub workers, no model), so the 50 steps take seconds; the clients are the runtime's whatever the engine.
+Eval runs `memrl.eval.runner.evaluate` with engine=openai against memrl.testing.CompletionServer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from memrl.types import Task
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = [{"id": "d1", "title": "Tower", "text": "The tower stands in Paris."},
+          {"id": "d2", "title": "Bridge", "text": "The bridge is in London."}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def retriever_url(tmp_path_factory):
+    corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in CORPUS))
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, "-m", "memrl.cli", "serve", "retrieval", "--corpus", str(corpus),
+                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}: {proc.stdout.read()}")
+            try:
+                httpx.get(f"{url}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "retrieval server did not come up in 90 s"
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+
+
+class Judge:
+    """Says CORRECT when the predicted answer names Paris, INCORRECT otherwise; counts requests."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.calls += 1
+                verdict = "CORRECT" if "Predicted answer: Paris" in body["messages"][0]["content"] else "INCORRECT"
+                data = json.dumps({"choices": [{"message": {"role": "assistant", "content": verdict}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True).start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def judge():
+    j = Judge()
+    yield j
+    j.stop()
+
+
+@pytest.fixture
+def clients(monkeypatch):
+    """Every httpx.AsyncClient made while the test runs: [client, ...]; `closed` tells which were closed."""
+    made: list[httpx.AsyncClient] = []
+    init = httpx.AsyncClient.__init__
+
+    def counting_init(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        made.append(self)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(httpx.AsyncClient, "__init__", counting_init)
+    return made
+
+
+def closed(c: httpx.AsyncClient) -> bool:
+    return c.is_closed
+
+
+def search(query: str) -> str:
+    return "<tool_call>" + json.dumps({"name": "search", "arguments": {"query": query}}) + "</tool_call>"
+
+
+def policy(prompt: str, idx: int) -> str:
+    """Search once, then answer from the result (Paris when the search found the tower)."""
+    if "Search results" not in prompt:
+        return search("tower")
+    return "FINAL_ANSWER: Paris" if "stands in Paris" in prompt else "FINAL_ANSWER: Rome"
+
+
+WORKFLOW = {"name": "memact", "no_prune_prob": 0.0, "max_turn_tokens": 200, "max_assistant_turns": 3,
+            "system_template": "S", "user_template": "{question}|{answer_format}"}
+
+
+class StubWorkers:
+    def __init__(self) -> None:
+        self.steps = 0
+        self.closed = False
+
+    def train_rows(self, rows, step_scheduler=True):  # noqa: ANN001, ANN201
+        self.steps += 1
+        return {"train/rows": float(len(rows))}
+
+    def weights_for_engines(self):  # noqa: ANN201
+        return {}
+
+    def save(self, root, step, state, keep=0, extra_files=None):  # noqa: ANN001, ANN201
+        return Path(root) / f"step_{step:06d}"
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_50_training_steps_make_one_client_per_service(tmp_path, retriever_url, judge, clients):
+    from memrl.testing import CharTokenizer, ScriptedEngine
+    from memrl.training.config import TrainConfig
+    from memrl.training.trainer import Trainer
+
+    cfg = TrainConfig()
+    cfg.out_dir = str(tmp_path / "run")
+    cfg.data.name, cfg.data.path = "file", "unused.jsonl"
+    cfg.workflow = {**WORKFLOW, "retriever_url": retriever_url, "judge": {"url": judge.url, "model": "judge"}}
+    cfg.algorithm.name, cfg.algorithm.n = "grpo", 2
+    cfg.trainer.steps, cfg.trainer.batch_size, cfg.trainer.concurrency = 50, 2, 4
+    tasks = [Task(f"q{i}", "Where is the tower?", "", ["Paris"]) for i in range(3)]
+    workers = StubWorkers()
+    trainer = Trainer.from_parts(cfg, workers, ScriptedEngine(policy, tokenizer=CharTokenizer()), tasks=tasks)
+    history = trainer.fit()
+    assert len(history) == 50 and workers.steps == 50 and workers.closed and trainer.runtime.closed
+    # every trajectory searched once (through the service) and was judged correct by the judge server
+    assert all(h["reward/mean"] == 1.0 and h["judge/correct"] == 4.0 and h["traj/searches"] == 1.0
+               for h in history)
+    assert judge.calls == 50 * 2 * 2
+    assert "rollout/memory_tokens_mean" not in history[0]  # MemAgent's metric is not a MemAct run's
+    assert len(clients) == 2, f"{len(clients)} AsyncClients for one run: one retriever, one judge expected"
+    assert all(closed(c) for c in clients)
+
+
+def test_eval_makes_one_client_per_service_and_engine(tmp_path, retriever_url, judge, clients):
+    from transformers import AutoTokenizer
+
+    from memrl.data.memagent_files import write_eval_json
+    from memrl.engines.config import EngineConfig, OpenAISection
+    from memrl.eval.runner import EvalConfig, evaluate
+    from memrl.models.tiny import cached_tiny_model
+    from memrl.testing import CompletionServer, ScriptedEngine
+
+    model = cached_tiny_model("tiny")
+    data = tmp_path / "eval.json"
+    write_eval_json(data, [Task(f"q{i}", "Where is the tower?", "", ["Paris"]) for i in range(6)])
+    server = CompletionServer(ScriptedEngine(policy, tokenizer=AutoTokenizer.from_pretrained(model)))
+    with server:
+        cfg = EvalConfig(workflow={**WORKFLOW, "temperature": 0.0, "retriever_url": retriever_url,
+                                   "judge": {"url": judge.url, "model": "judge"}},
+                         engine=EngineConfig(name="openai", model=model, openai=OpenAISection(base_url=server.url)),
+                         concurrency=3, progress=False)
+        rows = evaluate([data], tmp_path / "out", cfg)
+    assert len(rows) == 6 and all(r["reward"] == 1.0 for r in rows)
+    assert judge.calls == 6
+    assert len(clients) == 3, f"{len(clients)} AsyncClients: one engine, one retriever, one judge expected"
+    assert all(closed(c) for c in clients)
