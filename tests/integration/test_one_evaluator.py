@@ -89,14 +89,18 @@ def test_demo_eval_and_validation_give_the_same_scores(setup):
     assert (s.samples, s.questions) == (SAMPLES, 30)
     assert (s.mean_at_k, s.mean_at_k_se) == (demo.accuracy, demo.se)
 
-    # in-training validation: memrl.eval.runner.evaluate on the trainer's engine, its rows summarized
+    # in-training validation: memrl.eval.runner.evaluate on the trainer's runtime, its rows summarized
     tcfg = load_config(TrainConfig, ["workflow=memagent", *(f"workflow.{k}={v}" for k, v in WORKFLOW.items()
                                                            if k != "name" and "template" not in k),
                                      f"val.files=[{root / 'syn.jsonl'}]", f"val.samples={SAMPLES}",
                                      "val.temperature=1.0", f"trainer.seed={SEED}", "trainer.val_every=1"])
     tcfg.workflow.update(memory_template=MT, final_template=FT)
-    trainer = SimpleNamespace(cfg=tcfg, out=root / "train", engine=engine(tok))
-    val = run_validation(trainer, 3)
+    from memrl.runtime import RolloutRuntime
+
+    eng = engine(tok)
+    with RolloutRuntime(eng, close_engine=False) as runtime:  # the trainer's run-long runtime
+        trainer = SimpleNamespace(cfg=tcfg, out=root / "train", engine=eng, runtime=runtime)
+        val = run_validation(trainer, 3)
     assert val["val/syn/3/mean_at_k"] == demo.accuracy and val["val/mean_accuracy"] == demo.accuracy
     val_rows = read_results(root / "train" / "val" / "step_3" / "results.jsonl")
     assert by_task(val_rows, "reward") == rewards

@@ -19,9 +19,12 @@ class StubWorkers:
         self.rows: list[list] = []
         self.closed = False
 
-    def train_rows(self, rows, step_scheduler=True):  # noqa: ANN001, ANN201
-        self.rows.append(list(rows))
-        return {"train/rows": float(len(rows)), "train/loss": 0.0}
+    def train_rows(self, batch, step_scheduler=True):  # noqa: ANN001, ANN201
+        # one weight per row, from the driver (token-mean: 1 / the mini-batch's trained tokens, every row)
+        total = sum(s.num_trained_tokens for s in batch.segments)
+        assert batch.weights == [1.0 / total] * len(batch.segments) and batch.batch_rows == len(batch.segments)
+        self.rows.append(list(batch.segments))
+        return {"train/rows": float(len(batch.segments)), "train/loss": 0.0}
 
     def weights_for_engines(self):  # noqa: ANN201
         return {}
