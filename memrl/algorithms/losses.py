@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 
 from memrl.algorithms.base import register_loss
-from memrl.algorithms.options import PPOOptions
+from memrl.algorithms.options import OFF_POLICY_MODES, PPOOptions
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "traj-mean"]
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "traj-mean")
@@ -143,3 +143,62 @@ def agg_loss(
     weights = loss_token_weights(mask.int().tolist(), traj_ids, mode)
     w = torch.tensor(weights, dtype=token_loss.dtype, device=token_loss.device)
     return (torch.where(w != 0, token_loss, torch.zeros_like(token_loss)) * w).sum()
+
+
+def off_policy_weights(
+    old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mode: str, cap: float | None
+) -> torch.Tensor:
+    """Per-token correction weight (no gradient) multiplying the PPO token loss; docs/async.md.
+
+    w = exp(old - behaviour), the log-ratio clamped to [-20, 20]; `old` is the trainer's logprob before
+    the update, `behaviour` the engine's sampling logprob. tis (verl, slime): min(w, cap), truncated.
+    decoupled (AReaL's behaviour weight): w where w <= cap and 0 above it (the token is dropped, not
+    truncated); cap None = no cap. none: all ones.
+    """
+    if mode not in OFF_POLICY_MODES:
+        raise ValueError(f"unknown off-policy correction {mode!r}; known: {', '.join(OFF_POLICY_MODES)}")
+    with torch.no_grad():
+        if mode == "none":
+            return torch.ones_like(old_logprobs)
+        w = torch.exp(torch.clamp(old_logprobs.detach() - behaviour_logprobs, -20.0, 20.0))
+        if mode == "tis":
+            if cap is None:
+                raise ValueError("off_policy=tis needs a cap (algorithm.tis_cap)")
+            return torch.clamp(w, max=cap)
+        return w if cap is None else torch.where(w <= cap, w, torch.zeros_like(w))
+
+
+MISMATCH_SUMS: tuple[str, ...] = ("abs_diff", "k3", "outside", "tokens")
+
+
+def mismatch_sums(
+    trainer_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor, clip: float
+) -> dict[str, float]:
+    """Sums over the masked tokens of the train/inference mismatch (no gradient); divide by `tokens`.
+
+    d = trainer - engine (log-ratio, clamped to [-20, 20] for k3). abs_diff: sum |d|. k3: sum(exp(d) - 1 - d),
+    the k3 estimate of KL(engine || trainer) from tokens the engine sampled (unbiased, >= 0 per token).
+    outside: tokens whose ratio exp(d) is outside [1/clip, clip], i.e. |d| > log(clip). tokens: the count.
+    """
+    import math
+
+    with torch.no_grad():
+        m = mask.detach().to(torch.float64)
+        d = trainer_logprobs.detach().to(torch.float64) - engine_logprobs.detach().to(torch.float64)
+        dc = torch.clamp(d, -20.0, 20.0)
+        return {
+            "abs_diff": float((d.abs() * m).sum()),
+            "k3": float(((torch.exp(dc) - 1.0 - dc) * m).sum()),
+            "outside": float(((d.abs() > math.log(clip)).to(m.dtype) * m).sum()),
+            "tokens": float(m.sum()),
+        }
+
+
+def mismatch_means(sums: dict[str, float]) -> dict[str, float]:
+    """The mismatch metrics from `mismatch_sums` totals (summed over micro-batches and ranks): token means.
+    No trained token: {} (nothing to report)."""
+    n = sums.get("tokens", 0.0)
+    if n <= 0:
+        return {}
+    return {"abs_logprob_diff_mean": sums["abs_diff"] / n, "kl_k3": sums["k3"] / n,
+            "ratio_outside_share": sums["outside"] / n, "tokens": n}

@@ -66,3 +66,9 @@ class PPOOptions:
     """rho is clipped above at 1 + clip_high (DAPO's clip-higher when > clip_low)."""
     dual_clip_c: float | None = 3.0
     """Dual clip: for A < 0 the loss is at most -A * c (None disables)."""
+
+
+OFF_POLICY_MODES: tuple[str, ...] = ("none", "tis", "decoupled")
+"""algorithm.off_policy (memrl.algorithms.losses.off_policy_weights, docs/async.md): none = the PPO ratio
+against the engine's sampling logprobs (memrl's loss since the start); tis = truncated importance sampling
+on the train/inference ratio (verl, slime); decoupled = decoupled PPO (AReaL)."""

@@ -18,11 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from memrl.algorithms.options import STATE_TERMS, GRPOOptions, PPOOptions, ReMemR1Options
+from memrl.algorithms.options import OFF_POLICY_MODES, STATE_TERMS, GRPOOptions, PPOOptions, ReMemR1Options
 from memrl.config import REMOVED_KEYS, ConfigError, valid
 from memrl.data.synthetic import SyntheticConfig
 from memrl.engines.config import EngineConfig
 from memrl.training.trackers import check_installed
+
+
+def off_policy_cap(a: AlgorithmSection) -> float | None:
+    """The cap of the chosen off-policy correction: tis_cap under tis, decoupled_cap under decoupled."""
+    return a.tis_cap if a.off_policy == "tis" else a.decoupled_cap if a.off_policy == "decoupled" else None
 
 
 def _advantage_names() -> list[str]:
@@ -148,6 +153,18 @@ class AlgorithmSection:
     """Extra rollout rounds dynamic sampling may run to refill the batch."""
     temperature: float = valid(1.0, gt=0)
     """Rollout temperature (overrides the workflow's); logprobs are recomputed under the same T."""
+    # --- train/inference mismatch and its correction (docs/async.md)
+    off_policy: str = valid("none", choices=OFF_POLICY_MODES)
+    """none: the PPO ratio against the engine's sampling logprobs (unchanged); tis: truncated importance
+    sampling, each token's loss times min(exp(old - engine), tis_cap) (verl, slime); decoupled: AReaL's
+    decoupled PPO, ratio against the proximal (pre-update trainer) policy, times exp(proximal - engine),
+    tokens above decoupled_cap dropped. old = proximal = the trainer's logprob before the update."""
+    tis_cap: float = valid(2.0, gt=0)
+    """off_policy=tis: the truncation C of the train/inference ratio."""
+    decoupled_cap: float | None = valid(None, gt=1, note="null = no cap")
+    """off_policy=decoupled: tokens whose behaviour weight exp(proximal - engine) exceeds it weigh 0 (AReaL)."""
+    mismatch_clip: float = valid(2.0, gt=1)
+    """c of the logged mismatch/<engine>/ratio_outside_share: tokens whose exp(trainer - engine) is outside [1/c, c]."""
 
     def check(self) -> None:
         """dcpo needs a group of 2 or more; a segment selection trains at least one row per trajectory; the
@@ -403,6 +420,13 @@ class TrainConfig:
             raise ConfigError(
                 f"trainer.num_workers={self.trainer.num_workers} needs rollout.num_engines >= 1 (the in-process "
                 "engine serves the live module of world size 1)")
+        t = self.trainer
+        if self.algorithm.off_policy != "none" and (t.mini_batches != 1 or t.mini_batch_rows != 0):
+            raise ConfigError(
+                f"algorithm.off_policy={self.algorithm.off_policy} needs one optimizer step per RL step "
+                f"(trainer.mini_batches=1 and trainer.mini_batch_rows=0, got {t.mini_batches} and "
+                f"{t.mini_batch_rows}): its old / proximal logprobs come from each row's training forward, which "
+                "is the pre-update policy only for the first optimizer step (docs/async.md)")
         if self.engine.name == "openai" and self.engine.openai.api == "chat":
             raise ConfigError(
                 "engine.openai.api=chat cannot train: RL needs the generated token ids and their sampling "

@@ -70,6 +70,8 @@ class LossParts:
 
     loss: torch.Tensor
     sums: dict[str, float] = field(default_factory=dict)
+    mismatch: dict[str, float] = field(default_factory=dict)
+    """Unweighted token sums of the train/inference mismatch (memrl.algorithms.losses.mismatch_sums)."""
 
 
 def ppo_micro_loss(
@@ -82,20 +84,40 @@ def ppo_micro_loss(
     kl_coef: float = 0.0,
     kl_kind: str = "low_var_kl",
     entropy_coef: float = 0.0,
+    off_policy: str = "none",
+    off_policy_cap: float | None = None,
+    mismatch_clip: float = 2.0,
 ) -> LossParts:
     """sum(w * (policy_loss + kl_coef * kl - entropy_coef * entropy)) over this micro-batch.
 
     `mb.weights` were fixed over the whole batch, so summing this over micro-batches equals the
     un-split loss (and its gradient). Logged sums are weighted the same way (so they add up to means).
+    `off_policy` (docs/async.md): none = the ratio against the engine's sampling logprobs `mb.old_logprobs`;
+    tis / decoupled = the ratio against this forward's own logprobs, detached (the trainer's policy before
+    the optimizer step: the old / proximal policy), each token's loss times
+    memrl.algorithms.losses.off_policy_weights(old, engine, off_policy, off_policy_cap). The mismatch sums
+    compare this forward's logprobs with the engine's on the trained tokens (`mismatch_clip`: c of the
+    ratio's [1/c, c] band).
     """
-    from memrl.algorithms.losses import kl_penalty
+    from memrl.algorithms.losses import kl_penalty, mismatch_sums, off_policy_weights
     from memrl.algorithms.registry import get_loss
 
     lp, ent = token_logprobs(model, mb, temperature, with_entropy=True)
-    per_tok, stats = get_loss(loss_name)(lp, mb.old_logprobs, mb.advantages, mb.loss_mask, **(loss_kwargs or {}))
+    engine_lp = mb.old_logprobs
+    fn = get_loss(loss_name)
+    is_w = None
+    if off_policy == "none":
+        per_tok, stats = fn(lp, engine_lp, mb.advantages, mb.loss_mask, **(loss_kwargs or {}))
+    else:
+        old = lp.detach()
+        per_tok, stats = fn(lp, old, mb.advantages, mb.loss_mask, **(loss_kwargs or {}))
+        is_w = off_policy_weights(old, engine_lp, off_policy, off_policy_cap)
+        per_tok = per_tok * is_w
     w = mb.weights
     loss = (w * per_tok).sum()
     sums = {"pg_loss": float(loss.detach())}
+    if is_w is not None:
+        sums["is_weight"] = float((w * is_w).sum())
     if ref_logprobs is not None:
         kl = kl_penalty(lp, ref_logprobs, kl_kind) * mb.loss_mask
         kl_term = (w * kl).sum()
@@ -111,7 +133,7 @@ def ppo_micro_loss(
     for k in ("clipfrac", "approx_kl"):
         if k in stats:
             sums[k] = stats[k] * wsum
-    return LossParts(loss, sums)
+    return LossParts(loss, sums, mismatch_sums(lp, engine_lp, mb.loss_mask, mismatch_clip))
 
 
 def sft_micro_loss(model: torch.nn.Module, mb: MicroBatch) -> LossParts:

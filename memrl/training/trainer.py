@@ -167,17 +167,32 @@ COUNTED = ("train/rows", "train/tokens", "train/micro_batches", "train/rows_zero
 """Per-step metrics that count things: summed over an RL step's optimizer steps (the rest are averaged)."""
 
 
+MISMATCH_TOKENS = "/tokens"
+
+
+def _is_mismatch_mean(key: str) -> bool:
+    return key.startswith("mismatch/") and not key.endswith(MISMATCH_TOKENS)
+
+
+def _mismatch_tokens(key: str) -> str:
+    return key.rsplit("/", 1)[0] + MISMATCH_TOKENS
+
+
 def combine_step_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
     """One RL step's metrics from its optimizer steps' (memrl.training.schedule): counts summed, train/lr
-    the last step's, everything else the mean over the steps taken; train/optimizer_steps counts them."""
+    the last step's, the mismatch/<engine>/* token means weighed by their steps' mismatch/<engine>/tokens
+    (summed), everything else the mean over the steps taken; train/optimizer_steps counts them."""
     out: dict[str, float] = {}
     for m in steps:
         for k, v in m.items():
-            out[k] = out.get(k, 0.0) + v
+            # mismatch/<engine>/<metric>: token means, re-weighed by each step's mismatch tokens
+            out[k] = out.get(k, 0.0) + (v * m[_mismatch_tokens(k)] if _is_mismatch_mean(k) else v)
     for k in out:
         if k == "train/lr":
             out[k] = steps[-1][k]
-        elif k not in COUNTED:
+        elif _is_mismatch_mean(k):
+            out[k] /= sum(m.get(_mismatch_tokens(k), 0.0) for m in steps)
+        elif k not in COUNTED and not k.endswith(MISMATCH_TOKENS):
             out[k] /= sum(1 for m in steps if k in m)
     if steps:
         out["train/optimizer_steps"] = float(len(steps))

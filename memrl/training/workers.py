@@ -20,12 +20,14 @@ from typing import Any
 
 import torch
 
+from memrl.algorithms.losses import MISMATCH_SUMS, mismatch_means
 from memrl.quiet import hf_progress_off
 from memrl.training import distributed as D
 from memrl.training.checkpoint import OPTIM_DIR, STATE_FILE, load_state, save_checkpoint, temp_dir
-from memrl.training.config import TrainConfig
+from memrl.training.config import TrainConfig, off_policy_cap
 from memrl.training.optim import decay_groups, lr_lambda, skips_zero_advantage
 from memrl.training.packing import TrainBatch, blank_row, collate, pack_rows
+from memrl.training.placement import replica_kind
 from memrl.training.policy import clip_norm, ppo_micro_loss, token_logprobs
 from memrl.training.worker_group import LocalRank, RankGroup, WorkerGroup
 
@@ -147,6 +149,7 @@ class PolicyWorker:
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         sums: dict[str, float] = {"loss/total": 0.0}
+        mm = dict.fromkeys(MISMATCH_SUMS, 0.0)  # train/inference mismatch: token sums (docs/async.md)
         tokens = 0
         for j in range(n_steps):
             if j < len(batches):
@@ -160,7 +163,10 @@ class PolicyWorker:
                 with torch.no_grad():
                     ref_lp, _ = token_logprobs(self.ref, mb, a.temperature)
             part = ppo_micro_loss(self.model, mb, a.temperature, a.loss, self.loss_kwargs,
-                                  ref_lp, a.kl_coef, a.kl_kind, a.entropy_coef)
+                                  ref_lp, a.kl_coef, a.kl_kind, a.entropy_coef,
+                                  a.off_policy, off_policy_cap(a), a.mismatch_clip)
+            for k, v in part.mismatch.items():
+                mm[k] += v
             # FSDP averages gradients over ranks; the weights already sum over the global batch.
             (part.loss * ws if ws > 1 else part.loss).backward()
             sums["loss/total"] += float(part.loss.detach())
@@ -177,11 +183,15 @@ class PolicyWorker:
         self.model.eval()
         keys = sorted(sums)
         totals = D.all_reduce_sum([sums[k] for k in keys] + [float(len(batches)), float(len(share)), float(len(mine)),
-                                                             float(tokens), all_w, kept_w], self._comm_device())
+                                                             float(tokens), all_w, kept_w]
+                                  + [mm[k] for k in MISMATCH_SUMS], self._comm_device())
         out = dict(zip(keys, totals[: len(keys)], strict=True))
-        n_mb, rows_all, rows_kept, n_tok, w_all, w_kept = totals[len(keys):]
-        if 0 < w_kept < w_all:  # entropy / clipfrac / approx_kl: weighted means over the trained tokens (no KL
-            for k in ("loss/entropy", "loss/clipfrac", "loss/approx_kl"):  # term is logged when rows are skipped)
+        n_mb, rows_all, rows_kept, n_tok, w_all, w_kept = totals[len(keys): len(keys) + 6]
+        kind = replica_kind(self.cfg)
+        for k, v in mismatch_means(dict(zip(MISMATCH_SUMS, totals[len(keys) + 6:], strict=True))).items():
+            out[f"mismatch/{kind}/{k}"] = v
+        if 0 < w_kept < w_all:  # entropy / clipfrac / approx_kl / is_weight: weighted means over the trained tokens
+            for k in ("loss/entropy", "loss/clipfrac", "loss/approx_kl", "loss/is_weight"):  # (no KL when skipping)
                 if k in out:
                     out[k] *= w_all / w_kept
         out["train/grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
