@@ -1,0 +1,77 @@
+"""algorithm.off_policy end to end on the tiny model (CPU, the in-process transformers engine sharing the
+trained module): every mode logs mismatch/hf/* each step, ~0 here (the engine and the trainer run the same
+module; not exactly 0 because the engine decodes with a KV cache and batches differently); with the engine
+that close to the trainer, tis and decoupled train the same weights as each other and nearly the loss of
+none (docs/async.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from memrl.config import load_config
+from memrl.training.config import TrainConfig
+from memrl.training.trainer import Trainer
+from memrl.workflows import WorkflowSpec, register_workflow
+
+pytestmark = pytest.mark.slow
+
+
+def _reward(task, traj) -> float:  # noqa: ARG001
+    """Half the trajectories of a random model earn 1 (first answer token id even): advantages are non-zero."""
+    final = traj.segments[-1].response_ids
+    return float(bool(final) and final[0] % 2 == 0)
+
+
+def _spec() -> WorkflowSpec:
+    from memrl.workflows import memagent
+
+    return WorkflowSpec("memagent_offpolicy", memagent.run, memagent.MemAgentConfig, _reward)
+
+
+register_workflow("memagent_offpolicy", _spec)
+
+
+def _run(model: str, out, mode: str) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
+    cfg = load_config(TrainConfig, [
+        f"model.path={model}", f"out_dir={out}", "trainer.steps=2", "workflow=memagent_offpolicy",
+        "workflow.chunk_tokens=24", "workflow.max_memory_tokens=6", "workflow.max_final_tokens=3",
+        "data.synthetic.num_chunks=2", "data.synthetic.chunk_words=8", "trainer.batch_size=2", "algorithm.n=3",
+        "algorithm.kl_coef=0.01", "optim.lr=1e-3", "optim.warmup_steps=0", "trainer.save_every=0",
+        "trainer.token_budget=600", "trainer.progress=false", "trainer.tensorboard=false", "engine.name=hf",
+        f"algorithm.off_policy={mode}",
+    ])
+    t = Trainer(cfg)
+    hist = t.fit()
+    weights = {k: v.detach().clone() for k, v in t.model.state_dict().items()}
+    t.close()
+    return hist, weights
+
+
+def test_every_mode_logs_mismatch_and_trains(tmp_path):
+    from memrl.models.tiny import cached_tiny_model
+
+    model = str(cached_tiny_model("tiny"))
+    runs = {mode: _run(model, tmp_path / mode, mode) for mode in ("none", "tis", "decoupled")}
+    for mode, (hist, _) in runs.items():
+        assert len(hist) == 2
+        for h in hist:
+            assert h["mismatch/hf/tokens"] > 0, mode
+            assert 0 <= h["mismatch/hf/abs_logprob_diff_mean"] < 1e-5, (mode, h)
+            assert 0 <= h["mismatch/hf/kl_k3"] < 1e-10, (mode, h)
+            assert h["mismatch/hf/ratio_outside_share"] == 0.0, (mode, h)
+        lines = [json.loads(x) for x in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
+        assert [x["mismatch/hf/abs_logprob_diff_mean"] for x in lines] == [h["mismatch/hf/abs_logprob_diff_mean"]
+                                                                           for h in hist]
+        assert ("loss/is_weight" in hist[0]) == (mode != "none")
+    (none, w_none), (tis, w_tis), (dec, w_dec) = runs["none"], runs["tis"], runs["decoupled"]
+    # the engine's logprobs are the trainer's to ~1e-7: every correction weight is ~1 (none is capped or dropped),
+    # so tis and decoupled compute the same loss and weights, and none's loss to float rounding
+    assert all(torch.equal(w_tis[k], w_dec[k]) for k in w_tis)
+    assert [h["loss/total"] for h in tis] == [h["loss/total"] for h in dec]
+    for a, b in zip(none, tis, strict=True):
+        assert abs(a["loss/total"] - b["loss/total"]) < 1e-6
+        assert abs(b["loss/is_weight"] - 1.0) < 1e-5
+    assert max(float((w_none[k] - w_tis[k]).abs().max()) for k in w_none) < 1e-4
