@@ -40,7 +40,7 @@ def _run(model: str, out, mode: str) -> tuple[list[dict[str, float]], dict[str, 
         "workflow.chunk_tokens=24", "workflow.max_memory_tokens=6", "workflow.max_final_tokens=3",
         "data.synthetic.num_chunks=2", "data.synthetic.chunk_words=8", "trainer.batch_size=2", "algorithm.n=3",
         "algorithm.kl_coef=0.01", "optim.lr=1e-3", "optim.warmup_steps=0", "trainer.save_every=0",
-        "trainer.token_budget=600", "trainer.progress=false", "trainer.tensorboard=false", "engine.name=hf",
+        "trainer.token_budget=600", "trainer.progress=false", f"trainer.tensorboard={mode == 'none'}", "engine.name=hf",
         f"algorithm.off_policy={mode}",
     ])
     t = Trainer(cfg)
@@ -66,6 +66,21 @@ def test_every_mode_logs_mismatch_and_trains(tmp_path):
         assert [x["mismatch/hf/abs_logprob_diff_mean"] for x in lines] == [h["mismatch/hf/abs_logprob_diff_mean"]
                                                                            for h in hist]
         assert ("loss/is_weight" in hist[0]) == (mode != "none")
+    # TensorBoard gets the same scalars
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "none" / "tb"))
+    acc.Reload()
+    tb = [e.value for e in acc.Scalars("mismatch/hf/abs_logprob_diff_mean")]
+    assert tb == pytest.approx([h["mismatch/hf/abs_logprob_diff_mean"] for h in runs["none"][0]], rel=1e-6)
+    # the viewer's metric picker lists the new curves and draws them (memrl/viewer)
+    from memrl.viewer.data import Run
+
+    run = Run.open(tmp_path / "tis")
+    assert {f"mismatch/hf/{k}" for k in ("abs_logprob_diff_mean", "kl_k3", "ratio_outside_share", "tokens")} <= set(
+        run.summary()["metric_names"])
+    curve = run.metrics(["mismatch/hf/kl_k3"])["mismatch/hf/kl_k3"]
+    assert [p[0] for p in curve] == [1.0, 2.0] and [p[1] for p in curve] == [h["mismatch/hf/kl_k3"] for h in runs["tis"][0]]
     (none, w_none), (tis, w_tis), (dec, w_dec) = runs["none"], runs["tis"], runs["decoupled"]
     # the engine's logprobs are the trainer's to ~1e-7: every correction weight is ~1 (none is capped or dropped),
     # so tis and decoupled compute the same loss and weights, and none's loss to float rounding
