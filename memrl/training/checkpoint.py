@@ -157,6 +157,11 @@ def _check_weights(path: Path) -> None:
     """The safetensors file(s) of a HF directory have a readable header covering the whole file."""
     from safetensors import safe_open
 
+    from memrl.training.lora import check_adapter_checkpoint
+
+    if check_adapter_checkpoint(path):  # a LoRA checkpoint: PEFT's adapter files (the base is model.path)
+        return
+
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:

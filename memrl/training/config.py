@@ -16,6 +16,7 @@ from typing import Any
 from memrl.config import REMOVED_KEYS, valid
 from memrl.data.synthetic import SyntheticConfig
 from memrl.engines.config import EngineConfig
+from memrl.training.lora import LoraSection
 
 
 def _advantage_names() -> list[str]:
@@ -53,6 +54,8 @@ class ModelSection:
     device: str = "cpu"
     """Where the trainer runs ("cpu", "cuda")."""
     gradient_checkpointing: bool = False
+    lora: LoraSection = field(default_factory=LoraSection)
+    """LoRA adapters (memrl.training.lora; docs/lora.md); rank 0 = full fine-tuning."""
 
 
 @dataclass
@@ -281,6 +284,14 @@ class RolloutSection:
     during the update. Needs rollout.num_engines <= trainer.num_workers."""
     gpu_memory_utilization: float = valid(0.4, gt=0, le=1)
     """vLLM: share of its GPU for weights + KV cache (keep room for the trainer when colocated)."""
+    sync_check: bool = False
+    """After every weight sync, the engine's greedy logprobs on a fixed probe must match the trainer's
+    within sync_check_tol, else the run stops naming the engine (memrl.training.sync_check; its cost is
+    logged as time/sync_check_s). Needs trainer.num_workers=1."""
+    sync_check_tol: float = valid(1e-3, gt=0)
+    """sync_check: the largest |engine logprob - trainer logprob| allowed (float32: 1e-3; bf16 engines ~0.1)."""
+    sync_check_tokens: int = valid(4, ge=1, le=64)
+    """sync_check: tokens the engine generates greedily after the probe."""
 
 
 @dataclass

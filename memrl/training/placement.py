@@ -186,7 +186,9 @@ class _RankActor:
         (in a list, so Ray hands the reference on instead of resolving it)."""
         import ray
 
-        state = self.worker.full_state()
+        from memrl.training.lora import engine_state
+
+        state = engine_state(self.worker.full_state(), self.worker.cfg.model)  # LoRA: merged, HF names
         return [ray.put(state)] if self.worker.info.rank == 0 else None
 
     def save(self, root: str, step: int, driver_state: dict[str, Any], keep: int,

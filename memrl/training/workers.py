@@ -21,6 +21,7 @@ import torch
 
 from memrl.quiet import hf_progress_off
 from memrl.training import distributed as D
+from memrl.training import lora as L
 from memrl.training.checkpoint import OPTIM_DIR, STATE_FILE, load_state, save_checkpoint, temp_dir
 from memrl.training.config import TrainConfig
 from memrl.training.packing import Row, collate, pack_rows
@@ -67,11 +68,11 @@ def decay_groups(model: torch.nn.Module, scope: str) -> Any:
     "matrices" = Megatron-LM's rule (megatron/core/optimizer _get_param_groups): biases and 1-D parameters
     (norms) in a second group with weight decay 0."""
     if scope == "all":
-        return model.parameters()
+        return [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter only
     if scope != "matrices":
         raise ValueError(f"unknown weight-decay scope {scope!r}; known: all, matrices")
     decay, plain = [], []
-    for name, p in model.named_parameters():
+    for name, p in ((n, p) for n, p in model.named_parameters() if p.requires_grad):
         (plain if name.endswith(".bias") or p.ndim == 1 else decay).append(p)
     return [{"params": decay}, {"params": plain, "weight_decay": 0.0}]
 
@@ -94,7 +95,7 @@ class PolicyWorker:
         D.init_group(info)
         self.cfg, self.info = cfg, info
         self.loss_kwargs = options_kwargs(fill_options(loss_options(cfg.algorithm.loss), cfg.algorithm))
-        src = start or cfg.model.path
+        src = L.base_source(cfg.model, start)  # LoRA: the base; the checkpoint holds the adapter
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
         self.device = cfg.model.device
         if info.world_size > 1 and self.device.startswith("cuda"):
@@ -106,6 +107,8 @@ class PolicyWorker:
             # transformers >= 5.24 names it activation checkpointing (the old name warns); older ones only have the old
             enable = getattr(self.model, "activation_checkpointing_enable", None) or self.model.gradient_checkpointing_enable
             enable()
+        if L.enabled(cfg.model):
+            self.model = L.wrap(self.model, cfg.model.lora, cfg.trainer.seed, start, cfg.model.gradient_checkpointing)
         t = cfg.trainer
         D.shard_model(self.model, t.fsdp_bf16, t.cpu_offload)
         self.ref = None
@@ -225,6 +228,7 @@ class PolicyWorker:
                 state = dict(driver_state, scheduler=self.sched.state_dict(), optimizer_layout="dcp",
                              optimizer_groups=groups)
                 model = _GatheredModel(self.model, weights) if D.grouped() else self.model
+                model = L.checkpoint_model(model, self.tokenizer, self.cfg.model)  # LoRA: PEFT's adapter files
                 path = str(save_checkpoint(root, step, model, self.tokenizer, state, keep=keep,
                                            extra_files=extra_files, tmp=tmp))
         finally:
@@ -253,6 +257,7 @@ class PolicyWorker:
 
         t0 = time.perf_counter()
         weights = self.full_state() if D.grouped() else self.model.state_dict()
+        weights = L.engine_state(weights, self.cfg.model)  # LoRA: merged, HF names
         t1 = time.perf_counter()
         if D.rank() == 0:
             self.transfer.send(weights, skip=("lm_head.weight",) if self._tied() else ())
@@ -266,7 +271,7 @@ class PolicyWorker:
         from safetensors.torch import save_file
 
         t0 = time.perf_counter()
-        weights = self.full_state()
+        weights = L.engine_state(self.full_state(), self.cfg.model)  # LoRA: merged, HF names
         if D.rank() == 0:
             d = Path(path)
             d.mkdir(parents=True, exist_ok=True)
@@ -305,8 +310,8 @@ class LocalWorkers:
         return self.worker.full_state()
 
     def weights_for_engines(self) -> dict[str, torch.Tensor]:
-        """The live module's state dict (the in-process engine shares or copies it)."""
-        return self.model.state_dict()
+        """The live module's state dict (the in-process engine shares or copies it); LoRA: merged."""
+        return L.engine_state(self.model.state_dict(), self.worker.cfg.model)
 
     def optim_state(self) -> dict[str, Any]:
         return D.full_optim_state(self.model, self.opt)
