@@ -110,6 +110,29 @@ def load_adapter(model: Any, path: str | os.PathLike) -> None:
                           "rank and target_modules it was trained with")
 
 
+class BaseReference:
+    """The KL reference of a LoRA policy: the policy's own module with its adapters switched off. PEFT
+    starts B at 0, so that is the initial policy, with no second copy of the weights (the base stays
+    frozen, also across resumes). Called like a model (memrl.training.policy.token_logprobs); runs in eval
+    mode as a separately loaded reference would."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def forward(self, input_ids: Any = None, attention_mask: Any = None, logits_to_keep: int = 0, **kw: Any) -> Any:
+        if logits_to_keep:
+            kw["logits_to_keep"] = logits_to_keep
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self.model.disable_adapter():
+                return self.model(input_ids=input_ids, attention_mask=attention_mask, **kw)
+        finally:
+            self.model.train(was_training)
+
+    __call__ = forward
+
+
 def trainable_counts(model: Any) -> tuple[int, int]:
     """(trainable parameters, all parameters)."""
     params = list(model.parameters())

@@ -112,7 +112,9 @@ class PolicyWorker:
         t = cfg.trainer
         D.shard_model(self.model, t.fsdp_bf16, t.cpu_offload)
         self.ref = None
-        if cfg.algorithm.kl_coef > 0:
+        if cfg.algorithm.kl_coef > 0 and L.enabled(cfg.model):
+            self.ref = L.BaseReference(self.model)  # the initial policy: the same module, adapters off
+        elif cfg.algorithm.kl_coef > 0:
             # The reference is the INITIAL policy, also when resuming; sharded like the policy.
             with hf_progress_off():
                 self.ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).to(self.device).eval()

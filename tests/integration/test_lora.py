@@ -180,3 +180,26 @@ def test_train_sft_with_lora_writes_the_adapter_and_the_merged_model(tiny_path, 
         want = peft_model(input_ids=ids).logits
         assert torch.allclose(merged(input_ids=ids).logits, want, atol=1e-5)
         assert not torch.allclose(base(input_ids=ids).logits, want, atol=1e-4)
+
+
+def test_kl_reference_is_the_base_with_adapters_off(tiny_path, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from memrl.training.lora import BaseReference
+    from memrl.training.packing import Row, collate
+    from memrl.training.policy import token_logprobs
+
+    trainer = Trainer(_cfg(tiny_path, tmp_path / "run", 1, "algorithm.kl_coef=0.05", "trainer.save_every=0"))
+    history = trainer.fit()
+    ref = trainer.workers.worker.ref
+    assert isinstance(ref, BaseReference) and "loss/kl" in history[0]
+    rows = [Row(prompt_ids=[3, 5, 7], response_ids=[11, 13, 17, 19], loss_mask=[1] * 4, old_logprobs=[0.0] * 4,
+                advantage=1.0, trajectory_id="t")]
+    mb = collate(rows, 0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_path).eval()
+    with torch.no_grad():
+        want, _ = token_logprobs(base, mb)
+        got, _ = token_logprobs(ref, mb)
+        moved, _ = token_logprobs(trainer.model, mb)
+    assert torch.equal(got, want)  # bit-identical to a separately loaded reference
+    assert not torch.equal(moved, want)  # while the policy itself moved
