@@ -129,21 +129,39 @@ def test_sync_check_fails_when_the_sync_is_removed(tiny_path, tmp_path, monkeypa
     assert "the engine is not serving the trained weights" in msg
 
 
-def test_openai_sync_dir_gets_the_merged_directory(tiny_path, tmp_path):
+@pytest.mark.parametrize("synced", [True, False])
+def test_openai_server_reloads_the_merged_directory(tiny_path, tmp_path, monkeypatch, synced):
+    """engine=openai: after each update the trainer writes the merged HuggingFace directory (no PEFT on the
+    server side) to engine.openai.sync_dir and the server reloads it; the probe proves the server serves it,
+    and stops the run naming the server when the reload is dropped."""
     from transformers import AutoModelForCausalLM
 
-    trainer = Trainer(_cfg(tiny_path, tmp_path / "run", 1, "trainer.save_every=0"))
-    trainer.setup()
-    from memrl.training.lora import save_engine_dir
+    from memrl.engines.hf import HFEngine
+    from memrl.testing import CompletionServer
+    from memrl.training.sync_check import SyncCheckError
 
-    d = tmp_path / "sync"
-    save_engine_dir(trainer.model, trainer.tokenizer, d)
-    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in d.iterdir()}
-    plain = AutoModelForCausalLM.from_pretrained(d).eval()
+    sync_dir = tmp_path / "sync"
+    with CompletionServer(HFEngine(tiny_path, device="cpu", dtype="float32", seed=0)) as srv:
+        if not synced:  # the server takes the reload request and keeps its old weights
+            monkeypatch.setattr(srv.engine, "update_weights", lambda weights: None)
+        cfg = _cfg(tiny_path, tmp_path / "run", 2, "engine=openai", f"engine.openai.base_url={srv.url}",
+                   f"engine.model={tiny_path}", f"engine.openai.sync_dir={sync_dir}", "trainer.save_every=0")
+        trainer = Trainer(cfg)
+        if not synced:
+            with pytest.raises(SyncCheckError) as e:
+                trainer.fit()
+            assert str(e.value).startswith(f"rollout.sync_check failed after the update of step 1: engine openai "
+                                           f"({srv.url}) gives logprob ")
+            return
+        history = trainer.fit()
+        assert [h["sync/probe_max_abs_diff"] <= 1e-3 for h in history] == [True, True]
+        assert [ev[1] for ev in srv.events if ev[0] == "load"] == [str(sync_dir.resolve())] * 3
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in sync_dir.iterdir()}
+    assert not any("lora" in p.name for p in sync_dir.iterdir())
+    plain = AutoModelForCausalLM.from_pretrained(sync_dir).eval()
     ids = torch.tensor([[2, 4, 6, 8]])
     with torch.no_grad():
         assert torch.allclose(plain(input_ids=ids).logits, trainer.model(input_ids=ids).logits, atol=1e-5)
-    trainer.workers.close()
 
 
 def test_bad_target_modules_is_one_line(tiny_path, tmp_path):
