@@ -96,6 +96,9 @@ def validate(cfg: TrainConfig) -> tuple[Any, Any]:
         (cfg.trainer.num_workers == 1 or cfg.rollout.num_engines >= 1,
          f"trainer.num_workers={cfg.trainer.num_workers} needs rollout.num_engines >= 1 (the in-process "
          "engine serves the live module of world size 1)"),
+        (cfg.model.lora.rank == 0 or cfg.trainer.num_workers == 1,
+         f"model.lora.rank={cfg.model.lora.rank} needs trainer.num_workers=1: LoRA under FSDP2 ranks is not "
+         "supported yet (docs/lora.md)"),
         (cfg.engine.name != "openai" or cfg.engine.openai.api != "chat",
          "engine.openai.api=chat cannot train: RL needs the generated token ids and their sampling logprobs "
          "for the exact prompt tokens, and /v1/chat/completions renders its own prompt and returns ids and "

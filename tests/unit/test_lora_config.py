@@ -54,3 +54,14 @@ def test_inherit_loops_and_bad_parents_fail_in_one_line(tmp_path):
     a.write_text("inherit: no_such_preset\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="unknown preset 'no_such_preset'"):
         load_config(TrainConfig, [], preset=str(a))
+
+
+def test_lora_with_fsdp_ranks_is_refused_in_one_line(tmp_path):
+    from memrl.training.trainer import validate
+
+    cfg = load_config(TrainConfig, ["model.path=m", "model.lora.rank=8", "trainer.num_workers=2",
+                                    "rollout.num_engines=1"])
+    with pytest.raises(ConfigError) as e:
+        validate(cfg)
+    assert str(e.value) == ("model.lora.rank=8 needs trainer.num_workers=1: LoRA under FSDP2 ranks is not "
+                            "supported yet (docs/lora.md)")
