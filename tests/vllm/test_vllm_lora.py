@@ -5,6 +5,7 @@ engine when the in-process sync is removed. Needs peft in .venv-vllm (docs/lora.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -93,3 +94,26 @@ def test_ray_vllm_replica_gets_the_merged_weights(ray_session, tiny_model, tmp_p
     assert [h["sync/probe_max_abs_diff"] <= 1e-3 for h in history] == [True, True]
     names = os.listdir(tmp_path / "run" / "engine_weights")
     assert names == ["model.safetensors"]
+
+
+def test_vllm_server_reloads_the_merged_directory(vllm_server, tiny_model, tmp_path):
+    """engine=openai against a real vLLM server: the trainer writes the merged HuggingFace directory to
+    engine.openai.sync_dir after every update, the server reloads it (/collective_rpc), and the probe proves
+    the server serves the trained weights. The server gets the base weights back afterwards."""
+    from memrl.engines.openai_http import OpenAIEngine
+    from memrl.training.trainer import Trainer
+
+    sync_dir = tmp_path / "sync"
+    try:
+        t = Trainer(_cfg(str(tiny_model), tmp_path / "run", "engine=openai",
+                         f"engine.openai.base_url={vllm_server.url}/v1", f"engine.model={tiny_model}",
+                         f"engine.openai.sync_dir={sync_dir}"))
+        history = t.fit()
+        assert [h["sync/probe_max_abs_diff"] <= 1e-3 for h in history] == [True, True]
+        assert not any("adapter" in p.name for p in sync_dir.iterdir())
+    finally:
+        from transformers import AutoTokenizer
+
+        eng = OpenAIEngine(base_url=f"{vllm_server.url}/v1", tokenizer=AutoTokenizer.from_pretrained(tiny_model))
+        eng.update_weights(str(tiny_model))
+        asyncio.run(eng.close())
