@@ -311,7 +311,9 @@ class Trainer:
         sec = self.cfg.engine
         if sec.name != "hf" and not sec.model:
             sec = dataclasses.replace(sec, model=src)
-        policy = engine_policy(self.model, sec.hf.share_weights) if self.model is not None else None  # LoRA: merged copy
+        policy = self.model
+        if sec.name == "hf" and policy is not None:
+            policy = engine_policy(policy, sec.hf.share_weights)  # LoRA, a copy: a plain merged module
         return build_engine(sec, policy=policy, tokenizer=self.tokenizer)
 
     def sync_weights(self) -> float:
