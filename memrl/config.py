@@ -64,6 +64,28 @@ def preset_path(preset: str) -> Path:
     return Path(str(packaged))
 
 
+INHERIT_KEY = "inherit"
+"""A preset's top-level `inherit: <preset name or path>`: that preset is loaded first, this one on top."""
+
+
+def _preset_chain(path: Path) -> list[tuple[Path, Any]]:
+    """[(path, loaded YAML without its inherit key)] from the root ancestor to `path`."""
+    chain: list[tuple[Path, Any]] = []
+    seen: list[Path] = []
+    while True:
+        if path.resolve() in seen:
+            raise ConfigError(f"preset {path}: `{INHERIT_KEY}` loops ({' -> '.join(str(p) for p in seen)})")
+        seen.append(path.resolve())
+        loaded = OmegaConf.load(path)
+        parent = loaded.pop(INHERIT_KEY, None) if isinstance(loaded, DictConfig) else None
+        chain.append((path, loaded))
+        if parent is None:
+            return chain[::-1]
+        if not isinstance(parent, str) or not parent:
+            raise ConfigError(f"preset {path}: `{INHERIT_KEY}` must name a preset, got {parent!r}")
+        path = preset_path(parent)
+
+
 def preset_names() -> list[str]:
     d = resources.files("memrl").joinpath("configs")
     return sorted(p.name[:-5] for p in d.iterdir() if p.name.endswith(".yaml"))
@@ -105,9 +127,9 @@ def load_config(schema: type[T], overrides: list[str] | tuple[str, ...] = (), pr
     if preset:
         path = preset_path(preset)
         try:
-            loaded = OmegaConf.load(path)
-            _check_removed(_flat_keys(OmegaConf.to_container(loaded)), f"preset {path}")
-            cfg = OmegaConf.merge(cfg, loaded)  # type: ignore[assignment]
+            for part_path, loaded in _preset_chain(path):  # `inherit: <preset>`: the parent first
+                _check_removed(_flat_keys(OmegaConf.to_container(loaded)), f"preset {part_path}")
+                cfg = OmegaConf.merge(cfg, loaded)  # type: ignore[assignment]
         except OmegaConfBaseException as e:
             raise _wrap(e, f"preset {path}") from e
         except yaml.YAMLError as e:  # not YAML at all

@@ -102,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     with hf_progress_off():
         model = AutoModelForCausalLM.from_pretrained(cfg.model.path).to(cfg.model.device)
+    model = _lora(model, cfg)
     mem, fin = wf.templates()
     rule = MixtureRule(mem.text, fin.text, cfg.demonstrator.budget, cfg.demonstrator.skip_prob,
                        wf.no_memory_text, cfg.data.seed, p_aware=cfg.demonstrator.p_aware)
@@ -109,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     groups = rollout_sync(tasks, spec, ScriptedEngine(rule, tokenizer=tok), wf, n=1)
     segments = [s for g in groups for s in g.segments()]
     losses = sft_train_logged(model, tok, segments, cfg.sft, out, save_dir=out)
+    _save_merged(model, tok, out, cfg)
     print(f"SFT on {len(segments)} rows: loss {losses[0]:.3f} -> {losses[-1]:.3f}; model in {out}")
     return 0
 
@@ -137,9 +139,26 @@ def _run_conversations(cfg: SFTRunConfig) -> int:
     segments = conversation_segments(tok, convs, cfg.conversations.max_length, cfg.conversations.truncation)
     with hf_progress_off():
         model = AutoModelForCausalLM.from_pretrained(cfg.model.path).to(cfg.model.device)
+    model = _lora(model, cfg)
     losses = sft_train_logged(model, tok, segments, cfg.sft, out, save_dir=out)
+    _save_merged(model, tok, out, cfg)
     note = f" ({skipped} malformed rows skipped)" if skipped else ""
     trained = sum(s.num_trained_tokens for s in segments)
     print(f"SFT on {len(segments)} chats{note}, {trained} trained tokens: loss {losses[0]:.3f} -> "
           f"{losses[-1]:.3f}; model in {out}")
     return 0
+
+
+def _lora(model: Any, cfg: SFTRunConfig) -> Any:
+    """model.lora.rank > 0: the model with PEFT LoRA adapters (only they train; memrl.training.lora)."""
+    from memrl.training import lora
+
+    return lora.wrap(model, cfg.model.lora, cfg.sft.seed) if lora.enabled(cfg.model) else model
+
+
+def _save_merged(model: Any, tok: Any, out: Any, cfg: SFTRunConfig) -> None:
+    """With LoRA, out_dir holds PEFT's adapter; model.lora.save_merged adds the merged model in out_dir/merged."""
+    from memrl.training import lora
+
+    if lora.is_peft(model) and cfg.model.lora.save_merged:
+        lora.save_merged_dir(model, tok, out / lora.MERGED_DIR)

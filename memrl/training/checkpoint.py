@@ -34,6 +34,10 @@ import torch
 from memrl.errors import UserError, fault_point
 from memrl.quiet import hf_progress_off
 
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+"""A LoRA checkpoint's files (PEFT's format; memrl.training.lora writes them)."""
+
 log = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.pt"
@@ -153,9 +157,35 @@ def clean_stale(root: str | os.PathLike) -> list[str]:
     return removed
 
 
+def check_adapter_checkpoint(path: Path) -> bool:
+    """For checkpoint verification: True when `path` holds a LoRA adapter (then checked: a JSON config and
+    a complete safetensors file), False when it holds none (a full HuggingFace directory)."""
+    conf = path / ADAPTER_CONFIG
+    if not conf.is_file():
+        return False
+    try:
+        json.loads(conf.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{conf}: not valid JSON") from e
+    f = path / ADAPTER_WEIGHTS
+    if not f.is_file():
+        raise CheckpointError(f"{f} is missing")
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(f), "pt") as st:
+            st.keys()
+    except Exception as e:  # noqa: BLE001 - SafetensorError is not exported under a stable name
+        raise CheckpointError(f"{f}: not a complete safetensors file ({e})") from e
+    return True
+
+
 def _check_weights(path: Path) -> None:
     """The safetensors file(s) of a HF directory have a readable header covering the whole file."""
     from safetensors import safe_open
+
+    if check_adapter_checkpoint(path):  # a LoRA checkpoint: PEFT's adapter files (the base is model.path)
+        return
 
     index = path / "model.safetensors.index.json"
     if index.is_file():

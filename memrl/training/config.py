@@ -22,6 +22,7 @@ from memrl.algorithms.options import OFF_POLICY_MODES, STATE_TERMS, GRPOOptions,
 from memrl.config import REMOVED_KEYS, ConfigError, valid
 from memrl.data.synthetic import SyntheticConfig
 from memrl.engines.config import EngineConfig
+from memrl.training.lora import LoraSection
 from memrl.training.trackers import check_installed
 
 
@@ -65,6 +66,8 @@ class ModelSection:
     device: str = "cpu"
     """Where the trainer runs ("cpu", "cuda")."""
     gradient_checkpointing: bool = False
+    lora: LoraSection = field(default_factory=LoraSection)
+    """LoRA adapters (memrl.training.lora; docs/lora.md); rank 0 = full fine-tuning."""
 
     def check(self) -> None:
         """A model directory is named; a CUDA device exists when one is asked for."""
@@ -362,6 +365,14 @@ class RolloutSection:
     during the update. Needs rollout.num_engines <= trainer.num_workers."""
     gpu_memory_utilization: float = valid(0.4, gt=0, le=1)
     """vLLM: share of its GPU for weights + KV cache (keep room for the trainer when colocated)."""
+    sync_check: bool = False
+    """After every weight sync, the engine's greedy logprobs on a fixed probe must match the trainer's
+    within sync_check_tol, else the run stops naming the engine (memrl.training.sync_check; its cost is
+    logged as time/sync_check_s). Needs trainer.num_workers=1."""
+    sync_check_tol: float = valid(1e-3, gt=0)
+    """sync_check: the largest |engine logprob - trainer logprob| allowed (float32: 1e-3; bf16 engines ~0.1)."""
+    sync_check_tokens: int = valid(4, ge=1, le=64)
+    """sync_check: tokens the engine generates greedily after the probe."""
 
     def check(self) -> None:
         """A weight-sync mode is chosen only for Ray replicas."""
@@ -420,6 +431,10 @@ class TrainConfig:
             raise ConfigError(
                 f"trainer.num_workers={self.trainer.num_workers} needs rollout.num_engines >= 1 (the in-process "
                 "engine serves the live module of world size 1)")
+        if self.model.lora.rank != 0 and self.trainer.num_workers != 1:
+            raise ConfigError(
+                f"model.lora.rank={self.model.lora.rank} needs trainer.num_workers=1: LoRA under FSDP2 ranks is "
+                "not supported yet (docs/lora.md)")
         t = self.trainer
         if self.algorithm.off_policy != "none" and (t.mini_batches != 1 or t.mini_batch_rows != 0):
             raise ConfigError(

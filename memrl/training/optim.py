@@ -21,13 +21,13 @@ def lr_lambda(warmup: int) -> Callable[[int], float]:
 def decay_groups(model: torch.nn.Module, scope: str) -> Any:
     """The optimizer's parameters under `optim.weight_decay_scope`: "all" = every parameter in one group;
     "matrices" = Megatron-LM's rule (megatron/core/optimizer _get_param_groups): biases and 1-D parameters
-    (norms) in a second group with weight decay 0."""
+    (norms) in a second group with weight decay 0. Only trainable parameters (LoRA: the adapter's)."""
     if scope == "all":
-        return model.parameters()
+        return [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter only
     if scope != "matrices":
         raise ValueError(f"unknown weight-decay scope {scope!r}; known: all, matrices")
     decay, plain = [], []
-    for name, p in model.named_parameters():
+    for name, p in ((n, p) for n, p in model.named_parameters() if p.requires_grad):
         (plain if name.endswith(".bias") or p.ndim == 1 else decay).append(p)
     return [{"params": decay}, {"params": plain, "weight_decay": 0.0}]
 

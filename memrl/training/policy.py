@@ -49,7 +49,7 @@ def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether the model's forward takes `logits_to_keep` (every transformers CausalLM since 4.50)."""
     import inspect
 
-    cls = type(model)
+    cls = type(model.get_base_model() if hasattr(model, "get_base_model") else model)  # PEFT passes it on
     if cls not in _KEEPS:
         _KEEPS[cls] = "logits_to_keep" in inspect.signature(cls.forward).parameters
     return _KEEPS[cls]

@@ -39,10 +39,10 @@ import torch
 from memrl.config import ConfigError, check_config, check_shared_fields, to_yaml
 from memrl.engines.base import SamplingParams
 from memrl.errors import UserError, model_dir, writable_dir
-from memrl.quiet import hf_progress_off
 from memrl.training.checkpoint import clean_stale, resume_point, rng_state, set_rng_state
 from memrl.training.config import TrainConfig
 from memrl.training.dump import TrajectoryDump
+from memrl.training.lora import base_source, engine_policy, engine_weights, save_engine_dir
 from memrl.training.packing import TrainBatch, weigh
 from memrl.training.rollout import RolloutResult, sample_groups
 from memrl.training.schedule import optimizer_steps
@@ -275,7 +275,7 @@ class Trainer:
         if self.resume and point is None:
             log.warning("--resume: no checkpoint in %s; starting from step 0", self.ckpt_root)
         start = point.path if point is not None else None
-        src = str(start) if start is not None else cfg.model.path
+        src = base_source(cfg.model, start)  # LoRA: engines start from the base (a checkpoint holds the adapter)
         if uses_ray(cfg):
             connect(cfg)  # address and resources checked before any model is loaded
         self.tokenizer = AutoTokenizer.from_pretrained(src)
@@ -302,11 +302,14 @@ class Trainer:
                 self.weight_sync = WeightSync(cfg, self.workers, self.engine, self.out)
             else:
                 self.engine = self._build_engine(src)
+            self._start_run()  # the run's RolloutRuntime exists before the first sync (its check uses its loop)
             self.sync_weights()  # before the first rollout: the engine may hold other weights than the policy
         except BaseException:
+            runtime = getattr(self, "runtime", None)
+            if runtime is not None:
+                runtime.close()
             self.workers.close()  # Ray actors and placement groups are not left behind
             raise
-        self._start_run()
 
     def _start_run(self) -> None:
         """What a loaded trainer needs to run: the task stream from the current position, the trajectory
@@ -347,22 +350,35 @@ class Trainer:
         sec = self.cfg.engine
         if sec.name != "hf" and not sec.model:
             sec = dataclasses.replace(sec, model=src)
-        return build_engine(sec, policy=self.model, tokenizer=self.tokenizer)
+        policy = self.model
+        if sec.name == "hf" and policy is not None:
+            policy = engine_policy(policy, sec.hf.share_weights)  # LoRA, a copy: a plain merged module
+        return build_engine(sec, policy=policy, tokenizer=self.tokenizer)
 
     def sync_weights(self) -> float:
-        """Give the engine(s) the policy's current weights; returns the seconds it took. Ray replicas:
-        rollout.weight_sync (memrl.training.weight_sync). In process: a no-op for an hf engine sharing
-        the module, else the state dict; a saved directory for a server (engine.openai.sync_dir)."""
+        """Give the engine(s) the policy's current weights; returns the seconds it took. With
+        rollout.sync_check, then proves the engine serves them (memrl.training.sync_check; its metrics
+        in `self.sync_checked`)."""
+        from memrl.training.sync_check import check_sync
+
+        took = self._sync_weights()
+        first = not getattr(self, "_synced", False)
+        self._synced = True
+        when = "before the first rollout" if first else f"after the update of step {self.step + 1}"
+        self.sync_checked = check_sync(self, when)
+        return took
+
+    def _sync_weights(self) -> float:
+        """Ray replicas: rollout.weight_sync (memrl.training.weight_sync). In process: a no-op for an hf
+        engine sharing the module, else the state dict; a saved directory for a server (engine.openai.sync_dir)."""
         if self.cfg.rollout.num_engines > 0:
             return self.weight_sync()
         t0 = time.perf_counter()
         if self.cfg.engine.name != "openai":
-            self.engine.update_weights(self.workers.weights_for_engines())
+            self.engine.update_weights(engine_weights(self.workers, self.engine))  # LoRA: merged weights
         else:
             d = Path(self.cfg.engine.openai.sync_dir or self.out / "engine_weights")
-            with hf_progress_off():
-                self.model.save_pretrained(d)
-                self.tokenizer.save_pretrained(d)
+            save_engine_dir(self.model, self.tokenizer, d)  # LoRA: the merged HuggingFace directory
             self.engine.update_weights(str(d.resolve()))
         return time.perf_counter() - t0
 
@@ -488,6 +504,7 @@ class Trainer:
             advs = [s.advantage or 0.0 for g in res.groups for t in g.trajectories for s in t.segments]
             metrics.update(_stats("advantage", advs))
             metrics["time/sync_s"] = self.sync_weights()
+            metrics.update(self.sync_checked)  # rollout.sync_check: time/sync_check_s, sync/probe_max_abs_diff
             if cfg.rollout.num_engines > 0:  # its parts: time/sync_gather_s, _send_s, _write_s, _load_s
                 metrics.update({f"time/sync_{k}": v for k, v in self.weight_sync.last.items()})
         self.dumped_rows = self.dump.write(self.step + 1, res.groups)  # every trainer.dump_every steps

@@ -23,6 +23,7 @@ import torch
 from memrl.algorithms.losses import MISMATCH_SUMS, mismatch_means
 from memrl.quiet import hf_progress_off
 from memrl.training import distributed as D
+from memrl.training import lora as L
 from memrl.training.checkpoint import OPTIM_DIR, STATE_FILE, load_state, save_checkpoint, temp_dir
 from memrl.training.config import TrainConfig, off_policy_cap
 from memrl.training.optim import decay_groups, lr_lambda, skips_zero_advantage
@@ -85,7 +86,7 @@ class PolicyWorker:
         D.init_group(info)
         self.cfg, self.info = cfg, info
         self.loss_kwargs = options_kwargs(fill_options(loss_options(cfg.algorithm.loss), cfg.algorithm))
-        src = start or cfg.model.path
+        src = L.base_source(cfg.model, start)  # LoRA: the base; the checkpoint holds the adapter
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
         self.device = cfg.model.device
         if info.world_size > 1 and self.device.startswith("cuda"):
@@ -97,10 +98,14 @@ class PolicyWorker:
             # transformers >= 5.24 names it activation checkpointing (the old name warns); older ones only have the old
             enable = getattr(self.model, "activation_checkpointing_enable", None) or self.model.gradient_checkpointing_enable
             enable()
+        if L.enabled(cfg.model):
+            self.model = L.wrap(self.model, cfg.model.lora, cfg.trainer.seed, start, cfg.model.gradient_checkpointing)
         t = cfg.trainer
         D.shard_model(self.model, t.fsdp_bf16, t.cpu_offload)
         self.ref = None
-        if cfg.algorithm.kl_coef > 0:
+        if cfg.algorithm.kl_coef > 0 and L.enabled(cfg.model):
+            self.ref = L.BaseReference(self.model)  # the initial policy: the same module, adapters off
+        elif cfg.algorithm.kl_coef > 0:
             # The reference is the INITIAL policy, also when resuming; sharded like the policy.
             with hf_progress_off():
                 self.ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).to(self.device).eval()
@@ -210,8 +215,9 @@ class PolicyWorker:
 
     def engine_weights(self) -> dict[str, torch.Tensor]:
         """What an engine loads after an update: without a process group the live module's state dict (the
-        in-process engine shares or copies it), else the gathered weights (rank 0; collective)."""
-        return self.full_state() if D.grouped() else self.model.state_dict()
+        in-process engine shares or copies it), else the gathered weights (rank 0; collective); a LoRA
+        policy's merged into the base under HuggingFace names."""
+        return L.engine_state(self.full_state() if D.grouped() else self.model.state_dict(), self.cfg.model)
 
     def optim_state(self) -> dict[str, Any]:
         """The optimizer state keyed by parameter name, full on rank 0 (collective at world size > 1)."""
@@ -233,6 +239,7 @@ class PolicyWorker:
                 state = dict(driver_state, scheduler=self.sched.state_dict(), optimizer_layout="dcp",
                              optimizer_groups=groups)
                 model = _GatheredModel(self.model, weights) if D.grouped() else self.model
+                model = L.checkpoint_model(model, self.tokenizer, self.cfg.model)  # LoRA: PEFT's adapter files
                 path = str(save_checkpoint(root, step, model, self.tokenizer, state, keep=keep,
                                            extra_files=extra_files, tmp=tmp))
         finally:
@@ -268,6 +275,7 @@ class PolicyWorker:
 
         t0 = time.perf_counter()
         weights = self.full_state() if D.grouped() else self.model.state_dict()
+        weights = L.engine_state(weights, self.cfg.model)  # LoRA: merged, HF names
         t1 = time.perf_counter()
         if D.rank() == 0:
             self.transfer.send(weights, skip=("lm_head.weight",) if self._tied() else ())
@@ -281,7 +289,7 @@ class PolicyWorker:
         from safetensors.torch import save_file
 
         t0 = time.perf_counter()
-        weights = self.full_state()
+        weights = L.engine_state(self.full_state(), self.cfg.model)  # LoRA: merged, HF names
         if D.rank() == 0:
             d = Path(path)
             d.mkdir(parents=True, exist_ok=True)
