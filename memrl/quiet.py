@@ -51,7 +51,7 @@ def encode_document(tokenizer: Any, text: str) -> list[int]:
     model_max_length: the caller chunks or truncates it, so transformers' warning about it is not shown.
 
     A transformers tokenizer is asked with verbose=False (that call only: the warning stays on for every
-    other encode); any other tokenizer (memrl.testing's doubles) is called plainly."""
+    other encode); any other tokenizer (the test doubles' character tokenizer) is called plainly."""
     try:
         from transformers import PreTrainedTokenizerBase
     except ImportError:  # pragma: no cover - transformers is a dependency

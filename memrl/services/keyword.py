@@ -15,7 +15,7 @@ class KeywordRetriever:
     """An in-memory Retriever: documents ranked by how many distinct query words they contain.
 
     Score = |words(query) & words(title + text)|, ties broken by corpus order; documents scoring 0 are
-    left out. It keeps nothing per call (memrl.testing.KeywordRetriever, the test double, records calls).
+    left out. It keeps nothing per call (the test double in tests/doubles.py records calls).
     """
 
     def __init__(self, documents: list[Document]) -> None:

@@ -8,7 +8,7 @@ error tool message (or, with workflow.unparsable_tool_calls=end, skips).
 
 Tool schemas are OpenAI-style JSON schema, rendered through the tokenizer's chat template (`tools=`).
 Templates without tools support (they render the same text with and without `tools=`, e.g. the tiny
-models' ChatML template and memrl.testing.CharTokenizer) get the schemas appended to the system prompt
+models' ChatML template and the tests' character tokenizer) get the schemas appended to the system prompt
 instead, in the Hermes wording (`# Tools`, `<tools>...</tools>`, the call format): see `render_system`.
 """
 

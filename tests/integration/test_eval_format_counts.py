@@ -6,11 +6,12 @@ from __future__ import annotations
 import csv
 import re
 
+from doubles import ScriptedEngine
+
 from memrl.data.memagent_files import write_eval_json
 from memrl.engines import EngineConfig
 from memrl.eval.report import summarize, write_report
 from memrl.eval.runner import EvalConfig, evaluate
-from memrl.testing import ScriptedEngine
 from memrl.types import Task
 from memrl.workflows import format_counts
 

@@ -8,12 +8,12 @@ import logging
 import re
 
 import pytest
+from doubles import ScriptedEngine
 
 from memrl.data.memagent_files import write_eval_json
 from memrl.engines import EngineConfig
 from memrl.eval.report import markdown_table, summarize
 from memrl.eval.runner import RESULTS_FILE, EvalConfig, evaluate, read_results, row_key
-from memrl.testing import ScriptedEngine
 from memrl.types import Task
 
 ANSWERS = ["Paris", "blue whale", "1969", "Ada Lovelace"]

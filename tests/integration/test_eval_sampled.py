@@ -8,6 +8,7 @@ import math
 import re
 
 import pytest
+from doubles import ScriptedEngine
 
 from memrl.data.io import detect_kind, load_tasks
 from memrl.data.longbench import bucket_of, load_longbench
@@ -15,7 +16,6 @@ from memrl.data.memagent_files import write_eval_json
 from memrl.engines import EngineConfig
 from memrl.eval.report import SAMPLED_COLUMNS, TABLE_COLUMNS, summarize, write_report
 from memrl.eval.runner import EvalConfig, evaluate
-from memrl.testing import ScriptedEngine
 from memrl.types import Task
 
 # which samples answer right, per question: q0 always, q1 only sample 2, q2 never

@@ -8,6 +8,7 @@ import re
 import shutil
 
 import pytest
+from doubles import ScriptedEngine
 
 from memrl.data.memagent_files import write_eval_json
 from memrl.engines import EngineConfig
@@ -19,7 +20,6 @@ from memrl.eval.runner import (
     read_results,
 )
 from memrl.rewards.qa import qa_metrics
-from memrl.testing import ScriptedEngine
 from memrl.types import Task
 
 ANSWERS = ["Paris", "blue whale", "1969", "Ada Lovelace", "yes", "Mount Everest"]

@@ -134,10 +134,10 @@ def test_openai_server_reloads_the_merged_directory(tiny_path, tmp_path, monkeyp
     """engine=openai: after each update the trainer writes the merged HuggingFace directory (no PEFT on the
     server side) to engine.openai.sync_dir and the server reloads it; the probe proves the server serves it,
     and stops the run naming the server when the reload is dropped."""
+    from doubles import CompletionServer
     from transformers import AutoModelForCausalLM
 
     from memrl.engines.hf import HFEngine
-    from memrl.testing import CompletionServer
     from memrl.training.sync_check import SyncCheckError
 
     sync_dir = tmp_path / "sync"

@@ -99,11 +99,12 @@ def test_real_engine_rows_hold_exactly_the_sampled_ids_and_logprobs():
     import asyncio
     import random
 
+    from doubles import KeywordRetriever
+
     from memrl.engines.base import Completion
     from memrl.engines.hf import HFEngine
     from memrl.models.tiny import cached_tiny_model
     from memrl.services.base import Document
-    from memrl.testing import KeywordRetriever
     from memrl.tools.search import register_retriever
     from memrl.workflows.memact import MemActConfig, run
 

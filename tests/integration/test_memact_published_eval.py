@@ -1,12 +1,12 @@
 """`memrl eval workflow=memact` on a file in MemAct's published layout (rows imitating its DCPO/data parquet
 files: prompt [system, user], a Q-keyed JSON or plain-text ground truth, no sub-question list; our own text).
 
-A real OpenAI-compatible server on 127.0.0.1 (memrl.testing.CompletionServer) serves a scripted engine and
+A real OpenAI-compatible server on 127.0.0.1 (CompletionServer in tests/doubles.py) serves a scripted engine and
 records every prompt it receives: the first prompt of each task must be exactly the tokenizer's chat
 template applied to the row's messages with the workflow's tools and the generation prompt, as the
 published agent loop builds it (mem_agent_loop.py: apply_chat_template(messages, tools=...,
 add_generation_prompt=True, tokenize=True)). The tokenizer's template takes `tools=` (Qwen2.5-style,
-memrl.testing_chat), so nothing of memrl's own templates may appear.
+tests/doubles_chat.py), so nothing of memrl's own templates may appear.
 """
 
 from __future__ import annotations
@@ -60,11 +60,11 @@ def ids_of(out) -> list[int]:
 
 
 def test_eval_builds_the_first_prompt_from_the_rows_messages(tmp_path):
+    from doubles import CompletionServer
+    from doubles_chat import tools_tokenizer_dir
     from transformers import AutoTokenizer
 
     from memrl.demonstrators import ScriptedEngine
-    from memrl.testing import CompletionServer
-    from memrl.testing_chat import tools_tokenizer_dir
 
     model = tools_tokenizer_dir(tmp_path / "model")
     tok = AutoTokenizer.from_pretrained(model)

@@ -84,7 +84,7 @@ def qwen3(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("world, replicas, version", [(2, 1, 2), (1, 1, 2), (4, 2, 2), (2, 1, 1)],
                          ids=["fsdp2", "fsdp2-1rank", "hsdp2x2", "fsdp1"])
 def test_verl_fsdp_checkpoint_converts_exactly(world, replicas, version, qwen2, tmp_path, capsys):
-    from memrl.testing import save_verl_fsdp_checkpoint
+    from doubles import save_verl_fsdp_checkpoint
 
     step = tmp_path / "global_step_7"
     actor = Path(save_verl_fsdp_checkpoint(str(qwen2), str(step), world, replicas, version))
@@ -107,9 +107,8 @@ def test_verl_fsdp_checkpoint_converts_exactly(world, replicas, version, qwen2, 
 
 def test_verl_actor_dir_and_dtype_switch(qwen3, tmp_path, capsys):
     """SRC = the actor dir, --from given; --dtype bfloat16 (the published merger's dtype) casts every tensor."""
+    from doubles import save_verl_fsdp_checkpoint
     from transformers import AutoModelForCausalLM
-
-    from memrl.testing import save_verl_fsdp_checkpoint
 
     actor = Path(save_verl_fsdp_checkpoint(str(qwen3), str(tmp_path / "global_step_1"), 2))
     out = tmp_path / "hf"
@@ -144,7 +143,7 @@ def legacy_paths(pt: Path) -> None:
 
 
 def test_verl_legacy_paths_planted_pickle_and_missing_rank(qwen2, tmp_path, capsys):
-    from memrl.testing import save_verl_fsdp_checkpoint
+    from doubles import save_verl_fsdp_checkpoint
 
     actor = Path(save_verl_fsdp_checkpoint(str(qwen2), str(tmp_path / "global_step_1"), 2))
     for r in (0, 1):
@@ -310,7 +309,7 @@ def test_unknown_source_is_one_line(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------ weightless folder
 def test_weightless_huggingface_folder_names_the_convert_command(qwen2, tmp_path, capsys):
-    from memrl.testing import save_verl_fsdp_checkpoint
+    from doubles import save_verl_fsdp_checkpoint
 
     step = tmp_path / "global_step_3"
     actor = Path(save_verl_fsdp_checkpoint(str(qwen2), str(step), 1))

@@ -1,4 +1,4 @@
-"""engine.openai.api=chat against a real chat-only server on 127.0.0.1 (memrl.testing.CompletionServer in
+"""engine.openai.api=chat against a real chat-only server on 127.0.0.1 (CompletionServer in tests/doubles.py in
 chat mode, serving the tiny model through an in-process HFEngine): `memrl eval` runs end to end and gives
 exactly the answers of the same model run in process; `memrl train` refuses chat mode before any request."""
 
@@ -35,8 +35,9 @@ def rows(out: Path) -> list[tuple[str, str, list[str]]]:
 
 @pytest.mark.parametrize("token_ids", [True, False], ids=["vllm-token-ids", "text-only"])
 def test_eval_through_chat_endpoint_matches_in_process(token_ids, tiny_model, tmp_path, capsys):
+    from doubles import CompletionServer
+
     from memrl.engines.hf import HFEngine
-    from memrl.testing import CompletionServer
 
     data = tmp_path / "eval_2.json"
     write_records(data, RECORDS)
@@ -76,12 +77,12 @@ def test_chat_engine_returns_server_ids_and_logprobs_or_marks_them_unavailable(t
     server returns ids; with text only, the ids are the re-tokenized text and logprobs are marked unavailable."""
     import asyncio
 
+    from doubles import CompletionServer
     from transformers import AutoTokenizer
 
     from memrl.engines.base import SamplingParams
     from memrl.engines.hf import HFEngine
     from memrl.engines.openai_http import OpenAIEngine
-    from memrl.testing import CompletionServer
     from memrl.workflows.templates import chat_prompt
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
@@ -106,8 +107,9 @@ def test_chat_engine_returns_server_ids_and_logprobs_or_marks_them_unavailable(t
 
 
 def test_training_refuses_chat_mode_before_any_request(tiny_model, tmp_path, capsys):
+    from doubles import CompletionServer
+
     from memrl.engines.hf import HFEngine
-    from memrl.testing import CompletionServer
 
     with CompletionServer(HFEngine(tiny_model), api="chat") as srv:
         capsys.readouterr()  # the server's own model loading

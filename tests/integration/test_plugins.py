@@ -222,7 +222,8 @@ def test_reward_path_errors_name_the_field(plugin):
 def test_a_reward_by_import_path_scores_memagent(plugin):
     import asyncio
 
-    from memrl.testing import ScriptedEngine
+    from doubles import ScriptedEngine
+
     from memrl.types import Task
     from memrl.workflows.runner import rollout
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from doubles import ScriptedEngine
 
 from memrl.data.corpus import paragraph_id
 from memrl.services.client import HTTPRetriever, _hit
-from memrl.testing import ScriptedEngine
 from memrl.types import Task
 from memrl.workflows.memact import MemActConfig, run
 

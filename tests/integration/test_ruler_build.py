@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from doubles import ScriptedEngine
 
 from memrl.data.io import detect_kind, load_tasks
 from memrl.data.ruler_build import PAPER_TASKS, parse_length
@@ -14,7 +15,6 @@ from memrl.engines import EngineConfig
 from memrl.eval.report import summarize
 from memrl.eval.runner import EvalConfig, evaluate
 from memrl.models.tiny import cached_tiny_model
-from memrl.testing import ScriptedEngine
 
 LENGTHS = (4096, 8192)
 SAMPLES = 3

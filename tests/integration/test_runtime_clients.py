@@ -5,7 +5,7 @@ its constructor) and must be closed when the run ends.
 
 Training runs `Trainer.fit` over MemAct with a scripted policy (`Trainer.from_parts`: a ScriptedEngine and
 stub workers, no model), so the 50 steps take seconds; the clients are the runtime's whatever the engine.
-Eval runs `memrl.eval.runner.evaluate` with engine=openai against memrl.testing.CompletionServer.
+Eval runs `memrl.eval.runner.evaluate` with engine=openai against CompletionServer in tests/doubles.py.
 """
 
 from __future__ import annotations
@@ -156,7 +156,8 @@ class StubWorkers:
 
 
 def test_50_training_steps_make_one_client_per_service(tmp_path, retriever_url, judge, clients):
-    from memrl.testing import CharTokenizer, ScriptedEngine
+    from doubles import CharTokenizer, ScriptedEngine
+
     from memrl.training.config import TrainConfig
     from memrl.training.trainer import Trainer
 
@@ -181,13 +182,13 @@ def test_50_training_steps_make_one_client_per_service(tmp_path, retriever_url, 
 
 
 def test_eval_makes_one_client_per_service_and_engine(tmp_path, retriever_url, judge, clients):
+    from doubles import CompletionServer, ScriptedEngine
     from transformers import AutoTokenizer
 
     from memrl.data.memagent_files import write_eval_json
     from memrl.engines.config import EngineConfig, OpenAISection
     from memrl.eval.runner import EvalConfig, evaluate
     from memrl.models.tiny import cached_tiny_model
-    from memrl.testing import CompletionServer, ScriptedEngine
 
     model = cached_tiny_model("tiny")
     data = tmp_path / "eval.json"

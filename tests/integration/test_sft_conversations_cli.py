@@ -42,9 +42,8 @@ def chats():
 
 
 def test_train_sft_reads_a_conversation_parquet(tmp_path, capsys):
+    from doubles_chat import tools_tokenizer_dir
     from transformers import AutoTokenizer
-
-    from memrl.testing_chat import tools_tokenizer_dir
 
     model = tools_tokenizer_dir(tmp_path / "model")
     tok = AutoTokenizer.from_pretrained(model)

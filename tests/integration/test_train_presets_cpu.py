@@ -3,7 +3,7 @@ each, with the published reward and update schedule and user-supplied template f
 
 Only size, device and logging keys are overridden (model, engine, device, dtype, batch size, n, chunk sizes and
 generation budgets, steps, out_dir, data). The tiny model cannot write a `\\boxed{}` answer, so the rollouts come
-from a scripted policy behind a real OpenAI-compatible server on 127.0.0.1 (memrl.testing.CompletionServer;
+from a scripted policy behind a real OpenAI-compatible server on 127.0.0.1 (CompletionServer in tests/doubles.py;
 `engine=openai`): it answers half of the final calls `\\boxed{Beatles}` and half `\\boxed{The Beatles}`. The gold
 is "Beatles": memrl's boxed_em scores both 1 (articles dropped), the published verl_hotpotqa only the first
 (its strip_string keeps "the" and removes spaces: "thebeatles" != "beatles"), so reward/mean = 0.5 proves
@@ -75,9 +75,8 @@ def _policy(tokenizer, update_tags: bool):
 
 
 def _train(tiny_path, tmp, preset: str, style: str, recall: bool, *sizes: str) -> tuple[list[dict], list[str]]:
+    from doubles import CompletionServer
     from transformers import AutoTokenizer
-
-    from memrl.testing import CompletionServer
 
     policy = _policy(AutoTokenizer.from_pretrained(tiny_path), update_tags=recall)
     with CompletionServer(policy) as server:

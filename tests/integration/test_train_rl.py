@@ -99,10 +99,10 @@ def _logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
 def test_resume_with_http_engine_samples_from_the_checkpoint(tiny_path, tmp_path):
     """A server started on the INITIAL model: the resumed trainer must load the checkpoint into it before
     its first rollout (the bug: the first resumed step sampled from the initial policy)."""
+    from doubles import CompletionServer
     from transformers import AutoModelForCausalLM
 
     from memrl.engines.hf import HFEngine
-    from memrl.testing import CompletionServer
     from memrl.training.checkpoint import latest_checkpoint
 
     Trainer(_cfg(tiny_path, tmp_path / "b", 2)).fit()

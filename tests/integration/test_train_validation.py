@@ -182,8 +182,7 @@ def test_save_best_keeps_the_best_step_through_pruning_and_resume(tiny_path, tmp
     step 2 (step 3 only ties it); keep_checkpoints=1 prunes step_2, checkpoints/best keeps it; a resumed
     run (steps 5, 6 -> 0, 100) compares against the saved best and keeps step 2."""
     import torch
-
-    from memrl.testing import ScriptedEngine
+    from doubles import ScriptedEngine
 
     right = {2, 3, 6}
 

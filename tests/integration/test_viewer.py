@@ -13,11 +13,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from doubles import CharTokenizer, ScriptedEngine
 
 from memrl.data.memagent_files import write_eval_json
 from memrl.engines import EngineConfig
 from memrl.eval.runner import RESULTS_FILE, EvalConfig, evaluate
-from memrl.testing import CharTokenizer, ScriptedEngine
 from memrl.training.config import TrainConfig
 from memrl.training.dump import DUMP_FILE, TrajectoryDump, trajectory_rows
 from memrl.types import Group, Segment, Task, Trajectory

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from doubles import ScriptedEngine
 
 from memrl.cli import main
 from memrl.config import ConfigError, load_config, preset_path
 from memrl.data.memagent_files import write_eval_json
 from memrl.eval import runner
 from memrl.eval.runner import EvalConfig, read_results, workflow_config
-from memrl.testing import ScriptedEngine
 from memrl.types import Task
 
 MA = "BytedTsinghua-SIA/MemAgent taskutils/memory_eval"

@@ -279,7 +279,8 @@ def test_report_csv_leaves_an_absent_metric_empty(tmp_path):
 def _chunked_rollout(workflow: str, final_reply: str, **kw):
     import asyncio
 
-    from memrl.testing import ScriptedEngine
+    from doubles import ScriptedEngine
+
     from memrl.types import Task
     from memrl.workflows import get_workflow
     from memrl.workflows.runner import rollout
@@ -317,10 +318,11 @@ def test_config_values_are_checked():
 
 
 def test_evaluate_applies_the_scoring_options_and_keeps_them_apart(tmp_path):
+    from doubles import ScriptedEngine
+
     from memrl.data.memagent_files import write_eval_json
     from memrl.errors import UserError
     from memrl.eval.runner import EvalConfig, evaluate
-    from memrl.testing import ScriptedEngine
     from memrl.types import Task
 
     path = tmp_path / "eval_2.json"

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import random
 
-from memrl.testing import CharTokenizer, ScriptedEngine
+from doubles import CharTokenizer, ScriptedEngine
+
 from memrl.types import Task
 from memrl.workflows.memagent import MemAgentConfig
 from memrl.workflows.memagent import run as run_memagent

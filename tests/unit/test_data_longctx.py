@@ -8,12 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
+from doubles import CharTokenizer
 
 from memrl.commands.data import context_token_stats
 from memrl.data import hotpotqa, memagent_files, twowiki
 from memrl.data.hotpotqa import gold_paragraph_indices, paragraph_text
 from memrl.data.longctx import DocPool, build_eval_sets, build_long_task, build_train_set, min_gap
-from memrl.testing import CharTokenizer
 from memrl.types import Task
 
 DATA = Path(__file__).parents[2] / ".." / "shared" / "data"

@@ -1,5 +1,5 @@
 """Dependencies run one way: memrl's modules import each other without cycles, each module imports alone,
-and only memrl.testing (the test doubles) imports memrl.testing.
+and the installed package holds no test doubles (they live in tests/doubles.py and tests/doubles_chat.py).
 
 The graph counts every import of a memrl module wherever it is written: at module level, inside a
 function, and `importlib.import_module("memrl....")` with a constant name. `from memrl.x import y` is
@@ -23,8 +23,8 @@ import memrl
 
 ROOT = Path(memrl.__file__).parent
 
-TEST_DOUBLES = ("memrl.testing", "memrl.testing_chat")
-"""Modules holding test doubles: no other module of the package may import them."""
+TEST_DOUBLES = ("doubles", "doubles_chat")
+"""The test doubles' modules, in tests/ (pyproject's pytest pythonpath): outside the installed package."""
 
 OPTIONAL_EXTRAS = ("vllm", "ray", "wandb", "mlflow", "fastapi", "uvicorn", "sentence_transformers", "faiss",
                    "playwright")
@@ -176,11 +176,20 @@ def test_memrl_has_no_import_cycle():
         describe(comps, edges)
 
 
-def test_only_the_test_doubles_import_the_test_doubles():
-    _, edges = memrl_edges()
-    bad = [e for e in edges if e.dst in TEST_DOUBLES and e.src not in TEST_DOUBLES]
-    assert not bad, "production code imports a test double (move the class out of memrl.testing):\n" + \
-        "\n".join(f"    {e.src} -> {e.dst}   {e.where()}" for e in bad)
+def test_the_installed_package_holds_no_test_doubles():
+    """The doubles are in tests/, nothing in memrl imports them, and memrl has no testing module."""
+    mods, _ = memrl_edges()
+    assert not [m for m in mods if m.rsplit(".", 1)[-1].startswith("testing")]
+    bad = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            bad += [f"{path.relative_to(ROOT.parent)}:{node.lineno} imports {n}" for n in names
+                    if n.split(".")[0] in TEST_DOUBLES]
+    assert not bad, "production code imports a test double:\n" + "\n".join(bad)
+    for name in TEST_DOUBLES:
+        assert (Path(__file__).resolve().parents[1] / f"{name}.py").is_file()
 
 
 def test_the_keyword_retriever_kind_is_the_services_one(tmp_path: Path):

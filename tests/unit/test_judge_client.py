@@ -290,8 +290,9 @@ def test_workflow_judge_overrides_parse_from_the_command_line_spelling(tmp_path)
 def test_memact_reward_is_the_judges_verdict_when_judge_url_is_set(judge_server):
     """workflow.judge_url: the judge scores the text after FINAL_ANSWER: (the rule reward would say the
     opposite here); a judge failure scores 0 and is counted as judge_error; no judge_url = the rule."""
+    from doubles import KeywordRetriever, ScriptedEngine
+
     from memrl.services.base import Document
-    from memrl.testing import KeywordRetriever, ScriptedEngine
     from memrl.tools.search import register_retriever
     from memrl.types import Task
     from memrl.workflows import get_workflow

@@ -10,9 +10,10 @@ import asyncio
 import json
 import random
 
+from doubles import CharTokenizer, KeywordRetriever, ScriptedEngine
+
 from memrl.engines.base import Completion
 from memrl.services.base import Document
-from memrl.testing import CharTokenizer, KeywordRetriever, ScriptedEngine
 from memrl.tools.calls import tools_fallback_text
 from memrl.tools.search import PRUNE_SCHEMA, SEARCH_SCHEMA, register_retriever
 from memrl.types import Task

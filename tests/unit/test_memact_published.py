@@ -21,6 +21,7 @@ import random
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from doubles import CharTokenizer, KeywordRetriever, ScriptedEngine
 
 from memrl.data.io import DataError, ReadStats, detect_kind, load_tasks
 from memrl.data.multiobjective import (
@@ -30,7 +31,6 @@ from memrl.data.multiobjective import (
     write_multiobjective,
 )
 from memrl.rewards.multiq import published_answer_text, score
-from memrl.testing import CharTokenizer, KeywordRetriever, ScriptedEngine
 from memrl.tools.calls import tools_fallback_text
 from memrl.tools.search import PRUNE_SCHEMA, SEARCH_SCHEMA, register_retriever
 from memrl.types import Task

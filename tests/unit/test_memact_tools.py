@@ -165,7 +165,7 @@ def test_building_the_retriever(tmp_path):
 @retriever_factory
 def marked_factory(corpus: str):
     """A factory a config may name (tests.unit.test_memact_tools:marked_factory)."""
-    from memrl.testing import KeywordRetriever
+    from doubles import KeywordRetriever
 
     return KeywordRetriever.from_jsonl(corpus)
 

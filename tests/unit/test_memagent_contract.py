@@ -9,8 +9,8 @@ import asyncio
 import random
 
 import pytest
+from doubles import CharTokenizer, ScriptedEngine
 
-from memrl.testing import CharTokenizer, ScriptedEngine
 from memrl.types import Task
 from memrl.workflows import get_workflow
 from memrl.workflows.memagent import MemAgentConfig, centre_truncate, chunk_context, run

@@ -231,8 +231,9 @@ def test_chat_request_body_maps_sampling_params() -> None:
 
 
 def test_parse_chat_token_ids_strings_or_text() -> None:
+    from doubles import CharTokenizer
+
     from memrl.engines.openai_http import parse_chat
-    from memrl.testing import CharTokenizer
 
     tok = CharTokenizer()
     # vLLM >= 0.10: token ids and logprobs from the server
@@ -258,8 +259,9 @@ def test_parse_chat_token_ids_strings_or_text() -> None:
     (chat_reply("x", ids=["a"]), "non-numeric token id"),
 ])
 def test_parse_chat_malformed(reply: dict, what: str) -> None:
+    from doubles import CharTokenizer
+
     from memrl.engines.openai_http import parse_chat
-    from memrl.testing import CharTokenizer
 
     with pytest.raises(EngineError, match=rf"^u: malformed chat reply: .*{what}"):
         parse_chat(reply, "u", CharTokenizer())

@@ -77,7 +77,7 @@ def test_encode_document_same_ids_and_no_length_warning(model_dir, caplog):
 
 
 def test_encode_document_plain_tokenizer():
-    from memrl.testing import CharTokenizer
+    from doubles import CharTokenizer
 
     tok = CharTokenizer()
     assert encode_document(tok, "abc") == tok.encode("abc", add_special_tokens=False)

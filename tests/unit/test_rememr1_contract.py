@@ -9,8 +9,8 @@ import asyncio
 import random
 
 import pytest
+from doubles import CharTokenizer, ScriptedEngine
 
-from memrl.testing import CharTokenizer, ScriptedEngine
 from memrl.types import Task
 from memrl.workflows import get_workflow
 from memrl.workflows.rememr1 import ReMemR1Config, parse_step, run, step_rewards

@@ -6,6 +6,7 @@ import asyncio
 import re
 
 import pytest
+from doubles import ScriptedEngine
 
 from memrl.data.synthetic import KEYS, find_facts
 from memrl.data.synthetic_lookback import (
@@ -14,7 +15,6 @@ from memrl.data.synthetic_lookback import (
     make_lookback_tasks,
 )
 from memrl.demonstrators import LookbackOracle
-from memrl.testing import ScriptedEngine
 from memrl.workflows import get_workflow
 from memrl.workflows.memagent import MemAgentConfig
 from memrl.workflows.rememr1 import ReMemR1Config

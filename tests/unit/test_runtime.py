@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from doubles import CharTokenizer, ScriptedEngine
 
 from memrl.runtime import RolloutRuntime, Services
-from memrl.testing import CharTokenizer, ScriptedEngine
 from memrl.types import Task
 from memrl.workflows import get_workflow
 

@@ -8,7 +8,7 @@ An assistant message's generation prompt is never trained; its content, tool cal
 unless masked. Pieces: each message's rendering minus the rendering of those before it; consecutive tool
 messages are one piece. Tool-call arguments drop None values and put memory, then delete_ids, last.
 
-The template (memrl.testing_chat.TOOLS_CHAT_TEMPLATE) renders the pieces below; every expected piece is
+The template (TOOLS_CHAT_TEMPLATE in tests/doubles_chat.py) renders the pieces below; every expected piece is
 written out by hand here, then tokenized on its own (as the published dataset tokenizes each piece).
 """
 
@@ -34,9 +34,8 @@ SYS, USER = "You look things up.", "Q1: capital of Peru?"
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
+    from doubles_chat import tools_tokenizer_dir
     from transformers import AutoTokenizer
-
-    from memrl.testing_chat import tools_tokenizer_dir
 
     return AutoTokenizer.from_pretrained(tools_tokenizer_dir(tmp_path_factory.mktemp("tok")))
 

@@ -12,8 +12,8 @@ import random
 from importlib import resources
 
 import pytest
+from doubles import ScriptedEngine
 
-from memrl.testing import ScriptedEngine
 from memrl.types import Task
 from memrl.workflows.chunked import chunk_context
 from memrl.workflows.memagent import MemAgentConfig

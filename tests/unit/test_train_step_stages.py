@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memrl.testing import CharTokenizer, ScriptedEngine
+from doubles import CharTokenizer, ScriptedEngine
+
 from memrl.training.config import TrainConfig
 from memrl.training.trainer import Trainer
 from memrl.types import Task
