@@ -6,6 +6,8 @@
 - `encode_document()`: a whole document's ids without transformers' "Token indices sequence length is
   longer than the specified maximum" warning: memrl encodes whole documents on purpose and cuts them
   into chunks (or centre-truncates them) before any of them reaches the model.
+- `peft_rename_warning_off()`: transformers' FutureWarning that `is_gradient_checkpointing` is renamed,
+  which peft triggers by reading the old name when it wraps or saves a model (not memrl's call to change).
 
 The progress switch is process-wide in transformers (a module flag), so the context manager restores the
 state it found (nesting works); another thread loading a model at the same moment also gets no bar.
@@ -59,3 +61,14 @@ def encode_document(tokenizer: Any, text: str) -> list[int]:
     if isinstance(tokenizer, PreTrainedTokenizerBase):
         return list(tokenizer.encode(text, add_special_tokens=False, verbose=False))
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+@contextlib.contextmanager
+def peft_rename_warning_off() -> Iterator[None]:
+    """Inside the block, no FutureWarning that transformers' `is_gradient_checkpointing` is renamed (peft
+    reads the old name); every other warning as usual."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
+        yield

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.config import ConfigError, valid
+from memrl.quiet import peft_rename_warning_off
 
 MERGED_DIR = "merged"
 
@@ -76,7 +77,8 @@ def wrap(model: Any, lora: LoraSection, seed: int = 0, adapter_from: str | os.Pa
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         try:
-            pm = peft.get_peft_model(model, conf)
+            with peft_rename_warning_off():
+                pm = peft.get_peft_model(model, conf)
         except ValueError as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConfigError(f"model.lora.target_modules={list(lora.target_modules)}: {first}") from e
@@ -217,7 +219,8 @@ class CheckpointModel:
         self.model, self.tokenizer, self.save_merged = model, tokenizer, save_merged
 
     def save_pretrained(self, path: Any, **kw: Any) -> None:
-        self.model.save_pretrained(path, safe_serialization=True)
+        with peft_rename_warning_off():
+            self.model.save_pretrained(path, safe_serialization=True)
         if self.save_merged:
             save_merged_dir(self.model, self.tokenizer, Path(path) / MERGED_DIR)
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from memrl.config import valid
-from memrl.quiet import hf_progress_off
+from memrl.quiet import hf_progress_off, peft_rename_warning_off
 from memrl.training.packing import collate, pack_rows, weigh
 from memrl.training.policy import clip_norm, sft_micro_loss
 from memrl.types import Segment
@@ -123,7 +123,7 @@ def sft_train_logged(model: torch.nn.Module, tokenizer: Any, segments: Sequence[
     finally:
         logger.close()
     if save_dir is not None:
-        with hf_progress_off():
+        with hf_progress_off(), peft_rename_warning_off():  # a LoRA policy saves through peft
             model.save_pretrained(save_dir, safe_serialization=True)
         tokenizer.save_pretrained(save_dir)
     return losses

@@ -10,6 +10,7 @@ import torch
 pytest.importorskip("peft")
 
 from memrl.config import ConfigError, load_config  # noqa: E402
+from memrl.quiet import peft_rename_warning_off  # noqa: E402
 from memrl.training.config import TrainConfig  # noqa: E402
 from memrl.training.trainer import Trainer  # noqa: E402
 from memrl.workflows import WorkflowSpec, register_workflow  # noqa: E402
@@ -82,7 +83,8 @@ def test_only_the_adapter_trains_and_checkpoints_hold_peft_files(tiny_path, tmp_
     ids = torch.tensor([[3, 5, 7, 11, 13, 17]])
     with torch.no_grad():
         want = m(input_ids=ids).logits
-        peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_path), ckpt).eval()
+        with peft_rename_warning_off():  # peft reads transformers' renamed property
+            peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_path), ckpt).eval()
         merged = AutoModelForCausalLM.from_pretrained(ckpt / "merged").eval()
         assert torch.allclose(peft_model(input_ids=ids).logits, want, atol=1e-5)
         assert torch.allclose(merged(input_ids=ids).logits, want, atol=1e-5)
@@ -192,7 +194,8 @@ def test_train_sft_with_lora_writes_the_adapter_and_the_merged_model(tiny_path, 
     assert any(torch.count_nonzero(v) for k, v in adapter.items() if "lora_B" in k)  # it trained
     ids = torch.tensor([[3, 5, 7, 11]])
     with torch.no_grad():
-        peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_path), out).eval()
+        with peft_rename_warning_off():  # peft reads transformers' renamed property
+            peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_path), out).eval()
         merged = AutoModelForCausalLM.from_pretrained(out / "merged").eval()
         base = AutoModelForCausalLM.from_pretrained(tiny_path).eval()
         want = peft_model(input_ids=ids).logits
@@ -204,16 +207,17 @@ def test_kl_reference_is_the_base_with_adapters_off(tiny_path, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from memrl.training.lora import BaseReference
-    from memrl.training.packing import Row, collate
+    from memrl.training.packing import collate
     from memrl.training.policy import token_logprobs
+    from memrl.types import Segment
 
     trainer = Trainer(_cfg(tiny_path, tmp_path / "run", 1, "algorithm.kl_coef=0.05", "trainer.save_every=0"))
     history = trainer.fit()
-    ref = trainer.workers.worker.ref
+    ref = trainer.workers.handles[0].worker.ref
     assert isinstance(ref, BaseReference) and "loss/kl" in history[0]
-    rows = [Row(prompt_ids=[3, 5, 7], response_ids=[11, 13, 17, 19], loss_mask=[1] * 4, old_logprobs=[0.0] * 4,
-                advantage=1.0, trajectory_id="t")]
-    mb = collate(rows, 0)
+    rows = [Segment(prompt_ids=[3, 5, 7], response_ids=[11, 13, 17, 19], response_logprobs=[0.0] * 4,
+                    advantage=1.0, trajectory_id="t")]
+    mb = collate(rows)
     base = AutoModelForCausalLM.from_pretrained(tiny_path).eval()
     with torch.no_grad():
         want, _ = token_logprobs(base, mb)
