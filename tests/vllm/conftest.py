@@ -41,8 +41,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
             elif "vllm_server" in getattr(item, "fixturenames", ()):
                 _NEEDS_SERVER[0] = True
-    # Server tests last, so the server boots while the in-process tests run.
-    items.sort(key=lambda it: "vllm_server" in getattr(it, "fixturenames", ()))
+    # Server tests last, so the server boots while the in-process tests run; the test that stops the shared
+    # server after every other one.
+    items.sort(key=lambda it: ("vllm_server" in getattr(it, "fixturenames", ()), "stopped_server" in it.name))
 
 
 @pytest.fixture(scope="session")

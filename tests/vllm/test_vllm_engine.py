@@ -34,11 +34,13 @@ def chat_prompts(tokenizer, texts: list[str] = TEXTS) -> list[list[int]]:  # noq
     return out
 
 
-def generate_all(engine, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:  # noqa: ANN001
+def generate_all(engine, prompts: list[list[int]], sampling: SamplingParams,  # noqa: ANN001
+                 runner: asyncio.Runner | None = None) -> list[Completion]:
+    """All prompts at once; on `runner`'s loop when given (an engine whose client lives on one loop)."""
     async def go() -> list[Completion]:
         return await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
 
-    return asyncio.run(go())
+    return runner.run(go()) if runner is not None else asyncio.run(go())
 
 
 def assert_same(a: list[Completion], b: list[Completion]) -> None:
@@ -154,7 +156,7 @@ def test_sleep_and_wake_up_are_no_ops_on_cpu(vllm_engine) -> None:  # noqa: ANN0
     assert len(out[0].token_ids) == 4
 
 
-def memagent_batch(engine):  # noqa: ANN001, ANN201
+def memagent_batch(engine, runner: asyncio.Runner | None = None):  # noqa: ANN001, ANN201
     """Greedy MemAgent rollouts on seeded synthetic tasks (3 chunks + final = 4 calls each)."""
     from memrl.data.synthetic_lookback import LookbackConfig, make_lookback_tasks
     from memrl.workflows import get_workflow
@@ -163,7 +165,8 @@ def memagent_batch(engine):  # noqa: ANN001, ANN201
     spec = get_workflow("memagent")
     tasks = make_lookback_tasks(LookbackConfig(num_chunks=3, chunk_words=24), 4, seed=0)
     cfg = MemAgentConfig(chunk_tokens=32, max_memory_tokens=24, max_final_tokens=12, temperature=0.0)
-    return asyncio.run(rollout(tasks, spec, engine, cfg, n=2, concurrency=8, seed=0))
+    coro = rollout(tasks, spec, engine, cfg, n=2, concurrency=8, seed=0)
+    return runner.run(coro) if runner is not None else asyncio.run(coro)
 
 
 def assert_same_trajectories(a, b) -> None:  # noqa: ANN001
