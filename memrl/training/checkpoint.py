@@ -167,23 +167,25 @@ def check_adapter_checkpoint(path: Path) -> bool:
         json.loads(conf.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{conf}: not valid JSON") from e
-    f = path / ADAPTER_WEIGHTS
-    if not f.is_file():
-        raise CheckpointError(f"{f} is missing")
+    _check_safetensors(path / ADAPTER_WEIGHTS)
+    return True
+
+
+def _check_safetensors(f: Path) -> None:
+    """`f` exists and its safetensors header is readable and covers the whole file."""
     from safetensors import safe_open
 
+    if not f.is_file():
+        raise CheckpointError(f"{f} is missing")
     try:
         with safe_open(str(f), "pt") as st:
             st.keys()
     except Exception as e:  # noqa: BLE001 - SafetensorError is not exported under a stable name
         raise CheckpointError(f"{f}: not a complete safetensors file ({e})") from e
-    return True
 
 
 def _check_weights(path: Path) -> None:
     """The safetensors file(s) of a HF directory have a readable header covering the whole file."""
-    from safetensors import safe_open
-
     if check_adapter_checkpoint(path):  # a LoRA checkpoint: PEFT's adapter files (the base is model.path)
         return
 
@@ -196,14 +198,7 @@ def _check_weights(path: Path) -> None:
     else:
         shards = ["model.safetensors"]
     for shard in shards:
-        f = path / shard
-        if not f.is_file():
-            raise CheckpointError(f"{f} is missing")
-        try:
-            with safe_open(str(f), "pt") as st:
-                st.keys()
-        except Exception as e:  # noqa: BLE001 - SafetensorError is not exported under a stable name
-            raise CheckpointError(f"{f}: not a complete safetensors file ({e})") from e
+        _check_safetensors(path / shard)
     cfg = path / "config.json"
     try:
         json.loads(cfg.read_text(encoding="utf-8"))
