@@ -1,5 +1,6 @@
 """Test doubles with exact, hand-checkable behaviour: a character tokenizer, a scripted engine, a local
-OpenAI-compatible server (completions or chat-only), and writers of other frameworks' checkpoint layouts.
+OpenAI-compatible server (completions or chat-only), a JSON endpoint and a `memrl serve retrieval`
+subprocess for service stand-ins, and writers of other frameworks' checkpoint layouts.
 
 Use them for contract tests of workflows (what prompt was sent at each step, how the reply was used);
 use a real tiny model (memrl.models.tiny) for anything that must learn or batch.
@@ -8,6 +9,8 @@ use a real tiny model (memrl.models.tiny) for anything that must learn or batch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +19,7 @@ from memrl.demonstrators.engine import ScriptedEngine as _ScriptedEngine
 from memrl.engines.base import SamplingParams
 from memrl.services.base import RetrievalError
 from memrl.services.keyword import KeywordRetriever as _KeywordRetriever
+from memrl.training.distributed import free_port  # noqa: F401 - re-exported for tests
 
 
 class CharTokenizer:
@@ -249,3 +253,77 @@ def save_verl_fsdp_checkpoint(model_dir: str, step_dir: str, world_size: int, re
     mp.spawn(_verl_rank, args=(world_size, str(model_dir), actor, free_port(), replicas, fsdp_version),
              nprocs=world_size, join=True)
     return actor
+
+
+class JsonServer:
+    """A JSON POST endpoint on 127.0.0.1 (a free port) for tests that stand in for a service (a judge, a
+    retrieval endpoint): each POST body goes to `reply(body)` and what it returns is sent back as JSON
+    with status 200. `url` is the base URL plus `suffix` (e.g. "/v1"); `stop()` shuts it down."""
+
+    def __init__(self, reply: Any, suffix: str = "") -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                data = json.dumps(reply(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}{suffix}"
+        threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True).start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@contextlib.contextmanager
+def retrieval_server(corpus: Any, *args: str, timeout_s: float = 90.0) -> Iterator[tuple[str, int]]:
+    """`memrl serve retrieval --corpus CORPUS --port <free> ARGS` in a subprocess (127.0.0.1); yields
+    (url, port) once GET /health answers 200; terminated on exit (killed after 10 s), its output closed."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import httpx
+
+    repo = Path(__file__).resolve().parents[1]
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, "-m", "memrl.cli", "serve", "retrieval", "--corpus", str(corpus),
+                             "--port", str(port), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}: {proc.stdout.read()}")
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"retrieval server did not come up in {timeout_s:.0f} s"
+            time.sleep(0.2)
+        yield url, port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()

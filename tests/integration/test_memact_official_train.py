@@ -25,20 +25,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import socket
-import subprocess
-import sys
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from doubles import JsonServer, retrieval_server
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
 
 CORRECT, PARTIAL, INCORRECT = "<ANSWER_CORRECT>", "<ANSWER_PARTIAL_CORRECT>", "<ANSWER_INCORRECT>"
 SYSTEM = ("You answer questions with a search tool.\n\n# Most important:\nPut what you found into "
@@ -101,51 +94,28 @@ class ReasoningJudge:
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, str, str | None]] = []
         self.bodies: list[dict] = []
-        outer = self
+        self.server = JsonServer(self.reply, "/v1")
+        self.url = self.server.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server API
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                prompt = body["messages"][0]["content"]
-                q, gold, answer = (re.search(rf"{k}<<(.*?)>>", prompt, re.S).group(1)
-                                   for k in ("QUESTION", "GOLD", "ANSWER"))
-                v = verdict(gold, answer)
-                outer.bodies.append(body)
-                outer.seen.append((q, gold, answer, v))
-                reasoning = f"Comparing each part. Could it be {OPPOSITE[v]}? Let me check again."
-                if v is None:  # the token budget ran out in the analysis channel: no final part
-                    message = {"content": f"<|channel|>analysis<|message|>{reasoning}", "reasoning_content": None}
-                elif v == "incorrect":  # no reasoning parser on the server: harmony channels in the content
-                    message = {"content": f"<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant"
-                                          f"<|channel|>final<|message|>{TAG[v]}<|return|>"}
-                else:
-                    message = {"content": f"The answer is graded.\n{TAG[v]}", "reasoning_content": reasoning}
-                data = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"],
-                                   "choices": [{"index": 0, "finish_reason": "stop",
-                                                "message": {"role": "assistant", **message}}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True).start()
+    def reply(self, body: dict) -> dict:
+        prompt = body["messages"][0]["content"]
+        q, gold, answer = (re.search(rf"{k}<<(.*?)>>", prompt, re.S).group(1) for k in ("QUESTION", "GOLD", "ANSWER"))
+        v = verdict(gold, answer)
+        self.bodies.append(body)
+        self.seen.append((q, gold, answer, v))
+        reasoning = f"Comparing each part. Could it be {OPPOSITE[v]}? Let me check again."
+        if v is None:  # the token budget ran out in the analysis channel: no final part
+            message = {"content": f"<|channel|>analysis<|message|>{reasoning}", "reasoning_content": None}
+        elif v == "incorrect":  # no reasoning parser on the server: harmony channels in the content
+            message = {"content": f"<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant"
+                                  f"<|channel|>final<|message|>{TAG[v]}<|return|>"}
+        else:
+            message = {"content": f"The answer is graded.\n{TAG[v]}", "reasoning_content": reasoning}
+        return {"id": "x", "object": "chat.completion", "model": body["model"],
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", **message}}]}
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        self.server.stop()
 
 
 def published_rows() -> list[dict]:
@@ -234,38 +204,14 @@ def scripted_policy(out: Path) -> Path:
 
 @pytest.fixture
 def retrieval_service(tmp_path):
-    """`memrl serve retrieval --reply-shape public` over CORPUS (a subprocess on a free port)."""
+    """`memrl serve retrieval --reply-shape public` over CORPUS (a subprocess on a free port): (url, a
+    function returning its /health reply)."""
     import httpx
 
     corpus = tmp_path / "service_corpus.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in CORPUS))
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, "-m", "memrl.cli", "serve", "retrieval", "--corpus", str(corpus),
-                             "--port", str(port), "--reply-shape", "public"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-
-    def health() -> dict:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}: {proc.stdout.read()}")
-            try:
-                return httpx.get(f"{url}/health", timeout=1).json()
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, "retrieval server did not come up in 90 s"
-                time.sleep(0.2)
-
-    try:
-        yield url, health
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with retrieval_server(corpus, "--reply-shape", "public") as (url, _):
+        yield url, lambda: httpx.get(f"{url}/health", timeout=5).json()
 
 
 def test_memact_official_trains_two_steps_against_a_reasoning_judge(tmp_path, monkeypatch, retrieval_service):

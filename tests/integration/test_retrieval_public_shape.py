@@ -12,26 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import socket
-import subprocess
-import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import httpx
 import pytest
-from doubles import ScriptedEngine
+from doubles import JsonServer, ScriptedEngine, retrieval_server
 
 from memrl.data.corpus import paragraph_id
 from memrl.services.client import HTTPRetriever, _hit
 from memrl.types import Task
 from memrl.workflows.memact import MemActConfig, run
 
-REPO = Path(__file__).resolve().parents[2]
 ROWS = [  # corpus rows as the public parquet holds them (id and wikipedia_id are popped from replies)
     {"id": "0", "wikipedia_id": "w0", "title": "Paris", "text": "Paris is the capital of France."},
     {"id": "1", "wikipedia_id": "w1", "title": "Lyon", "text": "Lyon is a city in France."},
@@ -45,40 +38,25 @@ class PublicService:
 
     def __init__(self) -> None:
         self.bodies: list[dict] = []
-        outer = self
+        self.server = JsonServer(self.reply)
+        self.url = self.server.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server API
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.bodies.append(body)
-                result = []
-                for q in body["queries"]:
-                    words = set(q.lower().split())
-                    ranked = sorted(ROWS, key=lambda r: -len(words & set(f"{r['title']} {r['text']}".lower()
-                                                                         .replace(".", "").split())))
-                    docs = [dict(r) for r in ranked[: body.get("topk") or 5]]
-                    for d in docs:
-                        d.pop("id", None)
-                        d.pop("wikipedia_id", None)
-                    result.append([{"document": d} for d in docs])
-                data = json.dumps({"result": result}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True).start()
+    def reply(self, body: dict) -> dict:
+        self.bodies.append(body)
+        result = []
+        for q in body["queries"]:
+            words = set(q.lower().split())
+            ranked = sorted(ROWS, key=lambda r: -len(words & set(f"{r['title']} {r['text']}".lower()
+                                                                 .replace(".", "").split())))
+            docs = [dict(r) for r in ranked[: body.get("topk") or 5]]
+            for d in docs:
+                d.pop("id", None)
+                d.pop("wikipedia_id", None)
+            result.append([{"document": d} for d in docs])
+        return {"result": result}
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server.stop()
 
 
 def test_memact_agent_searches_a_public_shape_service():
@@ -112,42 +90,12 @@ def test_reply_entries_without_id_or_score():
     assert (h.document.id, h.score) == ("7", 2.0)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def public_server(tmp_path_factory):
     corpus = tmp_path_factory.mktemp("c") / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({k: r[k] for k in ("id", "title", "text")}) + "\n" for r in ROWS))
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, "-m", "memrl.cli", "serve", "retrieval", "--corpus", str(corpus),
-                             "--port", str(port), "--reply-shape", "public", "--max-body-bytes", "4096"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}: {proc.stdout.read()}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up in 90 s"
-            time.sleep(0.2)
+    with retrieval_server(corpus, "--reply-shape", "public", "--max-body-bytes", "4096") as (url, port):
         yield url, port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_serve_reply_shape_public(public_server):

@@ -7,15 +7,11 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from doubles import free_port, retrieval_server
 
 from memrl.data.corpus import build_corpus, write_corpus
 from memrl.data.io import load_tasks
@@ -25,13 +21,6 @@ from memrl.services.retrieval import BM25Retriever
 
 HOTPOT = Path("/work/shared/data/hotpotqa_dev_distractor_1143.json.xz")
 pytestmark = pytest.mark.skipif(not HOTPOT.exists(), reason="shared data not present")
-REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -41,37 +30,12 @@ def service(tmp_path_factory):
     docs = build_corpus(tasks)
     corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
     write_corpus(corpus, docs)
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, "-m", "memrl.cli", "serve", "retrieval", "--corpus", str(corpus),
-                             "--port", str(port), "--max-concurrency", "4"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}: {proc.stdout.read()}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not come up in 90 s")
-            time.sleep(0.2)
+    with retrieval_server(corpus, "--max-concurrency", "4") as (url, _):
         # questions, then paragraph titles and first sentences: 500 distinct real queries
         queries = [t.question for t in tasks] + [d.title for d in docs] + [d.text.split(". ")[0] for d in docs]
         queries = list(dict.fromkeys(queries))[:500]
         assert len(queries) == 500
         yield url, BM25Retriever(docs), queries
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_health(service):

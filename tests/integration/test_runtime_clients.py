@@ -11,57 +11,24 @@ Eval runs `memrl.eval.runner.evaluate` with engine=openai against CompletionServ
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
+from doubles import JsonServer, retrieval_server
 
 from memrl.types import Task
 
-REPO = Path(__file__).resolve().parents[2]
 CORPUS = [{"id": "d1", "title": "Tower", "text": "The tower stands in Paris."},
           {"id": "d2", "title": "Bridge", "text": "The bridge is in London."}]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def retriever_url(tmp_path_factory):
     corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in CORPUS))
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, "-m", "memrl.cli", "serve", "retrieval", "--corpus", str(corpus),
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}: {proc.stdout.read()}")
-            try:
-                httpx.get(f"{url}/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, "retrieval server did not come up in 90 s"
-                time.sleep(0.2)
+    with retrieval_server(corpus) as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        proc.stdout.close()
 
 
 class Judge:
@@ -69,31 +36,16 @@ class Judge:
 
     def __init__(self) -> None:
         self.calls = 0
-        outer = self
+        self.server = JsonServer(self.reply, "/v1")
+        self.url = self.server.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server API
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.calls += 1
-                verdict = "CORRECT" if "Predicted answer: Paris" in body["messages"][0]["content"] else "INCORRECT"
-                data = json.dumps({"choices": [{"message": {"role": "assistant", "content": verdict}}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True).start()
+    def reply(self, body: dict) -> dict:
+        self.calls += 1
+        verdict = "CORRECT" if "Predicted answer: Paris" in body["messages"][0]["content"] else "INCORRECT"
+        return {"choices": [{"message": {"role": "assistant", "content": verdict}}]}
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server.stop()
 
 
 @pytest.fixture
