@@ -327,3 +327,23 @@ def retrieval_server(corpus: Any, *args: str, timeout_s: float = 90.0) -> Iterat
             proc.kill()
             proc.wait()
         proc.stdout.close()
+
+
+def parity_reward(task: Any, traj: Any) -> float:
+    """A reward a random model earns about half the time (the final answer's first token id is even), so
+    advantages are non-zero and every step really updates the weights."""
+    final = traj.segments[-1].response_ids
+    return float(bool(final) and final[0] % 2 == 0)
+
+
+def register_parity_workflow(name: str) -> None:
+    """Register `name` as MemAgent's run and config scored by `parity_reward`: a plain spec (no format keys,
+    train defaults or step rewards), as the training tests' pinned runs were made with."""
+    from memrl.workflows import WorkflowSpec, register_workflow
+
+    def spec() -> WorkflowSpec:
+        from memrl.workflows import memagent
+
+        return WorkflowSpec(name, memagent.run, memagent.MemAgentConfig, parity_reward)
+
+    register_workflow(name, spec)

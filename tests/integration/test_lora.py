@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from doubles import register_parity_workflow
 
 pytest.importorskip("peft")
 
@@ -13,23 +14,11 @@ from memrl.config import ConfigError, load_config  # noqa: E402
 from memrl.quiet import peft_rename_warning_off  # noqa: E402
 from memrl.training.config import TrainConfig  # noqa: E402
 from memrl.training.trainer import Trainer  # noqa: E402
-from memrl.workflows import WorkflowSpec, register_workflow  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
-def _parity_reward(task, traj) -> float:
-    final = traj.segments[-1].response_ids
-    return float(bool(final) and final[0] % 2 == 0)
-
-
-def _parity_spec() -> WorkflowSpec:
-    from memrl.workflows import memagent
-
-    return WorkflowSpec("memagent_parity_lora", memagent.run, memagent.MemAgentConfig, _parity_reward)
-
-
-register_workflow("memagent_parity_lora", _parity_spec)
+register_parity_workflow("memagent_parity_lora")
 
 
 @pytest.fixture(scope="module")

@@ -10,28 +10,16 @@ import json
 
 import pytest
 import torch
+from doubles import register_parity_workflow
 
 from memrl.config import load_config
 from memrl.training.config import TrainConfig
 from memrl.training.trainer import Trainer
-from memrl.workflows import WorkflowSpec, register_workflow
 
 pytestmark = pytest.mark.slow
 
 
-def _reward(task, traj) -> float:  # noqa: ARG001
-    """Half the trajectories of a random model earn 1 (first answer token id even): advantages are non-zero."""
-    final = traj.segments[-1].response_ids
-    return float(bool(final) and final[0] % 2 == 0)
-
-
-def _spec() -> WorkflowSpec:
-    from memrl.workflows import memagent
-
-    return WorkflowSpec("memagent_offpolicy", memagent.run, memagent.MemAgentConfig, _reward)
-
-
-register_workflow("memagent_offpolicy", _spec)
+register_parity_workflow("memagent_offpolicy")
 
 
 def _run(model: str, out, mode: str) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:

@@ -14,6 +14,7 @@ import tempfile
 
 import pytest
 import torch
+from doubles import register_parity_workflow
 from safetensors.torch import load_file
 
 from memrl.config import ConfigError, load_config
@@ -21,25 +22,12 @@ from memrl.training.config import TrainConfig
 from memrl.training.distributed import free_port
 from memrl.training.placement import PlacementError
 from memrl.training.trainer import Trainer
-from memrl.workflows import WorkflowSpec, register_workflow
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 
-def _parity_reward(task, traj) -> float:
-    """Earned half the time by a random model (first answer token id even): advantages are non-zero."""
-    final = traj.segments[-1].response_ids
-    return float(bool(final) and final[0] % 2 == 0)
-
-
-def _parity_spec() -> WorkflowSpec:
-    from memrl.workflows import memagent
-
-    return WorkflowSpec("memagent_parity_ray", memagent.run, memagent.MemAgentConfig, _parity_reward)
-
-
-register_workflow("memagent_parity_ray", _parity_spec)
+register_parity_workflow("memagent_parity_ray")
 
 
 @pytest.fixture(scope="module")

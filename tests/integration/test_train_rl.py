@@ -4,29 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from doubles import register_parity_workflow
 
 from memrl.config import load_config
 from memrl.training.config import TrainConfig
 from memrl.training.trainer import Trainer
-from memrl.workflows import WorkflowSpec, register_workflow
 
 pytestmark = pytest.mark.slow
 
 
-def _parity_reward(task, traj) -> float:
-    """A reward a random model earns half the time (first answer token id even), so advantages are
-    non-zero and every step really updates the weights."""
-    final = traj.segments[-1].response_ids
-    return float(bool(final) and final[0] % 2 == 0)
-
-
-def _parity_spec() -> WorkflowSpec:
-    from memrl.workflows import memagent
-
-    return WorkflowSpec("memagent_parity", memagent.run, memagent.MemAgentConfig, _parity_reward)
-
-
-register_workflow("memagent_parity", _parity_spec)
+register_parity_workflow("memagent_parity")
 
 
 @pytest.fixture(scope="module")

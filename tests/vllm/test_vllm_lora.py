@@ -11,26 +11,15 @@ import shutil
 import tempfile
 
 import pytest
+from doubles import register_parity_workflow
 
 from memrl.config import load_config
 from memrl.training.config import TrainConfig
-from memrl.workflows import WorkflowSpec, register_workflow
 
 pytest.importorskip("peft")
 
 
-def _parity_reward(task, traj) -> float:  # noqa: ANN001
-    final = traj.segments[-1].response_ids
-    return float(bool(final) and final[0] % 2 == 0)
-
-
-def _parity_spec() -> WorkflowSpec:
-    from memrl.workflows import memagent
-
-    return WorkflowSpec("memagent_parity_vllm_lora", memagent.run, memagent.MemAgentConfig, _parity_reward)
-
-
-register_workflow("memagent_parity_vllm_lora", _parity_spec)
+register_parity_workflow("memagent_parity_vllm_lora")
 
 VLLM_ENGINE = ["engine.dtype=float32", "engine.vllm.max_model_len=4096", "engine.vllm.enforce_eager=true",
                "engine.vllm.kv_cache_gib=0.5", "engine.max_batch_size=16"]
