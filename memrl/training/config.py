@@ -368,7 +368,7 @@ class RolloutSection:
     sync_check: bool = False
     """After every weight sync, the engine's greedy logprobs on a fixed probe must match the trainer's
     within sync_check_tol, else the run stops naming the engine (memrl.training.sync_check; its cost is
-    logged as time/sync_check_s). Needs trainer.num_workers=1."""
+    logged as time/sync_check_s). With trainer.num_workers > 1 the ranks score the probe (rank 0's result)."""
     sync_check_tol: float = valid(1e-3, gt=0)
     """sync_check: the largest |engine logprob - trainer logprob| allowed (float32: 1e-3; bf16 engines ~0.1)."""
     sync_check_tokens: int = valid(4, ge=1, le=64)
@@ -431,10 +431,6 @@ class TrainConfig:
             raise ConfigError(
                 f"trainer.num_workers={self.trainer.num_workers} needs rollout.num_engines >= 1 (the in-process "
                 "engine serves the live module of world size 1)")
-        if self.model.lora.rank != 0 and self.trainer.num_workers != 1:
-            raise ConfigError(
-                f"model.lora.rank={self.model.lora.rank} needs trainer.num_workers=1: LoRA under FSDP2 ranks is "
-                "not supported yet (docs/lora.md)")
         t = self.trainer
         if self.algorithm.off_policy != "none" and (t.mini_batches != 1 or t.mini_batch_rows != 0):
             raise ConfigError(

@@ -96,7 +96,10 @@ def all_reduce_max(value: int, device: str | torch.device = "cpu") -> int:
 
 
 def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
-    """The repeated decoder blocks of a HF causal LM (`model.model.layers` for Llama/Qwen-style models)."""
+    """The repeated decoder blocks of a HF causal LM (`model.model.layers` for Llama/Qwen-style models; of a
+    PEFT LoRA model, its base model's, whose blocks then hold the adapters)."""
+    if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
+        model = model.get_base_model()
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None:

@@ -186,14 +186,21 @@ def engine_state(state: dict[str, Any], section: Any) -> dict[str, Any]:
     return merge_state_dict(state, scaling(section)) if enabled(section) and state else state
 
 
-def save_merged_dir(model: Any, tokenizer: Any, path: str | os.PathLike) -> Path:
-    """A loadable HuggingFace directory of the merged weights (config, safetensors, tokenizer) at `path`."""
+def save_merged_dir(model: Any, tokenizer: Any, path: str | os.PathLike,
+                    state: dict[str, Any] | None = None) -> Path:
+    """A loadable HuggingFace directory of the merged weights (config, safetensors, tokenizer) at `path`.
+    `state`: the model's state dict gathered from FSDP2 shards (the live module's own holds only this
+    rank's shards); None: the live module's."""
     from memrl.quiet import hf_progress_off
 
     d = Path(path)
     d.mkdir(parents=True, exist_ok=True)
     target = model.get_base_model() if is_peft(model) else model
-    state = merged_state(model)
+    if state is None:
+        state = merged_state(model)
+    elif is_peft(model):
+        conf = model.peft_config["default"]
+        state = merge_state_dict(state, float(conf.lora_alpha) / int(conf.r))
     if getattr(target.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
     from safetensors.torch import save_file
@@ -213,23 +220,28 @@ def save_merged_dir(model: Any, tokenizer: Any, path: str | os.PathLike) -> Path
 
 class CheckpointModel:
     """What `checkpoint.save_checkpoint` needs of a model (`save_pretrained`) for a LoRA policy: PEFT's
-    adapter files, plus the merged HuggingFace directory in `merged/` when `save_merged`."""
+    adapter files, plus the merged HuggingFace directory in `merged/` when `save_merged`. `state`: the
+    PeftModel's state dict gathered from FSDP2 shards (rank 0 of several writes the full adapter from it,
+    under the names world size 1 writes); None: the live module's."""
 
-    def __init__(self, model: Any, tokenizer: Any, save_merged: bool) -> None:
-        self.model, self.tokenizer, self.save_merged = model, tokenizer, save_merged
+    def __init__(self, model: Any, tokenizer: Any, save_merged: bool, state: dict[str, Any] | None = None) -> None:
+        self.model, self.tokenizer, self.save_merged, self.state = model, tokenizer, save_merged, state
 
     def save_pretrained(self, path: Any, **kw: Any) -> None:
+        extra = {} if self.state is None else {"state_dict": dict(self.state)}
         with peft_rename_warning_off():
-            self.model.save_pretrained(path, safe_serialization=True)
+            self.model.save_pretrained(path, safe_serialization=True, **extra)
         if self.save_merged:
-            save_merged_dir(self.model, self.tokenizer, Path(path) / MERGED_DIR)
+            save_merged_dir(self.model, self.tokenizer, Path(path) / MERGED_DIR, self.state)
 
 
-def checkpoint_model(model: Any, tokenizer: Any, section: Any) -> Any:
-    """`model` itself, or for a LoRA policy the CheckpointModel that saves its adapter."""
+def checkpoint_model(model: Any, tokenizer: Any, section: Any, state: dict[str, Any] | None = None) -> Any:
+    """`model` itself, or for a LoRA policy the CheckpointModel that saves its adapter (`state`: gathered
+    from FSDP2 shards, see CheckpointModel)."""
     if not is_peft(model):
         return model
-    return CheckpointModel(model, tokenizer, bool(getattr(getattr(section, "lora", section), "save_merged", False)))
+    save_merged = bool(getattr(getattr(section, "lora", section), "save_merged", False))
+    return CheckpointModel(model, tokenizer, save_merged, state)
 
 
 def base_source(section: Any, start: str | os.PathLike | None) -> str:

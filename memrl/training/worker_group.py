@@ -54,6 +54,11 @@ class WorkerGroup(Protocol):
         """The optimizer state keyed by parameter name (memrl.training.distributed.full_optim_state)."""
         ...
 
+    def probe_logprobs(self, prompt: list[int], tokens: list[int]) -> list[float]:
+        """The policy's teacher-forced logprobs of `tokens` after `prompt` (every rank runs the forward;
+        rank 0's): the trainer's side of rollout.sync_check (memrl.training.sync_check)."""
+        ...
+
     def save(self, root: str | Path, step: int, driver_state: dict[str, Any], keep: int = 0,
              extra_files: dict[str, str] | None = None) -> Path:
         """Checkpoint `root/step_XXXXXX` (memrl.training.workers.PolicyWorker.save); its path."""
@@ -143,6 +148,9 @@ class RankGroup:
 
     def optim_state(self) -> dict[str, Any]:
         return self._all("optim_state")[0]
+
+    def probe_logprobs(self, prompt: list[int], tokens: list[int]) -> list[float]:
+        return self._all("probe_logprobs", list(prompt), list(tokens))[0]
 
     def save(self, root: str | Path, step: int, driver_state: dict[str, Any], keep: int = 0,
              extra_files: dict[str, str] | None = None) -> Path:

@@ -223,6 +223,13 @@ class PolicyWorker:
         """The optimizer state keyed by parameter name, full on rank 0 (collective at world size > 1)."""
         return D.full_optim_state(self.model, self.opt)
 
+    def probe_logprobs(self, prompt: list[int], tokens: list[int]) -> list[float]:
+        """The policy's teacher-forced logprobs (log_softmax at T=1) of `tokens` after `prompt`
+        (memrl.training.sync_check; collective at world size > 1: every rank runs the sharded forward)."""
+        from memrl.training.sync_check import teacher_forced_logprobs
+
+        return teacher_forced_logprobs(self.model, prompt, tokens)
+
     def save(self, root: str, step: int, driver_state: dict[str, Any], keep: int = 0,
              extra_files: dict[str, str] | None = None) -> str:
         """Checkpoint `root/step_XXXXXX` (collective): every rank writes its optimizer shards (DCP) into
@@ -238,8 +245,11 @@ class PolicyWorker:
             if D.rank() == 0:
                 state = dict(driver_state, scheduler=self.sched.state_dict(), optimizer_layout="dcp",
                              optimizer_groups=groups)
-                model = _GatheredModel(self.model, weights) if D.grouped() else self.model
-                model = L.checkpoint_model(model, self.tokenizer, self.cfg.model)  # LoRA: PEFT's adapter files
+                if L.is_peft(self.model):  # LoRA: PEFT's adapter files (from the gathered state under ranks)
+                    model = L.checkpoint_model(self.model, self.tokenizer, self.cfg.model,
+                                               weights if D.grouped() else None)
+                else:
+                    model = _GatheredModel(self.model, weights) if D.grouped() else self.model
                 path = str(save_checkpoint(root, step, model, self.tokenizer, state, keep=keep,
                                            extra_files=extra_files, tmp=tmp))
         finally:

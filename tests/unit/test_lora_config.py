@@ -56,12 +56,11 @@ def test_inherit_loops_and_bad_parents_fail_in_one_line(tmp_path):
         load_config(TrainConfig, [], preset=str(a))
 
 
-def test_lora_with_fsdp_ranks_is_refused_in_one_line(tmp_path):
+def test_lora_with_fsdp_ranks_and_the_sync_check_pass_the_checks():
+    """LoRA and rollout.sync_check under FSDP2 ranks (tests/integration/test_lora_fsdp.py) are accepted."""
     from memrl.training.trainer import validate
 
     cfg = load_config(TrainConfig, ["model.path=m", "model.lora.rank=8", "trainer.num_workers=2",
-                                    "rollout.num_engines=1"])
-    with pytest.raises(ConfigError) as e:
-        validate(cfg)
-    assert str(e.value) == ("model.lora.rank=8 needs trainer.num_workers=1: LoRA under FSDP2 ranks is not "
-                            "supported yet (docs/lora.md)")
+                                    "rollout.num_engines=1", "rollout.sync_check=true"])
+    validate(cfg)
+    assert (cfg.model.lora.rank, cfg.trainer.num_workers, cfg.rollout.sync_check) == (8, 2, True)
