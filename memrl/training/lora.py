@@ -111,6 +111,25 @@ def load_adapter(model: Any, path: str | os.PathLike) -> None:
                           "rank and target_modules it was trained with")
 
 
+def first_forward(model: Any, token: int = 0) -> None:
+    """One no-grad forward of a single token through a freshly FSDP2-sharded LoRA policy, with the adapter
+    switched on (eval mode: no dropout, no RNG drawn). FSDP2 fixes each layer group's gradient dtypes at
+    the first forward from the parameters that require grad then; PEFT's disable_adapter (the KL
+    reference, `BaseReference`) switches the adapter's requires_grad off while it runs, so were the
+    reference's forward the first, no group would cast its gradients to the reduce dtype (with
+    trainer.fsdp_bf16: "attempting to assign a gradient with dtype BFloat16 to a tensor with grad_dtype
+    Float"). Changes no weight and no number the update computes."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[token]], device=next(model.parameters()).device))
+    finally:
+        model.train(was_training)
+
+
 class BaseReference:
     """The KL reference of a LoRA policy: the policy's own module with its adapters switched off. PEFT
     starts B at 0, so that is the initial policy, with no second copy of the weights (the base stays

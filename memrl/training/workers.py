@@ -102,6 +102,8 @@ class PolicyWorker:
             self.model = L.wrap(self.model, cfg.model.lora, cfg.trainer.seed, start, cfg.model.gradient_checkpointing)
         t = cfg.trainer
         D.shard_model(self.model, t.fsdp_bf16, t.cpu_offload)
+        if L.enabled(cfg.model) and D.grouped():
+            L.first_forward(self.model, self.tokenizer.pad_token_id or 0)  # FSDP2's dtypes, adapter on
         self.ref = None
         if cfg.algorithm.kl_coef > 0 and L.enabled(cfg.model):
             self.ref = L.BaseReference(self.model)  # the initial policy: the same module, adapters off
