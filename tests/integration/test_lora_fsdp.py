@@ -7,15 +7,16 @@ and the merged directory (transformers loads it); 2 -> 2 resume is exact (1 + 1 
 for bit); the ranks score the sync check's probe as world size 1 does.
 (b) Ray: 2 ranks + one transformers replica train with rollout.sync_check on, the replica getting the
 merged weights through each weight-sync mode (object_store, directory, broadcast); the check stops the run
-naming the engine when the sync is removed.
+naming the engine when the sync is removed; a 2-rank run resumes with the saved adapter and optimizer state
+bit-identical.
 
 Tolerances (float32, CPU): as tests/integration/test_fsdp_parity.py, loss 1e-6 and grad norm 3e-5 relative
-(the ranks sum their shares' gradients in another order than one process: rounding only; measured 1.7e-8
-and 7.7e-8); adapter 1e-5 absolute after AdamW at lr 1e-3 (measured 1.8e-7 after one step, 2.0e-6 after
-two). Probe logprobs 2e-6 (one forward, sharded vs not; measured 0). trainer.fsdp_bf16: loss 5e-4 of the
-float32 loss (bfloat16 keeps 8 mantissa bits; measured 5.1e-5), grad norm 1% (measured 0.14%); the
-adapter is not compared (AdamW's first step is about lr * sign(gradient), and bf16 flips the sign of
-near-zero entries: measured 2e-3 = 2 lr).
+(the ranks sum their shares' gradients in another order than one process: rounding only; measured: loss
+1.7e-8 and 1.9e-9, grad norm 0 and 7.7e-8 relative); adapter 1e-5 absolute after AdamW at lr 1e-3
+(measured 1.8e-7 after one step, 2.0e-6 after two). Probe logprobs 2e-6 (one forward, sharded vs not;
+measured 0). trainer.fsdp_bf16: loss 5e-4 of the float32 loss (bfloat16 keeps 8 mantissa bits; measured
+5.1e-5), grad norm 1% (measured 0.14%); its adapter is not compared (AdamW's first step is about
+lr * sign(gradient), and bf16 flips the sign of near-zero entries: measured 2e-3 = 2 lr).
 """
 
 from __future__ import annotations
