@@ -72,7 +72,8 @@ def engine_name(cfg: Any) -> str:
 
 def check_sync(trainer: Any, when: str) -> dict[str, float]:
     """Run the probe on `trainer.engine` against `trainer.model` (the in-process policy) or, for Ray ranks,
-    `trainer.workers.probe_logprobs`; {} when rollout.sync_check is off, else the metrics. `when`: which sync, for the message. Raises SyncCheckError (one line, naming the engine) on a mismatch."""
+    `trainer.workers.probe_logprobs`; {} when rollout.sync_check is off, else the metrics. `when`: which
+    sync, for the message. Raises SyncCheckError (one line, naming the engine) on a mismatch."""
     from memrl.engines.base import SamplingParams
 
     cfg = trainer.cfg
