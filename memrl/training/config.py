@@ -435,6 +435,9 @@ class TrainConfig:
             raise ConfigError(
                 f"model.lora.rank={self.model.lora.rank} needs trainer.num_workers=1: LoRA under FSDP2 ranks is "
                 "not supported yet (docs/lora.md)")
+        from memrl.training.adapter_sync import check as check_lora_sync
+
+        check_lora_sync(self)  # engine.vllm / engine.openai lora_sync=adapter
         t = self.trainer
         if self.algorithm.off_policy != "none" and (t.mini_batches != 1 or t.mini_batch_rows != 0):
             raise ConfigError(
