@@ -9,7 +9,8 @@ adapter in PEFT's format (adapter_config.json + adapter_model.safetensors) to a 
 - a vLLM OpenAI-compatible server (`OpenAIEngine.load_adapter`): POST /v1/load_lora_adapter, requests
   name the adapter as their model, the previous adapter is unloaded (/v1/unload_lora_adapter).
 
-The previous version's directory is deleted once the new one is served, so `<root>` holds one adapter.
+The previous version's directory is deleted once the new one is served, so `<root>` holds one adapter
+(an earlier run's `adapter-*` directories there are deleted at the first sync).
 In-process engines (rollout.num_engines=0) only: Ray replicas get merged weights (rollout.weight_sync).
 docs/lora.md says which default the measurement picked, and why.
 """
@@ -82,10 +83,12 @@ class AdapterSync:
         from memrl.quiet import peft_rename_warning_off
 
         t0 = time.perf_counter()
+        if self.version == 0 and self.root.is_dir():  # an earlier run's (a resumed run writes from adapter-1)
+            for stale in self.root.glob("adapter-*"):
+                if stale.is_dir():
+                    shutil.rmtree(stale)
         self.version += 1
         d = self.root / f"adapter-{self.version}"
-        if d.exists():  # left by an earlier run in the same directory
-            shutil.rmtree(d)
         d.mkdir(parents=True)
         with peft_rename_warning_off():
             self.model.save_pretrained(str(d), safe_serialization=True)

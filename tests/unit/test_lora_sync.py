@@ -165,3 +165,29 @@ def test_load_adapter_needs_a_vllm_server():
     eng = OpenAIEngine(base_url="http://127.0.0.1:9", server="sglang")
     with pytest.raises(EngineError, match=r"^http://127.0.0.1:9: load_adapter needs a vLLM server"):
         eng.load_adapter("/a")
+
+
+def test_adapter_sync_writes_a_new_directory_per_sync_and_keeps_only_the_current(tmp_path):
+    class Model:
+        def save_pretrained(self, path: str, safe_serialization: bool) -> None:
+            assert safe_serialization
+            (tmp_path / "root" / path).joinpath("adapter_config.json").write_text("{}")
+
+    class Engine:
+        def __init__(self) -> None:
+            self.loaded: list[str] = []
+
+        def load_adapter(self, path: str) -> str:
+            self.loaded.append(path)
+            return f"n{len(self.loaded)}"
+
+    root = tmp_path / "root"
+    (root / "adapter-7").mkdir(parents=True)  # an earlier run's
+    (root / "keep.txt").write_text("x")
+    engine = Engine()
+    sync = adapter_sync.AdapterSync(Model(), engine, root)
+    assert sync() >= 0 and sorted(p.name for p in root.iterdir()) == ["adapter-1", "keep.txt"]
+    sync()
+    assert sorted(p.name for p in root.iterdir()) == ["adapter-2", "keep.txt"]
+    assert engine.loaded == [str(root.resolve() / "adapter-1"), str(root.resolve() / "adapter-2")]
+    assert set(sync.last) == {"write_s", "load_s"}
