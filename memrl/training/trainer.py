@@ -377,12 +377,12 @@ class Trainer:
         if self.cfg.rollout.num_engines > 0:
             return self.weight_sync()
         if adapter_sync.mode(self.cfg) == "adapter":
-            if getattr(self, "adapter_sync", None) is None:
+            if getattr(self, "lora_sync", None) is None:
                 e = self.cfg.engine
                 root = (Path(e.openai.sync_dir or self.out / "engine_weights") if e.name == "openai"
                         else self.out / adapter_sync.ADAPTER_DIR)
-                self.adapter_sync = adapter_sync.AdapterSync(self.model, self.engine, root)
-            return self.adapter_sync()
+                self.lora_sync = adapter_sync.AdapterSync(self.model, self.engine, root)
+            return self.lora_sync()
         t0 = time.perf_counter()
         if self.cfg.engine.name != "openai":
             self.engine.update_weights(engine_weights(self.workers, self.engine))  # LoRA: merged weights
@@ -517,8 +517,8 @@ class Trainer:
             metrics.update(self.sync_checked)  # rollout.sync_check: time/sync_check_s, sync/probe_max_abs_diff
             if cfg.rollout.num_engines > 0:  # its parts: time/sync_gather_s, _send_s, _write_s, _load_s
                 metrics.update({f"time/sync_{k}": v for k, v in self.weight_sync.last.items()})
-            elif getattr(self, "adapter_sync", None) is not None:  # lora_sync=adapter: _write_s, _load_s
-                metrics.update({f"time/sync_{k}": v for k, v in self.adapter_sync.last.items()})
+            elif getattr(self, "lora_sync", None) is not None:  # lora_sync=adapter: _write_s, _load_s
+                metrics.update({f"time/sync_{k}": v for k, v in self.lora_sync.last.items()})
         self.dumped_rows = self.dump.write(self.step + 1, res.groups)  # every trainer.dump_every steps
         t2 = time.perf_counter()
         metrics["time/rollout_s"] = t1 - t0
