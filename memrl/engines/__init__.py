@@ -17,9 +17,11 @@ __all__ = ["ENGINE_KINDS", "Completion", "Engine", "EngineConfig", "EngineError"
            "SamplingParams", "VLLMSection", "build_engine", "make_engine"]
 
 
-def build_engine(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None) -> Engine:
+def build_engine(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None, lora_rank: int = 0) -> Engine:
     """The engine `cfg` names. `policy` (a loaded model, with its `tokenizer`) is what the trainer trains:
-    hf serves it directly (engine.hf.share_weights) or a copy of it; vllm / openai load `cfg.model`."""
+    hf serves it directly (engine.hf.share_weights) or a copy of it; vllm / openai load `cfg.model`.
+    `lora_rank` > 0: a vLLM engine is built with LoRA support for adapters of that rank (the trainer, with
+    engine.vllm.lora_sync=adapter)."""
     if cfg.name == "hf":
         from memrl.engines.hf import HFEngine
 
@@ -47,13 +49,15 @@ def build_engine(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None) -
         from memrl.engines.vllm import VLLMConfig, VLLMEngine
 
         v = dataclasses.asdict(cfg.vllm)
+        v.pop("lora_sync")  # the trainer's: it passes lora_rank
         return VLLMEngine(VLLMConfig(model=cfg.model, dtype=cfg.dtype or "auto", seed=cfg.seed,
-                                     max_num_seqs=cfg.max_batch_size, **v))
+                                     max_num_seqs=cfg.max_batch_size, max_lora_rank=int(lora_rank), **v))
     if cfg.name == "openai":
         from memrl.engines.openai_http import OpenAIConfig, OpenAIEngine
 
         o = dataclasses.asdict(cfg.openai)
         o.pop("sync_dir")
+        o.pop("lora_sync")
         o["model"] = o.pop("served_model")
         return OpenAIEngine(OpenAIConfig(tokenizer=cfg.model, max_concurrency=cfg.max_batch_size, **o),
                             tokenizer=tokenizer)

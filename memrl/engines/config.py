@@ -15,6 +15,8 @@ from typing import Any
 from memrl.config import valid
 
 ENGINE_KINDS = ("hf", "vllm", "vllm-cpu", "openai")
+LORA_SYNCS = ("merged", "adapter")
+"""How a LoRA policy reaches a vLLM engine in training (engine.vllm.lora_sync, engine.openai.lora_sync)."""
 
 
 @dataclass
@@ -67,6 +69,11 @@ class VLLMSection:
     """VLLM_CPU_OMP_THREADS_BIND for vLLM's CPU backend, e.g. "0-1"; None = every usable core."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """Any other vllm AsyncEngineArgs field, passed through unchanged."""
+    lora_sync: str = valid("merged", choices=LORA_SYNCS)
+    """Training with model.lora.rank > 0, in process (rollout.num_engines=0): merged = every sync loads the
+    merged weights (W + scaling * B A; the engine needs no LoRA support) | adapter = the engine is built with
+    vLLM's LoRA support (max_lora_rank from model.lora.rank) and every sync hands it the adapter (PEFT
+    files) under a new LoRARequest. docs/lora.md has the measurement behind the default."""
 
 
 @dataclass
@@ -103,6 +110,11 @@ class OpenAISection:
     sync_dir: str = ""
     """Training: directory the policy is saved to for the server to reload (must be readable by the
     server); "" = <out_dir>/engine_weights."""
+    lora_sync: str = valid("merged", choices=LORA_SYNCS)
+    """Training with model.lora.rank > 0 against a vLLM server: merged = the server reloads the merged
+    directory (sync_dir) | adapter = the adapter is written to sync_dir/adapter-<version> and loaded by
+    POST /v1/load_lora_adapter (server started with --enable-lora, --max-lora-rank >= model.lora.rank and
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True); requests name it as their model, the previous one is unloaded."""
 
 
 @dataclass

@@ -30,6 +30,13 @@ finite logprobs; nothing in evaluation reads them) (`info["token_ids"]` says "se
 refuses chat mode up front (memrl.training.trainer.validate): the prompt tokens the server conditioned on
 are not known to be the ones trained on, and token ids and logprobs are optional extras of the chat API.
 
+LoRA adapters (vLLM servers started with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True):
+`load_adapter(dir)` POSTs /v1/load_lora_adapter with a new name per call (`memrl-lora-<tag>-<version>`, the
+tag unique to this engine object) and the PEFT-format directory (on the server's filesystem); requests then
+name that adapter as their `model`, and the previous adapter is unloaded (/v1/unload_lora_adapter).
+`unload_adapter()` unloads the current one and goes back to the base model. A refusal is an EngineError
+naming the endpoint. Used by `engine.openai.lora_sync=adapter` (docs/lora.md).
+
 Transport: one pooled httpx AsyncClient for the engine's lifetime, made on first use in the event loop
 of the run (memrl.runtime.RolloutRuntime: one loop per run) and closed by `close()`; a call from another
 loop while it is open is an EngineError (pooled connections cannot cross loops), never a silent second
@@ -45,6 +52,7 @@ import json
 import logging
 import os
 import random
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -239,6 +247,17 @@ def parse_completion(payload: Any, url: str) -> Completion:
     return Completion(token_ids, values, finish)
 
 
+def _one_line(text: str, limit: int = 300) -> str:
+    """A server's error text on one line (JSON error bodies: their message)."""
+    try:
+        payload = json.loads(text)
+        err = payload.get("error", payload) if isinstance(payload, dict) else payload
+        msg = err.get("message", err.get("detail", text)) if isinstance(err, dict) else str(err)
+    except (json.JSONDecodeError, ValueError, AttributeError):
+        msg = text
+    return " ".join(str(msg).split())[:limit]
+
+
 class _Retryable(Exception):
     """An attempt failed in a way worth retrying (connection, timeout, 5xx)."""
 
@@ -264,6 +283,14 @@ class OpenAIEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: Any = None
         self._sem: asyncio.Semaphore | None = None
+        self._adapter: str | None = None  # the LoRA adapter requests name (load_adapter)
+        self._adapter_tag = uuid.uuid4().hex[:8]
+        self._adapter_version = 0
+
+    @property
+    def served_model(self) -> str | None:
+        """What requests send as `model`: the current LoRA adapter, else OpenAIConfig.model."""
+        return self._adapter or self.config.model
 
     def _timeout(self) -> Any:
         c = self.config
@@ -315,9 +342,9 @@ class OpenAIEngine:
             if messages is None:
                 raise EngineError(f"{self.url}: engine.openai.api=chat sends chat messages, but this prompt was "
                                   "built as token ids (MemAct's working context is); use engine.openai.api=completions")
-            body = chat_request(messages, sampling, self.config.model)
+            body = chat_request(messages, sampling, self.served_model)
         else:
-            body = completion_request(prompt_ids, sampling, self.config.model)
+            body = completion_request(prompt_ids, sampling, self.served_model)
         client, sem = self._state()
         attempts = self.config.max_retries + 1
         async with sem:
@@ -367,6 +394,44 @@ class OpenAIEngine:
                     raise EngineError(f"{url}: not found{hint}")
                 if resp.status_code >= 400:
                     raise EngineError(f"{url}: HTTP {resp.status_code}: {resp.text[:500]}")
+
+    def load_adapter(self, path: str | os.PathLike) -> str:
+        """Load the PEFT-format adapter directory `path` (on the server's filesystem) under a new name, send
+        it as every request's `model` from now on, and unload the previous adapter; returns the name."""
+        if self.config.server != "vllm":
+            raise EngineError(f"{self.root}: load_adapter needs a vLLM server (OpenAIConfig.server=vllm)")
+        self._adapter_version += 1
+        name = f"memrl-lora-{self._adapter_tag}-{self._adapter_version}"
+        self._post_admin("/v1/load_lora_adapter", {"lora_name": name, "lora_path": os.fspath(path)})
+        old, self._adapter = self._adapter, name
+        if old is not None:
+            self._post_admin("/v1/unload_lora_adapter", {"lora_name": old})
+        return name
+
+    def unload_adapter(self) -> None:
+        """Unload the current adapter (if any): requests name the base model again."""
+        old, self._adapter = self._adapter, None
+        if old is not None:
+            self._post_admin("/v1/unload_lora_adapter", {"lora_name": old})
+
+    @property
+    def adapter(self) -> str | None:
+        """The LoRA adapter requests name (None: the base model)."""
+        return self._adapter
+
+    def _post_admin(self, endpoint: str, body: dict[str, Any]) -> None:
+        """POST a LoRA admin call; any refusal is one line naming the endpoint."""
+        url = f"{self.root}{endpoint}"
+        with httpx.Client(timeout=self._timeout(), headers=self._headers) as client:
+            try:
+                resp = client.post(url, json=body)
+            except httpx.TransportError as e:
+                raise EngineError(f"{url}: unreachable ({type(e).__name__}: {e})") from e
+        if resp.status_code in (404, 405) and _one_line(resp.text) in ("Not Found", "Method Not Allowed"):
+            raise EngineError(f"{url}: not found (start vLLM with --enable-lora and "  # no such route
+                              "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)")
+        if resp.status_code >= 400:
+            raise EngineError(f"{url}: HTTP {resp.status_code}: {_one_line(resp.text)}")
 
     async def health(self) -> bool:
         """True when GET /health answers 200."""

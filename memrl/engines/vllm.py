@@ -24,6 +24,14 @@ suits CPU and small models. Large models sync by collective broadcast instead
 of its own with the trainer (nccl on GPUs, gloo on CPU) and streams the received buckets into
 `reload_weights`; or by directory (`update_weights(path)`: each worker reads the files itself).
 
+LoRA adapters (`max_lora_rank > 0`): the engine is built with vLLM's `enable_lora` (one adapter slot) and
+`load_adapter(dir)` hands it a PEFT-format adapter directory (adapter_config.json +
+adapter_model.safetensors) under a new LoRARequest (id and name per version: vLLM caches adapters by id, so
+a new id is never served from a stale cache); every later generate call carries that request, and the
+previous adapter is removed from the engine. `drop_adapter()` serves the base again. The base weights stay
+what the engine loaded (or what `update_weights` last gave it). Used by `engine.vllm.lora_sync=adapter`
+(docs/lora.md).
+
 Sleep: `sleep()`/`wake_up()` free and re-take KV cache (and weights at level 2) on CUDA with
 `enable_sleep_mode=True`. vLLM's CPU backend has no sleep mode; there both are no-ops.
 
@@ -85,6 +93,9 @@ class VLLMConfig:
     cpu_threads_bind: str | None = None
     """VLLM_CPU_OMP_THREADS_BIND for vLLM's CPU backend, e.g. "0-1"; None = every core this process may
     use (vLLM's own default keeps one core back). Ignored on GPU."""
+    max_lora_rank: int = valid(0, ge=0, le=512)
+    """> 0: build with vLLM's LoRA support (enable_lora, one adapter slot) for adapters up to this rank
+    (rounded up to a rank vLLM accepts: 1, 8, 16, 32, 64, 128, 256, 320, 512); 0 = no LoRA support."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """Any other vllm AsyncEngineArgs field, passed through unchanged."""
 
@@ -95,6 +106,18 @@ class VLLMConfig:
             raise ValueError(f"VLLMConfig.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
             raise ValueError(f"VLLMConfig.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The max_lora_rank values vLLM 0.32 accepts."""
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds adapters of `rank`."""
+    for r in VLLM_LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}")
 
 
 def vllm_available() -> bool:
@@ -240,6 +263,8 @@ class VLLMEngine:
         self._thread = threading.Thread(target=self._loop.run_forever, name="memrl-vllm-loop", daemon=True)
         self._thread.start()
         self._llm: Any = None
+        self._lora: Any = None  # the LoRARequest every generate call carries (load_adapter)
+        self._lora_version = 0
         self._closed = False
         self.on_cpu = False
         try:
@@ -281,6 +306,8 @@ class VLLMEngine:
             kw["enable_chunked_prefill"] = chunked
             if not chunked:  # every prompt must then fit in one step
                 kw["max_num_batched_tokens"] = max(c.max_model_len or 0, 8192)
+        if c.max_lora_rank > 0:
+            kw.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(c.max_lora_rank))
         if c.kv_cache_gib is not None:
             kw["kv_cache_memory_bytes"] = int(c.kv_cache_gib * (1 << 30))
         kw.update(c.engine_kwargs)
@@ -311,7 +338,8 @@ class VLLMEngine:
 
         final = None
         async for out in self._llm.generate(
-            TokensPrompt(prompt_token_ids=list(prompt_ids)), to_vllm_sampling(sampling), request_id=uuid.uuid4().hex
+            TokensPrompt(prompt_token_ids=list(prompt_ids)), to_vllm_sampling(sampling), request_id=uuid.uuid4().hex,
+            lora_request=self._lora,
         ):
             final = out
         if final is None or not final.outputs:
@@ -359,6 +387,51 @@ class VLLMEngine:
             self._run(do())
         except Exception as e:  # noqa: BLE001
             raise EngineError(f"{self.where}: update_weights failed: {e}") from e
+
+    @property
+    def adapter(self) -> str | None:
+        """The name of the LoRA adapter generate calls use (None: the base weights)."""
+        return self._lora.lora_name if self._lora is not None else None
+
+    def load_adapter(self, path: str | os.PathLike) -> str:
+        """Serve the PEFT-format adapter in directory `path` from now on (a new LoRARequest: id and name
+        `memrl-lora-<version>`); the previous adapter is removed from the engine. Returns the name.
+
+        Call between rollouts, as update_weights. Needs max_lora_rank > 0."""
+        if self.config.max_lora_rank <= 0:
+            raise EngineError(f"{self.where}: load_adapter needs vLLM's LoRA support (VLLMConfig.max_lora_rank > 0; "
+                              "engine.vllm.lora_sync=adapter in training)")
+        d = os.path.abspath(os.fspath(path))
+        if not os.path.isfile(os.path.join(d, "adapter_config.json")):
+            raise EngineError(f"{self.where}: load_adapter: {d} holds no adapter_config.json (a PEFT adapter directory)")
+        from vllm.lora.request import LoRARequest
+
+        version = self._lora_version + 1
+        req = LoRARequest(lora_name=f"memrl-lora-{version}", lora_int_id=version, lora_path=d)
+        old = self._lora
+
+        async def do() -> None:
+            if not await self._llm.add_lora(req):  # loads it now: the sync pays for it, not the next rollout
+                raise RuntimeError("vLLM's add_lora returned False")
+            if old is not None:  # (one slot: vLLM may have evicted it already)
+                await self._llm.remove_lora(old.lora_int_id)
+
+        try:
+            self._run(do())
+        except Exception as e:  # noqa: BLE001
+            raise EngineError(f"{self.where}: load_adapter {d} failed: {e}") from e
+        self._lora, self._lora_version = req, version
+        return req.lora_name
+
+    def drop_adapter(self) -> None:
+        """Remove the current adapter: generate serves the base weights again."""
+        old, self._lora = self._lora, None
+        if old is None or self._llm is None:
+            return
+        try:
+            self._run(self._llm.remove_lora(old.lora_int_id))
+        except Exception as e:  # noqa: BLE001
+            raise EngineError(f"{self.where}: drop_adapter failed: {e}") from e
 
     @property
     def transfer_members(self) -> int:

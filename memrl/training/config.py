@@ -431,6 +431,9 @@ class TrainConfig:
             raise ConfigError(
                 f"trainer.num_workers={self.trainer.num_workers} needs rollout.num_engines >= 1 (the in-process "
                 "engine serves the live module of world size 1)")
+        from memrl.training.adapter_sync import check as check_lora_sync
+
+        check_lora_sync(self)  # engine.vllm / engine.openai lora_sync=adapter
         t = self.trainer
         if self.algorithm.off_policy != "none" and (t.mini_batches != 1 or t.mini_batch_rows != 0):
             raise ConfigError(

@@ -39,6 +39,7 @@ import torch
 from memrl.config import ConfigError, check_config, check_shared_fields, to_yaml
 from memrl.engines.base import SamplingParams
 from memrl.errors import UserError, model_dir, writable_dir
+from memrl.training import adapter_sync
 from memrl.training.checkpoint import clean_stale, resume_point, rng_state, set_rng_state
 from memrl.training.config import TrainConfig
 from memrl.training.dump import TrajectoryDump
@@ -353,7 +354,8 @@ class Trainer:
         policy = self.model
         if sec.name == "hf" and policy is not None:
             policy = engine_policy(policy, sec.hf.share_weights)  # LoRA, a copy: a plain merged module
-        return build_engine(sec, policy=policy, tokenizer=self.tokenizer)
+        lora_rank = self.cfg.model.lora.rank if adapter_sync.mode(self.cfg) == "adapter" else 0
+        return build_engine(sec, policy=policy, tokenizer=self.tokenizer, lora_rank=lora_rank)
 
     def sync_weights(self) -> float:
         """Give the engine(s) the policy's current weights; returns the seconds it took. With
@@ -370,9 +372,17 @@ class Trainer:
 
     def _sync_weights(self) -> float:
         """Ray replicas: rollout.weight_sync (memrl.training.weight_sync). In process: a no-op for an hf
-        engine sharing the module, else the state dict; a saved directory for a server (engine.openai.sync_dir)."""
+        engine sharing the module, else the state dict; a saved directory for a server (engine.openai.sync_dir);
+        with engine.vllm / engine.openai lora_sync=adapter, the adapter (memrl.training.adapter_sync)."""
         if self.cfg.rollout.num_engines > 0:
             return self.weight_sync()
+        if adapter_sync.mode(self.cfg) == "adapter":
+            if getattr(self, "lora_sync", None) is None:
+                e = self.cfg.engine
+                root = (Path(e.openai.sync_dir or self.out / "engine_weights") if e.name == "openai"
+                        else self.out / adapter_sync.ADAPTER_DIR)
+                self.lora_sync = adapter_sync.AdapterSync(self.model, self.engine, root)
+            return self.lora_sync()
         t0 = time.perf_counter()
         if self.cfg.engine.name != "openai":
             self.engine.update_weights(engine_weights(self.workers, self.engine))  # LoRA: merged weights
@@ -507,6 +517,8 @@ class Trainer:
             metrics.update(self.sync_checked)  # rollout.sync_check: time/sync_check_s, sync/probe_max_abs_diff
             if cfg.rollout.num_engines > 0:  # its parts: time/sync_gather_s, _send_s, _write_s, _load_s
                 metrics.update({f"time/sync_{k}": v for k, v in self.weight_sync.last.items()})
+            elif getattr(self, "lora_sync", None) is not None:  # lora_sync=adapter: _write_s, _load_s
+                metrics.update({f"time/sync_{k}": v for k, v in self.lora_sync.last.items()})
         self.dumped_rows = self.dump.write(self.step + 1, res.groups)  # every trainer.dump_every steps
         t2 = time.perf_counter()
         metrics["time/rollout_s"] = t1 - t0

@@ -169,10 +169,12 @@ def test_engine_sections_mirror_the_engines_own_configs():
             out[(rename or {}).get(f.name, f.name)] = d
         return out
 
-    common = {"model", "dtype", "seed", "max_num_seqs"}  # engine.model / dtype / seed / max_batch_size
+    # engine.model / dtype / seed / max_batch_size; max_lora_rank comes from model.lora.rank (lora_sync=adapter)
+    common = {"model", "dtype", "seed", "max_num_seqs", "max_lora_rank"}
     vllm = {k: v for k, v in defaults(VLLMConfig).items() if k not in common}
-    assert defaults(VLLMSection) == vllm
+    section = defaults(VLLMSection)
+    assert section.pop("lora_sync") == "merged" and section == vllm  # lora_sync: the trainer's
     openai = {k: v for k, v in defaults(OpenAIConfig, {"model": "served_model"}).items()
               if k not in ("tokenizer", "max_concurrency")}  # engine.model / engine.max_batch_size
     section = defaults(OpenAISection)
-    assert section.pop("sync_dir") == "" and section == openai
+    assert section.pop("sync_dir") == "" and section.pop("lora_sync") == "merged" and section == openai

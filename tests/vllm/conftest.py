@@ -80,7 +80,8 @@ def free_port() -> int:
 class VLLMServer:
     """A `python -m vllm.entrypoints.openai.api_server` child process on 127.0.0.1."""
 
-    def __init__(self, model: Path, log_path: Path) -> None:
+    def __init__(self, model: Path, log_path: Path, extra_args: tuple[str, ...] = (),
+                 extra_env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -91,9 +92,9 @@ class VLLMServer:
             "--enforce-eager", "--seed", str(ENGINE_KW["seed"]),
             "--kv-cache-memory-bytes", str(int(ENGINE_KW["kv_cache_gib"] * (1 << 30))),
             "--logprobs-mode", "processed_logprobs",
-            "--worker-extension-cls", "memrl.engines.vllm.MemrlWorkerExtension",
+            "--worker-extension-cls", "memrl.engines.vllm.MemrlWorkerExtension", *extra_args,
         ]  # fmt: skip
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # enables /collective_rpc for weight reloads
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(extra_env or {})}  # /collective_rpc: weight reloads
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
