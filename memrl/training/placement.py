@@ -206,6 +206,11 @@ class _EngineActor:
         await asyncio.to_thread(self.engine.receive_weights)
         return time.perf_counter() - t0
 
+    def busy_seconds(self) -> float:
+        """Seconds the engine has spent generating (engines that count them, else -1)."""
+        busy = getattr(self.engine, "busy_seconds", None)
+        return float(busy()[0]) if busy is not None else -1.0
+
     def param_sums(self) -> dict[str, float]:
         """Per-parameter float64 sums of the served weights (to check a sync landed; hf replicas)."""
         return {k: float(v.double().sum()) for k, v in self.engine.model.state_dict().items()}
@@ -258,6 +263,13 @@ class RayEngines:
             return await self.actors[i].generate.remote(list(prompt_ids), sampling)
         finally:
             self.outstanding[i] -= 1
+
+    def busy_seconds(self) -> tuple[float, int]:
+        """(seconds all replicas have spent generating, replicas); (-1, n) when they do not count them."""
+        import ray
+
+        got = ray.get([a.busy_seconds.remote() for a in self.actors])
+        return (sum(got) if min(got) >= 0 else -1.0), len(got)
 
     def param_sums(self) -> list[dict[str, float]]:
         """Each replica's per-parameter sums (memrl.training.placement._EngineActor.param_sums)."""
