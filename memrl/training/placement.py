@@ -258,7 +258,8 @@ class RayEngines:
             raise
         self.outstanding = [0] * r.num_engines
         self.served = [0] * r.num_engines
-        self._wave: list[tuple[int, list[int], Any, asyncio.Future[Any]]] = []  # this loop turn's requests
+        self._waves: dict[asyncio.AbstractEventLoop, list[tuple[int, list[int], Any, asyncio.Future[Any]]]] = {}
+        """Per event loop, the requests of its current turn (sent together at the turn's end)."""
         self._sending: set[asyncio.Task[None]] = set()
         self.last_load_s = 0.0
 
@@ -271,16 +272,17 @@ class RayEngines:
         self.served[i] += 1
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        if not self._wave:
-            loop.call_soon(self._send_wave)
-        self._wave.append((i, list(prompt_ids), sampling, fut))
+        wave = self._waves.setdefault(loop, [])  # per loop: a caller on another thread has its own waves
+        if not wave:
+            loop.call_soon(self._send_wave, loop)
+        wave.append((i, list(prompt_ids), sampling, fut))
         try:
             return await fut
         finally:
             self.outstanding[i] -= 1
 
-    def _send_wave(self) -> None:
-        wave, self._wave = self._wave, []
+    def _send_wave(self, loop: asyncio.AbstractEventLoop) -> None:
+        wave = self._waves.pop(loop, [])
         for i in sorted({w[0] for w in wave}):
             mine = [w for w in wave if w[0] == i]
             task = asyncio.ensure_future(self._deliver(
