@@ -20,7 +20,9 @@ info, `Segment.step_reward`) in one place; the advantage estimators read the ret
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -34,6 +36,15 @@ T = TypeVar("T")
 __all__ = ["RolloutRuntime", "Services"]
 
 
+async def _cancel_others() -> None:
+    """Cancel every task of the running loop but the caller's, and wait for them to end."""
+    me = asyncio.current_task()
+    others = [t for t in asyncio.all_tasks() if t is not me]
+    for t in others:
+        t.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
+
+
 class RolloutRuntime:
     """One event loop, one engine and one `Services` for a whole run; a context manager.
 
@@ -42,68 +53,109 @@ class RolloutRuntime:
     whether `close()` closes the engine too (False when the caller owns it)."""
 
     def __init__(self, engine: Any, spec: Any = None, cfg: Any = None, concurrency: int = 64,
-                 services: Services | None = None, close_engine: bool = True) -> None:
+                 services: Services | None = None, close_engine: bool = True, background: bool = False) -> None:
         self.engine, self.spec, self.cfg, self.concurrency = engine, spec, cfg, concurrency
         self.services = services if services is not None else Services()
         self.close_engine = close_engine
-        self._runner: asyncio.Runner | None = asyncio.Runner()
+        self.background = background
+        self._runner: asyncio.Runner | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        if background:  # asynchronous training: the loop runs on its own thread while the caller trains
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="memrl-rollout", daemon=True)
+            self._thread.start()
+        else:
+            self._runner = asyncio.Runner()
 
     # ------------------------------------------------------------------ the loop
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run `coro` to completion on the runtime's event loop (the same loop every call)."""
-        if self._runner is None:
+        """Run `coro` to completion on the runtime's event loop (the same loop every call); with
+        `background`, from any other thread (the caller blocks until it is done)."""
+        if self.closed:
             coro.close()
             raise RuntimeError("RolloutRuntime: used after close()")
-        return self._runner.run(coro)
+        if self._runner is not None:
+            return self._runner.run(coro)
+        return self.submit(coro).result()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """background=True: start `coro` on the runtime's loop and return at once (a thread-safe future)."""
+        if self._loop is None or self.closed:
+            coro.close()
+            raise RuntimeError("RolloutRuntime.submit needs a background runtime that is not closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        if self._runner is None:
+        if self.closed:
             raise RuntimeError("RolloutRuntime: used after close()")
-        return self._runner.get_loop()
+        if self._runner is not None:
+            return self._runner.get_loop()
+        assert self._loop is not None
+        return self._loop
 
     # ------------------------------------------------------------------ the stages
     def sample(self, tasks: Sequence[Task], n: int, seed: int, *, cfg: Any = None, spec: Any = None,
                on_done: Callable[[Task, Trajectory], None] | None = None) -> list[Group]:
         """n trajectories per task through the engine (memrl.workflows.runner.rollout, score=False):
         one Group per task, in task order, each carrying its Task; no rewards yet."""
+        return self.run(self.asample(tasks, n, seed, cfg=cfg, spec=spec, on_done=on_done))
+
+    async def asample(self, tasks: Sequence[Task], n: int, seed: int, *, cfg: Any = None, spec: Any = None,
+                      on_done: Callable[[Task, Trajectory], None] | None = None, engine: Any = None) -> list[Group]:
+        """`sample` as a coroutine on the runtime's loop; `engine`: another engine than the runtime's (the
+        asynchronous producer's memrl.engines.versioned.VersionedEngine around it)."""
         from memrl.workflows.runner import rollout
 
         spec = spec or self.spec
         if spec is None:
             raise ValueError("RolloutRuntime.sample: no workflow (give spec= here or to the runtime)")
-        return self.run(rollout(tasks, spec, self.engine, cfg if cfg is not None else self.cfg, n=n,
-                                concurrency=self.concurrency, seed=seed, on_done=on_done, score=False,
-                                services=self.services))
+        return await rollout(tasks, spec, engine if engine is not None else self.engine,
+                             cfg if cfg is not None else self.cfg, n=n, concurrency=self.concurrency, seed=seed,
+                             on_done=on_done, score=False, services=self.services)
 
     def score(self, groups: Sequence[Group], *, spec: Any = None) -> list[list[Any]]:
         """The Score (memrl.workflows.runner.Score) of every trajectory, [group][trajectory]; nothing is
         written onto the trajectories (memrl.workflows.runner.apply_scores does that)."""
+        return self.run(self.ascore(groups, spec=spec))
+
+    async def ascore(self, groups: Sequence[Group], *, spec: Any = None) -> list[list[Any]]:
+        """`score` as a coroutine on the runtime's loop."""
         from memrl.workflows.runner import score_groups
 
         spec = spec or self.spec
         if spec is None:
             raise ValueError("RolloutRuntime.score: no workflow (give spec= here or to the runtime)")
-        return self.run(score_groups(spec, groups, self.services))
+        return await score_groups(spec, groups, self.services)
 
     # ------------------------------------------------------------------ lifetime
     @property
     def closed(self) -> bool:
-        return self._runner is None
+        return self._runner is None and self._loop is None
 
     def close(self) -> None:
-        """Close the services' clients, then the engine (when owned), then the loop; idempotent."""
-        if self._runner is None:
+        """Close the services' clients, then the engine (when owned), then the loop; idempotent. A
+        background loop's unfinished tasks (a rollout producer) are cancelled first."""
+        if self.closed:
             return
-        runner = self._runner
         try:
-            runner.run(self.services.aclose())
+            if self._loop is not None:
+                self.run(_cancel_others())
+            self.run(self.services.aclose())
             close = getattr(self.engine, "close", None) if self.close_engine else None
             if close is not None:
-                runner.run(close())
+                self.run(close())
         finally:
-            self._runner = None
-            runner.close()
+            runner, loop, thread = self._runner, self._loop, self._thread
+            self._runner = self._loop = self._thread = None
+            if runner is not None:
+                runner.close()
+            if loop is not None and thread is not None:
+                loop.call_soon_threadsafe(loop.stop)
+                thread.join()
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
 
     def __enter__(self) -> RolloutRuntime:
         return self

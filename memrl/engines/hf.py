@@ -318,6 +318,10 @@ class HFEngine:
                 self._draining = False
                 self._cond.notify_all()
 
+    def busy_seconds(self) -> tuple[float, int]:
+        """(seconds the worker has spent generating so far, 1 replica): the trainer's engine idle share."""
+        return self.stats.generate_seconds, 1
+
     transfer_members = 1
     """Processes this engine adds to a weight-transfer group (memrl.engines.weight_transfer)."""
 

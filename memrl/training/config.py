@@ -373,13 +373,27 @@ class RolloutSection:
     """sync_check: the largest |engine logprob - trainer logprob| allowed (float32: 1e-3; bf16 engines ~0.1)."""
     sync_check_tokens: int = valid(4, ge=1, le=64)
     """sync_check: tokens the engine generates greedily after the probe."""
+    max_staleness: int = valid(0, ge=0, note="0 = synchronous")
+    """Asynchronous training (docs/async.md): 0 = sample, update, sync in turn (the synchronous loop);
+    k >= 1 = the rollouts of the next k steps run while the trainer updates, and no trained segment was
+    sampled by a policy more than k versions older than the one it updates."""
+    partial: str = valid("continue", choices=("continue", "abort"))
+    """max_staleness >= 1: a trajectory in flight across a weight sync "continue"s on the new weights (its
+    segments keep the versions that sampled them) or is "abort"ed and sampled again on the new weights."""
+    partial_max_aborts: int = valid(1, ge=0)
+    """partial=abort: times one trajectory may be aborted and resampled (after that it continues)."""
 
     def check(self) -> None:
-        """A weight-sync mode is chosen only for Ray replicas."""
+        """A weight-sync mode is chosen only for Ray replicas; asynchronous rollouts need replicas that
+        keep serving during the update."""
         if self.weight_sync != "auto" and self.num_engines < 1:
             raise ConfigError(
                 f"rollout.weight_sync={self.weight_sync} applies to Ray replicas: it needs rollout.num_engines >= 1 "
                 "(the in-process engine shares the module or takes the state dict)")
+        if self.max_staleness > 0 and self.colocate:
+            raise ConfigError(
+                f"rollout.max_staleness={self.max_staleness} needs rollout.colocate=false: colocated engines give "
+                "their memory to the update, so nothing can sample while it runs")
 
 
 @dataclass
@@ -420,6 +434,18 @@ class TrainConfig:
     ray: RaySection = field(default_factory=RaySection)
     out_dir: str = "runs/train"
 
+    def _check_async_engine(self) -> None:
+        """rollout.max_staleness > 0 with the in-process engine: it must keep its own weights."""
+        k, e = self.rollout.max_staleness, self.engine
+        if e.name == "hf" and e.hf.share_weights:
+            raise ConfigError(
+                f"rollout.max_staleness={k} needs engine.hf.share_weights=false (or Ray replicas, rollout.num_engines "
+                ">= 1): an engine that shares the trained module would sample from weights the update is changing")
+        if e.name in ("vllm", "vllm-cpu"):
+            raise ConfigError(
+                f"rollout.max_staleness={k} with the in-process {e.name} engine: put vLLM in Ray replicas "
+                "(rollout.num_engines >= 1, rollout.engine=vllm), where it samples while the trainer updates")
+
     def check(self) -> None:
         """Each section's own check (what involves several of its fields), then what spans sections."""
         self.algorithm.check()
@@ -434,6 +460,8 @@ class TrainConfig:
         from memrl.training.adapter_sync import check as check_lora_sync
 
         check_lora_sync(self)  # engine.vllm / engine.openai lora_sync=adapter
+        if self.rollout.max_staleness > 0 and self.rollout.num_engines < 1:
+            self._check_async_engine()
         t = self.trainer
         if self.algorithm.off_policy != "none" and (t.mini_batches != 1 or t.mini_batch_rows != 0):
             raise ConfigError(

@@ -186,6 +186,11 @@ class _EngineActor:
     async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
         return await self.engine.generate(prompt_ids, sampling)
 
+    async def generate_many(self, requests: list[tuple[list[int], Any]]) -> list[Any]:
+        """A wave of requests in one call, submitted to the engine in one event-loop turn (one wave of a
+        deterministic hf engine, as in process); a failed request comes back as its exception."""
+        return await asyncio.gather(*(self.engine.generate(p, s) for p, s in requests), return_exceptions=True)
+
     async def update_weights(self, box: list[Any] | str) -> float:
         """New weights from an object-store reference (in a list, so Ray hands the reference on) or a
         directory; returns the seconds it took here."""
@@ -205,6 +210,11 @@ class _EngineActor:
         t0 = time.perf_counter()
         await asyncio.to_thread(self.engine.receive_weights)
         return time.perf_counter() - t0
+
+    def busy_seconds(self) -> float:
+        """Seconds the engine has spent generating (engines that count them, else -1)."""
+        busy = getattr(self.engine, "busy_seconds", None)
+        return float(busy()[0]) if busy is not None else -1.0
 
     def param_sums(self) -> dict[str, float]:
         """Per-parameter float64 sums of the served weights (to check a sync landed; hf replicas)."""
@@ -248,16 +258,58 @@ class RayEngines:
             raise
         self.outstanding = [0] * r.num_engines
         self.served = [0] * r.num_engines
+        self._waves: dict[asyncio.AbstractEventLoop, list[tuple[int, list[int], Any, asyncio.Future[Any]]]] = {}
+        """Per event loop, the requests of its current turn (sent together at the turn's end)."""
+        self._sending: set[asyncio.Task[None]] = set()
         self.last_load_s = 0.0
 
     async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
+        """Each request goes to the replica with the fewest outstanding; the requests of one event-loop
+        turn travel to each replica in one actor call (`_EngineActor.generate_many`): one RPC per wave, not
+        per request, and a deterministic hf replica decodes the wave together, as the in-process engine does."""
         i = min(range(len(self.actors)), key=lambda k: (self.outstanding[k], k))
         self.outstanding[i] += 1
         self.served[i] += 1
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        wave = self._waves.setdefault(loop, [])  # per loop: a caller on another thread has its own waves
+        if not wave:
+            loop.call_soon(self._send_wave, loop)
+        wave.append((i, list(prompt_ids), sampling, fut))
         try:
-            return await self.actors[i].generate.remote(list(prompt_ids), sampling)
+            return await fut
         finally:
             self.outstanding[i] -= 1
+
+    def _send_wave(self, loop: asyncio.AbstractEventLoop) -> None:
+        wave = self._waves.pop(loop, [])
+        for i in sorted({w[0] for w in wave}):
+            mine = [w for w in wave if w[0] == i]
+            task = asyncio.ensure_future(self._deliver(
+                self.actors[i].generate_many.remote([(p, s) for _, p, s, _ in mine]), [f for *_, f in mine]))
+            self._sending.add(task)  # a reference until it is done (the loop keeps only weak ones)
+            task.add_done_callback(self._sending.discard)
+
+    @staticmethod
+    async def _deliver(call: Any, futures: list[asyncio.Future[Any]]) -> None:
+        try:
+            results = await call
+        except BaseException as e:  # noqa: BLE001 - the actor call failed: every request of the wave fails
+            results = [e] * len(futures)
+        for f, r in zip(futures, results, strict=True):
+            if f.done():
+                continue
+            if isinstance(r, BaseException):
+                f.set_exception(r)
+            else:
+                f.set_result(r)
+
+    def busy_seconds(self) -> tuple[float, int]:
+        """(seconds all replicas have spent generating, replicas); (-1, n) when they do not count them."""
+        import ray
+
+        got = ray.get([a.busy_seconds.remote() for a in self.actors])
+        return (sum(got) if min(got) >= 0 else -1.0), len(got)
 
     def param_sums(self) -> list[dict[str, float]]:
         """Each replica's per-parameter sums (memrl.training.placement._EngineActor.param_sums)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,8 @@ class RolloutResult:
     seconds: float = 0.0
     all_rewards: list[float] = field(default_factory=list)
     """Outcome rewards of every sampled trajectory (kept or dropped), for honest reward curves."""
+    end_position: int = 0
+    """Asynchronous training: the data position after this batch's tasks (what a checkpoint resumes at)."""
 
 
 def sample_groups(
@@ -37,9 +39,27 @@ def sample_groups(
     dynamic_sampling: bool = False,
     max_refill_rounds: int = 0,
 ) -> RolloutResult:
-    """Per round: `runtime.sample` -> `runtime.score` -> apply_scores (memrl.runtime.RolloutRuntime, one
-    event loop for the whole run). `batch_size` tasks x n; with dynamic sampling, drop zero-variance groups
-    and refill with fresh tasks for up to `max_refill_rounds` more rounds (the batch may end up smaller)."""
+    """`asample_groups` on the run's runtime (memrl.runtime.RolloutRuntime, one event loop for the whole
+    run), through the runtime's own engine."""
+    return runtime.run(asample_groups(next_tasks, runtime, batch_size, n, seed, dynamic_sampling,
+                                      max_refill_rounds))
+
+
+async def asample_groups(
+    next_tasks: Callable[[int], list[Task]],
+    runtime: Any,
+    batch_size: int,
+    n: int,
+    seed: int,
+    dynamic_sampling: bool = False,
+    max_refill_rounds: int = 0,
+    engine: Any = None,
+    on_drawn: Callable[[], None] | None = None,
+) -> RolloutResult:
+    """Per round: `runtime.asample` -> `runtime.ascore` -> apply_scores. `batch_size` tasks x n; with
+    dynamic sampling, drop zero-variance groups and refill with fresh tasks for up to `max_refill_rounds`
+    more rounds (the batch may end up smaller). `engine`: sample through it instead of the runtime's (the
+    asynchronous producer's versioned gate); `on_drawn`: called after each draw of tasks."""
     from memrl.algorithms.selection import filter_zero_variance_groups
     from memrl.workflows.runner import apply_scores
 
@@ -48,8 +68,10 @@ def sample_groups(
     want = batch_size
     for rnd in range(1 + (max_refill_rounds if dynamic_sampling else 0)):
         tasks = next_tasks(want)
-        groups = runtime.sample(tasks, n, seed=seed * 1000 + rnd)
-        scores = runtime.score(groups)
+        if on_drawn is not None:  # after every draw: the producer's data position of this batch
+            on_drawn()
+        groups = await runtime.asample(tasks, n, seed=seed * 1000 + rnd, engine=engine)
+        scores = await runtime.ascore(groups)
         apply_scores(groups, scores)  # reward, metrics, info and Segment.step_reward, in one place
         res.rounds += 1
         res.sampled_groups += len(groups)
@@ -66,12 +88,3 @@ def sample_groups(
             break
     res.seconds = time.perf_counter() - t0
     return res
-
-
-def task_batches(stream: Iterator[Task], position: int) -> Callable[[int], list[Task]]:
-    """A `next_tasks(k)` over an iterator; the caller tracks the position for checkpoints."""
-
-    def take(k: int) -> list[Task]:
-        return [next(stream) for _ in range(k)]
-
-    return take

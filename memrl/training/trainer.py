@@ -53,6 +53,13 @@ from memrl.workflows import format_counts, format_keys
 log = logging.getLogger(__name__)
 
 
+async def _make_gate(engine: Any, version: int, abort: bool, max_aborts: int) -> Any:
+    """The producer's VersionedEngine, made on the runtime's loop (its events belong to that loop)."""
+    from memrl.engines.versioned import VersionedEngine
+
+    return VersionedEngine(engine, version, abort=abort, max_aborts=max_aborts)
+
+
 def check_writable(out_dir: str | os.PathLike, key: str = "out_dir") -> Path:
     """Create `out_dir` and prove we can write in it, before any expensive work starts."""
     return writable_dir(out_dir, key)
@@ -295,6 +302,10 @@ class Trainer:
             self.step, self.position = int(state["step"]), int(state["data_position"])
             self.tracker_ids, self.best = dict(state.get("trackers") or {}), state.get("best")
             log.warning("resumed from %s (step %d, data position %d)", start, self.step, self.position)
+            if state.get("async_in_flight"):
+                log.warning("asynchronous run: the %d rollout batch(es) sampled ahead of step %d when it was saved "
+                            "were discarded; their tasks (from data position %d) are sampled again",
+                            state["async_in_flight"], self.step, self.position)
         try:
             if cfg.rollout.num_engines > 0:
                 from memrl.training.weight_sync import WeightSync
@@ -321,7 +332,15 @@ class Trainer:
         self.stream = task_stream(cfg, self.position, self.tasks)
         self.dump = TrajectoryDump(self.out, cfg.trainer, str(cfg.workflow["name"]), getattr(self, "tokenizer", None))
         self.dumped_rows: list[dict[str, Any]] = []  # the last train_step's dump, logged as a table by fit()
-        self.runtime = RolloutRuntime(self.engine, self.spec, self.wf_cfg, concurrency=cfg.trainer.concurrency)
+        r = cfg.rollout
+        self.producer: Any = None  # asynchronous training: memrl.training.async_rollout.Producer, from step 1
+        self.gate: Any = None
+        self.runtime = RolloutRuntime(self.engine, self.spec, self.wf_cfg, concurrency=cfg.trainer.concurrency,
+                                      background=r.max_staleness > 0)
+        if r.max_staleness > 0:  # the producer samples through the gate a weight sync closes
+            self.gate = self.runtime.run(_make_gate(self.engine, self.step, r.partial == "abort",
+                                                    r.partial_max_aborts))
+        self._busy_at: tuple[float, float] | None = None  # (wall, engine busy seconds) at the last step's end
 
     @classmethod
     def from_parts(cls, cfg: TrainConfig, workers: Any, engine: Any, tokenizer: Any = None,
@@ -360,14 +379,23 @@ class Trainer:
     def sync_weights(self) -> float:
         """Give the engine(s) the policy's current weights; returns the seconds it took. With
         rollout.sync_check, then proves the engine serves them (memrl.training.sync_check; its metrics
-        in `self.sync_checked`)."""
+        in `self.sync_checked`). Asynchronous training: the producer's gate is closed around it (no call
+        starts, the calls in flight finish on the old weights) and reopened on the new version."""
         from memrl.training.sync_check import check_sync
 
-        took = self._sync_weights()
         first = not getattr(self, "_synced", False)
-        self._synced = True
-        when = "before the first rollout" if first else f"after the update of step {self.step + 1}"
-        self.sync_checked = check_sync(self, when)
+        if self.gate is not None:
+            t0 = time.perf_counter()
+            self.runtime.run(self.gate.pause())
+            self.gate_wait = time.perf_counter() - t0
+        try:
+            took = self._sync_weights()
+            self._synced = True
+            when = "before the first rollout" if first else f"after the update of step {self.step + 1}"
+            self.sync_checked = check_sync(self, when)
+        finally:
+            if self.gate is not None:  # version v = the weights after v updates
+                self.aborted = self.runtime.run(self.gate.resume(self.step if first else self.step + 1))
         return took
 
     def _sync_weights(self) -> float:
@@ -400,11 +428,32 @@ class Trainer:
     # -------------------------------------------------------------- the stages of one step
     def sample_and_score(self) -> RolloutResult:
         """sample -> score on the run's runtime (with dynamic sampling: rounds of both until the batch is
-        full or the refills run out); the scores are applied onto the kept groups' trajectories."""
+        full or the refills run out); the scores are applied onto the kept groups' trajectories.
+        Asynchronous training: the batch the producer sampled for this step (memrl.training.async_rollout)."""
         cfg, a = self.cfg, self.cfg.algorithm
+        if self.gate is not None:
+            if self.producer is None:
+                self._start_producer()
+            res = self.runtime.run(self.producer.take(self.step))
+            self.position = res.end_position
+            return res
         return sample_groups(self._next_tasks, self.runtime, cfg.trainer.batch_size, a.n,
-                             seed=cfg.trainer.seed * 100003 + self.step,
+                             seed=self.rollout_seed(self.step),
                              dynamic_sampling=a.dynamic_sampling, max_refill_rounds=a.max_refill_rounds)
+
+    def rollout_seed(self, step: int) -> int:
+        """The sampling seed of step `step`'s batch (0-based), in either mode."""
+        return self.cfg.trainer.seed * 100003 + step
+
+    def _start_producer(self) -> None:
+        from memrl.training.async_rollout import Producer
+
+        cfg, a = self.cfg, self.cfg.algorithm
+        self.producer = Producer(self.runtime, self.gate, self.stream, self.position, start=self.step,
+                                 steps=cfg.trainer.steps, max_staleness=cfg.rollout.max_staleness,
+                                 batch_size=cfg.trainer.batch_size, n=a.n, seed_of=self.rollout_seed,
+                                 dynamic_sampling=a.dynamic_sampling, max_refill_rounds=a.max_refill_rounds)
+        self.producer.begin()
 
     def advantages(self, res: RolloutResult) -> None:
         """The registered estimator (algorithm.name) over the kept groups, from their outcome rewards and
@@ -429,7 +478,7 @@ class Trainer:
         statistics."""
         metrics: dict[str, float] = {}
         release = getattr(self.engine, "release_memory", None)  # colocated vLLM sleeps during the update
-        if release is not None:
+        if release is not None and self.gate is None:  # (asynchronous: the engines keep sampling)
             release()
         t = self.cfg.trainer
         steps = optimizer_steps(per_group, t.mini_batches, t.mini_batch_split, t.mini_batch_rows,
@@ -510,24 +559,50 @@ class Trainer:
             self.advantages(res)
             per_group, selection_metrics = self.select(res.groups)
             metrics.update(selection_metrics)
+            if self.gate is not None:  # no segment older than rollout.max_staleness versions trains
+                from memrl.training.async_rollout import partial_metrics, stale_filter
+
+                per_group, async_metrics = stale_filter(per_group, self.step, cfg.rollout.max_staleness)
+                metrics.update(async_metrics)
+                metrics.update(partial_metrics(res.groups))
             metrics.update(self.update(per_group))
             advs = [s.advantage or 0.0 for g in res.groups for t in g.trajectories for s in t.segments]
             metrics.update(_stats("advantage", advs))
             metrics["time/sync_s"] = self.sync_weights()
             metrics.update(self.sync_checked)  # rollout.sync_check: time/sync_check_s, sync/probe_max_abs_diff
+            if self.gate is not None:
+                metrics["time/sync_drain_s"] = self.gate_wait  # waiting for the calls in flight
+                metrics["async/aborted"] = float(self.aborted)  # trajectories a sync aborted (partial=abort)
             if cfg.rollout.num_engines > 0:  # its parts: time/sync_gather_s, _send_s, _write_s, _load_s
                 metrics.update({f"time/sync_{k}": v for k, v in self.weight_sync.last.items()})
             elif getattr(self, "lora_sync", None) is not None:  # lora_sync=adapter: _write_s, _load_s
                 metrics.update({f"time/sync_{k}": v for k, v in self.lora_sync.last.items()})
         self.dumped_rows = self.dump.write(self.step + 1, res.groups)  # every trainer.dump_every steps
         t2 = time.perf_counter()
-        metrics["time/rollout_s"] = t1 - t0
+        metrics["time/rollout_s"] = t1 - t0  # asynchronous: the wait for the batch (the trainer idles)
         metrics["time/update_s"] = t2 - t1
         metrics["time/step_s"] = t2 - t0
-        metrics["perf/rollout_tokens_per_s"] = gen / max(t1 - t0, 1e-9)
+        metrics["perf/rollout_tokens_per_s"] = gen / max(res.seconds if self.gate is not None else t1 - t0, 1e-9)
         metrics["perf/train_tokens_per_s"] = metrics.get("train/tokens", 0.0) / max(t2 - t1, 1e-9)
+        metrics["perf/trainer_idle_share"] = (t1 - t0) / max(t2 - t0, 1e-9)
+        metrics.update(self._engine_busy(t2))
         metrics["data/position"] = self.position
         return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+
+    def _engine_busy(self, now: float) -> dict[str, float]:
+        """perf/engine_idle_share: the share of the time since the last step's end in which the engine(s)
+        generated nothing (engines that count their busy seconds: hf in process and in Ray replicas)."""
+        busy_of = getattr(self.engine, "busy_seconds", None)
+        if busy_of is None:
+            return {}
+        busy, replicas = busy_of()
+        if busy < 0:  # replicas that do not count their busy time (vLLM)
+            return {}
+        last, self._busy_at = self._busy_at, (now, busy)
+        if last is None:
+            return {}
+        wall = max(now - last[0], 1e-9) * max(replicas, 1)
+        return {"perf/engine_busy_s": busy - last[1], "perf/engine_idle_share": max(0.0, 1 - (busy - last[1]) / wall)}
 
     def _open_trackers(self) -> list[Any]:
         """wandb / mlflow trackers of trainer.loggers, continuing the runs the checkpoint names."""
@@ -560,6 +635,8 @@ class Trainer:
 
     def save(self) -> Path:
         state = {"rng": rng_state(), "step": self.step, "data_position": self.position}
+        if self.producer is not None:  # asynchronous: what a resume from here discards
+            state["async_in_flight"] = self.producer.in_flight(self.step)
         if self.tracker_ids:
             state["trackers"] = dict(self.tracker_ids)
         if self.best is not None:

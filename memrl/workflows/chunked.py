@@ -10,6 +10,7 @@ from typing import Any
 
 from memrl.config import valid
 from memrl.engines.base import Completion, Engine, SamplingParams
+from memrl.engines.versioned import VERSION_KEY
 from memrl.quiet import encode_document
 from memrl.types import Segment, Task
 from memrl.workflows.templates import TEMPLATE_STYLES, Template, chat_prompt, load_template
@@ -160,8 +161,11 @@ async def call_model(engine: Engine, user_text: str, sampling: SamplingParams) -
 
 def call_segment(prompt_ids: list[int], out: Completion, step: int, info: dict[str, Any]) -> Segment:
     """The training segment of one call; `info` gets the completion's finish_reason last."""
-    return Segment(prompt_ids=prompt_ids, response_ids=list(out.token_ids), response_logprobs=list(out.logprobs),
-                   step=step, info={**info, "finish_reason": out.finish_reason})
+    seg = Segment(prompt_ids=prompt_ids, response_ids=list(out.token_ids), response_logprobs=list(out.logprobs),
+                  step=step, info={**info, "finish_reason": out.finish_reason})
+    if VERSION_KEY in out.info:  # asynchronous training: the policy version this call ran under
+        seg.info[VERSION_KEY] = out.info[VERSION_KEY]
+    return seg
 
 
 def loop_metrics(context_ids: list[int], chunks: list[list[int]], truncated: bool, memory_lengths: list[int],

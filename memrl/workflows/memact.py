@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 from memrl.config import valid
 from memrl.engines.base import Engine, SamplingParams
+from memrl.engines.versioned import VERSION_KEY
 from memrl.rewards.judge import ERROR_KINDS, JudgeSettings
 from memrl.tools import calls as tc
 from memrl.tools import context as ctx
@@ -334,12 +335,20 @@ class _Run:
         self.next_id = 1
         self.last_prune_turn = -1
         self.context_lengths: list[int] = []
+        self.turn_versions: dict[int, int] = {}  # asynchronous training: turn -> the policy version it ran under
         # the run's retriever (memrl.runtime.Services, built once per run) before the first turn: a missing
         # retriever fails fast, by name
         self.retriever = (ts.task_retriever(task) if cfg.retriever_scope == "task" else
                           services.retriever(cfg.retriever_kind, cfg.retriever_corpus, cfg.retriever_url))
         self.generated = 0  # pruned turns included
         self.tool_failed = False  # unknown_tool_calls=end: a call this turn named no offered tool
+
+    def add_segment(self, seg: Segment) -> None:
+        """Append a row; under asynchronous training it carries the oldest policy version of its turns."""
+        got = [self.turn_versions[t] for t in seg.info.get("turns", ()) if t in self.turn_versions]
+        if got:
+            seg.info[VERSION_KEY] = min(got)
+        self.segments.append(seg)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
@@ -395,7 +404,7 @@ class _Run:
                 seg = segment_from(snapshot, self.last_prune_turn, len(self.segments),
                                    {"kind": "failed_prune", "prune_turn": turn})
                 if seg is not None:
-                    self.segments.append(seg)
+                    self.add_segment(seg)
                 self.last_prune_turn = turn
             self.add_tool(turn, f"Error: {error}. Nothing was removed.", owner)
             return
@@ -405,7 +414,7 @@ class _Run:
                             # the viewer's prune record (docs/CONTRACTS.md, trajectory records)
                             "prunes": [{"deleted_ids": outcome.removed_results, "memory": memory.strip()}]})
         if seg is not None:
-            self.segments.append(seg)
+            self.add_segment(seg)
         self.messages = outcome.messages
         self.last_prune_turn = turn
         self.counts["prunes"] += 1
@@ -446,6 +455,8 @@ class _Run:
                 break
             self.context_lengths.append(len(prompt))
             out = await self.engine.generate(prompt, cfg.sampling(self.rng))
+            if VERSION_KEY in out.info:
+                self.turn_versions[turn] = int(out.info[VERSION_KEY])
             turns += 1
             gen = list(out.token_ids)
             self.generated += len(gen)
@@ -480,7 +491,7 @@ class _Run:
                 break
         final = segment_from(self.messages, self.last_prune_turn, len(self.segments), {"kind": "final"})
         if final is not None:
-            self.segments.append(final)
+            self.add_segment(final)
         if turns == 0:  # the very first prompt is over the budget: counted, no segment, no answer
             log.warning("memact: task %s: the first prompt (%d tokens) is over max_context_tokens=%d",
                         task.task_id, len(ctx.context_ids(self.messages)) + len(header), cfg.max_context_tokens)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from memrl.engines.base import Engine
+from memrl.engines.versioned import CALLS, CallLog, RolloutAborted, VersionedEngine, stamp_versions
 from memrl.errors import UserError, fault_point
 from memrl.types import Group, Score, Task, Trajectory
 from memrl.workflows import WorkflowSpec
@@ -131,17 +132,40 @@ async def rollout(
         raise ValueError("rollout: task ids must be unique within a batch")
     sem = asyncio.Semaphore(max(1, concurrency))
     run_takes = takes_services(spec.run)
+    gate = engine if isinstance(engine, VersionedEngine) else None  # asynchronous training only
+
+    async def attempt(task: Task, k: int) -> Trajectory:
+        try:
+            rng = trajectory_rng(seed, task.task_id, k)
+            return await (spec.run(task, engine, cfg, rng, services=services) if run_takes
+                          else spec.run(task, engine, cfg, rng))
+        except UserError:  # a config / data mistake (e.g. MemAct's retriever): one line, named already
+            raise
+        except Exception as e:  # noqa: BLE001 - re-raised with the task named
+            raise RolloutError(f"workflow {spec.name} failed on task {task.task_id} sample {k}: {e}") from e
+
+    async def versioned(task: Task, k: int) -> Trajectory:
+        """Under a VersionedEngine: the trajectory's calls logged (its segments get their policy
+        versions); aborted by a weight sync (rollout.partial=abort), it is sampled again from the start."""
+        assert gate is not None
+        aborts = 0
+        while True:
+            calls = CallLog(abortable=aborts < gate.max_aborts)
+            CALLS.set(calls)  # this trajectory's task has its own context
+            try:
+                traj = await attempt(task, k)
+            except RolloutAborted:
+                aborts += 1
+                continue
+            finally:
+                gate.done(calls)
+            stamp_versions(traj.segments, calls)
+            traj.metrics["aborts"] = aborts
+            return traj
 
     async def one(task: Task, k: int) -> Trajectory:
         async with sem:
-            try:
-                rng = trajectory_rng(seed, task.task_id, k)
-                traj = await (spec.run(task, engine, cfg, rng, services=services) if run_takes
-                              else spec.run(task, engine, cfg, rng))
-            except UserError:  # a config / data mistake (e.g. MemAct's retriever): one line, named already
-                raise
-            except Exception as e:  # noqa: BLE001 - re-raised with the task named
-                raise RolloutError(f"workflow {spec.name} failed on task {task.task_id} sample {k}: {e}") from e
+            traj = await (versioned(task, k) if gate is not None else attempt(task, k))
         traj.set_id(f"{task.task_id}#{k}")
         if score:
             apply_score(traj, await score_trajectory(spec, task, traj, services))

@@ -167,3 +167,27 @@ def test_unreachable_ray_address_fails_before_work(tiny_path, tmp_path):
 def test_many_workers_need_ray_engines(tiny_path, tmp_path):
     with pytest.raises(ConfigError, match="trainer.num_workers=2 needs rollout.num_engines >= 1"):
         Trainer(_cfg(tiny_path, tmp_path / "r", 1, "rollout.num_engines=0"))
+
+
+def test_async_replica_samples_during_the_update_and_serves_each_version(ray_session, tiny_path, tmp_path):
+    """rollout.max_staleness=1 with the trainer in the driver and one hf replica (the benchmark's placement):
+    after every sync the replica serves exactly the trainer's weights, while between syncs it sampled the
+    next step's batch on the previous ones (staleness 1 reaches the loss, never more)."""
+    run = tmp_path / "run"
+    seen: list[dict[str, float]] = []
+
+    def check_sync(step: int, metrics: dict[str, float]) -> None:
+        want = {k: float(v.double().sum()) for k, v in t.workers.full_state().items()}
+        (got,) = t.engine.param_sums()
+        assert {k: got[k] for k in want} == want
+        seen.append(metrics)
+
+    t = Trainer(_cfg(tiny_path, run, 3, "trainer.num_workers=1", "rollout.num_engines=1", "algorithm.kl_coef=0",
+                     "rollout.max_staleness=1"), on_step=check_sync)
+    history = t.fit()
+    assert len(seen) == 3 and t.weight_sync.mode == "object_store"
+    assert [h["async/policy_version"] for h in history] == [0.0, 1.0, 2.0]
+    assert [h["async/staleness_max"] for h in history] == [0.0, 1.0, 1.0]
+    assert all(h["async/stale_dropped"] == 0 and 0 <= h["perf/trainer_idle_share"] <= 1 for h in history)
+    assert all(0 <= h["perf/engine_idle_share"] <= 1 for h in history[1:])  # the replica counts its busy time
+    assert [h["data/position"] for h in history] == [2.0, 4.0, 6.0]

@@ -366,3 +366,29 @@ def test_task_scope_without_documents_names_the_task():
                 retriever_scope="task")
     with pytest.raises(ValueError, match="retriever_scope"):
         cfg(retriever_scope="everywhere")
+
+
+def test_segments_carry_the_oldest_policy_version_of_their_turns():
+    """Asynchronous training: turn k runs under policy version k here (a sync between every two calls);
+    each row is labelled with the oldest version among its turns (memrl.engines.versioned)."""
+    from memrl.engines.versioned import VERSION_KEY, VersionedEngine
+
+    class EverySync(VersionedEngine):
+        async def generate(self, prompt_ids, sampling):
+            out = await super().generate(prompt_ids, sampling)
+            self.version += 1  # the next call runs on the next version
+            return out
+
+    r = [
+        call("search", query="France", topk=1),                                    # t0 -> r1
+        call("prune_context", memory="m1", delete_ids=["r1"]),                      # t1
+        call("search", query="Germany", topk=1) + call("search", query="Italy", topk=1),  # t2
+        call("prune_context", memory="m2", delete_ids=["r3"]),                      # t3
+        call("prune_context", memory="m3", delete_ids=["r4"]),                      # t4
+        "FINAL_ANSWER: Paris",                                                      # t5
+    ]
+    register_retriever("kw_test", KeywordRetriever(DOCS))
+    engine = EverySync(ScriptedEngine(r), version=0)
+    traj = asyncio.run(run(Task("t1", "Q", "", ["Paris"]), engine, cfg(), random.Random(0)))
+    assert [s.info["turns"] for s in traj.segments] == [[0, 1], [2, 3], [4], [5]]
+    assert [s.info[VERSION_KEY] for s in traj.segments] == [0, 2, 4, 5]

@@ -41,7 +41,9 @@ def ray_session():
 
 
 def _cfg(model: str, out, mode: str) -> TrainConfig:
+    mode, _, run_async = mode.partition("+")
     return load_config(TrainConfig, [
+        f"rollout.max_staleness={1 if run_async else 0}",
         f"model.path={model}", f"out_dir={out}", "trainer.steps=2", "workflow=memagent_parity_vllm",
         "workflow.chunk_tokens=24",
         "workflow.max_memory_tokens=6", "workflow.max_final_tokens=3", "data.synthetic.num_chunks=2",
@@ -60,7 +62,7 @@ def _greedy(engine, prompts: list[list[int]]) -> list[list[int]]:  # noqa: ANN00
     return asyncio.run(go())
 
 
-@pytest.mark.parametrize("mode", ["broadcast", "directory"])
+@pytest.mark.parametrize("mode", ["broadcast", "directory", "broadcast+async"])
 def test_vllm_replica_serves_the_trainers_weights_after_each_sync(ray_session, tiny_model, tmp_path, mode):
     import copy
 
@@ -79,7 +81,7 @@ def test_vllm_replica_serves_the_trainers_weights_after_each_sync(ray_session, t
 
     t = Trainer(_cfg(str(tiny_model), tmp_path / "run", mode), on_step=check)
     t.setup()
-    assert t.weight_sync.mode == mode and t.engine.kind == "vllm"
+    assert t.weight_sync.mode == mode.partition("+")[0] and t.engine.kind == "vllm"
     (got,) = t.engine.settings()
     assert (got.name, got.vllm.kv_cache_gib, got.vllm.enforce_eager, got.vllm.max_model_len) == ("vllm", 0.5, True, 4096)
     tok = t.tokenizer
@@ -90,3 +92,5 @@ def test_vllm_replica_serves_the_trainers_weights_after_each_sync(ray_session, t
     assert t.weight_sync.last["load_s"] > 0
     # lr 1e-2 moves the tiny model enough that its greedy output changes: the sync was not a no-op
     assert served[2] != before
+    if mode.endswith("+async"):  # the replica sampled step 2's batch on version 0, during step 1's update
+        assert t.producer is not None and t.gate.version == 2
