@@ -35,8 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training seeds (0 = the recipe's own): one run each, in its own subprocess, then "
                              "mean +- sd (memrl.demos.seeds)")
     parser.add_argument("--cpu-capability", default=None, metavar="CAP,CAP,...",
-                        help="ATEN_CPU_CAPABILITY of each run (default, avx2, avx512); with --seeds (default: 0)")
-    parser.add_argument("--jobs", type=int, default=1, help="with --seeds: runs at a time (default 1)")
+                        help="ATEN_CPU_CAPABILITY of each run: avx2, avx512, default (scalar kernels) or native (unset: "
+                             "torch's choice, the default); runs seed 0 when --seeds is not given")
+    from memrl.config import bounded
+
+    parser.add_argument("--jobs", type=bounded(int, ge=1), default=1, help="with --seeds: runs at a time (default 1)")
     parser.add_argument("--aggregate-only", action="store_true",
                         help="with --seeds: start nothing, aggregate the finished runs")
 
@@ -48,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.seeds is not None or args.cpu_capability is not None:
         return run_seeds(args)
+    if args.jobs != 1 or args.aggregate_only:
+        from memrl.config import ConfigError
+
+        raise ConfigError("--jobs and --aggregate-only need --seeds or --cpu-capability")
     if getattr(args, "agent", "memagent") == "memact":
         from memrl.demos.memact import run_memact_demo
 
@@ -64,14 +71,12 @@ def run(args: argparse.Namespace) -> int:
 
 def run_seeds(args: argparse.Namespace) -> int:
     """--seeds / --cpu-capability: memrl.demos.seeds.run_sweep; exit 1 when a run failed."""
-    import os
     import shlex
 
     from memrl.demos.seeds import parse_capabilities, parse_seeds, run_sweep
 
     seeds = parse_seeds(args.seeds if args.seeds is not None else "0")
-    default_cap = os.environ.get("ATEN_CPU_CAPABILITY", "").lower() or "default"
-    caps = parse_capabilities(args.cpu_capability if args.cpu_capability is not None else default_cap)
+    caps = parse_capabilities(args.cpu_capability if args.cpu_capability is not None else "native")
     command = shlex.join(["memrl", "demo", "--agent", args.agent, "--out", str(args.out), "--seeds",
                           ",".join(map(str, seeds)), "--cpu-capability", ",".join(caps), *args.overrides])
     text, status = run_sweep(args.agent, args.out, seeds, caps, list(args.overrides), jobs=args.jobs,

@@ -9,6 +9,7 @@ overrides>` in its own subprocess with ATEN_CPU_CAPABILITY=<capability> in its e
 when it is imported, and picks the matching kernels: their float rounding differs, docs/demo.md). Before a
 capability's first run, a probe subprocess with the same environment checks that torch reports it
 (`torch.backends.cpu.get_cpu_capability()`): a CPU without AVX-512 would silently run AVX2 kernels.
+`native` runs without the variable (torch's own choice; the table names what torch reported).
 
 Training seed k shifts every seed the recipe TRAINS with by k from its value (seed 0 is the one-seed demo
 exactly); the held-out evaluation (eval.seed, eval.num_tasks, the lengths) is never shifted:
@@ -46,8 +47,9 @@ from memrl.config import ConfigError
 from memrl.demos import split_overrides
 from memrl.errors import UserError
 
-CAPABILITIES = ("default", "avx2", "avx512")
-"""ATEN_CPU_CAPABILITY values on x86 (what torch.backends.cpu.get_cpu_capability() reports, lower-cased)."""
+CAPABILITIES = ("native", "default", "avx2", "avx512")
+"""ATEN_CPU_CAPABILITY values on x86 (what torch.backends.cpu.get_cpu_capability() reports, lower-cased), and
+"native": the variable removed from the run's environment, so torch picks the CPU's best kernels."""
 
 MARKER = "sweep_run.json"
 """Written into a run's directory when the sweep starts it: what the run is, so a resume can check it."""
@@ -148,9 +150,12 @@ def plan(agent: str, root: Path, seeds: list[int], capabilities: list[str], over
 
 
 def child_env(capability: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a run: this one (or `base`) with ATEN_CPU_CAPABILITY=capability."""
+    """The environment of a run: this one (or `base`) with ATEN_CPU_CAPABILITY=capability ("native": without
+    the variable)."""
     env = dict(os.environ if base is None else base)
-    env["ATEN_CPU_CAPABILITY"] = capability
+    env.pop("ATEN_CPU_CAPABILITY", None)
+    if capability != "native":
+        env["ATEN_CPU_CAPABILITY"] = capability
     return env
 
 
@@ -219,7 +224,7 @@ def run_all(agent: str, runs: list[Run], jobs: int = 1, log: Any = print) -> dic
     reported = {}
     for cap in dict.fromkeys(r.capability for r in todo):
         reported[cap] = probe_capability(cap)
-        if reported[cap] != cap:
+        if cap != "native" and reported[cap] != cap:
             raise ConfigError(f"--cpu-capability {cap}: torch reports {reported[cap]!r} with ATEN_CPU_CAPABILITY="
                               f"{cap} on this machine (the CPU lacks it?)")
     status = {r.out: "skipped" for r in runs if states[r.out] == "done"}
@@ -287,6 +292,17 @@ def load_results(runs: list[Run]) -> dict[Path, dict[str, Any]]:
     return out
 
 
+def reported_of(runs: list[Run]) -> set[str]:
+    """The capabilities torch reported for `runs` (their sweep_run.json's reported_capability)."""
+    out = set()
+    for r in runs:
+        try:
+            out.add(str(json.loads((r.out / MARKER).read_text(encoding="utf-8"))["reported_capability"]))
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
+
+
 def eval_fingerprint(agent: str, run: Run, res: dict[str, Any]) -> str:
     """What must be equal across runs for their held-out numbers to be comparable."""
     if agent == "memact":
@@ -331,7 +347,7 @@ def aggregate(agent: str, runs: list[Run]) -> dict[str, Any]:
     table: dict[str, Any] = {}
     for cap in dict.fromkeys(r.capability for r in runs):
         done = [r for r in runs if r.capability == cap and r.out in results]
-        entry: dict[str, Any] = {"seeds": [r.seed for r in done],
+        entry: dict[str, Any] = {"seeds": [r.seed for r in done], "reported": sorted(reported_of(done)),
                                  "pending": [r.seed for r in runs if r.capability == cap and r.out not in results]}
         if agent == "memagent":
             lengths = results[done[0].out]["lengths"] if done else []
@@ -383,7 +399,10 @@ def markdown(agg: dict[str, Any], command: str = "") -> str:
     for cap, e in agg["capabilities"].items():
         seeds = ", ".join(map(str, e["seeds"])) or "none"
         pend = f"; not finished: {', '.join(map(str, e['pending']))}" if e["pending"] else ""
-        lines += [f"ATEN_CPU_CAPABILITY={cap}: mean ± sd over training seeds {seeds} (n = {len(e['seeds'])}{pend})",
+        var = f"ATEN_CPU_CAPABILITY={cap}" if cap != "native" else "ATEN_CPU_CAPABILITY unset"
+        if e["reported"] and e["reported"] != [cap]:
+            var += f" (torch reported {', '.join(e['reported'])})"
+        lines += [f"{var}: mean ± sd over training seeds {seeds} (n = {len(e['seeds'])}{pend})",
                   ""]
         if agg["agent"] == "memagent":
             lines += ["| length (chunks) | x | demonstrator sampled | SFT sampled | SFT+RL sampled | gain sampled | "

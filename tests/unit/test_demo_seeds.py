@@ -25,8 +25,8 @@ def test_parse_seeds_and_capabilities():
         with pytest.raises(ConfigError, match="^--seeds: expected"):
             sw.parse_seeds(bad)
     for bad in ("", "sse", "avx2,avx2"):
-        with pytest.raises(ConfigError, match="^--cpu-capability: expected distinct values from default, avx2, "
-                                              "avx512"):
+        with pytest.raises(ConfigError, match="^--cpu-capability: expected distinct values from native, default, "
+                                              "avx2, avx512"):
             sw.parse_capabilities(bad)
 
 
@@ -157,6 +157,25 @@ def test_memagent_aggregate_by_hand(tmp_path):
             "+0.0 ± n/a |") in lines
 
 
+def test_native_runs_are_labelled_with_what_torch_reported(tmp_path):
+    runs = sw.plan("memagent", tmp_path, [0], ["native"], [])
+    write_run(runs[0], "memagent", memagent_result(60, 90, 95, 100))
+    marker = runs[0].out / sw.MARKER
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "reported_capability": "avx512"}))
+    agg = sw.aggregate("memagent", runs)
+    assert agg["capabilities"]["native"]["reported"] == ["avx512"]
+    assert sw.markdown(agg).splitlines()[0] == ("ATEN_CPU_CAPABILITY unset (torch reported avx512): mean ± sd over "
+                                                "training seeds 0 (n = 1)")
+
+
+def test_sweep_options_without_seeds_are_refused(capsys):
+    from memrl.cli import main
+
+    assert main(["demo", "--out", "unused", "--jobs", "2"]) == 2
+    assert capsys.readouterr().err.strip() == ("memrl demo: error: --jobs and --aggregate-only need --seeds or "
+                                               "--cpu-capability")
+
+
 def test_aggregate_refuses_runs_with_other_heldout_tasks(tmp_path):
     runs = sw.plan("memagent", tmp_path, [0, 1], ["avx2"], [])
     write_run(runs[0], "memagent", memagent_result(60, 90, 95, 100))
@@ -281,4 +300,5 @@ def test_a_capability_torch_does_not_report_stops_the_sweep_before_any_run(tmp_p
 def test_child_env_and_the_real_probe():
     env = sw.child_env("avx2", {"PATH": "/bin", "ATEN_CPU_CAPABILITY": "avx512"})
     assert env == {"PATH": "/bin", "ATEN_CPU_CAPABILITY": "avx2"}
+    assert sw.child_env("native", {"PATH": "/bin", "ATEN_CPU_CAPABILITY": "avx512"}) == {"PATH": "/bin"}
     assert sw.probe_capability("default") == "default"
