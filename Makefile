@@ -12,8 +12,11 @@ PIP = $(VENV)/bin/pip
 TORCH_OPT = $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 LOCK_OPT = $(if $(LOCK),-c $(LOCK),)
 DEMO_OUT ?= runs/demo
+SEEDS ?= 0,1,2
+CPU_CAPS ?= avx2,avx512
+SEEDS_OUT ?= runs/demo_seeds
 
-.PHONY: demo test test-vllm lint lock bench clean
+.PHONY: demo demo-seeds test test-vllm lint lock bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +26,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt $(LOCK)
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/memrl demo --out $(DEMO_OUT)
+
+# The demo over training seeds x CPU capabilities (one run after another; resumable), mean +- sd per capability.
+demo-seeds: $(VENV)/.installed
+	$(VENV)/bin/memrl demo --out $(SEEDS_OUT) --seeds $(SEEDS) --cpu-capability $(CPU_CAPS)
 
 test: $(VENV)/.installed
 	$(VENV)/bin/ruff check memrl tests benchmarks

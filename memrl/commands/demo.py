@@ -31,6 +31,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.add_argument("--agent", choices=("memagent", "memact"), default="memagent",
                         help="memagent (default: memrl.demos.memagent) or memact (memrl.demos.memact: cold start + DCPO)")
+    parser.add_argument("--seeds", default=None, metavar="K,K,...",
+                        help="training seeds (0 = the recipe's own): one run each, in its own subprocess, then "
+                             "mean +- sd (memrl.demos.seeds)")
+    parser.add_argument("--cpu-capability", default=None, metavar="CAP,CAP,...",
+                        help="ATEN_CPU_CAPABILITY of each run: avx2, avx512, default (scalar kernels) or native (unset: "
+                             "torch's choice, the default); runs seed 0 when --seeds is not given")
+    from memrl.config import bounded
+
+    parser.add_argument("--jobs", type=bounded(int, ge=1), default=1, help="with --seeds: runs at a time (default 1)")
+    parser.add_argument("--aggregate-only", action="store_true",
+                        help="with --seeds: start nothing, aggregate the finished runs")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,6 +49,12 @@ def run(args: argparse.Namespace) -> int:
     from memrl.demos.memagent import run_demo
     from memrl.eval.demo_report import write_memagent_outputs
 
+    if args.seeds is not None or args.cpu_capability is not None:
+        return run_seeds(args)
+    if args.jobs != 1 or args.aggregate_only:
+        from memrl.config import ConfigError
+
+        raise ConfigError("--jobs and --aggregate-only need --seeds or --cpu-capability")
     if getattr(args, "agent", "memagent") == "memact":
         from memrl.demos.memact import run_memact_demo
 
@@ -49,4 +66,25 @@ def run(args: argparse.Namespace) -> int:
     print(write_memagent_outputs(results, out), end="")
     print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'accuracy_vs_length.png'}, "
           f"{out / 'rl_reward.png'} ({results['timings']['total_s'] / 60:.1f} min)")
+    return 0
+
+
+def run_seeds(args: argparse.Namespace) -> int:
+    """--seeds / --cpu-capability: memrl.demos.seeds.run_sweep; exit 1 when a run failed."""
+    import shlex
+
+    from memrl.demos.seeds import parse_capabilities, parse_seeds, run_sweep
+
+    seeds = parse_seeds(args.seeds if args.seeds is not None else "0")
+    caps = parse_capabilities(args.cpu_capability if args.cpu_capability is not None else "native")
+    command = shlex.join(["memrl", "demo", "--agent", args.agent, "--out", str(args.out), "--seeds",
+                          ",".join(map(str, seeds)), "--cpu-capability", ",".join(caps), *args.overrides])
+    text, status = run_sweep(args.agent, args.out, seeds, caps, list(args.overrides), jobs=args.jobs,
+                             aggregate_only=args.aggregate_only, command=command)
+    print(text, end="")
+    print(f"wrote {args.out}/seeds_results.md, {args.out}/seeds_results.json")
+    failed = [f"{p} ({s})" for p, s in status.items() if s.startswith("failed")]
+    if failed:
+        print(f"memrl demo: {len(failed)} run(s) failed, see their log.txt: {', '.join(failed)}")
+        return 1
     return 0

@@ -1,0 +1,304 @@
+"""`memrl demo --seeds --cpu-capability` (memrl.demos.seeds): the seed overrides, the fixed held-out tasks, the
+aggregation (hand-checked on fabricated results.json files), and the runner's environment and resume logic
+(with a stand-in command instead of the demo)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from memrl.config import ConfigError
+from memrl.demos import seeds as sw
+from memrl.errors import UserError
+
+# ---------------------------------------------------------------------------------------------- the plan
+
+
+def test_parse_seeds_and_capabilities():
+    assert sw.parse_seeds("0,1,2") == [0, 1, 2]
+    assert sw.parse_seeds("3") == [3]
+    assert sw.parse_capabilities("AVX2, avx512") == ["avx2", "avx512"]
+    for bad in ("", "a", "0,0", "-1"):
+        with pytest.raises(ConfigError, match="^--seeds: expected"):
+            sw.parse_seeds(bad)
+    for bad in ("", "sse", "avx2,avx2"):
+        with pytest.raises(ConfigError, match="^--cpu-capability: expected distinct values from native, default, "
+                                              "avx2, avx512"):
+            sw.parse_capabilities(bad)
+
+
+def test_seed_overrides_shift_every_training_seed_from_the_recipe_defaults():
+    ma = sw.base_seeds("memagent", [])
+    assert ma == {"seed": 0, "sft_seed": 500, "train.data.seed": 1000, "train.trainer.seed": 0, "eval.seed": 987654}
+    assert sw.seed_overrides("memagent", 0, ma) == ["seed=0", "sft_seed=500", "train.data.seed=1000",
+                                                    "train.trainer.seed=0"]
+    assert sw.seed_overrides("memagent", 2, ma) == ["seed=2", "sft_seed=502", "train.data.seed=1002",
+                                                    "train.trainer.seed=2"]
+    mc = sw.base_seeds("memact", [])
+    assert mc == {"seed": 0, "sft.seed": 500, "rl_task_seed": 100, "train.data.seed": 7, "train.trainer.seed": 0,
+                  "eval.seed": 987654}
+    assert sw.seed_overrides("memact", 1, mc) == ["seed=1", "sft.seed=501", "rl_task_seed=101", "train.data.seed=8",
+                                                  "train.trainer.seed=1"]
+    assert sw.base_seeds("memagent", ["eval.seed=5"])["eval.seed"] == 5
+
+
+def test_plan_is_seed_major_with_one_dir_per_run(tmp_path):
+    runs = sw.plan("memagent", tmp_path, [0, 1], ["avx2", "avx512"], ["threads=1"])
+    assert [(r.seed, r.capability, r.out) for r in runs] == [
+        (0, "avx2", tmp_path / "avx2" / "seed0"), (0, "avx512", tmp_path / "avx512" / "seed0"),
+        (1, "avx2", tmp_path / "avx2" / "seed1"), (1, "avx512", tmp_path / "avx512" / "seed1")]
+    assert runs[3].overrides == ("threads=1", "seed=1", "sft_seed=501", "train.data.seed=1001",
+                                 "train.trainer.seed=1")
+    assert sw.run_command("memact", runs[0])[1:] == ["-m", "memrl.cli", "demo", "--agent", "memact", "--out",
+                                                     str(tmp_path / "avx2" / "seed0"), "threads=1", "seed=0",
+                                                     "sft_seed=500", "train.data.seed=1000", "train.trainer.seed=0"]
+
+
+def test_plan_refuses_a_shifted_seed_override_and_training_tasks_on_the_eval_seed(tmp_path):
+    with pytest.raises(ConfigError, match=r"^--seeds: train.trainer.seed is set by the training seed; drop the "
+                                          r"override 'train.trainer.seed=3'$"):
+        sw.plan("memagent", tmp_path, [0], ["avx2"], ["train.trainer.seed=3"])
+    with pytest.raises(ConfigError, match=r"^--seeds: training seed 1 makes train.data.seed equal eval.seed \(1001\)"):
+        sw.plan("memagent", tmp_path, [0, 1], ["avx2"], ["eval.seed=1001"])
+    with pytest.raises(ConfigError, match=r"^--seeds: training seed 2 makes rl_task_seed equal eval.seed \(102\)"):
+        sw.plan("memact", tmp_path, [0, 2], ["avx2"], ["eval.seed=102"])
+
+
+def test_memagent_heldout_tasks_do_not_depend_on_the_training_seed(tmp_path):
+    from memrl.demos.memagent import heldout_tasks, load_demo_configs
+
+    base = sw.base_seeds("memagent", [])
+    tasks = []
+    for k in (0, 1, 7):
+        cfg, tcfg, _, _ = load_demo_configs(["eval.num_tasks=3", *sw.seed_overrides("memagent", k, base)],
+                                            tmp_path / f"s{k}")
+        assert (cfg.seed, tcfg.trainer.seed) == (k, k)
+        tasks.append({n: [(t.question, t.context, t.answers) for t in ts]
+                      for n, ts in heldout_tasks(cfg, tcfg).items()})
+    assert list(tasks[0]) == [8, 32, 128] and len(tasks[0][8]) == 3
+    assert tasks[0] == tasks[1] == tasks[2]
+
+
+def test_memact_heldout_tasks_do_not_depend_on_the_training_seed(tmp_path):
+    from memrl.config import load_config
+    from memrl.demos.memact import MemActDemoConfig, write_data
+
+    base = sw.base_seeds("memact", [])
+    files, sft = [], []
+    for k in (0, 1):
+        demo_ov = [o for o in sw.seed_overrides("memact", k, base) if not o.startswith("train.")]
+        cfg = load_config(MemActDemoConfig, ["sft.num_tasks=3", "rl_tasks=3", "eval.num_tasks=4", *demo_ov])
+        data = write_data(cfg, tmp_path / f"s{k}")
+        files.append((tmp_path / f"s{k}" / "heldout_tasks.jsonl").read_bytes())
+        sft.append([t.question for t in data.sft_tasks])
+    assert files[0] == files[1] and files[0].count(b"\n") == 4
+    assert sft[0] != sft[1]  # the training tasks do change
+
+
+# ---------------------------------------------------------------------------------------------- aggregation
+
+
+def test_mean_sd_by_hand():
+    c = sw.mean_sd([1.0, 2.0, 4.0])
+    assert c["mean"] == pytest.approx(7 / 3) and c["sd"] == pytest.approx((7 / 3) ** 0.5) and c["n"] == 3
+    assert sw.mean_sd([5.0]) == {"mean": 5.0, "sd": None, "n": 1, "values": [5.0]}
+    assert sw.fmt(sw.mean_sd([60.0, 62.0, 64.0])) == "62.0 ± 2.0"
+    assert sw.fmt(sw.mean_sd([5.0]), sign=True) == "+5.0 ± n/a"
+    assert sw.fmt(sw.EMPTY) == "-"
+
+
+def memagent_result(sft_s: float, rl_s: float, sft_g: float, rl_g: float, eval_seed: int = 987654) -> dict:
+    def stage(s: float, g: float) -> dict:  # length 32 is length 8 minus 10 points
+        return {str(n): {"sampled": {"accuracy": s - d}, "greedy": {"accuracy": g - d}} for n, d in ((8, 0), (32, 10))}
+
+    return {"recipe": {"train_chunks": 8, "eval": {"seed": eval_seed, "num_tasks": 128}}, "lengths": [8, 32],
+            "stages": {"demonstrator": {"8": {"sampled": {"accuracy": 83.4}}, "32": {"sampled": {"accuracy": 44.7}}},
+                       "sft": stage(sft_s, sft_g), "rl": stage(rl_s, rl_g)}}
+
+
+def write_run(run: sw.Run, agent: str, res: dict) -> None:
+    run.out.mkdir(parents=True)
+    (run.out / sw.MARKER).write_text(json.dumps(sw.marker_of(agent, run)))
+    (run.out / "results.json").write_text(json.dumps(res))
+
+
+def test_memagent_aggregate_by_hand(tmp_path):
+    runs = sw.plan("memagent", tmp_path, [0, 1, 2], ["avx2", "avx512"], [])
+    by = {(r.seed, r.capability): r for r in runs}
+    # avx2: SFT sampled 60/62/64, SFT+RL sampled 90/96/93, greedy 95/97/99 -> 100/100/99
+    write_run(by[0, "avx2"], "memagent", memagent_result(60, 90, 95, 100))
+    write_run(by[1, "avx2"], "memagent", memagent_result(62, 96, 97, 100))
+    write_run(by[2, "avx2"], "memagent", memagent_result(64, 93, 99, 99))
+    write_run(by[0, "avx512"], "memagent", memagent_result(70, 80, 90, 90))  # avx512: seed 0 only
+    agg = sw.aggregate("memagent", runs)
+    a2 = agg["capabilities"]["avx2"]
+    assert a2["seeds"] == [0, 1, 2] and a2["pending"] == []
+    row = a2["lengths"]["8"]
+    assert row["sft_sampled"]["values"] == [60, 62, 64] and row["sft_sampled"]["sd"] == pytest.approx(2.0)
+    assert row["gain_sampled"]["values"] == [30, 34, 29] and row["gain_sampled"]["mean"] == pytest.approx(31.0)
+    assert row["gain_sampled"]["sd"] == pytest.approx(7 ** 0.5)  # deviations -1, 3, -2: 14 / 2
+    assert row["gain_greedy"]["values"] == [5, 3, 0]
+    assert agg["capabilities"]["avx512"]["seeds"] == [0] and agg["capabilities"]["avx512"]["pending"] == [1, 2]
+    text = sw.write_outputs(agg, tmp_path, "memrl demo --seeds 0,1,2")
+    assert text == (tmp_path / "seeds_results.md").read_text()
+    assert json.loads((tmp_path / "seeds_results.json").read_text())["command"] == "memrl demo --seeds 0,1,2"
+    lines = text.splitlines()
+    assert lines[0] == "`memrl demo --seeds 0,1,2`"
+    assert "ATEN_CPU_CAPABILITY=avx2: mean ± sd over training seeds 0, 1, 2 (n = 3)" in lines
+    assert ("| 8 | 1x | 83.4 ± 0.0 | 62.0 ± 2.0 | 93.0 ± 3.0 | +31.0 ± 2.6 | 97.0 ± 2.0 | 99.7 ± 0.6 | "
+            "+2.7 ± 2.5 |") in lines
+    assert ("| 32 | 4x | 44.7 ± 0.0 | 52.0 ± 2.0 | 83.0 ± 3.0 | +31.0 ± 2.6 | 87.0 ± 2.0 | 89.7 ± 0.6 | "
+            "+2.7 ± 2.5 |") in lines
+    assert "ATEN_CPU_CAPABILITY=avx512: mean ± sd over training seeds 0 (n = 1; not finished: 1, 2)" in lines
+    assert ("| 8 | 1x | 83.4 ± n/a | 70.0 ± n/a | 80.0 ± n/a | +10.0 ± n/a | 90.0 ± n/a | 90.0 ± n/a | "
+            "+0.0 ± n/a |") in lines
+
+
+def test_native_runs_are_labelled_with_what_torch_reported(tmp_path):
+    runs = sw.plan("memagent", tmp_path, [0], ["native"], [])
+    write_run(runs[0], "memagent", memagent_result(60, 90, 95, 100))
+    marker = runs[0].out / sw.MARKER
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "reported_capability": "avx512"}))
+    agg = sw.aggregate("memagent", runs)
+    assert agg["capabilities"]["native"]["reported"] == ["avx512"]
+    assert sw.markdown(agg).splitlines()[0] == ("ATEN_CPU_CAPABILITY unset (torch reported avx512): mean ± sd over "
+                                                "training seeds 0 (n = 1)")
+
+
+def test_sweep_options_without_seeds_are_refused(capsys):
+    from memrl.cli import main
+
+    assert main(["demo", "--out", "unused", "--jobs", "2"]) == 2
+    assert capsys.readouterr().err.strip() == ("memrl demo: error: --jobs and --aggregate-only need --seeds or "
+                                               "--cpu-capability")
+
+
+def test_aggregate_refuses_runs_with_other_heldout_tasks(tmp_path):
+    runs = sw.plan("memagent", tmp_path, [0, 1], ["avx2"], [])
+    write_run(runs[0], "memagent", memagent_result(60, 90, 95, 100))
+    write_run(runs[1], "memagent", memagent_result(60, 90, 95, 100, eval_seed=1))
+    with pytest.raises(UserError, match=r"seed1: evaluated other held-out tasks than .*seed0; runs with different "
+                                        r"evaluations cannot be aggregated$"):
+        sw.aggregate("memagent", runs)
+
+
+def memact_result(sft_acc: float, rl_acc: float, sft_ctx: float, rl_ctx: float, budget: int) -> dict:
+    def summary(acc: float, ctx: float) -> dict:
+        return {"accuracy": acc, "accuracy_2q": acc + 10, "accuracy_3q": acc - 10, "mean_context_tokens": ctx,
+                "peak_context_tokens": ctx + 20, "prunes_per_task": acc / 100}
+
+    return {"sft": {d: summary(sft_acc, sft_ctx) for d in ("greedy", "sampled")},
+            "dcpo": {d: summary(rl_acc, rl_ctx) for d in ("greedy", "sampled")},
+            "budget": {"max_context_tokens": budget, "eval_tasks": 300}}
+
+
+def test_memact_aggregate_by_hand(tmp_path):
+    runs = sw.plan("memact", tmp_path, [0, 1], ["avx512"], [])
+    for r, res in zip(runs, (memact_result(40, 90, 100, 80, 120), memact_result(50, 80, 110, 70, 124)),
+                      strict=True):
+        write_run(r, "memact", res)
+        (r.out / "data").mkdir()
+        (r.out / "data" / "heldout_tasks.jsonl").write_text('{"id": "heldout-0"}\n')
+    agg = sw.aggregate("memact", runs)
+    g = agg["capabilities"]["avx512"]["decodings"]["greedy"]
+    assert g["gain_accuracy"]["values"] == [50, 30] and g["gain_mean_context_tokens"]["values"] == [-20, -40]
+    lines = sw.markdown(agg).splitlines()
+    assert lines[0] == "ATEN_CPU_CAPABILITY=avx512: mean ± sd over training seeds 0, 1 (n = 2)"
+    # sd of two values a, b is |a - b| / sqrt(2): 10 -> 7.1, 20 -> 14.1, 0.1 -> 0.07, 4 -> 2.8
+    assert "| cold start (SFT) | greedy | 45.0 ± 7.1 | 55.0 ± 7.1 | 35.0 ± 7.1 | 105.0 ± 7.1 | 125.0 ± 7.1 | " \
+           "0.45 ± 0.07 |" in lines
+    assert "| SFT + DCPO | sampled | 85.0 ± 7.1 | 95.0 ± 7.1 | 75.0 ± 7.1 | 75.0 ± 7.1 | 95.0 ± 7.1 | 0.85 ± 0.07 |" \
+        in lines
+    assert "| DCPO - SFT | greedy | +40.0 ± 14.1 | +40.0 ± 14.1 | +40.0 ± 14.1 | -30.0 ± 14.1 | -30.0 ± 14.1 | " \
+           "+0.40 ± 0.14 |" in lines
+    assert "Working-context budget (calibrated per run): 122.0 ± 2.8 tokens." in lines
+    (runs[1].out / "data" / "heldout_tasks.jsonl").write_text('{"id": "heldout-1"}\n')
+    with pytest.raises(UserError, match="evaluated other held-out tasks"):
+        sw.aggregate("memact", runs)
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+CHILD = """
+import json, os, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+with open(out.parent.parent / "calls.txt", "a") as f:
+    f.write(out.parent.name + "/" + out.name + "\\n")
+if os.environ.get("FAIL_SEED") and out.name == "seed" + os.environ["FAIL_SEED"]:
+    sys.exit(3)
+(out / "results.json").write_text(json.dumps({"cap": os.environ["ATEN_CPU_CAPABILITY"], "files": sorted(
+    p.name for p in out.iterdir())}))
+"""
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """The runs' command replaced by a seconds-long script that records its environment; the probe by an echo."""
+    monkeypatch.setattr(sw, "run_command", lambda agent, run: [sys.executable, "-c", CHILD, str(run.out)])
+    monkeypatch.setattr(sw, "probe_capability", lambda cap: cap)
+
+
+def calls(root: Path) -> list[str]:
+    return (root / "calls.txt").read_text().splitlines() if (root / "calls.txt").exists() else []
+
+
+def test_each_run_gets_its_capability_and_a_finished_run_is_not_redone(tmp_path, stand_in):
+    runs = sw.plan("memagent", tmp_path, [0, 1], ["avx2", "avx512"], ["threads=1"])
+    status = sw.run_all("memagent", runs, jobs=2, log=lambda _: None)
+    assert status == {r.out: "done" for r in runs}
+    assert sorted(calls(tmp_path)) == ["avx2/seed0", "avx2/seed1", "avx512/seed0", "avx512/seed1"]
+    for r in runs:
+        res = json.loads((r.out / "results.json").read_text())
+        assert res == {"cap": r.capability, "files": ["log.txt", sw.MARKER]}
+        marker = json.loads((r.out / sw.MARKER).read_text())
+        assert marker["reported_capability"] == r.capability and marker["overrides"] == list(r.overrides)
+    # a second sweep starts nothing; a run removed is run again alone
+    (runs[2].out / "results.json").unlink()
+    (runs[2].out / "stale.txt").write_text("from the interrupted run")
+    status = sw.run_all("memagent", runs, log=lambda _: None)
+    assert status == {**{r.out: "skipped" for r in runs}, runs[2].out: "done"}
+    assert calls(tmp_path)[4:] == ["avx2/seed1"]
+    assert json.loads((runs[2].out / "results.json").read_text())["files"] == ["log.txt", sw.MARKER]
+
+
+def test_a_failed_run_is_reported_and_the_others_still_run(tmp_path, stand_in, monkeypatch):
+    monkeypatch.setenv("FAIL_SEED", "0")
+    runs = sw.plan("memagent", tmp_path, [0, 1], ["avx2"], [])
+    status = sw.run_all("memagent", runs, log=lambda _: None)
+    assert status == {runs[0].out: "failed (exit 3)", runs[1].out: "done"}
+    assert sw.run_state("memagent", runs[0]) == "partial"
+
+
+def test_run_state_refuses_directories_of_other_runs(tmp_path, stand_in):
+    runs = sw.plan("memagent", tmp_path, [0], ["avx2"], [])
+    assert sw.run_state("memagent", runs[0]) == "new"
+    runs[0].out.mkdir(parents=True)
+    assert sw.run_state("memagent", runs[0]) == "new"  # empty
+    (runs[0].out / "x.txt").write_text("")
+    with pytest.raises(UserError, match=r"seed0: not empty and has no sweep_run.json; not a run of this sweep"):
+        sw.run_all("memagent", runs, log=lambda _: None)
+    (runs[0].out / sw.MARKER).write_text(json.dumps(sw.marker_of("memagent", runs[0])))
+    other = sw.plan("memagent", tmp_path, [0], ["avx2"], ["threads=1"])
+    with pytest.raises(UserError, match=r"sweep_run.json: overrides is \["):
+        sw.run_all("memagent", other, log=lambda _: None)
+    with pytest.raises(UserError, match=r"sweep_run.json: agent is 'memagent', this sweep's run has 'memact'"):
+        sw.run_state("memact", other[0])
+
+
+def test_a_capability_torch_does_not_report_stops_the_sweep_before_any_run(tmp_path, stand_in, monkeypatch):
+    monkeypatch.setattr(sw, "probe_capability", lambda cap: "avx2")
+    runs = sw.plan("memagent", tmp_path, [0], ["avx2", "avx512"], [])
+    with pytest.raises(ConfigError, match=r"^--cpu-capability avx512: torch reports 'avx2' with "
+                                          r"ATEN_CPU_CAPABILITY=avx512 on this machine"):
+        sw.run_all("memagent", runs, log=lambda _: None)
+    assert calls(tmp_path) == []
+
+
+def test_child_env_and_the_real_probe():
+    env = sw.child_env("avx2", {"PATH": "/bin", "ATEN_CPU_CAPABILITY": "avx512"})
+    assert env == {"PATH": "/bin", "ATEN_CPU_CAPABILITY": "avx2"}
+    assert sw.child_env("native", {"PATH": "/bin", "ATEN_CPU_CAPABILITY": "avx512"}) == {"PATH": "/bin"}
+    assert sw.probe_capability("default") == "default"
