@@ -53,8 +53,24 @@ def build_sft(out: Path, demo_overrides: list[str]) -> Path:
     return out / "sft"
 
 
+def pin_placement() -> None:
+    """--pin: every thread of this process (trainer, rollout loop) on CPU 0, every engine replica process
+    (Ray's `ray::_EngineActor` workers) on CPU 1: each side its own core, as on separate devices."""
+    import psutil
+
+    me = psutil.Process()
+    for t in me.threads():
+        os.sched_setaffinity(t.id, {0})
+    found = 0
+    for p in psutil.process_iter(["cmdline"]):
+        if any("_EngineActor" in part for part in (p.info["cmdline"] or [])):
+            p.cpu_affinity([1])
+            found += 1
+    print(f"pinned: this process to CPU 0, {found} engine replica process(es) to CPU 1", flush=True)
+
+
 def child(mode: str, sft: Path, out: Path, steps: int, threshold: float, window: int,
-          demo_overrides: list[str]) -> dict:
+          demo_overrides: list[str], pin: bool = False) -> dict:
     import torch
 
     from memrl.demos import memagent as demo
@@ -71,6 +87,8 @@ def child(mode: str, sft: Path, out: Path, steps: int, threshold: float, window:
     t0 = time.perf_counter()
     trainer = Trainer(tcfg, workflow=workflow, on_step=lambda step, m: stamps.append((time.perf_counter(), m)))
     trainer.setup()
+    if pin:
+        pin_placement()
     t_fit = time.perf_counter()
     trainer.fit()
     t_end = time.perf_counter()
@@ -140,13 +158,16 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=10)
     ap.add_argument("--modes", default="inproc,ray-sync,ray-async")
     ap.add_argument("--out", default="runs/async_bench")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin the trainer's process to CPU 0 and the engine replica to CPU 1 (Ray modes)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="demo overrides (e.g. eval.samples=2)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.child:
-        res = child(args.child, Path(args.sft), out, args.steps, args.threshold, args.window, args.overrides)
+        res = child(args.child, Path(args.sft), out, args.steps, args.threshold, args.window, args.overrides,
+                    pin=args.pin)
         (out / f"{args.child}.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
         return
     sft = Path(args.sft).resolve() if args.sft else out / "sft"
@@ -159,7 +180,8 @@ def main() -> None:
             raise SystemExit(f"--modes: unknown mode {mode!r} (known: {', '.join(MODES)})")
         print(f"== {mode}", flush=True)
         cmd = [sys.executable, __file__, "--child", mode, "--sft", str(sft), "--steps", str(args.steps),
-               "--threshold", str(args.threshold), "--window", str(args.window), "--out", str(out), *args.overrides]
+               "--threshold", str(args.threshold), "--window", str(args.window), "--out", str(out),
+               *(["--pin"] if args.pin else []), *args.overrides]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         subprocess.run(cmd, check=True, env=env)
         rows.append(json.loads((out / f"{mode}.json").read_text(encoding="utf-8")))
