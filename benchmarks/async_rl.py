@@ -9,8 +9,8 @@ three ways with the same seed and step count, each in a fresh subprocess:
 
   inproc     today's default: one process, the hf engine sharing the trained module, synchronous
   ray-sync   Ray: the trainer (one rank, in the driver, 1 torch thread) and one hf engine replica (a Ray
-             actor with 1 CPU): the placement of a cluster, trainer and rollout on separate devices;
-             rollout.max_staleness=0
+             actor with 1 CPU, at the driver's priority: RAY_worker_niceness=0 unless set): the placement
+             of a cluster, trainer and rollout on separate devices; rollout.max_staleness=0
   ray-async  the same placement, rollout.max_staleness=1 (the next step's rollouts run during the update)
 
 Printed per mode: steps/hour of the RL stage, the wall time until the mean reward over `--window` steps
@@ -182,7 +182,9 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--child", mode, "--sft", str(sft), "--steps", str(args.steps),
                "--threshold", str(args.threshold), "--window", str(args.window), "--out", str(out),
                *(["--pin"] if args.pin else []), *args.overrides]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        # Ray starts its workers 15 nice levels below the driver: on one machine the replica would lose
+        # every CPU it shares with the driver's threads. Same priority, as on separate devices.
+        env = {"RAY_worker_niceness": "0", **os.environ, "PYTHONPATH": str(ROOT)}
         subprocess.run(cmd, check=True, env=env)
         rows.append(json.loads((out / f"{mode}.json").read_text(encoding="utf-8")))
         print(table(rows[-1:]), flush=True)
