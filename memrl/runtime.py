@@ -57,7 +57,6 @@ class RolloutRuntime:
         self.engine, self.spec, self.cfg, self.concurrency = engine, spec, cfg, concurrency
         self.services = services if services is not None else Services()
         self.close_engine = close_engine
-        self.background = background
         self._runner: asyncio.Runner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

@@ -255,6 +255,45 @@ def save_verl_fsdp_checkpoint(model_dir: str, step_dir: str, world_size: int, re
     return actor
 
 
+@contextlib.contextmanager
+def local_ray(num_cpus: int, temp_dir: Any = None) -> Iterator[None]:
+    """A local Ray session for one test module (token auth off, no dashboard) with its session files in
+    `temp_dir` (the test's own folder) when that path is short enough, else in a fresh folder in /tmp that
+    is removed afterwards: Ray's socket paths (the folder + ~60 characters) must stay under AF_UNIX's 107."""
+    import os
+    import shutil
+    import tempfile
+
+    import ray
+
+    old = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    temp = str(temp_dir) if temp_dir is not None and len(str(temp_dir)) <= 40 else None
+    own = temp is None
+    if own:
+        temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    ray.init(_temp_dir=temp, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if own:
+            shutil.rmtree(temp, ignore_errors=True)
+        if old is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = old
+
+
+def send_json(handler: Any, status: int, data: bytes) -> None:
+    """A test HTTP server's reply (http.server handler): `status` with the JSON body `data`."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class JsonServer:
     """A JSON POST endpoint on 127.0.0.1 (a free port) for tests that stand in for a service (a judge, a
     retrieval endpoint): each POST body goes to `reply(body)` and what it returns is sent back as JSON
@@ -267,12 +306,7 @@ class JsonServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server API
-                data = json.dumps(reply(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, 200, json.dumps(reply(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))).encode())
 
             def log_message(self, *args: object) -> None:
                 pass

@@ -28,32 +28,29 @@ ADAPTER_DIR = "engine_adapter"
 """<out_dir>/engine_adapter: where in-process vLLM's adapters are written."""
 
 
+def _setting(engine: Any) -> tuple[str, str] | None:
+    """(the lora_sync field that applies to `engine`, its value); None for hf, which has none."""
+    if engine.name in ("vllm", "vllm-cpu"):
+        return "engine.vllm.lora_sync", engine.vllm.lora_sync
+    if engine.name == "openai":
+        return "engine.openai.lora_sync", engine.openai.lora_sync
+    return None
+
+
 def mode(cfg: Any) -> str:
     """The lora_sync setting that applies to this training config: "merged" or "adapter" (always merged
     without LoRA, for hf engines and for Ray replicas)."""
-    e = cfg.engine
-    if cfg.rollout.num_engines > 0:
-        return "merged"
-    if e.name in ("vllm", "vllm-cpu"):
-        return e.vllm.lora_sync
-    if e.name == "openai":
-        return e.openai.lora_sync
-    return "merged"
+    setting = _setting(cfg.engine)
+    return "merged" if setting is None or cfg.rollout.num_engines > 0 else setting[1]
 
 
 def check(cfg: Any) -> None:
     """One-line ConfigError for an adapter sync the run cannot do (called by TrainConfig.check)."""
     e, r = cfg.engine, cfg.rollout
-    if e.name in ("vllm", "vllm-cpu"):
-        field = "engine.vllm.lora_sync"
-        chosen = e.vllm.lora_sync
-    elif e.name == "openai":
-        field = "engine.openai.lora_sync"
-        chosen = e.openai.lora_sync
-    else:
-        return  # hf: serves the PeftModel or a merged copy; the vllm / openai sections are ignored
-    if chosen != "adapter":
+    setting = _setting(e)  # hf: serves the PeftModel or a merged copy; the vllm / openai sections are ignored
+    if setting is None or setting[1] != "adapter":
         return
+    field = setting[0]
     rank = int(cfg.model.lora.rank)
     if rank <= 0:
         raise ConfigError(f"{field}=adapter needs LoRA (model.lora.rank > 0, got {rank})")

@@ -40,7 +40,6 @@ class Producer:
         self._results: dict[int, asyncio.Future[RolloutResult]] = {}
         self._task: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()  # the batches being sampled
-        self.ends: dict[int, int] = {}  # step -> the data position after its batch's tasks
 
     def _take_tasks(self, k: int) -> list[Task]:
         tasks = [next(self.stream) for _ in range(k)]
@@ -69,18 +68,25 @@ class Producer:
         """Sample the batch of `step`; its first tasks are drawn before the first await, so batches
         take their tasks in step order and a checkpoint's data position is a prefix."""
         fut = self._future(step)
+        end = self.position
+
+        def take(k: int) -> list[Task]:  # the data position after this batch's last draw
+            nonlocal end
+            tasks = self._take_tasks(k)
+            end = self.position
+            return tasks
+
         try:
-            res = await asample_groups(self._take_tasks, self.runtime, self.batch_size, self.n,
-                                       seed=self.seed_of(step), dynamic_sampling=self.dynamic_sampling,
-                                       max_refill_rounds=self.max_refill_rounds, engine=self.gate,
-                                       on_drawn=lambda: self.ends.__setitem__(step, self.position))
+            res = await asample_groups(take, self.runtime, self.batch_size, self.n, seed=self.seed_of(step),
+                                       dynamic_sampling=self.dynamic_sampling,
+                                       max_refill_rounds=self.max_refill_rounds, engine=self.gate)
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # noqa: BLE001 - the trainer waiting for this step gets the error
             if not fut.done():
                 fut.set_exception(e)
             return
-        res.end_position = self.ends[step]
+        res.end_position = end
         fut.set_result(res)
 
     def begin(self) -> None:
@@ -94,7 +100,6 @@ class Producer:
         """The batch of `step` (waiting for it)."""
         res = await self._future(step)
         del self._results[step]
-        self.ends.pop(step, None)
         return res
 
     def in_flight(self, trained: int) -> int:

@@ -30,21 +30,6 @@ class RolloutResult:
     """Asynchronous training: the data position after this batch's tasks (what a checkpoint resumes at)."""
 
 
-def sample_groups(
-    next_tasks: Callable[[int], list[Task]],
-    runtime: Any,
-    batch_size: int,
-    n: int,
-    seed: int,
-    dynamic_sampling: bool = False,
-    max_refill_rounds: int = 0,
-) -> RolloutResult:
-    """`asample_groups` on the run's runtime (memrl.runtime.RolloutRuntime, one event loop for the whole
-    run), through the runtime's own engine."""
-    return runtime.run(asample_groups(next_tasks, runtime, batch_size, n, seed, dynamic_sampling,
-                                      max_refill_rounds))
-
-
 async def asample_groups(
     next_tasks: Callable[[int], list[Task]],
     runtime: Any,
@@ -54,12 +39,12 @@ async def asample_groups(
     dynamic_sampling: bool = False,
     max_refill_rounds: int = 0,
     engine: Any = None,
-    on_drawn: Callable[[], None] | None = None,
 ) -> RolloutResult:
-    """Per round: `runtime.asample` -> `runtime.ascore` -> apply_scores. `batch_size` tasks x n; with
-    dynamic sampling, drop zero-variance groups and refill with fresh tasks for up to `max_refill_rounds`
-    more rounds (the batch may end up smaller). `engine`: sample through it instead of the runtime's (the
-    asynchronous producer's versioned gate); `on_drawn`: called after each draw of tasks."""
+    """Per round: `runtime.asample` -> `runtime.ascore` -> apply_scores, on the run's runtime
+    (memrl.runtime.RolloutRuntime: `runtime.run(asample_groups(...))`, one event loop for the whole run).
+    `batch_size` tasks x n; with dynamic sampling, drop zero-variance groups and refill with fresh tasks
+    for up to `max_refill_rounds` more rounds (the batch may end up smaller). `engine`: sample through it
+    instead of the runtime's (the asynchronous producer's versioned gate)."""
     from memrl.algorithms.selection import filter_zero_variance_groups
     from memrl.workflows.runner import apply_scores
 
@@ -68,8 +53,6 @@ async def asample_groups(
     want = batch_size
     for rnd in range(1 + (max_refill_rounds if dynamic_sampling else 0)):
         tasks = next_tasks(want)
-        if on_drawn is not None:  # after every draw: the producer's data position of this batch
-            on_drawn()
         groups = await runtime.asample(tasks, n, seed=seed * 1000 + rnd, engine=engine)
         scores = await runtime.ascore(groups)
         apply_scores(groups, scores)  # reward, metrics, info and Segment.step_reward, in one place

@@ -9,15 +9,14 @@ sync/probe_max_abs_diff.
 
 The tolerance must sit above the engine's numerical noise (float32 on the CPU: ~1e-5; bfloat16 engines
 need ~0.05-0.1) and below what one update moves: with a tiny learning rate a stale engine may differ by
-less than the noise and pass. The trainer's side scores the probe with the policy in this process
-(trainer.num_workers=1), or through the worker group (`WorkerGroup.probe_logprobs`: every FSDP2 rank runs
-the sharded forward, rank 0's result); Ray replicas are probed through the engine group (the replica that
-takes the request).
+less than the noise and pass. The trainer's side scores the probe through the worker group
+(`WorkerGroup.probe_logprobs`: the policy in process at world size 1; every FSDP2 rank runs the sharded
+forward above, rank 0's result); Ray replicas are probed through the engine group (the replica that takes
+the request).
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from typing import Any
@@ -71,28 +70,22 @@ def engine_name(cfg: Any) -> str:
 
 
 def check_sync(trainer: Any, when: str) -> dict[str, float]:
-    """Run the probe on `trainer.engine` against `trainer.model` (the in-process policy) or, for Ray ranks,
-    `trainer.workers.probe_logprobs`; {} when rollout.sync_check is off, else the metrics. `when`: which
-    sync, for the message. Raises SyncCheckError (one line, naming the engine) on a mismatch."""
+    """Run the probe on `trainer.engine` (on the run's runtime, whose loop the engine's client lives on)
+    against `trainer.workers.probe_logprobs` (the policy in process at world size 1, the FSDP2 ranks above);
+    {} when rollout.sync_check is off, else the metrics. `when`: which sync, for the message. Raises
+    SyncCheckError (one line, naming the engine) on a mismatch."""
     from memrl.engines.base import SamplingParams
 
     cfg = trainer.cfg
     r = cfg.rollout
     if not r.sync_check:
         return {}
-    model = getattr(trainer, "model", None)
-    workers = getattr(trainer, "workers", None)
-    if model is None and workers is None:
-        raise UserError("rollout.sync_check: the trainer has neither the policy in process nor a worker group")
     t0 = time.perf_counter()
     prompt = probe_ids(trainer.tokenizer)
     sampling = SamplingParams(temperature=0.0, max_tokens=r.sync_check_tokens, seed=0)
-    runtime = getattr(trainer, "runtime", None)  # the run's loop: an engine's client lives on it
-    coro = trainer.engine.generate(prompt, sampling)
-    comp = runtime.run(coro) if runtime is not None and not runtime.closed else asyncio.run(coro)
+    comp = trainer.runtime.run(trainer.engine.generate(prompt, sampling))
     tokens = list(comp.token_ids)
-    ours = (teacher_forced_logprobs(model, prompt, tokens) if model is not None
-            else list(workers.probe_logprobs(prompt, tokens)))
+    ours = list(trainer.workers.probe_logprobs(prompt, tokens))
     diffs = [abs(a - b) if math.isfinite(a) and math.isfinite(b) else math.inf
              for a, b in zip(comp.logprobs, ours, strict=True)]
     worst = max(diffs, default=0.0)

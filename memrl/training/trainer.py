@@ -45,19 +45,12 @@ from memrl.training.config import TrainConfig
 from memrl.training.dump import TrajectoryDump
 from memrl.training.lora import base_source, engine_policy, engine_weights, save_engine_dir
 from memrl.training.packing import TrainBatch, weigh
-from memrl.training.rollout import RolloutResult, sample_groups
+from memrl.training.rollout import RolloutResult, asample_groups
 from memrl.training.schedule import optimizer_steps
 from memrl.types import Group, Segment, Task
 from memrl.workflows import format_counts, format_keys
 
 log = logging.getLogger(__name__)
-
-
-async def _make_gate(engine: Any, version: int, abort: bool, max_aborts: int) -> Any:
-    """The producer's VersionedEngine, made on the runtime's loop (its events belong to that loop)."""
-    from memrl.engines.versioned import VersionedEngine
-
-    return VersionedEngine(engine, version, abort=abort, max_aborts=max_aborts)
 
 
 def check_writable(out_dir: str | os.PathLike, key: str = "out_dir") -> Path:
@@ -338,8 +331,10 @@ class Trainer:
         self.runtime = RolloutRuntime(self.engine, self.spec, self.wf_cfg, concurrency=cfg.trainer.concurrency,
                                       background=r.max_staleness > 0)
         if r.max_staleness > 0:  # the producer samples through the gate a weight sync closes
-            self.gate = self.runtime.run(_make_gate(self.engine, self.step, r.partial == "abort",
-                                                    r.partial_max_aborts))
+            from memrl.engines.versioned import VersionedEngine
+
+            self.gate = VersionedEngine(self.engine, self.step, abort=r.partial == "abort",
+                                        max_aborts=r.partial_max_aborts)
         self._busy_at: tuple[float, float] | None = None  # (wall, engine busy seconds) at the last step's end
 
     @classmethod
@@ -437,9 +432,9 @@ class Trainer:
             res = self.runtime.run(self.producer.take(self.step))
             self.position = res.end_position
             return res
-        return sample_groups(self._next_tasks, self.runtime, cfg.trainer.batch_size, a.n,
-                             seed=self.rollout_seed(self.step),
-                             dynamic_sampling=a.dynamic_sampling, max_refill_rounds=a.max_refill_rounds)
+        return self.runtime.run(asample_groups(
+            self._next_tasks, self.runtime, cfg.trainer.batch_size, a.n, seed=self.rollout_seed(self.step),
+            dynamic_sampling=a.dynamic_sampling, max_refill_rounds=a.max_refill_rounds))
 
     def rollout_seed(self, step: int) -> int:
         """The sampling seed of step `step`'s batch (0-based), in either mode."""

@@ -10,6 +10,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from doubles import send_json
 
 from memrl.cli import main
 from memrl.data.io import write_records
@@ -32,23 +33,16 @@ class StubServer:
                 if outer.requests <= good:
                     reply = {"choices": [{"token_ids": ids, "finish_reason": "stop", "logprobs": {
                         "tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [-0.5] * len(ids)}}]}
-                    return self._send(200, json.dumps(reply).encode())
+                    return send_json(self, 200, json.dumps(reply).encode())
                 if mode == "500":
-                    return self._send(500, b'{"error": "boom"}')
+                    return send_json(self, 500, b'{"error": "boom"}')
                 if mode == "malformed":
-                    return self._send(200, b"this is not json")
+                    return send_json(self, 200, b"this is not json")
                 if mode == "hung":
                     time.sleep(1.0)  # past the client's 0.3 s read timeout; the client has gone by now
                     self.close_connection = True
                     return
                 self.close_connection = True  # "closed": hang up without a reply
-
-            def _send(self, status: int, data: bytes) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
 
             def log_message(self, *args: object) -> None:
                 pass

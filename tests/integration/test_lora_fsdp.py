@@ -22,13 +22,11 @@ lr * sign(gradient), and bf16 flips the sign of near-zero entries: measured 2e-3
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import pytest
 import torch
 import torch.multiprocessing as mp
-from doubles import register_parity_workflow
+from doubles import local_ray, register_parity_workflow
 from test_fsdp_parity import _rows, _same_optim
 
 pytest.importorskip("peft")
@@ -179,22 +177,9 @@ def test_two_ranks_train_the_adapter_as_one_and_checkpoint_it(tiny_path, tmp_pat
 # ---------------------------------------------------------------------------------------------- Ray
 @pytest.fixture(scope="module")
 def ray_session(tmp_path_factory):
-    ray = pytest.importorskip("ray")
-    old = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    temp = str(tmp_path_factory.mktemp("r"))
-    own = None
-    if len(temp) > 40:  # Ray's socket paths (temp + ~60 chars) must stay under the 107-char AF_UNIX limit
-        own = temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    ray.init(_temp_dir=temp, num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-    if own is not None:
-        shutil.rmtree(own, ignore_errors=True)
-    if old is None:
-        os.environ.pop("RAY_AUTH_MODE", None)
-    else:
-        os.environ["RAY_AUTH_MODE"] = old
+    pytest.importorskip("ray")
+    with local_ray(2, tmp_path_factory.mktemp("r")):
+        yield
 
 
 def _cfg(model: str, out, steps: int, *extra: str) -> TrainConfig:

@@ -8,13 +8,9 @@ One Ray session for the module (temp dir inside the test's tmp folder, auth off)
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-
 import pytest
 import torch
-from doubles import register_parity_workflow
+from doubles import local_ray, register_parity_workflow
 from safetensors.torch import load_file
 
 from memrl.config import ConfigError, load_config
@@ -32,21 +28,8 @@ register_parity_workflow("memagent_parity_ray")
 
 @pytest.fixture(scope="module")
 def ray_session(tmp_path_factory):
-    old = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    temp = str(tmp_path_factory.mktemp("r"))
-    own = None
-    if len(temp) > 40:  # Ray's socket paths (temp + ~60 chars) must stay under the 107-char AF_UNIX limit
-        own = temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    ray.init(_temp_dir=temp, num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-    if own is not None:
-        shutil.rmtree(own, ignore_errors=True)
-    if old is None:
-        os.environ.pop("RAY_AUTH_MODE", None)
-    else:
-        os.environ["RAY_AUTH_MODE"] = old
+    with local_ray(4, tmp_path_factory.mktemp("r")):
+        yield
 
 
 @pytest.fixture(scope="module")

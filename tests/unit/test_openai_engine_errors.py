@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from doubles import send_json
 
 from memrl.engines.base import EngineError, SamplingParams
 from memrl.engines.openai_http import OpenAIEngine, completion_request, parse_completion
@@ -49,12 +50,7 @@ class FakeServer:
             def do_POST(self) -> None:  # noqa: N802 - http.server API
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
                 outer.bodies.append(body)
-                status, data = reply(len(outer.bodies) - 1, body)
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, *reply(len(outer.bodies) - 1, body))
 
             def log_message(self, *args: object) -> None:
                 pass

