@@ -406,6 +406,11 @@ class RaySection:
     """Ray's session/log directory for a local start ("" = Ray's default)."""
     num_cpus: int = valid(0, ge=0, note="0 = all")
     """CPUs a local Ray start offers (0 = all the machine's)."""
+    worker_niceness: int = valid(0, ge=0, le=19)
+    """How many nice levels a local Ray start puts its workers (training ranks, engine replicas) below the
+    driver. 0: the same priority as the driver, which trains at world size 1 and runs the rollout loop.
+    Ray's own default is 15; with it a replica sharing a machine with a busy driver slowed the demo recipe's
+    Ray runs by 16-19% (docs/async.md). A cluster joined with ray.address keeps its own setting."""
 
 
 REMOVED_KEYS["algorithm.actual_n"] = (

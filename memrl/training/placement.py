@@ -77,6 +77,7 @@ def connect(cfg: TrainConfig) -> None:
                 kw["_temp_dir"] = str(Path(sec.temp_dir).resolve())
             if sec.num_cpus:
                 kw["num_cpus"] = sec.num_cpus
+            kw["_system_config"] = {"worker_niceness": sec.worker_niceness}
         ray.init(**kw)
     check_resources(cfg, ray.cluster_resources())
 
