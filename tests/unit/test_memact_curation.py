@@ -112,6 +112,11 @@ def test_pruning_shortens_the_mean_context_by_r_minus_half_c(curation):
     ps = _sizes(tok, prunes)
     assert ps[1] + ps[2] < c < ps[1] + ps[2] + 12  # the prune turn (its memory note) and "Removed r1, r2. ..."
     assert c < r  # so pruning two results saves 2R - C per later turn
+    # the figures docs/memact.md quotes (the seed-0 tokenizer): P' = 62, R = 76, C = 70; withheld prompt P = 58
+    assert (p, r, c, wf.max_context_tokens) == (62, 76, 70, 366)
+    assert prunes.metrics["mean_context_tokens"] == 173.0
+    (withheld,) = _play(task, tok, wf, 1.0, 2, False)
+    assert (withheld.metrics["mean_context_tokens"], withheld.metrics["peak_context_tokens"]) == (210.0, 362.0)
 
 
 def test_aggregate_mean_sd_and_goal_hand_checked():
