@@ -74,11 +74,13 @@ def evaluate_rule(rule: Any, tokenizer: Any, spec: Any, wf_cfg: Any, tasks_by_le
 
 
 def memact_demonstrations(tasks: list[Task], tokenizer: Any, wf_cfg: Any, late_prob: float, seed: int,
-                          topk: int = 2) -> list[Group]:
-    """The scripted MemAct agent's trajectories (one Group per task; `MemActDemonstrator`, pruning late with
-    probability `late_prob`), played through the memact workflow with the prune tool on."""
-    script = MemActDemonstrator(late_prob=late_prob, seed=seed, topk=topk)
-    wf = replace(wf_cfg, no_prune_prob=0.0, prune_tool=True)
+                          topk: int = 2, keep_results: int = 2, prune_tool: bool = True) -> list[Group]:
+    """The scripted MemAct agent's trajectories (one Group per task; `MemActDemonstrator` with
+    `keep_results`, pruning late with probability `late_prob`), played through the memact workflow with the
+    prune tool on; `prune_tool=False` withholds it (the search-only agent: it never prunes, late_prob 1)."""
+    script = MemActDemonstrator(keep_results=keep_results, late_prob=late_prob if prune_tool else 1.0, seed=seed,
+                                topk=topk)
+    wf = replace(wf_cfg, no_prune_prob=0.0, prune_tool=prune_tool)
     return rollout_sync(tasks, get_workflow("memact"), ScriptedEngine(script, tokenizer=tokenizer), wf, n=1,
                         concurrency=256, seed=seed)
 
@@ -95,3 +97,14 @@ def calibrate_budget(tasks: list[Task], tokenizer: Any, wf_cfg: Any, topk: int =
         raise ValueError(f"context budget {budget}: a prompt with three search results has "
                          f"{min(over, default=0):.0f} tokens and fits; the task would not need pruning")
     return budget
+
+
+def calibrate_search_only_budget(tasks: list[Task], tokenizer: Any, wf_cfg: Any, topk: int = 2) -> int:
+    """The largest prompt of the scripted agent that never prunes on `tasks`, with the prune tool withheld or
+    offered (its system prompt and tool line are longer): a budget in which searching alone answers every
+    one of them under either prompt, so pruning is a choice that only shortens the context (the MemAct
+    demo's `budget=search_only`, docs/memact.md "Context curation")."""
+    big = replace(wf_cfg, max_context_tokens=10**9)
+    groups = [g for offered in (False, True)
+              for g in memact_demonstrations(tasks, tokenizer, big, 1.0, 0, topk, prune_tool=offered)]
+    return int(max(g.trajectories[0].metrics["peak_context_tokens"] for g in groups))

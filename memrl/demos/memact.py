@@ -17,6 +17,10 @@ sub-questions right) with its standard error, mean and peak working-context toke
 overflow rate (memrl.eval.evaluator.evaluate_memact) -> results.md (printed), results.json,
 memact_results.png (memrl.eval.demo_report).
 
+`variant=curation` (VARIANTS below) is the context-curation task of docs/memact.md "Context curation": a
+budget in which search alone answers every task, so pruning only shortens the context; add
+`workflow.prune_tool=false` for its search-only arm (benchmarks/memact_curation.py runs both over seeds).
+
 Overrides: `key=value` for the demo config (MemActDemoConfig below), `train.<key>=value` for the DCPO
 config (preset memact_dcpo_cpu); `engine.*` and `workflow.*` are spelled as in `memrl train` (they set
 the DCPO config's sections, which the demo's cold start and evaluations use too).
@@ -31,7 +35,7 @@ from typing import Any
 
 from memrl.config import valid
 from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_splits
-from memrl.demonstrators.stages import calibrate_budget, memact_demonstrations
+from memrl.demonstrators.stages import calibrate_budget, calibrate_search_only_budget, memact_demonstrations
 from memrl.demos import split_overrides
 from memrl.eval.evaluator import EngineRollout, evaluate_memact, memact_summary_of, model_engine
 from memrl.models.scratch import init_memact_model
@@ -42,7 +46,7 @@ from memrl.training.sft import SFTConfig
 from memrl.workflows import get_workflow
 
 __all__ = ["DemoData", "MemActDemoConfig", "MemActDemoEval", "MemActDemoModel", "MemActDemoSFT", "calibrate_budget",
-           "cold_start", "copy_warmup", "demonstrations", "evaluate", "init_model", "load_configs", "run_memact_demo",
+           "VARIANTS", "cold_start", "context_budget", "copy_warmup", "expand_variant", "demonstrations", "evaluate", "init_model", "load_configs", "run_memact_demo",
            "summarize_groups", "write_data"]
 
 
@@ -66,7 +70,10 @@ class MemActDemoSFT:
     num_tasks: int = valid(4000, ge=1)
     """Demonstration tasks; each gives one segment per prune plus the final one."""
     late_prob: float = valid(0.6, ge=0, le=1)
-    """The scripted agent's flaw: the probability it searches on instead of pruning, overflowing the budget."""
+    """The scripted agent's flaw: the probability it searches on instead of pruning, overflowing the budget
+    (under `budget=search_only` searching on fits: then it is how often the agent chooses not to prune)."""
+    keep_results: int = valid(2, ge=1)
+    """Search results the scripted agent lets pile up before it prunes (MemActDemonstrator.keep_results)."""
     seed: int = valid(500, ge=0)
     """Seed of the demonstration tasks."""
     search_topk: int = valid(1, ge=1)
@@ -113,9 +120,16 @@ class MemActDemoConfig:
     rl_task_seed: int = valid(100, ge=0)
     context_budget: int = valid(0, ge=0, note="0 = calibrated")
     """The working-context budget (workflow.max_context_tokens of the cold start, DCPO and evaluation).
-    0 = calibrated with the demo's tokenizer: the largest prompt the scripted agent without its flaw
-    reaches on the SFT tasks (the task prompt and two search results); the demo checks that no
-    prompt holding three search results fits."""
+    0 = calibrated with the demo's tokenizer on the first 200 SFT tasks, by `budget`."""
+    budget: str = "prune"
+    """How a calibrated budget is set: "prune" = the largest prompt the scripted agent without its flaw
+    reaches (the task prompt and two search results; the demo checks that no prompt holding three search
+    results fits, so 3-question tasks need a prune); "search_only" = the largest prompt of the search-only
+    scripted agent (every result kept), so search alone answers every task and pruning only shortens the
+    context (the `curation` variant)."""
+    variant: str = ""
+    """A named setting: "" = the demo as documented; "curation" = the context-curation task (VARIANTS
+    below, docs/memact.md "Context curation"): its overrides go first, so explicit ones win."""
     seed: int = valid(0, ge=0)
     """Seed of the tokenizer and the model's initial weights."""
     train_preset: str = "memact_dcpo_cpu"
@@ -123,17 +137,46 @@ class MemActDemoConfig:
     """torch threads (0 = torch's default)."""
 
 
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "curation": (
+        "task.sub_questions=[4]", "sft.search_topk=4", "budget=search_only", "sft.keep_results=2",
+        "sft.late_prob=0.25", "train.workflow.max_assistant_turns=10",
+        "train.workflow.system_noprune_template=Search, answer.",
+    ),
+}
+"""`variant=<name>` -> the overrides it stands for. curation (issue 33, docs/memact.md "Context curation"):
+4 sub-questions per task, each search returns the name's 4 facts (the asked one first), and the budget
+holds the task prompt and all 4 results, so a search-only agent can answer every task and pruning is a
+choice that shortens the working context; the scripted agent prunes the 2 results it holds into a note
+with probability 0.75 (searches on otherwise); the search-only arm's system prompt is as short as the
+pruning arm's. Withhold the prune tool with `workflow.prune_tool=false` (cold start, DCPO and evaluation)."""
+
+
+def expand_variant(overrides: list[str]) -> list[str]:
+    """`overrides` with a `variant=<name>` entry's VARIANTS overrides put first (explicit ones win)."""
+    names = [ov.split("=", 1)[1] for ov in overrides if ov.split("=", 1)[0] == "variant"]
+    if not names or names[-1] == "":
+        return list(overrides)
+    if names[-1] not in VARIANTS:
+        from memrl.config import ConfigError
+
+        raise ConfigError(f"variant must be one of {', '.join(sorted(VARIANTS))} (or empty), got {names[-1]!r}")
+    return [*VARIANTS[names[-1]], *overrides]
+
+
 def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[MemActDemoConfig, Any, Path, tuple[Any, Any]]:
     """(demo config, validated DCPO config, writable output dir, parsed workflow (spec, config)); fails on a
     bad value before any work."""
     import torch
 
-    from memrl.config import load_config
+    from memrl.config import ConfigError, load_config
     from memrl.training.config import TrainConfig
     from memrl.training.trainer import check_writable, validate
 
-    demo_ov, train_ov = split_overrides(list(overrides))
+    demo_ov, train_ov = split_overrides(expand_variant(list(overrides)))
     cfg = load_config(MemActDemoConfig, demo_ov)
+    if cfg.budget not in ("prune", "search_only"):
+        raise ConfigError(f"budget must be prune or search_only, got {cfg.budget!r}")
     out = check_writable(out_dir, "--out")
     data = out / "data"
     tcfg = load_config(TrainConfig, [f"model.path={out / 'sft'}", f"out_dir={out / 'rl'}", "data.name=file",
@@ -141,8 +184,6 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[MemActDemoC
                        preset=cfg.train_preset)
     workflow = validate(tcfg)
     if workflow[0].name != "memact":
-        from memrl.config import ConfigError
-
         raise ConfigError(f"workflow.name must be memact for the MemAct demo, got {workflow[0].name!r}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -182,15 +223,26 @@ def cold_start(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_
     s = cfg.sft
     scfg = SFTConfig(epochs=s.epochs, batch_rows=s.batch_rows, lr=s.lr, warmup_steps=s.warmup_steps, seed=cfg.seed)
     return memact_cold_start(model, tokenizer, tasks, wf_cfg, scfg, out / "sft", late_prob=s.late_prob, seed=s.seed,
-                             topk=s.search_topk, progress=tcfg.trainer.progress)
+                             topk=s.search_topk, keep_results=s.keep_results, progress=tcfg.trainer.progress)
+
+
+def context_budget(cfg: MemActDemoConfig, tokenizer: Any, wf_cfg: Any, sft_tasks: list[Any]) -> int:
+    """The working-context budget: `context_budget`, or calibrated by `budget` on the first 200 SFT tasks."""
+    if cfg.context_budget:
+        return cfg.context_budget
+    if cfg.budget == "search_only":
+        return calibrate_search_only_budget(sft_tasks[:200], tokenizer, wf_cfg, cfg.sft.search_topk)
+    return calibrate_budget(sft_tasks[:200], tokenizer, wf_cfg, cfg.sft.search_topk)
 
 
 def evaluate(model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any], temperature: float,
              seed: int, engine_cfg: Any = None, model_dir: str | Path = "") -> dict[str, dict[str, float]]:
     """{"greedy": summary, "sampled": summary} of the policy on the held-out tasks (each searching its own
-    fact sheet): memrl.eval.evaluator.evaluate_memact through the engine `engine_cfg` names."""
+    fact sheet): memrl.eval.evaluator.evaluate_memact through the engine `engine_cfg` names, the prune tool
+    offered unless `wf_cfg.prune_tool` is False."""
     with model_engine(model, tokenizer, engine_cfg, model_dir) as engine:
-        return evaluate_memact(EngineRollout(engine, get_workflow("memact")), wf_cfg, tasks, temperature, seed)
+        return evaluate_memact(EngineRollout(engine, get_workflow("memact")), wf_cfg, tasks, temperature, seed,
+                               prune_tool=wf_cfg.prune_tool)
 
 
 demonstrations = memact_demonstrations
@@ -217,7 +269,7 @@ def run_memact_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]
     data = write_data(cfg, out / "data")
     tokenizer, model = init_model(cfg, wf_cfg, data.sft_tasks, out)
     n_params = sum(p.numel() for p in model.parameters())
-    budget = cfg.context_budget or calibrate_budget(data.sft_tasks[:200], tokenizer, wf_cfg, cfg.sft.search_topk)
+    budget = context_budget(cfg, tokenizer, wf_cfg, data.sft_tasks)
     wf_cfg = replace(wf_cfg, max_context_tokens=budget)
     tcfg.workflow["max_context_tokens"] = budget
     workflow = (workflow[0], wf_cfg)

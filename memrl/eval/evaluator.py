@@ -306,11 +306,12 @@ def memact_summary_of(groups: Sequence[Group]) -> dict[str, float]:
 
 
 def evaluate_memact(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], temperature: float,
-                    seed: int) -> dict[str, dict[str, float]]:
+                    seed: int, prune_tool: bool = True) -> dict[str, dict[str, float]]:
     """The MemAct demo's held-out protocol: {"greedy": summary, "sampled": summary}, one trajectory per task
-    each (sampled at `temperature`, top_p 1, no top-k), the prune tool offered and never withheld, both
-    seeded with `seed`; each summary is `memact_summary` plus the evaluation's `seconds`."""
-    base = replace(wf_cfg, no_prune_prob=0.0, prune_tool=True, top_p=1.0, top_k=-1)
+    each (sampled at `temperature`, top_p 1, no top-k), the prune tool offered and never withheld (or, with
+    `prune_tool=False`, withheld in every trajectory: the search-only baseline), both seeded with `seed`;
+    each summary is `memact_summary` plus the evaluation's `seconds`."""
+    base = replace(wf_cfg, no_prune_prob=0.0, prune_tool=prune_tool, top_p=1.0, top_k=-1)
     proto = EvalProtocol(greedy=True, samples=1, temperature=temperature, seed=seed, metrics=(),
                          se_ddof=MEMACT_SE_DDOF, keep_groups=True)
     res = evaluate_policy(rollout, base, {0: list(tasks)}, proto)[0]

@@ -61,11 +61,13 @@ def copy_warmup(model: Any, tokenizer: Any, steps: int, batch_rows: int, lr: flo
 
 
 def memact_cold_start(model: Any, tokenizer: Any, tasks: list[Task], wf_cfg: Any, scfg: SFTConfig,
-                      out_dir: str | Path, *, late_prob: float, seed: int, topk: int,
+                      out_dir: str | Path, *, late_prob: float, seed: int, topk: int, keep_results: int = 2,
                       progress: bool = True) -> tuple[list[float], dict[str, float]]:
     """SFT on the scripted MemAct agent's segments on `tasks` (memact_demonstrations with `late_prob`,
-    `seed`, `topk`); saves the model to `out_dir`. Returns (losses, the scripted agent's statistics)."""
-    groups = memact_demonstrations(tasks, tokenizer, wf_cfg, late_prob, seed, topk)
+    `seed`, `topk`, `keep_results`, and `wf_cfg.prune_tool`: False = the search-only agent, the prune tool
+    withheld); saves the model to `out_dir`. Returns (losses, the scripted agent's statistics)."""
+    groups = memact_demonstrations(tasks, tokenizer, wf_cfg, late_prob, seed, topk, keep_results,
+                                   prune_tool=wf_cfg.prune_tool)
     segments = [s for g in groups for s in g.trajectories[0].segments]
     stats = memact_summary_of(groups)
     print(f"cold start: {len(segments)} rows from {len(groups)} scripted trajectories (its accuracy "

@@ -1,0 +1,256 @@
+"""MemAct's context curation (issue 33): DCPO with the prune tool vs the same training with it withheld.
+
+    .venv/bin/python benchmarks/memact_curation.py --out runs/curation --seeds 0,1,2 threads=1
+    .venv/bin/python benchmarks/memact_curation.py --out runs/curation --seeds 0,1,2 --aggregate-only
+
+The task is the MemAct demo's `variant=curation` (memrl.demos.memact.VARIANTS; docs/memact.md "Context
+curation"): 4 sub-questions, 4 facts per search result, a working-context budget that holds the task prompt
+and every result, so the search-only agent answers every task and pruning only shortens the context. Per
+training seed k (shifting every training seed like `memrl demo --seeds`, never the held-out eval.seed) two
+arms with the same model shape, init, tokenizer, SFT and RL budgets:
+
+- `dcpo`: cold start on the scripted agent that prunes its 2 held results into a note with probability
+  1 - sft.late_prob, then DCPO (preset memact_dcpo_cpu) with the prune tool offered; evaluated with it;
+- `withheld`: the same, `workflow.prune_tool=false` everywhere: the scripted agent only searches and
+  answers, DCPO and the evaluation never offer prune_context.
+
+The copy warm-up is computed once per seed (SEED_DIR/copy_warmup.pt, with the tokenizer's hash) and loaded
+by both arms. Each arm runs the demo's stages in this process and writes SEED_DIR/<arm>/results.json;
+resumable: a finished arm is not run again, an unfinished one starts again from an empty directory. Then
+ROOT/curation_results.md (printed) and ROOT/curation_results.json: per arm and decoding, mean +- sd over
+seeds (ddof 1) of accuracy, its standard error over tasks, mean and peak working context, prunes per
+task, overflow; and the goal (equal accuracy within one standard error, mean context >= 30% shorter).
+
+`--dev` also evaluates each arm on the dev tasks (DEV_EVAL_SEED; results.json "eval_dev") and prints those
+instead of the held-out result: pilots and tuning look at the dev tasks only. Training does not depend on
+the evaluation, so a pilot whose recipe is kept is a finished arm of the sweep (its held-out result, stored
+but not looked at, counts like any other). Other arguments are demo overrides
+(`key=value`, `train.<key>=value`), applied to both arms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ARMS: dict[str, tuple[str, ...]] = {"dcpo": (), "withheld": ("workflow.prune_tool=false",)}
+"""Arm -> its overrides on top of variant=curation."""
+ARM_NAMES = {"dcpo": "DCPO (prune tool)", "withheld": "prune withheld"}
+DEV_EVAL_SEED = 24680
+"""The pilots' evaluation seed (another task seed than the held-out eval.seed and every training seed)."""
+GOAL_REDUCTION = 0.30
+METRICS = ("accuracy", "accuracy_se", "mean_context_tokens", "peak_context_tokens", "prunes_per_task", "overflow")
+
+
+# ---------------------------------------------------------------------------------------------- one arm
+
+
+def arm_overrides(arm: str, seed: int, extra: list[str]) -> list[str]:
+    """The demo overrides of `arm` at training seed `seed` (memrl.demos.seeds: every training seed + seed)."""
+    from memrl.demos.seeds import base_seeds, seed_overrides
+
+    user = ["variant=curation", *extra, *ARMS[arm]]
+    from memrl.demos.memact import expand_variant
+
+    return [*user, *seed_overrides("memact", seed, base_seeds("memact", expand_variant(user)))]
+
+
+def tokenizer_hash(tokenizer: Any) -> str:
+    return hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()
+
+
+def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -> dict[str, Any]:
+    """One arm's stages (module docstring); returns and writes what its results.json holds. `dev`: also
+    evaluates on the dev tasks (DEV_EVAL_SEED), which is what it prints."""
+    import torch
+
+    from memrl.data.synthetic_memact import make_tasks
+    from memrl.demos import memact as demo
+    from memrl.training.checkpoint import latest_checkpoint
+    from memrl.training.trainer import Trainer
+
+    out_dir = seed_dir / arm
+    if out_dir.exists():
+        shutil.rmtree(out_dir)  # an unfinished arm starts again from nothing
+    t_start = time.perf_counter()
+    cfg, tcfg, out, workflow = demo.load_configs(overrides, out_dir)
+    wf_cfg = workflow[1]
+    timings: dict[str, float] = {}
+    data = demo.write_data(cfg, out / "data")
+    tokenizer, model = demo.init_model(cfg, wf_cfg, data.sft_tasks, out)
+    budget = demo.context_budget(cfg, tokenizer, wf_cfg, data.sft_tasks)
+    wf_cfg = replace(wf_cfg, max_context_tokens=budget)
+    tcfg.workflow["max_context_tokens"] = budget
+    print(f"[{arm}] working-context budget {budget} tokens, prune tool {'on' if wf_cfg.prune_tool else 'withheld'}",
+          flush=True)
+
+    t0 = time.perf_counter()
+    warm = seed_dir / "copy_warmup.pt"
+    tok_hash = tokenizer_hash(tokenizer)
+    if warm.is_file():
+        saved = torch.load(warm, weights_only=True)
+        if saved["tokenizer_sha256"] != tok_hash:
+            raise SystemExit(f"{warm}: made with another tokenizer than this arm's; remove it to start the seed again")
+        model.load_state_dict(saved["state_dict"])
+    else:
+        demo.copy_warmup(cfg, tcfg, model, tokenizer, out)
+        tmp = warm.with_suffix(".tmp")
+        torch.save({"state_dict": model.state_dict(), "tokenizer_sha256": tok_hash}, tmp)
+        tmp.replace(warm)
+    timings["copy_warmup_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    _, demo_stats = demo.cold_start(cfg, tcfg, model, tokenizer, wf_cfg, data.sft_tasks, out)
+    timings["sft_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    trainer = Trainer(tcfg, workflow=(workflow[0], wf_cfg))
+    history = trainer.fit()
+    timings["rl_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    ckpt = latest_checkpoint(trainer.ckpt_root) or ""
+    rl_eval = demo.evaluate(trainer.model, tokenizer, wf_cfg, data.eval_tasks, cfg.eval.temperature, cfg.eval.seed,
+                            tcfg.engine, ckpt)
+    timings["eval_s"] = time.perf_counter() - t0
+    dev_eval = None
+    if dev:  # the dev tasks: what a pilot prints and tunes on (the held-out result is only stored)
+        dev_tasks = make_tasks(cfg.task, cfg.eval.num_tasks, DEV_EVAL_SEED, prefix="dev")
+        dev_eval = demo.evaluate(trainer.model, tokenizer, wf_cfg, dev_tasks, cfg.eval.temperature, DEV_EVAL_SEED,
+                                 tcfg.engine, ckpt)
+    timings["total_s"] = time.perf_counter() - t_start
+    heldout = (out / "data" / "heldout_tasks.jsonl").read_bytes()
+    res = {
+        "arm": arm, "eval": rl_eval, "demonstrator": demo_stats, "timings": timings, "budget": budget,
+        "prune_tool": wf_cfg.prune_tool, "eval_seed": cfg.eval.seed, "overrides": overrides,
+        "heldout_sha256": hashlib.sha256(heldout).hexdigest(),
+        "rl": {k: [h.get(k, 0.0) for h in history] for k in ("reward/mean", "dcpo/pruned_share")},
+        **({"eval_dev": dev_eval} if dev_eval is not None else {}),
+    }
+    (out / "results.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
+    shown = dev_eval if dev_eval is not None else rl_eval
+    for mode in ("greedy", "sampled"):
+        e = shown[mode]
+        print(f"[{arm}] {'dev ' if dev_eval is not None else ''}{mode}: accuracy {e['accuracy']:.1f} +- {e['accuracy_se']:.1f}, mean context "
+              f"{e['mean_context_tokens']:.1f}, peak {e['peak_context_tokens']:.1f}, prunes/task "
+              f"{e['prunes_per_task']:.2f}, overflow {e['overflow']:.1f}% ({timings['total_s'] / 60:.1f} min)",
+              flush=True)
+    return res
+
+
+# ---------------------------------------------------------------------------------------------- the table
+
+
+def aggregate(results: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """{seed: {arm: results.json}} -> per arm and decoding the mean +- sd over seeds of METRICS, and per
+    decoding the goal: accuracy difference (dcpo - withheld, mean over seeds) within one standard error
+    (sqrt(sum over seeds of se_dcpo^2 + se_withheld^2) / seeds: the standard error over tasks of the
+    seed-mean difference) and mean working context >= 30% shorter (1 - dcpo / withheld, seed means).
+    Only seeds with both arms count; every run must have evaluated the same tasks."""
+    from memrl.demos.seeds import mean_sd
+
+    seeds = sorted(s for s, arms in results.items() if all(a in arms for a in ARMS))
+    shas = {r["heldout_sha256"] for s in seeds for r in results[s].values()}
+    if len(shas) > 1:
+        raise ValueError(f"the runs evaluated different task sets ({len(shas)} held-out files): not comparable")
+    table: dict[str, Any] = {}
+    goal: dict[str, Any] = {}
+    for mode in ("greedy", "sampled"):
+        for arm in ARMS:
+            table[f"{arm}/{mode}"] = {m: mean_sd([float(results[s][arm]["eval"][mode][m]) for s in seeds])
+                                      for m in METRICS}
+        if not seeds:
+            continue
+        d, w = table[f"dcpo/{mode}"], table[f"withheld/{mode}"]
+        diff = d["accuracy"]["mean"] - w["accuracy"]["mean"]
+        se = math.sqrt(math.fsum(results[s]["dcpo"]["eval"][mode]["accuracy_se"] ** 2
+                                 + results[s]["withheld"]["eval"][mode]["accuracy_se"] ** 2 for s in seeds)) / len(seeds)
+        ctx_w = w["mean_context_tokens"]["mean"]
+        reduction = 1.0 - d["mean_context_tokens"]["mean"] / ctx_w if ctx_w else 0.0
+        equal = abs(diff) <= se
+        goal[mode] = {"accuracy_diff": diff, "accuracy_diff_se": se, "equal_accuracy": equal,
+                      "context_reduction": reduction, "shorter_30": reduction >= GOAL_REDUCTION,
+                      "met": equal and reduction >= GOAL_REDUCTION}
+    return {"seeds": seeds, "table": table, "goal": goal}
+
+
+def _cell(c: dict[str, Any], digits: int) -> str:
+    from memrl.demos.seeds import fmt
+
+    return fmt(c, digits=digits)
+
+
+def markdown(agg: dict[str, Any], command: str = "") -> str:
+    lines = [f"MemAct context curation, {len(agg['seeds'])} training seeds ({', '.join(map(str, agg['seeds']))}); "
+             "mean ± sd over seeds", ""]
+    if command:
+        lines += [f"`{command}`", ""]
+    lines += ["| training | decoding | accuracy (%) | s.e. over tasks | mean context (tokens) | peak context (tokens) "
+              "| prunes / task | overflow (%) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for mode in ("greedy", "sampled"):
+        for arm in ARMS:
+            c = agg["table"][f"{arm}/{mode}"]
+            lines.append(f"| {ARM_NAMES[arm]} | {mode} | {_cell(c['accuracy'], 1)} | {_cell(c['accuracy_se'], 1)} | "
+                         f"{_cell(c['mean_context_tokens'], 1)} | {_cell(c['peak_context_tokens'], 1)} | "
+                         f"{_cell(c['prunes_per_task'], 2)} | {_cell(c['overflow'], 1)} |")
+    lines.append("")
+    for mode, g in agg["goal"].items():
+        lines.append(f"- {mode}: accuracy DCPO - withheld {g['accuracy_diff']:+.1f} points (one s.e. "
+                     f"{g['accuracy_diff_se']:.1f}: {'equal' if g['equal_accuracy'] else 'not equal'}), mean "
+                     f"context {100 * g['context_reduction']:.1f}% shorter (goal 30%): goal "
+                     f"{'met' if g['met'] else 'missed'}")
+    return "\n".join(lines) + "\n"
+
+
+def load_results(root: Path, seeds: list[int]) -> dict[int, dict[str, dict[str, Any]]]:
+    out: dict[int, dict[str, dict[str, Any]]] = {}
+    for s in seeds:
+        for arm in ARMS:
+            p = root / f"seed{s}" / arm / "results.json"
+            if p.is_file():
+                out.setdefault(s, {})[arm] = json.loads(p.read_text(encoding="utf-8"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from memrl.demos.seeds import parse_seeds
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="root directory (runs/ is git-ignored)")
+    ap.add_argument("--seeds", default="0,1,2", help="training seeds, e.g. 0,1,2")
+    ap.add_argument("--dev", action="store_true", help=f"also evaluate on the dev task seed {DEV_EVAL_SEED}, and "
+                    "print that")
+    ap.add_argument("--aggregate-only", action="store_true", help="only write the table of the finished arms")
+    ap.add_argument("overrides", nargs="*", help="demo overrides for both arms (key=value, train.<key>=value)")
+    args = ap.parse_args(argv)
+    root = Path(args.out)
+    seeds = parse_seeds(args.seeds)
+    t0 = time.perf_counter()
+    if not args.aggregate_only:
+        for s in seeds:
+            for arm in ARMS:
+                if (root / f"seed{s}" / arm / "results.json").is_file():
+                    continue
+                print(f"== seed {s}, arm {arm}", flush=True)
+                run_arm(root / f"seed{s}", arm, arm_overrides(arm, s, args.overrides), args.dev)
+    agg = aggregate(load_results(root, seeds))
+    command = "benchmarks/memact_curation.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    text = markdown(agg, command)
+    (root / "curation_results.md").write_text(text, encoding="utf-8")
+    (root / "curation_results.json").write_text(json.dumps({**agg, "command": command,
+                                                            "wall_s": time.perf_counter() - t0}, indent=1),
+                                                encoding="utf-8")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

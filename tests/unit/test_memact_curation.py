@@ -1,0 +1,164 @@
+"""The MemAct demo's `variant=curation` (issue 33: context curation) and benchmarks/memact_curation.py's table.
+
+The variant's promises, checked exactly on the demo's own tokenizer: the budget fits the search-only agent on
+every task under either system prompt (so overflow never separates the arms), and the pruning scripted agent's
+mean working context is shorter by the hand-derived amount R - C/2 (R: one search turn and its result, C: one
+prune turn and its acknowledgement)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from memrl.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("memact_curation", ROOT / "benchmarks" / "memact_curation.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["memact_curation"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_variant_overrides_go_first_so_explicit_ones_win():
+    from memrl.demos.memact import VARIANTS, expand_variant
+
+    assert expand_variant(["sft.epochs=1"]) == ["sft.epochs=1"]
+    got = expand_variant(["variant=curation", "sft.late_prob=0.5"])
+    assert got == [*VARIANTS["curation"], "variant=curation", "sft.late_prob=0.5"]
+    with pytest.raises(ConfigError, match="variant must be one of curation"):
+        expand_variant(["variant=nope"])
+
+
+def test_bad_budget_rule_names_the_field(tmp_path):
+    from memrl.demos.memact import load_configs
+
+    with pytest.raises(ConfigError, match="budget must be prune or search_only"):
+        load_configs(["budget=all"], tmp_path / "o")
+
+
+@pytest.fixture(scope="module")
+def curation(tmp_path_factory):
+    import torch
+
+    from memrl.demos import memact as demo
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("curation")
+    cfg, _, out, wf = demo.load_configs(["variant=curation", "sft.num_tasks=60", "rl_tasks=2", "eval.num_tasks=2"],
+                                        out)
+    data = demo.write_data(cfg, out / "data")
+    tok, _ = demo.init_model(cfg, wf[1], data.sft_tasks, out)
+    budget = demo.context_budget(cfg, tok, wf[1], data.sft_tasks)
+    return cfg, replace(wf[1], max_context_tokens=budget), tok, data.sft_tasks
+
+
+def _play(tasks, tok, wf, late, keep, prune_tool):
+    from memrl.demonstrators.stages import memact_demonstrations
+
+    return [g.trajectories[0] for g in memact_demonstrations(tasks, tok, wf, late, 0, 4, keep, prune_tool=prune_tool)]
+
+
+def _sizes(tok, traj):
+    """Token count of each transcript message's text."""
+    return [len(tok.encode(m["text"], add_special_tokens=False)) for m in traj.info["transcript"]]
+
+
+def test_the_variant_is_4_questions_with_4_facts_per_result(curation):
+    cfg, wf, _, tasks = curation
+    assert cfg.task.sub_questions == [4] and cfg.sft.search_topk == 4 and cfg.budget == "search_only"
+    assert cfg.sft.keep_results == 2 and cfg.sft.late_prob == 0.25
+    assert wf.max_assistant_turns == 10 and wf.system_noprune_template == "Search, answer."
+    assert all(len(t.meta["sub_questions"]) == 4 for t in tasks)
+
+
+def test_search_only_fits_the_budget_on_every_task_under_either_prompt(curation):
+    _, wf, tok, tasks = curation
+    for offered in (False, True):
+        trajs = _play(tasks, tok, wf, 1.0, 2, offered)
+        assert all(t.metrics["stop_answer"] == 1.0 and t.reward == 1.0 and t.metrics["prunes"] == 0 for t in trajs)
+        assert all(t.metrics["searches"] == 4 and t.metrics["turns"] == 5 for t in trajs)
+        assert max(t.metrics["peak_context_tokens"] for t in trajs) <= wf.max_context_tokens
+    # the budget is exactly the largest of them: the offered prompt's never-pruning agent
+    assert max(t.metrics["peak_context_tokens"] for t in _play(tasks, tok, wf, 1.0, 2, True)) == wf.max_context_tokens
+
+
+def test_pruning_shortens_the_mean_context_by_r_minus_half_c(curation):
+    """Search-only (5 turns): contexts P, P+R, .., P+4R, mean P+2R. Prune-at-2 (6 turns): P, P+R, P+2R (the
+    prune), then P+C, P+C+R, P+C+2R (the answer): mean P+R+C/2. Same prompt (prune tool offered) for both."""
+    _, wf, tok, tasks = curation
+    task = tasks[:1]
+    (never,) = _play(task, tok, wf, 1.0, 2, True)
+    (prunes,) = _play(task, tok, wf, 0.0, 2, True)
+    assert prunes.metrics["prunes"] == 1 and prunes.metrics["turns"] == 6 and prunes.reward == 1.0
+    kinds = [m["kind"] for m in prunes.info["transcript"]]
+    # what stays: head, prune turn, its acknowledgement, then the last two searches and results, the answer
+    assert kinds == ["head", "assistant", "tool", "assistant", "tool", "assistant", "tool", "assistant"]
+    r = (never.metrics["peak_context_tokens"] - never.metrics["mean_context_tokens"]) / 2  # (P+4R) - (P+2R)
+    p = never.metrics["mean_context_tokens"] - 2 * r
+    s = _sizes(tok, never)
+    # R: a search turn and its result, each inside its chat markers (header/end tokens; the same for all four)
+    assert r == r // 1 and s[1] + s[2] < r < s[1] + s[2] + 12
+    c = 2 * (prunes.metrics["mean_context_tokens"] - p - r)
+    assert math.isclose(never.metrics["mean_context_tokens"] - prunes.metrics["mean_context_tokens"], r - c / 2)
+    ps = _sizes(tok, prunes)
+    assert ps[1] + ps[2] < c < ps[1] + ps[2] + 12  # the prune turn (its memory note) and "Removed r1, r2. ..."
+    assert c < r  # so pruning two results saves 2R - C per later turn
+    # the figures docs/memact.md quotes (the seed-0 tokenizer): P' = 62, R = 76, C = 70; withheld prompt P = 58
+    assert (p, r, c, wf.max_context_tokens) == (62, 76, 70, 366)
+    assert prunes.metrics["mean_context_tokens"] == 173.0
+    (withheld,) = _play(task, tok, wf, 1.0, 2, False)
+    assert (withheld.metrics["mean_context_tokens"], withheld.metrics["peak_context_tokens"]) == (210.0, 362.0)
+
+
+def test_aggregate_mean_sd_and_goal_hand_checked():
+    b = _bench()
+
+    def res(acc, se, ctx, peak, prunes):
+        e = {"accuracy": acc, "accuracy_se": se, "mean_context_tokens": ctx, "peak_context_tokens": peak,
+             "prunes_per_task": prunes, "overflow": 0.0}
+        return {"eval": {"greedy": e, "sampled": e}, "heldout_sha256": "x"}
+
+    results = {0: {"dcpo": res(50.0, 3.0, 140.0, 250.0, 1.0), "withheld": res(52.0, 4.0, 200.0, 360.0, 0.0)},
+               1: {"dcpo": res(54.0, 4.0, 120.0, 230.0, 1.5), "withheld": res(50.0, 3.0, 200.0, 360.0, 0.0)},
+               2: {"dcpo": res(10.0, 1.0, 100.0, 100.0, 0.0)}}  # seed 2 lacks an arm: left out
+    agg = b.aggregate(results)
+    assert agg["seeds"] == [0, 1]
+    d = agg["table"]["dcpo/greedy"]
+    assert d["accuracy"]["mean"] == 52.0 and math.isclose(d["accuracy"]["sd"], math.sqrt(8.0))  # (4+4)/1
+    assert d["mean_context_tokens"]["mean"] == 130.0 and math.isclose(d["mean_context_tokens"]["sd"], math.sqrt(200))
+    assert agg["table"]["withheld/sampled"]["prunes_per_task"] == {"mean": 0.0, "sd": 0.0, "n": 2, "values": [0, 0]}
+    g = agg["goal"]["greedy"]
+    assert g["accuracy_diff"] == 1.0  # 52 - 51
+    assert math.isclose(g["accuracy_diff_se"], math.sqrt(9 + 16 + 16 + 9) / 2)  # sqrt(50)/2 = 3.54
+    assert g["equal_accuracy"] and math.isclose(g["context_reduction"], 0.35) and g["met"]
+    text = b.markdown(agg)
+    assert "| DCPO (prune tool) | greedy | 52.0 ± 2.8 | 3.5 ± 0.7 | 130.0 ± 14.1 | 240.0 ± 14.1 | 1.25 ± 0.35 |" in text
+    assert "mean context 35.0% shorter (goal 30%): goal met" in text
+
+
+def test_aggregate_refuses_different_heldout_tasks():
+    b = _bench()
+    e = {"accuracy": 1.0, "accuracy_se": 1.0, "mean_context_tokens": 1.0, "peak_context_tokens": 1.0,
+         "prunes_per_task": 0.0, "overflow": 0.0}
+    results = {0: {"dcpo": {"eval": {"greedy": e, "sampled": e}, "heldout_sha256": "a"},
+                   "withheld": {"eval": {"greedy": e, "sampled": e}, "heldout_sha256": "b"}}}
+    with pytest.raises(ValueError, match="different task sets"):
+        b.aggregate(results)
+
+
+def test_arm_overrides_shift_training_seeds_not_the_eval_seed():
+    b = _bench()
+    ov = b.arm_overrides("withheld", 2, ["sft.epochs=1"])
+    assert ov[:3] == ["variant=curation", "sft.epochs=1", "workflow.prune_tool=false"]
+    assert ov[3:] == ["seed=2", "sft.seed=502", "rl_task_seed=102", "train.data.seed=9", "train.trainer.seed=2"]
+    assert b.arm_overrides("dcpo", 0, []) == ["variant=curation", "seed=0", "sft.seed=500", "rl_task_seed=100",
+                                              "train.data.seed=7", "train.trainer.seed=0"]
