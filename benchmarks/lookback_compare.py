@@ -1,16 +1,25 @@
 """MemAgent vs ReMemR1 on the look-back synthetic task, on CPU: same model, SFT start and RL budget.
 
     .venv/bin/python benchmarks/lookback_compare.py --out runs/lookback [--rl-steps 12] [--eval-n 48]
+    .venv/bin/python benchmarks/lookback_compare.py --out runs/lb3 --seeds 0,1,2 [recipe options]
 
-Stages (each skipped when its output exists, so a killed run resumes):
-1. data: train tasks (4 pieces) and eval files eval_{N}.json for N pieces in --lengths;
+Stages (each skipped when its output exists, so a killed run resumes; one directory per training seed
+with --seeds, OUT/seed<k>):
+1. data: RL tasks (4 pieces) and SFT tasks (--sft-chunks pieces); eval files for N pieces in --lengths,
+   seeded --eval-seed + N for every training seed (OUT/data/eval_s<eval seed>_n<eval n>/);
 2. model: a random tiny Qwen2 whose tokenizer is trained on the task's words and both prompt formats;
-3. sft: ONE cold-start checkpoint trained on the scripted LookbackOracle traces of BOTH workflows
-   (memrl.training.sft), so both RL runs start from the same weights;
+3. sft: optional copy warm-up (--copy-warmup-steps), then ONE cold-start checkpoint trained on the
+   scripted LookbackOracle traces of BOTH workflows (recall steps repeated --oversample-recall times),
+   so both RL runs start from the same weights;
 4. rl: `Trainer` with presets lookback_memagent_cpu / lookback_rememr1_cpu (same steps, batch, n, lr);
-5. eval: memrl.eval.runner.evaluate per workflow on the eval files, greedy; the SFT start and the scripted
-   oracles are evaluated too, as references;
-6. report: accuracy by length, recall rate and callback hit rate, into OUT/report.md.
+5. eval: memrl.eval.runner.evaluate per policy on the eval files, greedy and (--sampled) one sample at
+   temperature 1; RL ReMemR1 also with recall disabled (workflow.recall=false, the ablation); the SFT
+   start and the scripted oracles are evaluated too, as references;
+6. report: accuracy (± s.e. over tasks) by length, recall rate and callback hit rate (OUT/eval_*/report.md);
+   with --seeds, mean ± sd over the seeds, the paired gaps and the goal checks (OUT/seeds_report_*.md).
+
+Training seed k shifts every seed the recipe trains with (tokenizer corpus and BPE, model init, copy
+warm-up, SFT tasks and order, RL tasks, RL task order and sampling); seed 0 is the one-seed run.
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ import time
 from pathlib import Path
 
 PRESETS = {"memagent": "lookback_memagent_cpu", "rememr1": "lookback_rememr1_cpu"}
+SHAPE = dict(chunk_words=8, facts_per_chunk=1, num_keys=16, num_values=8, fact_position="start")
+"""The look-back tasks' shape (memrl.data.synthetic_lookback.LookbackConfig) for training and evaluation."""
 
 
 def train_config(workflow: str, overrides: list[str]):
@@ -63,17 +74,30 @@ def stage_data(out: Path, args) -> None:
         return
     d.mkdir(parents=True, exist_ok=True)
     seeds = task_seeds(args.seed, args.eval_seed, args.lengths)
-    shape = dict(chunk_words=8, facts_per_chunk=1, num_keys=16, num_values=8, fact_position="start")
+    shape = SHAPE
     train = make_lookback_tasks(LookbackConfig(num_chunks=4, **shape), args.train_tasks, seed=seeds["train"])
     write_eval_json(d / "train.json", train)
     sft = make_lookback_tasks(LookbackConfig(num_chunks=args.sft_chunks, **shape), args.sft_tasks, seed=seeds["sft"])
     write_eval_json(d / "sft.json", sft)
+    (d / "done").write_text("ok")
+
+
+def stage_eval_data(out: Path, args) -> Path:
+    """The eval files of --eval-seed: OUT/data/eval_s<seed>_n<eval_n>/eval_<N>.json (the same for every training seed)."""
+    from memrl.data.memagent_files import write_eval_json
+    from memrl.data.synthetic_lookback import LookbackConfig, make_lookback_tasks
+
+    d = out / "data" / f"eval_s{args.eval_seed}_n{args.eval_n}"
+    if (d / "done").exists():
+        return d
+    d.mkdir(parents=True, exist_ok=True)
     for n in args.lengths:
-        tasks = make_lookback_tasks(LookbackConfig(num_chunks=n, **shape), args.eval_n, seed=args.eval_seed + n)
+        tasks = make_lookback_tasks(LookbackConfig(num_chunks=n, **SHAPE), args.eval_n, seed=args.eval_seed + n)
         for t in tasks:
             t.meta["num_docs"] = n
         write_eval_json(d / f"eval_{n}.json", tasks)
     (d / "done").write_text("ok")
+    return d
 
 
 def stage_model(out: Path, args) -> Path:
@@ -178,10 +202,10 @@ def stage_eval(out: Path, name: str, wf: str, model_dir: Path | None, args, *, s
     from memrl.engines import EngineConfig
     from memrl.eval.runner import EvalConfig, evaluate
 
-    res = out / "eval" / (name + ("_sampled" if sampled else ""))
+    res = eval_dir(out, args) / (name + ("_sampled" if sampled else ""))
     if (res / "done").exists():
         return res
-    files = [str(out / "data" / f"eval_{n}.json") for n in args.lengths]
+    files = [str(stage_eval_data(out, args) / f"eval_{n}.json") for n in args.lengths]
     c = workflow_cfg(wf)
     tdir = out / "templates" / wf
     tdir.mkdir(parents=True, exist_ok=True)
@@ -208,6 +232,13 @@ def stage_eval(out: Path, name: str, wf: str, model_dir: Path | None, args, *, s
     evaluate(files, res, ecfg, engine=engine)
     (res / "done").write_text("ok")
     return res
+
+
+def eval_dir(out: Path, args) -> Path:
+    """Where one training seed's evaluations on the --eval-seed tasks go: OUT/eval_s<seed>_n<eval_n>."""
+    d = out / f"eval_s{args.eval_seed}_n{args.eval_n}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
 
 
 def summarize(res_dir: Path) -> dict[int, dict[str, float]]:
@@ -245,7 +276,7 @@ def seed_summary(out: Path, args) -> dict:
     table: dict = {}
     for name, _, _ in RUNS:
         for mode in MODES:
-            d = out / "eval" / (name + ("_sampled" if mode == "sampled" else ""))
+            d = eval_dir(out, args) / (name + ("_sampled" if mode == "sampled" else ""))
             if not (d / "results.jsonl").exists():
                 continue
             s = summarize(d)
@@ -279,8 +310,8 @@ def report(out: Path, args) -> str:
             lines.append(f"| {name} | {accs} | {rr} | {hr} |")
         lines.append("")
     text = "\n".join(lines)
-    (out / "report.md").write_text(text, encoding="utf-8")
-    (out / "summary.json").write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
+    (eval_dir(out, args) / "report.md").write_text(text, encoding="utf-8")
+    (eval_dir(out, args) / "summary.json").write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
     return text
 
 
@@ -446,7 +477,7 @@ def main() -> int:
     p.add_argument("--copy-warmup-steps", type=int, default=0, help="copy warm-up steps before the cold start "
                    "(memrl.training.cold_start.copy_warmup; 0 = none)")
     p.add_argument("--copy-warmup-rows", type=int, default=32)
-    p.add_argument("--copy-warmup-lr", type=float, default=3e-3)
+    p.add_argument("--copy-warmup-lr", type=float, default=1e-3)
     p.add_argument("--rl-steps", type=int, default=12)
     p.add_argument("--rl-lr", type=float, default=None, help="RL learning rate (default: the presets' 3e-4)")
     p.add_argument("--rl-batch", type=int, default=None, help="RL tasks per step (default: the presets' 8)")
@@ -481,8 +512,8 @@ def main() -> int:
     text = aggregate_markdown(agg, args.lengths, command)
     text += "\nWall time per seed (s, this process's stages): " + ", ".join(
         f"seed {k} {w:.0f}" for k, w in walls.items()) + "\n"
-    (out / "seeds_report.md").write_text(text, encoding="utf-8")
-    (out / "seeds_report.json").write_text(json.dumps({**agg, "command": command, "wall_s": walls}, indent=1,
+    (out / f"seeds_report_s{args.eval_seed}_n{args.eval_n}.md").write_text(text, encoding="utf-8")
+    (out / f"seeds_report_s{args.eval_seed}_n{args.eval_n}.json").write_text(json.dumps({**agg, "command": command, "wall_s": walls}, indent=1,
                                                       default=str) + "\n", encoding="utf-8")
     print(text)
     return 0
