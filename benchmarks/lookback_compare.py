@@ -394,7 +394,8 @@ def aggregate_markdown(agg: dict, lengths: list[int], command: str = "") -> str:
             accs = " | ".join(_fmt(c["em"][str(n)]) for n in lengths)
             rr = _fmt(c["recall_rate"], 3) if wf == "rememr1" else "-"
             hr = _fmt(c["callback_hit_rate"], 3) if wf == "rememr1" else "-"
-            lines.append(f"| {name} | {accs} | {rr} | {hr} |")
+            label = name if c["n_seeds"] == len(agg["seeds"]) else f"{name} (n = {c['n_seeds']})"
+            lines.append(f"| {label} | {accs} | {rr} | {hr} |")
         se = agg["runs"].get("rl_rememr1", {}).get(mode, {}).get("se_tasks")
         if se:
             lines += ["", "s.e. over tasks (rl_rememr1, one seed): "

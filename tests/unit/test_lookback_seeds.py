@@ -59,6 +59,7 @@ def test_mean_sd_gaps_and_goals_over_seeds():
 def test_a_missed_goal_says_what_was_reached():
     tables = {s: {"rl_rememr1": cell(50, 30, 0.0, None), "rl_rememr1_norecall": cell(50, 30),
                   "rl_memagent": cell(50, 35)} for s in (0, 1)}
+    tables[0]["oracle_rememr1"] = cell(100, 100, 0.06, 1.0)  # the oracles: the first seed only
     agg = lc.aggregate(tables, [8, 16])
     goals = agg["goals"]["greedy"]
     assert goals["recall rate > 0"] == (0.0, False)
@@ -66,6 +67,7 @@ def test_a_missed_goal_says_what_was_reached():
     assert goals["RL ReMemR1 - RL MemAgent >= 10 at N=16"] == (-5.0, False)
     md = lc.aggregate_markdown(agg, [8, 16])
     assert "| callback hit rate > 0.5 | n/a | MISSED |" in md
+    assert "| oracle_rememr1 (n = 1) | 100.0 ± n/a | 100.0 ± n/a | 0.060 ± n/a | 1.000 ± n/a |" in md
     assert "| RL ReMemR1 - RL MemAgent >= 10 at N=16 | -5.0 | MISSED |" in md
 
 
