@@ -498,7 +498,10 @@ def main() -> int:
     if not args.seeds:
         run_seed(out, args)
         return 0
-    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    try:
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    except ValueError:
+        seeds = []
     if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
         raise SystemExit(f"--seeds: expected distinct non-negative integers like 0,1,2, got {args.seeds!r}")
     tables = {}
