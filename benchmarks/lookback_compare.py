@@ -414,11 +414,30 @@ def aggregate_markdown(agg: dict, lengths: list[int], command: str = "") -> str:
     return "\n".join(lines)
 
 
+RECIPE_KEYS = ("seed", "train_tasks", "sft_tasks", "sft_chunks", "sft_epochs", "sft_lr", "oversample_recall",
+               "copy_warmup_steps", "copy_warmup_rows", "copy_warmup_lr", "rl_steps", "rl_lr", "rl_batch")
+"""The options a seed directory's trained stages depend on (OUT/recipe.json): a resume must use the same."""
+
+
+def check_recipe(out: Path, args) -> None:
+    """Write OUT/recipe.json, or fail in one line when it exists with other training options."""
+    want = {k: getattr(args, k) for k in RECIPE_KEYS}
+    path = out / "recipe.json"
+    if path.exists():
+        got = json.loads(path.read_text(encoding="utf-8"))
+        diff = next((k for k in RECIPE_KEYS if got.get(k) != want[k]), None)
+        if diff is not None:
+            raise SystemExit(f"{path}: {diff} is {got.get(diff)!r}, this run has {want[diff]!r} (use another --out)")
+        return
+    path.write_text(json.dumps(want, indent=1) + "\n", encoding="utf-8")
+
+
 def run_seed(out: Path, args) -> dict:
     """Every stage of one training seed into `out` (each skipped when its output exists); its summary."""
     from memrl.training.checkpoint import latest_checkpoint
 
     out.mkdir(parents=True, exist_ok=True)
+    check_recipe(out, args)
     t_start = time.time()
     if args.stage in ("all", "prep"):
         stage_data(out, args)

@@ -76,3 +76,14 @@ def test_training_task_seeds_never_hit_the_eval_seeds():
     assert lc.task_seeds(2, 1000, [2, 4]) == {"train": 5, "sft": 6}
     with pytest.raises(SystemExit, match="eval task seed"):
         lc.task_seeds(1, 2, [2, 4])  # sft seed 4 = eval seed 2 + 2
+
+
+def test_a_seed_directory_refuses_another_recipe(tmp_path):
+    import argparse
+
+    args = argparse.Namespace(**{k: 0 for k in lc.RECIPE_KEYS})
+    lc.check_recipe(tmp_path, args)  # first run: recorded
+    lc.check_recipe(tmp_path, args)  # resume with the same options: fine
+    args.rl_steps = 40
+    with pytest.raises(SystemExit, match="recipe.json: rl_steps is 0, this run has 40"):
+        lc.check_recipe(tmp_path, args)
