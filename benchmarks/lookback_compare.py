@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/lookback_compare.py --out runs/lb3 --seeds 0,1,2 [recipe options]
 
 Stages (each skipped when its output exists, so a killed run resumes; one directory per training seed
-with --seeds, OUT/seed<k>):
+with --seeds, OUT/seed<k>, whose recipe.json records the training options a resume must repeat):
 1. data: RL tasks (4 pieces) and SFT tasks (--sft-chunks pieces); eval files for N pieces in --lengths,
    seeded --eval-seed + N for every training seed (OUT/data/eval_s<eval seed>_n<eval n>/);
 2. model: a random tiny Qwen2 whose tokenizer is trained on the task's words and both prompt formats;
