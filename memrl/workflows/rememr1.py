@@ -107,6 +107,10 @@ class ReMemR1Config(ChunkedConfig):
     """Which memories step t's query searches: earlier (those of steps < t: the paper and the released
     training code, memory_revisit.py) or with_current (m_t too, added before its own query is answered:
     the released evaluation, taskutils/memory_eval/utils/rememr1.py async_query_llm)."""
+    recall: bool = True
+    """False disables callbacks (an ablation at evaluation): the prompt is unchanged and a <recall> query is
+    still parsed and counted (`recalls`, `recalls_blocked`), but it retrieves nothing, so the next prompt
+    shows no_recall_text and no callback reward is earned."""
     empty_memory: str = "keep_previous"
     """A step that yields no memory (no / empty <update>, or an empty strip_recall text): keep_previous
     (memrl), placeholder (no_memory_text) or empty (the empty string: the released code)."""
@@ -129,6 +133,8 @@ class ReMemR1Config(ChunkedConfig):
         if self.recall_candidates not in RECALL_CANDIDATES:
             raise ValueError(f"ReMemR1Config.recall_candidates must be one of {', '.join(RECALL_CANDIDATES)}, "
                              f"got {self.recall_candidates!r}")
+        if not isinstance(self.recall, bool):
+            raise ValueError(f"ReMemR1Config.recall must be true or false, got {self.recall!r}")
         if self.scorer not in SCORERS:
             raise ValueError(f"ReMemR1Config.scorer must be one of {', '.join(SCORERS)}, got {self.scorer!r}")
         tags = [self.update_tag, self.recall_tag, self.thinking_tag]
@@ -276,7 +282,7 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
         candidates = history + [(t, new_memory)] if cfg.recall_candidates == "with_current" and recallable else history
         hit = (
             recall_top1(query, candidates, cfg.scorer, cfg.min_recall_score, cfg.bm25_k1, cfg.bm25_b)
-            if query
+            if query and cfg.recall
             else None
         )
         recalls += int(query is not None)
@@ -320,6 +326,7 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
         "recalls": float(recalls),
         "recall_rate": recalls / n if n else 0.0,
         "recall_retrieved": float(retrieved),
+        "recalls_blocked": float(0 if cfg.recall else recalls),
         "callback_hits": float(callback_hits),
         "callback_hit_rate": callback_hits / recalls if recalls else 0.0,
         "format_ok_rate": well_formed / n if n else 1.0,

@@ -77,6 +77,38 @@ def test_exact_prompts_recalled_memory_goes_into_the_next_prompt():
     assert [c.sampling.max_tokens for c in engine.calls] == [200, 200, 200, 50]
 
 
+def test_recall_disabled_retrieves_nothing_but_counts_the_queries():
+    # The same replies as above with workflow.recall=false: same prompts except the recalled block.
+    task = Task("t1", "Q?", "abcdefghij", ["red"])
+    replies = [
+        "<thinking>t0</thinking><update>red apple</update><recall>apple</recall>",
+        "<thinking>t1</thinking><update>green pear</update><recall>apple</recall>",  # would hit step 0
+        "<update>blue plum</update>",
+        r"so \boxed{red}",
+    ]
+    engine = ScriptedEngine(list(replies))
+    traj = run_one(task, engine, cfg(recall=False))
+    assert [c.prompt_text for c in engine.calls] == [
+        user(f"P:Q?|R:{NO_RECALL}|M:No previous memory|C:abcd"),
+        user(f"P:Q?|R:{NO_RECALL}|M:red apple|C:efgh"),
+        user(f"P:Q?|R:{NO_RECALL}|M:green pear|C:ij"),  # recall on: "R:red apple"
+        user(f"P:Q?|R:{NO_RECALL}|M:blue plum|answer:"),
+    ]
+    mem = traj.segments[:3]
+    assert [s.info["recall_query"] for s in mem] == ["apple", "apple", None]
+    assert [s.info["recalled_memory"] for s in mem] == [None, None, None]
+    assert [s.info["callback_hit"] for s in mem] == [False, False, False]
+    m = traj.metrics
+    assert m["recalls"] == 2.0 and m["recalls_blocked"] == 2.0 and m["recall_rate"] == pytest.approx(2 / 3)
+    assert m["recall_retrieved"] == 0.0 and m["callback_hits"] == 0.0 and m["callback_hit_rate"] == 0.0
+    # format 1 + memory gain: 1 + (1 - 0), 1 + (0 - 1), 1 + 0; no callback term without a retrieval
+    assert step_rewards(task, traj)[:3] == [2.0, 0.0, 1.0]
+    on = run_one(task, ScriptedEngine(list(replies)), cfg())
+    assert on.metrics["recalls_blocked"] == 0.0 and on.metrics["recall_retrieved"] == 1.0
+    with pytest.raises(ValueError, match="recall"):
+        ReMemR1Config(recall="no")  # type: ignore[arg-type]
+
+
 def test_last_steps_recall_is_shown_in_the_final_prompt():
     task = Task("t1", "Q?", "abcdefgh", ["x"])
     engine = ScriptedEngine(["<update>cat</update>", "<update>dog</update><recall>cat</recall>", r"\boxed{x}"])
