@@ -369,10 +369,10 @@ def aggregate(tables: dict[int, dict], lengths: list[int]) -> dict:
 
 
 def _fmt(c: dict | None, digits: int = 1, sign: bool = False) -> str:
-    if c is None or c["mean"] is None:
-        return "n/a"
-    m = f"{c['mean']:+.{digits}f}" if sign else f"{c['mean']:.{digits}f}"
-    return m + (f" ± {c['sd']:.{digits}f}" if c["sd"] is not None else " ± n/a")
+    """memrl.demos.seeds.fmt, with "n/a" for a cell no seed had (no recalls, a missing run)."""
+    from memrl.demos.seeds import fmt
+
+    return "n/a" if c is None or c["mean"] is None else fmt(c, sign=sign, digits=digits)
 
 
 def aggregate_markdown(agg: dict, lengths: list[int], command: str = "") -> str:
@@ -517,12 +517,13 @@ def main() -> int:
     if not args.seeds:
         run_seed(out, args)
         return 0
+    from memrl.config import ConfigError
+    from memrl.demos.seeds import parse_seeds
+
     try:
-        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
-    except ValueError:
-        seeds = []
-    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise SystemExit(f"--seeds: expected distinct non-negative integers like 0,1,2, got {args.seeds!r}")
+        seeds = parse_seeds(args.seeds)
+    except ConfigError as e:
+        raise SystemExit(str(e)) from None
     tables = {}
     oracles = args.oracles
     for i, k in enumerate(seeds):

@@ -55,11 +55,10 @@ METRICS = ("accuracy", "accuracy_se", "mean_context_tokens", "peak_context_token
 
 def arm_overrides(arm: str, seed: int, extra: list[str]) -> list[str]:
     """The demo overrides of `arm` at training seed `seed` (memrl.demos.seeds: every training seed + seed)."""
+    from memrl.demos.memact import expand_variant
     from memrl.demos.seeds import base_seeds, seed_overrides
 
     user = ["variant=curation", *extra, *ARMS[arm]]
-    from memrl.demos.memact import expand_variant
-
     return [*user, *seed_overrides("memact", seed, base_seeds("memact", expand_variant(user)))]
 
 
@@ -182,13 +181,9 @@ def aggregate(results: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
     return {"seeds": seeds, "table": table, "goal": goal}
 
 
-def _cell(c: dict[str, Any], digits: int) -> str:
+def markdown(agg: dict[str, Any], command: str = "") -> str:
     from memrl.demos.seeds import fmt
 
-    return fmt(c, digits=digits)
-
-
-def markdown(agg: dict[str, Any], command: str = "") -> str:
     lines = [f"MemAct context curation, {len(agg['seeds'])} training seeds ({', '.join(map(str, agg['seeds']))}); "
              "mean ± sd over seeds", ""]
     if command:
@@ -198,9 +193,9 @@ def markdown(agg: dict[str, Any], command: str = "") -> str:
     for mode in ("greedy", "sampled"):
         for arm in ARMS:
             c = agg["table"][f"{arm}/{mode}"]
-            lines.append(f"| {ARM_NAMES[arm]} | {mode} | {_cell(c['accuracy'], 1)} | {_cell(c['accuracy_se'], 1)} | "
-                         f"{_cell(c['mean_context_tokens'], 1)} | {_cell(c['peak_context_tokens'], 1)} | "
-                         f"{_cell(c['prunes_per_task'], 2)} | {_cell(c['overflow'], 1)} |")
+            lines.append(f"| {ARM_NAMES[arm]} | {mode} | {fmt(c['accuracy'], digits=1)} | {fmt(c['accuracy_se'], digits=1)} | "
+                         f"{fmt(c['mean_context_tokens'], digits=1)} | {fmt(c['peak_context_tokens'], digits=1)} | "
+                         f"{fmt(c['prunes_per_task'], digits=2)} | {fmt(c['overflow'], digits=1)} |")
     lines.append("")
     for mode, g in agg["goal"].items():
         lines.append(f"- {mode}: accuracy DCPO - withheld {g['accuracy_diff']:+.1f} points (one s.e. "
