@@ -228,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     root = Path(args.out)
     seeds = parse_seeds(args.seeds)
+    if args.aggregate_only and not root.is_dir():
+        raise SystemExit(f"--out {root}: no such directory (--aggregate-only reads the runs there)")
+    root.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     if not args.aggregate_only:
         for s in seeds:
