@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/memact_curation.py --out runs/curation --seeds 0,1,2 --aggregate-only
 
 The task is the MemAct demo's `variant=curation` (memrl.demos.memact.VARIANTS; docs/memact.md "Context
-curation"): 4 sub-questions, 4 facts per search result, a working-context budget that holds the task prompt
+curation"): 8 sub-questions, 4 facts per search result, a working-context budget that holds the task prompt
 and every result, so the search-only agent answers every task and pruning only shortens the context. Per
 training seed k (shifting every training seed like `memrl demo --seeds`, never the held-out eval.seed) two
 arms with the same model shape, init, tokenizer, SFT and RL budgets:

@@ -139,17 +139,20 @@ class MemActDemoConfig:
 
 VARIANTS: dict[str, tuple[str, ...]] = {
     "curation": (
-        "task.sub_questions=[4]", "sft.search_topk=4", "budget=search_only", "sft.keep_results=2",
-        "sft.late_prob=0.25", "train.workflow.max_assistant_turns=10",
+        "task.sub_questions=[8]", "task.entities_per_task=8", "sft.search_topk=4", "budget=search_only",
+        "sft.keep_results=2", "sft.late_prob=0.25", "train.workflow.max_assistant_turns=14",
         "train.workflow.system_noprune_template=Search, answer.",
     ),
 }
 """`variant=<name>` -> the overrides it stands for. curation (issue 33, docs/memact.md "Context curation"):
-4 sub-questions per task, each search returns the name's 4 facts (the asked one first), and the budget
-holds the task prompt and all 4 results, so a search-only agent can answer every task and pruning is a
-choice that shortens the working context; the scripted agent prunes the 2 results it holds into a note
-with probability 0.75 (searches on otherwise); the search-only arm's system prompt is as short as the
-pruning arm's. Withhold the prune tool with `workflow.prune_tool=false` (cold start, DCPO and evaluation)."""
+8 sub-questions per task about 8 names, each search returns the name's 4 facts (the asked one first), and
+the budget holds the task prompt and all 8 results, so a search-only agent can answer every task and pruning
+is a choice that shortens the working context (by at most 34.7%, pruning every 2 results: docs/memact.md);
+the scripted agent prunes the 2 results it holds into a note with probability 0.75 (searches on otherwise),
+so 14 assistant turns hold its 8 searches, 3 prunes and the answer; the search-only arm's system prompt is
+as short as the pruning arm's. Withhold the prune tool with `workflow.prune_tool=false` (cold start, DCPO
+and evaluation). The first measurement used 4 sub-questions (`task.sub_questions=[4]
+task.entities_per_task=6 train.workflow.max_assistant_turns=10`), where pruning can save at most 17.6%."""
 
 
 def expand_variant(overrides: list[str]) -> list[str]:

@@ -2,8 +2,8 @@
 
 The variant's promises, checked exactly on the demo's own tokenizer: the budget fits the search-only agent on
 every task under either system prompt (so overflow never separates the arms), and the pruning scripted agent's
-mean working context is shorter by the hand-derived amount R - C/2 (R: one search turn and its result, C: one
-prune turn and its acknowledgement)."""
+mean working context is shorter by the hand-derived amount (R: one search turn and its result; each prune
+leaves its own turn, holding the memory note, and its acknowledgement, which the next prune deletes)."""
 
 from __future__ import annotations
 
@@ -72,12 +72,12 @@ def _sizes(tok, traj):
     return [len(tok.encode(m["text"], add_special_tokens=False)) for m in traj.info["transcript"]]
 
 
-def test_the_variant_is_4_questions_with_4_facts_per_result(curation):
+def test_the_variant_is_8_questions_with_4_facts_per_result(curation):
     cfg, wf, _, tasks = curation
-    assert cfg.task.sub_questions == [4] and cfg.sft.search_topk == 4 and cfg.budget == "search_only"
-    assert cfg.sft.keep_results == 2 and cfg.sft.late_prob == 0.25
-    assert wf.max_assistant_turns == 10 and wf.system_noprune_template == "Search, answer."
-    assert all(len(t.meta["sub_questions"]) == 4 for t in tasks)
+    assert cfg.task.sub_questions == [8] and cfg.task.entities_per_task == 8 and cfg.sft.search_topk == 4
+    assert cfg.budget == "search_only" and cfg.sft.keep_results == 2 and cfg.sft.late_prob == 0.25
+    assert wf.max_assistant_turns == 14 and wf.system_noprune_template == "Search, answer."
+    assert all(len(t.meta["sub_questions"]) == 8 for t in tasks)
 
 
 def test_search_only_fits_the_budget_on_every_task_under_either_prompt(curation):
@@ -85,38 +85,47 @@ def test_search_only_fits_the_budget_on_every_task_under_either_prompt(curation)
     for offered in (False, True):
         trajs = _play(tasks, tok, wf, 1.0, 2, offered)
         assert all(t.metrics["stop_answer"] == 1.0 and t.reward == 1.0 and t.metrics["prunes"] == 0 for t in trajs)
-        assert all(t.metrics["searches"] == 4 and t.metrics["turns"] == 5 for t in trajs)
+        assert all(t.metrics["searches"] == 8 and t.metrics["turns"] == 9 for t in trajs)
         assert max(t.metrics["peak_context_tokens"] for t in trajs) <= wf.max_context_tokens
     # the budget is exactly the largest of them: the offered prompt's never-pruning agent
     assert max(t.metrics["peak_context_tokens"] for t in _play(tasks, tok, wf, 1.0, 2, True)) == wf.max_context_tokens
+    # the pruning agent (3 prunes, 12 turns) answers every task within the turn limit
+    trajs = _play(tasks, tok, wf, 0.0, 2, True)
+    assert all(t.reward == 1.0 and t.metrics["prunes"] == 3 and t.metrics["turns"] == 12 for t in trajs)
 
 
-def test_pruning_shortens_the_mean_context_by_r_minus_half_c(curation):
-    """Search-only (5 turns): contexts P, P+R, .., P+4R, mean P+2R. Prune-at-2 (6 turns): P, P+R, P+2R (the
-    prune), then P+C, P+C+R, P+C+2R (the answer): mean P+R+C/2. Same prompt (prune tool offered) for both."""
+def test_pruning_shortens_the_mean_context_by_the_derived_amount(curation):
+    """Search-only (9 turns): contexts P, P+R, .., P+8R, mean P+4R, peak P+8R. Prune-every-2 (12 turns, 4 blocks
+    of 3): block b's turns hold P+X_b, P+X_b+R, P+X_b+2R (its third prunes, or answers in block 4), so the mean
+    is P+R+(X_1+..+X_4)/4. X_1 = 0; what a prune leaves is its own turn A_i (the memory note) and its
+    acknowledgement K_i, and the next prune deletes K_i with the 2 results: X_2 = A1+K1, X_3 = A1+A2+K2,
+    X_4 = A1+A2+A3+K3. Same prompt (prune tool offered) for both."""
     _, wf, tok, tasks = curation
     task = tasks[:1]
     (never,) = _play(task, tok, wf, 1.0, 2, True)
     (prunes,) = _play(task, tok, wf, 0.0, 2, True)
-    assert prunes.metrics["prunes"] == 1 and prunes.metrics["turns"] == 6 and prunes.reward == 1.0
-    kinds = [m["kind"] for m in prunes.info["transcript"]]
-    # what stays: head, prune turn, its acknowledgement, then the last two searches and results, the answer
-    assert kinds == ["head", "assistant", "tool", "assistant", "tool", "assistant", "tool", "assistant"]
-    r = (never.metrics["peak_context_tokens"] - never.metrics["mean_context_tokens"]) / 2  # (P+4R) - (P+2R)
-    p = never.metrics["mean_context_tokens"] - 2 * r
-    s = _sizes(tok, never)
-    # R: a search turn and its result, each inside its chat markers (header/end tokens; the same for all four)
-    assert r == r // 1 and s[1] + s[2] < r < s[1] + s[2] + 12
-    c = 2 * (prunes.metrics["mean_context_tokens"] - p - r)
-    assert math.isclose(never.metrics["mean_context_tokens"] - prunes.metrics["mean_context_tokens"], r - c / 2)
-    ps = _sizes(tok, prunes)
-    assert ps[1] + ps[2] < c < ps[1] + ps[2] + 12  # the prune turn (its memory note) and "Removed r1, r2. ..."
-    assert c < r  # so pruning two results saves 2R - C per later turn
-    # the figures docs/memact.md quotes (the seed-0 tokenizer): P' = 62, R = 76, C = 70; withheld prompt P = 58
-    assert (p, r, c, wf.max_context_tokens) == (62, 76, 70, 366)
-    assert prunes.metrics["mean_context_tokens"] == 173.0
+    assert prunes.metrics["prunes"] == 3 and prunes.metrics["turns"] == 12 and prunes.reward == 1.0
+    tr = prunes.info["transcript"]
+    # what stays: head, the 3 prune turns, the last acknowledgement, the last two searches and results, the answer
+    assert [m["kind"] for m in tr] == ["head", "assistant", "assistant", "assistant", "tool",
+                                       "assistant", "tool", "assistant", "tool", "assistant"]
+    assert tr[4]["text"].startswith("[r9] Removed r6, r7, r8.")  # the 2nd and 3rd prunes also deleted r3 and r6
+    r = (never.metrics["peak_context_tokens"] - never.metrics["mean_context_tokens"]) / 4  # (P+8R) - (P+4R)
+    p = never.metrics["mean_context_tokens"] - 4 * r
+    x = 4 * (prunes.metrics["mean_context_tokens"] - p - r)
+    n = [len(tok.encode(m["text"], add_special_tokens=False)) for m in tr]
+    ack = tr[4]["text"]
+    k1 = ack.replace("[r9] Removed r6, r7, r8.", "[r3] Removed r1, r2.")
+    k2 = ack.replace("[r9] Removed r6, r7, r8.", "[r6] Removed r3, r4, r5.")
+    k = [len(tok.encode(t, add_special_tokens=False)) for t in (k1, k2)]
+    texts = 3 * n[1] + 2 * n[2] + n[3] + k[0] + k[1] + n[4]  # 3A1 + 2A2 + A3 + K1 + K2 + K3, text only
+    assert texts < x < texts + 9 * 6  # plus each of those 9 messages' chat markers
+    # the figures docs/memact.md quotes (the seed-0 tokenizer): P' = 86, R = 76; withheld prompt P = 82
+    assert (p, r, wf.max_context_tokens) == (86, 76, 694)
+    assert prunes.metrics["mean_context_tokens"] == 252.25 and prunes.metrics["peak_context_tokens"] == 409.0
     (withheld,) = _play(task, tok, wf, 1.0, 2, False)
-    assert (withheld.metrics["mean_context_tokens"], withheld.metrics["peak_context_tokens"]) == (210.0, 362.0)
+    assert (withheld.metrics["mean_context_tokens"], withheld.metrics["peak_context_tokens"]) == (386.0, 690.0)
+    assert round(100 * (1 - 252.25 / 386.0), 1) == 34.7  # the best a policy can do here (docs/memact.md)
 
 
 def test_aggregate_mean_sd_and_goal_hand_checked():
