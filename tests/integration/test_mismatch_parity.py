@@ -48,18 +48,18 @@ def _cfg(model: str, out: str, mode: str) -> TrainConfig:
     ])
 
 
-def _rank_main(rank: int, model: str, tmp: str, port: int, vocab: int) -> None:
+def _rank_main(rank: int, model: str, tmp: str, port: int, vocab: int, mode: str) -> None:
+    """One rank of a 2-rank group holding one PolicyWorker, as the other FSDP parity tests do (a group
+    per mode: two workers in one group once aborted a rank at exit, under load)."""
     torch.set_num_threads(1)
     from memrl.training.workers import PolicyWorker
 
     info = D.DistInfo(rank, 2, "127.0.0.1", port)
     D.init_group(info)
-    out = {}
-    for mode in ("none", "tis"):
-        w = PolicyWorker(_cfg(model, tmp, mode), info)
-        out[mode] = w.train_rows(_rows(vocab, rank))
+    w = PolicyWorker(_cfg(model, tmp, mode), info)
+    got = w.train_rows(_rows(vocab, rank))
     if rank == 0:
-        torch.save(out, os.path.join(tmp, "rank0.pt"))
+        torch.save(got, os.path.join(tmp, f"rank0_{mode}.pt"))
     w.close()
 
 
@@ -72,8 +72,9 @@ def test_mismatch_metrics_two_ranks_equal_one(tmp_path):
     model = str(cached_tiny_model("tiny"))
     vocab = AutoConfig.from_pretrained(model).vocab_size
     one = {mode: PolicyWorker(_cfg(model, str(tmp_path), mode)).train_rows(_rows(vocab)) for mode in ("none", "tis")}
-    mp.spawn(_rank_main, args=(model, str(tmp_path), D.free_port(), vocab), nprocs=2, join=True)
-    two = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    for mode in ("none", "tis"):
+        mp.spawn(_rank_main, args=(model, str(tmp_path), D.free_port(), vocab, mode), nprocs=2, join=True)
+    two = {mode: torch.load(tmp_path / f"rank0_{mode}.pt", weights_only=True) for mode in ("none", "tis")}
     trained = sum(sum(s.loss_mask) for s in _rows(vocab).segments)
     for mode in ("none", "tis"):
         a, b = one[mode], two[mode]
