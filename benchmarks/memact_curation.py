@@ -41,8 +41,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-ARMS: dict[str, tuple[str, ...]] = {"dcpo": (), "withheld": ("workflow.prune_tool=false",)}
-"""Arm -> its overrides on top of variant=curation."""
+ARMS: dict[str, tuple[str, ...]] = {
+    "dcpo": (),
+    "withheld": ("workflow.prune_tool=false", "sft.batch_rows=4", "sft.epochs=4", "sft.copy_warmup_rows=32")}
+"""Arm -> its overrides on top of variant=curation (and after the command line's). The withheld arm's cold
+start takes as many optimizer steps over as many tokens as the dcpo arm's: a search-only trajectory is one
+~742-token row, a pruning one ~3.7 rows of ~384 tokens, so at the variant's 8 rows x 2 epochs the dcpo arm
+takes ~1,400 steps (seed 0: 1,398 over 4.29M tokens) and the withheld arm took 375 (over 2.23M) and learned
+nothing (docs/memact.md); at 4 rows x 4 epochs it takes 1,500 over 4.45M. Its copy warm-up keeps the dcpo
+arm's 32 rows per step (4 x 8), so both arms load the same one."""
 ARM_NAMES = {"dcpo": "DCPO (prune tool)", "withheld": "prune withheld"}
 DEV_EVAL_SEED = 24680
 """The pilots' evaluation seed (another task seed than the held-out eval.seed and every training seed)."""
@@ -94,20 +101,25 @@ def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -
     t0 = time.perf_counter()
     warm = seed_dir / "copy_warmup.pt"
     tok_hash = tokenizer_hash(tokenizer)
+    recipe = {"steps": cfg.sft.copy_warmup_steps, "rows": demo.copy_warmup_rows(cfg), "lr": cfg.sft.lr}
     if warm.is_file():
         saved = torch.load(warm, weights_only=True)
         if saved["tokenizer_sha256"] != tok_hash:
             raise SystemExit(f"{warm}: made with another tokenizer than this arm's; remove it to start the seed again")
+        made = {k: saved.get(k) for k in recipe}
+        if made != recipe:
+            raise SystemExit(f"{warm}: made with copy warm-up {made}, this arm asks for {recipe}; remove it to start "
+                             "the seed again")
         model.load_state_dict(saved["state_dict"])
     else:
         demo.copy_warmup(cfg, tcfg, model, tokenizer, out)
         tmp = warm.with_suffix(".tmp")
-        torch.save({"state_dict": model.state_dict(), "tokenizer_sha256": tok_hash}, tmp)
+        torch.save({"state_dict": model.state_dict(), "tokenizer_sha256": tok_hash, **recipe}, tmp)
         tmp.replace(warm)
     timings["copy_warmup_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    _, demo_stats = demo.cold_start(cfg, tcfg, model, tokenizer, wf_cfg, data.sft_tasks, out)
+    sft_losses, demo_stats = demo.cold_start(cfg, tcfg, model, tokenizer, wf_cfg, data.sft_tasks, out)
     timings["sft_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -130,6 +142,8 @@ def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -
     res = {
         "arm": arm, "eval": rl_eval, "demonstrator": demo_stats, "timings": timings, "budget": budget,
         "prune_tool": wf_cfg.prune_tool, "eval_seed": cfg.eval.seed, "overrides": overrides,
+        "sft": {"steps": len(sft_losses), "batch_rows": cfg.sft.batch_rows, "epochs": cfg.sft.epochs,
+                "final_loss": sft_losses[-1] if sft_losses else None},
         "heldout_sha256": hashlib.sha256(heldout).hexdigest(),
         "rl": {k: [h.get(k, 0.0) for h in history] for k in ("reward/mean", "dcpo/pruned_share")},
         **({"eval_dev": dev_eval} if dev_eval is not None else {}),
@@ -223,18 +237,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0,1,2", help="training seeds, e.g. 0,1,2")
     ap.add_argument("--dev", action="store_true", help=f"also evaluate on the dev task seed {DEV_EVAL_SEED}, and "
                     "print that")
+    ap.add_argument("--arms", default=",".join(ARMS), help="the arms to run, in this order (default: "
+                    f"{','.join(ARMS)}); the table needs both")
     ap.add_argument("--aggregate-only", action="store_true", help="only write the table of the finished arms")
     ap.add_argument("overrides", nargs="*", help="demo overrides for both arms (key=value, train.<key>=value)")
     args = ap.parse_args(argv)
     root = Path(args.out)
     seeds = parse_seeds(args.seeds)
+    arms = [a for a in args.arms.split(",") if a]
+    if not arms or any(a not in ARMS for a in arms):
+        raise SystemExit(f"--arms {args.arms!r}: a comma-separated list of {', '.join(ARMS)}")
     if args.aggregate_only and not root.is_dir():
         raise SystemExit(f"--out {root}: no such directory (--aggregate-only reads the runs there)")
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     if not args.aggregate_only:
         for s in seeds:
-            for arm in ARMS:
+            for arm in arms:
                 if (root / f"seed{s}" / arm / "results.json").is_file():
                     continue
                 print(f"== seed {s}, arm {arm}", flush=True)

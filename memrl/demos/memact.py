@@ -46,7 +46,7 @@ from memrl.training.sft import SFTConfig
 from memrl.workflows import get_workflow
 
 __all__ = ["DemoData", "MemActDemoConfig", "MemActDemoEval", "MemActDemoModel", "MemActDemoSFT", "calibrate_budget",
-           "VARIANTS", "cold_start", "context_budget", "copy_warmup", "expand_variant", "demonstrations", "evaluate", "init_model", "load_configs", "run_memact_demo",
+           "VARIANTS", "cold_start", "context_budget", "copy_warmup", "copy_warmup_rows", "expand_variant", "demonstrations", "evaluate", "init_model", "load_configs", "run_memact_demo",
            "summarize_groups", "write_data"]
 
 
@@ -80,10 +80,12 @@ class MemActDemoSFT:
     """Passages the scripted agent's searches ask for (1: the asked fact alone; 2: also a distractor fact of
     the same name). The working-context budget is calibrated with it."""
     copy_warmup_steps: int = valid(1500, ge=0, note="0 = off")
-    """Steps (of `batch_rows` x 4 rows) of copy warm-up before the cold start: random token sequences, each
+    """Steps (of `copy_warmup_rows` rows) of copy warm-up before the cold start: random token sequences, each
     followed by itself (memrl.training.sft.copy_warmup_segments). A model trained from scratch has no
     induction heads, and without them it never learned to copy a name into a query or a value into an
     answer (at chance after 2,400 SFT steps); the warm-up forms them at ~700 steps (docs/memact.md). 0 = off."""
+    copy_warmup_rows: int = valid(0, ge=0, note="0 = 4 x batch_rows")
+    """Rows per copy warm-up step; 0 = 4 x `batch_rows` (set it to keep the warm-up of another batch size)."""
     epochs: int = valid(4, ge=1)
     """~2,400 steps: with 2 epochs the cold start copied only some values (sampled sub-question accuracy 42%
     vs 47% at 4 epochs, 3-question tasks 6.5% vs 41.8%; docs/memact.md)."""
@@ -214,9 +216,14 @@ def init_model(cfg: MemActDemoConfig, wf_cfg: Any, sample_tasks: list[Any], out:
     return init_memact_model(out, cfg.task, wf_cfg, sample_tasks, shape, m.vocab_size, cfg.seed, cfg.sft.search_topk)
 
 
+def copy_warmup_rows(cfg: MemActDemoConfig) -> int:
+    """Rows per copy warm-up step: `sft.copy_warmup_rows`, or 4 x `sft.batch_rows` when it is 0."""
+    return cfg.sft.copy_warmup_rows or 4 * cfg.sft.batch_rows
+
+
 def copy_warmup(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, out: Path) -> list[float]:
-    """memrl.training.cold_start.copy_warmup: `sft.copy_warmup_steps` steps of 4 x `sft.batch_rows` rows."""
-    return copy_warmup_stage(model, tokenizer, cfg.sft.copy_warmup_steps, 4 * cfg.sft.batch_rows, cfg.sft.lr,
+    """memrl.training.cold_start.copy_warmup: `sft.copy_warmup_steps` steps of `sft.copy_warmup_rows` rows."""
+    return copy_warmup_stage(model, tokenizer, cfg.sft.copy_warmup_steps, copy_warmup_rows(cfg), cfg.sft.lr,
                              cfg.seed, out / "copy_warmup", progress=tcfg.trainer.progress)
 
 

@@ -171,7 +171,37 @@ def test_aggregate_refuses_different_heldout_tasks():
 def test_arm_overrides_shift_training_seeds_not_the_eval_seed():
     b = _bench()
     ov = b.arm_overrides("withheld", 2, ["sft.epochs=1"])
-    assert ov[:3] == ["variant=curation", "sft.epochs=1", "workflow.prune_tool=false"]
-    assert ov[3:] == ["seed=2", "sft.seed=502", "rl_task_seed=102", "train.data.seed=9", "train.trainer.seed=2"]
+    assert ov[:6] == ["variant=curation", "sft.epochs=1", "workflow.prune_tool=false", "sft.batch_rows=4",
+                      "sft.epochs=4", "sft.copy_warmup_rows=32"]
+    assert ov[6:] == ["seed=2", "sft.seed=502", "rl_task_seed=102", "train.data.seed=9", "train.trainer.seed=2"]
     assert b.arm_overrides("dcpo", 0, []) == ["variant=curation", "seed=0", "sft.seed=500", "rl_task_seed=100",
                                               "train.data.seed=7", "train.trainer.seed=0"]
+
+
+def test_the_arms_cold_starts_take_as_many_steps_over_as_many_tokens(curation, tmp_path):
+    """The withheld arm's SFT overrides (4 rows x 4 epochs against the dcpo arm's 8 x 2 of the runs' command
+    line) match the cold starts in optimizer steps and tokens, and keep the dcpo arm's copy warm-up. On the
+    fixture's 60 tasks: the search-only agent gives one 742-token row per task (44,520 tokens), the pruning
+    one 223 rows of 85,713 tokens; steps = ceil(rows / batch) x epochs."""
+    from memrl.demonstrators.stages import memact_demonstrations
+    from memrl.demos import memact as demo
+    from memrl.training.sft import SFTConfig
+
+    b = _bench()
+    cfg, tok, wf, tasks = curation[0], curation[2], curation[1], curation[3]
+    sft = {}
+    for arm in ("dcpo", "withheld"):
+        ov = ["variant=curation", "sft.num_tasks=60", "sft.epochs=2", *b.ARMS[arm]]
+        sft[arm] = demo.load_configs(ov, tmp_path / arm)[0]
+    assert demo.copy_warmup_rows(sft["dcpo"]) == demo.copy_warmup_rows(sft["withheld"]) == 32
+    rows = {}
+    for arm, offered in (("dcpo", True), ("withheld", False)):
+        groups = memact_demonstrations(tasks, tok, wf, cfg.sft.late_prob, cfg.sft.seed, 4, 2, prune_tool=offered)
+        rows[arm] = [s for g in groups for s in g.trajectories[0].segments]
+    size = {arm: sum(len(s.prompt_ids) + len(s.response_ids) for s in r) for arm, r in rows.items()}
+    assert (len(rows["withheld"]), size["withheld"]) == (60, 60 * 742)
+    assert (len(rows["dcpo"]), size["dcpo"]) == (223, 85713)
+    steps = {arm: SFTConfig(epochs=sft[arm].sft.epochs, batch_rows=sft[arm].sft.batch_rows).total_steps(len(rows[arm]))
+             for arm in rows}
+    assert steps == {"dcpo": 28 * 2, "withheld": 15 * 4}
+    assert (size["dcpo"] * 2, size["withheld"] * 4) == (171426, 178080)  # tokens over the epochs: within 4%
