@@ -192,7 +192,14 @@ def aggregate(results: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
         goal[mode] = {"accuracy_diff": diff, "accuracy_diff_se": se, "equal_accuracy": equal,
                       "context_reduction": reduction, "shorter_30": reduction >= GOAL_REDUCTION,
                       "met": equal and reduction >= GOAL_REDUCTION}
-    return {"seeds": seeds, "table": table, "goal": goal}
+    per_seed = [{"seed": s, "arm": arm, "mode": mode, "sft_steps": results[s][arm].get("sft", {}).get("steps"),
+                 **{m: results[s][arm]["eval"][mode].get(m) for m in (*METRICS, "subq_accuracy", "turns")}}
+                for s in seeds for arm in ARMS for mode in ("greedy", "sampled")]
+    return {"seeds": seeds, "table": table, "goal": goal, "per_seed": per_seed}
+
+
+def _num(v: Any, digits: int) -> str:
+    return "–" if v is None else f"{v:.{digits}f}"
 
 
 def markdown(agg: dict[str, Any], command: str = "") -> str:
@@ -216,6 +223,15 @@ def markdown(agg: dict[str, Any], command: str = "") -> str:
                      f"{g['accuracy_diff_se']:.1f}: {'equal' if g['equal_accuracy'] else 'not equal'}), mean "
                      f"context {100 * g['context_reduction']:.1f}% shorter (goal 30%): goal "
                      f"{'met' if g['met'] else 'missed'}")
+    lines += ["", "Per seed (sub-question accuracy: the share of the answers right; SFT steps: the arm's cold start):",
+              "", "| seed | arm | decoding | accuracy (%) ± s.e. | sub-question acc. (%) | mean context | peak context "
+              "| prunes / task | overflow (%) | turns | SFT steps |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    num = _num
+    for r in agg.get("per_seed", []):
+        lines.append(f"| {r['seed']} | {r['arm']} | {r['mode']} | {num(r['accuracy'], 1)} ± {num(r['accuracy_se'], 1)} | "
+                     f"{num(r['subq_accuracy'], 1)} | {num(r['mean_context_tokens'], 1)} | "
+                     f"{num(r['peak_context_tokens'], 1)} | {num(r['prunes_per_task'], 2)} | {num(r['overflow'], 1)} | "
+                     f"{num(r['turns'], 1)} | {'–' if r['sft_steps'] is None else r['sft_steps']} |")
     return "\n".join(lines) + "\n"
 
 

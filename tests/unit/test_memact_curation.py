@@ -156,6 +156,8 @@ def test_aggregate_mean_sd_and_goal_hand_checked():
     text = b.markdown(agg)
     assert "| DCPO (prune tool) | greedy | 52.0 ± 2.8 | 3.5 ± 0.7 | 130.0 ± 14.1 | 240.0 ± 14.1 | 1.25 ± 0.35 |" in text
     assert "mean context 35.0% shorter (goal 30%): goal met" in text
+    assert "| 1 | dcpo | sampled | 54.0 ± 4.0 | – | 120.0 | 230.0 | 1.50 | 0.0 | – | – |" in text  # per seed
+    assert len(agg["per_seed"]) == 2 * 2 * 2 and "| 2 |" not in text
 
 
 def test_aggregate_refuses_different_heldout_tasks():
