@@ -60,12 +60,13 @@ METRICS = ("accuracy", "accuracy_se", "mean_context_tokens", "peak_context_token
 # ---------------------------------------------------------------------------------------------- one arm
 
 
-def arm_overrides(arm: str, seed: int, extra: list[str]) -> list[str]:
-    """The demo overrides of `arm` at training seed `seed` (memrl.demos.seeds: every training seed + seed)."""
+def arm_overrides(arm: str, seed: int, extra: list[str], only: tuple[str, ...] = ()) -> list[str]:
+    """The demo overrides of `arm` at training seed `seed` (memrl.demos.seeds: every training seed + seed):
+    the variant, `extra` (both arms'), the arm's own (ARMS), then `only` (this arm's, from `--set`)."""
     from memrl.demos.memact import expand_variant
     from memrl.demos.seeds import base_seeds, seed_overrides
 
-    user = ["variant=curation", *extra, *ARMS[arm]]
+    user = ["variant=curation", *extra, *ARMS[arm], *only]
     return [*user, *seed_overrides("memact", seed, base_seeds("memact", expand_variant(user)))]
 
 
@@ -255,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                     "print that")
     ap.add_argument("--arms", default=",".join(ARMS), help="the arms to run, in this order (default: "
                     f"{','.join(ARMS)}); the table needs both")
+    ap.add_argument("--set", action="append", default=[], metavar="ARM:KEY=VALUE",
+                    help="an override for one arm, applied after its own (e.g. withheld:sft.epochs=8); repeatable")
     ap.add_argument("--aggregate-only", action="store_true", help="only write the table of the finished arms")
     ap.add_argument("overrides", nargs="*", help="demo overrides for both arms (key=value, train.<key>=value)")
     args = ap.parse_args(argv)
@@ -263,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     arms = [a for a in args.arms.split(",") if a]
     if not arms or any(a not in ARMS for a in arms):
         raise SystemExit(f"--arms {args.arms!r}: a comma-separated list of {', '.join(ARMS)}")
+    only: dict[str, tuple[str, ...]] = {a: () for a in ARMS}
+    for item in args.set:
+        arm, _, ov = item.partition(":")
+        if arm not in ARMS or "=" not in ov:
+            raise SystemExit(f"--set {item!r}: ARM:KEY=VALUE with ARM one of {', '.join(ARMS)}")
+        only[arm] += (ov,)
     if args.aggregate_only and not root.is_dir():
         raise SystemExit(f"--out {root}: no such directory (--aggregate-only reads the runs there)")
     root.mkdir(parents=True, exist_ok=True)
@@ -273,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                 if (root / f"seed{s}" / arm / "results.json").is_file():
                     continue
                 print(f"== seed {s}, arm {arm}", flush=True)
-                run_arm(root / f"seed{s}", arm, arm_overrides(arm, s, args.overrides), args.dev)
+                run_arm(root / f"seed{s}", arm, arm_overrides(arm, s, args.overrides, only[arm]), args.dev)
     agg = aggregate(load_results(root, seeds))
     command = "benchmarks/memact_curation.py " + " ".join(sys.argv[1:] if argv is None else argv)
     text = markdown(agg, command)

@@ -176,6 +176,7 @@ def test_arm_overrides_shift_training_seeds_not_the_eval_seed():
     assert ov[:6] == ["variant=curation", "sft.epochs=1", "workflow.prune_tool=false", "sft.batch_rows=4",
                       "sft.epochs=4", "sft.copy_warmup_rows=32"]
     assert ov[6:] == ["seed=2", "sft.seed=502", "rl_task_seed=102", "train.data.seed=9", "train.trainer.seed=2"]
+    assert b.arm_overrides("withheld", 0, ["sft.epochs=2"], ("sft.epochs=8",))[6] == "sft.epochs=8"  # --set: last
     assert b.arm_overrides("dcpo", 0, []) == ["variant=curation", "seed=0", "sft.seed=500", "rl_task_seed=100",
                                               "train.data.seed=7", "train.trainer.seed=0"]
 
