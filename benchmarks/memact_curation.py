@@ -227,12 +227,11 @@ def markdown(agg: dict[str, Any], command: str = "") -> str:
     lines += ["", "Per seed (sub-question accuracy: the share of the answers right; SFT steps: the arm's cold start):",
               "", "| seed | arm | decoding | accuracy (%) ± s.e. | sub-question acc. (%) | mean context | peak context "
               "| prunes / task | overflow (%) | turns | SFT steps |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    num = _num
     for r in agg.get("per_seed", []):
-        lines.append(f"| {r['seed']} | {r['arm']} | {r['mode']} | {num(r['accuracy'], 1)} ± {num(r['accuracy_se'], 1)} | "
-                     f"{num(r['subq_accuracy'], 1)} | {num(r['mean_context_tokens'], 1)} | "
-                     f"{num(r['peak_context_tokens'], 1)} | {num(r['prunes_per_task'], 2)} | {num(r['overflow'], 1)} | "
-                     f"{num(r['turns'], 1)} | {'–' if r['sft_steps'] is None else r['sft_steps']} |")
+        lines.append(f"| {r['seed']} | {r['arm']} | {r['mode']} | {_num(r['accuracy'], 1)} ± {_num(r['accuracy_se'], 1)} | "
+                     f"{_num(r['subq_accuracy'], 1)} | {_num(r['mean_context_tokens'], 1)} | "
+                     f"{_num(r['peak_context_tokens'], 1)} | {_num(r['prunes_per_task'], 2)} | {_num(r['overflow'], 1)} | "
+                     f"{_num(r['turns'], 1)} | {'–' if r['sft_steps'] is None else r['sft_steps']} |")
     return "\n".join(lines) + "\n"
 
 
