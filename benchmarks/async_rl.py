@@ -74,6 +74,7 @@ def child(mode: str, sft: Path, out: Path, steps: int, threshold: float, window:
     import torch
 
     from memrl.demos import memagent as demo
+    from memrl.training.assemble import assemble
     from memrl.training.trainer import Trainer
 
     torch.set_num_threads(1)  # the trainer's CPU; the engine replica is a Ray actor with its own
@@ -85,8 +86,8 @@ def child(mode: str, sft: Path, out: Path, steps: int, threshold: float, window:
     cfg, tcfg, _, workflow = demo.load_demo_configs([*demo_overrides, *train], run)
     stamps: list[tuple[float, dict[str, float]]] = []
     t0 = time.perf_counter()
-    trainer = Trainer(tcfg, workflow=workflow, on_step=lambda step, m: stamps.append((time.perf_counter(), m)))
-    trainer.setup()
+    trainer = Trainer(assemble(tcfg, workflow=workflow),
+                      on_step=lambda step, m: stamps.append((time.perf_counter(), m)))
     if pin:
         pin_placement()
     t_fit = time.perf_counter()
@@ -107,7 +108,7 @@ def child(mode: str, sft: Path, out: Path, steps: int, threshold: float, window:
     spec, wf_cfg = workflow
     tasks = demo.heldout_tasks(cfg, tcfg)
     t_eval = time.perf_counter()
-    ev = demo.evaluate_model(cfg, tcfg, spec, wf_cfg, trainer.model, trainer.tokenizer, tasks, sft)
+    ev = demo.evaluate_model(cfg, tcfg, spec, wf_cfg, trainer.model, trainer.parts.tokenizer, tasks, sft)
     res = {
         "mode": mode, "steps": len(stamps), "setup_s": t_fit - t0, "fit_s": t_end - t_fit,
         "steps_per_hour": len(stamps) / (t_end - t_fit) * 3600, "threshold": threshold, "window": window,

@@ -170,6 +170,7 @@ def stage_sft(out: Path, model_dir: Path, args) -> Path:
 
 
 def stage_rl(out: Path, sft_dir: Path, wf: str, args) -> Path:
+    from memrl.training.assemble import assemble
     from memrl.training.checkpoint import latest_checkpoint
     from memrl.training.trainer import Trainer
 
@@ -192,7 +193,7 @@ def stage_rl(out: Path, sft_dir: Path, wf: str, args) -> Path:
         print(f"rl {wf} step {step}: reward {m.get('reward/mean', 0):.3f} "
               f"step {m.get('time/step_s', 0):.0f}s", flush=True)
 
-    Trainer(cfg, resume=True, on_step=on_step).fit()
+    Trainer(assemble(cfg, resume=True), on_step=on_step).fit()
     (run / "done").write_text("ok")
     return latest_checkpoint(run / "checkpoints")
 

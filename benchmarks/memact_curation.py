@@ -81,6 +81,7 @@ def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -
 
     from memrl.data.synthetic_memact import make_tasks
     from memrl.demos import memact as demo
+    from memrl.training.assemble import assemble
     from memrl.training.checkpoint import latest_checkpoint
     from memrl.training.trainer import Trainer
 
@@ -124,7 +125,7 @@ def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -
     timings["sft_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    trainer = Trainer(tcfg, workflow=(workflow[0], wf_cfg))
+    trainer = Trainer(assemble(tcfg, workflow=(workflow[0], wf_cfg)))
     history = trainer.fit()
     timings["rl_s"] = time.perf_counter() - t0
 

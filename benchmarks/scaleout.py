@@ -227,6 +227,7 @@ def sync_modes_by_size(skip_05b: bool) -> None:
 def ray_run_share(tmp: str, mode: str = "object_store") -> None:
     """A real 2-rank + 2-engine run on the tiny model: mean sync and step time per step."""
     from memrl.models.tiny import cached_tiny_model
+    from memrl.training.assemble import assemble
     from memrl.training.trainer import Trainer
 
     cfg = load_config(TrainConfig, [
@@ -238,7 +239,7 @@ def ray_run_share(tmp: str, mode: str = "object_store") -> None:
         "trainer.cpus_per_worker=0.5", "rollout.num_engines=2", "rollout.cpus_per_engine=0.5",
         f"rollout.weight_sync={mode}",
     ])
-    hist = Trainer(cfg).fit()[1:]  # the first step includes start-up work
+    hist = Trainer(assemble(cfg)).fit()[1:]  # the first step includes start-up work
     sync = statistics.fmean(h["time/sync_s"] for h in hist)
     step = statistics.fmean(h["time/step_s"] for h in hist)
     print(f"\n## Ray run, tiny model, 2 FSDP2 ranks + 2 HFEngine replicas, weight_sync={mode} (steps 2-4)")

@@ -24,15 +24,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from memrl.config import load_config, to_yaml
+    from memrl.training.assemble import assemble, validate
     from memrl.training.config import TrainConfig
-    from memrl.training.trainer import Trainer, validate
+    from memrl.training.trainer import Trainer
 
     cfg = load_config(TrainConfig, args.overrides, preset=args.preset)
     workflow = validate(cfg)
     if args.print_config:
         print(to_yaml(cfg), end="")
         return 0
-    trainer = Trainer(cfg, resume=args.resume, workflow=workflow)  # fails here, before any model loads, on a bad out_dir
+    trainer = Trainer(assemble(cfg, resume=args.resume, workflow=workflow))  # fails here, before any model loads, on a bad out_dir
     history = trainer.fit()
     if history:
         last = history[-1]

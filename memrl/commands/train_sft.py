@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
     from memrl.data.synthetic import make_tasks
     from memrl.demonstrators import MixtureRule, ScriptedEngine
     from memrl.errors import model_dir
+    from memrl.training.assemble import check_writable
     from memrl.training.sft import sft_train_logged
-    from memrl.training.trainer import check_writable
     from memrl.workflows import parse_workflow
     from memrl.workflows.runner import rollout_sync
 
@@ -123,8 +123,8 @@ def _run_conversations(cfg: SFTRunConfig) -> int:
 
     from memrl.config import ConfigError, to_yaml
     from memrl.data.conversations import conversation_segments, is_conversation_file, load_conversations
+    from memrl.training.assemble import check_writable
     from memrl.training.sft import sft_train_logged
-    from memrl.training.trainer import check_writable
 
     path = cfg.data.path
     if not path or not Path(path).is_file():

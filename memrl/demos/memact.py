@@ -175,8 +175,8 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[MemActDemoC
     import torch
 
     from memrl.config import ConfigError, load_config
+    from memrl.training.assemble import check_writable, validate
     from memrl.training.config import TrainConfig
-    from memrl.training.trainer import check_writable, validate
 
     demo_ov, train_ov = split_overrides(expand_variant(list(overrides)))
     cfg = load_config(MemActDemoConfig, demo_ov)
@@ -266,6 +266,7 @@ def run_memact_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]
     """Run the whole demo (module docstring); returns what results.json holds."""
     from memrl.config import to_yaml
     from memrl.eval.demo_report import print_memact_eval, write_memact_outputs
+    from memrl.training.assemble import assemble
     from memrl.training.checkpoint import latest_checkpoint
     from memrl.training.trainer import Trainer
 
@@ -305,7 +306,7 @@ def run_memact_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]
     print_memact_eval("SFT", sft_eval)
 
     t0 = time.perf_counter()
-    trainer = Trainer(tcfg, workflow=workflow)
+    trainer = Trainer(assemble(tcfg, workflow=workflow))
     history = trainer.fit()
     timings["rl_s"] = time.perf_counter() - t0
 

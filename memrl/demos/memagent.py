@@ -122,8 +122,8 @@ def load_demo_configs(overrides: list[str], out_dir: str | Path) -> tuple[DemoCo
     import torch
 
     from memrl.config import load_config
+    from memrl.training.assemble import check_writable, validate
     from memrl.training.config import TrainConfig
-    from memrl.training.trainer import check_writable, validate
 
     demo_ov, train_ov = split_overrides(list(overrides))
     cfg = load_config(DemoConfig, demo_ov)  # every field against its declared range
@@ -207,6 +207,7 @@ def evaluate_model(cfg: DemoConfig, tcfg: Any, spec: Any, wf_cfg: Any, model: An
 
 def run_demo(cfg: DemoConfig, tcfg: Any, out: Path, workflow: tuple[Any, Any]) -> dict[str, Any]:
     """The whole recipe; returns the results dict (JSON-ready) that `memrl.eval.demo_report` renders."""
+    from memrl.training.assemble import assemble
     from memrl.training.checkpoint import latest_checkpoint
     from memrl.training.trainer import Trainer
 
@@ -236,7 +237,7 @@ def run_demo(cfg: DemoConfig, tcfg: Any, out: Path, workflow: tuple[Any, Any]) -
     timings["eval_sft_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    trainer = Trainer(tcfg, workflow=workflow)
+    trainer = Trainer(assemble(tcfg, workflow=workflow))
     history = trainer.fit()
     timings["rl_s"] = time.perf_counter() - t0
 

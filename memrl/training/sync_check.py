@@ -69,23 +69,22 @@ def engine_name(cfg: Any) -> str:
     return f"{cfg.engine.name} (in process)"
 
 
-def check_sync(trainer: Any, when: str) -> dict[str, float]:
-    """Run the probe on `trainer.engine` (on the run's runtime, whose loop the engine's client lives on)
-    against `trainer.workers.probe_logprobs` (the policy in process at world size 1, the FSDP2 ranks above);
-    {} when rollout.sync_check is off, else the metrics. `when`: which sync, for the message. Raises
+def check_sync(cfg: Any, when: str, tokenizer: Any, engine: Any, runtime: Any, workers: Any) -> dict[str, float]:
+    """Run the probe on `engine` (on the run's `runtime`, whose loop the engine's client lives on) against
+    `workers.probe_logprobs` (the policy in process at world size 1, the FSDP2 ranks above); {} when
+    rollout.sync_check is off, else the metrics. `when`: which sync, for the message. Raises
     SyncCheckError (one line, naming the engine) on a mismatch."""
     from memrl.engines.base import SamplingParams
 
-    cfg = trainer.cfg
     r = cfg.rollout
     if not r.sync_check:
         return {}
     t0 = time.perf_counter()
-    prompt = probe_ids(trainer.tokenizer)
+    prompt = probe_ids(tokenizer)
     sampling = SamplingParams(temperature=0.0, max_tokens=r.sync_check_tokens, seed=0)
-    comp = trainer.runtime.run(trainer.engine.generate(prompt, sampling))
+    comp = runtime.run(engine.generate(prompt, sampling))
     tokens = list(comp.token_ids)
-    ours = list(trainer.workers.probe_logprobs(prompt, tokens))
+    ours = list(workers.probe_logprobs(prompt, tokens))
     diffs = [abs(a - b) if math.isfinite(a) and math.isfinite(b) else math.inf
              for a, b in zip(comp.logprobs, ours, strict=True)]
     worst = max(diffs, default=0.0)

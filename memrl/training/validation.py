@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,18 +86,17 @@ def _file_label(rows: list[dict[str, Any]], n: int) -> str:
     return "+".join(names) or "data"
 
 
-def run_validation(trainer: Any, step: int, rollout: Any = None) -> dict[str, float]:
+def run_validation(cfg: Any, out_dir: str | Path, step: int, engine: Any = None, runtime: Any = None,
+                   rollout: Any = None) -> dict[str, float]:
     """Evaluate the current policy on val.files into <out_dir>/val/step_<step> (replacing what a killed
-    earlier attempt left there) and return its metrics. `rollout` (a memrl.eval.evaluator.Rollout of the
-    training workflow, e.g. a run-scoped runtime's) replaces the default rollout over trainer.engine."""
+    earlier attempt left there) and return its metrics: on the run's `runtime` (its loop, `engine` and
+    services), or through `rollout` (a memrl.eval.evaluator.Rollout of the training workflow)."""
     from memrl.eval.runner import evaluate
 
-    cfg = trainer.cfg
-    out = Path(trainer.out) / VAL_DIR / f"step_{step}"
+    out = Path(out_dir) / VAL_DIR / f"step_{step}"
     shutil.rmtree(out, ignore_errors=True)  # a redone step (resume) validates afresh
-    ecfg = eval_config(cfg)
-    rows = evaluate(cfg.val.files, out, ecfg, engine=trainer.engine, rollout=rollout,
-                    runtime=trainer.runtime if rollout is None else None)  # the run's loop, engine and services
+    rows = evaluate(cfg.val.files, out, eval_config(cfg), engine=engine, rollout=rollout,
+                    runtime=runtime if rollout is None else None)
     return val_metrics(rows)
 
 
@@ -133,27 +133,26 @@ def restore_best(root: Path, best: dict[str, Any] | None) -> None:
         copy_best(src, root, best)
 
 
-def keep_best(trainer: Any, step: int, metrics: dict[str, float]) -> bool:
-    """trainer.save_best: when this step's value of the metric beats the best so far (higher is better;
-    the first value always does), save checkpoint `step` and copy it to checkpoints/best (atomically,
-    through a temporary sibling); steps <= trainer.save_best_after only set the best value. The best so
-    far lives in the trainer state, so a resumed run compares against it. Returns whether it saved."""
-    t = trainer.cfg.trainer
-    name = t.save_best
+def keep_best(sec: Any, state: Any, step: int, metrics: dict[str, float], save: Callable[[], str | Path]) -> bool:
+    """trainer.save_best (`sec`: the trainer section): when this step's value of the metric beats
+    `state.best`, the best so far (higher is better; the first value always does), record it there, save
+    checkpoint `step` (`save()`, whose state then holds the new best) and copy it to checkpoints/best
+    (atomically, through a temporary sibling); steps <= trainer.save_best_after only set the best value.
+    The best so far lives in the trainer state, so a resumed run compares against it. Returns whether it saved."""
+    name = sec.save_best
     if not name or (name.startswith("val/") and not any(k.startswith("val/") for k in metrics)):
         return False  # off, or a step without validation
     if name not in metrics:
         known = sorted(k for k in metrics if k.startswith("val/")) or sorted(metrics)
         raise ConfigError(f"trainer.save_best={name!r} is not a metric of this run; known: {', '.join(known)}")
     value = float(metrics[name])
-    best = trainer.best
-    if best and value <= float(best["value"]):
+    if state.best and value <= float(state.best["value"]):
         return False
-    trainer.best = {"metric": name, "value": value, "step": step}
-    if step <= t.save_best_after:
+    state.best = {"metric": name, "value": value, "step": step}
+    if step <= sec.save_best_after:
         return False
-    src = Path(trainer.save())  # the regular step checkpoint, holding the new best in its state
+    src = Path(save())  # the regular step checkpoint, holding the new best in its state
     root = src.parent
-    copy_best(src, root, trainer.best)
+    copy_best(src, root, state.best)
     log.info("validation: %s=%.4g at step %d is the best so far; saved %s", name, value, step, root / BEST_DIR)
     return True

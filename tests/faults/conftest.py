@@ -39,10 +39,11 @@ def make_trainer(model: str, out: Path, resume: bool = False, steps: int = STEPS
     import train_child  # noqa: F401 - registers memagent_parity in this process too
 
     from memrl.config import load_config
+    from memrl.training.assemble import assemble
     from memrl.training.config import TrainConfig
     from memrl.training.trainer import Trainer
 
-    return Trainer(load_config(TrainConfig, train_overrides(model, out, steps) + list(extra)), resume=resume)
+    return Trainer(assemble(load_config(TrainConfig, train_overrides(model, out, steps) + list(extra)), resume=resume))
 
 
 def run_child(model: str, out: Path, fault: str | None, *extra: str) -> subprocess.CompletedProcess:

@@ -11,8 +11,9 @@ from doubles import register_parity_workflow
 
 from memrl.config import load_config
 from memrl.engines.versioned import VERSION_KEY
+from memrl.training.assemble import task_stream
 from memrl.training.config import TrainConfig
-from memrl.training.trainer import Trainer, task_stream
+from memrl.training.trainer import Trainer
 
 pytestmark = pytest.mark.slow
 
@@ -85,10 +86,9 @@ def test_staleness_one_samples_ahead_on_the_old_weights(model, tmp_path):
     run, hist, _ = _fit(_cfg(model, tmp_path / "async", "rollout.max_staleness=1"))
     # what the initial weights sample for step 2 (tasks 2-3, step 2's seed): a synchronous trainer, not trained
     probe = Recording(_cfg(model, tmp_path / "probe"))
-    probe.setup()
     try:
-        probe.step, probe.position = 1, 2
-        probe.stream = task_stream(probe.cfg, 2)
+        probe.state.step, probe.state.position = 1, 2
+        probe.parts.stream = task_stream(probe.cfg, 2)
         probe.sample_and_score()
     finally:
         probe.close()

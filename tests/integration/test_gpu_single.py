@@ -88,17 +88,18 @@ def test_one_update_on_cuda_equals_cpu(tiny_path):
 def test_trainer_on_cuda_trains_saves_and_resumes(tiny_path, tmp_path):
     from transformers import AutoModelForCausalLM
 
+    from memrl.training.assemble import assemble
     from memrl.training.trainer import Trainer
 
-    straight = Trainer(_train_cfg(tiny_path, tmp_path / "a", 4, "cuda"))
+    straight = Trainer(assemble(_train_cfg(tiny_path, tmp_path / "a", 4, "cuda")))
     hist_a = straight.fit()
     assert len(hist_a) == 4 and next(straight.model.parameters()).device.type == "cuda"
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "a" / "checkpoints" / "step_000004")
     assert _maxdiff(loaded.state_dict(), straight.model.state_dict()) == 0.0
-    Trainer(_train_cfg(tiny_path, tmp_path / "b", 2, "cuda")).fit()
-    resumed = Trainer(_train_cfg(tiny_path, tmp_path / "b", 4, "cuda"), resume=True)
+    Trainer(assemble(_train_cfg(tiny_path, tmp_path / "b", 2, "cuda"))).fit()
+    resumed = Trainer(assemble(_train_cfg(tiny_path, tmp_path / "b", 4, "cuda"), resume=True))
     hist_b = resumed.fit()
-    assert resumed.position == straight.position
+    assert resumed.state.position == straight.state.position
     d = _maxdiff(straight.model.state_dict(), resumed.model.state_dict())
     print(f"cuda resume: max weight difference {d:.2e}; rewards {[h['reward/mean'] for h in hist_a[2:]]} "
           f"vs {[h['reward/mean'] for h in hist_b]}")

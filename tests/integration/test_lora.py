@@ -12,6 +12,7 @@ pytest.importorskip("peft")
 
 from memrl.config import ConfigError, load_config  # noqa: E402
 from memrl.quiet import peft_rename_warning_off  # noqa: E402
+from memrl.training.assemble import assemble  # noqa: E402
 from memrl.training.config import TrainConfig  # noqa: E402
 from memrl.training.trainer import Trainer  # noqa: E402
 
@@ -50,7 +51,7 @@ def test_only_the_adapter_trains_and_checkpoints_hold_peft_files(tiny_path, tmp_
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(tiny_path).state_dict()
-    trainer = Trainer(_cfg(tiny_path, tmp_path / "run", 2, "model.lora.save_merged=true"))
+    trainer = Trainer(assemble(_cfg(tiny_path, tmp_path / "run", 2, "model.lora.save_merged=true")))
     history = trainer.fit()
     assert len(history) == 2
     # the check ran after both syncs (and before the first rollout) and passed
@@ -80,11 +81,11 @@ def test_only_the_adapter_trains_and_checkpoints_hold_peft_files(tiny_path, tmp_
 
 
 def test_resume_is_exact(tiny_path, tmp_path):
-    straight = Trainer(_cfg(tiny_path, tmp_path / "a", 3))
+    straight = Trainer(assemble(_cfg(tiny_path, tmp_path / "a", 3)))
     hist_a = straight.fit()
-    first = Trainer(_cfg(tiny_path, tmp_path / "b", 1))
+    first = Trainer(assemble(_cfg(tiny_path, tmp_path / "b", 1)))
     first.fit()
-    resumed = Trainer(_cfg(tiny_path, tmp_path / "b", 3), resume=True)
+    resumed = Trainer(assemble(_cfg(tiny_path, tmp_path / "b", 3), resume=True))
     hist_b = resumed.fit()
     assert resumed.step == 3 and [round(h["reward/mean"], 9) for h in hist_b] == [
         round(h["reward/mean"], 9) for h in hist_a[1:]]
@@ -96,13 +97,13 @@ def test_resume_is_exact(tiny_path, tmp_path):
 
 @pytest.mark.parametrize("share", ["true", "false"])
 def test_sync_check_passes_after_every_sync(tiny_path, tmp_path, share):
-    trainer = Trainer(_cfg(tiny_path, tmp_path / "run", 2, f"engine.hf.share_weights={share}",
-                           "trainer.save_every=0"))
+    trainer = Trainer(assemble(_cfg(tiny_path, tmp_path / "run", 2, f"engine.hf.share_weights={share}",
+                           "trainer.save_every=0")))
     history = trainer.fit()
     assert [h["sync/probe_max_abs_diff"] <= 1e-3 for h in history] == [True, True]
     if share == "false":  # the engine holds a plain merged copy (no PEFT) and got merged weights
-        assert trainer.engine.model is not trainer.model and not hasattr(trainer.engine.model, "peft_config")
-        assert trainer.engine.stats.weight_updates == 3  # before the first rollout + after each step
+        assert trainer.parts.engine.model is not trainer.model and not hasattr(trainer.parts.engine.model, "peft_config")
+        assert trainer.parts.engine.stats.weight_updates == 3  # before the first rollout + after each step
 
 
 def test_sync_check_fails_when_the_sync_is_removed(tiny_path, tmp_path, monkeypatch):
@@ -110,7 +111,7 @@ def test_sync_check_fails_when_the_sync_is_removed(tiny_path, tmp_path, monkeypa
     from memrl.training.sync_check import SyncCheckError
 
     monkeypatch.setattr(HFEngine, "update_weights", lambda self, weights: None)
-    trainer = Trainer(_cfg(tiny_path, tmp_path / "run", 3, "engine.hf.share_weights=false"))
+    trainer = Trainer(assemble(_cfg(tiny_path, tmp_path / "run", 3, "engine.hf.share_weights=false")))
     with pytest.raises(SyncCheckError) as e:
         trainer.fit()
     msg = str(e.value)
@@ -137,7 +138,7 @@ def test_openai_server_reloads_the_merged_directory(tiny_path, tmp_path, monkeyp
             monkeypatch.setattr(srv.engine, "update_weights", lambda weights: None)
         cfg = _cfg(tiny_path, tmp_path / "run", 2, "engine=openai", f"engine.openai.base_url={srv.url}",
                    f"engine.model={tiny_path}", f"engine.openai.sync_dir={sync_dir}", "trainer.save_every=0")
-        trainer = Trainer(cfg)
+        trainer = Trainer(assemble(cfg))
         if not synced:
             with pytest.raises(SyncCheckError) as e:
                 trainer.fit()
@@ -157,7 +158,7 @@ def test_openai_server_reloads_the_merged_directory(tiny_path, tmp_path, monkeyp
 
 def test_bad_target_modules_is_one_line(tiny_path, tmp_path):
     with pytest.raises(ConfigError) as e:
-        Trainer(_cfg(tiny_path, tmp_path / "run", 1, "model.lora.target_modules=[nope_proj]")).setup()
+        assemble(_cfg(tiny_path, tmp_path / "run", 1, "model.lora.target_modules=[nope_proj]"))
     assert str(e.value).startswith("model.lora.target_modules=['nope_proj']: ")
     assert "\n" not in str(e.value)
 
@@ -200,9 +201,9 @@ def test_kl_reference_is_the_base_with_adapters_off(tiny_path, tmp_path):
     from memrl.training.policy import token_logprobs
     from memrl.types import Segment
 
-    trainer = Trainer(_cfg(tiny_path, tmp_path / "run", 1, "algorithm.kl_coef=0.05", "trainer.save_every=0"))
+    trainer = Trainer(assemble(_cfg(tiny_path, tmp_path / "run", 1, "algorithm.kl_coef=0.05", "trainer.save_every=0")))
     history = trainer.fit()
-    ref = trainer.workers.handles[0].worker.ref
+    ref = trainer.parts.workers.handles[0].worker.ref
     assert isinstance(ref, BaseReference) and "loss/kl" in history[0]
     rows = [Segment(prompt_ids=[3, 5, 7], response_ids=[11, 13, 17, 19], response_logprobs=[0.0] * 4,
                     advantage=1.0, trajectory_id="t")]

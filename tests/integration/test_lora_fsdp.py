@@ -196,6 +196,7 @@ def _cfg(model: str, out, steps: int, *extra: str) -> TrainConfig:
 
 @pytest.mark.parametrize("mode", ["object_store", "directory", "broadcast"])
 def test_ranks_sync_merged_weights_to_a_replica_and_the_check_passes(ray_session, tiny_path, tmp_path, mode):
+    from memrl.training.assemble import assemble
     from memrl.training.lora import merge_state_dict
     from memrl.training.trainer import Trainer
 
@@ -203,25 +204,26 @@ def test_ranks_sync_merged_weights_to_a_replica_and_the_check_passes(ray_session
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
         """The replica serves exactly the merged weights of the ranks' gathered state (HF names)."""
-        want = {k: float(v.double().sum()) for k, v in merge_state_dict(t.workers.full_state(), 8 / 4).items()}
-        (served,) = t.engine.param_sums()
+        want = {k: float(v.double().sum()) for k, v in merge_state_dict(t.parts.workers.full_state(), 8 / 4).items()}
+        (served,) = t.parts.engine.param_sums()
         assert {k: served[k] for k in want} == want
         seen.append(step)
 
-    t = Trainer(_cfg(tiny_path, tmp_path / "run", 2, f"rollout.weight_sync={mode}"), on_step=on_step)
+    t = Trainer(assemble(_cfg(tiny_path, tmp_path / "run", 2, f"rollout.weight_sync={mode}")), on_step=on_step)
     history = t.fit()
-    assert t.weight_sync.mode == mode and seen == [1, 2]
+    assert t.parts.sync.transfer.mode == mode and seen == [1, 2]
     assert [h["sync/probe_max_abs_diff"] <= 1e-3 for h in history] == [True, True]
     assert all(h["time/sync_check_s"] > 0 for h in history)
 
 
 def test_sync_check_with_ranks_fails_when_the_sync_is_removed(ray_session, tiny_path, tmp_path, monkeypatch):
+    from memrl.training.assemble import assemble
     from memrl.training.placement import RayEngines
     from memrl.training.sync_check import SyncCheckError
     from memrl.training.trainer import Trainer
 
     monkeypatch.setattr(RayEngines, "update_weights", lambda self, weights: None)
-    t = Trainer(_cfg(tiny_path, tmp_path / "run", 3, "rollout.weight_sync=object_store"))
+    t = Trainer(assemble(_cfg(tiny_path, tmp_path / "run", 3, "rollout.weight_sync=object_store")))
     with pytest.raises(SyncCheckError) as e:
         t.fit()
     msg = str(e.value)
@@ -241,18 +243,18 @@ def test_ranks_resume_from_the_adapter_checkpoint(ray_session, tiny_path, tmp_pa
     the 2-rank update itself resumes exactly (test_two_ranks_train_the_adapter_as_one_and_checkpoint_it)."""
     from safetensors.torch import load_file
 
+    from memrl.training.assemble import assemble
     from memrl.training.checkpoint import read_optimizer
     from memrl.training.trainer import Trainer
 
-    Trainer(_cfg(tiny_path, tmp_path / "run", 1, "trainer.save_every=1")).fit()
+    Trainer(assemble(_cfg(tiny_path, tmp_path / "run", 1, "trainer.save_every=1"))).fit()
     ckpt = tmp_path / "run" / "checkpoints" / "step_000001"
-    resumed = Trainer(_cfg(tiny_path, tmp_path / "run", 2, "trainer.save_every=1"), resume=True)
-    resumed.setup()
+    resumed = Trainer(assemble(_cfg(tiny_path, tmp_path / "run", 2, "trainer.save_every=1"), resume=True))
     assert resumed.step == 1
     saved = load_file(str(ckpt / "adapter_model.safetensors"))
-    got = {k.replace(".default.", "."): v for k, v in _lora(resumed.workers.full_state()).items()}
+    got = {k.replace(".default.", "."): v for k, v in _lora(resumed.parts.workers.full_state()).items()}
     assert got.keys() == saved.keys() and all(torch.equal(got[k], saved[k]) for k in saved)
-    _same_optim(resumed.workers.optim_state(), read_optimizer(ckpt))
+    _same_optim(resumed.parts.workers.optim_state(), read_optimizer(ckpt))
     more = resumed.fit()
     assert len(more) == 1 and more[0]["sync/probe_max_abs_diff"] <= 1e-3
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step_000002"

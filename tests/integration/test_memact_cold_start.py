@@ -13,6 +13,7 @@ from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks
 from memrl.data.tasks_jsonl import write_tasks
 from memrl.demonstrators import ScriptedEngine
 from memrl.demonstrators.memact import MemActDemonstrator, prune_reply, search_reply
+from memrl.training.assemble import assemble
 from memrl.training.config import TrainConfig
 from memrl.training.trainer import Trainer
 
@@ -34,15 +35,20 @@ def task_files(tmp_path_factory):
     return d, tasks
 
 
+def _scripted(script, model):  # noqa: ANN001, ANN202
+    """The run's engine: a ScriptedEngine playing `script` with the model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    return ScriptedEngine(script, tokenizer=AutoTokenizer.from_pretrained(model))
+
+
+def _coin_per_call(prompt: str, i: int) -> str:
+    """A coin per model call (by call index): the MemAct demonstrator pruning late with probability 0.5."""
+    return MemActDemonstrator(late_prob=0.5, seed=i)(prompt)
+
+
 class _ScriptedTrainer(Trainer):
-    """Rolls out with a ScriptedEngine playing `script`; keeps each step's groups and the rows reaching the loss."""
-
-    script = None
-
-    def _build_engine(self, src):
-        from transformers import AutoTokenizer
-
-        return ScriptedEngine(self.script, tokenizer=AutoTokenizer.from_pretrained(src))
+    """Keeps each step's groups and the rows reaching the loss (its engine: `_scripted`)."""
 
     def select(self, groups):
         self.seen = (groups, [])
@@ -83,9 +89,9 @@ def test_sft_rows_equal_the_rl_rows_of_the_same_trajectory(tiny_path, task_files
     groups = demonstrations(tasks, tok, wf, late_prob=0.0, seed=0)
     sft = [s for g in groups for s in g.trajectories[0].segments]
     # RL: DCPO over the same flawless script (every sample of a task is the same trajectory); n=4 of 4 train
-    _ScriptedTrainer.script = MemActDemonstrator(late_prob=0.0)
-    trainer = _ScriptedTrainer(_cfg(tiny_path, tmp_path / "rl", d / "tasks.jsonl", budget,
-                                    **{"algorithm.n": 2, "algorithm.segments_per_task": 4}))
+    trainer = _ScriptedTrainer(assemble(_cfg(tiny_path, tmp_path / "rl", d / "tasks.jsonl", budget,
+                                             **{"algorithm.n": 2, "algorithm.segments_per_task": 4}),
+                                        engine=_scripted(MemActDemonstrator(late_prob=0.0), tiny_path)))
     (h,) = trainer.fit()
     rl = trainer.seen[1]
     assert h["train/rows"] == 8 == len(rl) and h["dcpo/available"] == 8
@@ -117,9 +123,9 @@ def test_dcpo_step_on_memact_trains_exactly_the_selected_segments(tiny_path, tas
     budget = _budget(AutoTokenizer.from_pretrained(tiny_path), tasks)
     # a coin per model call (by call index): samples of one task differ, some prune (2 segments, reward 1),
     # some prune late and overflow (1 segment, reward 0)
-    _ScriptedTrainer.script = staticmethod(lambda prompt, i: MemActDemonstrator(late_prob=0.5, seed=i)(prompt))
-    trainer = _ScriptedTrainer(_cfg(tiny_path, tmp_path / "rl", d / "tasks.jsonl", budget,
-                                    **{"algorithm.n": 4, "algorithm.segments_per_task": 5}))
+    trainer = _ScriptedTrainer(assemble(_cfg(tiny_path, tmp_path / "rl", d / "tasks.jsonl", budget,
+                                    **{"algorithm.n": 4, "algorithm.segments_per_task": 5}),
+                                        engine=_scripted(_coin_per_call, tiny_path)))
     (h,) = trainer.fit()
     groups, rows = trainer.seen
     counts = sorted(len(t.segments) for g in groups for t in g.trajectories)
@@ -170,10 +176,10 @@ def test_dcpo_memact_step_on_cuda(tiny_path, task_files, tmp_path):
 
     d, tasks = task_files
     budget = _budget(AutoTokenizer.from_pretrained(tiny_path), tasks)
-    _ScriptedTrainer.script = staticmethod(lambda prompt, i: MemActDemonstrator(late_prob=0.5, seed=i)(prompt))
-    trainer = _ScriptedTrainer(_cfg(tiny_path, tmp_path / "rl", d / "tasks.jsonl", budget,
+    trainer = _ScriptedTrainer(assemble(_cfg(tiny_path, tmp_path / "rl", d / "tasks.jsonl", budget,
                                     **{"algorithm.n": 4, "algorithm.segments_per_task": 5,
-                                       "model.device": "cuda"}))
+                                       "model.device": "cuda"}),
+                                        engine=_scripted(_coin_per_call, tiny_path)))
     before = _initial_state(tiny_path)
     (h,) = trainer.fit()
     assert next(trainer.model.parameters()).device.type == "cuda"

@@ -164,7 +164,7 @@ def test_memact_dcpo_resume_is_exact(searching_model, tmp_path):
     straight = _run(searching_model, tmp_path / "a", 2)
     first = _run(searching_model, tmp_path / "b", 1, save_every=1)
     resumed = _run(searching_model, tmp_path / "b", 2, resume=True)
-    assert resumed.position == straight.position
+    assert resumed.state.position == straight.state.position
     assert sum(t[2] for t in first.trajectories + resumed.trajectories) > 0, "the policy never searched"
     assert first.trajectories + resumed.trajectories == straight.trajectories
     _assert_equal_weights(straight, resumed)

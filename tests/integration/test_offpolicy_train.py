@@ -13,6 +13,7 @@ import torch
 from doubles import register_parity_workflow
 
 from memrl.config import load_config
+from memrl.training.assemble import assemble
 from memrl.training.config import TrainConfig
 from memrl.training.trainer import Trainer
 
@@ -31,7 +32,7 @@ def _run(model: str, out, mode: str) -> tuple[list[dict[str, float]], dict[str, 
         "trainer.token_budget=600", "trainer.progress=false", f"trainer.tensorboard={mode == 'none'}", "engine.name=hf",
         f"algorithm.off_policy={mode}",
     ])
-    t = Trainer(cfg)
+    t = Trainer(assemble(cfg))
     hist = t.fit()
     weights = {k: v.detach().clone() for k, v in t.model.state_dict().items()}
     t.close()

@@ -5,7 +5,6 @@ standard error over tasks through all three, and each caller's rollout is the in
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 
@@ -99,8 +98,7 @@ def test_demo_eval_and_validation_give_the_same_scores(setup):
 
     eng = engine(tok)
     with RolloutRuntime(eng, close_engine=False) as runtime:  # the trainer's run-long runtime
-        trainer = SimpleNamespace(cfg=tcfg, out=root / "train", engine=eng, runtime=runtime)
-        val = run_validation(trainer, 3)
+        val = run_validation(tcfg, root / "train", 3, engine=eng, runtime=runtime)
     assert val["val/syn/3/mean_at_k"] == demo.accuracy and val["val/mean_accuracy"] == demo.accuracy
     val_rows = read_results(root / "train" / "val" / "step_3" / "results.jsonl")
     assert by_task(val_rows, "reward") == rewards

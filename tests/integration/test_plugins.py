@@ -312,8 +312,8 @@ def test_plugin_workflow_through_memrl_eval_and_train(plugin, tmp_path):
 
     # the saved config.yaml is a preset that names the same workflow, with the same train defaults
     from memrl.config import load_config
+    from memrl.training.assemble import workflow_config
     from memrl.training.config import TrainConfig
-    from memrl.training.trainer import workflow_config
 
     cfg = load_config(TrainConfig, preset=str(run / "config.yaml"))
     spec, wf = workflow_config(cfg)

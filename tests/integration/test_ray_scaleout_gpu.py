@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from memrl.config import load_config
+from memrl.training.assemble import assemble
 from memrl.training.config import TrainConfig
 from memrl.training.trainer import Trainer
 
@@ -60,12 +61,12 @@ def test_nccl_ranks_and_vllm_engines_train_and_resume(ray_session, tmp_path, lay
     if layout == "split" and _gpus() < 4:
         pytest.skip("split layout needs 4 CUDA devices")
     run = tmp_path / "run"
-    first = Trainer(_cfg(run, 3, *extra))
+    first = Trainer(assemble(_cfg(run, 3, *extra)))
     history = first.fit()
     assert len(history) == 3 and all(h["time/sync_s"] > 0 for h in history)
     want = ("broadcast", "nccl") if layout == "split" else ("directory", "")
     assert (first.weight_sync.mode, first.weight_sync.backend) == want
     AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_000003")
-    resumed = Trainer(_cfg(run, 4, *extra), resume=True)
+    resumed = Trainer(assemble(_cfg(run, 4, *extra), resume=True))
     more = resumed.fit()
     assert len(more) == 1 and (run / "checkpoints" / "latest").read_text().strip() == "step_000004"

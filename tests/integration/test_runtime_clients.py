@@ -3,7 +3,7 @@ retrieval service (`memrl serve retrieval`, a subprocess) and an OpenAI-compatib
 on 127.0.0.1 free ports, started and stopped here. Every httpx.AsyncClient made is counted (by patching
 its constructor) and must be closed when the run ends.
 
-Training runs `Trainer.fit` over MemAct with a scripted policy (`Trainer.from_parts`: a ScriptedEngine and
+Training runs `Trainer.fit` over MemAct with a scripted policy (`Trainer(assemble(..., workers=, engine=))`: a ScriptedEngine and
 stub workers, no model), so the 50 steps take seconds; the clients are the runtime's whatever the engine.
 Eval runs `memrl.eval.runner.evaluate` with engine=openai against CompletionServer in tests/doubles.py.
 """
@@ -110,20 +110,22 @@ class StubWorkers:
 def test_50_training_steps_make_one_client_per_service(tmp_path, retriever_url, judge, clients):
     from doubles import CharTokenizer, ScriptedEngine
 
+    from memrl.training.assemble import assemble
     from memrl.training.config import TrainConfig
     from memrl.training.trainer import Trainer
 
     cfg = TrainConfig()
     cfg.out_dir = str(tmp_path / "run")
+    cfg.model.path = "stub"  # the stub workers load nothing; the config is checked as any run's
     cfg.data.name, cfg.data.path = "file", "unused.jsonl"
     cfg.workflow = {**WORKFLOW, "retriever_url": retriever_url, "judge": {"url": judge.url, "model": "judge"}}
     cfg.algorithm.name, cfg.algorithm.n = "grpo", 2
     cfg.trainer.steps, cfg.trainer.batch_size, cfg.trainer.concurrency = 50, 2, 4
     tasks = [Task(f"q{i}", "Where is the tower?", "", ["Paris"]) for i in range(3)]
     workers = StubWorkers()
-    trainer = Trainer.from_parts(cfg, workers, ScriptedEngine(policy, tokenizer=CharTokenizer()), tasks=tasks)
+    trainer = Trainer(assemble(cfg, workers=workers, engine=ScriptedEngine(policy, tokenizer=CharTokenizer()), tasks=tasks))
     history = trainer.fit()
-    assert len(history) == 50 and workers.steps == 50 and workers.closed and trainer.runtime.closed
+    assert len(history) == 50 and workers.steps == 50 and workers.closed and trainer.parts.runtime.closed
     # every trajectory searched once (through the service) and was judged correct by the judge server
     assert all(h["reward/mean"] == 1.0 and h["judge/correct"] == 4.0 and h["traj/searches"] == 1.0
                for h in history)

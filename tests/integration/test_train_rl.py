@@ -7,6 +7,7 @@ import torch
 from doubles import register_parity_workflow
 
 from memrl.config import load_config
+from memrl.training.assemble import assemble
 from memrl.training.config import TrainConfig
 from memrl.training.trainer import Trainer
 
@@ -39,7 +40,7 @@ def test_three_steps_change_weights_and_save_loadable_checkpoint(tiny_path, tmp_
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     before = AutoModelForCausalLM.from_pretrained(tiny_path).state_dict()
-    trainer = Trainer(_cfg(tiny_path, tmp_path / "run", 3))
+    trainer = Trainer(assemble(_cfg(tiny_path, tmp_path / "run", 3)))
     history = trainer.fit()
     assert len(history) == 3
     assert all(h["train/micro_batches"] >= 2 for h in history)  # the token budget split every batch
@@ -57,17 +58,17 @@ def test_three_steps_change_weights_and_save_loadable_checkpoint(tiny_path, tmp_
 
 
 def test_resume_is_exact(tiny_path, tmp_path):
-    straight = Trainer(_cfg(tiny_path, tmp_path / "a", 4))
+    straight = Trainer(assemble(_cfg(tiny_path, tmp_path / "a", 4)))
     hist_a = straight.fit()
-    first = Trainer(_cfg(tiny_path, tmp_path / "b", 2))
+    first = Trainer(assemble(_cfg(tiny_path, tmp_path / "b", 2)))
     first.fit()
-    resumed = Trainer(_cfg(tiny_path, tmp_path / "b", 4), resume=True)
+    resumed = Trainer(assemble(_cfg(tiny_path, tmp_path / "b", 4), resume=True))
     hist_b = resumed.fit()
-    assert resumed.position == straight.position
+    assert resumed.state.position == straight.state.position
     a, b = straight.model.state_dict(), resumed.model.state_dict()
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    sa, sb = straight.opt.state_dict()["state"], resumed.opt.state_dict()["state"]
+    sa, sb = straight.parts.workers.opt.state_dict()["state"], resumed.parts.workers.opt.state_dict()["state"]
     for i in sa:
         for k in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(sa[i][k], sb[i][k])
@@ -92,11 +93,11 @@ def test_resume_with_http_engine_samples_from_the_checkpoint(tiny_path, tmp_path
     from memrl.engines.hf import HFEngine
     from memrl.training.checkpoint import latest_checkpoint
 
-    Trainer(_cfg(tiny_path, tmp_path / "b", 2)).fit()
+    Trainer(assemble(_cfg(tiny_path, tmp_path / "b", 2))).fit()
     ckpt = latest_checkpoint(tmp_path / "b" / "checkpoints")
     with CompletionServer(HFEngine(tiny_path, max_batch_size=64, seed=0)) as server:
         cfg = _cfg(tiny_path, tmp_path / "b", 3, **{"engine": "openai", "engine.openai.base_url": server.url})
-        Trainer(cfg, resume=True).fit()
+        Trainer(assemble(cfg, resume=True)).fit()
         events = list(server.events)
     assert events[0] == ("load", str((tmp_path / "b" / "engine_weights").resolve()))
     first = next(e for e in events if e[0] == "complete")
@@ -136,7 +137,7 @@ def test_dcpo_step_trains_exactly_the_selected_segments(tiny_path, tmp_path):
 
     from memrl.algorithms.selection import spread_unused_segments
 
-    trainer = _RecordingTrainer(_cfg(tiny_path, tmp_path / "d", 2, **_dcpo(**{"trainer.seed": "7"})))
+    trainer = _RecordingTrainer(assemble(_cfg(tiny_path, tmp_path / "d", 2, **_dcpo(**{"trainer.seed": "7"}))))
     history = trainer.fit()
     assert [s for s, _, _ in trainer.seen] == [0, 1]
     for (step, groups, rows), h in zip(trainer.seen, history, strict=True):
@@ -154,7 +155,7 @@ def test_dcpo_step_trains_exactly_the_selected_segments(tiny_path, tmp_path):
 
 
 def test_dcpo_group_with_fewer_segments_than_n_trains_each_once(tiny_path, tmp_path):
-    trainer = _RecordingTrainer(_cfg(tiny_path, tmp_path / "f", 1, **_dcpo(**{"algorithm.segments_per_task": "12"})))
+    trainer = _RecordingTrainer(assemble(_cfg(tiny_path, tmp_path / "f", 1, **_dcpo(**{"algorithm.segments_per_task": "12"}))))
     (h,) = trainer.fit()
     (_, groups, rows) = trainer.seen[0]
     every = sorted((s.trajectory_id, tuple(s.prompt_ids)) for g in groups for s in g.segments())
@@ -165,12 +166,12 @@ def test_dcpo_group_with_fewer_segments_than_n_trains_each_once(tiny_path, tmp_p
 @pytest.mark.parametrize("selection, rows", [("spread_unused", 8), ("published", 8)])
 def test_dcpo_resume_is_exact(tiny_path, tmp_path, selection, rows):
     sel = {"algorithm.selection": selection}
-    straight = Trainer(_cfg(tiny_path, tmp_path / "a", 2, **_dcpo(**sel)))
+    straight = Trainer(assemble(_cfg(tiny_path, tmp_path / "a", 2, **_dcpo(**sel))))
     hist_a = straight.fit()
-    Trainer(_cfg(tiny_path, tmp_path / "b", 1, **_dcpo(**sel, **{"trainer.save_every": "1"}))).fit()
-    resumed = Trainer(_cfg(tiny_path, tmp_path / "b", 2, **_dcpo(**sel)), resume=True)
+    Trainer(assemble(_cfg(tiny_path, tmp_path / "b", 1, **_dcpo(**sel, **{"trainer.save_every": "1"})))).fit()
+    resumed = Trainer(assemble(_cfg(tiny_path, tmp_path / "b", 2, **_dcpo(**sel)), resume=True))
     hist_b = resumed.fit()
-    assert len(hist_b) == 1 and resumed.position == straight.position
+    assert len(hist_b) == 1 and resumed.state.position == straight.state.position
     a, b = straight.model.state_dict(), resumed.model.state_dict()
     for k in a:
         assert torch.equal(a[k], b[k]), k
@@ -187,7 +188,7 @@ def test_dcpo_published_selection_trains_exactly_its_rows_repeats_included(tiny_
     # (positions 0, 1, 2, 0): the first of the cycle gets 2 more, so it has no unused segment left for the
     # second and repeats one: exactly 1 repeated row per group, 2 per step
     sel = {"algorithm.selection": "published", "algorithm.segments_per_task": "7", "trainer.seed": "7"}
-    trainer = _RecordingTrainer(_cfg(tiny_path, tmp_path / "p", 1, **_dcpo(**sel)))
+    trainer = _RecordingTrainer(assemble(_cfg(tiny_path, tmp_path / "p", 1, **_dcpo(**sel))))
     (h,) = trainer.fit()
     (step, groups, rows) = trainer.seen[0]
     rng = random.Random(f"dcpo:7:{step}")

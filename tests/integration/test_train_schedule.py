@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from memrl.config import load_config
+from memrl.training.assemble import task_stream
 from memrl.training.config import TrainConfig
-from memrl.training.trainer import Trainer, task_stream
+from memrl.training.trainer import Trainer
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +47,7 @@ class _Recording(Trainer):
 
 def _adam_steps(trainer) -> int:
     """Optimizer steps taken: AdamW counts them per parameter."""
-    states = [s["step"] for s in trainer.opt.state.values()]
+    states = [s["step"] for s in trainer.parts.workers.opt.state.values()]
     assert states and len({float(s) for s in states}) == 1
     return int(states[0])
 
@@ -60,7 +61,7 @@ def test_rows_split_makes_two_optimizer_steps_per_batch(tiny_path, tmp_path):
     assert [(s, len(rows), sched) for s, rows, sched in trainer.calls] == \
         [(0, 4, False), (0, 4, True), (1, 4, False), (1, 4, True)]
     assert _adam_steps(trainer) == 4
-    assert trainer.workers.sched.last_epoch == 2  # the learning-rate schedule counts RL steps
+    assert trainer.parts.workers.sched.last_epoch == 2  # the learning-rate schedule counts RL steps
     for h in history:
         assert h["train/optimizer_steps"] == 2 and h["train/rows"] == 8
     # warm-up of 4 RL steps: the lr after RL step k is lr * (k + 1) / 4

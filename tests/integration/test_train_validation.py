@@ -10,6 +10,7 @@ import pytest
 
 from memrl.cli import main
 from memrl.config import ConfigError, load_config
+from memrl.training.assemble import assemble
 from memrl.training.config import TrainConfig
 from memrl.training.logging import read_metrics
 from memrl.training.trainer import Trainer
@@ -149,7 +150,7 @@ def test_validation_equals_memrl_eval(tiny_path, tmp_path, val_files):
     out = tmp_path / "run"
     cfg = _cfg(tiny_path, out, 2, val_files, "trainer.val_every=2", "trainer.save_every=2", "val.samples=2",
                "val.temperature=1.0", "val.top_p=0.7")
-    Trainer(cfg).fit()
+    Trainer(assemble(cfg)).fit()
     rows = read_metrics(out / "metrics.jsonl")
     assert [("val/mean_accuracy" in r) for r in rows] == [False, True]
     assert {"val/hq/2/mean_at_k", "val/hq/2/pass_at_k"} <= set(rows[1])
@@ -183,6 +184,7 @@ def test_save_best_keeps_the_best_step_through_pruning_and_resume(tiny_path, tmp
     run (steps 5, 6 -> 0, 100) compares against the saved best and keeps step 2."""
     import torch
     from doubles import ScriptedEngine
+    from transformers import AutoTokenizer
 
     right = {2, 3, 6}
 
@@ -190,8 +192,6 @@ def test_save_best_keeps_the_best_step_through_pruning_and_resume(tiny_path, tmp
         cfg = _cfg(tiny_path, tmp_path / "run", steps, val_files, "trainer.save_every=0",
                    "trainer.keep_checkpoints=1", "trainer.save_best=val/mean_accuracy",
                    "workflow.max_final_tokens=16")
-        tr = Trainer(cfg, resume=resume)
-        tr.setup()
 
         def script(prompt: str, i: int) -> str:
             # every call (memory updates too) replies with the boxed answer: right only at the scripted
@@ -199,7 +199,8 @@ def test_save_best_keeps_the_best_step_through_pruning_and_resume(tiny_path, tmp
             ans = ("beta" if "What is code 1?" in prompt else "alpha") if tr.step in right else "wrong"
             return f"\\boxed{{{ans}}}"
 
-        tr.engine = tr.runtime.engine = ScriptedEngine(script, tr.tokenizer)  # the run's runtime samples with it
+        tok = AutoTokenizer.from_pretrained(tiny_path)
+        tr = Trainer(assemble(cfg, resume=resume, engine=ScriptedEngine(script, tok)))  # the run samples with it
         tr.fit()
         return tr
 
@@ -219,15 +220,15 @@ def test_save_best_keeps_the_best_step_through_pruning_and_resume(tiny_path, tmp
 
 def test_config_errors_are_one_line(tiny_path, tmp_path, val_files):
     with pytest.raises(ConfigError, match="val.files is empty"):
-        Trainer(load_config(TrainConfig, [f"model.path={tiny_path}", f"out_dir={tmp_path}", "trainer.val_every=5"]))
+        assemble(load_config(TrainConfig, [f"model.path={tiny_path}", f"out_dir={tmp_path}", "trainer.val_every=5"]))
     with pytest.raises(ConfigError, match="val.files: .*nope.jsonl does not exist"):
-        Trainer(_cfg(tiny_path, tmp_path, 1, [str(tmp_path / "nope.jsonl")]))
+        assemble(_cfg(tiny_path, tmp_path, 1, [str(tmp_path / "nope.jsonl")]))
     with pytest.raises(ConfigError, match="must hold jsonl"):
-        Trainer(_cfg(tiny_path, tmp_path, 1, val_files, "trainer.loggers=[wandb]"))
+        assemble(_cfg(tiny_path, tmp_path, 1, val_files, "trainer.loggers=[wandb]"))
     with pytest.raises(ConfigError, match="trainer.loggers"):
         _cfg(tiny_path, tmp_path, 1, val_files, "trainer.loggers=[jsonl,comet]")
     with pytest.raises(ConfigError, match="trainer.save_best=val/mean_accuracy needs validation"):
-        Trainer(_cfg(tiny_path, tmp_path, 1, val_files, "trainer.save_best=val/mean_accuracy", "trainer.val_every=0"))
+        assemble(_cfg(tiny_path, tmp_path, 1, val_files, "trainer.save_best=val/mean_accuracy", "trainer.val_every=0"))
     with pytest.raises(ConfigError, match="trainer.save_best_after=-1"):
         _cfg(tiny_path, tmp_path, 1, val_files, "trainer.save_best_after=-1")
     with pytest.raises(ConfigError, match="val.samples"):
@@ -245,7 +246,7 @@ def test_save_best_after_tracks_the_best_but_saves_only_later(tmp_path):
     saved: list[int] = []
     root = tmp_path / "checkpoints"
 
-    class Run:  # the two things keep_best uses of a Trainer: its config and save()
+    class Run:  # what keep_best uses of a Trainer: its trainer section, its state (best) and save()
         cfg = SimpleNamespace(trainer=SimpleNamespace(save_best="reward/mean", save_best_after=2))
         best = None
 
@@ -257,13 +258,13 @@ def test_save_best_after_tracks_the_best_but_saves_only_later(tmp_path):
             return d
 
     run = Run()
-    got = [keep_best(run, s, {"reward/mean": v}) for s, v in zip([1, 2, 3, 4], [5.0, 3.0, 7.0, 6.0], strict=True)]
+    got = [keep_best(run.cfg.trainer, run, s, {"reward/mean": v}, run.save) for s, v in zip([1, 2, 3, 4], [5.0, 3.0, 7.0, 6.0], strict=True)]
     assert got == [False, False, True, False]
     assert saved == [3]
     assert run.best == {"metric": "reward/mean", "value": 7.0, "step": 3}
     assert (root / "best" / "weights").read_text() == "3"
     with pytest.raises(ConfigError, match="not a metric of this run"):
-        keep_best(run, 5, {"reward/max": 1.0})
+        keep_best(run.cfg.trainer, run, 5, {"reward/max": 1.0}, run.save)
 
 
 def test_missing_tracker_package_is_one_line(tiny_path, tmp_path, val_files, monkeypatch, capsys):

@@ -407,6 +407,7 @@ def test_real_training_dumps_every_k_steps(tmp_path):
     """The trainer hook on the tiny model: 2 steps, dump_every=2 -> one dump of one whole group (n=3)."""
     from memrl.config import load_config
     from memrl.models.tiny import cached_tiny_model
+    from memrl.training.assemble import assemble
     from memrl.training.trainer import Trainer
 
     cfg = load_config(TrainConfig, [
@@ -416,7 +417,7 @@ def test_real_training_dumps_every_k_steps(tmp_path):
         "trainer.batch_size=1", "algorithm.n=3", "trainer.token_budget=600", "trainer.progress=false",
         "trainer.tensorboard=false", "trainer.dump_every=2", "trainer.dump_trajectories=3",
         "trainer.save_every=0"])
-    Trainer(cfg).fit()
+    Trainer(assemble(cfg)).fit()
     rows = [json.loads(x) for x in (tmp_path / "run" / DUMP_FILE).read_text().splitlines()]
     assert [r["step"] for r in rows] == [2, 2, 2] and len({r["task_id"] for r in rows}) == 1
     assert all(r["question"] and r["answers"] and r["workflow"] == "memagent" for r in rows)

@@ -12,9 +12,9 @@ from functools import cache, reduce
 import pytest
 
 from memrl.config import ConfigError, load_config
+from memrl.training.assemble import validate
 from memrl.training.config import TrainConfig
 from memrl.training.schedule import optimizer_steps
-from memrl.training.trainer import validate
 from memrl.types import Group, Segment, Trajectory
 
 MA = "run_memory_7B.sh"  # BytedTsinghua-SIA/MemAgent
@@ -259,7 +259,7 @@ def test_unknown_tail_is_an_error():
 
 def _advantages(name: str, groups: list[Group]) -> list[list[float]]:
     from memrl.algorithms.advantages import compute_group_advantages
-    from memrl.training.trainer import algorithm_options
+    from memrl.training.assemble import algorithm_options
 
     cfg, _ = _config(name)
     compute_group_advantages(groups, cfg.algorithm.name, algorithm_options(cfg)[0])

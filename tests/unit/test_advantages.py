@@ -229,8 +229,8 @@ def test_trainer_fills_options_from_the_algorithm_section_without_a_name_switch(
     from memrl.algorithms.advantages import DCPOOptions, GRPOOptions
     from memrl.algorithms.losses import PPOOptions
     from memrl.config import load_config
+    from memrl.training.assemble import algorithm_options
     from memrl.training.config import TrainConfig
-    from memrl.training.trainer import algorithm_options
 
     cfg = load_config(TrainConfig, ["model.path=x", "algorithm=dcpo", "algorithm.eps=0.5", "algorithm.clip_high=0.28"])
     adv, loss = algorithm_options(cfg)

@@ -250,7 +250,7 @@ def test_demo_and_sft_reject_bad_values(capsys, tmp_path):
 def test_a_config_built_in_code_is_checked_too(tmp_path):
     import dataclasses as dc
 
-    from memrl.training.trainer import validate
+    from memrl.training.assemble import validate
 
     cfg = load_config(TrainConfig, ["model.path=x"])
     bad = dc.replace(cfg, optim=dc.replace(cfg.optim, grad_clip=-1.0))

@@ -86,8 +86,8 @@ def test_bad_slime_row_is_named(tmp_path):
 
 def test_train_reads_a_vime_file(tmp_path):
     from memrl.config import load_config
+    from memrl.training.assemble import task_stream
     from memrl.training.config import TrainConfig
-    from memrl.training.trainer import task_stream
 
     p = _jsonl(tmp_path / "train.jsonl", SLIME_TRAIN)
     cfg = load_config(TrainConfig, ["data.name=file", f"data.path={p}"])

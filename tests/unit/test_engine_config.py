@@ -49,8 +49,8 @@ def test_workflow_settings_have_one_spelling_in_train_eval_and_demo(tmp_path):
     from memrl.commands.demo import load_demo_configs
     from memrl.eval.runner import EvalConfig
     from memrl.eval.runner import workflow_config as eval_workflow
+    from memrl.training.assemble import workflow_config as train_workflow
     from memrl.training.config import TrainConfig
-    from memrl.training.trainer import workflow_config as train_workflow
 
     ov = ["workflow=rememr1", "workflow.chunk_tokens=12", "workflow.max_memory_tokens=5"]
     _, tr = train_workflow(load_config(TrainConfig, ["model.path=x", *ov]))

@@ -58,7 +58,7 @@ def test_inherit_loops_and_bad_parents_fail_in_one_line(tmp_path):
 
 def test_lora_with_fsdp_ranks_and_the_sync_check_pass_the_checks():
     """LoRA and rollout.sync_check under FSDP2 ranks (tests/integration/test_lora_fsdp.py) are accepted."""
-    from memrl.training.trainer import validate
+    from memrl.training.assemble import validate
 
     cfg = load_config(TrainConfig, ["model.path=m", "model.lora.rank=8", "trainer.num_workers=2",
                                     "rollout.num_engines=1", "rollout.sync_check=true"])

@@ -36,7 +36,7 @@ def _cfg(*extra: str) -> TrainConfig:
      "engine.vllm.lora_sync=adapter: model.lora.rank=1024 is above vLLM's largest max_lora_rank 512"),
 ])
 def test_adapter_sync_the_run_cannot_do_is_refused_in_one_line(overrides, message):
-    from memrl.training.trainer import validate
+    from memrl.training.assemble import validate
 
     with pytest.raises(ConfigError) as e:
         validate(_cfg(*overrides))

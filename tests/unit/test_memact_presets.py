@@ -8,8 +8,8 @@ from functools import reduce
 import pytest
 
 from memrl.config import ConfigError, load_config
+from memrl.training.assemble import validate, workflow_config
 from memrl.training.config import TrainConfig
-from memrl.training.trainer import validate, workflow_config
 
 SCRIPT = "DCPO/scripts/run_dcpo_7B.sh"
 LOOP = "verl/experimental/agent_loop/mem_agent_loop.py"

@@ -14,7 +14,7 @@ from memrl.config import ConfigError, load_config
 from memrl.training.config import TrainConfig, off_policy_cap
 from memrl.training.packing import collate
 from memrl.training.policy import ppo_micro_loss
-from memrl.training.trainer import combine_step_metrics
+from memrl.training.step_metrics import combine_step_metrics
 from memrl.types import Segment
 
 # Three trained tokens (a fourth, masked out, must count nowhere). Trainer lp, engine lp:

@@ -164,7 +164,7 @@ def test_weight_sync_auto_modes(overrides, mode, backend):
 
 def test_bad_weight_sync_settings_are_named(tmp_path):
     from memrl.models.tiny import cached_tiny_model
-    from memrl.training.trainer import validate
+    from memrl.training.assemble import validate
 
     model = str(cached_tiny_model("tiny"))
     with pytest.raises(ConfigError, match="rollout.weight_sync='nccl' is not allowed: must be one of auto, object_store, broadcast, directory"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from memrl.config import ConfigError, load_config
+from memrl.training.assemble import validate
 from memrl.training.config import (
     AlgorithmSection,
     DataSection,
@@ -15,7 +16,6 @@ from memrl.training.config import (
     TrainConfig,
     TrainerSection,
 )
-from memrl.training.trainer import validate
 
 CASES = [
     (AlgorithmSection(name="dcpo", n=1), ["algorithm=dcpo", "algorithm.n=1"],

@@ -11,8 +11,8 @@ import pytest
 from memrl.cli import main
 from memrl.config import load_config
 from memrl.data.io import DataError
+from memrl.training.assemble import task_stream
 from memrl.training.config import TrainConfig
-from memrl.training.trainer import task_stream
 
 
 @pytest.mark.parametrize("preset", ["memagent_official", "rememr1_official", "memagent_vime"])

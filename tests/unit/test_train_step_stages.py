@@ -1,4 +1,4 @@
-"""One `Trainer.train_step` on CPU without a model: `Trainer.from_parts` over a ScriptedEngine and stub
+"""One `Trainer.train_step` on CPU without a model: `Trainer(assemble(...))` over a ScriptedEngine and stub
 workers. The stages run in the open (sample -> score -> advantages -> selection -> update -> sync) and
 every value is checked by hand: rewards, step rewards, ReMemR1 advantages, the rows the workers get."""
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 from doubles import CharTokenizer, ScriptedEngine
 
+from memrl.training.assemble import assemble
 from memrl.training.config import TrainConfig
 from memrl.training.trainer import Trainer
 from memrl.types import Task
@@ -37,6 +38,7 @@ class StubWorkers:
 def _config(tmp_path: Path) -> TrainConfig:
     cfg = TrainConfig()
     cfg.out_dir = str(tmp_path / "run")
+    cfg.model.path = "stub"  # the stub workers load nothing; the config is checked as any run's
     cfg.data.name, cfg.data.path, cfg.data.shuffle = "file", "unused.jsonl", False
     cfg.workflow = {"name": "memagent", "chunk_tokens": 100, "max_memory_tokens": 50, "max_final_tokens": 50}
     a = cfg.algorithm
@@ -51,7 +53,8 @@ def _trainer(tmp_path: Path, script: list[str], workflow=None) -> tuple[Trainer,
     engine = ScriptedEngine(script, tokenizer=tok)
     workers = StubWorkers()
     tasks = [Task("q0", "Where is the tower?", "The tower is in Paris.", ["Paris"])]
-    return Trainer.from_parts(cfg, workers, engine, tokenizer=tok, tasks=tasks, workflow=workflow), workers, engine
+    parts = assemble(cfg, workflow=workflow, workers=workers, engine=engine, tokenizer=tok, tasks=tasks)
+    return Trainer(parts), workers, engine
 
 
 def test_one_train_step_hand_checked(tmp_path):
@@ -60,7 +63,7 @@ def test_one_train_step_hand_checked(tmp_path):
     try:
         metrics = trainer.train_step()
     finally:
-        trainer.runtime.close()
+        trainer.parts.runtime.close()
     assert len(engine.calls) == 4 and engine.weight_updates == 1  # one sync after the update
     (rows,) = workers.rows  # one optimizer step with every segment (selection "all")
     assert metrics["reward/mean"] == 0.5 and metrics["reward/accuracy"] == 0.5
@@ -82,7 +85,7 @@ def test_one_train_step_hand_checked(tmp_path):
     # the dump (every step here) reads the question from the group's Task; the records keep step rewards
     import json
 
-    dumped = [json.loads(x) for x in (Path(trainer.out) / "trajectories.jsonl").read_text().splitlines()]
+    dumped = [json.loads(x) for x in (Path(trainer.parts.out) / "trajectories.jsonl").read_text().splitlines()]
     assert [d["question"] for d in dumped] == ["Where is the tower?"] * 2
     assert [[s["step_reward"] for s in d["steps"]] for d in dumped] == [[1.0, 1.0], [0.0, 1.0]]
     assert trainer.dumped_rows == dumped
@@ -93,7 +96,7 @@ def test_a_swapped_outcome_reward_keeps_the_step_rewards_rememr1_needs(tmp_path)
     so replacing the outcome reward no longer leaves it without them."""
     import dataclasses
 
-    from memrl.training.trainer import workflow_config
+    from memrl.training.assemble import workflow_config
 
     spec, wf = workflow_config(_config(tmp_path))
     swapped = dataclasses.replace(spec, reward=lambda task, traj: 1.0 if "Paris" in traj.final_answer else 0.25)
@@ -102,7 +105,7 @@ def test_a_swapped_outcome_reward_keeps_the_step_rewards_rememr1_needs(tmp_path)
     try:
         metrics = trainer.train_step()
     finally:
-        trainer.runtime.close()
+        trainer.parts.runtime.close()
     # outcome 1 / 0.25 -> A_out = +-0.375; step rewards as before -> A_state +-0.5 (memory), 0 (final)
     (rows,) = workers.rows
     assert metrics["reward/mean"] == (1.0 + 0.25) / 2

@@ -7,8 +7,9 @@ import pytest
 from memrl.cli import main
 from memrl.config import ConfigError, load_config
 from memrl.errors import UserError
+from memrl.training.assemble import assemble, validate, workflow_config
 from memrl.training.config import TrainConfig
-from memrl.training.trainer import Trainer, validate, workflow_config
+from memrl.training.trainer import Trainer
 
 
 def test_presets_load_and_overrides_apply():
@@ -65,7 +66,7 @@ def test_unwritable_out_dir_fails_before_training(tmp_path):
     blocker.write_text("x")
     cfg = load_config(TrainConfig, ["model.path=/does/not/exist", f"out_dir={blocker}/run"])
     with pytest.raises(UserError, match="is a file, not a directory"):
-        Trainer(cfg)  # before loading the (missing) model
+        Trainer(assemble(cfg))  # before loading the (missing) model
 
 
 def test_cli_reports_bad_override(capsys):

@@ -39,9 +39,10 @@ def _cfg(model: str, out, *extra: str) -> TrainConfig:
 
 
 def test_in_process_vllm_serves_the_merged_adapter_after_every_sync(tiny_model, tmp_path):
+    from memrl.training.assemble import assemble
     from memrl.training.trainer import Trainer
 
-    t = Trainer(_cfg(str(tiny_model), tmp_path / "run", "engine=vllm-cpu"))
+    t = Trainer(assemble(_cfg(str(tiny_model), tmp_path / "run", "engine=vllm-cpu")))
     history = t.fit()
     assert [h["sync/probe_max_abs_diff"] <= 1e-3 for h in history] == [True, True]
     assert all(h["time/sync_check_s"] > 0 for h in history)
@@ -49,11 +50,12 @@ def test_in_process_vllm_serves_the_merged_adapter_after_every_sync(tiny_model, 
 
 def test_in_process_vllm_without_the_sync_stops_the_run(tiny_model, tmp_path, monkeypatch):
     from memrl.engines.vllm import VLLMEngine
+    from memrl.training.assemble import assemble
     from memrl.training.sync_check import SyncCheckError
     from memrl.training.trainer import Trainer
 
     monkeypatch.setattr(VLLMEngine, "update_weights", lambda self, weights: None)
-    t = Trainer(_cfg(str(tiny_model), tmp_path / "run", "engine=vllm-cpu"))
+    t = Trainer(assemble(_cfg(str(tiny_model), tmp_path / "run", "engine=vllm-cpu")))
     with pytest.raises(SyncCheckError) as e:
         t.fit()
     assert str(e.value).startswith("rollout.sync_check failed after the update of step 1: engine vllm-cpu "
@@ -68,10 +70,11 @@ def ray_session():
 
 
 def test_ray_vllm_replica_gets_the_merged_weights(ray_session, tiny_model, tmp_path):
+    from memrl.training.assemble import assemble
     from memrl.training.trainer import Trainer
 
-    t = Trainer(_cfg(str(tiny_model), tmp_path / "run", "engine=vllm", "rollout.num_engines=1",
-                     "rollout.cpus_per_engine=1", "rollout.weight_sync=directory"))
+    t = Trainer(assemble(_cfg(str(tiny_model), tmp_path / "run", "engine=vllm", "rollout.num_engines=1",
+                     "rollout.cpus_per_engine=1", "rollout.weight_sync=directory")))
     history = t.fit()
     assert [h["sync/probe_max_abs_diff"] <= 1e-3 for h in history] == [True, True]
     names = os.listdir(tmp_path / "run" / "engine_weights")
@@ -83,13 +86,14 @@ def test_vllm_server_reloads_the_merged_directory(vllm_server, tiny_model, tmp_p
     engine.openai.sync_dir after every update, the server reloads it (/collective_rpc), and the probe proves
     the server serves the trained weights. The server gets the base weights back afterwards."""
     from memrl.engines.openai_http import OpenAIEngine
+    from memrl.training.assemble import assemble
     from memrl.training.trainer import Trainer
 
     sync_dir = tmp_path / "sync"
     try:
-        t = Trainer(_cfg(str(tiny_model), tmp_path / "run", "engine=openai",
+        t = Trainer(assemble(_cfg(str(tiny_model), tmp_path / "run", "engine=openai",
                          f"engine.openai.base_url={vllm_server.url}/v1", f"engine.model={tiny_model}",
-                         f"engine.openai.sync_dir={sync_dir}"))
+                         f"engine.openai.sync_dir={sync_dir}")))
         history = t.fit()
         assert [h["sync/probe_max_abs_diff"] <= 1e-3 for h in history] == [True, True]
         assert not any("adapter" in p.name for p in sync_dir.iterdir())
@@ -103,11 +107,11 @@ def test_vllm_server_reloads_the_merged_directory(vllm_server, tiny_model, tmp_p
 
 def test_in_process_vllm_serves_the_adapter_after_every_sync(tiny_model, tmp_path):
     """engine.vllm.lora_sync=adapter: vLLM built with enable_lora, every sync a new LoRARequest."""
+    from memrl.training.assemble import assemble
     from memrl.training.trainer import Trainer
 
-    t = Trainer(_cfg(str(tiny_model), tmp_path / "run", "engine=vllm-cpu", "engine.vllm.lora_sync=adapter"))
-    t.setup()
-    engine = t.engine  # fit() closes it
+    t = Trainer(assemble(_cfg(str(tiny_model), tmp_path / "run", "engine=vllm-cpu", "engine.vllm.lora_sync=adapter")))
+    engine = t.parts.engine  # fit() closes it
     assert engine.config.max_lora_rank == 4
     history = t.fit()
     assert [h["sync/probe_max_abs_diff"] <= 1e-3 for h in history] == [True, True]
@@ -120,11 +124,12 @@ def test_in_process_vllm_serves_the_adapter_after_every_sync(tiny_model, tmp_pat
 
 def test_in_process_vllm_adapter_without_the_sync_stops_the_run(tiny_model, tmp_path, monkeypatch):
     from memrl.engines.vllm import VLLMEngine
+    from memrl.training.assemble import assemble
     from memrl.training.sync_check import SyncCheckError
     from memrl.training.trainer import Trainer
 
     monkeypatch.setattr(VLLMEngine, "load_adapter", lambda self, path: "dropped")
-    t = Trainer(_cfg(str(tiny_model), tmp_path / "run", "engine=vllm-cpu", "engine.vllm.lora_sync=adapter"))
+    t = Trainer(assemble(_cfg(str(tiny_model), tmp_path / "run", "engine=vllm-cpu", "engine.vllm.lora_sync=adapter")))
     with pytest.raises(SyncCheckError) as e:
         t.fit()
     assert str(e.value).startswith("rollout.sync_check failed after the update of step 1: engine vllm-cpu "
@@ -159,12 +164,12 @@ def _lora_run(model, out, server, sync_dir, *extra: str) -> TrainConfig:
 def test_vllm_server_loads_the_adapter_after_every_sync(lora_server, tiny_model, tmp_path):
     """engine.openai.lora_sync=adapter: each sync POSTs /v1/load_lora_adapter with a new name, requests name
     it, the previous one is unloaded: after the run the server serves the base and the last adapter only."""
+    from memrl.training.assemble import assemble
     from memrl.training.trainer import Trainer
 
     sync_dir = tmp_path / "sync"
-    t = Trainer(_lora_run(tiny_model, tmp_path / "run", lora_server, sync_dir))
-    t.setup()
-    engine = t.engine  # fit() closes its client; its adapter stays loaded on the server
+    t = Trainer(assemble(_lora_run(tiny_model, tmp_path / "run", lora_server, sync_dir)))
+    engine = t.parts.engine  # fit() closes its client; its adapter stays loaded on the server
     try:
         history = t.fit()
         assert [h["sync/probe_max_abs_diff"] <= 1e-3 for h in history] == [True, True]
@@ -179,11 +184,12 @@ def test_vllm_server_loads_the_adapter_after_every_sync(lora_server, tiny_model,
 
 def test_vllm_server_adapter_without_the_sync_stops_the_run(lora_server, tiny_model, tmp_path, monkeypatch):
     from memrl.engines.openai_http import OpenAIEngine
+    from memrl.training.assemble import assemble
     from memrl.training.sync_check import SyncCheckError
     from memrl.training.trainer import Trainer
 
     monkeypatch.setattr(OpenAIEngine, "load_adapter", lambda self, path: "dropped")
-    t = Trainer(_lora_run(tiny_model, tmp_path / "run", lora_server, tmp_path / "sync"))
+    t = Trainer(assemble(_lora_run(tiny_model, tmp_path / "run", lora_server, tmp_path / "sync")))
     with pytest.raises(SyncCheckError) as e:
         t.fit()
     assert str(e.value).startswith("rollout.sync_check failed after the update of step 1: engine openai "

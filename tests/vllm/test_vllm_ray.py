@@ -55,26 +55,26 @@ def test_vllm_replica_serves_the_trainers_weights_after_each_sync(ray_session, t
     import copy
 
     from memrl.engines.hf import HFEngine
+    from memrl.training.assemble import assemble
     from memrl.training.trainer import Trainer
 
     served: dict[int, list[list[int]]] = {}
 
     def check(step: int, metrics: dict[str, float]) -> None:
-        ref = HFEngine(copy.deepcopy(t.model), tokenizer=t.tokenizer, dtype="float32")
+        ref = HFEngine(copy.deepcopy(t.model), tokenizer=t.parts.tokenizer, dtype="float32")
         try:
-            served[step] = _greedy(t.engine, prompts)
+            served[step] = _greedy(t.parts.engine, prompts)
             assert served[step] == _greedy(ref, prompts), f"step {step}"
         finally:
             asyncio.run(ref.close())
 
-    t = Trainer(_cfg(str(tiny_model), tmp_path / "run", mode), on_step=check)
-    t.setup()
-    assert t.weight_sync.mode == mode.partition("+")[0] and t.engine.kind == "vllm"
-    (got,) = t.engine.settings()
+    t = Trainer(assemble(_cfg(str(tiny_model), tmp_path / "run", mode)), on_step=check)
+    assert t.parts.sync.transfer.mode == mode.partition("+")[0] and t.parts.engine.kind == "vllm"
+    (got,) = t.parts.engine.settings()
     assert (got.name, got.vllm.kv_cache_gib, got.vllm.enforce_eager, got.vllm.max_model_len) == ("vllm", 0.5, True, 4096)
-    tok = t.tokenizer
+    tok = t.parts.tokenizer
     prompts = [tok.encode(s) for s in ("The answer is", "Document 1: the river city", "Who won the season?")]
-    before = _greedy(t.engine, prompts)
+    before = _greedy(t.parts.engine, prompts)
     t.fit()
     assert sorted(served) == [1, 2]
     assert t.weight_sync.last["load_s"] > 0

@@ -1,0 +1,268 @@
+"""Assembly: a training run's parts, built once from its config before the loop runs.
+
+`assemble(cfg)` checks the config (every field, then what spans sections), reads the data, loads or
+resumes the policy's workers (model, KL reference, optimizer, scheduler), builds the rollout engine (in
+process, a server client, or Ray replicas with their weight sync), the run's RolloutRuntime (one event
+loop with the engine and the services), the task stream, the trajectory dump and the sync stage, and
+returns them as `RunParts`. `memrl.training.trainer.Trainer` takes the parts and only runs the loop.
+
+Tests build parts through the same function: `assemble(cfg, workers=..., engine=..., tokenizer=...,
+tasks=...)` uses the given parts instead of loading them (a scripted engine, stub workers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+
+from memrl.config import ConfigError, check_config, check_shared_fields
+from memrl.data.io import load_tasks
+from memrl.data.synthetic import task_stream as synthetic_stream
+from memrl.engines import build_engine
+from memrl.engines.base import SamplingParams
+from memrl.engines.versioned import VersionedEngine
+from memrl.errors import UserError, model_dir, writable_dir
+from memrl.runtime import RolloutRuntime
+from memrl.training import adapter_sync
+from memrl.training import validation as val
+from memrl.training.checkpoint import clean_stale, resume_point, set_rng_state
+from memrl.training.config import TrainConfig
+from memrl.training.dump import TrajectoryDump
+from memrl.training.engine_sync import EngineSync
+from memrl.training.lora import base_source, engine_policy
+from memrl.training.placement import RayEngines, connect, uses_ray
+from memrl.training.weight_sync import WeightSync
+from memrl.training.workers import build_workers
+from memrl.types import Task
+from memrl.workflows import parse_workflow
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------- the config, checked before any work
+def check_writable(out_dir: str | os.PathLike, key: str = "out_dir") -> Path:
+    """Create `out_dir` and prove we can write in it, before any expensive work starts."""
+    return writable_dir(out_dir, key)
+
+
+def workflow_config(cfg: TrainConfig) -> tuple[Any, Any]:
+    """(WorkflowSpec, typed workflow config) from the `workflow` section and the spec's train_defaults;
+    sampling runs at algorithm.temperature, because the trainer recomputes logprobs at that temperature."""
+    spec, wf = parse_workflow(cfg.workflow, defaults={"temperature": cfg.algorithm.temperature}, stage="train")
+    check_shared_fields(wf, SamplingParams, "workflow")  # top_p / top_k before any model loads
+    t = getattr(wf, "temperature", cfg.algorithm.temperature)
+    if float(t) != float(cfg.algorithm.temperature):
+        raise ConfigError(
+            f"workflow.temperature={t} differs from algorithm.temperature={cfg.algorithm.temperature}; "
+            "logprobs must be recomputed at the sampling temperature"
+        )
+    return spec, wf
+
+
+def validate(cfg: TrainConfig) -> tuple[Any, Any]:
+    """Fail fast, naming the field, before any work: every field against its declared range or set
+    (`memrl.config.check_config`), then what involves several fields (`TrainConfig.check()`: each section's
+    `check()` in memrl.training.config, then what spans sections; the val section's files and metric,
+    memrl.training.validation.check); returns the parsed workflow (spec, config), which `assemble` takes
+    so it is parsed once."""
+    check_config(cfg)
+    cfg.check()
+    val.check(cfg)
+    return workflow_config(cfg)
+
+
+def algorithm_options(cfg: TrainConfig) -> tuple[Any, Any]:
+    """The options of the chosen advantage estimator and loss, filled from algorithm.* (their registered
+    options dataclasses; None for one registered without): `AlgorithmSection.options`."""
+    return cfg.algorithm.options()
+
+
+def file_tasks(cfg: TrainConfig) -> list[Task] | None:
+    """The tasks of `data.path` (None for synthetic data), read before any model loads, so a bad file
+    (duplicate ids, unscorable rows) fails in seconds."""
+    if cfg.data.name == "synthetic":
+        return None
+    tasks = load_tasks(cfg.data.path, docs_from=cfg.data.docs_from or None)
+    if not tasks:
+        raise UserError(f"data.path {cfg.data.path} holds no tasks")
+    return tasks
+
+
+def task_stream(cfg: TrainConfig, start: int, tasks: list[Task] | None = None) -> Iterator[Task]:
+    """The training tasks from position `start` on (synthetic: endless; file: epochs of `tasks`, read from
+    data.path when not given, each in a new seeded order, or in the file's order with data.shuffle=false)."""
+    if cfg.data.name == "synthetic":
+        return synthetic_stream(cfg.data.synthetic, cfg.data.seed, start)
+    if tasks is None:
+        tasks = file_tasks(cfg)
+    assert tasks is not None
+
+    def epochs() -> Iterator[Task]:
+        for epoch in itertools.count():
+            order = list(range(len(tasks)))
+            if cfg.data.shuffle:  # False: the file's order every epoch (verl's SequentialSampler)
+                random.Random(f"{cfg.data.seed}:{epoch}").shuffle(order)
+            for i in order:
+                t = tasks[i]
+                yield Task(f"{t.task_id}@e{epoch}", t.question, t.context, t.answers, t.meta)
+
+    return itertools.islice(epochs(), start, None)
+
+
+# ---------------------------------------------------------------- the parts
+@dataclass
+class TrainState:
+    """The loop's state that a checkpoint keeps (besides weights, optimizer and RNG)."""
+
+    step: int = 0
+    """RL steps done."""
+    position: int = 0
+    """Tasks drawn from the task stream so far (a resume continues there)."""
+    tracker_ids: dict[str, str] = field(default_factory=dict)
+    """wandb / mlflow run ids (memrl.training.trackers), so a resumed run continues them."""
+    best: dict[str, Any] | None = None
+    """trainer.save_best: {"metric", "value", "step"} of the best step so far."""
+
+    def saved(self, async_in_flight: int | None = None) -> dict[str, Any]:
+        """The driver state a checkpoint holds (memrl.training.checkpoint), without the RNG."""
+        out: dict[str, Any] = {"step": self.step, "data_position": self.position}
+        if async_in_flight is not None:  # asynchronous: what a resume from here discards
+            out["async_in_flight"] = async_in_flight
+        if self.tracker_ids:
+            out["trackers"] = dict(self.tracker_ids)
+        if self.best is not None:
+            out["best"] = dict(self.best)
+        return out
+
+
+@dataclass
+class RunParts:
+    """Everything a training run needs, built by `assemble`; `close()` ends what it started."""
+
+    cfg: TrainConfig
+    spec: Any
+    """The workflow's memrl.workflows.WorkflowSpec."""
+    wf_cfg: Any
+    """The workflow's typed config (training defaults applied)."""
+    adv_options: Any
+    loss_options: Any
+    out: Path
+    tasks: list[Task] | None
+    """data.path's tasks (None for synthetic data)."""
+    tokenizer: Any
+    workers: Any
+    """The policy's ranks (memrl.training.worker_group.WorkerGroup)."""
+    engine: Any
+    runtime: RolloutRuntime
+    gate: VersionedEngine | None
+    """Asynchronous training (rollout.max_staleness > 0): the gate a weight sync closes."""
+    stream: Iterator[Task]
+    dump: TrajectoryDump
+    sync: EngineSync
+    state: TrainState
+
+    @property
+    def ckpt_root(self) -> Path:
+        return self.out / "checkpoints"
+
+    def close(self) -> None:
+        """The runtime (services' clients, the engine, the event loop), then the workers."""
+        try:
+            self.runtime.close()
+        finally:
+            self.workers.close()
+
+
+def _resumed_state(cfg: TrainConfig, point: Any) -> TrainState:
+    state = point.state
+    set_rng_state(state["rng"])
+    out = TrainState(int(state["step"]), int(state["data_position"]), dict(state.get("trackers") or {}),
+                     state.get("best"))
+    log.warning("resumed from %s (step %d, data position %d)", point.path, out.step, out.position)
+    if state.get("async_in_flight"):
+        log.warning("asynchronous run: the %d rollout batch(es) sampled ahead of step %d when it was saved "
+                    "were discarded; their tasks (from data position %d) are sampled again",
+                    state["async_in_flight"], out.step, out.position)
+    return out
+
+
+def _engine(cfg: TrainConfig, src: str, workers: Any, tokenizer: Any) -> Any:
+    """The in-process or server engine; one that loads weights itself starts from `src` (the resumed
+    checkpoint)."""
+    sec = cfg.engine
+    if sec.name != "hf" and not sec.model:
+        sec = dataclasses.replace(sec, model=src)
+    policy = getattr(workers, "model", None)  # None for Ray ranks
+    if sec.name == "hf" and policy is not None:
+        policy = engine_policy(policy, sec.hf.share_weights)  # LoRA, a copy: a plain merged module
+    lora_rank = cfg.model.lora.rank if adapter_sync.mode(cfg) == "adapter" else 0
+    return build_engine(sec, policy=policy, tokenizer=tokenizer, lora_rank=lora_rank)
+
+
+def assemble(cfg: TrainConfig, resume: bool = False, workflow: tuple[Any, Any] | None = None, *,
+             workers: Any = None, engine: Any = None, tokenizer: Any = None,
+             tasks: list[Task] | None = None) -> RunParts:
+    """The run's parts from `cfg` (resuming from the latest checkpoint in out_dir/checkpoints with
+    `resume`). `workflow`: the (spec, config) `validate(cfg)` returned, when the caller validated already.
+    Given `workers` / `engine` / `tokenizer` / `tasks` are used as they are (tests: stub workers and a
+    scripted engine; nothing is loaded for them, and a resume needs the loaded workers)."""
+    spec, wf_cfg = workflow if workflow is not None else validate(cfg)
+    adv_options, loss_options = algorithm_options(cfg)
+    out = check_writable(cfg.out_dir)
+    if workers is None:
+        model_dir(cfg.model.path, "model.path")  # before any work, not deep inside transformers
+    elif resume:
+        raise ValueError("assemble: resume=True loads the workers from the checkpoint; do not pass workers")
+    tasks = tasks if tasks is not None else file_tasks(cfg)  # data errors too, before any model loads
+    root = out / "checkpoints"
+    state, start, src = TrainState(), None, str(cfg.model.path)
+    if workers is None:
+        clean_stale(root)
+        point = resume_point(root) if resume else None
+        if resume and point is None:
+            log.warning("--resume: no checkpoint in %s; starting from step 0", root)
+        start = point.path if point is not None else None
+        src = base_source(cfg.model, start)  # LoRA: engines start from the base (a checkpoint holds the adapter)
+        if uses_ray(cfg):
+            connect(cfg)  # address and resources checked before any model is loaded
+        tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(src)
+        workers = build_workers(cfg, start)  # model, KL reference, optimizer, scheduler (resumed)
+    random.seed(cfg.trainer.seed)
+    torch.manual_seed(cfg.trainer.seed)
+    if start is not None:
+        state = _resumed_state(cfg, point)
+    runtime = None
+    try:
+        weight_sync = None
+        if engine is None and cfg.rollout.num_engines > 0:
+            engine = RayEngines(cfg, src, tokenizer, workers.pg)
+            weight_sync = WeightSync(cfg, workers, engine, out)
+        elif engine is None:
+            engine = _engine(cfg, src, workers, tokenizer)
+        r = cfg.rollout
+        runtime = RolloutRuntime(engine, spec, wf_cfg, concurrency=cfg.trainer.concurrency,
+                                 background=r.max_staleness > 0)
+        gate = None
+        if r.max_staleness > 0:  # the producer samples through the gate a weight sync closes
+            gate = VersionedEngine(engine, state.step, abort=r.partial == "abort", max_aborts=r.partial_max_aborts)
+        return RunParts(
+            cfg=cfg, spec=spec, wf_cfg=wf_cfg, adv_options=adv_options, loss_options=loss_options, out=out,
+            tasks=tasks, tokenizer=tokenizer, workers=workers, engine=engine, runtime=runtime, gate=gate,
+            stream=task_stream(cfg, state.position, tasks),
+            dump=TrajectoryDump(out, cfg.trainer, str(cfg.workflow["name"]), tokenizer),
+            sync=EngineSync(cfg, workers, engine, tokenizer, runtime, out, gate, weight_sync), state=state)
+    except BaseException:
+        if runtime is not None:
+            runtime.close()
+        workers.close()  # Ray actors and placement groups are not left behind
+        raise
