@@ -13,7 +13,6 @@ Tokens/s counts generated tokens only; prompt prefill time is included in the wa
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 from dataclasses import dataclass
@@ -55,12 +54,11 @@ def make_tasks(tokenizer, n: int, context_tokens: int, seed: int = 0) -> list:
     return tasks
 
 
-async def measure(engine, spec, cfg, tasks, concurrency: int) -> Row:
-    from memrl.workflows.runner import rollout
-
+def measure(runtime, tasks, concurrency: int) -> Row:
+    engine = runtime.engine
     engine.stats.reset()
     t0 = time.perf_counter()
-    groups = await rollout(tasks, spec, engine, cfg, n=1, concurrency=concurrency, seed=concurrency)
+    groups = runtime.sample(tasks, 1, seed=concurrency, concurrency=concurrency, score=True)
     wall = time.perf_counter() - t0
     segs = [s for g in groups for s in g.segments()]
     st = engine.stats
@@ -86,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from memrl.engines.hf import HFEngine
     from memrl.models.tiny import cached_tiny_model
+    from memrl.runtime import RolloutRuntime
     from memrl.workflows import get_workflow
 
     if args.threads:
@@ -101,16 +100,10 @@ def main(argv: list[str] | None = None) -> int:
           f"context {args.context_tokens} tok = {chunks} chunks of {args.chunk_tokens} | "
           f"memory {args.memory_tokens} / final {args.final_tokens} tokens | temperature 1.0")
 
-    async def run_all() -> list[Row]:
+    with RolloutRuntime(engine, spec, cfg) as runtime:  # closes the engine at the end
         warm = make_tasks(engine.tokenizer, 2, args.context_tokens, seed=99)
-        await measure(engine, spec, cfg, warm, 2)  # first-call allocations, kernel set-up
-        rows = []
-        for c in args.concurrency:
-            rows.append(await measure(engine, spec, cfg, make_tasks(engine.tokenizer, c, args.context_tokens), c))
-        await engine.close()
-        return rows
-
-    rows = asyncio.run(run_all())
+        measure(runtime, warm, 2)  # first-call allocations, kernel set-up
+        rows = [measure(runtime, make_tasks(engine.tokenizer, c, args.context_tokens), c) for c in args.concurrency]
     base = rows[0].tokens_per_s if rows else 0.0
     print(f"{'concurrent':>10} {'calls':>6} {'gen tok':>8} {'prompt tok':>10} {'wall s':>7} {'gen tok/s':>9} "
           f"{'speedup':>7} {'fwd calls':>9} {'mean batch':>10} {'max batch':>9}")

@@ -90,13 +90,13 @@ def make_engine(kind: str, path: str, max_batch: int, eager: bool) -> Any:
 
 
 def run_one(engine: TimedEngine, tasks: list, cfg: Any, concurrency: int, seed: int) -> tuple[float, int]:
+    from memrl.runtime import RolloutRuntime
     from memrl.workflows import get_workflow
-    from memrl.workflows.runner import rollout
 
     engine.reset()
     t0 = time.perf_counter()
-    groups = asyncio.run(rollout(tasks[:concurrency], get_workflow("memagent"), engine, cfg, n=1,
-                                 concurrency=concurrency, seed=seed, score=False))
+    with RolloutRuntime(engine, get_workflow("memagent"), cfg, concurrency=concurrency, close_engine=False) as rt:
+        groups = rt.sample(tasks[:concurrency], 1, seed)
     wall = time.perf_counter() - t0
     return wall, sum(len(t.segments) for g in groups for t in g.trajectories)
 

@@ -25,7 +25,6 @@ warm-up, SFT tasks and order, RL tasks, RL task order and sampling); seed 0 is t
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import math
@@ -126,9 +125,9 @@ def stage_sft(out: Path, model_dir: Path, args) -> Path:
 
     from memrl.data.io import load_tasks
     from memrl.demonstrators import LookbackOracle, ScriptedEngine
+    from memrl.runtime import rollout_once
     from memrl.training.sft import SFTConfig, sft_train
     from memrl.workflows import get_workflow
-    from memrl.workflows.runner import rollout
 
     s = out / "sft"
     if (s / "config.json").exists():
@@ -139,7 +138,7 @@ def stage_sft(out: Path, model_dir: Path, args) -> Path:
     for wf in PRESETS:
         c = workflow_cfg(wf, temperature=0.0)
         eng = ScriptedEngine(LookbackOracle.for_config(wf, c), tokenizer=tok)
-        groups = asyncio.run(rollout(tasks, get_workflow(wf), eng, c, n=1))
+        groups = rollout_once(tasks, get_workflow(wf), eng, c, n=1)
         acc = sum(g.rewards[0] for g in groups) / len(groups)
         rows = [x for g in groups for x in g.segments()]
         n_recall = sum(1 for x in rows if x.info.get("recall_query"))

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-__all__ = ["RolloutRuntime", "Services"]
+__all__ = ["RolloutRuntime", "Services", "rollout_once"]
 
 
 async def _cancel_others() -> None:
@@ -96,13 +96,18 @@ class RolloutRuntime:
 
     # ------------------------------------------------------------------ the stages
     def sample(self, tasks: Sequence[Task], n: int, seed: int, *, cfg: Any = None, spec: Any = None,
-               on_done: Callable[[Task, Trajectory], None] | None = None) -> list[Group]:
-        """n trajectories per task through the engine (memrl.workflows.runner.rollout, score=False):
-        one Group per task, in task order, each carrying its Task; no rewards yet."""
-        return self.run(self.asample(tasks, n, seed, cfg=cfg, spec=spec, on_done=on_done))
+               on_done: Callable[[Task, Trajectory], None] | None = None, score: bool = False,
+               concurrency: int | None = None) -> list[Group]:
+        """n trajectories per task through the engine (memrl.workflows.runner.rollout): one Group per task,
+        in task order, each carrying its Task; no rewards yet, or with `score` each trajectory scored (and
+        its score applied) as soon as it is done, before `on_done` (evaluation streams its rows so).
+        `concurrency`: the most trajectories in flight for this call (default: the runtime's)."""
+        return self.run(self.asample(tasks, n, seed, cfg=cfg, spec=spec, on_done=on_done, score=score,
+                                     concurrency=concurrency))
 
     async def asample(self, tasks: Sequence[Task], n: int, seed: int, *, cfg: Any = None, spec: Any = None,
-                      on_done: Callable[[Task, Trajectory], None] | None = None, engine: Any = None) -> list[Group]:
+                      on_done: Callable[[Task, Trajectory], None] | None = None, engine: Any = None,
+                      score: bool = False, concurrency: int | None = None) -> list[Group]:
         """`sample` as a coroutine on the runtime's loop; `engine`: another engine than the runtime's (the
         asynchronous producer's memrl.engines.versioned.VersionedEngine around it)."""
         from memrl.workflows.runner import rollout
@@ -111,8 +116,9 @@ class RolloutRuntime:
         if spec is None:
             raise ValueError("RolloutRuntime.sample: no workflow (give spec= here or to the runtime)")
         return await rollout(tasks, spec, engine if engine is not None else self.engine,
-                             cfg if cfg is not None else self.cfg, n=n, concurrency=self.concurrency, seed=seed,
-                             on_done=on_done, score=False, services=self.services)
+                             cfg if cfg is not None else self.cfg, n=n, seed=seed, on_done=on_done, score=score,
+                             concurrency=concurrency if concurrency is not None else self.concurrency,
+                             services=self.services)
 
     def score(self, groups: Sequence[Group], *, spec: Any = None) -> list[list[Any]]:
         """The Score (memrl.workflows.runner.Score) of every trajectory, [group][trajectory]; nothing is
@@ -161,3 +167,11 @@ class RolloutRuntime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def rollout_once(tasks: Sequence[Task], spec: Any, engine: Any, cfg: Any, n: int = 1, seed: int = 0,
+                 concurrency: int = 64) -> list[Group]:
+    """A one-off scored rollout (demonstrations, scripts, tests): `tasks` x n through `engine` on a
+    RolloutRuntime of its own, each trajectory scored as it finishes; the engine stays open."""
+    with RolloutRuntime(engine, spec, cfg, concurrency=concurrency, close_engine=False) as rt:
+        return rt.sample(tasks, n, seed, score=True)

@@ -84,10 +84,10 @@ def run(args: argparse.Namespace) -> int:
     from memrl.data.synthetic import make_tasks
     from memrl.demonstrators import MixtureRule, ScriptedEngine
     from memrl.errors import model_dir
+    from memrl.runtime import rollout_once
     from memrl.training.assemble import check_writable
     from memrl.training.sft import sft_train_logged
     from memrl.workflows import parse_workflow
-    from memrl.workflows.runner import rollout_sync
 
     cfg = load_config(SFTRunConfig, args.overrides, preset=args.preset)
     model_dir(cfg.model.path, "model.path")
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     rule = MixtureRule(mem.text, fin.text, cfg.demonstrator.budget, cfg.demonstrator.skip_prob,
                        wf.no_memory_text, cfg.data.seed, p_aware=cfg.demonstrator.p_aware)
     tasks = make_tasks(cfg.data.synthetic, cfg.demonstrator.num_tasks, seed=cfg.data.seed)
-    groups = rollout_sync(tasks, spec, ScriptedEngine(rule, tokenizer=tok), wf, n=1)
+    groups = rollout_once(tasks, spec, ScriptedEngine(rule, tokenizer=tok), wf, n=1)
     segments = [s for g in groups for s in g.segments()]
     losses = sft_train_logged(model, tok, segments, cfg.sft, out, save_dir=out)
     _save_merged(model, tok, out, cfg)

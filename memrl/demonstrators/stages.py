@@ -18,9 +18,9 @@ from memrl.demonstrators.engine import ScriptedEngine
 from memrl.demonstrators.memact import MemActDemonstrator
 from memrl.demonstrators.synthetic import MixtureRule
 from memrl.eval.evaluator import EngineRollout, evaluate_policy
+from memrl.runtime import rollout_once
 from memrl.types import Group, Segment, Task
 from memrl.workflows import get_workflow
-from memrl.workflows.runner import rollout_sync
 from memrl.workflows.templates import chat_prompt
 
 # ------------------------------------------------------------------------------------------- MemAgent
@@ -42,7 +42,7 @@ def mixture_rule(wf_cfg: Any, *, seed: int, p_aware: float, budget: int = 1, ski
 def record_demonstrations(rule: Any, tasks: list[Task], tokenizer: Any, wf_cfg: Any,
                           workflow: str = "memagent") -> list[Group]:
     """The scripted `rule` played through `workflow` by ScriptedEngine, one trajectory per task."""
-    return rollout_sync(tasks, get_workflow(workflow), ScriptedEngine(rule, tokenizer=tokenizer), wf_cfg, n=1)
+    return rollout_once(tasks, get_workflow(workflow), ScriptedEngine(rule, tokenizer=tokenizer), wf_cfg, n=1)
 
 
 def reading_segments(tasks: list[Task], tokenizer: Any, final_template: Any) -> list[Segment]:
@@ -81,7 +81,7 @@ def memact_demonstrations(tasks: list[Task], tokenizer: Any, wf_cfg: Any, late_p
     script = MemActDemonstrator(keep_results=keep_results, late_prob=late_prob if prune_tool else 1.0, seed=seed,
                                 topk=topk)
     wf = replace(wf_cfg, no_prune_prob=0.0, prune_tool=prune_tool)
-    return rollout_sync(tasks, get_workflow("memact"), ScriptedEngine(script, tokenizer=tokenizer), wf, n=1,
+    return rollout_once(tasks, get_workflow("memact"), ScriptedEngine(script, tokenizer=tokenizer), wf, n=1,
                         concurrency=256, seed=seed)
 
 

@@ -19,7 +19,6 @@ Three pieces:
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -28,7 +27,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from memrl.runtime import RolloutRuntime
 from memrl.types import Group, Task, Trajectory
+from memrl.workflows.runner import takes_services, trajectory_rng
 
 # ---------------------------------------------------------------- statistics over tasks
 
@@ -81,31 +82,7 @@ class Rollout(Protocol):
 
     def __call__(self, tasks: Sequence[Task], wf_cfg: Any, n: int = 1, seed: int = 0, *, first_sample: int = 0,
                  on_start: Callable[[Task], None] | None = None,
-                 on_done: Callable[[Task, Trajectory], None] | None = None) -> list[Group]: ...
-
-
-@dataclass
-class EngineRollout:
-    """The default `Rollout`: `memrl.workflows.runner.rollout` of `spec` through `engine`, at most
-    `concurrency` trajectories in flight, scored as each finishes. With `runtime` (a
-    memrl.runtime.RolloutRuntime: one event loop and one client per service for a whole run) every call
-    runs on its loop with its services; without, each call runs on a new loop with services of its own,
-    closed before it returns."""
-
-    engine: Any
-    spec: Any
-    concurrency: int = 4096
-    runtime: Any = None
-
-    @property
-    def tokenizer(self) -> Any:
-        return getattr(self.engine, "tokenizer", None)
-
-    def __call__(self, tasks: Sequence[Task], wf_cfg: Any, n: int = 1, seed: int = 0, *, first_sample: int = 0,
-                 on_start: Callable[[Task], None] | None = None,
                  on_done: Callable[[Task, Trajectory], None] | None = None) -> list[Group]:
-        from memrl.workflows.runner import rollout, takes_services, trajectory_rng
-
         if first_sample and n != 1:
             raise ValueError(f"EngineRollout: first_sample={first_sample} needs n=1, got n={n}")
         spec = self.spec
@@ -122,10 +99,13 @@ class EngineRollout:
                 return await base(task, engine, cfg, rng)
 
             spec = replace(spec, run=run)
-        services = self.runtime.services if self.runtime is not None else None
-        coro = rollout(list(tasks), spec, self.engine, wf_cfg, n=n, concurrency=self.concurrency, seed=seed,
-                       on_done=on_done, services=services)
-        return self.runtime.run(coro) if self.runtime is not None else asyncio.run(coro)
+        runtime = self.runtime or RolloutRuntime(self.engine, concurrency=self.concurrency, close_engine=False)
+        try:
+            return runtime.run(runtime.asample(list(tasks), n, seed, cfg=wf_cfg, spec=spec, on_done=on_done,
+                                               engine=self.engine, score=True, concurrency=self.concurrency))
+        finally:
+            if runtime is not self.runtime:
+                runtime.close()
 
 
 @contextmanager
@@ -138,10 +118,11 @@ def model_engine(model: Any, tokenizer: Any, engine_cfg: Any = None, model_dir: 
     if ecfg.name != "hf" and not ecfg.model:
         ecfg = replace(ecfg, model=str(model_dir))
     engine = build_engine(ecfg, policy=model, tokenizer=tokenizer)
+    runtime = RolloutRuntime(engine)  # closes the engine on its loop
     try:
         yield engine
     finally:
-        asyncio.run(engine.close())
+        runtime.close()
 
 
 # ---------------------------------------------------------------- one evaluation

@@ -1,7 +1,9 @@
 """Run a workflow over tasks x n samples concurrently, through one engine, into Groups; score them.
 
-The stages memrl.runtime.RolloutRuntime calls: `rollout(..., score=False)` (sample) and `score_groups`
-(score, returning memrl.types.Score per trajectory); `apply_scores` writes scores onto trajectories.
+The stages memrl.runtime.RolloutRuntime calls: `rollout` (sample; with score=True each trajectory is also
+scored as it finishes) and `score_groups` (score, returning memrl.types.Score per trajectory);
+`apply_scores` writes scores onto trajectories. Every rollout runs on a RolloutRuntime's loop with its
+services.
 """
 
 from __future__ import annotations
@@ -107,24 +109,17 @@ async def rollout(
     seed: int = 0,
     on_done: Callable[[Task, Trajectory], None] | None = None,
     score: bool = True,
-    services: Any = None,
+    *,
+    services: Any,
 ) -> list[Group]:
     """n trajectories per task, at most `concurrency` in flight; one Group per task (carrying its Task),
     in task order. Trajectory ids are "<task_id>#<sample>".
 
     score=True: each trajectory is scored as soon as it is done (score_trajectory + apply_score, before
-    `on_done`); score=False is generation only (memrl.runtime.RolloutRuntime.sample). `services`: the
-    run's memrl.runtime.Services, passed to workflows and rewards that take them; None builds a Services
-    for this call alone, closed before it returns (a RolloutRuntime passes its own).
+    `on_done`); score=False is generation only. `services`: the run's memrl.runtime.Services, passed to
+    workflows and rewards that take them. Callers go through memrl.runtime.RolloutRuntime (`sample`),
+    which owns the event loop and the services.
     """
-    if services is None:
-        from memrl.services.session import Services
-
-        own = Services()
-        try:
-            return await rollout(tasks, spec, engine, cfg, n, concurrency, seed, on_done, score, own)
-        finally:
-            await own.aclose()
     if n < 1:
         raise ValueError(f"rollout: n must be >= 1, got {n}")
     ids = [t.task_id for t in tasks]
@@ -176,9 +171,3 @@ async def rollout(
 
     results = await asyncio.gather(*(one(t, k) for t in tasks for k in range(n)))
     return [Group(t.task_id, list(results[i * n : (i + 1) * n]), t) for i, t in enumerate(tasks)]
-
-
-def rollout_sync(*args: Any, **kwargs: Any) -> list[Group]:
-    """`rollout` on a fresh event loop, for one-off synchronous callers (scripts, the demos, tests). A run
-    of many rounds uses one memrl.runtime.RolloutRuntime instead (one loop, one set of clients)."""
-    return asyncio.run(rollout(*args, **kwargs))

@@ -11,7 +11,7 @@ from doubles import register_parity_workflow
 
 from memrl.config import load_config
 from memrl.engines.versioned import VERSION_KEY
-from memrl.training.assemble import task_stream
+from memrl.training.assemble import assemble, task_stream
 from memrl.training.config import TrainConfig
 from memrl.training.trainer import Trainer
 
@@ -50,7 +50,7 @@ class Recording(Trainer):
 
 
 def _fit(cfg: TrainConfig) -> tuple[Recording, list[dict[str, float]], dict[str, torch.Tensor]]:
-    t = Recording(cfg)
+    t = Recording(assemble(cfg))
     hist = t.fit()
     return t, hist, {k: v.detach().clone() for k, v in t.model.state_dict().items()}
 
@@ -85,7 +85,7 @@ def test_staleness_one_samples_ahead_on_the_old_weights(model, tmp_path):
     sync, _, _ = _fit(_cfg(model, tmp_path / "sync"))
     run, hist, _ = _fit(_cfg(model, tmp_path / "async", "rollout.max_staleness=1"))
     # what the initial weights sample for step 2 (tasks 2-3, step 2's seed): a synchronous trainer, not trained
-    probe = Recording(_cfg(model, tmp_path / "probe"))
+    probe = Recording(assemble(_cfg(model, tmp_path / "probe")))
     try:
         probe.state.step, probe.state.position = 1, 2
         probe.parts.stream = task_stream(probe.cfg, 2)

@@ -110,9 +110,9 @@ def test_trainer_on_cuda_trains_saves_and_resumes(tiny_path, tmp_path):
 def test_greedy_memagent_on_cuda_matches_the_cpu_golden(tiny_path):
     """The recorded CPU greedy trajectories (tests/data/memagent_greedy_hf.json), served from CUDA in fp32."""
     from memrl.engines import EngineConfig, build_engine
+    from memrl.runtime import rollout_once
     from memrl.types import Task
     from memrl.workflows import get_workflow
-    from memrl.workflows.runner import rollout
 
     golden = json.loads(GOLDEN.read_text())
     tasks = [Task(t["task_id"], t["question"], t["context"], ["Kalomi"]) for t in golden["tasks"]]
@@ -120,7 +120,7 @@ def test_greedy_memagent_on_cuda_matches_the_cpu_golden(tiny_path):
     cfg = spec.config_cls(chunk_tokens=64, max_memory_tokens=12, max_final_tokens=8, temperature=0.0)
     eng = build_engine(load_config(EngineConfig, [f"model={tiny_path}", "max_batch_size=16", "hf.device=cuda",
                                                   "dtype=float32"]))
-    groups = asyncio.run(rollout(tasks, spec, eng, cfg, n=1, concurrency=6, seed=0))
+    groups = rollout_once(tasks, spec, eng, cfg, n=1, concurrency=6, seed=0)
     asyncio.run(eng.close())
     got = {g.task_id: [s.response_ids for s in g.trajectories[0].segments] for g in groups}
     same = sum(got[k] == v for k, v in golden["responses"].items())

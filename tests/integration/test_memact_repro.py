@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from memrl.config import load_config
+from memrl.training.assemble import assemble
 from memrl.training.config import TrainConfig
 from memrl.training.trainer import Trainer
 from memrl.workflows import WorkflowSpec, register_workflow
@@ -132,7 +133,7 @@ def _overrides(searching_model, out, steps: int, save_every: int = 0) -> list[st
 
 
 def _run(searching_model, out, steps: int, resume: bool = False, save_every: int = 0) -> _Recording:
-    trainer = _Recording(load_config(TrainConfig, _overrides(searching_model, out, steps, save_every)), resume=resume)
+    trainer = _Recording(assemble(load_config(TrainConfig, _overrides(searching_model, out, steps, save_every)), resume=resume))
     trainer.fit()
     return trainer
 

@@ -14,9 +14,9 @@ import pytest
 
 from memrl.engines.hf import HFEngine
 from memrl.models.tiny import cached_tiny_model, synthetic_corpus
+from memrl.runtime import RolloutRuntime
 from memrl.types import Task
 from memrl.workflows import get_workflow
-from memrl.workflows.runner import rollout
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +51,8 @@ def test_memagent_rollout_batches_through_hf_engine(engine):
     assert sorted(set(expected_chunks.values())) == [1, 2, 3, 4]
     engine.stats.reset()
 
-    groups = asyncio.run(asyncio.wait_for(rollout(tasks, spec, engine, cfg, n=4, concurrency=64, seed=0), 120))
+    with RolloutRuntime(engine, spec, cfg, concurrency=64, close_engine=False) as rt:
+        groups = rt.run(asyncio.wait_for(rt.asample(tasks, 4, 0, score=True), 120))
 
     assert [g.task_id for g in groups] == [t.task_id for t in tasks]
     requests = 0

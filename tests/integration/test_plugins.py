@@ -220,18 +220,17 @@ def test_reward_path_errors_name_the_field(plugin):
 
 
 def test_a_reward_by_import_path_scores_memagent(plugin):
-    import asyncio
 
     from doubles import ScriptedEngine
 
+    from memrl.runtime import rollout_once
     from memrl.types import Task
-    from memrl.workflows.runner import rollout
 
     spec, cfg = parse_workflow({"name": "memagent", "chunk_tokens": 8, "max_memory_tokens": 20,
                                 "max_final_tokens": 20, "temperature": 0.0, "reward": f"{plugin}:even_length"})
     task = Task("t", "Who?", "abcdefgh", ["Beatles"])
     for final, expected in (("\\boxed{Beatles}", 0.0), ("\\boxed{Beatles}.", 1.0)):  # 15 and 16 characters
-        traj = asyncio.run(rollout([task], spec, ScriptedEngine(["note", final]), cfg, n=1))[0].trajectories[0]
+        traj = rollout_once([task], spec, ScriptedEngine(["note", final]), cfg, n=1)[0].trajectories[0]
         assert traj.info["answer_text"] == final and traj.reward == expected
 
 

@@ -11,9 +11,9 @@ import math
 import pytest
 
 from memrl.data.synthetic_lookback import LookbackConfig, make_lookback_tasks
+from memrl.runtime import rollout_once
 from memrl.workflows import get_workflow
 from memrl.workflows.rememr1 import FORMAT_FLAGS, ReMemR1Config
-from memrl.workflows.runner import rollout
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def test_random_tiny_model_rollout_step_rewards_and_advantages(engine):
 
     tasks = make_lookback_tasks(LookbackConfig(num_chunks=3, chunk_words=24), 2, seed=0)
     cfg = ReMemR1Config(chunk_tokens=32, max_memory_tokens=24, max_final_tokens=8, temperature=1.0)
-    groups = asyncio.run(rollout(tasks, get_workflow("rememr1"), engine, cfg, n=2, seed=0))
+    groups = rollout_once(tasks, get_workflow("rememr1"), engine, cfg, n=2, seed=0)
     assert [len(g.trajectories) for g in groups] == [2, 2]
     for g in groups:
         for traj in g.trajectories:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from memrl.config import load_config
-from memrl.training.assemble import task_stream
+from memrl.training.assemble import assemble, task_stream
 from memrl.training.config import TrainConfig
 from memrl.training.trainer import Trainer
 
@@ -53,8 +53,8 @@ def _adam_steps(trainer) -> int:
 
 
 def test_rows_split_makes_two_optimizer_steps_per_batch(tiny_path, tmp_path):
-    trainer = _Recording(_cfg(tiny_path, tmp_path / "r", 2, "trainer.mini_batches=2",
-                              "trainer.mini_batch_split=rows"))
+    trainer = _Recording(assemble(_cfg(tiny_path, tmp_path / "r", 2, "trainer.mini_batches=2",
+                              "trainer.mini_batch_split=rows")))
     history = trainer.fit()
     # 2 tasks x 2 samples x (1 memory call + 1 final; the 16-word documents fit one 24-token chunk) = 8 rows
     # per batch, cut into 4 + 4
@@ -78,11 +78,11 @@ def test_rows_split_makes_two_optimizer_steps_per_batch(tiny_path, tmp_path):
 
 
 def test_rows_every_k_and_default_schedules(tiny_path, tmp_path):
-    every = _Recording(_cfg(tiny_path, tmp_path / "e", 1, "trainer.mini_batch_rows=5"))
+    every = _Recording(assemble(_cfg(tiny_path, tmp_path / "e", 1, "trainer.mini_batch_rows=5")))
     (h,) = every.fit()
     assert [len(rows) for _, rows, _ in every.calls] == [5, 3] and h["train/optimizer_steps"] == 2
     assert _adam_steps(every) == 2 and every.workers.sched.last_epoch == 1
-    plain = _Recording(_cfg(tiny_path, tmp_path / "p", 1))
+    plain = _Recording(assemble(_cfg(tiny_path, tmp_path / "p", 1)))
     (h,) = plain.fit()
     assert [len(rows) for _, rows, _ in plain.calls] == [8] and _adam_steps(plain) == 1
 

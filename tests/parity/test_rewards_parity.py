@@ -277,19 +277,18 @@ def test_report_csv_leaves_an_absent_metric_empty(tmp_path):
 
 
 def _chunked_rollout(workflow: str, final_reply: str, **kw):
-    import asyncio
 
     from doubles import ScriptedEngine
 
+    from memrl.runtime import rollout_once
     from memrl.types import Task
     from memrl.workflows import get_workflow
-    from memrl.workflows.runner import rollout
 
     spec = get_workflow(workflow)
     memory = "<update>note</update>" if workflow == "rememr1" else "note"
     cfg = spec.config_cls(chunk_tokens=8, max_memory_tokens=20, max_final_tokens=20, temperature=0.0, **kw)
     task = Task("t", "Who?", "abcdefgh", ["Beatles"])  # one chunk -> one memory call, then the final call
-    return asyncio.run(rollout([task], spec, ScriptedEngine([memory, final_reply]), cfg, n=1))[0].trajectories[0]
+    return rollout_once([task], spec, ScriptedEngine([memory, final_reply]), cfg, n=1)[0].trajectories[0]
 
 
 @pytest.mark.parametrize("workflow", ["memagent", "rememr1"])

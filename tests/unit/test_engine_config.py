@@ -112,9 +112,9 @@ def test_openai_kind_gets_every_setting(model_dir):
 
 def test_greedy_memagent_trajectories_unchanged(model_dir):
     """Recorded with HFEngine before the engine layer was unified (tests/data/memagent_greedy_hf.json)."""
+    from memrl.runtime import rollout_once
     from memrl.types import Task
     from memrl.workflows import get_workflow
-    from memrl.workflows.runner import rollout
 
     golden = json.loads(GOLDEN.read_text())
     tasks = [Task(t["task_id"], t["question"], t["context"], ["Kalomi"]) for t in golden["tasks"]]
@@ -128,7 +128,7 @@ def test_greedy_memagent_trajectories_unchanged(model_dir):
                                AutoTokenizer.from_pretrained(model_dir))
         else:
             eng = build_engine(EngineConfig(model=model_dir, max_batch_size=16))
-        groups = asyncio.run(rollout(tasks, spec, eng, cfg, n=1, concurrency=6, seed=0))
+        groups = rollout_once(tasks, spec, eng, cfg, n=1, concurrency=6, seed=0)
         asyncio.run(eng.close())
         got = {g.task_id: [s.response_ids for s in g.trajectories[0].segments] for g in groups}
         assert got == golden["responses"], f"share_weights={share}"
@@ -136,9 +136,9 @@ def test_greedy_memagent_trajectories_unchanged(model_dir):
 
 def test_deterministic_hf_engine_repeats_sampled_rollouts_bitwise(model_dir):
     """Waves, not time windows, decide the batches: two runs give identical tokens and logprobs."""
+    from memrl.runtime import rollout_once
     from memrl.types import Task
     from memrl.workflows import get_workflow
-    from memrl.workflows.runner import rollout
 
     golden = json.loads(GOLDEN.read_text())
     tasks = [Task(t["task_id"], t["question"], t["context"], ["Kalomi"]) for t in golden["tasks"]]
@@ -148,7 +148,7 @@ def test_deterministic_hf_engine_repeats_sampled_rollouts_bitwise(model_dir):
     for _ in range(2):
         eng = build_engine(EngineConfig(model=model_dir, max_batch_size=5))
         assert eng.deterministic
-        groups = asyncio.run(rollout(tasks, spec, eng, cfg, n=3, concurrency=64, seed=7))
+        groups = rollout_once(tasks, spec, eng, cfg, n=3, concurrency=64, seed=7)
         asyncio.run(eng.close())
         runs.append([(s.response_ids, s.response_logprobs) for g in groups for s in g.segments()])
     assert runs[0] == runs[1] and len(runs[0]) == 3 * sum(len(r) for r in golden["responses"].values())

@@ -13,13 +13,13 @@ import random
 from doubles import CharTokenizer, KeywordRetriever, ScriptedEngine
 
 from memrl.engines.base import Completion
+from memrl.runtime import rollout_once
 from memrl.services.base import Document
 from memrl.tools.calls import tools_fallback_text
 from memrl.tools.search import PRUNE_SCHEMA, SEARCH_SCHEMA, register_retriever
 from memrl.types import Task
 from memrl.workflows import get_workflow
 from memrl.workflows.memact import MemActConfig, run
-from memrl.workflows.runner import rollout
 
 TOK = CharTokenizer()
 EOS = TOK.eos_token_id
@@ -284,7 +284,7 @@ def test_registered_and_multiq_reward_through_rollout():
     task = Task("m1", "1. capital of France? 2. of Germany?", "", ["Paris", "Berlin"],
                 meta={"sub_questions": ["capital of France?", "of Germany?"], "sub_answers": [["Paris"], ["Berlin"]]})
     engine = ScriptedEngine(['FINAL_ANSWER: {"1": "Paris", "2": "Berlin"}'])
-    (group,) = asyncio.run(rollout([task], spec, engine, cfg()))
+    (group,) = rollout_once([task], spec, engine, cfg())
     (traj,) = group.trajectories
     assert traj.reward == 1.0 and traj.metrics["multiq_all_correct"] == 1.0
     assert '"1": "<answer 1>", "2": "<answer 2>"' in engine.calls[0].prompt_text
@@ -304,9 +304,9 @@ def test_async_and_failing_rewards_in_the_rollout_runner():
     def broken(task, traj):
         raise ConnectionError("judge at http://127.0.0.1:9 unreachable")
 
-    (g,) = asyncio.run(rollout([task], dataclasses.replace(base, reward=judged), ScriptedEngine(["A"]), cfg()))
+    (g,) = rollout_once([task], dataclasses.replace(base, reward=judged), ScriptedEngine(["A"]), cfg())
     assert g.trajectories[0].reward == 0.25
-    (g,) = asyncio.run(rollout([task], dataclasses.replace(base, reward=broken), ScriptedEngine(["A"]), cfg()))
+    (g,) = rollout_once([task], dataclasses.replace(base, reward=broken), ScriptedEngine(["A"]), cfg())
     assert g.trajectories[0].reward == 0.0 and g.trajectories[0].metrics["reward_error"] == 1.0
 
 

@@ -239,11 +239,11 @@ def test_first_prompt_from_the_rows_messages():
     with pytest.raises(ValueError, match="workflow.prompt_source=row: task 'p' has no prompt messages"):
         run_one(plain, prompt_source="row")
     # through the rollout runner (memrl train / eval) it stays a one-line data error, not a RolloutError
+    from memrl.runtime import rollout_once
     from memrl.workflows import get_workflow
-    from memrl.workflows.runner import rollout_sync
 
     with pytest.raises(DataError, match="^workflow.prompt_source=row: task 'p' has no prompt messages"):
-        rollout_sync([plain], get_workflow("memact"), ScriptedEngine(["x"]),
+        rollout_once([plain], get_workflow("memact"), ScriptedEngine(["x"]),
                      MemActConfig(prompt_source="row", retriever_kind="kw_pub"), n=1)
     with pytest.raises(ValueError, match="prompt_source must be auto, row or template"):
         MemActConfig(prompt_source="rows")

@@ -11,10 +11,10 @@ import random
 import pytest
 from doubles import CharTokenizer, ScriptedEngine
 
+from memrl.runtime import rollout_once
 from memrl.types import Task
 from memrl.workflows import get_workflow
 from memrl.workflows.memagent import MemAgentConfig, centre_truncate, chunk_context, run
-from memrl.workflows.runner import rollout
 from memrl.workflows.templates import TemplateError
 
 MEM_TPL = "P:{problem}|M:{memory}|C:{chunk}"
@@ -110,7 +110,7 @@ def test_model_that_never_closes_its_box_gets_no_prediction_and_zero_reward():
     task = Task("t1", "Q?", "ab", ["x"])
     engine = ScriptedEngine(["m", r"the answer is \boxed{x"])
     spec = get_workflow("memagent")
-    groups = asyncio.run(rollout([task], spec, engine, cfg(), n=1))
+    groups = rollout_once([task], spec, engine, cfg(), n=1)
     traj = groups[0].trajectories[0]
     assert traj.final_answer == ""
     assert traj.metrics["no_box"] == 1.0
@@ -171,7 +171,7 @@ def test_rollout_groups_ids_rewards_and_seeds():
     tasks = [Task("a", "Q?", "abcd", ["x"]), Task("b", "Q?", "abcd", ["y"])]
     engine = ScriptedEngine(lambda prompt, i: r"\boxed{x}" if "answer:" in prompt else "m")
     spec = get_workflow("memagent")
-    groups = asyncio.run(rollout(tasks, spec, engine, cfg(temperature=1.0), n=3, concurrency=4, seed=7))
+    groups = rollout_once(tasks, spec, engine, cfg(temperature=1.0), n=3, concurrency=4, seed=7)
     assert [g.task_id for g in groups] == ["a", "b"]
     assert [t.trajectory_id for t in groups[0].trajectories] == ["a#0", "a#1", "a#2"]
     assert groups[0].rewards == [1.0, 1.0, 1.0] and groups[1].rewards == [0.0, 0.0, 0.0]

@@ -11,10 +11,10 @@ import random
 import pytest
 from doubles import CharTokenizer, ScriptedEngine
 
+from memrl.runtime import rollout_once
 from memrl.types import Task
 from memrl.workflows import get_workflow
 from memrl.workflows.rememr1 import ReMemR1Config, parse_step, run, step_rewards
-from memrl.workflows.runner import rollout
 from memrl.workflows.templates import TemplateError
 
 MEM_TPL = "P:{problem}|R:{recalled_memory}|M:{memory}|C:{chunk}"
@@ -223,7 +223,7 @@ def test_rollout_reward_is_boxed_em_and_step_rewards_are_written():
         r"\boxed{Red Apple}",  # final: format 1
     ])
     spec = get_workflow("rememr1")
-    groups = asyncio.run(rollout([task], spec, engine, cfg(), n=1))
+    groups = rollout_once([task], spec, engine, cfg(), n=1)
     traj = groups[0].trajectories[0]
     assert traj.reward == 1.0
     assert traj.segments[2].info["recalled_memory"] == "red"
@@ -246,7 +246,7 @@ def test_a_recall_of_what_the_chunk_already_says_earns_nothing():
         "<update>pear</update><recall>red</recall>",
         r"\boxed{red apple}",
     ])
-    traj = asyncio.run(rollout([task], get_workflow("rememr1"), engine, cfg(), n=1))[0].trajectories[0]
+    traj = rollout_once([task], get_workflow("rememr1"), engine, cfg(), n=1)[0].trajectories[0]
     assert traj.segments[2].info["recalled_memory"] == "red"
     assert [s.step_reward for s in traj.segments] == pytest.approx([1.5, 0.5, 1.0, 1.0])
 
@@ -258,8 +258,8 @@ def test_released_callback_rule_reads_the_whole_step_prompt():
     task = Task("t1", "Q?", "abcdefghijkl", ["red apple", "crimson"])
     replies = ["<update>red</update>", "<update>pear</update>", "<update>pear</update><recall>red</recall>",
                r"\boxed{red apple}"]
-    traj = asyncio.run(rollout([task], get_workflow("rememr1"), ScriptedEngine(replies),
-                               cfg(callback_rule="released"), n=1))[0].trajectories[0]
+    traj = rollout_once([task], get_workflow("rememr1"), ScriptedEngine(replies),
+                               cfg(callback_rule="released"), n=1)[0].trajectories[0]
     # step 2's prompt "P:Q?|R:No memory was recalled.|M:pear|C:ijkl" holds neither "red" nor "apple" nor
     # "crimson": R = (0/2 + 0/1) / 2 = 0; with "red" prepended: (1/2 + 0) / 2 = 1/4 -> callback 0.25
     # (memrl's paper rule: max over golds, 1/2). Steps 0 and 1 recall nothing: the released code then
@@ -268,8 +268,8 @@ def test_released_callback_rule_reads_the_whole_step_prompt():
     # a gold word in the QUESTION counts as held by the released rule: question "red?" -> R(prompt) =
     # (1/2 + 0) / 2 = 1/4 both with and without the recall -> gain 0, step 2 = 1 + 0 + 0
     task2 = Task("t2", "red?", "abcdefghijkl", ["red apple", "crimson"])
-    traj2 = asyncio.run(rollout([task2], get_workflow("rememr1"), ScriptedEngine(replies),
-                                cfg(callback_rule="released"), n=1))[0].trajectories[0]
+    traj2 = rollout_once([task2], get_workflow("rememr1"), ScriptedEngine(replies),
+                                cfg(callback_rule="released"), n=1)[0].trajectories[0]
     assert traj2.segments[2].step_reward == pytest.approx(1.0)
     with pytest.raises(ValueError, match="callback_rule must be one of paper, released"):
         cfg(callback_rule="old")
@@ -279,7 +279,7 @@ def test_step_reward_weights_travel_with_the_trajectory():
     task = Task("t1", "Q?", "abcd", ["red"])
     engine = ScriptedEngine(["<update>red</update>", r"\boxed{blue}"])
     spec = get_workflow("rememr1")
-    groups = asyncio.run(rollout([task], spec, engine, cfg(format_weight=0.5), n=1))
+    groups = rollout_once([task], spec, engine, cfg(format_weight=0.5), n=1)
     # step 0: 0.5*1 + (1 - 0) = 1.5; final: 0.5*1
     assert [s.step_reward for s in groups[0].trajectories[0].segments] == pytest.approx([1.5, 0.5])
     assert groups[0].trajectories[0].reward == 0.0
@@ -292,7 +292,7 @@ def test_rememr1_advantage_runs_on_rollout_groups():
     replies = iter(["<update>red</update>", r"\boxed{red}", "<update>x</update>", r"\boxed{no}"])
     engine = ScriptedEngine(lambda prompt, i: next(replies))
     spec = get_workflow("rememr1")
-    groups = asyncio.run(rollout([task], spec, engine, cfg(), n=2, concurrency=1))
+    groups = rollout_once([task], spec, engine, cfg(), n=2, concurrency=1)
     compute_group_advantages(groups, "rememr1", alpha=0.8)
     a, b = groups[0].trajectories
     # outcomes 1, 0 -> A_out = +0.5, -0.5; step 0 rewards 2.0 (fmt 1 + gain 1), 1.0 -> A_state +0.5, -0.5
@@ -313,6 +313,6 @@ def test_renamed_update_tag_still_earns_the_format_reward():
     task = Task("t1", "Q?", "abcd", ["red"])
     engine = ScriptedEngine(["<mem>red</mem>", r"\boxed{red}"])
     spec = get_workflow("rememr1")
-    groups = asyncio.run(rollout([task], spec, engine, cfg(update_tag="mem"), n=1))
+    groups = rollout_once([task], spec, engine, cfg(update_tag="mem"), n=1)
     # step 0: format 1 + gain (1 - 0) = 2.0; final: format 1
     assert [s.step_reward for s in groups[0].trajectories[0].segments] == pytest.approx([2.0, 1.0])

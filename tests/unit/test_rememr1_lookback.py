@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 
 import pytest
@@ -15,10 +14,10 @@ from memrl.data.synthetic_lookback import (
     make_lookback_tasks,
 )
 from memrl.demonstrators import LookbackOracle
+from memrl.runtime import rollout_once
 from memrl.workflows import get_workflow
 from memrl.workflows.memagent import MemAgentConfig
 from memrl.workflows.rememr1 import ReMemR1Config
-from memrl.workflows.runner import rollout
 
 
 class WordTokenizer:
@@ -85,7 +84,7 @@ def _accuracy(name: str, tasks, **kw):
     wcfg = {"chunk_tokens": 24, "max_memory_tokens": 64, "max_final_tokens": 16, "temperature": 0.0, **kw}
     cfg = MemAgentConfig(**wcfg) if name == "memagent" else ReMemR1Config(**wcfg)
     engine = ScriptedEngine(LookbackOracle.for_config(name, cfg), tokenizer=WordTokenizer())
-    groups = asyncio.run(rollout(tasks, get_workflow(name), engine, cfg, n=1))
+    groups = rollout_once(tasks, get_workflow(name), engine, cfg, n=1)
     return [g.trajectories[0] for g in groups]
 
 

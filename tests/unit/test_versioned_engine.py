@@ -73,7 +73,7 @@ async def _sync_after_first_call(mode: str, max_aborts: int = 1) -> tuple[Group,
     while the trajectory is between calls; then every call is released as it comes."""
     held = HeldEngine()
     gate = VersionedEngine(held, version=0, abort=mode == "abort", max_aborts=max_aborts)
-    job = asyncio.ensure_future(rollout([Task("t", "q", "c", ["a"])], SPEC, gate, {}, n=1, score=False))
+    job = asyncio.ensure_future(rollout([Task("t", "q", "c", ["a"])], SPEC, gate, {}, n=1, score=False, services=None))
     await _until(lambda: len(held.waiting) == 1, "the first call")
     pausing = asyncio.ensure_future(gate.pause())
     await asyncio.sleep(0)
@@ -148,7 +148,7 @@ def test_plain_engine_rollout_labels_nothing():
         return Trajectory(task.task_id, "", [Segment([1], list(out.token_ids), list(out.logprobs))])
 
     spec = WorkflowSpec("plain", no_version, NoConfig, lambda task, traj: 0.0)
-    groups = asyncio.run(rollout([Task("t", "q", "c", ["a"])], spec, Plain(), {}, n=2, score=False))
+    groups = asyncio.run(rollout([Task("t", "q", "c", ["a"])], spec, Plain(), {}, n=2, score=False, services=None))
     for t in groups[0].trajectories:
         assert VERSION_KEY not in t.segments[0].info and "aborts" not in t.metrics
 
