@@ -82,6 +82,27 @@ class Rollout(Protocol):
 
     def __call__(self, tasks: Sequence[Task], wf_cfg: Any, n: int = 1, seed: int = 0, *, first_sample: int = 0,
                  on_start: Callable[[Task], None] | None = None,
+                 on_done: Callable[[Task, Trajectory], None] | None = None) -> list[Group]: ...
+
+
+@dataclass
+class EngineRollout:
+    """The default `Rollout`: `spec` sampled through `engine` on a memrl.runtime.RolloutRuntime, at most
+    `concurrency` trajectories in flight, scored as each finishes. With `runtime` (one event loop and one
+    client per service for a whole run) every call runs on its loop with its services; without, each call
+    runs on a RolloutRuntime of its own over `engine` (not closing the engine), closed before it returns."""
+
+    engine: Any
+    spec: Any
+    concurrency: int = 4096
+    runtime: Any = None
+
+    @property
+    def tokenizer(self) -> Any:
+        return getattr(self.engine, "tokenizer", None)
+
+    def __call__(self, tasks: Sequence[Task], wf_cfg: Any, n: int = 1, seed: int = 0, *, first_sample: int = 0,
+                 on_start: Callable[[Task], None] | None = None,
                  on_done: Callable[[Task, Trajectory], None] | None = None) -> list[Group]:
         if first_sample and n != 1:
             raise ValueError(f"EngineRollout: first_sample={first_sample} needs n=1, got n={n}")
