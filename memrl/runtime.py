@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from memrl.services.session import Services
 from memrl.types import Group, Task, Trajectory
+from memrl.workflows.runner import rollout, score_groups
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,6 @@ class RolloutRuntime:
                       score: bool = False, concurrency: int | None = None) -> list[Group]:
         """`sample` as a coroutine on the runtime's loop; `engine`: another engine than the runtime's (the
         asynchronous producer's memrl.engines.versioned.VersionedEngine around it)."""
-        from memrl.workflows.runner import rollout
 
         spec = spec or self.spec
         if spec is None:
@@ -127,7 +127,6 @@ class RolloutRuntime:
 
     async def ascore(self, groups: Sequence[Group], *, spec: Any = None) -> list[list[Any]]:
         """`score` as a coroutine on the runtime's loop."""
-        from memrl.workflows.runner import score_groups
 
         spec = spec or self.spec
         if spec is None:

@@ -13,6 +13,11 @@ from __future__ import annotations
 
 import argparse
 
+from memrl.config import load_config, to_yaml
+from memrl.training.assemble import assemble, validate
+from memrl.training.config import TrainConfig
+from memrl.training.trainer import Trainer
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
@@ -23,10 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memrl.config import load_config, to_yaml
-    from memrl.training.assemble import assemble, validate
-    from memrl.training.config import TrainConfig
-    from memrl.training.trainer import Trainer
 
     cfg = load_config(TrainConfig, args.overrides, preset=args.preset)
     workflow = validate(cfg)

@@ -16,12 +16,23 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from memrl.config import valid
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from memrl.config import ConfigError, load_config, to_yaml, valid
+from memrl.data.conversations import conversation_segments, is_conversation_file, load_conversations
+from memrl.data.synthetic import make_tasks
+from memrl.demonstrators import MixtureRule, ScriptedEngine
+from memrl.errors import model_dir
 from memrl.quiet import hf_progress_off
+from memrl.runtime import rollout_once
+from memrl.training import lora
+from memrl.training.assemble import check_writable
 from memrl.training.config import DataSection, ModelSection
-from memrl.training.sft import SFTConfig
+from memrl.training.sft import SFTConfig, sft_train_logged
+from memrl.workflows import parse_workflow
 
 
 @dataclass
@@ -78,16 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memrl.config import ConfigError, load_config, to_yaml
-    from memrl.data.synthetic import make_tasks
-    from memrl.demonstrators import MixtureRule, ScriptedEngine
-    from memrl.errors import model_dir
-    from memrl.runtime import rollout_once
-    from memrl.training.assemble import check_writable
-    from memrl.training.sft import sft_train_logged
-    from memrl.workflows import parse_workflow
 
     cfg = load_config(SFTRunConfig, args.overrides, preset=args.preset)
     model_dir(cfg.model.path, "model.path")
@@ -117,14 +119,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_conversations(cfg: SFTRunConfig) -> int:
     """SFT on a conversation file's chats (memrl.data.conversations)."""
-    from pathlib import Path
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memrl.config import ConfigError, to_yaml
-    from memrl.data.conversations import conversation_segments, is_conversation_file, load_conversations
-    from memrl.training.assemble import check_writable
-    from memrl.training.sft import sft_train_logged
 
     path = cfg.data.path
     if not path or not Path(path).is_file():
@@ -151,14 +147,12 @@ def _run_conversations(cfg: SFTRunConfig) -> int:
 
 def _lora(model: Any, cfg: SFTRunConfig) -> Any:
     """model.lora.rank > 0: the model with PEFT LoRA adapters (only they train; memrl.training.lora)."""
-    from memrl.training import lora
 
     return lora.wrap(model, cfg.model.lora, cfg.sft.seed) if lora.enabled(cfg.model) else model
 
 
 def _save_merged(model: Any, tok: Any, out: Any, cfg: SFTRunConfig) -> None:
     """With LoRA, out_dir holds PEFT's adapter; model.lora.save_merged adds the merged model in out_dir/merged."""
-    from memrl.training import lora
 
     if lora.is_peft(model) and cfg.model.lora.save_merged:
         lora.save_merged_dir(model, tok, out / lora.MERGED_DIR)

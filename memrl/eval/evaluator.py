@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from memrl.engines import EngineConfig, build_engine
 from memrl.runtime import RolloutRuntime
 from memrl.types import Group, Task, Trajectory
 from memrl.workflows.runner import takes_services, trajectory_rng
@@ -133,7 +134,6 @@ class EngineRollout:
 def model_engine(model: Any, tokenizer: Any, engine_cfg: Any = None, model_dir: str | Path = "") -> Iterator[Any]:
     """The engine `engine_cfg` names serving `model` (default: the hf engine over `model` itself); an engine
     that loads weights itself (vllm) loads `model_dir`, which must hold `model`'s weights. Closed on exit."""
-    from memrl.engines import EngineConfig, build_engine
 
     ecfg = engine_cfg if engine_cfg is not None else EngineConfig(max_batch_size=256)
     if ecfg.name != "hf" and not ecfg.model:

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from memrl.algorithms.selection import filter_zero_variance_groups
 from memrl.types import Group, Score, Task
+from memrl.workflows.runner import apply_scores
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +47,6 @@ async def asample_groups(
     `batch_size` tasks x n; with dynamic sampling, drop zero-variance groups and refill with fresh tasks
     for up to `max_refill_rounds` more rounds (the batch may end up smaller). `engine`: sample through it
     instead of the runtime's (the asynchronous producer's versioned gate)."""
-    from memrl.algorithms.selection import filter_zero_variance_groups
-    from memrl.workflows.runner import apply_scores
 
     t0 = time.perf_counter()
     res = RolloutResult(groups=[])

@@ -21,6 +21,9 @@ import math
 import time
 from typing import Any
 
+import torch
+
+from memrl.engines.base import SamplingParams
 from memrl.errors import UserError
 
 PROBE_TEXT = "Q: Which colour is the key? M: No memory yet. S: the key is red and the box is"
@@ -41,7 +44,6 @@ def probe_ids(tokenizer: Any) -> list[int]:
 
 def teacher_forced_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> list[float]:
     """log_softmax (T=1) of each of `tokens` after `prompt` and the tokens before it, under `model`."""
-    import torch
 
     if not tokens:
         return []
@@ -74,7 +76,6 @@ def check_sync(cfg: Any, when: str, tokenizer: Any, engine: Any, runtime: Any, w
     `workers.probe_logprobs` (the policy in process at world size 1, the FSDP2 ranks above); {} when
     rollout.sync_check is off, else the metrics. `when`: which sync, for the message. Raises
     SyncCheckError (one line, naming the engine) on a mismatch."""
-    from memrl.engines.base import SamplingParams
 
     r = cfg.rollout
     if not r.sync_check:

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from memrl.config import ConfigError
+from memrl.eval.report import summarize
+from memrl.eval.runner import EvalConfig, evaluate
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,6 @@ def eval_config(cfg: Any) -> Any:
     """The EvalConfig validation runs with: the training workflow section as given (no training-only
     defaults), sampled at val.temperature / val.top_p, val.samples answers per question, the first
     val.max_questions of every file, seeded with trainer.seed."""
-    from memrl.eval.runner import EvalConfig
 
     v = cfg.val
     wf = {**cfg.workflow, "temperature": v.temperature, "top_p": v.top_p}
@@ -63,7 +64,6 @@ def check(cfg: Any) -> None:
 def val_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
     """val/<dataset>/<N>/<metric> for each (dataset, N) of `rows` (memrl.eval.report.summarize), plus
     val/mean_accuracy."""
-    from memrl.eval.report import summarize
 
     out: dict[str, float] = {}
     accs = []
@@ -91,7 +91,6 @@ def run_validation(cfg: Any, out_dir: str | Path, step: int, engine: Any = None,
     """Evaluate the current policy on val.files into <out_dir>/val/step_<step> (replacing what a killed
     earlier attempt left there) and return its metrics: on the run's `runtime` (its loop, `engine` and
     services), or through `rollout` (a memrl.eval.evaluator.Rollout of the training workflow)."""
-    from memrl.eval.runner import evaluate
 
     out = Path(out_dir) / VAL_DIR / f"step_{step}"
     shutil.rmtree(out, ignore_errors=True)  # a redone step (resume) validates afresh
