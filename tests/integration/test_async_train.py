@@ -73,7 +73,7 @@ def model() -> str:
 def test_staleness_zero_is_the_synchronous_loop(model, tmp_path):
     _, h_default, w_default = _fit(_cfg(model, tmp_path / "default"))
     t0, h_zero, w_zero = _fit(_cfg(model, tmp_path / "zero", "rollout.max_staleness=0"))
-    assert t0.gate is None and t0.producer is None  # no gate, no background loop
+    assert t0.parts.gate is None and t0.producer is None  # no gate, no background loop
     assert all(torch.equal(w_default[k], w_zero[k]) for k in w_default)
     for a, b in zip(h_default, h_zero, strict=True):
         assert {k: v for k, v in a.items() if not k.startswith(TIMING)} == {

@@ -156,7 +156,7 @@ def test_two_memact_dcpo_runs_are_bit_identical(searching_model, tmp_path):
     for x, y in zip(a.trajectories, b.trajectories, strict=True):
         assert x == y, f"trajectory {x[0]} differs between two identical runs"
     _assert_equal_weights(a, b)
-    sa, sb = a.opt.state_dict()["state"], b.opt.state_dict()["state"]
+    sa, sb = a.parts.workers.opt.state_dict()["state"], b.parts.workers.opt.state_dict()["state"]
     for i in sa:
         assert torch.equal(sa[i]["exp_avg"], sb[i]["exp_avg"]) and torch.equal(sa[i]["exp_avg_sq"], sb[i]["exp_avg_sq"])
 

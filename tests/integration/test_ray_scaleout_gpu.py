@@ -65,7 +65,7 @@ def test_nccl_ranks_and_vllm_engines_train_and_resume(ray_session, tmp_path, lay
     history = first.fit()
     assert len(history) == 3 and all(h["time/sync_s"] > 0 for h in history)
     want = ("broadcast", "nccl") if layout == "split" else ("directory", "")
-    assert (first.weight_sync.mode, first.weight_sync.backend) == want
+    assert (first.parts.sync.transfer.mode, first.parts.sync.transfer.backend) == want
     AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_000003")
     resumed = Trainer(assemble(_cfg(run, 4, *extra), resume=True))
     more = resumed.fit()

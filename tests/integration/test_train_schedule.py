@@ -81,7 +81,7 @@ def test_rows_every_k_and_default_schedules(tiny_path, tmp_path):
     every = _Recording(assemble(_cfg(tiny_path, tmp_path / "e", 1, "trainer.mini_batch_rows=5")))
     (h,) = every.fit()
     assert [len(rows) for _, rows, _ in every.calls] == [5, 3] and h["train/optimizer_steps"] == 2
-    assert _adam_steps(every) == 2 and every.workers.sched.last_epoch == 1
+    assert _adam_steps(every) == 2 and every.parts.workers.sched.last_epoch == 1
     plain = _Recording(assemble(_cfg(tiny_path, tmp_path / "p", 1)))
     (h,) = plain.fit()
     assert [len(rows) for _, rows, _ in plain.calls] == [8] and _adam_steps(plain) == 1
