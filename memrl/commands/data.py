@@ -223,6 +223,7 @@ def _build_ruler(args: argparse.Namespace) -> int:
 def _build_multiobjective(args: argparse.Namespace) -> int:
     from memrl.data.io import DataError, file_format
     from memrl.data.multiobjective import build_multiobjective, write_multiobjective
+    from memrl.workflows.memact import default_prompt
 
     writable_file(args.out, "--out")
     file_format(args.out)  # a file type it can write, before reading the sources
@@ -238,7 +239,7 @@ def _build_multiobjective(args: argparse.Namespace) -> int:
         tasks = build_multiobjective(pool, args.num_questions, args.seed, args.sub_questions)
     except ValueError as e:  # the pool is too small for what was asked
         raise UserError(f"--kind multiobjective: {e}") from e
-    n = write_multiobjective(args.out, tasks)
+    n = write_multiobjective(args.out, tasks, prompt=default_prompt)
     sizes = {k: sum(len(t.answers) == k for t in tasks) for k in sorted(set(args.sub_questions))}
     print(f"wrote {n} multi-objective tasks (sub-questions: {sizes}, seed {args.seed}) -> {args.out}")
     return 0

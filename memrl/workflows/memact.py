@@ -203,6 +203,15 @@ def answer_format(task: Task) -> str:
     return "End with one line: FINAL_ANSWER: <short answer>."
 
 
+def default_prompt(task: Task) -> list[dict[str, str]]:
+    """The prompt messages memrl writes for a multi-objective task without its own (the `prompt` builder of
+    memrl.data.multiobjective's writer): the default system prompt and user prompt, so
+    `workflow.prompt_source=auto` then builds the same first prompt as `template`."""
+    system, user = MemActConfig().templates(True)
+    return [{"role": "system", "content": system.render()},
+            {"role": "user", "content": user.render(question=task.question, answer_format=answer_format(task))}]
+
+
 def final_answer_text(text: str, require_final_answer: bool = False) -> str:
     """The text after the last FINAL_ANSWER: marker ("" when there is none); with require_final_answer,
     what the published reward reads (memrl.rewards.multiq.published_answer_text)."""
