@@ -323,7 +323,7 @@ def context_token_stats(files: list[str], tokenizer, kind: str = "auto", skip_ba
 def _stats(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from memrl.models.check import ModelFilesError, check_tokenizer_files
+    from memrl.model_files import ModelFilesError, check_tokenizer_files
 
     if not Path(args.tokenizer).exists():
         raise UserError(f"--tokenizer {args.tokenizer} does not exist")
