@@ -6,6 +6,7 @@ import dataclasses
 import logging
 from typing import Any
 
+from memrl.rewards.judge import JudgeClient, JudgeSettings
 from memrl.services import registry
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,6 @@ class Services:
     def judge(self, settings: Any) -> Any:
         """The JudgeClient for `settings` (memrl.rewards.judge.JudgeSettings, or its fields as a dict),
         built once per run."""
-        from memrl.rewards.judge import JudgeClient, JudgeSettings
-
         self._check_open()
         fields = dict(settings) if isinstance(settings, dict) else dataclasses.asdict(settings)
         key = tuple(sorted(fields.items()))
