@@ -33,16 +33,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from memrl.config import valid
+import torch
+
+from memrl.config import ConfigError, load_config, to_yaml, valid
 from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_splits
 from memrl.demonstrators.stages import calibrate_budget, calibrate_search_only_budget, memact_demonstrations
 from memrl.demos import split_overrides
 from memrl.demos.cold_start import copy_warmup as copy_warmup_stage
 from memrl.demos.cold_start import memact_cold_start
 from memrl.demos.scratch import init_memact_model
+from memrl.eval.demo_report import print_memact_eval, write_memact_outputs
 from memrl.eval.evaluator import EngineRollout, evaluate_memact, memact_summary_of, model_engine
 from memrl.models.tiny import ModelPreset
+from memrl.training.checkpoint import latest_checkpoint
+from memrl.training.config import TrainConfig
 from memrl.training.sft import SFTConfig
+from memrl.training.trainer import Trainer, check_writable, validate
 from memrl.workflows import get_workflow
 
 __all__ = ["DemoData", "MemActDemoConfig", "MemActDemoEval", "MemActDemoModel", "MemActDemoSFT", "calibrate_budget",
@@ -163,8 +169,6 @@ def expand_variant(overrides: list[str]) -> list[str]:
     if not names or names[-1] == "":
         return list(overrides)
     if names[-1] not in VARIANTS:
-        from memrl.config import ConfigError
-
         raise ConfigError(f"variant must be one of {', '.join(sorted(VARIANTS))} (or empty), got {names[-1]!r}")
     return [*VARIANTS[names[-1]], *overrides]
 
@@ -172,12 +176,6 @@ def expand_variant(overrides: list[str]) -> list[str]:
 def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[MemActDemoConfig, Any, Path, tuple[Any, Any]]:
     """(demo config, validated DCPO config, writable output dir, parsed workflow (spec, config)); fails on a
     bad value before any work."""
-    import torch
-
-    from memrl.config import ConfigError, load_config
-    from memrl.training.config import TrainConfig
-    from memrl.training.trainer import check_writable, validate
-
     demo_ov, train_ov = split_overrides(expand_variant(list(overrides)))
     cfg = load_config(MemActDemoConfig, demo_ov)
     if cfg.budget not in ("prune", "search_only"):
@@ -264,11 +262,6 @@ summarize_groups = memact_summary_of
 
 def run_memact_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
     """Run the whole demo (module docstring); returns what results.json holds."""
-    from memrl.config import to_yaml
-    from memrl.eval.demo_report import print_memact_eval, write_memact_outputs
-    from memrl.training.checkpoint import latest_checkpoint
-    from memrl.training.trainer import Trainer
-
     t_start = time.perf_counter()
     cfg, tcfg, out, workflow = load_configs(overrides, out_dir)
     wf_cfg = workflow[1]

@@ -18,7 +18,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from memrl.config import valid
+import torch
+
+from memrl.config import load_config, valid
 from memrl.data.synthetic import make_tasks, tasks_by_length
 from memrl.demonstrators.stages import evaluate_rule, mixture_rule, reading_segments
 from memrl.demos import split_overrides
@@ -26,7 +28,10 @@ from memrl.demos.cold_start import memagent_cold_start
 from memrl.demos.scratch import init_memagent_model
 from memrl.eval.evaluator import EngineRollout, EvalProtocol, evaluate_policy, model_engine, results_to_json
 from memrl.models.tiny import ModelPreset
+from memrl.training.checkpoint import latest_checkpoint
+from memrl.training.config import TrainConfig
 from memrl.training.sft import SFTConfig
+from memrl.training.trainer import Trainer, check_writable, validate
 
 __all__ = ["DemoConfig", "DemoEval", "DemoSFT", "cold_start", "demonstrator", "evaluate_demonstrator",
            "evaluate_model", "heldout_tasks", "init_model", "load_demo_configs", "protocol", "reading_segments",
@@ -119,12 +124,6 @@ def load_demo_configs(overrides: list[str], out_dir: str | Path) -> tuple[DemoCo
     """(demo config, validated RL config, writable output dir, parsed workflow (spec, config)) from
     `key=value` / `train.key=value` overrides; sets torch's thread count when `threads` is given. Fails
     before any work on a bad value."""
-    import torch
-
-    from memrl.config import load_config
-    from memrl.training.config import TrainConfig
-    from memrl.training.trainer import check_writable, validate
-
     demo_ov, train_ov = split_overrides(list(overrides))
     cfg = load_config(DemoConfig, demo_ov)  # every field against its declared range
     out = check_writable(out_dir, "--out")
@@ -207,9 +206,6 @@ def evaluate_model(cfg: DemoConfig, tcfg: Any, spec: Any, wf_cfg: Any, model: An
 
 def run_demo(cfg: DemoConfig, tcfg: Any, out: Path, workflow: tuple[Any, Any]) -> dict[str, Any]:
     """The whole recipe; returns the results dict (JSON-ready) that `memrl.eval.demo_report` renders."""
-    from memrl.training.checkpoint import latest_checkpoint
-    from memrl.training.trainer import Trainer
-
     t_start = time.perf_counter()
     spec, wf_cfg = workflow
     timings: dict[str, float] = {}
