@@ -150,7 +150,7 @@ def stage_sft(out: Path, model_dir: Path, args) -> Path:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     t0 = time.time()
     if args.copy_warmup_steps:
-        from memrl.training.cold_start import copy_warmup
+        from memrl.demos.cold_start import copy_warmup
 
         copy_warmup(model, tok, args.copy_warmup_steps, args.copy_warmup_rows, args.copy_warmup_lr, args.seed,
                     out / "copy_warmup", progress=False)
@@ -495,7 +495,7 @@ def main() -> int:
     p.add_argument("--sft-lr", type=float, default=3e-3)
     p.add_argument("--oversample-recall", type=int, default=1, help="repeat demonstrated recall steps k times")
     p.add_argument("--copy-warmup-steps", type=int, default=0, help="copy warm-up steps before the cold start "
-                   "(memrl.training.cold_start.copy_warmup; 0 = none)")
+                   "(memrl.demos.cold_start.copy_warmup; 0 = none)")
     p.add_argument("--copy-warmup-rows", type=int, default=32)
     p.add_argument("--copy-warmup-lr", type=float, default=1e-3)
     p.add_argument("--rl-steps", type=int, default=12)

@@ -8,6 +8,11 @@ import importlib
 import sys
 from typing import NoReturn
 
+from memrl import __version__
+from memrl.engines.base import EngineError
+from memrl.errors import UserError, os_message
+from memrl.services.base import RetrievalError
+
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("memrl.commands.model", "build tiny local models; convert verl / Megatron checkpoints"),
@@ -69,8 +74,6 @@ def _place_extras(parser: argparse.ArgumentParser, args: argparse.Namespace, ext
 
 
 def main(argv: list[str] | None = None) -> int:
-    from memrl.errors import UserError, os_message
-
     parser, modules = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
@@ -80,8 +83,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{e.prog}: error: {e}", file=sys.stderr)
         return 2
     if args.version:
-        from memrl import __version__
-
         print(__version__)
         return 0
     if not args.command:
@@ -112,9 +113,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _service_failure(e: BaseException) -> bool:
     """Whether `e` (or what a rollout wrapped) is an engine / retrieval failure rather than a bug."""
-    from memrl.engines.base import EngineError
-    from memrl.services.base import RetrievalError
-
     return isinstance(e, EngineError | RetrievalError) or isinstance(e.__cause__, EngineError | RetrievalError)
 
 

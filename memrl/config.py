@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -162,8 +164,6 @@ def _check_raw(schema: type, node: Any, where: str) -> None:
     """The declared ranges of `schema`'s fields checked on a not yet constructed config tree (a
     DictConfig), so an out-of-range value is named by its dotted path even when the dataclass's own
     __post_init__ (which sees only its own fields) would reject it first."""
-    import typing
-
     if not dataclasses.is_dataclass(schema) or not isinstance(node, DictConfig):
         return
     try:
@@ -371,8 +371,6 @@ def check_config(obj: Any, where: str = "") -> None:
 def bounded(kind: Callable[[str], Any], **rule: Any) -> Callable[[str], Any]:
     """An argparse `type=` that parses with `kind` and admits what `Allowed(**rule)` admits, so command-line
     options declare their ranges the same way config fields do (argparse prints the error, exit 2)."""
-    import argparse
-
     allowed = Allowed(**rule)
 
     def parse(text: str) -> Any:

@@ -12,6 +12,8 @@ import re
 import signal
 from pathlib import Path
 
+from memrl.model_files import ModelFilesError, check_model_files
+
 WEIGHT_FILES = re.compile(r".*\.safetensors$|.*\.safetensors\.index\.json$|pytorch_model.*\.bin$|.*\.bin\.index\.json$")
 """Files a HuggingFace directory keeps its weights in."""
 
@@ -77,7 +79,7 @@ def writable_file(path: str | os.PathLike[str], key: str) -> Path:
 
 def model_dir(path: str, key: str) -> Path:
     """A HuggingFace model directory named by config key `key`, else UserError: it holds config.json,
-    and its config, weights and tokenizer pass `memrl.models.check.check_model_files`."""
+    and its config, weights and tokenizer pass `memrl.model_files.check_model_files`."""
     p = Path(path)
     if not path:
         raise UsageError(f"{key} is required (a HuggingFace model directory)")
@@ -90,8 +92,6 @@ def model_dir(path: str, key: str) -> Path:
     hint = weightless_hint(p)
     if hint:
         raise UserError(f"{key}={path}: {hint}")
-    from memrl.models.check import ModelFilesError, check_model_files
-
     try:
         check_model_files(p, key)
     except ModelFilesError as e:

@@ -16,21 +16,25 @@ state it found (nesting works); another thread loading a model at the same momen
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
+
+try:
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as tf_logging
+except ImportError:  # transformers or huggingface_hub without these switches: nothing to silence
+    tf_logging = None
+try:
+    from transformers import PreTrainedTokenizerBase
+except ImportError:  # pragma: no cover - transformers is a dependency
+    PreTrainedTokenizerBase = ()
 
 
 @contextlib.contextmanager
 def hf_progress_off() -> Iterator[None]:
     """No transformers / huggingface_hub progress bars inside the block; the previous state after it."""
-    try:
-        from huggingface_hub.utils import (
-            are_progress_bars_disabled,
-            disable_progress_bars,
-            enable_progress_bars,
-        )
-        from transformers.utils import logging as tf_logging
-    except ImportError:  # transformers or huggingface_hub without these switches: nothing to silence
+    if tf_logging is None:  # transformers or huggingface_hub without these switches: nothing to silence
         yield
         return
     tf_on = tf_logging.is_progress_bar_enabled()
@@ -54,10 +58,6 @@ def encode_document(tokenizer: Any, text: str) -> list[int]:
 
     A transformers tokenizer is asked with verbose=False (that call only: the warning stays on for every
     other encode); any other tokenizer (the test doubles' character tokenizer) is called plainly."""
-    try:
-        from transformers import PreTrainedTokenizerBase
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        PreTrainedTokenizerBase = ()  # noqa: N806
     if isinstance(tokenizer, PreTrainedTokenizerBase):
         return list(tokenizer.encode(text, add_special_tokens=False, verbose=False))
     return list(tokenizer.encode(text, add_special_tokens=False))
@@ -67,8 +67,6 @@ def encode_document(tokenizer: Any, text: str) -> list[int]:
 def peft_rename_warning_off() -> Iterator[None]:
     """Inside the block, no FutureWarning that transformers' `is_gradient_checkpointing` is renamed (peft
     reads the old name); every other warning as usual."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
         yield

@@ -13,6 +13,8 @@ import datetime
 import socket
 from typing import Any
 
+import torch.distributed as dist
+
 
 def listening_socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to (host, port) and listening: the host's first address family."""
@@ -34,8 +36,6 @@ def listening_socket(host: str, port: int) -> socket.socket:
 def tcp_store(host: str, port: int, world_size: int, is_master: bool, timeout: datetime.timedelta,
               wait_for_workers: bool) -> Any:
     """torch.distributed.TCPStore at host:port; the master's listening socket is bound to `host` only."""
-    import torch.distributed as dist
-
     if not is_master:
         return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout,
                              wait_for_workers=wait_for_workers)

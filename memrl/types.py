@@ -1,4 +1,5 @@
-"""The rollout data model: Task -> Trajectory (of Segments) -> Group (with its Task); Score per trajectory.
+"""The rollout data model: Task -> Trajectory (of Segments) -> Group (with its Task); Score per trajectory;
+Document, one corpus passage (the retrieval corpus's rows, memrl.data.corpus; what retrievers return).
 
 A `Segment` is one model call and one training row. Token ids and logprobs are the ones the engine
 produced; nothing downstream re-tokenizes decoded text.
@@ -166,3 +167,12 @@ class Score:
     step_rewards: list[float | None] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Document:
+    """One corpus passage: `id` is stable across runs, `title` may be empty."""
+
+    id: str
+    title: str
+    text: str

@@ -26,9 +26,28 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from transformers import AutoTokenizer
+
 from memrl.config import bounded
-from memrl.data.io import KINDS, ReadStats
+from memrl.data import hotpotqa, memagent_files, twowiki
+from memrl.data.corpus import CorpusStats, build_corpus, write_corpus
+from memrl.data.io import (
+    KIND_NAMES,
+    KINDS,
+    DataError,
+    ReadStats,
+    detect_kind,
+    file_format,
+    load_tasks,
+    write_records,
+)
+from memrl.data.longctx import DEFAULT_DOC_COUNTS, TRAIN_NUM_DOCS, build_eval_sets, build_train_set
+from memrl.data.multiobjective import build_multiobjective, write_multiobjective
+from memrl.data.ruler_build import BUILD_TASKS, PAPER_TASKS, BuildOptions, build_ruler, parse_length
+from memrl.data.slime import to_slime_record
 from memrl.errors import UsageError, UserError, writable_dir, writable_file
+from memrl.model_files import ModelFilesError, check_tokenizer_files
+from memrl.workflows.memact import default_prompt
 
 
 def _counts(text: str | list[int], opt: str) -> list[int]:
@@ -47,8 +66,6 @@ def _counts(text: str | list[int], opt: str) -> list[int]:
 def check_args(args: argparse.Namespace) -> None:
     """Option values and input files, before anything is read or written: one-line UsageError (exit 2)
     for a value out of range, DataError (exit 1) for an input file that is not there."""
-    from memrl.data.io import DataError
-
     cmd = args.data_command
     for opt in ("docs", "sub_questions"):
         if isinstance(getattr(args, opt, None), str):
@@ -73,8 +90,6 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from memrl.data.longctx import DEFAULT_DOC_COUNTS, TRAIN_NUM_DOCS
-
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     sub = parser.add_subparsers(dest="data_command", metavar="ACTION", required=True)
 
@@ -145,8 +160,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_sources(paths: list[str], kind: str, skip_bad: bool, docs_from: str | None = None):
-    from memrl.data.io import load_tasks
-
     tasks = []
     for p in paths:
         st = ReadStats(p)
@@ -164,8 +177,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from memrl.data.longctx import build_eval_sets
-
     if args.kind == "multiobjective":
         return _build_multiobjective(args)
     if args.kind == "ruler":
@@ -186,10 +197,6 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _build_ruler(args: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer
-
-    from memrl.data.ruler_build import BUILD_TASKS, PAPER_TASKS, BuildOptions, build_ruler, parse_length
-
     if not args.tokenizer:
         raise UserError("data build --kind ruler: --tokenizer MODEL_DIR is required (lengths are counted in it)")
     if not args.lengths:
@@ -221,9 +228,6 @@ def _build_ruler(args: argparse.Namespace) -> int:
 
 
 def _build_multiobjective(args: argparse.Namespace) -> int:
-    from memrl.data.io import DataError, file_format
-    from memrl.data.multiobjective import build_multiobjective, write_multiobjective
-
     writable_file(args.out, "--out")
     file_format(args.out)  # a file type it can write, before reading the sources
     pool = []
@@ -238,15 +242,13 @@ def _build_multiobjective(args: argparse.Namespace) -> int:
         tasks = build_multiobjective(pool, args.num_questions, args.seed, args.sub_questions)
     except ValueError as e:  # the pool is too small for what was asked
         raise UserError(f"--kind multiobjective: {e}") from e
-    n = write_multiobjective(args.out, tasks)
+    n = write_multiobjective(args.out, tasks, prompt=default_prompt)
     sizes = {k: sum(len(t.answers) == k for t in tasks) for k in sorted(set(args.sub_questions))}
     print(f"wrote {n} multi-objective tasks (sub-questions: {sizes}, seed {args.seed}) -> {args.out}")
     return 0
 
 
 def _corpus(args: argparse.Namespace) -> int:
-    from memrl.data.corpus import CorpusStats, build_corpus, write_corpus
-
     kind = {"hotpotqa": "hotpotqa", "2wiki": "2wiki"}[args.source]
     st = CorpusStats()
     docs = build_corpus(_load_sources(args.files, kind, args.skip_bad), st)
@@ -257,8 +259,6 @@ def _corpus(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from memrl.data.longctx import build_train_set
-
     writable_file(args.out, "--out")
     tasks = _load_sources(args.source, args.kind, args.skip_bad)
     n = build_train_set(tasks, args.out, args.docs, args.seed, args.num_questions, args.data_source)
@@ -267,9 +267,6 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from memrl.data import hotpotqa, memagent_files, twowiki
-    from memrl.data.io import detect_kind, write_records
-
     writable_file(args.dst, "DST")
     kind = detect_kind(args.src) if args.kind == "auto" else args.kind
     tasks = _load_sources([args.src], kind, args.skip_bad, args.docs_from)
@@ -282,8 +279,6 @@ def _convert(args: argparse.Namespace) -> int:
     elif args.to == "eval":
         recs = [memagent_files.to_eval_record(t) for t in tasks]
     elif args.to == "slime":
-        from memrl.data.slime import to_slime_record
-
         recs = [to_slime_record(t) for t in tasks]
     else:
         recs = [memagent_files.to_parquet_row(t) for t in tasks]
@@ -303,8 +298,6 @@ def _count_tokens(tokenizer, texts: list[str]) -> list[int]:
 def context_token_stats(files: list[str], tokenizer, kind: str = "auto", skip_bad: bool = False,
                         docs_from: str | None = None):
     """Rows (num_docs, files, questions, mean context tokens, mean characters) grouped by num_docs."""
-    from memrl.data.io import load_tasks
-
     acc: dict[int, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     for f in files:
         tasks = load_tasks(f, kind, skip_bad=skip_bad, docs_from=docs_from)
@@ -320,10 +313,6 @@ def context_token_stats(files: list[str], tokenizer, kind: str = "auto", skip_ba
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer
-
-    from memrl.models.check import ModelFilesError, check_tokenizer_files
-
     if not Path(args.tokenizer).exists():
         raise UserError(f"--tokenizer {args.tokenizer} does not exist")
     if Path(args.tokenizer).is_dir():  # (a hub name is left to transformers)
@@ -343,8 +332,6 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from memrl.data.io import KIND_NAMES, detect_kind, load_tasks
-
     kind = detect_kind(args.file) if args.kind == "auto" else args.kind
     print(f"kind: {kind} ({KIND_NAMES.get(kind, kind)})")
     st = ReadStats(args.file)

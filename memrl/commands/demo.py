@@ -16,12 +16,18 @@ which the demo's evaluations use too).
 from __future__ import annotations
 
 import argparse
+import shlex
 
+from memrl.config import ConfigError, bounded, to_yaml
+from memrl.demos.memact import run_memact_demo
 from memrl.demos.memagent import (  # noqa: F401 - re-exported: benchmarks and tests import them from here
     DemoConfig,
     load_demo_configs,
     reading_segments,
+    run_demo,
 )
+from memrl.demos.seeds import parse_capabilities, parse_seeds, run_sweep
+from memrl.eval.demo_report import write_memagent_outputs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,27 +43,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu-capability", default=None, metavar="CAP,CAP,...",
                         help="ATEN_CPU_CAPABILITY of each run: avx2, avx512, default (scalar kernels) or native (unset: "
                              "torch's choice, the default); runs seed 0 when --seeds is not given")
-    from memrl.config import bounded
-
     parser.add_argument("--jobs", type=bounded(int, ge=1), default=1, help="with --seeds: runs at a time (default 1)")
     parser.add_argument("--aggregate-only", action="store_true",
                         help="with --seeds: start nothing, aggregate the finished runs")
 
 
 def run(args: argparse.Namespace) -> int:
-    from memrl.config import to_yaml
-    from memrl.demos.memagent import run_demo
-    from memrl.eval.demo_report import write_memagent_outputs
-
     if args.seeds is not None or args.cpu_capability is not None:
         return run_seeds(args)
     if args.jobs != 1 or args.aggregate_only:
-        from memrl.config import ConfigError
-
         raise ConfigError("--jobs and --aggregate-only need --seeds or --cpu-capability")
     if getattr(args, "agent", "memagent") == "memact":
-        from memrl.demos.memact import run_memact_demo
-
         run_memact_demo(args.out, args.overrides)
         return 0
     cfg, tcfg, out, workflow = load_demo_configs(args.overrides, args.out)
@@ -71,10 +67,6 @@ def run(args: argparse.Namespace) -> int:
 
 def run_seeds(args: argparse.Namespace) -> int:
     """--seeds / --cpu-capability: memrl.demos.seeds.run_sweep; exit 1 when a run failed."""
-    import shlex
-
-    from memrl.demos.seeds import parse_capabilities, parse_seeds, run_sweep
-
     seeds = parse_seeds(args.seeds if args.seeds is not None else "0")
     caps = parse_capabilities(args.cpu_capability if args.cpu_capability is not None else "native")
     command = shlex.join(["memrl", "demo", "--agent", args.agent, "--out", str(args.out), "--seeds",

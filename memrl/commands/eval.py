@@ -29,7 +29,10 @@ import argparse
 import logging
 from pathlib import Path
 
+from memrl.config import load_config
 from memrl.errors import UserError
+from memrl.eval.report import is_memact, report_dirs, summarize, summarize_memact, write_report
+from memrl.eval.runner import EvalConfig, evaluate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,8 +64,6 @@ def split_items(items: list[str]) -> tuple[list[str], list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memrl.eval.report import is_memact, report_dirs, summarize, summarize_memact, write_report
-
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.items[0] == "report":
         dirs = args.items[1:]
@@ -72,9 +73,6 @@ def run(args: argparse.Namespace) -> int:
         print(files.markdown.read_text(), end="")
         print(f"wrote {files.markdown}, {files.csv}, {files.png}")
         return 0
-
-    from memrl.config import load_config
-    from memrl.eval.runner import EvalConfig, evaluate
 
     files, ev = split_items(args.items)
     if not files:

@@ -18,11 +18,12 @@ import shutil
 from pathlib import Path
 
 from memrl.config import bounded
+from memrl.errors import UserError, writable_dir
+from memrl.models.convert import DTYPES, FORMATS, convert, summary_line
+from memrl.models.tiny import PRESETS, init_tiny_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from memrl.models.tiny import PRESETS
-
     sub = parser.add_subparsers(dest="model_command", metavar="ACTION", required=True)
     init = sub.add_parser("init", help="train a tokenizer and write a random Qwen2 model")
     init.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model size (tiny ~3M, small ~24M)")
@@ -33,8 +34,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--seed", type=bounded(int, ge=0), default=0, help="seed of the synthetic text and the weights")
     init.add_argument("--force", action="store_true", help="write into a non-empty output directory")
     init.add_argument("--debug", action="store_true", help="show tracebacks")
-
-    from memrl.models.convert import DTYPES, FORMATS
 
     conv = sub.add_parser("convert", help="verl FSDP / Megatron torch_dist checkpoint -> HuggingFace directory")
     conv.add_argument("src", metavar="SRC", help="verl global_step_N or actor directory; Megatron iter_* directory")
@@ -52,16 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memrl.errors import UserError, writable_dir
-
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not args.force:
         raise UserError(f"--out {out} is not empty; pass --force to write into it")
     if args.model_command == "convert":
-        from memrl.models.convert import convert, summary_line
-
         if Path(args.src).resolve() == out.resolve():
             raise UserError(f"--out {out} is the source directory; write the model elsewhere")
         existed = out.exists()
@@ -74,8 +69,6 @@ def run(args: argparse.Namespace) -> int:
             raise
         print(summary_line(info, out))
         return 0
-
-    from memrl.models.tiny import init_tiny_model
 
     for c in args.corpus or []:
         if not Path(c).is_file():

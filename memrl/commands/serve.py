@@ -12,9 +12,14 @@ GET /health (docs/memact_services.md). It binds 127.0.0.1 unless told otherwise.
 from __future__ import annotations
 
 import argparse
+import socket
 import time
+from pathlib import Path
 
 from memrl.config import bounded
+from memrl.errors import UsageError, UserError
+from memrl.services.retrieval import BM25Retriever, DenseRetriever
+from memrl.services.server import create_app
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,10 +54,6 @@ def run(args: argparse.Namespace) -> int:
 def check_retrieval_args(args: argparse.Namespace) -> None:
     """Option values and the files they name, before any import or indexing: UsageError (exit 2) for a
     value out of range, UserError for a missing file or a port that cannot be bound."""
-    from pathlib import Path
-
-    from memrl.errors import UsageError, UserError
-
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
     for opt, val, low in (("--max-concurrency", args.max_concurrency, 1), ("--max-topk", args.max_topk, 1),
@@ -75,8 +76,6 @@ def check_retrieval_args(args: argparse.Namespace) -> None:
 def bind_problem(host: str, port: int) -> str | None:
     """Why a server could not listen on (host, port) (address in use, unknown host), None if it can.
     Checked before indexing a corpus, which can take minutes; the port is released again at once."""
-    import socket
-
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
@@ -92,15 +91,11 @@ def bind_problem(host: str, port: int) -> str | None:
 
 
 def _retrieval(args: argparse.Namespace) -> int:
-    from memrl.errors import UserError
-
     check_retrieval_args(args)
     try:
-        import uvicorn
+        import uvicorn  # noqa: PLC0415
     except ImportError as e:
         raise UserError("memrl serve needs the 'serve' extra: pip install 'memrl[serve]'") from e
-    from memrl.services.retrieval import BM25Retriever, DenseRetriever
-    from memrl.services.server import create_app
 
     t0 = time.perf_counter()
     if args.retriever == "dense":

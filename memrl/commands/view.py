@@ -13,6 +13,7 @@ import logging
 
 from memrl.config import bounded
 from memrl.errors import UsageError
+from memrl.viewer.server import make_server, url_of
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,8 +27,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memrl.viewer.server import make_server, url_of
-
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if len(args.runs) > 2:
         raise UsageError(f"view: give one or two run directories, got {len(args.runs)}")

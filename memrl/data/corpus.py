@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 from memrl.data.errors import DataError
 from memrl.data.files import open_text, write_jsonl
-from memrl.services.base import Document
-from memrl.types import Task
+from memrl.types import Document, Task
 
 SOURCES = ("hotpotqa", "2wiki")
 

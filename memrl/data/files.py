@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from memrl.data.checks import DuplicateIds, gold_problem
 from memrl.data.errors import DataError
 from memrl.types import DataModelError, Task
@@ -103,9 +106,6 @@ def _one_line(text: str) -> str:
 
 def _records(path: str, fmt: str) -> Iterator[tuple[int, Any]]:
     if fmt == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         try:
             pf = pq.ParquetFile(path)
         except Exception as e:  # noqa: BLE001 - pyarrow raises several types
@@ -242,9 +242,6 @@ def write_jsonl(path: str | os.PathLike[str], records: Iterable[Any]) -> int:
 
 def write_parquet(path: str | os.PathLike[str], records: list[dict[str, Any]]) -> int:
     """Write records (dicts with the same keys) as one parquet file; returns the count."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(records)
     pq.write_table(table, str(path))

@@ -23,7 +23,9 @@ from functools import lru_cache
 
 from memrl.data.errors import DataError
 from memrl.data.files import open_text
+from memrl.data.hotpotqa import load_hotpotqa, paragraph_text
 from memrl.data.kinds import detect_kind, is_index_list  # noqa: F401 - is_index_list: re-exported
+from memrl.data.twowiki import load_twowiki
 
 _DATASET_NAMES = {"hotpotqa": "hotpotqa", "2wiki": "2wikimultihopqa", "squad": "squad"}
 
@@ -55,8 +57,6 @@ def _cached_list(path: str, size: int, mtime_ns: int) -> DocumentList:
     squad = _squad_paragraphs(path)
     if squad is not None:
         return DocumentList(path, "squad", tuple(sorted(set(squad))))
-    from memrl.data.hotpotqa import load_hotpotqa, paragraph_text
-    from memrl.data.twowiki import load_twowiki
 
     kind = detect_kind(path)
     if kind not in ("hotpotqa", "2wiki"):

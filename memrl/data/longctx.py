@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ import numpy as np
 
 from memrl.data.errors import DataError
 from memrl.data.hotpotqa import gold_paragraph_indices, paragraph_text, render_document
+from memrl.data.memagent_files import write_eval_json, write_memagent_parquet
 from memrl.types import Task
 
 DEFAULT_DOC_COUNTS: tuple[int, ...] = (50, 100, 200, 400, 800, 1600, 3200, 6400)
@@ -176,10 +178,6 @@ def build_eval_sets(
 
     The pool is every paragraph of `pool_tasks` (default: all of `tasks`, not only the selected ones).
     """
-    import time
-
-    from memrl.data.memagent_files import write_eval_json
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     questions = select_questions(tasks, num_questions, seed)
@@ -208,8 +206,6 @@ def build_train_set(
     data_source: str = "hotpotqa",
 ) -> int:
     """MemAgent training parquet: each question padded to `num_docs` documents (published: 200)."""
-    from memrl.data.memagent_files import write_memagent_parquet
-
     questions = select_questions(tasks, num_questions, seed)
     pool = DocPool.from_tasks(tasks)
     return write_memagent_parquet(out_path, iter_long_tasks(questions, pool, num_docs, seed), data_source)

@@ -40,6 +40,8 @@ from memrl.data.files import (
     write_json,
     write_parquet,
 )
+from memrl.data.index_only import document_list, is_index_list, missing_docs_error, rebuild_context
+from memrl.data.ruler import name_label
 from memrl.types import Task
 
 EVAL_CORE = ("context", "input", "answers")
@@ -61,13 +63,9 @@ def _answers(val: Any, where: str, field: str) -> list[str]:
 
 def parse_eval_record(rec: Any, where: str, docs: Any = None) -> Task:
     """One `eval_{N}.json` row to a Task; `docs` (an index_only.DocumentList) rebuilds index-only contexts."""
-    from memrl.data.index_only import is_index_list, rebuild_context
-
     ctx = rec.get("context") if isinstance(rec, dict) else None
     if is_index_list(ctx):
         if docs is None:
-            from memrl.data.index_only import missing_docs_error
-
             raise missing_docs_error(where.rsplit(": row", 1)[0], row_of(where))
         context = rebuild_context(ctx, docs, where)
     else:
@@ -102,9 +100,6 @@ def load_eval_json(
 ) -> list[Task]:
     """Tasks from a MemAgent / RULER-HQA `eval_{N}.json` file (JSON list or JSONL); index-only files need
     `docs_from` (the dev file their indices point into)."""
-    from memrl.data.index_only import document_list, is_index_list, missing_docs_error
-    from memrl.data.ruler import name_label
-
     docs = document_list(docs_from) if docs_from else None
     first = first_record(path)
     if docs is None and isinstance(first, dict) and is_index_list(first.get("context")):

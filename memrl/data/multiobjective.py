@@ -29,7 +29,7 @@ import json
 import os
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from memrl.data.errors import DataError
@@ -173,18 +173,14 @@ def _keyed_answers(obj: dict[str, Any], where: str) -> tuple[list[str], list[str
 # ---------------------------------------------------------------------------------------------- rows
 
 
-def default_prompt(task: Task) -> list[dict[str, str]]:
-    """The prompt messages memrl writes for a task without its own: the memact workflow's default system
-    prompt and user prompt (`workflow.prompt_source=auto` then builds the same first prompt as `template`)."""
-    from memrl.workflows.memact import MemActConfig, answer_format
-
-    system, user = MemActConfig().templates(True)
-    return [{"role": "system", "content": system.render()},
-            {"role": "user", "content": user.render(question=task.question, answer_format=answer_format(task))}]
+PromptBuilder = Callable[[Task], list[dict[str, str]]]
+"""The prompt messages to write for a task that carries none (`meta["prompt"]`): the agent's prompt, which the
+data layer does not build; `memrl data build` passes memrl.workflows.memact.default_prompt."""
 
 
-def to_row(task: Task, agent_name: str = AGENT_NAME) -> dict[str, Any]:
-    """A multi-objective Task as a row in the published layout (module docstring), plus memrl's extra keys."""
+def to_row(task: Task, agent_name: str = AGENT_NAME, prompt: PromptBuilder | None = None) -> dict[str, Any]:
+    """A multi-objective Task as a row in the published layout (module docstring), plus memrl's extra keys;
+    the prompt messages are the task's own, else `prompt(task)`."""
     m = task.meta
     gt = ground_truth_text(task)
     kept = m.get("row_extra") or {}
@@ -192,10 +188,13 @@ def to_row(task: Task, agent_name: str = AGENT_NAME) -> dict[str, Any]:
                              "need_tools_kwargs": True, "tools_kwargs": {"search": {"create_kwargs": {"ground_truth": ""}}}}
     extra.update(kept.get("extra_info", {}))
     extra.update(_memrl_extras(task))
-    prompt = m.get("prompt") or default_prompt(task)
+    messages = m.get("prompt") or (prompt(task) if prompt is not None else None)
+    if not messages:
+        raise DataError(f"task {task.task_id}: no prompt messages to write (meta['prompt']) and no prompt builder "
+                        "given (prompt=, e.g. memrl.workflows.memact.default_prompt)")
     return {
         "data_source": m.get("data_source", DATA_SOURCE),
-        "prompt": [{"content": p["content"], "role": p["role"]} for p in prompt],
+        "prompt": [{"content": p["content"], "role": p["role"]} for p in messages],
         "ability": m.get("ability", ABILITY),
         "agent_name": m.get("agent_name", agent_name),
         "reward_model": {**kept.get("reward_model", {}), "ground_truth": gt},
@@ -310,7 +309,9 @@ def load_multiobjective(
     return parse_records(path, parse_row, skip_bad=skip_bad, limit=limit, stats=stats)
 
 
-def write_multiobjective(path: str | os.PathLike[str], tasks: Iterable[Task], agent_name: str = AGENT_NAME) -> int:
-    """Write tasks as rows in the published layout, in the format the file name says; returns the count."""
+def write_multiobjective(path: str | os.PathLike[str], tasks: Iterable[Task], agent_name: str = AGENT_NAME, *,
+                         prompt: PromptBuilder | None = None) -> int:
+    """Write tasks as rows in the published layout, in the format the file name says; returns the count.
+    A task without its own prompt messages gets `prompt(task)` (to_row)."""
     tasks = list(tasks)
-    return write_records(path, [to_row(t, agent_name) for t in tasks])
+    return write_records(path, [to_row(t, agent_name, prompt) for t in tasks])

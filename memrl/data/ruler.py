@@ -29,7 +29,13 @@ from typing import Any
 
 from memrl.data.errors import DataError
 from memrl.data.files import ReadStats, first_record, parse_records, require, row_of
-from memrl.data.index_only import DocumentList, is_index_list, rebuild_context
+from memrl.data.index_only import (
+    DocumentList,
+    document_list,
+    is_index_list,
+    missing_docs_error,
+    rebuild_context,
+)
 from memrl.types import Task
 
 RULER_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
@@ -86,8 +92,6 @@ def make_parser(path: str | os.PathLike[str], docs: DocumentList | None = None):
             ctx = rec["context"]
             if is_index_list(ctx):
                 if docs is None:
-                    from memrl.data.index_only import missing_docs_error
-
                     raise missing_docs_error(str(path), row_of(where))
                 ctx = rebuild_context(ctx, docs, where)
             elif not isinstance(ctx, str):
@@ -117,8 +121,6 @@ def load_ruler(
     stats: ReadStats | None = None, docs_from: str | os.PathLike[str] | None = None,
 ) -> list[Task]:
     """Tasks from a RULER file (either layout); index-only contexts need `docs_from`."""
-    from memrl.data.index_only import document_list, missing_docs_error
-
     docs = document_list(docs_from) if docs_from else None
     first = first_record(path)
     if docs is None and isinstance(first, dict) and is_index_list(first.get("context")):

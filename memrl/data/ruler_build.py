@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.data.errors import DataError
+from memrl.data.io import load_tasks
 
 # ------------------------------------------------------------------ task parameters (RULER synthetic.yaml)
 
@@ -279,8 +280,6 @@ class QAItem:
 
 def read_qa_source(path: str | os.PathLike[str]) -> tuple[list[QAItem], list[str]]:
     """(questions, sorted distinct documents) of a SQuAD file or any HotpotQA / 2Wiki file memrl reads."""
-    from memrl.data.io import load_tasks
-
     if not Path(path).exists():
         raise DataError(f"--qa-source {path} does not exist")
     if str(path).endswith(".json"):

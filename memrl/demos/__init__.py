@@ -5,8 +5,8 @@ library's stages (the module's other functions only map its configs onto one lib
 - memact: `memrl demo --agent memact` (task splits, model init, budget, copy warm-up, cold start, DCPO,
   evaluation).
 
-The stages: memrl.data.synthetic / synthetic_memact (tasks), memrl.models.scratch (model init),
-memrl.demonstrators.stages (demonstrators, their demonstrations, MemAct's budget), memrl.training.cold_start
+The stages: memrl.data.synthetic / synthetic_memact (tasks), memrl.demos.scratch (model init),
+memrl.demonstrators.stages (demonstrators, their demonstrations, MemAct's budget), memrl.demos.cold_start
 (cold-start SFT, copy warm-up), memrl.training.trainer (RL), memrl.eval.evaluator (the one evaluator
 `memrl eval` and validation use: greedy and sampled per length, standard errors over tasks) and
 memrl.eval.demo_report (the tables and plots).

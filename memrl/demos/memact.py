@@ -7,9 +7,9 @@ This module holds the demo's configs and `run_memact_demo`, which chains the lib
 functions between them only map the configs onto one library call each): write the task splits
 (memrl.data.synthetic_memact.write_splits: SFT / RL / held-out tasks, each with its own fact sheet that
 the agent searches with BM25) -> init a ~0.6M-parameter Qwen2 whose tokenizer is trained on the task's
-text (memrl.models.scratch.init_memact_model) -> calibrate the working-context budget
+text (memrl.demos.scratch.init_memact_model) -> calibrate the working-context budget
 (memrl.demonstrators.stages.calibrate_budget) -> copy warm-up and cold-start SFT on the scripted agent's
-trajectories (memrl.training.cold_start; the agent, memrl.demonstrators.memact, prunes late with
+trajectories (memrl.demos.cold_start; the agent, memrl.demonstrators.memact, prunes late with
 probability `sft.late_prob`), played through the real memact workflow, so the SFT rows are the workflow's
 segments -> DCPO (preset memact_dcpo_cpu) -> the same held-out evaluation of the SFT and the SFT+DCPO
 policy: greedy and sampled (one sample per task, temperature `eval.temperature`), accuracy (all
@@ -33,16 +33,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from memrl.config import valid
+import torch
+
+from memrl.config import ConfigError, load_config, to_yaml, valid
 from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_splits
 from memrl.demonstrators.stages import calibrate_budget, calibrate_search_only_budget, memact_demonstrations
 from memrl.demos import split_overrides
+from memrl.demos.cold_start import copy_warmup as copy_warmup_stage
+from memrl.demos.cold_start import memact_cold_start
+from memrl.demos.scratch import init_memact_model
+from memrl.eval.demo_report import print_memact_eval, write_memact_outputs
 from memrl.eval.evaluator import EngineRollout, evaluate_memact, memact_summary_of, model_engine
-from memrl.models.scratch import init_memact_model
 from memrl.models.tiny import ModelPreset
-from memrl.training.cold_start import copy_warmup as copy_warmup_stage
-from memrl.training.cold_start import memact_cold_start
+from memrl.training.assemble import assemble, check_writable, validate
+from memrl.training.checkpoint import latest_checkpoint
+from memrl.training.config import TrainConfig
 from memrl.training.sft import SFTConfig
+from memrl.training.trainer import Trainer
 from memrl.workflows import get_workflow
 
 __all__ = ["DemoData", "MemActDemoConfig", "MemActDemoEval", "MemActDemoModel", "MemActDemoSFT", "calibrate_budget",
@@ -163,8 +170,6 @@ def expand_variant(overrides: list[str]) -> list[str]:
     if not names or names[-1] == "":
         return list(overrides)
     if names[-1] not in VARIANTS:
-        from memrl.config import ConfigError
-
         raise ConfigError(f"variant must be one of {', '.join(sorted(VARIANTS))} (or empty), got {names[-1]!r}")
     return [*VARIANTS[names[-1]], *overrides]
 
@@ -172,12 +177,6 @@ def expand_variant(overrides: list[str]) -> list[str]:
 def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[MemActDemoConfig, Any, Path, tuple[Any, Any]]:
     """(demo config, validated DCPO config, writable output dir, parsed workflow (spec, config)); fails on a
     bad value before any work."""
-    import torch
-
-    from memrl.config import ConfigError, load_config
-    from memrl.training.assemble import check_writable, validate
-    from memrl.training.config import TrainConfig
-
     demo_ov, train_ov = split_overrides(expand_variant(list(overrides)))
     cfg = load_config(MemActDemoConfig, demo_ov)
     if cfg.budget not in ("prune", "search_only"):
@@ -209,7 +208,7 @@ def write_data(cfg: MemActDemoConfig, data_dir: Path) -> MemActSplits:
 
 
 def init_model(cfg: MemActDemoConfig, wf_cfg: Any, sample_tasks: list[Any], out: Path) -> tuple[Any, Any]:
-    """(tokenizer, model): memrl.models.scratch.init_memact_model at the `model.*` shape."""
+    """(tokenizer, model): memrl.demos.scratch.init_memact_model at the `model.*` shape."""
     m = cfg.model
     shape = ModelPreset(m.vocab_size, m.hidden_size, 2 * m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads,
                         max_position_embeddings=m.max_positions)
@@ -222,14 +221,14 @@ def copy_warmup_rows(cfg: MemActDemoConfig) -> int:
 
 
 def copy_warmup(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, out: Path) -> list[float]:
-    """memrl.training.cold_start.copy_warmup: `sft.copy_warmup_steps` steps of `sft.copy_warmup_rows` rows."""
+    """memrl.demos.cold_start.copy_warmup: `sft.copy_warmup_steps` steps of `sft.copy_warmup_rows` rows."""
     return copy_warmup_stage(model, tokenizer, cfg.sft.copy_warmup_steps, copy_warmup_rows(cfg), cfg.sft.lr,
                              cfg.seed, out / "copy_warmup", progress=tcfg.trainer.progress)
 
 
 def cold_start(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any],
                out: Path) -> tuple[list[float], dict[str, float]]:
-    """memrl.training.cold_start.memact_cold_start; saves the model to out/sft. Returns (losses, statistics)."""
+    """memrl.demos.cold_start.memact_cold_start; saves the model to out/sft. Returns (losses, statistics)."""
     s = cfg.sft
     scfg = SFTConfig(epochs=s.epochs, batch_rows=s.batch_rows, lr=s.lr, warmup_steps=s.warmup_steps, seed=cfg.seed)
     return memact_cold_start(model, tokenizer, tasks, wf_cfg, scfg, out / "sft", late_prob=s.late_prob, seed=s.seed,
@@ -264,12 +263,6 @@ summarize_groups = memact_summary_of
 
 def run_memact_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
     """Run the whole demo (module docstring); returns what results.json holds."""
-    from memrl.config import to_yaml
-    from memrl.eval.demo_report import print_memact_eval, write_memact_outputs
-    from memrl.training.assemble import assemble
-    from memrl.training.checkpoint import latest_checkpoint
-    from memrl.training.trainer import Trainer
-
     t_start = time.perf_counter()
     cfg, tcfg, out, workflow = load_configs(overrides, out_dir)
     wf_cfg = workflow[1]

@@ -1,10 +1,10 @@
 """The MemAgent demo recipe: its configs, and `run_demo`, which chains the library's stages.
 
 `memrl demo` (memrl/commands/demo.py) is a thin driver over `run_demo`. Stages: init a ~0.8M-parameter
-Qwen2 whose tokenizer is trained on the synthetic task's text (memrl.models.scratch) -> cold-start SFT on a
+Qwen2 whose tokenizer is trained on the synthetic task's text (memrl.demos.scratch) -> cold-start SFT on a
 mixture demonstrator (memrl.demonstrators.stages.mixture_rule: per memory step the optimal
 `QuestionAwareRule` with probability `sft.p_aware`, the question-blind `RecentFactsRule` otherwise;
-memrl.training.cold_start) -> multi-conversation GRPO on the MemAgent workflow (memrl.training.trainer)
+memrl.demos.cold_start) -> multi-conversation GRPO on the MemAgent workflow (memrl.training.trainer)
 -> the demonstrator, the cold start and SFT+RL evaluated with one protocol (held-out tasks at 1x, 4x, 16x
 the training length; greedy and sampled; memrl.eval.evaluator) -> a results dict that
 `memrl.eval.demo_report` renders (`write_memagent_outputs`: results.md, results.json, the plots).
@@ -18,15 +18,21 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from memrl.config import valid
+import torch
+
+from memrl.config import load_config, valid
 from memrl.data.synthetic import make_tasks, tasks_by_length
 from memrl.demonstrators.stages import evaluate_rule, mixture_rule, reading_segments
 from memrl.demos import split_overrides
+from memrl.demos.cold_start import memagent_cold_start
+from memrl.demos.scratch import init_memagent_model
 from memrl.eval.evaluator import EngineRollout, EvalProtocol, evaluate_policy, model_engine, results_to_json
-from memrl.models.scratch import init_memagent_model
 from memrl.models.tiny import ModelPreset
-from memrl.training.cold_start import memagent_cold_start
+from memrl.training.assemble import assemble, check_writable, validate
+from memrl.training.checkpoint import latest_checkpoint
+from memrl.training.config import TrainConfig
 from memrl.training.sft import SFTConfig
+from memrl.training.trainer import Trainer
 
 __all__ = ["DemoConfig", "DemoEval", "DemoSFT", "cold_start", "demonstrator", "evaluate_demonstrator",
            "evaluate_model", "heldout_tasks", "init_model", "load_demo_configs", "protocol", "reading_segments",
@@ -119,12 +125,6 @@ def load_demo_configs(overrides: list[str], out_dir: str | Path) -> tuple[DemoCo
     """(demo config, validated RL config, writable output dir, parsed workflow (spec, config)) from
     `key=value` / `train.key=value` overrides; sets torch's thread count when `threads` is given. Fails
     before any work on a bad value."""
-    import torch
-
-    from memrl.config import load_config
-    from memrl.training.assemble import check_writable, validate
-    from memrl.training.config import TrainConfig
-
     demo_ov, train_ov = split_overrides(list(overrides))
     cfg = load_config(DemoConfig, demo_ov)  # every field against its declared range
     out = check_writable(out_dir, "--out")
@@ -166,7 +166,7 @@ def demonstrator(cfg: DemoConfig, tcfg: Any, wf_cfg: Any, seed: int, p_aware: fl
 
 
 def init_model(cfg: DemoConfig, tcfg: Any, out: Path, wf_cfg: Any) -> tuple[Any, Any]:
-    """(tokenizer, model): memrl.models.scratch.init_memagent_model at the "micro" shape or a tiny preset."""
+    """(tokenizer, model): memrl.demos.scratch.init_memagent_model at the "micro" shape or a tiny preset."""
     shape = ModelPreset(cfg.vocab_size, cfg.hidden_size, 2 * cfg.hidden_size, cfg.num_layers, cfg.num_heads,
                         cfg.num_kv_heads, max_position_embeddings=4096) if cfg.model_preset == "micro" \
         else cfg.model_preset
@@ -176,7 +176,7 @@ def init_model(cfg: DemoConfig, tcfg: Any, out: Path, wf_cfg: Any) -> tuple[Any,
 
 
 def cold_start(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, out: Path) -> list[float]:
-    """memrl.training.cold_start.memagent_cold_start on `sft.num_tasks` tasks (seed `sft_seed`); saves the
+    """memrl.demos.cold_start.memagent_cold_start on `sft.num_tasks` tasks (seed `sft_seed`); saves the
     model to out/sft and returns the per-step losses."""
     syn, s = tcfg.data.synthetic, cfg.sft
     reading = make_tasks(syn, s.reading_tasks, seed=cfg.sft_seed + 1) if s.reading_tasks else None
@@ -207,10 +207,6 @@ def evaluate_model(cfg: DemoConfig, tcfg: Any, spec: Any, wf_cfg: Any, model: An
 
 def run_demo(cfg: DemoConfig, tcfg: Any, out: Path, workflow: tuple[Any, Any]) -> dict[str, Any]:
     """The whole recipe; returns the results dict (JSON-ready) that `memrl.eval.demo_report` renders."""
-    from memrl.training.assemble import assemble
-    from memrl.training.checkpoint import latest_checkpoint
-    from memrl.training.trainer import Trainer
-
     t_start = time.perf_counter()
     spec, wf_cfg = workflow
     timings: dict[str, float] = {}

@@ -43,9 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memrl.config import ConfigError
+from memrl.config import ConfigError, load_config
 from memrl.demos import split_overrides
+from memrl.demos.memact import MemActDemoConfig
+from memrl.demos.memagent import DemoConfig
 from memrl.errors import UserError
+from memrl.training.config import TrainConfig
 
 CAPABILITIES = ("native", "default", "avx2", "avx512")
 """ATEN_CPU_CAPABILITY values on x86 (what torch.backends.cpu.get_cpu_capability() reports, lower-cased), and
@@ -98,15 +101,9 @@ def _get(obj: Any, dotted: str) -> Any:
 def base_seeds(agent: str, overrides: list[str]) -> dict[str, int]:
     """{override key: its value under `overrides` (the recipe's default unless overridden)} for the seeds a
     training seed shifts, and "eval.seed"."""
-    from memrl.config import load_config
-    from memrl.training.config import TrainConfig
-
-    if agent == "memact":
-        from memrl.demos.memact import MemActDemoConfig as Schema
-    else:
-        from memrl.demos.memagent import DemoConfig as Schema  # type: ignore[assignment]
+    schema: type[Any] = MemActDemoConfig if agent == "memact" else DemoConfig
     demo_ov, train_ov = split_overrides(list(overrides))
-    cfg = load_config(Schema, demo_ov)
+    cfg = load_config(schema, demo_ov)
     tcfg = load_config(TrainConfig, train_ov, preset=cfg.train_preset)
     out = {key: int(_get(cfg if where == "demo" else tcfg, key.removeprefix("train.")))
            for key, where in SEED_KEYS[agent]}

@@ -16,6 +16,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import matplotlib
+import matplotlib.pyplot as plt
+
 from memrl.eval.evaluator import paired_gain
 
 MODES = ("sampled", "greedy")
@@ -84,10 +87,7 @@ def retention_table(results: dict[str, Any], stages: list[tuple[str, str]], mode
 def plot_accuracy(results: dict[str, Any], stages: list[tuple[str, str]], path: str | Path) -> None:
     """Accuracy vs document length (log x): one line per stage and mode (sampled solid, greedy dashed),
     error bars of one standard error."""
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     st, words = results["stages"], results["recipe"]["chunk_words"]
     lengths = [str(n) for n in results["lengths"]]
@@ -116,10 +116,7 @@ def plot_accuracy(results: dict[str, Any], stages: list[tuple[str, str]], path: 
 
 def plot_reward(rewards: list[float], path: str | Path) -> None:
     """Mean sampled training reward per RL step."""
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot(range(1, len(rewards) + 1), rewards, "-")
@@ -224,10 +221,7 @@ def memact_markdown(res: dict[str, Any]) -> str:
 
 def plot_memact(path: Path, res: dict[str, Any]) -> None:
     """Held-out accuracy (with standard errors) and mean working context per policy; the DCPO reward curve."""
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     xs = range(len(MEMACT_ROWS))

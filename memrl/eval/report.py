@@ -19,10 +19,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import matplotlib
+import matplotlib.pyplot as plt
+
 from memrl.errors import UserError
 from memrl.eval import evaluator
 from memrl.eval.runner import CONFIG_FILE, RESULTS_FILE, read_results
-from memrl.workflows import format_counts
+from memrl.workflows import format_counts, format_keys, get_workflow
 
 log = logging.getLogger(__name__)
 
@@ -203,8 +206,6 @@ def run_format_keys(result_dir: str | os.PathLike[str]) -> tuple[str, ...] | Non
     """The format-error keys a report of this run counts: the built-in workflows' and the run's own (a
     plugin's, resolved from eval_config.json's import path, so a report in a new process counts them too);
     None (the known workflows') when the file or the workflow cannot be read, which is logged."""
-    from memrl.workflows import get_workflow
-
     p = Path(result_dir) / CONFIG_FILE
     try:
         name = json.loads(p.read_text(encoding="utf-8")).get("workflow") if p.exists() else None
@@ -215,7 +216,6 @@ def run_format_keys(result_dir: str | os.PathLike[str]) -> tuple[str, ...] | Non
         log.warning("%s: workflow of the run not resolved (%s: %s); counting the known workflows' format keys",
                     p, type(e).__name__, e)
         return None
-    from memrl.workflows import format_keys
 
     return tuple(dict.fromkeys([*format_keys(), *spec.format_keys]))
 
@@ -262,10 +262,7 @@ def write_csv(path: str | os.PathLike[str], summaries: Sequence[LengthSummary]) 
 
 def plot_accuracy(path: str | os.PathLike[str], summaries: Sequence[LengthSummary], title: str = "") -> None:
     """PNG of accuracy (sub-EM, %) vs document count, log-x, one line per run and dataset (Agg backend)."""
-    import matplotlib
-
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
 
     runs: dict[str, list[LengthSummary]] = defaultdict(list)
     for s in summaries:
@@ -391,10 +388,7 @@ def write_memact_csv(path: str | os.PathLike[str], summaries: Sequence[MemActSum
 
 def plot_memact(path: str | os.PathLike[str], summaries: Sequence[MemActSummary]) -> None:
     """PNG: accuracy (all correct, %) against mean working-context tokens, one point per run."""
-    import matplotlib
-
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     for s in summaries:

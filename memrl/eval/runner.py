@@ -35,6 +35,7 @@ centre-truncated to `workflow.max_context_tokens`, answered in `\\boxed{}`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -45,11 +46,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memrl.config import redact_secrets, valid
+from tqdm import tqdm
+
+from memrl.config import ConfigError, check_config, check_shared_fields, redact_secrets, valid
+from memrl.data.io import DataError, load_tasks
+from memrl.data.ruler import name_label
+from memrl.engines import build_engine
+from memrl.engines.base import SamplingParams
 from memrl.engines.config import EngineConfig, HFSection
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.eval.evaluator import EngineRollout
+from memrl.records import segment_records
+from memrl.rewards.eval_metrics import get_metric
+from memrl.rewards.extract import EXTRACT_MODES, extract_prediction
+from memrl.rewards.published_metrics import METRIC_RULES, published_qa_metrics, published_task_metric
+from memrl.rewards.qa import qa_metrics
+from memrl.runtime import RolloutRuntime
 from memrl.types import Task, Trajectory
+from memrl.workflows import get_workflow, parse_workflow
 from memrl.workflows.full_context import FULL_CONTEXT_TEMPLATE, FullContextConfig  # noqa: F401 - re-exported
 from memrl.workflows.full_context import run as run_full_context  # noqa: F401 - re-exported
 
@@ -107,10 +121,6 @@ class EvalConfig:
     N = its bucket's lower bound); [4000, 8000] = LongBench-E's 0-4k, 4-8k, 8k+."""
 
     def __post_init__(self) -> None:
-        from memrl.config import check_config
-        from memrl.rewards.extract import EXTRACT_MODES
-        from memrl.rewards.published_metrics import METRIC_RULES
-
         check_config(self)  # the declared ranges (valid), also for a config built in code
 
         if self.golds not in GOLDS_MODES:
@@ -140,9 +150,6 @@ TEMPLATE_FILE_KEYS = ("memory_template_file", "final_template_file")
 def get_spec(name: str):
     """The WorkflowSpec of a registered workflow (full_context, the baseline, is one) or of an import
     path package.module:SPEC."""
-    from memrl.config import ConfigError
-    from memrl.workflows import get_workflow
-
     try:
         return get_workflow(name, "workflow")
     except KeyError as e:
@@ -152,10 +159,6 @@ def get_spec(name: str):
 def workflow_config(cfg: EvalConfig) -> tuple[Any, Any]:
     """(spec, config) of `cfg.workflow`: the section's fields, the rest from the spec's eval_defaults
     (greedy decoding unless the spec says otherwise), then the config class's own defaults."""
-    from memrl.config import check_shared_fields
-    from memrl.engines.base import SamplingParams
-    from memrl.workflows import parse_workflow
-
     spec, wf = parse_workflow(cfg.workflow, stage="eval")
     check_shared_fields(wf, SamplingParams, "workflow")  # temperature / top_p before the model loads
     return spec, wf
@@ -166,8 +169,6 @@ def workflow_config(cfg: EvalConfig) -> tuple[Any, Any]:
 
 def make_eval_engine(sec: EngineConfig) -> Any:
     """The engine `sec` names (memrl.engines.build_engine), after checking the model directory exists."""
-    from memrl.engines import build_engine
-
     if not sec.model:
         raise UserError("eval: engine.model is empty; pass --model DIR (or engine.model=DIR)")
     if sec.name != "openai":
@@ -255,8 +256,6 @@ def task_length(task: Task, file_n: int) -> int:
 
 def file_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The source file of a row: name, resolved path, size and the first 16 hex digits of its SHA-256."""
-    import hashlib
-
     p = Path(path)
     h = hashlib.sha256()
     with open(p, "rb") as f:
@@ -296,9 +295,6 @@ class EvalFile:
 
 def load_eval_file(path: str | os.PathLike[str], cfg: EvalConfig) -> EvalFile:
     """Tasks of one eval file (first cfg.limit), each labelled with its (dataset, N); ids must be unique."""
-    from memrl.data.io import DataError, load_tasks
-    from memrl.data.ruler import name_label
-
     tasks = load_tasks(path, docs_from=cfg.docs_from or None, buckets=cfg.length_buckets)
     if cfg.limit:
         tasks = tasks[: cfg.limit]
@@ -323,11 +319,6 @@ def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: 
     against all gold answers (golds=any, best of them) or answers[0] (first); plus the eval metric the
     task's meta["metric"] names, over all answers. A MemAct row keeps its own final answer. em / sub_em /
     f1 follow `metric_rules` (memrl, or a published evaluation's: memrl.rewards.published_metrics)."""
-    from memrl.rewards.eval_metrics import get_metric
-    from memrl.rewards.extract import extract_prediction
-    from memrl.rewards.published_metrics import published_qa_metrics, published_task_metric
-    from memrl.rewards.qa import qa_metrics
-
     if extract == "boxed" or "answer_text" not in traj.info or "multiq_questions" in traj.metrics:
         pred = traj.final_answer or ""
     else:
@@ -353,8 +344,6 @@ def result_row(
     `ident` is the source file's file_identity(); `steps` holds one memrl.records record per model call
     (what `memrl view` shows). Scoring: `score_prediction`; a task's named eval metric (meta["metric"])
     is a column of its own."""
-    from memrl.records import segment_records
-
     pred, m = score_prediction(task, traj, golds, extract, metric_rules)
     extra = {k: v for k, v in m.items() if k not in ("em", "sub_em", "f1")}
     tm = traj.metrics
@@ -436,8 +425,6 @@ def evaluate(
     left open), else one made here over `engine` (tests, notebooks; left open) or over an engine built
     from cfg.engine, and closed before this returns.
     """
-    from memrl.config import check_config
-
     check_config(cfg)  # also when called with a config built in code, not by load_config
     out = writable_dir(out_dir, "--out")
     spec, wf_cfg = workflow_config(cfg)
@@ -481,8 +468,6 @@ def evaluate(
     if total == 0:
         return rows
 
-    from memrl.runtime import RolloutRuntime
-
     own = runtime is None and rollout is None
     if own:
         own_engine = engine is None
@@ -502,8 +487,6 @@ def evaluate(
 def _run_all(todo, rollout, wf_cfg, cfg: EvalConfig, fh, total: int, tokenizer: Any) -> list[dict[str, Any]]:
     """Each (file, sample k, tasks) of `todo` through `rollout` (sample k seeded as the rollout's k-th
     trajectory of a task); one row per finished question, written and flushed as it finishes."""
-    from tqdm import tqdm
-
     new: list[dict[str, Any]] = []
     bar = tqdm(total=total, unit="q", disable=not cfg.progress, dynamic_ncols=True)
     starts: dict[str, float] = {}

@@ -52,13 +52,28 @@ import os
 import pickle
 import re
 import shutil
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
+import torch.distributed.tensor as dt
+from safetensors.torch import save_file
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    Metadata,
+    StorageMeta,
+    TensorStorageMetadata,
+)
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import _dtensor_spec as spec
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from memrl.errors import WEIGHT_FILES, UserError
+from memrl.training.checkpoint import _DCP_CLASSES
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +141,6 @@ _LEGACY_DTENSOR_PATHS = {
 def _dtensor_globals() -> Iterator[None]:
     """While loading: DTensor's own classes admitted (torch does that on import of torch.distributed.tensor),
     plus the pre-2.5 module paths of the same classes; and the DeviceMesh "no process group" warning off."""
-    import torch.distributed.tensor as dt
-    from torch.distributed.tensor import _dtensor_spec as spec
-
     classes = {"DTensor": dt.DTensor, "Shard": dt.Shard, "Replicate": dt.Replicate, "Partial": dt.Partial,
                "DTensorSpec": spec.DTensorSpec, "TensorMeta": spec.TensorMeta}
     aliases = [(classes[name], path) for name, path in _LEGACY_DTENSOR_PATHS.items()]
@@ -200,8 +212,6 @@ def merge_fsdp_shards(states: list[dict[str, Any]], files: list[Path],
     """Full tensors from per-rank sharded state dicts (index = rank). DTensors: local tensors concatenated
     along the Shard dim in mesh order (Replicate: rank 0's). Plain tensors: replicated when rank 0's has
     the full shape the architecture expects (`shapes`), else dim-0 shards concatenated in rank order."""
-    from torch.distributed.tensor import DTensor
-
     world = len(states)
     keys = list(states[0])
     for r, sd in enumerate(states[1:], 1):
@@ -275,10 +285,6 @@ def read_verl(src: Path, shapes: dict[str, tuple[int, ...]] | None = None) -> di
 
 # ------------------------------------------------------------------------------------------ Megatron / DCP
 def _metadata_classes() -> dict[tuple[str, str], Any]:
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
-
-    from memrl.training.checkpoint import _DCP_CLASSES
-
     class MCoreMetadata(Metadata):
         """Megatron-core's Metadata subclass (an extra `mcore_data` dict of plain data), read as DCP's."""
 
@@ -303,8 +309,6 @@ class _MegatronMetadataUnpickler(pickle.Unpickler):
 
 
 def read_megatron_metadata(src: Path) -> Any:
-    from torch.distributed.checkpoint.metadata import Metadata
-
     f = src / ".metadata"
     if not f.is_file():
         raise ConvertError(f"{f} is missing (expected a Megatron torch_dist iter_* directory)")
@@ -320,8 +324,6 @@ def read_megatron_metadata(src: Path) -> Any:
 
 
 def _model_keys(md: Any) -> list[str]:
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     return [k for k, v in md.state_dict_metadata.items()
             if isinstance(v, TensorStorageMetadata) and k.startswith(("embedding.", "decoder.", "output_layer."))
             and "_extra_state" not in k]
@@ -329,12 +331,6 @@ def _model_keys(md: Any) -> list[str]:
 
 def read_dcp_tensors(src: Path) -> dict[str, torch.Tensor]:
     """The model tensors of a Megatron torch_dist directory (global, TP shards joined by DCP)."""
-    import warnings
-
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
     md = read_megatron_metadata(src)
     keys = _model_keys(md)
     if not keys:
@@ -448,8 +444,6 @@ def megatron_to_hf(tensors: dict[str, torch.Tensor], config: Any, src: Path) -> 
 # ------------------------------------------------------------------------------------------ output
 def _expected(config: Any) -> tuple[dict[str, tuple[int, ...]], bool]:
     """({name: shape} the config's causal-LM class holds, whether lm_head is tied to the embedding)."""
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -482,8 +476,6 @@ def check_against_config(sd: dict[str, torch.Tensor], config: Any, where: str) -
 
 
 def load_hf_config(path: Path, key: str) -> Any:
-    from transformers import AutoConfig
-
     if not (path / "config.json").is_file():
         raise ConvertError(f"{key}={path} has no config.json (expected the model's HuggingFace config folder)")
     try:
@@ -495,8 +487,6 @@ def load_hf_config(path: Path, key: str) -> Any:
 def write_hf_dir(sd: dict[str, torch.Tensor], assets: Path, out: Path, dtype: torch.dtype | None) -> list[str]:
     """Weights as safetensors (sharded above SHARD_BYTES) plus every non-weight file of `assets`
     (config, tokenizer, generation config); config.json's dtype names the written dtype."""
-    from safetensors.torch import save_file
-
     out.mkdir(parents=True, exist_ok=True)
     for p in out.iterdir():  # --force over an older model: its weight files must not outlive it
         if p.is_file() and WEIGHT_FILES.fullmatch(p.name):

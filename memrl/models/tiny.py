@@ -17,7 +17,12 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
 from memrl.errors import UserError
+from memrl.quiet import hf_progress_off
 
 # Bump when the synthetic corpus, tokenizer recipe or presets change, so cached models are rebuilt.
 FORMAT_VERSION = 1
@@ -238,9 +243,6 @@ def train_tokenizer(corpus: Sequence[str | os.PathLike] | None = None, vocab_siz
 
     eos = <|im_end|>, pad = <|endoftext|>, no BOS; the chat template is ChatML with add_generation_prompt.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     if vocab_size < 256 + len(SPECIAL_TOKENS) + 1:
         raise UserError(f"vocab_size must be > {256 + len(SPECIAL_TOKENS)} (256 bytes + specials), got {vocab_size}")
     tok = Tokenizer(models.BPE(byte_fallback=False))
@@ -275,8 +277,6 @@ def train_tokenizer(corpus: Sequence[str | os.PathLike] | None = None, vocab_siz
 
 def qwen2_config(preset: str | ModelPreset, vocab_size: int, eos_token_id: int, pad_token_id: int):
     """A Qwen2Config for a preset with the tokenizer's actual vocabulary size (tied embeddings)."""
-    from transformers import Qwen2Config
-
     p = PRESETS[preset] if isinstance(preset, str) else preset
     return Qwen2Config(
         vocab_size=vocab_size,
@@ -302,9 +302,6 @@ def init_tiny_model(
     vocab_size: int | None = None,
 ) -> Path:
     """Train a tokenizer and write a seeded, randomly initialized Qwen2ForCausalLM to `out_dir`."""
-    import torch
-    from transformers import Qwen2ForCausalLM
-
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; known: {', '.join(PRESETS)}")
     p = PRESETS[preset]
@@ -320,7 +317,6 @@ def init_tiny_model(
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None
-    from memrl.quiet import hf_progress_off
 
     with hf_progress_off():
         model.save_pretrained(out, safe_serialization=True)

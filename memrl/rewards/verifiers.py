@@ -40,6 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memrl.plugins import is_import_path, load_object
+from memrl.rewards.qa import boxed_em_reward
 
 Verifier = Callable[[str, "str | list[str]"], float]
 
@@ -117,8 +118,6 @@ def _gold_list(golds: str | list[str]) -> list[str]:
 @register_verifier("boxed_em")
 def boxed_em(response_text: str, golds: str | list[str]) -> float:
     """memrl's rule: exact match (SQuAD normalization) of the last closed `\\boxed{}` to any gold."""
-    from memrl.rewards.qa import boxed_em_reward
-
     return boxed_em_reward(response_text, golds)
 
 

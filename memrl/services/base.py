@@ -2,6 +2,7 @@
 
 Both `memrl.services.retrieval.BM25Retriever` (in-process) and `memrl.services.client.HTTPRetriever`
 (`POST /retrieve` of `memrl serve retrieval`) satisfy `Retriever`, so tools and tests need no server.
+`Document` (one corpus passage) is memrl.types.Document, importable from here too.
 """
 
 from __future__ import annotations
@@ -9,18 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from memrl.types import Document
+
 
 class RetrievalError(RuntimeError):
     """A retrieval call failed; the message names the endpoint (or the in-process retriever) and why."""
-
-
-@dataclass(frozen=True)
-class Document:
-    """One corpus passage: `id` is stable across runs, `title` may be empty."""
-
-    id: str
-    title: str
-    text: str
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from memrl.data.corpus import paragraph_id
 from memrl.services.base import Document, Hit, RetrievalError
 
 
@@ -82,8 +83,6 @@ class HTTPRetriever:
 
 def _hit(h: dict[str, Any]) -> Hit:
     """One reply entry as a Hit (module docstring: the id and score rules)."""
-    from memrl.data.corpus import paragraph_id
-
     doc = h["document"]
     title = doc.get("title")
     if "text" in doc:

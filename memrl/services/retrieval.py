@@ -13,8 +13,11 @@ import os
 import re
 from collections.abc import Sequence
 
+import bm25s
 import numpy as np
+from bm25s.stopwords import STOPWORDS_EN
 
+from memrl.data.corpus import load_corpus
 from memrl.services.base import Document, Hit, RetrievalError
 
 MAX_TOPK = 100  # the service's bound; the search tool allows 1..20
@@ -37,9 +40,6 @@ class BM25Retriever:
     """BM25 over a list of documents (title and text indexed together); satisfies `Retriever`."""
 
     def __init__(self, docs: Sequence[Document], k1: float = 1.5, b: float = 0.75, max_topk: int = MAX_TOPK):
-        import bm25s
-        from bm25s.stopwords import STOPWORDS_EN
-
         if not docs:
             raise RetrievalError("BM25Retriever: the corpus is empty")
         self.docs = list(docs)
@@ -55,8 +55,6 @@ class BM25Retriever:
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], **kw) -> BM25Retriever:
         """A retriever over a corpus JSONL (see memrl.data.corpus.load_corpus for its checks)."""
-        from memrl.data.corpus import load_corpus
-
         return cls(load_corpus(path), **kw)
 
     def search_one(self, query: str, topk: int) -> list[Hit]:
@@ -102,8 +100,8 @@ class DenseRetriever:
     def __init__(self, docs: Sequence[Document], model: str, batch_size: int = 64, device: str = "cpu",
                  max_topk: int = MAX_TOPK):
         try:
-            import faiss
-            from sentence_transformers import SentenceTransformer
+            import faiss  # noqa: PLC0415
+            from sentence_transformers import SentenceTransformer  # noqa: PLC0415
         except ImportError as e:
             raise RetrievalError(
                 f"dense retrieval needs the optional packages sentence-transformers and faiss-cpu (missing: "
@@ -121,8 +119,6 @@ class DenseRetriever:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], model: str, **kw) -> DenseRetriever:
-        from memrl.data.corpus import load_corpus
-
         return cls(load_corpus(path), model, **kw)
 
     def _embed(self, texts: list[str]) -> np.ndarray:

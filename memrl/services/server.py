@@ -11,6 +11,7 @@ scored at once; an LRU cache keyed by (query, topk) answers repeated queries wit
 
 # no `from __future__ import annotations`: FastAPI must see the request model class, defined in create_app
 import asyncio
+import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -35,8 +36,6 @@ class BodyLimit:
         self.app, self.limit = app, limit
 
     async def _refuse(self, send, detail: str) -> None:
-        import json
-
         data = json.dumps({"error": detail}).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
@@ -128,10 +127,10 @@ def create_app(retriever: BM25Retriever | DenseRetriever, max_concurrency: int =
         raise ValueError(f"reply_shape must be one of {', '.join(REPLY_SHAPES)}, got {reply_shape!r}")
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
-    from pydantic import BaseModel, ConfigDict, Field
+    from fastapi import FastAPI, Request  # noqa: PLC0415
+    from fastapi.exceptions import RequestValidationError  # noqa: PLC0415
+    from fastapi.responses import JSONResponse  # noqa: PLC0415
+    from pydantic import BaseModel, ConfigDict, Field  # noqa: PLC0415
 
     max_topk = retriever.max_topk
 

@@ -6,6 +6,9 @@ import dataclasses
 import logging
 from typing import Any
 
+from memrl.rewards.judge import JudgeClient, JudgeSettings
+from memrl.services import registry
+
 log = logging.getLogger(__name__)
 
 
@@ -13,7 +16,7 @@ class Services:
     """The clients a run's workflows and rewards use, built on first use and owned until `aclose()`.
 
     `retriever(kind, corpus, url)`: one retriever per source for the run (an HTTP one is owned and closed
-    here; in-process ones come from memrl.tools.search.build_retriever). `judge(settings)`: one
+    here; in-process ones come from memrl.services.registry.build_retriever). `judge(settings)`: one
     memrl.rewards.judge.JudgeClient per judge setting. Workflows receive this object as their `services`
     argument; nothing keeps clients in module caches."""
 
@@ -28,13 +31,11 @@ class Services:
             raise RuntimeError("Services: used after close()")
 
     def retriever(self, kind: str, corpus: str | None, url: str | None) -> Any:
-        """The retriever for (kind, corpus, url) (memrl.tools.search.build_retriever), built once per run."""
-        from memrl.tools.search import build_retriever
-
+        """The retriever for (kind, corpus, url) (memrl.services.registry.build_retriever), built once per run."""
         self._check_open()
         key = ("url", url) if url else (kind, corpus)
         if key not in self._retrievers:
-            r = build_retriever(kind, corpus, url)
+            r = registry.build_retriever(kind, corpus, url)
             self._retrievers[key] = r
             if url:  # a client this run made; registered / corpus retrievers are not ours to close
                 self._owned.append(r)
@@ -43,8 +44,6 @@ class Services:
     def judge(self, settings: Any) -> Any:
         """The JudgeClient for `settings` (memrl.rewards.judge.JudgeSettings, or its fields as a dict),
         built once per run."""
-        from memrl.rewards.judge import JudgeClient, JudgeSettings
-
         self._check_open()
         fields = dict(settings) if isinstance(settings, dict) else dataclasses.asdict(settings)
         key = tuple(sorted(fields.items()))

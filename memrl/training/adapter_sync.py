@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.config import ConfigError
+from memrl.quiet import peft_rename_warning_off
 
 ADAPTER_DIR = "engine_adapter"
 """<out_dir>/engine_adapter: where in-process vLLM's adapters are written."""
@@ -77,8 +78,6 @@ class AdapterSync:
 
     def __call__(self) -> float:
         """One sync; returns its seconds. `last` holds its parts (write_s, load_s)."""
-        from memrl.quiet import peft_rename_warning_off
-
         t0 = time.perf_counter()
         if self.version == 0 and self.root.is_dir():  # an earlier run's (a resumed run writes from adapter-1)
             for stale in self.root.glob("adapter-*"):

@@ -25,11 +25,16 @@ import random
 import re
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
+from safetensors import safe_open
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
 from memrl.errors import UserError, fault_point
 from memrl.quiet import hf_progress_off
@@ -173,8 +178,6 @@ def check_adapter_checkpoint(path: Path) -> bool:
 
 def _check_safetensors(f: Path) -> None:
     """`f` exists and its safetensors header is readable and covers the whole file."""
-    from safetensors import safe_open
-
     if not f.is_file():
         raise CheckpointError(f"{f} is missing")
     try:
@@ -264,8 +267,6 @@ class _MetadataUnpickler(pickle.Unpickler):
 def read_dcp_metadata(path: str | os.PathLike) -> Any:
     """The `.metadata` of a DCP directory, unpickled with _MetadataUnpickler; CheckpointError when it is
     missing, damaged, holds other objects, or describes anything but tensors."""
-    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
-
     f = Path(path) / ".metadata"
     if not f.is_file():
         raise CheckpointError(f"{f} is missing")
@@ -299,12 +300,8 @@ def check_dcp(path: str | os.PathLike) -> None:
 
 def dcp_reader(path: str | os.PathLike) -> Any:
     """A FileSystemReader for `path` whose metadata goes through read_dcp_metadata."""
-    from torch.distributed.checkpoint import FileSystemReader
-
     class _Reader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            from torch.distributed.checkpoint.metadata import StorageMeta
-
             md = read_dcp_metadata(self.path)
             if getattr(md, "storage_meta", None) is None:
                 md.storage_meta = StorageMeta()
@@ -317,10 +314,6 @@ def dcp_reader(path: str | os.PathLike) -> Any:
 def read_optimizer(path: str | os.PathLike) -> dict[str, Any]:
     """A checkpoint's whole optimizer state keyed by parameter name, {"state", "param_groups"}, in one
     process: from OPTIM_DIR (DCP, any world size) or the older `optimizer` entry of trainer_state.pt."""
-    import warnings
-
-    import torch.distributed.checkpoint as dcp
-
     state = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
     if state.get("optimizer_layout") != "dcp":
         return state["optimizer"]

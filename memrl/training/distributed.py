@@ -13,14 +13,24 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from memrl.tcpstore import tcp_store
+from memrl.training.checkpoint import dcp_reader, flatten_optim, unflatten_optim
 
 TIMEOUT_S = 60
 """Collective timeout: a dead peer fails the step fast instead of hanging it."""
@@ -114,7 +124,6 @@ def shard_model(model: torch.nn.Module, bf16: bool = False, cpu_offload: bool = 
     state live on the CPU between uses."""
     if not grouped():
         return model
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     kw: dict[str, Any] = {}
     if bf16:
@@ -128,8 +137,6 @@ def shard_model(model: torch.nn.Module, bf16: bool = False, cpu_offload: bool = 
 
 
 def _options(**kw: Any) -> Any:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
     return StateDictOptions(**kw)
 
 
@@ -138,15 +145,12 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     other ranks an empty dict). Plain modules: a CPU copy."""
     if not grouped():
         return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     return get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=True))
 
 
 def full_optim_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer state keyed by parameter NAME (so it loads at any world size); full on rank 0."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
     osd = get_optimizer_state_dict(model, opt, options=_options(full_state_dict=True, cpu_offload=True))
     # Plain tensors (all of them at world size 1, `step` at any) alias the live state: the next optimizer
     # step would change the returned dict in place. Copies only.
@@ -159,8 +163,6 @@ def full_optim_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict
 def load_optim_state(model: torch.nn.Module, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Load a name-keyed full optimizer state (from `full_optim_state` at any world size); each rank
     keeps its shard."""
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
     set_optimizer_state_dict(model, opt, state, options=_options(full_state_dict=True))
 
 
@@ -168,13 +170,6 @@ def save_optim_dcp(model: torch.nn.Module, opt: torch.optim.Optimizer, path: str
     """Write the optimizer's tensors to the DCP directory `path` (collective: every rank writes its own
     shards; replicated tensors once). Returns the param groups (plain data, parameters by name), which
     the caller stores beside them."""
-    import warnings
-
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    from memrl.training.checkpoint import flatten_optim
-
     osd = get_optimizer_state_dict(model, opt)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -186,13 +181,6 @@ def load_optim_dcp(model: torch.nn.Module, opt: torch.optim.Optimizer, path: str
                    param_groups: list[dict[str, Any]]) -> None:
     """Load optimizer tensors written by save_optim_dcp at ANY world size into this rank's shards
     (collective; DCP reads the slices each rank owns), with the saved param groups."""
-    import warnings
-
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-
-    from memrl.training.checkpoint import dcp_reader, flatten_optim, unflatten_optim
-
     osd = get_optimizer_state_dict(model, opt)  # initialises empty state: the shapes/shards to fill
     flat = flatten_optim(osd["state"])
     with warnings.catch_warnings():

@@ -8,6 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
+try:
+    from torch.utils.tensorboard import SummaryWriter
+except ImportError:  # tensorboard is a declared dependency; degrade to JSONL only
+    SummaryWriter = None
+
 
 class MetricsLogger:
     """Appends `{"step": k, ...metrics}` lines to `metrics.jsonl`, mirrors them to TensorBoard.
@@ -25,17 +32,10 @@ class MetricsLogger:
         self.dropped = truncate_steps(self.path, keep_until) if keep_until is not None else 0
         self._fh = self.path.open("a", encoding="utf-8")
         self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(str(self.dir / "tb"))
-            except ImportError:  # tensorboard is a declared dependency; degrade to JSONL only
-                self._tb = None
+        if tensorboard and SummaryWriter is not None:
+            self._tb = SummaryWriter(str(self.dir / "tb"))
         self._bar = None
         if progress and progress_total:
-            from tqdm import tqdm
-
             self._bar = tqdm(total=progress_total, initial=progress_initial, desc=desc, unit="step",
                              dynamic_ncols=True)
 

@@ -20,8 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import load_file, save_file
+
 from memrl.config import ConfigError, valid
-from memrl.quiet import peft_rename_warning_off
+from memrl.quiet import hf_progress_off, peft_rename_warning_off
+from memrl.training.checkpoint import ADAPTER_WEIGHTS
 
 MERGED_DIR = "merged"
 
@@ -56,7 +60,7 @@ def is_peft(model: Any) -> bool:
 
 def _peft() -> Any:
     try:
-        import peft
+        import peft  # noqa: PLC0415
     except ImportError as e:
         raise ConfigError("model.lora.rank > 0 needs peft: pip install 'memrl[lora]'") from e
     return peft
@@ -67,8 +71,6 @@ def wrap(model: Any, lora: LoraSection, seed: int = 0, adapter_from: str | os.Pa
     """`model` with LoRA adapters (a PeftModel; the base weights frozen). The adapter's init draws from
     its own generator seeded by `seed` (the global RNG is left as it was). `adapter_from`: a directory
     holding adapter_model.safetensors (a checkpoint) whose adapter weights are loaded exactly."""
-    import torch
-
     peft = _peft()
     conf = peft.LoraConfig(r=int(lora.rank), lora_alpha=float(lora.alpha), lora_dropout=float(lora.dropout),
                            target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
@@ -92,10 +94,7 @@ def wrap(model: Any, lora: LoraSection, seed: int = 0, adapter_from: str | os.Pa
 def load_adapter(model: Any, path: str | os.PathLike) -> None:
     """Copy a saved adapter (PEFT's adapter_model.safetensors) into `model`'s adapter; every tensor must
     match a parameter of the adapter, and every adapter parameter must be there."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    from memrl.training.checkpoint import ADAPTER_WEIGHTS
+    from peft import set_peft_model_state_dict  # noqa: PLC0415
 
     f = Path(path) / ADAPTER_WEIGHTS
     if not f.is_file():
@@ -119,8 +118,6 @@ def first_forward(model: Any, token: int = 0) -> None:
     reference's forward the first, no group would cast its gradients to the reduce dtype (with
     trainer.fsdp_bf16: "attempting to assign a gradient with dtype BFloat16 to a tensor with grad_dtype
     Float"). Changes no weight and no number the update computes."""
-    import torch
-
     was_training = model.training
     model.eval()
     try:
@@ -210,8 +207,6 @@ def save_merged_dir(model: Any, tokenizer: Any, path: str | os.PathLike,
     """A loadable HuggingFace directory of the merged weights (config, safetensors, tokenizer) at `path`.
     `state`: the model's state dict gathered from FSDP2 shards (the live module's own holds only this
     rank's shards); None: the live module's."""
-    from memrl.quiet import hf_progress_off
-
     d = Path(path)
     d.mkdir(parents=True, exist_ok=True)
     target = model.get_base_model() if is_peft(model) else model
@@ -222,7 +217,6 @@ def save_merged_dir(model: Any, tokenizer: Any, path: str | os.PathLike,
         state = merge_state_dict(state, float(conf.lora_alpha) / int(conf.r))
     if getattr(target.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
-    from safetensors.torch import save_file
 
     tmp = d / ".model.safetensors.tmp"
     save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(tmp), metadata={"format": "pt"})
@@ -291,8 +285,6 @@ def engine_weights(workers: Any, engine: Any) -> Any:
 def save_engine_dir(model: Any, tokenizer: Any, path: str | os.PathLike) -> None:
     """The directory a server reloads from (engine.openai.sync_dir): save_pretrained of a plain model,
     the merged HuggingFace directory of a LoRA policy."""
-    from memrl.quiet import hf_progress_off
-
     if is_peft(model):
         save_merged_dir(model, tokenizer, path)
         return

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from memrl.algorithms.losses import row_weights
 from memrl.types import Segment
 
 
@@ -52,8 +53,6 @@ def _mask(s: Segment) -> list[int]:
 def weigh(segments: Sequence[Segment], mode: str) -> TrainBatch:
     """The mini-batch `segments` with one loss weight per row over the whole of it (`mode`: algorithm.loss_agg,
     memrl.algorithms.losses.row_weights)."""
-    from memrl.algorithms.losses import row_weights
-
     segs = list(segments)
     return TrainBatch(segs, row_weights([_mask(s) for s in segs], [s.trajectory_id for s in segs], mode))
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from memrl.engines import build_engine
 from memrl.training.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ def needs(cfg: TrainConfig) -> tuple[float, float]:
 
 def connect(cfg: TrainConfig) -> None:
     """Join the Ray cluster at `ray.address` (or start a local one) and check its resources."""
-    import ray
+    import ray  # noqa: PLC0415
 
     sec = cfg.ray
     check_address(sec.address)
@@ -119,9 +121,9 @@ def _bundle(cpus: float, gpus: float) -> dict[str, float]:
 
 def placement_group(n: int, cpus: float, gpus: float, what: str) -> Any:
     """A PACK placement group of `n` equal bundles, ready (or PlacementError after READY_TIMEOUT_S)."""
-    import ray
-    from ray.util.placement_group import placement_group as make_pg
-    from ray.util.placement_group import remove_placement_group
+    import ray  # noqa: PLC0415
+    from ray.util.placement_group import placement_group as make_pg  # noqa: PLC0415
+    from ray.util.placement_group import remove_placement_group  # noqa: PLC0415
 
     pg = make_pg([_bundle(cpus, gpus) for _ in range(n)], strategy="PACK")
     ready, _ = ray.wait([pg.ready()], timeout=READY_TIMEOUT_S)
@@ -140,7 +142,7 @@ def share_gpu(cfg: TrainConfig) -> float:
 
 def on_bundle(pg: Any, i: int, cpus: float, gpus: float) -> dict[str, Any]:
     """Actor options that place an actor of `cpus` / `gpus` in bundle `i` of the placement group `pg`."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: PLC0415
 
     return {"num_cpus": cpus, "num_gpus": gpus, "scheduling_strategy": PlacementGroupSchedulingStrategy(
         placement_group=pg, placement_group_bundle_index=i)}
@@ -166,8 +168,6 @@ class _EngineActor:
     actor: concurrent generate calls batch inside it."""
 
     def __init__(self, engine_cfg: Any) -> None:
-        from memrl.engines import build_engine
-
         self.engine = build_engine(engine_cfg)
         self.engine_cfg = engine_cfg
 
@@ -195,8 +195,6 @@ class _EngineActor:
     async def update_weights(self, box: list[Any] | str) -> float:
         """New weights from an object-store reference (in a list, so Ray hands the reference on) or a
         directory; returns the seconds it took here."""
-        import time
-
         t0 = time.perf_counter()
         state = box if isinstance(box, str) else await box[0]
         await asyncio.to_thread(self.engine.update_weights, state)
@@ -206,8 +204,6 @@ class _EngineActor:
         await asyncio.to_thread(self.engine.init_weight_transfer, spec, first_rank)
 
     async def receive_weights(self) -> float:
-        import time
-
         t0 = time.perf_counter()
         await asyncio.to_thread(self.engine.receive_weights)
         return time.perf_counter() - t0
@@ -229,7 +225,7 @@ class RayEngines:
     """`rollout.num_engines` engine replicas behind one Engine: least-outstanding-requests balancing."""
 
     def __init__(self, cfg: TrainConfig, path: str | Path, tokenizer: Any, shared_pg: Any = None) -> None:
-        import ray
+        import ray  # noqa: PLC0415
 
         r = cfg.rollout
         self.tokenizer = tokenizer
@@ -253,7 +249,7 @@ class RayEngines:
             for a in self.actors:
                 ray.kill(a)
             if self.own_pg:
-                from ray.util.placement_group import remove_placement_group
+                from ray.util.placement_group import remove_placement_group  # noqa: PLC0415
 
                 remove_placement_group(self.pg)
             raise
@@ -307,27 +303,27 @@ class RayEngines:
 
     def busy_seconds(self) -> tuple[float, int]:
         """(seconds all replicas have spent generating, replicas); (-1, n) when they do not count them."""
-        import ray
+        import ray  # noqa: PLC0415
 
         got = ray.get([a.busy_seconds.remote() for a in self.actors])
         return (sum(got) if min(got) >= 0 else -1.0), len(got)
 
     def param_sums(self) -> list[dict[str, float]]:
         """Each replica's per-parameter sums (memrl.training.placement._EngineActor.param_sums)."""
-        import ray
+        import ray  # noqa: PLC0415
 
         return ray.get([a.param_sums.remote() for a in self.actors])
 
     def release_memory(self) -> None:
         """Before the update: colocated vLLM replicas sleep (free KV cache, offload weights)."""
-        import ray
+        import ray  # noqa: PLC0415
 
         if self.sleeps and not self.asleep:
             ray.get([a.sleep.remote() for a in self.actors])
             self.asleep = True
 
     def _wake(self) -> None:
-        import ray
+        import ray  # noqa: PLC0415
 
         if self.asleep:
             ray.get([a.wake_up.remote() for a in self.actors])
@@ -336,7 +332,7 @@ class RayEngines:
     def update_weights(self, weights: Any) -> None:
         """New weights on every replica: an object-store reference, a state dict (put once), or a
         directory every replica reads."""
-        import ray
+        import ray  # noqa: PLC0415
 
         self._wake()
         if isinstance(weights, str | Path):
@@ -347,14 +343,14 @@ class RayEngines:
 
     def settings(self) -> list[Any]:
         """Each replica's EngineConfig."""
-        import ray
+        import ray  # noqa: PLC0415
 
         return ray.get([a.settings.remote() for a in self.actors])
 
     @property
     def transfer_members(self) -> int:
         """Processes the replicas add to a weight-transfer group."""
-        import ray
+        import ray  # noqa: PLC0415
 
         if not hasattr(self, "_members"):
             self._members = ray.get([a.transfer_members.remote() for a in self.actors])
@@ -362,7 +358,7 @@ class RayEngines:
 
     def init_weight_transfer(self, spec: Any, first_rank: int) -> None:
         """Every replica joins the broadcast group (ranks first_rank..; blocks until all joined)."""
-        import ray
+        import ray  # noqa: PLC0415
 
         self._wake()
         assert self.transfer_members > 0  # asks each replica once
@@ -373,14 +369,14 @@ class RayEngines:
 
     def receive_weights(self) -> None:
         """Every replica receives the trainer's broadcast (the trainer sends meanwhile)."""
-        import ray
+        import ray  # noqa: PLC0415
 
         self._wake()
         self.last_load_s = max(ray.get([a.receive_weights.remote() for a in self.actors]))
 
     async def close(self) -> None:
-        import ray
-        from ray.util.placement_group import remove_placement_group
+        import ray  # noqa: PLC0415
+        from ray.util.placement_group import remove_placement_group  # noqa: PLC0415
 
         try:
             await asyncio.gather(*[a.close.remote() for a in self.actors])

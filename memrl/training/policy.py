@@ -3,10 +3,13 @@ weighted PPO / SFT losses of one micro-batch."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
 
+from memrl.algorithms.losses import kl_penalty, mismatch_sums, off_policy_weights
+from memrl.algorithms.registry import get_loss
 from memrl.training.packing import MicroBatch
 
 
@@ -47,8 +50,6 @@ _KEEPS: dict[type, bool] = {}
 
 def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether the model's forward takes `logits_to_keep` (every transformers CausalLM since 4.50)."""
-    import inspect
-
     cls = type(model.get_base_model() if hasattr(model, "get_base_model") else model)  # PEFT passes it on
     if cls not in _KEEPS:
         _KEEPS[cls] = "logits_to_keep" in inspect.signature(cls.forward).parameters
@@ -99,9 +100,6 @@ def ppo_micro_loss(
     compare this forward's logprobs with the engine's on the trained tokens (`mismatch_clip`: c of the
     ratio's [1/c, c] band).
     """
-    from memrl.algorithms.losses import kl_penalty, mismatch_sums, off_policy_weights
-    from memrl.algorithms.registry import get_loss
-
     lp, ent = token_logprobs(model, mb, temperature, with_entropy=True)
     engine_lp = mb.old_logprobs
     fn = get_loss(loss_name)

@@ -8,6 +8,7 @@ script is `memrl.demonstrators.RecentFactsRule`), so SFT rows are built exactly 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import time
@@ -17,8 +18,9 @@ from typing import Any
 
 import torch
 
-from memrl.config import valid
+from memrl.config import check_config, valid
 from memrl.quiet import hf_progress_off, peft_rename_warning_off
+from memrl.training.logging import MetricsLogger
 from memrl.training.packing import collate, pack_rows, weigh
 from memrl.training.policy import clip_norm, sft_micro_loss
 from memrl.types import Segment
@@ -65,8 +67,6 @@ def sft_train(
 ) -> list[float]:
     """Train `model` in place (on its own device) on the segments' masked response tokens; returns the
     loss of every step."""
-    from memrl.config import check_config
-
     check_config(cfg, "sft")  # also a config built in code: never a negative clip or epoch count
     rows = list(segments)
     if not rows:
@@ -113,8 +113,6 @@ def sft_train_logged(model: torch.nn.Module, tokenizer: Any, segments: Sequence[
                      tensorboard: bool = True, save_dir: str | os.PathLike | None = None) -> list[float]:
     """`sft_train` with a progress bar and metrics.jsonl in `log_dir` (one line per step); the model and
     tokenizer are saved to `save_dir` when given. Returns the per-step losses."""
-    from memrl.training.logging import MetricsLogger
-
     logger = MetricsLogger(log_dir, tensorboard=tensorboard, progress_total=cfg.total_steps(len(segments)),
                            progress=progress, desc=desc)
     try:
@@ -153,8 +151,6 @@ def copy_warmup_segments(token_ids: Sequence[int], rows: int, min_len: int = 8, 
 
 def lr_factor(step: int, warmup: int, total: int, floor: float = 0.1) -> float:
     """Linear warm-up over `warmup` steps, then cosine decay to `floor` at `total`."""
-    import math
-
     if warmup and step < warmup:
         return (step + 1) / warmup
     if total <= warmup:

@@ -15,6 +15,7 @@ an mlflow JSON artifact `trajectories/step_<k>.json`.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -29,8 +30,6 @@ TABLE_COLUMNS = ("step", "task_id", "trajectory_id", "question", "answers", "pre
 
 
 def _import(module: str) -> Any:
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError as e:

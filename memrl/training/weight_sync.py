@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from memrl.config import ConfigError
+from memrl.engines.weight_transfer import TransferSpec
 from memrl.training.config import TrainConfig
+from memrl.training.placement import replica_kind, share_gpu
 from memrl.training.worker_group import WorkerGroup
 
 MODES = ("object_store", "broadcast", "directory")
@@ -30,8 +32,6 @@ MODES = ("object_store", "broadcast", "directory")
 
 def resolve_mode(cfg: TrainConfig) -> str:
     """rollout.weight_sync with `auto` resolved (see the module docstring)."""
-    from memrl.training.placement import replica_kind, share_gpu
-
     r = cfg.rollout
     if r.weight_sync != "auto":
         if r.weight_sync not in MODES:
@@ -45,8 +45,6 @@ def resolve_mode(cfg: TrainConfig) -> str:
 
 def broadcast_backend(cfg: TrainConfig) -> str:
     """rollout.broadcast_backend with `auto` resolved: nccl when the replicas have GPUs, else gloo."""
-    from memrl.training.placement import share_gpu
-
     r = cfg.rollout
     if r.broadcast_backend != "auto":
         if r.broadcast_backend not in ("gloo", "nccl"):
@@ -85,8 +83,6 @@ class WeightSync:
         return time.perf_counter() - t0
 
     def _join(self) -> None:
-        from memrl.engines.weight_transfer import TransferSpec
-
         host, port = self.workers.transfer_address()
         r = self.cfg.rollout
         spec = TransferSpec(host, port, 1 + self.engines.transfer_members, self.backend,

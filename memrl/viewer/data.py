@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.errors import UserError
+from memrl.rewards.steps import answer_word_recall
 
 log = logging.getLogger(__name__)
 
@@ -337,8 +338,6 @@ def annotate_steps(steps: list[dict[str, Any]], answers: list[str]) -> list[dict
     """Each step gets `memory_diff` (vs the memory before it), `gold_in_memory` and `gold_event`
     ('appeared' / 'left': the answer's words all in the memory, as memrl.rewards.steps.answer_word_recall
     == 1, i.e. the `answer_seen` metric); chunk texts are replaced by `chunk_chars`."""
-    from memrl.rewards.steps import answer_word_recall
-
     before: bool | None = None
     prev_mem: str | None = None
     for s in steps:

@@ -12,6 +12,7 @@ from memrl.config import valid
 from memrl.engines.base import Completion, Engine, SamplingParams
 from memrl.engines.versioned import VERSION_KEY
 from memrl.quiet import encode_document
+from memrl.rewards.verifiers import check_verifier
 from memrl.types import Segment, Task
 from memrl.workflows.templates import TEMPLATE_STYLES, Template, chat_prompt, load_template
 
@@ -67,8 +68,6 @@ class ChunkedConfig:
     are the published text, which memrl does not ship, so memrl's default wording would silently stand in."""
 
     def __post_init__(self) -> None:
-        from memrl.rewards.verifiers import check_verifier
-
         name = type(self).__name__
         check_verifier(self.reward, f"{name}.reward")  # a registered name or module:fn of a @verifier
         for f in ("chunk_tokens", "max_memory_tokens", "max_final_tokens"):

@@ -8,8 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from memrl.config import valid
+from memrl.engines.base import SamplingParams
+from memrl.quiet import encode_document
+from memrl.rewards.qa import extract_boxed
 from memrl.types import Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec, boxed_em_outcome
+from memrl.workflows.chunked import centre_truncate, decode_response
+from memrl.workflows.templates import chat_prompt, load_template
 
 FULL_CONTEXT_TEMPLATE = """You are given a problem and a long document. Read the document, then answer the problem and put the final answer inside \\boxed{{}}.
 
@@ -40,15 +45,9 @@ class FullContextConfig:
 
 async def run(task: Task, engine: Any, cfg: FullContextConfig, rng: random.Random) -> Trajectory:
     """Baseline: one call with the (centre-truncated) whole document; the answer is the last \\boxed{}."""
-    from memrl.engines.base import SamplingParams
-    from memrl.rewards.qa import extract_boxed
-    from memrl.workflows.chunked import centre_truncate, decode_response
-    from memrl.workflows.templates import chat_prompt, load_template
-
     tok = engine.tokenizer
     tpl = load_template("full_context", ("problem", "context"), cfg.template_file,
                         cfg.template if cfg.template is not None or cfg.template_file else FULL_CONTEXT_TEMPLATE)
-    from memrl.quiet import encode_document
 
     ids = encode_document(tok, task.context) if task.context else []  # centre-truncated below
     kept = centre_truncate(ids, cfg.max_context_tokens)

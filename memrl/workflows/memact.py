@@ -21,16 +21,22 @@ Where the public agent loop's rules differ, MemActConfig's "rollout rules" field
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import random
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import yaml
+
 from memrl.config import valid
+from memrl.data.errors import DataError
 from memrl.engines.base import Engine, SamplingParams
 from memrl.engines.versioned import VERSION_KEY
-from memrl.rewards.judge import ERROR_KINDS, JudgeSettings
+from memrl.rewards.judge import ERROR_KINDS, JudgeClient, JudgeSettings
+from memrl.rewards.multiq import multiq_reward, published_answer_text
+from memrl.services.session import Services
 from memrl.tools import calls as tc
 from memrl.tools import context as ctx
 from memrl.tools import search as ts
@@ -203,12 +209,19 @@ def answer_format(task: Task) -> str:
     return "End with one line: FINAL_ANSWER: <short answer>."
 
 
+def default_prompt(task: Task) -> list[dict[str, str]]:
+    """The prompt messages memrl writes for a multi-objective task without its own (the `prompt` builder of
+    memrl.data.multiobjective's writer): the default system prompt and user prompt, so
+    `workflow.prompt_source=auto` then builds the same first prompt as `template`."""
+    system, user = MemActConfig().templates(True)
+    return [{"role": "system", "content": system.render()},
+            {"role": "user", "content": user.render(question=task.question, answer_format=answer_format(task))}]
+
+
 def final_answer_text(text: str, require_final_answer: bool = False) -> str:
     """The text after the last FINAL_ANSWER: marker ("" when there is none); with require_final_answer,
     what the published reward reads (memrl.rewards.multiq.published_answer_text)."""
     if require_final_answer:
-        from memrl.rewards.multiq import published_answer_text
-
         return published_answer_text(text)
     i = text.rfind(FINAL_MARKER)
     return text[i + len(FINAL_MARKER):].strip() if i >= 0 else ""
@@ -223,9 +236,6 @@ def load_tool_schemas(path: str) -> list[dict[str, Any]]:
     """The schemas of a tool_schemas_file (MemActConfig), read once per path; ValueError naming the file."""
     if path in _TOOL_FILES:
         return _TOOL_FILES[path]
-    import json
-
-    import yaml
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -261,8 +271,6 @@ def row_prompt(task: Task, cfg: MemActConfig) -> list[dict[str, str]] | None:
     if cfg.prompt_source == "template" or (cfg.prompt_source == "auto" and not msgs):
         return None
     if not msgs:  # a data mistake: one line through the rollout runner and the CLI, not a RolloutError
-        from memrl.data.errors import DataError
-
         raise DataError(f"workflow.prompt_source=row: task {task.task_id!r} has no prompt messages (meta.prompt; "
                         "a file row's 'prompt' field, as in the published parquet layout); use such a file "
                         "or workflow.prompt_source=auto")
@@ -532,8 +540,6 @@ async def run(task: Task, engine: Engine, cfg: MemActConfig, rng: random.Random,
     """One MemAct trajectory for `task` (module docstring); generation only (the judge is the reward's).
     `services`: the run's memrl.runtime.Services (its retriever); None = a Services for this call alone."""
     if services is None:
-        from memrl.services.session import Services
-
         own = Services()
         try:
             return await _Run(task, engine, cfg, rng, own).run()
@@ -547,8 +553,6 @@ async def judge_score(task: Task, traj: Trajectory, on_failure: str, client: Any
     info["judge"] = {score, verdict, error}, metrics judge_correct / judge_error / judge_error_<kind> /
     judge_excluded. A failed call scores 0 and is counted (memrl.rewards.judge never raises); with
     judge.on_failure=exclude it also sets info["exclude_from_group"]."""
-    import json
-
     multi = len(task.meta.get("sub_questions", [])) > 1
     gold = [json.dumps(task.answers, ensure_ascii=False)] if multi else list(task.answers)
     if isinstance(task.meta.get("ground_truth"), str):  # a file row's ground truth, verbatim (Q-keyed JSON)
@@ -569,8 +573,6 @@ def reward(task: Task, traj: Trajectory, services: Any = None) -> float | Awaita
     metrics are written either way), a float; with `judge.url` (traj.info["judge_settings"], the config's
     JudgeSettings as a dict) instead an awaitable of the judge's verdict as a memrl.types.Score (with its
     metrics and info; a failed judgement scores 0), through the run's judge client (`services.judge`)."""
-    from memrl.rewards.multiq import multiq_reward
-
     rule = multiq_reward(task, traj)
     settings = traj.info.get("judge_settings")
     if not settings or not settings.get("url"):
@@ -582,7 +584,6 @@ async def _judged(task: Task, traj: Trajectory, settings: dict[str, Any], servic
     on_failure = str(settings.get("on_failure", "zero"))
     if services is not None:
         return await judge_score(task, traj, on_failure, services.judge(settings))
-    from memrl.rewards.judge import JudgeClient
 
     client = JudgeClient(JudgeSettings(**settings).client_config())  # outside a run: its own client, closed here
     try:

@@ -12,6 +12,9 @@ import random
 from dataclasses import dataclass
 
 from memrl.engines.base import Engine
+from memrl.rewards import steps
+from memrl.rewards.qa import extract_boxed
+from memrl.rewards.steps import answer_word_recall
 from memrl.types import Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec, boxed_em_outcome
 from memrl.workflows.chunked import (  # noqa: F401 - chunking helpers re-exported under their old home
@@ -65,8 +68,6 @@ class MemAgentConfig(ChunkedConfig):
 
 async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Random) -> Trajectory:
     """One MemAgent trajectory for `task`; returns segments (memory calls, then the final call)."""
-    from memrl.rewards.qa import extract_boxed
-
     mem_tpl, fin_tpl = cfg.templates()
     context_ids, chunks, truncated = task_chunks(task, engine.tokenizer, cfg)
     memory = cfg.no_memory_text
@@ -108,8 +109,6 @@ def memory_recall_metrics(memories: list[str], golds: list[str]) -> dict[str, fl
     present, `memrl.rewards.steps.answer_word_recall` == 1). `answer_seen - answer_kept` is the rate at which
     a memory wrote the answer and later overwrote it: the retention failures a memory policy must learn
     to avoid. Both 0 when there are no golds."""
-    from memrl.rewards.steps import answer_word_recall
-
     if not golds or not memories:
         return {"answer_seen": 0.0, "answer_kept": 0.0}
     hits = [answer_word_recall(m, golds) >= 1.0 for m in memories]
@@ -122,8 +121,6 @@ def step_rewards(task: Task, traj: Trajectory) -> list[float]:
     the final call earns 1 for exactly one non-empty `\\boxed{}`. Lets `algorithm=rememr1` mix
     per-call credit into MemAgent's outcome advantage; GRPO ignores these values. Pure: the score stage
     returns them (WorkflowSpec.step_rewards)."""
-    from memrl.rewards import steps
-
     out: list[float] = []
     for seg in traj.segments:
         if seg.info.get("kind") == "final":

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from memrl.config import valid
 from memrl.engines.base import Engine
 from memrl.rewards import steps as step_rewards_lib
+from memrl.rewards.qa import extract_boxed
 from memrl.types import Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec, boxed_em_outcome
 from memrl.workflows.chunked import ChunkedConfig, call_model, call_segment, loop_metrics, task_chunks
@@ -250,8 +251,6 @@ def strip_recall_memory(text: str, recall_tag: str = "recall") -> str:
 
 async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random) -> Trajectory:
     """One ReMemR1 trajectory: memory steps over the chunks (with callbacks), then the final answer."""
-    from memrl.rewards.qa import extract_boxed
-
     mem_tpl, fin_tpl = cfg.templates()
     context_ids, chunks, truncated = task_chunks(task, engine.tokenizer, cfg)
 

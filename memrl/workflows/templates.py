@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from memrl.engines.base import ChatPrompt
 from memrl.errors import UserError
 
 TEMPLATE_STYLES: tuple[str, ...] = ("memrl", "str_format")
@@ -151,8 +152,6 @@ def load_template(
 def chat_prompt(tokenizer, user_text: str) -> tuple[str, list[int]]:
     """One single-turn user message through the tokenizer's chat template: (text, token ids). The ids
     carry the message (memrl.engines.base.ChatPrompt) for engines that speak the chat API."""
-    from memrl.engines.base import ChatPrompt
-
     messages = [{"role": "user", "content": user_text}]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return text, ChatPrompt(tokenizer.encode(text, add_special_tokens=False), messages)

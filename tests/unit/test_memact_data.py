@@ -13,6 +13,7 @@ from memrl.cli import main
 from memrl.data.corpus import build_corpus, join_sentences, load_corpus, paragraph_id, write_corpus
 from memrl.data.io import DataError, detect_kind, load_tasks
 from memrl.data.multiobjective import build_multiobjective, load_multiobjective, write_multiobjective
+from memrl.workflows.memact import default_prompt
 
 DATA = Path("/work/shared/data")
 HOTPOT = DATA / "hotpotqa_dev_distractor_1143.json.xz"
@@ -111,7 +112,7 @@ def _same_task(a, b):
 def test_multiobjective_parquet_round_trip_and_layout(pool, tmp_path):
     tasks = build_multiobjective(pool, 12, seed=3)
     p = tmp_path / "mo.parquet"
-    assert write_multiobjective(p, tasks) == 12
+    assert write_multiobjective(p, tasks, prompt=default_prompt) == 12
     assert detect_kind(p) == "multiobjective"
     back = load_tasks(p)
     assert all(_same_task(a, b) for a, b in zip(back, tasks, strict=True))
@@ -130,7 +131,7 @@ def test_multiobjective_parquet_round_trip_and_layout(pool, tmp_path):
     assert ex["source_ids"] == tasks[0].meta["source_ids"]
     # JSONL rows read the same; an older file's list ground truth (not JSON text) is accepted too
     j = tmp_path / "mo.jsonl"
-    write_multiobjective(j, tasks)
+    write_multiobjective(j, tasks, prompt=default_prompt)
     assert all(_same_task(a, b) for a, b in zip(load_tasks(j), tasks, strict=True))
     rec = json.loads(j.read_text().splitlines()[0])
     rec["reward_model"]["ground_truth"] = tasks[0].answers

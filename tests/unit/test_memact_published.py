@@ -34,7 +34,7 @@ from memrl.rewards.multiq import published_answer_text, score
 from memrl.tools.calls import tools_fallback_text
 from memrl.tools.search import PRUNE_SCHEMA, SEARCH_SCHEMA, register_retriever
 from memrl.types import Task
-from memrl.workflows.memact import MemActConfig, run
+from memrl.workflows.memact import MemActConfig, default_prompt, run
 
 SYSTEM = "You are a search agent.\n\n# Most important:\nKeep your context small with prune_context."
 USER = "<developer_message>\nPrune often.\n</developer_message>\n\n<user_query>\n{q}\n</user_query>\n"
@@ -112,7 +112,7 @@ def test_memrl_tasks_write_the_published_layout_and_read_back(tmp_path):
             for i in range(5)]
     tasks = build_multiobjective(pool, 2, seed=1, sizes=(2,))
     p = tmp_path / "mo.parquet"
-    write_multiobjective(p, tasks)
+    write_multiobjective(p, tasks, prompt=default_prompt)
     row = pq.read_table(p).to_pylist()[0]
     t = tasks[0]
     gt = json.dumps({"Q1": t.answers[0], "Q2": t.answers[1]})

@@ -29,7 +29,7 @@ class Engine(ScriptedEngine):
 
 
 def test_one_loop_for_every_stage_and_everything_closed_once(monkeypatch):
-    import memrl.tools.search as ts
+    import memrl.services.registry as registry
 
     made: list[Closable] = []
 
@@ -37,7 +37,7 @@ def test_one_loop_for_every_stage_and_everything_closed_once(monkeypatch):
         made.append(Closable())
         return made[-1]
 
-    monkeypatch.setattr(ts, "build_retriever", fake_http)
+    monkeypatch.setattr(registry, "build_retriever", fake_http)
     spec = get_workflow("memagent")
     cfg = spec.config_cls(chunk_tokens=100, max_memory_tokens=20, max_final_tokens=20)
     engine = Engine(lambda prompt, i: "m" if i % 2 == 0 else "\\boxed{x}", tokenizer=CharTokenizer())

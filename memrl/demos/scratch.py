@@ -15,6 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
+
 from memrl.data.synthetic import corpus_text, make_task, memory_text
 from memrl.data.synthetic_memact import tokenizer_text
 from memrl.demonstrators.memact import answer_reply, prune_reply, search_reply
@@ -36,9 +39,6 @@ log = logging.getLogger(__name__)
 def fresh_qwen2(init_dir: str | Path, tokenizer: Any, shape: ModelPreset, seed: int) -> tuple[Any, Any]:
     """(tokenizer, model) loaded back from `init_dir`, where `tokenizer` and a Qwen2 of `shape` (vocabulary:
     the tokenizer's length), initialised under torch.manual_seed(seed), are saved."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
-
     tokenizer.save_pretrained(init_dir)
     torch.manual_seed(seed)
     with hf_progress_off():
@@ -71,8 +71,6 @@ def init_memagent_model(out: str | Path, syn: Any, wf_cfg: Any, shape: ModelPres
     if isinstance(shape, ModelPreset):
         tokenizer, model = fresh_qwen2(init_dir, train_tokenizer([corpus], vocab_size, seed), shape, seed)
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         init_tiny_model(init_dir, preset=shape, corpus=[corpus], seed=seed, vocab_size=vocab_size)
         tokenizer = AutoTokenizer.from_pretrained(init_dir)
         with hf_progress_off():
