@@ -52,13 +52,15 @@ class VLLMSection:
     gpu_memory_utilization: float = valid(0.9, gt=0, le=1)
     """Fraction of GPU memory for weights + KV cache (on CPU: of host memory, unless kv_cache_gib is set)."""
     kv_cache_gib: float | None = valid(None, gt=0)
-    """KV cache size in GiB; None = derive from gpu_memory_utilization."""
+    """KV cache size in GiB (vLLM's kv_cache_memory_bytes). On CPU, VLLM_CPU_KVCACHE_SPACE (whole GiB)
+    overrides it when set. None = derive from gpu_memory_utilization."""
     enforce_eager: bool = False
     """Skip torch.compile / CUDA graphs: faster start, slower decode."""
     enable_prefix_caching: bool = True
     """Reuse the KV cache of shared prompt prefixes."""
     enable_chunked_prefill: bool | None = None
-    """None = vLLM's default (off on CPU, see VLLMConfig)."""
+    """None = vLLM's default, except on CPU, where it is off: vLLM 0.32's CPU runner crashes ("CPU
+    Generator does not use offset") when a seeded request's prefill is split across steps."""
     tensor_parallel_size: int = valid(1, ge=1)
     """GPUs one engine spans."""
     logprobs_mode: str = "processed_logprobs"
@@ -66,7 +68,8 @@ class VLLMSection:
     enable_sleep_mode: bool = False
     """Allow sleep()/wake_up() (CUDA only)."""
     cpu_threads_bind: str | None = None
-    """VLLM_CPU_OMP_THREADS_BIND for vLLM's CPU backend, e.g. "0-1"; None = every usable core."""
+    """VLLM_CPU_OMP_THREADS_BIND for vLLM's CPU backend, e.g. "0-1"; None = every core this process may
+    use (vLLM's own default keeps one core back). Ignored on GPU."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """Any other vllm AsyncEngineArgs field, passed through unchanged."""
     lora_sync: str = valid("merged", choices=LORA_SYNCS)
