@@ -107,7 +107,7 @@ def _component_configs() -> list[tuple[str, type]]:
     """The config dataclasses of the components the command sections configure."""
     advantage_names(), loss_names()  # the built-in estimators and losses register
     comps: list[tuple[str, type]] = [("VLLMConfig", VLLMConfig), ("OpenAIConfig", OpenAIConfig)]
-    comps += [(name, getattr(judge, name)) for name in ("JudgeSettings", "JudgeConfig") if hasattr(judge, name)]
+    comps.append(("JudgeSettings", judge.JudgeSettings))
     comps += [(f"{opts.__name__} ({kind} {name})", opts) for (kind, name), opts in sorted(OPTIONS.items())
               if opts is not None and opts.__module__.startswith("memrl.")]
     comps += [(f"{get_workflow(w).config_cls.__name__} (workflow {w})", get_workflow(w).config_cls)
@@ -168,9 +168,7 @@ def constructor_places() -> list[tuple[str, dict[str, Any], dict[str, Any], dict
         ("OpenAIConfig", _keyword_defaults(OpenAIConfig), _section_defaults(EngineConfig, OpenAISection),
          {"max_concurrency": "max_batch_size", "model": "served_model"}),
     ]
-    if hasattr(judge, "JudgeConfig"):
-        out.append(("JudgeConfig", _keyword_defaults(judge.JudgeConfig), _section_defaults(judge.JudgeSettings),
-                    {"base_url": "url"}))
+    out.append(("JudgeClient", _keyword_defaults(judge.JudgeClient), _section_defaults(judge.JudgeSettings), {}))
     for kind, table in (("advantage estimator", ADVANTAGES), ("policy loss", LOSSES)):
         for name, fn in sorted(table.items()):
             opts = OPTIONS[(kind, name)]
@@ -230,6 +228,13 @@ def test_the_eval_command_declares_its_engine_differences():
     e, t = EvalConfig().engine, TrainConfig().engine
     assert (e.max_batch_size, e.hf.deterministic) == (16, False) and (t.max_batch_size, t.hf.deterministic) == (64, True)
     assert dataclasses.replace(e, max_batch_size=t.max_batch_size, hf=t.hf) == t
+
+
+def test_the_judge_has_one_config():
+    """workflow.judge (JudgeSettings) is what the client takes: no second dataclass repeating its fields."""
+    assert not hasattr(judge, "JudgeConfig")
+    params = inspect.signature(judge.JudgeClient.__init__).parameters
+    assert list(params) == ["self", "config"] and params["config"].annotation in ("JudgeSettings", judge.JudgeSettings)
 
 
 def test_a_disagreement_is_reported():
