@@ -169,6 +169,11 @@ def constructor_places() -> list[tuple[str, dict[str, Any], dict[str, Any], dict
          {"max_concurrency": "max_batch_size", "model": "served_model"}),
     ]
     out.append(("JudgeClient", _keyword_defaults(judge.JudgeClient), _section_defaults(judge.JudgeSettings), {}))
+    from memrl.tools.search import build_retriever
+    from memrl.workflows.memact import MemActConfig
+
+    out.append(("build_retriever", _keyword_defaults(build_retriever), _section_defaults(MemActConfig),
+                {"kind": "retriever_kind", "corpus": "retriever_corpus", "url": "retriever_url"}))
     for kind, table in (("advantage estimator", ADVANTAGES), ("policy loss", LOSSES)):
         for name, fn in sorted(table.items()):
             opts = OPTIONS[(kind, name)]
@@ -213,7 +218,7 @@ def test_the_walk_reaches_every_component():
     assert {"memrl train", "memrl eval", "memrl train-sft", "VLLMConfig", "OpenAIConfig", "JudgeSettings",
             "GRPOOptions", "ReMemR1Options", "PPOOptions", "MemActConfig"} <= seen
     whats = [w for w, *_ in constructor_places()]
-    assert {"HFEngine", "VLLMConfig", "OpenAIConfig"} <= set(whats)
+    assert {"HFEngine", "VLLMConfig", "OpenAIConfig", "JudgeClient", "build_retriever"} <= set(whats)
     assert any("grpo_estimator" in w for w in whats) and any("ppo" in w for w in whats)
 
 
