@@ -256,3 +256,17 @@ def test_a_disagreement_is_reported():
         for place, name, value in _fields(cls, where):
             rows.setdefault(name, []).append((place, value))
     assert len({repr(v) for _, v in rows["max_batch_size"]}) == 2
+
+
+def test_build_engine_gives_vllm_the_engine_sections_values(monkeypatch):
+    """The vLLM config build_engine makes is the engine section's (no vllm needed: the engine is faked)."""
+    from memrl.engines import build_engine, vllm
+
+    seen = []
+    monkeypatch.setattr(vllm, "VLLMEngine", lambda config: seen.append(config) or config)
+    build_engine(EngineConfig(name="vllm", model="/nonexistent/model"))
+    build_engine(EngineConfig(name="vllm", model="/nonexistent/model", max_batch_size=8, seed=3,
+                              vllm=VLLMSection(gpu_memory_utilization=0.5)), lora_rank=16)
+    assert seen[0] == VLLMConfig(model="/nonexistent/model")
+    assert (seen[0].max_num_seqs, seen[0].seed, seen[0].dtype, seen[0].max_lora_rank) == (64, 0, "auto", 0)
+    assert (seen[1].max_num_seqs, seen[1].seed, seen[1].gpu_memory_utilization, seen[1].max_lora_rank) == (8, 3, 0.5, 16)
