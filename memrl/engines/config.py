@@ -4,7 +4,9 @@
     engine=openai engine.openai.base_url=http://127.0.0.1:8000 engine.openai.timeout_s=120
 
 Fields every kind reads sit at the top; each kind's own settings live in its sub-section and are
-ignored by the other kinds. `memrl.engines.build_engine` turns an EngineConfig into an engine.
+ignored by the other kinds. `memrl.engines.build_engine` turns an EngineConfig into an engine. These are
+the one place the engines' defaults are set: HFEngine's keywords, VLLMConfig (a VLLMSection) and
+OpenAIConfig take theirs from here (tests/unit/test_config_defaults.py).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class HFSection:
     same batches: rollouts are bitwise reproducible and resume is exact, as long as nothing a rollout awaits
     between model calls runs in a thread or over the network (docs/CONTRACTS.md, determinism). False =
     continuous batching with a time window (max_wait_ms): higher throughput, batch-dependent float rounding.
-    `memrl eval` defaults to false."""
+    `memrl eval` defaults to false (memrl.eval.runner.EVAL_ENGINE_DEFAULTS); HFEngine built directly takes
+    this default too."""
     share_weights: bool = True
     """Training only: serve the very module being trained (no copy; weight sync is a no-op). False = a
     copy of the policy, synced after every update."""

@@ -73,7 +73,9 @@ _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 
 @dataclass
 class JudgeSettings:
-    """The judge as configured (MemAct: `workflow.judge.<field>`); defaults are memrl's. The published
+    """The judge as configured (MemAct: `workflow.judge.<field>`), and what `JudgeClient` takes: the one
+    judge config (the rubric file is read and the key taken from api_key_env when the client is built).
+    Defaults are memrl's. The published
     MemAct judge (verl/utils/reward_score/mem_agent.py: compute_score) is max_tokens=800, temperature=1.0,
     top_p not sent, the published rubric (rubric_file), tags <ANSWER_CORRECT> / <ANSWER_PARTIAL_CORRECT> /
     <ANSWER_INCORRECT>, verdict_rule=contains_correct, on_failure=zero, retries=2, timeout_s=600."""
