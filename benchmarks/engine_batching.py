@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = spec.config_cls(chunk_tokens=args.chunk_tokens, max_memory_tokens=args.memory_tokens,
                           max_final_tokens=args.final_tokens, temperature=1.0)
     engine = HFEngine(model, device=args.device, max_batch_size=max(args.concurrency), max_wait_ms=args.max_wait_ms,
-                      seed=0)
+                      seed=0, deterministic=False)
     chunks = -(-args.context_tokens // args.chunk_tokens)
     print(f"model {model} | device {args.device} | torch threads {torch.get_num_threads()} | "
           f"context {args.context_tokens} tok = {chunks} chunks of {args.chunk_tokens} | "

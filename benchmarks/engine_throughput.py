@@ -80,7 +80,7 @@ def make_engine(kind: str, path: str, max_batch: int, eager: bool) -> Any:
     if kind == "hf":
         from memrl.engines.hf import HFEngine
 
-        return HFEngine(path, device="cpu", dtype="float32", max_batch_size=max_batch, seed=0)
+        return HFEngine(path, device="cpu", dtype="float32", max_batch_size=max_batch, seed=0, deterministic=False)
     if kind == "vllm":
         from memrl.engines.vllm import VLLMEngine
 

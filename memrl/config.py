@@ -39,6 +39,46 @@ memrl.training.config). A preset or override that sets one fails with one line n
 a key ending in `.<removed key>` (e.g. the demo's `train.algorithm.actual_n`) counts too."""
 
 
+OPEN_SECTIONS: dict[str, str] = {}
+"""Top-level section -> its dict field that holds the sub-sections the schema does not declare (filled by
+the config modules: `algorithm` -> `plugins`, the options of an estimator or loss from a user's module).
+`algorithm.<name>.<field>` is spelled the same for every estimator; a <name> that is not a declared field
+is stored as `algorithm.plugins.<name>.<field>` and checked against the registered names by the section."""
+
+
+def _undeclared(schema: Any, section: str, sub: str) -> bool:
+    """`section.sub` is an open section's sub-section that `schema` does not declare."""
+    if section not in OPEN_SECTIONS or not dataclasses.is_dataclass(schema):
+        return False
+    f = next((f for f in dataclasses.fields(schema) if f.name == section), None)
+    inner = f.default_factory() if f is not None and callable(f.default_factory) else None
+    return dataclasses.is_dataclass(inner) and sub not in {g.name for g in dataclasses.fields(inner)}
+
+
+def _open_override(schema: Any, ov: str) -> str:
+    """`algorithm.<undeclared>.<field>=v` -> `algorithm.plugins.<undeclared>.<field>=v` (OPEN_SECTIONS)."""
+    key, value = ov.split("=", 1)
+    parts = key.split(".")
+    if len(parts) >= 3 and _undeclared(schema, parts[0], parts[1]):
+        return ".".join([parts[0], OPEN_SECTIONS[parts[0]], *parts[1:]]) + "=" + value
+    return ov
+
+
+def _open_preset(schema: Any, loaded: Any) -> None:
+    """The same move for a preset's tree (in place): undeclared sub-sections (mappings) of an open section."""
+    if not isinstance(loaded, DictConfig):
+        return
+    for section, into in OPEN_SECTIONS.items():
+        node = loaded.get(section)
+        if not isinstance(node, DictConfig):
+            continue
+        for sub in [k for k in node.keys() if isinstance(node[k], DictConfig) and _undeclared(schema, section, k)]:
+            moved = node.pop(sub)
+            if into not in node:
+                node[into] = {}
+            node[into][sub] = moved
+
+
 def _flat_keys(node: Any, prefix: str = "") -> list[str]:
     if not isinstance(node, dict):
         return [prefix] if prefix else []
@@ -131,6 +171,7 @@ def load_config(schema: type[T], overrides: list[str] | tuple[str, ...] = (), pr
         try:
             for part_path, loaded in _preset_chain(path):  # `inherit: <preset>`: the parent first
                 _check_removed(_flat_keys(OmegaConf.to_container(loaded)), f"preset {part_path}")
+                _open_preset(schema, loaded)
                 cfg = OmegaConf.merge(cfg, loaded)  # type: ignore[assignment]
         except OmegaConfBaseException as e:
             raise _wrap(e, f"preset {path}") from e
@@ -144,6 +185,7 @@ def load_config(schema: type[T], overrides: list[str] | tuple[str, ...] = (), pr
             raise ConfigError(f"preset {path} cannot be read: {reason}") from e
     dotlist = _selector_overrides(schema, list(overrides))
     _check_removed([ov.split("=", 1)[0] for ov in dotlist], "an override")
+    dotlist = [_open_override(schema, ov) for ov in dotlist]
     for ov in dotlist:
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([ov]))  # type: ignore[assignment]
@@ -269,6 +311,9 @@ class Allowed:
     choices: tuple[Any, ...] | Callable[[], Any] | None = None
     note: str = ""
     """What a special value means, shown in the error ("0 = off")."""
+    import_paths: bool = False
+    """Besides the choices, an import path "package.module:attr" is admitted (resolved and checked by the
+    section that names it: `algorithm.name=mymod:my_estimator`)."""
 
     def known(self) -> tuple[Any, ...] | None:
         if self.choices is None:
@@ -288,6 +333,8 @@ class Allowed:
 
     def admits(self, value: Any, owner: Any = None) -> bool:
         known = self.known()
+        if self.import_paths and isinstance(value, str) and ":" in value:
+            return True
         if known is not None and value not in known:
             return False
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -320,11 +367,14 @@ class Allowed:
             k = lo or hi
             parts.append(f"{ {'ge': '>=', 'gt': '>', 'le': '<=', 'lt': '<'}[k] } {show(k)}".strip())
         text = " and ".join(parts) or "any value"
+        if self.import_paths:
+            text += " or an import path package.module:attr"
         return f"{text} ({self.note})" if self.note else text
 
 
 def valid(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, ge: Bound = None,
-          gt: Bound = None, le: Bound = None, lt: Bound = None, choices: Any = None, note: str = "") -> Any:
+          gt: Bound = None, le: Bound = None, lt: Bound = None, choices: Any = None, note: str = "",
+          import_paths: bool = False) -> Any:
     """A dataclass field with its default and the values it admits (see `Allowed`):
 
         lr: float = valid(1e-6, gt=0)
@@ -333,7 +383,7 @@ def valid(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclas
         loss_agg: str = valid("token-mean", choices=AGG_MODES)
         multipliers: list[int] = valid(default_factory=lambda: [1, 4, 16], ge=1)
     """
-    allowed = Allowed(ge=ge, gt=gt, le=le, lt=lt, choices=choices, note=note)
+    allowed = Allowed(ge=ge, gt=gt, le=le, lt=lt, choices=choices, note=note, import_paths=import_paths)
     return dataclasses.field(default=default, default_factory=default_factory, metadata={ALLOWED: allowed})
 
 

@@ -235,7 +235,7 @@ def compute_group_advantages(
     **kwargs: object
 ) -> SegmentAdvantages:
     """Run the estimator registered as `name` with `options` (its options dataclass, e.g. from
-    registry.fill_options) or keyword options, and write its values onto every `Segment.advantage`.
+    AlgorithmSection.options()) or keyword options, and write its values onto every `Segment.advantage`.
     `step_rewards` (the score stage's, [group][trajectory][segment]) go to an estimator that takes them."""
     fn = lookup(ADVANTAGES, ADVANTAGE, name)
     if "step_rewards" in inspect.signature(fn).parameters:  # a keyword-only input, not an option

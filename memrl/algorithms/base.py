@@ -36,17 +36,40 @@ def _register(table: dict[str, Callable[..., Any]], kind: str, name: str, option
 
 
 def register_advantage(name: str, options: type | None = None) -> Callable[[F], F]:
-    """Decorator: register an advantage estimator under `name`, with its options dataclass."""
+    """Decorator: register an advantage estimator under `name`, with its options dataclass (set as
+    algorithm.<name>.<field>). In a user's module it is what `algorithm.name=package.module:fn` may name."""
     return _register(ADVANTAGES, ADVANTAGE, name, options)
 
 
 def register_loss(name: str, options: type | None = None) -> Callable[[F], F]:
-    """Decorator: register a policy loss under `name`, with its options dataclass."""
+    """Decorator: register a policy loss under `name`, with its options dataclass (set as
+    algorithm.<name>.<field>); `algorithm.loss=package.module:fn` may name one from a user's module."""
     return _register(LOSSES, LOSS, name, options)
 
 
+FIELDS = {ADVANTAGE: "algorithm.name", LOSS: "algorithm.loss"}
+"""The config field that names each kind."""
+
+
+def registered_name(table: dict[str, Callable[..., Any]], kind: str, name: str) -> str:
+    """The name `name` is registered under: itself, or for an import path "package.module:attr" the name the
+    function it names registered with (its options nest under algorithm.<that name>). Importing the module
+    registers what it decorates; an attribute that is not a registered function is a one-line ConfigError
+    naming the field (nothing is called)."""
+    if ":" not in name:
+        return name
+    from memrl.plugins import load_object
+
+    deco = "register_advantage" if kind == ADVANTAGE else "register_loss"
+    fn = load_object(name, FIELDS[kind], f"a registered {kind}", lambda o: any(f is o for f in table.values()),
+                     f"only functions marked with @memrl.algorithms.base.{deco}(name, Options) may be named")
+    return next(n for n, f in table.items() if f is fn)
+
+
 def lookup(table: dict[str, Callable[..., Any]], kind: str, name: str) -> Callable[..., Any]:
-    """`table[name]`, or a KeyError listing the names registered so far."""
+    """`table[name]` (`name` a registered name or an import path, see `registered_name`), or a KeyError
+    listing the names registered so far."""
+    name = registered_name(table, kind, name)
     if name not in table:
         raise KeyError(f"unknown {kind} {name!r}; known: {', '.join(sorted(table)) or '(none)'}")
     return table[name]

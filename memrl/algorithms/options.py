@@ -2,14 +2,18 @@
 defaults live.
 
 Each estimator / loss registers with its options class (memrl.algorithms.registry); its keyword
-defaults are these fields' defaults, and `memrl.training.config.AlgorithmSection` takes the defaults of
-the fields of the same name from here, so `memrl train`, a preset that leaves a field out and a direct
-call all get one value. No torch, no other memrl module: the config imports this at load time.
+defaults are these fields' defaults, and `memrl.training.config.AlgorithmSection` holds one instance of
+each as the section named after it (`algorithm.grpo`, `algorithm.dcpo`, `algorithm.rememr1`,
+`algorithm.ppo`: `memrl train algorithm=rememr1 algorithm.rememr1.alpha=0.5`), so `memrl train`, a preset
+that leaves a field out and a direct call all get one value. Each field declares the values it admits
+(memrl.config.valid). No torch: the config imports this at load time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from memrl.config import valid
 
 STATE_TERMS: tuple[str, ...] = ("paper", "released")
 """The rememr1 estimator's state terms (ReMemR1Options.state_term)."""
@@ -17,54 +21,54 @@ STATE_TERMS: tuple[str, ...] = ("paper", "released")
 
 @dataclass
 class GRPOOptions:
-    """Options of the grpo estimator (filled from algorithm.*)."""
+    """Options of the grpo estimator (algorithm.grpo.*)."""
 
     norm_by_std: bool = False
     """Divide by the group's std (MemAgent's script mean-centres only, so the default does not)."""
-    eps: float = 1e-6
+    eps: float = valid(1e-6, gt=0)
     """Added to the std before dividing."""
-    credit: str = "broadcast"
-    """broadcast: every segment gets its trajectory's advantage; split: A / number of segments."""
+    credit: str = valid("broadcast", choices=("broadcast", "split"))
+    """broadcast: every segment (row) gets its trajectory's advantage; split: A / number of segments."""
 
 
 @dataclass
 class DCPOOptions:
-    """Options of the dcpo estimator (filled from algorithm.*); it always divides by the std."""
+    """Options of the dcpo estimator (algorithm.dcpo.*); it always divides by the std."""
 
-    eps: float = GRPOOptions.eps
+    eps: float = valid(GRPOOptions.eps, gt=0)
     """Added to the std before dividing."""
 
 
 @dataclass
 class ReMemR1Options:
-    """Options of the rememr1 estimator (filled from algorithm.*)."""
+    """Options of the rememr1 estimator (algorithm.rememr1.*)."""
 
-    alpha: float = 0.8
+    alpha: float = valid(0.8, ge=0, le=1)
     """A = alpha * A_out + (1 - alpha) * A_state,t (ReMemR1's published 0.8)."""
     norm_by_std: bool = GRPOOptions.norm_by_std
     """Divide each centred level by its std."""
-    eps: float = GRPOOptions.eps
+    eps: float = valid(GRPOOptions.eps, gt=0)
     """Added to the std before dividing."""
-    state_term: str = "paper"
+    state_term: str = valid("paper", choices=STATE_TERMS)
     """paper: (1 - alpha) * A_state; released: the released trainer's term, A_state over 2 * r (twice the
     paper's without std division: 0.8 * A_out + 0.4 * (r - mean) at alpha 0.8)."""
 
     def __post_init__(self) -> None:
         if self.state_term not in STATE_TERMS:
             raise ValueError(
-                f"algorithm.state_term must be one of {', '.join(STATE_TERMS)}, got {self.state_term!r}"
+                f"algorithm.rememr1.state_term must be one of {', '.join(STATE_TERMS)}, got {self.state_term!r}"
             )
 
 
 @dataclass
 class PPOOptions:
-    """Options of the ppo loss (filled from algorithm.*)."""
+    """Options of the ppo loss (algorithm.ppo.*)."""
 
-    clip_low: float = 0.2
-    """rho is clipped below at 1 - clip_low."""
-    clip_high: float = 0.2
+    clip_low: float = valid(0.2, ge=0, lt=1)
+    """rho (the ratio) is clipped below at 1 - clip_low."""
+    clip_high: float = valid(0.2, ge=0)
     """rho is clipped above at 1 + clip_high (DAPO's clip-higher when > clip_low)."""
-    dual_clip_c: float | None = 3.0
+    dual_clip_c: float | None = valid(3.0, gt=1, note="null = no dual clip")
     """Dual clip: for A < 0 the loss is at most -A * c (None disables)."""
 
 

@@ -3,8 +3,11 @@
 An advantage estimator is `fn(groups: list[Group], **options) -> list[list[list[float]]]`: one value per
 segment, indexed [group][trajectory][segment]. A policy loss is `fn(logprobs, old_logprobs, advantages,
 mask, **options) -> (per_token_loss, stats)`. Each registers with an options dataclass whose fields are
-its keyword options; `fill_options` fills one from the `algorithm.*` config section (same field names),
-so the trainer calls any registered estimator or loss without knowing its name.
+its keyword options; an instance is the config section `algorithm.<registered name>`
+(`memrl.training.config.AlgorithmSection.options()`), so the trainer calls any registered estimator or loss
+without knowing its name. A name may also be an import path "package.module:fn" of a function registered in
+a user's module (`memrl.algorithms.base.registered_name`); `fill_options` fills an options dataclass from any
+object's same-named attributes.
 
 The tables and decorators live in memrl.algorithms.base (what an implementation imports); this module
 adds the lookups, which import the built-in implementations on first use, so `get_advantage("grpo")`
@@ -28,10 +31,11 @@ from memrl.algorithms.base import (
     options_kwargs,
     register_advantage,
     register_loss,
+    registered_name,
 )
 
-__all__ = ["advantage_names", "advantage_options", "fill_options", "get_advantage", "get_loss", "loss_names",
-           "loss_options", "options_kwargs", "register_advantage", "register_loss"]
+__all__ = ["advantage_name", "advantage_names", "advantage_options", "fill_options", "get_advantage", "get_loss",
+           "loss_name", "loss_names", "loss_options", "options_kwargs", "register_advantage", "register_loss"]
 
 
 def _load_advantages() -> None:
@@ -44,8 +48,19 @@ def _load_losses() -> None:
 
 def advantage_options(name: str) -> type | None:
     """The options dataclass the estimator `name` registered with (None: it takes no options)."""
+    return OPTIONS[(ADVANTAGE, advantage_name(name))]
+
+
+def advantage_name(name: str) -> str:
+    """The registered name of the estimator `name` (a name or an import path): its options' section."""
     get_advantage(name)
-    return OPTIONS[(ADVANTAGE, name)]
+    return registered_name(ADVANTAGES, ADVANTAGE, name)
+
+
+def loss_name(name: str) -> str:
+    """The registered name of the loss `name` (a name or an import path): its options' section."""
+    get_loss(name)
+    return registered_name(LOSSES, LOSS, name)
 
 
 def get_advantage(name: str) -> Callable[..., Any]:
@@ -61,8 +76,7 @@ def advantage_names() -> list[str]:
 
 def loss_options(name: str) -> type | None:
     """The options dataclass the loss `name` registered with (None: it takes no options)."""
-    get_loss(name)
-    return OPTIONS[(LOSS, name)]
+    return OPTIONS[(LOSS, loss_name(name))]
 
 
 def get_loss(name: str) -> Callable[..., Any]:

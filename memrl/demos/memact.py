@@ -245,7 +245,7 @@ def context_budget(cfg: MemActDemoConfig, tokenizer: Any, wf_cfg: Any, sft_tasks
 
 
 def evaluate(model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any], temperature: float,
-             seed: int, engine_cfg: Any = None, model_dir: str | Path = "") -> dict[str, dict[str, float]]:
+             seed: int, engine_cfg: Any, model_dir: str | Path = "") -> dict[str, dict[str, float]]:
     """{"greedy": summary, "sampled": summary} of the policy on the held-out tasks (each searching its own
     fact sheet): memrl.eval.evaluator.evaluate_memact through the engine `engine_cfg` names, the prune tool
     offered unless `wf_cfg.prune_tool` is False."""

@@ -48,8 +48,7 @@ def build_engine(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None, l
     if cfg.name in ("vllm", "vllm-cpu"):
         from memrl.engines.vllm import VLLMConfig, VLLMEngine
 
-        v = dataclasses.asdict(cfg.vllm)
-        v.pop("lora_sync")  # the trainer's: it passes lora_rank
+        v = dataclasses.asdict(cfg.vllm)  # lora_sync is the trainer's: it passes lora_rank
         return VLLMEngine(VLLMConfig(model=cfg.model, dtype=cfg.dtype or "auto", seed=cfg.seed,
                                      max_num_seqs=cfg.max_batch_size, max_lora_rank=int(lora_rank), **v))
     if cfg.name == "openai":

@@ -4,7 +4,9 @@
     engine=openai engine.openai.base_url=http://127.0.0.1:8000 engine.openai.timeout_s=120
 
 Fields every kind reads sit at the top; each kind's own settings live in its sub-section and are
-ignored by the other kinds. `memrl.engines.build_engine` turns an EngineConfig into an engine.
+ignored by the other kinds. `memrl.engines.build_engine` turns an EngineConfig into an engine. These are
+the one place the engines' defaults are set: HFEngine's keywords, VLLMConfig (a VLLMSection) and
+OpenAIConfig take theirs from here (tests/unit/test_config_defaults.py).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class HFSection:
     same batches: rollouts are bitwise reproducible and resume is exact, as long as nothing a rollout awaits
     between model calls runs in a thread or over the network (docs/CONTRACTS.md, determinism). False =
     continuous batching with a time window (max_wait_ms): higher throughput, batch-dependent float rounding.
-    `memrl eval` defaults to false."""
+    `memrl eval` defaults to false (memrl.eval.runner.EVAL_ENGINE_DEFAULTS); HFEngine built directly takes
+    this default too."""
     share_weights: bool = True
     """Training only: serve the very module being trained (no copy; weight sync is a no-op). False = a
     copy of the policy, synced after every update."""
@@ -52,13 +55,15 @@ class VLLMSection:
     gpu_memory_utilization: float = valid(0.9, gt=0, le=1)
     """Fraction of GPU memory for weights + KV cache (on CPU: of host memory, unless kv_cache_gib is set)."""
     kv_cache_gib: float | None = valid(None, gt=0)
-    """KV cache size in GiB; None = derive from gpu_memory_utilization."""
+    """KV cache size in GiB (vLLM's kv_cache_memory_bytes). On CPU, VLLM_CPU_KVCACHE_SPACE (whole GiB)
+    overrides it when set. None = derive from gpu_memory_utilization."""
     enforce_eager: bool = False
     """Skip torch.compile / CUDA graphs: faster start, slower decode."""
     enable_prefix_caching: bool = True
     """Reuse the KV cache of shared prompt prefixes."""
     enable_chunked_prefill: bool | None = None
-    """None = vLLM's default (off on CPU, see VLLMConfig)."""
+    """None = vLLM's default, except on CPU, where it is off: vLLM 0.32's CPU runner crashes ("CPU
+    Generator does not use offset") when a seeded request's prefill is split across steps."""
     tensor_parallel_size: int = valid(1, ge=1)
     """GPUs one engine spans."""
     logprobs_mode: str = "processed_logprobs"
@@ -66,7 +71,8 @@ class VLLMSection:
     enable_sleep_mode: bool = False
     """Allow sleep()/wake_up() (CUDA only)."""
     cpu_threads_bind: str | None = None
-    """VLLM_CPU_OMP_THREADS_BIND for vLLM's CPU backend, e.g. "0-1"; None = every usable core."""
+    """VLLM_CPU_OMP_THREADS_BIND for vLLM's CPU backend, e.g. "0-1"; None = every core this process may
+    use (vLLM's own default keeps one core back). Ignored on GPU."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """Any other vllm AsyncEngineArgs field, passed through unchanged."""
     lora_sync: str = valid("merged", choices=LORA_SYNCS)

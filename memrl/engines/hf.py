@@ -32,10 +32,14 @@ from typing import Any
 import torch
 
 from memrl.engines.base import Completion, EngineError, SamplingParams
+from memrl.engines.config import EngineConfig, HFSection
 from memrl.engines.hf_cache import cache_kwarg, cache_layer_class
 from memrl.engines.hf_sampling import sample_rows
 from memrl.engines.hf_weights import load_state_dict, strip_wrappers
 from memrl.quiet import hf_progress_off
+
+_ENGINE, _HF = EngineConfig(), HFSection()
+"""The section defaults HFEngine's keywords take (engine.* and engine.hf.*): one place sets them."""
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +141,15 @@ class _Batch:
 class HFEngine:
     """A transformers causal LM served with a micro-batcher and a hand-written KV-cache decoding loop.
 
+    Every keyword's default is the `engine` section's (memrl.engines.config: EngineConfig and its HFSection,
+    the one place they are set), so `HFEngine(path)` is the engine `memrl train` builds: deterministic wave
+    batching, seed 0. Pass `deterministic=False` for continuous batching (what `memrl eval` selects).
+
     model_or_path: a HuggingFace directory (tokenizer loaded from it too) or a loaded PreTrainedModel.
-    device: "cpu" or "cuda[:i]"; dtype: torch dtype or name (default float32 on CPU, bfloat16 on CUDA).
+    device: "cpu" or "cuda[:i]" ("" = cpu); dtype: torch dtype or name (default float32 on CPU, bfloat16 on CUDA).
     max_batch_size: most rows decoded together; max_wait_ms: how long the first waiting request holds the
     batch open for others; max_prefill_tokens: padded tokens per prefill pass (bounds memory).
-    seed: seeds the generator of requests that carry no seed of their own.
+    seed: seeds the generator of requests that carry no seed of their own (None = a random seed).
     share_weights: serve `model_or_path` (a loaded module) itself, on its own device and dtype, with no
     copy: the trainer's policy. `update_weights` with tensors that are that module's own is then a no-op.
     deterministic: batch by waves instead of by time, so the same requests always meet the same batches
@@ -153,15 +161,15 @@ class HFEngine:
         self,
         model_or_path: Any,
         tokenizer: Any = None,
-        device: str = "cpu",
-        dtype: torch.dtype | str | None = None,
-        max_batch_size: int = 64,
-        max_wait_ms: float = 5.0,
-        max_prefill_tokens: int = 32768,
-        seed: int | None = None,
-        attn_implementation: str | None = "sdpa",
+        device: str = _HF.device,
+        dtype: torch.dtype | str | None = _ENGINE.dtype,
+        max_batch_size: int = _ENGINE.max_batch_size,
+        max_wait_ms: float = _HF.max_wait_ms,
+        max_prefill_tokens: int = _HF.max_prefill_tokens,
+        seed: int | None = _ENGINE.seed,
+        attn_implementation: str | None = _HF.attn_implementation,
         share_weights: bool = False,
-        deterministic: bool = False,
+        deterministic: bool = _HF.deterministic,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine.max_batch_size must be >= 1, got {max_batch_size}")
@@ -175,7 +183,7 @@ class HFEngine:
             self.device, self.dtype = param.device, param.dtype
             self.model, self.tokenizer = self._shared(model_or_path, tokenizer)
         else:
-            self.device = torch.device(device)
+            self.device = torch.device(device or "cpu")
             if self.device.type == "cuda" and not torch.cuda.is_available():
                 raise EngineError("HFEngine: device 'cuda' requested but torch.cuda.is_available() is False")
             self.dtype = self._resolve_dtype(dtype)

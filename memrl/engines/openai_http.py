@@ -59,6 +59,7 @@ from typing import Any
 
 from memrl.config import valid
 from memrl.engines.base import Completion, EngineError, SamplingParams
+from memrl.engines.config import EngineConfig, OpenAISection
 
 log = logging.getLogger(__name__)
 
@@ -73,37 +74,41 @@ API_KINDS = ("completions", "chat")
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
+_ENGINE, _OPENAI = EngineConfig(), OpenAISection()
+
+
 @dataclass
 class OpenAIConfig:
-    """Settings of the HTTP engine."""
+    """Settings of the HTTP engine; the defaults are the `engine.openai` section's (memrl.engines.config.OpenAISection:
+    served_model is `model` here, engine.max_batch_size is `max_concurrency`), the one place they are set."""
 
-    base_url: str = "http://127.0.0.1:8000"
+    base_url: str = _OPENAI.base_url
     """Server root, with or without a trailing /v1."""
     tokenizer: str = ""
     """Local tokenizer directory (the served model's); workflows tokenize with it."""
-    model: str | None = None
+    model: str | None = _OPENAI.served_model
     """Served model name; None = the server's default (vLLM and SGLang pick their only model)."""
-    api_key: str | None = None
+    api_key: str | None = _OPENAI.api_key
     """Sent as a Bearer token; None = the environment variable api_key_env names, when set."""
-    api_key_env: str = "OPENAI_API_KEY"
+    api_key_env: str = _OPENAI.api_key_env
     """Environment variable holding the key when api_key is None; "" = none."""
-    server: str = "vllm"
+    server: str = _OPENAI.server
     """vllm | sglang: which weight-reload endpoint update_weights uses."""
-    api: str = "completions"
+    api: str = _OPENAI.api
     """completions (/v1/completions, token ids in and out) | chat (/v1/chat/completions, messages in;
     evaluation only)."""
-    vllm_reload_method: str = "memrl_load_weights"
+    vllm_reload_method: str = _OPENAI.vllm_reload_method
     """Worker method update_weights calls through vLLM's /collective_rpc. "memrl_load_weights" needs the
     server started with --worker-extension-cls memrl.engines.vllm.MemrlWorkerExtension; "reload_weights"
     works on a stock server, but vLLM 0.32 then leaves a tied lm_head stale (see memrl.engines.vllm)."""
-    max_concurrency: int = valid(64, ge=1)
+    max_concurrency: int = valid(_ENGINE.max_batch_size, ge=1)
     """Requests in flight at once, per engine."""
-    timeout_s: float = valid(600.0, gt=0)
+    timeout_s: float = valid(_OPENAI.timeout_s, gt=0)
     """Per-request timeout (read); connecting times out after connect_timeout_s."""
-    connect_timeout_s: float = valid(10.0, gt=0)
-    max_retries: int = valid(3, ge=0)
+    connect_timeout_s: float = valid(_OPENAI.connect_timeout_s, gt=0)
+    max_retries: int = valid(_OPENAI.max_retries, ge=0)
     """Retries after a connection error, timeout or 5xx (so up to max_retries + 1 attempts)."""
-    backoff_s: float = valid(0.5, ge=0)
+    backoff_s: float = valid(_OPENAI.backoff_s, ge=0)
     """First retry delay; doubled per retry, with up to 10% jitter."""
 
     def __post_init__(self) -> None:

@@ -48,56 +48,38 @@ import os
 import threading
 import uuid
 from collections.abc import Coroutine, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from memrl.config import valid
 from memrl.engines.base import Completion, EngineError, SamplingParams
+from memrl.engines.config import EngineConfig, VLLMSection
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 WORKER_EXTENSION = "memrl.engines.vllm.MemrlWorkerExtension"
+_ENGINE = EngineConfig()
 
 
 @dataclass
-class VLLMConfig:
-    """Settings of the in-process vLLM engine (names follow vLLM's engine arguments)."""
+class VLLMConfig(VLLMSection):
+    """Settings of the in-process vLLM engine (names follow vLLM's engine arguments): the `engine.vllm`
+    section's fields (memrl.engines.config.VLLMSection, where their defaults are set; `lora_sync` is the
+    trainer's and ignored here) plus what `build_engine` fills from the whole `engine` section."""
 
     model: str = ""
     """HuggingFace model directory (or hub id where a hub is reachable)."""
     dtype: str = "auto"
-    """auto | float32 | bfloat16 | float16."""
-    max_model_len: int | None = valid(None, ge=1)
-    """Prompt + completion token limit; None = the model's own."""
-    gpu_memory_utilization: float = valid(0.9, gt=0, le=1)
-    """Fraction of GPU memory for weights + KV cache (on CPU: of host memory, unless kv_cache_gib is set)."""
-    kv_cache_gib: float | None = valid(None, gt=0)
-    """KV cache size in GiB (vLLM's kv_cache_memory_bytes). On CPU, VLLM_CPU_KVCACHE_SPACE (whole GiB)
-    overrides it when set. None = derive from gpu_memory_utilization."""
-    enforce_eager: bool = False
-    """Skip torch.compile / CUDA graphs: faster start, slower decode."""
-    seed: int = valid(0, ge=0)
-    max_num_seqs: int = valid(256, ge=1)
-    """Most sequences vLLM batches at once."""
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool | None = None
-    """None = vLLM's default, except on CPU, where it is off: vLLM 0.32's CPU runner crashes ("CPU
-    Generator does not use offset") when a seeded request's prefill is split across steps."""
-    tensor_parallel_size: int = valid(1, ge=1)
-    logprobs_mode: str = "processed_logprobs"
-    """See the module docstring; "processed_logprobs" matches memrl's logprob convention."""
-    enable_sleep_mode: bool = False
-    """Allow sleep()/wake_up() (CUDA only)."""
-    cpu_threads_bind: str | None = None
-    """VLLM_CPU_OMP_THREADS_BIND for vLLM's CPU backend, e.g. "0-1"; None = every core this process may
-    use (vLLM's own default keeps one core back). Ignored on GPU."""
+    """auto | float32 | bfloat16 | float16 (engine.dtype; its None means auto for vLLM)."""
+    seed: int = valid(_ENGINE.seed, ge=0)
+    """engine.seed."""
+    max_num_seqs: int = valid(_ENGINE.max_batch_size, ge=1)
+    """Most sequences vLLM batches at once (engine.max_batch_size)."""
     max_lora_rank: int = valid(0, ge=0, le=512)
     """> 0: build with vLLM's LoRA support (enable_lora, one adapter slot) for adapters up to this rank
     (rounded up to a rank vLLM accepts: 1, 8, 16, 32, 64, 128, 256, 320, 512); 0 = no LoRA support."""
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Any other vllm AsyncEngineArgs field, passed through unchanged."""
 
     def __post_init__(self) -> None:
         if not self.model:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from memrl.engines import EngineConfig, build_engine
+from memrl.engines import build_engine
 from memrl.runtime import RolloutRuntime
 from memrl.types import Group, Task, Trajectory
 from memrl.workflows.runner import takes_services, trajectory_rng
@@ -131,11 +131,11 @@ class EngineRollout:
 
 
 @contextmanager
-def model_engine(model: Any, tokenizer: Any, engine_cfg: Any = None, model_dir: str | Path = "") -> Iterator[Any]:
-    """The engine `engine_cfg` names serving `model` (default: the hf engine over `model` itself); an engine
-    that loads weights itself (vllm) loads `model_dir`, which must hold `model`'s weights. Closed on exit."""
-
-    ecfg = engine_cfg if engine_cfg is not None else EngineConfig(max_batch_size=256)
+def model_engine(model: Any, tokenizer: Any, engine_cfg: Any, model_dir: str | Path = "") -> Iterator[Any]:
+    """The engine `engine_cfg` (an EngineConfig: the caller's `engine` section, e.g. the demo's train
+    config's) names serving `model`; an engine that loads weights itself (vllm) loads `model_dir`, which
+    must hold `model`'s weights. Closed on exit."""
+    ecfg = engine_cfg
     if ecfg.name != "hf" and not ecfg.model:
         ecfg = replace(ecfg, model=str(model_dir))
     engine = build_engine(ecfg, policy=model, tokenizer=tokenizer)

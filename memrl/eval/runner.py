@@ -73,6 +73,12 @@ RESULTS_FILE = "results.jsonl"
 CONFIG_FILE = "eval_config.json"
 FULL_CONTEXT = "full_context"
 
+EVAL_ENGINE_DEFAULTS: dict[str, Any] = {"max_batch_size": 16, "hf.deterministic": False}
+"""Where `memrl eval`'s engine defaults differ from the `engine` section's (memrl.engines.config, `memrl train`
+and validation): 16 sequences decoded together and continuous (time-window) batching; every other engine
+default is the section's. The one place these differences are written."""
+
+
 @dataclass
 class EvalConfig:
     """One evaluation run: `memrl eval` overrides, spelled as in `memrl train` (workflow.*, engine.*)."""
@@ -80,9 +86,11 @@ class EvalConfig:
     workflow: dict[str, Any] = field(default_factory=lambda: {"name": "memagent"})
     """A registered workflow (`name`: memagent, rememr1, full_context = the baseline, ...) and its config
     fields (workflow.chunk_tokens=5000); greedy decoding unless workflow.temperature is given."""
-    engine: EngineConfig = field(
-        default_factory=lambda: EngineConfig(max_batch_size=16, hf=HFSection(deterministic=False)))
-    """The engine (memrl.engines.config): `engine.model` is the model directory (--model)."""
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(
+        max_batch_size=EVAL_ENGINE_DEFAULTS["max_batch_size"],
+        hf=HFSection(deterministic=EVAL_ENGINE_DEFAULTS["hf.deterministic"])))
+    """The engine (memrl.engines.config): `engine.model` is the model directory (--model). Its defaults are
+    `memrl train`'s except EVAL_ENGINE_DEFAULTS."""
     limit: int = valid(0, ge=0, note="0 = all")
     """Questions per file (the first ones); 0 = all."""
     concurrency: int = valid(16, ge=1)

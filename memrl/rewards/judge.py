@@ -22,7 +22,7 @@ import asyncio
 import os
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -73,7 +73,9 @@ _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 
 @dataclass
 class JudgeSettings:
-    """The judge as configured (MemAct: `workflow.judge.<field>`); defaults are memrl's. The published
+    """The judge as configured (MemAct: `workflow.judge.<field>`), and what `JudgeClient` takes: the one
+    judge config (the rubric file is read and the key taken from api_key_env when the client is built).
+    Defaults are memrl's. The published
     MemAct judge (verl/utils/reward_score/mem_agent.py: compute_score) is max_tokens=800, temperature=1.0,
     top_p not sent, the published rubric (rubric_file), tags <ANSWER_CORRECT> / <ANSWER_PARTIAL_CORRECT> /
     <ANSWER_INCORRECT>, verdict_rule=contains_correct, on_failure=zero, retries=2, timeout_s=600."""
@@ -147,20 +149,24 @@ class JudgeSettings:
         if self.rubric_file is not None:
             load_rubric(self.rubric_file)  # fails now, naming the file, not at the first judgement
 
-    def client_config(self) -> JudgeConfig:
-        """The client's settings: the rubric read from `rubric_file`, the key from `api_key_env`."""
+    def api_key(self) -> str | None:
+        """The key the variable `api_key_env` holds (None when api_key_env is ""); a one-line ConfigError
+        naming the field when that variable is not set."""
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
         if self.api_key_env and not key:
             from memrl.config import ConfigError
 
             raise ConfigError(f"workflow.judge.api_key_env={self.api_key_env}: that environment variable is not set")
-        return JudgeConfig(
-            base_url=str(self.url), model=self.model, timeout_s=self.timeout_s, retries=self.retries,
-            backoff_s=self.backoff_s, max_concurrency=self.max_concurrency, max_tokens=self.max_tokens,
-            temperature=self.temperature, top_p=self.top_p, api_key=key,
-            rubric=load_rubric(self.rubric_file) if self.rubric_file else default_rubric(
-                (self.correct_tag, self.partial_tag, self.incorrect_tag)),
-            tags=(self.correct_tag, self.partial_tag, self.incorrect_tag), verdict_rule=self.verdict_rule)
+        return key
+
+    @property
+    def tags(self) -> tuple[str, str, str]:
+        """(correct, partial, incorrect)."""
+        return (self.correct_tag, self.partial_tag, self.incorrect_tag)
+
+    def rubric_text(self) -> str:
+        """The rubric sent: `rubric_file`'s text, else memrl's rubric asking for the configured tags."""
+        return load_rubric(self.rubric_file) if self.rubric_file else default_rubric(self.tags)
 
 
 def load_rubric(path: str) -> str:
@@ -181,32 +187,6 @@ def render_rubric(rubric: str, question: str, gold: str, prediction: str) -> str
     """The rubric with its placeholders filled (only those in PLACEHOLDERS; other braces stay)."""
     values = {"question": question, "gold": gold, "prediction": prediction}
     return _PLACEHOLDER.sub(lambda m: values[PLACEHOLDERS[m.group(1)]], rubric)
-
-
-@dataclass(frozen=True)
-class JudgeConfig:
-    """The client's settings (built by `JudgeSettings.client_config`, or directly in Python)."""
-
-    base_url: str
-    model: str
-    timeout_s: float = valid(30.0, gt=0)
-    retries: int = valid(2, ge=0)
-    backoff_s: float = valid(0.5, ge=0)
-    max_concurrency: int = valid(16, ge=1)
-    max_tokens: int = valid(8, ge=1)
-    temperature: float = valid(0.0, ge=0)
-    top_p: float | None = valid(None, gt=0, le=1, note="null = not sent")
-    api_key: str | None = field(default=None, repr=False)
-    rubric: str = RUBRIC
-    tags: tuple[str, str, str] = ("CORRECT", "PARTIAL", "INCORRECT")
-    """(correct, partial, incorrect)."""
-    verdict_rule: str = "single"
-
-    def __post_init__(self) -> None:
-        if self.timeout_s <= 0 or self.retries < 0 or self.max_concurrency < 1 or self.backoff_s < 0:
-            raise ValueError("JudgeConfig: needs timeout_s > 0, retries >= 0, backoff_s >= 0, max_concurrency >= 1")
-        if self.verdict_rule not in VERDICT_RULES:
-            raise ValueError(f"JudgeConfig.verdict_rule must be one of {VERDICT_RULES}, got {self.verdict_rule!r}")
 
 
 @dataclass(frozen=True)
@@ -284,9 +264,15 @@ def parse_verdict(text: str) -> str | None:
 class JudgeClient:
     """Async judge client: at most `max_concurrency` calls in flight, retries with exponential backoff."""
 
-    def __init__(self, config: JudgeConfig):
+    def __init__(self, config: JudgeSettings):
+        """`config` is the judge section itself (its `url` set): the rubric file is read and the key taken
+        from `api_key_env` now, so a missing one fails before the first judgement."""
+        if not config.url:
+            raise ValueError("JudgeClient needs workflow.judge.url (the judge server)")
         self.config = config
-        base = config.base_url.rstrip("/")
+        self.api_key = config.api_key()
+        self.rubric = config.rubric_text()
+        base = config.url.rstrip("/")
         self.url = base if base.endswith("/chat/completions") else (
             base + ("/chat/completions" if base.endswith("/v1") else "/v1/chat/completions"))
         self.counters: Counter[str] = Counter()
@@ -295,7 +281,7 @@ class JudgeClient:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
             n = self.config.max_concurrency
             self._client = httpx.AsyncClient(timeout=self.config.timeout_s, headers=headers,
                                              limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
@@ -304,7 +290,7 @@ class JudgeClient:
     def body(self, question: str, gold: list[str], prediction: str) -> dict:
         """The chat-completions request for one judgement."""
         c = self.config
-        prompt = render_rubric(c.rubric, question, " | ".join(gold), prediction)
+        prompt = render_rubric(self.rubric, question, " | ".join(gold), prediction)
         body = {"model": c.model, "messages": [{"role": "user", "content": prompt}],
                 "max_tokens": c.max_tokens, "temperature": c.temperature}
         if c.top_p is not None:

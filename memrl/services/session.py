@@ -48,7 +48,7 @@ class Services:
         fields = dict(settings) if isinstance(settings, dict) else dataclasses.asdict(settings)
         key = tuple(sorted(fields.items()))
         if key not in self._judges:
-            client = JudgeClient(JudgeSettings(**fields).client_config())
+            client = JudgeClient(JudgeSettings(**fields))
             self._judges[key] = client
             self._owned.append(client)
         return self._judges[key]

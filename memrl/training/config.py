@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from memrl.algorithms.options import OFF_POLICY_MODES, STATE_TERMS, GRPOOptions, PPOOptions, ReMemR1Options
-from memrl.config import REMOVED_KEYS, ConfigError, valid
+from memrl.algorithms.options import OFF_POLICY_MODES, DCPOOptions, GRPOOptions, PPOOptions, ReMemR1Options
+from memrl.config import OPEN_SECTIONS, REMOVED_KEYS, ConfigError, valid
 from memrl.data.synthetic import SyntheticConfig
 from memrl.engines.config import EngineConfig
 from memrl.training.lora import LoraSection
@@ -106,13 +106,16 @@ class DataSection:
 
 @dataclass
 class AlgorithmSection:
-    """Advantage estimator, group size and the policy loss (MemAgent / ReMemR1 papers and scripts). The estimator's and the
-    loss's options (their registered options dataclasses) are filled from the fields of the same name, whose
-    defaults are those dataclasses' defaults (memrl.algorithms.options: the one place they are set)."""
+    """Advantage estimator, group size and the policy loss (MemAgent / ReMemR1 papers and scripts). The
+    estimator's and the loss's options (their registered options dataclasses, memrl.algorithms.options: the
+    one place their defaults are set) nest under their registered names: `algorithm.grpo.*`,
+    `algorithm.dcpo.*`, `algorithm.rememr1.*`, `algorithm.ppo.*`, and `algorithm.<name>.*` for one
+    registered in a user's module (`algorithm.name=package.module:fn`)."""
 
-    name: str = valid("grpo", choices=_advantage_names)
-    """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1. It does not choose which
-    segments train: that is `selection`."""
+    name: str = valid("grpo", choices=_advantage_names, import_paths=True)
+    """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1, or an import path
+    package.module:fn of a function marked @memrl.algorithms.base.register_advantage(name, Options). It does
+    not choose which segments train: that is `selection`."""
     n: int = valid(16, ge=1)
     """Trajectories sampled per task (the group), under every estimator (MemAct publishes 8)."""
     # --- DCPO segment selection (docs/memact.md, "Training with DCPO"): which segments become rows.
@@ -124,25 +127,20 @@ class AlgorithmSection:
     that pruned). memrl.algorithms.selection."""
     segments_per_task: int = valid(12, ge=1)
     """selection != all: rows trained per task (MemAct publishes 12; `rollout.n` upstream); >= n."""
-    norm_by_std: bool = GRPOOptions.norm_by_std
-    """GRPO: divide by the group's std (MemAgent's script mean-centres only)."""
-    credit: str = valid(GRPOOptions.credit, choices=("broadcast", "split"))
-    """broadcast: every row of a trajectory gets its advantage; split: A / number of rows."""
-    alpha: float = valid(ReMemR1Options.alpha, ge=0, le=1)
-    """rememr1: A = alpha * A_out + (1 - alpha) * A_state,t (ReMemR1's published 0.8)."""
-    eps: float = valid(GRPOOptions.eps, gt=0)
-    """grpo / dcpo / rememr1: added to the group std before dividing."""
-    state_term: str = valid(ReMemR1Options.state_term, choices=STATE_TERMS)
-    """rememr1: paper = alpha * A_out + (1 - alpha) * A_state; released = the released trainer's state term
-    over twice the step reward (0.8 * A_out + 0.4 * (r - mean) at alpha 0.8 without std division)."""
-    loss: str = valid("ppo", choices=_loss_names)
-    """Policy loss (memrl.algorithms.registry)."""
-    clip_low: float = valid(PPOOptions.clip_low, ge=0, lt=1)
-    """PPO: the ratio is clipped below at 1 - clip_low."""
-    clip_high: float = valid(PPOOptions.clip_high, ge=0)
-    """PPO: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher when > clip_low)."""
-    dual_clip_c: float | None = valid(PPOOptions.dual_clip_c, gt=1, note="null = no dual clip")
-    """Dual clip: for A < 0 the loss is at most -A * c."""
+    grpo: GRPOOptions = field(default_factory=GRPOOptions)
+    """Options of the grpo estimator: norm_by_std (MemAgent's script mean-centres only), eps, credit."""
+    dcpo: DCPOOptions = field(default_factory=DCPOOptions)
+    """Options of the dcpo estimator: eps (it always divides by the group's std)."""
+    rememr1: ReMemR1Options = field(default_factory=ReMemR1Options)
+    """Options of the rememr1 estimator: alpha (ReMemR1's published 0.8), norm_by_std, eps, state_term."""
+    loss: str = valid("ppo", choices=_loss_names, import_paths=True)
+    """Policy loss (memrl.algorithms.registry): ppo, or an import path package.module:fn of a function marked
+    @memrl.algorithms.base.register_loss(name, Options)."""
+    ppo: PPOOptions = field(default_factory=PPOOptions)
+    """Options of the ppo loss: clip_low, clip_high (DAPO's clip-higher when > clip_low), dual_clip_c."""
+    plugins: dict[str, Any] = field(default_factory=dict)
+    """Options of an estimator or loss registered in a user's module, by its registered name: set them as
+    `algorithm.<name>.<field>` (stored here; checked against its options dataclass before any work)."""
     loss_agg: str = valid("token-mean", choices=_agg_modes)
     """token-mean, seq-mean-token-mean, seq-mean-token-sum, traj-mean."""
     kl_coef: float = valid(0.001, ge=0)
@@ -171,7 +169,8 @@ class AlgorithmSection:
 
     def check(self) -> None:
         """dcpo needs a group of 2 or more; a segment selection trains at least one row per trajectory; the
-        estimator's and the loss's options fill from these fields (`options`)."""
+        estimator's and the loss's options are whole (`options`); algorithm.<name> of a user's module names
+        the estimator or loss in use."""
         if self.name == "dcpo" and self.n < 2:
             raise ConfigError(
                 f"algorithm.n must be >= 2 with algorithm.name=dcpo (its advantage divides by the group's "
@@ -184,14 +183,35 @@ class AlgorithmSection:
         self.options()
 
     def options(self) -> tuple[Any, Any]:
-        """The options of the chosen advantage estimator and loss, filled from these fields (their
-        registered options dataclasses; None for one registered without)."""
-        from memrl.algorithms.registry import advantage_options, fill_options, loss_options
+        """(advantage options, loss options): the chosen estimator's and loss's options, each its section
+        algorithm.<registered name> (an instance of the options dataclass it registered with; None for one
+        registered without)."""
+        from memrl.algorithms.registry import advantage_name, advantage_options, loss_name, loss_options
 
         try:
-            return fill_options(advantage_options(self.name), self), fill_options(loss_options(self.loss), self)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"algorithm: {e}") from e
+            names = advantage_name(self.name), loss_name(self.loss)
+            classes = advantage_options(self.name), loss_options(self.loss)
+        except KeyError as e:
+            raise ConfigError(f"algorithm: {e.args[0]}") from e
+        stray = sorted(set(self.plugins) - set(names))
+        if stray:
+            raise ConfigError(
+                f"algorithm.{stray[0]} sets options of {stray[0]!r}, which is neither the estimator nor the loss in use "
+                f"(algorithm.name={self.name}: {names[0]}, algorithm.loss={self.loss}: {names[1]})")
+        return tuple(self._section(n, c) for n, c in zip(names, classes, strict=True))  # type: ignore[return-value]
+
+    def _section(self, name: str, cls: type | None) -> Any:
+        """algorithm.<name> as an instance of `cls` (a copy)."""
+        import dataclasses
+
+        from memrl.config import section_from_dict
+
+        if cls is None:
+            return None
+        own = getattr(self, name) if name in {f.name for f in dataclasses.fields(self)} else None
+        if isinstance(own, cls):
+            return dataclasses.replace(own)
+        return section_from_dict(cls, dict(self.plugins.get(name) or {}), f"algorithm.{name}")
 
 
 @dataclass
@@ -412,6 +432,34 @@ class RaySection:
     Ray's own default is 15; with it a replica sharing a machine with a busy driver slowed the demo recipe's
     Ray runs by 16% (synchronous) and 22% (max_staleness=1) (docs/async.md). A cluster joined with ray.address keeps its own setting."""
 
+
+OPEN_SECTIONS["algorithm"] = "plugins"  # algorithm.<a user's estimator or loss>.<field>
+
+FLAT_OPTIONS: dict[str, tuple[str, ...]] = {
+    "norm_by_std": ("grpo", "rememr1"), "eps": ("grpo", "dcpo", "rememr1"), "credit": ("grpo",),
+    "alpha": ("rememr1",), "state_term": ("rememr1",), "clip_low": ("ppo",), "clip_high": ("ppo",),
+    "dual_clip_c": ("ppo",)}
+"""The options that were flat `algorithm.<field>` keys before they nested under their estimator or loss ->
+the sections that have them now."""
+
+
+def _in_force(option: str) -> property:
+    def get(self: AlgorithmSection) -> Any:
+        for opts in self.options():
+            if opts is not None and hasattr(opts, option):
+                return getattr(opts, option)
+        raise AttributeError(f"algorithm.{option}: neither algorithm.name={self.name} nor algorithm.loss={self.loss} "
+                             f"has that option")
+
+    return property(get, doc=f"Read-only: the {option} of the estimator or loss in use (set it as "
+                             f"{' / '.join(f'algorithm.{s}.{option}' for s in FLAT_OPTIONS[option])}).")
+
+
+for _option, _sections in FLAT_OPTIONS.items():
+    setattr(AlgorithmSection, _option, _in_force(_option))
+    REMOVED_KEYS[f"algorithm.{_option}"] = (
+        f"options nest under the estimator or loss they belong to: set "
+        f"{' or '.join(f'algorithm.{s}.{_option}' for s in _sections)}")
 
 REMOVED_KEYS["algorithm.actual_n"] = (
     "algorithm.n now counts the trajectories rolled out per task (set it to the old actual_n) and "

@@ -81,11 +81,11 @@ class PolicyWorker:
     def __init__(self, cfg: TrainConfig, info: D.DistInfo = D.DistInfo(), start: str | None = None) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from memrl.algorithms.registry import fill_options, loss_options, options_kwargs
+        from memrl.algorithms.registry import options_kwargs
 
         D.init_group(info)
         self.cfg, self.info = cfg, info
-        self.loss_kwargs = options_kwargs(fill_options(loss_options(cfg.algorithm.loss), cfg.algorithm))
+        self.loss_kwargs = options_kwargs(cfg.algorithm.options()[1])
         src = L.base_source(cfg.model, start)  # LoRA: the base; the checkpoint holds the adapter
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
         self.device = cfg.model.device

@@ -585,7 +585,7 @@ async def _judged(task: Task, traj: Trajectory, settings: dict[str, Any], servic
     if services is not None:
         return await judge_score(task, traj, on_failure, services.judge(settings))
 
-    client = JudgeClient(JudgeSettings(**settings).client_config())  # outside a run: its own client, closed here
+    client = JudgeClient(JudgeSettings(**settings))  # outside a run: its own client, closed here
     try:
         return await judge_score(task, traj, on_failure, client)
     finally:

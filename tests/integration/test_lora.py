@@ -133,7 +133,7 @@ def test_openai_server_reloads_the_merged_directory(tiny_path, tmp_path, monkeyp
     from memrl.training.sync_check import SyncCheckError
 
     sync_dir = tmp_path / "sync"
-    with CompletionServer(HFEngine(tiny_path, device="cpu", dtype="float32", seed=0)) as srv:
+    with CompletionServer(HFEngine(tiny_path, device="cpu", dtype="float32", seed=0, deterministic=False)) as srv:
         if not synced:  # the server takes the reload request and keeps its old weights
             monkeypatch.setattr(srv.engine, "update_weights", lambda weights: None)
         cfg = _cfg(tiny_path, tmp_path / "run", 2, "engine=openai", f"engine.openai.base_url={srv.url}",

@@ -108,7 +108,7 @@ def test_real_engine_rows_hold_exactly_the_sampled_ids_and_logprobs():
     from memrl.tools.search import register_retriever
     from memrl.workflows.memact import MemActConfig, run
 
-    hf = HFEngine(str(cached_tiny_model("tiny")), device="cpu", seed=0)
+    hf = HFEngine(str(cached_tiny_model("tiny")), device="cpu", seed=0, deterministic=False)
     tok = hf.tokenizer
     forced = ['<tool_call>{"name": "search", "arguments": {"query": "Paris"}}</tool_call>',
               '<tool_call>{"name": "prune_context", "arguments": {"memory": "Paris", "delete_ids": ["r1"]}}'

@@ -44,7 +44,7 @@ def test_eval_through_chat_endpoint_matches_in_process(token_ids, tiny_model, tm
     local = tmp_path / "local"
     assert main(["eval", str(data), "--out", str(local), "--model", tiny_model, "engine.hf.deterministic=true",
                  *WORKFLOW]) == 0
-    with CompletionServer(HFEngine(tiny_model, deterministic=True), api="chat", chat_token_ids=token_ids) as srv:
+    with CompletionServer(HFEngine(tiny_model, deterministic=True, seed=None), api="chat", chat_token_ids=token_ids) as srv:
         chat = tmp_path / "chat"
         assert main(["eval", str(data), "--out", str(chat), "--model", tiny_model, "engine=openai",
                      f"engine.openai.base_url={srv.url}", "engine.openai.api=chat", *WORKFLOW]) == 0
@@ -88,9 +88,9 @@ def test_chat_engine_returns_server_ids_and_logprobs_or_marks_them_unavailable(t
     tok = AutoTokenizer.from_pretrained(tiny_model)
     _, prompt = chat_prompt(tok, "What is the capital of the village?")
     sp = SamplingParams(temperature=0, max_tokens=8)
-    direct = asyncio.run(HFEngine(tiny_model, deterministic=True).generate(list(prompt), sp))
+    direct = asyncio.run(HFEngine(tiny_model, deterministic=True, seed=None).generate(list(prompt), sp))
     for token_ids in (True, False):
-        with CompletionServer(HFEngine(tiny_model, deterministic=True), api="chat", chat_token_ids=token_ids) as srv:
+        with CompletionServer(HFEngine(tiny_model, deterministic=True, seed=None), api="chat", chat_token_ids=token_ids) as srv:
             eng = OpenAIEngine(base_url=srv.url, tokenizer=tok, api="chat")
             out = asyncio.run(eng.generate(prompt, sp))
             asyncio.run(eng.close())
@@ -111,7 +111,7 @@ def test_training_refuses_chat_mode_before_any_request(tiny_model, tmp_path, cap
 
     from memrl.engines.hf import HFEngine
 
-    with CompletionServer(HFEngine(tiny_model), api="chat") as srv:
+    with CompletionServer(HFEngine(tiny_model, deterministic=False, seed=None), api="chat") as srv:
         capsys.readouterr()  # the server's own model loading
         code = main(["train", f"model.path={tiny_model}", f"out_dir={tmp_path / 'run'}", "trainer.steps=1",
                      "engine=openai", f"engine.openai.base_url={srv.url}", "engine.openai.api=chat"])

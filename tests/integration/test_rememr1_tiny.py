@@ -28,7 +28,7 @@ def engine():
         from memrl.engines.hf import HFEngine
     except ImportError:
         pytest.skip("memrl.engines.hf is not available")
-    eng = HFEngine(str(path), device="cpu", max_batch_size=16, seed=0)
+    eng = HFEngine(str(path), device="cpu", max_batch_size=16, seed=0, deterministic=False)
     yield eng
     asyncio.run(eng.close())
 

@@ -232,14 +232,15 @@ def test_trainer_fills_options_from_the_algorithm_section_without_a_name_switch(
     from memrl.training.assemble import algorithm_options
     from memrl.training.config import TrainConfig
 
-    cfg = load_config(TrainConfig, ["model.path=x", "algorithm=dcpo", "algorithm.eps=0.5", "algorithm.clip_high=0.28"])
+    cfg = load_config(TrainConfig, ["model.path=x", "algorithm=dcpo", "algorithm.dcpo.eps=0.5",
+                                             "algorithm.ppo.clip_high=0.28"])
     adv, loss = algorithm_options(cfg)
     assert adv == DCPOOptions(eps=0.5) and loss == PPOOptions(clip_low=0.2, clip_high=0.28, dual_clip_c=3.0)
     g = Group("q", [traj("q", "a", 1.0, 1), traj("q", "b", 0.0, 1)])
     # rewards [1, 0]: devs [0.5, -0.5], unbiased std 0.7071...; / (std + 0.5) -> +-0.5 / 1.2071 = +-0.41421
     compute_group_advantages([g], "dcpo", adv)
     assert [t.segments[0].advantage for t in g.trajectories] == pytest.approx([0.41421356, -0.41421356], rel=1e-6)
-    cfg = load_config(TrainConfig, ["model.path=x", "algorithm.credit=split"])
+    cfg = load_config(TrainConfig, ["model.path=x", "algorithm.grpo.credit=split"])
     assert algorithm_options(cfg)[0] == GRPOOptions(norm_by_std=False, eps=1e-6, credit="split")
 
     @dataclasses.dataclass
@@ -249,8 +250,13 @@ def test_trainer_fills_options_from_the_algorithm_section_without_a_name_switch(
     register_advantage("test-gamma", NeedsGamma)(lambda groups, gamma=0.9: [])
     from memrl.config import ConfigError
 
-    with pytest.raises(ConfigError, match="algorithm.gamma"):
-        algorithm_options(load_config(TrainConfig, ["model.path=x", "algorithm.name=test-gamma"]))
+    # its options are its own section, algorithm.<registered name>: defaults, or set there
+    assert algorithm_options(load_config(TrainConfig, ["model.path=x", "algorithm.name=test-gamma"]))[0] == NeedsGamma()
+    cfg = load_config(TrainConfig, ["model.path=x", "algorithm.name=test-gamma", "algorithm.test-gamma.gamma=0.5"])
+    assert algorithm_options(cfg)[0] == NeedsGamma(gamma=0.5)
+    with pytest.raises(ConfigError, match=r"algorithm\.test-gamma\.gama"):
+        algorithm_options(load_config(TrainConfig, ["model.path=x", "algorithm.name=test-gamma",
+                                                    "algorithm.test-gamma.gama=0.5"]))
 
 
 
@@ -299,17 +305,19 @@ def test_rememr1_released_single_member_step_is_verls_group_of_one():
 
 def test_rememr1_state_term_from_the_algorithm_section():
     from memrl.algorithms.advantages import ReMemR1Options
-    from memrl.algorithms.registry import advantage_options, fill_options
-    from memrl.training.config import AlgorithmSection
+    from memrl.config import ConfigError, load_config
+    from memrl.training.config import AlgorithmSection, TrainConfig
 
-    opts = fill_options(advantage_options("rememr1"), AlgorithmSection(name="rememr1", state_term="released"))
+    opts = AlgorithmSection(name="rememr1", rememr1=ReMemR1Options(state_term="released")).options()[0]
     assert opts == ReMemR1Options(alpha=0.8, norm_by_std=False, eps=1e-6, state_term="released")
     outcome, steps = RELEASED_GROUP
     g = Group("q", [Trajectory("q", f"t{i}", [seg(j, r) for j, r in enumerate(s)], reward=outcome[i])
                     for i, s in enumerate(steps)])
     assert compute_group_advantages([g], "rememr1", opts) == [
         [pytest.approx([0.6, 0.3, 0.4]), pytest.approx([-0.6, -0.3, -0.4])]]
-    with pytest.raises(ValueError, match="algorithm.state_term must be one of paper, released, got 'twice'"):
-        fill_options(ReMemR1Options, AlgorithmSection(state_term="twice"))
+    with pytest.raises(ConfigError, match="algorithm.rememr1.state_term must be one of paper, released, got 'twice'"):
+        load_config(TrainConfig, ["model.path=x", "algorithm.rememr1.state_term=twice"])
+    with pytest.raises(ValueError, match="algorithm.rememr1.state_term must be one of paper, released, got 'twice'"):
+        ReMemR1Options(state_term="twice")
     with pytest.raises(ValueError, match="state_term must be one of paper, released"):
         rememr1_advantages([1.0], [[1.0]], ["g"], state_term="x")

@@ -205,8 +205,8 @@ def _fails(argv: list[str], capsys) -> str:
 def test_train_rejects_values_that_corrupt_training(capsys, tmp_path):
     model = str(tmp_path / "no_model")  # never loaded: every check runs before
     for ov, said in [("optim.grad_clip=-1", "optim.grad_clip=-1.0 is not allowed: must be >= 0 (0 = no clipping)"),
-                     ("algorithm.clip_low=-1", "algorithm.clip_low=-1.0 is not allowed: must be in [0, 1)"),
-                     ("algorithm.clip_low=1", "algorithm.clip_low=1.0 is not allowed: must be in [0, 1)"),
+                     ("algorithm.ppo.clip_low=-1", "algorithm.ppo.clip_low=-1.0 is not allowed: must be in [0, 1)"),
+                     ("algorithm.ppo.clip_low=1", "algorithm.ppo.clip_low=1.0 is not allowed: must be in [0, 1)"),
                      ("trainer.mini_batches=200",
                       "trainer.mini_batches=200 is not allowed: must be in [1, trainer.batch_size (128)]"),
                      ("workflow.top_p=0", "workflow.top_p=0.0 is not allowed: must be in (0, 1] (1 = off)"),

@@ -170,7 +170,8 @@ def test_engine_sections_mirror_the_engines_own_configs():
         return out
 
     # engine.model / dtype / seed / max_batch_size; max_lora_rank comes from model.lora.rank (lora_sync=adapter)
-    common = {"model", "dtype", "seed", "max_num_seqs", "max_lora_rank"}
+    # (VLLMConfig is a VLLMSection: it inherits lora_sync, which only the trainer reads)
+    common = {"model", "dtype", "seed", "max_num_seqs", "max_lora_rank", "lora_sync"}
     vllm = {k: v for k, v in defaults(VLLMConfig).items() if k not in common}
     section = defaults(VLLMSection)
     assert section.pop("lora_sync") == "merged" and section == vllm  # lora_sync: the trainer's

@@ -32,7 +32,7 @@ def ref_model(model_dir):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    eng = HFEngine(model_dir, max_batch_size=64, max_wait_ms=20.0, seed=0)
+    eng = HFEngine(model_dir, max_batch_size=64, max_wait_ms=20.0, seed=0, deterministic=False)
     yield eng
     asyncio.run(eng.close())
 
@@ -116,7 +116,7 @@ def test_requests_joining_a_running_batch_decode_correctly(model_dir, ref_model,
 
     No timing race: the worker is held after the long row's 5th decode step until the newcomers are queued,
     and the engine holds exactly long + newcomers rows, so they are admitted at the next step (no wait)."""
-    eng = HFEngine(model_dir, max_batch_size=len(prompts) + 1, max_wait_ms=20.0, seed=0)
+    eng = HFEngine(model_dir, max_batch_size=len(prompts) + 1, max_wait_ms=20.0, seed=0, deterministic=False)
     eos = {eng.eos_token_id}
     gate = hold_worker(eng, after_decode_steps=5, why="the newcomers were never queued")
 
@@ -193,7 +193,7 @@ def test_tokenizer_eos_always_stops(model_dir, ref_model, prompts):
     full = greedy_reference(ref_model, prompts[0], 6, set())
     fake_eos = full[3]
     tok = types.SimpleNamespace(eos_token_id=fake_eos, pad_token_id=0)
-    eng = HFEngine(ref_model, tokenizer=tok)
+    eng = HFEngine(ref_model, tokenizer=tok, deterministic=False, seed=None)
     try:
         out = run(eng.generate(prompts[0], GREEDY.replace(max_tokens=6)))
     finally:
@@ -202,7 +202,7 @@ def test_tokenizer_eos_always_stops(model_dir, ref_model, prompts):
 
 
 def test_concurrent_requests_are_batched(model_dir):
-    eng = HFEngine(model_dir, max_batch_size=64, max_wait_ms=50.0)
+    eng = HFEngine(model_dir, max_batch_size=64, max_wait_ms=50.0, deterministic=False, seed=None)
     tok = eng.tokenizer
     n, new = 24, 8
     prompts = [tok.encode(f"Question {i}: what is {i} plus {i}?", add_special_tokens=False) for i in range(n)]
@@ -223,7 +223,7 @@ def test_concurrent_requests_are_batched(model_dir):
 def test_update_weights_from_state_dict_and_path(model_dir, prompts, tmp_path):
     from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
-    eng = HFEngine(model_dir)
+    eng = HFEngine(model_dir, deterministic=False, seed=None)
     base = AutoModelForCausalLM.from_pretrained(model_dir)
     torch.manual_seed(123)
     other = Qwen2ForCausalLM(qwen2_config("tiny", base.config.vocab_size, eng.eos_token_id, eng.pad_token_id)).eval()
@@ -255,7 +255,7 @@ def test_update_weights_waits_for_running_rows(model_dir, prompts):
 
     base = AutoModelForCausalLM.from_pretrained(model_dir)
     zeroed = {k: torch.zeros_like(v) for k, v in base.state_dict().items() if k.endswith("o_proj.weight")}
-    eng = HFEngine(model_dir)
+    eng = HFEngine(model_dir, deterministic=False, seed=None)
     gate = hold_worker(eng, after_decode_steps=3, why="the update was never requested")
     seen_while_running = {}
 
@@ -293,7 +293,7 @@ def test_bad_requests(engine):
     with pytest.raises(EngineError, match="positions"):
         run(engine.generate([1] * (engine.max_positions + 1), GREEDY))
     with pytest.raises(ValueError, match="max_batch_size"):
-        HFEngine(engine.model, tokenizer=engine.tokenizer, max_batch_size=0)
+        HFEngine(engine.model, tokenizer=engine.tokenizer, max_batch_size=0, deterministic=False, seed=None)
 
 
 def test_cancelled_request_leaves_the_engine_serving(engine, ref_model, prompts):
@@ -307,7 +307,7 @@ def test_cancelled_request_leaves_the_engine_serving(engine, ref_model, prompts)
 
 
 def test_closed_engine_refuses(model_dir, prompts):
-    eng = HFEngine(model_dir)
+    eng = HFEngine(model_dir, deterministic=False, seed=None)
     run(eng.close())
     with pytest.raises(EngineError, match="after close"):
         run(eng.generate(prompts[0], GREEDY))

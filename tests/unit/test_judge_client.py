@@ -9,6 +9,7 @@ blocks, reasoning cut off before the final part). Failures score 0, are counted 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import re
@@ -19,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from memrl.rewards.judge import JudgeClient, JudgeConfig, JudgeResult, JudgeSettings, parse_verdict
+from memrl.rewards.judge import JudgeClient, JudgeResult, JudgeSettings, parse_verdict
 
 PUBLISHED_TAGS = ("<ANSWER_CORRECT>", "<ANSWER_PARTIAL_CORRECT>", "<ANSWER_INCORRECT>")
 HARMONY = "<|channel|>analysis<|message|>{a}<|end|><|start|>assistant<|channel|>final<|message|>{f}<|return|>"
@@ -98,7 +99,7 @@ def judge_server():
     s.stop()
 
 
-def run_all(cfg: JudgeConfig, preds: list[str]) -> tuple[list[JudgeResult], JudgeClient]:
+def run_all(cfg: JudgeSettings, preds: list[str]) -> tuple[list[JudgeResult], JudgeClient]:
     async def go():
         client = JudgeClient(cfg)
         try:
@@ -111,8 +112,8 @@ def run_all(cfg: JudgeConfig, preds: list[str]) -> tuple[list[JudgeResult], Judg
 
 
 def test_verdicts_and_failures_score_and_count(judge_server):
-    cfg = JudgeConfig(base_url=judge_server.url, model="judge-m", timeout_s=0.5, retries=1, backoff_s=0.01,
-                      max_concurrency=4)
+    cfg = JudgeSettings(url=judge_server.url, model="judge-m", timeout_s=0.5, retries=1, backoff_s=0.01,
+                        max_concurrency=4)
     preds = ["Paris", "the city of Paris, France", "Paris and Lyon", "London", "garbage", "both", "boom",
              "slow", "nobody"]
     results, client = run_all(cfg, preds)
@@ -146,7 +147,7 @@ def test_unreachable_judge_scores_zero_after_retries():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = JudgeConfig(base_url=f"http://127.0.0.1:{port}", model="m", timeout_s=1, retries=2, backoff_s=0.01)
+    cfg = JudgeSettings(url=f"http://127.0.0.1:{port}", model="m", timeout_s=1, retries=2, backoff_s=0.01)
     [r], client = run_all(cfg, ["Paris"])
     assert (r.score, r.verdict, r.error) == (0.0, "error", "http_error")
     assert f"http://127.0.0.1:{port}/v1/chat/completions: ConnectError" in r.raw
@@ -154,7 +155,7 @@ def test_unreachable_judge_scores_zero_after_retries():
 
 
 def test_concurrency_cap(judge_server):
-    cfg = JudgeConfig(base_url=judge_server.url, model="m", timeout_s=5, retries=0, max_concurrency=2)
+    cfg = JudgeSettings(url=judge_server.url, model="m", timeout_s=5, retries=0, max_concurrency=2)
     inflight, peak = 0, 0
 
     async def go():
@@ -227,7 +228,7 @@ def test_reasoning_judge_with_the_published_settings(judge_server, tmp_path, rul
     rubric = tmp_path / "rubric.txt"
     rubric.write_text(PUBLISHED_RUBRIC)
     settings = published_settings(judge_server.url, str(rubric), timeout_s=2.0, retries=1, backoff_s=0.01)
-    cfg = JudgeConfig(**{**settings.client_config().__dict__, "verdict_rule": rule})
+    cfg = dataclasses.replace(settings, verdict_rule=rule)
     preds = list(expected)
     results, client = run_all(cfg, preds)
     assert {p: (r.score, r.verdict, r.error) for p, r in zip(preds, results, strict=True)} == expected
@@ -260,16 +261,16 @@ def test_judge_settings_are_checked(tmp_path):
     from memrl.config import ConfigError
 
     with pytest.raises(ConfigError, match="api_key_env=MEMRL_TEST_JUDGE_KEY: that environment variable is not set"):
-        s.client_config()
+        JudgeClient(s)
     import os
 
     os.environ["MEMRL_TEST_JUDGE_KEY"] = "sk-judge"
     try:
-        c = s.client_config()
+        c = JudgeClient(s)
     finally:
         del os.environ["MEMRL_TEST_JUDGE_KEY"]
-    assert c.api_key == "sk-judge" and "sk-judge" not in repr(c)
-    assert JudgeClient(c).body("q", ["a"], "p")["top_p"] == 0.9
+    assert c.api_key == "sk-judge" and "sk-judge" not in repr(c) and "sk-judge" not in repr(c.config)
+    assert c.body("q", ["a"], "p")["top_p"] == 0.9
 
 
 def test_workflow_judge_overrides_parse_from_the_command_line_spelling(tmp_path):
@@ -339,11 +340,11 @@ def test_memrl_rubric_asks_for_the_configured_tags():
 
     published = JudgeSettings(url="http://127.0.0.1:9/v1", correct_tag=PUBLISHED_TAGS[0], partial_tag=PUBLISHED_TAGS[1],
                               incorrect_tag=PUBLISHED_TAGS[2], verdict_rule="contains_correct")
-    rubric = published.client_config().rubric
+    rubric = published.rubric_text()
     assert rubric == RUBRIC.replace("Reply with exactly one word: CORRECT, PARTIAL or INCORRECT.",
                                     "Reply with exactly one of: <ANSWER_CORRECT> (correct), <ANSWER_PARTIAL_CORRECT> "
                                     "(partial) or <ANSWER_INCORRECT> (incorrect).")
-    assert rubric != RUBRIC and JudgeSettings(url="http://127.0.0.1:9/v1").client_config().rubric == RUBRIC
+    assert rubric != RUBRIC and JudgeSettings(url="http://127.0.0.1:9/v1").rubric_text() == RUBRIC
 
 
 def test_required_judge_needs_its_url():

@@ -85,10 +85,10 @@ def test_every_algorithm_default_is_set_to_one_value():
 
 
 def test_the_shared_names_are_really_compared():
-    """The check sees every place: norm_by_std in the section, both estimators' options and functions."""
+    """The check sees every place: norm_by_std in both estimators' options (the sections algorithm.grpo and
+    algorithm.rememr1 are those dataclasses) and functions."""
     places = dict(default_places())
     assert [p for p, _ in places["norm_by_std"]] == [
-        "AlgorithmSection",
         "GRPOOptions (advantage estimator grpo)", "grpo_estimator (advantage estimator grpo)",
         "ReMemR1Options (advantage estimator rememr1)", "rememr1_estimator (advantage estimator rememr1)",
         "memrl.algorithms.advantages.rememr1_advantages",
@@ -97,7 +97,8 @@ def test_the_shared_names_are_really_compared():
     assert {v for _, v in places["loss_agg"]} == {"token-mean"}
     assert {v for _, v in places["kl_kind"]} == {"low_var_kl"}
     assert {v for _, v in places["dual_clip_c"]} == {3.0}
-    assert len(places["eps"]) == 9  # section, 3 options, 3 estimators, grpo_advantages, rememr1_advantages
+    assert len(places["eps"]) == 8  # 3 options (= 3 sections), 3 estimators, grpo_advantages, rememr1_advantages
+    assert {type(v) for _, v in places["grpo"]} == {options.GRPOOptions}  # algorithm.grpo is the options class
 
 
 def test_a_default_set_twice_with_different_values_is_reported():
@@ -127,8 +128,9 @@ def test_a_default_set_twice_with_different_values_is_reported():
 def test_memrl_train_keeps_its_grpo_default_and_the_options_are_its_source():
     """What `memrl train` ran before the defaults had one source (AlgorithmSection's values) is what runs."""
     a = AlgorithmSection()
-    assert (a.norm_by_std, a.eps, a.credit, a.alpha, a.state_term) == (False, 1e-6, "broadcast", 0.8, "paper")
-    assert (a.clip_low, a.clip_high, a.dual_clip_c) == (0.2, 0.2, 3.0)
+    assert (a.grpo.norm_by_std, a.grpo.eps, a.grpo.credit, a.rememr1.alpha, a.rememr1.state_term) == (
+        False, 1e-6, "broadcast", 0.8, "paper")
+    assert (a.ppo.clip_low, a.ppo.clip_high, a.ppo.dual_clip_c) == (0.2, 0.2, 3.0)
     assert options.GRPOOptions() == options.GRPOOptions(norm_by_std=False, eps=1e-6, credit="broadcast")
     assert advantages.GRPOOptions is options.GRPOOptions and losses.PPOOptions is options.PPOOptions
 

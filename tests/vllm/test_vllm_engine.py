@@ -128,7 +128,7 @@ def test_update_weights_follows_the_updated_transformers_model(vllm_engine, tiny
     greedy = SamplingParams(temperature=0, max_tokens=16)
     before = generate_all(vllm_engine, prompts, greedy)
     model = perturbed_model(tiny_model, seed=7)
-    ref_engine = HFEngine(model, tokenizer=vllm_engine.tokenizer, dtype="float32")
+    ref_engine = HFEngine(model, tokenizer=vllm_engine.tokenizer, dtype="float32", deterministic=False, seed=None)
     try:
         want = generate_all(ref_engine, prompts, greedy)
         assert [c.token_ids for c in want] != [c.token_ids for c in before], "the perturbation must matter"
@@ -200,7 +200,7 @@ def test_broadcast_weight_transfer_into_vllm_workers(vllm_engine, tiny_model) ->
     greedy = SamplingParams(temperature=0, max_tokens=16)
     before = generate_all(vllm_engine, prompts, greedy)
     model = perturbed_model(tiny_model, seed=11)
-    ref_engine = HFEngine(model, tokenizer=vllm_engine.tokenizer, dtype="float32")
+    ref_engine = HFEngine(model, tokenizer=vllm_engine.tokenizer, dtype="float32", deterministic=False, seed=None)
     spec = TransferSpec("127.0.0.1", free_port(), 1 + vllm_engine.transfer_members, "gloo", bucket_bytes=1 << 20)
     box: dict[str, WeightTransfer] = {}
     joiner = threading.Thread(target=lambda: box.setdefault("t", WeightTransfer(spec, 0)))
