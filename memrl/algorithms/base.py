@@ -11,6 +11,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from memrl.plugins import load_object
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 ADVANTAGE = "advantage estimator"
@@ -58,7 +60,6 @@ def registered_name(table: dict[str, Callable[..., Any]], kind: str, name: str) 
     naming the field (nothing is called)."""
     if ":" not in name:
         return name
-    from memrl.plugins import load_object
 
     deco = "register_advantage" if kind == ADVANTAGE else "register_loss"
     fn = load_object(name, FIELDS[kind], f"a registered {kind}", lambda o: any(f is o for f in table.values()),

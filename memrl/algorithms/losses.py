@@ -10,6 +10,7 @@ kl_penalty, agg_loss).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Literal
@@ -180,7 +181,6 @@ def mismatch_sums(
     the k3 estimate of KL(engine || trainer) from tokens the engine sampled (unbiased, >= 0 per token).
     outside: tokens whose ratio exp(d) is outside [1/clip, clip], i.e. |d| > log(clip). tokens: the count.
     """
-    import math
 
     with torch.no_grad():
         m = mask.detach().to(torch.float64)

@@ -10,8 +10,8 @@ a user's module (`memrl.algorithms.base.registered_name`); `fill_options` fills 
 object's same-named attributes.
 
 The tables and decorators live in memrl.algorithms.base (what an implementation imports); this module
-adds the lookups, which import the built-in implementations on first use, so `get_advantage("grpo")`
-works without importing them first (and without importing torch). Dependencies run one way:
+adds the lookups and imports the built-in implementations (so they are registered), so
+`get_advantage("grpo")` works without importing them first. Dependencies run one way:
 registry -> advantages / losses -> base.
 """
 
@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from memrl.algorithms import advantages as _advantages  # noqa: F401 - registers grpo, dcpo, rememr1
+from memrl.algorithms import losses as _losses  # noqa: F401 - registers ppo
 from memrl.algorithms.base import (
     ADVANTAGE,
     ADVANTAGES,
@@ -36,14 +38,6 @@ from memrl.algorithms.base import (
 
 __all__ = ["advantage_name", "advantage_names", "advantage_options", "fill_options", "get_advantage", "get_loss",
            "loss_name", "loss_names", "loss_options", "options_kwargs", "register_advantage", "register_loss"]
-
-
-def _load_advantages() -> None:
-    from memrl.algorithms import advantages  # noqa: F401 - registers grpo, dcpo, rememr1
-
-
-def _load_losses() -> None:
-    from memrl.algorithms import losses  # noqa: F401 - registers ppo (imports torch)
 
 
 def advantage_options(name: str) -> type | None:
@@ -65,12 +59,10 @@ def loss_name(name: str) -> str:
 
 def get_advantage(name: str) -> Callable[..., Any]:
     """The advantage estimator registered as `name` (KeyError listing the known names otherwise)."""
-    _load_advantages()
     return lookup(ADVANTAGES, ADVANTAGE, name)
 
 
 def advantage_names() -> list[str]:
-    _load_advantages()
     return sorted(ADVANTAGES)
 
 
@@ -81,10 +73,8 @@ def loss_options(name: str) -> type | None:
 
 def get_loss(name: str) -> Callable[..., Any]:
     """The policy loss registered as `name` (KeyError listing the known names otherwise)."""
-    _load_losses()
     return lookup(LOSSES, LOSS, name)
 
 
 def loss_names() -> list[str]:
-    _load_losses()
     return sorted(LOSSES)

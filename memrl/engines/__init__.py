@@ -7,11 +7,17 @@ form for scripts.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from memrl.engines.base import Completion, Engine, EngineError, SamplingParams
 from memrl.engines.config import ENGINE_KINDS, EngineConfig, HFSection, OpenAISection, VLLMSection
+from memrl.engines.hf import HFEngine
+from memrl.engines.openai_http import OpenAIConfig, OpenAIEngine
+from memrl.engines.vllm import VLLMConfig, VLLMEngine
+from memrl.errors import UserError, weightless_hint
 
 __all__ = ["ENGINE_KINDS", "Completion", "Engine", "EngineConfig", "EngineError", "HFSection", "OpenAISection",
            "SamplingParams", "VLLMSection", "build_engine", "make_engine"]
@@ -23,7 +29,6 @@ def build_engine(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None, l
     `lora_rank` > 0: a vLLM engine is built with LoRA support for adapters of that rank (the trainer, with
     engine.vllm.lora_sync=adapter)."""
     if cfg.name == "hf":
-        from memrl.engines.hf import HFEngine
 
         h = cfg.hf
         kw: dict[str, Any] = {"max_batch_size": cfg.max_batch_size, "max_wait_ms": h.max_wait_ms,
@@ -32,7 +37,6 @@ def build_engine(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None, l
         if policy is not None:
             if h.share_weights:
                 return HFEngine(policy, tokenizer=tokenizer, share_weights=True, **kw)
-            import copy
 
             device = h.device or str(next(policy.parameters()).device)
             return HFEngine(copy.deepcopy(policy), tokenizer=tokenizer, device=device, dtype=cfg.dtype, **kw)
@@ -46,13 +50,11 @@ def build_engine(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None, l
     if cfg.name != "openai":  # openai reads only the tokenizer from engine.model
         _check_weights(cfg.model)
     if cfg.name in ("vllm", "vllm-cpu"):
-        from memrl.engines.vllm import VLLMConfig, VLLMEngine
 
         v = dataclasses.asdict(cfg.vllm)  # lora_sync is the trainer's: it passes lora_rank
         return VLLMEngine(VLLMConfig(model=cfg.model, dtype=cfg.dtype or "auto", seed=cfg.seed,
                                      max_num_seqs=cfg.max_batch_size, max_lora_rank=int(lora_rank), **v))
     if cfg.name == "openai":
-        from memrl.engines.openai_http import OpenAIConfig, OpenAIEngine
 
         o = dataclasses.asdict(cfg.openai)
         o.pop("sync_dir")
@@ -65,9 +67,7 @@ def build_engine(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None, l
 
 def _check_weights(model: str) -> None:
     """A config-only directory (a verl checkpoint's huggingface/ folder) fails here, naming the conversion."""
-    from pathlib import Path
 
-    from memrl.errors import UserError, weightless_hint
 
     hint = weightless_hint(Path(model)) if Path(model).is_dir() else None
     if hint:
@@ -79,20 +79,17 @@ def make_engine(kind: str, model: Any = None, **kwargs: Any) -> Engine:
     "vllm-cpu" -> VLLMEngine(model=model, **kwargs), "openai" -> OpenAIEngine(tokenizer=model, **kwargs);
     for vllm / openai, `device` is ignored and `max_batch_size` means max_num_seqs / max_concurrency."""
     if kind == "hf":
-        from memrl.engines.hf import HFEngine
 
         if model is None:
             raise ValueError("make_engine('hf'): pass the model directory or a loaded model")
         return HFEngine(model, **kwargs)
     if kind in ("vllm", "vllm-cpu"):
-        from memrl.engines.vllm import VLLMEngine
 
         kwargs.pop("device", None)
         if "max_batch_size" in kwargs:
             kwargs["max_num_seqs"] = kwargs.pop("max_batch_size")
         return VLLMEngine(model=str(model), **kwargs)
     if kind == "openai":
-        from memrl.engines.openai_http import OpenAIConfig, OpenAIEngine
 
         kwargs.pop("device", None)
         if "max_batch_size" in kwargs:

@@ -9,7 +9,7 @@ same tokens, so old and new logprobs agree exactly when the weights are unchange
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from memrl.config import valid
@@ -49,7 +49,6 @@ class SamplingParams:
         return self.temperature if self.temperature > 0 else 1.0
 
     def replace(self, **kw: Any) -> SamplingParams:
-        from dataclasses import replace
 
         return replace(self, **kw)
 

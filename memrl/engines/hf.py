@@ -30,12 +30,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.cache_utils import Cache
 
 from memrl.engines.base import Completion, EngineError, SamplingParams
 from memrl.engines.config import EngineConfig, HFSection
 from memrl.engines.hf_cache import cache_kwarg, cache_layer_class
 from memrl.engines.hf_sampling import sample_rows
 from memrl.engines.hf_weights import load_state_dict, strip_wrappers
+from memrl.engines.weight_transfer import WeightTransfer, receive_all
 from memrl.quiet import hf_progress_off
 
 _ENGINE, _HF = EngineConfig(), HFSection()
@@ -236,7 +239,6 @@ class HFEngine:
     def _tokenizer_of(model: Any, tokenizer: Any) -> Any:
         if tokenizer is not None:
             return tokenizer
-        from transformers import AutoTokenizer
 
         name = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
         if not name or not Path(name).is_dir():
@@ -248,7 +250,6 @@ class HFEngine:
         return model, self._tokenizer_of(model, tokenizer)
 
     def _load(self, model_or_path: Any, tokenizer: Any, attn: str | None) -> tuple[Any, Any]:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if isinstance(model_or_path, str | os.PathLike):
             path = Path(model_or_path)
@@ -335,14 +336,12 @@ class HFEngine:
 
     def init_weight_transfer(self, spec: Any, first_rank: int) -> None:
         """Join the trainer's broadcast group as rank `first_rank` (blocks until every member joined)."""
-        from memrl.engines.weight_transfer import WeightTransfer
 
         device = self.device if spec.backend == "nccl" else None
         self._transfer = WeightTransfer(spec, first_rank, device)
 
     def receive_weights(self) -> None:
         """Receive the trainer's next broadcast and load it (update_weights); call while it sends."""
-        from memrl.engines.weight_transfer import receive_all
 
         transfer = getattr(self, "_transfer", None)
         if transfer is None:
@@ -504,7 +503,6 @@ class HFEngine:
     # ------------------------------------------------------------------ model work (worker thread only)
 
     def _new_cache(self) -> Any:
-        from transformers.cache_utils import Cache
 
         return Cache(layers=[self._layer_cls() for _ in range(self.num_layers)])
 

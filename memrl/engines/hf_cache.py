@@ -8,6 +8,11 @@ from typing import Any
 
 import torch
 
+try:
+    from transformers.cache_utils import DynamicLayer
+except ImportError:  # transformers before the layered Cache API: cache_layer_class says so
+    DynamicLayer = None
+
 from memrl.engines.base import EngineError
 
 
@@ -27,13 +32,11 @@ def cache_kwarg(model: Any) -> str:
 
 
 def cache_layer_class() -> type:
-    try:
-        from transformers.cache_utils import DynamicLayer
-    except ImportError as e:  # transformers before the layered Cache API
+    if DynamicLayer is None:  # transformers before the layered Cache API
         raise EngineError(
             "HFEngine needs a transformers version with transformers.cache_utils.DynamicLayer (the layered "
-            f"Cache API, transformers >= 4.56); this one has none: {e}"
-        ) from e
+            "Cache API, transformers >= 4.56); this one has none"
+        )
 
     class GrowingLayer(DynamicLayer):
         """A DynamicLayer that writes into a preallocated buffer grown geometrically, not torch.cat per step.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 
 def strip_wrappers(name: str) -> str:
@@ -16,7 +17,6 @@ def strip_wrappers(name: str) -> str:
 
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """Tensors of a .safetensors file, or of every *.safetensors (else pytorch_model*.bin) in a directory."""
-    from safetensors.torch import load_file
 
     if path.is_file() and path.suffix == ".safetensors":
         return load_file(str(path))

@@ -57,6 +57,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from transformers import AutoTokenizer
+
 from memrl.config import valid
 from memrl.engines.base import Completion, EngineError, SamplingParams
 from memrl.engines.config import EngineConfig, OpenAISection
@@ -277,7 +279,6 @@ class OpenAIEngine:
         self.root = _root(self.config.base_url)
         self.url = f"{self.root}{ENDPOINTS[self.config.api]}"
         if tokenizer is None and self.config.tokenizer:
-            from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer)
         self.tokenizer = tokenizer

@@ -43,6 +43,7 @@ split across scheduler steps crashes the CPU runner); the CPU attention kernels 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import threading
@@ -52,9 +53,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
+from safetensors.torch import load, load_file, save
+from transformers import AutoConfig, AutoTokenizer
+
 from memrl.config import valid
 from memrl.engines.base import Completion, EngineError, SamplingParams
 from memrl.engines.config import EngineConfig, VLLMSection
+from memrl.engines.weight_transfer import TransferSpec, WeightTransfer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -105,7 +111,7 @@ def vllm_lora_rank(rank: int) -> int:
 def vllm_available() -> bool:
     """True when `import vllm` works here."""
     try:
-        import vllm  # noqa: F401
+        import vllm  # noqa: F401, PLC0415 - optional (vllm extra)
     except Exception:  # noqa: BLE001 - a broken install is as unusable as a missing one
         return False
     return True
@@ -121,8 +127,8 @@ def _all_cores_spec() -> str:
 
 def to_vllm_sampling(sampling: SamplingParams) -> Any:
     """memrl SamplingParams -> vllm SamplingParams (final output only, token ids, sampled-token logprob)."""
-    from vllm import SamplingParams as VSamplingParams
-    from vllm.sampling_params import RequestOutputKind
+    from vllm import SamplingParams as VSamplingParams  # noqa: PLC0415 - optional (vllm extra)
+    from vllm.sampling_params import RequestOutputKind  # noqa: PLC0415 - optional (vllm extra)
 
     return VSamplingParams(
         n=1,
@@ -158,7 +164,6 @@ class MemrlWorkerExtension:
         (checkpoints carry no lm_head.weight), so the embedding is loaded into lm_head explicitly.
         Returns the number of tensors loaded. Also callable over HTTP: see memrl.engines.openai_http.
         """
-        from safetensors.torch import load, load_file
 
         if blob is not None:
             weights = load(blob)
@@ -195,9 +200,7 @@ class MemrlWorkerExtension:
     def memrl_init_transfer(self, spec: dict[str, Any], first_rank: int) -> int:
         """Join the trainer's weight-transfer group as rank first_rank + this worker's rank (blocks until
         every member joined); returns the rank taken."""
-        import torch
 
-        from memrl.engines.weight_transfer import TransferSpec, WeightTransfer
 
         rank = first_rank + int(getattr(self, "rank", 0))
         ts = TransferSpec(**spec)
@@ -217,7 +220,6 @@ class MemrlWorkerExtension:
 
 def pack_state_dict(weights: Mapping[str, Any]) -> bytes:
     """A name -> tensor mapping as one safetensors blob (CPU, contiguous, shared storage split)."""
-    from safetensors.torch import save
 
     return save({k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()})
 
@@ -231,13 +233,12 @@ class VLLMEngine:
             raise TypeError("VLLMEngine takes a VLLMConfig or keyword fields, not both")
         self.where = f"vLLM engine ({self.config.model})"
         try:
-            import vllm  # noqa: F401
+            import vllm  # noqa: F401, PLC0415 - optional (vllm extra)
         except Exception as e:  # noqa: BLE001
             raise EngineError(
                 f"{self.where}: cannot import vllm ({e}); install the `vllm` extra (GPU) or run "
                 "scripts/install_vllm_cpu.sh (CPU)"
             ) from e
-        from transformers import AutoConfig, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.model)
         self._tied_embeddings = bool(getattr(AutoConfig.from_pretrained(self.config.model), "tie_word_embeddings", False))
@@ -263,7 +264,7 @@ class VLLMEngine:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def _engine_args(self) -> Any:
-        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415 - optional (vllm extra)
 
         c = self.config
         kw: dict[str, Any] = dict(
@@ -296,8 +297,8 @@ class VLLMEngine:
         return AsyncEngineArgs(**kw)
 
     async def _start(self) -> Any:
-        from vllm.platforms import current_platform
-        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.platforms import current_platform  # noqa: PLC0415 - optional (vllm extra)
+        from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415 - optional (vllm extra)
 
         self.on_cpu = bool(current_platform.is_cpu())
         if self.on_cpu:
@@ -316,7 +317,7 @@ class VLLMEngine:
 
     # -- protocol --------------------------------------------------------------------------------
     async def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import TokensPrompt  # noqa: PLC0415 - optional (vllm extra)
 
         final = None
         async for out in self._llm.generate(
@@ -386,7 +387,7 @@ class VLLMEngine:
         d = os.path.abspath(os.fspath(path))
         if not os.path.isfile(os.path.join(d, "adapter_config.json")):
             raise EngineError(f"{self.where}: load_adapter: {d} holds no adapter_config.json (a PEFT adapter directory)")
-        from vllm.lora.request import LoRARequest
+        from vllm.lora.request import LoRARequest  # noqa: PLC0415 - optional (vllm extra)
 
         version = self._lora_version + 1
         req = LoRARequest(lora_name=f"memrl-lora-{version}", lora_int_id=version, lora_path=d)
@@ -423,8 +424,6 @@ class VLLMEngine:
     def init_weight_transfer(self, spec: Any, first_rank: int) -> None:
         """Every worker joins the trainer's broadcast group (memrl.engines.weight_transfer) as ranks
         first_rank.. ; blocks until the trainer (rank 0) and every other member joined."""
-        import dataclasses
-
         self._rpc("memrl_init_transfer", {"spec": dataclasses.asdict(spec), "first_rank": first_rank},
                   "init_weight_transfer")
 

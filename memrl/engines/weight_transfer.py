@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from memrl.tcpstore import tcp_store
 
@@ -60,7 +61,6 @@ class WeightTransfer:
     """One member of the weight-transfer group (blocks until all world_size members joined)."""
 
     def __init__(self, spec: TransferSpec, rank: int, device: str | torch.device | None = None) -> None:
-        import torch.distributed as dist
 
         if not 0 <= rank < spec.world_size:
             raise ValueError(f"weight transfer rank {rank} is outside 0..{spec.world_size - 1}")
@@ -86,7 +86,6 @@ class WeightTransfer:
         self.bytes_sent = 0
 
     def _bcast(self, t: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
 
         opts = dist.BroadcastOptions()
         opts.rootRank = 0

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from memrl.config import valid
+from memrl.config import ConfigError, valid
 
 RUBRIC = """You are grading an answer to a question against the gold answer(s).
 
@@ -154,7 +154,6 @@ class JudgeSettings:
         naming the field when that variable is not set."""
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
         if self.api_key_env and not key:
-            from memrl.config import ConfigError
 
             raise ConfigError(f"workflow.judge.api_key_env={self.api_key_env}: that environment variable is not set")
         return key

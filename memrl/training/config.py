@@ -15,13 +15,26 @@ validate` runs both before any work.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from memrl.algorithms.losses import AGG_MODES, KL_KINDS
 from memrl.algorithms.options import OFF_POLICY_MODES, DCPOOptions, GRPOOptions, PPOOptions, ReMemR1Options
-from memrl.config import OPEN_SECTIONS, REMOVED_KEYS, ConfigError, valid
+from memrl.algorithms.registry import (
+    advantage_name,
+    advantage_names,
+    advantage_options,
+    loss_name,
+    loss_names,
+    loss_options,
+)
+from memrl.config import OPEN_SECTIONS, REMOVED_KEYS, ConfigError, section_from_dict, valid
 from memrl.data.synthetic import SyntheticConfig
 from memrl.engines.config import EngineConfig
+from memrl.training.adapter_sync import check as check_lora_sync
 from memrl.training.lora import LoraSection
 from memrl.training.trackers import check_installed
 
@@ -32,25 +45,21 @@ def off_policy_cap(a: AlgorithmSection) -> float | None:
 
 
 def _advantage_names() -> list[str]:
-    from memrl.algorithms.registry import advantage_names
 
     return advantage_names()
 
 
 def _loss_names() -> list[str]:
-    from memrl.algorithms.registry import loss_names
 
     return loss_names()
 
 
 def _agg_modes() -> tuple[str, ...]:
-    from memrl.algorithms.losses import AGG_MODES
 
     return AGG_MODES
 
 
 def _kl_kinds() -> tuple[str, ...]:
-    from memrl.algorithms.losses import KL_KINDS
 
     return KL_KINDS
 
@@ -74,7 +83,6 @@ class ModelSection:
         if not self.path:
             raise ConfigError("model.path is required (a HuggingFace model directory)")
         if self.device.startswith("cuda"):
-            import torch
 
             if not torch.cuda.is_available():
                 raise ConfigError(f"model.device={self.device} but torch.cuda.is_available() is False")
@@ -186,7 +194,6 @@ class AlgorithmSection:
         """(advantage options, loss options): the chosen estimator's and loss's options, each its section
         algorithm.<registered name> (an instance of the options dataclass it registered with; None for one
         registered without)."""
-        from memrl.algorithms.registry import advantage_name, advantage_options, loss_name, loss_options
 
         try:
             names = advantage_name(self.name), loss_name(self.loss)
@@ -202,9 +209,7 @@ class AlgorithmSection:
 
     def _section(self, name: str, cls: type | None) -> Any:
         """algorithm.<name> as an instance of `cls` (a copy)."""
-        import dataclasses
 
-        from memrl.config import section_from_dict
 
         if cls is None:
             return None
@@ -510,7 +515,6 @@ class TrainConfig:
             raise ConfigError(
                 f"trainer.num_workers={self.trainer.num_workers} needs rollout.num_engines >= 1 (the in-process "
                 "engine serves the live module of world size 1)")
-        from memrl.training.adapter_sync import check as check_lora_sync
 
         check_lora_sync(self)  # engine.vllm / engine.openai lora_sync=adapter
         if self.rollout.max_staleness > 0 and self.rollout.num_engines < 1:

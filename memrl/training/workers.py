@@ -14,13 +14,19 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from memrl.algorithms.losses import MISMATCH_SUMS, mismatch_means
+from memrl.algorithms.registry import options_kwargs
+from memrl.engines.weight_transfer import WeightTransfer
 from memrl.quiet import hf_progress_off
 from memrl.training import distributed as D
 from memrl.training import lora as L
@@ -28,8 +34,9 @@ from memrl.training.checkpoint import OPTIM_DIR, STATE_FILE, load_state, save_ch
 from memrl.training.config import TrainConfig, off_policy_cap
 from memrl.training.optim import decay_groups, lr_lambda, skips_zero_advantage
 from memrl.training.packing import TrainBatch, blank_row, collate, pack_rows
-from memrl.training.placement import replica_kind
+from memrl.training.placement import on_bundle, placement_group, replica_kind, share_gpu
 from memrl.training.policy import clip_norm, ppo_micro_loss, token_logprobs
+from memrl.training.sync_check import teacher_forced_logprobs
 from memrl.training.worker_group import LocalRank, RankGroup, WorkerGroup
 
 __all__ = ["PolicyWorker", "RayRank", "build_workers", "decay_groups", "node_address", "skips_zero_advantage"]
@@ -40,7 +47,7 @@ log = logging.getLogger(__name__)
 def node_address() -> tuple[str, int]:
     """This process's node IP (Ray's, when Ray runs here; else 127.0.0.1) and a free port on it."""
     try:
-        import ray
+        import ray  # noqa: PLC0415 - optional (ray extra)
 
         ip = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
     except ImportError:
@@ -79,9 +86,7 @@ class PolicyWorker:
     """One training rank. `start`: a checkpoint directory to resume from (weights + optimizer), or None."""
 
     def __init__(self, cfg: TrainConfig, info: D.DistInfo = D.DistInfo(), start: str | None = None) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from memrl.algorithms.registry import options_kwargs
 
         D.init_group(info)
         self.cfg, self.info = cfg, info
@@ -228,7 +233,6 @@ class PolicyWorker:
     def probe_logprobs(self, prompt: list[int], tokens: list[int]) -> list[float]:
         """The policy's teacher-forced logprobs (log_softmax at T=1) of `tokens` after `prompt`
         (memrl.training.sync_check; collective at world size > 1: every rank runs the sharded forward)."""
-        from memrl.training.sync_check import teacher_forced_logprobs
 
         return teacher_forced_logprobs(self.model, prompt, tokens)
 
@@ -256,8 +260,6 @@ class PolicyWorker:
                                            extra_files=extra_files, tmp=tmp))
         finally:
             if D.rank() == 0 and tmp.exists():
-                import shutil
-
                 shutil.rmtree(tmp, ignore_errors=True)  # a failed save leaves nothing behind
         if D.grouped():
             torch.distributed.barrier()
@@ -274,7 +276,6 @@ class PolicyWorker:
     def join_transfer(self, spec: Any) -> None:
         """Rank 0 joins the weight-transfer group as its sender (memrl.engines.weight_transfer); the other
         ranks only take part in the gathers."""
-        from memrl.engines.weight_transfer import WeightTransfer
 
         if self.info.rank != 0:
             return
@@ -283,7 +284,6 @@ class PolicyWorker:
     def send_weights(self) -> tuple[float, float]:
         """Gather the weights (collective), rank 0 broadcasts them; (gather s, send s). A tied lm_head is
         left out: the receivers tie it to the embedding."""
-        import time
 
         t0 = time.perf_counter()
         weights = self.full_state() if D.grouped() else self.model.state_dict()
@@ -296,9 +296,7 @@ class PolicyWorker:
     def write_weights(self, path: str) -> float:
         """Gather the weights (collective), rank 0 writes `path`/model.safetensors (atomically: a temp file
         renamed); returns seconds. A tied lm_head is left out, as in HF checkpoints."""
-        import time
 
-        from safetensors.torch import save_file
 
         t0 = time.perf_counter()
         weights = L.engine_state(self.full_state(), self.cfg.model)  # LoRA: merged, HF names
@@ -336,7 +334,7 @@ class RankActor:
         out = getattr(self.worker, method)(*args)
         if not publish:
             return out
-        import ray
+        import ray  # noqa: PLC0415 - optional (ray extra)
 
         return [ray.put(out)] if self.worker.info.rank == 0 else None
 
@@ -351,7 +349,7 @@ class RayRank:
         return self.actor.call.remote(method, args, publish)
 
     def wait(self, pending: list[Any]) -> list[Any]:
-        import ray
+        import ray  # noqa: PLC0415 - optional (ray extra)
 
         return ray.get(pending)
 
@@ -359,10 +357,9 @@ class RayRank:
 def _ray_group(cfg: TrainConfig, start: str | None) -> RankGroup:
     """`trainer.num_workers` ranks as Ray actors, one per bundle of a placement group, forming one FSDP2
     group (gloo on CPU, NCCL when trainer.gpus_per_worker > 0); rank 0 hosts the rendezvous."""
-    import ray
-    from ray.util.placement_group import remove_placement_group
+    import ray  # noqa: PLC0415 - optional (ray extra)
+    from ray.util.placement_group import remove_placement_group  # noqa: PLC0415 - optional (ray extra)
 
-    from memrl.training.placement import on_bundle, placement_group, share_gpu
 
     t, r = cfg.trainer, cfg.rollout
     gpu = t.gpus_per_worker > 0

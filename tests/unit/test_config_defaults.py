@@ -260,10 +260,11 @@ def test_a_disagreement_is_reported():
 
 def test_build_engine_gives_vllm_the_engine_sections_values(monkeypatch):
     """The vLLM config build_engine makes is the engine section's (no vllm needed: the engine is faked)."""
-    from memrl.engines import build_engine, vllm
+    import memrl.engines as engines
+    from memrl.engines import build_engine
 
     seen = []
-    monkeypatch.setattr(vllm, "VLLMEngine", lambda config: seen.append(config) or config)
+    monkeypatch.setattr(engines, "VLLMEngine", lambda config: seen.append(config) or config)
     build_engine(EngineConfig(name="vllm", model="/nonexistent/model"))
     build_engine(EngineConfig(name="vllm", model="/nonexistent/model", max_batch_size=8, seed=3,
                               vllm=VLLMSection(gpu_memory_utilization=0.5)), lora_rank=16)

@@ -42,7 +42,8 @@ def _config(tmp_path: Path) -> TrainConfig:
     cfg.data.name, cfg.data.path, cfg.data.shuffle = "file", "unused.jsonl", False
     cfg.workflow = {"name": "memagent", "chunk_tokens": 100, "max_memory_tokens": 50, "max_final_tokens": 50}
     a = cfg.algorithm
-    a.name, a.n, a.alpha, a.norm_by_std, a.state_term, a.selection = "rememr1", 2, 0.8, False, "paper", "all"
+    a.name, a.n, a.selection = "rememr1", 2, "all"
+    a.rememr1.alpha, a.rememr1.norm_by_std, a.rememr1.state_term = 0.8, False, "paper"
     cfg.trainer.batch_size, cfg.trainer.concurrency, cfg.trainer.dump_every = 1, 1, 1
     return cfg
 
