@@ -84,6 +84,17 @@ class ReMemR1Config(ChunkedConfig):
     """How a recall is credited (memrl.rewards.steps): paper = only gold-answer words that neither the
     memory the step read nor its chunk hold (normalized words, max over golds); released = the public
     code's rule (raw substrings of the whole step prompt, mean over golds)."""
+    format_rule: str = valid("paper", choices=step_rewards_lib.FORMAT_RULES)
+    """The format term (memrl.rewards.steps): paper = exactly one <update> opened, closed (across lines) and
+    non-empty (final step: one filled \\boxed{}); released = the public code's one-line patterns
+    (verl/trainer/ppo/metric_utils.py compute_format_rewards): exactly one non-blank <update>...</update>
+    with both tags on one line, blank blocks not counted (final step: greedy one-line \\boxed{...})."""
+    memory_gain_rule: str = valid("paper", choices=step_rewards_lib.MEMORY_GAIN_RULES)
+    """The memory term (memrl.rewards.steps): paper = recall(m_t) - recall(m_{t-1}) over the parsed memories
+    (normalized words, max over golds); released = the public code's (metric_utils.py
+    compute_action_rewards): raw-substring recall (mean over golds) of the response's first one-line
+    <update> text minus that of the step prompt's first one-line <memory> text (none with the published
+    prompt, whose memory sits on its own lines: the term is then the new memory's own recall)."""
     memory_template_file: str | None = None
     """File overriding the memory prompt; needs {problem} (or {prompt}), {recalled_memory}, {memory} and
     {chunk} (read as template_style / template_strip say)."""
@@ -130,6 +141,11 @@ class ReMemR1Config(ChunkedConfig):
                 f"ReMemR1Config.callback_rule must be one of {', '.join(step_rewards_lib.CALLBACK_RULES)}, "
                 f"got {self.callback_rule!r}"
             )
+        for name, allowed in (("format_rule", step_rewards_lib.FORMAT_RULES),
+                              ("memory_gain_rule", step_rewards_lib.MEMORY_GAIN_RULES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"ReMemR1Config.{name} must be one of {', '.join(allowed)}, "
+                                 f"got {getattr(self, name)!r}")
         if self.recall_candidates not in RECALL_CANDIDATES:
             raise ValueError(f"ReMemR1Config.recall_candidates must be one of {', '.join(RECALL_CANDIDATES)}, "
                              f"got {self.recall_candidates!r}")
@@ -349,9 +365,12 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
             "update_tag": cfg.update_tag,
             "reward": cfg.reward,
             "callback_rule": cfg.callback_rule,
-            # the released callback rule reads the whole step prompt: re-rendered from this at reward time
+            # the released callback and memory rules read the whole step prompt: re-rendered from this at
+            # reward time
             **({"memory_template_text": mem_tpl.text, "no_recall_text": cfg.no_recall_text}
-               if cfg.callback_rule == "released" else {}),
+               if "released" in (cfg.callback_rule, cfg.memory_gain_rule) else {}),
+            **({"format_rule": cfg.format_rule} if cfg.format_rule != "paper" else {}),
+            **({"memory_gain_rule": cfg.memory_gain_rule} if cfg.memory_gain_rule != "paper" else {}),
         },
     )
 
@@ -372,15 +391,20 @@ def step_rewards(task: Task, traj: Trajectory, cfg: ReMemR1Config | None = None)
     if cfg is not None:
         wf, wm, wc = cfg.format_weight, cfg.memory_weight, cfg.callback_weight
         tag, rule = cfg.update_tag, cfg.callback_rule
+        fmt_rule, gain_rule = cfg.format_rule, cfg.memory_gain_rule
         tpl_text, no_recall = cfg.templates()[0].text, cfg.no_recall_text
     else:
         wf, wm, wc = traj.info.get("step_reward_weights", (1.0, 1.0, 1.0))
         tag, rule = traj.info.get("update_tag", "update"), traj.info.get("callback_rule", "paper")
+        fmt_rule = traj.info.get("format_rule", "paper")
+        gain_rule = traj.info.get("memory_gain_rule", "paper")
         tpl_text, no_recall = traj.info.get("memory_template_text"), traj.info.get("no_recall_text", NO_RECALL)
-    if rule == "released" and not tpl_text:
-        raise ValueError(f"trajectory {traj.trajectory_id or traj.task_id}: callback_rule=released needs "
-                         "the memory prompt (traj.info['memory_template_text'] or a config)")
-    template = Template(tpl_text, _MEMORY_FIELDS, "the trajectory's memory prompt") if rule == "released" else None
+    needs_prompt = "released" in (rule, gain_rule)
+    if needs_prompt and not tpl_text:
+        raise ValueError(f"trajectory {traj.trajectory_id or traj.task_id}: callback_rule=released and "
+                         "memory_gain_rule=released need the memory prompt "
+                         "(traj.info['memory_template_text'] or a config)")
+    template = Template(tpl_text, _MEMORY_FIELDS, "the trajectory's memory prompt") if needs_prompt else None
     out = []
     for seg in traj.segments:
         info = seg.info
@@ -399,7 +423,8 @@ def step_rewards(task: Task, traj: Trajectory, cfg: ReMemR1Config | None = None)
         if template is not None and not final:
             prompt = template.render(problem=task.question, recalled_memory=info["shown_recalled_memory"],
                                      memory=info["previous_memory"], chunk=info["chunk"])
-            recalled = recalled or no_recall  # the released code appends the no-recall text then
+            if rule == "released":
+                recalled = recalled or no_recall  # the released code appends the no-recall text then
         r = step_rewards_lib.step_reward(
             response,
             task.answers,
@@ -413,6 +438,8 @@ def step_rewards(task: Task, traj: Trajectory, cfg: ReMemR1Config | None = None)
             callback_weight=wc,
             callback_rule=rule,
             prompt=prompt,
+            format_rule=fmt_rule,
+            memory_gain_rule=gain_rule,
         )
         out.append(r)
     return out
