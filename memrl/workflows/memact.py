@@ -13,7 +13,7 @@ just before the deletion, ending with the prune turn's generated ids: prompt = t
 assistant turn after the previous prune (that turn's role header included), response = the rest; mask 1
 only on ids generated in those turns, 0 on tool results and on the headers / end-of-message text we
 insert. The final segment covers the turns after the last prune, so no kept turn trains twice (the
-public code re-trains kept turns in the final segment). Non-generated tokens carry logprob 0.0, a
+public code re-trains kept turns in the final segment: `final_segment=whole_context`). Non-generated tokens carry logprob 0.0, a
 placeholder the loss never reads (mask 0). A failed prune changes nothing and closes no segment.
 Where the public agent loop's rules differ, MemActConfig's "rollout rules" fields switch to them.
 """
@@ -41,6 +41,7 @@ from memrl.workflows.templates import Template, load_template
 
 log = logging.getLogger(__name__)
 
+FINAL_SEGMENTS = ("after_last_prune", "whole_context")
 FINAL_MARKER = "FINAL_ANSWER:"
 PUBLISHED_FINAL_MARKER = "FINAL_ANSWER: "
 COUNTERS = (
@@ -133,6 +134,12 @@ class MemActConfig:
     withheld_prune_runs: bool = False
     """True (published): a prune_context call runs even in a trajectory whose prune tool was withheld
     (no_prune_prob / prune_tool=false only hide it from the prompt); False answers it as an unknown tool."""
+    final_segment: str = valid("after_last_prune", choices=FINAL_SEGMENTS)
+    """The trajectory's last training row: "after_last_prune" (memrl) = the turns after the last prune, the
+    earlier kept turns its prompt (mask 0), so no turn trains twice; "whole_context" (published: MemAgentLoop.run
+    builds the last row with get_trajactories(actual_messages, -1)) = the first prompt, then the whole final
+    working context with mask 1 on every kept assistant turn, the turns before the last prune and the
+    prune turns holding the memory included (they trained in their own prune rows too)."""
 
     # ---- data: the row's prompt and the answer format (published layout; docs/DIFFERENCES.md) ----
     prompt_source: str = "auto"
@@ -172,6 +179,9 @@ class MemActConfig:
         if self.unknown_tool_calls not in ("reply_error", "end"):
             raise ValueError("MemActConfig.unknown_tool_calls must be reply_error or end, got "
                              f"{self.unknown_tool_calls!r}")
+        if self.final_segment not in FINAL_SEGMENTS:
+            raise ValueError(f"MemActConfig.final_segment must be one of {', '.join(FINAL_SEGMENTS)}, "
+                             f"got {self.final_segment!r}")
         if self.prune_id_match not in ("exact", "substring"):
             raise ValueError(f"MemActConfig.prune_id_match must be exact or substring, got {self.prune_id_match!r}")
         if ":" in self.retriever_kind and not self.retriever_url and self.retriever_scope == "corpus":
@@ -489,7 +499,8 @@ class _Run:
             if self.tool_failed:
                 answer_text, stop = text, "tool_error"
                 break
-        final = segment_from(self.messages, self.last_prune_turn, len(self.segments), {"kind": "final"})
+        since = -1 if cfg.final_segment == "whole_context" else self.last_prune_turn
+        final = segment_from(self.messages, since, len(self.segments), {"kind": "final"})
         if final is not None:
             self.add_segment(final)
         if turns == 0:  # the very first prompt is over the budget: counted, no segment, no answer

@@ -63,6 +63,8 @@ PUBLISHED = [
                                              "message whose tool calls all went"),
     ("workflow.failed_prune_closes_segment", True, f"{LOOP}: MemAgentLoop.run, `if prune_flag:` closes a segment"),
     ("workflow.withheld_prune_runs", True, f"{LOOP}: MemAgentLoop.run dispatches prune_context by name"),
+    ("workflow.final_segment", "whole_context", f"{LOOP}: MemAgentLoop.run, the last row is "
+                                                "get_trajactories(actual_messages, -1): mask 1 on every kept turn"),
     ("workflow.prompt_source", "row", f"{LOOP}: MemAgentLoop.run renders the row's messages (raw_prompt, "
                                       "data.return_raw_chat=True in the script) with apply_chat_template"),
     ("workflow.require_final_answer", True, f"{REWARD}: extract_solution_str reads after the last "
@@ -124,7 +126,7 @@ def test_official_preset_sets_every_rollout_switch_to_its_published_value():
 
     _, wf = _official()
     switches = ("unparsable_tool_calls", "unknown_tool_calls", "last_turn_runs_tools", "prune_id_match",
-                "prune_turns_deletable", "failed_prune_closes_segment", "withheld_prune_runs")
+                "prune_turns_deletable", "failed_prune_closes_segment", "withheld_prune_runs", "final_segment")
     table = {k.split(".", 1)[1] for k, _, _ in PUBLISHED if k.startswith("workflow.")}
     assert set(switches) <= table
     defaults = MemActConfig()
