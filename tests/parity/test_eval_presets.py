@@ -54,6 +54,8 @@ TABLES: dict[str, list[tuple[str, object, str]]] = {
         ("workflow.no_memory_text", "No previous memory", f"{MA}/utils/recurrent.py NO_MEMORY"),
         # memory, _ = extract_solution(reply): the reply itself (no </think>), "" stays ""
         ("workflow.empty_memory", "empty", f"{MA}/utils/recurrent.py async_query_llm: memory = the reply"),
+        # extract_solution: with "</think>" in the reply, the text after the last one, stripped
+        ("workflow.memory_text", "after_think", f"{MA}/utils/__init__.py extract_solution (FORCE_THINK unset)"),
     ],
     "rememr1_eval_official": [
         ("requires_templates", True, "the prompts are utils/rememr1.py TEMPLATE / TEMPLATE_FINAL_BOXED"),
