@@ -35,7 +35,7 @@ from memrl.rewards import steps as step_rewards_lib
 from memrl.types import Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec, boxed_em_outcome
 from memrl.workflows.chunked import ChunkedConfig, call_model, call_segment, loop_metrics, task_chunks
-from memrl.workflows.recall import SCORERS, recall_top1
+from memrl.workflows.recall import RECALL_RULES, SCORERS, recall_top1, subword_terms
 from memrl.workflows.templates import Template
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,13 @@ class ReMemR1Config(ChunkedConfig):
     """Recall scorer: tfidf (released code), word_overlap (paper), bm25."""
     min_recall_score: float = valid(0.0, ge=-1, note="below 0 = the best match is recalled even at score 0")
     """A recall retrieves nothing unless the best score is above this."""
+    recall_scoring: str = valid("memrl", choices=RECALL_RULES)
+    """How the tfidf scorer picks the recalled memory (memrl.workflows.recall): memrl = lowercase words as
+    terms, empty and placeholder memories never candidates, ties to the most recent memory; released =
+    the released TfidfRetriever: the policy tokenizer's subword pieces (lowercased, "Ġ" removed) as terms,
+    every memory a candidate (the empty one too), no candidate with a term = nothing recalled, ties by a
+    fixed stand-in for the set order the released code iterates (SHA-256 order of the texts, the last
+    tied one wins). Needs scorer=tfidf."""
     bm25_k1: float = valid(1.5, ge=0)
     bm25_b: float = valid(0.75, ge=0, le=1)
     format_weight: float = valid(1.0, ge=0)
@@ -153,6 +160,12 @@ class ReMemR1Config(ChunkedConfig):
             raise ValueError(f"ReMemR1Config.recall must be true or false, got {self.recall!r}")
         if self.scorer not in SCORERS:
             raise ValueError(f"ReMemR1Config.scorer must be one of {', '.join(SCORERS)}, got {self.scorer!r}")
+        if self.recall_scoring not in RECALL_RULES:
+            raise ValueError(f"ReMemR1Config.recall_scoring must be one of {', '.join(RECALL_RULES)}, "
+                             f"got {self.recall_scoring!r}")
+        if self.recall_scoring == "released" and self.scorer != "tfidf":
+            raise ValueError(f"ReMemR1Config.recall_scoring=released is the released TF-IDF retriever; it needs "
+                             f"scorer=tfidf, got {self.scorer!r}")
         tags = [self.update_tag, self.recall_tag, self.thinking_tag]
         for name, tag in zip(_DEFAULT_TAGS, tags, strict=True):
             if not re.fullmatch(r"[A-Za-z_][\w-]*", tag or ""):
@@ -270,6 +283,8 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
 
     mem_tpl, fin_tpl = cfg.templates()
     context_ids, chunks, truncated = task_chunks(task, engine.tokenizer, cfg)
+    released_recall = cfg.recall_scoring == "released"
+    terms = subword_terms(engine.tokenizer) if released_recall else None
 
     memory = cfg.no_memory_text
     shown_recall = cfg.no_recall_text  # what the next prompt's <recalled_memory> block holds
@@ -294,10 +309,12 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
         )
         # Retrieval sees only the memories of steps < t: m_t joins the history after its own query
         # (with_current: before it, as the released evaluation does).
-        recallable = bool(new_memory) and new_memory != cfg.no_memory_text  # as history.append below
+        # released: every memory joins the history (the released code adds whatever the step parsed)
+        recallable = released_recall or (bool(new_memory) and new_memory != cfg.no_memory_text)
         candidates = history + [(t, new_memory)] if cfg.recall_candidates == "with_current" and recallable else history
         hit = (
-            recall_top1(query, candidates, cfg.scorer, cfg.min_recall_score, cfg.bm25_k1, cfg.bm25_b)
+            recall_top1(query, candidates, cfg.scorer, cfg.min_recall_score, cfg.bm25_k1, cfg.bm25_b,
+                        rule=cfg.recall_scoring, tokenize=terms)
             if query and cfg.recall
             else None
         )
@@ -324,7 +341,7 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
             "format_ok": parsed.well_formed,
             "format_flags": [k for k, v in parsed.flags.items() if v],
         }))
-        if recallable:  # the placeholder is not a memory worth recalling
+        if recallable:  # the placeholder is not a memory worth recalling (memrl)
             history.append((t, new_memory))
         memory = new_memory
         shown_recall = hit.text if hit else cfg.no_recall_text
@@ -424,7 +441,9 @@ def step_rewards(task: Task, traj: Trajectory, cfg: ReMemR1Config | None = None)
             prompt = template.render(problem=task.question, recalled_memory=info["shown_recalled_memory"],
                                      memory=info["previous_memory"], chunk=info["chunk"])
             if rule == "released":
-                recalled = recalled or no_recall  # the released code appends the no-recall text then
+                # the released code prepends the no-recall text when nothing was recalled (a recalled empty
+                # memory is prepended as it is)
+                recalled = no_recall if recalled is None else recalled
         r = step_rewards_lib.step_reward(
             response,
             task.answers,

@@ -319,6 +319,41 @@ def test_released_format_and_memory_terms_in_a_rollout():
         cfg(format_rule="line")
 
 
+class CharPieces(CharTokenizer):
+    """The character tokenizer with `tokenize` (one piece per character), for recall_scoring=released."""
+
+    def tokenize(self, text: str) -> list[str]:
+        return list(text)
+
+
+def test_released_recall_scoring_recalls_an_empty_memory_on_a_tie():
+    """recall_scoring=released (syr-cn/ReMemR1 @ 43e69f38: memory_revisit.py adds every parsed memory to a
+    set, tf_idf_retriever.py top1_retrieve returns the argsort's last at any score)."""
+    task = Task("t1", "Q?", "abcdefghijkl", ["x"])  # chunks "abcd", "efgh", "ijkl"
+    replies = ["m", "<recall>z</recall>", "<recall>z</recall>", r"\boxed{x}"]
+    base = dict(memory_rule="strip_recall", empty_memory="empty", query_rule="greedy_line", scorer="tfidf",
+                min_recall_score=-1.0)
+    got = {}
+    for rule in ("memrl", "released"):
+        engine = ScriptedEngine(list(replies), tokenizer=CharPieces())
+        run_one(task, engine, cfg(**base, recall_scoring=rule))
+        got[rule] = [c.prompt_text for c in engine.calls]
+    # step 0 writes "m"; steps 1 and 2 write "" (the reply minus its recall block) and ask "z", a term no
+    # memory has: every score 0, recalled because min_recall_score is below 0.
+    # step 1: the one candidate "m" either way -> shown at step 2.
+    # step 2: memrl's candidates are "m" only (an empty memory is never one) -> "m" again; released: "m"
+    # and "" (step 1's memory), tied at 0; SHA-256 order: "m" 62c66a7a... before "" e3b0c442..., the last
+    # tied one wins -> "" is recalled and the final prompt shows an empty recalled block.
+    common = [user(f"P:Q?|R:{NO_RECALL}|M:No previous memory|C:abcd"), user(f"P:Q?|R:{NO_RECALL}|M:m|C:efgh"),
+              user("P:Q?|R:m|M:|C:ijkl")]
+    assert got == {"memrl": [*common, user("P:Q?|R:m|M:|answer:")],
+                   "released": [*common, user("P:Q?|R:|M:|answer:")]}
+    with pytest.raises(ValueError, match="recall_scoring=released .* needs scorer=tfidf, got 'bm25'"):
+        cfg(recall_scoring="released", scorer="bm25")
+    with pytest.raises(ValueError, match="recall_scoring must be one of memrl, released"):
+        cfg(recall_scoring="sklearn")
+
+
 def test_step_reward_weights_travel_with_the_trajectory():
     task = Task("t1", "Q?", "abcd", ["red"])
     engine = ScriptedEngine(["<update>red</update>", r"\boxed{blue}"])
