@@ -42,6 +42,7 @@ from memrl.workflows.templates import Template, load_template
 log = logging.getLogger(__name__)
 
 FINAL_SEGMENTS = ("after_last_prune", "whole_context")
+ANSWER_SOURCES = ("last_reply", "final_context")
 FINAL_MARKER = "FINAL_ANSWER:"
 PUBLISHED_FINAL_MARKER = "FINAL_ANSWER: "
 COUNTERS = (
@@ -134,6 +135,13 @@ class MemActConfig:
     withheld_prune_runs: bool = False
     """True (published): a prune_context call runs even in a trajectory whose prune tool was withheld
     (no_prune_prob / prune_tool=false only hide it from the prompt); False answers it as an unknown tool."""
+    answer_source: str = valid("last_reply", choices=ANSWER_SOURCES)
+    """Which text the answer is read from: "last_reply" (memrl) = the reply that ended the loop ("" when
+    the turns or the context ran out); "final_context" (published: agent_loop.py
+    AgentLoopManager.generate_sequences decodes the final row's response ids, special tokens kept) = every
+    message of the final working context after the first prompt, decoded with special tokens, so a
+    marker in an earlier kept turn or in a tool result counts when the last reply has none. Meant with
+    require_final_answer=true (the published reader drops "<|im_end|>")."""
     final_segment: str = valid("after_last_prune", choices=FINAL_SEGMENTS)
     """The trajectory's last training row: "after_last_prune" (memrl) = the turns after the last prune, the
     earlier kept turns its prompt (mask 0), so no turn trains twice; "whole_context" (published: MemAgentLoop.run
@@ -179,6 +187,9 @@ class MemActConfig:
         if self.unknown_tool_calls not in ("reply_error", "end"):
             raise ValueError("MemActConfig.unknown_tool_calls must be reply_error or end, got "
                              f"{self.unknown_tool_calls!r}")
+        if self.answer_source not in ANSWER_SOURCES:
+            raise ValueError(f"MemActConfig.answer_source must be one of {', '.join(ANSWER_SOURCES)}, "
+                             f"got {self.answer_source!r}")
         if self.final_segment not in FINAL_SEGMENTS:
             raise ValueError(f"MemActConfig.final_segment must be one of {', '.join(FINAL_SEGMENTS)}, "
                              f"got {self.final_segment!r}")
@@ -506,6 +517,9 @@ class _Run:
         if turns == 0:  # the very first prompt is over the budget: counted, no segment, no answer
             log.warning("memact: task %s: the first prompt (%d tokens) is over max_context_tokens=%d",
                         task.task_id, len(ctx.context_ids(self.messages)) + len(header), cfg.max_context_tokens)
+        read = answer_text
+        if cfg.answer_source == "final_context":  # published: the decoded final row, special tokens kept
+            read = self.tok.decode(ctx.context_ids(self.messages[1:]), skip_special_tokens=False)
         n = len(self.context_lengths)
         metrics = {
             "turns": float(turns),
@@ -522,14 +536,16 @@ class _Run:
             "stop_unparsable_calls": float(stop == "unparsable_calls"),
             "stop_tool_error": float(stop == "tool_error"),
             "no_final_marker": float((PUBLISHED_FINAL_MARKER if cfg.require_final_answer else FINAL_MARKER)
-                                     not in answer_text),
+                                     not in read),
             "segments": float(len(self.segments)),
             **{k: float(v) for k, v in self.counts.items()},
         }
         return Trajectory(
             task_id=task.task_id, trajectory_id="", segments=self.segments,
-            final_answer=final_answer_text(answer_text, cfg.require_final_answer), metrics=metrics,
-            info={"answer_text": answer_text, "memories": self.memories, "stop": stop,
+            final_answer=final_answer_text(read, cfg.require_final_answer), metrics=metrics,
+            # answer_text: the text the answer is read from (the rule reward reads it too)
+            info={"answer_text": read, "memories": self.memories, "stop": stop,
+                  **({"last_reply": answer_text} if cfg.answer_source == "final_context" else {}),
                   "require_final_answer": cfg.require_final_answer,
                   # what the reward's judge call needs (no secret: the key stays in its environment variable)
                   **({"judge_settings": dataclasses.asdict(cfg.judge)} if cfg.judge.url else {}),

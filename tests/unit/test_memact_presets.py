@@ -69,6 +69,8 @@ PUBLISHED = [
                                       "data.return_raw_chat=True in the script) with apply_chat_template"),
     ("workflow.require_final_answer", True, f"{REWARD}: extract_solution_str reads after the last "
                                             "'FINAL_ANSWER: ', compute_score returns 0.0 when there is none"),
+    ("workflow.answer_source", "final_context", "verl/experimental/agent_loop/agent_loop.py: AgentLoopManager."
+                                                "generate_sequences scores decode(output[-1].response_ids)"),
     ("workflow.judge.required", True, f"{SCRIPT}: reward_model.reward_manager=mem_reward; verl/experimental/"
                                       "agent_loop/agent_loop.py scores every trajectory with compute_score"),
     ("workflow.judge.model", "gpt-oss", f"{REWARD}: compute_score model=\"gpt-oss\" (DCPO/scripts/"
@@ -126,7 +128,8 @@ def test_official_preset_sets_every_rollout_switch_to_its_published_value():
 
     _, wf = _official()
     switches = ("unparsable_tool_calls", "unknown_tool_calls", "last_turn_runs_tools", "prune_id_match",
-                "prune_turns_deletable", "failed_prune_closes_segment", "withheld_prune_runs", "final_segment")
+                "prune_turns_deletable", "failed_prune_closes_segment", "withheld_prune_runs", "final_segment",
+                "answer_source")
     table = {k.split(".", 1)[1] for k, _, _ in PUBLISHED if k.startswith("workflow.")}
     assert set(switches) <= table
     defaults = MemActConfig()

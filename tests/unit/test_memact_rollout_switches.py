@@ -283,3 +283,26 @@ def test_the_final_row_trains_the_whole_final_context_only_under_whole_context()
     assert fin4.loss_mask == [1] * len(gen(r[1])) and fin4.info["turns"] == [1]
     with pytest.raises(ValueError, match="final_segment must be one of after_last_prune, whole_context"):
         MemActConfig(final_segment="all")
+
+
+# ---------------------------------------------------------------- answer_source
+def test_the_answer_is_read_from_the_whole_final_context_only_under_final_context():
+    """answer_source=final_context: MemAct-Anonymized @ 9b65b84a, agent_loop.py
+    AgentLoopManager.generate_sequences scores tokenizer.decode(output[-1].response_ids) (special tokens
+    kept): the final row's response, i.e. every message after the first prompt; mem_agent.py
+    extract_solution_str reads after its last "FINAL_ANSWER: "."""
+    r0 = "FINAL_ANSWER: Paris " + call("search", query="France", topk=1)  # a marker in a tool-call turn
+    r = [r0, "done"]                                                     # the last reply has none
+    traj, _ = run_one(r, require_final_answer=True)
+    assert (traj.info["stop"], traj.final_answer, traj.metrics["no_final_marker"]) == ("answer", "", 1.0)
+    assert traj.info["answer_text"] == "done"
+    traj, _ = run_one(r, require_final_answer=True, answer_source="final_context")
+    # the decoded context after the head, special tokens kept (the character tokenizer writes EOS as
+    # "<eos>"): <assistant>r0<eos></assistant><tool>[r1] ...</tool><assistant>done<eos></assistant>; the
+    # text after "FINAL_ANSWER: ", stripped ("<|im_end|>" is not in it)
+    expected = ("Paris " + call("search", query="France", topk=1) + "<eos></assistant><tool>[r1] "
+                + found("France", DOCS[0]) + "</tool><assistant>done<eos></assistant>")
+    assert (traj.final_answer, traj.metrics["no_final_marker"]) == (expected, 0.0)
+    assert traj.info["last_reply"] == "done" and traj.info["answer_text"].endswith("<assistant>done<eos></assistant>")
+    with pytest.raises(ValueError, match="answer_source must be one of last_reply, final_context"):
+        MemActConfig(answer_source="segment")
