@@ -43,10 +43,16 @@ PRUNE_SCHEMA = function_schema(
 )
 
 
-def truncate_middle(text: str, max_chars: int) -> tuple[str, bool]:
-    """Head + marker + tail when `text` is over `max_chars` (head max_chars//2, tail the rest)."""
+def truncate_middle(text: str, max_chars: int, marker: str | None = None) -> tuple[str, bool]:
+    """Head + marker + tail when `text` is over `max_chars`: marker None = memrl's (head max_chars//2, tail
+    the rest, a marker naming the characters cut); a marker string = the public MemAct loop's cut
+    (mem_agent_loop.py `_call_tool`, truncate side "middle"): head and tail max_chars//2 each around the
+    given marker (Python's text[-0:] is the whole text, so max_chars 1 keeps all of it)."""
     if max_chars <= 0 or len(text) <= max_chars:
         return text, False
+    if marker is not None:
+        half = max_chars // 2
+        return text[:half] + marker + text[-half:], True
     head = max_chars // 2
     tail = max_chars - head
     cut = len(text) - max_chars

@@ -68,6 +68,10 @@ class MemActConfig:
     """Stop before a turn whose working context (prompt) would pass this many tokens."""
     max_tool_response_chars: int = valid(8192, ge=1)
     """Tool output longer than this is cut in the middle (head half + marker + tail half)."""
+    tool_truncation_marker: str | None = None
+    """None (memrl): the head max//2 characters, "\\n...[N characters truncated]...\\n", the rest from the
+    tail; a string (published: mem_agent_loop.py MemAgentLoop._call_tool, truncate side "middle"): max//2
+    characters from each end around this marker (the memact_official preset gives the published one)."""
     max_parallel_calls: int = valid(5, ge=1)
     """Tool calls executed per turn; further well-formed calls are dropped (counted)."""
     no_prune_prob: float = valid(0.5, ge=0, le=1)
@@ -377,7 +381,7 @@ class _Run:
     def add_tool(self, turn: int, body: str, owner: ctx.Message) -> str:
         rid = f"r{self.next_id}"
         self.next_id += 1
-        body, cut = ts.truncate_middle(body, self.cfg.max_tool_response_chars)
+        body, cut = ts.truncate_middle(body, self.cfg.max_tool_response_chars, self.cfg.tool_truncation_marker)
         self.counts["tool_truncations"] += int(cut)
         content = f"[{rid}] {body}"
         ids = self.encode(self.fmt.tool_prefix + content + self.fmt.tool_suffix)

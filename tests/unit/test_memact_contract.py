@@ -241,6 +241,25 @@ def test_long_tool_output_is_truncated_in_the_middle():
     assert traj.metrics["tool_truncations"] == 1.0
 
 
+def test_published_truncation_keeps_half_the_budget_from_each_end_around_the_given_marker():
+    """tool_truncation_marker (MemAct-Anonymized @ 9b65b84a, mem_agent_loop.py MemAgentLoop._call_tool,
+    truncate side "middle"): length = max // 2; text[:length] + marker + text[-length:]."""
+    doc = Document("d", "", "x " + "A" * 30 + "B" * 30)
+    body = 'Search results for "x":\n\n(1) x ' + "A" * 30 + "B" * 30  # 91 characters
+    r = [call("search", query="x"), "FINAL_ANSWER: x"]
+    # an odd budget, 21: memrl keeps 10 + 11 characters and names the 70 cut
+    _, engine = run_one(r, retriever=KeywordRetriever([doc]), max_tool_response_chars=21)
+    want = body[:10] + "\n...[70 characters truncated]...\n" + body[-11:]
+    assert engine.calls[1].prompt_ids == head() + asst(r[0]) + tool("[r1] " + want) + HDR
+    # published: 21 // 2 = 10 from each end around the marker
+    traj, engine = run_one(r, retriever=KeywordRetriever([doc]), max_tool_response_chars=21,
+                           tool_truncation_marker="...(cut)...")
+    want = body[:10] + "...(cut)..." + body[-10:]
+    assert want == 'Search res...(cut)...BBBBBBBBBB'
+    assert engine.calls[1].prompt_ids == head() + asst(r[0]) + tool("[r1] " + want) + HDR
+    assert traj.metrics["tool_truncations"] == 1.0
+
+
 def test_search_failure_names_the_endpoint_and_is_counted():
     failing = KeywordRetriever(DOCS, fail_with="POST http://127.0.0.1:9/retrieve: connection refused")
     traj, engine = run_one([call("search", query="France", topk=50), "FINAL_ANSWER: x"], retriever=failing)
