@@ -79,18 +79,43 @@ class SearchOutcome:
     clamped: bool = False
 
 
-async def run_search(retriever: Retriever, arguments: dict[str, Any]) -> SearchOutcome:
-    """Run one search call; argument problems and retrieval failures come back as error text."""
+TOPK_RULES = ("clamp", "published")
+
+
+def published_topk(raw: Any) -> tuple[int, bool]:
+    """(topk, changed) as the public MemAct search tool and service settle it (DCPO/tool_service/
+    search_tool_single.py SearchTool.execute: `min(int(topk), 20)`, anything int() refuses -> the tool's
+    default 5; search_search_services.py: a falsy topk (0) -> the service's default, 5 with its --topk
+    default). A negative count (the service hands it to its index) is not reproduced: it becomes 1."""
+    try:
+        n = int(raw)
+    except (TypeError, ValueError, OverflowError):
+        return TOPK_DEFAULT, True
+    if n == 0:
+        return TOPK_DEFAULT, True
+    if n < 0:
+        return 1, True
+    return min(n, TOPK_MAX), n > TOPK_MAX
+
+
+async def run_search(retriever: Retriever, arguments: dict[str, Any], topk_rule: str = "clamp") -> SearchOutcome:
+    """Run one search call; argument problems and retrieval failures come back as error text.
+
+    topk_rule "clamp" (memrl): an integer (or digit string) clamped to [1, TOPK_MAX], anything else an
+    argument error; "published": `published_topk`."""
     query = arguments.get("query")
     if not isinstance(query, str) or not query.strip():
         return SearchOutcome('Error: search needs a non-empty string "query".', "arguments")
-    topk = arguments.get("topk", TOPK_DEFAULT)
-    if isinstance(topk, str) and topk.strip().isdigit():
-        topk = int(topk)
-    if isinstance(topk, bool) or not isinstance(topk, int):
-        return SearchOutcome(f'Error: search "topk" must be an integer, got {topk!r}.', "arguments")
-    clamped = not 1 <= topk <= TOPK_MAX
-    topk = min(max(topk, 1), TOPK_MAX)
+    if topk_rule == "published":
+        topk, clamped = published_topk(arguments.get("topk", TOPK_DEFAULT))
+    else:
+        topk = arguments.get("topk", TOPK_DEFAULT)
+        if isinstance(topk, str) and topk.strip().isdigit():
+            topk = int(topk)
+        if isinstance(topk, bool) or not isinstance(topk, int):
+            return SearchOutcome(f'Error: search "topk" must be an integer, got {topk!r}.', "arguments")
+        clamped = not 1 <= topk <= TOPK_MAX
+        topk = min(max(topk, 1), TOPK_MAX)
     try:
         hits = (await retriever.retrieve([query.strip()], topk))[0]
     except RetrievalError as e:

@@ -68,6 +68,12 @@ class MemActConfig:
     """Stop before a turn whose working context (prompt) would pass this many tokens."""
     max_tool_response_chars: int = valid(8192, ge=1)
     """Tool output longer than this is cut in the middle (head half + marker + tail half)."""
+    topk_rule: str = valid("clamp", choices=ts.TOPK_RULES)
+    """A search call's topk: "clamp" (memrl) = an integer or digit string clamped to [1, 20], anything else
+    an argument error answered to the agent; "published" = the public search tool and service: int() of
+    it capped at 20 (true -> 1, 2.9 -> 2), what int() refuses (null, "2.5") -> 5, 0 -> the service's
+    default 5 (memrl.tools.search.published_topk); a negative count becomes 1 (not reproduced). Either
+    way a changed value is counted in topk_clamped."""
     tool_truncation_marker: str | None = None
     """None (memrl): the head max//2 characters, "\\n...[N characters truncated]...\\n", the rest from the
     tail; a string (published: mem_agent_loop.py MemAgentLoop._call_tool, truncate side "middle"): max//2
@@ -191,6 +197,8 @@ class MemActConfig:
         if self.unknown_tool_calls not in ("reply_error", "end"):
             raise ValueError("MemActConfig.unknown_tool_calls must be reply_error or end, got "
                              f"{self.unknown_tool_calls!r}")
+        if self.topk_rule not in ts.TOPK_RULES:
+            raise ValueError(f"MemActConfig.topk_rule must be one of {', '.join(ts.TOPK_RULES)}, got {self.topk_rule!r}")
         if self.answer_source not in ANSWER_SOURCES:
             raise ValueError(f"MemActConfig.answer_source must be one of {', '.join(ANSWER_SOURCES)}, "
                              f"got {self.answer_source!r}")
@@ -391,7 +399,7 @@ class _Run:
 
     async def call(self, turn: int, call: tc.ToolCall, owner: ctx.Message) -> None:
         if call.name == ts.SEARCH:
-            out = await ts.run_search(self.retriever, call.arguments)
+            out = await ts.run_search(self.retriever, call.arguments, self.cfg.topk_rule)
             self.counts["searches"] += 1
             self.counts["topk_clamped"] += int(out.clamped)
             if out.error is not None:
