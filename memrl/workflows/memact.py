@@ -68,6 +68,12 @@ class MemActConfig:
     """Stop before a turn whose working context (prompt) would pass this many tokens."""
     max_tool_response_chars: int = valid(8192, ge=1)
     """Tool output longer than this is cut in the middle (head half + marker + tail half)."""
+    tool_parser: str = valid("memrl", choices=tc.PARSERS)
+    """How a <tool_call> block is read (memrl.tools.calls): "memrl" recovers what small models emit
+    (more invisible characters removed, the first complete JSON object kept, "parameters" accepted for
+    "arguments", arguments given as a JSON string decoded, missing or null arguments = {}, the name
+    trimmed); "published" (MemAct's tool_parser.py HermesToolParser) = its cleaning (first "{" to last
+    "}"), a "name" string used as written and an "arguments" object required, anything else malformed."""
     topk_rule: str = valid("clamp", choices=ts.TOPK_RULES)
     """A search call's topk: "clamp" (memrl) = an integer or digit string clamped to [1, 20], anything else
     an argument error answered to the agent; "published" = the public search tool and service: int() of
@@ -197,6 +203,8 @@ class MemActConfig:
         if self.unknown_tool_calls not in ("reply_error", "end"):
             raise ValueError("MemActConfig.unknown_tool_calls must be reply_error or end, got "
                              f"{self.unknown_tool_calls!r}")
+        if self.tool_parser not in tc.PARSERS:
+            raise ValueError(f"MemActConfig.tool_parser must be one of {', '.join(tc.PARSERS)}, got {self.tool_parser!r}")
         if self.topk_rule not in ts.TOPK_RULES:
             raise ValueError(f"MemActConfig.topk_rule must be one of {', '.join(ts.TOPK_RULES)}, got {self.topk_rule!r}")
         if self.answer_source not in ANSWER_SOURCES:
@@ -497,7 +505,7 @@ class _Run:
             end = end_after_eos if gen and gen[-1] == eos else end_full
             owner = ctx.assistant_message(header, gen, list(out.logprobs), end, turn, text)
             self.messages.append(owner)
-            parsed = tc.parse_tool_calls(text, cfg.max_parallel_calls)
+            parsed = tc.parse_tool_calls(text, cfg.max_parallel_calls, cfg.tool_parser)
             if not parsed.attempted:
                 answer_text, stop = text, "answer"
                 break

@@ -253,3 +253,34 @@ def test_run_search_topk_rules():
     assert bad.error == "arguments" and r.asked == [1, 5]  # memrl: no search ran
     ok = asyncio.run(run_search(r, {"query": "q", "topk": 2.9}, "published"))
     assert ok.error is None and r.asked == [1, 5, 2]
+
+
+@pytest.mark.parametrize("block, memrl, published", [
+    ('{"name": "search", "arguments": {"query": "a"}}', OK, OK),
+    # no "parameters" alias and no default arguments in the public parser (function_call["arguments"])
+    ('{"name": "search", "parameters": {"query": "a"}}', OK, 'the tool call needs a "name" string and an '
+                                                           '"arguments" object'),
+    ('{"name": "search"}', ToolCall("search", {}), 'the tool call needs a "name" string and an "arguments" object'),
+    # arguments as a JSON string: memrl decodes it; published passes the string on (the call fails when run)
+    ('{"name": "search", "arguments": "{\\"query\\": \\"a\\"}"}', OK,
+     "the arguments of 'search' must be a JSON object, got str"),
+    # the public cleaning keeps the first "{" to the LAST "}": 47 characters of JSON (positions 0-46), a
+    # space, then "hope this helps }": json reports the extra data where it starts, after the space: 48
+    ('Sure! {"name": "search", "arguments": {"query": "a"}} hope this helps }', OK,
+     "the tool call is not valid JSON (Extra data at character 48)"),
+    # U+2060 (word joiner) is not among the public parser's invisible characters; names are used as written
+    ('{"name": "sea\u2060rch", "arguments": {"query": "a"}}', OK, ToolCall("sea\u2060rch", {"query": "a"})),
+    ('{"name": " search ", "arguments": {"query": "a"}}', OK, ToolCall(" search ", {"query": "a"})),
+    ('```json\n{"name": "search", "arguments": {"query": "a"}}\n```', OK, OK),
+])
+def test_published_parser_is_stricter(block, memrl, published):
+    """tool_parser=published: MemAct-Anonymized @ 9b65b84a, verl/experimental/agent_loop/tool_parser.py
+    HermesToolParser.extract_tool_calls / _sanitize_json_block."""
+    for parser, want in (("memrl", memrl), ("published", published)):
+        res = parse_tool_calls(f"<tool_call>{block}</tool_call>", parser=parser)
+        if isinstance(want, ToolCall):
+            assert (res.calls, res.errors) == ([want], []), parser
+        else:
+            assert (res.calls, res.errors) == ([], [want]), parser
+    with pytest.raises(ValueError, match="tool call parser must be one of memrl, published"):
+        parse_tool_calls("x", parser="vllm")
