@@ -68,6 +68,10 @@ class MemActConfig:
     """Stop before a turn whose working context (prompt) would pass this many tokens."""
     max_tool_response_chars: int = valid(8192, ge=1)
     """Tool output longer than this is cut in the middle (head half + marker + tail half)."""
+    excess_tool_calls: str = valid("reply_error", choices=("reply_error", "drop"))
+    """Well-formed calls past max_parallel_calls in one reply: "reply_error" (memrl) answers them with one
+    error message; "drop" (published: MemAgentLoop.run runs tool_calls[:max_parallel_calls] only) skips them
+    without a word. Counted in dropped_calls either way."""
     tool_parser: str = valid("memrl", choices=tc.PARSERS)
     """How a <tool_call> block is read (memrl.tools.calls): "memrl" recovers what small models emit
     (more invisible characters removed, the first complete JSON object kept, "parameters" accepted for
@@ -203,6 +207,8 @@ class MemActConfig:
         if self.unknown_tool_calls not in ("reply_error", "end"):
             raise ValueError("MemActConfig.unknown_tool_calls must be reply_error or end, got "
                              f"{self.unknown_tool_calls!r}")
+        if self.excess_tool_calls not in ("reply_error", "drop"):
+            raise ValueError(f"MemActConfig.excess_tool_calls must be reply_error or drop, got {self.excess_tool_calls!r}")
         if self.tool_parser not in tc.PARSERS:
             raise ValueError(f"MemActConfig.tool_parser must be one of {', '.join(tc.PARSERS)}, got {self.tool_parser!r}")
         if self.topk_rule not in ts.TOPK_RULES:
@@ -525,6 +531,7 @@ class _Run:
                                     "\"arguments\": {...}}</tool_call>.", owner)
             if parsed.dropped:
                 self.counts["dropped_calls"] += parsed.dropped
+            if parsed.dropped and cfg.excess_tool_calls == "reply_error":
                 self.add_tool(turn, f"Error: at most {cfg.max_parallel_calls} tool calls run per turn; "
                                     f"{parsed.dropped} more were not run.", owner)
             if self.tool_failed:

@@ -10,6 +10,7 @@ import asyncio
 import json
 import random
 
+import pytest
 from doubles import CharTokenizer, KeywordRetriever, ScriptedEngine
 
 from memrl.engines.base import Completion
@@ -228,6 +229,14 @@ def test_malformed_and_excess_calls_are_counted_not_raised():
     assert "[r7] Error: the tool call must be a JSON object, got list" in text
     assert "[r8] Error: a <tool_call> block was not closed with </tool_call>" in text
     assert "[r9] Error: at most 5 tool calls run per turn; 1 more were not run." in text
+    # excess_tool_calls=drop (MemAct-Anonymized @ 9b65b84a, mem_agent_loop.py MemAgentLoop.run runs
+    # tool_calls[:max_parallel_calls]): the sixth call is skipped without a message; still counted
+    traj, engine = run_one([r0, "FINAL_ANSWER: x"], max_turn_tokens=2000, excess_tool_calls="drop")
+    text = TOK.decode(engine.calls[1].prompt_ids)
+    assert traj.metrics["dropped_calls"] == 1.0 and "tool calls run per turn" not in text and "[r9]" not in text
+    assert "[r8] Error: a <tool_call> block was not closed with </tool_call>" in text
+    with pytest.raises(ValueError, match="excess_tool_calls must be reply_error or drop, got 'skip'"):
+        cfg(excess_tool_calls="skip")
 
 
 def test_long_tool_output_is_truncated_in_the_middle():
