@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from memrl.services.base import Hit, RetrievalError, Retriever
@@ -77,6 +77,10 @@ class SearchOutcome:
     text: str
     error: str | None = None
     clamped: bool = False
+    hits: list[Hit] = field(default_factory=list)
+    """The hits shown (a successful search)."""
+    detail: str = ""
+    """A failed retrieval's own message."""
 
 
 TOPK_RULES = ("clamp", "published")
@@ -120,8 +124,8 @@ async def run_search(retriever: Retriever, arguments: dict[str, Any], topk_rule:
         hits = (await retriever.retrieve([query.strip()], topk))[0]
     except RetrievalError as e:
         log.warning("search failed: %s", e)
-        return SearchOutcome(f"Error: search failed: {e}", "retrieval", clamped)
-    return SearchOutcome(format_hits(query.strip(), hits[:topk]), None, clamped)
+        return SearchOutcome(f"Error: search failed: {e}", "retrieval", clamped, detail=str(e))
+    return SearchOutcome(format_hits(query.strip(), hits[:topk]), None, clamped, hits[:topk])
 
 
 # ---------------------------------------------------------------- building the retriever

@@ -21,8 +21,11 @@ Where the public agent loop's rules differ, MemActConfig's "rollout rules" field
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import random
+import re
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -41,6 +44,18 @@ from memrl.workflows.templates import Template, load_template
 
 log = logging.getLogger(__name__)
 
+TOOL_RESULT_FORMATS = ("memrl", "published")
+# The texts of tool_result_format=published (memrl's own wording; the published wording is the user's to
+# supply in workflow.tool_texts_file). "{n}": results deleted; "{error}": the retriever's message.
+TOOL_TEXTS = {
+    "no_results": "No passages found.",
+    "missing_query": 'Error: search needs a non-empty string "query".',
+    "search_error": "Error: search failed: {error}",
+    "prune_done": "Removed {n} tool results. Your memory note stays in your prune_context call above.",
+    "prune_no_ids_or_memory": 'prune_context needs a non-empty "memory" and a non-empty "delete_ids".',
+    "prune_no_match": "No tool result matched delete_ids. Nothing was removed.",
+    "prune_bad_call": "prune_context could not run with these arguments. Nothing was removed.",
+}
 FINAL_SEGMENTS = ("after_last_prune", "whole_context")
 ANSWER_SOURCES = ("last_reply", "final_context")
 FINAL_MARKER = "FINAL_ANSWER:"
@@ -68,6 +83,20 @@ class MemActConfig:
     """Stop before a turn whose working context (prompt) would pass this many tokens."""
     max_tool_response_chars: int = valid(8192, ge=1)
     """Tool output longer than this is cut in the middle (head half + marker + tail half)."""
+    tool_result_format: str = valid("memrl", choices=TOOL_RESULT_FORMATS)
+    """What a tool message holds: "memrl" = "[rK] " then memrl's text (ids r1, r2, ...); "published" (the
+    public loop's JSON strings: DCPO/tool_service/search_tool_single.py + verl/tools/utils/
+    search_r1_like_utils.py perform_single_search_batch, mem_agent_loop.py prune_actual_messages_prompt_ids)
+    = a search: {"success": true, "tool_call_id": ID, "result": [[{"document": {"title", "text"}}, ...]]}
+    (or "result": no_results text; a failure {"result": search_error text}; a bad query {"result":
+    missing_query text}), \\uXXXX escapes turned back into characters; a prune: {"success": ..., "message":
+    ..., "tool_call_id": ID}; ID = 8 hex characters (sha256 of task id and counter: reproducible where the
+    public code draws a random short uuid); memrl's own messages (not sent by the public loop) as
+    {"result": text}. The texts are tool_texts_file's."""
+    tool_texts_file: str | None = None
+    """JSON object overriding the texts of tool_result_format=published (memrl.workflows.memact.TOOL_TEXTS:
+    no_results, missing_query, search_error ({error}), prune_done ({n}), prune_no_ids_or_memory,
+    prune_no_match, prune_bad_call); the published wording is yours to supply."""
     excess_tool_calls: str = valid("reply_error", choices=("reply_error", "drop"))
     """Well-formed calls past max_parallel_calls in one reply: "reply_error" (memrl) answers them with one
     error message; "drop" (published: MemAgentLoop.run runs tool_calls[:max_parallel_calls] only) skips them
@@ -207,6 +236,10 @@ class MemActConfig:
         if self.unknown_tool_calls not in ("reply_error", "end"):
             raise ValueError("MemActConfig.unknown_tool_calls must be reply_error or end, got "
                              f"{self.unknown_tool_calls!r}")
+        if self.tool_result_format not in TOOL_RESULT_FORMATS:
+            raise ValueError(f"MemActConfig.tool_result_format must be one of {', '.join(TOOL_RESULT_FORMATS)}, "
+                             f"got {self.tool_result_format!r}")
+        load_tool_texts(self.tool_texts_file)  # a bad file fails here, by name
         if self.excess_tool_calls not in ("reply_error", "drop"):
             raise ValueError(f"MemActConfig.excess_tool_calls must be reply_error or drop, got {self.excess_tool_calls!r}")
         if self.tool_parser not in tc.PARSERS:
@@ -264,6 +297,36 @@ def final_answer_text(text: str, require_final_answer: bool = False) -> str:
 # ---- the row's prompt messages (prompt_source) and the tool schemas it shows ----
 
 _TOOL_FILES: dict[str, list[dict[str, Any]]] = {}
+
+
+def load_tool_texts(path: str | None) -> dict[str, str]:
+    """TOOL_TEXTS with a tool_texts_file's overrides (a JSON object of those keys to strings)."""
+    texts = dict(TOOL_TEXTS)
+    if path is None:
+        return texts
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"workflow.tool_texts_file {path}: cannot read it ({e})") from e
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise ValueError(f"workflow.tool_texts_file {path}: expected a JSON object of strings")
+    unknown = sorted(set(data) - set(TOOL_TEXTS))
+    if unknown:
+        raise ValueError(f"workflow.tool_texts_file {path}: unknown key(s) {', '.join(unknown)}; "
+                         f"known: {', '.join(TOOL_TEXTS)}")
+    texts.update(data)
+    return texts
+
+
+def unescape_unicode(text: str) -> str:
+    """What the public search tool does to its JSON text (search_tool_single.py): every \\uXXXX escape
+    becomes its character, escaped surrogate pairs become one code point."""
+    out = re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), text)
+    try:
+        return out.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+    except UnicodeError:
+        return out
 
 
 def load_tool_schemas(path: str) -> list[dict[str, Any]]:
@@ -380,6 +443,8 @@ class _Run:
         self.segments: list[Segment] = []
         self.memories: list[str] = []
         self.next_id = 1
+        self.published = cfg.tool_result_format == "published"
+        self.texts = load_tool_texts(cfg.tool_texts_file) if self.published else TOOL_TEXTS
         self.last_prune_turn = -1
         self.context_lengths: list[int] = []
         self.turn_versions: dict[int, int] = {}  # asynchronous training: turn -> the policy version it ran under
@@ -400,12 +465,23 @@ class _Run:
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
 
-    def add_tool(self, turn: int, body: str, owner: ctx.Message) -> str:
-        rid = f"r{self.next_id}"
+    def new_id(self) -> str:
+        """The next result id: r1, r2, ... (memrl) or 8 hex characters (tool_result_format=published)."""
+        n = self.next_id
         self.next_id += 1
+        if self.published:
+            return hashlib.sha256(f"{self.task.task_id}:{n}".encode()).hexdigest()[:8]
+        return f"r{n}"
+
+    def add_tool(self, turn: int, body: str, owner: ctx.Message, rid: str | None = None,
+                 shaped: bool = False) -> str:
+        """Append a tool message; `shaped`: `body` is already the published JSON (with `rid` in it)."""
+        rid = rid or self.new_id()
+        if self.published and not shaped:  # memrl's own messages, which the public loop never sends
+            body = json.dumps({"result": body}, ensure_ascii=False)
         body, cut = ts.truncate_middle(body, self.cfg.max_tool_response_chars, self.cfg.tool_truncation_marker)
         self.counts["tool_truncations"] += int(cut)
-        content = f"[{rid}] {body}"
+        content = body if self.published else f"[{rid}] {body}"
         ids = self.encode(self.fmt.tool_prefix + content + self.fmt.tool_suffix)
         self.messages.append(ctx.tool_message(ids, turn, rid, content))
         owner.call_ids.append(rid)
@@ -418,7 +494,10 @@ class _Run:
             self.counts["topk_clamped"] += int(out.clamped)
             if out.error is not None:
                 self.counts["search_errors" if out.error == "retrieval" else "bad_arguments"] += 1
-            self.add_tool(turn, out.text, owner)
+            if self.published:
+                self.add_published_search(turn, out, owner)
+            else:
+                self.add_tool(turn, out.text, owner)
         elif call.name == ts.PRUNE and self.prune_runs:
             self.prune(turn, call, owner)
         else:
@@ -429,15 +508,43 @@ class _Run:
             names = ", ".join(t["function"]["name"] for t in self.tools)
             self.add_tool(turn, f"Error: unknown tool {call.name!r}; available tools: {names}.", owner)
 
+    def add_published_search(self, turn: int, out: ts.SearchOutcome, owner: ctx.Message) -> None:
+        """A search result as the public tool writes it (MemActConfig.tool_result_format)."""
+        rid, t = self.new_id(), self.texts
+        if out.error == "retrieval":
+            body = unescape_unicode(json.dumps({"result": t["search_error"].replace("{error}", out.detail)}))
+        elif out.error is not None:
+            body = json.dumps({"result": t["missing_query"]}, ensure_ascii=False)
+        else:
+            result: Any = ([[{"document": {"title": h.document.title, "text": h.document.text}} for h in out.hits]]
+                           if out.hits else t["no_results"])
+            body = unescape_unicode(json.dumps({"success": True, "tool_call_id": rid, "result": result}))
+        self.add_tool(turn, body, owner, rid=rid, shaped=True)
+
+    def prune_reply(self, turn: int, owner: ctx.Message, memrl_text: str, key: str, n: int = 0) -> None:
+        """A prune's tool message: memrl's text, or the published JSON with the tool_texts `key`."""
+        if not self.published:
+            self.add_tool(turn, memrl_text, owner)
+            return
+        rid = self.new_id()
+        message = self.texts[key].replace("{n}", str(n))
+        body = json.dumps({"success": key == "prune_done", "message": message, "tool_call_id": rid})
+        self.add_tool(turn, body, owner, rid=rid, shaped=True)
+
     def prune(self, turn: int, call: tc.ToolCall, owner: ctx.Message) -> None:
         memory, ids = call.arguments.get("memory"), call.arguments.get("delete_ids")
         if isinstance(ids, str):
             ids = [ids]
         error = None
+        key = "prune_no_match"  # the published text for a prune that removed nothing
         if not isinstance(memory, str) or not memory.strip():
             error = 'prune_context needs a non-empty "memory" string'
+            key = "prune_no_ids_or_memory"
         elif not isinstance(ids, list) or not all(isinstance(i, str | int) for i in ids):
             error = 'prune_context needs "delete_ids", a list of result ids'
+            key = "prune_no_ids_or_memory" if not ids else "prune_bad_call"
+        elif not ids:
+            key = "prune_no_ids_or_memory"  # published: `not delete_ids` (memrl: the prune's own error below)
         outcome = None
         snapshot = self.messages[: self.messages.index(owner) + 1]
         if error is None:
@@ -453,7 +560,7 @@ class _Run:
                 if seg is not None:
                     self.add_segment(seg)
                 self.last_prune_turn = turn
-            self.add_tool(turn, f"Error: {error}. Nothing was removed.", owner)
+            self.prune_reply(turn, owner, f"Error: {error}. Nothing was removed.", key)
             return
         seg = segment_from(snapshot, self.last_prune_turn, len(self.segments),
                            {"kind": "prune", "prune_turn": turn, "memory": memory.strip(),
@@ -466,8 +573,8 @@ class _Run:
         self.last_prune_turn = turn
         self.counts["prunes"] += 1
         self.memories.append(memory.strip())
-        self.add_tool(turn, f"Removed {', '.join(outcome.removed_results)}. Your memory note stays in "
-                            "your prune_context call above.", owner)
+        self.prune_reply(turn, owner, f"Removed {', '.join(outcome.removed_results)}. Your memory note stays in "
+                                      "your prune_context call above.", "prune_done", len(outcome.removed_results))
 
     def head(self) -> tuple[str, bool]:
         """(text of the first prompt without the assistant header, whether the template took `tools=`)."""

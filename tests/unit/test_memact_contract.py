@@ -269,6 +269,38 @@ def test_published_truncation_keeps_half_the_budget_from_each_end_around_the_giv
     assert traj.metrics["tool_truncations"] == 1.0
 
 
+def test_published_tool_result_format_by_hand(tmp_path):
+    """tool_result_format=published (MemAct-Anonymized @ 9b65b84a): a search result is
+    json.dumps({"success": True, "tool_call_id": ID, "result": <the service's result lists>}) with its
+    \\uXXXX escapes turned back into characters (verl/tools/utils/search_r1_like_utils.py
+    perform_single_search_batch, DCPO/tool_service/search_tool_single.py); a prune result is
+    json.dumps({"success": ..., "message": ..., "tool_call_id": ID}) (mem_agent_loop.py
+    prune_actual_messages_prompt_ids). memrl's ID: sha256("<task id>:<counter>")[:8]:
+    sha256("t1:1") = 4db5deff..., "t1:2" = 19bbd547..., "t1:3" = 73dc1133...; texts from the user's file."""
+    texts = tmp_path / "texts.json"
+    texts.write_text(json.dumps({"prune_done": "Deleted {n} records.", "prune_no_ids_or_memory": "Need both."}))
+    doc = Document("z1", "Zürich", "Zürich lies on a lake.")
+    r = [call("search", query="Zürich", topk=1),                       # t0 -> 4db5deff
+         call("prune_context", memory="m", delete_ids=[]),             # t1 -> 19bbd547: fails, nothing given
+         call("prune_context", memory="m", delete_ids=["4db5deff"]),   # t2 -> 73dc1133: removes t0's result
+         "FINAL_ANSWER: x"]
+    traj, engine = run_one(r, retriever=KeywordRetriever([doc]), tool_result_format="published",
+                           tool_texts_file=str(texts))
+    # json.dumps writes "Z\u00fcrich"; the public tool turns the escape back into "ü"; no "[rK] " prefix
+    t1 = ('{"success": true, "tool_call_id": "4db5deff", "result": [[{"document": {"title": "Zürich", '
+          '"text": "Zürich lies on a lake."}}]]}')
+    t2 = '{"success": false, "message": "Need both.", "tool_call_id": "19bbd547"}'
+    t3 = '{"success": true, "message": "Deleted 1 records.", "tool_call_id": "73dc1133"}'
+    assert engine.calls[1].prompt_ids == head() + asst(r[0]) + tool(t1) + HDR
+    assert engine.calls[2].prompt_ids == head() + asst(r[0]) + tool(t1) + asst(r[1]) + tool(t2) + HDR
+    # the id names the search result exactly (prune_id_match=exact): it goes, and turn 0 with it
+    assert engine.calls[3].prompt_ids == head() + asst(r[1]) + tool(t2) + asst(r[2]) + tool(t3) + HDR
+    assert traj.segments[0].info["deleted"] == ["4db5deff"] and traj.final_answer == "x"
+    with pytest.raises(ValueError, match="tool_texts_file .*unknown key\\(s\\) prune"):
+        (tmp_path / "bad.json").write_text('{"prune": "x"}')
+        cfg(tool_texts_file=str(tmp_path / "bad.json"))
+
+
 def test_search_failure_names_the_endpoint_and_is_counted():
     failing = KeywordRetriever(DOCS, fail_with="POST http://127.0.0.1:9/retrieve: connection refused")
     traj, engine = run_one([call("search", query="France", topk=50), "FINAL_ANSWER: x"], retriever=failing)

@@ -51,6 +51,8 @@ PUBLISHED = [
     ("workflow.max_context_tokens", 4096 + 20480,
      f"{SCRIPT}: max_prompt_length=$((1024 * 4)) + max_response_length=$((1024 * 20))"),
     ("workflow.max_tool_response_chars", 8192, f"{SCRIPT}: actor_rollout_ref.rollout.multi_turn.max_tool_response_length=8192"),
+    ("workflow.tool_result_format", "published", "verl/tools/utils/search_r1_like_utils.py: "
+     "perform_single_search_batch; mem_agent_loop.py: prune_actual_messages_prompt_ids (JSON results)"),
     ("workflow.excess_tool_calls", "drop", f"{LOOP}: MemAgentLoop.run, tool_calls[: self.max_parallel_calls]"),
     ("workflow.tool_parser", "published", "verl/experimental/agent_loop/tool_parser.py: HermesToolParser "
      "(multi_turn.format hermes)"),
@@ -137,7 +139,7 @@ def test_official_preset_sets_every_rollout_switch_to_its_published_value():
     switches = ("unparsable_tool_calls", "unknown_tool_calls", "last_turn_runs_tools", "prune_id_match",
                 "prune_turns_deletable", "failed_prune_closes_segment", "withheld_prune_runs", "final_segment",
                 "answer_source", "tool_truncation_marker", "topk_rule",
-                "tool_parser", "excess_tool_calls")
+                "tool_parser", "excess_tool_calls", "tool_result_format")
     table = {k.split(".", 1)[1] for k, _, _ in PUBLISHED if k.startswith("workflow.")}
     assert set(switches) <= table
     defaults = MemActConfig()
