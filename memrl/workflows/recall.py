@@ -19,8 +19,9 @@ taskutils/memory_eval/utils/tf_idf_retriever.py, `TfidfRetriever`): TF-IDF terms
 tokenizer's pieces of the lowercased text with every "Ġ" removed (`subword_terms`); every memory is a
 candidate, the empty one included (it scores 0); no candidate with a term (sklearn's "empty vocabulary"
 error) retrieves nothing. Ties: the released code keeps the memories in a Python `set` and takes the last
-of `np.argsort(sims)` (ascending), so among equal scores the one latest in the set's iteration order
-wins; that order follows the strings' hashes, which change with every process (PYTHONHASHSEED), so no
+index of `np.argsort(sims)` (ascending, numpy's default sort, not stable), taken over the set's
+iteration order; which of several equal scores that is depends on that order, which follows the strings'
+hashes and changes with every process (PYTHONHASHSEED), and on how numpy's sort orders equal keys. No
 fixed order reproduces it. memrl's reproducible stand-in: candidates in the order of the SHA-256 digests
 of their texts, the last tied one wins: like the set, it ignores which step wrote a memory.
 """

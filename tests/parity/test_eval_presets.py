@@ -83,7 +83,7 @@ TABLES: dict[str, list[tuple[str, object, str]]] = {
         # top1_retrieve = retrieve(top_k=1)[0][0]: corpus[argsort(sims)[-1]], returned at any score
         ("workflow.min_recall_score", -1.0, f"{RR}/utils/tf_idf_retriever.py top1_retrieve (no threshold)"),
         # TfidfVectorizer(tokenizer=<tokenizer.tokenize of the lowercased text, "Ġ" removed>); history_memory
-        # is a set (the empty memory too); the argsort's last wins a tie
+        # is a set (the empty memory too); a tie goes to the argsort's last (set order: not fixed)
         ("workflow.recall_scoring", "released", f"{RR}/utils/tf_idf_retriever.py TfidfRetriever._llm_tokenizer"),
     ],
     "vime_eval_official": [
