@@ -3,7 +3,9 @@
 memrl's recall is the paper's word-level recall of the gold answer: normalized, de-duplicated words,
 MAX over gold answers, tags spanning lines. The released code (`verl/trainer/ppo/metric_utils.py:
 compute_action_rewards`) matches tags without DOTALL, AVERAGES over gold answers and tests each raw gold
-word as a case-sensitive substring; its callback term is kept here as `callback_rule="released"`.
+word as a case-sensitive substring; its callback term is kept here as `callback_rule="released"`, its
+format term as `format_rule="released"` and its memory term as `memory_gain_rule="released"`
+(`verl/trainer/ppo/metric_utils.py: compute_format_rewards`, `compute_action_rewards`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,13 @@ from memrl.rewards.qa import count_boxed, normalize_answer
 
 _UPDATE_OPEN = re.compile(r"<update>")
 _UPDATE_BLOCK = re.compile(r"<update>(.*?)</update>", re.DOTALL)
+
+
+# The released code's patterns are searched without DOTALL: `.` stops at a newline, so a block counts
+# only when its open and close tags sit on one line.
+_LINE_UPDATE = re.compile(r"<update>(.*?)</update>")
+_LINE_BOXED = re.compile(r"\\boxed\{(.+)\}")  # greedy: one match per line, first open to last close
+_LINE_MEMORY = re.compile(r"<memory>(.*?)</memory>")
 
 
 def _gold_list(golds: str | list[str]) -> list[str]:
@@ -47,6 +56,33 @@ def format_reward(response: str, final: bool) -> float:
 def memory_gain(new_memory: str, prev_memory: str | None, golds: str | list[str]) -> float:
     """recall(new_memory) - recall(prev_memory); negative when the update dropped gold-answer words."""
     return answer_word_recall(new_memory, golds) - answer_word_recall(prev_memory, golds)
+
+
+FORMAT_RULES = ("paper", "released")
+"""The format term: paper = `format_reward` (memrl, default); released = `released_format_reward`."""
+MEMORY_GAIN_RULES = ("paper", "released")
+"""The memory term: paper = `memory_gain` (memrl, default); released = `released_memory_gain`."""
+
+
+def released_format_reward(response: str, final: bool) -> float:
+    """The released format term (`metric_utils.py: compute_format_rewards`): 1.0 when exactly one block
+    with non-blank text is found by the one-line pattern: a memory step's `<update>...</update>`
+    (non-greedy, open and close tags on one line; blank blocks are not counted, so a blank block beside a
+    filled one still scores 1), a final step's `\\boxed{...}` (greedy within a line: `\\boxed{a} \\boxed{b}`
+    on one line is one block). A block spread over several lines is not found."""
+    found = (_LINE_BOXED if final else _LINE_UPDATE).findall(response or "")
+    return float(sum(1 for body in found if body.strip()) == 1)
+
+
+def released_memory_gain(response: str, prompt: str | None, golds: str | list[str]) -> float:
+    """The released memory term (`metric_utils.py: compute_action_rewards`): R(new) - R(previous), R =
+    `released_recall`; new = the text of the response's first one-line `<update>...</update>` (raw, not
+    trimmed; "" when there is none), previous = the text of the step prompt's first one-line
+    `<memory>...</memory>` ("" when there is none). The published prompt puts the memory on lines of
+    its own between the tags, so the previous memory is "" there and the term is R(new)."""
+    new = _LINE_UPDATE.search(response or "")
+    prev = _LINE_MEMORY.search(prompt or "")
+    return released_recall(new.group(1) if new else "", golds) - released_recall(prev.group(1) if prev else "", golds)
 
 
 CALLBACK_RULES = ("paper", "released")
@@ -104,6 +140,8 @@ def step_reward(
     callback_weight: float = 1.0,
     callback_rule: str = "paper",
     prompt: str | None = None,
+    format_rule: str = "paper",
+    memory_gain_rule: str = "paper",
 ) -> float:
     """w_f*format + w_m*memory_gain(new, prev) + w_c*callback.
 
@@ -111,13 +149,22 @@ def step_reward(
     retrieved by THIS step's `<recall>` query, credited only for gold-answer words that neither the
     memory the step read nor its chunk hold. callback_rule="released": released_callback_gain(prompt,
     recalled) with `prompt` the step's prompt text and `recalled` the retrieved text or the no-recall
-    text. The memory terms are skipped when `new_memory` is None (the final step).
+    text. format_rule="released": `released_format_reward`; memory_gain_rule="released":
+    `released_memory_gain(response, prompt)` (`new_memory` / `prev_memory` then unread). The memory terms
+    are skipped when `new_memory` is None (the final step).
     """
-    if callback_rule not in CALLBACK_RULES:
-        raise ValueError(f"callback_rule must be one of {', '.join(CALLBACK_RULES)}, got {callback_rule!r}")
-    total = format_weight * format_reward(response, final)
+    for name, value, allowed in (("callback_rule", callback_rule, CALLBACK_RULES),
+                                 ("format_rule", format_rule, FORMAT_RULES),
+                                 ("memory_gain_rule", memory_gain_rule, MEMORY_GAIN_RULES)):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+    fmt = released_format_reward(response, final) if format_rule == "released" else format_reward(response, final)
+    total = format_weight * fmt
     if new_memory is not None:
-        total += memory_weight * memory_gain(new_memory, prev_memory, golds)
+        if memory_gain_rule == "released":
+            total += memory_weight * released_memory_gain(response, prompt, golds)
+        else:
+            total += memory_weight * memory_gain(new_memory, prev_memory, golds)
         if callback_rule == "paper":
             total += callback_weight * callback_gain(prev_memory, chunk, recalled, golds)
         else:

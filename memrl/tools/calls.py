@@ -97,13 +97,55 @@ def parse_block(block: str) -> tuple[ToolCall | None, str | None, bool]:
     return ToolCall(name.strip(), args), None, was_sanitized
 
 
-def parse_tool_calls(text: str, max_calls: int = 5) -> ParseResult:
-    """Every `<tool_call>` block of `text`, in order; at most `max_calls` calls are kept (the rest dropped)."""
+# The public parser's cleaning (MemAct's verl/experimental/agent_loop/tool_parser.py,
+# HermesToolParser._sanitize_json_block): fewer invisible characters, a fence only when the block starts and
+# ends with one, then everything from the first "{" to the last "}".
+_PUBLISHED_INVISIBLE = re.compile("[\u200b-\u200f\ufeff\u202a-\u202e]")
+PARSERS = ("memrl", "published")
+
+
+def published_sanitize(block: str) -> str:
+    """The public parser's cleaning of one block (see the comment above)."""
+    s = _PUBLISHED_INVISIBLE.sub("", block.strip().lstrip("\ufeff"))
+    if s.startswith("```") and s.endswith("```"):
+        s = s.strip("`")
+        if s.lower().startswith("json"):
+            s = s[4:].lstrip()
+    start, end = s.find("{"), s.rfind("}")
+    return s[start:end + 1] if start != -1 and end != -1 and end > start else s
+
+
+def parse_block_published(block: str) -> tuple[ToolCall | None, str | None, bool]:
+    """(call, error, sanitized) under the public parser's rules (HermesToolParser.extract_tool_calls): the
+    published cleaning, then a JSON object with a "name" string (used as written) and an "arguments" key
+    (no "parameters" alias, no default). Its arguments must be an object here: the public parser accepts
+    any JSON value and the call then fails when it runs (a search ends the trajectory, a prune fails);
+    memrl counts it as malformed."""
+    raw = block.strip()
+    cleaned = published_sanitize(block)
+    try:
+        obj = json.loads(cleaned)
+    except json.JSONDecodeError as e:
+        return None, f"the tool call is not valid JSON ({e.msg} at character {e.pos})", cleaned != raw
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or "arguments" not in obj:
+        return None, 'the tool call needs a "name" string and an "arguments" object', cleaned != raw
+    if not isinstance(obj["arguments"], dict):
+        kind = type(obj["arguments"]).__name__
+        return None, f"the arguments of {obj['name']!r} must be a JSON object, got {kind}", cleaned != raw
+    return ToolCall(obj["name"], obj["arguments"]), None, cleaned != raw
+
+
+def parse_tool_calls(text: str, max_calls: int = 5, parser: str = "memrl") -> ParseResult:
+    """Every `<tool_call>` block of `text`, in order; at most `max_calls` calls are kept (the rest dropped).
+    parser="published": each block by `parse_block_published`."""
+    if parser not in PARSERS:
+        raise ValueError(f"tool call parser must be one of {', '.join(PARSERS)}, got {parser!r}")
+    parse = parse_block_published if parser == "published" else parse_block
     res = ParseResult(attempted=OPEN in text)
     last = 0
     for m in _BLOCK.finditer(text):
         last = m.end()
-        call, err, cleaned = parse_block(m.group(1))
+        call, err, cleaned = parse(m.group(1))
         res.sanitized += int(cleaned)
         if err is not None:
             res.errors.append(err)

@@ -8,7 +8,7 @@ back to the agent as an error tool message naming the endpoint, never as an exce
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from memrl.services.base import Hit, RetrievalError, Retriever
@@ -48,10 +48,16 @@ PRUNE_SCHEMA = function_schema(
 )
 
 
-def truncate_middle(text: str, max_chars: int) -> tuple[str, bool]:
-    """Head + marker + tail when `text` is over `max_chars` (head max_chars//2, tail the rest)."""
+def truncate_middle(text: str, max_chars: int, marker: str | None = None) -> tuple[str, bool]:
+    """Head + marker + tail when `text` is over `max_chars`: marker None = memrl's (head max_chars//2, tail
+    the rest, a marker naming the characters cut); a marker string = the public MemAct loop's cut
+    (mem_agent_loop.py `_call_tool`, truncate side "middle"): head and tail max_chars//2 each around the
+    given marker (Python's text[-0:] is the whole text, so max_chars 1 keeps all of it)."""
     if max_chars <= 0 or len(text) <= max_chars:
         return text, False
+    if marker is not None:
+        half = max_chars // 2
+        return text[:half] + marker + text[-half:], True
     head = max_chars // 2
     tail = max_chars - head
     cut = len(text) - max_chars
@@ -76,23 +82,52 @@ class SearchOutcome:
     text: str
     error: str | None = None
     clamped: bool = False
+    hits: list[Hit] = field(default_factory=list)
+    """The hits shown (a successful search)."""
+    detail: str = ""
+    """A failed retrieval's own message."""
 
 
-async def run_search(retriever: Retriever, arguments: dict[str, Any]) -> SearchOutcome:
-    """Run one search call; argument problems and retrieval failures come back as error text."""
+TOPK_RULES = ("clamp", "published")
+
+
+def published_topk(raw: Any) -> tuple[int, bool]:
+    """(topk, changed) as the public MemAct search tool and service settle it (DCPO/tool_service/
+    search_tool_single.py SearchTool.execute: `min(int(topk), 20)`, anything int() refuses -> the tool's
+    default 5; search_search_services.py: a falsy topk (0) -> the service's default, 5 with its --topk
+    default). A negative count (the service hands it to its index) is not reproduced: it becomes 1."""
+    try:
+        n = int(raw)
+    except (TypeError, ValueError, OverflowError):
+        return TOPK_DEFAULT, True
+    if n == 0:
+        return TOPK_DEFAULT, True
+    if n < 0:
+        return 1, True
+    return min(n, TOPK_MAX), n > TOPK_MAX
+
+
+async def run_search(retriever: Retriever, arguments: dict[str, Any], topk_rule: str = "clamp") -> SearchOutcome:
+    """Run one search call; argument problems and retrieval failures come back as error text.
+
+    topk_rule "clamp" (memrl): an integer (or digit string) clamped to [1, TOPK_MAX], anything else an
+    argument error; "published": `published_topk`."""
     query = arguments.get("query")
     if not isinstance(query, str) or not query.strip():
         return SearchOutcome('Error: search needs a non-empty string "query".', "arguments")
-    topk = arguments.get("topk", TOPK_DEFAULT)
-    if isinstance(topk, str) and topk.strip().isdigit():
-        topk = int(topk)
-    if isinstance(topk, bool) or not isinstance(topk, int):
-        return SearchOutcome(f'Error: search "topk" must be an integer, got {topk!r}.', "arguments")
-    clamped = not 1 <= topk <= TOPK_MAX
-    topk = min(max(topk, 1), TOPK_MAX)
+    if topk_rule == "published":
+        topk, clamped = published_topk(arguments.get("topk", TOPK_DEFAULT))
+    else:
+        topk = arguments.get("topk", TOPK_DEFAULT)
+        if isinstance(topk, str) and topk.strip().isdigit():
+            topk = int(topk)
+        if isinstance(topk, bool) or not isinstance(topk, int):
+            return SearchOutcome(f'Error: search "topk" must be an integer, got {topk!r}.', "arguments")
+        clamped = not 1 <= topk <= TOPK_MAX
+        topk = min(max(topk, 1), TOPK_MAX)
     try:
         hits = (await retriever.retrieve([query.strip()], topk))[0]
     except RetrievalError as e:
         log.warning("search failed: %s", e)
-        return SearchOutcome(f"Error: search failed: {e}", "retrieval", clamped)
-    return SearchOutcome(format_hits(query.strip(), hits[:topk]), None, clamped)
+        return SearchOutcome(f"Error: search failed: {e}", "retrieval", clamped, detail=str(e))
+    return SearchOutcome(format_hits(query.strip(), hits[:topk]), None, clamped, hits[:topk])

@@ -13,7 +13,7 @@ just before the deletion, ending with the prune turn's generated ids: prompt = t
 assistant turn after the previous prune (that turn's role header included), response = the rest; mask 1
 only on ids generated in those turns, 0 on tool results and on the headers / end-of-message text we
 insert. The final segment covers the turns after the last prune, so no kept turn trains twice (the
-public code re-trains kept turns in the final segment). Non-generated tokens carry logprob 0.0, a
+public code re-trains kept turns in the final segment: `final_segment=whole_context`). Non-generated tokens carry logprob 0.0, a
 placeholder the loss never reads (mask 0). A failed prune changes nothing and closes no segment.
 Where the public agent loop's rules differ, MemActConfig's "rollout rules" fields switch to them.
 """
@@ -21,9 +21,11 @@ Where the public agent loop's rules differ, MemActConfig's "rollout rules" field
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import random
+import re
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -47,6 +49,20 @@ from memrl.workflows.templates import Template, load_template
 
 log = logging.getLogger(__name__)
 
+TOOL_RESULT_FORMATS = ("memrl", "published")
+# The texts of tool_result_format=published (memrl's own wording; the published wording is the user's to
+# supply in workflow.tool_texts_file). "{n}": results deleted; "{error}": the retriever's message.
+TOOL_TEXTS = {
+    "no_results": "No passages found.",
+    "missing_query": 'Error: search needs a non-empty string "query".',
+    "search_error": "Error: search failed: {error}",
+    "prune_done": "Removed {n} tool results. Your memory note stays in your prune_context call above.",
+    "prune_no_ids_or_memory": 'prune_context needs a non-empty "memory" and a non-empty "delete_ids".',
+    "prune_no_match": "No tool result matched delete_ids. Nothing was removed.",
+    "prune_bad_call": "prune_context could not run with these arguments. Nothing was removed.",
+}
+FINAL_SEGMENTS = ("after_last_prune", "whole_context")
+ANSWER_SOURCES = ("last_reply", "final_context")
 FINAL_MARKER = "FINAL_ANSWER:"
 PUBLISHED_FINAL_MARKER = "FINAL_ANSWER: "
 COUNTERS = (
@@ -72,6 +88,40 @@ class MemActConfig:
     """Stop before a turn whose working context (prompt) would pass this many tokens."""
     max_tool_response_chars: int = valid(8192, ge=1)
     """Tool output longer than this is cut in the middle (head half + marker + tail half)."""
+    tool_result_format: str = valid("memrl", choices=TOOL_RESULT_FORMATS)
+    """What a tool message holds: "memrl" = "[rK] " then memrl's text (ids r1, r2, ...); "published" (the
+    public loop's JSON strings: DCPO/tool_service/search_tool_single.py + verl/tools/utils/
+    search_r1_like_utils.py perform_single_search_batch, mem_agent_loop.py prune_actual_messages_prompt_ids)
+    = a search: {"success": true, "tool_call_id": ID, "result": [[{"document": {"title", "text"}}, ...]]}
+    (or "result": no_results text; a failure {"result": search_error text}; a bad query {"result":
+    missing_query text}), \\uXXXX escapes turned back into characters; a prune: {"success": ..., "message":
+    ..., "tool_call_id": ID}; ID = 8 hex characters (sha256 of task id and counter: reproducible where the
+    public code draws a random short uuid); memrl's own messages (not sent by the public loop) as
+    {"result": text}. The texts are tool_texts_file's."""
+    tool_texts_file: str | None = None
+    """JSON object overriding the texts of tool_result_format=published (memrl.workflows.memact.TOOL_TEXTS:
+    no_results, missing_query, search_error ({error}), prune_done ({n}), prune_no_ids_or_memory,
+    prune_no_match, prune_bad_call); the published wording is yours to supply."""
+    excess_tool_calls: str = valid("reply_error", choices=("reply_error", "drop"))
+    """Well-formed calls past max_parallel_calls in one reply: "reply_error" (memrl) answers them with one
+    error message; "drop" (published: MemAgentLoop.run runs tool_calls[:max_parallel_calls] only) skips them
+    without a word. Counted in dropped_calls either way."""
+    tool_parser: str = valid("memrl", choices=tc.PARSERS)
+    """How a <tool_call> block is read (memrl.tools.calls): "memrl" recovers what small models emit
+    (more invisible characters removed, the first complete JSON object kept, "parameters" accepted for
+    "arguments", arguments given as a JSON string decoded, missing or null arguments = {}, the name
+    trimmed); "published" (MemAct's tool_parser.py HermesToolParser) = its cleaning (first "{" to last
+    "}"), a "name" string used as written and an "arguments" object required, anything else malformed."""
+    topk_rule: str = valid("clamp", choices=ts.TOPK_RULES)
+    """A search call's topk: "clamp" (memrl) = an integer or digit string clamped to [1, 20], anything else
+    an argument error answered to the agent; "published" = the public search tool and service: int() of
+    it capped at 20 (true -> 1, 2.9 -> 2), what int() refuses (null, "2.5") -> 5, 0 -> the service's
+    default 5 (memrl.tools.search.published_topk); a negative count becomes 1 (not reproduced). Either
+    way a changed value is counted in topk_clamped."""
+    tool_truncation_marker: str | None = None
+    """None (memrl): the head max//2 characters, "\\n...[N characters truncated]...\\n", the rest from the
+    tail; a string (published: mem_agent_loop.py MemAgentLoop._call_tool, truncate side "middle"): max//2
+    characters from each end around this marker (the memact_official preset gives the published one)."""
     max_parallel_calls: int = valid(5, ge=1)
     """Tool calls executed per turn; further well-formed calls are dropped (counted)."""
     no_prune_prob: float = valid(0.5, ge=0, le=1)
@@ -139,6 +189,19 @@ class MemActConfig:
     withheld_prune_runs: bool = False
     """True (published): a prune_context call runs even in a trajectory whose prune tool was withheld
     (no_prune_prob / prune_tool=false only hide it from the prompt); False answers it as an unknown tool."""
+    answer_source: str = valid("last_reply", choices=ANSWER_SOURCES)
+    """Which text the answer is read from: "last_reply" (memrl) = the reply that ended the loop ("" when
+    the turns or the context ran out); "final_context" (published: agent_loop.py
+    AgentLoopManager.generate_sequences decodes the final row's response ids, special tokens kept) = every
+    message of the final working context after the first prompt, decoded with special tokens, so a
+    marker in an earlier kept turn or in a tool result counts when the last reply has none. Meant with
+    require_final_answer=true (the published reader drops "<|im_end|>")."""
+    final_segment: str = valid("after_last_prune", choices=FINAL_SEGMENTS)
+    """The trajectory's last training row: "after_last_prune" (memrl) = the turns after the last prune, the
+    earlier kept turns its prompt (mask 0), so no turn trains twice; "whole_context" (published: MemAgentLoop.run
+    builds the last row with get_trajactories(actual_messages, -1)) = the first prompt, then the whole final
+    working context with mask 1 on every kept assistant turn, the turns before the last prune and the
+    prune turns holding the memory included (they trained in their own prune rows too)."""
 
     # ---- data: the row's prompt and the answer format (published layout; docs/DIFFERENCES.md) ----
     prompt_source: str = "auto"
@@ -178,6 +241,22 @@ class MemActConfig:
         if self.unknown_tool_calls not in ("reply_error", "end"):
             raise ValueError("MemActConfig.unknown_tool_calls must be reply_error or end, got "
                              f"{self.unknown_tool_calls!r}")
+        if self.tool_result_format not in TOOL_RESULT_FORMATS:
+            raise ValueError(f"MemActConfig.tool_result_format must be one of {', '.join(TOOL_RESULT_FORMATS)}, "
+                             f"got {self.tool_result_format!r}")
+        load_tool_texts(self.tool_texts_file)  # a bad file fails here, by name
+        if self.excess_tool_calls not in ("reply_error", "drop"):
+            raise ValueError(f"MemActConfig.excess_tool_calls must be reply_error or drop, got {self.excess_tool_calls!r}")
+        if self.tool_parser not in tc.PARSERS:
+            raise ValueError(f"MemActConfig.tool_parser must be one of {', '.join(tc.PARSERS)}, got {self.tool_parser!r}")
+        if self.topk_rule not in ts.TOPK_RULES:
+            raise ValueError(f"MemActConfig.topk_rule must be one of {', '.join(ts.TOPK_RULES)}, got {self.topk_rule!r}")
+        if self.answer_source not in ANSWER_SOURCES:
+            raise ValueError(f"MemActConfig.answer_source must be one of {', '.join(ANSWER_SOURCES)}, "
+                             f"got {self.answer_source!r}")
+        if self.final_segment not in FINAL_SEGMENTS:
+            raise ValueError(f"MemActConfig.final_segment must be one of {', '.join(FINAL_SEGMENTS)}, "
+                             f"got {self.final_segment!r}")
         if self.prune_id_match not in ("exact", "substring"):
             raise ValueError(f"MemActConfig.prune_id_match must be exact or substring, got {self.prune_id_match!r}")
         if ":" in self.retriever_kind and not self.retriever_url and self.retriever_scope == "corpus":
@@ -230,6 +309,36 @@ def final_answer_text(text: str, require_final_answer: bool = False) -> str:
 # ---- the row's prompt messages (prompt_source) and the tool schemas it shows ----
 
 _TOOL_FILES: dict[str, list[dict[str, Any]]] = {}
+
+
+def load_tool_texts(path: str | None) -> dict[str, str]:
+    """TOOL_TEXTS with a tool_texts_file's overrides (a JSON object of those keys to strings)."""
+    texts = dict(TOOL_TEXTS)
+    if path is None:
+        return texts
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"workflow.tool_texts_file {path}: cannot read it ({e})") from e
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise ValueError(f"workflow.tool_texts_file {path}: expected a JSON object of strings")
+    unknown = sorted(set(data) - set(TOOL_TEXTS))
+    if unknown:
+        raise ValueError(f"workflow.tool_texts_file {path}: unknown key(s) {', '.join(unknown)}; "
+                         f"known: {', '.join(TOOL_TEXTS)}")
+    texts.update(data)
+    return texts
+
+
+def unescape_unicode(text: str) -> str:
+    """What the public search tool does to its JSON text (search_tool_single.py): every \\uXXXX escape
+    becomes its character, escaped surrogate pairs become one code point."""
+    out = re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), text)
+    try:
+        return out.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+    except UnicodeError:
+        return out
 
 
 def load_tool_schemas(path: str) -> list[dict[str, Any]]:
@@ -341,6 +450,8 @@ class _Run:
         self.segments: list[Segment] = []
         self.memories: list[str] = []
         self.next_id = 1
+        self.published = cfg.tool_result_format == "published"
+        self.texts = load_tool_texts(cfg.tool_texts_file) if self.published else TOOL_TEXTS
         self.last_prune_turn = -1
         self.context_lengths: list[int] = []
         self.turn_versions: dict[int, int] = {}  # asynchronous training: turn -> the policy version it ran under
@@ -361,12 +472,23 @@ class _Run:
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
 
-    def add_tool(self, turn: int, body: str, owner: ctx.Message) -> str:
-        rid = f"r{self.next_id}"
+    def new_id(self) -> str:
+        """The next result id: r1, r2, ... (memrl) or 8 hex characters (tool_result_format=published)."""
+        n = self.next_id
         self.next_id += 1
-        body, cut = ts.truncate_middle(body, self.cfg.max_tool_response_chars)
+        if self.published:
+            return hashlib.sha256(f"{self.task.task_id}:{n}".encode()).hexdigest()[:8]
+        return f"r{n}"
+
+    def add_tool(self, turn: int, body: str, owner: ctx.Message, rid: str | None = None,
+                 shaped: bool = False) -> str:
+        """Append a tool message; `shaped`: `body` is already the published JSON (with `rid` in it)."""
+        rid = rid or self.new_id()
+        if self.published and not shaped:  # memrl's own messages, which the public loop never sends
+            body = json.dumps({"result": body}, ensure_ascii=False)
+        body, cut = ts.truncate_middle(body, self.cfg.max_tool_response_chars, self.cfg.tool_truncation_marker)
         self.counts["tool_truncations"] += int(cut)
-        content = f"[{rid}] {body}"
+        content = body if self.published else f"[{rid}] {body}"
         ids = self.encode(self.fmt.tool_prefix + content + self.fmt.tool_suffix)
         self.messages.append(ctx.tool_message(ids, turn, rid, content))
         owner.call_ids.append(rid)
@@ -374,12 +496,15 @@ class _Run:
 
     async def call(self, turn: int, call: tc.ToolCall, owner: ctx.Message) -> None:
         if call.name == ts.SEARCH:
-            out = await ts.run_search(self.retriever, call.arguments)
+            out = await ts.run_search(self.retriever, call.arguments, self.cfg.topk_rule)
             self.counts["searches"] += 1
             self.counts["topk_clamped"] += int(out.clamped)
             if out.error is not None:
                 self.counts["search_errors" if out.error == "retrieval" else "bad_arguments"] += 1
-            self.add_tool(turn, out.text, owner)
+            if self.published:
+                self.add_published_search(turn, out, owner)
+            else:
+                self.add_tool(turn, out.text, owner)
         elif call.name == ts.PRUNE and self.prune_runs:
             self.prune(turn, call, owner)
         else:
@@ -390,15 +515,43 @@ class _Run:
             names = ", ".join(t["function"]["name"] for t in self.tools)
             self.add_tool(turn, f"Error: unknown tool {call.name!r}; available tools: {names}.", owner)
 
+    def add_published_search(self, turn: int, out: ts.SearchOutcome, owner: ctx.Message) -> None:
+        """A search result as the public tool writes it (MemActConfig.tool_result_format)."""
+        rid, t = self.new_id(), self.texts
+        if out.error == "retrieval":
+            body = unescape_unicode(json.dumps({"result": t["search_error"].replace("{error}", out.detail)}))
+        elif out.error is not None:
+            body = json.dumps({"result": t["missing_query"]}, ensure_ascii=False)
+        else:
+            result: Any = ([[{"document": {"title": h.document.title, "text": h.document.text}} for h in out.hits]]
+                           if out.hits else t["no_results"])
+            body = unescape_unicode(json.dumps({"success": True, "tool_call_id": rid, "result": result}))
+        self.add_tool(turn, body, owner, rid=rid, shaped=True)
+
+    def prune_reply(self, turn: int, owner: ctx.Message, memrl_text: str, key: str, n: int = 0) -> None:
+        """A prune's tool message: memrl's text, or the published JSON with the tool_texts `key`."""
+        if not self.published:
+            self.add_tool(turn, memrl_text, owner)
+            return
+        rid = self.new_id()
+        message = self.texts[key].replace("{n}", str(n))
+        body = json.dumps({"success": key == "prune_done", "message": message, "tool_call_id": rid})
+        self.add_tool(turn, body, owner, rid=rid, shaped=True)
+
     def prune(self, turn: int, call: tc.ToolCall, owner: ctx.Message) -> None:
         memory, ids = call.arguments.get("memory"), call.arguments.get("delete_ids")
         if isinstance(ids, str):
             ids = [ids]
         error = None
+        key = "prune_no_match"  # the published text for a prune that removed nothing
         if not isinstance(memory, str) or not memory.strip():
             error = 'prune_context needs a non-empty "memory" string'
+            key = "prune_no_ids_or_memory"
         elif not isinstance(ids, list) or not all(isinstance(i, str | int) for i in ids):
             error = 'prune_context needs "delete_ids", a list of result ids'
+            key = "prune_no_ids_or_memory" if not ids else "prune_bad_call"
+        elif not ids:
+            key = "prune_no_ids_or_memory"  # published: `not delete_ids` (memrl: the prune's own error below)
         outcome = None
         snapshot = self.messages[: self.messages.index(owner) + 1]
         if error is None:
@@ -414,7 +567,7 @@ class _Run:
                 if seg is not None:
                     self.add_segment(seg)
                 self.last_prune_turn = turn
-            self.add_tool(turn, f"Error: {error}. Nothing was removed.", owner)
+            self.prune_reply(turn, owner, f"Error: {error}. Nothing was removed.", key)
             return
         seg = segment_from(snapshot, self.last_prune_turn, len(self.segments),
                            {"kind": "prune", "prune_turn": turn, "memory": memory.strip(),
@@ -427,8 +580,8 @@ class _Run:
         self.last_prune_turn = turn
         self.counts["prunes"] += 1
         self.memories.append(memory.strip())
-        self.add_tool(turn, f"Removed {', '.join(outcome.removed_results)}. Your memory note stays in "
-                            "your prune_context call above.", owner)
+        self.prune_reply(turn, owner, f"Removed {', '.join(outcome.removed_results)}. Your memory note stays in "
+                                      "your prune_context call above.", "prune_done", len(outcome.removed_results))
 
     def head(self) -> tuple[str, bool]:
         """(text of the first prompt without the assistant header, whether the template took `tools=`)."""
@@ -472,7 +625,7 @@ class _Run:
             end = end_after_eos if gen and gen[-1] == eos else end_full
             owner = ctx.assistant_message(header, gen, list(out.logprobs), end, turn, text)
             self.messages.append(owner)
-            parsed = tc.parse_tool_calls(text, cfg.max_parallel_calls)
+            parsed = tc.parse_tool_calls(text, cfg.max_parallel_calls, cfg.tool_parser)
             if not parsed.attempted:
                 answer_text, stop = text, "answer"
                 break
@@ -492,17 +645,22 @@ class _Run:
                                     "\"arguments\": {...}}</tool_call>.", owner)
             if parsed.dropped:
                 self.counts["dropped_calls"] += parsed.dropped
+            if parsed.dropped and cfg.excess_tool_calls == "reply_error":
                 self.add_tool(turn, f"Error: at most {cfg.max_parallel_calls} tool calls run per turn; "
                                     f"{parsed.dropped} more were not run.", owner)
             if self.tool_failed:
                 answer_text, stop = text, "tool_error"
                 break
-        final = segment_from(self.messages, self.last_prune_turn, len(self.segments), {"kind": "final"})
+        since = -1 if cfg.final_segment == "whole_context" else self.last_prune_turn
+        final = segment_from(self.messages, since, len(self.segments), {"kind": "final"})
         if final is not None:
             self.add_segment(final)
         if turns == 0:  # the very first prompt is over the budget: counted, no segment, no answer
             log.warning("memact: task %s: the first prompt (%d tokens) is over max_context_tokens=%d",
                         task.task_id, len(ctx.context_ids(self.messages)) + len(header), cfg.max_context_tokens)
+        read = answer_text
+        if cfg.answer_source == "final_context":  # published: the decoded final row, special tokens kept
+            read = self.tok.decode(ctx.context_ids(self.messages[1:]), skip_special_tokens=False)
         n = len(self.context_lengths)
         metrics = {
             "turns": float(turns),
@@ -519,14 +677,16 @@ class _Run:
             "stop_unparsable_calls": float(stop == "unparsable_calls"),
             "stop_tool_error": float(stop == "tool_error"),
             "no_final_marker": float((PUBLISHED_FINAL_MARKER if cfg.require_final_answer else FINAL_MARKER)
-                                     not in answer_text),
+                                     not in read),
             "segments": float(len(self.segments)),
             **{k: float(v) for k, v in self.counts.items()},
         }
         return Trajectory(
             task_id=task.task_id, trajectory_id="", segments=self.segments,
-            final_answer=final_answer_text(answer_text, cfg.require_final_answer), metrics=metrics,
-            info={"answer_text": answer_text, "memories": self.memories, "stop": stop,
+            final_answer=final_answer_text(read, cfg.require_final_answer), metrics=metrics,
+            # answer_text: the text the answer is read from (the rule reward reads it too)
+            info={"answer_text": read, "memories": self.memories, "stop": stop,
+                  **({"last_reply": answer_text} if cfg.answer_source == "final_context" else {}),
                   "require_final_answer": cfg.require_final_answer,
                   # what the reward's judge call needs (no secret: the key stays in its environment variable)
                   **({"judge_settings": dataclasses.asdict(cfg.judge)} if cfg.judge.url else {}),

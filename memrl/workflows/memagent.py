@@ -11,6 +11,7 @@ import logging
 import random
 from dataclasses import dataclass
 
+from memrl.config import valid
 from memrl.engines.base import Engine
 from memrl.rewards import steps
 from memrl.rewards.qa import extract_boxed
@@ -32,6 +33,17 @@ from memrl.workflows.templates import Template
 
 log = logging.getLogger(__name__)
 
+MEMORY_TEXTS: tuple[str, ...] = ("reply", "after_think")
+THINK_END = "</think>"
+
+
+def after_think(reply: str) -> str:
+    """The published evaluation's memory (utils/__init__.py extract_solution, FORCE_THINK unset): the text
+    after the reply's last `</think>`, whitespace-trimmed; a reply without `</think>` is kept whole."""
+    if THINK_END not in reply:
+        return reply
+    return reply.rsplit(THINK_END, 1)[1].strip()
+
 
 @dataclass
 class MemAgentConfig(ChunkedConfig):
@@ -49,9 +61,17 @@ class MemAgentConfig(ChunkedConfig):
     """Inline memory-update prompt (wins over the file)."""
     final_template: str | None = None
     """Inline final-answer prompt (wins over the file)."""
+    memory_text: str = valid("reply", choices=MEMORY_TEXTS)
+    """What of a memory call's reply becomes the memory: reply (the whole decoded reply: memrl, and
+    MemAgent's trainers) or after_think (the text after the last </think>, trimmed, the whole reply when
+    it has none: the published evaluation, taskutils/memory_eval/utils/recurrent.py async_query_llm via
+    utils/__init__.py extract_solution). empty_memory then applies to what is left."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.memory_text not in MEMORY_TEXTS:
+            raise ValueError(f"MemAgentConfig.memory_text must be one of {', '.join(MEMORY_TEXTS)}, "
+                             f"got {self.memory_text!r}")
         if any(v is not None for v in (self.memory_template_file, self.final_template_file,
                                        self.memory_template, self.final_template)):
             self.templates()  # a bad template is a one-line error now, not in the middle of a rollout
@@ -78,6 +98,8 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
         chunk = engine.tokenizer.decode(chunk_ids)
         user = mem_tpl.render(problem=task.question, memory=memory, chunk=chunk)
         prompt_ids, out, new_memory = await call_model(engine, user, cfg.sampling(cfg.max_memory_tokens, rng))
+        if cfg.memory_text == "after_think":
+            new_memory = after_think(new_memory)
         if not new_memory:
             empty_memories += 1
         new_memory = cfg.memory_after(new_memory, memory)

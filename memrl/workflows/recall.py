@@ -13,19 +13,32 @@ Words are lowercase `\\w+` runs. The released code tokenizes with the policy's s
 TF-IDF; words keep retrieval independent of the model. Identical memory texts are one candidate (the
 released code keeps memories in a set), credited to the latest step that wrote them. Ties go to the most
 recent memory. A best score <= `min_score` (default 0: nothing in common) retrieves nothing.
+
+`rule="released"` scores as the released code does (syr-cn/ReMemR1 recurrent/impls/tf_idf_retriever.py and
+taskutils/memory_eval/utils/tf_idf_retriever.py, `TfidfRetriever`): TF-IDF terms are the policy
+tokenizer's pieces of the lowercased text with every "Ġ" removed (`subword_terms`); every memory is a
+candidate, the empty one included (it scores 0); no candidate with a term (sklearn's "empty vocabulary"
+error) retrieves nothing. Ties: the released code keeps the memories in a Python `set` and takes the last
+index of `np.argsort(sims)` (ascending, numpy's default sort, not stable), taken over the set's
+iteration order; which of several equal scores that is depends on that order, which follows the strings'
+hashes and changes with every process (PYTHONHASHSEED), and on how numpy's sort orders equal keys. No
+fixed order reproduces it. memrl's reproducible stand-in: candidates in the order of the SHA-256 digests
+of their texts, the last tied one wins: like the set, it ignores which step wrote a memory.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Scorer = Literal["tfidf", "word_overlap", "bm25"]
 SCORERS: tuple[str, ...] = ("tfidf", "word_overlap", "bm25")
+RECALL_RULES: tuple[str, ...] = ("memrl", "released")
 
 _WORD = re.compile(r"\w+")
 
@@ -35,9 +48,25 @@ def words(text: str) -> list[str]:
     return _WORD.findall((text or "").lower())
 
 
-def tfidf_scores(query: str, docs: Sequence[str]) -> list[float]:
-    """Cosine(tfidf(query), tfidf(doc)) for each doc, with idf fitted on `docs` only (sklearn defaults)."""
-    toks = [Counter(words(d)) for d in docs]
+def subword_terms(tokenizer: Any) -> Callable[[str], list[str]]:
+    """The released TF-IDF's terms of a text: `tokenizer.tokenize(text.lower())` with every "Ġ" (the
+    byte-level BPE space mark) removed from each piece; other marks (e.g. "Ċ" for a newline) stay. A
+    tokenizer without `tokenize` (memrl's test doubles): each token id decoded alone, spaces removed, empty
+    pieces dropped."""
+    if hasattr(tokenizer, "tokenize"):
+        def terms(text: str) -> list[str]:
+            return [t.replace("\u0120", "") for t in tokenizer.tokenize((text or "").lower())]
+    else:
+        def terms(text: str) -> list[str]:
+            ids = tokenizer.encode((text or "").lower(), add_special_tokens=False)
+            return [p for p in (tokenizer.decode([i]).replace(" ", "") for i in ids) if p]
+    return terms
+
+
+def tfidf_scores(query: str, docs: Sequence[str], tokenize: Callable[[str], list[str]] = words) -> list[float]:
+    """Cosine(tfidf(query), tfidf(doc)) for each doc, with idf fitted on `docs` only (sklearn defaults);
+    terms = `tokenize(text)` (default: lowercase words)."""
+    toks = [Counter(tokenize(d)) for d in docs]
     n = len(docs)
     df: Counter[str] = Counter()
     for c in toks:
@@ -49,7 +78,7 @@ def tfidf_scores(query: str, docs: Sequence[str]) -> list[float]:
         norm = math.sqrt(sum(v * v for v in vec.values()))
         return {w: v / norm for w, v in vec.items()} if norm > 0 else {}
 
-    q = unit(Counter(words(query)))
+    q = unit(Counter(tokenize(query)))
     out = []
     for c in toks:
         d = unit(c)
@@ -90,10 +119,11 @@ def bm25_scores(query: str, docs: Sequence[str], k1: float = 1.5, b: float = 0.7
     return out
 
 
-def score(query: str, docs: Sequence[str], scorer: str, k1: float = 1.5, b: float = 0.75) -> list[float]:
-    """Scores of `docs` for `query` under the named scorer."""
+def score(query: str, docs: Sequence[str], scorer: str, k1: float = 1.5, b: float = 0.75,
+          tokenize: Callable[[str], list[str]] | None = None) -> list[float]:
+    """Scores of `docs` for `query` under the named scorer (`tokenize`: tfidf's terms, default words)."""
     if scorer == "tfidf":
-        return tfidf_scores(query, docs)
+        return tfidf_scores(query, docs, tokenize or words)
     if scorer == "word_overlap":
         return word_overlap_scores(query, docs)
     if scorer == "bm25":
@@ -117,11 +147,19 @@ def recall_top1(
     min_score: float = 0.0,
     k1: float = 1.5,
     b: float = 0.75,
+    rule: str = "memrl",
+    tokenize: Callable[[str], list[str]] | None = None,
 ) -> Recalled | None:
     """The best of `memories` ((step, text) pairs, oldest first) for `query`, or None.
 
     The caller decides which memories are candidates; ReMemR1 passes only those of earlier steps.
+    rule="released": the released code's candidates and tie order (module docstring), tfidf terms from
+    `tokenize` (`subword_terms` of the policy's tokenizer).
     """
+    if rule == "released":
+        return _released_top1(query, memories, scorer, min_score, k1, b, tokenize or words)
+    if rule != "memrl":
+        raise ValueError(f"recall rule must be one of {', '.join(RECALL_RULES)}, got {rule!r}")
     if not query or not query.strip():
         return None
     latest: dict[str, int] = {}
@@ -133,6 +171,28 @@ def recall_top1(
     cands = sorted(latest.items(), key=lambda kv: kv[1])
     scores = score(query, [t for t, _ in cands], scorer, k1, b)
     best = max(range(len(cands)), key=lambda i: (scores[i], cands[i][1]))  # ties -> most recent
+    if not scores[best] > min_score:
+        return None
+    text, step = cands[best]
+    return Recalled(text, step, float(scores[best]))
+
+
+def _released_top1(query: str, memories: Sequence[tuple[int, str]], scorer: str, min_score: float, k1: float,
+                   b: float, tokenize: Callable[[str], list[str]]) -> Recalled | None:
+    if not query:
+        return None
+    latest: dict[str, int] = {}
+    for step, text in memories:
+        latest[text or ""] = step  # every memory, the empty one included; one candidate per text
+    if not latest:
+        return None
+    cands = sorted(latest.items(), key=lambda kv: hashlib.sha256(kv[0].encode("utf-8")).hexdigest())
+    texts = [t for t, _ in cands]
+    if scorer == "tfidf" and not any(tokenize(t) for t in texts):
+        return None  # sklearn's fit raises "empty vocabulary"; the released code then recalls nothing
+    scores = score(query, texts, scorer, k1, b, tokenize)
+    top = max(scores)
+    best = max(i for i, s in enumerate(scores) if s == top)  # the last tied one, as argsort's last
     if not scores[best] > min_score:
         return None
     text, step = cands[best]

@@ -36,7 +36,7 @@ from memrl.rewards.qa import extract_boxed
 from memrl.types import Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec, boxed_em_outcome
 from memrl.workflows.chunked import ChunkedConfig, call_model, call_segment, loop_metrics, task_chunks
-from memrl.workflows.recall import SCORERS, recall_top1
+from memrl.workflows.recall import RECALL_RULES, SCORERS, recall_top1, subword_terms
 from memrl.workflows.templates import Template
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,13 @@ class ReMemR1Config(ChunkedConfig):
     """Recall scorer: tfidf (released code), word_overlap (paper), bm25."""
     min_recall_score: float = valid(0.0, ge=-1, note="below 0 = the best match is recalled even at score 0")
     """A recall retrieves nothing unless the best score is above this."""
+    recall_scoring: str = valid("memrl", choices=RECALL_RULES)
+    """How the tfidf scorer picks the recalled memory (memrl.workflows.recall): memrl = lowercase words as
+    terms, empty and placeholder memories never candidates, ties to the most recent memory; released =
+    the released TfidfRetriever: the policy tokenizer's subword pieces (lowercased, "Ġ" removed) as terms,
+    every memory a candidate (the empty one too), no candidate with a term = nothing recalled, ties by a
+    fixed stand-in for the set order the released code iterates (SHA-256 order of the texts, the last
+    tied one wins). Needs scorer=tfidf."""
     bm25_k1: float = valid(1.5, ge=0)
     bm25_b: float = valid(0.75, ge=0, le=1)
     format_weight: float = valid(1.0, ge=0)
@@ -85,6 +92,17 @@ class ReMemR1Config(ChunkedConfig):
     """How a recall is credited (memrl.rewards.steps): paper = only gold-answer words that neither the
     memory the step read nor its chunk hold (normalized words, max over golds); released = the public
     code's rule (raw substrings of the whole step prompt, mean over golds)."""
+    format_rule: str = valid("paper", choices=step_rewards_lib.FORMAT_RULES)
+    """The format term (memrl.rewards.steps): paper = exactly one <update> opened, closed (across lines) and
+    non-empty (final step: one filled \\boxed{}); released = the public code's one-line patterns
+    (verl/trainer/ppo/metric_utils.py compute_format_rewards): exactly one non-blank <update>...</update>
+    with both tags on one line, blank blocks not counted (final step: greedy one-line \\boxed{...})."""
+    memory_gain_rule: str = valid("paper", choices=step_rewards_lib.MEMORY_GAIN_RULES)
+    """The memory term (memrl.rewards.steps): paper = recall(m_t) - recall(m_{t-1}) over the parsed memories
+    (normalized words, max over golds); released = the public code's (metric_utils.py
+    compute_action_rewards): raw-substring recall (mean over golds) of the response's first one-line
+    <update> text minus that of the step prompt's first one-line <memory> text (none with the published
+    prompt, whose memory sits on its own lines: the term is then the new memory's own recall)."""
     memory_template_file: str | None = None
     """File overriding the memory prompt; needs {problem} (or {prompt}), {recalled_memory}, {memory} and
     {chunk} (read as template_style / template_strip say)."""
@@ -131,6 +149,11 @@ class ReMemR1Config(ChunkedConfig):
                 f"ReMemR1Config.callback_rule must be one of {', '.join(step_rewards_lib.CALLBACK_RULES)}, "
                 f"got {self.callback_rule!r}"
             )
+        for name, allowed in (("format_rule", step_rewards_lib.FORMAT_RULES),
+                              ("memory_gain_rule", step_rewards_lib.MEMORY_GAIN_RULES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"ReMemR1Config.{name} must be one of {', '.join(allowed)}, "
+                                 f"got {getattr(self, name)!r}")
         if self.recall_candidates not in RECALL_CANDIDATES:
             raise ValueError(f"ReMemR1Config.recall_candidates must be one of {', '.join(RECALL_CANDIDATES)}, "
                              f"got {self.recall_candidates!r}")
@@ -138,6 +161,12 @@ class ReMemR1Config(ChunkedConfig):
             raise ValueError(f"ReMemR1Config.recall must be true or false, got {self.recall!r}")
         if self.scorer not in SCORERS:
             raise ValueError(f"ReMemR1Config.scorer must be one of {', '.join(SCORERS)}, got {self.scorer!r}")
+        if self.recall_scoring not in RECALL_RULES:
+            raise ValueError(f"ReMemR1Config.recall_scoring must be one of {', '.join(RECALL_RULES)}, "
+                             f"got {self.recall_scoring!r}")
+        if self.recall_scoring == "released" and self.scorer != "tfidf":
+            raise ValueError(f"ReMemR1Config.recall_scoring=released is the released TF-IDF retriever; it needs "
+                             f"scorer=tfidf, got {self.scorer!r}")
         tags = [self.update_tag, self.recall_tag, self.thinking_tag]
         for name, tag in zip(_DEFAULT_TAGS, tags, strict=True):
             if not re.fullmatch(r"[A-Za-z_][\w-]*", tag or ""):
@@ -253,6 +282,8 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
     """One ReMemR1 trajectory: memory steps over the chunks (with callbacks), then the final answer."""
     mem_tpl, fin_tpl = cfg.templates()
     context_ids, chunks, truncated = task_chunks(task, engine.tokenizer, cfg)
+    released_recall = cfg.recall_scoring == "released"
+    terms = subword_terms(engine.tokenizer) if released_recall else None
 
     memory = cfg.no_memory_text
     shown_recall = cfg.no_recall_text  # what the next prompt's <recalled_memory> block holds
@@ -277,10 +308,12 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
         )
         # Retrieval sees only the memories of steps < t: m_t joins the history after its own query
         # (with_current: before it, as the released evaluation does).
-        recallable = bool(new_memory) and new_memory != cfg.no_memory_text  # as history.append below
+        # released: every memory joins the history (the released code adds whatever the step parsed)
+        recallable = released_recall or (bool(new_memory) and new_memory != cfg.no_memory_text)
         candidates = history + [(t, new_memory)] if cfg.recall_candidates == "with_current" and recallable else history
         hit = (
-            recall_top1(query, candidates, cfg.scorer, cfg.min_recall_score, cfg.bm25_k1, cfg.bm25_b)
+            recall_top1(query, candidates, cfg.scorer, cfg.min_recall_score, cfg.bm25_k1, cfg.bm25_b,
+                        rule=cfg.recall_scoring, tokenize=terms)
             if query and cfg.recall
             else None
         )
@@ -307,7 +340,7 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
             "format_ok": parsed.well_formed,
             "format_flags": [k for k, v in parsed.flags.items() if v],
         }))
-        if recallable:  # the placeholder is not a memory worth recalling
+        if recallable:  # the placeholder is not a memory worth recalling (memrl)
             history.append((t, new_memory))
         memory = new_memory
         shown_recall = hit.text if hit else cfg.no_recall_text
@@ -348,9 +381,12 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
             "update_tag": cfg.update_tag,
             "reward": cfg.reward,
             "callback_rule": cfg.callback_rule,
-            # the released callback rule reads the whole step prompt: re-rendered from this at reward time
+            # the released callback and memory rules read the whole step prompt: re-rendered from this at
+            # reward time
             **({"memory_template_text": mem_tpl.text, "no_recall_text": cfg.no_recall_text}
-               if cfg.callback_rule == "released" else {}),
+               if "released" in (cfg.callback_rule, cfg.memory_gain_rule) else {}),
+            **({"format_rule": cfg.format_rule} if cfg.format_rule != "paper" else {}),
+            **({"memory_gain_rule": cfg.memory_gain_rule} if cfg.memory_gain_rule != "paper" else {}),
         },
     )
 
@@ -371,15 +407,20 @@ def step_rewards(task: Task, traj: Trajectory, cfg: ReMemR1Config | None = None)
     if cfg is not None:
         wf, wm, wc = cfg.format_weight, cfg.memory_weight, cfg.callback_weight
         tag, rule = cfg.update_tag, cfg.callback_rule
+        fmt_rule, gain_rule = cfg.format_rule, cfg.memory_gain_rule
         tpl_text, no_recall = cfg.templates()[0].text, cfg.no_recall_text
     else:
         wf, wm, wc = traj.info.get("step_reward_weights", (1.0, 1.0, 1.0))
         tag, rule = traj.info.get("update_tag", "update"), traj.info.get("callback_rule", "paper")
+        fmt_rule = traj.info.get("format_rule", "paper")
+        gain_rule = traj.info.get("memory_gain_rule", "paper")
         tpl_text, no_recall = traj.info.get("memory_template_text"), traj.info.get("no_recall_text", NO_RECALL)
-    if rule == "released" and not tpl_text:
-        raise ValueError(f"trajectory {traj.trajectory_id or traj.task_id}: callback_rule=released needs "
-                         "the memory prompt (traj.info['memory_template_text'] or a config)")
-    template = Template(tpl_text, _MEMORY_FIELDS, "the trajectory's memory prompt") if rule == "released" else None
+    needs_prompt = "released" in (rule, gain_rule)
+    if needs_prompt and not tpl_text:
+        raise ValueError(f"trajectory {traj.trajectory_id or traj.task_id}: callback_rule=released and "
+                         "memory_gain_rule=released need the memory prompt "
+                         "(traj.info['memory_template_text'] or a config)")
+    template = Template(tpl_text, _MEMORY_FIELDS, "the trajectory's memory prompt") if needs_prompt else None
     out = []
     for seg in traj.segments:
         info = seg.info
@@ -398,7 +439,10 @@ def step_rewards(task: Task, traj: Trajectory, cfg: ReMemR1Config | None = None)
         if template is not None and not final:
             prompt = template.render(problem=task.question, recalled_memory=info["shown_recalled_memory"],
                                      memory=info["previous_memory"], chunk=info["chunk"])
-            recalled = recalled or no_recall  # the released code appends the no-recall text then
+            if rule == "released":
+                # the released code prepends the no-recall text when nothing was recalled (a recalled empty
+                # memory is prepended as it is)
+                recalled = no_recall if recalled is None else recalled
         r = step_rewards_lib.step_reward(
             response,
             task.answers,
@@ -412,6 +456,8 @@ def step_rewards(task: Task, traj: Trajectory, cfg: ReMemR1Config | None = None)
             callback_weight=wc,
             callback_rule=rule,
             prompt=prompt,
+            format_rule=fmt_rule,
+            memory_gain_rule=gain_rule,
         )
         out.append(r)
     return out

@@ -325,6 +325,9 @@ def test_memact_official_trains_two_steps_against_a_reasoning_judge(tmp_path, mo
     searches = sum(t.metrics["searches"] for t in trajs)
     assert searches >= 1 and sum(t.metrics["search_errors"] for t in trajs) == 0
     assert health()["requests"] == searches
-    results = [m["text"] for t in trajs for m in t.info["transcript"] if m["kind"] == "tool" and "Search" in m["text"]]
-    assert results and all(r.endswith('Search results for "Peru":\n\n(1) Peru\nLima is the capital of Peru.')
+    # the preset's published result format (workflow.tool_result_format): JSON with an 8-character id
+    results = [json.loads(m["text"]) for t in trajs for m in t.info["transcript"]
+               if m["kind"] == "tool" and '"result": [[' in m["text"]]
+    assert results and all(list(r) == ["success", "tool_call_id", "result"] and len(r["tool_call_id"]) == 8
+                           and r["result"] == [[{"document": {"title": "Peru", "text": "Lima is the capital of Peru."}}]]
                            for r in results)

@@ -54,6 +54,8 @@ TABLES: dict[str, list[tuple[str, object, str]]] = {
         ("workflow.no_memory_text", "No previous memory", f"{MA}/utils/recurrent.py NO_MEMORY"),
         # memory, _ = extract_solution(reply): the reply itself (no </think>), "" stays ""
         ("workflow.empty_memory", "empty", f"{MA}/utils/recurrent.py async_query_llm: memory = the reply"),
+        # extract_solution: with "</think>" in the reply, the text after the last one, stripped
+        ("workflow.memory_text", "after_think", f"{MA}/utils/__init__.py extract_solution (FORCE_THINK unset)"),
     ],
     "rememr1_eval_official": [
         ("requires_templates", True, "the prompts are utils/rememr1.py TEMPLATE / TEMPLATE_FINAL_BOXED"),
@@ -80,6 +82,9 @@ TABLES: dict[str, list[tuple[str, object, str]]] = {
         ("workflow.recall_candidates", "with_current", f"{RR}/utils/rememr1.py async_query_llm: add, then retrieve"),
         # top1_retrieve = retrieve(top_k=1)[0][0]: corpus[argsort(sims)[-1]], returned at any score
         ("workflow.min_recall_score", -1.0, f"{RR}/utils/tf_idf_retriever.py top1_retrieve (no threshold)"),
+        # TfidfVectorizer(tokenizer=<tokenizer.tokenize of the lowercased text, "Ġ" removed>); history_memory
+        # is a set (the empty memory too); a tie goes to the argsort's last (set order: not fixed)
+        ("workflow.recall_scoring", "released", f"{RR}/utils/tf_idf_retriever.py TfidfRetriever._llm_tokenizer"),
     ],
     "vime_eval_official": [
         ("requires_templates", True, "the prompts are eval_ruler_hqa.py _MEMORY_TEMPLATE / _FINAL_TEMPLATE"),
@@ -358,8 +363,10 @@ def test_rememr1_eval_official_end_to_end(monkeypatch, tmp_path):
             return finals[i]
         if re.search(r"Passage:\n(.)", prompt).group(1) == "A":
             return "<thinking>t</thinking>\n<update>alpha fact</update>"
-        # q1 asks for words no memory holds: the released top-1 still returns a memory (all scores 0: memrl
-        # breaks the tie towards the most recent one, here step 1's own memory, a candidate under with_current)
+        # q1 asks for words no memory holds: the released top-1 still returns a memory (all scores 0). With
+        # recall_scoring=released the tie goes to the last candidate in SHA-256 order of the texts (memrl's
+        # stand-in for the released set order): "<update>beta</update>" (step 1's own memory, a candidate
+        # under with_current) 7bb2c1c6... before step 0's memory ce52f21b... -> step 0's memory
         return "<update>beta</update><recall>zzz</recall>" if i == 1 else "<update>beta</update><recall>alpha fact</recall>"
 
     rows, summary, engine = _run_cli(monkeypatch, tmp_path, "rememr1_eval_official", REMEMR1_TEMPLATES,
@@ -367,7 +374,7 @@ def test_rememr1_eval_official_end_to_end(monkeypatch, tmp_path):
     assert len(engine.calls) == 9
     assert {(c.sampling.temperature, c.sampling.top_p, c.sampling.max_tokens) for c in engine.calls} == {(0.7, 0.95, 2048)}
     m0 = "<thinking>t</thinking>\n<update>alpha fact</update>"
-    for i, recalled in ((0, m0), (1, "<update>beta</update>")):
+    for i, recalled in ((0, m0), (1, m0)):
         prompts = [c.prompt_text for c in engine.calls if _qnum(c.prompt_text) == i]
         # strip_recall: the whole reply (thinking and tags included) is the memory
         assert f"Notes so far:\n{m0}\nPassage:\nB" in prompts[1]

@@ -89,7 +89,13 @@ PUBLISHED: dict[str, list[tuple[str, object, str]]] = {
         ("workflow.memory_rule", "strip_recall", "recurrent/impls/memory_revisit.py _parse_update_memory"),
         ("workflow.query_rule", "greedy_line", "recurrent/impls/memory_revisit.py _parse_recall_query"),
         ("workflow.callback_rule", "released", "verl/trainer/ppo/metric_utils.py compute_action_rewards"),
+        ("workflow.format_rule", "released", "verl/trainer/ppo/metric_utils.py compute_format_rewards"),
+        ("workflow.memory_gain_rule", "released",
+         "verl/trainer/ppo/metric_utils.py compute_action_rewards: update_reward_score"),
         ("workflow.scorer", "tfidf", "recurrent/impls/memory_revisit.py: the recall scorer"),
+        ("workflow.recall_scoring", "released",
+         "recurrent/impls/tf_idf_retriever.py TfidfRetriever (subword terms; memory_revisit.py keeps a set)"),
+        ("workflow.min_recall_score", -1.0, "recurrent/impls/tf_idf_retriever.py top1_retrieve: no threshold"),
         ("trainer.save_every", 20, f"{RM}: trainer.save_freq=20"),
     ],
     "memagent_vime": [

@@ -10,6 +10,7 @@ import asyncio
 import json
 import random
 
+import pytest
 from doubles import CharTokenizer, KeywordRetriever, ScriptedEngine
 
 from memrl.engines.base import Completion
@@ -228,6 +229,14 @@ def test_malformed_and_excess_calls_are_counted_not_raised():
     assert "[r7] Error: the tool call must be a JSON object, got list" in text
     assert "[r8] Error: a <tool_call> block was not closed with </tool_call>" in text
     assert "[r9] Error: at most 5 tool calls run per turn; 1 more were not run." in text
+    # excess_tool_calls=drop (MemAct-Anonymized @ 9b65b84a, mem_agent_loop.py MemAgentLoop.run runs
+    # tool_calls[:max_parallel_calls]): the sixth call is skipped without a message; still counted
+    traj, engine = run_one([r0, "FINAL_ANSWER: x"], max_turn_tokens=2000, excess_tool_calls="drop")
+    text = TOK.decode(engine.calls[1].prompt_ids)
+    assert traj.metrics["dropped_calls"] == 1.0 and "tool calls run per turn" not in text and "[r9]" not in text
+    assert "[r8] Error: a <tool_call> block was not closed with </tool_call>" in text
+    with pytest.raises(ValueError, match="excess_tool_calls must be reply_error or drop, got 'skip'"):
+        cfg(excess_tool_calls="skip")
 
 
 def test_long_tool_output_is_truncated_in_the_middle():
@@ -239,6 +248,57 @@ def test_long_tool_output_is_truncated_in_the_middle():
     want = body[:10] + "\n...[71 characters truncated]...\n" + body[-10:]
     assert engine.calls[1].prompt_ids == head() + asst(call("search", query="x")) + tool("[r1] " + want) + HDR
     assert traj.metrics["tool_truncations"] == 1.0
+
+
+def test_published_truncation_keeps_half_the_budget_from_each_end_around_the_given_marker():
+    """tool_truncation_marker (MemAct-Anonymized @ 9b65b84a, mem_agent_loop.py MemAgentLoop._call_tool,
+    truncate side "middle"): length = max // 2; text[:length] + marker + text[-length:]."""
+    doc = Document("d", "", "x " + "A" * 30 + "B" * 30)
+    body = 'Search results for "x":\n\n(1) x ' + "A" * 30 + "B" * 30  # 91 characters
+    r = [call("search", query="x"), "FINAL_ANSWER: x"]
+    # an odd budget, 21: memrl keeps 10 + 11 characters and names the 70 cut
+    _, engine = run_one(r, retriever=KeywordRetriever([doc]), max_tool_response_chars=21)
+    want = body[:10] + "\n...[70 characters truncated]...\n" + body[-11:]
+    assert engine.calls[1].prompt_ids == head() + asst(r[0]) + tool("[r1] " + want) + HDR
+    # published: 21 // 2 = 10 from each end around the marker
+    traj, engine = run_one(r, retriever=KeywordRetriever([doc]), max_tool_response_chars=21,
+                           tool_truncation_marker="...(cut)...")
+    want = body[:10] + "...(cut)..." + body[-10:]
+    assert want == 'Search res...(cut)...BBBBBBBBBB'
+    assert engine.calls[1].prompt_ids == head() + asst(r[0]) + tool("[r1] " + want) + HDR
+    assert traj.metrics["tool_truncations"] == 1.0
+
+
+def test_published_tool_result_format_by_hand(tmp_path):
+    """tool_result_format=published (MemAct-Anonymized @ 9b65b84a): a search result is
+    json.dumps({"success": True, "tool_call_id": ID, "result": <the service's result lists>}) with its
+    \\uXXXX escapes turned back into characters (verl/tools/utils/search_r1_like_utils.py
+    perform_single_search_batch, DCPO/tool_service/search_tool_single.py); a prune result is
+    json.dumps({"success": ..., "message": ..., "tool_call_id": ID}) (mem_agent_loop.py
+    prune_actual_messages_prompt_ids). memrl's ID: sha256("<task id>:<counter>")[:8]:
+    sha256("t1:1") = 4db5deff..., "t1:2" = 19bbd547..., "t1:3" = 73dc1133...; texts from the user's file."""
+    texts = tmp_path / "texts.json"
+    texts.write_text(json.dumps({"prune_done": "Deleted {n} records.", "prune_no_ids_or_memory": "Need both."}))
+    doc = Document("z1", "Zürich", "Zürich lies on a lake.")
+    r = [call("search", query="Zürich", topk=1),                       # t0 -> 4db5deff
+         call("prune_context", memory="m", delete_ids=[]),             # t1 -> 19bbd547: fails, nothing given
+         call("prune_context", memory="m", delete_ids=["4db5deff"]),   # t2 -> 73dc1133: removes t0's result
+         "FINAL_ANSWER: x"]
+    traj, engine = run_one(r, retriever=KeywordRetriever([doc]), tool_result_format="published",
+                           tool_texts_file=str(texts))
+    # json.dumps writes "Z\u00fcrich"; the public tool turns the escape back into "ü"; no "[rK] " prefix
+    t1 = ('{"success": true, "tool_call_id": "4db5deff", "result": [[{"document": {"title": "Zürich", '
+          '"text": "Zürich lies on a lake."}}]]}')
+    t2 = '{"success": false, "message": "Need both.", "tool_call_id": "19bbd547"}'
+    t3 = '{"success": true, "message": "Deleted 1 records.", "tool_call_id": "73dc1133"}'
+    assert engine.calls[1].prompt_ids == head() + asst(r[0]) + tool(t1) + HDR
+    assert engine.calls[2].prompt_ids == head() + asst(r[0]) + tool(t1) + asst(r[1]) + tool(t2) + HDR
+    # the id names the search result exactly (prune_id_match=exact): it goes, and turn 0 with it
+    assert engine.calls[3].prompt_ids == head() + asst(r[1]) + tool(t2) + asst(r[2]) + tool(t3) + HDR
+    assert traj.segments[0].info["deleted"] == ["4db5deff"] and traj.final_answer == "x"
+    with pytest.raises(ValueError, match="tool_texts_file .*unknown key\\(s\\) prune"):
+        (tmp_path / "bad.json").write_text('{"prune": "x"}')
+        cfg(tool_texts_file=str(tmp_path / "bad.json"))
 
 
 def test_search_failure_names_the_endpoint_and_is_counted():

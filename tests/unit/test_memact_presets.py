@@ -51,6 +51,15 @@ PUBLISHED = [
     ("workflow.max_context_tokens", 4096 + 20480,
      f"{SCRIPT}: max_prompt_length=$((1024 * 4)) + max_response_length=$((1024 * 20))"),
     ("workflow.max_tool_response_chars", 8192, f"{SCRIPT}: actor_rollout_ref.rollout.multi_turn.max_tool_response_length=8192"),
+    ("workflow.tool_result_format", "published", "verl/tools/utils/search_r1_like_utils.py: "
+     "perform_single_search_batch; mem_agent_loop.py: prune_actual_messages_prompt_ids (JSON results)"),
+    ("workflow.excess_tool_calls", "drop", f"{LOOP}: MemAgentLoop.run, tool_calls[: self.max_parallel_calls]"),
+    ("workflow.tool_parser", "published", "verl/experimental/agent_loop/tool_parser.py: HermesToolParser "
+     "(multi_turn.format hermes)"),
+    ("workflow.topk_rule", "published", "DCPO/tool_service/search_tool_single.py: SearchTool.execute, "
+     "min(int(topk), 20); search_search_services.py: a falsy topk -> the service's default"),
+    ("workflow.tool_truncation_marker", "...(truncated)...", f"{LOOP}: MemAgentLoop._call_tool, "
+     "verl/trainer/config/rollout/rollout.yaml tool_response_truncate_side: middle (unset by the script)"),
     ("workflow.max_parallel_calls", 5, "DCPO/config/mem_agent_loop_config.yaml: multi_turn.max_parallel_calls"),
     ("workflow.no_prune_prob", 0.5, f"{SCRIPT}: +actor_rollout_ref.rollout.random_no_prune=True, random_no_prune_prob=0.5"),
     ("workflow.unparsable_tool_calls", "end", f"{LOOP}: MemAgentLoop.run, `if not tool_calls: break`"),
@@ -63,10 +72,14 @@ PUBLISHED = [
                                              "message whose tool calls all went"),
     ("workflow.failed_prune_closes_segment", True, f"{LOOP}: MemAgentLoop.run, `if prune_flag:` closes a segment"),
     ("workflow.withheld_prune_runs", True, f"{LOOP}: MemAgentLoop.run dispatches prune_context by name"),
+    ("workflow.final_segment", "whole_context", f"{LOOP}: MemAgentLoop.run, the last row is "
+                                                "get_trajactories(actual_messages, -1): mask 1 on every kept turn"),
     ("workflow.prompt_source", "row", f"{LOOP}: MemAgentLoop.run renders the row's messages (raw_prompt, "
                                       "data.return_raw_chat=True in the script) with apply_chat_template"),
     ("workflow.require_final_answer", True, f"{REWARD}: extract_solution_str reads after the last "
                                             "'FINAL_ANSWER: ', compute_score returns 0.0 when there is none"),
+    ("workflow.answer_source", "final_context", "verl/experimental/agent_loop/agent_loop.py: AgentLoopManager."
+                                                "generate_sequences scores decode(output[-1].response_ids)"),
     ("workflow.judge.required", True, f"{SCRIPT}: reward_model.reward_manager=mem_reward; verl/experimental/"
                                       "agent_loop/agent_loop.py scores every trajectory with compute_score"),
     ("workflow.judge.model", "gpt-oss", f"{REWARD}: compute_score model=\"gpt-oss\" (DCPO/scripts/"
@@ -124,7 +137,9 @@ def test_official_preset_sets_every_rollout_switch_to_its_published_value():
 
     _, wf = _official()
     switches = ("unparsable_tool_calls", "unknown_tool_calls", "last_turn_runs_tools", "prune_id_match",
-                "prune_turns_deletable", "failed_prune_closes_segment", "withheld_prune_runs")
+                "prune_turns_deletable", "failed_prune_closes_segment", "withheld_prune_runs", "final_segment",
+                "answer_source", "tool_truncation_marker", "topk_rule",
+                "tool_parser", "excess_tool_calls", "tool_result_format")
     table = {k.split(".", 1)[1] for k, _, _ in PUBLISHED if k.startswith("workflow.")}
     assert set(switches) <= table
     defaults = MemActConfig()

@@ -235,3 +235,74 @@ def test_a_prune_call_in_a_withheld_rollout_runs_only_when_switched_on():
     assert engine.calls[2].prompt_ids == head(False) + asst(r[1]) + tool(f"[r2] Removed r1. {NOTE}") + HDR
     m = traj.metrics
     assert (m["prune_withheld"], m["unknown_tools"], m["prunes"], len(traj.segments)) == (1.0, 0.0, 1.0, 2)
+
+
+# ---------------------------------------------------------------- final_segment
+def test_the_final_row_trains_the_whole_final_context_only_under_whole_context():
+    """final_segment=whole_context: MemAct-Anonymized @ 9b65b84a, mem_agent_loop.py MemAgentLoop.run builds
+    the last row with get_trajactories(actual_messages, -1): the first prompt, then every message of the
+    final working context, mask 1 on every assistant turn (prune_num -1), 0 on tool results."""
+    r = [call("search", query="France", topk=1),                   # t0 -> r1
+         call("prune_context", memory="m", delete_ids=["r1"]),     # t1 -> r2; t0 and r1 go
+         call("search", query="Germany", topk=1),                  # t2 -> r3
+         "FINAL_ANSWER: Paris"]                                    # t3
+    TP, T3 = tool(f"[r2] Removed r1. {NOTE}"), tool("[r3] " + found("Germany", DOCS[1]))
+    final_ctx = head() + asst(r[1]) + TP + asst(r[2]) + T3 + HDR
+    traj, engine = run_one(r)
+    assert engine.calls[3].prompt_ids == final_ctx
+    prune_row, fin = traj.segments
+    # memrl: the turns after the prune (t2, t3); the kept prune turn t1 is prompt
+    assert fin.prompt_ids == head() + asst(r[1]) + TP + HDR
+    assert fin.response_ids == gen(r[2]) + END + T3 + HDR + gen(r[3])
+    assert fin.loss_mask == [1] * len(gen(r[2])) + [0] * len(END + T3 + HDR) + [1] * len(gen(r[3]))
+    assert fin.info["turns"] == [2, 3]
+    assert sum(s.num_trained_tokens for s in traj.segments) == sum(len(gen(x)) for x in r)  # each once
+
+    traj2, engine2 = run_one(r, final_segment="whole_context")
+    assert [c.prompt_ids for c in engine2.calls] == [c.prompt_ids for c in engine.calls]  # same rollout
+    prune_row2, fin2 = traj2.segments
+    assert (prune_row2.prompt_ids, prune_row2.response_ids, prune_row2.loss_mask) == (
+        prune_row.prompt_ids, prune_row.response_ids, prune_row.loss_mask)  # the prune row is unchanged
+    # published: the first prompt, then t1 (the prune call with the memory), its result, t2, r3, t3
+    assert fin2.prompt_ids == head() + HDR
+    assert fin2.response_ids == gen(r[1]) + END + TP + HDR + gen(r[2]) + END + T3 + HDR + gen(r[3])
+    assert fin2.loss_mask == ([1] * len(gen(r[1])) + [0] * len(END + TP + HDR) + [1] * len(gen(r[2]))
+                              + [0] * len(END + T3 + HDR) + [1] * len(gen(r[3])))
+    assert fin2.info["turns"] == [1, 2, 3]
+    # the prune turn t1 trains twice: in its prune row and in the final row
+    assert sum(s.num_trained_tokens for s in traj2.segments) == sum(len(gen(x)) for x in r) + len(gen(r[1]))
+
+    # a trajectory that ends on a prune turn (turn limit 2): memrl has no final row, published re-trains
+    # the kept prune turn t1 (t0 went with r1; what follows t1's last sampled token is cut)
+    r2 = r[:2]
+    traj3, _ = run_one(r2, max_assistant_turns=2)
+    assert [s.info["kind"] for s in traj3.segments] == ["prune"]
+    traj4, _ = run_one(r2, max_assistant_turns=2, final_segment="whole_context")
+    prune4, fin4 = traj4.segments
+    assert fin4.prompt_ids == head() + HDR and fin4.response_ids == gen(r[1])
+    assert fin4.loss_mask == [1] * len(gen(r[1])) and fin4.info["turns"] == [1]
+    with pytest.raises(ValueError, match="final_segment must be one of after_last_prune, whole_context"):
+        MemActConfig(final_segment="all")
+
+
+# ---------------------------------------------------------------- answer_source
+def test_the_answer_is_read_from_the_whole_final_context_only_under_final_context():
+    """answer_source=final_context: MemAct-Anonymized @ 9b65b84a, agent_loop.py
+    AgentLoopManager.generate_sequences scores tokenizer.decode(output[-1].response_ids) (special tokens
+    kept): the final row's response, i.e. every message after the first prompt; mem_agent.py
+    extract_solution_str reads after its last "FINAL_ANSWER: "."""
+    r0 = "FINAL_ANSWER: Paris " + call("search", query="France", topk=1)  # a marker in a tool-call turn
+    r = [r0, "done"]                                                     # the last reply has none
+    traj, _ = run_one(r, require_final_answer=True)
+    assert (traj.info["stop"], traj.final_answer, traj.metrics["no_final_marker"]) == ("answer", "", 1.0)
+    assert traj.info["answer_text"] == "done"
+    traj, _ = run_one(r, require_final_answer=True, answer_source="final_context")
+    # the decoded context after the head, special tokens kept (the character tokenizer writes EOS as
+    # "<eos>"): <assistant>r0<eos></assistant><tool>[r1] ...</tool><assistant>done<eos></assistant>; the
+    # text after "FINAL_ANSWER: ", stripped ("<|im_end|>" is not in it)
+    expected = ("Paris " + call("search", query="France", topk=1) + "<eos></assistant><tool>[r1] "
+                + found("France", DOCS[0]) + "</tool><assistant>done<eos></assistant>")
+    assert (traj.final_answer, traj.metrics["no_final_marker"]) == (expected, 0.0)
+    assert traj.info["last_reply"] == "done" and traj.info["answer_text"].endswith("<assistant>done<eos></assistant>")
+    with pytest.raises(ValueError, match="answer_source must be one of last_reply, final_context"):
+        MemActConfig(answer_source="segment")

@@ -212,3 +212,75 @@ def test_task_layout_files_round_trip_and_bad_rows_are_named(tmp_path):
     bad.write_text('{"task_id": "x", "question": "q", "answers": ["a", "b"], "meta": {"sub_answers": [["a"]]}}\n')
     with pytest.raises(DataError, match=r"bad.jsonl: row 0: meta.sub_answers has 1 entries, answers has 2"):
         load_task_file(bad)
+
+
+def test_published_topk_by_hand():
+    """MemAct-Anonymized @ 9b65b84a: DCPO/tool_service/search_tool_single.py SearchTool.execute takes
+    min(int(topk), 20), falling back to its default 5 when int() fails; search_search_services.py replaces
+    a falsy topk (0) with the service's default (5, its --topk default)."""
+    from memrl.tools.search import published_topk
+
+    assert published_topk(3) == (3, False)
+    assert published_topk("7") == (7, False)  # int("7")
+    assert published_topk(2.9) == (2, False)  # int(2.9) = 2 (memrl's clamp rule: an argument error)
+    assert published_topk(True) == (1, False)  # int(True) = 1
+    assert published_topk(50) == (20, True)  # the tool's cap
+    assert published_topk(0) == (5, True)  # 0 reaches the service, which uses its default
+    assert published_topk("2.5") == (5, True) and published_topk(None) == (5, True)  # int() fails: default
+    assert published_topk(-3) == (1, True)  # not reproduced (the service hands it to its index)
+
+
+def test_run_search_topk_rules():
+    import asyncio
+
+    from memrl.services.base import Document, Hit
+    from memrl.tools.search import run_search
+
+    class Recording:
+        def __init__(self):
+            self.asked = []
+
+        async def retrieve(self, queries, topk):
+            self.asked.append(topk)
+            return [[Hit(Document(f"d{i}", "", f"text {i}"), 1.0) for i in range(topk)]]
+
+    r = Recording()
+    clamp = asyncio.run(run_search(r, {"query": "q", "topk": 0}))
+    published = asyncio.run(run_search(r, {"query": "q", "topk": 0}, "published"))
+    assert r.asked == [1, 5] and clamp.clamped and published.clamped
+    assert published.text.count("\n(") == 5 and clamp.text.count("\n(") == 1
+    bad = asyncio.run(run_search(r, {"query": "q", "topk": 2.9}))
+    assert bad.error == "arguments" and r.asked == [1, 5]  # memrl: no search ran
+    ok = asyncio.run(run_search(r, {"query": "q", "topk": 2.9}, "published"))
+    assert ok.error is None and r.asked == [1, 5, 2]
+
+
+@pytest.mark.parametrize("block, memrl, published", [
+    ('{"name": "search", "arguments": {"query": "a"}}', OK, OK),
+    # no "parameters" alias and no default arguments in the public parser (function_call["arguments"])
+    ('{"name": "search", "parameters": {"query": "a"}}', OK, 'the tool call needs a "name" string and an '
+                                                           '"arguments" object'),
+    ('{"name": "search"}', ToolCall("search", {}), 'the tool call needs a "name" string and an "arguments" object'),
+    # arguments as a JSON string: memrl decodes it; published passes the string on (the call fails when run)
+    ('{"name": "search", "arguments": "{\\"query\\": \\"a\\"}"}', OK,
+     "the arguments of 'search' must be a JSON object, got str"),
+    # the public cleaning keeps the first "{" to the LAST "}": 47 characters of JSON (positions 0-46), a
+    # space, then "hope this helps }": json reports the extra data where it starts, after the space: 48
+    ('Sure! {"name": "search", "arguments": {"query": "a"}} hope this helps }', OK,
+     "the tool call is not valid JSON (Extra data at character 48)"),
+    # U+2060 (word joiner) is not among the public parser's invisible characters; names are used as written
+    ('{"name": "sea\u2060rch", "arguments": {"query": "a"}}', OK, ToolCall("sea\u2060rch", {"query": "a"})),
+    ('{"name": " search ", "arguments": {"query": "a"}}', OK, ToolCall(" search ", {"query": "a"})),
+    ('```json\n{"name": "search", "arguments": {"query": "a"}}\n```', OK, OK),
+])
+def test_published_parser_is_stricter(block, memrl, published):
+    """tool_parser=published: MemAct-Anonymized @ 9b65b84a, verl/experimental/agent_loop/tool_parser.py
+    HermesToolParser.extract_tool_calls / _sanitize_json_block."""
+    for parser, want in (("memrl", memrl), ("published", published)):
+        res = parse_tool_calls(f"<tool_call>{block}</tool_call>", parser=parser)
+        if isinstance(want, ToolCall):
+            assert (res.calls, res.errors) == ([want], []), parser
+        else:
+            assert (res.calls, res.errors) == ([], [want]), parser
+    with pytest.raises(ValueError, match="tool call parser must be one of memrl, published"):
+        parse_tool_calls("x", parser="vllm")

@@ -203,3 +203,31 @@ def test_memagent_reward_writes_memory_gain_step_rewards():
     traj.info["answer_text"] = "\\boxed{ Deep red }"
     assert spec.reward(task, traj) == 1.0
     assert spec.step_rewards(task, traj)[3] == 1.0
+
+
+def test_memory_text_after_think_keeps_what_follows_the_last_think_end():
+    """memory_text=after_think: BytedTsinghua-SIA/MemAgent @ 76b7a658, taskutils/memory_eval/utils/
+    recurrent.py async_query_llm sets memory = extract_solution(reply)[0] (utils/__init__.py): with
+    "</think>" in the reply, reply.split("</think>")[-1].strip(); without, the reply as it is."""
+    task = Task("t1", "Q?", "abcdefghijkl", ["x"])  # chunks "abcd", "efgh", "ijkl"
+    replies = ["<think>a</think>  m1 ", "r</think>s</think>\nm2", "<think>only</think>", r"\boxed{x}"]
+    engine = ScriptedEngine(list(replies))
+    run_one(task, engine, cfg(memory_text="after_think", empty_memory="empty", max_memory_tokens=40))
+    # reply 0: after "</think>": "  m1" (the reply is trimmed when decoded) -> "m1"; reply 1: after the LAST
+    # "</think>": "\nm2" -> "m2"; reply 2: nothing after it -> "" (empty_memory=empty keeps it empty)
+    assert [c.prompt_text for c in engine.calls] == [
+        user("P:Q?|M:No previous memory|C:abcd"), user("P:Q?|M:m1|C:efgh"), user("P:Q?|M:m2|C:ijkl"),
+        user("P:Q?|M:|answer:"),
+    ]
+    # memrl's default: the whole reply is the memory
+    engine = ScriptedEngine(list(replies))
+    traj = run_one(task, engine, cfg(max_memory_tokens=40))
+    assert engine.calls[1].prompt_text == user("P:Q?|M:<think>a</think>  m1|C:efgh")
+    assert [s.info["memory"] for s in traj.segments[:3]] == ["<think>a</think>  m1", "r</think>s</think>\nm2",
+                                                            "<think>only</think>"]
+    # a reply without "</think>" is kept whole under after_think too
+    engine = ScriptedEngine(["plain m", r"\boxed{x}"])
+    run_one(Task("t2", "Q?", "abcd", ["x"]), engine, cfg(memory_text="after_think"))
+    assert engine.calls[1].prompt_text == user("P:Q?|M:plain m|answer:")
+    with pytest.raises(ValueError, match="memory_text must be one of reply, after_think"):
+        cfg(memory_text="think")

@@ -92,3 +92,64 @@ def test_top1_nothing_in_common_or_no_candidates_recalls_nothing():
     assert recall_top1("  ", [(0, "blue")], scorer="tfidf") is None
     # min_score: overlap 1/2 is not above 0.5
     assert recall_top1("blue red", [(0, "blue")], scorer="word_overlap", min_score=0.5) is None
+
+
+class ThreeCharPieces:
+    """A stand-in for a byte-level BPE tokenizer: each word cut into 3-character pieces, the first piece
+    of every word after the first marked with "Ġ" (the space mark), as GPT-2 / Qwen tokenizers show it."""
+
+    def tokenize(self, text: str) -> list[str]:
+        out = []
+        for n, word in enumerate(text.split(" ")):
+            pieces = [word[i:i + 3] for i in range(0, len(word), 3)]
+            out += [("Ġ" if n and k == 0 else "") + p for k, p in enumerate(pieces)]
+        return out
+
+
+def test_released_terms_are_the_tokenizers_pieces_without_the_space_mark():
+    from memrl.workflows.recall import subword_terms
+
+    terms = subword_terms(ThreeCharPieces())
+    # lowercased first: "Paris Is" -> pieces "par", "is", "Ġis" -> "Ġ" removed
+    assert terms("Paris Is") == ["par", "is", "is"]
+
+
+def test_released_tfidf_on_subword_pieces_by_hand():
+    """syr-cn/ReMemR1 @ 43e69f38, recurrent/impls/tf_idf_retriever.py TfidfRetriever: sklearn's
+    TfidfVectorizer(tokenizer=<the policy's pieces, "Ġ" removed>), cosine, top 1 of np.argsort."""
+    from memrl.workflows.recall import subword_terms
+
+    mems = [(0, "paris is big"), (1, "rome")]
+    # memrl's words: "parisian" is no memory's word -> every score 0 -> nothing recalled (min_score 0)
+    assert recall_top1("parisian", mems, scorer="tfidf") is None
+    # released pieces: "parisian" -> par, isi, an; "paris is big" -> par, is, is, big; "rome" -> rom, e.
+    # N = 2, every term in one memory: idf = ln(3/2) + 1 for all, so it cancels in the cosine. Query
+    # vector = par alone (isi, an unknown); memory 0 = (par 1, is 2, big 1) -> cos = 1 / sqrt(1 + 4 + 1)
+    # = 1/sqrt(6) = 0.4082483; memory 1 shares nothing: 0.
+    got = recall_top1("parisian", mems, scorer="tfidf", rule="released", tokenize=subword_terms(ThreeCharPieces()))
+    assert got is not None and (got.text, got.step) == ("paris is big", 0)
+    assert got.score == pytest.approx(1 / math.sqrt(6), abs=1e-7)
+
+
+def test_released_candidates_and_tie_order():
+    # A query sharing no term with any memory: every score 0, recalled only with min_score below 0.
+    mems = [(0, ""), (1, "red"), (2, "blue")]
+    # memrl: the empty memory is no candidate; the tie between "red" and "blue" goes to the latest, step 2
+    got = recall_top1("green", mems, scorer="tfidf", min_score=-1.0)
+    assert got is not None and (got.text, got.step) == ("blue", 2)
+    # released: "" is a candidate (score 0). The stand-in for the set order sorts by SHA-256 digest:
+    # sha256("blue") = 16477688..., sha256("red") = b1f51a51..., sha256("") = e3b0c442... -> the last tied
+    # candidate is "" (step 0)
+    got = recall_top1("green", mems, scorer="tfidf", min_score=-1.0, rule="released")
+    assert got is not None and (got.text, got.step, got.score) == ("", 0, 0.0)
+    # without the empty memory: order blue, red -> "red" (step 1), where memrl says "blue"
+    got = recall_top1("green", mems[1:], scorer="tfidf", min_score=-1.0, rule="released")
+    assert got is not None and (got.text, got.step) == ("red", 1)
+    # no candidate has a term (sklearn: "empty vocabulary", caught): nothing, whatever min_score says
+    assert recall_top1("green", [(0, ""), (1, "")], scorer="tfidf", min_score=-1.0, rule="released") is None
+    # a blank query is still a query there ("  " is truthy), but has no term: score 0 -> min_score decides
+    assert recall_top1("  ", [(0, "red")], scorer="tfidf", rule="released") is None
+    got = recall_top1("  ", [(0, "red")], scorer="tfidf", min_score=-1.0, rule="released")
+    assert got is not None and got.text == "red"
+    with pytest.raises(ValueError, match="recall rule must be one of memrl, released"):
+        recall_top1("a", [(0, "a")], rule="sklearn")

@@ -275,6 +275,85 @@ def test_released_callback_rule_reads_the_whole_step_prompt():
         cfg(callback_rule="old")
 
 
+def test_released_format_and_memory_terms_in_a_rollout():
+    """format_rule=released, memory_gain_rule=released (syr-cn/ReMemR1 @ 43e69f38,
+    verl/trainer/ppo/metric_utils.py compute_format_rewards / compute_action_rewards), with the released
+    memory (memory_rule=strip_recall) and callback rules, against the same preset without the two new
+    rules. R(x) = mean over golds of the share of raw gold words that are substrings of x."""
+    task = Task("t1", "Q?", "abcdefgh", ["red apple", "crimson"])  # chunks "abcd", "efgh"
+    replies = ["<update>red apple</update>", "<update>red\napple</update>", r"\boxed{red} or \boxed{apple}"]
+    base = dict(memory_rule="strip_recall", callback_rule="released")
+    released = rollout_once([task], get_workflow("rememr1"), ScriptedEngine(replies),
+                                   cfg(**base, format_rule="released", memory_gain_rule="released"),
+                                   n=1)[0].trajectories[0]
+    # step 0: one one-line block -> format 1; new "red apple": (2/2 + 0/1) / 2 = 1/2; the prompt
+    #   "P:Q?|R:...|M:No previous memory|C:abcd" has no <memory> tags -> prev "" -> memory 1/2; callback:
+    #   nothing recalled, no gold word in the prompt or the no-recall text -> 0. Total 1.5.
+    # step 1: the block spans a line -> format 0, new "" -> memory 0; callback: the prompt now shows step 0's
+    #   memory "<update>red apple</update>" (strip_recall), R = 1/2 with and without the no-recall text -> 0.
+    # final: greedy one-line box -> one match "red} or \boxed{apple" -> format 1.
+    assert [s.step_reward for s in released.segments] == pytest.approx([1.5, 0.0, 1.0])
+    paper = rollout_once([task], get_workflow("rememr1"), ScriptedEngine(replies), cfg(**base),
+                                n=1)[0].trajectories[0]
+    # memrl's rules on the same replies: the strip_recall memory keeps the tags, which normalization glues to
+    # the words ("updatered appleupdate"): recall 0 at both steps, so memory 0; format 1 at both (across
+    # lines); final: two boxes opened -> 0.
+    assert [s.step_reward for s in paper.segments] == pytest.approx([1.0, 1.0, 0.0])
+
+    # The previous memory is read from the prompt's first one-line <memory>...</memory>; step 1 answers
+    # "<update>apple</update>": new R = (1/2 + 0) / 2 = 1/4.
+    replies2 = ["<update>red apple</update>", "<update>apple</update>", r"\boxed{red}"]
+    one_line = "P:{problem}|R:{recalled_memory}|<memory>{memory}</memory>|C:{chunk}"
+    own_lines = "P:{problem}|R:{recalled_memory}|<memory>\n{memory}\n</memory>|C:{chunk}"
+    got = {}
+    for name, tpl in (("one_line", one_line), ("own_lines", own_lines)):
+        c = cfg(**base, format_rule="released", memory_gain_rule="released", memory_template=tpl)
+        traj = rollout_once([task], get_workflow("rememr1"), ScriptedEngine(replies2), c, n=1)
+        got[name] = [s.step_reward for s in traj[0].trajectories[0].segments]
+    # one line: step 1's prompt holds "<memory><update>red apple</update></memory>" -> prev "<update>red
+    #   apple</update>", R = 1/2 -> memory 1/4 - 1/2 = -1/4; format 1 -> 0.75. Step 0's prev "No previous
+    #   memory" has no gold word -> 1 + 1/2.
+    # own lines (the published layout): prev "" -> memory 1/4 -> 1.25.
+    assert got == {"one_line": pytest.approx([1.5, 0.75, 1.0]), "own_lines": pytest.approx([1.5, 1.25, 1.0])}
+    with pytest.raises(ValueError, match="format_rule must be one of paper, released"):
+        cfg(format_rule="line")
+
+
+class CharPieces(CharTokenizer):
+    """The character tokenizer with `tokenize` (one piece per character), for recall_scoring=released."""
+
+    def tokenize(self, text: str) -> list[str]:
+        return list(text)
+
+
+def test_released_recall_scoring_recalls_an_empty_memory_on_a_tie():
+    """recall_scoring=released (syr-cn/ReMemR1 @ 43e69f38: memory_revisit.py adds every parsed memory to a
+    set, tf_idf_retriever.py top1_retrieve returns the argsort's last at any score)."""
+    task = Task("t1", "Q?", "abcdefghijkl", ["x"])  # chunks "abcd", "efgh", "ijkl"
+    replies = ["m", "<recall>z</recall>", "<recall>z</recall>", r"\boxed{x}"]
+    base = dict(memory_rule="strip_recall", empty_memory="empty", query_rule="greedy_line", scorer="tfidf",
+                min_recall_score=-1.0)
+    got = {}
+    for rule in ("memrl", "released"):
+        engine = ScriptedEngine(list(replies), tokenizer=CharPieces())
+        run_one(task, engine, cfg(**base, recall_scoring=rule))
+        got[rule] = [c.prompt_text for c in engine.calls]
+    # step 0 writes "m"; steps 1 and 2 write "" (the reply minus its recall block) and ask "z", a term no
+    # memory has: every score 0, recalled because min_recall_score is below 0.
+    # step 1: the one candidate "m" either way -> shown at step 2.
+    # step 2: memrl's candidates are "m" only (an empty memory is never one) -> "m" again; released: "m"
+    # and "" (step 1's memory), tied at 0; SHA-256 order: "m" 62c66a7a... before "" e3b0c442..., the last
+    # tied one wins -> "" is recalled and the final prompt shows an empty recalled block.
+    common = [user(f"P:Q?|R:{NO_RECALL}|M:No previous memory|C:abcd"), user(f"P:Q?|R:{NO_RECALL}|M:m|C:efgh"),
+              user("P:Q?|R:m|M:|C:ijkl")]
+    assert got == {"memrl": [*common, user("P:Q?|R:m|M:|answer:")],
+                   "released": [*common, user("P:Q?|R:|M:|answer:")]}
+    with pytest.raises(ValueError, match="recall_scoring=released .* needs scorer=tfidf, got 'bm25'"):
+        cfg(recall_scoring="released", scorer="bm25")
+    with pytest.raises(ValueError, match="recall_scoring must be one of memrl, released"):
+        cfg(recall_scoring="sklearn")
+
+
 def test_step_reward_weights_travel_with_the_trajectory():
     task = Task("t1", "Q?", "abcd", ["red"])
     engine = ScriptedEngine(["<update>red</update>", r"\boxed{blue}"])

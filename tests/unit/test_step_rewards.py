@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from memrl.rewards.steps import answer_word_recall, callback_gain, format_reward, memory_gain, step_reward
+from memrl.rewards.steps import (
+    answer_word_recall,
+    callback_gain,
+    format_reward,
+    memory_gain,
+    released_format_reward,
+    released_memory_gain,
+    step_reward,
+)
 
 
 @pytest.mark.parametrize(
@@ -142,6 +150,72 @@ def test_step_reward_sums_weighted_terms():
     assert step_reward(r"\boxed{John Smith}", golds, final=True) == 1.0
     with pytest.raises(ValueError, match="callback_rule must be one of paper, released"):
         step_reward("x", golds, final=False, new_memory="x", callback_rule="both")
+
+
+# The released rules (syr-cn/ReMemR1 @ 43e69f38, verl/trainer/ppo/metric_utils.py): compute_format_rewards
+# finds `<update>(.*?)</update>` (memory step) / `\\boxed{(.+)}` (final step) with re.findall WITHOUT
+# DOTALL, keeps the bodies whose strip() is non-empty and scores 1 when exactly one is left;
+# compute_action_rewards' memory term is R(first update body) - R(first `<memory>(.*?)</memory>` body of
+# the prompt), R(x) = mean over golds of (gold words that are substrings of x) / (gold words).
+# Paper values in the last column: format_reward (one <update> opened, closed across lines, non-empty).
+@pytest.mark.parametrize(
+    "response, released, paper",
+    [
+        ("<thinking>t</thinking>\n<update>John met Smith</update>", 1.0, 1.0),  # one one-line block
+        ("<update>John\nSmith</update>", 0.0, 1.0),  # spans two lines: the one-line pattern finds nothing
+        ("<update>John</update> <update>Smith</update>", 0.0, 0.0),  # two non-blank blocks
+        ("<update> </update>\n<update>Smith</update>", 1.0, 0.0),  # the blank block is not counted
+        ("<update></update>", 0.0, 0.0),  # blank only
+        ("no tags at all", 0.0, 0.0),
+    ],
+)
+def test_released_format_reward_memory_step(response, released, paper):
+    assert released_format_reward(response, final=False) == released
+    assert format_reward(response, final=False) == paper
+
+
+@pytest.mark.parametrize(
+    "response, released, paper",
+    [
+        (r"so \boxed{John}", 1.0, 1.0),
+        (r"\boxed{John} or \boxed{Smith}", 1.0, 0.0),  # greedy on one line: one match "John} or \boxed{Smith"
+        ("\\boxed{John}\n\\boxed{Smith}", 0.0, 0.0),  # one match per line: two
+        ("\\boxed{\nJohn}", 0.0, 1.0),  # the box spans a newline: no one-line match
+        (r"\boxed{ }", 0.0, 0.0),  # blank
+    ],
+)
+def test_released_format_reward_final_step(response, released, paper):
+    assert released_format_reward(response, final=True) == released
+    assert format_reward(response, final=True) == paper
+
+
+def test_released_memory_gain_by_hand():
+    golds = ["John Smith", "Smith"]
+    # R over golds: "John Smith" needs "John" and "Smith", "Smith" needs "Smith"; mean of the two fractions.
+    layout = "<memory>\nJohn Smith\n</memory>"  # the published layout: the memory on its own lines -> prev ""
+    # one-line update "John met Smith": (2/2 + 1/1) / 2 = 1; prev "" -> 0; gain 1
+    assert released_memory_gain("<update>John met Smith</update>", layout, golds) == pytest.approx(1.0)
+    # multi-line update: no one-line block, new "" -> 0 - 0 = 0 (paper: parsed memory "John\nSmith" -> 1)
+    assert released_memory_gain("<update>John\nSmith</update>", layout, golds) == 0.0
+    # two updates: the first one counts, "John": (1/2 + 0/1) / 2 = 1/4
+    assert released_memory_gain("<update>John</update> <update>Smith</update>", layout, golds) == pytest.approx(0.25)
+    # a blank first block is still the first match: R(" ") = 0, whatever the second block says
+    assert released_memory_gain("<update> </update>\n<update>Smith</update>", layout, golds) == 0.0
+    # case-sensitive substrings: "john smith" holds neither "John" nor "Smith" -> 0 (paper recall: 1);
+    # "Johnson of the Smithsonian" holds both as substrings -> 1 (paper recall: 0)
+    assert released_memory_gain("<update>john smith</update>", layout, golds) == 0.0
+    assert released_memory_gain("<update>Johnson of the Smithsonian</update>", layout, golds) == pytest.approx(1.0)
+    # a prompt with a one-line <memory>John</memory>: prev R = (1/2 + 0) / 2 = 1/4; new "Smith": (1/2 + 1) / 2
+    # = 3/4; gain 3/4 - 1/4 = 1/2
+    assert released_memory_gain("<update>Smith</update>", "x <memory>John</memory> y", golds) == pytest.approx(0.5)
+    # and the sum: format 1 + memory 1/2 + callback (paper rule, nothing recalled) 0
+    assert step_reward("<update>Smith</update>", golds, final=False, new_memory="Smith", prev_memory="John",
+                       prompt="x <memory>John</memory> y", format_rule="released",
+                       memory_gain_rule="released") == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="format_rule must be one of paper, released"):
+        step_reward("x", golds, final=True, format_rule="one_line")
+    with pytest.raises(ValueError, match="memory_gain_rule must be one of paper, released"):
+        step_reward("x", golds, final=False, new_memory="x", memory_gain_rule="raw")
 
 
 def test_memagent_memory_recall_metrics():
