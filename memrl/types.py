@@ -58,6 +58,10 @@ class Segment:
     info: dict[str, Any] = field(default_factory=dict)
     trajectory_id: str = ""
     task_id: str = ""
+    old_logprobs: list[float] | None = None
+    """The trainer's own logprobs of the response before the update (algorithm.old_logprobs=trainer:
+    recomputed once per RL step, before its first optimizer step); None: the PPO ratio takes
+    `response_logprobs`, the engine's."""
 
     def __post_init__(self) -> None:
         where = f"Segment(step={self.step}, trajectory={self.trajectory_id or '?'})"

@@ -170,6 +170,9 @@ def off_policy_weights(
 
 
 MISMATCH_SUMS: tuple[str, ...] = ("abs_diff", "k3", "outside", "tokens")
+MISMATCH_PAIRS: tuple[str, ...] = ("old_vs_engine", "current_vs_old")
+"""With recomputed old logprobs (algorithm.old_logprobs=trainer), the mismatch of these pairs is logged too:
+the pre-update trainer policy vs the engine, and the training forward vs the pre-update policy."""
 
 
 def mismatch_sums(

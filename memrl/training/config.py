@@ -163,6 +163,14 @@ class AlgorithmSection:
     temperature: float = valid(1.0, gt=0)
     """Rollout temperature (overrides the workflow's); logprobs are recomputed under the same T."""
     # --- train/inference mismatch and its correction (docs/async.md)
+    old_logprobs: str = valid("engine", choices=("engine", "trainer"))
+    """The "old" logprobs of the PPO ratio. engine (memrl): the engine's sampling logprobs (token in,
+    token out; no extra forward). trainer (verl's actor compute_log_prob, slime's log-prob recompute; the
+    published recipes): one forward of the current policy over every row of the RL step, without gradients,
+    before its first optimizer step; every mini-batch's ratio is taken against those (the first one's is 1,
+    to float tolerance), and off_policy=tis / decoupled use them as the proximal policy (behaviour = the
+    engine), so they work with several mini-batches. Logs time/old_logprobs_s and the mismatch pairs
+    mismatch/old_vs_engine/* and mismatch/current_vs_old/*."""
     off_policy: str = valid("none", choices=OFF_POLICY_MODES)
     """none: the PPO ratio against the engine's sampling logprobs (unchanged); tis: truncated importance
     sampling, each token's loss times min(exp(old - engine), tis_cap) (verl, slime); decoupled: AReaL's
@@ -520,12 +528,14 @@ class TrainConfig:
         if self.rollout.max_staleness > 0 and self.rollout.num_engines < 1:
             self._check_async_engine()
         t = self.trainer
-        if self.algorithm.off_policy != "none" and (t.mini_batches != 1 or t.mini_batch_rows != 0):
+        a = self.algorithm
+        if a.off_policy != "none" and a.old_logprobs == "engine" and (t.mini_batches != 1 or t.mini_batch_rows != 0):
             raise ConfigError(
-                f"algorithm.off_policy={self.algorithm.off_policy} needs one optimizer step per RL step "
-                f"(trainer.mini_batches=1 and trainer.mini_batch_rows=0, got {t.mini_batches} and "
-                f"{t.mini_batch_rows}): its old / proximal logprobs come from each row's training forward, which "
-                "is the pre-update policy only for the first optimizer step (docs/async.md)")
+                f"algorithm.off_policy={a.off_policy} with algorithm.old_logprobs=engine needs one optimizer step "
+                f"per RL step (trainer.mini_batches=1 and trainer.mini_batch_rows=0, got {t.mini_batches} and "
+                f"{t.mini_batch_rows}): its proximal logprobs then come from each row's training forward, which "
+                "is the pre-update policy only for the first optimizer step; set algorithm.old_logprobs=trainer "
+                "(docs/async.md)")
         if self.engine.name == "openai" and self.engine.openai.api == "chat":
             raise ConfigError(
                 "engine.openai.api=chat cannot train: RL needs the generated token ids and their sampling "

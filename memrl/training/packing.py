@@ -121,6 +121,8 @@ class MicroBatch:
     weights: torch.Tensor
     num_rows: int
     num_tokens: int
+    prox_logprobs: torch.Tensor | None = None
+    """The trainer's recomputed old logprobs (Segment.old_logprobs) when every row has them, else None."""
 
     def to(self, device: str | torch.device) -> MicroBatch:
         """The same micro-batch on `device`."""
@@ -141,6 +143,7 @@ def collate(segments: Sequence[Segment], weights: Sequence[float] | None = None,
     old = torch.zeros((b, width - 1))
     adv = torch.zeros((b, width - 1))
     wts = torch.zeros((b, width - 1))
+    prox = torch.zeros((b, width - 1)) if all(s.old_logprobs is not None for s in segments) else None
     for i, s in enumerate(segments):
         seq = s.prompt_ids + s.response_ids
         ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
@@ -151,7 +154,9 @@ def collate(segments: Sequence[Segment], weights: Sequence[float] | None = None,
         sl = slice(p - 1, p - 1 + n)
         mask[i, sl] = torch.tensor(_mask(s), dtype=torch.float32)
         old[i, sl] = torch.tensor(s.response_logprobs, dtype=torch.float32)
+        if prox is not None:
+            prox[i, sl] = torch.tensor(s.old_logprobs, dtype=torch.float32)
         adv[i, sl] = float(s.advantage or 0.0)
         if weights is not None:
             wts[i, sl] = mask[i, sl] * weights[i]  # the row's weight (as float32) on its trained tokens, 0 elsewhere
-    return MicroBatch(ids, att, ids[:, 1:].clone(), mask, old, adv, wts, b, int(att.sum()))
+    return MicroBatch(ids, att, ids[:, 1:].clone(), mask, old, adv, wts, b, int(att.sum()), prox)

@@ -73,6 +73,9 @@ class LossParts:
     sums: dict[str, float] = field(default_factory=dict)
     mismatch: dict[str, float] = field(default_factory=dict)
     """Unweighted token sums of the train/inference mismatch (memrl.algorithms.losses.mismatch_sums)."""
+    pairs: dict[str, dict[str, float]] = field(default_factory=dict)
+    """With recomputed old logprobs: the same sums for "old_vs_engine" (the trainer's pre-update policy
+    against the engine's sampling) and "current_vs_old" (this forward against the pre-update policy)."""
 
 
 def ppo_micro_loss(
@@ -93,21 +96,24 @@ def ppo_micro_loss(
 
     `mb.weights` were fixed over the whole batch, so summing this over micro-batches equals the
     un-split loss (and its gradient). Logged sums are weighted the same way (so they add up to means).
-    `off_policy` (docs/async.md): none = the ratio against the engine's sampling logprobs `mb.old_logprobs`;
-    tis / decoupled = the ratio against this forward's own logprobs, detached (the trainer's policy before
-    the optimizer step: the old / proximal policy), each token's loss times
-    memrl.algorithms.losses.off_policy_weights(old, engine, off_policy, off_policy_cap). The mismatch sums
-    compare this forward's logprobs with the engine's on the trained tokens (`mismatch_clip`: c of the
-    ratio's [1/c, c] band).
+    The old logprobs of the PPO ratio: `mb.prox_logprobs` when the trainer recomputed them before the RL
+    step's first optimizer step (algorithm.old_logprobs=trainer, as verl and slime), else the engine's
+    sampling logprobs `mb.old_logprobs` (off_policy none) or this forward's own, detached (tis / decoupled:
+    the pre-update policy only in the first optimizer step). `off_policy` (docs/async.md): tis / decoupled
+    multiply each token's loss by memrl.algorithms.losses.off_policy_weights(old, engine, off_policy,
+    off_policy_cap): behaviour = the engine, proximal = old. The mismatch sums compare this forward's
+    logprobs with the engine's on the trained tokens (`mismatch_clip`: c of the ratio's [1/c, c] band);
+    with recomputed old logprobs `pairs` adds old vs engine and this forward vs old.
     """
     lp, ent = token_logprobs(model, mb, temperature, with_entropy=True)
-    engine_lp = mb.old_logprobs
+    engine_lp, prox = mb.old_logprobs, mb.prox_logprobs
     fn = get_loss(loss_name)
     is_w = None
     if off_policy == "none":
-        per_tok, stats = fn(lp, engine_lp, mb.advantages, mb.loss_mask, **(loss_kwargs or {}))
+        old = prox if prox is not None else engine_lp
+        per_tok, stats = fn(lp, old, mb.advantages, mb.loss_mask, **(loss_kwargs or {}))
     else:
-        old = lp.detach()
+        old = prox if prox is not None else lp.detach()
         per_tok, stats = fn(lp, old, mb.advantages, mb.loss_mask, **(loss_kwargs or {}))
         is_w = off_policy_weights(old, engine_lp, off_policy, off_policy_cap)
         per_tok = per_tok * is_w
@@ -131,7 +137,10 @@ def ppo_micro_loss(
     for k in ("clipfrac", "approx_kl"):
         if k in stats:
             sums[k] = stats[k] * wsum
-    return LossParts(loss, sums, mismatch_sums(lp, engine_lp, mb.loss_mask, mismatch_clip))
+    pairs = {} if prox is None else {
+        "old_vs_engine": mismatch_sums(prox, engine_lp, mb.loss_mask, mismatch_clip),
+        "current_vs_old": mismatch_sums(lp, prox, mb.loss_mask, mismatch_clip)}
+    return LossParts(loss, sums, mismatch_sums(lp, engine_lp, mb.loss_mask, mismatch_clip), pairs)
 
 
 def sft_micro_loss(model: torch.nn.Module, mb: MicroBatch) -> LossParts:

@@ -1,7 +1,7 @@
 """What one RL step logs, gathered around the step rather than written into it.
 
-- `StageTimer`: `with timer("rollout"): ...` times a stage of `Trainer.train_step`; the step's stage
-  seconds become `time/<stage>_s` (and `time/step_s`, their sum).
+- `StageTimer`: `with timer("rollout"): ...` times a stage of `Trainer.train_step` (rollout, update, and
+  within the update old_logprobs); each becomes `time/<stage>_s`, and `time/step_s` is rollout + update.
 - `rollout_metrics`: reward/*, rollout/*, traj/*, format/*, judge/* of a step's rollout.
 - `combine_step_metrics`: one RL step's train/* and mismatch/* from its optimizer steps' metrics.
 - `StepMetrics`: the step's metrics from the pieces above plus throughput (perf/*) and the engine's idle
@@ -47,10 +47,6 @@ class StageTimer:
             yield
         finally:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
-
-    @property
-    def total(self) -> float:
-        return sum(self.seconds.values())
 
 
 def _is_mismatch_mean(key: str) -> bool:
@@ -159,6 +155,9 @@ def step_metrics(parts: list[dict[str, float]], res: RolloutResult, timer: Stage
     metrics["time/rollout_s"] = rollout_s
     metrics["time/update_s"] = update_s
     metrics["time/step_s"] = rollout_s + update_s
+    for stage, secs in timer.seconds.items():  # stages inside these two (time/old_logprobs_s)
+        if stage not in ("rollout", "update"):
+            metrics[f"time/{stage}_s"] = secs
     gen = metrics.get("rollout/generated_tokens", 0.0)
     metrics["perf/rollout_tokens_per_s"] = gen / max(res.seconds if asynchronous else rollout_s, 1e-9)
     metrics["perf/train_tokens_per_s"] = metrics.get("train/tokens", 0.0) / max(update_s, 1e-9)

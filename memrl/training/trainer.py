@@ -178,10 +178,16 @@ class Trainer:
 
     def update(self, per_group: list[list[Segment]]) -> dict[str, float]:
         """The selected segments of each group -> rows -> PPO update(s) over micro-batches; returns loss
-        statistics (memrl.training.step_metrics.combine_step_metrics over the optimizer steps)."""
+        statistics (memrl.training.step_metrics.combine_step_metrics over the optimizer steps). With
+        algorithm.old_logprobs=trainer the rows' old logprobs are recomputed first (Segment.old_logprobs)."""
         release = getattr(self.parts.engine, "release_memory", None)  # colocated vLLM sleeps during the update
         if release is not None and self.parts.gate is None:  # (asynchronous: the engines keep sampling)
             release()
+        if self.cfg.algorithm.old_logprobs == "trainer":
+            with self.timer("old_logprobs"):  # one forward over every row, before the first optimizer step
+                rows = list({id(s): s for segs in per_group for s in segs}.values())
+                for s, lp in zip(rows, self.parts.workers.old_logprobs(rows), strict=True):
+                    s.old_logprobs = lp
         t = self.cfg.trainer
         steps = optimizer_steps(per_group, t.mini_batches, t.mini_batch_split, t.mini_batch_rows,
                                 t.mini_batch_rows_tail)

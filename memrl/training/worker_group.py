@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 import torch
 
-from memrl.training.packing import TrainBatch, split
+from memrl.training.packing import TrainBatch, split, split_rows
+from memrl.types import Segment
 
 
 class WorkerGroup(Protocol):
@@ -39,6 +40,10 @@ class WorkerGroup(Protocol):
 
     def train_rows(self, batch: TrainBatch, step_scheduler: bool = True) -> dict[str, float]:
         """One optimizer step on the weighed mini-batch (each rank on its share); metrics over all of it."""
+        ...
+
+    def old_logprobs(self, rows: Sequence[Segment]) -> list[list[float]]:
+        """algorithm.old_logprobs=trainer: each row's response logprobs under the current policy."""
         ...
 
     def full_state(self) -> dict[str, torch.Tensor]:
@@ -139,6 +144,17 @@ class RankGroup:
     def train_rows(self, batch: TrainBatch, step_scheduler: bool = True) -> dict[str, float]:
         shares = [batch] if self.world_size == 1 else split(batch, self.world_size)
         return self._each("train_rows", [(s, step_scheduler) for s in shares])[0]
+
+    def old_logprobs(self, rows: Sequence[Segment]) -> list[list[float]]:
+        """Each row's response logprobs under the current policy (no gradient), each rank its token-balanced
+        share (`split_rows`), in the rows' order."""
+        shares = [list(range(len(rows)))] if self.world_size == 1 else split_rows(rows, self.world_size)
+        got = self._each("old_logprobs", [([rows[i] for i in idx],) for idx in shares])
+        out: list[list[float]] = [[] for _ in rows]
+        for idx, lps in zip(shares, got, strict=True):
+            for i, lp in zip(idx, lps, strict=True):
+                out[i] = lp
+        return out
 
     def full_state(self) -> dict[str, torch.Tensor]:
         return self._all("full_state")[0]

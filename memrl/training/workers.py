@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from memrl.algorithms.losses import MISMATCH_SUMS, mismatch_means
+from memrl.algorithms.losses import MISMATCH_PAIRS, MISMATCH_SUMS, mismatch_means
 from memrl.algorithms.registry import options_kwargs
 from memrl.engines.weight_transfer import WeightTransfer
 from memrl.quiet import hf_progress_off
@@ -38,6 +38,7 @@ from memrl.training.placement import on_bundle, placement_group, replica_kind, s
 from memrl.training.policy import clip_norm, ppo_micro_loss, token_logprobs
 from memrl.training.sync_check import teacher_forced_logprobs
 from memrl.training.worker_group import LocalRank, RankGroup, WorkerGroup
+from memrl.types import Segment
 
 __all__ = ["PolicyWorker", "RayRank", "build_workers", "decay_groups", "node_address", "skips_zero_advantage"]
 
@@ -162,6 +163,7 @@ class PolicyWorker:
         self.opt.zero_grad(set_to_none=True)
         sums: dict[str, float] = {"loss/total": 0.0}
         mm = dict.fromkeys(MISMATCH_SUMS, 0.0)  # train/inference mismatch: token sums (docs/async.md)
+        pair_mm = {name: dict.fromkeys(MISMATCH_SUMS, 0.0) for name in MISMATCH_PAIRS}  # old_logprobs=trainer
         tokens = 0
         for j in range(n_steps):
             if j < len(batches):
@@ -179,6 +181,9 @@ class PolicyWorker:
                                   a.off_policy, off_policy_cap(a), a.mismatch_clip)
             for k, v in part.mismatch.items():
                 mm[k] += v
+            for name, sums_of in part.pairs.items():
+                for k, v in sums_of.items():
+                    pair_mm[name][k] += v
             # FSDP averages gradients over ranks; the weights already sum over the global batch.
             (part.loss * ws if ws > 1 else part.loss).backward()
             sums["loss/total"] += float(part.loss.detach())
@@ -196,12 +201,16 @@ class PolicyWorker:
         keys = sorted(sums)
         totals = D.all_reduce_sum([sums[k] for k in keys] + [float(len(batches)), float(len(share)), float(len(mine)),
                                                              float(tokens), all_w, kept_w]
-                                  + [mm[k] for k in MISMATCH_SUMS], self._comm_device())
+                                  + [mm[k] for k in MISMATCH_SUMS]
+                                  + [pair_mm[n][k] for n in MISMATCH_PAIRS for k in MISMATCH_SUMS], self._comm_device())
         out = dict(zip(keys, totals[: len(keys)], strict=True))
         n_mb, rows_all, rows_kept, n_tok, w_all, w_kept = totals[len(keys): len(keys) + 6]
         kind = replica_kind(self.cfg)
-        for k, v in mismatch_means(dict(zip(MISMATCH_SUMS, totals[len(keys) + 6:], strict=True))).items():
-            out[f"mismatch/{kind}/{k}"] = v
+        at = len(keys) + 6
+        for name in (kind, *MISMATCH_PAIRS):
+            for k, v in mismatch_means(dict(zip(MISMATCH_SUMS, totals[at: at + len(MISMATCH_SUMS)], strict=True))).items():
+                out[f"mismatch/{name}/{k}"] = v
+            at += len(MISMATCH_SUMS)
         if 0 < w_kept < w_all:  # entropy / clipfrac / approx_kl / is_weight: weighted means over the trained tokens
             for k in ("loss/entropy", "loss/clipfrac", "loss/approx_kl", "loss/is_weight"):  # (no KL when skipping)
                 if k in out:
@@ -210,6 +219,25 @@ class PolicyWorker:
         out["train/lr"] = self.sched.get_last_lr()[0]
         out["train/micro_batches"], out["train/rows"], out["train/tokens"] = n_mb, rows_all, n_tok
         out["train/rows_zero_adv_skipped"] = rows_all - rows_kept
+        return out
+
+    def old_logprobs(self, rows: list[Segment]) -> list[list[float]]:
+        """algorithm.old_logprobs=trainer: this rank's rows' response logprobs under the current (pre-update)
+        policy, no gradient, at the sampling temperature, in micro-batches packed by the token budget (every
+        rank runs as many forwards, padding with a blank row, as FSDP's collectives need)."""
+        pad = self.tokenizer.pad_token_id or 0
+        batches = pack_rows(rows, self.cfg.trainer.token_budget) if rows else []
+        n_steps = D.all_reduce_max(len(batches), self._comm_device())
+        out: list[list[float]] = [[] for _ in rows]
+        self.model.eval()
+        with torch.no_grad():
+            for j in range(n_steps):
+                idx = batches[j] if j < len(batches) else []
+                mb = collate([rows[i] for i in idx] or [blank_row(pad)], None, pad).to(self.device)
+                lp, _ = token_logprobs(self.model, mb, self.cfg.algorithm.temperature)
+                for k, i in enumerate(idx):
+                    p, n = len(rows[i].prompt_ids), len(rows[i].response_ids)
+                    out[i] = lp[k, p - 1 : p - 1 + n].tolist()
         return out
 
     def _comm_device(self) -> str:

@@ -43,6 +43,8 @@ PUBLISHED = [
     ("algorithm.dcpo.eps", 1e-6, "verl/trainer/ppo/core_algos.py: compute_dcpo_outcome_advantage epsilon"),
     ("algorithm.temperature", 0.7, f"{SCRIPT}: actor_rollout_ref.rollout.temperature=0.7"),
     ("algorithm.dynamic_sampling", False, f"{SCRIPT}: no filter_groups flag"),
+    ("algorithm.old_logprobs", "trainer",
+     "verl/trainer/ppo/ray_trainer.py fit: old_log_prob = actor_rollout_wg.compute_log_prob(batch) before the update"),
     ("workflow.temperature", 0.7, f"{SCRIPT}: actor_rollout_ref.rollout.temperature=0.7"),
     ("workflow.top_p", 0.95, f"{SCRIPT}: actor_rollout_ref.rollout.top_p=0.95"),
     ("workflow.max_assistant_turns", 40, f"{SCRIPT}: actor_rollout_ref.rollout.multi_turn.max_assistant_turns=40"),

@@ -115,6 +115,42 @@ def test_ppo_loss_and_gradient_per_mode_by_hand():
     assert part.mismatch["k3"] == pytest.approx((r2 - 1 - math.log(r2)) + (r3 - 1 - math.log(r3)), abs=1e-6)
 
 
+PROX = [math.log(0.5), math.log(0.7), math.log(0.25)]
+"""algorithm.old_logprobs=trainer: the trainer's recomputed pre-update logprobs of the same three tokens."""
+
+
+def _loss_prox(mode: str, cap: float | None):
+    model = _Fixed(P)
+    seg = Segment([0], [0, 0, 0], [math.log(0.5), -0.5, -0.5], advantage=1.0, old_logprobs=PROX)
+    mb = collate([seg], [1 / 3])
+    part = ppo_micro_loss(model, mb, 1.0, "ppo", {"clip_low": 0.2, "clip_high": 0.2, "dual_clip_c": 3.0},
+                          off_policy=mode, off_policy_cap=cap, mismatch_clip=1.25)
+    part.loss.backward()
+    return part, model.z.grad[0, :3, 0].tolist()
+
+
+def test_recomputed_old_logprobs_are_the_ratio_by_hand():
+    # ratio against the recompute: p / prox = [0.5/0.5, 0.8/0.7, 0.25/0.25] = [1, 1.14285714, 1], all inside
+    # [0.8, 1.2]; the engine's logprobs take no part (against them token 2 would clip at 1.2, token 3 be 0.412)
+    r2 = 0.8 / 0.7
+    part, g = _loss_prox("none", None)
+    assert float(part.loss.detach()) == pytest.approx(-(1 + r2 + 1) / 3, abs=1e-6)
+    assert g == pytest.approx([-(1 / 3) * 0.5, -(1 / 3) * r2 * 0.2, -(1 / 3) * 1 * 0.75], abs=1e-6)
+    # tis, C = 1.5: behaviour = engine, proximal = the recompute: w = min(exp(prox - engine), 1.5)
+    #   = [1, 0.7 e^0.5, 0.25 e^0.5] = [1, 1.15410462, 0.41218032]
+    w2, w3 = 0.7 * math.exp(0.5), 0.25 * math.exp(0.5)
+    part, _ = _loss_prox("tis", 1.5)
+    assert float(part.loss.detach()) == pytest.approx(-(1 + r2 * w2 + w3) / 3, abs=1e-6)
+    assert part.sums["is_weight"] == pytest.approx((1 + w2 + w3) / 3, abs=1e-6)
+    # both pairs of the mismatch: |prox - engine| = [0, |ln 0.7 + 0.5|, |ln 0.25 + 0.5|] = [0, 0.14332506,
+    # 0.88629436]; |current - prox| = [0, ln(8/7), 0] = [0, 0.13353139, 0]
+    assert part.pairs["old_vs_engine"]["abs_diff"] == pytest.approx(0.14332506 + 0.88629436, abs=1e-6)
+    assert part.pairs["current_vs_old"]["abs_diff"] == pytest.approx(0.13353139, abs=1e-6)
+    assert part.pairs["old_vs_engine"]["tokens"] == 3.0
+    # without the recompute there are no pairs (the logged mismatch is this forward vs the engine, as before)
+    assert _loss("none", None)[0].pairs == {}
+
+
 def test_step_metrics_weigh_mismatch_by_tokens():
     a = {"mismatch/hf/abs_logprob_diff_mean": 0.5, "mismatch/hf/kl_k3": 0.2, "mismatch/hf/tokens": 3.0,
          "loss/total": 1.0}
@@ -135,6 +171,11 @@ def test_off_policy_config():
     with pytest.raises(ConfigError, match="needs one optimizer step per RL step"):
         load_config(TrainConfig, ["algorithm.off_policy=tis", "trainer.mini_batches=2", "trainer.batch_size=4",
                                   "model.path=x"]).check()
+    # with the recomputed old logprobs the proximal policy is the pre-update one in every mini-batch
+    load_config(TrainConfig, ["algorithm.off_policy=tis", "algorithm.old_logprobs=trainer", "trainer.mini_batches=2",
+                              "trainer.batch_size=4", "model.path=x"]).check()
+    with pytest.raises(ConfigError, match="algorithm.old_logprobs"):
+        load_config(TrainConfig, ["algorithm.old_logprobs=actor"])
     with pytest.raises(ConfigError, match="off_policy"):
         load_config(TrainConfig, ["algorithm.off_policy=is"])
     with pytest.raises(ConfigError, match="mismatch_clip"):

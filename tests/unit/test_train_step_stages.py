@@ -112,3 +112,36 @@ def test_a_swapped_outcome_reward_keeps_the_step_rewards_rememr1_needs(tmp_path)
     assert metrics["reward/mean"] == (1.0 + 0.25) / 2
     assert [r.advantage for r in rows] == [0.8 * 0.375 + (1 - 0.8) * 0.5, 0.8 * 0.375,
                                            0.8 * -0.375 + (1 - 0.8) * -0.5, 0.8 * -0.375]
+
+
+class RecomputingWorkers(StubWorkers):
+    """StubWorkers with the recompute of algorithm.old_logprobs=trainer: every response token gets -0.25."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[int, int]] = []  # (rows asked, optimizer steps taken before)
+
+    def old_logprobs(self, rows):  # noqa: ANN001, ANN201
+        self.calls.append((len(rows), len(self.rows)))
+        return [[-0.25] * len(r.response_ids) for r in rows]
+
+    def train_rows(self, batch, step_scheduler=True):  # noqa: ANN001, ANN201
+        assert all(s.old_logprobs == [-0.25] * len(s.response_ids) for s in batch.segments)
+        return super().train_rows(batch, step_scheduler)
+
+
+def test_old_logprobs_recomputed_once_before_the_first_optimizer_step(tmp_path):
+    cfg = _config(tmp_path)
+    cfg.algorithm.old_logprobs = "trainer"
+    tok = CharTokenizer()
+    engine = ScriptedEngine(["Paris", "\\boxed{Paris}", "nothing", "\\boxed{Rome}"], tokenizer=tok)
+    workers = RecomputingWorkers()
+    tasks = [Task("q0", "Where is the tower?", "The tower is in Paris.", ["Paris"])]
+    trainer = Trainer(assemble(cfg, workers=workers, engine=engine, tokenizer=tok, tasks=tasks))
+    try:
+        metrics = trainer.train_step()
+    finally:
+        trainer.parts.runtime.close()
+    # one call over the step's 4 rows (2 trajectories x memory + final), before any optimizer step
+    assert workers.calls == [(4, 0)] and len(workers.rows) == 1 and len(workers.rows[0]) == 4
+    assert 0 <= metrics["time/old_logprobs_s"] <= metrics["time/update_s"]
