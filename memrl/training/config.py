@@ -269,6 +269,11 @@ class TrainerSection:
     mini_batch_rows: int = valid(0, ge=0, note="0 = off")
     """vime / slime: one optimizer step every k rows (--global-batch-size), rows in batch order (each
     trajectory's calls together); a last slice of fewer rows is a step of its own. Needs mini_batches=1."""
+    mini_batch_ranks: int = valid(1, ge=1, le=4096)
+    """mini_batch_split=rows: the data-parallel size of the published run whose cut to reproduce. verl cuts
+    each rank's contiguous share of the batch into `mini_batches` slices and optimizer step j trains slice j
+    of every share (memrl.training.schedule); 1 cuts the whole batch at once (memrl's rule, and a 1-GPU
+    verl run). Independent of memrl's own trainer.num_workers: the same rows per step at any world size."""
     mini_batch_rows_tail: str = valid("step", choices=("step", "drop"))
     """mini_batch_rows=r and a batch of rows not a multiple of r: "step" (memrl) trains the last rows as
     a smaller step of their own; "drop" leaves them out of the update, as vime's custom convert does
@@ -325,6 +330,10 @@ class TrainerSection:
 
     def check(self) -> None:
         """One update schedule is set; the loggers hold jsonl, each once, and are installed."""
+        if self.mini_batch_ranks != 1 and self.mini_batch_split != "rows":
+            raise ConfigError(
+                f"trainer.mini_batch_ranks={self.mini_batch_ranks} is verl's per-rank cut of the turn-major rows: "
+                f"it needs trainer.mini_batch_split=rows, got {self.mini_batch_split!r}")
         if self.mini_batch_rows != 0 and self.mini_batches != 1:
             raise ConfigError(
                 f"trainer.mini_batch_rows={self.mini_batch_rows} (a step every k rows) and trainer.mini_batches="

@@ -11,7 +11,12 @@ Three rules (`trainer.*`), each returning the rows of every optimizer step, in o
   train_batch_size // ppo_mini_batch_size contiguous slices with torch.tensor_split
   (dp_actor.update_policy -> recurrent/utils.py td_split): n rows into k slices are n mod k slices of
   ceil(n/k) rows, then slices of floor(n/k). verl refuses fewer rows than slices; here each row is then a
-  step of its own.
+  step of its own. With `mini_batch_ranks=W` (the published run's data-parallel size), the cut of a
+  W-rank verl run: its trainer pads the batch so each rank gets a contiguous share of the turn-major rows
+  (recurrent/utils.py graceful_padding: tensor_split sizes, the padding masked out again in
+  dp_actor.update_policy), each rank cuts ITS share into k slices, and optimizer step j trains slice j of
+  every share (the gradients are all-reduced). This is a property of the published run, not of memrl's
+  own ranks: any trainer.num_workers gives the same rows per step.
 - `mini_batch_rows=r` (vime on slime, --global-batch-size): one step every r rows in batch order (each
   trajectory's calls together, groups in order); a last slice of fewer rows is a step of its own
   (`tail="step"`), or is left out (`tail="drop"`: vime's custom_convert trims the rows to a multiple of
@@ -64,9 +69,10 @@ def turn_major(per_group: Sequence[Sequence[Segment]]) -> list[Segment]:
 
 
 def optimizer_steps(per_group: Sequence[Sequence[Segment]], mini_batches: int = 1, split: str = "groups",
-                    every_rows: int = 0, tail: str = "step") -> list[list[Segment]]:
+                    every_rows: int = 0, tail: str = "step", ranks: int = 1) -> list[list[Segment]]:
     """The segments each optimizer step trains, in order (`per_group`: the trained segments of each group,
-    in batch order). Empty steps are left out. `tail` ("step" | "drop") applies to `every_rows` only."""
+    in batch order). Empty steps are left out. `tail` ("step" | "drop") applies to `every_rows` only;
+    `ranks` (the published run's data-parallel size) to split "rows" only."""
     if every_rows > 0:
         rows = [s for segs in per_group for s in segs]
         if tail == "drop":  # vime: (total // r) * r rows, all of them when that is 0
@@ -75,7 +81,9 @@ def optimizer_steps(per_group: Sequence[Sequence[Segment]], mini_batches: int = 
             raise ValueError(f"unknown mini-batch tail {tail!r}; known: step, drop")
         return [rows[i : i + every_rows] for i in range(0, len(rows), every_rows)]
     if split == "rows":
-        return [p for p in even_slices(turn_major(per_group), mini_batches) if p]
+        shares = [even_slices(share, mini_batches) for share in even_slices(turn_major(per_group), ranks)]
+        steps = [[s for share in shares if j < len(share) for s in share[j]] for j in range(max(1, mini_batches))]
+        return [p for p in steps if p]
     if split != "groups":
         raise ValueError(f"unknown mini-batch split {split!r}; known: groups, rows")
     parts = [[s for segs in per_group[i::mini_batches] for s in segs] for i in range(max(1, mini_batches))]

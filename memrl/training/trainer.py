@@ -190,7 +190,7 @@ class Trainer:
                     s.old_logprobs = lp
         t = self.cfg.trainer
         steps = optimizer_steps(per_group, t.mini_batches, t.mini_batch_split, t.mini_batch_rows,
-                                t.mini_batch_rows_tail)
+                                t.mini_batch_rows_tail, t.mini_batch_ranks)
         # each mini-batch weighed once here, over all of it (one weight per row); each rank gets its share
         return combine_step_metrics([self.train_rows(weigh(part, self.cfg.algorithm.loss_agg),
                                                      step_scheduler=j == len(steps) - 1)

@@ -70,6 +70,22 @@ def test_rows_split_is_tensor_split_of_the_verl_order():
     assert [len(s) for s in even_slices(list(range(6144)), 16)] == [384] * 16
 
 
+def test_rows_split_as_a_multi_rank_verl_run_cuts_it():
+    # trainer.mini_batch_ranks=3: recurrent/utils.py graceful_padding(19, 3): group size 19 // 3 + 1 = 7,
+    # 19 mod 3 = 1 group without padding, so rank 0 holds rows 0-6 and ranks 1 and 2 a padding row (masked
+    # out again) + rows 7-12 and 13-18; each rank td_splits its share into 2: 7 -> 4 + 3, 6 -> 3 + 3.
+    # Step j trains slice j of every rank.
+    assert _names(optimizer_steps(_batch(), 2, "rows", ranks=3)) == [
+        "0a.m0 0b.m0 1a.m0 2a.m0 0a.m1 1a.m1 2b.m1 1a.f 1b.f 2a.f",
+        "2b.m0 3a.m0 3b.m0 1a.m2 0a.f 0b.f 2b.f 3a.f 3b.f",
+    ]
+    # one rank: the whole batch cut at once (10 + 9 rows, other rows per step)
+    assert _names(optimizer_steps(_batch(), 2, "rows"))[0] == (
+        "0a.m0 0b.m0 1a.m0 2a.m0 2b.m0 3a.m0 3b.m0 0a.m1 1a.m1 2b.m1")
+    # more ranks than rows for some slices: a step takes what the shares have (verl would refuse)
+    assert sum(len(s) for s in optimizer_steps(_batch(), 4, "rows", ranks=8)) == 19
+
+
 def test_rows_split_with_fewer_rows_than_slices_trains_each_row_alone():
     two = [[_seg("0a.m0", False), _seg("0a.f", True)]]
     assert _names(optimizer_steps(two, 4, "rows")) == ["0a.m0", "0a.f"]
@@ -86,6 +102,20 @@ def test_every_k_rows_cuts_the_batch_order():
 
 def test_every_row_is_trained_exactly_once_under_every_rule():
     want = sorted(s.info["name"] for g in _batch() for s in g)
-    for kw in ({}, {"mini_batches": 3}, {"mini_batches": 3, "split": "rows"}, {"every_rows": 5}):
+    for kw in ({}, {"mini_batches": 3}, {"mini_batches": 3, "split": "rows"}, {"every_rows": 5},
+               {"mini_batches": 3, "split": "rows", "ranks": 4}):
         got = sorted(s.info["name"] for step in optimizer_steps(_batch(), **kw) for s in step)
         assert got == want, kw
+
+
+def test_mini_batch_ranks_needs_the_rows_split():
+    import pytest
+
+    from memrl.config import ConfigError, load_config
+    from memrl.training.config import TrainConfig
+
+    with pytest.raises(ConfigError, match="trainer.mini_batch_ranks=4 .* needs trainer.mini_batch_split=rows"):
+        load_config(TrainConfig, ["model.path=x", "trainer.mini_batch_ranks=4", "trainer.batch_size=4",
+                                  "trainer.mini_batches=2"]).check()
+    load_config(TrainConfig, ["model.path=x", "trainer.mini_batch_ranks=4", "trainer.batch_size=4",
+                              "trainer.mini_batches=2", "trainer.mini_batch_split=rows"]).check()
