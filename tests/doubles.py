@@ -77,7 +77,8 @@ class CompletionServer:
     (token strings are decoded text, no token ids). Events: ("chat", prompt_ids, token_ids, logprobs).
     """
 
-    def __init__(self, engine: Any, api: str = "completions", chat_token_ids: bool = True) -> None:
+    def __init__(self, engine: Any, api: str = "completions", chat_token_ids: bool = True,
+                 served_models: list[str] | None = None) -> None:
         import json
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -87,6 +88,7 @@ class CompletionServer:
         self.engine = engine
         self.api = api
         self.chat_token_ids = chat_token_ids
+        self.served_models = served_models  # GET /v1/models lists them, and a chat request must name one
         self.events: list[tuple[Any, ...]] = []
         outer = self
 
@@ -100,6 +102,11 @@ class CompletionServer:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:  # noqa: N802 - http.server API
+                if self.path == "/v1/models" and outer.served_models is not None:
+                    outer.events.append(("models",))
+                    self._send(200, {"object": "list", "data": [{"id": m, "object": "model"}
+                                                                for m in outer.served_models]})
+                    return
                 self._send(200 if self.path == "/health" else 404, {})
 
             def do_POST(self) -> None:  # noqa: N802 - http.server API
@@ -125,6 +132,8 @@ class CompletionServer:
                               stop_token_ids=tuple(body.get("stop_token_ids", ())), seed=body.get("seed"))
 
     def _chat(self, body: dict[str, Any]) -> Any:
+        if self.served_models is not None and body.get("model") not in self.served_models:
+            raise ValueError(f"model {body.get('model')!r} is not served (a vLLM 0.7-era server requires it)")
         tok = self.engine.tokenizer
         text = tok.apply_chat_template(body["messages"], tokenize=False, add_generation_prompt=True)
         prompt = list(tok.encode(text, add_special_tokens=False))

@@ -90,7 +90,8 @@ class OpenAISection:
     base_url: str = "http://127.0.0.1:8000"
     """Server root, with or without a trailing /v1."""
     served_model: str | None = None
-    """Served model name sent in requests; None = the server's only model."""
+    """Served model name sent in requests; None = the server's only model (api=chat: taken from the server's
+    GET /v1/models, which vLLM 0.7-era chat servers need; a server listing several is an error naming this)."""
     api_key: str | None = None
     """Sent as a Bearer token; None = the variable api_key_env names. Prefer the variable: a key given here
     is redacted ("<redacted>") in every saved config (eval_config.json, config.yaml)."""

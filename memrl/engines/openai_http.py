@@ -89,7 +89,8 @@ class OpenAIConfig:
     tokenizer: str = ""
     """Local tokenizer directory (the served model's); workflows tokenize with it."""
     model: str | None = _OPENAI.served_model
-    """Served model name; None = the server's default (vLLM and SGLang pick their only model)."""
+    """Served model name; None = the server's default (vLLM and SGLang pick their only model; api=chat asks
+    GET /v1/models for it, as vLLM 0.7-era chat servers require one)."""
     api_key: str | None = _OPENAI.api_key
     """Sent as a Bearer token; None = the environment variable api_key_env names, when set."""
     api_key_env: str = _OPENAI.api_key_env
@@ -292,11 +293,37 @@ class OpenAIEngine:
         self._adapter: str | None = None  # the LoRA adapter requests name (load_adapter)
         self._adapter_tag = uuid.uuid4().hex[:8]
         self._adapter_version = 0
+        self._listed: str | None = None  # api=chat without a served model: the server's one model, asked once
+        self._model_task: asyncio.Future[None] | None = None  # per client (loop): the concurrent calls share it
 
     @property
     def served_model(self) -> str | None:
-        """What requests send as `model`: the current LoRA adapter, else OpenAIConfig.model."""
-        return self._adapter or self.config.model
+        """What requests send as `model`: the current LoRA adapter, else OpenAIConfig.model, else (chat
+        requests) the one model the server lists (`_ask_model`)."""
+        return self._adapter or self.config.model or self._listed
+
+    async def _ask_model(self, client: Any) -> None:
+        """api=chat with no engine.openai.served_model: servers of the vLLM 0.7 era (MemAgent's serve/llm070.py)
+        require `model` in a chat request, so take the server's only model from GET /v1/models, once. Several
+        models is a one-line error naming the setting; a server without the endpoint gets no `model`, as before."""
+        url = f"{self.root}/v1/models"
+        try:
+            resp = await client.get(url)
+        except httpx.HTTPError as e:
+            log.warning("%s: %s; chat requests are sent without a model name", url, e)
+            return
+        if resp.status_code >= 400:
+            log.warning("%s: HTTP %d; chat requests are sent without a model name", url, resp.status_code)
+            return
+        try:
+            ids = [str(m["id"]) for m in resp.json()["data"]]
+        except (ValueError, KeyError, TypeError) as e:
+            raise EngineError(f"{url}: malformed model list (expected {{\"data\": [{{\"id\": ...}}]}}): "
+                              f"{resp.text[:200]!r}") from e
+        if len(ids) > 1:
+            raise EngineError(f"{url} serves {len(ids)} models ({', '.join(ids)}); set engine.openai.served_model "
+                              "to the one to evaluate")
+        self._listed = ids[0] if ids else None
 
     def _timeout(self) -> Any:
         c = self.config
@@ -343,15 +370,19 @@ class OpenAIEngine:
         """One completion; at most max_concurrency in flight, retried on transient failures."""
         if not prompt_ids:
             raise EngineError(f"{self.url}: empty prompt")
+        messages = getattr(prompt_ids, "messages", None)
+        if self.config.api == "chat" and messages is None:
+            raise EngineError(f"{self.url}: engine.openai.api=chat sends chat messages, but this prompt was "
+                              "built as token ids (MemAct's working context is); use engine.openai.api=completions")
+        client, sem = self._state()
+        if self.config.api == "chat" and not (self._adapter or self.config.model):
+            if self._model_task is None:
+                self._model_task = asyncio.ensure_future(self._ask_model(client))
+            await self._model_task
         if self.config.api == "chat":
-            messages = getattr(prompt_ids, "messages", None)
-            if messages is None:
-                raise EngineError(f"{self.url}: engine.openai.api=chat sends chat messages, but this prompt was "
-                                  "built as token ids (MemAct's working context is); use engine.openai.api=completions")
             body = chat_request(messages, sampling, self.served_model)
         else:
             body = completion_request(prompt_ids, sampling, self.served_model)
-        client, sem = self._state()
         attempts = self.config.max_retries + 1
         async with sem:
             for attempt in range(attempts):
@@ -450,6 +481,7 @@ class OpenAIEngine:
     async def close(self) -> None:
         """Close the pooled client (the engine may be used again afterwards, from any loop)."""
         client, self._client, self._loop, self._sem = self._client, None, None, None
+        self._model_task = None
         if client is not None:
             try:
                 await client.aclose()

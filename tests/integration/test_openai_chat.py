@@ -123,3 +123,36 @@ def test_training_refuses_chat_mode_before_any_request(tiny_model, tmp_path, cap
                    "engine.openai.api=completions")
     assert srv.events == []
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_chat_asks_the_server_for_its_one_model(tiny_model, tmp_path, capsys):
+    """A vLLM 0.7-era chat server (MemAgent's serve/llm070.py) requires `model` in every chat request: with
+    engine.openai.served_model unset, memrl asks GET /v1/models once and sends its only model; a server
+    listing several is one line naming the setting, before any chat request."""
+    from doubles import CompletionServer
+
+    from memrl.engines.hf import HFEngine
+
+    data = tmp_path / "eval_2.json"
+    write_records(data, RECORDS)
+    local = tmp_path / "local"
+    assert main(["eval", str(data), "--out", str(local), "--model", tiny_model, "engine.hf.deterministic=true",
+                 *WORKFLOW]) == 0
+    with CompletionServer(HFEngine(tiny_model, deterministic=True, seed=None), api="chat",
+                          served_models=["llm070"]) as srv:
+        assert main(["eval", str(data), "--out", str(tmp_path / "one"), "--model", tiny_model, "engine=openai",
+                     f"engine.openai.base_url={srv.url}", "engine.openai.api=chat", *WORKFLOW]) == 0
+        # asked once; then every chat request named the model (the server refuses one that does not)
+        assert [e for e in srv.events if e[0] == "models"] == [("models",)]
+        assert sum(e[0] == "chat" for e in srv.events) == len(srv.events) - 1 > 0
+    assert rows(tmp_path / "one") == rows(local)
+    capsys.readouterr()
+    with CompletionServer(HFEngine(tiny_model, deterministic=True, seed=None), api="chat",
+                          served_models=["a", "b"]) as srv:
+        code = main(["eval", str(data), "--out", str(tmp_path / "two"), "--model", tiny_model, "engine=openai",
+                     f"engine.openai.base_url={srv.url}", "engine.openai.api=chat", *WORKFLOW])
+        assert [e[0] for e in srv.events] == ["models"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1
+    assert err[0].endswith(f"{srv.url}/v1/models serves 2 models (a, b); set engine.openai.served_model to the one "
+                           "to evaluate")
