@@ -14,6 +14,22 @@ from memrl.cli import main
 EST = "plugins_example.estimators"
 
 
+@pytest.fixture(autouse=True)
+def _registry_as_it_was():
+    """The example module registers its estimator and loss in memrl's tables when imported; leave the tables
+    (and the import) as they were, so later tests see the built-ins only."""
+    import sys
+
+    from memrl.algorithms import base
+
+    saved = [(t, dict(t)) for t in (base.ADVANTAGES, base.LOSSES, base.OPTIONS)]
+    yield
+    for table, old in saved:
+        table.clear()
+        table.update(old)
+    sys.modules.pop(EST, None)
+
+
 @pytest.mark.slow
 def test_memrl_train_runs_a_plugin_estimator_and_loss_with_their_options(tmp_path):
     from memrl.models.tiny import cached_tiny_model

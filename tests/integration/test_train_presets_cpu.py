@@ -93,12 +93,13 @@ def _train(tiny_path, tmp, preset: str, style: str, recall: bool, *sizes: str) -
 
 @pytest.mark.parametrize("preset, recall", [("memagent_official", False), ("rememr1_official", True)])
 def test_verl_presets_train_two_steps_with_the_published_reward_and_schedule(tiny_path, tmp_path, preset, recall):
-    # Published: 128 tasks per batch in 16 mini-batches (verl's row cut). Shrunk to 2 tasks x n=2 in 2 mini-batches
-    # by the same row rule (16 steps need 16 tasks and take minutes on a shared CPU; the parity test checks the
-    # 16). CONTEXT is longer than 16 tokens, so max_chunks=2 x chunk_tokens=8 (centre cut) gives exactly 2 memory
-    # calls + 1 final = 3 rows per trajectory: 2 * 2 * 3 = 12 rows, 2 steps of 6 rows each.
+    # Published: 128 tasks per batch in 16 mini-batches, cut per rank on 32 ranks (verl's row cut). Shrunk to 2
+    # tasks x n=2 in 2 mini-batches on 2 ranks by the same row rule (16 steps need 16 tasks and take minutes on a
+    # shared CPU; the parity test checks the 16 and the 32). CONTEXT is longer than 16 tokens, so max_chunks=2 x
+    # chunk_tokens=8 (centre cut) gives exactly 2 memory calls + 1 final = 3 rows per trajectory: 2 * 2 * 3 = 12
+    # rows, 2 rank shares of 6, each cut in 3 + 3: 2 steps of 6 rows each.
     metrics, prompts = _train(tiny_path, tmp_path, preset, "memrl", recall, "trainer.batch_size=2", "algorithm.n=2",
-                              "trainer.mini_batches=2")
+                              "trainer.mini_batches=2", "trainer.mini_batch_ranks=2")
     assert len(metrics) == 2
     for m in metrics:
         assert m["train/optimizer_steps"] == 2.0 and m["train/rows"] == 12.0 and m["rollout/segments"] == 12.0
