@@ -165,7 +165,7 @@ def memagent_batch(engine, runner: asyncio.Runner | None = None):  # noqa: ANN00
     spec = get_workflow("memagent")
     tasks = make_lookback_tasks(LookbackConfig(num_chunks=3, chunk_words=24), 4, seed=0)
     cfg = MemAgentConfig(chunk_tokens=32, max_memory_tokens=24, max_final_tokens=12, temperature=0.0)
-    coro = rollout(tasks, spec, engine, cfg, n=2, concurrency=8, seed=0)
+    coro = rollout(tasks, spec, engine, cfg, n=2, concurrency=8, seed=0, services=None)  # memagent takes none
     return runner.run(coro) if runner is not None else asyncio.run(coro)
 
 
