@@ -6,28 +6,15 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from plugins_example import ESTIMATORS, registry_restored  # noqa: F401 - the fixture
 
 from memrl.cli import main
 from memrl.config import ConfigError, load_config, to_yaml
 from memrl.training.config import FLAT_OPTIONS, TrainConfig
 
-EST = "plugins_example.estimators"
+EST = ESTIMATORS
+pytestmark = pytest.mark.usefixtures("registry_restored")
 
-
-@pytest.fixture(autouse=True)
-def _registry_as_it_was():
-    """The example module registers its estimator and loss in memrl's tables when imported; leave the tables
-    (and the import) as they were, so later tests see the built-ins only."""
-    import sys
-
-    from memrl.algorithms import base
-
-    saved = [(t, dict(t)) for t in (base.ADVANTAGES, base.LOSSES, base.OPTIONS)]
-    yield
-    for table, old in saved:
-        table.clear()
-        table.update(old)
-    sys.modules.pop(EST, None)
 
 
 def _options(*overrides: str):
