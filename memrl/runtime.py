@@ -111,7 +111,6 @@ class RolloutRuntime:
                       score: bool = False, concurrency: int | None = None) -> list[Group]:
         """`sample` as a coroutine on the runtime's loop; `engine`: another engine than the runtime's (the
         asynchronous producer's memrl.engines.versioned.VersionedEngine around it)."""
-
         spec = spec or self.spec
         if spec is None:
             raise ValueError("RolloutRuntime.sample: no workflow (give spec= here or to the runtime)")
@@ -127,7 +126,6 @@ class RolloutRuntime:
 
     async def ascore(self, groups: Sequence[Group], *, spec: Any = None) -> list[list[Any]]:
         """`score` as a coroutine on the runtime's loop."""
-
         spec = spec or self.spec
         if spec is None:
             raise ValueError("RolloutRuntime.score: no workflow (give spec= here or to the runtime)")

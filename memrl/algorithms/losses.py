@@ -184,7 +184,6 @@ def mismatch_sums(
     the k3 estimate of KL(engine || trainer) from tokens the engine sampled (unbiased, >= 0 per token).
     outside: tokens whose ratio exp(d) is outside [1/clip, clip], i.e. |d| > log(clip). tokens: the count.
     """
-
     with torch.no_grad():
         m = mask.detach().to(torch.float64)
         d = trainer_logprobs.detach().to(torch.float64) - engine_logprobs.detach().to(torch.float64)

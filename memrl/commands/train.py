@@ -28,7 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     cfg = load_config(TrainConfig, args.overrides, preset=args.preset)
     workflow = validate(cfg)
     if args.print_config:

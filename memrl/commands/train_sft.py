@@ -89,8 +89,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
-
     cfg = load_config(SFTRunConfig, args.overrides, preset=args.preset)
     model_dir(cfg.model.path, "model.path")
     if cfg.data.name == "file":
@@ -119,9 +117,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_conversations(cfg: SFTRunConfig) -> int:
     """SFT on a conversation file's chats (memrl.data.conversations)."""
-
-
-
     path = cfg.data.path
     if not path or not Path(path).is_file():
         raise ConfigError(f"data.path: {path!r} is not a file (train-sft with data.name=file reads a conversation file)")
@@ -147,12 +142,10 @@ def _run_conversations(cfg: SFTRunConfig) -> int:
 
 def _lora(model: Any, cfg: SFTRunConfig) -> Any:
     """model.lora.rank > 0: the model with PEFT LoRA adapters (only they train; memrl.training.lora)."""
-
     return lora.wrap(model, cfg.model.lora, cfg.sft.seed) if lora.enabled(cfg.model) else model
 
 
 def _save_merged(model: Any, tok: Any, out: Any, cfg: SFTRunConfig) -> None:
     """With LoRA, out_dir holds PEFT's adapter; model.lora.save_merged adds the merged model in out_dir/merged."""
-
     if lora.is_peft(model) and cfg.model.lora.save_merged:
         lora.save_merged_dir(model, tok, out / lora.MERGED_DIR)

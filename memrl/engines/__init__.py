@@ -67,8 +67,6 @@ def build_engine(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None, l
 
 def _check_weights(model: str) -> None:
     """A config-only directory (a verl checkpoint's huggingface/ folder) fails here, naming the conversion."""
-
-
     hint = weightless_hint(Path(model)) if Path(model).is_dir() else None
     if hint:
         raise UserError(f"engine.model={model}: {hint}")

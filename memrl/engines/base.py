@@ -49,7 +49,6 @@ class SamplingParams:
         return self.temperature if self.temperature > 0 else 1.0
 
     def replace(self, **kw: Any) -> SamplingParams:
-
         return replace(self, **kw)
 
 

@@ -109,7 +109,6 @@ class _Request:
 
 def _settle_on_loop(loop: asyncio.AbstractEventLoop, results: list[tuple[_Request, Any]]) -> None:
     """Set every (request, result) on `loop`, in one callback (so waiters resume in one turn, in order)."""
-
     def settle() -> None:
         for req, result in results:
             if req.future.done():
@@ -250,7 +249,6 @@ class HFEngine:
         return model, self._tokenizer_of(model, tokenizer)
 
     def _load(self, model_or_path: Any, tokenizer: Any, attn: str | None) -> tuple[Any, Any]:
-
         if isinstance(model_or_path, str | os.PathLike):
             path = Path(model_or_path)
             if not (path / "config.json").is_file():
@@ -336,13 +334,11 @@ class HFEngine:
 
     def init_weight_transfer(self, spec: Any, first_rank: int) -> None:
         """Join the trainer's broadcast group as rank `first_rank` (blocks until every member joined)."""
-
         device = self.device if spec.backend == "nccl" else None
         self._transfer = WeightTransfer(spec, first_rank, device)
 
     def receive_weights(self) -> None:
         """Receive the trainer's next broadcast and load it (update_weights); call while it sends."""
-
         transfer = getattr(self, "_transfer", None)
         if transfer is None:
             raise EngineError("HFEngine.receive_weights before init_weight_transfer")
@@ -503,7 +499,6 @@ class HFEngine:
     # ------------------------------------------------------------------ model work (worker thread only)
 
     def _new_cache(self) -> Any:
-
         return Cache(layers=[self._layer_cls() for _ in range(self.num_layers)])
 
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:

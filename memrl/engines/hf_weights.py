@@ -17,7 +17,6 @@ def strip_wrappers(name: str) -> str:
 
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """Tensors of a .safetensors file, or of every *.safetensors (else pytorch_model*.bin) in a directory."""
-
     if path.is_file() and path.suffix == ".safetensors":
         return load_file(str(path))
     if not path.is_dir():

@@ -175,7 +175,6 @@ def chat_request(messages: list[dict[str, Any]], sampling: SamplingParams, model
 
 def parse_chat(payload: Any, url: str, tokenizer: Any) -> Completion:
     """A /v1/chat/completions JSON reply -> Completion (see "Chat mode" in the module docstring)."""
-
     def bad(what: str) -> EngineError:
         return EngineError(f"{url}: malformed chat reply: {what}")
 
@@ -222,7 +221,6 @@ def parse_chat(payload: Any, url: str, tokenizer: Any) -> Completion:
 
 def parse_completion(payload: Any, url: str) -> Completion:
     """A /v1/completions JSON reply -> Completion; any missing or inconsistent field is an EngineError."""
-
     def bad(what: str) -> EngineError:
         return EngineError(f"{url}: malformed completion reply: {what}")
 

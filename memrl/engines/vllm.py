@@ -164,7 +164,6 @@ class MemrlWorkerExtension:
         (checkpoints carry no lm_head.weight), so the embedding is loaded into lm_head explicitly.
         Returns the number of tensors loaded. Also callable over HTTP: see memrl.engines.openai_http.
         """
-
         if blob is not None:
             weights = load(blob)
         else:
@@ -200,8 +199,6 @@ class MemrlWorkerExtension:
     def memrl_init_transfer(self, spec: dict[str, Any], first_rank: int) -> int:
         """Join the trainer's weight-transfer group as rank first_rank + this worker's rank (blocks until
         every member joined); returns the rank taken."""
-
-
         rank = first_rank + int(getattr(self, "rank", 0))
         ts = TransferSpec(**spec)
         device = getattr(self, "device", None) if ts.backend == "nccl" else None
@@ -220,7 +217,6 @@ class MemrlWorkerExtension:
 
 def pack_state_dict(weights: Mapping[str, Any]) -> bytes:
     """A name -> tensor mapping as one safetensors blob (CPU, contiguous, shared storage split)."""
-
     return save({k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()})
 
 

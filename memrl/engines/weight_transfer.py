@@ -61,7 +61,6 @@ class WeightTransfer:
     """One member of the weight-transfer group (blocks until all world_size members joined)."""
 
     def __init__(self, spec: TransferSpec, rank: int, device: str | torch.device | None = None) -> None:
-
         if not 0 <= rank < spec.world_size:
             raise ValueError(f"weight transfer rank {rank} is outside 0..{spec.world_size - 1}")
         self.spec, self.rank = spec, rank
@@ -86,7 +85,6 @@ class WeightTransfer:
         self.bytes_sent = 0
 
     def _bcast(self, t: torch.Tensor) -> torch.Tensor:
-
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         self.pg.broadcast([t], opts).wait()

@@ -28,7 +28,6 @@ _CONTROL = re.compile(r"[\x00-\x1f]")
 
 def register_metric(name: str) -> Callable[[EvalMetric], EvalMetric]:
     """Decorator: register `fn(prediction, references) -> float` as eval metric `name`."""
-
     def deco(fn: EvalMetric) -> EvalMetric:
         _METRICS[name] = fn
         return fn

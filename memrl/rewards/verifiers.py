@@ -53,7 +53,6 @@ PUBLISHED_WINDOW = 300
 
 def register_verifier(name: str) -> Callable[[Verifier], Verifier]:
     """Decorator: register `fn(response_text, golds) -> float` under `name`."""
-
     def deco(fn: Verifier) -> Verifier:
         _VERIFIERS[name] = verifier(fn)
         return fn

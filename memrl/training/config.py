@@ -44,26 +44,6 @@ def off_policy_cap(a: AlgorithmSection) -> float | None:
     return a.tis_cap if a.off_policy == "tis" else a.decoupled_cap if a.off_policy == "decoupled" else None
 
 
-def _advantage_names() -> list[str]:
-
-    return advantage_names()
-
-
-def _loss_names() -> list[str]:
-
-    return loss_names()
-
-
-def _agg_modes() -> tuple[str, ...]:
-
-    return AGG_MODES
-
-
-def _kl_kinds() -> tuple[str, ...]:
-
-    return KL_KINDS
-
-
 @dataclass
 class ModelSection:
     """The policy to train: a HuggingFace causal-LM directory."""
@@ -120,7 +100,7 @@ class AlgorithmSection:
     `algorithm.dcpo.*`, `algorithm.rememr1.*`, `algorithm.ppo.*`, and `algorithm.<name>.*` for one
     registered in a user's module (`algorithm.name=package.module:fn`)."""
 
-    name: str = valid("grpo", choices=_advantage_names, import_paths=True)
+    name: str = valid("grpo", choices=advantage_names, import_paths=True)
     """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1, or an import path
     package.module:fn of a function marked @memrl.algorithms.base.register_advantage(name, Options). It does
     not choose which segments train: that is `selection`."""
@@ -141,7 +121,7 @@ class AlgorithmSection:
     """Options of the dcpo estimator: eps (it always divides by the group's std)."""
     rememr1: ReMemR1Options = field(default_factory=ReMemR1Options)
     """Options of the rememr1 estimator: alpha (ReMemR1's published 0.8), norm_by_std, eps, state_term."""
-    loss: str = valid("ppo", choices=_loss_names, import_paths=True)
+    loss: str = valid("ppo", choices=loss_names, import_paths=True)
     """Policy loss (memrl.algorithms.registry): ppo, or an import path package.module:fn of a function marked
     @memrl.algorithms.base.register_loss(name, Options)."""
     ppo: PPOOptions = field(default_factory=PPOOptions)
@@ -149,11 +129,11 @@ class AlgorithmSection:
     plugins: dict[str, Any] = field(default_factory=dict)
     """Options of an estimator or loss registered in a user's module, by its registered name: set them as
     `algorithm.<name>.<field>` (stored here; checked against its options dataclass before any work)."""
-    loss_agg: str = valid("token-mean", choices=_agg_modes)
+    loss_agg: str = valid("token-mean", choices=AGG_MODES)
     """token-mean, seq-mean-token-mean, seq-mean-token-sum, traj-mean."""
     kl_coef: float = valid(0.001, ge=0)
     """KL-to-reference loss coefficient (0 disables the reference model)."""
-    kl_kind: str = valid("low_var_kl", choices=_kl_kinds)
+    kl_kind: str = valid("low_var_kl", choices=KL_KINDS)
     entropy_coef: float = valid(0.0, ge=0)
     """Entropy bonus coefficient (0 = none)."""
     dynamic_sampling: bool = False
@@ -202,7 +182,6 @@ class AlgorithmSection:
         """(advantage options, loss options): the chosen estimator's and loss's options, each its section
         algorithm.<registered name> (an instance of the options dataclass it registered with; None for one
         registered without)."""
-
         try:
             names = advantage_name(self.name), loss_name(self.loss)
             classes = advantage_options(self.name), loss_options(self.loss)
@@ -217,8 +196,6 @@ class AlgorithmSection:
 
     def _section(self, name: str, cls: type | None) -> Any:
         """algorithm.<name> as an instance of `cls` (a copy)."""
-
-
         if cls is None:
             return None
         own = getattr(self, name) if name in {f.name for f in dataclasses.fields(self)} else None

@@ -47,7 +47,6 @@ async def asample_groups(
     `batch_size` tasks x n; with dynamic sampling, drop zero-variance groups and refill with fresh tasks
     for up to `max_refill_rounds` more rounds (the batch may end up smaller). `engine`: sample through it
     instead of the runtime's (the asynchronous producer's versioned gate)."""
-
     t0 = time.perf_counter()
     res = RolloutResult(groups=[])
     want = batch_size

@@ -44,7 +44,6 @@ def probe_ids(tokenizer: Any) -> list[int]:
 
 def teacher_forced_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> list[float]:
     """log_softmax (T=1) of each of `tokens` after `prompt` and the tokens before it, under `model`."""
-
     if not tokens:
         return []
     device = next(model.parameters()).device
@@ -76,7 +75,6 @@ def check_sync(cfg: Any, when: str, tokenizer: Any, engine: Any, runtime: Any, w
     `workers.probe_logprobs` (the policy in process at world size 1, the FSDP2 ranks above); {} when
     rollout.sync_check is off, else the metrics. `when`: which sync, for the message. Raises
     SyncCheckError (one line, naming the engine) on a mismatch."""
-
     r = cfg.rollout
     if not r.sync_check:
         return {}

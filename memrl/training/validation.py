@@ -38,7 +38,6 @@ def eval_config(cfg: Any) -> Any:
     """The EvalConfig validation runs with: the training workflow section as given (no training-only
     defaults), sampled at val.temperature / val.top_p, val.samples answers per question, the first
     val.max_questions of every file, seeded with trainer.seed."""
-
     v = cfg.val
     wf = {**cfg.workflow, "temperature": v.temperature, "top_p": v.top_p}
     return EvalConfig(workflow=wf, engine=cfg.engine, limit=v.max_questions, seed=cfg.trainer.seed,
@@ -64,7 +63,6 @@ def check(cfg: Any) -> None:
 def val_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
     """val/<dataset>/<N>/<metric> for each (dataset, N) of `rows` (memrl.eval.report.summarize), plus
     val/mean_accuracy."""
-
     out: dict[str, float] = {}
     accs = []
     for s in summarize(rows, "val"):
@@ -91,7 +89,6 @@ def run_validation(cfg: Any, out_dir: str | Path, step: int, engine: Any = None,
     """Evaluate the current policy on val.files into <out_dir>/val/step_<step> (replacing what a killed
     earlier attempt left there) and return its metrics: on the run's `runtime` (its loop, `engine` and
     services), or through `rollout` (a memrl.eval.evaluator.Rollout of the training workflow)."""
-
     out = Path(out_dir) / VAL_DIR / f"step_{step}"
     shutil.rmtree(out, ignore_errors=True)  # a redone step (resume) validates afresh
     rows = evaluate(cfg.val.files, out, eval_config(cfg), engine=engine, rollout=rollout,

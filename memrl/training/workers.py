@@ -87,8 +87,6 @@ class PolicyWorker:
     """One training rank. `start`: a checkpoint directory to resume from (weights + optimizer), or None."""
 
     def __init__(self, cfg: TrainConfig, info: D.DistInfo = D.DistInfo(), start: str | None = None) -> None:
-
-
         D.init_group(info)
         self.cfg, self.info = cfg, info
         self.loss_kwargs = options_kwargs(cfg.algorithm.options()[1])
@@ -261,7 +259,6 @@ class PolicyWorker:
     def probe_logprobs(self, prompt: list[int], tokens: list[int]) -> list[float]:
         """The policy's teacher-forced logprobs (log_softmax at T=1) of `tokens` after `prompt`
         (memrl.training.sync_check; collective at world size > 1: every rank runs the sharded forward)."""
-
         return teacher_forced_logprobs(self.model, prompt, tokens)
 
     def save(self, root: str, step: int, driver_state: dict[str, Any], keep: int = 0,
@@ -304,7 +301,6 @@ class PolicyWorker:
     def join_transfer(self, spec: Any) -> None:
         """Rank 0 joins the weight-transfer group as its sender (memrl.engines.weight_transfer); the other
         ranks only take part in the gathers."""
-
         if self.info.rank != 0:
             return
         self.transfer = WeightTransfer(spec, 0, self.device if spec.backend == "nccl" else None)
@@ -312,7 +308,6 @@ class PolicyWorker:
     def send_weights(self) -> tuple[float, float]:
         """Gather the weights (collective), rank 0 broadcasts them; (gather s, send s). A tied lm_head is
         left out: the receivers tie it to the embedding."""
-
         t0 = time.perf_counter()
         weights = self.full_state() if D.grouped() else self.model.state_dict()
         weights = L.engine_state(weights, self.cfg.model)  # LoRA: merged, HF names
@@ -324,8 +319,6 @@ class PolicyWorker:
     def write_weights(self, path: str) -> float:
         """Gather the weights (collective), rank 0 writes `path`/model.safetensors (atomically: a temp file
         renamed); returns seconds. A tied lm_head is left out, as in HF checkpoints."""
-
-
         t0 = time.perf_counter()
         weights = L.engine_state(self.full_state(), self.cfg.model)  # LoRA: merged, HF names
         if D.rank() == 0:
