@@ -2,6 +2,7 @@
 and the in-process weight sync, by model size (tiny, small, a Qwen2.5-0.5B-shaped random model).
 
     PYTHONPATH=$PWD python benchmarks/gpu_single.py [--skip-05b] [--json out.json]
+    PYTHONPATH=$PWD python benchmarks/gpu_single.py --dry-run   # the tiny model once on the CPU (the code path)
 
 Update: 16 rows x (96 prompt + 32 response) tokens, AdamW, KL to a reference model, one micro-batch
 (token budget 4096); float32 master weights. Generation: HFEngine, greedy, 64 new tokens per request
@@ -32,6 +33,7 @@ from memrl.training.packing import TrainBatch, weigh  # noqa: E402
 from memrl.types import Segment  # noqa: E402
 
 WARMUP, TIMED = 2, 5
+DEVICE = "cuda"
 
 
 def _rows(vocab: int, n: int = 16, prompt: int = 96, response: int = 32) -> TrainBatch:
@@ -43,7 +45,8 @@ def _rows(vocab: int, n: int = 16, prompt: int = 96, response: int = 32) -> Trai
 
 
 def _sync() -> None:
-    torch.cuda.synchronize()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def update_figures(path: str, dtype: str) -> dict[str, float]:
@@ -51,12 +54,13 @@ def update_figures(path: str, dtype: str) -> dict[str, float]:
 
     from memrl.training.workers import PolicyWorker
 
-    cfg = load_config(TrainConfig, [f"model.path={path}", "model.device=cuda", f"model.dtype={dtype}",
+    cfg = load_config(TrainConfig, [f"model.path={path}", f"model.device={DEVICE}", f"model.dtype={dtype}",
                                     "algorithm.kl_coef=0.001", "optim.lr=1e-5", "trainer.token_budget=4096"])
     w = PolicyWorker(cfg)
     rows = _rows(AutoConfig.from_pretrained(path).vocab_size)
     steps, gathers = [], []
-    torch.cuda.reset_peak_memory_stats()
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     for i in range(WARMUP + TIMED):
         _sync()
         t0 = time.perf_counter()
@@ -69,11 +73,12 @@ def update_figures(path: str, dtype: str) -> dict[str, float]:
         if i >= WARMUP:
             steps.append(t1 - t0)
             gathers.append(t2 - t1)
-    peak = torch.cuda.max_memory_allocated() / 2**30
+    peak = torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else float("nan")
     w.close()
     del w
-    torch.cuda.empty_cache()
-    tokens = sum(len(r.prompt_ids) + len(r.response_ids) for r in rows)
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    tokens = sum(len(r.prompt_ids) + len(r.response_ids) for r in rows.segments)
     return {"step_s": statistics.fmean(steps), "train_tok_s": tokens / statistics.fmean(steps),
             "gather_s": statistics.fmean(gathers), "peak_gib": peak}
 
@@ -85,7 +90,7 @@ def engine_figures(path: str, dtype: str) -> dict[str, float]:
     from memrl.engines.base import SamplingParams
 
     out: dict[str, float] = {}
-    eng = build_engine(load_config(EngineConfig, [f"model={path}", "max_batch_size=64", "hf.device=cuda",
+    eng = build_engine(load_config(EngineConfig, [f"model={path}", "max_batch_size=64", f"hf.device={DEVICE}",
                                                   f"dtype={dtype}", "hf.deterministic=false"]))
     vocab = eng.tokenizer.vocab_size
     rng = random.Random(0)
@@ -107,7 +112,7 @@ def engine_figures(path: str, dtype: str) -> dict[str, float]:
         await eng.close()
 
     asyncio.run(measure())
-    src = AutoModelForCausalLM.from_pretrained(path).to("cuda")
+    src = AutoModelForCausalLM.from_pretrained(path).to(DEVICE)
     times = []
     for _ in range(5):
         _sync()
@@ -117,7 +122,8 @@ def engine_figures(path: str, dtype: str) -> dict[str, float]:
         times.append(time.perf_counter() - t0)
     out["sync_s"] = min(times)
     del src
-    torch.cuda.empty_cache()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
     return out
 
 
@@ -125,19 +131,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-05b", action="store_true")
     ap.add_argument("--json", default="")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="the tiny model once on the CPU (keeps the script from rotting; no figures worth reading)")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("benchmarks/gpu_single.py needs a CUDA device (torch.cuda.is_available() is False)")
+    global DEVICE, WARMUP, TIMED
+    if args.dry_run:
+        DEVICE, WARMUP, TIMED = "cpu", 0, 1
+    elif not torch.cuda.is_available():
+        raise SystemExit("benchmarks/gpu_single.py needs a CUDA device (torch.cuda.is_available() is False); "
+                         "--dry-run runs the tiny model on the CPU")
     from memrl.engines.base import SamplingParams  # noqa: F401  (fail early on a broken install)
     from memrl.models.tiny import cached_tiny_model
 
     torch.backends.cuda.matmul.allow_tf32 = True
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"device: {torch.cuda.get_device_name() if DEVICE == 'cuda' else 'cpu (dry run)'}, torch {torch.__version__}")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        sizes = [("tiny", str(cached_tiny_model("tiny")), "float32"),
-                 ("small", str(cached_tiny_model("small")), "float32")]
-        if not args.skip_05b:
+        sizes = [("tiny", str(cached_tiny_model("tiny")), "float32")]
+        if not args.dry_run:
+            sizes.append(("small", str(cached_tiny_model("small")), "float32"))
+        if not args.skip_05b and not args.dry_run:
             p = _random_05b(os.path.join(tmp, "m05"))
             sizes += [("0.5B-shaped", p, "float32"), ("0.5B-shaped", p, "bfloat16")]
         print("| model | dtype | update s | train tok/s | gather s | peak GiB | gen tok/s b16 | gen tok/s b64 "

@@ -1,0 +1,138 @@
+"""The one prepared check for a machine with one CUDA device (an H100 or H200 with torch, transformers and
+peft; no vLLM, no Ray): run by scripts/gpu_check.sh, inside 10 minutes. Sections, each in its own
+process with its own time limit, so one that fails or runs over still leaves the others' figures:
+
+  tests       the gpu-marked tests (pytest -m gpu; those needing Ray or vLLM skip)
+  gpu_single  benchmarks/gpu_single.py: update, generation and weight sync by model size
+  steps       benchmarks/gpu_steps.py: one MemAgent GRPO and one MemAct DCPO step, 0.5B Qwen2 / 0.6B Qwen3, bf16
+  long_rows   benchmarks/long_rows.py: one update's peak memory on 32K and 64K-token rows, full vs chunked logits
+
+Prints one summary table (section, status, seconds, headline) and then each section's own table, and
+writes them to OUT/report.md (each section's whole output to OUT/<section>.log, figures to
+OUT/<section>.json). `--dry-run` runs every section on the CPU at toy sizes (the suite does, so the
+check cannot rot): the gpu tests are only collected, the benchmarks take their own --dry-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Section:
+    name: str
+    argv: list[str]
+    limit_s: int
+    dry_argv: list[str]
+
+
+def gpu_test_files() -> list[str]:
+    """The test modules that mark tests gpu (collecting only these: the others may import packages that a
+    GPU machine lacks, such as fastapi or playwright)."""
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+                  if "mark.gpu" in p.read_text(encoding="utf-8"))
+
+
+def sections(py: str, out: Path) -> list[Section]:
+    bench = ROOT / "benchmarks"
+    pytest = [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *gpu_test_files()]
+    return [
+        Section("tests", pytest, 170, [*pytest, "--collect-only"]),
+        Section("gpu_single", [py, str(bench / "gpu_single.py"), "--json", str(out / "gpu_single.json")], 120,
+                [py, str(bench / "gpu_single.py"), "--dry-run", "--json", str(out / "gpu_single.json")]),
+        Section("steps", [py, str(bench / "gpu_steps.py"), "--json", str(out / "steps.json")], 170,
+                [py, str(bench / "gpu_steps.py"), "--dry-run", "--json", str(out / "steps.json")]),
+        Section("long_rows", [py, str(bench / "long_rows.py"), "--device", "cuda", "--lengths", "32768,65536",
+                              "--json", str(out / "long_rows.json")], 110,
+                [py, str(bench / "long_rows.py"), "--dry-run", "--json", str(out / "long_rows.json")]),
+    ]
+
+
+def headline(name: str, log: str) -> str:
+    """One line from a section's output: the tests' pytest summary, else the number of table rows."""
+    if name == "tests":
+        found = [ln.strip("= ") for ln in log.splitlines()
+                 if re.search(r"\d+ (passed|failed|skipped|errors?|deselected)|\d+(/\d+)? tests? collected", ln)]
+        return found[-1] if found else "no pytest summary"
+    rows = [ln for ln in log.splitlines() if ln.startswith("| ") and not ln.startswith("|---")]
+    return f"{max(len(rows) - 1, 0)} table rows"
+
+
+def run_section(sec: Section, dry: bool, out: Path, env: dict[str, str]) -> dict[str, object]:
+    argv = sec.dry_argv if dry else sec.argv
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=sec.limit_s)
+        log, status = proc.stdout + proc.stderr, ("ok" if proc.returncode == 0 else f"failed (rc {proc.returncode})")
+    except subprocess.TimeoutExpired as e:
+        log = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        log += (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        status = f"over its {sec.limit_s} s limit"
+    secs = time.perf_counter() - t0
+    (out / f"{sec.name}.log").write_text(log)
+    keep = ("FAILED", "ERROR", "SKIPPED") if sec.name == "tests" else ("|", "device:")
+    tables = "\n".join(ln for ln in log.splitlines() if ln.startswith(keep))
+    tail = "\n".join(log.strip().splitlines()[-3:]) if status != "ok" else ""
+    return {"section": sec.name, "status": status, "seconds": round(secs, 1), "headline": headline(sec.name, log),
+            "tables": tables, "tail": tail}
+
+
+def device_line(py: str) -> str:
+    code = ("import torch, transformers; d = torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'; "
+            "print(f'{d}, torch {torch.__version__}, transformers {transformers.__version__}')")
+    proc = subprocess.run([py, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return proc.stdout.strip() or proc.stderr.strip().splitlines()[-1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="runs/gpu_check", help="folder for report.md, the logs and the figures")
+    ap.add_argument("--dry-run", action="store_true", help="every section on the CPU at toy sizes")
+    ap.add_argument("--only", default="", help="comma-separated section names (default: all)")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    py = sys.executable
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+           "PYTHONUNBUFFERED": "1"}
+    chosen = sections(py, out)
+    if args.only:
+        names = args.only.split(",")
+        unknown = sorted(set(names) - {s.name for s in chosen})
+        if unknown:
+            raise SystemExit(f"gpu_check: unknown --only {unknown}; sections: {', '.join(s.name for s in chosen)}")
+        chosen = [s for s in chosen if s.name in names]
+    started = time.perf_counter()
+    lines = [f"# GPU check{' (dry run, CPU)' if args.dry_run else ''}", "", f"device: {device_line(py)}", "",
+             "| section | status | s | result |", "|---|---|---|---|"]
+    results = []
+    for sec in chosen:
+        r = run_section(sec, args.dry_run, out, env)
+        results.append(r)
+        print(f"gpu_check: {sec.name}: {r['status']} in {r['seconds']} s ({r['headline']})", flush=True)
+        lines.append(f"| {sec.name} | {r['status']} | {r['seconds']} | {r['headline']} |")
+    lines += ["", f"total {time.perf_counter() - started:.0f} s", ""]
+    for r in results:
+        lines += [f"## {r['section']}", "", r["tables"] or "(no table)", ""]
+        if r["tail"]:
+            lines += ["last lines:", "```", r["tail"], "```", ""]
+    report = "\n".join(lines)
+    (out / "report.md").write_text(report)
+    (out / "summary.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "tables"} for r in results],
+                                                 indent=1))
+    print(report)
+    return 0 if all(r["status"] == "ok" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""One RL step of each seed method's loop on one device, by model family: a MemAgent GRPO step and a MemAct
+DCPO step, each on a random Qwen2.5-0.5B-shaped Qwen2 and a random Qwen3-0.6B-shaped Qwen3, in bf16,
+rolled out by the transformers engine (no Ray, no vLLM). Prints one row per (model, method) with the
+step's rollout / update seconds, tokens generated and trained, and the device's peak memory.
+
+    PYTHONPATH=$PWD python benchmarks/gpu_steps.py [--device cuda] [--json out.json]
+    PYTHONPATH=$PWD python benchmarks/gpu_steps.py --dry-run     # CPU, same vocabulary, 2-layer shapes
+
+The models are random (no hub downloads here): the figures are the machinery's cost at that shape (the
+151,936-entry vocabulary included; the tiny tokenizer only ever names its first few thousand ids, and a
+random policy samples any id, which decodes to nothing), not a learning result. Each step is the first of
+its run, so it includes the engine's first calls; the table says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from memrl.config import load_config
+from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks, write_tasks
+from memrl.models.tiny import cached_tiny_model
+from memrl.training.assemble import assemble
+from memrl.training.config import TrainConfig
+from memrl.training.trainer import Trainer
+
+VOCAB = 151936
+# name: (config class name, shape); the dry run keeps the vocabulary and the head layout, two thin layers
+SHAPES = {
+    "qwen2-0.5b": ("Qwen2Config", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                       num_attention_heads=14, num_key_value_heads=2)),
+    "qwen3-0.6b": ("Qwen3Config", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                                       num_attention_heads=16, num_key_value_heads=8, head_dim=128)),
+}
+DRY = {"qwen2-0.5b": dict(hidden_size=56, intermediate_size=112, num_hidden_layers=2, num_attention_heads=14,
+                          num_key_value_heads=2),
+       "qwen3-0.6b": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=16)}
+
+
+def random_model(name: str, out: Path, dry: bool) -> str:
+    """A random bf16 model of the named shape saved with the tiny tokenizer (its chat template)."""
+    import transformers  # noqa: PLC0415  (the config classes by name)
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+
+    cls, shape = SHAPES[name]
+    tok = AutoTokenizer.from_pretrained(cached_tiny_model("tiny"))
+    cfg = getattr(transformers, cls)(vocab_size=VOCAB, tie_word_embeddings=True, max_position_embeddings=8192,
+                                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                                     **(DRY[name] if dry else shape))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+COMMON = ["trainer.steps=1", "trainer.save_every=0", "trainer.progress=false", "trainer.tensorboard=false",
+          "trainer.dump_every=0", "model.dtype=bfloat16", "engine.name=hf", "engine.dtype=bfloat16",
+          "algorithm.kl_coef=0.0", "optim.lr=1e-6", "optim.warmup_steps=0",
+          # a random policy earns uniform rewards (zero advantages): train every row anyway, so the update
+          # costs what a learning step costs; the old log-probabilities recomputed, as the *_official presets do
+          "trainer.skip_zero_advantage=false", "algorithm.old_logprobs=trainer"]
+
+
+def memagent_overrides(model: str, out: Path, device: str, dry: bool) -> list[str]:
+    """GRPO on synthetic documents: 4 tasks x 4 samples, 4 chunks of 256 tokens, 128-token memory."""
+    n, chunk, mem = (2, 32, 8) if dry else (4, 256, 128)
+    return ["workflow.name=memagent", "algorithm.name=grpo", f"algorithm.n={n}", f"trainer.batch_size={n}",
+            f"workflow.chunk_tokens={chunk}", f"workflow.max_memory_tokens={mem}", "workflow.max_final_tokens=16",
+            "data.synthetic.num_chunks=4", f"data.synthetic.chunk_words={chunk // 2}", f"model.path={model}",
+            f"model.device={device}", f"out_dir={out}", "trainer.token_budget=32768", *COMMON]
+
+
+def memact_overrides(model: str, out: Path, device: str, dry: bool) -> list[str]:
+    """DCPO on the CPU MemAct tasks (memact_dcpo_cpu): 4 tasks x 4 trajectories, up to 4 turns of 64 tokens."""
+    n = 2 if dry else 4
+    tasks = out.parent / f"{out.name}_tasks.jsonl"
+    write_tasks(tasks, make_tasks(MemActTaskConfig(), n, 7, "rl"))
+    return ["--preset", "memact_dcpo_cpu", f"algorithm.n={n}", f"trainer.batch_size={n}",
+            "workflow.max_assistant_turns=4", "workflow.max_turn_tokens=64", "workflow.max_context_tokens=2000",
+            f"data.path={tasks}", f"model.path={model}", f"model.device={device}", f"out_dir={out}", *COMMON]
+
+
+def one_step(overrides: list[str], device: str) -> dict[str, float]:
+    preset = []
+    if overrides[:1] == ["--preset"]:
+        preset, overrides = [overrides[1]], overrides[2:]
+    cfg = load_config(TrainConfig, overrides, preset=preset[0] if preset else None)
+    seen: dict[str, float] = {}
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    trainer = Trainer(assemble(cfg), on_step=lambda step, m: seen.update(m))
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    wall = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    return {"rollout_s": seen.get("time/rollout_s", float("nan")), "update_s": seen.get("time/update_s", float("nan")),
+            "wall_s": wall, "gen_tokens": seen.get("rollout/generated_tokens", float("nan")),
+            "train_tokens": seen.get("train/tokens", float("nan")), "peak_gib": peak}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--dry-run", action="store_true", help="CPU, 2-layer models of the same vocabulary")
+    ap.add_argument("--models", default=",".join(SHAPES), help=f"comma-separated: {', '.join(SHAPES)}")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    device = "cpu" if args.dry_run else args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("benchmarks/gpu_steps.py: --device cuda needs a CUDA device (use --dry-run on a CPU)")
+    names = [m for m in args.models.split(",") if m]
+    unknown = [m for m in names if m not in SHAPES]
+    if unknown:
+        raise SystemExit(f"benchmarks/gpu_steps.py: unknown --models {unknown}; known: {', '.join(SHAPES)}")
+    print(f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}"
+          f"{' (dry run: 2-layer shapes)' if args.dry_run else ''}")
+    print("| model | method | rollout s | update s | wall s | gen tokens | train tokens | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            path = random_model(name, Path(tmp) / name, args.dry_run)
+            for method, build in (("memagent-grpo", memagent_overrides), ("memact-dcpo", memact_overrides)):
+                r = one_step(build(path, Path(tmp) / f"{name}_{method}", device, args.dry_run), device)
+                results[f"{name}/{method}"] = r
+                print(f"| {name} | {method} | {r['rollout_s']:.2f} | {r['update_s']:.2f} | {r['wall_s']:.1f} | "
+                      f"{r['gen_tokens']:.0f} | {r['train_tokens']:.0f} | {r['peak_gib']:.2f} |", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    main()
