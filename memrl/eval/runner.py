@@ -52,7 +52,7 @@ from memrl.config import ConfigError, check_config, check_shared_fields, redact_
 from memrl.data.io import DataError, load_tasks
 from memrl.data.ruler import name_label
 from memrl.engines import build_engine
-from memrl.engines.base import SamplingParams
+from memrl.engines.base import EngineError, SamplingParams
 from memrl.engines.config import EngineConfig, HFSection
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.eval.evaluator import EngineRollout
@@ -66,10 +66,12 @@ from memrl.types import Task, Trajectory
 from memrl.workflows import get_workflow, parse_workflow
 from memrl.workflows.full_context import FULL_CONTEXT_TEMPLATE, FullContextConfig  # noqa: F401 - re-exported
 from memrl.workflows.full_context import run as run_full_context  # noqa: F401 - re-exported
+from memrl.workflows.runner import takes_services
 
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.jsonl"
+FAILED_REQUEST_MODES = ("error", "drop", "drop_or_empty")
 CONFIG_FILE = "eval_config.json"
 FULL_CONTEXT = "full_context"
 
@@ -124,6 +126,18 @@ class EvalConfig:
     workflow.memory_template_file and workflow.final_template_file (or the inline memory_template /
     final_template); a config without them is a one-line error naming the missing key (memrl ships no
     published prompt text)."""
+    failed_requests: str = valid("error", choices=FAILED_REQUEST_MODES)
+    """A question whose model request the engine could not serve (memrl.engines.base.EngineError: an
+    unreachable server, an HTTP error such as a prompt over the server's --max-model-len): "error" (memrl)
+    stops the run, naming it; "drop" (vime's evaluation) leaves it out: no row, so the file's mean is over
+    the questions answered; "drop_or_empty" (MemAgent's and ReMemR1's, whose `output == ''` test is met by
+    a failed request and by an empty final reply alike) also leaves out a question whose final reply
+    decodes to "" (memrl's decoded reply is whitespace-stripped: an all-blank reply counts as empty here).
+    Each drop is logged with its reason and counted in the run's closing warning; a later run into the
+    same --out asks the question again."""
+    strip_text: bool = False
+    """True (the published evaluations): each question and context whitespace-stripped (str.strip) before
+    use; False (memrl): as the file holds them."""
     length_buckets: list[int] = valid(default_factory=lambda: [4000, 8000], ge=1)
     """LongBench files: increasing upper bounds of the length buckets the report groups rows by (each row's
     N = its bucket's lower bound); [4000, 8000] = LongBench-E's 0-4k, 4-8k, 8k+."""
@@ -306,6 +320,8 @@ def load_eval_file(path: str | os.PathLike[str], cfg: EvalConfig) -> EvalFile:
     tasks = load_tasks(path, docs_from=cfg.docs_from or None, buckets=cfg.length_buckets)
     if cfg.limit:
         tasks = tasks[: cfg.limit]
+    if cfg.strip_text:  # the published evaluations strip both before use
+        tasks = [dataclasses.replace(t, question=t.question.strip(), context=t.context.strip()) for t in tasks]
     seen: dict[str, int] = {}
     for i, t in enumerate(tasks):
         if t.task_id in seen:
@@ -399,7 +415,7 @@ def _check_config(out: Path, record: dict[str, Any]) -> None:
     p = out / CONFIG_FILE
     if p.exists():
         old = json.loads(p.read_text())
-        keys = ("workflow", "model", "workflow_config", "scoring")
+        keys = ("workflow", "model", "workflow_config", "scoring", "strip_text")
         # directories written before scoring options existed were scored with today's defaults
         old.setdefault("scoring", {"golds": "any", "extract": "boxed"})
         diff = [k for k in keys if old.get(k) != record.get(k)]
@@ -442,6 +458,8 @@ def evaluate(
               "scoring": {"golds": cfg.golds, "extract": cfg.extract,
                           # only when set, so directories from before the option still resume
                           **({"metric_rules": cfg.metric_rules} if cfg.metric_rules != "memrl" else {})}}
+    if cfg.strip_text:  # only when set, so directories from before the option still resume
+        record["strip_text"] = True
     if list(cfg.length_buckets) != [4000, 8000]:  # LongBench rows' N depends on it (the default stays unrecorded)
         record["length_buckets"] = list(cfg.length_buckets)
     if cfg.docs_from:
@@ -483,7 +501,8 @@ def evaluate(
     try:
         with open(results_path, "a", encoding="utf-8") as fh:
             if rollout is None:
-                rollout = EngineRollout(runtime.engine, spec, cfg.concurrency, runtime=runtime)
+                run_spec = dropping_failed_requests(spec) if cfg.failed_requests != "error" else spec
+                rollout = EngineRollout(runtime.engine, run_spec, cfg.concurrency, runtime=runtime)
             tokenizer = getattr(rollout, "tokenizer", None) or getattr(engine, "tokenizer", None)
             rows += _run_all(todo, rollout, wf_cfg, cfg, fh, total, tokenizer)
     finally:
@@ -492,12 +511,47 @@ def evaluate(
     return rows
 
 
+FAILED_REQUEST = "failed_request"
+"""Trajectory.info key of a question dropped under failed_requests=drop (its engine error)."""
+
+
+def dropping_failed_requests(spec: Any) -> Any:
+    """`spec` whose run answers an EngineError with an empty trajectory marked info[FAILED_REQUEST] (the
+    error's text) instead of raising (EvalConfig.failed_requests drop / drop_or_empty); every other error
+    still stops the run."""
+    base, base_takes = spec.run, takes_services(spec.run)
+
+    async def run(task: Task, engine: Any, wf_cfg: Any, rng: Any, services: Any = None) -> Trajectory:
+        try:
+            if base_takes:
+                return await base(task, engine, wf_cfg, rng, services=services)
+            return await base(task, engine, wf_cfg, rng)
+        except EngineError as e:
+            return Trajectory(task_id=task.task_id, trajectory_id="", segments=[], final_answer="",
+                              info={FAILED_REQUEST: str(e)})
+
+    return dataclasses.replace(spec, run=run)
+
+
+def dropped_because(traj: Trajectory, mode: str) -> str:
+    """Why `traj`'s question is left out under failed_requests=`mode` ("" = it is kept): its failed request,
+    or (drop_or_empty) its empty final reply."""
+    if mode == "error":
+        return ""
+    if FAILED_REQUEST in traj.info:
+        return str(traj.info[FAILED_REQUEST])
+    if mode == "drop_or_empty" and traj.info.get("answer_text", None) == "":
+        return "the final reply is empty"
+    return ""
+
+
 def _run_all(todo, rollout, wf_cfg, cfg: EvalConfig, fh, total: int, tokenizer: Any) -> list[dict[str, Any]]:
     """Each (file, sample k, tasks) of `todo` through `rollout` (sample k seeded as the rollout's k-th
     trajectory of a task); one row per finished question, written and flushed as it finishes."""
     new: list[dict[str, Any]] = []
     bar = tqdm(total=total, unit="q", disable=not cfg.progress, dynamic_ncols=True)
     starts: dict[str, float] = {}
+    dropped: list[str] = []  # failed_requests=drop: the questions left out
     session = f"{int(time.time())}-{os.getpid()}"
 
     def started(task: Task) -> None:
@@ -510,6 +564,14 @@ def _run_all(todo, rollout, wf_cfg, cfg: EvalConfig, fh, total: int, tokenizer: 
 
             def on_done(task: Task, traj: Trajectory, ef: EvalFile = ef, k: int = k, acc: list[float] = acc) -> None:
                 ds, n = ef.labels[task.task_id]
+                why = dropped_because(traj, cfg.failed_requests)
+                if why:  # failed_requests=drop / drop_or_empty: no row, as the published evaluations
+                    starts.pop(task.task_id, None)
+                    dropped.append(task.task_id)
+                    log.warning("%s: question %s sample %d dropped (failed_requests=%s): %s", ef.path,
+                                task.task_id, k, cfg.failed_requests, why)
+                    bar.update(1)
+                    return
                 row = result_row(task, traj, n, ef.path, starts.pop(task.task_id), time.time(), session,
                                  tokenizer=tokenizer, ident=ef.ident, dataset=ds, sample=k,
                                  golds=cfg.golds, extract=cfg.extract,
@@ -524,4 +586,7 @@ def _run_all(todo, rollout, wf_cfg, cfg: EvalConfig, fh, total: int, tokenizer: 
             rollout(tasks, wf_cfg, 1, cfg.seed, first_sample=k, on_start=started, on_done=on_done)
     finally:
         bar.close()
+        if dropped:
+            log.warning("%d question(s) dropped (failed_requests=%s); the means leave them out", len(dropped),
+                        cfg.failed_requests)
     return new

@@ -36,6 +36,16 @@ class ToolCall:
     arguments: dict[str, Any]
 
 
+def published_call_text(call: ToolCall) -> str:
+    """The call as the published MemAct loop writes it back to find it in a reply (mem_agent_loop.py,
+    MemAgentLoop.restore_as_text, over the HermesToolParser's arguments string): the open tag and a newline,
+    the name and the arguments serialized with json.dumps' default separators (non-ASCII kept), a newline,
+    the close tag and a newline. A call the model wrote otherwise (other spacing, no newline after it, as the
+    reply's last call usually is) does not match it."""
+    args = json.dumps(call.arguments, ensure_ascii=False)
+    return f'{OPEN}\n{{"name": "{call.name}", "arguments": {args}}}\n{CLOSE}\n'
+
+
 @dataclass
 class ParseResult:
     """The calls of one assistant turn, in order, and what could not be used.

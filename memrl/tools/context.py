@@ -3,7 +3,8 @@
 Token in, token out: an assistant message holds its role header (tokenized once, mask 0), the ids the
 engine sampled with their logprobs (mask 1) and the end-of-message text the template adds after them
 (mask 0). A tool message is tokenized once when it is added. The working context is always the
-concatenation of the kept messages' ids; pruning removes messages and never re-tokenizes anything.
+concatenation of the kept messages' ids; pruning removes messages and never re-tokenizes anything (unless
+asked to, below).
 
 Message pieces come from the tokenizer's chat template by difference (rendered once per tokenizer):
 the assistant header is render(msgs, add_generation_prompt=True) minus render(msgs); the assistant end
@@ -17,11 +18,16 @@ whose results went, unless they hold a `prune_context` call (that call carries t
 message with some results kept stays whole, the text of its deleted calls included: its ids are sampled
 tokens, and cutting one call out of them would mean slicing sampled text at token boundaries that need
 not exist (or re-tokenizing it). The model then sees the call without its result.
+
+Re-encoded turns (MemActConfig.turn_tokens=reencoded, the published loop's way): an assistant turn is held
+as its text encoded again through the template pieces (`reencoded_assistant`), a run of consecutive tool
+messages as one rendering of the template (`tool_group_text`), and a kept turn may lose the text of calls
+whose results went (`prune(cut_call_text=True)`), after which it is encoded again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 _SENTINEL = "\u2063MEMACT\u2063"
@@ -89,6 +95,12 @@ class Message:
     call_ids: list[str] = field(default_factory=list)
     has_prune: bool = False
     text: str = ""
+    content: str | None = None
+    """turn_tokens=reencoded: the assistant turn's text as the published loop holds it (the sampled ids but
+    the last, decoded with special tokens), encoded again into `ids`; None = `ids` are the sampled ids."""
+    call_texts: dict[str, str] = field(default_factory=dict)
+    """Result id -> the call that produced it, written as the published loop writes it back
+    (memrl.tools.calls.published_call_text): the calls whose text a prune may cut (`prune`, cut_call_text)."""
 
 
 def head_message(ids: list[int], text: str) -> Message:
@@ -104,6 +116,41 @@ def assistant_message(
     lps = [0.0] * len(header_ids) + [float(x) for x in gen_logprobs] + [0.0] * len(end_ids)
     return Message("assistant", ids, mask, lps, turn=turn, header_len=len(header_ids),
                    generated_len=len(gen_ids), text=text)
+
+
+def reencoded_assistant(tok: Any, fmt: ChatFormat, content: str, sampled: list[int], logprobs: list[float],
+                        turn: int, text: str) -> tuple[Message, int]:
+    """An assistant turn as the published MemAct loop holds it (mem_agent_loop.py, MemAgentLoop.run): header +
+    `content` + end encoded together, the header's id count cut from the front and the last id (ChatML: the
+    newline after the end-of-turn token) dropped. Mask 1 after the header; the engine's logprob where the
+    ids agree with `sampled` from the first on, 0.0 (a placeholder) from the first difference. Returns the
+    message and the number of its trained ids without an engine logprob."""
+    n_header = len(tok.encode(fmt.assistant_header, add_special_tokens=False))
+    ids = list(tok.encode(fmt.assistant_header + content + fmt.assistant_end, add_special_tokens=False))
+    header, body = ids[:n_header], ids[n_header:-1]
+    same = 0
+    while same < min(len(body), len(sampled)) and body[same] == sampled[same]:
+        same += 1
+    lps = [float(x) for x in logprobs[:same]] + [0.0] * (len(body) - same)
+    msg = Message("assistant", header + body, [0] * len(header) + [1] * len(body), [0.0] * len(header) + lps,
+                  turn=turn, header_len=len(header), generated_len=len(body), text=text, content=content)
+    return msg, len(body) - same
+
+
+def tool_group_text(tok: Any, fmt: ChatFormat, contents: list[str]) -> str:
+    """The text a run of consecutive tool messages adds after an assistant turn when the chat template renders
+    them together (Qwen2.5's puts them in one user turn), as the published loop renders a turn's results.
+    A template without a tool role: the messages' own pieces, one after the other."""
+    convo = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _SENTINEL}]
+    try:
+        before = tok.apply_chat_template(convo, tokenize=False, add_generation_prompt=False)
+        after = tok.apply_chat_template(convo + [{"role": "tool", "content": c} for c in contents], tokenize=False,
+                                        add_generation_prompt=False)
+        if after.startswith(before):
+            return after[len(before):]
+    except Exception:  # noqa: BLE001, S110 - a template without a tool role: the fallback below
+        pass
+    return "".join(fmt.tool_prefix + c + fmt.tool_suffix for c in contents)
 
 
 def tool_message(ids: list[int], turn: int, result_id: str, text: str) -> Message:
@@ -123,10 +170,13 @@ class PruneOutcome:
     removed_results: list[str]
     removed_turns: list[int]
     error: str | None = None
+    edited_turns: list[int] = field(default_factory=list)
+    """cut_call_text: the kept assistant turns whose text lost a call (their `content` is the new text;
+    their ids are still the old ones, for the caller to encode again)."""
 
 
 def prune(messages: list[Message], delete_ids: list[str], match: str = "exact", keep_prune_turns: bool = True,
-          current_turn: int | None = None) -> PruneOutcome:
+          current_turn: int | None = None, cut_call_text: bool = False) -> PruneOutcome:
     """Remove the tool messages named in `delete_ids` and the calls left without results (module docstring).
 
     match="exact": each id must be a current result id; an unknown one is an error and changes nothing.
@@ -135,6 +185,9 @@ def prune(messages: list[Message], delete_ids: list[str], match: str = "exact", 
     result that mentions r1; ids that match nothing are ignored, and only no match at all is an error.
     keep_prune_turns=False lets an assistant turn holding a prune call go like any other (its memory
     with it). The assistant turn `current_turn` (the one calling this prune) always stays.
+    cut_call_text=True (the published loop): a kept earlier turn loses, from its `content`, the text of
+    each call of `call_texts` whose result went, where the text occurs as written there; such turns are
+    listed in `edited_turns`.
     """
     ids = [str(i).strip() for i in delete_ids]
     if not ids or any(not i for i in ids):
@@ -165,4 +218,17 @@ def prune(messages: list[Message], delete_ids: list[str], match: str = "exact", 
                 removed_turns.append(m.turn)
                 continue
         kept.append(m)
-    return PruneOutcome(kept, [i for i in ids], removed_turns)
+    edited: list[int] = []
+    if cut_call_text:
+        for k, m in enumerate(kept):
+            if m.kind != "assistant" or m.turn == current_turn or m.content is None:
+                continue
+            content = m.content
+            for rid in m.call_ids:
+                call = m.call_texts.get(rid)
+                if rid in gone and call:
+                    content = content.replace(call, "")
+            if content != m.content:
+                kept[k] = replace(m, content=content)
+                edited.append(m.turn)
+    return PruneOutcome(kept, [i for i in ids], removed_turns, edited_turns=edited)

@@ -522,6 +522,11 @@ class TrainConfig:
                 f"{t.mini_batch_rows}): its proximal logprobs then come from each row's training forward, which "
                 "is the pre-update policy only for the first optimizer step; set algorithm.old_logprobs=trainer "
                 "(docs/async.md)")
+        if self.workflow.get("turn_tokens") == "reencoded" and (a.old_logprobs != "trainer" or a.off_policy != "none"):
+            raise ConfigError(
+                "workflow.turn_tokens=reencoded needs algorithm.old_logprobs=trainer and algorithm.off_policy=none "
+                f"(got {a.old_logprobs} and {a.off_policy}): a re-encoded token the engine did not sample has no "
+                "engine logprob (a 0.0 placeholder, counted in reencoded_unsampled_tokens)")
         if self.engine.name == "openai" and self.engine.openai.api == "chat":
             raise ConfigError(
                 "engine.openai.api=chat cannot train: RL needs the generated token ids and their sampling "

@@ -6,7 +6,8 @@ or, with no call, the final answer (`FINAL_ANSWER: ...`). It stops on the answer
 `max_assistant_turns` turns, or when the context to send passes `max_context_tokens`.
 
 Token in, token out: the context is a list of messages each holding its ids (memrl.tools.context);
-pruning drops messages and concatenates the rest, never re-tokenizing sampled text.
+pruning drops messages and concatenates the rest, never re-tokenizing sampled text (turn_tokens=reencoded
+and deleted_call_text=cut re-encode turns as the public loop does).
 
 Segments (one training row each): every successful prune closes one. Its row is the working context
 just before the deletion, ending with the prune turn's generated ids: prompt = the context up to the first
@@ -62,12 +63,15 @@ TOOL_TEXTS = {
     "prune_bad_call": "prune_context could not run with these arguments. Nothing was removed.",
 }
 FINAL_SEGMENTS = ("after_last_prune", "whole_context")
+TURN_TOKENS = ("sampled", "reencoded")
+DELETED_CALL_TEXTS = ("keep", "cut")
 ANSWER_SOURCES = ("last_reply", "final_context")
 FINAL_MARKER = "FINAL_ANSWER:"
 PUBLISHED_FINAL_MARKER = "FINAL_ANSWER: "
 COUNTERS = (
     "searches", "search_errors", "prunes", "failed_prunes", "malformed_calls", "unknown_tools",
     "bad_arguments", "dropped_calls", "sanitized_calls", "tool_truncations", "topk_clamped",
+    "reencoded_unsampled_tokens", "cut_calls",
 )  # fmt: skip
 
 
@@ -202,6 +206,22 @@ class MemActConfig:
     builds the last row with get_trajactories(actual_messages, -1)) = the first prompt, then the whole final
     working context with mask 1 on every kept assistant turn, the turns before the last prune and the
     prune turns holding the memory included (they trained in their own prune rows too)."""
+    turn_tokens: str = valid("sampled", choices=TURN_TOKENS)
+    """The ids an assistant turn holds in the context and the training rows: "sampled" (memrl) = the ids
+    the engine sampled, with its end-of-message text, each tool result rendered on its own; "reencoded"
+    (published: mem_agent_loop.py MemAgentLoop.run / get_trajactories re-render every turn through the chat
+    template) = the sampled ids but the last (EOS, or a real token when the turn hit max_turn_tokens) decoded
+    with special tokens, header + text + end encoded again, the last id dropped (ChatML: the newline after
+    <|im_end|>), mask 1 on all after the header; a turn's tool results rendered in one template call (Qwen2.5:
+    one user turn). Where the encoded ids leave the sampled ones, the engine's logprob is unknown: 0.0, counted
+    in reencoded_unsampled_tokens; training then needs algorithm.old_logprobs=trainer and off_policy=none."""
+    deleted_call_text: str = valid("keep", choices=DELETED_CALL_TEXTS)
+    """A kept earlier turn some of whose results a prune deleted: "keep" (memrl) = its text stays whole, the
+    calls without results included; "cut" (published: mem_agent_loop.py prune_actual_messages_prompt_ids
+    removes each deleted call, as restore_as_text writes it back, from the turn's content) = the text of each
+    such call is removed where it occurs exactly as memrl.tools.calls.published_call_text writes it, and the
+    turn is encoded again (counted in cut_calls); a prune call's text only with prune_turns_deletable=true.
+    Needs turn_tokens=reencoded (the cut turn is text the model did not sample)."""
 
     # ---- data: the row's prompt and the answer format (published layout; docs/DIFFERENCES.md) ----
     prompt_source: str = "auto"
@@ -257,6 +277,14 @@ class MemActConfig:
         if self.final_segment not in FINAL_SEGMENTS:
             raise ValueError(f"MemActConfig.final_segment must be one of {', '.join(FINAL_SEGMENTS)}, "
                              f"got {self.final_segment!r}")
+        if self.turn_tokens not in TURN_TOKENS:
+            raise ValueError(f"MemActConfig.turn_tokens must be one of {', '.join(TURN_TOKENS)}, got {self.turn_tokens!r}")
+        if self.deleted_call_text not in DELETED_CALL_TEXTS:
+            raise ValueError(f"MemActConfig.deleted_call_text must be one of {', '.join(DELETED_CALL_TEXTS)}, "
+                             f"got {self.deleted_call_text!r}")
+        if self.deleted_call_text == "cut" and self.turn_tokens != "reencoded":
+            raise ValueError("MemActConfig.deleted_call_text=cut needs turn_tokens=reencoded (a cut turn is text "
+                             f"the model did not sample), got turn_tokens={self.turn_tokens!r}")
         if self.prune_id_match not in ("exact", "substring"):
             raise ValueError(f"MemActConfig.prune_id_match must be exact or substring, got {self.prune_id_match!r}")
         if ":" in self.retriever_kind and not self.retriever_url and self.retriever_scope == "corpus":
@@ -461,6 +489,8 @@ class _Run:
                           services.retriever(cfg.retriever_kind, cfg.retriever_corpus, cfg.retriever_url))
         self.generated = 0  # pruned turns included
         self.tool_failed = False  # unknown_tool_calls=end: a call this turn named no offered tool
+        self.reencoded = cfg.turn_tokens == "reencoded"
+        self.group_ids: dict[tuple[str, ...], list[int]] = {}  # turn_tokens=reencoded: tool runs' ids
 
     def add_segment(self, seg: Segment) -> None:
         """Append a row; under asynchronous training it carries the oldest policy version of its turns."""
@@ -468,6 +498,33 @@ class _Run:
         if got:
             seg.info[VERSION_KEY] = min(got)
         self.segments.append(seg)
+
+    def reencode(self, m: ctx.Message) -> ctx.Message:
+        """A turn whose text a prune cut (deleted_call_text=cut), encoded again (ctx.reencoded_assistant)."""
+        new, unsampled = ctx.reencoded_assistant(self.tok, self.fmt, m.content or "", m.ids[m.header_len:],
+                                                 m.logprobs[m.header_len:], m.turn, m.text)
+        new.call_ids, new.has_prune, new.call_texts = m.call_ids, m.has_prune, m.call_texts
+        self.counts["reencoded_unsampled_tokens"] += unsampled
+        return new
+
+    def regroup_tools(self) -> None:
+        """turn_tokens=reencoded: each run of consecutive tool messages rendered in one template call (as the
+        published loop renders a turn's results); the run's ids go to its first message, the others hold none."""
+        msgs, i = self.messages, 0
+        while i < len(msgs):
+            j = i
+            while j < len(msgs) and msgs[j].kind == "tool":
+                j += 1
+            if j == i:
+                i += 1
+                continue
+            key = tuple(m.text for m in msgs[i:j])
+            if key not in self.group_ids:
+                self.group_ids[key] = self.encode(ctx.tool_group_text(self.tok, self.fmt, list(key)))
+            for k, m in enumerate(msgs[i:j]):
+                m.ids = list(self.group_ids[key]) if k == 0 else []
+                m.mask, m.logprobs = [0] * len(m.ids), [0.0] * len(m.ids)
+            i = j
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
@@ -557,7 +614,8 @@ class _Run:
         if error is None:
             outcome = ctx.prune(self.messages, [str(i) for i in ids],  # type: ignore[union-attr]
                                 match=self.cfg.prune_id_match, current_turn=turn,
-                                keep_prune_turns=not self.cfg.prune_turns_deletable)
+                                keep_prune_turns=not self.cfg.prune_turns_deletable,
+                                cut_call_text=self.cfg.deleted_call_text == "cut")
             error = outcome.error
         if error is not None or outcome is None:
             self.counts["failed_prunes"] += 1
@@ -576,7 +634,9 @@ class _Run:
                             "prunes": [{"deleted_ids": outcome.removed_results, "memory": memory.strip()}]})
         if seg is not None:
             self.add_segment(seg)
-        self.messages = outcome.messages
+        self.messages = [self.reencode(m) if m.kind == "assistant" and m.turn in outcome.edited_turns else m
+                         for m in outcome.messages]
+        self.counts["cut_calls"] += len(outcome.edited_turns)
         self.last_prune_turn = turn
         self.counts["prunes"] += 1
         self.memories.append(memory.strip())
@@ -610,6 +670,8 @@ class _Run:
             eos_text and self.fmt.assistant_end.startswith(eos_text)) else end_full
         answer_text, stop, turns = "", "max_turns", 0
         for turn in range(cfg.max_assistant_turns):
+            if self.reencoded:
+                self.regroup_tools()
             prompt = ctx.context_ids(self.messages) + header
             if len(prompt) > cfg.max_context_tokens:
                 stop = "context_budget"
@@ -623,7 +685,13 @@ class _Run:
             self.generated += len(gen)
             text = decode_response(self.tok, gen)
             end = end_after_eos if gen and gen[-1] == eos else end_full
-            owner = ctx.assistant_message(header, gen, list(out.logprobs), end, turn, text)
+            if self.reencoded:  # published: the turn's text but its last id, encoded again
+                owner, unsampled = ctx.reencoded_assistant(
+                    self.tok, self.fmt, self.tok.decode(gen[:-1], skip_special_tokens=False), gen,
+                    list(out.logprobs), turn, text)
+                self.counts["reencoded_unsampled_tokens"] += unsampled
+            else:
+                owner = ctx.assistant_message(header, gen, list(out.logprobs), end, turn, text)
             self.messages.append(owner)
             parsed = tc.parse_tool_calls(text, cfg.max_parallel_calls, cfg.tool_parser)
             if not parsed.attempted:
@@ -639,7 +707,10 @@ class _Run:
                 break
             owner.has_prune = self.prune_runs and any(c.name == ts.PRUNE for c in parsed.calls)
             for c in parsed.calls:
+                before = len(owner.call_ids)
                 await self.call(turn, c, owner)
+                if cfg.deleted_call_text == "cut" and (c.name != ts.PRUNE or cfg.prune_turns_deletable):
+                    owner.call_texts.update(dict.fromkeys(owner.call_ids[before:], tc.published_call_text(c)))
             for err in [] if silent else parsed.errors:
                 self.add_tool(turn, f"Error: {err}. Write each call as <tool_call>{{\"name\": ..., "
                                     "\"arguments\": {...}}</tool_call>.", owner)
@@ -651,6 +722,8 @@ class _Run:
             if self.tool_failed:
                 answer_text, stop = text, "tool_error"
                 break
+        if self.reencoded:
+            self.regroup_tools()
         since = -1 if cfg.final_segment == "whole_context" else self.last_prune_turn
         final = segment_from(self.messages, since, len(self.segments), {"kind": "final"})
         if final is not None:

@@ -76,6 +76,10 @@ PUBLISHED = [
     ("workflow.withheld_prune_runs", True, f"{LOOP}: MemAgentLoop.run dispatches prune_context by name"),
     ("workflow.final_segment", "whole_context", f"{LOOP}: MemAgentLoop.run, the last row is "
                                                 "get_trajactories(actual_messages, -1): mask 1 on every kept turn"),
+    ("workflow.turn_tokens", "reencoded", f"{LOOP}: MemAgentLoop.run decodes response_ids[:-1] and re-renders "
+                                          "each turn (apply_chat_template), get_trajactories trains those ids"),
+    ("workflow.deleted_call_text", "cut", f"{LOOP}: prune_actual_messages_prompt_ids, content.replace("
+                                          "restore_as_text(tc), '') for each deleted call of a kept turn"),
     ("workflow.prompt_source", "row", f"{LOOP}: MemAgentLoop.run renders the row's messages (raw_prompt, "
                                       "data.return_raw_chat=True in the script) with apply_chat_template"),
     ("workflow.require_final_answer", True, f"{REWARD}: extract_solution_str reads after the last "
@@ -141,7 +145,7 @@ def test_official_preset_sets_every_rollout_switch_to_its_published_value():
     switches = ("unparsable_tool_calls", "unknown_tool_calls", "last_turn_runs_tools", "prune_id_match",
                 "prune_turns_deletable", "failed_prune_closes_segment", "withheld_prune_runs", "final_segment",
                 "answer_source", "tool_truncation_marker", "topk_rule",
-                "tool_parser", "excess_tool_calls", "tool_result_format")
+                "tool_parser", "excess_tool_calls", "tool_result_format", "turn_tokens", "deleted_call_text")
     table = {k.split(".", 1)[1] for k, _, _ in PUBLISHED if k.startswith("workflow.")}
     assert set(switches) <= table
     defaults = MemActConfig()

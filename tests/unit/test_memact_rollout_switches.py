@@ -306,3 +306,141 @@ def test_the_answer_is_read_from_the_whole_final_context_only_under_final_contex
     assert traj.info["last_reply"] == "done" and traj.info["answer_text"].endswith("<assistant>done<eos></assistant>")
     with pytest.raises(ValueError, match="answer_source must be one of last_reply, final_context"):
         MemActConfig(answer_source="segment")
+
+
+# ---------------------------------------------------------------- turn_tokens, deleted_call_text
+class EndMarkTokenizer(CharTokenizer):
+    """The character tokenizer with a ChatML-like template: "$" is the end-of-turn token (the EOS the engine
+    samples), a message is "<r>content$\\n" (r: the role's first letter), a run of tool messages is one user
+    turn "<u>[...][...]$\\n", the generation prompt "<a>". So the assistant end is "$\\n" (a newline after
+    the EOS, like ChatML's after <|im_end|>), and every context below is enc() of one string."""
+
+    eos_token_id = ord("$") + CharTokenizer.OFFSET
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        text = super().decode(ids)
+        return text.replace("$", "") if skip_special_tokens else text
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, **_):
+        out = ""
+        for i, m in enumerate(messages):
+            if m["role"] == "tool":
+                first = i == 0 or messages[i - 1]["role"] != "tool"
+                last = i == len(messages) - 1 or messages[i + 1]["role"] != "tool"
+                out += ("<u>" if first else "") + "[" + m["content"] + "]" + ("$\n" if last else "")
+            else:
+                out += f"<{m['role'][0]}>" + m["content"] + "$\n"
+        if add_generation_prompt:
+            out += "<a>"
+        return self.encode(out) if tokenize else out
+
+
+def run_marked(replies: list[str], **kw):
+    register_retriever("kw_switch", KeywordRetriever(DOCS))
+    base = dict(retriever_kind="kw_switch", no_prune_prob=0.0, temperature=0.0, max_turn_tokens=400,
+                system_template="S", system_noprune_template="N", user_template="{question}|{answer_format}")
+    engine = ScriptedEngine(replies, tokenizer=EndMarkTokenizer())
+    traj = asyncio.run(run(Task("t1", "Q", "", ["Paris"]), engine, MemActConfig(**{**base, **kw}), random.Random(0)))
+    return traj, engine
+
+
+def pcall(name: str, **arguments) -> str:
+    """A call written the way the published loop writes it back (open tag, newline, json.dumps, newline,
+    close tag, newline), so a cut finds it."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>\n"
+
+
+A, B = "[r1] " + found("France", DOCS[0]), "[r2] " + found("Germany", DOCS[1])
+
+
+def test_reencoded_turns_drop_the_newline_after_the_end_and_render_a_turns_results_together():
+    """turn_tokens=reencoded: MemAct-Anonymized @ 9b65b84a, mem_agent_loop.py MemAgentLoop.run decodes the
+    sampled ids but the last, renders the text as an assistant message and keeps its ids after the header
+    but the last (the newline after the end token); a turn's tool messages go through the template in one
+    call (here one "<u>" turn)."""
+    r0 = call("search", query="France", topk=1) + call("search", query="Germany", topk=1)
+    r = [r0, "FINAL_ANSWER: Paris"]
+    traj, engine = run_marked(r)
+    H = engine.calls[0].prompt_ids  # the first prompt and "<a>" (not under test here)
+    # memrl: the sampled ids, "$" (the EOS) then the end's "\n"; each result its own user turn
+    assert engine.calls[1].prompt_ids == H + enc(r0 + "$\n" + f"<u>[{A}]$\n<u>[{B}]$\n<a>")
+    traj2, engine2 = run_marked(r, turn_tokens="reencoded")
+    assert engine2.calls[0].prompt_ids == H
+    # published: r0 + "$" (the "\n" dropped), both results in one user turn, then the header
+    assert engine2.calls[1].prompt_ids == H + enc(r0 + "$" + f"<u>[{A}][{B}]$\n<a>")
+    (seg,) = traj2.segments
+    between = f"<u>[{A}][{B}]$\n<a>"
+    assert seg.prompt_ids == H and seg.response_ids == enc(r0 + "$" + between + r[1] + "$")
+    n0, n1 = len(r0) + 1, len(r[1]) + 1  # each turn's text and its "$", mask 1
+    assert seg.loss_mask == [1] * n0 + [0] * len(between) + [1] * n1
+    # every trained id is the sampled one (decode / encode round-trips here): the engine's -0.5 on each
+    assert seg.response_logprobs == [-0.5] * n0 + [0.0] * len(between) + [-0.5] * n1
+    assert (traj2.metrics["reencoded_unsampled_tokens"], traj2.final_answer) == (0.0, "Paris")
+
+
+def test_a_reencoded_turn_cut_at_the_budget_loses_its_last_sampled_token():
+    # the engine stops at max_turn_tokens=10: gen = "FINAL_ANSW" (no EOS); the published loop drops the last
+    # id ("W") and the template adds "$": "FINAL_ANS$", whose "$" was never sampled (logprob 0.0, counted)
+    traj, _ = run_marked(["FINAL_ANSWER: Paris"], max_turn_tokens=10)
+    (seg,) = traj.segments
+    assert (seg.response_ids, seg.response_logprobs) == (enc("FINAL_ANSW"), [-0.5] * 10)
+    traj, _ = run_marked(["FINAL_ANSWER: Paris"], max_turn_tokens=10, turn_tokens="reencoded")
+    (seg,) = traj.segments
+    assert seg.response_ids == enc("FINAL_ANS$") and seg.loss_mask == [1] * 10
+    assert seg.response_logprobs == [-0.5] * 9 + [0.0]
+    assert traj.metrics["reencoded_unsampled_tokens"] == 1.0
+
+
+def test_a_partial_delete_cuts_the_deleted_calls_text_only_under_cut():
+    """deleted_call_text=cut: mem_agent_loop.py prune_actual_messages_prompt_ids removes from a kept turn's
+    content each deleted call as restore_as_text writes it back, then rebuilds the prompt from the text."""
+    fr, de = pcall("search", query="France", topk=1), pcall("search", query="Germany", topk=1)
+    r = [fr + de,                                                   # t0 -> r1 (France), r2 (Germany)
+         call("prune_context", memory="m", delete_ids=["r1"]),      # t1 -> r3; r1 goes, t0 keeps r2
+         "FINAL_ANSWER: Paris"]                                     # t2
+    P = f"<u>[[r3] Removed r1. {NOTE}]$\n<a>"
+    traj, engine = run_marked(r, turn_tokens="reencoded")
+    H = engine.calls[0].prompt_ids
+    # keep: t0's text whole, its France call left without a result
+    assert engine.calls[2].prompt_ids == H + enc(fr + de + "$" + f"<u>[{B}]$\n<a>" + r[1] + "$" + P)
+    assert traj.metrics["cut_calls"] == 0.0
+    traj, engine = run_marked(r, turn_tokens="reencoded", deleted_call_text="cut", final_segment="whole_context")
+    # cut: t0 is the Germany call alone (the France call's text, with its final newline, removed)
+    assert engine.calls[2].prompt_ids == H + enc(de + "$" + f"<u>[{B}]$\n<a>" + r[1] + "$" + P)
+    assert traj.metrics["cut_calls"] == 1.0
+    # the published final row trains the cut t0 (mask 1): the engine's logprob up to the first id that
+    # differs from the sampled text (both open with '<tool_call>\n{"name": "search", "arguments":
+    # {"query": "', then "G" vs "F"), 0.0 from there on (counted)
+    fin = traj.segments[-1]
+    same = len('<tool_call>\n{"name": "search", "arguments": {"query": "')
+    n0 = len(de) + 1
+    assert fin.prompt_ids == H and fin.response_ids[:n0] == enc(de + "$")
+    assert fin.loss_mask[:n0] == [1] * n0
+    assert fin.response_logprobs[:n0] == [-0.5] * same + [0.0] * (n0 - same)
+    assert traj.metrics["reencoded_unsampled_tokens"] == n0 - same
+
+
+def test_a_prune_calls_text_is_cut_only_when_prune_turns_are_deletable():
+    fr, de = pcall("search", query="France", topk=1), pcall("search", query="Germany", topk=1)
+    pr = pcall("prune_context", memory="m1", delete_ids=["r1"])
+    r = [fr,                                                        # t0 -> r1
+         de + pr,                                                   # t1 -> r2, r3 (r1 and t0 go)
+         call("prune_context", memory="m2", delete_ids=["r3"]),     # t2 -> r4: t1 keeps r2 only
+         "FINAL_ANSWER: Paris"]
+    tail = f"<u>[{B}]$\n<a>" + r[2] + "$" + f"<u>[[r4] Removed r3. {NOTE}]$\n<a>"
+    kw = dict(turn_tokens="reencoded", deleted_call_text="cut")
+    _, engine = run_marked(r, **kw)  # prune turns protected (memrl): the memory call stays in t1's text
+    H = engine.calls[0].prompt_ids
+    assert engine.calls[3].prompt_ids == H + enc(de + pr + "$" + tail)
+    traj, engine = run_marked(r, prune_turns_deletable=True, **kw)  # published: the prune call (m1) is cut
+    assert engine.calls[3].prompt_ids == H + enc(de + "$" + tail)
+    assert traj.metrics["cut_calls"] == 1.0
+
+
+def test_turn_token_switches_are_checked():
+    with pytest.raises(ValueError, match="turn_tokens must be one of sampled, reencoded, got 'text'"):
+        MemActConfig(turn_tokens="text")
+    with pytest.raises(ValueError, match="deleted_call_text must be one of keep, cut, got 'drop'"):
+        MemActConfig(deleted_call_text="drop")
+    with pytest.raises(ValueError, match="deleted_call_text=cut needs turn_tokens=reencoded"):
+        MemActConfig(deleted_call_text="cut")

@@ -176,6 +176,15 @@ def test_off_policy_config():
                               "trainer.batch_size=4", "model.path=x"]).check()
     with pytest.raises(ConfigError, match="algorithm.old_logprobs"):
         load_config(TrainConfig, ["algorithm.old_logprobs=actor"])
+    # MemAct's re-encoded turns hold ids the engine may not have sampled (logprob 0.0 placeholders)
+    with pytest.raises(ConfigError, match="turn_tokens=reencoded needs algorithm.old_logprobs=trainer and "
+                                          "algorithm.off_policy=none \\(got engine and none\\)"):
+        load_config(TrainConfig, ["workflow=memact", "workflow.turn_tokens=reencoded", "model.path=x"]).check()
+    with pytest.raises(ConfigError, match="\\(got trainer and tis\\)"):
+        load_config(TrainConfig, ["workflow=memact", "workflow.turn_tokens=reencoded", "algorithm.old_logprobs=trainer",
+                                  "algorithm.off_policy=tis", "model.path=x"]).check()
+    load_config(TrainConfig, ["workflow=memact", "workflow.turn_tokens=reencoded", "algorithm.old_logprobs=trainer",
+                              "model.path=x"]).check()
     with pytest.raises(ConfigError, match="off_policy"):
         load_config(TrainConfig, ["algorithm.off_policy=is"])
     with pytest.raises(ConfigError, match="mismatch_clip"):
