@@ -1,11 +1,12 @@
 """Build tiny local models, and convert other frameworks' checkpoints into HuggingFace directories.
 
   memrl model init --preset tiny --out models/tiny [--corpus a.txt b.txt] [--vocab-size 4096] [--seed 0]
+  memrl model init --preset tiny-qwen3 --out models/q3        # or tiny-qwen3-moe; thinking chat template
   memrl model convert [--from verl] ckpts/global_step_400 --out models/step400      # or .../actor
   memrl model convert [--from megatron] save/iter_0000400 --out models/iter400 --hf-config /models/Qwen3-4B
 
-init: a byte-level BPE tokenizer (ChatML template) and a randomly initialized Qwen2 causal LM; nothing is
-downloaded. convert: a verl FSDP actor checkpoint (model_world_size_W_rank_R.pt shards, any W; config and
+init: a byte-level BPE tokenizer (ChatML template; Qwen3's thinking switch for the qwen3 presets) and a
+randomly initialized Qwen2 / Qwen3 / Qwen3-MoE causal LM (memrl.models.tiny); nothing is downloaded. convert: a verl FSDP actor checkpoint (model_world_size_W_rank_R.pt shards, any W; config and
 tokenizer from its huggingface/ folder) or a Megatron torch_dist iter_* directory (Qwen2/Qwen3 dense) ->
 safetensors + config + tokenizer (memrl.models.convert). --from is detected when omitted.
 """
@@ -25,8 +26,9 @@ from memrl.models.tiny import PRESETS, init_tiny_model
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="model_command", metavar="ACTION", required=True)
-    init = sub.add_parser("init", help="train a tokenizer and write a random Qwen2 model")
-    init.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model size (tiny ~3M, small ~24M)")
+    init = sub.add_parser("init", help="train a tokenizer and write a random Qwen2 / Qwen3 / Qwen3-MoE model")
+    init.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
+                      help="tiny (Qwen2, ~3M), small (Qwen2, ~24M), tiny-qwen3 (~3M), tiny-qwen3-moe (~3.6M, 8 experts)")
     init.add_argument("--out", required=True, help="output directory (HuggingFace format)")
     init.add_argument("--corpus", nargs="+", default=None, metavar="FILE",
                       help="text files to train the tokenizer on (default: built-in synthetic text)")

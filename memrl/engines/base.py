@@ -57,12 +57,14 @@ class ChatPrompt(list):
 
     Every engine takes it as the list of ids it is; the OpenAI engine in chat mode
     (engine.openai.api=chat) sends the messages to /v1/chat/completions instead, since a chat server
-    renders the template itself. Prompts built from token ids (MemAct's working context) are plain lists.
+    renders the template itself; `template_kwargs` (e.g. {"enable_thinking": False}) go with them as the
+    request's chat_template_kwargs. Prompts built from token ids (MemAct's working context) are plain lists.
     """
 
-    def __init__(self, ids: Any, messages: list[dict[str, Any]]) -> None:
+    def __init__(self, ids: Any, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(ids)
         self.messages = messages
+        self.template_kwargs = dict(template_kwargs or {})
 
 
 @dataclass

@@ -163,14 +163,19 @@ def completion_request(prompt_ids: list[int], sampling: SamplingParams, model: s
     }
 
 
-def chat_request(messages: list[dict[str, Any]], sampling: SamplingParams, model: str | None) -> dict[str, Any]:
-    """The /v1/chat/completions body for one prompt's messages."""
-    return {
+def chat_request(messages: list[dict[str, Any]], sampling: SamplingParams, model: str | None,
+                 template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The /v1/chat/completions body for one prompt's messages; `template_kwargs` (the workflow's
+    enable_thinking) go as chat_template_kwargs, which vLLM and SGLang pass to the chat template."""
+    body = {
         "messages": messages,
         **_sampling_fields(sampling, model),
         "logprobs": True,
         "top_logprobs": 0,  # the sampled token's own logprob only
     }
+    if template_kwargs:
+        body["chat_template_kwargs"] = dict(template_kwargs)
+    return body
 
 
 def parse_chat(payload: Any, url: str, tokenizer: Any) -> Completion:
@@ -378,7 +383,7 @@ class OpenAIEngine:
                 self._model_task = asyncio.ensure_future(self._ask_model(client))
             await self._model_task
         if self.config.api == "chat":
-            body = chat_request(messages, sampling, self.served_model)
+            body = chat_request(messages, sampling, self.served_model, getattr(prompt_ids, "template_kwargs", None))
         else:
             body = completion_request(prompt_ids, sampling, self.served_model)
         attempts = self.config.max_retries + 1

@@ -1,8 +1,11 @@
 """Tiny local models for tests and demos: a byte-level BPE tokenizer with a ChatML template and a randomly
-initialized Qwen2 causal LM, saved in HuggingFace format (safetensors). No hub access.
+initialized Qwen2, Qwen3 or Qwen3-MoE causal LM, saved in HuggingFace format (safetensors). No hub access.
 
 `init_tiny_model(out_dir, preset)` builds one; `cached_tiny_model(preset, cache_dir)` builds once and
-reuses the directory (tests). Presets: "tiny" (about 3M parameters) and "small" (about 24M).
+reuses the directory (tests). Presets: "tiny" (Qwen2, about 3M parameters), "small" (Qwen2, about 24M),
+"tiny-qwen3" (Qwen3, about 3M) and "tiny-qwen3-moe" (Qwen3-MoE, 8 experts, 2 per token). The Qwen3 presets
+carry a chat template with Qwen3's thinking switch (QWEN3_CHAT_TEMPLATE). `random_model` writes a random
+model of a published shape (SHAPES: Qwen2.5-0.5B, Qwen3-0.6B) with a tiny tokenizer, for GPU checks.
 """
 
 from __future__ import annotations
@@ -18,8 +21,16 @@ from importlib import resources
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import (
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 from memrl.errors import UserError
 from memrl.quiet import hf_progress_off
@@ -58,6 +69,55 @@ CHAT_TEMPLATE_COMPACT_TOOLS = (
     "{%- endif %}"
 )
 
+# Qwen3-style ChatML with the thinking switch (memrl's own Jinja, written to behave as Qwen3's template does):
+# - add_generation_prompt with enable_thinking=false adds an empty think block ("<think>\n\n</think>\n\n");
+#   enable_thinking undefined or true adds nothing (the model opens <think> itself);
+# - an assistant message whose content holds "</think>" is split into reasoning (between "<think>" and the
+#   first "</think>") and answer (after the last "</think>"), or reads message.reasoning_content; turns before
+#   the last user message are rendered without their think block; turns after it keep it (the last
+#   message always gets one, empty if need be, so it matches the non-thinking generation prompt);
+# - tool messages become one user turn of <tool_response> blocks; assistant tool_calls are Hermes JSON.
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+QWEN3_CHAT_TEMPLATE = (
+    "{%- set ns = namespace(last_user=-1) %}"
+    "{%- for m in messages %}{%- if m['role'] == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}"
+    "{%- endfor %}"
+    "{%- for m in messages %}"
+    "{%- set content = m['content'] if m['content'] is string else '' %}"
+    "{%- if m['role'] == 'assistant' %}"
+    "{%- set reasoning = m.reasoning_content if m.reasoning_content is string else '' %}"
+    "{%- if m.reasoning_content is not string and '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1] %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- endif %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if loop.index0 > ns.last_user and (loop.last or reasoning) %}"
+    "{{- '<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' }}"
+    "{%- endif %}"
+    "{{- content }}"
+    "{%- for call in m.tool_calls or [] %}"
+    "{%- set f = call.function if call.function is defined else call %}"
+    "{{- ('\\n' if content or not loop.first else '') + '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": '"
+    " + (f.arguments if f.arguments is string else f.arguments | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif m['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+# Plain (not special) added tokens, as in Qwen3's tokenizer: decoding with skip_special_tokens keeps them.
+QWEN3_ADDED_TOKENS = (THINK_OPEN, THINK_CLOSE, "<tool_call>", "</tool_call>")
+
 # Qwen2's pre-tokenizer split: digits one by one, words with one leading non-letter, punctuation runs.
 PRETOKENIZE_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -65,9 +125,13 @@ PRETOKENIZE_REGEX = (
 )
 
 
+ARCHS: tuple[str, ...] = ("qwen2", "qwen3", "qwen3_moe")
+
+
 @dataclass(frozen=True)
 class ModelPreset:
-    """Qwen2 shape of a preset; vocab_size is the BPE target (the model uses the trained size)."""
+    """Shape of a preset; vocab_size is the BPE target (the model uses the trained size). `arch` picks the
+    transformers class; head_dim 0 = hidden_size / num_attention_heads; the MoE fields are qwen3_moe's."""
 
     vocab_size: int
     hidden_size: int
@@ -76,6 +140,11 @@ class ModelPreset:
     num_attention_heads: int
     num_key_value_heads: int
     max_position_embeddings: int = 16384
+    arch: str = "qwen2"
+    head_dim: int = 0
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
 
 
 PRESETS: dict[str, ModelPreset] = {
@@ -83,6 +152,21 @@ PRESETS: dict[str, ModelPreset] = {
     "tiny": ModelPreset(4096, 192, 768, 4, 4, 2),
     # 16384*384 + 8 layers * ~2.16M = ~23.6M parameters
     "small": ModelPreset(16384, 384, 1536, 8, 6, 2),
+    # tiny's shape as a Qwen3 (q/k norms, no qkv bias): ~3.0M parameters
+    "tiny-qwen3": ModelPreset(4096, 192, 768, 4, 4, 2, arch="qwen3"),
+    # 4 MoE layers of 8 experts (2 per token, 128 wide): 4100*192 + 4 * (~0.11M attention + 8 * 3 * 192 * 128)
+    # = ~3.6M parameters
+    "tiny-qwen3-moe": ModelPreset(4096, 192, 768, 4, 4, 2, arch="qwen3_moe", num_experts=8,
+                                  num_experts_per_tok=2, moe_intermediate_size=128),
+}
+
+# Published shapes for random-weight GPU checks (random_model); vocab_size is the published one.
+SHAPES: dict[str, ModelPreset] = {
+    # Qwen2.5-0.5B: 494M parameters (tied embeddings)
+    "qwen2.5-0.5b": ModelPreset(151936, 896, 4864, 24, 14, 2, max_position_embeddings=32768),
+    # Qwen3-0.6B: 596M parameters (tied embeddings, head_dim 128)
+    "qwen3-0.6b": ModelPreset(151936, 1024, 3072, 28, 16, 8, max_position_embeddings=40960, arch="qwen3",
+                              head_dim=128),
 }
 
 
@@ -238,10 +322,13 @@ def _text_blocks(corpus: Sequence[str | os.PathLike] | None, seed: int) -> Itera
             yield text[i : i + 4096]
 
 
-def train_tokenizer(corpus: Sequence[str | os.PathLike] | None = None, vocab_size: int = 4096, seed: int = 0):
+def train_tokenizer(corpus: Sequence[str | os.PathLike] | None = None, vocab_size: int = 4096, seed: int = 0,
+                    arch: str = "qwen2"):
     """Byte-level BPE (Qwen2 pre-tokenizer split) with ChatML special tokens, as a PreTrainedTokenizerFast.
 
     eos = <|im_end|>, pad = <|endoftext|>, no BOS; the chat template is ChatML with add_generation_prompt.
+    arch qwen3 / qwen3_moe: QWEN3_CHAT_TEMPLATE, and <think>, </think>, <tool_call>, </tool_call> as plain
+    added tokens (one id each, kept by decode(skip_special_tokens=True)), as Qwen3's tokenizer has them.
     """
     if vocab_size < 256 + len(SPECIAL_TOKENS) + 1:
         raise UserError(f"vocab_size must be > {256 + len(SPECIAL_TOKENS)} (256 bytes + specials), got {vocab_size}")
@@ -262,13 +349,16 @@ def train_tokenizer(corpus: Sequence[str | os.PathLike] | None = None, vocab_siz
         show_progress=False,
     )
     tok.train_from_iterator(_text_blocks(corpus, seed), trainer=trainer)
+    qwen3 = arch in ("qwen3", "qwen3_moe")
+    if qwen3:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN3_ADDED_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
         unk_token=None,
         bos_token=None,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=QWEN3_CHAT_TEMPLATE if qwen3 else CHAT_TEMPLATE,
         model_max_length=PRESETS["tiny"].max_position_embeddings,
         padding_side="left",
         clean_up_tokenization_spaces=False,
@@ -294,6 +384,30 @@ def qwen2_config(preset: str | ModelPreset, vocab_size: int, eos_token_id: int, 
     )
 
 
+def model_config(shape: ModelPreset, vocab_size: int, eos_token_id: int, pad_token_id: int,
+                 tie_word_embeddings: bool = True):
+    """The transformers config of `shape` (its `arch`) with the given vocabulary size."""
+    if shape.arch not in ARCHS:
+        raise ValueError(f"unknown model arch {shape.arch!r}; known: {', '.join(ARCHS)}")
+    if shape.arch == "qwen2":
+        return qwen2_config(shape, vocab_size, eos_token_id, pad_token_id)
+    common = dict(
+        vocab_size=vocab_size, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers, num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads, max_position_embeddings=shape.max_position_embeddings,
+        head_dim=shape.head_dim or shape.hidden_size // shape.num_attention_heads,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=None, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+    )
+    if shape.arch == "qwen3":
+        return Qwen3Config(**common)
+    return Qwen3MoeConfig(**common, num_experts=shape.num_experts, num_experts_per_tok=shape.num_experts_per_tok,
+                          moe_intermediate_size=shape.moe_intermediate_size, norm_topk_prob=True)
+
+
+_MODEL_CLASSES = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM}
+
+
 def init_tiny_model(
     out_dir: str | os.PathLike,
     preset: str = "tiny",
@@ -301,19 +415,19 @@ def init_tiny_model(
     seed: int = 0,
     vocab_size: int | None = None,
 ) -> Path:
-    """Train a tokenizer and write a seeded, randomly initialized Qwen2ForCausalLM to `out_dir`."""
+    """Train a tokenizer and write a seeded, randomly initialized causal LM of the preset's arch to `out_dir`."""
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; known: {', '.join(PRESETS)}")
     p = PRESETS[preset]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(corpus, vocab_size or p.vocab_size, seed)
+    tokenizer = train_tokenizer(corpus, vocab_size or p.vocab_size, seed, arch=p.arch)
     tokenizer.model_max_length = p.max_position_embeddings
     tokenizer.save_pretrained(out)
 
-    config = qwen2_config(p, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
+    config = model_config(p, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = _MODEL_CLASSES[p.arch](config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None
@@ -330,6 +444,29 @@ def init_tiny_model(
         "shape": asdict(p),
     }
     (out / "memrl_model.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def random_model(out_dir: str | os.PathLike, shape: str | ModelPreset, dtype: torch.dtype = torch.bfloat16,
+                 seed: int = 0, cache_dir: str | os.PathLike | None = None) -> Path:
+    """A randomly initialized model of a published shape (SHAPES name or a ModelPreset) written to `out_dir`
+    with the tiny tokenizer of its arch family (tiny / tiny-qwen3); the embedding keeps the shape's
+    vocab_size (ids past the tokenizer's are never produced by it). For GPU checks: no hub access."""
+    if isinstance(shape, str):
+        if shape not in SHAPES:
+            raise ValueError(f"unknown model shape {shape!r}; known: {', '.join(SHAPES)}")
+        shape = SHAPES[shape]
+    tok_preset = "tiny" if shape.arch == "qwen2" else "tiny-qwen3"
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(cached_tiny_model(tok_preset, cache_dir))
+    if shape.vocab_size < len(tokenizer):
+        raise ValueError(f"shape vocab_size {shape.vocab_size} is below the tokenizer's {len(tokenizer)}")
+    config = model_config(shape, shape.vocab_size, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    model = _MODEL_CLASSES[shape.arch](config).to(dtype)
+    out = Path(out_dir)
+    with hf_progress_off():
+        model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
     return out
 
 

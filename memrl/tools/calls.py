@@ -1,10 +1,15 @@
-"""Hermes tool calls: parse `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, render schemas.
+"""Tool calls: parse `<tool_call>` blocks in one of two formats, render schemas.
+
+- hermes: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen2.5, Qwen3, MemAct);
+- xml: `<tool_call><function=NAME><parameter=ARG>value</parameter>...</function></tool_call>` (the format
+  of qwen3-coder-style chat templates), each value converted by the tool's JSON schema (`xml_value`).
+`detect_call_format` picks one from a chat template (it names `<function=` only in the xml format).
 
 Parsing never raises. Each block is sanitized for what small models really emit (a BOM, zero-width
-characters or bidirectional marks, a ```json code fence, text before or after the JSON object, `arguments`
-given as a JSON string); a block that still is not `{"name": str, "arguments": object}`, or a
-`<tool_call>` that never closes, becomes a `ParseResult.errors` entry that the workflow answers with an
-error tool message (or, with workflow.unparsable_tool_calls=end, skips).
+characters or bidirectional marks, a ```json / ```xml code fence, text before or after the JSON object or
+the <function=...> block, `arguments` given as a JSON string, a missing </function>); a block that still
+is not one call, or a `<tool_call>` that never closes, becomes a `ParseResult.errors` entry that the
+workflow answers with an error tool message (or, with workflow.unparsable_tool_calls=end, skips).
 
 Tool schemas are OpenAI-style JSON schema, rendered through the tokenizer's chat template (`tools=`).
 Templates without tools support (they render the same text with and without `tools=`, e.g. the tiny
@@ -60,6 +65,8 @@ class ParseResult:
     dropped: int = 0
     sanitized: int = 0
     attempted: bool = False
+    valid: list[bool] = field(default_factory=list)
+    """Per block in the order written (an unclosed one last): whether it parsed into a call."""
 
 
 def sanitize(block: str) -> str:
@@ -145,18 +152,123 @@ def parse_block_published(block: str) -> tuple[ToolCall | None, str | None, bool
     return ToolCall(obj["name"], obj["arguments"]), None, cleaned != raw
 
 
-def parse_tool_calls(text: str, max_calls: int = 5, parser: str = "memrl") -> ParseResult:
+# ---- the xml format (qwen3-coder-style templates) ----
+
+CALL_FORMATS = ("hermes", "xml")
+_FUNCTION = re.compile(r"<function=([^>]*)>")
+_PARAMETER = re.compile(r"<parameter=([^>]*)>")
+_XML_FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
+
+
+def xml_value(raw: str, schema: dict[str, Any] | None) -> Any:
+    """A parameter's value: the text between the tags without the one newline the template writes on each
+    side, converted by the parameter's JSON-schema type (integer, number, boolean, array / object as
+    JSON; text that does not convert stays a string, for the tool to refuse by name); string or no
+    schema: the text, except that text starting with "[" or "{" that is JSON becomes that value."""
+    text = raw[1:] if raw.startswith("\n") else raw
+    text = text[:-1] if text.endswith("\n") else text
+    kind = (schema or {}).get("type")
+    value = text.strip()
+    if kind == "string":
+        return text
+    if kind in ("integer", "number"):
+        try:
+            return int(value) if kind == "integer" or re.fullmatch(r"-?\d+", value) else float(value)
+        except ValueError:
+            return text
+    if kind == "boolean" and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if kind in ("array", "object") or (kind is None and value[:1] in ("[", "{")):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return text
+    return text
+
+
+def parse_xml_block(block: str, schemas: dict[str, dict[str, Any]] | None = None
+                    ) -> tuple[ToolCall | None, str | None, bool]:
+    """(call, error, sanitized) for the text between `<tool_call>` and `</tool_call>` in the xml format.
+    `schemas`: tool name -> its parameters' JSON schemas ({"query": {"type": "string"}, ...})."""
+    raw = block.strip()
+    text = _INVISIBLE.sub("", block).strip()
+    m = _XML_FENCE.match(text)
+    if m:
+        text = m.group(1).strip()
+    funcs = list(_FUNCTION.finditer(text))
+    if not funcs:
+        return None, "the tool call has no <function=NAME> block", text != raw
+    if len(funcs) > 1:
+        return None, f"the tool call holds {len(funcs)} <function=...> blocks; write one per <tool_call>", text != raw
+    name = funcs[0].group(1).strip()
+    if not name:
+        return None, "the tool call has an empty function name", text != raw
+    body, closed, after = text[funcs[0].end():].partition("</function>")
+    marks = list(_PARAMETER.finditer(body))
+    lead = body[:marks[0].start()] if marks else body
+    # cleaned away: invisible characters, a fence, text around the function or before its first parameter,
+    # a missing </function>, spaces around the name
+    cleaned = (text != raw or not closed or bool(text[:funcs[0].start()].strip() or after.strip() or lead.strip())
+               or funcs[0].group(1) != name)
+    params = (schemas or {}).get(name, {})
+    args: dict[str, Any] = {}
+    for i, p in enumerate(marks):
+        key = p.group(1).strip()
+        chunk = body[p.end():marks[i + 1].start() if i + 1 < len(marks) else len(body)]
+        value, shut, rest = chunk.partition("</parameter>")
+        if not shut:
+            return None, f"parameter {key!r} of {name!r} is not closed with </parameter>", cleaned
+        if not key:
+            return None, f"a parameter of {name!r} has an empty name", cleaned
+        if key in args:
+            return None, f"parameter {key!r} of {name!r} is given twice", cleaned
+        cleaned = cleaned or bool(rest.strip()) or p.group(1) != key
+        args[key] = xml_value(value, params.get(key))
+    return ToolCall(name, args), None, cleaned
+
+
+def schema_index(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Tool name -> the JSON schemas of its parameters, from OpenAI-style tool schemas."""
+    out: dict[str, dict[str, Any]] = {}
+    for t in tools or []:
+        fn = t.get("function", t) if isinstance(t, dict) else {}
+        props = ((fn.get("parameters") or {}).get("properties") or {}) if isinstance(fn, dict) else {}
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            out[fn["name"]] = props if isinstance(props, dict) else {}
+    return out
+
+
+def detect_call_format(tokenizer: Any) -> str:
+    """The call format a tokenizer's chat template teaches: xml when it writes `<function=` (qwen3-coder
+    style), else hermes."""
+    tpl = getattr(tokenizer, "chat_template", None)
+    texts = tpl.values() if isinstance(tpl, dict) else [tpl]
+    return "xml" if any(isinstance(t, str) and "<function=" in t for t in texts) else "hermes"
+
+
+def parse_tool_calls(text: str, max_calls: int = 5, parser: str = "memrl", call_format: str = "hermes",
+                     schemas: dict[str, dict[str, Any]] | None = None) -> ParseResult:
     """Every `<tool_call>` block of `text`, in order; at most `max_calls` calls are kept (the rest dropped).
-    parser="published": each block by `parse_block_published`."""
+    parser="published": each block by `parse_block_published` (hermes only). call_format="xml": each block
+    by `parse_xml_block` with `schemas` (`schema_index` of the tools offered)."""
     if parser not in PARSERS:
         raise ValueError(f"tool call parser must be one of {', '.join(PARSERS)}, got {parser!r}")
-    parse = parse_block_published if parser == "published" else parse_block
+    if call_format not in CALL_FORMATS:
+        raise ValueError(f"tool call format must be one of {', '.join(CALL_FORMATS)}, got {call_format!r}")
+    if call_format == "xml" and parser == "published":
+        raise ValueError("tool call parser 'published' reads the hermes format only, got call_format 'xml'")
+    if call_format == "xml":
+        def parse(block: str) -> tuple[ToolCall | None, str | None, bool]:
+            return parse_xml_block(block, schemas)
+    else:
+        parse = parse_block_published if parser == "published" else parse_block
     res = ParseResult(attempted=OPEN in text)
     last = 0
     for m in _BLOCK.finditer(text):
         last = m.end()
         call, err, cleaned = parse(m.group(1))
         res.sanitized += int(cleaned)
+        res.valid.append(err is None)
         if err is not None:
             res.errors.append(err)
         elif len(res.calls) >= max_calls:
@@ -165,12 +277,26 @@ def parse_tool_calls(text: str, max_calls: int = 5, parser: str = "memrl") -> Pa
             res.calls.append(call)  # type: ignore[arg-type]
     if OPEN in text[last:]:  # e.g. cut off at the turn's token budget
         res.errors.append("a <tool_call> block was not closed with </tool_call>")
+        res.valid.append(False)
     return res
 
 
-def format_call(call: ToolCall) -> str:
-    """The canonical text of a call (for scripts and docs)."""
+def format_call(call: ToolCall, call_format: str = "hermes") -> str:
+    """The canonical text of a call (for scripts, docs and tests): hermes JSON, or the xml format with
+    strings as they are and other values as JSON."""
+    if call_format == "xml":
+        params = "".join(
+            f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}\n</parameter>\n"
+            for k, v in call.arguments.items())
+        return f"{OPEN}\n<function={call.name}>\n{params}</function>\n{CLOSE}"
     return f"{OPEN}{json.dumps({'name': call.name, 'arguments': call.arguments}, ensure_ascii=False)}{CLOSE}"
+
+
+def call_example(call_format: str = "hermes") -> str:
+    """How to write one call, for the error messages a workflow sends back."""
+    if call_format == "xml":
+        return "<tool_call><function=NAME><parameter=ARG>value</parameter></function></tool_call>"
+    return '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'
 
 
 def function_schema(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict:
@@ -185,9 +311,20 @@ def function_schema(name: str, description: str, properties: dict[str, Any], req
     }
 
 
-def tools_fallback_text(tools: list[dict[str, Any]]) -> str:
-    """The Hermes tools block appended to the system prompt when the chat template ignores `tools=`."""
+def tools_fallback_text(tools: list[dict[str, Any]], call_format: str = "hermes") -> str:
+    """The tools block appended to the system prompt when the chat template ignores `tools=`: the Hermes
+    wording, or (xml) the same list with memrl's description of the xml call."""
     lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    if call_format == "xml":
+        return (
+            "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>\n{lines}\n</tools>\n\n"
+            "For each function call, write one <tool_call> block naming the function and giving each "
+            "argument in its own <parameter> block:\n"
+            "<tool_call>\n<function=FUNCTION-NAME>\n<parameter=ARGUMENT-NAME>\nvalue\n</parameter>\n</function>\n"
+            "</tool_call>"
+        )
     return (
         "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
         "You are provided with function signatures within <tools></tools> XML tags:\n"
@@ -198,17 +335,21 @@ def tools_fallback_text(tools: list[dict[str, Any]]) -> str:
     )
 
 
-def render_system(tokenizer: Any, system: str, user: str, tools: list[dict[str, Any]]) -> tuple[str, bool]:
-    """(text of the system + user messages, without generation prompt; whether the template took `tools=`)."""
+def render_system(tokenizer: Any, system: str, user: str, tools: list[dict[str, Any]],
+                  template_kwargs: dict[str, Any] | None = None, call_format: str = "hermes") -> tuple[str, bool]:
+    """(text of the system + user messages, without generation prompt; whether the template took `tools=`).
+    `template_kwargs`: extra chat-template variables (enable_thinking); `call_format`: the fallback's."""
+    kw = dict(template_kwargs or {})
     msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    plain = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False)
+    plain = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False, **kw)
     if tools:
         try:
-            with_tools = tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=False)
+            with_tools = tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=False,
+                                                       **kw)
         except Exception:  # noqa: BLE001 - a template may reject the argument; use the fallback
             with_tools = plain
         if with_tools != plain:
             return with_tools, True
-        msgs[0] = {"role": "system", "content": system + tools_fallback_text(tools)}
-        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False), False
+        msgs[0] = {"role": "system", "content": system + tools_fallback_text(tools, call_format)}
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False, **kw), False
     return plain, False

@@ -8,10 +8,12 @@ asked to, below).
 
 Message pieces come from the tokenizer's chat template by difference (rendered once per tokenizer):
 the assistant header is render(msgs, add_generation_prompt=True) minus render(msgs); the assistant end
-is what follows the content of a rendered assistant message; a tool message is the text a single tool
-message adds after an assistant message. Each tool result is rendered as if it were the only one of its
-turn (templates that merge consecutive tool results into one block would otherwise leave a half block
-after a deletion).
+is what follows the content of a rendered assistant message; a tool message is the text between an
+assistant message's end and the next message's content. Each tool result is rendered as if it were the
+only one of its turn (templates that merge consecutive tool results into one block would otherwise leave
+a half block after a deletion). Pieces are cut at marker strings, not by prefix: a thinking template
+(Qwen3's) renders an assistant turn differently once a later message follows it (its empty think block
+goes), and the working context keeps the ids as sampled, so only the text around the markers matters.
 
 Pruning (`prune`): the tool messages with the given ids go, and with them the assistant messages all of
 whose results went, unless they hold a `prune_context` call (that call carries the memory). An assistant
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 _SENTINEL = "\u2063MEMACT\u2063"
+_SENTINEL_2 = "\u2063MEMACT2\u2063"
 
 
 class ChatFormatError(ValueError):
@@ -47,9 +50,12 @@ class ChatFormat:
     tool_suffix: str
 
     @classmethod
-    def from_tokenizer(cls, tok: Any) -> ChatFormat:
+    def from_tokenizer(cls, tok: Any, template_kwargs: dict[str, Any] | None = None) -> ChatFormat:
+        """The pieces of `tok`'s template; `template_kwargs`: extra template variables (enable_thinking)."""
+        kw = dict(template_kwargs or {})
+
         def render(msgs: list[dict[str, str]], gen: bool) -> str:
-            return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+            return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen, **kw)
 
         base = [{"role": "user", "content": "u"}]
         with_gen, without = render(base, True), render(base, False)
@@ -61,18 +67,28 @@ class ChatFormat:
         if not full.startswith(with_gen) or _SENTINEL not in full[len(with_gen):]:
             raise ChatFormatError("chat template: an assistant message does not follow the generation prompt")
         end = full[len(with_gen):].split(_SENTINEL, 1)[1]
+
+        def after_assistant(role: str) -> tuple[str, str] | None:
+            """(text between the assistant's end and a following `role` message's content, text after it)."""
+            text = render(convo + [{"role": role, "content": _SENTINEL_2}], False)
+            if text.count(_SENTINEL) != 1 or text.count(_SENTINEL_2) != 1:
+                return None
+            rest = text.split(_SENTINEL, 1)[1]
+            if not rest.startswith(end):
+                return None
+            pre, post = rest[len(end):].split(_SENTINEL_2, 1)
+            return pre, post
+
         try:
-            tool_full = render(convo + [{"role": "tool", "content": _SENTINEL}], False)
-            role_ok = tool_full.startswith(full) and _SENTINEL in tool_full[len(full):]
+            pieces = after_assistant("tool")
         except Exception:  # noqa: BLE001 - a template without a tool role
-            role_ok = False
-        if role_ok:
-            pre, post = tool_full[len(full):].split(_SENTINEL, 1)
-        else:  # no tool role: a user message holding a <tool_response> block (Hermes)
-            user_full = render(convo + [{"role": "user", "content": _SENTINEL}], False)
-            pre, post = user_full[len(full):].split(_SENTINEL, 1)
-            pre, post = pre + "<tool_response>\n", "\n</tool_response>" + post
-        return cls(header, end, pre, post)
+            pieces = None
+        if pieces is None:  # no tool role: a user message holding a <tool_response> block (Hermes)
+            pieces = after_assistant("user")
+            if pieces is None:
+                raise ChatFormatError("chat template: a message after an assistant message does not follow its end")
+            pieces = (pieces[0] + "<tool_response>\n", "\n</tool_response>" + pieces[1])
+        return cls(header, end, *pieces)
 
 
 @dataclass

@@ -304,6 +304,10 @@ class TrainerSection:
     """FSDP2 mixed precision: bf16 compute, fp32 gradient reduction (num_workers > 1)."""
     cpu_offload: bool = False
     """FSDP2 CPU offload of parameters and optimizer state (num_workers > 1)."""
+    router_aux_loss_coef: float = valid(0.0, ge=0, note="0 = off")
+    """A mixture-of-experts model (Qwen3-MoE): add this times the router's load-balancing loss (the
+    forward's aux_loss with output_router_logits) to each micro-batch's loss, weighted by its share of the
+    mini-batch; logged as loss/router_aux. 0 = off (memrl, and verl's actor); Qwen3-MoE's config says 0.001."""
 
     def check(self) -> None:
         """One update schedule is set; the loggers hold jsonl, each once, and are installed."""

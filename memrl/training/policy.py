@@ -14,19 +14,26 @@ from memrl.training.packing import MicroBatch
 
 
 def token_logprobs(
-    model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0, with_entropy: bool = False
+    model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0, with_entropy: bool = False,
+    router_aux: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log_softmax(logits / T) of each next token, [B, L-1] (the engine's convention; T=1 for greedy).
 
     With `with_entropy`, also the entropy of softmax(logits / T) per position. Only positions from the
     micro-batch's first trained token on get logits (`logits_to_keep`): the vocabulary projection and
     softmax over prompt positions nobody trains on were half of an update's time on the CPU demo.
-    Earlier positions are 0 (their loss mask and weights are 0).
+    Earlier positions are 0 (their loss mask and weights are 0). `router_aux` (a list): the forward also
+    computes an MoE model's load-balancing loss (output_router_logits, transformers' aux_loss), appended.
     """
     width = mb.input_ids.shape[1] - 1
     first = _first_trained_position(mb)
-    kwargs = {"logits_to_keep": width + 1 - first} if first > 0 and _takes_logits_to_keep(model) else {}
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, **kwargs).logits[:, :-1, :].float()
+    kwargs: dict = {"logits_to_keep": width + 1 - first} if first > 0 and _takes_logits_to_keep(model) else {}
+    if router_aux is not None:
+        kwargs["output_router_logits"] = True
+    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, **kwargs)
+    if router_aux is not None:
+        router_aux.append(out.aux_loss)
+    logits = out.logits[:, :-1, :].float()
     start = width - logits.shape[1]
     if temperature != 1.0:
         logits = logits / temperature
@@ -91,8 +98,12 @@ def ppo_micro_loss(
     off_policy: str = "none",
     off_policy_cap: float | None = None,
     mismatch_clip: float = 2.0,
+    router_aux_coef: float = 0.0,
 ) -> LossParts:
-    """sum(w * (policy_loss + kl_coef * kl - entropy_coef * entropy)) over this micro-batch.
+    """sum(w * (policy_loss + kl_coef * kl - entropy_coef * entropy)) over this micro-batch, plus
+    router_aux_coef * sum(w) * aux for an MoE model (aux: the micro-batch's load-balancing loss, Switch
+    Transformer's, arXiv 2101.03961 eq. 4, as transformers computes it), so the aux term over a mini-batch
+    is the weight-averaged aux of its micro-batches.
 
     `mb.weights` were fixed over the whole batch, so summing this over micro-batches equals the
     un-split loss (and its gradient). Logged sums are weighted the same way (so they add up to means).
@@ -105,7 +116,8 @@ def ppo_micro_loss(
     logprobs with the engine's on the trained tokens (`mismatch_clip`: c of the ratio's [1/c, c] band);
     with recomputed old logprobs `pairs` adds old vs engine and this forward vs old.
     """
-    lp, ent = token_logprobs(model, mb, temperature, with_entropy=True)
+    aux: list[torch.Tensor] | None = [] if router_aux_coef > 0 else None
+    lp, ent = token_logprobs(model, mb, temperature, with_entropy=True, router_aux=aux)
     engine_lp, prox = mb.old_logprobs, mb.prox_logprobs
     fn = get_loss(loss_name)
     is_w = None
@@ -134,6 +146,10 @@ def ppo_micro_loss(
     if entropy_coef:
         loss = loss - entropy_coef * ent_term
     wsum = float(w.sum())
+    if aux:
+        aux_term = aux[0].to(loss.dtype) * wsum
+        sums["router_aux"] = float(aux_term.detach())
+        loss = loss + router_aux_coef * aux_term
     for k in ("clipfrac", "approx_kl"):
         if k in stats:
             sums[k] = stats[k] * wsum

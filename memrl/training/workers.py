@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from memrl.algorithms.losses import MISMATCH_PAIRS, MISMATCH_SUMS, mismatch_means
 from memrl.algorithms.registry import options_kwargs
 from memrl.engines.weight_transfer import WeightTransfer
+from memrl.errors import UserError
 from memrl.quiet import hf_progress_off
 from memrl.training import distributed as D
 from memrl.training import lora as L
@@ -105,6 +106,10 @@ class PolicyWorker:
         if L.enabled(cfg.model):
             self.model = L.wrap(self.model, cfg.model.lora, cfg.trainer.seed, start, cfg.model.gradient_checkpointing)
         t = cfg.trainer
+        if t.router_aux_loss_coef > 0 and not hasattr(self.model.config, "output_router_logits"):
+            raise UserError(f"trainer.router_aux_loss_coef={t.router_aux_loss_coef} needs a mixture-of-experts model "
+                             f"(a config with output_router_logits, e.g. qwen3_moe); {src} is "
+                             f"{self.model.config.model_type}")
         D.shard_model(self.model, t.fsdp_bf16, t.cpu_offload)
         if L.enabled(cfg.model) and D.grouped():
             L.first_forward(self.model, self.tokenizer.pad_token_id or 0)  # FSDP2's dtypes, adapter on
@@ -176,7 +181,8 @@ class PolicyWorker:
                     ref_lp, _ = token_logprobs(self.ref, mb, a.temperature)
             part = ppo_micro_loss(self.model, mb, a.temperature, a.loss, self.loss_kwargs,
                                   ref_lp, a.kl_coef, a.kl_kind, a.entropy_coef,
-                                  a.off_policy, off_policy_cap(a), a.mismatch_clip)
+                                  a.off_policy, off_policy_cap(a), a.mismatch_clip,
+                                  self.cfg.trainer.router_aux_loss_coef)
             for k, v in part.mismatch.items():
                 mm[k] += v
             for name, sums_of in part.pairs.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,41 @@ log = logging.getLogger(__name__)
 NO_MEMORY = "No previous memory"
 TRUNCATIONS: tuple[str, ...] = ("centre", "head")
 EMPTY_MEMORY_RULES: tuple[str, ...] = ("placeholder", "keep_previous", "empty")
+MEMORY_TEXTS: tuple[str, ...] = ("reply", "after_think", "strip_think")
+THINK_OPEN, THINK_END = "<think>", "</think>"
+_THINK_BLOCK = re.compile(re.escape(THINK_OPEN) + r".*?" + re.escape(THINK_END), re.DOTALL)
+
+
+def after_think(reply: str) -> str:
+    """The published evaluation's memory (utils/__init__.py extract_solution, FORCE_THINK unset): the text
+    after the reply's last `</think>`, whitespace-trimmed; a reply without `</think>` is kept whole."""
+    if THINK_END not in reply:
+        return reply
+    return reply.rsplit(THINK_END, 1)[1].strip()
+
+
+def strip_think(reply: str) -> str:
+    """The reply without its reasoning, whitespace-trimmed: every `<think>...</think>` block cut out; then
+    the text up to a `</think>` left without its `<think>` (a template that opens the block in the prompt)
+    and the text from a `<think>` left unclosed (a reply cut at its token budget) cut too."""
+    text = _THINK_BLOCK.sub("", reply)
+    if THINK_END in text:
+        text = text.rsplit(THINK_END, 1)[1]
+    if THINK_OPEN in text:
+        text = text.split(THINK_OPEN, 1)[0]
+    return text.strip()
+
+
+def think_text_rule(reply: str, rule: str) -> str:
+    """What a memory call's reply is read as under `memory_text` (ChunkedConfig): reply (as it is),
+    after_think or strip_think (above)."""
+    if rule == "after_think":
+        return after_think(reply)
+    if rule == "strip_think":
+        return strip_think(reply)
+    if rule != "reply":
+        raise ValueError(f"memory_text must be one of {', '.join(MEMORY_TEXTS)}, got {rule!r}")
+    return reply
 
 
 @dataclass
@@ -41,6 +77,17 @@ class ChunkedConfig:
     top_k: int = valid(-1, ge=-1, note="-1 or 0 = off")
     no_memory_text: str = NO_MEMORY
     """The first memory, and what an empty memory becomes under empty_memory=placeholder."""
+    enable_thinking: bool | None = None
+    """The chat template's thinking switch (Qwen3's `enable_thinking`) for every call: None = the
+    template's default (Qwen3: thinking on); false = a non-thinking prompt (Qwen3 adds an empty think
+    block); templates without the switch ignore it. See memory_text for the <think> text of a reply."""
+    memory_text: str = valid("reply", choices=MEMORY_TEXTS)
+    """What of a memory call's reply the memory is read from, i.e. where a thinking model's <think> text
+    goes: reply (kept: the whole decoded reply; memrl, and MemAgent's trainers), after_think (the text
+    after the last </think>, trimmed, the whole reply when it has none: MemAgent's published evaluation,
+    taskutils/memory_eval/utils/recurrent.py via utils/__init__.py extract_solution) or strip_think (every
+    <think>...</think> block cut out, and a block opened by the prompt or left unclosed; trimmed).
+    ReMemR1 parses its <update> / <recall> tags from what is left. empty_memory then applies."""
 
     # Published-setup switches (memrl's default first; docs/DIFFERENCES.md).
     template_style: str = "memrl"
@@ -76,7 +123,7 @@ class ChunkedConfig:
         if self.max_chunks < 0:
             raise ValueError(f"{name}.max_chunks must be >= 0, got {self.max_chunks}")
         for f, allowed in (("template_style", TEMPLATE_STYLES), ("truncation", TRUNCATIONS),
-                           ("empty_memory", EMPTY_MEMORY_RULES)):
+                           ("empty_memory", EMPTY_MEMORY_RULES), ("memory_text", MEMORY_TEXTS)):
             if getattr(self, f) not in allowed:
                 raise ValueError(f"{name}.{f} must be one of {', '.join(allowed)}, got {getattr(self, f)!r}")
         if self.require_template_files:
@@ -151,9 +198,10 @@ def decode_response(tokenizer: Any, token_ids: list[int]) -> str:
     return tokenizer.decode(token_ids, skip_special_tokens=True).strip()
 
 
-async def call_model(engine: Engine, user_text: str, sampling: SamplingParams) -> tuple[list[int], Completion, str]:
+async def call_model(engine: Engine, user_text: str, sampling: SamplingParams,
+                     enable_thinking: bool | None = None) -> tuple[list[int], Completion, str]:
     """One single-turn chat call: (prompt ids, the completion, its decoded text)."""
-    _, prompt_ids = chat_prompt(engine.tokenizer, user_text)
+    _, prompt_ids = chat_prompt(engine.tokenizer, user_text, enable_thinking)
     out = await engine.generate(prompt_ids, sampling)
     return prompt_ids, out, decode_response(engine.tokenizer, out.token_ids)
 

@@ -41,6 +41,8 @@ class FullContextConfig:
     template: str | None = None
     """Inline prompt with {problem} and {context} (default: a boxed-answer prompt)."""
     template_file: str | None = None
+    enable_thinking: bool | None = None
+    """The chat template's thinking switch (Qwen3's enable_thinking); None = the template's default."""
 
 
 async def run(task: Task, engine: Any, cfg: FullContextConfig, rng: random.Random) -> Trajectory:
@@ -51,7 +53,7 @@ async def run(task: Task, engine: Any, cfg: FullContextConfig, rng: random.Rando
 
     ids = encode_document(tok, task.context) if task.context else []  # centre-truncated below
     kept = centre_truncate(ids, cfg.max_context_tokens)
-    _, prompt_ids = chat_prompt(tok, tpl.render(problem=task.question, context=tok.decode(kept)))
+    _, prompt_ids = chat_prompt(tok, tpl.render(problem=task.question, context=tok.decode(kept)), cfg.enable_thinking)
     seed = rng.getrandbits(31) if cfg.temperature > 0 else None
     sp = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_final_tokens, seed=seed)
     out = await engine.generate(prompt_ids, sp)

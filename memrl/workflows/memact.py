@@ -1,9 +1,10 @@
 """MemAct (arXiv 2510.12635): a tool-using agent that curates its own working context.
 
 Each assistant turn sees the working context (system + user, then the kept assistant turns and tool
-results) and answers with Hermes tool calls (`search`, `prune_context`; at most `max_parallel_calls`)
-or, with no call, the final answer (`FINAL_ANSWER: ...`). It stops on the answer, after
-`max_assistant_turns` turns, or when the context to send passes `max_context_tokens`.
+results) and answers with tool calls (`search`, `prune_context`; at most `max_parallel_calls`; Hermes JSON
+or the xml format of qwen3-coder-style templates, `tool_call_format`) or, with no call, the final answer
+(`FINAL_ANSWER: ...`). It stops on the answer, after `max_assistant_turns` turns, when the context to send
+passes `max_context_tokens`, or after `max_consecutive_invalid_tool_calls` invalid calls in a row.
 
 Token in, token out: the context is a list of messages each holding its ids (memrl.tools.context);
 pruning drops messages and concatenates the rest, never re-tokenizing sampled text (turn_tokens=reencoded
@@ -46,11 +47,12 @@ from memrl.tools import search as ts
 from memrl.types import Score, Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec
 from memrl.workflows.memagent import decode_response
-from memrl.workflows.templates import Template, load_template
+from memrl.workflows.templates import Template, load_template, template_kwargs
 
 log = logging.getLogger(__name__)
 
 TOOL_RESULT_FORMATS = ("memrl", "published")
+TOOL_CALL_FORMATS = ("auto", *tc.CALL_FORMATS)
 # The texts of tool_result_format=published (memrl's own wording; the published wording is the user's to
 # supply in workflow.tool_texts_file). "{n}": results deleted; "{error}": the retriever's message.
 TOOL_TEXTS = {
@@ -71,7 +73,7 @@ PUBLISHED_FINAL_MARKER = "FINAL_ANSWER: "
 COUNTERS = (
     "searches", "search_errors", "prunes", "failed_prunes", "malformed_calls", "unknown_tools",
     "bad_arguments", "dropped_calls", "sanitized_calls", "tool_truncations", "topk_clamped",
-    "reencoded_unsampled_tokens", "cut_calls",
+    "reencoded_unsampled_tokens", "cut_calls", "invalid_call_streak",
 )  # fmt: skip
 
 
@@ -116,6 +118,22 @@ class MemActConfig:
     "arguments", arguments given as a JSON string decoded, missing or null arguments = {}, the name
     trimmed); "published" (MemAct's tool_parser.py HermesToolParser) = its cleaning (first "{" to last
     "}"), a "name" string used as written and an "arguments" object required, anything else malformed."""
+    tool_call_format: str = valid("auto", choices=TOOL_CALL_FORMATS)
+    """How the agent writes a call: "hermes" (<tool_call>{"name": ..., "arguments": {...}}</tool_call>),
+    "xml" (<tool_call><function=NAME><parameter=ARG>value</parameter></function></tool_call>, the format
+    of qwen3-coder-style templates; values converted by the tool's schema) or "auto" (xml when the
+    model's chat template writes <function=, else hermes; hermes with tool_parser=published). It also
+    picks the wording of the tools block added to templates without tools support."""
+    max_consecutive_invalid_tool_calls: int = valid(0, ge=0, note="0 = off")
+    """End the trajectory (stop "invalid_tool_calls", metric stop_invalid_tool_calls) once this many
+    calls in a row were invalid: a block that does not parse (an unclosed one included) or a call to a
+    tool not offered; a valid call resets the count, in the order the calls were written, and the turn's
+    valid calls still run first (verl's max_consecutive_invalid_tool_calls, verl PR #7697). 0 = off.
+    invalid_call_streak is the longest run a trajectory had."""
+    enable_thinking: bool | None = None
+    """The chat template's thinking switch (Qwen3's enable_thinking) for the first prompt and the
+    assistant header; None = the template's default. A thinking turn's text stays in the working
+    context as sampled (token in, token out)."""
     topk_rule: str = valid("clamp", choices=ts.TOPK_RULES)
     """A search call's topk: "clamp" (memrl) = an integer or digit string clamped to [1, 20], anything else
     an argument error answered to the agent; "published" = the public search tool and service: int() of
@@ -269,6 +287,15 @@ class MemActConfig:
             raise ValueError(f"MemActConfig.excess_tool_calls must be reply_error or drop, got {self.excess_tool_calls!r}")
         if self.tool_parser not in tc.PARSERS:
             raise ValueError(f"MemActConfig.tool_parser must be one of {', '.join(tc.PARSERS)}, got {self.tool_parser!r}")
+        if self.tool_call_format not in TOOL_CALL_FORMATS:
+            raise ValueError(f"MemActConfig.tool_call_format must be one of {', '.join(TOOL_CALL_FORMATS)}, "
+                             f"got {self.tool_call_format!r}")
+        if self.tool_call_format == "xml" and self.tool_parser == "published":
+            raise ValueError("MemActConfig.tool_parser=published reads Hermes JSON calls only; it cannot be used "
+                             "with tool_call_format=xml")
+        if self.max_consecutive_invalid_tool_calls < 0:
+            raise ValueError("MemActConfig.max_consecutive_invalid_tool_calls must be >= 0 (0 = off), got "
+                             f"{self.max_consecutive_invalid_tool_calls}")
         if self.topk_rule not in ts.TOPK_RULES:
             raise ValueError(f"MemActConfig.topk_rule must be one of {', '.join(ts.TOPK_RULES)}, got {self.topk_rule!r}")
         if self.answer_source not in ANSWER_SOURCES:
@@ -426,23 +453,27 @@ def noprune_messages(msgs: list[dict[str, str]], cfg: MemActConfig) -> list[dict
     return out
 
 
-def render_messages(tok: Any, msgs: list[dict[str, str]], tools: list[dict[str, Any]]) -> tuple[str, bool]:
+def render_messages(tok: Any, msgs: list[dict[str, str]], tools: list[dict[str, Any]],
+                    template_kwargs: dict[str, Any] | None = None, call_format: str = "hermes") -> tuple[str, bool]:
     """(the messages through the chat template with `tools=`, without the generation prompt; whether the
-    template took the tools). A template that ignores `tools=` gets the Hermes tools block appended to the
-    system message (one is added first when there is none), as memrl.tools.calls.render_system does."""
-    plain = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False)
+    template took the tools). A template that ignores `tools=` gets the tools block (`call_format`'s
+    wording) appended to the system message (one is added first when there is none), as
+    memrl.tools.calls.render_system does. `template_kwargs`: extra template variables (enable_thinking)."""
+    kw = dict(template_kwargs or {})
+    plain = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False, **kw)
     try:
-        with_tools = tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=False)
+        with_tools = tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=False, **kw)
     except Exception:  # noqa: BLE001 - a template may reject the argument; use the fallback
         with_tools = plain
     if with_tools != plain:
         return with_tools, True
     msgs = [dict(m) for m in msgs]
+    block = tc.tools_fallback_text(tools, call_format)
     if msgs[0]["role"] == "system":
-        msgs[0]["content"] += tc.tools_fallback_text(tools)
+        msgs[0]["content"] += block
     else:
-        msgs.insert(0, {"role": "system", "content": tc.tools_fallback_text(tools).lstrip("\n")})
-    return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False), False
+        msgs.insert(0, {"role": "system", "content": block.lstrip("\n")})
+    return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False, **kw), False
 
 
 def segment_from(snapshot: list[ctx.Message], since_turn: int, step: int, info: dict) -> Segment | None:
@@ -469,10 +500,16 @@ class _Run:
     def __init__(self, task: Task, engine: Engine, cfg: MemActConfig, rng: random.Random, services: Any) -> None:
         self.task, self.engine, self.cfg, self.rng = task, engine, cfg, rng
         self.tok = engine.tokenizer
-        self.fmt = ctx.ChatFormat.from_tokenizer(self.tok)
+        self.template_kw = template_kwargs(cfg.enable_thinking)
+        self.fmt = ctx.ChatFormat.from_tokenizer(self.tok, self.template_kw)
+        self.call_format = cfg.tool_call_format
+        if self.call_format == "auto":
+            self.call_format = "hermes" if cfg.tool_parser == "published" else tc.detect_call_format(self.tok)
         self.prune_on = cfg.prune_tool and not (cfg.no_prune_prob > 0 and rng.random() < cfg.no_prune_prob)
         self.prune_runs = self.prune_on or cfg.withheld_prune_runs  # the tool offered, or run anyway
         self.tools = tool_schemas(cfg, self.prune_on)
+        self.schemas = tc.schema_index(self.tools)
+        self.invalid_streak = 0  # invalid calls in a row (max_consecutive_invalid_tool_calls)
         self.counts = dict.fromkeys(COUNTERS, 0)
         self.messages: list[ctx.Message] = []
         self.segments: list[Segment] = []
@@ -491,6 +528,19 @@ class _Run:
         self.tool_failed = False  # unknown_tool_calls=end: a call this turn named no offered tool
         self.reencoded = cfg.turn_tokens == "reencoded"
         self.group_ids: dict[tuple[str, ...], list[int]] = {}  # turn_tokens=reencoded: tool runs' ids
+
+    def count_invalid(self, parsed: tc.ParseResult) -> bool:
+        """Update the invalid-call streak over this turn's blocks in the order written (a block that does
+        not parse, or a call to a tool not offered, adds one; a valid call resets it); True when it
+        reached max_consecutive_invalid_tool_calls."""
+        offered = {ts.SEARCH, *([ts.PRUNE] if self.prune_runs else [])}
+        calls = iter(parsed.calls)
+        for ok in parsed.valid:
+            call = next(calls, None) if ok else None  # calls past max_parallel_calls were dropped: valid
+            self.invalid_streak = 0 if ok and (call is None or call.name in offered) else self.invalid_streak + 1
+            self.counts["invalid_call_streak"] = max(self.counts["invalid_call_streak"], self.invalid_streak)
+        cap = self.cfg.max_consecutive_invalid_tool_calls
+        return cap > 0 and self.invalid_streak >= cap
 
     def add_segment(self, seg: Segment) -> None:
         """Append a row; under asynchronous training it carries the oldest policy version of its turns."""
@@ -650,12 +700,12 @@ class _Run:
         if row is not None:
             if not self.prune_on:
                 row = noprune_messages(row, cfg)
-            return render_messages(self.tok, row, self.tools)
+            return render_messages(self.tok, row, self.tools, self.template_kw, self.call_format)
         sys_tpl, user_tpl = cfg.templates(self.prune_on)
         return tc.render_system(
             self.tok, sys_tpl.render(), user_tpl.render(question=task.question, answer_format=(
                 cfg.answer_instruction if cfg.answer_instruction is not None else answer_format(task))),
-            self.tools,
+            self.tools, self.template_kw, self.call_format,
         )
 
     async def run(self) -> Trajectory:
@@ -693,7 +743,8 @@ class _Run:
             else:
                 owner = ctx.assistant_message(header, gen, list(out.logprobs), end, turn, text)
             self.messages.append(owner)
-            parsed = tc.parse_tool_calls(text, cfg.max_parallel_calls, cfg.tool_parser)
+            parsed = tc.parse_tool_calls(text, cfg.max_parallel_calls, cfg.tool_parser, self.call_format,
+                                         self.schemas)
             if not parsed.attempted:
                 answer_text, stop = text, "answer"
                 break
@@ -712,8 +763,7 @@ class _Run:
                 if cfg.deleted_call_text == "cut" and (c.name != ts.PRUNE or cfg.prune_turns_deletable):
                     owner.call_texts.update(dict.fromkeys(owner.call_ids[before:], tc.published_call_text(c)))
             for err in [] if silent else parsed.errors:
-                self.add_tool(turn, f"Error: {err}. Write each call as <tool_call>{{\"name\": ..., "
-                                    "\"arguments\": {...}}</tool_call>.", owner)
+                self.add_tool(turn, f"Error: {err}. Write each call as {tc.call_example(self.call_format)}.", owner)
             if parsed.dropped:
                 self.counts["dropped_calls"] += parsed.dropped
             if parsed.dropped and cfg.excess_tool_calls == "reply_error":
@@ -721,6 +771,9 @@ class _Run:
                                     f"{parsed.dropped} more were not run.", owner)
             if self.tool_failed:
                 answer_text, stop = text, "tool_error"
+                break
+            if self.count_invalid(parsed):  # after the turn's valid calls ran
+                answer_text, stop = text, "invalid_tool_calls"
                 break
         if self.reencoded:
             self.regroup_tools()
@@ -749,6 +802,8 @@ class _Run:
             "stop_context_budget": float(stop == "context_budget"),
             "stop_unparsable_calls": float(stop == "unparsable_calls"),
             "stop_tool_error": float(stop == "tool_error"),
+            "stop_invalid_tool_calls": float(stop == "invalid_tool_calls"),
+            "xml_tool_calls": float(self.call_format == "xml"),
             "no_final_marker": float((PUBLISHED_FINAL_MARKER if cfg.require_final_answer else FINAL_MARKER)
                                      not in read),
             "segments": float(len(self.segments)),

@@ -11,7 +11,6 @@ import logging
 import random
 from dataclasses import dataclass
 
-from memrl.config import valid
 from memrl.engines.base import Engine
 from memrl.rewards import steps
 from memrl.rewards.qa import extract_boxed
@@ -19,8 +18,11 @@ from memrl.rewards.steps import answer_word_recall
 from memrl.types import Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec, boxed_em_outcome
 from memrl.workflows.chunked import (  # noqa: F401 - chunking helpers re-exported under their old home
+    MEMORY_TEXTS,
     NO_MEMORY,
+    THINK_END,
     ChunkedConfig,
+    after_think,
     call_model,
     call_segment,
     centre_truncate,
@@ -28,21 +30,11 @@ from memrl.workflows.chunked import (  # noqa: F401 - chunking helpers re-export
     decode_response,
     loop_metrics,
     task_chunks,
+    think_text_rule,
 )
 from memrl.workflows.templates import Template
 
 log = logging.getLogger(__name__)
-
-MEMORY_TEXTS: tuple[str, ...] = ("reply", "after_think")
-THINK_END = "</think>"
-
-
-def after_think(reply: str) -> str:
-    """The published evaluation's memory (utils/__init__.py extract_solution, FORCE_THINK unset): the text
-    after the reply's last `</think>`, whitespace-trimmed; a reply without `</think>` is kept whole."""
-    if THINK_END not in reply:
-        return reply
-    return reply.rsplit(THINK_END, 1)[1].strip()
 
 
 @dataclass
@@ -50,7 +42,7 @@ class MemAgentConfig(ChunkedConfig):
     """MemAgent workflow settings; defaults are the published values (MemAgent's run_memory_7B.sh and
     recurrent/impls/memory.py), the prompts excepted (memrl's own wording). The loop settings
     (chunk_tokens, max_chunks, budgets, sampling, no_memory_text, the published-setup switches) are
-    ChunkedConfig's."""
+    ChunkedConfig's, memory_text and enable_thinking (the <think> switches) included."""
 
     memory_template_file: str | None = None
     """File overriding the memory-update prompt; must contain {problem} (or {prompt}), {memory} and {chunk}
@@ -61,17 +53,9 @@ class MemAgentConfig(ChunkedConfig):
     """Inline memory-update prompt (wins over the file)."""
     final_template: str | None = None
     """Inline final-answer prompt (wins over the file)."""
-    memory_text: str = valid("reply", choices=MEMORY_TEXTS)
-    """What of a memory call's reply becomes the memory: reply (the whole decoded reply: memrl, and
-    MemAgent's trainers) or after_think (the text after the last </think>, trimmed, the whole reply when
-    it has none: the published evaluation, taskutils/memory_eval/utils/recurrent.py async_query_llm via
-    utils/__init__.py extract_solution). empty_memory then applies to what is left."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.memory_text not in MEMORY_TEXTS:
-            raise ValueError(f"MemAgentConfig.memory_text must be one of {', '.join(MEMORY_TEXTS)}, "
-                             f"got {self.memory_text!r}")
         if any(v is not None for v in (self.memory_template_file, self.final_template_file,
                                        self.memory_template, self.final_template)):
             self.templates()  # a bad template is a one-line error now, not in the middle of a rollout
@@ -94,12 +78,14 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
     segments: list[Segment] = []
     empty_memories = 0
     memory_lengths: list[int] = []
+    thinking = 0
     for i, chunk_ids in enumerate(chunks):
         chunk = engine.tokenizer.decode(chunk_ids)
         user = mem_tpl.render(problem=task.question, memory=memory, chunk=chunk)
-        prompt_ids, out, new_memory = await call_model(engine, user, cfg.sampling(cfg.max_memory_tokens, rng))
-        if cfg.memory_text == "after_think":
-            new_memory = after_think(new_memory)
+        prompt_ids, out, reply = await call_model(engine, user, cfg.sampling(cfg.max_memory_tokens, rng),
+                                                  cfg.enable_thinking)
+        thinking += int(THINK_END in reply or "<think>" in reply)
+        new_memory = think_text_rule(reply, cfg.memory_text)
         if not new_memory:
             empty_memories += 1
         new_memory = cfg.memory_after(new_memory, memory)
@@ -111,7 +97,8 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
         memory = new_memory
 
     user = fin_tpl.render(problem=task.question, memory=memory)
-    prompt_ids, out, answer_text = await call_model(engine, user, cfg.sampling(cfg.max_final_tokens, rng))
+    prompt_ids, out, answer_text = await call_model(engine, user, cfg.sampling(cfg.max_final_tokens, rng),
+                                                    cfg.enable_thinking)
     boxed = extract_boxed(answer_text)
     segments.append(call_segment(prompt_ids, out, len(chunks), {
         "kind": "final", "memory": memory, "answer_text": answer_text, "prediction": boxed or "",
@@ -120,6 +107,7 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
     metrics = {
         **loop_metrics(context_ids, chunks, truncated, memory_lengths, boxed, segments),
         "empty_memories": float(empty_memories),
+        "thinking_memory_calls": float(thinking),  # memory replies holding <think> or </think> text
         **memory_recall_metrics(memories, task.answers),
     }
     return Trajectory(task.task_id, "", segments, final_answer=boxed or "", metrics=metrics,

@@ -35,7 +35,16 @@ from memrl.rewards import steps as step_rewards_lib
 from memrl.rewards.qa import extract_boxed
 from memrl.types import Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec, boxed_em_outcome
-from memrl.workflows.chunked import ChunkedConfig, call_model, call_segment, loop_metrics, task_chunks
+from memrl.workflows.chunked import (
+    THINK_END,
+    THINK_OPEN,
+    ChunkedConfig,
+    call_model,
+    call_segment,
+    loop_metrics,
+    task_chunks,
+    think_text_rule,
+)
 from memrl.workflows.recall import RECALL_RULES, SCORERS, recall_top1, subword_terms
 from memrl.workflows.templates import Template
 
@@ -57,7 +66,8 @@ _MEMORY_FIELDS = ("problem", "recalled_memory", "memory", "chunk")
 class ReMemR1Config(ChunkedConfig):
     """ReMemR1 workflow settings; defaults are the published values (the paper and the released
     recurrent/impls/memory_revisit.py), the prompts excepted (memrl's own wording). The loop settings
-    (chunk_tokens, max_chunks, sampling, no_memory_text) are ChunkedConfig's."""
+    (chunk_tokens, max_chunks, sampling, no_memory_text, and the <think> switches memory_text and
+    enable_thinking) are ChunkedConfig's."""
 
     max_memory_tokens: int = valid(2048, ge=1)
     """Generation budget of a memory step (thinking + update + recall)."""
@@ -292,11 +302,16 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
     counts = dict.fromkeys(FORMAT_FLAGS, 0)
     recalls = retrieved = callback_hits = well_formed = 0
     memory_lengths: list[int] = []
+    thinking = 0
     for t, chunk_ids in enumerate(chunks):
         chunk = engine.tokenizer.decode(chunk_ids)
         user = mem_tpl.render(problem=task.question, recalled_memory=shown_recall, memory=memory,
                               chunk=chunk)
-        prompt_ids, out, response = await call_model(engine, user, cfg.sampling(cfg.max_memory_tokens, rng))
+        prompt_ids, out, reply = await call_model(engine, user, cfg.sampling(cfg.max_memory_tokens, rng),
+                                                  cfg.enable_thinking)
+        thinking += int(THINK_END in reply or THINK_OPEN in reply)
+        # memory_text: the tags (and strip_recall's memory) are read from the reply without its reasoning
+        response = think_text_rule(reply, cfg.memory_text)
         parsed = parse_step(response, cfg.update_tag, cfg.recall_tag)
         for k, v in parsed.flags.items():
             counts[k] += int(v)
@@ -328,6 +343,7 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
             "chunk_tokens": len(chunk_ids),
             "chunk": chunk,
             "response_text": response,
+            **({"reply_text": reply} if reply != response else {}),  # the whole reply, <think> text included
             "previous_memory": memory,
             "memory": new_memory,
             "shown_recalled_memory": shown_recall,
@@ -346,7 +362,8 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
         shown_recall = hit.text if hit else cfg.no_recall_text
 
     user = fin_tpl.render(problem=task.question, recalled_memory=shown_recall, memory=memory)
-    prompt_ids, out, answer_text = await call_model(engine, user, cfg.sampling(cfg.max_final_tokens, rng))
+    prompt_ids, out, answer_text = await call_model(engine, user, cfg.sampling(cfg.max_final_tokens, rng),
+                                                    cfg.enable_thinking)
     boxed = extract_boxed(answer_text)
     segments.append(call_segment(prompt_ids, out, len(chunks), {
         "kind": "final", "response_text": answer_text, "memory": memory, "shown_recalled_memory": shown_recall,
@@ -363,6 +380,7 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
         "callback_hit_rate": callback_hits / recalls if recalls else 0.0,
         "format_ok_rate": well_formed / n if n else 1.0,
         "format_errors": float(n - well_formed),
+        "thinking_memory_calls": float(thinking),  # memory replies holding <think> or </think> text
         **{k: float(v) for k, v in counts.items()},
     }
     return Trajectory(

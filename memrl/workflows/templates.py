@@ -149,9 +149,17 @@ def load_template(
     return Template(_strip_final_newline(body), placeholders, f"memrl/templates/{default_name}.txt")
 
 
-def chat_prompt(tokenizer, user_text: str) -> tuple[str, list[int]]:
+def template_kwargs(enable_thinking: bool | None) -> dict[str, bool]:
+    """The extra chat-template variables of a workflow's `enable_thinking` setting: none for None (the
+    template's own default), else {"enable_thinking": value} (Qwen3's switch; other templates ignore it)."""
+    return {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+
+
+def chat_prompt(tokenizer, user_text: str, enable_thinking: bool | None = None) -> tuple[str, list[int]]:
     """One single-turn user message through the tokenizer's chat template: (text, token ids). The ids
-    carry the message (memrl.engines.base.ChatPrompt) for engines that speak the chat API."""
+    carry the message and the template variables (memrl.engines.base.ChatPrompt) for engines that speak
+    the chat API."""
     messages = [{"role": "user", "content": user_text}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return text, ChatPrompt(tokenizer.encode(text, add_special_tokens=False), messages)
+    kw = template_kwargs(enable_thinking)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kw)
+    return text, ChatPrompt(tokenizer.encode(text, add_special_tokens=False), messages, kw)
