@@ -1,5 +1,6 @@
 """One RL step of each seed method's loop on one device, by model family: a MemAgent GRPO step and a MemAct
-DCPO step, each on a random Qwen2.5-0.5B-shaped Qwen2 and a random Qwen3-0.6B-shaped Qwen3, in bf16,
+DCPO step, each on a random Qwen2.5-0.5B-shaped Qwen2 and a random Qwen3-0.6B-shaped Qwen3
+(memrl.models.tiny.random_model: the tiny tokenizers, tiny-qwen3's thinking template for Qwen3), in bf16,
 rolled out by the transformers engine (no Ray, no vLLM). Prints one row per (model, method) with the
 step's rollout / update seconds, tokens generated and trained, and the device's peak memory.
 
@@ -20,46 +21,22 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from memrl.config import load_config
 from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks, write_tasks
-from memrl.models.tiny import cached_tiny_model
+from memrl.models.tiny import SHAPES, random_model
 from memrl.training.assemble import assemble
 from memrl.training.config import TrainConfig
 from memrl.training.trainer import Trainer
 
-VOCAB = 151936
-# name: (config class name, shape); the dry run keeps the vocabulary and the head layout, two thin layers
-SHAPES = {
-    "qwen2-0.5b": ("Qwen2Config", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                                       num_attention_heads=14, num_key_value_heads=2)),
-    "qwen3-0.6b": ("Qwen3Config", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                                       num_attention_heads=16, num_key_value_heads=8, head_dim=128)),
-}
-DRY = {"qwen2-0.5b": dict(hidden_size=56, intermediate_size=112, num_hidden_layers=2, num_attention_heads=14,
-                          num_key_value_heads=2),
-       "qwen3-0.6b": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, head_dim=16)}
-
-
-def random_model(name: str, out: Path, dry: bool) -> str:
-    """A random bf16 model of the named shape saved with the tiny tokenizer (its chat template)."""
-    import transformers  # noqa: PLC0415  (the config classes by name)
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
-
-    cls, shape = SHAPES[name]
-    tok = AutoTokenizer.from_pretrained(cached_tiny_model("tiny"))
-    cfg = getattr(transformers, cls)(vocab_size=VOCAB, tie_word_embeddings=True, max_position_embeddings=8192,
-                                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                                     **(DRY[name] if dry else shape))
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return str(out)
+# the dry run keeps each shape's vocabulary, architecture and head layout, with two thin layers
+DRY = {"qwen2.5-0.5b": replace(SHAPES["qwen2.5-0.5b"], hidden_size=56, intermediate_size=112, num_hidden_layers=2),
+       "qwen3-0.6b": replace(SHAPES["qwen3-0.6b"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16)}
 
 
 COMMON = ["trainer.steps=1", "trainer.save_every=0", "trainer.progress=false", "trainer.tensorboard=false",
@@ -115,16 +92,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--dry-run", action="store_true", help="CPU, 2-layer models of the same vocabulary")
-    ap.add_argument("--models", default=",".join(SHAPES), help=f"comma-separated: {', '.join(SHAPES)}")
+    ap.add_argument("--models", default=",".join(DRY), help=f"comma-separated: {', '.join(DRY)}")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     device = "cpu" if args.dry_run else args.device
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("benchmarks/gpu_steps.py: --device cuda needs a CUDA device (use --dry-run on a CPU)")
     names = [m for m in args.models.split(",") if m]
-    unknown = [m for m in names if m not in SHAPES]
+    unknown = [m for m in names if m not in DRY]
     if unknown:
-        raise SystemExit(f"benchmarks/gpu_steps.py: unknown --models {unknown}; known: {', '.join(SHAPES)}")
+        raise SystemExit(f"benchmarks/gpu_steps.py: unknown --models {unknown}; known: {', '.join(DRY)}")
     print(f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}"
           f"{' (dry run: 2-layer shapes)' if args.dry_run else ''}")
     print("| model | method | rollout s | update s | wall s | gen tokens | train tokens | peak GiB |")
@@ -132,7 +109,7 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            path = random_model(name, Path(tmp) / name, args.dry_run)
+            path = str(random_model(Path(tmp) / name, DRY[name] if args.dry_run else name))
             for method, build in (("memagent-grpo", memagent_overrides), ("memact-dcpo", memact_overrides)):
                 r = one_step(build(path, Path(tmp) / f"{name}_{method}", device, args.dry_run), device)
                 results[f"{name}/{method}"] = r
