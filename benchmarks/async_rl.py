@@ -1,4 +1,4 @@
-"""Synchronous vs asynchronous RL (`rollout.max_staleness`) on the CPU demo recipe (docs/async.md).
+"""Synchronous vs asynchronous RL (`rollout.max_staleness`) on the CPU demo recipe (docs/guides/async.md).
 
   .venv/bin/python benchmarks/async_rl.py [--sft DIR] [--steps 120] [--threshold 0.9] [--window 10]
                                           [--modes inproc,ray-sync,ray-async] [--out DIR] [demo overrides...]

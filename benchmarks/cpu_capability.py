@@ -8,7 +8,7 @@ Per capability: (1) ATen's vectorized kernels on fixed float32 inputs (a sum ove
 SiLU, GELU, layer norm, a matrix product; each printed as the float64 sum of its float32 outputs and the
 SHA-256 of their bytes, so any rounding difference shows); (2) a few training
 steps of a Qwen2 shaped like the MemAgent demo's micro model (hidden 128, 4 layers; random token batches,
-AdamW lr 1e-3, one torch thread), printing every step's loss. Then, per pair, which numbers differ (this machine's: docs/demo.md).
+AdamW lr 1e-3, one torch thread), printing every step's loss. Then, per pair, which numbers differ (this machine's: docs/results/demo.md).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ question-blind level, the demo's RL goal is limited by the model, not by the RL 
 
 `--start-from DIR` trains an existing checkpoint (e.g. the demo's question-blind cold start, `DIR/sft`)
 instead of a fresh model: how many supervised steps on the optimal policy does it take to leave the
-question-blind policy? (docs/demo.md, round 3). Give it the same task overrides the checkpoint was
+question-blind policy? (docs/results/demo.md, round 3). Give it the same task overrides the checkpoint was
 trained with.
 
 Overrides are `memrl demo`'s (`train.*` go to the demo_cpu training preset). Prints the oracle's own

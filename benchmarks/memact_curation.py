@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/memact_curation.py --out runs/curation --seeds 0,1,2 threads=1
     .venv/bin/python benchmarks/memact_curation.py --out runs/curation --seeds 0,1,2 --aggregate-only
 
-The task is the MemAct demo's `variant=curation` (memrl.demos.memact.VARIANTS; docs/memact.md "Context
+The task is the MemAct demo's `variant=curation` (memrl.demos.memact.VARIANTS; docs/concepts/memact.md "Context
 curation"): 8 sub-questions, 4 facts per search result, a working-context budget that holds the task prompt
 and every result, so the search-only agent answers every task and pruning only shortens the context. Per
 training seed k (shifting every training seed like `memrl demo --seeds`, never the held-out eval.seed) two
@@ -48,7 +48,7 @@ ARMS: dict[str, tuple[str, ...]] = {
 start takes as many optimizer steps over as many tokens as the dcpo arm's: a search-only trajectory is one
 ~742-token row, a pruning one ~3.7 rows of ~384 tokens, so at the variant's 8 rows x 2 epochs the dcpo arm
 takes ~1,400 steps (seed 0: 1,398 over 4.29M tokens) and the withheld arm took 375 (over 2.23M) and learned
-nothing (docs/memact.md); at 4 rows x 4 epochs it takes 1,500 over 4.45M. Its copy warm-up keeps the dcpo
+nothing (docs/concepts/memact.md); at 4 rows x 4 epochs it takes 1,500 over 4.45M. Its copy warm-up keeps the dcpo
 arm's 32 rows per step (4 x 8), so both arms load the same one."""
 ARM_NAMES = {"dcpo": "DCPO (prune tool)", "withheld": "prune withheld"}
 DEV_EVAL_SEED = 24680

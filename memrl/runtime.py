@@ -120,7 +120,7 @@ class RolloutRuntime:
                              services=self.services)
 
     def score(self, groups: Sequence[Group], *, spec: Any = None) -> list[list[Any]]:
-        """The Score (memrl.workflows.runner.Score) of every trajectory, [group][trajectory]; nothing is
+        """The Score (memrl.workflows.runner.Score) of every trajectory, `[group][trajectory]`; nothing is
         written onto the trajectories (memrl.workflows.runner.apply_scores does that)."""
         return self.run(self.ascore(groups, spec=spec))
 

@@ -8,7 +8,7 @@
 #
 # PYTHON: the interpreter (default python3). MEMRL_WHEELS=DIR: first install the wheels in DIR offline into
 # a temporary folder put ahead on PYTHONPATH, for a machine that lacks memrl's other dependencies
-# (omegaconf, hydra-core, antlr4-python3-runtime, bm25s, a transformers that memrl supports); docs/scaleout.md
+# (omegaconf, hydra-core, antlr4-python3-runtime, bm25s, a transformers that memrl supports); docs/guides/scaleout.md
 # shows how to download them on a machine with an index. --dry-run: every section on the CPU at toy sizes.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -11,8 +11,9 @@ PYTHON=${PYTHON:-python3}
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/pip" install -q "$@" -c constraints.txt torch
-"$VENV/bin/pip" install -q "$@" -c constraints.txt -e '.[dev]'
+"$VENV/bin/pip" install -q "$@" -c constraints.txt -e '.[dev,docs]'
 "$VENV/bin/ruff" check memrl tests benchmarks
+NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --quiet --site-dir "$VENV/site"
 "$VENV/bin/pytest" -q tests --ignore=tests/vllm
 {
   echo "# The versions CI tested: \`pip freeze\` of the test virtualenv (memrl itself left out), read by the"

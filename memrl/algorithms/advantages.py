@@ -3,7 +3,7 @@
 Group statistics are taken over TRAJECTORIES (one outcome reward each), never over rows, so a
 trajectory with many segments does not count more. The list functions (`grpo_advantages`,
 `rememr1_advantages`) are the math; the registered estimators apply them to `Group`s and return one
-value per segment, indexed [group][trajectory][segment]; `compute_group_advantages` writes those
+value per segment, indexed `[group][trajectory][segment]`; `compute_group_advantages` writes those
 values onto `Segment.advantage`. Each `Group` object is its own group (its position in the list keys
 it), so two groups for the same task are never pooled.
 """
@@ -197,7 +197,7 @@ def _step_key(seg_step: int, kind: object) -> Hashable:
 
 
 StepRewards = Sequence[Sequence[Sequence[float | None] | None]]
-"""Step rewards as the score stage returns them: [group][trajectory] -> one value (or None) per segment,
+"""Step rewards as the score stage returns them: `[group][trajectory]` -> one value (or None) per segment,
 or None for a trajectory without step rewards (memrl.types.Score.step_rewards)."""
 
 
@@ -207,7 +207,7 @@ def rememr1_estimator(
     eps: float = ReMemR1Options.eps, state_term: str = ReMemR1Options.state_term, *, step_rewards: StepRewards | None,
 ) -> SegmentAdvantages:
     """ReMemR1 (`rememr1_advantages`) from trajectory rewards and the step rewards the score stage returned
-    (`step_rewards`, [group][trajectory][segment], keyword-only, an input rather than an option; None:
+    (`step_rewards`, `[group][trajectory][segment]`, keyword-only, an input rather than an option; None:
     `Segment.step_reward` as written on hand-built segments); steps keyed by `Segment.step`.
 
     A segment with `info["kind"] == "final"` is keyed "final", so final answers compare with final answers.
@@ -236,7 +236,7 @@ def compute_group_advantages(
 ) -> SegmentAdvantages:
     """Run the estimator registered as `name` with `options` (its options dataclass, e.g. from
     AlgorithmSection.options()) or keyword options, and write its values onto every `Segment.advantage`.
-    `step_rewards` (the score stage's, [group][trajectory][segment]) go to an estimator that takes them."""
+    `step_rewards` (the score stage's, `[group][trajectory][segment]`) go to an estimator that takes them."""
     fn = lookup(ADVANTAGES, ADVANTAGE, name)
     if "step_rewards" in inspect.signature(fn).parameters:  # a keyword-only input, not an option
         kwargs["step_rewards"] = step_rewards

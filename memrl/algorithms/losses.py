@@ -149,7 +149,7 @@ def agg_loss(
 def off_policy_weights(
     old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mode: str, cap: float | None
 ) -> torch.Tensor:
-    """Per-token correction weight (no gradient) multiplying the PPO token loss; docs/async.md.
+    """Per-token correction weight (no gradient) multiplying the PPO token loss; docs/guides/async.md.
 
     w = exp(old - behaviour), the log-ratio clamped to [-20, 20]; `old` is the trainer's logprob before
     the update, `behaviour` the engine's sampling logprob. tis (verl, slime): min(w, cap), truncated.

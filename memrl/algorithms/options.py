@@ -73,6 +73,6 @@ class PPOOptions:
 
 
 OFF_POLICY_MODES: tuple[str, ...] = ("none", "tis", "decoupled")
-"""algorithm.off_policy (memrl.algorithms.losses.off_policy_weights, docs/async.md): none = the PPO ratio
+"""algorithm.off_policy (memrl.algorithms.losses.off_policy_weights, docs/guides/async.md): none = the PPO ratio
 against the engine's sampling logprobs (memrl's loss since the start); tis = truncated importance sampling
 on the train/inference ratio (verl, slime); decoupled = decoupled PPO (AReaL)."""

@@ -1,7 +1,7 @@
 """Name -> function registries for advantage estimators and policy losses (as verl's register_adv_est).
 
 An advantage estimator is `fn(groups: list[Group], **options) -> list[list[list[float]]]`: one value per
-segment, indexed [group][trajectory][segment]. A policy loss is `fn(logprobs, old_logprobs, advantages,
+segment, indexed `[group][trajectory][segment]`. A policy loss is `fn(logprobs, old_logprobs, advantages,
 mask, **options) -> (per_token_loss, stats)`. Each registers with an options dataclass whose fields are
 its keyword options; an instance is the config section `algorithm.<registered name>`
 (`memrl.training.config.AlgorithmSection.options()`), so the trainer calls any registered estimator or loss

@@ -1,5 +1,5 @@
 """Which groups and segments train: DAPO dynamic sampling and MemAct's DCPO segment selection
-(`algorithm.selection`: "published", the public sampler, or memrl's "spread_unused"; docs/memact.md
+(`algorithm.selection`: "published", the public sampler, or memrl's "spread_unused"; docs/concepts/memact.md
 says how each weighs trajectories)."""
 
 from __future__ import annotations

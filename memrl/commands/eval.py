@@ -15,7 +15,7 @@ vime / slime JSONL, RULER (validation.jsonl or MemAgent's eval_<task>_<len>.json
 Arguments with '=' are dotted overrides of memrl.eval.runner.EvalConfig, spelled as in `memrl train`:
 `workflow.<field>` sets the workflow's config (greedy decoding by default), `engine.*` the engine;
 `golds=any|first`, `extract=boxed|answer_is|boxed_published|boxed_last300|raw` and
-`metric_rules=memrl|memagent|vime` choose how answers are scored (docs/eval_scoring.md). `--preset memagent_eval_official` (rememr1_eval_official,
+`metric_rules=memrl|memagent|vime` choose how answers are scored (docs/guides/eval_scoring.md). `--preset memagent_eval_official` (rememr1_eval_official,
 vime_eval_official) is a published evaluation value for value; it needs your copies of the published
 prompts: workflow.memory_template_file=... workflow.final_template_file=... (README "Evaluate as
 published"). Results: <out>/results.jsonl (one row per question; re-running resumes), summary.md,

@@ -6,7 +6,7 @@
                         [--reply-shape memrl|public] [--max-body-bytes 8388608]
 
 `retrieval` serves BM25 over a corpus JSONL (build one with `memrl data corpus`) at POST /retrieve and
-GET /health (docs/memact_services.md). It binds 127.0.0.1 unless told otherwise.
+GET /health (docs/guides/memact_services.md). It binds 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations

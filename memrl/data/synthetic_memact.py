@@ -13,7 +13,7 @@ from the agent's own memory note, and held-out tasks (another seed) are new fact
 are single tokens of the tokenizer trained on `tokenizer_text()` (always after a space: the scripted agent
 writes JSON strings with a leading space, `" red"`), because a tiny model trained from scratch learns to
 copy one token by induction; with names of three digit tokens over one fixed 900-name world (the first
-design) a 0.65M model copied neither names nor values after 1,200-1,800 SFT steps (docs/memact.md).
+design) a 0.65M model copied neither names nor values after 1,200-1,800 SFT steps (docs/concepts/memact.md).
 
 The workflow's `max_context_tokens` is set (the demo calibrates it with its tokenizer) so that the task
 prompt plus two search turns fit and three do not: a 3-question task is answerable only by pruning the

@@ -103,7 +103,7 @@ def calibrate_search_only_budget(tasks: list[Task], tokenizer: Any, wf_cfg: Any,
     """The largest prompt of the scripted agent that never prunes on `tasks`, with the prune tool withheld or
     offered (its system prompt and tool line are longer): a budget in which searching alone answers every
     one of them under either prompt, so pruning is a choice that only shortens the context (the MemAct
-    demo's `budget=search_only`, docs/memact.md "Context curation")."""
+    demo's `budget=search_only`, docs/concepts/memact.md "Context curation")."""
     big = replace(wf_cfg, max_context_tokens=10**9)
     groups = [g for offered in (False, True)
               for g in memact_demonstrations(tasks, tokenizer, big, 1.0, 0, topk, prune_tool=offered)]

@@ -17,7 +17,7 @@ sub-questions right) with its standard error, mean and peak working-context toke
 overflow rate (memrl.eval.evaluator.evaluate_memact) -> results.md (printed), results.json,
 memact_results.png (memrl.eval.demo_report).
 
-`variant=curation` (VARIANTS below) is the context-curation task of docs/memact.md "Context curation": a
+`variant=curation` (VARIANTS below) is the context-curation task of docs/concepts/memact.md "Context curation": a
 budget in which search alone answers every task, so pruning only shortens the context; add
 `workflow.prune_tool=false` for its search-only arm (benchmarks/memact_curation.py runs both over seeds).
 
@@ -90,12 +90,12 @@ class MemActDemoSFT:
     """Steps (of `copy_warmup_rows` rows) of copy warm-up before the cold start: random token sequences, each
     followed by itself (memrl.training.sft.copy_warmup_segments). A model trained from scratch has no
     induction heads, and without them it never learned to copy a name into a query or a value into an
-    answer (at chance after 2,400 SFT steps); the warm-up forms them at ~700 steps (docs/memact.md). 0 = off."""
+    answer (at chance after 2,400 SFT steps); the warm-up forms them at ~700 steps (docs/concepts/memact.md). 0 = off."""
     copy_warmup_rows: int = valid(0, ge=0, note="0 = 4 x batch_rows")
     """Rows per copy warm-up step; 0 = 4 x `batch_rows` (set it to keep the warm-up of another batch size)."""
     epochs: int = valid(4, ge=1)
     """~2,400 steps: with 2 epochs the cold start copied only some values (sampled sub-question accuracy 42%
-    vs 47% at 4 epochs, 3-question tasks 6.5% vs 41.8%; docs/memact.md)."""
+    vs 47% at 4 epochs, 3-question tasks 6.5% vs 41.8%; docs/concepts/memact.md)."""
     lr: float = valid(1e-3, gt=0)
     """(3e-3 and 6e-3 learned more slowly in the runs that chose this recipe; 3e-3 also stops the copy
     warm-up from forming induction.)"""
@@ -138,7 +138,7 @@ class MemActDemoConfig:
     context (the `curation` variant)."""
     variant: str = ""
     """A named setting: "" = the demo as documented; "curation" = the context-curation task (VARIANTS
-    below, docs/memact.md "Context curation"): its overrides go first, so explicit ones win."""
+    below, docs/concepts/memact.md "Context curation"): its overrides go first, so explicit ones win."""
     seed: int = valid(0, ge=0)
     """Seed of the tokenizer and the model's initial weights."""
     train_preset: str = "memact_dcpo_cpu"
@@ -153,10 +153,10 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "train.workflow.system_noprune_template=Search, answer.",
     ),
 }
-"""`variant=<name>` -> the overrides it stands for. curation (issue 33, docs/memact.md "Context curation"):
+"""`variant=<name>` -> the overrides it stands for. curation (issue 33, docs/concepts/memact.md "Context curation"):
 8 sub-questions per task about 8 names, each search returns the name's 4 facts (the asked one first), and
 the budget holds the task prompt and all 8 results, so a search-only agent can answer every task and pruning
-is a choice that shortens the working context (by at most 34.7%, pruning every 2 results: docs/memact.md);
+is a choice that shortens the working context (by at most 34.7%, pruning every 2 results: docs/concepts/memact.md);
 the scripted agent prunes the 2 results it holds into a note with probability 0.75 (searches on otherwise),
 so 14 assistant turns hold its 8 searches, 3 prunes and the answer; the search-only arm's system prompt is
 as short as the pruning arm's. Withhold the prune tool with `workflow.prune_tool=false` (cold start, DCPO

@@ -44,12 +44,12 @@ class DemoSFT:
     p_aware: float = valid(0.9, ge=0, le=1)
     """Per memory step, the chance the demonstrator plays the optimal `QuestionAwareRule` (keep the fact
     whose key is the question's) instead of the question-blind `RecentFactsRule` (keep the newest fact,
-    or skip it with `skip_prob`). 0 = question-blind cold start (the negative result of docs/demo.md),
+    or skip it with `skip_prob`). 0 = question-blind cold start (the negative result of docs/results/demo.md),
     1 = the optimal policy (benchmarks/demo_ceiling.py)."""
     keep_distractors: bool = False
     """The optimal rule's choice when nothing is about the question's key yet: an empty memory (False) or
     the newest fact (True, the recipe before 2026-11-23 evening). With distractors kept, the sampled model
-    confused a held distractor with the fact it had to capture (capture 70% after RL, docs/demo.md); with an
+    confused a held distractor with the fact it had to capture (capture 70% after RL, docs/results/demo.md); with an
     empty memory there is nothing to confuse. `QuestionAwareRule.keep_distractors`."""
     num_tasks: int = valid(3000, ge=1)
     """Training tasks to record demonstrations on (each gives num_chunks + 1 rows)."""
@@ -61,7 +61,7 @@ class DemoSFT:
     unanswerable_text: str | None = None
     """What the demonstrated final answer boxes when the memory holds no fact about the question's key,
     e.g. "unknown" (null = guess the memory fact's value). Off: with "unknown" the micro model's cold start
-    learned that shortcut before copying facts (0-19% held-out after SFT, docs/demo.md)."""
+    learned that shortcut before copying facts (0-19% held-out after SFT, docs/results/demo.md)."""
     restate_key: bool = False
     """Demonstrated memories open with the question's key ("- Linka : Kalo is red")."""
     restate_sep: str | None = ":"
@@ -71,9 +71,9 @@ class DemoSFT:
     reading comprehension, never which facts a memory should keep. 0 = off."""
     epochs: int = valid(4, ge=1)
     """~2250 steps on 2-8-chunk documents: with a mixture demonstrator the question-aware skill appears
-    only after ~1100-2200 supervised steps (docs/demo.md)."""
+    only after ~1100-2200 supervised steps (docs/results/demo.md)."""
     lr: float = valid(1e-3, gt=0)
-    """3e-3 stalls near loss 0.2 before the copy skill is exact (docs/demo.md, the ceiling runs)."""
+    """3e-3 stalls near loss 0.2 before the copy skill is exact (docs/results/demo.md, the ceiling runs)."""
     batch_rows: int = valid(32, ge=1)
     warmup_steps: int = valid(20, ge=0)
 

@@ -6,7 +6,7 @@
 
 Each (seed, capability) run is `memrl demo --agent A --out ROOT/<capability>/seed<k> <overrides> <seed
 overrides>` in its own subprocess with ATEN_CPU_CAPABILITY=<capability> in its environment (torch reads it
-when it is imported, and picks the matching kernels: their float rounding differs, docs/demo.md). Before a
+when it is imported, and picks the matching kernels: their float rounding differs, docs/results/demo.md). Before a
 capability's first run, a probe subprocess with the same environment checks that torch reports it
 (`torch.backends.cpu.get_cpu_capability()`): a CPU without AVX-512 would silently run AVX2 kernels.
 `native` runs without the variable (torch's own choice; the table names what torch reported).

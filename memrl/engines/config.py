@@ -79,7 +79,7 @@ class VLLMSection:
     """Training with model.lora.rank > 0, in process (rollout.num_engines=0): merged = every sync loads the
     merged weights (W + scaling * B A; the engine needs no LoRA support) | adapter = the engine is built with
     vLLM's LoRA support (max_lora_rank from model.lora.rank) and every sync hands it the adapter (PEFT
-    files) under a new LoRARequest. docs/lora.md has the measurement behind the default."""
+    files) under a new LoRARequest. docs/guides/lora.md has the measurement behind the default."""
 
 
 @dataclass

@@ -35,7 +35,7 @@ LoRA adapters (vLLM servers started with --enable-lora and VLLM_ALLOW_RUNTIME_LO
 tag unique to this engine object) and the PEFT-format directory (on the server's filesystem); requests then
 name that adapter as their `model`, and the previous adapter is unloaded (/v1/unload_lora_adapter).
 `unload_adapter()` unloads the current one and goes back to the base model. A refusal is an EngineError
-naming the endpoint. Used by `engine.openai.lora_sync=adapter` (docs/lora.md).
+naming the endpoint. Used by `engine.openai.lora_sync=adapter` (docs/guides/lora.md).
 
 Transport: one pooled httpx AsyncClient for the engine's lifetime, made on first use in the event loop
 of the run (memrl.runtime.RolloutRuntime: one loop per run) and closed by `close()`; a call from another

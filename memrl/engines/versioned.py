@@ -1,4 +1,4 @@
-"""Policy versions for asynchronous training (`rollout.max_staleness > 0`, docs/async.md).
+"""Policy versions for asynchronous training (`rollout.max_staleness > 0`, docs/guides/async.md).
 
 `VersionedEngine` wraps the run's engine for the rollout producer. Every `generate` call runs under one
 policy version (the number of weight syncs since step 0: version v = the weights after v updates): a

@@ -30,7 +30,7 @@ adapter_model.safetensors) under a new LoRARequest (id and name per version: vLL
 a new id is never served from a stale cache); every later generate call carries that request, and the
 previous adapter is removed from the engine. `drop_adapter()` serves the base again. The base weights stay
 what the engine loaded (or what `update_weights` last gave it). Used by `engine.vllm.lora_sync=adapter`
-(docs/lora.md).
+(docs/guides/lora.md).
 
 Sleep: `sleep()`/`wake_up()` free and re-take KV cache (and weights at level 2) on CUDA with
 `enable_sleep_mode=True`. vLLM's CPU backend has no sleep mode; there both are no-ops.

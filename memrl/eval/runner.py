@@ -14,7 +14,7 @@ is cut off and that question re-run; any other unreadable line (invalid JSON, no
 counted and named in one warning, left in place, and its question re-run.
 Row metrics use memrl.rewards.qa on the boxed prediction: em, sub_em (MemAgent's "accuracy"), f1; a MemAct
 row (multi-question reward metrics present) has em = sub_em = all sub-questions right, f1 = their mean F1.
-Scoring (`golds`, `extract`; docs/eval_scoring.md): the prediction is the last \\boxed{} (extract=boxed),
+Scoring (`golds`, `extract`; docs/guides/eval_scoring.md): the prediction is the last \\boxed{} (extract=boxed),
 the text after the last "the answer is" (answer_is, MemAgent's protocol) or the whole final text (raw),
 scored against the best of all gold answers (golds=any) or answers[0] only (golds=first, as the public
 evaluations do). A task whose meta["metric"] names a registered eval metric (memrl.rewards.eval_metrics:

@@ -2,7 +2,7 @@
 
 BM25 (Robertson & Zaragoza 2009, Lucene variant, k1=1.5, b=0.75) scored by `bm25s`, picked by
 measurement on the 11,195-paragraph HotpotQA corpus: ~7k queries/s against rank_bm25's ~24 queries/s
-(docs/memact_services.md). Ranking is by score, ties broken by corpus order, so every caller (in-process,
+(docs/guides/memact_services.md). Ranking is by score, ties broken by corpus order, so every caller (in-process,
 the HTTP service, tests) gets the same lists. Dense retrieval is an optional extra (`DenseRetriever`).
 """
 

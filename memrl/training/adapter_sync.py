@@ -12,7 +12,7 @@ adapter in PEFT's format (adapter_config.json + adapter_model.safetensors) to a 
 The previous version's directory is deleted once the new one is served, so `<root>` holds one adapter
 (an earlier run's `adapter-*` directories there are deleted at the first sync).
 In-process engines (rollout.num_engines=0) only: Ray replicas get merged weights (rollout.weight_sync).
-docs/lora.md says which default the measurement picked, and why.
+docs/guides/lora.md says which default the measurement picked, and why.
 """
 
 from __future__ import annotations

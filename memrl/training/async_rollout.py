@@ -1,4 +1,4 @@
-"""Asynchronous training's rollout producer (`rollout.max_staleness = k >= 1`, docs/async.md).
+"""Asynchronous training's rollout producer (`rollout.max_staleness = k >= 1`, docs/guides/async.md).
 
 One producer coroutine runs on the run's RolloutRuntime loop (a background thread) and samples the
 batches of steps s, s+1, ... in order, each exactly as the synchronous loop would (sample -> score ->

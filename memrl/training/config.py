@@ -56,7 +56,7 @@ class ModelSection:
     """Where the trainer runs ("cpu", "cuda")."""
     gradient_checkpointing: bool = False
     lora: LoraSection = field(default_factory=LoraSection)
-    """LoRA adapters (memrl.training.lora; docs/lora.md); rank 0 = full fine-tuning."""
+    """LoRA adapters (memrl.training.lora; docs/guides/lora.md); rank 0 = full fine-tuning."""
 
     def check(self) -> None:
         """A model directory is named; a CUDA device exists when one is asked for."""
@@ -106,7 +106,7 @@ class AlgorithmSection:
     not choose which segments train: that is `selection`."""
     n: int = valid(16, ge=1)
     """Trajectories sampled per task (the group), under every estimator (MemAct publishes 8)."""
-    # --- DCPO segment selection (docs/memact.md, "Training with DCPO"): which segments become rows.
+    # --- DCPO segment selection (docs/concepts/memact.md, "Training with DCPO"): which segments become rows.
     selection: str = valid("all", choices=("all", "published", "spread_unused"))
     """"all": every segment of every trajectory trains; "published": the public MemAct sampler
     (segments_per_task rows per task, one per trajectory first, the rest one more each in a shuffled
@@ -142,7 +142,7 @@ class AlgorithmSection:
     """Extra rollout rounds dynamic sampling may run to refill the batch."""
     temperature: float = valid(1.0, gt=0)
     """Rollout temperature (overrides the workflow's); logprobs are recomputed under the same T."""
-    # --- train/inference mismatch and its correction (docs/async.md)
+    # --- train/inference mismatch and its correction (docs/guides/async.md)
     old_logprobs: str = valid("engine", choices=("engine", "trainer"))
     """The "old" logprobs of the PPO ratio. engine (memrl): the engine's sampling logprobs (token in,
     token out; no extra forward). trainer (verl's actor compute_log_prob, slime's log-prob recompute; the
@@ -397,7 +397,7 @@ class RolloutSection:
     sync_check_tokens: int = valid(4, ge=1, le=64)
     """sync_check: tokens the engine generates greedily after the probe."""
     max_staleness: int = valid(0, ge=0, note="0 = synchronous")
-    """Asynchronous training (docs/async.md): 0 = sample, update, sync in turn (the synchronous loop);
+    """Asynchronous training (docs/guides/async.md): 0 = sample, update, sync in turn (the synchronous loop);
     k >= 1 = the rollouts of the next k steps run while the trainer updates, and no trained segment was
     sampled by a policy more than k versions older than the one it updates."""
     partial: str = valid("continue", choices=("continue", "abort"))
@@ -433,7 +433,7 @@ class RaySection:
     """How many nice levels a local Ray start puts its workers (training ranks, engine replicas) below the
     driver. 0: the same priority as the driver, which trains at world size 1 and runs the rollout loop.
     Ray's own default is 15; with it a replica sharing a machine with a busy driver slowed the demo recipe's
-    Ray runs by 16% (synchronous) and 22% (max_staleness=1) (docs/async.md). A cluster joined with ray.address keeps its own setting."""
+    Ray runs by 16% (synchronous) and 22% (max_staleness=1) (docs/guides/async.md). A cluster joined with ray.address keeps its own setting."""
 
 
 OPEN_SECTIONS["algorithm"] = "plugins"  # algorithm.<a user's estimator or loss>.<field>
@@ -525,7 +525,7 @@ class TrainConfig:
                 f"per RL step (trainer.mini_batches=1 and trainer.mini_batch_rows=0, got {t.mini_batches} and "
                 f"{t.mini_batch_rows}): its proximal logprobs then come from each row's training forward, which "
                 "is the pre-update policy only for the first optimizer step; set algorithm.old_logprobs=trainer "
-                "(docs/async.md)")
+                "(docs/guides/async.md)")
         if self.workflow.get("turn_tokens") == "reencoded" and (a.old_logprobs != "trainer" or a.off_policy != "none"):
             raise ConfigError(
                 "workflow.turn_tokens=reencoded needs algorithm.old_logprobs=trainer and algorithm.off_policy=none "

@@ -110,7 +110,7 @@ def ppo_micro_loss(
     The old logprobs of the PPO ratio: `mb.prox_logprobs` when the trainer recomputed them before the RL
     step's first optimizer step (algorithm.old_logprobs=trainer, as verl and slime), else the engine's
     sampling logprobs `mb.old_logprobs` (off_policy none) or this forward's own, detached (tis / decoupled:
-    the pre-update policy only in the first optimizer step). `off_policy` (docs/async.md): tis / decoupled
+    the pre-update policy only in the first optimizer step). `off_policy` (docs/guides/async.md): tis / decoupled
     multiply each token's loss by memrl.algorithms.losses.off_policy_weights(old, engine, off_policy,
     off_policy_cap): behaviour = the engine, proximal = old. The mismatch sums compare this forward's
     logprobs with the engine's on the trained tokens (`mismatch_clip`: c of the ratio's [1/c, c] band);

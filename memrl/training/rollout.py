@@ -21,7 +21,7 @@ class RolloutResult:
 
     groups: list[Group]
     scores: list[list[Score]] = field(default_factory=list)
-    """The score stage's result for `groups` ([group][trajectory]; already applied onto them)."""
+    """The score stage's result for `groups` (`[group][trajectory]`; already applied onto them)."""
     sampled_groups: int = 0
     dropped_groups: int = 0
     rounds: int = 0

@@ -132,7 +132,7 @@ def copy_warmup_segments(token_ids: Sequence[int], rows: int, min_len: int = 8, 
     """Rows that teach a model trained from scratch to copy by content (induction): a random sequence of
     `token_ids` (length uniform in [min_len, max_len]) followed by itself, trained on the repeat after its
     first token. Variable lengths matter: at one fixed length a tiny model copies by a fixed offset
-    instead, which does not carry over to looking a fact up in a context (docs/memact.md). `block`
+    instead, which does not carry over to looking a fact up in a context (docs/concepts/memact.md). `block`
     consecutive rows share a length (train them unshuffled in batches of `block`: no padding)."""
     if not token_ids or not 1 < min_len <= max_len or block < 1:
         raise ValueError(f"copy_warmup_segments: need token ids, 1 < min_len <= max_len and block >= 1, got "

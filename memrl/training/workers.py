@@ -165,7 +165,7 @@ class PolicyWorker:
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         sums: dict[str, float] = {"loss/total": 0.0}
-        mm = dict.fromkeys(MISMATCH_SUMS, 0.0)  # train/inference mismatch: token sums (docs/async.md)
+        mm = dict.fromkeys(MISMATCH_SUMS, 0.0)  # train/inference mismatch: token sums (docs/guides/async.md)
         pair_mm = {name: dict.fromkeys(MISMATCH_SUMS, 0.0) for name in MISMATCH_PAIRS}  # old_logprobs=trainer
         tokens = 0
         for j in range(n_steps):

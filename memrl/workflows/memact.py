@@ -153,7 +153,7 @@ class MemActConfig:
     temperature: float = valid(1.0, ge=0, note="0 = greedy")
     top_p: float = valid(1.0, gt=0, le=1, note="1 = off")
     top_k: int = valid(-1, ge=-1, note="-1 or 0 = off")
-    # ---- retriever and judge wiring (h/mjudge): docs/memact_services.md ----------------------------
+    # ---- retriever and judge wiring (h/mjudge): docs/guides/memact_services.md ----------------------------
     retriever_kind: str = "bm25"
     """bm25 or keyword over retriever_corpus, a name given to register_retriever, or module:attr of a
     class / function marked @memrl.tools.search.retriever_factory (called with the corpus path); any other
@@ -186,7 +186,7 @@ class MemActConfig:
     for the task's sub-question count). A short one keeps a tiny model's prompt short (the CPU demo)."""
 
     # --- Rollout rules where memrl differs from the public MemAct agent loop (upstream
-    # verl/experimental/agent_loop/mem_agent_loop.py; docs/memact.md "Rollout switches"). Each default is
+    # verl/experimental/agent_loop/mem_agent_loop.py; docs/concepts/memact.md "Rollout switches"). Each default is
     # memrl's rule; the other value is the published one (the memact_official preset sets them all).
     unparsable_tool_calls: str = "reply_error"
     """A reply with <tool_call> blocks: "reply_error" answers every malformed block with an error message

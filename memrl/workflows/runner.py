@@ -65,7 +65,7 @@ async def score_trajectory(spec: WorkflowSpec, task: Task, traj: Trajectory, ser
 
 
 async def score_groups(spec: WorkflowSpec, groups: Sequence[Group], services: Any = None) -> list[list[Score]]:
-    """The score stage for a batch: one Score per trajectory, [group][trajectory], in order (judge calls
+    """The score stage for a batch: one Score per trajectory, `[group][trajectory]`, in order (judge calls
     run concurrently; each group needs its Task)."""
     jobs = []
     for g in groups:
@@ -88,7 +88,7 @@ def apply_score(traj: Trajectory, score: Score) -> None:
 
 
 def apply_scores(groups: Sequence[Group], scores: Sequence[Sequence[Score]]) -> None:
-    """`apply_score` over a batch ([group][trajectory], as score_groups returns)."""
+    """`apply_score` over a batch (`[group][trajectory]`, as score_groups returns)."""
     for g, per_group in zip(groups, scores, strict=True):
         for traj, score in zip(g.trajectories, per_group, strict=True):
             apply_score(traj, score)

@@ -239,7 +239,7 @@ def test_ranks_resume_from_the_adapter_checkpoint(ray_session, tiny_path, tmp_pa
     """A 2-rank LoRA run resumes on 2 ranks with the saved adapter and optimizer state bit-identical (the
     base from model.path, the adapter from the checkpoint) and trains on.
     Whole runs are not compared bit for bit: the Ray replica's waves depend on when requests arrive, so its
-    sampling logprobs differ between two identical runs by float rounding (full tuning alike, docs/lora.md);
+    sampling logprobs differ between two identical runs by float rounding (full tuning alike, docs/guides/lora.md);
     the 2-rank update itself resumes exactly (test_two_ranks_train_the_adapter_as_one_and_checkpoint_it)."""
     from safetensors.torch import load_file
 

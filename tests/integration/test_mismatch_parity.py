@@ -1,4 +1,4 @@
-"""The train/inference mismatch metrics (mismatch/<engine>/*, docs/async.md) are token sums reduced over
+"""The train/inference mismatch metrics (mismatch/<engine>/*, docs/guides/async.md) are token sums reduced over
 micro-batches and FSDP ranks: 2 gloo ranks report what one process reports for the same mini-batch.
 
 The token count is exact. The means compare float32 logprobs of the same rows computed in differently

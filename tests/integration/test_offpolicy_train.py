@@ -2,7 +2,7 @@
 trained module): every mode logs mismatch/hf/* each step, ~0 here (the engine and the trainer run the same
 module; not exactly 0 because the engine decodes with a KV cache and batches differently); with the engine
 that close to the trainer, tis and decoupled train the same weights as each other and nearly the loss of
-none (docs/async.md)."""
+none (docs/guides/async.md)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from test_import_graph import Edge, import_edges, memrl_edges, package_modules
 
 LAYERS: list[tuple[str, ...]] = [
-    # top: the command line
-    ("cli", "commands"),
+    # top: the command line, and the generator of its reference pages
+    ("cli", "commands", "docs_gen"),
     # recipes: CPU demos, scratch models, cold starts, scripted demonstrators
     ("demos", "demonstrators"),
     # trainer and workers; evaluator and reports; viewer; model init/convert

@@ -123,12 +123,12 @@ def test_pruning_shortens_the_mean_context_by_the_derived_amount(curation):
     k = [len(tok.encode(t, add_special_tokens=False)) for t in (k1, k2)]
     texts = 3 * n[1] + 2 * n[2] + n[3] + k[0] + k[1] + n[4]  # 3A1 + 2A2 + A3 + K1 + K2 + K3, text only
     assert texts < x < texts + 9 * 6  # plus each of those 9 messages' chat markers
-    # the figures docs/memact.md quotes (the seed-0 tokenizer): P' = 86, R = 76; withheld prompt P = 82
+    # the figures docs/concepts/memact.md quotes (the seed-0 tokenizer): P' = 86, R = 76; withheld prompt P = 82
     assert (p, r, wf.max_context_tokens) == (86, 76, 694)
     assert prunes.metrics["mean_context_tokens"] == 252.25 and prunes.metrics["peak_context_tokens"] == 409.0
     (withheld,) = _play(task, tok, wf, 1.0, 2, False)
     assert (withheld.metrics["mean_context_tokens"], withheld.metrics["peak_context_tokens"]) == (386.0, 690.0)
-    # the best a policy can do here (docs/memact.md): 34.7% below the search-only arm's mean context
+    # the best a policy can do here (docs/concepts/memact.md): 34.7% below the search-only arm's mean context
     assert round(100 * (1 - prunes.metrics["mean_context_tokens"] / withheld.metrics["mean_context_tokens"]), 1) == 34.7
 
 

@@ -1,5 +1,5 @@
 """Off-policy correction (algorithm.off_policy: none / tis / decoupled) and the train/inference mismatch
-metrics, against numbers worked out by hand on three tokens (docs/async.md)."""
+metrics, against numbers worked out by hand on three tokens (docs/guides/async.md)."""
 
 from __future__ import annotations
 

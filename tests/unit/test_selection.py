@@ -98,7 +98,7 @@ def test_published_hand_traced():
                                                     "q-0:0", "q-1:0", "q-2:2"]
 
 
-# The chosen segment-count profile (K = 8 trajectories, n = 12 rows, docs/memact.md): one trajectory that
+# The chosen segment-count profile (K = 8 trajectories, n = 12 rows, docs/concepts/memact.md): one trajectory that
 # pruned nine times (10 segments) among seven that never pruned (1 segment each).
 PROFILE = [10, 1, 1, 1, 1, 1, 1, 1]
 

@@ -3,7 +3,7 @@ replica (directory sync) get the merged weights (W + scaling * B A under the bas
 no LoRA support), rollout.sync_check proves it after every sync, and the check stops the run naming the
 engine when the in-process sync is removed. With lora_sync=adapter the adapter itself reaches in-process
 vLLM (its LoRA support) and a vLLM OpenAI server (/v1/load_lora_adapter; a second server of its own, started
-with --enable-lora), proved the same way. Needs peft in .venv-vllm (docs/lora.md)."""
+with --enable-lora), proved the same way. Needs peft in .venv-vllm (docs/guides/lora.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The train/inference mismatch metrics (docs/async.md) on real engines: segments sampled by vLLM (CPU,
+"""The train/inference mismatch metrics (docs/guides/async.md) on real engines: segments sampled by vLLM (CPU,
 float32) and by the transformers engine, trained by a PolicyWorker on the same tiny model; the metrics
 are logged under the engine kind, finite and small (both engines compute float32 on CPU)."""
 

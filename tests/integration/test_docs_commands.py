@@ -1,0 +1,167 @@
+"""The shell blocks the docs mark as tested (a ```bash fence right after a `<!-- tested -->` line, in README.md
+and docs/) run as written, at tiny sizes.
+
+Each block runs in a fresh directory holding what a reader brings, our own stand-ins: `$MODEL` a tiny random
+model (memrl.models.tiny), `$TRAIN` 4 tasks, `$EVAL` a MemAgent-layout eval file of 4 questions, `$HOTPOT` a
+HotpotQA-layout file of 600 made-up questions, `$JUDGE_URL` an address nothing listens on (the tiny model never
+writes a final answer, so no judge is called), and the prompt files the guides name, in our own wording.
+`memrl ...` lines run in this process (memrl.cli.main) with TINY's overrides appended for their command and
+workflow (later overrides win); other lines (`cat > FILE <<'EOF'`) run in bash. `$(cat FILE)` is read here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from memrl.cli import main
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+MARK = "<!-- tested -->"
+
+_CHUNKED = ["workflow.chunk_tokens=8", "workflow.max_chunks=2", "workflow.max_memory_tokens=8",
+            "workflow.max_final_tokens=8"]
+_MEMACT = ["workflow.max_assistant_turns=2", "workflow.max_turn_tokens=8"]
+_TRAIN = ["model.device=cpu", "model.dtype=float32", "engine=hf", "engine.max_batch_size=8", "trainer.steps=1",
+          "trainer.batch_size=2", "algorithm.n=2", "trainer.mini_batches=1", "trainer.mini_batch_ranks=1",
+          "trainer.concurrency=8", "trainer.progress=false", "trainer.loggers=[jsonl]"]
+_EVAL = ["engine=hf", "engine.max_batch_size=8", "limit=2", "progress=false"]
+TINY: dict[tuple[str, str], list[str]] = {
+    ("train", "chunked"): _TRAIN + _CHUNKED, ("train", "memact"): _TRAIN + _MEMACT,
+    ("eval", "chunked"): _EVAL + _CHUNKED, ("eval", "memact"): _EVAL + _MEMACT,
+}
+"""The sizes appended to each `memrl train` / `memrl eval` line of a tested block, by workflow."""
+
+_RECALL = "Recalled: {recalled_memory}\n"
+
+
+def _templates(style: str, recall: bool) -> tuple[str, str]:
+    box = "\\boxed{{}}" if style == "str_format" else "\\boxed{}"
+    rec = _RECALL if recall else ""
+    return (f"Problem: {{prompt}}\n{rec}Memory: {{memory}}\nSection: {{chunk}}\nUpdate the memory.\n",
+            f"Problem: {{prompt}}\n{rec}Memory: {{memory}}\nAnswer as {box}:\n")
+
+
+PROMPT_FILES = {  # the prompt files the guides name -> (style, recall)
+    "memagent": ("memrl", False), "memagent_eval": ("str_format", False), "rememr1": ("memrl", True),
+    "rememr1_eval": ("str_format", True), "vime": ("str_format", False), "vime_eval": ("str_format", False),
+}
+CONTEXT = "The Beatles were formed in Liverpool in 1960. Queen was formed in London in 1970. " * 3
+
+
+def blocks() -> list[tuple[str, str]]:
+    """[(where, the block's text)] for every tested block of README.md and docs/."""
+    out = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines):
+            if line.strip() == MARK:
+                assert i + 1 < len(lines) and lines[i + 1].startswith("```bash"), f"{path}:{i + 1}: {MARK} needs a ```bash fence next"
+                end = next(j for j in range(i + 2, len(lines)) if lines[j].startswith("```"))
+                out.append((f"{path.relative_to(ROOT)}:{i + 2}", "\n".join(lines[i + 2:end])))
+    return out
+
+
+def commands(block: str) -> list[str]:
+    """The block's commands: continuation lines joined, heredocs kept whole, comment lines dropped."""
+    out, lines, i = [], block.splitlines(), 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        while line.endswith("\\"):
+            line = line[:-1] + " " + lines[i].strip()
+            i += 1
+        m = re.search(r"<<\s*'?(\w+)'?", line)
+        if m:
+            body = []
+            while lines[i] != m.group(1):
+                body.append(lines[i])
+                i += 1
+            i += 1
+            line = "\n".join([line, *body, m.group(1)])
+        out.append(line)
+    return out
+
+
+def expand(command: str, env: dict[str, str], cwd: Path) -> list[str]:
+    """shlex words of a memrl command, `$(cat FILE)` and `$VAR` substituted."""
+    command = re.sub(r"\$\(cat ([^)]+)\)", lambda m: (cwd / m.group(1)).read_text().strip(), command)
+    command = re.sub(r"\$(\w+)", lambda m: env[m.group(1)], command)
+    return shlex.split(command, comments=True)
+
+
+def tiny_sizes(argv: list[str]) -> list[str]:
+    if argv[:1] not in (["train"], ["eval"]) or argv[1:2] == ["report"]:
+        return []
+    memact = any("memact" in w for w in argv)
+    return TINY[(argv[0], "memact" if memact else "chunked")]
+
+
+def _hotpot(n: int) -> list[dict]:
+    rows = []
+    for i in range(n):
+        title = f"Place {i}"
+        rows.append({"_id": f"h{i}", "question": f"What is the river of {title}?", "answer": f"River {i}",
+                     "type": "bridge", "level": "easy", "supporting_facts": [[title, 0]],
+                     "context": [[title, [f"{title} lies on River {i}."]], [f"Other {i}", [f"Filler {i}."]]]})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> str:
+    from memrl.models.tiny import cached_tiny_model
+
+    return str(cached_tiny_model("tiny"))
+
+
+def workspace(tmp: Path, model: str) -> dict[str, str]:
+    tasks = [{"task_id": f"q{i}", "question": "Which band was formed in Liverpool?", "context": CONTEXT,
+              "answers": ["The Beatles"]} for i in range(4)]
+    (tmp / "train.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    (tmp / "eval_50.json").write_text(json.dumps([{"index": i, "input": "Which band was formed in Liverpool?",
+                                                    "context": CONTEXT, "answers": ["The Beatles"], "num_docs": 50}
+                                                   for i in range(4)]))
+    (tmp / "hotpot.json").write_text(json.dumps(_hotpot(600)))
+    for name, (style, recall) in PROMPT_FILES.items():
+        memory, final = _templates(style, recall)
+        (tmp / f"{name}_memory.txt").write_text(memory)
+        (tmp / f"{name}_final.txt").write_text(final)
+    return {"MODEL": model, "TRAIN": str(tmp / "train.jsonl"), "EVAL": str(tmp / "eval_50.json"),
+            "HOTPOT": str(tmp / "hotpot.json"), "JUDGE_URL": "http://127.0.0.1:9/v1"}
+
+
+BLOCKS = blocks()
+
+
+def test_the_docs_have_tested_blocks():
+    where = {w.split(":")[0] for w, _ in BLOCKS}
+    for page in ("README.md", "docs/guides/memagent.md", "docs/guides/rememr1.md", "docs/guides/vime.md",
+                 "docs/guides/memact.md"):
+        assert page in where, f"{page} has no {MARK} block"
+
+
+@pytest.mark.parametrize("where, block", BLOCKS, ids=[w for w, _ in BLOCKS])
+def test_a_tested_block_runs(where, block, tiny_model, tmp_path, monkeypatch):
+    env = workspace(tmp_path, tiny_model)
+    monkeypatch.chdir(tmp_path)
+    for command in commands(block):
+        if not command.startswith("memrl "):
+            r = subprocess.run(["bash", "-c", command], cwd=tmp_path, env={**os.environ, **env},
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, f"{where}: `{command.splitlines()[0]}` failed: {r.stderr.strip()}"
+            continue
+        argv = expand(command, env, tmp_path)[1:]
+        if argv[:1] == ["view"]:
+            continue  # a server: tests/integration/test_viewer.py
+        argv += tiny_sizes(argv)
+        assert main(argv) == 0, f"{where}: `{command}` failed (with {' '.join(tiny_sizes(argv))})"
