@@ -61,6 +61,8 @@ _VERL_ACTOR = [
     ("workflow.truncation", "centre", "data.truncation='center'"),
     ("workflow.empty_memory", "empty", "recurrent/impls/memory.py / memory_revisit.py MemoryAgent.update"),
     ("workflow.template_style", "memrl", "recurrent/utils.py TokenTemplate: no str.format on the template"),
+    ("workflow.prompt_assembly", "spliced",
+     "recurrent/utils.py TokenTemplate.format: the template's pieces and the values encoded apart, ids spliced"),
     ("workflow.reward", "verl_hotpotqa", "verl/utils/reward_score/hotpotqa.py compute_score"),
     ("workflow.require_template_files", True, "the published prompts are the user's to supply"),
     ("model.gradient_checkpointing", True, "actor_rollout_ref.model.enable_gradient_checkpointing=True"),
