@@ -251,6 +251,12 @@ class TrainerSection:
     each rank's contiguous share of the batch into `mini_batches` slices and optimizer step j trains slice j
     of every share (memrl.training.schedule); 1 cuts the whole batch at once (memrl's rule, and a 1-GPU
     verl run). Independent of memrl's own trainer.num_workers: the same rows per step at any world size."""
+    loss_weights: str = valid("mini_batch", choices=("mini_batch", "per_rank"))
+    """How a row's loss weight is normalized within its optimizer step. "mini_batch" (memrl): over the whole
+    mini-batch (token-mean: 1 / its trained tokens), whatever the ranks. "per_rank": the MemAgent / ReMemR1
+    forks at data-parallel size W = `mini_batch_ranks` (dp_actor.py update_policy: each rank's loss is the
+    `algorithm.loss_agg` mean over ITS slice, FSDP averages over the W ranks): token-mean 1 / (W x trained
+    tokens of the row's rank slice). Needs mini_batch_split=rows (the slices); equal to "mini_batch" at W=1."""
     mini_batch_rows_tail: str = valid("step", choices=("step", "drop"))
     """mini_batch_rows=r and a batch of rows not a multiple of r: "step" (memrl) trains the last rows as
     a smaller step of their own; "drop" leaves them out of the update, as vime's custom convert does
@@ -315,6 +321,11 @@ class TrainerSection:
             raise ConfigError(
                 f"trainer.mini_batch_ranks={self.mini_batch_ranks} is verl's per-rank cut of the turn-major rows: "
                 f"it needs trainer.mini_batch_split=rows, got {self.mini_batch_split!r}")
+        if self.loss_weights == "per_rank" and (self.mini_batch_split != "rows" or self.mini_batch_rows != 0):
+            raise ConfigError(
+                "trainer.loss_weights=per_rank weighs each rank slice of verl's cut: it needs "
+                f"trainer.mini_batch_split=rows and trainer.mini_batch_rows=0, got {self.mini_batch_split!r} and "
+                f"{self.mini_batch_rows}")
         if self.mini_batch_rows != 0 and self.mini_batches != 1:
             raise ConfigError(
                 f"trainer.mini_batch_rows={self.mini_batch_rows} (a step every k rows) and trainer.mini_batches="

@@ -57,6 +57,22 @@ def weigh(segments: Sequence[Segment], mode: str) -> TrainBatch:
     return TrainBatch(segs, row_weights([_mask(s) for s in segs], [s.trajectory_id for s in segs], mode))
 
 
+def weigh_shares(shares: Sequence[Sequence[Segment]], mode: str, world_size: int) -> TrainBatch:
+    """One optimizer step under the MemAgent / ReMemR1 forks' rule (trainer.loss_weights=per_rank): each
+    rank's `shares[r]` weighed over itself alone (row_weights), every weight divided by `world_size` W, the
+    rows concatenated in rank order. token-mean: a row's weight is 1 / (W x trained tokens of its rank's
+    share), so the step loss is (1/W) x the sum over ranks of each share's token mean (dp_actor.py
+    update_policy scales each micro-batch's agg_loss by its tokens / the rank's tokens; FSDP averages the
+    ranks' gradients, ranks without rows included)."""
+    segs: list[Segment] = []
+    weights: list[float] = []
+    for share in shares:
+        segs += share
+        weights += [w / world_size for w in row_weights([_mask(s) for s in share],
+                                                        [s.trajectory_id for s in share], mode)]
+    return TrainBatch(segs, weights)
+
+
 def split_rows(segments: Sequence[Segment], n: int) -> list[list[int]]:
     """Row indices for each of `n` ranks, balanced by tokens: longest row first to the rank with the
     fewest tokens so far (ties to the lower rank). Deterministic; every index appears once; each rank's

@@ -24,6 +24,8 @@ Three rules (`trainer.*`), each returning the rows of every optimizer step, in o
 
 Each step's loss is normalized over its own rows (verl scales each micro-batch by its share of the
 mini-batch's tokens or rows, so the mini-batch loss is the token- or sequence-mean of that mini-batch).
+With `trainer.loss_weights=per_rank` it is normalized over each rank's slice instead (`rank_steps` gives
+the slices; memrl.training.packing.weigh_shares), as the MemAgent / ReMemR1 forks do at world size W.
 """
 
 from __future__ import annotations
@@ -68,6 +70,16 @@ def turn_major(per_group: Sequence[Sequence[Segment]]) -> list[Segment]:
     return [s for *_, s in sorted(keyed, key=lambda x: (x[0], x[1]))]
 
 
+def rank_steps(per_group: Sequence[Sequence[Segment]], mini_batches: int = 1,
+               ranks: int = 1) -> list[list[list[Segment]]]:
+    """split "rows" with `ranks` shares: for each optimizer step, the slice of every rank's share it trains
+    (one list per rank, in rank order; empty where a share has fewer rows than steps). Steps whose every
+    slice is empty are left out."""
+    shares = [even_slices(share, mini_batches) for share in even_slices(turn_major(per_group), ranks)]
+    steps = [[share[j] if j < len(share) else [] for share in shares] for j in range(max(1, mini_batches))]
+    return [step for step in steps if any(step)]
+
+
 def optimizer_steps(per_group: Sequence[Sequence[Segment]], mini_batches: int = 1, split: str = "groups",
                     every_rows: int = 0, tail: str = "step", ranks: int = 1) -> list[list[Segment]]:
     """The segments each optimizer step trains, in order (`per_group`: the trained segments of each group,
@@ -81,8 +93,7 @@ def optimizer_steps(per_group: Sequence[Sequence[Segment]], mini_batches: int = 
             raise ValueError(f"unknown mini-batch tail {tail!r}; known: step, drop")
         return [rows[i : i + every_rows] for i in range(0, len(rows), every_rows)]
     if split == "rows":
-        shares = [even_slices(share, mini_batches) for share in even_slices(turn_major(per_group), ranks)]
-        steps = [[s for share in shares if j < len(share) for s in share[j]] for j in range(max(1, mini_batches))]
+        steps = [[s for share in step for s in share] for step in rank_steps(per_group, mini_batches, ranks)]
         return [p for p in steps if p]
     if split != "groups":
         raise ValueError(f"unknown mini-batch split {split!r}; known: groups, rows")

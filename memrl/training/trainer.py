@@ -39,9 +39,9 @@ from memrl.training.assemble import RunParts
 from memrl.training.async_rollout import Producer, partial_metrics, stale_filter
 from memrl.training.checkpoint import rng_state
 from memrl.training.logging import MetricsLogger
-from memrl.training.packing import TrainBatch, weigh
+from memrl.training.packing import TrainBatch, weigh, weigh_shares
 from memrl.training.rollout import RolloutResult, asample_groups
-from memrl.training.schedule import optimizer_steps
+from memrl.training.schedule import optimizer_steps, rank_steps
 from memrl.training.step_metrics import (
     EngineBusy,
     StageTimer,
@@ -188,13 +188,18 @@ class Trainer:
                 rows = list({id(s): s for segs in per_group for s in segs}.values())
                 for s, lp in zip(rows, self.parts.workers.old_logprobs(rows), strict=True):
                     s.old_logprobs = lp
-        t = self.cfg.trainer
-        steps = optimizer_steps(per_group, t.mini_batches, t.mini_batch_split, t.mini_batch_rows,
-                                t.mini_batch_rows_tail, t.mini_batch_ranks)
-        # each mini-batch weighed once here, over all of it (one weight per row); each rank gets its share
-        return combine_step_metrics([self.train_rows(weigh(part, self.cfg.algorithm.loss_agg),
-                                                     step_scheduler=j == len(steps) - 1)
-                                     for j, part in enumerate(steps)])
+        t, mode = self.cfg.trainer, self.cfg.algorithm.loss_agg
+        # each mini-batch weighed once here (one weight per row): over all of it, or per_rank over each slice
+        # of the published run's rank shares; memrl's own ranks then get token-balanced shares of it
+        if t.loss_weights == "per_rank":
+            steps = [weigh_shares(shares, mode, t.mini_batch_ranks)
+                     for shares in rank_steps(per_group, t.mini_batches, t.mini_batch_ranks)]
+        else:
+            steps = [weigh(part, mode) for part in optimizer_steps(
+                per_group, t.mini_batches, t.mini_batch_split, t.mini_batch_rows, t.mini_batch_rows_tail,
+                t.mini_batch_ranks)]
+        return combine_step_metrics([self.train_rows(batch, step_scheduler=j == len(steps) - 1)
+                                     for j, batch in enumerate(steps)])
 
     def train_rows(self, batch: TrainBatch, step_scheduler: bool = True) -> dict[str, float]:
         """One optimizer step on the weighed mini-batch `batch` (memrl.training.worker_group: each rank

@@ -15,7 +15,13 @@ from memrl.engines.versioned import VERSION_KEY
 from memrl.quiet import encode_document
 from memrl.rewards.verifiers import check_verifier
 from memrl.types import Segment, Task
-from memrl.workflows.templates import TEMPLATE_STYLES, Template, chat_prompt, load_template
+from memrl.workflows.templates import (
+    TEMPLATE_STYLES,
+    Template,
+    chat_prompt,
+    load_template,
+    spliced_chat_prompt,
+)
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +29,7 @@ NO_MEMORY = "No previous memory"
 TRUNCATIONS: tuple[str, ...] = ("centre", "head")
 EMPTY_MEMORY_RULES: tuple[str, ...] = ("placeholder", "keep_previous", "empty")
 MEMORY_TEXTS: tuple[str, ...] = ("reply", "after_think", "strip_think")
+PROMPT_ASSEMBLIES: tuple[str, ...] = ("text", "spliced")
 THINK_OPEN, THINK_END = "<think>", "</think>"
 _THINK_BLOCK = re.compile(re.escape(THINK_OPEN) + r".*?" + re.escape(THINK_END), re.DOTALL)
 
@@ -109,6 +116,16 @@ class ChunkedConfig:
     over the whole text, best over all golds; verl_hotpotqa = the published MemAgent/ReMemR1 verifier
     (last 300 characters, its strip_string, also the `\\boxed ans` form); or package.module:fn, your own
     function marked with @memrl.rewards.verifiers.verifier."""
+    prompt_assembly: str = valid("text", choices=PROMPT_ASSEMBLIES)
+    """How a call's prompt ids are made. text (memrl): the template rendered to text and encoded once through
+    the chat template. spliced: the published synchronous trainers' TokenTemplate (MemAgent
+    recurrent/impls/memory.py, ReMemR1 recurrent/impls/memory_revisit.py): the chat-framed template's
+    literal pieces encoded one by one, the question and each text value encoded on their own, the chunk's
+    ids as cut from the context, and (MemAgent, memory_text=reply) the memory as the previous reply's ids
+    without its EOS and pad ids, not decoded; a memory from memrl's own rules (after_think / strip_think,
+    the placeholder) is its text encoded on its own (memrl.workflows.templates.spliced_chat_prompt). The
+    chat frame is rendered with enable_thinking, so a thinking template's generation prompt is the last
+    piece. Needs template_style=memrl."""
     require_template_files: bool = False
     """True: refuse to run without the user's own prompts (memory_template_file and final_template_file,
     or the inline memory_template / final_template). The published-recipe presets set it: their prompts
@@ -123,9 +140,14 @@ class ChunkedConfig:
         if self.max_chunks < 0:
             raise ValueError(f"{name}.max_chunks must be >= 0, got {self.max_chunks}")
         for f, allowed in (("template_style", TEMPLATE_STYLES), ("truncation", TRUNCATIONS),
-                           ("empty_memory", EMPTY_MEMORY_RULES), ("memory_text", MEMORY_TEXTS)):
+                           ("empty_memory", EMPTY_MEMORY_RULES), ("memory_text", MEMORY_TEXTS),
+                           ("prompt_assembly", PROMPT_ASSEMBLIES)):
             if getattr(self, f) not in allowed:
                 raise ValueError(f"{name}.{f} must be one of {', '.join(allowed)}, got {getattr(self, f)!r}")
+        if self.prompt_assembly == "spliced" and self.template_style != "memrl":
+            raise ValueError(f"{name}.prompt_assembly=spliced cuts memrl-style templates at their placeholders (the "
+                             f"published TokenTemplate never applies str.format): needs template_style=memrl, got "
+                             f"{self.template_style!r}")
         if self.require_template_files:
             for kind in ("memory", "final"):
                 given = (getattr(self, f"{kind}_template_file", None), getattr(self, f"{kind}_template", None))
@@ -204,6 +226,28 @@ async def call_model(engine: Engine, user_text: str, sampling: SamplingParams,
     _, prompt_ids = chat_prompt(engine.tokenizer, user_text, enable_thinking)
     out = await engine.generate(prompt_ids, sampling)
     return prompt_ids, out, decode_response(engine.tokenizer, out.token_ids)
+
+
+async def call_template(engine: Engine, template: Template, sampling: SamplingParams, assembly: str,
+                        enable_thinking: bool | None = None,
+                        **values: str | list[int]) -> tuple[list[int], Completion, str]:
+    """One single-turn call on `template` filled with `values` (a list of ids: a chunk, or a memory under
+    spliced): (prompt ids, the completion, its decoded text). `assembly` is ChunkedConfig.prompt_assembly:
+    text renders the text (ids decoded) and encodes it at once; spliced joins separately encoded pieces.
+    `enable_thinking` (ChunkedConfig's) goes to the chat template either way."""
+    if assembly == "spliced":
+        prompt_ids = spliced_chat_prompt(engine.tokenizer, template, enable_thinking, **values)
+        out = await engine.generate(prompt_ids, sampling)
+        return prompt_ids, out, decode_response(engine.tokenizer, out.token_ids)
+    text = {k: v if isinstance(v, str) else engine.tokenizer.decode(v) for k, v in values.items()}
+    return await call_model(engine, template.render(**text), sampling, enable_thinking)
+
+
+def reply_ids(tokenizer: Any, token_ids: list[int]) -> list[int]:
+    """A reply's ids as the published synchronous trainers keep them for the memory (recurrent/utils.py unpad
+    with remove_eos): every EOS and pad id dropped, wherever it sits; nothing decoded."""
+    drop = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
+    return [i for i in token_ids if i not in drop]
 
 
 def call_segment(prompt_ids: list[int], out: Completion, step: int, info: dict[str, Any]) -> Segment:

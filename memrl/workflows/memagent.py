@@ -25,10 +25,12 @@ from memrl.workflows.chunked import (  # noqa: F401 - chunking helpers re-export
     after_think,
     call_model,
     call_segment,
+    call_template,
     centre_truncate,
     chunk_context,
     decode_response,
     loop_metrics,
+    reply_ids,
     task_chunks,
     think_text_rule,
 )
@@ -75,19 +77,27 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
     mem_tpl, fin_tpl = cfg.templates()
     context_ids, chunks, truncated = task_chunks(task, engine.tokenizer, cfg)
     memory = cfg.no_memory_text
+    # prompt_assembly=spliced: the memory's ids when it is a reply (its sampled ids, EOS and pad dropped, as
+    # the published synchronous trainer keeps them); None: the memory text, encoded on its own
+    memory_ids: list[int] | None = None
     segments: list[Segment] = []
     empty_memories = 0
     memory_lengths: list[int] = []
     thinking = 0
     for i, chunk_ids in enumerate(chunks):
         chunk = engine.tokenizer.decode(chunk_ids)
-        user = mem_tpl.render(problem=task.question, memory=memory, chunk=chunk)
-        prompt_ids, out, reply = await call_model(engine, user, cfg.sampling(cfg.max_memory_tokens, rng),
-                                                  cfg.enable_thinking)
+        prompt_ids, out, reply = await call_template(
+            engine, mem_tpl, cfg.sampling(cfg.max_memory_tokens, rng), cfg.prompt_assembly, cfg.enable_thinking,
+            problem=task.question, memory=memory if memory_ids is None else memory_ids, chunk=chunk_ids)
         thinking += int(THINK_END in reply or "<think>" in reply)
         new_memory = think_text_rule(reply, cfg.memory_text)
-        if not new_memory:
-            empty_memories += 1
+        empty = not new_memory
+        empty_memories += int(empty)
+        if cfg.prompt_assembly == "spliced":
+            if cfg.memory_text == "reply" and (not empty or cfg.empty_memory == "empty"):
+                memory_ids = reply_ids(engine.tokenizer, out.token_ids)  # whatever the reply holds (memory.py update)
+            elif not (empty and cfg.empty_memory == "keep_previous"):
+                memory_ids = None  # the placeholder, or an after_think / strip_think cut, as text
         new_memory = cfg.memory_after(new_memory, memory)
         memory_lengths.append(len(out.token_ids))
         segments.append(call_segment(prompt_ids, out, i, {
@@ -96,9 +106,9 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
         }))
         memory = new_memory
 
-    user = fin_tpl.render(problem=task.question, memory=memory)
-    prompt_ids, out, answer_text = await call_model(engine, user, cfg.sampling(cfg.max_final_tokens, rng),
-                                                    cfg.enable_thinking)
+    prompt_ids, out, answer_text = await call_template(
+        engine, fin_tpl, cfg.sampling(cfg.max_final_tokens, rng), cfg.prompt_assembly, cfg.enable_thinking,
+        problem=task.question, memory=memory if memory_ids is None else memory_ids)
     boxed = extract_boxed(answer_text)
     segments.append(call_segment(prompt_ids, out, len(chunks), {
         "kind": "final", "memory": memory, "answer_text": answer_text, "prediction": boxed or "",

@@ -39,8 +39,8 @@ from memrl.workflows.chunked import (
     THINK_END,
     THINK_OPEN,
     ChunkedConfig,
-    call_model,
     call_segment,
+    call_template,
     loop_metrics,
     task_chunks,
     think_text_rule,
@@ -305,10 +305,11 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
     thinking = 0
     for t, chunk_ids in enumerate(chunks):
         chunk = engine.tokenizer.decode(chunk_ids)
-        user = mem_tpl.render(problem=task.question, recalled_memory=shown_recall, memory=memory,
-                              chunk=chunk)
-        prompt_ids, out, reply = await call_model(engine, user, cfg.sampling(cfg.max_memory_tokens, rng),
-                                                  cfg.enable_thinking)
+        # spliced (memory_revisit.py): each text value encoded on its own, the chunk's ids as cut; the memory is
+        # the parsed update text, encoded again (the released update keeps no reply ids)
+        prompt_ids, out, reply = await call_template(
+            engine, mem_tpl, cfg.sampling(cfg.max_memory_tokens, rng), cfg.prompt_assembly, cfg.enable_thinking,
+            problem=task.question, recalled_memory=shown_recall, memory=memory, chunk=chunk_ids)
         thinking += int(THINK_END in reply or THINK_OPEN in reply)
         # memory_text: the tags (and strip_recall's memory) are read from the reply without its reasoning
         response = think_text_rule(reply, cfg.memory_text)
@@ -361,9 +362,9 @@ async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random
         memory = new_memory
         shown_recall = hit.text if hit else cfg.no_recall_text
 
-    user = fin_tpl.render(problem=task.question, recalled_memory=shown_recall, memory=memory)
-    prompt_ids, out, answer_text = await call_model(engine, user, cfg.sampling(cfg.max_final_tokens, rng),
-                                                    cfg.enable_thinking)
+    prompt_ids, out, answer_text = await call_template(
+        engine, fin_tpl, cfg.sampling(cfg.max_final_tokens, rng), cfg.prompt_assembly, cfg.enable_thinking,
+        problem=task.question, recalled_memory=shown_recall, memory=memory)
     boxed = extract_boxed(answer_text)
     segments.append(call_segment(prompt_ids, out, len(chunks), {
         "kind": "final", "response_text": answer_text, "memory": memory, "shown_recalled_memory": shown_recall,

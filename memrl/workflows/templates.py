@@ -95,22 +95,41 @@ class Template:
             raise TemplateError(
                 f"template {self.source} takes {sorted(self.placeholders)}, got {sorted(values)}"
             )
-        spelled = {n: values[p] for p in self.placeholders for n in _spellings(p)}
         if self.style == "str_format":
+            spelled = {n: values[p] for p in self.placeholders for n in _spellings(p)}
             return self.text.format(**spelled)  # str.format never re-substitutes a value's braces
         # Substitute in one pass so a value containing "{memory}" is never substituted again.
-        keys = [("{" + n + "}", v) for n, v in spelled.items()]
-        out, i, text = [], 0, self.text
+        return "".join(values[part.name] if isinstance(part, Slot) else part for part in self.parts(self.text))
+
+    def parts(self, text: str) -> list[str | Slot]:
+        """`text` (this template's text, possibly inside a chat frame) cut at its memrl-style placeholders:
+        literal runs and `Slot`s (memrl's placeholder name), in order; empty runs left out."""
+        keys = [("{" + n + "}", p) for p in self.placeholders for n in _spellings(p)]
+        out: list[str | Slot] = []
+        run: list[str] = []
+        i = 0
         while i < len(text):
-            for key, value in keys:
+            for key, name in keys:
                 if text.startswith(key, i):
-                    out.append(value)
+                    if run:
+                        out.append("".join(run))
+                        run = []
+                    out.append(Slot(name))
                     i += len(key)
                     break
             else:
-                out.append(text[i])
+                run.append(text[i])
                 i += 1
-        return "".join(out)
+        if run:
+            out.append("".join(run))
+        return out
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A placeholder in a template's text (`Template.parts`), by memrl's name."""
+
+    name: str
 
 
 def _strip_final_newline(text: str) -> str:
@@ -153,6 +172,42 @@ def template_kwargs(enable_thinking: bool | None) -> dict[str, bool]:
     """The extra chat-template variables of a workflow's `enable_thinking` setting: none for None (the
     template's own default), else {"enable_thinking": value} (Qwen3's switch; other templates ignore it)."""
     return {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+
+
+_MESSAGE = "\x00memrl-message\x00"  # stands for the user message while the chat frame is rendered
+
+
+def spliced_chat_prompt(tokenizer, template: Template, enable_thinking: bool | None = None,
+                        **values: str | list[int]) -> ChatPrompt:
+    """A single-turn chat prompt built by token splicing, as MemAgent's and ReMemR1's synchronous trainers
+    build theirs (recurrent/utils.py TokenTemplate, around the chat frame of utils.py chat_template): the
+    chat frame rendered around the template's text, that text cut at its placeholders, every literal
+    piece (the frame's head and tail glued to the template's first and last) encoded on its own without
+    special tokens, and between them each value: a list of ids spliced as it is, a string encoded on its
+    own. The ids differ from encoding the rendered text at once wherever a token would straddle a piece
+    boundary, or a value's ids are not what its decoded text encodes to. memrl-style templates only.
+    `enable_thinking` renders the frame with template_kwargs (as chat_prompt does), so a thinking
+    template's generation prompt (Qwen3's empty think block under false) is the tail piece. The messages
+    (for chat-API engines) carry the rendered text, id values decoded, and the template variables."""
+    if template.style != "memrl":
+        raise TemplateError(f"template {template.source}: token splicing reads memrl-style templates "
+                            f"(literal {{name}} placeholders), got style {template.style!r}")
+    kw = template_kwargs(enable_thinking)
+    frame = tokenizer.apply_chat_template([{"role": "user", "content": _MESSAGE}], tokenize=False,
+                                          add_generation_prompt=True, **kw)
+    if frame.count(_MESSAGE) != 1:
+        raise TemplateError(f"the chat template of {type(tokenizer).__name__} does not show a user message "
+                            "verbatim once; token splicing needs it to")
+    text = template.render(**{k: v if isinstance(v, str) else tokenizer.decode(v) for k, v in values.items()})
+    head, tail = frame.split(_MESSAGE)
+    ids: list[int] = []
+    for part in template.parts(head + template.text + tail):
+        if isinstance(part, Slot):
+            value = values[part.name]
+            ids += tokenizer.encode(value, add_special_tokens=False) if isinstance(value, str) else list(value)
+        else:
+            ids += tokenizer.encode(part, add_special_tokens=False)
+    return ChatPrompt(ids, [{"role": "user", "content": text}], kw)
 
 
 def chat_prompt(tokenizer, user_text: str, enable_thinking: bool | None = None) -> tuple[str, list[int]]:

@@ -77,6 +77,24 @@ def test_rows_split_makes_two_optimizer_steps_per_batch(tiny_path, tmp_path):
         assert len({r.trajectory_id for r in first}) == 4 == len({r.trajectory_id for r in second})
 
 
+def test_per_rank_loss_weights_take_each_rank_slice_token_mean(tiny_path, tmp_path):
+    trainer = _Recording(assemble(_cfg(tiny_path, tmp_path / "w", 1, "trainer.mini_batches=2",
+                                       "trainer.mini_batch_split=rows", "trainer.mini_batch_ranks=2",
+                                       "trainer.loss_weights=per_rank")))
+    (h,) = trainer.fit()
+    assert h["train/optimizer_steps"] == 2
+    # 8 rows in verl's order: the 4 memory calls, then the 4 finals. W = 2: rank 0 holds the memory calls,
+    # rank 1 the finals; each cuts its 4 rows into 2 + 2, so step j trains 2 memory calls + 2 finals, and a
+    # row weighs 1 / (2 x trained tokens of the 2 rows of its kind in that step).
+    for _, batch, _ in trainer.calls:
+        kinds = [s.info["kind"] for s in batch.segments]
+        assert kinds == ["memory", "memory", "final", "final"]
+        for rows, weights in ((batch.segments[:2], batch.weights[:2]), (batch.segments[2:], batch.weights[2:])):
+            n = sum(sum(s.loss_mask) for s in rows)
+            assert weights == pytest.approx([1 / (2 * n)] * 2)
+        assert batch.weight_sum() == pytest.approx(1.0)
+
+
 def test_rows_every_k_and_default_schedules(tiny_path, tmp_path):
     every = _Recording(assemble(_cfg(tiny_path, tmp_path / "e", 1, "trainer.mini_batch_rows=5")))
     (h,) = every.fit()

@@ -61,6 +61,8 @@ _VERL_ACTOR = [
     ("workflow.truncation", "centre", "data.truncation='center'"),
     ("workflow.empty_memory", "empty", "recurrent/impls/memory.py / memory_revisit.py MemoryAgent.update"),
     ("workflow.template_style", "memrl", "recurrent/utils.py TokenTemplate: no str.format on the template"),
+    ("workflow.prompt_assembly", "spliced",
+     "recurrent/utils.py TokenTemplate.format: the template's pieces and the values encoded apart, ids spliced"),
     ("workflow.reward", "verl_hotpotqa", "verl/utils/reward_score/hotpotqa.py compute_score"),
     ("workflow.require_template_files", True, "the published prompts are the user's to supply"),
     ("model.gradient_checkpointing", True, "actor_rollout_ref.model.enable_gradient_checkpointing=True"),
@@ -79,6 +81,8 @@ PUBLISHED: dict[str, list[tuple[str, object, str]]] = {
         ("workflow.top_p", 1.0, f"{MA}: actor_rollout_ref.rollout.top_p=1.0"),
         ("trainer.save_every", 10, f"{MA}: trainer.save_freq=10"),
         ("trainer.mini_batch_ranks", 32, f"{MA}: NNODES=4 x NGPUS_PER_NODE=8 (recurrent/utils.py graceful_padding)"),
+        ("trainer.loss_weights", "per_rank",
+         "verl/workers/actor/dp_actor.py update_policy: each rank's token mean, gradients averaged over ranks"),
     ],
     "rememr1_official": [
         *((k, v, f"{RM}: {s}") for k, v, s in _VERL_ACTOR),
@@ -101,6 +105,8 @@ PUBLISHED: dict[str, list[tuple[str, object, str]]] = {
         ("workflow.min_recall_score", -1.0, "recurrent/impls/tf_idf_retriever.py top1_retrieve: no threshold"),
         ("trainer.save_every", 20, f"{RM}: trainer.save_freq=20"),
         ("trainer.mini_batch_ranks", 32, f"{RM}: N_NODE=4 x N_GPU=8 (the 7B script; the 3B one runs 16 ranks)"),
+        ("trainer.loss_weights", "per_rank",
+         "verl/workers/actor/dp_actor.py update_policy: each rank's token mean, gradients averaged over ranks"),
     ],
     "memagent_vime": [
         ("workflow.name", "memagent", f"{COMMON}: --custom-generate-function-path examples.mem_agent.rollout.generate"),
