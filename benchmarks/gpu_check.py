@@ -3,9 +3,12 @@ peft; no vLLM, no Ray): run by scripts/gpu_check.sh, inside 10 minutes. Sections
 process with its own time limit, so one that fails or runs over still leaves the others' figures:
 
   tests       the gpu-marked tests (pytest -m gpu; those needing Ray or vLLM skip)
-  gpu_single  benchmarks/gpu_single.py: update, generation and weight sync by model size
   steps       benchmarks/gpu_steps.py: one MemAgent GRPO and one MemAct DCPO step, 0.5B Qwen2 / 0.6B Qwen3, bf16
   long_rows   benchmarks/long_rows.py: one update's peak memory on 32K and 64K-token rows, full vs chunked logits
+  gpu_single  benchmarks/gpu_single.py: update, generation and weight sync by model size
+
+Each section has its own time limit, and the whole check a budget (--budget-s, 540 s: a section gets its
+limit or what is left of the budget, whichever is less), so it ends inside 10 minutes on one card.
 
 Prints one summary table (section, status, seconds, headline) and then each section's own table, and
 writes them to OUT/report.md (each section's whole output to OUT/<section>.log, figures to
@@ -19,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -47,14 +51,14 @@ def sections(py: str, out: Path) -> list[Section]:
     bench = ROOT / "benchmarks"
     pytest = [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *gpu_test_files()]
     return [
-        Section("tests", pytest, 170, [*pytest, "--collect-only"]),
-        Section("gpu_single", [py, str(bench / "gpu_single.py"), "--json", str(out / "gpu_single.json")], 120,
-                [py, str(bench / "gpu_single.py"), "--dry-run", "--json", str(out / "gpu_single.json")]),
-        Section("steps", [py, str(bench / "gpu_steps.py"), "--json", str(out / "steps.json")], 170,
+        Section("tests", pytest, 150, [*pytest, "--collect-only"]),
+        Section("steps", [py, str(bench / "gpu_steps.py"), "--json", str(out / "steps.json")], 150,
                 [py, str(bench / "gpu_steps.py"), "--dry-run", "--json", str(out / "steps.json")]),
         Section("long_rows", [py, str(bench / "long_rows.py"), "--device", "cuda", "--lengths", "32768,65536",
                               "--json", str(out / "long_rows.json")], 110,
                 [py, str(bench / "long_rows.py"), "--dry-run", "--json", str(out / "long_rows.json")]),
+        Section("gpu_single", [py, str(bench / "gpu_single.py"), "--json", str(out / "gpu_single.json")], 110,
+                [py, str(bench / "gpu_single.py"), "--dry-run", "--json", str(out / "gpu_single.json")]),
     ]
 
 
@@ -68,18 +72,21 @@ def headline(name: str, log: str) -> str:
     return f"{max(len(rows) - 1, 0)} table rows"
 
 
-def run_section(sec: Section, dry: bool, out: Path, env: dict[str, str]) -> dict[str, object]:
+def run_section(sec: Section, dry: bool, out: Path, env: dict[str, str], limit_s: float) -> dict[str, object]:
     argv = sec.dry_argv if dry else sec.argv
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=sec.limit_s)
-        log, status = proc.stdout + proc.stderr, ("ok" if proc.returncode == 0 else f"failed (rc {proc.returncode})")
-    except subprocess.TimeoutExpired as e:
-        log = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        log += (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-        status = f"over its {sec.limit_s} s limit"
+    logfile = out / f"{sec.name}.log"
+    with open(logfile, "w") as f:  # to a file, not a pipe: a killed section's children cannot hold it open
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=limit_s)
+            status = "ok" if rc == 0 else f"failed (rc {rc})"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the section and everything it started
+            proc.wait()
+            status = f"over its {limit_s:.0f} s limit"
+    log = logfile.read_text(errors="replace")
     secs = time.perf_counter() - t0
-    (out / f"{sec.name}.log").write_text(log)
     keep = ("FAILED", "ERROR", "SKIPPED") if sec.name == "tests" else ("|", "device:")
     tables = "\n".join(ln for ln in log.splitlines() if ln.startswith(keep))
     tail = "\n".join(log.strip().splitlines()[-3:]) if status != "ok" else ""
@@ -99,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/gpu_check", help="folder for report.md, the logs and the figures")
     ap.add_argument("--dry-run", action="store_true", help="every section on the CPU at toy sizes")
     ap.add_argument("--only", default="", help="comma-separated section names (default: all)")
+    ap.add_argument("--budget-s", type=float, default=540.0,
+                    help="the whole check's seconds: a section gets its own limit or what is left, whichever is less")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -117,7 +126,13 @@ def main(argv: list[str] | None = None) -> int:
              "| section | status | s | result |", "|---|---|---|---|"]
     results = []
     for sec in chosen:
-        r = run_section(sec, args.dry_run, out, env)
+        left = args.budget_s - (time.perf_counter() - started)
+        if left < 10:
+            results.append({"section": sec.name, "status": "not run (budget spent)", "seconds": 0.0,
+                            "headline": "", "tables": "", "tail": ""})
+            lines.append(f"| {sec.name} | not run (budget spent) | 0 | |")
+            continue
+        r = run_section(sec, args.dry_run, out, env, min(sec.limit_s, left))
         results.append(r)
         print(f"gpu_check: {sec.name}: {r['status']} in {r['seconds']} s ({r['headline']})", flush=True)
         lines.append(f"| {sec.name} | {r['status']} | {r['seconds']} | {r['headline']} |")
