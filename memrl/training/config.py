@@ -258,6 +258,13 @@ class TrainerSection:
     a batch of fewer than r rows is kept whole)."""
     token_budget: int = valid(16384, ge=1)
     """Padded tokens per micro-batch (rows x longest row); gradient accumulation over micro-batches."""
+    logits_chunk_tokens: int = valid(0, ge=0, note="0 = full logits")
+    """> 0: the update, the recomputed old logprobs and the KL reference's pass compute log-probabilities
+    and entropy from this many tokens' logits at a time, recomputed in the backward pass, never holding
+    the [tokens x vocabulary] fp32 logits (~19.5 GB for one 32K-token row of a 152K vocabulary); the same
+    values and gradients to float rounding (memrl.training.chunked_logprobs; docs/scaleout.md). Models
+    it cannot split (FSDP2-sharded ones, logits not plain lm_head(hidden)) keep the full logits, with the
+    reason logged once. 0 = the full logits."""
     skip_zero_advantage: bool = True
     """Leave rows whose advantage is exactly 0 (uniform groups, unchanged steps) out of the forward and
     backward pass. Exact (same loss and gradient, the batch's normalizers kept) and applied only with the
