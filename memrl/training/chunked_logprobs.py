@@ -1,7 +1,8 @@
 """Per-token log-probabilities and entropy of a causal LM without its full logits (trainer.logits_chunk_tokens).
 
-The model's decoder runs to the last hidden states; the vocabulary projection, temperature, log_softmax,
-gather and entropy then run on `chunk` tokens at a time, and the backward pass recomputes each chunk's
+The model's own forward runs with `logits_to_keep=1` and a hook takes its decoder's last hidden states
+(`final_hidden`); the vocabulary projection, temperature, log_softmax, gather and entropy then run on
+`chunk` tokens at a time, and the backward pass recomputes each chunk's
 logits (`ChunkedHeadLogprobs`), so no [tokens x vocab] tensor larger than one chunk's ever exists (a
 151,936-entry vocabulary makes the fp32 logits of one 32K-token row ~19.5 GB). Same formulas as
 memrl.training.policy.token_logprobs, with z = lm_head(h) / T, y the next token:
@@ -16,13 +17,12 @@ Models whose logits are not plain `lm_head(decoder(...).last_hidden_state)` as t
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed.fsdp import FSDPModule
 
 from memrl.training.lora import BaseReference
 
@@ -38,26 +38,16 @@ fallbacks: Counter[str] = Counter()
 
 @dataclass
 class HeadSplit:
-    """A causal LM cut before its vocabulary projection."""
+    """A causal LM's decoder (whose output's `.last_hidden_state` has the final norm applied) and lm_head."""
 
     decoder: torch.nn.Module
-    """Returns `.last_hidden_state` (the final norm applied) for input_ids / attention_mask."""
     head: torch.nn.Linear
-    wrapper: BaseReference | None = None
-    """A LoRA policy's KL reference: the decoder runs inside its adapters-off context."""
-
-    def context(self) -> Any:
-        return self.wrapper.active() if self.wrapper is not None else nullcontext()
 
 
 def split_model(model: Any) -> HeadSplit | str:
-    """The decoder and lm_head of `model` (plain, PEFT-wrapped or a LoRA policy's BaseReference), or the
-    reason the chunked path cannot apply to it."""
-    wrapper = model if isinstance(model, BaseReference) else None
-    inner = model.model if wrapper is not None else model
-    if isinstance(inner, FSDPModule):
-        return ("FSDP2-sharded module (its root gathers the embedding and lm_head only inside its own forward, "
-                "which computes the full logits)")
+    """The decoder and lm_head inside `model` (plain, PEFT-wrapped, FSDP2-sharded, or a LoRA policy's
+    BaseReference, which holds the policy as `.model`), or the reason the chunked path cannot apply."""
+    inner = model.model if isinstance(model, BaseReference) else model
     base = inner.get_base_model() if hasattr(inner, "peft_config") and hasattr(inner, "get_base_model") else inner
     kind = getattr(getattr(base, "config", None), "model_type", None)
     if kind not in PLAIN_HEAD_TYPES:
@@ -68,7 +58,7 @@ def split_model(model: Any) -> HeadSplit | str:
         return f"{type(base).__name__} exposes no decoder / output embeddings"
     if type(head) is not torch.nn.Linear:
         return f"lm_head is a {type(head).__name__}, not a plain Linear (an adapter on it?)"
-    return HeadSplit(decoder, head, wrapper)
+    return HeadSplit(decoder, head)
 
 
 def fell_back(model: Any, reason: str) -> None:
@@ -78,13 +68,34 @@ def fell_back(model: Any, reason: str) -> None:
     fallbacks[reason] += 1
 
 
-def hidden_logprobs(split: HeadSplit, input_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor,
-                    first: int, temperature: float, with_entropy: bool, chunk: int
+def final_hidden(model: Any, split: HeadSplit, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The decoder's last hidden state [B, L, H], taken by a forward hook during the model's own forward with
+    `logits_to_keep=1` (one position's logits). Going through that forward keeps what wraps the decoder:
+    PEFT's adapters, a BaseReference's adapters-off eval context, and FSDP2's root, which gathers the
+    embedding and lm_head (and leaves them gathered for the backward pass) only in its own forward."""
+    grabbed: list[torch.Tensor] = []
+    me = threading.get_ident()
+
+    def grab(_module: Any, _args: Any, out: Any) -> None:
+        if threading.get_ident() == me:  # an engine sharing the module may run in another thread
+            grabbed.append(out.last_hidden_state)
+
+    handle = split.decoder.register_forward_hook(grab)
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=1, use_cache=False)
+    finally:
+        handle.remove()
+    if len(grabbed) != 1:
+        raise RuntimeError(f"chunked logprobs: the decoder of {type(model).__name__} ran {len(grabbed)} times in "
+                           "one forward (expected once)")
+    return grabbed[0]
+
+
+def hidden_logprobs(model: Any, split: HeadSplit, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    targets: torch.Tensor, first: int, temperature: float, with_entropy: bool, chunk: int
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logprob and entropy [B, L-1-first] of positions first..L-2 (each predicting targets[:, first:])."""
-    with split.context():
-        hidden = split.decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-    h = hidden[:, first:-1]
+    h = final_hidden(model, split, input_ids, attention_mask)[:, first:-1]
     b, k, width = h.shape
     lp, ent = ChunkedHeadLogprobs.apply(h.reshape(b * k, width), split.head.weight, split.head.bias,
                                         targets[:, first:].reshape(-1), temperature, chunk, with_entropy)

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,23 +136,16 @@ class BaseReference:
     def __init__(self, model: Any) -> None:
         self.model = model
 
-    @contextmanager
-    def active(self) -> Iterator[Any]:
-        """The policy's module in eval mode with its adapters off (memrl.training.chunked_logprobs runs its
-        decoder inside this)."""
+    def forward(self, input_ids: Any = None, attention_mask: Any = None, logits_to_keep: int = 0, **kw: Any) -> Any:
+        if logits_to_keep:
+            kw["logits_to_keep"] = logits_to_keep
         was_training = self.model.training
         self.model.eval()
         try:
             with self.model.disable_adapter():
-                yield self.model
+                return self.model(input_ids=input_ids, attention_mask=attention_mask, **kw)
         finally:
             self.model.train(was_training)
-
-    def forward(self, input_ids: Any = None, attention_mask: Any = None, logits_to_keep: int = 0, **kw: Any) -> Any:
-        if logits_to_keep:
-            kw["logits_to_keep"] = logits_to_keep
-        with self.active() as model:
-            return model(input_ids=input_ids, attention_mask=attention_mask, **kw)
 
     __call__ = forward
 

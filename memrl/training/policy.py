@@ -32,7 +32,7 @@ def token_logprobs(
     if chunk_tokens > 0:
         split = C.split_model(model)
         if isinstance(split, C.HeadSplit):
-            lp, ent = C.hidden_logprobs(split, mb.input_ids, mb.attention_mask, mb.targets, first, temperature,
+            lp, ent = C.hidden_logprobs(model, split, mb.input_ids, mb.attention_mask, mb.targets, first, temperature,
                                         with_entropy, chunk_tokens)
             return _pad_front(lp, first), None if ent is None else _pad_front(ent, first)
         C.fell_back(model, split)
