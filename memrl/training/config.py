@@ -262,9 +262,10 @@ class TrainerSection:
     """> 0: the update, the recomputed old logprobs and the KL reference's pass compute log-probabilities
     and entropy from this many tokens' logits at a time, recomputed in the backward pass, never holding
     the [tokens x vocabulary] fp32 logits (~19.5 GB for one 32K-token row of a 152K vocabulary); the same
-    values and gradients to float rounding (memrl.training.chunked_logprobs; docs/scaleout.md). Models
-    it cannot split (FSDP2-sharded ones, logits not plain lm_head(hidden)) keep the full logits, with the
-    reason logged once. 0 = the full logits."""
+    values and gradients to float rounding, also under FSDP2 and LoRA (memrl.training.chunked_logprobs;
+    docs/scaleout.md). Models whose logits are not known to be plain lm_head(hidden) keep the full logits,
+    the reason logged once. 0 = the full logits; 1024 holds ~0.6 GB of fp32 logits per chunk at a 152K
+    vocabulary."""
     skip_zero_advantage: bool = True
     """Leave rows whose advantage is exactly 0 (uniform groups, unchanged steps) out of the forward and
     backward pass. Exact (same loss and gradient, the batch's normalizers kept) and applied only with the

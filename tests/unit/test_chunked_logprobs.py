@@ -16,12 +16,16 @@ import random
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoConfig, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
+from memrl.config import load_config
+from memrl.models.tiny import cached_tiny_model
 from memrl.training import chunked_logprobs as C
+from memrl.training.config import TrainConfig
 from memrl.training.lora import BaseReference
 from memrl.training.packing import collate, weigh
 from memrl.training.policy import ppo_micro_loss, token_logprobs
+from memrl.training.workers import PolicyWorker
 from memrl.types import Segment
 
 VOCAB = 64
@@ -166,3 +170,34 @@ def test_models_it_cannot_split_keep_the_full_logits_logged_and_counted(caplog):
     assert torch.equal(got, want)
     assert C.fallbacks[reason] == before + 2
     assert sum(reason in r.getMessage() for r in caplog.records) == (1 if before == 0 else 0)
+
+
+def test_policy_worker_setting_reaches_update_old_logprobs_and_reference(tmp_path):
+    """trainer.logits_chunk_tokens in PolicyWorker: recomputed old logprobs, the KL reference's pass and the
+    update (loss, entropy, KL, grad norm, every gradient) as with the full logits. (Not the weights after the
+    step: AdamW's first step is lr * g / (|g| + eps), which turns a 1e-12 difference in a gradient entry near
+    eps into a visible one.)"""
+    model = str(cached_tiny_model("tiny"))
+    vocab = AutoConfig.from_pretrained(model).vocab_size
+    rng = random.Random(7)
+    rows = [Segment([rng.randrange(vocab) for _ in range(rng.randint(3, 15))],
+                    [rng.randrange(vocab) for _ in range(n)], [-1.5] * n, advantage=rng.uniform(-1, 1),
+                    trajectory_id=f"t{i}") for i, n in enumerate((4, 9, 2, 6))]
+    got = []
+    for chunk in (0, 8):
+        torch.manual_seed(0)
+        w = PolicyWorker(load_config(TrainConfig, [
+            f"model.path={model}", f"out_dir={tmp_path / str(chunk)}", "algorithm.kl_coef=0.05",
+            "algorithm.entropy_coef=0.01", "algorithm.temperature=0.7", "optim.lr=1e-3", "optim.warmup_steps=0",
+            "trainer.token_budget=40", "trainer.progress=false", f"trainer.logits_chunk_tokens={chunk}"]))
+        old = w.old_logprobs(rows)
+        metrics = w.train_rows(weigh(rows, "token-mean"))
+        grads = {n: p.grad.clone() for n, p in w.model.named_parameters()}  # train_rows leaves them after its step
+        got.append((old, metrics, grads))
+    (old0, m0, g0), (old1, m1, g1) = got
+    for a, b in zip(old1, old0, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
+    for k in ("loss/total", "loss/entropy", "loss/kl", "train/grad_norm"):
+        assert m1[k] == pytest.approx(m0[k], rel=1e-5, abs=1e-7), k
+    for name, g in g0.items():
+        torch.testing.assert_close(g1[name], g, rtol=1e-4, atol=1e-6, msg=name)
