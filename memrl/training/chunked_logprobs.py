@@ -126,6 +126,7 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
             lp[s:s + chunk] = logp.gather(-1, targets[s:s + chunk, None]).squeeze(-1)
             if with_entropy:
                 ent[s:s + chunk] = -(logp.exp().mul_(logp)).sum(-1)
+            del logp  # before the next chunk's logits exist: one chunk's worth live, not two
         ctx.save_for_backward(hidden, weight, bias, targets, ent)
         ctx.temperature, ctx.chunk = temperature, chunk
         if not with_entropy:
@@ -160,6 +161,7 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
                 grad_w += (g_logits.t() @ h).float()
             if need_b:
                 grad_b += g_logits.float().sum(0)
+            del logp, p, gz, g_logits  # before the next chunk's logits exist
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
                 None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None)
 
