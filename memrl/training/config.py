@@ -264,6 +264,14 @@ class TrainerSection:
     a batch of fewer than r rows is kept whole)."""
     token_budget: int = valid(16384, ge=1)
     """Padded tokens per micro-batch (rows x longest row); gradient accumulation over micro-batches."""
+    logits_chunk_tokens: int = valid(0, ge=0, note="0 = full logits")
+    """> 0: the update, the recomputed old logprobs and the KL reference's pass compute log-probabilities
+    and entropy from this many tokens' logits at a time, recomputed in the backward pass, never holding
+    the [tokens x vocabulary] fp32 logits (~19.5 GB for one 32K-token row of a 152K vocabulary); the same
+    values and gradients to float rounding, also under FSDP2 and LoRA (memrl.training.chunked_logprobs;
+    docs/guides/scaleout.md). Models whose logits are not known to be plain lm_head(hidden) keep the full logits,
+    the reason logged once. 0 = the full logits; 1024 holds ~0.6 GB of fp32 logits per chunk at a 152K
+    vocabulary."""
     skip_zero_advantage: bool = True
     """Leave rows whose advantage is exactly 0 (uniform groups, unchanged steps) out of the forward and
     backward pass. Exact (same loss and gradient, the batch's normalizers kept) and applied only with the

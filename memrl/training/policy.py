@@ -10,12 +10,13 @@ import torch
 
 from memrl.algorithms.losses import kl_penalty, mismatch_sums, off_policy_weights
 from memrl.algorithms.registry import get_loss
+from memrl.training import chunked_logprobs as C
 from memrl.training.packing import MicroBatch
 
 
 def token_logprobs(
     model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0, with_entropy: bool = False,
-    router_aux: list[torch.Tensor] | None = None,
+    router_aux: list[torch.Tensor] | None = None, chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log_softmax(logits / T) of each next token, [B, L-1] (the engine's convention; T=1 for greedy).
 
@@ -24,9 +25,18 @@ def token_logprobs(
     softmax over prompt positions nobody trains on were half of an update's time on the CPU demo.
     Earlier positions are 0 (their loss mask and weights are 0). `router_aux` (a list): the forward also
     computes an MoE model's load-balancing loss (output_router_logits, transformers' aux_loss), appended.
+    `chunk_tokens` > 0 (trainer.logits_chunk_tokens): the same numbers without the full logits, that many
+    tokens' logits at a time (memrl.training.chunked_logprobs), where the model allows it.
     """
     width = mb.input_ids.shape[1] - 1
     first = _first_trained_position(mb)
+    if chunk_tokens > 0:
+        split = C.split_model(model)
+        if isinstance(split, C.HeadSplit):
+            lp, ent = C.hidden_logprobs(model, split, mb.input_ids, mb.attention_mask, mb.targets, first, temperature,
+                                        with_entropy, chunk_tokens, router_aux)
+            return _pad_front(lp, first), None if ent is None else _pad_front(ent, first)
+        C.fell_back(model, split)
     kwargs: dict = {"logits_to_keep": width + 1 - first} if first > 0 and _takes_logits_to_keep(model) else {}
     if router_aux is not None:
         kwargs["output_router_logits"] = True
@@ -40,10 +50,12 @@ def token_logprobs(
     logp = torch.log_softmax(logits, dim=-1)
     lp = logp.gather(-1, mb.targets[:, start:].unsqueeze(-1)).squeeze(-1)
     ent = -(logp.exp() * logp).sum(-1) if with_entropy else None
-    if start:
-        lp = torch.nn.functional.pad(lp, (start, 0))
-        ent = None if ent is None else torch.nn.functional.pad(ent, (start, 0))
-    return lp, ent
+    return _pad_front(lp, start), None if ent is None else _pad_front(ent, start)
+
+
+def _pad_front(x: torch.Tensor, n: int) -> torch.Tensor:
+    """`x` [B, K] with n zero columns in front (the untrained prompt positions)."""
+    return torch.nn.functional.pad(x, (n, 0)) if n else x
 
 
 def _first_trained_position(mb: MicroBatch) -> int:
@@ -99,6 +111,7 @@ def ppo_micro_loss(
     off_policy_cap: float | None = None,
     mismatch_clip: float = 2.0,
     router_aux_coef: float = 0.0,
+    chunk_tokens: int = 0,
 ) -> LossParts:
     """sum(w * (policy_loss + kl_coef * kl - entropy_coef * entropy)) over this micro-batch, plus
     router_aux_coef * sum(w) * aux for an MoE model (aux: the micro-batch's load-balancing loss, Switch
@@ -114,10 +127,11 @@ def ppo_micro_loss(
     multiply each token's loss by memrl.algorithms.losses.off_policy_weights(old, engine, off_policy,
     off_policy_cap): behaviour = the engine, proximal = old. The mismatch sums compare this forward's
     logprobs with the engine's on the trained tokens (`mismatch_clip`: c of the ratio's [1/c, c] band);
-    with recomputed old logprobs `pairs` adds old vs engine and this forward vs old.
+    with recomputed old logprobs `pairs` adds old vs engine and this forward vs old. `chunk_tokens`: as
+    token_logprobs.
     """
     aux: list[torch.Tensor] | None = [] if router_aux_coef > 0 else None
-    lp, ent = token_logprobs(model, mb, temperature, with_entropy=True, router_aux=aux)
+    lp, ent = token_logprobs(model, mb, temperature, with_entropy=True, router_aux=aux, chunk_tokens=chunk_tokens)
     engine_lp, prox = mb.old_logprobs, mb.prox_logprobs
     fn = get_loss(loss_name)
     is_w = None
@@ -159,8 +173,9 @@ def ppo_micro_loss(
     return LossParts(loss, sums, mismatch_sums(lp, engine_lp, mb.loss_mask, mismatch_clip), pairs)
 
 
-def sft_micro_loss(model: torch.nn.Module, mb: MicroBatch) -> LossParts:
-    """Weighted negative log-likelihood of the masked response tokens (weights fixed over the batch)."""
-    lp, _ = token_logprobs(model, mb, 1.0)
+def sft_micro_loss(model: torch.nn.Module, mb: MicroBatch, chunk_tokens: int = 0) -> LossParts:
+    """Weighted negative log-likelihood of the masked response tokens (weights fixed over the batch);
+    `chunk_tokens`: as token_logprobs."""
+    lp, _ = token_logprobs(model, mb, 1.0, chunk_tokens=chunk_tokens)
     loss = -(mb.weights * lp * mb.loss_mask).sum()
     return LossParts(loss, {"nll": float(loss.detach())})

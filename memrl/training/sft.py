@@ -44,6 +44,8 @@ class SFTConfig:
     """Clip the gradient norm to this before every step; 0 = no clipping."""
     token_budget: int = valid(8192, ge=1)
     """Padded tokens per micro-batch (gradient accumulation over micro-batches)."""
+    logits_chunk_tokens: int = valid(0, ge=0, note="0 = full logits")
+    """As trainer.logits_chunk_tokens: log-probabilities from that many tokens' logits at a time."""
     loss_agg: str = valid("token-mean", choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                                                  "traj-mean"))
     """Aggregation over the tokens of a batch (see algorithms.losses.loss_token_weights)."""
@@ -91,7 +93,7 @@ def sft_train(
             tokens = 0
             for idx in pack_rows(batch.segments, cfg.token_budget):
                 mb = collate([batch.segments[i] for i in idx], [batch.weights[i] for i in idx], pad_id).to(device)
-                part = sft_micro_loss(model, mb)
+                part = sft_micro_loss(model, mb, cfg.logits_chunk_tokens)
                 part.loss.backward()
                 loss += float(part.loss.detach())
                 tokens += mb.num_tokens

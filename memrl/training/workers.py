@@ -168,6 +168,7 @@ class PolicyWorker:
         mm = dict.fromkeys(MISMATCH_SUMS, 0.0)  # train/inference mismatch: token sums (docs/guides/async.md)
         pair_mm = {name: dict.fromkeys(MISMATCH_SUMS, 0.0) for name in MISMATCH_PAIRS}  # old_logprobs=trainer
         tokens = 0
+        chunk = self.cfg.trainer.logits_chunk_tokens
         for j in range(n_steps):
             if j < len(batches):
                 idx = batches[j]
@@ -178,11 +179,11 @@ class PolicyWorker:
             ref_lp = None
             if self.ref is not None:
                 with torch.no_grad():
-                    ref_lp, _ = token_logprobs(self.ref, mb, a.temperature)
+                    ref_lp, _ = token_logprobs(self.ref, mb, a.temperature, chunk_tokens=chunk)
             part = ppo_micro_loss(self.model, mb, a.temperature, a.loss, self.loss_kwargs,
                                   ref_lp, a.kl_coef, a.kl_kind, a.entropy_coef,
                                   a.off_policy, off_policy_cap(a), a.mismatch_clip,
-                                  self.cfg.trainer.router_aux_loss_coef)
+                                  self.cfg.trainer.router_aux_loss_coef, chunk)
             for k, v in part.mismatch.items():
                 mm[k] += v
             for name, sums_of in part.pairs.items():
@@ -238,7 +239,8 @@ class PolicyWorker:
             for j in range(n_steps):
                 idx = batches[j] if j < len(batches) else []
                 mb = collate([rows[i] for i in idx] or [blank_row(pad)], None, pad).to(self.device)
-                lp, _ = token_logprobs(self.model, mb, self.cfg.algorithm.temperature)
+                lp, _ = token_logprobs(self.model, mb, self.cfg.algorithm.temperature,
+                                       chunk_tokens=self.cfg.trainer.logits_chunk_tokens)
                 for k, i in enumerate(idx):
                     p, n = len(rows[i].prompt_ids), len(rows[i].response_ids)
                     out[i] = lp[k, p - 1 : p - 1 + n].tolist()
