@@ -25,15 +25,17 @@ def token_logprobs(
     Earlier positions are 0 (their loss mask and weights are 0). `router_aux` (a list): the forward also
     computes an MoE model's load-balancing loss (output_router_logits, transformers' aux_loss), appended.
     """
-    width = mb.input_ids.shape[1] - 1
+    width = mb.targets.shape[1]  # L-1; a sequence-parallel shard (mb.position_ids set): its width L
     first = _first_trained_position(mb)
-    kwargs: dict = {"logits_to_keep": width + 1 - first} if first > 0 and _takes_logits_to_keep(model) else {}
+    kwargs: dict = {"logits_to_keep": mb.input_ids.shape[1] - first} if first > 0 and _takes_logits_to_keep(model) else {}
     if router_aux is not None:
         kwargs["output_router_logits"] = True
+    if mb.position_ids is not None:
+        kwargs["position_ids"] = mb.position_ids
     out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, **kwargs)
     if router_aux is not None:
         router_aux.append(out.aux_loss)
-    logits = out.logits[:, :-1, :].float()
+    logits = out.logits[:, : out.logits.shape[1] - (mb.input_ids.shape[1] - width), :].float()
     start = width - logits.shape[1]
     if temperature != 1.0:
         logits = logits / temperature
