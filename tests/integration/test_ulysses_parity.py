@@ -6,7 +6,8 @@ shard boundary (odd lengths: the last shard is padded), several rows per micro-b
 (4 heads, 2 KV heads: KV heads split), 2 steps (the second with a nonzero KL to the reference, whose
 forward is sharded too), old log-probs again after them; (b) tiny-qwen3 (q/k norms), 1 step; (c) a random
 Qwen2 with 1 KV head (repeated to each rank) and gradient checkpointing (the recompute all-to-alls in the
-backward), 1 step. Each is compared with world size 1: loss sums, counts, gradients (before the
+backward), 1 step. A second spawn of 4 processes (2 blocks of S = 2: data-parallel size 2) runs (a) with each
+block its share of the rows. Each is compared with world size 1: loss sums, counts, gradients (before the
 optimizer, no clipping), grad norm, weights after AdamW, old log-probs.
 Tolerances (float32, CPU; measured in brackets): loss sums 1e-6 absolute [4e-7]; gradients at the first
 step 1e-7 absolute [2.3e-8; the largest ~0.04], at the second 3e-6 [1e-6: the weights then differ by the
@@ -27,7 +28,7 @@ import torch.multiprocessing as mp
 from memrl.config import load_config
 from memrl.training import distributed as D
 from memrl.training.config import TrainConfig
-from memrl.training.packing import weigh
+from memrl.training.packing import split, split_rows, weigh
 from memrl.types import Segment
 
 pytestmark = pytest.mark.slow
@@ -56,11 +57,11 @@ def _rows(seed: int, vocab: int) -> list[Segment]:
     return rows
 
 
-def _cfg(model: str, out: str, sp: int, checkpointing: bool) -> TrainConfig:
+def _cfg(model: str, out: str, sp: int, checkpointing: bool, workers: int) -> TrainConfig:
     return load_config(TrainConfig, [
         f"model.path={model}", f"out_dir={out}", "algorithm.kl_coef=0.05", "algorithm.entropy_coef=0.01",
         "optim.lr=1e-3", "optim.warmup_steps=0", "optim.grad_clip=0", "trainer.token_budget=40",
-        "trainer.progress=false", f"trainer.num_workers={sp}", f"trainer.sequence_parallel={sp}",
+        "trainer.progress=false", f"trainer.num_workers={workers}", f"trainer.sequence_parallel={sp}",
         "rollout.num_engines=1", f"model.gradient_checkpointing={str(checkpointing).lower()}"])
 
 
@@ -72,23 +73,31 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def _run(model: str, out: str, sp: int, steps: int, checkpointing: bool, vocab: int,
          info: D.DistInfo = D.DistInfo()) -> dict:
+    """This rank's results; its block's share of each batch as the driver cuts it (RankGroup: data-parallel
+    size world / sp). Old log-probs: {row index: log-probs} of the rows of its block's share."""
     from memrl.training.workers import PolicyWorker
 
-    w = PolicyWorker(_cfg(model, out, sp, checkpointing), info)
-    got: dict = {"olp": w.old_logprobs(_rows(0, vocab))}
+    dp, block = info.world_size // sp, info.rank // sp
+    w = PolicyWorker(_cfg(model, out, sp, checkpointing, info.world_size), info)
+    mine = split_rows(_rows(0, vocab), dp)[block]
+
+    def olp() -> dict[int, list[float]]:
+        return dict(zip(mine, w.old_logprobs([_rows(0, vocab)[i] for i in mine]), strict=True))
+
+    got: dict = {"olp": olp()}
     for step in range(1, steps + 1):
-        got[f"m{step}"] = w.train_rows(weigh(_rows(step, vocab), "token-mean"))
+        got[f"m{step}"] = w.train_rows(split(weigh(_rows(step, vocab), "token-mean"), dp)[block])
         got[f"g{step}"] = _grads(w.model)
     got["w"] = w.full_state()
-    got["olp_after"] = w.old_logprobs(_rows(0, vocab))
+    got["olp_after"] = olp()
     return got
 
 
-def _rank_main(rank: int, models: dict[str, str], tmp: str, port: int, vocab: int) -> None:
+def _rank_main(rank: int, models: dict[str, str], cases: dict, world: int, tmp: str, port: int, vocab: int) -> None:
     torch.set_num_threads(1)
-    info = D.DistInfo(rank, SP, "127.0.0.1", port)
+    info = D.DistInfo(rank, world, "127.0.0.1", port)
     D.init_group(info)
-    out = {name: _run(models[name], tmp, SP, steps, ckpt, vocab, info) for name, (_, steps, ckpt) in CASES.items()}
+    out = {name: _run(models[name], tmp, SP, steps, ckpt, vocab, info) for name, (_, steps, ckpt) in cases.items()}
     if rank == 0:
         torch.save(out, os.path.join(tmp, "rank0.pt"))
     torch.distributed.destroy_process_group()
@@ -110,11 +119,11 @@ def _one_kv_head_model(tmp: str) -> str:
     return path
 
 
-def _trained(lps: list[list[float]], vocab: int) -> list[list[float]]:
-    """The old log-probs of the trained tokens (loss mask 1) of _rows(0). The others are not used, and
-    token_logprobs leaves those before a micro-batch's first trained column at 0: a shard starts that
-    column count at its own first column, so it zeroes more of them than the whole row does."""
-    return [[x for x, m in zip(lp, row.loss_mask, strict=True) if m] for lp, row in zip(lps, _rows(0, vocab), strict=True)]
+def _trained(vocab: int) -> list[list[int]]:
+    """The loss masks of _rows(0): old log-probs are compared on trained tokens only. The others are not
+    used, and token_logprobs leaves those before a micro-batch's first trained column at 0: a shard starts
+    that column count at its own first column, so it zeroes more of them than the whole row does."""
+    return [list(row.loss_mask) for row in _rows(0, vocab)]
 
 
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -122,19 +131,8 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
-def test_sequence_parallel_two_ranks_equal_one(tmp_path):
-    from transformers import AutoConfig
-
-    from memrl.models.tiny import cached_tiny_model
-
-    models = {name: _one_kv_head_model(str(tmp_path)) if m == "mqa" else str(cached_tiny_model(m))
-              for name, (m, _, _) in CASES.items()}
-    vocab = min(AutoConfig.from_pretrained(p).vocab_size for p in models.values())
-    ref = {name: _run(models[name], str(tmp_path), 1, steps, ckpt, vocab) for name, (_, steps, ckpt) in CASES.items()}
-    mp.spawn(_rank_main, args=(models, str(tmp_path), D.free_port(), vocab), nprocs=SP, join=True)
-    got = torch.load(tmp_path / "rank0.pt", weights_only=True)
-
-    for name, (_, steps, _) in CASES.items():
+def _compare(ref: dict, got: dict, cases: dict, vocab: int) -> None:
+    for name, (_, steps, _) in cases.items():
         r, g = ref[name], got[name]
         for step in range(1, steps + 1):
             m_ref, m_got = r[f"m{step}"], g[f"m{step}"]
@@ -148,7 +146,39 @@ def test_sequence_parallel_two_ranks_equal_one(tmp_path):
         if steps == 2:
             assert m_ref["loss/kl"] > 1e-6  # the reference's forward counts
         assert _max_diff(r["w"], g["w"]) < W_TOL, name
-        for key in ("olp", "olp_after"):  # on the trained tokens (see _trained)
-            assert [len(x) for x in r[key]] == [len(x) for x in g[key]]
-            assert max(abs(a - b) for x, y in zip(_trained(r[key], vocab), _trained(g[key], vocab), strict=True)
-                       for a, b in zip(x, y, strict=True)) < LP_TOL[key]
+        trained = _trained(vocab)
+        for key in ("olp", "olp_after"):  # on the trained tokens (see _trained), of the rows rank 0's block holds
+            assert g[key]
+            diff = [abs(a - b) for i, lp in g[key].items() for a, b, m in zip(r[key][i], lp, trained[i], strict=True) if m]
+            assert max(diff) < LP_TOL[key], (name, key)
+
+
+def _models(tmp: str, cases: dict) -> dict[str, str]:
+    from memrl.models.tiny import cached_tiny_model
+
+    return {name: _one_kv_head_model(tmp) if m == "mqa" else str(cached_tiny_model(m)) for name, (m, _, _) in cases.items()}
+
+
+def _vocab(models: dict[str, str]) -> int:
+    from transformers import AutoConfig
+
+    return min(AutoConfig.from_pretrained(p).vocab_size for p in models.values())
+
+
+def test_sequence_parallel_two_ranks_equal_one(tmp_path):
+    models = _models(str(tmp_path), CASES)
+    vocab = _vocab(models)
+    ref = {name: _run(models[name], str(tmp_path), 1, steps, ckpt, vocab) for name, (_, steps, ckpt) in CASES.items()}
+    mp.spawn(_rank_main, args=(models, CASES, SP, str(tmp_path), D.free_port(), vocab), nprocs=SP, join=True)
+    _compare(ref, torch.load(tmp_path / "rank0.pt", weights_only=True), CASES, vocab)
+
+
+def test_sequence_parallel_with_data_parallel_four_ranks_equal_one(tmp_path):
+    """4 ranks: 2 blocks of S = 2 (data-parallel size 2), each block its token-balanced share of the rows:
+    FSDP2 averages over all 4 ranks, the blocks' ranks see the same rows, and nothing is counted twice."""
+    cases = {"qwen2": CASES["qwen2"]}
+    models = _models(str(tmp_path), cases)
+    vocab = _vocab(models)
+    ref = {name: _run(models[name], str(tmp_path), 1, steps, ckpt, vocab) for name, (_, steps, ckpt) in cases.items()}
+    mp.spawn(_rank_main, args=(models, cases, 2 * SP, str(tmp_path), D.free_port(), vocab), nprocs=2 * SP, join=True)
+    _compare(ref, torch.load(tmp_path / "rank0.pt", weights_only=True), cases, vocab)
