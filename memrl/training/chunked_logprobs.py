@@ -69,12 +69,14 @@ def fell_back(model: Any, reason: str) -> None:
 
 
 def final_hidden(model: Any, split: HeadSplit, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 router_aux: list[torch.Tensor] | None = None) -> torch.Tensor:
+                 router_aux: list[torch.Tensor] | None = None, position_ids: torch.Tensor | None = None
+                 ) -> torch.Tensor:
     """The decoder's last hidden state [B, L, H], taken by a forward hook during the model's own forward with
     `logits_to_keep=1` (one position's logits). Going through that forward keeps what wraps the decoder:
     PEFT's adapters, a BaseReference's adapters-off eval context, and FSDP2's root, which gathers the
     embedding and lm_head (and leaves them gathered for the backward pass) only in its own forward.
-    `router_aux` (a list): the forward also computes an MoE model's load-balancing loss, appended."""
+    `router_aux` (a list): the forward also computes an MoE model's load-balancing loss, appended.
+    `position_ids`: a sequence-parallel shard's global positions (memrl.training.ulysses)."""
     grabbed: list[torch.Tensor] = []
     me = threading.get_ident()
 
@@ -84,7 +86,9 @@ def final_hidden(model: Any, split: HeadSplit, input_ids: torch.Tensor, attentio
 
     handle = split.decoder.register_forward_hook(grab)
     try:
-        extra = {"output_router_logits": True} if router_aux is not None else {}
+        extra: dict[str, Any] = {"output_router_logits": True} if router_aux is not None else {}
+        if position_ids is not None:
+            extra["position_ids"] = position_ids
         out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=1, use_cache=False, **extra)
     finally:
         handle.remove()
@@ -98,10 +102,12 @@ def final_hidden(model: Any, split: HeadSplit, input_ids: torch.Tensor, attentio
 
 def hidden_logprobs(model: Any, split: HeadSplit, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     targets: torch.Tensor, first: int, temperature: float, with_entropy: bool, chunk: int,
-                    router_aux: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logprob and entropy [B, L-1-first] of positions first..L-2 (each predicting targets[:, first:]);
-    `router_aux` as final_hidden."""
-    h = final_hidden(model, split, input_ids, attention_mask, router_aux)[:, first:-1]
+                    router_aux: list[torch.Tensor] | None = None, position_ids: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logprob and entropy [B, W-first] of positions first..W-1, W = targets' width (each predicting
+    targets[:, first:]): L-1 for whole rows, L for a sequence-parallel shard, whose last position predicts
+    the next shard's first token. `router_aux`, `position_ids` as final_hidden."""
+    h = final_hidden(model, split, input_ids, attention_mask, router_aux, position_ids)[:, first:targets.shape[1]]
     b, k, width = h.shape
     lp, ent = ChunkedHeadLogprobs.apply(h.reshape(b * k, width), split.head.weight, split.head.bias,
                                         targets[:, first:].reshape(-1), temperature, chunk, with_entropy)

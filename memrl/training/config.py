@@ -322,6 +322,12 @@ class TrainerSection:
     """A mixture-of-experts model (Qwen3-MoE): add this times the router's load-balancing loss (the
     forward's aux_loss with output_router_logits) to each micro-batch's loss, weighted by its share of the
     mini-batch; logged as loss/router_aux. 0 = off (memrl, and verl's actor); Qwen3-MoE's config says 0.001."""
+    sequence_parallel: int = valid(1, ge=1, note="1 = off")
+    """Ulysses sequence parallelism (memrl.training.ulysses; docs/guides/scaleout.md): groups of S consecutive
+    ranks share each micro-batch, every row cut into S runs of tokens, with all-to-alls over the attention
+    heads; the data-parallel size is num_workers / S. S must divide num_workers and the model's attention
+    heads (and its KV heads divide S or S divide them); Qwen2 / Qwen3 dense models, full fine-tuning, the
+    ppo loss. token_budget then counts one rank's tokens (a micro-batch holds S x token_budget padded tokens)."""
 
     def check(self) -> None:
         """One update schedule is set; the loggers hold jsonl, each once, and are installed."""
@@ -521,6 +527,20 @@ class TrainConfig:
                 f"rollout.max_staleness={k} with the in-process {e.name} engine: put vLLM in Ray replicas "
                 "(rollout.num_engines >= 1, rollout.engine=vllm), where it samples while the trainer updates")
 
+    def _check_sequence_parallel(self) -> None:
+        """trainer.sequence_parallel=S > 1: S divides the ranks; what it does not split is refused by name."""
+        t, sp = self.trainer, self.trainer.sequence_parallel
+        if sp == 1:
+            return
+        if t.num_workers % sp:
+            raise ConfigError(f"trainer.sequence_parallel={sp} must divide trainer.num_workers={t.num_workers}")
+        refused = {"model.lora.rank > 0 (LoRA)": self.model.lora.rank > 0,
+                   "trainer.router_aux_loss_coef > 0 (MoE load balancing is not per token)": t.router_aux_loss_coef > 0,
+                   f"algorithm.loss={self.algorithm.loss} (only ppo is known to be per token)": self.algorithm.loss != "ppo"}
+        for what, on in refused.items():
+            if on:
+                raise ConfigError(f"trainer.sequence_parallel={sp} does not support {what}")
+
     def check(self) -> None:
         """Each section's own check (what involves several of its fields), then what spans sections."""
         self.algorithm.check()
@@ -533,6 +553,7 @@ class TrainConfig:
                 f"trainer.num_workers={self.trainer.num_workers} needs rollout.num_engines >= 1 (the in-process "
                 "engine serves the live module of world size 1)")
 
+        self._check_sequence_parallel()
         check_lora_sync(self)  # engine.vllm / engine.openai lora_sync=adapter
         if self.rollout.max_staleness > 0 and self.rollout.num_engines < 1:
             self._check_async_engine()

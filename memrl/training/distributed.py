@@ -88,6 +88,19 @@ def rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def block_group(size: int) -> Any:
+    """This rank's process group among the blocks of `size` consecutive ranks (0..size-1, size..2*size-1,
+    ...); every rank creates every block's group, as torch.distributed.new_group requires. None at size 1."""
+    if size == 1:
+        return None
+    mine = None
+    for start in range(0, world_size(), size):
+        g = dist.new_group(list(range(start, start + size)), timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        if start <= rank() < start + size:
+            mine = g
+    return mine
+
+
 def all_reduce_sum(values: list[float], device: str | torch.device = "cpu") -> list[float]:
     """Element-wise sum over ranks (float64 so counts stay exact)."""
     if world_size() == 1:

@@ -139,6 +139,9 @@ class MicroBatch:
     num_tokens: int
     prox_logprobs: torch.Tensor | None = None
     """The trainer's recomputed old logprobs (Segment.old_logprobs) when every row has them, else None."""
+    position_ids: torch.Tensor | None = None
+    """A sequence-parallel shard's global positions (memrl.training.ulysses.shard), else None (0, 1, ...).
+    A shard's per-token tensors are as wide as its ids: its last column's target opens the next shard."""
 
     def to(self, device: str | torch.device) -> MicroBatch:
         """The same micro-batch on `device`."""

@@ -28,22 +28,24 @@ def token_logprobs(
     `chunk_tokens` > 0 (trainer.logits_chunk_tokens): the same numbers without the full logits, that many
     tokens' logits at a time (memrl.training.chunked_logprobs), where the model allows it.
     """
-    width = mb.input_ids.shape[1] - 1
+    width = mb.targets.shape[1]  # L-1; a sequence-parallel shard (mb.position_ids set): its width L
     first = _first_trained_position(mb)
     if chunk_tokens > 0:
         split = C.split_model(model)
         if isinstance(split, C.HeadSplit):
             lp, ent = C.hidden_logprobs(model, split, mb.input_ids, mb.attention_mask, mb.targets, first, temperature,
-                                        with_entropy, chunk_tokens, router_aux)
+                                        with_entropy, chunk_tokens, router_aux, mb.position_ids)
             return _pad_front(lp, first), None if ent is None else _pad_front(ent, first)
         C.fell_back(model, split)
-    kwargs: dict = {"logits_to_keep": width + 1 - first} if first > 0 and _takes_logits_to_keep(model) else {}
+    kwargs: dict = {"logits_to_keep": mb.input_ids.shape[1] - first} if first > 0 and _takes_logits_to_keep(model) else {}
     if router_aux is not None:
         kwargs["output_router_logits"] = True
+    if mb.position_ids is not None:
+        kwargs["position_ids"] = mb.position_ids
     out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, **kwargs)
     if router_aux is not None:
         router_aux.append(out.aux_loss)
-    logits = out.logits[:, :-1, :].float()
+    logits = out.logits[:, : out.logits.shape[1] - (mb.input_ids.shape[1] - width), :].float()
     start = width - logits.shape[1]
     if temperature != 1.0:
         logits = logits / temperature

@@ -9,7 +9,9 @@ all-reduce their metrics, and rank 0 holds what is gathered). A handle runs a `P
 - `RayRank` (memrl.training.workers): a Ray actor holding one rank's worker: an actor call.
 
 `train_rows` takes the mini-batch the driver weighed (memrl.training.packing.weigh: one weight per row
-over the whole mini-batch) and sends each rank only its token-balanced share (packing.split).
+over the whole mini-batch) and sends each rank only its token-balanced share (packing.split). Under
+sequence parallelism (trainer.sequence_parallel=S) the shares are per block of S consecutive ranks: the
+data-parallel size is N / S, and the ranks of a block get the same rows (memrl.training.ulysses).
 """
 
 from __future__ import annotations
@@ -121,15 +123,20 @@ class LocalRank:
 class RankGroup:
     """`WorkerGroup` over rank handles (rank i = handles[i]). `model` / `opt` / `sched`: the in-process
     rank's live objects (None for remote ranks); `pg`: the ranks' placement group (None in process);
-    `release`: called once by `close` after every rank closed, also when closing failed."""
+    `release`: called once by `close` after every rank closed, also when closing failed. `sequence_parallel`:
+    S, the ranks of each block that share rows (1: every rank its own share)."""
 
     def __init__(self, handles: Sequence[RankHandle], *, model: torch.nn.Module | None = None,
                  opt: torch.optim.Optimizer | None = None, sched: Any = None, pg: Any = None,
-                 release: Callable[[], None] | None = None) -> None:
+                 release: Callable[[], None] | None = None, sequence_parallel: int = 1) -> None:
         if not handles:
             raise ValueError("RankGroup: no ranks")
         self.handles = list(handles)
         self.world_size = len(self.handles)
+        if self.world_size % sequence_parallel:
+            raise ValueError(f"RankGroup: trainer.sequence_parallel={sequence_parallel} must divide the "
+                             f"{self.world_size} ranks")
+        self.sp = sequence_parallel
         self.model, self.opt, self.sched, self.pg = model, opt, sched, pg
         self._release = release
 
@@ -142,14 +149,17 @@ class RankGroup:
         return self._each(method, [args] * self.world_size, publish)
 
     def train_rows(self, batch: TrainBatch, step_scheduler: bool = True) -> dict[str, float]:
-        shares = [batch] if self.world_size == 1 else split(batch, self.world_size)
-        return self._each("train_rows", [(s, step_scheduler) for s in shares])[0]
+        dp = self.world_size // self.sp
+        shares = [batch] if dp == 1 else split(batch, dp)
+        return self._each("train_rows", [(shares[i // self.sp], step_scheduler) for i in range(self.world_size)])[0]
 
     def old_logprobs(self, rows: Sequence[Segment]) -> list[list[float]]:
-        """Each row's response logprobs under the current policy (no gradient), each rank its token-balanced
-        share (`split_rows`), in the rows' order."""
-        shares = [list(range(len(rows)))] if self.world_size == 1 else split_rows(rows, self.world_size)
-        got = self._each("old_logprobs", [([rows[i] for i in idx],) for idx in shares])
+        """Each row's response logprobs under the current policy (no gradient), each block of
+        sequence-parallel ranks its token-balanced share (`split_rows`), in the rows' order."""
+        dp = self.world_size // self.sp
+        shares = [list(range(len(rows)))] if dp == 1 else split_rows(rows, dp)
+        got = self._each("old_logprobs", [([rows[i] for i in shares[r // self.sp]],) for r in range(self.world_size)])
+        got = got[:: self.sp]  # one rank of each block (they all hold the block's rows)
         out: list[list[float]] = [[] for _ in rows]
         for idx, lps in zip(shares, got, strict=True):
             for i, lp in zip(idx, lps, strict=True):

@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,10 +32,11 @@ from memrl.errors import UserError
 from memrl.quiet import hf_progress_off
 from memrl.training import distributed as D
 from memrl.training import lora as L
+from memrl.training import ulysses as U
 from memrl.training.checkpoint import OPTIM_DIR, STATE_FILE, load_state, save_checkpoint, temp_dir
 from memrl.training.config import TrainConfig, off_policy_cap
 from memrl.training.optim import decay_groups, lr_lambda, skips_zero_advantage
-from memrl.training.packing import TrainBatch, blank_row, collate, pack_rows
+from memrl.training.packing import MicroBatch, TrainBatch, blank_row, collate, pack_rows
 from memrl.training.placement import on_bundle, placement_group, replica_kind, share_gpu
 from memrl.training.policy import clip_norm, ppo_micro_loss, token_logprobs
 from memrl.training.sync_check import teacher_forced_logprobs
@@ -110,6 +112,15 @@ class PolicyWorker:
             raise UserError(f"trainer.router_aux_loss_coef={t.router_aux_loss_coef} needs a mixture-of-experts model "
                              f"(a config with output_router_logits, e.g. qwen3_moe); {src} is "
                              f"{self.model.config.model_type}")
+        self.sp, self.sp_group, self.sp_rank = t.sequence_parallel, None, 0
+        if self.sp > 1:  # Ulysses: blocks of sp consecutive ranks share each micro-batch (memrl.training.ulysses)
+            if info.world_size % self.sp:
+                raise UserError(f"trainer.sequence_parallel={self.sp} must divide the world size {info.world_size}")
+            try:
+                U.check_model(self.model.config, self.sp)
+            except ValueError as e:
+                raise UserError(f"{src}: {e}") from None
+            self.sp_group, self.sp_rank = D.block_group(self.sp), info.rank % self.sp
         D.shard_model(self.model, t.fsdp_bf16, t.cpu_offload)
         if L.enabled(cfg.model) and D.grouped():
             L.first_forward(self.model, self.tokenizer.pad_token_id or 0)  # FSDP2's dtypes, adapter on
@@ -147,7 +158,6 @@ class PolicyWorker:
         token-budget micro-batches; metrics are sums / norms over the GLOBAL mini-batch. `step_scheduler`:
         advance the learning-rate schedule after the step (the trainer does so once per RL step, after its
         last mini-batch, as verl does)."""
-        a = self.cfg.algorithm
         ws = D.world_size()
         mine = share
         all_w = kept_w = share.weight_sum()
@@ -157,7 +167,7 @@ class PolicyWorker:
             keep = [i for i, s in enumerate(share.segments) if float(s.advantage or 0.0) != 0.0]
             mine = TrainBatch([share.segments[i] for i in keep], [share.weights[i] for i in keep], share.batch_rows)
             kept_w = mine.weight_sum()
-        batches = pack_rows(mine.segments, self.cfg.trainer.token_budget) if len(mine) else []
+        batches = pack_rows(mine.segments, self.cfg.trainer.token_budget * self.sp) if len(mine) else []
         # FSDP collectives run per forward/backward: every rank runs the same number of micro-batches,
         # padding with a row of weight 0 (it adds nothing to the loss or the gradient).
         n_steps = D.all_reduce_max(len(batches), self._comm_device())
@@ -168,7 +178,6 @@ class PolicyWorker:
         mm = dict.fromkeys(MISMATCH_SUMS, 0.0)  # train/inference mismatch: token sums (docs/guides/async.md)
         pair_mm = {name: dict.fromkeys(MISMATCH_SUMS, 0.0) for name in MISMATCH_PAIRS}  # old_logprobs=trainer
         tokens = 0
-        chunk = self.cfg.trainer.logits_chunk_tokens
         for j in range(n_steps):
             if j < len(batches):
                 idx = batches[j]
@@ -176,21 +185,13 @@ class PolicyWorker:
                 tokens += mb.num_tokens
             else:
                 mb = collate([blank_row(pad)], [0.0], pad).to(self.device)
-            ref_lp = None
-            if self.ref is not None:
-                with torch.no_grad():
-                    ref_lp, _ = token_logprobs(self.ref, mb, a.temperature, chunk_tokens=chunk)
-            part = ppo_micro_loss(self.model, mb, a.temperature, a.loss, self.loss_kwargs,
-                                  ref_lp, a.kl_coef, a.kl_kind, a.entropy_coef,
-                                  a.off_policy, off_policy_cap(a), a.mismatch_clip,
-                                  self.cfg.trainer.router_aux_loss_coef, chunk)
+            with self._sequence_parallel():  # forward and backward (a checkpointed layer's recompute too)
+                part = self._micro_step(self._shard(mb), ws)
             for k, v in part.mismatch.items():
                 mm[k] += v
             for name, sums_of in part.pairs.items():
                 for k, v in sums_of.items():
                     pair_mm[name][k] += v
-            # FSDP averages gradients over ranks; the weights already sum over the global batch.
-            (part.loss * ws if ws > 1 else part.loss).backward()
             sums["loss/total"] += float(part.loss.detach())
             for k, v in part.sums.items():
                 sums[f"loss/{k}"] = sums.get(f"loss/{k}", 0.0) + v
@@ -204,8 +205,11 @@ class PolicyWorker:
             self.sched.step()
         self.model.eval()
         keys = sorted(sums)
-        totals = D.all_reduce_sum([sums[k] for k in keys] + [float(len(batches)), float(len(share)), float(len(mine)),
-                                                             float(tokens), all_w, kept_w]
+        # The loss sums are per token (each rank of a sequence-parallel group sums its own tokens); the
+        # counts of rows, micro-batches and tokens come from one rank of each group.
+        once = 1.0 if self.sp_rank == 0 else 0.0
+        totals = D.all_reduce_sum([sums[k] for k in keys] + [once * x for x in (len(batches), len(share), len(mine),
+                                                                                 tokens, all_w, kept_w)]
                                   + [mm[k] for k in MISMATCH_SUMS]
                                   + [pair_mm[n][k] for n in MISMATCH_PAIRS for k in MISMATCH_SUMS], self._comm_device())
         out = dict(zip(keys, totals[: len(keys)], strict=True))
@@ -226,21 +230,49 @@ class PolicyWorker:
         out["train/rows_zero_adv_skipped"] = rows_all - rows_kept
         return out
 
+    def _micro_step(self, mb: MicroBatch, ws: int) -> Any:
+        """The reference's log-probs (no gradient), the PPO loss of micro-batch `mb`, its backward."""
+        a, chunk = self.cfg.algorithm, self.cfg.trainer.logits_chunk_tokens
+        ref_lp = None
+        if self.ref is not None:
+            with torch.no_grad():
+                ref_lp, _ = token_logprobs(self.ref, mb, a.temperature, chunk_tokens=chunk)
+        part = ppo_micro_loss(self.model, mb, a.temperature, a.loss, self.loss_kwargs,
+                              ref_lp, a.kl_coef, a.kl_kind, a.entropy_coef,
+                              a.off_policy, off_policy_cap(a), a.mismatch_clip,
+                              self.cfg.trainer.router_aux_loss_coef, chunk)
+        # FSDP averages gradients over ranks; the weights already sum over the global batch. Under sequence
+        # parallelism each rank's gradient is its tokens' share, so the world sum is still the whole.
+        (part.loss * ws if ws > 1 else part.loss).backward()
+        return part
+
+    def _shard(self, mb: MicroBatch) -> MicroBatch:
+        """This rank's sequence shard of `mb` (memrl.training.ulysses.shard); `mb` itself without SP."""
+        return U.shard(mb, self.sp, self.sp_rank) if self.sp > 1 else mb
+
+    def _sequence_parallel(self) -> Any:
+        """The block in which the policy and reference run Ulysses attention (nothing without SP)."""
+        if self.sp == 1:
+            return nullcontext()
+        return U.sharded([m for m in (self.model, self.ref) if m is not None], self.sp_group)
+
     def old_logprobs(self, rows: list[Segment]) -> list[list[float]]:
         """algorithm.old_logprobs=trainer: this rank's rows' response logprobs under the current (pre-update)
         policy, no gradient, at the sampling temperature, in micro-batches packed by the token budget (every
         rank runs as many forwards, padding with a blank row, as FSDP's collectives need)."""
         pad = self.tokenizer.pad_token_id or 0
-        batches = pack_rows(rows, self.cfg.trainer.token_budget) if rows else []
+        batches = pack_rows(rows, self.cfg.trainer.token_budget * self.sp) if rows else []
         n_steps = D.all_reduce_max(len(batches), self._comm_device())
         out: list[list[float]] = [[] for _ in rows]
         self.model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), self._sequence_parallel():
             for j in range(n_steps):
                 idx = batches[j] if j < len(batches) else []
                 mb = collate([rows[i] for i in idx] or [blank_row(pad)], None, pad).to(self.device)
-                lp, _ = token_logprobs(self.model, mb, self.cfg.algorithm.temperature,
+                lp, _ = token_logprobs(self.model, self._shard(mb), self.cfg.algorithm.temperature,
                                        chunk_tokens=self.cfg.trainer.logits_chunk_tokens)
+                if self.sp > 1:  # every rank of the group gets the whole rows' log-probs
+                    lp = U.gather(lp, self.sp_group, mb.targets.shape[1])
                 for k, i in enumerate(idx):
                     p, n = len(rows[i].prompt_ids), len(rows[i].response_ids)
                     out[i] = lp[k, p - 1 : p - 1 + n].tolist()
@@ -412,7 +444,7 @@ def _ray_group(cfg: TrainConfig, start: str | None) -> RankGroup:
     except BaseException:
         release()
         raise
-    return RankGroup([RayRank(a) for a in actors], pg=pg, release=release)
+    return RankGroup([RayRank(a) for a in actors], pg=pg, release=release, sequence_parallel=t.sequence_parallel)
 
 
 def build_workers(cfg: TrainConfig, start: str | os.PathLike | None = None) -> WorkerGroup:
