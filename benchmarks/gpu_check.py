@@ -55,7 +55,8 @@ def sections(py: str, out: Path) -> list[Section]:
         Section("steps", [py, str(bench / "gpu_steps.py"), "--json", str(out / "steps.json")], 150,
                 [py, str(bench / "gpu_steps.py"), "--dry-run", "--json", str(out / "steps.json")]),
         Section("long_rows", [py, str(bench / "long_rows.py"), "--device", "cuda", "--lengths", "32768,65536",
-                              "--json", str(out / "long_rows.json")], 110,
+                              "--shape", "qwen2.5-0.5b", "--dtype", "bfloat16", "--gradient-checkpointing",
+                              "--chunk", "1024", "--max-gb", "130", "--json", str(out / "long_rows.json")], 120,
                 [py, str(bench / "long_rows.py"), "--dry-run", "--json", str(out / "long_rows.json")]),
         Section("gpu_single", [py, str(bench / "gpu_single.py"), "--json", str(out / "gpu_single.json")], 110,
                 [py, str(bench / "gpu_single.py"), "--dry-run", "--json", str(out / "gpu_single.json")]),
@@ -68,6 +69,9 @@ def headline(name: str, log: str) -> str:
         found = [ln.strip("= ") for ln in log.splitlines()
                  if re.search(r"\d+ (passed|failed|skipped|errors?|deselected)|\d+(/\d+)? tests? collected", ln)]
         return found[-1] if found else "no pytest summary"
+    if name == "long_rows":
+        rows = [ln for ln in log.splitlines() if re.match(r"\s*\d+\s+\d", ln)]
+        return f"{len(rows)} row lengths"
     rows = [ln for ln in log.splitlines() if ln.startswith("| ") and not ln.startswith("|---")]
     return f"{max(len(rows) - 1, 0)} table rows"
 
@@ -87,8 +91,8 @@ def run_section(sec: Section, dry: bool, out: Path, env: dict[str, str], limit_s
             status = f"over its {limit_s:.0f} s limit"
     log = logfile.read_text(errors="replace")
     secs = time.perf_counter() - t0
-    keep = ("FAILED", "ERROR", "SKIPPED") if sec.name == "tests" else ("|", "device:")
-    tables = "\n".join(ln for ln in log.splitlines() if ln.startswith(keep))
+    keep = {"tests": r"(FAILED|ERROR|SKIPPED)", "long_rows": r"(one update|\s*tokens\s|\s*\d+\s|est\.:|OOM>:)"}
+    tables = "\n".join(ln for ln in log.splitlines() if re.match(keep.get(sec.name, r"(\||device:)"), ln))
     tail = "\n".join(log.strip().splitlines()[-3:]) if status != "ok" else ""
     return {"section": sec.name, "status": status, "seconds": round(secs, 1), "headline": headline(sec.name, log),
             "tables": tables, "tail": tail}

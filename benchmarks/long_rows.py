@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -56,7 +57,8 @@ def child(mode: str, length: int, args: argparse.Namespace) -> dict[str, float]:
     cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=length,
                       tie_word_embeddings=True, use_cache=False)
-    model = Qwen2ForCausalLM(cfg).to(dtype=getattr(torch, args.dtype), device=args.device).train()
+    with torch.device(args.device):  # initialized where it runs (a 0.5B model's random init on a CPU is slow)
+        model = Qwen2ForCausalLM(cfg).to(dtype=getattr(torch, args.dtype)).train()
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
@@ -68,13 +70,17 @@ def child(mode: str, length: int, args: argparse.Namespace) -> dict[str, float]:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    if mode == "reference":
-        h = model.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).last_hidden_state
-        loss = h.float().square().mean() + 0.0 * model.lm_head.weight.sum()  # every parameter gets a gradient
-    else:
-        loss = ppo_micro_loss(model, mb, args.temperature, chunk_tokens=args.chunk if mode == "chunked" else 0).loss
-    loss.backward()
-    opt.step()
+    try:
+        if mode == "reference":
+            h = model.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).last_hidden_state
+            loss = h.float().square().mean() + 0.0 * model.lm_head.weight.sum()  # every parameter gets a gradient
+        else:
+            loss = ppo_micro_loss(model, mb, args.temperature, chunk_tokens=args.chunk if mode == "chunked" else 0).loss
+        loss.backward()
+        opt.step()
+    except torch.OutOfMemoryError:  # the figure is then "more than the device holds"
+        return {"peak": float("inf"), "seconds": time.perf_counter() - t0, "floor": floor,
+                "device_gib": torch.cuda.get_device_properties(0).total_memory / GIB if cuda else 0.0}
     if cuda:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
@@ -103,6 +109,8 @@ def table(lengths: list[int], got: dict[tuple[str, int], dict[str, float]], est:
         ref, ch = got[("reference", n)]["peak"], got[("chunked", n)]["peak"]
         full = got[("full", n)]["peak"] if ("full", n) in got else est[n]
         mark = "" if ("full", n) in got else " est."
+        if math.isinf(full):  # out of memory: more than the device holds
+            full, mark = got[("full", n)]["device_gib"] * GIB, " OOM>"
         goal = ("yes" if ch < 2 * ref else "NO") if n >= GOAL_TOKENS else "-"
         lines.append(f"{n:>7} {(n - 1) * VOCAB * 4 / GIB:>16.2f} {ref / GIB:>14.2f} {full / GIB:>11.2f}{mark:<5} "
                      f"{ch / GIB:>12.2f} {full / ch:>12.1f}x {ch / ref:>11.2f}x {goal:>13}")
@@ -120,8 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--gradient-checkpointing", action="store_true")
     ap.add_argument("--max-gb", type=float, default=16.0, help="full-logits runs estimated above this are not run")
+    ap.add_argument("--json", default="", help="also write the figures here")
+    ap.add_argument("--dry-run", action="store_true", help="one short row on the CPU (keeps the script from rotting)")
     ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.dry_run:
+        args.device, args.lengths, args.shape, args.chunk = "cpu", args.lengths or "512", "tiny", 64
     lengths = [int(x) for x in (args.lengths or ("32768,65536" if args.device == "cuda" else "2048,8192,32768"))
                .split(",")]
     if args.child:
@@ -149,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     if est and any(("full", n) not in got for n in lengths):
         print(f"est.: not run (estimate above --max-gb {args.max_gb:g}): reference + "
               f"{per_token / 1024**2:.2f} MiB per trained token measured at {lengths[0]} tokens")
+    if any(math.isinf(v["peak"]) for v in got.values()):
+        print("OOM>: out of the device's memory (the figure is the device's total)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({f"{m}/{n}": v for (m, n), v in got.items()} | {f"estimate/{n}": v for n, v in est.items()},
+                      f, indent=1)
     return 0
 
 

@@ -31,7 +31,7 @@ def test_gpu_check_dry_run_runs_every_section(tmp_path):
     report = (out / "report.md").read_text()
     assert report.startswith("# GPU check (dry run, CPU)")
     steps = json.loads((out / "steps.json").read_text())
-    assert sorted(steps) == ["qwen2-0.5b/memact-dcpo", "qwen2-0.5b/memagent-grpo", "qwen3-0.6b/memact-dcpo",
+    assert sorted(steps) == ["qwen2.5-0.5b/memact-dcpo", "qwen2.5-0.5b/memagent-grpo", "qwen3-0.6b/memact-dcpo",
                              "qwen3-0.6b/memagent-grpo"]
     for name, r in steps.items():  # every step rolled out and trained (zero advantages are trained too)
         assert r["gen_tokens"] > 0 and r["train_tokens"] > 0, (name, r)
