@@ -16,6 +16,7 @@ its run, so it includes the engine's first calls; the table says so.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -44,7 +45,10 @@ COMMON = ["trainer.steps=1", "trainer.save_every=0", "trainer.progress=false", "
           "algorithm.kl_coef=0.0", "optim.lr=1e-6", "optim.warmup_steps=0",
           # a random policy earns uniform rewards (zero advantages): train every row anyway, so the update
           # costs what a learning step costs; the old log-probabilities recomputed, as the *_official presets do
-          "trainer.skip_zero_advantage=false", "algorithm.old_logprobs=trainer"]
+          "trainer.skip_zero_advantage=false", "algorithm.old_logprobs=trainer",
+          # log-probabilities 1024 tokens' logits at a time: with the full logits (152K-entry vocabulary, fp32,
+          # several copies) the first MemAgent update reached 114 GiB on an H200 and the next run ran out
+          "trainer.logits_chunk_tokens=1024"]
 
 
 def memagent_overrides(model: str, out: Path, device: str, dry: bool) -> list[str]:
@@ -73,6 +77,7 @@ def one_step(overrides: list[str], device: str) -> dict[str, float]:
     cfg = load_config(TrainConfig, overrides, preset=preset[0] if preset else None)
     seen: dict[str, float] = {}
     if device == "cuda":
+        gc.collect()  # the previous run's models and engine
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
