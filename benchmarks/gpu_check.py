@@ -52,7 +52,7 @@ def sections(py: str, out: Path) -> list[Section]:
     pytest = [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *gpu_test_files()]
     return [
         Section("tests", pytest, 150, [*pytest, "--collect-only"]),
-        Section("steps", [py, str(bench / "gpu_steps.py"), "--json", str(out / "steps.json")], 150,
+        Section("steps", [py, str(bench / "gpu_steps.py"), "--json", str(out / "steps.json")], 220,
                 [py, str(bench / "gpu_steps.py"), "--dry-run", "--json", str(out / "steps.json")]),
         Section("long_rows", [py, str(bench / "long_rows.py"), "--device", "cuda", "--lengths", "32768,65536",
                               "--shape", "qwen2.5-0.5b", "--dtype", "bfloat16", "--gradient-checkpointing",

@@ -10,7 +10,8 @@ step's rollout / update seconds, tokens generated and trained, and the device's 
 The models are random (no hub downloads here): the figures are the machinery's cost at that shape (the
 151,936-entry vocabulary included; the tiny tokenizer only ever names its first few thousand ids, and a
 random policy samples any id, which decodes to nothing), not a learning result. Each step is the first of
-its run, so it includes the engine's first calls; the table says so.
+its run, so it includes the engine's first calls; each runs in a process of its own. "left GiB": the
+device memory the process still holds once the run is closed and torch's cache emptied.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import gc
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -88,9 +90,16 @@ def one_step(overrides: list[str], device: str) -> dict[str, float]:
         trainer.close()
     wall = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    left = float("nan")
+    if device == "cuda":  # what the closed run still holds on the device, inside and outside torch's allocator
+        del trainer
+        gc.collect()
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info()
+        left = (total - free) / 2**30
     return {"rollout_s": seen.get("time/rollout_s", float("nan")), "update_s": seen.get("time/update_s", float("nan")),
             "wall_s": wall, "gen_tokens": seen.get("rollout/generated_tokens", float("nan")),
-            "train_tokens": seen.get("train/tokens", float("nan")), "peak_gib": peak}
+            "train_tokens": seen.get("train/tokens", float("nan")), "peak_gib": peak, "left_gib": left}
 
 
 def main() -> None:
@@ -99,7 +108,13 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="CPU, 2-layer models of the same vocabulary")
     ap.add_argument("--models", default=",".join(DRY), help=f"comma-separated: {', '.join(DRY)}")
     ap.add_argument("--json", default="")
+    ap.add_argument("--child", nargs=3, metavar=("MODEL_DIR", "METHOD", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:  # one step in this process; its figures as the last line
+        path, method, out = args.child
+        build = memagent_overrides if method == "memagent-grpo" else memact_overrides
+        print(json.dumps(one_step(build(path, Path(out), args.device, args.dry_run), args.device)))
+        return
     device = "cpu" if args.dry_run else args.device
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("benchmarks/gpu_steps.py: --device cuda needs a CUDA device (use --dry-run on a CPU)")
@@ -109,17 +124,24 @@ def main() -> None:
         raise SystemExit(f"benchmarks/gpu_steps.py: unknown --models {unknown}; known: {', '.join(DRY)}")
     print(f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}"
           f"{' (dry run: 2-layer shapes)' if args.dry_run else ''}")
-    print("| model | method | rollout s | update s | wall s | gen tokens | train tokens | peak GiB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | method | rollout s | update s | wall s | gen tokens | train tokens | peak GiB | left GiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             path = str(random_model(Path(tmp) / name, DRY[name] if args.dry_run else name))
-            for method, build in (("memagent-grpo", memagent_overrides), ("memact-dcpo", memact_overrides)):
-                r = one_step(build(path, Path(tmp) / f"{name}_{method}", device, args.dry_run), device)
+            for method in ("memagent-grpo", "memact-dcpo"):  # each step in a process of its own
+                cmd = [sys.executable, os.path.abspath(__file__), "--device", device, "--child", path, method,
+                       str(Path(tmp) / f"{name}_{method}")] + (["--dry-run"] if args.dry_run else [])
+                proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                if proc.returncode != 0:
+                    sys.stderr.write(proc.stderr[-4000:])
+                    raise SystemExit(f"benchmarks/gpu_steps.py: {name} {method} failed (exit {proc.returncode})")
+                r = json.loads(proc.stdout.strip().splitlines()[-1])
                 results[f"{name}/{method}"] = r
                 print(f"| {name} | {method} | {r['rollout_s']:.2f} | {r['update_s']:.2f} | {r['wall_s']:.1f} | "
-                      f"{r['gen_tokens']:.0f} | {r['train_tokens']:.0f} | {r['peak_gib']:.2f} |", flush=True)
+                      f"{r['gen_tokens']:.0f} | {r['train_tokens']:.0f} | {r['peak_gib']:.2f} | {r['left_gib']:.2f} |",
+                      flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 
