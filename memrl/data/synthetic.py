@@ -97,7 +97,7 @@ class SyntheticConfig:
     """Keys drawn from the first num_keys of KEYS."""
     num_values: int = valid(len(VALUES), ge=1)
     """Values drawn from the first num_values of VALUES."""
-    fact_position: str = "random"
+    fact_position: str = valid("random", choices=("random", "start"))
     """Where a piece's facts sit: "random" word positions, or "start" (the piece begins with them)."""
     fact_sep: str | None = "is"
     """Word between a fact's key and value ("Kalo is red"); null writes "Kalo red", so the value is the
@@ -107,7 +107,7 @@ class SyntheticConfig:
     (1.0 = anywhere, uniformly; the default stream is unchanged). Smaller values leave more memory rewrites
     after the fact, a training curriculum for retention; evaluation keeps 1.0. One-fact questions only (a
     bridge question's facts stay anywhere)."""
-    question_style: str = "what"
+    question_style: str = valid("what", choices=("what", "cloze"))
     """"what": "what is Kalo" / "what is what Kalo is"; "cloze": the question is the fact with its value
     blanked, "Kalo is ?" / "Kalo is ? is ?" (it reads like the facts it asks about)."""
 

@@ -97,7 +97,7 @@ class OpenAIConfig:
     """Environment variable holding the key when api_key is None; "" = none."""
     server: str = _OPENAI.server
     """vllm | sglang: which weight-reload endpoint update_weights uses."""
-    api: str = _OPENAI.api
+    api: str = valid(_OPENAI.api, choices=API_KINDS)
     """completions (/v1/completions, token ids in and out) | chat (/v1/chat/completions, messages in;
     evaluation only)."""
     vllm_reload_method: str = _OPENAI.vllm_reload_method

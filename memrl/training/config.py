@@ -34,6 +34,8 @@ from memrl.algorithms.registry import (
 from memrl.config import OPEN_SECTIONS, REMOVED_KEYS, ConfigError, section_from_dict, valid
 from memrl.data.synthetic import SyntheticConfig
 from memrl.engines.config import EngineConfig
+from memrl.rewards.extract import EXTRACT_MODES
+from memrl.rewards.published_metrics import METRIC_RULES
 from memrl.training.adapter_sync import check as check_lora_sync
 from memrl.training.lora import LoraSection
 from memrl.training.trackers import check_installed
@@ -62,8 +64,11 @@ class ModelSection:
         """A model directory is named; a CUDA device exists when one is asked for."""
         if not self.path:
             raise ConfigError("model.path is required (a HuggingFace model directory)")
+        try:
+            torch.device(self.device)
+        except RuntimeError:
+            raise ConfigError(f"model.device={self.device!r} is not a torch device (cpu, cuda, cuda:N, ...)") from None
         if self.device.startswith("cuda"):
-
             if not torch.cuda.is_available():
                 raise ConfigError(f"model.device={self.device} but torch.cuda.is_available() is False")
 
@@ -363,9 +368,9 @@ class ValSection:
     scripts do)."""
     golds: str = valid("any", choices=("any", "first"))
     """As `memrl eval golds=`: score against any gold answer or answers[0] only."""
-    extract: str = "boxed"
+    extract: str = valid("boxed", choices=EXTRACT_MODES)
     """As `memrl eval extract=` (memrl.rewards.extract)."""
-    metric_rules: str = "memrl"
+    metric_rules: str = valid("memrl", choices=METRIC_RULES)
     """As `memrl eval metric_rules=` (memrl.rewards.published_metrics)."""
 
 
