@@ -159,3 +159,5 @@ class EngineConfig:
             raise ValueError(f"engine.max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.openai.api not in ("completions", "chat"):
             raise ValueError(f"engine.openai.api {self.openai.api!r} is not completions or chat")
+        if not self.openai.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"engine.openai.base_url={self.openai.base_url!r} must start with http:// or https://")

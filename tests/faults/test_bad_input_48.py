@@ -52,3 +52,42 @@ def test_serve_help_lists_only_services_that_exist(capsys):
     out = capsys.readouterr().out
     serve = next(ln for ln in out.splitlines() if ln.strip().startswith("serve"))
     assert "judge" not in serve and "retrieval" in serve
+
+
+# ----------------------------------------------------------- item 2: an OpenAI-compatible server's garbage
+
+
+def _garbage_chat(body: dict) -> dict:
+    """A chat reply whose ids cannot be tokens (huge, negative) and whose logprob is positive."""
+    return {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "x"},
+                         "token_ids": [10**20, -5], "logprobs": {"content": [{"token": "token_id:1", "logprob": 3.0}]}}]}
+
+
+@pytest.mark.parametrize("mode", ["error", "drop"])
+def test_eval_against_a_server_answering_garbage(mode, tmp_path, tiny_model, capsys):
+    # before: a traceback from the tokenizer ("number too small to fit in target type")
+    from doubles import JsonServer
+
+    from memrl.data.io import write_records
+
+    srv = JsonServer(_garbage_chat)
+    try:
+        data = tmp_path / "eval_1.json"
+        write_records(data, [{"input": "q0", "answers": ["v0"], "context": "Document 1: x", "index": 0, "num_docs": 1}])
+        argv = ["eval", str(data), "--out", str(tmp_path / "ev"), "--model", tiny_model, "engine=openai",
+                "engine.openai.api=chat", f"engine.openai.base_url={srv.url}", "engine.openai.served_model=m",
+                "engine.openai.max_retries=1", "engine.openai.backoff_s=0", f"failed_requests={mode}",
+                "workflow.chunk_tokens=64", "workflow.max_memory_tokens=4", "workflow.max_final_tokens=2",
+                "--no-progress"]
+        rc = main(argv)
+    finally:
+        srv.stop()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    why = (f"{srv.url}/v1/chat/completions: malformed chat reply: token id 0 is 100000000000000000000, outside the "
+           "vocabulary [0, 4096) (gave up after 2 attempts)")
+    if mode == "error":
+        assert rc == 1
+        assert err.splitlines()[-1] == f"memrl eval: error: workflow memagent failed on task 0 sample 0: {why}"
+    else:  # dropped, logged with its reason and counted
+        assert rc == 0 and not (tmp_path / "ev" / "results.jsonl").read_text().strip()
