@@ -387,6 +387,10 @@ def _largest_fitting(make: Callable[[int], int], target: int, guess: int, lo: in
     return good
 
 
+MAX_LENGTH = 1 << 25
+"""Longest target length (32m tokens): a row's haystack is built and tokenized in memory."""
+
+
 def parse_length(text: str) -> int:
     """'8k' -> 8192, '1m' -> 1048576, '5000' -> 5000."""
     t = text.strip().lower()
@@ -394,6 +398,9 @@ def parse_length(text: str) -> int:
     num = t[:-1] if mult > 1 else t
     if not num.isdigit() or int(num) < 1:
         raise ValueError(f"a length is a positive integer with an optional k or m suffix (8k = 8192), got {text!r}")
+    if int(num) * mult > MAX_LENGTH:
+        raise ValueError(f"{text!r} is more than {MAX_LENGTH // (1 << 20)}m tokens: each row's context is built "
+                         "and tokenized in memory")
     return int(num) * mult
 
 

@@ -78,16 +78,23 @@ KEYS: tuple[str, ...] = make_keys()
 _KEY_SET = frozenset(KEYS)
 
 
+MAX_CHUNKS = 1 << 20
+MAX_CHUNK_WORDS = 1 << 16
+MAX_WORDS = 1 << 26
+WHY_BOUND = "a bound: each document is built in memory"
+"""Upper bounds of a synthetic document's size, so a mistyped length fails by name instead of exhausting memory."""
+
+
 @dataclass
 class SyntheticConfig:
     """Shape of the synthetic tasks. Length is counted in chunks (pieces of `chunk_words` tokens)."""
 
-    num_chunks: int = valid(4, ge=1)
+    num_chunks: int = valid(4, ge=1, le=MAX_CHUNKS, note=WHY_BOUND)
     """Pieces per document; evaluation scales this (x1, x4, x16)."""
     min_chunks: int = valid(0, ge=0, le="num_chunks", note="0 = fixed num_chunks")
     """When > 0, every task draws its length uniformly from [min_chunks, num_chunks] (mixed-length
     training, so the answer is often several pieces back); 0 = every task has num_chunks pieces."""
-    chunk_words: int = valid(24, ge=1)
+    chunk_words: int = valid(24, ge=1, le=MAX_CHUNK_WORDS, note=WHY_BOUND)
     """Words (= tokens) per piece; set the workflow's chunk_tokens to the same number."""
     facts_per_chunk: int = valid(1, ge=1)
     """Facts planted in every piece (the question's fact(s) replace some of them)."""
@@ -125,6 +132,9 @@ class SyntheticConfig:
             )
         if self.bridge_fraction > 0 and self.num_chunks * self.facts_per_chunk < 2:
             raise ValueError("SyntheticConfig: bridge questions need at least 2 fact slots per document")
+        if self.num_chunks * self.chunk_words > MAX_WORDS:
+            raise ValueError(f"SyntheticConfig: num_chunks x chunk_words = {self.num_chunks * self.chunk_words} words "
+                             f"per document is more than {MAX_WORDS}: {WHY_BOUND}")
         if self.question_style not in ("what", "cloze"):
             raise ValueError(f"SyntheticConfig.question_style must be what or cloze, got {self.question_style!r}")
         if self.fact_position not in ("random", "start"):

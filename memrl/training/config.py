@@ -109,7 +109,7 @@ class AlgorithmSection:
     """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1, or an import path
     package.module:fn of a function marked @memrl.algorithms.base.register_advantage(name, Options). It does
     not choose which segments train: that is `selection`."""
-    n: int = valid(16, ge=1)
+    n: int = valid(16, ge=1, le=4096, note="a bound: a task's n trajectories are held in memory together")
     """Trajectories sampled per task (the group), under every estimator (MemAct publishes 8)."""
     # --- DCPO segment selection (docs/concepts/memact.md, "Training with DCPO"): which segments become rows.
     selection: str = valid("all", choices=("all", "published", "spread_unused"))

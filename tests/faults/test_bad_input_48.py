@@ -91,3 +91,29 @@ def test_eval_against_a_server_answering_garbage(mode, tmp_path, tiny_model, cap
         assert err.splitlines()[-1] == f"memrl eval: error: workflow memagent failed on task 0 sample 0: {why}"
     else:  # dropped, logged with its reason and counted
         assert rc == 0 and not (tmp_path / "ev" / "results.jsonl").read_text().strip()
+
+
+# ----------------------------------------------------------- item 4: sizes that would exhaust the machine
+
+
+@pytest.mark.parametrize(("ov", "said"), [
+    (["algorithm.n=100000000"], "algorithm.n=100000000 is not allowed: must be in [1, 4096] (a bound: a task's n "
+                                "trajectories are held in memory together)"),
+    (["data.synthetic.num_chunks=100000000"], "data.synthetic.num_chunks=100000000 is not allowed: must be in "
+                                              "[1, 1048576] (a bound: each document is built in memory)"),
+    (["data.synthetic.num_chunks=100000", "data.synthetic.chunk_words=10000"],
+     "SyntheticConfig: num_chunks x chunk_words = 1000000000 words per document is more than 67108864: a bound: "
+     "each document is built in memory"),
+])
+def test_train_sizes_have_declared_upper_bounds(ov, said, tmp_path, capsys):
+    # before: accepted, then MemoryError
+    line = _fails(["train", f"model.path={tmp_path / 'no_model'}", f"out_dir={tmp_path / 'out'}", *ov], capsys)
+    assert line == f"memrl train: error: {said}"
+
+
+def test_ruler_lengths_have_a_declared_upper_bound(tmp_path, tiny_model, capsys):
+    line = _fails(["data", "build", "--kind", "ruler", "--lengths", "8k,99999999m", "--tokenizer", tiny_model,
+                   "--out", str(tmp_path / "r")], capsys, code=1)
+    assert line == ("memrl data: error: --lengths: '99999999m' is more than 32m tokens: each row's context is built "
+                    "and tokenized in memory")
+    assert not (tmp_path / "r").exists()
