@@ -387,6 +387,19 @@ def _largest_fitting(make: Callable[[int], int], target: int, guess: int, lo: in
     return good
 
 
+def read_text_file(path: str, flag: str) -> str:
+    """A UTF-8 text file named by option `flag`; DataError naming the file, line and byte that is not UTF-8, or
+    a lone surrogate, instead of a decoder traceback."""
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise DataError(f"{flag} {path}: line {line}: a byte that is not UTF-8 (0x{data[e.start]:02x}) at byte "
+                        f"{e.start}; expected UTF-8 text") from None
+    return text
+
+
 MAX_LENGTH = 1 << 25
 """Longest target length (32m tokens): a row's haystack is built and tokenized in memory."""
 
@@ -430,10 +443,10 @@ class Builder:
         self.noise: tuple[str, ...] = NOISE
         self._qa: tuple[list[QAItem], list[str]] | None = None
         if opts.haystack:
-            text = Path(opts.haystack).read_text(encoding="utf-8")
+            text = read_text_file(opts.haystack, "--haystack")
             self.essay = re.sub(r"\s+", " ", text).strip().split(" ")
         if opts.noise:
-            lines = [ln.strip() for ln in Path(opts.noise).read_text(encoding="utf-8").splitlines() if ln.strip()]
+            lines = [ln.strip() for ln in read_text_file(opts.noise, "--noise").splitlines() if ln.strip()]
             if not lines:
                 raise DataError(f"--noise {opts.noise}: no lines of text")
             self.noise = tuple(lines)

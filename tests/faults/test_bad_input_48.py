@@ -5,6 +5,8 @@ nothing half-written."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import one_line
 
@@ -117,3 +119,53 @@ def test_ruler_lengths_have_a_declared_upper_bound(tmp_path, tiny_model, capsys)
     assert line == ("memrl data: error: --lengths: '99999999m' is more than 32m tokens: each row's context is built "
                     "and tokenized in memory")
     assert not (tmp_path / "r").exists()
+
+
+# --------------------------------------------------------------- item 3: text that is not valid Unicode
+
+
+def _surrogate_file(tmp_path):
+    """eval_1.json whose row 1 holds a lone surrogate in its context (a JSON \\ud800 escape)."""
+    path = tmp_path / "eval_1.json"
+    rows = [{"input": f"q{i}", "answers": [f"v{i}"], "context": "Document 1: x", "index": i, "num_docs": 1}
+            for i in range(3)]
+    text = json.dumps(rows).replace('"Document 1: x", "index": 1', '"Document 1: x\\ud800y", "index": 1')
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_lone_surrogate_in_a_data_row_is_refused_at_load(tmp_path, tiny_model, capsys):
+    # before: `data show` died in print() with UnicodeEncodeError; eval / train in the tokenizer
+    path = _surrogate_file(tmp_path)
+    msg = f"{path}: row 1: field 'context' holds a lone surrogate \\ud800 (not valid Unicode text) at character 13"
+    assert _fails(["data", "show", str(path), "--rows", "3"], capsys, code=1) == f"memrl data: error: {msg}"
+    assert _fails(["eval", str(path), "--out", str(tmp_path / "ev"), "--model", tiny_model, "--no-progress"],
+                  capsys, code=1) == f"memrl eval: error: {msg}"
+    assert not (tmp_path / "ev" / "results.jsonl").exists()
+    # --skip-bad: skipped and counted
+    assert main(["data", "show", str(path), "--rows", "3", "--skip-bad"]) == 0
+    out = capsys.readouterr().out
+    assert f"read 3 rows, 1 rejected (first: {msg})" in out
+
+
+def test_corpus_with_bytes_that_are_not_utf8_names_the_line(tmp_path, capsys):
+    from memrl.data.corpus import load_corpus
+    from memrl.data.errors import DataError
+
+    corpus = tmp_path / "corpus_nonutf8.jsonl"
+    corpus.write_bytes(b'{"id": "a", "title": "t", "text": "fine"}\n{"id": "b", "title": "t", "text": "bad \xff"}\n')
+    with pytest.raises(DataError, match=rf"^{corpus}: line 2: a byte that is not UTF-8 \(0xff\) at character 39$"):
+        load_corpus(corpus)
+    surrogate = tmp_path / "corpus_surrogate.jsonl"
+    surrogate.write_text('{"id": "a", "title": "t\\udc00", "text": "x"}\n', encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^{surrogate}: line 1: field 'title' holds a lone surrogate \\udc00"):
+        load_corpus(surrogate)
+
+
+def test_ruler_haystack_that_is_not_utf8_names_file_and_line(tmp_path, tiny_model, capsys):
+    hay = tmp_path / "binary.txt"
+    hay.write_bytes(b"some essay text\nmore\x80\x81 text\n")
+    line = _fails(["data", "build", "--kind", "ruler", "--tasks", "niah_single_2", "--lengths", "1k", "--samples", "1",
+                   "--tokenizer", tiny_model, "--haystack", str(hay), "--out", str(tmp_path / "r")], capsys, code=1)
+    assert line == (f"memrl data: error: --haystack {hay}: line 2: a byte that is not UTF-8 (0x80) at byte 20; "
+                    "expected UTF-8 text")
