@@ -169,3 +169,32 @@ def test_ruler_haystack_that_is_not_utf8_names_file_and_line(tmp_path, tiny_mode
                    "--tokenizer", tiny_model, "--haystack", str(hay), "--out", str(tmp_path / "r")], capsys, code=1)
     assert line == (f"memrl data: error: --haystack {hay}: line 2: a byte that is not UTF-8 (0x80) at byte 20; "
                     "expected UTF-8 text")
+
+
+# ------------------------------------------------------ item 1: a model that produces non-finite logprobs
+
+
+def test_eval_of_a_model_with_nan_weights_is_one_line_naming_the_model(tmp_path, tiny_model, capsys):
+    # before: a RolloutError traceback ("response_logprobs must be finite and <= 0") deep in a rollout
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from memrl.data.io import write_records
+
+    model = tmp_path / "nan_model"
+    shutil.copytree(tiny_model, model)
+    weights = next(model.glob("*.safetensors"))
+    state = load_file(weights)
+    for v in state.values():
+        v.fill_(float("nan"))
+    save_file(state, weights, metadata={"format": "pt"})
+    data = tmp_path / "eval_1.json"
+    write_records(data, [{"input": "q0", "answers": ["v0"], "context": "Document 1: x", "index": 0, "num_docs": 1}])
+    assert main(["eval", str(data), "--out", str(tmp_path / "ev"), "--model", str(model), "workflow.chunk_tokens=64",
+                 "workflow.max_memory_tokens=4", "workflow.max_final_tokens=2", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == (
+        f"memrl eval: error: workflow memagent failed on task 0 sample 0: model {model}: produced a non-finite "
+        "log-probability (nan) at generated token 0; its weights hold NaN or inf (a diverged update, a damaged file)")
