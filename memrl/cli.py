@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("memrl.commands.train", "RL training (dotted config overrides)"),
     "train-sft": ("memrl.commands.train_sft", "supervised cold start on workflow traces"),
     "demo": ("memrl.commands.demo", "the CPU demo: tiny model -> SFT -> RL -> eval -> report"),
-    "serve": ("memrl.commands.serve", "start a service (retrieval, judge)"),
+    "serve": ("memrl.commands.serve", "start a service (retrieval: BM25 or dense search over a corpus)"),
     "view": ("memrl.commands.view", "a local web page over eval / training runs (trajectories, memory diffs)"),
 }
 

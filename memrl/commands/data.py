@@ -28,6 +28,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from memrl.commands.options import refuse_unused, track_given
 from memrl.config import bounded
 from memrl.data import hotpotqa, memagent_files, twowiki
 from memrl.data.corpus import CorpusStats, build_corpus, write_corpus
@@ -63,10 +64,30 @@ def _counts(text: str | list[int], opt: str) -> list[int]:
     return out
 
 
+_RULER = ("tasks", "lengths", "tokenizer", "samples", "haystack", "noise", "qa_source", "qa_fill")
+BUILD_OPTIONS: dict[str, tuple[str, ...]] = {
+    "source": ("eval", "multiobjective"), **dict.fromkeys(_RULER, ("ruler",)), "docs": ("eval",),
+    "num_questions": ("eval", "multiobjective"), "sub_questions": ("multiobjective",), "docs_from": ("eval",),
+    "skip_bad": ("eval", "multiobjective"),
+}
+"""`memrl data build` options -> the kinds that read them (eval = the eval_{N}.json sets of any other --kind)."""
+BUILD_INSTEAD: dict[tuple[str, str], str] = {
+    ("num_questions", "ruler"): "--samples (rows per task and length)",
+    ("samples", "eval"): "--num-questions", ("samples", "multiobjective"): "--num-questions",
+    ("docs", "ruler"): "--lengths (target lengths in tokens)", ("lengths", "eval"): "--docs (document counts)",
+    ("source", "ruler"): "--qa-source (qa tasks) and --haystack (essay haystacks)",
+    ("qa_source", "eval"): "--source", ("qa_source", "multiobjective"): "--source",
+}
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Option values and input files, before anything is read or written: one-line UsageError (exit 2)
     for a value out of range, DataError (exit 1) for an input file that is not there."""
     cmd = args.data_command
+    if cmd == "build":
+        group = args.kind if args.kind in ("ruler", "multiobjective") else "eval"
+        shown = {"eval": f"{args.kind} (eval sets)" if group == "eval" else "auto|hotpotqa|2wiki|... (eval sets)"}
+        refuse_unused(args, group, "--kind", BUILD_OPTIONS, BUILD_INSTEAD, shown)
     for opt in ("docs", "sub_questions"):
         if isinstance(getattr(args, opt, None), str):
             setattr(args, opt, _counts(getattr(args, opt), "--" + opt.replace("_", "-")))
@@ -101,6 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--debug", action="store_true", help="show tracebacks")
 
     b = sub.add_parser("build", help="long-context eval sets eval_{N}.json (RULER-HQA / MemAgent style)")
+    track_given(b)  # an option the chosen --kind does not read is refused (BUILD_OPTIONS)
     b.add_argument("--source", nargs="+", default=None, help="HotpotQA / 2Wiki file(s), either layout")
     b.add_argument("--out", required=True, help="output directory")
     r = b.add_argument_group("--kind ruler (RULER's synthetic tasks, built locally)")

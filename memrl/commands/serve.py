@@ -16,6 +16,7 @@ import socket
 import time
 from pathlib import Path
 
+from memrl.commands.options import refuse_unused, track_given
 from memrl.config import bounded
 from memrl.errors import UsageError, UserError
 from memrl.services.retrieval import BM25Retriever, DenseRetriever
@@ -26,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     sub = parser.add_subparsers(dest="service", metavar="SERVICE", required=True)
     r = sub.add_parser("retrieval", help="BM25 retrieval over a corpus JSONL (POST /retrieve, GET /health)")
+    track_given(r)  # --model / --device without --retriever dense are refused, not ignored
     r.add_argument("--corpus", required=True, help="corpus JSONL: {id, title, text} per line")
     r.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     r.add_argument("--port", type=bounded(int, ge=1, le=65535), default=8000)
@@ -54,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
 def check_retrieval_args(args: argparse.Namespace) -> None:
     """Option values and the files they name, before any import or indexing: UsageError (exit 2) for a
     value out of range, UserError for a missing file or a port that cannot be bound."""
+    refuse_unused(args, args.retriever, "--retriever", {"model": ("dense",), "device": ("dense",)}, {})
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
     for opt, val, low in (("--max-concurrency", args.max_concurrency, 1), ("--max-topk", args.max_topk, 1),

@@ -56,7 +56,7 @@ class ConversationSection:
     max_length: int = valid(0, ge=0, note="0 = no limit")
     """Tokens per chat; a longer one is truncated by `truncation`. 0 = no limit (memrl); MemAct's cold-start
     scripts use 18000 with left truncation."""
-    truncation: str = "left"
+    truncation: str = valid("left", choices=("left", "right", "error"))
     """left (keep the end, MemAct's scripts), right (keep the start) or error (refuse the file)."""
     skip_bad: bool = False
     """Skip (and count) malformed rows instead of failing."""

@@ -7,9 +7,45 @@ groups are keyed by it). Each check returns what is wrong in words, or None; the
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from memrl.types import Task
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def bad_text(text: str) -> str | None:
+    """'a lone surrogate \\ud800 (not valid Unicode text) at character N', or 'a byte that is not UTF-8
+    (0xff) at character N' for one read with errors="surrogateescape"; None for valid text."""
+    m = _SURROGATE.search(text)
+    if m is None:
+        return None
+    c = ord(m.group())
+    what = (f"a byte that is not UTF-8 (0x{c - 0xDC00:02x})" if 0xDC80 <= c <= 0xDCFF
+            else f"a lone surrogate \\u{c:04x} (not valid Unicode text)")
+    return f"{what} at character {m.start()}"
+
+
+def text_problem(value: Any, field: str = "") -> str | None:
+    """What makes a record's text unusable, naming the field: a lone surrogate (a JSON "\\ud800" escape, or
+    a byte that is not UTF-8 read with errors="surrogateescape") anywhere in its strings, keys included;
+    tokenizers and terminals refuse such text, so it is refused when the file is read. None when clean."""
+    if isinstance(value, str):
+        what = bad_text(value)
+        return f"field '{field or 'value'}' holds {what}" if what else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            name = f"{field}.{k}" if field else str(k)
+            problem = text_problem(k, name) or text_problem(v, name)
+            if problem:
+                return problem
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            problem = text_problem(v, f"{field}[{i}]")
+            if problem:
+                return problem
+    return None
 
 
 def gold_groups(task: Task) -> list[list[str]]:

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from memrl.data.checks import bad_text, text_problem
 from memrl.data.errors import DataError
 from memrl.data.files import open_text, write_jsonl
 from memrl.types import Document, Task
@@ -78,15 +79,21 @@ def load_corpus(path: str | os.PathLike[str]) -> list[Document]:
         raise FileNotFoundError(f"corpus file {path} does not exist")
     docs: list[Document] = []
     ids: dict[str, int] = {}
-    with open_text(path) as f:
+    with open_text(path, errors="surrogateescape") as f:  # a byte that is not UTF-8 is named by its line
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             where = f"{path}: line {lineno}"
+            problem = bad_text(line)
+            if problem:
+                raise DataError(f"{where}: {problem}")
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{where}: not valid JSON: {e.msg}") from e
+            problem = text_problem(rec)
+            if problem:
+                raise DataError(f"{where}: {problem}")
             if not isinstance(rec, dict):
                 raise DataError(f"{where}: expected an object {{id, title, text}}, got {type(rec).__name__}")
             for key in ("id", "text"):

@@ -23,7 +23,7 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from memrl.data.checks import DuplicateIds, gold_problem
+from memrl.data.checks import DuplicateIds, gold_problem, text_problem
 from memrl.data.errors import DataError
 from memrl.types import DataModelError, Task
 
@@ -61,12 +61,12 @@ def file_format(path: str | os.PathLike[str]) -> tuple[str, str | None]:
     raise DataError(f"{path}: unknown data file type; expected .json, .jsonl or .parquet (optionally .xz/.gz/.bz2)")
 
 
-def open_text(path: str | os.PathLike[str], mode: str = "rt") -> IO[str]:
+def open_text(path: str | os.PathLike[str], mode: str = "rt", errors: str = "strict") -> IO[str]:
     """Open a (possibly compressed) text file for reading or writing, UTF-8."""
     opener = _COMPRESSORS.get(Path(path).suffix.lower())
     if opener is not None:
-        return opener(path, mode, encoding="utf-8")  # type: ignore[call-arg]
-    return open(path, mode, encoding="utf-8")
+        return opener(path, mode, encoding="utf-8", errors=errors)  # type: ignore[call-arg]
+    return open(path, mode, encoding="utf-8", errors=errors)
 
 
 def iter_records(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
@@ -177,6 +177,9 @@ def parse_records(
         try:
             if isinstance(rec, DataError):
                 raise rec
+            problem = text_problem(rec)  # a lone surrogate would pass here and fail in a tokenizer later
+            if problem:
+                raise DataError(f"{where}: {problem}")
             task = parse(rec, where)
             problem = gold_problem(task) or ids.problem(task.task_id, row)  # memrl.data.checks
             if problem:

@@ -387,6 +387,23 @@ def _largest_fitting(make: Callable[[int], int], target: int, guess: int, lo: in
     return good
 
 
+def read_text_file(path: str, flag: str) -> str:
+    """A UTF-8 text file named by option `flag`; DataError naming the file, line and byte that is not UTF-8, or
+    a lone surrogate, instead of a decoder traceback."""
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise DataError(f"{flag} {path}: line {line}: a byte that is not UTF-8 (0x{data[e.start]:02x}) at byte "
+                        f"{e.start}; expected UTF-8 text") from None
+    return text
+
+
+MAX_LENGTH = 1 << 25
+"""Longest target length (32m tokens): a row's haystack is built and tokenized in memory."""
+
+
 def parse_length(text: str) -> int:
     """'8k' -> 8192, '1m' -> 1048576, '5000' -> 5000."""
     t = text.strip().lower()
@@ -394,6 +411,9 @@ def parse_length(text: str) -> int:
     num = t[:-1] if mult > 1 else t
     if not num.isdigit() or int(num) < 1:
         raise ValueError(f"a length is a positive integer with an optional k or m suffix (8k = 8192), got {text!r}")
+    if int(num) * mult > MAX_LENGTH:
+        raise ValueError(f"{text!r} is more than {MAX_LENGTH // (1 << 20)}m tokens: each row's context is built "
+                         "and tokenized in memory")
     return int(num) * mult
 
 
@@ -423,10 +443,10 @@ class Builder:
         self.noise: tuple[str, ...] = NOISE
         self._qa: tuple[list[QAItem], list[str]] | None = None
         if opts.haystack:
-            text = Path(opts.haystack).read_text(encoding="utf-8")
+            text = read_text_file(opts.haystack, "--haystack")
             self.essay = re.sub(r"\s+", " ", text).strip().split(" ")
         if opts.noise:
-            lines = [ln.strip() for ln in Path(opts.noise).read_text(encoding="utf-8").splitlines() if ln.strip()]
+            lines = [ln.strip() for ln in read_text_file(opts.noise, "--noise").splitlines() if ln.strip()]
             if not lines:
                 raise DataError(f"--noise {opts.noise}: no lines of text")
             self.noise = tuple(lines)

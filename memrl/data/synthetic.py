@@ -78,16 +78,23 @@ KEYS: tuple[str, ...] = make_keys()
 _KEY_SET = frozenset(KEYS)
 
 
+MAX_CHUNKS = 1 << 20
+MAX_CHUNK_WORDS = 1 << 16
+MAX_WORDS = 1 << 26
+WHY_BOUND = "a bound: each document is built in memory"
+"""Upper bounds of a synthetic document's size, so a mistyped length fails by name instead of exhausting memory."""
+
+
 @dataclass
 class SyntheticConfig:
     """Shape of the synthetic tasks. Length is counted in chunks (pieces of `chunk_words` tokens)."""
 
-    num_chunks: int = valid(4, ge=1)
+    num_chunks: int = valid(4, ge=1, le=MAX_CHUNKS, note=WHY_BOUND)
     """Pieces per document; evaluation scales this (x1, x4, x16)."""
     min_chunks: int = valid(0, ge=0, le="num_chunks", note="0 = fixed num_chunks")
     """When > 0, every task draws its length uniformly from [min_chunks, num_chunks] (mixed-length
     training, so the answer is often several pieces back); 0 = every task has num_chunks pieces."""
-    chunk_words: int = valid(24, ge=1)
+    chunk_words: int = valid(24, ge=1, le=MAX_CHUNK_WORDS, note=WHY_BOUND)
     """Words (= tokens) per piece; set the workflow's chunk_tokens to the same number."""
     facts_per_chunk: int = valid(1, ge=1)
     """Facts planted in every piece (the question's fact(s) replace some of them)."""
@@ -97,7 +104,7 @@ class SyntheticConfig:
     """Keys drawn from the first num_keys of KEYS."""
     num_values: int = valid(len(VALUES), ge=1)
     """Values drawn from the first num_values of VALUES."""
-    fact_position: str = "random"
+    fact_position: str = valid("random", choices=("random", "start"))
     """Where a piece's facts sit: "random" word positions, or "start" (the piece begins with them)."""
     fact_sep: str | None = "is"
     """Word between a fact's key and value ("Kalo is red"); null writes "Kalo red", so the value is the
@@ -107,7 +114,7 @@ class SyntheticConfig:
     (1.0 = anywhere, uniformly; the default stream is unchanged). Smaller values leave more memory rewrites
     after the fact, a training curriculum for retention; evaluation keeps 1.0. One-fact questions only (a
     bridge question's facts stay anywhere)."""
-    question_style: str = "what"
+    question_style: str = valid("what", choices=("what", "cloze"))
     """"what": "what is Kalo" / "what is what Kalo is"; "cloze": the question is the fact with its value
     blanked, "Kalo is ?" / "Kalo is ? is ?" (it reads like the facts it asks about)."""
 
@@ -125,6 +132,9 @@ class SyntheticConfig:
             )
         if self.bridge_fraction > 0 and self.num_chunks * self.facts_per_chunk < 2:
             raise ValueError("SyntheticConfig: bridge questions need at least 2 fact slots per document")
+        if self.num_chunks * self.chunk_words > MAX_WORDS:
+            raise ValueError(f"SyntheticConfig: num_chunks x chunk_words = {self.num_chunks * self.chunk_words} words "
+                             f"per document is more than {MAX_WORDS}: {WHY_BOUND}")
         if self.question_style not in ("what", "cloze"):
             raise ValueError(f"SyntheticConfig.question_style must be what or cloze, got {self.question_style!r}")
         if self.fact_position not in ("random", "start"):

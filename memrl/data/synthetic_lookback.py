@@ -43,7 +43,7 @@ class LookbackConfig:
     """Keys drawn from the first num_keys of memrl.data.synthetic.KEYS."""
     num_values: int = valid(len(VALUES), ge=2, le=len(VALUES))
     """Answer values drawn from the first num_values of memrl.data.synthetic.VALUES."""
-    fact_position: str = "random"
+    fact_position: str = valid("random", choices=("random", "start"))
     """Where a piece's facts sit: "random" word positions, or "start" (the piece begins with them)."""
 
     def __post_init__(self) -> None:

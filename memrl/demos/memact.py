@@ -130,7 +130,7 @@ class MemActDemoConfig:
     context_budget: int = valid(0, ge=0, note="0 = calibrated")
     """The working-context budget (workflow.max_context_tokens of the cold start, DCPO and evaluation).
     0 = calibrated with the demo's tokenizer on the first 200 SFT tasks, by `budget`."""
-    budget: str = "prune"
+    budget: str = valid("prune", choices=("prune", "search_only"))
     """How a calibrated budget is set: "prune" = the largest prompt the scripted agent without its flaw
     reaches (the task prompt and two search results; the demo checks that no prompt holding three search
     results fits, so 3-question tasks need a prune); "search_only" = the largest prompt of the search-only

@@ -18,6 +18,11 @@ from memrl.config import valid
 
 ENGINE_KINDS = ("hf", "vllm", "vllm-cpu", "openai")
 LORA_SYNCS = ("merged", "adapter")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+"""vLLM logprobs modes that give log-probabilities (its *_logits modes do not: memrl.engines.base's contract)."""
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+"""vLLM logprobs modes that give log-probabilities (its *_logits modes do not: memrl.engines.base's contract)."""
 """How a LoRA policy reaches a vLLM engine in training (engine.vllm.lora_sync, engine.openai.lora_sync)."""
 
 
@@ -66,7 +71,7 @@ class VLLMSection:
     Generator does not use offset") when a seeded request's prefill is split across steps."""
     tensor_parallel_size: int = valid(1, ge=1)
     """GPUs one engine spans."""
-    logprobs_mode: str = "processed_logprobs"
+    logprobs_mode: str = valid("processed_logprobs", choices=LOGPROBS_MODES)
     """"processed_logprobs" matches memrl's logprob convention (memrl.engines.base)."""
     enable_sleep_mode: bool = False
     """Allow sleep()/wake_up() (CUDA only)."""
@@ -99,7 +104,7 @@ class OpenAISection:
     """Environment variable holding the key when api_key is None; "" = none."""
     server: str = valid("vllm", choices=("vllm", "sglang"))
     """vllm | sglang: which weight-reload endpoint weight syncs use."""
-    api: str = "completions"
+    api: str = valid("completions", choices=("completions", "chat"))
     """completions: /v1/completions with token ids in and out (training and eval) | chat:
     /v1/chat/completions with the prompt's messages, for servers that only have it (MemAgent's
     serve/llm070.py); eval only: token ids and logprobs are used when the server returns them, else the
@@ -135,7 +140,7 @@ class EngineConfig:
     resumed run starts from). openai: the local tokenizer directory."""
     max_batch_size: int = valid(64, ge=1)
     """Sequences decoded together (hf max_batch_size, vLLM max_num_seqs, openai requests in flight)."""
-    dtype: str | None = None
+    dtype: str | None = valid(None, choices=DTYPES)
     """Weights dtype name; None = the policy's when sharing, else float32 on CPU / bfloat16 on CUDA (hf),
     "auto" (vLLM)."""
     seed: int = valid(0, ge=0)
@@ -154,3 +159,5 @@ class EngineConfig:
             raise ValueError(f"engine.max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.openai.api not in ("completions", "chat"):
             raise ValueError(f"engine.openai.api {self.openai.api!r} is not completions or chat")
+        if not self.openai.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"engine.openai.base_url={self.openai.base_url!r} must start with http:// or https://")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import os
 import threading
 import time
@@ -178,6 +179,8 @@ class HFEngine:
         if max_wait_ms < 0:
             raise ValueError(f"HFEngine.max_wait_ms must be >= 0, got {max_wait_ms}")
         self.share_weights = share_weights
+        self.source = "(the policy being trained)"
+        """What error messages call the model: its directory when loaded from one."""
         if share_weights:
             if not isinstance(model_or_path, torch.nn.Module):
                 raise EngineError("HFEngine(share_weights=True) needs a loaded model, not a path")
@@ -258,6 +261,7 @@ class HFEngine:
                 kwargs["attn_implementation"] = attn
             with hf_progress_off():  # no "Loading weights" bar per engine build
                 model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            self.source = str(path)
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(path)
         else:
@@ -596,6 +600,12 @@ class HFEngine:
         batch.done[i] = True
         req = batch.requests[i]
         self.stats.completed += 1
+        bad = next((k for k, lp in enumerate(req.logprobs) if not math.isfinite(lp)), None)
+        if bad is not None:  # NaN / inf weights (or a diverged update): named here, not deep in a Segment check
+            self._resolve(req, EngineError(
+                f"model {self.source}: produced a non-finite log-probability ({req.logprobs[bad]}) at generated "
+                f"token {bad}; its weights hold NaN or inf (a diverged update, a damaged file)"))
+            return
         self._resolve(req, Completion(list(req.tokens), list(req.logprobs), reason))
 
     def _retire(self, batch: _Batch) -> _Batch:

@@ -9,6 +9,9 @@ Request: {"prompt": [ids], "logprobs": 1, "return_token_ids": true, "return_toke
 `choices[0].logprobs.tokens` (vLLM's return_tokens_as_token_ids); logprobs from
 `choices[0].logprobs.token_logprobs`. A reply with neither, or with lengths that disagree, is an
 EngineError naming the URL: decoded text is never re-tokenized.
+Every reply's values pass `check_reply_values` before anything decodes them (token ids integers in
+the vocabulary, logprobs finite numbers <= 0): a reply that fails is logged, counted (`bad_replies`) and
+retried like a 5xx, then an EngineError naming the URL, the field, the position and the value.
 
 Logprob convention: the server decides. Start vLLM with `--logprobs-mode processed_logprobs` to get
 memrl's convention (see memrl.engines.vllm); its default, raw_logprobs, ignores the temperature.
@@ -50,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import random
 import uuid
@@ -97,7 +101,7 @@ class OpenAIConfig:
     """Environment variable holding the key when api_key is None; "" = none."""
     server: str = _OPENAI.server
     """vllm | sglang: which weight-reload endpoint update_weights uses."""
-    api: str = _OPENAI.api
+    api: str = valid(_OPENAI.api, choices=API_KINDS)
     """completions (/v1/completions, token ids in and out) | chat (/v1/chat/completions, messages in;
     evaluation only)."""
     vllm_reload_method: str = _OPENAI.vllm_reload_method
@@ -178,6 +182,54 @@ def chat_request(messages: list[dict[str, Any]], sampling: SamplingParams, model
     return body
 
 
+MAX_TOKEN_ID = 2**31 - 1
+"""Token ids at or above it are refused even without a vocabulary size (tokenizers index with 32 bits)."""
+LOGPROB_SLACK = 1e-6
+"""A log-probability above it is not one (memrl.types.Segment admits the same rounding)."""
+
+
+class BadReply(EngineError):
+    """A reply whose values cannot be what the server generated (token ids outside the vocabulary, a
+    positive or non-finite log-probability, a value of the wrong JSON type): retried like a transient
+    failure, counted in `OpenAIEngine.bad_replies`."""
+
+
+def check_reply_values(ids: Any, logprobs: Any, url: str, what: str, vocab_size: int | None = None,
+                       ids_from_text: bool = False) -> tuple[list[int], list[float]]:
+    """The one check of what a completion or chat reply says it generated, before anything decodes it:
+    each token id a JSON integer (a "token_id:N" string's digits when `ids_from_text`) in [0, vocab_size)
+    (or [0, MAX_TOKEN_ID) without one), each logprob a JSON number, finite and <= 0; a list each. Returns
+    (token ids, logprobs) or raises BadReply naming `url`, `what` field, the position and the value."""
+    def bad(msg: str) -> BadReply:
+        return BadReply(f"{url}: malformed {what} reply: {msg}")
+
+    if not isinstance(ids, list):
+        raise bad(f"token ids must be a list, got {type(ids).__name__}")
+    top = vocab_size if vocab_size else MAX_TOKEN_ID
+    token_ids: list[int] = []
+    for i, t in enumerate(ids):
+        if ids_from_text and isinstance(t, str) and t.isascii() and t.isdigit():
+            t = int(t)
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise bad(f"token id {i} is {t!r} ({type(t).__name__}), not an integer")
+        if not 0 <= t < top:
+            bound = f"the vocabulary [0, {vocab_size})" if vocab_size else f"[0, {MAX_TOKEN_ID})"
+            raise bad(f"token id {i} is {t}, outside {bound}")
+        token_ids.append(t)
+    if logprobs is None:
+        return token_ids, []
+    if not isinstance(logprobs, list):
+        raise bad(f"logprobs must be a list, got {type(logprobs).__name__}")
+    values: list[float] = []
+    for i, x in enumerate(logprobs):
+        if isinstance(x, bool) or not isinstance(x, int | float):
+            raise bad(f"logprob {i} is {x!r} ({type(x).__name__}), not a number")
+        if not math.isfinite(x) or x > LOGPROB_SLACK:
+            raise bad(f"logprob {i} is {x!r}; a log-probability is finite and <= 0")
+        values.append(float(x))
+    return token_ids, values
+
+
 def parse_chat(payload: Any, url: str, tokenizer: Any) -> Completion:
     """A /v1/chat/completions JSON reply -> Completion (see "Chat mode" in the module docstring)."""
     def bad(what: str) -> EngineError:
@@ -200,31 +252,36 @@ def parse_chat(payload: Any, url: str, tokenizer: Any) -> Completion:
     entries = content if isinstance(content, list) and all(isinstance(e, dict) for e in content) else None
     ids: Any = choice.get("token_ids")
     source = "server"
+    from_text = False
     if ids is None and entries and all(str(e.get("token", "")).startswith("token_id:") for e in entries):
         ids = [str(e["token"])[len("token_id:"):] for e in entries]
+        from_text = True
     if ids is None:
         if tokenizer is None:
             raise EngineError(f"{url}: the chat reply has no token ids and the engine has no tokenizer "
                               "to tokenize its text (set engine.model / OpenAIConfig.tokenizer)")
         ids = list(tokenizer.encode(message.get("content") or "", add_special_tokens=False))
         source = "text"
-    try:
-        token_ids = [int(t) for t in ids]
-    except (TypeError, ValueError) as e:
-        raise bad(f"non-numeric token id ({e})") from e
+    token_ids, _ = check_reply_values(ids, None, url, "chat", _vocab_size(tokenizer), from_text)
     values: list[float] | None = None
     if source == "server" and entries is not None and len(entries) == len(token_ids):
-        try:
-            values = [float(e["logprob"]) for e in entries]
-        except (KeyError, TypeError, ValueError):
-            values = None
+        if all("logprob" in e for e in entries):
+            _, values = check_reply_values(token_ids, [e["logprob"] for e in entries], url, "chat")
     info = {"token_ids": source, "logprobs": "server" if values is not None else "unavailable"}
     if values is None:  # placeholders: Segment requires finite logprobs; training never gets here
         values = [0.0] * len(token_ids)
     return Completion(token_ids, values, finish, info=info)
 
 
-def parse_completion(payload: Any, url: str) -> Completion:
+def _vocab_size(tokenizer: Any) -> int | None:
+    """len(tokenizer) (the vocabulary with added tokens) when the tokenizer says; else None."""
+    try:
+        return int(len(tokenizer)) if tokenizer is not None else None
+    except TypeError:  # a tokenizer without __len__ (a test double)
+        return None
+
+
+def parse_completion(payload: Any, url: str, vocab_size: int | None = None) -> Completion:
     """A /v1/completions JSON reply -> Completion; any missing or inconsistent field is an EngineError."""
     def bad(what: str) -> EngineError:
         return EngineError(f"{url}: malformed completion reply: {what}")
@@ -245,11 +302,8 @@ def parse_completion(payload: Any, url: str) -> Completion:
         if not isinstance(tokens, list) or not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
             raise bad("no token ids: neither choices[0].token_ids nor 'token_id:N' logprob tokens")
         ids = [t[len("token_id:") :] for t in tokens]
-    try:
-        token_ids = [int(t) for t in ids]
-        values = [float(x) for x in logprobs]
-    except (TypeError, ValueError) as e:
-        raise bad(f"non-numeric token id or logprob ({e})") from e
+    token_ids, values = check_reply_values(ids, logprobs, url, "completion", vocab_size,
+                                           ids_from_text=choice.get("token_ids") is None)
     if len(token_ids) != len(values):
         raise bad(f"{len(token_ids)} token ids but {len(values)} logprobs")
     finish = choice.get("finish_reason")
@@ -298,6 +352,8 @@ class OpenAIEngine:
         self._adapter_version = 0
         self._listed: str | None = None  # api=chat without a served model: the server's one model, asked once
         self._model_task: asyncio.Future[None] | None = None  # per client (loop): the concurrent calls share it
+        self.bad_replies = 0
+        """Replies refused by check_reply_values (each logged; retried up to max_retries)."""
 
     @property
     def served_model(self) -> str | None:
@@ -393,7 +449,13 @@ class OpenAIEngine:
                     payload = await self._post_once(client, body)
                     if self.config.api == "chat":
                         return parse_chat(payload, self.url, self.tokenizer)
-                    return parse_completion(payload, self.url)
+                    return parse_completion(payload, self.url, _vocab_size(self.tokenizer))
+                except BadReply as e:  # garbage values: counted, logged, retried like a transient failure
+                    self.bad_replies += 1
+                    if attempt + 1 == attempts:
+                        raise BadReply(f"{e} (gave up after {attempts} attempts)") from e
+                    log.warning("%s; retry %d/%d", e, attempt + 1, attempts - 1)
+                    continue
                 except _Retryable as e:
                     if attempt + 1 == attempts:
                         raise EngineError(f"{self.url}: {e} (gave up after {attempts} attempts)") from e

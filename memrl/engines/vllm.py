@@ -59,7 +59,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from memrl.config import valid
 from memrl.engines.base import Completion, EngineError, SamplingParams
-from memrl.engines.config import EngineConfig, VLLMSection
+from memrl.engines.config import DTYPES, EngineConfig, VLLMSection
 from memrl.engines.weight_transfer import TransferSpec, WeightTransfer
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class VLLMConfig(VLLMSection):
 
     model: str = ""
     """HuggingFace model directory (or hub id where a hub is reachable)."""
-    dtype: str = "auto"
+    dtype: str = valid("auto", choices=DTYPES)
     """auto | float32 | bfloat16 | float16 (engine.dtype; its None means auto for vLLM)."""
     seed: int = valid(_ENGINE.seed, ge=0)
     """engine.seed."""

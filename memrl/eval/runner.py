@@ -105,7 +105,7 @@ class EvalConfig:
     golds: str = valid("any", choices=("any", "first"))
     """Which gold answers a prediction is scored against: any = the best over all of them (memrl);
     first = answers[0] only (MemAgent's, ReMemR1's and vime's evaluations)."""
-    extract: str = "boxed"
+    extract: str = valid("boxed", choices=EXTRACT_MODES)
     """How the prediction is read from the final text (memrl.rewards.extract): boxed = the last \\boxed{};
     answer_is = the text after the last "the answer is" (MemAgent's protocol for its RL models);
     boxed_published = the published evaluations' box reader (also `\\boxed ans`); boxed_last300 = that
@@ -116,7 +116,7 @@ class EvalConfig:
     samples: int = valid(1, ge=1)
     """Answers per question (rows carry `sample` 0..samples-1); more than 1 needs workflow.temperature > 0
     to differ."""
-    metric_rules: str = "memrl"
+    metric_rules: str = valid("memrl", choices=METRIC_RULES)
     """How em / sub_em / f1 score a prediction (memrl.rewards.published_metrics): memrl (memrl.rewards.qa);
     memagent = MemAgent's and ReMemR1's evaluations (ASCII punctuation only, an empty prediction scores
     0, each score rounded to 2 decimals per question); vime = vime's (an empty prediction has sub_em 1,

@@ -114,10 +114,10 @@ class JudgeSettings:
     """Verdict tag of a partly right answer (scores 0)."""
     incorrect_tag: str = "INCORRECT"
     """Verdict tag of a wrong answer (scores 0)."""
-    verdict_rule: str = "single"
+    verdict_rule: str = valid("single", choices=VERDICT_RULES)
     """single: exactly one distinct verdict in the final part (none = no_verdict, several = garbled);
     contains_correct: CORRECT when the correct tag appears there at all (the published rule)."""
-    on_failure: str = "zero"
+    on_failure: str = valid("zero", choices=ON_FAILURE)
     """A failed judgement (ERROR_KINDS) scores 0 ("zero", published) or scores 0 and marks the trajectory
     `info["exclude_from_group"]` so group statistics can leave it out ("exclude")."""
 

@@ -34,6 +34,8 @@ from memrl.algorithms.registry import (
 from memrl.config import OPEN_SECTIONS, REMOVED_KEYS, ConfigError, section_from_dict, valid
 from memrl.data.synthetic import SyntheticConfig
 from memrl.engines.config import EngineConfig
+from memrl.rewards.extract import EXTRACT_MODES
+from memrl.rewards.published_metrics import METRIC_RULES
 from memrl.training.adapter_sync import check as check_lora_sync
 from memrl.training.lora import LoraSection
 from memrl.training.trackers import check_installed
@@ -62,8 +64,11 @@ class ModelSection:
         """A model directory is named; a CUDA device exists when one is asked for."""
         if not self.path:
             raise ConfigError("model.path is required (a HuggingFace model directory)")
+        try:
+            torch.device(self.device)
+        except RuntimeError:
+            raise ConfigError(f"model.device={self.device!r} is not a torch device (cpu, cuda, cuda:N, ...)") from None
         if self.device.startswith("cuda"):
-
             if not torch.cuda.is_available():
                 raise ConfigError(f"model.device={self.device} but torch.cuda.is_available() is False")
 
@@ -104,7 +109,7 @@ class AlgorithmSection:
     """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1, or an import path
     package.module:fn of a function marked @memrl.algorithms.base.register_advantage(name, Options). It does
     not choose which segments train: that is `selection`."""
-    n: int = valid(16, ge=1)
+    n: int = valid(16, ge=1, le=4096, note="a bound: a task's n trajectories are held in memory together")
     """Trajectories sampled per task (the group), under every estimator (MemAct publishes 8)."""
     # --- DCPO segment selection (docs/concepts/memact.md, "Training with DCPO"): which segments become rows.
     selection: str = valid("all", choices=("all", "published", "spread_unused"))
@@ -377,9 +382,9 @@ class ValSection:
     scripts do)."""
     golds: str = valid("any", choices=("any", "first"))
     """As `memrl eval golds=`: score against any gold answer or answers[0] only."""
-    extract: str = "boxed"
+    extract: str = valid("boxed", choices=EXTRACT_MODES)
     """As `memrl eval extract=` (memrl.rewards.extract)."""
-    metric_rules: str = "memrl"
+    metric_rules: str = valid("memrl", choices=METRIC_RULES)
     """As `memrl eval metric_rules=` (memrl.rewards.published_metrics)."""
 
 

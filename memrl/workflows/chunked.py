@@ -97,17 +97,17 @@ class ChunkedConfig:
     ReMemR1 parses its <update> / <recall> tags from what is left. empty_memory then applies."""
 
     # Published-setup switches (memrl's default first; docs/DIFFERENCES.md).
-    template_style: str = "memrl"
+    template_style: str = valid("memrl", choices=TEMPLATE_STYLES)
     """How a user's template (inline or file) is read: memrl (literal {name} substitution, other braces
     are text) or str_format (a Python str.format string as the published code writes it: {{ }} escapes,
     {prompt} = {problem}). The packaged default templates are always memrl style."""
     template_strip: bool = False
     """A template file: False keeps its text exactly (a published template ends with a newline); True
     reads it as memrl did before (line endings as \\n, one final newline dropped)."""
-    truncation: str = "centre"
+    truncation: str = valid("centre", choices=TRUNCATIONS)
     """How max_chunks cuts a long context: centre (keep the head half and the tail half: MemAgent, memrl)
     or head (keep the first max_chunks chunks: vime)."""
-    empty_memory: str = "placeholder"
+    empty_memory: str = valid("placeholder", choices=EMPTY_MEMORY_RULES)
     """A memory call whose memory is empty (after special tokens and surrounding whitespace are removed):
     placeholder (no_memory_text: MemAgent), keep_previous (the previous memory stays: vime) or empty (the
     empty string: MemAgent's synchronous trainer, ReMemR1's released code)."""

@@ -163,7 +163,7 @@ class MemActConfig:
     retriever_url: str | None = None
     """Base URL of a retrieval service (wins over the corpus): `memrl serve retrieval`, or one answering in
     the public MemAct reply shape (documents without id or score; memrl.services.client)."""
-    retriever_scope: str = "corpus"
+    retriever_scope: str = valid("corpus", choices=("corpus", "task"))
     """"corpus": one retriever (retriever_url / retriever_corpus / a registered one) for every task; "task":
     BM25 over the task's own documents, `task.meta["documents"]` (texts or {id, title, text} rows), e.g. a
     HotpotQA question's ten paragraphs or the CPU demo's per-task fact sheet."""
@@ -188,18 +188,18 @@ class MemActConfig:
     # --- Rollout rules where memrl differs from the public MemAct agent loop (upstream
     # verl/experimental/agent_loop/mem_agent_loop.py; docs/concepts/memact.md "Rollout switches"). Each default is
     # memrl's rule; the other value is the published one (the memact_official preset sets them all).
-    unparsable_tool_calls: str = "reply_error"
+    unparsable_tool_calls: str = valid("reply_error", choices=("reply_error", "end"))
     """A reply with <tool_call> blocks: "reply_error" answers every malformed block with an error message
     and the loop goes on; "end" (published) runs only the calls that parse, silently, and a reply none of
     whose calls parse ends the trajectory as its final reply (stop "unparsable_calls")."""
-    unknown_tool_calls: str = "reply_error"
+    unknown_tool_calls: str = valid("reply_error", choices=("reply_error", "end"))
     """A call to a tool not offered: "reply_error" answers it with an error message and the loop goes on;
     "end" (published: the tool lookup raises, and any failed call ends the loop) runs the turn's other
     calls, then ends the trajectory with that reply as its last (stop "tool_error")."""
     last_turn_runs_tools: bool = True
     """True: the calls of the last allowed turn (max_assistant_turns) run, a prune there included; False
     (published: the turn limit is checked before any call runs) ends the trajectory on that reply."""
-    prune_id_match: str = "exact"
+    prune_id_match: str = valid("exact", choices=("exact", "substring"))
     """prune_context's delete_ids: "exact" (every id must be a current result id, else nothing is removed);
     "substring" (published: a result goes when any id occurs in its text, unmatched ids are ignored)."""
     prune_turns_deletable: bool = False
@@ -242,7 +242,7 @@ class MemActConfig:
     Needs turn_tokens=reencoded (the cut turn is text the model did not sample)."""
 
     # ---- data: the row's prompt and the answer format (published layout; docs/DIFFERENCES.md) ----
-    prompt_source: str = "auto"
+    prompt_source: str = valid("auto", choices=("auto", "row", "template"))
     """Where the first prompt comes from: "row" = the task's own chat messages (`task.meta["prompt"]`, the
     file row's `prompt`; the published agent loop renders them with the tools through the chat template),
     "template" = memrl's templates above around `task.question`, "auto" = row when the task has messages."""

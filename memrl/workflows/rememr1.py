@@ -36,6 +36,7 @@ from memrl.rewards.qa import extract_boxed
 from memrl.types import Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec, boxed_em_outcome
 from memrl.workflows.chunked import (
+    EMPTY_MEMORY_RULES,
     THINK_END,
     THINK_OPEN,
     ChunkedConfig,
@@ -81,7 +82,7 @@ class ReMemR1Config(ChunkedConfig):
     """Tag around a callback query."""
     thinking_tag: str = "thinking"
     """Tag around the reasoning (not parsed; only named in the default prompt)."""
-    scorer: str = "tfidf"
+    scorer: str = valid("tfidf", choices=SCORERS)
     """Recall scorer: tfidf (released code), word_overlap (paper), bm25."""
     min_recall_score: float = valid(0.0, ge=-1, note="below 0 = the best match is recalled even at score 0")
     """A recall retrieves nothing unless the best score is above this."""
@@ -98,7 +99,7 @@ class ReMemR1Config(ChunkedConfig):
     """Step reward weights: w_f * format + w_m * memory gain + w_c * callback gain (memrl.rewards.steps)."""
     memory_weight: float = valid(1.0, ge=0)
     callback_weight: float = valid(1.0, ge=0)
-    callback_rule: str = "paper"
+    callback_rule: str = valid("paper", choices=step_rewards_lib.CALLBACK_RULES)
     """How a recall is credited (memrl.rewards.steps): paper = only gold-answer words that neither the
     memory the step read nor its chunk hold (normalized words, max over golds); released = the public
     code's rule (raw substrings of the whole step prompt, mean over golds)."""
@@ -124,15 +125,15 @@ class ReMemR1Config(ChunkedConfig):
     """Inline final prompt (wins over the file)."""
 
     # Published-setup switches (memrl's default first; docs/DIFFERENCES.md).
-    memory_rule: str = "update_tag"
+    memory_rule: str = valid("update_tag", choices=MEMORY_RULES)
     """What the new memory is: update_tag (the first <update> block's text: the paper and memrl) or
     strip_recall (the whole response with every closed <recall>...</recall> block cut out, thinking and
     tags included, whitespace-trimmed: the released code, memory_revisit.py _parse_update_memory)."""
-    query_rule: str = "first_block"
+    query_rule: str = valid("first_block", choices=QUERY_RULES)
     """The recall query: first_block (the first closed non-empty <recall> block, across lines,
     whitespace-trimmed: memrl) or greedy_line (the released regex <recall>(.+)</recall>: one line, from
     the first open tag to the last close tag on it, untrimmed: memory_revisit.py _parse_recall_query)."""
-    recall_candidates: str = "earlier"
+    recall_candidates: str = valid("earlier", choices=RECALL_CANDIDATES)
     """Which memories step t's query searches: earlier (those of steps < t: the paper and the released
     training code, memory_revisit.py) or with_current (m_t too, added before its own query is answered:
     the released evaluation, taskutils/memory_eval/utils/rememr1.py async_query_llm)."""
@@ -140,7 +141,7 @@ class ReMemR1Config(ChunkedConfig):
     """False disables callbacks (an ablation at evaluation): the prompt is unchanged and a <recall> query is
     still parsed and counted (`recalls`, `recalls_blocked`), but it retrieves nothing, so the next prompt
     shows no_recall_text and no callback reward is earned."""
-    empty_memory: str = "keep_previous"
+    empty_memory: str = valid("keep_previous", choices=EMPTY_MEMORY_RULES)
     """A step that yields no memory (no / empty <update>, or an empty strip_recall text): keep_previous
     (memrl), placeholder (no_memory_text) or empty (the empty string: the released code)."""
 

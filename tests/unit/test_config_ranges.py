@@ -302,3 +302,121 @@ def test_out_of_range_command_line_options_fail_in_one_line(capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.endswith(f": error: {said}\n"), argv
+
+
+# ------------------------------------------------------------------------ choice fields (issue 48 item 8)
+# Every string field either declares its choices (`valid(..., choices=...)`, so the one walker refuses a
+# wrong value by name with the others, before any work) or is free text, listed here with why.
+FREE_TEXT: dict[str, str] = {
+    "ConversationSection": "", "SFTRunConfig.out_dir": "a path", "SyntheticConfig.fact_sep": "text",
+    "MemActDemoConfig.variant": "joined variant names, checked by the demo before any work",
+    "MemActDemoConfig.train_preset": "a preset name or path", "DemoConfig.model_preset": "a model preset name",
+    "DemoConfig.train_preset": "a preset name or path", "DemoSFT.unanswerable_text": "text",
+    "DemoSFT.restate_sep": "text", "EngineConfig.model": "a path", "HFSection.device": "a torch device string",
+    "HFSection.attn_implementation": "transformers' names and hub kernels (kernels-community/...)",
+    "OpenAISection.base_url": "a URL", "OpenAISection.served_model": "a server's model name",
+    "OpenAISection.api_key": "a secret", "OpenAISection.api_key_env": "an environment variable",
+    "OpenAISection.vllm_reload_method": "a server-side method name", "OpenAISection.sync_dir": "a path",
+    "VLLMSection.cpu_threads_bind": "a CPU list", "OpenAIConfig.base_url": "a URL", "OpenAIConfig.tokenizer": "a path",
+    "OpenAIConfig.model": "a server's model name", "OpenAIConfig.api_key": "a secret",
+    "OpenAIConfig.api_key_env": "an environment variable", "OpenAIConfig.vllm_reload_method": "a method name",
+    "OpenAIConfig.server": "inherited declaration in OpenAISection", "VLLMConfig.cpu_threads_bind": "a CPU list",
+    "VLLMConfig.model": "a path", "EvalConfig.name": "a run name", "EvalConfig.docs_from": "a path",
+    "JudgeSettings.url": "a URL", "JudgeSettings.model": "a model name", "JudgeSettings.api_key_env": "a variable",
+    "JudgeSettings.rubric_file": "a path", "JudgeSettings.correct_tag": "text", "JudgeSettings.partial_tag": "text",
+    "JudgeSettings.incorrect_tag": "text", "DataSection.path": "a path", "DataSection.docs_from": "a path",
+    "ModelSection.path": "a path", "ModelSection.device": "a torch device string, parsed by ModelSection.check",
+    "RaySection.address": "an address", "RaySection.temp_dir": "a path", "RolloutSection.sync_dir": "a path",
+    "TrainConfig.out_dir": "a path", "TrainerSection.mlflow_uri": "a URI, checked by memrl.training.trackers",
+    "TrainerSection.save_best": "a metric name, checked against the val metrics",
+    "ValSection.files": "paths", "LoraSection.target_modules": "module names of the model",
+    "no_memory_text": "text", "no_recall_text": "text", "update_tag": "a tag", "recall_tag": "a tag",
+    "thinking_tag": "a tag", "reward": "a registered verifier or an import path, checked by check_verifier",
+    "FullContextConfig": "", "memory_template_file": "a path", "final_template_file": "a path",
+    "memory_template": "text", "final_template": "text", "retriever_kind": "a registry name or import path",
+    "retriever_corpus": "a path", "retriever_url": "a URL", "tool_texts_file": "a path",
+    "tool_truncation_marker": "text", "system_template_file": "a path", "system_noprune_template_file": "a path",
+    "user_template_file": "a path", "system_template": "text", "system_noprune_template": "text",
+    "user_template": "text", "answer_instruction": "text", "row_noprune_system_cut": "text",
+    "row_noprune_user_cut": "text", "tool_schemas_file": "a path",
+}
+
+
+def _str_fields(cls: type) -> list[dataclasses.Field]:
+    hints = _hints(cls)
+    return [f for f in dataclasses.fields(cls)
+            if hints[f.name] in (str, str | None, list[str], list[str] | None)]
+
+
+def _free(cls: type, name: str) -> bool:
+    return any(k in FREE_TEXT for k in (f"{cls.__name__}.{name}", name, cls.__name__))
+
+
+@pytest.mark.parametrize("cls", OWNED, ids=lambda c: c.__name__)
+def test_every_string_field_declares_its_choices_or_is_free_text(cls):
+    missing = [f.name for f in _str_fields(cls)
+               if not _free(cls, f.name) and (allowed_of(f) is None or allowed_of(f).known() is None)]
+    assert not missing, f"{cls.__name__}: string fields with neither declared choices nor a FREE_TEXT entry: {missing}"
+
+
+@pytest.mark.parametrize("cls", OWNED, ids=lambda c: c.__name__)
+def test_every_choice_field_refuses_a_wrong_value_by_name(cls):
+    for f in _str_fields(cls):
+        rule = allowed_of(f)
+        if rule is None or rule.known() is None:
+            continue
+        obj = _instance(cls)
+        object.__setattr__(obj, f.name, "nosuch")
+        with pytest.raises(ConfigError) as e:
+            check_config(obj, "sec")
+        assert str(e.value).startswith(f"sec.{f.name}='nosuch' is not allowed: must be one of "), str(e.value)
+
+
+def _choice_paths(cls: type, prefix: str = ""):
+    inst = _instance(cls)
+    for f in dataclasses.fields(cls):
+        v = getattr(inst, f.name)
+        if dataclasses.is_dataclass(v):
+            yield from _choice_paths(type(v), prefix + f.name + ".")
+        elif f in _str_fields(cls) and allowed_of(f) is not None and allowed_of(f).known() is not None:
+            yield prefix + f.name
+
+
+@pytest.mark.parametrize("root", list(ROOTS))
+def test_commands_refuse_every_wrong_choice_before_any_work(root):
+    """`val.extract=nosuch` passed the walker and failed when validation first ran, after training began."""
+    cls = getattr(importlib.import_module(ROOTS[root]), root)
+    seen = 0
+    for path in _choice_paths(cls):
+        with pytest.raises(ConfigError) as e:
+            load_config(cls, [f"{path}=nosuch"])
+        msg = str(e.value)
+        assert "\n" not in msg and path.rsplit(".", 1)[-1] in msg and "nosuch" in msg, (path, msg)
+        seen += 1
+    assert seen >= (3 if root in ("TrainConfig", "EvalConfig") else 0)
+
+
+@pytest.mark.parametrize("workflow", ["memagent", "rememr1", "memact", "full_context"])
+def test_every_workflow_choice_field_is_refused_by_memrl_train_before_any_work(workflow):
+    from memrl.training.assemble import validate
+    from memrl.workflows import get_workflow
+
+    cls = get_workflow(workflow).config_cls
+    for f in _str_fields(cls):
+        if allowed_of(f) is None or allowed_of(f).known() is None:
+            continue
+        cfg = load_config(TrainConfig, ["model.path=x", f"workflow={workflow}", f"workflow.{f.name}=nosuch"])
+        with pytest.raises(ConfigError) as e:
+            validate(cfg)
+        assert "\n" not in str(e.value) and f.name in str(e.value) and "nosuch" in str(e.value), str(e.value)
+
+
+def test_val_extract_and_metric_rules_refused_before_training(capsys, tmp_path):
+    for ov, said in [("val.extract=nosuch", "val.extract='nosuch' is not allowed: must be one of boxed, answer_is, "
+                                            "boxed_published, boxed_last300, raw"),
+                     ("val.metric_rules=nosuch", "val.metric_rules='nosuch' is not allowed: must be one of memrl, "
+                                                 "memagent, vime"),
+                     ("engine.dtype=fp64", "engine.dtype='fp64' is not allowed: must be one of auto, float32, "
+                                           "bfloat16, float16")]:
+        line = _fails(["train", f"model.path={tmp_path / 'no_model'}", f"out_dir={tmp_path / 'out'}", ov], capsys)
+        assert line == f"memrl train: error: {said}", line

@@ -252,7 +252,7 @@ def test_parse_chat_token_ids_strings_or_text() -> None:
     ({"choices": []}, "no choices"),
     (chat_reply("x", finish="tool_calls"), "finish_reason 'tool_calls'"),
     ({"choices": [{"finish_reason": "stop"}]}, "message.content missing"),
-    (chat_reply("x", ids=["a"]), "non-numeric token id"),
+    (chat_reply("x", ids=["a"]), r"token id 0 is .a. \(str\), not an integer"),
 ])
 def test_parse_chat_malformed(reply: dict, what: str) -> None:
     from doubles import CharTokenizer
@@ -297,3 +297,61 @@ def test_api_value_is_checked() -> None:
 
     with pytest.raises(ValueError, match="engine.openai.api 'chats' is not completions or chat"):
         EngineConfig(openai=OpenAISection(api="chats"))
+
+
+# ------------------------------------------------ garbage values (issue 48 item 2): checked before decoding
+@pytest.mark.parametrize("ids, lps, what", [
+    ([10**20], [-1.0], r"token id 0 is 100000000000000000000, outside \[0, 2147483647\)"),
+    ([3, -5], [-1.0, -1.0], r"token id 1 is -5, outside \[0, 2147483647\)"),
+    ([True], [-1.0], r"token id 0 is True \(bool\), not an integer"),
+    ([2.5], [-1.0], r"token id 0 is 2.5 \(float\), not an integer"),
+    (["7"], [-1.0], r"token id 0 is '7' \(str\), not an integer"),
+    ([7], [0.5], r"logprob 0 is 0.5; a log-probability is finite and <= 0"),
+    ([7], [float("nan")], r"logprob 0 is nan; a log-probability is finite and <= 0"),
+    ([7], ["-1"], r"logprob 0 is '-1' \(str\), not a number"),
+])
+def test_garbage_values_are_retried_counted_then_one_error_naming_the_endpoint(serve, ids, lps, what) -> None:  # noqa: ANN001
+    srv = serve(lambda n, body: (200, json.dumps(good_reply(ids, lps)).encode()))
+    eng = engine(srv.url)
+    with pytest.raises(EngineError, match=rf"^{srv.url}/v1/completions: malformed completion reply: {what} "
+                                          r"\(gave up after 3 attempts\)$"):
+        run(eng.generate([1], GREEDY))
+    assert len(srv.bodies) == 3 and eng.bad_replies == 3
+
+
+def test_a_garbage_reply_then_a_good_one_is_served(serve) -> None:  # noqa: ANN001
+    def reply(n: int, body: dict) -> tuple[int, bytes]:
+        return 200, json.dumps(good_reply([99] if n else [-1], [-0.5])).encode()
+
+    srv = serve(reply)
+    eng = engine(srv.url)
+    assert run(eng.generate([1], GREEDY)).token_ids == [99] and eng.bad_replies == 1
+
+
+def test_token_ids_are_checked_against_the_tokenizer_vocabulary() -> None:
+    from doubles import CharTokenizer
+
+    from memrl.engines.openai_http import parse_chat
+
+    class Sized(CharTokenizer):
+        def __len__(self) -> int:
+            return 50
+
+    with pytest.raises(EngineError, match=r"^u: malformed completion reply: token id 1 is 50, outside the "
+                                          r"vocabulary \[0, 50\)$"):
+        parse_completion(good_reply([49, 50], [-1.0, -1.0]), "u", vocab_size=50)
+    with pytest.raises(EngineError, match=r"^u: malformed chat reply: token id 0 is 60, outside the vocabulary"):
+        parse_chat({"choices": [{"finish_reason": "stop", "message": {"content": "x"}, "token_ids": [60]}]}, "u",
+                   Sized())
+
+
+def test_base_url_that_is_not_http_is_a_config_error(capsys, tmp_path) -> None:
+    from memrl.cli import main
+
+    data = tmp_path / "eval_1.json"
+    data.write_text("[]")
+    assert main(["eval", str(data), "--model", str(tmp_path), "--out", str(tmp_path / "o"), "engine=openai",
+                 "engine.openai.base_url=ftp://example.org/v1"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("memrl eval: error: engine.openai.base_url='ftp://example.org/v1' must start with http:// or "
+                   "https://\n")
