@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -223,6 +224,8 @@ def _check_raw(schema: type, node: Any, where: str) -> None:
         if rule is None or value is None or rule.choices is not None:
             continue  # a choice's own __post_init__ message may say more (a removed name and its successor)
         items = list(value) if OmegaConf.is_list(value) or isinstance(value, list | tuple) else [value]
+        if not all(is_finite(v) for v in items):
+            raise ConfigError(f"{path}={value!r} is not allowed: must be a finite number (not nan or inf)")
         owner = _Values(values)
         for v in items:
             if not rule.admits(v, owner):
@@ -339,7 +342,7 @@ class Allowed:
             return False
         if isinstance(value, bool) or not isinstance(value, int | float):
             return known is not None or not self.bounds(owner)
-        if value != value:  # NaN is in no range
+        if not is_finite(value):  # nan and inf are in no range (an upper bound left open is not infinity)
             return False
         ops = {"ge": lambda v, b: v >= b, "gt": lambda v, b: v > b, "le": lambda v, b: v <= b,
                "lt": lambda v, b: v < b}
@@ -397,9 +400,15 @@ def _admits_none(f: dataclasses.Field) -> bool:
     return "None" in t or "Optional" in t
 
 
+def is_finite(value: Any) -> bool:
+    """False only for a float (or numpy / torch scalar read as one) that is nan or +-inf."""
+    return not isinstance(value, float) or math.isfinite(value)
+
+
 def check_config(obj: Any, where: str = "") -> None:
     """Walk a config tree (nested dataclasses, dicts of them) and raise a one-line `ConfigError` naming
-    the dotted field, its value and what is allowed, for the first value outside its declaration."""
+    the dotted field, its value and what is allowed, for the first value outside its declaration; a
+    float that is nan or inf is refused in every field, declared or not."""
     if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
         return
     for f in dataclasses.fields(obj):
@@ -408,10 +417,14 @@ def check_config(obj: Any, where: str = "") -> None:
         if dataclasses.is_dataclass(value):
             check_config(value, path)
             continue
+        items = list(value) if isinstance(value, list | tuple) else [value]
+        bad = next((v for v in items if not is_finite(v)), None)
+        if bad is not None:  # inf / nan pass every range check written as ge / gt and break training silently
+            what = f"{path}={value!r}" + ("" if items[0] is value else f": item {bad!r}")
+            raise ConfigError(f"{what} is not allowed: must be a finite number (not nan or inf)")
         rule = allowed_of(f)
         if rule is None or (value is None and _admits_none(f)):
             continue
-        items = list(value) if isinstance(value, list | tuple) else [value]
         for v in items:
             if not rule.admits(v, obj):
                 what = f"{path}={value!r}" + ("" if items[0] is value else f": item {v!r}")
