@@ -28,6 +28,7 @@ from memrl.demos.memagent import (  # noqa: F401 - re-exported: benchmarks and t
 )
 from memrl.demos.seeds import parse_capabilities, parse_seeds, run_sweep
 from memrl.eval.demo_report import write_memagent_outputs
+from memrl.locks import locked_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.aggregate_only:  # reads finished runs only
+        return _run(args)
+    with locked_dir(args.out, "--out"):  # one demo (or sweep) per directory
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.seeds is not None or args.cpu_capability is not None:
         return run_seeds(args)
     if args.jobs != 1 or args.aggregate_only:

@@ -31,14 +31,17 @@ paired per seed).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,7 @@ from memrl.demos import split_overrides
 from memrl.demos.memact import MemActDemoConfig
 from memrl.demos.memagent import DemoConfig
 from memrl.errors import UserError
+from memrl.locks import acquire, release
 from memrl.training.config import TrainConfig
 
 CAPABILITIES = ("native", "default", "avx2", "avx512")
@@ -198,9 +202,27 @@ def run_state(agent: str, run: Run) -> str:
     return "done" if (run.out / "results.json").is_file() else "partial"
 
 
+def end_with_parent(parent: int) -> Callable[[], None]:
+    """A Popen `preexec_fn` (Linux): the child gets SIGTERM when the sweep dies, kill -9 included, so no run
+    outlives it and writes on beside a re-run's."""
+
+    def arm() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the sweep died before the signal was armed
+            os._exit(1)
+
+    return arm
+
+
+PR_SET_PDEATHSIG = 1
+
+
 def start_run(agent: str, run: Run, reported: str) -> subprocess.Popen[bytes]:
-    """Clear the run's directory, write its marker and start its subprocess (output in run.out/log.txt)."""
+    """Clear the run's directory, write its marker and start its subprocess (output in run.out/log.txt).
+    A directory another process still holds (memrl.locks) is refused, not cleared."""
     if run.out.exists():
+        release(acquire(run.out, "--out"))
         shutil.rmtree(run.out)
     run.out.mkdir(parents=True)
     cmd = run_command(agent, run)
@@ -209,7 +231,8 @@ def start_run(agent: str, run: Run, reported: str) -> subprocess.Popen[bytes]:
     (run.out / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
     with open(run.out / "log.txt", "wb") as log:  # the child holds its own copy of the descriptor
         return subprocess.Popen(cmd, env=child_env(run.capability), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL,
+                                preexec_fn=end_with_parent(os.getpid()) if sys.platform == "linux" else None)
 
 
 def run_all(agent: str, runs: list[Run], jobs: int = 1, log: Any = print) -> dict[Path, str]:
