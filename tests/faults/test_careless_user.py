@@ -3,16 +3,28 @@ wrong or exposed. Each test failed on the code before its fix; every refusal is 
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_trainer, one_line
+import train_child  # noqa: F401 - registers memagent_parity
+from conftest import ROOT, make_trainer, one_line, train_overrides
 
+import memrl.training.workers as workers
 from memrl.cli import main
 from memrl.config import ConfigError, check_config, load_config
+from memrl.data.io import write_records
 from memrl.errors import UserError
+from memrl.training.assemble import validate
 from memrl.training.config import TrainConfig
 
 
@@ -45,14 +57,11 @@ def test_inf_in_a_preset_and_in_a_config_built_in_code(tmp_path, capsys):
         check_config(built)
     # a float field without a declared range (sft's lr floor is declared; a workflow's float is checked too)
     with pytest.raises(ConfigError, match=r"^workflow\.temperature=nan is not allowed: must be a finite number"):
-        from memrl.training.assemble import validate
         validate(load_config(TrainConfig, ["model.path=x", "workflow.temperature=nan",
                                            "algorithm.temperature=1.0"], preset="demo_cpu"))
 
 
 def test_non_finite_loss_stops_the_run_in_one_line_and_saves_nothing(tiny_model, tmp_path, monkeypatch):
-    import memrl.training.workers as workers
-
     real = workers.ppo_micro_loss
 
     def poisoned(*args, **kwargs):
@@ -71,3 +80,124 @@ def test_non_finite_loss_stops_the_run_in_one_line_and_saves_nothing(tiny_model,
     assert not list((out / "checkpoints").glob("step_*"))
     after = trainer.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before), "a diverged step changed the weights"
+
+
+# ------------------------------------------------------------------ 2-4. out_dir: a run there, locks, resume config
+def _train(model: str, out: Path, *extra: str) -> int:
+    return main(["train", *train_overrides(model, out, steps=1), *extra])
+
+
+def test_a_finished_run_is_not_restarted_without_resume_or_overwrite(tiny_model, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _train(tiny_model, out) == 0
+    ckpt = out / "checkpoints" / "step_000001"
+    stamp = (ckpt / "trainer_state.pt").stat().st_mtime_ns
+    capsys.readouterr()
+    assert _train(tiny_model, out) == 1
+    assert one_line(capsys.readouterr().err) == (
+        f"memrl train: error: out_dir={out} holds a run (1 checkpoint(s), the last step_000001, metrics.jsonl); "
+        "pass --resume to continue it or --overwrite to delete it and start again from step 0")
+    assert (ckpt / "trainer_state.pt").stat().st_mtime_ns == stamp
+    assert _train(tiny_model, out, "--resume", "--overwrite") == 2
+    assert one_line(capsys.readouterr().err) == (
+        "memrl train: error: --resume and --overwrite exclude each other: continue the run or start it again")
+    assert _train(tiny_model, out, "--overwrite") == 0
+    assert (ckpt / "trainer_state.pt").stat().st_mtime_ns != stamp
+    assert [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())] == [1]
+
+
+def test_resume_refuses_a_changed_config_and_allows_more_steps(tiny_model, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _train(tiny_model, out) == 0
+    capsys.readouterr()
+    assert _train(tiny_model, out, "--resume", "data.seed=5", "optim.lr=2e-3", "trainer.steps=2") == 2
+    saved = out / "checkpoints" / "step_000001" / "config.yaml"
+    assert one_line(capsys.readouterr().err) == (
+        f"memrl train: error: --resume: the config differs from the run's ({saved}) in 2 setting(s) that change "
+        "the run: data.seed (0 -> 5); optim.lr (0.001 -> 0.002); resume with the saved values or train into a "
+        "new out_dir")
+    assert not (out / "checkpoints" / "step_000002").exists()
+    assert _train(tiny_model, out, "--resume", "trainer.steps=2", "trainer.save_every=2") == 0
+    assert (out / "checkpoints" / "step_000002").is_dir()
+
+
+HOLD = ("import sys, time; sys.path.insert(0, {root!r}); from memrl.locks import acquire; "
+        "acquire(sys.argv[1], 'x'); print('held', flush=True); time.sleep(60)")
+
+
+def _holder(path: Path):
+    proc = subprocess.Popen([sys.executable, "-c", HOLD.format(root=str(ROOT)), str(path)], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_locked_out_dir_is_refused_naming_the_owner_and_a_dead_owners_lock_is_stale(tiny_model, tmp_path, capsys):
+    out = tmp_path / "run"
+    proc = _holder(out)
+    try:
+        assert _train(tiny_model, out) == 1
+        assert one_line(capsys.readouterr().err) == (
+            f"memrl train: error: output directory out_dir={out} is in use by pid {proc.pid} (lock file "
+            f"{out / '.memrl.lock'}); wait for it to end or choose another directory")
+        evals = tmp_path / "eval_1.json"
+        write_records(evals, [{"input": "q?", "answers": ["a"], "context": "Document 1: a.", "index": 0,
+                               "num_docs": 1}])
+        assert main(["eval", str(evals), "--out", str(out), "--model", tiny_model]) == 1
+        assert one_line(capsys.readouterr().err) == (
+            f"memrl eval: error: output directory --out={out} is in use by pid {proc.pid} (lock file "
+            f"{out / '.memrl.lock'}); wait for it to end or choose another directory")
+        assert not (out / "results.jsonl").exists()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (out / ".memrl.lock").read_text().strip() == str(proc.pid)  # left behind by kill -9: stale
+    assert _train(tiny_model, out) == 0
+
+
+def test_a_sweep_child_ends_with_its_parent(tmp_path):
+    """kill -9 of the sweep (memrl demo --seeds) ends the run it started (seeds.end_with_parent)."""
+
+
+    code = ("import os, subprocess, sys; sys.path.insert(0, {root!r}); from memrl.demos.seeds import end_with_parent; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+            "preexec_fn=end_with_parent(os.getpid())); print(p.pid, flush=True); p.wait()")
+    parent = subprocess.Popen([sys.executable, "-c", code.format(root=str(ROOT))], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the sweep's child outlived it")
+
+
+# ------------------------------------------------------------------ 5. eval resume of a rebuilt file
+def test_eval_resume_drops_rows_of_an_earlier_version_of_a_rebuilt_file(tiny_model, tmp_path, capsys):
+    small = ["workflow.chunk_tokens=64", "workflow.max_memory_tokens=4", "workflow.max_final_tokens=2"]
+    f = tmp_path / "eval_1.json"
+
+    def build(tag: str) -> None:
+        write_records(f, [{"input": f"what is {tag}{i}?", "answers": [f"v{i}"], "context": f"Document 1: {tag}{i} is v{i}.",
+                           "index": i, "num_docs": 1} for i in range(3)])
+
+    out = tmp_path / "ev"
+    build("key")
+    assert main(["eval", str(f), "--out", str(out), "--model", tiny_model, "--no-progress", *small]) == 0
+    first = [json.loads(x)["file_sha256"] for x in (out / "results.jsonl").read_text().splitlines()]
+    build("other")  # rebuilt at the same path: 3 other questions
+    assert main(["eval", str(f), "--out", str(out), "--model", tiny_model, "--no-progress", *small]) == 0
+    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and len(set(first)) == 1
+    assert {r["file_sha256"] for r in rows} != set(first)
+    assert [r["questions"] for r in csv_rows(out / "summary.csv")] == ["3"]
+
+
+def csv_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
