@@ -262,8 +262,8 @@ class Trainer:
             self.state.step += 1
             if cfg.trainer.val_every and self.step % cfg.trainer.val_every == 0:
                 metrics.update(self.validate_step(self.step))
+            logger.log(self.step, metrics)  # before a save: a kill inside it must not lose the row
             saved = keep_best(cfg.trainer, self.state, self.step, metrics, self.save)  # trainer.save_best
-            logger.log(self.step, metrics)
             if self.dumped_rows:  # memrl.training.dump: this step's sample
                 logger.table(self.step, self.dumped_rows)
             history.append(metrics)

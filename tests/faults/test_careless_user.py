@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import train_child  # noqa: F401 - registers memagent_parity
-from conftest import ROOT, make_trainer, one_line, train_overrides
+from conftest import ROOT, make_trainer, one_line, run_child, train_overrides
 
 import memrl.training.workers as workers
 from memrl.cli import main
@@ -201,3 +201,40 @@ def test_eval_resume_drops_rows_of_an_earlier_version_of_a_rebuilt_file(tiny_mod
 def csv_rows(path: Path) -> list[dict[str, str]]:
     with open(path, encoding="utf-8") as fh:
         return list(csv.DictReader(fh))
+
+
+# ------------------------------------------------------------------ 6. save_best and val.files before step 1
+def test_save_best_and_val_files_are_checked_before_the_first_step(tiny_model, tmp_path, capsys):
+    val = tmp_path / "hotpotqa_eval_1.json"
+    write_records(val, [{"input": "q?", "answers": ["a"], "context": "Document 1: a.", "index": 0, "num_docs": 1,
+                         "dataset": "hotpotqa"}])
+    out = tmp_path / "run"
+    on = ["trainer.val_every=1", f"val.files=[{val}]"]
+    assert _train(tiny_model, out, *on, "trainer.save_best=val/hotpotqa/1/acuracy") == 2
+    assert one_line(capsys.readouterr().err) == (
+        "memrl train: error: trainer.save_best='val/hotpotqa/1/acuracy' is not a metric validation of val.files "
+        "logs; known: val/mean_accuracy, val/hotpotqa/1/accuracy, val/hotpotqa/1/em, val/hotpotqa/1/f1, "
+        "val/hotpotqa/1/questions")
+    assert not (out / "val").exists(), "refused only after a step trained and validated"
+    assert _train(tiny_model, out, "trainer.save_best=rewrd/mean") == 2
+    assert one_line(capsys.readouterr().err) == (
+        "memrl train: error: trainer.save_best='rewrd/mean' is not a metric of this run: a metric's name starts "
+        "with one of reward/, rollout/, traj/, format/, judge/, loss/, train/, mismatch/, time/, perf/, dcpo/, "
+        "async/, val/")
+    bad = tmp_path / "bad_eval_1.json"
+    bad.write_text('[{"input": "q?"', encoding="utf-8")
+    assert _train(tiny_model, out, "trainer.val_every=1", f"val.files=[{bad}]") == 1
+    err = one_line(capsys.readouterr().err)
+    assert err.startswith(f"memrl train: error: {bad}: invalid JSON"), err
+    assert not (out / "metrics.jsonl").exists() and not (out / "checkpoints").exists()
+
+
+def test_a_kill_while_copying_the_best_checkpoint_keeps_that_steps_metrics_row(tiny_model, tmp_path):
+    out = tmp_path / "run"
+    proc = run_child(tiny_model, out, "best_copy", "trainer.save_best=reward/mean")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert (out / "checkpoints" / "step_000001").is_dir() and not (out / "checkpoints" / "best").exists()
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1]
+    make_trainer(tiny_model, out, resume=True, extra=("trainer.save_best=reward/mean",)).fit()
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert (out / "checkpoints" / "best" / "best.json").is_file()
