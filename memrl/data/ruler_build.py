@@ -424,7 +424,9 @@ class Builder:
         self._qa: tuple[list[QAItem], list[str]] | None = None
         if opts.haystack:
             text = Path(opts.haystack).read_text(encoding="utf-8")
-            self.essay = re.sub(r"\s+", " ", text).strip().split(" ")
+            self.essay = text.split()  # words; a blank file has none (was [""]: rows of needles and spaces)
+            if not self.essay:
+                raise DataError(f"--haystack {opts.haystack}: no words of text; the essay haystack needs some")
         if opts.noise:
             lines = [ln.strip() for ln in Path(opts.noise).read_text(encoding="utf-8").splitlines() if ln.strip()]
             if not lines:

@@ -238,3 +238,41 @@ def test_a_kill_while_copying_the_best_checkpoint_keeps_that_steps_metrics_row(t
     make_trainer(tiny_model, out, resume=True, extra=("trainer.save_best=reward/mean",)).fit()
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
     assert (out / "checkpoints" / "best" / "best.json").is_file()
+
+
+# ------------------------------------------------------------------ 7. data that can never score, empty builds
+def test_gold_answers_of_only_zero_width_spaces_are_refused(tmp_path, capsys):
+    f = tmp_path / "eval_1.json"
+    write_records(f, [{"input": "q?", "answers": ["\u200b", " \u200b\ufeff "], "context": "Document 1: a.",
+                       "index": 0, "num_docs": 1}])
+    assert main(["data", "show", str(f)]) == 1
+    err = one_line(capsys.readouterr().err)
+    assert err.startswith(f"memrl data: error: {f}: row 0") and "every gold answer is empty" in err, err
+    assert err.endswith("the task can never be scored"), err
+
+
+@pytest.mark.parametrize("text", ["", "  \n\t \n"])
+def test_ruler_build_refuses_an_empty_or_blank_haystack(text, tiny_model, tmp_path, capsys):
+    essay = tmp_path / "essay.txt"
+    essay.write_text(text, encoding="utf-8")
+    out = tmp_path / "ruler"
+    argv = ["data", "build", "--kind", "ruler", "--tasks", "niah_single_2", "--lengths", "1k", "--samples", "1",
+            "--tokenizer", tiny_model, "--haystack", str(essay), "--out", str(out)]
+    assert main(argv) == 1
+    assert one_line(capsys.readouterr().err) == (
+        f"memrl data: error: --haystack {essay}: no words of text; the essay haystack needs some")
+    assert not list(out.rglob("*.json*"))
+
+
+@pytest.mark.parametrize(("flag", "value", "said"), [
+    ("--tasks", ",", "--tasks ',' names no task; expected some of "),
+    ("--lengths", " , ", "--lengths ' , ' names no length, e.g. --lengths 8k,16k,32k"),
+])
+def test_ruler_build_refuses_a_list_that_names_nothing(flag, value, said, tiny_model, tmp_path, capsys):
+    argv = {"--tasks": "vt", "--lengths": "1k"}
+    argv[flag] = value
+    out = tmp_path / "ruler"
+    assert main(["data", "build", "--kind", "ruler", "--tasks", argv["--tasks"], "--lengths", argv["--lengths"],
+                 "--samples", "1", "--tokenizer", tiny_model, "--out", str(out)]) == 1
+    assert one_line(capsys.readouterr().err).startswith(f"memrl data: error: {said}")
+    assert not out.exists()
