@@ -19,6 +19,7 @@ import torch
 import train_child  # noqa: F401 - registers memagent_parity
 from conftest import ROOT, make_trainer, one_line, run_child, train_overrides
 
+import memrl.data.files as files
 import memrl.training.workers as workers
 from memrl.cli import main
 from memrl.config import ConfigError, check_config, load_config
@@ -276,3 +277,27 @@ def test_ruler_build_refuses_a_list_that_names_nothing(flag, value, said, tiny_m
                  "--samples", "1", "--tokenizer", tiny_model, "--out", str(out)]) == 1
     assert one_line(capsys.readouterr().err).startswith(f"memrl data: error: {said}")
     assert not out.exists()
+
+
+# ------------------------------------------------------------------ 9. builders write through a temporary file
+@pytest.mark.parametrize("name", ["eval_1.json", "train.jsonl", "eval_1.json.gz", "corpus.parquet"])
+def test_a_write_that_fails_midway_leaves_the_old_file_whole_and_no_partial_one(name, tmp_path, monkeypatch):
+    path = tmp_path / "out" / name
+    old = [{"input": "q?", "answers": ["a"]}]
+    write_records(path, old)
+    before = path.read_bytes()
+
+    class DiskFull(list):
+        def __iter__(self):
+            yield {"input": "q1?", "answers": ["b"]}
+            raise OSError(28, "No space left on device")
+
+    def full_disk_parquet(table, where):  # pyarrow writes part of the file, then the disk is full
+        Path(where).write_bytes(b"PAR1 partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.pq, "write_table", full_disk_parquet)
+    with pytest.raises(OSError, match="No space left"):
+        write_records(path, DiskFull([{"input": "x", "answers": ["y"]}]) if "parquet" not in name else old)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == [name]
