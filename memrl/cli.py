@@ -9,6 +9,7 @@ import sys
 from typing import NoReturn
 
 from memrl import __version__
+from memrl.config import redact_text
 from memrl.engines.base import EngineError
 from memrl.errors import UserError, os_message
 from memrl.services.base import RetrievalError
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         if extra:
             _place_extras(parser, args, extra)
     except ArgumentError as e:
-        print(f"{e.prog}: error: {e}", file=sys.stderr)
+        print(f"{e.prog}: error: {redact_text(str(e))}", file=sys.stderr)
         return 2
     if args.version:
         print(__version__)
@@ -97,17 +98,17 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         if debug:
             raise
-        print(f"memrl {args.command}: error: {e}", file=sys.stderr)
+        print(f"memrl {args.command}: error: {redact_text(str(e))}", file=sys.stderr)
         return e.exit_code
     except OSError as e:  # the file system refused: name the file and why
         if debug:
             raise
-        print(f"memrl {args.command}: error: {os_message(e)}", file=sys.stderr)
+        print(f"memrl {args.command}: error: {redact_text(os_message(e))}", file=sys.stderr)
         return 1
     except RuntimeError as e:  # a server or engine that failed (named in the message); not a bug of ours
         if debug or not _service_failure(e):
             raise
-        print(f"memrl {args.command}: error: {e}", file=sys.stderr)
+        print(f"memrl {args.command}: error: {redact_text(str(e))}", file=sys.stderr)
         return 1
 
 

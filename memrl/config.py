@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from memrl.errors import UsageError
@@ -119,6 +120,7 @@ def _preset_chain(path: Path) -> list[tuple[Path, Any]]:
         if path.resolve() in seen:
             raise ConfigError(f"preset {path}: `{INHERIT_KEY}` loops ({' -> '.join(str(p) for p in seen)})")
         seen.append(path.resolve())
+        check_yaml_size(path)
         loaded = OmegaConf.load(path)
         parent = loaded.pop(INHERIT_KEY, None) if isinstance(loaded, DictConfig) else None
         chain.append((path, loaded))
@@ -127,6 +129,55 @@ def _preset_chain(path: Path) -> list[tuple[Path, Any]]:
         if not isinstance(parent, str) or not parent:
             raise ConfigError(f"preset {path}: `{INHERIT_KEY}` must name a preset, got {parent!r}")
         path = preset_path(parent)
+
+
+MAX_YAML_BYTES = 4 << 20
+MAX_YAML_NODES = 200_000
+"""Bounds of a preset: its size, and its node count with every alias expanded (an alias bomb is a few
+lines whose aliases expand to billions of nodes, hanging the loader)."""
+
+
+def check_yaml_size(path: Path) -> None:
+    """ConfigError when preset `path` is larger than MAX_YAML_BYTES or expands (aliases followed) to more
+    than MAX_YAML_NODES nodes; composing the node graph does not expand aliases, so this check is cheap."""
+    size = path.stat().st_size
+    if size > MAX_YAML_BYTES:
+        raise ConfigError(f"preset {path} is {size} bytes; a preset may have at most {MAX_YAML_BYTES}")
+    node = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    sizes: dict[int, int] = {}
+
+    def expanded(n: Any) -> int:
+        if id(n) in sizes:
+            return sizes[id(n)]
+        sizes[id(n)] = 1  # a cycle counts once; OmegaConf refuses it anyway
+        if isinstance(n, yaml.MappingNode):
+            total = 1 + sum(expanded(k) + expanded(v) for k, v in n.value)
+        elif isinstance(n, yaml.SequenceNode):
+            total = 1 + sum(expanded(v) for v in n.value)
+        else:
+            total = 1
+        sizes[id(n)] = min(total, MAX_YAML_NODES + 1)
+        return sizes[id(n)]
+
+    if node is not None and expanded(node) > MAX_YAML_NODES:
+        raise ConfigError(f"preset {path}: its aliases expand to more than {MAX_YAML_NODES} values (an alias "
+                          "bomb?); refusing to load it")
+
+
+def refuse_interpolations(node: Any, origin: str, prefix: str = "") -> None:
+    """ConfigError for the first `${...}` in a user-supplied tree (a preset or an override): memrl resolves
+    none, so a shared preset cannot pull an environment variable (`${oc.env:VAR}`) or another field's
+    secret into a URL or prompt. A literal `${` is written `\\${`."""
+    if not isinstance(node, DictConfig | ListConfig):
+        return
+    keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+    for k in keys:
+        path = f"{prefix}{k}" if isinstance(node, DictConfig) else f"{prefix.rstrip('.')}[{k}]"
+        if OmegaConf.is_interpolation(node, k):  # type: ignore[arg-type]
+            raw = node._get_node(k)._value()  # type: ignore[union-attr]
+            raise ConfigError(f"{path}={raw!r} (set by {origin}) is an interpolation; memrl resolves no ${{...}} "
+                              "in configs (write the value itself, or \\${ for a literal)")
+        refuse_interpolations(node._get_node(k), origin, f"{path}.")  # type: ignore[union-attr]
 
 
 def preset_names() -> list[str]:
@@ -171,6 +222,7 @@ def load_config(schema: type[T], overrides: list[str] | tuple[str, ...] = (), pr
         path = preset_path(preset)
         try:
             for part_path, loaded in _preset_chain(path):  # `inherit: <preset>`: the parent first
+                refuse_interpolations(loaded, f"preset {part_path}")
                 _check_removed(_flat_keys(OmegaConf.to_container(loaded)), f"preset {part_path}")
                 _open_preset(schema, loaded)
                 cfg = OmegaConf.merge(cfg, loaded)  # type: ignore[assignment]
@@ -189,9 +241,15 @@ def load_config(schema: type[T], overrides: list[str] | tuple[str, ...] = (), pr
     dotlist = [_open_override(schema, ov) for ov in dotlist]
     for ov in dotlist:
         try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([ov]))  # type: ignore[assignment]
+            given = OmegaConf.from_dotlist([ov])
+            refuse_interpolations(given, "an override")
+            cfg = OmegaConf.merge(cfg, given)  # type: ignore[assignment]
         except OmegaConfBaseException as e:
-            raise _wrap(e, f"override '{ov}'") from e
+            raise _wrap(e, f"override '{redact_text(ov)}'") from e
+        except yaml.YAMLError as e:  # a value YAML cannot parse ("[1", "{a")
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"override '{redact_text(ov)}': the value is not valid YAML ({problem}); quote it "
+                              "to pass it as text") from e
     try:
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
@@ -268,15 +326,37 @@ def is_secret_key(key: object) -> bool:
     return isinstance(key, str) and (key == "api_key" or key.endswith("_api_key"))
 
 
+URL_CREDENTIALS = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]+@")
+"""The user[:password]@ part of a URL (http://user:pw@host/...)."""
+SECRET_ASSIGNMENT = re.compile(r"(?P<key>(?:[\w.+-]*\.)?(?:api_key|[\w]+_api_key))(?P<eq>=|: )(?P<value>[^\s,;'\"]+)")
+"""`...api_key=VALUE` (an override) or `api_key: VALUE` in free text."""
+
+
+def redact_text(text: str) -> str:
+    """`text` with URL credentials and `<...>api_key=VALUE` assignments replaced by REDACTED: for command
+    lines, override lists and messages that are printed or saved."""
+    text = URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+    return SECRET_ASSIGNMENT.sub(lambda m: m["key"] + m["eq"] + (REDACTED if m["value"] != REDACTED else m["value"]),
+                                 text)
+
+
+def redact_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """A command line as it may be saved or shown (`redact_text` on each argument)."""
+    return [redact_text(a) for a in argv]
+
+
 def redact_secrets(value: Any) -> Any:
     """A copy of a dict / list tree with every non-empty secret value (is_secret_key) replaced by
-    REDACTED: what configs look like when saved (eval_config.json, config.yaml). Keys stay, so a saved
-    config still says a key was set; set it again through its environment variable (api_key_env)."""
+    REDACTED and URL credentials in every string removed (`redact_text`): what configs look like when
+    saved or printed (eval_config.json, config.yaml, tracker configs, --print-config). Keys stay, so a
+    saved config still says a key was set; set it again through its environment variable (api_key_env)."""
     if isinstance(value, dict):
         return {k: (REDACTED if is_secret_key(k) and v not in (None, "") else redact_secrets(v))
                 for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [redact_secrets(v) for v in value]
+    if isinstance(value, str):
+        return redact_text(value)
     return value
 
 

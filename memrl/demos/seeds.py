@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memrl.config import ConfigError, load_config
+from memrl.config import ConfigError, load_config, redact_argv, redact_secrets, redact_text
 from memrl.demos import split_overrides
 from memrl.demos.memact import MemActDemoConfig
 from memrl.demos.memagent import DemoConfig
@@ -177,7 +177,8 @@ def run_command(agent: str, run: Run) -> list[str]:
 
 
 def marker_of(agent: str, run: Run) -> dict[str, Any]:
-    return {"agent": agent, "seed": run.seed, "capability": run.capability, "overrides": list(run.overrides)}
+    """What sweep_run.json records of a run (secrets in the overrides redacted: the file is kept and shared)."""
+    return {"agent": agent, "seed": run.seed, "capability": run.capability, "overrides": redact_argv(run.overrides)}
 
 
 def run_state(agent: str, run: Run) -> str:
@@ -226,7 +227,7 @@ def start_run(agent: str, run: Run, reported: str) -> subprocess.Popen[bytes]:
         shutil.rmtree(run.out)
     run.out.mkdir(parents=True)
     cmd = run_command(agent, run)
-    marker = {**marker_of(agent, run), "reported_capability": reported, "command": cmd,
+    marker = {**marker_of(agent, run), "reported_capability": reported, "command": redact_argv(cmd),
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (run.out / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
     with open(run.out / "log.txt", "wb") as log:  # the child holds its own copy of the descriptor
@@ -450,6 +451,7 @@ def markdown(agg: dict[str, Any], command: str = "") -> str:
 
 def write_outputs(agg: dict[str, Any], root: Path, command: str = "") -> str:
     """ROOT/seeds_results.md and ROOT/seeds_results.json; returns the markdown."""
+    agg, command = redact_secrets(agg), redact_text(command)  # the record is kept and shared: no secrets
     text = markdown(agg, command)
     root.mkdir(parents=True, exist_ok=True)
     (root / "seeds_results.md").write_text(text, encoding="utf-8")

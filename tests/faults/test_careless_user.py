@@ -301,3 +301,98 @@ def test_a_write_that_fails_midway_leaves_the_old_file_whole_and_no_partial_one(
         write_records(path, DiskFull([{"input": "x", "answers": ["y"]}]) if "parquet" not in name else old)
     assert path.read_bytes() == before
     assert sorted(p.name for p in path.parent.iterdir()) == [name]
+
+
+# ------------------------------------------------------------------ 11. secrets: api keys and URL credentials
+SECRET = "sk-do-not-leak-1234"
+CREDS = "http://bob:pw-do-not-leak@example.invalid:8000/v1"
+
+
+def _tree_holds(root: Path, *needles: str) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and any(n.encode() in p.read_bytes() for n in needles)]
+
+
+def test_wandb_run_files_keep_no_key_from_the_command_line_or_config(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from memrl.training.trackers import open_trackers
+
+    monkeypatch.setattr(sys, "argv", ["memrl", "train", f"engine.openai.api_key={SECRET}",
+                                      f"engine.openai.base_url={CREDS}"])
+    config = {"engine": {"openai": {"api_key": SECRET, "base_url": CREDS}}}
+    for t in open_trackers(["wandb"], tmp_path, {}, config, ""):
+        t.log(1, {"x": 1.0})
+        t.close()
+    assert list(tmp_path.rglob("*.wandb"))
+    assert _tree_holds(tmp_path, SECRET, "pw-do-not-leak") == []
+    assert sys.argv[2] == f"engine.openai.api_key={SECRET}"  # restored after wandb.init
+
+
+def test_the_seed_sweep_record_keeps_no_key(tmp_path):
+    from memrl.demos.seeds import Run, marker_of, write_outputs
+
+    run = Run(0, "native", tmp_path / "native" / "seed0", (f"train.engine.openai.api_key={SECRET}",
+                                                           f"train.engine.openai.base_url={CREDS}"))
+    assert marker_of("memagent", run)["overrides"] == [
+        "train.engine.openai.api_key=<redacted>", "train.engine.openai.base_url=http://<redacted>@example.invalid:8000/v1"]
+    agg = {"agent": "memagent", "runs": [{"overrides": list(run.overrides)}], "rows": []}
+    try:
+        write_outputs(agg, tmp_path, command=f"memrl demo --seeds 0 train.engine.openai.api_key={SECRET}")
+    except (KeyError, TypeError):  # the markdown wants a full aggregate; the json is written after it
+        pass
+    assert _tree_holds(tmp_path, SECRET, "pw-do-not-leak") == []
+
+
+def test_printed_configs_and_errors_show_no_url_credentials_or_key(capsys):
+    argv = ["train", "--preset", "demo_cpu", "model.path=x", f"engine.openai.base_url={CREDS}",
+            f"engine.openai.api_key={SECRET}", "--print-config"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "base_url: http://<redacted>@example.invalid:8000/v1" in out and "api_key: <redacted>" in out
+    assert SECRET not in out and "pw-do-not-leak" not in out
+    assert main(["train", "--preset", "demo_cpu", f"engine.openai.timeout_s={CREDS}"]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "engine.openai.timeout_s=http://<redacted>@example.invalid:8000/v1" in err and "pw-do-not-leak" not in err
+    assert main(["train", "--preset", "demo_cpu", f"engine.openai.api_key={SECRET}", "optim.lr=[1"]) == 2
+    assert SECRET not in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ 12-13. interpolations, alias bombs, bad YAML values
+def test_env_interpolation_is_refused_in_overrides_and_presets(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MEMRL_TEST_SECRET", SECRET)
+    assert main(["train", "--preset", "demo_cpu", "model.path=x",
+                 "engine.openai.base_url=http://h/${oc.env:MEMRL_TEST_SECRET}", "--print-config"]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        "memrl train: error: engine.openai.base_url='http://h/${oc.env:MEMRL_TEST_SECRET}' (set by an override) is "
+        "an interpolation; memrl resolves no ${...} in configs (write the value itself, or \\${ for a literal)")
+    preset = tmp_path / "shared.yaml"
+    preset.write_text("inherit: demo_cpu\nworkflow:\n  name: memagent\n  prompt_note: ${oc.env:MEMRL_TEST_SECRET}\n",
+                      encoding="utf-8")
+    assert main(["train", "--preset", str(preset), "model.path=x", "--print-config"]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert err == (f"memrl train: error: workflow.prompt_note='${{oc.env:MEMRL_TEST_SECRET}}' (set by preset {preset}) "
+                   "is an interpolation; memrl resolves no ${...} in configs (write the value itself, or \\${ for a "
+                   "literal)")
+    assert SECRET not in err
+
+
+def test_a_yaml_alias_bomb_preset_is_refused_quickly(tmp_path, capsys):
+    lines = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        ref = ", ".join([f"*{chr(96 + i)}"] * 10)
+        lines.append(f"{chr(97 + i)}: &{chr(97 + i)} [{ref}]")
+    preset = tmp_path / "bomb.yaml"
+    preset.write_text("\n".join(lines) + "\n", encoding="utf-8")  # 10^9 values once expanded
+    t0 = time.perf_counter()
+    assert main(["train", "--preset", str(preset), "model.path=x"]) == 2
+    assert time.perf_counter() - t0 < 10
+    assert one_line(capsys.readouterr().err) == (
+        f"memrl train: error: preset {preset}: its aliases expand to more than 200000 values (an alias bomb?); "
+        "refusing to load it")
+
+
+@pytest.mark.parametrize("value", ["[1", "{a", "[1, 2"])
+def test_an_override_value_yaml_cannot_parse_is_one_line(value, capsys):
+    assert main(["train", "--preset", "demo_cpu", "model.path=x", f"optim.lr={value}"]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert err.startswith(f"memrl train: error: override 'optim.lr={value}': the value is not valid YAML ("), err
+    assert err.endswith("); quote it to pass it as text"), err
