@@ -139,11 +139,17 @@ lines whose aliases expand to billions of nodes, hanging the loader)."""
 
 def check_yaml_size(path: Path) -> None:
     """ConfigError when preset `path` is larger than MAX_YAML_BYTES or expands (aliases followed) to more
-    than MAX_YAML_NODES nodes; composing the node graph does not expand aliases, so this check is cheap."""
+    than MAX_YAML_NODES nodes (`check_yaml_text`)."""
     size = path.stat().st_size
     if size > MAX_YAML_BYTES:
         raise ConfigError(f"preset {path} is {size} bytes; a preset may have at most {MAX_YAML_BYTES}")
-    node = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    check_yaml_text(path.read_text(encoding="utf-8"), f"preset {path}")
+
+
+def check_yaml_text(text: str, where: str) -> None:
+    """ConfigError naming `where` when YAML `text` expands (aliases followed) to more than MAX_YAML_NODES
+    nodes; composing the node graph does not expand aliases, so this check is cheap."""
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
     sizes: dict[int, int] = {}
 
     def expanded(n: Any) -> int:
@@ -160,7 +166,7 @@ def check_yaml_size(path: Path) -> None:
         return sizes[id(n)]
 
     if node is not None and expanded(node) > MAX_YAML_NODES:
-        raise ConfigError(f"preset {path}: its aliases expand to more than {MAX_YAML_NODES} values (an alias "
+        raise ConfigError(f"{where}: its aliases expand to more than {MAX_YAML_NODES} values (an alias "
                           "bomb?); refusing to load it")
 
 

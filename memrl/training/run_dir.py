@@ -27,11 +27,18 @@ CONFIG = "config.yaml"
 MAY_CHANGE = (
     "out_dir", "trainer.steps", "trainer.progress", "trainer.loggers", "trainer.tensorboard", "trainer.mlflow_uri",
     "trainer.save_every", "trainer.keep_checkpoints", "trainer.dump_every", "trainer.dump_trajectories",
-    "trainer.dump_max_mb", "ray.address", "ray.temp_dir", "ray.num_cpus", "ray.worker_niceness",
+    "trainer.dump_max_mb",
+    # where and on what it runs: a checkpoint resumes at any world size, on another engine or server
+    "engine", "trainer.concurrency", "trainer.num_workers", "trainer.cpus_per_worker", "trainer.gpus_per_worker",
+    "trainer.cpu_offload", "rollout.num_engines", "rollout.cpus_per_engine", "rollout.gpus_per_engine",
+    "rollout.engine", "rollout.weight_sync", "rollout.broadcast_backend", "rollout.broadcast_bucket_mb",
+    "rollout.sync_dir", "rollout.colocate", "rollout.gpu_memory_utilization", "rollout.sync_check",
+    "rollout.sync_check_tol", "rollout.sync_check_tokens", "ray",
 )
-"""Dotted keys a resumed run may set differently from the run it continues: the number of steps, logging,
-trackers, progress bars, checkpoint cadence, trajectory dumps and where Ray runs. Anything else changes
-what the continued run computes."""
+"""Dotted keys (or sections) a resumed run may set differently from the run it continues: the number of
+steps, logging, trackers, progress bars, checkpoint cadence, trajectory dumps, and the resources and
+engine it runs on. Anything else (data, model, workflow, algorithm, optimizer, batch, seed, validation
+files, ...) changes what the continued run computes."""
 
 
 def run_marks(out: Path) -> list[str]:
