@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from memrl import __version__
 from memrl.config import redact_text
@@ -74,7 +75,30 @@ def _place_extras(parser: argparse.ArgumentParser, args: argparse.Namespace, ext
     getattr(args, target).extend(extra)  # type: ignore[arg-type]
 
 
+def redact_log_records() -> None:
+    """Every log record's message passes `redact_text` (URL credentials, api_key=VALUE): an engine's
+    warning that names its URL or a library that echoes an override prints no secret. Installed once."""
+    make = logging.getLogRecordFactory()
+    if getattr(make, "memrl_redacts", False):
+        return
+
+    def record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        rec = make(*args, **kwargs)
+        try:
+            text = rec.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string is logging's own error to report
+            return rec
+        clean = redact_text(text)
+        if clean != text:
+            rec.msg, rec.args = clean, ()
+        return rec
+
+    record.memrl_redacts = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(record)
+
+
 def main(argv: list[str] | None = None) -> int:
+    redact_log_records()
     parser, modules = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)

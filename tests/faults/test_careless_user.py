@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import logging
 import math
 import os
 import signal
@@ -400,3 +401,12 @@ def test_an_override_value_yaml_cannot_parse_is_one_line(value, capsys):
     err = one_line(capsys.readouterr().err)
     assert err.startswith(f"memrl train: error: override 'optim.lr={value}': the value is not valid YAML ("), err
     assert err.endswith("); quote it to pass it as text"), err
+
+
+def test_log_messages_naming_a_url_with_credentials_are_redacted(tmp_path, caplog):
+    f = tmp_path / "eval_1.json"
+    write_records(f, [{"input": "q?", "answers": ["a"], "context": "Document 1: a.", "index": 0, "num_docs": 1}])
+    assert main(["data", "show", str(f)]) == 0  # any command installs the redaction
+    with caplog.at_level("WARNING"):
+        logging.getLogger("memrl.engines.openai_http").warning("%s: retrying (503)", CREDS)
+    assert caplog.records[-1].getMessage() == "http://<redacted>@example.invalid:8000/v1: retrying (503)"
