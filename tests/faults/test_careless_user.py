@@ -410,3 +410,25 @@ def test_log_messages_naming_a_url_with_credentials_are_redacted(tmp_path, caplo
     with caplog.at_level("WARNING"):
         logging.getLogger("memrl.engines.openai_http").warning("%s: retrying (503)", CREDS)
     assert caplog.records[-1].getMessage() == "http://<redacted>@example.invalid:8000/v1: retrying (503)"
+
+
+def test_a_non_finite_sft_loss_stops_before_the_weights_change(tiny_model, monkeypatch):
+    import memrl.training.sft as sft
+    from transformers import AutoModelForCausalLM
+
+    from memrl.types import Segment
+
+    real = sft.sft_micro_loss
+
+    def poisoned(model, mb):
+        part = real(model, mb)
+        part.loss = part.loss * math.inf
+        return part
+
+    monkeypatch.setattr(sft, "sft_micro_loss", poisoned)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    rows = [Segment([5, 6, 7], [8, 9], [0.0, 0.0], [1, 1])]
+    with pytest.raises(UserError, match=r"^sft step 1: training diverged \(sft/loss=inf, sft/grad_norm=nan\)"):
+        sft.sft_train(model, rows, sft.SFTConfig(epochs=1, batch_rows=1))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
