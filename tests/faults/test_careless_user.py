@@ -413,9 +413,9 @@ def test_log_messages_naming_a_url_with_credentials_are_redacted(tmp_path, caplo
 
 
 def test_a_non_finite_sft_loss_stops_before_the_weights_change(tiny_model, monkeypatch):
-    import memrl.training.sft as sft
     from transformers import AutoModelForCausalLM
 
+    import memrl.training.sft as sft
     from memrl.types import Segment
 
     real = sft.sft_micro_loss
