@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from memrl import __version__
+from memrl.config import redact_text
 from memrl.engines.base import EngineError
 from memrl.errors import UserError, os_message
 from memrl.services.base import RetrievalError
@@ -73,14 +75,37 @@ def _place_extras(parser: argparse.ArgumentParser, args: argparse.Namespace, ext
     getattr(args, target).extend(extra)  # type: ignore[arg-type]
 
 
+def redact_log_records() -> None:
+    """Every log record's message passes `redact_text` (URL credentials, api_key=VALUE): an engine's
+    warning that names its URL or a library that echoes an override prints no secret. Installed once."""
+    make = logging.getLogRecordFactory()
+    if getattr(make, "memrl_redacts", False):
+        return
+
+    def record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        rec = make(*args, **kwargs)
+        try:
+            text = rec.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string is logging's own error to report
+            return rec
+        clean = redact_text(text)
+        if clean != text:
+            rec.msg, rec.args = clean, ()
+        return rec
+
+    record.memrl_redacts = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(record)
+
+
 def main(argv: list[str] | None = None) -> int:
+    redact_log_records()
     parser, modules = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:
             _place_extras(parser, args, extra)
     except ArgumentError as e:
-        print(f"{e.prog}: error: {e}", file=sys.stderr)
+        print(f"{e.prog}: error: {redact_text(str(e))}", file=sys.stderr)
         return 2
     if args.version:
         print(__version__)
@@ -97,17 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         if debug:
             raise
-        print(f"memrl {args.command}: error: {e}", file=sys.stderr)
+        print(f"memrl {args.command}: error: {redact_text(str(e))}", file=sys.stderr)
         return e.exit_code
     except OSError as e:  # the file system refused: name the file and why
         if debug:
             raise
-        print(f"memrl {args.command}: error: {os_message(e)}", file=sys.stderr)
+        print(f"memrl {args.command}: error: {redact_text(os_message(e))}", file=sys.stderr)
         return 1
     except RuntimeError as e:  # a server or engine that failed (named in the message); not a bug of ours
         if debug or not _service_failure(e):
             raise
-        print(f"memrl {args.command}: error: {e}", file=sys.stderr)
+        print(f"memrl {args.command}: error: {redact_text(str(e))}", file=sys.stderr)
         return 1
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from memrl.errors import UsageError
@@ -118,6 +120,7 @@ def _preset_chain(path: Path) -> list[tuple[Path, Any]]:
         if path.resolve() in seen:
             raise ConfigError(f"preset {path}: `{INHERIT_KEY}` loops ({' -> '.join(str(p) for p in seen)})")
         seen.append(path.resolve())
+        check_yaml_size(path)
         loaded = OmegaConf.load(path)
         parent = loaded.pop(INHERIT_KEY, None) if isinstance(loaded, DictConfig) else None
         chain.append((path, loaded))
@@ -126,6 +129,61 @@ def _preset_chain(path: Path) -> list[tuple[Path, Any]]:
         if not isinstance(parent, str) or not parent:
             raise ConfigError(f"preset {path}: `{INHERIT_KEY}` must name a preset, got {parent!r}")
         path = preset_path(parent)
+
+
+MAX_YAML_BYTES = 4 << 20
+MAX_YAML_NODES = 200_000
+"""Bounds of a preset: its size, and its node count with every alias expanded (an alias bomb is a few
+lines whose aliases expand to billions of nodes, hanging the loader)."""
+
+
+def check_yaml_size(path: Path) -> None:
+    """ConfigError when preset `path` is larger than MAX_YAML_BYTES or expands (aliases followed) to more
+    than MAX_YAML_NODES nodes (`check_yaml_text`)."""
+    size = path.stat().st_size
+    if size > MAX_YAML_BYTES:
+        raise ConfigError(f"preset {path} is {size} bytes; a preset may have at most {MAX_YAML_BYTES}")
+    check_yaml_text(path.read_text(encoding="utf-8"), f"preset {path}")
+
+
+def check_yaml_text(text: str, where: str) -> None:
+    """ConfigError naming `where` when YAML `text` expands (aliases followed) to more than MAX_YAML_NODES
+    nodes; composing the node graph does not expand aliases, so this check is cheap."""
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    sizes: dict[int, int] = {}
+
+    def expanded(n: Any) -> int:
+        if id(n) in sizes:
+            return sizes[id(n)]
+        sizes[id(n)] = 1  # a cycle counts once; OmegaConf refuses it anyway
+        if isinstance(n, yaml.MappingNode):
+            total = 1 + sum(expanded(k) + expanded(v) for k, v in n.value)
+        elif isinstance(n, yaml.SequenceNode):
+            total = 1 + sum(expanded(v) for v in n.value)
+        else:
+            total = 1
+        sizes[id(n)] = min(total, MAX_YAML_NODES + 1)
+        return sizes[id(n)]
+
+    if node is not None and expanded(node) > MAX_YAML_NODES:
+        raise ConfigError(f"{where}: its aliases expand to more than {MAX_YAML_NODES} values (an alias "
+                          "bomb?); refusing to load it")
+
+
+def refuse_interpolations(node: Any, origin: str, prefix: str = "") -> None:
+    """ConfigError for the first `${...}` in a user-supplied tree (a preset or an override): memrl resolves
+    none, so a shared preset cannot pull an environment variable (`${oc.env:VAR}`) or another field's
+    secret into a URL or prompt. A literal `${` is written `\\${`."""
+    if not isinstance(node, DictConfig | ListConfig):
+        return
+    keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+    for k in keys:
+        path = f"{prefix}{k}" if isinstance(node, DictConfig) else f"{prefix.rstrip('.')}[{k}]"
+        if OmegaConf.is_interpolation(node, k):  # type: ignore[arg-type]
+            raw = node._get_node(k)._value()  # type: ignore[union-attr]
+            raise ConfigError(f"{path}={raw!r} (set by {origin}) is an interpolation; memrl resolves no ${{...}} "
+                              "in configs (write the value itself, or \\${ for a literal)")
+        refuse_interpolations(node._get_node(k), origin, f"{path}.")  # type: ignore[union-attr]
 
 
 def preset_names() -> list[str]:
@@ -170,6 +228,7 @@ def load_config(schema: type[T], overrides: list[str] | tuple[str, ...] = (), pr
         path = preset_path(preset)
         try:
             for part_path, loaded in _preset_chain(path):  # `inherit: <preset>`: the parent first
+                refuse_interpolations(loaded, f"preset {part_path}")
                 _check_removed(_flat_keys(OmegaConf.to_container(loaded)), f"preset {part_path}")
                 _open_preset(schema, loaded)
                 cfg = OmegaConf.merge(cfg, loaded)  # type: ignore[assignment]
@@ -188,9 +247,15 @@ def load_config(schema: type[T], overrides: list[str] | tuple[str, ...] = (), pr
     dotlist = [_open_override(schema, ov) for ov in dotlist]
     for ov in dotlist:
         try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([ov]))  # type: ignore[assignment]
+            given = OmegaConf.from_dotlist([ov])
+            refuse_interpolations(given, "an override")
+            cfg = OmegaConf.merge(cfg, given)  # type: ignore[assignment]
         except OmegaConfBaseException as e:
-            raise _wrap(e, f"override '{ov}'") from e
+            raise _wrap(e, f"override '{redact_text(ov)}'") from e
+        except yaml.YAMLError as e:  # a value YAML cannot parse ("[1", "{a")
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"override '{redact_text(ov)}': the value is not valid YAML ({problem}); quote it "
+                              "to pass it as text") from e
     try:
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
@@ -223,6 +288,8 @@ def _check_raw(schema: type, node: Any, where: str) -> None:
         if rule is None or value is None or rule.choices is not None:
             continue  # a choice's own __post_init__ message may say more (a removed name and its successor)
         items = list(value) if OmegaConf.is_list(value) or isinstance(value, list | tuple) else [value]
+        if not all(is_finite(v) for v in items):
+            raise ConfigError(f"{path}={value!r} is not allowed: must be a finite number (not nan or inf)")
         owner = _Values(values)
         for v in items:
             if not rule.admits(v, owner):
@@ -265,15 +332,37 @@ def is_secret_key(key: object) -> bool:
     return isinstance(key, str) and (key == "api_key" or key.endswith("_api_key"))
 
 
+URL_CREDENTIALS = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]+@")
+"""The user[:password]@ part of a URL (http://user:pw@host/...)."""
+SECRET_ASSIGNMENT = re.compile(r"(?P<key>(?:[\w.+-]*\.)?(?:api_key|[\w]+_api_key))(?P<eq>=|: )(?P<value>[^\s,;'\"]+)")
+"""`...api_key=VALUE` (an override) or `api_key: VALUE` in free text."""
+
+
+def redact_text(text: str) -> str:
+    """`text` with URL credentials and `<...>api_key=VALUE` assignments replaced by REDACTED: for command
+    lines, override lists and messages that are printed or saved."""
+    text = URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+    return SECRET_ASSIGNMENT.sub(lambda m: m["key"] + m["eq"] + (REDACTED if m["value"] != REDACTED else m["value"]),
+                                 text)
+
+
+def redact_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """A command line as it may be saved or shown (`redact_text` on each argument)."""
+    return [redact_text(a) for a in argv]
+
+
 def redact_secrets(value: Any) -> Any:
     """A copy of a dict / list tree with every non-empty secret value (is_secret_key) replaced by
-    REDACTED: what configs look like when saved (eval_config.json, config.yaml). Keys stay, so a saved
-    config still says a key was set; set it again through its environment variable (api_key_env)."""
+    REDACTED and URL credentials in every string removed (`redact_text`): what configs look like when
+    saved or printed (eval_config.json, config.yaml, tracker configs, --print-config). Keys stay, so a
+    saved config still says a key was set; set it again through its environment variable (api_key_env)."""
     if isinstance(value, dict):
         return {k: (REDACTED if is_secret_key(k) and v not in (None, "") else redact_secrets(v))
                 for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [redact_secrets(v) for v in value]
+    if isinstance(value, str):
+        return redact_text(value)
     return value
 
 
@@ -339,7 +428,7 @@ class Allowed:
             return False
         if isinstance(value, bool) or not isinstance(value, int | float):
             return known is not None or not self.bounds(owner)
-        if value != value:  # NaN is in no range
+        if not is_finite(value):  # nan and inf are in no range (an upper bound left open is not infinity)
             return False
         ops = {"ge": lambda v, b: v >= b, "gt": lambda v, b: v > b, "le": lambda v, b: v <= b,
                "lt": lambda v, b: v < b}
@@ -397,9 +486,15 @@ def _admits_none(f: dataclasses.Field) -> bool:
     return "None" in t or "Optional" in t
 
 
+def is_finite(value: Any) -> bool:
+    """False only for a float (or numpy / torch scalar read as one) that is nan or +-inf."""
+    return not isinstance(value, float) or math.isfinite(value)
+
+
 def check_config(obj: Any, where: str = "") -> None:
     """Walk a config tree (nested dataclasses, dicts of them) and raise a one-line `ConfigError` naming
-    the dotted field, its value and what is allowed, for the first value outside its declaration."""
+    the dotted field, its value and what is allowed, for the first value outside its declaration; a
+    float that is nan or inf is refused in every field, declared or not."""
     if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
         return
     for f in dataclasses.fields(obj):
@@ -408,10 +503,14 @@ def check_config(obj: Any, where: str = "") -> None:
         if dataclasses.is_dataclass(value):
             check_config(value, path)
             continue
+        items = list(value) if isinstance(value, list | tuple) else [value]
+        bad = next((v for v in items if not is_finite(v)), None)
+        if bad is not None:  # inf / nan pass every range check written as ge / gt and break training silently
+            what = f"{path}={value!r}" + ("" if items[0] is value else f": item {bad!r}")
+            raise ConfigError(f"{what} is not allowed: must be a finite number (not nan or inf)")
         rule = allowed_of(f)
         if rule is None or (value is None and _admits_none(f)):
             continue
-        items = list(value) if isinstance(value, list | tuple) else [value]
         for v in items:
             if not rule.admits(v, obj):
                 what = f"{path}={value!r}" + ("" if items[0] is value else f": item {v!r}")

@@ -232,7 +232,11 @@ def _build_ruler(args: argparse.Namespace) -> int:
         lengths = [parse_length(x) for x in args.lengths.split(",") if x.strip()]
     except ValueError as e:
         raise UserError(f"--lengths: {e}") from e
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else list(PAPER_TASKS)
+    if not lengths:
+        raise UserError(f"--lengths {args.lengths!r} names no length, e.g. --lengths 8k,16k,32k")
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks is not None else list(PAPER_TASKS)
+    if not tasks:
+        raise UserError(f"--tasks {args.tasks!r} names no task; expected some of {', '.join(BUILD_TASKS)}")
     bad = [t for t in tasks if t not in BUILD_TASKS]
     if bad:
         raise UserError(f"--tasks: unknown {', '.join(bad)}; expected some of {', '.join(BUILD_TASKS)}")

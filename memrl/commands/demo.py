@@ -28,6 +28,7 @@ from memrl.demos.memagent import (  # noqa: F401 - re-exported: benchmarks and t
 )
 from memrl.demos.seeds import parse_capabilities, parse_seeds, run_sweep
 from memrl.eval.demo_report import write_memagent_outputs
+from memrl.locks import locked_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,16 +50,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The demo, or a sweep of it; the output directory is locked (memrl.locks) once the arguments are
+    checked, so a bad command line makes no directory."""
     if args.seeds is not None or args.cpu_capability is not None:
         return run_seeds(args)
     if args.jobs != 1 or args.aggregate_only:
         raise ConfigError("--jobs and --aggregate-only need --seeds or --cpu-capability")
     if getattr(args, "agent", "memagent") == "memact":
-        run_memact_demo(args.out, args.overrides)
+        with locked_dir(args.out, "--out"):
+            run_memact_demo(args.out, args.overrides)
         return 0
     cfg, tcfg, out, workflow = load_demo_configs(args.overrides, args.out)
-    (out / "demo_config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
-    results = run_demo(cfg, tcfg, out, workflow)
+    with locked_dir(out, "--out"):  # one demo per directory
+        (out / "demo_config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
+        results = run_demo(cfg, tcfg, out, workflow)
     print(write_memagent_outputs(results, out), end="")
     print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'accuracy_vs_length.png'}, "
           f"{out / 'rl_reward.png'} ({results['timings']['total_s'] / 60:.1f} min)")
@@ -71,8 +76,13 @@ def run_seeds(args: argparse.Namespace) -> int:
     caps = parse_capabilities(args.cpu_capability if args.cpu_capability is not None else "native")
     command = shlex.join(["memrl", "demo", "--agent", args.agent, "--out", str(args.out), "--seeds",
                           ",".join(map(str, seeds)), "--cpu-capability", ",".join(caps), *args.overrides])
-    text, status = run_sweep(args.agent, args.out, seeds, caps, list(args.overrides), jobs=args.jobs,
-                             aggregate_only=args.aggregate_only, command=command)
+    if args.aggregate_only:  # reads finished runs only
+        text, status = run_sweep(args.agent, args.out, seeds, caps, list(args.overrides), jobs=args.jobs,
+                                 aggregate_only=True, command=command)
+    else:
+        with locked_dir(args.out, "--out"):  # one sweep per directory (each run locks its own)
+            text, status = run_sweep(args.agent, args.out, seeds, caps, list(args.overrides), jobs=args.jobs,
+                                     command=command)
     print(text, end="")
     print(f"wrote {args.out}/seeds_results.md, {args.out}/seeds_results.json")
     failed = [f"{p} ({s})" for p, s in status.items() if s.startswith("failed")]

@@ -33,6 +33,7 @@ from memrl.config import load_config
 from memrl.errors import UserError
 from memrl.eval.report import is_memact, report_dirs, summarize, summarize_memact, write_report
 from memrl.eval.runner import EvalConfig, evaluate
+from memrl.locks import locked_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     if args.no_progress:
         ev.append("progress=false")
     cfg = load_config(EvalConfig, ev, preset=args.preset)
-    rows = evaluate(files, args.out, cfg)
+    with locked_dir(args.out, "--out"):  # a second eval into --out would answer every question again
+        rows = evaluate(files, args.out, cfg)
     name = cfg.name or Path(args.out).resolve().name
     memact = [summarize_memact(rows, name)] if is_memact(rows) else []
     out = write_report(args.out, summarize(rows, name, args.group_by), memact=memact)

@@ -1,13 +1,14 @@
 """Checks every loaded task passes, whatever its file layout (`memrl.data.io.parse_records` runs them per row).
 
 A task must be scorable and nameable: at least one gold answer, no question (or sub-question) whose golds
-are all empty text, and a task id no earlier row of the same file used (results, resume keys and rollout
+are all empty (or invisible) text, and a task id no earlier row of the same file used (results, resume keys and rollout
 groups are keyed by it). Each check returns what is wrong in words, or None; the reader adds file and row.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any
 
 from memrl.types import Task
@@ -60,12 +61,18 @@ def gold_groups(task: Task) -> list[list[str]]:
     return [list(task.answers)]
 
 
+def visible(text: str) -> bool:
+    """Whether `text` has a character that is neither whitespace nor invisible (format / control characters:
+    a zero-width space, joiner or BOM), so it can match a prediction; str.strip() keeps those."""
+    return any(not ch.isspace() and unicodedata.category(ch) not in ("Cf", "Cc", "Zs", "Zl", "Zp") for ch in text)
+
+
 def gold_problem(task: Task) -> str | None:
     """Why `task` can never be scored (no gold answer, or a question whose golds are all empty); None if fine."""
     if not task.answers:
         return "no gold answers (field 'answers' is empty); every task is scored, so it needs at least one"
     groups = gold_groups(task)
-    empty = [i for i, g in enumerate(groups, start=1) if not any(a.strip() for a in g)]
+    empty = [i for i, g in enumerate(groups, start=1) if not any(visible(a) for a in g)]
     if not empty:
         return None
     if len(groups) == 1:

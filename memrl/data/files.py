@@ -16,6 +16,7 @@ import logging
 import lzma
 import os
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -218,11 +219,27 @@ def require(rec: Any, key: str, kind: type | tuple[type, ...], where: str) -> An
     return val
 
 
+@contextmanager
+def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """`with replacing(path) as tmp:` write `tmp` (a hidden sibling with the same suffixes, so compression
+    follows the name); on success it is renamed onto `path`, on any error removed: a full disk or a kill
+    never leaves a partial file under the final name, and an older file there stays whole."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".tmp-{os.getpid()}-{final.name}")
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_json(path: str | os.PathLike[str], records: Iterable[Any], indent: int | None = None) -> int:
-    """Write records as one JSON list, streaming (records may be a generator); returns the count."""
+    """Write records as one JSON list, streaming (records may be a generator); returns the count.
+    Atomic (`replacing`), as every writer here."""
     n = 0
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open_text(path, "wt") as f:
+    with replacing(path) as tmp, open_text(tmp, "wt") as f:
         f.write("[")
         for rec in records:
             f.write(",\n" if n else "\n")
@@ -235,8 +252,7 @@ def write_json(path: str | os.PathLike[str], records: Iterable[Any], indent: int
 def write_jsonl(path: str | os.PathLike[str], records: Iterable[Any]) -> int:
     """Write records as JSON lines; returns the count."""
     n = 0
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open_text(path, "wt") as f:
+    with replacing(path) as tmp, open_text(tmp, "wt") as f:
         for rec in records:
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
             n += 1
@@ -245,9 +261,9 @@ def write_jsonl(path: str | os.PathLike[str], records: Iterable[Any]) -> int:
 
 def write_parquet(path: str | os.PathLike[str], records: list[dict[str, Any]]) -> int:
     """Write records (dicts with the same keys) as one parquet file; returns the count."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(records)
-    pq.write_table(table, str(path))
+    with replacing(path) as tmp:
+        pq.write_table(table, str(tmp))
     return len(records)
 
 

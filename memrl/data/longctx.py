@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from memrl.data.errors import DataError
+from memrl.data.files import replacing
 from memrl.data.hotpotqa import gold_paragraph_indices, paragraph_text, render_document
 from memrl.data.memagent_files import write_eval_json, write_memagent_parquet
 from memrl.types import Task
@@ -193,7 +194,8 @@ def build_eval_sets(
         man.seconds[str(n)] = round(dt, 3)
         if on_file is not None:
             on_file(int(n), str(path), dt)
-    (out / "manifest.json").write_text(json.dumps(asdict(man), indent=1) + "\n")
+    with replacing(out / "manifest.json") as tmp:
+        tmp.write_text(json.dumps(asdict(man), indent=1) + "\n", encoding="utf-8")
     return man
 
 

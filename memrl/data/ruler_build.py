@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.data.errors import DataError
+from memrl.data.files import replacing, write_jsonl
 from memrl.data.io import load_tasks
 
 # ------------------------------------------------------------------ task parameters (RULER synthetic.yaml)
@@ -444,7 +445,9 @@ class Builder:
         self._qa: tuple[list[QAItem], list[str]] | None = None
         if opts.haystack:
             text = read_text_file(opts.haystack, "--haystack")
-            self.essay = re.sub(r"\s+", " ", text).strip().split(" ")
+            self.essay = text.split()  # words; a blank file has none (was [""]: rows of needles and spaces)
+            if not self.essay:
+                raise DataError(f"--haystack {opts.haystack}: no words of text; the essay haystack needs some")
         if opts.noise:
             lines = [ln.strip() for ln in read_text_file(opts.noise, "--noise").splitlines() if ln.strip()]
             if not lines:
@@ -541,15 +544,13 @@ def build_ruler(out_dir: str | os.PathLike[str], tokenizer: Any, tasks: Sequence
         for task in tasks:
             rows, size = b.build(task, int(length))
             path = out / str(length) / "data" / task / "validation.jsonl"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "w", encoding="utf-8", newline="\n") as f:
-                for rec in rows:
-                    f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            write_jsonl(path, rows)  # through a temporary file: a full disk leaves no partial file
             man["files"][f"{length}/{task}"] = {"path": str(path.relative_to(out)), "rows": len(rows),
                                                "haystack_size": size,
                                                "min_length": min(r["length"] for r in rows),
                                                "max_length": max(r["length"] for r in rows)}
             if on_file is not None:
                 on_file(task, int(length), str(path), len(rows))
-    (out / "manifest.json").write_text(json.dumps(man, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    with replacing(out / "manifest.json") as tmp:
+        tmp.write_text(json.dumps(man, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return man

@@ -31,23 +31,27 @@ paired per seed).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memrl.config import ConfigError, load_config
+from memrl.config import ConfigError, load_config, redact_argv, redact_secrets, redact_text
 from memrl.demos import split_overrides
 from memrl.demos.memact import MemActDemoConfig
 from memrl.demos.memagent import DemoConfig
 from memrl.errors import UserError
+from memrl.locks import acquire, release
 from memrl.training.config import TrainConfig
 
 CAPABILITIES = ("native", "default", "avx2", "avx512")
@@ -173,7 +177,8 @@ def run_command(agent: str, run: Run) -> list[str]:
 
 
 def marker_of(agent: str, run: Run) -> dict[str, Any]:
-    return {"agent": agent, "seed": run.seed, "capability": run.capability, "overrides": list(run.overrides)}
+    """What sweep_run.json records of a run (secrets in the overrides redacted: the file is kept and shared)."""
+    return {"agent": agent, "seed": run.seed, "capability": run.capability, "overrides": redact_argv(run.overrides)}
 
 
 def run_state(agent: str, run: Run) -> str:
@@ -198,18 +203,37 @@ def run_state(agent: str, run: Run) -> str:
     return "done" if (run.out / "results.json").is_file() else "partial"
 
 
+def end_with_parent(parent: int) -> Callable[[], None]:
+    """A Popen `preexec_fn` (Linux): the child gets SIGTERM when the sweep dies, kill -9 included, so no run
+    outlives it and writes on beside a re-run's."""
+
+    def arm() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the sweep died before the signal was armed
+            os._exit(1)
+
+    return arm
+
+
+PR_SET_PDEATHSIG = 1
+
+
 def start_run(agent: str, run: Run, reported: str) -> subprocess.Popen[bytes]:
-    """Clear the run's directory, write its marker and start its subprocess (output in run.out/log.txt)."""
+    """Clear the run's directory, write its marker and start its subprocess (output in run.out/log.txt).
+    A directory another process still holds (memrl.locks) is refused, not cleared."""
     if run.out.exists():
+        release(acquire(run.out, "--out"))
         shutil.rmtree(run.out)
     run.out.mkdir(parents=True)
     cmd = run_command(agent, run)
-    marker = {**marker_of(agent, run), "reported_capability": reported, "command": cmd,
+    marker = {**marker_of(agent, run), "reported_capability": reported, "command": redact_argv(cmd),
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (run.out / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
     with open(run.out / "log.txt", "wb") as log:  # the child holds its own copy of the descriptor
         return subprocess.Popen(cmd, env=child_env(run.capability), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL,
+                                preexec_fn=end_with_parent(os.getpid()) if sys.platform == "linux" else None)
 
 
 def run_all(agent: str, runs: list[Run], jobs: int = 1, log: Any = print) -> dict[Path, str]:
@@ -427,6 +451,7 @@ def markdown(agg: dict[str, Any], command: str = "") -> str:
 
 def write_outputs(agg: dict[str, Any], root: Path, command: str = "") -> str:
     """ROOT/seeds_results.md and ROOT/seeds_results.json; returns the markdown."""
+    agg, command = redact_secrets(agg), redact_text(command)  # the record is kept and shared: no secrets
     text = markdown(agg, command)
     root.mkdir(parents=True, exist_ok=True)
     (root / "seeds_results.md").write_text(text, encoding="utf-8")

@@ -19,6 +19,7 @@ from typing import Any
 import matplotlib
 import matplotlib.pyplot as plt
 
+from memrl.config import redact_secrets
 from memrl.eval.evaluator import paired_gain
 
 MODES = ("sampled", "greedy")
@@ -170,7 +171,7 @@ def write_memagent_outputs(results: dict[str, Any], out: Path) -> str:
     """results.md, results.json, accuracy_vs_length.png, rl_reward.png in `out`; returns the markdown."""
     table = memagent_markdown(results)
     (out / "results.md").write_text(table, encoding="utf-8")
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    (out / "results.json").write_text(json.dumps(redact_secrets(results), indent=1) + "\n", encoding="utf-8")
     plot_accuracy(results, MEMAGENT_STAGES, out / "accuracy_vs_length.png")
     plot_reward(results["rl_reward"], out / "rl_reward.png")
     return table
@@ -255,6 +256,6 @@ def write_memact_outputs(results: dict[str, Any], out: Path) -> str:
     """results.md, results.json, memact_results.png in `out`; returns the markdown."""
     table = memact_markdown(results)
     (out / "results.md").write_text(table, encoding="utf-8")
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    (out / "results.json").write_text(json.dumps(redact_secrets(results), indent=2) + "\n", encoding="utf-8")
     plot_memact(out / "memact_results.png", results)
     return table

@@ -480,7 +480,7 @@ def evaluate(
     loaded.sort(key=lambda ef: ef.n)
 
     results_path = out / RESULTS_FILE
-    rows = read_results(results_path, repair=True)
+    rows = drop_stale_rows(results_path, read_results(results_path, repair=True), loaded)
     done = {row_key(r) for r in rows}
     todo = []  # (file, sample, tasks not done at that sample)
     for ef in loaded:
@@ -509,6 +509,26 @@ def evaluate(
         if own:
             runtime.close()
     return rows
+
+
+def drop_stale_rows(path: Path, rows: list[dict[str, Any]], loaded: list[EvalFile]) -> list[dict[str, Any]]:
+    """Rows of an earlier version of a file evaluated now (same resolved path, another content digest) are
+    removed from `path` (rewritten through a temporary file): a rebuilt file is evaluated afresh, not
+    counted twice. Rows of files not given this time stay."""
+    now = {ef.ident["file_path"]: ef.ident["file_sha256"] for ef in loaded}
+    stale = [r for r in rows if r.get("file_path") in now and r.get("file_sha256") != now[r["file_path"]]]
+    if not stale:
+        return rows
+    gone = {id(r) for r in stale}
+    keep = [r for r in rows if id(r) not in gone]
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in keep)
+    os.replace(tmp, path)
+    files = sorted({str(r["file_path"]) for r in stale})
+    log.warning("%s: removed %d row(s) of an earlier version of %s (the file's content changed; evaluated again)",
+                path, len(stale), ", ".join(files))
+    return keep
 
 
 FAILED_REQUEST = "failed_request"

@@ -484,6 +484,19 @@ def load_hf_config(path: Path, key: str) -> Any:
         raise ConvertError(f"{key}={path}/config.json: not a HuggingFace config ({e})") from e
 
 
+def check_links(assets: Path, root: Path) -> None:
+    """ConvertError for a file of `assets` (copied into the output) that is a symlink resolving outside the
+    checkpoint `root`: a checkpoint from elsewhere must not pull a file of this machine into the model."""
+    top = root.resolve()
+    if not assets.resolve().is_relative_to(top):
+        raise ConvertError(f"{assets} resolves to {assets.resolve()}, outside the checkpoint {root}; refusing to copy "
+                           "from it (pass --hf-config DIR)")
+    for p in sorted(assets.iterdir()):
+        if p.is_symlink() and not p.resolve().is_relative_to(top):
+            raise ConvertError(f"{p} is a symlink to {p.resolve()}, outside the checkpoint {root}; refusing to copy "
+                               "it into the model (replace the link by the file, or pass --hf-config DIR)")
+
+
 def write_hf_dir(sd: dict[str, torch.Tensor], assets: Path, out: Path, dtype: torch.dtype | None) -> list[str]:
     """Weights as safetensors (sharded above SHARD_BYTES) plus every non-weight file of `assets`
     (config, tokenizer, generation config); config.json's dtype names the written dtype."""
@@ -548,6 +561,8 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, fmt: str | None = No
         if assets is None:
             raise ConvertError(f"{actor}/huggingface has no config.json; pass --hf-config DIR (the base model's "
                                "HuggingFace folder: config and tokenizer)")
+        if not hf_config:
+            check_links(assets, src_p)  # before any weight is read
         config = load_hf_config(assets, "--hf-config" if hf_config else "huggingface")
         sd = read_verl(src_p, _expected(config)[0])
         info["world_size"] = len(files)

@@ -41,6 +41,7 @@ from memrl.training.dump import TrajectoryDump
 from memrl.training.engine_sync import EngineSync
 from memrl.training.lora import base_source, engine_policy
 from memrl.training.placement import RayEngines, connect, uses_ray
+from memrl.training.run_dir import check_resumed_config
 from memrl.training.weight_sync import WeightSync
 from memrl.training.workers import build_workers
 from memrl.types import Task
@@ -231,6 +232,8 @@ def assemble(cfg: TrainConfig, resume: bool = False, workflow: tuple[Any, Any] |
         point = resume_point(root) if resume else None
         if resume and point is None:
             log.warning("--resume: no checkpoint in %s; starting from step 0", root)
+        if point is not None:
+            check_resumed_config(cfg, point.path)  # another data.path or batch size must not continue silently
         start = point.path if point is not None else None
         src = base_source(cfg.model, start)  # LoRA: engines start from the base (a checkpoint holds the adapter)
         if uses_ray(cfg):

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from memrl.config import check_config, valid
+from memrl.errors import UserError
 from memrl.quiet import hf_progress_off, peft_rename_warning_off
 from memrl.training.logging import MetricsLogger
 from memrl.training.packing import collate, pack_rows, weigh
@@ -98,6 +99,9 @@ def sft_train(
                 loss += float(part.loss.detach())
                 tokens += mb.num_tokens
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm(cfg.grad_clip))
+            if not (math.isfinite(loss) and math.isfinite(float(gn))):  # before the step: no weight changes
+                raise UserError(f"sft step {step + 1}: training diverged (sft/loss={loss}, sft/grad_norm={float(gn)}); "
+                                "stopped without saving (lower sft.lr or check the data)")
             opt.step()
             sched.step()
             losses.append(loss)

@@ -19,10 +19,12 @@ import importlib
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from memrl.config import redact_argv, redact_secrets, redact_text
 from memrl.errors import UserError
 
 TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow")
@@ -62,8 +64,14 @@ class WandbTracker:
         wandb = _import("wandb")
         self._wandb = wandb
         kw: dict[str, Any] = {"id": run_id, "resume": "must"} if run_id else {}
-        self.run = wandb.init(project="memrl", name=run_name, dir=str(out), mode="offline", config=config,
-                              settings=wandb.Settings(silent=True, console="off", x_disable_stats=True), **kw)
+        argv = sys.argv
+        sys.argv = redact_argv(argv)  # wandb saves the command line in the run's metadata: no api key there
+        try:
+            self.run = wandb.init(project="memrl", name=run_name, dir=str(out), mode="offline",
+                                  config=redact_secrets(config),
+                                  settings=wandb.Settings(silent=True, console="off", x_disable_stats=True), **kw)
+        finally:
+            sys.argv = argv
         self.run_id = self.run.id
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
@@ -96,7 +104,7 @@ class MlflowTracker:
             exp = self.client.get_experiment_by_name("memrl")
             exp_id = exp.experiment_id if exp is not None else self.client.create_experiment("memrl")
             run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
-            self.client.log_text(run_id, config_yaml, "config.yaml")
+            self.client.log_text(run_id, redact_text(config_yaml), "config.yaml")
         self.run_id = run_id
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ Same code on a laptop CPU and a GPU; only `model.device` / `engine.name` / the p
 from __future__ import annotations
 
 import logging
+import math
 import random
 import statistics
 import time
@@ -35,6 +36,7 @@ import yaml
 from memrl.algorithms.advantages import compute_group_advantages
 from memrl.algorithms.selection import select_segments
 from memrl.config import to_yaml
+from memrl.errors import UserError
 from memrl.training.assemble import RunParts
 from memrl.training.async_rollout import Producer, partial_metrics, stale_filter
 from memrl.training.checkpoint import rng_state
@@ -55,6 +57,17 @@ from memrl.training.validation import keep_best, restore_best, run_validation
 from memrl.types import Group, Segment, Task
 
 log = logging.getLogger(__name__)
+
+
+def stop_if_not_finite(metrics: dict[str, float], step: int) -> None:
+    """A nan / inf loss or gradient norm ends the run here, before the weights reach the engine or a
+    checkpoint (the worker skipped the optimizer step): one line naming the values."""
+    bad = {k: v for k, v in metrics.items()
+           if (k.startswith("loss/") or k == "train/grad_norm") and not math.isfinite(v)}
+    if bad:
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
+        raise UserError(f"step {step}: training diverged ({shown}); stopped without saving this step "
+                        "(lower optim.lr or check the rewards and advantages)")
 
 
 def selection_rng(seed: int, step: int) -> random.Random:
@@ -205,7 +218,9 @@ class Trainer:
         """One optimizer step on the weighed mini-batch `batch` (memrl.training.worker_group: each rank
         trains its share, PolicyWorker.train_rows); `step_scheduler`: advance the learning-rate schedule
         after it (once per RL step)."""
-        return self.parts.workers.train_rows(batch, step_scheduler)
+        out = self.parts.workers.train_rows(batch, step_scheduler)
+        stop_if_not_finite(out, self.step + 1)
+        return out
 
     def sync(self, first: bool = False) -> dict[str, float]:
         """The engine(s) get the policy's weights (memrl.training.engine_sync): after this step's update, or
@@ -247,8 +262,8 @@ class Trainer:
             self.state.step += 1
             if cfg.trainer.val_every and self.step % cfg.trainer.val_every == 0:
                 metrics.update(self.validate_step(self.step))
+            logger.log(self.step, metrics)  # before a save: a kill inside it must not lose the row
             saved = keep_best(cfg.trainer, self.state, self.step, metrics, self.save)  # trainer.save_best
-            logger.log(self.step, metrics)
             if self.dumped_rows:  # memrl.training.dump: this step's sample
                 logger.table(self.step, self.dumped_rows)
             history.append(metrics)

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from memrl.config import ConfigError
+from memrl.errors import fault_point
 from memrl.eval.report import summarize
-from memrl.eval.runner import EvalConfig, evaluate
+from memrl.eval.runner import EvalConfig, evaluate, load_eval_file
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,8 @@ def eval_config(cfg: Any) -> Any:
 
 
 def check(cfg: Any) -> None:
-    """One-line errors before any model loads: val_every without files, files that do not exist, a
-    save_best metric with validation off."""
+    """One-line errors before any model loads: val_every without files, files that do not exist or cannot
+    be read as eval files, a save_best metric with validation off or one no step logs (check_save_best)."""
     t, v = cfg.trainer, cfg.val
     if t.val_every and not v.files:
         raise ConfigError(f"val.files is empty but trainer.val_every={t.val_every} asks for validation; "
@@ -57,7 +58,45 @@ def check(cfg: Any) -> None:
             raise ConfigError(f"val.files: {f} does not exist")
     if t.save_best.startswith("val/") and not t.val_every:
         raise ConfigError(f"trainer.save_best={t.save_best} needs validation: set trainer.val_every > 0")
-    eval_config(cfg)  # workflow / sampling values checked now
+    ecfg = eval_config(cfg)  # workflow / sampling values checked now
+    files = [load_eval_file(f, ecfg) for f in v.files] if t.val_every else []  # their contents too, before step 1
+    check_save_best(t.save_best, files, v.samples)
+
+
+METRIC_FAMILIES = ("reward", "rollout", "traj", "format", "judge", "loss", "train", "mismatch", "time", "perf",
+                   "dcpo", "async", "val")
+"""The first part of every metric a training step or validation logs (memrl.training.step_metrics)."""
+VAL_KEYS = ("accuracy", "em", "f1", "questions", "mean_at_k", "pass_at_k", "string_match_all", "string_match_part")
+"""What `val_metrics` logs under val/<dataset>/<N>/."""
+
+
+def check_save_best(name: str, files: list[Any], samples: int) -> None:
+    """trainer.save_best names a metric this run logs: a val/ name one of the validation files makes (from
+    their datasets and lengths, as `val_metrics` names them), any other name in a known metric family;
+    ConfigError listing the choices before the first step."""
+    if not name:
+        return
+    family = name.split("/", 1)[0]
+    if family not in METRIC_FAMILIES:
+        raise ConfigError(f"trainer.save_best={name!r} is not a metric of this run: a metric's name starts with "
+                          f"one of {', '.join(f + '/' for f in METRIC_FAMILIES)}")
+    if family != "val":
+        return
+    unnamed: dict[int, set[str]] = {}
+    pairs: set[tuple[str, int]] = set()
+    for ef in files:
+        for ds, n in ef.labels.values():
+            if ds:
+                pairs.add((ds, n))
+            else:
+                unnamed.setdefault(n, set()).add(Path(ef.path).stem)
+    pairs |= {("+".join(sorted(stems)), n) for n, stems in unnamed.items()}
+    keys = [k for k in VAL_KEYS if samples > 1 or k not in ("mean_at_k", "pass_at_k")]
+    known = ["val/mean_accuracy"] + [f"val/{ds}/{n}/{k}" for ds, n in sorted(pairs) for k in keys]
+    if name not in known and not (name.endswith(("/string_match_all", "/string_match_part"))
+                                  and name.rsplit("/", 1)[0] + "/accuracy" in known):
+        raise ConfigError(f"trainer.save_best={name!r} is not a metric validation of val.files logs; known: "
+                          f"{', '.join(k for k in known if not k.endswith(('/string_match_all', '/string_match_part')))}")
 
 
 def val_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -101,6 +140,7 @@ def copy_best(src: Path, root: Path, best: dict[str, Any]) -> None:
     tmp, old = root / f".{BEST_DIR}-new", root / f".{BEST_DIR}-old"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)
+    fault_point("best_copy")
     (tmp / BEST_FILE).write_text(json.dumps(best) + "\n", encoding="utf-8")
     shutil.rmtree(old, ignore_errors=True)
     if (root / BEST_DIR).exists():

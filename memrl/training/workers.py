@@ -13,6 +13,7 @@ run resumes at any world size (memrl.training.checkpoint).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import time
@@ -200,8 +201,12 @@ class PolicyWorker:
                 if p.requires_grad:
                     p.grad = torch.zeros_like(p)
         gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip_norm(self.cfg.optim.grad_clip))
-        self.opt.step()
-        if step_scheduler:
+        grad_norm = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)  # global: the same on every rank
+        if math.isfinite(grad_norm):
+            self.opt.step()
+        else:  # no weight changes; the driver sees the norm and stops the run (memrl.training.trainer)
+            self.opt.zero_grad(set_to_none=True)
+        if step_scheduler and math.isfinite(grad_norm):
             self.sched.step()
         self.model.eval()
         keys = sorted(sums)
@@ -224,7 +229,7 @@ class PolicyWorker:
             for k in ("loss/entropy", "loss/clipfrac", "loss/approx_kl", "loss/is_weight"):  # (no KL when skipping)
                 if k in out:
                     out[k] *= w_all / w_kept
-        out["train/grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
+        out["train/grad_norm"] = grad_norm
         out["train/lr"] = self.sched.get_last_lr()[0]
         out["train/micro_batches"], out["train/rows"], out["train/tokens"] = n_mb, rows_all, n_tok
         out["train/rows_zero_adv_skipped"] = rows_all - rows_kept

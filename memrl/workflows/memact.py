@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from memrl.config import valid
+from memrl.config import ConfigError, check_yaml_text, valid
 from memrl.data.errors import DataError
 from memrl.engines.base import Engine, SamplingParams
 from memrl.engines.versioned import VERSION_KEY
@@ -404,7 +404,11 @@ def load_tool_schemas(path: str) -> list[dict[str, Any]]:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
+        if not path.endswith(".json"):
+            check_yaml_text(text, f"workflow.tool_schemas_file {path}")  # an alias bomb refused, not expanded
         data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except ConfigError:
+        raise
     except (OSError, ValueError, yaml.YAMLError) as e:
         raise ValueError(f"workflow.tool_schemas_file {path}: cannot read it ({e})") from e
     if isinstance(data, dict) and isinstance(data.get("tools"), list):  # the published tool config

@@ -105,6 +105,28 @@ def test_verl_fsdp_checkpoint_converts_exactly(world, replicas, version, qwen2, 
     assert_same_model(qwen2, out)
 
 
+def test_a_symlink_leaving_the_checkpoint_is_not_copied(qwen2, tmp_path, capsys):
+    """Issue 49: huggingface/secret -> a file outside the checkpoint would be copied into the model."""
+    from doubles import save_verl_fsdp_checkpoint
+
+    step = tmp_path / "global_step_1"
+    actor = Path(save_verl_fsdp_checkpoint(str(qwen2), str(step), 1))
+    secret = tmp_path / "secret.txt"
+    secret.write_text("api_key=sk-do-not-leak", encoding="utf-8")
+    link = actor / "huggingface" / "notes.txt"
+    link.symlink_to(secret)
+    out = tmp_path / "hf"
+    assert main(["model", "convert", str(step), "--out", str(out)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"memrl model: error: {link} is a symlink to {secret}, outside the checkpoint {step}; refusing to copy it "
+        "into the model (replace the link by the file, or pass --hf-config DIR)")
+    assert not (out / "notes.txt").exists()
+    link.unlink()
+    link.symlink_to(actor / "huggingface" / "config.json")  # inside the checkpoint: copied as a file
+    assert main(["model", "convert", str(step), "--out", str(out)]) == 0
+    assert (out / "notes.txt").is_file() and not (out / "notes.txt").is_symlink()
+
+
 def test_verl_actor_dir_and_dtype_switch(qwen3, tmp_path, capsys):
     """SRC = the actor dir, --from given; --dtype bfloat16 (the published merger's dtype) casts every tensor."""
     from doubles import save_verl_fsdp_checkpoint
