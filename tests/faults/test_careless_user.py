@@ -420,8 +420,8 @@ def test_a_non_finite_sft_loss_stops_before_the_weights_change(tiny_model, monke
 
     real = sft.sft_micro_loss
 
-    def poisoned(model, mb):
-        part = real(model, mb)
+    def poisoned(*args, **kwargs):
+        part = real(*args, **kwargs)
         part.loss = part.loss * math.inf
         return part
 
