@@ -306,6 +306,7 @@ def test_api_value_is_checked() -> None:
     ([True], [-1.0], r"token id 0 is True \(bool\), not an integer"),
     ([2.5], [-1.0], r"token id 0 is 2.5 \(float\), not an integer"),
     (["7"], [-1.0], r"token id 0 is '7' \(str\), not an integer"),
+    ("12345", [-1.0] * 5, r"token ids must be a list, got str"),  # issue 49 item 8: once read as [1, 2, 3, 4, 5]
     ([7], [0.5], r"logprob 0 is 0.5; a log-probability is finite and <= 0"),
     ([7], [float("nan")], r"logprob 0 is nan; a log-probability is finite and <= 0"),
     ([7], ["-1"], r"logprob 0 is '-1' \(str\), not a number"),
