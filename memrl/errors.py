@@ -7,6 +7,7 @@ and keeps its traceback. `fault_point` lets the fault-injection tests kill the p
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -34,6 +35,15 @@ def os_message(e: OSError) -> str:
     """'<strerror>: <file>' for an OSError, without the '[Errno N]' prefix."""
     what = e.strerror or str(e)
     return f"{what}: {e.filename}" if e.filename else what
+
+
+def disk_full(e: BaseException) -> bool:
+    """Whether `e` (an OSError, or a library's wrapping of one such as safetensors' or torch's writer
+    errors) is a full disk or an exhausted quota."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(e)
+    return any(s in text for s in ("No space left on device", "Disk quota exceeded", "StorageFull"))
 
 
 def _dir_problem(out: Path) -> str | None:

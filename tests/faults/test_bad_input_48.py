@@ -198,3 +198,176 @@ def test_eval_of_a_model_with_nan_weights_is_one_line_naming_the_model(tmp_path,
     assert err.splitlines()[-1] == (
         f"memrl eval: error: workflow memagent failed on task 0 sample 0: model {model}: produced a non-finite "
         "log-probability (nan) at generated token 0; its weights hold NaN or inf (a diverged update, a damaged file)")
+
+
+# ------------------------------------------- items 5, 4, 6: checkpoint conversion on damaged input, full disk
+
+
+@pytest.fixture(scope="module")
+def megatron_src(tmp_path_factory):
+    """(a Qwen2 model directory, a Megatron torch_dist iter_* directory holding it)."""
+    from doubles import make_model, megatron_state, write_dcp
+
+    root = tmp_path_factory.mktemp("megatron")
+    model = make_model(root / "qwen2", "qwen2")
+    return model, write_dcp(megatron_state(model, True, pad_vocab=0), root / "iter_0000001")
+
+
+def _copy_iter(megatron_src, tmp_path):
+    import shutil
+
+    return shutil.copytree(megatron_src[1], tmp_path / "iter_0000001")
+
+
+def _nothing_left(out) -> None:
+    """No model and no staging directory beside it."""
+    assert not out.exists()
+    assert not [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+
+
+def _damage(kind: str, it, model, tmp_path) -> tuple[list[str], str]:
+    """Damage a copy of the checkpoint; (extra convert arguments, the error line expected)."""
+    shard = it / "__0_0.distcp"
+    data = shard.read_bytes()
+    if kind == "cut_shard":
+        shard.write_bytes(data[: len(data) // 2])
+        return [], (f"{shard}: cut short: {len(data) // 2} bytes, but the metadata places embedding.word_embeddings."
+                    f"weight at bytes 2586..593987")
+    if kind == "missing_shard":
+        shard.unlink()
+        return [], (f"{shard} is missing (a shard of this checkpoint: the metadata places 12 entries in it, e.g. "
+                    "embedding.word_embeddings.weight)")
+    if kind == "garbled_shard":  # the same length, the tensor records overwritten
+        shard.write_bytes(data[:2586] + b"\0" * (len(data) - 2586))
+        return [], (f"{it}: cannot read the tensor data, a damaged .distcp file? (UnpicklingError: Unsupported operand 0)")
+    if kind == "unknown_arch":
+        import shutil
+
+        cfg_dir = shutil.copytree(model, tmp_path / "cfg")
+        cfg = json.loads((cfg_dir / "config.json").read_text())
+        cfg["model_type"] = "nosuch_arch"
+        (cfg_dir / "config.json").write_text(json.dumps(cfg))
+        import transformers
+
+        return ["--hf-config", str(cfg_dir)], (
+            f"--hf-config={cfg_dir / 'config.json'}: model_type 'nosuch_arch' is not an architecture transformers "
+            f"{transformers.__version__} knows (Qwen2 / Qwen3 checkpoints say 'qwen2' / 'qwen3')")
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["cut_shard", "missing_shard", "garbled_shard", "unknown_arch"])
+def test_convert_of_a_damaged_megatron_checkpoint_is_one_line(kind, megatron_src, tmp_path, capsys):
+    # before: tracebacks: CheckpointException / EOFError (cut or garbled .distcp), FileNotFoundError
+    # (__0_0.distcp), transformers' ValueError about model type nosuch_arch
+    model, _ = megatron_src
+    it = _copy_iter(megatron_src, tmp_path)
+    extra, said = _damage(kind, it, model, tmp_path)
+    out = tmp_path / "hf"
+    hf = extra or ["--hf-config", str(model)]
+    assert _fails(["model", "convert", str(it), "--out", str(out), *hf], capsys, code=1) == f"memrl model: error: {said}"
+    _nothing_left(out)
+
+
+def test_convert_of_a_truncated_verl_rank_file_is_one_line(megatron_src, tmp_path, capsys):
+    import shutil
+
+    import torch
+
+    actor = tmp_path / "global_step_1" / "actor"
+    actor.mkdir(parents=True)
+    shutil.copytree(megatron_src[0], actor / "huggingface", ignore=shutil.ignore_patterns("*.safetensors"))
+    rank = actor / "model_world_size_1_rank_0.pt"
+    torch.save({"model.norm.weight": torch.ones(36)}, rank)
+    rank.write_bytes(rank.read_bytes()[:300])
+    out = tmp_path / "hf"
+    assert _fails(["model", "convert", str(actor.parent), "--out", str(out)], capsys, code=1) == (
+        f"memrl model: error: {rank}: not a readable torch file, truncated or damaged? (RuntimeError: "
+        "PytorchStreamReader failed reading zip archive: failed finding central directory)")
+    _nothing_left(out)
+
+
+def _declare(it, key: str, size: tuple[int, ...]) -> None:
+    """Rewrite the checkpoint's .metadata so that tensor `key` (one chunk) declares shape `size`."""
+    import pickle
+
+    import torch
+
+    md = pickle.loads((it / ".metadata").read_bytes())
+    tm = md.state_dict_metadata[key]
+    tm.size = torch.Size(size)
+    tm.chunks[0].sizes = torch.Size(size)
+    (it / ".metadata").write_bytes(pickle.dumps(md))
+
+
+def test_convert_checks_declared_shapes_against_the_config(megatron_src, tmp_path, capsys):
+    # before: the declared shapes were allocated first (torch.empty), then read
+    model, _ = megatron_src
+    it = _copy_iter(megatron_src, tmp_path)
+    _declare(it, "decoder.layers.mlp.linear_fc2.weight", (2, 36, 2**40))
+    out = tmp_path / "hf"
+    assert _fails(["model", "convert", str(it), "--out", str(out), "--hf-config", str(model)], capsys, code=1) == (
+        f"memrl model: error: {it}: decoder.layers.mlp.linear_fc2.weight: declared shape (2, 36, {2**40}), the config "
+        "gives (2, 36, 71) (num_hidden_layers 2 stacked; hidden_size x intermediate_size)")
+    _nothing_left(out)
+
+
+def test_convert_checks_a_declared_huge_tensor_against_the_file_sizes(megatron_src, tmp_path, capsys, monkeypatch):
+    # before: torch.empty((2**35, 36)) - 4.9 TB - for a config that declares the same vocabulary
+    import shutil
+
+    import torch
+
+    model, _ = megatron_src
+    it = _copy_iter(megatron_src, tmp_path)
+    _declare(it, "embedding.word_embeddings.weight", (2**35, 36))
+    cfg_dir = shutil.copytree(model, tmp_path / "cfg")
+    cfg = json.loads((cfg_dir / "config.json").read_text())
+    cfg["vocab_size"] = 2**35
+    (cfg_dir / "config.json").write_text(json.dumps(cfg))
+    allocated = []
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: allocated.append(a) or real_empty(*a, **k))
+    out = tmp_path / "hf"
+    assert _fails(["model", "convert", str(it), "--out", str(out), "--hf-config", str(cfg_dir)], capsys, code=1) == (
+        f"memrl model: error: {it / '.metadata'}: embedding.word_embeddings.weight: chunk 0 declares "
+        f"{2**35 * 36 * 4} bytes ((34359738368, 36) x torch.float32), but its record in __0_0.distcp holds 591401")
+    assert not [a for a in allocated if a and a[0] and a[0][0] == 2**35]
+    _nothing_left(out)
+
+
+@pytest.mark.parametrize("how", ["oserror", "safetensors"])
+def test_convert_onto_a_full_disk_is_one_line_and_keeps_the_older_model(how, megatron_src, tmp_path, capsys,
+                                                                        monkeypatch):
+    # before: `SafetensorError: Error while serializing: I/O error: No space left on device (os error 28)` (seen on
+    # a 400 KiB tmpfs) with a half-written model.safetensors left at --out; here the error is injected
+    import errno
+
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    import memrl.models.convert as conv
+
+    model, it = megatron_src
+    out = tmp_path / "hf"
+    assert main(["model", "convert", str(it), "--out", str(out), "--hf-config", str(model)]) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_save = conv.save_file
+
+    def full(tensors, filename, metadata=None):
+        with open(filename, "wb") as fh:
+            fh.write(b"\0" * 100)  # the part that fitted
+        if how == "oserror":
+            raise OSError(errno.ENOSPC, "No space left on device", filename)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(conv, "save_file", full)
+    for dest in (out, tmp_path / "fresh"):  # --force over the older model, and a new directory
+        line = _fails(["model", "convert", str(it), "--out", str(dest), "--hf-config", str(model), "--force"], capsys,
+                      code=1)
+        assert line == (f"memrl model: error: --out {dest}: the disk is full (no space left on the device holding "
+                        f"{tmp_path}); nothing was written to {dest}")
+    _nothing_left(tmp_path / "fresh")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    monkeypatch.setattr(conv, "save_file", real_save)
+    assert load_file(out / "model.safetensors")
