@@ -37,13 +37,23 @@ def os_message(e: OSError) -> str:
     return f"{what}: {e.filename}" if e.filename else what
 
 
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "StorageFull",
+                   "unexpected pos")  # torch.save's zip writer after a short write (a full disk)
+
+
 def disk_full(e: BaseException) -> bool:
-    """Whether `e` (an OSError, or a library's wrapping of one such as safetensors' or torch's writer
-    errors) is a full disk or an exhausted quota."""
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    text = str(e)
-    return any(s in text for s in ("No space left on device", "Disk quota exceeded", "StorageFull"))
+    """Whether `e`, or an error it was raised from, is a full disk or an exhausted quota: an OSError
+    (ENOSPC / EDQUOT), or a library's wrapping of one (safetensors' SafetensorError, torch.save's
+    "unexpected pos", DCP's CheckpointException and a remote worker's error quoting them)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(s in str(e) for s in _DISK_FULL_TEXT):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _dir_problem(out: Path) -> str | None:

@@ -35,9 +35,10 @@ import yaml
 from memrl.algorithms.advantages import compute_group_advantages
 from memrl.algorithms.selection import select_segments
 from memrl.config import to_yaml
+from memrl.errors import disk_full
 from memrl.training.assemble import RunParts
 from memrl.training.async_rollout import Producer, partial_metrics, stale_filter
-from memrl.training.checkpoint import rng_state
+from memrl.training.checkpoint import CheckpointError, disk_full_message, rng_state
 from memrl.training.logging import MetricsLogger
 from memrl.training.packing import TrainBatch, weigh, weigh_shares
 from memrl.training.rollout import RolloutResult, asample_groups
@@ -286,5 +287,10 @@ class Trainer:
         """Checkpoint the current step: the workers' weights and optimizer, the RNG and the loop state."""
         in_flight = self.producer.in_flight(self.step) if self.producer is not None else None
         state = {"rng": rng_state(), **self.state.saved(in_flight)}
-        return self.parts.workers.save(self.ckpt_root, self.step, state, keep=self.cfg.trainer.keep_checkpoints,
-                                       extra_files={"config.yaml": to_yaml(self.cfg)})
+        try:
+            return self.parts.workers.save(self.ckpt_root, self.step, state, keep=self.cfg.trainer.keep_checkpoints,
+                                           extra_files={"config.yaml": to_yaml(self.cfg)})
+        except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+            if not disk_full(e):
+                raise
+            raise CheckpointError(disk_full_message(self.ckpt_root, self.step, self.cfg.out_dir)) from e

@@ -6,6 +6,7 @@ nothing half-written."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import one_line
@@ -371,3 +372,61 @@ def test_convert_onto_a_full_disk_is_one_line_and_keeps_the_older_model(how, meg
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     monkeypatch.setattr(conv, "save_file", real_save)
     assert load_file(out / "model.safetensors")
+
+
+@pytest.mark.parametrize("where", ["optimizer", "weights"])
+def test_train_save_onto_a_full_disk_is_one_line_and_resume_continues(where, tiny_model, reference, tmp_path, capsys,
+                                                                      monkeypatch):
+    # before: `RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598` (DCP's optimizer
+    # shards) or safetensors' SafetensorError, each a traceback (seen with out_dir on a 40 MiB tmpfs); here the
+    # second checkpoint's save is made to fail the same way
+    import torch
+    import train_child  # noqa: F401 - registers memagent_parity
+    from conftest import assert_same_weights, make_trainer, train_overrides
+    from safetensors import SafetensorError
+
+    import memrl.training.distributed as D
+    import memrl.training.workers as W
+
+    real_dcp, real_save, real_torch_save = D.save_optim_dcp, W.save_checkpoint, torch.save
+
+    def dcp_full(model, opt, path):
+        if ".step_000002" not in str(path):
+            return real_dcp(model, opt, path)
+
+        def short_write(obj, f, *a, **k):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+        monkeypatch.setattr(torch, "save", short_write)
+        try:
+            return real_dcp(model, opt, path)
+        finally:
+            monkeypatch.setattr(torch, "save", real_torch_save)
+
+    class FullDisk:
+        def __init__(self, model):
+            self.model = model
+
+        def save_pretrained(self, path, **kw):
+            (Path(path) / "model.safetensors").write_bytes(b"\0" * 100)  # the part that fitted
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    def save_full(root, step, model, *a, **k):
+        return real_save(root, step, FullDisk(model) if step == 2 else model, *a, **k)
+
+    if where == "optimizer":
+        monkeypatch.setattr(D, "save_optim_dcp", dcp_full)
+    else:
+        monkeypatch.setattr(W, "save_checkpoint", save_full)
+    out = tmp_path / "run"
+    ckpts = out / "checkpoints"
+    line = _fails(["train", *train_overrides(tiny_model, out)], capsys, code=1)
+    assert line.startswith(f"memrl train: error: the disk is full: saving checkpoint step_000002 in {ckpts} failed (")
+    assert line.endswith(f" MiB free); the previous checkpoint {ckpts / 'step_000001'} is intact; free space, then "
+                         f"`memrl train --resume out_dir={out}` continues from it")
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_000001"]
+    assert (ckpts / "latest").read_text().strip() == "step_000001"
+    monkeypatch.undo()
+    trainer = make_trainer(tiny_model, out, resume=True)
+    trainer.fit()
+    assert_same_weights(reference[1], trainer.model.state_dict())
