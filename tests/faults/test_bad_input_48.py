@@ -430,3 +430,105 @@ def test_train_save_onto_a_full_disk_is_one_line_and_resume_continues(where, tin
     trainer = make_trainer(tiny_model, out, resume=True)
     trainer.fit()
     assert_same_weights(reference[1], trainer.model.state_dict())
+
+
+# ------------------------------------------------------------------------------------- item 7: trackers
+
+
+def _tracked(tiny_model, out, *extra, steps: int = 1) -> list[str]:
+    import train_child  # noqa: F401 - registers memagent_parity
+    from conftest import train_overrides
+
+    return ["train", *train_overrides(tiny_model, out, steps), *extra]
+
+
+@pytest.mark.parametrize(("uri", "said"), [
+    ("nosuch://x/y", "scheme 'nosuch' is not a tracking store mlflow serves (file, sqlite, postgresql, mysql, mssql, "
+                     "http, https, databricks; a local one: sqlite:///<out_dir>/mlflow.db, or a directory path)"),
+    ("file:{tmp}/afile", "{tmp}/afile is a file; mlflow's file store is a directory of experiments"),
+    ("{tmp}/afile/mlruns", "{tmp}/afile is a file; mlflow's file store is a directory of experiments"),
+])
+def test_mlflow_uri_is_checked_before_the_run(uri, said, tiny_model, tmp_path, capsys):
+    # before: the model loaded, then mlflow's UnsupportedModelRegistryStoreURIException / NotADirectoryError
+    # ('.../afile/.trash') as a traceback
+    (tmp_path / "afile").write_text("x")
+    uri, said = uri.format(tmp=tmp_path), said.format(tmp=tmp_path)
+    line = _fails(_tracked(tiny_model, tmp_path / "run", "trainer.loggers=[jsonl,mlflow]", f"trainer.mlflow_uri={uri}"),
+                  capsys)
+    assert line == f"memrl train: error: trainer.mlflow_uri={uri}: {said}"
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_wandb_run_id_from_the_environment_is_checked_before_the_run(tiny_model, tmp_path, capsys, monkeypatch):
+    # before: wandb's UsageError "Run ID cannot contain the characters: :;,#?/'" as a traceback, after the model loaded
+    monkeypatch.setenv("WANDB_RUN_ID", "a/b:c;d#e?")
+    line = _fails(_tracked(tiny_model, tmp_path / "run", "trainer.loggers=[jsonl,wandb]"), capsys)
+    assert line == ("memrl train: error: WANDB_RUN_ID='a/b:c;d#e?' (wandb's run id, from the environment) is not a "
+                    "wandb run id: it may not be empty or hold any of \":;,#?/\\\\'%\" or space (it holds '#/:;?')")
+
+
+def test_damaged_mlflow_store_is_one_line_naming_the_file(tiny_model, tmp_path, capsys):
+    # before: yaml's ParserError traceback from inside mlflow's file store
+    store = tmp_path / "store"
+    argv = ["trainer.loggers=[jsonl,mlflow]", f"trainer.mlflow_uri=file:{store}"]
+    assert main(_tracked(tiny_model, tmp_path / "run1", *argv)) == 0
+    meta = next(p for p in store.glob("*/meta.yaml") if p.parent.name not in ("0", ".trash"))
+    meta.write_text("{{{ : [")
+    capsys.readouterr()
+    line = _fails(_tracked(tiny_model, tmp_path / "run2", *argv), capsys, code=1)
+    assert line == (f"memrl train: error: trainer.mlflow_uri=file:{store}: mlflow cannot use the store (ParserError: "
+                    f"while parsing a flow node (in {meta}, line 1))")
+    assert not (tmp_path / "run2" / "checkpoints").exists()
+
+
+def test_resume_whose_tracker_runs_are_gone_or_invalid_is_one_line(tiny_model, tmp_path, capsys):
+    # before: MlflowException "Run '...' not found" / wandb's UsageError, each a traceback
+    import shutil
+
+    import torch
+
+    out = tmp_path / "run"
+    argv = ["trainer.loggers=[jsonl,mlflow]"]
+    assert main(_tracked(tiny_model, out, *argv)) == 0
+    state_file = out / "checkpoints" / "step_000001" / "trainer_state.pt"
+    run_id = torch.load(state_file, weights_only=True)["trackers"]["mlflow"]
+    shutil.rmtree(next((out / "mlruns").glob(f"*/{run_id}")))
+    capsys.readouterr()
+    line = _fails([*_tracked(tiny_model, out, *argv, steps=2), "--resume"], capsys, code=1)
+    assert line == (f"memrl train: error: the mlflow store file:{out / 'mlruns'}: the mlflow run {run_id} this run's "
+                    "checkpoint continues (trainer state trackers.mlflow) is not in the store; restore the store, or "
+                    "resume without mlflow in trainer.loggers")
+    state = torch.load(state_file, weights_only=True)
+    state["trackers"] = {"wandb": "a/b:c;d#e?"}
+    torch.save(state, state_file)
+    line = _fails([*_tracked(tiny_model, out, "trainer.loggers=[jsonl,wandb]", steps=2), "--resume"], capsys, code=1)
+    assert line == ("memrl train: error: the wandb run id 'a/b:c;d#e?' this run's checkpoint continues (trainer state "
+                    "trackers.wandb) is not a wandb run id: it may not be empty or hold any of \":;,#?/\\\\'%\" or "
+                    "space (it holds '#/:;?')")
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000001"
+
+
+def test_a_tracker_failing_mid_run_is_logged_and_dropped(tiny_model, tmp_path, capsys, caplog, monkeypatch):
+    # before: the run died with the tracker's exception at step 2
+    import logging
+
+    from memrl.training.logging import read_metrics
+    from memrl.training.trackers import MlflowTracker
+
+    real_log = MlflowTracker.log
+    calls = []
+
+    def flaky(self, step, metrics):
+        calls.append(step)
+        if step == 2:
+            raise OSError(28, "No space left on device")
+        return real_log(self, step, metrics)
+
+    monkeypatch.setattr(MlflowTracker, "log", flaky)
+    out = tmp_path / "run"
+    with caplog.at_level(logging.WARNING):
+        assert main(_tracked(tiny_model, out, "trainer.loggers=[jsonl,mlflow]", steps=3)) == 0
+    assert calls == [1, 2]  # dropped after its failure
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
+    assert (f"tracker mlflow failed at step 2 (OSError: [Errno 28] No space left on device); dropped for the rest of "
+            f"the run, {out / 'metrics.jsonl'} keeps every step") in [r.getMessage() for r in caplog.records]
