@@ -532,3 +532,36 @@ def test_a_tracker_failing_mid_run_is_logged_and_dropped(tiny_model, tmp_path, c
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
     assert (f"tracker mlflow failed at step 2 (OSError: [Errno 28] No space left on device); dropped for the rest of "
             f"the run, {out / 'metrics.jsonl'} keeps every step") in [r.getMessage() for r in caplog.records]
+
+
+def test_training_policy_turning_non_finite_names_the_step_and_keeps_the_checkpoint(tiny_model, tmp_path, capsys,
+                                                                                    monkeypatch):
+    # before: the eval-side EngineError inside a rollout, without the step or the model directory, and with the
+    # engine calling the model only "(the policy being trained)"
+    import torch
+    from safetensors.torch import load_file
+
+    from memrl.training.checkpoint import verify_checkpoint
+    from memrl.training.trainer import Trainer
+
+    real = Trainer.sample_and_score
+
+    def poisoned(self):
+        if self.step == 1:  # the update of step 1 "diverged": the weights step 2 samples with hold NaN
+            with torch.no_grad():
+                for p in self.model.parameters():
+                    p.fill_(float("nan"))
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "sample_and_score", poisoned)
+    out = tmp_path / "run"
+    ckpt = out / "checkpoints" / "step_000001"
+    line = _fails(_tracked(tiny_model, out, steps=2), capsys, code=1)
+    assert line.startswith(f"memrl train: error: step 2: the policy (model.path={tiny_model}, after 1 update(s) in "
+                           "this run) produced a non-finite log-probability: workflow memagent_parity failed on task ")
+    assert line.endswith("model (the policy being trained): produced a non-finite log-probability (nan) at generated "
+                         "token 0; its weights hold NaN or inf (a diverged update, a damaged file); the last checkpoint "
+                         f"{ckpt} is untouched")
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == ["latest", "step_000001"]
+    assert verify_checkpoint(ckpt)["step"] == 1
+    assert all(torch.isfinite(v).all() for v in load_file(ckpt / "model.safetensors").values())
