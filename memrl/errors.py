@@ -7,6 +7,7 @@ and keeps its traceback. `fault_point` lets the fault-injection tests kill the p
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -34,6 +35,25 @@ def os_message(e: OSError) -> str:
     """'<strerror>: <file>' for an OSError, without the '[Errno N]' prefix."""
     what = e.strerror or str(e)
     return f"{what}: {e.filename}" if e.filename else what
+
+
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "StorageFull",
+                   "unexpected pos")  # torch.save's zip writer after a short write (a full disk)
+
+
+def disk_full(e: BaseException) -> bool:
+    """Whether `e`, or an error it was raised from, is a full disk or an exhausted quota: an OSError
+    (ENOSPC / EDQUOT), or a library's wrapping of one (safetensors' SafetensorError, torch.save's
+    "unexpected pos", DCP's CheckpointException and a remote worker's error quoting them)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(s in str(e) for s in _DISK_FULL_TEXT):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _dir_problem(out: Path) -> str | None:

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from memrl.demonstrators.engine import Call  # noqa: F401 - re-exported for tests
@@ -390,3 +393,115 @@ def register_parity_workflow(name: str) -> None:
         return WorkflowSpec(name, memagent.run, memagent.MemAgentConfig, parity_reward)
 
     register_workflow(name, spec)
+
+
+# ------------------------------------------------------------------ models and Megatron checkpoints to convert
+# Small shapes chosen so sharding is uneven (intermediate 71 over 2 ranks: 36 + 35 rows) and GQA has
+# 3 query heads per group (6 heads, 2 groups); Qwen3's head_dim 8 differs from hidden/heads = 6.
+HIDDEN, INTER, LAYERS, HEADS, GROUPS = 36, 71, 2, 6, 2
+
+
+def _tokenizer():
+    from transformers import AutoTokenizer
+
+    from memrl.models.tiny import cached_tiny_model
+
+    return AutoTokenizer.from_pretrained(cached_tiny_model("tiny"))
+
+
+def make_model(path: Path, arch: str) -> Path:
+    """A seeded Qwen2 (tied embeddings, qkv bias) or Qwen3 (untied, q/k norms) with every weight perturbed
+    (norms not all ones, biases not zero) so that any swapped or misplaced tensor changes the result."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from memrl.models.tiny import ModelPreset, qwen2_config
+
+    tok = _tokenizer()
+    if arch == "qwen2":
+        config = qwen2_config(ModelPreset(0, HIDDEN, INTER, LAYERS, HEADS, GROUPS), len(tok), tok.eos_token_id,
+                              tok.pad_token_id)
+    else:
+        config = Qwen3Config(vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=INTER,
+                             num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=GROUPS,
+                             head_dim=8, tie_word_embeddings=False, eos_token_id=tok.eos_token_id,
+                             pad_token_id=tok.pad_token_id)
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def megatron_state(model_dir: Path, stacked: bool, pad_vocab: int) -> dict[str, object]:
+    """The HF weights laid out as Megatron-core's GPT model stores them, built independently of the
+    converter: fused qkv concatenated group by group ([q heads 3g..3g+2; k head g; v head g], since
+    heads/groups = 3), fc1 = [gate; up], TE layer-norm names, the vocabulary padded with `pad_vocab`
+    random rows; stacked = one tensor per name with the layer as leading axis (homogeneous layers).
+    Plus entries a real checkpoint has that are not weights: an optimizer tensor and byte objects."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    sd = m.state_dict()
+    cfg = m.config
+    hd = getattr(cfg, "head_dim", None) or HIDDEN // HEADS
+    per = HEADS // GROUPS
+    layers: list[dict[str, Any]] = []
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        q = sd[p + "self_attn.q_proj.weight"].reshape(HEADS, hd, HIDDEN)
+        k = sd[p + "self_attn.k_proj.weight"].reshape(GROUPS, hd, HIDDEN)
+        v = sd[p + "self_attn.v_proj.weight"].reshape(GROUPS, hd, HIDDEN)
+        parts = []
+        for g in range(GROUPS):
+            parts += [q[g * per + j] for j in range(per)] + [k[g], v[g]]
+        layer = {
+            "self_attention.linear_qkv.weight": torch.cat(parts),
+            "self_attention.linear_proj.weight": sd[p + "self_attn.o_proj.weight"],
+            "self_attention.linear_qkv.layer_norm_weight": sd[p + "input_layernorm.weight"],
+            "mlp.linear_fc1.weight": torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]]),
+            "mlp.linear_fc1.layer_norm_weight": sd[p + "post_attention_layernorm.weight"],
+            "mlp.linear_fc2.weight": sd[p + "mlp.down_proj.weight"],
+        }
+        if p + "self_attn.q_proj.bias" in sd:
+            qb = sd[p + "self_attn.q_proj.bias"].reshape(HEADS, hd)
+            kb = sd[p + "self_attn.k_proj.bias"].reshape(GROUPS, hd)
+            vb = sd[p + "self_attn.v_proj.bias"].reshape(GROUPS, hd)
+            bparts = []
+            for g in range(GROUPS):
+                bparts += [qb[g * per + j] for j in range(per)] + [kb[g], vb[g]]
+            layer["self_attention.linear_qkv.bias"] = torch.cat(bparts)
+        if p + "self_attn.q_norm.weight" in sd:
+            layer["self_attention.q_layernorm.weight"] = sd[p + "self_attn.q_norm.weight"]
+            layer["self_attention.k_layernorm.weight"] = sd[p + "self_attn.k_norm.weight"]
+        layers.append(layer)
+    torch.manual_seed(11)
+    pad = torch.randn(pad_vocab, HIDDEN)
+    out: dict[str, object] = {
+        "embedding.word_embeddings.weight": torch.cat([sd["model.embed_tokens.weight"], pad]),
+        "decoder.final_layernorm.weight": sd["model.norm.weight"],
+        "optimizer.state.exp_avg.decoder.final_layernorm.weight": torch.ones(HIDDEN),
+        "rng_state": {"random": [1, 2, 3]},  # stored as bytes (a pickle): must never be read
+        "decoder.layers.self_attention.linear_qkv._extra_state": io.BytesIO(b"transformer engine state"),
+    }
+    if not cfg.tie_word_embeddings:
+        out["output_layer.weight"] = torch.cat([sd["lm_head.weight"], pad])
+    for name in layers[0]:
+        if stacked:
+            out[f"decoder.layers.{name}"] = torch.stack([layer[name] for layer in layers])
+        else:
+            out.update({f"decoder.layers.{i}.{name}": layer[name] for i, layer in enumerate(layers)})
+    return out
+
+
+def write_dcp(state: dict[str, object], path: Path) -> Path:
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():  # "torch.distributed is disabled ...: save in a single process": as meant
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.save(state, checkpoint_id=str(path), no_dist=True)
+    return path

@@ -19,6 +19,10 @@ class EngineError(RuntimeError):
     """An engine could not serve a request (unreachable server, malformed reply, bad request)."""
 
 
+class NonFiniteLogprobError(EngineError):
+    """The model produced a NaN / inf log-probability: its weights hold NaN or inf."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one completion. temperature 0 means greedy; top_k <= 0 and top_p = 1 disable them."""

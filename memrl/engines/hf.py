@@ -34,7 +34,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import Cache
 
-from memrl.engines.base import Completion, EngineError, SamplingParams
+from memrl.engines.base import Completion, EngineError, NonFiniteLogprobError, SamplingParams
 from memrl.engines.config import EngineConfig, HFSection
 from memrl.engines.hf_cache import cache_kwarg, cache_layer_class
 from memrl.engines.hf_sampling import sample_rows
@@ -602,7 +602,7 @@ class HFEngine:
         self.stats.completed += 1
         bad = next((k for k, lp in enumerate(req.logprobs) if not math.isfinite(lp)), None)
         if bad is not None:  # NaN / inf weights (or a diverged update): named here, not deep in a Segment check
-            self._resolve(req, EngineError(
+            self._resolve(req, NonFiniteLogprobError(
                 f"model {self.source}: produced a non-finite log-probability ({req.logprobs[bad]}) at generated "
                 f"token {bad}; its weights hold NaN or inf (a diverged update, a damaged file)"))
             return

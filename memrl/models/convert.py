@@ -41,6 +41,8 @@ pickled args) are never read.
 
 The output holds every weight the architecture expects (checked against the config's model class),
 in the stored dtype unless --dtype says otherwise, plus the source's config and tokenizer files.
+Damaged input is a one-line ConvertError naming the file; DCP's declared shapes are checked against the
+config and the .distcp sizes before allocating; the output is written beside --out and renamed into place.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import os
 import pickle
 import re
 import shutil
+import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,17 +65,19 @@ import torch.distributed.checkpoint as dcp
 import torch.distributed.tensor as dt
 from safetensors.torch import save_file
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     Metadata,
+    MetadataIndex,
     StorageMeta,
     TensorStorageMetadata,
 )
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor import _dtensor_spec as spec
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForCausalLM
 
-from memrl.errors import WEIGHT_FILES, UserError
+from memrl.errors import WEIGHT_FILES, UserError, disk_full, os_message
 from memrl.training.checkpoint import _DCP_CLASSES
 
 log = logging.getLogger(__name__)
@@ -86,6 +91,18 @@ _RANK_FILE = re.compile(r"model_world_size_(\d+)_rank_(\d+)\.pt")
 
 class ConvertError(UserError):
     """A checkpoint cannot be converted; the message names the file or tensor and what is wrong."""
+
+
+def _first_sentence(e: BaseException) -> str:
+    """The first sentence of an exception's first line (libraries append paragraphs of advice)."""
+    text = (str(e).strip().splitlines() or [""])[0]
+    return text.split(". ")[0].rstrip(".")[:300]
+
+
+def _why(e: BaseException) -> str:
+    """'Type: first sentence' of an exception, or its type alone when it says nothing (EOFError)."""
+    first = _first_sentence(e)
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 # ------------------------------------------------------------------------------------------ detection
@@ -161,13 +178,12 @@ def load_rank_file(path: Path) -> dict[str, Any]:
             sd = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - RuntimeError / UnpicklingError / EOFError / zip errors
         text = str(e).strip()
-        first = text.splitlines()[0] if text else type(e).__name__
         if "Weights only load failed" in text or "Unsupported global" in text:
             glob = re.search(r"GLOBAL (\S+)", text)
             what = f" ({glob.group(1)})" if glob else ""
             raise ConvertError(f"{path}: refused, it holds objects other than tensors, DTensors and plain data"
                                f"{what}; a pickle that could run code") from e
-        raise ConvertError(f"{path}: not a readable torch file ({first})") from e
+        raise ConvertError(f"{path}: not a readable torch file, truncated or damaged? ({_why(e)})") from e
     if not isinstance(sd, dict):
         raise ConvertError(f"{path}: expected a state dict (name -> tensor), got {type(sd).__name__}")
     return sd
@@ -329,12 +345,145 @@ def _model_keys(md: Any) -> list[str]:
             and "_extra_state" not in k]
 
 
-def read_dcp_tensors(src: Path) -> dict[str, torch.Tensor]:
-    """The model tensors of a Megatron torch_dist directory (global, TP shards joined by DCP)."""
+VOCAB_PADDING_MAX = 65536
+"""Most rows Megatron's vocabulary padding may add (it pads to a multiple of make_vocab_size_divisible_by x TP)."""
+
+
+def megatron_layer_shapes(config: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+    """{Megatron per-layer name: (shape the config gives, how)} for Qwen2 / Qwen3 dense layers."""
+    try:
+        hidden, heads = int(config.hidden_size), int(config.num_attention_heads)
+        groups = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+        inter = int(config.intermediate_size)
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError) as e:
+        raise ConvertError(f"--hf-config: the config lacks a dense decoder's sizes ({e})") from e
+    if heads % groups:
+        raise ConvertError(f"--hf-config: {heads} attention heads do not divide into {groups} query groups")
+    per = heads // groups
+    qkv = groups * (per + 2) * head_dim
+    how = f"{groups} query groups x ({per} q + 1 k + 1 v heads) x head_dim {head_dim} = {qkv} rows"
+    norm = ((hidden,), "hidden_size")
+    return {
+        "self_attention.linear_qkv.weight": ((qkv, hidden), how),
+        "self_attention.linear_qkv.bias": ((qkv,), how),
+        "self_attention.linear_proj.weight": ((hidden, heads * head_dim), f"hidden_size x {heads} heads x head_dim"),
+        "self_attention.linear_qkv.layer_norm_weight": norm,
+        "input_layernorm.weight": norm,
+        "mlp.linear_fc1.layer_norm_weight": norm,
+        "pre_mlp_layernorm.weight": norm,
+        "mlp.linear_fc1.weight": ((2 * inter, hidden), "gate and up: 2 x intermediate_size rows"),
+        "mlp.linear_fc2.weight": ((hidden, inter), "hidden_size x intermediate_size"),
+        "self_attention.q_layernorm.weight": ((head_dim,), "head_dim"),
+        "self_attention.k_layernorm.weight": ((head_dim,), "head_dim"),
+    }
+
+
+def check_declared_shapes(md: Any, keys: list[str], config: Any, src: Path) -> None:
+    """Every model tensor the metadata declares has the shape the HF config gives (vocabulary rows: the
+    config's vocab_size plus Megatron's padding), before anything is allocated."""
+    per_layer = megatron_layer_shapes(config)
+    layers, vocab, hidden = int(config.num_hidden_layers), int(config.vocab_size), int(config.hidden_size)
+    for k in keys:
+        size = tuple(int(x) for x in md.state_dict_metadata[k].size)
+        where = f"{src}: {k}"
+        if k in ("embedding.word_embeddings.weight", "output_layer.weight"):
+            if len(size) != 2 or size[1] != hidden or not vocab <= size[0] < vocab + VOCAB_PADDING_MAX:
+                raise ConvertError(f"{where}: declared shape {size}, the config gives ({vocab} vocab_size + "
+                                   f"< {VOCAB_PADDING_MAX} padding rows, {hidden})")
+            continue
+        if k == "decoder.final_layernorm.weight":
+            want, how = (hidden,), "hidden_size"
+        elif k.startswith("decoder.layers."):
+            rest = k[len("decoder.layers."):]
+            head, _, tail = rest.partition(".")
+            if head.isdigit():
+                if int(head) >= layers:
+                    raise ConvertError(f"{where}: layer {head}, but the config has {layers} layers")
+                rest, lead = tail, ()
+            else:
+                lead = (layers,)
+            if rest not in per_layer:
+                raise ConvertError(f"{where}: unknown Megatron weight name (Qwen2/Qwen3 dense names are supported)")
+            shape, how = per_layer[rest]
+            want = lead + shape
+            if lead:
+                how = f"num_hidden_layers {layers} stacked; {how}"
+        else:
+            raise ConvertError(f"{where}: unknown Megatron weight name (Qwen2/Qwen3 dense names are supported)")
+        if size != want:
+            raise ConvertError(f"{where}: declared shape {size}, the config gives {want} ({how})")
+
+
+def check_declared_storage(md: Any, keys: list[str], src: Path) -> None:
+    """Each declared tensor's chunks tile its shape, and each chunk's bytes lie in a .distcp file that
+    exists and is long enough: what is then allocated is bounded by the files' sizes."""
+    sizes: dict[str, int | None] = {}
+    sdm = md.state_dict_metadata
+    for k in keys:
+        tm = sdm[k]
+        shape = tuple(int(x) for x in tm.size)
+        itemsize = torch.empty((), dtype=tm.properties.dtype).element_size()
+        covered = 0
+        for i, ch in enumerate(tm.chunks):
+            offs, lens = tuple(int(x) for x in ch.offsets), tuple(int(x) for x in ch.sizes)
+            if len(offs) != len(shape) or len(lens) != len(shape) or any(
+                    o < 0 or n < 0 or o + n > d for o, n, d in zip(offs, lens, shape, strict=True)):
+                raise ConvertError(f"{src / '.metadata'}: {k}: chunk {i} (offsets {offs}, sizes {lens}) lies outside "
+                                   f"the declared shape {shape}")
+            numel = 1
+            for n in lens:
+                numel *= n
+            covered += numel
+            info = md.storage_data.get(MetadataIndex(k, ch.offsets))
+            if info is None:
+                raise ConvertError(f"{src / '.metadata'}: {k}: chunk {i} has no storage record")
+            rel = str(info.relative_path)
+            if rel not in sizes:
+                f = src / rel
+                sizes[rel] = f.stat().st_size if f.is_file() else None
+            if sizes[rel] is None:
+                n_in = sum(1 for v in md.storage_data.values() if str(v.relative_path) == rel)
+                raise ConvertError(f"{src / rel} is missing (a shard of this checkpoint: the metadata places {n_in} "
+                                   f"entries in it, e.g. {k})")
+            end = int(info.offset) + int(info.length)
+            if end > sizes[rel]:
+                raise ConvertError(f"{src / rel}: cut short: {sizes[rel]} bytes, but the metadata places {k} at bytes "
+                                   f"{int(info.offset)}..{end}")
+            if numel * itemsize > int(info.length):
+                raise ConvertError(f"{src / '.metadata'}: {k}: chunk {i} declares {numel * itemsize} bytes "
+                                   f"({lens} x {tm.properties.dtype}), but its record in {rel} holds {int(info.length)}")
+        total = 1
+        for d in shape:
+            total *= d
+        if covered != total:
+            raise ConvertError(f"{src / '.metadata'}: {k}: declared shape {shape} has {total} elements, its chunks "
+                               f"hold {covered}")
+
+
+def _checkpoint_failure(e: BaseException) -> str:
+    """_why of the error under a DCP CheckpointException (whose own text is a traceback)."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        e = next((x for x in first if isinstance(x, BaseException)), e) if isinstance(first, tuple) else first
+    text = str(e)
+    if "WeightsUnpickler error:" in text:  # torch.load's advice paragraphs around the actual reason
+        reason = next((ln.strip() for ln in text.split("WeightsUnpickler error:", 1)[1].splitlines() if ln.strip()), "")
+        return f"{type(e).__name__}: {reason}"
+    return _why(e)
+
+
+def read_dcp_tensors(src: Path, config: Any = None) -> dict[str, torch.Tensor]:
+    """The model tensors of a Megatron torch_dist directory (global, TP shards joined by DCP); the declared
+    shapes are checked against `config` (when given) and the files' sizes first."""
     md = read_megatron_metadata(src)
     keys = _model_keys(md)
     if not keys:
         raise ConvertError(f"{src / '.metadata'}: no model tensors (embedding.*, decoder.*, output_layer.*)")
+    if config is not None:
+        check_declared_shapes(md, keys, config, src)
+    check_declared_storage(md, keys, src)
     sdm = md.state_dict_metadata
     flat = {k: torch.empty(tuple(sdm[k].size), dtype=sdm[k].properties.dtype) for k in keys}
 
@@ -351,9 +500,9 @@ def read_dcp_tensors(src: Path) -> dict[str, torch.Tensor]:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(flat, storage_reader=Reader(src), no_dist=True)
-    except Exception as e:  # noqa: BLE001 - a missing or cut .distcp file surfaces in many types
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ConvertError(f"{src}: cannot read the tensor data ({type(e).__name__}: {first[:300]})") from e
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - damaged .distcp data surfaces in many types
+        raise ConvertError(f"{src}: cannot read the tensor data, a damaged .distcp file? "
+                           f"({_checkpoint_failure(e)})") from e
     return flat
 
 
@@ -444,8 +593,12 @@ def megatron_to_hf(tensors: dict[str, torch.Tensor], config: Any, src: Path) -> 
 # ------------------------------------------------------------------------------------------ output
 def _expected(config: Any) -> tuple[dict[str, tuple[int, ...]], bool]:
     """({name: shape} the config's causal-LM class holds, whether lm_head is tied to the embedding)."""
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConvertError(f"config model_type {getattr(config, 'model_type', '?')!r}: transformers builds no causal "
+                           f"LM from it ({_first_sentence(e)})") from e
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     tied = bool(getattr(config, "tie_word_embeddings", False))
     return shapes, tied
@@ -476,12 +629,50 @@ def check_against_config(sd: dict[str, torch.Tensor], config: Any, where: str) -
 
 
 def load_hf_config(path: Path, key: str) -> Any:
-    if not (path / "config.json").is_file():
+    """The HuggingFace config in `path` (`key`: the option that named it); one-line ConvertError otherwise."""
+    f = path / "config.json"
+    if not f.is_file():
         raise ConvertError(f"{key}={path} has no config.json (expected the model's HuggingFace config folder)")
     try:
+        raw = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConvertError(f"{key}={f}: not valid JSON ({e})") from e
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        import transformers  # noqa: PLC0415 - only for its version in the message
+
+        raise ConvertError(f"{key}={f}: model_type {model_type!r} is not an architecture transformers "
+                           f"{transformers.__version__} knows (Qwen2 / Qwen3 checkpoints say 'qwen2' / 'qwen3')")
+    try:
         return AutoConfig.from_pretrained(path)
-    except (OSError, ValueError, KeyError) as e:
-        raise ConvertError(f"{key}={path}/config.json: not a HuggingFace config ({e})") from e
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConvertError(f"{key}={f}: not a HuggingFace config ({_first_sentence(e)})") from e
+
+
+@contextlib.contextmanager
+def staged_dir(out: Path) -> Iterator[Path]:
+    """A fresh directory beside `out` to write into; when the block succeeds its files become `out`'s (a
+    rename of the whole directory when `out` is absent or empty), and it is removed either way: a failed
+    or killed conversion leaves no half-written model at `out`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would become the model directory's mode
+        yield tmp
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        if not out.exists():
+            tmp.rename(out)
+            return
+        for p in out.iterdir():  # --force over an older model: its weight files must not outlive it
+            if p.is_file() and WEIGHT_FILES.fullmatch(p.name):
+                p.unlink()
+        for p in sorted(tmp.iterdir()):
+            p.replace(out / p.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def check_links(assets: Path, root: Path) -> None:
@@ -499,11 +690,8 @@ def check_links(assets: Path, root: Path) -> None:
 
 def write_hf_dir(sd: dict[str, torch.Tensor], assets: Path, out: Path, dtype: torch.dtype | None) -> list[str]:
     """Weights as safetensors (sharded above SHARD_BYTES) plus every non-weight file of `assets`
-    (config, tokenizer, generation config); config.json's dtype names the written dtype."""
-    out.mkdir(parents=True, exist_ok=True)
-    for p in out.iterdir():  # --force over an older model: its weight files must not outlive it
-        if p.is_file() and WEIGHT_FILES.fullmatch(p.name):
-            p.unlink()
+    (config, tokenizer, generation config) into the empty directory `out`; config.json's dtype names the
+    written dtype."""
     for p in sorted(assets.iterdir()):
         if p.is_file() and not WEIGHT_FILES.fullmatch(p.name):
             shutil.copyfile(p, out / p.name)
@@ -573,10 +761,20 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, fmt: str | None = No
                                "tokenizer; Megatron's own args in common.pt are a pickle memrl does not load)")
         assets = Path(hf_config)
         config = load_hf_config(assets, "--hf-config")
-        sd = megatron_to_hf(read_dcp_tensors(src_p), config, src_p)
+        sd = megatron_to_hf(read_dcp_tensors(src_p, config), config, src_p)
         where = str(src_p)
     sd = check_against_config(sd, config, where)
-    info["files"] = write_hf_dir(sd, assets, Path(out), DTYPES[dtype])
+    out_p = Path(out)
+    try:
+        with staged_dir(out_p) as tmp:
+            info["files"] = write_hf_dir(sd, assets, tmp, DTYPES[dtype])
+    except Exception as e:
+        if disk_full(e):
+            raise ConvertError(f"--out {out_p}: the disk is full (no space left on the device holding "
+                               f"{out_p.parent}); nothing was written to {out_p}") from e
+        if isinstance(e, OSError):
+            raise ConvertError(f"--out {out_p}: cannot write the model ({os_message(e)})") from e
+        raise
     info["tensors"] = len(sd)
     info["parameters"] = sum(v.numel() for v in sd.values())
     info["dtype"] = ", ".join(sorted({str(v.dtype if DTYPES[dtype] is None else DTYPES[dtype]).removeprefix("torch.")

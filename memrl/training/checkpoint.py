@@ -137,6 +137,22 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: Any, tokenizer: A
     return final
 
 
+def disk_full_message(root: str | os.PathLike, step: int, out_dir: str) -> str:
+    """What a save of checkpoint `step` that found the disk full says: where, and what a resume uses."""
+    root = Path(root)
+    try:
+        free = f"{shutil.disk_usage(root).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    try:
+        prev = (root / LATEST).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        prev = ""
+    kept = (f"the previous checkpoint {root / prev} is intact; free space, then `memrl train --resume "
+            f"out_dir={out_dir}` continues from it" if prev else "no checkpoint of this run was written yet")
+    return f"the disk is full: saving checkpoint step_{step:06d} in {root} failed ({free}); {kept}"
+
+
 def clean_stale(root: str | os.PathLike) -> list[str]:
     """Remove what a killed save left in `root` (temp dirs, a half-moved pointer); returns their names.
 

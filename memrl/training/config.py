@@ -16,6 +16,7 @@ validate` runs both before any work.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,7 @@ from memrl.rewards.extract import EXTRACT_MODES
 from memrl.rewards.published_metrics import METRIC_RULES
 from memrl.training.adapter_sync import check as check_lora_sync
 from memrl.training.lora import LoraSection
-from memrl.training.trackers import check_installed
+from memrl.training.trackers import check_installed, mlflow_uri_problem, wandb_id_problem
 
 
 def off_policy_cap(a: AlgorithmSection) -> float | None:
@@ -296,7 +297,9 @@ class TrainerSection:
     store, <out_dir>/mlruns unless mlflow_uri). The tracker run ids live in the checkpoints, so a resumed
     run continues the same runs. wandb / mlflow need `pip install 'memrl[track]'`."""
     mlflow_uri: str = ""
-    """loggers has mlflow: its tracking URI ("" = file:<out_dir>/mlruns; e.g. sqlite:///runs.db)."""
+    """loggers has mlflow: its tracking URI ("" = file:<out_dir>/mlruns, mlflow 3's file store, in maintenance
+    mode; recommended for local tracking: sqlite:///<dir>/mlflow.db, which needs sqlalchemy). Checked before
+    the run: the scheme, a file store that is a file, a sqlite store without sqlalchemy."""
     val_every: int = valid(0, ge=0, note="0 = off")
     """Validate on the `val` section's files every k steps (memrl.training.validation); 0 = off. The
     published MemAgent script validates every 5 steps, ReMemR1's and MemAct's every 10."""
@@ -359,6 +362,16 @@ class TrainerSection:
             raise ConfigError(f"trainer.loggers={names} must hold jsonl (metrics.jsonl is what resume and memrl "
                               "view read) and each logger once")
         check_installed(names)
+        if self.mlflow_uri and "mlflow" not in names:
+            raise ConfigError(f"trainer.mlflow_uri={self.mlflow_uri} is set but trainer.loggers={names} has no "
+                              "mlflow; add mlflow to trainer.loggers or drop the URI")
+        problem = mlflow_uri_problem(self.mlflow_uri)
+        if problem:
+            raise ConfigError(f"trainer.mlflow_uri={self.mlflow_uri}: {problem}")
+        env_id = os.environ.get("WANDB_RUN_ID")
+        problem = wandb_id_problem(env_id) if "wandb" in names and env_id is not None else None
+        if problem:
+            raise ConfigError(f"WANDB_RUN_ID={env_id!r} (wandb's run id, from the environment) is {problem}")
 
 
 @dataclass

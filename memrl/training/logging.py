@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -14,6 +15,8 @@ try:
     from torch.utils.tensorboard import SummaryWriter
 except ImportError:  # tensorboard is a declared dependency; degrade to JSONL only
     SummaryWriter = None
+
+log = logging.getLogger(__name__)
 
 
 class MetricsLogger:
@@ -48,8 +51,7 @@ class MetricsLogger:
             for k, v in clean.items():
                 if isinstance(v, float) and math.isfinite(v):
                     self._tb.add_scalar(k, v, step)
-        for t in self.trackers:
-            t.log(step, clean)
+        self._to_trackers("log", step, clean)
         if self._bar is not None:
             self._bar.update(1)
             shown = {k.split("/")[-1]: f"{clean[k]:.3g}" for k in ("reward/mean", "loss/total", "sft/loss")
@@ -58,12 +60,28 @@ class MetricsLogger:
 
     def table(self, step: int, rows: list[dict[str, Any]]) -> None:
         """A sample of trajectories (memrl.training.dump rows) to the trackers that keep tables."""
-        for t in self.trackers:
-            t.table(step, rows)
+        self._to_trackers("table", step, rows)
+
+    def _to_trackers(self, method: str, step: int, data: Any) -> None:
+        """Call each tracker; one that fails (a store gone, a full disk, a server down) is logged and
+        dropped: metrics.jsonl keeps every step, and the run goes on."""
+        for t in list(self.trackers):
+            try:
+                getattr(t, method)(step, data)
+            except Exception as e:  # noqa: BLE001 - whatever the tracker library raises
+                self.trackers.remove(t)
+                first = (str(e).strip().splitlines() or [""])[0][:300]
+                log.warning("tracker %s failed at step %d (%s: %s); dropped for the rest of the run, %s keeps "
+                            "every step", getattr(t, "name", type(t).__name__), step, type(e).__name__, first,
+                            self.path)
 
     def close(self) -> None:
         for t in self.trackers:
-            t.close()
+            try:
+                t.close()
+            except Exception as e:  # noqa: BLE001 - a tracker that fails to close loses nothing of metrics.jsonl
+                log.warning("tracker %s failed to close (%s: %s)", getattr(t, "name", type(t).__name__),
+                            type(e).__name__, (str(e).strip().splitlines() or [""])[0][:300])
         self._fh.close()
         if self._tb is not None:
             self._tb.close()

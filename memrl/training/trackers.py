@@ -7,6 +7,8 @@ MLflow on a local store, both under the run's out_dir, so nothing needs a networ
   resumed run logs into the saved run id. MLflow 3 keeps its file store behind MLFLOW_ALLOW_FILE_STORE,
   which memrl sets (unless already set) for a file: URI.
 
+The URI, a WANDB_RUN_ID and the saved run ids are checked before the run (one-line UserError naming
+the setting or id); a tracker that fails mid-run is dropped by MetricsLogger with a warning, never the run.
 The run ids are kept in every checkpoint's trainer state (`trackers`), so `--resume` continues the
 same tracker runs; steps a resume redoes are logged again (the trackers keep both values).
 Trajectory samples (the rows trajectories.jsonl gets at dump steps) go to a wandb.Table /
@@ -16,16 +18,22 @@ an mlflow JSON artifact `trajectories/step_<k>.json`.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
+import logging
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from memrl.config import redact_argv, redact_secrets, redact_text
 from memrl.errors import UserError
+
+log = logging.getLogger(__name__)
 
 TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow")
 TABLE_COLUMNS = ("step", "task_id", "trajectory_id", "question", "answers", "prediction", "reward", "model_calls")
@@ -44,6 +52,56 @@ def check_installed(names: list[str]) -> None:
     for n, module in (("wandb", "wandb"), ("mlflow", "mlflow.tracking")):
         if n in names:
             _import(module)
+
+
+MLFLOW_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
+"""Tracking-store URI schemes mlflow serves (a database scheme may name its driver: postgresql+psycopg2)."""
+WANDB_ID_FORBIDDEN = ":;,#?/\\'% "
+"""Characters wandb refuses in a run id (its own rule is :;,#?/' ; '%', '\\' and space break its paths)."""
+
+
+def mlflow_uri_problem(uri: str) -> str | None:
+    """What is wrong with an mlflow tracking URI before any work, or None: an unknown scheme, a file store
+    that is a file, a sqlite store that is a directory or lacks sqlalchemy."""
+    if not uri:
+        return None
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.split("+")[0].lower() if len(parsed.scheme) > 1 else ""  # "C:" is a drive
+    if scheme and scheme not in MLFLOW_SCHEMES:
+        return (f"scheme {parsed.scheme!r} is not a tracking store mlflow serves ({', '.join(MLFLOW_SCHEMES)}; "
+                "a local one: sqlite:///<out_dir>/mlflow.db, or a directory path)")
+    if scheme in ("", "file"):
+        path = Path(parsed.path if scheme else uri)
+        blocker = next((q for q in (path, *path.parents) if q.exists() and not q.is_dir()), None)
+        if blocker is not None:
+            return f"{blocker} is a file; mlflow's file store is a directory of experiments"
+    if scheme == "sqlite":
+        if importlib.util.find_spec("sqlalchemy") is None:
+            return ("mlflow's database stores need sqlalchemy, which mlflow-skinny does not install "
+                    "(pip install sqlalchemy)")
+        path = Path(uri.split("///", 1)[1]) if "///" in uri else None
+        if path is not None and path.is_dir():
+            return f"{path} is a directory; a sqlite store is a database file"
+    return None
+
+
+def wandb_id_problem(run_id: str) -> str | None:
+    """What is wrong with a wandb run id, or None."""
+    bad = sorted({c for c in run_id if c in WANDB_ID_FORBIDDEN or not c.isprintable()})
+    if not run_id or bad:
+        return (f"not a wandb run id: it may not be empty or hold any of {WANDB_ID_FORBIDDEN.strip()!r} or space"
+                f"{' (it holds ' + repr(''.join(bad)) + ')' if bad else ''}")
+    return None
+
+
+def _why(e: BaseException) -> str:
+    """'Type: first line' of a tracker library's error, with the file a YAML parser names."""
+    text = str(e).strip()
+    first = (text.splitlines() or [""])[0].strip()
+    where = re.search(r'in "([^"]+)", line (\d+)', text)
+    if where and where.group(1) not in first:
+        first += f" (in {where.group(1)}, line {where.group(2)})"
+    return f"{type(e).__name__}: {first[:300]}" if first else type(e).__name__
 
 
 def _finite(metrics: dict[str, Any]) -> dict[str, float]:
@@ -132,11 +190,43 @@ def open_trackers(names: list[str], out: str | os.PathLike, ids: dict[str, str],
     try:
         for n in names:
             if n == "wandb":
-                made.append(WandbTracker(out, ids.get("wandb"), config, run_name))
+                made.append(_open_wandb(out, ids.get("wandb"), config, run_name))
             elif n == "mlflow":
-                made.append(MlflowTracker(out, ids.get("mlflow"), mlflow_uri, config_yaml, run_name))
+                made.append(_open_mlflow(out, ids.get("mlflow"), mlflow_uri, config_yaml, run_name))
     except BaseException:
         for t in made:
             t.close()
         raise
     return made
+
+
+def _open_wandb(out: Path, run_id: str | None, config: dict[str, Any], run_name: str) -> WandbTracker:
+    if run_id is not None:
+        problem = wandb_id_problem(str(run_id))
+        if problem:
+            raise UserError(f"the wandb run id {run_id!r} this run's checkpoint continues (trainer state "
+                            f"trackers.wandb) is {problem}")
+    try:
+        return WandbTracker(out, run_id, config, run_name)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - wandb's UsageError / CommError / OSError
+        what = f"cannot continue run {run_id!r} (trainer state trackers.wandb)" if run_id else "cannot start a run"
+        raise UserError(f"trainer.loggers wandb: {what} in {out / 'wandb'}: {_why(e)}") from e
+
+
+def _open_mlflow(out: Path, run_id: str | None, uri: str, config_yaml: str, run_name: str) -> MlflowTracker:
+    key = f"trainer.mlflow_uri={uri}" if uri else f"the mlflow store file:{(out / 'mlruns').resolve()}"
+    problem = mlflow_uri_problem(uri)
+    if problem:
+        raise UserError(f"{key}: {problem}")
+    try:
+        return MlflowTracker(out, run_id, uri, config_yaml, run_name)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - MlflowException, yaml errors of a damaged store, OSError
+        if run_id and "not found" in str(e):
+            raise UserError(f"{key}: the mlflow run {run_id} this run's checkpoint continues (trainer state "
+                            "trackers.mlflow) is not in the store; restore the store, or resume without mlflow in "
+                            "trainer.loggers") from e
+        raise UserError(f"{key}: mlflow cannot use the store ({_why(e)})") from e

@@ -36,10 +36,11 @@ import yaml
 from memrl.algorithms.advantages import compute_group_advantages
 from memrl.algorithms.selection import select_segments
 from memrl.config import to_yaml
-from memrl.errors import UserError
+from memrl.engines.base import NonFiniteLogprobError
+from memrl.errors import UserError, disk_full
 from memrl.training.assemble import RunParts
 from memrl.training.async_rollout import Producer, partial_metrics, stale_filter
-from memrl.training.checkpoint import rng_state
+from memrl.training.checkpoint import LATEST, CheckpointError, disk_full_message, rng_state
 from memrl.training.logging import MetricsLogger
 from memrl.training.packing import TrainBatch, weigh, weigh_shares
 from memrl.training.rollout import RolloutResult, asample_groups
@@ -97,6 +98,22 @@ def segment_selection(
     return chosen, metrics
 
 
+class NonFiniteModelError(UserError):
+    """The policy produced NaN / inf log-probabilities in a rollout: the run stops, naming the step."""
+
+
+def non_finite_logprobs(e: BaseException | None) -> bool:
+    """Whether `e` or an error it was raised from is a model's non-finite log-probability (the hf engine's
+    NonFiniteLogprobError, or the Segment check other engines' replies meet)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, NonFiniteLogprobError) or "response_logprobs must be finite" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 class Trainer:
     """RL training of one policy on one workflow: `Trainer(assemble(cfg)).fit()` runs `trainer.steps`
     steps (a resumed run from the step its checkpoint holds). `on_step(step, metrics)` is called after
@@ -127,7 +144,12 @@ class Trainer:
         """One RL step: sample -> score -> advantages -> select -> update -> sync (module docstring)."""
         self.timer.reset()
         with self.timer("rollout"):
-            res = self.sample_and_score()
+            try:
+                res = self.sample_and_score()
+            except Exception as e:
+                if not non_finite_logprobs(e):
+                    raise
+                raise NonFiniteModelError(self._non_finite_message(e)) from e
         parts = [rollout_metrics(res)]
         with self.timer("update"):
             if res.groups:
@@ -137,6 +159,18 @@ class Trainer:
             self.dumped_rows = self.parts.dump.write(self.step + 1, res.groups)  # every trainer.dump_every steps
         return step_metrics(parts, res, self.timer, self.parts.gate is not None, self.engine_busy(),
                             self.state.position)
+
+    def _non_finite_message(self, e: BaseException) -> str:
+        """Step k's rollout met a non-finite log-probability: which weights, and what is on disk."""
+        done = f"after {self.step} update(s)" if self.step else "before any update"
+        try:
+            latest = (self.ckpt_root / LATEST).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            latest = ""
+        kept = (f"the last checkpoint {self.ckpt_root / latest} is untouched" if latest
+                else "no checkpoint of this run was written")
+        return (f"step {self.step + 1}: the policy (model.path={self.cfg.model.path}, {done} in this run) produced a "
+                f"non-finite log-probability: {e}; {kept}")
 
     # -------------------------------------------------------------- the stages
     def sample_and_score(self) -> RolloutResult:
@@ -301,5 +335,10 @@ class Trainer:
         """Checkpoint the current step: the workers' weights and optimizer, the RNG and the loop state."""
         in_flight = self.producer.in_flight(self.step) if self.producer is not None else None
         state = {"rng": rng_state(), **self.state.saved(in_flight)}
-        return self.parts.workers.save(self.ckpt_root, self.step, state, keep=self.cfg.trainer.keep_checkpoints,
-                                       extra_files={"config.yaml": to_yaml(self.cfg)})
+        try:
+            return self.parts.workers.save(self.ckpt_root, self.step, state, keep=self.cfg.trainer.keep_checkpoints,
+                                           extra_files={"config.yaml": to_yaml(self.cfg)})
+        except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+            if not disk_full(e):
+                raise
+            raise CheckpointError(disk_full_message(self.ckpt_root, self.step, self.cfg.out_dir)) from e

@@ -6,6 +6,7 @@ nothing half-written."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import one_line
@@ -198,3 +199,369 @@ def test_eval_of_a_model_with_nan_weights_is_one_line_naming_the_model(tmp_path,
     assert err.splitlines()[-1] == (
         f"memrl eval: error: workflow memagent failed on task 0 sample 0: model {model}: produced a non-finite "
         "log-probability (nan) at generated token 0; its weights hold NaN or inf (a diverged update, a damaged file)")
+
+
+# ------------------------------------------- items 5, 4, 6: checkpoint conversion on damaged input, full disk
+
+
+@pytest.fixture(scope="module")
+def megatron_src(tmp_path_factory):
+    """(a Qwen2 model directory, a Megatron torch_dist iter_* directory holding it)."""
+    from doubles import make_model, megatron_state, write_dcp
+
+    root = tmp_path_factory.mktemp("megatron")
+    model = make_model(root / "qwen2", "qwen2")
+    return model, write_dcp(megatron_state(model, True, pad_vocab=0), root / "iter_0000001")
+
+
+def _copy_iter(megatron_src, tmp_path):
+    import shutil
+
+    return shutil.copytree(megatron_src[1], tmp_path / "iter_0000001")
+
+
+def _nothing_left(out) -> None:
+    """No model and no staging directory beside it."""
+    assert not out.exists()
+    assert not [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+
+
+def _damage(kind: str, it, model, tmp_path) -> tuple[list[str], str]:
+    """Damage a copy of the checkpoint; (extra convert arguments, the error line expected)."""
+    shard = it / "__0_0.distcp"
+    data = shard.read_bytes()
+    if kind == "cut_shard":
+        shard.write_bytes(data[: len(data) // 2])
+        return [], (f"{shard}: cut short: {len(data) // 2} bytes, but the metadata places embedding.word_embeddings."
+                    f"weight at bytes 2586..593987")
+    if kind == "missing_shard":
+        shard.unlink()
+        return [], (f"{shard} is missing (a shard of this checkpoint: the metadata places 12 entries in it, e.g. "
+                    "embedding.word_embeddings.weight)")
+    if kind == "garbled_shard":  # the same length, the tensor records overwritten
+        shard.write_bytes(data[:2586] + b"\0" * (len(data) - 2586))
+        return [], (f"{it}: cannot read the tensor data, a damaged .distcp file? (UnpicklingError: Unsupported operand 0)")
+    if kind == "unknown_arch":
+        import shutil
+
+        cfg_dir = shutil.copytree(model, tmp_path / "cfg")
+        cfg = json.loads((cfg_dir / "config.json").read_text())
+        cfg["model_type"] = "nosuch_arch"
+        (cfg_dir / "config.json").write_text(json.dumps(cfg))
+        import transformers
+
+        return ["--hf-config", str(cfg_dir)], (
+            f"--hf-config={cfg_dir / 'config.json'}: model_type 'nosuch_arch' is not an architecture transformers "
+            f"{transformers.__version__} knows (Qwen2 / Qwen3 checkpoints say 'qwen2' / 'qwen3')")
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["cut_shard", "missing_shard", "garbled_shard", "unknown_arch"])
+def test_convert_of_a_damaged_megatron_checkpoint_is_one_line(kind, megatron_src, tmp_path, capsys):
+    # before: tracebacks: CheckpointException / EOFError (cut or garbled .distcp), FileNotFoundError
+    # (__0_0.distcp), transformers' ValueError about model type nosuch_arch
+    model, _ = megatron_src
+    it = _copy_iter(megatron_src, tmp_path)
+    extra, said = _damage(kind, it, model, tmp_path)
+    out = tmp_path / "hf"
+    hf = extra or ["--hf-config", str(model)]
+    assert _fails(["model", "convert", str(it), "--out", str(out), *hf], capsys, code=1) == f"memrl model: error: {said}"
+    _nothing_left(out)
+
+
+def test_convert_of_a_truncated_verl_rank_file_is_one_line(megatron_src, tmp_path, capsys):
+    import shutil
+
+    import torch
+
+    actor = tmp_path / "global_step_1" / "actor"
+    actor.mkdir(parents=True)
+    shutil.copytree(megatron_src[0], actor / "huggingface", ignore=shutil.ignore_patterns("*.safetensors"))
+    rank = actor / "model_world_size_1_rank_0.pt"
+    torch.save({"model.norm.weight": torch.ones(36)}, rank)
+    rank.write_bytes(rank.read_bytes()[:300])
+    out = tmp_path / "hf"
+    assert _fails(["model", "convert", str(actor.parent), "--out", str(out)], capsys, code=1) == (
+        f"memrl model: error: {rank}: not a readable torch file, truncated or damaged? (RuntimeError: "
+        "PytorchStreamReader failed reading zip archive: failed finding central directory)")
+    _nothing_left(out)
+
+
+def _declare(it, key: str, size: tuple[int, ...]) -> None:
+    """Rewrite the checkpoint's .metadata so that tensor `key` (one chunk) declares shape `size`."""
+    import pickle
+
+    import torch
+
+    md = pickle.loads((it / ".metadata").read_bytes())
+    tm = md.state_dict_metadata[key]
+    tm.size = torch.Size(size)
+    tm.chunks[0].sizes = torch.Size(size)
+    (it / ".metadata").write_bytes(pickle.dumps(md))
+
+
+def test_convert_checks_declared_shapes_against_the_config(megatron_src, tmp_path, capsys):
+    # before: the declared shapes were allocated first (torch.empty), then read
+    model, _ = megatron_src
+    it = _copy_iter(megatron_src, tmp_path)
+    _declare(it, "decoder.layers.mlp.linear_fc2.weight", (2, 36, 2**40))
+    out = tmp_path / "hf"
+    assert _fails(["model", "convert", str(it), "--out", str(out), "--hf-config", str(model)], capsys, code=1) == (
+        f"memrl model: error: {it}: decoder.layers.mlp.linear_fc2.weight: declared shape (2, 36, {2**40}), the config "
+        "gives (2, 36, 71) (num_hidden_layers 2 stacked; hidden_size x intermediate_size)")
+    _nothing_left(out)
+
+
+def test_convert_checks_a_declared_huge_tensor_against_the_file_sizes(megatron_src, tmp_path, capsys, monkeypatch):
+    # before: torch.empty((2**35, 36)) - 4.9 TB - for a config that declares the same vocabulary
+    import shutil
+
+    import torch
+
+    model, _ = megatron_src
+    it = _copy_iter(megatron_src, tmp_path)
+    _declare(it, "embedding.word_embeddings.weight", (2**35, 36))
+    cfg_dir = shutil.copytree(model, tmp_path / "cfg")
+    cfg = json.loads((cfg_dir / "config.json").read_text())
+    cfg["vocab_size"] = 2**35
+    (cfg_dir / "config.json").write_text(json.dumps(cfg))
+    allocated = []
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: allocated.append(a) or real_empty(*a, **k))
+    out = tmp_path / "hf"
+    assert _fails(["model", "convert", str(it), "--out", str(out), "--hf-config", str(cfg_dir)], capsys, code=1) == (
+        f"memrl model: error: {it / '.metadata'}: embedding.word_embeddings.weight: chunk 0 declares "
+        f"{2**35 * 36 * 4} bytes ((34359738368, 36) x torch.float32), but its record in __0_0.distcp holds 591401")
+    assert not [a for a in allocated if a and a[0] and a[0][0] == 2**35]
+    _nothing_left(out)
+
+
+@pytest.mark.parametrize("how", ["oserror", "safetensors"])
+def test_convert_onto_a_full_disk_is_one_line_and_keeps_the_older_model(how, megatron_src, tmp_path, capsys,
+                                                                        monkeypatch):
+    # before: `SafetensorError: Error while serializing: I/O error: No space left on device (os error 28)` (seen on
+    # a 400 KiB tmpfs) with a half-written model.safetensors left at --out; here the error is injected
+    import errno
+
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    import memrl.models.convert as conv
+
+    model, it = megatron_src
+    out = tmp_path / "hf"
+    assert main(["model", "convert", str(it), "--out", str(out), "--hf-config", str(model)]) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_save = conv.save_file
+
+    def full(tensors, filename, metadata=None):
+        with open(filename, "wb") as fh:
+            fh.write(b"\0" * 100)  # the part that fitted
+        if how == "oserror":
+            raise OSError(errno.ENOSPC, "No space left on device", filename)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(conv, "save_file", full)
+    for dest in (out, tmp_path / "fresh"):  # --force over the older model, and a new directory
+        line = _fails(["model", "convert", str(it), "--out", str(dest), "--hf-config", str(model), "--force"], capsys,
+                      code=1)
+        assert line == (f"memrl model: error: --out {dest}: the disk is full (no space left on the device holding "
+                        f"{tmp_path}); nothing was written to {dest}")
+    _nothing_left(tmp_path / "fresh")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    monkeypatch.setattr(conv, "save_file", real_save)
+    assert load_file(out / "model.safetensors")
+
+
+@pytest.mark.parametrize("where", ["optimizer", "weights"])
+def test_train_save_onto_a_full_disk_is_one_line_and_resume_continues(where, tiny_model, reference, tmp_path, capsys,
+                                                                      monkeypatch):
+    # before: `RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598` (DCP's optimizer
+    # shards) or safetensors' SafetensorError, each a traceback (seen with out_dir on a 40 MiB tmpfs); here the
+    # second checkpoint's save is made to fail the same way
+    import torch
+    import train_child  # noqa: F401 - registers memagent_parity
+    from conftest import assert_same_weights, make_trainer, train_overrides
+    from safetensors import SafetensorError
+
+    import memrl.training.distributed as D
+    import memrl.training.workers as W
+
+    real_dcp, real_save, real_torch_save = D.save_optim_dcp, W.save_checkpoint, torch.save
+
+    def dcp_full(model, opt, path):
+        if ".step_000002" not in str(path):
+            return real_dcp(model, opt, path)
+
+        def short_write(obj, f, *a, **k):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+        monkeypatch.setattr(torch, "save", short_write)
+        try:
+            return real_dcp(model, opt, path)
+        finally:
+            monkeypatch.setattr(torch, "save", real_torch_save)
+
+    class FullDisk:
+        def __init__(self, model):
+            self.model = model
+
+        def save_pretrained(self, path, **kw):
+            (Path(path) / "model.safetensors").write_bytes(b"\0" * 100)  # the part that fitted
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    def save_full(root, step, model, *a, **k):
+        return real_save(root, step, FullDisk(model) if step == 2 else model, *a, **k)
+
+    if where == "optimizer":
+        monkeypatch.setattr(D, "save_optim_dcp", dcp_full)
+    else:
+        monkeypatch.setattr(W, "save_checkpoint", save_full)
+    out = tmp_path / "run"
+    ckpts = out / "checkpoints"
+    line = _fails(["train", *train_overrides(tiny_model, out)], capsys, code=1)
+    assert line.startswith(f"memrl train: error: the disk is full: saving checkpoint step_000002 in {ckpts} failed (")
+    assert line.endswith(f" MiB free); the previous checkpoint {ckpts / 'step_000001'} is intact; free space, then "
+                         f"`memrl train --resume out_dir={out}` continues from it")
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_000001"]
+    assert (ckpts / "latest").read_text().strip() == "step_000001"
+    monkeypatch.undo()
+    trainer = make_trainer(tiny_model, out, resume=True)
+    trainer.fit()
+    assert_same_weights(reference[1], trainer.model.state_dict())
+
+
+# ------------------------------------------------------------------------------------- item 7: trackers
+
+
+def _tracked(tiny_model, out, *extra, steps: int = 1) -> list[str]:
+    import train_child  # noqa: F401 - registers memagent_parity
+    from conftest import train_overrides
+
+    return ["train", *train_overrides(tiny_model, out, steps), *extra]
+
+
+@pytest.mark.parametrize(("uri", "said"), [
+    ("nosuch://x/y", "scheme 'nosuch' is not a tracking store mlflow serves (file, sqlite, postgresql, mysql, mssql, "
+                     "http, https, databricks; a local one: sqlite:///<out_dir>/mlflow.db, or a directory path)"),
+    ("file:{tmp}/afile", "{tmp}/afile is a file; mlflow's file store is a directory of experiments"),
+    ("{tmp}/afile/mlruns", "{tmp}/afile is a file; mlflow's file store is a directory of experiments"),
+])
+def test_mlflow_uri_is_checked_before_the_run(uri, said, tiny_model, tmp_path, capsys):
+    # before: the model loaded, then mlflow's UnsupportedModelRegistryStoreURIException / NotADirectoryError
+    # ('.../afile/.trash') as a traceback
+    (tmp_path / "afile").write_text("x")
+    uri, said = uri.format(tmp=tmp_path), said.format(tmp=tmp_path)
+    line = _fails(_tracked(tiny_model, tmp_path / "run", "trainer.loggers=[jsonl,mlflow]", f"trainer.mlflow_uri={uri}"),
+                  capsys)
+    assert line == f"memrl train: error: trainer.mlflow_uri={uri}: {said}"
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_wandb_run_id_from_the_environment_is_checked_before_the_run(tiny_model, tmp_path, capsys, monkeypatch):
+    # before: wandb's UsageError "Run ID cannot contain the characters: :;,#?/'" as a traceback, after the model loaded
+    monkeypatch.setenv("WANDB_RUN_ID", "a/b:c;d#e?")
+    line = _fails(_tracked(tiny_model, tmp_path / "run", "trainer.loggers=[jsonl,wandb]"), capsys)
+    assert line == ("memrl train: error: WANDB_RUN_ID='a/b:c;d#e?' (wandb's run id, from the environment) is not a "
+                    "wandb run id: it may not be empty or hold any of \":;,#?/\\\\'%\" or space (it holds '#/:;?')")
+
+
+def test_damaged_mlflow_store_is_one_line_naming_the_file(tiny_model, tmp_path, capsys):
+    # before: yaml's ParserError traceback from inside mlflow's file store
+    store = tmp_path / "store"
+    argv = ["trainer.loggers=[jsonl,mlflow]", f"trainer.mlflow_uri=file:{store}"]
+    assert main(_tracked(tiny_model, tmp_path / "run1", *argv)) == 0
+    meta = next(p for p in store.glob("*/meta.yaml") if p.parent.name not in ("0", ".trash"))
+    meta.write_text("{{{ : [")
+    capsys.readouterr()
+    line = _fails(_tracked(tiny_model, tmp_path / "run2", *argv), capsys, code=1)
+    assert line == (f"memrl train: error: trainer.mlflow_uri=file:{store}: mlflow cannot use the store (ParserError: "
+                    f"while parsing a flow node (in {meta}, line 1))")
+    assert not (tmp_path / "run2" / "checkpoints").exists()
+
+
+def test_resume_whose_tracker_runs_are_gone_or_invalid_is_one_line(tiny_model, tmp_path, capsys):
+    # before: MlflowException "Run '...' not found" / wandb's UsageError, each a traceback
+    import shutil
+
+    import torch
+
+    out = tmp_path / "run"
+    argv = ["trainer.loggers=[jsonl,mlflow]"]
+    assert main(_tracked(tiny_model, out, *argv)) == 0
+    state_file = out / "checkpoints" / "step_000001" / "trainer_state.pt"
+    run_id = torch.load(state_file, weights_only=True)["trackers"]["mlflow"]
+    shutil.rmtree(next((out / "mlruns").glob(f"*/{run_id}")))
+    capsys.readouterr()
+    line = _fails([*_tracked(tiny_model, out, *argv, steps=2), "--resume"], capsys, code=1)
+    assert line == (f"memrl train: error: the mlflow store file:{out / 'mlruns'}: the mlflow run {run_id} this run's "
+                    "checkpoint continues (trainer state trackers.mlflow) is not in the store; restore the store, or "
+                    "resume without mlflow in trainer.loggers")
+    state = torch.load(state_file, weights_only=True)
+    state["trackers"] = {"wandb": "a/b:c;d#e?"}
+    torch.save(state, state_file)
+    line = _fails([*_tracked(tiny_model, out, "trainer.loggers=[jsonl,wandb]", steps=2), "--resume"], capsys, code=1)
+    assert line == ("memrl train: error: the wandb run id 'a/b:c;d#e?' this run's checkpoint continues (trainer state "
+                    "trackers.wandb) is not a wandb run id: it may not be empty or hold any of \":;,#?/\\\\'%\" or "
+                    "space (it holds '#/:;?')")
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000001"
+
+
+def test_a_tracker_failing_mid_run_is_logged_and_dropped(tiny_model, tmp_path, capsys, caplog, monkeypatch):
+    # before: the run died with the tracker's exception at step 2
+    import logging
+
+    from memrl.training.logging import read_metrics
+    from memrl.training.trackers import MlflowTracker
+
+    real_log = MlflowTracker.log
+    calls = []
+
+    def flaky(self, step, metrics):
+        calls.append(step)
+        if step == 2:
+            raise OSError(28, "No space left on device")
+        return real_log(self, step, metrics)
+
+    monkeypatch.setattr(MlflowTracker, "log", flaky)
+    out = tmp_path / "run"
+    with caplog.at_level(logging.WARNING):
+        assert main(_tracked(tiny_model, out, "trainer.loggers=[jsonl,mlflow]", steps=3)) == 0
+    assert calls == [1, 2]  # dropped after its failure
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
+    assert (f"tracker mlflow failed at step 2 (OSError: [Errno 28] No space left on device); dropped for the rest of "
+            f"the run, {out / 'metrics.jsonl'} keeps every step") in [r.getMessage() for r in caplog.records]
+
+
+def test_training_policy_turning_non_finite_names_the_step_and_keeps_the_checkpoint(tiny_model, tmp_path, capsys,
+                                                                                    monkeypatch):
+    # before: the eval-side EngineError inside a rollout, without the step or the model directory, and with the
+    # engine calling the model only "(the policy being trained)"
+    import torch
+    from safetensors.torch import load_file
+
+    from memrl.training.checkpoint import verify_checkpoint
+    from memrl.training.trainer import Trainer
+
+    real = Trainer.sample_and_score
+
+    def poisoned(self):
+        if self.step == 1:  # the update of step 1 "diverged": the weights step 2 samples with hold NaN
+            with torch.no_grad():
+                for p in self.model.parameters():
+                    p.fill_(float("nan"))
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "sample_and_score", poisoned)
+    out = tmp_path / "run"
+    ckpt = out / "checkpoints" / "step_000001"
+    line = _fails(_tracked(tiny_model, out, steps=2), capsys, code=1)
+    assert line.startswith(f"memrl train: error: step 2: the policy (model.path={tiny_model}, after 1 update(s) in "
+                           "this run) produced a non-finite log-probability: workflow memagent_parity failed on task ")
+    assert line.endswith("model (the policy being trained): produced a non-finite log-probability (nan) at generated "
+                         "token 0; its weights hold NaN or inf (a diverged update, a damaged file); the last checkpoint "
+                         f"{ckpt} is untouched")
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == ["latest", "step_000001"]
+    assert verify_checkpoint(ckpt)["step"] == 1
+    assert all(torch.isfinite(v).all() for v in load_file(ckpt / "model.safetensors").values())
