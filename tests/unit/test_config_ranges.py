@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import pkgutil
 import typing
 
@@ -420,3 +421,45 @@ def test_val_extract_and_metric_rules_refused_before_training(capsys, tmp_path):
                                            "bfloat16, float16")]:
         line = _fails(["train", f"model.path={tmp_path / 'no_model'}", f"out_dir={tmp_path / 'out'}", ov], capsys)
         assert line == f"memrl train: error: {said}", line
+
+
+# ------------------------------------------- non-finite and huge values (issue 48, "Done means", property)
+NON_FINITE = (math.nan, math.inf, -math.inf)
+HUGE = 2**70  # past int64: a value nobody means, which torch or numpy would overflow on
+
+
+@pytest.mark.parametrize("cls", OWNED, ids=lambda c: c.__name__)
+def test_every_numeric_field_refuses_nan_and_inf_and_takes_huge_values_in_one_line(cls):
+    """nan, inf and -inf are refused by name in every numeric field (a float's only: an int field never
+    holds one); a huge value is either refused by name or admitted by the declared range, never a crash."""
+    for f, kind in numeric_fields(cls):
+        values = ([*NON_FINITE] if kind is float else []) + [kind(HUGE), kind(-HUGE)]
+        for bad in values:
+            obj = _instance(cls)
+            is_list = isinstance(getattr(obj, f.name), list)
+            object.__setattr__(obj, f.name, [bad] if is_list else bad)
+            try:
+                check_config(obj, "sec")
+            except ConfigError as e:
+                msg = str(e)
+                assert "\n" not in msg and msg.startswith(f"sec.{f.name}="), msg
+                continue
+            assert isinstance(bad, int) or math.isfinite(bad), f"{cls.__name__}.{f.name}={bad!r} was admitted"
+
+
+def test_every_numeric_command_line_option_refuses_nan_and_inf_and_huge_values_in_one_line():
+    """Each int / float option's parser (memrl.config.bounded) refuses nan and inf by name, and a huge value
+    either by its range or not at all; nothing but argparse's one-line error comes out."""
+    import argparse
+
+    checked = 0
+    for cmd, opt, action in _numeric_options():
+        for text in ("nan", "inf", "-inf", str(HUGE), str(-HUGE)):
+            try:
+                v = action.type(text)
+            except argparse.ArgumentTypeError as e:
+                assert "\n" not in str(e), (cmd, opt, text)
+                checked += 1
+                continue
+            assert isinstance(v, int) or math.isfinite(v), f"{cmd} {opt} {text} was admitted as {v!r}"
+    assert checked > 0
