@@ -233,7 +233,7 @@ def test_metric_rules_best_over_golds_and_checked():
         "em": 1.0, "sub_em": 1.0, "f1": 1.0}
     with pytest.raises(ValueError, match="metric_rules must be one of memrl, memagent, vime, got 'squad'"):
         published_qa_metrics("x", ["x"], "squad")
-    with pytest.raises(ConfigError, match="metric_rules must be one of memrl, memagent, vime, got 'squad'"):
+    with pytest.raises(ConfigError, match="metric_rules='squad' is not allowed: must be one of memrl, memagent, vime"):
         load_config(EvalConfig, ["metric_rules=squad"])
 
 

@@ -310,7 +310,8 @@ def test_config_values_are_checked():
         parse_workflow({"name": "memagent", "reward": "em"})
     with pytest.raises(ConfigError, match=r"golds='all' is not allowed: must be one of any, first"):
         load_config(EvalConfig, ["golds=all"])
-    with pytest.raises(ConfigError, match=r"extract must be one of boxed, answer_is, boxed_published, boxed_last300, raw, got 'last'"):
+    with pytest.raises(ConfigError, match=r"extract='last' is not allowed: must be one of boxed, answer_is, boxed_published, "
+                                          r"boxed_last300, raw"):
         load_config(EvalConfig, ["extract=last"])
     cfg = load_config(EvalConfig, ["golds=first", "extract=answer_is"])
     assert (cfg.golds, cfg.extract) == ("first", "answer_is")

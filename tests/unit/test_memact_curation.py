@@ -41,7 +41,7 @@ def test_variant_overrides_go_first_so_explicit_ones_win():
 def test_bad_budget_rule_names_the_field(tmp_path):
     from memrl.demos.memact import load_configs
 
-    with pytest.raises(ConfigError, match="budget must be prune or search_only"):
+    with pytest.raises(ConfigError, match="budget='all' is not allowed: must be one of prune, search_only"):
         load_configs(["budget=all"], tmp_path / "o")
 
 
