@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from memrl.algorithms.losses import AGG_MODES, KL_KINDS
-from memrl.algorithms.options import OFF_POLICY_MODES, DCPOOptions, GRPOOptions, PPOOptions, ReMemR1Options
+from memrl.algorithms.options import OFF_POLICY_MODES, DCPOOptions, FoldGRPOOptions, GRPOOptions, PPOOptions, ReMemR1Options
 from memrl.algorithms.registry import (
     advantage_name,
     advantage_names,
@@ -107,7 +107,7 @@ class AlgorithmSection:
     registered in a user's module (`algorithm.name=package.module:fn`)."""
 
     name: str = valid("grpo", choices=advantage_names, import_paths=True)
-    """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1, or an import path
+    """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1, foldgrpo, or an import path
     package.module:fn of a function marked @memrl.algorithms.base.register_advantage(name, Options). It does
     not choose which segments train: that is `selection`."""
     n: int = valid(16, ge=1, le=4096, note="a bound: a task's n trajectories are held in memory together")
@@ -127,6 +127,9 @@ class AlgorithmSection:
     """Options of the dcpo estimator: eps (it always divides by the group's std)."""
     rememr1: ReMemR1Options = field(default_factory=ReMemR1Options)
     """Options of the rememr1 estimator: alpha (ReMemR1's published 0.8), norm_by_std, eps, state_term."""
+    foldgrpo: FoldGRPOOptions = field(default_factory=FoldGRPOOptions)
+    """Options of the foldgrpo estimator (FoldGRPO, memrl.algorithms.fold): process_rewards, unfolded_fraction,
+    unfolded_penalty, scope_reward, failure_penalty, norm_by_std, eps, clip."""
     loss: str = valid("ppo", choices=loss_names, import_paths=True)
     """Policy loss (memrl.algorithms.registry): ppo, or an import path package.module:fn of a function marked
     @memrl.algorithms.base.register_loss(name, Options)."""
