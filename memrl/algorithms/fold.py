@@ -9,7 +9,7 @@ process rewards on token t of trajectory i's row. Every row of a trajectory (its
 branch: memrl.workflows.fold) gets its tokens' values, so a trajectory with b branches contributes b + 1
 rows, each token weighing as the loss aggregation says (token-mean: every trained token of the batch
 alike, so a long branch weighs by its length, as in the paper's 1 / sum |tau_i| objective). With no
-process rewards (or all Q = 0) this is GRPO with credit=broadcast and norm_by_std.
+process rewards (or all Q = 0) this is dcpo's GRPO (std division, credit=broadcast).
 
 Process rewards (`fn(traj, seg, opts) -> one Q per response token`, registered by name; read from what the
 fold workflow records: row info "kind", "turns", "turn_spans", "branch_turns", "error_turns"; trajectory
@@ -30,84 +30,15 @@ Terms add up on a token.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from memrl.algorithms.base import register_advantage
 from memrl.algorithms.options import FoldGRPOOptions
+from memrl.algorithms.process_rewards import PROCESS_REWARDS, process_rewards, register_process_reward
 from memrl.types import Group, Segment, Trajectory
 
-ProcessReward = Callable[[Trajectory, Segment, Any], list[float]]
-PROCESS_REWARDS: dict[str, ProcessReward] = {}
-
-
-def register_process_reward(name: str) -> Callable[[ProcessReward], ProcessReward]:
-    """Make `name` a token-level process reward `algorithm.foldgrpo.process_rewards` may list."""
-    def deco(fn: ProcessReward) -> ProcessReward:
-        PROCESS_REWARDS[name] = fn
-        return fn
-    return deco
-
-
-def _on_turns(seg: Segment, turns: set[int], value: float) -> list[float]:
-    """`value` on the sampled ids of `turns` in `seg` (its info["turn_spans"]), 0 elsewhere."""
-    out = [0.0] * len(seg.response_ids)
-    for turn, start, end in seg.info.get("turn_spans", ()):
-        if turn in turns:
-            for i in range(start, min(end, len(out))):
-                out[i] = value
-    return out
-
-
-def unfolded_tokens(traj: Trajectory) -> int:
-    """The main thread's final context minus its first prompt (published: `len(main.context()) - init_len`)."""
-    return int(traj.metrics.get("final_context_tokens", 0)) - int(traj.info.get("main_head_tokens", 0))
-
-
-@register_process_reward("unfolded")
-def unfolded_penalty(traj: Trajectory, seg: Segment, opts: Any) -> list[float]:
-    if seg.info.get("kind") != "main":
-        return [0.0] * len(seg.response_ids)
-    if unfolded_tokens(traj) <= opts.unfolded_fraction * float(traj.info.get("context_budget", 0)):
-        return [0.0] * len(seg.response_ids)
-    spared = set(seg.info.get("branch_turns", ()))
-    if traj.info.get("stop") == "answer" and seg.info.get("turns"):
-        spared.add(seg.info["turns"][-1])  # the finishing turn
-    return _on_turns(seg, set(seg.info.get("turns", ())) - spared, -opts.unfolded_penalty)
-
-
-@register_process_reward("no_branch")
-def no_branch_penalty(traj: Trajectory, seg: Segment, opts: Any) -> list[float]:
-    if seg.info.get("kind") != "main" or traj.info.get("branches"):
-        return [0.0] * len(seg.response_ids)
-    return _on_turns(seg, set(seg.info.get("turns", ())), -opts.unfolded_penalty)
-
-
-@register_process_reward("scope")
-def scope_reward(traj: Trajectory, seg: Segment, opts: Any) -> list[float]:
-    if seg.info.get("kind") != "branch":
-        return [0.0] * len(seg.response_ids)
-    verdicts = traj.info.get("branch_scope") or []
-    k = int(seg.info.get("thread", -1))
-    verdict = verdicts[k] if 0 <= k < len(verdicts) else 0
-    return _on_turns(seg, set(list(seg.info.get("turns", ()))[:-1]), opts.scope_reward * float(verdict))
-
-
-@register_process_reward("failure")
-def failure_penalty(traj: Trajectory, seg: Segment, opts: Any) -> list[float]:
-    return _on_turns(seg, set(seg.info.get("error_turns", ())), -opts.failure_penalty)
-
-
-def process_rewards(traj: Trajectory, seg: Segment, names: Sequence[str], opts: Any) -> list[float]:
-    """The sum of the named terms on each response token of `seg`."""
-    total = [0.0] * len(seg.response_ids)
-    for name in names:
-        if name not in PROCESS_REWARDS:
-            raise KeyError(f"unknown process reward {name!r}; known: {', '.join(sorted(PROCESS_REWARDS))}")
-        for i, q in enumerate(PROCESS_REWARDS[name](traj, seg, opts)):
-            total[i] += q
-    return total
-
+__all__ = ["PROCESS_REWARDS", "foldgrpo_estimator", "foldgrpo_token_advantages", "process_rewards",
+           "register_process_reward"]
 
 def foldgrpo_token_advantages(reward: float, q: Sequence[float], mean: float, std: float | None, clip: bool,
                               eps: float) -> list[float]:
@@ -124,24 +55,25 @@ def foldgrpo_token_advantages(reward: float, q: Sequence[float], mean: float, st
 
 @register_advantage("foldgrpo", FoldGRPOOptions)
 def foldgrpo_estimator(
-    groups: Sequence[Group], process_rewards: Sequence[str] = ("unfolded", "scope", "failure"),
+    groups: Sequence[Group], process_rewards: Sequence[str],
     unfolded_fraction: float = FoldGRPOOptions.unfolded_fraction,
     unfolded_penalty: float = FoldGRPOOptions.unfolded_penalty, scope_reward: float = FoldGRPOOptions.scope_reward,
-    failure_penalty: float = FoldGRPOOptions.failure_penalty, norm_by_std: bool = FoldGRPOOptions.norm_by_std,
-    eps: float = FoldGRPOOptions.eps, clip: bool = FoldGRPOOptions.clip,
+    failure_penalty: float = FoldGRPOOptions.failure_penalty, eps: float = FoldGRPOOptions.eps,
+    clip: bool = FoldGRPOOptions.clip,
 ) -> list[list[list[list[float]]]]:
     """FoldGRPO (module docstring): one value per response token of every row. A trajectory marked
     `info["exclude_from_group"]` (overlong masking, a failed judgement) is left out of the statistics and
-    gets 0 on every token."""
+    gets 0 on every token. `process_rewards`: the names of the
+    terms (no default here: algorithm.foldgrpo.process_rewards is the one place it is set)."""
     opts = FoldGRPOOptions(list(process_rewards), unfolded_fraction, unfolded_penalty, scope_reward,
-                           failure_penalty, norm_by_std, eps, clip)
+                           failure_penalty, eps, clip)
     out: list[list[list[list[float]]]] = []
     for group in groups:
         rewards = group.rewards
         kept = [r for r, t in zip(rewards, group.trajectories, strict=True) if not t.info.get("exclude_from_group")]
         mean = sum(kept) / len(kept) if kept else 0.0
         std: float | None = None
-        if norm_by_std and len(kept) >= 2:
+        if len(kept) >= 2:
             s = math.sqrt(sum((r - mean) ** 2 for r in kept) / (len(kept) - 1))
             std = s if s > 0 else None  # rewards all agree: no division (memrl's guard; module docstring)
         if len(kept) == 1:
@@ -158,4 +90,5 @@ def foldgrpo_estimator(
 
 
 def process_rewards_of(traj: Trajectory, seg: Segment, opts: FoldGRPOOptions) -> list[float]:
+    """The summed process rewards of `seg` under `opts`."""
     return process_rewards(traj, seg, opts.process_rewards, opts)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memrl.algorithms.process_rewards import PROCESS_REWARDS
 from memrl.config import valid
 
 STATE_TERMS: tuple[str, ...] = ("paper", "released")
@@ -94,16 +95,12 @@ class FoldGRPOOptions:
     """Q = -this on an out-of-scope branch's turns, +this on an in-scope one's (published: 0.2)."""
     failure_penalty: float = valid(1.0, ge=0)
     """Q = -this on a turn answered with an error (paper: -1)."""
-    norm_by_std: bool = True
-    """Divide by the group's outcome std (the paper's formula)."""
-    eps: float = valid(1e-6, gt=0)
-    """Added to the std before dividing."""
+    eps: float = valid(GRPOOptions.eps, gt=0)
+    """Added to the std before dividing (it always divides, as the paper's formula and dcpo do)."""
     clip: bool = True
     """clip(R + Q, 0, 1) as the paper writes it; False = R + Q unclipped."""
 
     def __post_init__(self) -> None:
-        from memrl.algorithms.fold import PROCESS_REWARDS  # same layer; the registry fills at import
-
         unknown = [n for n in self.process_rewards if n not in PROCESS_REWARDS]
         if unknown:
             raise ValueError(f"algorithm.foldgrpo.process_rewards: unknown {', '.join(map(repr, unknown))}; known: "

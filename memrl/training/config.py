@@ -23,7 +23,14 @@ from typing import Any
 import torch
 
 from memrl.algorithms.losses import AGG_MODES, KL_KINDS
-from memrl.algorithms.options import OFF_POLICY_MODES, DCPOOptions, FoldGRPOOptions, GRPOOptions, PPOOptions, ReMemR1Options
+from memrl.algorithms.options import (
+    OFF_POLICY_MODES,
+    DCPOOptions,
+    FoldGRPOOptions,
+    GRPOOptions,
+    PPOOptions,
+    ReMemR1Options,
+)
 from memrl.algorithms.registry import (
     advantage_name,
     advantage_names,
@@ -129,7 +136,7 @@ class AlgorithmSection:
     """Options of the rememr1 estimator: alpha (ReMemR1's published 0.8), norm_by_std, eps, state_term."""
     foldgrpo: FoldGRPOOptions = field(default_factory=FoldGRPOOptions)
     """Options of the foldgrpo estimator (FoldGRPO, memrl.algorithms.fold): process_rewards, unfolded_fraction,
-    unfolded_penalty, scope_reward, failure_penalty, norm_by_std, eps, clip."""
+    unfolded_penalty, scope_reward, failure_penalty, eps, clip."""
     loss: str = valid("ppo", choices=loss_names, import_paths=True)
     """Policy loss (memrl.algorithms.registry): ppo, or an import path package.module:fn of a function marked
     @memrl.algorithms.base.register_loss(name, Options)."""

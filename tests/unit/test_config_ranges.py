@@ -340,6 +340,8 @@ FREE_TEXT: dict[str, str] = {
     "user_template_file": "a path", "system_template": "text", "system_noprune_template": "text",
     "user_template": "text", "answer_instruction": "text", "row_noprune_system_cut": "text",
     "row_noprune_user_cut": "text", "tool_schemas_file": "a path",
+    "FoldGRPOOptions.process_rewards": "registered process reward names, checked by FoldGRPOOptions",
+    "summary_request": "text", "summary_restart": "text, checked for {summary}",
 }
 
 

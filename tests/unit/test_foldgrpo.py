@@ -18,6 +18,7 @@ from memrl.training.packing import collate
 from memrl.types import Group, Segment, Task, Trajectory
 
 OPTS = FoldGRPOOptions()
+DEFAULT = OPTS.process_rewards  # unfolded, scope, failure
 
 
 def row(kind: str, spans: list[list[int]], n: int, **info) -> Segment:
@@ -86,7 +87,7 @@ def test_foldgrpo_estimator_by_hand():
     group = Group("t", [traj("a", 1.0, [a_branch, a_main], final=700, scope=[-1]),
                         traj("b", 1.0, [b_main], final=400),
                         traj("c", 0.0, [c_branch, c_main], final=400, scope=[1])])
-    (per_group,) = foldgrpo_estimator([group])
+    (per_group,) = foldgrpo_estimator([group], DEFAULT)
     # R = 1, 1, 0: mean 2/3, unbiased std sqrt(((1/3)^2 + (1/3)^2 + (2/3)^2) / 2) = sqrt(1/3)
     mean, std = 2 / 3, math.sqrt(1 / 3) + 1e-6
     hi, lo = (1 - mean) / std, (0 - mean) / std  # clip(1 + 0) and clip(R + Q) <= 0
@@ -108,18 +109,19 @@ def test_foldgrpo_agreeing_rewards_excluded_trajectories_and_groups_of_one():
     seg = row("main", MAIN_SPANS, 8, branch_turns=[0], error_turns=[])
     seg2 = row("main", MAIN_SPANS, 8, branch_turns=[0], error_turns=[])
     # R = 1, 1: std 0, so no division (memrl's guard): the penalised tokens get clip(0) - 1 = -1, others 0
-    (per_group,) = foldgrpo_estimator([Group("t", [traj("a", 1.0, [seg], final=700), traj("b", 1.0, [seg2])])])
+    group = Group("t", [traj("a", 1.0, [seg], final=700), traj("b", 1.0, [seg2])])
+    (per_group,) = foldgrpo_estimator([group], DEFAULT)
     assert per_group[0][0] == [0, 0, 0, -1, -1, 0, 0, 0] and per_group[1][0] == [0.0] * 8
     # an excluded (overlong-masked) trajectory: zeros, and out of the statistics (the rest: R = 1, 0)
     s = [row("main", MAIN_SPANS, 8, branch_turns=[0], error_turns=[]) for _ in range(3)]
     ex = traj("x", 0.0, [s[2]])
     ex.info["exclude_from_group"] = True
-    (per_group,) = foldgrpo_estimator([Group("t", [traj("a", 1.0, [s[0]]), traj("b", 0.0, [s[1]]), ex])])
+    (per_group,) = foldgrpo_estimator([Group("t", [traj("a", 1.0, [s[0]]), traj("b", 0.0, [s[1]]), ex])], DEFAULT)
     std = math.sqrt(0.5) + 1e-6  # R = 1, 0: mean 1/2, unbiased std sqrt(1/2)
     assert per_group[0][0] == pytest.approx([0.5 / std] * 8) and per_group[2][0] == [0.0] * 8
     # a group of one: A = clip(R + Q)
-    (per_group,) = foldgrpo_estimator([Group("t", [traj("a", 1.0, [row("main", MAIN_SPANS, 8, branch_turns=[0],
-                                                                        error_turns=[])], final=700)])])
+    one = Group("t", [traj("a", 1.0, [row("main", MAIN_SPANS, 8, branch_turns=[0], error_turns=[])], final=700)])
+    (per_group,) = foldgrpo_estimator([one], DEFAULT)
     assert per_group[0][0] == [1, 1, 1, 0, 0, 1, 1, 1]
 
 
