@@ -5,6 +5,7 @@ the sliding window loses its first facts, summarize and fold answer inside the b
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 BENCH = Path(__file__).parents[2] / "benchmarks" / "context_management.py"
@@ -13,6 +14,7 @@ BENCH = Path(__file__).parents[2] / "benchmarks" / "context_management.py"
 def test_dry_run_prints_the_table(capsys):
     spec = importlib.util.spec_from_file_location("context_management", BENCH)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["context_management"] = mod  # its dataclasses look their module up
     spec.loader.exec_module(mod)
     assert mod.main(["--dry-run"]) == 0
     out = capsys.readouterr().out
