@@ -81,7 +81,7 @@ def summarize_rows(trajs: list[Any]) -> dict[str, float]:
 
 def table(rows: list[tuple[str, dict[str, float]]], budget: int) -> str:
     base = next((r["peak"] for name, r in rows if name == "react (unbounded)"), None)
-    lines = [f"| method | budget | accuracy | peak context | vs unbounded ReAct | mean context | tokens discarded "
+    lines = ["| method | budget | accuracy | peak context | vs unbounded ReAct | mean context | tokens discarded "
              "| turns | branches | summaries | stopped by budget |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows:

@@ -23,7 +23,14 @@ import re
 from dataclasses import dataclass
 
 from memrl.data.synthetic_memact import sub_question
-from memrl.demonstrators.memact import _DOC, _QUESTION, answer_reply, parse_document, parse_memory, search_reply
+from memrl.demonstrators.memact import (
+    _DOC,
+    _QUESTION,
+    answer_reply,
+    parse_document,
+    parse_memory,
+    search_reply,
+)
 from memrl.tools.calls import ToolCall, format_call
 
 _RETURNED = re.compile(r"returned: ([^<\n]*)")

@@ -2,8 +2,8 @@
 message-level working context.
 
 As MemAct's (memrl.workflows.memact): each assistant turn sees the working context (system + user, then kept
-assistant turns, tool results and the user messages the workflow inserts) and answers with Hermes tool calls
-(`search`, plus the workflow's own tools) or, with no call, the final answer (`FINAL_ANSWER: ...`). The
+assistant turns, tool results and the user messages the workflow inserts) and answers with tool calls (Hermes JSON
+or xml, `tool_call_format`; `search`, plus the workflow's own tools) or, with no call, the final answer (`FINAL_ANSWER: ...`). The
 context is a list of memrl.tools.context messages each holding its ids: generated ids exactly as sampled,
 tool results and inserted user messages tokenized once; a fold, a summary restart or a window shift removes
 messages and never re-tokenizes. A model call whose context (prompt) would pass `max_context_tokens` is not
@@ -79,6 +79,12 @@ class SearchAgentConfig:
     """Text put in {answer_format} (None = memrl.workflows.memact.answer_format(task))."""
     tool_parser: str = valid("memrl", choices=tc.PARSERS)
     """How a <tool_call> block is read (memrl.tools.calls, as MemActConfig.tool_parser)."""
+    tool_call_format: str = valid("hermes", choices=("auto", *tc.CALL_FORMATS))
+    """How the agent writes a call (as MemActConfig.tool_call_format): "hermes" JSON, "xml"
+    (<tool_call><function=NAME><parameter=ARG>value</parameter></function></tool_call>, the qwen3-coder
+    templates' format; FoldAgent's Seed-OSS / Qwen3 agents write <function=...> calls), or "auto" (xml when
+    the chat template writes <function=). It also picks the wording of the tools block of templates
+    without tools support."""
     enable_thinking: bool | None = None
     """The chat template's thinking switch (None = the template's default)."""
     require_final_answer: bool = False
@@ -86,9 +92,14 @@ class SearchAgentConfig:
     overlong_mask: bool = False
     """True (SUPO's overlong masking): a trajectory that stopped without an answer (turns, summaries or the
     context budget ran out) is left out of its group's advantage statistics and trains with advantage 0
-    (`info["exclude_from_group"]`, which every built-in estimator honours); False: it trains with reward 0."""
+    (`info["exclude_from_group"]`, which grpo, dcpo and foldgrpo honour); False: it trains with reward 0."""
 
     SYSTEM_DEFAULT = "search_agent_system"
+
+    def __post_init__(self) -> None:
+        if self.tool_call_format == "xml" and self.tool_parser == "published":
+            raise ValueError("workflow.tool_parser=published reads Hermes JSON calls only; it cannot be used with "
+                             "workflow.tool_call_format=xml")
 
     def sampling(self, rng: random.Random) -> SamplingParams:
         seed = rng.getrandbits(31) if self.temperature > 0 else None
@@ -167,6 +178,9 @@ class AgentLoop:
         self.template_kw = template_kwargs(cfg.enable_thinking)
         self.fmt = ctx.ChatFormat.from_tokenizer(self.tok, self.template_kw)
         self.user_pre, self.user_post = user_pieces(self.tok, self.template_kw)
+        self.call_format = cfg.tool_call_format
+        if self.call_format == "auto":
+            self.call_format = tc.detect_call_format(self.tok)
         self.tools = [ts.SEARCH_SCHEMA, *self.extra_tools]
         self.schemas = tc.schema_index(self.tools)
         self.retriever = (ts.task_retriever(task) if cfg.retriever_scope == "task" else
@@ -203,7 +217,7 @@ class AgentLoop:
                              cfg.user_template).render(
             question=task.question,
             answer_format=cfg.answer_instruction if cfg.answer_instruction is not None else answer_format(task))
-        text, _native = tc.render_system(self.tok, system, user, self.tools, self.template_kw, "hermes")
+        text, _native = tc.render_system(self.tok, system, user, self.tools, self.template_kw, self.call_format)
         return ctx.head_message(self.encode(text), text)
 
     def user_message(self, text: str, turn: int) -> ctx.Message:
@@ -243,7 +257,8 @@ class AgentLoop:
         owner = ctx.assistant_message(self.header, gen, list(out.logprobs), end, turn, text)
         messages.append(owner)
         schemas = {k: v for k, v in self.schemas.items() if k in tools}
-        parsed = tc.parse_tool_calls(text, self.cfg.max_parallel_calls, self.cfg.tool_parser, "hermes", schemas)
+        parsed = tc.parse_tool_calls(text, self.cfg.max_parallel_calls, self.cfg.tool_parser, self.call_format,
+                                     schemas)
         self.counts["malformed_calls"] += len(parsed.errors)
         return Turn(owner, text, parsed)
 
@@ -251,7 +266,7 @@ class AgentLoop:
         """Error replies for the turn's malformed blocks and dropped calls (each an error turn)."""
         for err in t.parsed.errors:
             self.add_tool(messages, t.message.turn, f"Error: {err}. Write each call as "
-                                                    f"{tc.call_example('hermes')}.", t.message)
+                                                    f"{tc.call_example(self.call_format)}.", t.message)
         if t.parsed.dropped:
             self.counts["dropped_calls"] += t.parsed.dropped
             self.add_tool(messages, t.message.turn, f"Error: at most {self.cfg.max_parallel_calls} tool calls run "

@@ -61,6 +61,7 @@ class SummarizeConfig(SearchAgentConfig):
     """The user message that carries the summary into the next part; needs {summary}."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if "{summary}" not in self.summary_restart:
             raise ValueError("workflow.summary_restart must contain {summary}")
 

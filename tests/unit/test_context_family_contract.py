@@ -323,3 +323,19 @@ def test_memact_prune_every_k_turns():
     assert m["interval_prunes"] == 1.0 and m["tokens_discarded"] == len(asst(r[0]) + t1 + asst(r[1]) + t2)
     with pytest.raises(ConfigError, match="workflow.prune_every"):
         parse_workflow({"name": "memact", "prune_every": -2})
+
+
+def test_fold_with_xml_tool_calls():
+    """tool_call_format=xml: the tools block in xml wording, calls read from <function=...> blocks."""
+    from memrl.tools.calls import ToolCall, format_call
+
+    r = [format_call(ToolCall("branch", {"description": "France", "prompt": "capital"}), "xml"),
+         format_call(ToolCall("return", {"message": "Paris"}), "xml"), "FINAL_ANSWER: Paris"]
+    traj, engine = play(fold_run, FoldConfig(**COMMON, tool_call_format="xml"), r)
+    h = enc("<system>S" + tools_fallback_text([SEARCH_SCHEMA, BRANCH_SCHEMA, RETURN_SCHEMA], "xml")
+            + f"</system><user>Q|{FMT}</user>")
+    assert engine.calls[0].prompt_ids == h + HDR
+    assert engine.calls[2].prompt_ids == h + asst(r[0]) + tool("[r1] Branch France returned: Paris") + HDR
+    assert traj.metrics["folds"] == 1.0 and traj.final_answer == "Paris"
+    with pytest.raises(ConfigError, match="tool_parser=published reads Hermes JSON calls only"):
+        parse_workflow({"name": "fold", "tool_call_format": "xml", "tool_parser": "published"})
