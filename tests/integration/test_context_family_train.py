@@ -109,3 +109,40 @@ def test_memrl_train_and_eval_run_each_workflow_with_the_tiny_model(tiny_path, t
         m = r["metrics"]
         assert 1 <= m["turns"] <= 2 and m["peak_context_tokens"] >= m["mean_context_tokens"] > 0
         assert "tokens_discarded" in m
+
+
+def test_cold_start_rows_are_the_rl_rows_and_sft_trains_on_them(tiny_path, task_file, tmp_path):
+    """The fold cold start: the scripted agent's SFT rows are the workflow's thread rows (the rows RL trains for
+    the same trajectory), and a few SFT steps on them lower their loss."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memrl.data.tasks_jsonl import load_task_file
+    from memrl.demonstrators.stages import context_demonstrations
+    from memrl.training.sft import SFTConfig, sft_train
+    from memrl.workflows import parse_workflow
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    tasks = load_task_file(task_file)
+    section = {"name": "fold", "retriever_scope": "task", "max_turn_tokens": 96, "max_assistant_turns": 12,
+               "max_context_tokens": 100000}
+    _, wf = parse_workflow(section)
+    groups = context_demonstrations(tasks, tok, "fold", wf, FoldDemonstrator())
+    sft = [s for g in groups for s in g.trajectories[0].segments]
+    # 2 tasks x (2 branches + the main thread), every trajectory right
+    assert [s.info["kind"] for s in sft] == ["branch", "branch", "main"] * 2 and all(g.rewards == [1.0] for g in groups)
+    cfg = load_config(TrainConfig, [f"model.path={tiny_path}", f"out_dir={tmp_path}", "trainer.steps=1",
+                                    "data.name=file", f"data.path={task_file}", "algorithm.name=foldgrpo",
+                                    "algorithm.n=1", "trainer.batch_size=2", "trainer.progress=false",
+                                    "trainer.tensorboard=false", "trainer.dump_every=0",
+                                    *[f"workflow.{k}={v}" for k, v in section.items() if k != "name"],
+                                    "workflow=fold"])
+    trainer = _Seen(assemble(cfg, engine=ScriptedEngine(FoldDemonstrator(), tokenizer=tok)))
+    trainer.fit()
+    key = lambda r: (tuple(r.prompt_ids), tuple(r.response_ids), tuple(r.loss_mask))  # noqa: E731
+    assert sorted(key(r) for r in trainer.seen[1]) == sorted(key(r) for r in sft)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    losses = sft_train(model, sft, SFTConfig(epochs=6, batch_rows=6, lr=1e-3, warmup_steps=0, shuffle=False),
+                       pad_id=tok.pad_token_id or 0)
+    assert len(losses) == 6 and losses[-1] < losses[0]
