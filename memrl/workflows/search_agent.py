@@ -177,7 +177,7 @@ class AgentLoop:
         self.tok = engine.tokenizer
         self.template_kw = template_kwargs(cfg.enable_thinking)
         self.fmt = ctx.ChatFormat.from_tokenizer(self.tok, self.template_kw)
-        self.user_pre, self.user_post = user_pieces(self.tok, self.template_kw)
+        self._user_pieces: tuple[str, str] | None = None  # cut on first use (only summarize inserts user messages)
         self.call_format = cfg.tool_call_format
         if self.call_format == "auto":
             self.call_format = tc.detect_call_format(self.tok)
@@ -222,7 +222,10 @@ class AgentLoop:
 
     def user_message(self, text: str, turn: int) -> ctx.Message:
         """A user message the workflow inserts (tokenized once, mask 0)."""
-        ids = self.encode(self.user_pre + text + self.user_post)
+        if self._user_pieces is None:
+            self._user_pieces = user_pieces(self.tok, self.template_kw)
+        pre, post = self._user_pieces
+        ids = self.encode(pre + text + post)
         return ctx.Message("user", ids, [0] * len(ids), [0.0] * len(ids), turn=turn, text=text)
 
     def add_tool(self, messages: list[ctx.Message], turn: int, body: str, owner: ctx.Message,
