@@ -108,14 +108,15 @@ class SearchAgentConfig:
 
 
 def user_pieces(tok: Any, template_kw: dict[str, Any]) -> tuple[str, str]:
-    """(text before, text after) a user message's content when it follows an assistant message, cut from the
-    chat template by difference (as memrl.tools.context.ChatFormat cuts the tool pieces)."""
-    convo = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
-    before = tok.apply_chat_template(convo, tokenize=False, add_generation_prompt=False, **template_kw)
-    after = tok.apply_chat_template(convo + [{"role": "user", "content": _USER_SENTINEL}], tokenize=False,
+    """(text before, text after) a user message's content, cut from the chat template by difference: a user
+    message rendered after another (not after an assistant one: a thinking template such as Qwen3's renders
+    an earlier assistant turn differently once a user message follows it)."""
+    base = [{"role": "user", "content": "u"}]
+    before = tok.apply_chat_template(base, tokenize=False, add_generation_prompt=False, **template_kw)
+    after = tok.apply_chat_template(base + [{"role": "user", "content": _USER_SENTINEL}], tokenize=False,
                                     add_generation_prompt=False, **template_kw)
-    if not after.startswith(before) or _USER_SENTINEL not in after:
-        raise ctx.ChatFormatError("chat template: a user message after an assistant message does not extend it")
+    if not after.startswith(before) or after.count(_USER_SENTINEL) != 1:
+        raise ctx.ChatFormatError("chat template: a second user message does not extend the rendered messages")
     pre, post = after[len(before):].split(_USER_SENTINEL, 1)
     return pre, post
 

@@ -339,3 +339,32 @@ def test_fold_with_xml_tool_calls():
     assert traj.metrics["folds"] == 1.0 and traj.final_answer == "Paris"
     with pytest.raises(ConfigError, match="tool_parser=published reads Hermes JSON calls only"):
         parse_workflow({"name": "fold", "tool_call_format": "xml", "tool_parser": "published"})
+
+
+def test_summarize_with_a_qwen3_thinking_template_is_token_exact():
+    """Qwen3's template renders an earlier assistant turn without its think block once a user message follows:
+    the summary request and the restart are cut from a user message after a user message, and the contexts
+    are the kept messages' ids (the first prompt's ids untouched after the restart)."""
+    from memrl.models.tiny import train_tokenizer
+
+    tok = train_tokenizer(None, 300, arch="qwen3")
+    r = [call("search", query="France", topk=1), "<summary>Paris</summary>", "FINAL_ANSWER: Paris"]
+
+    def e(text):
+        return tok.encode(text, add_special_tokens=False)
+
+    big = SummarizeConfig(**COMMON, max_context_tokens=10**6)
+    _, engine = play(summarize_run, big, r[:1] + ["FINAL_ANSWER: Paris"], tokenizer=tok)
+    head_ids = engine.calls[0].prompt_ids[:-len(e("<|im_start|>assistant\n"))]
+    hdr = e("<|im_start|>assistant\n")
+    g0 = tok.encode(r[0], add_special_tokens=False) + [tok.eos_token_id]
+    t1 = engine.calls[1].prompt_ids[len(head_ids + hdr + g0):-len(hdr)]  # the search result's ids
+    req = e("<|im_start|>user\n" + SUMMARY_REQUEST + "<|im_end|>\n")
+    budget = len(head_ids + hdr + g0 + t1 + req + hdr)
+    second = len(head_ids + hdr + g0 + t1 + hdr)  # the second prompt: just past the trigger
+    cfg = SummarizeConfig(**COMMON, max_context_tokens=budget, summary_fraction=(second - 1) / budget)
+    traj, engine = play(summarize_run, cfg, r, tokenizer=tok)
+    assert engine.calls[1].prompt_ids == head_ids + hdr + g0 + t1 + req + hdr
+    restart = e("<|im_start|>user\nYour progress so far, summarized:\nParis\nContinue from here.<|im_end|>\n")
+    assert engine.calls[2].prompt_ids == head_ids + restart + hdr
+    assert traj.final_answer == "Paris" and traj.metrics["summaries"] == 1.0
