@@ -9,7 +9,8 @@ the summary turn. Its text (between <summary> and </summary> when present, else 
 a user message after the first prompt (`summary_restart`, {summary}), tokenized once: the next part's
 context is first prompt + that message. With `summary_rollback` (published: FoldAgent's `rollback(k=2)`)
 the last turn and its tool results are dropped before the request (they never train). After
-`max_summaries` summaries a further trigger ends the trajectory (stop "max_summaries").
+`max_summaries` summaries a further trigger ends the trajectory (stop "max_summaries"). With
+`summarizer.url` a second model writes the summary instead (ReSum): no request enters the policy's context.
 
 Rows (SUPO / the published code: one row per summary-separated part): part k's row is its context just
 before the restart (prompt = first prompt [+ the previous summary message] up to its first turn's header;
@@ -23,11 +24,13 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 from memrl.config import valid
 from memrl.engines.base import Engine
+from memrl.rewards.judge import JudgeClient, JudgeSettings
 from memrl.services.session import Services
 from memrl.tools import context as ctx
 from memrl.tools import search as ts
@@ -59,6 +62,13 @@ class SummarizeConfig(SearchAgentConfig):
     """The user message asking for the summary."""
     summary_restart: str = SUMMARY_RESTART
     """The user message that carries the summary into the next part; needs {summary}."""
+    summarizer: JudgeSettings = field(default_factory=JudgeSettings)
+    """A second model writes the summaries (ReSum, arXiv 2509.13313): with `summarizer.url` set, an
+    OpenAI-compatible chat endpoint (memrl's judge client: url, model, max_tokens, temperature, timeout_s,
+    retries, api_key_env; the verdict fields are unused) gets `summary_request`, the question and the part's
+    messages, and its reply is the summary; the policy writes none (its part row ends at its last turn).
+    A failed call is counted in summary_errors and the context restarts with an empty summary. Unset = the
+    policy writes the summary (SUPO)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -73,6 +83,31 @@ def extract_summary(text: str) -> str:
 
 
 class _Summarize(AgentLoop):
+    counters = ("summary_errors",)
+
+    def __init__(self, task: Any, engine: Engine, cfg: SummarizeConfig, rng: random.Random, services: Any) -> None:
+        super().__init__(task, engine, cfg, rng, services)
+        self.services = services
+
+    async def service_summary(self, msgs: list[ctx.Message]) -> str:
+        """The summarizer's summary of the part (SummarizeConfig.summarizer); "" when the call failed."""
+        cfg = self.cfg
+        lines = [f"{m.kind}: {m.text}" for m in msgs[1:]]
+        prompt = f"{cfg.summary_request}\n\nQuestion:\n{self.task.question}\n\nSo far:\n" + "\n\n".join(lines)
+        client = self.services.judge(dataclasses.asdict(cfg.summarizer)) if self.services is not None else None
+        own = client is None
+        if own:
+            client = JudgeClient(cfg.summarizer)
+        try:
+            kind, text = await client.chat(prompt)
+        finally:
+            if own:
+                await client.close()
+        if kind is not None:
+            self.counts["summary_errors"] += 1
+            return ""
+        return extract_summary(text)
+
     async def run(self) -> Trajectory:
         cfg = self.cfg
         head = self.head()
@@ -92,18 +127,22 @@ class _Summarize(AgentLoop):
                         kept = [m for m in msgs if m.turn != last or m.kind == "user"]
                         self.drop(msgs, kept)
                         msgs = kept
-                msgs.append(self.user_message(cfg.summary_request, self.turn))
-                t = await self.step(msgs, set())
-                if t is None:
-                    stop = "context_budget"
-                    break
-                summary = extract_summary(t.text)
+                if cfg.summarizer.url:  # a second model writes it (ReSum)
+                    summary = await self.service_summary(msgs)
+                    last = max((m.turn for m in msgs if m.kind == "assistant"), default=since)
+                else:
+                    msgs.append(self.user_message(cfg.summary_request, self.turn))
+                    t = await self.step(msgs, set())
+                    if t is None:
+                        stop = "context_budget"
+                        break
+                    summary, last = extract_summary(t.text), t.message.turn
                 summary_texts.append(summary)
                 self.add_segment(thread_row(msgs, since, len(self.segments),
                                             {"kind": "part", "part": summaries, "summary": summary}))
-                restart = [head, self.user_message(cfg.summary_restart.replace("{summary}", summary), t.message.turn)]
+                restart = [head, self.user_message(cfg.summary_restart.replace("{summary}", summary), last)]
                 self.drop(msgs, restart)
-                msgs, since = restart, t.message.turn
+                msgs, since = restart, last
                 summaries += 1
                 continue
             t = await self.step(msgs, {ts.SEARCH})

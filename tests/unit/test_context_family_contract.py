@@ -368,3 +368,45 @@ def test_summarize_with_a_qwen3_thinking_template_is_token_exact():
     restart = e("<|im_start|>user\nYour progress so far, summarized:\nParis\nContinue from here.<|im_end|>\n")
     assert engine.calls[2].prompt_ids == head_ids + restart + hdr
     assert traj.final_answer == "Paris" and traj.metrics["summaries"] == 1.0
+
+
+def test_summary_by_a_second_model_service():
+    """summarizer.url (ReSum): the service gets the request, the question and the part's messages; its reply is
+    the summary; the policy's context never holds the request and its part row ends at its own last turn. A
+    failed call is counted and the context restarts with an empty summary."""
+    from doubles import JsonServer
+
+    from memrl.rewards.judge import JudgeSettings
+
+    bodies = []
+
+    def reply(body):
+        bodies.append(body)
+        return {"choices": [{"message": {"content": "<summary>Paris is the capital.</summary>"}}]}
+
+    r = [call("search", query="France", topk=1), "FINAL_ANSWER: Paris"]
+    H = H_SEARCH
+    t1 = tool("[r1] " + results("France", DOCS[0]))
+    budget = len(H + asst(r[0]) + t1 + HDR)
+    server = JsonServer(reply)
+    try:
+        cfg = SummarizeConfig(**COMMON, max_context_tokens=budget, summary_fraction=0.75,
+                              summarizer=JudgeSettings(url=server.url, model="s", max_tokens=64, retries=0))
+        traj, engine = play(summarize_run, cfg, r)
+    finally:
+        server.stop()
+    (body,) = bodies
+    assert body["model"] == "s" and body["max_tokens"] == 64
+    assert body["messages"][0]["content"] == (SUMMARY_REQUEST + "\n\nQuestion:\nQ\n\nSo far:\nassistant: " + r[0]
+                                              + "\n\ntool: [r1] " + results("France", DOCS[0]))
+    restart = user("Your progress so far, summarized:\nParis is the capital.\nContinue from here.")
+    assert engine.calls[1].prompt_ids == H + restart + HDR
+    part, fin = traj.segments
+    assert part.prompt_ids == H + HDR and part.response_ids == gen(r[0])  # no summary turn in the policy's row
+    assert fin.prompt_ids == H + restart + HDR and traj.metrics["summaries"] == 1.0
+    # a dead service: counted, an empty summary
+    cfg = SummarizeConfig(**COMMON, max_context_tokens=budget, summary_fraction=0.75,
+                          summarizer=JudgeSettings(url="http://127.0.0.1:9", retries=0, timeout_s=2))
+    traj, engine = play(summarize_run, cfg, r)
+    assert traj.metrics["summary_errors"] == 1.0
+    assert engine.calls[1].prompt_ids == H + user("Your progress so far, summarized:\n\nContinue from here.") + HDR
