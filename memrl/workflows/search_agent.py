@@ -79,7 +79,7 @@ class SearchAgentConfig:
     """Text put in {answer_format} (None = memrl.workflows.memact.answer_format(task))."""
     tool_parser: str = valid("memrl", choices=tc.PARSERS)
     """How a <tool_call> block is read (memrl.tools.calls, as MemActConfig.tool_parser)."""
-    tool_call_format: str = valid("hermes", choices=("auto", *tc.CALL_FORMATS))
+    tool_call_format: str = valid("auto", choices=("auto", *tc.CALL_FORMATS))
     """How the agent writes a call (as MemActConfig.tool_call_format): "hermes" JSON, "xml"
     (<tool_call><function=NAME><parameter=ARG>value</parameter></function></tool_call>, the qwen3-coder
     templates' format; FoldAgent's Seed-OSS / Qwen3 agents write <function=...> calls), or "auto" (xml when

@@ -22,9 +22,9 @@ parts); overlong masking is `overlong_mask` (memrl.workflows.search_agent).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
