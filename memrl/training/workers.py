@@ -377,7 +377,7 @@ class PolicyWorker:
 
     def close(self) -> None:
         if D.grouped() and self.info.world_size > 1:  # a group of one belongs to whoever made it
-            torch.distributed.destroy_process_group()
+            D.leave_group()
 
 
 class RankActor:
