@@ -52,7 +52,7 @@ from memrl.config import ConfigError, check_config, check_shared_fields, redact_
 from memrl.data.io import DataError, load_tasks
 from memrl.data.ruler import name_label
 from memrl.engines import build_engine
-from memrl.engines.base import EngineError, SamplingParams
+from memrl.engines.base import FAILED_REQUEST_MODES, EngineError, SamplingParams
 from memrl.engines.config import EngineConfig, HFSection
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.eval.evaluator import EngineRollout
@@ -71,7 +71,6 @@ from memrl.workflows.runner import takes_services
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.jsonl"
-FAILED_REQUEST_MODES = ("error", "drop", "drop_or_empty")
 CONFIG_FILE = "eval_config.json"
 FULL_CONTEXT = "full_context"
 

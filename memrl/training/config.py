@@ -34,6 +34,7 @@ from memrl.algorithms.registry import (
 )
 from memrl.config import OPEN_SECTIONS, REMOVED_KEYS, ConfigError, section_from_dict, valid
 from memrl.data.synthetic import SyntheticConfig
+from memrl.engines.base import FAILED_REQUEST_MODES
 from memrl.engines.config import EngineConfig
 from memrl.rewards.extract import EXTRACT_MODES
 from memrl.rewards.published_metrics import METRIC_RULES
@@ -399,6 +400,12 @@ class ValSection:
     """As `memrl eval extract=` (memrl.rewards.extract)."""
     metric_rules: str = valid("memrl", choices=METRIC_RULES)
     """As `memrl eval metric_rules=` (memrl.rewards.published_metrics)."""
+    failed_requests: str = valid("error", choices=FAILED_REQUEST_MODES)
+    """As `memrl eval failed_requests=`: a question whose model request the engine could not serve stops
+    the run ("error"), or is left out of the validation metrics ("drop"; "drop_or_empty" also leaves out an
+    empty final reply), each drop logged and counted."""
+    strip_text: bool = False
+    """As `memrl eval strip_text=`: each question and context whitespace-stripped before use."""
 
 
 @dataclass
