@@ -23,15 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from memrl.services.base import Hit, RetrievalError
+
+# bm25s through memrl.services.retrieval, which keeps jax (if installed) off the GPU before bm25s loads it
+from memrl.services.retrieval import STOPWORDS_EN, BM25Retriever, tokenize
 from memrl.types import Document
 
 SCORERS: tuple[str, ...] = ("bm25s", "okapi", "okapi_published")
 
 
-def _stopwords() -> frozenset[str]:
-    from bm25s.stopwords import STOPWORDS_EN
-
-    return frozenset(STOPWORDS_EN)
+_STOPWORDS = frozenset(STOPWORDS_EN)
 
 
 @dataclass(frozen=True)
@@ -105,10 +105,8 @@ class DocumentRetriever:
         if self.docs and scorer in ("okapi", "okapi_published"):
             self._okapi = OkapiBM25([d.text for d in self.docs], terms="chars" if scorer == "okapi_published" else "words")
         elif self.docs:
-            from memrl.services.retrieval import BM25Retriever, tokenize  # bm25s is imported only when used
-
             # a document of stopwords only has no index (bm25s cannot build one): no query finds anything
-            if any(tokenize(d.text, _stopwords()) for d in self.docs):
+            if any(tokenize(d.text, _STOPWORDS) for d in self.docs):
                 self._bm25s = BM25Retriever(self.docs)
 
     def search_one(self, query: str, topk: int) -> list[Hit]:

@@ -40,7 +40,7 @@ from memrl.workflows.chunked import (
 from memrl.workflows.templates import Template, template_kwargs
 
 CALL_FORMATS: tuple[str, ...] = ("hermes", "qwen_agent")
-MEMORY_RULES: tuple[str, ...] = ("reply", "after_think")
+MEMORY_WRITES: tuple[str, ...] = ("reply", "after_think")
 PLANNER_FRAMES: tuple[str, ...] = ("chat", "open_user")
 MAX_STEPS_RULES: tuple[str, ...] = ("chunks", "floor")
 # Qwen-Agent's function-call markers, as a model trained on that format writes a call
@@ -83,7 +83,7 @@ class InfMemConfig(ChunkedConfig):
     """chat: the plan prompt is a user message with the assistant's generation prompt (memrl); open_user
     (released code): the chat-rendered user message cut right after its content, so the model continues
     the user turn."""
-    memory_rule: str = valid("reply", choices=MEMORY_RULES)
+    memory_write: str = valid("reply", choices=MEMORY_WRITES)
     """reply (memrl): the memory is the reply read as memory_text says, empty_memory applying; a memory
     counts as finished (protocol reward) when non-empty and not cut at its token budget. after_think
     (released code): the memory is the text after the reply's first </think>; a reply without one leaves
@@ -123,7 +123,7 @@ class InfMemConfig(ChunkedConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for f, allowed in (("call_format", CALL_FORMATS), ("memory_rule", MEMORY_RULES),
+        for f, allowed in (("call_format", CALL_FORMATS), ("memory_write", MEMORY_WRITES),
                            ("planner_frame", PLANNER_FRAMES), ("max_steps_count", MAX_STEPS_RULES),
                            ("first_step_rule", rw.FIRST_STEP_RULES), ("retrieval_scorer", SCORERS)):
             if getattr(self, f) not in allowed:
@@ -248,8 +248,8 @@ def retrieved_block(hits_text: list[str], cfg: InfMemConfig) -> str:
 
 
 def read_memory(reply: str, finish_reason: str, previous: str, cfg: InfMemConfig) -> tuple[str, bool]:
-    """(the memory after a memory call, whether the write finished), as memory_rule says."""
-    if cfg.memory_rule == "after_think":
+    """(the memory after a memory call, whether the write finished), as memory_write says."""
+    if cfg.memory_write == "after_think":
         if THINK_END not in reply:
             return previous, False
         return reply.split(THINK_END, 1)[1].strip(), True

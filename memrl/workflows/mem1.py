@@ -27,6 +27,7 @@ from memrl.config import valid
 from memrl.engines.base import Engine, SamplingParams
 from memrl.rewards.multiq import gold_aliases
 from memrl.rewards.qa import best_em, best_f1
+from memrl.services.session import Services
 from memrl.tools import search as ts
 from memrl.types import Score, Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec
@@ -184,7 +185,6 @@ async def run(task: Task, engine: Engine, cfg: Mem1Config, rng: random.Random, s
         retriever = ts.task_retriever(task)
     else:
         if services is None:
-            from memrl.services.session import Services
             services = Services()
         retriever = services.retriever(cfg.retriever_kind, cfg.retriever_corpus, cfg.retriever_url)
     _, head = chat_prompt(tok, cfg.template().render(question=task.question), cfg.enable_thinking)

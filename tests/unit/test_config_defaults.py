@@ -57,6 +57,7 @@ SHARED_NAMES: dict[str, str] = {
     "empty_memory": "each workflow's own first-memory rule (ReMemR1's keep_previous)",
     "max_context_tokens": "the full-context baseline's window vs MemAct's working context",
     "truncation": "a chunked workflow's document cut vs an SFT conversation's",
+    "max_turn_tokens": "each multi-turn agent's own turn budget (MemAct 2048; MEM1's published 1000)",
 }
 
 COMMAND_DIFFERENCES: dict[str, str] = {

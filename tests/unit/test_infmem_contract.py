@@ -76,7 +76,7 @@ def test_retrieve_write_stop_exact_prompts_and_rewards():
 
 
 def test_published_switches_qwen_agent_calls_after_think_open_user():
-    c = cfg(call_format="qwen_agent", require_top_k=True, memory_rule="after_think", planner_frame="open_user",
+    c = cfg(call_format="qwen_agent", require_top_k=True, memory_write="after_think", planner_frame="open_user",
             max_steps_count="floor", first_step_rule="published", retrieval_scorer="okapi_published",
             tool_name="retrievesearch")
     task = Task("t2", "Q?", "abcdefghij", ["X"])  # chunks abcd / efgh / ij; floor(10 / 4) = 2 steps shown
