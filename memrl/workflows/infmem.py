@@ -297,7 +297,7 @@ async def run(task: Task, engine: Engine, cfg: InfMemConfig, rng: random.Random)
         segments.append(call_segment(prompt_ids, out, len(segments), {
             "kind": "plan", "chunk_index": t, "action": "stop" if action.stop else ("retrieve" if action.retrievals else "none"),
             "retrievals": [{"query": q, "top_k": k, "well_formed": ok} for q, k, ok in action.retrievals],
-            "calls_well_formed": all(ok for _, _, ok in action.calls), "memory": memory,
+            "calls_well_formed": all(ok for _, _, ok in action.calls), "memory_shown": memory,
         }))
         if action.stop:
             stop_step = t

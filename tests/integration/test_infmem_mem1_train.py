@@ -88,3 +88,13 @@ def test_train_then_eval(workflow, tiny_path, tmp_path):
     table = (tmp_path / "report" / "summary.md").read_text()
     assert "mean_model_calls" in table
     assert ("stop_rate" in table) == (workflow == "infmem")
+    # the viewer's row API hands the page the new actions (memrl.viewer.data, what app.js renders)
+    from memrl.viewer.data import Run
+
+    run = Run.open(ev)
+    steps = run.row(0)["steps"]
+    if workflow == "infmem":
+        assert steps[0]["info"]["action"] in ("retrieve", "stop", "none") and "memory_shown" in steps[0]["info"]
+        assert all("retrieved" in s["info"] for s in steps if s["kind"] == "memory")
+    else:
+        assert all(s["info"]["action"] in ("search", "answer", "invalid") for s in steps)
