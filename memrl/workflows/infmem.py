@@ -123,6 +123,10 @@ class InfMemConfig(ChunkedConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.require_template_files and self.plan_template_file is None and self.plan_template is None:
+            raise ValueError("workflow.plan_template_file is required (workflow.require_template_files=true, set by "
+                             "the published-recipe presets): save the published plan prompt to a file and pass "
+                             "workflow.plan_template_file=FILE")
         for f, allowed in (("call_format", CALL_FORMATS), ("memory_write", MEMORY_WRITES),
                            ("planner_frame", PLANNER_FRAMES), ("max_steps_count", MAX_STEPS_RULES),
                            ("first_step_rule", rw.FIRST_STEP_RULES), ("retrieval_scorer", SCORERS)):
