@@ -6,7 +6,9 @@ retrieved passages, the next chunk and the old memory; a final call answers from
 Per step t (chunk t): plan call -> "STOP" anywhere in its reply ends the reading (stop_step = t), else
 every `retrieve` call in it runs (the last one's passages are shown) -> memory call -> next step. After
 the last chunk, or a stop, the final call. Every call is one training segment (kinds plan / memory /
-final). The outcome, the early-stop reward and the protocol reward are mixed by `reward`
+final); `Segment.step` is 2t for plan t, 2t + 1 for memory t and 2 x chunks for the final call, so
+per-step statistics (algorithm=rememr1) compare like with like across trajectories that stopped at
+different steps. The outcome, the early-stop reward and the protocol reward are mixed by `reward`
 (memrl.rewards.infmem); the memory-gain step rewards are `step_rewards`.
 """
 
@@ -298,7 +300,7 @@ async def run(task: Task, engine: Engine, cfg: InfMemConfig, rng: random.Random)
             hits = await retriever.retrieve([query], top_k)
             retrievals += 1
             block = retrieved_block([h.document.text for h in hits[0]], cfg)  # the last call's passages are shown
-        segments.append(call_segment(prompt_ids, out, len(segments), {
+        segments.append(call_segment(prompt_ids, out, 2 * t, {
             "kind": "plan", "chunk_index": t, "action": "stop" if action.stop else ("retrieve" if action.retrievals else "none"),
             "retrievals": [{"query": q, "top_k": k, "well_formed": ok} for q, k, ok in action.retrievals],
             "calls_well_formed": all(ok for _, _, ok in action.calls), "memory_shown": memory,
@@ -317,7 +319,7 @@ async def run(task: Task, engine: Engine, cfg: InfMemConfig, rng: random.Random)
         new_memory, finished = read_memory(reply, out.finish_reason, memory, cfg)
         memory_lengths.append(len(out.token_ids))
         tokens_read += len(chunk_ids)
-        segments.append(call_segment(prompt_ids, out, len(segments), {
+        segments.append(call_segment(prompt_ids, out, 2 * t + 1, {
             "kind": "memory", "chunk_index": t, "chunk_tokens": len(chunk_ids), "chunk": tok.decode(chunk_ids),
             "retrieved": retrieved, "previous_memory": memory, "memory": new_memory, "memory_finished": finished,
         }))
@@ -327,7 +329,7 @@ async def run(task: Task, engine: Engine, cfg: InfMemConfig, rng: random.Random)
         engine, fin_tpl, cfg.sampling(cfg.max_final_tokens, rng), "text", cfg.enable_thinking,
         problem=task.question, memory=memory)
     boxed = extract_boxed(answer_text)
-    segments.append(call_segment(prompt_ids, out, len(segments), {
+    segments.append(call_segment(prompt_ids, out, 2 * len(chunks), {  # the same key whether or not it stopped
         "kind": "final", "memory": memory, "answer_text": answer_text, "prediction": boxed or "",
     }))
     memories = [s.info["memory"] for s in segments if s.info["kind"] == "memory"]

@@ -58,7 +58,8 @@ def test_retrieve_write_stop_exact_prompts_and_rewards():
     ]
     assert [s.info["kind"] for s in traj.segments] == ["plan", "memory", "plan", "memory", "plan", "final"]
     assert [s.info.get("action") for s in traj.segments[::2]] == ["retrieve", "none", "stop"]
-    assert [s.step for s in traj.segments] == [0, 1, 2, 3, 4, 5]
+    # plan t -> 2t, memory t -> 2t + 1, final -> 2 x 3 chunks, also after a stop
+    assert [s.step for s in traj.segments] == [0, 1, 2, 3, 4, 6]
     assert traj.segments[0].info["retrievals"] == [{"query": "xq", "top_k": 2, "well_formed": True}]
     tok = CharTokenizer()
     assert traj.segments[0].response_ids == tok.encode(CALL) + [tok.eos_token_id]  # token in, token out
