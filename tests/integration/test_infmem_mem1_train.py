@@ -64,6 +64,10 @@ def test_train_then_eval(workflow, tiny_path, tmp_path):
     assert any(not torch.equal(before[k], after[k]) for k in before), "two RL steps changed no weight"
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and all("reward/mean" in x for x in lines)
+    # the trajectory metrics (InfMem's reward terms and actions; MEM1's turns and peak context) are logged
+    keys = (("traj/infmem_early_stop", "traj/retrievals", "traj/stop_step") if workflow == "infmem"
+            else ("traj/turns", "traj/peak_context_tokens", "traj/multiq_correct"))
+    assert all(k in lines[0] for k in keys), sorted(k for k in lines[0] if k.startswith("traj/"))
 
     ev = tmp_path / "eval"
     rc = main(["eval", "--model", str(ckpt), "--out", str(ev), "--no-progress", str(data), f"workflow={workflow}",

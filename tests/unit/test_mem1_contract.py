@@ -120,3 +120,20 @@ def test_kept_span_and_config_errors():
         Mem1Config(state_tag="<IS>")
     spec, c = parse_workflow({"name": "mem1", "topk": 5}, stage="eval")
     assert (spec.name, c.topk, c.temperature, c.max_turns) == ("mem1", 5, 0.0, 6)
+
+
+def test_kept_span_on_a_bpe_tokenizer():
+    # the tiny model's byte-level BPE may merge characters across the tags; the kept ids still decode to a
+    # text that holds the whole state and action, and nothing of the reply's tail
+    from transformers import AutoTokenizer
+
+    from memrl.models.tiny import cached_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(cached_tiny_model("tiny"))
+    reply = "thinking first <IS>Kalo is red; Miran</IS><search>stone of Tonbel?</search> and more text"
+    ids = tok.encode(reply, add_special_tokens=False) + [tok.eos_token_id]
+    start, end = kept_span(tok, ids, "IS")
+    kept = tok.decode(ids[start:end])
+    assert "<IS>Kalo is red; Miran</IS><search>stone of Tonbel?</search>" in kept
+    assert "thinking" not in kept and "more" not in kept
+    assert tok.decode(ids[start + 1:end]).find("<IS>") < 0  # the first kept token opens the tag
