@@ -51,6 +51,10 @@ class Mem1Config:
     """Generation budget of one turn (data.max_response_length)."""
     max_obs_tokens: int = valid(1000, ge=1)
     """An observation is cut to its first this-many tokens (data.max_obs_length)."""
+    max_context_tokens: int = valid(0, ge=0, note="0 = no cap")
+    """Cap on a call's context: longer ones keep their LAST this-many tokens (the released loop's
+    _update_rolling_state cut to data.max_prompt_length, 4096, which drops the prompt's head first); 0 = no
+    cap (memrl: MEM1's context is short by design)."""
     topk: int = valid(3, ge=1, le=100)
     """Passages per search (retriever.topk)."""
     state_tag: str = "IS"
@@ -93,6 +97,8 @@ class Mem1Config:
                            ("retriever_scope", ("corpus", "task"))):
             if getattr(self, f) not in allowed:
                 raise ValueError(f"Mem1Config.{f} must be one of {', '.join(allowed)}, got {getattr(self, f)!r}")
+        if self.max_context_tokens < 0:
+            raise ValueError(f"Mem1Config.max_context_tokens must be >= 0 (0 = no cap), got {self.max_context_tokens}")
         for f in ("max_turns", "max_turn_tokens", "max_obs_tokens", "topk"):
             if getattr(self, f) < 1:
                 raise ValueError(f"Mem1Config.{f} must be >= 1, got {getattr(self, f)}")
@@ -194,6 +200,8 @@ async def run(task: Task, engine: Engine, cfg: Mem1Config, rng: random.Random, s
     answer, stop, searches, peak = "", "max_turns", 0, 0
     for turn in range(cfg.max_turns):
         prompt = head + carried
+        if cfg.max_context_tokens and len(prompt) > cfg.max_context_tokens:
+            prompt = prompt[-cfg.max_context_tokens:]
         out = await engine.generate(prompt, cfg.sampling(rng))
         ids = list(out.token_ids)
         reply = decode_response(tok, ids)

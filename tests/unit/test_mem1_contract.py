@@ -108,6 +108,15 @@ def test_context_flat_in_turns_and_objectives_full_history_linear(k):
     assert max(contexts["latest_state"]) - head == 68 + len(o)  # flat: the same for k = 2 ... 16
 
 
+def test_context_cap_keeps_the_last_tokens():
+    task = Task("t", "Where?", "", ["Italy"], meta={"documents": ["Rome is in Italy"]})
+    engine = ScriptedEngine(["<IS>s0</IS><search>Rome</search>", "<IS>s1</IS><answer>Italy</answer>"])
+    run_one(task, engine, cfg(max_context_tokens=40))
+    full = "<user>Q:Where?</user><assistant>" + "<IS>s0</IS><search>Rome</search>" + obs("3 left", "(1) Rome is in Italy")
+    assert engine.calls[0].prompt_text == "<user>Q:Where?</user><assistant>"  # 32 tokens: under the cap
+    assert engine.calls[1].prompt_text == full[-40:]  # the head (the question first) is what goes
+
+
 def test_kept_span_and_config_errors():
     tok = CharTokenizer()
     ids = tok.encode("ab<IS>z</IS><search>q</search>cd") + [tok.eos_token_id]
