@@ -165,3 +165,26 @@ def test_stopword_only_document_finds_nothing():
     tok = CharTokenizer()
     r = DocumentRetriever(cut_passages(tok.encode("the a an"), tok, 100), "bm25s")
     assert r.search_one("the", 3) == []
+
+
+def test_rememr1_advantages_on_infmem_trajectories_by_hand():
+    from memrl.algorithms.advantages import compute_group_advantages
+    from memrl.types import Group
+
+    task = Task("t", "Q?", "abcdefghij", ["X"])  # 3 chunks
+    c = cfg(retrieval_scorer="bm25s")
+    t1 = run_one(task, ScriptedEngine(["go", "m1", "go", "X", "STOP", r"\boxed{X}"]), c)  # stops at step 2
+    t2 = run_one(task, ScriptedEngine(["go", "m1", "go", "m2", "go", "m3", r"\boxed{Y}"]), c)  # reads all 3
+    for i, t in enumerate((t1, t2)):
+        t.trajectory_id, t.reward = f"t#{i}", reward(task, t).reward
+    # t1: outcome 1, early stop 1 (found at 1, stopped at 2), protocols 1 + 1 -> 2.2; t2: 0 + 0 + 0.5 + 0.5 = 1.0
+    assert (t1.reward, t2.reward) == (pytest.approx(2.2), pytest.approx(1.0))
+    steps = [[step_rewards(task, t1), step_rewards(task, t2)]]
+    # memory gains: t1 [0 (m1), 1 (X)], t2 [0, 0, 0]; plans None; finals 1 (one box each)
+    assert steps == [[[None, 0.0, None, 1.0, None, 1.0], [None, 0.0, None, 0.0, None, 0.0, 1.0]]]
+    adv = compute_group_advantages([Group("t", [t1, t2], task)], "rememr1", step_rewards=steps)
+    # A_out = R - mean(2.2, 1.0) = +-0.6; A_state by step key: memory 0 (key 1) 0 / 0; memory 1 (key 3) 1 vs 0
+    # -> +-0.5; memory 2 (key 5) only t2 -> 0; finals 1 vs 1 -> 0; plans carry none -> 0.
+    # A = 0.8 A_out + 0.2 A_state
+    assert adv[0][0] == pytest.approx([0.48, 0.48, 0.48, 0.58, 0.48, 0.48])
+    assert adv[0][1] == pytest.approx([-0.48, -0.48, -0.48, -0.58, -0.48, -0.48, -0.48])
