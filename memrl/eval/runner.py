@@ -396,6 +396,8 @@ def result_row(
         "generated_tokens": int(tm.get("generated_tokens", 0) if "multiq_questions" in tm
                                 else sum(len(s.response_ids) for s in traj.segments)),
         "model_calls": len(traj.segments),
+        # InfMem's decided actions (its retrievals and where it stopped reading), where the workflow reports them
+        **{k: tm[k] for k in ("retrievals", "stopped", "stop_step") if k in tm},
         "reward": traj.reward,
         "seconds": round(finished - started, 4),
         "started": round(started, 4),

@@ -340,6 +340,14 @@ FREE_TEXT: dict[str, str] = {
     "user_template_file": "a path", "system_template": "text", "system_noprune_template": "text",
     "user_template": "text", "answer_instruction": "text", "row_noprune_system_cut": "text",
     "row_noprune_user_cut": "text", "tool_schemas_file": "a path",
+    "InfMemConfig.retrieved_item": "a format string, checked by InfMemConfig",
+    "InfMemConfig.no_retrieval_text": "text", "InfMemConfig.tool_name": "a tool name",
+    "InfMemConfig.stop_marker": "text", "InfMemConfig.plan_history_header": "a format string, checked",
+    "InfMemConfig.memory_history_header": "a format string, checked", "InfMemConfig.history_line": "a format string",
+    "plan_template_file": "a path", "plan_template": "text", "prompt_template_file": "a path",
+    "prompt_template": "text", "Mem1Config.state_tag": "a tag, checked by Mem1Config",
+    "Mem1Config.hint_turns_left": "a format string, checked", "Mem1Config.hint_last_turn": "text",
+    "Mem1Config.answer_separator": "text",
 }
 
 
