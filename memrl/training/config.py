@@ -23,7 +23,16 @@ from typing import Any
 import torch
 
 from memrl.algorithms.losses import AGG_MODES, KL_KINDS
-from memrl.algorithms.options import OFF_POLICY_MODES, DCPOOptions, GRPOOptions, PPOOptions, ReMemR1Options
+from memrl.algorithms.options import (
+    OFF_POLICY_MODES,
+    DCPOOptions,
+    GRPOOptions,
+    GSPOOptions,
+    PPOOptions,
+    ReinforcePPOptions,
+    ReMemR1Options,
+    RLOOOptions,
+)
 from memrl.algorithms.registry import (
     advantage_name,
     advantage_names,
@@ -107,7 +116,8 @@ class AlgorithmSection:
     registered in a user's module (`algorithm.name=package.module:fn`)."""
 
     name: str = valid("grpo", choices=advantage_names, import_paths=True)
-    """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1, or an import path
+    """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1, rloo, reinforce_pp,
+    reinforce_pp_baseline, or an import path
     package.module:fn of a function marked @memrl.algorithms.base.register_advantage(name, Options). It does
     not choose which segments train: that is `selection`."""
     n: int = valid(16, ge=1, le=4096, note="a bound: a task's n trajectories are held in memory together")
@@ -122,16 +132,26 @@ class AlgorithmSection:
     segments_per_task: int = valid(12, ge=1)
     """selection != all: rows trained per task (MemAct publishes 12; `rollout.n` upstream); >= n."""
     grpo: GRPOOptions = field(default_factory=GRPOOptions)
-    """Options of the grpo estimator: norm_by_std (MemAgent's script mean-centres only), eps, credit."""
+    """Options of the grpo estimator: norm_by_std (MemAgent's script mean-centres only), eps, credit, std_over
+    (group, or task: QwenLong-L1.5's per-task std), task_key."""
+    rloo: RLOOOptions = field(default_factory=RLOOOptions)
+    """Options of the rloo estimator (leave-one-out baseline): credit."""
+    reinforce_pp: ReinforcePPOptions = field(default_factory=ReinforcePPOptions)
+    """Options of the reinforce_pp estimator (REINFORCE++: outcome whitened over the batch's tokens): eps."""
+    reinforce_pp_baseline: ReinforcePPOptions = field(default_factory=ReinforcePPOptions)
+    """Options of the reinforce_pp_baseline estimator (group mean subtracted, then whitened): eps."""
     dcpo: DCPOOptions = field(default_factory=DCPOOptions)
     """Options of the dcpo estimator: eps (it always divides by the group's std)."""
     rememr1: ReMemR1Options = field(default_factory=ReMemR1Options)
     """Options of the rememr1 estimator: alpha (ReMemR1's published 0.8), norm_by_std, eps, state_term."""
     loss: str = valid("ppo", choices=loss_names, import_paths=True)
-    """Policy loss (memrl.algorithms.registry): ppo, or an import path package.module:fn of a function marked
+    """Policy loss (memrl.algorithms.registry): ppo, gspo (sequence-level ratio; needs
+    loss_agg=seq-mean-token-mean), or an import path package.module:fn of a function marked
     @memrl.algorithms.base.register_loss(name, Options)."""
     ppo: PPOOptions = field(default_factory=PPOOptions)
     """Options of the ppo loss: clip_low, clip_high (DAPO's clip-higher when > clip_low), dual_clip_c."""
+    gspo: GSPOOptions = field(default_factory=GSPOOptions)
+    """Options of the gspo loss: clip_low, clip_high of the sequence ratio (GSPO's published 3e-4 / 4e-4)."""
     plugins: dict[str, Any] = field(default_factory=dict)
     """Options of an estimator or loss registered in a user's module, by its registered name: set them as
     `algorithm.<name>.<field>` (stored here; checked against its options dataclass before any work)."""
@@ -177,6 +197,14 @@ class AlgorithmSection:
             raise ConfigError(
                 f"algorithm.n must be >= 2 with algorithm.name=dcpo (its advantage divides by the group's "
                 f"std, which one trajectory does not have), got {self.n}")
+        if self.name == "grpo" and self.grpo.norm_by_std and self.grpo.std_over == "task" and self.n < 2:
+            raise ConfigError(
+                f"algorithm.n must be >= 2 with algorithm.grpo.std_over=task (a task kind of one trajectory has no "
+                f"std), got {self.n}")
+        if self.loss == "gspo" and self.loss_agg != "seq-mean-token-mean":
+            raise ConfigError(
+                f"algorithm.loss=gspo takes algorithm.loss_agg=seq-mean-token-mean (GSPO averages each row's tokens, "
+                f"then the rows; verl's compute_policy_loss_gspo forces it), got {self.loss_agg}")
         if self.selection != "all" and self.segments_per_task < self.n:
             raise ConfigError(
                 f"algorithm.segments_per_task={self.segments_per_task} must be >= algorithm.n={self.n} with "
