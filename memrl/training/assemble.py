@@ -79,7 +79,11 @@ def validate(cfg: TrainConfig) -> tuple[Any, Any]:
     check_config(cfg)
     cfg.check()
     val.check(cfg)
-    return workflow_config(cfg)
+    spec, wf = workflow_config(cfg)
+    if cfg.algorithm.model_reward == "infomem" and spec.memory_prompts is None:
+        raise ConfigError(f"algorithm.model_reward=infomem scores a final memory, which workflow={spec.name} does not "
+                          "keep (WorkflowSpec.memory_prompts; memagent has one)")
+    return spec, wf
 
 
 def algorithm_options(cfg: TrainConfig) -> tuple[Any, Any]:

@@ -45,7 +45,9 @@ from memrl.config import OPEN_SECTIONS, REMOVED_KEYS, ConfigError, section_from_
 from memrl.data.synthetic import SyntheticConfig
 from memrl.engines.config import EngineConfig
 from memrl.rewards.extract import EXTRACT_MODES
+from memrl.rewards.infomem import InfoMemOptions
 from memrl.rewards.published_metrics import METRIC_RULES
+from memrl.rewards.registry import NONE, model_reward_name, model_reward_names, model_reward_options
 from memrl.training.adapter_sync import check as check_lora_sync
 from memrl.training.lora import LoraSection
 from memrl.training.trackers import check_installed, mlflow_uri_problem, wandb_id_problem
@@ -152,8 +154,16 @@ class AlgorithmSection:
     """Options of the ppo loss: clip_low, clip_high (DAPO's clip-higher when > clip_low), dual_clip_c."""
     gspo: GSPOOptions = field(default_factory=GSPOOptions)
     """Options of the gspo loss: clip_low, clip_high of the sequence ratio (GSPO's published 3e-4 / 4e-4)."""
+    model_reward: str = valid(NONE, choices=model_reward_names, import_paths=True)
+    """A reward the trainer's own model scores in the score stage, batched, after the outcome (memrl.rewards.
+    model_scored): none, infomem (InfoMem's final-memory likelihood gain, arXiv 2606.03329; needs a workflow
+    with a final memory, e.g. memagent), or an import path package.module:fn of a function marked
+    @memrl.algorithms.base.register_model_reward(name, Options). Its cost is logged as time/model_reward_s and
+    <name>/tokens; validation and evaluation score the outcome only."""
+    infomem: InfoMemOptions = field(default_factory=InfoMemOptions)
+    """Options of the infomem model-scored reward: coef, normalize, success, answer_template, eps."""
     plugins: dict[str, Any] = field(default_factory=dict)
-    """Options of an estimator or loss registered in a user's module, by its registered name: set them as
+    """Options of an estimator, loss or model-scored reward registered in a user's module, by its registered name: set them as
     `algorithm.<name>.<field>` (stored here; checked against its options dataclass before any work)."""
     loss_agg: str = valid("token-mean", choices=AGG_MODES)
     """token-mean, seq-mean-token-mean, seq-mean-token-sum, traj-mean."""
@@ -221,12 +231,28 @@ class AlgorithmSection:
             classes = advantage_options(self.name), loss_options(self.loss)
         except KeyError as e:
             raise ConfigError(f"algorithm: {e.args[0]}") from e
-        stray = sorted(set(self.plugins) - set(names))
+        reward = self._model_reward()
+        stray = sorted(set(self.plugins) - set(names) - {reward[0]})
         if stray:
             raise ConfigError(
-                f"algorithm.{stray[0]} sets options of {stray[0]!r}, which is neither the estimator nor the loss in use "
-                f"(algorithm.name={self.name}: {names[0]}, algorithm.loss={self.loss}: {names[1]})")
+                f"algorithm.{stray[0]} sets options of {stray[0]!r}, which is neither the estimator, the loss nor the "
+                f"model-scored reward in use (algorithm.name={self.name}: {names[0]}, algorithm.loss={self.loss}: "
+                f"{names[1]}, algorithm.model_reward={self.model_reward})")
         return tuple(self._section(n, c) for n, c in zip(names, classes, strict=True))  # type: ignore[return-value]
+
+    def _model_reward(self) -> tuple[str, type | None]:
+        if self.model_reward == NONE:
+            return NONE, None
+        try:
+            return model_reward_name(self.model_reward), model_reward_options(self.model_reward)
+        except KeyError as e:
+            raise ConfigError(f"algorithm: {e.args[0]}") from e
+
+    def model_reward_options(self) -> Any:
+        """The chosen model-scored reward's options (its section algorithm.<registered name>; None for none or
+        one registered without options)."""
+        name, cls = self._model_reward()
+        return None if name == NONE else self._section(name, cls)
 
     def _section(self, name: str, cls: type | None) -> Any:
         """algorithm.<name> as an instance of `cls` (a copy)."""

@@ -38,6 +38,7 @@ from memrl.algorithms.selection import select_segments
 from memrl.config import to_yaml
 from memrl.engines.base import NonFiniteLogprobError
 from memrl.errors import UserError, disk_full
+from memrl.rewards.registry import NONE, model_reward_name, score_with
 from memrl.training.assemble import RunParts
 from memrl.training.async_rollout import Producer, partial_metrics, stale_filter
 from memrl.training.checkpoint import LATEST, CheckpointError, disk_full_message, rng_state
@@ -150,7 +151,10 @@ class Trainer:
                 if not non_finite_logprobs(e):
                     raise
                 raise NonFiniteModelError(self._non_finite_message(e)) from e
-        parts = [rollout_metrics(res)]
+            parts = [rollout_metrics(res)]  # the outcome rewards, before a model-scored reward mixes in
+            if res.groups and self.cfg.algorithm.model_reward != NONE:
+                with self.timer("model_reward"):
+                    parts.append(self.model_reward(res))
         with self.timer("update"):
             if res.groups:
                 self.advantages(res)
@@ -159,6 +163,26 @@ class Trainer:
             self.dumped_rows = self.parts.dump.write(self.step + 1, res.groups)  # every trainer.dump_every steps
         return step_metrics(parts, res, self.timer, self.parts.gate is not None, self.engine_busy(),
                             self.state.position)
+
+    def model_reward(self, res: RolloutResult) -> dict[str, float]:
+        """algorithm.model_reward (memrl.rewards.model_scored): the trainer's model scores the kept groups in
+        one batched teacher-forced pass (`workers.old_logprobs`); the trajectories' rewards become its rewards
+        (the outcome kept as metrics["outcome_reward"], its value as metrics[<name>]). Returns its metrics."""
+        a, p = self.cfg.algorithm, self.parts
+        name = model_reward_name(a.model_reward)
+        prompts = None
+        if p.spec.memory_prompts is not None:
+            def prompts(task: Task, traj: Any) -> tuple[list[int], list[int]]:
+                return p.spec.memory_prompts(task, traj, p.wf_cfg, p.tokenizer)
+        out = score_with(a.model_reward, a.model_reward_options(), res.groups, p.workers.old_logprobs, prompts,
+                         p.tokenizer)
+        for g, rewards, values in zip(res.groups, out.rewards, out.values, strict=True):
+            for t, r, v in zip(g.trajectories, rewards, values, strict=True):
+                t.metrics["outcome_reward"] = float(t.reward) if t.reward is not None else 0.0
+                if v is not None:
+                    t.metrics[name] = float(v)
+                t.reward = float(r)
+        return out.metrics
 
     def _non_finite_message(self, e: BaseException) -> str:
         """Step k's rollout met a non-finite log-probability: which weights, and what is on disk."""
