@@ -109,6 +109,23 @@ class GSPOOptions:
     """The sequence ratio is clipped above at 1 + clip_high (GSPO's published 4e-4)."""
 
 
+@dataclass
+class AEPOOptions:
+    """QwenLong-L1.5's AEPO (algorithm.aepo.*): while the batch's entropy under the current policy lies in
+    (entropy_low, entropy_high), only rows with a positive advantage from a trajectory with a positive reward
+    train (the negative-advantage gradients are clipped away, which lowers entropy); outside it, every row."""
+
+    enabled: bool = False
+    """Gate the negative-advantage rows on the batch's entropy (needs algorithm.old_logprobs=trainer: the
+    entropy comes from that pass, as verl's compute_log_prob gives it)."""
+    entropy_low: float | None = valid(None, ge=0, note="null = no lower bound")
+    """The gate is on while the entropy is > this."""
+    entropy_high: float | None = valid(None, ge=0, note="null = no upper bound")
+    """The gate is on while the entropy is < this. The published snippet's condition is low < H < high; its
+    comment and the paper's text describe clipping when H exceeds an upper bound: entropy_low=<that bound>
+    with entropy_high=null."""
+
+
 OFF_POLICY_MODES: tuple[str, ...] = ("none", "tis", "decoupled")
 """algorithm.off_policy (memrl.algorithms.losses.off_policy_weights, docs/guides/async.md): none = the PPO ratio
 against the engine's sampling logprobs (memrl's loss since the start); tis = truncated importance sampling

@@ -25,6 +25,7 @@ import torch
 from memrl.algorithms.losses import AGG_MODES, KL_KINDS
 from memrl.algorithms.options import (
     OFF_POLICY_MODES,
+    AEPOOptions,
     DCPOOptions,
     GRPOOptions,
     GSPOOptions,
@@ -154,6 +155,9 @@ class AlgorithmSection:
     """Options of the ppo loss: clip_low, clip_high (DAPO's clip-higher when > clip_low), dual_clip_c."""
     gspo: GSPOOptions = field(default_factory=GSPOOptions)
     """Options of the gspo loss: clip_low, clip_high of the sequence ratio (GSPO's published 3e-4 / 4e-4)."""
+    aepo: AEPOOptions = field(default_factory=AEPOOptions)
+    """QwenLong-L1.5's AEPO: enabled, entropy_low, entropy_high (negative-advantage rows dropped while the
+    batch's entropy is inside the band; needs old_logprobs=trainer)."""
     model_reward: str = valid(NONE, choices=model_reward_names, import_paths=True)
     """A reward the trainer's own model scores in the score stage, batched, after the outcome (memrl.rewards.
     model_scored): none, infomem (InfoMem's final-memory likelihood gain, arXiv 2606.03329; needs a workflow
@@ -211,6 +215,13 @@ class AlgorithmSection:
             raise ConfigError(
                 f"algorithm.n must be >= 2 with algorithm.grpo.std_over=task (a task kind of one trajectory has no "
                 f"std), got {self.n}")
+        if self.aepo.enabled and self.old_logprobs != "trainer":
+            raise ConfigError(
+                "algorithm.aepo.enabled=true needs algorithm.old_logprobs=trainer (the batch's entropy under the "
+                f"current policy comes from that pass, as verl's compute_log_prob gives it), got {self.old_logprobs}")
+        lo, hi = self.aepo.entropy_low, self.aepo.entropy_high
+        if lo is not None and hi is not None and lo >= hi:
+            raise ConfigError(f"algorithm.aepo.entropy_low={lo} must be < algorithm.aepo.entropy_high={hi}")
         if self.loss == "gspo" and self.loss_agg != "seq-mean-token-mean":
             raise ConfigError(
                 f"algorithm.loss=gspo takes algorithm.loss_agg=seq-mean-token-mean (GSPO averages each row's tokens, "
