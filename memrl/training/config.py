@@ -102,12 +102,21 @@ class DataSection:
     docs_from: str = ""
     """name=file: the dev file (HotpotQA / 2Wiki / SQuAD) whose documents an index-only file's contexts
     index (MemAgent's eval_index layout; memrl.data.index_only); "" = none (such a file is then an error)."""
+    sampling: str = valid("mixed", choices=("mixed", "task_balanced"))
+    """name=file: "mixed" visits the file's tasks in order (shuffled per epoch); "task_balanced" (QwenLong-L1.5)
+    draws every batch of trainer.batch_size tasks with the same number from each task kind (Task.meta[task_key]),
+    each kind from its own shuffled list (memrl.data.mixture)."""
+    task_key: str = "data_source"
+    """sampling=task_balanced: the Task.meta key naming a task's kind (MemAgent parquet rows: data_source)."""
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def check(self) -> None:
-        """A data file is named when the data come from one."""
+        """A data file is named when the data come from one; task-balanced sampling needs one."""
         if self.name == "file" and not self.path:
             raise ConfigError("data.path is required when data.name=file")
+        if self.sampling == "task_balanced" and self.name != "file":
+            raise ConfigError("data.sampling=task_balanced needs data.name=file (a mixture of task kinds); the "
+                              "synthetic stream has one kind")
 
 
 @dataclass
