@@ -36,7 +36,7 @@ class InfoMemOptions:
     normalize: str = valid("minmax", choices=NORMALIZE)
     """How the gains of a group's successful trajectories are normalized before they are added: minmax
     (to [0, 1]), zscore (mean 0, std 1) or none (raw per-token log-likelihood gain)."""
-    success: float = 1.0
+    success: float = valid(1.0, ge=0)
     """A trajectory is successful (scored) when its outcome reward is >= this."""
     answer_template: str = "\\boxed{{answer}}"
     """The gold answer as the final call would write it; "{answer}" is replaced by the first gold answer."""
