@@ -300,6 +300,8 @@ class Trainer:
         entropy = batch_entropy([ent_of[id(s)] for s in flat], weights)
         on = aepo_gate(entropy, a.aepo.entropy_low, a.aepo.entropy_high)
         if on:
+            if not groups:
+                raise ValueError("algorithm.aepo: the gate needs the step's groups (their trajectories' rewards)")
             rewards = {t.trajectory_id: float(t.reward or 0.0) for g in groups for t in g.trajectories}
             per_group = aepo_rows(per_group, rewards)
         kept = sum(len(segs) for segs in per_group)
