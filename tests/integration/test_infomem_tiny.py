@@ -96,3 +96,12 @@ def test_one_training_step_scores_in_the_score_stage(tiny_path, tmp_path):
 
     rows = [json.loads(line) for line in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()]
     assert rows and all("outcome_reward" in r["metrics"] and "infomem" in r["metrics"] for r in rows)
+
+
+def test_a_workflow_without_a_final_memory_is_refused_before_any_work(tiny_path):
+    from memrl.config import ConfigError
+    from memrl.training.assemble import validate
+
+    cfg = load_config(TrainConfig, [f"model.path={tiny_path}", "workflow=rememr1", "algorithm.model_reward=infomem"])
+    with pytest.raises(ConfigError, match="workflow=rememr1 does not keep"):
+        validate(cfg)
