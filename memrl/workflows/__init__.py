@@ -45,6 +45,10 @@ class WorkflowSpec:
     reward: Callable[..., Any]
     step_rewards: Callable[[Task, Trajectory], list[float | None]] | None = None
     """Per-segment step rewards (ReMemR1's; memagent's for algorithm=rememr1), returned by the score stage."""
+    memory_prompts: Callable[..., tuple[list[int], list[int]]] | None = None
+    """`(task, traj, cfg, tokenizer) -> (prompt ids with the final memory, the same prompt without memory)`:
+    the pair InfoMem's final-memory reward scores the gold answer after (memrl.training.model_rewards);
+    None: the workflow has no final memory to score (memagent has one)."""
     format_keys: tuple[str, ...] = ()
     """Trajectory metrics that count a format error or a fallback (> 0 = that error happened); the
     trainer logs format/<key> and the eval table counts questions with each (`format_counts`)."""

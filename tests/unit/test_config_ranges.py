@@ -326,6 +326,8 @@ FREE_TEXT: dict[str, str] = {
     "JudgeSettings.url": "a URL", "JudgeSettings.model": "a model name", "JudgeSettings.api_key_env": "a variable",
     "JudgeSettings.rubric_file": "a path", "JudgeSettings.correct_tag": "text", "JudgeSettings.partial_tag": "text",
     "JudgeSettings.incorrect_tag": "text", "DataSection.path": "a path", "DataSection.docs_from": "a path",
+    "DataSection.task_key": "a Task.meta key", "GRPOOptions.task_key": "a Task.meta key",
+    "InfoMemOptions.answer_template": "text with {answer}, checked by InfoMemOptions",
     "ModelSection.path": "a path", "ModelSection.device": "a torch device string, parsed by ModelSection.check",
     "RaySection.address": "an address", "RaySection.temp_dir": "a path", "RolloutSection.sync_dir": "a path",
     "TrainConfig.out_dir": "a path", "TrainerSection.mlflow_uri": "a URI, checked by memrl.training.trackers",
