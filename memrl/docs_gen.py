@@ -27,13 +27,23 @@ from typing import Any
 
 import yaml
 
-from memrl.algorithms.base import ADVANTAGE, ADVANTAGES, LOSS, LOSSES, OPTIONS
+from memrl.algorithms.base import (
+    ADVANTAGE,
+    ADVANTAGES,
+    DECORATORS,
+    LOSS,
+    LOSSES,
+    MODEL_REWARD,
+    MODEL_REWARDS,
+    OPTIONS,
+)
 from memrl.cli import build_parser
 from memrl.commands.train_sft import SFTRunConfig
 from memrl.config import allowed_of, preset_names
 from memrl.demos.memact import MemActDemoConfig
 from memrl.demos.memagent import DemoConfig
 from memrl.eval.runner import EvalConfig
+from memrl.rewards import registry as _model_rewards  # noqa: F401 - registers infomem
 from memrl.rewards.verifiers import _VERIFIERS
 from memrl.services import registry as retrievers
 from memrl.training.config import TrainConfig
@@ -421,10 +431,11 @@ def render_registries() -> str:
     out.append(table(["name", "spec", "config", "format-error metrics", "train defaults", "eval defaults",
                       "what it is"], rows))
     for title, key, table_, kind in (("Advantage estimators", "algorithm.name", ADVANTAGES, ADVANTAGE),
-                                     ("Policy losses", "algorithm.loss", LOSSES, LOSS)):
+                                     ("Policy losses", "algorithm.loss", LOSSES, LOSS),
+                                     ("Model-scored rewards", "algorithm.model_reward", MODEL_REWARDS, MODEL_REWARD)):
         out.append(f"## {title} (`{key}`)\n")
-        out.append(f"Options are set as `algorithm.<name>.<option>` (`memrl.algorithms.base.register_"
-                   f"{'advantage' if kind == ADVANTAGE else 'loss'}(name, Options)`).\n")
+        out.append(f"Options are set as `algorithm.<name>.<option>` (`memrl.algorithms.base.{DECORATORS[kind]}"
+                   "(name, Options)`).\n")
         rows = [[code(n), code(qualname(fn)), cell(_options_text(OPTIONS[(kind, n)])), cell(first_paragraph(fn.__doc__))]
                 for n, fn in sorted(table_.items())]
         out.append(table(["name", "function", "options (defaults)", "what it computes"], rows))

@@ -1,4 +1,4 @@
-"""One memrl process per output directory: `memrl train`, `eval` and `demo` hold `<out>/.memrl.lock`.
+"""One memrl process per output directory: `memrl train`, `train-sft`, `eval` and `demo` hold `<out>/.memrl.lock`.
 
 The lock is an advisory `flock` on a file that holds the owner's pid: the kernel drops it when the owner
 dies (kill -9 included), so a lock file left behind by a dead process is stale at once and taken over;

@@ -1,4 +1,6 @@
-"""Advantage estimators over groups of trajectories (GRPO; ReMemR1 arXiv 2509.23040; MemAct DCPO arXiv 2510.12635).
+"""Advantage estimators over groups of trajectories (GRPO, with QwenLong-L1.5's task std; ReMemR1 arXiv
+2509.23040; MemAct DCPO arXiv 2510.12635; RLOO arXiv 2402.14740; REINFORCE++ and its baseline variant arXiv
+2501.03262, as verl's core_algos computes them).
 
 Group statistics are taken over TRAJECTORIES (one outcome reward each), never over rows, so a
 trajectory with many segments does not count more. The list functions (`grpo_advantages`,
@@ -17,12 +19,20 @@ from collections.abc import Hashable, Sequence
 from typing import Any, Literal
 
 from memrl.algorithms.base import ADVANTAGE, ADVANTAGES, lookup, options_kwargs, register_advantage
-from memrl.algorithms.options import STATE_TERMS, DCPOOptions, GRPOOptions, ReMemR1Options
+from memrl.algorithms.options import (
+    STATE_TERMS,
+    DCPOOptions,
+    GRPOOptions,
+    ReinforcePPOptions,
+    ReMemR1Options,
+    RLOOOptions,
+)
 from memrl.types import Group, Segment, Trajectory
 
-__all__ = ["STATE_TERMS", "DCPOOptions", "GRPOOptions", "ReMemR1Options", "assign_advantages",
-           "compute_group_advantages", "dcpo_estimator", "grpo_advantages", "grpo_estimator",
-           "rememr1_advantages", "rememr1_estimator"]
+__all__ = ["STATE_TERMS", "DCPOOptions", "GRPOOptions", "RLOOOptions", "ReMemR1Options", "ReinforcePPOptions",
+           "assign_advantages", "compute_group_advantages", "dcpo_estimator", "grpo_advantages", "grpo_estimator",
+           "grpo_task_advantages", "reinforce_pp_baseline_estimator", "reinforce_pp_estimator", "rememr1_advantages",
+           "rememr1_estimator", "rloo_advantages", "rloo_estimator", "task_kind", "token_whiten"]
 
 Credit = Literal["broadcast", "split"]
 SegmentAdvantages = list[list[list[Any]]]
@@ -60,6 +70,59 @@ def grpo_advantages(
         for i, a in zip(idx, _centre([float(rewards[i]) for i in idx], norm_by_std, eps), strict=True):
             out[i] = a
     return out
+
+
+def _members(group_ids: Sequence[Hashable]) -> dict[Hashable, list[int]]:
+    members: dict[Hashable, list[int]] = defaultdict(list)
+    for i, g in enumerate(group_ids):
+        members[g].append(i)
+    return members
+
+
+def grpo_task_advantages(
+    rewards: Sequence[float], group_ids: Sequence[Hashable], task_keys: Sequence[Hashable],
+    eps: float = GRPOOptions.eps,
+) -> list[float]:
+    """QwenLong-L1.5's task-specific advantage: A_i = (r_i - mean_g) / (std_task + eps), the mean over the
+    trajectories of i's group (a group of one: 0), the unbiased std over every trajectory of the batch whose
+    task kind (`task_keys`) is i's (a kind of one: 0)."""
+    n = len(rewards)
+    if len(group_ids) != n or len(task_keys) != n:
+        raise ValueError(f"grpo_task_advantages: {n} rewards, {len(group_ids)} group ids, {len(task_keys)} task keys")
+    mean = {g: (0.0 if len(idx) == 1 else sum(float(rewards[i]) for i in idx) / len(idx))
+            for g, idx in _members(group_ids).items()}
+    std = {}
+    for k, idx in _members(task_keys).items():
+        vals = [float(rewards[i]) for i in idx]
+        m = sum(vals) / len(vals)
+        std[k] = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return [(float(r) - mean[g]) / (std[k] + eps) for r, g, k in zip(rewards, group_ids, task_keys, strict=True)]
+
+
+def rloo_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable]) -> list[float]:
+    """RLOO: A_i = r_i - mean of the OTHER trajectories of i's group = n/(n-1) * (r_i - mean_g) (verl's
+    compute_rloo_outcome_advantage); a group of one gets A = r."""
+    if len(rewards) != len(group_ids):
+        raise ValueError(f"rloo_advantages: {len(rewards)} rewards but {len(group_ids)} group ids")
+    out = [float(r) for r in rewards]
+    for idx in _members(group_ids).values():
+        k = len(idx)
+        if k > 1:
+            mean = sum(float(rewards[i]) for i in idx) / k
+            for i in idx:
+                out[i] = k / (k - 1) * (float(rewards[i]) - mean)
+    return out
+
+
+def token_whiten(values: Sequence[float], tokens: Sequence[int], eps: float = ReinforcePPOptions.eps) -> list[float]:
+    """verl's masked_whiten where value i stands on `tokens[i]` trained tokens: (v - mu) / sqrt(var + eps), mu
+    and the unbiased var over the N = sum(tokens) tokens (so a longer row weighs more in the statistics)."""
+    n = sum(tokens)
+    if n < 2:
+        raise ValueError(f"token whitening needs at least 2 trained tokens in the batch, got {n}")
+    mu = sum(v * t for v, t in zip(values, tokens, strict=True)) / n
+    var = sum(t * (v - mu) ** 2 for v, t in zip(values, tokens, strict=True)) / (n - 1)
+    return [(v - mu) / math.sqrt(var + eps) for v in values]
 
 
 def assign_advantages(
@@ -170,19 +233,89 @@ def _regroup(groups: Sequence[Group], per_traj: list[list[float]]) -> SegmentAdv
 @register_advantage("grpo", GRPOOptions)
 def grpo_estimator(
     groups: Sequence[Group], norm_by_std: bool = GRPOOptions.norm_by_std, eps: float = GRPOOptions.eps,
-    credit: str = GRPOOptions.credit,
+    credit: str = GRPOOptions.credit, std_over: str = GRPOOptions.std_over, task_key: str = GRPOOptions.task_key,
 ) -> SegmentAdvantages:
-    """GRPO over trajectories (`grpo_advantages`), credited to segments by `broadcast` or `split`.
+    """GRPO over trajectories (`grpo_advantages`; with norm_by_std and std_over=task, `grpo_task_advantages`
+    over the tasks' `meta[task_key]`), credited to segments by `broadcast` or `split`.
 
     A trajectory marked `info["exclude_from_group"]` (MemAct's failed LLM judgement under
     workflow.judge.on_failure=exclude) is left out of its group's mean and std and gets advantage 0."""
     rewards, gids, trajs = _outcomes(groups)
-    kept = [i for i, t in enumerate(trajs) if not t.info.get("exclude_from_group")]
-    adv = [0.0] * len(trajs)
-    for i, a in zip(kept, grpo_advantages([rewards[i] for i in kept], [gids[i] for i in kept], norm_by_std, eps),
-                    strict=True):
-        adv[i] = a
-    return _regroup(groups, [_credit(a, len(t.segments), credit) for a, t in zip(adv, trajs, strict=True)])
+    kept = _kept(trajs)
+    if norm_by_std and std_over == "task":
+        kinds = [task_kind(g, task_key) for g in groups for _ in g.trajectories]
+        values = grpo_task_advantages([rewards[i] for i in kept], [gids[i] for i in kept], [kinds[i] for i in kept],
+                                      eps)
+    else:
+        values = grpo_advantages([rewards[i] for i in kept], [gids[i] for i in kept], norm_by_std, eps)
+    return _regroup(groups, [_credit(a, len(t.segments), credit) for a, t in zip(_spread(kept, values, len(trajs)),
+                                                                                   trajs, strict=True)])
+
+
+def _kept(trajs: Sequence[Trajectory]) -> list[int]:
+    """Trajectories that take part in their group's statistics (not `info["exclude_from_group"]`)."""
+    return [i for i, t in enumerate(trajs) if not t.info.get("exclude_from_group")]
+
+
+def _spread(kept: list[int], values: Sequence[float], n: int) -> list[float]:
+    """`values` at positions `kept` of n, 0 elsewhere (the excluded trajectories)."""
+    out = [0.0] * n
+    for i, a in zip(kept, values, strict=True):
+        out[i] = a
+    return out
+
+
+def task_kind(group: Group, key: str) -> Hashable:
+    """The task kind of a group: its Task's `meta[key]` (GRPOOptions.task_key); an error naming the task without."""
+    if group.task is None or key not in group.task.meta:
+        raise ValueError(f"task {group.task_id} has no meta[{key!r}] (algorithm.grpo.task_key), which "
+                         "algorithm.grpo.std_over=task and data.sampling=task_balanced read")
+    return str(group.task.meta[key])
+
+
+@register_advantage("rloo", RLOOOptions)
+def rloo_estimator(groups: Sequence[Group], credit: str = RLOOOptions.credit) -> SegmentAdvantages:
+    """RLOO over trajectories (`rloo_advantages`), credited to segments by `broadcast` or `split`; a trajectory
+    marked `info["exclude_from_group"]` is left out of its group and gets 0, as under grpo."""
+    rewards, gids, trajs = _outcomes(groups)
+    kept = _kept(trajs)
+    values = rloo_advantages([rewards[i] for i in kept], [gids[i] for i in kept])
+    return _regroup(groups, [_credit(a, len(t.segments), credit) for a, t in zip(_spread(kept, values, len(trajs)),
+                                                                                   trajs, strict=True)])
+
+
+def _whitened(groups: Sequence[Group], values: Sequence[float], kept: list[int], trajs: list[Trajectory],
+              eps: float) -> SegmentAdvantages:
+    tokens = [sum(s.num_trained_tokens for s in trajs[i].segments) for i in kept]
+    white = token_whiten(values, tokens, eps)
+    return _regroup(groups, [[a] * len(t.segments) for a, t in zip(_spread(kept, white, len(trajs)), trajs, strict=True)])
+
+
+@register_advantage("reinforce_pp", ReinforcePPOptions)
+def reinforce_pp_estimator(groups: Sequence[Group], eps: float = ReinforcePPOptions.eps) -> SegmentAdvantages:
+    """REINFORCE++ (verl's compute_reinforce_plus_plus_outcome_advantage) at gamma = 1 with the KL in the loss:
+    every trained token's return is its trajectory's outcome r, whitened over all trained tokens of the batch,
+    A = (r - mu_tok) / sqrt(var_tok + eps); every segment of the trajectory gets it. No group baseline."""
+    rewards, _, trajs = _outcomes(groups)
+    kept = _kept(trajs)
+    return _whitened(groups, [rewards[i] for i in kept], kept, trajs, eps)
+
+
+@register_advantage("reinforce_pp_baseline", ReinforcePPOptions)
+def reinforce_pp_baseline_estimator(groups: Sequence[Group], eps: float = ReinforcePPOptions.eps) -> SegmentAdvantages:
+    """REINFORCE++-baseline (verl's compute_reinforce_plus_plus_baseline_outcome_advantage): r - mean of the
+    group's trajectories (a group of one: mean 0), then whitened over all trained tokens of the batch as
+    `reinforce_pp_estimator`."""
+    rewards, gids, trajs = _outcomes(groups)
+    kept = _kept(trajs)
+    members = _members([gids[i] for i in kept])
+    centred = [rewards[i] for i in kept]
+    for idx in members.values():
+        if len(idx) > 1:
+            mean = sum(centred[j] for j in idx) / len(idx)
+            for j in idx:
+                centred[j] = rewards[kept[j]] - mean
+    return _whitened(groups, centred, kept, trajs, eps)
 
 
 @register_advantage("dcpo", DCPOOptions)

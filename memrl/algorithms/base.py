@@ -17,9 +17,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 ADVANTAGE = "advantage estimator"
 LOSS = "policy loss"
+MODEL_REWARD = "model-scored reward"
 
 ADVANTAGES: dict[str, Callable[..., Any]] = {}
 LOSSES: dict[str, Callable[..., Any]] = {}
+MODEL_REWARDS: dict[str, Callable[..., Any]] = {}
+"""Rewards the trainer's own model scores in the score stage (memrl.rewards.model_scored: InfoMem's)."""
 OPTIONS: dict[tuple[str, str], type | None] = {}
 
 
@@ -49,8 +52,16 @@ def register_loss(name: str, options: type | None = None) -> Callable[[F], F]:
     return _register(LOSSES, LOSS, name, options)
 
 
-FIELDS = {ADVANTAGE: "algorithm.name", LOSS: "algorithm.loss"}
+def register_model_reward(name: str, options: type | None = None) -> Callable[[F], F]:
+    """Decorator: register a reward scored by the trainer's model (memrl.rewards.model_scored) under `name`,
+    with its options dataclass (algorithm.<name>.<field>); `algorithm.model_reward=package.module:fn` may
+    name one from a user's module."""
+    return _register(MODEL_REWARDS, MODEL_REWARD, name, options)
+
+
+FIELDS = {ADVANTAGE: "algorithm.name", LOSS: "algorithm.loss", MODEL_REWARD: "algorithm.model_reward"}
 """The config field that names each kind."""
+DECORATORS = {ADVANTAGE: "register_advantage", LOSS: "register_loss", MODEL_REWARD: "register_model_reward"}
 
 
 def registered_name(table: dict[str, Callable[..., Any]], kind: str, name: str) -> str:
@@ -61,7 +72,7 @@ def registered_name(table: dict[str, Callable[..., Any]], kind: str, name: str) 
     if ":" not in name:
         return name
 
-    deco = "register_advantage" if kind == ADVANTAGE else "register_loss"
+    deco = DECORATORS[kind]
     fn = load_object(name, FIELDS[kind], f"a registered {kind}", lambda o: any(f is o for f in table.values()),
                      f"only functions marked with @memrl.algorithms.base.{deco}(name, Options) may be named")
     return next(n for n, f in table.items() if f is fn)

@@ -18,7 +18,7 @@ from typing import Literal
 import torch
 
 from memrl.algorithms.base import register_loss
-from memrl.algorithms.options import OFF_POLICY_MODES, PPOOptions
+from memrl.algorithms.options import OFF_POLICY_MODES, GSPOOptions, PPOOptions
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "traj-mean"]
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "traj-mean")
@@ -66,6 +66,38 @@ def ppo_clip_loss(
         stats["clipfrac_lower"] = 0.0
     stats["approx_kl"] = _masked_mean(-log_ratio.detach(), m)
     return torch.where(mask.bool(), clipped, torch.zeros_like(clipped)), stats
+
+
+@register_loss("gspo", GSPOOptions)
+def gspo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = GSPOOptions.clip_low,
+    clip_high: float = GSPOOptions.clip_high,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO (arXiv 2507.18071; verl's compute_policy_loss_gspo): a sequence-level ratio per row,
+    s = exp(mean over the row's trained tokens of (logprobs - old_logprobs)), clipped to [1 - clip_low,
+    1 + clip_high]: per token max(-A * s_t, -A * clip(s_t)) with s_t = sg[s] * exp(logprobs - sg[logprobs])
+    (value s on every token; d s_t / d logprob_t = s_t), the log clamped at 10 as verl does.
+
+    Under seq-mean-token-mean aggregation (AlgorithmSection.check requires it) the gradient is GSPO's,
+    -A * s * mean_t grad log pi_t per row while unclipped. A row is whole within a micro-batch (packing never
+    splits one). Stats: clipfrac (share of trained tokens clipped), clipfrac_lower = 0, approx_kl."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1).expand_as(logprobs)
+    m = mask.to(logprobs.dtype)
+    log_ratio = logprobs - old_logprobs
+    seq = (log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+    log_s = torch.clamp(logprobs - logprobs.detach() + seq.detach().unsqueeze(-1), max=10.0)
+    s = torch.exp(log_s)
+    loss1 = -advantages * s
+    loss2 = -advantages * torch.clamp(s, 1.0 - clip_low, 1.0 + clip_high)
+    out = torch.maximum(loss1, loss2)
+    stats = {"clipfrac": _masked_mean((loss2 > loss1).to(m.dtype), m), "clipfrac_lower": 0.0,
+             "approx_kl": _masked_mean(-log_ratio.detach(), m)}
+    return torch.where(mask.bool(), out, torch.zeros_like(out)), stats
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from memrl.algorithms.process_rewards import PROCESS_REWARDS
 from memrl.config import valid
 
+STD_SCOPES: tuple[str, ...] = ("group", "task")
+"""Whose rewards give the grpo estimator's std (GRPOOptions.std_over)."""
+
 STATE_TERMS: tuple[str, ...] = ("paper", "released")
 """The rememr1 estimator's state terms (ReMemR1Options.state_term)."""
 
@@ -30,6 +33,30 @@ class GRPOOptions:
     """Added to the std before dividing."""
     credit: str = valid("broadcast", choices=("broadcast", "split"))
     """broadcast: every segment (row) gets its trajectory's advantage; split: A / number of segments."""
+    std_over: str = valid("group", choices=STD_SCOPES)
+    """With norm_by_std, whose rewards give the std: "group" (GRPO) or "task" (QwenLong-L1.5's task-specific
+    advantage: the std of every trajectory of the batch whose task has the same `task_key` value, the mean
+    still the group's; needs algorithm.n >= 2)."""
+    task_key: str = "data_source"
+    """std_over=task: the Task.meta key naming a task's kind (a data mixture's source: "data_source" in
+    MemAgent parquet rows); a task without it is an error naming the task."""
+
+
+@dataclass
+class RLOOOptions:
+    """Options of the rloo estimator (algorithm.rloo.*): leave-one-out baseline over the group's trajectories."""
+
+    credit: str = valid("broadcast", choices=("broadcast", "split"))
+    """broadcast: every segment (row) gets its trajectory's advantage; split: A / number of segments."""
+
+
+@dataclass
+class ReinforcePPOptions:
+    """Options of the reinforce_pp and reinforce_pp_baseline estimators (algorithm.reinforce_pp.*,
+    algorithm.reinforce_pp_baseline.*): returns whitened over the batch's trained tokens (verl's masked_whiten)."""
+
+    eps: float = valid(1e-8, gt=0)
+    """Added to the batch's token variance before its square root (verl's masked_whiten: 1e-8)."""
 
 
 @dataclass
@@ -71,6 +98,33 @@ class PPOOptions:
     """rho is clipped above at 1 + clip_high (DAPO's clip-higher when > clip_low)."""
     dual_clip_c: float | None = valid(3.0, gt=1, note="null = no dual clip")
     """Dual clip: for A < 0 the loss is at most -A * c (None disables)."""
+
+
+@dataclass
+class GSPOOptions:
+    """Options of the gspo loss (algorithm.gspo.*): GSPO's sequence-level ratio (arXiv 2507.18071)."""
+
+    clip_low: float = valid(3e-4, ge=0, lt=1)
+    """The sequence ratio is clipped below at 1 - clip_low (GSPO's published 3e-4)."""
+    clip_high: float = valid(4e-4, ge=0)
+    """The sequence ratio is clipped above at 1 + clip_high (GSPO's published 4e-4)."""
+
+
+@dataclass
+class AEPOOptions:
+    """QwenLong-L1.5's AEPO (algorithm.aepo.*): while the batch's entropy under the current policy lies in
+    (entropy_low, entropy_high), only rows with a positive advantage from a trajectory with a positive reward
+    train (the negative-advantage gradients are clipped away, which lowers entropy); outside it, every row."""
+
+    enabled: bool = False
+    """Gate the negative-advantage rows on the batch's entropy (needs algorithm.old_logprobs=trainer: the
+    entropy comes from that pass, as verl's compute_log_prob gives it)."""
+    entropy_low: float | None = valid(None, ge=0, note="null = no lower bound")
+    """The gate is on while the entropy is > this."""
+    entropy_high: float | None = valid(None, ge=0, note="null = no upper bound")
+    """The gate is on while the entropy is < this. The published snippet's condition is low < H < high; its
+    comment and the paper's text describe clipping when H exceeds an upper bound: entropy_low=<that bound>
+    with entropy_high=null."""
 
 
 OFF_POLICY_MODES: tuple[str, ...] = ("none", "tis", "decoupled")

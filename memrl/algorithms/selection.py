@@ -25,6 +25,25 @@ def filter_zero_variance_groups(groups: Sequence[Group], tol: float = 1e-12) -> 
     return kept, len(groups) - len(kept)
 
 
+def aepo_gate(entropy: float, low: float | None, high: float | None) -> bool:
+    """AEPO's gate (QwenLong-L1.5): on while low < entropy < high (a None bound is no bound)."""
+    return (low is None or entropy > low) and (high is None or entropy < high)
+
+
+def aepo_rows(per_group: Sequence[Sequence[Segment]], rewards: dict[str, float]) -> list[list[Segment]]:
+    """AEPO with its gate on: of each group's rows, those with advantage > 0 whose trajectory's reward
+    (`rewards[trajectory_id]`) is > 0, as the published trainer keeps them (the rows a negative-advantage
+    gradient would train are dropped before the update, and so leave its normalizers too)."""
+    return [[s for s in segs if float(s.advantage or 0.0) > 0 and rewards[s.trajectory_id] > 0] for segs in per_group]
+
+
+def batch_entropy(row_entropy_sums: Sequence[float], row_weights: Sequence[float]) -> float:
+    """The batch's entropy as the loss aggregates it: sum over rows of weight * (sum of the row's trained
+    tokens' entropies), the weights memrl.algorithms.losses.row_weights gives for algorithm.loss_agg
+    (token-mean: the mean entropy per trained token, as verl's agg_loss)."""
+    return sum(w * e for w, e in zip(row_weights, row_entropy_sums, strict=True))
+
+
 def spread_unused_segments(group: Group, n: int, rng: random.Random) -> list[Segment]:
     """memrl's DCPO selection (`algorithm.selection=spread_unused`): n segments, never one twice.
 

@@ -26,6 +26,7 @@ from memrl.data.conversations import conversation_segments, is_conversation_file
 from memrl.data.synthetic import make_tasks
 from memrl.demonstrators import MixtureRule, ScriptedEngine
 from memrl.errors import model_dir
+from memrl.locks import locked_dir
 from memrl.quiet import hf_progress_off
 from memrl.runtime import rollout_once
 from memrl.training import lora
@@ -91,11 +92,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(SFTRunConfig, args.overrides, preset=args.preset)
     model_dir(cfg.model.path, "model.path")
-    if cfg.data.name == "file":
-        return _run_conversations(cfg)
-    if cfg.data.name != "synthetic":
+    if cfg.data.name not in ("file", "synthetic"):
         raise ConfigError(f"data.name: train-sft takes synthetic (the built-in demonstrator) or file (a "
                           f"conversation file), got {cfg.data.name!r}")
+    with locked_dir(check_writable(cfg.out_dir), "out_dir"):  # one process per out_dir, as memrl train
+        return _run_conversations(cfg) if cfg.data.name == "file" else _run_demonstrator(cfg)
+
+
+def _run_demonstrator(cfg: SFTRunConfig) -> int:
+    """SFT on the built-in demonstrator's replies to synthetic tasks."""
     spec, wf = parse_workflow(cfg.workflow, stage="train")
     out = check_writable(cfg.out_dir)
     (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from memrl.data import (
     hotpotqa,
     longbench,
+    mem1_files,
     memagent_files,
     multiobjective,
     ruler,
@@ -63,6 +64,7 @@ def load_tasks(
         "2wiki": twowiki.load_twowiki,
         "memagent": memagent_files.load_memagent_parquet,
         "multiobjective": multiobjective.load_multiobjective,
+        "mem1": mem1_files.load_mem1,
         "tasks": tasks_jsonl.load_task_file,
         "slime": slime.load_slime,
     }

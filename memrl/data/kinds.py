@@ -8,7 +8,8 @@ from typing import Any
 from memrl.data.errors import DataError
 from memrl.data.files import first_record
 
-KINDS = ("hotpotqa", "2wiki", "eval", "eval_index", "memagent", "multiobjective", "tasks", "slime", "ruler", "longbench")
+KINDS = ("hotpotqa", "2wiki", "eval", "eval_index", "memagent", "multiobjective", "mem1", "tasks", "slime", "ruler",
+         "longbench")
 KIND_NAMES = {
     "hotpotqa": "HotpotQA (original or HF layout)",
     "2wiki": "2WikiMultihopQA (original or HF layout)",
@@ -16,6 +17,7 @@ KIND_NAMES = {
     "eval_index": "MemAgent index-only eval rows (context = document indices, rebuilt from docs_from)",
     "memagent": "MemAgent / verl training parquet rows (prompt, context, reward_model, extra_info)",
     "multiobjective": "MemAct multi-question rows",
+    "mem1": "MEM1 multi-objective rows (prompt, reward_model.ground_truth.target: one alias list per objective)",
     "tasks": "memrl Task rows (task_id, question, context, answers, meta)",
     "slime": "vime / slime JSONL rows (prompt, label, metadata.context)",
     "ruler": "RULER rows (input, outputs; RULER's or MemAgent's layout)",
@@ -40,6 +42,10 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
             extra = rec.get("extra_info")
             if "agent_name" in keys or (isinstance(extra, dict) and "sub_questions" in extra):
                 return "multiobjective"
+            rm = rec.get("reward_model")
+            gt = rm.get("ground_truth") if isinstance(rm, dict) else None
+            if isinstance(gt, dict) and isinstance(gt.get("target"), list):
+                return "mem1"
             return "memagent"
         if {"input", "outputs"} <= keys:
             return "ruler"

@@ -14,6 +14,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from memrl.config import valid
 
+FAILED_REQUEST_MODES = ("error", "drop", "drop_or_empty")
+"""What an evaluation does with a question whose request raised EngineError (memrl eval / val.failed_requests)."""
+
 
 class EngineError(RuntimeError):
     """An engine could not serve a request (unreachable server, malformed reply, bad request)."""

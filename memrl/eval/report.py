@@ -62,6 +62,15 @@ class LengthSummary:
     None when none does."""
     string_match_part: float | None = None
     """RULER's string_match_part, percent, likewise."""
+    mean_model_calls: float | None = None
+    """Model calls per question, for workflows whose calls vary by what the policy decides (InfMem's stops,
+    MEM1's turns); None for the others (their column is then left out)."""
+    mean_retrievals: float | None = None
+    """InfMem: retrieve calls per question (None when the rows have none)."""
+    stop_rate: float | None = None
+    """InfMem: percent of questions where the policy stopped reading before the last chunk."""
+    mean_stop_step: float | None = None
+    """InfMem: the step reading ended at (the stop's, else the number of chunks), mean over questions."""
     dataset: str = ""
     """The rows' dataset (Task.meta["dataset"]; "" when their files did not say)."""
     samples: int = 1
@@ -82,7 +91,9 @@ class LengthSummary:
 
 SAMPLED_COLUMNS = ("samples", "mean_at_k", "mean_at_k_se", "pass_at_k", "pass_at_k_se")
 """Columns the CSV carries only when some row was sampled more than once (samples=1 output is unchanged)."""
-TABLE_COLUMNS = [f.name for f in fields(LengthSummary) if f.name not in SAMPLED_COLUMNS]
+ACTION_COLUMNS = ("mean_model_calls", "mean_retrievals", "stop_rate", "mean_stop_step")
+"""Summary columns of the decided actions, shown when some row carries them (action_means)."""
+TABLE_COLUMNS = [f.name for f in fields(LengthSummary) if f.name not in SAMPLED_COLUMNS and f.name not in ACTION_COLUMNS]
 TASK_METRIC_COLUMNS = ("string_match_all", "string_match_part")
 """Row keys of the eval metrics a task can name (memrl.rewards.eval_metrics), summarized when present."""
 
@@ -93,6 +104,21 @@ def task_metric_means(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]
     for key in TASK_METRIC_COLUMNS:
         vals = [float(r[key]) for r in rows if r.get(key) is not None]
         out[key] = 100 * sum(vals) / len(vals) if vals else None
+    return out
+
+
+def action_means(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """ACTION_COLUMNS over rows whose metrics report decided actions (InfMem's stop_step, MEM1's invalid_turn);
+    all None when none does."""
+    ms = [r.get("metrics") or {} for r in rows]
+    out: dict[str, float | None] = dict.fromkeys(ACTION_COLUMNS)
+    if not rows or not any("stop_step" in m or "invalid_turn" in m for m in ms):
+        return out
+    out["mean_model_calls"] = sum(float(r["model_calls"]) for r in rows) / len(rows)
+    if all("stop_step" in m for m in ms):
+        out["mean_retrievals"] = sum(m["retrievals"] for m in ms) / len(ms)
+        out["stop_rate"] = 100 * sum(m["stopped"] for m in ms) / len(ms)
+        out["mean_stop_step"] = sum(m["stop_step"] for m in ms) / len(ms)
     return out
 
 
@@ -167,6 +193,7 @@ def summarize(rows: Sequence[dict[str, Any]], run: str, group_by: str = "dataset
             mean_generated_tokens=mean("generated_tokens"), seconds_per_question=wall_seconds(rs) / k,
             mean_latency_seconds=mean("seconds"), no_box=counts.get("no_box", 0), format_errors=flagged,
             format_detail=" ".join(f"{kk}={v}" for kk, v in other.items()), **task_metric_means(rs),
+            **action_means(rs),
         ))
     return out
 
@@ -225,7 +252,7 @@ def markdown_table(summaries: Sequence[LengthSummary]) -> str:
     task-named metric (RULER's string_match_all / string_match_part) gets a column when some row has it
     ("-" where a row does not)."""
     with_ds = any(s.dataset for s in summaries)
-    extra = [k for k in TASK_METRIC_COLUMNS if any(getattr(s, k) is not None for s in summaries)]
+    extra = [k for k in (*TASK_METRIC_COLUMNS, *ACTION_COLUMNS) if any(getattr(s, k) is not None for s in summaries)]
     sampled = any(s.samples > 1 for s in summaries)
     head = ("| run |" + (" dataset |" if with_ds else "") + " docs | questions | EM | accuracy (sub-EM) | F1 | "
             + "".join(f"{k} | " for k in extra)
@@ -251,7 +278,8 @@ def markdown_table(summaries: Sequence[LengthSummary]) -> str:
 
 def write_csv(path: str | os.PathLike[str], summaries: Sequence[LengthSummary]) -> None:
     """The summaries as CSV at full precision (columns = LengthSummary fields; an absent metric is empty)."""
-    cols = TABLE_COLUMNS + (list(SAMPLED_COLUMNS) if any(s.samples > 1 for s in summaries) else [])
+    cols = TABLE_COLUMNS + [k for k in ACTION_COLUMNS if any(getattr(s, k) is not None for s in summaries)]
+    cols += list(SAMPLED_COLUMNS) if any(s.samples > 1 for s in summaries) else []
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()

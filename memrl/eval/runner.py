@@ -52,7 +52,7 @@ from memrl.config import ConfigError, check_config, check_shared_fields, redact_
 from memrl.data.io import DataError, load_tasks
 from memrl.data.ruler import name_label
 from memrl.engines import build_engine
-from memrl.engines.base import EngineError, SamplingParams
+from memrl.engines.base import FAILED_REQUEST_MODES, EngineError, SamplingParams
 from memrl.engines.config import EngineConfig, HFSection
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.eval.evaluator import EngineRollout
@@ -71,7 +71,6 @@ from memrl.workflows.runner import takes_services
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.jsonl"
-FAILED_REQUEST_MODES = ("error", "drop", "drop_or_empty")
 CONFIG_FILE = "eval_config.json"
 FULL_CONTEXT = "full_context"
 
@@ -397,6 +396,8 @@ def result_row(
         "generated_tokens": int(tm.get("generated_tokens", 0) if "multiq_questions" in tm
                                 else sum(len(s.response_ids) for s in traj.segments)),
         "model_calls": len(traj.segments),
+        # InfMem's decided actions (its retrievals and where it stopped reading), where the workflow reports them
+        **{k: tm[k] for k in ("retrievals", "stopped", "stop_step") if k in tm},
         "reward": traj.reward,
         "seconds": round(finished - started, 4),
         "started": round(started, 4),

@@ -59,7 +59,8 @@ class BM25Retriever:
                for d in self.docs]
         self._vocab = vocab
         self._bm25 = bm25s.BM25(k1=k1, b=b)
-        self._bm25.index(bm25s.tokenization.Tokenized(ids=ids, vocab=vocab), show_progress=False)
+        if vocab:  # a corpus of stopwords only has no terms: bm25s cannot index it, and no query matches it
+            self._bm25.index(bm25s.tokenization.Tokenized(ids=ids, vocab=vocab), show_progress=False)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], **kw) -> BM25Retriever:

@@ -27,6 +27,7 @@ from transformers import AutoTokenizer
 
 from memrl.config import ConfigError, check_config, check_shared_fields
 from memrl.data.io import load_tasks
+from memrl.data.mixture import balanced_batches
 from memrl.data.synthetic import task_stream as synthetic_stream
 from memrl.engines import build_engine
 from memrl.engines.base import SamplingParams
@@ -79,7 +80,11 @@ def validate(cfg: TrainConfig) -> tuple[Any, Any]:
     check_config(cfg)
     cfg.check()
     val.check(cfg)
-    return workflow_config(cfg)
+    spec, wf = workflow_config(cfg)
+    if cfg.algorithm.model_reward == "infomem" and spec.memory_prompts is None:
+        raise ConfigError(f"algorithm.model_reward=infomem scores a final memory, which workflow={spec.name} does not "
+                          "keep (WorkflowSpec.memory_prompts; memagent has one)")
+    return spec, wf
 
 
 def algorithm_options(cfg: TrainConfig) -> tuple[Any, Any]:
@@ -108,6 +113,9 @@ def task_stream(cfg: TrainConfig, start: int, tasks: list[Task] | None = None) -
         tasks = file_tasks(cfg)
     assert tasks is not None
 
+    if cfg.data.sampling == "task_balanced":
+        return itertools.islice(_balanced(cfg, tasks), start, None)
+
     def epochs() -> Iterator[Task]:
         for epoch in itertools.count():
             order = list(range(len(tasks)))
@@ -118,6 +126,21 @@ def task_stream(cfg: TrainConfig, start: int, tasks: list[Task] | None = None) -
                 yield Task(f"{t.task_id}@e{epoch}", t.question, t.context, t.answers, t.meta)
 
     return itertools.islice(epochs(), start, None)
+
+
+def _balanced(cfg: TrainConfig, tasks: list[Task]) -> Iterator[Task]:
+    """data.sampling=task_balanced (memrl.data.mixture): batches of trainer.batch_size tasks with as many of
+    each kind (Task.meta[data.task_key]) as the sampler gives; ids get "@b<batch>", unique over the run."""
+    key = cfg.data.task_key
+    missing = next((t.task_id for t in tasks if key not in t.meta), None)
+    if missing is not None:
+        raise UserError(f"data.sampling=task_balanced: task {missing} of {cfg.data.path} has no {key!r} "
+                        "(data.task_key names the task kind)")
+    kinds = [str(t.meta[key]) for t in tasks]
+    for b, batch in enumerate(balanced_batches(kinds, cfg.trainer.batch_size, cfg.data.seed, cfg.data.shuffle)):
+        for i in batch:
+            t = tasks[i]
+            yield Task(f"{t.task_id}@b{b}", t.question, t.context, t.answers, t.meta)
 
 
 # ---------------------------------------------------------------- the parts

@@ -25,11 +25,15 @@ import torch
 from memrl.algorithms.losses import AGG_MODES, KL_KINDS
 from memrl.algorithms.options import (
     OFF_POLICY_MODES,
+    AEPOOptions,
     DCPOOptions,
     FoldGRPOOptions,
     GRPOOptions,
+    GSPOOptions,
     PPOOptions,
+    ReinforcePPOptions,
     ReMemR1Options,
+    RLOOOptions,
 )
 from memrl.algorithms.registry import (
     advantage_name,
@@ -41,9 +45,12 @@ from memrl.algorithms.registry import (
 )
 from memrl.config import OPEN_SECTIONS, REMOVED_KEYS, ConfigError, section_from_dict, valid
 from memrl.data.synthetic import SyntheticConfig
+from memrl.engines.base import FAILED_REQUEST_MODES
 from memrl.engines.config import EngineConfig
 from memrl.rewards.extract import EXTRACT_MODES
+from memrl.rewards.infomem import InfoMemOptions
 from memrl.rewards.published_metrics import METRIC_RULES
+from memrl.rewards.registry import NONE, model_reward_name, model_reward_names, model_reward_options
 from memrl.training.adapter_sync import check as check_lora_sync
 from memrl.training.lora import LoraSection
 from memrl.training.trackers import check_installed, mlflow_uri_problem, wandb_id_problem
@@ -97,12 +104,21 @@ class DataSection:
     docs_from: str = ""
     """name=file: the dev file (HotpotQA / 2Wiki / SQuAD) whose documents an index-only file's contexts
     index (MemAgent's eval_index layout; memrl.data.index_only); "" = none (such a file is then an error)."""
+    sampling: str = valid("mixed", choices=("mixed", "task_balanced"))
+    """name=file: "mixed" visits the file's tasks in order (shuffled per epoch); "task_balanced" (QwenLong-L1.5)
+    draws every batch of trainer.batch_size tasks with the same number from each task kind (Task.meta[task_key]),
+    each kind from its own shuffled list (memrl.data.mixture)."""
+    task_key: str = "data_source"
+    """sampling=task_balanced: the Task.meta key naming a task's kind (MemAgent parquet rows: data_source)."""
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def check(self) -> None:
-        """A data file is named when the data come from one."""
+        """A data file is named when the data come from one; task-balanced sampling needs one."""
         if self.name == "file" and not self.path:
             raise ConfigError("data.path is required when data.name=file")
+        if self.sampling == "task_balanced" and self.name != "file":
+            raise ConfigError("data.sampling=task_balanced needs data.name=file (a mixture of task kinds); the "
+                              "synthetic stream has one kind")
 
 
 @dataclass
@@ -114,7 +130,8 @@ class AlgorithmSection:
     registered in a user's module (`algorithm.name=package.module:fn`)."""
 
     name: str = valid("grpo", choices=advantage_names, import_paths=True)
-    """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1, foldgrpo, or an import path
+    """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1, rloo, reinforce_pp,
+    reinforce_pp_baseline, foldgrpo, or an import path
     package.module:fn of a function marked @memrl.algorithms.base.register_advantage(name, Options). It does
     not choose which segments train: that is `selection`."""
     n: int = valid(16, ge=1, le=4096, note="a bound: a task's n trajectories are held in memory together")
@@ -129,7 +146,14 @@ class AlgorithmSection:
     segments_per_task: int = valid(12, ge=1)
     """selection != all: rows trained per task (MemAct publishes 12; `rollout.n` upstream); >= n."""
     grpo: GRPOOptions = field(default_factory=GRPOOptions)
-    """Options of the grpo estimator: norm_by_std (MemAgent's script mean-centres only), eps, credit."""
+    """Options of the grpo estimator: norm_by_std (MemAgent's script mean-centres only), eps, credit, std_over
+    (group, or task: QwenLong-L1.5's per-task std), task_key."""
+    rloo: RLOOOptions = field(default_factory=RLOOOptions)
+    """Options of the rloo estimator (leave-one-out baseline): credit."""
+    reinforce_pp: ReinforcePPOptions = field(default_factory=ReinforcePPOptions)
+    """Options of the reinforce_pp estimator (REINFORCE++: outcome whitened over the batch's tokens): eps."""
+    reinforce_pp_baseline: ReinforcePPOptions = field(default_factory=ReinforcePPOptions)
+    """Options of the reinforce_pp_baseline estimator (group mean subtracted, then whitened): eps."""
     dcpo: DCPOOptions = field(default_factory=DCPOOptions)
     """Options of the dcpo estimator: eps (it always divides by the group's std)."""
     rememr1: ReMemR1Options = field(default_factory=ReMemR1Options)
@@ -138,12 +162,26 @@ class AlgorithmSection:
     """Options of the foldgrpo estimator (FoldGRPO, memrl.algorithms.fold): process_rewards, unfolded_fraction,
     unfolded_penalty, scope_reward, failure_penalty, eps, clip."""
     loss: str = valid("ppo", choices=loss_names, import_paths=True)
-    """Policy loss (memrl.algorithms.registry): ppo, or an import path package.module:fn of a function marked
+    """Policy loss (memrl.algorithms.registry): ppo, gspo (sequence-level ratio; needs
+    loss_agg=seq-mean-token-mean), or an import path package.module:fn of a function marked
     @memrl.algorithms.base.register_loss(name, Options)."""
     ppo: PPOOptions = field(default_factory=PPOOptions)
     """Options of the ppo loss: clip_low, clip_high (DAPO's clip-higher when > clip_low), dual_clip_c."""
+    gspo: GSPOOptions = field(default_factory=GSPOOptions)
+    """Options of the gspo loss: clip_low, clip_high of the sequence ratio (GSPO's published 3e-4 / 4e-4)."""
+    aepo: AEPOOptions = field(default_factory=AEPOOptions)
+    """QwenLong-L1.5's AEPO: enabled, entropy_low, entropy_high (negative-advantage rows dropped while the
+    batch's entropy is inside the band; needs old_logprobs=trainer)."""
+    model_reward: str = valid(NONE, choices=model_reward_names, import_paths=True)
+    """A reward the trainer's own model scores in the score stage, batched, after the outcome (memrl.rewards.
+    model_scored): none, infomem (InfoMem's final-memory likelihood gain, arXiv 2606.03329; needs a workflow
+    with a final memory, e.g. memagent), or an import path package.module:fn of a function marked
+    @memrl.algorithms.base.register_model_reward(name, Options). Its cost is logged as time/model_reward_s and
+    <name>/tokens; validation and evaluation score the outcome only."""
+    infomem: InfoMemOptions = field(default_factory=InfoMemOptions)
+    """Options of the infomem model-scored reward: coef, normalize, success, answer_template, eps."""
     plugins: dict[str, Any] = field(default_factory=dict)
-    """Options of an estimator or loss registered in a user's module, by its registered name: set them as
+    """Options of an estimator, loss or model-scored reward registered in a user's module, by its registered name: set them as
     `algorithm.<name>.<field>` (stored here; checked against its options dataclass before any work)."""
     loss_agg: str = valid("token-mean", choices=AGG_MODES)
     """token-mean, seq-mean-token-mean, seq-mean-token-sum, traj-mean."""
@@ -187,6 +225,21 @@ class AlgorithmSection:
             raise ConfigError(
                 f"algorithm.n must be >= 2 with algorithm.name=dcpo (its advantage divides by the group's "
                 f"std, which one trajectory does not have), got {self.n}")
+        if self.name == "grpo" and self.grpo.norm_by_std and self.grpo.std_over == "task" and self.n < 2:
+            raise ConfigError(
+                f"algorithm.n must be >= 2 with algorithm.grpo.std_over=task (a task kind of one trajectory has no "
+                f"std), got {self.n}")
+        if self.aepo.enabled and self.old_logprobs != "trainer":
+            raise ConfigError(
+                "algorithm.aepo.enabled=true needs algorithm.old_logprobs=trainer (the batch's entropy under the "
+                f"current policy comes from that pass, as verl's compute_log_prob gives it), got {self.old_logprobs}")
+        lo, hi = self.aepo.entropy_low, self.aepo.entropy_high
+        if lo is not None and hi is not None and lo >= hi:
+            raise ConfigError(f"algorithm.aepo.entropy_low={lo} must be < algorithm.aepo.entropy_high={hi}")
+        if self.loss == "gspo" and self.loss_agg != "seq-mean-token-mean":
+            raise ConfigError(
+                f"algorithm.loss=gspo takes algorithm.loss_agg=seq-mean-token-mean (GSPO averages each row's tokens, "
+                f"then the rows; verl's compute_policy_loss_gspo forces it), got {self.loss_agg}")
         if self.selection != "all" and self.segments_per_task < self.n:
             raise ConfigError(
                 f"algorithm.segments_per_task={self.segments_per_task} must be >= algorithm.n={self.n} with "
@@ -203,12 +256,28 @@ class AlgorithmSection:
             classes = advantage_options(self.name), loss_options(self.loss)
         except KeyError as e:
             raise ConfigError(f"algorithm: {e.args[0]}") from e
-        stray = sorted(set(self.plugins) - set(names))
+        reward = self._model_reward()
+        stray = sorted(set(self.plugins) - set(names) - {reward[0]})
         if stray:
             raise ConfigError(
-                f"algorithm.{stray[0]} sets options of {stray[0]!r}, which is neither the estimator nor the loss in use "
-                f"(algorithm.name={self.name}: {names[0]}, algorithm.loss={self.loss}: {names[1]})")
+                f"algorithm.{stray[0]} sets options of {stray[0]!r}, which is neither the estimator, the loss nor the "
+                f"model-scored reward in use (algorithm.name={self.name}: {names[0]}, algorithm.loss={self.loss}: "
+                f"{names[1]}, algorithm.model_reward={self.model_reward})")
         return tuple(self._section(n, c) for n, c in zip(names, classes, strict=True))  # type: ignore[return-value]
+
+    def _model_reward(self) -> tuple[str, type | None]:
+        if self.model_reward == NONE:
+            return NONE, None
+        try:
+            return model_reward_name(self.model_reward), model_reward_options(self.model_reward)
+        except KeyError as e:
+            raise ConfigError(f"algorithm: {e.args[0]}") from e
+
+    def model_reward_options(self) -> Any:
+        """The chosen model-scored reward's options (its section algorithm.<registered name>; None for none or
+        one registered without options)."""
+        name, cls = self._model_reward()
+        return None if name == NONE else self._section(name, cls)
 
     def _section(self, name: str, cls: type | None) -> Any:
         """algorithm.<name> as an instance of `cls` (a copy)."""
@@ -409,6 +478,12 @@ class ValSection:
     """As `memrl eval extract=` (memrl.rewards.extract)."""
     metric_rules: str = valid("memrl", choices=METRIC_RULES)
     """As `memrl eval metric_rules=` (memrl.rewards.published_metrics)."""
+    failed_requests: str = valid("error", choices=FAILED_REQUEST_MODES)
+    """As `memrl eval failed_requests=`: a question whose model request the engine could not serve stops
+    the run ("error"), or is left out of the validation metrics ("drop"; "drop_or_empty" also leaves out an
+    empty final reply), each drop logged and counted."""
+    strip_text: bool = False
+    """As `memrl eval strip_text=`: each question and context whitespace-stripped before use."""
 
 
 @dataclass

@@ -74,6 +74,26 @@ def init_group(info: DistInfo) -> None:
                             timeout=datetime.timedelta(seconds=TIMEOUT_S))
 
 
+def leave_group() -> None:
+    """Leave the default process group: a barrier first, then destroy it (no-op outside a group).
+
+    The barrier lines the ranks up before any of them tears its connections down. gloo's barrier also waits
+    for this rank's collectives still in flight (FSDP2 issues its reduce-scatters asynchronously). Without
+    it, a rank that destroyed its group while its peer was still working was seen aborting at exit
+    ("terminate called without an active exception", SIGABRT) on a loaded 2-core CI machine. A peer that
+    is already gone fails the barrier; the group is destroyed all the same."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if dist.get_world_size() > 1:
+            dist.barrier()
+    except (RuntimeError, dist.DistError) as e:  # a dead peer: say so, still leave
+        warnings.warn(f"leaving the process group: barrier failed ({str(e).splitlines()[0] if str(e) else type(e).__name__})",
+                      stacklevel=2)
+    finally:
+        dist.destroy_process_group()
+
+
 def grouped() -> bool:
     """True when this process is in a process group: the model is then FSDP2-sharded (also a group of
     one, as the single-GPU check of the NCCL/FSDP2 path uses), its state dicts hold DTensors."""

@@ -34,10 +34,12 @@ from typing import Any
 import yaml
 
 from memrl.algorithms.advantages import compute_group_advantages
-from memrl.algorithms.selection import select_segments
+from memrl.algorithms.losses import row_weights
+from memrl.algorithms.selection import aepo_gate, aepo_rows, batch_entropy, select_segments
 from memrl.config import to_yaml
 from memrl.engines.base import NonFiniteLogprobError
 from memrl.errors import UserError, disk_full
+from memrl.rewards.registry import NONE, model_reward_name, score_with
 from memrl.training.assemble import RunParts
 from memrl.training.async_rollout import Producer, partial_metrics, stale_filter
 from memrl.training.checkpoint import LATEST, CheckpointError, disk_full_message, rng_state
@@ -150,15 +152,38 @@ class Trainer:
                 if not non_finite_logprobs(e):
                     raise
                 raise NonFiniteModelError(self._non_finite_message(e)) from e
-        parts = [rollout_metrics(res)]
+            parts = [rollout_metrics(res)]  # the outcome rewards, before a model-scored reward mixes in
+            if res.groups and self.cfg.algorithm.model_reward != NONE:
+                with self.timer("model_reward"):
+                    parts.append(self.model_reward(res))
         with self.timer("update"):
             if res.groups:
                 self.advantages(res)
                 per_group, selected = self.select(res.groups)
-                parts += [selected, self.update(per_group), advantage_metrics(res.groups), self.sync()]
+                parts += [selected, self.update(per_group, res.groups), advantage_metrics(res.groups), self.sync()]
             self.dumped_rows = self.parts.dump.write(self.step + 1, res.groups)  # every trainer.dump_every steps
         return step_metrics(parts, res, self.timer, self.parts.gate is not None, self.engine_busy(),
                             self.state.position)
+
+    def model_reward(self, res: RolloutResult) -> dict[str, float]:
+        """algorithm.model_reward (memrl.rewards.model_scored): the trainer's model scores the kept groups in
+        one batched teacher-forced pass (`workers.old_logprobs`); the trajectories' rewards become its rewards
+        (the outcome kept as metrics["outcome_reward"], its value as metrics[<name>]). Returns its metrics."""
+        a, p = self.cfg.algorithm, self.parts
+        name = model_reward_name(a.model_reward)
+        prompts = None
+        if p.spec.memory_prompts is not None:
+            def prompts(task: Task, traj: Any) -> tuple[list[int], list[int]]:
+                return p.spec.memory_prompts(task, traj, p.wf_cfg, p.tokenizer)
+        out = score_with(a.model_reward, a.model_reward_options(), res.groups, p.workers.old_logprobs, prompts,
+                         p.tokenizer)
+        for g, rewards, values in zip(res.groups, out.rewards, out.values, strict=True):
+            for t, r, v in zip(g.trajectories, rewards, values, strict=True):
+                t.metrics["outcome_reward"] = float(t.reward) if t.reward is not None else 0.0
+                if v is not None:
+                    t.metrics[name] = float(v)
+                t.reward = float(r)
+        return out.metrics
 
     def _non_finite_message(self, e: BaseException) -> str:
         """Step k's rollout met a non-finite log-probability: which weights, and what is on disk."""
@@ -223,18 +248,32 @@ class Trainer:
             metrics = {**metrics, **stale, **partial_metrics(groups)}
         return per_group, metrics
 
-    def update(self, per_group: list[list[Segment]]) -> dict[str, float]:
+    def update(self, per_group: list[list[Segment]], groups: list[Group] | None = None) -> dict[str, float]:
         """The selected segments of each group -> rows -> PPO update(s) over micro-batches; returns loss
         statistics (memrl.training.step_metrics.combine_step_metrics over the optimizer steps). With
-        algorithm.old_logprobs=trainer the rows' old logprobs are recomputed first (Segment.old_logprobs)."""
+        algorithm.old_logprobs=trainer the rows' old logprobs are recomputed first (Segment.old_logprobs);
+        with algorithm.aepo.enabled that pass also gives the batch's entropy, and AEPO's gate may drop the
+        rows without a positive advantage and reward (`groups`: their trajectories' rewards)."""
         release = getattr(self.parts.engine, "release_memory", None)  # colocated vLLM sleeps during the update
         if release is not None and self.parts.gate is None:  # (asynchronous: the engines keep sampling)
             release()
-        if self.cfg.algorithm.old_logprobs == "trainer":
+        a, extra = self.cfg.algorithm, {}
+        if a.old_logprobs == "trainer":
             with self.timer("old_logprobs"):  # one forward over every row, before the first optimizer step
                 rows = list({id(s): s for segs in per_group for s in segs}.values())
-                for s, lp in zip(rows, self.parts.workers.old_logprobs(rows), strict=True):
+                if a.aepo.enabled:
+                    lps, ents = self.parts.workers.old_logprobs_entropy(rows)
+                else:
+                    lps, ents = self.parts.workers.old_logprobs(rows), []
+                for s, lp in zip(rows, lps, strict=True):
                     s.old_logprobs = lp
+            if a.aepo.enabled:
+                per_group, extra = self.aepo(per_group, rows, ents, groups or [])
+                if not any(per_group):  # the gate left no row: no optimizer step this RL step
+                    log.warning("step %d: AEPO's gate left no row to train (entropy %.4f)", self.step + 1,
+                                extra["aepo/entropy"])
+                    return extra
+        t, mode = self.cfg.trainer, self.cfg.algorithm.loss_agg
         t, mode = self.cfg.trainer, self.cfg.algorithm.loss_agg
         # each mini-batch weighed once here (one weight per row): over all of it, or per_rank over each slice
         # of the published run's rank shares; memrl's own ranks then get token-balanced shares of it
@@ -245,8 +284,29 @@ class Trainer:
             steps = [weigh(part, mode) for part in optimizer_steps(
                 per_group, t.mini_batches, t.mini_batch_split, t.mini_batch_rows, t.mini_batch_rows_tail,
                 t.mini_batch_ranks)]
-        return combine_step_metrics([self.train_rows(batch, step_scheduler=j == len(steps) - 1)
-                                     for j, batch in enumerate(steps)])
+        return {**extra, **combine_step_metrics([self.train_rows(batch, step_scheduler=j == len(steps) - 1)
+                                                 for j, batch in enumerate(steps)])}
+
+    def aepo(self, per_group: list[list[Segment]], rows: list[Segment], entropies: list[list[float]],
+             groups: list[Group]) -> tuple[list[list[Segment]], dict[str, float]]:
+        """algorithm.aepo (QwenLong-L1.5): the batch's entropy under the current policy (`entropies` of the
+        unique `rows`, aggregated by algorithm.loss_agg over the batch's rows), and with the gate on only the
+        rows with a positive advantage and trajectory reward (memrl.algorithms.selection.aepo_rows)."""
+        a = self.cfg.algorithm
+        ent_of = {id(s): sum(e for e, m in zip(ent, s.loss_mask or [], strict=True) if m)
+                  for s, ent in zip(rows, entropies, strict=True)}
+        flat = [s for segs in per_group for s in segs]
+        weights = row_weights([s.loss_mask or [] for s in flat], [s.trajectory_id for s in flat], a.loss_agg)
+        entropy = batch_entropy([ent_of[id(s)] for s in flat], weights)
+        on = aepo_gate(entropy, a.aepo.entropy_low, a.aepo.entropy_high)
+        if on:
+            if not groups:
+                raise ValueError("algorithm.aepo: the gate needs the step's groups (their trajectories' rewards)")
+            rewards = {t.trajectory_id: float(t.reward or 0.0) for g in groups for t in g.trajectories}
+            per_group = aepo_rows(per_group, rewards)
+        kept = sum(len(segs) for segs in per_group)
+        return per_group, {"aepo/entropy": entropy, "aepo/active": float(on), "aepo/rows_kept": float(kept),
+                           "aepo/rows_dropped": float(len(flat) - kept)}
 
     def train_rows(self, batch: TrainBatch, step_scheduler: bool = True) -> dict[str, float]:
         """One optimizer step on the weighed mini-batch `batch` (memrl.training.worker_group: each rank

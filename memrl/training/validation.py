@@ -43,7 +43,8 @@ def eval_config(cfg: Any) -> Any:
     wf = {**cfg.workflow, "temperature": v.temperature, "top_p": v.top_p}
     return EvalConfig(workflow=wf, engine=cfg.engine, limit=v.max_questions, seed=cfg.trainer.seed,
                       samples=v.samples, concurrency=cfg.trainer.concurrency, progress=False,
-                      golds=v.golds, extract=v.extract, metric_rules=v.metric_rules, docs_from=cfg.data.docs_from)
+                      golds=v.golds, extract=v.extract, metric_rules=v.metric_rules, docs_from=cfg.data.docs_from,
+                      failed_requests=v.failed_requests, strip_text=v.strip_text)
 
 
 def check(cfg: Any) -> None:

@@ -48,6 +48,10 @@ class WorkerGroup(Protocol):
         """algorithm.old_logprobs=trainer: each row's response logprobs under the current policy."""
         ...
 
+    def old_logprobs_entropy(self, rows: Sequence[Segment]) -> tuple[list[list[float]], list[list[float]]]:
+        """`old_logprobs` and each response token's entropy from the same forward (algorithm.aepo)."""
+        ...
+
     def full_state(self) -> dict[str, torch.Tensor]:
         """The gathered model weights as CPU tensors, in the driver."""
         ...
@@ -156,14 +160,25 @@ class RankGroup:
     def old_logprobs(self, rows: Sequence[Segment]) -> list[list[float]]:
         """Each row's response logprobs under the current policy (no gradient), each block of
         sequence-parallel ranks its token-balanced share (`split_rows`), in the rows' order."""
+        return self._gathered("old_logprobs", rows)
+
+    def old_logprobs_entropy(self, rows: Sequence[Segment]) -> tuple[list[list[float]], list[list[float]]]:
+        """`old_logprobs` and each response token's entropy, shared out the same way."""
+        pairs = self._gathered("old_logprobs_entropy", rows)
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    def _gathered(self, method: str, rows: Sequence[Segment]) -> list[Any]:
+        """worker.`method` over the rows, each block of ranks its share; one result per row, in order
+        (for old_logprobs_entropy a (logprobs, entropies) pair per row)."""
         dp = self.world_size // self.sp
         shares = [list(range(len(rows)))] if dp == 1 else split_rows(rows, dp)
-        got = self._each("old_logprobs", [([rows[i] for i in shares[r // self.sp]],) for r in range(self.world_size)])
+        got = self._each(method, [([rows[i] for i in shares[r // self.sp]],) for r in range(self.world_size)])
         got = got[:: self.sp]  # one rank of each block (they all hold the block's rows)
-        out: list[list[float]] = [[] for _ in rows]
-        for idx, lps in zip(shares, got, strict=True):
-            for i, lp in zip(idx, lps, strict=True):
-                out[i] = lp
+        out: list[Any] = [None for _ in rows]
+        for idx, res in zip(shares, got, strict=True):
+            per_row = list(zip(*res, strict=True)) if method == "old_logprobs_entropy" else res
+            for i, v in zip(idx, per_row, strict=True):
+                out[i] = v
         return out
 
     def full_state(self) -> dict[str, torch.Tensor]:

@@ -266,23 +266,35 @@ class PolicyWorker:
         """algorithm.old_logprobs=trainer: this rank's rows' response logprobs under the current (pre-update)
         policy, no gradient, at the sampling temperature, in micro-batches packed by the token budget (every
         rank runs as many forwards, padding with a blank row, as FSDP's collectives need)."""
+        return self._response_pass(rows, with_entropy=False)[0]
+
+    def old_logprobs_entropy(self, rows: list[Segment]) -> tuple[list[list[float]], list[list[float]]]:
+        """`old_logprobs` and, from the same forward, each response token's entropy (AEPO's gate reads it)."""
+        return self._response_pass(rows, with_entropy=True)
+
+    def _response_pass(self, rows: list[Segment], with_entropy: bool) -> tuple[list[list[float]], list[list[float]]]:
         pad = self.tokenizer.pad_token_id or 0
         batches = pack_rows(rows, self.cfg.trainer.token_budget * self.sp) if rows else []
         n_steps = D.all_reduce_max(len(batches), self._comm_device())
         out: list[list[float]] = [[] for _ in rows]
+        ents: list[list[float]] = [[] for _ in rows]
         self.model.eval()
         with torch.no_grad(), self._sequence_parallel():
             for j in range(n_steps):
                 idx = batches[j] if j < len(batches) else []
                 mb = collate([rows[i] for i in idx] or [blank_row(pad)], None, pad).to(self.device)
-                lp, _ = token_logprobs(self.model, self._shard(mb), self.cfg.algorithm.temperature,
-                                       chunk_tokens=self.cfg.trainer.logits_chunk_tokens)
+                lp, ent = token_logprobs(self.model, self._shard(mb), self.cfg.algorithm.temperature,
+                                         with_entropy=with_entropy, chunk_tokens=self.cfg.trainer.logits_chunk_tokens)
                 if self.sp > 1:  # every rank of the group gets the whole rows' log-probs
                     lp = U.gather(lp, self.sp_group, mb.targets.shape[1])
+                    if ent is not None:
+                        ent = U.gather(ent, self.sp_group, mb.targets.shape[1])
                 for k, i in enumerate(idx):
                     p, n = len(rows[i].prompt_ids), len(rows[i].response_ids)
                     out[i] = lp[k, p - 1 : p - 1 + n].tolist()
-        return out
+                    if ent is not None:
+                        ents[i] = ent[k, p - 1 : p - 1 + n].tolist()
+        return out, ents
 
     def _comm_device(self) -> str:
         return self.device if self.info.backend == "nccl" else "cpu"
@@ -378,7 +390,7 @@ class PolicyWorker:
 
     def close(self) -> None:
         if D.grouped() and self.info.world_size > 1:  # a group of one belongs to whoever made it
-            torch.distributed.destroy_process_group()
+            D.leave_group()
 
 
 class RankActor:

@@ -4,8 +4,8 @@ Every command spells a workflow's settings the same way: `workflow=<name>` (or `
 chooses it and `workflow.<field>=value` sets a field of its config dataclass; `parse_workflow` turns that
 section into (WorkflowSpec, config) once per run.
 
-A name is either registered (`memagent`, `rememr1`, `full_context`, `memact`, `fold`, `summarize`,
-`sliding_window`, or one given to
+A name is either registered (`memagent`, `rememr1`, `full_context`, `memact`, `infmem`, `mem1`, `fold`,
+`summarize`, `sliding_window`, or one given to
 `register_workflow`) or an import path `package.module:ATTR` naming a WorkflowSpec instance, so a
 workflow living outside memrl needs no edit here: its spec carries its run function, config class,
 outcome reward, format-error metric keys and training / evaluation defaults. The built-ins are
@@ -46,6 +46,10 @@ class WorkflowSpec:
     reward: Callable[..., Any]
     step_rewards: Callable[[Task, Trajectory], list[float | None]] | None = None
     """Per-segment step rewards (ReMemR1's; memagent's for algorithm=rememr1), returned by the score stage."""
+    memory_prompts: Callable[..., tuple[list[int], list[int]]] | None = None
+    """`(task, traj, cfg, tokenizer) -> (prompt ids with the final memory, the same prompt without memory)`:
+    the pair InfoMem's final-memory reward scores the gold answer after (memrl.training.model_rewards);
+    None: the workflow has no final memory to score (memagent has one)."""
     format_keys: tuple[str, ...] = ()
     """Trajectory metrics that count a format error or a fallback (> 0 = that error happened); the
     trainer logs format/<key> and the eval table counts questions with each (`format_counts`)."""
@@ -102,10 +106,13 @@ register_workflow("memagent", "memrl.workflows.memagent:SPEC")
 register_workflow("rememr1", "memrl.workflows.rememr1:SPEC")
 register_workflow("full_context", "memrl.workflows.full_context:SPEC")
 register_workflow("memact", "memrl.workflows.memact:SPEC")
+register_workflow("infmem", "memrl.workflows.infmem:SPEC")
+register_workflow("mem1", "memrl.workflows.mem1:SPEC")
 register_workflow("fold", "memrl.workflows.fold:SPEC")
 register_workflow("summarize", "memrl.workflows.summarize:SPEC")
 register_workflow("sliding_window", "memrl.workflows.sliding_window:SPEC")
-BUILTIN_WORKFLOWS = ("memagent", "rememr1", "full_context", "memact", "fold", "summarize", "sliding_window")
+BUILTIN_WORKFLOWS = ("memagent", "rememr1", "full_context", "memact", "infmem", "mem1", "fold", "summarize",
+                     "sliding_window")
 
 
 def _is_spec(obj: Any) -> bool:

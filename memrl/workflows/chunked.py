@@ -228,6 +228,16 @@ async def call_model(engine: Engine, user_text: str, sampling: SamplingParams,
     return prompt_ids, out, decode_response(engine.tokenizer, out.token_ids)
 
 
+def template_prompt_ids(tokenizer: Any, template: Template, assembly: str, enable_thinking: bool | None = None,
+                        **values: str | list[int]) -> list[int]:
+    """The prompt ids `call_template` would send for `template` filled with `values`, without calling a
+    model (InfoMem's no-memory prompt is built so)."""
+    if assembly == "spliced":
+        return spliced_chat_prompt(tokenizer, template, enable_thinking, **values)
+    text = {k: v if isinstance(v, str) else tokenizer.decode(v) for k, v in values.items()}
+    return chat_prompt(tokenizer, template.render(**text), enable_thinking)[1]
+
+
 async def call_template(engine: Engine, template: Template, sampling: SamplingParams, assembly: str,
                         enable_thinking: bool | None = None,
                         **values: str | list[int]) -> tuple[list[int], Completion, str]:

@@ -65,6 +65,7 @@ TOOL_TEXTS = {
     "prune_bad_call": "prune_context could not run with these arguments. Nothing was removed.",
 }
 FINAL_SEGMENTS = ("after_last_prune", "whole_context")
+PRUNE_TIMINGS = ("in_order", "first")
 TURN_TOKENS = ("sampled", "reencoded")
 DELETED_CALL_TEXTS = ("keep", "cut")
 ANSWER_SOURCES = ("last_reply", "final_context")
@@ -207,6 +208,12 @@ class MemActConfig:
     prune_id_match: str = valid("exact", choices=("exact", "substring"))
     """prune_context's delete_ids: "exact" (every id must be a current result id, else nothing is removed);
     "substring" (published: a result goes when any id occurs in its text, unmatched ids are ignored)."""
+    prune_timing: str = valid("in_order", choices=PRUNE_TIMINGS)
+    """When a turn's prune_context calls run: "in_order" (memrl) = every call in the order written, so a
+    prune may delete a result an earlier call of its own turn just added; "first" (published:
+    mem_agent_loop.py MemAgentLoop.run runs the turn's prune calls, then gathers its other calls) = the
+    turn's prunes run before its other calls and see only earlier turns' results. The turn's tool messages
+    follow the order of the calls either way."""
     prune_turns_deletable: bool = False
     """True (published): an assistant turn holding a prune call goes, memory included, once all its results
     (its prune's own result too) are deleted; False keeps it, so memory notes are never lost."""
@@ -317,6 +324,8 @@ class MemActConfig:
         if self.deleted_call_text == "cut" and self.turn_tokens != "reencoded":
             raise ValueError("MemActConfig.deleted_call_text=cut needs turn_tokens=reencoded (a cut turn is text "
                              f"the model did not sample), got turn_tokens={self.turn_tokens!r}")
+        if self.prune_timing not in PRUNE_TIMINGS:
+            raise ValueError(f"MemActConfig.prune_timing must be one of {', '.join(PRUNE_TIMINGS)}, got {self.prune_timing!r}")
         if self.prune_id_match not in ("exact", "substring"):
             raise ValueError(f"MemActConfig.prune_id_match must be exact or substring, got {self.prune_id_match!r}")
         if ":" in self.retriever_kind and not self.retriever_url and self.retriever_scope == "corpus":
@@ -703,6 +712,14 @@ class _Run:
         self.prune_reply(turn, owner, f"Removed {', '.join(outcome.removed_results)}. Your memory note stays in "
                                       "your prune_context call above.", "prune_done", len(outcome.removed_results))
 
+    def in_call_order(self, owner: ctx.Message, rids: list[str]) -> None:
+        """Put the turn's tool messages (after `owner`) and its call ids in the order of its calls."""
+        rank = {rid: n for n, rid in enumerate(rids)}
+        at = next(i for i, m in enumerate(self.messages) if m is owner) + 1
+        tail = self.messages[at:]
+        self.messages[at:] = sorted(tail, key=lambda m: rank.get(m.result_id, len(rank)))
+        owner.call_ids.sort(key=lambda rid: rank.get(rid, len(rank)))
+
     def interval_prune(self, turn: int) -> None:
         """prune_every: remove every tool result before `turn` (MemActConfig.prune_every)."""
         ids = [m.result_id for m in self.messages if m.kind == "tool" and m.result_id]
@@ -791,11 +808,19 @@ class _Run:
                 answer_text, stop = text, "unparsable_calls"
                 break
             owner.has_prune = self.prune_runs and any(c.name == ts.PRUNE for c in parsed.calls)
-            for c in parsed.calls:
+            order = list(range(len(parsed.calls)))
+            if cfg.prune_timing == "first":  # published: the turn's prunes, then its other calls
+                order.sort(key=lambda k: parsed.calls[k].name != ts.PRUNE)
+            made: dict[int, list[str]] = {}  # call index -> the result ids its tool messages got
+            for k in order:
+                c = parsed.calls[k]
                 before = len(owner.call_ids)
                 await self.call(turn, c, owner)
+                made[k] = owner.call_ids[before:]
                 if cfg.deleted_call_text == "cut" and (c.name != ts.PRUNE or cfg.prune_turns_deletable):
-                    owner.call_texts.update(dict.fromkeys(owner.call_ids[before:], tc.published_call_text(c)))
+                    owner.call_texts.update(dict.fromkeys(made[k], tc.published_call_text(c)))
+            if order != sorted(order):
+                self.in_call_order(owner, [rid for k in sorted(made) for rid in made[k]])
             for err in [] if silent else parsed.errors:
                 self.add_tool(turn, f"Error: {err}. Write each call as {tc.call_example(self.call_format)}.", owner)
             if parsed.dropped:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from memrl.engines.base import Engine
 from memrl.rewards import steps
@@ -32,6 +33,7 @@ from memrl.workflows.chunked import (  # noqa: F401 - chunking helpers re-export
     loop_metrics,
     reply_ids,
     task_chunks,
+    template_prompt_ids,
     think_text_rule,
 )
 from memrl.workflows.templates import Template
@@ -151,6 +153,18 @@ def step_rewards(task: Task, traj: Trajectory) -> list[float]:
     return out
 
 
+def memory_prompts(task: Task, traj: Trajectory, cfg: MemAgentConfig, tokenizer: Any) -> tuple[list[int], list[int]]:
+    """InfoMem's pair of final-answer prompts (WorkflowSpec.memory_prompts): the final call's prompt exactly as
+    the model saw it (the final memory in it), and the same prompt with `no_memory_text` as the memory."""
+    final = traj.segments[-1]
+    if final.info.get("kind") != "final":
+        raise ValueError(f"trajectory {traj.trajectory_id} does not end with a final-answer call")
+    _, fin_tpl = cfg.templates()
+    without = template_prompt_ids(tokenizer, fin_tpl, cfg.prompt_assembly, cfg.enable_thinking,
+                                  problem=task.question, memory=cfg.no_memory_text)
+    return list(final.prompt_ids), without
+
+
 def reward(task: Task, traj: Trajectory) -> float:
     """Outcome: the verifier `workflow.reward` names (default boxed_em: exact match of the last \\boxed{},
     max over gold answers). The step rewards are `step_rewards`'."""
@@ -158,7 +172,7 @@ def reward(task: Task, traj: Trajectory) -> float:
 
 
 SPEC = WorkflowSpec(
-    "memagent", run, MemAgentConfig, reward, step_rewards=step_rewards,
+    "memagent", run, MemAgentConfig, reward, step_rewards=step_rewards, memory_prompts=memory_prompts,
     format_keys=("no_box",),
     train_defaults={"max_chunks": 8},  # training caps the context at 8 chunks (the published recipes)
 )

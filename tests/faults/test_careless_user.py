@@ -150,6 +150,11 @@ def test_a_locked_out_dir_is_refused_naming_the_owner_and_a_dead_owners_lock_is_
             f"memrl eval: error: output directory --out={out} is in use by pid {proc.pid} (lock file "
             f"{out / '.memrl.lock'}); wait for it to end or choose another directory")
         assert not (out / "results.jsonl").exists()
+        assert main(["train-sft", f"model.path={tiny_model}", f"out_dir={out}"]) == 1
+        assert one_line(capsys.readouterr().err) == (
+            f"memrl train-sft: error: output directory out_dir={out} is in use by pid {proc.pid} (lock file "
+            f"{out / '.memrl.lock'}); wait for it to end or choose another directory")
+        assert not (out / "config.yaml").exists()
     finally:
         proc.kill()
         proc.wait()

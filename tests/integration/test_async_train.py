@@ -42,11 +42,11 @@ class Recording(Trainer):
                              for g in res.groups for t in g.trajectories])
         return res
 
-    def update(self, per_group):
+    def update(self, per_group, groups=None):
         self.ages = getattr(self, "ages", [])
         self.ages.extend(self.step - s.info[VERSION_KEY] if VERSION_KEY in s.info else None
                          for segs in per_group for s in segs)
-        return super().update(per_group)
+        return super().update(per_group, groups)
 
 
 def _fit(cfg: TrainConfig) -> tuple[Recording, list[dict[str, float]], dict[str, torch.Tensor]]:

@@ -104,7 +104,7 @@ def _rank_main(rank: int, models: dict[str, str], cases: dict, world: int, tmp: 
            for name, (_, steps, ckpt, chunk) in cases.items()}
     if rank == 0:
         torch.save(out, os.path.join(tmp, "rank0.pt"))
-    torch.distributed.destroy_process_group()
+    D.leave_group()
 
 
 def _one_kv_head_model(tmp: str) -> str:

@@ -75,3 +75,10 @@ def test_serve_with_a_missing_corpus_is_a_clear_cli_error(tmp_path, capsys):
 
     assert main(["serve", "retrieval", "--corpus", str(tmp_path / "nope.jsonl")]) == 1
     assert f"memrl serve: error: corpus file {tmp_path / 'nope.jsonl'} does not exist" in capsys.readouterr().err
+
+
+def test_a_corpus_of_stopwords_only_finds_nothing():
+    # every word of both documents is an English stopword: no term to index (bm25s raised on an empty
+    # vocabulary); every query then finds nothing, stopword or not
+    r = BM25Retriever([Document("a", "", "the of and"), Document("b", "", "is a")])
+    assert r.search(["the", "paris"], 3) == [[], []]

@@ -55,8 +55,9 @@ SHARED_NAMES: dict[str, str] = {
     "max_final_tokens": "each workflow's own final-answer budget (ReMemR1's published 2048)",
     "max_memory_tokens": "each workflow's own memory budget (ReMemR1's published 2048)",
     "empty_memory": "each workflow's own first-memory rule (ReMemR1's keep_previous)",
-    "max_context_tokens": "the full-context baseline's window vs MemAct's working context",
+    "max_context_tokens": "the full-context baseline's window vs MemAct's working context vs MEM1's cut (0 = none)",
     "truncation": "a chunked workflow's document cut vs an SFT conversation's",
+    "max_turn_tokens": "each multi-turn agent's own turn budget (MemAct 2048; MEM1's published 1000)",
 }
 
 COMMAND_DIFFERENCES: dict[str, str] = {

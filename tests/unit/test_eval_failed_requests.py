@@ -77,3 +77,20 @@ def test_strip_text_strips_the_question_and_the_context(tmp_path):
     assert (t.question, t.context) == ("  number 0 \n", "\n ctx  ")  # memrl: as the file holds them
     (t,) = runner.load_eval_file(str(data), cfg(strip_text=True)).tasks
     assert (t.question, t.context) == ("number 0", "ctx")
+
+
+def test_validation_during_training_takes_the_same_switches(tmp_path):
+    from memrl.config import load_config
+    from memrl.training.config import TrainConfig
+    from memrl.training.validation import run_validation
+
+    train = load_config(TrainConfig, ["workflow.name=memagent", "workflow.chunk_tokens=40", f"out_dir={tmp_path}",
+                                      f"val.files=[{files(tmp_path)[0]}]", "val.failed_requests=drop_or_empty"])
+    got = run_validation(train, tmp_path, 3, engine=ScriptedEngine(script))
+    # as memrl eval's drop_or_empty above: q1 (failed) and q2 (empty) left out, q0 right: 1 of 1 answered, 100%
+    assert {k: v for k, v in got.items() if k.endswith(("questions", "mean_accuracy"))} == {
+        "val/eval_2/2/questions": 1.0, "val/mean_accuracy": 100.0}  # accuracy in percent
+    with pytest.raises(RolloutError, match="task q1 .*HTTP 400"):  # val.failed_requests=error, the default
+        run_validation(load_config(TrainConfig, ["workflow.name=memagent", "workflow.chunk_tokens=40",
+                                                 f"out_dir={tmp_path}", f"val.files=[{files(tmp_path)[0]}]"]),
+                       tmp_path, 4, engine=ScriptedEngine(script))

@@ -80,6 +80,8 @@ PUBLISHED = [
                                           "each turn (apply_chat_template), get_trajactories trains those ids"),
     ("workflow.deleted_call_text", "cut", f"{LOOP}: prune_actual_messages_prompt_ids, content.replace("
                                           "restore_as_text(tc), '') for each deleted call of a kept turn"),
+    ("workflow.prune_timing", "first", f"{LOOP}: MemAgentLoop.run runs each prune_context call inside its loop "
+                                       "over tool_calls and gathers the other calls' tasks after it"),
     ("workflow.prompt_source", "row", f"{LOOP}: MemAgentLoop.run renders the row's messages (raw_prompt, "
                                       "data.return_raw_chat=True in the script) with apply_chat_template"),
     ("workflow.require_final_answer", True, f"{REWARD}: extract_solution_str reads after the last "
@@ -145,7 +147,8 @@ def test_official_preset_sets_every_rollout_switch_to_its_published_value():
     switches = ("unparsable_tool_calls", "unknown_tool_calls", "last_turn_runs_tools", "prune_id_match",
                 "prune_turns_deletable", "failed_prune_closes_segment", "withheld_prune_runs", "final_segment",
                 "answer_source", "tool_truncation_marker", "topk_rule",
-                "tool_parser", "excess_tool_calls", "tool_result_format", "turn_tokens", "deleted_call_text")
+                "tool_parser", "excess_tool_calls", "tool_result_format", "turn_tokens", "deleted_call_text",
+                "prune_timing")
     table = {k.split(".", 1)[1] for k, _, _ in PUBLISHED if k.startswith("workflow.")}
     assert set(switches) <= table
     defaults = MemActConfig()

@@ -444,3 +444,24 @@ def test_turn_token_switches_are_checked():
         MemActConfig(deleted_call_text="drop")
     with pytest.raises(ValueError, match="deleted_call_text=cut needs turn_tokens=reencoded"):
         MemActConfig(deleted_call_text="cut")
+
+
+# ---------------------------------------------------------------- prune_timing
+def test_a_prune_reaches_its_own_turns_results_only_in_order():
+    r = [call("search", query="France", topk=1),                                         # t0 -> r1
+         call("search", query="Germany", topk=1) + call("prune_context", memory="m", delete_ids=["r2"]),
+         "FINAL_ANSWER: Paris"]
+    traj, engine = run_one(r)
+    # memrl: the search runs first (r2), the prune then deletes it; its reply is r3
+    done = tool(f"[r3] Removed r2. {NOTE}")
+    assert engine.calls[2].prompt_ids == head() + asst(r[0]) + T1 + asst(r[1]) + done + HDR
+    assert (traj.metrics["prunes"], traj.metrics["failed_prunes"]) == (1.0, 0.0)
+    traj, engine = run_one(r, prune_timing="first")
+    # published: the prune runs before the search, when r2 does not exist yet: it fails and its reply takes
+    # r2; the search's result then gets r3. The messages follow the calls: the search's result first.
+    err = tool("[r2] Error: unknown result id(s) r2; current ids: r1. Nothing was removed.")
+    found_r3 = tool("[r3] " + found("Germany", DOCS[1]))
+    assert engine.calls[2].prompt_ids == head() + asst(r[0]) + T1 + asst(r[1]) + found_r3 + err + HDR
+    assert (traj.metrics["prunes"], traj.metrics["failed_prunes"], traj.final_answer) == (0.0, 1.0, "Paris")
+    with pytest.raises(ValueError, match="prune_timing must be one of in_order, first, got 'last'"):
+        MemActConfig(prune_timing="last")

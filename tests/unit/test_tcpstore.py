@@ -98,7 +98,7 @@ def test_training_ranks_rendezvous_on_master_addr_only(tmp_path):
     script = textwrap.dedent(f"""
         import sys, torch, torch.distributed as dist
         sys.path.insert(0, {str(ROOT)!r})
-        from memrl.training.distributed import DistInfo, init_group
+        from memrl.training.distributed import DistInfo, init_group, leave_group
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_tcpstore import listeners
         rank = int(sys.argv[1])
@@ -106,9 +106,9 @@ def test_training_ranks_rendezvous_on_master_addr_only(tmp_path):
         seen = listeners({port}) if rank == 0 else None
         x = torch.tensor([rank + 1.0])
         dist.all_reduce(x)
-        dist.barrier()
         print("RESULT", rank, float(x), seen, flush=True)
-        dist.destroy_process_group()
+        leave_group()
+        assert not dist.is_initialized()
     """)
     path = tmp_path / "rank.py"
     path.write_text(script)
@@ -121,3 +121,13 @@ def test_training_ranks_rendezvous_on_master_addr_only(tmp_path):
     results = [line for out, _ in outs for line in out.splitlines() if line.startswith("RESULT")]
     # 1 + 2 = 3 on both ranks; rank 0's store: one listener, on 127.0.0.1
     assert sorted(results) == ["RESULT 0 3.0 [('tcp', '0100007F')]", "RESULT 1 3.0 None"]
+
+
+def test_leaving_without_a_group_does_nothing():
+    import torch
+
+    from memrl.training.distributed import leave_group
+
+    assert not torch.distributed.is_initialized()
+    leave_group()  # the single-process trainer's close: no group, no barrier, no error
+    assert not torch.distributed.is_initialized()

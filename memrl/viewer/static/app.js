@@ -6,6 +6,8 @@ const state = { runs: [], run: 0, offset: 0, total: 0, idx: null, key: null, sum
 const KNOWN = new Set(["kind", "chunk", "chunk_chars", "chunk_index", "chunk_tokens", "memory", "previous_memory",
   "response_text", "recall_query", "recalled_memory", "recalled_step", "recall_score", "recall_hit",
   "shown_recalled_memory", "tool_calls", "tool_results", "prunes", "context_tokens", "prediction",
+  "action", "retrievals", "calls_well_formed", "memory_shown", "retrieved", "memory_finished",
+  "internal_state", "query", "observation", "turn",
   "description", "prompt", "returned", "end", "queries", "summary", "part", "thread", "branch_turns", "turn_spans",
   "dropped"]);
 
@@ -283,6 +285,22 @@ function renderStep(run, idx, j, s, answers) {
       el("div", {}, "query: ", el("b", {}, info.recall_query)),
       el("div", {}, info.recalled_memory ? ["→ memory of step ", el("b", {}, info.recalled_step), ` (score ${fmt(info.recall_score)}): `, goldMarked(info.recalled_memory, answers)] : "→ nothing recalled")));
   }
+  if (info.action) {
+    // InfMem's plan (retrieve / stop / none) and MEM1's turn (search / answer / invalid)
+    const acts = [el("div", { class: "label" }, "action"), el("b", { class: "action-" + info.action }, info.action === "stop" ? "stop reading" : info.action)];
+    if (info.calls_well_formed === false) acts.push(el("span", { class: "badge bad" }, "ill-formed call"));
+    if (info.query) acts.push(el("div", {}, "query: ", el("b", {}, info.query)));
+    for (const r of info.retrievals || []) acts.push(el("div", {}, "retrieve: ", el("b", {}, r.query), ` (top_k ${r.top_k})`, r.well_formed ? "" : " — ill-formed, searched the problem"));
+    box.append(el("div", { class: "recall actions" }, acts));
+  }
+  if (typeof info.internal_state === "string") {
+    box.append(el("div", { class: "label" }, "internal state (the only memory carried to the next turn)"),
+      el("div", { class: "memory internal-state" }, goldMarked(info.internal_state, answers)));
+  }
+  if (typeof info.memory_shown === "string") box.append(el("details", {}, el("summary", {}, "memory shown to the planner"), el("div", { class: "memory" }, goldMarked(info.memory_shown, answers))));
+  if (typeof info.retrieved === "string") box.append(el("details", { class: "retrieved" }, el("summary", {}, "retrieved passages shown in this prompt"), el("pre", {}, goldMarked(info.retrieved, answers))));
+  if (typeof info.observation === "string") box.append(el("details", { class: "observation" }, el("summary", {}, "observation (next turn's context)"), el("pre", {}, goldMarked(info.observation, answers))));
+  if (info.memory_finished === false) box.append(el("span", { class: "badge bad" }, "memory write unfinished"));
   for (const [key, cls, title] of [["tool_calls", "tool", "tool calls"], ["tool_results", "tool", "tool results"]]) {
     const v = info[key];
     if (v === undefined || v === null || (Array.isArray(v) && !v.length)) continue;

@@ -1,0 +1,179 @@
+"""InfMem's and MEM1's defining effects, measured with SCRIPTED ORACLE policies (no training) on CPU.
+
+    .venv/bin/python benchmarks/infmem_mem1_effects.py [--part infmem|mem1|both] [--tasks 32]
+        [--lengths 4,8,16,32] [--objectives 2,4,8,16] [--seed 0]
+
+What it measures (the workflows' mechanics, with policies that act perfectly by rule, not learned ones):
+- InfMem vs MemAgent on memrl's synthetic one-fact tasks (memrl.data.synthetic) of L pieces of 48 words
+  (cut into chunks of 48 tokens): the same
+  oracle reading rule (keep the asked fact when seen, answer from the memory) under `workflow=memagent`
+  (reads every chunk) and `workflow=infmem` (the planner retrieves the asked key with top_k 1 and says
+  STOP once the memory holds the fact): accuracy, model calls and tokens read per task.
+- MEM1 vs a full-history agent on synthetic multi-objective tasks with k objectives
+  (memrl.data.synthetic_memact's per-task fact sheets): one search per objective, the internal state
+  carrying the answers found so far, then the answer; the peak context (longest prompt) per task under
+  `context=latest_state` and `context=full_history`, and what the context carries beyond the first
+  prompt (carried_tokens = peak - first; the first prompt itself lists the k questions).
+
+Both policies answer every task right by construction: the accuracy column checks the plumbing (the
+retriever finds the fact, the state carries it), not a model. The trained-policy comparison (3 training
+seeds, evaluation fixed before) is not part of this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import statistics
+import sys
+from dataclasses import dataclass
+
+from memrl.data.synthetic import SyntheticConfig, find_facts, make_tasks, memory_text, question_key
+from memrl.data.synthetic_memact import MemActTaskConfig
+from memrl.data.synthetic_memact import make_tasks as make_multi_tasks
+from memrl.demonstrators.engine import ScriptedEngine
+from memrl.types import Task
+from memrl.workflows import get_workflow, parse_workflow
+
+_BLOCK = "<{tag}>\n(.*?)\n</{tag}>"
+
+
+def block(text: str, tag: str) -> str:
+    m = re.search(_BLOCK.format(tag=tag), text, re.DOTALL)
+    return m.group(1) if m else ""
+
+
+def _fact(text: str, key: str) -> str | None:
+    return next((v for k, v in find_facts(text) if k == key), None)
+
+
+@dataclass
+class ReadingOracle:
+    """MemAgent / InfMem oracle: keep the asked fact when a section (or the retrieved passages) shows it;
+    InfMem's planner retrieves the asked key (top_k 1) until the memory holds the fact, then says STOP."""
+
+    def __call__(self, prompt: str, _: int) -> str:
+        key, _hops = question_key(block(prompt, "problem"))
+        memory = block(prompt, "memory")
+        if "<retrievals>" in prompt and "<section>" not in prompt:  # an InfMem plan call
+            if _fact(memory, key):
+                return "STOP"
+            call = {"name": "retrieve", "arguments": {"query": key, "top_k": 1}}
+            return f"<tool_call>{json.dumps(call)}</tool_call>"
+        if "<section>" in prompt:  # a memory call (MemAgent's or InfMem's)
+            seen = _fact(block(prompt, "retrieved") + " " + block(prompt, "section") + " " + memory, key)
+            return memory_text([(key, seen)]) if seen else memory
+        value = _fact(memory, key)
+        return "\\boxed{" + (value or "unknown") + "}"
+
+
+@dataclass
+class StateOracle:
+    """MEM1 oracle: the internal state lists the answers found so far; each turn searches the first
+    objective without one (its sub-question text, whose top hit is the asked fact), then answers all."""
+
+    def __call__(self, prompt: str, _: int) -> str:
+        prompt = prompt[prompt.rfind("Answer the following"):]  # the task's questions and what came after
+        subs = re.findall(r"^\d+\. (.+?)(?:<|$)", prompt, re.MULTILINE)
+        states = re.findall(r"<IS>(.*?)</IS>", prompt, re.DOTALL)
+        found = [a for a in states[-1].split(";") if a.strip()] if states else []
+        infos = re.findall(r"<information>.*?\(1\) (.*?)</information>", prompt, re.DOTALL)
+        if infos and len(found) < len(subs):
+            found.append(infos[-1].split()[-1])  # "Kalo color red": the value is the last word
+        state = "<IS>" + ";".join(found) + "</IS>"
+        if len(found) >= len(subs):
+            return state + "<answer>" + "; ".join(found) + "</answer>"
+        return state + "<search>" + subs[len(found)] + "</search>"
+
+
+def _rollout(spec_name: str, tasks: list[Task], tokenizer, script, overrides: dict) -> list:
+    spec = get_workflow(spec_name)
+    _, cfg = parse_workflow({"name": spec_name, "temperature": 0.0, **overrides})
+    out = []
+    for t in tasks:
+        engine = ScriptedEngine(script, tokenizer)
+        traj = asyncio.run(spec.run(t, engine, cfg, random.Random(0)))
+        score = spec.reward(t, traj)
+        out.append((traj, score))
+    return out
+
+
+def infmem_table(tasks_per_length: int, lengths: list[int], seed: int, tokenizer, chunk_words: int = 48) -> list[dict]:
+    rows = []
+    for n in lengths:
+        tasks = make_tasks(SyntheticConfig(num_chunks=n, chunk_words=chunk_words, bridge_fraction=0.0),
+                           tasks_per_length, seed)
+        common = {"chunk_tokens": chunk_words, "max_memory_tokens": 64, "max_final_tokens": 16}
+        for name, extra in (("memagent", {}), ("infmem", {"max_plan_tokens": 64,
+                                                          "retrieve_passage_tokens": chunk_words // 2})):
+            res = _rollout(name, tasks, tokenizer, ReadingOracle(), {**common, **extra})
+            acc = [float(t.final_answer == task.answers[0]) for (t, _), task in zip(res, tasks, strict=True)]
+            rows.append({"workflow": name, "pieces": n,
+                         "chunks": statistics.mean(t.metrics["num_chunks"] for t, _ in res), "tasks": len(tasks),
+                         "accuracy": 100 * statistics.mean(acc),
+                         "model_calls": statistics.mean(len(t.segments) for t, _ in res),
+                         "tokens_read": statistics.mean(t.metrics["tokens_read"] for t, _ in res)})
+    return rows
+
+
+def mem1_table(tasks_per_k: int, ks: list[int], seed: int, tokenizer) -> list[dict]:
+    rows = []
+    for k in ks:
+        cfg = MemActTaskConfig(num_names=max(16, k), entities_per_task=max(6, k), sub_questions=[k])
+        tasks = make_multi_tasks(cfg, tasks_per_k, seed)
+        for mode in ("latest_state", "full_history"):
+            over = {"max_turns": k + 1, "max_turn_tokens": 400, "retriever_scope": "task", "topk": 1,
+                    "context": mode, "hint_turns_left": "", "hint_last_turn": ""}
+            res = _rollout("mem1", tasks, tokenizer, StateOracle(), over)
+            rows.append({"context": mode, "objectives": k, "tasks": len(tasks),
+                         "accuracy": 100 * statistics.mean(s.metrics["multiq_all_correct"] for _, s in res),
+                         "model_calls": statistics.mean(len(t.segments) for t, _ in res),
+                         "peak_prompt_tokens": statistics.mean(max(x.info["context_tokens"] for x in t.segments)
+                                                               for t, _ in res),
+                         "prompt_tokens_first_call": statistics.mean(t.segments[0].info["context_tokens"]
+                                                                     for t, _ in res)})
+            rows[-1]["carried_tokens"] = rows[-1]["peak_prompt_tokens"] - rows[-1]["prompt_tokens_first_call"]
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in r.values()) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--part", choices=("infmem", "mem1", "both"), default="both")
+    ap.add_argument("--tasks", type=int, default=32)
+    ap.add_argument("--lengths", default="4,8,16,32")
+    ap.add_argument("--objectives", default="2,4,8,16")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of tables")
+    a = ap.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from memrl.models.tiny import cached_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(cached_tiny_model("tiny"))
+    out: dict[str, list[dict]] = {}
+    if a.part in ("infmem", "both"):
+        out["infmem"] = infmem_table(a.tasks, [int(x) for x in a.lengths.split(",")], a.seed, tok)
+    if a.part in ("mem1", "both"):
+        out["mem1"] = mem1_table(a.tasks, [int(x) for x in a.objectives.split(",")], a.seed, tok)
+    if a.json:
+        print(json.dumps(out, indent=1))
+    else:
+        print("Scripted oracle policies (no training): the workflows' mechanics, not learned behaviour.\n")
+        for name, rows in out.items():
+            print(f"## {name}\n\n{markdown(rows)}\n")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
