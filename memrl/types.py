@@ -45,7 +45,9 @@ class Segment:
 
     `loss_mask` has one entry per response token: 1 where the model generated the token and it
     should train, 0 elsewhere (e.g. tool output spliced into a MemAct context). It defaults to all ones.
-    `advantage` is written by the algorithms (one value per segment) before packing.
+    `advantage` is written by the algorithms (one value per segment) before packing; an estimator with
+    token-level terms (FoldGRPO's process rewards, memrl.algorithms.fold) also writes `token_advantages`,
+    one value per response token, which packing then uses instead of `advantage`.
     """
 
     prompt_ids: list[int]
@@ -58,6 +60,10 @@ class Segment:
     info: dict[str, Any] = field(default_factory=dict)
     trajectory_id: str = ""
     task_id: str = ""
+    token_advantages: list[float] | None = None
+    """One advantage per response token (None: every token takes `advantage`); `advantage` then holds their
+    mean over the trained tokens (logs, and the zero-advantage skip: a row trains when it is non-zero or
+    any of these is)."""
     old_logprobs: list[float] | None = None
     """The trainer's own logprobs of the response before the update (algorithm.old_logprobs=trainer:
     recomputed once per RL step, before its first optimizer step); None: the PPO ratio takes
@@ -79,6 +85,9 @@ class Segment:
             raise DataModelError(f"{where}: loss_mask has {len(self.loss_mask)} entries, response_ids has {n}")
         elif any(m not in (0, 1) for m in self.loss_mask):
             raise DataModelError(f"{where}: loss_mask must hold only 0 and 1")
+        if self.token_advantages is not None and len(self.token_advantages) != n:
+            raise DataModelError(f"{where}: token_advantages has {len(self.token_advantages)} entries, "
+                                 f"response_ids has {n}")
         if any(not math.isfinite(lp) or lp > 1e-6 for lp in self.response_logprobs):
             raise DataModelError(f"{where}: response_logprobs must be finite and <= 0")
 

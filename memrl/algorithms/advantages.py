@@ -27,7 +27,7 @@ from memrl.algorithms.options import (
     ReMemR1Options,
     RLOOOptions,
 )
-from memrl.types import Group, Trajectory
+from memrl.types import Group, Segment, Trajectory
 
 __all__ = ["STATE_TERMS", "DCPOOptions", "GRPOOptions", "RLOOOptions", "ReMemR1Options", "ReinforcePPOptions",
            "assign_advantages", "compute_group_advantages", "dcpo_estimator", "grpo_advantages", "grpo_estimator",
@@ -35,7 +35,8 @@ __all__ = ["STATE_TERMS", "DCPOOptions", "GRPOOptions", "RLOOOptions", "ReMemR1O
            "rememr1_estimator", "rloo_advantages", "rloo_estimator", "task_kind", "token_whiten"]
 
 Credit = Literal["broadcast", "split"]
-SegmentAdvantages = list[list[list[float]]]
+SegmentAdvantages = list[list[list[Any]]]
+"""[group][trajectory][segment] -> a float, or a list of floats (one per response token: token-level terms)."""
 
 
 def _centre(values: list[float], norm_by_std: bool, eps: float) -> list[float]:
@@ -388,5 +389,20 @@ def compute_group_advantages(
                     f"{len(traj.segments)} segments of trajectory {traj.trajectory_id}"
                 )
             for seg, a in zip(traj.segments, per_traj, strict=True):
-                seg.advantage = float(a)
+                write_advantage(seg, a, name)
     return values
+
+
+def write_advantage(seg: Segment, value: float | Sequence[float], name: str = "?") -> None:
+    """Write an estimator's value onto `seg`: a number (every token), or one number per response token
+    (token-level terms: `token_advantages`, with `advantage` their mean over the trained tokens)."""
+    if isinstance(value, int | float):
+        seg.advantage, seg.token_advantages = float(value), None
+        return
+    values = [float(v) for v in value]
+    if len(values) != len(seg.response_ids):
+        raise ValueError(f"advantage estimator {name!r}: {len(values)} token values for a row of "
+                         f"{len(seg.response_ids)} response tokens (trajectory {seg.trajectory_id})")
+    trained = [v for v, m in zip(values, seg.loss_mask or [], strict=True) if m]
+    seg.token_advantages = values
+    seg.advantage = sum(trained) / len(trained) if trained else 0.0

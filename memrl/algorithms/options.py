@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memrl.algorithms.process_rewards import PROCESS_REWARDS
 from memrl.config import valid
 
 STD_SCOPES: tuple[str, ...] = ("group", "task")
@@ -130,3 +131,31 @@ OFF_POLICY_MODES: tuple[str, ...] = ("none", "tis", "decoupled")
 """algorithm.off_policy (memrl.algorithms.losses.off_policy_weights, docs/guides/async.md): none = the PPO ratio
 against the engine's sampling logprobs (memrl's loss since the start); tis = truncated importance sampling
 on the train/inference ratio (verl, slime); decoupled = decoupled PPO (AReaL)."""
+
+
+@dataclass
+class FoldGRPOOptions:
+    """Options of the foldgrpo estimator (algorithm.foldgrpo.*; arXiv 2510.11967 section 2.3, memrl.algorithms.fold)."""
+
+    process_rewards: list[str] = valid(default_factory=lambda: ["unfolded", "scope", "failure"])
+    """The token-level process rewards Q added before the clip (memrl.algorithms.fold.PROCESS_REWARDS:
+    unfolded, no_branch, scope, failure, or one given to register_process_reward); [] = GRPO over threads."""
+    unfolded_fraction: float = valid(0.5, gt=0, le=1)
+    """The unfolded-token penalty applies once the main thread's unfolded tokens pass this share of the
+    working-context budget (paper: 50%)."""
+    unfolded_penalty: float = valid(1.0, ge=0)
+    """Q = -this on the penalised main-thread turns (paper: -1)."""
+    scope_reward: float = valid(0.2, ge=0)
+    """Q = -this on an out-of-scope branch's turns, +this on an in-scope one's (published: 0.2)."""
+    failure_penalty: float = valid(1.0, ge=0)
+    """Q = -this on a turn answered with an error (paper: -1)."""
+    eps: float = valid(GRPOOptions.eps, gt=0)
+    """Added to the std before dividing (it always divides, as the paper's formula and dcpo do)."""
+    clip: bool = True
+    """clip(R + Q, 0, 1) as the paper writes it; False = R + Q unclipped."""
+
+    def __post_init__(self) -> None:
+        unknown = [n for n in self.process_rewards if n not in PROCESS_REWARDS]
+        if unknown:
+            raise ValueError(f"algorithm.foldgrpo.process_rewards: unknown {', '.join(map(repr, unknown))}; known: "
+                             f"{', '.join(sorted(PROCESS_REWARDS))}")

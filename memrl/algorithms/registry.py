@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memrl.algorithms import advantages as _advantages  # noqa: F401 - registers grpo, dcpo, rememr1
+from memrl.algorithms import fold as _fold  # noqa: F401 - registers foldgrpo
 from memrl.algorithms import losses as _losses  # noqa: F401 - registers ppo
 from memrl.algorithms.base import (
     ADVANTAGE,

@@ -41,6 +41,9 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
 """Attribute -> its values (one-token words, disjoint across attributes)."""
 
 SOURCE = "synthetic_memact"
+FILLER = ("the", "record", "was", "kept", "in", "a", "ledger", "and", "copied", "twice", "by", "hand", "for",
+          "archive", "under", "seal", "with", "notes", "on", "margin")
+"""Filler words of padded documents (MemActTaskConfig.padding_words): none is a name, attribute or value."""
 
 
 @dataclass
@@ -56,6 +59,11 @@ class MemActTaskConfig:
     """Values per attribute: the first num_values of its list (stone and food have 8)."""
     sub_questions: list[int] = valid(default_factory=lambda: [2, 3], ge=1)
     """How many sub-questions a task asks, drawn uniformly from this list (each about another name)."""
+    padding_words: int = valid(0, ge=0, le=2000)
+    """Filler words on a second line of every document ("Kalo color red\nthe record was kept ..."), drawn
+    per document from FILLER (words no question asks about): a search result then costs tokens as a real
+    passage does, so an unmanaged context passes a budget that a folding or summarizing agent stays
+    within (the context-management benchmark). 0 = one-line documents (the MemAct demo)."""
 
     def __post_init__(self) -> None:
         check_config(self, "MemActTaskConfig")  # the declared ranges (valid), also when built in code
@@ -109,6 +117,8 @@ def make_tasks(cfg: MemActTaskConfig, num_tasks: int, seed: int, prefix: str = "
     for i in range(num_tasks):
         world = make_world(cfg, rng)
         docs = [d for e in world for d in e.documents()]
+        if cfg.padding_words:
+            docs = [d + "\n" + " ".join(rng.choice(FILLER) for _ in range(cfg.padding_words)) for d in docs]
         rng.shuffle(docs)
         k = rng.choice(cfg.sub_questions)
         ents = rng.sample(world, k)

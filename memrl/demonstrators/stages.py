@@ -4,6 +4,7 @@ working-context budget with it, and evaluate it with the one evaluator.
 
 - MemAgent (synthetic task): `mixture_rule`, `record_demonstrations`, `reading_segments`, `evaluate_rule`.
 - MemAct (synthetic_memact task): `memact_demonstrations`, `calibrate_budget`.
+- fold, summarize, sliding_window (synthetic_memact task): `context_demonstrations`.
 
 Used by the demos (memrl.demos), the cold-start stages (memrl.training.cold_start) and the model init
 (memrl.models.scratch).
@@ -108,3 +109,15 @@ def calibrate_search_only_budget(tasks: list[Task], tokenizer: Any, wf_cfg: Any,
     groups = [g for offered in (False, True)
               for g in memact_demonstrations(tasks, tokenizer, big, 1.0, 0, topk, prune_tool=offered)]
     return int(max(g.trajectories[0].metrics["peak_context_tokens"] for g in groups))
+
+
+# ------------------------------------------------------------------ the context-management family
+
+
+def context_demonstrations(tasks: list[Task], tokenizer: Any, workflow: str, wf_cfg: Any, agent: Any,
+                           seed: int = 0) -> list[Group]:
+    """The scripted `agent` (memrl.demonstrators.context: SearchDemonstrator, FoldDemonstrator,
+    SummaryDemonstrator) played through `workflow` (fold, summarize, sliding_window), one trajectory per task:
+    the cold start's SFT rows are its segments, cut exactly as RL cuts its rows."""
+    return rollout_once(tasks, get_workflow(workflow), ScriptedEngine(agent, tokenizer=tokenizer), wf_cfg, n=1,
+                        concurrency=256, seed=seed)

@@ -313,6 +313,18 @@ class JudgeClient:
         self.counters[f"judge_error_{kind}"] += 1
         return JudgeResult(0.0, "error", kind, text)
 
+    async def chat(self, prompt: str) -> tuple[str | None, str]:
+        """One chat completion of `prompt` with the configured model, max_tokens and temperature (no rubric):
+        (error kind or None, the reply's content or the failure). Used for a summary service (memrl.workflows.
+        summarize, `workflow.summarizer`); never raises on a failed call."""
+        c = self.config
+        body: dict = {"model": c.model, "messages": [{"role": "user", "content": prompt}],
+                      "max_tokens": c.max_tokens, "temperature": c.temperature}
+        if c.top_p is not None:
+            body["top_p"] = c.top_p
+        async with self._sem:
+            return await self._post(body)
+
     async def _post(self, body: dict) -> tuple[str | None, str]:
         """(error kind or None, the reply's content or the last failure's description)."""
         kind, detail = "http_error", ""

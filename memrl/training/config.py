@@ -27,6 +27,7 @@ from memrl.algorithms.options import (
     OFF_POLICY_MODES,
     AEPOOptions,
     DCPOOptions,
+    FoldGRPOOptions,
     GRPOOptions,
     GSPOOptions,
     PPOOptions,
@@ -130,7 +131,7 @@ class AlgorithmSection:
 
     name: str = valid("grpo", choices=advantage_names, import_paths=True)
     """Advantage estimator (memrl.algorithms.registry): grpo, dcpo, rememr1, rloo, reinforce_pp,
-    reinforce_pp_baseline, or an import path
+    reinforce_pp_baseline, foldgrpo, or an import path
     package.module:fn of a function marked @memrl.algorithms.base.register_advantage(name, Options). It does
     not choose which segments train: that is `selection`."""
     n: int = valid(16, ge=1, le=4096, note="a bound: a task's n trajectories are held in memory together")
@@ -157,6 +158,9 @@ class AlgorithmSection:
     """Options of the dcpo estimator: eps (it always divides by the group's std)."""
     rememr1: ReMemR1Options = field(default_factory=ReMemR1Options)
     """Options of the rememr1 estimator: alpha (ReMemR1's published 0.8), norm_by_std, eps, state_term."""
+    foldgrpo: FoldGRPOOptions = field(default_factory=FoldGRPOOptions)
+    """Options of the foldgrpo estimator (FoldGRPO, memrl.algorithms.fold): process_rewards, unfolded_fraction,
+    unfolded_penalty, scope_reward, failure_penalty, eps, clip."""
     loss: str = valid("ppo", choices=loss_names, import_paths=True)
     """Policy loss (memrl.algorithms.registry): ppo, gspo (sequence-level ratio; needs
     loss_agg=seq-mean-token-mean), or an import path package.module:fn of a function marked

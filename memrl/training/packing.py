@@ -175,7 +175,10 @@ def collate(segments: Sequence[Segment], weights: Sequence[float] | None = None,
         old[i, sl] = torch.tensor(s.response_logprobs, dtype=torch.float32)
         if prox is not None:
             prox[i, sl] = torch.tensor(s.old_logprobs, dtype=torch.float32)
-        adv[i, sl] = float(s.advantage or 0.0)
+        if s.token_advantages is not None:  # token-level advantages (FoldGRPO's process rewards)
+            adv[i, sl] = torch.tensor(s.token_advantages, dtype=torch.float32)
+        else:
+            adv[i, sl] = float(s.advantage or 0.0)
         if weights is not None:
             wts[i, sl] = mask[i, sl] * weights[i]  # the row's weight (as float32) on its trained tokens, 0 elsewhere
     return MicroBatch(ids, att, ids[:, 1:].clone(), mask, old, adv, wts, b, int(att.sum()), prox)

@@ -165,7 +165,8 @@ class PolicyWorker:
         if skips_zero_advantage(self.cfg):
             # Exact: a row with A = 0 adds nothing to the PPO loss or its gradient (no KL or entropy term), and
             # the weights keep the whole batch's normalizers. Logged means then cover the trained rows.
-            keep = [i for i, s in enumerate(share.segments) if float(s.advantage or 0.0) != 0.0]
+            keep = [i for i, s in enumerate(share.segments) if float(s.advantage or 0.0) != 0.0
+                    or any(a != 0.0 for a in s.token_advantages or ())]
             mine = TrainBatch([share.segments[i] for i in keep], [share.weights[i] for i in keep], share.batch_rows)
             kept_w = mine.weight_sum()
         batches = pack_rows(mine.segments, self.cfg.trainer.token_budget * self.sp) if len(mine) else []

@@ -4,7 +4,8 @@ Every command spells a workflow's settings the same way: `workflow=<name>` (or `
 chooses it and `workflow.<field>=value` sets a field of its config dataclass; `parse_workflow` turns that
 section into (WorkflowSpec, config) once per run.
 
-A name is either registered (`memagent`, `rememr1`, `full_context`, `memact`, `infmem`, `mem1`, or one given to
+A name is either registered (`memagent`, `rememr1`, `full_context`, `memact`, `infmem`, `mem1`, `fold`,
+`summarize`, `sliding_window`, or one given to
 `register_workflow`) or an import path `package.module:ATTR` naming a WorkflowSpec instance, so a
 workflow living outside memrl needs no edit here: its spec carries its run function, config class,
 outcome reward, format-error metric keys and training / evaluation defaults. The built-ins are
@@ -107,7 +108,11 @@ register_workflow("full_context", "memrl.workflows.full_context:SPEC")
 register_workflow("memact", "memrl.workflows.memact:SPEC")
 register_workflow("infmem", "memrl.workflows.infmem:SPEC")
 register_workflow("mem1", "memrl.workflows.mem1:SPEC")
-BUILTIN_WORKFLOWS = ("memagent", "rememr1", "full_context", "memact", "infmem", "mem1")
+register_workflow("fold", "memrl.workflows.fold:SPEC")
+register_workflow("summarize", "memrl.workflows.summarize:SPEC")
+register_workflow("sliding_window", "memrl.workflows.sliding_window:SPEC")
+BUILTIN_WORKFLOWS = ("memagent", "rememr1", "full_context", "memact", "infmem", "mem1", "fold", "summarize",
+                     "sliding_window")
 
 
 def _is_spec(obj: Any) -> bool:

@@ -74,7 +74,7 @@ PUBLISHED_FINAL_MARKER = "FINAL_ANSWER: "
 COUNTERS = (
     "searches", "search_errors", "prunes", "failed_prunes", "malformed_calls", "unknown_tools",
     "bad_arguments", "dropped_calls", "sanitized_calls", "tool_truncations", "topk_clamped",
-    "reencoded_unsampled_tokens", "cut_calls", "invalid_call_streak",
+    "reencoded_unsampled_tokens", "cut_calls", "invalid_call_streak", "interval_prunes", "tokens_discarded",
 )  # fmt: skip
 
 
@@ -151,6 +151,11 @@ class MemActConfig:
     """Probability of withholding prune_context for a trajectory (training; evaluation sets 0)."""
     prune_tool: bool = True
     """False withholds prune_context in every trajectory (the search-only baseline)."""
+    prune_every: int = valid(0, ge=0, note="0 = off")
+    """The fixed-interval pruning baseline (MemAct v3's ablation: prune every k turns): before every k-th
+    turn the workflow itself removes every tool result in the context (and the assistant turns left without
+    results, prune turns kept: memrl.tools.context.prune), closing a segment as a prune does (kind
+    "interval_prune", counted in interval_prunes). Combine with prune_tool=false for the rule alone."""
     temperature: float = valid(1.0, ge=0, note="0 = greedy")
     top_p: float = valid(1.0, gt=0, le=1, note="1 = off")
     top_k: int = valid(-1, ge=-1, note="-1 or 0 = off")
@@ -697,6 +702,7 @@ class _Run:
                             "prunes": [{"deleted_ids": outcome.removed_results, "memory": memory.strip()}]})
         if seg is not None:
             self.add_segment(seg)
+        self.count_discarded(outcome.messages)
         self.messages = [self.reencode(m) if m.kind == "assistant" and m.turn in outcome.edited_turns else m
                          for m in outcome.messages]
         self.counts["cut_calls"] += len(outcome.edited_turns)
@@ -713,6 +719,28 @@ class _Run:
         tail = self.messages[at:]
         self.messages[at:] = sorted(tail, key=lambda m: rank.get(m.result_id, len(rank)))
         owner.call_ids.sort(key=lambda rid: rank.get(rid, len(rank)))
+
+    def interval_prune(self, turn: int) -> None:
+        """prune_every: remove every tool result before `turn` (MemActConfig.prune_every)."""
+        ids = [m.result_id for m in self.messages if m.kind == "tool" and m.result_id]
+        if not ids:
+            return
+        outcome = ctx.prune(self.messages, ids, current_turn=turn,
+                            keep_prune_turns=not self.cfg.prune_turns_deletable)
+        seg = segment_from(self.messages, self.last_prune_turn, len(self.segments),
+                           {"kind": "interval_prune", "prune_turn": turn, "deleted": outcome.removed_results,
+                            "removed_turns": outcome.removed_turns,
+                            "prunes": [{"deleted_ids": outcome.removed_results, "memory": ""}]})
+        if seg is not None:
+            self.add_segment(seg)
+        self.count_discarded(outcome.messages)
+        self.messages = outcome.messages
+        self.last_prune_turn = turn - 1
+        self.counts["interval_prunes"] += 1
+
+    def count_discarded(self, kept: list[ctx.Message]) -> None:
+        ids = {id(m) for m in kept}
+        self.counts["tokens_discarded"] += sum(len(m.ids) for m in self.messages if id(m) not in ids)
 
     def head(self) -> tuple[str, bool]:
         """(text of the first prompt without the assistant header, whether the template took `tools=`)."""
@@ -743,6 +771,8 @@ class _Run:
         for turn in range(cfg.max_assistant_turns):
             if self.reencoded:
                 self.regroup_tools()
+            if cfg.prune_every and turn > 0 and turn % cfg.prune_every == 0:
+                self.interval_prune(turn)
             prompt = ctx.context_ids(self.messages) + header
             if len(prompt) > cfg.max_context_tokens:
                 stop = "context_budget"

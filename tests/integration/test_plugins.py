@@ -117,11 +117,12 @@ def test_builtin_names_and_their_import_paths_are_the_same_specs():
     # what WORKFLOW_DEFAULTS and eval's greedy defaults gave each built-in before the specs carried them
     assert {n: get_workflow(n).defaults("train") for n in BUILTIN_WORKFLOWS} == {
         "memagent": {"max_chunks": 8}, "rememr1": {"max_chunks": 8}, "full_context": {}, "memact": {},
-        "infmem": {"max_chunks": 8}, "mem1": {}}
+        "infmem": {"max_chunks": 8}, "mem1": {}, "fold": {}, "summarize": {}, "sliding_window": {}}
     assert {n: get_workflow(n).defaults("eval") for n in BUILTIN_WORKFLOWS} == {
         "memagent": {"temperature": 0.0}, "rememr1": {"temperature": 0.0}, "full_context": {"temperature": 0.0},
         "memact": {"temperature": 0.0, "no_prune_prob": 0.0}, "infmem": {"temperature": 0.0},
-        "mem1": {"temperature": 0.0}}
+        "mem1": {"temperature": 0.0}, "fold": {"temperature": 0.0}, "summarize": {"temperature": 0.0},
+        "sliding_window": {"temperature": 0.0}}
 
 
 def test_format_keys_are_gathered_from_the_specs(plugin):

@@ -88,7 +88,7 @@ def test_a_plugin_estimator_and_loss_by_import_path_get_their_options():
     (["algorithm.scaled_grpo.scale=2"], "algorithm.scaled_grpo sets options of 'scaled_grpo', which is neither the "
                                         "estimator, the loss nor the model-scored reward in use (algorithm.name=grpo: "
                                         "grpo"),
-    (["algorithm.name=nope"], "algorithm.name='nope' is not allowed: must be one of dcpo, grpo, reinforce_pp, "
+    (["algorithm.name=nope"], "algorithm.name='nope' is not allowed: must be one of dcpo, foldgrpo, grpo, reinforce_pp, "
                               "reinforce_pp_baseline, rememr1, rloo"),
 ])
 def test_bad_algorithm_names_and_sections_are_one_line_naming_the_field(overrides, said, capsys):

@@ -350,6 +350,8 @@ FREE_TEXT: dict[str, str] = {
     "prompt_template": "text", "Mem1Config.state_tag": "a tag, checked by Mem1Config",
     "Mem1Config.hint_turns_left": "a format string, checked", "Mem1Config.hint_last_turn": "text",
     "Mem1Config.answer_separator": "text",
+    "FoldGRPOOptions.process_rewards": "registered process reward names, checked by FoldGRPOOptions",
+    "summary_request": "text", "summary_restart": "text, checked for {summary}",
 }
 
 

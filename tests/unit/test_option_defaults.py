@@ -97,7 +97,9 @@ def test_the_shared_names_are_really_compared():
     assert {v for _, v in places["loss_agg"]} == {"token-mean"}
     assert {v for _, v in places["kl_kind"]} == {"low_var_kl"}
     assert {v for _, v in places["dual_clip_c"]} == {3.0}
-    assert len(places["eps"]) == 8  # 3 options (= 3 sections), 3 estimators, grpo_advantages, rememr1_advantages
+    # 6 options (grpo, reinforce_pp, reinforce_pp_baseline, dcpo, rememr1, foldgrpo), their 6 estimators,
+    # grpo_advantages, rememr1_advantages
+    assert len(places["eps"]) == 14
     assert {type(v) for _, v in places["grpo"]} == {options.GRPOOptions}  # algorithm.grpo is the options class
 
 

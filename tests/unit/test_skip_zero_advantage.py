@@ -114,3 +114,25 @@ def test_a_mini_batch_of_zero_advantage_rows_still_takes_the_optimizer_step(tiny
     assert _max_diff(skip.model, full.model) < 1e-6
     steps = {float(s["step"]) for s in skip.opt.state.values()}
     assert steps == {2.0}
+
+
+def test_token_level_advantages_train_and_are_never_skipped(tiny, tmp_path):
+    """Segment.token_advantages (foldgrpo): a row whose token values average 0 still trains (not skipped), and
+    token values all equal to a row's advantage give exactly the update of that advantage."""
+    import dataclasses
+
+    model, vocab = tiny
+    rows = _rows(vocab)
+    n = len(rows[1].response_ids)
+    mixed = [(1.0 if k % 2 else -1.0) for k in range(n)]
+    rows[1].token_advantages = mixed  # advantage stays 0.0 (a mean over tokens may be 0)
+    skip = _worker(model, str(tmp_path / "a"))
+    full = _worker(model, str(tmp_path / "b"), "trainer.skip_zero_advantage=false")
+    ms, mf = skip.train_rows(weigh(rows, "token-mean")), full.train_rows(weigh(rows, "token-mean"))
+    assert ms["train/rows_zero_adv_skipped"] == 2  # rows 4 and 7; row 1 has token values
+    assert abs(ms["loss/total"] - mf["loss/total"]) < 1e-7 and _max_diff(skip.model, full.model) < 1e-6
+    plain = _rows(vocab)
+    tokens = [dataclasses.replace(r, token_advantages=[float(r.advantage)] * len(r.response_ids)) for r in plain]
+    a, b = _worker(model, str(tmp_path / "c")), _worker(model, str(tmp_path / "d"))
+    ma, mb = a.train_rows(weigh(plain, "token-mean")), b.train_rows(weigh(tokens, "token-mean"))
+    assert ma["loss/total"] == mb["loss/total"] and _max_diff(a.model, b.model) == 0.0

@@ -7,7 +7,9 @@ const KNOWN = new Set(["kind", "chunk", "chunk_chars", "chunk_index", "chunk_tok
   "response_text", "recall_query", "recalled_memory", "recalled_step", "recall_score", "recall_hit",
   "shown_recalled_memory", "tool_calls", "tool_results", "prunes", "context_tokens", "prediction",
   "action", "retrievals", "calls_well_formed", "memory_shown", "retrieved", "memory_finished",
-  "internal_state", "query", "observation", "turn"]);
+  "internal_state", "query", "observation", "turn",
+  "description", "prompt", "returned", "end", "queries", "summary", "part", "thread", "branch_turns", "turn_spans",
+  "dropped"]);
 
 function el(tag, attrs, ...kids) {
   const n = document.createElement(tag);
@@ -317,6 +319,25 @@ function renderStep(run, idx, j, s, answers) {
       }
       return el("pre", {}, json(p));
     })));
+  }
+  // the context-management family: a branch folded into its returned message, a summary, a window shift
+  if (info.kind === "branch") {
+    box.append(el("div", { class: "fold branch" }, el("div", { class: "label" }, `branch ${info.thread ?? ""}: ${info.description ?? ""}`),
+      info.prompt ? el("div", {}, "task: ", el("span", {}, info.prompt)) : null,
+      Array.isArray(info.queries) && info.queries.length ? el("div", {}, "searched: ", el("b", {}, info.queries.join(" | "))) : null,
+      el("div", {}, info.returned !== null && info.returned !== undefined
+        ? ["folded into: ", el("span", { class: "memory" }, goldMarked(String(info.returned), answers))]
+        : el("span", { class: "bad" }, `ended without returning (${info.end ?? "?"})`))));
+  }
+  if (info.kind === "main" && Array.isArray(info.branch_turns) && info.branch_turns.length) {
+    box.append(el("div", { class: "fold main" }, el("div", { class: "label" }, "main thread"), `branches opened at turns ${info.branch_turns.join(", ")}`));
+  }
+  if (typeof info.summary === "string") {
+    box.append(el("div", { class: "fold summary" }, el("div", { class: "label" }, `summary ${info.part ?? ""} (the context restarts from it)`),
+      el("span", { class: "memory" }, goldMarked(info.summary, answers))));
+  }
+  if (info.kind === "window" && info.dropped !== undefined) {
+    box.append(el("div", { class: "fold window" }, el("div", { class: "label" }, "window shift"), `turn ${info.dropped} left the context`));
   }
   if (!final && typeof info.memory === "string") {
     box.append(el("div", { class: "label" }, "memory after this step", s.memory_diff ? " (green: added, red: removed)" : ""),

@@ -1,0 +1,54 @@
+"""The fold_official preset holds the published FoldGRPO recipe value for value (each row cites where
+upstream says so: FoldAgent scripts/train_bc_qwen3_8b.sh, agents/fold_agent.py, or the paper's section 3.2
+where both are silent)."""
+
+from __future__ import annotations
+
+from functools import reduce
+
+import pytest
+
+from memrl.config import load_config
+from memrl.training.assemble import validate
+from memrl.training.config import TrainConfig
+
+SCRIPT = "scripts/train_bc_qwen3_8b.sh"
+AGENT = "agents/fold_agent.py"
+PAPER = "arXiv 2510.11967 section 3.2"
+PUBLISHED = [
+    ("algorithm.name", "foldgrpo", f"{SCRIPT}: algorithm.adv_estimator=foldgrpo"),
+    ("algorithm.n", 8, f"{SCRIPT}: actor_rollout_ref.rollout.n=8"),
+    ("trainer.batch_size", 32, f"{SCRIPT}: data.train_batch_size=32"),
+    ("trainer.steps", 100, f"{SCRIPT}: trainer.total_training_steps=100"),
+    ("trainer.save_every", 10, f"{SCRIPT}: trainer.save_freq=10"),
+    ("trainer.mini_batches", 1, f"{SCRIPT}: ppo_mini_batch_size=128 >= train_batch_size=32"),
+    ("workflow.max_assistant_turns", 100, f"{SCRIPT}: plugin.max_turn=100"),
+    ("workflow.max_turn_tokens", 2048, f"{SCRIPT}: plugin.turn_max_new_tokens=2048"),
+    ("workflow.max_context_tokens", 40960, f"{SCRIPT}: MAX_LENGTH=40960 (8192 + 32768)"),
+    ("workflow.max_branches", 10, f"{SCRIPT}: plugin.max_session=10"),
+    ("workflow.overlong_mask", False, f"{AGENT}: process_reward and is_train -> mask_rollout = False"),
+    ("algorithm.foldgrpo.process_rewards", ["unfolded", "no_branch", "scope", "failure"],
+     f"{SCRIPT}: plugin.process_reward='[flat,scope]'; {AGENT}: the terms set on a success"),
+    # 0.5 x response_length (32768) unfolded tokens, as a share of the 40960-token budget: 16384 / 40960
+    ("algorithm.foldgrpo.unfolded_fraction", 0.4, f"{AGENT}: > config.response_length * 0.5"),
+    ("algorithm.foldgrpo.unfolded_penalty", 1.0, f"{AGENT}: set_process_reward(bad_turn, -1)"),
+    ("algorithm.foldgrpo.scope_reward", 0.2, f"{AGENT}: set_process_reward(..., -0.2 / 0.2)"),
+    ("algorithm.foldgrpo.failure_penalty", 1.0, f"{AGENT}: set_process_reward(i - 1, -1) on tool errors"),
+    ("algorithm.kl_coef", 0.0, f"{PAPER}: no KL term"),
+    ("algorithm.ppo.clip_low", 0.2, f"{PAPER}: clip low 0.2"),
+    ("algorithm.ppo.clip_high", 0.28, f"{PAPER}: clip high 0.28"),
+    ("optim.lr", 1e-6, f"{PAPER}: learning rate 1e-6"),
+    ("engine.name", "vllm", f"{SCRIPT}: actor_rollout_ref.rollout.name=vllm"),
+]
+
+
+@pytest.mark.parametrize("key, value, source", PUBLISHED, ids=[k for k, _, _ in PUBLISHED])
+def test_fold_official_is_the_published_recipe(key, value, source):
+    cfg = load_config(TrainConfig, ["model.path=x", "data.path=t.jsonl", "model.device=cpu"], preset="fold_official")
+    _, wf = validate(cfg)
+    section, *path = key.split(".")
+    root = wf if section == "workflow" else getattr(cfg, section)
+    got = reduce(getattr, path, root)
+    assert got == value and type(got) is type(value), f"{key}={got!r}, published {value!r} ({source})"
+    # 0.4 of the budget is the published 0.5 of the response length
+    assert cfg.algorithm.foldgrpo.unfolded_fraction * wf.max_context_tokens == 0.5 * 32768
