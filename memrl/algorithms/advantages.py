@@ -114,7 +114,7 @@ def rloo_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable]) -> 
     return out
 
 
-def token_whiten(values: Sequence[float], tokens: Sequence[int], eps: float = ReinforcePPOptions.eps) -> list[float]:
+def token_whiten(values: Sequence[float], tokens: Sequence[int], eps: float = ReinforcePPOptions.whiten_eps) -> list[float]:
     """verl's masked_whiten where value i stands on `tokens[i]` trained tokens: (v - mu) / sqrt(var + eps), mu
     and the unbiased var over the N = sum(tokens) tokens (so a longer row weighs more in the statistics)."""
     n = sum(tokens)
@@ -292,17 +292,17 @@ def _whitened(groups: Sequence[Group], values: Sequence[float], kept: list[int],
 
 
 @register_advantage("reinforce_pp", ReinforcePPOptions)
-def reinforce_pp_estimator(groups: Sequence[Group], eps: float = ReinforcePPOptions.eps) -> SegmentAdvantages:
+def reinforce_pp_estimator(groups: Sequence[Group], whiten_eps: float = ReinforcePPOptions.whiten_eps) -> SegmentAdvantages:
     """REINFORCE++ (verl's compute_reinforce_plus_plus_outcome_advantage) at gamma = 1 with the KL in the loss:
     every trained token's return is its trajectory's outcome r, whitened over all trained tokens of the batch,
     A = (r - mu_tok) / sqrt(var_tok + eps); every segment of the trajectory gets it. No group baseline."""
     rewards, _, trajs = _outcomes(groups)
     kept = _kept(trajs)
-    return _whitened(groups, [rewards[i] for i in kept], kept, trajs, eps)
+    return _whitened(groups, [rewards[i] for i in kept], kept, trajs, whiten_eps)
 
 
 @register_advantage("reinforce_pp_baseline", ReinforcePPOptions)
-def reinforce_pp_baseline_estimator(groups: Sequence[Group], eps: float = ReinforcePPOptions.eps) -> SegmentAdvantages:
+def reinforce_pp_baseline_estimator(groups: Sequence[Group], whiten_eps: float = ReinforcePPOptions.whiten_eps) -> SegmentAdvantages:
     """REINFORCE++-baseline (verl's compute_reinforce_plus_plus_baseline_outcome_advantage): r - mean of the
     group's trajectories (a group of one: mean 0), then whitened over all trained tokens of the batch as
     `reinforce_pp_estimator`."""
@@ -315,7 +315,7 @@ def reinforce_pp_baseline_estimator(groups: Sequence[Group], eps: float = Reinfo
             mean = sum(centred[j] for j in idx) / len(idx)
             for j in idx:
                 centred[j] = rewards[kept[j]] - mean
-    return _whitened(groups, centred, kept, trajs, eps)
+    return _whitened(groups, centred, kept, trajs, whiten_eps)
 
 
 @register_advantage("dcpo", DCPOOptions)

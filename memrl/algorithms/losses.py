@@ -74,12 +74,12 @@ def gspo_loss(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    clip_low: float = GSPOOptions.clip_low,
-    clip_high: float = GSPOOptions.clip_high,
+    seq_clip_low: float = GSPOOptions.seq_clip_low,
+    seq_clip_high: float = GSPOOptions.seq_clip_high,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO (arXiv 2507.18071; verl's compute_policy_loss_gspo): a sequence-level ratio per row,
-    s = exp(mean over the row's trained tokens of (logprobs - old_logprobs)), clipped to [1 - clip_low,
-    1 + clip_high]: per token max(-A * s_t, -A * clip(s_t)) with s_t = sg[s] * exp(logprobs - sg[logprobs])
+    s = exp(mean over the row's trained tokens of (logprobs - old_logprobs)), clipped to [1 - seq_clip_low,
+    1 + seq_clip_high]: per token max(-A * s_t, -A * clip(s_t)) with s_t = sg[s] * exp(logprobs - sg[logprobs])
     (value s on every token; d s_t / d logprob_t = s_t), the log clamped at 10 as verl does.
 
     Under seq-mean-token-mean aggregation (AlgorithmSection.check requires it) the gradient is GSPO's,
@@ -93,7 +93,7 @@ def gspo_loss(
     log_s = torch.clamp(logprobs - logprobs.detach() + seq.detach().unsqueeze(-1), max=10.0)
     s = torch.exp(log_s)
     loss1 = -advantages * s
-    loss2 = -advantages * torch.clamp(s, 1.0 - clip_low, 1.0 + clip_high)
+    loss2 = -advantages * torch.clamp(s, 1.0 - seq_clip_low, 1.0 + seq_clip_high)
     out = torch.maximum(loss1, loss2)
     stats = {"clipfrac": _masked_mean((loss2 > loss1).to(m.dtype), m), "clipfrac_lower": 0.0,
              "approx_kl": _masked_mean(-log_ratio.detach(), m)}

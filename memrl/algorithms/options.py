@@ -55,7 +55,7 @@ class ReinforcePPOptions:
     """Options of the reinforce_pp and reinforce_pp_baseline estimators (algorithm.reinforce_pp.*,
     algorithm.reinforce_pp_baseline.*): returns whitened over the batch's trained tokens (verl's masked_whiten)."""
 
-    eps: float = valid(1e-8, gt=0)
+    whiten_eps: float = valid(1e-8, gt=0)
     """Added to the batch's token variance before its square root (verl's masked_whiten: 1e-8)."""
 
 
@@ -104,10 +104,11 @@ class PPOOptions:
 class GSPOOptions:
     """Options of the gspo loss (algorithm.gspo.*): GSPO's sequence-level ratio (arXiv 2507.18071)."""
 
-    clip_low: float = valid(3e-4, ge=0, lt=1)
-    """The sequence ratio is clipped below at 1 - clip_low (GSPO's published 3e-4)."""
-    clip_high: float = valid(4e-4, ge=0)
-    """The sequence ratio is clipped above at 1 + clip_high (GSPO's published 4e-4)."""
+    seq_clip_low: float = valid(3e-4, ge=0, lt=1)
+    """The sequence ratio is clipped below at 1 - seq_clip_low (GSPO's published 3e-4; verl sets it through
+    actor.clip_ratio_low, the key PPO's token ratio uses, hence a name of its own here)."""
+    seq_clip_high: float = valid(4e-4, ge=0)
+    """The sequence ratio is clipped above at 1 + seq_clip_high (GSPO's published 4e-4)."""
 
 
 @dataclass

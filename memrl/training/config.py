@@ -151,9 +151,9 @@ class AlgorithmSection:
     rloo: RLOOOptions = field(default_factory=RLOOOptions)
     """Options of the rloo estimator (leave-one-out baseline): credit."""
     reinforce_pp: ReinforcePPOptions = field(default_factory=ReinforcePPOptions)
-    """Options of the reinforce_pp estimator (REINFORCE++: outcome whitened over the batch's tokens): eps."""
+    """Options of the reinforce_pp estimator (REINFORCE++: outcome whitened over the batch's tokens): whiten_eps."""
     reinforce_pp_baseline: ReinforcePPOptions = field(default_factory=ReinforcePPOptions)
-    """Options of the reinforce_pp_baseline estimator (group mean subtracted, then whitened): eps."""
+    """Options of the reinforce_pp_baseline estimator (group mean subtracted, then whitened): whiten_eps."""
     dcpo: DCPOOptions = field(default_factory=DCPOOptions)
     """Options of the dcpo estimator: eps (it always divides by the group's std)."""
     rememr1: ReMemR1Options = field(default_factory=ReMemR1Options)
@@ -168,7 +168,7 @@ class AlgorithmSection:
     ppo: PPOOptions = field(default_factory=PPOOptions)
     """Options of the ppo loss: clip_low, clip_high (DAPO's clip-higher when > clip_low), dual_clip_c."""
     gspo: GSPOOptions = field(default_factory=GSPOOptions)
-    """Options of the gspo loss: clip_low, clip_high of the sequence ratio (GSPO's published 3e-4 / 4e-4)."""
+    """Options of the gspo loss: seq_clip_low, seq_clip_high of the sequence ratio (GSPO's published 3e-4 / 4e-4)."""
     aepo: AEPOOptions = field(default_factory=AEPOOptions)
     """QwenLong-L1.5's AEPO: enabled, entropy_low, entropy_high (negative-advantage rows dropped while the
     batch's entropy is inside the band; needs old_logprobs=trainer)."""

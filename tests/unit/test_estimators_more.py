@@ -81,7 +81,7 @@ def test_reinforce_pp_baseline_centres_per_group_then_whitens():
     # squares: 2*(0.1)^2 + 2*(1.1)^2 + 2.4^2 = 0.02 + 2.42 + 5.76 = 8.2; var = 8.2 / 4 = 2.05
     ga = group("a", [1.0, 0.0], tokens=(2,))
     gb = group("b", [3.0], tokens=(1,))
-    got = compute_group_advantages([ga, gb], "reinforce_pp_baseline", eps=0.0)
+    got = compute_group_advantages([ga, gb], "reinforce_pp_baseline", whiten_eps=0.0)
     s = math.sqrt(2.05)
     assert got == [[[pytest.approx(-0.1 / s)], [pytest.approx(-1.1 / s)]], [[pytest.approx(2.4 / s)]]]
 
@@ -127,7 +127,7 @@ def test_gspo_two_rows_of_different_lengths_value_and_gradient():
     new = torch.tensor([[0.1, -0.3, 0.0, 0.0], [0.3, 0.3, 0.3, 5.0]], requires_grad=True)
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
     adv = torch.tensor([1.0, 2.0])
-    per_tok, stats = gspo_loss(new, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    per_tok, stats = gspo_loss(new, old, adv, mask, seq_clip_low=0.2, seq_clip_high=0.2)
     s0, s1 = math.exp(-0.1), math.exp(0.3)
     assert s1 > 1.2  # row 1 is clipped above
     assert per_tok.detach().tolist() == [pytest.approx([-s0, -s0, 0, 0]), pytest.approx([-2.4, -2.4, -2.4, 0])]

@@ -97,9 +97,10 @@ def test_the_shared_names_are_really_compared():
     assert {v for _, v in places["loss_agg"]} == {"token-mean"}
     assert {v for _, v in places["kl_kind"]} == {"low_var_kl"}
     assert {v for _, v in places["dual_clip_c"]} == {3.0}
-    # 6 options (grpo, reinforce_pp, reinforce_pp_baseline, dcpo, rememr1, foldgrpo), their 6 estimators,
-    # grpo_advantages, rememr1_advantages
-    assert len(places["eps"]) == 14
+    # 4 options (grpo, dcpo, rememr1, foldgrpo), their 4 estimators, grpo_advantages, rememr1_advantages;
+    # REINFORCE++'s whitening epsilon (1e-8, verl's masked_whiten) is another setting: whiten_eps
+    assert len(places["eps"]) == 10
+    assert {v for _, v in places["whiten_eps"]} == {1e-8}
     assert {type(v) for _, v in places["grpo"]} == {options.GRPOOptions}  # algorithm.grpo is the options class
 
 
