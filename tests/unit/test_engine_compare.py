@@ -27,14 +27,15 @@ def test_flops_per_token_of_the_tiny_shape():
 
 
 def test_table_medians_ratios_identity_and_peak_fraction():
-    ref = ec.Cell("hf", "tiny", 16, tokens_per_s=[100.0, 300.0, 200.0], flops_per_s=[1e9, 3e9, 2e9],
-                  outputs=[[[1, 2]], [[1, 2]], [[1, 2]]])
-    other = ec.Cell("vllm", "tiny", 16, tokens_per_s=[150.0, 250.0, 500.0], flops_per_s=[4e9, 5e9, 6e9],
-                    outputs=[[[1, 2]], [[1, 3]], [[1, 3]]])
+    ref = ec.Cell("hf", "tiny", 16, tokens_per_s=[100.0, 300.0, 200.0], tokens_per_cpu_s=[400.0, 410.0, 420.0],
+                  flops_per_s=[1e9, 3e9, 2e9], outputs=[[[1, 2]], [[1, 2]], [[1, 2]]])
+    other = ec.Cell("vllm", "tiny", 16, tokens_per_s=[150.0, 250.0, 500.0], tokens_per_cpu_s=[100.0, 205.0, 300.0],
+                    flops_per_s=[4e9, 5e9, 6e9], outputs=[[[1, 2]], [[1, 3]], [[1, 3]]])
     lines = ec.format_table([ref, other], peak=10e9, reference="hf").splitlines()
-    # medians 200 and 250 -> 1.25x; flops medians 2e9 and 5e9 of a 10e9 peak -> 20.0 % and 50.0 %
-    assert lines[2] == "| tiny | 16 | hf | 200 (100-300) | 1.00x | yes | 20.0 |"
-    assert lines[3] == "| tiny | 16 | vllm | 250 (150-500) | 1.25x | no (1/1 calls differ) | 50.0 |"
+    # medians 200 and 250 -> 1.25x; per CPU second 410 and 205 -> 0.50x; flops medians 2e9 and 5e9 of a
+    # 10e9 peak -> 20.0 % and 50.0 %
+    assert lines[2] == "| tiny | 16 | hf | 200 (100-300) | 1.00x | 410 (400-420) | 1.00x | yes | 20.0 |"
+    assert lines[3] == "| tiny | 16 | vllm | 250 (150-500) | 1.25x | 205 (100-300) | 0.50x | no (1/1 calls differ) | 50.0 |"
 
 
 def test_dry_run_plans_without_running(capsys, tmp_path):
