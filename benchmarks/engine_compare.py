@@ -21,6 +21,7 @@ does not exist).
     python benchmarks/engine_compare.py                                  # the docs table
     python benchmarks/engine_compare.py --presets tiny --concurrency 16 --rounds 1 --engines hf hf-new
     python benchmarks/engine_compare.py --dry-run                        # plan only, no model work
+    taskset -c 0 python benchmarks/engine_compare.py --step-costs        # CPU ms of one prefill / decode step
     python benchmarks/engine_compare.py --quick                          # tiny, C=1,2, one round, 1 chunk
 """
 
@@ -127,6 +128,64 @@ def measure_peak(threads: int, n: int = 512, reps: int = 20) -> float:
         torch.mm(a, b)
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best
+
+
+def step_costs(preset: str, threads: int, context: int = 400, prompt: int = 300) -> list[str]:
+    """CPU milliseconds (best of 5, process time) of the model work the hf engine does, outside any engine:
+    one prefill of `prompt` tokens, and one decode step of B rows attending `context` keys (slots layout)
+    against the same step attending 1 key (what is left is the per-step cost of the weights and of Python)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.cache_utils import Cache
+
+    from memrl.engines.hf_cache import SlotKV, cache_layer_class
+    from memrl.models.tiny import cached_tiny_model
+    from memrl.quiet import hf_progress_off
+
+    torch.set_num_threads(threads)
+    with hf_progress_off():
+        m = AutoModelForCausalLM.from_pretrained(cached_tiny_model(preset), dtype=torch.float32,
+                                                 attn_implementation="sdpa").eval()
+    layer_cls, n = cache_layer_class(), m.config.num_hidden_layers
+    vocab = m.config.vocab_size
+
+    def prefill(t: int, b: int = 1) -> Any:
+        ids = torch.randint(0, vocab, (b, t))
+        c = Cache(layers=[layer_cls() for _ in range(n)])
+        m(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(t)[None].expand(b, t),
+          cache=c, use_cache=True, logits_to_keep=1)
+        return c
+
+    def best(f: Any) -> float:
+        f()
+        out = float("inf")
+        for _ in range(5):
+            t0 = time.process_time()
+            f()
+            out = min(out, time.process_time() - t0)
+        return 1e3 * out
+
+    def step(b: int, width: int, c: Any) -> Any:
+        kv = SlotKV(n)
+        kv.ensure(b, width + 64, 0, 0, c.layers[0].keys, b)
+        for i, layer in enumerate(c.layers):
+            kv.k[i][:, :, :width] = layer.keys[:, :, :width]
+            kv.v[i][:, :, :width] = layer.values[:, :, :width]
+        lens = torch.full((b,), width - 1)
+        mask = (torch.arange(width)[None, :] <= lens[:, None])[:, None, None, :]
+        last = torch.randint(0, vocab, (b, 1))
+        return lambda: m(input_ids=last, attention_mask=mask, position_ids=lens[:, None],
+                         cache=kv.step_cache(b, lens, width), use_cache=True, logits_to_keep=1)
+
+    lines = []
+    with torch.inference_mode():
+        lines.append(f"{preset}: prefill of {prompt} tokens (1 row): {best(lambda: prefill(prompt)):.1f} ms")
+        for b in (1, 16, 64):
+            c = prefill(context, b)
+            full, one = best(step(b, context, c)), best(step(b, 1, c))
+            lines.append(f"{preset}: decode step, {b} rows: {full:.1f} ms attending {context} keys, "
+                         f"{one:.1f} ms attending 1")
+    return lines
 
 
 # --------------------------------------------------------------------------------------- engines (worker side)
@@ -336,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny, C = 1 2, one round, one chunk of 32 tokens")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the FLOPs per token; run nothing")
     ap.add_argument("--json", default="", help="also write the cells here")
+    ap.add_argument("--step-costs", action="store_true",
+                    help="print the CPU ms of one prefill and one decode step (B = 1, 16, 64) per preset and stop")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="", help=argparse.SUPPRESS)
     ap.add_argument("--max-batch", type=int, default=64, help=argparse.SUPPRESS)
@@ -345,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.presets, args.concurrency, args.rounds, args.chunks, args.chunk_tokens = ["tiny"], [1, 2], 1, 1, 32
         args.memory_tokens, args.final_tokens = 8, 4
+    if args.step_costs:
+        for p in args.presets:
+            print("\n".join(step_costs(p, args.threads)))
+        return 0
     if args.rounds < 1 or any(c < 1 for c in args.concurrency):
         ap.error("--rounds and every --concurrency must be >= 1")
 
