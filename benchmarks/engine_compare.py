@@ -85,7 +85,8 @@ class Cell:
 
 
 def format_table(cells: list[Cell], peak: float, reference: str) -> str:
-    """The markdown table: tok/s median (min-max), x the reference engine's median, identical tokens, % peak."""
+    """The markdown table: tok/s median (min-max), x the reference engine's median, tokens identical to the
+    reference engine's in every round, % peak."""
     lines = [f"| model | C | engine | tok/s median (min-max) | x {reference} | tok/CPU-s median (min-max) | "
              f"x {reference} | tokens = {reference} | % fp32 peak |",
              "|---|---:|---|---:|---:|---:|---:|---|---:|"]
@@ -95,7 +96,7 @@ def format_table(cells: list[Cell], peak: float, reference: str) -> str:
         r = ref.get((c.preset, c.concurrency))
         ratio = f"{med / summarize(r.tokens_per_s)[0]:.2f}x" if r and r.tokens_per_s else "-"
         same = "-" if r is None or not r.outputs or not c.outputs else (
-            "yes" if all(o == r.outputs[0] for o in c.outputs) else f"no ({mismatch(r.outputs[0], c.outputs[-1])})")
+            "yes" if c.outputs == r.outputs else f"no ({mismatch(r.outputs[-1], c.outputs[-1])})")
         frac = f"{100 * summarize(c.flops_per_s)[0] / peak:.1f}" if peak > 0 else "-"
         cpu, cpu_ratio = "-", "-"
         if c.tokens_per_cpu_s:
@@ -307,7 +308,7 @@ def read_json(proc: subprocess.Popen) -> dict[str, Any] | None:
 
 
 def worker(args: argparse.Namespace) -> int:
-    """Build one engine; answer every stdin line "C" with one JSON line of that run's figures."""
+    """Build one engine; answer every stdin line "C START" with one JSON line of that run's figures."""
     import torch
 
     torch.set_num_threads(args.threads)
@@ -317,8 +318,10 @@ def worker(args: argparse.Namespace) -> int:
     from memrl.workflows.memagent import MemAgentConfig
 
     engine = build_engine(args.worker, args.model, args.max_batch, args.threads)
-    tasks = make_lookback_tasks(LookbackConfig(num_chunks=max(2, args.chunks), chunk_words=args.chunk_tokens),
-                                args.max_batch, seed=args.seed)
+    lookback = LookbackConfig(num_chunks=max(2, args.chunks), chunk_words=args.chunk_tokens)
+
+    def tasks(n: int, start: int) -> list:
+        return make_lookback_tasks(lookback, n, seed=args.seed, start=start)
     cfg = MemAgentConfig(chunk_tokens=args.chunk_tokens, max_memory_tokens=args.memory_tokens,
                          max_final_tokens=args.final_tokens, max_chunks=args.chunks, temperature=0.0)
     spec = get_workflow("memagent")
@@ -332,16 +335,17 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve(args: argparse.Namespace, engine: Any, runtime: Any, tasks: list) -> None:
-    runtime.sample(tasks[:2], 1, args.seed)  # warm-up: allocations, first-call set-up
+def serve(args: argparse.Namespace, engine: Any, runtime: Any, tasks: Any) -> None:
+    """Answer every stdin line "C START" with one run of C trajectories on tasks START..START+C-1."""
+    runtime.sample(tasks(2, 10**6), 1, args.seed)  # warm-up (tasks no run uses): allocations, first calls
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
-        c = int(line)
+        c, start = map(int, line.split())
         stats = getattr(engine, "stats", None)
         if stats is not None:
             stats.reset()
         c0, t0 = cpu_seconds(), time.perf_counter()
-        groups = runtime.sample(tasks[:c], 1, args.seed)
+        groups = runtime.sample(tasks(c, start), 1, args.seed)
         wall, c1 = time.perf_counter() - t0, cpu_seconds()
         segs = [s for g in groups for t in g.trajectories for s in t.segments]
         gen = sum(len(s.response_ids) for s in segs)
@@ -362,6 +366,11 @@ def serve(args: argparse.Namespace, engine: Any, runtime: Any, tasks: list) -> N
 
 
 # --------------------------------------------------------------------------------------- orchestrator
+
+
+def order_cells(cells: dict, args: argparse.Namespace) -> list[Cell]:
+    return sorted(cells.values(), key=lambda c: (args.presets.index(c.preset), c.concurrency,
+                                                 args.engines.index(c.engine)))
 
 
 def plan(args: argparse.Namespace) -> list[tuple[str, str, str]]:
@@ -448,10 +457,13 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             procs[(preset, kind)] = proc
             print(f"# {kind}/{preset}: ready in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+        start = 0
         for r in range(args.rounds):
             for c in args.concurrency:
+                # fresh tasks for every (round, C), the same for every engine: no engine may serve a prompt
+                # it has seen before (vLLM's prefix cache would skip its prefill)
                 for (preset, kind), proc in procs.items():
-                    proc.stdin.write(f"{c}\n")
+                    proc.stdin.write(f"{c} {start}\n")
                     proc.stdin.flush()
                     res = read_json(proc)
                     if res is None:
@@ -466,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
                     cpu = f", {res['generated'] / res['cpu_s']:.0f} tok/CPU-s" if res.get("cpu_s") else ""
                     print(f"# round {r} {kind}/{preset} C={c}: {res['generated']} tokens, "
                           f"{res['generated'] / res['wall_s']:.0f} tok/s{cpu} {cell.stats}", file=sys.stderr)
+                start += c
+            print(f"# after round {r}:\n" + format_table(order_cells(cells, args), peak, args.engines[0]),
+                  file=sys.stderr, flush=True)
     finally:
         for proc in procs.values():
             proc.stdin.close()
@@ -474,8 +489,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    ordered = sorted(cells.values(), key=lambda c: (args.presets.index(c.preset), c.concurrency,
-                                                     args.engines.index(c.engine)))
+    ordered = order_cells(cells, args)
     print(format_table(ordered, peak, args.engines[0]))
     if args.json:
         Path(args.json).write_text(json.dumps([{**c.__dict__, "outputs": None} for c in ordered], indent=1))
