@@ -18,12 +18,12 @@ from memrl.config import valid
 
 ENGINE_KINDS = ("hf", "vllm", "vllm-cpu", "openai")
 LORA_SYNCS = ("merged", "adapter")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
-"""vLLM logprobs modes that give log-probabilities (its *_logits modes do not: memrl.engines.base's contract)."""
-LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
-"""vLLM logprobs modes that give log-probabilities (its *_logits modes do not: memrl.engines.base's contract)."""
 """How a LoRA policy reaches a vLLM engine in training (engine.vllm.lora_sync, engine.openai.lora_sync)."""
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHES = ("padded", "slots")
+"""How the hf engine keeps the batch's KV cache (engine.hf.kv_cache)."""
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+"""vLLM logprobs modes that give log-probabilities (its *_logits modes do not: memrl.engines.base's contract)."""
 
 
 @dataclass
@@ -46,6 +46,18 @@ class HFSection:
     continuous batching with a time window (max_wait_ms): higher throughput, batch-dependent float rounding.
     `memrl eval` defaults to false (memrl.eval.runner.EVAL_ENGINE_DEFAULTS); HFEngine built directly takes
     this default too."""
+    kv_cache: str = valid("padded", choices=KV_CACHES)
+    """padded: one left-padded KV cache for the whole batch; rows that join or leave rebuild it (a copy of
+    every row), prompts admitted together are prefilled as one padded batch | slots: every row owns a slot
+    of a preallocated cache; a row joins by writing its own slot and leaves by freeing it (the last row
+    moves into the hole), prompts are prefilled one by one without padding (an identical prompt admitted
+    together once), decode attends to each row's own length only. Greedy tokens agree with padded on the
+    tests' prompts; float rounding may differ (docs/results/engine.md)."""
+    prefix_cache_tokens: int | None = valid(None, ge=0)
+    """kv_cache=slots: prompt tokens whose keys and values are kept so a later prompt that starts with the
+    same tokens (in blocks of 16) computes only the rest; 0 = off, None = 16384 with slots. With
+    deterministic waves the store is emptied at every wave, so a wave's numbers never depend on earlier
+    ones (exact resume); a weight update empties it. Only slots has it: a value > 0 with padded is an error."""
     share_weights: bool = True
     """Training only: serve the very module being trained (no copy; weight sync is a no-op). False = a
     copy of the policy, synced after every update."""

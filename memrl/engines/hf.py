@@ -35,12 +35,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import Cache
 
 from memrl.engines.base import Completion, EngineError, NonFiniteLogprobError, SamplingParams
-from memrl.engines.config import EngineConfig, HFSection
-from memrl.engines.hf_cache import cache_kwarg, cache_layer_class
+from memrl.engines.config import KV_CACHES, EngineConfig, HFSection
+from memrl.engines.hf_cache import PrefixStore, SlotKV, cache_kwarg, cache_layer_class
 from memrl.engines.hf_sampling import sample_rows
 from memrl.engines.hf_weights import load_state_dict, strip_wrappers
 from memrl.engines.weight_transfer import WeightTransfer, receive_all
 from memrl.quiet import hf_progress_off
+
+PREFIX_CACHE_TOKENS = 16384
+"""engine.hf.prefix_cache_tokens=None with kv_cache=slots."""
 
 _ENGINE, _HF = EngineConfig(), HFSection()
 """The section defaults HFEngine's keywords take (engine.* and engine.hf.*): one place sets them."""
@@ -72,6 +75,25 @@ class EngineStats:
     generate_seconds: float = 0.0
     """Seconds the worker spent in model work (forward, sampling, cache bookkeeping)."""
     weight_updates: int = 0
+    prefill_tokens: int = 0
+    """Prompt positions run through the model in prefills, padding included (prompts a prefill reused and
+    identical prompts prefilled once are not counted again)."""
+    padded_positions: int = 0
+    """Positions of padding computed: padded prompt tokens in prefills (every layer's MLP and attention run on
+    them) plus padded key positions decode steps attend over (summed over rows)."""
+    attended_positions: int = 0
+    """Key positions decode steps attend over, summed over rows (padding included)."""
+    cache_copy_bytes: int = 0
+    """Bytes of other rows' keys and values copied when rows join or leave (and when buffers grow)."""
+    prefix_hit_tokens: int = 0
+    """Prompt tokens whose keys and values came from the prefix cache instead of a prefill."""
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    """Seconds in decode-step forwards."""
+    sample_s: float = 0.0
+    """Seconds choosing tokens and logprobs from the logits (and the per-row bookkeeping)."""
+    cache_s: float = 0.0
+    """Seconds rebuilding, compacting or growing the KV cache when rows join or leave."""
 
     @property
     def max_batch_size(self) -> int:
@@ -141,6 +163,21 @@ class _Batch:
         return len(self.requests)
 
 
+class _SlotBatch:
+    """The running rows of engine.hf.kv_cache=slots: row r owns slot r of `kv`, holding its lens[r] tokens."""
+
+    def __init__(self, kv: SlotKV, requests: list[_Request] | None = None, last: torch.Tensor | None = None,
+                 lens: list[int] | None = None) -> None:
+        self.kv = kv
+        self.requests = requests if requests is not None else []
+        self.last = last if last is not None else torch.zeros(0, dtype=torch.long)  # [B] the next input token
+        self.lens = lens if lens is not None else []  # cached tokens of each row = position of its next input
+        self.done = [False] * len(self.requests)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+
 class HFEngine:
     """A transformers causal LM served with a micro-batcher and a hand-written KV-cache decoding loop.
 
@@ -155,6 +192,10 @@ class HFEngine:
     seed: seeds the generator of requests that carry no seed of their own (None = a random seed).
     share_weights: serve `model_or_path` (a loaded module) itself, on its own device and dtype, with no
     copy: the trainer's policy. `update_weights` with tensors that are that module's own is then a no-op.
+    prefix_cache_tokens: slots only: prompt tokens kept for reuse by prompts with the same leading tokens
+    (0 = off, None = PREFIX_CACHE_TOKENS with slots): engine.hf.prefix_cache_tokens.
+    kv_cache: "padded" (one left-padded cache rebuilt when rows join or leave) or "slots" (every row owns a
+    slot of a preallocated cache; prompts prefilled one by one, unpadded): engine.hf.kv_cache.
     deterministic: batch by waves instead of by time, so the same requests always meet the same batches
     (bitwise-reproducible rollouts, exact resume): the requests one event-loop turn submits form a wave,
     a wave is decoded without admitting later requests, and its completions are all handed back together.
@@ -173,11 +214,25 @@ class HFEngine:
         attn_implementation: str | None = _HF.attn_implementation,
         share_weights: bool = False,
         deterministic: bool = _HF.deterministic,
+        kv_cache: str = _HF.kv_cache,
+        prefix_cache_tokens: int | None = _HF.prefix_cache_tokens,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine.max_batch_size must be >= 1, got {max_batch_size}")
         if max_wait_ms < 0:
             raise ValueError(f"HFEngine.max_wait_ms must be >= 0, got {max_wait_ms}")
+        if kv_cache not in KV_CACHES:
+            raise ValueError(f"HFEngine.kv_cache must be one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
+        self.kv_cache = kv_cache
+        if prefix_cache_tokens is not None and prefix_cache_tokens < 0:
+            raise ValueError(f"HFEngine.prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
+        if kv_cache == "padded" and prefix_cache_tokens:
+            raise ValueError("HFEngine.prefix_cache_tokens needs kv_cache='slots' (the padded cache has no prefix "
+                             f"cache), got prefix_cache_tokens={prefix_cache_tokens}")
+        if prefix_cache_tokens is None:
+            prefix_cache_tokens = PREFIX_CACHE_TOKENS if kv_cache == "slots" else 0
+        self._prefix = PrefixStore(prefix_cache_tokens) if prefix_cache_tokens else None
+        self._prefix_wave = -1  # deterministic: the wave whose prompts the prefix store holds
         self.share_weights = share_weights
         self.source = "(the policy being trained)"
         """What error messages call the model: its directory when loaded from one."""
@@ -322,6 +377,8 @@ class HFEngine:
                 self._cond.wait(timeout=0.1)
         try:
             with self._model_lock:  # never taken while holding _cond: the worker nests them the other way
+                if self._prefix is not None:
+                    self._prefix.clear()  # keys and values of the old weights
                 self._copy_weights(state)
             self.stats.weight_updates += 1
         finally:
@@ -514,7 +571,15 @@ class HFEngine:
         self.stats.batch_sizes[int(input_ids.shape[0])] += 1
         return out.logits[:, -1, :].float()
 
-    def _admit(self, batch: _Batch | None, reqs: list[_Request]) -> _Batch:
+    def _admit(self, batch: Any, reqs: list[_Request]) -> Any:
+        if self.kv_cache == "slots":
+            return self._admit_slots(batch, reqs)
+        t0 = time.perf_counter()
+        out = self._admit_padded(batch, reqs)
+        self.stats.prefill_s += time.perf_counter() - t0
+        return out
+
+    def _admit_padded(self, batch: _Batch | None, reqs: list[_Request]) -> _Batch:
         """Prefill `reqs` together (left padded), sample their first tokens, merge them into the batch."""
         dev = self.device
         n, t = len(reqs), max(len(r.prompt_ids) for r in reqs)
@@ -537,24 +602,43 @@ class HFEngine:
             layer.pad_valid = None
         self.stats.prefill_calls += 1
         self.stats.prompt_tokens += sum(len(r.prompt_ids) for r in reqs)
+        self.stats.prefill_tokens += n * t
+        self.stats.padded_positions += n * t - sum(len(r.prompt_ids) for r in reqs)
         new = _Batch(reqs, cache, mask, mask.sum(-1), torch.zeros(n, dtype=torch.long, device=dev))
         self._sample_into(new, logits)
         if batch is None or len(batch) == 0:
             return new
-        return self._merge(batch, new)
+        t0 = time.perf_counter()
+        out = self._merge(batch, new)
+        self.stats.cache_s += time.perf_counter() - t0
+        return out
 
-    def _decode_step(self, batch: _Batch) -> None:
+    def _decode_step(self, batch: Any) -> None:
+        if self.kv_cache == "slots":
+            self._decode_step_slots(batch)
+            return
         live = [i for i, d in enumerate(batch.done) if not d]
         if not live:
             return
+        t0 = time.perf_counter()
         batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
         logits = self._forward(batch.last[:, None], batch.mask, batch.next_pos[:, None], batch.cache)
         batch.next_pos = batch.next_pos + 1
         self.stats.decode_steps += 1
+        self.stats.attended_positions += batch.mask.numel()
+        self.stats.padded_positions += batch.mask.numel() - int(batch.mask.sum())
+        self.stats.decode_s += time.perf_counter() - t0
         self._sample_into(batch, logits)
 
-    def _sample_into(self, batch: _Batch, logits: torch.Tensor) -> None:
+    def _sample_into(self, batch: Any, logits: torch.Tensor) -> None:
         """Sample one token per live row from float32 logits [B, V]; record token, logprob, finish."""
+        t0 = time.perf_counter()
+        try:
+            self._sample_rows(batch, logits)
+        finally:
+            self.stats.sample_s += time.perf_counter() - t0
+
+    def _sample_rows(self, batch: Any, logits: torch.Tensor) -> None:
         rows = [i for i, d in enumerate(batch.done) if not d]
         idx = torch.tensor(rows, dtype=torch.long, device=logits.device)
         sub = logits.index_select(0, idx) if len(rows) < logits.shape[0] else logits
@@ -608,7 +692,17 @@ class HFEngine:
             return
         self._resolve(req, Completion(list(req.tokens), list(req.logprobs), reason))
 
-    def _retire(self, batch: _Batch) -> _Batch:
+    def _retire(self, batch: Any) -> Any:
+        if self.kv_cache == "slots":
+            self._compact(batch)
+            return batch
+        t0 = time.perf_counter()
+        try:
+            return self._retire_padded(batch)
+        finally:
+            self.stats.cache_s += time.perf_counter() - t0
+
+    def _retire_padded(self, batch: _Batch) -> _Batch:
         """Drop finished rows once they are a quarter of the batch (or all of it); trim all-padding columns."""
         ndone = sum(batch.done)
         if ndone == 0:
@@ -632,6 +726,7 @@ class HFEngine:
             k = layer.keys.index_select(0, idx)[:, :, first:]
             v = layer.values.index_select(0, idx)[:, :, first:]
             layer.set_contents(k, v, extra=self._headroom(batch, keep))
+            self.stats.cache_copy_bytes += 2 * k.numel() * k.element_size()
         out = _Batch([batch.requests[i] for i in keep], batch.cache, mask,
                      batch.next_pos.index_select(0, idx), batch.last.index_select(0, idx))
         return out
@@ -669,6 +764,7 @@ class HFEngine:
             k = torch.cat([left_pad(lo.keys.index_select(0, idx), t - t_old, 2), left_pad(ln.keys, t - t_new, 2)])
             v = torch.cat([left_pad(lo.values.index_select(0, idx), t - t_old, 2), left_pad(ln.values, t - t_new, 2)])
             lo.set_contents(k[:, :, first:], v[:, :, first:], extra=headroom)
+            self.stats.cache_copy_bytes += 2 * k[:, :, first:].numel() * k.element_size()
         out = _Batch(
             [old.requests[i] for i in keep] + new.requests,
             old.cache,
@@ -678,6 +774,111 @@ class HFEngine:
         )
         out.done = [False] * len(keep) + list(new.done)
         return out
+
+    # ------------------------------------------------------------------ engine.hf.kv_cache=slots
+
+    def _admit_slots(self, batch: _SlotBatch | None, reqs: list[_Request]) -> _SlotBatch:
+        """Prefill each distinct prompt of `reqs` alone (no padding), write its keys and values into the
+        slots of the requests that sent it, sample their first tokens, append them to the batch."""
+        if batch is None:
+            batch = _SlotBatch(SlotKV(self.num_layers))
+        self._compact(batch)
+        if self._prefix is not None and self.deterministic and reqs[0].wave != self._prefix_wave:
+            self._prefix.clear()  # a wave's numbers depend on that wave alone (exact resume)
+            self._prefix_wave = reqs[0].wave
+        t0 = time.perf_counter()
+        kv, base = batch.kv, len(batch)
+        copied = kv.copied_bytes
+        first: dict[tuple[int, ...], int] = {}  # prompt -> the row of `reqs` whose prefill it reuses
+        logits_rows: list[torch.Tensor] = []
+        used = max(batch.lens, default=0)
+        for j, r in enumerate(reqs):
+            key = tuple(r.prompt_ids)
+            if key in first:  # the same prompt admitted together: computed once, its keys and values copied
+                src = base + first[key]
+                kv.copy_row(src, base + j, len(key))
+                logits_rows.append(logits_rows[first[key]])
+                continue
+            first[key] = j
+            n = len(key)
+            hit, prefix_kv = self._prefix.lookup(key) if self._prefix is not None else (0, [])
+            cache = self._new_cache()
+            for layer in cache.layers:
+                layer.min_capacity = n
+            for layer, (k, v) in zip(cache.layers, prefix_kv, strict=False):
+                layer.set_contents(k, v, extra=n - hit)
+            ids = torch.tensor([r.prompt_ids[hit:]], dtype=torch.long, device=self.device)
+            pos = torch.arange(hit, n, device=self.device)[None, :]
+            mask = torch.ones((1, n), dtype=torch.long, device=self.device)
+            logits_rows.append(self._forward(ids, mask, pos, cache))
+            self.stats.prefill_calls += 1
+            self.stats.prefill_tokens += n - hit
+            self.stats.prefix_hit_tokens += hit
+            if self._prefix is not None:
+                self._prefix.add(key, [(layer.keys, layer.values) for layer in cache.layers])
+            like = cache.layers[0].keys
+            need = max(len(q.prompt_ids) + q.max_new + 1 for q in reqs)
+            kv.ensure(base + len(reqs), need, base, used, like, self.max_batch_size)
+            kv.write_row(base + j, [(layer.keys, layer.values) for layer in cache.layers])
+        self.stats.prompt_tokens += sum(len(r.prompt_ids) for r in reqs)
+        self.stats.cache_copy_bytes += kv.copied_bytes - copied
+        self.stats.prefill_s += time.perf_counter() - t0
+        new = _SlotBatch(kv, list(reqs), torch.zeros(len(reqs), dtype=torch.long, device=self.device),
+                         [len(r.prompt_ids) for r in reqs])
+        self._sample_into(new, torch.cat(logits_rows))
+        batch.requests += new.requests
+        batch.lens += new.lens
+        batch.done += new.done
+        batch.last = torch.cat([batch.last.to(self.device), new.last])
+        return batch
+
+    def _decode_step_slots(self, batch: _SlotBatch) -> None:
+        self._compact(batch)
+        if not len(batch):
+            return
+        t0 = time.perf_counter()
+        rows = len(batch)
+        width = max(batch.lens) + 1
+        lens = torch.tensor(batch.lens, dtype=torch.long, device=self.device)
+        mask = (torch.arange(width, device=self.device)[None, :] <= lens[:, None])[:, None, None, :]
+        cache = batch.kv.step_cache(rows, lens, width)
+        logits = self._forward(batch.last[:, None], mask, lens[:, None], cache)
+        batch.lens = [n + 1 for n in batch.lens]
+        self.stats.decode_steps += 1
+        self.stats.attended_positions += rows * width
+        self.stats.padded_positions += rows * width - sum(batch.lens)
+        self.stats.decode_s += time.perf_counter() - t0
+        self._sample_into(batch, logits)
+
+    def _compact(self, batch: _SlotBatch) -> None:
+        """Drop finished rows: each hole takes the last live row (one row's copy); the others stay put."""
+        ndone = sum(batch.done)
+        if not ndone:
+            return
+        t0 = time.perf_counter()
+        with self._cond:
+            self._active -= ndone
+            self._cond.notify_all()
+        before = batch.kv.copied_bytes
+        order = list(range(len(batch)))
+        i, j = 0, len(batch) - 1
+        while True:
+            while j >= 0 and batch.done[j]:
+                j -= 1
+            while i < j and not batch.done[i]:
+                i += 1
+            if i >= j:
+                break
+            batch.kv.copy_row(j, i, batch.lens[j])
+            order[i] = j
+            batch.requests[i], batch.lens[i], batch.done[i], batch.done[j] = (
+                batch.requests[j], batch.lens[j], False, True)
+        live = j + 1
+        idx = torch.tensor(order[:live], dtype=torch.long, device=batch.last.device)
+        batch.last = batch.last.index_select(0, idx)
+        del batch.requests[live:], batch.lens[live:], batch.done[live:]
+        self.stats.cache_copy_bytes += batch.kv.copied_bytes - before
+        self.stats.cache_s += time.perf_counter() - t0
 
     # ------------------------------------------------------------------ weights
 

@@ -78,7 +78,26 @@ def test_memagent_model_numbers_and_sampled_trajectories_unchanged(memagent):
                                                                     [s.response_ids for s in tr.segments]))
     assert len(seen) == 18 and len({json.dumps(v) for v in seen.values()}) == 18
     digest = hashlib.sha256(json.dumps(sorted(seen.items())).encode()).hexdigest()
-    assert digest == "5ea084163d09cf5ed445b81814aa85708f9b75f84a870c3e441e19eae8ce6085"
+    assert digest == SAMPLED_DIGEST
+
+
+SAMPLED_DIGEST = "5ea084163d09cf5ed445b81814aa85708f9b75f84a870c3e441e19eae8ce6085"
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_memagent_sampled_trajectories_unchanged_with_the_slots_cache(memagent, deterministic):
+    """engine.hf.kv_cache=slots (issue 47) samples the same tokens as the padded cache on the demo's
+    evaluation path: the digest above, in wave and in continuous batching."""
+    ma, cfg, tcfg, out, spec, wf, tasks, tok, model = memagent
+    ecfg = replace(tcfg.engine, hf=replace(tcfg.engine.hf, kv_cache="slots", deterministic=deterministic))
+    seen = {}
+    with model_engine(model, tok, ecfg) as engine:
+        evaluate_tasks(EngineRollout(engine, spec), wf, tasks[2], 3, 1.0, 987654,
+                       on_trajectory=lambda t, tr: seen.__setitem__(tr.trajectory_id,
+                                                                    [s.response_ids for s in tr.segments]))
+        assert engine.kv_cache == "slots"
+    digest = hashlib.sha256(json.dumps(sorted(seen.items())).encode()).hexdigest()
+    assert digest == SAMPLED_DIGEST
 
 
 @pytest.fixture(scope="module")

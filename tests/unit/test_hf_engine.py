@@ -30,9 +30,15 @@ def ref_model(model_dir):
     return AutoModelForCausalLM.from_pretrained(model_dir).eval()
 
 
+@pytest.fixture(scope="module", params=["padded", "slots"])
+def kv_cache(request):
+    """Every engine test runs with both KV-cache layouts (engine.hf.kv_cache)."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def engine(model_dir):
-    eng = HFEngine(model_dir, max_batch_size=64, max_wait_ms=20.0, seed=0, deterministic=False)
+def engine(model_dir, kv_cache):
+    eng = HFEngine(model_dir, max_batch_size=64, max_wait_ms=20.0, seed=0, deterministic=False, kv_cache=kv_cache)
     yield eng
     asyncio.run(eng.close())
 
@@ -111,12 +117,13 @@ def hold_worker(eng: HFEngine, after_decode_steps: int, why: str) -> threading.E
     return gate
 
 
-def test_requests_joining_a_running_batch_decode_correctly(model_dir, ref_model, prompts):
+def test_requests_joining_a_running_batch_decode_correctly(model_dir, ref_model, prompts, kv_cache):
     """Continuous batching: rows admitted mid-decode, and rows leaving early, must not disturb others.
 
     No timing race: the worker is held after the long row's 5th decode step until the newcomers are queued,
     and the engine holds exactly long + newcomers rows, so they are admitted at the next step (no wait)."""
-    eng = HFEngine(model_dir, max_batch_size=len(prompts) + 1, max_wait_ms=20.0, seed=0, deterministic=False)
+    eng = HFEngine(model_dir, max_batch_size=len(prompts) + 1, max_wait_ms=20.0, seed=0, deterministic=False,
+                   kv_cache=kv_cache)
     eos = {eng.eos_token_id}
     gate = hold_worker(eng, after_decode_steps=5, why="the newcomers were never queued")
 
@@ -201,8 +208,8 @@ def test_tokenizer_eos_always_stops(model_dir, ref_model, prompts):
     assert out.token_ids == full[: full.index(fake_eos) + 1] and out.finish_reason == "stop"
 
 
-def test_concurrent_requests_are_batched(model_dir):
-    eng = HFEngine(model_dir, max_batch_size=64, max_wait_ms=50.0, deterministic=False, seed=None)
+def test_concurrent_requests_are_batched(model_dir, kv_cache):
+    eng = HFEngine(model_dir, max_batch_size=64, max_wait_ms=50.0, deterministic=False, seed=None, kv_cache=kv_cache)
     tok = eng.tokenizer
     n, new = 24, 8
     prompts = [tok.encode(f"Question {i}: what is {i} plus {i}?", add_special_tokens=False) for i in range(n)]
@@ -214,8 +221,10 @@ def test_concurrent_requests_are_batched(model_dir):
     st = eng.stats
     assert st.requests == n and st.completed == n
     assert st.generated_tokens == sum(len(o.token_ids) for o in outs)
-    assert st.forward_calls <= 2 * new  # one prefill + new-1 decode steps, plus slack for a late joiner
-    assert st.forward_calls < n * new / 4
+    assert st.decode_steps <= 2 * new  # new-1 decode steps, plus slack for a late joiner
+    # padded: one prefill of all prompts; slots: one per distinct prompt (no padding)
+    assert st.prefill_calls <= (2 if kv_cache == "padded" else n)
+    assert st.decode_steps < n * new / 4
     assert st.max_batch_size >= n // 2
     assert st.generate_seconds > 0 and st.tokens_per_second > 0
 
@@ -248,14 +257,14 @@ def test_update_weights_from_state_dict_and_path(model_dir, prompts, tmp_path):
         run(eng.close())
 
 
-def test_update_weights_waits_for_running_rows(model_dir, prompts):
+def test_update_weights_waits_for_running_rows(model_dir, prompts, kv_cache):
     """A completion never mixes weights: an update requested while a row runs (the worker is held after the
     row's 3rd decode step until the update is waiting) lands only after the row finishes."""
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(model_dir)
     zeroed = {k: torch.zeros_like(v) for k, v in base.state_dict().items() if k.endswith("o_proj.weight")}
-    eng = HFEngine(model_dir, deterministic=False, seed=None)
+    eng = HFEngine(model_dir, deterministic=False, seed=None, kv_cache=kv_cache)
     gate = hold_worker(eng, after_decode_steps=3, why="the update was never requested")
     seen_while_running = {}
 
@@ -324,11 +333,11 @@ def test_sample_rows_truncation():
     assert out[0] == 3  # inverse CDF in vocabulary order: the last bucket is token 3
 
 
-def test_deterministic_engine_never_merges_a_later_wave_into_a_running_one(model_dir, prompts):
+def test_deterministic_engine_never_merges_a_later_wave_into_a_running_one(model_dir, prompts, kv_cache):
     """A wave submitted while another is decoding waits until every row of the running one is done: its
     rows never join the running batch at a time-dependent decode step (the MemAct nondeterminism: callers
     coming back from a thread-run search joined the batch wherever the decode loop happened to be)."""
-    eng = HFEngine(model_dir, max_batch_size=64, seed=0, deterministic=True)
+    eng = HFEngine(model_dir, max_batch_size=64, seed=0, deterministic=True, kv_cache=kv_cache)
     long = SamplingParams(temperature=1.0, max_tokens=40, seed=1)
     short = SamplingParams(temperature=1.0, max_tokens=4, seed=2)
     order: list[str] = []
@@ -347,11 +356,70 @@ def test_deterministic_engine_never_merges_a_later_wave_into_a_running_one(model
 
     a, b, c, d = run_all([first(prompts[0]), first(prompts[1]), late(prompts[2]), late(prompts[3])])
     run(eng.close())
-    assert set(eng.stats.batch_sizes) == {2}, eng.stats.batch_sizes  # never 3 or 4 rows in one pass
-    assert eng.stats.prefill_calls == 2 and order[:2] == ["first", "first"]
+    # never 3 or 4 rows in one pass (slots: each prompt is prefilled alone, so passes of 1 row too)
+    assert set(eng.stats.batch_sizes) == ({2} if kv_cache == "padded" else {1, 2}), eng.stats.batch_sizes
+    assert eng.stats.prefill_calls == (2 if kv_cache == "padded" else 4) and order[:2] == ["first", "first"]
     # each wave's completions are the ones it gets alone (seeded rows, batches of exactly these two)
-    alone = HFEngine(model_dir, max_batch_size=64, seed=0, deterministic=True)
+    alone = HFEngine(model_dir, max_batch_size=64, seed=0, deterministic=True, kv_cache=kv_cache)
     again = run_all([alone.generate(prompts[2], short), alone.generate(prompts[3], short)])
     run(alone.close())
     assert [c.token_ids, d.token_ids] == [x.token_ids for x in again]
     assert len(a.token_ids) <= 40 and len(b.token_ids) <= 40
+
+
+def test_slots_a_leaving_row_costs_one_rows_copy(model_dir, prompts):
+    """kv_cache=slots: when a row leaves, only the last row moves into its slot; nobody else is copied.
+
+    One wave of A (2 tokens), B and C (6 tokens). A's 2nd token comes from decode step 1, after which A
+    leaves and C moves into slot 0. C then holds its prompt + 1 token (the one fed to step 1). Bytes: keys
+    and values (2) x 4 layers x 2 kv heads x 48 dims x 4 bytes (float32) = 3072 per token."""
+    eng = HFEngine(model_dir, max_batch_size=8, seed=0, deterministic=True, kv_cache="slots", prefix_cache_tokens=0)
+    a, b, c = prompts[0], prompts[1], prompts[4]
+    run_all([eng.generate(a, GREEDY.replace(max_tokens=2)), eng.generate(b, GREEDY.replace(max_tokens=6)),
+             eng.generate(c, GREEDY.replace(max_tokens=6))])
+    run(eng.close())
+    assert eng.stats.cache_copy_bytes == 3072 * (len(c) + 1)
+    assert eng.stats.prefill_tokens == len(a) + len(b) + len(c) and eng.stats.padded_positions > 0
+
+
+def test_slots_identical_prompts_of_a_wave_are_prefilled_once(model_dir, prompts):
+    eng = HFEngine(model_dir, max_batch_size=8, seed=0, deterministic=True, kv_cache="slots")
+    s = [SamplingParams(temperature=1.0, max_tokens=6, seed=i) for i in range(4)]
+    outs = run_all([eng.generate(prompts[1], p) for p in s])
+    run(eng.close())
+    assert eng.stats.prefill_calls == 1 and eng.stats.prefill_tokens == len(prompts[1])
+    alone = HFEngine(model_dir, max_batch_size=8, seed=0, deterministic=True, kv_cache="slots")
+    solo = run(alone.generate(prompts[1], s[2]))
+    run(alone.close())
+    assert outs[2].token_ids == solo.token_ids  # a seeded row does not depend on its company
+    assert outs[2].logprobs == pytest.approx(solo.logprobs, abs=1e-5)
+
+
+def test_slots_prefix_store_is_per_wave_when_deterministic_and_emptied_by_a_weight_update(model_dir, prompts):
+    """Deterministic waves start with an empty prefix store (a wave's numbers never depend on an earlier
+    wave: exact resume); continuous batching keeps it until a weight update. The prompt is 40 + 1 tokens,
+    so a repeat reuses 2 blocks of 16 = 32 tokens."""
+    long = (prompts[4] * 3)[:40]
+    p1, p2 = long + [5], long + [6]
+    det = HFEngine(model_dir, max_batch_size=8, seed=0, deterministic=True, kv_cache="slots")
+    run(det.generate(p1, GREEDY))
+    run(det.generate(p2, GREEDY))
+    run(det.close())
+    assert det.stats.prefix_hit_tokens == 0
+    cont = HFEngine(model_dir, max_batch_size=8, seed=0, deterministic=False, kv_cache="slots")
+    try:
+        run(cont.generate(p1, GREEDY))
+        run(cont.generate(p2, GREEDY))
+        assert cont.stats.prefix_hit_tokens == 32
+        cont.update_weights({k: v.clone() for k, v in cont.model.state_dict().items()})
+        run(cont.generate(p1, GREEDY))
+        assert cont.stats.prefix_hit_tokens == 32  # emptied by the update: nothing reused
+    finally:
+        run(cont.close())
+
+
+def test_prefix_cache_needs_slots(model_dir):
+    with pytest.raises(ValueError, match="prefix_cache_tokens needs kv_cache='slots'"):
+        HFEngine(model_dir, kv_cache="padded", prefix_cache_tokens=100)
+    with pytest.raises(ValueError, match="kv_cache must be one of padded, slots, got 'paged'"):
+        HFEngine(model_dir, kv_cache="paged")
