@@ -5,6 +5,7 @@ says how each weighs trajectories)."""
 from __future__ import annotations
 
 import random
+import statistics
 from collections.abc import Callable, Sequence
 
 from memrl.types import Group, Segment
@@ -123,3 +124,30 @@ def select_segments(
     if rule not in SELECTIONS:
         raise ValueError(f"unknown segment selection {rule!r}; known: {', '.join(sorted(SELECTIONS))}")
     return [SELECTIONS[rule](g, n, rng) for g in groups]
+
+
+def selection_rng(seed: int, step: int) -> random.Random:
+    """The rng of step `step`'s segment selection: from the seed and step alone, so resume is exact
+    (the string is the one memrl used before selection had its own key, so old runs select alike)."""
+    return random.Random(f"dcpo:{seed}:{step}")
+
+
+def segment_selection(
+    groups: list[Group], rule: str, per_task: int, rng: random.Random
+) -> tuple[list[list[Segment]], dict[str, float]]:
+    """`algorithm.selection` (not "all"): per group (in order, one rng), the segments that train
+    (memrl.algorithms.selection.select_segments). Returns (selected segments per group, dcpo/* metrics;
+    `dcpo/repeated` counts rows that repeat a segment already selected, which only "published" makes)."""
+    chosen = select_segments(groups, rule, per_task, rng)
+    trajs = [t for g in groups for t in g.trajectories]
+    available = sum(len(t.segments) for t in trajs)
+    pruned = [len(t.segments) > 1 or float(t.metrics.get("prunes", 0) or 0) > 0 for t in trajs]
+    selected = sum(len(c) for c in chosen)
+    metrics = {
+        "dcpo/segments_per_trajectory": available / len(trajs) if trajs else 0.0,
+        "dcpo/selected": float(selected),
+        "dcpo/available": float(available),
+        "dcpo/repeated": float(selected - sum(len({id(s) for s in c}) for c in chosen)),
+        "dcpo/pruned_share": statistics.fmean(pruned) if pruned else 0.0,
+    }
+    return chosen, metrics

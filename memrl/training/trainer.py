@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,12 +32,11 @@ from typing import Any
 import yaml
 
 from memrl.algorithms.advantages import compute_group_advantages
-from memrl.algorithms.losses import row_weights
-from memrl.algorithms.selection import aepo_gate, aepo_rows, batch_entropy, select_segments
+from memrl.algorithms.selection import segment_selection, selection_rng
 from memrl.config import to_yaml
 from memrl.engines.base import NonFiniteLogprobError
 from memrl.errors import UserError, disk_full
-from memrl.rewards.registry import NONE, model_reward_name, score_with
+from memrl.rewards.registry import NONE
 from memrl.training.assemble import RunParts
 from memrl.training.async_rollout import Producer, partial_metrics, stale_filter
 from memrl.training.checkpoint import LATEST, CheckpointError, disk_full_message, rng_state
@@ -47,6 +44,7 @@ from memrl.training.logging import MetricsLogger
 from memrl.training.packing import TrainBatch, weigh, weigh_shares
 from memrl.training.rollout import RolloutResult, asample_groups
 from memrl.training.schedule import optimizer_steps, rank_steps
+from memrl.training.step_extras import aepo_select, apply_model_reward
 from memrl.training.step_metrics import (
     EngineBusy,
     StageTimer,
@@ -71,33 +69,6 @@ def stop_if_not_finite(metrics: dict[str, float], step: int) -> None:
         shown = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
         raise UserError(f"step {step}: training diverged ({shown}); stopped without saving this step "
                         "(lower optim.lr or check the rewards and advantages)")
-
-
-def selection_rng(seed: int, step: int) -> random.Random:
-    """The rng of step `step`'s segment selection: from the seed and step alone, so resume is exact
-    (the string is the one memrl used before selection had its own key, so old runs select alike)."""
-    return random.Random(f"dcpo:{seed}:{step}")
-
-
-def segment_selection(
-    groups: list[Group], rule: str, per_task: int, rng: random.Random
-) -> tuple[list[list[Segment]], dict[str, float]]:
-    """`algorithm.selection` (not "all"): per group (in order, one rng), the segments that train
-    (memrl.algorithms.selection.select_segments). Returns (selected segments per group, dcpo/* metrics;
-    `dcpo/repeated` counts rows that repeat a segment already selected, which only "published" makes)."""
-    chosen = select_segments(groups, rule, per_task, rng)
-    trajs = [t for g in groups for t in g.trajectories]
-    available = sum(len(t.segments) for t in trajs)
-    pruned = [len(t.segments) > 1 or float(t.metrics.get("prunes", 0) or 0) > 0 for t in trajs]
-    selected = sum(len(c) for c in chosen)
-    metrics = {
-        "dcpo/segments_per_trajectory": available / len(trajs) if trajs else 0.0,
-        "dcpo/selected": float(selected),
-        "dcpo/available": float(available),
-        "dcpo/repeated": float(selected - sum(len({id(s) for s in c}) for c in chosen)),
-        "dcpo/pruned_share": statistics.fmean(pruned) if pruned else 0.0,
-    }
-    return chosen, metrics
 
 
 class NonFiniteModelError(UserError):
@@ -146,16 +117,11 @@ class Trainer:
         """One RL step: sample -> score -> advantages -> select -> update -> sync (module docstring)."""
         self.timer.reset()
         with self.timer("rollout"):
-            try:
-                res = self.sample_and_score()
-            except Exception as e:
-                if not non_finite_logprobs(e):
-                    raise
-                raise NonFiniteModelError(self._non_finite_message(e)) from e
+            res = self.rollout()
             parts = [rollout_metrics(res)]  # the outcome rewards, before a model-scored reward mixes in
             if res.groups and self.cfg.algorithm.model_reward != NONE:
                 with self.timer("model_reward"):
-                    parts.append(self.model_reward(res))
+                    parts.append(apply_model_reward(self.parts, res.groups))
         with self.timer("update"):
             if res.groups:
                 self.advantages(res)
@@ -165,25 +131,14 @@ class Trainer:
         return step_metrics(parts, res, self.timer, self.parts.gate is not None, self.engine_busy(),
                             self.state.position)
 
-    def model_reward(self, res: RolloutResult) -> dict[str, float]:
-        """algorithm.model_reward (memrl.rewards.model_scored): the trainer's model scores the kept groups in
-        one batched teacher-forced pass (`workers.old_logprobs`); the trajectories' rewards become its rewards
-        (the outcome kept as metrics["outcome_reward"], its value as metrics[<name>]). Returns its metrics."""
-        a, p = self.cfg.algorithm, self.parts
-        name = model_reward_name(a.model_reward)
-        prompts = None
-        if p.spec.memory_prompts is not None:
-            def prompts(task: Task, traj: Any) -> tuple[list[int], list[int]]:
-                return p.spec.memory_prompts(task, traj, p.wf_cfg, p.tokenizer)
-        out = score_with(a.model_reward, a.model_reward_options(), res.groups, p.workers.old_logprobs, prompts,
-                         p.tokenizer)
-        for g, rewards, values in zip(res.groups, out.rewards, out.values, strict=True):
-            for t, r, v in zip(g.trajectories, rewards, values, strict=True):
-                t.metrics["outcome_reward"] = float(t.reward) if t.reward is not None else 0.0
-                if v is not None:
-                    t.metrics[name] = float(v)
-                t.reward = float(r)
-        return out.metrics
+    def rollout(self) -> RolloutResult:
+        """sample_and_score; a non-finite log-probability in it stops the run naming the step (NonFiniteModelError)."""
+        try:
+            return self.sample_and_score()
+        except Exception as e:
+            if not non_finite_logprobs(e):
+                raise
+            raise NonFiniteModelError(self._non_finite_message(e)) from e
 
     def _non_finite_message(self, e: BaseException) -> str:
         """Step k's rollout met a non-finite log-probability: which weights, and what is on disk."""
@@ -268,12 +223,11 @@ class Trainer:
                 for s, lp in zip(rows, lps, strict=True):
                     s.old_logprobs = lp
             if a.aepo.enabled:
-                per_group, extra = self.aepo(per_group, rows, ents, groups or [])
+                per_group, extra = aepo_select(a, per_group, rows, ents, groups or [])
                 if not any(per_group):  # the gate left no row: no optimizer step this RL step
                     log.warning("step %d: AEPO's gate left no row to train (entropy %.4f)", self.step + 1,
                                 extra["aepo/entropy"])
                     return extra
-        t, mode = self.cfg.trainer, self.cfg.algorithm.loss_agg
         t, mode = self.cfg.trainer, self.cfg.algorithm.loss_agg
         # each mini-batch weighed once here (one weight per row): over all of it, or per_rank over each slice
         # of the published run's rank shares; memrl's own ranks then get token-balanced shares of it
@@ -286,27 +240,6 @@ class Trainer:
                 t.mini_batch_ranks)]
         return {**extra, **combine_step_metrics([self.train_rows(batch, step_scheduler=j == len(steps) - 1)
                                                  for j, batch in enumerate(steps)])}
-
-    def aepo(self, per_group: list[list[Segment]], rows: list[Segment], entropies: list[list[float]],
-             groups: list[Group]) -> tuple[list[list[Segment]], dict[str, float]]:
-        """algorithm.aepo (QwenLong-L1.5): the batch's entropy under the current policy (`entropies` of the
-        unique `rows`, aggregated by algorithm.loss_agg over the batch's rows), and with the gate on only the
-        rows with a positive advantage and trajectory reward (memrl.algorithms.selection.aepo_rows)."""
-        a = self.cfg.algorithm
-        ent_of = {id(s): sum(e for e, m in zip(ent, s.loss_mask or [], strict=True) if m)
-                  for s, ent in zip(rows, entropies, strict=True)}
-        flat = [s for segs in per_group for s in segs]
-        weights = row_weights([s.loss_mask or [] for s in flat], [s.trajectory_id for s in flat], a.loss_agg)
-        entropy = batch_entropy([ent_of[id(s)] for s in flat], weights)
-        on = aepo_gate(entropy, a.aepo.entropy_low, a.aepo.entropy_high)
-        if on:
-            if not groups:
-                raise ValueError("algorithm.aepo: the gate needs the step's groups (their trajectories' rewards)")
-            rewards = {t.trajectory_id: float(t.reward or 0.0) for g in groups for t in g.trajectories}
-            per_group = aepo_rows(per_group, rewards)
-        kept = sum(len(segs) for segs in per_group)
-        return per_group, {"aepo/entropy": entropy, "aepo/active": float(on), "aepo/rows_kept": float(kept),
-                           "aepo/rows_dropped": float(len(flat) - kept)}
 
     def train_rows(self, batch: TrainBatch, step_scheduler: bool = True) -> dict[str, float]:
         """One optimizer step on the weighed mini-batch `batch` (memrl.training.worker_group: each rank
