@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from memrl.rewards.judge import JudgeClient, JudgeSettings
 from memrl.services import registry
@@ -64,3 +65,17 @@ class Services:
                 await obj.close()
             except Exception as e:  # noqa: BLE001 - closing the rest matters more than one failure
                 log.warning("closing %s failed: %s: %s", type(obj).__name__, type(e).__name__, e)
+
+
+T = TypeVar("T")
+
+
+async def run_with(services: Services | None, body: Callable[[Services], Awaitable[T]]) -> T:
+    """`body(services)`: the run's Services, or (None) a Services for this call alone, closed after it."""
+    if services is not None:
+        return await body(services)
+    own = Services()
+    try:
+        return await body(own)
+    finally:
+        await own.aclose()

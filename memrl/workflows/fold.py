@@ -33,7 +33,7 @@ from memrl.config import valid
 from memrl.engines.base import Engine
 from memrl.rewards.fold import fold_score
 from memrl.rewards.judge import JudgeSettings
-from memrl.services.session import Services
+from memrl.services.session import run_with
 from memrl.tools import calls as tc
 from memrl.tools import context as ctx
 from memrl.tools import search as ts
@@ -224,13 +224,7 @@ class _Fold(AgentLoop):
 
 async def run(task: Any, engine: Engine, cfg: FoldConfig, rng: random.Random, services: Any = None) -> Trajectory:
     """One folding trajectory (module docstring); generation only."""
-    if services is None:
-        own = Services()
-        try:
-            return await _Fold(task, engine, cfg, rng, own).run()
-        finally:
-            await own.aclose()
-    return await _Fold(task, engine, cfg, rng, services).run()
+    return await run_with(services, lambda s: _Fold(task, engine, cfg, rng, s).run())
 
 
 def reward(task: Any, traj: Trajectory, services: Any = None) -> Any:

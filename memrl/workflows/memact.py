@@ -40,7 +40,7 @@ from memrl.engines.base import Engine, SamplingParams
 from memrl.engines.versioned import VERSION_KEY
 from memrl.rewards.judge import ERROR_KINDS, JudgeClient, JudgeSettings
 from memrl.rewards.multiq import multiq_reward, published_answer_text
-from memrl.services.session import Services
+from memrl.services.session import run_with
 from memrl.tools import calls as tc
 from memrl.tools import context as ctx
 from memrl.tools import search as ts
@@ -886,13 +886,7 @@ async def run(task: Task, engine: Engine, cfg: MemActConfig, rng: random.Random,
               services: Any = None) -> Trajectory:
     """One MemAct trajectory for `task` (module docstring); generation only (the judge is the reward's).
     `services`: the run's memrl.runtime.Services (its retriever); None = a Services for this call alone."""
-    if services is None:
-        own = Services()
-        try:
-            return await _Run(task, engine, cfg, rng, own).run()
-        finally:
-            await own.aclose()
-    return await _Run(task, engine, cfg, rng, services).run()
+    return await run_with(services, lambda s: _Run(task, engine, cfg, rng, s).run())
 
 
 async def judge_score(task: Task, traj: Trajectory, on_failure: str, client: Any) -> Score:

@@ -20,7 +20,7 @@ from typing import Any
 
 from memrl.config import valid
 from memrl.engines.base import Engine
-from memrl.services.session import Services
+from memrl.services.session import run_with
 from memrl.tools import context as ctx
 from memrl.tools import search as ts
 from memrl.types import Trajectory
@@ -70,13 +70,7 @@ class _Window(AgentLoop):
 async def run(task: Any, engine: Engine, cfg: SlidingWindowConfig, rng: random.Random,
               services: Any = None) -> Trajectory:
     """One sliding-window trajectory (module docstring); generation only."""
-    if services is None:
-        own = Services()
-        try:
-            return await _Window(task, engine, cfg, rng, own).run()
-        finally:
-            await own.aclose()
-    return await _Window(task, engine, cfg, rng, services).run()
+    return await run_with(services, lambda s: _Window(task, engine, cfg, rng, s).run())
 
 
 SPEC = WorkflowSpec(

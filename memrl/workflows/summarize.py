@@ -31,7 +31,7 @@ from typing import Any
 from memrl.config import valid
 from memrl.engines.base import Engine
 from memrl.rewards.judge import JudgeClient, JudgeSettings
-from memrl.services.session import Services
+from memrl.services.session import run_with
 from memrl.tools import context as ctx
 from memrl.tools import search as ts
 from memrl.types import Trajectory
@@ -167,13 +167,7 @@ class _Summarize(AgentLoop):
 async def run(task: Any, engine: Engine, cfg: SummarizeConfig, rng: random.Random,
               services: Any = None) -> Trajectory:
     """One summarizing trajectory (module docstring); generation only."""
-    if services is None:
-        own = Services()
-        try:
-            return await _Summarize(task, engine, cfg, rng, own).run()
-        finally:
-            await own.aclose()
-    return await _Summarize(task, engine, cfg, rng, services).run()
+    return await run_with(services, lambda s: _Summarize(task, engine, cfg, rng, s).run())
 
 
 SPEC = WorkflowSpec(
