@@ -286,6 +286,23 @@ class AgentLoop:
         self.add_tool(messages, owner.turn, out.text, owner)
         return out.error is None or out.error == "retrieval"
 
+    async def search_turn(self, messages: list[ctx.Message]) -> tuple[str, str] | None:
+        """One turn offering search alone: (answer text, stop) when the loop ends here (the context budget
+        left no room: ("", "context_budget"); a reply without calls: (its text, "answer")), else None once
+        the turn's calls ran and its malformed or excess calls were answered."""
+        t = await self.step(messages, {ts.SEARCH})
+        if t is None:
+            return "", "context_budget"
+        if not t.parsed.attempted:
+            return t.text, "answer"
+        for c in t.parsed.calls:
+            if c.name == ts.SEARCH:
+                await self.search(messages, c, t.message)
+            else:
+                self.unknown(messages, c, t.message, [ts.SEARCH])
+        self.reply_errors(messages, t)
+        return None
+
     def unknown(self, messages: list[ctx.Message], call: tc.ToolCall, owner: ctx.Message, offered: list[str]) -> None:
         self.counts["unknown_tools"] += 1
         self.add_tool(messages, owner.turn, f"Error: unknown tool {call.name!r}; available tools: "

@@ -22,7 +22,6 @@ from memrl.config import valid
 from memrl.engines.base import Engine
 from memrl.services.session import run_with
 from memrl.tools import context as ctx
-from memrl.tools import search as ts
 from memrl.types import Trajectory
 from memrl.workflows import WorkflowSpec
 from memrl.workflows.memact import reward as rule_reward
@@ -50,19 +49,10 @@ class _Window(AgentLoop):
                 kept = [m for m in msgs if m.kind == "head" or m.turn != turns[0]]
                 self.drop(msgs, kept)
                 msgs, drops = kept, drops + 1
-            t = await self.step(msgs, {ts.SEARCH})
-            if t is None:
-                stop = "context_budget"
+            end = await self.search_turn(msgs)
+            if end is not None:
+                answer, stop = end
                 break
-            if not t.parsed.attempted:
-                answer, stop = t.text, "answer"
-                break
-            for c in t.parsed.calls:
-                if c.name == ts.SEARCH:
-                    await self.search(msgs, c, t.message)
-                else:
-                    self.unknown(msgs, c, t.message, [ts.SEARCH])
-            self.reply_errors(msgs, t)
         self.add_segment(thread_row(msgs, since, len(self.segments), {"kind": "final"}))
         return self.trajectory(answer, stop, msgs, {"window_drops": float(drops)}, {})
 

@@ -33,7 +33,6 @@ from memrl.engines.base import Engine
 from memrl.rewards.judge import JudgeClient, JudgeSettings
 from memrl.services.session import run_with
 from memrl.tools import context as ctx
-from memrl.tools import search as ts
 from memrl.types import Trajectory
 from memrl.workflows import WorkflowSpec
 from memrl.workflows.memact import reward as rule_reward
@@ -145,19 +144,10 @@ class _Summarize(AgentLoop):
                 msgs, since = restart, last
                 summaries += 1
                 continue
-            t = await self.step(msgs, {ts.SEARCH})
-            if t is None:
-                stop = "context_budget"
+            end = await self.search_turn(msgs)
+            if end is not None:
+                answer, stop = end
                 break
-            if not t.parsed.attempted:
-                answer, stop = t.text, "answer"
-                break
-            for c in t.parsed.calls:
-                if c.name == ts.SEARCH:
-                    await self.search(msgs, c, t.message)
-                else:
-                    self.unknown(msgs, c, t.message, [ts.SEARCH])
-            self.reply_errors(msgs, t)
         self.add_segment(thread_row(msgs, since, len(self.segments), {"kind": "final", "part": summaries}))
         return self.trajectory(answer, stop, msgs, {"summaries": float(summaries),
                                                     "stop_max_summaries": float(stop == "max_summaries")},
