@@ -126,6 +126,9 @@ class AEPOOptions:
     """The gate is on while the entropy is < this. The published snippet's condition is low < H < high; its
     comment and the paper's text describe clipping when H exceeds an upper bound: entropy_low=<that bound>
     with entropy_high=null."""
+    keep_multiple_of: int = valid(0, ge=0, le=65536, note="0 = every kept row trains")
+    """With the gate on, the kept rows are cut, in batch order, to a multiple of this: the published trainer
+    truncates them to a multiple of the actor's world size (set it to that world size to reproduce it)."""
 
 
 OFF_POLICY_MODES: tuple[str, ...] = ("none", "tis", "decoupled")

@@ -38,6 +38,21 @@ def aepo_rows(per_group: Sequence[Sequence[Segment]], rewards: dict[str, float])
     return [[s for s in segs if float(s.advantage or 0.0) > 0 and rewards[s.trajectory_id] > 0] for segs in per_group]
 
 
+def truncate_to_multiple(per_group: Sequence[Sequence[Segment]], multiple: int) -> list[list[Segment]]:
+    """The first floor(k / multiple) * multiple of the k rows of `per_group`, in batch order (groups in
+    order, each group's rows in order), the rest dropped: the published AEPO trainer's truncation of its kept
+    rows to a multiple of the actor's world size (`algorithm.aepo.keep_multiple_of`). multiple 0 or 1 keeps
+    every row."""
+    if multiple <= 1:
+        return [list(segs) for segs in per_group]
+    left = sum(len(segs) for segs in per_group) // multiple * multiple
+    out = []
+    for segs in per_group:
+        out.append(list(segs[:left]))
+        left -= len(out[-1])
+    return out
+
+
 def batch_entropy(row_entropy_sums: Sequence[float], row_weights: Sequence[float]) -> float:
     """The batch's entropy as the loss aggregates it: sum over rows of weight * (sum of the row's trained
     tokens' entropies), the weights memrl.algorithms.losses.row_weights gives for algorithm.loss_agg

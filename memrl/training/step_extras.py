@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from memrl.algorithms.losses import row_weights
-from memrl.algorithms.selection import aepo_gate, aepo_rows, batch_entropy
+from memrl.algorithms.selection import aepo_gate, aepo_rows, batch_entropy, truncate_to_multiple
 from memrl.rewards.registry import model_reward_name, score_with
 from memrl.types import Group, Segment, Task
 
@@ -42,7 +42,8 @@ def aepo_select(algorithm: Any, per_group: list[list[Segment]], rows: list[Segme
                 groups: list[Group]) -> tuple[list[list[Segment]], dict[str, float]]:
     """The batch's entropy under the current policy (`entropies` of the unique `rows`, aggregated by
     algorithm.loss_agg over the batch's rows) and, with the gate on, only the rows with a positive advantage
-    and trajectory reward (memrl.algorithms.selection.aepo_rows). Returns (rows per group, aepo/* metrics)."""
+    and trajectory reward (memrl.algorithms.selection.aepo_rows), cut to a multiple of
+    algorithm.aepo.keep_multiple_of. Returns (rows per group, aepo/* metrics)."""
     ent_of = {id(s): sum(e for e, m in zip(ent, s.loss_mask or [], strict=True) if m)
               for s, ent in zip(rows, entropies, strict=True)}
     flat = [s for segs in per_group for s in segs]
@@ -53,7 +54,7 @@ def aepo_select(algorithm: Any, per_group: list[list[Segment]], rows: list[Segme
         if not groups:
             raise ValueError("algorithm.aepo: the gate needs the step's groups (their trajectories' rewards)")
         rewards = {t.trajectory_id: float(t.reward or 0.0) for g in groups for t in g.trajectories}
-        per_group = aepo_rows(per_group, rewards)
+        per_group = truncate_to_multiple(aepo_rows(per_group, rewards), algorithm.aepo.keep_multiple_of)
     kept = sum(len(segs) for segs in per_group)
     return per_group, {"aepo/entropy": entropy, "aepo/active": float(on), "aepo/rows_kept": float(kept),
                        "aepo/rows_dropped": float(len(flat) - kept)}

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from memrl.algorithms.losses import row_weights
-from memrl.algorithms.selection import aepo_gate, aepo_rows, batch_entropy
+from memrl.algorithms.selection import aepo_gate, aepo_rows, batch_entropy, truncate_to_multiple
 from memrl.config import ConfigError, load_config
 from memrl.training.config import TrainConfig
-from memrl.types import Segment
+from memrl.training.step_extras import aepo_select
+from memrl.types import Group, Segment, Trajectory
 
 
 def seg(traj: str, adv: float, n: int = 1) -> Segment:
@@ -47,3 +48,30 @@ def test_config_refusals():
                                   "model.path=x"]).check()
     with pytest.raises(ConfigError, match="algorithm.aepo.entropy_low"):
         load_config(TrainConfig, ["algorithm.aepo.entropy_low=-1", "model.path=x"])
+
+
+def test_kept_rows_cut_to_a_multiple_in_batch_order():
+    # 5 kept rows over 3 groups, multiple 2 -> the first 4 in batch order: a0 a1 | b0 | c0 (c1 dropped);
+    # multiple 3 -> a0 a1 | b0 | -; 0 and 1 keep all; multiple 8 > 5 rows -> none
+    rows = [[seg("a0", 1), seg("a1", 1)], [seg("b0", 1)], [seg("c0", 1), seg("c1", 1)]]
+    ids = lambda kept: [[s.trajectory_id for s in g] for g in kept]  # noqa: E731
+    assert ids(truncate_to_multiple(rows, 2)) == [["a0", "a1"], ["b0"], ["c0"]]
+    assert ids(truncate_to_multiple(rows, 3)) == [["a0", "a1"], ["b0"], []]
+    assert ids(truncate_to_multiple(rows, 0)) == ids(truncate_to_multiple(rows, 1)) == ids(rows)
+    assert ids(truncate_to_multiple(rows, 8)) == [[], [], []]
+
+
+def test_the_gate_cuts_the_kept_rows_when_asked():
+    # 3 rows, all A = +1 from reward-1 trajectories, one trained token each with entropy 0.5: the batch
+    # entropy (token-mean) is 0.5, inside (0.1, none) -> gate on; every row qualifies; keep_multiple_of 2 keeps
+    # the first 2 (a0, b0), 0 keeps all 3
+    segs = [seg("a0", 1.0), seg("b0", 1.0), seg("c0", 1.0)]
+    groups = [Group(s.trajectory_id, [Trajectory(s.trajectory_id, s.trajectory_id, [s], reward=1.0)]) for s in segs]
+    for multiple, kept in ((2, [["a0"], ["b0"], []]), (0, [["a0"], ["b0"], ["c0"]])):
+        a = load_config(TrainConfig, ["algorithm.aepo.enabled=true", "algorithm.old_logprobs=trainer",
+                                      "algorithm.aepo.entropy_low=0.1", f"algorithm.aepo.keep_multiple_of={multiple}",
+                                      "model.path=x"]).algorithm
+        per_group, m = aepo_select(a, [[s] for s in segs], segs, [[0.5]] * 3, groups)
+        assert [[s.trajectory_id for s in g] for g in per_group] == kept
+        assert (m["aepo/entropy"], m["aepo/active"], m["aepo/rows_kept"], m["aepo/rows_dropped"]) == \
+            (pytest.approx(0.5), 1.0, float(sum(map(len, kept))), float(3 - sum(map(len, kept))))
