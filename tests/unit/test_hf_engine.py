@@ -249,6 +249,10 @@ def test_concurrent_requests_are_batched(model_dir, kv_cache):
     assert st.decode_steps < n * new / 4
     assert st.max_batch_size >= n // 2
     assert st.generate_seconds > 0 and st.tokens_per_second > 0
+    # every request got a first token once; new tokens a row: its first, then new - 1 decode steps, so a
+    # decode gap was measured between two of them
+    assert st.first_tokens == n and 0 < st.mean_first_token_s <= st.max_first_token_s
+    assert st.max_decode_gap_s > 0
 
 
 def test_update_weights_from_state_dict_and_path(model_dir, prompts, tmp_path):
