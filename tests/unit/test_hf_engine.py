@@ -54,12 +54,13 @@ def engine(model_dir, layout):
     asyncio.run(eng.close())
 
 
+TEXTS = ["Hello there.", "Document 1:\nKalomi\nThe river was founded in 1875 by a band",
+         "<problem>Who won?</problem>", "x", "The answer is \\boxed{42}. " * 3]
+
+
 @pytest.fixture(scope="module")
 def prompts(engine):
-    tok = engine.tokenizer
-    texts = ["Hello there.", "Document 1:\nKalomi\nThe river was founded in 1875 by a band",
-             "<problem>Who won?</problem>", "x", "The answer is \\boxed{42}. " * 3]
-    return [tok.encode(t, add_special_tokens=False) for t in texts]
+    return [engine.tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
 
 
 def run(coro):
@@ -451,6 +452,28 @@ def test_prefill_chunk_tokens_needs_slots_and_continuous_batching(model_dir):
         HFEngine(model_dir, kv_cache="slots", deterministic=True, prefill_chunk_tokens=8)
     with pytest.raises(ValueError, match="prefill_chunk_tokens must be >= 0, got -1"):
         HFEngine(model_dir, kv_cache="slots", deterministic=False, prefill_chunk_tokens=-1)
+
+
+def test_chunked_prefill_keeps_seeded_samples(model_dir):
+    """Seeded sampled requests give the same tokens (logprobs within rounding) whether their prompts are
+    prefilled whole or one token a step beside other rows' decode steps: a seeded row draws from its own
+    generator, once per token, whenever it joins."""
+    params = [SamplingParams(temperature=1.0, max_tokens=8 + i, seed=10 + i) for i in range(len(TEXTS))]
+    outs = {}
+    for chunk in (0, 1):
+        eng = HFEngine(model_dir, max_batch_size=8, max_wait_ms=20.0, seed=0, deterministic=False,
+                       kv_cache="slots", prefill_chunk_tokens=chunk)
+        prompts = [eng.tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
+        try:
+            outs[chunk] = run_all([eng.generate(p, s) for p, s in zip(prompts, params, strict=True)])
+        finally:
+            run(eng.close())
+        if chunk:  # 5 + 21 + 6 + 1 + 28 = 61 prompt tokens, one a pass; rows decoded beside the queue
+            assert eng.stats.prefill_calls == 61 - eng.stats.prefix_hit_tokens
+            assert eng.stats.decode_steps_beside_prefill > 0
+    for whole, chunked in zip(outs[0], outs[1], strict=True):
+        assert chunked.token_ids == whole.token_ids and chunked.finish_reason == whole.finish_reason
+        assert chunked.logprobs == pytest.approx(whole.logprobs, abs=1e-5)
 
 
 def test_chunked_admission_counts_rows_still_prefilling(model_dir, ref_model, prompts):
