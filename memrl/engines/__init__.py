@@ -34,7 +34,8 @@ def build_engine(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None, l
         kw: dict[str, Any] = {"max_batch_size": cfg.max_batch_size, "max_wait_ms": h.max_wait_ms,
                               "max_prefill_tokens": h.max_prefill_tokens, "seed": cfg.seed,
                               "deterministic": h.deterministic, "kv_cache": h.kv_cache,
-                              "prefix_cache_tokens": h.prefix_cache_tokens}
+                              "prefix_cache_tokens": h.prefix_cache_tokens,
+                              "prefill_chunk_tokens": h.prefill_chunk_tokens}
         if policy is not None:
             if h.share_weights:
                 return HFEngine(policy, tokenizer=tokenizer, share_weights=True, **kw)

@@ -58,6 +58,13 @@ class HFSection:
     same tokens (in blocks of 16) computes only the rest; 0 = off, None = 16384 with slots. With
     deterministic waves the store is emptied at every wave, so a wave's numbers never depend on earlier
     ones (exact resume); a weight update empties it. Only slots has it: a value > 0 with padded is an error."""
+    prefill_chunk_tokens: int = valid(0, ge=0)
+    """kv_cache=slots with deterministic=false: the most prompt tokens prefilled between two decode steps of
+    the running rows (vLLM's chunked prefill); a longer prompt, or more prompts admitted at once, are
+    prefilled over several steps, and a row joins the decode batch once its whole prompt is in. 0 = off:
+    every admitted prompt is prefilled whole before the next decode step. Greedy tokens equal the unchunked
+    engine's on the tests' prompts (float rounding may differ). Refused with kv_cache=padded and with
+    deterministic waves (their batches must not depend on how prefills are split)."""
     share_weights: bool = True
     """Training only: serve the very module being trained (no copy; weight sync is a no-op). False = a
     copy of the policy, synced after every update."""

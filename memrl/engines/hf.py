@@ -94,6 +94,20 @@ class EngineStats:
     """Seconds choosing tokens and logprobs from the logits (and the per-row bookkeeping)."""
     cache_s: float = 0.0
     """Seconds rebuilding, compacting or growing the KV cache when rows join or leave."""
+    prefill_chunks: int = 0
+    """engine.hf.prefill_chunk_tokens: prefill passes that stopped before the end of their prompt (the token
+    budget of the step was spent; the rest comes in later steps)."""
+    decode_steps_beside_prefill: int = 0
+    """engine.hf.prefill_chunk_tokens: decode steps that ran while a prompt was part-way prefilled."""
+    first_tokens: int = 0
+    """Requests that got their first token."""
+    first_token_wait_s: float = 0.0
+    """Seconds from submission to the first token, summed over those requests (time to first token)."""
+    max_first_token_s: float = 0.0
+    """The longest time to first token."""
+    max_decode_gap_s: float = 0.0
+    """The longest wall time between two decode steps while rows were running (how long a running row was
+    stalled, e.g. by prefills admitted between its steps)."""
 
     @property
     def max_batch_size(self) -> int:
@@ -104,6 +118,10 @@ class EngineStats:
         """Average rows per forward pass, weighted by passes."""
         n = sum(self.batch_sizes.values())
         return sum(b * c for b, c in self.batch_sizes.items()) / n if n else 0.0
+
+    @property
+    def mean_first_token_s(self) -> float:
+        return self.first_token_wait_s / self.first_tokens if self.first_tokens else 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -159,8 +177,22 @@ class _Batch:
         self.last = last  # [B] long, the next input token (last sampled)
         self.done = [False] * len(requests)
 
+    prefill: list[_Partial] = []  # noqa: RUF012 - never written: the padded cache prefills at admission
+    prefilling_rows = 0
+
     def __len__(self) -> int:
         return len(self.requests)
+
+
+@dataclass
+class _Partial:
+    """engine.hf.prefill_chunk_tokens: a prompt being prefilled over several steps, for the requests that
+    sent it; `cache` holds its first `done` tokens (prefix-cache hit included) once started."""
+
+    key: tuple[int, ...]
+    reqs: list[_Request]
+    cache: Any = None
+    done: int = 0
 
 
 class _SlotBatch:
@@ -173,6 +205,11 @@ class _SlotBatch:
         self.last = last if last is not None else torch.zeros(0, dtype=torch.long)  # [B] the next input token
         self.lens = lens if lens is not None else []  # cached tokens of each row = position of its next input
         self.done = [False] * len(self.requests)
+        self.prefill: list[_Partial] = []  # prefill_chunk_tokens: admitted prompts not yet wholly prefilled
+
+    @property
+    def prefilling_rows(self) -> int:
+        return sum(len(p.reqs) for p in self.prefill)
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -196,6 +233,8 @@ class HFEngine:
     (0 = off, None = PREFIX_CACHE_TOKENS with slots): engine.hf.prefix_cache_tokens.
     kv_cache: "padded" (one left-padded cache rebuilt when rows join or leave) or "slots" (every row owns a
     slot of a preallocated cache; prompts prefilled one by one, unpadded): engine.hf.kv_cache.
+    prefill_chunk_tokens: slots with deterministic=False only: the most prompt tokens prefilled between two
+    decode steps (0 = off: admitted prompts are prefilled whole): engine.hf.prefill_chunk_tokens.
     deterministic: batch by waves instead of by time, so the same requests always meet the same batches
     (bitwise-reproducible rollouts, exact resume): the requests one event-loop turn submits form a wave,
     a wave is decoded without admitting later requests, and its completions are all handed back together.
@@ -216,6 +255,7 @@ class HFEngine:
         deterministic: bool = _HF.deterministic,
         kv_cache: str = _HF.kv_cache,
         prefix_cache_tokens: int | None = _HF.prefix_cache_tokens,
+        prefill_chunk_tokens: int = _HF.prefill_chunk_tokens,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine.max_batch_size must be >= 1, got {max_batch_size}")
@@ -229,6 +269,15 @@ class HFEngine:
         if kv_cache == "padded" and prefix_cache_tokens:
             raise ValueError("HFEngine.prefix_cache_tokens needs kv_cache='slots' (the padded cache has no prefix "
                              f"cache), got prefix_cache_tokens={prefix_cache_tokens}")
+        if prefill_chunk_tokens < 0:
+            raise ValueError(f"HFEngine.prefill_chunk_tokens must be >= 0, got {prefill_chunk_tokens}")
+        if prefill_chunk_tokens and kv_cache == "padded":
+            raise ValueError("engine.hf.prefill_chunk_tokens needs engine.hf.kv_cache=slots (the padded cache "
+                             f"prefills admitted prompts as one batch), got prefill_chunk_tokens={prefill_chunk_tokens}")
+        if prefill_chunk_tokens and deterministic:
+            raise ValueError("engine.hf.prefill_chunk_tokens needs engine.hf.deterministic=false (a wave is "
+                             f"prefilled whole), got prefill_chunk_tokens={prefill_chunk_tokens}")
+        self.prefill_chunk_tokens = prefill_chunk_tokens
         if prefix_cache_tokens is None:
             prefix_cache_tokens = PREFIX_CACHE_TOKENS if kv_cache == "slots" else 0
         self._prefix = PrefixStore(prefix_cache_tokens) if prefix_cache_tokens else None
@@ -280,6 +329,7 @@ class HFEngine:
         self._held: list[tuple[_Request, Completion | BaseException]] = []  # deterministic: the running wave's results
         self._wave_count = 0  # deterministic: waves submitted so far (a request's `wave` is its wave's number)
         self._running_wave = 0  # deterministic: the wave whose rows the worker decodes (0 = none yet)
+        self._last_decode: float | None = None  # when the last decode step ended, while rows run
 
     # ------------------------------------------------------------------ loading
 
@@ -483,9 +533,10 @@ class HFEngine:
             while True:
                 if self._closed:
                     return []
-                running = batch is not None and len(batch) > 0
+                running = batch is not None and (len(batch) > 0 or batch.prefilling_rows > 0)
                 # finished rows still in the batch are dropped by the merge, so they leave room
-                free = self.max_batch_size - (len(batch) - sum(batch.done) if batch is not None else 0)
+                free = self.max_batch_size - (
+                    len(batch) - sum(batch.done) + batch.prefilling_rows if batch is not None else 0)
                 if self.deterministic and running and self._pending and self._pending[0].wave != self._running_wave:
                     return []  # a later wave waits until every row of the running one is done (never merged)
                 if self._pending and free > 0 and not self._draining:
@@ -528,7 +579,7 @@ class HFEngine:
             admit = self._take_admissions(batch)
             if self._closed:
                 if batch is not None:
-                    for req in batch.requests:
+                    for req in self._requests_of(batch):
                         self._resolve(req, EngineError("HFEngine closed while the request was running"))
                 with self._cond:
                     self._active = 0
@@ -539,14 +590,20 @@ class HFEngine:
                 with self._model_lock, torch.inference_mode():
                     if admit:
                         batch = self._admit(batch, admit)
+                    if batch is not None and batch.prefill:
+                        self._prefill_chunks(batch)
                     if batch is not None and len(batch):
+                        if batch.prefill and not all(batch.done):
+                            self.stats.decode_steps_beside_prefill += 1
                         self._decode_step(batch)
                     if batch is not None:
                         batch = self._retire(batch)
+                    if batch is None or all(batch.done):
+                        self._last_decode = None  # no row waits for a next step
                 self.stats.generate_seconds += time.perf_counter() - t0
             except Exception as e:  # noqa: BLE001 - every waiting caller gets the error, the worker survives
                 log.exception("HFEngine worker step failed")
-                failed = (batch.requests if batch is not None else []) + admit
+                failed = (self._requests_of(batch) if batch is not None else []) + admit
                 seen: set[int] = set()
                 for req in failed:
                     if id(req) not in seen:
@@ -556,6 +613,11 @@ class HFEngine:
                 with self._cond:
                     self._active = 0
                     self._cond.notify_all()
+
+    @staticmethod
+    def _requests_of(batch: Any) -> list[_Request]:
+        """The batch's rows and the requests whose prompts are still being prefilled."""
+        return batch.requests + [r for p in batch.prefill for r in p.reqs]
 
     # ------------------------------------------------------------------ model work (worker thread only)
 
@@ -572,6 +634,8 @@ class HFEngine:
         return out.logits[:, -1, :].float()
 
     def _admit(self, batch: Any, reqs: list[_Request]) -> Any:
+        if self.prefill_chunk_tokens:
+            return self._queue_slots(batch, reqs)
         if self.kv_cache == "slots":
             return self._admit_slots(batch, reqs)
         t0 = time.perf_counter()
@@ -614,6 +678,15 @@ class HFEngine:
         return out
 
     def _decode_step(self, batch: Any) -> None:
+        now = time.perf_counter()
+        if self._last_decode is not None:
+            self.stats.max_decode_gap_s = max(self.stats.max_decode_gap_s, now - self._last_decode)
+        try:
+            self._decode_step_layout(batch)
+        finally:
+            self._last_decode = time.perf_counter()
+
+    def _decode_step_layout(self, batch: Any) -> None:
         if self.kv_cache == "slots":
             self._decode_step_slots(batch)
             return
@@ -669,6 +742,11 @@ class HFEngine:
             req.tokens.append(tok)
             req.logprobs.append(lp_list[j])
             self.stats.generated_tokens += 1
+            if len(req.tokens) == 1:
+                wait = time.monotonic() - req.submitted
+                self.stats.first_tokens += 1
+                self.stats.first_token_wait_s += wait
+                self.stats.max_first_token_s = max(self.stats.max_first_token_s, wait)
             if tok in req.stop_ids:
                 self._finish(batch, i, "stop")
             elif len(req.tokens) >= req.max_new:
@@ -831,6 +909,96 @@ class HFEngine:
         batch.done += new.done
         batch.last = torch.cat([batch.last.to(self.device), new.last])
         return batch
+
+    def _queue_slots(self, batch: _SlotBatch | None, reqs: list[_Request]) -> _SlotBatch:
+        """prefill_chunk_tokens: queue the admitted prompts for prefilling (a prompt already queued is
+        prefilled once for every request that sent it)."""
+        if batch is None:
+            batch = _SlotBatch(SlotKV(self.num_layers))
+        for r in reqs:
+            key = tuple(r.prompt_ids)
+            same = next((p for p in batch.prefill if p.key == key), None)
+            if same is not None:
+                same.reqs.append(r)
+            else:
+                batch.prefill.append(_Partial(key, [r]))
+        return batch
+
+    def _prefill_chunks(self, batch: _SlotBatch) -> None:
+        """Prefill the queued prompts, first come first, until prefill_chunk_tokens prompt tokens are computed
+        (a prompt's prefix-cache hit is not computed, so it does not count); a prompt cut by the budget goes on
+        from there at the next step. Prompts completed here join the batch with their first token."""
+        t0 = time.perf_counter()
+        budget = self.prefill_chunk_tokens
+        ready: list[tuple[_Partial, torch.Tensor]] = []
+        i = 0  # completed prompts stay queued until they joined (a failure reaches their callers)
+        while budget > 0 and i < len(batch.prefill):
+            p = batch.prefill[i]
+            if all(r.future.cancelled() for r in p.reqs):  # every caller gave up: nothing to compute
+                batch.prefill.pop(i)
+                with self._cond:
+                    self._active -= len(p.reqs)
+                    self._cond.notify_all()
+                continue
+            n = len(p.key)
+            if p.cache is None:  # its first chunk: start after the longest stored prefix
+                hit, prefix_kv = self._prefix.lookup(p.key) if self._prefix is not None else (0, [])
+                p.cache = self._new_cache()
+                for layer in p.cache.layers:
+                    layer.min_capacity = n
+                for layer, (k, v) in zip(p.cache.layers, prefix_kv, strict=False):
+                    layer.set_contents(k, v, extra=n - hit)
+                p.done = hit
+                self.stats.prefix_hit_tokens += hit
+            end = min(n, p.done + budget)
+            ids = torch.tensor([p.key[p.done : end]], dtype=torch.long, device=self.device)
+            pos = torch.arange(p.done, end, device=self.device)[None, :]
+            mask = torch.ones((1, end), dtype=torch.long, device=self.device)
+            logits = self._forward(ids, mask, pos, p.cache)
+            self.stats.prefill_calls += 1
+            self.stats.prefill_tokens += end - p.done
+            budget -= end - p.done
+            p.done = end
+            if end < n:
+                self.stats.prefill_chunks += 1
+                continue
+            i += 1
+            if self._prefix is not None:
+                self._prefix.add(p.key, [(layer.keys, layer.values) for layer in p.cache.layers])
+            ready.append((p, logits))
+        self.stats.prefill_s += time.perf_counter() - t0
+        if ready:
+            self._join_slots(batch, ready)
+            del batch.prefill[:i]
+
+    def _join_slots(self, batch: _SlotBatch, ready: list[tuple[_Partial, torch.Tensor]]) -> None:
+        """Write the wholly prefilled prompts into slots after the running rows and sample their first tokens."""
+        self._compact(batch)
+        t0 = time.perf_counter()
+        kv, base = batch.kv, len(batch)
+        copied = kv.copied_bytes
+        reqs = [r for p, _ in ready for r in p.reqs]
+        need = max(len(q.prompt_ids) + q.max_new + 1 for q in reqs)
+        kv.ensure(base + len(reqs), need, base, max(batch.lens, default=0), ready[0][0].cache.layers[0].keys,
+                  self.max_batch_size)
+        row, logits_rows = base, []
+        for p, logits in ready:
+            kv.write_row(row, [(layer.keys, layer.values) for layer in p.cache.layers])
+            for extra in range(1, len(p.reqs)):  # the same prompt sent again: its keys and values copied
+                kv.copy_row(row, row + extra, len(p.key))
+            logits_rows += [logits] * len(p.reqs)
+            row += len(p.reqs)
+            p.cache = None
+        self.stats.prompt_tokens += sum(len(r.prompt_ids) for r in reqs)
+        self.stats.cache_copy_bytes += kv.copied_bytes - copied
+        self.stats.cache_s += time.perf_counter() - t0
+        new = _SlotBatch(kv, reqs, torch.zeros(len(reqs), dtype=torch.long, device=self.device),
+                         [len(r.prompt_ids) for r in reqs])
+        self._sample_into(new, torch.cat(logits_rows))
+        batch.requests += new.requests
+        batch.lens += new.lens
+        batch.done += new.done
+        batch.last = torch.cat([batch.last.to(self.device), new.last])
 
     def _decode_step_slots(self, batch: _SlotBatch) -> None:
         self._compact(batch)

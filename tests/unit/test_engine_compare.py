@@ -38,6 +38,15 @@ def test_table_medians_ratios_identity_and_peak_fraction():
     assert lines[3] == "| tiny | 16 | vllm | 250 (150-500) | 1.25x | 205 (100-300) | 0.50x | no (1/1 calls differ) | 50.0 |"
 
 
+def test_latency_table_of_the_last_rounds_stats():
+    stats = {"first_tokens": 4, "first_token_wait_s": 2.0, "max_first_token_s": 0.9, "max_decode_gap_s": 0.25,
+             "prefill_chunks": 7, "decode_steps_beside_prefill": 12}
+    cells = [ec.Cell("hf-new-chunked", "tiny", 16, stats=stats), ec.Cell("vllm", "tiny", 16, stats={})]
+    lines = ec.format_latency(cells).splitlines()
+    # 2.0 s over 4 first tokens -> 0.500 mean; vllm has no counters and no row
+    assert lines[2:] == ["| tiny | 16 | hf-new-chunked | 0.500 | 0.900 | 0.250 | 7 | 12 |"]
+
+
 def test_dry_run_plans_without_running(capsys, tmp_path):
     missing = tmp_path / "no-python"
     assert ec.main(["--dry-run", "--presets", "tiny", "--engines", "hf", "vllm", "--vllm-python", str(missing)]) == 0

@@ -36,19 +36,31 @@ def kv_cache(request):
     return request.param
 
 
+LAYOUTS = {"padded": {"kv_cache": "padded"}, "slots": {"kv_cache": "slots"},
+           "slots-chunk3": {"kv_cache": "slots", "prefill_chunk_tokens": 3}}
+"""The shared engine's settings: both layouts, and slots with prefill chunked to 3 tokens a step (every
+prompt of `prompts` but "x" spans several steps)."""
+
+
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def layout(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def engine(model_dir, kv_cache):
-    eng = HFEngine(model_dir, max_batch_size=64, max_wait_ms=20.0, seed=0, deterministic=False, kv_cache=kv_cache)
+def engine(model_dir, layout):
+    eng = HFEngine(model_dir, max_batch_size=64, max_wait_ms=20.0, seed=0, deterministic=False, **LAYOUTS[layout])
     yield eng
     asyncio.run(eng.close())
 
 
+TEXTS = ["Hello there.", "Document 1:\nKalomi\nThe river was founded in 1875 by a band",
+         "<problem>Who won?</problem>", "x", "The answer is \\boxed{42}. " * 3]
+
+
 @pytest.fixture(scope="module")
 def prompts(engine):
-    tok = engine.tokenizer
-    texts = ["Hello there.", "Document 1:\nKalomi\nThe river was founded in 1875 by a band",
-             "<problem>Who won?</problem>", "x", "The answer is \\boxed{42}. " * 3]
-    return [tok.encode(t, add_special_tokens=False) for t in texts]
+    return [engine.tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
 
 
 def run(coro):
@@ -117,13 +129,13 @@ def hold_worker(eng: HFEngine, after_decode_steps: int, why: str) -> threading.E
     return gate
 
 
-def test_requests_joining_a_running_batch_decode_correctly(model_dir, ref_model, prompts, kv_cache):
+def test_requests_joining_a_running_batch_decode_correctly(model_dir, ref_model, prompts, layout):
     """Continuous batching: rows admitted mid-decode, and rows leaving early, must not disturb others.
 
     No timing race: the worker is held after the long row's 5th decode step until the newcomers are queued,
     and the engine holds exactly long + newcomers rows, so they are admitted at the next step (no wait)."""
     eng = HFEngine(model_dir, max_batch_size=len(prompts) + 1, max_wait_ms=20.0, seed=0, deterministic=False,
-                   kv_cache=kv_cache)
+                   **LAYOUTS[layout])
     eos = {eng.eos_token_id}
     gate = hold_worker(eng, after_decode_steps=5, why="the newcomers were never queued")
 
@@ -143,8 +155,19 @@ def test_requests_joining_a_running_batch_decode_correctly(model_dir, ref_model,
     finally:
         gate.set()
         run(eng.close())
-    joined = eng.stats.batch_sizes
-    assert joined[len(prompts) + 1] > 0, joined  # the newcomers decoded together with the running row
+    joined, st = eng.stats.batch_sizes, eng.stats
+    if layout == "slots-chunk3":
+        # prompts are 5, 21, 6, 1, 28 tokens. The long row's 21 tokens: 7 passes of 3 (6 chunks), nothing
+        # decoding yet; the prefix cache keeps its first 16. The newcomers compute 5, 21 - 16, 6, 1, 28 = 45
+        # tokens, 3 a step: 15 steps; passes end at step cuts 3..42 (14) and prompt ends 5, 10, 16, 17:
+        # 19 passes, 19 - 5 = 14 chunks. The long row (30 tokens: the first, 5 steps before, 24 after)
+        # decodes in every one of the 15 steps, and after steps 1..14 a prompt is still part-way: 14 steps
+        # beside a partial prefill.
+        assert st.prefix_hit_tokens == 16
+        assert (st.prefill_calls, st.prefill_chunks, st.decode_steps_beside_prefill) == (7 + 19, 6 + 14, 14)
+    else:
+        assert joined[len(prompts) + 1] > 0, joined  # the newcomers decoded together with the running row
+        assert st.prefill_chunks == st.decode_steps_beside_prefill == 0
     assert outs[0].token_ids == greedy_reference(ref_model, prompts[1], 30, eos)
     for i, (p, out) in enumerate(zip(prompts, outs[1:], strict=True)):
         assert out.token_ids == greedy_reference(ref_model, p, 3 + i, eos)
@@ -227,6 +250,10 @@ def test_concurrent_requests_are_batched(model_dir, kv_cache):
     assert st.decode_steps < n * new / 4
     assert st.max_batch_size >= n // 2
     assert st.generate_seconds > 0 and st.tokens_per_second > 0
+    # every request got a first token once; new tokens a row: its first, then new - 1 decode steps, so a
+    # decode gap was measured between two of them
+    assert st.first_tokens == n and 0 < st.mean_first_token_s <= st.max_first_token_s
+    assert st.max_decode_gap_s > 0
 
 
 def test_update_weights_from_state_dict_and_path(model_dir, prompts, tmp_path):
@@ -257,14 +284,14 @@ def test_update_weights_from_state_dict_and_path(model_dir, prompts, tmp_path):
         run(eng.close())
 
 
-def test_update_weights_waits_for_running_rows(model_dir, prompts, kv_cache):
+def test_update_weights_waits_for_running_rows(model_dir, prompts, layout):
     """A completion never mixes weights: an update requested while a row runs (the worker is held after the
     row's 3rd decode step until the update is waiting) lands only after the row finishes."""
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(model_dir)
     zeroed = {k: torch.zeros_like(v) for k, v in base.state_dict().items() if k.endswith("o_proj.weight")}
-    eng = HFEngine(model_dir, deterministic=False, seed=None, kv_cache=kv_cache)
+    eng = HFEngine(model_dir, deterministic=False, seed=None, **LAYOUTS[layout])
     gate = hold_worker(eng, after_decode_steps=3, why="the update was never requested")
     seen_while_running = {}
 
@@ -416,6 +443,59 @@ def test_slots_prefix_store_is_per_wave_when_deterministic_and_emptied_by_a_weig
         assert cont.stats.prefix_hit_tokens == 32  # emptied by the update: nothing reused
     finally:
         run(cont.close())
+
+
+def test_prefill_chunk_tokens_needs_slots_and_continuous_batching(model_dir):
+    with pytest.raises(ValueError, match=r"^engine.hf.prefill_chunk_tokens needs engine.hf.kv_cache=slots .*=8$"):
+        HFEngine(model_dir, kv_cache="padded", deterministic=False, prefill_chunk_tokens=8)
+    with pytest.raises(ValueError, match=r"^engine.hf.prefill_chunk_tokens needs engine.hf.deterministic=false"):
+        HFEngine(model_dir, kv_cache="slots", deterministic=True, prefill_chunk_tokens=8)
+    with pytest.raises(ValueError, match="prefill_chunk_tokens must be >= 0, got -1"):
+        HFEngine(model_dir, kv_cache="slots", deterministic=False, prefill_chunk_tokens=-1)
+
+
+def test_chunked_prefill_keeps_seeded_samples(model_dir):
+    """Seeded sampled requests give the same tokens (logprobs within rounding) whether their prompts are
+    prefilled whole or one token a step beside other rows' decode steps: a seeded row draws from its own
+    generator, once per token, whenever it joins."""
+    params = [SamplingParams(temperature=1.0, max_tokens=8 + i, seed=10 + i) for i in range(len(TEXTS))]
+    outs = {}
+    for chunk in (0, 1):
+        eng = HFEngine(model_dir, max_batch_size=8, max_wait_ms=20.0, seed=0, deterministic=False,
+                       kv_cache="slots", prefill_chunk_tokens=chunk)
+        prompts = [eng.tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
+        try:
+            outs[chunk] = run_all([eng.generate(p, s) for p, s in zip(prompts, params, strict=True)])
+        finally:
+            run(eng.close())
+        if chunk:  # 5 + 21 + 6 + 1 + 28 = 61 prompt tokens, one a pass; rows decoded beside the queue
+            assert eng.stats.prefill_calls == 61 - eng.stats.prefix_hit_tokens
+            assert eng.stats.decode_steps_beside_prefill > 0
+    for whole, chunked in zip(outs[0], outs[1], strict=True):
+        assert chunked.token_ids == whole.token_ids and chunked.finish_reason == whole.finish_reason
+        assert chunked.logprobs == pytest.approx(whole.logprobs, abs=1e-5)
+
+
+def test_chunked_admission_counts_rows_still_prefilling(model_dir, ref_model, prompts):
+    """max_batch_size bounds decoding rows plus rows whose prompt is part-way prefilled: with room for 2,
+    a third request waits until one of the first two has finished, even while both are still prefilling."""
+    eng = HFEngine(model_dir, max_batch_size=2, max_wait_ms=0.0, seed=0, deterministic=False, kv_cache="slots",
+                   prefill_chunk_tokens=2, prefix_cache_tokens=0)
+    seen = []
+    admit = eng._queue_slots
+
+    def queue(batch, reqs):
+        seen.append(len(reqs) + (batch.prefilling_rows + len(batch) - sum(batch.done) if batch is not None else 0))
+        return admit(batch, reqs)
+
+    eng._queue_slots = queue
+    try:
+        outs = run_all([eng.generate(p, GREEDY.replace(max_tokens=4)) for p in prompts[:3]])
+    finally:
+        run(eng.close())
+    assert max(seen) <= 2, seen
+    for p, out in zip(prompts[:3], outs, strict=True):
+        assert out.token_ids == greedy_reference(ref_model, p, 4, {eng.eos_token_id})
 
 
 def test_prefix_cache_needs_slots(model_dir):

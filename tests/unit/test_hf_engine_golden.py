@@ -57,24 +57,36 @@ def requests(tok):
     return prompts, params
 
 
-def scenarios(model, tok, **engine_kw) -> dict:
-    """Every scenario's (tokens, logprobs, finish) per request, with HFEngine(**engine_kw)."""
+def scenarios(model, tok, counts: dict | None = None, **engine_kw) -> dict:
+    """Every scenario's (tokens, logprobs, finish) per request, with HFEngine(**engine_kw); `counts` gets each
+    scenario's (prefill passes, prefill chunks, decode steps beside a partial prefill)."""
     from memrl.engines.hf import HFEngine
 
     prompts, params = requests(tok)
     out: dict = {}
+    counts = {} if counts is None else counts
+
+    def count(name, eng):
+        st = eng.stats
+        counts[name] = (st.prefill_calls, st.prefill_chunks, st.decode_steps_beside_prefill)
 
     def collect(outs):
         return [{"tokens": o.token_ids, "logprobs": o.logprobs, "finish": o.finish_reason} for o in outs]
 
     # one wave: all six prompts admitted together (deterministic waves), plus each prompt a second time
-    # (identical prompts admitted together)
-    eng = HFEngine(model, tokenizer=tok, max_batch_size=16, seed=0, deterministic=True, **engine_kw)
+    # (identical prompts admitted together). Chunked prefill refuses waves: there the twelve requests are
+    # admitted together by continuous batching (max_batch_size 12: the worker takes them once all wait)
+    if engine_kw.get("prefill_chunk_tokens"):
+        eng = HFEngine(model, tokenizer=tok, max_batch_size=12, max_wait_ms=10_000.0, seed=0, deterministic=False,
+                       **engine_kw)
+    else:
+        eng = HFEngine(model, tokenizer=tok, max_batch_size=16, seed=0, deterministic=True, **engine_kw)
 
     async def wave():
         return await asyncio.gather(*[eng.generate(p, s) for p, s in zip(prompts + prompts, params + params, strict=True)])
 
     out["wave"] = collect(asyncio.run(wave()))
+    count("wave", eng)
     asyncio.run(eng.close())
 
     # continuous batching, staggered: the long request runs alone for 4 decode steps, then the others join;
@@ -103,6 +115,7 @@ def scenarios(model, tok, **engine_kw) -> dict:
 
     try:
         out["staggered"] = collect(asyncio.run(asyncio.wait_for(staggered(), 120)))
+        count("staggered", eng)
     finally:
         gate.set()
         asyncio.run(eng.close())
@@ -118,6 +131,7 @@ def scenarios(model, tok, **engine_kw) -> dict:
 
     out["shared_prefix"] = collect(asyncio.run(one_by_one()))
     out["shared_prefix_hits"] = getattr(eng.stats, "prefix_hit_tokens", 0)
+    count("shared_prefix", eng)
     asyncio.run(eng.close())
     return out
 
@@ -132,9 +146,39 @@ def golden():
     return json.loads(GOLDEN.read_text())
 
 
-@pytest.mark.parametrize("kv_cache", ["padded", "slots"])
-def test_greedy_outputs_equal_mains_engine(model_tok, golden, kv_cache):
-    got, golden = scenarios(*model_tok, kv_cache=kv_cache), dict(golden)
+# Prompt lengths in tokens: TEXTS -> 5, 22, 14, 1, 55, 35 (132); max_tokens 16, 3, 24, 9, 1, 20. With a
+# chunk budget c the queued prompts form one token stream cut into steps of c tokens; a prefill pass ends at
+# a step's end or a prompt's end; a pass that ends before its prompt's end is a chunk; a decode step runs
+# every step, beside a partial prefill while the stream is unfinished after that step's prefill.
+CHUNKED = {
+    # c = 7. wave (the six distinct prompts, 132 tokens; no prompt starts with another's 16-token block):
+    #   step cuts 7..126 (18) and prompt ends 5, 27, 41, 42, 97 (42 = 6 x 7 already a step cut): 22 cuts,
+    #   23 passes, 23 - 6 = 17 chunks; prompts end in steps 1, 4, 6, 6, 14, 19 and decode 15, 2, 23, 8, 0, 19
+    #   steps from there: rows run in every step 1..18 (prompt 2's rows until step 28) -> 18 beside.
+    # staggered: prompt 2 alone, 14 tokens = 2 passes, 1 chunk, no row yet; it then decodes 4 steps before
+    #   the other five (5, 22, 1, 55, 35 = 118 tokens) are queued and 18 steps after (24 tokens).
+    #   Their stream: step cuts 7..112 (16), prompt ends 5, 27, 28 (= 4 x 7), 83 -> 19 cuts, 20 passes,
+    #   15 chunks; prompt 2's row decodes in every step 1..16 of the stream -> 16 beside.
+    # shared_prefix: one at a time, 50 - 0, 47 - 32, 50 - 48 tokens to compute: 8 + 3 + 1 passes, 7 + 2 + 0
+    #   chunks, nothing decodes beside.
+    7: {"wave": (23, 17, 18), "staggered": (2 + 20, 1 + 15, 16), "shared_prefix": (12, 9, 0)},
+    # c = 1: one pass per computed token, every pass but a prompt's last a chunk. wave: 132 passes, 126
+    #   chunks; rows decode in steps 5-19 (prompt 0), 27-28 (prompt 1), 41-63 (prompt 2, 42-49 prompt 3):
+    #   40 steps, all before step 132. staggered: 14 + 118 passes, 13 + 113 chunks; prompt 2's row decodes
+    #   in stream steps 1-18, prompt 0's in 5-19, prompt 1's in 27-28, prompt 3's in 28-35 -> 19 + 9 = 28.
+    #   shared_prefix: 50 + 15 + 2 passes, 49 + 14 + 1 chunks.
+    1: {"wave": (132, 126, 40), "staggered": (132, 126, 28), "shared_prefix": (67, 64, 0)},
+}
+
+
+@pytest.mark.parametrize(("kv_cache", "chunk"), [("padded", 0), ("slots", 0), ("slots", 7), ("slots", 1)])
+def test_greedy_outputs_equal_mains_engine(model_tok, golden, kv_cache, chunk):
+    counts: dict = {}
+    got, golden = scenarios(*model_tok, counts, kv_cache=kv_cache, prefill_chunk_tokens=chunk), dict(golden)
+    if chunk:
+        assert counts == CHUNKED[chunk]
+    else:  # unchunked: no pass stops inside a prompt, nothing prefills beside a decode step
+        assert all(c[1:] == (0, 0) for c in counts.values()), counts
     assert set(got) == set(golden) == {"wave", "staggered", "shared_prefix", "shared_prefix_hits"}
     # 40 shared tokens -> 2 whole blocks of 16 for the second prompt; the repeat of the first (50 tokens)
     # reuses 3 blocks (48), leaving 2 to compute: 32 + 48 (padded has no prefix cache)
