@@ -58,7 +58,7 @@ def sections(py: str, out: Path) -> list[Section]:
                               "--shape", "qwen2.5-0.5b", "--dtype", "bfloat16", "--gradient-checkpointing",
                               "--chunk", "1024", "--max-gb", "130", "--json", str(out / "long_rows.json")], 120,
                 [py, str(bench / "long_rows.py"), "--dry-run", "--json", str(out / "long_rows.json")]),
-        Section("gpu_single", [py, str(bench / "gpu_single.py"), "--json", str(out / "gpu_single.json")], 110,
+        Section("gpu_single", [py, str(bench / "gpu_single.py"), "--json", str(out / "gpu_single.json")], 150,
                 [py, str(bench / "gpu_single.py"), "--dry-run", "--json", str(out / "gpu_single.json")]),
     ]
 

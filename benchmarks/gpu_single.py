@@ -6,7 +6,8 @@ and the in-process weight sync, by model size (tiny, small, a Qwen2.5-0.5B-shape
 
 Update: 16 rows x (96 prompt + 32 response) tokens, AdamW, KL to a reference model, one micro-batch
 (token budget 4096); float32 master weights. Generation: HFEngine, greedy, 64 new tokens per request
-from 32-token prompts, batch 16 and 64. Sync: the gathered state dict loaded into an engine that holds
+from 32-token prompts, batch 16 and 64, with each KV-cache layout (engine.hf.kv_cache padded, then slots,
+on the same prompts: how many requests' greedy tokens agree is printed). Sync: the gathered state dict loaded into an engine that holds
 its own copy (engine.hf.share_weights=false), the path Ray replicas take in-process.
 """
 
@@ -83,7 +84,9 @@ def update_figures(path: str, dtype: str) -> dict[str, float]:
             "gather_s": statistics.fmean(gathers), "peak_gib": peak}
 
 
-def engine_figures(path: str, dtype: str) -> dict[str, float]:
+def engine_figures(path: str, dtype: str, kv_cache: str = "padded", sync: bool = True) -> dict[str, float]:
+    """Generation tokens/s at batch 16 and 64 with engine.hf.kv_cache=`kv_cache` (the same prompts for every
+    layout: `tokens_b{n}` keeps the greedy outputs for the comparison), and the weight sync when `sync`."""
     from transformers import AutoModelForCausalLM
 
     from memrl.engines import EngineConfig, build_engine
@@ -91,27 +94,31 @@ def engine_figures(path: str, dtype: str) -> dict[str, float]:
 
     out: dict[str, float] = {}
     eng = build_engine(load_config(EngineConfig, [f"model={path}", "max_batch_size=64", f"hf.device={DEVICE}",
-                                                  f"dtype={dtype}", "hf.deterministic=false"]))
+                                                  f"dtype={dtype}", "hf.deterministic=false",
+                                                  f"hf.kv_cache={kv_cache}"]))
     vocab = eng.tokenizer.vocab_size
-    rng = random.Random(0)
     sp = SamplingParams(max_tokens=64, temperature=0.0, stop_token_ids=())
 
-    async def batch(n: int) -> int:
+    async def batch(n: int, seed: int) -> list[list[int]]:
+        rng = random.Random(seed)
         prompts = [[rng.randrange(vocab) for _ in range(32)] for _ in range(n)]
         done = await asyncio.gather(*(eng.generate(p, sp) for p in prompts))
-        return sum(len(c.token_ids) for c in done)
+        return [list(c.token_ids) for c in done]
 
     async def measure() -> None:  # one event loop for the engine's whole life
         for n in (16, 64):
-            await batch(n)  # warm-up
+            await batch(n, seed=n + 1)  # warm-up
             _sync()
             t0 = time.perf_counter()
-            toks = await batch(n)
+            got = await batch(n, seed=n)
             _sync()
-            out[f"gen_tok_s_b{n}"] = toks / (time.perf_counter() - t0)
+            out[f"gen_tok_s_b{n}"] = sum(map(len, got)) / (time.perf_counter() - t0)
+            out[f"tokens_b{n}"] = got  # type: ignore[assignment]
         await eng.close()
 
     asyncio.run(measure())
+    if not sync:
+        return out
     src = AutoModelForCausalLM.from_pretrained(path).to(DEVICE)
     times = []
     for _ in range(5):
@@ -154,15 +161,19 @@ def main() -> None:
             p = _random_05b(os.path.join(tmp, "m05"))
             sizes += [("0.5B-shaped", p, "float32"), ("0.5B-shaped", p, "bfloat16")]
         print("| model | dtype | update s | train tok/s | gather s | peak GiB | gen tok/s b16 | gen tok/s b64 "
-              "| sync s |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "| sync s | slots b16 | slots b64 | slots: same greedy tokens |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name, path, dtype in sizes:
             u = update_figures(path, dtype)
             e = engine_figures(path, dtype)
-            results[f"{name}/{dtype}"] = {**u, **e}
+            sl = engine_figures(path, dtype, kv_cache="slots", sync=False)
+            same = [a == b for n in (16, 64) for a, b in zip(e.pop(f"tokens_b{n}"), sl.pop(f"tokens_b{n}"),
+                                                             strict=True)]
+            results[f"{name}/{dtype}"] = {**u, **e, **{f"slots_{k}": v for k, v in sl.items()},
+                                          "slots_same_requests": sum(same), "requests": len(same)}
             print(f"| {name} | {dtype} | {u['step_s']:.3f} | {u['train_tok_s']:.0f} | {u['gather_s']:.4f} | "
-                  f"{u['peak_gib']:.2f} | {e['gen_tok_s_b16']:.0f} | {e['gen_tok_s_b64']:.0f} | {e['sync_s']:.4f} |",
-                  flush=True)
+                  f"{u['peak_gib']:.2f} | {e['gen_tok_s_b16']:.0f} | {e['gen_tok_s_b64']:.0f} | {e['sync_s']:.4f} | "
+                  f"{sl['gen_tok_s_b16']:.0f} | {sl['gen_tok_s_b64']:.0f} | {sum(same)}/{len(same)} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
