@@ -232,7 +232,8 @@ class HFEngine:
     prefix_cache_tokens: slots only: prompt tokens kept for reuse by prompts with the same leading tokens
     (0 = off, None = PREFIX_CACHE_TOKENS with slots): engine.hf.prefix_cache_tokens.
     kv_cache: "padded" (one left-padded cache rebuilt when rows join or leave) or "slots" (every row owns a
-    slot of a preallocated cache; prompts prefilled one by one, unpadded): engine.hf.kv_cache.
+    slot of a preallocated cache; an admission's prompts prefilled in right-padded passes, each row's own
+    positions written to its slot): engine.hf.kv_cache.
     prefill_chunk_tokens: slots with deterministic=False only: the most prompt tokens prefilled between two
     decode steps (0 = off: admitted prompts are prefilled whole): engine.hf.prefill_chunk_tokens.
     deterministic: batch by waves instead of by time, so the same requests always meet the same batches
@@ -954,7 +955,7 @@ class HFEngine:
                 keys = torch.cat([prefix_kv[li][0] for _, prefix_kv in rows]) if n > 1 else rows[0][1][li][0]
                 values = torch.cat([prefix_kv[li][1] for _, prefix_kv in rows]) if n > 1 else rows[0][1][li][1]
                 layer.set_contents(keys, values, extra=width)
-        pos = torch.arange(hit, hit + width, device=self.device)[None, :].expand(n, -1)
+        pos = torch.arange(hit, hit + width, device=self.device)[None, :].repeat(n, 1)
         mask = torch.ones((n, hit + width), dtype=torch.long, device=self.device)
         logits = self._forward(ids.to(self.device), mask, pos, cache,
                                last=None if n == 1 else [k - hit - 1 for k in lens])
