@@ -238,6 +238,35 @@ def test_slots_batched_prefill_with_shared_prefixes_equals_padded(model_tok):
     assert (stats["padded"].prefill_calls, stats["padded"].prefill_tokens) == (1, 6 * 50)
 
 
+def test_slots_prefill_passes_keep_to_max_prefill_tokens(model_tok, golden):
+    """An admission whose prompts exceed max_prefill_tokens together is split into passes that each keep
+    rows x longest prompt within it. (The engine's admission already keeps that bound for the padded
+    layout, so this calls the slots admission directly with three prompts.)"""
+    from memrl.engines.base import SamplingParams
+    from memrl.engines.hf import HFEngine
+
+    model, tok = model_tok
+    prompts, _ = requests(tok)
+    which = [4, 0, 5]  # 55, 5 and 35 tokens
+    eng = HFEngine(model, tokenizer=tok, max_batch_size=16, seed=0, deterministic=True, kv_cache="slots",
+                   max_prefill_tokens=75)
+
+    async def admit():
+        reqs = [eng._make_request(prompts[i], SamplingParams(temperature=0.0, max_tokens=4)) for i in which]
+        with torch.inference_mode():
+            eng._admit_slots(None, reqs)
+        return reqs
+
+    reqs = asyncio.run(admit())
+    asyncio.run(eng.close())
+    # sorted by length 5, 35, 55: 5 and 35 together (2 x 35 = 70 <= 75; with 55 it would be 3 x 55 = 165),
+    # then 55 alone: 2 passes, 70 + 55 = 125 positions, 30 of them padding (35 - 5)
+    assert (eng.stats.prefill_calls, eng.stats.prefill_tokens, eng.stats.padded_positions) == (2, 125, 30)
+    for r, i in zip(reqs, which, strict=True):  # the first token of each, as recorded from main's engine
+        assert r.tokens[0] == golden["wave"][i]["tokens"][0], i
+        assert r.logprobs[0] == pytest.approx(golden["wave"][i]["logprobs"][0], abs=1e-5), i
+
+
 def test_golden_starts_as_a_plain_argmax_loop(model_tok, golden):
     """The recorded tokens are the model's argmax continuation (full forward, no cache, no batch)."""
     model, tok = model_tok
