@@ -50,8 +50,9 @@ class HFSection:
     """padded: one left-padded KV cache for the whole batch; rows that join or leave rebuild it (a copy of
     every row), prompts admitted together are prefilled as one padded batch | slots: every row owns a slot
     of a preallocated cache; a row joins by writing its own slot and leaves by freeing it (the last row
-    moves into the hole), prompts are prefilled one by one without padding (an identical prompt admitted
-    together once), decode attends to each row's own length only. Greedy tokens agree with padded on the
+    moves into the hole), the prompts admitted together are prefilled in batched passes, right padded,
+    each row's own positions written to its slot (an identical prompt admitted together once), decode
+    attends to each row's own length only. Greedy tokens agree with padded on the
     tests' prompts; float rounding may differ (docs/results/engine.md)."""
     prefix_cache_tokens: int | None = valid(None, ge=0)
     """kv_cache=slots: prompt tokens whose keys and values are kept so a later prompt that starts with the

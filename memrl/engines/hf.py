@@ -232,7 +232,8 @@ class HFEngine:
     prefix_cache_tokens: slots only: prompt tokens kept for reuse by prompts with the same leading tokens
     (0 = off, None = PREFIX_CACHE_TOKENS with slots): engine.hf.prefix_cache_tokens.
     kv_cache: "padded" (one left-padded cache rebuilt when rows join or leave) or "slots" (every row owns a
-    slot of a preallocated cache; prompts prefilled one by one, unpadded): engine.hf.kv_cache.
+    slot of a preallocated cache; an admission's prompts prefilled in right-padded passes, each row's own
+    positions written to its slot): engine.hf.kv_cache.
     prefill_chunk_tokens: slots with deterministic=False only: the most prompt tokens prefilled between two
     decode steps (0 = off: admitted prompts are prefilled whole): engine.hf.prefill_chunk_tokens.
     deterministic: batch by waves instead of by time, so the same requests always meet the same batches
@@ -624,14 +625,21 @@ class HFEngine:
     def _new_cache(self) -> Any:
         return Cache(layers=[self._layer_cls() for _ in range(self.num_layers)])
 
-    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any,
+                 last: list[int] | None = None) -> torch.Tensor:
+        """Float32 logits [B, V] of each row's last position, or of position last[b] for row b."""
+        keep = sorted(set(last)) if last is not None else []
         out = self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+            input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=True,
+            logits_to_keep=1 if last is None else torch.tensor(keep, dtype=torch.long, device=input_ids.device),
             **{self._cache_kw: cache},
         )
         self.stats.forward_calls += 1
         self.stats.batch_sizes[int(input_ids.shape[0])] += 1
-        return out.logits[:, -1, :].float()
+        if last is None:
+            return out.logits[:, -1, :].float()
+        col = torch.tensor([keep.index(k) for k in last], dtype=torch.long, device=out.logits.device)
+        return out.logits[torch.arange(len(last), device=out.logits.device), col].float()
 
     def _admit(self, batch: Any, reqs: list[_Request]) -> Any:
         if self.prefill_chunk_tokens:
@@ -856,8 +864,14 @@ class HFEngine:
     # ------------------------------------------------------------------ engine.hf.kv_cache=slots
 
     def _admit_slots(self, batch: _SlotBatch | None, reqs: list[_Request]) -> _SlotBatch:
-        """Prefill each distinct prompt of `reqs` alone (no padding), write its keys and values into the
-        slots of the requests that sent it, sample their first tokens, append them to the batch."""
+        """Prefill the distinct prompts of `reqs` in batched passes (right padded, see `_prefill_group`), write
+        each one's keys and values into the slots of the requests that sent it, sample their first tokens,
+        append them to the batch.
+
+        Two rounds, so that prompts of one admission still share their common start through the prefix cache:
+        first the prompts with no stored prefix whose first block starts no earlier prompt of the round
+        (the leaders), then, once the leaders are stored, the rest, each after its longest stored prefix. In
+        each round prompts with the same stored prefix length are prefilled together."""
         if batch is None:
             batch = _SlotBatch(SlotKV(self.num_layers))
         self._compact(batch)
@@ -868,47 +882,95 @@ class HFEngine:
         kv, base = batch.kv, len(batch)
         copied = kv.copied_bytes
         first: dict[tuple[int, ...], int] = {}  # prompt -> the row of `reqs` whose prefill it reuses
-        logits_rows: list[torch.Tensor] = []
-        used = max(batch.lens, default=0)
         for j, r in enumerate(reqs):
-            key = tuple(r.prompt_ids)
-            if key in first:  # the same prompt admitted together: computed once, its keys and values copied
-                src = base + first[key]
-                kv.copy_row(src, base + j, len(key))
-                logits_rows.append(logits_rows[first[key]])
-                continue
-            first[key] = j
-            n = len(key)
-            hit, prefix_kv = self._prefix.lookup(key) if self._prefix is not None else (0, [])
-            cache = self._new_cache()
-            for layer in cache.layers:
-                layer.min_capacity = n
-            for layer, (k, v) in zip(cache.layers, prefix_kv, strict=False):
-                layer.set_contents(k, v, extra=n - hit)
-            ids = torch.tensor([r.prompt_ids[hit:]], dtype=torch.long, device=self.device)
-            pos = torch.arange(hit, n, device=self.device)[None, :]
-            mask = torch.ones((1, n), dtype=torch.long, device=self.device)
-            logits_rows.append(self._forward(ids, mask, pos, cache))
-            self.stats.prefill_calls += 1
-            self.stats.prefill_tokens += n - hit
-            self.stats.prefix_hit_tokens += hit
-            if self._prefix is not None:
-                self._prefix.add(key, [(layer.keys, layer.values) for layer in cache.layers])
-            like = cache.layers[0].keys
-            need = max(len(q.prompt_ids) + q.max_new + 1 for q in reqs)
-            kv.ensure(base + len(reqs), need, base, used, like, self.max_batch_size)
-            kv.write_row(base + j, [(layer.keys, layer.values) for layer in cache.layers])
+            first.setdefault(tuple(r.prompt_ids), j)
+        leaders, rest = self._leaders(reqs, list(first.values()))
+        logits_of: dict[int, torch.Tensor] = {}
+        slots = (kv, base, max(batch.lens, default=0), max(len(q.prompt_ids) + q.max_new + 1 for q in reqs),
+                 base + len(reqs))
+        for rnd in (leaders, rest):
+            groups: dict[int, list[tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]]] = {}
+            for j in rnd:
+                hit, prefix_kv = self._prefix.lookup(tuple(reqs[j].prompt_ids)) if self._prefix is not None else (0, [])
+                groups.setdefault(hit, []).append((j, prefix_kv))
+            for hit, rows in groups.items():
+                rows.sort(key=lambda row: (len(reqs[row[0]].prompt_ids), row[0]))  # least padding
+                start = 0
+                while start < len(rows):  # the longest suffix of a pass x its rows within max_prefill_tokens
+                    stop = start + 1
+                    while stop < len(rows) and (stop + 1 - start) * (
+                            len(reqs[rows[stop][0]].prompt_ids) - hit) <= self.max_prefill_tokens:
+                        stop += 1
+                    self._prefill_group(reqs, rows[start:stop], hit, slots, logits_of)
+                    start = stop
+        for j, r in enumerate(reqs):  # the same prompt admitted together: computed once, its keys and values copied
+            if first[tuple(r.prompt_ids)] != j:
+                kv.copy_row(base + first[tuple(r.prompt_ids)], base + j, len(r.prompt_ids))
         self.stats.prompt_tokens += sum(len(r.prompt_ids) for r in reqs)
         self.stats.cache_copy_bytes += kv.copied_bytes - copied
         self.stats.prefill_s += time.perf_counter() - t0
         new = _SlotBatch(kv, list(reqs), torch.zeros(len(reqs), dtype=torch.long, device=self.device),
                          [len(r.prompt_ids) for r in reqs])
-        self._sample_into(new, torch.cat(logits_rows))
+        self._sample_into(new, torch.cat([logits_of[first[tuple(r.prompt_ids)]] for r in reqs]))
         batch.requests += new.requests
         batch.lens += new.lens
         batch.done += new.done
         batch.last = torch.cat([batch.last.to(self.device), new.last])
         return batch
+
+    def _leaders(self, reqs: list[_Request], distinct: list[int]) -> tuple[list[int], list[int]]:
+        """(prompts prefilled in the first round, the rest): a prompt goes second when the prefix cache holds
+        a start of it already, or when its first block starts a leader that the cache will store (it then
+        reuses at least that block)."""
+        if self._prefix is None:
+            return distinct, []
+        b, leaders, rest, heads = self._prefix.block, [], [], set()
+        for j in distinct:
+            key = tuple(reqs[j].prompt_ids)
+            if (len(key) > b and key[:b] in heads) or self._prefix.lookup(key)[0]:
+                rest.append(j)
+                continue
+            leaders.append(j)
+            if b <= len(key) <= self._prefix.max_tokens:
+                heads.add(key[:b])
+        return leaders, rest
+
+    def _prefill_group(self, reqs: list[_Request], rows: list[tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]],
+                       hit: int, slots: tuple, logits_of: dict[int, torch.Tensor]) -> None:
+        """One prefill pass over the prompts reqs[j] for (j, stored prefix) in `rows`, all after a stored prefix
+        of `hit` tokens: the rest of each prompt right padded to the longest (with causal attention a real
+        token never attends to the padding after it, so no mask is needed), every row's logits taken at its
+        last real token and only its real positions written into its slot (and the prefix cache)."""
+        kv, base, used, need, total_rows = slots
+        lens = [len(reqs[j].prompt_ids) for j, _ in rows]
+        n, width = len(rows), max(lens) - hit
+        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        for i, (j, _) in enumerate(rows):
+            ids[i, : lens[i] - hit] = torch.tensor(reqs[j].prompt_ids[hit:], dtype=torch.long)
+        cache = self._new_cache()
+        for layer in cache.layers:
+            layer.min_capacity = hit + width
+        if hit:
+            for li, layer in enumerate(cache.layers):
+                keys = torch.cat([prefix_kv[li][0] for _, prefix_kv in rows]) if n > 1 else rows[0][1][li][0]
+                values = torch.cat([prefix_kv[li][1] for _, prefix_kv in rows]) if n > 1 else rows[0][1][li][1]
+                layer.set_contents(keys, values, extra=width)
+        pos = torch.arange(hit, hit + width, device=self.device)[None, :].repeat(n, 1)
+        mask = torch.ones((n, hit + width), dtype=torch.long, device=self.device)
+        logits = self._forward(ids.to(self.device), mask, pos, cache,
+                               last=None if n == 1 else [k - hit - 1 for k in lens])
+        self.stats.prefill_calls += 1
+        self.stats.prefill_tokens += n * width
+        self.stats.padded_positions += n * width - sum(k - hit for k in lens)
+        self.stats.prefix_hit_tokens += n * hit
+        kv.ensure(total_rows, need, base, used, cache.layers[0].keys, self.max_batch_size)
+        for i, (j, _) in enumerate(rows):
+            own = [(layer.keys[i : i + 1, :, : lens[i]], layer.values[i : i + 1, :, : lens[i]])
+                   for layer in cache.layers]
+            if self._prefix is not None:  # a batch's rows are stored apart (evicting one frees its memory)
+                self._prefix.add(tuple(reqs[j].prompt_ids), own if n == 1 else [(k.clone(), v.clone()) for k, v in own])
+            kv.write_row(base + j, own)
+            logits_of[j] = logits[i : i + 1]
 
     def _queue_slots(self, batch: _SlotBatch | None, reqs: list[_Request]) -> _SlotBatch:
         """prefill_chunk_tokens: queue the admitted prompts for prefilling (a prompt already queued is

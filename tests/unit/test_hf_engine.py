@@ -245,7 +245,8 @@ def test_concurrent_requests_are_batched(model_dir, kv_cache):
     assert st.requests == n and st.completed == n
     assert st.generated_tokens == sum(len(o.token_ids) for o in outs)
     assert st.decode_steps <= 2 * new  # new-1 decode steps, plus slack for a late joiner
-    # padded: one prefill of all prompts; slots: one per distinct prompt (no padding)
+    # padded: one prefill of all prompts; slots: the admission's prompts in batched passes too, or (chunked)
+    # one pass per prompt
     assert st.prefill_calls <= (2 if kv_cache == "padded" else n)
     assert st.decode_steps < n * new / 4
     assert st.max_batch_size >= n // 2
@@ -383,9 +384,10 @@ def test_deterministic_engine_never_merges_a_later_wave_into_a_running_one(model
 
     a, b, c, d = run_all([first(prompts[0]), first(prompts[1]), late(prompts[2]), late(prompts[3])])
     run(eng.close())
-    # never 3 or 4 rows in one pass (slots: each prompt is prefilled alone, so passes of 1 row too)
-    assert set(eng.stats.batch_sizes) == ({2} if kv_cache == "padded" else {1, 2}), eng.stats.batch_sizes
-    assert eng.stats.prefill_calls == (2 if kv_cache == "padded" else 4) and order[:2] == ["first", "first"]
+    # never 3 or 4 rows in one pass: one prefill pass per wave (slots too: a wave's two prompts, 5 and 21
+    # tokens, share no 16-token block, so they are prefilled together, right padded)
+    assert set(eng.stats.batch_sizes) == {2}, eng.stats.batch_sizes
+    assert eng.stats.prefill_calls == 2 and order[:2] == ["first", "first"]
     # each wave's completions are the ones it gets alone (seeded rows, batches of exactly these two)
     alone = HFEngine(model_dir, max_batch_size=64, seed=0, deterministic=True, kv_cache=kv_cache)
     again = run_all([alone.generate(prompts[2], short), alone.generate(prompts[3], short)])
@@ -406,7 +408,9 @@ def test_slots_a_leaving_row_costs_one_rows_copy(model_dir, prompts):
              eng.generate(c, GREEDY.replace(max_tokens=6))])
     run(eng.close())
     assert eng.stats.cache_copy_bytes == 3072 * (len(c) + 1)
-    assert eng.stats.prefill_tokens == len(a) + len(b) + len(c) and eng.stats.padded_positions > 0
+    # the three prompts in one pass, right padded to the longest (c): 3 x len(c) positions computed
+    assert eng.stats.prefill_calls == 1 and eng.stats.prefill_tokens == 3 * len(c)
+    assert eng.stats.padded_positions > 3 * len(c) - (len(a) + len(b) + len(c)) > 0  # + the decode steps' padding
 
 
 def test_slots_identical_prompts_of_a_wave_are_prefilled_once(model_dir, prompts):

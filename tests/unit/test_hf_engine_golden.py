@@ -59,7 +59,8 @@ def requests(tok):
 
 def scenarios(model, tok, counts: dict | None = None, **engine_kw) -> dict:
     """Every scenario's (tokens, logprobs, finish) per request, with HFEngine(**engine_kw); `counts` gets each
-    scenario's (prefill passes, prefill chunks, decode steps beside a partial prefill)."""
+    scenario's (prefill passes, prefill chunks, decode steps beside a partial prefill, prompt positions
+    computed in prefills, padding included)."""
     from memrl.engines.hf import HFEngine
 
     prompts, params = requests(tok)
@@ -68,7 +69,7 @@ def scenarios(model, tok, counts: dict | None = None, **engine_kw) -> dict:
 
     def count(name, eng):
         st = eng.stats
-        counts[name] = (st.prefill_calls, st.prefill_chunks, st.decode_steps_beside_prefill)
+        counts[name] = (st.prefill_calls, st.prefill_chunks, st.decode_steps_beside_prefill, st.prefill_tokens)
 
     def collect(outs):
         return [{"tokens": o.token_ids, "logprobs": o.logprobs, "finish": o.finish_reason} for o in outs]
@@ -161,13 +162,18 @@ CHUNKED = {
     #   15 chunks; prompt 2's row decodes in every step 1..16 of the stream -> 16 beside.
     # shared_prefix: one at a time, 50 - 0, 47 - 32, 50 - 48 tokens to compute: 8 + 3 + 1 passes, 7 + 2 + 0
     #   chunks, nothing decodes beside.
-    7: {"wave": (23, 17, 18), "staggered": (2 + 20, 1 + 15, 16), "shared_prefix": (12, 9, 0)},
+    7: {"wave": (23, 17, 18, 132), "staggered": (2 + 20, 1 + 15, 16, 14 + 118), "shared_prefix": (12, 9, 0, 67)},
     # c = 1: one pass per computed token, every pass but a prompt's last a chunk. wave: 132 passes, 126
     #   chunks; rows decode in steps 5-19 (prompt 0), 27-28 (prompt 1), 41-63 (prompt 2, 42-49 prompt 3):
     #   40 steps, all before step 132. staggered: 14 + 118 passes, 13 + 113 chunks; prompt 2's row decodes
     #   in stream steps 1-18, prompt 0's in 5-19, prompt 1's in 27-28, prompt 3's in 28-35 -> 19 + 9 = 28.
     #   shared_prefix: 50 + 15 + 2 passes, 49 + 14 + 1 chunks.
-    1: {"wave": (132, 126, 40), "staggered": (132, 126, 28), "shared_prefix": (67, 64, 0)},
+    1: {"wave": (132, 126, 40, 132), "staggered": (132, 126, 28, 132), "shared_prefix": (67, 64, 0, 67)},
+    # Unchunked slots: an admission's distinct prompts are prefilled together, right padded to the longest.
+    # wave: the six distinct prompts in one pass, 6 x 55 = 330 positions (198 of them padding). staggered:
+    # prompt 2 alone (14), then the other five admitted together: 5 x 55 = 275. shared_prefix: one prompt at
+    # a time, no padding: 50 + 15 + 2.
+    0: {"wave": (1, 0, 0, 330), "staggered": (2, 0, 0, 14 + 275), "shared_prefix": (3, 0, 0, 67)},
 }
 
 
@@ -175,10 +181,10 @@ CHUNKED = {
 def test_greedy_outputs_equal_mains_engine(model_tok, golden, kv_cache, chunk):
     counts: dict = {}
     got, golden = scenarios(*model_tok, counts, kv_cache=kv_cache, prefill_chunk_tokens=chunk), dict(golden)
-    if chunk:
+    if kv_cache == "slots":
         assert counts == CHUNKED[chunk]
-    else:  # unchunked: no pass stops inside a prompt, nothing prefills beside a decode step
-        assert all(c[1:] == (0, 0) for c in counts.values()), counts
+    else:  # padded: no pass stops inside a prompt, nothing prefills beside a decode step
+        assert all(c[1:3] == (0, 0) for c in counts.values()), counts
     assert set(got) == set(golden) == {"wave", "staggered", "shared_prefix", "shared_prefix_hits"}
     # 40 shared tokens -> 2 whole blocks of 16 for the second prompt; the repeat of the first (50 tokens)
     # reuses 3 blocks (48), leaving 2 to compute: 32 + 48 (padded has no prefix cache)
@@ -192,6 +198,73 @@ def test_greedy_outputs_equal_mains_engine(model_tok, golden, kv_cache, chunk):
             assert g["logprobs"] == pytest.approx(want["logprobs"], abs=1e-5), (kv_cache, name, i)
     # the recorded completions end where their max_tokens says (no EOS is hit by these weights)
     assert [len(r["tokens"]) for r in golden["wave"]] == MAX_TOKENS + MAX_TOKENS
+
+
+def test_slots_batched_prefill_with_shared_prefixes_equals_padded(model_tok):
+    """Unequal prompts sharing starts admitted together (one wave): slots prefills them in two batched,
+    right-padded passes (the leaders, then the rest after their stored prefix) and gives the padded engine's
+    greedy outputs (the padded engine equals the golden file above; its code is not the one under test)."""
+    from memrl.engines.base import SamplingParams
+    from memrl.engines.hf import HFEngine
+
+    model, tok = model_tok
+    prompts, _ = requests(tok)
+    head = (prompts[4] + prompts[5])[:40]
+    a, b, c = head + prompts[1][:10], head + prompts[2][:7], head[:36] + prompts[0]  # 50, 47, 41 tokens
+    d, e = prompts[5], prompts[0]  # 35 and 5 tokens, no 16-token block shared with anyone
+    wave = [a, b, c, d, e, a]
+    params = [SamplingParams(temperature=0.0, max_tokens=m) for m in (12, 7, 9, 5, 14, 12)]
+    outs, stats = {}, {}
+    for kv_cache in ("padded", "slots"):
+        eng = HFEngine(model, tokenizer=tok, max_batch_size=16, seed=0, deterministic=True, kv_cache=kv_cache)
+
+        async def go(eng=eng):
+            return await asyncio.gather(*[eng.generate(p, s) for p, s in zip(wave, params, strict=True)])
+
+        outs[kv_cache] = asyncio.run(go())
+        stats[kv_cache] = eng.stats
+        asyncio.run(eng.close())
+    for i, (g, want) in enumerate(zip(outs["slots"], outs["padded"], strict=True)):
+        assert g.token_ids == want.token_ids and g.finish_reason == want.finish_reason, i
+        assert g.logprobs == pytest.approx(want.logprobs, abs=1e-5), i
+    st = stats["slots"]
+    # Leaders: a (first of its first block), d, e; b and c start with a's first block and wait for it; the
+    # repeat of a is prefilled once. Pass 1: e, d, a right padded to 50: 3 x 50 = 150 positions (5 + 35 + 50
+    # = 90 real, 60 padding). Pass 2: b and c both find a's first 32 tokens stored (2 blocks; b's third
+    # block differs from a's at token 40, c's at token 36): 47 - 32 = 15 and 41 - 32 = 9 to compute,
+    # 2 x 15 = 30 positions (6 padding), 2 x 32 = 64 tokens from the prefix cache.
+    assert (st.prefill_calls, st.prefill_tokens, st.prefix_hit_tokens) == (2, 150 + 30, 64)
+    # padded: one pass over the six prompts left padded to 50 (all six computed, the repeat too)
+    assert (stats["padded"].prefill_calls, stats["padded"].prefill_tokens) == (1, 6 * 50)
+
+
+def test_slots_prefill_passes_keep_to_max_prefill_tokens(model_tok, golden):
+    """An admission whose prompts exceed max_prefill_tokens together is split into passes that each keep
+    rows x longest prompt within it. (The engine's admission already keeps that bound for the padded
+    layout, so this calls the slots admission directly with three prompts.)"""
+    from memrl.engines.base import SamplingParams
+    from memrl.engines.hf import HFEngine
+
+    model, tok = model_tok
+    prompts, _ = requests(tok)
+    which = [4, 0, 5]  # 55, 5 and 35 tokens
+    eng = HFEngine(model, tokenizer=tok, max_batch_size=16, seed=0, deterministic=True, kv_cache="slots",
+                   max_prefill_tokens=75)
+
+    async def admit():
+        reqs = [eng._make_request(prompts[i], SamplingParams(temperature=0.0, max_tokens=4)) for i in which]
+        with torch.inference_mode():
+            eng._admit_slots(None, reqs)
+        return reqs
+
+    reqs = asyncio.run(admit())
+    asyncio.run(eng.close())
+    # sorted by length 5, 35, 55: 5 and 35 together (2 x 35 = 70 <= 75; with 55 it would be 3 x 55 = 165),
+    # then 55 alone: 2 passes, 70 + 55 = 125 positions, 30 of them padding (35 - 5)
+    assert (eng.stats.prefill_calls, eng.stats.prefill_tokens, eng.stats.padded_positions) == (2, 125, 30)
+    for r, i in zip(reqs, which, strict=True):  # the first token of each, as recorded from main's engine
+        assert r.tokens[0] == golden["wave"][i]["tokens"][0], i
+        assert r.logprobs[0] == pytest.approx(golden["wave"][i]["logprobs"][0], abs=1e-5), i
 
 
 def test_golden_starts_as_a_plain_argmax_loop(model_tok, golden):
