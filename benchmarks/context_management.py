@@ -10,9 +10,22 @@ The held-out tasks are fixed before any run (seed `--heldout-seed`, 901: no othe
 
 Policies: the SCRIPTED agents of the cold start (memrl.demonstrators.context; flawless, late_prob 0) played
 through the real workflows with the tiny models' tokenizer. They isolate what each management rule does to a
-competent policy at the budget; they are not trained models. Training each workflow (SFT on these agents,
-then GRPO / FoldGRPO, 3 seeds, greedy and sampled evaluation) is `memrl train workflow=... ` + `memrl eval`
-(docs/guides/context_management.md); its table is not produced here.
+competent policy at the budget; they are not trained models.
+
+The trained comparison (not yet run): per method a tiny model trained from scratch by `memrl demo --agent
+context` (memrl.demos.context: cold start on these agents, then GRPO, or FoldGRPO for fold, with and without
+its process rewards), 3 training seeds, greedy and sampled on held-out tasks of seed 901:
+
+    for m in react window summarize fold fold_no_process; do
+        memrl demo --agent context --out runs/context/$m --seeds 0,1,2 method=$m
+    done
+    .venv/bin/python benchmarks/context_management.py --trained runs/context
+
+`--trained ROOT` reads ROOT/<method>/seed<k>/results.json (or ROOT/<method>/<capability>/seed<k>/, the
+layout of --seeds) and prints, per decoding, each method's SFT and SFT+RL rows: mean +- standard error over
+the training seeds (sd with ddof 1 / sqrt(seeds)) of each run's held-out accuracy and context metrics, and
+the peak as a share of the unbounded scripted ReAct agent's peak on the same tasks (each run's
+`reference.react_unbounded`, in its own tokens).
 
 Rows: ReAct without management at the budget (sliding_window, window_turns=0) and unbounded; the sliding
 window (window_turns 2); summarize; fold. Columns: accuracy (all sub-questions right) with its standard error
@@ -26,6 +39,7 @@ import argparse
 import math
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 HELDOUT_SEED = 901
@@ -50,18 +64,15 @@ METHODS = (
 
 def run_method(method: Method, tasks: list[Any], tokenizer: Any, budget: int, max_turns: int) -> list[Any]:
     """The trajectories of `method`'s scripted agent on `tasks` (one each)."""
-    from memrl.demonstrators import ScriptedEngine
-    from memrl.demonstrators.context import FoldDemonstrator, SearchDemonstrator, SummaryDemonstrator
-    from memrl.runtime import rollout_once
+    from memrl.demonstrators.stages import context_agent, context_demonstrations
     from memrl.workflows import parse_workflow
 
-    agent = {"search": SearchDemonstrator(), "fold": FoldDemonstrator(), "summary": SummaryDemonstrator()}[method.agent]
     section = {**method.workflow, "retriever_scope": "task", "max_turn_tokens": 96, "temperature": 0.0,
                "system_template": "Answer the questions by searching.", "max_assistant_turns": max_turns,
                "answer_instruction": "End with FINAL_ANSWER: a JSON object of the answers.",
                "max_context_tokens": 10**7 if method.unbounded else budget}
     spec, cfg = parse_workflow(section)
-    groups = rollout_once(tasks, spec, ScriptedEngine(agent, tokenizer=tokenizer), cfg, n=1, concurrency=64, seed=0)
+    groups = context_demonstrations(tasks, tokenizer, spec.name, cfg, context_agent(method.agent))
     return [g.trajectories[0] for g in groups]
 
 
@@ -93,6 +104,104 @@ def table(rows: list[tuple[str, dict[str, float]]], budget: int) -> str:
     return "\n".join(lines)
 
 
+TRAINED_METHODS = ("react", "window", "summarize", "fold", "fold_no_process")
+TRAINED_FIELDS = ("accuracy", "peak_context_tokens", "mean_context_tokens", "tokens_discarded", "turns", "branches",
+                  "summaries", "stopped_by_budget")
+
+
+def mean_se(values: list[float]) -> tuple[float, float | None]:
+    """(mean, standard error: sd with ddof 1 / sqrt(n)); None for one value."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def trained_runs(root: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
+    """{method: [(run dir, results.json)]} of the finished runs under ROOT/<method>/[<capability>/]seed<k>;
+    fails on a run of another method than its directory names, or on runs under two capabilities."""
+    import json
+    import re
+
+    out: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+    for method in TRAINED_METHODS:
+        found = sorted(p.parent for p in (root / method).glob("**/results.json")
+                       if re.fullmatch(r"seed\d+", p.parent.name))
+        parents = {p.parent for p in found}
+        if len(parents) > 1:
+            raise SystemExit(f"--trained: {root / method} holds runs under {len(parents)} directories "
+                             f"({', '.join(sorted(str(p) for p in parents))}); aggregate one capability")
+        runs = []
+        for d in found:
+            res = json.loads((d / "results.json").read_text(encoding="utf-8"))
+            if res.get("method") != method:
+                raise SystemExit(f"--trained: {d / 'results.json'} is a run of method {res.get('method')!r}, "
+                                 f"not {method}")
+            runs.append((d, res))
+        if runs:
+            out[method] = runs
+    return out
+
+
+def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dict[str, Any]:
+    """{method: {"seeds", "eval_tasks", "budget", policy: {decoding: {field: (mean, se)}, "vs_unbounded"}}}:
+    mean +- SE over the runs (seeds) of each run's held-out summary; "vs_unbounded" is the mean over runs of
+    peak / the run's unbounded scripted ReAct peak. Fails when runs evaluated different numbers of tasks."""
+    agg: dict[str, Any] = {}
+    tasks = {res["budget"]["eval_tasks"] for rs in runs.values() for _, res in rs}
+    if len(tasks) > 1:
+        raise SystemExit(f"--trained: runs evaluated different numbers of held-out tasks: {sorted(tasks)}")
+    for method, rs in runs.items():
+        entry: dict[str, Any] = {"seeds": [d.name for d, _ in rs], "eval_tasks": rs[0][1]["budget"]["eval_tasks"],
+                                 "budget": mean_se([float(r["budget"]["max_context_tokens"]) for _, r in rs])}
+        for policy in ("sft", "rl"):
+            entry[policy] = {}
+            for mode in ("greedy", "sampled"):
+                row = {f: mean_se([float(r[policy][mode][f]) for _, r in rs]) for f in TRAINED_FIELDS}
+                row["vs_unbounded"] = mean_se([r[policy][mode]["peak_context_tokens"]
+                                               / r["reference"]["react_unbounded"]["peak_context_tokens"] for _, r in rs])
+                entry[policy][mode] = row
+        agg[method] = entry
+    return agg
+
+
+def _cell(v: tuple[float, float | None], scale: float = 1.0, digits: int = 1) -> str:
+    mean, se = v
+    return f"{scale * mean:.{digits}f} +- " + (f"{scale * se:.{digits}f}" if se is not None else "n/a")
+
+
+def trained_table(agg: dict[str, Any]) -> str:
+    lines = []
+    for mode in ("greedy", "sampled"):
+        lines += [f"{mode}:", "", "| method | policy | seeds | accuracy | peak context | vs unbounded ReAct | mean context "
+                  "| tokens discarded | turns | branches | summaries | stopped by budget |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for method, e in agg.items():
+            for policy, label in (("sft", "SFT"), ("rl", "SFT + RL")):
+                r = e[policy][mode]
+                lines.append(f"| {method} | {label} | {len(e['seeds'])} | {_cell(r['accuracy'])} "
+                             f"| {_cell(r['peak_context_tokens'], digits=0)} | {_cell(r['vs_unbounded'], 100, 0)}% "
+                             f"| {_cell(r['mean_context_tokens'], digits=0)} | {_cell(r['tokens_discarded'], digits=0)} "
+                             f"| {_cell(r['turns'])} | {_cell(r['branches'], digits=2)} | {_cell(r['summaries'], digits=2)} "
+                             f"| {_cell(r['stopped_by_budget'], digits=0)}% |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main_trained(root: Path) -> int:
+    runs = trained_runs(root)
+    if not runs:
+        raise SystemExit(f"--trained: no finished run under {root}/<method>/seed<k>/results.json "
+                         f"(methods {', '.join(TRAINED_METHODS)})")
+    agg = trained_aggregate(runs)
+    budgets = ", ".join(f"{m} {_cell(e['budget'], digits=0)}" for m, e in agg.items())
+    print(f"context management, trained (memrl demo --agent context): {next(iter(agg.values()))['eval_tasks']} "
+          f"held-out tasks; mean +- SE over training seeds; budgets (tokens of each run's tokenizer): {budgets}")
+    print(trained_table(agg))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=int, default=40, help="held-out tasks (default 40)")
@@ -102,7 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sub-questions", type=int, default=5, help="facts each task asks (default 5)")
     ap.add_argument("--max-turns", type=int, default=24)
     ap.add_argument("--dry-run", action="store_true", help="2 tasks: check that the script runs")
+    ap.add_argument("--trained", type=Path, default=None, metavar="ROOT",
+                    help="print the trained table of the finished runs ROOT/<method>/seed<k>/results.json instead")
     args = ap.parse_args(argv)
+    if args.trained is not None:
+        return main_trained(args.trained)
     if args.tasks < 2 or args.budget < 1 or args.padding < 0 or not 1 <= args.sub_questions <= 6:
         ap.error("--tasks must be >= 2, --budget >= 1, --padding >= 0, --sub-questions in 1..6")
     from transformers import AutoTokenizer

@@ -4,7 +4,8 @@ working-context budget with it, and evaluate it with the one evaluator.
 
 - MemAgent (synthetic task): `mixture_rule`, `record_demonstrations`, `reading_segments`, `evaluate_rule`.
 - MemAct (synthetic_memact task): `memact_demonstrations`, `calibrate_budget`.
-- fold, summarize, sliding_window (synthetic_memact task): `context_demonstrations`.
+- fold, summarize, sliding_window (synthetic_memact task): `context_agent`, `context_demonstrations`,
+  `calibrate_fold_budget`.
 
 Used by the demos (memrl.demos), the cold-start stages (memrl.training.cold_start) and the model init
 (memrl.models.scratch).
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from memrl.demonstrators.context import FoldDemonstrator, SearchDemonstrator, SummaryDemonstrator
 from memrl.demonstrators.engine import ScriptedEngine
 from memrl.demonstrators.memact import MemActDemonstrator
 from memrl.demonstrators.synthetic import MixtureRule
@@ -121,3 +123,35 @@ def context_demonstrations(tasks: list[Task], tokenizer: Any, workflow: str, wf_
     the cold start's SFT rows are its segments, cut exactly as RL cuts its rows."""
     return rollout_once(tasks, get_workflow(workflow), ScriptedEngine(agent, tokenizer=tokenizer), wf_cfg, n=1,
                         concurrency=256, seed=seed)
+
+
+def context_agent(kind: str, late_prob: float = 0.0, seed: int = 0, topk: int = 2) -> Any:
+    """The scripted agent of a context-management arm: "search" (SearchDemonstrator; it has no flaw, so
+    `late_prob` must be 0), "fold" (FoldDemonstrator) or "summary" (SummaryDemonstrator), with `late_prob`
+    and `seed`."""
+    if kind == "search":
+        if late_prob:
+            raise ValueError(f"context_agent: the search agent has no late_prob, got {late_prob}")
+        return SearchDemonstrator(topk)
+    if kind == "fold":
+        return FoldDemonstrator(late_prob=late_prob, seed=seed, topk=topk)
+    if kind == "summary":
+        return SummaryDemonstrator(late_prob=late_prob, seed=seed, topk=topk)
+    raise ValueError(f"context_agent: kind must be search, fold or summary, got {kind!r}")
+
+
+def calibrate_fold_budget(tasks: list[Task], tokenizer: Any, fold_cfg: Any, search_cfg: Any) -> int:
+    """The largest prompt of the flawless folding agent on `tasks` (fold workflow `fold_cfg`, no budget): the
+    smallest budget in which folding answers every one of them. Raises ValueError when the unmanaged search
+    agent (sliding_window `search_cfg` with window_turns 0, no budget) fits in it on some task, so the budget
+    would not force context management."""
+    fold = context_demonstrations(tasks, tokenizer, "fold", replace(fold_cfg, max_context_tokens=10**9),
+                                  context_agent("fold"))
+    budget = int(max(g.trajectories[0].metrics["peak_context_tokens"] for g in fold))
+    react = context_demonstrations(tasks, tokenizer, "sliding_window",
+                                   replace(search_cfg, window_turns=0, max_context_tokens=10**9), context_agent("search"))
+    fits = [g.task_id for g in react if g.trajectories[0].metrics["peak_context_tokens"] <= budget]
+    if fits:
+        raise ValueError(f"context budget {budget}: the unmanaged search agent fits in it on {len(fits)} of "
+                         f"{len(react)} tasks (first {fits[0]}); more sub_questions or padding_words are needed")
+    return budget

@@ -4,6 +4,8 @@ library's stages (the module's other functions only map its configs onto one lib
 - memagent: `memrl demo` (model init, cold start on a mixture demonstrator, GRPO, evaluation).
 - memact: `memrl demo --agent memact` (task splits, model init, budget, copy warm-up, cold start, DCPO,
   evaluation).
+- context: `memrl demo --agent context method=...` (the context-management family: task splits, model init,
+  budget, copy warm-up, cold start on the method's scripted agent, GRPO / FoldGRPO, evaluation).
 
 The stages: memrl.data.synthetic / synthetic_memact (tasks), memrl.demos.scratch (model init),
 memrl.demonstrators.stages (demonstrators, their demonstrations, MemAct's budget), memrl.demos.cold_start

@@ -5,6 +5,8 @@ gives a model trained from scratch its induction heads first.
 - `memagent_cold_start`: the MemAgent demo's cold start (a `MixtureRule` on the synthetic task, optional
   reading-comprehension rows).
 - `copy_warmup`, `memact_cold_start`: the MemAct demo's warm-up and cold start.
+- `context_cold_start`: the context demo's cold start (a scripted fold / summary / search agent through its
+  workflow; memrl.demos.context).
 
 Each trains in place, logs under its `out_dir` (memrl.training.sft.sft_train_logged) and returns the
 per-step losses.
@@ -16,8 +18,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from memrl.demonstrators.stages import memact_demonstrations, reading_segments, record_demonstrations
-from memrl.eval.evaluator import memact_summary_of
+from memrl.demonstrators.stages import (
+    context_demonstrations,
+    memact_demonstrations,
+    reading_segments,
+    record_demonstrations,
+)
+from memrl.eval.evaluator import context_summary_of, memact_summary_of
 from memrl.training.sft import SFTConfig, copy_warmup_segments, sft_train_logged
 from memrl.types import Task
 
@@ -76,3 +83,25 @@ def memact_cold_start(model: Any, tokenizer: Any, tasks: list[Task], wf_cfg: Any
     losses = sft_train_logged(model, tokenizer, segments, scfg, out_dir, progress=progress, tensorboard=False,
                               save_dir=out_dir)
     return losses, stats
+
+
+def context_cold_start(model: Any, tokenizer: Any, tasks: list[Task], workflow: str, wf_cfg: Any, agent: Any,
+                       scfg: SFTConfig, out_dir: str | Path, *, seed: int = 0,
+                       progress: bool = True) -> tuple[list[float], dict[str, Any]]:
+    """SFT on the scripted `agent`'s trajectories on `tasks` through `workflow` (memrl.demonstrators.stages.
+    context_demonstrations): every row as the workflow cuts it (fold: one per branch + the main thread;
+    summarize: one per part; sliding_window: one per window shift + the last); saves the model to
+    `out_dir`. Returns (losses, {"summary": the agent's context_summary_of, "rows", "rows_per_task",
+    "branches_per_task", "summaries_per_task"})."""
+    groups = context_demonstrations(tasks, tokenizer, workflow, wf_cfg, agent, seed=seed)
+    trajs = [g.trajectories[0] for g in groups]
+    segments = [s for t in trajs for s in t.segments]
+    summary = context_summary_of(groups)
+    print(f"cold start: {len(segments)} rows from {len(groups)} scripted {workflow} trajectories (its accuracy "
+          f"{summary['accuracy']:.1f}%, peak context {summary['peak_context_tokens']:.0f}, stopped by the budget "
+          f"{summary['stopped_by_budget']:.1f}%)")
+    losses = sft_train_logged(model, tokenizer, segments, scfg, Path(out_dir), progress=progress, tensorboard=False,
+                              save_dir=Path(out_dir))
+    return losses, {"summary": summary, "rows": len(segments), "rows_per_task": [len(t.segments) for t in trajs],
+                    "branches_per_task": [int(t.metrics.get("branches", 0)) for t in trajs],
+                    "summaries_per_task": [int(t.metrics.get("summaries", 0)) for t in trajs]}

@@ -6,6 +6,8 @@
   memrl.models.tiny preset).
 - `init_memact_model`: BPE trained in two passes on the MemAct task's text (the second pass adds whole
   working contexts the scripted agent reaches with the first tokenizer), compact-tools chat template.
+- `init_context_model`: the same two passes for the context-management family (fold, summarize,
+  sliding_window): the second pass adds the whole contexts each scripted agent reaches through its workflow.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
 from memrl.data.synthetic import corpus_text, make_task, memory_text
 from memrl.data.synthetic_memact import tokenizer_text
 from memrl.demonstrators.memact import answer_reply, prune_reply, search_reply
-from memrl.demonstrators.stages import memact_demonstrations
+from memrl.demonstrators.stages import context_demonstrations, memact_demonstrations
 from memrl.models.tiny import (
     CHAT_TEMPLATE_COMPACT_TOOLS,
     ModelPreset,
@@ -113,6 +115,41 @@ def init_memact_model(out: str | Path, task_cfg: Any, wf_cfg: Any, sample_tasks:
     big = replace(wf_cfg, max_context_tokens=10**9)
     seen = [tok.decode(s.prompt_ids + s.response_ids)
             for g in memact_demonstrations(sample_tasks[:60], tok, big, 0.5, 0, search_topk)
+            for s in g.trajectories[0].segments]
+    corpus.write_text(tokenizer_text(task_cfg, tuple(extra * 10 + seen * 10)), encoding="utf-8")
+    tok = train_tokenizer([corpus], vocab_size, seed)
+    tok.chat_template = CHAT_TEMPLATE_COMPACT_TOOLS
+    tok.model_max_length = shape.max_position_embeddings
+    return fresh_qwen2(out / "init", tok, shape, seed)
+
+
+def init_context_model(out: str | Path, task_cfg: Any, plays: list[tuple[str, Any, Any]], sample_tasks: list[Task],
+                       shape: ModelPreset, vocab_size: int, seed: int) -> tuple[Any, Any]:
+    """(tokenizer, model) for the context-management family: `plays` is a list of (workflow, its config,
+    scripted agent) (memrl.demonstrators.stages.context_agent; the demo passes every arm's, so every method
+    gets the same tokenizer and its budget counts the same tokens). BPE (out/tokenizer_corpus.txt) on the
+    task's text, the agents' replies on the first 40 `sample_tasks` and the workflows' own messages (summary
+    request and restart where a config has them), then again with the whole working contexts (every row's
+    prompt and response) each agent reaches on the first 60 with that first tokenizer; compact-tools ChatML,
+    model_max_length the shape's positions; the model is saved to out/init."""
+    out = Path(out)
+    extra = []
+    for _, wf_cfg, _ in plays:
+        extra += [f"{wf_cfg.answer_instruction or ''} {wf_cfg.system_template or ''}",
+                  getattr(wf_cfg, "summary_request", ""), getattr(wf_cfg, "summary_restart", "")]
+    for task in sample_tasks[:40]:
+        facts = list(zip(task.meta["entities"], task.meta["attributes"], task.answers, strict=True))
+        extra.append(task.question)
+        extra += [search_reply(a, n, 2) for n, a, _ in facts]
+        extra.append("<summary> " + "; ".join(f"{n} {a} {v}" for n, a, v in facts) + "</summary>")
+        extra.append(answer_reply(task.answers))
+    corpus = out / "tokenizer_corpus.txt"
+    corpus.write_text(tokenizer_text(task_cfg, tuple(extra * 10)), encoding="utf-8")
+    tok = train_tokenizer([corpus], vocab_size, seed)
+    tok.chat_template = CHAT_TEMPLATE_COMPACT_TOOLS
+    seen = [tok.decode(s.prompt_ids + s.response_ids)
+            for workflow, wf_cfg, agent in plays
+            for g in context_demonstrations(sample_tasks[:60], tok, workflow, wf_cfg, agent)
             for s in g.trajectories[0].segments]
     corpus.write_text(tokenizer_text(task_cfg, tuple(extra * 10 + seen * 10)), encoding="utf-8")
     tok = train_tokenizer([corpus], vocab_size, seed)

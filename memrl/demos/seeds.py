@@ -2,6 +2,7 @@
 
   memrl demo --out runs/seeds --seeds 0,1,2 --cpu-capability avx2,avx512 threads=1
   memrl demo --agent memact --out runs/seeds_memact --seeds 0,1,2 --cpu-capability avx2,avx512
+  memrl demo --agent context --out runs/context/fold --seeds 0,1,2 method=fold
   memrl demo --out runs/seeds --seeds 0,1,2 --cpu-capability avx2,avx512 --aggregate-only
 
 Each (seed, capability) run is `memrl demo --agent A --out ROOT/<capability>/seed<k> <overrides> <seed
@@ -17,14 +18,16 @@ exactly); the held-out evaluation (eval.seed, eval.num_tasks, the lengths) is ne
   tasks), `train.data.seed` (the RL task stream), `train.trainer.seed` (RL sampling);
 - memact: `seed` (model init, tokenizer, copy warm-up, SFT order), `sft.seed` (the SFT tasks and the
   scripted agent's coins), `rl_task_seed` (the DCPO tasks), `train.data.seed` (their order),
-  `train.trainer.seed` (DCPO sampling).
+  `train.trainer.seed` (DCPO sampling);
+- context: as memact (`seed`, `sft.seed`, `rl_task_seed`, `train.data.seed`, `train.trainer.seed`; RL is
+  GRPO or FoldGRPO by the method).
 The aggregation checks that every run evaluated the same held-out tasks (memagent: the results' `recipe.eval`
-and lengths; memact: the SHA-256 of data/heldout_tasks.jsonl) and refuses to mix them.
+and lengths; memact and context: the SHA-256 of data/heldout_tasks.jsonl) and refuses to mix them.
 
 Resumable: a run whose out dir has results.json is not run again (its sweep_run.json must name the same
 agent, seed, capability and overrides); a run started before and not finished is started again from an
 empty directory. Writes ROOT/seeds_results.md (printed) and ROOT/seeds_results.json: per capability and
-per length (memagent) or per policy and decoding (memact), mean +- sd over the finished seeds (sd with
+per length (memagent) or per policy and decoding (memact, context), mean +- sd over the finished seeds (sd with
 ddof 1; "n/a" for one seed) of SFT and SFT+RL accuracy, sampled and greedy, and the gains (SFT+RL - SFT,
 paired per seed).
 """
@@ -48,6 +51,7 @@ from typing import Any
 
 from memrl.config import ConfigError, load_config, redact_argv, redact_secrets, redact_text
 from memrl.demos import split_overrides
+from memrl.demos.context import ContextDemoConfig
 from memrl.demos.memact import MemActDemoConfig
 from memrl.demos.memagent import DemoConfig
 from memrl.errors import UserError
@@ -67,8 +71,11 @@ SEED_KEYS = {
                  ("train.trainer.seed", "train")),
     "memact": (("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"), ("train.data.seed", "train"),
                ("train.trainer.seed", "train")),
+    "context": (("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"), ("train.data.seed", "train"),
+                ("train.trainer.seed", "train")),
 }
-TASK_SEEDS = {"memagent": ("sft_seed", "train.data.seed"), "memact": ("sft.seed", "rl_task_seed")}
+TASK_SEEDS = {"memagent": ("sft_seed", "train.data.seed"), "memact": ("sft.seed", "rl_task_seed"),
+              "context": ("sft.seed", "rl_task_seed")}
 """The seeds that generate training tasks: never equal to the held-out eval.seed, for any run."""
 
 
@@ -105,7 +112,7 @@ def _get(obj: Any, dotted: str) -> Any:
 def base_seeds(agent: str, overrides: list[str]) -> dict[str, int]:
     """{override key: its value under `overrides` (the recipe's default unless overridden)} for the seeds a
     training seed shifts, and "eval.seed"."""
-    schema: type[Any] = MemActDemoConfig if agent == "memact" else DemoConfig
+    schema: type[Any] = {"memact": MemActDemoConfig, "context": ContextDemoConfig}.get(agent, DemoConfig)
     demo_ov, train_ov = split_overrides(list(overrides))
     cfg = load_config(schema, demo_ov)
     tcfg = load_config(TrainConfig, train_ov, preset=cfg.train_preset)
@@ -326,7 +333,7 @@ def reported_of(runs: list[Run]) -> set[str]:
 
 def eval_fingerprint(agent: str, run: Run, res: dict[str, Any]) -> str:
     """What must be equal across runs for their held-out numbers to be comparable."""
-    if agent == "memact":
+    if agent in ("memact", "context"):
         path = run.out / "data" / "heldout_tasks.jsonl"
         if not path.is_file():
             raise UserError(f"{path}: missing; cannot check that the run evaluated the same held-out tasks")
@@ -342,6 +349,8 @@ MEMAGENT_COLUMNS = (("sft", "sampled"), ("rl", "sampled"), ("gain", "sampled"), 
                     ("rl", "greedy"), ("gain", "greedy"))
 MEMACT_FIELDS = ("accuracy", "accuracy_2q", "accuracy_3q", "mean_context_tokens", "peak_context_tokens",
                  "prunes_per_task")
+CONTEXT_FIELDS = ("accuracy", "peak_context_tokens", "mean_context_tokens", "tokens_discarded", "branches",
+                  "summaries", "stopped_by_budget")
 
 
 def _field(res: dict[str, Any], path: tuple[str, ...], where: Path) -> float:
@@ -391,15 +400,16 @@ def aggregate(agent: str, runs: list[Run]) -> dict[str, Any]:
             entry["train_chunks"] = results[done[0].out]["recipe"]["train_chunks"] if done else None
         else:
             rows = {}
+            fields, rl_key = (CONTEXT_FIELDS, "rl") if agent == "context" else (MEMACT_FIELDS, "dcpo")
             for mode in ("greedy", "sampled"):
                 col = {}
                 for r in done:
                     res = results[r.out]
-                    for f in MEMACT_FIELDS:
+                    for f in fields:
                         if f.startswith("accuracy_") and f not in res.get("sft", {}).get(mode, {}):
                             continue  # no task with that question count
                         sft = _field(res, ("sft", mode, f), r.out)
-                        rl = _field(res, ("dcpo", mode, f), r.out)
+                        rl = _field(res, (rl_key, mode, f), r.out)
                         col.setdefault(f"sft_{f}", []).append(sft)
                         col.setdefault(f"rl_{f}", []).append(rl)
                         col.setdefault(f"gain_{f}", []).append(rl - sft)
@@ -434,6 +444,16 @@ def markdown(agg: dict[str, Any], command: str = "") -> str:
                 demo = fmt(row["demonstrator_sampled"]) if "demonstrator_sampled" in row else "-"
                 cells = [fmt(row[f"{s}_{m}"], sign=s == "gain") for s, m in MEMAGENT_COLUMNS]
                 lines.append(f"| {n} | {x}x | {demo} | " + " | ".join(cells) + " |")
+        elif agg["agent"] == "context":
+            lines += ["| policy | decoding | accuracy (%) | peak context | mean context | tokens discarded | branches "
+                      "| summaries | stopped by budget (%) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+            for label, key in (("cold start (SFT)", "sft"), ("SFT + RL", "rl"), ("RL - SFT", "gain")):
+                for mode, row in e["decodings"].items():
+                    cells = [fmt(row.get(f"{key}_{f}", EMPTY), sign=key == "gain",
+                                 digits=2 if f in ("branches", "summaries") else 1) for f in CONTEXT_FIELDS]
+                    lines.append(f"| {label} | {mode} | " + " | ".join(cells) + " |")
+            if e["budget"]["n"]:
+                lines += ["", f"Working-context budget (calibrated per run): {fmt(e['budget'])} tokens."]
         else:
             lines += ["| policy | decoding | accuracy (%) | 2-question | 3-question | mean context (tokens) | "
                       "peak context (tokens) | prunes / task |",

@@ -318,3 +318,50 @@ def evaluate_memact(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], temper
                          se_ddof=MEMACT_SE_DDOF, keep_groups=True)
     res = evaluate_policy(rollout, base, {0: list(tasks)}, proto)[0]
     return {mode: {**memact_summary(r), "seconds": r.seconds} for mode, r in res.items()}
+
+
+# ---------------------------------------------------------------- the context-management family's metrics
+
+
+CONTEXT_SE_DDOF = 1
+"""The context-management evaluations' standard error: the sample standard deviation over tasks / sqrt(tasks)."""
+
+
+def context_summary(res: EvalResult) -> dict[str, float]:
+    """A fold / summarize / sliding_window evaluation (one trajectory per task, groups kept) in the terms of
+    benchmarks/context_management.py: accuracy (all sub-questions right, %) and its SE (`res.se`), per-task
+    means of peak / mean working context, tokens discarded, turns, branches, summaries, the share stopped by
+    the budget (%), and the number of tasks."""
+    trajs = [t for g in res.groups for t in g.trajectories]
+    if len(trajs) != res.num_tasks:
+        raise ValueError(f"context_summary: {len(trajs)} trajectories for {res.num_tasks} tasks; it needs the "
+                         "result's groups (keep_groups=True), one trajectory per task")
+    return {
+        "accuracy": res.accuracy,
+        "accuracy_se": res.se,
+        "peak_context_tokens": metric_mean(trajs, "peak_context_tokens"),
+        "mean_context_tokens": metric_mean(trajs, "mean_context_tokens"),
+        "tokens_discarded": metric_mean(trajs, "tokens_discarded"),
+        "turns": metric_mean(trajs, "turns"),
+        "branches": metric_mean(trajs, "branches"),
+        "summaries": metric_mean(trajs, "summaries"),
+        "stopped_by_budget": 100.0 * metric_mean(trajs, "stop_context_budget"),
+        "num_tasks": float(len(trajs)),
+    }
+
+
+def context_summary_of(groups: Sequence[Group]) -> dict[str, float]:
+    """`context_summary` of scored groups of one trajectory each (e.g. a scripted agent's)."""
+    return context_summary(result_from_groups(groups, 1, 0.0, metrics=(), se_ddof=CONTEXT_SE_DDOF, keep_groups=True))
+
+
+def evaluate_context(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], temperature: float,
+                     seed: int) -> dict[str, dict[str, float]]:
+    """The context demo's held-out protocol (memrl.demos.context): {"greedy": summary, "sampled": summary},
+    one trajectory per task each (sampled at `temperature`, top_p 1, no top-k), both seeded with `seed`; each
+    summary is `context_summary` plus the evaluation's `seconds`."""
+    base = replace(wf_cfg, top_p=1.0, top_k=-1)
+    proto = EvalProtocol(greedy=True, samples=1, temperature=temperature, seed=seed, metrics=(),
+                         se_ddof=CONTEXT_SE_DDOF, keep_groups=True)
+    res = evaluate_policy(rollout, base, {0: list(tasks)}, proto)[0]
+    return {mode: {**context_summary(r), "seconds": r.seconds} for mode, r in res.items()}

@@ -26,3 +26,75 @@ def test_dry_run_prints_the_table(capsys):
     assert rows["sliding_window k=2"][2] == "0.0 +- 0.0" and rows["summarize"][2] == "100.0 +- 0.0"
     assert rows["fold"][2] == "100.0 +- 0.0" and rows["fold"][8] == "5.00"  # one branch per fact
     assert "policy: the scripted cold-start agents (not trained)" in out
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("context_management", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["context_management"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _summary(acc: float, peak: float, branches: float = 0.0, summaries: float = 0.0) -> dict:
+    return {"accuracy": acc, "accuracy_se": 0.0, "peak_context_tokens": peak, "mean_context_tokens": peak / 2,
+            "tokens_discarded": 10.0 * branches, "turns": 4.0, "branches": branches, "summaries": summaries,
+            "stopped_by_budget": 0.0, "num_tasks": 4.0}
+
+
+def _write(root: Path, method: str, seed: str, acc_rl: float, peak_rl: float, unbounded: float, budget: int,
+           eval_tasks: int = 4) -> None:
+    import json
+
+    d = root / method / seed
+    d.mkdir(parents=True)
+    res = {"method": method, "budget": {"max_context_tokens": budget, "eval_tasks": eval_tasks},
+           "reference": {"react_unbounded": _summary(100.0, unbounded)},
+           "sft": {"greedy": _summary(25.0, 300.0), "sampled": _summary(0.0, 200.0)},
+           "rl": {"greedy": _summary(acc_rl, peak_rl, branches=5.0), "sampled": _summary(acc_rl / 2, peak_rl)}}
+    (d / "results.json").write_text(json.dumps(res))
+
+
+def test_trained_table_is_mean_and_se_over_seeds(tmp_path, capsys):
+    mod = _bench()
+    # fold: 3 seeds, RL greedy accuracy 50, 75, 100 -> mean 75; sd (ddof 1) = sqrt((625 + 0 + 625) / 2) = 25,
+    # SE = 25 / sqrt(3) = 14.43; peaks 400, 500, 600 -> 500 +- 100 / sqrt(3) = 57.7; vs unbounded:
+    # 400/800, 500/800, 600/1000 = 0.5, 0.625, 0.6 -> mean 0.575, sd = sqrt((0.075^2 + 0.05^2 + 0.025^2) / 2)
+    # = sqrt(0.00875 / 2) = 0.066144, SE 0.038188 -> "58 +- 4%"
+    _write(tmp_path, "fold", "seed0", 50.0, 400.0, 800.0, 480)
+    _write(tmp_path, "fold", "seed1", 75.0, 500.0, 800.0, 480)
+    _write(tmp_path, "fold", "seed2", 100.0, 600.0, 1000.0, 490)
+    # react: one seed -> SE n/a
+    _write(tmp_path / "x", "react", "seed0", 0.0, 350.0, 700.0, 480)  # not under ROOT: ignored
+    _write(tmp_path, "react", "seed0", 0.0, 350.0, 700.0, 480)
+    agg = mod.trained_aggregate(mod.trained_runs(tmp_path))
+    assert list(agg) == ["react", "fold"] and agg["fold"]["seeds"] == ["seed0", "seed1", "seed2"]
+    acc = agg["fold"]["rl"]["greedy"]["accuracy"]
+    assert acc[0] == 75.0 and abs(acc[1] - 25 / 3 ** 0.5) < 1e-9
+    mean, se = agg["fold"]["rl"]["greedy"]["vs_unbounded"]
+    assert abs(mean - 0.575) < 1e-12 and abs(se - (0.00875 / 2) ** 0.5 / 3 ** 0.5) < 1e-12
+    assert agg["fold"]["rl"]["sampled"]["accuracy"][0] == 37.5  # 25, 37.5, 50
+    assert agg["react"]["rl"]["greedy"]["accuracy"] == (0.0, None)
+    assert mod.main(["--trained", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| fold | SFT + RL | 3 | 75.0 +- 14.4 | 500 +- 58 | 58 +- 4% |" in out
+    assert "| react | SFT + RL | 1 | 0.0 +- n/a | 350 +- n/a | 50 +- n/a% |" in out
+    assert "budgets (tokens of each run's tokenizer): react 480 +- n/a, fold 483 +- 3" in out  # sd 5.77 / sqrt 3
+
+
+def test_trained_refuses_a_run_of_another_method_and_mixed_task_counts(tmp_path):
+    import pytest
+
+    mod = _bench()
+    _write(tmp_path, "fold", "seed0", 50.0, 400.0, 800.0, 480)
+    _write(tmp_path, "summarize", "seed0", 50.0, 400.0, 800.0, 480, eval_tasks=8)
+    with pytest.raises(SystemExit, match="different numbers of held-out tasks: \\[4, 8\\]"):
+        mod.main(["--trained", str(tmp_path)])
+    _write(tmp_path / "b", "fold", "seed0", 50.0, 400.0, 800.0, 480)
+    (tmp_path / "b" / "fold" / "seed0").rename(tmp_path / "b" / "fold" / "tmp")
+    (tmp_path / "b" / "window").mkdir()
+    (tmp_path / "b" / "fold" / "tmp").rename(tmp_path / "b" / "window" / "seed0")
+    with pytest.raises(SystemExit, match="is a run of method 'fold', not window"):
+        mod.main(["--trained", str(tmp_path / "b")])
+    with pytest.raises(SystemExit, match="no finished run"):
+        mod.main(["--trained", str(tmp_path / "empty")])

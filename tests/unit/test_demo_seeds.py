@@ -43,6 +43,11 @@ def test_seed_overrides_shift_every_training_seed_from_the_recipe_defaults():
     assert sw.seed_overrides("memact", 1, mc) == ["seed=1", "sft.seed=501", "rl_task_seed=101", "train.data.seed=8",
                                                   "train.trainer.seed=1"]
     assert sw.base_seeds("memagent", ["eval.seed=5"])["eval.seed"] == 5
+    cx = sw.base_seeds("context", ["method=summarize"])  # preset context_cpu: data.seed 7; eval.seed 901
+    assert cx == {"seed": 0, "sft.seed": 500, "rl_task_seed": 100, "train.data.seed": 7, "train.trainer.seed": 0,
+                  "eval.seed": 901}
+    assert sw.seed_overrides("context", 2, cx) == ["seed=2", "sft.seed=502", "rl_task_seed=102",
+                                                   "train.data.seed=9", "train.trainer.seed=2"]
 
 
 def test_plan_is_seed_major_with_one_dir_per_run(tmp_path):
@@ -218,6 +223,29 @@ def test_memact_aggregate_by_hand(tmp_path):
     (runs[1].out / "data" / "heldout_tasks.jsonl").write_text('{"id": "heldout-1"}\n')
     with pytest.raises(UserError, match="evaluated other held-out tasks"):
         sw.aggregate("memact", runs)
+
+
+def test_context_aggregate_by_hand(tmp_path):
+    def summary(acc: float, peak: float) -> dict:
+        return {"accuracy": acc, "peak_context_tokens": peak, "mean_context_tokens": peak / 2,
+                "tokens_discarded": 100.0, "branches": 5.0, "summaries": 0.0, "stopped_by_budget": 0.0}
+
+    runs = sw.plan("context", tmp_path, [0, 1], ["native"], ["method=fold"])
+    for r, (sft, rl) in zip(runs, ((20.0, 60.0), (30.0, 50.0)), strict=True):
+        write_run(r, "context", {"sft": {d: summary(sft, 400.0) for d in ("greedy", "sampled")},
+                                 "rl": {d: summary(rl, 440.0) for d in ("greedy", "sampled")},
+                                 "budget": {"max_context_tokens": 481, "eval_tasks": 200}})
+        (r.out / "data").mkdir()
+        (r.out / "data" / "heldout_tasks.jsonl").write_text('{"id": "heldout-0"}\n')
+    agg = sw.aggregate("context", runs)
+    g = agg["capabilities"]["native"]["decodings"]["greedy"]
+    assert g["gain_accuracy"]["values"] == [40.0, 20.0] and g["gain_peak_context_tokens"]["values"] == [40.0, 40.0]
+    lines = sw.markdown(agg).splitlines()
+    # sd of two values a, b is |a - b| / sqrt(2): 10 -> 7.1, 20 -> 14.1, 0 -> 0.0
+    assert "| SFT + RL | greedy | 55.0 ± 7.1 | 440.0 ± 0.0 | 220.0 ± 0.0 | 100.0 ± 0.0 | 5.00 ± 0.00 | 0.00 ± 0.00 " \
+           "| 0.0 ± 0.0 |" in lines
+    assert "| RL - SFT | sampled | +30.0 ± 14.1 | +40.0 ± 0.0 | +20.0 ± 0.0 | +0.0 ± 0.0 | +0.00 ± 0.00 " \
+           "| +0.00 ± 0.00 | +0.0 ± 0.0 |" in lines
 
 
 # ---------------------------------------------------------------------------------------------- running
