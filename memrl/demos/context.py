@@ -45,6 +45,7 @@ from memrl.demonstrators.stages import calibrate_fold_budget, context_agent, con
 from memrl.demos import split_overrides
 from memrl.demos.cold_start import context_cold_start
 from memrl.demos.cold_start import copy_warmup as copy_warmup_stage
+from memrl.demos.memact import MemActDemoModel
 from memrl.demos.scratch import init_context_model
 from memrl.eval.evaluator import EngineRollout, context_summary_of, evaluate_context, model_engine
 from memrl.models.tiny import ModelPreset
@@ -84,17 +85,9 @@ calibrated budget, and at 0.8 the flawless summary agent searches past the budge
 summary (0% on 100 held-out tasks, 100% at 0.7, seed 0)."""
 
 
-@dataclass
-class ContextDemoModel:
-    """The tiny Qwen2 trained from scratch (tied embeddings; the vocabulary is what BPE learns)."""
-
-    hidden_size: int = valid(128, ge=1)
-    num_layers: int = valid(4, ge=1)
-    num_heads: int = valid(4, ge=1)
-    num_kv_heads: int = valid(2, ge=1, le="num_heads")
-    vocab_size: int = valid(2048, ge=1)
-    max_positions: int = valid(1024, ge=1)
-    """Must hold the budget plus one turn (checked once the budget is known)."""
+ContextDemoModel = MemActDemoModel
+"""The tiny Qwen2 trained from scratch: the MemAct demo's shape settings (its max_positions must hold the
+budget plus one turn, checked once the budget is known)."""
 
 
 @dataclass

@@ -106,16 +106,25 @@ def init_memact_model(out: str | Path, task_cfg: Any, wf_cfg: Any, sample_tasks:
         extra.append(prune_reply([(n, a, v) for n, a, v in zip(names, attrs, task.answers, strict=True)],
                                  ["r1", "r2"]))
         extra.append(answer_reply(task.answers))
-    # Two passes: a first tokenizer plays the scripted agent on a few tasks, whose whole working contexts
-    # (chat markers, tool results, the workflow's own messages) join the text the final tokenizer learns.
+    big = replace(wf_cfg, max_context_tokens=10**9)
+
+    def contexts(tok: Any) -> list[Any]:
+        return [g for g in memact_demonstrations(sample_tasks[:60], tok, big, 0.5, 0, search_topk)]
+
+    return _two_pass_model(out, task_cfg, extra, contexts, shape, vocab_size, seed)
+
+
+def _two_pass_model(out: Path, task_cfg: Any, extra: list[str], play: Any, shape: ModelPreset, vocab_size: int,
+                    seed: int) -> tuple[Any, Any]:
+    """Two passes: a first tokenizer (BPE on the task's text + `extra`) plays the scripted agents
+    (`play(tokenizer)` -> their groups) on a few tasks, whose whole working contexts (chat markers, tool
+    results, the workflow's own messages) join the text the final tokenizer learns (out/tokenizer_corpus.txt);
+    compact-tools ChatML, model_max_length the shape's positions; the model is saved to out/init."""
     corpus = out / "tokenizer_corpus.txt"
     corpus.write_text(tokenizer_text(task_cfg, tuple(extra * 10)), encoding="utf-8")
     tok = train_tokenizer([corpus], vocab_size, seed)
     tok.chat_template = CHAT_TEMPLATE_COMPACT_TOOLS
-    big = replace(wf_cfg, max_context_tokens=10**9)
-    seen = [tok.decode(s.prompt_ids + s.response_ids)
-            for g in memact_demonstrations(sample_tasks[:60], tok, big, 0.5, 0, search_topk)
-            for s in g.trajectories[0].segments]
+    seen = [tok.decode(s.prompt_ids + s.response_ids) for g in play(tok) for s in g.trajectories[0].segments]
     corpus.write_text(tokenizer_text(task_cfg, tuple(extra * 10 + seen * 10)), encoding="utf-8")
     tok = train_tokenizer([corpus], vocab_size, seed)
     tok.chat_template = CHAT_TEMPLATE_COMPACT_TOOLS
@@ -143,16 +152,9 @@ def init_context_model(out: str | Path, task_cfg: Any, plays: list[tuple[str, An
         extra += [search_reply(a, n, 2) for n, a, _ in facts]
         extra.append("<summary> " + "; ".join(f"{n} {a} {v}" for n, a, v in facts) + "</summary>")
         extra.append(answer_reply(task.answers))
-    corpus = out / "tokenizer_corpus.txt"
-    corpus.write_text(tokenizer_text(task_cfg, tuple(extra * 10)), encoding="utf-8")
-    tok = train_tokenizer([corpus], vocab_size, seed)
-    tok.chat_template = CHAT_TEMPLATE_COMPACT_TOOLS
-    seen = [tok.decode(s.prompt_ids + s.response_ids)
-            for workflow, wf_cfg, agent in plays
-            for g in context_demonstrations(sample_tasks[:60], tok, workflow, wf_cfg, agent)
-            for s in g.trajectories[0].segments]
-    corpus.write_text(tokenizer_text(task_cfg, tuple(extra * 10 + seen * 10)), encoding="utf-8")
-    tok = train_tokenizer([corpus], vocab_size, seed)
-    tok.chat_template = CHAT_TEMPLATE_COMPACT_TOOLS
-    tok.model_max_length = shape.max_position_embeddings
-    return fresh_qwen2(out / "init", tok, shape, seed)
+
+    def contexts(tok: Any) -> list[Any]:
+        return [g for workflow, wf_cfg, agent in plays
+                for g in context_demonstrations(sample_tasks[:60], tok, workflow, wf_cfg, agent)]
+
+    return _two_pass_model(out, task_cfg, extra, contexts, shape, vocab_size, seed)
