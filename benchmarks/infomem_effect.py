@@ -44,6 +44,7 @@ def run_one(src: Path, out: Path, arm: str, seed: int, overrides: list[str]) -> 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from memrl.demos.memagent import evaluate_model, heldout_tasks, load_demo_configs
+    from memrl.demos.seeds import base_seeds
     from memrl.eval.evaluator import results_to_json
     from memrl.training.assemble import assemble
     from memrl.training.checkpoint import latest_checkpoint
@@ -53,11 +54,10 @@ def run_one(src: Path, out: Path, arm: str, seed: int, overrides: list[str]) -> 
         shutil.rmtree(out)
     out.mkdir(parents=True)
     shutil.copytree(src / "sft", out / "sft")
-    cfg, tcfg, out, workflow = load_demo_configs([*overrides, ARMS[arm], "train.trainer.progress=false"], out)
-    if seed:
-        shifted = [f"{key}={getattr(tcfg, key.split('.')[1]).seed + seed}" for key in SEED_KEYS]
-        cfg, tcfg, out, workflow = load_demo_configs([*overrides, ARMS[arm], "train.trainer.progress=false",
-                                                      *shifted], out)
+    base = base_seeds("memagent", overrides)
+    shifted = [f"{key}={base[key] + seed}" for key in SEED_KEYS]
+    cfg, tcfg, out, workflow = load_demo_configs([*overrides, ARMS[arm], "train.trainer.progress=false",
+                                                  *shifted], out)
     spec, wf_cfg = workflow
     tokenizer = AutoTokenizer.from_pretrained(out / "sft")
     t0 = time.perf_counter()
