@@ -32,12 +32,16 @@ cold start and evaluations use too; the arm's own workflow keys go first, so exp
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
 from memrl.config import ConfigError, load_config, to_yaml, valid
 from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_splits
@@ -140,6 +144,19 @@ class ContextDemoConfig:
     """Seed of the tokenizer, the model's initial weights, the copy warm-up and the SFT order."""
     train_preset: str = "context_cpu"
     threads: int = valid(0, ge=0, note="0 = torch's default")
+    warmup_from: str = ""
+    """A finished run whose copy warm-up this one reuses ('' = run it here): the warm-up depends only on the
+    initial model and tokenizer (the same for every method at one seed) and its own settings, so the methods
+    of one seed need one. Its init/ (tokenizer and initial weights) must be byte-equal to this run's and its
+    seed and sft.copy_warmup_steps / copy_warmup_rows / lr / batch_rows equal. Under `--seeds` it names the
+    other sweep's root, as `sft_from` does."""
+    sft_from: str = ""
+    """A finished run whose cold start this one reuses ('' = train it here): its SFT checkpoint, budget and
+    SFT evaluation are taken as they are and only RL and its evaluation run, so two methods that share a
+    cold start (fold and fold_no_process) compare from the same model. Its demo_config.yaml must equal this
+    run's apart from `method`, `threads` and `sft_from`, its method must play the same agent through the same
+    workflow section, and its RL config's workflow and engine sections must equal this run's. Under
+    `--seeds` it names the other sweep's root: each seed reuses the run of the same seed there."""
 
 
 def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[ContextDemoConfig, Any, Path, Arm]:
@@ -164,6 +181,74 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[ContextDemo
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     return cfg, tcfg, out, arm
+
+
+_NOT_COLD_START = ("method", "threads", "sft_from", "warmup_from")
+_WARMUP_FIELDS = ("seed", "sft.copy_warmup_steps", "sft.copy_warmup_rows", "sft.lr", "sft.batch_rows")
+
+
+def reused_warmup(cfg: ContextDemoConfig, out: Path, model: Any) -> list[float]:
+    """Load the copy-warmed weights of `cfg.warmup_from` into `model` once that run is checked to have warmed
+    up this run's initial model and tokenizer with this run's settings (ContextDemoConfig.warmup_from); saves
+    them to out/copy_warmup and returns that run's warm-up losses. Fails in one line naming what differs."""
+    src = Path(cfg.warmup_from)
+    weights = src / "copy_warmup" / "model.safetensors"
+    if not weights.is_file() or not (src / "copy_warmup" / "metrics.jsonl").is_file():
+        raise ConfigError(f"warmup_from={src}: no finished copy warm-up there (copy_warmup/model.safetensors)")
+    for name in ("tokenizer.json", "model.safetensors"):
+        if (src / "init" / name).read_bytes() != (out / "init" / name).read_bytes():
+            raise ConfigError(f"warmup_from={src}: its init/{name} differs from this run's (another seed, task, "
+                              "model or SFT tasks)")
+    theirs = OmegaConf.load(src / "demo_config.yaml")
+    for key in _WARMUP_FIELDS:
+        a, b = OmegaConf.select(theirs, key), _dotted(cfg, key)
+        if a != b:
+            raise ConfigError(f"warmup_from={src}: its {key} is {a!r}, this run's is {b!r}")
+    missing, unexpected = model.load_state_dict(load_file(weights), strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:  # tied embeddings: lm_head is not stored
+        raise ConfigError(f"warmup_from={src}: its weights do not fit this model (missing {missing[:3]}, "
+                          f"unexpected {unexpected[:3]})")
+    model.save_pretrained(out / "copy_warmup")
+    lines = (src / "copy_warmup" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    shutil.copy(src / "copy_warmup" / "metrics.jsonl", out / "copy_warmup" / "metrics.jsonl")
+    losses = [float(json.loads(line)["sft/loss"]) for line in lines if line.strip()]
+    print(f"copy warm-up: the {len(losses)} steps of {src}")
+    return losses
+
+
+def _dotted(obj: Any, key: str) -> Any:
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def reused_cold_start(cfg: ContextDemoConfig, tcfg: Any, arm: Arm) -> dict[str, Any]:
+    """The results.json of `cfg.sft_from` once it is checked to hold this run's cold start (ContextDemoConfig.
+    sft_from); fails in one line naming the run and the first field that differs."""
+    src = Path(cfg.sft_from)
+    res_path = src / "results.json"
+    if not res_path.is_file() or not (src / "sft" / "model.safetensors").is_file():
+        raise ConfigError(f"sft_from={src}: no finished context demo there (results.json and sft/ are needed)")
+    theirs = OmegaConf.to_container(OmegaConf.load(src / "demo_config.yaml"))
+    ours = OmegaConf.to_container(OmegaConf.create(to_yaml(cfg)))
+    for key in sorted(set(theirs) | set(ours)):
+        if key not in _NOT_COLD_START and theirs.get(key) != ours.get(key):
+            raise ConfigError(f"sft_from={src}: its {key} is {theirs.get(key)!r}, this run's is {ours.get(key)!r} "
+                              "(the cold start must be the same)")
+    src_arm = ARMS.get(str(theirs.get("method")))
+    if src_arm is None or (src_arm.workflow, src_arm.agent) != (arm.workflow, arm.agent):
+        raise ConfigError(f"sft_from={src}: its method {theirs.get('method')!r} has another cold start than "
+                          f"method={cfg.method} (workflow and scripted agent must match)")
+    their_rl = OmegaConf.load(src / "rl" / "config.yaml")
+    for section in ("workflow", "engine"):
+        a, b = OmegaConf.to_container(their_rl[section]), OmegaConf.to_container(OmegaConf.structured(tcfg)[section])
+        if section == "workflow":
+            b = {**b, "max_context_tokens": a.get("max_context_tokens")}  # set from the budget below
+        if a != b:
+            diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            raise ConfigError(f"sft_from={src}: its RL config's {section}.{diff[0]} is {a.get(diff[0])!r}, this "
+                              f"run's is {b.get(diff[0])!r}")
+    return json.loads(res_path.read_text(encoding="utf-8"))
 
 
 def _section(tcfg: Any, name: str, **changes: Any) -> Any:
@@ -204,59 +289,82 @@ def run_context_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any
     """Run the whole demo for one arm (module docstring); returns what results.json holds."""
     t_start = time.perf_counter()
     cfg, tcfg, out, arm = load_configs(overrides, out_dir)
+    prior = reused_cold_start(cfg, tcfg, arm) if cfg.sft_from else None
     (out / "demo_config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     timings: dict[str, float] = {}
 
     t0 = time.perf_counter()
     data: MemActSplits = write_splits(cfg.task, out / "data", sft=(cfg.sft.num_tasks, cfg.sft.seed),
                                       rl=(cfg.rl_tasks, cfg.rl_task_seed), heldout=(cfg.eval.num_tasks, cfg.eval.seed))
-    agent = context_agent(arm.agent, cfg.sft.late_prob, cfg.sft.seed)
-    shape = model_shape(cfg)
     spec = get_workflow(arm.workflow["name"])
-    unbudgeted = _section(tcfg, spec.name, max_context_tokens=10**9)
-    fold_cfg = _section(tcfg, "fold", max_context_tokens=10**9)
-    react_cfg = _section(tcfg, "sliding_window", window_turns=0, max_context_tokens=10**9)
-    # one tokenizer for every arm (the same seed gives the same tokenizer and budget whatever the method):
-    # trained on every scripted agent's contexts without a budget
-    plays = [("fold", fold_cfg, context_agent("fold")), ("sliding_window", react_cfg, context_agent("search")),
-             ("summarize", _section(tcfg, "summarize", max_context_tokens=10**9), context_agent("summary"))]
-    tokenizer, model = init_context_model(out, cfg.task, plays, data.sft_tasks, shape, cfg.model.vocab_size, cfg.seed)
-    budget = cfg.context_budget or calibrate_fold_budget(data.sft_tasks[:200], tokenizer, fold_cfg, react_cfg)
-    if budget + unbudgeted.max_turn_tokens > cfg.model.max_positions:
-        raise ConfigError(f"model.max_positions {cfg.model.max_positions} < the budget {budget} + "
-                          f"workflow.max_turn_tokens {unbudgeted.max_turn_tokens}")
-    tcfg.workflow["max_context_tokens"] = budget
-    spec, wf_cfg = validate(tcfg)
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"method {cfg.method}: workflow {spec.name}, {tcfg.algorithm.name}; budget {budget} tokens; "
-          f"model {n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
-    timings["init_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    s = cfg.sft
-    rows = s.copy_warmup_rows or 4 * s.batch_rows
-    warmup = (copy_warmup_stage(model, tokenizer, s.copy_warmup_steps, rows, s.lr, cfg.seed, out / "copy_warmup",
-                                progress=tcfg.trainer.progress) if s.copy_warmup_steps else [])
-    timings["copy_warmup_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    scfg = SFTConfig(epochs=s.epochs, batch_rows=s.batch_rows, lr=s.lr, warmup_steps=s.warmup_steps, seed=cfg.seed)
-    sft_losses, demo = context_cold_start(model, tokenizer, data.sft_tasks, spec.name, wf_cfg, agent, scfg,
-                                          out / "sft", seed=s.seed, progress=tcfg.trainer.progress)
-    timings["sft_s"] = time.perf_counter() - t0
 
     def heldout(policy: Any, model_dir: str | Path) -> dict[str, dict[str, float]]:
         return evaluate(policy, tokenizer, spec, wf_cfg, data.eval_tasks, cfg.eval.temperature,
                         cfg.eval.seed, tcfg.engine, model_dir)
 
-    t0 = time.perf_counter()
-    sft_eval = heldout(model, out / "sft")
-    timings["eval_sft_s"] = time.perf_counter() - t0
-    # the reference of the trained table's "vs unbounded ReAct" column: the scripted search agent without a
-    # budget on the same held-out tasks, in this run's tokens
-    unbounded = context_summary_of(context_demonstrations(
-        data.eval_tasks, tokenizer, "sliding_window",
-        react_cfg, context_agent("search")))
+    if prior is not None:  # the cold start of cfg.sft_from, checked by reused_cold_start
+        shutil.copytree(Path(cfg.sft_from) / "sft", out / "sft", dirs_exist_ok=True)
+        tokenizer = AutoTokenizer.from_pretrained(out / "sft")
+        budget = int(prior["budget"]["max_context_tokens"])
+        tcfg.workflow["max_context_tokens"] = budget
+        spec, wf_cfg = validate(tcfg)
+        n_params = int(prior["num_parameters"])
+        print(f"method {cfg.method}: workflow {spec.name}, {tcfg.algorithm.name}; budget {budget} tokens; the cold "
+              f"start of {cfg.sft_from}")
+        warmup, sft_losses, sft_eval = prior["copy_warmup_losses"], prior["sft_losses"], prior["sft"]
+        unbounded = prior["reference"]["react_unbounded"]
+        demo = {**prior["demonstrator"], "summary": prior["scripted"]["greedy"]}
+        timings["init_s"] = time.perf_counter() - t0
+    else:
+        agent = context_agent(arm.agent, cfg.sft.late_prob, cfg.sft.seed)
+        shape = model_shape(cfg)
+        unbudgeted = _section(tcfg, spec.name, max_context_tokens=10**9)
+        fold_cfg = _section(tcfg, "fold", max_context_tokens=10**9)
+        react_cfg = _section(tcfg, "sliding_window", window_turns=0, max_context_tokens=10**9)
+        # one tokenizer for every arm (the same seed gives the same tokenizer and budget whatever the method):
+        # trained on every scripted agent's contexts without a budget
+        plays = [("fold", fold_cfg, context_agent("fold")), ("sliding_window", react_cfg, context_agent("search")),
+                 ("summarize", _section(tcfg, "summarize", max_context_tokens=10**9), context_agent("summary"))]
+        tokenizer, model = init_context_model(out, cfg.task, plays, data.sft_tasks, shape, cfg.model.vocab_size,
+                                              cfg.seed)
+        budget = cfg.context_budget or calibrate_fold_budget(data.sft_tasks[:200], tokenizer, fold_cfg, react_cfg)
+        if budget + unbudgeted.max_turn_tokens > cfg.model.max_positions:
+            raise ConfigError(f"model.max_positions {cfg.model.max_positions} < the budget {budget} + "
+                              f"workflow.max_turn_tokens {unbudgeted.max_turn_tokens}")
+        tcfg.workflow["max_context_tokens"] = budget
+        spec, wf_cfg = validate(tcfg)
+        n_params = sum(p.numel() for p in model.parameters())
+        print(f"method {cfg.method}: workflow {spec.name}, {tcfg.algorithm.name}; budget {budget} tokens; "
+              f"model {n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
+        timings["init_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        s = cfg.sft
+        rows = s.copy_warmup_rows or 4 * s.batch_rows
+        if cfg.warmup_from:
+            warmup = reused_warmup(cfg, out, model)
+        else:
+            warmup = (copy_warmup_stage(model, tokenizer, s.copy_warmup_steps, rows, s.lr, cfg.seed,
+                                        out / "copy_warmup", progress=tcfg.trainer.progress)
+                      if s.copy_warmup_steps else [])
+            if s.copy_warmup_steps:
+                model.save_pretrained(out / "copy_warmup")
+        timings["copy_warmup_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        scfg = SFTConfig(epochs=s.epochs, batch_rows=s.batch_rows, lr=s.lr, warmup_steps=s.warmup_steps,
+                         seed=cfg.seed)
+        sft_losses, demo = context_cold_start(model, tokenizer, data.sft_tasks, spec.name, wf_cfg, agent, scfg,
+                                              out / "sft", seed=s.seed, progress=tcfg.trainer.progress)
+        timings["sft_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        sft_eval = heldout(model, out / "sft")
+        timings["eval_sft_s"] = time.perf_counter() - t0
+        # the reference of the trained table's "vs unbounded ReAct" column: the scripted search agent without
+        # a budget on the same held-out tasks, in this run's tokens
+        unbounded = context_summary_of(context_demonstrations(data.eval_tasks, tokenizer, "sliding_window",
+                                                              react_cfg, context_agent("search")))
 
     t0 = time.perf_counter()
     trainer = Trainer(assemble(tcfg, workflow=(spec, wf_cfg)))
@@ -278,6 +386,7 @@ def run_context_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any
         "sft_losses": sft_losses, "copy_warmup_losses": warmup,
         "rl_history": {k: [h.get(k, 0.0) for h in history] for k in ("reward/mean", "train/rows")},
         "budget": {"max_context_tokens": budget, "eval_tasks": len(data.eval_tasks)},
+        "sft_from": cfg.sft_from,
     }
     (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     text = results_markdown(results)

@@ -20,7 +20,8 @@ exactly); the held-out evaluation (eval.seed, eval.num_tasks, the lengths) is ne
   scripted agent's coins), `rl_task_seed` (the DCPO tasks), `train.data.seed` (their order),
   `train.trainer.seed` (DCPO sampling);
 - context: as memact (`seed`, `sft.seed`, `rl_task_seed`, `train.data.seed`, `train.trainer.seed`; RL is
-  GRPO or FoldGRPO by the method).
+  GRPO or FoldGRPO by the method). `sft_from=ROOT` / `warmup_from=ROOT` name another context sweep: each
+  run reuses the cold start / copy warm-up of ROOT's run of the same capability and seed.
 The aggregation checks that every run evaluated the same held-out tasks (memagent: the results' `recipe.eval`
 and lengths; memact and context: the SHA-256 of data/heldout_tasks.jsonl) and refuses to mix them.
 
@@ -150,8 +151,21 @@ def plan(agent: str, root: Path, seeds: list[int], capabilities: list[str], over
         if hit:
             raise ConfigError(f"--seeds: training seed {hit[0]} makes {key} equal eval.seed "
                               f"({base['eval.seed']}): the training tasks would be the held-out ones")
-    return [Run(s, cap, root / cap / f"seed{s}", (*overrides, *seed_overrides(agent, s, base)))
+    return [Run(s, cap, root / cap / f"seed{s}", (*_per_run(overrides, cap, s), *seed_overrides(agent, s, base)))
             for s in seeds for cap in capabilities]
+
+
+def _per_run(overrides: list[str], capability: str, seed: int) -> list[str]:
+    """`overrides` with `sft_from=ROOT` / `warmup_from=ROOT` (context: another sweep's root) naming that
+    sweep's run of the same capability and seed, ROOT/<capability>/seed<k>."""
+    out = []
+    for ov in overrides:
+        key, _, value = ov.partition("=")
+        out.append(f"{key}={Path(value) / capability / f'seed{seed}'}" if key in _RUN_KEYS and value else ov)
+    return out
+
+
+_RUN_KEYS = ("sft_from", "warmup_from")
 
 
 # ---------------------------------------------------------------------------------------------- running

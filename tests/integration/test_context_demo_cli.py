@@ -96,3 +96,56 @@ def test_each_method_sets_its_workflow_and_estimator(tmp_path):
     # an explicit workflow key wins over the arm's
     _, tcfg, _, _ = load_configs(["method=window", "workflow.window_turns=3"], tmp_path / "w3")
     assert tcfg.workflow["window_turns"] == 3
+
+
+def test_fold_no_process_reuses_folds_cold_start_and_window_its_warmup(tmp_path, capsys):
+    """sft_from: the ablation trains from the very model fold's cold start saved (and reports fold's SFT
+    evaluation, which it does not repeat); warmup_from: another method of the same seed starts its cold start
+    from the same copy-warmed weights. Both refuse a run whose cold start / warm-up differs."""
+    fold, ablation, window = tmp_path / "fold", tmp_path / "fold_np", tmp_path / "window"
+    assert main(["demo", "--agent", "context", "--out", str(fold), "method=fold", *TOY]) == 0
+    capsys.readouterr()
+    assert main(["demo", "--agent", "context", "--out", str(ablation), "method=fold_no_process",
+                 f"sft_from={fold}", *TOY]) == 0
+    assert f"the cold start of {fold}" in capsys.readouterr().out
+    a, f = (json.loads((d / "results.json").read_text()) for d in (ablation, fold))
+    assert (ablation / "sft" / "model.safetensors").read_bytes() == (fold / "sft" / "model.safetensors").read_bytes()
+    for key in ("sft", "sft_losses", "copy_warmup_losses", "scripted", "demonstrator", "reference", "budget"):
+        assert a[key] == f[key], key
+    assert a["sft_from"] == str(fold) and f["sft_from"] == ""
+    assert a["process_rewards"] == [] and len(a["rl_history"]["reward/mean"]) == 2
+    assert "sft_s" not in a["timings"] and "sft_s" in f["timings"]
+
+    assert main(["demo", "--agent", "context", "--out", str(window), "method=window", f"warmup_from={fold}",
+                 *TOY]) == 0
+    assert f"copy warm-up: the 3 steps of {fold}" in capsys.readouterr().out
+    w = json.loads((window / "results.json").read_text())
+    assert w["copy_warmup_losses"] == f["copy_warmup_losses"]
+    assert ((window / "copy_warmup" / "model.safetensors").read_bytes()
+            == (fold / "copy_warmup" / "model.safetensors").read_bytes())
+    # its own cold start (the search agent through the window), not fold's 6 rows per task
+    assert w["workflow"]["name"] == "sliding_window" and w["demonstrator"]["rows_per_task"] != f["demonstrator"][
+        "rows_per_task"] and w["sft_from"] == ""
+
+    # refusals, in one line before any training
+    cases = [(["method=window", f"sft_from={fold}"], "has another cold start than method=window"),
+             (["method=fold_no_process", f"sft_from={fold}", "sft.epochs=2"], "its sft is"),
+             (["method=fold_no_process", f"sft_from={tmp_path / 'none'}"], "no finished context demo there"),
+             (["method=react", f"warmup_from={fold}", "seed=1"], "its init/model.safetensors differs"),
+             (["method=react", f"warmup_from={fold}", "sft.lr=0.002"], "its sft.lr is 0.001, this run's is 0.002")]
+    for i, (args, msg) in enumerate(cases):
+        assert main(["demo", "--agent", "context", "--out", str(tmp_path / f"bad{i}"), *TOY, *args]) != 0
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err, (args, err)
+
+
+def test_a_seed_sweep_maps_a_reused_run_to_its_own_seed(tmp_path):
+    from memrl.demos.seeds import plan
+
+    runs = plan("context", tmp_path / "np", [0, 2], ["native"],
+                ["method=fold_no_process", f"sft_from={tmp_path / 'fold'}", f"warmup_from={tmp_path / 'w'}"])
+    assert [r.overrides[:3] for r in runs] == [
+        ("method=fold_no_process", f"sft_from={tmp_path / 'fold' / 'native' / 'seed0'}",
+         f"warmup_from={tmp_path / 'w' / 'native' / 'seed0'}"),
+        ("method=fold_no_process", f"sft_from={tmp_path / 'fold' / 'native' / 'seed2'}",
+         f"warmup_from={tmp_path / 'w' / 'native' / 'seed2'}")]
