@@ -86,22 +86,25 @@ def memact_cold_start(model: Any, tokenizer: Any, tasks: list[Task], wf_cfg: Any
 
 
 def context_cold_start(model: Any, tokenizer: Any, tasks: list[Task], workflow: str, wf_cfg: Any, agent: Any,
-                       scfg: SFTConfig, out_dir: str | Path, *, seed: int = 0,
+                       scfg: SFTConfig, out_dir: str | Path, *, seed: int = 0, max_rows: int = 0,
                        progress: bool = True) -> tuple[list[float], dict[str, Any]]:
     """SFT on the scripted `agent`'s trajectories on `tasks` through `workflow` (memrl.demonstrators.stages.
     context_demonstrations): every row as the workflow cuts it (fold: one per branch + the main thread;
     summarize: one per part; sliding_window: one per window shift + the last); saves the model to
-    `out_dir`. Returns (losses, {"summary": the agent's context_summary_of, "rows", "rows_per_task",
-    "branches_per_task", "summaries_per_task"})."""
+    `out_dir`. `max_rows` > 0 trains on the first `max_rows` rows only (task order, each task's rows in
+    order). Returns (losses, {"summary": the agent's context_summary_of, "rows", "rows_trained",
+    "rows_per_task", "branches_per_task", "summaries_per_task"})."""
     groups = context_demonstrations(tasks, tokenizer, workflow, wf_cfg, agent, seed=seed)
     trajs = [g.trajectories[0] for g in groups]
     segments = [s for t in trajs for s in t.segments]
     summary = context_summary_of(groups)
     print(f"cold start: {len(segments)} rows from {len(groups)} scripted {workflow} trajectories (its accuracy "
           f"{summary['accuracy']:.1f}%, peak context {summary['peak_context_tokens']:.0f}, stopped by the budget "
-          f"{summary['stopped_by_budget']:.1f}%)")
-    losses = sft_train_logged(model, tokenizer, segments, scfg, Path(out_dir), progress=progress, tensorboard=False,
+          f"{summary['stopped_by_budget']:.1f}%)" + (f"; the first {max_rows} trained (sft.max_rows)"
+                                                    if 0 < max_rows < len(segments) else ""))
+    trained = segments[:max_rows] if max_rows else segments
+    losses = sft_train_logged(model, tokenizer, trained, scfg, Path(out_dir), progress=progress, tensorboard=False,
                               save_dir=Path(out_dir))
-    return losses, {"summary": summary, "rows": len(segments), "rows_per_task": [len(t.segments) for t in trajs],
+    return losses, {"summary": summary, "rows": len(segments), "rows_trained": len(trained), "rows_per_task": [len(t.segments) for t in trajs],
                     "branches_per_task": [int(t.metrics.get("branches", 0)) for t in trajs],
                     "summaries_per_task": [int(t.metrics.get("summaries", 0)) for t in trajs]}

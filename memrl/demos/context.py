@@ -112,6 +112,10 @@ class ContextDemoSFT:
     lr: float = valid(1e-3, gt=0)
     batch_rows: int = valid(8, ge=1)
     warmup_steps: int = valid(20, ge=0)
+    max_rows: int = valid(0, ge=0, note="0 = every row")
+    """Train on the first max_rows demonstration rows only (task order): caps a method whose scripted agent cuts
+    many rows per task (window: a row per window shift) at another method's cold-start size, without changing
+    the SFT tasks (and so the tokenizer every method of a seed shares)."""
 
 
 @dataclass
@@ -229,7 +233,9 @@ def reused_cold_start(cfg: ContextDemoConfig, tcfg: Any, arm: Arm) -> dict[str, 
     res_path = src / "results.json"
     if not res_path.is_file() or not (src / "sft" / "model.safetensors").is_file():
         raise ConfigError(f"sft_from={src}: no finished context demo there (results.json and sft/ are needed)")
-    theirs = OmegaConf.to_container(OmegaConf.load(src / "demo_config.yaml"))
+    # a run written before a field existed ran with its default
+    theirs = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(ContextDemoConfig),
+                                                    OmegaConf.load(src / "demo_config.yaml")))
     ours = OmegaConf.to_container(OmegaConf.create(to_yaml(cfg)))
     for key in sorted(set(theirs) | set(ours)):
         if key not in _NOT_COLD_START and theirs.get(key) != ours.get(key):
@@ -355,7 +361,8 @@ def run_context_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any
         scfg = SFTConfig(epochs=s.epochs, batch_rows=s.batch_rows, lr=s.lr, warmup_steps=s.warmup_steps,
                          seed=cfg.seed)
         sft_losses, demo = context_cold_start(model, tokenizer, data.sft_tasks, spec.name, wf_cfg, agent, scfg,
-                                              out / "sft", seed=s.seed, progress=tcfg.trainer.progress)
+                                              out / "sft", seed=s.seed, max_rows=s.max_rows,
+                                              progress=tcfg.trainer.progress)
         timings["sft_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()

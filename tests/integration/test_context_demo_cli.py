@@ -44,7 +44,7 @@ def test_context_demo_runs_every_stage(tmp_path, capsys, method, workflow, algor
     assert res["workflow"]["max_context_tokens"] == budget and res["budget"]["eval_tasks"] == 4
     assert len(res["copy_warmup_losses"]) == 3 and len(res["rl_history"]["reward/mean"]) == 2
     d = res["demonstrator"]
-    assert d["rows_per_task"] == [rows_per_task] * 12 and d["rows"] == 12 * rows_per_task
+    assert d["rows_per_task"] == [rows_per_task] * 12 and d["rows"] == d["rows_trained"] == 12 * rows_per_task
     assert d["branches_per_task"] == [branches] * 12 and d["summaries_per_task"] == [summaries] * 12
     # 12 tasks x rows_per_task rows in batches of 8, one epoch
     assert len(res["sft_losses"]) == -(-12 * rows_per_task // 8)
@@ -117,15 +117,26 @@ def test_fold_no_process_reuses_folds_cold_start_and_window_its_warmup(tmp_path,
     assert "sft_s" not in a["timings"] and "sft_s" in f["timings"]
 
     assert main(["demo", "--agent", "context", "--out", str(window), "method=window", f"warmup_from={fold}",
-                 *TOY]) == 0
+                 *TOY, "sft.max_rows=10"]) == 0
     assert f"copy warm-up: the 3 steps of {fold}" in capsys.readouterr().out
     w = json.loads((window / "results.json").read_text())
     assert w["copy_warmup_losses"] == f["copy_warmup_losses"]
     assert ((window / "copy_warmup" / "model.safetensors").read_bytes()
             == (fold / "copy_warmup" / "model.safetensors").read_bytes())
+    # sft.max_rows=10 trains the first 10 of its rows: ceil(10 / 8) = 2 steps of one epoch
+    assert w["demonstrator"]["rows_trained"] == 10 and len(w["sft_losses"]) == 2
+    assert w["demonstrator"]["rows"] == sum(w["demonstrator"]["rows_per_task"]) > 10
     # its own cold start (the search agent through the window), not fold's 6 rows per task
     assert w["workflow"]["name"] == "sliding_window" and w["demonstrator"]["rows_per_task"] != f["demonstrator"][
         "rows_per_task"] and w["sft_from"] == ""
+
+    # a run written before a field existed counts as having its default: drop sft.max_rows from fold's config
+    cfg_path = fold / "demo_config.yaml"
+    text = cfg_path.read_text()
+    cfg_path.write_text("\n".join(line for line in text.splitlines() if "max_rows" not in line) + "\n")
+    assert main(["demo", "--agent", "context", "--out", str(tmp_path / "np2"), "method=fold_no_process",
+                 f"sft_from={fold}", *TOY]) == 0
+    capsys.readouterr()
 
     # refusals, in one line before any training
     cases = [(["method=window", f"sft_from={fold}"], "has another cold start than method=window"),

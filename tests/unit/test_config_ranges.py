@@ -312,6 +312,8 @@ FREE_TEXT: dict[str, str] = {
     "ConversationSection": "", "SFTRunConfig.out_dir": "a path", "SyntheticConfig.fact_sep": "text",
     "MemActDemoConfig.variant": "joined variant names, checked by the demo before any work",
     "MemActDemoConfig.train_preset": "a preset name or path", "ContextDemoConfig.train_preset": "a preset name or path",
+    "ContextDemoConfig.sft_from": "a run directory, checked before any work",
+    "ContextDemoConfig.warmup_from": "a run directory, checked once the initial model exists",
     "DemoConfig.model_preset": "a model preset name",
     "DemoConfig.train_preset": "a preset name or path", "DemoSFT.unanswerable_text": "text",
     "DemoSFT.restate_sep": "text", "EngineConfig.model": "a path", "HFSection.device": "a torch device string",
