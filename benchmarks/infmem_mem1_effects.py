@@ -16,8 +16,9 @@ What it measures (the workflows' mechanics, with policies that act perfectly by 
   prompt (carried_tokens = peak - first; the first prompt itself lists the k questions).
 
 Both policies answer every task right by construction: the accuracy column checks the plumbing (the
-retriever finds the fact, the state carries it), not a model. The trained-policy comparison (3 training
-seeds, evaluation fixed before) is not part of this script.
+retriever finds the fact, the state carries it), not a model. The MEM1 oracle is memrl.demonstrators.mem1.
+StateOracle, the cold-start agent of the trained comparison (`memrl demo --agent mem1`, 3 training seeds,
+evaluation fixed before; its table: benchmarks/mem1_trained.py --trained ROOT), which is not part of this script.
 """
 
 from __future__ import annotations

@@ -153,11 +153,16 @@ def plan(agent: str, root: Path, seeds: list[int], capabilities: list[str], over
         raise ConfigError(f"--seeds: {fixed[0].split('=', 1)[0]} is set by the training seed; drop the override "
                           f"{fixed[0]!r}")
     base = base_seeds(agent, overrides)
+    held = {base["eval.seed"]}
+    if agent == "mem1":  # one held-out set per objective count k, from seed eval.seed + k
+        held = {base["eval.seed"] + k for k in load_config(Mem1DemoConfig, split_overrides(overrides)[0]).eval.objectives}
     for key in TASK_SEEDS[agent]:
-        hit = [s for s in seeds if base[key] + s == base["eval.seed"]]
+        hit = [s for s in seeds if base[key] + s in held]
         if hit:
-            raise ConfigError(f"--seeds: training seed {hit[0]} makes {key} equal eval.seed "
-                              f"({base['eval.seed']}): the training tasks would be the held-out ones")
+            what = (f"equal eval.seed ({base['eval.seed']})" if len(held) == 1 else
+                    f"a held-out task seed ({', '.join(map(str, sorted(held)))})")
+            raise ConfigError(f"--seeds: training seed {hit[0]} makes {key} {what}: the training tasks would be "
+                              "the held-out ones")
     return [Run(s, cap, root / cap / f"seed{s}", (*_per_run(overrides, cap, s), *seed_overrides(agent, s, base)))
             for s in seeds for cap in capabilities]
 

@@ -73,6 +73,13 @@ def test_plan_refuses_a_shifted_seed_override_and_training_tasks_on_the_eval_see
         sw.plan("memagent", tmp_path, [0, 1], ["avx2"], ["eval.seed=1001"])
     with pytest.raises(ConfigError, match=r"^--seeds: training seed 2 makes rl_task_seed equal eval.seed \(102\)"):
         sw.plan("memact", tmp_path, [0, 2], ["avx2"], ["eval.seed=102"])
+    # mem1: one held-out set per objective count k from seed eval.seed + k: eval.seed 98 with k = 2, 4, 8, 16 gives
+    # 100, 102, 106, 114, and 100 is training seed 0's rl_task_seed (100 + 0); k = 5, 7 give 103, 105, none of
+    # seeds 0, 1's (rl 100, 101; sft 500, 501)
+    with pytest.raises(ConfigError, match=r"^--seeds: training seed 0 makes rl_task_seed a held-out task seed "
+                                          r"\(100, 102, 106, 114\)"):
+        sw.plan("mem1", tmp_path, [0, 1], ["avx2"], ["eval.seed=98"])
+    assert len(sw.plan("mem1", tmp_path, [0, 1], ["avx2"], ["eval.seed=98", "eval.objectives=[5,7]"])) == 2
 
 
 def test_memagent_heldout_tasks_do_not_depend_on_the_training_seed(tmp_path):
