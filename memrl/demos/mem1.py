@@ -95,8 +95,10 @@ class Mem1DemoConfig:
 
     method: str = valid("mem1", choices=tuple(METHODS))
     model: MemActDemoModel = field(default_factory=MemActDemoModel)
-    """The tiny Qwen2 (the MemAct demo's shape settings); max_positions must hold the scripted full-history
-    agent's largest context at the largest held-out k (checked once the tokenizer is trained)."""
+    """The tiny Qwen2 (the MemAct demo's shape settings). A call's prompt is capped at max_positions -
+    workflow.max_turn_tokens (`workflow.max_context_tokens`, unless set lower: the engine refuses a prompt
+    past the positions), and the cap must hold the scripted full-history agent's largest prompt at the
+    largest held-out k (checked once the tokenizer is trained), so it binds only on a policy that runs on."""
     task: MemActTaskConfig = field(default_factory=lambda: MemActTaskConfig(
         entities_per_task=16, sub_questions=[2, 3, 4, 5, 6, 7, 8]))
     """Training tasks: 2..8 objectives (drawn uniformly per task), 16 names per task world (64 documents),
@@ -144,6 +146,16 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[Mem1DemoCon
     if wf_cfg.max_turns < max(ks) + 1:
         raise ConfigError(f"workflow.max_turns {wf_cfg.max_turns} < {max(ks) + 1} (one search per objective and "
                           f"the answer at eval.objectives' largest count {max(ks)})")
+    cap = cfg.model.max_positions - wf_cfg.max_turn_tokens
+    if cap < 1:
+        raise ConfigError(f"model.max_positions {cfg.model.max_positions} must exceed workflow.max_turn_tokens "
+                          f"{wf_cfg.max_turn_tokens}")
+    if wf_cfg.max_context_tokens > cap:
+        raise ConfigError(f"workflow.max_context_tokens {wf_cfg.max_context_tokens} > model.max_positions "
+                          f"{cfg.model.max_positions} - workflow.max_turn_tokens {wf_cfg.max_turn_tokens} = {cap}")
+    if not wf_cfg.max_context_tokens:  # no call may pass the model's positions (the engine refuses it)
+        tcfg.workflow["max_context_tokens"] = cap
+        spec, wf_cfg = validate(tcfg)
     if wf_cfg.retriever_scope != "task":
         raise ConfigError(f"workflow.retriever_scope must be task (each task searches its own fact sheet), got "
                           f"{wf_cfg.retriever_scope!r}")
@@ -238,9 +250,11 @@ def run_mem1_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
     kmax = max(cfg.eval.objectives)
     full = mem1_demonstrations(held[kmax], tokenizer, plays["full_history"])
     full_peak = int(max(g.trajectories[0].metrics["peak_context_tokens"] for g in full))
-    if full_peak > cfg.model.max_positions:
-        raise ConfigError(f"model.max_positions {cfg.model.max_positions} < {full_peak}, the scripted full-history "
-                          f"agent's largest context at {kmax} objectives (prompt + reply)")
+    full_prompt = max(s.info["context_tokens"] for g in full for s in g.trajectories[0].segments)
+    if full_prompt > wf_cfg.max_context_tokens:
+        raise ConfigError(f"workflow.max_context_tokens {wf_cfg.max_context_tokens} (model.max_positions "
+                          f"{cfg.model.max_positions} - workflow.max_turn_tokens {wf_cfg.max_turn_tokens} unless set) "
+                          f"< {full_prompt}, the scripted full-history agent's largest prompt at {kmax} objectives")
     n_params = sum(p.numel() for p in model.parameters())
     print(f"method {cfg.method}: workflow mem1 context={wf_cfg.context}, {tcfg.algorithm.name}; model "
           f"{n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}, positions {cfg.model.max_positions} "
@@ -295,7 +309,8 @@ def run_mem1_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
         "scripted": {"greedy": scripted}, "sft": sft_eval, "rl": rl_eval,
         "demonstrator": {"summary": demo, "rows": len(segments), "rows_per_task": [len(t.segments) for t in trajs],
                          "objectives_per_task": [len(t.meta["sub_questions"]) for t in sft_tasks]},
-        "positions": {"max_positions": cfg.model.max_positions, "full_history_scripted_peak": full_peak},
+        "positions": {"max_positions": cfg.model.max_positions, "max_context_tokens": wf_cfg.max_context_tokens,
+                      "full_history_scripted_peak": full_peak, "full_history_scripted_prompt": full_prompt},
         "timings": timings, "num_parameters": n_params, "vocab_size": len(tokenizer),
         "sft_losses": sft_losses, "copy_warmup_losses": warmup,
         "rl_history": {k: [h.get(k, 0.0) for h in history] for k in ("reward/mean", "train/rows")},

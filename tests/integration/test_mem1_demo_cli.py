@@ -55,7 +55,9 @@ def test_mem1_demo_runs_every_stage(tmp_path, capsys, method, context):
                 assert r["num_tasks"] == 2.0 and (r["accuracy"] / 50).is_integer()  # 2 tasks: steps of 50 points
                 # workflow.max_turns 17 (preset mem1_cpu); a context never passes the model's positions
                 assert 1 <= r["turns"] <= 17 and r["peak_context_tokens"] <= res["positions"]["max_positions"]
-    assert res["positions"]["full_history_scripted_peak"] <= res["positions"]["max_positions"] == 1024
+    pos = res["positions"]
+    assert pos["max_positions"] == 1024 and pos["max_context_tokens"] == res["workflow"]["max_context_tokens"] == 928
+    assert pos["full_history_scripted_prompt"] <= 928 and pos["full_history_scripted_peak"] <= 1024
 
 
 def test_scripted_contexts_latest_state_vs_full_history(tmp_path):
@@ -100,6 +102,8 @@ def test_scripted_contexts_latest_state_vs_full_history(tmp_path):
     ("sft.seed=903", "sft.seed=903 is a held-out task seed"),
     ("train.workflow.max_turns=9", "workflow.max_turns 9 < 17"),
     ("eval.objectives=[2,2]", "eval.objectives must be distinct"),
+    ("workflow.max_context_tokens=1000", "workflow.max_context_tokens 1000 > model.max_positions 1024 - "
+                                         "workflow.max_turn_tokens 96 = 928"),
 ])
 def test_mem1_demo_refuses_bad_settings(tmp_path, capsys, override, message):
     rc = main(["demo", "--agent", "mem1", "--out", str(tmp_path / "d"), override])
@@ -110,8 +114,21 @@ def test_mem1_demo_refuses_bad_settings(tmp_path, capsys, override, message):
 
 
 def test_mem1_demo_refuses_too_few_positions(tmp_path, capsys):
+    # 300 positions - 96 turn tokens = a 204-token cap; the scripted full-history agent's prompts at 16
+    # objectives pass 600 tokens
     rc = main(["demo", "--agent", "mem1", "--out", str(tmp_path / "d"), "model.max_positions=300", *TOY])
     assert rc != 0
     err = capsys.readouterr().err.strip()
-    assert "model.max_positions 300 <" in err and "full-history agent's largest context at 16 objectives" in err
-    assert len(err.splitlines()) == 1
+    assert err.startswith("memrl demo: error: workflow.max_context_tokens 204 (model.max_positions 300 - "
+                          "workflow.max_turn_tokens 96 unless set) < ")
+    assert "the scripted full-history agent's largest prompt at 16 objectives" in err and len(err.splitlines()) == 1
+
+
+def test_mem1_demo_caps_the_prompt_at_the_positions(tmp_path):
+    from memrl.demos.mem1 import load_configs
+    from memrl.training.assemble import validate
+
+    _, tcfg, _ = load_configs([], tmp_path / "a")
+    assert validate(tcfg)[1].max_context_tokens == 1024 - 96  # model.max_positions - workflow.max_turn_tokens
+    _, tcfg, _ = load_configs(["workflow.max_context_tokens=800"], tmp_path / "b")
+    assert validate(tcfg)[1].max_context_tokens == 800  # a lower cap is kept
