@@ -16,8 +16,9 @@ What it measures (the workflows' mechanics, with policies that act perfectly by 
   prompt (carried_tokens = peak - first; the first prompt itself lists the k questions).
 
 Both policies answer every task right by construction: the accuracy column checks the plumbing (the
-retriever finds the fact, the state carries it), not a model. The trained-policy comparison (3 training
-seeds, evaluation fixed before) is not part of this script.
+retriever finds the fact, the state carries it), not a model. The MEM1 oracle is memrl.demonstrators.mem1.
+StateOracle, the cold-start agent of the trained comparison (`memrl demo --agent mem1`, 3 training seeds,
+evaluation fixed before; its table: benchmarks/mem1_trained.py --trained ROOT), which is not part of this script.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from memrl.data.synthetic import SyntheticConfig, find_facts, make_tasks, memory
 from memrl.data.synthetic_memact import MemActTaskConfig
 from memrl.data.synthetic_memact import make_tasks as make_multi_tasks
 from memrl.demonstrators.engine import ScriptedEngine
+from memrl.demonstrators.mem1 import StateOracle
 from memrl.types import Task
 from memrl.workflows import get_workflow, parse_workflow
 
@@ -68,25 +70,6 @@ class ReadingOracle:
             return memory_text([(key, seen)]) if seen else memory
         value = _fact(memory, key)
         return "\\boxed{" + (value or "unknown") + "}"
-
-
-@dataclass
-class StateOracle:
-    """MEM1 oracle: the internal state lists the answers found so far; each turn searches the first
-    objective without one (its sub-question text, whose top hit is the asked fact), then answers all."""
-
-    def __call__(self, prompt: str, _: int) -> str:
-        prompt = prompt[prompt.rfind("Answer the following"):]  # the task's questions and what came after
-        subs = re.findall(r"^\d+\. (.+?)(?:<|$)", prompt, re.MULTILINE)
-        states = re.findall(r"<IS>(.*?)</IS>", prompt, re.DOTALL)
-        found = [a for a in states[-1].split(";") if a.strip()] if states else []
-        infos = re.findall(r"<information>.*?\(1\) (.*?)</information>", prompt, re.DOTALL)
-        if infos and len(found) < len(subs):
-            found.append(infos[-1].split()[-1])  # "Kalo color red": the value is the last word
-        state = "<IS>" + ";".join(found) + "</IS>"
-        if len(found) >= len(subs):
-            return state + "<answer>" + "; ".join(found) + "</answer>"
-        return state + "<search>" + subs[len(found)] + "</search>"
 
 
 def _rollout(spec_name: str, tasks: list[Task], tokenizer, script, overrides: dict) -> list:

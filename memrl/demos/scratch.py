@@ -8,6 +8,7 @@
   working contexts the scripted agent reaches with the first tokenizer), compact-tools chat template.
 - `init_context_model`: the same two passes for the context-management family (fold, summarize,
   sliding_window): the second pass adds the whole contexts each scripted agent reaches through its workflow.
+- `init_mem1_model`: the same two passes for the MEM1 demo (the oracle's contexts under both `context` settings).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
 
 from memrl.data.synthetic import corpus_text, make_task, memory_text
 from memrl.data.synthetic_memact import tokenizer_text
+from memrl.demonstrators.mem1 import StateOracle, mem1_demonstrations
 from memrl.demonstrators.memact import answer_reply, prune_reply, search_reply
 from memrl.demonstrators.stages import context_demonstrations, memact_demonstrations
 from memrl.models.tiny import (
@@ -156,5 +158,26 @@ def init_context_model(out: str | Path, task_cfg: Any, plays: list[tuple[str, An
     def contexts(tok: Any) -> list[Any]:
         return [g for workflow, wf_cfg, agent in plays
                 for g in context_demonstrations(sample_tasks[:60], tok, workflow, wf_cfg, agent)]
+
+    return _two_pass_model(out, task_cfg, extra, contexts, shape, vocab_size, seed)
+
+
+def init_mem1_model(out: str | Path, task_cfg: Any, wf_cfgs: list[Any], sample_tasks: list[Task], shape: ModelPreset,
+                    vocab_size: int, seed: int) -> tuple[Any, Any]:
+    """(tokenizer, model) for the MEM1 demo (memrl.demos.mem1): `wf_cfgs` are mem1 workflow configs (the demo
+    passes both `context` settings, so both methods get the same tokenizer). BPE (out/tokenizer_corpus.txt)
+    on the task's text, the prompt and the oracle's state / search / answer replies on the first 40
+    `sample_tasks`, then again with the whole contexts (every row's prompt and response) the oracle
+    (memrl.demonstrators.mem1.StateOracle) reaches under each config on the first 60 with that first
+    tokenizer; compact-tools ChatML, model_max_length the shape's positions; the model is saved to out/init."""
+    out = Path(out)
+    extra = []
+    for task in sample_tasks[:40]:
+        extra.append(wf_cfgs[0].template().render(question=task.question))
+        oracle = StateOracle(wf_cfgs[0].answer_separator)
+        extra += [oracle(task.question), f"<IS>{';'.join(task.answers)}</IS><answer>{'; '.join(task.answers)}</answer>"]
+
+    def contexts(tok: Any) -> list[Any]:
+        return [g for wf_cfg in wf_cfgs for g in mem1_demonstrations(sample_tasks[:60], tok, wf_cfg)]
 
     return _two_pass_model(out, task_cfg, extra, contexts, shape, vocab_size, seed)

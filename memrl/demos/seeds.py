@@ -3,6 +3,7 @@
   memrl demo --out runs/seeds --seeds 0,1,2 --cpu-capability avx2,avx512 threads=1
   memrl demo --agent memact --out runs/seeds_memact --seeds 0,1,2 --cpu-capability avx2,avx512
   memrl demo --agent context --out runs/context/fold --seeds 0,1,2 method=fold
+  memrl demo --agent mem1 --out runs/mem1/mem1 --seeds 0,1,2 method=mem1
   memrl demo --out runs/seeds --seeds 0,1,2 --cpu-capability avx2,avx512 --aggregate-only
 
 Each (seed, capability) run is `memrl demo --agent A --out ROOT/<capability>/seed<k> <overrides> <seed
@@ -22,13 +23,15 @@ exactly); the held-out evaluation (eval.seed, eval.num_tasks, the lengths) is ne
 - context: as memact (`seed`, `sft.seed`, `rl_task_seed`, `train.data.seed`, `train.trainer.seed`; RL is
   GRPO or FoldGRPO by the method). `sft_from=ROOT` / `warmup_from=ROOT` name another context sweep: each
   run reuses the cold start / copy warm-up of ROOT's run of the same capability and seed.
+- mem1: as memact (memrl.demos.mem1; its held-out seeds are eval.seed + k per objective count k).
 The aggregation checks that every run evaluated the same held-out tasks (memagent: the results' `recipe.eval`
-and lengths; memact and context: the SHA-256 of data/heldout_tasks.jsonl) and refuses to mix them.
+and lengths; memact, context and mem1: the SHA-256 of data/heldout_tasks.jsonl) and refuses to mix them.
 
 Resumable: a run whose out dir has results.json is not run again (its sweep_run.json must name the same
 agent, seed, capability and overrides); a run started before and not finished is started again from an
 empty directory. Writes ROOT/seeds_results.md (printed) and ROOT/seeds_results.json: per capability and
-per length (memagent) or per policy and decoding (memact, context), mean +- sd over the finished seeds (sd with
+per length (memagent), per policy and decoding (memact, context) or per policy, decoding and objective
+count (mem1), mean +- sd over the finished seeds (sd with
 ddof 1; "n/a" for one seed) of SFT and SFT+RL accuracy, sampled and greedy, and the gains (SFT+RL - SFT,
 paired per seed).
 """
@@ -53,6 +56,7 @@ from typing import Any
 from memrl.config import ConfigError, load_config, redact_argv, redact_secrets, redact_text
 from memrl.demos import split_overrides
 from memrl.demos.context import ContextDemoConfig
+from memrl.demos.mem1 import Mem1DemoConfig
 from memrl.demos.memact import MemActDemoConfig
 from memrl.demos.memagent import DemoConfig
 from memrl.errors import UserError
@@ -74,9 +78,11 @@ SEED_KEYS = {
                ("train.trainer.seed", "train")),
     "context": (("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"), ("train.data.seed", "train"),
                 ("train.trainer.seed", "train")),
+    "mem1": (("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"), ("train.data.seed", "train"),
+             ("train.trainer.seed", "train")),
 }
 TASK_SEEDS = {"memagent": ("sft_seed", "train.data.seed"), "memact": ("sft.seed", "rl_task_seed"),
-              "context": ("sft.seed", "rl_task_seed")}
+              "context": ("sft.seed", "rl_task_seed"), "mem1": ("sft.seed", "rl_task_seed")}
 """The seeds that generate training tasks: never equal to the held-out eval.seed, for any run."""
 
 
@@ -113,7 +119,8 @@ def _get(obj: Any, dotted: str) -> Any:
 def base_seeds(agent: str, overrides: list[str]) -> dict[str, int]:
     """{override key: its value under `overrides` (the recipe's default unless overridden)} for the seeds a
     training seed shifts, and "eval.seed"."""
-    schema: type[Any] = {"memact": MemActDemoConfig, "context": ContextDemoConfig}.get(agent, DemoConfig)
+    schema: type[Any] = {"memact": MemActDemoConfig, "context": ContextDemoConfig,
+                          "mem1": Mem1DemoConfig}.get(agent, DemoConfig)
     demo_ov, train_ov = split_overrides(list(overrides))
     cfg = load_config(schema, demo_ov)
     tcfg = load_config(TrainConfig, train_ov, preset=cfg.train_preset)
@@ -146,11 +153,16 @@ def plan(agent: str, root: Path, seeds: list[int], capabilities: list[str], over
         raise ConfigError(f"--seeds: {fixed[0].split('=', 1)[0]} is set by the training seed; drop the override "
                           f"{fixed[0]!r}")
     base = base_seeds(agent, overrides)
+    held = {base["eval.seed"]}
+    if agent == "mem1":  # one held-out set per objective count k, from seed eval.seed + k
+        held = {base["eval.seed"] + k for k in load_config(Mem1DemoConfig, split_overrides(overrides)[0]).eval.objectives}
     for key in TASK_SEEDS[agent]:
-        hit = [s for s in seeds if base[key] + s == base["eval.seed"]]
+        hit = [s for s in seeds if base[key] + s in held]
         if hit:
-            raise ConfigError(f"--seeds: training seed {hit[0]} makes {key} equal eval.seed "
-                              f"({base['eval.seed']}): the training tasks would be the held-out ones")
+            what = (f"equal eval.seed ({base['eval.seed']})" if len(held) == 1 else
+                    f"a held-out task seed ({', '.join(map(str, sorted(held)))})")
+            raise ConfigError(f"--seeds: training seed {hit[0]} makes {key} {what}: the training tasks would be "
+                              "the held-out ones")
     return [Run(s, cap, root / cap / f"seed{s}", (*_per_run(overrides, cap, s), *seed_overrides(agent, s, base)))
             for s in seeds for cap in capabilities]
 
@@ -347,7 +359,7 @@ def reported_of(runs: list[Run]) -> set[str]:
 
 def eval_fingerprint(agent: str, run: Run, res: dict[str, Any]) -> str:
     """What must be equal across runs for their held-out numbers to be comparable."""
-    if agent in ("memact", "context"):
+    if agent in ("memact", "context", "mem1"):
         path = run.out / "data" / "heldout_tasks.jsonl"
         if not path.is_file():
             raise UserError(f"{path}: missing; cannot check that the run evaluated the same held-out tasks")
@@ -363,6 +375,7 @@ MEMAGENT_COLUMNS = (("sft", "sampled"), ("rl", "sampled"), ("gain", "sampled"), 
                     ("rl", "greedy"), ("gain", "greedy"))
 MEMACT_FIELDS = ("accuracy", "accuracy_2q", "accuracy_3q", "mean_context_tokens", "peak_context_tokens",
                  "prunes_per_task")
+MEM1_FIELDS = ("accuracy", "peak_context_tokens", "mean_context_tokens", "turns")
 CONTEXT_FIELDS = ("accuracy", "peak_context_tokens", "mean_context_tokens", "tokens_discarded", "branches",
                   "summaries", "stopped_by_budget")
 
@@ -412,6 +425,19 @@ def aggregate(agent: str, runs: list[Run]) -> dict[str, Any]:
                 rows[str(n)] = {k: mean_sd(v) for k, v in col.items()}
             entry["lengths"] = rows
             entry["train_chunks"] = results[done[0].out]["recipe"]["train_chunks"] if done else None
+        elif agent == "mem1":  # per decoding and objective count k (memrl.demos.mem1)
+            rows = {}
+            for mode in ("greedy", "sampled"):
+                col = {}
+                for r in done:
+                    res = results[r.out]
+                    for k in res.get("objectives", []):
+                        for f in MEM1_FIELDS:
+                            for pol in ("sft", "rl"):
+                                col.setdefault(f"{pol}_k{k}_{f}", []).append(_field(res, (pol, mode, str(k), f), r.out))
+                rows[mode] = {k: mean_sd(v) for k, v in col.items()}
+            entry["decodings"] = rows
+            entry["objectives"] = results[done[0].out]["objectives"] if done else []
         else:
             rows = {}
             fields, rl_key = (CONTEXT_FIELDS, "rl") if agent == "context" else (MEMACT_FIELDS, "dcpo")
@@ -468,6 +494,14 @@ def markdown(agg: dict[str, Any], command: str = "") -> str:
                     lines.append(f"| {label} | {mode} | " + " | ".join(cells) + " |")
             if e["budget"]["n"]:
                 lines += ["", f"Working-context budget (calibrated per run): {fmt(e['budget'])} tokens."]
+        elif agg["agent"] == "mem1":
+            lines += ["| policy | decoding | objectives | accuracy (%) | peak context | mean context | turns |",
+                      "|---|---|---:|---:|---:|---:|---:|"]
+            for label, key in (("cold start (SFT)", "sft"), ("SFT + RL", "rl")):
+                for mode, row in e["decodings"].items():
+                    for k in e["objectives"]:
+                        cells = [fmt(row.get(f"{key}_k{k}_{f}", EMPTY)) for f in MEM1_FIELDS]
+                        lines.append(f"| {label} | {mode} | {k} | " + " | ".join(cells) + " |")
         else:
             lines += ["| policy | decoding | accuracy (%) | 2-question | 3-question | mean context (tokens) | "
                       "peak context (tokens) | prunes / task |",

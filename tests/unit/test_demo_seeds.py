@@ -48,6 +48,9 @@ def test_seed_overrides_shift_every_training_seed_from_the_recipe_defaults():
                   "eval.seed": 901}
     assert sw.seed_overrides("context", 2, cx) == ["seed=2", "sft.seed=502", "rl_task_seed=102",
                                                    "train.data.seed=9", "train.trainer.seed=2"]
+    m1 = sw.base_seeds("mem1", ["method=full_history"])  # preset mem1_cpu: data.seed 7; eval.seed 901
+    assert m1 == {"seed": 0, "sft.seed": 500, "rl_task_seed": 100, "train.data.seed": 7, "train.trainer.seed": 0,
+                  "eval.seed": 901}
 
 
 def test_plan_is_seed_major_with_one_dir_per_run(tmp_path):
@@ -70,6 +73,13 @@ def test_plan_refuses_a_shifted_seed_override_and_training_tasks_on_the_eval_see
         sw.plan("memagent", tmp_path, [0, 1], ["avx2"], ["eval.seed=1001"])
     with pytest.raises(ConfigError, match=r"^--seeds: training seed 2 makes rl_task_seed equal eval.seed \(102\)"):
         sw.plan("memact", tmp_path, [0, 2], ["avx2"], ["eval.seed=102"])
+    # mem1: one held-out set per objective count k from seed eval.seed + k: eval.seed 98 with k = 2, 4, 8, 16 gives
+    # 100, 102, 106, 114, and 100 is training seed 0's rl_task_seed (100 + 0); k = 5, 7 give 103, 105, none of
+    # seeds 0, 1's (rl 100, 101; sft 500, 501)
+    with pytest.raises(ConfigError, match=r"^--seeds: training seed 0 makes rl_task_seed a held-out task seed "
+                                          r"\(100, 102, 106, 114\)"):
+        sw.plan("mem1", tmp_path, [0, 1], ["avx2"], ["eval.seed=98"])
+    assert len(sw.plan("mem1", tmp_path, [0, 1], ["avx2"], ["eval.seed=98", "eval.objectives=[5,7]"])) == 2
 
 
 def test_memagent_heldout_tasks_do_not_depend_on_the_training_seed(tmp_path):
@@ -246,6 +256,27 @@ def test_context_aggregate_by_hand(tmp_path):
            "| 0.0 ± 0.0 |" in lines
     assert "| RL - SFT | sampled | +30.0 ± 14.1 | +40.0 ± 0.0 | +20.0 ± 0.0 | +0.0 ± 0.0 | +0.00 ± 0.00 " \
            "| +0.00 ± 0.00 | +0.0 ± 0.0 |" in lines
+
+
+
+def test_mem1_aggregate_by_hand(tmp_path):
+    def by_k(acc: float, peak: float) -> dict:
+        return {str(k): {"accuracy": acc, "peak_context_tokens": peak * k, "mean_context_tokens": peak,
+                         "turns": k + 1.0} for k in (2, 16)}
+
+    runs = sw.plan("mem1", tmp_path, [0, 1], ["native"], ["method=mem1"])
+    for r, (sft, rl) in zip(runs, ((20.0, 60.0), (30.0, 50.0)), strict=True):
+        write_run(r, "mem1", {"objectives": [2, 16], "sft": {d: by_k(sft, 10.0) for d in ("greedy", "sampled")},
+                              "rl": {d: by_k(rl, 12.0) for d in ("greedy", "sampled")}})
+        (r.out / "data").mkdir()
+        (r.out / "data" / "heldout_tasks.jsonl").write_text('{"id": "heldout-0"}\n')
+    agg = sw.aggregate("mem1", runs)
+    g = agg["capabilities"]["native"]["decodings"]["greedy"]
+    assert g["rl_k16_accuracy"]["values"] == [60.0, 50.0] and g["sft_k16_peak_context_tokens"]["values"] == [160.0] * 2
+    lines = sw.markdown(agg).splitlines()
+    # sd of two values a, b is |a - b| / sqrt(2): 10 -> 7.1; peak 12 x 16 = 192; turns 16 + 1
+    assert "| SFT + RL | greedy | 16 | 55.0 ± 7.1 | 192.0 ± 0.0 | 12.0 ± 0.0 | 17.0 ± 0.0 |" in lines
+    assert "| cold start (SFT) | sampled | 2 | 25.0 ± 7.1 | 20.0 ± 0.0 | 10.0 ± 0.0 | 3.0 ± 0.0 |" in lines
 
 
 # ---------------------------------------------------------------------------------------------- running

@@ -1,0 +1,138 @@
+"""The trained MEM1 vs full-history table (issue 45): mean +- SE over training seeds of `memrl demo --agent mem1`
+runs (memrl.demos.mem1), per method, policy, decoding and objective count k.
+
+    .venv/bin/python benchmarks/mem1_trained.py --trained runs/mem1 [--json]
+
+`--trained ROOT` reads ROOT/<method>/[<capability>/]seed<k>/results.json for method mem1
+(`workflow.context=latest_state`) and full_history, e.g. the two sweeps
+
+    memrl demo --agent mem1 --out runs/mem1/mem1 --seeds 0,1,2 method=mem1
+    memrl demo --agent mem1 --out runs/mem1/full_history --seeds 0,1,2 method=full_history
+
+and prints, per method, policy (SFT, SFT + RL) and decoding (greedy, sampled), at each held-out objective
+count k: accuracy (all objectives right, %) and the mean peak context (tokens per task), each mean +- SE over
+the seeds (SE = sd with ddof 1 / sqrt(n); n/a for one seed), and the peak's growth from the smallest to the
+largest k (each seed's peak at k_max / its peak at k_min, then mean +- SE). It refuses runs that evaluated
+other held-out tasks (the SHA-256 of their data/heldout_tasks.jsonl, recorded in results.json) or whose
+directory names another method. The figures are the runs' as measured; nothing here trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+METHODS = ("mem1", "full_history")
+FIELDS = ("accuracy", "peak_context_tokens")
+
+
+def mean_se(values: list[float]) -> tuple[float, float | None]:
+    """(mean, standard error: sd with ddof 1 / sqrt(n)); None for one value."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def trained_runs(root: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
+    """{method: [(run dir, results.json)]} of the finished runs under ROOT/<method>/[<capability>/]seed<k>;
+    fails in one line on a run of another method than its directory names or on runs under two capabilities."""
+    out: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+    for method in METHODS:
+        found = sorted(p.parent for p in (root / method).glob("**/results.json")
+                       if re.fullmatch(r"seed\d+", p.parent.name))
+        parents = {p.parent for p in found}
+        if len(parents) > 1:
+            raise SystemExit(f"--trained: {root / method} holds runs under {len(parents)} directories "
+                             f"({', '.join(sorted(str(p) for p in parents))}); aggregate one capability")
+        runs = []
+        for d in found:
+            res = json.loads((d / "results.json").read_text(encoding="utf-8"))
+            if res.get("method") != method:
+                raise SystemExit(f"--trained: {d / 'results.json'} is a run of method {res.get('method')!r}, "
+                                 f"not {method}")
+            runs.append((d, res))
+        if runs:
+            out[method] = runs
+    return out
+
+
+def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dict[str, Any]:
+    """{method: {"seeds", policy: {decoding: {"k": {k: {field: (mean, se)}}, "growth": (mean, se)}}}}; fails
+    in one line when two runs evaluated different held-out tasks or objective counts."""
+    first: tuple[Path, dict[str, Any]] | None = None
+    for rs in runs.values():
+        for d, res in rs:
+            if first is None:
+                first = (d, res)
+            for key in ("heldout_sha256", "objectives"):
+                if res.get(key) != first[1].get(key):
+                    raise SystemExit(f"--trained: {d / 'results.json'} evaluated other held-out tasks than "
+                                     f"{first[0] / 'results.json'} ({key} differs)")
+    agg: dict[str, Any] = {}
+    for method, rs in runs.items():
+        ks = [str(k) for k in rs[0][1]["objectives"]]
+        entry: dict[str, Any] = {"seeds": [d.name for d, _ in rs], "objectives": ks,
+                                 "eval_tasks": rs[0][1]["eval_tasks"]}
+        for policy in ("sft", "rl"):
+            entry[policy] = {}
+            for mode in ("greedy", "sampled"):
+                by_k = {k: {f: mean_se([float(r[policy][mode][k][f]) for _, r in rs]) for f in FIELDS} for k in ks}
+                growth = mean_se([r[policy][mode][ks[-1]]["peak_context_tokens"]
+                                  / r[policy][mode][ks[0]]["peak_context_tokens"] for _, r in rs])
+                entry[policy][mode] = {"k": by_k, "growth": growth}
+        agg[method] = entry
+    return agg
+
+
+def _cell(v: tuple[float, float | None], digits: int = 1) -> str:
+    mean, se = v
+    return f"{mean:.{digits}f} +- " + (f"{se:.{digits}f}" if se is not None else "n/a")
+
+
+def trained_table(agg: dict[str, Any]) -> str:
+    lines = ["| method | policy | decoding | seeds | objectives | accuracy (%) | peak context (tokens) |",
+             "|---|---|---|---|---:|---|---|"]
+    growth = ["| method | policy | decoding | peak growth (x) |", "|---|---|---|---|"]
+    for method, e in agg.items():
+        for policy, label in (("sft", "SFT"), ("rl", "SFT + RL")):
+            for mode in ("greedy", "sampled"):
+                r = e[policy][mode]
+                for k in e["objectives"]:
+                    c = r["k"][k]
+                    lines.append(f"| {method} | {label} | {mode} | {len(e['seeds'])} | {k} | {_cell(c['accuracy'])} "
+                                 f"| {_cell(c['peak_context_tokens'], 0)} |")
+                growth.append(f"| {method} | {label} | {mode} | {_cell(r['growth'], 2)} |")
+    ks = next(iter(agg.values()))["objectives"]
+    return "\n".join(lines) + f"\n\nPeak context at {ks[-1]} objectives / at {ks[0]} (per seed, then mean +- SE):\n\n" \
+        + "\n".join(growth) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trained", type=Path, required=True, metavar="ROOT",
+                    help="the finished runs ROOT/<method>/[<capability>/]seed<k>/results.json")
+    ap.add_argument("--json", action="store_true", help="print the aggregate as JSON instead of the table")
+    a = ap.parse_args(argv)
+    runs = trained_runs(a.trained)
+    if not runs:
+        raise SystemExit(f"--trained: no finished run under {a.trained}/<method>/seed<k>/results.json "
+                         f"(methods {', '.join(METHODS)})")
+    agg = trained_aggregate(runs)
+    if a.json:
+        print(json.dumps(agg, indent=1))
+    else:
+        print(f"MEM1 vs full history, trained (memrl demo --agent mem1): {next(iter(agg.values()))['eval_tasks']} "
+              "held-out tasks per objective count; mean +- SE over training seeds")
+        print(trained_table(agg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""The MEM1 CPU demo (issue 45): a tiny model trained from scratch as a MEM1 agent (`workflow=mem1`,
+`context=latest_state`: the prompt, its latest internal state and the latest search result) or as the
+full-history agent (`context=full_history`: every turn stays), on the same multi-objective tasks; held-out
+tasks with k = 2, 4, 8, 16 objectives measure how each one's peak context grows with k, and at what accuracy.
+
+  memrl demo --agent mem1 --out runs/mem1/mem1/seed0 method=mem1
+  memrl demo --agent mem1 --out runs/mem1/full_history --seeds 0,1,2 method=full_history   # 3 training seeds
+  python benchmarks/mem1_trained.py --trained runs/mem1                                     # the trained table
+
+`run_mem1_demo` chains: write the task splits (memrl.data.synthetic_memact: SFT and RL tasks with a mixture
+of objective counts `task.sub_questions`, 2..8 by default; held-out tasks at each of `eval.objectives`, the
+count k drawn from seed `eval.seed + k`, none of them a training seed) -> init a tiny Qwen2 whose BPE
+tokenizer is trained on the task's text and the scripted oracle's contexts under BOTH settings, so both
+methods share it at one seed (memrl.demos.scratch.init_mem1_model) -> check that `model.max_positions`
+holds the scripted full-history agent's largest context at the largest held-out k (so both methods have
+the same model shape) -> copy warm-up (memrl.demos.cold_start.copy_warmup) -> cold start: SFT on the
+scripted oracle (memrl.demonstrators.mem1.StateOracle) played through `workflow=mem1` with the method's
+`context`, every row as the workflow cuts it (one per turn) -> held-out evaluation of the SFT model -> RL
+(preset mem1_cpu, GRPO) -> the same evaluation after RL. The evaluation is, per k, greedy and one sample
+per task at `eval.temperature`: accuracy (all objectives right, %) +- SE over tasks, the objectives'
+mean accuracy, mean peak and mean context tokens per task, turns. Writes results.json and results.md.
+
+Overrides: `key=value` for Mem1DemoConfig, `train.<key>=value` for the RL config (preset mem1_cpu);
+`engine.*` and `workflow.*` are spelled as in `memrl train` (they set the RL config's sections, which the
+cold start and evaluations use too; `workflow.context` is the method's and may not be set).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memrl.config import ConfigError, load_config, to_yaml, valid
+from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks
+from memrl.data.tasks_jsonl import write_tasks
+from memrl.demonstrators.mem1 import mem1_demonstrations
+from memrl.demos import split_overrides
+from memrl.demos.cold_start import copy_warmup as copy_warmup_stage
+from memrl.demos.memact import MemActDemoModel
+from memrl.demos.scratch import init_mem1_model
+from memrl.eval.evaluator import EngineRollout, evaluate_tasks, mean_and_se, model_engine
+from memrl.models.tiny import ModelPreset
+from memrl.training.assemble import assemble, check_writable, validate
+from memrl.training.checkpoint import latest_checkpoint
+from memrl.training.config import TrainConfig
+from memrl.training.sft import SFTConfig, sft_train_logged
+from memrl.training.trainer import Trainer
+from memrl.types import Group, Task
+
+__all__ = ["METHODS", "Mem1DemoConfig", "Mem1DemoEval", "Mem1DemoSFT", "heldout_tasks", "load_configs",
+           "mem1_summary", "results_markdown", "run_mem1_demo"]
+
+METHODS: dict[str, str] = {"mem1": "latest_state", "full_history": "full_history"}
+"""`method` -> the mem1 workflow's `context` setting."""
+
+
+@dataclass
+class Mem1DemoSFT:
+    """Cold start on the scripted oracle (memrl.demonstrators.mem1.StateOracle) through the method's workflow."""
+
+    num_tasks: int = valid(1000, ge=1)
+    seed: int = valid(500, ge=0)
+    """Seed of the demonstration tasks."""
+    copy_warmup_steps: int = valid(1500, ge=0, note="0 = off")
+    """Copy warm-up steps before the cold start (memrl.demos.cold_start.copy_warmup)."""
+    copy_warmup_rows: int = valid(0, ge=0, note="0 = 4 x batch_rows")
+    epochs: int = valid(1, ge=1)
+    lr: float = valid(1e-3, gt=0)
+    batch_rows: int = valid(8, ge=1)
+    warmup_steps: int = valid(20, ge=0)
+
+
+@dataclass
+class Mem1DemoEval:
+    """Held-out evaluation, fixed before any run: `num_tasks` tasks at each objective count k of
+    `objectives`, drawn from seed `seed + k` (903, 905, 909, 917 by default, used by no training split),
+    greedy then one sample per task at `temperature`."""
+
+    num_tasks: int = valid(100, ge=2)
+    objectives: list[int] = valid(default_factory=lambda: [2, 4, 8, 16], ge=1)
+    seed: int = valid(901, ge=0)
+    temperature: float = valid(1.0, gt=0)
+
+
+@dataclass
+class Mem1DemoConfig:
+    """`memrl demo --agent mem1` settings; the RL settings are the `mem1_cpu` preset (+ train.*)."""
+
+    method: str = valid("mem1", choices=tuple(METHODS))
+    model: MemActDemoModel = field(default_factory=MemActDemoModel)
+    """The tiny Qwen2 (the MemAct demo's shape settings). A call's prompt is capped at max_positions -
+    workflow.max_turn_tokens (`workflow.max_context_tokens`, unless set lower: the engine refuses a prompt
+    past the positions), and the cap must hold the scripted full-history agent's largest prompt at the
+    largest held-out k (checked once the tokenizer is trained), so it binds only on a policy that runs on."""
+    task: MemActTaskConfig = field(default_factory=lambda: MemActTaskConfig(
+        entities_per_task=16, sub_questions=[2, 3, 4, 5, 6, 7, 8]))
+    """Training tasks: 2..8 objectives (drawn uniformly per task), 16 names per task world (64 documents),
+    so the held-out tasks with up to 16 objectives come from the same worlds. 16 objectives stay out of
+    training: full history's longest training context is about half its k = 16 one."""
+    sft: Mem1DemoSFT = field(default_factory=Mem1DemoSFT)
+    eval: Mem1DemoEval = field(default_factory=Mem1DemoEval)
+    rl_tasks: int = valid(2000, ge=1)
+    rl_task_seed: int = valid(100, ge=0)
+    seed: int = valid(0, ge=0)
+    """Seed of the tokenizer, the model's initial weights, the copy warm-up and the SFT order."""
+    train_preset: str = "mem1_cpu"
+    threads: int = valid(0, ge=0, note="0 = torch's default")
+
+
+def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[Mem1DemoConfig, Any, Path]:
+    """(demo config, RL config, writable output dir); fails in one line on a bad value before any work."""
+    demo_ov, train_ov = split_overrides(list(overrides))
+    cfg = load_config(Mem1DemoConfig, demo_ov)
+    if cfg.method not in METHODS:
+        raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {cfg.method!r}")
+    set_context = [o for o in train_ov if o.split("=", 1)[0] in ("workflow.context", "train.workflow.context")]
+    if set_context:
+        raise ConfigError(f"workflow.context is set by method ({cfg.method}: {METHODS[cfg.method]}); drop "
+                          f"{set_context[0]!r}")
+    ks = cfg.eval.objectives
+    if len(set(ks)) != len(ks):
+        raise ConfigError(f"eval.objectives must be distinct counts, got {ks}")
+    if max(ks) > cfg.task.entities_per_task:
+        raise ConfigError(f"eval.objectives: {max(ks)} objectives need task.entities_per_task >= {max(ks)}, got "
+                          f"{cfg.task.entities_per_task}")
+    held = {cfg.eval.seed + k for k in ks}
+    for name, seed in (("sft.seed", cfg.sft.seed), ("rl_task_seed", cfg.rl_task_seed)):
+        if seed in held:
+            raise ConfigError(f"{name}={seed} is a held-out task seed (eval.seed + k: {sorted(held)}): the "
+                              "training tasks would be held-out ones")
+    out = check_writable(out_dir, "--out")
+    tcfg = load_config(TrainConfig, [f"model.path={out / 'sft'}", f"out_dir={out / 'rl'}", "data.name=file",
+                                     f"data.path={out / 'data' / 'train_tasks.jsonl'}", "workflow=mem1",
+                                     f"workflow.context={METHODS[cfg.method]}", *train_ov],
+                       preset=cfg.train_preset)
+    spec, wf_cfg = validate(tcfg)
+    if spec.name != "mem1":
+        raise ConfigError(f"workflow.name must be mem1, got {spec.name!r}")
+    if wf_cfg.max_turns < max(ks) + 1:
+        raise ConfigError(f"workflow.max_turns {wf_cfg.max_turns} < {max(ks) + 1} (one search per objective and "
+                          f"the answer at eval.objectives' largest count {max(ks)})")
+    cap = cfg.model.max_positions - wf_cfg.max_turn_tokens
+    if cap < 1:
+        raise ConfigError(f"model.max_positions {cfg.model.max_positions} must exceed workflow.max_turn_tokens "
+                          f"{wf_cfg.max_turn_tokens}")
+    if wf_cfg.max_context_tokens > cap:
+        raise ConfigError(f"workflow.max_context_tokens {wf_cfg.max_context_tokens} > model.max_positions "
+                          f"{cfg.model.max_positions} - workflow.max_turn_tokens {wf_cfg.max_turn_tokens} = {cap}")
+    if not wf_cfg.max_context_tokens:  # no call may pass the model's positions (the engine refuses it)
+        tcfg.workflow["max_context_tokens"] = cap
+        spec, wf_cfg = validate(tcfg)
+    if wf_cfg.retriever_scope != "task":
+        raise ConfigError(f"workflow.retriever_scope must be task (each task searches its own fact sheet), got "
+                          f"{wf_cfg.retriever_scope!r}")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    return cfg, tcfg, out
+
+
+def heldout_tasks(cfg: Mem1DemoConfig) -> dict[int, list[Task]]:
+    """{k: `eval.num_tasks` tasks of k objectives from seed `eval.seed + k`} (ids "heldout_k<k>_<seed>-<i>")."""
+    return {k: make_tasks(replace(cfg.task, sub_questions=[k]), cfg.eval.num_tasks, cfg.eval.seed + k,
+                          prefix=f"heldout_k{k}_") for k in cfg.eval.objectives}
+
+
+def mem1_summary(groups: list[Group]) -> dict[str, float]:
+    """One trajectory per task: accuracy (all objectives right, %) and its SE over tasks (sample std), the
+    objectives' mean accuracy (%), the per-task means of the peak context (the workflow's
+    peak_context_tokens: the longest prompt + reply) and of the mean prompt length over the task's calls,
+    turns, the share answered (%), and the number of tasks."""
+    trajs = [t for g in groups for t in g.trajectories]
+    if len(trajs) != len(groups):
+        raise ValueError(f"mem1_summary: {len(trajs)} trajectories for {len(groups)} tasks; one per task needed")
+    acc, se = mean_and_se([t.metrics.get("multiq_all_correct", 0.0) for t in trajs])
+
+    def mean(values: list[float]) -> float:
+        return math.fsum(values) / len(values)
+
+    return {
+        "accuracy": 100.0 * acc, "accuracy_se": 100.0 * se,
+        "objective_accuracy": 100.0 * mean([t.metrics.get("multiq_subq_accuracy", 0.0) for t in trajs]),
+        "peak_context_tokens": mean([t.metrics["peak_context_tokens"] for t in trajs]),
+        "mean_context_tokens": mean([mean([s.info["context_tokens"] for s in t.segments]) for t in trajs]),
+        "turns": mean([t.metrics["turns"] for t in trajs]),
+        "answered": 100.0 * mean([t.metrics["answered"] for t in trajs]),
+        "num_tasks": float(len(trajs)),
+    }
+
+
+def evaluate(model: Any, tokenizer: Any, spec: Any, wf_cfg: Any, tasks: dict[int, list[Task]], temperature: float,
+             seed: int, engine_cfg: Any, model_dir: str | Path = "") -> dict[str, dict[str, dict[str, float]]]:
+    """{"greedy": {k: summary}, "sampled": {k: summary}} on the held-out tasks (one trajectory per task
+    each; sampled at `temperature`, top_p 1, no top-k; both seeded with `seed`)."""
+    base = replace(wf_cfg, top_p=1.0, top_k=-1)
+    out: dict[str, dict[str, dict[str, float]]] = {"greedy": {}, "sampled": {}}
+    with model_engine(model, tokenizer, engine_cfg, model_dir) as engine:
+        rollout = EngineRollout(engine, spec)
+        for k, ts in tasks.items():
+            for mode, temp in (("greedy", 0.0), ("sampled", temperature)):
+                res = evaluate_tasks(rollout, base, ts, 1, temp, seed, metrics=(), keep_groups=True)
+                out[mode][str(k)] = {**mem1_summary(res.groups), "seconds": res.seconds}
+    return out
+
+
+def model_shape(cfg: Mem1DemoConfig) -> ModelPreset:
+    m = cfg.model
+    return ModelPreset(m.vocab_size, m.hidden_size, 2 * m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads,
+                       max_position_embeddings=m.max_positions)
+
+
+def results_markdown(results: dict[str, Any]) -> str:
+    """The run's table: one row per policy, decoding and objective count."""
+    n = results["eval_tasks"]
+    lines = [f"# MEM1 demo: method={results['method']} (workflow.context={results['workflow']['context']}; "
+             f"{n} held-out tasks per objective count)", "",
+             "| policy | decoding | objectives | accuracy (all right) | objectives right | peak context "
+             "| mean context | turns | answered |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    for policy, label in (("scripted", "scripted (held-out)"), ("sft", "SFT"), ("rl", "SFT + RL")):
+        for mode, by_k in results[policy].items():
+            for k, r in by_k.items():
+                lines.append(f"| {label} | {mode} | {k} | {r['accuracy']:.1f} +- {r['accuracy_se']:.1f} "
+                             f"| {r['objective_accuracy']:.1f} | {r['peak_context_tokens']:.0f} "
+                             f"| {r['mean_context_tokens']:.0f} | {r['turns']:.1f} | {r['answered']:.0f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def run_mem1_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
+    """Run the whole demo for one method (module docstring); returns what results.json holds."""
+    t_start = time.perf_counter()
+    cfg, tcfg, out = load_configs(overrides, out_dir)
+    (out / "demo_config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
+    timings: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    sft_tasks = make_tasks(cfg.task, cfg.sft.num_tasks, cfg.sft.seed, prefix="sft")
+    write_tasks(out / "data" / "train_tasks.jsonl", make_tasks(cfg.task, cfg.rl_tasks, cfg.rl_task_seed, "rl"))
+    held = heldout_tasks(cfg)
+    write_tasks(out / "data" / "heldout_tasks.jsonl", [t for ts in held.values() for t in ts])
+    spec, wf_cfg = validate(tcfg)
+    plays = {c: replace(wf_cfg, context=c, max_context_tokens=0) for c in METHODS.values()}
+    tokenizer, model = init_mem1_model(out, cfg.task, list(plays.values()), sft_tasks, model_shape(cfg),
+                                       cfg.model.vocab_size, cfg.seed)
+    kmax = max(cfg.eval.objectives)
+    full = mem1_demonstrations(held[kmax], tokenizer, plays["full_history"])
+    full_peak = int(max(g.trajectories[0].metrics["peak_context_tokens"] for g in full))
+    full_prompt = max(s.info["context_tokens"] for g in full for s in g.trajectories[0].segments)
+    if full_prompt > wf_cfg.max_context_tokens:
+        raise ConfigError(f"workflow.max_context_tokens {wf_cfg.max_context_tokens} (model.max_positions "
+                          f"{cfg.model.max_positions} - workflow.max_turn_tokens {wf_cfg.max_turn_tokens} unless set) "
+                          f"< {full_prompt}, the scripted full-history agent's largest prompt at {kmax} objectives")
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"method {cfg.method}: workflow mem1 context={wf_cfg.context}, {tcfg.algorithm.name}; model "
+          f"{n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}, positions {cfg.model.max_positions} "
+          f"(full history's scripted peak at k={kmax}: {full_peak})")
+    timings["init_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    s = cfg.sft
+    rows = s.copy_warmup_rows or 4 * s.batch_rows
+    warmup = (copy_warmup_stage(model, tokenizer, s.copy_warmup_steps, rows, s.lr, cfg.seed, out / "copy_warmup",
+                                progress=tcfg.trainer.progress) if s.copy_warmup_steps else [])
+    if s.copy_warmup_steps:
+        model.save_pretrained(out / "copy_warmup")
+    timings["copy_warmup_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    groups = mem1_demonstrations(sft_tasks, tokenizer, wf_cfg, seed=s.seed)
+    trajs = [g.trajectories[0] for g in groups]
+    segments = [seg for t in trajs for seg in t.segments]
+    demo = mem1_summary(groups)
+    print(f"cold start: {len(segments)} rows from {len(groups)} scripted trajectories (its accuracy "
+          f"{demo['accuracy']:.1f}%, peak context {demo['peak_context_tokens']:.0f})")
+    scfg = SFTConfig(epochs=s.epochs, batch_rows=s.batch_rows, lr=s.lr, warmup_steps=s.warmup_steps, seed=cfg.seed)
+    sft_losses = sft_train_logged(model, tokenizer, segments, scfg, out / "sft", progress=tcfg.trainer.progress,
+                                  tensorboard=False, save_dir=out / "sft")
+    timings["sft_s"] = time.perf_counter() - t0
+
+    def heldout(policy: Any, model_dir: str | Path) -> dict[str, dict[str, dict[str, float]]]:
+        return evaluate(policy, tokenizer, spec, wf_cfg, held, cfg.eval.temperature, cfg.eval.seed, tcfg.engine,
+                        model_dir)
+
+    t0 = time.perf_counter()
+    sft_eval = heldout(model, out / "sft")
+    timings["eval_sft_s"] = time.perf_counter() - t0
+    scripted = {str(k): mem1_summary(mem1_demonstrations(ts, tokenizer, wf_cfg)) for k, ts in held.items()}
+
+    t0 = time.perf_counter()
+    trainer = Trainer(assemble(tcfg, workflow=(spec, wf_cfg)))
+    history = trainer.fit()
+    timings["rl_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    rl_eval = heldout(trainer.model, latest_checkpoint(trainer.ckpt_root) or "")
+    timings["eval_rl_s"] = time.perf_counter() - t0
+    timings["total_s"] = time.perf_counter() - t_start
+
+    results = {
+        "method": cfg.method, "workflow": dict(tcfg.workflow), "algorithm": tcfg.algorithm.name,
+        "objectives": list(cfg.eval.objectives), "train_objectives": list(cfg.task.sub_questions),
+        "eval_tasks": cfg.eval.num_tasks,
+        "heldout_sha256": hashlib.sha256((out / "data" / "heldout_tasks.jsonl").read_bytes()).hexdigest(),
+        "scripted": {"greedy": scripted}, "sft": sft_eval, "rl": rl_eval,
+        "demonstrator": {"summary": demo, "rows": len(segments), "rows_per_task": [len(t.segments) for t in trajs],
+                         "objectives_per_task": [len(t.meta["sub_questions"]) for t in sft_tasks]},
+        "positions": {"max_positions": cfg.model.max_positions, "max_context_tokens": wf_cfg.max_context_tokens,
+                      "full_history_scripted_peak": full_peak, "full_history_scripted_prompt": full_prompt},
+        "timings": timings, "num_parameters": n_params, "vocab_size": len(tokenizer),
+        "sft_losses": sft_losses, "copy_warmup_losses": warmup,
+        "rl_history": {k: [h.get(k, 0.0) for h in history] for k in ("reward/mean", "train/rows")},
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    text = results_markdown(results)
+    (out / "results.md").write_text(text, encoding="utf-8")
+    print(text, end="")
+    print(f"wrote {out / 'results.md'}, {out / 'results.json'} ({timings['total_s'] / 60:.1f} min)")
+    return results
+
