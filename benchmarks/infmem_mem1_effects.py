@@ -4,7 +4,7 @@
         [--lengths 4,8,16,32] [--objectives 2,4,8,16] [--seed 0]
 
 What it measures (the workflows' mechanics, with policies that act perfectly by rule, not learned ones):
-- InfMem vs MemAgent on memrl's synthetic one-fact tasks (memrl.data.synthetic) of L pieces of 48 words
+- InfMem vs MemAgent on memrl's synthetic one-fact tasks (the oracle: memrl.demonstrators.infmem.ReadingOracle) (memrl.data.synthetic) of L pieces of 48 words
   (cut into chunks of 48 tokens): the same
   oracle reading rule (keep the asked fact when seen, answer from the memory) under `workflow=memagent`
   (reads every chunk) and `workflow=infmem` (the planner retrieves the asked key with top_k 1 and says
@@ -31,43 +31,13 @@ import statistics
 import sys
 from dataclasses import dataclass
 
-from memrl.data.synthetic import SyntheticConfig, find_facts, make_tasks, memory_text, question_key
+from memrl.data.synthetic import SyntheticConfig, make_tasks
 from memrl.data.synthetic_memact import MemActTaskConfig
 from memrl.data.synthetic_memact import make_tasks as make_multi_tasks
 from memrl.demonstrators.engine import ScriptedEngine
+from memrl.demonstrators.infmem import ReadingOracle
 from memrl.types import Task
 from memrl.workflows import get_workflow, parse_workflow
-
-_BLOCK = "<{tag}>\n(.*?)\n</{tag}>"
-
-
-def block(text: str, tag: str) -> str:
-    m = re.search(_BLOCK.format(tag=tag), text, re.DOTALL)
-    return m.group(1) if m else ""
-
-
-def _fact(text: str, key: str) -> str | None:
-    return next((v for k, v in find_facts(text) if k == key), None)
-
-
-@dataclass
-class ReadingOracle:
-    """MemAgent / InfMem oracle: keep the asked fact when a section (or the retrieved passages) shows it;
-    InfMem's planner retrieves the asked key (top_k 1) until the memory holds the fact, then says STOP."""
-
-    def __call__(self, prompt: str, _: int) -> str:
-        key, _hops = question_key(block(prompt, "problem"))
-        memory = block(prompt, "memory")
-        if "<retrievals>" in prompt and "<section>" not in prompt:  # an InfMem plan call
-            if _fact(memory, key):
-                return "STOP"
-            call = {"name": "retrieve", "arguments": {"query": key, "top_k": 1}}
-            return f"<tool_call>{json.dumps(call)}</tool_call>"
-        if "<section>" in prompt:  # a memory call (MemAgent's or InfMem's)
-            seen = _fact(block(prompt, "retrieved") + " " + block(prompt, "section") + " " + memory, key)
-            return memory_text([(key, seen)]) if seen else memory
-        value = _fact(memory, key)
-        return "\\boxed{" + (value or "unknown") + "}"
 
 
 @dataclass
@@ -90,8 +60,11 @@ class StateOracle:
 
 
 def _rollout(spec_name: str, tasks: list[Task], tokenizer, script, overrides: dict) -> list:
+    """(trajectory, score) per task of `script` (or, when None, the ReadingOracle in the workflow's
+    templates) played through `spec_name` configured by `overrides`."""
     spec = get_workflow(spec_name)
     _, cfg = parse_workflow({"name": spec_name, "temperature": 0.0, **overrides})
+    script = script if script is not None else ReadingOracle.for_config(spec_name, cfg)
     out = []
     for t in tasks:
         engine = ScriptedEngine(script, tokenizer)
@@ -109,7 +82,7 @@ def infmem_table(tasks_per_length: int, lengths: list[int], seed: int, tokenizer
         common = {"chunk_tokens": chunk_words, "max_memory_tokens": 64, "max_final_tokens": 16}
         for name, extra in (("memagent", {}), ("infmem", {"max_plan_tokens": 64,
                                                           "retrieve_passage_tokens": chunk_words // 2})):
-            res = _rollout(name, tasks, tokenizer, ReadingOracle(), {**common, **extra})
+            res = _rollout(name, tasks, tokenizer, None, {**common, **extra})
             acc = [float(t.final_answer == task.answers[0]) for (t, _), task in zip(res, tasks, strict=True)]
             rows.append({"workflow": name, "pieces": n,
                          "chunks": statistics.mean(t.metrics["num_chunks"] for t, _ in res), "tasks": len(tasks),
