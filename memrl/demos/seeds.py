@@ -3,6 +3,7 @@
   memrl demo --out runs/seeds --seeds 0,1,2 --cpu-capability avx2,avx512 threads=1
   memrl demo --agent memact --out runs/seeds_memact --seeds 0,1,2 --cpu-capability avx2,avx512
   memrl demo --agent context --out runs/context/fold --seeds 0,1,2 method=fold
+  memrl demo --agent infmem --out runs/infmem/infmem --seeds 0,1,2 method=infmem
   memrl demo --out runs/seeds --seeds 0,1,2 --cpu-capability avx2,avx512 --aggregate-only
 
 Each (seed, capability) run is `memrl demo --agent A --out ROOT/<capability>/seed<k> <overrides> <seed
@@ -22,13 +23,15 @@ exactly); the held-out evaluation (eval.seed, eval.num_tasks, the lengths) is ne
 - context: as memact (`seed`, `sft.seed`, `rl_task_seed`, `train.data.seed`, `train.trainer.seed`; RL is
   GRPO or FoldGRPO by the method). `sft_from=ROOT` / `warmup_from=ROOT` name another context sweep: each
   run reuses the cold start / copy warm-up of ROOT's run of the same capability and seed.
+- infmem: `seed` (model init, tokenizer, copy warm-up, SFT order), `sft.seed` (the SFT tasks),
+  `train.data.seed` (the RL task stream), `train.trainer.seed` (GRPO sampling).
 The aggregation checks that every run evaluated the same held-out tasks (memagent: the results' `recipe.eval`
-and lengths; memact and context: the SHA-256 of data/heldout_tasks.jsonl) and refuses to mix them.
+and lengths; memact, context and infmem: the SHA-256 of data/heldout_tasks.jsonl) and refuses to mix them.
 
 Resumable: a run whose out dir has results.json is not run again (its sweep_run.json must name the same
 agent, seed, capability and overrides); a run started before and not finished is started again from an
 empty directory. Writes ROOT/seeds_results.md (printed) and ROOT/seeds_results.json: per capability and
-per length (memagent) or per policy and decoding (memact, context), mean +- sd over the finished seeds (sd with
+per length (memagent), per policy and decoding (memact, context) or per decoding and length (infmem), mean +- sd over the finished seeds (sd with
 ddof 1; "n/a" for one seed) of SFT and SFT+RL accuracy, sampled and greedy, and the gains (SFT+RL - SFT,
 paired per seed).
 """
@@ -53,6 +56,7 @@ from typing import Any
 from memrl.config import ConfigError, load_config, redact_argv, redact_secrets, redact_text
 from memrl.demos import split_overrides
 from memrl.demos.context import ContextDemoConfig
+from memrl.demos.infmem import InfMemDemoConfig
 from memrl.demos.memact import MemActDemoConfig
 from memrl.demos.memagent import DemoConfig
 from memrl.errors import UserError
@@ -74,9 +78,10 @@ SEED_KEYS = {
                ("train.trainer.seed", "train")),
     "context": (("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"), ("train.data.seed", "train"),
                 ("train.trainer.seed", "train")),
+    "infmem": (("seed", "demo"), ("sft.seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train")),
 }
 TASK_SEEDS = {"memagent": ("sft_seed", "train.data.seed"), "memact": ("sft.seed", "rl_task_seed"),
-              "context": ("sft.seed", "rl_task_seed")}
+              "context": ("sft.seed", "rl_task_seed"), "infmem": ("sft.seed", "train.data.seed")}
 """The seeds that generate training tasks: never equal to the held-out eval.seed, for any run."""
 
 
@@ -113,7 +118,8 @@ def _get(obj: Any, dotted: str) -> Any:
 def base_seeds(agent: str, overrides: list[str]) -> dict[str, int]:
     """{override key: its value under `overrides` (the recipe's default unless overridden)} for the seeds a
     training seed shifts, and "eval.seed"."""
-    schema: type[Any] = {"memact": MemActDemoConfig, "context": ContextDemoConfig}.get(agent, DemoConfig)
+    schema: type[Any] = {"memact": MemActDemoConfig, "context": ContextDemoConfig,
+                         "infmem": InfMemDemoConfig}.get(agent, DemoConfig)
     demo_ov, train_ov = split_overrides(list(overrides))
     cfg = load_config(schema, demo_ov)
     tcfg = load_config(TrainConfig, train_ov, preset=cfg.train_preset)
@@ -347,7 +353,7 @@ def reported_of(runs: list[Run]) -> set[str]:
 
 def eval_fingerprint(agent: str, run: Run, res: dict[str, Any]) -> str:
     """What must be equal across runs for their held-out numbers to be comparable."""
-    if agent in ("memact", "context"):
+    if agent in ("memact", "context", "infmem"):
         path = run.out / "data" / "heldout_tasks.jsonl"
         if not path.is_file():
             raise UserError(f"{path}: missing; cannot check that the run evaluated the same held-out tasks")
@@ -363,6 +369,7 @@ MEMAGENT_COLUMNS = (("sft", "sampled"), ("rl", "sampled"), ("gain", "sampled"), 
                     ("rl", "greedy"), ("gain", "greedy"))
 MEMACT_FIELDS = ("accuracy", "accuracy_2q", "accuracy_3q", "mean_context_tokens", "peak_context_tokens",
                  "prunes_per_task")
+INFMEM_FIELDS = ("accuracy", "model_calls", "chunks_read", "retrievals", "stop_rate")
 CONTEXT_FIELDS = ("accuracy", "peak_context_tokens", "mean_context_tokens", "tokens_discarded", "branches",
                   "summaries", "stopped_by_budget")
 
@@ -412,6 +419,22 @@ def aggregate(agent: str, runs: list[Run]) -> dict[str, Any]:
                 rows[str(n)] = {k: mean_sd(v) for k, v in col.items()}
             entry["lengths"] = rows
             entry["train_chunks"] = results[done[0].out]["recipe"]["train_chunks"] if done else None
+        elif agent == "infmem":
+            rows = {}
+            for mode in ("greedy", "sampled"):
+                for n in (results[done[0].out]["lengths"] if done else []):
+                    col = {}
+                    for r in done:
+                        res = results[r.out]
+                        for f in INFMEM_FIELDS:
+                            sft = _field(res, ("sft", str(n), mode, f), r.out)
+                            rl = _field(res, ("rl", str(n), mode, f), r.out)
+                            col.setdefault(f"sft_{f}", []).append(sft)
+                            col.setdefault(f"rl_{f}", []).append(rl)
+                            col.setdefault(f"gain_{f}", []).append(rl - sft)
+                    rows[f"{mode} {n}"] = {k: mean_sd(v) for k, v in col.items()}
+            entry["rows"] = rows
+            entry["method"] = results[done[0].out]["method"] if done else None
         else:
             rows = {}
             fields, rl_key = (CONTEXT_FIELDS, "rl") if agent == "context" else (MEMACT_FIELDS, "dcpo")
@@ -458,6 +481,16 @@ def markdown(agg: dict[str, Any], command: str = "") -> str:
                 demo = fmt(row["demonstrator_sampled"]) if "demonstrator_sampled" in row else "-"
                 cells = [fmt(row[f"{s}_{m}"], sign=s == "gain") for s, m in MEMAGENT_COLUMNS]
                 lines.append(f"| {n} | {x}x | {demo} | " + " | ".join(cells) + " |")
+        elif agg["agent"] == "infmem":
+            lines += [f"method {e['method']}", "",
+                      "| policy | decoding | length (chunks) | accuracy (%) | model calls | chunks read | retrievals "
+                      "| stop rate (%) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+            for label, key in (("cold start (SFT)", "sft"), ("SFT + RL", "rl"), ("RL - SFT", "gain")):
+                for where, row in e["rows"].items():
+                    mode, n = where.split()
+                    cells = [fmt(row.get(f"{key}_{f}", EMPTY), sign=key == "gain",
+                                 digits=1 if f in ("accuracy", "stop_rate") else 2) for f in INFMEM_FIELDS]
+                    lines.append(f"| {label} | {mode} | {n} | " + " | ".join(cells) + " |")
         elif agg["agent"] == "context":
             lines += ["| policy | decoding | accuracy (%) | peak context | mean context | tokens discarded | branches "
                       "| summaries | stopped by budget (%) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
