@@ -17,7 +17,7 @@ What it measures (the workflows' mechanics, with policies that act perfectly by 
 
 Both policies answer every task right by construction: the accuracy column checks the plumbing (the
 retriever finds the fact, the state carries it), not a model. The trained-policy comparison (3 training
-seeds, evaluation fixed before) is not part of this script.
+seeds, evaluation fixed before) is benchmarks/infmem_trained.py over `memrl demo --agent infmem` runs.
 """
 
 from __future__ import annotations
