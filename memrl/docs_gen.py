@@ -41,6 +41,7 @@ from memrl.cli import build_parser
 from memrl.commands.train_sft import SFTRunConfig
 from memrl.config import allowed_of, preset_names
 from memrl.demos.context import ContextDemoConfig
+from memrl.demos.infmem import InfMemDemoConfig
 from memrl.demos.memact import MemActDemoConfig
 from memrl.demos.memagent import DemoConfig
 from memrl.eval.runner import EvalConfig
@@ -300,6 +301,7 @@ def render_config() -> str:
                           "config.")
     out += _config_tables("`memrl demo --agent memact`", MemActDemoConfig, None, "", 2)
     out += _config_tables("`memrl demo --agent context`", ContextDemoConfig, None, "", 2)
+    out += _config_tables("`memrl demo --agent infmem`", InfMemDemoConfig, None, "", 2)
     return "\n".join(out)
 
 

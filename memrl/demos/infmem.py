@@ -103,9 +103,10 @@ class InfMemDemoModel:
 class InfMemDemoSFT:
     """Cold start on the reading oracle (memrl.demonstrators.infmem) through the arm's workflow."""
 
-    num_tasks: int = valid(1500, ge=1)
+    num_tasks: int = valid(3000, ge=1)
     """Training-length tasks to record demonstrations on (memagent: chunks + 1 rows each; infmem: 4 rows
-    each, plan -> memory -> plan (STOP) -> final)."""
+    each, plan -> memory -> plan (STOP) -> final). 3000 x 2 epochs / 32: 750 steps (infmem), 1688 (memagent);
+    the sizing is docs/guides/infmem_mem1.md's "The trained comparison"."""
     seed: int = valid(500, ge=0)
     """Seed of the demonstration tasks."""
     copy_warmup_steps: int = valid(0, ge=0, note="0 = off")

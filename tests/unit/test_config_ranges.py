@@ -161,7 +161,8 @@ def test_every_numeric_field_rejects_values_outside_its_range(cls):
 
 ROOTS = {"TrainConfig": "memrl.training.config", "EvalConfig": "memrl.eval.runner",
          "DemoConfig": "memrl.demos.memagent", "MemActDemoConfig": "memrl.demos.memact",
-         "ContextDemoConfig": "memrl.demos.context", "SFTRunConfig": "memrl.commands.train_sft"}
+         "ContextDemoConfig": "memrl.demos.context", "InfMemDemoConfig": "memrl.demos.infmem",
+         "SFTRunConfig": "memrl.commands.train_sft"}
 
 
 def _paths(cls: type, prefix: str = ""):
@@ -312,6 +313,8 @@ FREE_TEXT: dict[str, str] = {
     "ConversationSection": "", "SFTRunConfig.out_dir": "a path", "SyntheticConfig.fact_sep": "text",
     "MemActDemoConfig.variant": "joined variant names, checked by the demo before any work",
     "MemActDemoConfig.train_preset": "a preset name or path", "ContextDemoConfig.train_preset": "a preset name or path",
+    "InfMemDemoConfig.train_preset": "a preset name or path", "ContextDemoConfig.sft_from": "a path",
+    "ContextDemoConfig.warmup_from": "a path",
     "DemoConfig.model_preset": "a model preset name",
     "DemoConfig.train_preset": "a preset name or path", "DemoSFT.unanswerable_text": "text",
     "DemoSFT.restate_sep": "text", "EngineConfig.model": "a path", "HFSection.device": "a torch device string",
