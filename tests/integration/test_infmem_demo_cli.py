@@ -133,3 +133,21 @@ def test_trained_refuses_a_run_of_another_method(tmp_path):
     _write(tmp_path, "infmem", 0, _fake("memagent", 0, 80.0, 4.0))
     with pytest.raises(SystemExit, match="is a run of method 'memagent', not infmem"):
         bench.main(["--trained", str(tmp_path)])
+
+
+def test_infmem_seeds_end_to_end(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    argv = ["demo", "--agent", "infmem", "--out", str(out), "--seeds", "0,1", "method=infmem", *TOY]
+    assert main(argv) == 0
+    table = (out / "seeds_results.md").read_text()
+    assert table in capsys.readouterr().out
+    assert "mean ± sd over training seeds 0, 1 (n = 2)" in table and "| RL - SFT | sampled | 16 |" in table
+    res = [json.loads((out / "native" / f"seed{k}" / "results.json").read_text()) for k in (0, 1)]
+    assert res[0]["sft_losses"] != res[1]["sft_losses"]  # the seed changes the training, not the held-out tasks
+    assert res[0]["heldout_sha256"] == res[1]["heldout_sha256"]
+    marker = json.loads((out / "native" / "seed1" / "sweep_run.json").read_text())
+    assert marker["overrides"][-4:] == ["seed=1", "sft.seed=501", "train.data.seed=1001", "train.trainer.seed=1"]
+    agg = json.loads((out / "seeds_results.json").read_text())
+    cell = agg["capabilities"]["native"]["rows"]["greedy 8"]["gain_model_calls"]
+    assert cell["values"] == [r["rl"]["8"]["greedy"]["model_calls"] - r["sft"]["8"]["greedy"]["model_calls"]
+                              for r in res]
