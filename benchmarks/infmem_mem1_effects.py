@@ -16,9 +16,10 @@ What it measures (the workflows' mechanics, with policies that act perfectly by 
   prompt (carried_tokens = peak - first; the first prompt itself lists the k questions).
 
 Both policies answer every task right by construction: the accuracy column checks the plumbing (the
-retriever finds the fact, the state carries it), not a model. The MEM1 oracle is memrl.demonstrators.mem1.
-StateOracle, the cold-start agent of the trained comparison (`memrl demo --agent mem1`, 3 training seeds,
-evaluation fixed before; its table: benchmarks/mem1_trained.py --trained ROOT), which is not part of this script.
+retriever finds the fact, the state carries it), not a model. The oracles are memrl.demonstrators.infmem.
+ReadingOracle and memrl.demonstrators.mem1.StateOracle, the cold-start agents of the trained comparisons (3
+training seeds, evaluation fixed before), which are not part of this script: `memrl demo --agent infmem`
+(table: benchmarks/infmem_trained.py --trained ROOT) and `memrl demo --agent mem1` (benchmarks/mem1_trained.py).
 """
 
 from __future__ import annotations
@@ -27,54 +28,25 @@ import argparse
 import asyncio
 import json
 import random
-import re
 import statistics
 import sys
-from dataclasses import dataclass
 
-from memrl.data.synthetic import SyntheticConfig, find_facts, make_tasks, memory_text, question_key
+from memrl.data.synthetic import SyntheticConfig, make_tasks
 from memrl.data.synthetic_memact import MemActTaskConfig
 from memrl.data.synthetic_memact import make_tasks as make_multi_tasks
 from memrl.demonstrators.engine import ScriptedEngine
+from memrl.demonstrators.infmem import ReadingOracle
 from memrl.demonstrators.mem1 import StateOracle
 from memrl.types import Task
 from memrl.workflows import get_workflow, parse_workflow
 
-_BLOCK = "<{tag}>\n(.*?)\n</{tag}>"
-
-
-def block(text: str, tag: str) -> str:
-    m = re.search(_BLOCK.format(tag=tag), text, re.DOTALL)
-    return m.group(1) if m else ""
-
-
-def _fact(text: str, key: str) -> str | None:
-    return next((v for k, v in find_facts(text) if k == key), None)
-
-
-@dataclass
-class ReadingOracle:
-    """MemAgent / InfMem oracle: keep the asked fact when a section (or the retrieved passages) shows it;
-    InfMem's planner retrieves the asked key (top_k 1) until the memory holds the fact, then says STOP."""
-
-    def __call__(self, prompt: str, _: int) -> str:
-        key, _hops = question_key(block(prompt, "problem"))
-        memory = block(prompt, "memory")
-        if "<retrievals>" in prompt and "<section>" not in prompt:  # an InfMem plan call
-            if _fact(memory, key):
-                return "STOP"
-            call = {"name": "retrieve", "arguments": {"query": key, "top_k": 1}}
-            return f"<tool_call>{json.dumps(call)}</tool_call>"
-        if "<section>" in prompt:  # a memory call (MemAgent's or InfMem's)
-            seen = _fact(block(prompt, "retrieved") + " " + block(prompt, "section") + " " + memory, key)
-            return memory_text([(key, seen)]) if seen else memory
-        value = _fact(memory, key)
-        return "\\boxed{" + (value or "unknown") + "}"
-
 
 def _rollout(spec_name: str, tasks: list[Task], tokenizer, script, overrides: dict) -> list:
+    """(trajectory, score) per task of `script` (or, when None, the ReadingOracle in the workflow's
+    templates) played through `spec_name` configured by `overrides`."""
     spec = get_workflow(spec_name)
     _, cfg = parse_workflow({"name": spec_name, "temperature": 0.0, **overrides})
+    script = script if script is not None else ReadingOracle.for_config(spec_name, cfg)
     out = []
     for t in tasks:
         engine = ScriptedEngine(script, tokenizer)
@@ -92,7 +64,7 @@ def infmem_table(tasks_per_length: int, lengths: list[int], seed: int, tokenizer
         common = {"chunk_tokens": chunk_words, "max_memory_tokens": 64, "max_final_tokens": 16}
         for name, extra in (("memagent", {}), ("infmem", {"max_plan_tokens": 64,
                                                           "retrieve_passage_tokens": chunk_words // 2})):
-            res = _rollout(name, tasks, tokenizer, ReadingOracle(), {**common, **extra})
+            res = _rollout(name, tasks, tokenizer, None, {**common, **extra})
             acc = [float(t.final_answer == task.answers[0]) for (t, _), task in zip(res, tasks, strict=True)]
             rows.append({"workflow": name, "pieces": n,
                          "chunks": statistics.mean(t.metrics["num_chunks"] for t, _ in res), "tasks": len(tasks),

@@ -4,6 +4,7 @@
   memrl demo --agent memact --out runs/memact   # MemAct: cold start + DCPO (memrl.demos.memact)
   memrl demo --agent context --out runs/ctx/fold/seed0 method=fold   # fold/summarize/window/react (memrl.demos.context)
   memrl demo --agent mem1 --out runs/mem1/mem1/seed0 method=mem1      # mem1/full_history (memrl.demos.mem1)
+  memrl demo --agent infmem --out runs/infmem/infmem/seed0 method=infmem   # InfMem vs MemAgent (memrl.demos.infmem)
   memrl demo --out runs/demo sft.p_aware=0.7 train.trainer.steps=40 eval.num_tasks=200
 
 The recipe is `memrl.demos.memagent` (init -> cold-start SFT on a mixture demonstrator -> GRPO on
@@ -22,6 +23,7 @@ import shlex
 
 from memrl.config import ConfigError, bounded, to_yaml
 from memrl.demos.context import run_context_demo
+from memrl.demos.infmem import run_infmem_demo
 from memrl.demos.mem1 import run_mem1_demo
 from memrl.demos.memact import run_memact_demo
 from memrl.demos.memagent import (  # noqa: F401 - re-exported: benchmarks and tests import them from here
@@ -40,11 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="demo overrides (sft.epochs=2) or RL overrides (train.trainer.steps=40)")
     parser.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser.add_argument("--agent", choices=("memagent", "memact", "context", "mem1"), default="memagent",
+    parser.add_argument("--agent", choices=("memagent", "memact", "context", "mem1", "infmem"), default="memagent",
                         help="memagent (default: memrl.demos.memagent), memact (memrl.demos.memact: cold start + DCPO) "
                              "or context (memrl.demos.context: method=react|window|summarize|fold|fold_no_process, "
-                             "cold start + GRPO / FoldGRPO) or mem1 (memrl.demos.mem1: method=mem1|full_history, "
-                             "cold start + GRPO)")
+                             "cold start + GRPO / FoldGRPO), mem1 (memrl.demos.mem1: method=mem1|full_history, "
+                             "cold start + GRPO) or infmem (memrl.demos.infmem: method=infmem|memagent, "
+                             "cold start on the reading oracle + GRPO)")
     parser.add_argument("--seeds", default=None, metavar="K,K,...",
                         help="training seeds (0 = the recipe's own): one run each, in its own subprocess, then "
                              "mean +- sd (memrl.demos.seeds)")
@@ -74,6 +77,10 @@ def run(args: argparse.Namespace) -> int:
     if args.agent == "mem1":
         with locked_dir(args.out, "--out"):
             run_mem1_demo(args.out, args.overrides)
+        return 0
+    if args.agent == "infmem":
+        with locked_dir(args.out, "--out"):
+            run_infmem_demo(args.out, args.overrides)
         return 0
     cfg, tcfg, out, workflow = load_demo_configs(args.overrides, args.out)
     with locked_dir(out, "--out"):  # one demo per directory

@@ -6,6 +6,9 @@ library's stages (the module's other functions only map its configs onto one lib
   evaluation).
 - context: `memrl demo --agent context method=...` (the context-management family: task splits, model init,
   budget, copy warm-up, cold start on the method's scripted agent, GRPO / FoldGRPO, evaluation).
+- infmem: `memrl demo --agent infmem method=infmem|memagent` (synthetic one-fact tasks, model init shared by
+  both methods, cold start on the reading oracle through the method's workflow, GRPO, evaluation at 1x / 4x /
+  16x the training length).
 
 The stages: memrl.data.synthetic / synthetic_memact (tasks), memrl.demos.scratch (model init),
 memrl.demonstrators.stages (demonstrators, their demonstrations, MemAct's budget), memrl.demos.cold_start

@@ -7,6 +7,8 @@ gives a model trained from scratch its induction heads first.
 - `copy_warmup`, `memact_cold_start`: the MemAct demo's warm-up and cold start.
 - `context_cold_start`: the context demo's cold start (a scripted fold / summary / search agent through its
   workflow; memrl.demos.context).
+- `reading_cold_start`: the InfMem demo's cold start (the reading oracle through the memagent or infmem
+  workflow; memrl.demos.infmem).
 
 Each trains in place, logs under its `out_dir` (memrl.training.sft.sft_train_logged) and returns the
 per-step losses.
@@ -24,7 +26,7 @@ from memrl.demonstrators.stages import (
     reading_segments,
     record_demonstrations,
 )
-from memrl.eval.evaluator import context_summary_of, memact_summary_of
+from memrl.eval.evaluator import context_summary_of, memact_summary_of, reading_summary_of
 from memrl.training.sft import SFTConfig, copy_warmup_segments, sft_train_logged
 from memrl.types import Task
 
@@ -108,3 +110,20 @@ def context_cold_start(model: Any, tokenizer: Any, tasks: list[Task], workflow: 
     return losses, {"summary": summary, "rows": len(segments), "rows_trained": len(trained), "rows_per_task": [len(t.segments) for t in trajs],
                     "branches_per_task": [int(t.metrics.get("branches", 0)) for t in trajs],
                     "summaries_per_task": [int(t.metrics.get("summaries", 0)) for t in trajs]}
+
+
+def reading_cold_start(model: Any, tokenizer: Any, tasks: list[Task], workflow: str, wf_cfg: Any, agent: Any,
+                       scfg: SFTConfig, out_dir: str | Path, *, progress: bool = True) -> tuple[list[float], dict[str, Any]]:
+    """SFT on the scripted reading `agent`'s trajectories (memrl.demonstrators.infmem.ReadingOracle) on `tasks`
+    through `workflow` (memagent: one memory row per chunk + the final; infmem: plan, memory, ..., the
+    final), every row as the workflow cuts it; saves the model to `out_dir`. Returns (losses, {"summary": the
+    agent's reading_summary_of, "rows", "rows_per_task"})."""
+    groups = context_demonstrations(tasks, tokenizer, workflow, wf_cfg, agent)
+    trajs = [g.trajectories[0] for g in groups]
+    segments = [s for t in trajs for s in t.segments]
+    summary = reading_summary_of(groups)
+    print(f"cold start: {len(segments)} rows from {len(groups)} scripted {workflow} trajectories (its accuracy "
+          f"{summary['accuracy']:.1f}%, {summary['model_calls']:.2f} calls per task)")
+    losses = sft_train_logged(model, tokenizer, segments, scfg, Path(out_dir), progress=progress, tensorboard=False,
+                              save_dir=Path(out_dir))
+    return losses, {"summary": summary, "rows": len(segments), "rows_per_task": [len(t.segments) for t in trajs]}

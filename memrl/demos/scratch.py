@@ -9,6 +9,8 @@
 - `init_context_model`: the same two passes for the context-management family (fold, summarize,
   sliding_window): the second pass adds the whole contexts each scripted agent reaches through its workflow.
 - `init_mem1_model`: the same two passes for the MEM1 demo (the oracle's contexts under both `context` settings).
+- `init_reading_model`: the same two passes for MemAgent and InfMem on the synthetic task (the InfMem demo):
+  the task's text, then the whole contexts the reading oracle reaches through each workflow.
 """
 
 from __future__ import annotations
@@ -181,3 +183,29 @@ def init_mem1_model(out: str | Path, task_cfg: Any, wf_cfgs: list[Any], sample_t
         return [g for wf_cfg in wf_cfgs for g in mem1_demonstrations(sample_tasks[:60], tok, wf_cfg)]
 
     return _two_pass_model(out, task_cfg, extra, contexts, shape, vocab_size, seed)
+
+
+def init_reading_model(out: str | Path, syn: Any, plays: list[tuple[str, Any, Any]], sample_tasks: list[Task],
+                       shape: ModelPreset, vocab_size: int, seed: int) -> tuple[Any, Any]:
+    """(tokenizer, model) for the InfMem demo on the synthetic task `syn` (a SyntheticConfig): `plays` is a list
+    of (workflow, its config, scripted agent) (memrl.demonstrators.infmem.ReadingOracle; the demo passes both
+    arms', so both methods get the same tokenizer). BPE (out/tokenizer_corpus.txt) on the task's text
+    (memrl.data.synthetic.corpus_text), then again with the whole contexts (every row's prompt and response)
+    each agent reaches on the first 60 `sample_tasks` with that first tokenizer; model_max_length the shape's
+    positions; the model is saved to out/init. Warns when a piece is not one token per word."""
+    out = Path(out)
+    corpus = out / "tokenizer_corpus.txt"
+    corpus.write_text(corpus_text(seed=seed), encoding="utf-8")
+    tok = train_tokenizer([corpus], vocab_size, seed)
+    seen = [tok.decode(s.prompt_ids + s.response_ids) for workflow, wf_cfg, agent in plays
+            for g in context_demonstrations(sample_tasks[:60], tok, workflow, wf_cfg, agent)
+            for s in g.trajectories[0].segments]
+    corpus.write_text(corpus_text(seed=seed, extra=tuple(seen * 10)), encoding="utf-8")
+    tok = train_tokenizer([corpus], vocab_size, seed)
+    tok.model_max_length = shape.max_position_embeddings
+    sample = sample_tasks[0]
+    n_tok = len(encode_document(tok, sample.context))
+    if n_tok != sample.meta["num_chunks"] * syn.chunk_words:
+        log.warning("synthetic pieces are %d tokens, expected %d: chunks will not align with facts", n_tok,
+                    sample.meta["num_chunks"] * syn.chunk_words)
+    return fresh_qwen2(out / "init", tok, shape, seed)

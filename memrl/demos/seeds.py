@@ -4,6 +4,7 @@
   memrl demo --agent memact --out runs/seeds_memact --seeds 0,1,2 --cpu-capability avx2,avx512
   memrl demo --agent context --out runs/context/fold --seeds 0,1,2 method=fold
   memrl demo --agent mem1 --out runs/mem1/mem1 --seeds 0,1,2 method=mem1
+  memrl demo --agent infmem --out runs/infmem/infmem --seeds 0,1,2 method=infmem
   memrl demo --out runs/seeds --seeds 0,1,2 --cpu-capability avx2,avx512 --aggregate-only
 
 Each (seed, capability) run is `memrl demo --agent A --out ROOT/<capability>/seed<k> <overrides> <seed
@@ -24,14 +25,16 @@ exactly); the held-out evaluation (eval.seed, eval.num_tasks, the lengths) is ne
   GRPO or FoldGRPO by the method). `sft_from=ROOT` / `warmup_from=ROOT` name another context sweep: each
   run reuses the cold start / copy warm-up of ROOT's run of the same capability and seed.
 - mem1: as memact (memrl.demos.mem1; its held-out seeds are eval.seed + k per objective count k).
+- infmem: `seed` (model init, tokenizer, copy warm-up, SFT order), `sft.seed` (the SFT tasks),
+  `train.data.seed` (the RL task stream), `train.trainer.seed` (GRPO sampling).
 The aggregation checks that every run evaluated the same held-out tasks (memagent: the results' `recipe.eval`
-and lengths; memact, context and mem1: the SHA-256 of data/heldout_tasks.jsonl) and refuses to mix them.
+and lengths; memact, context, mem1 and infmem: the SHA-256 of data/heldout_tasks.jsonl) and refuses to mix them.
 
 Resumable: a run whose out dir has results.json is not run again (its sweep_run.json must name the same
 agent, seed, capability and overrides); a run started before and not finished is started again from an
 empty directory. Writes ROOT/seeds_results.md (printed) and ROOT/seeds_results.json: per capability and
-per length (memagent), per policy and decoding (memact, context) or per policy, decoding and objective
-count (mem1), mean +- sd over the finished seeds (sd with
+per length (memagent), per policy and decoding (memact, context), per policy, decoding and objective
+count (mem1) or per decoding and length (infmem), mean +- sd over the finished seeds (sd with
 ddof 1; "n/a" for one seed) of SFT and SFT+RL accuracy, sampled and greedy, and the gains (SFT+RL - SFT,
 paired per seed).
 """
@@ -56,6 +59,7 @@ from typing import Any
 from memrl.config import ConfigError, load_config, redact_argv, redact_secrets, redact_text
 from memrl.demos import split_overrides
 from memrl.demos.context import ContextDemoConfig
+from memrl.demos.infmem import InfMemDemoConfig
 from memrl.demos.mem1 import Mem1DemoConfig
 from memrl.demos.memact import MemActDemoConfig
 from memrl.demos.memagent import DemoConfig
@@ -80,9 +84,11 @@ SEED_KEYS = {
                 ("train.trainer.seed", "train")),
     "mem1": (("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"), ("train.data.seed", "train"),
              ("train.trainer.seed", "train")),
+    "infmem": (("seed", "demo"), ("sft.seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train")),
 }
 TASK_SEEDS = {"memagent": ("sft_seed", "train.data.seed"), "memact": ("sft.seed", "rl_task_seed"),
-              "context": ("sft.seed", "rl_task_seed"), "mem1": ("sft.seed", "rl_task_seed")}
+              "context": ("sft.seed", "rl_task_seed"), "mem1": ("sft.seed", "rl_task_seed"),
+              "infmem": ("sft.seed", "train.data.seed")}
 """The seeds that generate training tasks: never equal to the held-out eval.seed, for any run."""
 
 
@@ -120,7 +126,7 @@ def base_seeds(agent: str, overrides: list[str]) -> dict[str, int]:
     """{override key: its value under `overrides` (the recipe's default unless overridden)} for the seeds a
     training seed shifts, and "eval.seed"."""
     schema: type[Any] = {"memact": MemActDemoConfig, "context": ContextDemoConfig,
-                          "mem1": Mem1DemoConfig}.get(agent, DemoConfig)
+                          "mem1": Mem1DemoConfig, "infmem": InfMemDemoConfig}.get(agent, DemoConfig)
     demo_ov, train_ov = split_overrides(list(overrides))
     cfg = load_config(schema, demo_ov)
     tcfg = load_config(TrainConfig, train_ov, preset=cfg.train_preset)
@@ -359,7 +365,7 @@ def reported_of(runs: list[Run]) -> set[str]:
 
 def eval_fingerprint(agent: str, run: Run, res: dict[str, Any]) -> str:
     """What must be equal across runs for their held-out numbers to be comparable."""
-    if agent in ("memact", "context", "mem1"):
+    if agent in ("memact", "context", "mem1", "infmem"):
         path = run.out / "data" / "heldout_tasks.jsonl"
         if not path.is_file():
             raise UserError(f"{path}: missing; cannot check that the run evaluated the same held-out tasks")
@@ -376,6 +382,7 @@ MEMAGENT_COLUMNS = (("sft", "sampled"), ("rl", "sampled"), ("gain", "sampled"), 
 MEMACT_FIELDS = ("accuracy", "accuracy_2q", "accuracy_3q", "mean_context_tokens", "peak_context_tokens",
                  "prunes_per_task")
 MEM1_FIELDS = ("accuracy", "peak_context_tokens", "mean_context_tokens", "turns")
+INFMEM_FIELDS = ("accuracy", "model_calls", "chunks_read", "retrievals", "stop_rate")
 CONTEXT_FIELDS = ("accuracy", "peak_context_tokens", "mean_context_tokens", "tokens_discarded", "branches",
                   "summaries", "stopped_by_budget")
 
@@ -438,6 +445,22 @@ def aggregate(agent: str, runs: list[Run]) -> dict[str, Any]:
                 rows[mode] = {k: mean_sd(v) for k, v in col.items()}
             entry["decodings"] = rows
             entry["objectives"] = results[done[0].out]["objectives"] if done else []
+        elif agent == "infmem":
+            rows = {}
+            for mode in ("greedy", "sampled"):
+                for n in (results[done[0].out]["lengths"] if done else []):
+                    col = {}
+                    for r in done:
+                        res = results[r.out]
+                        for f in INFMEM_FIELDS:
+                            sft = _field(res, ("sft", str(n), mode, f), r.out)
+                            rl = _field(res, ("rl", str(n), mode, f), r.out)
+                            col.setdefault(f"sft_{f}", []).append(sft)
+                            col.setdefault(f"rl_{f}", []).append(rl)
+                            col.setdefault(f"gain_{f}", []).append(rl - sft)
+                    rows[f"{mode} {n}"] = {k: mean_sd(v) for k, v in col.items()}
+            entry["rows"] = rows
+            entry["method"] = results[done[0].out]["method"] if done else None
         else:
             rows = {}
             fields, rl_key = (CONTEXT_FIELDS, "rl") if agent == "context" else (MEMACT_FIELDS, "dcpo")
@@ -484,6 +507,16 @@ def markdown(agg: dict[str, Any], command: str = "") -> str:
                 demo = fmt(row["demonstrator_sampled"]) if "demonstrator_sampled" in row else "-"
                 cells = [fmt(row[f"{s}_{m}"], sign=s == "gain") for s, m in MEMAGENT_COLUMNS]
                 lines.append(f"| {n} | {x}x | {demo} | " + " | ".join(cells) + " |")
+        elif agg["agent"] == "infmem":
+            lines += [f"method {e['method']}", "",
+                      "| policy | decoding | length (chunks) | accuracy (%) | model calls | chunks read | retrievals "
+                      "| stop rate (%) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+            for label, key in (("cold start (SFT)", "sft"), ("SFT + RL", "rl"), ("RL - SFT", "gain")):
+                for where, row in e["rows"].items():
+                    mode, n = where.split()
+                    cells = [fmt(row.get(f"{key}_{f}", EMPTY), sign=key == "gain",
+                                 digits=1 if f in ("accuracy", "stop_rate") else 2) for f in INFMEM_FIELDS]
+                    lines.append(f"| {label} | {mode} | {n} | " + " | ".join(cells) + " |")
         elif agg["agent"] == "context":
             lines += ["| policy | decoding | accuracy (%) | peak context | mean context | tokens discarded | branches "
                       "| summaries | stopped by budget (%) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from memrl.engines import build_engine
 from memrl.runtime import RolloutRuntime
 from memrl.types import Group, Task, Trajectory
+from memrl.workflows import boxed_em_outcome
 from memrl.workflows.runner import takes_services, trajectory_rng
 
 # ---------------------------------------------------------------- statistics over tasks
@@ -365,3 +366,51 @@ def evaluate_context(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], tempe
                          se_ddof=CONTEXT_SE_DDOF, keep_groups=True)
     res = evaluate_policy(rollout, base, {0: list(tasks)}, proto)[0]
     return {mode: {**context_summary(r), "seconds": r.seconds} for mode, r in res.items()}
+
+
+# ---------------------------------------------------------------- reading agents (MemAgent / InfMem)
+
+
+def reading_summary_of(groups: Sequence[Group], seconds: float = 0.0) -> dict[str, float]:
+    """A MemAgent / InfMem evaluation in the terms of the InfMem demo (memrl.demos.infmem), over scored groups
+    with their tasks: accuracy (%, the exact-match outcome `boxed_em_outcome`, whatever the workflow's training
+    reward mixes in) and its SE over tasks (each task's mean over its samples, ddof 1); per trajectory the
+    means of model calls (its segments), chunks read (memory calls), the document's chunks, retrievals and
+    tokens read; the share that stopped early (%) and the mean stop step of those that did (0 when none did)."""
+    if not groups or any(g.task is None for g in groups):
+        raise ValueError("reading_summary_of: needs scored groups that carry their task")
+    per_task = [math.fsum(boxed_em_outcome(g.task, t) for t in g.trajectories) / len(g.trajectories)  # type: ignore[arg-type]
+                for g in groups]
+    acc, se = mean_and_se(per_task, 1)
+    trajs = [t for g in groups for t in g.trajectories]
+    stopped = [t for t in trajs if t.metrics.get("stopped", 0.0)]
+    n = len(trajs)
+    return {
+        "accuracy": 100.0 * acc,
+        "accuracy_se": 100.0 * se,
+        "model_calls": math.fsum(len(t.segments) for t in trajs) / n,
+        "chunks_read": math.fsum(sum(s.info.get("kind") == "memory" for s in t.segments) for t in trajs) / n,
+        "chunks": metric_mean(trajs, "num_chunks"),
+        "retrievals": metric_mean(trajs, "retrievals"),
+        "tokens_read": metric_mean(trajs, "tokens_read"),
+        "stop_rate": 100.0 * len(stopped) / n,
+        "stop_step": math.fsum(t.metrics["stop_step"] for t in stopped) / len(stopped) if stopped else 0.0,
+        "num_tasks": float(len(groups)),
+        "seconds": seconds,
+    }
+
+
+def evaluate_reading(rollout: Rollout, wf_cfg: Any, tasks_by_length: dict[int, list[Task]], temperature: float,
+                     seed: int) -> dict[str, dict[str, dict[str, float]]]:
+    """The InfMem demo's held-out protocol (memrl.demos.infmem): {length (str): {"greedy": summary, "sampled":
+    summary}}, one trajectory per task each (sampled at `temperature`, top_p 1, no top-k), both seeded with
+    `seed`; each summary is `reading_summary_of`."""
+    base = replace(wf_cfg, top_p=1.0, top_k=-1)
+    proto = EvalProtocol(greedy=True, samples=1, temperature=temperature, seed=seed, metrics=(), keep_groups=True)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for length, tasks in tasks_by_length.items():
+        res = evaluate_policy(rollout, base, {length: tasks}, proto)[length]
+        out[str(length)] = {mode: reading_summary_of(r.groups, r.seconds) for mode, r in res.items()}
+        print(f"  {length} chunks: " + ", ".join(f"{m} {s['accuracy']:.1f} ± {s['accuracy_se']:.1f}%, "
+                                                 f"{s['model_calls']:.1f} calls" for m, s in out[str(length)].items()))
+    return out

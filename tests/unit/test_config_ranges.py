@@ -162,6 +162,7 @@ def test_every_numeric_field_rejects_values_outside_its_range(cls):
 ROOTS = {"TrainConfig": "memrl.training.config", "EvalConfig": "memrl.eval.runner",
          "DemoConfig": "memrl.demos.memagent", "MemActDemoConfig": "memrl.demos.memact",
          "ContextDemoConfig": "memrl.demos.context", "Mem1DemoConfig": "memrl.demos.mem1",
+         "InfMemDemoConfig": "memrl.demos.infmem",
          "SFTRunConfig": "memrl.commands.train_sft"}
 
 
@@ -316,6 +317,7 @@ FREE_TEXT: dict[str, str] = {
     "ContextDemoConfig.sft_from": "a run directory, checked before any work",
     "ContextDemoConfig.warmup_from": "a run directory, checked once the initial model exists",
     "Mem1DemoConfig.train_preset": "a preset name or path",
+    "InfMemDemoConfig.train_preset": "a preset name or path",
     "DemoConfig.model_preset": "a model preset name",
     "DemoConfig.train_preset": "a preset name or path", "DemoSFT.unanswerable_text": "text",
     "DemoSFT.restate_sep": "text", "EngineConfig.model": "a path", "HFSection.device": "a torch device string",

@@ -279,6 +279,37 @@ def test_mem1_aggregate_by_hand(tmp_path):
     assert "| cold start (SFT) | sampled | 2 | 25.0 ± 7.1 | 20.0 ± 0.0 | 10.0 ± 0.0 | 3.0 ± 0.0 |" in lines
 
 
+def test_infmem_seeds_and_aggregate_by_hand(tmp_path):
+    im = sw.base_seeds("infmem", ["method=memagent"])  # preset infmem_cpu: data.seed 1000; eval.seed 987654
+    assert im == {"seed": 0, "sft.seed": 500, "train.data.seed": 1000, "train.trainer.seed": 0, "eval.seed": 987654}
+    assert sw.seed_overrides("infmem", 2, im) == ["seed=2", "sft.seed=502", "train.data.seed=1002",
+                                                  "train.trainer.seed=2"]
+    with pytest.raises(ConfigError, match=r"^--seeds: training seed 1 makes sft.seed equal eval.seed \(501\)"):
+        sw.plan("infmem", tmp_path, [0, 1], ["native"], ["eval.seed=501"])
+
+    def summary(acc: float, calls: float) -> dict:
+        return {"accuracy": acc, "model_calls": calls, "chunks_read": (calls - 1) / 2, "retrievals": 1.0,
+                "stop_rate": 100.0}
+
+    runs = sw.plan("infmem", tmp_path, [0, 1], ["native"], ["method=infmem"])
+    for r, (sft, rl) in zip(runs, ((20.0, 60.0), (30.0, 50.0)), strict=True):
+        write_run(r, "infmem", {"method": "infmem", "lengths": [8, 128],
+                                "sft": {str(n): {d: summary(sft, 5.0) for d in ("greedy", "sampled")} for n in (8, 128)},
+                                "rl": {str(n): {d: summary(rl, 4.0) for d in ("greedy", "sampled")} for n in (8, 128)}})
+        (r.out / "data").mkdir()
+        (r.out / "data" / "heldout_tasks.jsonl").write_text('{"id": "heldout-0"}\n')
+    agg = sw.aggregate("infmem", runs)
+    row = agg["capabilities"]["native"]["rows"]["greedy 128"]
+    assert row["gain_accuracy"]["values"] == [40.0, 20.0] and row["gain_model_calls"]["values"] == [-1.0, -1.0]
+    lines = sw.markdown(agg).splitlines()
+    # sd of two values a, b is |a - b| / sqrt(2): 10 -> 7.1, 20 -> 14.1; chunks read (4 - 1) / 2 = 1.5
+    assert "| SFT + RL | sampled | 8 | 55.0 ± 7.1 | 4.00 ± 0.00 | 1.50 ± 0.00 | 1.00 ± 0.00 | 100.0 ± 0.0 |" in lines
+    assert "| RL - SFT | greedy | 128 | +30.0 ± 14.1 | -1.00 ± 0.00 | -0.50 ± 0.00 | +0.00 ± 0.00 | +0.0 ± 0.0 |" in lines
+    (runs[1].out / "data" / "heldout_tasks.jsonl").write_text('{"id": "heldout-1"}\n')
+    with pytest.raises(UserError, match="evaluated other held-out tasks"):
+        sw.aggregate("infmem", runs)
+
+
 # ---------------------------------------------------------------------------------------------- running
 
 CHILD = """

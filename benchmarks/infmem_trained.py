@@ -1,0 +1,125 @@
+"""The trained InfMem vs MemAgent table: mean +- SE over training seeds of finished `memrl demo --agent infmem`
+runs (memrl.demos.infmem).
+
+    .venv/bin/python benchmarks/infmem_trained.py --trained runs/infmem
+
+ROOT holds ROOT/<method>/seed<k>/results.json (or ROOT/<method>/<capability>/seed<k>/, as `--seeds` writes
+them; one capability per method), method infmem and/or memagent. Per method, policy (SFT, SFT + RL),
+decoding and held-out length: accuracy, model calls and chunks read, mean +- SE over the seeds (SE = sd
+with ddof 1 / sqrt(seeds); n/a for one seed), and "calls vs MemAgent": per seed, this run's model calls /
+the MemAgent run's of the same seed at the same policy, decoding and length, minus 1 (in %; negative =
+fewer calls), mean +- SE over the seeds both methods finished. Fails on runs that evaluated other held-out
+tasks (their heldout_sha256 differ), or on a run whose method is not its directory's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+METHODS = ("infmem", "memagent")
+FIELDS = ("accuracy", "model_calls", "chunks_read")
+
+
+def mean_se(values: list[float]) -> tuple[float, float | None]:
+    """(mean, standard error: sd with ddof 1 / sqrt(n)); None for one value."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def trained_runs(root: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """{method: {seed dir name: results.json}} of the finished runs under ROOT/<method>/[<capability>/]seed<k>."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for method in METHODS:
+        found = sorted(p.parent for p in (root / method).glob("**/results.json")
+                       if re.fullmatch(r"seed\d+", p.parent.name))
+        parents = {p.parent for p in found}
+        if len(parents) > 1:
+            raise SystemExit(f"--trained: {root / method} holds runs under {len(parents)} directories "
+                             f"({', '.join(sorted(str(p) for p in parents))}); aggregate one capability")
+        runs = {}
+        for d in found:
+            res = json.loads((d / "results.json").read_text(encoding="utf-8"))
+            if res.get("method") != method:
+                raise SystemExit(f"--trained: {d / 'results.json'} is a run of method {res.get('method')!r}, "
+                                 f"not {method}")
+            runs[d.name] = res
+        if runs:
+            out[method] = runs
+    digests = {(m, s): r.get("heldout_sha256") for m, rs in out.items() for s, r in rs.items()}
+    if len(set(digests.values())) > 1:
+        first = next(iter(digests))
+        other = next(k for k, v in digests.items() if v != digests[first])
+        raise SystemExit(f"--trained: {other[0]}/{other[1]} evaluated other held-out tasks than "
+                         f"{first[0]}/{first[1]} (heldout_sha256 differs)")
+    return out
+
+
+def trained_aggregate(runs: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per method, policy, decoding and length: {"method", "policy", "decoding", "length", "seeds",
+    field: (mean, se) for FIELDS, "vs_memagent": (mean, se) of the paired call ratio - 1 in % or None}."""
+    rows = []
+    base = runs.get("memagent", {})
+    for method, rs in runs.items():
+        first = next(iter(rs.values()))
+        for policy in ("sft", "rl"):
+            for mode in ("greedy", "sampled"):
+                for n in first["lengths"]:
+                    cells = [r[policy][str(n)][mode] for r in rs.values()]
+                    row: dict[str, Any] = {"method": method, "policy": policy, "decoding": mode, "length": n,
+                                           "seeds": len(cells)}
+                    for f in FIELDS:
+                        row[f] = mean_se([float(c[f]) for c in cells])
+                    paired = [100.0 * (r[policy][str(n)][mode]["model_calls"]
+                                       / base[s][policy][str(n)][mode]["model_calls"] - 1.0)
+                              for s, r in rs.items() if s in base]
+                    row["vs_memagent"] = mean_se(paired) if paired else None
+                    rows.append(row)
+    return rows
+
+
+def _cell(v: tuple[float, float | None] | None, digits: int = 1, sign: bool = False) -> str:
+    if v is None:
+        return "-"
+    mean, se = v
+    m = f"{mean:+.{digits}f}" if sign else f"{mean:.{digits}f}"
+    return f"{m} +- " + (f"{se:.{digits}f}" if se is not None else "n/a")
+
+
+def trained_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| method | policy | decoding | length (chunks) | seeds | accuracy (%) | model calls | chunks read "
+             "| calls vs MemAgent (%) |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        label = "SFT" if r["policy"] == "sft" else "SFT + RL"
+        lines.append(f"| {r['method']} | {label} | {r['decoding']} | {r['length']} | {r['seeds']} "
+                     f"| {_cell(r['accuracy'])} | {_cell(r['model_calls'], 2)} | {_cell(r['chunks_read'], 2)} "
+                     f"| {_cell(r['vs_memagent'], 1, sign=True)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trained", type=Path, required=True, metavar="ROOT",
+                    help="the finished runs ROOT/<method>/[<capability>/]seed<k>/results.json")
+    a = ap.parse_args(argv)
+    runs = trained_runs(a.trained)
+    if not runs:
+        raise SystemExit(f"--trained: no finished run under {a.trained}/<method>/seed<k>/results.json "
+                         f"(method: {', '.join(METHODS)})")
+    first = next(iter(next(iter(runs.values())).values()))
+    print(f"InfMem vs MemAgent, trained (memrl demo --agent infmem): {first['eval_tasks']} held-out tasks per length, "
+          f"training length {first['train_chunks']} chunks; mean +- SE over training seeds\n")
+    print(trained_table(trained_aggregate(runs)), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
