@@ -15,45 +15,20 @@ tasks (their heldout_sha256 differ), or on a run whose method is not its directo
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import re
 import sys
 from pathlib import Path
 from typing import Any
+
+from memrl.demos.seeds import mean_se
+from memrl.demos.seeds import trained_runs as seed_runs
 
 METHODS = ("infmem", "memagent")
 FIELDS = ("accuracy", "model_calls", "chunks_read")
 
 
-def mean_se(values: list[float]) -> tuple[float, float | None]:
-    """(mean, standard error: sd with ddof 1 / sqrt(n)); None for one value."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, None
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
-
-
 def trained_runs(root: Path) -> dict[str, dict[str, dict[str, Any]]]:
     """{method: {seed dir name: results.json}} of the finished runs under ROOT/<method>/[<capability>/]seed<k>."""
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for method in METHODS:
-        found = sorted(p.parent for p in (root / method).glob("**/results.json")
-                       if re.fullmatch(r"seed\d+", p.parent.name))
-        parents = {p.parent for p in found}
-        if len(parents) > 1:
-            raise SystemExit(f"--trained: {root / method} holds runs under {len(parents)} directories "
-                             f"({', '.join(sorted(str(p) for p in parents))}); aggregate one capability")
-        runs = {}
-        for d in found:
-            res = json.loads((d / "results.json").read_text(encoding="utf-8"))
-            if res.get("method") != method:
-                raise SystemExit(f"--trained: {d / 'results.json'} is a run of method {res.get('method')!r}, "
-                                 f"not {method}")
-            runs[d.name] = res
-        if runs:
-            out[method] = runs
+    out = {method: {d.name: res for d, res in rs} for method, rs in seed_runs(root, METHODS).items()}
     digests = {(m, s): r.get("heldout_sha256") for m, rs in out.items() for s, r in rs.items()}
     if len(set(digests.values())) > 1:
         first = next(iter(digests))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -32,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from memrl.demos.seeds import mean_se
 
 ARMS = {"sft": "train.algorithm.model_reward=none", "outcome": "train.algorithm.model_reward=none",
         "infomem": "train.algorithm.model_reward=infomem"}
@@ -81,16 +82,9 @@ def run_one(src: Path, out: Path, arm: str, seed: int, overrides: list[str]) -> 
     return got
 
 
-def mean_se(xs: list[float]) -> tuple[float, float]:
-    m = sum(xs) / len(xs)
-    if len(xs) < 2:
-        return m, float("nan")
-    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
-
-
 def fmt(xs: list[float]) -> str:
     m, se = mean_se(xs)
-    return f"{m:.1f} +- {se:.1f}" if not math.isnan(se) else f"{m:.1f}"
+    return f"{m:.1f} +- {se:.1f}" if se is not None else f"{m:.1f}"
 
 
 def aggregate(out: Path, src: Path | None) -> str:

@@ -21,46 +21,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import re
 import sys
 from pathlib import Path
 from typing import Any
+
+from memrl.demos.seeds import mean_se
+from memrl.demos.seeds import trained_runs as seed_runs
 
 METHODS = ("mem1", "full_history")
 FIELDS = ("accuracy", "peak_context_tokens")
 
 
-def mean_se(values: list[float]) -> tuple[float, float | None]:
-    """(mean, standard error: sd with ddof 1 / sqrt(n)); None for one value."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, None
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
-
-
 def trained_runs(root: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
-    """{method: [(run dir, results.json)]} of the finished runs under ROOT/<method>/[<capability>/]seed<k>;
-    fails in one line on a run of another method than its directory names or on runs under two capabilities."""
-    out: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
-    for method in METHODS:
-        found = sorted(p.parent for p in (root / method).glob("**/results.json")
-                       if re.fullmatch(r"seed\d+", p.parent.name))
-        parents = {p.parent for p in found}
-        if len(parents) > 1:
-            raise SystemExit(f"--trained: {root / method} holds runs under {len(parents)} directories "
-                             f"({', '.join(sorted(str(p) for p in parents))}); aggregate one capability")
-        runs = []
-        for d in found:
-            res = json.loads((d / "results.json").read_text(encoding="utf-8"))
-            if res.get("method") != method:
-                raise SystemExit(f"--trained: {d / 'results.json'} is a run of method {res.get('method')!r}, "
-                                 f"not {method}")
-            runs.append((d, res))
-        if runs:
-            out[method] = runs
-    return out
+    """{method: [(run dir, results.json)]} of the finished runs under ROOT/<method>/[<capability>/]seed<k>
+    (memrl.demos.seeds.trained_runs over METHODS)."""
+    return seed_runs(root, METHODS)
 
 
 def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dict[str, Any]:

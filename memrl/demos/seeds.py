@@ -46,6 +46,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -330,6 +331,40 @@ def mean_sd(values: list[float]) -> dict[str, Any]:
     mean = math.fsum(values) / n if n else None
     sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None  # type: ignore[operator]
     return {"mean": mean, "sd": sd, "n": n, "values": list(values)}
+
+
+def mean_se(values: list[float]) -> tuple[float, float | None]:
+    """(mean, standard error: sd with ddof 1 / sqrt(n)); None for one value. The trained tables' cell
+    (benchmarks/context_management.py, infmem_trained.py, mem1_trained.py)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def trained_runs(root: Path, methods: tuple[str, ...]) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
+    """{method: [(run dir, results.json)]} of the finished runs under ROOT/<method>/[<capability>/]seed<k> (one
+    `--seeds` sweep per method), in run-dir order; fails in one line on a run of another method than its
+    directory names, or on runs under two capabilities. The trained tables' input."""
+    out: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+    for method in methods:
+        found = sorted(p.parent for p in (root / method).glob("**/results.json")
+                       if re.fullmatch(r"seed\d+", p.parent.name))
+        parents = {p.parent for p in found}
+        if len(parents) > 1:
+            raise SystemExit(f"--trained: {root / method} holds runs under {len(parents)} directories "
+                             f"({', '.join(sorted(str(p) for p in parents))}); aggregate one capability")
+        runs = []
+        for d in found:
+            res = json.loads((d / "results.json").read_text(encoding="utf-8"))
+            if res.get("method") != method:
+                raise SystemExit(f"--trained: {d / 'results.json'} is a run of method {res.get('method')!r}, "
+                                 f"not {method}")
+            runs.append((d, res))
+        if runs:
+            out[method] = runs
+    return out
 
 
 def fmt(cell: dict[str, Any], sign: bool = False, digits: int = 1) -> str:
