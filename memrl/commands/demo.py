@@ -66,21 +66,11 @@ def run(args: argparse.Namespace) -> int:
         return run_seeds(args)
     if args.jobs != 1 or args.aggregate_only:
         raise ConfigError("--jobs and --aggregate-only need --seeds or --cpu-capability")
-    if getattr(args, "agent", "memagent") == "memact":
+    recipe = {"memact": run_memact_demo, "context": run_context_demo, "mem1": run_mem1_demo,
+              "infmem": run_infmem_demo}.get(getattr(args, "agent", "memagent"))
+    if recipe is not None:  # the per-method demos: one function of (out dir, overrides) each
         with locked_dir(args.out, "--out"):
-            run_memact_demo(args.out, args.overrides)
-        return 0
-    if args.agent == "context":
-        with locked_dir(args.out, "--out"):
-            run_context_demo(args.out, args.overrides)
-        return 0
-    if args.agent == "mem1":
-        with locked_dir(args.out, "--out"):
-            run_mem1_demo(args.out, args.overrides)
-        return 0
-    if args.agent == "infmem":
-        with locked_dir(args.out, "--out"):
-            run_infmem_demo(args.out, args.overrides)
+            recipe(args.out, args.overrides)
         return 0
     cfg, tcfg, out, workflow = load_demo_configs(args.overrides, args.out)
     with locked_dir(out, "--out"):  # one demo per directory
