@@ -10,10 +10,12 @@ runs (memrl.demos.mem1), per method, policy, decoding and objective count k.
     memrl demo --agent mem1 --out runs/mem1/full_history --seeds 0,1,2 method=full_history
 
 and prints, per method, policy (SFT, SFT + RL) and decoding (greedy, sampled), at each held-out objective
-count k: accuracy (all objectives right, %) and the mean peak context (tokens per task), each mean +- SE over
-the seeds (SE = sd with ddof 1 / sqrt(n); n/a for one seed), and the peak's growth from the smallest to the
-largest k (each seed's peak at k_max / its peak at k_min, then mean +- SE). It refuses runs that evaluated
-other held-out tasks (the SHA-256 of their data/heldout_tasks.jsonl, recorded in results.json) or whose
+count k: accuracy (all objectives right, %), the objectives' accuracy (share of objectives right, %) and the
+mean peak context (tokens per task), each mean +- SE over the seeds (SE = sd with ddof 1 / sqrt(n); n/a for
+one seed); then the peak's growth from the smallest to the largest k (each seed's peak at k_max / its peak at
+k_min, then mean +- SE) and its slope (each seed's least-squares slope of the peak over all held-out k, in
+tokens per objective, then mean +- SE). It refuses runs that evaluated other held-out tasks (the SHA-256 of
+their data/heldout_tasks.jsonl, recorded in results.json), that trained on other objective counts, or whose
 directory names another method. The figures are the runs' as measured; nothing here trains.
 """
 
@@ -29,13 +31,19 @@ from memrl.demos.seeds import mean_se
 from memrl.demos.seeds import trained_runs as seed_runs
 
 METHODS = ("mem1", "full_history")
-FIELDS = ("accuracy", "peak_context_tokens")
+FIELDS = ("accuracy", "objective_accuracy", "peak_context_tokens")
 
 
 def trained_runs(root: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
     """{method: [(run dir, results.json)]} of the finished runs under ROOT/<method>/[<capability>/]seed<k>
     (memrl.demos.seeds.trained_runs over METHODS)."""
     return seed_runs(root, METHODS)
+
+
+def slope(ks: list[float], ys: list[float]) -> float:
+    """The least-squares slope of ys over ks: sum((k - mean k)(y - mean y)) / sum((k - mean k)^2)."""
+    kb, yb = sum(ks) / len(ks), sum(ys) / len(ys)
+    return sum((k - kb) * (y - yb) for k, y in zip(ks, ys, strict=True)) / sum((k - kb) ** 2 for k in ks)
 
 
 def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dict[str, Any]:
@@ -50,18 +58,25 @@ def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dic
                 if res.get(key) != first[1].get(key):
                     raise SystemExit(f"--trained: {d / 'results.json'} evaluated other held-out tasks than "
                                      f"{first[0] / 'results.json'} ({key} differs)")
+            if res.get("train_objectives") != first[1].get("train_objectives"):
+                raise SystemExit(f"--trained: {d / 'results.json'} trained on objective counts "
+                                 f"{res.get('train_objectives')}, {first[0] / 'results.json'} on "
+                                 f"{first[1].get('train_objectives')}; compare runs of one training mixture")
     agg: dict[str, Any] = {}
     for method, rs in runs.items():
         ks = [str(k) for k in rs[0][1]["objectives"]]
         entry: dict[str, Any] = {"seeds": [d.name for d, _ in rs], "objectives": ks,
-                                 "eval_tasks": rs[0][1]["eval_tasks"]}
+                                 "eval_tasks": rs[0][1]["eval_tasks"],
+                                 "train_objectives": rs[0][1].get("train_objectives")}
         for policy in ("sft", "rl"):
             entry[policy] = {}
             for mode in ("greedy", "sampled"):
                 by_k = {k: {f: mean_se([float(r[policy][mode][k][f]) for _, r in rs]) for f in FIELDS} for k in ks}
                 growth = mean_se([r[policy][mode][ks[-1]]["peak_context_tokens"]
                                   / r[policy][mode][ks[0]]["peak_context_tokens"] for _, r in rs])
-                entry[policy][mode] = {"k": by_k, "growth": growth}
+                slopes = mean_se([slope([float(k) for k in ks], [float(r[policy][mode][k]["peak_context_tokens"])
+                                                                  for k in ks]) for _, r in rs])
+                entry[policy][mode] = {"k": by_k, "growth": growth, "slope": slopes}
         agg[method] = entry
     return agg
 
@@ -72,9 +87,10 @@ def _cell(v: tuple[float, float | None], digits: int = 1) -> str:
 
 
 def trained_table(agg: dict[str, Any]) -> str:
-    lines = ["| method | policy | decoding | seeds | objectives | accuracy (%) | peak context (tokens) |",
-             "|---|---|---|---|---:|---|---|"]
-    growth = ["| method | policy | decoding | peak growth (x) |", "|---|---|---|---|"]
+    lines = ["| method | policy | decoding | seeds | objectives | accuracy (%) | objectives right (%) "
+             "| peak context (tokens) |", "|---|---|---|---|---:|---|---|---|"]
+    growth = ["| method | policy | decoding | peak growth (x) | peak slope (tokens / objective) |",
+              "|---|---|---|---|---|"]
     for method, e in agg.items():
         for policy, label in (("sft", "SFT"), ("rl", "SFT + RL")):
             for mode in ("greedy", "sampled"):
@@ -82,11 +98,11 @@ def trained_table(agg: dict[str, Any]) -> str:
                 for k in e["objectives"]:
                     c = r["k"][k]
                     lines.append(f"| {method} | {label} | {mode} | {len(e['seeds'])} | {k} | {_cell(c['accuracy'])} "
-                                 f"| {_cell(c['peak_context_tokens'], 0)} |")
-                growth.append(f"| {method} | {label} | {mode} | {_cell(r['growth'], 2)} |")
+                                 f"| {_cell(c['objective_accuracy'])} | {_cell(c['peak_context_tokens'], 0)} |")
+                growth.append(f"| {method} | {label} | {mode} | {_cell(r['growth'], 2)} | {_cell(r['slope'])} |")
     ks = next(iter(agg.values()))["objectives"]
-    return "\n".join(lines) + f"\n\nPeak context at {ks[-1]} objectives / at {ks[0]} (per seed, then mean +- SE):\n\n" \
-        + "\n".join(growth) + "\n"
+    return "\n".join(lines) + f"\n\nPeak context at {ks[-1]} objectives / at {ks[0]}, and its least-squares slope over " \
+        f"k = {', '.join(ks)} (per seed, then mean +- SE):\n\n" + "\n".join(growth) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(agg, indent=1))
     else:
-        print(f"MEM1 vs full history, trained (memrl demo --agent mem1): {next(iter(agg.values()))['eval_tasks']} "
-              "held-out tasks per objective count; mean +- SE over training seeds")
+        e = next(iter(agg.values()))
+        print(f"MEM1 vs full history, trained (memrl demo --agent mem1) on {e['train_objectives']} objectives: "
+              f"{e['eval_tasks']} held-out tasks per objective count; mean +- SE over training seeds")
         print(trained_table(agg))
     return 0
 

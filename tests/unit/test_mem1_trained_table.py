@@ -21,13 +21,15 @@ def _bench():
     return mod
 
 
-def _result(method: str, acc2: float, peak2: float, acc16: float, peak16: float, sha: str = "abc") -> dict:
+def _result(method: str, acc2: float, peak2: float, acc16: float, peak16: float, sha: str = "abc",
+            train: tuple[int, ...] = (2, 3)) -> dict:
     def summ(acc: float, peak: float) -> dict:
-        return {"accuracy": acc, "peak_context_tokens": peak}
+        return {"accuracy": acc, "objective_accuracy": acc + 5, "peak_context_tokens": peak}
 
     stage = {mode: {"2": summ(acc2, peak2), "16": summ(acc16, peak16)} for mode in ("greedy", "sampled")}
-    return {"method": method, "objectives": [2, 16], "eval_tasks": 100, "heldout_sha256": sha,
-            "sft": stage, "rl": {m: {k: {"accuracy": v["accuracy"] + 10, "peak_context_tokens": v["peak_context_tokens"]}
+    return {"method": method, "objectives": [2, 16], "train_objectives": list(train), "eval_tasks": 100,
+            "heldout_sha256": sha,
+            "sft": stage, "rl": {m: {k: {**v, "accuracy": v["accuracy"] + 10}
                                      for k, v in by_k.items()} for m, by_k in stage.items()}}
 
 
@@ -51,15 +53,35 @@ def test_trained_table_by_hand(tmp_path, capsys):
     assert m["k"]["2"]["peak_context_tokens"] == pytest.approx([105.0, 5.0])
     assert m["k"]["16"]["peak_context_tokens"] == pytest.approx([157.5, 7.5])
     assert m["growth"] == pytest.approx([1.5, 0.0])  # 150 / 100 = 165 / 110 = 1.5
+    # slope over k = 2, 16: 50 / 14 = 3.5714 and 55 / 14 = 3.9286 -> mean 3.75, sd 0.2526, SE 0.1786
+    assert m["slope"] == pytest.approx([3.75, 5 / 14 / 2])
+    assert m["k"]["16"]["objective_accuracy"] == pytest.approx([25.0, 10.0])  # 35, 15
     assert agg["mem1"]["rl"]["greedy"]["k"]["16"]["accuracy"] == pytest.approx([30.0, 10.0])  # 40, 20
     f = agg["full_history"]["sft"]["sampled"]
     assert f["growth"] == [8.0, None] and f["k"]["16"]["accuracy"] == [20.0, None]  # one seed: no SE
     assert mod.main(["--trained", str(tmp_path)]) == 0
     text = capsys.readouterr().out
-    assert "| mem1 | SFT | greedy | 2 | 2 | 60.0 +- 10.0 | 105 +- 5 |" in text
-    assert "| full_history | SFT + RL | sampled | 1 | 16 | 30.0 +- n/a | 960 +- n/a |" in text
-    assert "| full_history | SFT | greedy | 8.00 +- n/a |" in text
-    assert "| mem1 | SFT | greedy | 1.50 +- 0.00 |" in text
+    assert "trained (memrl demo --agent mem1) on [2, 3] objectives: 100 held-out tasks" in text
+    assert "| mem1 | SFT | greedy | 2 | 2 | 60.0 +- 10.0 | 65.0 +- 10.0 | 105 +- 5 |" in text
+    assert "| full_history | SFT + RL | sampled | 1 | 16 | 30.0 +- n/a | 25.0 +- n/a | 960 +- n/a |" in text  # objectives: SFT's 20 + 5
+    # full history: (960 - 120) / 14 = 60 tokens per objective
+    assert "| full_history | SFT | greedy | 8.00 +- n/a | 60.0 +- n/a |" in text
+    assert "| mem1 | SFT | greedy | 1.50 +- 0.00 | 3.8 +- 0.2 |" in text
+
+
+def test_slope_by_hand():
+    # k = 2, 4, 8 (mean 14/3), peaks 10, 20, 24 (mean 18): sum dk*dy = 64/3 - 4/3 + 60/3 = 40,
+    # sum dk^2 = (64 + 4 + 100) / 9 = 168/9 -> 40 * 9 / 168 = 15/7
+    assert _bench().slope([2, 4, 8], [10, 20, 24]) == pytest.approx(15 / 7)
+    assert _bench().slope([2, 16], [77, 77]) == 0.0
+
+
+def test_trained_refuses_mixed_training_mixtures(tmp_path):
+    mod = _bench()
+    _write(tmp_path, "mem1", 0, _result("mem1", 50, 100, 30, 150, train=(2, 3, 4)))
+    _write(tmp_path, "full_history", 0, _result("full_history", 60, 120, 20, 960))
+    with pytest.raises(SystemExit, match="trained on objective counts \\[2, 3\\], .* on \\[2, 3, 4\\]; compare"):
+        mod.main(["--trained", str(tmp_path)])
 
 
 def test_trained_refuses_mixed_evaluations(tmp_path):
