@@ -8,7 +8,7 @@ tasks with k = 2, 4, 8, 16 objectives measure how each one's peak context grows 
   python benchmarks/mem1_trained.py --trained runs/mem1                                     # the trained table
 
 `run_mem1_demo` chains: write the task splits (memrl.data.synthetic_memact: SFT and RL tasks with a mixture
-of objective counts `task.sub_questions`, 2..8 by default; held-out tasks at each of `eval.objectives`, the
+of objective counts `task.sub_questions`, 2..16 by default; held-out tasks at each of `eval.objectives`, the
 count k drawn from seed `eval.seed + k`, none of them a training seed) -> init a tiny Qwen2 whose BPE
 tokenizer is trained on the task's text and the scripted oracle's contexts under BOTH settings, so both
 methods share it at one seed (memrl.demos.scratch.init_mem1_model) -> check that `model.max_positions`
@@ -72,9 +72,10 @@ class Mem1DemoSFT:
     """Copy warm-up steps before the cold start (memrl.demos.cold_start.copy_warmup)."""
     copy_warmup_rows: int = valid(0, ge=0, note="0 = 4 x batch_rows")
     epochs: int = valid(4, ge=1)
-    """~2,980 steps over 1,000 tasks. With 1 epoch (745 steps, final loss 0.31-0.34) neither method's cold
-    start answered a held-out task (0-2%, seed 0); with 4 (loss 0.025) MEM1 answered 90 / 60 / 13% greedy at
-    k = 2 / 4 / 8 (docs/results/infmem_mem1.md)."""
+    """~5,000 steps over 1,000 tasks of 2..16 objectives (about 10 rows per task). On 2..8 objectives, 1 epoch
+    (745 steps, final loss 0.31-0.34) taught neither method's cold start to answer (0-2%, seed 0) and 4 epochs
+    (2,980 steps, loss 0.025) MEM1 90 / 60 / 13% greedy at k = 2 / 4 / 8; on 2..16 with 500 tasks (2,488 steps,
+    loss 0.21) MEM1 answered none (docs/log/2026-11-26-mem1-train-2-8.md)."""
     lr: float = valid(1e-3, gt=0)
     batch_rows: int = valid(8, ge=1)
     warmup_steps: int = valid(20, ge=0)
@@ -103,10 +104,11 @@ class Mem1DemoConfig:
     past the positions), and the cap must hold the scripted full-history agent's largest prompt at the
     largest held-out k (checked once the tokenizer is trained), so it binds only on a policy that runs on."""
     task: MemActTaskConfig = field(default_factory=lambda: MemActTaskConfig(
-        entities_per_task=16, sub_questions=[2, 3, 4, 5, 6, 7, 8]))
-    """Training tasks: 2..8 objectives (drawn uniformly per task), 16 names per task world (64 documents),
-    so the held-out tasks with up to 16 objectives come from the same worlds. 16 objectives stay out of
-    training: full history's longest training context is about half its k = 16 one."""
+        entities_per_task=16, sub_questions=list(range(2, 17))))
+    """Training tasks: 2..16 objectives (drawn uniformly per task), 16 names per task world (64 documents),
+    so the held-out tasks come from the same worlds and every held-out k is a training count. Trained on
+    2..8 only, neither method answered a 16-objective task (both stopped after a few turns on the 16-question
+    prompt; docs/log/2026-11-26-mem1-train-2-8.md)."""
     sft: Mem1DemoSFT = field(default_factory=Mem1DemoSFT)
     eval: Mem1DemoEval = field(default_factory=Mem1DemoEval)
     rl_tasks: int = valid(2000, ge=1)
