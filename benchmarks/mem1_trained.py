@@ -47,8 +47,9 @@ def slope(ks: list[float], ys: list[float]) -> float:
 
 
 def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dict[str, Any]:
-    """{method: {"seeds", policy: {decoding: {"k": {k: {field: (mean, se)}}, "growth": (mean, se)}}}}; fails
-    in one line when two runs evaluated different held-out tasks or objective counts."""
+    """{method: {"seeds", policy: {decoding: {"k": {k: {field: (mean, se)}}, "growth": (mean, se),
+    "slope": (mean, se)}}}}; fails in one line when two runs evaluated different held-out tasks or objective
+    counts, or trained on different objective counts."""
     first: tuple[Path, dict[str, Any]] | None = None
     for rs in runs.values():
         for d, res in rs:
