@@ -12,20 +12,27 @@ Policies: the SCRIPTED agents of the cold start (memrl.demonstrators.context; fl
 through the real workflows with the tiny models' tokenizer. They isolate what each management rule does to a
 competent policy at the budget; they are not trained models.
 
-The trained comparison (not yet run): per method a tiny model trained from scratch by `memrl demo --agent
-context` (memrl.demos.context: cold start on these agents, then GRPO, or FoldGRPO for fold, with and without
-its process rewards), 3 training seeds, greedy and sampled on held-out tasks of seed 901:
+The trained comparison (docs/results/context_management.md): per method a tiny model trained from scratch by
+`memrl demo --agent context` (memrl.demos.context: cold start on these agents, then GRPO, or FoldGRPO for fold,
+with and without its process rewards), 3 training seeds, greedy and sampled on held-out tasks of seed 901, at
+3 facts per task and 40 filler words:
 
-    for m in react window summarize fold fold_no_process; do
-        memrl demo --agent context --out runs/context/$m --seeds 0,1,2 method=$m
-    done
-    .venv/bin/python benchmarks/context_management.py --trained runs/context
+    C="task.sub_questions=[3] sft.num_tasks=1000 eval.num_tasks=200 rl_tasks=1000 train.trainer.steps=20 threads=1"
+    memrl demo --agent context --out runs/ctx/react --seeds 0,1,2 method=react $C sft.epochs=6
+    memrl demo --agent context --out runs/ctx/window --seeds 0,1,2 method=window $C sft.epochs=6 sft.max_rows=4000
+    memrl demo --agent context --out runs/ctx/summarize --seeds 0,1,2 method=summarize $C sft.epochs=6 \\
+        workflow.summary_fraction=0.5
+    memrl demo --agent context --out runs/ctx/fold --seeds 0,1,2 method=fold $C sft.epochs=12
+    memrl demo --agent context --out runs/ctx/fold_no_process --seeds 0,1,2 method=fold_no_process $C \\
+        sft.epochs=12 sft_from=runs/ctx/fold
+    .venv/bin/python benchmarks/context_management.py --trained runs/ctx
 
 `--trained ROOT` reads ROOT/<method>/seed<k>/results.json (or ROOT/<method>/<capability>/seed<k>/, the
 layout of --seeds) and prints, per decoding, each method's SFT and SFT+RL rows: mean +- standard error over
 the training seeds (sd with ddof 1 / sqrt(seeds)) of each run's held-out accuracy and context metrics, and
 the peak as a share of the unbounded scripted ReAct agent's peak on the same tasks (each run's
-`reference.react_unbounded`, in its own tokens).
+`reference.react_unbounded`, in its own tokens); then FoldGRPO's process rewards on vs off, fold minus
+fold_no_process after RL, paired by seed (the two share a cold start through `sft_from`).
 
 Rows: ReAct without management at the budget (sliding_window, window_turns=0) and unbounded; the sliding
 window (window_turns 2); summarize; fold. Columns: accuracy (all sub-questions right) with its standard error
@@ -163,6 +170,41 @@ def trained_table(agg: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def process_reward_ablation(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dict[str, Any] | None:
+    """FoldGRPO's process rewards on vs off, paired by seed: for each seed with a fold and a fold_no_process run,
+    fold minus fold_no_process after RL (accuracy points, peak context tokens, turns), per decoding, as mean +-
+    SE over the seeds. None when no seed has both. Fails in one line when a pair does not share its cold
+    start (the fold_no_process run's SFT evaluation must equal the fold run's, as `sft_from` makes it)."""
+    fold = {d.name: r for d, r in runs.get("fold", [])}
+    pairs = [(k, fold[k], r) for k, r in ((d.name, r) for d, r in runs.get("fold_no_process", [])) if k in fold]
+    if not pairs:
+        return None
+    for k, on, off in pairs:
+        if on["sft"] != off["sft"]:
+            raise SystemExit(f"--trained: fold/{k} and fold_no_process/{k} do not share a cold start (their SFT "
+                             "evaluations differ); run fold_no_process with sft_from=<the fold sweep's root>")
+    out: dict[str, Any] = {"seeds": [k for k, _, _ in pairs]}
+    for mode in ("greedy", "sampled"):
+        out[mode] = {f: mean_se([on["rl"][mode][f] - off["rl"][mode][f] for _, on, off in pairs])
+                     for f in ("accuracy", "peak_context_tokens", "turns")}
+    return out
+
+
+def ablation_lines(abl: dict[str, Any]) -> list[str]:
+    lines = [f"FoldGRPO's process rewards on - off (fold - fold_no_process after RL, the same cold start, paired by "
+             f"seed: {', '.join(abl['seeds'])}):", ""]
+    for mode in ("greedy", "sampled"):
+        r = abl[mode]
+        lines.append(f"- {mode}: accuracy {_signed(r['accuracy'])} points, peak context "
+                     f"{_signed(r['peak_context_tokens'], 0)} tokens, turns {_signed(r['turns'])}")
+    return lines + [""]
+
+
+def _signed(v: tuple[float, float | None], digits: int = 1) -> str:
+    mean, se = v
+    return f"{mean:+.{digits}f} +- " + (f"{se:.{digits}f}" if se is not None else "n/a")
+
+
 def main_trained(root: Path) -> int:
     runs = trained_runs(root)
     if not runs:
@@ -173,6 +215,9 @@ def main_trained(root: Path) -> int:
     print(f"context management, trained (memrl demo --agent context): {next(iter(agg.values()))['eval_tasks']} "
           f"held-out tasks; mean +- SE over training seeds; budgets (tokens of each run's tokenizer): {budgets}")
     print(trained_table(agg))
+    abl = process_reward_ablation(runs)
+    if abl is not None:
+        print("\n".join(ablation_lines(abl)))
     return 0
 
 

@@ -98,3 +98,41 @@ def test_trained_refuses_a_run_of_another_method_and_mixed_task_counts(tmp_path)
         mod.main(["--trained", str(tmp_path / "b")])
     with pytest.raises(SystemExit, match="no finished run"):
         mod.main(["--trained", str(tmp_path / "empty")])
+
+
+def test_process_reward_ablation_is_paired_by_seed(tmp_path, capsys):
+    import json
+
+    import pytest
+
+    mod = _bench()
+    # fold RL greedy (accuracy, peak): seed0 (50, 400), seed1 (75, 500), seed2 (100, 600) but seed2 has no
+    # fold_no_process run, so only seeds 0 and 1 pair. fold_no_process: seed0 (40, 420), seed1 (85, 500).
+    # Greedy accuracy differences 10, -10: mean 0, sd sqrt(200 / 1) = 14.142, SE 14.142 / sqrt 2 = 10.0.
+    # Peaks -20, 0: mean -10, SE 10. Turns 4 - 4 = 0 in both. Sampled accuracy is half the greedy one in
+    # _write: 25 - 20 = 5 and 37.5 - 42.5 = -5, mean 0, SE 5.0; sampled peaks as greedy.
+    for seed, acc, peak in (("seed0", 50.0, 400.0), ("seed1", 75.0, 500.0), ("seed2", 100.0, 600.0)):
+        _write(tmp_path, "fold", seed, acc, peak, 800.0, 480)
+    for seed, acc, peak in (("seed0", 40.0, 420.0), ("seed1", 85.0, 500.0)):
+        _write(tmp_path, "fold_no_process", seed, acc, peak, 800.0, 480)
+    abl = mod.process_reward_ablation(mod.trained_runs(tmp_path))
+    assert abl["seeds"] == ["seed0", "seed1"]
+    assert abl["greedy"]["accuracy"][0] == 0.0 and abs(abl["greedy"]["accuracy"][1] - 10.0) < 1e-9
+    assert abl["greedy"]["peak_context_tokens"][0] == -10.0 and abs(abl["greedy"]["peak_context_tokens"][1] - 10.0) < 1e-9
+    assert abl["greedy"]["turns"] == (0.0, 0.0)
+    assert abl["sampled"]["accuracy"][0] == 0.0 and abs(abl["sampled"]["accuracy"][1] - 5.0) < 1e-9
+    assert mod.main(["--trained", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "paired by seed: seed0, seed1):" in out
+    assert "- greedy: accuracy +0.0 +- 10.0 points, peak context -10 +- 10 tokens, turns +0.0 +- 0.0" in out
+    assert "- sampled: accuracy +0.0 +- 5.0 points, peak context -10 +- 10 tokens, turns +0.0 +- 0.0" in out
+    # no fold_no_process run: no ablation line
+    _write(tmp_path / "c", "fold", "seed0", 50.0, 400.0, 800.0, 480)
+    assert mod.process_reward_ablation(mod.trained_runs(tmp_path / "c")) is None
+    # a fold_no_process run that did not start from the fold run's cold start
+    p = tmp_path / "fold_no_process" / "seed1" / "results.json"
+    res = json.loads(p.read_text())
+    res["sft"]["greedy"]["accuracy"] = 30.0
+    p.write_text(json.dumps(res))
+    with pytest.raises(SystemExit, match="fold/seed1 and fold_no_process/seed1 do not share a cold start"):
+        mod.main(["--trained", str(tmp_path)])
