@@ -147,9 +147,9 @@ def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dic
     return agg
 
 
-def _cell(v: tuple[float, float | None], scale: float = 1.0, digits: int = 1) -> str:
+def _cell(v: tuple[float, float | None], scale: float = 1.0, digits: int = 1, sign: bool = False) -> str:
     mean, se = v
-    return f"{scale * mean:.{digits}f} +- " + (f"{scale * se:.{digits}f}" if se is not None else "n/a")
+    return f"{scale * mean:{'+' if sign else ''}.{digits}f} +- " + (f"{scale * se:.{digits}f}" if se is not None else "n/a")
 
 
 def trained_table(agg: dict[str, Any]) -> str:
@@ -176,7 +176,7 @@ def process_reward_ablation(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) 
     SE over the seeds. None when no seed has both. Fails in one line when a pair does not share its cold
     start (the fold_no_process run's SFT evaluation must equal the fold run's, as `sft_from` makes it)."""
     fold = {d.name: r for d, r in runs.get("fold", [])}
-    pairs = [(k, fold[k], r) for k, r in ((d.name, r) for d, r in runs.get("fold_no_process", [])) if k in fold]
+    pairs = [(d.name, fold[d.name], r) for d, r in runs.get("fold_no_process", []) if d.name in fold]
     if not pairs:
         return None
     for k, on, off in pairs:
@@ -195,14 +195,9 @@ def ablation_lines(abl: dict[str, Any]) -> list[str]:
              f"seed: {', '.join(abl['seeds'])}):", ""]
     for mode in ("greedy", "sampled"):
         r = abl[mode]
-        lines.append(f"- {mode}: accuracy {_signed(r['accuracy'])} points, peak context "
-                     f"{_signed(r['peak_context_tokens'], 0)} tokens, turns {_signed(r['turns'])}")
+        lines.append(f"- {mode}: accuracy {_cell(r['accuracy'], sign=True)} points, peak context "
+                     f"{_cell(r['peak_context_tokens'], digits=0, sign=True)} tokens, turns {_cell(r['turns'], sign=True)}")
     return lines + [""]
-
-
-def _signed(v: tuple[float, float | None], digits: int = 1) -> str:
-    mean, se = v
-    return f"{mean:+.{digits}f} +- " + (f"{se:.{digits}f}" if se is not None else "n/a")
 
 
 def main_trained(root: Path) -> int:
