@@ -172,8 +172,8 @@ def trained_table(agg: dict[str, Any]) -> str:
 
 def process_reward_ablation(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dict[str, Any] | None:
     """FoldGRPO's process rewards on vs off, paired by seed: for each seed with a fold and a fold_no_process run,
-    fold minus fold_no_process after RL (accuracy points, peak context tokens, turns), per decoding, as mean +-
-    SE over the seeds. None when no seed has both. Fails in one line when a pair does not share its cold
+    fold minus fold_no_process after RL (accuracy points, peak context tokens, turns, branches, % stopped by the
+    budget: the folding the process rewards aim at), per decoding, as mean +- SE over the seeds. None when no seed has both. Fails in one line when a pair does not share its cold
     start (the fold_no_process run's SFT evaluation must equal the fold run's, as `sft_from` makes it)."""
     fold = {d.name: r for d, r in runs.get("fold", [])}
     pairs = [(d.name, fold[d.name], r) for d, r in runs.get("fold_no_process", []) if d.name in fold]
@@ -186,7 +186,7 @@ def process_reward_ablation(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) 
     out: dict[str, Any] = {"seeds": [k for k, _, _ in pairs]}
     for mode in ("greedy", "sampled"):
         out[mode] = {f: mean_se([on["rl"][mode][f] - off["rl"][mode][f] for _, on, off in pairs])
-                     for f in ("accuracy", "peak_context_tokens", "turns")}
+                     for f in ("accuracy", "peak_context_tokens", "turns", "branches", "stopped_by_budget")}
     return out
 
 
@@ -196,7 +196,9 @@ def ablation_lines(abl: dict[str, Any]) -> list[str]:
     for mode in ("greedy", "sampled"):
         r = abl[mode]
         lines.append(f"- {mode}: accuracy {_cell(r['accuracy'], sign=True)} points, peak context "
-                     f"{_cell(r['peak_context_tokens'], digits=0, sign=True)} tokens, turns {_cell(r['turns'], sign=True)}")
+                     f"{_cell(r['peak_context_tokens'], digits=0, sign=True)} tokens, turns {_cell(r['turns'], sign=True)}, "
+                     f"branches {_cell(r['branches'], digits=2, sign=True)}, stopped by the budget "
+                     f"{_cell(r['stopped_by_budget'], digits=0, sign=True)} points")
     return lines + [""]
 
 

@@ -36,14 +36,14 @@ def _bench():
     return mod
 
 
-def _summary(acc: float, peak: float, branches: float = 0.0, summaries: float = 0.0) -> dict:
+def _summary(acc: float, peak: float, branches: float = 0.0, summaries: float = 0.0, stopped: float = 0.0) -> dict:
     return {"accuracy": acc, "accuracy_se": 0.0, "peak_context_tokens": peak, "mean_context_tokens": peak / 2,
             "tokens_discarded": 10.0 * branches, "turns": 4.0, "branches": branches, "summaries": summaries,
-            "stopped_by_budget": 0.0, "num_tasks": 4.0}
+            "stopped_by_budget": stopped, "num_tasks": 4.0}
 
 
 def _write(root: Path, method: str, seed: str, acc_rl: float, peak_rl: float, unbounded: float, budget: int,
-           eval_tasks: int = 4) -> None:
+           eval_tasks: int = 4, branches_rl: float = 5.0, stopped_rl: float = 0.0) -> None:
     import json
 
     d = root / method / seed
@@ -51,7 +51,8 @@ def _write(root: Path, method: str, seed: str, acc_rl: float, peak_rl: float, un
     res = {"method": method, "budget": {"max_context_tokens": budget, "eval_tasks": eval_tasks},
            "reference": {"react_unbounded": _summary(100.0, unbounded)},
            "sft": {"greedy": _summary(25.0, 300.0), "sampled": _summary(0.0, 200.0)},
-           "rl": {"greedy": _summary(acc_rl, peak_rl, branches=5.0), "sampled": _summary(acc_rl / 2, peak_rl)}}
+           "rl": {"greedy": _summary(acc_rl, peak_rl, branches=branches_rl, stopped=stopped_rl),
+                  "sampled": _summary(acc_rl / 2, peak_rl)}}
     (d / "results.json").write_text(json.dumps(res))
 
 
@@ -110,22 +111,28 @@ def test_process_reward_ablation_is_paired_by_seed(tmp_path, capsys):
     # fold_no_process run, so only seeds 0 and 1 pair. fold_no_process: seed0 (40, 420), seed1 (85, 500).
     # Greedy accuracy differences 10, -10: mean 0, sd sqrt(200 / 1) = 14.142, SE 14.142 / sqrt 2 = 10.0.
     # Peaks -20, 0: mean -10, SE 10. Turns 4 - 4 = 0 in both. Sampled accuracy is half the greedy one in
-    # _write: 25 - 20 = 5 and 37.5 - 42.5 = -5, mean 0, SE 5.0; sampled peaks as greedy.
+    # _write: 25 - 20 = 5 and 37.5 - 42.5 = -5, mean 0, SE 5.0; sampled peaks as greedy. Greedy branches:
+    # fold 5 in both seeds, fold_no_process 4 and 5 -> 1, 0: mean 0.5, sd sqrt(0.5) = 0.7071, SE 0.5. Greedy
+    # stopped by the budget: fold 0%, fold_no_process 30% and 10% -> -30, -10: mean -20, SE 10. Sampled: 0 and 0.
     for seed, acc, peak in (("seed0", 50.0, 400.0), ("seed1", 75.0, 500.0), ("seed2", 100.0, 600.0)):
         _write(tmp_path, "fold", seed, acc, peak, 800.0, 480)
-    for seed, acc, peak in (("seed0", 40.0, 420.0), ("seed1", 85.0, 500.0)):
-        _write(tmp_path, "fold_no_process", seed, acc, peak, 800.0, 480)
+    for seed, acc, peak, branches, stopped in (("seed0", 40.0, 420.0, 4.0, 30.0), ("seed1", 85.0, 500.0, 5.0, 10.0)):
+        _write(tmp_path, "fold_no_process", seed, acc, peak, 800.0, 480, branches_rl=branches, stopped_rl=stopped)
     abl = mod.process_reward_ablation(mod.trained_runs(tmp_path))
     assert abl["seeds"] == ["seed0", "seed1"]
     assert abl["greedy"]["accuracy"][0] == 0.0 and abs(abl["greedy"]["accuracy"][1] - 10.0) < 1e-9
     assert abl["greedy"]["peak_context_tokens"][0] == -10.0 and abs(abl["greedy"]["peak_context_tokens"][1] - 10.0) < 1e-9
     assert abl["greedy"]["turns"] == (0.0, 0.0)
+    assert abl["greedy"]["branches"][0] == 0.5 and abs(abl["greedy"]["branches"][1] - 0.5) < 1e-9
+    assert abl["greedy"]["stopped_by_budget"][0] == -20.0 and abs(abl["greedy"]["stopped_by_budget"][1] - 10.0) < 1e-9
     assert abl["sampled"]["accuracy"][0] == 0.0 and abs(abl["sampled"]["accuracy"][1] - 5.0) < 1e-9
     assert mod.main(["--trained", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "paired by seed: seed0, seed1):" in out
-    assert "- greedy: accuracy +0.0 +- 10.0 points, peak context -10 +- 10 tokens, turns +0.0 +- 0.0" in out
-    assert "- sampled: accuracy +0.0 +- 5.0 points, peak context -10 +- 10 tokens, turns +0.0 +- 0.0" in out
+    assert ("- greedy: accuracy +0.0 +- 10.0 points, peak context -10 +- 10 tokens, turns +0.0 +- 0.0, branches "
+            "+0.50 +- 0.50, stopped by the budget -20 +- 10 points") in out
+    assert ("- sampled: accuracy +0.0 +- 5.0 points, peak context -10 +- 10 tokens, turns +0.0 +- 0.0, branches "
+            "+0.00 +- 0.00, stopped by the budget +0 +- 0 points") in out
     # no fold_no_process run: no ablation line
     _write(tmp_path / "c", "fold", "seed0", 50.0, 400.0, 800.0, 480)
     assert mod.process_reward_ablation(mod.trained_runs(tmp_path / "c")) is None
