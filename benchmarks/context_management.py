@@ -27,6 +27,15 @@ with and without its process rewards), 3 training seeds, greedy and sampled on h
         sft.epochs=12 sft_from=runs/ctx/fold
     .venv/bin/python benchmarks/context_management.py --trained runs/ctx
 
+The process-reward ablation from a flawed cold start (the scripted folding agent searches one fact in the
+main thread with probability 0.2), 60 RL steps:
+
+    L="task.sub_questions=[3] sft.num_tasks=1000 eval.num_tasks=200 rl_tasks=1000 train.trainer.steps=60 threads=1"
+    memrl demo --agent context --out runs/ctx_late/fold --seeds 0,1,2 method=fold $L sft.epochs=12 sft.late_prob=0.2
+    memrl demo --agent context --out runs/ctx_late/fold_no_process --seeds 0,1,2 method=fold_no_process $L \\
+        sft.epochs=12 sft.late_prob=0.2 sft_from=runs/ctx_late/fold
+    .venv/bin/python benchmarks/context_management.py --trained runs/ctx_late
+
 `--trained ROOT` reads ROOT/<method>/seed<k>/results.json (or ROOT/<method>/<capability>/seed<k>/, the
 layout of --seeds) and prints, per decoding, each method's SFT and SFT+RL rows: mean +- standard error over
 the training seeds (sd with ddof 1 / sqrt(seeds)) of each run's held-out accuracy and context metrics, and
