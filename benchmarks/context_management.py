@@ -182,8 +182,9 @@ def trained_table(agg: dict[str, Any]) -> str:
 def process_reward_ablation(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dict[str, Any] | None:
     """FoldGRPO's process rewards on vs off, paired by seed: for each seed with a fold and a fold_no_process run,
     fold minus fold_no_process after RL (accuracy points, peak context tokens, turns, branches, % stopped by the
-    budget: the folding the process rewards aim at), per decoding, as mean +- SE over the seeds. None when no seed has both. Fails in one line when a pair does not share its cold
-    start (the fold_no_process run's SFT evaluation must equal the fold run's, as `sft_from` makes it)."""
+    budget: the folding the process rewards aim at), per decoding, as mean +- SE over the seeds. None when no
+    seed has both. Fails in one line when a pair does not share its cold start (the fold_no_process run's SFT
+    evaluation must equal the fold run's, as `sft_from` makes it)."""
     fold = {d.name: r for d, r in runs.get("fold", [])}
     pairs = [(d.name, fold[d.name], r) for d, r in runs.get("fold_no_process", []) if d.name in fold]
     if not pairs:
