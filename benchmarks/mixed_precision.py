@@ -65,7 +65,8 @@ def run(model: str, path: Path, mixed: bool, out: Path, args: argparse.Namespace
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+        errs = [ln for ln in proc.stderr.replace("\r", "\n").splitlines() if ln.strip() and not ln.startswith("rl:")]
+        raise SystemExit(f"{' '.join(cmd)} failed:\n" + "\n".join(errs[-20:]))
     rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     rows = [r for r in rows if "time/step_s" in r][1:]  # the first step pays one-time costs
     res = {k: statistics.median(r[k] for r in rows if k in r) for k, _ in KEYS if any(k in r for r in rows)}
