@@ -173,7 +173,7 @@ def _context(row: dict) -> str:
 
 
 @pytest.mark.skipif(not HOTPOT.is_file(), reason="the HotpotQA dev file is not beside the repository")
-def test_one_mixed_precision_rl_step_with_lora(smollm2: Path, tmp_path: Path) -> None:
+def test_one_mixed_precision_rl_step_with_lora_from_the_preset(smollm2: Path, tmp_path: Path) -> None:
     from memrl.precision import cpu_has_bf16
 
     if not cpu_has_bf16():
@@ -183,21 +183,28 @@ def test_one_mixed_precision_rl_step_with_lora(smollm2: Path, tmp_path: Path) ->
     tasks.write_text(json.dumps({"task_id": row["_id"], "question": row["question"], "context": _context(row),
                                  "answers": [row["answer"]]}) + "\n")
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "memrl.cli", "train", f"model.path={smollm2}", "data.name=file",
+    cmd = [sys.executable, "-m", "memrl.cli", "train", "--preset", "smollm2_memagent_cpu", f"model.path={smollm2}",
            f"data.path={tasks}", f"out_dir={out}", "workflow.chunk_tokens=256", "workflow.max_memory_tokens=12",
            "workflow.max_final_tokens=8", "trainer.steps=1", "trainer.batch_size=1", "algorithm.n=2",
-           "model.lora.rank=4", "model.lora.alpha=8", "model.compute_dtype=bfloat16", "optim.lr=1e-3",
-           "trainer.save_every=0", "algorithm.loss_agg=token-mean"]
+           "optim.lr=1e-3", "trainer.save_every=0",
+           # an entropy term, so the rows train whatever the two samples score (a group of equal rewards has
+           # advantage 0 and would be skipped)
+           "algorithm.entropy_coef=0.01"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     step = [r for r in rows if "time/step_s" in r][0]
-    assert step["train/rows"] == step["rollout/segments"] > 0
-    assert math.isfinite(step["train/grad_norm"]) and math.isfinite(step["loss/total"])
+    assert step["train/rows"] == step["rollout/segments"] > 0 and step["train/tokens"] > 0
+    assert 0 < step["train/grad_norm"] < math.inf and math.isfinite(step["loss/total"])
     # the engine (a bfloat16 copy) and the trainer (bfloat16 autocast over float32) agree closely
     assert 0 <= step["mismatch/hf/abs_logprob_diff_mean"] < 0.2
     ckpt = out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip()
-    assert (ckpt / "adapter_model.safetensors").is_file()
+    from safetensors.torch import load_file
+
+    adapter = load_file(str(ckpt / "adapter_model.safetensors"))
+    lora_b = [v for k, v in adapter.items() if "lora_B" in k]
+    assert lora_b and all(v.dtype.is_floating_point for v in lora_b)
+    assert any(float(v.abs().max()) > 0 for v in lora_b)  # B starts at zero: the step moved the adapter
 
 
 @pytest.mark.skipif(not HOTPOT.is_file(), reason="the HotpotQA dev file is not beside the repository")
