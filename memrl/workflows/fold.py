@@ -17,9 +17,10 @@ context at the branch, its opening tool message and the first branch turn's head
 sampled ids), in the order the branches ended, then the main thread is one row (mask 1 on the main turns,
 0 on tool results and returned messages). A trajectory with b branches has b + 1 rows; every sampled token
 trains once. Row info: "kind" ("branch" / "main"), "thread" (branch index or "main"), "description",
-"prompt", "returned", "branch_turns" (main turns that opened a branch), "error_turns" (turns answered with
-an error), "turn_spans" (memrl.workflows.search_agent), which FoldGRPO's process rewards read
-(memrl.rewards.fold, memrl.algorithms.fold).
+"prompt", "returned", "branch_turns" (main turns that opened a branch), "branch_call_turns" (main turns
+with a branch call, run or refused), "error_turns" (turns answered with an error), "turn_spans"
+(memrl.workflows.search_agent), which FoldGRPO's process rewards read (memrl.rewards.fold,
+memrl.algorithms.fold).
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ class _Fold(AgentLoop):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.branch_turns: set[int] = set()
+        self.branch_call_turns: set[int] = set()
         self.errors: set[int] = set()
         self.branches: list[dict[str, Any]] = []
 
@@ -107,7 +109,7 @@ class _Fold(AgentLoop):
             await self.main_calls(main, t)
         self.add_segment(thread_row(main, -1, len(self.segments), {
             "kind": "main", "thread": "main", "branch_turns": sorted(self.branch_turns),
-            "error_turns": sorted(self.errors)}))
+            "branch_call_turns": sorted(self.branch_call_turns), "error_turns": sorted(self.errors)}))
         extra = {"error_turns": float(len(self.errors))}
         info: dict[str, Any] = {"branches": self.branches, "main_head_tokens": len(main[0].ids),
                                 "scope_rule": self.cfg.scope_rule}
@@ -124,6 +126,7 @@ class _Fold(AgentLoop):
                 if not await self.search(main, c, owner):
                     self.errors.add(owner.turn)
             elif c.name == BRANCH:
+                self.branch_call_turns.add(owner.turn)
                 if branched:
                     self.errors.add(owner.turn)
                     self.counts["branch_errors"] += 1
