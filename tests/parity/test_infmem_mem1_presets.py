@@ -27,6 +27,7 @@ PY = "recurrent/impls/infmem.py"
 VERL = "verl/trainer/config/ppo_trainer.yaml"
 M1 = "Mem1/train/train_ppo.sh"  # MIT-MI/MEM1
 GEN = "Mem1/train/rollout/llm_agent/generation_think.py"
+MY = "Mem1/train/verl/trainer/config/ppo_trainer.yaml"
 
 PUBLISHED: dict[str, list[tuple[str, object, str]]] = {
     "infmem_official": [
@@ -90,6 +91,12 @@ PUBLISHED: dict[str, list[tuple[str, object, str]]] = {
         ("data.shuffle", True, f"{M1}: data.shuffle_train_dataloader=True"),
         ("algorithm.n", 1, f"{M1}: actor_rollout_ref.rollout.n_agent=1"),
         ("algorithm.kl_coef", 0.001, f"{M1}: algorithm.kl_ctrl.kl_coef=0.001"),
+        # issue 59 item 10: what the script leaves to Mem1/train/verl/trainer/config/ppo_trainer.yaml
+        ("workflow.top_p", 0.95, f"{MY}: rollout.top_p=0.95; vllm_rollout.py passes every SamplingParams key"),
+        ("algorithm.entropy_coef", 0.001, f"{MY}: actor.entropy_coeff=0.001"),
+        ("algorithm.old_logprobs", "trainer", "Mem1/train/verl/trainer/ppo/ray_trainer.py fit: compute_log_prob"),
+        ("algorithm.ppo.clip_high", 0.2, f"{MY}: actor.clip_ratio=0.2 (one range both ways)"),
+        ("algorithm.ppo.dual_clip_c", None, "Mem1/train/verl/trainer/ppo/core_algos.py compute_policy_loss: no dual clip"),
         ("optim.lr", 1e-6, f"{M1}: actor.optim.lr=1e-6"),
         ("optim.warmup_steps", 25, f"{M1}: lr_warmup_steps_ratio=0.05 x total_training_steps=500"),
         ("trainer.steps", 500, f"{M1}: trainer.total_training_steps=500"),

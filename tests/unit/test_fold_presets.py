@@ -15,6 +15,7 @@ from memrl.training.config import TrainConfig
 SCRIPT = "scripts/train_bc_qwen3_8b.sh"
 AGENT = "agents/fold_agent.py"
 PAPER = "arXiv 2510.11967 section 3.2"
+FORK = "sunnweiwei/verl@1a68434 verl/trainer/config"
 PUBLISHED = [
     ("algorithm.name", "foldgrpo", f"{SCRIPT}: algorithm.adv_estimator=foldgrpo"),
     ("algorithm.n", 8, f"{SCRIPT}: actor_rollout_ref.rollout.n=8"),
@@ -42,6 +43,11 @@ PUBLISHED = [
     ("algorithm.ppo.clip_low", 0.2, f"{PAPER}: clip low 0.2"),
     ("algorithm.ppo.clip_high", 0.28, f"{PAPER}: clip high 0.28"),
     ("optim.lr", 1e-6, f"{PAPER}: learning rate 1e-6"),
+    # the pinned verl fork (sunnweiwei/verl@1a68434), where the script sets nothing (issue 59 item 1)
+    ("optim.warmup_steps", 0, f"{FORK} optim/fsdp.yaml: lr_warmup_steps=-1, lr_warmup_steps_ratio=0.0, constant"),
+    ("optim.weight_decay", 0.01, f"{FORK} optim/fsdp.yaml: weight_decay=0.01"),
+    ("optim.grad_clip", 1.0, f"{FORK} optim/fsdp.yaml: clip_grad=1.0"),
+    ("algorithm.old_logprobs", "trainer", "sunnweiwei/verl@1a68434 verl/trainer/ppo/ray_trainer.py fit: compute_log_prob"),
     ("engine.name", "vllm", f"{SCRIPT}: actor_rollout_ref.rollout.name=vllm"),
 ]
 
