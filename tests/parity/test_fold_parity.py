@@ -108,3 +108,34 @@ def test_foldgrpo_advantages_under_the_published_rules():
     assert per_turn(a.segments[0], a_branch) == pytest.approx({1: lo, 2: hi})  # clip(1 - 1) = 0 on t1
     assert per_turn(b.segments[0], b_branch) == pytest.approx({1: lo, 2: lo})  # no +0.2 on a failure
     assert per_turn(b.segments[1], b_main) == pytest.approx({0: lo, 3: lo, 4: lo, 5: lo})
+
+
+def test_each_thread_may_grow_by_the_response_budget_and_a_call_needs_ten_tokens():
+    """agents/utils.py `Agent.step`: max_len = prompt_ids_len (the thread's first prompt, the same messages
+    for a branch) + response_length; `CallLLM._create_completion`: max_len = min(max_len, prompt_length +
+    response_length), max_tokens = min(max_len - len(input_ids), turn_max_new_tokens), and a call with
+    max_tokens < 10 is skipped (step returns None: the thread stops)."""
+    cfg = preset().workflow
+    assert (cfg["response_budget"], cfg["min_call_tokens"], cfg["max_context_tokens"]) == (32768, 10, 40960)
+    register_retriever("kw_fold_parity", KeywordRetriever(DOCS))
+    replies = [call("search", query="France", topk=1), "FINAL_ANSWER: Paris"]
+
+    def play(**kw):
+        engine = ScriptedEngine(list(replies))
+        traj = asyncio.run(fold_run(Task("t1", "Q", "", ["Paris"]), engine, FoldConfig(**COMMON, **kw),
+                                    random.Random(0)))
+        return traj, engine
+
+    _, engine = play()
+    head = len(engine.calls[0].prompt_ids) - len(TOK.encode("<assistant>"))  # the first prompt P0
+    p0, p1 = (len(c.prompt_ids) for c in engine.calls)
+    # budget P0 + R with R = p1 - P0 + 10: call 0 may generate min(400, P0 + R - p0); call 1 exactly 10
+    r = p1 - head + 10
+    traj, engine = play(response_budget=r, min_call_tokens=10)
+    assert [c.sampling.max_tokens for c in engine.calls] == [min(400, head + r - p0), 10]
+    # one token less: call 1 has 9 < 10 left and is not made; the trajectory stops on its budget
+    traj, engine = play(response_budget=r - 1, min_call_tokens=10)
+    assert len(engine.calls) == 1 and traj.info["stop"] == "context_budget"
+    # memrl's rule (response_budget 0): a prompt of p1 <= max_context_tokens is sampled in full
+    traj, engine = play(max_context_tokens=p1)
+    assert [c.sampling.max_tokens for c in engine.calls] == [400, 400] and traj.info["stop"] == "answer"
