@@ -6,8 +6,9 @@ starts a branch thread: the main thread's messages as they stand (the branch cal
 the calls before it in that turn included) plus a tool message opening the branch (`[rK] ` + the
 description and the prompt). The branch offers `search` and `return`; `branch` there, a reply with no call,
 or `return` in the main thread is answered with an error (an error turn). The branch ends on its `return`
-call, when the turns run out (`max_assistant_turns`, all threads together, or `branch_max_turns`) or when
-its context passes `max_context_tokens`. Then its messages go (never re-tokenized: the main thread's own
+call, when the turns run out (`max_assistant_turns`, all threads together, or `branch_max_turns`;
+`branch_turn_budget=own`: its own turns alone) or when its context passes `max_context_tokens`. Then its
+messages go (never re-tokenized: the main thread's own
 messages were never touched) and the main thread gets the branch call's result `[rK] ` + the returned
 message (or a note that the branch ended without one). At most `max_branches` branches per trajectory
 (published `max_session`); a further branch call is answered with an error. One branch per turn.
@@ -68,6 +69,11 @@ class FoldConfig(SearchAgentConfig):
     """Branches per trajectory (published plugin.max_session=10); a further branch call gets an error."""
     branch_max_turns: int = valid(0, ge=0, note="0 = only max_assistant_turns")
     """Assistant turns of one branch (0: the trajectory's turn budget alone limits it)."""
+    branch_turn_budget: str = valid("shared", choices=("shared", "own"))
+    """"shared": a branch stops when the trajectory's turns (all threads) reach max_assistant_turns; "own": a
+    branch may take `branch_max_turns` turns of its own (0: max_assistant_turns) whatever the main thread has
+    used, and they count against the main thread once it returns (published: agents/fold_agent.py
+    `process_item` runs `react(max_turn=max_turn)`, then `iteration += agent_return['iteration']`)."""
     scope_rule: str = valid("queries", choices=("queries", "none"))
     """How a branch's scope verdict (FoldGRPO's out-of-scope reward, memrl.rewards.fold) is found without
     a judge: "queries" = in scope (+1) when every search query of the branch shares a word with its
@@ -164,10 +170,12 @@ class _Fold(AgentLoop):
         owner.call_ids.pop()  # the opening message is the branch's; the main thread's result comes below
         returned, reason, turns = None, "max_turns", 0
         queries: list[str] = []
-        while self.cfg.branch_max_turns == 0 or turns < self.cfg.branch_max_turns:
-            if self.turn >= self.cfg.max_assistant_turns:
+        own = self.cfg.branch_turn_budget == "own"
+        cap = self.cfg.branch_max_turns or (self.cfg.max_assistant_turns if own else 0)
+        while cap == 0 or turns < cap:
+            if not own and self.turn >= self.cfg.max_assistant_turns:
                 break
-            t = await self.step(thread, {ts.SEARCH, RETURN})
+            t = await self.step(thread, {ts.SEARCH, RETURN}, shared_turns=not own)
             if t is None:
                 reason = "context_budget"
                 break

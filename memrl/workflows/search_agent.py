@@ -251,10 +251,11 @@ class AgentLoop:
         owner.call_ids.append(rid)
         return rid
 
-    async def step(self, messages: list[ctx.Message], tools: set[str]) -> Turn | None:
+    async def step(self, messages: list[ctx.Message], tools: set[str], shared_turns: bool = True) -> Turn | None:
         """Sample the next assistant turn of the thread `messages` (appended to it); None when its prompt
-        would pass the budget or the turns ran out (nothing is sampled)."""
-        if self.turn >= self.cfg.max_assistant_turns:
+        would pass the budget or the turns ran out (nothing is sampled). `shared_turns=False`: the caller
+        keeps its own turn budget (a fold branch with `branch_turn_budget=own`); the turn still counts."""
+        if shared_turns and self.turn >= self.cfg.max_assistant_turns:
             return None
         prompt = ctx.context_ids(messages) + self.header
         room = None

@@ -139,3 +139,26 @@ def test_each_thread_may_grow_by_the_response_budget_and_a_call_needs_ten_tokens
     # memrl's rule (response_budget 0): a prompt of p1 <= max_context_tokens is sampled in full
     traj, engine = play(max_context_tokens=p1)
     assert [c.sampling.max_tokens for c in engine.calls] == [400, 400] and traj.info["stop"] == "answer"
+
+
+def test_a_branch_has_its_own_turn_budget():
+    """agents/fold_agent.py `process_item` with max_turn = 3: the main loop's iteration 1 samples t0 (a
+    branch call); `react(max_turn=3)` lets the branch sample t1, t2 and t3 (its return) whatever the main
+    thread used; then `iteration += 3` gives 4 >= 3 and the main loop ends without an answer."""
+    assert preset().workflow["branch_turn_budget"] == "own"
+    register_retriever("kw_fold_parity", KeywordRetriever(DOCS))
+    replies = [call("branch", description="France", prompt="Find it."), call("search", query="France", topk=1),
+               call("search", query="capital", topk=1), call("return", message="Paris"), "FINAL_ANSWER: Paris"]
+
+    def play(**kw):
+        engine = ScriptedEngine(list(replies))
+        traj = asyncio.run(fold_run(Task("t1", "Q", "", ["Paris"]), engine,
+                                    FoldConfig(**COMMON, max_assistant_turns=3, **kw), random.Random(0)))
+        return traj, engine
+
+    traj, engine = play(branch_turn_budget="own")
+    assert len(engine.calls) == 4 and traj.info["stop"] == "max_turns"
+    assert traj.info["branches"][0]["end"] == "returned" and traj.info["branches"][0]["returned"] == "Paris"
+    # memrl's shared budget: the branch stops after t1, t2 (3 turns in all), unreturned
+    traj, engine = play()
+    assert len(engine.calls) == 3 and traj.info["branches"][0]["end"] == "max_turns"
