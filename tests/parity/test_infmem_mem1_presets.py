@@ -84,6 +84,7 @@ PUBLISHED: dict[str, list[tuple[str, object, str]]] = {
         ("workflow.max_obs_tokens", 1000, f"{M1}: data.max_obs_length=1000"),
         ("workflow.topk", 3, f"{M1}: retriever.topk=3"),
         ("workflow.max_context_tokens", 4096, f"{M1}: data.max_prompt_length=4096 ({GEN} _update_rolling_state)"),
+        ("workflow.context_cap", "rolling", f"{GEN}: _update_rolling_state cuts the whole rolling history"),
         ("workflow.state_tag", "think", f"{GEN}: _calculate_kept_lengths keeps the reply from <think>"),
         ("workflow.result_format", "published", f"{GEN}: _passages2string"),
         ("workflow.reward_scale", "sum", "Mem1/train/verl/utils/reward_score/qa_multiple.py compute_score_em"),
