@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memrl.config import valid
-from memrl.engines.base import Engine
+from memrl.engines.base import ChatPrompt, Engine
 from memrl.rewards import infmem as rw
 from memrl.rewards import steps
 from memrl.rewards.qa import extract_boxed
@@ -39,7 +39,7 @@ from memrl.workflows.chunked import (
     task_chunks,
     think_text_rule,
 )
-from memrl.workflows.templates import Template, template_kwargs
+from memrl.workflows.templates import Template, load_template, template_kwargs
 
 CALL_FORMATS: tuple[str, ...] = ("hermes", "qwen_agent")
 MEMORY_WRITES: tuple[str, ...] = ("reply", "after_think")
@@ -122,6 +122,14 @@ class InfMemConfig(ChunkedConfig):
     plan_template: str | None = None
     memory_template: str | None = None
     final_template: str | None = None
+    plan_system_file: str | None = None
+    """File holding a system turn put before the plan prompt's user turn, read as it is (no placeholders).
+    Published: infmem.py `_process_messages_for_function_call` runs Qwen-Agent's
+    `preprocess_fncall_messages` over the plan conversation, which puts its function-call instructions and
+    the retrievesearch schema in a system turn ahead of the user turn; that text is yours to supply. Unset
+    (and plan_system unset): no system turn (memrl)."""
+    plan_system: str | None = None
+    """The plan prompt's system turn inline (as plan_system_file)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -129,6 +137,12 @@ class InfMemConfig(ChunkedConfig):
             raise ValueError("workflow.plan_template_file is required (workflow.require_template_files=true, set by "
                              "the published-recipe presets): save the published plan prompt to a file and pass "
                              "workflow.plan_template_file=FILE")
+        if self.require_template_files and self.plan_system_file is None and self.plan_system is None:
+            raise ValueError("workflow.plan_system_file is required (workflow.require_template_files=true, set by "
+                             "the published-recipe presets): save the system text Qwen-Agent's "
+                             "preprocess_fncall_messages gives the planner (its function-call instructions and "
+                             "the retrievesearch schema) to a file and pass workflow.plan_system_file=FILE")
+        self.plan_system_text()
         for f, allowed in (("call_format", CALL_FORMATS), ("memory_write", MEMORY_WRITES),
                            ("planner_frame", PLANNER_FRAMES), ("max_steps_count", MAX_STEPS_RULES),
                            ("first_step_rule", rw.FIRST_STEP_RULES), ("retrieval_scorer", SCORERS)):
@@ -165,6 +179,14 @@ class InfMemConfig(ChunkedConfig):
         fin = self.load_template("memagent_final", ("problem", "memory"), self.final_template_file,
                                  self.final_template)
         return plan, mem, fin
+
+    def plan_system_text(self) -> str | None:
+        """The plan prompt's system turn (plan_system, else plan_system_file's text), or None."""
+        if self.plan_system is not None:
+            return self.plan_system
+        if self.plan_system_file is None:
+            return None
+        return load_template("infmem_plan", (), self.plan_system_file, None, "memrl", self.template_strip).text
 
     def weights(self) -> tuple[float, float, float, float]:
         return (self.outcome_weight, self.early_stop_weight, self.call_protocol_weight, self.memory_protocol_weight)
@@ -237,15 +259,28 @@ def history_text(header: str, step: int, max_steps: int, line: str, entries: lis
     return "\n".join(lines)
 
 
-def open_user_prompt(tokenizer: Any, user_text: str, enable_thinking: bool | None = None) -> list[int]:
-    """The released plan frame: the user message rendered through the chat template without a generation
-    prompt, cut right after the message's content (its end-of-turn text dropped)."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
+def plan_messages(user_text: str, system: str | None) -> list[dict[str, str]]:
+    return ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": user_text}]
+
+
+def open_user_prompt(tokenizer: Any, user_text: str, enable_thinking: bool | None = None,
+                     system: str | None = None) -> list[int]:
+    """The released plan frame: the (system and) user message rendered through the chat template without a
+    generation prompt, cut right after the user message's content (its end-of-turn text dropped)."""
+    text = tokenizer.apply_chat_template(plan_messages(user_text, system), tokenize=False,
                                          add_generation_prompt=False, **template_kwargs(enable_thinking))
     cut = text.rfind(user_text)
     if cut < 0:
         raise ValueError("planner_frame=open_user: the chat template does not keep the user message as written")
     return list(tokenizer.encode(text[: cut + len(user_text)], add_special_tokens=False))
+
+
+def system_chat_prompt(tokenizer: Any, user_text: str, system: str, enable_thinking: bool | None = None) -> ChatPrompt:
+    """A system and a user message through the chat template with the assistant's generation prompt."""
+    messages, kw = plan_messages(user_text, system), template_kwargs(enable_thinking)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kw)
+    return ChatPrompt(tokenizer.encode(text, add_special_tokens=False), messages, kw)
 
 
 def retrieved_block(hits_text: list[str], cfg: InfMemConfig) -> str:
@@ -266,6 +301,7 @@ def read_memory(reply: str, finish_reason: str, previous: str, cfg: InfMemConfig
 async def run(task: Task, engine: Engine, cfg: InfMemConfig, rng: random.Random) -> Trajectory:
     """One InfMem trajectory: (plan, memory) calls per chunk until a stop or the last chunk, then the final."""
     plan_tpl, mem_tpl, fin_tpl = cfg.templates()
+    system = cfg.plan_system_text()
     tok = engine.tokenizer
     context_ids, chunks, truncated = task_chunks(task, tok, cfg)
     kept_ids = [i for c in chunks for i in c]  # the context the chunks cover (after max_chunks' cut)
@@ -283,8 +319,10 @@ async def run(task: Task, engine: Engine, cfg: InfMemConfig, rng: random.Random)
         hist = history_text(cfg.plan_history_header, t, max_steps, cfg.history_line, history)
         values = {"problem": task.question, "history": hist, "memory": memory}
         sampling = cfg.sampling(cfg.max_plan_tokens, rng)
-        if cfg.planner_frame == "open_user":
-            prompt_ids = open_user_prompt(tok, plan_tpl.render(**values), cfg.enable_thinking)
+        if cfg.planner_frame == "open_user" or system is not None:
+            text = plan_tpl.render(**values)
+            prompt_ids = (open_user_prompt(tok, text, cfg.enable_thinking, system) if cfg.planner_frame == "open_user"
+                          else system_chat_prompt(tok, text, system or "", cfg.enable_thinking))
             out = await engine.generate(prompt_ids, sampling)
             reply = decode_response(tok, out.token_ids)
         else:

@@ -109,7 +109,8 @@ PUBLISHED: dict[str, list[tuple[str, object, str]]] = {
 ROWS = [(name, *row) for name, rows in PUBLISHED.items() for row in rows]
 TEMPLATES = ["workflow.plan_template=PLAN {problem} {history} {memory}",
              "workflow.memory_template=MEM {problem} {history} {retrieved} {chunk} {memory}",
-             "workflow.final_template=FIN {problem} {memory}"]
+             "workflow.final_template=FIN {problem} {memory}",
+             "workflow.plan_system=SYS"]
 
 
 @cache
@@ -135,6 +136,32 @@ def test_infmem_preset_without_the_plan_prompt_fails_naming_the_field():
                       preset="infmem_official")
     with pytest.raises(ConfigError, match=r"workflow\.plan_template_file is required"):
         validate(cfg)
+    cfg = load_config(TrainConfig, ["model.path=x", "data.path=t.jsonl", "model.device=cpu", *TEMPLATES[:3]],
+                      preset="infmem_official")
+    with pytest.raises(ConfigError, match=r"workflow\.plan_system_file is required"):
+        validate(cfg)
+
+
+def test_infmem_plan_prompt_has_the_function_call_system_turn():
+    """infmem.py action (plan stage): conv = [{"role": "user", "content": txt}], then
+    `_process_messages_for_function_call(conv, self.functions)` (Qwen-Agent's preprocess_fncall_messages
+    puts the function-call text in a system turn before it), `_conversations_to_batch_ids` renders it
+    without a generation prompt and drops the last id, `strip_last_token_if_match` drops <|im_end|>: the
+    prompt is the system turn, then the user turn left open right after its content."""
+    _, wf = _config("infmem_official")
+    wf = dataclasses.replace(wf, chunk_tokens=6, retrieve_passage_tokens=6, temperature=0.0,
+                             plan_system='SYS {"name": "retrievesearch"}')  # read as it is: braces stay
+    engine = ScriptedEngine(["STOP", r"\boxed{Paris}"])
+    asyncio.run(run(Task("t", "Where?", "Paris is a city.", ["Paris"]), engine, wf, random.Random(0)))
+    plan = engine.calls[0].prompt_text
+    # the character tokenizer's template renders <role>content</role>; the user turn is cut after its content
+    assert plan.startswith('<system>SYS {"name": "retrievesearch"}</system><user>PLAN Where? ')
+    assert not plan.endswith("</user>") and "<assistant>" not in plan
+    # memrl's chat frame with the same system turn: the user turn closed, the assistant's generation prompt
+    engine = ScriptedEngine(["STOP", r"\boxed{Paris}"])
+    asyncio.run(run(Task("t", "Where?", "Paris is a city.", ["Paris"]), engine,
+                    dataclasses.replace(wf, planner_frame="chat"), random.Random(0)))
+    assert engine.calls[0].prompt_text == plan + "</user><assistant>"
 
 
 def test_infmem_preset_trajectory_reward_by_hand():
