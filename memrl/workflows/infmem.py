@@ -14,6 +14,7 @@ different steps. The outcome, the early-stop reward and the protocol reward are 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -27,7 +28,7 @@ from memrl.rewards import steps
 from memrl.rewards.qa import extract_boxed
 from memrl.services.in_document import SCORERS, DocumentRetriever, cut_passages
 from memrl.tools.calls import parse_tool_calls
-from memrl.types import Score, Segment, Task, Trajectory
+from memrl.types import Group, Score, Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec, boxed_em_outcome
 from memrl.workflows.chunked import (
     THINK_END,
@@ -100,6 +101,11 @@ class InfMemConfig(ChunkedConfig):
     max_steps_count: str = valid("chunks", choices=MAX_STEPS_RULES)
     """The {max_steps} shown: chunks (the number of chunks, memrl) or floor (context tokens // chunk_tokens,
     the released code, one short when the last chunk is partial)."""
+    early_stop_end: str = valid("own", choices=("own", "batch"))
+    """The step a trajectory that never stopped is scored at by the early-stop reward: own (memrl) = its
+    own memory steps; batch (released code: `InfMem.end` reads `self.step`, the generation batch's
+    counter) = the most memory steps any trajectory of its scored batch took (training's score stage;
+    a trajectory scored alone, as in evaluation, uses its own)."""
     first_step_rule: str = valid("counted", choices=rw.FIRST_STEP_RULES)
     """Early-stop reward of a trajectory that never stopped and found the answer at step 0: counted (memrl)
     or published (0, as the released code's bookkeeping gives)."""
@@ -145,7 +151,8 @@ class InfMemConfig(ChunkedConfig):
         self.plan_system_text()
         for f, allowed in (("call_format", CALL_FORMATS), ("memory_write", MEMORY_WRITES),
                            ("planner_frame", PLANNER_FRAMES), ("max_steps_count", MAX_STEPS_RULES),
-                           ("first_step_rule", rw.FIRST_STEP_RULES), ("retrieval_scorer", SCORERS)):
+                           ("first_step_rule", rw.FIRST_STEP_RULES), ("retrieval_scorer", SCORERS),
+                           ("early_stop_end", ("own", "batch"))):
             if getattr(self, f) not in allowed:
                 raise ValueError(f"InfMemConfig.{f} must be one of {', '.join(allowed)}, got {getattr(self, f)!r}")
         for f in ("max_plan_tokens", "retrieve_passage_tokens", "retrieve_top_k", "max_retrieved_chars"):
@@ -383,18 +390,29 @@ async def run(task: Task, engine: Engine, cfg: InfMemConfig, rng: random.Random)
     return Trajectory(task.task_id, "", segments, final_answer=boxed or "", metrics=metrics,
                       info={"answer_text": answer_text, "memories": memories, "reward": cfg.reward,
                             "infmem": {"gamma": cfg.early_stop_gamma, "weights": list(cfg.weights()),
-                                       "first_step_rule": cfg.first_step_rule}})
+                                       "first_step_rule": cfg.first_step_rule,
+                                       "early_stop_end": cfg.early_stop_end}})
 
 
-def reward_terms(task: Task, traj: Trajectory) -> dict[str, float]:
+def stopped_early(traj: Trajectory) -> bool:
+    return any(s.info.get("action") == "stop" for s in traj.segments if s.info.get("kind") == "plan")
+
+
+def memory_steps(traj: Trajectory) -> int:
+    return sum(1 for s in traj.segments if s.info.get("kind") == "memory")
+
+
+def reward_terms(task: Task, traj: Trajectory, batch_steps: int | None = None) -> dict[str, float]:
     """The terms of InfMem's mixed reward, read off the trajectory: outcome, early_stop, calls_ok,
-    memories_ok (memrl.rewards.infmem)."""
+    memories_ok (memrl.rewards.infmem). `batch_steps`: the step a trajectory that never stopped is scored
+    at (early_stop_end=batch); None = its own memory steps."""
     opts = traj.info.get("infmem", {})
     memories = [s.info.get("memory", "") for s in traj.segments if s.info.get("kind") == "memory"]
     plans = [s for s in traj.segments if s.info.get("kind") == "plan"]
-    stopped = any(s.info.get("action") == "stop" for s in plans)
+    stopped = stopped_early(traj)
     found = rw.first_answer_step(memories, task.answers)
-    early = rw.early_stop_reward(found, len(memories), stopped, float(opts.get("gamma", 0.6)),
+    end = batch_steps if batch_steps is not None and not stopped else len(memories)
+    early = rw.early_stop_reward(found, end, stopped, float(opts.get("gamma", 0.6)),
                                  str(opts.get("first_step_rule", "counted")))
     return {
         "outcome": boxed_em_outcome(task, traj),
@@ -405,14 +423,32 @@ def reward_terms(task: Task, traj: Trajectory) -> dict[str, float]:
     }
 
 
-def reward(task: Task, traj: Trajectory) -> Score:
+def reward(task: Task, traj: Trajectory, batch_steps: int | None = None) -> Score:
     """InfMem's trajectory reward: w_out * outcome + w_stop * early_stop + w_call * calls_ok + w_mem *
     memories_ok (the workflow's *_weight fields); each term is reported as a metric (infmem_<term>)."""
-    terms = reward_terms(task, traj)
+    terms = reward_terms(task, traj, batch_steps)
     weights = tuple(traj.info.get("infmem", {}).get("weights", (0.6, 0.6, 0.5, 0.5)))
     value = rw.mixed_reward(terms["outcome"], terms["early_stop"], terms["calls_ok"] >= 1.0,
                             terms["memories_ok"] >= 1.0, weights)  # type: ignore[arg-type]
     return Score(value, metrics={f"infmem_{k}": v for k, v in terms.items()})
+
+
+def batch_scores(groups: list[Group], scores: list[list[Score]]) -> list[list[Score]]:
+    """early_stop_end=batch: a trajectory that never stopped is scored again at the most memory steps any
+    trajectory of the batch took (released `InfMem.end`: d = self.step - the first found step); the rest
+    keep their Scores. A Score that failed (reward_error) is left as it is."""
+    longest = max((memory_steps(t) for g in groups for t in g.trajectories), default=0)
+    out = []
+    for g, per_group in zip(groups, scores, strict=True):
+        row = []
+        for traj, score in zip(g.trajectories, per_group, strict=True):
+            if (traj.info.get("infmem", {}).get("early_stop_end") == "batch" and not stopped_early(traj)
+                    and "reward_error" not in score.metrics and g.task is not None):
+                again = reward(g.task, traj, longest)
+                score = dataclasses.replace(score, reward=again.reward, metrics={**score.metrics, **again.metrics})
+            row.append(score)
+        out.append(row)
+    return out
 
 
 def step_rewards(task: Task, traj: Trajectory) -> list[float | None]:
@@ -431,7 +467,7 @@ def step_rewards(task: Task, traj: Trajectory) -> list[float | None]:
 
 
 SPEC = WorkflowSpec(
-    "infmem", run, InfMemConfig, reward, step_rewards=step_rewards,
+    "infmem", run, InfMemConfig, reward, step_rewards=step_rewards, batch_scores=batch_scores,
     format_keys=("no_box",),
     train_defaults={"max_chunks": 8},  # the released config's recurrent.infmem.config.max_chunks
 )

@@ -19,8 +19,9 @@ from doubles import ScriptedEngine
 from memrl.config import ConfigError, load_config
 from memrl.training.assemble import validate
 from memrl.training.config import TrainConfig
-from memrl.types import Task
-from memrl.workflows.infmem import reward, run
+from memrl.types import Group, Task
+from memrl.workflows.infmem import SPEC, reward, run
+from memrl.workflows.runner import score_groups
 
 SH = "infmem_4B.sh"  # UCMP13753/InfMem
 PY = "recurrent/impls/infmem.py"
@@ -51,6 +52,7 @@ PUBLISHED: dict[str, list[tuple[str, object, str]]] = {
         ("workflow.planner_frame", "open_user", f"{PY}: _conversations_to_batch_ids, strip_last_token_if_match"),
         ("workflow.memory_write", "after_think", f"{PY}: extract_memory_from_generation"),
         ("workflow.max_steps_count", "floor", f"{PY}: ctx_length // chunk_size"),
+        ("workflow.early_stop_end", "batch", f"{PY}: InfMem.end reads self.step, the batch's step counter"),
         ("workflow.first_step_rule", "published", f"{PY}: end, first_time_answer_in_mem != 0"),
         ("workflow.early_stop_gamma", 0.6, f"{PY}: self.gamma = 0.6"),
         ("workflow.outcome_weight", 0.6, "verl/workers/reward_manager/thread.py: given_score + 0.6 * comp_score"),
@@ -140,6 +142,31 @@ def test_infmem_preset_without_the_plan_prompt_fails_naming_the_field():
                       preset="infmem_official")
     with pytest.raises(ConfigError, match=r"workflow\.plan_system_file is required"):
         validate(cfg)
+
+
+def test_infmem_never_stopped_trajectory_scored_at_the_batch_step():
+    """infmem.py: `self.step` counts the batch's memory stages (update: += 1 after each), so at `InfMem.end`
+    it is the most memory steps any trajectory of the generation batch took. A: 3 chunks, never stops,
+    the answer first in memory at step 1 (first_time_answer_in_mem = 1); B: 7 chunks, never finds it. End:
+    d = 7 - 1 = 6, early_stop = min(1, 0.6^5) = 0.07776 (A's own count would give 0.6^(3 - 1 - 1) = 0.6).
+    A's calls are well formed and every memory has </think>: given = 0.6 * 0.07776 + 0.5 + 0.5, outcome 1
+    (boxed Paris): mixed = 1.6 + 0.6 * 0.07776."""
+    _, wf = _config("infmem_official")
+    wf = dataclasses.replace(wf, chunk_tokens=6, retrieve_passage_tokens=6, temperature=0.0)
+    plan = "\u273fFUNCTION\u273f: retrievesearch\n\u273fARGS\u273f: {\"query\": \"city\", \"top_k\": 1}"
+    a_task = Task("a", "Where?", "Paris is a city.", ["Paris"])  # 16 characters: 3 chunks of 6
+    b_task = Task("b", "Where?", "Paris is a city. Rome too. Oslo is cold.", ["Lima"])  # 40: 7 chunks
+    a_replies = [plan, "</think>x", plan, "</think>Paris", plan, "</think>Paris", r"\boxed{Paris}"]
+    b_replies = [r for _ in range(7) for r in (plan, "</think>x")] + [r"\boxed{x}"]
+    a = asyncio.run(run(a_task, ScriptedEngine(a_replies), wf, random.Random(0)))
+    b = asyncio.run(run(b_task, ScriptedEngine(b_replies), wf, random.Random(0)))
+    assert [len(t.info["memories"]) for t in (a, b)] == [3, 7]
+    groups = [Group("a", [a], task=a_task), Group("b", [b], task=b_task)]
+    (sa,), (sb,) = asyncio.run(score_groups(SPEC, groups))
+    assert sa.metrics["infmem_early_stop"] == pytest.approx(0.6 ** 5)
+    assert sa.reward == pytest.approx(0.6 * 1 + 0.6 * 0.6 ** 5 + 0.5 + 0.5)
+    # scored alone (or under memrl's early_stop_end=own): its own 3 steps, 0.6
+    assert reward(a_task, a).metrics["infmem_early_stop"] == pytest.approx(0.6)
 
 
 def test_infmem_plan_prompt_has_the_function_call_system_turn():
