@@ -213,9 +213,8 @@ class PlanAction:
 
 
 def _top_k(raw: Any, default: int) -> int:
-    """An integer >= 1 (an integer-valued string too), else the default (InfMem safe_int)."""
-    if isinstance(raw, bool):
-        return default
+    """int(raw) when that is >= 1 (an integer-valued string too; a JSON true is 1, a float is cut), else
+    the default (InfMem `safe_int`)."""
     try:
         v = int(raw)
     except (TypeError, ValueError, OverflowError):

@@ -20,7 +20,7 @@ from memrl.config import ConfigError, load_config
 from memrl.training.assemble import validate
 from memrl.training.config import TrainConfig
 from memrl.types import Group, Task
-from memrl.workflows.infmem import SPEC, reward, run
+from memrl.workflows.infmem import SPEC, parse_plan, reward, run
 from memrl.workflows.runner import score_groups
 
 SH = "infmem_4B.sh"  # UCMP13753/InfMem
@@ -210,3 +210,12 @@ def test_infmem_preset_trajectory_reward_by_hand():
     assert score.metrics == {"infmem_outcome": 1.0, "infmem_early_stop": pytest.approx(0.6),
                              "infmem_calls_ok": 0.0, "infmem_memories_ok": 0.0}
     assert score.reward == pytest.approx(0.6 * 0.6 + 0.6 * 1.0)
+
+
+def test_infmem_top_k_read_as_safe_int():
+    """infmem.py `safe_int`: int(value) if that is >= 1, else 5; json.loads gives true for a JSON true, and
+    int(True) = 1; int(2.9) = 2; "3" -> 3; "x", 0 and "-2" -> 5."""
+    _, wf = _config("infmem_official")
+    call = "\u273fFUNCTION\u273f: retrievesearch\n\u273fARGS\u273f: {{\"query\": \"q\", \"top_k\": {}}}"
+    got = [parse_plan(call.format(v), "Q", wf).calls[0][1] for v in ("true", "2.9", '"3"', '"x"', "0", '"-2"')]
+    assert got == [1, 2, 3, 5, 5, 5]
