@@ -85,6 +85,11 @@ class FoldConfig(SearchAgentConfig):
     returned message; the correct tag = in scope) or memrl's (memrl.rewards.fold.SCOPE_RUBRIC). Unset url =
     `scope_rule`; a failed judgement = 0 (no verdict), counted in scope_judge_error."""
 
+    scope_unjudged: str = valid("none", choices=("none", "out"))
+    """A judged branch whose judgement failed or has no readable verdict (a ERROR_KINDS failure): "none" =
+    no verdict (0); "out" = out of scope (-1), as agents/verifier.py `judge_scope` returns -1 for any reply
+    without its in-scope or slightly-out tag, a failed call's error text included."""
+
     SYSTEM_DEFAULT = "fold_system"
 
 
@@ -121,6 +126,7 @@ class _Fold(AgentLoop):
                                 "scope_rule": self.cfg.scope_rule}
         if self.cfg.scope_judge.url:
             info["scope_judge"] = dataclasses.asdict(self.cfg.scope_judge)
+            info["scope_unjudged"] = self.cfg.scope_unjudged
         return self.trajectory(answer, stop, main, extra, info)
 
     async def main_calls(self, main: list[ctx.Message], t: Turn) -> None:

@@ -5,6 +5,7 @@ fold_official preset. Every expected value is derived by hand from that code in 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import random
@@ -162,3 +163,36 @@ def test_a_branch_has_its_own_turn_budget():
     # memrl's shared budget: the branch stops after t1, t2 (3 turns in all), unreturned
     traj, engine = play()
     assert len(engine.calls) == 3 and traj.info["branches"][0]["end"] == "max_turns"
+
+
+def test_a_failed_scope_judgement_counts_out_of_scope(tmp_path):
+    """agents/verifier.py `judge_scope`: +1 when the reply holds <good>, 0 for <fine>, else -1; a failed
+    call (utils.py `call_openai` returns its "Error after 3 attempts" text) holds neither, so -1."""
+    from memrl.rewards.fold import fold_score
+    from memrl.rewards.judge import JudgeResult, JudgeSettings
+    from memrl.types import Trajectory
+
+    class FailingJudge:
+        rubric = ""
+
+        async def judge(self, question, golds, prediction):
+            return JudgeResult(0.0, "error", "http_error")
+
+    class Services:
+        def judge(self, settings):
+            return FailingJudge()
+
+    rubric = tmp_path / "scope.txt"
+    rubric.write_text("{question} {gold} {prediction}")
+    settings = dataclasses.asdict(JudgeSettings(url="http://judge.invalid/v1", rubric_file=str(rubric)))
+    assert preset().workflow["scope_unjudged"] == "out"
+
+    def verdicts(unjudged):
+        t = Trajectory("t1", "a", [], final_answer="Paris",
+                       info={"branches": [{"prompt": "Find it.", "description": "France", "returned": "Paris"}],
+                             "scope_judge": settings, "scope_unjudged": unjudged})
+        score = asyncio.run(fold_score(Task("t1", "Q", "", ["Paris"]), t, Services()))
+        return score.info["branch_scope"], score.metrics["scope_judge_error"]
+
+    assert verdicts("out") == ([-1], 1.0)
+    assert verdicts("none") == ([0], 1.0)  # memrl: no verdict

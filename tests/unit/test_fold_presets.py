@@ -27,6 +27,7 @@ PUBLISHED = [
     ("workflow.max_turn_tokens", 2048, f"{SCRIPT}: plugin.turn_max_new_tokens=2048"),
     ("workflow.max_context_tokens", 40960, f"{SCRIPT}: MAX_LENGTH=40960 (8192 + 32768)"),
     ("workflow.max_branches", 10, f"{SCRIPT}: plugin.max_session=10"),
+    ("workflow.scope_unjudged", "out", "agents/verifier.py judge_scope: no <good> / <fine> in the reply -> -1"),
     ("workflow.branch_turn_budget", "own", f"{AGENT}: react(max_turn=max_turn); iteration += branch turns"),
     ("workflow.response_budget", 32768, "agents/utils.py Agent.step: max_len = first prompt + response_length"),
     ("workflow.min_call_tokens", 10, "agents/utils.py CallLLM._create_completion: max_tokens < 10 -> skip"),
