@@ -83,7 +83,7 @@ class FoldConfig(SearchAgentConfig):
     (published: an LLM judge; `workflow.scope_judge.url=...`, memrl's judge client and settings). Its rubric:
     `scope_judge.rubric_file` ({question} = the branch prompt, {gold} = its description, {prediction} = the
     returned message; the correct tag = in scope) or memrl's (memrl.rewards.fold.SCOPE_RUBRIC). Unset url =
-    `scope_rule`; a failed judgement = 0 (no verdict), counted in scope_judge_error."""
+    `scope_rule`; a failed judgement = 0 (no verdict; `scope_unjudged=out`: -1), counted in scope_judge_error."""
 
     scope_unjudged: str = valid("none", choices=("none", "out"))
     """A judged branch whose judgement failed or has no readable verdict (a ERROR_KINDS failure): "none" =
