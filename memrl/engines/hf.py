@@ -44,6 +44,7 @@ from memrl.engines.hf_cache import PrefixStore, SlotKV, cache_kwarg, cache_layer
 from memrl.engines.hf_sampling import sample_rows
 from memrl.engines.hf_weights import load_state_dict, strip_wrappers
 from memrl.engines.weight_transfer import WeightTransfer, receive_all
+from memrl.precision import autocast, check_compute_dtype, torch_dtype
 from memrl.quiet import hf_progress_off
 
 PREFIX_CACHE_TOKENS = 16384
@@ -238,6 +239,9 @@ class HFEngine:
     kv_cache: "padded" (one left-padded cache rebuilt when rows join or leave) or "slots" (every row owns a
     slot of a preallocated cache; an admission's prompts prefilled in right-padded passes, each row's own
     positions written to its slot): engine.hf.kv_cache.
+    compute_dtype: "bfloat16" = mixed precision: an engine with weights of its own holds them in bfloat16
+    (whatever `dtype` says; weight updates are cast); one sharing the policy's float32 weights runs its
+    forwards under autocast. None = the weights' dtype: engine.hf.compute_dtype.
     prefill_chunk_tokens: slots with deterministic=False only: the most prompt tokens prefilled between two
     decode steps (0 = off: admitted prompts are prefilled whole): engine.hf.prefill_chunk_tokens.
     deterministic: batch by waves instead of by time, so the same requests always meet the same batches
@@ -261,6 +265,7 @@ class HFEngine:
         kv_cache: str = _HF.kv_cache,
         prefix_cache_tokens: int | None = _HF.prefix_cache_tokens,
         prefill_chunk_tokens: int = _HF.prefill_chunk_tokens,
+        compute_dtype: str | None = _HF.compute_dtype,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine.max_batch_size must be >= 1, got {max_batch_size}")
@@ -300,8 +305,14 @@ class HFEngine:
             self.device = torch.device(device or "cpu")
             if self.device.type == "cuda" and not torch.cuda.is_available():
                 raise EngineError("HFEngine: device 'cuda' requested but torch.cuda.is_available() is False")
-            self.dtype = self._resolve_dtype(dtype)
+            # Mixed precision on weights of its own: held in the compute dtype (cast once per load or sync),
+            # not cast at every forward as autocast would (a decode step's cost on the CPU).
+            self.dtype = self._resolve_dtype(compute_dtype if compute_dtype == "bfloat16" else dtype)
             self.model, self.tokenizer = self._load(model_or_path, tokenizer, attn_implementation)
+        check_compute_dtype(compute_dtype, str(self.device), "engine.hf.compute_dtype")
+        self.compute_dtype = torch_dtype(compute_dtype)
+        """Mixed precision: the dtype forwards compute in (None = the weights' dtype); over shared weights of
+        another dtype, under autocast."""
         self.max_batch_size = max_batch_size
         self.deterministic = deterministic
         self.max_wait_s = 0.0 if deterministic else max_wait_ms / 1000.0
@@ -633,11 +644,12 @@ class HFEngine:
                  last: list[int] | None = None) -> torch.Tensor:
         """Float32 logits [B, V] of each row's last position, or of position last[b] for row b."""
         keep = sorted(set(last)) if last is not None else []
-        out = self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=True,
-            logits_to_keep=1 if last is None else torch.tensor(keep, dtype=torch.long, device=input_ids.device),
-            **{self._cache_kw: cache},
-        )
+        with autocast(self.device, self.compute_dtype, self.dtype):
+            out = self.model(
+                input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                logits_to_keep=1 if last is None else torch.tensor(keep, dtype=torch.long, device=input_ids.device),
+                **{self._cache_kw: cache},
+            )
         self.stats.forward_calls += 1
         self.stats.batch_sizes[int(input_ids.shape[0])] += 1
         if last is None:

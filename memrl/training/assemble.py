@@ -226,6 +226,12 @@ def _engine(cfg: TrainConfig, src: str, workers: Any, tokenizer: Any) -> Any:
     sec = cfg.engine
     if sec.name != "hf" and not sec.model:
         sec = dataclasses.replace(sec, model=src)
+    if sec.name == "hf" and sec.hf.compute_dtype is None and cfg.model.compute_dtype == "bfloat16":
+        # Mixed precision: the engine decodes on a bfloat16 copy of the policy, synced after every update (the
+        # float32 module itself would be cast at every decode step)
+        log.info("model.compute_dtype=bfloat16: the hf engine serves a bfloat16 copy of the policy, synced after "
+                 "every update (engine.hf.compute_dtype unset)")
+        sec = dataclasses.replace(sec, hf=dataclasses.replace(sec.hf, compute_dtype="bfloat16", share_weights=False))
     policy = getattr(workers, "model", None)  # None for Ray ranks
     if sec.name == "hf" and policy is not None:
         policy = engine_policy(policy, sec.hf.share_weights)  # LoRA, a copy: a plain merged module

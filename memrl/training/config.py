@@ -47,6 +47,7 @@ from memrl.config import OPEN_SECTIONS, REMOVED_KEYS, ConfigError, section_from_
 from memrl.data.synthetic import SyntheticConfig
 from memrl.engines.base import FAILED_REQUEST_MODES
 from memrl.engines.config import EngineConfig
+from memrl.precision import check_compute_dtype
 from memrl.rewards.extract import EXTRACT_MODES
 from memrl.rewards.infomem import InfoMemOptions
 from memrl.rewards.published_metrics import METRIC_RULES
@@ -68,7 +69,13 @@ class ModelSection:
     path: str = ""
     """HF model directory (config, safetensors, tokenizer). Required."""
     dtype: str = valid("float32", choices=("float32", "bfloat16"))
-    """Training dtype: float32 or bfloat16."""
+    """Weights (and optimizer state) dtype: float32 or bfloat16."""
+    compute_dtype: str | None = valid(None, choices=("float32", "bfloat16"))
+    """Mixed precision (memrl.precision): bfloat16 = the forward and backward of the update, the old-logprob
+    and reference passes (and the hf engine, unless engine.hf.compute_dtype says otherwise) compute in
+    bfloat16 under autocast over the float32 weights and optimizer state; logits, log-probabilities and the
+    loss in float32. None = the weights' dtype. On a CPU it needs bfloat16 instructions (refused without);
+    docs/results/real_model.md has the side-by-side measurement."""
     device: str = "cpu"
     """Where the trainer runs ("cpu", "cuda")."""
     gradient_checkpointing: bool = False
@@ -86,6 +93,7 @@ class ModelSection:
         if self.device.startswith("cuda"):
             if not torch.cuda.is_available():
                 raise ConfigError(f"model.device={self.device} but torch.cuda.is_available() is False")
+        check_compute_dtype(self.compute_dtype, self.device, "model.compute_dtype")
 
 
 @dataclass

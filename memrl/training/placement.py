@@ -156,7 +156,8 @@ def replica_engine_config(cfg: TrainConfig, path: str, gpus: float) -> Any:
     e, r = cfg.engine, cfg.rollout
     kind = replica_kind(cfg)
     dtype = e.dtype or ("bfloat16" if cfg.trainer.fsdp_bf16 else cfg.model.dtype)
-    hf = replace(e.hf, device="cuda" if gpus > 0 else "cpu", share_weights=False)
+    hf = replace(e.hf, device="cuda" if gpus > 0 else "cpu", share_weights=False,
+                 compute_dtype=e.hf.compute_dtype or cfg.model.compute_dtype)
     vllm = replace(e.vllm, gpu_memory_utilization=r.gpu_memory_utilization,
                    enable_sleep_mode=e.vllm.enable_sleep_mode or (r.colocate and kind == "vllm" and gpus > 0))
     return replace(e, name=kind, model=path, dtype=dtype, hf=hf, vllm=vllm)

@@ -30,6 +30,7 @@ from memrl.algorithms.losses import MISMATCH_PAIRS, MISMATCH_SUMS, mismatch_mean
 from memrl.algorithms.registry import options_kwargs
 from memrl.engines.weight_transfer import WeightTransfer
 from memrl.errors import UserError
+from memrl.precision import autocast, torch_dtype
 from memrl.quiet import hf_progress_off
 from memrl.training import distributed as D
 from memrl.training import lora as L
@@ -96,6 +97,7 @@ class PolicyWorker:
         self.loss_kwargs = options_kwargs(cfg.algorithm.options()[1])
         src = L.base_source(cfg.model, start)  # LoRA: the base; the checkpoint holds the adapter
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+        self.weights_dtype, self.compute_dtype = dtype, torch_dtype(cfg.model.compute_dtype)
         self.device = cfg.model.device
         if info.world_size > 1 and self.device.startswith("cuda"):
             self.device = f"cuda:{torch.cuda.current_device()}"
@@ -240,17 +242,22 @@ class PolicyWorker:
         """The reference's log-probs (no gradient), the PPO loss of micro-batch `mb`, its backward."""
         a, chunk = self.cfg.algorithm, self.cfg.trainer.logits_chunk_tokens
         ref_lp = None
-        if self.ref is not None:
-            with torch.no_grad():
-                ref_lp, _ = token_logprobs(self.ref, mb, a.temperature, chunk_tokens=chunk)
-        part = ppo_micro_loss(self.model, mb, a.temperature, a.loss, self.loss_kwargs,
-                              ref_lp, a.kl_coef, a.kl_kind, a.entropy_coef,
-                              a.off_policy, off_policy_cap(a), a.mismatch_clip,
-                              self.cfg.trainer.router_aux_loss_coef, chunk)
+        with self._compute():  # mixed precision: the forwards in bfloat16; the backward below outside autocast
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref_lp, _ = token_logprobs(self.ref, mb, a.temperature, chunk_tokens=chunk)
+            part = ppo_micro_loss(self.model, mb, a.temperature, a.loss, self.loss_kwargs,
+                                  ref_lp, a.kl_coef, a.kl_kind, a.entropy_coef,
+                                  a.off_policy, off_policy_cap(a), a.mismatch_clip,
+                                  self.cfg.trainer.router_aux_loss_coef, chunk)
         # FSDP averages gradients over ranks; the weights already sum over the global batch. Under sequence
         # parallelism each rank's gradient is its tokens' share, so the world sum is still the whole.
         (part.loss * ws if ws > 1 else part.loss).backward()
         return part
+
+    def _compute(self) -> Any:
+        """The block in which forwards run in model.compute_dtype (autocast; nothing when unset)."""
+        return autocast(self.device, self.compute_dtype, self.weights_dtype)
 
     def _shard(self, mb: MicroBatch) -> MicroBatch:
         """This rank's sequence shard of `mb` (memrl.training.ulysses.shard); `mb` itself without SP."""
@@ -279,7 +286,7 @@ class PolicyWorker:
         out: list[list[float]] = [[] for _ in rows]
         ents: list[list[float]] = [[] for _ in rows]
         self.model.eval()
-        with torch.no_grad(), self._sequence_parallel():
+        with torch.no_grad(), self._sequence_parallel(), self._compute():
             for j in range(n_steps):
                 idx = batches[j] if j < len(batches) else []
                 mb = collate([rows[i] for i in idx] or [blank_row(pad)], None, pad).to(self.device)
@@ -317,7 +324,8 @@ class PolicyWorker:
     def probe_logprobs(self, prompt: list[int], tokens: list[int]) -> list[float]:
         """The policy's teacher-forced logprobs (log_softmax at T=1) of `tokens` after `prompt`
         (memrl.training.sync_check; collective at world size > 1: every rank runs the sharded forward)."""
-        return teacher_forced_logprobs(self.model, prompt, tokens)
+        with self._compute():
+            return teacher_forced_logprobs(self.model, prompt, tokens)
 
     def save(self, root: str, step: int, driver_state: dict[str, Any], keep: int = 0,
              extra_files: dict[str, str] | None = None) -> str:

@@ -1,0 +1,106 @@
+"""Run a (trained) memory agent over a user's own document: `memrl ask` and `memrl.eval.ask.ask`.
+
+  memrl ask --model runs/train/checkpoints/step_000100 --file report.txt --question "Who signed it?" \\
+      [--workflow memagent|rememr1] [--show-memory] [workflow.chunk_tokens=512 ...]
+
+One question, one trajectory, greedy unless workflow.temperature says otherwise, through the same engine
+and workflow config as `memrl eval` (dotted overrides of memrl.eval.runner.EvalConfig). The answer is the
+workflow's prediction (the last \\boxed{} of the final reply); a reply without one gives the reply itself,
+said so.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from memrl.config import load_config
+from memrl.errors import UserError
+from memrl.eval.runner import EvalConfig, make_eval_engine, workflow_config
+from memrl.runtime import RolloutRuntime
+from memrl.types import Task
+
+ASK_WORKFLOWS = ("memagent", "rememr1")
+MAX_FILE_BYTES = 256 << 20
+"""The largest document read (256 MiB of text is far past any context a memory agent is run on here)."""
+
+
+@dataclass
+class AskResult:
+    """What the agent said and what it kept."""
+
+    answer: str
+    """The prediction (the final reply's last \\boxed{}), or the whole final reply when it boxed nothing."""
+    boxed: bool
+    """Whether the final reply had a \\boxed{} answer."""
+    final_text: str
+    memories: list[str] = field(default_factory=list)
+    """The memory after each chunk, in reading order."""
+    recalls: list[str] = field(default_factory=list)
+    """ReMemR1: the recall query of each step ("" where none)."""
+    model_calls: int = 0
+    seconds: float = 0.0
+
+
+def read_document(path: str | Path) -> str:
+    """The text of `path` (UTF-8), or UserError naming the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"--file {p}: no such file" if not p.exists() else f"--file {p} is not a regular file")
+    size = p.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise UserError(f"--file {p}: {size:,} bytes, over the {MAX_FILE_BYTES:,} memrl ask reads")
+    raw = p.read_bytes()
+    if b"\0" in raw[:65536]:
+        raise UserError(f"--file {p} looks binary (it holds NUL bytes); give a text file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"--file {p}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    if not text.strip():
+        raise UserError(f"--file {p} is empty")
+    return text
+
+
+def ask(model: str | Path, text: str, question: str, workflow: str = "memagent",
+        overrides: list[str] | tuple[str, ...] = ()) -> AskResult:
+    """Run `workflow` (memagent or rememr1) of the model directory `model` over `text` for `question`."""
+    if workflow not in ASK_WORKFLOWS:
+        raise UserError(f"workflow {workflow!r}: memrl ask runs {' or '.join(ASK_WORKFLOWS)}")
+    if not question.strip():
+        raise UserError("--question is empty")
+    if not text.strip():
+        raise UserError("the document is empty")
+    cfg = load_config(EvalConfig, [f"engine.model={model}", f"workflow.name={workflow}", *overrides])
+    spec, wf_cfg = workflow_config(cfg)
+    task = Task(task_id="ask", question=question, context=text, answers=[])
+    t0 = time.perf_counter()
+    engine = make_eval_engine(cfg.engine)
+    with RolloutRuntime(engine, spec, wf_cfg, concurrency=1) as rt:
+        traj = rt.sample([task], 1, cfg.seed)[0].trajectories[0]
+    segs = traj.segments
+    final = str(traj.info.get("answer_text", ""))
+    boxed = bool(traj.final_answer)
+    mem = [s for s in segs if s.info.get("kind") == "memory"]
+    return AskResult(answer=traj.final_answer if boxed else final.strip(), boxed=boxed, final_text=final,
+                     memories=[str(s.info.get("memory", "")) for s in mem],
+                     recalls=[str(s.info.get("recall_query") or "") for s in mem] if workflow == "rememr1" else [],
+                     model_calls=len(segs), seconds=time.perf_counter() - t0)
+
+
+def render(res: AskResult, show_memory: bool) -> str:
+    """What `memrl ask` prints."""
+    lines: list[str] = []
+    if show_memory:
+        for i, m in enumerate(res.memories, 1):
+            rec = f"  (recall: {res.recalls[i - 1]})" if res.recalls and res.recalls[i - 1] else ""
+            lines.append(f"memory after chunk {i}{rec}:")
+            lines.extend("  " + ln for ln in (m.splitlines() or [""]))
+        lines.append("final reply:")
+        lines.extend("  " + ln for ln in (res.final_text.splitlines() or [""]))
+    lines.append(f"answer: {res.answer}" if res.boxed else f"answer (no \\boxed{{}} in the reply; the reply): {res.answer}")
+    lines.append(f"({len(res.memories)} chunks, {res.model_calls} model calls, {res.seconds:.1f} s)")
+    return "\n".join(lines)
+
+
