@@ -17,14 +17,16 @@ info "branches", "main_head_tokens", "context_budget", "stop", and "branch_scope
 memrl.rewards.fold):
 - "unfolded": when the main thread's unfolded tokens (its final context minus the first prompt) pass
   unfolded_fraction x the context budget, Q = -unfolded_penalty on the main row's turns except those that
-  opened a branch and the finishing (answer) turn (paper: -1 beyond 50%; published: branch and finish turns
-  spared).
+  opened a branch (`unfolded_spares=called`: that called branch at all) and the finishing (answer) turn
+  (paper: -1 beyond 50%; published: branch and finish turns spared).
 - "no_branch": a trajectory that opened no branch gets Q = -unfolded_penalty on all its main turns
   (published: `len(agent) == 1`; not in the default list, the paper does not name it).
 - "scope": a branch with verdict v (+1 in scope, -1 out, 0 none) gets Q = v x scope_reward on its turns
   but the last (the return turn; published: range(len(chat) - 1)).
-- "failure": Q = -failure_penalty on every turn answered with an error.
-Terms add up on a token.
+- "failure": Q = -failure_penalty on every turn answered with an error (`failure_rows=branch`: in branch
+  rows only).
+Terms add up on a token (`combine=replace`: a later term's non-zero value replaces an earlier one), and
+`success_only` keeps them off trajectories whose outcome reward is not positive.
 """
 
 from __future__ import annotations
@@ -59,14 +61,16 @@ def foldgrpo_estimator(
     unfolded_fraction: float = FoldGRPOOptions.unfolded_fraction,
     unfolded_penalty: float = FoldGRPOOptions.unfolded_penalty, scope_reward: float = FoldGRPOOptions.scope_reward,
     failure_penalty: float = FoldGRPOOptions.failure_penalty, eps: float = FoldGRPOOptions.eps,
-    clip: bool = FoldGRPOOptions.clip,
+    clip: bool = FoldGRPOOptions.clip, success_only: bool = FoldGRPOOptions.success_only,
+    combine: str = FoldGRPOOptions.combine, failure_rows: str = FoldGRPOOptions.failure_rows,
+    unfolded_spares: str = FoldGRPOOptions.unfolded_spares,
 ) -> list[list[list[list[float]]]]:
     """FoldGRPO (module docstring): one value per response token of every row. A trajectory marked
     `info["exclude_from_group"]` (overlong masking, a failed judgement) is left out of the statistics and
     gets 0 on every token. `process_rewards`: the names of the
     terms (no default here: algorithm.foldgrpo.process_rewards is the one place it is set)."""
     opts = FoldGRPOOptions(list(process_rewards), unfolded_fraction, unfolded_penalty, scope_reward,
-                           failure_penalty, eps, clip)
+                           failure_penalty, eps, clip, success_only, combine, failure_rows, unfolded_spares)
     out: list[list[list[list[float]]]] = []
     for group in groups:
         rewards = group.rewards

@@ -157,6 +157,22 @@ class FoldGRPOOptions:
     """Added to the std before dividing (it always divides, as the paper's formula and dcpo do)."""
     clip: bool = True
     """clip(R + Q, 0, 1) as the paper writes it; False = R + Q unclipped."""
+    success_only: bool = False
+    """True: the process rewards apply only to trajectories whose outcome reward is positive, a failed one's
+    tokens all get clip(R) (published: FoldAgent agents/fold_agent.py `process_item`, `if score[1] > 0`);
+    False: every trajectory gets them (a failed trajectory's in-scope branch then earns +scope_reward)."""
+    combine: str = valid("sum", choices=("sum", "replace"))
+    """How the terms meet on a token: "sum" adds them; "replace": in the order `process_rewards` lists them,
+    a term's non-zero value replaces what an earlier term set (published: agents/utils.py
+    `Agent.set_process_reward` overwrites the turn's one value, so a branch turn answered with an error gets
+    -1, not -1 +- 0.2)."""
+    failure_rows: str = valid("all", choices=("all", "branch"))
+    """Which rows the "failure" term reaches: "all" = every thread's error turns; "branch" = branch rows only
+    (published: the tool-error loop of `process_item` runs over `branches`; main-thread errors go unpenalised)."""
+    unfolded_spares: str = valid("opened", choices=("opened", "called"))
+    """Which main turns the "unfolded" penalty spares besides the answer turn: "opened" = turns that opened a
+    branch; "called" = every turn with a branch call, one refused at `max_branches` or for its arguments
+    included (published: `bad_turn` skips a turn whose text holds `<function=branch>`)."""
 
     def __post_init__(self) -> None:
         unknown = [n for n in self.process_rewards if n not in PROCESS_REWARDS]

@@ -42,7 +42,8 @@ def unfolded_penalty(traj: Trajectory, seg: Segment, opts: Any) -> list[float]:
         return [0.0] * len(seg.response_ids)
     if unfolded_tokens(traj) <= opts.unfolded_fraction * float(traj.info.get("context_budget", 0)):
         return [0.0] * len(seg.response_ids)
-    spared = set(seg.info.get("branch_turns", ()))
+    key = "branch_call_turns" if opts.unfolded_spares == "called" else "branch_turns"
+    spared = set(seg.info.get(key, ()))
     if traj.info.get("stop") == "answer" and seg.info.get("turns"):
         spared.add(seg.info["turns"][-1])  # the finishing turn
     return _on_turns(seg, set(seg.info.get("turns", ())) - spared, -opts.unfolded_penalty)
@@ -67,15 +68,25 @@ def scope_reward(traj: Trajectory, seg: Segment, opts: Any) -> list[float]:
 
 @register_process_reward("failure")
 def failure_penalty(traj: Trajectory, seg: Segment, opts: Any) -> list[float]:
+    if opts.failure_rows == "branch" and seg.info.get("kind") != "branch":
+        return [0.0] * len(seg.response_ids)
     return _on_turns(seg, set(seg.info.get("error_turns", ())), -opts.failure_penalty)
 
 
 def process_rewards(traj: Trajectory, seg: Segment, names: Sequence[str], opts: Any) -> list[float]:
-    """The sum of the named terms on each response token of `seg`."""
+    """The named terms on each response token of `seg`, met as `opts.combine` says (summed, or a later
+    term's non-zero value replacing an earlier one); all 0 on a trajectory without a positive outcome
+    reward when `opts.success_only`."""
     total = [0.0] * len(seg.response_ids)
     for name in names:
         if name not in PROCESS_REWARDS:
             raise KeyError(f"unknown process reward {name!r}; known: {', '.join(sorted(PROCESS_REWARDS))}")
+    if opts.success_only and not float(traj.reward or 0.0) > 0:
+        return total
+    for name in names:
         for i, q in enumerate(PROCESS_REWARDS[name](traj, seg, opts)):
-            total[i] += q
+            if opts.combine == "replace":
+                total[i] = q if q != 0 else total[i]
+            else:
+                total[i] += q
     return total

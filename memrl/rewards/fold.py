@@ -36,8 +36,8 @@ def rule_scope(branch: dict[str, Any]) -> int:
     return 1
 
 
-async def _judged_scope(branches: list[dict[str, Any]], settings: dict[str, Any], services: Any) -> tuple[
-        list[int], int]:
+async def _judged_scope(branches: list[dict[str, Any]], settings: dict[str, Any], services: Any,
+                        unjudged: str = "none") -> tuple[list[int], int]:
     js = JudgeSettings(**settings)
     own = services is None or js.rubric_file is None
     client = JudgeClient(js) if own else services.judge(js)
@@ -51,7 +51,10 @@ async def _judged_scope(branches: list[dict[str, Any]], settings: dict[str, Any]
                 continue
             res = await client.judge(b["prompt"], [b["description"]], b["returned"])
             errors += int(res.error is not None)
-            verdicts.append({"correct": 1, "incorrect": -1}.get(res.verdict, 0))
+            if res.error is not None and unjudged == "out":
+                verdicts.append(-1)  # scope_unjudged=out (published judge_scope: no tag read = -1)
+            else:
+                verdicts.append({"correct": 1, "incorrect": -1}.get(res.verdict, 0))
     finally:
         if own:
             await client.close()
@@ -66,14 +69,15 @@ def fold_score(task: Task, traj: Trajectory, services: Any = None) -> Score | An
     branches = list(traj.info.get("branches") or [])
     settings = traj.info.get("scope_judge")
     if settings and settings.get("url") and branches:
-        return _scored(outcome, branches, settings, services)
+        return _scored(outcome, branches, settings, services, str(traj.info.get("scope_unjudged", "none")))
     rule = traj.info.get("scope_rule", "queries")
     verdicts = [rule_scope(b) if rule == "queries" else 0 for b in branches]
     return _score(outcome, verdicts, 0)
 
 
-async def _scored(outcome: float, branches: list[dict[str, Any]], settings: dict[str, Any], services: Any) -> Score:
-    verdicts, errors = await _judged_scope(branches, settings, services)
+async def _scored(outcome: float, branches: list[dict[str, Any]], settings: dict[str, Any], services: Any,
+                  unjudged: str = "none") -> Score:
+    verdicts, errors = await _judged_scope(branches, settings, services, unjudged)
     return _score(outcome, verdicts, errors)
 
 

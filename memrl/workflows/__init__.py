@@ -50,6 +50,11 @@ class WorkflowSpec:
     """`(task, traj, cfg, tokenizer) -> (prompt ids with the final memory, the same prompt without memory)`:
     the pair InfoMem's final-memory reward scores the gold answer after (memrl.training.model_rewards);
     None: the workflow has no final memory to score (memagent has one)."""
+    batch_scores: Callable[..., Any] | None = None
+    """`(groups, scores) -> scores`: the Scores of a scored batch (`[group][trajectory]`) adjusted with what
+    only the whole batch shows (InfMem's published early-stop term reads the batch's step counter); run by
+    memrl.workflows.runner.score_groups after every trajectory is scored, never on a trajectory scored
+    alone (evaluation's streaming score). None: each trajectory's Score is its own."""
     format_keys: tuple[str, ...] = ()
     """Trajectory metrics that count a format error or a fallback (> 0 = that error happened); the
     trainer logs format/<key> and the eval table counts questions with each (`format_counts`)."""

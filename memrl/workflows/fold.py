@@ -6,8 +6,9 @@ starts a branch thread: the main thread's messages as they stand (the branch cal
 the calls before it in that turn included) plus a tool message opening the branch (`[rK] ` + the
 description and the prompt). The branch offers `search` and `return`; `branch` there, a reply with no call,
 or `return` in the main thread is answered with an error (an error turn). The branch ends on its `return`
-call, when the turns run out (`max_assistant_turns`, all threads together, or `branch_max_turns`) or when
-its context passes `max_context_tokens`. Then its messages go (never re-tokenized: the main thread's own
+call, when the turns run out (`max_assistant_turns`, all threads together, or `branch_max_turns`;
+`branch_turn_budget=own`: its own turns alone) or when its context passes `max_context_tokens`. Then its
+messages go (never re-tokenized: the main thread's own
 messages were never touched) and the main thread gets the branch call's result `[rK] ` + the returned
 message (or a note that the branch ended without one). At most `max_branches` branches per trajectory
 (published `max_session`); a further branch call is answered with an error. One branch per turn.
@@ -17,9 +18,10 @@ context at the branch, its opening tool message and the first branch turn's head
 sampled ids), in the order the branches ended, then the main thread is one row (mask 1 on the main turns,
 0 on tool results and returned messages). A trajectory with b branches has b + 1 rows; every sampled token
 trains once. Row info: "kind" ("branch" / "main"), "thread" (branch index or "main"), "description",
-"prompt", "returned", "branch_turns" (main turns that opened a branch), "error_turns" (turns answered with
-an error), "turn_spans" (memrl.workflows.search_agent), which FoldGRPO's process rewards read
-(memrl.rewards.fold, memrl.algorithms.fold).
+"prompt", "returned", "branch_turns" (main turns that opened a branch), "branch_call_turns" (main turns
+with a branch call, run or refused), "error_turns" (turns answered with an error), "turn_spans"
+(memrl.workflows.search_agent), which FoldGRPO's process rewards read (memrl.rewards.fold,
+memrl.algorithms.fold).
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ class FoldConfig(SearchAgentConfig):
     """Branches per trajectory (published plugin.max_session=10); a further branch call gets an error."""
     branch_max_turns: int = valid(0, ge=0, note="0 = only max_assistant_turns")
     """Assistant turns of one branch (0: the trajectory's turn budget alone limits it)."""
+    branch_turn_budget: str = valid("shared", choices=("shared", "own"))
+    """"shared": a branch stops when the trajectory's turns (all threads) reach max_assistant_turns; "own": a
+    branch may take `branch_max_turns` turns of its own (0: max_assistant_turns) whatever the main thread has
+    used, and they count against the main thread once it returns (published: agents/fold_agent.py
+    `process_item` runs `react(max_turn=max_turn)`, then `iteration += agent_return['iteration']`)."""
     scope_rule: str = valid("queries", choices=("queries", "none"))
     """How a branch's scope verdict (FoldGRPO's out-of-scope reward, memrl.rewards.fold) is found without
     a judge: "queries" = in scope (+1) when every search query of the branch shares a word with its
@@ -76,7 +83,12 @@ class FoldConfig(SearchAgentConfig):
     (published: an LLM judge; `workflow.scope_judge.url=...`, memrl's judge client and settings). Its rubric:
     `scope_judge.rubric_file` ({question} = the branch prompt, {gold} = its description, {prediction} = the
     returned message; the correct tag = in scope) or memrl's (memrl.rewards.fold.SCOPE_RUBRIC). Unset url =
-    `scope_rule`; a failed judgement = 0 (no verdict), counted in scope_judge_error."""
+    `scope_rule`; a failed judgement = 0 (no verdict; `scope_unjudged=out`: -1), counted in scope_judge_error."""
+
+    scope_unjudged: str = valid("none", choices=("none", "out"))
+    """A judged branch whose judgement failed or has no readable verdict (a ERROR_KINDS failure): "none" =
+    no verdict (0); "out" = out of scope (-1), as agents/verifier.py `judge_scope` returns -1 for any reply
+    without its in-scope or slightly-out tag, a failed call's error text included."""
 
     SYSTEM_DEFAULT = "fold_system"
 
@@ -88,6 +100,7 @@ class _Fold(AgentLoop):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.branch_turns: set[int] = set()
+        self.branch_call_turns: set[int] = set()
         self.errors: set[int] = set()
         self.branches: list[dict[str, Any]] = []
 
@@ -107,12 +120,13 @@ class _Fold(AgentLoop):
             await self.main_calls(main, t)
         self.add_segment(thread_row(main, -1, len(self.segments), {
             "kind": "main", "thread": "main", "branch_turns": sorted(self.branch_turns),
-            "error_turns": sorted(self.errors)}))
+            "branch_call_turns": sorted(self.branch_call_turns), "error_turns": sorted(self.errors)}))
         extra = {"error_turns": float(len(self.errors))}
         info: dict[str, Any] = {"branches": self.branches, "main_head_tokens": len(main[0].ids),
                                 "scope_rule": self.cfg.scope_rule}
         if self.cfg.scope_judge.url:
             info["scope_judge"] = dataclasses.asdict(self.cfg.scope_judge)
+            info["scope_unjudged"] = self.cfg.scope_unjudged
         return self.trajectory(answer, stop, main, extra, info)
 
     async def main_calls(self, main: list[ctx.Message], t: Turn) -> None:
@@ -124,6 +138,7 @@ class _Fold(AgentLoop):
                 if not await self.search(main, c, owner):
                     self.errors.add(owner.turn)
             elif c.name == BRANCH:
+                self.branch_call_turns.add(owner.turn)
                 if branched:
                     self.errors.add(owner.turn)
                     self.counts["branch_errors"] += 1
@@ -161,10 +176,12 @@ class _Fold(AgentLoop):
         owner.call_ids.pop()  # the opening message is the branch's; the main thread's result comes below
         returned, reason, turns = None, "max_turns", 0
         queries: list[str] = []
-        while self.cfg.branch_max_turns == 0 or turns < self.cfg.branch_max_turns:
-            if self.turn >= self.cfg.max_assistant_turns:
+        own = self.cfg.branch_turn_budget == "own"
+        cap = self.cfg.branch_max_turns or (self.cfg.max_assistant_turns if own else 0)
+        while cap == 0 or turns < cap:
+            if not own and self.turn >= self.cfg.max_assistant_turns:
                 break
-            t = await self.step(thread, {ts.SEARCH, RETURN})
+            t = await self.step(thread, {ts.SEARCH, RETURN}, shared_turns=not own)
             if t is None:
                 reason = "context_budget"
                 break

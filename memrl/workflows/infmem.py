@@ -14,6 +14,7 @@ different steps. The outcome, the early-stop reward and the protocol reward are 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -21,13 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from memrl.config import valid
-from memrl.engines.base import Engine
+from memrl.engines.base import ChatPrompt, Engine
 from memrl.rewards import infmem as rw
 from memrl.rewards import steps
 from memrl.rewards.qa import extract_boxed
 from memrl.services.in_document import SCORERS, DocumentRetriever, cut_passages
 from memrl.tools.calls import parse_tool_calls
-from memrl.types import Score, Segment, Task, Trajectory
+from memrl.types import Group, Score, Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec, boxed_em_outcome
 from memrl.workflows.chunked import (
     THINK_END,
@@ -39,7 +40,7 @@ from memrl.workflows.chunked import (
     task_chunks,
     think_text_rule,
 )
-from memrl.workflows.templates import Template, template_kwargs
+from memrl.workflows.templates import Template, load_template, template_kwargs
 
 CALL_FORMATS: tuple[str, ...] = ("hermes", "qwen_agent")
 MEMORY_WRITES: tuple[str, ...] = ("reply", "after_think")
@@ -100,6 +101,11 @@ class InfMemConfig(ChunkedConfig):
     max_steps_count: str = valid("chunks", choices=MAX_STEPS_RULES)
     """The {max_steps} shown: chunks (the number of chunks, memrl) or floor (context tokens // chunk_tokens,
     the released code, one short when the last chunk is partial)."""
+    early_stop_end: str = valid("own", choices=("own", "batch"))
+    """The step a trajectory that never stopped is scored at by the early-stop reward: own (memrl) = its
+    own memory steps; batch (released code: `InfMem.end` reads `self.step`, the generation batch's
+    counter) = the most memory steps any trajectory of its scored batch took (training's score stage;
+    a trajectory scored alone, as in evaluation, uses its own)."""
     first_step_rule: str = valid("counted", choices=rw.FIRST_STEP_RULES)
     """Early-stop reward of a trajectory that never stopped and found the answer at step 0: counted (memrl)
     or published (0, as the released code's bookkeeping gives)."""
@@ -122,6 +128,14 @@ class InfMemConfig(ChunkedConfig):
     plan_template: str | None = None
     memory_template: str | None = None
     final_template: str | None = None
+    plan_system_file: str | None = None
+    """File holding a system turn put before the plan prompt's user turn, read as it is (no placeholders).
+    Published: infmem.py `_process_messages_for_function_call` runs Qwen-Agent's
+    `preprocess_fncall_messages` over the plan conversation, which puts its function-call instructions and
+    the retrievesearch schema in a system turn ahead of the user turn; that text is yours to supply. Unset
+    (and plan_system unset): no system turn (memrl)."""
+    plan_system: str | None = None
+    """The plan prompt's system turn inline (as plan_system_file)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -129,9 +143,16 @@ class InfMemConfig(ChunkedConfig):
             raise ValueError("workflow.plan_template_file is required (workflow.require_template_files=true, set by "
                              "the published-recipe presets): save the published plan prompt to a file and pass "
                              "workflow.plan_template_file=FILE")
+        if self.require_template_files and self.plan_system_file is None and self.plan_system is None:
+            raise ValueError("workflow.plan_system_file is required (workflow.require_template_files=true, set by "
+                             "the published-recipe presets): save the system text Qwen-Agent's "
+                             "preprocess_fncall_messages gives the planner (its function-call instructions and "
+                             "the retrievesearch schema) to a file and pass workflow.plan_system_file=FILE")
+        self.plan_system_text()
         for f, allowed in (("call_format", CALL_FORMATS), ("memory_write", MEMORY_WRITES),
                            ("planner_frame", PLANNER_FRAMES), ("max_steps_count", MAX_STEPS_RULES),
-                           ("first_step_rule", rw.FIRST_STEP_RULES), ("retrieval_scorer", SCORERS)):
+                           ("first_step_rule", rw.FIRST_STEP_RULES), ("retrieval_scorer", SCORERS),
+                           ("early_stop_end", ("own", "batch"))):
             if getattr(self, f) not in allowed:
                 raise ValueError(f"InfMemConfig.{f} must be one of {', '.join(allowed)}, got {getattr(self, f)!r}")
         for f in ("max_plan_tokens", "retrieve_passage_tokens", "retrieve_top_k", "max_retrieved_chars"):
@@ -166,6 +187,14 @@ class InfMemConfig(ChunkedConfig):
                                  self.final_template)
         return plan, mem, fin
 
+    def plan_system_text(self) -> str | None:
+        """The plan prompt's system turn (plan_system, else plan_system_file's text), or None."""
+        if self.plan_system is not None:
+            return self.plan_system
+        if self.plan_system_file is None:
+            return None
+        return load_template("infmem_plan", (), self.plan_system_file, None, "memrl", self.template_strip).text
+
     def weights(self) -> tuple[float, float, float, float]:
         return (self.outcome_weight, self.early_stop_weight, self.call_protocol_weight, self.memory_protocol_weight)
 
@@ -184,9 +213,8 @@ class PlanAction:
 
 
 def _top_k(raw: Any, default: int) -> int:
-    """An integer >= 1 (an integer-valued string too), else the default (InfMem safe_int)."""
-    if isinstance(raw, bool):
-        return default
+    """int(raw) when that is >= 1 (an integer-valued string too; a JSON true is 1, a float is cut), else
+    the default (InfMem `safe_int`)."""
     try:
         v = int(raw)
     except (TypeError, ValueError, OverflowError):
@@ -237,15 +265,28 @@ def history_text(header: str, step: int, max_steps: int, line: str, entries: lis
     return "\n".join(lines)
 
 
-def open_user_prompt(tokenizer: Any, user_text: str, enable_thinking: bool | None = None) -> list[int]:
-    """The released plan frame: the user message rendered through the chat template without a generation
-    prompt, cut right after the message's content (its end-of-turn text dropped)."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
+def plan_messages(user_text: str, system: str | None) -> list[dict[str, str]]:
+    return ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": user_text}]
+
+
+def open_user_prompt(tokenizer: Any, user_text: str, enable_thinking: bool | None = None,
+                     system: str | None = None) -> list[int]:
+    """The released plan frame: the (system and) user message rendered through the chat template without a
+    generation prompt, cut right after the user message's content (its end-of-turn text dropped)."""
+    text = tokenizer.apply_chat_template(plan_messages(user_text, system), tokenize=False,
                                          add_generation_prompt=False, **template_kwargs(enable_thinking))
     cut = text.rfind(user_text)
     if cut < 0:
         raise ValueError("planner_frame=open_user: the chat template does not keep the user message as written")
     return list(tokenizer.encode(text[: cut + len(user_text)], add_special_tokens=False))
+
+
+def system_chat_prompt(tokenizer: Any, user_text: str, system: str, enable_thinking: bool | None = None) -> ChatPrompt:
+    """A system and a user message through the chat template with the assistant's generation prompt."""
+    messages, kw = plan_messages(user_text, system), template_kwargs(enable_thinking)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kw)
+    return ChatPrompt(tokenizer.encode(text, add_special_tokens=False), messages, kw)
 
 
 def retrieved_block(hits_text: list[str], cfg: InfMemConfig) -> str:
@@ -266,6 +307,7 @@ def read_memory(reply: str, finish_reason: str, previous: str, cfg: InfMemConfig
 async def run(task: Task, engine: Engine, cfg: InfMemConfig, rng: random.Random) -> Trajectory:
     """One InfMem trajectory: (plan, memory) calls per chunk until a stop or the last chunk, then the final."""
     plan_tpl, mem_tpl, fin_tpl = cfg.templates()
+    system = cfg.plan_system_text()
     tok = engine.tokenizer
     context_ids, chunks, truncated = task_chunks(task, tok, cfg)
     kept_ids = [i for c in chunks for i in c]  # the context the chunks cover (after max_chunks' cut)
@@ -283,8 +325,10 @@ async def run(task: Task, engine: Engine, cfg: InfMemConfig, rng: random.Random)
         hist = history_text(cfg.plan_history_header, t, max_steps, cfg.history_line, history)
         values = {"problem": task.question, "history": hist, "memory": memory}
         sampling = cfg.sampling(cfg.max_plan_tokens, rng)
-        if cfg.planner_frame == "open_user":
-            prompt_ids = open_user_prompt(tok, plan_tpl.render(**values), cfg.enable_thinking)
+        if cfg.planner_frame == "open_user" or system is not None:
+            text = plan_tpl.render(**values)
+            prompt_ids = (open_user_prompt(tok, text, cfg.enable_thinking, system) if cfg.planner_frame == "open_user"
+                          else system_chat_prompt(tok, text, system or "", cfg.enable_thinking))
             out = await engine.generate(prompt_ids, sampling)
             reply = decode_response(tok, out.token_ids)
         else:
@@ -345,18 +389,29 @@ async def run(task: Task, engine: Engine, cfg: InfMemConfig, rng: random.Random)
     return Trajectory(task.task_id, "", segments, final_answer=boxed or "", metrics=metrics,
                       info={"answer_text": answer_text, "memories": memories, "reward": cfg.reward,
                             "infmem": {"gamma": cfg.early_stop_gamma, "weights": list(cfg.weights()),
-                                       "first_step_rule": cfg.first_step_rule}})
+                                       "first_step_rule": cfg.first_step_rule,
+                                       "early_stop_end": cfg.early_stop_end}})
 
 
-def reward_terms(task: Task, traj: Trajectory) -> dict[str, float]:
+def stopped_early(traj: Trajectory) -> bool:
+    return any(s.info.get("action") == "stop" for s in traj.segments if s.info.get("kind") == "plan")
+
+
+def memory_steps(traj: Trajectory) -> int:
+    return sum(1 for s in traj.segments if s.info.get("kind") == "memory")
+
+
+def reward_terms(task: Task, traj: Trajectory, batch_steps: int | None = None) -> dict[str, float]:
     """The terms of InfMem's mixed reward, read off the trajectory: outcome, early_stop, calls_ok,
-    memories_ok (memrl.rewards.infmem)."""
+    memories_ok (memrl.rewards.infmem). `batch_steps`: the step a trajectory that never stopped is scored
+    at (early_stop_end=batch); None = its own memory steps."""
     opts = traj.info.get("infmem", {})
     memories = [s.info.get("memory", "") for s in traj.segments if s.info.get("kind") == "memory"]
     plans = [s for s in traj.segments if s.info.get("kind") == "plan"]
-    stopped = any(s.info.get("action") == "stop" for s in plans)
+    stopped = stopped_early(traj)
     found = rw.first_answer_step(memories, task.answers)
-    early = rw.early_stop_reward(found, len(memories), stopped, float(opts.get("gamma", 0.6)),
+    end = batch_steps if batch_steps is not None and not stopped else len(memories)
+    early = rw.early_stop_reward(found, end, stopped, float(opts.get("gamma", 0.6)),
                                  str(opts.get("first_step_rule", "counted")))
     return {
         "outcome": boxed_em_outcome(task, traj),
@@ -367,14 +422,32 @@ def reward_terms(task: Task, traj: Trajectory) -> dict[str, float]:
     }
 
 
-def reward(task: Task, traj: Trajectory) -> Score:
+def reward(task: Task, traj: Trajectory, batch_steps: int | None = None) -> Score:
     """InfMem's trajectory reward: w_out * outcome + w_stop * early_stop + w_call * calls_ok + w_mem *
     memories_ok (the workflow's *_weight fields); each term is reported as a metric (infmem_<term>)."""
-    terms = reward_terms(task, traj)
+    terms = reward_terms(task, traj, batch_steps)
     weights = tuple(traj.info.get("infmem", {}).get("weights", (0.6, 0.6, 0.5, 0.5)))
     value = rw.mixed_reward(terms["outcome"], terms["early_stop"], terms["calls_ok"] >= 1.0,
                             terms["memories_ok"] >= 1.0, weights)  # type: ignore[arg-type]
     return Score(value, metrics={f"infmem_{k}": v for k, v in terms.items()})
+
+
+def batch_scores(groups: list[Group], scores: list[list[Score]]) -> list[list[Score]]:
+    """early_stop_end=batch: a trajectory that never stopped is scored again at the most memory steps any
+    trajectory of the batch took (released `InfMem.end`: d = self.step - the first found step); the rest
+    keep their Scores. A Score that failed (reward_error) is left as it is."""
+    longest = max((memory_steps(t) for g in groups for t in g.trajectories), default=0)
+    out = []
+    for g, per_group in zip(groups, scores, strict=True):
+        row = []
+        for traj, score in zip(g.trajectories, per_group, strict=True):
+            if (traj.info.get("infmem", {}).get("early_stop_end") == "batch" and not stopped_early(traj)
+                    and "reward_error" not in score.metrics and g.task is not None):
+                again = reward(g.task, traj, longest)
+                score = dataclasses.replace(score, reward=again.reward, metrics={**score.metrics, **again.metrics})
+            row.append(score)
+        out.append(row)
+    return out
 
 
 def step_rewards(task: Task, traj: Trajectory) -> list[float | None]:
@@ -393,7 +466,7 @@ def step_rewards(task: Task, traj: Trajectory) -> list[float | None]:
 
 
 SPEC = WorkflowSpec(
-    "infmem", run, InfMemConfig, reward, step_rewards=step_rewards,
+    "infmem", run, InfMemConfig, reward, step_rewards=step_rewards, batch_scores=batch_scores,
     format_keys=("no_box",),
     train_defaults={"max_chunks": 8},  # the released config's recurrent.infmem.config.max_chunks
 )

@@ -9,8 +9,9 @@ Token in, token out: the next context is the prompt's ids, then the ids this rep
 that opens `<IS>` through the one that closes the action (the rest of the reply, EOS included, is cut),
 then the observation's ids; nothing sampled is decoded and encoded again. Every model call is one
 training row (prompt = the context it saw, response = its sampled ids, mask 1): rows per turn. MEM1's
-trainer packs a trajectory's turns into one sequence with a 2D attention mask instead; each token sees
-the same context either way (docs/DIFFERENCES.md).
+trainer packs a trajectory's turns into one sequence with a 2D attention mask instead, in which a turn
+does not see the previous internal state it was sampled after: not the same context, so not the same
+gradient (docs/DIFFERENCES.md).
 
 `context=full_history` is the baseline the paper compares against: every earlier turn and observation
 stays in the context (a ReAct-style agent whose context grows with the turns).
@@ -52,9 +53,16 @@ class Mem1Config:
     max_obs_tokens: int = valid(1000, ge=1)
     """An observation is cut to its first this-many tokens (data.max_obs_length)."""
     max_context_tokens: int = valid(0, ge=0, note="0 = no cap")
-    """Cap on a call's context: longer ones keep their LAST this-many tokens (the released loop's
-    _update_rolling_state cut to data.max_prompt_length, 4096, which drops the prompt's head first); 0 = no
-    cap (memrl: MEM1's context is short by design)."""
+    """Cap on a call's context (0 = no cap; memrl: MEM1's context is short by design); what it cuts is
+    `context_cap`'s."""
+    context_cap: str = valid("call", choices=("call", "rolling"))
+    """What max_context_tokens cuts. "call": the call's own context (prompt + latest state and observation)
+    keeps its LAST max_context_tokens tokens. "rolling" (published: generation_think.py
+    `_update_rolling_state` keeps the last data.max_prompt_length = 4096 tokens of the whole history, every
+    reply through its action and every observation included; tensor_helper.py `mask_using_kept_lengths`
+    then shows the window's FIRST prompt-length tokens and its last kept ones, the latest state and
+    observation): once the history passes the cap, the first part is no longer the prompt, and the
+    question itself falls out."""
     topk: int = valid(3, ge=1, le=100)
     """Passages per search (retriever.topk)."""
     state_tag: str = "IS"
@@ -97,6 +105,8 @@ class Mem1Config:
                            ("retriever_scope", ("corpus", "task"))):
             if getattr(self, f) not in allowed:
                 raise ValueError(f"Mem1Config.{f} must be one of {', '.join(allowed)}, got {getattr(self, f)!r}")
+        if self.context_cap not in ("call", "rolling"):
+            raise ValueError(f"Mem1Config.context_cap must be one of call, rolling, got {self.context_cap!r}")
         if self.max_context_tokens < 0:
             raise ValueError(f"Mem1Config.max_context_tokens must be >= 0 (0 = no cap), got {self.max_context_tokens}")
         for f in ("max_turns", "max_turn_tokens", "max_obs_tokens", "topk"):
@@ -177,6 +187,15 @@ def format_results(hits: list[Any], fmt: str) -> str:
                        for i, h in enumerate(hits, 1))
 
 
+def rolling_view(history: list[int], prompt_len: int, kept_len: int, cap: int) -> list[int]:
+    """What a call sees under context_cap=rolling: the last `cap` tokens of the history (the window), then
+    its first `prompt_len` tokens and its last `kept_len` ones (the whole window where the two overlap)."""
+    window = history[-cap:]
+    if prompt_len + kept_len >= len(window):
+        return window
+    return window[:prompt_len] + (window[-kept_len:] if kept_len else [])
+
+
 def hint(cfg: Mem1Config, turns_left: int) -> str:
     """The observation's hint after a turn that leaves `turns_left` turns (the released rule)."""
     if turns_left > 1:
@@ -196,11 +215,14 @@ async def run(task: Task, engine: Engine, cfg: Mem1Config, rng: random.Random, s
     _, head = chat_prompt(tok, cfg.template().render(question=task.question), cfg.enable_thinking)
     head = list(head)
     carried: list[int] = []  # latest_state: the kept reply + observation; full_history: every turn's
+    history = list(head)  # context_cap=rolling: the prompt, every reply through its action, every observation
     segments: list[Segment] = []
     answer, stop, searches, peak = "", "max_turns", 0, 0
     for turn in range(cfg.max_turns):
         prompt = head + carried
-        if cfg.max_context_tokens and len(prompt) > cfg.max_context_tokens:
+        if cfg.max_context_tokens and cfg.context_cap == "rolling":
+            prompt = rolling_view(history, len(head), len(carried), cfg.max_context_tokens)
+        elif cfg.max_context_tokens and len(prompt) > cfg.max_context_tokens:
             prompt = prompt[-cfg.max_context_tokens:]
         out = await engine.generate(prompt, cfg.sampling(rng))
         ids = list(out.token_ids)
@@ -223,6 +245,7 @@ async def run(task: Task, engine: Engine, cfg: Mem1Config, rng: random.Random, s
             answer, stop = (content, "answered") if action == "answer" else ("", "invalid")
             break
         kept = ids[start:end] if cfg.context == "latest_state" else ids[:end]
+        history += ids[:end] + obs_ids
         carried = kept + obs_ids if cfg.context == "latest_state" else carried + kept + obs_ids
     metrics = {
         "turns": float(len(segments)),

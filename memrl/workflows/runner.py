@@ -66,14 +66,15 @@ async def score_trajectory(spec: WorkflowSpec, task: Task, traj: Trajectory, ser
 
 async def score_groups(spec: WorkflowSpec, groups: Sequence[Group], services: Any = None) -> list[list[Score]]:
     """The score stage for a batch: one Score per trajectory, `[group][trajectory]`, in order (judge calls
-    run concurrently; each group needs its Task)."""
+    run concurrently; each group needs its Task), then the spec's `batch_scores` over the whole batch."""
     jobs = []
     for g in groups:
         if g.task is None:
             raise ValueError(f"score: group {g.task_id} carries no Task (Group.task)")
         jobs.extend(score_trajectory(spec, g.task, t, services) for t in g.trajectories)
     flat = iter(await asyncio.gather(*jobs))
-    return [[next(flat) for _ in g.trajectories] for g in groups]
+    scores = [[next(flat) for _ in g.trajectories] for g in groups]
+    return spec.batch_scores(groups, scores) if spec.batch_scores is not None else scores
 
 
 def apply_score(traj: Trajectory, score: Score) -> None:

@@ -7,7 +7,8 @@ or xml, `tool_call_format`; `search`, plus the workflow's own tools) or, with no
 context is a list of memrl.tools.context messages each holding its ids: generated ids exactly as sampled,
 tool results and inserted user messages tokenized once; a fold, a summary restart or a window shift removes
 messages and never re-tokenizes. A model call whose context (prompt) would pass `max_context_tokens` is not
-made: the thread stops there (the budget every member is compared at).
+made: the thread stops there (the budget every member is compared at); with `response_budget` the published
+FoldAgent limit applies instead (the thread's first prompt plus that many tokens, each call capped to fit).
 
 A training row (Segment) is cut by `thread_row` from a snapshot of the context: the prompt is the context up
 to the first assistant turn of the row (its role header included), the response the rest, mask 1 only on
@@ -23,6 +24,7 @@ summaries, window_drops).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +55,15 @@ class SearchAgentConfig:
     """Generation budget of one assistant turn."""
     max_context_tokens: int = valid(32768, ge=1)
     """The working-context budget: a model call whose prompt would pass it is not made (its thread stops)."""
+    response_budget: int = valid(0, ge=0, note="0 = off: max_context_tokens alone")
+    """> 0: each thread may grow to its first prompt plus this many tokens (and never past
+    max_context_tokens): a call generates at most what is left of that limit, and a call with fewer than
+    `min_call_tokens` left is not made (its thread stops). Published FoldAgent: agents/utils.py `Agent.step`
+    (max_len = the first prompt + response_length 32768) and `CallLLM._create_completion` (max_tokens =
+    max_len - prompt, skipped below 10). 0: a call is refused only when its prompt passes max_context_tokens,
+    and it may then generate its whole max_turn_tokens."""
+    min_call_tokens: int = valid(1, ge=1)
+    """With response_budget: the fewest tokens a call must have left to be made (published: 10)."""
     max_tool_response_chars: int = valid(8192, ge=1)
     """Tool output longer than this is cut in the middle."""
     max_parallel_calls: int = valid(5, ge=1)
@@ -240,18 +251,28 @@ class AgentLoop:
         owner.call_ids.append(rid)
         return rid
 
-    async def step(self, messages: list[ctx.Message], tools: set[str]) -> Turn | None:
+    async def step(self, messages: list[ctx.Message], tools: set[str], shared_turns: bool = True) -> Turn | None:
         """Sample the next assistant turn of the thread `messages` (appended to it); None when its prompt
-        would pass the budget or the turns ran out (nothing is sampled)."""
-        if self.turn >= self.cfg.max_assistant_turns:
+        would pass the budget or the turns ran out (nothing is sampled). `shared_turns=False`: the caller
+        keeps its own turn budget (a fold branch with `branch_turn_budget=own`); the turn still counts."""
+        if shared_turns and self.turn >= self.cfg.max_assistant_turns:
             return None
         prompt = ctx.context_ids(messages) + self.header
-        if len(prompt) > self.cfg.max_context_tokens:
+        room = None
+        if self.cfg.response_budget:
+            limit = min(self.cfg.max_context_tokens, len(messages[0].ids) + self.cfg.response_budget)
+            room = limit - len(prompt)
+            if room < self.cfg.min_call_tokens:
+                return None
+        elif len(prompt) > self.cfg.max_context_tokens:
             return None
+        sampling = self.cfg.sampling(self.rng)
+        if room is not None:
+            sampling = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, room))
         self.context_lengths.append(len(prompt))
         turn = self.turn
         self.turn += 1
-        out = await self.engine.generate(prompt, self.cfg.sampling(self.rng))
+        out = await self.engine.generate(prompt, sampling)
         if VERSION_KEY in out.info:
             self.turn_versions[turn] = int(out.info[VERSION_KEY])
         gen = list(out.token_ids)

@@ -19,14 +19,16 @@ from doubles import ScriptedEngine
 from memrl.config import ConfigError, load_config
 from memrl.training.assemble import validate
 from memrl.training.config import TrainConfig
-from memrl.types import Task
-from memrl.workflows.infmem import reward, run
+from memrl.types import Group, Task
+from memrl.workflows.infmem import SPEC, parse_plan, reward, run
+from memrl.workflows.runner import score_groups
 
 SH = "infmem_4B.sh"  # UCMP13753/InfMem
 PY = "recurrent/impls/infmem.py"
 VERL = "verl/trainer/config/ppo_trainer.yaml"
 M1 = "Mem1/train/train_ppo.sh"  # MIT-MI/MEM1
 GEN = "Mem1/train/rollout/llm_agent/generation_think.py"
+MY = "Mem1/train/verl/trainer/config/ppo_trainer.yaml"
 
 PUBLISHED: dict[str, list[tuple[str, object, str]]] = {
     "infmem_official": [
@@ -50,6 +52,7 @@ PUBLISHED: dict[str, list[tuple[str, object, str]]] = {
         ("workflow.planner_frame", "open_user", f"{PY}: _conversations_to_batch_ids, strip_last_token_if_match"),
         ("workflow.memory_write", "after_think", f"{PY}: extract_memory_from_generation"),
         ("workflow.max_steps_count", "floor", f"{PY}: ctx_length // chunk_size"),
+        ("workflow.early_stop_end", "batch", f"{PY}: InfMem.end reads self.step, the batch's step counter"),
         ("workflow.first_step_rule", "published", f"{PY}: end, first_time_answer_in_mem != 0"),
         ("workflow.early_stop_gamma", 0.6, f"{PY}: self.gamma = 0.6"),
         ("workflow.outcome_weight", 0.6, "verl/workers/reward_manager/thread.py: given_score + 0.6 * comp_score"),
@@ -83,6 +86,7 @@ PUBLISHED: dict[str, list[tuple[str, object, str]]] = {
         ("workflow.max_obs_tokens", 1000, f"{M1}: data.max_obs_length=1000"),
         ("workflow.topk", 3, f"{M1}: retriever.topk=3"),
         ("workflow.max_context_tokens", 4096, f"{M1}: data.max_prompt_length=4096 ({GEN} _update_rolling_state)"),
+        ("workflow.context_cap", "rolling", f"{GEN}: _update_rolling_state cuts the whole rolling history"),
         ("workflow.state_tag", "think", f"{GEN}: _calculate_kept_lengths keeps the reply from <think>"),
         ("workflow.result_format", "published", f"{GEN}: _passages2string"),
         ("workflow.reward_scale", "sum", "Mem1/train/verl/utils/reward_score/qa_multiple.py compute_score_em"),
@@ -90,6 +94,12 @@ PUBLISHED: dict[str, list[tuple[str, object, str]]] = {
         ("data.shuffle", True, f"{M1}: data.shuffle_train_dataloader=True"),
         ("algorithm.n", 1, f"{M1}: actor_rollout_ref.rollout.n_agent=1"),
         ("algorithm.kl_coef", 0.001, f"{M1}: algorithm.kl_ctrl.kl_coef=0.001"),
+        # issue 59 item 10: what the script leaves to Mem1/train/verl/trainer/config/ppo_trainer.yaml
+        ("workflow.top_p", 0.95, f"{MY}: rollout.top_p=0.95; vllm_rollout.py passes every SamplingParams key"),
+        ("algorithm.entropy_coef", 0.001, f"{MY}: actor.entropy_coeff=0.001"),
+        ("algorithm.old_logprobs", "trainer", "Mem1/train/verl/trainer/ppo/ray_trainer.py fit: compute_log_prob"),
+        ("algorithm.ppo.clip_high", 0.2, f"{MY}: actor.clip_ratio=0.2 (one range both ways)"),
+        ("algorithm.ppo.dual_clip_c", None, "Mem1/train/verl/trainer/ppo/core_algos.py compute_policy_loss: no dual clip"),
         ("optim.lr", 1e-6, f"{M1}: actor.optim.lr=1e-6"),
         ("optim.warmup_steps", 25, f"{M1}: lr_warmup_steps_ratio=0.05 x total_training_steps=500"),
         ("trainer.steps", 500, f"{M1}: trainer.total_training_steps=500"),
@@ -101,7 +111,8 @@ PUBLISHED: dict[str, list[tuple[str, object, str]]] = {
 ROWS = [(name, *row) for name, rows in PUBLISHED.items() for row in rows]
 TEMPLATES = ["workflow.plan_template=PLAN {problem} {history} {memory}",
              "workflow.memory_template=MEM {problem} {history} {retrieved} {chunk} {memory}",
-             "workflow.final_template=FIN {problem} {memory}"]
+             "workflow.final_template=FIN {problem} {memory}",
+             "workflow.plan_system=SYS"]
 
 
 @cache
@@ -127,6 +138,57 @@ def test_infmem_preset_without_the_plan_prompt_fails_naming_the_field():
                       preset="infmem_official")
     with pytest.raises(ConfigError, match=r"workflow\.plan_template_file is required"):
         validate(cfg)
+    cfg = load_config(TrainConfig, ["model.path=x", "data.path=t.jsonl", "model.device=cpu", *TEMPLATES[:3]],
+                      preset="infmem_official")
+    with pytest.raises(ConfigError, match=r"workflow\.plan_system_file is required"):
+        validate(cfg)
+
+
+def test_infmem_never_stopped_trajectory_scored_at_the_batch_step():
+    """infmem.py: `self.step` counts the batch's memory stages (update: += 1 after each), so at `InfMem.end`
+    it is the most memory steps any trajectory of the generation batch took. A: 3 chunks, never stops,
+    the answer first in memory at step 1 (first_time_answer_in_mem = 1); B: 7 chunks, never finds it. End:
+    d = 7 - 1 = 6, early_stop = min(1, 0.6^5) = 0.07776 (A's own count would give 0.6^(3 - 1 - 1) = 0.6).
+    A's calls are well formed and every memory has </think>: given = 0.6 * 0.07776 + 0.5 + 0.5, outcome 1
+    (boxed Paris): mixed = 1.6 + 0.6 * 0.07776."""
+    _, wf = _config("infmem_official")
+    wf = dataclasses.replace(wf, chunk_tokens=6, retrieve_passage_tokens=6, temperature=0.0)
+    plan = "\u273fFUNCTION\u273f: retrievesearch\n\u273fARGS\u273f: {\"query\": \"city\", \"top_k\": 1}"
+    a_task = Task("a", "Where?", "Paris is a city.", ["Paris"])  # 16 characters: 3 chunks of 6
+    b_task = Task("b", "Where?", "Paris is a city. Rome too. Oslo is cold.", ["Lima"])  # 40: 7 chunks
+    a_replies = [plan, "</think>x", plan, "</think>Paris", plan, "</think>Paris", r"\boxed{Paris}"]
+    b_replies = [r for _ in range(7) for r in (plan, "</think>x")] + [r"\boxed{x}"]
+    a = asyncio.run(run(a_task, ScriptedEngine(a_replies), wf, random.Random(0)))
+    b = asyncio.run(run(b_task, ScriptedEngine(b_replies), wf, random.Random(0)))
+    assert [len(t.info["memories"]) for t in (a, b)] == [3, 7]
+    groups = [Group("a", [a], task=a_task), Group("b", [b], task=b_task)]
+    (sa,), (sb,) = asyncio.run(score_groups(SPEC, groups))
+    assert sa.metrics["infmem_early_stop"] == pytest.approx(0.6 ** 5)
+    assert sa.reward == pytest.approx(0.6 * 1 + 0.6 * 0.6 ** 5 + 0.5 + 0.5)
+    # scored alone (or under memrl's early_stop_end=own): its own 3 steps, 0.6
+    assert reward(a_task, a).metrics["infmem_early_stop"] == pytest.approx(0.6)
+
+
+def test_infmem_plan_prompt_has_the_function_call_system_turn():
+    """infmem.py action (plan stage): conv = [{"role": "user", "content": txt}], then
+    `_process_messages_for_function_call(conv, self.functions)` (Qwen-Agent's preprocess_fncall_messages
+    puts the function-call text in a system turn before it), `_conversations_to_batch_ids` renders it
+    without a generation prompt and drops the last id, `strip_last_token_if_match` drops <|im_end|>: the
+    prompt is the system turn, then the user turn left open right after its content."""
+    _, wf = _config("infmem_official")
+    wf = dataclasses.replace(wf, chunk_tokens=6, retrieve_passage_tokens=6, temperature=0.0,
+                             plan_system='SYS {"name": "retrievesearch"}')  # read as it is: braces stay
+    engine = ScriptedEngine(["STOP", r"\boxed{Paris}"])
+    asyncio.run(run(Task("t", "Where?", "Paris is a city.", ["Paris"]), engine, wf, random.Random(0)))
+    plan = engine.calls[0].prompt_text
+    # the character tokenizer's template renders <role>content</role>; the user turn is cut after its content
+    assert plan.startswith('<system>SYS {"name": "retrievesearch"}</system><user>PLAN Where? ')
+    assert not plan.endswith("</user>") and "<assistant>" not in plan
+    # memrl's chat frame with the same system turn: the user turn closed, the assistant's generation prompt
+    engine = ScriptedEngine(["STOP", r"\boxed{Paris}"])
+    asyncio.run(run(Task("t", "Where?", "Paris is a city.", ["Paris"]), engine,
+                    dataclasses.replace(wf, planner_frame="chat"), random.Random(0)))
+    assert engine.calls[0].prompt_text == plan + "</user><assistant>"
 
 
 def test_infmem_preset_trajectory_reward_by_hand():
@@ -148,3 +210,12 @@ def test_infmem_preset_trajectory_reward_by_hand():
     assert score.metrics == {"infmem_outcome": 1.0, "infmem_early_stop": pytest.approx(0.6),
                              "infmem_calls_ok": 0.0, "infmem_memories_ok": 0.0}
     assert score.reward == pytest.approx(0.6 * 0.6 + 0.6 * 1.0)
+
+
+def test_infmem_top_k_read_as_safe_int():
+    """infmem.py `safe_int`: int(value) if that is >= 1, else 5; json.loads gives true for a JSON true, and
+    int(True) = 1; int(2.9) = 2; "3" -> 3; "x", 0 and "-2" -> 5."""
+    _, wf = _config("infmem_official")
+    call = "\u273fFUNCTION\u273f: retrievesearch\n\u273fARGS\u273f: {{\"query\": \"q\", \"top_k\": {}}}"
+    got = [parse_plan(call.format(v), "Q", wf).calls[0][1] for v in ("true", "2.9", '"3"', '"x"', "0", '"-2"')]
+    assert got == [1, 2, 3, 5, 5, 5]

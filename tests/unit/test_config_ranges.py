@@ -354,6 +354,7 @@ FREE_TEXT: dict[str, str] = {
     "InfMemConfig.stop_marker": "text", "InfMemConfig.plan_history_header": "a format string, checked",
     "InfMemConfig.memory_history_header": "a format string, checked", "InfMemConfig.history_line": "a format string",
     "plan_template_file": "a path", "plan_template": "text", "prompt_template_file": "a path",
+    "InfMemConfig.plan_system_file": "a path", "InfMemConfig.plan_system": "text",
     "prompt_template": "text", "Mem1Config.state_tag": "a tag, checked by Mem1Config",
     "Mem1Config.hint_turns_left": "a format string, checked", "Mem1Config.hint_last_turn": "text",
     "Mem1Config.answer_separator": "text",
