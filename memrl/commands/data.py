@@ -29,7 +29,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from memrl.commands.options import refuse_unused, track_given
-from memrl.config import bounded
+from memrl.config import MAX_CHARS, MAX_COUNT, MAX_SEED, bounded
 from memrl.data import hotpotqa, memagent_files, twowiki
 from memrl.data.corpus import CorpusStats, build_corpus, write_corpus
 from memrl.data.io import (
@@ -129,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--tasks", default=None, help="comma-separated RULER tasks (default: the 11 of MemAgent's paper)")
     r.add_argument("--lengths", default=None, help="comma-separated target lengths in tokens: 8k,16k,... (k = 1024)")
     r.add_argument("--tokenizer", default=None, help="tokenizer / model directory the lengths are measured in")
-    r.add_argument("--samples", type=bounded(int, ge=1), default=100, help="rows per task and length (RULER: 500)")
+    r.add_argument("--samples", type=bounded(int, ge=1, le=MAX_COUNT), default=100, help="rows per task and length (RULER: 500)")
     r.add_argument("--haystack", default=None, help="essay text file for the essay haystacks (niah_single_2/3, ...)")
     r.add_argument("--noise", default=None, help="noise sentences, one per line (default: memrl's built-in ones)")
     r.add_argument("--qa-source", default=None, help="SQuAD JSON (qa_1) or HotpotQA file (qa_2) for the qa tasks")
@@ -137,8 +137,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="qa: fill up to the length with the first words of one more document (words) or whole "
                         "documents only (docs, as RULER)")
     b.add_argument("--docs", default=list(DEFAULT_DOC_COUNTS), help="comma-separated document counts")
-    b.add_argument("--num-questions", type=bounded(int, ge=0), default=128, help="questions per set (0 = all)")
-    b.add_argument("--seed", type=bounded(int, ge=0), default=42, help="seed of question choice, padding and shuffling")
+    b.add_argument("--num-questions", type=bounded(int, ge=0, le=MAX_COUNT), default=128, help="questions per set (0 = all)")
+    b.add_argument("--seed", type=bounded(int, ge=0, le=MAX_SEED), default=42, help="seed of question choice, padding and shuffling")
     b.add_argument("--sub-questions", default=[2, 3],
                    help="--kind multiobjective: sub-question counts to draw from (comma-separated)")
     common(b)
@@ -156,9 +156,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t = sub.add_parser("train", help="training set: questions padded to 200 docs, MemAgent parquet")
     t.add_argument("--source", nargs="+", required=True, help="HotpotQA / 2Wiki file(s), either layout")
     t.add_argument("--out", required=True, help="output .parquet file")
-    t.add_argument("--docs", type=bounded(int, ge=1), default=TRAIN_NUM_DOCS, help="documents per question")
-    t.add_argument("--num-questions", type=bounded(int, ge=0), default=0, help="questions (0 = all)")
-    t.add_argument("--seed", type=bounded(int, ge=0), default=42)
+    t.add_argument("--docs", type=bounded(int, ge=1, le=MAX_COUNT), default=TRAIN_NUM_DOCS, help="documents per question")
+    t.add_argument("--num-questions", type=bounded(int, ge=0, le=MAX_COUNT), default=0, help="questions (0 = all)")
+    t.add_argument("--seed", type=bounded(int, ge=0, le=MAX_SEED), default=42)
     t.add_argument("--data-source", default="hotpotqa", help="the rows' data_source field")
     common(t)
 
@@ -176,8 +176,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     sh = sub.add_parser("show", help="print the first rows of a file as tasks")
     sh.add_argument("file")
-    sh.add_argument("--rows", type=bounded(int, ge=1), default=1)
-    sh.add_argument("--chars", type=bounded(int, ge=0), default=400, help="context characters to show")
+    sh.add_argument("--rows", type=bounded(int, ge=1, le=MAX_COUNT), default=1)
+    sh.add_argument("--chars", type=bounded(int, ge=0, le=MAX_CHARS), default=400, help="context characters to show")
     common(sh)
 
 

@@ -63,7 +63,7 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from memrl.config import valid
+from memrl.config import MAX_COUNT, MAX_SECONDS, valid
 from memrl.engines.base import Completion, EngineError, SamplingParams
 from memrl.engines.config import EngineConfig, OpenAISection
 
@@ -108,14 +108,14 @@ class OpenAIConfig:
     """Worker method update_weights calls through vLLM's /collective_rpc. "memrl_load_weights" needs the
     server started with --worker-extension-cls memrl.engines.vllm.MemrlWorkerExtension; "reload_weights"
     works on a stock server, but vLLM 0.32 then leaves a tied lm_head stale (see memrl.engines.vllm)."""
-    max_concurrency: int = valid(_ENGINE.max_batch_size, ge=1)
+    max_concurrency: int = valid(_ENGINE.max_batch_size, ge=1, le=MAX_COUNT)
     """Requests in flight at once, per engine."""
-    timeout_s: float = valid(_OPENAI.timeout_s, gt=0)
+    timeout_s: float = valid(_OPENAI.timeout_s, gt=0, le=MAX_SECONDS)
     """Per-request timeout (read); connecting times out after connect_timeout_s."""
-    connect_timeout_s: float = valid(_OPENAI.connect_timeout_s, gt=0)
-    max_retries: int = valid(_OPENAI.max_retries, ge=0)
+    connect_timeout_s: float = valid(_OPENAI.connect_timeout_s, gt=0, le=MAX_SECONDS)
+    max_retries: int = valid(_OPENAI.max_retries, ge=0, le=MAX_COUNT)
     """Retries after a connection error, timeout or 5xx (so up to max_retries + 1 attempts)."""
-    backoff_s: float = valid(_OPENAI.backoff_s, ge=0)
+    backoff_s: float = valid(_OPENAI.backoff_s, ge=0, le=MAX_SECONDS)
     """First retry delay; doubled per retry, with up to 10% jitter."""
 
     def __post_init__(self) -> None:

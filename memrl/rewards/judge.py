@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from memrl.config import ConfigError, valid
+from memrl.config import MAX_COUNT, MAX_SECONDS, MAX_TEMPERATURE, MAX_TOKENS, ConfigError, valid
 
 RUBRIC = """You are grading an answer to a question against the gold answer(s).
 
@@ -91,17 +91,17 @@ class JudgeSettings:
     api_key_env: str = ""
     """Name of the environment variable holding the judge's API key, sent as a Bearer token; "" = none.
     The key itself is never a config value, so it is never written to a run directory."""
-    timeout_s: float = valid(30.0, gt=0)
+    timeout_s: float = valid(30.0, gt=0, le=MAX_SECONDS)
     """Per-request timeout in seconds."""
-    retries: int = valid(2, ge=0)
+    retries: int = valid(2, ge=0, le=MAX_COUNT)
     """Extra attempts after a timeout, a lost connection, HTTP 408 / 429 or 5xx."""
-    backoff_s: float = valid(0.5, ge=0)
+    backoff_s: float = valid(0.5, ge=0, le=MAX_SECONDS)
     """First retry delay; doubled per retry."""
-    max_concurrency: int = valid(16, ge=1)
+    max_concurrency: int = valid(16, ge=1, le=MAX_COUNT)
     """Judge calls in flight at once."""
-    max_tokens: int = valid(8, ge=1)
+    max_tokens: int = valid(8, ge=1, le=MAX_TOKENS)
     """Generation budget of one verdict (a reasoning judge needs hundreds: the published 800)."""
-    temperature: float = valid(0.0, ge=0)
+    temperature: float = valid(0.0, ge=0, le=MAX_TEMPERATURE)
     """Sampling temperature of the judge."""
     top_p: float | None = valid(None, gt=0, le=1, note="null = not sent")
     """Sent when set; None = not sent (the server's default), as the published reward does."""

@@ -27,7 +27,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from memrl.config import valid
+from memrl.config import MAX_CHARS, MAX_COUNT, MAX_TEMPERATURE, MAX_TOKENS, MAX_VOCAB, valid
 from memrl.engines.base import Engine, SamplingParams
 from memrl.engines.versioned import VERSION_KEY
 from memrl.tools import calls as tc
@@ -47,19 +47,19 @@ BASE_COUNTERS = ("searches", "search_errors", "malformed_calls", "unknown_tools"
 class SearchAgentConfig:
     """Settings every member of the family shares (memrl's defaults)."""
 
-    max_assistant_turns: int = valid(40, ge=1)
+    max_assistant_turns: int = valid(40, ge=1, le=MAX_COUNT)
     """Assistant turns per trajectory, all threads together (a fold's branch turns count too)."""
-    max_turn_tokens: int = valid(2048, ge=1)
+    max_turn_tokens: int = valid(2048, ge=1, le=MAX_TOKENS)
     """Generation budget of one assistant turn."""
-    max_context_tokens: int = valid(32768, ge=1)
+    max_context_tokens: int = valid(32768, ge=1, le=MAX_TOKENS)
     """The working-context budget: a model call whose prompt would pass it is not made (its thread stops)."""
-    max_tool_response_chars: int = valid(8192, ge=1)
+    max_tool_response_chars: int = valid(8192, ge=1, le=MAX_CHARS)
     """Tool output longer than this is cut in the middle."""
-    max_parallel_calls: int = valid(5, ge=1)
+    max_parallel_calls: int = valid(5, ge=1, le=MAX_COUNT)
     """Tool calls executed per turn; further well-formed calls are dropped (counted) with an error reply."""
-    temperature: float = valid(1.0, ge=0, note="0 = greedy")
+    temperature: float = valid(1.0, ge=0, le=MAX_TEMPERATURE, note="0 = greedy")
     top_p: float = valid(1.0, gt=0, le=1, note="1 = off")
-    top_k: int = valid(-1, ge=-1, note="-1 or 0 = off")
+    top_k: int = valid(-1, ge=-1, le=MAX_VOCAB, note="-1 or 0 = off")
     retriever_kind: str = "bm25"
     """bm25 or keyword over retriever_corpus, or a name given to register_retriever (as MemActConfig's)."""
     retriever_corpus: str | None = None
