@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
+from memrl.algorithms.process_rewards import FOLD_PROCESS_REWARDS
 from memrl.config import ConfigError, check_config, check_shared_fields
 from memrl.data.io import load_tasks
 from memrl.data.mixture import balanced_batches
@@ -84,7 +85,19 @@ def validate(cfg: TrainConfig) -> tuple[Any, Any]:
     if cfg.algorithm.model_reward == "infomem" and spec.memory_prompts is None:
         raise ConfigError(f"algorithm.model_reward=infomem scores a final memory, which workflow={spec.name} does not "
                           "keep (WorkflowSpec.memory_prompts; memagent has one)")
+    check_estimator_fits_workflow(cfg, spec)
     return spec, wf
+
+
+def check_estimator_fits_workflow(cfg: TrainConfig, spec: Any) -> None:
+    """An estimator whose terms the workflow cannot feed is refused, not run as another one: foldgrpo's
+    built-in process rewards read fold's branch rows (WorkflowSpec.branches); on any other workflow they are
+    all 0 and foldgrpo is plain GRPO."""
+    terms = list(cfg.algorithm.foldgrpo.process_rewards)
+    if cfg.algorithm.name == "foldgrpo" and not spec.branches and terms and set(terms) <= set(FOLD_PROCESS_REWARDS):
+        raise ConfigError(f"algorithm.name=foldgrpo on workflow={spec.name}: its process rewards ({', '.join(terms)}) "
+                          "read the branches workflow=fold records, and this workflow records none, so it would "
+                          "train as plain GRPO; use workflow=fold or algorithm.name=grpo")
 
 
 def algorithm_options(cfg: TrainConfig) -> tuple[Any, Any]:

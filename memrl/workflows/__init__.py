@@ -50,6 +50,10 @@ class WorkflowSpec:
     """`(task, traj, cfg, tokenizer) -> (prompt ids with the final memory, the same prompt without memory)`:
     the pair InfoMem's final-memory reward scores the gold answer after (memrl.training.model_rewards);
     None: the workflow has no final memory to score (memagent has one)."""
+    branches: bool = False
+    """The workflow records folding rows (row info "kind" main / branch, "branch_turns", "error_turns"; fold
+    does): what FoldGRPO's built-in process rewards read (memrl.algorithms.fold). Without them foldgrpo is
+    plain GRPO, so `memrl train` refuses it (memrl.training.assemble.validate)."""
     format_keys: tuple[str, ...] = ()
     """Trajectory metrics that count a format error or a fallback (> 0 = that error happened); the
     trainer logs format/<key> and the eval table counts questions with each (`format_counts`)."""

@@ -234,7 +234,7 @@ def reward(task: Any, traj: Trajectory, services: Any = None) -> Any:
 
 
 SPEC = WorkflowSpec(
-    "fold", run, FoldConfig, reward,
+    "fold", run, FoldConfig, reward, branches=True,
     format_keys=("no_final_marker", "malformed_calls"),
     eval_defaults={"temperature": 0.0},
 )
