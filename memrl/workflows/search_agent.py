@@ -7,7 +7,8 @@ or xml, `tool_call_format`; `search`, plus the workflow's own tools) or, with no
 context is a list of memrl.tools.context messages each holding its ids: generated ids exactly as sampled,
 tool results and inserted user messages tokenized once; a fold, a summary restart or a window shift removes
 messages and never re-tokenizes. A model call whose context (prompt) would pass `max_context_tokens` is not
-made: the thread stops there (the budget every member is compared at).
+made: the thread stops there (the budget every member is compared at); a first prompt already over it is
+said on the console (a warning naming the task), never a silent empty run.
 
 A training row (Segment) is cut by `thread_row` from a snapshot of the context: the prompt is the context up
 to the first assistant turn of the row (its role header included), the response the rest, mask 1 only on
@@ -23,6 +24,7 @@ summaries, window_drops).
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +43,8 @@ from memrl.workflows.templates import load_template, template_kwargs
 _USER_SENTINEL = "\u2063USER\u2063"
 BASE_COUNTERS = ("searches", "search_errors", "malformed_calls", "unknown_tools", "bad_arguments",
                  "dropped_calls", "tool_truncations", "topk_clamped")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -325,6 +329,10 @@ class AgentLoop:
                    extra_metrics: dict[str, float], info: dict[str, Any]) -> Trajectory:
         cfg = self.cfg
         n = len(self.context_lengths)
+        if self.turn == 0 and stop == "context_budget":  # not one call made: say so, never a silent 0-token run
+            log.warning("task %s: the first prompt (%d tokens) is over workflow.max_context_tokens=%d: no turn was "
+                        "sampled", self.task.task_id, len(ctx.context_ids(final_messages)) + len(self.header),
+                        cfg.max_context_tokens)
         marker = "FINAL_ANSWER: " if cfg.require_final_answer else FINAL_MARKER
         metrics = {
             "turns": float(self.turn),

@@ -52,3 +52,50 @@ def test_foldgrpo_runs_where_its_terms_mean_something():
             _validate("workflow=memagent", "algorithm.name=foldgrpo", "algorithm.foldgrpo.process_rewards=[scope]")
     finally:
         del PROCESS_REWARDS["mine"]
+
+
+# ------------------------------------ item 7: a context budget below the first prompt (fold, summarize, window)
+
+
+@pytest.mark.parametrize("member", ["fold", "summarize", "sliding_window"])
+def test_a_first_prompt_over_the_context_budget_is_said_not_a_silent_empty_run(member, caplog):
+    """Before: 0 tokens generated, stop context_budget, exit 0 and not a word."""
+    import asyncio
+    import logging
+    import random
+
+    from doubles import CharTokenizer, ScriptedEngine
+
+    from memrl.tools.calls import tools_fallback_text
+    from memrl.types import Task
+    from memrl.workflows import get_workflow, parse_workflow
+
+    tok = CharTokenizer()
+    _, cfg = parse_workflow({"name": member, "max_context_tokens": 10, "system_template": "S",
+                                "user_template": "{question}|{answer_format}", "retriever_scope": "task"})
+    engine = ScriptedEngine(["FINAL_ANSWER: Paris"])
+    with caplog.at_level(logging.WARNING, logger="memrl.workflows.search_agent"):
+        traj = asyncio.run(get_workflow(member).run(Task("t1", "Q", "", ["Paris"], {"documents": ["Paris is the capital of France."]}), engine, cfg, random.Random(0)))
+    assert engine.calls == [] and traj.info["stop"] == "context_budget" and traj.metrics["turns"] == 0.0
+    first = [r.getMessage() for r in caplog.records if r.name == "memrl.workflows.search_agent"]
+    assert len(first) == 1
+    # the prompt: system (S + the tools' fallback text) + user (question | answer format), then the header
+    from memrl.tools.search import SEARCH_SCHEMA
+
+    schemas = [SEARCH_SCHEMA]
+    if member == "fold":
+        from memrl.workflows.fold import BRANCH_SCHEMA, RETURN_SCHEMA
+
+        schemas += [BRANCH_SCHEMA, RETURN_SCHEMA]
+    fmt = "End with one line: FINAL_ANSWER: <short answer>."
+    n = len(tok.encode("<system>S" + tools_fallback_text(schemas) + f"</system><user>Q|{fmt}</user>")) + \
+        len(tok.encode("<assistant>"))
+    assert first == [f"task t1: the first prompt ({n} tokens) is over workflow.max_context_tokens=10: no turn was "
+                     "sampled"]
+    caplog.clear()
+    _, cfg = parse_workflow({"name": member, "max_context_tokens": 100_000, "system_template": "S",
+                             "user_template": "{question}|{answer_format}", "retriever_scope": "task"})
+    with caplog.at_level(logging.WARNING, logger="memrl.workflows.search_agent"):
+        traj = asyncio.run(get_workflow(member).run(Task("t1", "Q", "", ["Paris"], {"documents": ["Paris."]}),
+                                                    ScriptedEngine(["FINAL_ANSWER: Paris"]), cfg, random.Random(0)))
+    assert traj.info["stop"] == "answer" and not caplog.records
