@@ -99,3 +99,49 @@ def test_a_first_prompt_over_the_context_budget_is_said_not_a_silent_empty_run(m
         traj = asyncio.run(get_workflow(member).run(Task("t1", "Q", "", ["Paris"], {"documents": ["Paris."]}),
                                                     ScriptedEngine(["FINAL_ANSWER: Paris"]), cfg, random.Random(0)))
     assert traj.info["stop"] == "answer" and not caplog.records
+
+
+# -------------------------------------------- item 2: a template given twice; a template file that is not text
+
+
+def test_a_template_file_beside_a_presets_inline_template_is_refused_not_ignored(tmp_path, capsys):
+    mine = tmp_path / "system.txt"
+    mine.write_text("My own system prompt.")
+    argv = ["train", "--preset", "context_cpu", f"model.path={tmp_path / 'no_model'}", f"out_dir={tmp_path / 'out'}",
+            f"data.path={tmp_path / 'tasks.jsonl'}", f"workflow.system_template_file={mine}"]
+    assert _fails(argv, capsys) == (
+        f"memrl train: error: workflow.system_template_file={mine} and workflow.system_template are both set (a "
+        "preset may set the inline one): keep one; add workflow.system_template=null to use the file")
+    # the way out the message names: the file is what the run reads
+    from memrl.workflows import parse_workflow
+
+    _, wf = parse_workflow({"name": "fold", "system_template": None, "system_template_file": str(mine)})
+    assert (wf.system_template, wf.system_template_file) == (None, str(mine))
+    for preset, key in [("demo_cpu", "memory_template"), ("mem1_cpu", "prompt_template"),
+                        ("memact_dcpo_cpu", "system_template")]:
+        cfg = load_config(TrainConfig, ["model.path=unused", "data.path=unused.jsonl", f"workflow.{key}_file={mine}"],
+                          preset=preset)
+        with pytest.raises(ConfigError, match=rf"^workflow\.{key}_file=.* and workflow\.{key} are both set"):
+            validate(cfg)
+
+
+@pytest.mark.parametrize(("make", "said"), [
+    (lambda d: "/dev/zero", "template file /dev/zero is not a regular file"),
+    (lambda d: str(d), "template file {d} is not a regular file"),
+    (lambda d: _write(d / "nul.txt", b"Q: {problem}\x00\x00"), "template file {d}/nul.txt is binary, not text: a NUL "
+                                                                 "byte at character 12"),
+    (lambda d: _write(d / "bin.txt", b"\x89PNG\r\n\x1a\n"), "template file {d}/bin.txt is not UTF-8 text: invalid "
+                                                            "start byte at byte 0"),
+    (lambda d: _write(d / "big.txt", b"a" * (1 << 21)), "template file {d}/big.txt holds 2,097,152 bytes, more than a "
+                                                        "prompt's 1,048,576"),
+])
+def test_a_template_file_that_is_not_a_prompt_is_refused_in_one_line(make, said, tmp_path, capsys):
+    path = make(tmp_path)
+    line = _fails(["train", f"model.path={tmp_path / 'no_model'}", f"out_dir={tmp_path / 'out'}",
+                   "workflow=fold", f"workflow.system_template_file={path}"], capsys)
+    assert line == f"memrl train: error: workflow.system_template_file: {said.format(d=tmp_path)}"
+
+
+def _write(path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
