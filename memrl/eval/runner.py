@@ -76,6 +76,7 @@ from memrl.workflows import get_workflow, parse_workflow
 from memrl.workflows.full_context import FULL_CONTEXT_TEMPLATE, FullContextConfig  # noqa: F401 - re-exported
 from memrl.workflows.full_context import run as run_full_context  # noqa: F401 - re-exported
 from memrl.workflows.runner import takes_services
+from memrl.workflows.templates import check_thinking_switch
 
 log = logging.getLogger(__name__)
 
@@ -509,6 +510,9 @@ def evaluate(
         own_engine = engine is None
         runtime = RolloutRuntime(make_eval_engine(cfg.engine) if own_engine else engine, close_engine=own_engine)
     try:
+        if own:  # the tokenizer is loaded now; nothing generated yet
+            check_thinking_switch(getattr(runtime.engine, "tokenizer", None), getattr(wf_cfg, "enable_thinking", None),
+                                  f"--model {cfg.engine.model}")
         with open(results_path, "a", encoding="utf-8") as fh:
             if rollout is None:
                 run_spec = dropping_failed_requests(spec) if cfg.failed_requests != "error" else spec

@@ -48,6 +48,7 @@ from memrl.training.weight_sync import WeightSync
 from memrl.training.workers import build_workers
 from memrl.types import Task
 from memrl.workflows import parse_workflow
+from memrl.workflows.templates import check_thinking_switch
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +276,7 @@ def assemble(cfg: TrainConfig, resume: bool = False, workflow: tuple[Any, Any] |
         if uses_ray(cfg):
             connect(cfg)  # address and resources checked before any model is loaded
         tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(src)
+        check_thinking_switch(tokenizer, getattr(wf_cfg, "enable_thinking", None), f"model.path {src}")
         workers = build_workers(cfg, start)  # model, KL reference, optimizer, scheduler (resumed)
     random.seed(cfg.trainer.seed)
     torch.manual_seed(cfg.trainer.seed)

@@ -87,7 +87,8 @@ class ChunkedConfig:
     enable_thinking: bool | None = None
     """The chat template's thinking switch (Qwen3's `enable_thinking`) for every call: None = the
     template's default (Qwen3: thinking on); false = a non-thinking prompt (Qwen3 adds an empty think
-    block); templates without the switch ignore it. See memory_text for the <think> text of a reply."""
+    block); true on a template without the switch is refused once the tokenizer loads (it would do nothing).
+    See memory_text for the <think> text of a reply."""
     memory_text: str = valid("reply", choices=MEMORY_TEXTS)
     """What of a memory call's reply the memory is read from, i.e. where a thinking model's <think> text
     goes: reply (kept: the whole decoded reply; memrl, and MemAgent's trainers), after_think (the text

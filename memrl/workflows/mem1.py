@@ -87,7 +87,8 @@ class Mem1Config:
     top_p: float = valid(1.0, gt=0, le=1, note="1 = off")
     top_k: int = valid(-1, ge=-1, le=MAX_VOCAB, note="-1 or 0 = off")
     enable_thinking: bool | None = None
-    """The chat template's thinking switch for the prompt; None = the template's default."""
+    """The chat template's thinking switch for the prompt; None = the template's default (true on a template
+    without the switch is refused once the tokenizer loads)."""
     prompt_template_file: str | None = None
     """File overriding the task prompt; must contain {question}."""
     prompt_template: str | None = None

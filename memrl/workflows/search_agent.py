@@ -90,7 +90,8 @@ class SearchAgentConfig:
     the chat template writes <function=). It also picks the wording of the tools block of templates
     without tools support."""
     enable_thinking: bool | None = None
-    """The chat template's thinking switch (None = the template's default)."""
+    """The chat template's thinking switch (None = the template's default; true on a template without the
+    switch is refused once the tokenizer loads)."""
     require_final_answer: bool = False
     """True: the reward reads only the text after the last "FINAL_ANSWER: " (a reply without it scores 0)."""
     overlong_mask: bool = False

@@ -192,6 +192,20 @@ def template_kwargs(enable_thinking: bool | None) -> dict[str, bool]:
     return {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
 
 
+def check_thinking_switch(tokenizer: object, enable_thinking: bool | None, model: str = "the model") -> None:
+    """`enable_thinking=true` on a chat template that never reads `enable_thinking` would do nothing: refused
+    (a TemplateError naming the setting and the model) once the tokenizer is loaded, before any generation. A
+    tokenizer without a chat template of its own (a test double, a server that renders it) is not checked."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not enable_thinking or not template:
+        return
+    text = template if isinstance(template, str) else " ".join(map(str, dict(template).values()))
+    if "enable_thinking" not in text:
+        raise TemplateError(f"workflow.enable_thinking=true: the chat template of {model} has no thinking switch "
+                            "(it never reads enable_thinking), so the setting would do nothing; drop it or use a "
+                            "model whose template has one (Qwen3)")
+
+
 _MESSAGE = "\x00memrl-message\x00"  # stands for the user message while the chat frame is rendered
 
 

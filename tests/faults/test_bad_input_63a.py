@@ -145,3 +145,36 @@ def test_a_template_file_that_is_not_a_prompt_is_refused_in_one_line(make, said,
 def _write(path, data: bytes) -> str:
     path.write_bytes(data)
     return str(path)
+
+
+# ----------------------------------------------- item 6: enable_thinking on a template without a thinking switch
+
+
+def test_enable_thinking_on_a_template_without_the_switch_is_refused_before_generation(tiny_model, tmp_path, capsys):
+    said = (f"workflow.enable_thinking=true: the chat template of {{}} {tiny_model} has no thinking switch (it never "
+            "reads enable_thinking), so the setting would do nothing; drop it or use a model whose template has one "
+            "(Qwen3)")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"task_id": "q1", "question": "Q?", "context": "Paris is in France.", "answers": ["Paris"]}\n')
+    line = _fails(["eval", "--model", tiny_model, "--out", str(tmp_path / "eval"), str(tasks),
+                   "workflow.enable_thinking=true"], capsys, code=1)
+    assert line == "memrl eval: error: " + said.format("--model")
+    assert not (tmp_path / "eval" / "results.jsonl").exists()
+    line = _fails(["train", f"model.path={tiny_model}", f"out_dir={tmp_path / 'train'}", "data.name=file",
+                   f"data.path={tasks}", "workflow.enable_thinking=true"], capsys, code=1)
+    assert line == "memrl train: error: " + said.format("model.path")
+
+
+def test_enable_thinking_passes_where_the_template_reads_it(tiny_model):
+    from transformers import AutoTokenizer
+
+    from memrl.models.tiny import cached_tiny_model
+    from memrl.workflows.templates import TemplateError, check_thinking_switch
+
+    qwen3 = AutoTokenizer.from_pretrained(cached_tiny_model("tiny-qwen3"))
+    check_thinking_switch(qwen3, True)
+    chatml = AutoTokenizer.from_pretrained(tiny_model)
+    for value in (None, False):  # unset, or off: nothing to switch on
+        check_thinking_switch(chatml, value)
+    with pytest.raises(TemplateError):
+        check_thinking_switch(chatml, True)
