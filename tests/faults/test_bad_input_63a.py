@@ -178,3 +178,78 @@ def test_enable_thinking_passes_where_the_template_reads_it(tiny_model):
         check_thinking_switch(chatml, value)
     with pytest.raises(TemplateError):
         check_thinking_switch(chatml, True)
+
+
+# ---------------------------------------------- item 5: a dead or hanging judge, said while the run goes on
+
+
+def _judge_all(url: str, n: int, **kw):
+    import asyncio
+
+    from memrl.rewards.judge import JudgeClient, JudgeSettings
+
+    async def go():
+        client = JudgeClient(JudgeSettings(url=url, model="m", retries=0, backoff_s=0.01, **kw))
+        try:
+            return [await client.judge("Q?", ["Paris"], "Paris") for _ in range(n)], client
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
+
+
+def test_a_dead_judge_is_said_on_the_console_with_its_first_error_and_counted(caplog):
+    """Before: every reward 0 and not a console line (only metrics.jsonl's judge_error counted it)."""
+    import logging
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    with caplog.at_level(logging.WARNING, logger="memrl.rewards.judge"):
+        results, client = _judge_all(f"http://127.0.0.1:{port}/v1", 12, timeout_s=2)
+    assert [r.score for r in results] == [0.0] * 12 and client.counters["judge_error"] == 12
+    said = [r.getMessage() for r in caplog.records]
+    first = f"http_error: {url}: ConnectError: All connection attempts failed"
+    assert client.first_error == first
+    assert said == [f"judge {url} failed ({first}); the judgement scores 0 and the run goes on (judge_error counts "
+                    "failures)",
+                    f"judge {url}: 10 judgements failed so far, each scored 0 (first: {first})"]
+
+
+def test_a_judge_that_trickles_its_reply_is_cut_at_timeout_s():
+    """httpx's timeout bounds each read: a server sending a byte every 0.1 s held a judgement for as long as
+    it liked. Now the whole call is bounded by timeout_s."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Trickle(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server API
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            try:
+                for _ in range(100):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.1)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True).start()
+    try:
+        t0 = time.monotonic()
+        [r], client = _judge_all(f"http://127.0.0.1:{httpd.server_address[1]}/v1", 1, timeout_s=0.5)
+        took = time.monotonic() - t0
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert (r.score, r.error) == (0.0, "timeout") and took < 3.0, took
