@@ -253,3 +253,56 @@ def test_a_judge_that_trickles_its_reply_is_cut_at_timeout_s():
         httpd.shutdown()
         httpd.server_close()
     assert (r.score, r.error) == (0.0, "timeout") and took < 3.0, took
+
+
+# --------------------------------------------------------- item 11: an mlflow tracking server that is not there
+
+
+def test_a_dead_mlflow_server_is_one_line_within_seconds(tiny_model, tmp_path, capsys):
+    """Before: `trainer.mlflow_uri=http://127.0.0.1:9` sat silent for minutes (mlflow's client retries with
+    back-off), after the model had loaded."""
+    import socket
+    import time
+
+    import train_child  # noqa: F401 - registers memagent_parity
+    from conftest import train_overrides
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    uri = f"http://127.0.0.1:{port}"
+    t0 = time.monotonic()
+    line = _fails(["train", *train_overrides(tiny_model, tmp_path / "run"), "trainer.loggers=[jsonl,mlflow]",
+                   f"trainer.mlflow_uri={uri}"], capsys)
+    assert time.monotonic() - t0 < 30
+    assert line == (f"memrl train: error: trainer.mlflow_uri={uri}: the tracking server does not answer within 5 s "
+                    "(ConnectError: [Errno 111] Connection refused); start it, or log to a local store (a directory "
+                    "path)")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(("status", "ok"), [(404, True), (200, True), (502, False), (504, False)])
+def test_the_mlflow_probe_takes_any_answer_but_a_gateways(status, ok):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from memrl.training.trackers import mlflow_uri_problem
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server API
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True).start()
+    try:
+        problem = mlflow_uri_problem(f"http://127.0.0.1:{httpd.server_address[1]}")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert problem == (None if ok else f"the tracking server does not answer within 5 s (HTTP {status} from a "
+                                       "gateway); start it, or log to a local store (a directory path)")
