@@ -306,3 +306,73 @@ def test_the_mlflow_probe_takes_any_answer_but_a_gateways(status, ok):
         httpd.server_close()
     assert problem == (None if ok else f"the tracking server does not answer within 5 s (HTTP {status} from a "
                                        "gateway); start it, or log to a local store (a directory path)")
+
+
+# --------------------------------------------- item 9 (the rest): a chat reply bigger than anything it could be
+
+
+def test_a_chat_reply_longer_than_max_tokens_allows_never_reaches_the_tokenizer():
+    """A 20 MB chat reply (a server that ignores max_tokens) was tokenized whole and aborted the process with
+    a Rust out-of-memory error."""
+    from doubles import CharTokenizer
+
+    from memrl.engines.openai_http import BadReply, parse_chat
+
+    class Counting(CharTokenizer):
+        seen = 0
+
+        def encode(self, text, **kw):  # noqa: ANN001, ANN003, ANN201
+            Counting.seen += len(text)
+            return super().encode(text, **kw)
+
+    def reply(text: str) -> dict:
+        return {"choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "length"}]}
+
+    tok = Counting()
+    with pytest.raises(BadReply) as e:
+        parse_chat(reply("x" * 20_000_000), "http://h/v1/chat/completions", tok, max_tokens=64)
+    assert str(e.value) == ("http://h/v1/chat/completions: malformed chat reply: 20,000,000 characters, more than "
+                            "max_tokens=64 tokens can hold (256 each); the server ignored max_tokens")
+    assert Counting.seen == 0
+    assert parse_chat(reply("x" * 64 * 256), "u", tok, max_tokens=64).finish_reason == "length"  # at the bound
+
+
+def test_a_reply_body_past_the_byte_cap_is_refused_unread(monkeypatch):
+    import asyncio
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from memrl.engines import openai_http
+    from memrl.engines.base import EngineError, SamplingParams
+
+    sent = []
+
+    class Flood(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server API
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", str(1 << 20))
+            self.end_headers()
+            try:
+                for _ in range(64):
+                    self.wfile.write(b" " * (1 << 14))
+                    sent.append(1 << 14)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    monkeypatch.setattr(openai_http, "MAX_REPLY_BYTES", 50_000)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Flood)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    try:
+        eng = openai_http.OpenAIEngine(base_url=url, tokenizer=None, max_retries=0, timeout_s=5.0)
+        with pytest.raises(EngineError) as e:
+            asyncio.run(eng.generate([1, 2], SamplingParams(temperature=0, max_tokens=4)))
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert str(e.value) == f"{url}/completions: the reply is larger than 50,000 bytes; refused unread"
