@@ -376,3 +376,41 @@ def test_a_reply_body_past_the_byte_cap_is_refused_unread(monkeypatch):
         httpd.shutdown()
         httpd.server_close()
     assert str(e.value) == f"{url}/completions: the reply is larger than 50,000 bytes; refused unread"
+
+
+# ------------------------------------------- item 3: --resume of a LoRA run onto other base weights at the path
+
+
+def test_resume_of_a_lora_run_checks_the_base_weights_by_content(tiny_model, tmp_path, capsys):
+    """Before: model.path was compared as a string, so an adapter resumed on other base weights placed at the
+    same path without a word."""
+    import shutil
+
+    import torch
+    from conftest import train_overrides
+    from safetensors.torch import load_file, save_file
+
+    from memrl.model_files import weights_digest
+    from memrl.training.checkpoint import load_state
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model, base)
+    out = tmp_path / "run"
+    argv = ["train", *train_overrides(str(base), out, steps=1), "model.lora.rank=4"]
+    import train_child  # noqa: F401 - registers memagent_parity
+
+    assert main(argv) == 0
+    capsys.readouterr()
+    digest = weights_digest(base)
+    state = load_state(out / "checkpoints" / "step_000001")
+    assert state["base_weights_sha256"] == digest and len(digest) == 64
+    weights = load_file(base / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name] = weights[name] + 1.0  # other base weights, same path, same shapes
+    save_file(weights, base / "model.safetensors", metadata={"format": "pt"})
+    now = weights_digest(base)
+    line = _fails([*argv[:1], "--resume", *argv[1:]], capsys)
+    assert line == (f"memrl train: error: --resume: model.path={base} holds other base weights than the LoRA run "
+                    f"was trained on (SHA-256 of its weight files {now[:16]}..., the checkpoint's {digest[:16]}...); "
+                    "put the run's base weights back or train into a new out_dir")
+    assert torch.equal(load_file(base / "model.safetensors")[name], weights[name])
