@@ -25,6 +25,7 @@ import json
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from transformers import AutoTokenizer
 
@@ -240,9 +241,8 @@ def _build_ruler(args: argparse.Namespace) -> int:
     bad = [t for t in tasks if t not in BUILD_TASKS]
     if bad:
         raise UserError(f"--tasks: unknown {', '.join(bad)}; expected some of {', '.join(BUILD_TASKS)}")
+    tok = _counting_tokenizer(args.tokenizer)
     writable_dir(args.out, "--out")
-    tok = AutoTokenizer.from_pretrained(args.tokenizer)
-    tok.model_max_length = 1 << 40  # counting tokens, not feeding a model: no length warning
     opts = BuildOptions(seed=args.seed, samples=args.samples, haystack=args.haystack or "", noise=args.noise or "",
                         qa_source=args.qa_source or "", qa_fill=args.qa_fill)
     t0 = time.perf_counter()
@@ -313,6 +313,24 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _counting_tokenizer(path: str) -> Any:
+    """The tokenizer of --tokenizer DIR for counting tokens: the directory's vocabulary checked first (without
+    one, transformers fell back to a one-token tokenizer and the RULER builder never reached a length), and
+    transformers' refusals as one line naming the directory."""
+    if Path(path).is_dir():  # (a hub name is left to transformers)
+        try:
+            check_tokenizer_files(Path(path), f"--tokenizer {path}", chat_template=False)
+        except ModelFilesError as e:
+            raise UserError(str(e)) from None
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError, KeyError, ImportError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"--tokenizer {path}: transformers cannot load a tokenizer from it ({first})") from None
+    tok.model_max_length = 1 << 40  # counting tokens, not feeding a model: no length warning
+    return tok
+
+
 def _count_tokens(tokenizer, texts: list[str]) -> list[int]:
     """Token counts; a fast HF tokenizer encodes the batch in parallel (Rust threads)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -341,13 +359,7 @@ def context_token_stats(files: list[str], tokenizer, kind: str = "auto", skip_ba
 def _stats(args: argparse.Namespace) -> int:
     if not Path(args.tokenizer).exists():
         raise UserError(f"--tokenizer {args.tokenizer} does not exist")
-    if Path(args.tokenizer).is_dir():  # (a hub name is left to transformers)
-        try:
-            check_tokenizer_files(Path(args.tokenizer), f"--tokenizer {args.tokenizer}", chat_template=False)
-        except ModelFilesError as e:
-            raise UserError(str(e)) from None
-    tok = AutoTokenizer.from_pretrained(args.tokenizer)
-    tok.model_max_length = 1 << 40  # counting tokens, not feeding a model: no length warning
+    tok = _counting_tokenizer(args.tokenizer)
     rows = context_token_stats(args.files, tok, args.kind, args.skip_bad, args.docs_from)
     print(f"tokenizer: {args.tokenizer}")
     print("| docs | questions | mean context tokens | mean characters |")

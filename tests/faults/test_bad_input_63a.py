@@ -414,3 +414,37 @@ def test_resume_of_a_lora_run_checks_the_base_weights_by_content(tiny_model, tmp
                     f"was trained on (SHA-256 of its weight files {now[:16]}..., the checkpoint's {digest[:16]}...); "
                     "put the run's base weights back or train into a new out_dir")
     assert torch.equal(load_file(base / "model.safetensors")[name], weights[name])
+
+
+# ------------------------------------------- item 10: --tokenizer DIR that holds no tokenizer (RULER builder)
+
+
+def _ruler(tok: str, out) -> list[str]:
+    return ["data", "build", "--kind", "ruler", "--tasks", "niah_single_1", "--lengths", "1k", "--samples", "2",
+            "--tokenizer", tok, "--out", str(out)]
+
+
+def test_ruler_builder_refuses_a_directory_without_a_tokenizer_in_one_line(tiny_model, tmp_path, capsys):
+    """Before: a model directory without tokenizer files loaded a one-token tokenizer and the builder never
+    reached a length (it hung); a directory of YAML files was a traceback."""
+    import shutil
+
+    weights_only = tmp_path / "weights_only"
+    weights_only.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(f"{tiny_model}/{f}", weights_only / f)
+    yamls = tmp_path / "yamls"
+    yamls.mkdir()
+    (yamls / "a.yaml").write_text("a: 1\n")
+    for d in (weights_only, yamls):
+        line = _fails(_ruler(str(d), tmp_path / "out"), capsys, code=1)
+        assert line == (f"memrl data: error: --tokenizer {d} has no tokenizer (expected tokenizer.json, "
+                        "tokenizer.model, vocab.json + merges.txt, or vocab.txt)")
+        line = _fails(["data", "stats", "--tokenizer", str(d), str(yamls / "a.yaml")], capsys, code=1)
+        assert line.startswith(f"memrl data: error: --tokenizer {d} has no tokenizer")
+    assert not (tmp_path / "out").exists()
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny_model, damaged)
+    (damaged / "tokenizer.json").write_text("version: 1\nmodel: {}\n")  # YAML, not the JSON transformers reads
+    line = _fails(_ruler(str(damaged), tmp_path / "out"), capsys, code=1)
+    assert line.startswith(f"memrl data: error: --tokenizer {damaged}: transformers cannot load a tokenizer from it (")
