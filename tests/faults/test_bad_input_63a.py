@@ -448,3 +448,28 @@ def test_ruler_builder_refuses_a_directory_without_a_tokenizer_in_one_line(tiny_
     (damaged / "tokenizer.json").write_text("version: 1\nmodel: {}\n")  # YAML, not the JSON transformers reads
     line = _fails(_ruler(str(damaged), tmp_path / "out"), capsys, code=1)
     assert line.startswith(f"memrl data: error: --tokenizer {damaged}: transformers cannot load a tokenizer from it (")
+
+
+# -------- item 1 (the message): a checkpoint saved after the update that broke the weights is not "untouched"
+
+
+@pytest.mark.parametrize(("saved", "step", "said"), [
+    (["step_000002", "step_000003"], 3, "the last checkpoint {r}/step_000003 holds these weights (saved after step 3's "
+                                        "update); {r}/step_000002 predates them"),
+    (["step_000002"], 3, "the last checkpoint {r}/step_000002 is untouched"),
+    ([], 0, "no checkpoint of this run was written"),
+])
+def test_the_non_finite_message_says_which_checkpoint_holds_the_broken_weights(saved, step, said, tmp_path):
+    """`optim.lr=1e30` trained and saved garbage weights, and the next step's message called that checkpoint
+    "untouched"."""
+    from types import SimpleNamespace
+
+    from memrl.training.trainer import Trainer
+
+    for name in saved:
+        (tmp_path / name).mkdir()
+    if saved:
+        (tmp_path / "latest").write_text(saved[-1])
+    me = SimpleNamespace(step=step, ckpt_root=tmp_path, cfg=SimpleNamespace(model=SimpleNamespace(path="M")))
+    msg = Trainer._non_finite_message(me, RuntimeError("nan at token 0"))
+    assert msg.endswith("produced a non-finite log-probability: nan at token 0; " + said.format(r=tmp_path))
