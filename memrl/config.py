@@ -382,6 +382,33 @@ def to_yaml(obj: Any) -> str:
 ALLOWED = "allowed"
 """The `dataclasses.field` metadata key holding a field's `Allowed` declaration."""
 
+# Upper bounds for numbers where a huge value cannot mean anything: past them a run overflows a float
+# (a learning rate of 1e30 trains garbage; a clip of 1e308 overflows), allocates without end (a batch of a
+# billion tasks) or hands a library a value it cannot take (a seed past 64 bits). Each is far beyond any
+# value a run has reason to use; every numeric config field and command-line option declares one (tested).
+MAX_SEED = 2**32 - 1
+"""Seeds: numpy's legacy seed range (torch and random take more; nothing needs more)."""
+MAX_COUNT = 1_000_000
+"""Counts: steps, epochs, tasks, rows, batch sizes, samples, turns, retries, intervals."""
+MAX_TOKENS = 1 << 24
+"""Token lengths and budgets (16.7M tokens: past every model's context window)."""
+MAX_CHARS = 1 << 28
+"""Character lengths (256 MiB of text)."""
+MAX_VOCAB = 1 << 20
+"""Vocabulary sizes and top-k cut-offs (the largest published vocabularies hold about 256K tokens)."""
+MAX_PARALLEL = 4096
+"""Workers, engines, ranks, threads and CPUs or GPUs per worker."""
+MAX_LR = 1.0
+"""Learning rates (Adam's update is about lr per step: above 1 every weight moves by more than itself)."""
+MAX_COEF = 1000.0
+"""Loss coefficients, reward weights and penalties, clip ranges and caps, tolerances."""
+MAX_TEMPERATURE = 100.0
+"""Sampling temperatures (at 100 every distribution is already near uniform)."""
+MAX_SECONDS = 86_400.0
+"""Timeouts and back-offs (a day)."""
+MAX_MB = 1 << 20
+"""Sizes in MB or GiB (a TiB in MB)."""
+
 Bound = float | int | str | None
 """A bound: a number, or the name of a sibling field of the same dataclass (its value is the bound)."""
 

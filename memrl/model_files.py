@@ -14,6 +14,7 @@ checks read only small files and the safetensors headers, and name the directory
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from pathlib import Path
@@ -28,6 +29,20 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
                 "pytorch_model.bin.index.json")
 VOCAB_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"), ("vocab.txt",))
 _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
+
+
+def weights_digest(path: str | Path) -> str:
+    """SHA-256 over a model directory's weight files (*.safetensors, *.bin; each file's name, then its bytes,
+    in name order): what a LoRA run's checkpoints record of the base weights they adapt, so `--resume` onto
+    other weights at the same path is caught by content, not by the path's spelling."""
+    h = hashlib.sha256()
+    p = Path(path)
+    for f in sorted([*p.glob("*.safetensors"), *p.glob("*.bin")]):
+        h.update(f.name.encode() + b"\0")
+        with f.open("rb") as fh:
+            while chunk := fh.read(1 << 24):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 def check_model_files(path: str | Path, key: str) -> None:

@@ -36,7 +36,7 @@ __all__ = ["STATE_TERMS", "DCPOOptions", "GRPOOptions", "RLOOOptions", "ReMemR1O
 
 Credit = Literal["broadcast", "split"]
 SegmentAdvantages = list[list[list[Any]]]
-"""[group][trajectory][segment] -> a float, or a list of floats (one per response token: token-level terms)."""
+"""`[group][trajectory][segment]` -> a float, or a list of floats (one per response token: token-level terms)."""
 
 
 def _centre(values: list[float], norm_by_std: bool, eps: float) -> list[float]:

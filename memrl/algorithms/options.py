@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memrl.algorithms.process_rewards import PROCESS_REWARDS
-from memrl.config import valid
+from memrl.config import MAX_COEF, valid
 
 STD_SCOPES: tuple[str, ...] = ("group", "task")
 """Whose rewards give the grpo estimator's std (GRPOOptions.std_over)."""
@@ -29,7 +29,7 @@ class GRPOOptions:
 
     norm_by_std: bool = False
     """Divide by the group's std (MemAgent's script mean-centres only, so the default does not)."""
-    eps: float = valid(1e-6, gt=0)
+    eps: float = valid(1e-6, gt=0, le=1)
     """Added to the std before dividing."""
     credit: str = valid("broadcast", choices=("broadcast", "split"))
     """broadcast: every segment (row) gets its trajectory's advantage; split: A / number of segments."""
@@ -55,7 +55,7 @@ class ReinforcePPOptions:
     """Options of the reinforce_pp and reinforce_pp_baseline estimators (algorithm.reinforce_pp.*,
     algorithm.reinforce_pp_baseline.*): returns whitened over the batch's trained tokens (verl's masked_whiten)."""
 
-    whiten_eps: float = valid(1e-8, gt=0)
+    whiten_eps: float = valid(1e-8, gt=0, le=1)
     """Added to the batch's token variance before its square root (verl's masked_whiten: 1e-8)."""
 
 
@@ -63,7 +63,7 @@ class ReinforcePPOptions:
 class DCPOOptions:
     """Options of the dcpo estimator (algorithm.dcpo.*); it always divides by the std."""
 
-    eps: float = valid(GRPOOptions.eps, gt=0)
+    eps: float = valid(GRPOOptions.eps, gt=0, le=1)
     """Added to the std before dividing."""
 
 
@@ -75,7 +75,7 @@ class ReMemR1Options:
     """A = alpha * A_out + (1 - alpha) * A_state,t (ReMemR1's published 0.8)."""
     norm_by_std: bool = GRPOOptions.norm_by_std
     """Divide each centred level by its std."""
-    eps: float = valid(GRPOOptions.eps, gt=0)
+    eps: float = valid(GRPOOptions.eps, gt=0, le=1)
     """Added to the std before dividing."""
     state_term: str = valid("paper", choices=STATE_TERMS)
     """paper: (1 - alpha) * A_state; released: the released trainer's term, A_state over 2 * r (twice the
@@ -94,9 +94,9 @@ class PPOOptions:
 
     clip_low: float = valid(0.2, ge=0, lt=1)
     """rho (the ratio) is clipped below at 1 - clip_low."""
-    clip_high: float = valid(0.2, ge=0)
+    clip_high: float = valid(0.2, ge=0, le=MAX_COEF)
     """rho is clipped above at 1 + clip_high (DAPO's clip-higher when > clip_low)."""
-    dual_clip_c: float | None = valid(3.0, gt=1, note="null = no dual clip")
+    dual_clip_c: float | None = valid(3.0, gt=1, le=MAX_COEF, note="null = no dual clip")
     """Dual clip: for A < 0 the loss is at most -A * c (None disables)."""
 
 
@@ -107,7 +107,7 @@ class GSPOOptions:
     seq_clip_low: float = valid(3e-4, ge=0, lt=1)
     """The sequence ratio is clipped below at 1 - seq_clip_low (GSPO's published 3e-4; verl sets it through
     actor.clip_ratio_low, the key PPO's token ratio uses, hence a name of its own here)."""
-    seq_clip_high: float = valid(4e-4, ge=0)
+    seq_clip_high: float = valid(4e-4, ge=0, le=MAX_COEF)
     """The sequence ratio is clipped above at 1 + seq_clip_high (GSPO's published 4e-4)."""
 
 
@@ -120,9 +120,9 @@ class AEPOOptions:
     enabled: bool = False
     """Gate the negative-advantage rows on the batch's entropy (needs algorithm.old_logprobs=trainer: the
     entropy comes from that pass, as verl's compute_log_prob gives it)."""
-    entropy_low: float | None = valid(None, ge=0, note="null = no lower bound")
+    entropy_low: float | None = valid(None, ge=0, le=MAX_COEF, note="null = no lower bound")
     """The gate is on while the entropy is > this."""
-    entropy_high: float | None = valid(None, ge=0, note="null = no upper bound")
+    entropy_high: float | None = valid(None, ge=0, le=MAX_COEF, note="null = no upper bound")
     """The gate is on while the entropy is < this. The published snippet's condition is low < H < high; its
     comment and the paper's text describe clipping when H exceeds an upper bound: entropy_low=<that bound>
     with entropy_high=null."""
@@ -147,13 +147,13 @@ class FoldGRPOOptions:
     unfolded_fraction: float = valid(0.5, gt=0, le=1)
     """The unfolded-token penalty applies once the main thread's unfolded tokens pass this share of the
     working-context budget (paper: 50%)."""
-    unfolded_penalty: float = valid(1.0, ge=0)
+    unfolded_penalty: float = valid(1.0, ge=0, le=MAX_COEF)
     """Q = -this on the penalised main-thread turns (paper: -1)."""
-    scope_reward: float = valid(0.2, ge=0)
+    scope_reward: float = valid(0.2, ge=0, le=MAX_COEF)
     """Q = -this on an out-of-scope branch's turns, +this on an in-scope one's (published: 0.2)."""
-    failure_penalty: float = valid(1.0, ge=0)
+    failure_penalty: float = valid(1.0, ge=0, le=MAX_COEF)
     """Q = -this on a turn answered with an error (paper: -1)."""
-    eps: float = valid(GRPOOptions.eps, gt=0)
+    eps: float = valid(GRPOOptions.eps, gt=0, le=1)
     """Added to the std before dividing (it always divides, as the paper's formula and dcpo do)."""
     clip: bool = True
     """clip(R + Q, 0, 1) as the paper writes it; False = R + Q unclipped."""

@@ -73,6 +73,11 @@ def failure_penalty(traj: Trajectory, seg: Segment, opts: Any) -> list[float]:
     return _on_turns(seg, set(seg.info.get("error_turns", ())), -opts.failure_penalty)
 
 
+FOLD_PROCESS_REWARDS = ("unfolded", "no_branch", "scope", "failure")
+"""The built-in terms: each reads what the fold workflow records (WorkflowSpec.branches), and is 0 on the rows
+of any other workflow."""
+
+
 def process_rewards(traj: Trajectory, seg: Segment, names: Sequence[str], opts: Any) -> list[float]:
     """The named terms on each response token of `seg`, met as `opts.combine` says (summed, or a later
     term's non-zero value replacing an earlier one); all 0 on a trajectory without a positive outcome

@@ -25,11 +25,12 @@ import json
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from transformers import AutoTokenizer
 
 from memrl.commands.options import refuse_unused, track_given
-from memrl.config import bounded
+from memrl.config import MAX_CHARS, MAX_COUNT, MAX_SEED, bounded
 from memrl.data import hotpotqa, memagent_files, twowiki
 from memrl.data.corpus import CorpusStats, build_corpus, write_corpus
 from memrl.data.io import (
@@ -129,7 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--tasks", default=None, help="comma-separated RULER tasks (default: the 11 of MemAgent's paper)")
     r.add_argument("--lengths", default=None, help="comma-separated target lengths in tokens: 8k,16k,... (k = 1024)")
     r.add_argument("--tokenizer", default=None, help="tokenizer / model directory the lengths are measured in")
-    r.add_argument("--samples", type=bounded(int, ge=1), default=100, help="rows per task and length (RULER: 500)")
+    r.add_argument("--samples", type=bounded(int, ge=1, le=MAX_COUNT), default=100, help="rows per task and length (RULER: 500)")
     r.add_argument("--haystack", default=None, help="essay text file for the essay haystacks (niah_single_2/3, ...)")
     r.add_argument("--noise", default=None, help="noise sentences, one per line (default: memrl's built-in ones)")
     r.add_argument("--qa-source", default=None, help="SQuAD JSON (qa_1) or HotpotQA file (qa_2) for the qa tasks")
@@ -137,8 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="qa: fill up to the length with the first words of one more document (words) or whole "
                         "documents only (docs, as RULER)")
     b.add_argument("--docs", default=list(DEFAULT_DOC_COUNTS), help="comma-separated document counts")
-    b.add_argument("--num-questions", type=bounded(int, ge=0), default=128, help="questions per set (0 = all)")
-    b.add_argument("--seed", type=bounded(int, ge=0), default=42, help="seed of question choice, padding and shuffling")
+    b.add_argument("--num-questions", type=bounded(int, ge=0, le=MAX_COUNT), default=128, help="questions per set (0 = all)")
+    b.add_argument("--seed", type=bounded(int, ge=0, le=MAX_SEED), default=42, help="seed of question choice, padding and shuffling")
     b.add_argument("--sub-questions", default=[2, 3],
                    help="--kind multiobjective: sub-question counts to draw from (comma-separated)")
     common(b)
@@ -156,9 +157,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t = sub.add_parser("train", help="training set: questions padded to 200 docs, MemAgent parquet")
     t.add_argument("--source", nargs="+", required=True, help="HotpotQA / 2Wiki file(s), either layout")
     t.add_argument("--out", required=True, help="output .parquet file")
-    t.add_argument("--docs", type=bounded(int, ge=1), default=TRAIN_NUM_DOCS, help="documents per question")
-    t.add_argument("--num-questions", type=bounded(int, ge=0), default=0, help="questions (0 = all)")
-    t.add_argument("--seed", type=bounded(int, ge=0), default=42)
+    t.add_argument("--docs", type=bounded(int, ge=1, le=MAX_COUNT), default=TRAIN_NUM_DOCS, help="documents per question")
+    t.add_argument("--num-questions", type=bounded(int, ge=0, le=MAX_COUNT), default=0, help="questions (0 = all)")
+    t.add_argument("--seed", type=bounded(int, ge=0, le=MAX_SEED), default=42)
     t.add_argument("--data-source", default="hotpotqa", help="the rows' data_source field")
     common(t)
 
@@ -176,8 +177,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     sh = sub.add_parser("show", help="print the first rows of a file as tasks")
     sh.add_argument("file")
-    sh.add_argument("--rows", type=bounded(int, ge=1), default=1)
-    sh.add_argument("--chars", type=bounded(int, ge=0), default=400, help="context characters to show")
+    sh.add_argument("--rows", type=bounded(int, ge=1, le=MAX_COUNT), default=1)
+    sh.add_argument("--chars", type=bounded(int, ge=0, le=MAX_CHARS), default=400, help="context characters to show")
     common(sh)
 
 
@@ -240,9 +241,8 @@ def _build_ruler(args: argparse.Namespace) -> int:
     bad = [t for t in tasks if t not in BUILD_TASKS]
     if bad:
         raise UserError(f"--tasks: unknown {', '.join(bad)}; expected some of {', '.join(BUILD_TASKS)}")
+    tok = _counting_tokenizer(args.tokenizer)
     writable_dir(args.out, "--out")
-    tok = AutoTokenizer.from_pretrained(args.tokenizer)
-    tok.model_max_length = 1 << 40  # counting tokens, not feeding a model: no length warning
     opts = BuildOptions(seed=args.seed, samples=args.samples, haystack=args.haystack or "", noise=args.noise or "",
                         qa_source=args.qa_source or "", qa_fill=args.qa_fill)
     t0 = time.perf_counter()
@@ -313,6 +313,24 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _counting_tokenizer(path: str) -> Any:
+    """The tokenizer of --tokenizer DIR for counting tokens: the directory's vocabulary checked first (without
+    one, transformers fell back to a one-token tokenizer and the RULER builder never reached a length), and
+    transformers' refusals as one line naming the directory."""
+    if Path(path).is_dir():  # (a hub name is left to transformers)
+        try:
+            check_tokenizer_files(Path(path), f"--tokenizer {path}", chat_template=False)
+        except ModelFilesError as e:
+            raise UserError(str(e)) from None
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError, KeyError, ImportError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"--tokenizer {path}: transformers cannot load a tokenizer from it ({first})") from None
+    tok.model_max_length = 1 << 40  # counting tokens, not feeding a model: no length warning
+    return tok
+
+
 def _count_tokens(tokenizer, texts: list[str]) -> list[int]:
     """Token counts; a fast HF tokenizer encodes the batch in parallel (Rust threads)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -341,13 +359,7 @@ def context_token_stats(files: list[str], tokenizer, kind: str = "auto", skip_ba
 def _stats(args: argparse.Namespace) -> int:
     if not Path(args.tokenizer).exists():
         raise UserError(f"--tokenizer {args.tokenizer} does not exist")
-    if Path(args.tokenizer).is_dir():  # (a hub name is left to transformers)
-        try:
-            check_tokenizer_files(Path(args.tokenizer), f"--tokenizer {args.tokenizer}", chat_template=False)
-        except ModelFilesError as e:
-            raise UserError(str(e)) from None
-    tok = AutoTokenizer.from_pretrained(args.tokenizer)
-    tok.model_max_length = 1 << 40  # counting tokens, not feeding a model: no length warning
+    tok = _counting_tokenizer(args.tokenizer)
     rows = context_token_stats(args.files, tok, args.kind, args.skip_bad, args.docs_from)
     print(f"tokenizer: {args.tokenizer}")
     print("| docs | questions | mean context tokens | mean characters |")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from memrl.config import ConfigError, bounded, to_yaml
+from memrl.config import MAX_PARALLEL, ConfigError, bounded, to_yaml
 from memrl.demos.context import run_context_demo
 from memrl.demos.infmem import run_infmem_demo
 from memrl.demos.mem1 import run_mem1_demo
@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu-capability", default=None, metavar="CAP,CAP,...",
                         help="ATEN_CPU_CAPABILITY of each run: avx2, avx512, default (scalar kernels) or native (unset: "
                              "torch's choice, the default); runs seed 0 when --seeds is not given")
-    parser.add_argument("--jobs", type=bounded(int, ge=1), default=1, help="with --seeds: runs at a time (default 1)")
+    parser.add_argument("--jobs", type=bounded(int, ge=1, le=MAX_PARALLEL), default=1, help="with --seeds: runs at a time (default 1)")
     parser.add_argument("--aggregate-only", action="store_true",
                         help="with --seeds: start nothing, aggregate the finished runs")
 

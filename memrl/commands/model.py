@@ -23,7 +23,7 @@ import json
 import shutil
 from pathlib import Path
 
-from memrl.config import bounded
+from memrl.config import MAX_SEED, MAX_VOCAB, bounded
 from memrl.errors import UserError, writable_dir
 from memrl.models import gguf_import as G
 from memrl.models.convert import DTYPES, FORMATS, convert, summary_line
@@ -38,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--out", required=True, help="output directory (HuggingFace format)")
     init.add_argument("--corpus", nargs="+", default=None, metavar="FILE",
                       help="text files to train the tokenizer on (default: built-in synthetic text)")
-    init.add_argument("--vocab-size", type=bounded(int, ge=1), default=None, help="BPE vocabulary size (default: the preset's)")
-    init.add_argument("--seed", type=bounded(int, ge=0), default=0, help="seed of the synthetic text and the weights")
+    init.add_argument("--vocab-size", type=bounded(int, ge=1, le=MAX_VOCAB), default=None, help="BPE vocabulary size (default: the preset's)")
+    init.add_argument("--seed", type=bounded(int, ge=0, le=MAX_SEED), default=0, help="seed of the synthetic text and the weights")
     init.add_argument("--force", action="store_true", help="write into a non-empty output directory")
     init.add_argument("--debug", action="store_true", help="show tracebacks")
 

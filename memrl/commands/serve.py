@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from memrl.commands.options import refuse_unused, track_given
-from memrl.config import bounded
+from memrl.config import MAX_CHARS, MAX_COUNT, MAX_PARALLEL, bounded
 from memrl.errors import UsageError, UserError
 from memrl.services.retrieval import BM25Retriever, DenseRetriever
 from memrl.services.server import create_app
@@ -31,9 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--corpus", required=True, help="corpus JSONL: {id, title, text} per line")
     r.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     r.add_argument("--port", type=bounded(int, ge=1, le=65535), default=8000)
-    r.add_argument("--max-concurrency", type=bounded(int, ge=1), default=8, help="request batches scored at once")
-    r.add_argument("--cache-size", type=bounded(int, ge=0), default=10000, help="LRU cache entries (query, topk); 0 = off")
-    r.add_argument("--max-topk", type=bounded(int, ge=1), default=100, help="largest topk a request may ask for")
+    r.add_argument("--max-concurrency", type=bounded(int, ge=1, le=MAX_PARALLEL), default=8, help="request batches scored at once")
+    r.add_argument("--cache-size", type=bounded(int, ge=0, le=MAX_COUNT), default=10000, help="LRU cache entries (query, topk); 0 = off")
+    r.add_argument("--max-topk", type=bounded(int, ge=1, le=MAX_COUNT), default=100, help="largest topk a request may ask for")
     r.add_argument("--retriever", choices=("bm25", "dense"), default="bm25",
                    help="bm25 (default) or dense (needs the 'dense' extra and --model)")
     r.add_argument("--model", help="--retriever dense: a local sentence-transformers / HF model directory")
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--reply-shape", choices=("memrl", "public"), default="memrl",
                    help="memrl: documents with id and score; public: as the public MemAct service (title and "
                         "text only)")
-    r.add_argument("--max-body-bytes", type=bounded(int, ge=1), default=8 * 1024 * 1024,
+    r.add_argument("--max-body-bytes", type=bounded(int, ge=1, le=MAX_CHARS), default=8 * 1024 * 1024,
                    help="larger request bodies get 413 before they are read (default 8 MiB)")
     r.add_argument("--log-level", default="warning", help="uvicorn log level")
     r.add_argument("--debug", action="store_true", help="show tracebacks")

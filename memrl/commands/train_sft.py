@@ -21,7 +21,7 @@ from typing import Any
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from memrl.config import ConfigError, load_config, to_yaml, valid
+from memrl.config import MAX_COUNT, MAX_TOKENS, ConfigError, load_config, to_yaml, valid
 from memrl.data.conversations import conversation_segments, is_conversation_file, load_conversations
 from memrl.data.synthetic import make_tasks
 from memrl.demonstrators import MixtureRule, ScriptedEngine
@@ -40,8 +40,8 @@ from memrl.workflows import parse_workflow
 class DemonstratorSection:
     """The rule that writes the demonstrations."""
 
-    num_tasks: int = valid(800, ge=1)
-    budget: int = valid(1, ge=1)
+    num_tasks: int = valid(800, ge=1, le=MAX_COUNT)
+    budget: int = valid(1, ge=1, le=MAX_COUNT)
     """Facts a demonstrated memory keeps."""
     skip_prob: float = valid(0.25, ge=0, le=1)
     """Chance the rule ignores a section's facts (a question-blind coin flip)."""
@@ -54,7 +54,7 @@ class DemonstratorSection:
 class ConversationSection:
     """data.name=file with a conversation file: how its chats become rows (memrl.data.conversations)."""
 
-    max_length: int = valid(0, ge=0, note="0 = no limit")
+    max_length: int = valid(0, ge=0, le=MAX_TOKENS, note="0 = no limit")
     """Tokens per chat; a longer one is truncated by `truncation`. 0 = no limit (memrl); MemAct's cold-start
     scripts use 18000 with left truncation."""
     truncation: str = valid("left", choices=("left", "right", "error"))

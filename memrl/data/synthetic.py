@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from memrl.config import check_config, valid
+from memrl.config import MAX_COUNT, check_config, valid
 from memrl.types import Task
 
 _SYL = (
@@ -96,13 +96,13 @@ class SyntheticConfig:
     training, so the answer is often several pieces back); 0 = every task has num_chunks pieces."""
     chunk_words: int = valid(24, ge=1, le=MAX_CHUNK_WORDS, note=WHY_BOUND)
     """Words (= tokens) per piece; set the workflow's chunk_tokens to the same number."""
-    facts_per_chunk: int = valid(1, ge=1)
+    facts_per_chunk: int = valid(1, ge=1, le=MAX_COUNT)
     """Facts planted in every piece (the question's fact(s) replace some of them)."""
     bridge_fraction: float = valid(0.0, ge=0, le=1)
     """Fraction of two-fact bridge questions (the rest ask for one fact)."""
     num_keys: int = valid(256, ge=4, le=len(KEYS))
     """Keys drawn from the first num_keys of KEYS."""
-    num_values: int = valid(len(VALUES), ge=1)
+    num_values: int = valid(len(VALUES), ge=1, le=len(VALUES))
     """Values drawn from the first num_values of VALUES."""
     fact_position: str = valid("random", choices=("random", "start"))
     """Where a piece's facts sit: "random" word positions, or "start" (the piece begins with them)."""

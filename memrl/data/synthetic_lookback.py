@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from memrl.config import check_config, valid
+from memrl.config import MAX_COUNT, check_config, valid
 from memrl.data.synthetic import FILLER, KEYS, QUESTION_2, VALUES, memory_text
 from memrl.types import Task
 
@@ -31,11 +31,11 @@ from memrl.types import Task
 class LookbackConfig:
     """Shape of the look-back tasks; length is `num_chunks` pieces of `chunk_words` tokens."""
 
-    num_chunks: int = valid(4, ge=2)
+    num_chunks: int = valid(4, ge=2, le=MAX_COUNT)
     """Pieces per document (>= 2: the answer fact and the link need different pieces)."""
-    chunk_words: int = valid(24, ge=1)
+    chunk_words: int = valid(24, ge=1, le=MAX_COUNT)
     """Words (= tokens of the demo tokenizer) per piece; set the workflow's chunk_tokens to this."""
-    facts_per_chunk: int = valid(1, ge=1)
+    facts_per_chunk: int = valid(1, ge=1, le=MAX_COUNT)
     """Facts per piece; the answer fact and the link take one slot each, distractors fill the rest."""
     lookback_fraction: float = valid(1.0, ge=0, le=1)
     """Fraction of tasks whose answer fact comes before the link (the rest: at or after it)."""

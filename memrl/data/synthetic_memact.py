@@ -26,7 +26,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from memrl.config import check_config, valid
+from memrl.config import MAX_COUNT, check_config, valid
 from memrl.data.multiobjective import combined_question
 from memrl.data.synthetic import KEYS, VALUES
 from memrl.data.tasks_jsonl import write_tasks
@@ -55,9 +55,9 @@ class MemActTaskConfig:
     is frequent in training."""
     entities_per_task: int = valid(6, ge=1, le="num_names")
     """Names in one task's world; its corpus has one document per (name, attribute)."""
-    num_values: int = valid(8, ge=2)
+    num_values: int = valid(8, ge=2, le=MAX_COUNT)
     """Values per attribute: the first num_values of its list (stone and food have 8)."""
-    sub_questions: list[int] = valid(default_factory=lambda: [2, 3], ge=1)
+    sub_questions: list[int] = valid(default_factory=lambda: [2, 3], ge=1, le=MAX_COUNT)
     """How many sub-questions a task asks, drawn uniformly from this list (each about another name)."""
     padding_words: int = valid(0, ge=0, le=2000)
     """Filler words on a second line of every document ("Kalo color red\nthe record was kept ..."), drawn

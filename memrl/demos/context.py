@@ -43,7 +43,18 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from memrl.config import ConfigError, load_config, to_yaml, valid
+from memrl.config import (
+    MAX_COUNT,
+    MAX_LR,
+    MAX_PARALLEL,
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    MAX_TOKENS,
+    ConfigError,
+    load_config,
+    to_yaml,
+    valid,
+)
 from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_splits
 from memrl.demonstrators.stages import calibrate_fold_budget, context_agent, context_demonstrations
 from memrl.demos import split_overrides
@@ -98,21 +109,21 @@ budget plus one turn, checked once the budget is known)."""
 class ContextDemoSFT:
     """Cold start on the arm's scripted agent (memrl.demonstrators.context) through the arm's workflow."""
 
-    num_tasks: int = valid(2000, ge=1)
+    num_tasks: int = valid(2000, ge=1, le=MAX_COUNT)
     late_prob: float = valid(0.0, ge=0, le=1)
     """The fold / summary agent's flaw (FoldDemonstrator: searches in the main thread; SummaryDemonstrator:
     keeps only the last fact); must be 0 for react and window (the search agent has none)."""
-    seed: int = valid(500, ge=0)
+    seed: int = valid(500, ge=0, le=MAX_SEED)
     """Seed of the demonstration tasks (and of the agent's flaw)."""
-    copy_warmup_steps: int = valid(1500, ge=0, note="0 = off")
+    copy_warmup_steps: int = valid(1500, ge=0, le=MAX_COUNT, note="0 = off")
     """Copy warm-up steps before the cold start (memrl.demos.cold_start.copy_warmup): the induction heads a
     model trained from scratch needs to copy names and values (the MemAct demo's finding)."""
-    copy_warmup_rows: int = valid(0, ge=0, note="0 = 4 x batch_rows")
-    epochs: int = valid(2, ge=1)
-    lr: float = valid(1e-3, gt=0)
-    batch_rows: int = valid(8, ge=1)
-    warmup_steps: int = valid(20, ge=0)
-    max_rows: int = valid(0, ge=0, note="0 = every row")
+    copy_warmup_rows: int = valid(0, ge=0, le=MAX_COUNT, note="0 = 4 x batch_rows")
+    epochs: int = valid(2, ge=1, le=MAX_COUNT)
+    lr: float = valid(1e-3, gt=0, le=MAX_LR)
+    batch_rows: int = valid(8, ge=1, le=MAX_COUNT)
+    warmup_steps: int = valid(20, ge=0, le=MAX_COUNT)
+    max_rows: int = valid(0, ge=0, le=MAX_COUNT, note="0 = every row")
     """Train on the first max_rows demonstration rows only (task order): caps a method whose scripted agent cuts
     many rows per task (window: a row per window shift) at another method's cold-start size, without changing
     the SFT tasks (and so the tokenizer every method of a seed shares)."""
@@ -123,9 +134,9 @@ class ContextDemoEval:
     """Held-out evaluation, fixed before any run: benchmarks/context_management.py's task seed (901, used by
     no other split), greedy then one sample per task at `temperature`."""
 
-    num_tasks: int = valid(200, ge=2)
-    seed: int = valid(901, ge=0)
-    temperature: float = valid(1.0, gt=0)
+    num_tasks: int = valid(200, ge=2, le=MAX_COUNT)
+    seed: int = valid(901, ge=0, le=MAX_SEED)
+    temperature: float = valid(1.0, gt=0, le=MAX_TEMPERATURE)
 
 
 @dataclass
@@ -139,15 +150,15 @@ class ContextDemoConfig:
     tokens at seed 0) stops the unmanaged agent after its second search (its unbounded peak is 784)."""
     sft: ContextDemoSFT = field(default_factory=ContextDemoSFT)
     eval: ContextDemoEval = field(default_factory=ContextDemoEval)
-    rl_tasks: int = valid(2000, ge=1)
-    rl_task_seed: int = valid(100, ge=0)
-    context_budget: int = valid(0, ge=0, note="0 = calibrated")
+    rl_tasks: int = valid(2000, ge=1, le=MAX_COUNT)
+    rl_task_seed: int = valid(100, ge=0, le=MAX_SEED)
+    context_budget: int = valid(0, ge=0, le=MAX_TOKENS, note="0 = calibrated")
     """workflow.max_context_tokens of the cold start, RL and evaluation, the same for every arm. 0 = the
     flawless folding agent's largest prompt on the first 200 SFT tasks (calibrate_fold_budget)."""
-    seed: int = valid(0, ge=0)
+    seed: int = valid(0, ge=0, le=MAX_SEED)
     """Seed of the tokenizer, the model's initial weights, the copy warm-up and the SFT order."""
     train_preset: str = "context_cpu"
-    threads: int = valid(0, ge=0, note="0 = torch's default")
+    threads: int = valid(0, ge=0, le=MAX_PARALLEL, note="0 = torch's default")
     warmup_from: str = ""
     """A finished run whose copy warm-up this one reuses ('' = run it here): the warm-up depends only on the
     initial model and tokenizer (the same for every method at one seed) and its own settings, so the methods

@@ -39,7 +39,19 @@ from typing import Any
 
 import torch
 
-from memrl.config import ConfigError, load_config, to_yaml, valid
+from memrl.config import (
+    MAX_COUNT,
+    MAX_LR,
+    MAX_PARALLEL,
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    MAX_TOKENS,
+    MAX_VOCAB,
+    ConfigError,
+    load_config,
+    to_yaml,
+    valid,
+)
 from memrl.data.synthetic import at_length, make_tasks
 from memrl.demonstrators.infmem import ReadingOracle
 from memrl.demos import split_overrides
@@ -88,13 +100,13 @@ workflow and the reward only (InfMem's early-stop and protocol terms; MemAgent's
 class InfMemDemoModel:
     """The tiny Qwen2 trained from scratch (the MemAgent demo's "micro" shape by default)."""
 
-    hidden_size: int = valid(128, ge=1)
-    num_layers: int = valid(4, ge=1)
-    num_heads: int = valid(4, ge=1)
+    hidden_size: int = valid(128, ge=1, le=65536)
+    num_layers: int = valid(4, ge=1, le=1024)
+    num_heads: int = valid(4, ge=1, le=1024)
     num_kv_heads: int = valid(2, ge=1, le="num_heads")
-    vocab_size: int = valid(2048, ge=300)
+    vocab_size: int = valid(2048, ge=300, le=MAX_VOCAB)
     """BPE target; the trained vocabulary stops earlier when the corpus runs out of merges."""
-    max_positions: int = valid(512, ge=16)
+    max_positions: int = valid(512, ge=16, le=MAX_TOKENS)
     """Must hold the longest prompt plus its reply (the calls' prompts are one chunk and one memory, so
     they do not grow with the document)."""
 
@@ -103,20 +115,20 @@ class InfMemDemoModel:
 class InfMemDemoSFT:
     """Cold start on the reading oracle (memrl.demonstrators.infmem) through the arm's workflow."""
 
-    num_tasks: int = valid(3000, ge=1)
+    num_tasks: int = valid(3000, ge=1, le=MAX_COUNT)
     """Training-length tasks to record demonstrations on (memagent: chunks + 1 rows each; infmem: 4 rows
     each, plan -> memory -> plan (STOP) -> final). 3000 x 2 epochs / 32: 750 steps (infmem), 1688 (memagent);
     the sizing is docs/guides/infmem_mem1.md's "The trained comparison"."""
-    seed: int = valid(500, ge=0)
+    seed: int = valid(500, ge=0, le=MAX_SEED)
     """Seed of the demonstration tasks."""
-    copy_warmup_steps: int = valid(0, ge=0, note="0 = off")
+    copy_warmup_steps: int = valid(0, ge=0, le=MAX_COUNT, note="0 = off")
     """Copy warm-up steps before the cold start (memrl.demos.cold_start.copy_warmup). Off: the MemAgent demo's
     model learns to copy facts on this task without it."""
-    copy_warmup_rows: int = valid(0, ge=0, note="0 = 4 x batch_rows")
-    epochs: int = valid(2, ge=1)
-    lr: float = valid(1e-3, gt=0)
-    batch_rows: int = valid(32, ge=1)
-    warmup_steps: int = valid(20, ge=0)
+    copy_warmup_rows: int = valid(0, ge=0, le=MAX_COUNT, note="0 = 4 x batch_rows")
+    epochs: int = valid(2, ge=1, le=MAX_COUNT)
+    lr: float = valid(1e-3, gt=0, le=MAX_LR)
+    batch_rows: int = valid(32, ge=1, le=MAX_COUNT)
+    warmup_steps: int = valid(20, ge=0, le=MAX_COUNT)
 
 
 @dataclass
@@ -124,18 +136,18 @@ class InfMemDemoEval:
     """Held-out evaluation, fixed before any run: the MemAgent demo's task seed (987654, used by no training
     split), greedy then one sample per task at `temperature`, at each multiple of the training length."""
 
-    num_tasks: int = valid(100, ge=2)
+    num_tasks: int = valid(100, ge=2, le=MAX_COUNT)
     """Tasks per length."""
-    multipliers: list[int] = valid(default_factory=lambda: [1, 4, 16], ge=1)
+    multipliers: list[int] = valid(default_factory=lambda: [1, 4, 16], ge=1, le=MAX_COUNT)
     """Lengths evaluated, as multiples of the training length (data.synthetic.num_chunks)."""
-    far_multipliers: list[int] = valid(default_factory=lambda: [16], ge=1)
+    far_multipliers: list[int] = valid(default_factory=lambda: [16], ge=1, le=MAX_COUNT)
     """At these multipliers the asked fact sits in the first `far_span` of the document (far from where the
     reading ends); each must be one of `multipliers`."""
     far_span: float = valid(0.25, gt=0, le=1)
     """The share of the document (from its start) that holds the asked fact at `far_multipliers`
     (SyntheticConfig.answer_span)."""
-    seed: int = valid(987654, ge=0)
-    temperature: float = valid(1.0, gt=0)
+    seed: int = valid(987654, ge=0, le=MAX_SEED)
+    temperature: float = valid(1.0, gt=0, le=MAX_TEMPERATURE)
 
 
 @dataclass
@@ -146,10 +158,10 @@ class InfMemDemoConfig:
     model: InfMemDemoModel = field(default_factory=InfMemDemoModel)
     sft: InfMemDemoSFT = field(default_factory=InfMemDemoSFT)
     eval: InfMemDemoEval = field(default_factory=InfMemDemoEval)
-    seed: int = valid(0, ge=0)
+    seed: int = valid(0, ge=0, le=MAX_SEED)
     """Seed of the tokenizer, the model's initial weights, the copy warm-up and the SFT order."""
     train_preset: str = "infmem_cpu"
-    threads: int = valid(0, ge=0, note="0 = torch's default")
+    threads: int = valid(0, ge=0, le=MAX_PARALLEL, note="0 = torch's default")
 
 
 def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[InfMemDemoConfig, Any, Path, Arm]:

@@ -37,7 +37,17 @@ from typing import Any
 
 import torch
 
-from memrl.config import ConfigError, load_config, to_yaml, valid
+from memrl.config import (
+    MAX_COUNT,
+    MAX_LR,
+    MAX_PARALLEL,
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    ConfigError,
+    load_config,
+    to_yaml,
+    valid,
+)
 from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks
 from memrl.data.tasks_jsonl import write_tasks
 from memrl.demonstrators.mem1 import mem1_demonstrations
@@ -65,20 +75,20 @@ METHODS: dict[str, str] = {"mem1": "latest_state", "full_history": "full_history
 class Mem1DemoSFT:
     """Cold start on the scripted oracle (memrl.demonstrators.mem1.StateOracle) through the method's workflow."""
 
-    num_tasks: int = valid(1000, ge=1)
-    seed: int = valid(500, ge=0)
+    num_tasks: int = valid(1000, ge=1, le=MAX_COUNT)
+    seed: int = valid(500, ge=0, le=MAX_SEED)
     """Seed of the demonstration tasks."""
-    copy_warmup_steps: int = valid(1500, ge=0, note="0 = off")
+    copy_warmup_steps: int = valid(1500, ge=0, le=MAX_COUNT, note="0 = off")
     """Copy warm-up steps before the cold start (memrl.demos.cold_start.copy_warmup)."""
-    copy_warmup_rows: int = valid(0, ge=0, note="0 = 4 x batch_rows")
-    epochs: int = valid(4, ge=1)
+    copy_warmup_rows: int = valid(0, ge=0, le=MAX_COUNT, note="0 = 4 x batch_rows")
+    epochs: int = valid(4, ge=1, le=MAX_COUNT)
     """~5,000 steps over 1,000 tasks of 2..16 objectives (about 10 rows per task). On 2..8 objectives, 1 epoch
     (745 steps, final loss 0.31-0.34) taught neither method's cold start to answer (0-2%, seed 0) and 4 epochs
     (2,980 steps, loss 0.025) MEM1 90 / 60 / 13% greedy at k = 2 / 4 / 8; on 2..16 with 500 tasks (2,488 steps,
     loss 0.21) MEM1 answered none (docs/log/2026-11-26-mem1-train-2-8.md)."""
-    lr: float = valid(1e-3, gt=0)
-    batch_rows: int = valid(8, ge=1)
-    warmup_steps: int = valid(20, ge=0)
+    lr: float = valid(1e-3, gt=0, le=MAX_LR)
+    batch_rows: int = valid(8, ge=1, le=MAX_COUNT)
+    warmup_steps: int = valid(20, ge=0, le=MAX_COUNT)
 
 
 @dataclass
@@ -87,10 +97,10 @@ class Mem1DemoEval:
     `objectives`, drawn from seed `seed + k` (903, 905, 909, 917 by default, used by no training split),
     greedy then one sample per task at `temperature`."""
 
-    num_tasks: int = valid(100, ge=2)
-    objectives: list[int] = valid(default_factory=lambda: [2, 4, 8, 16], ge=1)
-    seed: int = valid(901, ge=0)
-    temperature: float = valid(1.0, gt=0)
+    num_tasks: int = valid(100, ge=2, le=MAX_COUNT)
+    objectives: list[int] = valid(default_factory=lambda: [2, 4, 8, 16], ge=1, le=MAX_COUNT)
+    seed: int = valid(901, ge=0, le=MAX_SEED)
+    temperature: float = valid(1.0, gt=0, le=MAX_TEMPERATURE)
 
 
 @dataclass
@@ -111,12 +121,12 @@ class Mem1DemoConfig:
     prompt; docs/log/2026-11-26-mem1-train-2-8.md)."""
     sft: Mem1DemoSFT = field(default_factory=Mem1DemoSFT)
     eval: Mem1DemoEval = field(default_factory=Mem1DemoEval)
-    rl_tasks: int = valid(2000, ge=1)
-    rl_task_seed: int = valid(100, ge=0)
-    seed: int = valid(0, ge=0)
+    rl_tasks: int = valid(2000, ge=1, le=MAX_COUNT)
+    rl_task_seed: int = valid(100, ge=0, le=MAX_SEED)
+    seed: int = valid(0, ge=0, le=MAX_SEED)
     """Seed of the tokenizer, the model's initial weights, the copy warm-up and the SFT order."""
     train_preset: str = "mem1_cpu"
-    threads: int = valid(0, ge=0, note="0 = torch's default")
+    threads: int = valid(0, ge=0, le=MAX_PARALLEL, note="0 = torch's default")
 
 
 def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[Mem1DemoConfig, Any, Path]:

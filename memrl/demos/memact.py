@@ -35,7 +35,19 @@ from typing import Any
 
 import torch
 
-from memrl.config import ConfigError, load_config, to_yaml, valid
+from memrl.config import (
+    MAX_COUNT,
+    MAX_LR,
+    MAX_PARALLEL,
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    MAX_TOKENS,
+    MAX_VOCAB,
+    ConfigError,
+    load_config,
+    to_yaml,
+    valid,
+)
 from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_splits
 from memrl.demonstrators.stages import calibrate_budget, calibrate_search_only_budget, memact_demonstrations
 from memrl.demos import split_overrides
@@ -61,47 +73,47 @@ __all__ = ["DemoData", "MemActDemoConfig", "MemActDemoEval", "MemActDemoModel", 
 class MemActDemoModel:
     """The tiny Qwen2 trained from scratch (tied embeddings; the vocabulary is what BPE learns)."""
 
-    hidden_size: int = valid(128, ge=1)
-    num_layers: int = valid(4, ge=1)
-    num_heads: int = valid(4, ge=1)
+    hidden_size: int = valid(128, ge=1, le=65536)
+    num_layers: int = valid(4, ge=1, le=1024)
+    num_heads: int = valid(4, ge=1, le=1024)
     num_kv_heads: int = valid(2, ge=1, le="num_heads")
-    vocab_size: int = valid(2048, ge=1)
+    vocab_size: int = valid(2048, ge=1, le=MAX_VOCAB)
     """BPE target; the task's text runs out of merges well before (about 900 tokens)."""
-    max_positions: int = valid(1024, ge=1)
+    max_positions: int = valid(1024, ge=1, le=MAX_TOKENS)
 
 
 @dataclass
 class MemActDemoSFT:
     """Cold start on the scripted agent's trajectories (memrl.demonstrators.memact.MemActDemonstrator)."""
 
-    num_tasks: int = valid(4000, ge=1)
+    num_tasks: int = valid(4000, ge=1, le=MAX_COUNT)
     """Demonstration tasks; each gives one segment per prune plus the final one."""
     late_prob: float = valid(0.6, ge=0, le=1)
     """The scripted agent's flaw: the probability it searches on instead of pruning, overflowing the budget
     (under `budget=search_only` searching on fits: then it is how often the agent chooses not to prune)."""
-    keep_results: int = valid(2, ge=1)
+    keep_results: int = valid(2, ge=1, le=MAX_COUNT)
     """Search results the scripted agent lets pile up before it prunes (MemActDemonstrator.keep_results)."""
-    seed: int = valid(500, ge=0)
+    seed: int = valid(500, ge=0, le=MAX_SEED)
     """Seed of the demonstration tasks."""
-    search_topk: int = valid(1, ge=1)
+    search_topk: int = valid(1, ge=1, le=MAX_VOCAB)
     """Passages the scripted agent's searches ask for (1: the asked fact alone; 2: also a distractor fact of
     the same name). The working-context budget is calibrated with it."""
-    copy_warmup_steps: int = valid(1500, ge=0, note="0 = off")
+    copy_warmup_steps: int = valid(1500, ge=0, le=MAX_COUNT, note="0 = off")
     """Steps (of `copy_warmup_rows` rows) of copy warm-up before the cold start: random token sequences, each
     followed by itself (memrl.training.sft.copy_warmup_segments). A model trained from scratch has no
     induction heads, and without them it never learned to copy a name into a query or a value into an
     answer (at chance after 2,400 SFT steps); the warm-up forms them at ~700 steps (docs/concepts/memact.md). 0 = off."""
-    copy_warmup_rows: int = valid(0, ge=0, note="0 = 4 x batch_rows")
+    copy_warmup_rows: int = valid(0, ge=0, le=MAX_COUNT, note="0 = 4 x batch_rows")
     """Rows per copy warm-up step; 0 = 4 x `batch_rows` (set it to keep the warm-up of another batch size)."""
-    epochs: int = valid(4, ge=1)
+    epochs: int = valid(4, ge=1, le=MAX_COUNT)
     """~2,400 steps: with 2 epochs the cold start copied only some values (sampled sub-question accuracy 42%
     vs 47% at 4 epochs, 3-question tasks 6.5% vs 41.8%; docs/concepts/memact.md)."""
-    lr: float = valid(1e-3, gt=0)
+    lr: float = valid(1e-3, gt=0, le=MAX_LR)
     """(3e-3 and 6e-3 learned more slowly in the runs that chose this recipe; 3e-3 also stops the copy
     warm-up from forming induction.)"""
-    batch_rows: int = valid(8, ge=1)
+    batch_rows: int = valid(8, ge=1, le=MAX_COUNT)
     """Small batches: the model needs many steps (~1000) before it copies names and values at all."""
-    warmup_steps: int = valid(20, ge=0)
+    warmup_steps: int = valid(20, ge=0, le=MAX_COUNT)
 
 
 @dataclass
@@ -109,10 +121,10 @@ class MemActDemoEval:
     """Held-out evaluation, fixed before any run: new fact sheets (another task seed), same protocol for both
     policies (greedy, then one sample per task at `temperature`)."""
 
-    num_tasks: int = valid(300, ge=1)
-    seed: int = valid(987654, ge=0)
+    num_tasks: int = valid(300, ge=1, le=MAX_COUNT)
+    seed: int = valid(987654, ge=0, le=MAX_SEED)
     """Seed of the held-out tasks (SFT uses sft.seed, DCPO rl_task_seed)."""
-    temperature: float = valid(1.0, gt=0)
+    temperature: float = valid(1.0, gt=0, le=MAX_TEMPERATURE)
     """The sampled evaluation's temperature (the DCPO rollouts' own)."""
 
 
@@ -124,10 +136,10 @@ class MemActDemoConfig:
     task: MemActTaskConfig = field(default_factory=MemActTaskConfig)
     sft: MemActDemoSFT = field(default_factory=MemActDemoSFT)
     eval: MemActDemoEval = field(default_factory=MemActDemoEval)
-    rl_tasks: int = valid(5000, ge=1)
+    rl_tasks: int = valid(5000, ge=1, le=MAX_COUNT)
     """Training tasks written for DCPO (read in shuffled epochs)."""
-    rl_task_seed: int = valid(100, ge=0)
-    context_budget: int = valid(0, ge=0, note="0 = calibrated")
+    rl_task_seed: int = valid(100, ge=0, le=MAX_SEED)
+    context_budget: int = valid(0, ge=0, le=MAX_TOKENS, note="0 = calibrated")
     """The working-context budget (workflow.max_context_tokens of the cold start, DCPO and evaluation).
     0 = calibrated with the demo's tokenizer on the first 200 SFT tasks, by `budget`."""
     budget: str = valid("prune", choices=("prune", "search_only"))
@@ -139,10 +151,10 @@ class MemActDemoConfig:
     variant: str = ""
     """A named setting: "" = the demo as documented; "curation" = the context-curation task (VARIANTS
     below, docs/concepts/memact.md "Context curation"): its overrides go first, so explicit ones win."""
-    seed: int = valid(0, ge=0)
+    seed: int = valid(0, ge=0, le=MAX_SEED)
     """Seed of the tokenizer and the model's initial weights."""
     train_preset: str = "memact_dcpo_cpu"
-    threads: int = valid(0, ge=0, note="0 = torch's default")
+    threads: int = valid(0, ge=0, le=MAX_PARALLEL, note="0 = torch's default")
     """torch threads (0 = torch's default)."""
 
 

@@ -20,7 +20,16 @@ from typing import Any
 
 import torch
 
-from memrl.config import load_config, valid
+from memrl.config import (
+    MAX_COUNT,
+    MAX_LR,
+    MAX_PARALLEL,
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    MAX_VOCAB,
+    load_config,
+    valid,
+)
 from memrl.data.synthetic import make_tasks, tasks_by_length
 from memrl.demonstrators.stages import evaluate_rule, mixture_rule, reading_segments
 from memrl.demos import split_overrides
@@ -51,9 +60,9 @@ class DemoSFT:
     the newest fact (True, the recipe before 2026-11-23 evening). With distractors kept, the sampled model
     confused a held distractor with the fact it had to capture (capture 70% after RL, docs/results/demo.md); with an
     empty memory there is nothing to confuse. `QuestionAwareRule.keep_distractors`."""
-    num_tasks: int = valid(3000, ge=1)
+    num_tasks: int = valid(3000, ge=1, le=MAX_COUNT)
     """Training tasks to record demonstrations on (each gives num_chunks + 1 rows)."""
-    budget: int = valid(1, ge=1)
+    budget: int = valid(1, ge=1, le=MAX_COUNT)
     """Facts the demonstrated memory keeps."""
     skip_prob: float = valid(0.4, ge=0, le=1)
     """Chance the question-blind rule ignores a section's fact (a coin flip; < 0.5 so its majority action
@@ -66,33 +75,33 @@ class DemoSFT:
     """Demonstrated memories open with the question's key ("- Linka : Kalo is red")."""
     restate_sep: str | None = ":"
     """Word between the restated key and the fact (null = none: "- Linka Kalo is red")."""
-    reading_tasks: int = valid(0, ge=0)
+    reading_tasks: int = valid(0, ge=0, le=MAX_COUNT)
     """Extra rows that answer the question from the whole (short) document, in the final-answer format:
     reading comprehension, never which facts a memory should keep. 0 = off."""
-    epochs: int = valid(4, ge=1)
+    epochs: int = valid(4, ge=1, le=MAX_COUNT)
     """~2250 steps on 2-8-chunk documents: with a mixture demonstrator the question-aware skill appears
     only after ~1100-2200 supervised steps (docs/results/demo.md)."""
-    lr: float = valid(1e-3, gt=0)
+    lr: float = valid(1e-3, gt=0, le=MAX_LR)
     """3e-3 stalls near loss 0.2 before the copy skill is exact (docs/results/demo.md, the ceiling runs)."""
-    batch_rows: int = valid(32, ge=1)
-    warmup_steps: int = valid(20, ge=0)
+    batch_rows: int = valid(32, ge=1, le=MAX_COUNT)
+    warmup_steps: int = valid(20, ge=0, le=MAX_COUNT)
 
 
 @dataclass
 class DemoEval:
     """Held-out evaluation, the same for every row: seeds never used in training."""
 
-    num_tasks: int = valid(128, ge=1)
+    num_tasks: int = valid(128, ge=1, le=MAX_COUNT)
     """Tasks per length."""
-    multipliers: list[int] = valid(default_factory=lambda: [1, 4, 16], ge=1)
+    multipliers: list[int] = valid(default_factory=lambda: [1, 4, 16], ge=1, le=MAX_COUNT)
     """Lengths evaluated, as multiples of the training length (the longest training document, in chunks)."""
-    seed: int = valid(987654, ge=0)
+    seed: int = valid(987654, ge=0, le=MAX_SEED)
     """Seed of the held-out task stream and of the sampled evaluation (training uses data.seed and sft_seed)."""
     greedy: bool = True
     """Greedy decoding (one trajectory per task)."""
-    samples: int = valid(4, ge=0, note="0 = no sampled evaluation")
+    samples: int = valid(4, ge=0, le=MAX_COUNT, note="0 = no sampled evaluation")
     """Sampled trajectories per task (0 = no sampled evaluation): the policy RL optimizes."""
-    temperature: float = valid(1.0, gt=0)
+    temperature: float = valid(1.0, gt=0, le=MAX_TEMPERATURE)
     """Temperature of the sampled evaluation."""
     demonstrator: bool = True
     """Also evaluate the scripted demonstrator (sampled) through the same workflow."""
@@ -105,19 +114,19 @@ class DemoConfig:
     model_preset: str = "micro"
     """"micro" (the shape below, ~0.8M parameters: learns to copy facts within the CPU budget) or a
     memrl.models.tiny preset ("tiny" ~3M, "small" ~24M)."""
-    hidden_size: int = valid(128, ge=1)
-    num_layers: int = valid(4, ge=1)
-    num_heads: int = valid(4, ge=1)
+    hidden_size: int = valid(128, ge=1, le=65536)
+    num_layers: int = valid(4, ge=1, le=1024)
+    num_heads: int = valid(4, ge=1, le=1024)
     num_kv_heads: int = valid(2, ge=1, le="num_heads")
-    vocab_size: int = valid(2048, ge=1)
+    vocab_size: int = valid(2048, ge=1, le=MAX_VOCAB)
     """BPE target; the trained vocabulary stops earlier when the corpus runs out of merges."""
-    seed: int = valid(0, ge=0)
-    sft_seed: int = valid(500, ge=0)
+    seed: int = valid(0, ge=0, le=MAX_SEED)
+    sft_seed: int = valid(500, ge=0, le=MAX_SEED)
     """Seed of the SFT demonstration tasks."""
     sft: DemoSFT = field(default_factory=DemoSFT)
     eval: DemoEval = field(default_factory=DemoEval)
     train_preset: str = "demo_cpu"
-    threads: int = valid(0, ge=0, note="0 = torch's default")
+    threads: int = valid(0, ge=0, le=MAX_PARALLEL, note="0 = torch's default")
     """torch threads (0 = torch's default)."""
 
 

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memrl.config import ConfigError, load_config, redact_argv, redact_secrets, redact_text
+from memrl.config import MAX_SEED, ConfigError, load_config, redact_argv, redact_secrets, redact_text
 from memrl.demos import split_overrides
 from memrl.demos.context import ContextDemoConfig
 from memrl.demos.infmem import InfMemDemoConfig
@@ -104,6 +104,8 @@ def parse_seeds(text: str) -> list[int]:
         raise ConfigError(f"--seeds: expected comma-separated integers like 0,1,2, got {text!r}") from None
     if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
         raise ConfigError(f"--seeds: expected distinct non-negative integers like 0,1,2, got {text!r}")
+    if max(seeds) > MAX_SEED:
+        raise ConfigError(f"--seeds: seed {max(seeds)} is not allowed: must be in [0, {MAX_SEED}]")
     return seeds
 
 
@@ -159,7 +161,17 @@ def plan(agent: str, root: Path, seeds: list[int], capabilities: list[str], over
     if fixed:
         raise ConfigError(f"--seeds: {fixed[0].split('=', 1)[0]} is set by the training seed; drop the override "
                           f"{fixed[0]!r}")
+    if agent == "memagent":  # the table aggregates both decodings at every length (aggregate)
+        ev = load_config(DemoConfig, split_overrides(list(overrides))[0]).eval
+        if ev.samples == 0 or not ev.greedy:
+            what = "eval.samples=0 leaves no sampled" if ev.samples == 0 else "eval.greedy=false leaves no greedy"
+            raise ConfigError(f"--seeds: {what} accuracy, and the sweep's table aggregates sampled and greedy "
+                              "accuracy of every run; drop the override")
     base = base_seeds(agent, overrides)
+    over = [(key, base[key] + max(seeds)) for key, _ in SEED_KEYS[agent] if base[key] + max(seeds) > MAX_SEED]
+    if over:
+        raise ConfigError(f"--seeds: training seed {max(seeds)} makes {over[0][0]}={over[0][1]}, past the largest "
+                          f"seed {MAX_SEED}")
     held = {base["eval.seed"]}
     if agent == "mem1":  # one held-out set per objective count k, from seed eval.seed + k
         held = {base["eval.seed"] + k for k in load_config(Mem1DemoConfig, split_overrides(overrides)[0]).eval.objectives}

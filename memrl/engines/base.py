@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
-from memrl.config import valid
+from memrl.config import MAX_SEED, MAX_TEMPERATURE, MAX_TOKENS, MAX_VOCAB, valid
 
 FAILED_REQUEST_MODES = ("error", "drop", "drop_or_empty")
 """What an evaluation does with a question whose request raised EngineError (memrl eval / val.failed_requests)."""
@@ -30,12 +30,12 @@ class NonFiniteLogprobError(EngineError):
 class SamplingParams:
     """How to sample one completion. temperature 0 means greedy; top_k <= 0 and top_p = 1 disable them."""
 
-    temperature: float = valid(1.0, ge=0, note="0 = greedy")
+    temperature: float = valid(1.0, ge=0, le=MAX_TEMPERATURE, note="0 = greedy")
     top_p: float = valid(1.0, gt=0, le=1, note="1 = off")
-    top_k: int = valid(-1, ge=-1, note="-1 or 0 = off")
-    max_tokens: int = valid(256, ge=1)
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = valid(None, ge=0)
+    top_k: int = valid(-1, ge=-1, le=MAX_VOCAB, note="-1 or 0 = off")
+    max_tokens: int = valid(256, ge=1, le=MAX_TOKENS)
+    stop_token_ids: tuple[int, ...] = valid((), ge=0, le=MAX_VOCAB)
+    seed: int | None = valid(None, ge=0, le=MAX_SEED)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from memrl.config import valid
+from memrl.config import MAX_COUNT, MAX_MB, MAX_PARALLEL, MAX_SECONDS, MAX_SEED, MAX_TOKENS, valid
 
 ENGINE_KINDS = ("hf", "vllm", "vllm-cpu", "openai")
 LORA_SYNCS = ("merged", "adapter")
@@ -32,9 +32,9 @@ class HFSection:
 
     device: str = ""
     """"cpu" or "cuda[:i]"; "" = the policy's device when training, else cpu."""
-    max_wait_ms: float = valid(5.0, ge=0)
+    max_wait_ms: float = valid(5.0, ge=0, le=MAX_SECONDS * 1000)
     """How long the first waiting request holds a batch open for others."""
-    max_prefill_tokens: int = valid(32768, ge=1)
+    max_prefill_tokens: int = valid(32768, ge=1, le=MAX_TOKENS)
     """Padded tokens per prefill pass (bounds memory)."""
     attn_implementation: str | None = "sdpa"
     """transformers attention implementation when the engine loads the model itself."""
@@ -54,12 +54,12 @@ class HFSection:
     each row's own positions written to its slot (an identical prompt admitted together once), decode
     attends to each row's own length only. Greedy tokens agree with padded on the
     tests' prompts; float rounding may differ (docs/results/engine.md)."""
-    prefix_cache_tokens: int | None = valid(None, ge=0)
+    prefix_cache_tokens: int | None = valid(None, ge=0, le=MAX_TOKENS)
     """kv_cache=slots: prompt tokens whose keys and values are kept so a later prompt that starts with the
     same tokens (in blocks of 16) computes only the rest; 0 = off, None = 16384 with slots. With
     deterministic waves the store is emptied at every wave, so a wave's numbers never depend on earlier
     ones (exact resume); a weight update empties it. Only slots has it: a value > 0 with padded is an error."""
-    prefill_chunk_tokens: int = valid(0, ge=0)
+    prefill_chunk_tokens: int = valid(0, ge=0, le=MAX_TOKENS)
     """kv_cache=slots with deterministic=false: the most prompt tokens prefilled between two decode steps of
     the running rows (vLLM's chunked prefill); a longer prompt, or more prompts admitted at once, are
     prefilled over several steps, and a row joins the decode batch once its whole prompt is in. 0 = off:
@@ -82,11 +82,11 @@ class HFSection:
 class VLLMSection:
     """The in-process vLLM engine (memrl.engines.vllm.VLLMEngine; names follow vLLM's engine arguments)."""
 
-    max_model_len: int | None = valid(None, ge=1)
+    max_model_len: int | None = valid(None, ge=1, le=MAX_TOKENS)
     """Prompt + completion token limit; None = the model's own."""
     gpu_memory_utilization: float = valid(0.9, gt=0, le=1)
     """Fraction of GPU memory for weights + KV cache (on CPU: of host memory, unless kv_cache_gib is set)."""
-    kv_cache_gib: float | None = valid(None, gt=0)
+    kv_cache_gib: float | None = valid(None, gt=0, le=MAX_MB)
     """KV cache size in GiB (vLLM's kv_cache_memory_bytes). On CPU, VLLM_CPU_KVCACHE_SPACE (whole GiB)
     overrides it when set. None = derive from gpu_memory_utilization."""
     enforce_eager: bool = False
@@ -96,7 +96,7 @@ class VLLMSection:
     enable_chunked_prefill: bool | None = None
     """None = vLLM's default, except on CPU, where it is off: vLLM 0.32's CPU runner crashes ("CPU
     Generator does not use offset") when a seeded request's prefill is split across steps."""
-    tensor_parallel_size: int = valid(1, ge=1)
+    tensor_parallel_size: int = valid(1, ge=1, le=MAX_PARALLEL)
     """GPUs one engine spans."""
     logprobs_mode: str = valid("processed_logprobs", choices=LOGPROBS_MODES)
     """"processed_logprobs" matches memrl's logprob convention (memrl.engines.base)."""
@@ -138,13 +138,13 @@ class OpenAISection:
     reply text is tokenized and logprobs are unavailable; training refuses it up front."""
     vllm_reload_method: str = "memrl_load_weights"
     """Worker method a weight sync calls through vLLM's /collective_rpc (see OpenAIConfig)."""
-    timeout_s: float = valid(600.0, gt=0)
+    timeout_s: float = valid(600.0, gt=0, le=MAX_SECONDS)
     """Per-request read timeout."""
-    connect_timeout_s: float = valid(10.0, gt=0)
+    connect_timeout_s: float = valid(10.0, gt=0, le=MAX_SECONDS)
     """Connection timeout."""
-    max_retries: int = valid(3, ge=0)
+    max_retries: int = valid(3, ge=0, le=MAX_COUNT)
     """Retries after a connection error, timeout or 5xx."""
-    backoff_s: float = valid(0.5, ge=0)
+    backoff_s: float = valid(0.5, ge=0, le=MAX_SECONDS)
     """First retry delay; doubled per retry."""
     sync_dir: str = ""
     """Training: directory the policy is saved to for the server to reload (must be readable by the
@@ -165,12 +165,12 @@ class EngineConfig:
     model: str = ""
     """Model directory (HuggingFace format). Training: "" = the policy (model.path, or the checkpoint a
     resumed run starts from). openai: the local tokenizer directory."""
-    max_batch_size: int = valid(64, ge=1)
+    max_batch_size: int = valid(64, ge=1, le=MAX_COUNT)
     """Sequences decoded together (hf max_batch_size, vLLM max_num_seqs, openai requests in flight)."""
     dtype: str | None = valid(None, choices=DTYPES)
     """Weights dtype name; None = the policy's when sharing, else float32 on CPU / bfloat16 on CUDA (hf),
     "auto" (vLLM)."""
-    seed: int = valid(0, ge=0)
+    seed: int = valid(0, ge=0, le=MAX_SEED)
     """Seed for requests that carry none of their own."""
     hf: HFSection = field(default_factory=HFSection)
     vllm: VLLMSection = field(default_factory=VLLMSection)

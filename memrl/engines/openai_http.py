@@ -63,7 +63,7 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from memrl.config import valid
+from memrl.config import MAX_COUNT, MAX_SECONDS, valid
 from memrl.engines.base import Completion, EngineError, SamplingParams
 from memrl.engines.config import EngineConfig, OpenAISection
 
@@ -108,14 +108,14 @@ class OpenAIConfig:
     """Worker method update_weights calls through vLLM's /collective_rpc. "memrl_load_weights" needs the
     server started with --worker-extension-cls memrl.engines.vllm.MemrlWorkerExtension; "reload_weights"
     works on a stock server, but vLLM 0.32 then leaves a tied lm_head stale (see memrl.engines.vllm)."""
-    max_concurrency: int = valid(_ENGINE.max_batch_size, ge=1)
+    max_concurrency: int = valid(_ENGINE.max_batch_size, ge=1, le=MAX_COUNT)
     """Requests in flight at once, per engine."""
-    timeout_s: float = valid(_OPENAI.timeout_s, gt=0)
+    timeout_s: float = valid(_OPENAI.timeout_s, gt=0, le=MAX_SECONDS)
     """Per-request timeout (read); connecting times out after connect_timeout_s."""
-    connect_timeout_s: float = valid(_OPENAI.connect_timeout_s, gt=0)
-    max_retries: int = valid(_OPENAI.max_retries, ge=0)
+    connect_timeout_s: float = valid(_OPENAI.connect_timeout_s, gt=0, le=MAX_SECONDS)
+    max_retries: int = valid(_OPENAI.max_retries, ge=0, le=MAX_COUNT)
     """Retries after a connection error, timeout or 5xx (so up to max_retries + 1 attempts)."""
-    backoff_s: float = valid(_OPENAI.backoff_s, ge=0)
+    backoff_s: float = valid(_OPENAI.backoff_s, ge=0, le=MAX_SECONDS)
     """First retry delay; doubled per retry, with up to 10% jitter."""
 
     def __post_init__(self) -> None:
@@ -187,6 +187,12 @@ MAX_TOKEN_ID = 2**31 - 1
 LOGPROB_SLACK = 1e-6
 """A log-probability above it is not one (memrl.types.Segment admits the same rounding)."""
 
+MAX_REPLY_BYTES = 1 << 28
+"""A server's reply body is read up to this many bytes (256 MiB); a larger one is refused, not held."""
+MAX_CHARS_PER_TOKEN = 256
+"""A chat reply's text may hold at most max_tokens x this many characters (no token is longer): a server that
+ignores max_tokens is refused before its text reaches the tokenizer (a 20 MB reply exhausted its memory)."""
+
 
 class BadReply(EngineError):
     """A reply whose values cannot be what the server generated (token ids outside the vocabulary, a
@@ -230,8 +236,9 @@ def check_reply_values(ids: Any, logprobs: Any, url: str, what: str, vocab_size:
     return token_ids, values
 
 
-def parse_chat(payload: Any, url: str, tokenizer: Any) -> Completion:
-    """A /v1/chat/completions JSON reply -> Completion (see "Chat mode" in the module docstring)."""
+def parse_chat(payload: Any, url: str, tokenizer: Any, max_tokens: int | None = None) -> Completion:
+    """A /v1/chat/completions JSON reply -> Completion (see "Chat mode" in the module docstring); a reply longer
+    than `max_tokens` (the request's) could be is a BadReply."""
     def bad(what: str) -> EngineError:
         return EngineError(f"{url}: malformed chat reply: {what}")
 
@@ -244,6 +251,10 @@ def parse_chat(payload: Any, url: str, tokenizer: Any) -> Completion:
     message = choice.get("message")
     if not isinstance(message, dict) or not isinstance(message.get("content") or "", str):
         raise bad("choices[0].message.content missing or not text")
+    text = message.get("content") or ""
+    if max_tokens is not None and len(text) > max_tokens * MAX_CHARS_PER_TOKEN:
+        raise BadReply(f"{url}: malformed chat reply: {len(text):,} characters, more than max_tokens={max_tokens} "
+                       f"tokens can hold ({MAX_CHARS_PER_TOKEN} each); the server ignored max_tokens")
     finish = choice.get("finish_reason")
     if finish not in ("stop", "length", "abort"):
         raise bad(f"finish_reason {finish!r} (expected stop, length or abort)")
@@ -408,22 +419,29 @@ class OpenAIEngine:
 
     async def _post_once(self, client: Any, body: dict[str, Any]) -> Any:
         try:
-            resp = await client.post(self.url, json=body)
+            async with client.stream("POST", self.url, json=body) as resp:
+                status, data = resp.status_code, bytearray()
+                async for chunk in resp.aiter_bytes():  # read up to MAX_REPLY_BYTES, never the whole of a flood
+                    data += chunk
+                    if len(data) > MAX_REPLY_BYTES:
+                        raise EngineError(f"{self.url}: the reply is larger than {MAX_REPLY_BYTES:,} bytes; "
+                                          "refused unread")
         except httpx.TimeoutException as e:
             raise _Retryable(f"timed out ({type(e).__name__})") from e
         except httpx.TransportError as e:
             raise _Retryable(f"unreachable ({type(e).__name__}: {e})") from e
-        if resp.status_code >= 500:
-            raise _Retryable(f"HTTP {resp.status_code}: {resp.text[:300]}")
-        if resp.status_code == 404 and self.config.api == "completions":
-            raise EngineError(f"{self.url}: HTTP 404: {resp.text[:200]} (no /v1/completions here; a chat-only "
+        text = data.decode("utf-8", errors="replace")
+        if status >= 500:
+            raise _Retryable(f"HTTP {status}: {text[:300]}")
+        if status == 404 and self.config.api == "completions":
+            raise EngineError(f"{self.url}: HTTP 404: {text[:200]} (no /v1/completions here; a chat-only "
                               "server such as MemAgent's serve/llm070.py needs engine.openai.api=chat, eval only)")
-        if resp.status_code >= 400:
-            raise EngineError(f"{self.url}: HTTP {resp.status_code}: {resp.text[:500]}")
+        if status >= 400:
+            raise EngineError(f"{self.url}: HTTP {status}: {text[:500]}")
         try:
-            return resp.json()
+            return json.loads(data)
         except (json.JSONDecodeError, ValueError) as e:
-            raise EngineError(f"{self.url}: malformed completion reply: not JSON ({resp.text[:200]!r})") from e
+            raise EngineError(f"{self.url}: malformed completion reply: not JSON ({text[:200]!r})") from e
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
         """One completion; at most max_concurrency in flight, retried on transient failures."""
@@ -448,7 +466,7 @@ class OpenAIEngine:
                 try:
                     payload = await self._post_once(client, body)
                     if self.config.api == "chat":
-                        return parse_chat(payload, self.url, self.tokenizer)
+                        return parse_chat(payload, self.url, self.tokenizer, sampling.max_tokens)
                     return parse_completion(payload, self.url, _vocab_size(self.tokenizer))
                 except BadReply as e:  # garbage values: counted, logged, retried like a transient failure
                     self.bad_replies += 1

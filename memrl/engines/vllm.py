@@ -57,7 +57,7 @@ import torch
 from safetensors.torch import load, load_file, save
 from transformers import AutoConfig, AutoTokenizer
 
-from memrl.config import valid
+from memrl.config import MAX_COUNT, MAX_SEED, valid
 from memrl.engines.base import Completion, EngineError, SamplingParams
 from memrl.engines.config import DTYPES, EngineConfig, VLLMSection
 from memrl.engines.weight_transfer import TransferSpec, WeightTransfer
@@ -79,9 +79,9 @@ class VLLMConfig(VLLMSection):
     """HuggingFace model directory (or hub id where a hub is reachable)."""
     dtype: str = valid("auto", choices=DTYPES)
     """auto | float32 | bfloat16 | float16 (engine.dtype; its None means auto for vLLM)."""
-    seed: int = valid(_ENGINE.seed, ge=0)
+    seed: int = valid(_ENGINE.seed, ge=0, le=MAX_SEED)
     """engine.seed."""
-    max_num_seqs: int = valid(_ENGINE.max_batch_size, ge=1)
+    max_num_seqs: int = valid(_ENGINE.max_batch_size, ge=1, le=MAX_COUNT)
     """Most sequences vLLM batches at once (engine.max_batch_size)."""
     max_lora_rank: int = valid(0, ge=0, le=512)
     """> 0: build with vLLM's LoRA support (enable_lora, one adapter slot) for adapters up to this rank

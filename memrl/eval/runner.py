@@ -48,7 +48,16 @@ from typing import Any
 
 from tqdm import tqdm
 
-from memrl.config import ConfigError, check_config, check_shared_fields, redact_secrets, valid
+from memrl.config import (
+    MAX_COUNT,
+    MAX_SEED,
+    MAX_TOKENS,
+    ConfigError,
+    check_config,
+    check_shared_fields,
+    redact_secrets,
+    valid,
+)
 from memrl.data.io import DataError, load_tasks
 from memrl.data.ruler import name_label
 from memrl.engines import build_engine
@@ -67,6 +76,7 @@ from memrl.workflows import get_workflow, parse_workflow
 from memrl.workflows.full_context import FULL_CONTEXT_TEMPLATE, FullContextConfig  # noqa: F401 - re-exported
 from memrl.workflows.full_context import run as run_full_context  # noqa: F401 - re-exported
 from memrl.workflows.runner import takes_services
+from memrl.workflows.templates import check_thinking_switch
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +102,11 @@ class EvalConfig:
         hf=HFSection(deterministic=EVAL_ENGINE_DEFAULTS["hf.deterministic"])))
     """The engine (memrl.engines.config): `engine.model` is the model directory (--model). Its defaults are
     `memrl train`'s except EVAL_ENGINE_DEFAULTS."""
-    limit: int = valid(0, ge=0, note="0 = all")
+    limit: int = valid(0, ge=0, le=MAX_COUNT, note="0 = all")
     """Questions per file (the first ones); 0 = all."""
-    concurrency: int = valid(16, ge=1)
+    concurrency: int = valid(16, ge=1, le=MAX_COUNT)
     """Questions in flight at once (their model calls batch in the engine)."""
-    seed: int = valid(0, ge=0)
+    seed: int = valid(0, ge=0, le=MAX_SEED)
     """Seed of the per-question RNGs (only matters when sampling)."""
     name: str = ""
     """Run name in tables and plots (default: the output directory's name)."""
@@ -112,7 +122,7 @@ class EvalConfig:
     docs_from: str = ""
     """Index-only eval files (contexts stored as document indices: MemAgent's sets of 12800 documents and
     more, RULER QA past 2M tokens): the dev file the indices point into (`--docs-from`); "" = none."""
-    samples: int = valid(1, ge=1)
+    samples: int = valid(1, ge=1, le=MAX_COUNT)
     """Answers per question (rows carry `sample` 0..samples-1); more than 1 needs workflow.temperature > 0
     to differ."""
     metric_rules: str = valid("memrl", choices=METRIC_RULES)
@@ -137,7 +147,7 @@ class EvalConfig:
     strip_text: bool = False
     """True (the published evaluations): each question and context whitespace-stripped (str.strip) before
     use; False (memrl): as the file holds them."""
-    length_buckets: list[int] = valid(default_factory=lambda: [4000, 8000], ge=1)
+    length_buckets: list[int] = valid(default_factory=lambda: [4000, 8000], ge=1, le=MAX_TOKENS)
     """LongBench files: increasing upper bounds of the length buckets the report groups rows by (each row's
     N = its bucket's lower bound); [4000, 8000] = LongBench-E's 0-4k, 4-8k, 8k+."""
 
@@ -500,6 +510,9 @@ def evaluate(
         own_engine = engine is None
         runtime = RolloutRuntime(make_eval_engine(cfg.engine) if own_engine else engine, close_engine=own_engine)
     try:
+        if own:  # the tokenizer is loaded now; nothing generated yet
+            check_thinking_switch(getattr(runtime.engine, "tokenizer", None), getattr(wf_cfg, "enable_thinking", None),
+                                  f"--model {cfg.engine.model}")
         with open(results_path, "a", encoding="utf-8") as fh:
             if rollout is None:
                 run_spec = dropping_failed_requests(spec) if cfg.failed_requests != "error" else spec

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memrl.algorithms.base import register_model_reward
-from memrl.config import valid
+from memrl.config import MAX_COEF, valid
 from memrl.rewards.model_scored import MemoryPrompts, ModelScored, Scorer
 from memrl.types import Group, Segment
 
@@ -31,16 +31,16 @@ NORMALIZE: tuple[str, ...] = ("minmax", "zscore", "none")
 class InfoMemOptions:
     """Options of the infomem model-scored reward (algorithm.infomem.*)."""
 
-    coef: float = valid(0.5, ge=0)
+    coef: float = valid(0.5, ge=0, le=MAX_COEF)
     """Weight of the normalized gain added to a successful trajectory's outcome reward."""
     normalize: str = valid("minmax", choices=NORMALIZE)
     """How the gains of a group's successful trajectories are normalized before they are added: minmax
     (to [0, 1]), zscore (mean 0, std 1) or none (raw per-token log-likelihood gain)."""
-    success: float = valid(1.0, ge=0)
+    success: float = valid(1.0, ge=0, le=MAX_COEF)
     """A trajectory is successful (scored) when its outcome reward is >= this."""
     answer_template: str = "\\boxed{{answer}}"
     """The gold answer as the final call would write it; "{answer}" is replaced by the first gold answer."""
-    eps: float = valid(1e-6, gt=0)
+    eps: float = valid(1e-6, gt=0, le=1)
     """normalize=zscore: added to the std before dividing."""
 
     def __post_init__(self) -> None:

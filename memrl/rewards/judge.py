@@ -12,13 +12,16 @@ Reasoning judges: the verdict is read from the final answer only. A server's sep
 with reasoning but no final part (the token budget ran out while thinking) has no verdict.
 
 A dead, slow, failing or garbled judge never raises: the result scores 0 with `error` set to one of
-ERROR_KINDS, and `JudgeClient.counters` counts it under `judge_error` and `judge_error_<kind>`. An empty
-prediction is not sent (it scores 0, as the published reward does without a call).
+ERROR_KINDS, and `JudgeClient.counters` counts it under `judge_error` and `judge_error_<kind>`; the console
+says the first failure with its error, then the count at 10, 100, 1000, ... failures, while the run goes on.
+Each call is bounded by `timeout_s` as a whole (not only each read). An empty prediction is not sent (it
+scores 0, as the published reward does without a call).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 from collections import Counter
@@ -27,7 +30,9 @@ from pathlib import Path
 
 import httpx
 
-from memrl.config import ConfigError, valid
+from memrl.config import MAX_COUNT, MAX_SECONDS, MAX_TEMPERATURE, MAX_TOKENS, ConfigError, valid
+
+log = logging.getLogger(__name__)
 
 RUBRIC = """You are grading an answer to a question against the gold answer(s).
 
@@ -91,17 +96,17 @@ class JudgeSettings:
     api_key_env: str = ""
     """Name of the environment variable holding the judge's API key, sent as a Bearer token; "" = none.
     The key itself is never a config value, so it is never written to a run directory."""
-    timeout_s: float = valid(30.0, gt=0)
+    timeout_s: float = valid(30.0, gt=0, le=MAX_SECONDS)
     """Per-request timeout in seconds."""
-    retries: int = valid(2, ge=0)
+    retries: int = valid(2, ge=0, le=MAX_COUNT)
     """Extra attempts after a timeout, a lost connection, HTTP 408 / 429 or 5xx."""
-    backoff_s: float = valid(0.5, ge=0)
+    backoff_s: float = valid(0.5, ge=0, le=MAX_SECONDS)
     """First retry delay; doubled per retry."""
-    max_concurrency: int = valid(16, ge=1)
+    max_concurrency: int = valid(16, ge=1, le=MAX_COUNT)
     """Judge calls in flight at once."""
-    max_tokens: int = valid(8, ge=1)
+    max_tokens: int = valid(8, ge=1, le=MAX_TOKENS)
     """Generation budget of one verdict (a reasoning judge needs hundreds: the published 800)."""
-    temperature: float = valid(0.0, ge=0)
+    temperature: float = valid(0.0, ge=0, le=MAX_TEMPERATURE)
     """Sampling temperature of the judge."""
     top_p: float | None = valid(None, gt=0, le=1, note="null = not sent")
     """Sent when set; None = not sent (the server's default), as the published reward does."""
@@ -275,6 +280,8 @@ class JudgeClient:
         self.url = base if base.endswith("/chat/completions") else (
             base + ("/chat/completions" if base.endswith("/v1") else "/v1/chat/completions"))
         self.counters: Counter[str] = Counter()
+        self.first_error = ""
+        """The first failed judgement's error kind and description (said on the console)."""
         self._sem = asyncio.Semaphore(config.max_concurrency)
         self._client: httpx.AsyncClient | None = None
 
@@ -311,7 +318,20 @@ class JudgeClient:
                 return JudgeResult(1.0 if verdict == "correct" else 0.0, verdict, None, text)
         self.counters["judge_error"] += 1
         self.counters[f"judge_error_{kind}"] += 1
+        self._say_failure(kind, text)
         return JudgeResult(0.0, "error", kind, text)
+
+    def _say_failure(self, kind: str | None, detail: str) -> None:
+        """A failing judge is said on the console while the run goes on: the first failure with its error,
+        then the count at 10, 100, 1000, ... failures (each scores 0; metrics count them as judge_error)."""
+        n = self.counters["judge_error"]
+        if n == 1:
+            self.first_error = f"{kind}: {detail[:300]}"
+            log.warning("judge %s failed (%s); the judgement scores 0 and the run goes on (judge_error counts "
+                        "failures)", self.url, self.first_error)
+        elif n >= 10 and str(n).strip("0") == "1":
+            log.warning("judge %s: %d judgements failed so far, each scored 0 (first: %s)", self.url, n,
+                        self.first_error)
 
     async def chat(self, prompt: str) -> tuple[str | None, str]:
         """One chat completion of `prompt` with the configured model, max_tokens and temperature (no rubric):
@@ -332,9 +352,9 @@ class JudgeClient:
             if attempt:
                 self.counters["judge_retries"] += 1
                 await asyncio.sleep(self.config.backoff_s * 2 ** (attempt - 1))
-            try:
-                resp = await self._http().post(self.url, json=body)
-            except httpx.TimeoutException:
+            try:  # httpx's timeout bounds each read; wait_for bounds the whole call (a server trickling bytes)
+                resp = await asyncio.wait_for(self._http().post(self.url, json=body), self.config.timeout_s)
+            except (httpx.TimeoutException, TimeoutError):
                 kind, detail = "timeout", f"{self.url}: timed out after {self.config.timeout_s}s"
                 continue
             except httpx.HTTPError as e:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
+from memrl.algorithms.process_rewards import FOLD_PROCESS_REWARDS
 from memrl.config import ConfigError, check_config, check_shared_fields
 from memrl.data.io import load_tasks
 from memrl.data.mixture import balanced_batches
@@ -33,6 +34,7 @@ from memrl.engines import build_engine
 from memrl.engines.base import SamplingParams
 from memrl.engines.versioned import VersionedEngine
 from memrl.errors import UserError, model_dir, writable_dir
+from memrl.model_files import weights_digest
 from memrl.runtime import RolloutRuntime
 from memrl.training import adapter_sync
 from memrl.training import validation as val
@@ -40,13 +42,14 @@ from memrl.training.checkpoint import clean_stale, resume_point, set_rng_state
 from memrl.training.config import TrainConfig
 from memrl.training.dump import TrajectoryDump
 from memrl.training.engine_sync import EngineSync
-from memrl.training.lora import base_source, engine_policy
+from memrl.training.lora import base_source, enabled, engine_policy
 from memrl.training.placement import RayEngines, connect, uses_ray
 from memrl.training.run_dir import check_resumed_config
 from memrl.training.weight_sync import WeightSync
 from memrl.training.workers import build_workers
 from memrl.types import Task
 from memrl.workflows import parse_workflow
+from memrl.workflows.templates import check_thinking_switch
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +87,19 @@ def validate(cfg: TrainConfig) -> tuple[Any, Any]:
     if cfg.algorithm.model_reward == "infomem" and spec.memory_prompts is None:
         raise ConfigError(f"algorithm.model_reward=infomem scores a final memory, which workflow={spec.name} does not "
                           "keep (WorkflowSpec.memory_prompts; memagent has one)")
+    check_estimator_fits_workflow(cfg, spec)
     return spec, wf
+
+
+def check_estimator_fits_workflow(cfg: TrainConfig, spec: Any) -> None:
+    """An estimator whose terms the workflow cannot feed is refused, not run as another one: foldgrpo's
+    built-in process rewards read fold's branch rows (WorkflowSpec.branches); on any other workflow they are
+    all 0 and foldgrpo is plain GRPO."""
+    terms = list(cfg.algorithm.foldgrpo.process_rewards)
+    if cfg.algorithm.name == "foldgrpo" and not spec.branches and terms and set(terms) <= set(FOLD_PROCESS_REWARDS):
+        raise ConfigError(f"algorithm.name=foldgrpo on workflow={spec.name}: its process rewards ({', '.join(terms)}) "
+                          "read the branches workflow=fold records, and this workflow records none, so it would "
+                          "train as plain GRPO; use workflow=fold or algorithm.name=grpo")
 
 
 def algorithm_options(cfg: TrainConfig) -> tuple[Any, Any]:
@@ -156,6 +171,9 @@ class TrainState:
     """wandb / mlflow run ids (memrl.training.trackers), so a resumed run continues them."""
     best: dict[str, Any] | None = None
     """trainer.save_best: {"metric", "value", "step"} of the best step so far."""
+    base_weights: str | None = None
+    """LoRA: the SHA-256 of model.path's weight files (memrl.model_files.weights_digest), the base the
+    checkpoints' adapters were trained on; `--resume` refuses other weights."""
 
     def saved(self, async_in_flight: int | None = None) -> dict[str, Any]:
         """The driver state a checkpoint holds (memrl.training.checkpoint), without the RNG."""
@@ -166,6 +184,8 @@ class TrainState:
             out["trackers"] = dict(self.tracker_ids)
         if self.best is not None:
             out["best"] = dict(self.best)
+        if self.base_weights is not None:
+            out["base_weights_sha256"] = self.base_weights
         return out
 
 
@@ -220,6 +240,18 @@ def _resumed_state(cfg: TrainConfig, point: Any) -> TrainState:
     return out
 
 
+def _check_base_weights(cfg: TrainConfig, saved: dict[str, Any] | None) -> str | None:
+    """LoRA: the digest of model.path's weights; a resumed checkpoint that recorded another is refused (its
+    adapter was trained on other base weights, placed at the same path or not). None: no weight files."""
+    digest = weights_digest(cfg.model.path) if Path(cfg.model.path).is_dir() else None
+    was = (saved or {}).get("base_weights_sha256")
+    if was is not None and digest != was:
+        raise ConfigError(f"--resume: model.path={cfg.model.path} holds other base weights than the LoRA run was "
+                          f"trained on (SHA-256 of its weight files {str(digest)[:16]}..., the checkpoint's "
+                          f"{str(was)[:16]}...); put the run's base weights back or train into a new out_dir")
+    return digest
+
+
 def _engine(cfg: TrainConfig, src: str, workers: Any, tokenizer: Any) -> Any:
     """The in-process or server engine; one that loads weights itself starts from `src` (the resumed
     checkpoint)."""
@@ -255,7 +287,7 @@ def assemble(cfg: TrainConfig, resume: bool = False, workflow: tuple[Any, Any] |
         raise ValueError("assemble: resume=True loads the workers from the checkpoint; do not pass workers")
     tasks = tasks if tasks is not None else file_tasks(cfg)  # data errors too, before any model loads
     root = out / "checkpoints"
-    state, start, src = TrainState(), None, str(cfg.model.path)
+    state, start, src, base = TrainState(), None, str(cfg.model.path), None
     if workers is None:
         clean_stale(root)
         point = resume_point(root) if resume else None
@@ -263,16 +295,20 @@ def assemble(cfg: TrainConfig, resume: bool = False, workflow: tuple[Any, Any] |
             log.warning("--resume: no checkpoint in %s; starting from step 0", root)
         if point is not None:
             check_resumed_config(cfg, point.path)  # another data.path or batch size must not continue silently
+        if enabled(cfg.model):  # LoRA: the base weights by content, before the model loads
+            base = _check_base_weights(cfg, point.state if point is not None else None)
         start = point.path if point is not None else None
         src = base_source(cfg.model, start)  # LoRA: engines start from the base (a checkpoint holds the adapter)
         if uses_ray(cfg):
             connect(cfg)  # address and resources checked before any model is loaded
         tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(src)
+        check_thinking_switch(tokenizer, getattr(wf_cfg, "enable_thinking", None), f"model.path {src}")
         workers = build_workers(cfg, start)  # model, KL reference, optimizer, scheduler (resumed)
     random.seed(cfg.trainer.seed)
     torch.manual_seed(cfg.trainer.seed)
     if start is not None:
         state = _resumed_state(cfg, point)
+    state.base_weights = base
     runtime = None
     try:
         weight_sync = None

@@ -43,7 +43,21 @@ from memrl.algorithms.registry import (
     loss_names,
     loss_options,
 )
-from memrl.config import OPEN_SECTIONS, REMOVED_KEYS, ConfigError, section_from_dict, valid
+from memrl.config import (
+    MAX_COEF,
+    MAX_COUNT,
+    MAX_LR,
+    MAX_MB,
+    MAX_PARALLEL,
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    MAX_TOKENS,
+    OPEN_SECTIONS,
+    REMOVED_KEYS,
+    ConfigError,
+    section_from_dict,
+    valid,
+)
 from memrl.data.synthetic import SyntheticConfig
 from memrl.engines.base import FAILED_REQUEST_MODES
 from memrl.engines.config import EngineConfig
@@ -104,7 +118,7 @@ class DataSection:
     """"synthetic" or "file"."""
     path: str = ""
     """Data file (JSON / JSONL / parquet) when name=file."""
-    seed: int = valid(0, ge=0)
+    seed: int = valid(0, ge=0, le=MAX_SEED)
     """Seed of the synthetic stream / the shuffle of a file."""
     shuffle: bool = True
     """name=file: visit the file's tasks in a new seeded order every epoch. False = the file's own order,
@@ -151,7 +165,7 @@ class AlgorithmSection:
     order, a segment repeated when its trajectory has no unused one); "spread_unused": memrl's rule (no
     repeats: the extra rows cycle over the trajectories that still have unused segments, i.e. those
     that pruned). memrl.algorithms.selection."""
-    segments_per_task: int = valid(12, ge=1)
+    segments_per_task: int = valid(12, ge=1, le=MAX_COUNT)
     """selection != all: rows trained per task (MemAct publishes 12; `rollout.n` upstream); >= n."""
     grpo: GRPOOptions = field(default_factory=GRPOOptions)
     """Options of the grpo estimator: norm_by_std (MemAgent's script mean-centres only), eps, credit, std_over
@@ -193,16 +207,16 @@ class AlgorithmSection:
     `algorithm.<name>.<field>` (stored here; checked against its options dataclass before any work)."""
     loss_agg: str = valid("token-mean", choices=AGG_MODES)
     """token-mean, seq-mean-token-mean, seq-mean-token-sum, traj-mean."""
-    kl_coef: float = valid(0.001, ge=0)
+    kl_coef: float = valid(0.001, ge=0, le=MAX_COEF)
     """KL-to-reference loss coefficient (0 disables the reference model)."""
     kl_kind: str = valid("low_var_kl", choices=KL_KINDS)
-    entropy_coef: float = valid(0.0, ge=0)
+    entropy_coef: float = valid(0.0, ge=0, le=MAX_COEF)
     """Entropy bonus coefficient (0 = none)."""
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards all agree and refill with new tasks."""
-    max_refill_rounds: int = valid(3, ge=0)
+    max_refill_rounds: int = valid(3, ge=0, le=MAX_COUNT)
     """Extra rollout rounds dynamic sampling may run to refill the batch."""
-    temperature: float = valid(1.0, gt=0)
+    temperature: float = valid(1.0, gt=0, le=MAX_TEMPERATURE)
     """Rollout temperature (overrides the workflow's); logprobs are recomputed under the same T."""
     # --- train/inference mismatch and its correction (docs/guides/async.md)
     old_logprobs: str = valid("engine", choices=("engine", "trainer"))
@@ -218,11 +232,11 @@ class AlgorithmSection:
     sampling, each token's loss times min(exp(old - engine), tis_cap) (verl, slime); decoupled: AReaL's
     decoupled PPO, ratio against the proximal (pre-update trainer) policy, times exp(proximal - engine),
     tokens above decoupled_cap dropped. old = proximal = the trainer's logprob before the update."""
-    tis_cap: float = valid(2.0, gt=0)
+    tis_cap: float = valid(2.0, gt=0, le=MAX_COEF)
     """off_policy=tis: the truncation C of the train/inference ratio."""
-    decoupled_cap: float | None = valid(None, gt=1, note="null = no cap")
+    decoupled_cap: float | None = valid(None, gt=1, le=MAX_COEF, note="null = no cap")
     """off_policy=decoupled: tokens whose behaviour weight exp(proximal - engine) exceeds it weigh 0 (AReaL)."""
-    mismatch_clip: float = valid(2.0, gt=1)
+    mismatch_clip: float = valid(2.0, gt=1, le=MAX_COEF)
     """c of the logged mismatch/<engine>/ratio_outside_share: tokens whose exp(trainer - engine) is outside [1/c, c]."""
 
     def check(self) -> None:
@@ -301,19 +315,19 @@ class AlgorithmSection:
 class OptimSection:
     """AdamW with linear warm-up then constant (MemAgent: lr 1e-6, 20 warm-up steps)."""
 
-    lr: float = valid(1e-6, gt=0)
+    lr: float = valid(1e-6, gt=0, le=MAX_LR)
     """Peak learning rate."""
-    warmup_steps: int = valid(20, ge=0)
+    warmup_steps: int = valid(20, ge=0, le=MAX_COUNT)
     """Linear warm-up over this many RL steps (the scheduler steps once per batch, as verl's update_actor
     does, whatever trainer.mini_batches is); 0 = none."""
-    weight_decay: float = valid(0.01, ge=0)
+    weight_decay: float = valid(0.01, ge=0, le=MAX_COEF)
     weight_decay_scope: str = valid("all", choices=("all", "matrices"))
     """Which parameters weight_decay applies to: "all" (memrl; the verl forks' AdamW over every parameter) or
     "matrices" (Megatron-LM's rule, vime: biases and 1-D parameters such as norms get none;
     megatron/core/optimizer _get_param_groups)."""
     beta1: float = valid(0.9, ge=0, lt=1)
     beta2: float = valid(0.999, ge=0, lt=1)
-    grad_clip: float = valid(1.0, ge=0, note="0 = no clipping")
+    grad_clip: float = valid(1.0, ge=0, le=MAX_COEF, note="0 = no clipping")
     """Clip the global gradient norm to this before every optimizer step; 0 = no clipping (never a
     zero-length update)."""
 
@@ -322,11 +336,11 @@ class OptimSection:
 class TrainerSection:
     """The driver loop: how many steps, batch size, packing, saving and logging."""
 
-    steps: int = valid(150, ge=0)
+    steps: int = valid(150, ge=0, le=MAX_COUNT)
     """RL steps (batches) to train."""
-    batch_size: int = valid(128, ge=1)
+    batch_size: int = valid(128, ge=1, le=MAX_COUNT)
     """Tasks (groups) per step; each gives `algorithm.n` trajectories."""
-    concurrency: int = valid(1024, ge=1)
+    concurrency: int = valid(1024, ge=1, le=MAX_COUNT)
     """Trajectories in flight at once (the rollout runner's cap)."""
     mini_batches: int = valid(1, ge=1, le="batch_size")
     """Optimizer steps per RL step, the batch cut as `mini_batch_split` says; 1 = fully on-policy. The
@@ -336,7 +350,7 @@ class TrainerSection:
     default). "rows": verl's rule in the MemAgent / ReMemR1 forks (dp_actor.update_policy, td_split):
     the batch's rows in verl's order (every trajectory's first call, then every second call, ..., the final
     answers last) cut into k contiguous slices whose sizes differ by at most one, larger ones first."""
-    mini_batch_rows: int = valid(0, ge=0, note="0 = off")
+    mini_batch_rows: int = valid(0, ge=0, le=MAX_COUNT, note="0 = off")
     """vime / slime: one optimizer step every k rows (--global-batch-size), rows in batch order (each
     trajectory's calls together); a last slice of fewer rows is a step of its own. Needs mini_batches=1."""
     mini_batch_ranks: int = valid(1, ge=1, le=4096)
@@ -355,9 +369,9 @@ class TrainerSection:
     a smaller step of their own; "drop" leaves them out of the update, as vime's custom convert does
     (examples/mem_agent/custom_convert.py trims the unrolled rows to a multiple of --global-batch-size;
     a batch of fewer than r rows is kept whole)."""
-    token_budget: int = valid(16384, ge=1)
+    token_budget: int = valid(16384, ge=1, le=MAX_TOKENS)
     """Padded tokens per micro-batch (rows x longest row); gradient accumulation over micro-batches."""
-    logits_chunk_tokens: int = valid(0, ge=0, note="0 = full logits")
+    logits_chunk_tokens: int = valid(0, ge=0, le=MAX_TOKENS, note="0 = full logits")
     """> 0: the update, the recomputed old logprobs and the KL reference's pass compute log-probabilities
     and entropy from this many tokens' logits at a time, recomputed in the backward pass, never holding
     the [tokens x vocabulary] fp32 logits (~19.5 GB for one 32K-token row of a 152K vocabulary); the same
@@ -370,11 +384,11 @@ class TrainerSection:
     backward pass. Exact (same loss and gradient, the batch's normalizers kept) and applied only with the
     PPO loss and no KL or entropy term; `train/rows_zero_adv_skipped` counts them, and the logged entropy,
     clipfrac and approx_kl are then means over the trained rows."""
-    save_every: int = valid(50, ge=0, note="0 = only at the end")
+    save_every: int = valid(50, ge=0, le=MAX_COUNT, note="0 = only at the end")
     """Checkpoint every k steps (and at the end); 0 = only at the end."""
-    keep_checkpoints: int = valid(2, ge=0, note="0 = keep all")
+    keep_checkpoints: int = valid(2, ge=0, le=MAX_COUNT, note="0 = keep all")
     """Newest checkpoints kept; 0 = all."""
-    seed: int = valid(0, ge=0)
+    seed: int = valid(0, ge=0, le=MAX_SEED)
     tensorboard: bool = True
     """False drops "tensorboard" from `loggers` (the older switch, kept as an alias)."""
     loggers: list[str] = valid(default_factory=lambda: ["jsonl", "tensorboard"],
@@ -387,37 +401,37 @@ class TrainerSection:
     """loggers has mlflow: its tracking URI ("" = file:<out_dir>/mlruns, mlflow 3's file store, in maintenance
     mode; recommended for local tracking: sqlite:///<dir>/mlflow.db, which needs sqlalchemy). Checked before
     the run: the scheme, a file store that is a file, a sqlite store without sqlalchemy."""
-    val_every: int = valid(0, ge=0, note="0 = off")
+    val_every: int = valid(0, ge=0, le=MAX_COUNT, note="0 = off")
     """Validate on the `val` section's files every k steps (memrl.training.validation); 0 = off. The
     published MemAgent script validates every 5 steps, ReMemR1's and MemAct's every 10."""
     save_best: str = ""
     """A logged metric whose highest value's checkpoint is kept as checkpoints/best; "" = off. memrl ranks
     by validation (val/mean_accuracy, val/<dataset>/<N>/accuracy, ...); ReMemR1's save_best_val ranks by
     the training batch's mean score (reward/mean here)."""
-    save_best_after: int = valid(0, ge=0, note="0 = every step saves")
+    save_best_after: int = valid(0, ge=0, le=MAX_COUNT, note="0 = every step saves")
     """save_best: steps <= k still set the best value but save no checkpoint (ReMemR1's trainer skips its
     first 20 steps so: `global_steps > 20`)."""
     progress: bool = True
-    dump_every: int = valid(10, ge=0, note="0 = off")
+    dump_every: int = valid(10, ge=0, le=MAX_COUNT, note="0 = off")
     """Append a sample of this step's trajectories to trajectories.jsonl every k steps (`memrl view`); 0 = off."""
-    dump_trajectories: int = valid(4, ge=1)
+    dump_trajectories: int = valid(4, ge=1, le=MAX_COUNT)
     """Trajectories per dump, whole groups in batch order (so advantages compare within a group)."""
-    dump_max_mb: float = valid(200.0, ge=0)
+    dump_max_mb: float = valid(200.0, ge=0, le=MAX_MB)
     """Stop dumping (one warning) once trajectories.jsonl reaches this size."""
-    num_workers: int = valid(1, ge=1)
+    num_workers: int = valid(1, ge=1, le=MAX_PARALLEL)
     """Training ranks (FSDP2). 1 = in the trainer's process; N > 1 = Ray actors (memrl.training.placement)."""
-    cpus_per_worker: float = valid(1.0, gt=0)
-    gpus_per_worker: float = valid(0.0, ge=0)
+    cpus_per_worker: float = valid(1.0, gt=0, le=MAX_PARALLEL)
+    gpus_per_worker: float = valid(0.0, ge=0, le=MAX_PARALLEL)
     """Ray resources of each training rank (GPUs > 0 trains on CUDA with NCCL)."""
     fsdp_bf16: bool = False
     """FSDP2 mixed precision: bf16 compute, fp32 gradient reduction (num_workers > 1)."""
     cpu_offload: bool = False
     """FSDP2 CPU offload of parameters and optimizer state (num_workers > 1)."""
-    router_aux_loss_coef: float = valid(0.0, ge=0, note="0 = off")
+    router_aux_loss_coef: float = valid(0.0, ge=0, le=MAX_COEF, note="0 = off")
     """A mixture-of-experts model (Qwen3-MoE): add this times the router's load-balancing loss (the
     forward's aux_loss with output_router_logits) to each micro-batch's loss, weighted by its share of the
     mini-batch; logged as loss/router_aux. 0 = off (memrl, and verl's actor); Qwen3-MoE's config says 0.001."""
-    sequence_parallel: int = valid(1, ge=1, note="1 = off")
+    sequence_parallel: int = valid(1, ge=1, le=MAX_PARALLEL, note="1 = off")
     """Ulysses sequence parallelism (memrl.training.ulysses; docs/guides/scaleout.md): groups of S consecutive
     ranks share each micro-batch, every row cut into S runs of tokens, with all-to-alls over the attention
     heads; the data-parallel size is num_workers / S. S must divide num_workers and the model's attention
@@ -469,13 +483,13 @@ class ValSection:
     files: list[str] = field(default_factory=list)
     """Eval files (as `memrl eval` reads them; several datasets and lengths); each (dataset, N) gets its
     own val/<dataset>/<N>/<metric> metrics."""
-    samples: int = valid(1, ge=1)
+    samples: int = valid(1, ge=1, le=MAX_COUNT)
     """Answers per question; > 1 adds mean_at_k / pass_at_k (the published MemAgent script samples 4)."""
-    temperature: float = valid(0.0, ge=0, note="0 = greedy")
+    temperature: float = valid(0.0, ge=0, le=MAX_TEMPERATURE, note="0 = greedy")
     """Sampling temperature of validation (memrl eval's greedy default; MemAgent's script: 1.0)."""
     top_p: float = valid(1.0, gt=0, le=1, note="1 = off")
     """Nucleus sampling of validation (MemAgent's script: 0.7)."""
-    max_questions: int = valid(0, ge=0, note="0 = all")
+    max_questions: int = valid(0, ge=0, le=MAX_COUNT, note="0 = all")
     """Questions per file (the first ones); 0 = all."""
     before_train: bool = False
     """With trainer.val_every > 0: also validate the initial weights, logged at step 0 (the published
@@ -498,11 +512,11 @@ class ValSection:
 class RolloutSection:
     """Rollout engine replicas placed by Ray (transformers engines; requests go to the least busy one)."""
 
-    num_engines: int = valid(0, ge=0)
+    num_engines: int = valid(0, ge=0, le=MAX_PARALLEL)
     """0 = the in-process engine of `engine.name`; N >= 1 = N Ray actor engines, each built from the
     whole `engine` section (its kind from rollout.engine, its device from the resources below)."""
-    cpus_per_engine: float = valid(1.0, gt=0)
-    gpus_per_engine: float = valid(0.0, ge=0)
+    cpus_per_engine: float = valid(1.0, gt=0, le=MAX_PARALLEL)
+    gpus_per_engine: float = valid(0.0, ge=0, le=MAX_PARALLEL)
     engine: str = valid("", choices=("", "hf", "vllm", "vllm-cpu"))
     """Replica kind: "hf" (memrl.engines.hf.HFEngine) or "vllm" (memrl.engines.vllm.VLLMEngine);
     "" = engine.name (vllm-cpu counts as vllm)."""
@@ -515,7 +529,7 @@ class RolloutSection:
     ranks' GPUs, where NCCL cannot pair two ranks on one device), object_store for hf replicas."""
     broadcast_backend: str = valid("auto", choices=("auto", "gloo", "nccl"))
     """weight_sync=broadcast: "gloo", "nccl", or "auto" (nccl when the replicas have GPUs, else gloo)."""
-    broadcast_bucket_mb: int = valid(256, ge=1)
+    broadcast_bucket_mb: int = valid(256, ge=1, le=MAX_MB)
     """weight_sync=broadcast: tensors go in buckets of at most this many MiB (one collective each)."""
     sync_dir: str = ""
     """weight_sync=directory: where rank 0 writes the weights ("" = <out_dir>/engine_weights)."""
@@ -528,18 +542,18 @@ class RolloutSection:
     """After every weight sync, the engine's greedy logprobs on a fixed probe must match the trainer's
     within sync_check_tol, else the run stops naming the engine (memrl.training.sync_check; its cost is
     logged as time/sync_check_s). With trainer.num_workers > 1 the ranks score the probe (rank 0's result)."""
-    sync_check_tol: float = valid(1e-3, gt=0)
+    sync_check_tol: float = valid(1e-3, gt=0, le=MAX_COEF)
     """sync_check: the largest |engine logprob - trainer logprob| allowed (float32: 1e-3; bf16 engines ~0.1)."""
     sync_check_tokens: int = valid(4, ge=1, le=64)
     """sync_check: tokens the engine generates greedily after the probe."""
-    max_staleness: int = valid(0, ge=0, note="0 = synchronous")
+    max_staleness: int = valid(0, ge=0, le=MAX_COUNT, note="0 = synchronous")
     """Asynchronous training (docs/guides/async.md): 0 = sample, update, sync in turn (the synchronous loop);
     k >= 1 = the rollouts of the next k steps run while the trainer updates, and no trained segment was
     sampled by a policy more than k versions older than the one it updates."""
     partial: str = valid("continue", choices=("continue", "abort"))
     """max_staleness >= 1: a trajectory in flight across a weight sync "continue"s on the new weights (its
     segments keep the versions that sampled them) or is "abort"ed and sampled again on the new weights."""
-    partial_max_aborts: int = valid(1, ge=0)
+    partial_max_aborts: int = valid(1, ge=0, le=MAX_COUNT)
     """partial=abort: times one trajectory may be aborted and resampled (after that it continues)."""
 
     def check(self) -> None:
@@ -563,7 +577,7 @@ class RaySection:
     """"" = start a local Ray; "host:port" = join a cluster started with `ray start --head`."""
     temp_dir: str = ""
     """Ray's session/log directory for a local start ("" = Ray's default)."""
-    num_cpus: int = valid(0, ge=0, note="0 = all")
+    num_cpus: int = valid(0, ge=0, le=MAX_PARALLEL, note="0 = all")
     """CPUs a local Ray start offers (0 = all the machine's)."""
     worker_niceness: int = valid(0, ge=0, le=19)
     """How many nice levels a local Ray start puts its workers (training ranks, engine replicas) below the

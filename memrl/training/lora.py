@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from memrl.config import ConfigError, valid
+from memrl.config import MAX_COEF, ConfigError, valid
 from memrl.quiet import hf_progress_off, peft_rename_warning_off
 from memrl.training.checkpoint import ADAPTER_WEIGHTS
 
@@ -36,7 +36,7 @@ class LoraSection:
 
     rank: int = valid(0, ge=0, le=4096, note="0 = off")
     """LoRA rank r of every adapted matrix; 0 = full fine-tuning."""
-    alpha: float = valid(16.0, gt=0)
+    alpha: float = valid(16.0, gt=0, le=MAX_COEF)
     """Scaling numerator: the update is (alpha / rank) * B A."""
     dropout: float = valid(0.0, ge=0, lt=1)
     """Dropout on the adapter's input during training."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from memrl.config import check_config, valid
+from memrl.config import MAX_COEF, MAX_COUNT, MAX_LR, MAX_SEED, MAX_TOKENS, check_config, valid
 from memrl.errors import UserError
 from memrl.quiet import hf_progress_off, peft_rename_warning_off
 from memrl.training.logging import MetricsLogger
@@ -33,19 +33,19 @@ log = logging.getLogger(__name__)
 class SFTConfig:
     """Supervised cold start: optimizer and batching settings."""
 
-    epochs: int = valid(1, ge=1)
+    epochs: int = valid(1, ge=1, le=MAX_COUNT)
     """Passes over the traces."""
-    batch_rows: int = valid(64, ge=1)
+    batch_rows: int = valid(64, ge=1, le=MAX_COUNT)
     """Rows (segments) per optimizer step."""
-    lr: float = valid(1e-3, gt=0)
+    lr: float = valid(1e-3, gt=0, le=MAX_LR)
     """AdamW peak learning rate (cosine decay to 10% after `warmup_steps`)."""
-    warmup_steps: int = valid(10, ge=0)
-    weight_decay: float = valid(0.0, ge=0)
-    grad_clip: float = valid(1.0, ge=0, note="0 = no clipping")
+    warmup_steps: int = valid(10, ge=0, le=MAX_COUNT)
+    weight_decay: float = valid(0.0, ge=0, le=MAX_COEF)
+    grad_clip: float = valid(1.0, ge=0, le=MAX_COEF, note="0 = no clipping")
     """Clip the gradient norm to this before every step; 0 = no clipping."""
-    token_budget: int = valid(8192, ge=1)
+    token_budget: int = valid(8192, ge=1, le=MAX_TOKENS)
     """Padded tokens per micro-batch (gradient accumulation over micro-batches)."""
-    logits_chunk_tokens: int = valid(0, ge=0, note="0 = full logits")
+    logits_chunk_tokens: int = valid(0, ge=0, le=MAX_TOKENS, note="0 = full logits")
     """As trainer.logits_chunk_tokens: log-probabilities from that many tokens' logits at a time."""
     loss_agg: str = valid("token-mean", choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                                                  "traj-mean"))
@@ -54,7 +54,7 @@ class SFTConfig:
     """The cosine decay ends at lr * lr_floor (1.0 = constant after warm-up)."""
     shuffle: bool = True
     """Shuffle the rows every epoch (False: batches are consecutive rows, e.g. rows made in same-length blocks)."""
-    seed: int = valid(0, ge=0)
+    seed: int = valid(0, ge=0, le=MAX_SEED)
 
     def total_steps(self, num_rows: int) -> int:
         """Optimizer steps `sft_train` takes over `num_rows` rows."""

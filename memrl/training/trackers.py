@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import httpx
+
 from memrl.config import redact_argv, redact_secrets, redact_text
 from memrl.errors import UserError
 
@@ -60,9 +62,19 @@ WANDB_ID_FORBIDDEN = ":;,#?/\\'% "
 """Characters wandb refuses in a run id (its own rule is :;,#?/' ; '%', '\\' and space break its paths)."""
 
 
+MLFLOW_PROBE_S = 5.0
+"""How long a tracking server (http/https) has to answer before the run: mlflow's own client retries a dead
+server with back-off for minutes."""
+MLFLOW_HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+"""mlflow's retries and per-request timeout for a tracking server during the run (defaults: 7 retries with
+back-off, 120 s each), set unless the environment sets them: a server that dies mid-run costs a minute or two
+per call, not a quarter of an hour."""
+
+
 def mlflow_uri_problem(uri: str) -> str | None:
     """What is wrong with an mlflow tracking URI before any work, or None: an unknown scheme, a file store
-    that is a file, a sqlite store that is a directory or lacks sqlalchemy."""
+    that is a file, a sqlite store that is a directory or lacks sqlalchemy, a tracking server (http, https)
+    that does not answer within MLFLOW_PROBE_S."""
     if not uri:
         return None
     parsed = urlparse(uri)
@@ -82,6 +94,15 @@ def mlflow_uri_problem(uri: str) -> str | None:
         path = Path(uri.split("///", 1)[1]) if "///" in uri else None
         if path is not None and path.is_dir():
             return f"{path} is a directory; a sqlite store is a database file"
+    if scheme in ("http", "https"):
+        try:  # any answer but a gateway's (even 404) is a server; mlflow serves /health
+            status = httpx.get(uri.rstrip("/") + "/health", timeout=MLFLOW_PROBE_S).status_code
+            why = f"HTTP {status} from a gateway" if status in (502, 503, 504) else None
+        except httpx.HTTPError as e:
+            why = f"{type(e).__name__}: {redact_text(str(e)) or 'no detail'}"
+        if why:
+            return (f"the tracking server does not answer within {MLFLOW_PROBE_S:g} s ({why}); start it, or log "
+                    "to a local store (a directory path)")
     return None
 
 
@@ -150,6 +171,9 @@ class MlflowTracker:
         tracking = _import("mlflow.tracking")
         self._entities = _import("mlflow.entities")
         uri = uri or f"file:{(out / 'mlruns').resolve()}"
+        if uri.startswith(("http:", "https:")):
+            for k, v in MLFLOW_HTTP_BOUNDS.items():
+                os.environ.setdefault(k, v)
         if uri.startswith("file:"):
             # MLflow 3 refuses its file store unless this is set (the database stores need sqlalchemy,
             # which mlflow-skinny does not pull in); the store still works and needs no server

@@ -147,8 +147,15 @@ class Trainer:
             latest = (self.ckpt_root / LATEST).read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError):
             latest = ""
-        kept = (f"the last checkpoint {self.ckpt_root / latest} is untouched" if latest
-                else "no checkpoint of this run was written")
+        if not latest:
+            kept = "no checkpoint of this run was written"
+        elif self.step and latest == f"step_{self.step:06d}":  # saved after the update this rollout sampled from
+            earlier = sorted(p.name for p in self.ckpt_root.glob("step_*") if p.name < latest)
+            kept = (f"the last checkpoint {self.ckpt_root / latest} holds these weights (saved after step "
+                    f"{self.step}'s update); " + (f"{self.ckpt_root / earlier[-1]} predates them" if earlier
+                                                  else "no earlier checkpoint is kept"))
+        else:
+            kept = f"the last checkpoint {self.ckpt_root / latest} is untouched"
         return (f"step {self.step + 1}: the policy (model.path={self.cfg.model.path}, {done} in this run) produced a "
                 f"non-finite log-probability: {e}; {kept}")
 

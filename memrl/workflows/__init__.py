@@ -24,6 +24,7 @@ from memrl.config import ConfigError, section_from_dict
 from memrl.plugins import is_import_path, load_object
 from memrl.rewards.verifiers import get_verifier, resolve_verifier
 from memrl.types import Task, Trajectory
+from memrl.workflows.templates import TemplateError, read_template_file
 
 STAGES = ("train", "eval")
 
@@ -55,6 +56,10 @@ class WorkflowSpec:
     only the whole batch shows (InfMem's published early-stop term reads the batch's step counter); run by
     memrl.workflows.runner.score_groups after every trajectory is scored, never on a trajectory scored
     alone (evaluation's streaming score). None: each trajectory's Score is its own."""
+    branches: bool = False
+    """The workflow records folding rows (row info "kind" main / branch, "branch_turns", "error_turns"; fold
+    does): what FoldGRPO's built-in process rewards read (memrl.algorithms.fold). Without them foldgrpo is
+    plain GRPO, so `memrl train` refuses it (memrl.training.assemble.validate)."""
     format_keys: tuple[str, ...] = ()
     """Trajectory metrics that count a format error or a fallback (> 0 = that error happened); the
     trainer logs format/<key> and the eval table counts questions with each (`format_counts`)."""
@@ -189,7 +194,26 @@ def parse_workflow(
     if stage is not None:
         for k, v in spec.defaults(stage).items():
             values.setdefault(k, v)
+    check_template_files(values, fields, where)
     return spec, section_from_dict(spec.config_cls, values, where)
+
+
+def check_template_files(values: Mapping[str, Any], fields: set[str], where: str = "workflow") -> None:
+    """Before the config is built (its templates are read then, or per task): a template given twice, inline
+    (`X_template`, which presets set) and as a file (`X_template_file`), is refused rather than one silently
+    ignored; and each template file must be a readable text file (templates.read_template_file)."""
+    for key in sorted(k for k in fields if k.endswith("template_file")):
+        inline = key.removesuffix("_file")
+        path = values.get(key)
+        if path is None:
+            continue
+        if inline in fields and values.get(inline) is not None:
+            raise ConfigError(f"{where}.{key}={path} and {where}.{inline} are both set (a preset may set the inline "
+                              f"one): keep one; add {where}.{inline}=null to use the file")
+        try:
+            read_template_file(path)
+        except TemplateError as e:
+            raise ConfigError(f"{where}.{key}: {e}") from e
 
 
 def format_keys(specs: Iterable[WorkflowSpec] | None = None) -> tuple[str, ...]:

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from memrl.config import valid
+from memrl.config import MAX_COUNT, MAX_TEMPERATURE, MAX_TOKENS, MAX_VOCAB, valid
 from memrl.engines.base import Completion, Engine, SamplingParams
 from memrl.engines.versioned import VERSION_KEY
 from memrl.quiet import encode_document
@@ -70,24 +70,25 @@ def think_text_rule(reply: str, rule: str) -> str:
 class ChunkedConfig:
     """Settings of the chunk-by-chunk memory loop (defaults: MemAgent's published values)."""
 
-    chunk_tokens: int = valid(5000, ge=1)
+    chunk_tokens: int = valid(5000, ge=1, le=MAX_TOKENS)
     """Tokens of context per memory call (contiguous, non-overlapping, ignoring document boundaries)."""
-    max_chunks: int = valid(0, ge=0, note="0 = no cap")
+    max_chunks: int = valid(0, ge=0, le=MAX_COUNT, note="0 = no cap")
     """Cap on chunks (cut as `truncation` says); 0 = no cap (evaluation). The published training recipes
     use 8."""
-    max_memory_tokens: int = valid(1024, ge=1)
+    max_memory_tokens: int = valid(1024, ge=1, le=MAX_TOKENS)
     """Generation budget of a memory call."""
-    max_final_tokens: int = valid(1024, ge=1)
+    max_final_tokens: int = valid(1024, ge=1, le=MAX_TOKENS)
     """Generation budget of the final answer call."""
-    temperature: float = valid(1.0, ge=0, note="0 = greedy")
+    temperature: float = valid(1.0, ge=0, le=MAX_TEMPERATURE, note="0 = greedy")
     top_p: float = valid(1.0, gt=0, le=1, note="1 = off")
-    top_k: int = valid(-1, ge=-1, note="-1 or 0 = off")
+    top_k: int = valid(-1, ge=-1, le=MAX_VOCAB, note="-1 or 0 = off")
     no_memory_text: str = NO_MEMORY
     """The first memory, and what an empty memory becomes under empty_memory=placeholder."""
     enable_thinking: bool | None = None
     """The chat template's thinking switch (Qwen3's `enable_thinking`) for every call: None = the
     template's default (Qwen3: thinking on); false = a non-thinking prompt (Qwen3 adds an empty think
-    block); templates without the switch ignore it. See memory_text for the <think> text of a reply."""
+    block); true on a template without the switch is refused once the tokenizer loads (it would do nothing).
+    See memory_text for the <think> text of a reply."""
     memory_text: str = valid("reply", choices=MEMORY_TEXTS)
     """What of a memory call's reply the memory is read from, i.e. where a thinking model's <think> text
     goes: reply (kept: the whole decoded reply; memrl, and MemAgent's trainers), after_think (the text

@@ -31,7 +31,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from memrl.config import valid
+from memrl.config import MAX_COUNT, valid
 from memrl.engines.base import Engine
 from memrl.rewards.fold import fold_score
 from memrl.rewards.judge import JudgeSettings
@@ -65,9 +65,9 @@ COUNTERS = ("branches", "folds", "branch_unreturned", "branch_limit_hits", "bran
 class FoldConfig(SearchAgentConfig):
     """Fold workflow settings (memrl's defaults; the fold_official preset follows the published script)."""
 
-    max_branches: int = valid(10, ge=0)
+    max_branches: int = valid(10, ge=0, le=MAX_COUNT)
     """Branches per trajectory (published plugin.max_session=10); a further branch call gets an error."""
-    branch_max_turns: int = valid(0, ge=0, note="0 = only max_assistant_turns")
+    branch_max_turns: int = valid(0, ge=0, le=MAX_COUNT, note="0 = only max_assistant_turns")
     """Assistant turns of one branch (0: the trajectory's turn budget alone limits it)."""
     branch_turn_budget: str = valid("shared", choices=("shared", "own"))
     """"shared": a branch stops when the trajectory's turns (all threads) reach max_assistant_turns; "own": a
@@ -251,7 +251,7 @@ def reward(task: Any, traj: Trajectory, services: Any = None) -> Any:
 
 
 SPEC = WorkflowSpec(
-    "fold", run, FoldConfig, reward,
+    "fold", run, FoldConfig, reward, branches=True,
     format_keys=("no_final_marker", "malformed_calls"),
     eval_defaults={"temperature": 0.0},
 )

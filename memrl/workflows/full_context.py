@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from memrl.config import valid
+from memrl.config import MAX_TEMPERATURE, MAX_TOKENS, valid
 from memrl.engines.base import SamplingParams
 from memrl.quiet import encode_document
 from memrl.rewards.qa import extract_boxed
@@ -33,10 +33,10 @@ Answer:""".replace("{{}}", "{}")
 class FullContextConfig:
     """The full-context baseline: whole document in one prompt, truncated in the middle to a budget."""
 
-    max_context_tokens: int = valid(120_000, ge=1)
+    max_context_tokens: int = valid(120_000, ge=1, le=MAX_TOKENS)
     """Document tokens kept (head half + tail half); the rest of the model window is prompt + answer."""
-    max_final_tokens: int = valid(1024, ge=1)
-    temperature: float = valid(0.0, ge=0, note="0 = greedy")
+    max_final_tokens: int = valid(1024, ge=1, le=MAX_TOKENS)
+    temperature: float = valid(0.0, ge=0, le=MAX_TEMPERATURE, note="0 = greedy")
     top_p: float = valid(1.0, gt=0, le=1, note="1 = off")
     template: str | None = None
     """Inline prompt with {problem} and {context} (default: a boxed-answer prompt)."""

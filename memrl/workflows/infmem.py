@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from memrl.config import valid
+from memrl.config import MAX_CHARS, MAX_COEF, MAX_TOKENS, MAX_VOCAB, valid
 from memrl.engines.base import ChatPrompt, Engine
 from memrl.rewards import infmem as rw
 from memrl.rewards import steps
@@ -57,11 +57,11 @@ class InfMemConfig(ChunkedConfig):
     weights. Defaults: memrl's choices where they differ (docs/DIFFERENCES.md); the infmem_official preset
     sets the released code's values."""
 
-    max_plan_tokens: int = valid(1024, ge=1)
+    max_plan_tokens: int = valid(1024, ge=1, le=MAX_TOKENS)
     """Generation budget of a plan call (the released code gives it the memory budget)."""
-    retrieve_passage_tokens: int = valid(500, ge=1)
+    retrieve_passage_tokens: int = valid(500, ge=1, le=MAX_TOKENS)
     """Tokens per retrievable passage of the document (InfMem retrieve_chunk_size, 500)."""
-    retrieve_top_k: int = valid(5, ge=1)
+    retrieve_top_k: int = valid(5, ge=1, le=MAX_VOCAB)
     """top_k of a call that gives none, or one that is not an integer >= 1 (InfMem's fallback, 5)."""
     require_top_k: bool = False
     """True (released code): a retrieve call without a top_k argument is invalid (it then searches the
@@ -69,7 +69,7 @@ class InfMemConfig(ChunkedConfig):
     retrieval_scorer: str = valid("bm25s", choices=SCORERS)
     """How passages are ranked (memrl.services.in_document): bm25s (memrl's BM25Retriever), okapi (rank_bm25's
     BM25Okapi over words) or okapi_published (the released code's index, built over characters)."""
-    max_retrieved_chars: int = valid(12000, ge=1)
+    max_retrieved_chars: int = valid(12000, ge=1, le=MAX_CHARS)
     """The retrieved block is cut to its first this-many characters (InfMem MAX_RETRIEVED_LENGTH)."""
     retrieved_item: str = "[{rank}] {text}"
     """How one retrieved passage is shown ({rank} from 1, {text}); passages are joined by a blank line."""
@@ -111,13 +111,13 @@ class InfMemConfig(ChunkedConfig):
     or published (0, as the released code's bookkeeping gives)."""
     early_stop_gamma: float = valid(0.6, gt=0, le=1)
     """Decay per step read after the answer reached the memory (InfMem gamma 0.6)."""
-    outcome_weight: float = valid(0.6, ge=0)
+    outcome_weight: float = valid(0.6, ge=0, le=MAX_COEF)
     """Weight of the outcome (the `reward` verifier) in the mixed reward (released reward manager: 0.6)."""
-    early_stop_weight: float = valid(0.6, ge=0)
+    early_stop_weight: float = valid(0.6, ge=0, le=MAX_COEF)
     """Weight of the early-stop reward (0.6)."""
-    call_protocol_weight: float = valid(0.5, ge=0)
+    call_protocol_weight: float = valid(0.5, ge=0, le=MAX_COEF)
     """Weight of "every retrieve call was well formed" (0.5)."""
-    memory_protocol_weight: float = valid(0.5, ge=0)
+    memory_protocol_weight: float = valid(0.5, ge=0, le=MAX_COEF)
     """Weight of "every memory write finished" (0.5)."""
     plan_template_file: str | None = None
     """File overriding the plan prompt; must contain {problem}, {history} and {memory}."""

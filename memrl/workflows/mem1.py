@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from memrl.config import valid
+from memrl.config import MAX_COUNT, MAX_TEMPERATURE, MAX_TOKENS, MAX_VOCAB, valid
 from memrl.engines.base import Engine, SamplingParams
 from memrl.rewards.multiq import gold_aliases
 from memrl.rewards.qa import best_em, best_f1
@@ -46,13 +46,13 @@ class Mem1Config:
     """MEM1 workflow settings: defaults are the released training script's (Mem1/train/train_ppo.sh) where
     it sets them, memrl's choices elsewhere (docs/DIFFERENCES.md); the mem1_official preset names them."""
 
-    max_turns: int = valid(6, ge=1)
+    max_turns: int = valid(6, ge=1, le=MAX_COUNT)
     """Model calls per trajectory (train_ppo.sh MAX_TURNS=6); a trajectory without an answer by then scores 0."""
-    max_turn_tokens: int = valid(1000, ge=1)
+    max_turn_tokens: int = valid(1000, ge=1, le=MAX_TOKENS)
     """Generation budget of one turn (data.max_response_length)."""
-    max_obs_tokens: int = valid(1000, ge=1)
+    max_obs_tokens: int = valid(1000, ge=1, le=MAX_TOKENS)
     """An observation is cut to its first this-many tokens (data.max_obs_length)."""
-    max_context_tokens: int = valid(0, ge=0, note="0 = no cap")
+    max_context_tokens: int = valid(0, ge=0, le=MAX_TOKENS, note="0 = no cap")
     """Cap on a call's context (0 = no cap; memrl: MEM1's context is short by design); what it cuts is
     `context_cap`'s."""
     context_cap: str = valid("call", choices=("call", "rolling"))
@@ -91,11 +91,12 @@ class Mem1Config:
     """Base URL of a retrieval service (wins over the corpus)."""
     retriever_scope: str = valid("corpus", choices=("corpus", "task"))
     """corpus: one retriever for every task; task: BM25 over the task's own `meta["documents"]`."""
-    temperature: float = valid(1.0, ge=0, note="0 = greedy")
+    temperature: float = valid(1.0, ge=0, le=MAX_TEMPERATURE, note="0 = greedy")
     top_p: float = valid(1.0, gt=0, le=1, note="1 = off")
-    top_k: int = valid(-1, ge=-1, note="-1 or 0 = off")
+    top_k: int = valid(-1, ge=-1, le=MAX_VOCAB, note="-1 or 0 = off")
     enable_thinking: bool | None = None
-    """The chat template's thinking switch for the prompt; None = the template's default."""
+    """The chat template's thinking switch for the prompt; None = the template's default (true on a template
+    without the switch is refused once the tokenizer loads)."""
     prompt_template_file: str | None = None
     """File overriding the task prompt; must contain {question}."""
     prompt_template: str | None = None

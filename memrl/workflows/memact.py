@@ -34,7 +34,16 @@ from typing import Any, ClassVar
 
 import yaml
 
-from memrl.config import ConfigError, check_yaml_text, valid
+from memrl.config import (
+    MAX_CHARS,
+    MAX_COUNT,
+    MAX_TEMPERATURE,
+    MAX_TOKENS,
+    MAX_VOCAB,
+    ConfigError,
+    check_yaml_text,
+    valid,
+)
 from memrl.data.errors import DataError
 from memrl.engines.base import Engine, SamplingParams
 from memrl.engines.versioned import VERSION_KEY
@@ -87,13 +96,13 @@ class MemActConfig:
     RENAMED: ClassVar[dict[str, str]] = {"judge_url": "judge.url", "judge_model": "judge.model",
                                          "judge_timeout_s": "judge.timeout_s"}
 
-    max_assistant_turns: int = valid(40, ge=1)
+    max_assistant_turns: int = valid(40, ge=1, le=MAX_COUNT)
     """Assistant turns per trajectory."""
-    max_turn_tokens: int = valid(2048, ge=1)
+    max_turn_tokens: int = valid(2048, ge=1, le=MAX_TOKENS)
     """Generation budget of one assistant turn (the public agent loop: 4096)."""
-    max_context_tokens: int = valid(32768, ge=1)
+    max_context_tokens: int = valid(32768, ge=1, le=MAX_TOKENS)
     """Stop before a turn whose working context (prompt) would pass this many tokens."""
-    max_tool_response_chars: int = valid(8192, ge=1)
+    max_tool_response_chars: int = valid(8192, ge=1, le=MAX_CHARS)
     """Tool output longer than this is cut in the middle (head half + marker + tail half)."""
     tool_result_format: str = valid("memrl", choices=TOOL_RESULT_FORMATS)
     """What a tool message holds: "memrl" = "[rK] " then memrl's text (ids r1, r2, ...); "published" (the
@@ -125,7 +134,7 @@ class MemActConfig:
     of qwen3-coder-style templates; values converted by the tool's schema) or "auto" (xml when the
     model's chat template writes <function=, else hermes; hermes with tool_parser=published). It also
     picks the wording of the tools block added to templates without tools support."""
-    max_consecutive_invalid_tool_calls: int = valid(0, ge=0, note="0 = off")
+    max_consecutive_invalid_tool_calls: int = valid(0, ge=0, le=MAX_COUNT, note="0 = off")
     """End the trajectory (stop "invalid_tool_calls", metric stop_invalid_tool_calls) once this many
     calls in a row were invalid: a block that does not parse (an unclosed one included) or a call to a
     tool not offered; a valid call resets the count, in the order the calls were written, and the turn's
@@ -145,20 +154,20 @@ class MemActConfig:
     """None (memrl): the head max//2 characters, "\\n...[N characters truncated]...\\n", the rest from the
     tail; a string (published: mem_agent_loop.py MemAgentLoop._call_tool, truncate side "middle"): max//2
     characters from each end around this marker (the memact_official preset gives the published one)."""
-    max_parallel_calls: int = valid(5, ge=1)
+    max_parallel_calls: int = valid(5, ge=1, le=MAX_COUNT)
     """Tool calls executed per turn; further well-formed calls are dropped (counted)."""
     no_prune_prob: float = valid(0.5, ge=0, le=1)
     """Probability of withholding prune_context for a trajectory (training; evaluation sets 0)."""
     prune_tool: bool = True
     """False withholds prune_context in every trajectory (the search-only baseline)."""
-    prune_every: int = valid(0, ge=0, note="0 = off")
+    prune_every: int = valid(0, ge=0, le=MAX_COUNT, note="0 = off")
     """The fixed-interval pruning baseline (MemAct v3's ablation: prune every k turns): before every k-th
     turn the workflow itself removes every tool result in the context (and the assistant turns left without
     results, prune turns kept: memrl.tools.context.prune), closing a segment as a prune does (kind
     "interval_prune", counted in interval_prunes). Combine with prune_tool=false for the rule alone."""
-    temperature: float = valid(1.0, ge=0, note="0 = greedy")
+    temperature: float = valid(1.0, ge=0, le=MAX_TEMPERATURE, note="0 = greedy")
     top_p: float = valid(1.0, gt=0, le=1, note="1 = off")
-    top_k: int = valid(-1, ge=-1, note="-1 or 0 = off")
+    top_k: int = valid(-1, ge=-1, le=MAX_VOCAB, note="-1 or 0 = off")
     # ---- retriever and judge wiring (h/mjudge): docs/guides/memact_services.md ----------------------------
     retriever_kind: str = "bm25"
     """bm25 or keyword over retriever_corpus, a name given to register_retriever, or module:attr of a

@@ -29,7 +29,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from memrl.config import valid
+from memrl.config import MAX_COEF, MAX_TOKENS, valid
 from memrl.engines.base import Engine
 from memrl.rewards import steps as step_rewards_lib
 from memrl.rewards.qa import extract_boxed
@@ -70,9 +70,9 @@ class ReMemR1Config(ChunkedConfig):
     (chunk_tokens, max_chunks, sampling, no_memory_text, and the <think> switches memory_text and
     enable_thinking) are ChunkedConfig's."""
 
-    max_memory_tokens: int = valid(2048, ge=1)
+    max_memory_tokens: int = valid(2048, ge=1, le=MAX_TOKENS)
     """Generation budget of a memory step (thinking + update + recall)."""
-    max_final_tokens: int = valid(2048, ge=1)
+    max_final_tokens: int = valid(2048, ge=1, le=MAX_TOKENS)
     """Generation budget of the final answer call."""
     no_recall_text: str = NO_RECALL
     """What the <recalled_memory> block holds when nothing was recalled."""
@@ -84,7 +84,7 @@ class ReMemR1Config(ChunkedConfig):
     """Tag around the reasoning (not parsed; only named in the default prompt)."""
     scorer: str = valid("tfidf", choices=SCORERS)
     """Recall scorer: tfidf (released code), word_overlap (paper), bm25."""
-    min_recall_score: float = valid(0.0, ge=-1, note="below 0 = the best match is recalled even at score 0")
+    min_recall_score: float = valid(0.0, ge=-1, le=MAX_COEF, note="below 0 = the best match is recalled even at score 0")
     """A recall retrieves nothing unless the best score is above this."""
     recall_scoring: str = valid("memrl", choices=RECALL_RULES)
     """How the tfidf scorer picks the recalled memory (memrl.workflows.recall): memrl = lowercase words as
@@ -93,12 +93,12 @@ class ReMemR1Config(ChunkedConfig):
     every memory a candidate (the empty one too), no candidate with a term = nothing recalled, ties by a
     fixed stand-in for the set order the released code iterates (SHA-256 order of the texts, the last
     tied one wins). Needs scorer=tfidf."""
-    bm25_k1: float = valid(1.5, ge=0)
+    bm25_k1: float = valid(1.5, ge=0, le=MAX_COEF)
     bm25_b: float = valid(0.75, ge=0, le=1)
-    format_weight: float = valid(1.0, ge=0)
+    format_weight: float = valid(1.0, ge=0, le=MAX_COEF)
     """Step reward weights: w_f * format + w_m * memory gain + w_c * callback gain (memrl.rewards.steps)."""
-    memory_weight: float = valid(1.0, ge=0)
-    callback_weight: float = valid(1.0, ge=0)
+    memory_weight: float = valid(1.0, ge=0, le=MAX_COEF)
+    callback_weight: float = valid(1.0, ge=0, le=MAX_COEF)
     callback_rule: str = valid("paper", choices=step_rewards_lib.CALLBACK_RULES)
     """How a recall is credited (memrl.rewards.steps): paper = only gold-answer words that neither the
     memory the step read nor its chunk hold (normalized words, max over golds); released = the public

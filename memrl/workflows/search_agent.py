@@ -9,6 +9,8 @@ tool results and inserted user messages tokenized once; a fold, a summary restar
 messages and never re-tokenizes. A model call whose context (prompt) would pass `max_context_tokens` is not
 made: the thread stops there (the budget every member is compared at); with `response_budget` the published
 FoldAgent limit applies instead (the thread's first prompt plus that many tokens, each call capped to fit).
+A first prompt already over the budget is said on the console (a warning naming the task), never a silent
+empty run.
 
 A training row (Segment) is cut by `thread_row` from a snapshot of the context: the prompt is the context up
 to the first assistant turn of the row (its role header included), the response the rest, mask 1 only on
@@ -25,11 +27,12 @@ summaries, window_drops).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 from dataclasses import dataclass
 from typing import Any
 
-from memrl.config import valid
+from memrl.config import MAX_CHARS, MAX_COUNT, MAX_TEMPERATURE, MAX_TOKENS, MAX_VOCAB, valid
 from memrl.engines.base import Engine, SamplingParams
 from memrl.engines.versioned import VERSION_KEY
 from memrl.tools import calls as tc
@@ -44,33 +47,35 @@ _USER_SENTINEL = "\u2063USER\u2063"
 BASE_COUNTERS = ("searches", "search_errors", "malformed_calls", "unknown_tools", "bad_arguments",
                  "dropped_calls", "tool_truncations", "topk_clamped")
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class SearchAgentConfig:
     """Settings every member of the family shares (memrl's defaults)."""
 
-    max_assistant_turns: int = valid(40, ge=1)
+    max_assistant_turns: int = valid(40, ge=1, le=MAX_COUNT)
     """Assistant turns per trajectory, all threads together (a fold's branch turns count too)."""
-    max_turn_tokens: int = valid(2048, ge=1)
+    max_turn_tokens: int = valid(2048, ge=1, le=MAX_TOKENS)
     """Generation budget of one assistant turn."""
-    max_context_tokens: int = valid(32768, ge=1)
+    max_context_tokens: int = valid(32768, ge=1, le=MAX_TOKENS)
     """The working-context budget: a model call whose prompt would pass it is not made (its thread stops)."""
-    response_budget: int = valid(0, ge=0, note="0 = off: max_context_tokens alone")
+    response_budget: int = valid(0, ge=0, le=MAX_TOKENS, note="0 = off: max_context_tokens alone")
     """> 0: each thread may grow to its first prompt plus this many tokens (and never past
     max_context_tokens): a call generates at most what is left of that limit, and a call with fewer than
     `min_call_tokens` left is not made (its thread stops). Published FoldAgent: agents/utils.py `Agent.step`
     (max_len = the first prompt + response_length 32768) and `CallLLM._create_completion` (max_tokens =
     max_len - prompt, skipped below 10). 0: a call is refused only when its prompt passes max_context_tokens,
     and it may then generate its whole max_turn_tokens."""
-    min_call_tokens: int = valid(1, ge=1)
+    min_call_tokens: int = valid(1, ge=1, le=MAX_TOKENS)
     """With response_budget: the fewest tokens a call must have left to be made (published: 10)."""
-    max_tool_response_chars: int = valid(8192, ge=1)
+    max_tool_response_chars: int = valid(8192, ge=1, le=MAX_CHARS)
     """Tool output longer than this is cut in the middle."""
-    max_parallel_calls: int = valid(5, ge=1)
+    max_parallel_calls: int = valid(5, ge=1, le=MAX_COUNT)
     """Tool calls executed per turn; further well-formed calls are dropped (counted) with an error reply."""
-    temperature: float = valid(1.0, ge=0, note="0 = greedy")
+    temperature: float = valid(1.0, ge=0, le=MAX_TEMPERATURE, note="0 = greedy")
     top_p: float = valid(1.0, gt=0, le=1, note="1 = off")
-    top_k: int = valid(-1, ge=-1, note="-1 or 0 = off")
+    top_k: int = valid(-1, ge=-1, le=MAX_VOCAB, note="-1 or 0 = off")
     retriever_kind: str = "bm25"
     """bm25 or keyword over retriever_corpus, or a name given to register_retriever (as MemActConfig's)."""
     retriever_corpus: str | None = None
@@ -97,7 +102,8 @@ class SearchAgentConfig:
     the chat template writes <function=). It also picks the wording of the tools block of templates
     without tools support."""
     enable_thinking: bool | None = None
-    """The chat template's thinking switch (None = the template's default)."""
+    """The chat template's thinking switch (None = the template's default; true on a template without the
+    switch is refused once the tokenizer loads)."""
     require_final_answer: bool = False
     """True: the reward reads only the text after the last "FINAL_ANSWER: " (a reply without it scores 0)."""
     overlong_mask: bool = False
@@ -346,6 +352,10 @@ class AgentLoop:
                    extra_metrics: dict[str, float], info: dict[str, Any]) -> Trajectory:
         cfg = self.cfg
         n = len(self.context_lengths)
+        if self.turn == 0 and stop == "context_budget":  # not one call made: say so, never a silent 0-token run
+            log.warning("task %s: the first prompt (%d tokens) is over workflow.max_context_tokens=%d: no turn was "
+                        "sampled", self.task.task_id, len(ctx.context_ids(final_messages)) + len(self.header),
+                        cfg.max_context_tokens)
         marker = "FINAL_ANSWER: " if cfg.require_final_answer else FINAL_MARKER
         metrics = {
             "turns": float(self.turn),

@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from memrl.config import valid
+from memrl.config import MAX_COUNT, valid
 from memrl.engines.base import Engine
 from memrl.services.session import run_with
 from memrl.tools import context as ctx
@@ -32,7 +32,7 @@ from memrl.workflows.search_agent import AgentLoop, SearchAgentConfig, thread_ro
 class SlidingWindowConfig(SearchAgentConfig):
     """Sliding-window workflow settings."""
 
-    window_turns: int = valid(4, ge=0, note="0 = keep every turn (ReAct without management)")
+    window_turns: int = valid(4, ge=0, le=MAX_COUNT, note="0 = keep every turn (ReAct without management)")
     """Assistant turns the working context keeps (with their tool results)."""
 
 

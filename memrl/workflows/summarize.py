@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from memrl.config import valid
+from memrl.config import MAX_COUNT, valid
 from memrl.engines.base import Engine
 from memrl.rewards.judge import JudgeClient, JudgeSettings
 from memrl.services.session import run_with
@@ -52,7 +52,7 @@ class SummarizeConfig(SearchAgentConfig):
     summary_fraction: float = valid(0.8, gt=0, le=1)
     """Summarize before a turn whose prompt would pass this share of max_context_tokens (published: 0.95 of
     the response budget, measured after the first prompt)."""
-    max_summaries: int = valid(9, ge=0)
+    max_summaries: int = valid(9, ge=0, le=MAX_COUNT)
     """Summaries per trajectory (published: max_session 10 sessions = 9 summaries); one more trigger ends it."""
     summary_rollback: bool = False
     """True (published `rollback(k=2)`): drop the last turn and its tool results before asking for the

@@ -136,6 +136,33 @@ def _strip_final_newline(text: str) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
+MAX_TEMPLATE_BYTES = 1 << 20
+"""A template file is a prompt: a larger one (or a device such as /dev/zero, which never ends) is refused."""
+
+
+def read_template_file(path: str | Path, strip: bool = True) -> str:
+    """The text of a template file; a TemplateError naming the file when it is not a regular file of at most
+    MAX_TEMPLATE_BYTES of UTF-8 text without NUL bytes (a binary file). `strip`: see `load_template`."""
+    p = Path(path)
+    try:
+        if p.exists() and not p.is_file():
+            raise TemplateError(f"template file {p} is not a regular file")
+        if p.exists() and p.stat().st_size > MAX_TEMPLATE_BYTES:
+            raise TemplateError(f"template file {p} holds {p.stat().st_size:,} bytes, more than a prompt's "
+                                f"{MAX_TEMPLATE_BYTES:,}")
+        # newline="" keeps the file's line endings as they are (no \r\n -> \n translation);
+        # strip keeps memrl's former reading: universal newlines, one final newline dropped.
+        with p.open(encoding="utf-8", newline=None if strip else "") as f:
+            body = f.read(MAX_TEMPLATE_BYTES + 1)
+    except OSError as e:
+        raise TemplateError(f"cannot read template file {p}: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise TemplateError(f"template file {p} is not UTF-8 text: {e.reason} at byte {e.start}") from e
+    if "\x00" in body:
+        raise TemplateError(f"template file {p} is binary, not text: a NUL byte at character {body.index(chr(0))}")
+    return body
+
+
 def load_template(
     default_name: str,
     placeholders: tuple[str, ...],
@@ -153,17 +180,8 @@ def load_template(
     if text is not None:
         return Template(text, placeholders, "(inline)", style)
     if path is not None:
-        p = Path(path)
-        try:
-            # newline="" keeps the file's line endings as they are (no \r\n -> \n translation);
-            # strip keeps memrl's former reading: universal newlines, one final newline dropped.
-            with p.open(encoding="utf-8", newline=None if strip else "") as f:
-                body = f.read()
-        except OSError as e:
-            raise TemplateError(f"cannot read template file {p}: {e.strerror or e}") from e
-        except UnicodeDecodeError as e:
-            raise TemplateError(f"template file {p} is not UTF-8 text: {e.reason} at byte {e.start}") from e
-        return Template(_strip_final_newline(body) if strip else body, placeholders, str(p), style)
+        body = read_template_file(path, strip)
+        return Template(_strip_final_newline(body) if strip else body, placeholders, str(path), style)
     body = resources.files("memrl").joinpath("templates", f"{default_name}.txt").read_text(encoding="utf-8")
     return Template(_strip_final_newline(body), placeholders, f"memrl/templates/{default_name}.txt")
 
@@ -172,6 +190,20 @@ def template_kwargs(enable_thinking: bool | None) -> dict[str, bool]:
     """The extra chat-template variables of a workflow's `enable_thinking` setting: none for None (the
     template's own default), else {"enable_thinking": value} (Qwen3's switch; other templates ignore it)."""
     return {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+
+
+def check_thinking_switch(tokenizer: object, enable_thinking: bool | None, model: str = "the model") -> None:
+    """`enable_thinking=true` on a chat template that never reads `enable_thinking` would do nothing: refused
+    (a TemplateError naming the setting and the model) once the tokenizer is loaded, before any generation. A
+    tokenizer without a chat template of its own (a test double, a server that renders it) is not checked."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not enable_thinking or not template:
+        return
+    text = template if isinstance(template, str) else " ".join(map(str, dict(template).values()))
+    if "enable_thinking" not in text:
+        raise TemplateError(f"workflow.enable_thinking=true: the chat template of {model} has no thinking switch "
+                            "(it never reads enable_thinking), so the setting would do nothing; drop it or use a "
+                            "model whose template has one (Qwen3)")
 
 
 _MESSAGE = "\x00memrl-message\x00"  # stands for the user message while the chat frame is rendered

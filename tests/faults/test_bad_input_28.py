@@ -233,10 +233,10 @@ def corpus(tmp_path) -> Path:
     # ranges are declared on the options (memrl.config.bounded): argparse refuses them, in one line
     (["--port", "0"], "memrl serve retrieval: error: argument --port: 0 is not allowed: must be in [1, 65535]"),
     (["--port", "70000"], "memrl serve retrieval: error: argument --port: 70000 is not allowed: must be in [1, 65535]"),
-    (["--max-concurrency", "0"], "memrl serve retrieval: error: argument --max-concurrency: 0 is not allowed: must be >= 1"),
-    (["--max-topk", "-3"], "memrl serve retrieval: error: argument --max-topk: -3 is not allowed: must be >= 1"),
-    (["--max-body-bytes", "0"], "memrl serve retrieval: error: argument --max-body-bytes: 0 is not allowed: must be >= 1"),
-    (["--cache-size", "-1"], "memrl serve retrieval: error: argument --cache-size: -1 is not allowed: must be >= 0"),
+    (["--max-concurrency", "0"], "memrl serve retrieval: error: argument --max-concurrency: 0 is not allowed: must be in [1, 4096]"),
+    (["--max-topk", "-3"], "memrl serve retrieval: error: argument --max-topk: -3 is not allowed: must be in [1, 1000000]"),
+    (["--max-body-bytes", "0"], "memrl serve retrieval: error: argument --max-body-bytes: 0 is not allowed: must be in [1, 268435456]"),
+    (["--cache-size", "-1"], "memrl serve retrieval: error: argument --cache-size: -1 is not allowed: must be in [0, 1000000]"),
     (["--retriever", "dense"], "memrl serve: error: --retriever dense needs --model (a local embedding model directory)"),
 ])
 def test_serve_option_out_of_range_is_a_usage_error(args, msg, corpus, capsys):
@@ -279,18 +279,18 @@ def test_data_option_values_are_one_line_usage_errors(hotpot, tmp_path, capsys):
     out = str(tmp_path / "o")
     cases = [
         (["build", "--source", str(hotpot), "--out", out, "--num-questions", "-3"],
-         "memrl data build: error: argument --num-questions: -3 is not allowed: must be >= 0"),
+         "memrl data build: error: argument --num-questions: -3 is not allowed: must be in [0, 1000000]"),
         (["build", "--source", str(hotpot), "--out", out, "--docs", "0"], "--docs needs positive counts, got '0'"),
         (["build", "--source", str(hotpot), "--out", out, "--docs", "2,x"],
          "--docs must be comma-separated integers, got '2,x'"),
         (["build", "--kind", "multiobjective", "--source", str(hotpot), "--out", out + ".jsonl",
           "--sub-questions", "2,0"], "--sub-questions needs positive counts, got '2,0'"),
         (["build", "--kind", "multiobjective", "--source", str(hotpot), "--out", out + ".jsonl",
-          "--num-questions", "-1"], "memrl data build: error: argument --num-questions: -1 is not allowed: must be >= 0"),
+          "--num-questions", "-1"], "memrl data build: error: argument --num-questions: -1 is not allowed: must be in [0, 1000000]"),
         (["train", "--source", str(hotpot), "--out", out + ".parquet", "--docs", "0"],
-         "memrl data train: error: argument --docs: 0 is not allowed: must be >= 1"),
-        (["show", str(hotpot), "--rows", "0"], "memrl data show: error: argument --rows: 0 is not allowed: must be >= 1"),
-        (["show", str(hotpot), "--chars", "-1"], "memrl data show: error: argument --chars: -1 is not allowed: must be >= 0"),
+         "memrl data train: error: argument --docs: 0 is not allowed: must be in [1, 1000000]"),
+        (["show", str(hotpot), "--rows", "0"], "memrl data show: error: argument --rows: 0 is not allowed: must be in [1, 1000000]"),
+        (["show", str(hotpot), "--chars", "-1"], "memrl data show: error: argument --chars: -1 is not allowed: must be in [0, 268435456]"),
     ]
     for argv, msg in cases:
         assert main(["data", *argv]) == 2, argv

@@ -547,7 +547,8 @@ def test_training_policy_turning_non_finite_names_the_step_and_keeps_the_checkpo
     real = Trainer.sample_and_score
 
     def poisoned(self):
-        if self.step == 1:  # the update of step 1 "diverged": the weights step 2 samples with hold NaN
+        if self.step == 1:  # the update of step 1 "diverged": the weights step 2 samples with hold NaN (set
+            # after the save here; in a real run checkpoint step_000001 holds them, which the message says - issue 63)
             with torch.no_grad():
                 for p in self.model.parameters():
                     p.fill_(float("nan"))
@@ -561,7 +562,7 @@ def test_training_policy_turning_non_finite_names_the_step_and_keeps_the_checkpo
                            "this run) produced a non-finite log-probability: workflow memagent_parity failed on task ")
     assert line.endswith("model (the policy being trained): produced a non-finite log-probability (nan) at generated "
                          "token 0; its weights hold NaN or inf (a diverged update, a damaged file); the last checkpoint "
-                         f"{ckpt} is untouched")
+                         f"{ckpt} holds these weights (saved after step 1's update); no earlier checkpoint is kept")
     assert sorted(p.name for p in ckpt.parent.iterdir()) == ["latest", "step_000001"]
     assert verify_checkpoint(ckpt)["step"] == 1
     assert all(torch.isfinite(v).all() for v in load_file(ckpt / "model.safetensors").values())

@@ -1,9 +1,11 @@
 """Every config field declares the values it admits; one walker checks them before any work.
 
 The config dataclasses are discovered, not listed: every dataclass in the memrl package whose name ends in
-Config or Section, and the dataclasses their fields hold. Every numeric field (int, float, their optional
-and list forms) must declare a bounded range or a set of choices (`memrl.config.valid`), and a value just
-outside it must fail with one line naming the dotted field and the value.
+Config or Section or that declares a field's values (estimator and loss options, demo sections, sampling
+parameters), and the dataclasses their fields hold. Every numeric field (int, float, their optional and list
+forms) must declare a range bounded on both sides or a set of choices (`memrl.config.valid`; a huge value
+means nothing anywhere, issue 63), and a value just outside it must fail with one line naming the dotted
+field and the value.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def config_classes() -> list[type]:
             continue
         for obj in vars(mod).values():
             if (isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__.startswith("memrl")
-                    and obj.__name__.endswith(("Config", "Section"))):
+                    and (obj.__name__.endswith(("Config", "Section"))
+                         or any(allowed_of(f) is not None for f in dataclasses.fields(obj)))):
                 found[f"{obj.__module__}.{obj.__qualname__}"] = obj
     todo = list(found.values())
     while todo:
@@ -127,16 +130,21 @@ def test_discovery_finds_every_command_config():
     # the sections of train / eval / demo / train-sft and the engine's, reached without being listed
     for want in ("TrainConfig", "TrainerSection", "OptimSection", "AlgorithmSection", "EvalConfig", "EngineConfig",
                  "HFSection", "VLLMSection", "OpenAISection", "DemoConfig", "DemoSFT", "DemoEval", "SFTRunConfig",
-                 "SFTConfig", "DemonstratorSection", "MemActDemoConfig", "MemActDemoSFT", "SyntheticConfig"):
+                 "SFTConfig", "DemonstratorSection", "MemActDemoConfig", "MemActDemoSFT", "SyntheticConfig",
+                 "GRPOOptions", "PPOOptions", "GSPOOptions", "FoldGRPOOptions", "InfoMemOptions", "ContextDemoSFT",
+                 "Mem1DemoEval", "InfMemDemoModel", "SamplingParams"):
         assert want in names, want
     assert len(OWNED) >= 20
 
 
 @pytest.mark.parametrize("cls", OWNED, ids=lambda c: c.__name__)
-def test_every_numeric_field_declares_a_range(cls):
-    missing = [f.name for f, _ in numeric_fields(cls)
-               if allowed_of(f) is None or not (allowed_of(f).bounds(_instance(cls)) or allowed_of(f).known())]
-    assert not missing, f"{cls.__name__}: numeric fields without a declared range: {missing}"
+def test_every_numeric_field_declares_a_range_bounded_on_both_sides(cls):
+    def bounded(rule: Allowed | None) -> bool:
+        b = rule.bounds(_instance(cls)) if rule is not None else {}
+        return rule is not None and (rule.known() is not None or ({"ge", "gt"} & set(b) and {"le", "lt"} & set(b)))
+
+    missing = [f.name for f, _ in numeric_fields(cls) if not bounded(allowed_of(f))]
+    assert not missing, f"{cls.__name__}: numeric fields without a range bounded on both sides: {missing}"
 
 
 @pytest.mark.parametrize("cls", OWNED, ids=lambda c: c.__name__)
@@ -207,7 +215,7 @@ def _fails(argv: list[str], capsys) -> str:
 
 def test_train_rejects_values_that_corrupt_training(capsys, tmp_path):
     model = str(tmp_path / "no_model")  # never loaded: every check runs before
-    for ov, said in [("optim.grad_clip=-1", "optim.grad_clip=-1.0 is not allowed: must be >= 0 (0 = no clipping)"),
+    for ov, said in [("optim.grad_clip=-1", "optim.grad_clip=-1.0 is not allowed: must be in [0, 1000] (0 = no clipping)"),
                      ("algorithm.ppo.clip_low=-1", "algorithm.ppo.clip_low=-1.0 is not allowed: must be in [0, 1)"),
                      ("algorithm.ppo.clip_low=1", "algorithm.ppo.clip_low=1.0 is not allowed: must be in [0, 1)"),
                      ("trainer.mini_batches=200",
@@ -233,21 +241,21 @@ def test_eval_rejects_bad_values_before_the_model_loads(capsys, tmp_path):
     data.write_text("[]")
     base = ["eval", "--model", str(tmp_path / "no_model"), "--out", str(tmp_path / "out"), str(data)]
     assert _fails(base + ["limit=-1"], capsys) == \
-        "memrl eval: error: limit=-1 is not allowed: must be >= 0 (0 = all)"
+        "memrl eval: error: limit=-1 is not allowed: must be in [0, 1000000] (0 = all)"
     assert _fails(base + ["workflow.top_p=1.5"], capsys) == \
         "memrl eval: error: workflow.top_p=1.5 is not allowed: must be in (0, 1] (1 = off)"
     assert _fails(base + ["workflow.temperature=-0.5"], capsys) == \
-        "memrl eval: error: workflow.temperature=-0.5 is not allowed: must be >= 0 (0 = greedy)"
+        "memrl eval: error: workflow.temperature=-0.5 is not allowed: must be in [0, 100] (0 = greedy)"
 
 
 def test_demo_and_sft_reject_bad_values(capsys, tmp_path):
     out = str(tmp_path / "demo")
     assert _fails(["demo", "--out", out, "sft.epochs=-1"], capsys) == \
-        "memrl demo: error: sft.epochs=-1 is not allowed: must be >= 1"
+        "memrl demo: error: sft.epochs=-1 is not allowed: must be in [1, 1000000]"
     assert _fails(["demo", "--agent", "memact", "--out", out, "sft.late_prob=2"], capsys) == \
         "memrl demo: error: sft.late_prob=2.0 is not allowed: must be in [0, 1]"
     assert _fails(["train-sft", f"model.path={tmp_path}", "sft.grad_clip=-1"], capsys) == \
-        "memrl train-sft: error: sft.grad_clip=-1.0 is not allowed: must be >= 0 (0 = no clipping)"
+        "memrl train-sft: error: sft.grad_clip=-1.0 is not allowed: must be in [0, 1000] (0 = no clipping)"
 
 
 def test_a_config_built_in_code_is_checked_too(tmp_path):
@@ -301,7 +309,7 @@ def test_out_of_range_command_line_options_fail_in_one_line(capsys):
     for argv, said in [(["serve", "retrieval", "--corpus", "c.jsonl", "--port", "70000"],
                         "argument --port: 70000 is not allowed: must be in [1, 65535]"),
                        (["view", "run", "--port", "-1"], "argument --port: -1 is not allowed: must be in [0, 65535]"),
-                       (["data", "show", "f.json", "--rows", "0"], "argument --rows: 0 is not allowed: must be >= 1")]:
+                       (["data", "show", "f.json", "--rows", "0"], "argument --rows: 0 is not allowed: must be in [1, 1000000]")]:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.endswith(f": error: {said}\n"), argv
@@ -449,37 +457,58 @@ HUGE = 2**70  # past int64: a value nobody means, which torch or numpy would ove
 
 
 @pytest.mark.parametrize("cls", OWNED, ids=lambda c: c.__name__)
-def test_every_numeric_field_refuses_nan_and_inf_and_takes_huge_values_in_one_line(cls):
-    """nan, inf and -inf are refused by name in every numeric field (a float's only: an int field never
-    holds one); a huge value is either refused by name or admitted by the declared range, never a crash."""
+def test_every_numeric_field_refuses_nan_inf_and_huge_values_in_one_line(cls):
+    """nan, inf and -inf (a float's only: an int field never holds one), 1e30, 1e308 and 2**70 are refused by
+    name in every numeric field: `optim.lr=1e30` trained garbage weights and `algorithm.ppo.clip_high=1e308`
+    overflowed mid-step (issue 63)."""
     for f, kind in numeric_fields(cls):
-        values = ([*NON_FINITE] if kind is float else []) + [kind(HUGE), kind(-HUGE)]
+        values = ([*NON_FINITE, 1e30, 1e308, -1e308] if kind is float else []) + [kind(HUGE), kind(-HUGE)]
         for bad in values:
             obj = _instance(cls)
             is_list = isinstance(getattr(obj, f.name), list)
             object.__setattr__(obj, f.name, [bad] if is_list else bad)
-            try:
+            with pytest.raises(ConfigError) as e:
                 check_config(obj, "sec")
-            except ConfigError as e:
-                msg = str(e)
-                assert "\n" not in msg and msg.startswith(f"sec.{f.name}="), msg
-                continue
-            assert isinstance(bad, int) or math.isfinite(bad), f"{cls.__name__}.{f.name}={bad!r} was admitted"
+            msg = str(e.value)
+            assert "\n" not in msg and msg.startswith(f"sec.{f.name}=") and "is not allowed: must be" in msg, msg
 
 
-def test_every_numeric_command_line_option_refuses_nan_and_inf_and_huge_values_in_one_line():
-    """Each int / float option's parser (memrl.config.bounded) refuses nan and inf by name, and a huge value
-    either by its range or not at all; nothing but argparse's one-line error comes out."""
+def test_every_numeric_command_line_option_refuses_nan_inf_and_huge_values_in_one_line():
+    """Each int / float option's parser (memrl.config.bounded) declares an upper bound and refuses nan, inf
+    and a huge value by name (`memrl model init --seed 100000000000000000000000` overflowed, `--vocab-size
+    1000000000000` ran out of memory); nothing but argparse's one-line error comes out."""
     import argparse
 
     checked = 0
     for cmd, opt, action in _numeric_options():
-        for text in ("nan", "inf", "-inf", str(HUGE), str(-HUGE)):
-            try:
-                v = action.type(text)
-            except argparse.ArgumentTypeError as e:
-                assert "\n" not in str(e), (cmd, opt, text)
-                checked += 1
-                continue
-            assert isinstance(v, int) or math.isfinite(v), f"{cmd} {opt} {text} was admitted as {v!r}"
-    assert checked > 0
+        for text in ("nan", "inf", "-inf", str(HUGE), str(-HUGE), "1000000000000"):
+            with pytest.raises(argparse.ArgumentTypeError) as e:
+                action.type(text)
+            assert "\n" not in str(e.value) and "not" in str(e.value), (cmd, opt, text)
+            checked += 1
+    assert checked >= 6 * 15
+
+
+def test_huge_values_from_issue_63_refused_by_name(capsys, tmp_path):
+    model = str(tmp_path / "no_model")  # never loaded: every check runs before
+    for ov, said in [("optim.lr=1e30", "optim.lr=1e+30 is not allowed: must be in (0, 1]"),
+                     ("algorithm.ppo.clip_high=1e308", "algorithm.ppo.clip_high=1e+308 is not allowed: must be in "
+                                                       "[0, 1000]"),
+                     ("algorithm.gspo.seq_clip_high=1e308", "algorithm.gspo.seq_clip_high=1e+308 is not allowed: "
+                                                            "must be in [0, 1000]"),
+                     ("algorithm.infomem.coef=1e300", "algorithm.infomem.coef=1e+300 is not allowed: must be in "
+                                                      "[0, 1000]"),
+                     ("trainer.batch_size=1000000000", "trainer.batch_size=1000000000 is not allowed: must be in "
+                                                       "[1, 1000000]"),
+                     ("trainer.seed=100000000000000000000000", "trainer.seed=100000000000000000000000 is not "
+                                                               "allowed: must be in [0, 4294967295]")]:
+        line = _fails(["train", f"model.path={model}", f"out_dir={tmp_path / 'out'}", ov], capsys)
+        assert line == f"memrl train: error: {said}", line
+    for argv, said in [(["model", "init", "--preset", "tiny-qwen3", "--out", model, "--seed",
+                         "100000000000000000000000"],
+                        "argument --seed: 100000000000000000000000 is not allowed: must be in [0, 4294967295]"),
+                       (["model", "init", "--preset", "tiny", "--out", model, "--vocab-size", "1000000000000"],
+                        "argument --vocab-size: 1000000000000 is not allowed: must be in [1, 1048576]")]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.endswith(f": error: {said}\n"), err

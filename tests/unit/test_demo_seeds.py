@@ -82,6 +82,32 @@ def test_plan_refuses_a_shifted_seed_override_and_training_tasks_on_the_eval_see
     assert len(sw.plan("mem1", tmp_path, [0, 1], ["avx2"], ["eval.seed=98", "eval.objectives=[5,7]"])) == 2
 
 
+def test_plan_refuses_what_the_table_cannot_aggregate_before_any_run(tmp_path, capsys):
+    """Issue 63: `eval.samples=0` was found only when the finished runs were aggregated; a seed past the
+    seed range ended in an overflow traceback."""
+    for ov, said in [("eval.samples=0", "--seeds: eval.samples=0 leaves no sampled accuracy, and the sweep's table "
+                                        "aggregates sampled and greedy accuracy of every run; drop the override"),
+                     ("eval.greedy=false", "--seeds: eval.greedy=false leaves no greedy accuracy, and the sweep's "
+                                           "table aggregates sampled and greedy accuracy of every run; drop the "
+                                           "override")]:
+        with pytest.raises(ConfigError) as e:
+            sw.plan("memagent", tmp_path, [0, 1], ["native"], [ov])
+        assert str(e.value) == said
+    with pytest.raises(ConfigError) as e:
+        sw.parse_seeds("0,100000000000000000000000")
+    assert str(e.value) == "--seeds: seed 100000000000000000000000 is not allowed: must be in [0, 4294967295]"
+    with pytest.raises(ConfigError) as e:  # sft_seed 500 + 4294967295 is past the range
+        sw.plan("memagent", tmp_path, [0, 4294967295], ["native"], [])
+    assert str(e.value) == "--seeds: training seed 4294967295 makes sft_seed=4294967795, past the largest seed 4294967295"
+    from memrl.cli import main
+
+    assert main(["demo", "--out", str(tmp_path / "sweep"), "--seeds", "0,1", "eval.samples=0"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert err == ["memrl demo: error: --seeds: eval.samples=0 leaves no sampled accuracy, and the sweep's table "
+                   "aggregates sampled and greedy accuracy of every run; drop the override"]
+    assert not (tmp_path / "sweep" / "native").exists()  # no run started
+
+
 def test_memagent_heldout_tasks_do_not_depend_on_the_training_seed(tmp_path):
     from memrl.demos.memagent import heldout_tasks, load_demo_configs
 
