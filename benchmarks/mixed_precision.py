@@ -14,7 +14,8 @@ train/inference mismatch the trainer logs (mean |trainer - engine| log-prob over
 Models: demo = the CPU demo's model (the MemAgent demo's init: a ~0.8M-parameter Qwen2 on the synthetic
 task, preset demo_cpu, its batch); smollm2 = SmolLM2-135M-Instruct (`memrl model fetch
 smollm2-135m-instruct`) on real HotpotQA questions (2 documents, 512-token chunks), LoRA rank 8 (the
-real-model preset's), 2 questions x 4 samples per step.
+real-model preset's), 2 questions x 4 samples per step, micro-batches of 4096 tokens whose logits are taken
+1024 tokens at a time (trainer.logits_chunk_tokens; whole, they took 22 GB and the process was killed).
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ def overrides(model: str, path: Path, args: argparse.Namespace) -> tuple[list[st
     return ([], [f"model.path={path}", "data.name=file", f"data.path={args.hqa}", "workflow=memagent",
                  "workflow.chunk_tokens=512", "workflow.max_memory_tokens=64", "workflow.max_final_tokens=32",
                  "trainer.batch_size=2", "algorithm.n=4", f"trainer.steps={args.steps}", "trainer.save_every=0",
-                 "model.lora.rank=8", "model.lora.alpha=16", "optim.lr=1e-4"])
+                 "model.lora.rank=8", "model.lora.alpha=16", "optim.lr=1e-4", "trainer.token_budget=4096",
+                 # the 49,152-entry vocabulary's logits of a whole micro-batch at once do not fit beside the rest
+                 "trainer.logits_chunk_tokens=1024"])
 
 
 def run(model: str, path: Path, mixed: bool, out: Path, args: argparse.Namespace) -> dict[str, float]:
