@@ -56,6 +56,7 @@ from memrl.engines.base import FAILED_REQUEST_MODES, EngineError, SamplingParams
 from memrl.engines.config import EngineConfig, HFSection
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.eval.evaluator import EngineRollout
+from memrl.model_open import model_config
 from memrl.records import segment_records
 from memrl.rewards.eval_metrics import get_metric
 from memrl.rewards.extract import EXTRACT_MODES, extract_prediction
@@ -194,6 +195,7 @@ def make_eval_engine(sec: EngineConfig) -> Any:
         raise UserError("eval: engine.model is empty; pass --model DIR (or engine.model=DIR)")
     if sec.name != "openai":
         model_dir(sec.model, "--model")
+        model_config(sec.model, "--model")  # a model_type or config transformers refuses: before the engine loads
     return build_engine(sec)
 
 

@@ -33,6 +33,7 @@ from memrl.engines import build_engine
 from memrl.engines.base import SamplingParams
 from memrl.engines.versioned import VersionedEngine
 from memrl.errors import UserError, model_dir, writable_dir
+from memrl.model_open import model_config
 from memrl.runtime import RolloutRuntime
 from memrl.training import adapter_sync
 from memrl.training import validation as val
@@ -270,6 +271,7 @@ def assemble(cfg: TrainConfig, resume: bool = False, workflow: tuple[Any, Any] |
     out = check_writable(cfg.out_dir)
     if workers is None:
         model_dir(cfg.model.path, "model.path")  # before any work, not deep inside transformers
+        model_config(cfg.model.path, "model.path")  # a model_type or config transformers refuses, too
     elif resume:
         raise ValueError("assemble: resume=True loads the workers from the checkpoint; do not pass workers")
     tasks = tasks if tasks is not None else file_tasks(cfg)  # data errors too, before any model loads

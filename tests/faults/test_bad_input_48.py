@@ -196,9 +196,11 @@ def test_eval_of_a_model_with_nan_weights_is_one_line_naming_the_model(tmp_path,
                  "workflow.max_memory_tokens=4", "workflow.max_final_tokens=2", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err
+    # issue 63 item 13: refused when the engine loads it, before any generation (the engine's own check, a
+    # non-finite logprob, stays for weights that go bad in a run)
     assert err.splitlines()[-1] == (
-        f"memrl eval: error: workflow memagent failed on task 0 sample 0: model {model}: produced a non-finite "
-        "log-probability (nan) at generated token 0; its weights hold NaN or inf (a diverged update, a damaged file)")
+        f"memrl eval: error: engine.model={model}: weight model.embed_tokens.weight holds 786432 NaN or infinite "
+        "value(s) of 786432 (a diverged or damaged checkpoint); refusing to generate from it")
 
 
 # ------------------------------------------- items 5, 4, 6: checkpoint conversion on damaged input, full disk

@@ -107,3 +107,127 @@ def test_task_kind_settings_on_a_file_without_the_key_are_refused_when_it_is_rea
                    f"data.path={data}", *ov], capsys, code=1)
     assert line == (f"memrl train: error: {setting} reads each task's meta['data_source'] ({key_field}), but task 1 "
                     f"of {data} has none (its meta keys: index)")
+
+
+# ------------------------------------------- items 18 and 13: model directories transformers cannot build; NaN
+
+
+def _model_copy(src: str, dst: Path, config: dict | None = None, nan_in: str | None = None) -> Path:
+    """A copy of model directory `src` with config.json keys replaced and/or one NaN in weight `nan_in`."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    if config:
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg.update(config)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    if nan_in:
+        sd = load_file(dst / "model.safetensors")
+        sd[nan_in][3] = float("nan")
+        save_file(sd, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+_FOREIGN = [
+    ({"model_type": "foobar"}, None,
+     "config.json's model_type 'foobar' is not a model type transformers {v} knows (a newer transformers, or a model "
+     "of a known type such as qwen2, qwen3, llama, is needed)"),
+    ({"model_type": "t5"}, None,
+     "config.json's model_type 't5' has no causal language model in transformers {v} (memrl needs a model that "
+     "generates text)"),
+    ({"num_hidden_layers": 6, "layer_types": ["full_attention"] * 6}, None,
+     "config.json does not match the weights: 24 weight(s) of the model it describes are not in the files (first: "
+     "model.layers.4.input_layernorm.weight); they would start random"),
+    ({"num_hidden_layers": 2, "layer_types": ["full_attention"] * 2}, None,
+     "config.json does not match the weights: 24 weight(s) in the files have no place in the model it describes "
+     "(first: model.layers.2.input_layernorm.weight); they would be dropped"),
+    ({"hidden_size": 384}, None,
+     "config.json does not match the weights: 50 weight(s) have another shape in the files (first: "
+     "model.embed_tokens.weight is [4096, 192] in the files, [4096, 384] in the model config.json describes)"),
+    ({"num_hidden_layers": 6}, None,
+     "config.json is not a valid qwen2 config: `num_hidden_layers` (6) must be equal to the number of `layer_types` (4)"),
+    (None, "model.norm.weight",
+     "weight model.norm.weight holds 1 NaN or infinite value(s) of 192 (a diverged or damaged checkpoint); refusing "
+     "to generate from it"),
+]
+
+
+@pytest.mark.parametrize(("config", "nan_in", "said"), _FOREIGN)
+def test_train_names_a_model_directory_transformers_cannot_build(config, nan_in, said, tmp_path, tiny_model, capsys):
+    # before: transformers' traceback ("does not recognize this architecture", "size mismatch"), or a model
+    # partly initialized at random without a word; NaN weights trained and generated garbage
+    import transformers
+
+    m = _model_copy(tiny_model, tmp_path / "m", config, nan_in)
+    line = _fails(["train", f"model.path={m}", f"out_dir={tmp_path / 'out'}", "trainer.steps=1"], capsys, code=1)
+    assert line == f"memrl train: error: model.path={m}: {said.format(v=transformers.__version__)}"
+
+
+@pytest.mark.parametrize(("config", "nan_in", "said"), [_FOREIGN[0], _FOREIGN[2], _FOREIGN[4], _FOREIGN[6]])
+def test_eval_names_a_model_directory_transformers_cannot_build(config, nan_in, said, tmp_path, tiny_model, capsys):
+    import transformers
+
+    m = _model_copy(tiny_model, tmp_path / "m", config, nan_in)
+    line = _fails(["eval", str(_eval_file(tmp_path)), "--model", str(m), "--out", str(tmp_path / "ev"),
+                   "--no-progress"], capsys, code=1)
+    # config.json itself is read up front (--model); the weights when the engine loads them (engine.model)
+    key = "--model" if config and "model_type" in config else "engine.model"
+    assert line == f"memrl eval: error: {key}={m}: {said.format(v=transformers.__version__)}"
+    assert not (tmp_path / "ev" / "results.jsonl").exists()
+
+
+def test_open_model_is_the_plain_load_for_a_sound_directory(tiny_model):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from memrl.model_open import open_model
+
+    got = open_model(tiny_model, "model.path", dtype=torch.float32).state_dict()
+    want = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+# ------------------------------------------------------------ item 21: `memrl model init` on a full disk
+
+
+@pytest.mark.parametrize("how", ["oserror", "safetensors"])
+def test_model_init_onto_a_full_disk_is_one_line_and_leaves_no_model(how, tmp_path, capsys, monkeypatch):
+    # before: the OSError's traceback, and --out left with a tokenizer and config but no (or half the) weights
+    import errno
+
+    from safetensors import SafetensorError
+    from transformers import PreTrainedModel
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 50)
+    argv = ["model", "init", "--corpus", str(corpus), "--vocab-size", "300"]
+    older = tmp_path / "older"
+    assert main([*argv, "--out", str(older)]) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in older.iterdir()}
+
+    def full(self, save_directory, **kwargs):
+        (Path(save_directory) / "model.safetensors").write_bytes(b"\0" * 100)  # the part that fitted
+        if how == "oserror":
+            raise OSError(errno.ENOSPC, "No space left on device", str(save_directory))
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", full)
+    for dest in (tmp_path / "fresh", older):  # a new directory, and --force over an older model
+        line = _fails([*argv, "--out", str(dest), "--force"], capsys, code=1)
+        assert line == (f"memrl model: error: --out {dest}: the disk is full (no space left on the device holding "
+                        f"{tmp_path}); nothing was written to {dest}")
+    assert {p.name: p.read_bytes() for p in older.iterdir()} == before  # the older model is untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "older"]  # no fresh/, no temporary directory
+
+
+def test_model_init_names_a_corpus_that_is_not_a_regular_file(tmp_path, capsys):
+    # before: `--corpus /dev/zero` "does not exist"
+    line = _fails(["model", "init", "--corpus", "/dev/zero", "--out", str(tmp_path / "m")], capsys, code=1)
+    assert line == ("memrl model: error: --corpus /dev/zero is not a regular file (a directory, device or pipe); give "
+                    "text files")
+    line = _fails(["model", "init", "--corpus", str(tmp_path / "none.txt"), "--out", str(tmp_path / "m")], capsys,
+                  code=1)
+    assert line == f"memrl model: error: --corpus file {tmp_path / 'none.txt'} does not exist"
