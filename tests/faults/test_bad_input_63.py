@@ -231,3 +231,55 @@ def test_model_init_names_a_corpus_that_is_not_a_regular_file(tmp_path, capsys):
     line = _fails(["model", "init", "--corpus", str(tmp_path / "none.txt"), "--out", str(tmp_path / "m")], capsys,
                   code=1)
     assert line == f"memrl model: error: --corpus file {tmp_path / 'none.txt'} does not exist"
+
+
+# ------------------------------------------------ item 20: a reused context demo with damaged files
+
+
+_TOY = ["threads=1", "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1"]
+
+
+def _finished_context_demo(src: Path, out: Path) -> None:
+    """The files `sft_from` reads of a finished fold demo, matching this run's config (no training needed)."""
+    from memrl.config import to_yaml
+    from memrl.demos.context import load_configs
+
+    cfg, tcfg, _, _ = load_configs(["method=fold", *_TOY], out)
+    (src / "sft").mkdir(parents=True)
+    (src / "sft" / "model.safetensors").write_bytes(b"")
+    (src / "rl").mkdir()
+    (src / "rl" / "config.yaml").write_text(to_yaml(tcfg))
+    (src / "demo_config.yaml").write_text(to_yaml(cfg))
+    (src / "results.json").write_text(json.dumps({
+        "budget": {"max_context_tokens": 100}, "num_parameters": 1, "copy_warmup_losses": [], "sft_losses": [],
+        "sft": {}, "reference": {"react_unbounded": {}}, "demonstrator": {}, "scripted": {"greedy": {}}}))
+
+
+@pytest.mark.parametrize(("name", "text", "said"), [
+    ("demo_config.yaml", "seed: [1\n", "demo_config.yaml is damaged (while parsing a flow sequence)"),
+    ("demo_config.yaml", "- a\n- b\n", "demo_config.yaml is damaged (it holds a ListConfig, not a mapping)"),
+    ("demo_config.yaml", "seed: abc\n", "demo_config.yaml is damaged (Value 'abc' of type 'str' could not be "
+                                        "converted to Integer)"),
+    ("results.json", '{"budget": {', "results.json is damaged (Expecting property name enclosed in double quotes: "
+                                     "line 1 column 13 (char 12))"),
+    ("results.json", '{"budget": {}}', "results.json is damaged (it has no budget.max_context_tokens)"),
+    ("results.json", "[]", "results.json is damaged (it holds a list, not a mapping)"),
+    ("rl/config.yaml", "workflow: 3\n", "rl/config.yaml is damaged (it has no workflow section)"),
+])
+def test_demo_reusing_a_damaged_cold_start_is_one_line(name, text, said, tmp_path, capsys):
+    # before: a YAML / JSON / KeyError traceback from inside reused_cold_start
+    src, out = tmp_path / "fold", tmp_path / "ablation"
+    _finished_context_demo(src, out)
+    (src / name).write_text(text)
+    line = _fails(["demo", "--agent", "context", "--out", str(out), "method=fold_no_process", f"sft_from={src}",
+                   *_TOY], capsys)
+    assert line == f"memrl demo: error: sft_from={src}: {said}; rerun that demo or drop sft_from"
+
+
+def test_demo_reusing_a_cold_start_without_its_demo_config_names_it(tmp_path, capsys):
+    src, out = tmp_path / "fold", tmp_path / "ablation"
+    _finished_context_demo(src, out)
+    (src / "demo_config.yaml").unlink()
+    line = _fails(["demo", "--agent", "context", "--out", str(out), "method=fold_no_process", f"sft_from={src}",
+                   *_TOY], capsys)
+    assert line == f"memrl demo: error: sft_from={src}: demo_config.yaml is missing (not a finished context demo)"
