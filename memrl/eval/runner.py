@@ -63,6 +63,7 @@ from memrl.rewards.extract import EXTRACT_MODES, extract_prediction
 from memrl.rewards.published_metrics import METRIC_RULES, published_qa_metrics, published_task_metric
 from memrl.rewards.qa import qa_metrics
 from memrl.runtime import RolloutRuntime
+from memrl.services.registry import retriever_problem
 from memrl.types import Task, Trajectory
 from memrl.workflows import get_workflow, parse_workflow
 from memrl.workflows.full_context import FULL_CONTEXT_TEMPLATE, FullContextConfig  # noqa: F401 - re-exported
@@ -183,6 +184,9 @@ def workflow_config(cfg: EvalConfig) -> tuple[Any, Any]:
     (greedy decoding unless the spec says otherwise), then the config class's own defaults."""
     spec, wf = parse_workflow(cfg.workflow, stage="eval")
     check_shared_fields(wf, SamplingParams, "workflow")  # temperature / top_p before the model loads
+    problem = retriever_problem(wf, spec.name)
+    if problem:
+        raise ConfigError(problem)
     return spec, wf
 
 

@@ -35,6 +35,7 @@ from memrl.engines.versioned import VersionedEngine
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.model_open import model_config
 from memrl.runtime import RolloutRuntime
+from memrl.services.registry import retriever_problem
 from memrl.training import adapter_sync
 from memrl.training import validation as val
 from memrl.training.checkpoint import clean_stale, resume_point, set_rng_state
@@ -63,6 +64,9 @@ def workflow_config(cfg: TrainConfig) -> tuple[Any, Any]:
     sampling runs at algorithm.temperature, because the trainer recomputes logprobs at that temperature."""
     spec, wf = parse_workflow(cfg.workflow, defaults={"temperature": cfg.algorithm.temperature}, stage="train")
     check_shared_fields(wf, SamplingParams, "workflow")  # top_p / top_k before any model loads
+    problem = retriever_problem(wf, spec.name)
+    if problem:
+        raise ConfigError(problem)
     t = getattr(wf, "temperature", cfg.algorithm.temperature)
     if float(t) != float(cfg.algorithm.temperature):
         raise ConfigError(
