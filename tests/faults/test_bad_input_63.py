@@ -283,3 +283,70 @@ def test_demo_reusing_a_cold_start_without_its_demo_config_names_it(tmp_path, ca
     line = _fails(["demo", "--agent", "context", "--out", str(out), "method=fold_no_process", f"sft_from={src}",
                    *_TOY], capsys)
     assert line == f"memrl demo: error: sft_from={src}: demo_config.yaml is missing (not a finished context demo)"
+
+
+# ------------------------------------------------------------------------ item 22: misleading messages
+
+
+def test_summarize_without_a_retriever_names_its_workflow_before_the_model_loads(tmp_path, capsys):
+    # before: "memact needs a retriever" from the first search of the first step
+    line = _fails(["train", f"model.path={tmp_path / 'no_model'}", f"out_dir={tmp_path / 'out'}", "workflow=summarize"],
+                  capsys)
+    assert line == ("memrl train: error: workflow=summarize needs a retriever: set workflow.retriever_url, "
+                    "workflow.retriever_corpus (with retriever_kind bm25 or keyword), or workflow.retriever_scope=task "
+                    "(each task searches its own documents)")
+    line = _fails(["eval", str(_eval_file(tmp_path)), "--model", str(tmp_path / "no_model"), "--out",
+                   str(tmp_path / "ev"), "workflow=mem1"], capsys)
+    assert line.startswith("memrl eval: error: workflow=mem1 needs a retriever: set workflow.retriever_url")
+
+
+@pytest.mark.parametrize("command", ["stats", "build"])
+def test_a_file_given_as_tokenizer_is_named_as_a_file(command, tmp_path, tiny_model, capsys):
+    # before: huggingface_hub's "Repo id must be in the form 'repo_name' or 'namespace/repo_name'"
+    tok = f"{tiny_model}/tokenizer.json"
+    argv = (["data", "stats", "--tokenizer", tok, str(_eval_file(tmp_path))] if command == "stats" else
+            ["data", "build", "--kind", "ruler", "--lengths", "8k", "--tokenizer", tok, "--out", str(tmp_path / "r")])
+    line = _fails(argv, capsys, code=1)
+    assert line == (f"memrl data: error: --tokenizer {tok} is a file; give the directory that holds it (a HuggingFace "
+                    "tokenizer or model directory)")
+
+
+@pytest.mark.parametrize(("agent", "ov", "said"), [
+    ("context", "model.hidden_size=30", "model.hidden_size=30 is not a multiple of model.num_heads=4 (each head gets "
+                                        "hidden_size / num_heads dimensions)"),
+    ("infmem", "model.num_kv_heads=3", "model.num_heads=4 is not a multiple of model.num_kv_heads=3 (each key/value "
+                                       "head serves num_heads / num_kv_heads query heads)"),
+    ("memagent", "hidden_size=30", "hidden_size=30 is not a multiple of num_heads=4 (each head gets hidden_size / "
+                                   "num_heads dimensions)"),
+])
+def test_a_demo_model_shape_that_cannot_be_built_is_named(agent, ov, said, tmp_path, capsys):
+    # before: a matrix-size error from the first forward pass, after the data and tokenizer were built
+    line = _fails(["demo", "--agent", agent, "--out", str(tmp_path / "d"), ov], capsys)
+    assert line == f"memrl demo: error: {said}"
+
+
+@pytest.mark.parametrize(("installed", "local"), [
+    (True, "sqlite:///<out_dir>/mlflow.db, or a directory path"),
+    (False, "a directory path; sqlite:/// would need sqlalchemy, which is not installed"),
+])
+def test_the_mlflow_scheme_message_recommends_only_a_store_this_install_has(installed, local, monkeypatch):
+    # before: sqlite was recommended also where its check then refused it (no sqlalchemy)
+    import importlib.util
+
+    from memrl.training import trackers
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(trackers.importlib.util, "find_spec",
+                        lambda name, *a: (object() if installed else None) if name == "sqlalchemy" else real(name, *a))
+    assert trackers.mlflow_uri_problem("nosuch://x") == (
+        "scheme 'nosuch' is not a tracking store mlflow serves (file, sqlite, postgresql, mysql, mssql, http, https, "
+        f"databricks; a local one: {local})")
+    if not installed:
+        assert trackers.mlflow_uri_problem("sqlite:///x.db").startswith("mlflow's database stores need sqlalchemy")
+
+
+def test_serve_names_a_corpus_that_is_a_device(capsys):
+    # before: `--corpus /dev/zero` "does not exist"
+    line = _fails(["serve", "retrieval", "--corpus", "/dev/zero"], capsys, code=1)
+    assert line == ("memrl serve: error: corpus file /dev/zero is not a regular file (a device or pipe) (expected a "
+                    "corpus JSONL: memrl data corpus)")
