@@ -184,9 +184,6 @@ def workflow_config(cfg: EvalConfig) -> tuple[Any, Any]:
     (greedy decoding unless the spec says otherwise), then the config class's own defaults."""
     spec, wf = parse_workflow(cfg.workflow, stage="eval")
     check_shared_fields(wf, SamplingParams, "workflow")  # temperature / top_p before the model loads
-    problem = retriever_problem(wf, spec.name)
-    if problem:
-        raise ConfigError(problem)
     return spec, wf
 
 
@@ -459,6 +456,9 @@ def evaluate(
     check_config(cfg)  # also when called with a config built in code, not by load_config
     out = writable_dir(out_dir, "--out")
     spec, wf_cfg = workflow_config(cfg)
+    problem = retriever_problem(wf_cfg, spec.name)  # before any engine is built, not at the first search
+    if problem:
+        raise ConfigError(problem)
     record = {"workflow": spec.name, "model": cfg.engine.model, "engine": dataclasses.asdict(cfg.engine),
               "workflow_config": dataclasses.asdict(wf_cfg), "files": [str(f) for f in files],
               "name": cfg.name or out.resolve().name, "seed": cfg.seed, "samples": cfg.samples,

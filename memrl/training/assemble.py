@@ -64,9 +64,6 @@ def workflow_config(cfg: TrainConfig) -> tuple[Any, Any]:
     sampling runs at algorithm.temperature, because the trainer recomputes logprobs at that temperature."""
     spec, wf = parse_workflow(cfg.workflow, defaults={"temperature": cfg.algorithm.temperature}, stage="train")
     check_shared_fields(wf, SamplingParams, "workflow")  # top_p / top_k before any model loads
-    problem = retriever_problem(wf, spec.name)
-    if problem:
-        raise ConfigError(problem)
     t = getattr(wf, "temperature", cfg.algorithm.temperature)
     if float(t) != float(cfg.algorithm.temperature):
         raise ConfigError(
@@ -271,6 +268,9 @@ def assemble(cfg: TrainConfig, resume: bool = False, workflow: tuple[Any, Any] |
     Given `workers` / `engine` / `tokenizer` / `tasks` are used as they are (tests: stub workers and a
     scripted engine; nothing is loaded for them, and a resume needs the loaded workers)."""
     spec, wf_cfg = workflow if workflow is not None else validate(cfg)
+    problem = retriever_problem(wf_cfg, spec.name)  # a run's, checked before any model loads (a preset's
+    if problem:  # own check, validate, leaves the retriever to the user who runs it)
+        raise ConfigError(problem)
     adv_options, loss_options = algorithm_options(cfg)
     out = check_writable(cfg.out_dir)
     if workers is None:

@@ -350,3 +350,29 @@ def test_serve_names_a_corpus_that_is_a_device(capsys):
     line = _fails(["serve", "retrieval", "--corpus", "/dev/zero"], capsys, code=1)
     assert line == ("memrl serve: error: corpus file /dev/zero is not a regular file (a device or pipe) (expected a "
                     "corpus JSONL: memrl data corpus)")
+
+
+# ------------------------------------------------------------------ item 17: a lone surrogate in a preset file
+
+
+@pytest.mark.parametrize(("yaml_text", "key", "where"), [
+    ('workflow:\n  memory_template: "a \\ud800 b {chunk}"\n', "workflow.memory_template", "character 2 of its value"),
+    ('workflow:\n  name: memagent\n  "x\\udfff": 1\n', "workflow.x\\udfff", "character 1 of its key"),
+    ('trainer:\n  loggers: [jsonl, "\\ud83d"]\n', "trainer.loggers[1]", "character 0 of its value"),
+])
+def test_a_lone_surrogate_in_a_preset_is_refused_like_in_an_override(yaml_text, key, where, tmp_path, capsys):
+    # before: the preset passed the config check and the rollout died on the template mid-run
+    preset = tmp_path / "p.yaml"
+    preset.write_text(yaml_text)
+    line = _fails(["train", "--preset", str(preset), f"model.path={tmp_path / 'no_model'}",
+                   f"out_dir={tmp_path / 'out'}"], capsys)
+    code = next(c for c in yaml_text.split("\\u")[1:])[:4]
+    assert line == (f"memrl train: error: {key} (set by preset {preset}) holds a lone surrogate \\u{code} at {where} "
+                    "(not valid Unicode text)")
+
+
+def test_a_lone_surrogate_in_an_override_is_refused_by_the_same_check(tmp_path, capsys):
+    line = _fails(["train", f"model.path={tmp_path / 'no_model'}", f"out_dir={tmp_path / 'out'}",
+                   'workflow.memory_template="a \\ud800 b"'], capsys)
+    assert line == ("memrl train: error: workflow.memory_template (set by an override) holds a lone surrogate \\ud800 "
+                    "at character 2 of its value (not valid Unicode text)")

@@ -277,8 +277,7 @@ def test_workflow_judge_overrides_parse_from_the_command_line_spelling(tmp_path)
     from memrl.config import ConfigError, load_config
     from memrl.eval.runner import EvalConfig, workflow_config
 
-    cfg = load_config(EvalConfig, ["workflow=memact", "workflow.retriever_scope=task",
-                                   "workflow.judge.url=http://127.0.0.1:9/v1",
+    cfg = load_config(EvalConfig, ["workflow=memact", "workflow.judge.url=http://127.0.0.1:9/v1",
                                    "workflow.judge.max_tokens=800", "workflow.judge.temperature=1.0",
                                    "workflow.judge.on_failure=exclude", "workflow.judge.top_p=0.95"])
     _, wf = workflow_config(cfg)

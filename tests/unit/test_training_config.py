@@ -114,8 +114,7 @@ def test_removed_actual_n_in_a_preset_file_is_named(tmp_path):
 
 def test_switching_workflow_keeps_no_memagent_defaults():
     """`workflow=memact` trains MemAct: the chunk cap is a training default only chunked workflows get."""
-    cfg = load_config(TrainConfig, ["model.path=x", "workflow=memact", "algorithm=dcpo",
-                                    "workflow.retriever_scope=task"])
+    cfg = load_config(TrainConfig, ["model.path=x", "workflow=memact", "algorithm=dcpo"])
     validate(cfg)
     spec, wf = workflow_config(cfg)
     assert spec.name == "memact" and not hasattr(wf, "max_chunks")
