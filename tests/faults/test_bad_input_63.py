@@ -376,3 +376,36 @@ def test_a_lone_surrogate_in_an_override_is_refused_by_the_same_check(tmp_path, 
                    'workflow.memory_template="a \\ud800 b"'], capsys)
     assert line == ("memrl train: error: workflow.memory_template (set by an override) holds a lone surrogate \\ud800 "
                     "at character 2 of its value (not valid Unicode text)")
+
+
+# ------------------------------------------------- item 19: more CPUs than a local Ray can have
+
+
+def test_sequence_parallel_asking_for_more_cpus_than_ray_has_is_one_line_before_ray_starts(tmp_path, tiny_model,
+                                                                                          capsys, monkeypatch):
+    # before: a PlacementError traceback from check_resources, after Ray had started
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: pytest.fail("Ray started before the refusal"))
+    line = _fails(["train", f"model.path={tiny_model}", f"out_dir={tmp_path / 'out'}", "trainer.num_workers=4",
+                   "trainer.sequence_parallel=4", "rollout.num_engines=1", "ray.num_cpus=2"], capsys, code=1)
+    assert line == (
+        "memrl train: error: trainer.num_workers=4 x 1 CPUs + rollout.num_engines=1 x 1 CPUs asks for 5 CPUs "
+        "(trainer.sequence_parallel=4 needs trainer.num_workers >= 4), but a Ray started here has 2; lower "
+        "trainer.cpus_per_worker / rollout.cpus_per_engine, set ray.num_cpus to share cores, or join a cluster "
+        "(ray.address)")
+
+
+def test_a_cluster_too_small_is_one_line_too(capsys, monkeypatch):
+    # a joined cluster is measured after joining (check_resources): its PlacementError is a UserError now
+    from memrl.config import load_config
+    from memrl.errors import UserError
+    from memrl.training.config import TrainConfig
+    from memrl.training.placement import PlacementError, check_resources
+
+    cfg = load_config(TrainConfig, ["model.path=x", "trainer.num_workers=2", "rollout.num_engines=1"])
+    with pytest.raises(PlacementError) as e:
+        check_resources(cfg, {"CPU": 2.0})
+    assert isinstance(e.value, UserError) and isinstance(e.value, RuntimeError)
+    assert str(e.value).endswith("asks for 3 CPUs, but the Ray cluster has 2")
