@@ -409,3 +409,47 @@ def test_a_cluster_too_small_is_one_line_too(capsys, monkeypatch):
         check_resources(cfg, {"CPU": 2.0})
     assert isinstance(e.value, UserError) and isinstance(e.value, RuntimeError)
     assert str(e.value).endswith("asks for 3 CPUs, but the Ray cluster has 2")
+
+
+# ------------------------------------------------------------ item 12: idle and slow connections to `memrl view`
+
+
+def test_idle_and_slow_connections_do_not_block_the_viewer(tmp_path, monkeypatch):
+    # before: 16 idle connections (or 500 slow ones) took every thread of the pool and held it until they
+    # closed: the next visitor waited forever. Now each connection has its own thread and a bounded time.
+    import socket
+    import time
+    import urllib.request
+
+    from memrl.viewer import server as S
+
+    monkeypatch.setattr(S, "IDLE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(S, "CONNECTION_DEADLINE_S", 2.0)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
+    srv = S.make_server([str(tmp_path)], "127.0.0.1", 0)
+    S.serve_in_thread(srv)
+    port = srv.server_address[1]
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]  # the old pool had 16 threads
+    slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+    try:
+        for c in slow:  # a request line that never ends, a byte at a time
+            c.sendall(b"GET /api/runs HTTP/1.0\r\nX-Slow: ")
+        t0 = time.monotonic()
+        with urllib.request.urlopen(S.url_of(srv) + "api/runs", timeout=5) as r:
+            assert r.status == 200 and json.loads(r.read())[0]["kind"] == "train"
+        assert time.monotonic() - t0 < 1.0  # served at once, not after the others gave up
+        for c in slow:
+            c.sendall(b"x")
+        # the idle ones are cut after IDLE_TIMEOUT_S, the slow ones (still sending) after CONNECTION_DEADLINE_S
+        for c in idle + slow:
+            c.settimeout(5)
+            data = b""
+            while chunk := c.recv(65536):
+                data += chunk
+            assert data == b""  # closed without an answer
+        assert time.monotonic() - t0 < 4.5
+    finally:
+        for c in idle + slow:
+            c.close()
+        srv.shutdown()
+        srv.server_close()
