@@ -178,6 +178,13 @@ def test_eval_names_a_model_directory_transformers_cannot_build(config, nan_in, 
     assert not (tmp_path / "ev" / "results.jsonl").exists()
 
 
+def test_train_sft_names_a_model_directory_whose_config_does_not_match(tmp_path, tiny_model, capsys):
+    config, nan_in, said = _FOREIGN[4]
+    m = _model_copy(tiny_model, tmp_path / "m", config, nan_in)
+    line = _fails(["train-sft", f"model.path={m}", f"out_dir={tmp_path / 's'}"], capsys, code=1)
+    assert line == f"memrl train-sft: error: model.path={m}: {said}"
+
+
 def test_open_model_is_the_plain_load_for_a_sound_directory(tiny_model):
     import torch
     from transformers import AutoModelForCausalLM
