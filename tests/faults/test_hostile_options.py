@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import io
 import math
 import os
@@ -59,11 +60,32 @@ def _eval_cases() -> list[str]:
     return [k for k in numeric_fields(EvalConfig) if not k.startswith("engine.")]  # engine.*: train's sweep
 
 
-def _cases(keys: list[str], seed: int) -> list[tuple[str, str]]:
-    """(field, value) pairs: every value with one field drawn with `seed` (every field, FULL)."""
+DEMOS = {"memagent": "memrl.demos.memagent:DemoConfig", "context": "memrl.demos.context:ContextDemoConfig",
+         "memact": "memrl.demos.memact:MemActDemoConfig", "infmem": "memrl.demos.infmem:InfMemDemoConfig",
+         "mem1": "memrl.demos.mem1:Mem1DemoConfig"}
+"""`memrl demo --agent A` -> its config class (module:attr)."""
+
+
+def _demo_cases(agent: str) -> list[str]:
+    module, attr = DEMOS[agent].split(":")
+    # threads: an accepted value would set this process's torch thread count
+    return [k for k in numeric_fields(getattr(importlib.import_module(module), attr)) if k != "threads"]
+
+
+def _demo_loader(agent: str):
+    """The config loader `memrl demo --agent A` runs first: (overrides, out dir) -> configs."""
+    module = importlib.import_module(DEMOS[agent].split(":")[0])
+    return getattr(module, "load_demo_configs" if agent == "memagent" else "load_configs")
+
+
+def _cases(keys: list[str], seed: int, per: int | None = None) -> list[tuple[str, str]]:
+    """(field, value) pairs: every value with one field drawn with `seed`, or `per` pairs drawn (every field
+    with every value, FULL)."""
     if FULL:
         return [(k, v) for k in keys for v in HOSTILE]
     rng = random.Random(seed)
+    if per is not None:
+        return [(rng.choice(keys), rng.choice(HOSTILE)) for _ in range(per)]
     return [(rng.choice(keys), v) for v in HOSTILE]
 
 
@@ -76,10 +98,18 @@ def _assert_refused_in_one_line(argv: list[str], capsys) -> str:
     return one_line(err)
 
 
+ACCEPTED = "accepted"
+
+
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory) -> list[tuple[str, str, int, str]]:
-    """(field, value, exit status, stderr) of `memrl train` / `memrl eval` with each hostile case. No model
-    directory exists, so a value the config accepts fails on model.path / --model."""
+def sweep(tmp_path_factory) -> list[tuple[str, str, str]]:
+    """(field, value, the one line said, or ACCEPTED) for each hostile case of `memrl train`, `memrl eval`
+    (through the command line: no model directory exists, so a value the config accepts stops at model.path
+    / --model, in one line too) and the demos' configs (through each recipe's config loader, the first thing
+    `memrl demo --agent A` runs: an accepted value returns the configs). A command that exits 0, prints a
+    traceback or more than one line, or a loader that raises anything but a UserError, fails here."""
+    from memrl.errors import UserError
+
     tmp = tmp_path_factory.mktemp("hostile")
     missing = tmp / "no_model"
     cases = [(["train", f"model.path={missing}", f"out_dir={tmp / 'out'}", f"{k}={v}"], k, v)
@@ -93,24 +123,32 @@ def sweep(tmp_path_factory) -> list[tuple[str, str, int, str]]:
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             rc = main(argv)
-        out.append((key, value, rc, err.getvalue()))
+        assert "Traceback" not in err.getvalue() and rc != 0, (argv, err.getvalue())
+        line = one_line(err.getvalue())
+        out.append((key, value, ACCEPTED if str(missing) in line and key not in line else line))
+    for i, agent in enumerate(DEMOS):
+        load = _demo_loader(agent)
+        for key, value in _cases(_demo_cases(agent), 65 + i, per=4):
+            try:
+                load([f"{key}={value}"], tmp / f"demo_{agent}")
+            except UserError as e:
+                out.append((key, value, one_line(f"memrl demo: error: {e}")))
+            else:
+                out.append((key, value, ACCEPTED))
     return out
 
 
-def test_every_numeric_train_and_eval_field_answers_hostile_values_in_one_line(sweep):
-    """No value escapes the checks as a traceback: each case exits != 0 with one line, and a refused value
-    names its field (an accepted one is stopped by the missing model, named instead)."""
-    for key, value, rc, err in sweep:
-        assert "Traceback" not in err and rc != 0, (key, value, err)
-        line = one_line(err)
-        assert key.rsplit(".", 1)[-1] in line or "no_model" in line, (key, value, line)
+def test_every_numeric_field_answers_hostile_values_in_one_line_naming_it(sweep):
+    """No value escapes the checks as a traceback (the fixture); a refused value names its field."""
+    for key, value, said in sweep:
+        assert said == ACCEPTED or key.rsplit(".", 1)[-1] in said, (key, value, said)
 
 
 def test_huge_nan_inf_and_surrogate_values_never_pass_a_numeric_field(sweep):
     """Numbers are finite and bounded where a huge value cannot mean anything (issue 63 items 1 and 9:
     every numeric field declares an upper bound)."""
     never = ("1e308", "-1e308", "nan", "inf", "-inf", '"\\ud800"', "100000000000000000000000")
-    accepted = [(k, v) for k, v, _, err in sweep if v in never and "no_model" in err and k not in err]
+    accepted = [(k, v) for k, v, said in sweep if v in never and said == ACCEPTED]
     assert not accepted, accepted
 
 
