@@ -186,6 +186,28 @@ def refuse_interpolations(node: Any, origin: str, prefix: str = "") -> None:
         refuse_interpolations(node._get_node(k), origin, f"{path}.")  # type: ignore[union-attr]
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def refuse_surrogates(tree: Any, origin: str, prefix: str = "") -> None:
+    """ConfigError naming the dotted key of the first string (a key or a value) of a user-supplied tree (a
+    preset's, an override's) that holds a lone surrogate: YAML's double-quoted "\\ud800" escape makes one, and
+    tokenizers, terminals and JSON writers refuse such text mid-run."""
+    if isinstance(tree, DictConfig | ListConfig):
+        tree = OmegaConf.to_container(tree, resolve=False)
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
+    for k, v in items:
+        path = f"{prefix}{k}" if isinstance(tree, dict) else f"{prefix.rstrip('.')}[{k}]"
+        for text in (k, v):
+            m = _SURROGATE.search(text) if isinstance(text, str) else None
+            if m is not None:
+                shown = path.encode("utf-8", "backslashreplace").decode("utf-8")  # a surrogate key prints escaped
+                raise ConfigError(f"{shown} (set by {origin}) holds a lone surrogate \\u{ord(m.group()):04x} at "
+                                  f"character {m.start()} of {'its key' if text is k else 'its value'} (not valid "
+                                  "Unicode text)")
+        refuse_surrogates(v, origin, f"{path}.")
+
+
 def preset_names() -> list[str]:
     d = resources.files("memrl").joinpath("configs")
     return sorted(p.name[:-5] for p in d.iterdir() if p.name.endswith(".yaml"))
@@ -229,6 +251,7 @@ def load_config(schema: type[T], overrides: list[str] | tuple[str, ...] = (), pr
         try:
             for part_path, loaded in _preset_chain(path):  # `inherit: <preset>`: the parent first
                 refuse_interpolations(loaded, f"preset {part_path}")
+                refuse_surrogates(loaded, f"preset {part_path}")
                 _check_removed(_flat_keys(OmegaConf.to_container(loaded)), f"preset {part_path}")
                 _open_preset(schema, loaded)
                 cfg = OmegaConf.merge(cfg, loaded)  # type: ignore[assignment]
@@ -249,6 +272,7 @@ def load_config(schema: type[T], overrides: list[str] | tuple[str, ...] = (), pr
         try:
             given = OmegaConf.from_dotlist([ov])
             refuse_interpolations(given, "an override")
+            refuse_surrogates(given, "an override")
             cfg = OmegaConf.merge(cfg, given)  # type: ignore[assignment]
         except OmegaConfBaseException as e:
             raise _wrap(e, f"override '{redact_text(ov)}'") from e

@@ -219,13 +219,21 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_tokenizer_path(path: str) -> None:
+    """--tokenizer names an existing directory (transformers reads a file path as a hub repo id)."""
+    if not Path(path).exists():
+        raise UserError(f"--tokenizer {path} does not exist")
+    if not Path(path).is_dir():
+        raise UserError(f"--tokenizer {path} is a file; give the directory that holds it (a HuggingFace tokenizer "
+                        "or model directory)")
+
+
 def _build_ruler(args: argparse.Namespace) -> int:
     if not args.tokenizer:
         raise UserError("data build --kind ruler: --tokenizer MODEL_DIR is required (lengths are counted in it)")
     if not args.lengths:
         raise UserError("data build --kind ruler: --lengths is required, e.g. --lengths 8k,16k,32k")
-    if not Path(args.tokenizer).exists():
-        raise UserError(f"--tokenizer {args.tokenizer} does not exist")
+    _check_tokenizer_path(args.tokenizer)
     for flag, path in (("--haystack", args.haystack), ("--noise", args.noise), ("--qa-source", args.qa_source)):
         if path and not Path(path).is_file():
             raise UserError(f"{flag} {path} does not exist or is not a file")
@@ -357,8 +365,7 @@ def context_token_stats(files: list[str], tokenizer, kind: str = "auto", skip_ba
 
 
 def _stats(args: argparse.Namespace) -> int:
-    if not Path(args.tokenizer).exists():
-        raise UserError(f"--tokenizer {args.tokenizer} does not exist")
+    _check_tokenizer_path(args.tokenizer)
     tok = _counting_tokenizer(args.tokenizer)
     rows = context_token_stats(args.files, tok, args.kind, args.skip_bad, args.docs_from)
     print(f"tokenizer: {args.tokenizer}")

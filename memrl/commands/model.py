@@ -24,9 +24,9 @@ import shutil
 from pathlib import Path
 
 from memrl.config import MAX_SEED, MAX_VOCAB, bounded
-from memrl.errors import UserError, writable_dir
+from memrl.errors import UserError, disk_full, os_message, writable_dir
 from memrl.models import gguf_import as G
-from memrl.models.convert import DTYPES, FORMATS, convert, summary_line
+from memrl.models.convert import DTYPES, FORMATS, convert, staged_dir, summary_line
 from memrl.models.tiny import PRESETS, init_tiny_model
 
 
@@ -103,9 +103,25 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     for c in args.corpus or []:
-        if not Path(c).is_file():
+        if not Path(c).exists():
             raise UserError(f"--corpus file {c} does not exist")
-    init_tiny_model(out, preset=args.preset, corpus=args.corpus, seed=args.seed, vocab_size=args.vocab_size)
+        if not Path(c).is_file():
+            raise UserError(f"--corpus {c} is not a regular file (a directory, device or pipe); give text files")
+    existed = out.exists()
+    writable_dir(out)
+    try:  # built beside --out and renamed into place: a failed or killed init leaves no half-written model
+        with staged_dir(out) as tmp:
+            init_tiny_model(tmp, preset=args.preset, corpus=args.corpus, seed=args.seed, vocab_size=args.vocab_size)
+    except Exception as e:
+        if not existed:
+            shutil.rmtree(out, ignore_errors=True)  # the empty directory writable_dir made
+        if disk_full(e):
+            raise UserError(f"--out {out}: the disk is full (no space left on the device holding {out.parent}); "
+                            f"nothing was written to {out}") from e
+        if isinstance(e, OSError):
+            raise UserError(f"--out {out}: cannot write the model ({os_message(e)}); nothing was written to "
+                            f"{out}") from e
+        raise
     info = json.loads((out / "memrl_model.json").read_text(encoding="utf-8"))
     print(f"wrote {args.preset} model to {out}: {info['num_parameters']:,} parameters, vocab {info['vocab_size']}")
     return 0

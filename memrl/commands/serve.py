@@ -69,7 +69,9 @@ def check_retrieval_args(args: argparse.Namespace) -> None:
         if not Path(args.model).is_dir():
             raise UserError(f"--model {args.model}: no such directory (expected a local embedding model directory)")
     if not Path(args.corpus).is_file():
-        what = "is a directory" if Path(args.corpus).is_dir() else "does not exist"
+        c = Path(args.corpus)
+        what = ("is a directory" if c.is_dir() else "is not a regular file (a device or pipe)" if c.exists() else
+                "does not exist")
         raise UserError(f"corpus file {args.corpus} {what} (expected a corpus JSONL: memrl data corpus)")
     problem = bind_problem(args.host, args.port)
     if problem:

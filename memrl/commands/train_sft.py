@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from memrl.config import MAX_COUNT, MAX_TOKENS, ConfigError, load_config, to_yaml, valid
 from memrl.data.conversations import conversation_segments, is_conversation_file, load_conversations
@@ -27,7 +27,7 @@ from memrl.data.synthetic import make_tasks
 from memrl.demonstrators import MixtureRule, ScriptedEngine
 from memrl.errors import model_dir
 from memrl.locks import locked_dir
-from memrl.quiet import hf_progress_off
+from memrl.model_open import open_model
 from memrl.runtime import rollout_once
 from memrl.training import lora
 from memrl.training.assemble import check_writable
@@ -105,8 +105,7 @@ def _run_demonstrator(cfg: SFTRunConfig) -> int:
     out = check_writable(cfg.out_dir)
     (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    with hf_progress_off():
-        model = AutoModelForCausalLM.from_pretrained(cfg.model.path).to(cfg.model.device)
+    model = open_model(cfg.model.path, "model.path").to(cfg.model.device)
     model = _lora(model, cfg)
     mem, fin = wf.templates()
     rule = MixtureRule(mem.text, fin.text, cfg.demonstrator.budget, cfg.demonstrator.skip_prob,
@@ -133,8 +132,7 @@ def _run_conversations(cfg: SFTRunConfig) -> int:
     (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     segments = conversation_segments(tok, convs, cfg.conversations.max_length, cfg.conversations.truncation)
-    with hf_progress_off():
-        model = AutoModelForCausalLM.from_pretrained(cfg.model.path).to(cfg.model.device)
+    model = open_model(cfg.model.path, "model.path").to(cfg.model.device)
     model = _lora(model, cfg)
     losses = sft_train_logged(model, tok, segments, cfg.sft, out, save_dir=out)
     _save_merged(model, tok, out, cfg)

@@ -39,7 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
@@ -199,6 +201,40 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[ContextDemo
 
 
 _NOT_COLD_START = ("method", "threads", "sft_from", "warmup_from")
+_RESULT_KEYS = ("budget.max_context_tokens", "num_parameters", "copy_warmup_losses", "sft_losses", "sft",
+                "reference.react_unbounded", "demonstrator", "scripted.greedy")
+"""The results.json entries a run reusing another's cold start (sft_from) reads."""
+
+
+def _run_file(src: Path, name: str, key: str) -> Any:
+    """File `name` of the finished demo `src` named by `key` (sft_from / warmup_from): a YAML file as a
+    DictConfig, a .json file as a dict; a ConfigError naming the file when it is missing or damaged."""
+    path = src / name
+    try:
+        if name.endswith(".json"):
+            value = json.loads(path.read_text(encoding="utf-8"))
+        else:
+            value = OmegaConf.load(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{key}={src}: {name} is missing (not a finished context demo)") from None
+    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as e:
+        what = e.strerror if isinstance(e, OSError) else (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"{key}={src}: {name} is damaged ({what}); rerun that demo or drop {key}") from None
+    if not isinstance(value, dict | DictConfig):
+        raise ConfigError(f"{key}={src}: {name} is damaged (it holds a {type(value).__name__}, not a mapping); rerun "
+                          f"that demo or drop {key}")
+    return value
+
+
+def _their_config(src: Path, key: str) -> dict[str, Any]:
+    """The demo config of the finished demo `src`, fields it predates at their defaults (a run written before a
+    field existed ran with its default); ConfigError naming demo_config.yaml when it does not fit the schema."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(ContextDemoConfig), _run_file(src, "demo_config.yaml", key))
+        return OmegaConf.to_container(merged)  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        what = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"{key}={src}: demo_config.yaml is damaged ({what}); rerun that demo or drop {key}") from None
 _WARMUP_FIELDS = ("seed", "sft.copy_warmup_steps", "sft.copy_warmup_rows", "sft.lr", "sft.batch_rows")
 
 
@@ -214,7 +250,7 @@ def reused_warmup(cfg: ContextDemoConfig, out: Path, model: Any) -> list[float]:
         if (src / "init" / name).read_bytes() != (out / "init" / name).read_bytes():
             raise ConfigError(f"warmup_from={src}: its init/{name} differs from this run's (another seed, task, "
                               "model or SFT tasks)")
-    theirs = OmegaConf.load(src / "demo_config.yaml")
+    theirs = OmegaConf.create(_their_config(src, "warmup_from"))
     for key in _WARMUP_FIELDS:
         a, b = OmegaConf.select(theirs, key), _dotted(cfg, key)
         if a != b:
@@ -244,9 +280,15 @@ def reused_cold_start(cfg: ContextDemoConfig, tcfg: Any, arm: Arm) -> dict[str, 
     res_path = src / "results.json"
     if not res_path.is_file() or not (src / "sft" / "model.safetensors").is_file():
         raise ConfigError(f"sft_from={src}: no finished context demo there (results.json and sft/ are needed)")
-    # a run written before a field existed ran with its default
-    theirs = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(ContextDemoConfig),
-                                                    OmegaConf.load(src / "demo_config.yaml")))
+    results = _run_file(src, "results.json", "sft_from")
+    for dotted in _RESULT_KEYS:
+        node: Any = results
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            raise ConfigError(f"sft_from={src}: results.json is damaged (it has no {dotted}); rerun that demo or drop "
+                              "sft_from")
+    theirs = _their_config(src, "sft_from")
     ours = OmegaConf.to_container(OmegaConf.create(to_yaml(cfg)))
     for key in sorted(set(theirs) | set(ours)):
         if key not in _NOT_COLD_START and theirs.get(key) != ours.get(key):
@@ -256,8 +298,11 @@ def reused_cold_start(cfg: ContextDemoConfig, tcfg: Any, arm: Arm) -> dict[str, 
     if src_arm is None or (src_arm.workflow, src_arm.agent) != (arm.workflow, arm.agent):
         raise ConfigError(f"sft_from={src}: its method {theirs.get('method')!r} has another cold start than "
                           f"method={cfg.method} (workflow and scripted agent must match)")
-    their_rl = OmegaConf.load(src / "rl" / "config.yaml")
+    their_rl = _run_file(src, "rl/config.yaml", "sft_from")
     for section in ("workflow", "engine"):
+        if not isinstance(their_rl.get(section), DictConfig):
+            raise ConfigError(f"sft_from={src}: rl/config.yaml is damaged (it has no {section} section); rerun that "
+                              "demo or drop sft_from")
         a, b = OmegaConf.to_container(their_rl[section]), OmegaConf.to_container(OmegaConf.structured(tcfg)[section])
         if section == "workflow":
             b = {**b, "max_context_tokens": a.get("max_context_tokens")}  # set from the budget below
@@ -265,7 +310,7 @@ def reused_cold_start(cfg: ContextDemoConfig, tcfg: Any, arm: Arm) -> dict[str, 
             diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
             raise ConfigError(f"sft_from={src}: its RL config's {section}.{diff[0]} is {a.get(diff[0])!r}, this "
                               f"run's is {b.get(diff[0])!r}")
-    return json.loads(res_path.read_text(encoding="utf-8"))
+    return results
 
 
 def _section(tcfg: Any, name: str, **changes: Any) -> Any:

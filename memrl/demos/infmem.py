@@ -59,7 +59,7 @@ from memrl.demos.cold_start import copy_warmup as copy_warmup_stage
 from memrl.demos.cold_start import reading_cold_start
 from memrl.demos.scratch import init_reading_model
 from memrl.eval.evaluator import EngineRollout, evaluate_reading, model_engine
-from memrl.models.tiny import ModelPreset
+from memrl.models.tiny import ModelPreset, shape_problem
 from memrl.training.assemble import assemble, check_writable, validate
 from memrl.training.checkpoint import latest_checkpoint
 from memrl.training.config import TrainConfig
@@ -109,6 +109,11 @@ class InfMemDemoModel:
     max_positions: int = valid(512, ge=16, le=MAX_TOKENS)
     """Must hold the longest prompt plus its reply (the calls' prompts are one chunk and one memory, so
     they do not grow with the document)."""
+
+    def __post_init__(self) -> None:
+        problem = shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "model.")
+        if problem:
+            raise ValueError(problem)
 
 
 @dataclass

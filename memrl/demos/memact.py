@@ -56,7 +56,7 @@ from memrl.demos.cold_start import memact_cold_start
 from memrl.demos.scratch import init_memact_model
 from memrl.eval.demo_report import print_memact_eval, write_memact_outputs
 from memrl.eval.evaluator import EngineRollout, evaluate_memact, memact_summary_of, model_engine
-from memrl.models.tiny import ModelPreset
+from memrl.models.tiny import ModelPreset, shape_problem
 from memrl.training.assemble import assemble, check_writable, validate
 from memrl.training.checkpoint import latest_checkpoint
 from memrl.training.config import TrainConfig
@@ -80,6 +80,11 @@ class MemActDemoModel:
     vocab_size: int = valid(2048, ge=1, le=MAX_VOCAB)
     """BPE target; the task's text runs out of merges well before (about 900 tokens)."""
     max_positions: int = valid(1024, ge=1, le=MAX_TOKENS)
+
+    def __post_init__(self) -> None:
+        problem = shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "model.")
+        if problem:
+            raise ValueError(problem)
 
 
 @dataclass

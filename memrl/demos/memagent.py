@@ -36,7 +36,7 @@ from memrl.demos import split_overrides
 from memrl.demos.cold_start import memagent_cold_start
 from memrl.demos.scratch import init_memagent_model
 from memrl.eval.evaluator import EngineRollout, EvalProtocol, evaluate_policy, model_engine, results_to_json
-from memrl.models.tiny import ModelPreset
+from memrl.models.tiny import ModelPreset, shape_problem
 from memrl.training.assemble import assemble, check_writable, validate
 from memrl.training.checkpoint import latest_checkpoint
 from memrl.training.config import TrainConfig
@@ -128,6 +128,11 @@ class DemoConfig:
     train_preset: str = "demo_cpu"
     threads: int = valid(0, ge=0, le=MAX_PARALLEL, note="0 = torch's default")
     """torch threads (0 = torch's default)."""
+
+    def __post_init__(self) -> None:
+        problem = shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "")
+        if problem:
+            raise ValueError(problem)
 
 
 def load_demo_configs(overrides: list[str], out_dir: str | Path) -> tuple[DemoConfig, Any, Path, tuple[Any, Any]]:

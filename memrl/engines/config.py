@@ -77,6 +77,21 @@ class HFSection:
     """Training only: serve the very module being trained (no copy; weight sync is a no-op). False = a
     copy of the policy, synced after every update."""
 
+    def contradiction(self) -> str | None:
+        """What two of these settings contradict (one line naming both), None when they agree: checked when
+        the config loads (EngineConfig), so `memrl train` and `memrl eval` refuse it before any model loads."""
+        if self.prefix_cache_tokens and self.kv_cache == "padded":
+            return (f"engine.hf.prefix_cache_tokens={self.prefix_cache_tokens} needs engine.hf.kv_cache=slots (the "
+                    "padded cache has no prefix cache); set kv_cache=slots or prefix_cache_tokens=0")
+        if self.prefill_chunk_tokens and self.kv_cache == "padded":
+            return (f"engine.hf.prefill_chunk_tokens={self.prefill_chunk_tokens} needs engine.hf.kv_cache=slots (the "
+                    "padded cache prefills admitted prompts as one batch); set kv_cache=slots or prefill_chunk_tokens=0")
+        if self.prefill_chunk_tokens and self.deterministic:
+            return (f"engine.hf.prefill_chunk_tokens={self.prefill_chunk_tokens} needs engine.hf.deterministic=false "
+                    "(a deterministic wave is prefilled whole, so its batches never depend on how prefills are "
+                    "split); set deterministic=false or prefill_chunk_tokens=0")
+        return None
+
 
 @dataclass
 class VLLMSection:
@@ -188,3 +203,6 @@ class EngineConfig:
             raise ValueError(f"engine.openai.api {self.openai.api!r} is not completions or chat")
         if not self.openai.base_url.startswith(("http://", "https://")):
             raise ValueError(f"engine.openai.base_url={self.openai.base_url!r} must start with http:// or https://")
+        problem = self.hf.contradiction()
+        if problem:
+            raise ValueError(problem)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 from transformers.cache_utils import Cache
 
 from memrl.engines.base import Completion, EngineError, NonFiniteLogprobError, SamplingParams
@@ -44,8 +44,8 @@ from memrl.engines.hf_cache import PrefixStore, SlotKV, cache_kwarg, cache_layer
 from memrl.engines.hf_sampling import sample_rows
 from memrl.engines.hf_weights import load_state_dict, strip_wrappers
 from memrl.engines.weight_transfer import WeightTransfer, receive_all
+from memrl.model_open import open_model
 from memrl.precision import autocast, check_compute_dtype, torch_dtype
-from memrl.quiet import hf_progress_off
 
 PREFIX_CACHE_TOKENS = 16384
 """engine.hf.prefix_cache_tokens=None with kv_cache=slots."""
@@ -380,8 +380,7 @@ class HFEngine:
             kwargs: dict[str, Any] = {"dtype": self.dtype}
             if attn:
                 kwargs["attn_implementation"] = attn
-            with hf_progress_off():  # no "Loading weights" bar per engine build
-                model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            model = open_model(path, "engine.model", **kwargs)  # one line naming the directory, not a traceback
             self.source = str(path)
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(path)

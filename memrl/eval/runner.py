@@ -65,12 +65,14 @@ from memrl.engines.base import FAILED_REQUEST_MODES, EngineError, SamplingParams
 from memrl.engines.config import EngineConfig, HFSection
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.eval.evaluator import EngineRollout
+from memrl.model_open import model_config
 from memrl.records import segment_records
 from memrl.rewards.eval_metrics import get_metric
 from memrl.rewards.extract import EXTRACT_MODES, extract_prediction
 from memrl.rewards.published_metrics import METRIC_RULES, published_qa_metrics, published_task_metric
 from memrl.rewards.qa import qa_metrics
 from memrl.runtime import RolloutRuntime
+from memrl.services.registry import retriever_problem
 from memrl.types import Task, Trajectory
 from memrl.workflows import get_workflow, parse_workflow
 from memrl.workflows.full_context import FULL_CONTEXT_TEMPLATE, FullContextConfig  # noqa: F401 - re-exported
@@ -204,6 +206,7 @@ def make_eval_engine(sec: EngineConfig) -> Any:
         raise UserError("eval: engine.model is empty; pass --model DIR (or engine.model=DIR)")
     if sec.name != "openai":
         model_dir(sec.model, "--model")
+        model_config(sec.model, "--model")  # a model_type or config transformers refuses: before the engine loads
     return build_engine(sec)
 
 
@@ -463,6 +466,9 @@ def evaluate(
     check_config(cfg)  # also when called with a config built in code, not by load_config
     out = writable_dir(out_dir, "--out")
     spec, wf_cfg = workflow_config(cfg)
+    problem = retriever_problem(wf_cfg, spec.name)  # before any engine is built, not at the first search
+    if problem:
+        raise ConfigError(problem)
     record = {"workflow": spec.name, "model": cfg.engine.model, "engine": dataclasses.asdict(cfg.engine),
               "workflow_config": dataclasses.asdict(wf_cfg), "files": [str(f) for f in files],
               "name": cfg.name or out.resolve().name, "seed": cfg.seed, "samples": cfg.samples,

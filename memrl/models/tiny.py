@@ -147,6 +147,22 @@ class ModelPreset:
     moe_intermediate_size: int = 0
 
 
+def shape_problem(hidden_size: int, num_heads: int, num_kv_heads: int, prefix: str = "") -> str | None:
+    """What makes a Qwen2-style attention shape unbuildable (named as `prefix`<field>), None when it is sound:
+    the hidden size splits evenly over the heads, and the query heads evenly over the key/value heads
+    (otherwise transformers builds projections whose matrices do not multiply). Counts below 1 are left to
+    the fields' declared ranges."""
+    if num_heads < 1 or num_kv_heads < 1:
+        return None
+    if hidden_size % num_heads:
+        return (f"{prefix}hidden_size={hidden_size} is not a multiple of {prefix}num_heads={num_heads} (each head "
+                "gets hidden_size / num_heads dimensions)")
+    if num_heads % num_kv_heads:
+        return (f"{prefix}num_heads={num_heads} is not a multiple of {prefix}num_kv_heads={num_kv_heads} (each key/value "
+                "head serves num_heads / num_kv_heads query heads)")
+    return None
+
+
 PRESETS: dict[str, ModelPreset] = {
     # 4096*192 (tied embeddings) + 4 layers * ~0.55M = ~3.0M parameters
     "tiny": ModelPreset(4096, 192, 768, 4, 4, 2),

@@ -68,6 +68,20 @@ def resolve_factory(kind: str) -> Any:
     return obj
 
 
+def retriever_problem(cfg: Any, workflow: str) -> str | None:
+    """What a workflow config that searches one corpus for every task (retriever_scope=corpus) lacks to build
+    its retriever (`build_retriever`), None when it has a source or does not search: checked before any model
+    loads, so the first search of the first step does not find it."""
+    if getattr(cfg, "retriever_scope", "task") != "corpus" or not hasattr(cfg, "retriever_kind"):
+        return None
+    kind = cfg.retriever_kind
+    if cfg.retriever_url or cfg.retriever_corpus or kind in _REGISTERED or ":" in kind:
+        return None
+    return (f"workflow={workflow} needs a retriever: set workflow.retriever_url, workflow.retriever_corpus (with "
+            "retriever_kind bm25 or keyword), or workflow.retriever_scope=task (each task searches its own "
+            "documents)")
+
+
 def build_retriever(kind: str, corpus: str | None, url: str | None) -> Any:
     """The retriever a config names.
 
@@ -88,7 +102,7 @@ def build_retriever(kind: str, corpus: str | None, url: str | None) -> Any:
                           "@retriever_factory, or a name given to register_retriever")
     factory = resolve_factory(kind) if ":" in kind else None  # refused before any corpus is read
     if not corpus:
-        raise ConfigError("memact needs a retriever: set workflow.retriever_url, workflow.retriever_corpus (with "
+        raise ConfigError("a retriever is needed: set workflow.retriever_url, workflow.retriever_corpus (with "
                           f"retriever_kind bm25 or keyword), or workflow.retriever_scope=task; "
                           f"retriever_kind={kind!r} has no corpus")
     key = (kind, corpus)

@@ -35,7 +35,9 @@ from memrl.engines.base import SamplingParams
 from memrl.engines.versioned import VersionedEngine
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.model_files import weights_digest
+from memrl.model_open import model_config
 from memrl.runtime import RolloutRuntime
+from memrl.services.registry import retriever_problem
 from memrl.training import adapter_sync
 from memrl.training import validation as val
 from memrl.training.checkpoint import clean_stale, resume_point, set_rng_state
@@ -87,6 +89,9 @@ def validate(cfg: TrainConfig) -> tuple[Any, Any]:
     if cfg.algorithm.model_reward == "infomem" and spec.memory_prompts is None:
         raise ConfigError(f"algorithm.model_reward=infomem scores a final memory, which workflow={spec.name} does not "
                           "keep (WorkflowSpec.memory_prompts; memagent has one)")
+    if cfg.algorithm.name == "rememr1" and spec.step_rewards is None:
+        raise ConfigError(f"algorithm.name=rememr1 needs step rewards, which workflow={spec.name} does not give "
+                          "(WorkflowSpec.step_rewards: memagent, rememr1 and infmem do); use grpo, rloo or dcpo there")
     check_estimator_fits_workflow(cfg, spec)
     return spec, wf
 
@@ -100,6 +105,28 @@ def check_estimator_fits_workflow(cfg: TrainConfig, spec: Any) -> None:
         raise ConfigError(f"algorithm.name=foldgrpo on workflow={spec.name}: its process rewards ({', '.join(terms)}) "
                           "read the branches workflow=fold records, and this workflow records none, so it would "
                           "train as plain GRPO; use workflow=fold or algorithm.name=grpo")
+
+
+def check_task_kinds(cfg: TrainConfig, tasks: list[Task] | None) -> None:
+    """Every training task has the meta key that algorithm.grpo.std_over=task or data.sampling=task_balanced
+    read (for synthetic data: the stream's first task, all have the same keys); UserError naming the setting,
+    the task and the file otherwise, when the tasks are read, before any model loads."""
+    a = cfg.algorithm
+    keys = []
+    if a.name == "grpo" and a.grpo.norm_by_std and a.grpo.std_over == "task":
+        keys.append(("algorithm.grpo.std_over=task", "algorithm.grpo.task_key", a.grpo.task_key))
+    if cfg.data.sampling == "task_balanced":
+        keys.append(("data.sampling=task_balanced", "data.task_key", cfg.data.task_key))
+    if not keys:
+        return
+    sample = tasks if tasks is not None else [next(synthetic_stream(cfg.data.synthetic, cfg.data.seed, 0))]
+    where = f"of {cfg.data.path}" if tasks is not None else "of the synthetic stream (data.name=synthetic)"
+    for setting, key_field, key in keys:
+        missing = next((t for t in sample if key not in t.meta), None)
+        if missing is not None:
+            has = ", ".join(sorted(map(str, missing.meta))) or "none"
+            raise UserError(f"{setting} reads each task's meta[{key!r}] ({key_field}), but task {missing.task_id} "
+                            f"{where} has none (its meta keys: {has})")
 
 
 def algorithm_options(cfg: TrainConfig) -> tuple[Any, Any]:
@@ -279,13 +306,18 @@ def assemble(cfg: TrainConfig, resume: bool = False, workflow: tuple[Any, Any] |
     Given `workers` / `engine` / `tokenizer` / `tasks` are used as they are (tests: stub workers and a
     scripted engine; nothing is loaded for them, and a resume needs the loaded workers)."""
     spec, wf_cfg = workflow if workflow is not None else validate(cfg)
+    problem = retriever_problem(wf_cfg, spec.name)  # a run's, checked before any model loads (a preset's
+    if problem:  # own check, validate, leaves the retriever to the user who runs it)
+        raise ConfigError(problem)
     adv_options, loss_options = algorithm_options(cfg)
     out = check_writable(cfg.out_dir)
     if workers is None:
         model_dir(cfg.model.path, "model.path")  # before any work, not deep inside transformers
+        model_config(cfg.model.path, "model.path")  # a model_type or config transformers refuses, too
     elif resume:
         raise ValueError("assemble: resume=True loads the workers from the checkpoint; do not pass workers")
     tasks = tasks if tasks is not None else file_tasks(cfg)  # data errors too, before any model loads
+    check_task_kinds(cfg, tasks)
     root = out / "checkpoints"
     state, start, src, base = TrainState(), None, str(cfg.model.path), None
     if workers is None:

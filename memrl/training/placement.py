@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import time
 from dataclasses import replace
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.engines import build_engine
+from memrl.errors import UserError
 from memrl.training.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -29,8 +31,9 @@ READY_TIMEOUT_S = 60.0
 """How long a placement group may wait for its resources before the run fails."""
 
 
-class PlacementError(RuntimeError):
-    """The Ray cluster cannot hold what the config asks for (or cannot be reached)."""
+class PlacementError(UserError, RuntimeError):
+    """The Ray cluster cannot hold what the config asks for (or cannot be reached): the config's to change, so
+    the command prints it as one line (a UserError); a RuntimeError as before for callers that catch one."""
 
 
 def uses_ray(cfg: TrainConfig) -> bool:
@@ -70,6 +73,8 @@ def connect(cfg: TrainConfig) -> None:
 
     sec = cfg.ray
     check_address(sec.address)
+    if not ray.is_initialized() and not sec.address:
+        check_local_cpus(cfg, sec.num_cpus or os.cpu_count() or 1)  # before Ray starts, not in a placement group
     if not ray.is_initialized():
         kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
         if sec.address:
@@ -110,6 +115,22 @@ def check_resources(cfg: TrainConfig, have: dict[str, float]) -> None:
         raise PlacementError(f"{ask} asks for {gpus:g} GPUs, but the Ray cluster has {got_gpu:g}")
     if cpus > got_cpu:
         raise PlacementError(f"{ask} asks for {cpus:g} CPUs, but the Ray cluster has {got_cpu:g}")
+
+
+def check_local_cpus(cfg: TrainConfig, have: float) -> None:
+    """PlacementError naming the fields when a Ray started on this machine (`have` CPUs: ray.num_cpus, or the
+    machine's count) could not hold the CPUs the ranks and engines ask for."""
+    t, r = cfg.trainer, cfg.rollout
+    cpus, _ = needs(cfg)
+    if cpus <= have:
+        return
+    sp = (f" (trainer.sequence_parallel={t.sequence_parallel} needs trainer.num_workers >= {t.sequence_parallel})"
+          if t.sequence_parallel > 1 else "")
+    raise PlacementError(
+        f"trainer.num_workers={t.num_workers} x {t.cpus_per_worker:g} CPUs + rollout.num_engines={r.num_engines} x "
+        f"{r.cpus_per_engine:g} CPUs asks for {cpus:g} CPUs{sp}, but a Ray started here has {have:g}; lower "
+        "trainer.cpus_per_worker / rollout.cpus_per_engine, set ray.num_cpus to share cores, or join a cluster "
+        "(ray.address)")
 
 
 def _bundle(cpus: float, gpus: float) -> dict[str, float]:

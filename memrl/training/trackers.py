@@ -80,8 +80,10 @@ def mlflow_uri_problem(uri: str) -> str | None:
     parsed = urlparse(uri)
     scheme = parsed.scheme.split("+")[0].lower() if len(parsed.scheme) > 1 else ""  # "C:" is a drive
     if scheme and scheme not in MLFLOW_SCHEMES:
+        local = ("sqlite:///<out_dir>/mlflow.db, or a directory path" if importlib.util.find_spec("sqlalchemy")
+                 else "a directory path; sqlite:/// would need sqlalchemy, which is not installed")
         return (f"scheme {parsed.scheme!r} is not a tracking store mlflow serves ({', '.join(MLFLOW_SCHEMES)}; "
-                "a local one: sqlite:///<out_dir>/mlflow.db, or a directory path)")
+                f"a local one: {local})")
     if scheme in ("", "file"):
         path = Path(parsed.path if scheme else uri)
         blocker = next((q for q in (path, *path.parents) if q.exists() and not q.is_dir()), None)

@@ -24,14 +24,14 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from memrl.algorithms.losses import MISMATCH_PAIRS, MISMATCH_SUMS, mismatch_means
 from memrl.algorithms.registry import options_kwargs
 from memrl.engines.weight_transfer import WeightTransfer
 from memrl.errors import UserError
+from memrl.model_open import open_model
 from memrl.precision import autocast, torch_dtype
-from memrl.quiet import hf_progress_off
 from memrl.training import distributed as D
 from memrl.training import lora as L
 from memrl.training import ulysses as U
@@ -102,8 +102,8 @@ class PolicyWorker:
         if info.world_size > 1 and self.device.startswith("cuda"):
             self.device = f"cuda:{torch.cuda.current_device()}"
         self.tokenizer = AutoTokenizer.from_pretrained(src)
-        with hf_progress_off():
-            self.model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).to(self.device)
+        key = "model.path" if str(src) == str(cfg.model.path) else "checkpoint"
+        self.model = open_model(src, key, dtype=dtype).to(self.device)
         if cfg.model.gradient_checkpointing:
             # transformers >= 5.24 names it activation checkpointing (the old name warns); older ones only have the old
             enable = getattr(self.model, "activation_checkpointing_enable", None) or self.model.gradient_checkpointing_enable
@@ -132,8 +132,7 @@ class PolicyWorker:
             self.ref = L.BaseReference(self.model)  # the initial policy: the same module, adapters off
         elif cfg.algorithm.kl_coef > 0:
             # The reference is the INITIAL policy, also when resuming; sharded like the policy.
-            with hf_progress_off():
-                self.ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).to(self.device).eval()
+            self.ref = open_model(cfg.model.path, "model.path", dtype=dtype).to(self.device).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
             D.shard_model(self.ref, t.fsdp_bf16, t.cpu_offload)

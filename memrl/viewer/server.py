@@ -12,17 +12,22 @@
 Errors are JSON {"error": message} with a 4xx/5xx status; the page shows the message.
 
 A request whose Host header names another host is refused (403): a page on another site that rebinds
-its DNS name to 127.0.0.1 cannot read runs. Requests are served by a bounded pool of threads behind a
-deep listen backlog, so a burst of connections waits its turn instead of being dropped.
+its DNS name to 127.0.0.1 cannot read runs. Each connection gets a thread of a large pool behind a deep
+listen backlog, so a burst of connections waits its turn instead of being dropped, and a connection's time
+is bounded (IDLE_TIMEOUT_S without a byte, CONNECTION_DEADLINE_S in all): idle or slow clients are cut off
+and never hold the threads the next visitor needs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import json
 import logging
+import socket
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
@@ -40,38 +45,68 @@ FILES = {"/": ("index.html", "text/html; charset=utf-8"),
          "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
          "/static/style.css": ("style.css", "text/css; charset=utf-8")}
 MAX_LIMIT = 500
-POOL_THREADS = 16
-"""Threads answering requests (the viewer's work is short file reads)."""
+MAX_CONNECTIONS = 1024
+"""Connections served at once, each in a thread of its own (made on demand): a client that connects and
+sends nothing, or sends slowly, holds one of these until its time is up, not one of a few."""
 BACKLOG = 1024
 """Connections the kernel queues before the pool takes them (the standard library's default is 5)."""
+IDLE_TIMEOUT_S = 10.0
+"""A connection that sends (or accepts) no byte for this long is closed."""
+CONNECTION_DEADLINE_S = 30.0
+"""A connection is closed this long after it was accepted, whatever it is doing (a client that sends its
+request a byte at a time never reaches the idle timeout)."""
+REAP_EVERY_S = 0.25
 
 
 class PooledHTTPServer(HTTPServer):
-    """An HTTPServer that hands each connection to a bounded thread pool."""
+    """An HTTPServer that hands each connection to a thread of a pool of up to MAX_CONNECTIONS, and closes a
+    connection that stays idle for IDLE_TIMEOUT_S or open for CONNECTION_DEADLINE_S (a reaper thread)."""
 
     request_queue_size = BACKLOG
     allowed_hosts: frozenset[str] | None = None
     """Host header values accepted (None = any: the server listens on every interface)."""
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 threads: int = POOL_THREADS) -> None:
+                 threads: int = MAX_CONNECTIONS) -> None:
         # before binding: a failed bind calls server_close(), which shuts the pool down
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="memrl-view")
+        self._open: dict[Any, float] = {}  # connection -> when it must be closed
+        self._open_lock = threading.Lock()
+        self._stop = threading.Event()
         super().__init__(address, handler)
+        threading.Thread(target=self._reap, name="memrl-view-reaper", daemon=True).start()
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        request.settimeout(IDLE_TIMEOUT_S)
+        with self._open_lock:
+            self._open[request] = time.monotonic() + CONNECTION_DEADLINE_S
         self._pool.submit(self._handle, request, client_address)
 
     def _handle(self, request: Any, client_address: Any) -> None:
         try:
             self.finish_request(request, client_address)
+        except OSError:  # the client went away, or its time ran out (the reaper shut its socket)
+            pass
         except Exception:  # noqa: BLE001 - the same as socketserver's handle_error
             self.handle_error(request, client_address)
         finally:
+            with self._open_lock:
+                self._open.pop(request, None)
             self.shutdown_request(request)
+
+    def _reap(self) -> None:
+        """Shut down the connections past their deadline: a blocked read or write in their thread returns."""
+        while not self._stop.wait(REAP_EVERY_S):
+            now = time.monotonic()
+            with self._open_lock:
+                late = [r for r, t in self._open.items() if t <= now]
+            for r in late:
+                with contextlib.suppress(OSError):
+                    r.shutdown(socket.SHUT_RDWR)
 
     def server_close(self) -> None:
         super().server_close()
+        self._stop.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -42,7 +42,7 @@ def run_eval(setup, capsys, *extra: str, preset: str | None = None) -> tuple[int
 
 
 @pytest.mark.parametrize("extra, rc, message", [
-    ([], 2, "memact needs a retriever: set workflow.retriever_url, workflow.retriever_corpus"),
+    ([], 2, "workflow=memact needs a retriever: set workflow.retriever_url, workflow.retriever_corpus"),
     (["workflow.retriever_corpus={root}/nope.jsonl"], 1, "workflow.retriever_corpus={root}/nope.jsonl: no such file"),
     (["workflow.retriever_corpus={root}/bad.jsonl"], 1, "bad.jsonl: line 1: not valid JSON"),
     (["workflow.retriever_corpus={root}/empty.jsonl"], 1, "empty.jsonl: the corpus is empty"),

@@ -144,7 +144,7 @@ def test_building_the_retriever(tmp_path):
     from memrl.data.io import DataError
     from memrl.tools.search import build_retriever
 
-    with pytest.raises(ConfigError, match="memact needs a retriever: set workflow.retriever_url, workflow.retriever_corpus"):
+    with pytest.raises(ConfigError, match="a retriever is needed: set workflow.retriever_url, workflow.retriever_corpus"):
         build_retriever("bm25", None, None)
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"id": "a", "title": "T", "text": "alpha beta"}\n{"id": "b", "text": "beta"}\n')
