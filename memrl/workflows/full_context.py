@@ -35,6 +35,11 @@ class FullContextConfig:
 
     max_context_tokens: int = valid(120_000, ge=1, le=MAX_TOKENS)
     """Document tokens kept (head half + tail half); the rest of the model window is prompt + answer."""
+    fit_window: bool = True
+    """Keep fewer document tokens where the engine's window (its max_positions; the hf engine declares one)
+    could not hold the prompt plus max_final_tokens, so a long document is truncated in the middle to the
+    model's window instead of failing. False = max_context_tokens alone (a prompt past the window is the
+    engine's error)."""
     max_final_tokens: int = valid(1024, ge=1, le=MAX_TOKENS)
     temperature: float = valid(0.0, ge=0, le=MAX_TEMPERATURE, note="0 = greedy")
     top_p: float = valid(1.0, gt=0, le=1, note="1 = off")
@@ -52,8 +57,15 @@ async def run(task: Task, engine: Any, cfg: FullContextConfig, rng: random.Rando
                         cfg.template if cfg.template is not None or cfg.template_file else FULL_CONTEXT_TEMPLATE)
 
     ids = encode_document(tok, task.context) if task.context else []  # centre-truncated below
-    kept = centre_truncate(ids, cfg.max_context_tokens)
+    budget = cfg.max_context_tokens
+    kept = centre_truncate(ids, budget)
     _, prompt_ids = chat_prompt(tok, tpl.render(problem=task.question, context=tok.decode(kept)), cfg.enable_thinking)
+    window = getattr(engine, "max_positions", None) if cfg.fit_window else None
+    while window and len(prompt_ids) + cfg.max_final_tokens > window and kept:
+        # the text around the document and re-encoding at its edges cost tokens: cut the excess and retry
+        budget = max(0, len(kept) - (len(prompt_ids) + cfg.max_final_tokens - window))
+        kept = centre_truncate(ids, budget) if budget else []
+        _, prompt_ids = chat_prompt(tok, tpl.render(problem=task.question, context=tok.decode(kept)), cfg.enable_thinking)
     seed = rng.getrandbits(31) if cfg.temperature > 0 else None
     sp = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_final_tokens, seed=seed)
     out = await engine.generate(prompt_ids, sp)
