@@ -12,7 +12,8 @@ Each final reply is then scored three ways, side by side:
              300 characters, spaces and LaTeX removed, lowercased);
   boxed EM:  memrl's eval (the last \\boxed{}, SQuAD-normalized exact match, best over the golds);
   lenient:   a gold answer appears anywhere in the final reply (both SQuAD-normalized).
-plus the share of replies with no \\boxed{}, the mean memory length (tokens) and seconds per question.
+plus the share of replies with no \\boxed{}, the mean memory length (tokens) and seconds per question (the
+set's wall time over its questions, which run together).
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def score(run: Path) -> list[tuple[int, dict[str, float]]]:
                         "no box": 100 * statistics.mean(float(extract_boxed(t) is None) for t in texts),
                         "context tokens": statistics.mean(r["context_tokens"] for r in rows),
                         "memory tokens": statistics.mean(m for m in mem if m == m) if any(m == m for m in mem) else float("nan"),
-                        "s / question": statistics.mean(r["seconds"] for r in rows)}))
+                        # questions run together (eval's concurrency): the set's wall time over its questions
+                        "s / question": (max(r["finished"] for r in rows) - min(r["started"] for r in rows)) / len(rows)}))
     return out
 
 
@@ -118,7 +120,8 @@ def main() -> None:
             if not (run / "results.jsonl").is_file():
                 continue
             for n, m in score(run):
-                cells = [f"{m[c]:.0f}" if c in ("questions", "context tokens") else f"{m[c]:.1f}" for c in cols]
+                cells = ["-" if m[c] != m[c] else f"{m[c]:.0f}" if c in ("questions", "context tokens") else f"{m[c]:.1f}"
+                         for c in cols]
                 print(f"| {name} | {n} | {wf_name} | " + " | ".join(cells) + " |")
 
 
