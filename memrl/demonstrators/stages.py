@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from memrl.config import MAX_TOKENS
 from memrl.demonstrators.context import FoldDemonstrator, SearchDemonstrator, SummaryDemonstrator
 from memrl.demonstrators.engine import ScriptedEngine
 from memrl.demonstrators.memact import MemActDemonstrator
@@ -91,7 +92,7 @@ def memact_demonstrations(tasks: list[Task], tokenizer: Any, wf_cfg: Any, late_p
 def calibrate_budget(tasks: list[Task], tokenizer: Any, wf_cfg: Any, topk: int = 2) -> int:
     """The largest prompt of the flawless scripted agent (late_prob 0) on `tasks`; raises ValueError when a
     prompt holding three search results (late_prob 1) would fit in it too, so pruning would not be needed."""
-    big = replace(wf_cfg, max_context_tokens=10**9)
+    big = replace(wf_cfg, max_context_tokens=MAX_TOKENS)
     two = [g.trajectories[0] for g in memact_demonstrations(tasks, tokenizer, big, 0.0, 0, topk)]
     budget = int(max(t.metrics["peak_context_tokens"] for t in two))
     three = [g.trajectories[0] for g in memact_demonstrations(tasks, tokenizer, big, 1.0, 0, topk)]
@@ -107,7 +108,7 @@ def calibrate_search_only_budget(tasks: list[Task], tokenizer: Any, wf_cfg: Any,
     offered (its system prompt and tool line are longer): a budget in which searching alone answers every
     one of them under either prompt, so pruning is a choice that only shortens the context (the MemAct
     demo's `budget=search_only`, docs/concepts/memact.md "Context curation")."""
-    big = replace(wf_cfg, max_context_tokens=10**9)
+    big = replace(wf_cfg, max_context_tokens=MAX_TOKENS)
     groups = [g for offered in (False, True)
               for g in memact_demonstrations(tasks, tokenizer, big, 1.0, 0, topk, prune_tool=offered)]
     return int(max(g.trajectories[0].metrics["peak_context_tokens"] for g in groups))
@@ -145,11 +146,11 @@ def calibrate_fold_budget(tasks: list[Task], tokenizer: Any, fold_cfg: Any, sear
     smallest budget in which folding answers every one of them. Raises ValueError when the unmanaged search
     agent (sliding_window `search_cfg` with window_turns 0, no budget) fits in it on some task, so the budget
     would not force context management."""
-    fold = context_demonstrations(tasks, tokenizer, "fold", replace(fold_cfg, max_context_tokens=10**9),
+    fold = context_demonstrations(tasks, tokenizer, "fold", replace(fold_cfg, max_context_tokens=MAX_TOKENS),
                                   context_agent("fold"))
     budget = int(max(g.trajectories[0].metrics["peak_context_tokens"] for g in fold))
     react = context_demonstrations(tasks, tokenizer, "sliding_window",
-                                   replace(search_cfg, window_turns=0, max_context_tokens=10**9), context_agent("search"))
+                                   replace(search_cfg, window_turns=0, max_context_tokens=MAX_TOKENS), context_agent("search"))
     fits = [g.task_id for g in react if g.trajectories[0].metrics["peak_context_tokens"] <= budget]
     if fits:
         raise ValueError(f"context budget {budget}: the unmanaged search agent fits in it on {len(fits)} of "

@@ -380,13 +380,13 @@ def run_context_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any
     else:
         agent = context_agent(arm.agent, cfg.sft.late_prob, cfg.sft.seed)
         shape = model_shape(cfg)
-        unbudgeted = _section(tcfg, spec.name, max_context_tokens=10**9)
-        fold_cfg = _section(tcfg, "fold", max_context_tokens=10**9)
-        react_cfg = _section(tcfg, "sliding_window", window_turns=0, max_context_tokens=10**9)
+        unbudgeted = _section(tcfg, spec.name, max_context_tokens=MAX_TOKENS)
+        fold_cfg = _section(tcfg, "fold", max_context_tokens=MAX_TOKENS)
+        react_cfg = _section(tcfg, "sliding_window", window_turns=0, max_context_tokens=MAX_TOKENS)
         # one tokenizer for every arm (the same seed gives the same tokenizer and budget whatever the method):
         # trained on every scripted agent's contexts without a budget
         plays = [("fold", fold_cfg, context_agent("fold")), ("sliding_window", react_cfg, context_agent("search")),
-                 ("summarize", _section(tcfg, "summarize", max_context_tokens=10**9), context_agent("summary"))]
+                 ("summarize", _section(tcfg, "summarize", max_context_tokens=MAX_TOKENS), context_agent("summary"))]
         tokenizer, model = init_context_model(out, cfg.task, plays, data.sft_tasks, shape, cfg.model.vocab_size,
                                               cfg.seed)
         budget = cfg.context_budget or calibrate_fold_budget(data.sft_tasks[:200], tokenizer, fold_cfg, react_cfg)

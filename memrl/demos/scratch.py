@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
 
+from memrl.config import MAX_TOKENS
 from memrl.data.synthetic import corpus_text, make_task, memory_text
 from memrl.data.synthetic_memact import tokenizer_text
 from memrl.demonstrators.mem1 import StateOracle, mem1_demonstrations
@@ -110,7 +111,7 @@ def init_memact_model(out: str | Path, task_cfg: Any, wf_cfg: Any, sample_tasks:
         extra.append(prune_reply([(n, a, v) for n, a, v in zip(names, attrs, task.answers, strict=True)],
                                  ["r1", "r2"]))
         extra.append(answer_reply(task.answers))
-    big = replace(wf_cfg, max_context_tokens=10**9)
+    big = replace(wf_cfg, max_context_tokens=MAX_TOKENS)
 
     def contexts(tok: Any) -> list[Any]:
         return [g for g in memact_demonstrations(sample_tasks[:60], tok, big, 0.5, 0, search_topk)]

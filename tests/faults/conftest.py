@@ -79,3 +79,13 @@ def one_line(err: str) -> str:
     lines = [ln for ln in err.splitlines() if ln.strip() and "it/s]" not in ln]
     assert len(lines) == 1, f"expected one line, got: {lines}"
     return lines[0]
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    """A test that runs a demo's config loader in this process (`memrl demo` refusing a damaged input, the
+    hostile-option sweep) sets torch's thread count to the demo's `threads`; the in-process resumes of the
+    kill tests must compare against their reference at the count the session started with."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)

@@ -22,6 +22,7 @@ import random
 import typing
 
 import pytest
+import torch
 from conftest import one_line
 
 from memrl.cli import main
@@ -126,15 +127,21 @@ def sweep(tmp_path_factory) -> list[tuple[str, str, str]]:
         assert "Traceback" not in err.getvalue() and rc != 0, (argv, err.getvalue())
         line = one_line(err.getvalue())
         out.append((key, value, ACCEPTED if str(missing) in line and key not in line else line))
-    for i, agent in enumerate(DEMOS):
-        load = _demo_loader(agent)
-        for key, value in _cases(_demo_cases(agent), 65 + i, per=4):
-            try:
-                load([f"{key}={value}"], tmp / f"demo_{agent}")
-            except UserError as e:
-                out.append((key, value, one_line(f"memrl demo: error: {e}")))
-            else:
-                out.append((key, value, ACCEPTED))
+    threads = torch.get_num_threads()
+    try:
+        for i, agent in enumerate(DEMOS):
+            load = _demo_loader(agent)
+            for key, value in _cases(_demo_cases(agent), 65 + i, per=4):
+                try:
+                    load([f"{key}={value}"], tmp / f"demo_{agent}")
+                except UserError as e:
+                    out.append((key, value, one_line(f"memrl demo: error: {e}")))
+                else:
+                    out.append((key, value, ACCEPTED))
+    finally:
+        # a loader that accepts its config sets torch's thread count to the demo's `threads` (default 1): later
+        # tests of this process (the in-process resume of test_kill_resume) must keep the count they started with
+        torch.set_num_threads(threads)
     return out
 
 

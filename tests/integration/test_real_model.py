@@ -236,14 +236,15 @@ def _env() -> dict:
 def test_import_on_a_full_disk_is_one_line_and_leaves_nothing(smollm2: Path, tmp_path: Path, monkeypatch) -> None:
     import errno
 
-    from safetensors import torch as st
+    from transformers import PreTrainedModel
 
     gguf_file = G.fetch_gguf("smollm2-135m-instruct")  # cached beside the imported directory
 
-    def full(*a, **kw):
+    def full(self, path, *a, **kw):
+        (Path(path) / "model.safetensors").write_bytes(b"half")  # a part written, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(st, "save_file", full)
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", full)
     out = tmp_path / "m"
     with pytest.raises(UserError) as e:
         G.import_gguf(gguf_file, out)
