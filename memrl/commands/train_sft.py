@@ -9,7 +9,11 @@ Demonstrations come from running the workflow with a scripted demonstrator engin
 probability demonstrator.p_aware, else the question-blind RecentFactsRule (keep the newest facts).
 With `data.name=file`, `data.path` is a conversation file instead (rows of `messages` + `tools`, MemAct's
 cold-start layout; detected from its first row): each chat is one row, masked by MemAct's prune rule
-(memrl.data.conversations). The result is a HuggingFace directory in out_dir.
+(memrl.data.conversations). With `data.name=file` and a task file (HotpotQA / 2Wiki built by `memrl data
+build`), `demonstrator.name=evidence` plays `memrl.demonstrators.evidence.EvidenceReader` over its tasks
+(memory: the supporting-fact sentences a section shows; final reply: the boxed gold answer), its facts read
+from `demonstrator.source`, the original HotpotQA / 2Wiki file. `model.compute_dtype=bfloat16` runs the
+forwards in bfloat16 over float32 weights. The result is a HuggingFace directory in out_dir.
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ from transformers import AutoTokenizer
 
 from memrl.config import MAX_COUNT, MAX_TOKENS, ConfigError, load_config, to_yaml, valid
 from memrl.data.conversations import conversation_segments, is_conversation_file, load_conversations
+from memrl.data.io import load_tasks
 from memrl.data.synthetic import make_tasks
 from memrl.demonstrators import MixtureRule, ScriptedEngine
+from memrl.demonstrators.evidence import EvidenceReader
 from memrl.errors import model_dir
 from memrl.locks import locked_dir
 from memrl.model_open import open_model
+from memrl.precision import check_compute_dtype, torch_dtype
 from memrl.runtime import rollout_once
 from memrl.training import lora
 from memrl.training.assemble import check_writable
@@ -40,6 +47,12 @@ from memrl.workflows import parse_workflow
 class DemonstratorSection:
     """The rule that writes the demonstrations."""
 
+    name: str = valid("synthetic", choices=("synthetic", "evidence"))
+    """synthetic: the built-in rule over synthetic tasks (the fields below); evidence: the supporting-fact
+    reader over a HotpotQA / 2Wiki task file (data.name=file, demonstrator.source)."""
+    source: str = ""
+    """demonstrator.name=evidence: the original HotpotQA / 2Wiki file (with supporting_facts) the task file in
+    data.path was built from."""
     num_tasks: int = valid(800, ge=1, le=MAX_COUNT)
     budget: int = valid(1, ge=1, le=MAX_COUNT)
     """Facts a demonstrated memory keeps."""
@@ -92,11 +105,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(SFTRunConfig, args.overrides, preset=args.preset)
     model_dir(cfg.model.path, "model.path")
+    check_compute_dtype(cfg.model.compute_dtype, cfg.model.device, "model.compute_dtype")
     if cfg.data.name not in ("file", "synthetic"):
         raise ConfigError(f"data.name: train-sft takes synthetic (the built-in demonstrator) or file (a "
-                          f"conversation file), got {cfg.data.name!r}")
+                          f"conversation file, or a task file with demonstrator.name=evidence), got {cfg.data.name!r}")
+    evidence = cfg.demonstrator.name == "evidence"
+    if evidence and cfg.data.name != "file":
+        raise ConfigError("demonstrator.name=evidence reads a HotpotQA / 2Wiki task file: set data.name=file and "
+                          "data.path")
+    if evidence and not Path(cfg.demonstrator.source).is_file():
+        raise ConfigError(f"demonstrator.source: {cfg.demonstrator.source!r} is not a file (demonstrator.name=evidence "
+                          "needs the original HotpotQA / 2Wiki file, with its supporting_facts)")
     with locked_dir(check_writable(cfg.out_dir), "out_dir"):  # one process per out_dir, as memrl train
-        return _run_conversations(cfg) if cfg.data.name == "file" else _run_demonstrator(cfg)
+        if cfg.data.name == "synthetic":
+            return _run_demonstrator(cfg)
+        return _run_evidence(cfg) if evidence else _run_conversations(cfg)
 
 
 def _run_demonstrator(cfg: SFTRunConfig) -> int:
@@ -113,9 +136,38 @@ def _run_demonstrator(cfg: SFTRunConfig) -> int:
     tasks = make_tasks(cfg.data.synthetic, cfg.demonstrator.num_tasks, seed=cfg.data.seed)
     groups = rollout_once(tasks, spec, ScriptedEngine(rule, tokenizer=tok), wf, n=1)
     segments = [s for g in groups for s in g.segments()]
-    losses = sft_train_logged(model, tok, segments, cfg.sft, out, save_dir=out)
+    losses = sft_train_logged(model, tok, segments, cfg.sft, out, save_dir=out,
+                              compute=torch_dtype(cfg.model.compute_dtype))
     _save_merged(model, tok, out, cfg)
     print(f"SFT on {len(segments)} rows: loss {losses[0]:.3f} -> {losses[-1]:.3f}; model in {out}")
+    return 0
+
+
+def _run_evidence(cfg: SFTRunConfig) -> int:
+    """SFT on the evidence reader's trajectories over a HotpotQA / 2Wiki task file (memrl.demonstrators.evidence)."""
+    spec, wf = parse_workflow(cfg.workflow, stage="train")
+    if spec.name != "memagent":
+        raise ConfigError(f"demonstrator.name=evidence plays the memagent workflow, got workflow.name={spec.name!r}")
+    path = cfg.data.path
+    if not path or not Path(path).is_file():
+        raise ConfigError(f"data.path: {path!r} is not a file (demonstrator.name=evidence reads a task file)")
+    tasks = load_tasks(path)
+    try:
+        reader = EvidenceReader.for_tasks(wf, tasks, load_tasks(cfg.demonstrator.source))
+    except ValueError as e:
+        raise ConfigError(f"demonstrator.source {cfg.demonstrator.source}: {e}") from None
+    out = check_writable(cfg.out_dir)
+    (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
+    tok = AutoTokenizer.from_pretrained(cfg.model.path)
+    groups = rollout_once(tasks, spec, ScriptedEngine(reader, tokenizer=tok), wf, n=1)
+    segments = [s for g in groups for s in g.segments()]
+    model = _lora(open_model(cfg.model.path, "model.path").to(cfg.model.device), cfg)
+    losses = sft_train_logged(model, tok, segments, cfg.sft, out, save_dir=out,
+                              compute=torch_dtype(cfg.model.compute_dtype))
+    _save_merged(model, tok, out, cfg)
+    trained = sum(s.num_trained_tokens for s in segments)
+    print(f"SFT on {len(segments)} rows of {len(tasks)} tasks, {trained} trained tokens: loss {losses[0]:.3f} -> "
+          f"{losses[-1]:.3f}; model in {out}")
     return 0
 
 
@@ -126,7 +178,8 @@ def _run_conversations(cfg: SFTRunConfig) -> int:
         raise ConfigError(f"data.path: {path!r} is not a file (train-sft with data.name=file reads a conversation file)")
     if not is_conversation_file(path):
         raise ConfigError(f"data.path: {path} is not a conversation file: its first row has no 'messages' list "
-                          "(train-sft reads rows of messages + tools)")
+                          "(train-sft reads rows of messages + tools; a HotpotQA / 2Wiki task file needs "
+                          "demonstrator.name=evidence)")
     convs, skipped = load_conversations(path, skip_bad=cfg.conversations.skip_bad)
     out = check_writable(cfg.out_dir)
     (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
@@ -134,7 +187,8 @@ def _run_conversations(cfg: SFTRunConfig) -> int:
     segments = conversation_segments(tok, convs, cfg.conversations.max_length, cfg.conversations.truncation)
     model = open_model(cfg.model.path, "model.path").to(cfg.model.device)
     model = _lora(model, cfg)
-    losses = sft_train_logged(model, tok, segments, cfg.sft, out, save_dir=out)
+    losses = sft_train_logged(model, tok, segments, cfg.sft, out, save_dir=out,
+                              compute=torch_dtype(cfg.model.compute_dtype))
     _save_merged(model, tok, out, cfg)
     note = f" ({skipped} malformed rows skipped)" if skipped else ""
     trained = sum(s.num_trained_tokens for s in segments)

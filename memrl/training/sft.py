@@ -20,6 +20,7 @@ import torch
 
 from memrl.config import MAX_COEF, MAX_COUNT, MAX_LR, MAX_SEED, MAX_TOKENS, check_config, valid
 from memrl.errors import UserError
+from memrl.precision import autocast
 from memrl.quiet import hf_progress_off, peft_rename_warning_off
 from memrl.training.logging import MetricsLogger
 from memrl.training.packing import collate, pack_rows, weigh
@@ -67,15 +68,18 @@ def sft_train(
     cfg: SFTConfig,
     pad_id: int = 0,
     on_step: Callable[[int, int, dict[str, float]], None] | None = None,
+    compute: torch.dtype | None = None,
 ) -> list[float]:
     """Train `model` in place (on its own device) on the segments' masked response tokens; returns the
-    loss of every step."""
+    loss of every step. `compute` (model.compute_dtype): the forwards under autocast in that dtype over the
+    model's own (master) weights, the backward outside it."""
     check_config(cfg, "sft")  # also a config built in code: never a negative clip or epoch count
     rows = list(segments)
     if not rows:
         raise ValueError("sft_train: no segments to train on")
     rng = random.Random(cfg.seed)
     device = next(model.parameters()).device  # batches are built on the CPU; the model may be elsewhere
+    weights = next(model.parameters()).dtype
     total = cfg.total_steps(len(rows))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.warmup_steps, total, cfg.lr_floor))
@@ -94,7 +98,8 @@ def sft_train(
             tokens = 0
             for idx in pack_rows(batch.segments, cfg.token_budget):
                 mb = collate([batch.segments[i] for i in idx], [batch.weights[i] for i in idx], pad_id).to(device)
-                part = sft_micro_loss(model, mb, cfg.logits_chunk_tokens)
+                with autocast(device, compute, weights):
+                    part = sft_micro_loss(model, mb, cfg.logits_chunk_tokens)
                 part.loss.backward()
                 loss += float(part.loss.detach())
                 tokens += mb.num_tokens
@@ -116,14 +121,15 @@ def sft_train(
 
 def sft_train_logged(model: torch.nn.Module, tokenizer: Any, segments: Sequence[Segment], cfg: SFTConfig,
                      log_dir: str | os.PathLike, *, desc: str = "sft", progress: bool = True,
-                     tensorboard: bool = True, save_dir: str | os.PathLike | None = None) -> list[float]:
+                     tensorboard: bool = True, save_dir: str | os.PathLike | None = None,
+                     compute: torch.dtype | None = None) -> list[float]:
     """`sft_train` with a progress bar and metrics.jsonl in `log_dir` (one line per step); the model and
     tokenizer are saved to `save_dir` when given. Returns the per-step losses."""
     logger = MetricsLogger(log_dir, tensorboard=tensorboard, progress_total=cfg.total_steps(len(segments)),
                            progress=progress, desc=desc)
     try:
         losses = sft_train(model, segments, cfg, pad_id=tokenizer.pad_token_id or 0,
-                           on_step=lambda s, n, m: logger.log(s, m))
+                           on_step=lambda s, n, m: logger.log(s, m), compute=compute)
     finally:
         logger.close()
     if save_dir is not None:
