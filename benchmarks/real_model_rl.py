@@ -1,0 +1,221 @@
+"""RL on a real model on the CPU: SmolLM2-135M-Instruct, MemAgent on real HotpotQA, before and after RL.
+
+  .venv/bin/python benchmarks/real_model_rl.py --model DIR [--seeds 0,1,2] [--steps 12] [--out runs/rl58] \
+      [--stages data,sft,rl,eval,table]
+
+Stages (each resumes: a finished stage's outputs are kept, `memrl train --resume` continues a stopped run,
+`memrl eval` resumes its results.jsonl):
+  data   held-out set: 48 HotpotQA dev questions (seed 0) at 2 documents (the training length, 1x) and at 8
+         (4x); training set: 480 other dev questions (seed 1) at 2 documents, minus any held-out question.
+  sft    the cold start (a recipe choice: zero-shot, the model boxes no answer, so GRPO sees reward 0 on every
+         trajectory): `memrl train-sft demonstrator.name=evidence` on the first 400 training questions.
+  rl     `memrl train --preset smollm2_memagent_cpu` from the cold-start model, one run per training seed.
+  eval   every model on the held-out set at 1x and 4x, greedy and sampled (temperature 1, one sample,
+         eval seed 0), with the workflow settings of training.
+  table  accuracy (%) by the published verifier (MemAgent's training verifier, verl_hotpotqa), memrl's boxed
+         exact match and a lenient reader (a gold answer anywhere in the final reply), the no-box rate and
+         the memory length, mean and standard error over the 48 questions (RL rows: mean over seeds, the
+         standard error over seeds), and the training curve (reward per step, each seed).
+The evaluation above was fixed before any run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HOTPOT = ROOT.parent / "shared" / "data" / "hotpotqa_dev_distractor_1143.json.xz"
+WORKFLOW = ["workflow.chunk_tokens=512", "workflow.max_memory_tokens=96", "workflow.max_final_tokens=32"]
+ENGINE = ["engine.hf.compute_dtype=bfloat16", "engine.hf.kv_cache=slots", "engine.max_batch_size=48",
+          "concurrency=48"]
+DECODING = {"greedy": [], "sampled": ["workflow.temperature=1.0", "seed=0"]}
+SFT = ["model.compute_dtype=bfloat16", "model.lora.rank=16", "model.lora.alpha=32", "model.lora.save_merged=true",
+       "sft.lr=3e-4", "sft.batch_rows=16", "sft.warmup_steps=5", "sft.logits_chunk_tokens=1024",
+       "sft.token_budget=4096"]
+MEMRL = [sys.executable, "-m", "memrl.cli"]
+
+
+def sh(cmd: list[str]) -> None:
+    print("+", " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, cwd=ROOT, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}")
+
+
+def data(args: argparse.Namespace, out: Path) -> None:
+    if not (out / "eval" / "manifest.json").is_file():
+        sh([*MEMRL, "data", "build", "--kind", "hotpotqa", "--source", args.hotpot, "--docs", "2,8",
+            "--num-questions", "48", "--seed", "0", "--out", str(out / "eval")])
+    if not (out / "pool" / "manifest.json").is_file():
+        sh([*MEMRL, "data", "build", "--kind", "hotpotqa", "--source", args.hotpot, "--docs", "2",
+            "--num-questions", "480", "--seed", "1", "--out", str(out / "pool")])
+    held = {r["id"] for r in json.loads((out / "eval" / "eval_2.json").read_text())}
+    train = [r for r in json.loads((out / "pool" / "eval_2.json").read_text()) if r["id"] not in held]
+    (out / "train_2.json").write_text(json.dumps(train))
+    (out / "sft_2.json").write_text(json.dumps(train[:400]))
+    print(f"held out {len(held)} questions; {len(train)} training questions, the first 400 for the cold start")
+
+
+def sft(args: argparse.Namespace, out: Path) -> None:
+    if not (out / "sft" / "merged" / "config.json").is_file():
+        sh([*MEMRL, "train-sft", f"model.path={args.model}", "data.name=file", f"data.path={out / 'sft_2.json'}",
+            "demonstrator.name=evidence", f"demonstrator.source={args.hotpot}", *WORKFLOW, *SFT,
+            f"out_dir={out / 'sft'}"])
+
+
+def rl(args: argparse.Namespace, out: Path) -> None:
+    for seed in args.seeds:
+        run = out / "rl" / f"seed{seed}"
+        cmd = [*MEMRL, "train", "--preset", "smollm2_memagent_cpu", f"model.path={out / 'sft' / 'merged'}",
+               f"data.path={out / 'train_2.json'}", f"seed={seed}", f"trainer.steps={args.steps}",
+               f"out_dir={run}"]
+        if final_model(run, args.steps) is None:
+            sh(cmd + (["--resume"] if (run / "checkpoints" / "latest").exists() else []))
+
+
+def final_model(run: Path, steps: int) -> Path | None:
+    merged = run / "checkpoints" / f"step_{steps:06d}" / "merged"
+    return merged if (merged / "config.json").is_file() else None
+
+
+def models(args: argparse.Namespace, out: Path) -> dict[str, Path]:
+    found = {"base": Path(args.model), "cold start": out / "sft" / "merged"}
+    for seed in args.seeds:
+        m = final_model(out / "rl" / f"seed{seed}", args.steps)
+        if m is not None:
+            found[f"rl seed {seed}"] = m
+    return found
+
+
+def evaluate(args: argparse.Namespace, out: Path) -> None:
+    files = [str(out / "eval" / f"eval_{n}.json") for n in (2, 8)]
+    for name, model in models(args, out).items():
+        if name == "base" and not args.base:
+            continue
+        for dec, extra in DECODING.items():
+            sh([*MEMRL, "eval", "--model", str(model), "--out", str(out / "eval_runs" / slug(name) / dec),
+                "--no-progress", *files, "workflow=memagent", *WORKFLOW, *ENGINE, *extra])
+
+
+def slug(name: str) -> str:
+    return name.replace(" ", "_")
+
+
+def score(run: Path) -> dict[int, dict[str, list[float]]]:
+    from memrl.rewards.qa import extract_boxed, normalize_answer
+    from memrl.rewards.verifiers import get_verifier
+
+    published = get_verifier("verl_hotpotqa")
+    by_n: dict[int, dict[str, list[float]]] = {}
+    for line in (run / "results.jsonl").read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        t = r.get("answer_text") or ""
+        cell = by_n.setdefault(int(r["num_docs"]), {k: [] for k in ("published", "boxed EM", "lenient", "no box",
+                                                                     "memory tokens")})
+        cell["published"].append(100 * published(t, r["answers"]))
+        cell["boxed EM"].append(100 * r["em"])
+        cell["lenient"].append(100 * float(any(normalize_answer(g) and normalize_answer(g) in normalize_answer(t)
+                                               for g in r["answers"])))
+        cell["no box"].append(100 * float(extract_boxed(t) is None))
+        cell["memory tokens"].append(r.get("metrics", {}).get("memory_tokens_mean", float("nan")))
+    return by_n
+
+
+def mean_se(xs: list[float]) -> str:
+    xs = [x for x in xs if x == x]
+    if not xs:
+        return "-"
+    se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
+    return f"{statistics.mean(xs):.1f} ± {se:.1f}"
+
+
+def table(args: argparse.Namespace, out: Path) -> None:
+    cols = ("published", "boxed EM", "lenient", "no box", "memory tokens")
+    print("| model | decoding | docs | questions | " + " | ".join(cols) + " |")
+    print("|---|---|---:|---:|" + "---:|" * len(cols))
+    names = list(models(args, out))
+    rl_names = [n for n in names if n.startswith("rl seed")]
+    for dec in DECODING:
+        for n_docs in (2, 8):
+            for name in [n for n in names if not n.startswith("rl seed")] + (["rl (seeds)"] if rl_names else []):
+                runs = rl_names if name == "rl (seeds)" else [name]
+                scored = [score(p)[n_docs] for p in (out / "eval_runs" / slug(r) / dec for r in runs)
+                          if (p / "results.jsonl").is_file() and n_docs in score(p)]
+                if not scored:
+                    continue
+                if len(runs) == 1:
+                    cells = [mean_se(scored[0][c]) for c in cols]
+                    q = len(scored[0]["published"])
+                else:  # mean over seeds, standard error over the seeds' means
+                    cells = [mean_se([statistics.mean(s[c]) for s in scored]) for c in cols]
+                    q = len(scored[0]["published"])
+                    name = f"rl ({len(scored)} seeds)"
+                print(f"| {name} | {dec} | {n_docs} | {q} | " + " | ".join(cells) + " |")
+    curve(args, out)
+
+
+def curve(args: argparse.Namespace, out: Path) -> None:
+    rows = {}
+    for seed in args.seeds:
+        f = out / "rl" / f"seed{seed}" / "metrics.jsonl"
+        if f.is_file():
+            steps = [json.loads(ln) for ln in f.read_text().splitlines() if ln.strip()]
+            rows[seed] = {s["step"]: s for s in steps}
+    if not rows:
+        return
+    print("\ntraining reward (published verifier, mean over the step's trajectories) and no-box share per step")
+    print("| step | " + " | ".join(f"seed {s} reward | seed {s} no box" for s in rows) + " | s / step |")
+    print("|---:|" + "---:|---:|" * len(rows) + "---:|")
+    for step in sorted({k for r in rows.values() for k in r}):
+        cells = []
+        for r in rows.values():
+            m = r.get(step)
+            segs = m.get("rollout/groups_kept", 0) * 8 if m else 0
+            cells += [f"{m['reward/mean']:.2f}" if m else "-",
+                      f"{m.get('format/no_box', float('nan')) / max(segs, 1):.2f}" if m else "-"]
+        secs = [r[step]["time/step_s"] for r in rows.values() if step in r]
+        print(f"| {step} | " + " | ".join(cells) + f" | {statistics.mean(secs):.0f} |")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for seed, r in rows.items():
+        ax.plot(sorted(r), [r[k]["reward/mean"] for k in sorted(r)], marker="o", label=f"seed {seed}")
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("training reward (published verifier)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "curve.png", dpi=120)
+    print(f"\ncurve: {out / 'curve.png'}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="SmolLM2 directory (memrl model fetch smollm2-135m-instruct)")
+    ap.add_argument("--hotpot", default=str(HOTPOT))
+    ap.add_argument("--seeds", default="0,1,2", type=lambda s: [int(x) for x in s.split(",")])
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--out", default="runs/rl58")
+    ap.add_argument("--stages", default="data,sft,rl,eval,table")
+    ap.add_argument("--base", action="store_true", help="also evaluate the base model (slow: it never stops early)")
+    args = ap.parse_args()
+    out = Path(args.out)
+    stages = {"data": data, "sft": sft, "rl": rl, "eval": evaluate, "table": table}
+    for name in args.stages.split(","):
+        stages[name](args, out)
+
+
+if __name__ == "__main__":
+    main()
