@@ -1,6 +1,6 @@
 """RL on a real model on the CPU: SmolLM2-135M-Instruct, MemAgent on real HotpotQA, before and after RL.
 
-  .venv/bin/python benchmarks/real_model_rl.py --model DIR [--seeds 0,1,2] [--steps 12] [--out runs/rl58] \
+  .venv/bin/python benchmarks/real_model_rl.py --model DIR [--seeds 0,1,2] [--steps 24] [--out runs/rl58] \
       [--stages data,sft,rl,eval,table]
 
 Stages (each resumes: a finished stage's outputs are kept, `memrl train --resume` continues a stopped run,
@@ -73,7 +73,7 @@ def rl(args: argparse.Namespace, out: Path) -> None:
     for seed in args.seeds:
         run = out / "rl" / f"seed{seed}"
         cmd = [*MEMRL, "train", "--preset", "smollm2_memagent_cpu", f"model.path={out / 'sft' / 'merged'}",
-               f"data.path={out / 'train_2.json'}", f"seed={seed}", f"trainer.steps={args.steps}",
+               f"data.path={out / 'train_2.json'}", f"trainer.seed={seed}", f"data.seed={seed}", f"engine.seed={seed}", f"trainer.steps={args.steps}",
                f"out_dir={run}"]
         if final_model(run, args.steps) is None:
             sh(cmd + (["--resume"] if (run / "checkpoints" / "latest").exists() else []))
@@ -206,7 +206,7 @@ def main() -> None:
     ap.add_argument("--model", required=True, help="SmolLM2 directory (memrl model fetch smollm2-135m-instruct)")
     ap.add_argument("--hotpot", default=str(HOTPOT))
     ap.add_argument("--seeds", default="0,1,2", type=lambda s: [int(x) for x in s.split(",")])
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--out", default="runs/rl58")
     ap.add_argument("--stages", default="data,sft,rl,eval,table")
     ap.add_argument("--base", action="store_true", help="also evaluate the base model (slow: it never stops early)")
