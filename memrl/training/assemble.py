@@ -201,6 +201,8 @@ class TrainState:
     base_weights: str | None = None
     """LoRA: the SHA-256 of model.path's weight files (memrl.model_files.weights_digest), the base the
     checkpoints' adapters were trained on; `--resume` refuses other weights."""
+    health: dict[str, Any] | None = None
+    """memrl.training.health.HealthMonitor.saved() as the checkpoint holds it (None: a fresh run)."""
 
     def saved(self, async_in_flight: int | None = None) -> dict[str, Any]:
         """The driver state a checkpoint holds (memrl.training.checkpoint), without the RNG."""
@@ -213,6 +215,8 @@ class TrainState:
             out["best"] = dict(self.best)
         if self.base_weights is not None:
             out["base_weights_sha256"] = self.base_weights
+        if self.health is not None:
+            out["health"] = self.health
         return out
 
 
@@ -258,7 +262,7 @@ def _resumed_state(cfg: TrainConfig, point: Any) -> TrainState:
     state = point.state
     set_rng_state(state["rng"])
     out = TrainState(int(state["step"]), int(state["data_position"]), dict(state.get("trackers") or {}),
-                     state.get("best"))
+                     state.get("best"), health=state.get("health"))
     log.warning("resumed from %s (step %d, data position %d)", point.path, out.step, out.position)
     if state.get("async_in_flight"):
         log.warning("asynchronous run: the %d rollout batch(es) sampled ahead of step %d when it was saved "

@@ -67,6 +67,7 @@ from memrl.rewards.infomem import InfoMemOptions
 from memrl.rewards.published_metrics import METRIC_RULES
 from memrl.rewards.registry import NONE, model_reward_name, model_reward_names, model_reward_options
 from memrl.training.adapter_sync import check as check_lora_sync
+from memrl.training.health import ON_COLLAPSE, HealthSection
 from memrl.training.lora import LoraSection
 from memrl.training.trackers import check_installed, mlflow_uri_problem, wandb_id_problem
 
@@ -412,6 +413,11 @@ class TrainerSection:
     """save_best: steps <= k still set the best value but save no checkpoint (ReMemR1's trainer skips its
     first 20 steps so: `global_steps > 20`)."""
     progress: bool = True
+    on_collapse: str = valid("warn", choices=ON_COLLAPSE)
+    """What a health alarm of `health.guard` does (memrl.training.guard; docs/guides/health.md): warn = one line
+    above the progress bar, the run goes on; stop = the run ends naming the last good checkpoint; rollback =
+    back to the newest checkpoint before the alarm's streak, the learning rate scaled and new sampling seeds
+    (health.rollback_*), at most health.max_rollbacks times. Every alarm is in the step metrics (health/*)."""
     dump_every: int = valid(10, ge=0, le=MAX_COUNT, note="0 = off")
     """Append a sample of this step's trajectories to trajectories.jsonl every k steps (`memrl view`); 0 = off."""
     dump_trajectories: int = valid(4, ge=1, le=MAX_COUNT)
@@ -638,7 +644,26 @@ class TrainConfig:
     val: ValSection = field(default_factory=ValSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
     ray: RaySection = field(default_factory=RaySection)
+    health: HealthSection = field(default_factory=HealthSection)
+    """Training health (memrl.training.health): the alarms' thresholds and the rollback of trainer.on_collapse."""
     out_dir: str = "runs/train"
+
+    def _check_rollback(self) -> None:
+        """trainer.on_collapse=rollback restores a checkpoint in place: one rank, full weights, synchronous, and
+        checkpoints kept often enough that one predates every alarm streak."""
+        t, h = self.trainer, self.health
+        refused = {"trainer.num_workers > 1": t.num_workers > 1, "model.lora.rank > 0": self.model.lora.rank > 0,
+                   "rollout.max_staleness > 0": self.rollout.max_staleness > 0,
+                   "trainer.save_every=0 (no checkpoint to go back to)": t.save_every == 0}
+        for what, on in refused.items():
+            if on:
+                raise ConfigError(f"trainer.on_collapse=rollback does not support {what}")
+        within = -(-(h.patience - 1) // t.save_every)  # checkpoints saved inside a streak before it fires
+        if t.keep_checkpoints and t.keep_checkpoints <= within:
+            raise ConfigError(
+                f"trainer.keep_checkpoints={t.keep_checkpoints} must be > {within} with trainer.on_collapse=rollback, "
+                f"trainer.save_every={t.save_every} and health.patience={h.patience}: the checkpoint before a streak "
+                "would be pruned before the alarm fires (0 keeps all)")
 
     def _check_async_engine(self) -> None:
         """rollout.max_staleness > 0 with the in-process engine: it must keep its own weights."""
@@ -679,6 +704,8 @@ class TrainConfig:
                 "engine serves the live module of world size 1)")
 
         self._check_sequence_parallel()
+        if self.trainer.on_collapse == "rollback":
+            self._check_rollback()
         check_lora_sync(self)  # engine.vllm / engine.openai lora_sync=adapter
         if self.rollout.max_staleness > 0 and self.rollout.num_engines < 1:
             self._check_async_engine()

@@ -40,6 +40,8 @@ from memrl.rewards.registry import NONE
 from memrl.training.assemble import RunParts
 from memrl.training.async_rollout import Producer, partial_metrics, stale_filter
 from memrl.training.checkpoint import LATEST, CheckpointError, disk_full_message, rng_state
+from memrl.training.guard import SEED_STRIDE, act, truncate_records
+from memrl.training.health import HealthMonitor, rollout_health
 from memrl.training.logging import MetricsLogger
 from memrl.training.packing import TrainBatch, weigh, weigh_shares
 from memrl.training.rollout import RolloutResult, asample_groups
@@ -98,6 +100,8 @@ class Trainer:
         self.engine_busy = EngineBusy(parts.engine)
         self.producer: Producer | None = None  # asynchronous training: started with the first step
         self.dumped_rows: list[dict[str, Any]] = []  # the last step's dump, logged as a table by fit()
+        self.health = HealthMonitor(self.cfg.health)  # memrl.training.health: alarms; memrl.training.guard acts
+        self.health.restore(self.state.health)
 
     @property
     def step(self) -> int:
@@ -118,7 +122,8 @@ class Trainer:
         self.timer.reset()
         with self.timer("rollout"):
             res = self.rollout()
-            parts = [rollout_metrics(res)]  # the outcome rewards, before a model-scored reward mixes in
+            parts = [rollout_metrics(res), rollout_health(res.groups, res.all_rewards, res.sampled_groups,
+                                                          res.dropped_groups, tuple(self.parts.spec.format_keys))]
             if res.groups and self.cfg.algorithm.model_reward != NONE:
                 with self.timer("model_reward"):
                     parts.append(apply_model_reward(self.parts, res.groups))
@@ -187,7 +192,8 @@ class Trainer:
 
     def rollout_seed(self, step: int) -> int:
         """The sampling seed of step `step`'s batch (0-based), in either mode."""
-        return self.cfg.trainer.seed * 100003 + step
+        reseed = self.health.rollbacks * SEED_STRIDE if self.cfg.health.rollback_reseed else 0
+        return self.cfg.trainer.seed * 100003 + step + reseed
 
     def advantages(self, res: RolloutResult) -> None:
         """The registered estimator (algorithm.name) over the kept groups, from their outcome rewards and
@@ -286,6 +292,9 @@ class Trainer:
             log.warning("%s: replaced %d row(s) of steps after %d, which are redone", logger.path,
                         logger.dropped, self.step)
         self.parts.dump.truncate(self.step)  # trajectories.jsonl likewise holds each step once
+        truncate_records(self.parts.out, self.health.rollbacks)  # and health_events.jsonl each rollback
+        if cfg.trainer.on_collapse == "rollback" and self.step == 0:
+            self.save()  # memrl.training.guard: a collapse in the first steps rolls back to the initial weights
         if cfg.trainer.save_best:
             restore_best(self.ckpt_root, self.state.best)  # what a kill while replacing checkpoints/best left
         history: list[dict[str, float]] = []
@@ -296,7 +305,10 @@ class Trainer:
             self.state.step += 1
             if cfg.trainer.val_every and self.step % cfg.trainer.val_every == 0:
                 metrics.update(self.validate_step(self.step))
+            alarms = self.health.observe(metrics)  # health/* trends, streaks and alarms
             logger.log(self.step, metrics)  # before a save: a kill inside it must not lose the row
+            if alarms and act(self, alarms, metrics, logger):  # trainer.on_collapse: stop raises; rollback went back
+                continue
             saved = keep_best(cfg.trainer, self.state, self.step, metrics, self.save)  # trainer.save_best
             if self.dumped_rows:  # memrl.training.dump: this step's sample
                 logger.table(self.step, self.dumped_rows)
@@ -334,6 +346,7 @@ class Trainer:
     def save(self) -> Path:
         """Checkpoint the current step: the workers' weights and optimizer, the RNG and the loop state."""
         in_flight = self.producer.in_flight(self.step) if self.producer is not None else None
+        self.state.health = self.health.saved()
         state = {"rng": rng_state(), **self.state.saved(in_flight)}
         try:
             return self.parts.workers.save(self.ckpt_root, self.step, state, keep=self.cfg.trainer.keep_checkpoints,

@@ -141,17 +141,35 @@ class PolicyWorker:
                                      betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(o.warmup_steps))
         if start is not None:
-            state = _read_state(start)
-            if state.get("optimizer_layout") == "dcp":
-                D.load_optim_dcp(self.model, self.opt, Path(start) / OPTIM_DIR, state["optimizer_groups"])
-            elif _is_name_keyed(state["optimizer"]):  # checkpoints written before the DCP layout
-                D.load_optim_state(self.model, self.opt, state["optimizer"])
-            elif info.world_size == 1:
-                self.opt.load_state_dict(state["optimizer"])  # checkpoints written before name-keyed states
-            else:
-                raise ValueError(f"checkpoint {start}: its optimizer state is keyed by parameter index and "
-                                 "loads only at trainer.num_workers=1")
-            self.sched.load_state_dict(state["scheduler"])
+            self._load_optimizer(start)
+
+    def _load_optimizer(self, start: str) -> None:
+        """The optimizer and scheduler states of checkpoint `start`."""
+        state = _read_state(start)
+        if state.get("optimizer_layout") == "dcp":
+            D.load_optim_dcp(self.model, self.opt, Path(start) / OPTIM_DIR, state["optimizer_groups"])
+        elif _is_name_keyed(state["optimizer"]):  # checkpoints written before the DCP layout
+            D.load_optim_state(self.model, self.opt, state["optimizer"])
+        elif self.info.world_size == 1:
+            self.opt.load_state_dict(state["optimizer"])  # checkpoints written before name-keyed states
+        else:
+            raise ValueError(f"checkpoint {start}: its optimizer state is keyed by parameter index and "
+                             "loads only at trainer.num_workers=1")
+        self.sched.load_state_dict(state["scheduler"])
+
+    def load_checkpoint(self, path: str, lr_scale: float = 1.0) -> None:
+        """Back to checkpoint `path` in place (trainer.on_collapse=rollback; world size 1, full fine-tuning):
+        its weights, optimizer and scheduler, then the learning rate (peak and schedule) times `lr_scale`."""
+        loaded = open_model(path, "checkpoint", dtype=self.weights_dtype)
+        with torch.no_grad():
+            self.model.load_state_dict(loaded.state_dict())
+        del loaded
+        self._load_optimizer(path)
+        self.sched.base_lrs = [b * lr_scale for b in self.sched.base_lrs]
+        for g in self.opt.param_groups:
+            g["lr"] *= lr_scale
+            if "initial_lr" in g:
+                g["initial_lr"] *= lr_scale
 
     # ------------------------------------------------------------------ the update
     def train_rows(self, share: TrainBatch, step_scheduler: bool = True) -> dict[str, float]:
