@@ -26,10 +26,13 @@ from memrl.algorithms.losses import AGG_MODES, KL_KINDS
 from memrl.algorithms.options import (
     OFF_POLICY_MODES,
     AEPOOptions,
+    ClipCovOptions,
     DCPOOptions,
     FoldGRPOOptions,
     GRPOOptions,
     GSPOOptions,
+    KLCovOptions,
+    LLDSOptions,
     PPOOptions,
     ReinforcePPOptions,
     ReMemR1Options,
@@ -186,12 +189,20 @@ class AlgorithmSection:
     unfolded_penalty, scope_reward, failure_penalty, eps, clip."""
     loss: str = valid("ppo", choices=loss_names, import_paths=True)
     """Policy loss (memrl.algorithms.registry): ppo, gspo (sequence-level ratio; needs
-    loss_agg=seq-mean-token-mean), or an import path package.module:fn of a function marked
+    loss_agg=seq-mean-token-mean), clip_cov / kl_cov (arXiv 2505.22617's entropy remedies), or an import path package.module:fn of a function marked
     @memrl.algorithms.base.register_loss(name, Options)."""
     ppo: PPOOptions = field(default_factory=PPOOptions)
     """Options of the ppo loss: clip_low, clip_high (DAPO's clip-higher when > clip_low), dual_clip_c."""
     gspo: GSPOOptions = field(default_factory=GSPOOptions)
     """Options of the gspo loss: seq_clip_low, seq_clip_high of the sequence ratio (GSPO's published 3e-4 / 4e-4)."""
+    clip_cov: ClipCovOptions = field(default_factory=ClipCovOptions)
+    """Options of the clip_cov loss (Clip-Cov, arXiv 2505.22617; memrl.algorithms.remedies): clip_low, clip_high,
+    clip_cov_ratio, clip_cov_lb, clip_cov_ub (verl's defaults)."""
+    kl_cov: KLCovOptions = field(default_factory=KLCovOptions)
+    """Options of the kl_cov loss (KL-Cov, arXiv 2505.22617): kl_cov_ratio, ppo_kl_coef (verl's defaults)."""
+    llds: LLDSOptions = field(default_factory=LLDSOptions)
+    """The LLDS-style likelihood-displacement term added to any policy loss (after arXiv 2512.04220;
+    memrl.algorithms.remedies.llds_term): coef (0 = off), rows. Logged as loss/llds."""
     aepo: AEPOOptions = field(default_factory=AEPOOptions)
     """QwenLong-L1.5's AEPO: enabled, entropy_low, entropy_high (negative-advantage rows dropped while the
     batch's entropy is inside the band; needs old_logprobs=trainer)."""

@@ -246,7 +246,7 @@ class PolicyWorker:
                 out[f"mismatch/{name}/{k}"] = v
             at += len(MISMATCH_SUMS)
         if 0 < w_kept < w_all:  # entropy / clipfrac / approx_kl / is_weight: weighted means over the trained tokens
-            for k in ("loss/entropy", "loss/clipfrac", "loss/approx_kl", "loss/is_weight"):  # (no KL when skipping)
+            for k in ("loss/entropy", "loss/clipfrac", "loss/approx_kl", "loss/is_weight", "loss/cov_share"):
                 if k in out:
                     out[k] *= w_all / w_kept
         out["train/grad_norm"] = grad_norm
@@ -266,7 +266,7 @@ class PolicyWorker:
             part = ppo_micro_loss(self.model, mb, a.temperature, a.loss, self.loss_kwargs,
                                   ref_lp, a.kl_coef, a.kl_kind, a.entropy_coef,
                                   a.off_policy, off_policy_cap(a), a.mismatch_clip,
-                                  self.cfg.trainer.router_aux_loss_coef, chunk)
+                                  self.cfg.trainer.router_aux_loss_coef, chunk, (a.llds.coef, a.llds.rows))
         # FSDP averages gradients over ranks; the weights already sum over the global batch. Under sequence
         # parallelism each rank's gradient is its tokens' share, so the world sum is still the whole.
         (part.loss * ws if ws > 1 else part.loss).backward()
