@@ -72,6 +72,7 @@ from memrl.rewards.registry import NONE, model_reward_name, model_reward_names, 
 from memrl.training.adapter_sync import check as check_lora_sync
 from memrl.training.health import ON_COLLAPSE, HealthSection
 from memrl.training.lora import LoraSection
+from memrl.training.routing import REPLAY_MODES
 from memrl.training.trackers import check_installed, mlflow_uri_problem, wandb_id_problem
 
 
@@ -248,6 +249,10 @@ class AlgorithmSection:
     """off_policy=tis: the truncation C of the train/inference ratio."""
     decoupled_cap: float | None = valid(None, gt=1, le=MAX_COEF, note="null = no cap")
     """off_policy=decoupled: tokens whose behaviour weight exp(proximal - engine) exceeds it weigh 0 (AReaL)."""
+    routing_replay: str = valid("none", choices=REPLAY_MODES)
+    """A mixture-of-experts policy (Qwen3-MoE; memrl.training.routing): "r2" records every token's experts in
+    the old-logprob pass (needs old_logprobs=trainer) and replays them in every forward of the update, so the
+    PPO ratio compares one network; layers x top_k bytes per token. "none": the update routes afresh."""
     mismatch_clip: float = valid(2.0, gt=1, le=MAX_COEF)
     """c of the logged mismatch/<engine>/ratio_outside_share: tokens whose exp(trainer - engine) is outside [1/c, c]."""
 
@@ -717,6 +722,13 @@ class TrainConfig:
         self._check_sequence_parallel()
         if self.trainer.on_collapse == "rollback":
             self._check_rollback()
+        if self.algorithm.routing_replay != "none":
+            refused = {"algorithm.old_logprobs=engine (r2 records in the trainer's old-logprob pass)":
+                       self.algorithm.old_logprobs != "trainer",
+                       "trainer.num_workers > 1": self.trainer.num_workers > 1}
+            for what, on in refused.items():
+                if on:
+                    raise ConfigError(f"algorithm.routing_replay={self.algorithm.routing_replay} does not support {what}")
         check_lora_sync(self)  # engine.vllm / engine.openai lora_sync=adapter
         if self.rollout.max_staleness > 0 and self.rollout.num_engines < 1:
             self._check_async_engine()

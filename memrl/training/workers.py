@@ -41,6 +41,7 @@ from memrl.training.optim import decay_groups, lr_lambda, skips_zero_advantage
 from memrl.training.packing import MicroBatch, TrainBatch, blank_row, collate, pack_rows
 from memrl.training.placement import on_bundle, placement_group, replica_kind, share_gpu
 from memrl.training.policy import clip_norm, ppo_micro_loss, token_logprobs
+from memrl.training.routing import RoutingReplay
 from memrl.training.sync_check import teacher_forced_logprobs
 from memrl.training.worker_group import LocalRank, RankGroup, WorkerGroup
 from memrl.types import Segment
@@ -127,6 +128,12 @@ class PolicyWorker:
         D.shard_model(self.model, t.fsdp_bf16, t.cpu_offload)
         if L.enabled(cfg.model) and D.grouped():
             L.first_forward(self.model, self.tokenizer.pad_token_id or 0)  # FSDP2's dtypes, adapter on
+        self.routing = None  # algorithm.routing_replay=r2 (memrl.training.routing)
+        if cfg.algorithm.routing_replay != "none":
+            try:
+                self.routing = RoutingReplay(self.model)
+            except ValueError as e:
+                raise UserError(f"algorithm.routing_replay={cfg.algorithm.routing_replay}: {src}: {e}") from None
         self.ref = None
         if cfg.algorithm.kl_coef > 0 and L.enabled(cfg.model):
             self.ref = L.BaseReference(self.model)  # the initial policy: the same module, adapters off
@@ -206,8 +213,9 @@ class PolicyWorker:
                 tokens += mb.num_tokens
             else:
                 mb = collate([blank_row(pad)], [0.0], pad).to(self.device)
-            with self._sequence_parallel():  # forward and backward (a checkpointed layer's recompute too)
-                part = self._micro_step(self._shard(mb), ws)
+            keys = [id(mine.segments[i]) for i in batches[j]] if j < len(batches) else [None]
+            with self._sequence_parallel(), self._replay(keys, mb):  # forward and backward (a checkpointed
+                part = self._micro_step(self._shard(mb), ws)  # layer's recompute too)
             for k, v in part.mismatch.items():
                 mm[k] += v
             for name, sums_of in part.pairs.items():
@@ -272,6 +280,10 @@ class PolicyWorker:
         (part.loss * ws if ws > 1 else part.loss).backward()
         return part
 
+    def _replay(self, keys: list[int | None], mb: MicroBatch) -> Any:
+        """algorithm.routing_replay=r2: the rows' experts from the old-logprob pass (nothing when off)."""
+        return nullcontext() if self.routing is None else self.routing.replay(keys, mb.input_ids.shape[1])
+
     def _compute(self) -> Any:
         """The block in which forwards run in model.compute_dtype (autocast; nothing when unset)."""
         return autocast(self.device, self.compute_dtype, self.weights_dtype)
@@ -296,19 +308,30 @@ class PolicyWorker:
         """`old_logprobs` and, from the same forward, each response token's entropy (AEPO's gate reads it)."""
         return self._response_pass(rows, with_entropy=True)
 
+    def _record(self, rows: list[Segment], idx: list[int], mb: MicroBatch) -> Any:
+        """algorithm.routing_replay=r2: keep each row's experts of this forward (nothing when off)."""
+        if self.routing is None or not idx:
+            return nullcontext()
+        lengths = [len(rows[i].prompt_ids) + len(rows[i].response_ids) for i in idx]
+        return self.routing.record(mb.input_ids.shape[1], lengths, [id(rows[i]) for i in idx])
+
     def _response_pass(self, rows: list[Segment], with_entropy: bool) -> tuple[list[list[float]], list[list[float]]]:
         pad = self.tokenizer.pad_token_id or 0
         batches = pack_rows(rows, self.cfg.trainer.token_budget * self.sp) if rows else []
         n_steps = D.all_reduce_max(len(batches), self._comm_device())
         out: list[list[float]] = [[] for _ in rows]
         ents: list[list[float]] = [[] for _ in rows]
+        if self.routing is not None:  # one RL step's records at a time
+            self.routing.clear()
         self.model.eval()
         with torch.no_grad(), self._sequence_parallel(), self._compute():
             for j in range(n_steps):
                 idx = batches[j] if j < len(batches) else []
                 mb = collate([rows[i] for i in idx] or [blank_row(pad)], None, pad).to(self.device)
-                lp, ent = token_logprobs(self.model, self._shard(mb), self.cfg.algorithm.temperature,
-                                         with_entropy=with_entropy, chunk_tokens=self.cfg.trainer.logits_chunk_tokens)
+                with self._record(rows, idx, mb):
+                    lp, ent = token_logprobs(self.model, self._shard(mb), self.cfg.algorithm.temperature,
+                                             with_entropy=with_entropy,
+                                             chunk_tokens=self.cfg.trainer.logits_chunk_tokens)
                 if self.sp > 1:  # every rank of the group gets the whole rows' log-probs
                     lp = U.gather(lp, self.sp_group, mb.targets.shape[1])
                     if ent is not None:
