@@ -46,6 +46,7 @@ from memrl.training.dump import TrajectoryDump
 from memrl.training.engine_sync import EngineSync
 from memrl.training.lora import base_source, enabled, engine_policy
 from memrl.training.placement import RayEngines, connect, uses_ray
+from memrl.training.routing import EngineRouting
 from memrl.training.run_dir import check_resumed_config
 from memrl.training.weight_sync import WeightSync
 from memrl.training.workers import build_workers
@@ -353,6 +354,8 @@ def assemble(cfg: TrainConfig, resume: bool = False, workflow: tuple[Any, Any] |
             weight_sync = WeightSync(cfg, workers, engine, out)
         elif engine is None:
             engine = _engine(cfg, src, workers, tokenizer)
+            if cfg.algorithm.routing_replay == "r3":  # the hf engine records every fed token's experts
+                engine.routing = EngineRouting(engine.model)
         r = cfg.rollout
         runtime = RolloutRuntime(engine, spec, wf_cfg, concurrency=cfg.trainer.concurrency,
                                  background=r.max_staleness > 0)

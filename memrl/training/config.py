@@ -252,7 +252,9 @@ class AlgorithmSection:
     routing_replay: str = valid("none", choices=REPLAY_MODES)
     """A mixture-of-experts policy (Qwen3-MoE; memrl.training.routing): "r2" records every token's experts in
     the old-logprob pass (needs old_logprobs=trainer) and replays them in every forward of the update, so the
-    PPO ratio compares one network; layers x top_k bytes per token. "none": the update routes afresh."""
+    PPO ratio compares one network; "r3" records them in the in-process hf engine (kv_cache=padded) as it
+    samples, and the old-logprob pass and the update replay the rollout's; layers x top_k bytes per token.
+    "none": the trainer routes afresh."""
     mismatch_clip: float = valid(2.0, gt=1, le=MAX_COEF)
     """c of the logged mismatch/<engine>/ratio_outside_share: tokens whose exp(trainer - engine) is outside [1/c, c]."""
 
@@ -722,10 +724,15 @@ class TrainConfig:
         self._check_sequence_parallel()
         if self.trainer.on_collapse == "rollback":
             self._check_rollback()
-        if self.algorithm.routing_replay != "none":
+        replay = self.algorithm.routing_replay
+        if replay != "none":
             refused = {"algorithm.old_logprobs=engine (r2 records in the trainer's old-logprob pass)":
-                       self.algorithm.old_logprobs != "trainer",
-                       "trainer.num_workers > 1": self.trainer.num_workers > 1}
+                       replay == "r2" and self.algorithm.old_logprobs != "trainer",
+                       "trainer.num_workers > 1": self.trainer.num_workers > 1,
+                       f"engine.name={self.engine.name} (r3 records in the in-process hf engine)":
+                       replay == "r3" and (self.engine.name != "hf" or self.rollout.num_engines > 0),
+                       f"engine.hf.kv_cache={self.engine.hf.kv_cache} (r3 records the padded cache's forwards)":
+                       replay == "r3" and self.engine.hf.kv_cache != "padded"}
             for what, on in refused.items():
                 if on:
                     raise ConfigError(f"algorithm.routing_replay={self.algorithm.routing_replay} does not support {what}")

@@ -7,6 +7,9 @@ MoE GRPO runs are reported to collapse from it. Replay makes the update use the 
 
 - r2: the trainer's own old-logprob pass (algorithm.old_logprobs=trainer) records every token's experts,
   per row and layer; every forward of the update replays them.
+- r3: the in-process hf engine records the experts of every token it feeds (EngineRouting; kv_cache=padded),
+  each call's Completion carries them to its Segment (Segment.routing), and the trainer's old-logprob pass
+  and update replay the rollout's experts.
 
 Replay keeps the router's gate weights differentiable: the weights are the current router's softmax
 probabilities of the replayed experts, renormalised over them when the model normalises its top-k
@@ -15,7 +18,8 @@ float rounding, when it picks the same experts. The recorded state is
 one byte per expert choice: layers x top_k bytes per token (the tiny Qwen3-MoE: 4 x 2 = 8 bytes).
 
 Only Qwen3-MoE's router (transformers' Qwen3MoeTopKRouter, which returns logits, weights and indices)
-is hooked; in process (trainer.num_workers=1).
+is hooked; in process (trainer.num_workers=1). r3 reaches the rows of one-call segments (the chunked
+workflows' call_segment); other rows route freely.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 
 import torch
 
-REPLAY_MODES: tuple[str, ...] = ("none", "r2")
+REPLAY_MODES: tuple[str, ...] = ("none", "r2", "r3")
 
 
 def routers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -114,6 +118,63 @@ class RoutingReplay:
 
     def clear(self) -> None:
         self.recorded = {}
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+ROUTING_KEY = "routing"
+"""Completion.info key of the hf engine's recorded experts (r3): uint8 [layers, tokens - 1, top_k]."""
+
+
+class EngineRouting:
+    """r3: records the experts of an hf engine's forwards, per request and position (HFEngine.routing; the
+    engine calls `forward` around each forward of a padded-cache batch and `completion_info` when a request
+    finishes). Positions 0 .. prompt + generated - 2 are the tokens the engine fed (the last generated token
+    never is: the trainer routes it freely, and it changes no trained log-probability)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.routers = routers(model)
+        if not self.routers:
+            raise ValueError("routing replay r3 needs a mixture-of-experts engine model with Qwen3-MoE routers")
+        self._on = False
+        self._taken: list[torch.Tensor] = []
+        self._hooks = [r.register_forward_hook(self._hook) for r in self.routers]
+
+    def _hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._on:
+            self._taken.append(output[2].detach())
+
+    @contextmanager
+    def forward(self, rows: Sequence[Any], input_ids: torch.Tensor, mask: torch.Tensor,
+                pos: torch.Tensor) -> Iterator[None]:
+        """Around one engine forward of `rows` (its requests, in row order): input_ids [B, T] at positions
+        `pos` [B, T]; the last T columns of `mask` say which are real tokens."""
+        self._on, self._taken = True, []
+        try:
+            yield
+        finally:
+            self._on = False
+        b, t = input_ids.shape
+        per = torch.stack([x.reshape(b, t, -1) for x in self._taken]).to(torch.uint8).cpu()  # [layers, B, T, k]
+        self._taken = []
+        real = mask[:, -t:].bool().cpu()
+        where = pos.cpu()
+        for i, req in enumerate(rows):
+            kept = req.__dict__.setdefault(ROUTING_KEY, {})
+            for j in torch.nonzero(real[i]).flatten().tolist():
+                kept[int(where[i, j])] = per[:, i, j]
+
+    def completion_info(self, req: Any) -> dict[str, Any]:
+        """{ROUTING_KEY: uint8 [layers, prompt + generated - 1, k]} of a finished request ({} if any fed
+        position was not recorded)."""
+        kept = req.__dict__.pop(ROUTING_KEY, {})
+        n = len(req.prompt_ids) + len(req.tokens) - 1
+        if n <= 0 or any(p not in kept for p in range(n)):
+            return {}
+        return {ROUTING_KEY: torch.stack([kept[p] for p in range(n)], dim=1)}
 
     def close(self) -> None:
         for h in self._hooks:

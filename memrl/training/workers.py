@@ -196,6 +196,8 @@ class PolicyWorker:
             mine = TrainBatch([share.segments[i] for i in keep], [share.weights[i] for i in keep], share.batch_rows)
             kept_w = mine.weight_sum()
         batches = pack_rows(mine.segments, self.cfg.trainer.token_budget * self.sp) if len(mine) else []
+        if self.routing is not None and self.cfg.algorithm.routing_replay == "r3":
+            self.routing.recorded = self._rollout_routing(mine.segments)
         # FSDP collectives run per forward/backward: every rank runs the same number of micro-batches,
         # padding with a row of weight 0 (it adds nothing to the loss or the gradient).
         n_steps = D.all_reduce_max(len(batches), self._comm_device())
@@ -281,7 +283,7 @@ class PolicyWorker:
         return part
 
     def _replay(self, keys: list[int | None], mb: MicroBatch) -> Any:
-        """algorithm.routing_replay=r2: the rows' experts from the old-logprob pass (nothing when off)."""
+        """algorithm.routing_replay: the rows' experts from the old-logprob pass (r2) or the rollout (r3)."""
         return nullcontext() if self.routing is None else self.routing.replay(keys, mb.input_ids.shape[1])
 
     def _compute(self) -> Any:
@@ -308,10 +310,19 @@ class PolicyWorker:
         """`old_logprobs` and, from the same forward, each response token's entropy (AEPO's gate reads it)."""
         return self._response_pass(rows, with_entropy=True)
 
+    def _rollout_routing(self, rows: list[Segment]) -> dict[int, torch.Tensor]:
+        """r3: the engine's recorded experts of `rows` (Segment.routing) by row; r2: none yet."""
+        if self.cfg.algorithm.routing_replay != "r3":
+            return {}
+        return {id(s): s.routing for s in rows if s.routing is not None}
+
     def _record(self, rows: list[Segment], idx: list[int], mb: MicroBatch) -> Any:
-        """algorithm.routing_replay=r2: keep each row's experts of this forward (nothing when off)."""
+        """algorithm.routing_replay: r2 keeps each row's experts of this forward, r3 replays the rollout's
+        (nothing when off)."""
         if self.routing is None or not idx:
             return nullcontext()
+        if self.cfg.algorithm.routing_replay == "r3":
+            return self.routing.replay([id(rows[i]) for i in idx], mb.input_ids.shape[1])
         lengths = [len(rows[i].prompt_ids) + len(rows[i].response_ids) for i in idx]
         return self.routing.record(mb.input_ids.shape[1], lengths, [id(rows[i]) for i in idx])
 
@@ -321,8 +332,8 @@ class PolicyWorker:
         n_steps = D.all_reduce_max(len(batches), self._comm_device())
         out: list[list[float]] = [[] for _ in rows]
         ents: list[list[float]] = [[] for _ in rows]
-        if self.routing is not None:  # one RL step's records at a time
-            self.routing.clear()
+        if self.routing is not None:  # one RL step's records at a time; r3: the rollout's
+            self.routing.recorded = self._rollout_routing(rows)
         self.model.eval()
         with torch.no_grad(), self._sequence_parallel(), self._compute():
             for j in range(n_steps):

@@ -65,6 +65,16 @@ def _move_router(model: torch.nn.Module, mb, picked: torch.Tensor) -> None:
         router.weight[0] = w.to(router.weight.dtype)
 
 
+def _layer0_picks(model: torch.nn.Module, rows: list[Segment]) -> torch.Tensor:
+    """Layer 0's experts of every real token of `rows` under `model` (a recording pass)."""
+    mb = collate(rows, None, 0)
+    probe = RoutingReplay(model)
+    with torch.no_grad(), probe.record(mb.input_ids.shape[1], [r.num_tokens for r in rows], list(range(len(rows)))):
+        token_logprobs(model, mb)
+    probe.close()
+    return torch.cat([probe.recorded[i][0] for i in range(len(rows))])
+
+
 def test_replay_gives_the_recorded_log_probs_where_free_routing_does_not(moe_path):
     model = AutoModelForCausalLM.from_pretrained(moe_path).eval()
     rows = _rows(model.config.vocab_size)
@@ -108,18 +118,9 @@ def test_r2_update_replays_the_old_logprob_pass(moe_path, tmp_path, replay):
     rows = _rows(w.model.config.vocab_size)
     for r, lp in zip(rows, w.old_logprobs(rows), strict=True):
         r.old_logprobs = lp
-    picked = [torch.zeros(0, 2)]
     if replay == "r2":
         assert len(w.routing.recorded) == 4
-        picked = [w.routing.recorded[id(r)][0] for r in rows]
-    else:
-        probe = RoutingReplay(w.model)
-        with torch.no_grad(), probe.record(collate(rows, None, 0).input_ids.shape[1], [r.num_tokens for r in rows],
-                                           list(range(4))):
-            token_logprobs(w.model, collate(rows, None, 0))
-        probe.close()
-        picked = [probe.recorded[i][0] for i in range(4)]
-    _move_router(w.model, collate(rows, None, 0), torch.cat(picked))
+    _move_router(w.model, collate(rows, None, 0), _layer0_picks(w.model, rows))
     out = w.train_rows(weigh(rows, "token-mean"))
     diff = out["mismatch/current_vs_old/abs_logprob_diff_mean"]
     if replay == "r2":
@@ -137,3 +138,100 @@ def test_r2_settings_are_refused_where_they_cannot_work(moe_path, tmp_path):
     dense = str(cached_tiny_model("tiny"))
     with pytest.raises(UserError, match="algorithm.routing_replay=r2: .*needs a mixture-of-experts model"):
         PolicyWorker(_cfg(dense, tmp_path, "r2"))
+
+
+def _rollout(path: str) -> list[Segment]:
+    """4 calls through the hf engine (padded cache, batched) recording its routing (r3), as segments."""
+    import asyncio
+
+    from memrl.engines.base import SamplingParams
+    from memrl.engines.hf import HFEngine
+    from memrl.training.routing import EngineRouting
+    from memrl.workflows.chunked import call_segment
+
+    eng = HFEngine(path, max_batch_size=8, max_wait_ms=50.0, seed=0)
+    eng.routing = EngineRouting(eng.model)
+    rng = random.Random(7)
+    prompts = [[rng.randrange(eng.vocab_size) for _ in range(rng.randint(4, 12))] for _ in range(4)]
+
+    async def run():
+        return await asyncio.gather(*(eng.generate(p, SamplingParams(max_tokens=6, seed=i))
+                                      for i, p in enumerate(prompts)))
+
+    outs = asyncio.run(run())
+    asyncio.run(eng.close())
+    segs = [call_segment(p, o, 0, {}) for p, o in zip(prompts, outs, strict=True)]
+    for i, s in enumerate(segs):
+        s.advantage, s.trajectory_id = (0.5 if i % 2 else -0.5), f"t{i}"
+    return segs
+
+
+def test_r3_replays_the_engine_routing_in_the_trainer(moe_path):
+    """The hf engine's recorded experts (every fed token: prompt + generated - 1, 4 layers x top-2 bytes each)
+    replayed on a trainer model whose router was moved give the engine's own sampling log-probs to float
+    tolerance; routing afresh does not."""
+    segs = _rollout(moe_path)
+    assert [tuple(s.routing.shape) for s in segs] == [(4, s.num_tokens - 1, 2) for s in segs]
+    model = AutoModelForCausalLM.from_pretrained(moe_path).eval()
+    mb = collate(segs, None, 0)
+    real = mb.loss_mask > 0
+    engine_lp = mb.old_logprobs[real]
+    with torch.no_grad():
+        same, _ = token_logprobs(model, mb)
+    assert torch.allclose(same[real], engine_lp, atol=1e-4)  # the same weights: the engine's numbers
+    _move_router(model, mb, _layer0_picks(model, segs))
+    rr = RoutingReplay(model)
+    rr.recorded = {i: s.routing for i, s in enumerate(segs)}
+    with torch.no_grad():
+        free, _ = token_logprobs(model, mb)
+        with rr.replay(list(range(4)), mb.input_ids.shape[1]):
+            replayed, _ = token_logprobs(model, mb)
+    assert (free[real] - engine_lp).abs().max() > 1e-2
+    assert torch.allclose(replayed[real], engine_lp, atol=1e-4)
+
+
+@pytest.mark.parametrize("replay", ["r3", "none"])
+def test_r3_update_log_probs_equal_the_rollouts(moe_path, tmp_path, replay):
+    """In the worker's update (old logprobs = the engine's), mismatch/hf/abs_logprob_diff_mean compares the
+    update's forward with the rollout's log-probs: below 1e-4 with r3 on the moved router, above 1e-3 without."""
+    segs = _rollout(moe_path)
+    cfg = load_config(TrainConfig, [f"model.path={moe_path}", f"out_dir={tmp_path}", "algorithm.kl_coef=0",
+                                    f"algorithm.routing_replay={replay}", "optim.lr=1e-3", "optim.warmup_steps=0",
+                                    "trainer.token_budget=60", "trainer.progress=false"])
+    cfg.check()
+    w = PolicyWorker(cfg)
+    _move_router(w.model, collate(segs, None, 0), _layer0_picks(w.model, segs))
+    diff = w.train_rows(weigh(segs, "token-mean"))["mismatch/hf/abs_logprob_diff_mean"]
+    assert diff < 1e-4 if replay == "r3" else diff > 1e-3
+
+
+def test_r3_settings_are_refused_where_they_cannot_work(moe_path):
+    for extra, what in ((["engine.name=vllm"], "engine.name=vllm"),
+                        (["engine.hf.kv_cache=slots"], "engine.hf.kv_cache=slots")):
+        cfg = load_config(TrainConfig, [f"model.path={moe_path}", "algorithm.routing_replay=r3", *extra])
+        with pytest.raises(ConfigError, match=f"^algorithm.routing_replay=r3 does not support {what}"):
+            cfg.check()
+
+
+@pytest.mark.parametrize("replay", ["r2", "r3"])
+def test_one_memagent_rl_step_replays_every_row(moe_path, tmp_path, replay):
+    """End to end (assemble -> Trainer): the memagent calls' rows all carry the rollout's experts (r3: the hf
+    engine recorded them, one byte per layer and top-k slot per fed token) or the old-logprob pass's (r2),
+    and the step trains on them."""
+    from memrl.training.assemble import assemble
+    from memrl.training.trainer import Trainer
+
+    cfg = load_config(TrainConfig, [
+        f"model.path={moe_path}", f"out_dir={tmp_path}", "trainer.steps=1", "workflow=memagent",
+        "workflow.chunk_tokens=24", "workflow.max_memory_tokens=6", "workflow.max_final_tokens=3",
+        "data.synthetic.num_chunks=2", "data.synthetic.chunk_words=8", "trainer.batch_size=2", "algorithm.n=2",
+        "optim.lr=1e-3", "optim.warmup_steps=0", "trainer.token_budget=600", "trainer.progress=false",
+        "trainer.loggers=[jsonl]", "engine.name=hf", "algorithm.old_logprobs=trainer",
+        f"algorithm.routing_replay={replay}"])
+    trainer = Trainer(assemble(cfg))
+    worker = trainer.parts.workers.handles[0].worker
+    (step,) = trainer.fit()
+    assert step["train/rows"] == 8 and len(worker.routing.recorded) == 8
+    shapes = [tuple(t.shape) for t in worker.routing.recorded.values()]
+    assert all(s[0] == 4 and s[2] == 2 for s in shapes)
+    assert step["mismatch/current_vs_old/abs_logprob_diff_mean"] < 1e-4  # the first step: the same network
