@@ -91,6 +91,21 @@ def truncate_records(out: Path, rollbacks: int) -> int:
     return len(rows) - len(kept)
 
 
+def seed_offset(cfg: Any, rollbacks: int) -> int:
+    """What health.rollback_reseed adds to every rollout seed after `rollbacks` rollbacks (`cfg`: the health
+    section)."""
+    return rollbacks * SEED_STRIDE if cfg.rollback_reseed else 0
+
+
+def begin(trainer: Any) -> None:
+    """At the start of the loop (fresh or resumed): health_events.jsonl holds the rollbacks the checkpoint
+    counts; under on_collapse=rollback a fresh run saves its step-0 checkpoint (a collapse in the first steps
+    goes back to the initial weights)."""
+    truncate_records(trainer.parts.out, trainer.health.rollbacks)
+    if trainer.cfg.trainer.on_collapse == "rollback" and trainer.step == 0:
+        trainer.save()
+
+
 def alarm_line(step: int, alarms: list[Alarm], mode: str) -> str:
     """The one line shown when alarms first fire."""
     said = "; ".join(f"{a.name}: {a.reason}" for a in alarms)

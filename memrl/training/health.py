@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memrl.config import MAX_COEF, MAX_COUNT, valid
-from memrl.types import Group
 
 ALARMS: tuple[str, ...] = ("dead", "format", "likelihood")
 """The alarms HealthMonitor counts (module docstring)."""
@@ -94,10 +93,11 @@ def _truncated(t: Any) -> bool | None:
     return bool(t.info.get("overlong")) or "length" in finishes
 
 
-def rollout_health(groups: list[Group], all_rewards: list[float], sampled_groups: int, dropped_groups: int,
-                   format_keys: tuple[str, ...]) -> dict[str, float]:
-    """The step's health/* metrics that its rollout gives (module docstring); those a workflow has no data
-    for are left out (no format keys, no finish reasons, no right trajectory)."""
+def rollout_health(res: Any, format_keys: tuple[str, ...]) -> dict[str, float]:
+    """The step's health/* metrics that its rollout `res` (memrl.training.rollout.RolloutResult) gives (module
+    docstring); those a workflow has no data for are left out (no format keys, finish reasons, right answer)."""
+    groups, all_rewards, sampled_groups, dropped_groups = res.groups, res.all_rewards, res.sampled_groups, \
+        res.dropped_groups
     trajs = [t for g in groups for t in g.trajectories]
     out: dict[str, float] = {}
     if format_keys and trajs:
@@ -142,6 +142,13 @@ class HealthMonitor:
     streaks: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ALARMS, 0))
     rollbacks: int = 0
     """Rollbacks done in this run (on_collapse=rollback); never undone by one."""
+
+    @classmethod
+    def resumed(cls, cfg: HealthSection, state: dict[str, Any] | None) -> HealthMonitor:
+        """A monitor holding a checkpoint's `saved()` state (None: a fresh run)."""
+        out = cls(cfg)
+        out.restore(state)
+        return out
 
     def observe(self, metrics: dict[str, float]) -> list[Alarm]:
         """Add the trend and delta metrics to the step's `metrics` (which hold its health/* from

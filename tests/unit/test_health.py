@@ -10,6 +10,7 @@ from memrl.config import ConfigError, load_config
 from memrl.training.config import TrainConfig
 from memrl.training.guard import drop_after, good_checkpoint, read_records, record, truncate_records
 from memrl.training.health import HealthMonitor, HealthSection, rollout_health, slope
+from memrl.training.rollout import RolloutResult
 from memrl.types import Group, Segment, Trajectory
 
 
@@ -25,8 +26,8 @@ def test_rollout_health_by_hand():
                      _traj("2", 0.0, [-3.0], finish="length", no_box=1.0)])
     g2 = Group("t", [_traj("3", 1.0, [-1.0, -9.0], mask=[1, 0], finish="stop", no_box=0.0),
                      _traj("4", 1.0, [-2.0], finish="stop", no_box=0.0)])
-    out = rollout_health([g1, g2], [1.0, 0.0, 1.0, 1.0, 0.0, 0.0], sampled_groups=3, dropped_groups=1,
-                         format_keys=("no_box",))
+    res = RolloutResult([g1, g2], sampled_groups=3, dropped_groups=1, all_rewards=[1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+    out = rollout_health(res, format_keys=("no_box",))
     assert out["health/format_failure_share"] == 1 / 4  # trajectory 2 only
     assert out["health/truncation_share"] == 1 / 4  # trajectory 2 ended at its token budget
     assert out["health/zero_variance_share"] == 2 / 3  # g2 (1, 1) and the dropped group, of 3 sampled
@@ -36,11 +37,13 @@ def test_rollout_health_by_hand():
 
 
 def test_rollout_health_leaves_out_what_a_workflow_does_not_record():
-    out = rollout_health([Group("t", [_traj("1", 0.0, [-1.0])])], [0.0], 1, 0, format_keys=())
+    out = rollout_health(RolloutResult([Group("t", [_traj("1", 0.0, [-1.0])])], sampled_groups=1, all_rewards=[0.0]),
+                         format_keys=())
     assert set(out) == {"health/zero_variance_share", "health/reward_mean", "health/reward_max"}
     overlong = _traj("2", 0.0, [-1.0])
     overlong.info["overlong"] = True
-    assert rollout_health([Group("t", [overlong])], [0.0], 1, 0, ())["health/truncation_share"] == 1.0
+    res = RolloutResult([Group("t", [overlong])], sampled_groups=1, all_rewards=[0.0])
+    assert rollout_health(res, ())["health/truncation_share"] == 1.0
 
 
 def test_slope_is_the_least_squares_line():
