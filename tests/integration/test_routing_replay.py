@@ -140,8 +140,10 @@ def test_r2_settings_are_refused_where_they_cannot_work(moe_path, tmp_path):
         PolicyWorker(_cfg(dense, tmp_path, "r2"))
 
 
-def _rollout(path: str) -> list[Segment]:
-    """4 calls through the hf engine (padded cache, batched) recording its routing (r3), as segments."""
+def _rollout(path: str, stagger: bool = False) -> list[Segment]:
+    """4 calls through the hf engine (padded cache, batched) recording its routing (r3), as segments;
+    `stagger`: the last two arrive while the first two decode (a second prefill merged into the batch). Few
+    enough tokens (under 192, the hidden size) for _move_router's exact solve."""
     import asyncio
 
     from memrl.engines.base import SamplingParams
@@ -149,16 +151,25 @@ def _rollout(path: str) -> list[Segment]:
     from memrl.training.routing import EngineRouting
     from memrl.workflows.chunked import call_segment
 
-    eng = HFEngine(path, max_batch_size=8, max_wait_ms=50.0, seed=0)
+    eng = HFEngine(path, max_batch_size=8, max_wait_ms=0.0 if stagger else 50.0, seed=0, deterministic=not stagger)
     eng.routing = EngineRouting(eng.model)
     rng = random.Random(7)
     prompts = [[rng.randrange(eng.vocab_size) for _ in range(rng.randint(4, 12))] for _ in range(4)]
 
     async def run():
-        return await asyncio.gather(*(eng.generate(p, SamplingParams(max_tokens=6, seed=i))
-                                      for i, p in enumerate(prompts)))
+        if not stagger:
+            return await asyncio.gather(*(eng.generate(p, SamplingParams(max_tokens=6, seed=i))
+                                          for i, p in enumerate(prompts)))
+        first = [asyncio.ensure_future(eng.generate(p, SamplingParams(max_tokens=24, seed=i)))
+                 for i, p in enumerate(prompts[:2])]
+        while eng.stats.decode_steps < 3:  # the first two are decoding
+            await asyncio.sleep(0.001)
+        rest = [eng.generate(p, SamplingParams(max_tokens=16, seed=2 + i)) for i, p in enumerate(prompts[2:])]
+        return list(await asyncio.gather(*first, *rest))
 
     outs = asyncio.run(run())
+    if stagger:  # two prefills, then decode steps over the merged batch of 4 rows
+        assert eng.stats.prefill_calls == 2 and eng.stats.batch_sizes[4] > 0
     asyncio.run(eng.close())
     segs = [call_segment(p, o, 0, {}) for p, o in zip(prompts, outs, strict=True)]
     for i, s in enumerate(segs):
@@ -166,11 +177,12 @@ def _rollout(path: str) -> list[Segment]:
     return segs
 
 
-def test_r3_replays_the_engine_routing_in_the_trainer(moe_path):
+@pytest.mark.parametrize("stagger", [False, True])
+def test_r3_replays_the_engine_routing_in_the_trainer(moe_path, stagger):
     """The hf engine's recorded experts (every fed token: prompt + generated - 1, 4 layers x top-2 bytes each)
     replayed on a trainer model whose router was moved give the engine's own sampling log-probs to float
-    tolerance; routing afresh does not."""
-    segs = _rollout(moe_path)
+    tolerance; routing afresh does not. Staggered: requests admitted while others decode (merged batches)."""
+    segs = _rollout(moe_path, stagger)
     assert [tuple(s.routing.shape) for s in segs] == [(4, s.num_tokens - 1, 2) for s in segs]
     model = AutoModelForCausalLM.from_pretrained(moe_path).eval()
     mb = collate(segs, None, 0)
