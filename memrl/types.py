@@ -68,6 +68,9 @@ class Segment:
     """The trainer's own logprobs of the response before the update (algorithm.old_logprobs=trainer:
     recomputed once per RL step, before its first optimizer step); None: the PPO ratio takes
     `response_logprobs`, the engine's."""
+    routing: Any = None
+    """MoE routing replay r3 (memrl.training.routing): the engine's experts of the row's fed tokens, uint8
+    [layers, tokens - 1, top_k]; None: the trainer routes the row freely."""
 
     def __post_init__(self) -> None:
         where = f"Segment(step={self.step}, trajectory={self.trajectory_id or '?'})"

@@ -179,3 +179,52 @@ class FoldGRPOOptions:
         if unknown:
             raise ValueError(f"algorithm.foldgrpo.process_rewards: unknown {', '.join(map(repr, unknown))}; known: "
                              f"{', '.join(sorted(PROCESS_REWARDS))}")
+
+
+@dataclass
+class ClipCovOptions:
+    """Options of the clip_cov loss (algorithm.clip_cov.*; Clip-Cov, arXiv 2505.22617; verl's
+    compute_policy_loss_clip_cov, whose defaults these are)."""
+
+    clip_low: float = valid(0.2, ge=0, lt=1)
+    """PPO's ratio clip below at 1 - clip_low (verl: actor.clip_ratio_low, else clip_ratio 0.2)."""
+    clip_high: float = valid(0.2, ge=0, le=MAX_COEF)
+    """PPO's ratio clip above at 1 + clip_high."""
+    clip_cov_ratio: float = valid(2e-4, gt=0, le=1)
+    """The share of the micro-batch's trained tokens whose gradient is cut (at least one token)."""
+    clip_cov_lb: float = valid(1.0, ge=-MAX_COEF, le=MAX_COEF)
+    """Only tokens whose covariance (A - mean A) * (logp - mean logp) lies in (lb, ub) are candidates."""
+    clip_cov_ub: float = valid(5.0, ge=-MAX_COEF, le=MAX_COEF)
+    """Upper bound of the candidates' covariance band."""
+
+    def __post_init__(self) -> None:
+        if self.clip_cov_lb >= self.clip_cov_ub:
+            raise ValueError(f"algorithm.clip_cov.clip_cov_lb={self.clip_cov_lb} must be < "
+                             f"algorithm.clip_cov.clip_cov_ub={self.clip_cov_ub}")
+
+
+@dataclass
+class KLCovOptions:
+    """Options of the kl_cov loss (algorithm.kl_cov.*; KL-Cov, arXiv 2505.22617; verl's
+    compute_policy_loss_kl_cov, whose defaults these are)."""
+
+    kl_cov_ratio: float = valid(2e-4, gt=0, le=1)
+    """The share of the micro-batch's trained tokens with the largest covariance that get the KL term (at least one)."""
+    ppo_kl_coef: float = valid(1.0, ge=0, le=MAX_COEF)
+    """The coefficient of |logp - old logp| added to those tokens' loss."""
+
+
+LLDS_ROWS: tuple[str, ...] = ("all", "positive")
+"""algorithm.llds.rows: which rows the likelihood-displacement term watches."""
+
+
+@dataclass
+class LLDSOptions:
+    """The LLDS-style likelihood-displacement term (algorithm.llds.*; after arXiv 2512.04220): added to any
+    policy loss, it acts on a row only when the row's log-likelihood fell below the old policy's, and there
+    only on the tokens whose log-probability fell: coef * max(0, old - logp) per such token."""
+
+    coef: float = valid(0.0, ge=0, le=MAX_COEF, note="0 = off")
+    """The term's weight (0 = off)."""
+    rows: str = valid("all", choices=LLDS_ROWS)
+    """all: every row; positive: only rows with a positive advantage (the right answers' likelihood)."""

@@ -23,6 +23,7 @@ from typing import Any
 from memrl.algorithms import advantages as _advantages  # noqa: F401 - registers grpo, dcpo, rememr1
 from memrl.algorithms import fold as _fold  # noqa: F401 - registers foldgrpo
 from memrl.algorithms import losses as _losses  # noqa: F401 - registers ppo
+from memrl.algorithms import remedies as _remedies  # noqa: F401 - registers clip_cov, kl_cov
 from memrl.algorithms.base import (
     ADVANTAGE,
     ADVANTAGES,

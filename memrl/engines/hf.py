@@ -30,6 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -332,6 +333,7 @@ class HFEngine:
         self._rng.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
         self._layer_cls = cache_layer_class()
         self._cache_kw = cache_kwarg(self.model)  # "cache" (transformers 5.24), else "past_key_values"
+        self.routing: Any = None  # memrl.training.routing.EngineRouting: MoE experts recorded per request (r3)
 
         self._cond = threading.Condition()
         self._pending: collections.deque[_Request] = collections.deque()
@@ -640,10 +642,12 @@ class HFEngine:
         return Cache(layers=[self._layer_cls() for _ in range(self.num_layers)])
 
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any,
-                 last: list[int] | None = None) -> torch.Tensor:
-        """Float32 logits [B, V] of each row's last position, or of position last[b] for row b."""
+                 last: list[int] | None = None, rows: list[_Request] | None = None) -> torch.Tensor:
+        """Float32 logits [B, V] of each row's last position, or of position last[b] for row b; `rows`: the
+        rows' requests, for the routing recorder (padded cache)."""
         keep = sorted(set(last)) if last is not None else []
-        with autocast(self.device, self.compute_dtype, self.dtype):
+        record = self.routing.forward(rows, input_ids, mask, pos) if self.routing and rows else nullcontext()
+        with autocast(self.device, self.compute_dtype, self.dtype), record:
             out = self.model(
                 input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=True,
                 logits_to_keep=1 if last is None else torch.tensor(keep, dtype=torch.long, device=input_ids.device),
@@ -684,7 +688,7 @@ class HFEngine:
         for layer in cache.layers:
             layer.pad_valid = mask.bool() if padded else None
             layer.min_capacity = t + headroom
-        logits = self._forward(ids, mask, pos, cache)
+        logits = self._forward(ids, mask, pos, cache, rows=reqs)
         for layer in cache.layers:
             layer.pad_valid = None
         self.stats.prefill_calls += 1
@@ -718,7 +722,8 @@ class HFEngine:
             return
         t0 = time.perf_counter()
         batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
-        logits = self._forward(batch.last[:, None], batch.mask, batch.next_pos[:, None], batch.cache)
+        logits = self._forward(batch.last[:, None], batch.mask, batch.next_pos[:, None], batch.cache,
+                               rows=batch.requests)
         batch.next_pos = batch.next_pos + 1
         self.stats.decode_steps += 1
         self.stats.attended_positions += batch.mask.numel()
@@ -791,7 +796,8 @@ class HFEngine:
                 f"model {self.source}: produced a non-finite log-probability ({req.logprobs[bad]}) at generated "
                 f"token {bad}; its weights hold NaN or inf (a diverged update, a damaged file)"))
             return
-        self._resolve(req, Completion(list(req.tokens), list(req.logprobs), reason))
+        info = self.routing.completion_info(req) if self.routing is not None else {}
+        self._resolve(req, Completion(list(req.tokens), list(req.logprobs), reason, info))
 
     def _retire(self, batch: Any) -> Any:
         if self.kv_cache == "slots":

@@ -46,6 +46,7 @@ from memrl.training.dump import TrajectoryDump
 from memrl.training.engine_sync import EngineSync
 from memrl.training.lora import base_source, enabled, engine_policy
 from memrl.training.placement import RayEngines, connect, uses_ray
+from memrl.training.routing import EngineRouting
 from memrl.training.run_dir import check_resumed_config
 from memrl.training.weight_sync import WeightSync
 from memrl.training.workers import build_workers
@@ -201,6 +202,8 @@ class TrainState:
     base_weights: str | None = None
     """LoRA: the SHA-256 of model.path's weight files (memrl.model_files.weights_digest), the base the
     checkpoints' adapters were trained on; `--resume` refuses other weights."""
+    health: dict[str, Any] | None = None
+    """memrl.training.health.HealthMonitor.saved() as the checkpoint holds it (None: a fresh run)."""
 
     def saved(self, async_in_flight: int | None = None) -> dict[str, Any]:
         """The driver state a checkpoint holds (memrl.training.checkpoint), without the RNG."""
@@ -213,6 +216,8 @@ class TrainState:
             out["best"] = dict(self.best)
         if self.base_weights is not None:
             out["base_weights_sha256"] = self.base_weights
+        if self.health is not None:
+            out["health"] = self.health
         return out
 
 
@@ -258,7 +263,7 @@ def _resumed_state(cfg: TrainConfig, point: Any) -> TrainState:
     state = point.state
     set_rng_state(state["rng"])
     out = TrainState(int(state["step"]), int(state["data_position"]), dict(state.get("trackers") or {}),
-                     state.get("best"))
+                     state.get("best"), health=state.get("health"))
     log.warning("resumed from %s (step %d, data position %d)", point.path, out.step, out.position)
     if state.get("async_in_flight"):
         log.warning("asynchronous run: the %d rollout batch(es) sampled ahead of step %d when it was saved "
@@ -349,6 +354,8 @@ def assemble(cfg: TrainConfig, resume: bool = False, workflow: tuple[Any, Any] |
             weight_sync = WeightSync(cfg, workers, engine, out)
         elif engine is None:
             engine = _engine(cfg, src, workers, tokenizer)
+            if cfg.algorithm.routing_replay == "r3":  # the hf engine records every fed token's experts
+                engine.routing = EngineRouting(engine.model)
         r = cfg.rollout
         runtime = RolloutRuntime(engine, spec, wf_cfg, concurrency=cfg.trainer.concurrency,
                                  background=r.max_staleness > 0)

@@ -26,10 +26,13 @@ from memrl.algorithms.losses import AGG_MODES, KL_KINDS
 from memrl.algorithms.options import (
     OFF_POLICY_MODES,
     AEPOOptions,
+    ClipCovOptions,
     DCPOOptions,
     FoldGRPOOptions,
     GRPOOptions,
     GSPOOptions,
+    KLCovOptions,
+    LLDSOptions,
     PPOOptions,
     ReinforcePPOptions,
     ReMemR1Options,
@@ -67,7 +70,9 @@ from memrl.rewards.infomem import InfoMemOptions
 from memrl.rewards.published_metrics import METRIC_RULES
 from memrl.rewards.registry import NONE, model_reward_name, model_reward_names, model_reward_options
 from memrl.training.adapter_sync import check as check_lora_sync
+from memrl.training.health import ON_COLLAPSE, HealthSection
 from memrl.training.lora import LoraSection
+from memrl.training.routing import REPLAY_MODES
 from memrl.training.trackers import check_installed, mlflow_uri_problem, wandb_id_problem
 
 
@@ -185,12 +190,20 @@ class AlgorithmSection:
     unfolded_penalty, scope_reward, failure_penalty, eps, clip."""
     loss: str = valid("ppo", choices=loss_names, import_paths=True)
     """Policy loss (memrl.algorithms.registry): ppo, gspo (sequence-level ratio; needs
-    loss_agg=seq-mean-token-mean), or an import path package.module:fn of a function marked
+    loss_agg=seq-mean-token-mean), clip_cov / kl_cov (arXiv 2505.22617's entropy remedies), or an import path package.module:fn of a function marked
     @memrl.algorithms.base.register_loss(name, Options)."""
     ppo: PPOOptions = field(default_factory=PPOOptions)
     """Options of the ppo loss: clip_low, clip_high (DAPO's clip-higher when > clip_low), dual_clip_c."""
     gspo: GSPOOptions = field(default_factory=GSPOOptions)
     """Options of the gspo loss: seq_clip_low, seq_clip_high of the sequence ratio (GSPO's published 3e-4 / 4e-4)."""
+    clip_cov: ClipCovOptions = field(default_factory=ClipCovOptions)
+    """Options of the clip_cov loss (Clip-Cov, arXiv 2505.22617; memrl.algorithms.remedies): clip_low, clip_high,
+    clip_cov_ratio, clip_cov_lb, clip_cov_ub (verl's defaults)."""
+    kl_cov: KLCovOptions = field(default_factory=KLCovOptions)
+    """Options of the kl_cov loss (KL-Cov, arXiv 2505.22617): kl_cov_ratio, ppo_kl_coef (verl's defaults)."""
+    llds: LLDSOptions = field(default_factory=LLDSOptions)
+    """The LLDS-style likelihood-displacement term added to any policy loss (after arXiv 2512.04220;
+    memrl.algorithms.remedies.llds_term): coef (0 = off), rows. Logged as loss/llds."""
     aepo: AEPOOptions = field(default_factory=AEPOOptions)
     """QwenLong-L1.5's AEPO: enabled, entropy_low, entropy_high (negative-advantage rows dropped while the
     batch's entropy is inside the band; needs old_logprobs=trainer)."""
@@ -236,6 +249,12 @@ class AlgorithmSection:
     """off_policy=tis: the truncation C of the train/inference ratio."""
     decoupled_cap: float | None = valid(None, gt=1, le=MAX_COEF, note="null = no cap")
     """off_policy=decoupled: tokens whose behaviour weight exp(proximal - engine) exceeds it weigh 0 (AReaL)."""
+    routing_replay: str = valid("none", choices=REPLAY_MODES)
+    """A mixture-of-experts policy (Qwen3-MoE; memrl.training.routing): "r2" records every token's experts in
+    the old-logprob pass (needs old_logprobs=trainer) and replays them in every forward of the update, so the
+    PPO ratio compares one network; "r3" records them in the in-process hf engine (kv_cache=padded) as it
+    samples, and the old-logprob pass and the update replay the rollout's; layers x top_k bytes per token.
+    "none": the trainer routes afresh."""
     mismatch_clip: float = valid(2.0, gt=1, le=MAX_COEF)
     """c of the logged mismatch/<engine>/ratio_outside_share: tokens whose exp(trainer - engine) is outside [1/c, c]."""
 
@@ -412,6 +431,11 @@ class TrainerSection:
     """save_best: steps <= k still set the best value but save no checkpoint (ReMemR1's trainer skips its
     first 20 steps so: `global_steps > 20`)."""
     progress: bool = True
+    on_collapse: str = valid("warn", choices=ON_COLLAPSE)
+    """What a health alarm of `health.guard` does (memrl.training.guard; docs/guides/health.md): warn = one line
+    above the progress bar, the run goes on; stop = the run ends naming the last good checkpoint; rollback =
+    back to the newest checkpoint before the alarm's streak, the learning rate scaled and new sampling seeds
+    (health.rollback_*), at most health.max_rollbacks times. Every alarm is in the step metrics (health/*)."""
     dump_every: int = valid(10, ge=0, le=MAX_COUNT, note="0 = off")
     """Append a sample of this step's trajectories to trajectories.jsonl every k steps (`memrl view`); 0 = off."""
     dump_trajectories: int = valid(4, ge=1, le=MAX_COUNT)
@@ -638,7 +662,26 @@ class TrainConfig:
     val: ValSection = field(default_factory=ValSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
     ray: RaySection = field(default_factory=RaySection)
+    health: HealthSection = field(default_factory=HealthSection)
+    """Training health (memrl.training.health): the alarms' thresholds and the rollback of trainer.on_collapse."""
     out_dir: str = "runs/train"
+
+    def _check_rollback(self) -> None:
+        """trainer.on_collapse=rollback restores a checkpoint in place: one rank, full weights, synchronous, and
+        checkpoints kept often enough that one predates every alarm streak."""
+        t, h = self.trainer, self.health
+        refused = {"trainer.num_workers > 1": t.num_workers > 1, "model.lora.rank > 0": self.model.lora.rank > 0,
+                   "rollout.max_staleness > 0": self.rollout.max_staleness > 0,
+                   "trainer.save_every=0 (no checkpoint to go back to)": t.save_every == 0}
+        for what, on in refused.items():
+            if on:
+                raise ConfigError(f"trainer.on_collapse=rollback does not support {what}")
+        within = -(-(h.patience - 1) // t.save_every)  # checkpoints saved inside a streak before it fires
+        if t.keep_checkpoints and t.keep_checkpoints <= within:
+            raise ConfigError(
+                f"trainer.keep_checkpoints={t.keep_checkpoints} must be > {within} with trainer.on_collapse=rollback, "
+                f"trainer.save_every={t.save_every} and health.patience={h.patience}: the checkpoint before a streak "
+                "would be pruned before the alarm fires (0 keeps all)")
 
     def _check_async_engine(self) -> None:
         """rollout.max_staleness > 0 with the in-process engine: it must keep its own weights."""
@@ -679,6 +722,20 @@ class TrainConfig:
                 "engine serves the live module of world size 1)")
 
         self._check_sequence_parallel()
+        if self.trainer.on_collapse == "rollback":
+            self._check_rollback()
+        replay = self.algorithm.routing_replay
+        if replay != "none":
+            refused = {"algorithm.old_logprobs=engine (r2 records in the trainer's old-logprob pass)":
+                       replay == "r2" and self.algorithm.old_logprobs != "trainer",
+                       "trainer.num_workers > 1": self.trainer.num_workers > 1,
+                       f"engine.name={self.engine.name} (r3 records in the in-process hf engine)":
+                       replay == "r3" and (self.engine.name != "hf" or self.rollout.num_engines > 0),
+                       f"engine.hf.kv_cache={self.engine.hf.kv_cache} (r3 records the padded cache's forwards)":
+                       replay == "r3" and self.engine.hf.kv_cache != "padded"}
+            for what, on in refused.items():
+                if on:
+                    raise ConfigError(f"algorithm.routing_replay={self.algorithm.routing_replay} does not support {what}")
         check_lora_sync(self)  # engine.vllm / engine.openai lora_sync=adapter
         if self.rollout.max_staleness > 0 and self.rollout.num_engines < 1:
             self._check_async_engine()

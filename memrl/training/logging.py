@@ -58,6 +58,23 @@ class MetricsLogger:
                      if isinstance(clean.get(k), float)}
             self._bar.set_postfix(shown)
 
+    def note(self, line: str) -> None:
+        """One line for the user: above the progress bar (tqdm.write), or a log warning without one."""
+        if self._bar is not None:
+            self._bar.write(line)
+            log.info("%s", line)  # the log files keep it too
+        else:
+            log.warning("%s", line)
+
+    def rewind(self, step: int) -> None:
+        """Drop the rows of steps after `step` (a rollback, memrl.training.guard: they are redone)."""
+        self._fh.close()
+        truncate_steps(self.path, step)
+        self._fh = self.path.open("a", encoding="utf-8")
+        if self._bar is not None:
+            self._bar.n = step
+            self._bar.refresh()
+
     def table(self, step: int, rows: list[dict[str, Any]]) -> None:
         """A sample of trajectories (memrl.training.dump rows) to the trackers that keep tables."""
         self._to_trackers("table", step, rows)

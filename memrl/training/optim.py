@@ -34,6 +34,7 @@ def decay_groups(model: torch.nn.Module, scope: str) -> Any:
 
 def skips_zero_advantage(cfg: TrainConfig) -> bool:
     """Whether the update leaves out rows whose advantage is exactly 0 (`trainer.skip_zero_advantage`): only
-    where that is exact, the built-in PPO loss with no KL and no entropy term."""
+    where that is exact, the built-in PPO loss with no KL, entropy or LLDS term."""
     a = cfg.algorithm
-    return cfg.trainer.skip_zero_advantage and a.loss == "ppo" and a.kl_coef == 0 and a.entropy_coef == 0
+    return (cfg.trainer.skip_zero_advantage and a.loss == "ppo" and a.kl_coef == 0 and a.entropy_coef == 0
+            and a.llds.coef == 0)

@@ -10,6 +10,7 @@ import torch
 
 from memrl.algorithms.losses import kl_penalty, mismatch_sums, off_policy_weights
 from memrl.algorithms.registry import get_loss
+from memrl.algorithms.remedies import llds_term
 from memrl.training import chunked_logprobs as C
 from memrl.training.packing import MicroBatch
 
@@ -114,8 +115,9 @@ def ppo_micro_loss(
     mismatch_clip: float = 2.0,
     router_aux_coef: float = 0.0,
     chunk_tokens: int = 0,
+    llds: tuple[float, str] = (0.0, "all"),
 ) -> LossParts:
-    """sum(w * (policy_loss + kl_coef * kl - entropy_coef * entropy)) over this micro-batch, plus
+    """sum(w * (policy_loss + kl_coef * kl - entropy_coef * entropy + llds_coef * llds)) over this micro-batch, plus
     router_aux_coef * sum(w) * aux for an MoE model (aux: the micro-batch's load-balancing loss, Switch
     Transformer's, arXiv 2101.03961 eq. 4, as transformers computes it), so the aux term over a mini-batch
     is the weight-averaged aux of its micro-batches.
@@ -130,7 +132,8 @@ def ppo_micro_loss(
     off_policy_cap): behaviour = the engine, proximal = old. The mismatch sums compare this forward's
     logprobs with the engine's on the trained tokens (`mismatch_clip`: c of the ratio's [1/c, c] band);
     with recomputed old logprobs `pairs` adds old vs engine and this forward vs old. `chunk_tokens`: as
-    token_logprobs.
+    token_logprobs. `llds`: (coef, rows) of the LLDS-style term (memrl.algorithms.remedies.llds_term) against
+    the same old logprobs as the ratio.
     """
     aux: list[torch.Tensor] | None = [] if router_aux_coef > 0 else None
     lp, ent = token_logprobs(model, mb, temperature, with_entropy=True, router_aux=aux, chunk_tokens=chunk_tokens)
@@ -148,6 +151,10 @@ def ppo_micro_loss(
     w = mb.weights
     loss = (w * per_tok).sum()
     sums = {"pg_loss": float(loss.detach())}
+    if llds[0]:
+        llds_sum = (w * llds_term(lp, old, mb.loss_mask, mb.advantages, llds[1])).sum()
+        sums["llds"] = float(llds_sum.detach())
+        loss = loss + llds[0] * llds_sum
     if is_w is not None:
         sums["is_weight"] = float((w * is_w).sum())
     if ref_logprobs is not None:
@@ -166,7 +173,7 @@ def ppo_micro_loss(
         aux_term = aux[0].to(loss.dtype) * wsum
         sums["router_aux"] = float(aux_term.detach())
         loss = loss + router_aux_coef * aux_term
-    for k in ("clipfrac", "approx_kl"):
+    for k in ("clipfrac", "approx_kl", "cov_share"):
         if k in stats:
             sums[k] = stats[k] * wsum
     pairs = {} if prox is None else {

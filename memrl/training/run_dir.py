@@ -34,6 +34,8 @@ MAY_CHANGE = (
     "rollout.engine", "rollout.weight_sync", "rollout.broadcast_backend", "rollout.broadcast_bucket_mb",
     "rollout.sync_dir", "rollout.colocate", "rollout.gpu_memory_utilization", "rollout.sync_check",
     "rollout.sync_check_tol", "rollout.sync_check_tokens", "ray",
+    # how the run watches itself: a run resumed after a collapse may turn the guard on (memrl.training.guard)
+    "trainer.on_collapse", "health",
 )
 """Dotted keys (or sections) a resumed run may set differently from the run it continues: the number of
 steps, logging, trackers, progress bars, checkpoint cadence, trajectory dumps, and the resources and

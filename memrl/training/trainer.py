@@ -12,10 +12,10 @@ services, the task stream, the dump, the sync stage); one step is the arrow
        scheduler step per RL step)
     -> sync (memrl.training.engine_sync: the engine(s) get the new weights)
 
-timed by a stage timer and logged by memrl.training.step_metrics around it; then validation, the best
-checkpoint, the metrics row, checkpoints. The engine's weights are synced once more before the first
-rollout of every run (fresh or resumed), so an engine that loaded other weights (a server started on the
-initial model) never samples from them.
+timed by a stage timer and logged by memrl.training.step_metrics around it; then validation, the health
+alarms (memrl.training.guard acts on them), the best checkpoint, the metrics row, checkpoints. The engine's
+weights are synced once more before the first rollout of every run (fresh or resumed), so an engine that
+loaded other weights (a server started on the initial model) never samples from them.
 
 Same code on a laptop CPU and a GPU; only `model.device` / `engine.name` / the placement change.
 """
@@ -37,6 +37,7 @@ from memrl.config import to_yaml
 from memrl.engines.base import NonFiniteLogprobError
 from memrl.errors import UserError, disk_full
 from memrl.rewards.registry import NONE
+from memrl.training import guard, health
 from memrl.training.assemble import RunParts
 from memrl.training.async_rollout import Producer, partial_metrics, stale_filter
 from memrl.training.checkpoint import LATEST, CheckpointError, disk_full_message, rng_state
@@ -98,6 +99,7 @@ class Trainer:
         self.engine_busy = EngineBusy(parts.engine)
         self.producer: Producer | None = None  # asynchronous training: started with the first step
         self.dumped_rows: list[dict[str, Any]] = []  # the last step's dump, logged as a table by fit()
+        self.health = health.HealthMonitor.resumed(self.cfg.health, self.state.health)  # health/* and alarms
 
     @property
     def step(self) -> int:
@@ -118,7 +120,7 @@ class Trainer:
         self.timer.reset()
         with self.timer("rollout"):
             res = self.rollout()
-            parts = [rollout_metrics(res)]  # the outcome rewards, before a model-scored reward mixes in
+            parts = [rollout_metrics(res), health.rollout_health(res, tuple(self.parts.spec.format_keys))]
             if res.groups and self.cfg.algorithm.model_reward != NONE:
                 with self.timer("model_reward"):
                     parts.append(apply_model_reward(self.parts, res.groups))
@@ -187,7 +189,7 @@ class Trainer:
 
     def rollout_seed(self, step: int) -> int:
         """The sampling seed of step `step`'s batch (0-based), in either mode."""
-        return self.cfg.trainer.seed * 100003 + step
+        return self.cfg.trainer.seed * 100003 + step + guard.seed_offset(self.cfg.health, self.health.rollbacks)
 
     def advantages(self, res: RolloutResult) -> None:
         """The registered estimator (algorithm.name) over the kept groups, from their outcome rewards and
@@ -286,6 +288,7 @@ class Trainer:
             log.warning("%s: replaced %d row(s) of steps after %d, which are redone", logger.path,
                         logger.dropped, self.step)
         self.parts.dump.truncate(self.step)  # trajectories.jsonl likewise holds each step once
+        guard.begin(self)  # memrl.training.guard: health_events.jsonl cut back; rollback: the step-0 checkpoint
         if cfg.trainer.save_best:
             restore_best(self.ckpt_root, self.state.best)  # what a kill while replacing checkpoints/best left
         history: list[dict[str, float]] = []
@@ -296,7 +299,10 @@ class Trainer:
             self.state.step += 1
             if cfg.trainer.val_every and self.step % cfg.trainer.val_every == 0:
                 metrics.update(self.validate_step(self.step))
+            alarms = self.health.observe(metrics)  # health/* trends, streaks and alarms
             logger.log(self.step, metrics)  # before a save: a kill inside it must not lose the row
+            if alarms and guard.act(self, alarms, metrics, logger):  # on_collapse: stop raises; rollback went back
+                continue
             saved = keep_best(cfg.trainer, self.state, self.step, metrics, self.save)  # trainer.save_best
             if self.dumped_rows:  # memrl.training.dump: this step's sample
                 logger.table(self.step, self.dumped_rows)
@@ -334,7 +340,7 @@ class Trainer:
     def save(self) -> Path:
         """Checkpoint the current step: the workers' weights and optimizer, the RNG and the loop state."""
         in_flight = self.producer.in_flight(self.step) if self.producer is not None else None
-        state = {"rng": rng_state(), **self.state.saved(in_flight)}
+        state = {"rng": rng_state(), **self.state.saved(in_flight), "health": self.health.saved()}
         try:
             return self.parts.workers.save(self.ckpt_root, self.step, state, keep=self.cfg.trainer.keep_checkpoints,
                                            extra_files={"config.yaml": to_yaml(self.cfg)})

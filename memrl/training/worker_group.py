@@ -152,6 +152,10 @@ class RankGroup:
     def _all(self, method: str, *args: Any, publish: bool = False) -> list[Any]:
         return self._each(method, [args] * self.world_size, publish)
 
+    def load_checkpoint(self, path: str, lr_scale: float = 1.0) -> None:
+        """Every rank back to checkpoint `path` (PolicyWorker.load_checkpoint)."""
+        self._all("load_checkpoint", path, lr_scale)
+
     def train_rows(self, batch: TrainBatch, step_scheduler: bool = True) -> dict[str, float]:
         dp = self.world_size // self.sp
         shares = [batch] if dp == 1 else split(batch, dp)

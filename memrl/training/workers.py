@@ -41,6 +41,7 @@ from memrl.training.optim import decay_groups, lr_lambda, skips_zero_advantage
 from memrl.training.packing import MicroBatch, TrainBatch, blank_row, collate, pack_rows
 from memrl.training.placement import on_bundle, placement_group, replica_kind, share_gpu
 from memrl.training.policy import clip_norm, ppo_micro_loss, token_logprobs
+from memrl.training.routing import RoutingReplay
 from memrl.training.sync_check import teacher_forced_logprobs
 from memrl.training.worker_group import LocalRank, RankGroup, WorkerGroup
 from memrl.types import Segment
@@ -127,6 +128,12 @@ class PolicyWorker:
         D.shard_model(self.model, t.fsdp_bf16, t.cpu_offload)
         if L.enabled(cfg.model) and D.grouped():
             L.first_forward(self.model, self.tokenizer.pad_token_id or 0)  # FSDP2's dtypes, adapter on
+        self.routing = None  # algorithm.routing_replay=r2 (memrl.training.routing)
+        if cfg.algorithm.routing_replay != "none":
+            try:
+                self.routing = RoutingReplay(self.model)
+            except ValueError as e:
+                raise UserError(f"algorithm.routing_replay={cfg.algorithm.routing_replay}: {src}: {e}") from None
         self.ref = None
         if cfg.algorithm.kl_coef > 0 and L.enabled(cfg.model):
             self.ref = L.BaseReference(self.model)  # the initial policy: the same module, adapters off
@@ -141,17 +148,35 @@ class PolicyWorker:
                                      betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(o.warmup_steps))
         if start is not None:
-            state = _read_state(start)
-            if state.get("optimizer_layout") == "dcp":
-                D.load_optim_dcp(self.model, self.opt, Path(start) / OPTIM_DIR, state["optimizer_groups"])
-            elif _is_name_keyed(state["optimizer"]):  # checkpoints written before the DCP layout
-                D.load_optim_state(self.model, self.opt, state["optimizer"])
-            elif info.world_size == 1:
-                self.opt.load_state_dict(state["optimizer"])  # checkpoints written before name-keyed states
-            else:
-                raise ValueError(f"checkpoint {start}: its optimizer state is keyed by parameter index and "
-                                 "loads only at trainer.num_workers=1")
-            self.sched.load_state_dict(state["scheduler"])
+            self._load_optimizer(start)
+
+    def _load_optimizer(self, start: str) -> None:
+        """The optimizer and scheduler states of checkpoint `start`."""
+        state = _read_state(start)
+        if state.get("optimizer_layout") == "dcp":
+            D.load_optim_dcp(self.model, self.opt, Path(start) / OPTIM_DIR, state["optimizer_groups"])
+        elif _is_name_keyed(state["optimizer"]):  # checkpoints written before the DCP layout
+            D.load_optim_state(self.model, self.opt, state["optimizer"])
+        elif self.info.world_size == 1:
+            self.opt.load_state_dict(state["optimizer"])  # checkpoints written before name-keyed states
+        else:
+            raise ValueError(f"checkpoint {start}: its optimizer state is keyed by parameter index and "
+                             "loads only at trainer.num_workers=1")
+        self.sched.load_state_dict(state["scheduler"])
+
+    def load_checkpoint(self, path: str, lr_scale: float = 1.0) -> None:
+        """Back to checkpoint `path` in place (trainer.on_collapse=rollback; world size 1, full fine-tuning):
+        its weights, optimizer and scheduler, then the learning rate (peak and schedule) times `lr_scale`."""
+        loaded = open_model(path, "checkpoint", dtype=self.weights_dtype)
+        with torch.no_grad():
+            self.model.load_state_dict(loaded.state_dict())
+        del loaded
+        self._load_optimizer(path)
+        self.sched.base_lrs = [b * lr_scale for b in self.sched.base_lrs]
+        for g in self.opt.param_groups:
+            g["lr"] *= lr_scale
+            if "initial_lr" in g:
+                g["initial_lr"] *= lr_scale
 
     # ------------------------------------------------------------------ the update
     def train_rows(self, share: TrainBatch, step_scheduler: bool = True) -> dict[str, float]:
@@ -171,6 +196,8 @@ class PolicyWorker:
             mine = TrainBatch([share.segments[i] for i in keep], [share.weights[i] for i in keep], share.batch_rows)
             kept_w = mine.weight_sum()
         batches = pack_rows(mine.segments, self.cfg.trainer.token_budget * self.sp) if len(mine) else []
+        if self.routing is not None and self.cfg.algorithm.routing_replay == "r3":
+            self.routing.recorded = self._rollout_routing(mine.segments)
         # FSDP collectives run per forward/backward: every rank runs the same number of micro-batches,
         # padding with a row of weight 0 (it adds nothing to the loss or the gradient).
         n_steps = D.all_reduce_max(len(batches), self._comm_device())
@@ -188,8 +215,9 @@ class PolicyWorker:
                 tokens += mb.num_tokens
             else:
                 mb = collate([blank_row(pad)], [0.0], pad).to(self.device)
-            with self._sequence_parallel():  # forward and backward (a checkpointed layer's recompute too)
-                part = self._micro_step(self._shard(mb), ws)
+            keys = [id(mine.segments[i]) for i in batches[j]] if j < len(batches) else [None]
+            with self._sequence_parallel(), self._replay(keys, mb):  # forward and backward (a checkpointed
+                part = self._micro_step(self._shard(mb), ws)  # layer's recompute too)
             for k, v in part.mismatch.items():
                 mm[k] += v
             for name, sums_of in part.pairs.items():
@@ -228,7 +256,7 @@ class PolicyWorker:
                 out[f"mismatch/{name}/{k}"] = v
             at += len(MISMATCH_SUMS)
         if 0 < w_kept < w_all:  # entropy / clipfrac / approx_kl / is_weight: weighted means over the trained tokens
-            for k in ("loss/entropy", "loss/clipfrac", "loss/approx_kl", "loss/is_weight"):  # (no KL when skipping)
+            for k in ("loss/entropy", "loss/clipfrac", "loss/approx_kl", "loss/is_weight", "loss/cov_share"):
                 if k in out:
                     out[k] *= w_all / w_kept
         out["train/grad_norm"] = grad_norm
@@ -248,11 +276,15 @@ class PolicyWorker:
             part = ppo_micro_loss(self.model, mb, a.temperature, a.loss, self.loss_kwargs,
                                   ref_lp, a.kl_coef, a.kl_kind, a.entropy_coef,
                                   a.off_policy, off_policy_cap(a), a.mismatch_clip,
-                                  self.cfg.trainer.router_aux_loss_coef, chunk)
+                                  self.cfg.trainer.router_aux_loss_coef, chunk, (a.llds.coef, a.llds.rows))
         # FSDP averages gradients over ranks; the weights already sum over the global batch. Under sequence
         # parallelism each rank's gradient is its tokens' share, so the world sum is still the whole.
         (part.loss * ws if ws > 1 else part.loss).backward()
         return part
+
+    def _replay(self, keys: list[int | None], mb: MicroBatch) -> Any:
+        """algorithm.routing_replay: the rows' experts from the old-logprob pass (r2) or the rollout (r3)."""
+        return nullcontext() if self.routing is None else self.routing.replay(keys, mb.input_ids.shape[1])
 
     def _compute(self) -> Any:
         """The block in which forwards run in model.compute_dtype (autocast; nothing when unset)."""
@@ -278,19 +310,39 @@ class PolicyWorker:
         """`old_logprobs` and, from the same forward, each response token's entropy (AEPO's gate reads it)."""
         return self._response_pass(rows, with_entropy=True)
 
+    def _rollout_routing(self, rows: list[Segment]) -> dict[int, torch.Tensor]:
+        """r3: the engine's recorded experts of `rows` (Segment.routing) by row; r2: none yet."""
+        if self.cfg.algorithm.routing_replay != "r3":
+            return {}
+        return {id(s): s.routing for s in rows if s.routing is not None}
+
+    def _record(self, rows: list[Segment], idx: list[int], mb: MicroBatch) -> Any:
+        """algorithm.routing_replay: r2 keeps each row's experts of this forward, r3 replays the rollout's
+        (nothing when off)."""
+        if self.routing is None or not idx:
+            return nullcontext()
+        if self.cfg.algorithm.routing_replay == "r3":
+            return self.routing.replay([id(rows[i]) for i in idx], mb.input_ids.shape[1])
+        lengths = [len(rows[i].prompt_ids) + len(rows[i].response_ids) for i in idx]
+        return self.routing.record(mb.input_ids.shape[1], lengths, [id(rows[i]) for i in idx])
+
     def _response_pass(self, rows: list[Segment], with_entropy: bool) -> tuple[list[list[float]], list[list[float]]]:
         pad = self.tokenizer.pad_token_id or 0
         batches = pack_rows(rows, self.cfg.trainer.token_budget * self.sp) if rows else []
         n_steps = D.all_reduce_max(len(batches), self._comm_device())
         out: list[list[float]] = [[] for _ in rows]
         ents: list[list[float]] = [[] for _ in rows]
+        if self.routing is not None:  # one RL step's records at a time; r3: the rollout's
+            self.routing.recorded = self._rollout_routing(rows)
         self.model.eval()
         with torch.no_grad(), self._sequence_parallel(), self._compute():
             for j in range(n_steps):
                 idx = batches[j] if j < len(batches) else []
                 mb = collate([rows[i] for i in idx] or [blank_row(pad)], None, pad).to(self.device)
-                lp, ent = token_logprobs(self.model, self._shard(mb), self.cfg.algorithm.temperature,
-                                         with_entropy=with_entropy, chunk_tokens=self.cfg.trainer.logits_chunk_tokens)
+                with self._record(rows, idx, mb):
+                    lp, ent = token_logprobs(self.model, self._shard(mb), self.cfg.algorithm.temperature,
+                                             with_entropy=with_entropy,
+                                             chunk_tokens=self.cfg.trainer.logits_chunk_tokens)
                 if self.sp > 1:  # every rank of the group gets the whole rows' log-probs
                     lp = U.gather(lp, self.sp_group, mb.targets.shape[1])
                     if ent is not None:

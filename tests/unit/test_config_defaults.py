@@ -46,6 +46,7 @@ SHARED_NAMES: dict[str, str] = {
     "concurrency": "trajectories in flight in training (1024) vs questions in flight in `memrl eval` (16)",
     "gpu_memory_utilization": "rollout replicas colocated with the trainer (0.4) vs a vLLM engine alone (0.9)",
     "lr": "RL's learning rate vs supervised fine-tuning's",
+    "coef": "InfoMem's reward weight (0.5, published) vs the LLDS term's weight (0 = off)",
     "warmup_steps": "RL's warm-up vs supervised fine-tuning's",
     "weight_decay": "RL's AdamW vs supervised fine-tuning's",
     "token_budget": "RL's micro-batch tokens vs supervised fine-tuning's",

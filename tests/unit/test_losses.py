@@ -201,5 +201,5 @@ def test_per_micro_batch_token_mean_is_not_the_full_batch_loss():
 def test_loss_registry():
     assert get_loss("ppo") is ppo_clip_loss
     assert "ppo" in loss_names()
-    with pytest.raises(KeyError, match="unknown policy loss 'cispo'; known: gspo, ppo"):
+    with pytest.raises(KeyError, match="unknown policy loss 'cispo'; known: clip_cov, gspo, kl_cov, ppo"):
         get_loss("cispo")

@@ -1,0 +1,139 @@
+"""The collapse guard end to end on the tiny random model (CPU): it never writes a box, so every memagent
+trajectory is a format failure with reward 0 from the first step on; the format and dead alarms hold at
+every step. warn shows one line, stop ends naming what is kept, rollback goes back, scales the learning
+rate, resamples with new seeds, records the event, and a resume across the rollback is exact."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from memrl.config import load_config
+from memrl.training.assemble import assemble
+from memrl.training.config import TrainConfig
+from memrl.training.guard import RECORDS, SEED_STRIDE, CollapseError
+from memrl.training.trainer import Trainer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_path():
+    from memrl.models.tiny import cached_tiny_model
+
+    return str(cached_tiny_model("tiny"))
+
+
+def _cfg(model: str, out, steps: int, mode: str, **extra: str) -> TrainConfig:
+    ov = [
+        f"model.path={model}", f"out_dir={out}", f"trainer.steps={steps}", "workflow=memagent",
+        "workflow.chunk_tokens=24", "workflow.max_memory_tokens=6", "workflow.max_final_tokens=3",
+        "workflow.max_chunks=2", "data.synthetic.num_chunks=2", "data.synthetic.chunk_words=8",
+        "trainer.batch_size=2", "algorithm.n=2", "algorithm.kl_coef=0", "optim.lr=1e-3", "optim.warmup_steps=0",
+        "trainer.save_every=1", "trainer.keep_checkpoints=0", "trainer.token_budget=600", "trainer.progress=false",
+        "trainer.tensorboard=false", "engine.name=hf", f"trainer.on_collapse={mode}", "health.patience=2",
+        "trainer.skip_zero_advantage=false",
+    ] + [f"{k}={v}" for k, v in extra.items()]
+    return load_config(TrainConfig, ov)
+
+
+def _rows(out) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_warn_shows_one_line_when_the_alarms_first_fire(tiny_path, tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
+    hist = Trainer(assemble(_cfg(tiny_path, tmp_path / "w", 3, "warn"))).fit()
+    assert [h["health/format_failure_share"] for h in hist] == [1.0, 1.0, 1.0]  # no box from a random model
+    assert [h["health/zero_variance_share"] for h in hist] == [1.0, 1.0, 1.0]
+    assert [h["health/streak/dead"] for h in hist] == [1.0, 2.0, 3.0]
+    assert [h["health/alarms"] for h in hist] == [0.0, 2.0, 2.0]  # dead and format, from step 2 (patience 2)
+    assert all("health/right_logprob" not in h for h in hist)  # no right trajectory
+    assert [h["health/reward_trend"] for h in hist] == [0.0, 0.0, 0.0]
+    assert all(h["health/entropy"] == h["loss/entropy"] for h in hist)
+    lines = [r.message for r in caplog.records if "health alarm" in r.message]
+    assert len(lines) == 1 and lines[0].startswith("step 2: health alarm (dead: every group had zero reward")
+    assert lines[0].endswith("trainer.on_collapse=warn")
+    assert len(_rows(tmp_path / "w")) == 3
+
+
+def test_stop_ends_the_run_naming_what_is_kept(tiny_path, tmp_path):
+    run = tmp_path / "s"
+    with pytest.raises(CollapseError) as e:
+        Trainer(assemble(_cfg(tiny_path, run, 5, "stop"))).fit()
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("step 2: training collapsed (dead: every group had zero reward variance")
+    assert "stopped (trainer.on_collapse=stop); no checkpoint from before step 1 is kept" in msg
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_000001"]  # step 2 unsaved
+    assert [r["step"] for r in _rows(run)] == [1, 2]
+
+
+def test_stop_names_the_last_good_checkpoint(tiny_path, tmp_path):
+    """Only the format alarm guards, with patience 2; format_share 1.0 never holds, so nothing fires: the
+    dead alarm alone is logged and not acted on."""
+    run = tmp_path / "g"
+    hist = Trainer(assemble(_cfg(tiny_path, run, 3, "stop", **{"health.guard": "[format]",
+                                                              "health.format_share": "1.0"}))).fit()
+    assert [h["health/alarms"] for h in hist] == [0.0, 1.0, 1.0]  # dead fires, not guarded: the run goes on
+    with pytest.raises(CollapseError, match=r"the last good checkpoint is .*step_000003 \(step 3, before the "
+                                            r"streak began at step 4\)"):
+        Trainer(assemble(_cfg(tiny_path, run, 6, "stop", **{"health.guard": "[format]"}), resume=True)).fit()
+
+
+def test_rollback_goes_back_rescales_reseeds_and_resumes_exactly(tiny_path, tmp_path):
+    """Straight: save step 0; steps 1, 2 (alarms fire) -> back to step 0, lr x 0.5, seeds + 1e6; steps 1', 2'
+    fire again -> max_rollbacks=1 spent: CollapseError. Interrupted: the same run stopped after step 1' was
+    saved, then resumed: it ends with the same weights, optimizer state and metrics."""
+    extra = {"health.max_rollbacks": "1"}
+    straight = Trainer(assemble(_cfg(tiny_path, tmp_path / "a", 6, "rollback", **extra)))
+    with pytest.raises(CollapseError, match="stopped after health.max_rollbacks=1 rollback"):
+        straight.fit()
+    rows = _rows(tmp_path / "a")
+    assert [r["step"] for r in rows] == [1, 2]  # steps 1 and 2 undone, 1' and 2' logged
+    assert [r["health/rollbacks"] for r in rows] == [1.0, 1.0]
+    events = [json.loads(x) for x in (tmp_path / "a" / RECORDS).read_text().splitlines()]
+    assert len(events) == 1
+    ev = events[0]
+    assert (ev["event"], ev["rollback"], ev["step"], ev["to_step"]) == ("rollback", 1, 2, 0)
+    assert ev["removed"] == ["step_000001"] and ev["lr_scale"] == 0.5 and ev["seed_offset"] == SEED_STRIDE
+    assert ev["alarms"] == ["dead", "format"] and ev["metrics"]["health/streak/dead"] == 2.0
+    assert rows[0]["train/lr"] == 0.5e-3  # no warm-up: the peak, halved
+    assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").glob("step_*")) == ["step_000000", "step_000001"]
+
+    class Stop(Exception):
+        pass
+
+    class StopAfterSave(Trainer):
+        def save(self):
+            path = super().save()
+            if self.health.rollbacks == 1 and self.step == 1:  # step 1' saved: the process ends here
+                raise Stop
+            return path
+
+    first = StopAfterSave(assemble(_cfg(tiny_path, tmp_path / "b", 6, "rollback", **extra)))
+    with pytest.raises(Stop):
+        first.fit()
+    resumed = Trainer(assemble(_cfg(tiny_path, tmp_path / "b", 6, "rollback", **extra), resume=True))
+    assert resumed.health.rollbacks == 1 and resumed.step == 1
+    assert resumed.rollout_seed(1) == straight.rollout_seed(1) == 0 * 100003 + 1 + SEED_STRIDE  # trainer.seed 0
+    with pytest.raises(CollapseError):
+        resumed.fit()
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    sa, sb = straight.parts.workers.opt.state_dict(), resumed.parts.workers.opt.state_dict()
+    assert sa["param_groups"][0]["lr"] == sb["param_groups"][0]["lr"] == 0.5e-3
+    for i in sa["state"]:
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(sa["state"][i][k], sb["state"][i][k])
+    rows_b = _rows(tmp_path / "b")
+    assert [r["step"] for r in rows_b] == [1, 2]
+    for x, y in zip(rows, rows_b, strict=True):
+        for k in ("loss/total", "loss/entropy", "rollout/generated_tokens", "health/streak/dead"):
+            assert x[k] == y[k], k
+    assert (tmp_path / "b" / RECORDS).read_text() == (tmp_path / "a" / RECORDS).read_text().replace(
+        str(tmp_path / "a"), str(tmp_path / "b"))
