@@ -15,7 +15,8 @@ Stages (each resumes: a finished stage's outputs are kept, `memrl train --resume
   table  accuracy (%) by the published verifier (MemAgent's training verifier, verl_hotpotqa), memrl's boxed
          exact match and a lenient reader (a gold answer anywhere in the final reply), the no-box rate and
          the memory length, mean and standard error over the 48 questions (RL rows: mean over seeds, the
-         standard error over seeds), and the training curve (reward per step, each seed).
+         standard error over seeds), the published score's paired difference from the cold start (per
+         question, same questions), and the training curve (reward per step, each seed).
 The evaluation above was fixed before any run.
 """
 
@@ -137,28 +138,47 @@ def mean_se(xs: list[float]) -> str:
     return f"{statistics.mean(xs):.1f} ± {se:.1f}"
 
 
+def paired(run: Path, base: Path, n_docs: int) -> list[float]:
+    """Per question, the published verifier's score of `run` minus that of `base` (same questions, same order
+    of task ids), in points."""
+    def by_task(p: Path) -> dict[str, float]:
+        from memrl.rewards.verifiers import get_verifier
+
+        published = get_verifier("verl_hotpotqa")
+        rows = [json.loads(ln) for ln in (p / "results.jsonl").read_text().splitlines() if ln.strip()]
+        return {r["task_id"]: 100 * published(r.get("answer_text") or "", r["answers"]) for r in rows
+                if int(r["num_docs"]) == n_docs}
+    a, b = by_task(run), by_task(base)
+    return [a[t] - b[t] for t in sorted(a) if t in b]
+
+
 def table(args: argparse.Namespace, out: Path) -> None:
     cols = ("published", "boxed EM", "lenient", "no box", "memory tokens")
-    print("| model | decoding | docs | questions | " + " | ".join(cols) + " |")
-    print("|---|---|---:|---:|" + "---:|" * len(cols))
+    print("| model | decoding | docs | questions | " + " | ".join(cols) + " | published - cold start (paired) |")
+    print("|---|---|---:|---:|" + "---:|" * (len(cols) + 1))
     names = list(models(args, out))
     rl_names = [n for n in names if n.startswith("rl seed")]
+    runs_dir = out / "eval_runs"
     for dec in DECODING:
+        base = runs_dir / "cold_start" / dec
         for n_docs in (2, 8):
-            for name in [n for n in names if not n.startswith("rl seed")] + (["rl (seeds)"] if rl_names else []):
+            for name in names + (["rl (seeds)"] if len(rl_names) > 1 else []):
                 runs = rl_names if name == "rl (seeds)" else [name]
-                scored = [score(p)[n_docs] for p in (out / "eval_runs" / slug(r) / dec for r in runs)
-                          if (p / "results.jsonl").is_file() and n_docs in score(p)]
-                if not scored:
+                found = [runs_dir / slug(r) / dec for r in runs]
+                found = [p for p in found if (p / "results.jsonl").is_file() and n_docs in score(p)]
+                if not found:
                     continue
+                scored = [score(p)[n_docs] for p in found]
+                q = len(scored[0]["published"])
+                has_base = (base / "results.jsonl").is_file() and name != "cold start"
                 if len(runs) == 1:
                     cells = [mean_se(scored[0][c]) for c in cols]
-                    q = len(scored[0]["published"])
+                    delta = mean_se(paired(found[0], base, n_docs)) if has_base else "-"
                 else:  # mean over seeds, standard error over the seeds' means
                     cells = [mean_se([statistics.mean(s[c]) for s in scored]) for c in cols]
-                    q = len(scored[0]["published"])
+                    delta = mean_se([statistics.mean(paired(p, base, n_docs)) for p in found]) if has_base else "-"
                     name = f"rl ({len(scored)} seeds)"
-                print(f"| {name} | {dec} | {n_docs} | {q} | " + " | ".join(cells) + " |")
+                print(f"| {name} | {dec} | {n_docs} | {q} | " + " | ".join(cells) + f" | {delta} |")
     curve(args, out)
 
 
