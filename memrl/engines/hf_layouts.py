@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from memrl.engines.hf_cache import PrefixStore, SlotKV
 from memrl.engines.hf_scheduler import Request
-
-if TYPE_CHECKING:
-    from memrl.engines.hf import HFEngine
 
 
 class _Batch:
@@ -80,7 +77,7 @@ class _SlotBatch:
 class PaddedLayout:
     """engine.hf.kv_cache=padded: one left-padded cache for the running rows."""
 
-    def __init__(self, engine: HFEngine) -> None:
+    def __init__(self, engine: Any) -> None:  # the HFEngine (memrl.engines.hf)
         self.engine = engine
 
     def admit(self, batch: _Batch | None, reqs: list[Request]) -> _Batch:
@@ -218,7 +215,7 @@ class PaddedLayout:
 class SlotLayout:
     """engine.hf.kv_cache=slots: row r of the running batch owns slot r of a preallocated cache."""
 
-    def __init__(self, engine: HFEngine, prefix: PrefixStore | None) -> None:
+    def __init__(self, engine: Any, prefix: PrefixStore | None) -> None:  # the HFEngine
         self.engine = engine
         self.prefix = prefix
         self.prefix_wave = -1  # deterministic: the wave whose prompts the prefix store holds
