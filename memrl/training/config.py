@@ -61,6 +61,7 @@ from memrl.config import (
 from memrl.data.synthetic import SyntheticConfig
 from memrl.engines.base import FAILED_REQUEST_MODES
 from memrl.engines.config import EngineConfig
+from memrl.engines.registry import engine_kind, replica_names
 from memrl.precision import check_compute_dtype
 from memrl.rewards.extract import EXTRACT_MODES
 from memrl.rewards.infomem import InfoMemOptions
@@ -517,7 +518,7 @@ class RolloutSection:
     whole `engine` section (its kind from rollout.engine, its device from the resources below)."""
     cpus_per_engine: float = valid(1.0, gt=0, le=MAX_PARALLEL)
     gpus_per_engine: float = valid(0.0, ge=0, le=MAX_PARALLEL)
-    engine: str = valid("", choices=("", "hf", "vllm", "vllm-cpu"))
+    engine: str = valid("", choices=lambda: ("", *replica_names()))
     """Replica kind: "hf" (memrl.engines.hf.HFEngine) or "vllm" (memrl.engines.vllm.VLLMEngine);
     "" = engine.name (vllm-cpu counts as vllm)."""
     weight_sync: str = valid("auto", choices=("auto", "object_store", "broadcast", "directory"))
@@ -643,14 +644,10 @@ class TrainConfig:
     def _check_async_engine(self) -> None:
         """rollout.max_staleness > 0 with the in-process engine: it must keep its own weights."""
         k, e = self.rollout.max_staleness, self.engine
-        if e.name == "hf" and e.hf.share_weights:
-            raise ConfigError(
-                f"rollout.max_staleness={k} needs engine.hf.share_weights=false (or Ray replicas, rollout.num_engines "
-                ">= 1): an engine that shares the trained module would sample from weights the update is changing")
-        if e.name in ("vllm", "vllm-cpu"):
-            raise ConfigError(
-                f"rollout.max_staleness={k} with the in-process {e.name} engine: put vLLM in Ray replicas "
-                "(rollout.num_engines >= 1, rollout.engine=vllm), where it samples while the trainer updates")
+        kind = engine_kind(e.name)
+        problem = kind.async_problem(e, k) if kind.async_problem is not None else None
+        if problem:
+            raise ConfigError(problem)
 
     def _check_sequence_parallel(self) -> None:
         """trainer.sequence_parallel=S > 1: S divides the ranks; what it does not split is refused by name."""
@@ -696,9 +693,7 @@ class TrainConfig:
                 "workflow.turn_tokens=reencoded needs algorithm.old_logprobs=trainer and algorithm.off_policy=none "
                 f"(got {a.old_logprobs} and {a.off_policy}): a re-encoded token the engine did not sample has no "
                 "engine logprob (a 0.0 placeholder, counted in reencoded_unsampled_tokens)")
-        if self.engine.name == "openai" and self.engine.openai.api == "chat":
-            raise ConfigError(
-                "engine.openai.api=chat cannot train: RL needs the generated token ids and their sampling "
-                "logprobs for the exact prompt tokens, and /v1/chat/completions renders its own prompt and "
-                "returns ids and logprobs only as optional extras; serve /v1/completions and set "
-                "engine.openai.api=completions")
+        kind = engine_kind(self.engine.name)
+        problem = kind.train_problem(self.engine) if kind.train_problem is not None else None
+        if problem:
+            raise ConfigError(problem)

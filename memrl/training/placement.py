@@ -21,7 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from memrl.engines import build_engine
+from memrl.engines import build_engine, engine_kind
+from memrl.engines.registry import replica_names
 from memrl.errors import UserError
 from memrl.training.config import TrainConfig
 
@@ -92,16 +93,17 @@ def connect(cfg: TrainConfig) -> None:
 def replica_kind(cfg: TrainConfig) -> str:
     """The replicas' engine kind: rollout.engine, or engine.name when that is empty (vllm-cpu -> vllm)."""
     kind = cfg.rollout.engine or cfg.engine.name
-    return "vllm" if kind == "vllm-cpu" else kind
+    return engine_kind(kind).replica or kind
 
 
 def check_resources(cfg: TrainConfig, have: dict[str, float]) -> None:
     """Raise PlacementError naming the fields when the cluster cannot place the workers and engines."""
     t, r = cfg.trainer, cfg.rollout
     kind = replica_kind(cfg)
-    if kind not in ("hf", "vllm"):
+    if kind not in replica_names():
         where = "rollout.engine" if r.engine else "engine.name (rollout.engine is empty)"
-        raise PlacementError(f"{where} {kind!r} is not hf or vllm")
+        replicas = sorted({engine_kind(n).replica for n in replica_names()})
+        raise PlacementError(f"{where} {kind!r} is not {' or '.join(replicas)}")
     if r.colocate and not (1 < t.num_workers and r.num_engines <= t.num_workers):
         raise PlacementError(f"rollout.colocate needs trainer.num_workers > 1 and rollout.num_engines <= it "
                              f"(got {t.num_workers} workers, {r.num_engines} engines)")
@@ -180,7 +182,7 @@ def replica_engine_config(cfg: TrainConfig, path: str, gpus: float) -> Any:
     hf = replace(e.hf, device="cuda" if gpus > 0 else "cpu", share_weights=False,
                  compute_dtype=e.hf.compute_dtype or cfg.model.compute_dtype)
     vllm = replace(e.vllm, gpu_memory_utilization=r.gpu_memory_utilization,
-                   enable_sleep_mode=e.vllm.enable_sleep_mode or (r.colocate and kind == "vllm" and gpus > 0))
+                   enable_sleep_mode=e.vllm.enable_sleep_mode or (r.colocate and engine_kind(kind).replica_sleeps and gpus > 0))
     return replace(e, name=kind, model=path, dtype=dtype, hf=hf, vllm=vllm)
 
 
@@ -259,7 +261,7 @@ class RayEngines:
             self.pg, gpus = shared_pg, share_gpu(cfg)
         self.kind = replica_kind(cfg)
         self.gpus = gpus
-        self.sleeps = r.colocate and self.kind == "vllm" and gpus > 0
+        self.sleeps = r.colocate and engine_kind(self.kind).replica_sleeps and gpus > 0
         self.asleep = False
         cls = ray.remote(_EngineActor)
         ecfg = replica_engine_config(cfg, str(path), gpus)
