@@ -33,7 +33,7 @@ import torch
 from transformers import AutoTokenizer
 from transformers.cache_utils import Cache
 
-from memrl.engines.base import EngineError, SamplingParams
+from memrl.engines.base import Capabilities, EngineError, SamplingParams
 from memrl.engines.config import KV_CACHES, EngineConfig, HFSection
 from memrl.engines.hf_cache import PrefixStore, cache_kwarg, cache_layer_class
 from memrl.engines.hf_layouts import PaddedLayout, SlotLayout
@@ -85,6 +85,8 @@ class HFEngine(Scheduler):
     (bitwise-reproducible rollouts, exact resume): the requests one event-loop turn submits form a wave,
     a wave is decoded without admitting later requests, and its completions are all handed back together.
     """
+
+    capabilities = Capabilities(weight_transfer=True, busy_accounting=True)
 
     def __init__(
         self,

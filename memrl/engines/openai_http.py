@@ -64,7 +64,7 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from memrl.config import MAX_COUNT, MAX_SECONDS, valid
-from memrl.engines.base import Completion, EngineError, SamplingParams
+from memrl.engines.base import Capabilities, Completion, EngineError, SamplingParams
 from memrl.engines.config import EngineConfig, OpenAISection
 
 log = logging.getLogger(__name__)
@@ -340,6 +340,8 @@ class _Retryable(Exception):
 
 class OpenAIEngine:
     """The Engine protocol over an OpenAI-compatible server (see the module docstring)."""
+
+    capabilities = Capabilities(adapters=True)
 
     def __init__(self, config: OpenAIConfig | None = None, tokenizer: Any = None, **kwargs: Any) -> None:
         self.config = config if config is not None else OpenAIConfig(**kwargs)

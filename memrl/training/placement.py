@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.engines import build_engine, engine_kind
+from memrl.engines.base import Capabilities, capabilities
 from memrl.engines.registry import replica_names
 from memrl.errors import UserError
 from memrl.training.config import TrainConfig
@@ -200,7 +201,7 @@ class _EngineActor:
         return self.engine_cfg
 
     def transfer_members(self) -> int:
-        return int(getattr(self.engine, "transfer_members", 1))
+        return int(self.engine.transfer_members) if capabilities(self.engine).weight_transfer else 1
 
     async def sleep(self) -> None:
         await asyncio.to_thread(self.engine.sleep, 1)
@@ -234,8 +235,9 @@ class _EngineActor:
 
     def busy_seconds(self) -> float:
         """Seconds the engine has spent generating (engines that count them, else -1)."""
-        busy = getattr(self.engine, "busy_seconds", None)
-        return float(busy()[0]) if busy is not None else -1.0
+        if not capabilities(self.engine).busy_accounting:
+            return -1.0
+        return float(self.engine.busy_seconds()[0])
 
     def param_sums(self) -> dict[str, float]:
         """Per-parameter float64 sums of the served weights (to check a sync landed; hf replicas)."""
@@ -247,6 +249,8 @@ class _EngineActor:
 
 class RayEngines:
     """`rollout.num_engines` engine replicas behind one Engine: least-outstanding-requests balancing."""
+
+    capabilities = Capabilities(weight_transfer=True, busy_accounting=True)
 
     def __init__(self, cfg: TrainConfig, path: str | Path, tokenizer: Any, shared_pg: Any = None) -> None:
         import ray  # noqa: PLC0415

@@ -12,6 +12,7 @@ import pytest
 import memrl
 from memrl.config import ConfigError, load_config
 from memrl.engines import EngineConfig, build_engine, engine_kind, engine_names
+from memrl.engines.base import PLAIN, Capabilities, capabilities
 from memrl.engines.registry import replica_names
 from memrl.training.config import TrainConfig
 
@@ -122,3 +123,25 @@ def test_a_kind_by_import_path_is_built_by_the_one_factory(tmp_path, monkeypatch
             EngineConfig(name="memrl_toy_engine:NOT_A_KIND")
     finally:
         sys.modules.pop("memrl_toy_engine", None)
+
+
+def test_capabilities_are_declared_not_probed():
+    from memrl.engines.hf import HFEngine
+    from memrl.engines.openai_http import OpenAIEngine
+    from memrl.engines.vllm import VLLMEngine
+    from memrl.training.step_metrics import EngineBusy
+
+    assert HFEngine.capabilities == Capabilities(weight_transfer=True, busy_accounting=True)
+    assert VLLMEngine.capabilities == Capabilities(sleep=True, weight_transfer=True, adapters=True)
+    assert OpenAIEngine.capabilities == Capabilities(adapters=True)
+
+    class Undeclared:
+        def busy_seconds(self) -> tuple[float, int]:
+            return 2.5, 1
+
+    class Declared(Undeclared):
+        capabilities = Capabilities(busy_accounting=True)
+
+    assert capabilities(Undeclared()) == PLAIN and capabilities(Declared()).busy_accounting
+    assert EngineBusy(Undeclared()).busy_of is None  # a method alone is not a declaration
+    assert EngineBusy(Declared()).busy_of() == (2.5, 1)
