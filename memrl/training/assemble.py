@@ -46,7 +46,7 @@ from memrl.training.config import TrainConfig
 from memrl.training.dump import TrajectoryDump
 from memrl.training.engine_sync import EngineSync
 from memrl.training.lora import base_source, enabled, engine_policy
-from memrl.training.placement import RayEngines, connect, uses_ray
+from memrl.training.placement import connect, ray_engines, uses_ray
 from memrl.training.run_dir import check_resumed_config
 from memrl.training.weight_sync import WeightSync
 from memrl.training.workers import build_workers
@@ -344,7 +344,7 @@ def assemble(cfg: TrainConfig, resume: bool = False, workflow: tuple[Any, Any] |
     try:
         weight_sync = None
         if engine is None and cfg.rollout.num_engines > 0:
-            engine = RayEngines(cfg, src, tokenizer, workers.pg)
+            engine = ray_engines(cfg, src, tokenizer, workers.pg)
             weight_sync = WeightSync(cfg, workers, engine, out)
         elif engine is None:
             engine = _engine(cfg, src, workers, tokenizer)

@@ -56,7 +56,7 @@ def broadcast_backend(cfg: TrainConfig) -> str:
 
 
 class WeightSync:
-    """Moves the policy's weights from `workers` (memrl.training.worker_group) into `engines` (RayEngines)."""
+    """Moves the policy's weights from `workers` (memrl.training.worker_group) into `engines` (memrl.engines.ray_engines.RayEngines)."""
 
     def __init__(self, cfg: TrainConfig, workers: WorkerGroup, engines: Any, out_dir: Path) -> None:
         self.cfg, self.workers, self.engines = cfg, workers, engines
