@@ -36,8 +36,9 @@ from memrl.precision import autocast, torch_dtype
 from memrl.training import distributed as D
 from memrl.training import lora as L
 from memrl.training import ulysses as U
+from memrl.training.algorithm_section import off_policy_cap
 from memrl.training.checkpoint import OPTIM_DIR, STATE_FILE, load_state, save_checkpoint, temp_dir
-from memrl.training.config import TrainConfig, off_policy_cap
+from memrl.training.config import TrainConfig
 from memrl.training.optim import decay_groups, lr_lambda, skips_zero_advantage
 from memrl.training.packing import MicroBatch, TrainBatch, blank_row, collate, pack_rows
 from memrl.training.placement import placement_group, replica_kind, share_gpu
