@@ -30,7 +30,7 @@ endpoint) by tokenizing `choices[0].message.content` with the local tokenizer; l
 `logprobs.content[*].logprob` when the ids came from the server and the counts agree, else
 `Completion.info["logprobs"]` is "unavailable" and the logprobs are 0.0 placeholders (a Segment holds
 finite logprobs; nothing in evaluation reads them) (`info["token_ids"]` says "server" or "text"). Training
-refuses chat mode up front (memrl.training.trainer.validate): the prompt tokens the server conditioned on
+refuses chat mode up front (memrl.training.assemble.validate): the prompt tokens the server conditioned on
 are not known to be the ones trained on, and token ids and logprobs are optional extras of the chat API.
 
 LoRA adapters (vLLM servers started with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True):

@@ -9,7 +9,7 @@ mistyped workflow field fails with its dotted name.
 
 Each field declares its own range (`valid`, checked by `memrl.config.check_config`); what involves several
 fields is checked by the `check()` method of the section that holds them (`TrainConfig.check()` runs them
-all, then what spans sections), each a one-line `ConfigError` naming the fields. `memrl.training.trainer.
+all, then what spans sections), each a one-line `ConfigError` naming the fields. `memrl.training.assemble.
 validate` runs both before any work.
 """
 
