@@ -448,7 +448,7 @@ def render_registries() -> str:
         out.append(table(["name", "function", "options (defaults)", "what it computes"], rows))
     out.append("## Engines (`engine.name`)\n")
     out.append("Registered with `memrl.engines.register_engine` (or named by the import path of an "
-               "`memrl.engines.registry.EngineKind`); each is built from the `engine` section and its own "
+               "EngineKind, memrl.engines.registry); each is built from the `engine` section and its own "
                "sub-section, and declares what the trainer and the evaluator ask of it.\n")
     rows = []
     for name in engine_names():

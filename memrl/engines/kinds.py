@@ -37,7 +37,8 @@ def _model_dir(cfg: EngineConfig) -> str:
 
 
 def _build_hf(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None, lora_rank: int = 0) -> HFEngine:
-    """hf serves `policy` directly (engine.hf.share_weights) or a copy of it, else loads engine.model."""
+    """Transformers in process (HFEngine): serves `policy` itself (engine.hf.share_weights) or a copy of it,
+    else loads engine.model."""
     h = cfg.hf
     kw: dict[str, Any] = {"max_batch_size": cfg.max_batch_size, "max_wait_ms": h.max_wait_ms,
                           "max_prefill_tokens": h.max_prefill_tokens, "seed": cfg.seed,
@@ -86,7 +87,8 @@ HF = EngineKind(
 
 
 def _build_vllm(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None, lora_rank: int = 0) -> VLLMEngine:
-    """vLLM loads engine.model; `lora_rank` > 0 builds it with LoRA support (engine.vllm.lora_sync=adapter)."""
+    """vLLM in process (VLLMEngine) loading engine.model; `lora_rank` > 0 builds it with LoRA support
+    (engine.vllm.lora_sync=adapter)."""
     check_weights(_model_dir(cfg))
     v = dataclasses.asdict(cfg.vllm)  # lora_sync is the trainer's: it passes lora_rank
     return VLLMEngine(VLLMConfig(model=cfg.model, dtype=cfg.dtype or "auto", seed=cfg.seed,
@@ -114,7 +116,8 @@ VLLM_CPU = dataclasses.replace(VLLM, name="vllm-cpu")
 
 
 def _build_openai(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None, lora_rank: int = 0) -> OpenAIEngine:
-    """A client of a running server; engine.model is the local tokenizer directory of the served model."""
+    """A client of a running OpenAI-compatible server (OpenAIEngine); engine.model is the local tokenizer
+    directory of the served model."""
     _model_dir(cfg)
     o = dataclasses.asdict(cfg.openai)
     o.pop("sync_dir")
