@@ -18,6 +18,10 @@ prefill to a token budget between decode steps (`prefill_chunk_tokens`). A batch
   and is included in it (finish "stop"); max_tokens ends it with finish "length".
 
 Weight updates (`update_weights`) wait until the running rows finish, so no completion mixes weights.
+
+The parts: the request queue, waves and worker thread are memrl.engines.hf_scheduler (HFEngine's base
+class), the two KV-cache layouts memrl.engines.hf_layouts, the per-row sampler memrl.engines.hf_sampling;
+this module loads the model, runs its forward and copies weights in.
 """
 
 from __future__ import annotations
