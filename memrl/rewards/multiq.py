@@ -1,4 +1,8 @@
-"""Multi-question rule reward (MemAct's "fully correct"): 1.0 only when every sub-question is right.
+"""The multi-question answer format and its outcome reward, in one place for MemAct and the search family
+(fold, summarize, sliding_window): `answer_format` (the instruction the prompt carries), the
+`FINAL_ANSWER:` markers and `final_answer_text`, the rule reward (`multiq_reward`, MemAct's "fully
+correct": 1.0 only when every sub-question is right) and `outcome_reward` (the rule, or the LLM judge's
+verdict when `workflow.judge.url` is set: `judge_score`).
 
 The prediction is the text after the last `FINAL_ANSWER:`, read as JSON: an object keyed by sub-question
 number ("1", "q1", "answer_1", ... in numeric order; other keys in written order) or a list in question
