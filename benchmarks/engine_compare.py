@@ -27,7 +27,7 @@ does not exist).
 
 After the throughput table, a latency table for the hf engines (last round): mean and longest time to first
 token, the longest wall time between two decode steps while rows ran (a running row's stall), prefill chunks
-and decode steps that ran beside a part-way prefill (memrl.engines.hf.EngineStats).
+and decode steps that ran beside a part-way prefill (memrl.engines.hf_scheduler.EngineStats).
 """
 
 from __future__ import annotations

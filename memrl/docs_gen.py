@@ -45,6 +45,7 @@ from memrl.demos.infmem import InfMemDemoConfig
 from memrl.demos.mem1 import Mem1DemoConfig
 from memrl.demos.memact import MemActDemoConfig
 from memrl.demos.memagent import DemoConfig
+from memrl.engines.registry import engine_kind, engine_names
 from memrl.eval.runner import EvalConfig
 from memrl.rewards import registry as _model_rewards  # noqa: F401 - registers infomem
 from memrl.rewards.verifiers import _VERIFIERS
@@ -445,6 +446,21 @@ def render_registries() -> str:
         rows = [[code(n), code(qualname(fn)), cell(_options_text(OPTIONS[(kind, n)])), cell(first_paragraph(fn.__doc__))]
                 for n, fn in sorted(table_.items())]
         out.append(table(["name", "function", "options (defaults)", "what it computes"], rows))
+    out.append("## Engines (`engine.name`)\n")
+    out.append("Registered with `memrl.engines.register_engine` (or named by the import path of an "
+               "EngineKind, memrl.engines.registry); each is built from the `engine` section and its own "
+               "sub-section, and declares what the trainer and the evaluator ask of it.\n")
+    rows = []
+    for name in engine_names():
+        kind = engine_kind(name)
+        what = [w for w, on in (("serves the trained module", kind.serves_policy),
+                                ("synced by directory", kind.weights_by_directory),
+                                ("LoRA adapters", kind.adapters),
+                                ("sleeps when colocated", kind.replica_sleeps)) if on]
+        rows.append([code(name), code(f"engine.{kind.section}.*") if kind.section else "",
+                     code(kind.replica) if kind.replica else "no", cell(", ".join(what)),
+                     cell(first_paragraph(kind.build.__doc__))])
+    out.append(table(["name", "section", "Ray replica as", "declares", "what it is"], rows))
     out.append("## Training verifiers (`workflow.reward`)\n")
     out.append("The outcome reward of the chunked workflows (memagent, rememr1); your own is a "
                "`@memrl.rewards.verifiers.verifier` function named by import path.\n")

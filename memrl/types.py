@@ -125,10 +125,6 @@ class Trajectory:
             seg.trajectory_id = self.trajectory_id
             seg.task_id = self.task_id
 
-    @property
-    def num_response_tokens(self) -> int:
-        return sum(len(s.response_ids) for s in self.segments)
-
     def set_id(self, trajectory_id: str) -> None:
         """Name this trajectory (and its segments); the rollout runner calls this."""
         self.trajectory_id = trajectory_id

@@ -2,7 +2,7 @@
 defaults live.
 
 Each estimator / loss registers with its options class (memrl.algorithms.registry); its keyword
-defaults are these fields' defaults, and `memrl.training.config.AlgorithmSection` holds one instance of
+defaults are these fields' defaults, and `memrl.training.algorithm_section.AlgorithmSection` holds one instance of
 each as the section named after it (`algorithm.grpo`, `algorithm.dcpo`, `algorithm.rememr1`,
 `algorithm.ppo`: `memrl train algorithm=rememr1 algorithm.rememr1.alpha=0.5`), so `memrl train`, a preset
 that leaves a field out and a direct call all get one value. Each field declares the values it admits

@@ -4,7 +4,7 @@ An advantage estimator is `fn(groups: list[Group], **options) -> list[list[list[
 segment, indexed `[group][trajectory][segment]`. A policy loss is `fn(logprobs, old_logprobs, advantages,
 mask, **options) -> (per_token_loss, stats)`. Each registers with an options dataclass whose fields are
 its keyword options; an instance is the config section `algorithm.<registered name>`
-(`memrl.training.config.AlgorithmSection.options()`), so the trainer calls any registered estimator or loss
+(`memrl.training.algorithm_section.AlgorithmSection.options()`), so the trainer calls any registered estimator or loss
 without knowing its name. A name may also be an import path "package.module:fn" of a function registered in
 a user's module (`memrl.algorithms.base.registered_name`); `fill_options` fills an options dataclass from any
 object's same-named attributes.

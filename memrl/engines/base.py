@@ -95,12 +95,38 @@ class Completion:
             raise EngineError(f"Completion.finish_reason must be stop/length/abort, got {self.finish_reason!r}")
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do beyond the Engine protocol, declared by the engine class (`capabilities`) so
+    callers ask `capabilities(engine)` instead of probing for methods."""
+
+    sleep: bool = False
+    """`sleep(level)` / `wake_up()`: free and restore its GPU memory between rollouts (vLLM's sleep mode)."""
+    weight_transfer: bool = False
+    """`transfer_members`, `init_weight_transfer(spec, first_rank)`, `receive_weights()`: weights by
+    collective broadcast from the trainer (memrl.engines.weight_transfer)."""
+    busy_accounting: bool = False
+    """`busy_seconds() -> (seconds spent generating, replicas)` (the trainer's perf/engine_idle_share)."""
+    adapters: bool = False
+    """`load_adapter(path) -> name`: serve a LoRA adapter directory (engine.*.lora_sync=adapter)."""
+
+
+PLAIN = Capabilities()
+"""An engine that declares nothing: the protocol only (test doubles, wrappers)."""
+
+
+def capabilities(engine: Any) -> Capabilities:
+    """What `engine` declares it can do (PLAIN when it declares nothing)."""
+    declared = getattr(type(engine), "capabilities", PLAIN)
+    return declared if isinstance(declared, Capabilities) else PLAIN
+
+
 @runtime_checkable
 class Engine(Protocol):
     """Token in, token out. Concurrent `generate` calls are batched by the engine itself.
 
-    Engines that can take weights by collective broadcast (hf, vllm) also have `transfer_members`,
-    `init_weight_transfer(spec, first_rank)` and `receive_weights()` (memrl.engines.weight_transfer)."""
+    What an engine can do beyond this it declares as `capabilities` (a Capabilities: sleep, weight transfer
+    by broadcast, busy accounting, adapters), read through `capabilities(engine)`."""
 
     tokenizer: Any
 

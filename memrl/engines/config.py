@@ -4,7 +4,8 @@
     engine=openai engine.openai.base_url=http://127.0.0.1:8000 engine.openai.timeout_s=120
 
 Fields every kind reads sit at the top; each kind's own settings live in its sub-section and are
-ignored by the other kinds. `memrl.engines.build_engine` turns an EngineConfig into an engine. These are
+ignored by the other kinds. `memrl.engines.build_engine` turns an EngineConfig into an engine of the kind
+`name` names (memrl.engines.registry). These are
 the one place the engines' defaults are set: HFEngine's keywords, VLLMConfig (a VLLMSection) and
 OpenAIConfig take theirs from here (tests/unit/test_config_defaults.py).
 """
@@ -15,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memrl.config import MAX_COUNT, MAX_MB, MAX_PARALLEL, MAX_SECONDS, MAX_SEED, MAX_TOKENS, valid
+from memrl.engines.registry import engine_kind, engine_names
+from memrl.plugins import is_import_path
 
-ENGINE_KINDS = ("hf", "vllm", "vllm-cpu", "openai")
 LORA_SYNCS = ("merged", "adapter")
 """How a LoRA policy reaches a vLLM engine in training (engine.vllm.lora_sync, engine.openai.lora_sync)."""
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -175,8 +177,9 @@ class OpenAISection:
 class EngineConfig:
     """Which engine serves the model, and its settings (kind-specific ones in hf / vllm / openai)."""
 
-    name: str = valid("hf", choices=ENGINE_KINDS)
-    """Engine kind: hf (transformers, in process), vllm, vllm-cpu, openai (a running server)."""
+    name: str = valid("hf", choices=engine_names, import_paths=True)
+    """Engine kind: hf (transformers, in process), vllm, vllm-cpu, openai (a running server), one registered
+    with memrl.engines.registry.register_engine, or the import path of an EngineKind."""
     model: str = ""
     """Model directory (HuggingFace format). Training: "" = the policy (model.path, or the checkpoint a
     resumed run starts from). openai: the local tokenizer directory."""
@@ -195,8 +198,10 @@ class EngineConfig:
         if self.name == "local":
             raise ValueError("engine.name 'local' was removed: use hf (it serves the trained module itself, "
                              "engine.hf.share_weights=true)")
-        if self.name not in ENGINE_KINDS:
-            raise ValueError(f"engine.name {self.name!r} is not one of {', '.join(ENGINE_KINDS)}")
+        if is_import_path(self.name):
+            engine_kind(self.name)  # a path that names no EngineKind fails here, by name
+        elif self.name not in engine_names():
+            raise ValueError(f"engine.name {self.name!r} is not one of {', '.join(engine_names())}")
         if self.max_batch_size < 1:
             raise ValueError(f"engine.max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.openai.api not in ("completions", "chat"):

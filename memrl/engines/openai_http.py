@@ -30,7 +30,7 @@ endpoint) by tokenizing `choices[0].message.content` with the local tokenizer; l
 `logprobs.content[*].logprob` when the ids came from the server and the counts agree, else
 `Completion.info["logprobs"]` is "unavailable" and the logprobs are 0.0 placeholders (a Segment holds
 finite logprobs; nothing in evaluation reads them) (`info["token_ids"]` says "server" or "text"). Training
-refuses chat mode up front (memrl.training.trainer.validate): the prompt tokens the server conditioned on
+refuses chat mode up front (memrl.training.assemble.validate): the prompt tokens the server conditioned on
 are not known to be the ones trained on, and token ids and logprobs are optional extras of the chat API.
 
 LoRA adapters (vLLM servers started with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True):
@@ -64,7 +64,7 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from memrl.config import MAX_COUNT, MAX_SECONDS, valid
-from memrl.engines.base import Completion, EngineError, SamplingParams
+from memrl.engines.base import Capabilities, Completion, EngineError, SamplingParams
 from memrl.engines.config import EngineConfig, OpenAISection
 
 log = logging.getLogger(__name__)
@@ -340,6 +340,8 @@ class _Retryable(Exception):
 
 class OpenAIEngine:
     """The Engine protocol over an OpenAI-compatible server (see the module docstring)."""
+
+    capabilities = Capabilities(adapters=True)
 
     def __init__(self, config: OpenAIConfig | None = None, tokenizer: Any = None, **kwargs: Any) -> None:
         self.config = config if config is not None else OpenAIConfig(**kwargs)

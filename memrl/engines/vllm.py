@@ -58,7 +58,7 @@ from safetensors.torch import load, load_file, save
 from transformers import AutoConfig, AutoTokenizer
 
 from memrl.config import MAX_COUNT, MAX_SEED, valid
-from memrl.engines.base import Completion, EngineError, SamplingParams
+from memrl.engines.base import Capabilities, Completion, EngineError, SamplingParams
 from memrl.engines.config import DTYPES, EngineConfig, VLLMSection
 from memrl.engines.weight_transfer import TransferSpec, WeightTransfer
 
@@ -222,6 +222,8 @@ def pack_state_dict(weights: Mapping[str, Any]) -> bytes:
 
 class VLLMEngine:
     """The Engine protocol over vLLM's AsyncLLM (see the module docstring)."""
+
+    capabilities = Capabilities(sleep=True, weight_transfer=True, adapters=True)
 
     def __init__(self, config: VLLMConfig | None = None, **kwargs: Any) -> None:
         self.config = config if config is not None else VLLMConfig(**kwargs)

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from memrl.engines import build_engine
+from memrl.engines import build_engine, engine_kind
 from memrl.runtime import RolloutRuntime
 from memrl.types import Group, Task, Trajectory
 from memrl.workflows import boxed_em_outcome
@@ -137,7 +137,7 @@ def model_engine(model: Any, tokenizer: Any, engine_cfg: Any, model_dir: str | P
     config's) names serving `model`; an engine that loads weights itself (vllm) loads `model_dir`, which
     must hold `model`'s weights. Closed on exit."""
     ecfg = engine_cfg
-    if ecfg.name != "hf" and not ecfg.model:
+    if not engine_kind(ecfg.name).serves_policy and not ecfg.model:
         ecfg = replace(ecfg, model=str(model_dir))
     engine = build_engine(ecfg, policy=model, tokenizer=tokenizer)
     runtime = RolloutRuntime(engine)  # closes the engine on its loop

@@ -60,7 +60,7 @@ from memrl.config import (
 )
 from memrl.data.io import DataError, load_tasks
 from memrl.data.ruler import name_label
-from memrl.engines import build_engine
+from memrl.engines import build_engine, engine_kind
 from memrl.engines.base import FAILED_REQUEST_MODES, EngineError, SamplingParams
 from memrl.engines.config import EngineConfig, HFSection
 from memrl.errors import UserError, model_dir, writable_dir
@@ -204,7 +204,7 @@ def make_eval_engine(sec: EngineConfig) -> Any:
     """The engine `sec` names (memrl.engines.build_engine), after checking the model directory exists."""
     if not sec.model:
         raise UserError("eval: engine.model is empty; pass --model DIR (or engine.model=DIR)")
-    if sec.name != "openai":
+    if engine_kind(sec.name).reads_weights:
         model_dir(sec.model, "--model")
         model_config(sec.model, "--model")  # a model_type or config transformers refuses: before the engine loads
     return build_engine(sec)

@@ -1,4 +1,8 @@
-"""Multi-question rule reward (MemAct's "fully correct"): 1.0 only when every sub-question is right.
+"""The multi-question answer format and its outcome reward, in one place for MemAct and the search family
+(fold, summarize, sliding_window): `answer_format` (the instruction the prompt carries), the
+`FINAL_ANSWER:` markers and `final_answer_text`, the rule reward (`multiq_reward`, MemAct's "fully
+correct": 1.0 only when every sub-question is right) and `outcome_reward` (the rule, or the LLM judge's
+verdict when `workflow.judge.url` is set: `judge_score`).
 
 The prediction is the text after the last `FINAL_ANSWER:`, read as JSON: an object keyed by sub-question
 number ("1", "q1", "answer_1", ... in numeric order; other keys in written order) or a list in question
@@ -22,11 +26,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
+from memrl.rewards.judge import ERROR_KINDS, JudgeClient, JudgeSettings
 from memrl.rewards.qa import best_em, best_f1
-from memrl.types import Task, Trajectory
+from memrl.types import Score, Task, Trajectory
 
 MARKER = "FINAL_ANSWER:"
 PUBLISHED_MARKER = "FINAL_ANSWER: "
@@ -42,6 +48,16 @@ class ParsedAnswer:
     answers: list[str | None]
     fallback: bool
     unparsed: bool
+
+
+def answer_format(task: Task) -> str:
+    """The answer instruction: a JSON object keyed "1".."k" for k sub-questions, else a short answer."""
+    subs = task.meta.get("sub_questions") or []
+    if len(subs) > 1:
+        keys = ", ".join(f'"{i}": "<answer {i}>"' for i in range(1, len(subs) + 1))
+        return (f"Answer all {len(subs)} questions. End with one line: FINAL_ANSWER: {{{keys}}} "
+                "(a JSON object; each answer a short phrase).")
+    return "End with one line: FINAL_ANSWER: <short answer>."
 
 
 def gold_aliases(task: Task) -> list[list[str]]:
@@ -86,6 +102,15 @@ def published_answer_text(text: str) -> str:
     if i < 0:
         return ""
     return text[i + len(PUBLISHED_MARKER):].replace("<|im_end|>", "").strip()
+
+
+def final_answer_text(text: str, require_final_answer: bool = False) -> str:
+    """The text after the last FINAL_ANSWER: marker ("" when there is none); with require_final_answer,
+    what the published reward reads (published_answer_text)."""
+    if require_final_answer:
+        return published_answer_text(text)
+    i = text.rfind(MARKER)
+    return text[i + len(MARKER):].strip() if i >= 0 else ""
 
 
 def _json_value(text: str) -> tuple[Any, bool] | None:
@@ -169,3 +194,47 @@ def multiq_reward(task: Task, traj: Trajectory) -> float:
     traj.metrics.update(s["metrics"])
     traj.info["multiq"] = {"answers": s["answers"], "em": s["em"], "f1": s["f1"]}
     return s["reward"]
+
+
+async def judge_score(task: Task, traj: Trajectory, on_failure: str, client: Any) -> Score:
+    """The judge's verdict on the final answer as a Score: reward = its score (1.0 only when CORRECT),
+    info["judge"] = {score, verdict, error}, metrics judge_correct / judge_error / judge_error_<kind> /
+    judge_excluded. A failed call scores 0 and is counted (memrl.rewards.judge never raises); with
+    judge.on_failure=exclude it also sets info["exclude_from_group"]."""
+    multi = len(task.meta.get("sub_questions", [])) > 1
+    gold = [json.dumps(task.answers, ensure_ascii=False)] if multi else list(task.answers)
+    if isinstance(task.meta.get("ground_truth"), str):  # a file row's ground truth, verbatim (Q-keyed JSON)
+        gold = [task.meta["ground_truth"]]
+    res = await client.judge(task.question, gold, traj.final_answer)
+    excluded = res.error is not None and on_failure == "exclude"
+    metrics = {"judge_error": float(res.error is not None),
+               **{f"judge_error_{k}": float(res.error == k) for k in ERROR_KINDS},
+               "judge_correct": float(res.verdict == "correct"), "judge_excluded": float(excluded)}
+    info: dict[str, Any] = {"judge": {"score": res.score, "verdict": res.verdict, "error": res.error}}
+    if excluded:
+        info["exclude_from_group"] = True
+    return Score(float(res.score), metrics=metrics, info=info)
+
+
+def outcome_reward(task: Task, traj: Trajectory, services: Any = None) -> float | Awaitable[Score]:
+    """Outcome reward: 1.0 only when every sub-question is answered right (multiq_reward; its
+    metrics are written either way), a float; with `judge.url` (traj.info["judge_settings"], the config's
+    JudgeSettings as a dict) instead an awaitable of the judge's verdict as a memrl.types.Score (with its
+    metrics and info; a failed judgement scores 0), through the run's judge client (`services.judge`)."""
+    rule = multiq_reward(task, traj)
+    settings = traj.info.get("judge_settings")
+    if not settings or not settings.get("url"):
+        return rule
+    return _judged(task, traj, settings, services)
+
+
+async def _judged(task: Task, traj: Trajectory, settings: dict[str, Any], services: Any) -> Score:
+    on_failure = str(settings.get("on_failure", "zero"))
+    if services is not None:
+        return await judge_score(task, traj, on_failure, services.judge(settings))
+
+    client = JudgeClient(JudgeSettings(**settings))  # outside a run: its own client, closed here
+    try:
+        return await judge_score(task, traj, on_failure, client)
+    finally:
+        await client.close()

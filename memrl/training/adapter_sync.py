@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.config import ConfigError
+from memrl.engines.registry import engine_kind
 from memrl.quiet import peft_rename_warning_off
 
 ADAPTER_DIR = "engine_adapter"
@@ -30,12 +31,8 @@ ADAPTER_DIR = "engine_adapter"
 
 
 def _setting(engine: Any) -> tuple[str, str] | None:
-    """(the lora_sync field that applies to `engine`, its value); None for hf, which has none."""
-    if engine.name in ("vllm", "vllm-cpu"):
-        return "engine.vllm.lora_sync", engine.vllm.lora_sync
-    if engine.name == "openai":
-        return "engine.openai.lora_sync", engine.openai.lora_sync
-    return None
+    """(the lora_sync field that applies to `engine`, its value); None for a kind without adapters (hf)."""
+    return engine_kind(engine.name).lora_sync(engine)
 
 
 def mode(cfg: Any) -> str:
@@ -58,12 +55,10 @@ def check(cfg: Any) -> None:
     if r.num_engines > 0:
         raise ConfigError(f"{field}=adapter is for an in-process engine (rollout.num_engines=0, got "
                           f"{r.num_engines}): Ray replicas get the merged weights (rollout.weight_sync)")
-    if e.name == "openai":
-        if e.openai.server != "vllm":
-            raise ConfigError(f"{field}=adapter needs engine.openai.server=vllm (its /v1/load_lora_adapter), got "
-                              f"{e.openai.server!r}")
-    elif rank > 512:
-        raise ConfigError(f"{field}=adapter: model.lora.rank={rank} is above vLLM's largest max_lora_rank 512")
+    kind = engine_kind(e.name)
+    problem = kind.adapter_problem(e, field, rank) if kind.adapter_problem is not None else None
+    if problem:
+        raise ConfigError(problem)
 
 
 class AdapterSync:

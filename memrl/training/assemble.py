@@ -32,6 +32,7 @@ from memrl.data.mixture import balanced_batches
 from memrl.data.synthetic import task_stream as synthetic_stream
 from memrl.engines import build_engine
 from memrl.engines.base import SamplingParams
+from memrl.engines.registry import engine_kind
 from memrl.engines.versioned import VersionedEngine
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.model_files import weights_digest
@@ -45,7 +46,7 @@ from memrl.training.config import TrainConfig
 from memrl.training.dump import TrajectoryDump
 from memrl.training.engine_sync import EngineSync
 from memrl.training.lora import base_source, enabled, engine_policy
-from memrl.training.placement import RayEngines, connect, uses_ray
+from memrl.training.placement import connect, ray_engines, uses_ray
 from memrl.training.routing import EngineRouting
 from memrl.training.run_dir import check_resumed_config
 from memrl.training.weight_sync import WeightSync
@@ -288,17 +289,15 @@ def _engine(cfg: TrainConfig, src: str, workers: Any, tokenizer: Any) -> Any:
     """The in-process or server engine; one that loads weights itself starts from `src` (the resumed
     checkpoint)."""
     sec = cfg.engine
-    if sec.name != "hf" and not sec.model:
+    kind = engine_kind(sec.name)
+    if not kind.serves_policy and not sec.model:
         sec = dataclasses.replace(sec, model=src)
-    if sec.name == "hf" and sec.hf.compute_dtype is None and cfg.model.compute_dtype == "bfloat16":
-        # Mixed precision: the engine decodes on a bfloat16 copy of the policy, synced after every update (the
-        # float32 module itself would be cast at every decode step)
-        log.info("model.compute_dtype=bfloat16: the hf engine serves a bfloat16 copy of the policy, synced after "
-                 "every update (engine.hf.compute_dtype unset)")
-        sec = dataclasses.replace(sec, hf=dataclasses.replace(sec.hf, compute_dtype="bfloat16", share_weights=False))
+    if kind.for_policy is not None:  # hf with model.compute_dtype=bfloat16: a bfloat16 copy of the policy
+        sec = kind.for_policy(sec, cfg.model.compute_dtype)
     policy = getattr(workers, "model", None)  # None for Ray ranks
-    if sec.name == "hf" and policy is not None:
-        policy = engine_policy(policy, sec.hf.share_weights)  # LoRA, a copy: a plain merged module
+    if kind.serves_policy and policy is not None:
+        shares = kind.shares_policy(sec) if kind.shares_policy is not None else False
+        policy = engine_policy(policy, shares)  # LoRA, a copy: a plain merged module
     lora_rank = cfg.model.lora.rank if adapter_sync.mode(cfg) == "adapter" else 0
     return build_engine(sec, policy=policy, tokenizer=tokenizer, lora_rank=lora_rank)
 
@@ -350,7 +349,7 @@ def assemble(cfg: TrainConfig, resume: bool = False, workflow: tuple[Any, Any] |
     try:
         weight_sync = None
         if engine is None and cfg.rollout.num_engines > 0:
-            engine = RayEngines(cfg, src, tokenizer, workers.pg)
+            engine = ray_engines(cfg, src, tokenizer, workers.pg)
             weight_sync = WeightSync(cfg, workers, engine, out)
         elif engine is None:
             engine = _engine(cfg, src, workers, tokenizer)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from memrl.engines.registry import engine_kind
 from memrl.training import adapter_sync
 from memrl.training.config import TrainConfig
 from memrl.training.lora import engine_weights, save_engine_dir
@@ -31,17 +32,18 @@ def _transfer(cfg: TrainConfig, workers: Any, engine: Any, tokenizer: Any, out: 
     if cfg.rollout.num_engines > 0:
         return weight_sync, weight_sync
     e = cfg.engine
+    kind = engine_kind(e.name)
     if adapter_sync.mode(cfg) == "adapter":
-        root = Path(e.openai.sync_dir or out / "engine_weights") if e.name == "openai" else out / adapter_sync.ADAPTER_DIR
+        root = Path(kind.sync_dir(e) or out / "engine_weights") if kind.weights_by_directory else out / adapter_sync.ADAPTER_DIR
         lora = adapter_sync.AdapterSync(workers.model, engine, root)
         return lora, lora
 
     def in_process() -> float:
         t0 = time.perf_counter()
-        if e.name != "openai":
+        if not kind.weights_by_directory:
             engine.update_weights(engine_weights(workers, engine))  # LoRA: merged weights
         else:
-            d = Path(e.openai.sync_dir or out / "engine_weights")
+            d = Path(kind.sync_dir(e) or out / "engine_weights")
             save_engine_dir(workers.model, tokenizer, d)  # LoRA: the merged HuggingFace directory
             engine.update_weights(str(d.resolve()))
         return time.perf_counter() - t0

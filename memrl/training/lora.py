@@ -150,12 +150,6 @@ class BaseReference:
     __call__ = forward
 
 
-def trainable_counts(model: Any) -> tuple[int, int]:
-    """(trainable parameters, all parameters)."""
-    params = list(model.parameters())
-    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
-
-
 PEFT_PREFIX = "base_model.model."
 """Where a PeftModel's state dict puts the base model's HuggingFace names."""
 

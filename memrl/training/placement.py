@@ -2,26 +2,27 @@
 
 - `connect(cfg)`: checks the Ray address is reachable, joins (or starts) Ray, and checks the cluster has
   the CPUs / GPUs the config asks for, each before any model is loaded.
-- `placement_group` / `on_bundle`: the bundles the training ranks take (memrl.training.workers builds
-  the ranks' actors in them: one FSDP2 group, gloo on CPU, NCCL when `trainer.gpus_per_worker` > 0).
-- `RayEngines`: `rollout.num_engines` engines (transformers HFEngine or VLLMEngine, each built from the
-  whole `engine` config section) in actors, each request sent to the replica with the fewest outstanding
-  requests. Weights reach them through the object store (one put, every engine reads it), a directory,
-  or a collective broadcast (memrl.training.weight_sync chooses and times it).
+- `placement_group` (and memrl.engines.ray_engines.on_bundle): the bundles the training ranks take
+  (memrl.training.workers builds the ranks' actors in them: one FSDP2 group, gloo on CPU, NCCL when
+  `trainer.gpus_per_worker` > 0).
+- `ray_engines`: `rollout.num_engines` engine replicas (memrl.engines.ray_engines.RayEngines, each built from
+  the whole `engine` config section with the replica kind and resources) placed in a group of their own or
+  beside the ranks. Weights reach them through the object store, a directory, or a collective broadcast
+  (memrl.training.weight_sync chooses and times it).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from memrl.engines import build_engine
+from memrl.engines import engine_kind
+from memrl.engines.ray_engines import RayEngines
+from memrl.engines.registry import replica_names
 from memrl.errors import UserError
 from memrl.training.config import TrainConfig
 
@@ -92,16 +93,17 @@ def connect(cfg: TrainConfig) -> None:
 def replica_kind(cfg: TrainConfig) -> str:
     """The replicas' engine kind: rollout.engine, or engine.name when that is empty (vllm-cpu -> vllm)."""
     kind = cfg.rollout.engine or cfg.engine.name
-    return "vllm" if kind == "vllm-cpu" else kind
+    return engine_kind(kind).replica or kind
 
 
 def check_resources(cfg: TrainConfig, have: dict[str, float]) -> None:
     """Raise PlacementError naming the fields when the cluster cannot place the workers and engines."""
     t, r = cfg.trainer, cfg.rollout
     kind = replica_kind(cfg)
-    if kind not in ("hf", "vllm"):
+    if kind not in replica_names():
         where = "rollout.engine" if r.engine else "engine.name (rollout.engine is empty)"
-        raise PlacementError(f"{where} {kind!r} is not hf or vllm")
+        replicas = sorted({engine_kind(n).replica for n in replica_names()})
+        raise PlacementError(f"{where} {kind!r} is not {' or '.join(replicas)}")
     if r.colocate and not (1 < t.num_workers and r.num_engines <= t.num_workers):
         raise PlacementError(f"rollout.colocate needs trainer.num_workers > 1 and rollout.num_engines <= it "
                              f"(got {t.num_workers} workers, {r.num_engines} engines)")
@@ -161,14 +163,6 @@ def share_gpu(cfg: TrainConfig) -> float:
     return g / 2 if cfg.rollout.colocate and g > 0 else g
 
 
-def on_bundle(pg: Any, i: int, cpus: float, gpus: float) -> dict[str, Any]:
-    """Actor options that place an actor of `cpus` / `gpus` in bundle `i` of the placement group `pg`."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: PLC0415
-
-    return {"num_cpus": cpus, "num_gpus": gpus, "scheduling_strategy": PlacementGroupSchedulingStrategy(
-        placement_group=pg, placement_group_bundle_index=i)}
-
-
 def replica_engine_config(cfg: TrainConfig, path: str, gpus: float) -> Any:
     """The EngineConfig of every replica: the whole `engine` section, with the replica kind, the model
     `path` (the policy or the resumed checkpoint), a device from its resources, weights in the compute
@@ -180,230 +174,22 @@ def replica_engine_config(cfg: TrainConfig, path: str, gpus: float) -> Any:
     hf = replace(e.hf, device="cuda" if gpus > 0 else "cpu", share_weights=False,
                  compute_dtype=e.hf.compute_dtype or cfg.model.compute_dtype)
     vllm = replace(e.vllm, gpu_memory_utilization=r.gpu_memory_utilization,
-                   enable_sleep_mode=e.vllm.enable_sleep_mode or (r.colocate and kind == "vllm" and gpus > 0))
+                   enable_sleep_mode=e.vllm.enable_sleep_mode or (r.colocate and engine_kind(kind).replica_sleeps and gpus > 0))
     return replace(e, name=kind, model=path, dtype=dtype, hf=hf, vllm=vllm)
 
 
-# ---------------------------------------------------------------------------- rollout engines
-class _EngineActor:
-    """An HFEngine or VLLMEngine (memrl.engines.build_engine of a whole EngineConfig) in an async Ray
-    actor: concurrent generate calls batch inside it."""
-
-    def __init__(self, engine_cfg: Any) -> None:
-        self.engine = build_engine(engine_cfg)
-        self.engine_cfg = engine_cfg
-
-    def settings(self) -> Any:
-        """The EngineConfig this replica was built from."""
-        return self.engine_cfg
-
-    def transfer_members(self) -> int:
-        return int(getattr(self.engine, "transfer_members", 1))
-
-    async def sleep(self) -> None:
-        await asyncio.to_thread(self.engine.sleep, 1)
-
-    async def wake_up(self) -> None:
-        await asyncio.to_thread(self.engine.wake_up)
-
-    async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
-        return await self.engine.generate(prompt_ids, sampling)
-
-    async def generate_many(self, requests: list[tuple[list[int], Any]]) -> list[Any]:
-        """A wave of requests in one call, submitted to the engine in one event-loop turn (one wave of a
-        deterministic hf engine, as in process); a failed request comes back as its exception."""
-        return await asyncio.gather(*(self.engine.generate(p, s) for p, s in requests), return_exceptions=True)
-
-    async def update_weights(self, box: list[Any] | str) -> float:
-        """New weights from an object-store reference (in a list, so Ray hands the reference on) or a
-        directory; returns the seconds it took here."""
-        t0 = time.perf_counter()
-        state = box if isinstance(box, str) else await box[0]
-        await asyncio.to_thread(self.engine.update_weights, state)
-        return time.perf_counter() - t0
-
-    async def init_weight_transfer(self, spec: Any, first_rank: int) -> None:
-        await asyncio.to_thread(self.engine.init_weight_transfer, spec, first_rank)
-
-    async def receive_weights(self) -> float:
-        t0 = time.perf_counter()
-        await asyncio.to_thread(self.engine.receive_weights)
-        return time.perf_counter() - t0
-
-    def busy_seconds(self) -> float:
-        """Seconds the engine has spent generating (engines that count them, else -1)."""
-        busy = getattr(self.engine, "busy_seconds", None)
-        return float(busy()[0]) if busy is not None else -1.0
-
-    def param_sums(self) -> dict[str, float]:
-        """Per-parameter float64 sums of the served weights (to check a sync landed; hf replicas)."""
-        return {k: float(v.double().sum()) for k, v in self.engine.model.state_dict().items()}
-
-    async def close(self) -> None:
-        await self.engine.close()
-
-
-class RayEngines:
-    """`rollout.num_engines` engine replicas behind one Engine: least-outstanding-requests balancing."""
-
-    def __init__(self, cfg: TrainConfig, path: str | Path, tokenizer: Any, shared_pg: Any = None) -> None:
-        import ray  # noqa: PLC0415
-
-        r = cfg.rollout
-        self.tokenizer = tokenizer
-        self.own_pg = not (r.colocate and shared_pg is not None)
-        if self.own_pg:
-            self.pg = placement_group(r.num_engines, r.cpus_per_engine, r.gpus_per_engine, "rollout.num_engines")
-            gpus = r.gpus_per_engine
-        else:  # engine i in rank i's bundle, on the GPU share the rank leaves
-            self.pg, gpus = shared_pg, share_gpu(cfg)
-        self.kind = replica_kind(cfg)
-        self.gpus = gpus
-        self.sleeps = r.colocate and self.kind == "vllm" and gpus > 0
-        self.asleep = False
-        cls = ray.remote(_EngineActor)
-        ecfg = replica_engine_config(cfg, str(path), gpus)
-        self.actors = [cls.options(max_concurrency=4096, **on_bundle(self.pg, i, r.cpus_per_engine, gpus)).remote(ecfg)
-                       for i in range(r.num_engines)]
-        try:
-            ray.get([a.__ray_ready__.remote() for a in self.actors])
-        except BaseException:
-            for a in self.actors:
-                ray.kill(a)
-            if self.own_pg:
-                from ray.util.placement_group import remove_placement_group  # noqa: PLC0415
-
-                remove_placement_group(self.pg)
-            raise
-        self.outstanding = [0] * r.num_engines
-        self.served = [0] * r.num_engines
-        self._waves: dict[asyncio.AbstractEventLoop, list[tuple[int, list[int], Any, asyncio.Future[Any]]]] = {}
-        """Per event loop, the requests of its current turn (sent together at the turn's end)."""
-        self._sending: set[asyncio.Task[None]] = set()
-        self.last_load_s = 0.0
-
-    async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
-        """Each request goes to the replica with the fewest outstanding; the requests of one event-loop
-        turn travel to each replica in one actor call (`_EngineActor.generate_many`): one RPC per wave, not
-        per request, and a deterministic hf replica decodes the wave together, as the in-process engine does."""
-        i = min(range(len(self.actors)), key=lambda k: (self.outstanding[k], k))
-        self.outstanding[i] += 1
-        self.served[i] += 1
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        wave = self._waves.setdefault(loop, [])  # per loop: a caller on another thread has its own waves
-        if not wave:
-            loop.call_soon(self._send_wave, loop)
-        wave.append((i, list(prompt_ids), sampling, fut))
-        try:
-            return await fut
-        finally:
-            self.outstanding[i] -= 1
-
-    def _send_wave(self, loop: asyncio.AbstractEventLoop) -> None:
-        wave = self._waves.pop(loop, [])
-        for i in sorted({w[0] for w in wave}):
-            mine = [w for w in wave if w[0] == i]
-            task = asyncio.ensure_future(self._deliver(
-                self.actors[i].generate_many.remote([(p, s) for _, p, s, _ in mine]), [f for *_, f in mine]))
-            self._sending.add(task)  # a reference until it is done (the loop keeps only weak ones)
-            task.add_done_callback(self._sending.discard)
-
-    @staticmethod
-    async def _deliver(call: Any, futures: list[asyncio.Future[Any]]) -> None:
-        try:
-            results = await call
-        except BaseException as e:  # noqa: BLE001 - the actor call failed: every request of the wave fails
-            results = [e] * len(futures)
-        for f, r in zip(futures, results, strict=True):
-            if f.done():
-                continue
-            if isinstance(r, BaseException):
-                f.set_exception(r)
-            else:
-                f.set_result(r)
-
-    def busy_seconds(self) -> tuple[float, int]:
-        """(seconds all replicas have spent generating, replicas); (-1, n) when they do not count them."""
-        import ray  # noqa: PLC0415
-
-        got = ray.get([a.busy_seconds.remote() for a in self.actors])
-        return (sum(got) if min(got) >= 0 else -1.0), len(got)
-
-    def param_sums(self) -> list[dict[str, float]]:
-        """Each replica's per-parameter sums (memrl.training.placement._EngineActor.param_sums)."""
-        import ray  # noqa: PLC0415
-
-        return ray.get([a.param_sums.remote() for a in self.actors])
-
-    def release_memory(self) -> None:
-        """Before the update: colocated vLLM replicas sleep (free KV cache, offload weights)."""
-        import ray  # noqa: PLC0415
-
-        if self.sleeps and not self.asleep:
-            ray.get([a.sleep.remote() for a in self.actors])
-            self.asleep = True
-
-    def _wake(self) -> None:
-        import ray  # noqa: PLC0415
-
-        if self.asleep:
-            ray.get([a.wake_up.remote() for a in self.actors])
-            self.asleep = False
-
-    def update_weights(self, weights: Any) -> None:
-        """New weights on every replica: an object-store reference, a state dict (put once), or a
-        directory every replica reads."""
-        import ray  # noqa: PLC0415
-
-        self._wake()
-        if isinstance(weights, str | Path):
-            box: Any = str(weights)
-        else:
-            box = [weights if isinstance(weights, ray.ObjectRef) else ray.put(dict(weights))]
-        self.last_load_s = max(ray.get([a.update_weights.remote(box) for a in self.actors]))
-
-    def settings(self) -> list[Any]:
-        """Each replica's EngineConfig."""
-        import ray  # noqa: PLC0415
-
-        return ray.get([a.settings.remote() for a in self.actors])
-
-    @property
-    def transfer_members(self) -> int:
-        """Processes the replicas add to a weight-transfer group."""
-        import ray  # noqa: PLC0415
-
-        if not hasattr(self, "_members"):
-            self._members = ray.get([a.transfer_members.remote() for a in self.actors])
-        return sum(self._members)
-
-    def init_weight_transfer(self, spec: Any, first_rank: int) -> None:
-        """Every replica joins the broadcast group (ranks first_rank..; blocks until all joined)."""
-        import ray  # noqa: PLC0415
-
-        self._wake()
-        assert self.transfer_members > 0  # asks each replica once
-        ranks = [first_rank]
-        for m in self._members:
-            ranks.append(ranks[-1] + m)
-        ray.get([a.init_weight_transfer.remote(spec, ranks[i]) for i, a in enumerate(self.actors)])
-
-    def receive_weights(self) -> None:
-        """Every replica receives the trainer's broadcast (the trainer sends meanwhile)."""
-        import ray  # noqa: PLC0415
-
-        self._wake()
-        self.last_load_s = max(ray.get([a.receive_weights.remote() for a in self.actors]))
-
-    async def close(self) -> None:
-        import ray  # noqa: PLC0415
-        from ray.util.placement_group import remove_placement_group  # noqa: PLC0415
-
-        try:
-            await asyncio.gather(*[a.close.remote() for a in self.actors])
-        finally:
-            for a in self.actors:
-                ray.kill(a)
-            if self.own_pg:
-                remove_placement_group(self.pg)
+def ray_engines(cfg: TrainConfig, path: str | Path, tokenizer: Any, shared_pg: Any = None) -> RayEngines:
+    """`rollout.num_engines` replicas (memrl.engines.ray_engines.RayEngines) of the replica engine config
+    (`path`: the policy or the resumed checkpoint): in a placement group of their own, or, colocated, engine i
+    in rank i's bundle of `shared_pg` on the GPU share the rank leaves; colocated vLLM replicas on GPUs sleep
+    between rollouts."""
+    r = cfg.rollout
+    own_pg = not (r.colocate and shared_pg is not None)
+    if own_pg:
+        pg = placement_group(r.num_engines, r.cpus_per_engine, r.gpus_per_engine, "rollout.num_engines")
+        gpus = r.gpus_per_engine
+    else:  # engine i in rank i's bundle, on the GPU share the rank leaves
+        pg, gpus = shared_pg, share_gpu(cfg)
+    sleeps = r.colocate and engine_kind(replica_kind(cfg)).replica_sleeps and gpus > 0
+    return RayEngines(replica_engine_config(cfg, str(path), gpus), tokenizer, pg, own_pg, r.num_engines,
+                      r.cpus_per_engine, gpus, sleeps)

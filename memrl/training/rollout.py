@@ -24,7 +24,6 @@ class RolloutResult:
     """The score stage's result for `groups` (`[group][trajectory]`; already applied onto them)."""
     sampled_groups: int = 0
     dropped_groups: int = 0
-    rounds: int = 0
     seconds: float = 0.0
     all_rewards: list[float] = field(default_factory=list)
     """Outcome rewards of every sampled trajectory (kept or dropped), for honest reward curves."""
@@ -55,7 +54,6 @@ async def asample_groups(
         groups = await runtime.asample(tasks, n, seed=seed * 1000 + rnd, engine=engine)
         scores = await runtime.ascore(groups)
         apply_scores(groups, scores)  # reward, metrics, info and Segment.step_reward, in one place
-        res.rounds += 1
         res.sampled_groups += len(groups)
         res.all_rewards.extend(r for g in groups for r in g.rewards)
         by_group = {id(g): sc for g, sc in zip(groups, scores, strict=True)}

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from memrl.engines.base import capabilities
 from memrl.training.rollout import RolloutResult
 from memrl.types import Group
 from memrl.workflows import format_counts, format_keys
@@ -125,7 +126,7 @@ class EngineBusy:
     generated nothing (engines that count their busy seconds: hf in process and in Ray replicas)."""
 
     def __init__(self, engine: Any) -> None:
-        self.busy_of = getattr(engine, "busy_seconds", None)
+        self.busy_of = engine.busy_seconds if capabilities(engine).busy_accounting else None
         self.last: tuple[float, float] | None = None  # (wall, engine busy seconds) at the last step's end
 
     def __call__(self) -> dict[str, float]:

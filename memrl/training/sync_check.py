@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from memrl.engines.base import SamplingParams
+from memrl.engines.registry import engine_kind
 from memrl.errors import UserError
 
 PROBE_TEXT = "Q: Which colour is the key? M: No memory yet. S: the key is red and the box is"
@@ -63,11 +64,7 @@ def engine_name(cfg: Any) -> str:
     r = cfg.rollout
     if r.num_engines > 0:
         return f"{r.engine or cfg.engine.name} (rollout.num_engines={r.num_engines} Ray replicas)"
-    if cfg.engine.name == "hf":
-        return "hf (in process, engine.hf.share_weights=" + str(cfg.engine.hf.share_weights).lower() + ")"
-    if cfg.engine.name == "openai":
-        return f"openai ({cfg.engine.openai.base_url})"
-    return f"{cfg.engine.name} (in process)"
+    return engine_kind(cfg.engine.name).describe_config(cfg.engine)
 
 
 def check_sync(cfg: Any, when: str, tokenizer: Any, engine: Any, runtime: Any, workers: Any) -> dict[str, float]:

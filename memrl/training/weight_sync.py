@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.config import ConfigError
+from memrl.engines.registry import engine_kind
 from memrl.engines.weight_transfer import TransferSpec
 from memrl.training.config import TrainConfig
 from memrl.training.placement import replica_kind, share_gpu
@@ -37,7 +38,7 @@ def resolve_mode(cfg: TrainConfig) -> str:
         if r.weight_sync not in MODES:
             raise ConfigError(f"rollout.weight_sync {r.weight_sync!r} is not auto or one of {', '.join(MODES)}")
         return r.weight_sync
-    if replica_kind(cfg) != "vllm":
+    if not engine_kind(replica_kind(cfg)).replica_transfer:
         return "object_store"
     own_gpus = (not r.colocate and r.gpus_per_engine > 0) or (r.colocate and share_gpu(cfg) == 0)
     return "broadcast" if own_gpus else "directory"
@@ -55,7 +56,7 @@ def broadcast_backend(cfg: TrainConfig) -> str:
 
 
 class WeightSync:
-    """Moves the policy's weights from `workers` (memrl.training.worker_group) into `engines` (RayEngines)."""
+    """Moves the policy's weights from `workers` (memrl.training.worker_group) into `engines` (memrl.engines.ray_engines.RayEngines)."""
 
     def __init__(self, cfg: TrainConfig, workers: WorkerGroup, engines: Any, out_dir: Path) -> None:
         self.cfg, self.workers, self.engines = cfg, workers, engines

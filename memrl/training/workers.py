@@ -28,6 +28,7 @@ from transformers import AutoTokenizer
 
 from memrl.algorithms.losses import MISMATCH_PAIRS, MISMATCH_SUMS, mismatch_means
 from memrl.algorithms.registry import options_kwargs
+from memrl.engines.ray_engines import on_bundle
 from memrl.engines.weight_transfer import WeightTransfer
 from memrl.errors import UserError
 from memrl.model_open import open_model
@@ -35,11 +36,12 @@ from memrl.precision import autocast, torch_dtype
 from memrl.training import distributed as D
 from memrl.training import lora as L
 from memrl.training import ulysses as U
+from memrl.training.algorithm_section import off_policy_cap
 from memrl.training.checkpoint import OPTIM_DIR, STATE_FILE, load_state, save_checkpoint, temp_dir
-from memrl.training.config import TrainConfig, off_policy_cap
+from memrl.training.config import TrainConfig
 from memrl.training.optim import decay_groups, lr_lambda, skips_zero_advantage
 from memrl.training.packing import MicroBatch, TrainBatch, blank_row, collate, pack_rows
-from memrl.training.placement import on_bundle, placement_group, replica_kind, share_gpu
+from memrl.training.placement import placement_group, replica_kind, share_gpu
 from memrl.training.policy import clip_norm, ppo_micro_loss, token_logprobs
 from memrl.training.routing import RoutingReplay
 from memrl.training.sync_check import teacher_forced_logprobs

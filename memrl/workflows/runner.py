@@ -109,15 +109,16 @@ async def rollout(
     concurrency: int = 64,
     seed: int = 0,
     on_done: Callable[[Task, Trajectory], None] | None = None,
-    score: bool = True,
+    score: bool = False,
     *,
     services: Any,
 ) -> list[Group]:
     """n trajectories per task, at most `concurrency` in flight; one Group per task (carrying its Task),
     in task order. Trajectory ids are "<task_id>#<sample>".
 
+    score=False (the default, as RolloutRuntime.sample's): generation only, the score stage comes after;
     score=True: each trajectory is scored as soon as it is done (score_trajectory + apply_score, before
-    `on_done`); score=False is generation only. `services`: the run's memrl.runtime.Services, passed to
+    `on_done`). `services`: the run's memrl.runtime.Services, passed to
     workflows and rewards that take them. Callers go through memrl.runtime.RolloutRuntime (`sample`),
     which owns the event loop and the services.
     """

@@ -35,11 +35,11 @@ from typing import Any
 from memrl.config import MAX_CHARS, MAX_COUNT, MAX_TEMPERATURE, MAX_TOKENS, MAX_VOCAB, valid
 from memrl.engines.base import Engine, SamplingParams
 from memrl.engines.versioned import VERSION_KEY
+from memrl.rewards.multiq import MARKER, PUBLISHED_MARKER, answer_format, final_answer_text
 from memrl.tools import calls as tc
 from memrl.tools import context as ctx
 from memrl.tools import search as ts
 from memrl.types import Segment, Task, Trajectory
-from memrl.workflows.memact import FINAL_MARKER, answer_format, final_answer_text
 from memrl.workflows.memagent import decode_response
 from memrl.workflows.templates import load_template, template_kwargs
 
@@ -92,7 +92,7 @@ class SearchAgentConfig:
     """User prompt; needs {question} and {answer_format}. None = the packaged memact_user."""
     user_template_file: str | None = None
     answer_instruction: str | None = None
-    """Text put in {answer_format} (None = memrl.workflows.memact.answer_format(task))."""
+    """Text put in {answer_format} (None = memrl.rewards.multiq.answer_format(task))."""
     tool_parser: str = valid("memrl", choices=tc.PARSERS)
     """How a <tool_call> block is read (memrl.tools.calls, as MemActConfig.tool_parser)."""
     tool_call_format: str = valid("auto", choices=("auto", *tc.CALL_FORMATS))
@@ -356,7 +356,7 @@ class AgentLoop:
             log.warning("task %s: the first prompt (%d tokens) is over workflow.max_context_tokens=%d: no turn was "
                         "sampled", self.task.task_id, len(ctx.context_ids(final_messages)) + len(self.header),
                         cfg.max_context_tokens)
-        marker = "FINAL_ANSWER: " if cfg.require_final_answer else FINAL_MARKER
+        marker = PUBLISHED_MARKER if cfg.require_final_answer else MARKER
         metrics = {
             "turns": float(self.turn),
             "generated_tokens": float(self.generated),

@@ -31,11 +31,11 @@ from typing import Any
 from memrl.config import MAX_COUNT, valid
 from memrl.engines.base import Engine
 from memrl.rewards.judge import JudgeClient, JudgeSettings
+from memrl.rewards.multiq import outcome_reward as rule_reward
 from memrl.services.session import run_with
 from memrl.tools import context as ctx
 from memrl.types import Trajectory
 from memrl.workflows import WorkflowSpec
-from memrl.workflows.memact import reward as rule_reward
 from memrl.workflows.search_agent import AgentLoop, SearchAgentConfig, thread_row
 
 SUMMARY_REQUEST = ("Your context is nearly full. Write a summary of your progress: every fact you found that "

@@ -394,7 +394,7 @@ def test_a_yaml_alias_bomb_preset_is_refused_quickly(tmp_path, capsys):
     assert one_line(capsys.readouterr().err) == (
         f"memrl train: error: preset {preset}: its aliases expand to more than 200000 values (an alias bomb?); "
         "refusing to load it")
-    from memrl.workflows.memact import load_tool_schemas  # a MemAct tool_schemas_file is YAML too
+    from memrl.workflows.memact_config import load_tool_schemas  # a MemAct tool_schemas_file is YAML too
 
     with pytest.raises(ConfigError, match=r"tool_schemas_file .*: its aliases expand to more than 200000 values"):
         load_tool_schemas(str(preset))

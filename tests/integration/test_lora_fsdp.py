@@ -217,8 +217,8 @@ def test_ranks_sync_merged_weights_to_a_replica_and_the_check_passes(ray_session
 
 
 def test_sync_check_with_ranks_fails_when_the_sync_is_removed(ray_session, tiny_path, tmp_path, monkeypatch):
+    from memrl.engines.ray_engines import RayEngines
     from memrl.training.assemble import assemble
-    from memrl.training.placement import RayEngines
     from memrl.training.sync_check import SyncCheckError
     from memrl.training.trainer import Trainer
 

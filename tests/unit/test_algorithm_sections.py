@@ -10,7 +10,8 @@ from plugins_example import ESTIMATORS, registry_restored  # noqa: F401 - the fi
 
 from memrl.cli import main
 from memrl.config import ConfigError, load_config, to_yaml
-from memrl.training.config import FLAT_OPTIONS, TrainConfig
+from memrl.training.algorithm_section import FLAT_OPTIONS
+from memrl.training.config import TrainConfig
 
 EST = ESTIMATORS
 pytestmark = pytest.mark.usefixtures("registry_restored")

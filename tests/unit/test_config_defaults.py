@@ -262,7 +262,7 @@ def test_a_disagreement_is_reported():
 
 def test_build_engine_gives_vllm_the_engine_sections_values(monkeypatch):
     """The vLLM config build_engine makes is the engine section's (no vllm needed: the engine is faked)."""
-    import memrl.engines as engines
+    import memrl.engines.kinds as engines
     from memrl.engines import build_engine
 
     seen = []

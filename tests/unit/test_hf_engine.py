@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from memrl.engines import make_engine
+from memrl.engines import EngineConfig, build_engine, engine_kind
 from memrl.engines.base import Engine, EngineError, SamplingParams
 from memrl.engines.hf import HFEngine
 from memrl.engines.hf_sampling import sample_rows
@@ -98,10 +98,10 @@ def reference_logprobs(model, prompt: list[int], response: list[int], temperatur
 
 def test_protocol_and_factory(engine, model_dir):
     assert isinstance(engine, Engine)
-    eng = make_engine("hf", model_dir, max_batch_size=4)
+    eng = build_engine(EngineConfig(model=model_dir, max_batch_size=4))
     assert isinstance(eng, HFEngine) and eng.max_batch_size == 4
     with pytest.raises(ValueError, match="unknown engine kind 'nope'"):
-        make_engine("nope", model_dir)
+        engine_kind("nope")
 
 
 def test_greedy_matches_argmax_loop_in_one_batch(engine, ref_model, prompts):

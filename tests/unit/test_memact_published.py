@@ -259,7 +259,7 @@ def test_row_prompt_without_the_prune_tool_drops_the_pruning_instructions():
 
 
 def test_require_final_answer_through_the_workflow():
-    from memrl.workflows.memact import reward
+    from memrl.rewards.multiq import outcome_reward as reward
 
     traj, _ = run_one(ROW_TASK, reply="It is Oslo.", require_final_answer=True)
     assert reward(ROW_TASK, traj) == 0.0 and traj.final_answer == "" and traj.metrics["no_final_marker"] == 1.0

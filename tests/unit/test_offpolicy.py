@@ -11,7 +11,8 @@ import torch
 
 from memrl.algorithms.losses import mismatch_means, mismatch_sums, off_policy_weights
 from memrl.config import ConfigError, load_config
-from memrl.training.config import TrainConfig, off_policy_cap
+from memrl.training.algorithm_section import off_policy_cap
+from memrl.training.config import TrainConfig
 from memrl.training.packing import collate
 from memrl.training.policy import ppo_micro_loss
 from memrl.training.step_metrics import combine_step_metrics

@@ -76,3 +76,20 @@ def test_services_close_every_owned_client_even_when_one_fails():
 
 async def _loop() -> int:
     return id(asyncio.get_running_loop())
+
+
+def test_rollout_is_generation_only_unless_asked_to_score():
+    """One default for `score`: the runner's rollout and the runtime's sample both generate only (False);
+    the runtime passes its own on, so a direct runner call scores nothing either."""
+    from memrl.workflows.runner import rollout
+
+    spec = get_workflow("memagent")
+    cfg = spec.config_cls(chunk_tokens=100, max_memory_tokens=20, max_final_tokens=20)
+    engine = ScriptedEngine(lambda prompt, i: "m" if i % 2 == 0 else "\\boxed{x}", tokenizer=CharTokenizer())
+    task = Task("t", "Q?", "ctx", ["x"])
+    with RolloutRuntime(engine, spec, cfg, close_engine=False) as rt:
+        direct = rt.run(rollout([task], spec, engine, cfg, n=1, services=rt.services))
+        sampled = rt.sample([task], n=1, seed=0)
+        scored = rt.sample([task], n=1, seed=0, score=True)
+    assert direct[0].trajectories[0].reward is None and sampled[0].trajectories[0].reward is None
+    assert scored[0].trajectories[0].reward == 1.0
