@@ -4,6 +4,7 @@ refactor of the recipe code can show that every demo still gives the same result
   python scripts/demo_identity.py run /tmp/before            # every demo, one subprocess each
   python scripts/demo_identity.py run /tmp/after memagent    # only some
   python scripts/demo_identity.py compare /tmp/before /tmp/after
+  python scripts/demo_identity.py aggregate /tmp/before /tmp/agg   # the seed sweep's table over two fake seeds
 
 Each run writes DIR/<name>/ (the demo's --out) and DIR/<name>.digest: the SHA-256 of results.json with every
 "timings" and "seconds" entry dropped and the run's directory written as "<OUT>".
@@ -87,6 +88,48 @@ def run(base: Path, names: list[str]) -> None:
         print(f"{name}: {d}", flush=True)
 
 
+SWEEPS = {"memagent": "memagent", "memact": "memact", "context": "context_fold", "mem1": "mem1_mem1",
+          "infmem": "infmem_infmem"}
+"""agent -> the run whose results make both seeds of its fake sweep."""
+
+
+def halved(value: Any) -> Any:
+    """Every float in `value` halved plus one (ints, keys and strings kept): a second seed's results."""
+    if isinstance(value, dict):
+        return {k: halved(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [halved(v) for v in value]
+    return value * 0.5 + 1 if isinstance(value, float) else value
+
+
+def aggregate(base: Path, dest: Path) -> None:
+    """memrl.demos.seeds' aggregate and markdown over a fake two-seed sweep per agent (seed 0: the run's
+    results.json, seed 1: its floats halved plus one; both with the run's held-out tasks); writes
+    dest/<agent>.md and dest/<agent>.json and prints their digests."""
+    import shutil
+
+    from memrl.demos import seeds
+
+    for agent, name in SWEEPS.items():
+        root = dest / agent
+        shutil.rmtree(root, ignore_errors=True)
+        res = json.loads((base / name / "results.json").read_text(encoding="utf-8"))
+        runs = []
+        other = {k: v if k in ("recipe", "eval") else halved(v) for k, v in res.items()}  # the same evaluation
+        for seed, value in ((0, res), (1, other)):
+            out = root / "native" / f"seed{seed}"
+            (out / "data").mkdir(parents=True)
+            (out / "results.json").write_text(json.dumps(value), encoding="utf-8")
+            held = base / name / "data" / "heldout_tasks.jsonl"
+            if held.is_file():
+                shutil.copy(held, out / "data" / "heldout_tasks.jsonl")
+            runs.append(seeds.Run(seed, "native", out, ()))
+        agg = seeds.aggregate(agent, runs)
+        text = seeds.markdown(agg).replace(str(root), "<ROOT>")
+        (dest / f"{agent}.md").write_text(text, encoding="utf-8")
+        print(f"{agent}: table {hashlib.sha256(text.encode()).hexdigest()}", flush=True)
+
+
 def compare(a: Path, b: Path) -> int:
     bad = 0
     for name in DEMOS:
@@ -103,6 +146,8 @@ def compare(a: Path, b: Path) -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["run"]:
         run(Path(sys.argv[2]), sys.argv[3:])
+    elif sys.argv[1:2] == ["aggregate"]:
+        aggregate(Path(sys.argv[2]), Path(sys.argv[3]))
     elif sys.argv[1:2] == ["compare"]:
         sys.exit(compare(Path(sys.argv[2]), Path(sys.argv[3])))
     else:
