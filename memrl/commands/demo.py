@@ -21,19 +21,14 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from memrl.config import MAX_PARALLEL, ConfigError, bounded, to_yaml
-from memrl.demos.context import run_context_demo
-from memrl.demos.infmem import run_infmem_demo
-from memrl.demos.mem1 import run_mem1_demo
-from memrl.demos.memact import run_memact_demo
+from memrl.config import MAX_PARALLEL, ConfigError, bounded
 from memrl.demos.memagent import (  # noqa: F401 - re-exported: benchmarks and tests import them from here
     DemoConfig,
     load_demo_configs,
     reading_segments,
-    run_demo,
 )
+from memrl.demos.pipeline import get_recipe, run_recipe
 from memrl.demos.seeds import parse_capabilities, parse_seeds, run_sweep
-from memrl.eval.demo_report import write_memagent_outputs
 from memrl.locks import locked_dir
 
 
@@ -66,19 +61,7 @@ def run(args: argparse.Namespace) -> int:
         return run_seeds(args)
     if args.jobs != 1 or args.aggregate_only:
         raise ConfigError("--jobs and --aggregate-only need --seeds or --cpu-capability")
-    recipe = {"memact": run_memact_demo, "context": run_context_demo, "mem1": run_mem1_demo,
-              "infmem": run_infmem_demo}.get(getattr(args, "agent", "memagent"))
-    if recipe is not None:  # the per-method demos: one function of (out dir, overrides) each
-        with locked_dir(args.out, "--out"):
-            recipe(args.out, args.overrides)
-        return 0
-    cfg, tcfg, out, workflow = load_demo_configs(args.overrides, args.out)
-    with locked_dir(out, "--out"):  # one demo per directory
-        (out / "demo_config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
-        results = run_demo(cfg, tcfg, out, workflow)
-    print(write_memagent_outputs(results, out), end="")
-    print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'accuracy_vs_length.png'}, "
-          f"{out / 'rl_reward.png'} ({results['timings']['total_s'] / 60:.1f} min)")
+    run_recipe(get_recipe(getattr(args, "agent", "memagent")), args.out, args.overrides)
     return 0
 
 

@@ -13,6 +13,7 @@ memrl needs no edit here (docs/guides/recipe_method.md).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Iterator
@@ -35,6 +36,8 @@ from memrl.config import (
 )
 from memrl.demos import split_overrides
 from memrl.demos.cold_start import copy_warmup
+from memrl.errors import UserError
+from memrl.locks import locked_dir
 from memrl.plugins import is_import_path, load_object
 from memrl.training.assemble import assemble, check_writable, validate
 from memrl.training.checkpoint import latest_checkpoint
@@ -163,6 +166,10 @@ class Recipe:
     value is read)."""
     task_seeds: ClassVar[tuple[str, ...]] = ()
     """The seed keys that generate training tasks (never equal to a held-out task seed)."""
+    summary_fields: ClassVar[tuple[str, ...]] = ("accuracy",)
+    """The summary fields the seed sweep aggregates (memrl.demos.seeds)."""
+    optional_fields: ClassVar[tuple[str, ...]] = ()
+    """Summary fields a run may lack (e.g. no task with that question count): skipped, not an error."""
 
     def load(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
         """Configs and their checks (fails before any work)."""
@@ -193,6 +200,10 @@ class Recipe:
         """(the cold start's rows, its statistics): the scripted policy played through the workflow."""
         raise NotImplementedError
 
+    def sft_tensorboard(self, run: RecipeRun) -> bool:
+        """Whether the cold start also logs to TensorBoard (its metrics.jsonl is always written)."""
+        return False
+
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         """Held-out evaluation of `model` (policy "sft" or "rl")."""
         raise NotImplementedError
@@ -203,6 +214,36 @@ class Recipe:
 
     def markdown(self, results: dict[str, Any]) -> str:
         """results.md."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ reading results (the seed sweep)
+
+    def evals(self, results: dict[str, Any]) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+        """The one results schema: policy ("sft", "rl", a scripted one) -> decoding -> bucket (a length, an
+        objective count, "all") -> summary, read from a results.json (a KeyError when it lacks a part)."""
+        raise NotImplementedError
+
+    def heldout_seeds(self, cfg: Any) -> set[int]:
+        """The seeds held-out tasks are drawn from (no training task seed may equal one)."""
+        return {cfg.eval.seed}
+
+    def check_sweep(self, cfg: Any) -> None:
+        """Refuse settings the sweep's table cannot aggregate (before any run)."""
+
+    def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
+        """What must be equal across a sweep's runs for their held-out numbers to be comparable: the SHA-256
+        of data/heldout_tasks.jsonl."""
+        path = out / "data" / "heldout_tasks.jsonl"
+        if not path.is_file():
+            raise UserError(f"{path}: missing; cannot check that the run evaluated the same held-out tasks")
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+        """Entries of the sweep's per-capability aggregate beside the cells (e.g. the budget's mean +- sd)."""
+        return {}
+
+    def sweep_table(self, entry: dict[str, Any]) -> list[str]:
+        """The seed sweep's table (markdown lines) of one capability's aggregate (memrl.demos.seeds)."""
         raise NotImplementedError
 
     def write(self, results: dict[str, Any], out: Path) -> str:
@@ -242,7 +283,7 @@ def execute(recipe: Recipe, run: RecipeRun) -> dict[str, Any]:
             run.warmup_losses = recipe.warmup(run)
         with stage(run, "sft_s"):
             rows, run.demo = recipe.demonstrations(run)
-            run.sft_losses = cold_start(run, rows, tensorboard=getattr(recipe, "sft_tensorboard", False))
+            run.sft_losses = cold_start(run, rows, tensorboard=recipe.sft_tensorboard(run))
         with stage(run, "eval_sft_s"):
             run.evals["sft"] = recipe.evaluate(run, "sft", run.model, run.out / "sft")
     with stage(run, "rl_s"):
@@ -254,12 +295,14 @@ def execute(recipe: Recipe, run: RecipeRun) -> dict[str, Any]:
 
 
 def run_recipe(recipe: Recipe | str, out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
-    """Run one method's demo: load its configs, write demo_config.yaml, run the stages, write its outputs."""
+    """Run one method's demo: load its configs (a bad value fails before any work), then, with the output
+    directory locked (memrl.locks), write demo_config.yaml, run the stages and write its outputs."""
     recipe = get_recipe(recipe) if isinstance(recipe, str) else recipe
     run = recipe.load(list(overrides), out_dir)
-    (run.out / "demo_config.yaml").write_text(to_yaml(run.cfg), encoding="utf-8")
-    results = execute(recipe, run)
-    text = recipe.write(results, run.out)
+    with locked_dir(run.out, "--out"):  # one demo per directory
+        (run.out / "demo_config.yaml").write_text(to_yaml(run.cfg), encoding="utf-8")
+        results = execute(recipe, run)
+        text = recipe.write(results, run.out)
     print(text, end="" if text.endswith("\n") else "\n")
     print(f"wrote {run.out / 'results.md'}, {run.out / 'results.json'} ({run.timings['total_s'] / 60:.1f} min)")
     return results
