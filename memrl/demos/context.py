@@ -67,6 +67,7 @@ from memrl.demos.pipeline import (
     set_threads,
 )
 from memrl.demos.scratch import init_context_model
+from memrl.demos.seeds import DECODINGS, budget_extra, budget_line, cell_of, fmt
 from memrl.eval.evaluator import EngineRollout, context_summary_of, evaluate_context, model_engine
 from memrl.models.tiny import ModelPreset
 from memrl.training.assemble import validate
@@ -447,6 +448,25 @@ class ContextRecipe(Recipe):
 
     def markdown(self, results: dict[str, Any]) -> str:
         return results_markdown(results)
+
+    summary_fields = ("accuracy", "peak_context_tokens", "mean_context_tokens", "tokens_discarded", "branches",
+                      "summaries", "stopped_by_budget")
+
+    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
+        return {p: {mode: {"all": s} for mode, s in results[p].items()} for p in ("sft", "rl")}
+
+    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+        return budget_extra(done)
+
+    def sweep_table(self, e: dict[str, Any]) -> list[str]:
+        lines = ["| policy | decoding | accuracy (%) | peak context | mean context | tokens discarded | branches "
+                 "| summaries | stopped by budget (%) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for label, key in (("cold start (SFT)", "sft"), ("SFT + RL", "rl"), ("RL - SFT", "gain")):
+            for mode in e["cells"] or DECODINGS:
+                cells = [fmt(cell_of(e, mode, "all", f"{key}_{f}"), sign=key == "gain",
+                             digits=2 if f in ("branches", "summaries") else 1) for f in self.summary_fields]
+                lines.append(f"| {label} | {mode} | " + " | ".join(cells) + " |")
+        return lines + budget_line(e)
 
 
 RECIPE = ContextRecipe()

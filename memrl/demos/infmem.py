@@ -60,6 +60,7 @@ from memrl.demos.pipeline import (
     set_threads,
 )
 from memrl.demos.scratch import init_reading_model
+from memrl.demos.seeds import cell_of, fmt
 from memrl.eval.evaluator import EngineRollout, evaluate_reading, model_engine, reading_summary_of
 from memrl.models.tiny import ModelPreset, shape_problem
 from memrl.training.assemble import validate
@@ -308,6 +309,31 @@ class InfMemRecipe(Recipe):
 
     def markdown(self, results: dict[str, Any]) -> str:
         return results_markdown(results)
+
+    summary_fields = ("accuracy", "model_calls", "chunks_read", "retrievals", "stop_rate")
+
+    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}  # policy -> length -> decoding -> summary, as policy -> decoding -> length
+        for p in ("sft", "rl"):
+            for n, modes in results[p].items():
+                for mode, summary in modes.items():
+                    out.setdefault(p, {}).setdefault(mode, {})[n] = summary
+        return out
+
+    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+        return {"method": done[0][1]["method"] if done else None}
+
+    def sweep_table(self, e: dict[str, Any]) -> list[str]:
+        lines = [f"method {e['method']}", "",
+                 "| policy | decoding | length (chunks) | accuracy (%) | model calls | chunks read | retrievals "
+                 "| stop rate (%) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for label, key in (("cold start (SFT)", "sft"), ("SFT + RL", "rl"), ("RL - SFT", "gain")):
+            for mode in e["cells"]:
+                for n in e["cells"][mode]:
+                    cells = [fmt(cell_of(e, mode, n, f"{key}_{f}"), sign=key == "gain",
+                                 digits=1 if f in ("accuracy", "stop_rate") else 2) for f in self.summary_fields]
+                    lines.append(f"| {label} | {mode} | {n} | " + " | ".join(cells) + " |")
+        return lines
 
 
 RECIPE = InfMemRecipe()

@@ -49,6 +49,7 @@ from memrl.demos.pipeline import (
     set_threads,
 )
 from memrl.demos.scratch import init_mem1_model
+from memrl.demos.seeds import cell_of, fmt
 from memrl.eval.evaluator import EngineRollout, evaluate_tasks, mean_and_se, model_engine
 from memrl.models.tiny import ModelPreset
 from memrl.training.assemble import validate
@@ -300,6 +301,24 @@ class Mem1Recipe(Recipe):
 
     def markdown(self, results: dict[str, Any]) -> str:
         return results_markdown(results)
+
+    summary_fields = ("accuracy", "peak_context_tokens", "mean_context_tokens", "turns")
+
+    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
+        return {p: results[p] for p in ("sft", "rl")}  # policy -> decoding -> objective count -> summary
+
+    def heldout_seeds(self, cfg: Any) -> set[int]:
+        return {cfg.eval.seed + k for k in cfg.eval.objectives}  # one held-out set per objective count k
+
+    def sweep_table(self, e: dict[str, Any]) -> list[str]:
+        lines = ["| policy | decoding | objectives | accuracy (%) | peak context | mean context | turns |",
+                 "|---|---|---:|---:|---:|---:|---:|"]
+        for label, key in (("cold start (SFT)", "sft"), ("SFT + RL", "rl")):
+            for mode in e["cells"]:
+                for k in e["buckets"]:
+                    cells = [fmt(cell_of(e, mode, k, f"{key}_{f}")) for f in self.summary_fields]
+                    lines.append(f"| {label} | {mode} | {k} | " + " | ".join(cells) + " |")
+        return lines
 
 
 RECIPE = Mem1Recipe()

@@ -57,6 +57,7 @@ from memrl.demos.pipeline import (
     set_threads,
 )
 from memrl.demos.scratch import init_memact_model
+from memrl.demos.seeds import DECODINGS, budget_extra, budget_line, cell_of, fmt
 from memrl.eval.demo_report import print_memact_eval, write_memact_outputs
 from memrl.eval.evaluator import EngineRollout, evaluate_memact, memact_summary_of, model_engine
 from memrl.models.tiny import ModelPreset, shape_problem
@@ -318,6 +319,26 @@ class MemActRecipe(Recipe):
             "budget": {"max_context_tokens": run.wf_cfg.max_context_tokens,
                        "eval_tasks": len(run.extra["data"].eval_tasks)},
         }
+
+    summary_fields = ("accuracy", "accuracy_2q", "accuracy_3q", "mean_context_tokens", "peak_context_tokens",
+                      "prunes_per_task")
+    optional_fields = ("accuracy_2q", "accuracy_3q")
+
+    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
+        return {p: {mode: {"all": s} for mode, s in results[key].items()} for p, key in (("sft", "sft"), ("rl", "dcpo"))}
+
+    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+        return budget_extra(done)
+
+    def sweep_table(self, e: dict[str, Any]) -> list[str]:
+        lines = ["| policy | decoding | accuracy (%) | 2-question | 3-question | mean context (tokens) | "
+                 "peak context (tokens) | prunes / task |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for label, key in (("cold start (SFT)", "sft"), ("SFT + DCPO", "rl"), ("DCPO - SFT", "gain")):
+            for mode in e["cells"] or DECODINGS:
+                cells = [fmt(cell_of(e, mode, "all", f"{key}_{f}"), sign=key == "gain",
+                             digits=2 if f == "prunes_per_task" else 1) for f in self.summary_fields]
+                lines.append(f"| {label} | {mode} | " + " | ".join(cells) + " |")
+        return lines + budget_line(e)
 
     def write(self, results: dict[str, Any], out: Path) -> str:
         """results.json, results.md and memact_results.png (memrl.eval.demo_report)."""

@@ -14,6 +14,7 @@ The functions between the configs and the recipe only map the demo's configs ont
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from memrl.config import (
     MAX_SEED,
     MAX_TEMPERATURE,
     MAX_VOCAB,
+    ConfigError,
     load_config,
     valid,
 )
@@ -34,6 +36,8 @@ from memrl.demos import split_overrides
 from memrl.demos.cold_start import memagent_cold_start
 from memrl.demos.pipeline import Recipe, RecipeRun, SFTSettings, load_train, run_recipe, set_threads
 from memrl.demos.scratch import init_memagent_model
+from memrl.demos.seeds import cell_of, fmt
+from memrl.errors import UserError
 from memrl.eval.demo_report import write_memagent_outputs
 from memrl.eval.evaluator import EngineRollout, EvalProtocol, evaluate_policy, model_engine, results_to_json
 from memrl.models.tiny import ModelPreset, shape_problem
@@ -274,9 +278,50 @@ class MemAgentRecipe(Recipe):
             "rl_reward": [h.get("reward/mean", 0.0) for h in run.history],
         }
 
+    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
+        st = results["stages"]  # stages -> length -> decoding -> summary
+        return {p: _by_decoding(st[p]) for p in ("sft", "rl", "demonstrator") if p in st}
+
+    def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
+        """The held-out protocol and lengths (the tasks are generated from them)."""
+        try:
+            return json.dumps({"eval": results["recipe"]["eval"], "lengths": results["lengths"]}, sort_keys=True)
+        except KeyError as e:
+            raise UserError(f"{out / 'results.json'}: no {e.args[0]!r}; not a memagent demo result") from None
+
+    def check_sweep(self, cfg: Any) -> None:
+        ev = cfg.eval  # the table aggregates both decodings at every length
+        if ev.samples == 0 or not ev.greedy:
+            what = "eval.samples=0 leaves no sampled" if ev.samples == 0 else "eval.greedy=false leaves no greedy"
+            raise ConfigError(f"--seeds: {what} accuracy, and the sweep's table aggregates sampled and greedy "
+                              "accuracy of every run; drop the override")
+
+    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+        return {"train_chunks": done[0][1]["recipe"]["train_chunks"] if done else None}
+
+    def sweep_table(self, e: dict[str, Any]) -> list[str]:
+        lines = ["| length (chunks) | x | demonstrator sampled | SFT sampled | SFT+RL sampled | gain sampled | "
+                 "SFT greedy | SFT+RL greedy | gain greedy |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for n in e["buckets"]:
+            x = int(n) // e["train_chunks"] if e["train_chunks"] else 0
+            demo = cell_of(e, "sampled", n, "demonstrator_accuracy")
+            cells = [fmt(cell_of(e, m, n, f"{s}_accuracy"), sign=s == "gain")
+                     for m in ("sampled", "greedy") for s in ("sft", "rl", "gain")]
+            lines.append(f"| {n} | {x}x | {fmt(demo) if demo['n'] else '-'} | " + " | ".join(cells) + " |")
+        return lines
+
     def write(self, results: dict[str, Any], out: Path) -> str:
         """results.md, results.json, accuracy_vs_length.png, rl_reward.png (memrl.eval.demo_report)."""
         return write_memagent_outputs(results, out)
+
+
+def _by_decoding(by_length: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """length -> decoding -> summary as decoding -> length -> summary."""
+    out: dict[str, dict[str, Any]] = {}
+    for n, modes in by_length.items():
+        for mode, summary in modes.items():
+            out.setdefault(mode, {})[n] = summary
+    return out
 
 
 RECIPE = MemAgentRecipe()
