@@ -9,7 +9,7 @@
 
 The recipe is `memrl.demos.memagent` (init -> cold-start SFT on a mixture demonstrator -> GRPO on
 MemAgent -> the demonstrator, SFT and SFT+RL evaluated on held-out tasks at 1x/4x/16x the training length,
-greedy and sampled, by `memrl.eval.evaluator`); the tables and plots are `memrl.eval.demo_report`. Writes results.md (printed),
+greedy and sampled, by `memrl.eval.evaluator`); the tables and plots are `memrl.demos.report`. Writes results.md (printed),
 results.json, accuracy_vs_length.png, rl_reward.png. Overrides: `key=value` for the demo config
 (`memrl.demos.memagent.DemoConfig`), `train.<key>=value` for the RL config (preset demo_cpu); `engine.*`
 and `workflow.*` are spelled as in `memrl train` and `memrl eval` (they set the RL config's sections,

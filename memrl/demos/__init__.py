@@ -14,7 +14,7 @@ The stages: memrl.data.synthetic / synthetic_memact (tasks), memrl.demos.scratch
 memrl.demonstrators.stages (demonstrators, their demonstrations, MemAct's budget), memrl.demos.cold_start
 (cold-start SFT, copy warm-up), memrl.training.trainer (RL), memrl.eval.evaluator (the one evaluator
 `memrl eval` and validation use: greedy and sampled per length, standard errors over tasks) and
-memrl.eval.demo_report (the tables and plots).
+memrl.demos.report (the tables and plots).
 """
 
 SHARED_SECTIONS = ("engine", "workflow")

@@ -68,7 +68,8 @@ from memrl.demos.pipeline import (
 )
 from memrl.demos.scratch import init_context_model
 from memrl.demos.seeds import DECODINGS, budget_extra, budget_line, cell_of, fmt
-from memrl.eval.evaluator import EngineRollout, context_summary_of, evaluate_context, model_engine
+from memrl.demos.summaries import context_summary_of, evaluate_context
+from memrl.eval.evaluator import EngineRollout, model_engine
 from memrl.models.tiny import ModelPreset
 from memrl.training.assemble import validate
 from memrl.types import Segment

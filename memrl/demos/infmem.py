@@ -61,7 +61,8 @@ from memrl.demos.pipeline import (
 )
 from memrl.demos.scratch import init_reading_model
 from memrl.demos.seeds import cell_of, fmt
-from memrl.eval.evaluator import EngineRollout, evaluate_reading, model_engine, reading_summary_of
+from memrl.demos.summaries import evaluate_reading, reading_summary_of
+from memrl.eval.evaluator import EngineRollout, model_engine
 from memrl.models.tiny import ModelPreset, shape_problem
 from memrl.training.assemble import validate
 from memrl.types import Segment, Task

@@ -15,7 +15,7 @@ segments -> DCPO (preset memact_dcpo_cpu) -> the same held-out evaluation of the
 policy: greedy and sampled (one sample per task, temperature `eval.temperature`), accuracy (all
 sub-questions right) with its standard error, mean and peak working-context tokens, prunes per task,
 overflow rate (memrl.eval.evaluator.evaluate_memact) -> results.md (printed), results.json,
-memact_results.png (memrl.eval.demo_report).
+memact_results.png (memrl.demos.report).
 
 `variant=curation` (VARIANTS below) is the context-curation task of docs/concepts/memact.md "Context curation": a
 budget in which search alone answers every task, so pruning only shortens the context; add
@@ -46,7 +46,6 @@ from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_sp
 from memrl.demonstrators.stages import calibrate_budget, calibrate_search_only_budget, memact_demonstrations
 from memrl.demos import split_overrides
 from memrl.demos.cold_start import copy_warmup as copy_warmup_stage
-from memrl.demos.cold_start import memact_cold_start
 from memrl.demos.pipeline import (
     EvalSettings,
     Recipe,
@@ -56,10 +55,12 @@ from memrl.demos.pipeline import (
     run_recipe,
     set_threads,
 )
+from memrl.demos.pipeline import cold_start as pipeline_cold_start
+from memrl.demos.report import print_memact_eval, write_memact_outputs
 from memrl.demos.scratch import init_memact_model
 from memrl.demos.seeds import DECODINGS, budget_extra, budget_line, cell_of, fmt
-from memrl.eval.demo_report import print_memact_eval, write_memact_outputs
-from memrl.eval.evaluator import EngineRollout, evaluate_memact, memact_summary_of, model_engine
+from memrl.demos.summaries import evaluate_memact, memact_summary_of
+from memrl.eval.evaluator import EngineRollout, model_engine
 from memrl.models.tiny import ModelPreset, shape_problem
 from memrl.types import Segment
 from memrl.workflows import get_workflow
@@ -232,10 +233,11 @@ def copy_warmup(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, ou
 
 def cold_start(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any],
                out: Path) -> tuple[list[float], dict[str, float]]:
-    """memrl.demos.cold_start.memact_cold_start; saves the model to out/sft. Returns (losses, statistics)."""
-    s = cfg.sft
-    return memact_cold_start(model, tokenizer, tasks, wf_cfg, s.sft_config(cfg.seed), out / "sft", late_prob=s.late_prob, seed=s.seed,
-                             topk=s.search_topk, keep_results=s.keep_results, progress=tcfg.trainer.progress)
+    """The recipe's cold start on `tasks` (MemActRecipe.demonstrations, then memrl.demos.pipeline.cold_start);
+    saves the model to out/sft. Returns (losses, the scripted agent's statistics)."""
+    run = RecipeRun(cfg, tcfg, out, None, wf_cfg, tokenizer, model, extra={"sft_tasks": tasks})
+    rows, stats = RECIPE.demonstrations(run)
+    return pipeline_cold_start(run, rows), stats
 
 
 def context_budget(cfg: MemActDemoConfig, tokenizer: Any, wf_cfg: Any, sft_tasks: list[Any]) -> int:
@@ -287,13 +289,13 @@ class MemActRecipe(Recipe):
         run.tcfg.workflow["max_context_tokens"] = budget
         print(f"working-context budget: {budget} tokens")
         print(f"model: {n_params / 1e6:.2f}M parameters, vocabulary {len(run.tokenizer)}")
-        run.extra.update(data=data, n_params=n_params)
+        run.extra.update(data=data, sft_tasks=data.sft_tasks, n_params=n_params)
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, float]]:
         """The scripted agent (pruning late with probability `sft.late_prob`; the search-only agent when
         `workflow.prune_tool` is false) through the memact workflow, one row per prune plus the final one."""
         s, wf_cfg = run.cfg.sft, run.wf_cfg
-        groups = memact_demonstrations(run.extra["data"].sft_tasks, run.tokenizer, wf_cfg, s.late_prob, s.seed,
+        groups = memact_demonstrations(run.extra["sft_tasks"], run.tokenizer, wf_cfg, s.late_prob, s.seed,
                                        s.search_topk, s.keep_results, prune_tool=wf_cfg.prune_tool)
         rows = [r for g in groups for r in g.trajectories[0].segments]
         stats = memact_summary_of(groups)
@@ -341,7 +343,7 @@ class MemActRecipe(Recipe):
         return lines + budget_line(e)
 
     def write(self, results: dict[str, Any], out: Path) -> str:
-        """results.json, results.md and memact_results.png (memrl.eval.demo_report)."""
+        """results.json, results.md and memact_results.png (memrl.demos.report)."""
         return write_memact_outputs(results, out)
 
 

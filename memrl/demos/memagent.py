@@ -8,7 +8,7 @@ mixture demonstrator (memrl.demonstrators.stages.mixture_rule: per memory step t
 memrl.demos.cold_start) -> multi-conversation GRPO on the MemAgent workflow (memrl.training.trainer)
 -> the demonstrator, the cold start and SFT+RL evaluated with one protocol (held-out tasks at 1x, 4x, 16x
 the training length; greedy and sampled; memrl.eval.evaluator) -> a results dict that
-`memrl.eval.demo_report` renders (`write_memagent_outputs`: results.md, results.json, the plots).
+`memrl.demos.report` renders (`write_memagent_outputs`: results.md, results.json, the plots).
 The functions between the configs and the recipe only map the demo's configs onto one library call each.
 """
 
@@ -33,12 +33,12 @@ from memrl.config import (
 from memrl.data.synthetic import make_tasks, tasks_by_length
 from memrl.demonstrators.stages import evaluate_rule, mixture_rule, reading_segments, record_demonstrations
 from memrl.demos import split_overrides
-from memrl.demos.cold_start import memagent_cold_start
 from memrl.demos.pipeline import Recipe, RecipeRun, SFTSettings, load_train, run_recipe, set_threads
+from memrl.demos.pipeline import cold_start as pipeline_cold_start
+from memrl.demos.report import write_memagent_outputs
 from memrl.demos.scratch import init_memagent_model
 from memrl.demos.seeds import cell_of, fmt
 from memrl.errors import UserError
-from memrl.eval.demo_report import write_memagent_outputs
 from memrl.eval.evaluator import EngineRollout, EvalProtocol, evaluate_policy, model_engine, results_to_json
 from memrl.models.tiny import ModelPreset, shape_problem
 from memrl.types import Segment
@@ -186,14 +186,10 @@ def init_model(cfg: DemoConfig, tcfg: Any, out: Path, wf_cfg: Any) -> tuple[Any,
 
 
 def cold_start(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, out: Path) -> list[float]:
-    """memrl.demos.cold_start.memagent_cold_start on `sft.num_tasks` tasks (seed `sft_seed`); saves the
-    model to out/sft and returns the per-step losses."""
-    syn, s = tcfg.data.synthetic, cfg.sft
-    reading = make_tasks(syn, s.reading_tasks, seed=cfg.sft_seed + 1) if s.reading_tasks else None
-    return memagent_cold_start(model, tokenizer, demonstrator(cfg, tcfg, wf_cfg, seed=cfg.seed),
-                               make_tasks(syn, s.num_tasks, seed=cfg.sft_seed), wf_cfg, s.sft_config(cfg.seed), out / "sft",
-                               reading_tasks=reading, progress=tcfg.trainer.progress,
-                               tensorboard=tcfg.trainer.tensorboard)
+    """The recipe's cold start (MemAgentRecipe.demonstrations on `sft.num_tasks` tasks of seed `sft_seed`, then
+    memrl.demos.pipeline.cold_start); saves the model to out/sft and returns the per-step losses."""
+    run = RecipeRun(cfg, tcfg, out, None, wf_cfg, tokenizer, model)
+    return pipeline_cold_start(run, RECIPE.demonstrations(run)[0], tensorboard=tcfg.trainer.tensorboard)
 
 
 def evaluate_demonstrator(cfg: DemoConfig, tcfg: Any, spec: Any, wf_cfg: Any, tokenizer: Any,
@@ -311,7 +307,7 @@ class MemAgentRecipe(Recipe):
         return lines
 
     def write(self, results: dict[str, Any], out: Path) -> str:
-        """results.md, results.json, accuracy_vs_length.png, rl_reward.png (memrl.eval.demo_report)."""
+        """results.md, results.json, accuracy_vs_length.png, rl_reward.png (memrl.demos.report)."""
         return write_memagent_outputs(results, out)
 
 
