@@ -37,12 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="demo overrides (sft.epochs=2) or RL overrides (train.trainer.steps=40)")
     parser.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser.add_argument("--agent", choices=("memagent", "memact", "context", "mem1", "infmem"), default="memagent",
-                        help="memagent (default: memrl.demos.memagent), memact (memrl.demos.memact: cold start + DCPO) "
-                             "or context (memrl.demos.context: method=react|window|summarize|fold|fold_no_process, "
-                             "cold start + GRPO / FoldGRPO), mem1 (memrl.demos.mem1: method=mem1|full_history, "
-                             "cold start + GRPO) or infmem (memrl.demos.infmem: method=infmem|memagent, "
-                             "cold start on the reading oracle + GRPO)")
+    parser.add_argument("--agent", default="memagent", metavar="METHOD",
+                        help="the recipe method (memrl.demos.pipeline): memagent (default: memrl.demos.memagent), "
+                             "memact (memrl.demos.memact: cold start + DCPO), context (memrl.demos.context: "
+                             "method=react|window|summarize|fold|fold_no_process, cold start + GRPO / FoldGRPO), mem1 "
+                             "(memrl.demos.mem1: method=mem1|full_history, cold start + GRPO), infmem "
+                             "(memrl.demos.infmem: method=infmem|memagent, cold start on the reading oracle + GRPO), "
+                             "or an import path package.module:ATTR naming a Recipe")
     parser.add_argument("--seeds", default=None, metavar="K,K,...",
                         help="training seeds (0 = the recipe's own): one run each, in its own subprocess, then "
                              "mean +- sd (memrl.demos.seeds)")
