@@ -56,7 +56,9 @@ class SFTSettings:
 
     epochs: int = valid(2, ge=1, le=MAX_COUNT)
     lr: float = valid(1e-3, gt=0, le=MAX_LR)
+    """Peak learning rate (linear warm-up, then the SFT schedule)."""
     batch_rows: int = valid(8, ge=1, le=MAX_COUNT)
+    """Rows per SFT step."""
     warmup_steps: int = valid(20, ge=0, le=MAX_COUNT)
 
     def sft_config(self, seed: int) -> SFTConfig:
@@ -85,8 +87,11 @@ class EvalSettings:
     and the sampled decoding's temperature."""
 
     num_tasks: int = valid(100, ge=1, le=MAX_COUNT)
+    """Held-out tasks (per length or count where the method evaluates several)."""
     seed: int = valid(987654, ge=0, le=MAX_SEED)
+    """Seed of the held-out tasks and of the sampled evaluation (no training split uses it)."""
     temperature: float = valid(1.0, gt=0, le=MAX_TEMPERATURE)
+    """The sampled evaluation's temperature (the RL rollouts' own)."""
 
 
 # ---------------------------------------------------------------------------------------------- a run
