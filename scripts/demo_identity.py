@@ -5,6 +5,7 @@ refactor of the recipe code can show that every demo still gives the same result
   python scripts/demo_identity.py run /tmp/after memagent    # only some
   python scripts/demo_identity.py compare /tmp/before /tmp/after
   python scripts/demo_identity.py aggregate /tmp/before /tmp/agg   # the seed sweep's table over two fake seeds
+  python scripts/demo_identity.py trained /tmp/before /tmp/trained  # the trained-table benchmarks likewise
 
 Each run writes DIR/<name>/ (the demo's --out) and DIR/<name>.digest: the SHA-256 of results.json with every
 "timings" and "seconds" entry dropped and the run's directory written as "<OUT>".
@@ -130,6 +131,47 @@ def aggregate(base: Path, dest: Path) -> None:
         print(f"{agent}: table {hashlib.sha256(text.encode()).hexdigest()}", flush=True)
 
 
+TRAINED = {"context_management": {"fold": "context_fold", "summarize": "context_summarize", "react": "context_react"},
+           "mem1_trained": {"mem1": "mem1_mem1", "full_history": "mem1_full_history"},
+           "infmem_trained": {"infmem": "infmem_infmem", "memagent": "infmem_memagent"}}
+"""benchmark -> {method: the run whose results make both seeds of the method's fake sweep}."""
+
+
+def trained(base: Path, dest: Path) -> None:
+    """The trained-table benchmarks over fake two-seed sweeps (seed 0: a run's results.json, seed 1: its
+    results with every float halved plus one, the held-out digest kept); writes dest/<benchmark>.md."""
+    import contextlib
+    import importlib.util
+    import io
+    import shutil
+
+    for bench, methods in TRAINED.items():
+        root = dest / bench
+        shutil.rmtree(root, ignore_errors=True)
+        for method, name in methods.items():
+            res = json.loads((base / name / "results.json").read_text(encoding="utf-8"))
+            keep = ("heldout_sha256", "objectives", "train_objectives", "lengths", "eval_tasks", "train_chunks",
+                    "method", "eval")
+            other = {k: v if k in keep else halved(v) for k, v in res.items()}
+            other["budget"] = {**res.get("budget", {}), **{k: v for k, v in other.get("budget", {}).items()
+                                                           if k == "max_context_tokens"}}
+            for seed, value in ((0, res), (1, other)):
+                out = root / method / f"seed{seed}"
+                out.mkdir(parents=True)
+                (out / "results.json").write_text(json.dumps(value), encoding="utf-8")
+        path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{bench}.py"
+        spec = importlib.util.spec_from_file_location(bench, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[bench] = mod
+        spec.loader.exec_module(mod)
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            mod.main(["--trained", str(root)])
+        text = buf.getvalue().replace(str(root), "<ROOT>")
+        (dest / f"{bench}.md").write_text(text, encoding="utf-8")
+        print(f"{bench}: table {hashlib.sha256(text.encode()).hexdigest()}", flush=True)
+
+
 def compare(a: Path, b: Path) -> int:
     bad = 0
     for name in DEMOS:
@@ -148,6 +190,8 @@ if __name__ == "__main__":
         run(Path(sys.argv[2]), sys.argv[3:])
     elif sys.argv[1:2] == ["aggregate"]:
         aggregate(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif sys.argv[1:2] == ["trained"]:
+        trained(Path(sys.argv[2]), Path(sys.argv[3]))
     elif sys.argv[1:2] == ["compare"]:
         sys.exit(compare(Path(sys.argv[2]), Path(sys.argv[3])))
     else:

@@ -330,6 +330,15 @@ def mean_se(values: list[float]) -> tuple[float, float | None]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
+def fmt_se(v: tuple[float, float | None] | None, digits: int = 1, sign: bool = False, scale: float = 1.0) -> str:
+    """A trained table's cell: "mean +- SE" of `mean_se` (times `scale`; "n/a" for one seed, "-" for None)."""
+    if v is None:
+        return "-"
+    mean, se = v
+    m = f"{scale * mean:+.{digits}f}" if sign else f"{scale * mean:.{digits}f}"
+    return f"{m} +- " + (f"{scale * se:.{digits}f}" if se is not None else "n/a")
+
+
 def trained_runs(root: Path, methods: tuple[str, ...]) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
     """{method: [(run dir, results.json)]} of the finished runs under ROOT/<method>/[<capability>/]seed<k> (one
     `--seeds` sweep per method), in run-dir order; fails in one line on a run of another method than its
@@ -389,11 +398,15 @@ EMPTY = {"mean": None, "sd": None, "n": 0, "values": []}
 DECODINGS = ("greedy", "sampled")
 
 
-def cells(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """The one aggregation over seeds: decoding -> bucket -> {"<policy>_<field>": mean +- sd over the runs,
-    "gain_<field>": of the per-seed rl - sft}, for each of the method's `summary_fields`, read through its
-    results schema (`Recipe.evals`); a policy other than sft / rl (a scripted one) counts where a run has
-    it. Fails in one line naming the results.json that lacks a part."""
+def cells(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]], fields: tuple[str, ...] | None = None,
+          stat: Callable[[list[float]], Any] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """The one aggregation over seeds: decoding -> bucket -> {"<policy>_<field>": `stat` over the runs (mean
+    +- sd by default; the trained tables' benchmarks use mean_se), "gain_<field>": of the per-seed rl - sft},
+    for each of `fields` (the method's `summary_fields` by default), read through its results schema
+    (`Recipe.evals`); a policy other than sft / rl (a scripted one) counts where a run has it. Fails in one
+    line naming the results.json that lacks a part."""
+    fields = recipe.summary_fields if fields is None else fields
+    stat = mean_sd if stat is None else stat
     col: dict[str, dict[str, dict[str, list[float]]]] = {}
     for out, res in done:
         try:
@@ -405,7 +418,7 @@ def cells(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, 
             for bucket, sft in view["sft"][mode].items():
                 c = col.setdefault(mode, {}).setdefault(bucket, {})
                 rl = _part(view, ("rl", mode, bucket), out)
-                for f in recipe.summary_fields:
+                for f in fields:
                     if f not in sft and f in recipe.optional_fields:
                         continue
                     a, b = _num(sft, f, ("sft", mode, bucket), out), _num(rl, f, ("rl", mode, bucket), out)
@@ -416,7 +429,7 @@ def cells(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, 
                         other = view[pol].get(mode, {}).get(bucket)
                         if other is not None and f in other:
                             c.setdefault(f"{pol}_{f}", []).append(float(other[f]))
-    return {mode: {b: {k: mean_sd(v) for k, v in c.items()} for b, c in by.items()} for mode, by in col.items()}
+    return {mode: {b: {k: stat(v) for k, v in c.items()} for b, c in by.items()} for mode, by in col.items()}
 
 
 def _part(view: dict[str, Any], path: tuple[str, ...], out: Path) -> dict[str, Any]:
