@@ -56,9 +56,9 @@ from memrl.config import (
 from memrl.data.synthetic_memact import MemActTaskConfig, write_splits
 from memrl.demonstrators.stages import calibrate_fold_budget, context_agent, context_demonstrations
 from memrl.demos import split_overrides
-from memrl.demos.memact import MemActDemoModel
 from memrl.demos.pipeline import (
     EvalSettings,
+    ModelShape,
     Recipe,
     RecipeRun,
     WarmupSFTSettings,
@@ -70,7 +70,6 @@ from memrl.demos.scratch import init_context_model
 from memrl.demos.seeds import DECODINGS, budget_extra, budget_line, cell_of, fmt
 from memrl.demos.summaries import context_summary_of, evaluate_context
 from memrl.eval.evaluator import EngineRollout, model_engine
-from memrl.models.tiny import ModelPreset
 from memrl.training.assemble import validate
 from memrl.types import Segment
 from memrl.workflows import get_workflow, parse_workflow
@@ -104,7 +103,7 @@ calibrated budget, and at 0.8 the flawless summary agent searches past the budge
 summary (0% on 100 held-out tasks, 100% at 0.7, seed 0)."""
 
 
-ContextDemoModel = MemActDemoModel
+ContextDemoModel = ModelShape
 """The tiny Qwen2 trained from scratch: the MemAct demo's shape settings (its max_positions must hold the
 budget plus one turn, checked once the budget is known)."""
 
@@ -312,12 +311,6 @@ def _section(tcfg: Any, name: str, **changes: Any) -> Any:
     return parse_workflow({"name": name, **changes}, defaults=dict(tcfg.workflow))[1]
 
 
-def model_shape(cfg: ContextDemoConfig) -> ModelPreset:
-    m = cfg.model
-    return ModelPreset(m.vocab_size, m.hidden_size, 2 * m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads,
-                       max_position_embeddings=m.max_positions)
-
-
 def evaluate(model: Any, tokenizer: Any, spec: Any, wf_cfg: Any, tasks: list[Any], temperature: float, seed: int,
              engine_cfg: Any, model_dir: str | Path = "") -> dict[str, dict[str, float]]:
     """{"greedy": summary, "sampled": summary} on the held-out tasks (memrl.eval.evaluator.evaluate_context)."""
@@ -383,7 +376,7 @@ class ContextRecipe(Recipe):
         # trained on every scripted agent's contexts without a budget
         plays = [("fold", fold_cfg, context_agent("fold")), ("sliding_window", react_cfg, context_agent("search")),
                  ("summarize", _section(tcfg, "summarize", max_context_tokens=MAX_TOKENS), context_agent("summary"))]
-        run.tokenizer, run.model = init_context_model(out, cfg.task, plays, data.sft_tasks, model_shape(cfg),
+        run.tokenizer, run.model = init_context_model(out, cfg.task, plays, data.sft_tasks, cfg.model.preset(),
                                                       cfg.model.vocab_size, cfg.seed)
         budget = cfg.context_budget or calibrate_fold_budget(data.sft_tasks[:200], run.tokenizer, fold_cfg, react_cfg)
         if budget + unbudgeted.max_turn_tokens > cfg.model.max_positions:

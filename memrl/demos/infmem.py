@@ -52,6 +52,7 @@ from memrl.demonstrators.stages import context_demonstrations
 from memrl.demos import split_overrides
 from memrl.demos.pipeline import (
     EvalSettings,
+    ModelShape,
     Recipe,
     RecipeRun,
     WarmupSFTSettings,
@@ -63,7 +64,6 @@ from memrl.demos.scratch import init_reading_model
 from memrl.demos.seeds import cell_of, fmt
 from memrl.demos.summaries import evaluate_reading, reading_summary_of
 from memrl.eval.evaluator import EngineRollout, model_engine
-from memrl.models.tiny import ModelPreset, shape_problem
 from memrl.training.assemble import validate
 from memrl.types import Segment, Task
 from memrl.workflows import parse_workflow
@@ -97,23 +97,14 @@ workflow and the reward only (InfMem's early-stop and protocol terms; MemAgent's
 
 
 @dataclass
-class InfMemDemoModel:
+class InfMemDemoModel(ModelShape):
     """The tiny Qwen2 trained from scratch (the MemAgent demo's "micro" shape by default)."""
 
-    hidden_size: int = valid(128, ge=1, le=65536)
-    num_layers: int = valid(4, ge=1, le=1024)
-    num_heads: int = valid(4, ge=1, le=1024)
-    num_kv_heads: int = valid(2, ge=1, le="num_heads")
     vocab_size: int = valid(2048, ge=300, le=MAX_VOCAB)
     """BPE target; the trained vocabulary stops earlier when the corpus runs out of merges."""
     max_positions: int = valid(512, ge=16, le=MAX_TOKENS)
     """Must hold the longest prompt plus its reply (the calls' prompts are one chunk and one memory, so
     they do not grow with the document)."""
-
-    def __post_init__(self) -> None:
-        problem = shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "model.")
-        if problem:
-            raise ValueError(problem)
 
 
 @dataclass
@@ -196,12 +187,6 @@ def _section(tcfg: Any, arm: Arm) -> Any:
     return parse_workflow(arm.workflow, defaults=dict(tcfg.workflow))[1]
 
 
-def model_shape(cfg: InfMemDemoConfig) -> ModelPreset:
-    m = cfg.model
-    return ModelPreset(m.vocab_size, m.hidden_size, 2 * m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads,
-                       max_position_embeddings=m.max_positions)
-
-
 def heldout_tasks(cfg: InfMemDemoConfig, syn: Any) -> dict[int, list[Task]]:
     """{length in chunks: `eval.num_tasks` tasks at eval.seed}, one set per multiplier of the training length;
     at `eval.far_multipliers` the asked fact sits in the first `eval.far_span` of the document."""
@@ -271,7 +256,7 @@ class InfMemRecipe(Recipe):
         for name, a in ARMS.items():  # both arms' contexts: the same tokenizer whatever the method
             c = _section(tcfg, a)
             plays.append((name, c, ReadingOracle.for_config(name, c, syn.fact_sep)))
-        run.tokenizer, run.model = init_reading_model(run.out, syn, plays, sft_tasks, model_shape(cfg),
+        run.tokenizer, run.model = init_reading_model(run.out, syn, plays, sft_tasks, cfg.model.preset(),
                                                       cfg.model.vocab_size, cfg.seed)
         n_params = sum(p.numel() for p in run.model.parameters())
         print(f"method {cfg.method}: workflow {run.spec.name}, {tcfg.algorithm.name}; model {n_params / 1e6:.2f}M "

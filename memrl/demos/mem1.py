@@ -38,9 +38,9 @@ from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks
 from memrl.data.tasks_jsonl import write_tasks
 from memrl.demonstrators.mem1 import mem1_demonstrations
 from memrl.demos import split_overrides
-from memrl.demos.memact import MemActDemoModel
 from memrl.demos.pipeline import (
     EvalSettings,
+    ModelShape,
     Recipe,
     RecipeRun,
     WarmupSFTSettings,
@@ -51,7 +51,6 @@ from memrl.demos.pipeline import (
 from memrl.demos.scratch import init_mem1_model
 from memrl.demos.seeds import cell_of, fmt
 from memrl.eval.evaluator import EngineRollout, evaluate_tasks, mean_and_se, model_engine
-from memrl.models.tiny import ModelPreset
 from memrl.training.assemble import validate
 from memrl.types import Group, Segment, Task
 
@@ -93,7 +92,7 @@ class Mem1DemoConfig:
     """`memrl demo --agent mem1` settings; the RL settings are the `mem1_cpu` preset (+ train.*)."""
 
     method: str = valid("mem1", choices=tuple(METHODS))
-    model: MemActDemoModel = field(default_factory=MemActDemoModel)
+    model: ModelShape = field(default_factory=ModelShape)
     """The tiny Qwen2 (the MemAct demo's shape settings). A call's prompt is capped at max_positions -
     workflow.max_turn_tokens (`workflow.max_context_tokens`, unless set lower: the engine refuses a prompt
     past the positions), and the cap must hold the scripted full-history agent's largest prompt at the
@@ -206,12 +205,6 @@ def evaluate(model: Any, tokenizer: Any, spec: Any, wf_cfg: Any, tasks: dict[int
     return out
 
 
-def model_shape(cfg: Mem1DemoConfig) -> ModelPreset:
-    m = cfg.model
-    return ModelPreset(m.vocab_size, m.hidden_size, 2 * m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads,
-                       max_position_embeddings=m.max_positions)
-
-
 def results_markdown(results: dict[str, Any]) -> str:
     """The run's table: one row per policy, decoding and objective count."""
     n = results["eval_tasks"]
@@ -248,7 +241,7 @@ class Mem1Recipe(Recipe):
         held = heldout_tasks(cfg)
         write_tasks(out / "data" / "heldout_tasks.jsonl", [t for ts in held.values() for t in ts])
         plays = {c: replace(wf_cfg, context=c, max_context_tokens=0) for c in METHODS.values()}
-        run.tokenizer, run.model = init_mem1_model(out, cfg.task, list(plays.values()), sft_tasks, model_shape(cfg),
+        run.tokenizer, run.model = init_mem1_model(out, cfg.task, list(plays.values()), sft_tasks, cfg.model.preset(),
                                                    cfg.model.vocab_size, cfg.seed)
         kmax = max(cfg.eval.objectives)
         full = mem1_demonstrations(held[kmax], run.tokenizer, plays["full_history"])

@@ -48,6 +48,7 @@ from memrl.demos import split_overrides
 from memrl.demos.cold_start import copy_warmup as copy_warmup_stage
 from memrl.demos.pipeline import (
     EvalSettings,
+    ModelShape,
     Recipe,
     RecipeRun,
     WarmupSFTSettings,
@@ -61,7 +62,6 @@ from memrl.demos.scratch import init_memact_model
 from memrl.demos.seeds import DECODINGS, budget_extra, budget_line, cell_of, fmt
 from memrl.demos.summaries import evaluate_memact, memact_summary_of
 from memrl.eval.evaluator import EngineRollout, model_engine
-from memrl.models.tiny import ModelPreset, shape_problem
 from memrl.types import Segment
 from memrl.workflows import get_workflow
 
@@ -70,22 +70,8 @@ __all__ = ["RECIPE", "DemoData", "MemActDemoConfig", "MemActDemoEval", "MemActDe
            "summarize_groups", "write_data"]
 
 
-@dataclass
-class MemActDemoModel:
-    """The tiny Qwen2 trained from scratch (tied embeddings; the vocabulary is what BPE learns)."""
-
-    hidden_size: int = valid(128, ge=1, le=65536)
-    num_layers: int = valid(4, ge=1, le=1024)
-    num_heads: int = valid(4, ge=1, le=1024)
-    num_kv_heads: int = valid(2, ge=1, le="num_heads")
-    vocab_size: int = valid(2048, ge=1, le=MAX_VOCAB)
-    """BPE target; the task's text runs out of merges well before (about 900 tokens)."""
-    max_positions: int = valid(1024, ge=1, le=MAX_TOKENS)
-
-    def __post_init__(self) -> None:
-        problem = shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "model.")
-        if problem:
-            raise ValueError(problem)
+MemActDemoModel = ModelShape
+"""The tiny Qwen2 trained from scratch (the task's text runs out of merges at about 900 tokens)."""
 
 
 @dataclass
@@ -214,10 +200,8 @@ def write_data(cfg: MemActDemoConfig, data_dir: Path) -> MemActSplits:
 
 def init_model(cfg: MemActDemoConfig, wf_cfg: Any, sample_tasks: list[Any], out: Path) -> tuple[Any, Any]:
     """(tokenizer, model): memrl.demos.scratch.init_memact_model at the `model.*` shape."""
-    m = cfg.model
-    shape = ModelPreset(m.vocab_size, m.hidden_size, 2 * m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads,
-                        max_position_embeddings=m.max_positions)
-    return init_memact_model(out, cfg.task, wf_cfg, sample_tasks, shape, m.vocab_size, cfg.seed, cfg.sft.search_topk)
+    return init_memact_model(out, cfg.task, wf_cfg, sample_tasks, cfg.model.preset(), cfg.model.vocab_size, cfg.seed,
+                             cfg.sft.search_topk)
 
 
 def copy_warmup_rows(cfg: MemActDemoConfig) -> int:

@@ -29,6 +29,8 @@ from memrl.config import (
     MAX_LR,
     MAX_SEED,
     MAX_TEMPERATURE,
+    MAX_TOKENS,
+    MAX_VOCAB,
     ConfigError,
     load_config,
     to_yaml,
@@ -38,6 +40,7 @@ from memrl.demos import split_overrides
 from memrl.demos.cold_start import copy_warmup
 from memrl.errors import UserError
 from memrl.locks import locked_dir
+from memrl.models.tiny import ModelPreset, shape_problem
 from memrl.plugins import is_import_path, load_object
 from memrl.training.assemble import assemble, check_writable, validate
 from memrl.training.checkpoint import latest_checkpoint
@@ -92,6 +95,29 @@ class EvalSettings:
     """Seed of the held-out tasks and of the sampled evaluation (no training split uses it)."""
     temperature: float = valid(1.0, gt=0, le=MAX_TEMPERATURE)
     """The sampled evaluation's temperature (the RL rollouts' own)."""
+
+
+@dataclass
+class ModelShape:
+    """The tiny Qwen2 a method trains from scratch (tied embeddings; the vocabulary is what BPE learns)."""
+
+    hidden_size: int = valid(128, ge=1, le=65536)
+    num_layers: int = valid(4, ge=1, le=1024)
+    num_heads: int = valid(4, ge=1, le=1024)
+    num_kv_heads: int = valid(2, ge=1, le="num_heads")
+    vocab_size: int = valid(2048, ge=1, le=MAX_VOCAB)
+    """BPE target; the trained vocabulary stops earlier when the task's text runs out of merges."""
+    max_positions: int = valid(1024, ge=1, le=MAX_TOKENS)
+
+    def __post_init__(self) -> None:
+        problem = shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "model.")
+        if problem:
+            raise ValueError(problem)
+
+    def preset(self) -> ModelPreset:
+        """The shape as a memrl.models.tiny ModelPreset (intermediate size 2 x hidden)."""
+        return ModelPreset(self.vocab_size, self.hidden_size, 2 * self.hidden_size, self.num_layers, self.num_heads,
+                           self.num_kv_heads, max_position_embeddings=self.max_positions)
 
 
 # ---------------------------------------------------------------------------------------------- a run
