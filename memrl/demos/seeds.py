@@ -15,28 +15,21 @@ capability's first run, a probe subprocess with the same environment checks that
 `native` runs without the variable (torch's own choice; the table names what torch reported).
 
 Training seed k shifts every seed the recipe TRAINS with by k from its value (seed 0 is the one-seed demo
-exactly); the held-out evaluation (eval.seed, eval.num_tasks, the lengths) is never shifted:
-- memagent: `seed` (model init, tokenizer, SFT order, the demonstrator's coins), `sft_seed` (the SFT
-  tasks), `train.data.seed` (the RL task stream), `train.trainer.seed` (RL sampling);
-- memact: `seed` (model init, tokenizer, copy warm-up, SFT order), `sft.seed` (the SFT tasks and the
-  scripted agent's coins), `rl_task_seed` (the DCPO tasks), `train.data.seed` (their order),
-  `train.trainer.seed` (DCPO sampling);
-- context: as memact (`seed`, `sft.seed`, `rl_task_seed`, `train.data.seed`, `train.trainer.seed`; RL is
-  GRPO or FoldGRPO by the method). `sft_from=ROOT` / `warmup_from=ROOT` name another context sweep: each
-  run reuses the cold start / copy warm-up of ROOT's run of the same capability and seed.
-- mem1: as memact (memrl.demos.mem1; its held-out seeds are eval.seed + k per objective count k).
-- infmem: `seed` (model init, tokenizer, copy warm-up, SFT order), `sft.seed` (the SFT tasks),
-  `train.data.seed` (the RL task stream), `train.trainer.seed` (GRPO sampling).
-The aggregation checks that every run evaluated the same held-out tasks (memagent: the results' `recipe.eval`
-and lengths; memact, context, mem1 and infmem: the SHA-256 of data/heldout_tasks.jsonl) and refuses to mix them.
+exactly): the method's `seed_keys` (memrl.demos.pipeline.Recipe; e.g. memact: `seed` for the model init,
+tokenizer, copy warm-up and SFT order, `sft.seed` for the SFT tasks and the scripted agent's coins,
+`rl_task_seed`, `train.data.seed`, `train.trainer.seed`). The held-out evaluation (eval.seed, eval.num_tasks,
+the lengths) is never shifted, and no training task seed (`task_seeds`) may equal a held-out one
+(`heldout_seeds`). context: `sft_from=ROOT` / `warmup_from=ROOT` name another context sweep: each run reuses
+the cold start / copy warm-up of ROOT's run of the same capability and seed. The aggregation checks that
+every run evaluated the same held-out tasks (the method's `fingerprint`: the SHA-256 of
+data/heldout_tasks.jsonl; memagent: its `recipe.eval` and lengths) and refuses to mix them.
 
 Resumable: a run whose out dir has results.json is not run again (its sweep_run.json must name the same
 agent, seed, capability and overrides); a run started before and not finished is started again from an
-empty directory. Writes ROOT/seeds_results.md (printed) and ROOT/seeds_results.json: per capability and
-per length (memagent), per policy and decoding (memact, context), per policy, decoding and objective
-count (mem1) or per decoding and length (infmem), mean +- sd over the finished seeds (sd with
-ddof 1; "n/a" for one seed) of SFT and SFT+RL accuracy, sampled and greedy, and the gains (SFT+RL - SFT,
-paired per seed).
+empty directory. Writes ROOT/seeds_results.md (printed; the method's `sweep_table`) and
+ROOT/seeds_results.json: per capability, `cells` (decoding -> bucket -> "<policy>_<field>" and
+"gain_<field>"): mean +- sd over the finished seeds (sd with ddof 1; "n/a" for one seed) of the method's
+summary fields for SFT, SFT+RL and their per-seed gain, read through its results schema (`Recipe.evals`).
 """
 
 from __future__ import annotations
