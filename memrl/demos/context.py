@@ -67,7 +67,7 @@ from memrl.demos.pipeline import (
     set_threads,
 )
 from memrl.demos.scratch import init_context_model
-from memrl.demos.seeds import DECODINGS, budget_extra, budget_line, cell_of, fmt
+from memrl.demos.seeds import budget_extra, budget_line, table_rows
 from memrl.demos.summaries import context_summary_of, evaluate_context
 from memrl.eval.evaluator import EngineRollout, model_engine
 from memrl.training.assemble import validate
@@ -333,6 +333,23 @@ def results_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def take_cold_start(run: RecipeRun, prior: dict[str, Any]) -> None:
+    """Fill `run` with the cold start of run.cfg.sft_from (its results.json `prior`, checked by
+    reused_cold_start): its SFT checkpoint and tokenizer, budget, losses, scripted and SFT evaluations."""
+    cfg, tcfg, out = run.cfg, run.tcfg, run.out
+    shutil.copytree(Path(cfg.sft_from) / "sft", out / "sft", dirs_exist_ok=True)
+    run.tokenizer = AutoTokenizer.from_pretrained(out / "sft")
+    budget = int(prior["budget"]["max_context_tokens"])
+    tcfg.workflow["max_context_tokens"] = budget
+    run.spec, run.wf_cfg = validate(tcfg)
+    print(f"method {cfg.method}: workflow {run.spec.name}, {tcfg.algorithm.name}; budget {budget} tokens; the cold "
+          f"start of {cfg.sft_from}")
+    run.reused = True
+    run.warmup_losses, run.sft_losses, run.evals["sft"] = prior["copy_warmup_losses"], prior["sft_losses"], prior["sft"]
+    run.demo = {**prior["demonstrator"], "summary": prior["scripted"]["greedy"]}
+    run.extra.update(budget=budget, n_params=int(prior["num_parameters"]), unbounded=prior["reference"]["react_unbounded"])
+
+
 class ContextRecipe(Recipe):
     """The context-management demo as a recipe method (module docstring)."""
 
@@ -353,21 +370,8 @@ class ContextRecipe(Recipe):
         data = write_splits(cfg.task, out / "data", sft=(cfg.sft.num_tasks, cfg.sft.seed),
                             rl=(cfg.rl_tasks, cfg.rl_task_seed), heldout=(cfg.eval.num_tasks, cfg.eval.seed))
         run.extra["data"] = data
-        if prior is not None:  # the cold start of cfg.sft_from, checked by reused_cold_start
-            shutil.copytree(Path(cfg.sft_from) / "sft", out / "sft", dirs_exist_ok=True)
-            run.tokenizer = AutoTokenizer.from_pretrained(out / "sft")
-            budget = int(prior["budget"]["max_context_tokens"])
-            tcfg.workflow["max_context_tokens"] = budget
-            run.spec, run.wf_cfg = validate(tcfg)
-            print(f"method {cfg.method}: workflow {run.spec.name}, {tcfg.algorithm.name}; budget {budget} tokens; "
-                  f"the cold start of {cfg.sft_from}")
-            run.reused = True
-            run.warmup_losses, run.sft_losses = prior["copy_warmup_losses"], prior["sft_losses"]
-            run.evals["sft"] = prior["sft"]
-            run.demo = {**prior["demonstrator"], "summary": prior["scripted"]["greedy"]}
-            run.extra.update(budget=budget, n_params=int(prior["num_parameters"]),
-                             unbounded=prior["reference"]["react_unbounded"])
-            return
+        if prior is not None:
+            return take_cold_start(run, prior)
         spec = get_workflow(arm.workflow["name"])
         unbudgeted = _section(tcfg, spec.name, max_context_tokens=MAX_TOKENS)
         fold_cfg = _section(tcfg, "fold", max_context_tokens=MAX_TOKENS)
@@ -453,14 +457,11 @@ class ContextRecipe(Recipe):
         return budget_extra(done)
 
     def sweep_table(self, e: dict[str, Any]) -> list[str]:
-        lines = ["| policy | decoding | accuracy (%) | peak context | mean context | tokens discarded | branches "
-                 "| summaries | stopped by budget (%) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-        for label, key in (("cold start (SFT)", "sft"), ("SFT + RL", "rl"), ("RL - SFT", "gain")):
-            for mode in e["cells"] or DECODINGS:
-                cells = [fmt(cell_of(e, mode, "all", f"{key}_{f}"), sign=key == "gain",
-                             digits=2 if f in ("branches", "summaries") else 1) for f in self.summary_fields]
-                lines.append(f"| {label} | {mode} | " + " | ".join(cells) + " |")
-        return lines + budget_line(e)
+        labels = (("cold start (SFT)", "sft"), ("SFT + RL", "rl"), ("RL - SFT", "gain"))
+        return ["| policy | decoding | accuracy (%) | peak context | mean context | tokens discarded | branches "
+                "| summaries | stopped by budget (%) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+                *table_rows(e, labels, self.summary_fields, lambda f: 2 if f in ("branches", "summaries") else 1),
+                *budget_line(e)]
 
 
 RECIPE = ContextRecipe()

@@ -61,7 +61,7 @@ from memrl.demos.pipeline import (
     set_threads,
 )
 from memrl.demos.scratch import init_reading_model
-from memrl.demos.seeds import cell_of, fmt
+from memrl.demos.seeds import table_rows
 from memrl.demos.summaries import evaluate_reading, reading_summary_of
 from memrl.eval.evaluator import EngineRollout, model_engine
 from memrl.training.assemble import validate
@@ -310,16 +310,12 @@ class InfMemRecipe(Recipe):
         return {"method": done[0][1]["method"] if done else None}
 
     def sweep_table(self, e: dict[str, Any]) -> list[str]:
-        lines = [f"method {e['method']}", "",
-                 "| policy | decoding | length (chunks) | accuracy (%) | model calls | chunks read | retrievals "
-                 "| stop rate (%) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
-        for label, key in (("cold start (SFT)", "sft"), ("SFT + RL", "rl"), ("RL - SFT", "gain")):
-            for mode in e["cells"]:
-                for n in e["cells"][mode]:
-                    cells = [fmt(cell_of(e, mode, n, f"{key}_{f}"), sign=key == "gain",
-                                 digits=1 if f in ("accuracy", "stop_rate") else 2) for f in self.summary_fields]
-                    lines.append(f"| {label} | {mode} | {n} | " + " | ".join(cells) + " |")
-        return lines
+        labels = (("cold start (SFT)", "sft"), ("SFT + RL", "rl"), ("RL - SFT", "gain"))
+        return [f"method {e['method']}", "",
+                "| policy | decoding | length (chunks) | accuracy (%) | model calls | chunks read | retrievals "
+                "| stop rate (%) |", "|---|---|---:|---:|---:|---:|---:|---:|",
+                *table_rows(e, labels, self.summary_fields, lambda f: 1 if f in ("accuracy", "stop_rate") else 2,
+                            per_bucket=True)]
 
 
 RECIPE = InfMemRecipe()

@@ -49,7 +49,7 @@ from memrl.demos.pipeline import (
     set_threads,
 )
 from memrl.demos.scratch import init_mem1_model
-from memrl.demos.seeds import cell_of, fmt
+from memrl.demos.seeds import table_rows
 from memrl.eval.evaluator import EngineRollout, evaluate_tasks, mean_and_se, model_engine
 from memrl.training.assemble import validate
 from memrl.types import Group, Segment, Task
@@ -304,14 +304,9 @@ class Mem1Recipe(Recipe):
         return {cfg.eval.seed + k for k in cfg.eval.objectives}  # one held-out set per objective count k
 
     def sweep_table(self, e: dict[str, Any]) -> list[str]:
-        lines = ["| policy | decoding | objectives | accuracy (%) | peak context | mean context | turns |",
-                 "|---|---|---:|---:|---:|---:|---:|"]
-        for label, key in (("cold start (SFT)", "sft"), ("SFT + RL", "rl")):
-            for mode in e["cells"]:
-                for k in e["buckets"]:
-                    cells = [fmt(cell_of(e, mode, k, f"{key}_{f}")) for f in self.summary_fields]
-                    lines.append(f"| {label} | {mode} | {k} | " + " | ".join(cells) + " |")
-        return lines
+        return ["| policy | decoding | objectives | accuracy (%) | peak context | mean context | turns |",
+                "|---|---|---:|---:|---:|---:|---:|",
+                *table_rows(e, (("cold start (SFT)", "sft"), ("SFT + RL", "rl")), self.summary_fields, per_bucket=True)]
 
 
 RECIPE = Mem1Recipe()

@@ -59,7 +59,7 @@ from memrl.demos.pipeline import (
 from memrl.demos.pipeline import cold_start as pipeline_cold_start
 from memrl.demos.report import print_memact_eval, write_memact_outputs
 from memrl.demos.scratch import init_memact_model
-from memrl.demos.seeds import DECODINGS, budget_extra, budget_line, cell_of, fmt
+from memrl.demos.seeds import budget_extra, budget_line, table_rows
 from memrl.demos.summaries import evaluate_memact, memact_summary_of
 from memrl.eval.evaluator import EngineRollout, model_engine
 from memrl.types import Segment
@@ -317,14 +317,11 @@ class MemActRecipe(Recipe):
         return budget_extra(done)
 
     def sweep_table(self, e: dict[str, Any]) -> list[str]:
-        lines = ["| policy | decoding | accuracy (%) | 2-question | 3-question | mean context (tokens) | "
-                 "peak context (tokens) | prunes / task |", "|---|---|---:|---:|---:|---:|---:|---:|"]
-        for label, key in (("cold start (SFT)", "sft"), ("SFT + DCPO", "rl"), ("DCPO - SFT", "gain")):
-            for mode in e["cells"] or DECODINGS:
-                cells = [fmt(cell_of(e, mode, "all", f"{key}_{f}"), sign=key == "gain",
-                             digits=2 if f == "prunes_per_task" else 1) for f in self.summary_fields]
-                lines.append(f"| {label} | {mode} | " + " | ".join(cells) + " |")
-        return lines + budget_line(e)
+        labels = (("cold start (SFT)", "sft"), ("SFT + DCPO", "rl"), ("DCPO - SFT", "gain"))
+        return ["| policy | decoding | accuracy (%) | 2-question | 3-question | mean context (tokens) | "
+                "peak context (tokens) | prunes / task |", "|---|---|---:|---:|---:|---:|---:|---:|",
+                *table_rows(e, labels, self.summary_fields, lambda f: 2 if f == "prunes_per_task" else 1),
+                *budget_line(e)]
 
     def write(self, results: dict[str, Any], out: Path) -> str:
         """results.json, results.md and memact_results.png (memrl.demos.report)."""

@@ -491,6 +491,19 @@ def cell_of(e: dict[str, Any], mode: str, bucket: str, key: str) -> dict[str, An
     return e["cells"].get(mode, {}).get(bucket, {}).get(key, EMPTY)
 
 
+def table_rows(e: dict[str, Any], labels: tuple[tuple[str, str], ...], fields: tuple[str, ...],
+               digits: Callable[[str], int] = lambda f: 1, per_bucket: bool = False) -> list[str]:
+    """A sweep table's rows "| label | decoding | [bucket |] one cell per field |": per (label, policy key:
+    sft, rl or gain) of `labels`, decoding and (`per_bucket`) bucket; gains signed."""
+    rows = []
+    for label, key in labels:
+        for mode in e["cells"] or DECODINGS:
+            for b in (e["cells"].get(mode, {}) if per_bucket else ["all"]):
+                cells = [fmt(cell_of(e, mode, b, f"{key}_{f}"), sign=key == "gain", digits=digits(f)) for f in fields]
+                rows.append(f"| {label} | {mode} | " + (f"{b} | " if per_bucket else "") + " | ".join(cells) + " |")
+    return rows
+
+
 def budget_extra(done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
     """{"budget": mean +- sd of the runs' calibrated working-context budget} (memact, context)."""
     values = []
