@@ -108,3 +108,16 @@ def test_the_toy_method_runs_every_stage_through_memrl_demo(tmp_path, capsys):
     sft, rl = res["sft"]["2"]["greedy"]["accuracy"], res["rl"]["2"]["greedy"]["accuracy"]
     assert cell["gain_accuracy"]["values"] == [rl - sft]
     assert f"| 2 | {sft:.1f} ± n/a | {rl:.1f} ± n/a | {rl - sft:+.1f} ± n/a |" in seeds.markdown(agg).splitlines()
+
+
+@pytest.mark.parametrize(("timings", "shown"), [({"eval_scripted_s": 7.0}, "demonstrator eval 7s"),
+                                                ({"eval_demonstrator_s": 5.0}, "demonstrator eval 5s")])
+def test_the_memagent_table_times_the_demonstrator_under_the_pipeline_key_and_the_old_one(timings, shown):
+    # the pipeline times the scripted policy's evaluation as eval_scripted_s; results written before it have
+    # eval_demonstrator_s (before the fix the table showed 0s for a pipeline run)
+    from memrl.demos.report import memagent_markdown
+
+    results = {"recipe": {"train_chunks": 8, "min_chunks": 0, "chunk_words": 16, "p_aware": 0.9, "rl_steps": 2,
+                          "sft": {}, "eval": {"num_tasks": 4, "seed": 1, "samples": 1, "temperature": 1.0}},
+               "lengths": [], "stages": {}, "timings": timings}
+    assert shown in memagent_markdown(results)
