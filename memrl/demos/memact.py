@@ -255,6 +255,7 @@ class MemActRecipe(Recipe):
 
     name = "memact"
     config = MemActDemoConfig
+    outputs = ("results.md", "results.json", "memact_results.png")
     seed_keys = (("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"), ("train.data.seed", "train"),
                  ("train.trainer.seed", "train"))
     task_seeds = ("sft.seed", "rl_task_seed")

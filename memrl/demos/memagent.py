@@ -215,6 +215,7 @@ class MemAgentRecipe(Recipe):
 
     name = "memagent"
     config = DemoConfig
+    outputs = ("results.md", "results.json", "accuracy_vs_length.png", "rl_reward.png")
     seed_keys = (("seed", "demo"), ("sft_seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train"))
     task_seeds = ("sft_seed", "train.data.seed")
 

@@ -197,6 +197,8 @@ class Recipe:
     value is read)."""
     task_seeds: ClassVar[tuple[str, ...]] = ()
     """The seed keys that generate training tasks (never equal to a held-out task seed)."""
+    outputs: ClassVar[tuple[str, ...]] = ("results.md", "results.json")
+    """The files `write` makes in the output directory (printed when the run ends)."""
     summary_fields: ClassVar[tuple[str, ...]] = ("accuracy",)
     """The summary fields the seed sweep aggregates (memrl.demos.seeds)."""
     optional_fields: ClassVar[tuple[str, ...]] = ()
@@ -335,7 +337,7 @@ def run_recipe(recipe: Recipe | str, out_dir: str | Path, overrides: list[str]) 
         results = execute(recipe, run)
         text = recipe.write(results, run.out)
     print(text, end="" if text.endswith("\n") else "\n")
-    print(f"wrote {run.out / 'results.md'}, {run.out / 'results.json'} ({run.timings['total_s'] / 60:.1f} min)")
+    print(f"wrote {', '.join(str(run.out / f) for f in recipe.outputs)} ({run.timings['total_s'] / 60:.1f} min)")
     return results
 
 
