@@ -13,9 +13,13 @@ Each run writes DIR/<name>/ (the demo's --out) and DIR/<name>.digest: the SHA-25
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib.util
+import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -107,9 +111,7 @@ def aggregate(base: Path, dest: Path) -> None:
     """memrl.demos.seeds' aggregate and markdown over a fake two-seed sweep per agent (seed 0: the run's
     results.json, seed 1: its floats halved plus one; both with the run's held-out tasks); writes
     dest/<agent>.md and dest/<agent>.json and prints their digests."""
-    import shutil
-
-    from memrl.demos import seeds
+    from memrl.demos import seeds  # noqa: PLC0415 - the tree on PYTHONPATH (the run's), imported when asked
 
     for agent, name in SWEEPS.items():
         root = dest / agent
@@ -140,11 +142,6 @@ TRAINED = {"context_management": {"fold": "context_fold", "summarize": "context_
 def trained(base: Path, dest: Path) -> None:
     """The trained-table benchmarks over fake two-seed sweeps (seed 0: a run's results.json, seed 1: its
     results with every float halved plus one, the held-out digest kept); writes dest/<benchmark>.md."""
-    import contextlib
-    import importlib.util
-    import io
-    import shutil
-
     for bench, methods in TRAINED.items():
         root = dest / bench
         shutil.rmtree(root, ignore_errors=True)
