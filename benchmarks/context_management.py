@@ -58,7 +58,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memrl.demos.seeds import mean_se
+from memrl.demos.context import RECIPE
+from memrl.demos.seeds import cells, fmt_se, mean_se
 from memrl.demos.seeds import trained_runs as seed_runs
 
 HELDOUT_SEED = 901
@@ -145,20 +146,16 @@ def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dic
     for method, rs in runs.items():
         entry: dict[str, Any] = {"seeds": [d.name for d, _ in rs], "eval_tasks": rs[0][1]["budget"]["eval_tasks"],
                                  "budget": mean_se([float(r["budget"]["max_context_tokens"]) for _, r in rs])}
+        agg_m = cells(RECIPE, rs, TRAINED_FIELDS, mean_se)  # the seed sweep's aggregation: decoding -> "all" -> cells
         for policy in ("sft", "rl"):
             entry[policy] = {}
             for mode in ("greedy", "sampled"):
-                row = {f: mean_se([float(r[policy][mode][f]) for _, r in rs]) for f in TRAINED_FIELDS}
+                row = {f: agg_m[mode]["all"][f"{policy}_{f}"] for f in TRAINED_FIELDS}
                 row["vs_unbounded"] = mean_se([r[policy][mode]["peak_context_tokens"]
                                                / r["reference"]["react_unbounded"]["peak_context_tokens"] for _, r in rs])
                 entry[policy][mode] = row
         agg[method] = entry
     return agg
-
-
-def _cell(v: tuple[float, float | None], scale: float = 1.0, digits: int = 1, sign: bool = False) -> str:
-    mean, se = v
-    return f"{scale * mean:{'+' if sign else ''}.{digits}f} +- " + (f"{scale * se:.{digits}f}" if se is not None else "n/a")
 
 
 def trained_table(agg: dict[str, Any]) -> str:
@@ -170,11 +167,11 @@ def trained_table(agg: dict[str, Any]) -> str:
         for method, e in agg.items():
             for policy, label in (("sft", "SFT"), ("rl", "SFT + RL")):
                 r = e[policy][mode]
-                lines.append(f"| {method} | {label} | {len(e['seeds'])} | {_cell(r['accuracy'])} "
-                             f"| {_cell(r['peak_context_tokens'], digits=0)} | {_cell(r['vs_unbounded'], 100, 0)}% "
-                             f"| {_cell(r['mean_context_tokens'], digits=0)} | {_cell(r['tokens_discarded'], digits=0)} "
-                             f"| {_cell(r['turns'])} | {_cell(r['branches'], digits=2)} | {_cell(r['summaries'], digits=2)} "
-                             f"| {_cell(r['stopped_by_budget'], digits=0)}% |")
+                lines.append(f"| {method} | {label} | {len(e['seeds'])} | {fmt_se(r['accuracy'])} "
+                             f"| {fmt_se(r['peak_context_tokens'], 0)} | {fmt_se(r['vs_unbounded'], 0, scale=100)}% "
+                             f"| {fmt_se(r['mean_context_tokens'], digits=0)} | {fmt_se(r['tokens_discarded'], digits=0)} "
+                             f"| {fmt_se(r['turns'])} | {fmt_se(r['branches'], digits=2)} | {fmt_se(r['summaries'], digits=2)} "
+                             f"| {fmt_se(r['stopped_by_budget'], digits=0)}% |")
         lines.append("")
     return "\n".join(lines)
 
@@ -205,10 +202,10 @@ def ablation_lines(abl: dict[str, Any]) -> list[str]:
              f"seed: {', '.join(abl['seeds'])}):", ""]
     for mode in ("greedy", "sampled"):
         r = abl[mode]
-        lines.append(f"- {mode}: accuracy {_cell(r['accuracy'], sign=True)} points, peak context "
-                     f"{_cell(r['peak_context_tokens'], digits=0, sign=True)} tokens, turns {_cell(r['turns'], sign=True)}, "
-                     f"branches {_cell(r['branches'], digits=2, sign=True)}, stopped by the budget "
-                     f"{_cell(r['stopped_by_budget'], digits=0, sign=True)} points")
+        lines.append(f"- {mode}: accuracy {fmt_se(r['accuracy'], sign=True)} points, peak context "
+                     f"{fmt_se(r['peak_context_tokens'], digits=0, sign=True)} tokens, turns {fmt_se(r['turns'], sign=True)}, "
+                     f"branches {fmt_se(r['branches'], digits=2, sign=True)}, stopped by the budget "
+                     f"{fmt_se(r['stopped_by_budget'], digits=0, sign=True)} points")
     return lines + [""]
 
 
@@ -218,7 +215,7 @@ def main_trained(root: Path) -> int:
         raise SystemExit(f"--trained: no finished run under {root}/<method>/seed<k>/results.json "
                          f"(methods {', '.join(TRAINED_METHODS)})")
     agg = trained_aggregate(runs)
-    budgets = ", ".join(f"{m} {_cell(e['budget'], digits=0)}" for m, e in agg.items())
+    budgets = ", ".join(f"{m} {fmt_se(e['budget'], digits=0)}" for m, e in agg.items())
     print(f"context management, trained (memrl demo --agent context): {next(iter(agg.values()))['eval_tasks']} "
           f"held-out tasks; mean +- SE over training seeds; budgets (tokens of each run's tokenizer): {budgets}")
     print(trained_table(agg))

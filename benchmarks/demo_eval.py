@@ -23,7 +23,7 @@ def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from memrl.demos.memagent import evaluate_demonstrator, evaluate_model, heldout_tasks, load_demo_configs
-    from memrl.eval.demo_report import write_memagent_outputs
+    from memrl.demos.report import write_memagent_outputs
     from memrl.eval.evaluator import results_to_json
     from memrl.training.checkpoint import latest_checkpoint
 

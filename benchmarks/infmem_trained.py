@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from memrl.demos.seeds import mean_se
+from memrl.demos.infmem import RECIPE
+from memrl.demos.seeds import cells, fmt_se, mean_se
 from memrl.demos.seeds import trained_runs as seed_runs
 
 METHODS = ("infmem", "memagent")
@@ -45,14 +46,13 @@ def trained_aggregate(runs: dict[str, dict[str, dict[str, Any]]]) -> list[dict[s
     base = runs.get("memagent", {})
     for method, rs in runs.items():
         first = next(iter(rs.values()))
+        agg = cells(RECIPE, [(Path(s), r) for s, r in rs.items()], FIELDS, mean_se)  # the seed sweep's aggregation
         for policy in ("sft", "rl"):
             for mode in ("greedy", "sampled"):
                 for n in first["lengths"]:
-                    cells = [r[policy][str(n)][mode] for r in rs.values()]
                     row: dict[str, Any] = {"method": method, "policy": policy, "decoding": mode, "length": n,
-                                           "seeds": len(cells)}
-                    for f in FIELDS:
-                        row[f] = mean_se([float(c[f]) for c in cells])
+                                           "seeds": len(rs)}
+                    row.update({f: agg[mode][str(n)][f"{policy}_{f}"] for f in FIELDS})
                     paired = [100.0 * (r[policy][str(n)][mode]["model_calls"]
                                        / base[s][policy][str(n)][mode]["model_calls"] - 1.0)
                               for s, r in rs.items() if s in base]
@@ -61,22 +61,14 @@ def trained_aggregate(runs: dict[str, dict[str, dict[str, Any]]]) -> list[dict[s
     return rows
 
 
-def _cell(v: tuple[float, float | None] | None, digits: int = 1, sign: bool = False) -> str:
-    if v is None:
-        return "-"
-    mean, se = v
-    m = f"{mean:+.{digits}f}" if sign else f"{mean:.{digits}f}"
-    return f"{m} +- " + (f"{se:.{digits}f}" if se is not None else "n/a")
-
-
 def trained_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| method | policy | decoding | length (chunks) | seeds | accuracy (%) | model calls | chunks read "
              "| calls vs MemAgent (%) |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         label = "SFT" if r["policy"] == "sft" else "SFT + RL"
         lines.append(f"| {r['method']} | {label} | {r['decoding']} | {r['length']} | {r['seeds']} "
-                     f"| {_cell(r['accuracy'])} | {_cell(r['model_calls'], 2)} | {_cell(r['chunks_read'], 2)} "
-                     f"| {_cell(r['vs_memagent'], 1, sign=True)} |")
+                     f"| {fmt_se(r['accuracy'])} | {fmt_se(r['model_calls'], 2)} | {fmt_se(r['chunks_read'], 2)} "
+                     f"| {fmt_se(r['vs_memagent'], 1, sign=True)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from memrl.demos.seeds import mean_se
+from memrl.demos.mem1 import RECIPE
+from memrl.demos.seeds import cells, fmt_se, mean_se
 from memrl.demos.seeds import trained_runs as seed_runs
 
 METHODS = ("mem1", "full_history")
@@ -69,10 +70,11 @@ def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dic
         entry: dict[str, Any] = {"seeds": [d.name for d, _ in rs], "objectives": ks,
                                  "eval_tasks": rs[0][1]["eval_tasks"],
                                  "train_objectives": rs[0][1].get("train_objectives")}
+        agg_k = cells(RECIPE, rs, FIELDS, mean_se)  # the seed sweep's aggregation: decoding -> k -> cells
         for policy in ("sft", "rl"):
             entry[policy] = {}
             for mode in ("greedy", "sampled"):
-                by_k = {k: {f: mean_se([float(r[policy][mode][k][f]) for _, r in rs]) for f in FIELDS} for k in ks}
+                by_k = {k: {f: agg_k[mode][k][f"{policy}_{f}"] for f in FIELDS} for k in ks}
                 growth = mean_se([r[policy][mode][ks[-1]]["peak_context_tokens"]
                                   / r[policy][mode][ks[0]]["peak_context_tokens"] for _, r in rs])
                 slopes = mean_se([slope([float(k) for k in ks], [float(r[policy][mode][k]["peak_context_tokens"])
@@ -80,11 +82,6 @@ def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dic
                 entry[policy][mode] = {"k": by_k, "growth": growth, "slope": slopes}
         agg[method] = entry
     return agg
-
-
-def _cell(v: tuple[float, float | None], digits: int = 1) -> str:
-    mean, se = v
-    return f"{mean:.{digits}f} +- " + (f"{se:.{digits}f}" if se is not None else "n/a")
 
 
 def trained_table(agg: dict[str, Any]) -> str:
@@ -98,9 +95,9 @@ def trained_table(agg: dict[str, Any]) -> str:
                 r = e[policy][mode]
                 for k in e["objectives"]:
                     c = r["k"][k]
-                    lines.append(f"| {method} | {label} | {mode} | {len(e['seeds'])} | {k} | {_cell(c['accuracy'])} "
-                                 f"| {_cell(c['objective_accuracy'])} | {_cell(c['peak_context_tokens'], 0)} |")
-                growth.append(f"| {method} | {label} | {mode} | {_cell(r['growth'], 2)} | {_cell(r['slope'])} |")
+                    lines.append(f"| {method} | {label} | {mode} | {len(e['seeds'])} | {k} | {fmt_se(c['accuracy'])} "
+                                 f"| {fmt_se(c['objective_accuracy'])} | {fmt_se(c['peak_context_tokens'], 0)} |")
+                growth.append(f"| {method} | {label} | {mode} | {fmt_se(r['growth'], 2)} | {fmt_se(r['slope'])} |")
     ks = next(iter(agg.values()))["objectives"]
     return "\n".join(lines) + f"\n\nPeak context at {ks[-1]} objectives / at {ks[0]}, and its least-squares slope over " \
         f"k = {', '.join(ks)} (per seed, then mean +- SE):\n\n" + "\n".join(growth) + "\n"

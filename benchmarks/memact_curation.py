@@ -37,9 +37,11 @@ import math
 import shutil
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from memrl.demos.memact import MemActRecipe
+from memrl.demos.pipeline import RecipeRun, execute
 
 ARMS: dict[str, tuple[str, ...]] = {
     "dcpo": (),
@@ -74,90 +76,91 @@ def tokenizer_hash(tokenizer: Any) -> str:
     return hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()
 
 
-def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -> dict[str, Any]:
-    """One arm's stages (module docstring); returns and writes what its results.json holds. `dev`: also
-    evaluates on the dev tasks (DEV_EVAL_SEED), which is what it prints."""
-    import torch
+class CurationArm(MemActRecipe):
+    """One arm as a method of the recipe pipeline (the MemAct demo's stages): the copy warm-up shared by both
+    arms of a seed (SEED_DIR/copy_warmup.pt, checked against the tokenizer's hash and the warm-up settings),
+    no evaluation of the cold start, and with `dev` also the dev tasks after RL."""
 
-    from memrl.data.synthetic_memact import make_tasks
-    from memrl.demos import memact as demo
-    from memrl.training.assemble import assemble
-    from memrl.training.checkpoint import latest_checkpoint
-    from memrl.training.trainer import Trainer
+    def __init__(self, arm: str, seed_dir: Path, dev: bool) -> None:
+        self.arm, self.seed_dir, self.dev = arm, seed_dir, dev
 
-    out_dir = seed_dir / arm
-    if out_dir.exists():
-        shutil.rmtree(out_dir)  # an unfinished arm starts again from nothing
-    t_start = time.perf_counter()
-    cfg, tcfg, out, workflow = demo.load_configs(overrides, out_dir)
-    wf_cfg = workflow[1]
-    timings: dict[str, float] = {}
-    data = demo.write_data(cfg, out / "data")
-    tokenizer, model = demo.init_model(cfg, wf_cfg, data.sft_tasks, out)
-    budget = demo.context_budget(cfg, tokenizer, wf_cfg, data.sft_tasks)
-    wf_cfg = replace(wf_cfg, max_context_tokens=budget)
-    tcfg.workflow["max_context_tokens"] = budget
-    print(f"[{arm}] working-context budget {budget} tokens, prune tool {'on' if wf_cfg.prune_tool else 'withheld'}",
-          flush=True)
+    def init(self, run: RecipeRun) -> None:
+        super().init(run)
+        print(f"[{self.arm}] working-context budget {run.wf_cfg.max_context_tokens} tokens, prune tool "
+              f"{'on' if run.wf_cfg.prune_tool else 'withheld'}", flush=True)
 
-    t0 = time.perf_counter()
-    warm = seed_dir / "copy_warmup.pt"
-    tok_hash = tokenizer_hash(tokenizer)
-    recipe = {"steps": cfg.sft.copy_warmup_steps, "rows": demo.copy_warmup_rows(cfg), "lr": cfg.sft.lr}
-    if warm.is_file():
-        saved = torch.load(warm, weights_only=True)
-        if saved["tokenizer_sha256"] != tok_hash:
-            raise SystemExit(f"{warm}: made with another tokenizer than this arm's; remove it to start the seed again")
-        made = {k: saved.get(k) for k in recipe}
-        if made != recipe:
-            raise SystemExit(f"{warm}: made with copy warm-up {made}, this arm asks for {recipe}; remove it to start "
-                             "the seed again")
-        model.load_state_dict(saved["state_dict"])
-    else:
-        demo.copy_warmup(cfg, tcfg, model, tokenizer, out)
+    def warmup(self, run: RecipeRun) -> list[float]:
+        import torch
+
+        cfg, model, warm = run.cfg, run.model, self.seed_dir / "copy_warmup.pt"
+        tok_hash = tokenizer_hash(run.tokenizer)
+        recipe = {"steps": cfg.sft.copy_warmup_steps, "rows": cfg.sft.warmup_rows(), "lr": cfg.sft.lr}
+        if warm.is_file():
+            saved = torch.load(warm, weights_only=True)
+            if saved["tokenizer_sha256"] != tok_hash:
+                raise SystemExit(f"{warm}: made with another tokenizer than this arm's; remove it to start the seed "
+                                 "again")
+            made = {k: saved.get(k) for k in recipe}
+            if made != recipe:
+                raise SystemExit(f"{warm}: made with copy warm-up {made}, this arm asks for {recipe}; remove it to "
+                                 "start the seed again")
+            model.load_state_dict(saved["state_dict"])
+            return []
+        losses = super().warmup(run)
         tmp = warm.with_suffix(".tmp")
         torch.save({"state_dict": model.state_dict(), "tokenizer_sha256": tok_hash, **recipe}, tmp)
         tmp.replace(warm)
-    timings["copy_warmup_s"] = time.perf_counter() - t0
+        return losses
 
-    t0 = time.perf_counter()
-    sft_losses, demo_stats = demo.cold_start(cfg, tcfg, model, tokenizer, wf_cfg, data.sft_tasks, out)
-    timings["sft_s"] = time.perf_counter() - t0
+    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
+        if policy == "sft":
+            return None  # the table compares the arms after RL
+        from memrl.data.synthetic_memact import make_tasks
+        from memrl.demos import memact as demo
 
-    t0 = time.perf_counter()
-    trainer = Trainer(assemble(tcfg, workflow=(workflow[0], wf_cfg)))
-    history = trainer.fit()
-    timings["rl_s"] = time.perf_counter() - t0
+        cfg, tcfg = run.cfg, run.tcfg
+        rl_eval = demo.evaluate(model, run.tokenizer, run.wf_cfg, run.extra["data"].eval_tasks, cfg.eval.temperature,
+                                cfg.eval.seed, tcfg.engine, model_dir)
+        if self.dev:  # the dev tasks: what a pilot prints and tunes on (the held-out result is only stored)
+            dev_tasks = make_tasks(cfg.task, cfg.eval.num_tasks, DEV_EVAL_SEED, prefix="dev")
+            run.extra["dev"] = demo.evaluate(model, run.tokenizer, run.wf_cfg, dev_tasks, cfg.eval.temperature,
+                                             DEV_EVAL_SEED, tcfg.engine, model_dir)
+        return rl_eval
 
-    t0 = time.perf_counter()
-    ckpt = latest_checkpoint(trainer.ckpt_root) or ""
-    rl_eval = demo.evaluate(trainer.model, tokenizer, wf_cfg, data.eval_tasks, cfg.eval.temperature, cfg.eval.seed,
-                            tcfg.engine, ckpt)
-    timings["eval_s"] = time.perf_counter() - t0
-    dev_eval = None
-    if dev:  # the dev tasks: what a pilot prints and tunes on (the held-out result is only stored)
-        dev_tasks = make_tasks(cfg.task, cfg.eval.num_tasks, DEV_EVAL_SEED, prefix="dev")
-        dev_eval = demo.evaluate(trainer.model, tokenizer, wf_cfg, dev_tasks, cfg.eval.temperature, DEV_EVAL_SEED,
-                                 tcfg.engine, ckpt)
-    timings["total_s"] = time.perf_counter() - t_start
-    heldout = (out / "data" / "heldout_tasks.jsonl").read_bytes()
-    res = {
-        "arm": arm, "eval": rl_eval, "demonstrator": demo_stats, "timings": timings, "budget": budget,
-        "prune_tool": wf_cfg.prune_tool, "eval_seed": cfg.eval.seed, "overrides": overrides,
-        "sft": {"steps": len(sft_losses), "batch_rows": cfg.sft.batch_rows, "epochs": cfg.sft.epochs,
-                "final_loss": sft_losses[-1] if sft_losses else None},
-        "heldout_sha256": hashlib.sha256(heldout).hexdigest(),
-        "rl": {k: [h.get(k, 0.0) for h in history] for k in ("reward/mean", "dcpo/pruned_share")},
-        **({"eval_dev": dev_eval} if dev_eval is not None else {}),
-    }
-    (out / "results.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
-    shown = dev_eval if dev_eval is not None else rl_eval
+    def results(self, run: RecipeRun) -> dict[str, Any]:
+        cfg, losses = run.cfg, run.sft_losses
+        dev_eval = run.extra.get("dev")
+        return {
+            "arm": self.arm, "eval": run.evals["rl"], "demonstrator": run.demo, "timings": run.timings,
+            "budget": run.wf_cfg.max_context_tokens, "prune_tool": run.wf_cfg.prune_tool, "eval_seed": cfg.eval.seed,
+            "overrides": run.extra["overrides"],
+            "sft": {"steps": len(losses), "batch_rows": cfg.sft.batch_rows, "epochs": cfg.sft.epochs,
+                    "final_loss": losses[-1] if losses else None},
+            "heldout_sha256": hashlib.sha256((run.out / "data" / "heldout_tasks.jsonl").read_bytes()).hexdigest(),
+            "rl": {k: [h.get(k, 0.0) for h in run.history] for k in ("reward/mean", "dcpo/pruned_share")},
+            **({"eval_dev": dev_eval} if dev_eval is not None else {}),
+        }
+
+
+def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -> dict[str, Any]:
+    """One arm through the recipe pipeline (memrl.demos.pipeline.execute; module docstring); returns and
+    writes what its results.json holds. `dev`: also evaluates on the dev tasks (DEV_EVAL_SEED), which is what
+    it prints."""
+    out_dir = seed_dir / arm
+    if out_dir.exists():
+        shutil.rmtree(out_dir)  # an unfinished arm starts again from nothing
+    recipe = CurationArm(arm, seed_dir, dev)
+    run = recipe.load(overrides, out_dir)
+    run.extra["overrides"] = overrides
+    res = execute(recipe, run)
+    (run.out / "results.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
+    shown = res.get("eval_dev", res["eval"])
     for mode in ("greedy", "sampled"):
         e = shown[mode]
-        print(f"[{arm}] {'dev ' if dev_eval is not None else ''}{mode}: accuracy {e['accuracy']:.1f} +- {e['accuracy_se']:.1f}, mean context "
-              f"{e['mean_context_tokens']:.1f}, peak {e['peak_context_tokens']:.1f}, prunes/task "
-              f"{e['prunes_per_task']:.2f}, overflow {e['overflow']:.1f}% ({timings['total_s'] / 60:.1f} min)",
-              flush=True)
+        print(f"[{arm}] {'dev ' if 'eval_dev' in res else ''}{mode}: accuracy {e['accuracy']:.1f} +- "
+              f"{e['accuracy_se']:.1f}, mean context {e['mean_context_tokens']:.1f}, peak "
+              f"{e['peak_context_tokens']:.1f}, prunes/task {e['prunes_per_task']:.2f}, overflow {e['overflow']:.1f}% "
+              f"({run.timings['total_s'] / 60:.1f} min)", flush=True)
     return res
 
 

@@ -9,7 +9,7 @@
 
 The recipe is `memrl.demos.memagent` (init -> cold-start SFT on a mixture demonstrator -> GRPO on
 MemAgent -> the demonstrator, SFT and SFT+RL evaluated on held-out tasks at 1x/4x/16x the training length,
-greedy and sampled, by `memrl.eval.evaluator`); the tables and plots are `memrl.eval.demo_report`. Writes results.md (printed),
+greedy and sampled, by `memrl.eval.evaluator`); the tables and plots are `memrl.demos.report`. Writes results.md (printed),
 results.json, accuracy_vs_length.png, rl_reward.png. Overrides: `key=value` for the demo config
 (`memrl.demos.memagent.DemoConfig`), `train.<key>=value` for the RL config (preset demo_cpu); `engine.*`
 and `workflow.*` are spelled as in `memrl train` and `memrl eval` (they set the RL config's sections,
@@ -21,19 +21,14 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from memrl.config import MAX_PARALLEL, ConfigError, bounded, to_yaml
-from memrl.demos.context import run_context_demo
-from memrl.demos.infmem import run_infmem_demo
-from memrl.demos.mem1 import run_mem1_demo
-from memrl.demos.memact import run_memact_demo
+from memrl.config import MAX_PARALLEL, ConfigError, bounded
 from memrl.demos.memagent import (  # noqa: F401 - re-exported: benchmarks and tests import them from here
     DemoConfig,
     load_demo_configs,
     reading_segments,
-    run_demo,
 )
+from memrl.demos.pipeline import get_recipe, run_recipe
 from memrl.demos.seeds import parse_capabilities, parse_seeds, run_sweep
-from memrl.eval.demo_report import write_memagent_outputs
 from memrl.locks import locked_dir
 
 
@@ -42,12 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="demo overrides (sft.epochs=2) or RL overrides (train.trainer.steps=40)")
     parser.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser.add_argument("--agent", choices=("memagent", "memact", "context", "mem1", "infmem"), default="memagent",
-                        help="memagent (default: memrl.demos.memagent), memact (memrl.demos.memact: cold start + DCPO) "
-                             "or context (memrl.demos.context: method=react|window|summarize|fold|fold_no_process, "
-                             "cold start + GRPO / FoldGRPO), mem1 (memrl.demos.mem1: method=mem1|full_history, "
-                             "cold start + GRPO) or infmem (memrl.demos.infmem: method=infmem|memagent, "
-                             "cold start on the reading oracle + GRPO)")
+    parser.add_argument("--agent", default="memagent", metavar="METHOD",
+                        help="the recipe method (memrl.demos.pipeline): memagent (default: memrl.demos.memagent), "
+                             "memact (memrl.demos.memact: cold start + DCPO), context (memrl.demos.context: "
+                             "method=react|window|summarize|fold|fold_no_process, cold start + GRPO / FoldGRPO), mem1 "
+                             "(memrl.demos.mem1: method=mem1|full_history, cold start + GRPO), infmem "
+                             "(memrl.demos.infmem: method=infmem|memagent, cold start on the reading oracle + GRPO), "
+                             "or an import path package.module:ATTR naming a Recipe")
     parser.add_argument("--seeds", default=None, metavar="K,K,...",
                         help="training seeds (0 = the recipe's own): one run each, in its own subprocess, then "
                              "mean +- sd (memrl.demos.seeds)")
@@ -66,19 +62,7 @@ def run(args: argparse.Namespace) -> int:
         return run_seeds(args)
     if args.jobs != 1 or args.aggregate_only:
         raise ConfigError("--jobs and --aggregate-only need --seeds or --cpu-capability")
-    recipe = {"memact": run_memact_demo, "context": run_context_demo, "mem1": run_mem1_demo,
-              "infmem": run_infmem_demo}.get(getattr(args, "agent", "memagent"))
-    if recipe is not None:  # the per-method demos: one function of (out dir, overrides) each
-        with locked_dir(args.out, "--out"):
-            recipe(args.out, args.overrides)
-        return 0
-    cfg, tcfg, out, workflow = load_demo_configs(args.overrides, args.out)
-    with locked_dir(out, "--out"):  # one demo per directory
-        (out / "demo_config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
-        results = run_demo(cfg, tcfg, out, workflow)
-    print(write_memagent_outputs(results, out), end="")
-    print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'accuracy_vs_length.png'}, "
-          f"{out / 'rl_reward.png'} ({results['timings']['total_s'] / 60:.1f} min)")
+    run_recipe(get_recipe(getattr(args, "agent", "memagent")), args.out, args.overrides)
     return 0
 
 

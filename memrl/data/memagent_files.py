@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 from memrl.data.errors import DataError
@@ -245,10 +245,3 @@ def write_memagent_parquet(path: str | os.PathLike[str], tasks: Iterable[Task], 
     tasks = list(tasks)
     keys = json_meta_keys(tasks)
     return write_parquet(path, [to_parquet_row(t, data_source, json_keys=keys) for t in tasks])
-
-
-def iter_eval_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[tuple[str, list[Task]]]:
-    """(path, tasks) for each eval file; parquet files read as MemAgent rows, others as eval json."""
-    for p in paths:
-        p = str(p)
-        yield p, (load_memagent_parquet(p) if p.endswith((".parquet", ".pq")) else load_eval_json(p))

@@ -1,20 +1,22 @@
-"""Demos: end-to-end recipes on CPU, one module per demo: its configs and one function that chains the
-library's stages (the module's other functions only map its configs onto one library call each).
+"""Recipes: the CPU demos as methods of one pipeline (memrl.demos.pipeline: init -> [copy warm-up] -> cold
+start -> evaluate -> RL -> evaluate -> write). Each method module holds its configs and its `Recipe`, which
+declares only what differs (the module's other functions map its configs onto one library call each).
 
 - memagent: `memrl demo` (model init, cold start on a mixture demonstrator, GRPO, evaluation).
 - memact: `memrl demo --agent memact` (task splits, model init, budget, copy warm-up, cold start, DCPO,
   evaluation).
 - context: `memrl demo --agent context method=...` (the context-management family: task splits, model init,
   budget, copy warm-up, cold start on the method's scripted agent, GRPO / FoldGRPO, evaluation).
+- mem1: `memrl demo --agent mem1 method=mem1|full_history` (peak context vs objective count).
 - infmem: `memrl demo --agent infmem method=infmem|memagent` (synthetic one-fact tasks, model init shared by
   both methods, cold start on the reading oracle through the method's workflow, GRPO, evaluation at 1x / 4x /
   16x the training length).
 
-The stages: memrl.data.synthetic / synthetic_memact (tasks), memrl.demos.scratch (model init),
-memrl.demonstrators.stages (demonstrators, their demonstrations, MemAct's budget), memrl.demos.cold_start
-(cold-start SFT, copy warm-up), memrl.training.trainer (RL), memrl.eval.evaluator (the one evaluator
-`memrl eval` and validation use: greedy and sampled per length, standard errors over tasks) and
-memrl.eval.demo_report (the tables and plots).
+The stages they call: memrl.data.synthetic / synthetic_memact (tasks), memrl.demos.scratch (model init),
+memrl.demonstrators.stages (scripted policies, their demonstrations, MemAct's budget), memrl.demos.cold_start
+(copy warm-up), memrl.training.trainer (RL), memrl.eval.evaluator (the one evaluator) with the methods'
+summaries (memrl.demos.summaries), memrl.demos.report (tables and plots) and memrl.demos.seeds (the sweep
+over training seeds and its one aggregation).
 """
 
 SHARED_SECTIONS = ("engine", "workflow")

@@ -33,12 +33,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -47,33 +45,36 @@ from transformers import AutoTokenizer
 
 from memrl.config import (
     MAX_COUNT,
-    MAX_LR,
     MAX_PARALLEL,
     MAX_SEED,
-    MAX_TEMPERATURE,
     MAX_TOKENS,
     ConfigError,
     load_config,
     to_yaml,
     valid,
 )
-from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_splits
+from memrl.data.synthetic_memact import MemActTaskConfig, write_splits
 from memrl.demonstrators.stages import calibrate_fold_budget, context_agent, context_demonstrations
 from memrl.demos import split_overrides
-from memrl.demos.cold_start import context_cold_start
-from memrl.demos.cold_start import copy_warmup as copy_warmup_stage
-from memrl.demos.memact import MemActDemoModel
+from memrl.demos.pipeline import (
+    EvalSettings,
+    ModelShape,
+    Recipe,
+    RecipeRun,
+    WarmupSFTSettings,
+    load_train,
+    run_recipe,
+    set_threads,
+)
 from memrl.demos.scratch import init_context_model
-from memrl.eval.evaluator import EngineRollout, context_summary_of, evaluate_context, model_engine
-from memrl.models.tiny import ModelPreset
-from memrl.training.assemble import assemble, check_writable, validate
-from memrl.training.checkpoint import latest_checkpoint
-from memrl.training.config import TrainConfig
-from memrl.training.sft import SFTConfig
-from memrl.training.trainer import Trainer
+from memrl.demos.seeds import budget_extra, budget_line, table_rows
+from memrl.demos.summaries import context_summary_of, evaluate_context
+from memrl.eval.evaluator import EngineRollout, model_engine
+from memrl.training.assemble import validate
+from memrl.types import Segment
 from memrl.workflows import get_workflow, parse_workflow
 
-__all__ = ["ARMS", "Arm", "ContextDemoConfig", "ContextDemoEval", "ContextDemoModel", "ContextDemoSFT",
+__all__ = ["ARMS", "RECIPE", "Arm", "ContextDemoConfig", "ContextDemoEval", "ContextDemoModel", "ContextDemoSFT",
            "load_configs", "results_markdown", "run_context_demo"]
 
 
@@ -102,14 +103,16 @@ calibrated budget, and at 0.8 the flawless summary agent searches past the budge
 summary (0% on 100 held-out tasks, 100% at 0.7, seed 0)."""
 
 
-ContextDemoModel = MemActDemoModel
+ContextDemoModel = ModelShape
 """The tiny Qwen2 trained from scratch: the MemAct demo's shape settings (its max_positions must hold the
 budget plus one turn, checked once the budget is known)."""
 
 
 @dataclass
-class ContextDemoSFT:
-    """Cold start on the arm's scripted agent (memrl.demonstrators.context) through the arm's workflow."""
+class ContextDemoSFT(WarmupSFTSettings):
+    """Cold start on the arm's scripted agent (memrl.demonstrators.context) through the arm's workflow; the
+    copy warm-up before it gives a model trained from scratch the induction heads it needs to copy names and
+    values (the MemAct demo's finding)."""
 
     num_tasks: int = valid(2000, ge=1, le=MAX_COUNT)
     late_prob: float = valid(0.0, ge=0, le=1)
@@ -118,13 +121,6 @@ class ContextDemoSFT:
     seed: int = valid(500, ge=0, le=MAX_SEED)
     """Seed of the demonstration tasks (and of the agent's flaw)."""
     copy_warmup_steps: int = valid(1500, ge=0, le=MAX_COUNT, note="0 = off")
-    """Copy warm-up steps before the cold start (memrl.demos.cold_start.copy_warmup): the induction heads a
-    model trained from scratch needs to copy names and values (the MemAct demo's finding)."""
-    copy_warmup_rows: int = valid(0, ge=0, le=MAX_COUNT, note="0 = 4 x batch_rows")
-    epochs: int = valid(2, ge=1, le=MAX_COUNT)
-    lr: float = valid(1e-3, gt=0, le=MAX_LR)
-    batch_rows: int = valid(8, ge=1, le=MAX_COUNT)
-    warmup_steps: int = valid(20, ge=0, le=MAX_COUNT)
     max_rows: int = valid(0, ge=0, le=MAX_COUNT, note="0 = every row")
     """Train on the first max_rows demonstration rows only (task order): caps a method whose scripted agent cuts
     many rows per task (window: a row per window shift) at another method's cold-start size, without changing
@@ -132,13 +128,12 @@ class ContextDemoSFT:
 
 
 @dataclass
-class ContextDemoEval:
+class ContextDemoEval(EvalSettings):
     """Held-out evaluation, fixed before any run: benchmarks/context_management.py's task seed (901, used by
     no other split), greedy then one sample per task at `temperature`."""
 
     num_tasks: int = valid(200, ge=2, le=MAX_COUNT)
     seed: int = valid(901, ge=0, le=MAX_SEED)
-    temperature: float = valid(1.0, gt=0, le=MAX_TEMPERATURE)
 
 
 @dataclass
@@ -186,17 +181,14 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[ContextDemo
     if arm.agent == "search" and cfg.sft.late_prob:
         raise ConfigError(f"sft.late_prob must be 0 for method={cfg.method} (the search agent has no flaw), "
                           f"got {cfg.sft.late_prob}")
-    out = check_writable(out_dir, "--out")
     arm_ov = [f"workflow={arm.workflow['name']}",
               *[f"workflow.{k}={v}" for k, v in arm.workflow.items() if k != "name"], *arm.algorithm]
-    tcfg = load_config(TrainConfig, [f"model.path={out / 'sft'}", f"out_dir={out / 'rl'}", "data.name=file",
-                                     f"data.path={out / 'data' / 'train_tasks.jsonl'}", *arm_ov, *train_ov],
-                       preset=cfg.train_preset)
-    spec, _ = validate(tcfg)
+    run = load_train(cfg, train_ov, out_dir, ["data.name=file", f"data.path={Path(out_dir) / 'data' / 'train_tasks.jsonl'}",
+                                              *arm_ov])
+    tcfg, out, spec = run.tcfg, run.out, run.spec
     if spec.name != arm.workflow["name"]:
         raise ConfigError(f"workflow.name must be {arm.workflow['name']} for method={cfg.method}, got {spec.name!r}")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    set_threads(cfg)
     return cfg, tcfg, out, arm
 
 
@@ -319,12 +311,6 @@ def _section(tcfg: Any, name: str, **changes: Any) -> Any:
     return parse_workflow({"name": name, **changes}, defaults=dict(tcfg.workflow))[1]
 
 
-def model_shape(cfg: ContextDemoConfig) -> ModelPreset:
-    m = cfg.model
-    return ModelPreset(m.vocab_size, m.hidden_size, 2 * m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads,
-                       max_position_embeddings=m.max_positions)
-
-
 def evaluate(model: Any, tokenizer: Any, spec: Any, wf_cfg: Any, tasks: list[Any], temperature: float, seed: int,
              engine_cfg: Any, model_dir: str | Path = "") -> dict[str, dict[str, float]]:
     """{"greedy": summary, "sampled": summary} on the held-out tasks (memrl.eval.evaluator.evaluate_context)."""
@@ -347,39 +333,46 @@ def results_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_context_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
-    """Run the whole demo for one arm (module docstring); returns what results.json holds."""
-    t_start = time.perf_counter()
-    cfg, tcfg, out, arm = load_configs(overrides, out_dir)
-    prior = reused_cold_start(cfg, tcfg, arm) if cfg.sft_from else None
-    (out / "demo_config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
-    timings: dict[str, float] = {}
+def take_cold_start(run: RecipeRun, prior: dict[str, Any]) -> None:
+    """Fill `run` with the cold start of run.cfg.sft_from (its results.json `prior`, checked by
+    reused_cold_start): its SFT checkpoint and tokenizer, budget, losses, scripted and SFT evaluations."""
+    cfg, tcfg, out = run.cfg, run.tcfg, run.out
+    shutil.copytree(Path(cfg.sft_from) / "sft", out / "sft", dirs_exist_ok=True)
+    run.tokenizer = AutoTokenizer.from_pretrained(out / "sft")
+    budget = int(prior["budget"]["max_context_tokens"])
+    tcfg.workflow["max_context_tokens"] = budget
+    run.spec, run.wf_cfg = validate(tcfg)
+    print(f"method {cfg.method}: workflow {run.spec.name}, {tcfg.algorithm.name}; budget {budget} tokens; the cold "
+          f"start of {cfg.sft_from}")
+    run.reused = True
+    run.warmup_losses, run.sft_losses, run.evals["sft"] = prior["copy_warmup_losses"], prior["sft_losses"], prior["sft"]
+    run.demo = {**prior["demonstrator"], "summary": prior["scripted"]["greedy"]}
+    run.extra.update(budget=budget, n_params=int(prior["num_parameters"]), unbounded=prior["reference"]["react_unbounded"])
 
-    t0 = time.perf_counter()
-    data: MemActSplits = write_splits(cfg.task, out / "data", sft=(cfg.sft.num_tasks, cfg.sft.seed),
-                                      rl=(cfg.rl_tasks, cfg.rl_task_seed), heldout=(cfg.eval.num_tasks, cfg.eval.seed))
-    spec = get_workflow(arm.workflow["name"])
 
-    def heldout(policy: Any, model_dir: str | Path) -> dict[str, dict[str, float]]:
-        return evaluate(policy, tokenizer, spec, wf_cfg, data.eval_tasks, cfg.eval.temperature,
-                        cfg.eval.seed, tcfg.engine, model_dir)
+class ContextRecipe(Recipe):
+    """The context-management demo as a recipe method (module docstring)."""
 
-    if prior is not None:  # the cold start of cfg.sft_from, checked by reused_cold_start
-        shutil.copytree(Path(cfg.sft_from) / "sft", out / "sft", dirs_exist_ok=True)
-        tokenizer = AutoTokenizer.from_pretrained(out / "sft")
-        budget = int(prior["budget"]["max_context_tokens"])
-        tcfg.workflow["max_context_tokens"] = budget
-        spec, wf_cfg = validate(tcfg)
-        n_params = int(prior["num_parameters"])
-        print(f"method {cfg.method}: workflow {spec.name}, {tcfg.algorithm.name}; budget {budget} tokens; the cold "
-              f"start of {cfg.sft_from}")
-        warmup, sft_losses, sft_eval = prior["copy_warmup_losses"], prior["sft_losses"], prior["sft"]
-        unbounded = prior["reference"]["react_unbounded"]
-        demo = {**prior["demonstrator"], "summary": prior["scripted"]["greedy"]}
-        timings["init_s"] = time.perf_counter() - t0
-    else:
-        agent = context_agent(arm.agent, cfg.sft.late_prob, cfg.sft.seed)
-        shape = model_shape(cfg)
+    name = "context"
+    config = ContextDemoConfig
+    seed_keys = (("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"), ("train.data.seed", "train"),
+                 ("train.trainer.seed", "train"))
+    task_seeds = ("sft.seed", "rl_task_seed")
+
+    def load(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
+        cfg, tcfg, out, arm = load_configs(overrides, out_dir)
+        run = RecipeRun(cfg, tcfg, out, *validate(tcfg))
+        run.extra.update(arm=arm, prior=reused_cold_start(cfg, tcfg, arm) if cfg.sft_from else None)
+        return run
+
+    def init(self, run: RecipeRun) -> None:
+        cfg, tcfg, out, arm, prior = run.cfg, run.tcfg, run.out, run.extra["arm"], run.extra["prior"]
+        data = write_splits(cfg.task, out / "data", sft=(cfg.sft.num_tasks, cfg.sft.seed),
+                            rl=(cfg.rl_tasks, cfg.rl_task_seed), heldout=(cfg.eval.num_tasks, cfg.eval.seed))
+        run.extra["data"] = data
+        if prior is not None:
+            return take_cold_start(run, prior)
+        spec = get_workflow(arm.workflow["name"])
         unbudgeted = _section(tcfg, spec.name, max_context_tokens=MAX_TOKENS)
         fold_cfg = _section(tcfg, "fold", max_context_tokens=MAX_TOKENS)
         react_cfg = _section(tcfg, "sliding_window", window_turns=0, max_context_tokens=MAX_TOKENS)
@@ -387,73 +380,93 @@ def run_context_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any
         # trained on every scripted agent's contexts without a budget
         plays = [("fold", fold_cfg, context_agent("fold")), ("sliding_window", react_cfg, context_agent("search")),
                  ("summarize", _section(tcfg, "summarize", max_context_tokens=MAX_TOKENS), context_agent("summary"))]
-        tokenizer, model = init_context_model(out, cfg.task, plays, data.sft_tasks, shape, cfg.model.vocab_size,
-                                              cfg.seed)
-        budget = cfg.context_budget or calibrate_fold_budget(data.sft_tasks[:200], tokenizer, fold_cfg, react_cfg)
+        run.tokenizer, run.model = init_context_model(out, cfg.task, plays, data.sft_tasks, cfg.model.preset(),
+                                                      cfg.model.vocab_size, cfg.seed)
+        budget = cfg.context_budget or calibrate_fold_budget(data.sft_tasks[:200], run.tokenizer, fold_cfg, react_cfg)
         if budget + unbudgeted.max_turn_tokens > cfg.model.max_positions:
             raise ConfigError(f"model.max_positions {cfg.model.max_positions} < the budget {budget} + "
                               f"workflow.max_turn_tokens {unbudgeted.max_turn_tokens}")
         tcfg.workflow["max_context_tokens"] = budget
-        spec, wf_cfg = validate(tcfg)
-        n_params = sum(p.numel() for p in model.parameters())
-        print(f"method {cfg.method}: workflow {spec.name}, {tcfg.algorithm.name}; budget {budget} tokens; "
-              f"model {n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
-        timings["init_s"] = time.perf_counter() - t0
+        run.spec, run.wf_cfg = validate(tcfg)
+        n_params = sum(p.numel() for p in run.model.parameters())
+        print(f"method {cfg.method}: workflow {run.spec.name}, {tcfg.algorithm.name}; budget {budget} tokens; "
+              f"model {n_params / 1e6:.2f}M parameters, vocabulary {len(run.tokenizer)}")
+        run.extra.update(budget=budget, n_params=n_params, react_cfg=react_cfg)
 
-        t0 = time.perf_counter()
-        s = cfg.sft
-        rows = s.copy_warmup_rows or 4 * s.batch_rows
-        if cfg.warmup_from:
-            warmup = reused_warmup(cfg, out, model)
-        else:
-            warmup = (copy_warmup_stage(model, tokenizer, s.copy_warmup_steps, rows, s.lr, cfg.seed,
-                                        out / "copy_warmup", progress=tcfg.trainer.progress)
-                      if s.copy_warmup_steps else [])
-            if s.copy_warmup_steps:
-                model.save_pretrained(out / "copy_warmup")
-        timings["copy_warmup_s"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        scfg = SFTConfig(epochs=s.epochs, batch_rows=s.batch_rows, lr=s.lr, warmup_steps=s.warmup_steps,
-                         seed=cfg.seed)
-        sft_losses, demo = context_cold_start(model, tokenizer, data.sft_tasks, spec.name, wf_cfg, agent, scfg,
-                                              out / "sft", seed=s.seed, max_rows=s.max_rows,
-                                              progress=tcfg.trainer.progress)
-        timings["sft_s"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        sft_eval = heldout(model, out / "sft")
-        timings["eval_sft_s"] = time.perf_counter() - t0
+    def scripted(self, run: RecipeRun) -> None:
         # the reference of the trained table's "vs unbounded ReAct" column: the scripted search agent without
         # a budget on the same held-out tasks, in this run's tokens
-        unbounded = context_summary_of(context_demonstrations(data.eval_tasks, tokenizer, "sliding_window",
-                                                              react_cfg, context_agent("search")))
+        run.extra["unbounded"] = context_summary_of(context_demonstrations(
+            run.extra["data"].eval_tasks, run.tokenizer, "sliding_window", run.extra["react_cfg"],
+            context_agent("search")))
 
-    t0 = time.perf_counter()
-    trainer = Trainer(assemble(tcfg, workflow=(spec, wf_cfg)))
-    history = trainer.fit()
-    timings["rl_s"] = time.perf_counter() - t0
+    def warmup(self, run: RecipeRun) -> list[float]:
+        return reused_warmup(run.cfg, run.out, run.model) if run.cfg.warmup_from else super().warmup(run)
 
-    t0 = time.perf_counter()
-    rl_eval = heldout(trainer.model, latest_checkpoint(trainer.ckpt_root) or "")
-    timings["eval_rl_s"] = time.perf_counter() - t0
-    timings["total_s"] = time.perf_counter() - t_start
+    def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
+        """The arm's scripted agent through its workflow, every row as the workflow cuts it (fold: one per
+        branch + the main thread; summarize: one per part; sliding_window: one per window shift + the last);
+        `sft.max_rows` > 0 keeps the first max_rows rows (task order)."""
+        s, workflow = run.cfg.sft, run.spec.name
+        agent = context_agent(run.extra["arm"].agent, s.late_prob, s.seed)
+        groups = context_demonstrations(run.extra["data"].sft_tasks, run.tokenizer, workflow, run.wf_cfg, agent,
+                                        seed=s.seed)
+        trajs = [g.trajectories[0] for g in groups]
+        rows = [r for t in trajs for r in t.segments]
+        summary = context_summary_of(groups)
+        print(f"cold start: {len(rows)} rows from {len(groups)} scripted {workflow} trajectories (its accuracy "
+              f"{summary['accuracy']:.1f}%, peak context {summary['peak_context_tokens']:.0f}, stopped by the "
+              f"budget {summary['stopped_by_budget']:.1f}%)" + (f"; the first {s.max_rows} trained (sft.max_rows)"
+                                                                if 0 < s.max_rows < len(rows) else ""))
+        trained = rows[:s.max_rows] if s.max_rows else rows
+        return trained, {"summary": summary, "rows": len(rows), "rows_trained": len(trained),
+                         "rows_per_task": [len(t.segments) for t in trajs],
+                         "branches_per_task": [int(t.metrics.get("branches", 0)) for t in trajs],
+                         "summaries_per_task": [int(t.metrics.get("summaries", 0)) for t in trajs]}
 
-    results = {
-        "method": cfg.method, "workflow": dict(tcfg.workflow), "algorithm": tcfg.algorithm.name,
-        "process_rewards": list(tcfg.algorithm.foldgrpo.process_rewards) if tcfg.algorithm.name == "foldgrpo" else [],
-        "scripted": {"greedy": demo["summary"]}, "sft": sft_eval, "rl": rl_eval,
-        "reference": {"react_unbounded": unbounded},
-        "demonstrator": {k: v for k, v in demo.items() if k != "summary"},
-        "timings": timings, "num_parameters": n_params, "vocab_size": len(tokenizer),
-        "sft_losses": sft_losses, "copy_warmup_losses": warmup,
-        "rl_history": {k: [h.get(k, 0.0) for h in history] for k in ("reward/mean", "train/rows")},
-        "budget": {"max_context_tokens": budget, "eval_tasks": len(data.eval_tasks)},
-        "sft_from": cfg.sft_from,
-    }
-    (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
-    text = results_markdown(results)
-    (out / "results.md").write_text(text, encoding="utf-8")
-    print(text, end="")
-    print(f"wrote {out / 'results.md'}, {out / 'results.json'} ({timings['total_s'] / 60:.1f} min)")
-    return results
+    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
+        return evaluate(model, run.tokenizer, run.spec, run.wf_cfg, run.extra["data"].eval_tasks,
+                        run.cfg.eval.temperature, run.cfg.eval.seed, run.tcfg.engine, model_dir)
+
+    def results(self, run: RecipeRun) -> dict[str, Any]:
+        cfg, tcfg, demo = run.cfg, run.tcfg, run.demo
+        return {
+            "method": cfg.method, "workflow": dict(tcfg.workflow), "algorithm": tcfg.algorithm.name,
+            "process_rewards": list(tcfg.algorithm.foldgrpo.process_rewards) if tcfg.algorithm.name == "foldgrpo"
+            else [],
+            "scripted": {"greedy": demo["summary"]}, "sft": run.evals["sft"], "rl": run.evals["rl"],
+            "reference": {"react_unbounded": run.extra["unbounded"]},
+            "demonstrator": {k: v for k, v in demo.items() if k != "summary"},
+            "timings": run.timings, "num_parameters": run.extra["n_params"], "vocab_size": len(run.tokenizer),
+            "sft_losses": run.sft_losses, "copy_warmup_losses": run.warmup_losses,
+            "rl_history": {k: [h.get(k, 0.0) for h in run.history] for k in ("reward/mean", "train/rows")},
+            "budget": {"max_context_tokens": run.extra["budget"], "eval_tasks": len(run.extra["data"].eval_tasks)},
+            "sft_from": cfg.sft_from,
+        }
+
+    def markdown(self, results: dict[str, Any]) -> str:
+        return results_markdown(results)
+
+    summary_fields = ("accuracy", "peak_context_tokens", "mean_context_tokens", "tokens_discarded", "branches",
+                      "summaries", "stopped_by_budget")
+
+    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
+        return {p: {mode: {"all": s} for mode, s in results[p].items()} for p in ("sft", "rl")}
+
+    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+        return budget_extra(done)
+
+    def sweep_table(self, e: dict[str, Any]) -> list[str]:
+        labels = (("cold start (SFT)", "sft"), ("SFT + RL", "rl"), ("RL - SFT", "gain"))
+        return ["| policy | decoding | accuracy (%) | peak context | mean context | tokens discarded | branches "
+                "| summaries | stopped by budget (%) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+                *table_rows(e, labels, self.summary_fields, lambda f: 2 if f in ("branches", "summaries") else 1),
+                *budget_line(e)]
+
+
+RECIPE = ContextRecipe()
+
+
+def run_context_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
+    """Run the whole demo for one arm (module docstring); returns what results.json holds."""
+    return run_recipe(RECIPE, out_dir, overrides)

@@ -32,44 +32,44 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from memrl.config import (
     MAX_COUNT,
-    MAX_LR,
     MAX_PARALLEL,
     MAX_SEED,
-    MAX_TEMPERATURE,
     MAX_TOKENS,
     MAX_VOCAB,
     ConfigError,
     load_config,
-    to_yaml,
     valid,
 )
 from memrl.data.synthetic import at_length, make_tasks
 from memrl.demonstrators.infmem import ReadingOracle
+from memrl.demonstrators.stages import context_demonstrations
 from memrl.demos import split_overrides
-from memrl.demos.cold_start import copy_warmup as copy_warmup_stage
-from memrl.demos.cold_start import reading_cold_start
+from memrl.demos.pipeline import (
+    EvalSettings,
+    ModelShape,
+    Recipe,
+    RecipeRun,
+    WarmupSFTSettings,
+    load_train,
+    run_recipe,
+    set_threads,
+)
 from memrl.demos.scratch import init_reading_model
-from memrl.eval.evaluator import EngineRollout, evaluate_reading, model_engine
-from memrl.models.tiny import ModelPreset, shape_problem
-from memrl.training.assemble import assemble, check_writable, validate
-from memrl.training.checkpoint import latest_checkpoint
-from memrl.training.config import TrainConfig
-from memrl.training.sft import SFTConfig
-from memrl.training.trainer import Trainer
-from memrl.types import Task
+from memrl.demos.seeds import table_rows
+from memrl.demos.summaries import evaluate_reading, reading_summary_of
+from memrl.eval.evaluator import EngineRollout, model_engine
+from memrl.training.assemble import validate
+from memrl.types import Segment, Task
 from memrl.workflows import parse_workflow
 
 __all__ = ["ARMS", "Arm", "InfMemDemoConfig", "InfMemDemoEval", "InfMemDemoModel", "InfMemDemoSFT",
-           "heldout_tasks", "load_configs", "results_markdown", "run_infmem_demo"]
+           "RECIPE", "heldout_tasks", "load_configs", "results_markdown", "run_infmem_demo"]
 
 
 @dataclass(frozen=True)
@@ -97,28 +97,20 @@ workflow and the reward only (InfMem's early-stop and protocol terms; MemAgent's
 
 
 @dataclass
-class InfMemDemoModel:
+class InfMemDemoModel(ModelShape):
     """The tiny Qwen2 trained from scratch (the MemAgent demo's "micro" shape by default)."""
 
-    hidden_size: int = valid(128, ge=1, le=65536)
-    num_layers: int = valid(4, ge=1, le=1024)
-    num_heads: int = valid(4, ge=1, le=1024)
-    num_kv_heads: int = valid(2, ge=1, le="num_heads")
     vocab_size: int = valid(2048, ge=300, le=MAX_VOCAB)
     """BPE target; the trained vocabulary stops earlier when the corpus runs out of merges."""
     max_positions: int = valid(512, ge=16, le=MAX_TOKENS)
     """Must hold the longest prompt plus its reply (the calls' prompts are one chunk and one memory, so
     they do not grow with the document)."""
 
-    def __post_init__(self) -> None:
-        problem = shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "model.")
-        if problem:
-            raise ValueError(problem)
-
 
 @dataclass
-class InfMemDemoSFT:
-    """Cold start on the reading oracle (memrl.demonstrators.infmem) through the arm's workflow."""
+class InfMemDemoSFT(WarmupSFTSettings):
+    """Cold start on the reading oracle (memrl.demonstrators.infmem) through the arm's workflow. The copy
+    warm-up is off by default: the MemAgent demo's model learns to copy facts on this task without it."""
 
     num_tasks: int = valid(3000, ge=1, le=MAX_COUNT)
     """Training-length tasks to record demonstrations on (memagent: chunks + 1 rows each; infmem: 4 rows
@@ -126,18 +118,11 @@ class InfMemDemoSFT:
     the sizing is docs/guides/infmem_mem1.md's "The trained comparison"."""
     seed: int = valid(500, ge=0, le=MAX_SEED)
     """Seed of the demonstration tasks."""
-    copy_warmup_steps: int = valid(0, ge=0, le=MAX_COUNT, note="0 = off")
-    """Copy warm-up steps before the cold start (memrl.demos.cold_start.copy_warmup). Off: the MemAgent demo's
-    model learns to copy facts on this task without it."""
-    copy_warmup_rows: int = valid(0, ge=0, le=MAX_COUNT, note="0 = 4 x batch_rows")
-    epochs: int = valid(2, ge=1, le=MAX_COUNT)
-    lr: float = valid(1e-3, gt=0, le=MAX_LR)
     batch_rows: int = valid(32, ge=1, le=MAX_COUNT)
-    warmup_steps: int = valid(20, ge=0, le=MAX_COUNT)
 
 
 @dataclass
-class InfMemDemoEval:
+class InfMemDemoEval(EvalSettings):
     """Held-out evaluation, fixed before any run: the MemAgent demo's task seed (987654, used by no training
     split), greedy then one sample per task at `temperature`, at each multiple of the training length."""
 
@@ -151,8 +136,6 @@ class InfMemDemoEval:
     far_span: float = valid(0.25, gt=0, le=1)
     """The share of the document (from its start) that holds the asked fact at `far_multipliers`
     (SyntheticConfig.answer_span)."""
-    seed: int = valid(987654, ge=0, le=MAX_SEED)
-    temperature: float = valid(1.0, gt=0, le=MAX_TEMPERATURE)
 
 
 @dataclass
@@ -179,12 +162,10 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[InfMemDemoC
     if bad:
         raise ConfigError(f"eval.far_multipliers: {bad[0]} is not one of eval.multipliers {cfg.eval.multipliers}")
     arm = ARMS[cfg.method]
-    out = check_writable(out_dir, "--out")
     arm_ov = [f"workflow={arm.workflow['name']}",
               *[f"workflow.{k}={json.dumps(v)}" for k, v in arm.workflow.items() if k != "name"], *arm.algorithm]
-    tcfg = load_config(TrainConfig, [f"model.path={out / 'sft'}", f"out_dir={out / 'rl'}", *arm_ov, *train_ov],
-                       preset=cfg.train_preset)
-    spec, wf_cfg = validate(tcfg)
+    run = load_train(cfg, train_ov, out_dir, arm_ov)
+    tcfg, out, spec, wf_cfg = run.tcfg, run.out, run.spec, run.wf_cfg
     if spec.name != arm.workflow["name"]:
         raise ConfigError(f"workflow.name must be {arm.workflow['name']} for method={cfg.method}, got {spec.name!r}")
     if tcfg.data.name != "synthetic":
@@ -196,8 +177,7 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[InfMemDemoC
     if wf_cfg.chunk_tokens != syn.chunk_words:
         raise ConfigError(f"workflow.chunk_tokens {wf_cfg.chunk_tokens} must equal train.data.synthetic.chunk_words "
                           f"{syn.chunk_words} (a chunk is one piece)")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    set_threads(cfg)
     return cfg, tcfg, out, arm
 
 
@@ -205,12 +185,6 @@ def _section(tcfg: Any, arm: Arm) -> Any:
     """The workflow config of `arm`, its other fields from the RL config's workflow section where that
     workflow has them (the tokenizer plays both arms)."""
     return parse_workflow(arm.workflow, defaults=dict(tcfg.workflow))[1]
-
-
-def model_shape(cfg: InfMemDemoConfig) -> ModelPreset:
-    m = cfg.model
-    return ModelPreset(m.vocab_size, m.hidden_size, 2 * m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads,
-                       max_position_embeddings=m.max_positions)
 
 
 def heldout_tasks(cfg: InfMemDemoConfig, syn: Any) -> dict[int, list[Task]]:
@@ -261,75 +235,92 @@ def results_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+class InfMemRecipe(Recipe):
+    """The InfMem vs MemAgent demo as a recipe method (module docstring)."""
+
+    name = "infmem"
+    config = InfMemDemoConfig
+    seed_keys = (("seed", "demo"), ("sft.seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train"))
+    task_seeds = ("sft.seed", "train.data.seed")
+
+    def load(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
+        cfg, tcfg, out, _ = load_configs(overrides, out_dir)
+        return RecipeRun(cfg, tcfg, out, *validate(tcfg))
+
+    def init(self, run: RecipeRun) -> None:
+        cfg, tcfg, syn = run.cfg, run.tcfg, run.tcfg.data.synthetic
+        sft_tasks = make_tasks(syn, cfg.sft.num_tasks, seed=cfg.sft.seed)
+        heldout = heldout_tasks(cfg, syn)
+        digest = write_heldout(heldout, run.out / "data" / "heldout_tasks.jsonl")
+        plays = []
+        for name, a in ARMS.items():  # both arms' contexts: the same tokenizer whatever the method
+            c = _section(tcfg, a)
+            plays.append((name, c, ReadingOracle.for_config(name, c, syn.fact_sep)))
+        run.tokenizer, run.model = init_reading_model(run.out, syn, plays, sft_tasks, cfg.model.preset(),
+                                                      cfg.model.vocab_size, cfg.seed)
+        n_params = sum(p.numel() for p in run.model.parameters())
+        print(f"method {cfg.method}: workflow {run.spec.name}, {tcfg.algorithm.name}; model {n_params / 1e6:.2f}M "
+              f"parameters, vocabulary {len(run.tokenizer)}")
+        run.extra.update(sft_tasks=sft_tasks, heldout=heldout, digest=digest, n_params=n_params)
+
+    def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
+        """The reading oracle through the arm's workflow (memagent: one memory row per chunk + the final;
+        infmem: plan, memory, ..., the final), every row as the workflow cuts it."""
+        oracle = ReadingOracle.for_config(run.spec.name, run.wf_cfg, run.tcfg.data.synthetic.fact_sep)
+        groups = context_demonstrations(run.extra["sft_tasks"], run.tokenizer, run.spec.name, run.wf_cfg, oracle)
+        trajs = [g.trajectories[0] for g in groups]
+        rows = [s for t in trajs for s in t.segments]
+        summary = reading_summary_of(groups)
+        print(f"cold start: {len(rows)} rows from {len(groups)} scripted {run.spec.name} trajectories (its "
+              f"accuracy {summary['accuracy']:.1f}%, {summary['model_calls']:.2f} calls per task)")
+        return rows, {"summary": summary, "rows": len(rows), "rows_per_task": [len(t.segments) for t in trajs]}
+
+    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
+        print("SFT, held-out:" if policy == "sft" else "SFT+RL, held-out:")
+        return evaluate(model, run.tokenizer, run.spec, run.wf_cfg, run.extra["heldout"], run.cfg.eval.temperature,
+                        run.cfg.eval.seed, run.tcfg.engine, model_dir)
+
+    def results(self, run: RecipeRun) -> dict[str, Any]:
+        cfg, tcfg, heldout = run.cfg, run.tcfg, run.extra["heldout"]
+        return {
+            "method": cfg.method, "workflow": dict(tcfg.workflow), "algorithm": tcfg.algorithm.name,
+            "train_chunks": tcfg.data.synthetic.num_chunks, "lengths": list(heldout), "eval_tasks": cfg.eval.num_tasks,
+            "eval": asdict(cfg.eval), "heldout_sha256": run.extra["digest"],
+            "scripted": run.demo["summary"], "sft": run.evals["sft"], "rl": run.evals["rl"],
+            "demonstrator": {"rows": run.demo["rows"], "rows_per_task": run.demo["rows_per_task"]},
+            "timings": run.timings, "num_parameters": run.extra["n_params"], "vocab_size": len(run.tokenizer),
+            "sft_losses": run.sft_losses, "copy_warmup_losses": run.warmup_losses,
+            "rl_history": {k: [h.get(k, 0.0) for h in run.history] for k in ("reward/mean", "train/rows")},
+        }
+
+    def markdown(self, results: dict[str, Any]) -> str:
+        return results_markdown(results)
+
+    summary_fields = ("accuracy", "model_calls", "chunks_read", "retrievals", "stop_rate")
+
+    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}  # policy -> length -> decoding -> summary, as policy -> decoding -> length
+        for p in ("sft", "rl"):
+            for n, modes in results[p].items():
+                for mode, summary in modes.items():
+                    out.setdefault(p, {}).setdefault(mode, {})[n] = summary
+        return out
+
+    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+        return {"method": done[0][1]["method"] if done else None}
+
+    def sweep_table(self, e: dict[str, Any]) -> list[str]:
+        labels = (("cold start (SFT)", "sft"), ("SFT + RL", "rl"), ("RL - SFT", "gain"))
+        return [f"method {e['method']}", "",
+                "| policy | decoding | length (chunks) | accuracy (%) | model calls | chunks read | retrievals "
+                "| stop rate (%) |", "|---|---|---:|---:|---:|---:|---:|---:|",
+                *table_rows(e, labels, self.summary_fields, lambda f: 1 if f in ("accuracy", "stop_rate") else 2,
+                            per_bucket=True)]
+
+
+RECIPE = InfMemRecipe()
+
+
 def run_infmem_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
     """Run the whole demo for one arm (module docstring); returns what results.json holds."""
-    t_start = time.perf_counter()
-    cfg, tcfg, out, arm = load_configs(overrides, out_dir)
-    (out / "demo_config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
-    timings: dict[str, float] = {}
-    spec, wf_cfg = validate(tcfg)
-    syn = tcfg.data.synthetic
-
-    t0 = time.perf_counter()
-    sft_tasks = make_tasks(syn, cfg.sft.num_tasks, seed=cfg.sft.seed)
-    heldout = heldout_tasks(cfg, syn)
-    digest = write_heldout(heldout, out / "data" / "heldout_tasks.jsonl")
-    plays = []
-    for name, a in ARMS.items():  # both arms' contexts: the same tokenizer whatever the method
-        c = _section(tcfg, a)
-        plays.append((name, c, ReadingOracle.for_config(name, c, syn.fact_sep)))
-    tokenizer, model = init_reading_model(out, syn, plays, sft_tasks, model_shape(cfg), cfg.model.vocab_size,
-                                          cfg.seed)
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"method {cfg.method}: workflow {spec.name}, {tcfg.algorithm.name}; model {n_params / 1e6:.2f}M "
-          f"parameters, vocabulary {len(tokenizer)}")
-    timings["init_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    s = cfg.sft
-    warmup = (copy_warmup_stage(model, tokenizer, s.copy_warmup_steps, s.copy_warmup_rows or 4 * s.batch_rows, s.lr,
-                                cfg.seed, out / "copy_warmup", progress=tcfg.trainer.progress)
-              if s.copy_warmup_steps else [])
-    timings["copy_warmup_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    scfg = SFTConfig(epochs=s.epochs, batch_rows=s.batch_rows, lr=s.lr, warmup_steps=s.warmup_steps, seed=cfg.seed)
-    oracle = ReadingOracle.for_config(spec.name, wf_cfg, syn.fact_sep)
-    sft_losses, demo = reading_cold_start(model, tokenizer, sft_tasks, spec.name, wf_cfg, oracle, scfg, out / "sft",
-                                          progress=tcfg.trainer.progress)
-    timings["sft_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    print("SFT, held-out:")
-    sft_eval = evaluate(model, tokenizer, spec, wf_cfg, heldout, cfg.eval.temperature, cfg.eval.seed, tcfg.engine,
-                        out / "sft")
-    timings["eval_sft_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    trainer = Trainer(assemble(tcfg, workflow=(spec, wf_cfg)))
-    history = trainer.fit()
-    timings["rl_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    print("SFT+RL, held-out:")
-    rl_eval = evaluate(trainer.model, tokenizer, spec, wf_cfg, heldout, cfg.eval.temperature, cfg.eval.seed,
-                       tcfg.engine, latest_checkpoint(trainer.ckpt_root) or "")
-    timings["eval_rl_s"] = time.perf_counter() - t0
-    timings["total_s"] = time.perf_counter() - t_start
-
-    results = {
-        "method": cfg.method, "workflow": dict(tcfg.workflow), "algorithm": tcfg.algorithm.name,
-        "train_chunks": syn.num_chunks, "lengths": list(heldout), "eval_tasks": cfg.eval.num_tasks,
-        "eval": asdict(cfg.eval), "heldout_sha256": digest,
-        "scripted": demo["summary"], "sft": sft_eval, "rl": rl_eval,
-        "demonstrator": {"rows": demo["rows"], "rows_per_task": demo["rows_per_task"]},
-        "timings": timings, "num_parameters": n_params, "vocab_size": len(tokenizer),
-        "sft_losses": sft_losses, "copy_warmup_losses": warmup,
-        "rl_history": {k: [h.get(k, 0.0) for h in history] for k in ("reward/mean", "train/rows")},
-    }
-    (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
-    text = results_markdown(results)
-    (out / "results.md").write_text(text, encoding="utf-8")
-    print(text, end="")
-    print(f"wrote {out / 'results.md'}, {out / 'results.json'} ({timings['total_s'] / 60:.1f} min)")
-    return results
+    return run_recipe(RECIPE, out_dir, overrides)

@@ -28,43 +28,33 @@ cold start and evaluations use too; `workflow.context` is the method's and may n
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from memrl.config import (
-    MAX_COUNT,
-    MAX_LR,
-    MAX_PARALLEL,
-    MAX_SEED,
-    MAX_TEMPERATURE,
-    ConfigError,
-    load_config,
-    to_yaml,
-    valid,
-)
+from memrl.config import MAX_COUNT, MAX_PARALLEL, MAX_SEED, ConfigError, load_config, valid
 from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks
 from memrl.data.tasks_jsonl import write_tasks
 from memrl.demonstrators.mem1 import mem1_demonstrations
 from memrl.demos import split_overrides
-from memrl.demos.cold_start import copy_warmup as copy_warmup_stage
-from memrl.demos.memact import MemActDemoModel
+from memrl.demos.pipeline import (
+    EvalSettings,
+    ModelShape,
+    Recipe,
+    RecipeRun,
+    WarmupSFTSettings,
+    load_train,
+    run_recipe,
+    set_threads,
+)
 from memrl.demos.scratch import init_mem1_model
+from memrl.demos.seeds import table_rows
 from memrl.eval.evaluator import EngineRollout, evaluate_tasks, mean_and_se, model_engine
-from memrl.models.tiny import ModelPreset
-from memrl.training.assemble import assemble, check_writable, validate
-from memrl.training.checkpoint import latest_checkpoint
-from memrl.training.config import TrainConfig
-from memrl.training.sft import SFTConfig, sft_train_logged
-from memrl.training.trainer import Trainer
-from memrl.types import Group, Task
+from memrl.training.assemble import validate
+from memrl.types import Group, Segment, Task
 
-__all__ = ["METHODS", "Mem1DemoConfig", "Mem1DemoEval", "Mem1DemoSFT", "heldout_tasks", "load_configs",
+__all__ = ["METHODS", "RECIPE", "Mem1DemoConfig", "Mem1DemoEval", "Mem1DemoSFT", "heldout_tasks", "load_configs",
            "mem1_summary", "results_markdown", "run_mem1_demo"]
 
 METHODS: dict[str, str] = {"mem1": "latest_state", "full_history": "full_history"}
@@ -72,27 +62,22 @@ METHODS: dict[str, str] = {"mem1": "latest_state", "full_history": "full_history
 
 
 @dataclass
-class Mem1DemoSFT:
+class Mem1DemoSFT(WarmupSFTSettings):
     """Cold start on the scripted oracle (memrl.demonstrators.mem1.StateOracle) through the method's workflow."""
 
     num_tasks: int = valid(1000, ge=1, le=MAX_COUNT)
     seed: int = valid(500, ge=0, le=MAX_SEED)
     """Seed of the demonstration tasks."""
     copy_warmup_steps: int = valid(1500, ge=0, le=MAX_COUNT, note="0 = off")
-    """Copy warm-up steps before the cold start (memrl.demos.cold_start.copy_warmup)."""
-    copy_warmup_rows: int = valid(0, ge=0, le=MAX_COUNT, note="0 = 4 x batch_rows")
     epochs: int = valid(4, ge=1, le=MAX_COUNT)
     """~5,000 steps over 1,000 tasks of 2..16 objectives (about 10 rows per task). On 2..8 objectives, 1 epoch
     (745 steps, final loss 0.31-0.34) taught neither method's cold start to answer (0-2%, seed 0) and 4 epochs
     (2,980 steps, loss 0.025) MEM1 90 / 60 / 13% greedy at k = 2 / 4 / 8; on 2..16 with 500 tasks (2,488 steps,
     loss 0.21) MEM1 answered none (docs/log/2026-11-26-mem1-train-2-8.md)."""
-    lr: float = valid(1e-3, gt=0, le=MAX_LR)
-    batch_rows: int = valid(8, ge=1, le=MAX_COUNT)
-    warmup_steps: int = valid(20, ge=0, le=MAX_COUNT)
 
 
 @dataclass
-class Mem1DemoEval:
+class Mem1DemoEval(EvalSettings):
     """Held-out evaluation, fixed before any run: `num_tasks` tasks at each objective count k of
     `objectives`, drawn from seed `seed + k` (903, 905, 909, 917 by default, used by no training split),
     greedy then one sample per task at `temperature`."""
@@ -100,7 +85,6 @@ class Mem1DemoEval:
     num_tasks: int = valid(100, ge=2, le=MAX_COUNT)
     objectives: list[int] = valid(default_factory=lambda: [2, 4, 8, 16], ge=1, le=MAX_COUNT)
     seed: int = valid(901, ge=0, le=MAX_SEED)
-    temperature: float = valid(1.0, gt=0, le=MAX_TEMPERATURE)
 
 
 @dataclass
@@ -108,7 +92,7 @@ class Mem1DemoConfig:
     """`memrl demo --agent mem1` settings; the RL settings are the `mem1_cpu` preset (+ train.*)."""
 
     method: str = valid("mem1", choices=tuple(METHODS))
-    model: MemActDemoModel = field(default_factory=MemActDemoModel)
+    model: ModelShape = field(default_factory=ModelShape)
     """The tiny Qwen2 (the MemAct demo's shape settings). A call's prompt is capped at max_positions -
     workflow.max_turn_tokens (`workflow.max_context_tokens`, unless set lower: the engine refuses a prompt
     past the positions), and the cap must hold the scripted full-history agent's largest prompt at the
@@ -150,11 +134,9 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[Mem1DemoCon
         if seed in held:
             raise ConfigError(f"{name}={seed} is a held-out task seed (eval.seed + k: {sorted(held)}): the "
                               "training tasks would be held-out ones")
-    out = check_writable(out_dir, "--out")
-    tcfg = load_config(TrainConfig, [f"model.path={out / 'sft'}", f"out_dir={out / 'rl'}", "data.name=file",
-                                     f"data.path={out / 'data' / 'train_tasks.jsonl'}", "workflow=mem1",
-                                     f"workflow.context={METHODS[cfg.method]}", *train_ov],
-                       preset=cfg.train_preset)
+    run = load_train(cfg, train_ov, out_dir, ["data.name=file", f"data.path={Path(out_dir) / 'data' / 'train_tasks.jsonl'}",
+                                              "workflow=mem1", f"workflow.context={METHODS[cfg.method]}"])
+    tcfg, out = run.tcfg, run.out
     spec, wf_cfg = validate(tcfg)
     if spec.name != "mem1":
         raise ConfigError(f"workflow.name must be mem1, got {spec.name!r}")
@@ -174,8 +156,7 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[Mem1DemoCon
     if wf_cfg.retriever_scope != "task":
         raise ConfigError(f"workflow.retriever_scope must be task (each task searches its own fact sheet), got "
                           f"{wf_cfg.retriever_scope!r}")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    set_threads(cfg)
     return cfg, tcfg, out
 
 
@@ -224,12 +205,6 @@ def evaluate(model: Any, tokenizer: Any, spec: Any, wf_cfg: Any, tasks: dict[int
     return out
 
 
-def model_shape(cfg: Mem1DemoConfig) -> ModelPreset:
-    m = cfg.model
-    return ModelPreset(m.vocab_size, m.hidden_size, 2 * m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads,
-                       max_position_embeddings=m.max_positions)
-
-
 def results_markdown(results: dict[str, Any]) -> str:
     """The run's table: one row per policy, decoding and objective count."""
     n = results["eval_tasks"]
@@ -246,94 +221,97 @@ def results_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+class Mem1Recipe(Recipe):
+    """The MEM1 demo as a recipe method (module docstring)."""
+
+    name = "mem1"
+    config = Mem1DemoConfig
+    seed_keys = (("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"), ("train.data.seed", "train"),
+                 ("train.trainer.seed", "train"))
+    task_seeds = ("sft.seed", "rl_task_seed")
+
+    def load(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
+        cfg, tcfg, out = load_configs(overrides, out_dir)
+        return RecipeRun(cfg, tcfg, out, *validate(tcfg))
+
+    def init(self, run: RecipeRun) -> None:
+        cfg, out, wf_cfg = run.cfg, run.out, run.wf_cfg
+        sft_tasks = make_tasks(cfg.task, cfg.sft.num_tasks, cfg.sft.seed, prefix="sft")
+        write_tasks(out / "data" / "train_tasks.jsonl", make_tasks(cfg.task, cfg.rl_tasks, cfg.rl_task_seed, "rl"))
+        held = heldout_tasks(cfg)
+        write_tasks(out / "data" / "heldout_tasks.jsonl", [t for ts in held.values() for t in ts])
+        plays = {c: replace(wf_cfg, context=c, max_context_tokens=0) for c in METHODS.values()}
+        run.tokenizer, run.model = init_mem1_model(out, cfg.task, list(plays.values()), sft_tasks, cfg.model.preset(),
+                                                   cfg.model.vocab_size, cfg.seed)
+        kmax = max(cfg.eval.objectives)
+        full = mem1_demonstrations(held[kmax], run.tokenizer, plays["full_history"])
+        full_peak = int(max(g.trajectories[0].metrics["peak_context_tokens"] for g in full))
+        full_prompt = max(s.info["context_tokens"] for g in full for s in g.trajectories[0].segments)
+        if full_prompt > wf_cfg.max_context_tokens:
+            raise ConfigError(f"workflow.max_context_tokens {wf_cfg.max_context_tokens} (model.max_positions "
+                              f"{cfg.model.max_positions} - workflow.max_turn_tokens {wf_cfg.max_turn_tokens} unless "
+                              f"set) < {full_prompt}, the scripted full-history agent's largest prompt at {kmax} "
+                              "objectives")
+        n_params = sum(p.numel() for p in run.model.parameters())
+        print(f"method {cfg.method}: workflow mem1 context={wf_cfg.context}, {run.tcfg.algorithm.name}; model "
+              f"{n_params / 1e6:.2f}M parameters, vocabulary {len(run.tokenizer)}, positions "
+              f"{cfg.model.max_positions} (full history's scripted peak at k={kmax}: {full_peak})")
+        run.extra.update(sft_tasks=sft_tasks, held=held, n_params=n_params, positions={
+            "max_positions": cfg.model.max_positions, "max_context_tokens": wf_cfg.max_context_tokens,
+            "full_history_scripted_peak": full_peak, "full_history_scripted_prompt": full_prompt})
+
+    def scripted(self, run: RecipeRun) -> None:
+        run.extra["scripted"] = {str(k): mem1_summary(mem1_demonstrations(ts, run.tokenizer, run.wf_cfg))
+                                 for k, ts in run.extra["held"].items()}
+
+    def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
+        groups = mem1_demonstrations(run.extra["sft_tasks"], run.tokenizer, run.wf_cfg, seed=run.cfg.sft.seed)
+        trajs = [g.trajectories[0] for g in groups]
+        rows = [seg for t in trajs for seg in t.segments]
+        demo = mem1_summary(groups)
+        print(f"cold start: {len(rows)} rows from {len(groups)} scripted trajectories (its accuracy "
+              f"{demo['accuracy']:.1f}%, peak context {demo['peak_context_tokens']:.0f})")
+        return rows, {"summary": demo, "rows": len(rows), "rows_per_task": [len(t.segments) for t in trajs],
+                      "objectives_per_task": [len(t.meta["sub_questions"]) for t in run.extra["sft_tasks"]]}
+
+    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
+        return evaluate(model, run.tokenizer, run.spec, run.wf_cfg, run.extra["held"], run.cfg.eval.temperature,
+                        run.cfg.eval.seed, run.tcfg.engine, model_dir)
+
+    def results(self, run: RecipeRun) -> dict[str, Any]:
+        cfg, tcfg = run.cfg, run.tcfg
+        return {
+            "method": cfg.method, "workflow": dict(tcfg.workflow), "algorithm": tcfg.algorithm.name,
+            "objectives": list(cfg.eval.objectives), "train_objectives": list(cfg.task.sub_questions),
+            "eval_tasks": cfg.eval.num_tasks,
+            "heldout_sha256": hashlib.sha256((run.out / "data" / "heldout_tasks.jsonl").read_bytes()).hexdigest(),
+            "scripted": {"greedy": run.extra["scripted"]}, "sft": run.evals["sft"], "rl": run.evals["rl"],
+            "demonstrator": run.demo, "positions": run.extra["positions"], "timings": run.timings,
+            "num_parameters": run.extra["n_params"], "vocab_size": len(run.tokenizer),
+            "sft_losses": run.sft_losses, "copy_warmup_losses": run.warmup_losses,
+            "rl_history": {k: [h.get(k, 0.0) for h in run.history] for k in ("reward/mean", "train/rows")},
+        }
+
+    def markdown(self, results: dict[str, Any]) -> str:
+        return results_markdown(results)
+
+    summary_fields = ("accuracy", "peak_context_tokens", "mean_context_tokens", "turns")
+
+    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
+        return {p: results[p] for p in ("sft", "rl")}  # policy -> decoding -> objective count -> summary
+
+    def heldout_seeds(self, cfg: Any) -> set[int]:
+        return {cfg.eval.seed + k for k in cfg.eval.objectives}  # one held-out set per objective count k
+
+    def sweep_table(self, e: dict[str, Any]) -> list[str]:
+        return ["| policy | decoding | objectives | accuracy (%) | peak context | mean context | turns |",
+                "|---|---|---:|---:|---:|---:|---:|",
+                *table_rows(e, (("cold start (SFT)", "sft"), ("SFT + RL", "rl")), self.summary_fields, per_bucket=True)]
+
+
+RECIPE = Mem1Recipe()
+
+
 def run_mem1_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
     """Run the whole demo for one method (module docstring); returns what results.json holds."""
-    t_start = time.perf_counter()
-    cfg, tcfg, out = load_configs(overrides, out_dir)
-    (out / "demo_config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
-    timings: dict[str, float] = {}
-
-    t0 = time.perf_counter()
-    sft_tasks = make_tasks(cfg.task, cfg.sft.num_tasks, cfg.sft.seed, prefix="sft")
-    write_tasks(out / "data" / "train_tasks.jsonl", make_tasks(cfg.task, cfg.rl_tasks, cfg.rl_task_seed, "rl"))
-    held = heldout_tasks(cfg)
-    write_tasks(out / "data" / "heldout_tasks.jsonl", [t for ts in held.values() for t in ts])
-    spec, wf_cfg = validate(tcfg)
-    plays = {c: replace(wf_cfg, context=c, max_context_tokens=0) for c in METHODS.values()}
-    tokenizer, model = init_mem1_model(out, cfg.task, list(plays.values()), sft_tasks, model_shape(cfg),
-                                       cfg.model.vocab_size, cfg.seed)
-    kmax = max(cfg.eval.objectives)
-    full = mem1_demonstrations(held[kmax], tokenizer, plays["full_history"])
-    full_peak = int(max(g.trajectories[0].metrics["peak_context_tokens"] for g in full))
-    full_prompt = max(s.info["context_tokens"] for g in full for s in g.trajectories[0].segments)
-    if full_prompt > wf_cfg.max_context_tokens:
-        raise ConfigError(f"workflow.max_context_tokens {wf_cfg.max_context_tokens} (model.max_positions "
-                          f"{cfg.model.max_positions} - workflow.max_turn_tokens {wf_cfg.max_turn_tokens} unless set) "
-                          f"< {full_prompt}, the scripted full-history agent's largest prompt at {kmax} objectives")
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"method {cfg.method}: workflow mem1 context={wf_cfg.context}, {tcfg.algorithm.name}; model "
-          f"{n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}, positions {cfg.model.max_positions} "
-          f"(full history's scripted peak at k={kmax}: {full_peak})")
-    timings["init_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    s = cfg.sft
-    rows = s.copy_warmup_rows or 4 * s.batch_rows
-    warmup = (copy_warmup_stage(model, tokenizer, s.copy_warmup_steps, rows, s.lr, cfg.seed, out / "copy_warmup",
-                                progress=tcfg.trainer.progress) if s.copy_warmup_steps else [])
-    if s.copy_warmup_steps:
-        model.save_pretrained(out / "copy_warmup")
-    timings["copy_warmup_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    groups = mem1_demonstrations(sft_tasks, tokenizer, wf_cfg, seed=s.seed)
-    trajs = [g.trajectories[0] for g in groups]
-    segments = [seg for t in trajs for seg in t.segments]
-    demo = mem1_summary(groups)
-    print(f"cold start: {len(segments)} rows from {len(groups)} scripted trajectories (its accuracy "
-          f"{demo['accuracy']:.1f}%, peak context {demo['peak_context_tokens']:.0f})")
-    scfg = SFTConfig(epochs=s.epochs, batch_rows=s.batch_rows, lr=s.lr, warmup_steps=s.warmup_steps, seed=cfg.seed)
-    sft_losses = sft_train_logged(model, tokenizer, segments, scfg, out / "sft", progress=tcfg.trainer.progress,
-                                  tensorboard=False, save_dir=out / "sft")
-    timings["sft_s"] = time.perf_counter() - t0
-
-    def heldout(policy: Any, model_dir: str | Path) -> dict[str, dict[str, dict[str, float]]]:
-        return evaluate(policy, tokenizer, spec, wf_cfg, held, cfg.eval.temperature, cfg.eval.seed, tcfg.engine,
-                        model_dir)
-
-    t0 = time.perf_counter()
-    sft_eval = heldout(model, out / "sft")
-    timings["eval_sft_s"] = time.perf_counter() - t0
-    scripted = {str(k): mem1_summary(mem1_demonstrations(ts, tokenizer, wf_cfg)) for k, ts in held.items()}
-
-    t0 = time.perf_counter()
-    trainer = Trainer(assemble(tcfg, workflow=(spec, wf_cfg)))
-    history = trainer.fit()
-    timings["rl_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    rl_eval = heldout(trainer.model, latest_checkpoint(trainer.ckpt_root) or "")
-    timings["eval_rl_s"] = time.perf_counter() - t0
-    timings["total_s"] = time.perf_counter() - t_start
-
-    results = {
-        "method": cfg.method, "workflow": dict(tcfg.workflow), "algorithm": tcfg.algorithm.name,
-        "objectives": list(cfg.eval.objectives), "train_objectives": list(cfg.task.sub_questions),
-        "eval_tasks": cfg.eval.num_tasks,
-        "heldout_sha256": hashlib.sha256((out / "data" / "heldout_tasks.jsonl").read_bytes()).hexdigest(),
-        "scripted": {"greedy": scripted}, "sft": sft_eval, "rl": rl_eval,
-        "demonstrator": {"summary": demo, "rows": len(segments), "rows_per_task": [len(t.segments) for t in trajs],
-                         "objectives_per_task": [len(t.meta["sub_questions"]) for t in sft_tasks]},
-        "positions": {"max_positions": cfg.model.max_positions, "max_context_tokens": wf_cfg.max_context_tokens,
-                      "full_history_scripted_peak": full_peak, "full_history_scripted_prompt": full_prompt},
-        "timings": timings, "num_parameters": n_params, "vocab_size": len(tokenizer),
-        "sft_losses": sft_losses, "copy_warmup_losses": warmup,
-        "rl_history": {k: [h.get(k, 0.0) for h in history] for k in ("reward/mean", "train/rows")},
-    }
-    (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
-    text = results_markdown(results)
-    (out / "results.md").write_text(text, encoding="utf-8")
-    print(text, end="")
-    print(f"wrote {out / 'results.md'}, {out / 'results.json'} ({timings['total_s'] / 60:.1f} min)")
-    return results
-
+    return run_recipe(RECIPE, out_dir, overrides)

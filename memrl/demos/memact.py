@@ -15,7 +15,7 @@ segments -> DCPO (preset memact_dcpo_cpu) -> the same held-out evaluation of the
 policy: greedy and sampled (one sample per task, temperature `eval.temperature`), accuracy (all
 sub-questions right) with its standard error, mean and peak working-context tokens, prunes per task,
 overflow rate (memrl.eval.evaluator.evaluate_memact) -> results.md (printed), results.json,
-memact_results.png (memrl.eval.demo_report).
+memact_results.png (memrl.demos.report).
 
 `variant=curation` (VARIANTS below) is the context-curation task of docs/concepts/memact.md "Context curation": a
 budget in which search alone answers every task, so pruning only shortens the context; add
@@ -28,67 +28,54 @@ the DCPO config's sections, which the demo's cold start and evaluations use too)
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from memrl.config import (
     MAX_COUNT,
-    MAX_LR,
     MAX_PARALLEL,
     MAX_SEED,
-    MAX_TEMPERATURE,
     MAX_TOKENS,
     MAX_VOCAB,
     ConfigError,
     load_config,
-    to_yaml,
     valid,
 )
 from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_splits
 from memrl.demonstrators.stages import calibrate_budget, calibrate_search_only_budget, memact_demonstrations
 from memrl.demos import split_overrides
 from memrl.demos.cold_start import copy_warmup as copy_warmup_stage
-from memrl.demos.cold_start import memact_cold_start
+from memrl.demos.pipeline import (
+    EvalSettings,
+    ModelShape,
+    Recipe,
+    RecipeRun,
+    WarmupSFTSettings,
+    load_train,
+    run_recipe,
+    set_threads,
+)
+from memrl.demos.pipeline import cold_start as pipeline_cold_start
+from memrl.demos.report import print_memact_eval, write_memact_outputs
 from memrl.demos.scratch import init_memact_model
-from memrl.eval.demo_report import print_memact_eval, write_memact_outputs
-from memrl.eval.evaluator import EngineRollout, evaluate_memact, memact_summary_of, model_engine
-from memrl.models.tiny import ModelPreset, shape_problem
-from memrl.training.assemble import assemble, check_writable, validate
-from memrl.training.checkpoint import latest_checkpoint
-from memrl.training.config import TrainConfig
-from memrl.training.sft import SFTConfig
-from memrl.training.trainer import Trainer
+from memrl.demos.seeds import budget_extra, budget_line, table_rows
+from memrl.demos.summaries import evaluate_memact, memact_summary_of
+from memrl.eval.evaluator import EngineRollout, model_engine
+from memrl.types import Segment
 from memrl.workflows import get_workflow
 
-__all__ = ["DemoData", "MemActDemoConfig", "MemActDemoEval", "MemActDemoModel", "MemActDemoSFT", "calibrate_budget",
+__all__ = ["RECIPE", "DemoData", "MemActDemoConfig", "MemActDemoEval", "MemActDemoModel", "MemActDemoSFT", "calibrate_budget",
            "VARIANTS", "cold_start", "context_budget", "copy_warmup", "copy_warmup_rows", "expand_variant", "demonstrations", "evaluate", "init_model", "load_configs", "run_memact_demo",
            "summarize_groups", "write_data"]
 
 
-@dataclass
-class MemActDemoModel:
-    """The tiny Qwen2 trained from scratch (tied embeddings; the vocabulary is what BPE learns)."""
-
-    hidden_size: int = valid(128, ge=1, le=65536)
-    num_layers: int = valid(4, ge=1, le=1024)
-    num_heads: int = valid(4, ge=1, le=1024)
-    num_kv_heads: int = valid(2, ge=1, le="num_heads")
-    vocab_size: int = valid(2048, ge=1, le=MAX_VOCAB)
-    """BPE target; the task's text runs out of merges well before (about 900 tokens)."""
-    max_positions: int = valid(1024, ge=1, le=MAX_TOKENS)
-
-    def __post_init__(self) -> None:
-        problem = shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "model.")
-        if problem:
-            raise ValueError(problem)
+MemActDemoModel = ModelShape
+"""The tiny Qwen2 trained from scratch (the task's text runs out of merges at about 900 tokens)."""
 
 
 @dataclass
-class MemActDemoSFT:
+class MemActDemoSFT(WarmupSFTSettings):
     """Cold start on the scripted agent's trajectories (memrl.demonstrators.memact.MemActDemonstrator)."""
 
     num_tasks: int = valid(4000, ge=1, le=MAX_COUNT)
@@ -108,29 +95,20 @@ class MemActDemoSFT:
     followed by itself (memrl.training.sft.copy_warmup_segments). A model trained from scratch has no
     induction heads, and without them it never learned to copy a name into a query or a value into an
     answer (at chance after 2,400 SFT steps); the warm-up forms them at ~700 steps (docs/concepts/memact.md). 0 = off."""
-    copy_warmup_rows: int = valid(0, ge=0, le=MAX_COUNT, note="0 = 4 x batch_rows")
-    """Rows per copy warm-up step; 0 = 4 x `batch_rows` (set it to keep the warm-up of another batch size)."""
     epochs: int = valid(4, ge=1, le=MAX_COUNT)
     """~2,400 steps: with 2 epochs the cold start copied only some values (sampled sub-question accuracy 42%
-    vs 47% at 4 epochs, 3-question tasks 6.5% vs 41.8%; docs/concepts/memact.md)."""
-    lr: float = valid(1e-3, gt=0, le=MAX_LR)
-    """(3e-3 and 6e-3 learned more slowly in the runs that chose this recipe; 3e-3 also stops the copy
-    warm-up from forming induction.)"""
-    batch_rows: int = valid(8, ge=1, le=MAX_COUNT)
-    """Small batches: the model needs many steps (~1000) before it copies names and values at all."""
-    warmup_steps: int = valid(20, ge=0, le=MAX_COUNT)
+    vs 47% at 4 epochs, 3-question tasks 6.5% vs 41.8%; docs/concepts/memact.md). lr 1e-3: 3e-3 and 6e-3
+    learned more slowly in the runs that chose this recipe (3e-3 also stops the copy warm-up from forming
+    induction); batch_rows 8: the model needs many steps (~1000) before it copies names and values at all."""
 
 
 @dataclass
-class MemActDemoEval:
+class MemActDemoEval(EvalSettings):
     """Held-out evaluation, fixed before any run: new fact sheets (another task seed), same protocol for both
-    policies (greedy, then one sample per task at `temperature`)."""
+    policies (greedy, then one sample per task at `temperature`, the DCPO rollouts' own). Its seed is the
+    held-out tasks' (SFT uses sft.seed, DCPO rl_task_seed)."""
 
     num_tasks: int = valid(300, ge=1, le=MAX_COUNT)
-    seed: int = valid(987654, ge=0, le=MAX_SEED)
-    """Seed of the held-out tasks (SFT uses sft.seed, DCPO rl_task_seed)."""
-    temperature: float = valid(1.0, gt=0, le=MAX_TEMPERATURE)
-    """The sampled evaluation's temperature (the DCPO rollouts' own)."""
 
 
 @dataclass
@@ -198,16 +176,12 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[MemActDemoC
     cfg = load_config(MemActDemoConfig, demo_ov)
     if cfg.budget not in ("prune", "search_only"):
         raise ConfigError(f"budget must be prune or search_only, got {cfg.budget!r}")
-    out = check_writable(out_dir, "--out")
-    data = out / "data"
-    tcfg = load_config(TrainConfig, [f"model.path={out / 'sft'}", f"out_dir={out / 'rl'}", "data.name=file",
-                                     f"data.path={data / 'train_tasks.jsonl'}", *train_ov],
-                       preset=cfg.train_preset)
-    workflow = validate(tcfg)
+    run = load_train(cfg, train_ov, out_dir, ["data.name=file",
+                                              f"data.path={Path(out_dir) / 'data' / 'train_tasks.jsonl'}"])
+    tcfg, out, workflow = run.tcfg, run.out, (run.spec, run.wf_cfg)
     if workflow[0].name != "memact":
         raise ConfigError(f"workflow.name must be memact for the MemAct demo, got {workflow[0].name!r}")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    set_threads(cfg)
     return cfg, tcfg, out, workflow
 
 
@@ -226,10 +200,8 @@ def write_data(cfg: MemActDemoConfig, data_dir: Path) -> MemActSplits:
 
 def init_model(cfg: MemActDemoConfig, wf_cfg: Any, sample_tasks: list[Any], out: Path) -> tuple[Any, Any]:
     """(tokenizer, model): memrl.demos.scratch.init_memact_model at the `model.*` shape."""
-    m = cfg.model
-    shape = ModelPreset(m.vocab_size, m.hidden_size, 2 * m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads,
-                        max_position_embeddings=m.max_positions)
-    return init_memact_model(out, cfg.task, wf_cfg, sample_tasks, shape, m.vocab_size, cfg.seed, cfg.sft.search_topk)
+    return init_memact_model(out, cfg.task, wf_cfg, sample_tasks, cfg.model.preset(), cfg.model.vocab_size, cfg.seed,
+                             cfg.sft.search_topk)
 
 
 def copy_warmup_rows(cfg: MemActDemoConfig) -> int:
@@ -245,11 +217,11 @@ def copy_warmup(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, ou
 
 def cold_start(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any],
                out: Path) -> tuple[list[float], dict[str, float]]:
-    """memrl.demos.cold_start.memact_cold_start; saves the model to out/sft. Returns (losses, statistics)."""
-    s = cfg.sft
-    scfg = SFTConfig(epochs=s.epochs, batch_rows=s.batch_rows, lr=s.lr, warmup_steps=s.warmup_steps, seed=cfg.seed)
-    return memact_cold_start(model, tokenizer, tasks, wf_cfg, scfg, out / "sft", late_prob=s.late_prob, seed=s.seed,
-                             topk=s.search_topk, keep_results=s.keep_results, progress=tcfg.trainer.progress)
+    """The recipe's cold start on `tasks` (MemActRecipe.demonstrations, then memrl.demos.pipeline.cold_start);
+    saves the model to out/sft. Returns (losses, the scripted agent's statistics)."""
+    run = RecipeRun(cfg, tcfg, out, None, wf_cfg, tokenizer, model, extra={"sft_tasks": tasks})
+    rows, stats = RECIPE.demonstrations(run)
+    return pipeline_cold_start(run, rows), stats
 
 
 def context_budget(cfg: MemActDemoConfig, tokenizer: Any, wf_cfg: Any, sft_tasks: list[Any]) -> int:
@@ -278,64 +250,88 @@ summarize_groups = memact_summary_of
 # ---------------------------------------------------------------------------------------------- the demo
 
 
+class MemActRecipe(Recipe):
+    """The MemAct demo as a recipe method (module docstring)."""
+
+    name = "memact"
+    config = MemActDemoConfig
+    outputs = ("results.md", "results.json", "memact_results.png")
+    seed_keys = (("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"), ("train.data.seed", "train"),
+                 ("train.trainer.seed", "train"))
+    task_seeds = ("sft.seed", "rl_task_seed")
+
+    def load(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
+        cfg, tcfg, out, (spec, wf_cfg) = load_configs(overrides, out_dir)
+        return RecipeRun(cfg, tcfg, out, spec, wf_cfg)
+
+    def init(self, run: RecipeRun) -> None:
+        cfg = run.cfg
+        data = write_data(cfg, run.out / "data")
+        run.tokenizer, run.model = init_model(cfg, run.wf_cfg, data.sft_tasks, run.out)
+        n_params = sum(p.numel() for p in run.model.parameters())
+        budget = context_budget(cfg, run.tokenizer, run.wf_cfg, data.sft_tasks)
+        run.wf_cfg = replace(run.wf_cfg, max_context_tokens=budget)
+        run.tcfg.workflow["max_context_tokens"] = budget
+        print(f"working-context budget: {budget} tokens")
+        print(f"model: {n_params / 1e6:.2f}M parameters, vocabulary {len(run.tokenizer)}")
+        run.extra.update(data=data, sft_tasks=data.sft_tasks, n_params=n_params)
+
+    def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, float]]:
+        """The scripted agent (pruning late with probability `sft.late_prob`; the search-only agent when
+        `workflow.prune_tool` is false) through the memact workflow, one row per prune plus the final one."""
+        s, wf_cfg = run.cfg.sft, run.wf_cfg
+        groups = memact_demonstrations(run.extra["sft_tasks"], run.tokenizer, wf_cfg, s.late_prob, s.seed,
+                                       s.search_topk, s.keep_results, prune_tool=wf_cfg.prune_tool)
+        rows = [r for g in groups for r in g.trajectories[0].segments]
+        stats = memact_summary_of(groups)
+        print(f"cold start: {len(rows)} rows from {len(groups)} scripted trajectories (its accuracy "
+              f"{stats['accuracy']:.1f}%, prunes/task {stats['prunes_per_task']:.2f}, overflow "
+              f"{stats['overflow']:.1f}%)")
+        return rows, stats
+
+    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
+        res = evaluate(model, run.tokenizer, run.wf_cfg, run.extra["data"].eval_tasks, run.cfg.eval.temperature,
+                       run.cfg.eval.seed, run.tcfg.engine, model_dir)
+        print_memact_eval("SFT" if policy == "sft" else "SFT+DCPO", res)
+        return res
+
+    def results(self, run: RecipeRun) -> dict[str, Any]:
+        return {
+            "sft": run.evals["sft"], "dcpo": run.evals["rl"], "demonstrator": run.demo, "timings": run.timings,
+            "num_parameters": run.extra["n_params"], "vocab_size": len(run.tokenizer), "sft_losses": run.sft_losses,
+            "copy_warmup_losses": run.warmup_losses,
+            "rl": {k: [h.get(k, 0.0) for h in run.history]
+                   for k in ("reward/mean", "dcpo/pruned_share", "dcpo/selected", "dcpo/available",
+                             "dcpo/segments_per_trajectory", "rollout/segments")},
+            "budget": {"max_context_tokens": run.wf_cfg.max_context_tokens,
+                       "eval_tasks": len(run.extra["data"].eval_tasks)},
+        }
+
+    summary_fields = ("accuracy", "accuracy_2q", "accuracy_3q", "mean_context_tokens", "peak_context_tokens",
+                      "prunes_per_task")
+    optional_fields = ("accuracy_2q", "accuracy_3q")
+
+    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
+        return {p: {mode: {"all": s} for mode, s in results[key].items()} for p, key in (("sft", "sft"), ("rl", "dcpo"))}
+
+    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+        return budget_extra(done)
+
+    def sweep_table(self, e: dict[str, Any]) -> list[str]:
+        labels = (("cold start (SFT)", "sft"), ("SFT + DCPO", "rl"), ("DCPO - SFT", "gain"))
+        return ["| policy | decoding | accuracy (%) | 2-question | 3-question | mean context (tokens) | "
+                "peak context (tokens) | prunes / task |", "|---|---|---:|---:|---:|---:|---:|---:|",
+                *table_rows(e, labels, self.summary_fields, lambda f: 2 if f == "prunes_per_task" else 1),
+                *budget_line(e)]
+
+    def write(self, results: dict[str, Any], out: Path) -> str:
+        """results.json, results.md and memact_results.png (memrl.demos.report)."""
+        return write_memact_outputs(results, out)
+
+
+RECIPE = MemActRecipe()
+
+
 def run_memact_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
     """Run the whole demo (module docstring); returns what results.json holds."""
-    t_start = time.perf_counter()
-    cfg, tcfg, out, workflow = load_configs(overrides, out_dir)
-    wf_cfg = workflow[1]
-    (out / "demo_config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
-    timings: dict[str, float] = {}
-
-    t0 = time.perf_counter()
-    data = write_data(cfg, out / "data")
-    tokenizer, model = init_model(cfg, wf_cfg, data.sft_tasks, out)
-    n_params = sum(p.numel() for p in model.parameters())
-    budget = context_budget(cfg, tokenizer, wf_cfg, data.sft_tasks)
-    wf_cfg = replace(wf_cfg, max_context_tokens=budget)
-    tcfg.workflow["max_context_tokens"] = budget
-    workflow = (workflow[0], wf_cfg)
-    print(f"working-context budget: {budget} tokens")
-    print(f"model: {n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
-    timings["init_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    warmup_losses = copy_warmup(cfg, tcfg, model, tokenizer, out) if cfg.sft.copy_warmup_steps else []
-    timings["copy_warmup_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    sft_losses, demo_stats = cold_start(cfg, tcfg, model, tokenizer, wf_cfg, data.sft_tasks, out)
-    timings["sft_s"] = time.perf_counter() - t0
-
-    def heldout(policy: Any, model_dir: str | Path) -> dict[str, dict[str, float]]:
-        return evaluate(policy, tokenizer, wf_cfg, data.eval_tasks, cfg.eval.temperature,
-                        cfg.eval.seed, tcfg.engine, model_dir)
-
-    t0 = time.perf_counter()
-    sft_eval = heldout(model, out / "sft")
-    timings["eval_sft_s"] = time.perf_counter() - t0
-    print_memact_eval("SFT", sft_eval)
-
-    t0 = time.perf_counter()
-    trainer = Trainer(assemble(tcfg, workflow=workflow))
-    history = trainer.fit()
-    timings["rl_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    rl_eval = heldout(trainer.model, latest_checkpoint(trainer.ckpt_root) or "")
-    timings["eval_rl_s"] = time.perf_counter() - t0
-    print_memact_eval("SFT+DCPO", rl_eval)
-    timings["total_s"] = time.perf_counter() - t_start
-
-    results = {
-        "sft": sft_eval, "dcpo": rl_eval, "demonstrator": demo_stats, "timings": timings,
-        "num_parameters": n_params, "vocab_size": len(tokenizer), "sft_losses": sft_losses,
-        "copy_warmup_losses": warmup_losses,
-        "rl": {k: [h.get(k, 0.0) for h in history]
-               for k in ("reward/mean", "dcpo/pruned_share", "dcpo/selected", "dcpo/available",
-                         "dcpo/segments_per_trajectory", "rollout/segments")},
-        "budget": {"max_context_tokens": wf_cfg.max_context_tokens, "eval_tasks": len(data.eval_tasks)},
-    }
-    print(write_memact_outputs(results, out))
-    print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'memact_results.png'} "
-          f"({timings['total_s'] / 60:.1f} min)")
-    return results
+    return run_recipe(RECIPE, out_dir, overrides)

@@ -1,24 +1,23 @@
-"""The MemAgent demo recipe: its configs, and `run_demo`, which chains the library's stages.
+"""The MemAgent demo recipe: its configs, and `MemAgentRecipe`, its method of the recipe pipeline
+(memrl.demos.pipeline).
 
-`memrl demo` (memrl/commands/demo.py) is a thin driver over `run_demo`. Stages: init a ~0.8M-parameter
+`memrl demo` (memrl/commands/demo.py) runs it through `run_recipe`. Stages: init a ~0.8M-parameter
 Qwen2 whose tokenizer is trained on the synthetic task's text (memrl.demos.scratch) -> cold-start SFT on a
 mixture demonstrator (memrl.demonstrators.stages.mixture_rule: per memory step the optimal
 `QuestionAwareRule` with probability `sft.p_aware`, the question-blind `RecentFactsRule` otherwise;
 memrl.demos.cold_start) -> multi-conversation GRPO on the MemAgent workflow (memrl.training.trainer)
 -> the demonstrator, the cold start and SFT+RL evaluated with one protocol (held-out tasks at 1x, 4x, 16x
 the training length; greedy and sampled; memrl.eval.evaluator) -> a results dict that
-`memrl.eval.demo_report` renders (`write_memagent_outputs`: results.md, results.json, the plots).
-The functions between the configs and `run_demo` only map the demo's configs onto one library call each.
+`memrl.demos.report` renders (`write_memagent_outputs`: results.md, results.json, the plots).
+The functions between the configs and the recipe only map the demo's configs onto one library call each.
 """
 
 from __future__ import annotations
 
-import time
+import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from memrl.config import (
     MAX_COUNT,
@@ -27,27 +26,28 @@ from memrl.config import (
     MAX_SEED,
     MAX_TEMPERATURE,
     MAX_VOCAB,
+    ConfigError,
     load_config,
     valid,
 )
 from memrl.data.synthetic import make_tasks, tasks_by_length
-from memrl.demonstrators.stages import evaluate_rule, mixture_rule, reading_segments
+from memrl.demonstrators.stages import evaluate_rule, mixture_rule, reading_segments, record_demonstrations
 from memrl.demos import split_overrides
-from memrl.demos.cold_start import memagent_cold_start
+from memrl.demos.pipeline import Recipe, RecipeRun, SFTSettings, load_train, run_recipe, set_threads
+from memrl.demos.pipeline import cold_start as pipeline_cold_start
+from memrl.demos.report import write_memagent_outputs
 from memrl.demos.scratch import init_memagent_model
+from memrl.demos.seeds import cell_of, fmt
+from memrl.errors import UserError
 from memrl.eval.evaluator import EngineRollout, EvalProtocol, evaluate_policy, model_engine, results_to_json
 from memrl.models.tiny import ModelPreset, shape_problem
-from memrl.training.assemble import assemble, check_writable, validate
-from memrl.training.checkpoint import latest_checkpoint
-from memrl.training.config import TrainConfig
-from memrl.training.sft import SFTConfig
-from memrl.training.trainer import Trainer
+from memrl.types import Segment
 
-__all__ = ["DemoConfig", "DemoEval", "DemoSFT", "cold_start", "demonstrator", "evaluate_demonstrator",
+__all__ = ["RECIPE", "DemoConfig", "DemoEval", "DemoSFT", "cold_start", "demonstrator", "evaluate_demonstrator",
            "evaluate_model", "heldout_tasks", "init_model", "load_demo_configs", "protocol", "reading_segments",
-           "run_demo"]
+           "run_memagent_demo"]
 @dataclass
-class DemoSFT:
+class DemoSFT(SFTSettings):
     """Cold start: demonstrations from a mixture of the optimal and the question-blind rule."""
 
     p_aware: float = valid(0.9, ge=0, le=1)
@@ -84,7 +84,6 @@ class DemoSFT:
     lr: float = valid(1e-3, gt=0, le=MAX_LR)
     """3e-3 stalls near loss 0.2 before the copy skill is exact (docs/results/demo.md, the ceiling runs)."""
     batch_rows: int = valid(32, ge=1, le=MAX_COUNT)
-    warmup_steps: int = valid(20, ge=0, le=MAX_COUNT)
 
 
 @dataclass
@@ -141,12 +140,9 @@ def load_demo_configs(overrides: list[str], out_dir: str | Path) -> tuple[DemoCo
     before any work on a bad value."""
     demo_ov, train_ov = split_overrides(list(overrides))
     cfg = load_config(DemoConfig, demo_ov)  # every field against its declared range
-    out = check_writable(out_dir, "--out")
-    tcfg = load_config(TrainConfig, [f"model.path={out / 'sft'}", f"out_dir={out / 'rl'}", *train_ov],
-                       preset=cfg.train_preset)
-    workflow = validate(tcfg)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    run = load_train(cfg, train_ov, out_dir)
+    tcfg, out, workflow = run.tcfg, run.out, (run.spec, run.wf_cfg)
+    set_threads(cfg)
     return cfg, tcfg, out, workflow
 
 
@@ -190,15 +186,10 @@ def init_model(cfg: DemoConfig, tcfg: Any, out: Path, wf_cfg: Any) -> tuple[Any,
 
 
 def cold_start(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, out: Path) -> list[float]:
-    """memrl.demos.cold_start.memagent_cold_start on `sft.num_tasks` tasks (seed `sft_seed`); saves the
-    model to out/sft and returns the per-step losses."""
-    syn, s = tcfg.data.synthetic, cfg.sft
-    reading = make_tasks(syn, s.reading_tasks, seed=cfg.sft_seed + 1) if s.reading_tasks else None
-    scfg = SFTConfig(epochs=s.epochs, batch_rows=s.batch_rows, lr=s.lr, warmup_steps=s.warmup_steps, seed=cfg.seed)
-    return memagent_cold_start(model, tokenizer, demonstrator(cfg, tcfg, wf_cfg, seed=cfg.seed),
-                               make_tasks(syn, s.num_tasks, seed=cfg.sft_seed), wf_cfg, scfg, out / "sft",
-                               reading_tasks=reading, progress=tcfg.trainer.progress,
-                               tensorboard=tcfg.trainer.tensorboard)
+    """The recipe's cold start (MemAgentRecipe.demonstrations on `sft.num_tasks` tasks of seed `sft_seed`, then
+    memrl.demos.pipeline.cold_start); saves the model to out/sft and returns the per-step losses."""
+    run = RecipeRun(cfg, tcfg, out, None, wf_cfg, tokenizer, model)
+    return pipeline_cold_start(run, RECIPE.demonstrations(run)[0], tensorboard=tcfg.trainer.tensorboard)
 
 
 def evaluate_demonstrator(cfg: DemoConfig, tcfg: Any, spec: Any, wf_cfg: Any, tokenizer: Any,
@@ -219,53 +210,120 @@ def evaluate_model(cfg: DemoConfig, tcfg: Any, spec: Any, wf_cfg: Any, model: An
 # ---------------------------------------------------------------------------------------------- the recipe
 
 
-def run_demo(cfg: DemoConfig, tcfg: Any, out: Path, workflow: tuple[Any, Any]) -> dict[str, Any]:
-    """The whole recipe; returns the results dict (JSON-ready) that `memrl.eval.demo_report` renders."""
-    t_start = time.perf_counter()
-    spec, wf_cfg = workflow
-    timings: dict[str, float] = {}
-    syn = tcfg.data.synthetic
-    tasks = heldout_tasks(cfg, tcfg)
+class MemAgentRecipe(Recipe):
+    """The MemAgent demo as a recipe method (module docstring)."""
 
-    t0 = time.perf_counter()
-    tokenizer, model = init_model(cfg, tcfg, out, wf_cfg)
-    timings["init_s"] = time.perf_counter() - t0
+    name = "memagent"
+    config = DemoConfig
+    outputs = ("results.md", "results.json", "accuracy_vs_length.png", "rl_reward.png")
+    seed_keys = (("seed", "demo"), ("sft_seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train"))
+    task_seeds = ("sft_seed", "train.data.seed")
 
-    demo_eval = {}
-    if cfg.eval.demonstrator and cfg.eval.samples:
-        t0 = time.perf_counter()
-        print(f"demonstrator (p_aware {cfg.sft.p_aware}), held-out:")
-        demo_eval = evaluate_demonstrator(cfg, tcfg, spec, wf_cfg, tokenizer, tasks)
-        timings["eval_demonstrator_s"] = time.perf_counter() - t0
+    def load(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
+        cfg, tcfg, out, (spec, wf_cfg) = load_demo_configs(overrides, out_dir)
+        return RecipeRun(cfg, tcfg, out, spec, wf_cfg)
 
-    t0 = time.perf_counter()
-    sft_losses = cold_start(cfg, tcfg, model, tokenizer, wf_cfg, out)
-    timings["sft_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    print("SFT, held-out:")
-    sft_eval = evaluate_model(cfg, tcfg, spec, wf_cfg, model, tokenizer, tasks, out / "sft")
-    timings["eval_sft_s"] = time.perf_counter() - t0
+    def init(self, run: RecipeRun) -> None:
+        run.extra["tasks"] = heldout_tasks(run.cfg, run.tcfg)
+        run.tokenizer, run.model = init_model(run.cfg, run.tcfg, run.out, run.wf_cfg)
 
-    t0 = time.perf_counter()
-    trainer = Trainer(assemble(tcfg, workflow=workflow))
-    history = trainer.fit()
-    timings["rl_s"] = time.perf_counter() - t0
+    def scripted(self, run: RecipeRun) -> None:
+        cfg, demo_eval = run.cfg, {}
+        if cfg.eval.demonstrator and cfg.eval.samples:
+            print(f"demonstrator (p_aware {cfg.sft.p_aware}), held-out:")
+            demo_eval = evaluate_demonstrator(cfg, run.tcfg, run.spec, run.wf_cfg, run.tokenizer, run.extra["tasks"])
+        run.extra["demonstrator"] = demo_eval
 
-    t0 = time.perf_counter()
-    print("SFT+RL, held-out:")
-    rl_eval = evaluate_model(cfg, tcfg, spec, wf_cfg, trainer.model, tokenizer, tasks,
-                             latest_checkpoint(trainer.ckpt_root) or "")
-    timings["eval_rl_s"] = time.perf_counter() - t0
-    timings["total_s"] = time.perf_counter() - t_start
+    def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], None]:
+        """The mixture demonstrator's traces through the memagent workflow (plus `sft.reading_tasks`
+        reading-comprehension rows)."""
+        cfg, syn, s = run.cfg, run.tcfg.data.synthetic, run.cfg.sft
+        rule = demonstrator(cfg, run.tcfg, run.wf_cfg, seed=cfg.seed)
+        groups = record_demonstrations(rule, make_tasks(syn, s.num_tasks, seed=cfg.sft_seed), run.tokenizer, run.wf_cfg)
+        rows = [r for g in groups for r in g.segments()]
+        rule_acc = sum(g.rewards[0] for g in groups) / len(groups)
+        share = rule.aware_steps / max(1, rule.memory_steps)
+        print(f"SFT: {len(rows)} rows from {len(groups)} demonstrations (p_aware {rule.p_aware}: "
+              f"{100 * share:.1f}% of {rule.memory_steps} memory steps question-aware; the demonstrator's own "
+              f"accuracy {100 * rule_acc:.1f}%)")
+        if s.reading_tasks:
+            reading = reading_segments(make_tasks(syn, s.reading_tasks, seed=cfg.sft_seed + 1), run.tokenizer,
+                                       run.wf_cfg.templates()[1])
+            rows += reading
+            print(f"SFT: + {len(reading)} reading-comprehension rows (answer from the whole document)")
+        return rows, None
 
-    return {
-        "recipe": {"p_aware": cfg.sft.p_aware, "train_chunks": syn.num_chunks, "min_chunks": syn.min_chunks,
-                   "chunk_words": syn.chunk_words, "sft": asdict(cfg.sft), "rl_steps": tcfg.trainer.steps,
-                   "eval": asdict(cfg.eval)},
-        "lengths": list(tasks),
-        "stages": {"demonstrator": results_to_json(demo_eval), "sft": results_to_json(sft_eval),
-                   "rl": results_to_json(rl_eval)},
-        "timings": timings,
-        "sft_losses": sft_losses,
-        "rl_reward": [h.get("reward/mean", 0.0) for h in history],
-    }
+    def sft_tensorboard(self, run: RecipeRun) -> bool:
+        return run.tcfg.trainer.tensorboard
+
+    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
+        print("SFT, held-out:" if policy == "sft" else "SFT+RL, held-out:")
+        return evaluate_model(run.cfg, run.tcfg, run.spec, run.wf_cfg, model, run.tokenizer, run.extra["tasks"],
+                              model_dir)
+
+    def results(self, run: RecipeRun) -> dict[str, Any]:
+        cfg, tcfg, syn = run.cfg, run.tcfg, run.tcfg.data.synthetic
+        return {
+            "recipe": {"p_aware": cfg.sft.p_aware, "train_chunks": syn.num_chunks, "min_chunks": syn.min_chunks,
+                       "chunk_words": syn.chunk_words, "sft": asdict(cfg.sft), "rl_steps": tcfg.trainer.steps,
+                       "eval": asdict(cfg.eval)},
+            "lengths": list(run.extra["tasks"]),
+            "stages": {"demonstrator": results_to_json(run.extra["demonstrator"]),
+                       "sft": results_to_json(run.evals["sft"]), "rl": results_to_json(run.evals["rl"])},
+            "timings": run.timings,
+            "sft_losses": run.sft_losses,
+            "rl_reward": [h.get("reward/mean", 0.0) for h in run.history],
+        }
+
+    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
+        st = results["stages"]  # stages -> length -> decoding -> summary
+        return {p: _by_decoding(st[p]) for p in ("sft", "rl", "demonstrator") if p in st}
+
+    def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
+        """The held-out protocol and lengths (the tasks are generated from them)."""
+        try:
+            return json.dumps({"eval": results["recipe"]["eval"], "lengths": results["lengths"]}, sort_keys=True)
+        except KeyError as e:
+            raise UserError(f"{out / 'results.json'}: no {e.args[0]!r}; not a memagent demo result") from None
+
+    def check_sweep(self, cfg: Any) -> None:
+        ev = cfg.eval  # the table aggregates both decodings at every length
+        if ev.samples == 0 or not ev.greedy:
+            what = "eval.samples=0 leaves no sampled" if ev.samples == 0 else "eval.greedy=false leaves no greedy"
+            raise ConfigError(f"--seeds: {what} accuracy, and the sweep's table aggregates sampled and greedy "
+                              "accuracy of every run; drop the override")
+
+    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+        return {"train_chunks": done[0][1]["recipe"]["train_chunks"] if done else None}
+
+    def sweep_table(self, e: dict[str, Any]) -> list[str]:
+        lines = ["| length (chunks) | x | demonstrator sampled | SFT sampled | SFT+RL sampled | gain sampled | "
+                 "SFT greedy | SFT+RL greedy | gain greedy |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for n in e["buckets"]:
+            x = int(n) // e["train_chunks"] if e["train_chunks"] else 0
+            demo = cell_of(e, "sampled", n, "demonstrator_accuracy")
+            cells = [fmt(cell_of(e, m, n, f"{s}_accuracy"), sign=s == "gain")
+                     for m in ("sampled", "greedy") for s in ("sft", "rl", "gain")]
+            lines.append(f"| {n} | {x}x | {fmt(demo) if demo['n'] else '-'} | " + " | ".join(cells) + " |")
+        return lines
+
+    def write(self, results: dict[str, Any], out: Path) -> str:
+        """results.md, results.json, accuracy_vs_length.png, rl_reward.png (memrl.demos.report)."""
+        return write_memagent_outputs(results, out)
+
+
+def _by_decoding(by_length: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """length -> decoding -> summary as decoding -> length -> summary."""
+    out: dict[str, dict[str, Any]] = {}
+    for n, modes in by_length.items():
+        for mode, summary in modes.items():
+            out.setdefault(mode, {})[n] = summary
+    return out
+
+
+RECIPE = MemAgentRecipe()
+
+
+def run_memagent_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
+    """Run the whole demo (module docstring); returns what results.json holds."""
+    return run_recipe(RECIPE, out_dir, overrides)

@@ -15,34 +15,26 @@ capability's first run, a probe subprocess with the same environment checks that
 `native` runs without the variable (torch's own choice; the table names what torch reported).
 
 Training seed k shifts every seed the recipe TRAINS with by k from its value (seed 0 is the one-seed demo
-exactly); the held-out evaluation (eval.seed, eval.num_tasks, the lengths) is never shifted:
-- memagent: `seed` (model init, tokenizer, SFT order, the demonstrator's coins), `sft_seed` (the SFT
-  tasks), `train.data.seed` (the RL task stream), `train.trainer.seed` (RL sampling);
-- memact: `seed` (model init, tokenizer, copy warm-up, SFT order), `sft.seed` (the SFT tasks and the
-  scripted agent's coins), `rl_task_seed` (the DCPO tasks), `train.data.seed` (their order),
-  `train.trainer.seed` (DCPO sampling);
-- context: as memact (`seed`, `sft.seed`, `rl_task_seed`, `train.data.seed`, `train.trainer.seed`; RL is
-  GRPO or FoldGRPO by the method). `sft_from=ROOT` / `warmup_from=ROOT` name another context sweep: each
-  run reuses the cold start / copy warm-up of ROOT's run of the same capability and seed.
-- mem1: as memact (memrl.demos.mem1; its held-out seeds are eval.seed + k per objective count k).
-- infmem: `seed` (model init, tokenizer, copy warm-up, SFT order), `sft.seed` (the SFT tasks),
-  `train.data.seed` (the RL task stream), `train.trainer.seed` (GRPO sampling).
-The aggregation checks that every run evaluated the same held-out tasks (memagent: the results' `recipe.eval`
-and lengths; memact, context, mem1 and infmem: the SHA-256 of data/heldout_tasks.jsonl) and refuses to mix them.
+exactly): the method's `seed_keys` (memrl.demos.pipeline.Recipe; e.g. memact: `seed` for the model init,
+tokenizer, copy warm-up and SFT order, `sft.seed` for the SFT tasks and the scripted agent's coins,
+`rl_task_seed`, `train.data.seed`, `train.trainer.seed`). The held-out evaluation (eval.seed, eval.num_tasks,
+the lengths) is never shifted, and no training task seed (`task_seeds`) may equal a held-out one
+(`heldout_seeds`). context: `sft_from=ROOT` / `warmup_from=ROOT` name another context sweep: each run reuses
+the cold start / copy warm-up of ROOT's run of the same capability and seed. The aggregation checks that
+every run evaluated the same held-out tasks (the method's `fingerprint`: the SHA-256 of
+data/heldout_tasks.jsonl; memagent: its `recipe.eval` and lengths) and refuses to mix them.
 
 Resumable: a run whose out dir has results.json is not run again (its sweep_run.json must name the same
 agent, seed, capability and overrides); a run started before and not finished is started again from an
-empty directory. Writes ROOT/seeds_results.md (printed) and ROOT/seeds_results.json: per capability and
-per length (memagent), per policy and decoding (memact, context), per policy, decoding and objective
-count (mem1) or per decoding and length (infmem), mean +- sd over the finished seeds (sd with
-ddof 1; "n/a" for one seed) of SFT and SFT+RL accuracy, sampled and greedy, and the gains (SFT+RL - SFT,
-paired per seed).
+empty directory. Writes ROOT/seeds_results.md (printed; the method's `sweep_table`) and
+ROOT/seeds_results.json: per capability, `cells` (decoding -> bucket -> "<policy>_<field>" and
+"gain_<field>"): mean +- sd over the finished seeds (sd with ddof 1; "n/a" for one seed) of the method's
+summary fields for SFT, SFT+RL and their per-seed gain, read through its results schema (`Recipe.evals`).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import math
 import os
@@ -59,11 +51,7 @@ from typing import Any
 
 from memrl.config import MAX_SEED, ConfigError, load_config, redact_argv, redact_secrets, redact_text
 from memrl.demos import split_overrides
-from memrl.demos.context import ContextDemoConfig
-from memrl.demos.infmem import InfMemDemoConfig
-from memrl.demos.mem1 import Mem1DemoConfig
-from memrl.demos.memact import MemActDemoConfig
-from memrl.demos.memagent import DemoConfig
+from memrl.demos.pipeline import Recipe, get_recipe
 from memrl.errors import UserError
 from memrl.locks import acquire, release
 from memrl.training.config import TrainConfig
@@ -74,24 +62,6 @@ CAPABILITIES = ("native", "default", "avx2", "avx512")
 
 MARKER = "sweep_run.json"
 """Written into a run's directory when the sweep starts it: what the run is, so a resume can check it."""
-
-SEED_KEYS = {
-    # agent -> the overrides a training seed shifts: (override key, where its base value is read)
-    "memagent": (("seed", "demo"), ("sft_seed", "demo"), ("train.data.seed", "train"),
-                 ("train.trainer.seed", "train")),
-    "memact": (("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"), ("train.data.seed", "train"),
-               ("train.trainer.seed", "train")),
-    "context": (("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"), ("train.data.seed", "train"),
-                ("train.trainer.seed", "train")),
-    "mem1": (("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"), ("train.data.seed", "train"),
-             ("train.trainer.seed", "train")),
-    "infmem": (("seed", "demo"), ("sft.seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train")),
-}
-TASK_SEEDS = {"memagent": ("sft_seed", "train.data.seed"), "memact": ("sft.seed", "rl_task_seed"),
-              "context": ("sft.seed", "rl_task_seed"), "mem1": ("sft.seed", "rl_task_seed"),
-              "infmem": ("sft.seed", "train.data.seed")}
-"""The seeds that generate training tasks: never equal to the held-out eval.seed, for any run."""
-
 
 # ---------------------------------------------------------------------------------------------- the plan
 
@@ -125,23 +95,27 @@ def _get(obj: Any, dotted: str) -> Any:
     return obj
 
 
+def _configs(agent: str, overrides: list[str]) -> tuple[Recipe, Any, Any]:
+    """(the method, its demo config, its RL config) under `overrides` (no directory is touched)."""
+    recipe = get_recipe(agent)
+    demo_ov, train_ov = split_overrides(list(overrides))
+    cfg = load_config(recipe.config, demo_ov)
+    return recipe, cfg, load_config(TrainConfig, train_ov, preset=cfg.train_preset)
+
+
 def base_seeds(agent: str, overrides: list[str]) -> dict[str, int]:
     """{override key: its value under `overrides` (the recipe's default unless overridden)} for the seeds a
-    training seed shifts, and "eval.seed"."""
-    schema: type[Any] = {"memact": MemActDemoConfig, "context": ContextDemoConfig,
-                          "mem1": Mem1DemoConfig, "infmem": InfMemDemoConfig}.get(agent, DemoConfig)
-    demo_ov, train_ov = split_overrides(list(overrides))
-    cfg = load_config(schema, demo_ov)
-    tcfg = load_config(TrainConfig, train_ov, preset=cfg.train_preset)
+    training seed shifts (the method's `seed_keys`), and "eval.seed"."""
+    recipe, cfg, tcfg = _configs(agent, overrides)
     out = {key: int(_get(cfg if where == "demo" else tcfg, key.removeprefix("train.")))
-           for key, where in SEED_KEYS[agent]}
+           for key, where in recipe.seed_keys}
     out["eval.seed"] = int(cfg.eval.seed)
     return out
 
 
 def seed_overrides(agent: str, seed: int, base: dict[str, int]) -> list[str]:
     """The overrides of training seed `seed`: every training seed shifted by `seed` (0 = the recipe's own)."""
-    return [f"{key}={base[key] + seed}" for key, _ in SEED_KEYS[agent]]
+    return [f"{key}={base[key] + seed}" for key, _ in get_recipe(agent).seed_keys]
 
 
 @dataclass(frozen=True)
@@ -156,26 +130,20 @@ class Run:
 def plan(agent: str, root: Path, seeds: list[int], capabilities: list[str], overrides: list[str]) -> list[Run]:
     """The runs, seed-major (both capabilities of seed 0 first), each with its out dir and overrides; fails
     when an override sets a seed the sweep shifts, or when a training task seed would equal eval.seed."""
-    keys = {key for key, _ in SEED_KEYS[agent]}
+    recipe, cfg, _ = _configs(agent, overrides)
+    keys = {key for key, _ in recipe.seed_keys}
     fixed = [ov for ov in overrides if ov.split("=", 1)[0] in keys]
     if fixed:
         raise ConfigError(f"--seeds: {fixed[0].split('=', 1)[0]} is set by the training seed; drop the override "
                           f"{fixed[0]!r}")
-    if agent == "memagent":  # the table aggregates both decodings at every length (aggregate)
-        ev = load_config(DemoConfig, split_overrides(list(overrides))[0]).eval
-        if ev.samples == 0 or not ev.greedy:
-            what = "eval.samples=0 leaves no sampled" if ev.samples == 0 else "eval.greedy=false leaves no greedy"
-            raise ConfigError(f"--seeds: {what} accuracy, and the sweep's table aggregates sampled and greedy "
-                              "accuracy of every run; drop the override")
+    recipe.check_sweep(cfg)
     base = base_seeds(agent, overrides)
-    over = [(key, base[key] + max(seeds)) for key, _ in SEED_KEYS[agent] if base[key] + max(seeds) > MAX_SEED]
+    over = [(key, base[key] + max(seeds)) for key, _ in recipe.seed_keys if base[key] + max(seeds) > MAX_SEED]
     if over:
         raise ConfigError(f"--seeds: training seed {max(seeds)} makes {over[0][0]}={over[0][1]}, past the largest "
                           f"seed {MAX_SEED}")
-    held = {base["eval.seed"]}
-    if agent == "mem1":  # one held-out set per objective count k, from seed eval.seed + k
-        held = {base["eval.seed"] + k for k in load_config(Mem1DemoConfig, split_overrides(overrides)[0]).eval.objectives}
-    for key in TASK_SEEDS[agent]:
+    held = recipe.heldout_seeds(cfg)
+    for key in recipe.task_seeds:
         hit = [s for s in seeds if base[key] + s in held]
         if hit:
             what = (f"equal eval.seed ({base['eval.seed']})" if len(held) == 1 else
@@ -355,6 +323,15 @@ def mean_se(values: list[float]) -> tuple[float, float | None]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
+def fmt_se(v: tuple[float, float | None] | None, digits: int = 1, sign: bool = False, scale: float = 1.0) -> str:
+    """A trained table's cell: "mean +- SE" of `mean_se` (times `scale`; "n/a" for one seed, "-" for None)."""
+    if v is None:
+        return "-"
+    mean, se = v
+    m = f"{scale * mean:+.{digits}f}" if sign else f"{scale * mean:.{digits}f}"
+    return f"{m} +- " + (f"{scale * se:.{digits}f}" if se is not None else "n/a")
+
+
 def trained_runs(root: Path, methods: tuple[str, ...]) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
     """{method: [(run dir, results.json)]} of the finished runs under ROOT/<method>/[<capability>/]seed<k> (one
     `--seeds` sweep per method), in run-dir order; fails in one line on a run of another method than its
@@ -410,122 +387,81 @@ def reported_of(runs: list[Run]) -> set[str]:
     return out
 
 
-def eval_fingerprint(agent: str, run: Run, res: dict[str, Any]) -> str:
-    """What must be equal across runs for their held-out numbers to be comparable."""
-    if agent in ("memact", "context", "mem1", "infmem"):
-        path = run.out / "data" / "heldout_tasks.jsonl"
-        if not path.is_file():
-            raise UserError(f"{path}: missing; cannot check that the run evaluated the same held-out tasks")
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    try:
-        return json.dumps({"eval": res["recipe"]["eval"], "lengths": res["lengths"]}, sort_keys=True)
-    except KeyError as e:
-        raise UserError(f"{run.out / 'results.json'}: no {e.args[0]!r}; not a memagent demo result") from None
-
-
 EMPTY = {"mean": None, "sd": None, "n": 0, "values": []}
-MEMAGENT_COLUMNS = (("sft", "sampled"), ("rl", "sampled"), ("gain", "sampled"), ("sft", "greedy"),
-                    ("rl", "greedy"), ("gain", "greedy"))
-MEMACT_FIELDS = ("accuracy", "accuracy_2q", "accuracy_3q", "mean_context_tokens", "peak_context_tokens",
-                 "prunes_per_task")
-MEM1_FIELDS = ("accuracy", "peak_context_tokens", "mean_context_tokens", "turns")
-INFMEM_FIELDS = ("accuracy", "model_calls", "chunks_read", "retrievals", "stop_rate")
-CONTEXT_FIELDS = ("accuracy", "peak_context_tokens", "mean_context_tokens", "tokens_discarded", "branches",
-                  "summaries", "stopped_by_budget")
+DECODINGS = ("greedy", "sampled")
 
 
-def _field(res: dict[str, Any], path: tuple[str, ...], where: Path) -> float:
-    obj: Any = res
+def cells(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]], fields: tuple[str, ...] | None = None,
+          stat: Callable[[list[float]], Any] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """The one aggregation over seeds: decoding -> bucket -> {"<policy>_<field>": `stat` over the runs (mean
+    +- sd by default; the trained tables' benchmarks use mean_se), "gain_<field>": of the per-seed rl - sft},
+    for each of `fields` (the method's `summary_fields` by default), read through its results schema
+    (`Recipe.evals`); a policy other than sft / rl (a scripted one) counts where a run has it. Fails in one
+    line naming the results.json that lacks a part."""
+    fields = recipe.summary_fields if fields is None else fields
+    stat = mean_sd if stat is None else stat
+    col: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for out, res in done:
+        try:
+            view = recipe.evals(res)
+        except (KeyError, TypeError) as e:
+            raise UserError(f"{out / 'results.json'}: no {e.args[0] if e.args else 'results'!s}; not a "
+                            f"{recipe.name} demo result") from None
+        for mode in (d for d in DECODINGS if d in view["sft"]):
+            for bucket, sft in view["sft"][mode].items():
+                c = col.setdefault(mode, {}).setdefault(bucket, {})
+                rl = _part(view, ("rl", mode, bucket), out)
+                for f in fields:
+                    if f not in sft and f in recipe.optional_fields:
+                        continue
+                    a, b = _num(sft, f, ("sft", mode, bucket), out), _num(rl, f, ("rl", mode, bucket), out)
+                    c.setdefault(f"sft_{f}", []).append(a)
+                    c.setdefault(f"rl_{f}", []).append(b)
+                    c.setdefault(f"gain_{f}", []).append(b - a)
+                    for pol in (p for p in view if p not in ("sft", "rl")):
+                        other = view[pol].get(mode, {}).get(bucket)
+                        if other is not None and f in other:
+                            c.setdefault(f"{pol}_{f}", []).append(float(other[f]))
+    return {mode: {b: {k: stat(v) for k, v in c.items()} for b, c in by.items()} for mode, by in col.items()}
+
+
+def _part(view: dict[str, Any], path: tuple[str, ...], out: Path) -> dict[str, Any]:
+    obj: Any = view
     for p in path:
         if not isinstance(obj, dict) or p not in obj:
-            raise UserError(f"{where / 'results.json'}: no {'.'.join(path)}")
+            raise UserError(f"{out / 'results.json'}: no {'.'.join(path)}")
         obj = obj[p]
-    return float(obj)
+    return obj
+
+
+def _num(summary: dict[str, Any], f: str, path: tuple[str, ...], out: Path) -> float:
+    if f not in summary:
+        raise UserError(f"{out / 'results.json'}: no {'.'.join(path)}.{f}")
+    return float(summary[f])
 
 
 def aggregate(agent: str, runs: list[Run]) -> dict[str, Any]:
-    """Per capability: mean +- sd over the finished seeds (memagent: per length, SFT and SFT+RL accuracy and
-    the per-seed gain, sampled and greedy, and the demonstrator's sampled accuracy; memact: per decoding,
-    SFT and SFT+DCPO accuracy, by question count, mean / peak context, prunes, and the gains)."""
+    """Per capability: the finished seeds, and mean +- sd over them of every summary field of SFT and SFT+RL
+    and of their per-seed gain, per decoding and bucket (`cells`), plus the method's `sweep_extra`. Refuses
+    runs that evaluated other held-out tasks (the method's `fingerprint`)."""
+    recipe = get_recipe(agent)
     results = load_results(runs)
-    prints = {r.out: eval_fingerprint(agent, r, results[r.out]) for r in runs if r.out in results}
+    prints = {r.out: recipe.fingerprint(r.out, results[r.out]) for r in runs if r.out in results}
     if len(set(prints.values())) > 1:
         first = next(iter(prints))
         a = next(p for p, f in prints.items() if f != prints[first])
-        b = first
-        raise UserError(f"{a}: evaluated other held-out tasks than {b}; runs with different evaluations "
-                          "cannot be aggregated")
+        raise UserError(f"{a}: evaluated other held-out tasks than {first}; runs with different evaluations "
+                        "cannot be aggregated")
     table: dict[str, Any] = {}
     for cap in dict.fromkeys(r.capability for r in runs):
-        done = [r for r in runs if r.capability == cap and r.out in results]
-        entry: dict[str, Any] = {"seeds": [r.seed for r in done], "reported": sorted(reported_of(done)),
-                                 "pending": [r.seed for r in runs if r.capability == cap and r.out not in results]}
-        if agent == "memagent":
-            lengths = results[done[0].out]["lengths"] if done else []
-            rows = {}
-            for n in lengths:
-                col: dict[str, list[float]] = {}
-                for r in done:
-                    res = results[r.out]
-                    for mode in ("sampled", "greedy"):
-                        sft = _field(res, ("stages", "sft", str(n), mode, "accuracy"), r.out)
-                        rl = _field(res, ("stages", "rl", str(n), mode, "accuracy"), r.out)
-                        col.setdefault(f"sft_{mode}", []).append(sft)
-                        col.setdefault(f"rl_{mode}", []).append(rl)
-                        col.setdefault(f"gain_{mode}", []).append(rl - sft)
-                    demo = res["stages"].get("demonstrator", {}).get(str(n), {}).get("sampled")
-                    if demo is not None:
-                        col.setdefault("demonstrator_sampled", []).append(float(demo["accuracy"]))
-                rows[str(n)] = {k: mean_sd(v) for k, v in col.items()}
-            entry["lengths"] = rows
-            entry["train_chunks"] = results[done[0].out]["recipe"]["train_chunks"] if done else None
-        elif agent == "mem1":  # per decoding and objective count k (memrl.demos.mem1)
-            rows = {}
-            for mode in ("greedy", "sampled"):
-                col = {}
-                for r in done:
-                    res = results[r.out]
-                    for k in res.get("objectives", []):
-                        for f in MEM1_FIELDS:
-                            for pol in ("sft", "rl"):
-                                col.setdefault(f"{pol}_k{k}_{f}", []).append(_field(res, (pol, mode, str(k), f), r.out))
-                rows[mode] = {k: mean_sd(v) for k, v in col.items()}
-            entry["decodings"] = rows
-            entry["objectives"] = results[done[0].out]["objectives"] if done else []
-        elif agent == "infmem":
-            rows = {}
-            for mode in ("greedy", "sampled"):
-                for n in (results[done[0].out]["lengths"] if done else []):
-                    col = {}
-                    for r in done:
-                        res = results[r.out]
-                        for f in INFMEM_FIELDS:
-                            sft = _field(res, ("sft", str(n), mode, f), r.out)
-                            rl = _field(res, ("rl", str(n), mode, f), r.out)
-                            col.setdefault(f"sft_{f}", []).append(sft)
-                            col.setdefault(f"rl_{f}", []).append(rl)
-                            col.setdefault(f"gain_{f}", []).append(rl - sft)
-                    rows[f"{mode} {n}"] = {k: mean_sd(v) for k, v in col.items()}
-            entry["rows"] = rows
-            entry["method"] = results[done[0].out]["method"] if done else None
-        else:
-            rows = {}
-            fields, rl_key = (CONTEXT_FIELDS, "rl") if agent == "context" else (MEMACT_FIELDS, "dcpo")
-            for mode in ("greedy", "sampled"):
-                col = {}
-                for r in done:
-                    res = results[r.out]
-                    for f in fields:
-                        if f.startswith("accuracy_") and f not in res.get("sft", {}).get(mode, {}):
-                            continue  # no task with that question count
-                        sft = _field(res, ("sft", mode, f), r.out)
-                        rl = _field(res, (rl_key, mode, f), r.out)
-                        col.setdefault(f"sft_{f}", []).append(sft)
-                        col.setdefault(f"rl_{f}", []).append(rl)
-                        col.setdefault(f"gain_{f}", []).append(rl - sft)
-                rows[mode] = {k: mean_sd(v) for k, v in col.items()}
-            entry["decodings"] = rows
-            entry["budget"] = mean_sd([_field(results[r.out], ("budget", "max_context_tokens"), r.out) for r in done])
+        done = [(r.out, results[r.out]) for r in runs if r.capability == cap and r.out in results]
+        entry: dict[str, Any] = {
+            "seeds": [r.seed for r in runs if r.capability == cap and r.out in results],
+            "reported": sorted(reported_of([r for r in runs if r.capability == cap and r.out in results])),
+            "pending": [r.seed for r in runs if r.capability == cap and r.out not in results]}
+        entry["cells"] = cells(recipe, done)
+        entry["buckets"] = list(next(iter(entry["cells"].values()), {}))
+        entry.update(recipe.sweep_extra(done))
         table[cap] = entry
     return {"agent": agent, "runs": [{"seed": r.seed, "capability": r.capability, "out": str(r.out),
                                       "finished": r.out in results} for r in runs],
@@ -533,7 +469,8 @@ def aggregate(agent: str, runs: list[Run]) -> dict[str, Any]:
 
 
 def markdown(agg: dict[str, Any], command: str = "") -> str:
-    """The aggregate as markdown: one table per capability."""
+    """The aggregate as markdown: one table per capability (the method's `sweep_table`)."""
+    recipe = get_recipe(agg["agent"])
     lines = []
     if command:
         lines += [f"`{command}`", ""]
@@ -543,58 +480,43 @@ def markdown(agg: dict[str, Any], command: str = "") -> str:
         var = f"ATEN_CPU_CAPABILITY={cap}" if cap != "native" else "ATEN_CPU_CAPABILITY unset"
         if e["reported"] and e["reported"] != [cap]:
             var += f" (torch reported {', '.join(e['reported'])})"
-        lines += [f"{var}: mean ± sd over training seeds {seeds} (n = {len(e['seeds'])}{pend})",
-                  ""]
-        if agg["agent"] == "memagent":
-            lines += ["| length (chunks) | x | demonstrator sampled | SFT sampled | SFT+RL sampled | gain sampled | "
-                      "SFT greedy | SFT+RL greedy | gain greedy |",
-                      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-            for n, row in e["lengths"].items():
-                x = int(n) // e["train_chunks"] if e["train_chunks"] else 0
-                demo = fmt(row["demonstrator_sampled"]) if "demonstrator_sampled" in row else "-"
-                cells = [fmt(row[f"{s}_{m}"], sign=s == "gain") for s, m in MEMAGENT_COLUMNS]
-                lines.append(f"| {n} | {x}x | {demo} | " + " | ".join(cells) + " |")
-        elif agg["agent"] == "infmem":
-            lines += [f"method {e['method']}", "",
-                      "| policy | decoding | length (chunks) | accuracy (%) | model calls | chunks read | retrievals "
-                      "| stop rate (%) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
-            for label, key in (("cold start (SFT)", "sft"), ("SFT + RL", "rl"), ("RL - SFT", "gain")):
-                for where, row in e["rows"].items():
-                    mode, n = where.split()
-                    cells = [fmt(row.get(f"{key}_{f}", EMPTY), sign=key == "gain",
-                                 digits=1 if f in ("accuracy", "stop_rate") else 2) for f in INFMEM_FIELDS]
-                    lines.append(f"| {label} | {mode} | {n} | " + " | ".join(cells) + " |")
-        elif agg["agent"] == "context":
-            lines += ["| policy | decoding | accuracy (%) | peak context | mean context | tokens discarded | branches "
-                      "| summaries | stopped by budget (%) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-            for label, key in (("cold start (SFT)", "sft"), ("SFT + RL", "rl"), ("RL - SFT", "gain")):
-                for mode, row in e["decodings"].items():
-                    cells = [fmt(row.get(f"{key}_{f}", EMPTY), sign=key == "gain",
-                                 digits=2 if f in ("branches", "summaries") else 1) for f in CONTEXT_FIELDS]
-                    lines.append(f"| {label} | {mode} | " + " | ".join(cells) + " |")
-            if e["budget"]["n"]:
-                lines += ["", f"Working-context budget (calibrated per run): {fmt(e['budget'])} tokens."]
-        elif agg["agent"] == "mem1":
-            lines += ["| policy | decoding | objectives | accuracy (%) | peak context | mean context | turns |",
-                      "|---|---|---:|---:|---:|---:|---:|"]
-            for label, key in (("cold start (SFT)", "sft"), ("SFT + RL", "rl")):
-                for mode, row in e["decodings"].items():
-                    for k in e["objectives"]:
-                        cells = [fmt(row.get(f"{key}_k{k}_{f}", EMPTY)) for f in MEM1_FIELDS]
-                        lines.append(f"| {label} | {mode} | {k} | " + " | ".join(cells) + " |")
-        else:
-            lines += ["| policy | decoding | accuracy (%) | 2-question | 3-question | mean context (tokens) | "
-                      "peak context (tokens) | prunes / task |",
-                      "|---|---|---:|---:|---:|---:|---:|---:|"]
-            for label, key in (("cold start (SFT)", "sft"), ("SFT + DCPO", "rl"), ("DCPO - SFT", "gain")):
-                for mode, row in e["decodings"].items():
-                    cells = [fmt(row.get(f"{key}_{f}", EMPTY), sign=key == "gain", digits=2 if f == "prunes_per_task" else 1)
-                             for f in MEMACT_FIELDS]
-                    lines.append(f"| {label} | {mode} | " + " | ".join(cells) + " |")
-            if e["budget"]["n"]:
-                lines += ["", f"Working-context budget (calibrated per run): {fmt(e['budget'])} tokens."]
+        lines += [f"{var}: mean ± sd over training seeds {seeds} (n = {len(e['seeds'])}{pend})", ""]
+        lines += recipe.sweep_table(e)
         lines.append("")
     return "\n".join(lines)
+
+
+def cell_of(e: dict[str, Any], mode: str, bucket: str, key: str) -> dict[str, Any]:
+    """One aggregated cell of a capability's entry (EMPTY when no run has it)."""
+    return e["cells"].get(mode, {}).get(bucket, {}).get(key, EMPTY)
+
+
+def table_rows(e: dict[str, Any], labels: tuple[tuple[str, str], ...], fields: tuple[str, ...],
+               digits: Callable[[str], int] = lambda f: 1, per_bucket: bool = False) -> list[str]:
+    """A sweep table's rows "| label | decoding | [bucket |] one cell per field |": per (label, policy key:
+    sft, rl or gain) of `labels`, decoding and (`per_bucket`) bucket; gains signed."""
+    rows = []
+    for label, key in labels:
+        for mode in e["cells"] or DECODINGS:
+            for b in (e["cells"].get(mode, {}) if per_bucket else ["all"]):
+                cells = [fmt(cell_of(e, mode, b, f"{key}_{f}"), sign=key == "gain", digits=digits(f)) for f in fields]
+                rows.append(f"| {label} | {mode} | " + (f"{b} | " if per_bucket else "") + " | ".join(cells) + " |")
+    return rows
+
+
+def budget_extra(done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+    """{"budget": mean +- sd of the runs' calibrated working-context budget} (memact, context)."""
+    values = []
+    for out, res in done:
+        try:
+            values.append(float(res["budget"]["max_context_tokens"]))
+        except (KeyError, TypeError):
+            raise UserError(f"{out / 'results.json'}: no budget.max_context_tokens") from None
+    return {"budget": mean_sd(values)}
+
+
+def budget_line(e: dict[str, Any]) -> list[str]:
+    return ["", f"Working-context budget (calibrated per run): {fmt(e['budget'])} tokens."] if e["budget"]["n"] else []
 
 
 def write_outputs(agg: dict[str, Any], root: Path, command: str = "") -> str:

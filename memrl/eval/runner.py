@@ -35,7 +35,6 @@ centre-truncated to `workflow.max_context_tokens`, answered in `\\boxed{}`.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -65,6 +64,7 @@ from memrl.engines.base import FAILED_REQUEST_MODES, EngineError, SamplingParams
 from memrl.engines.config import EngineConfig, HFSection
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.eval.evaluator import EngineRollout
+from memrl.eval.results_file import file_identity, read_results, row_key
 from memrl.model_open import model_config
 from memrl.records import segment_records
 from memrl.rewards.eval_metrics import get_metric
@@ -74,9 +74,7 @@ from memrl.rewards.qa import qa_metrics
 from memrl.runtime import RolloutRuntime
 from memrl.services.registry import retriever_problem
 from memrl.types import Task, Trajectory
-from memrl.workflows import get_workflow, parse_workflow
-from memrl.workflows.full_context import FULL_CONTEXT_TEMPLATE, FullContextConfig  # noqa: F401 - re-exported
-from memrl.workflows.full_context import run as run_full_context  # noqa: F401 - re-exported
+from memrl.workflows import parse_workflow
 from memrl.workflows.runner import takes_services
 from memrl.workflows.templates import check_thinking_switch
 
@@ -180,15 +178,6 @@ TEMPLATE_FILE_KEYS = ("memory_template_file", "final_template_file")
 """The workflow keys a requires_templates config must set (the user's copies of the published prompts)."""
 
 
-def get_spec(name: str):
-    """The WorkflowSpec of a registered workflow (full_context, the baseline, is one) or of an import
-    path package.module:SPEC."""
-    try:
-        return get_workflow(name, "workflow")
-    except KeyError as e:
-        raise ConfigError(f"workflow: {e.args[0]}") from e
-
-
 def workflow_config(cfg: EvalConfig) -> tuple[Any, Any]:
     """(spec, config) of `cfg.workflow`: the section's fields, the rest from the spec's eval_defaults
     (greedy decoding unless the spec says otherwise), then the config class's own defaults."""
@@ -213,62 +202,6 @@ def make_eval_engine(sec: EngineConfig) -> Any:
 # ---------------------------------------------------------------- results file
 
 
-def read_results(path: str | os.PathLike[str], repair: bool = False) -> list[dict[str, Any]]:
-    """Rows of a results.jsonl. A last line cut off by a kill is dropped (and cut from the file if repair).
-
-    Any other line that is not a result row (invalid JSON, bytes that are not UTF-8, not an object with
-    task_id and num_docs) is skipped and counted; one warning names the file and those lines.
-    """
-    p = Path(path)
-    if not p.exists():
-        return []
-    data = p.read_bytes()
-    end = data.rfind(b"\n") + 1
-    rows: list[dict[str, Any]] = []
-    bad: list[str] = []
-    for lineno, line in enumerate(data[:end].split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        row, why = _parse_row(line)
-        if row is None:
-            bad.append(f"line {lineno} ({why})")
-        else:
-            rows.append(row)
-    tail = data[end:]
-    if tail.strip():
-        row, _ = _parse_row(tail)
-        if row is not None:  # a complete last row that only lacks its newline
-            rows.append(row)
-            if repair:
-                with open(p, "ab") as f:
-                    f.write(b"\n")
-        else:
-            log.warning("%s: dropping a half-written last line (%d bytes) from an interrupted run", p, len(tail))
-            if repair:
-                with open(p, "r+b") as f:
-                    f.truncate(end)
-    if bad:
-        log.warning("%s: skipped %d unreadable line%s: %s%s; their questions count as not done", p, len(bad),
-                    "s" if len(bad) > 1 else "", ", ".join(bad[:5]), f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-    return rows
-
-
-def _parse_row(line: bytes) -> tuple[dict[str, Any] | None, str]:
-    """(row, "") or (None, what is wrong) for one line of results.jsonl."""
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return None, f"not UTF-8: byte 0x{line[e.start]:02x} at column {e.start + 1}"
-    try:
-        row = json.loads(text)
-    except json.JSONDecodeError as e:
-        return None, f"invalid JSON: {e.msg} at column {e.colno}"
-    if not isinstance(row, dict) or not isinstance(row.get("task_id"), str | int) \
-            or isinstance(row.get("num_docs"), bool) or not isinstance(row.get("num_docs"), int):
-        return None, "not a result row (needs task_id and an integer num_docs)"
-    return row, ""
-
-
 def num_docs_of(path: str, tasks: Sequence[Task]) -> int:
     """A file's document count: the rows' num_docs, else the N of an eval_{N} file name, else 0."""
     vals = {t.meta.get("num_docs") for t in tasks}
@@ -286,26 +219,6 @@ def task_length(task: Task, file_n: int) -> int:
         if isinstance(v, int) and not isinstance(v, bool):
             return v
     return file_n
-
-
-def file_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The source file of a row: name, resolved path, size and the first 16 hex digits of its SHA-256."""
-    p = Path(path)
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return {"file": p.name, "file_path": str(p.resolve()), "file_bytes": p.stat().st_size,
-            "file_sha256": h.hexdigest()[:16]}
-
-
-def row_key(row: dict[str, Any]) -> tuple[Any, ...]:
-    """The resume key of a results row: (file_sha256, dataset, num_docs, task_id, sample); rows written
-    before rows carried their file's digest: ("legacy", file name, num_docs, task_id, sample)."""
-    if "file_sha256" in row:
-        return (row["file_sha256"], row.get("dataset", ""), int(row["num_docs"]), str(row["task_id"]),
-                int(row.get("sample", 0)))
-    return ("legacy", row.get("file", ""), int(row["num_docs"]), str(row["task_id"]), int(row.get("sample", 0)))
 
 
 @dataclass

@@ -14,7 +14,8 @@ from dataclasses import replace
 
 import pytest
 
-from memrl.eval.evaluator import EngineRollout, evaluate_memact, evaluate_tasks, model_engine, results_to_json
+from memrl.demos.summaries import evaluate_memact
+from memrl.eval.evaluator import EngineRollout, evaluate_tasks, model_engine, results_to_json
 
 pytestmark = pytest.mark.slow
 

@@ -35,7 +35,7 @@ def test_memagent_seeds_end_to_end(tmp_path, capsys):
         d0, d1 = (r["stages"]["demonstrator"][n]["sampled"] for r in res)
         assert (d0["accuracy"], d0["per_task"]) == (d1["accuracy"], d1["per_task"])
     agg = json.loads((out / "seeds_results.json").read_text())
-    cell = agg["capabilities"]["default"]["lengths"]["2"]["gain_sampled"]
+    cell = agg["capabilities"]["default"]["cells"]["sampled"]["2"]["gain_accuracy"]  # decoding -> length -> cell
     assert cell["values"] == [r["stages"]["rl"]["2"]["sampled"]["accuracy"] - r["stages"]["sft"]["2"]["sampled"]
                               ["accuracy"] for r in res]
     mtimes = [(out / "default" / f"seed{k}" / "results.json").stat().st_mtime_ns for k in (0, 1)]

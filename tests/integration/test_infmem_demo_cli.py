@@ -148,6 +148,6 @@ def test_infmem_seeds_end_to_end(tmp_path, capsys):
     marker = json.loads((out / "native" / "seed1" / "sweep_run.json").read_text())
     assert marker["overrides"][-4:] == ["seed=1", "sft.seed=501", "train.data.seed=1001", "train.trainer.seed=1"]
     agg = json.loads((out / "seeds_results.json").read_text())
-    cell = agg["capabilities"]["native"]["rows"]["greedy 8"]["gain_model_calls"]
+    cell = agg["capabilities"]["native"]["cells"]["greedy"]["8"]["gain_model_calls"]  # decoding -> length -> cell
     assert cell["values"] == [r["rl"]["8"]["greedy"]["model_calls"] - r["sft"]["8"]["greedy"]["model_calls"]
                               for r in res]

@@ -177,11 +177,12 @@ def test_memagent_aggregate_by_hand(tmp_path):
     agg = sw.aggregate("memagent", runs)
     a2 = agg["capabilities"]["avx2"]
     assert a2["seeds"] == [0, 1, 2] and a2["pending"] == []
-    row = a2["lengths"]["8"]
-    assert row["sft_sampled"]["values"] == [60, 62, 64] and row["sft_sampled"]["sd"] == pytest.approx(2.0)
-    assert row["gain_sampled"]["values"] == [30, 34, 29] and row["gain_sampled"]["mean"] == pytest.approx(31.0)
-    assert row["gain_sampled"]["sd"] == pytest.approx(7 ** 0.5)  # deviations -1, 3, -2: 14 / 2
-    assert row["gain_greedy"]["values"] == [5, 3, 0]
+    row, greedy = a2["cells"]["sampled"]["8"], a2["cells"]["greedy"]["8"]  # decoding -> length -> cell
+    assert row["sft_accuracy"]["values"] == [60, 62, 64] and row["sft_accuracy"]["sd"] == pytest.approx(2.0)
+    assert row["gain_accuracy"]["values"] == [30, 34, 29] and row["gain_accuracy"]["mean"] == pytest.approx(31.0)
+    assert row["gain_accuracy"]["sd"] == pytest.approx(7 ** 0.5)  # deviations -1, 3, -2: 14 / 2
+    assert greedy["gain_accuracy"]["values"] == [5, 3, 0] and "demonstrator_accuracy" not in greedy
+    assert row["demonstrator_accuracy"]["values"] == [83.4] * 3
     assert agg["capabilities"]["avx512"]["seeds"] == [0] and agg["capabilities"]["avx512"]["pending"] == [1, 2]
     text = sw.write_outputs(agg, tmp_path, "memrl demo --seeds 0,1,2")
     assert text == (tmp_path / "seeds_results.md").read_text()
@@ -244,7 +245,7 @@ def test_memact_aggregate_by_hand(tmp_path):
         (r.out / "data").mkdir()
         (r.out / "data" / "heldout_tasks.jsonl").write_text('{"id": "heldout-0"}\n')
     agg = sw.aggregate("memact", runs)
-    g = agg["capabilities"]["avx512"]["decodings"]["greedy"]
+    g = agg["capabilities"]["avx512"]["cells"]["greedy"]["all"]
     assert g["gain_accuracy"]["values"] == [50, 30] and g["gain_mean_context_tokens"]["values"] == [-20, -40]
     lines = sw.markdown(agg).splitlines()
     assert lines[0] == "ATEN_CPU_CAPABILITY=avx512: mean ± sd over training seeds 0, 1 (n = 2)"
@@ -274,7 +275,7 @@ def test_context_aggregate_by_hand(tmp_path):
         (r.out / "data").mkdir()
         (r.out / "data" / "heldout_tasks.jsonl").write_text('{"id": "heldout-0"}\n')
     agg = sw.aggregate("context", runs)
-    g = agg["capabilities"]["native"]["decodings"]["greedy"]
+    g = agg["capabilities"]["native"]["cells"]["greedy"]["all"]
     assert g["gain_accuracy"]["values"] == [40.0, 20.0] and g["gain_peak_context_tokens"]["values"] == [40.0, 40.0]
     lines = sw.markdown(agg).splitlines()
     # sd of two values a, b is |a - b| / sqrt(2): 10 -> 7.1, 20 -> 14.1, 0 -> 0.0
@@ -297,8 +298,8 @@ def test_mem1_aggregate_by_hand(tmp_path):
         (r.out / "data").mkdir()
         (r.out / "data" / "heldout_tasks.jsonl").write_text('{"id": "heldout-0"}\n')
     agg = sw.aggregate("mem1", runs)
-    g = agg["capabilities"]["native"]["decodings"]["greedy"]
-    assert g["rl_k16_accuracy"]["values"] == [60.0, 50.0] and g["sft_k16_peak_context_tokens"]["values"] == [160.0] * 2
+    g = agg["capabilities"]["native"]["cells"]["greedy"]["16"]
+    assert g["rl_accuracy"]["values"] == [60.0, 50.0] and g["sft_peak_context_tokens"]["values"] == [160.0] * 2
     lines = sw.markdown(agg).splitlines()
     # sd of two values a, b is |a - b| / sqrt(2): 10 -> 7.1; peak 12 x 16 = 192; turns 16 + 1
     assert "| SFT + RL | greedy | 16 | 55.0 ± 7.1 | 192.0 ± 0.0 | 12.0 ± 0.0 | 17.0 ± 0.0 |" in lines
@@ -325,7 +326,7 @@ def test_infmem_seeds_and_aggregate_by_hand(tmp_path):
         (r.out / "data").mkdir()
         (r.out / "data" / "heldout_tasks.jsonl").write_text('{"id": "heldout-0"}\n')
     agg = sw.aggregate("infmem", runs)
-    row = agg["capabilities"]["native"]["rows"]["greedy 128"]
+    row = agg["capabilities"]["native"]["cells"]["greedy"]["128"]
     assert row["gain_accuracy"]["values"] == [40.0, 20.0] and row["gain_model_calls"]["values"] == [-1.0, -1.0]
     lines = sw.markdown(agg).splitlines()
     # sd of two values a, b is |a - b| / sqrt(2): 10 -> 7.1, 20 -> 14.1; chunks read (4 - 1) / 2 = 1.5

@@ -1,4 +1,4 @@
-"""memrl.eval.retention: each memory call classified by hand-checked cases, and the counts over the real
+"""memrl.demos.retention: each memory call classified by hand-checked cases, and the counts over the real
 MemAgent workflow with two scripted policies whose events follow from where each task's fact sits."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 
 from memrl.data.synthetic import SyntheticConfig, corpus_text, make_tasks
 from memrl.demonstrators import QuestionAwareRule, RecentFactsRule, ScriptedEngine
+from memrl.demos.retention import RetentionCounter, classify_step
 from memrl.eval.evaluator import EngineRollout, evaluate_tasks
-from memrl.eval.retention import RetentionCounter, classify_step
 from memrl.models.tiny import train_tokenizer
 from memrl.workflows import get_workflow
 from memrl.workflows.memagent import MemAgentConfig

@@ -160,7 +160,8 @@ def memagent_markdown(results: dict[str, Any]) -> str:
         "Memory retention (held-out, greedy, % of tasks): the answer was in some memory (seen) / in the last one (kept).",
         "",
         retention_table(results, MEMAGENT_STAGES[1:], "greedy"),
-        f"Time: init {t.get('init_s', 0):.0f}s, demonstrator eval {t.get('eval_demonstrator_s', 0):.0f}s, "
+        f"Time: init {t.get('init_s', 0):.0f}s, demonstrator eval "  # eval_demonstrator_s: before the pipeline
+        f"{t.get('eval_scripted_s', t.get('eval_demonstrator_s', 0)):.0f}s, "
         f"SFT {t.get('sft_s', 0):.0f}s, SFT eval {t.get('eval_sft_s', 0):.0f}s, RL {t.get('rl_s', 0):.0f}s, "
         f"RL eval {t.get('eval_rl_s', 0):.0f}s, total {t.get('total_s', 0) / 60:.1f} min.",
     ]

@@ -1,0 +1,387 @@
+"""One recipe pipeline for every demo: init -> [copy warm-up] -> cold start -> evaluate -> RL -> evaluate -> write.
+
+A recipe method (`Recipe`) declares only what differs between the demos: its configs and their checks
+(`load`), its tasks, tokenizer and model (`init`), its scripted policy's held-out numbers (`scripted`), the
+cold start's rows (`demonstrations`), its held-out evaluation (`evaluate`), what results.json holds
+(`results`) and its table (`markdown`). `run_recipe` runs the stages in that order for every method and
+times each one; the copy warm-up, the cold-start SFT and RL are the same code for all.
+
+Methods are registered like workflows: a built-in name (`memagent`, `memact`, `context`, `mem1`, `infmem`)
+or an import path `package.module:ATTR` naming a Recipe instance, so a method living outside
+memrl needs no edit here (docs/guides/recipe_method.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from memrl.config import (
+    MAX_COUNT,
+    MAX_LR,
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    MAX_TOKENS,
+    MAX_VOCAB,
+    ConfigError,
+    load_config,
+    to_yaml,
+    valid,
+)
+from memrl.demos import split_overrides
+from memrl.demos.cold_start import copy_warmup
+from memrl.errors import UserError
+from memrl.locks import locked_dir
+from memrl.models.tiny import ModelPreset, shape_problem
+from memrl.plugins import is_import_path, load_object
+from memrl.training.assemble import assemble, check_writable, validate
+from memrl.training.checkpoint import latest_checkpoint
+from memrl.training.config import TrainConfig
+from memrl.training.sft import SFTConfig, sft_train_logged
+from memrl.training.trainer import Trainer
+from memrl.types import Segment
+
+# ---------------------------------------------------------------------------------------------- settings
+
+
+@dataclass
+class SFTSettings:
+    """The cold start's optimiser settings, shared by every method (each method's SFT section extends it and
+    may change the defaults)."""
+
+    epochs: int = valid(2, ge=1, le=MAX_COUNT)
+    lr: float = valid(1e-3, gt=0, le=MAX_LR)
+    """Peak learning rate (linear warm-up, then the SFT schedule)."""
+    batch_rows: int = valid(8, ge=1, le=MAX_COUNT)
+    """Rows per SFT step."""
+    warmup_steps: int = valid(20, ge=0, le=MAX_COUNT)
+
+    def sft_config(self, seed: int) -> SFTConfig:
+        """The SFTConfig of the cold start (shuffled with `seed`, the run's seed)."""
+        return SFTConfig(epochs=self.epochs, batch_rows=self.batch_rows, lr=self.lr, warmup_steps=self.warmup_steps,
+                         seed=seed)
+
+
+@dataclass
+class WarmupSFTSettings(SFTSettings):
+    """SFTSettings plus the copy warm-up before the cold start (memrl.demos.cold_start.copy_warmup)."""
+
+    copy_warmup_steps: int = valid(0, ge=0, le=MAX_COUNT, note="0 = off")
+    """Copy warm-up steps before the cold start: the induction heads a model trained from scratch needs to
+    copy names and values. 0 = off."""
+    copy_warmup_rows: int = valid(0, ge=0, le=MAX_COUNT, note="0 = 4 x batch_rows")
+    """Rows per copy warm-up step; 0 = 4 x `batch_rows`."""
+
+    def warmup_rows(self) -> int:
+        return self.copy_warmup_rows or 4 * self.batch_rows
+
+
+@dataclass
+class EvalSettings:
+    """The held-out evaluation every method shares: how many tasks, their seed (used by no training split)
+    and the sampled decoding's temperature."""
+
+    num_tasks: int = valid(100, ge=1, le=MAX_COUNT)
+    """Held-out tasks (per length or count where the method evaluates several)."""
+    seed: int = valid(987654, ge=0, le=MAX_SEED)
+    """Seed of the held-out tasks and of the sampled evaluation (no training split uses it)."""
+    temperature: float = valid(1.0, gt=0, le=MAX_TEMPERATURE)
+    """The sampled evaluation's temperature (the RL rollouts' own)."""
+
+
+@dataclass
+class ModelShape:
+    """The tiny Qwen2 a method trains from scratch (tied embeddings; the vocabulary is what BPE learns)."""
+
+    hidden_size: int = valid(128, ge=1, le=65536)
+    num_layers: int = valid(4, ge=1, le=1024)
+    num_heads: int = valid(4, ge=1, le=1024)
+    num_kv_heads: int = valid(2, ge=1, le="num_heads")
+    vocab_size: int = valid(2048, ge=1, le=MAX_VOCAB)
+    """BPE target; the trained vocabulary stops earlier when the task's text runs out of merges."""
+    max_positions: int = valid(1024, ge=1, le=MAX_TOKENS)
+
+    def __post_init__(self) -> None:
+        problem = shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "model.")
+        if problem:
+            raise ValueError(problem)
+
+    def preset(self) -> ModelPreset:
+        """The shape as a memrl.models.tiny ModelPreset (intermediate size 2 x hidden)."""
+        return ModelPreset(self.vocab_size, self.hidden_size, 2 * self.hidden_size, self.num_layers, self.num_heads,
+                           self.num_kv_heads, max_position_embeddings=self.max_positions)
+
+
+# ---------------------------------------------------------------------------------------------- a run
+
+
+@dataclass
+class RecipeRun:
+    """The state the stages share: configs, parts, and what each stage produced."""
+
+    cfg: Any
+    """The method's demo config."""
+    tcfg: Any
+    """The RL config (memrl.training.config.TrainConfig)."""
+    out: Path
+    spec: Any = None
+    wf_cfg: Any = None
+    tokenizer: Any = None
+    model: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """The method's own state (tasks, budget, a reused cold start ...)."""
+    reused: bool = False
+    """The cold start (warm-up, SFT and its evaluation) comes from another run: `init` filled them in."""
+    timings: dict[str, float] = field(default_factory=dict)
+    warmup_losses: list[float] = field(default_factory=list)
+    sft_losses: list[float] = field(default_factory=list)
+    demo: Any = None
+    """The cold start's statistics (`Recipe.demonstrations`' second value)."""
+    evals: dict[str, Any] = field(default_factory=dict)
+    """policy ("sft", "rl") -> what `Recipe.evaluate` returned."""
+    history: list[dict[str, float]] = field(default_factory=list)
+    """RL's per-step metrics."""
+
+
+@contextmanager
+def stage(run: RecipeRun, key: str) -> Iterator[None]:
+    """Time the block into run.timings[key]."""
+    t0 = time.perf_counter()
+    yield
+    run.timings[key] = time.perf_counter() - t0
+
+
+def load_run(config: type, overrides: list[str], out_dir: str | Path, train: list[str] = ()) -> RecipeRun:
+    """The run's configs: the demo config `config` from the demo overrides, the RL config from its
+    `train_preset` with model.path = out/sft, out_dir = out/rl, `train` and then the training overrides;
+    the RL config validated. Fails on a bad value before any work."""
+    demo_ov, train_ov = split_overrides(list(overrides))
+    cfg = load_config(config, demo_ov)
+    return load_train(cfg, train_ov, out_dir, train)
+
+
+def load_train(cfg: Any, train_ov: list[str], out_dir: str | Path, train: list[str] = ()) -> RecipeRun:
+    """`load_run` for a demo config already loaded."""
+    out = check_writable(out_dir, "--out")
+    tcfg = load_config(TrainConfig, [f"model.path={out / 'sft'}", f"out_dir={out / 'rl'}", *train, *train_ov],
+                       preset=cfg.train_preset)
+    spec, wf_cfg = validate(tcfg)
+    return RecipeRun(cfg, tcfg, out, spec, wf_cfg)
+
+
+def set_threads(cfg: Any) -> None:
+    """torch's thread count from the demo config's `threads` (0 = torch's default)."""
+    if getattr(cfg, "threads", 0):
+        torch.set_num_threads(cfg.threads)
+
+
+# ---------------------------------------------------------------------------------------------- methods
+
+
+class Recipe:
+    """A recipe method: what one demo declares. Subclass it and override the hooks; `run_recipe` calls them."""
+
+    name: ClassVar[str] = ""
+    config: ClassVar[type] = object
+    """The demo config dataclass (`memrl demo --agent NAME key=value` sets its fields)."""
+    seed_keys: ClassVar[tuple[tuple[str, str], ...]] = ()
+    """The overrides a training seed of `--seeds` shifts: (override key, "demo" or "train": where its base
+    value is read)."""
+    task_seeds: ClassVar[tuple[str, ...]] = ()
+    """The seed keys that generate training tasks (never equal to a held-out task seed)."""
+    outputs: ClassVar[tuple[str, ...]] = ("results.md", "results.json")
+    """The files `write` makes in the output directory (printed when the run ends)."""
+    summary_fields: ClassVar[tuple[str, ...]] = ("accuracy",)
+    """The summary fields the seed sweep aggregates (memrl.demos.seeds)."""
+    optional_fields: ClassVar[tuple[str, ...]] = ()
+    """Summary fields a run may lack (e.g. no task with that question count): skipped, not an error."""
+
+    def load(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
+        """Configs and their checks (fails before any work)."""
+        run = load_run(self.config, overrides, out_dir)
+        set_threads(run.cfg)
+        return run
+
+    def init(self, run: RecipeRun) -> None:
+        """Tasks, tokenizer and model (run.tokenizer, run.model); run.reused = True when the cold start is
+        another run's (then fill run.warmup_losses, run.sft_losses, run.demo, run.evals["sft"])."""
+        raise NotImplementedError
+
+    def scripted(self, run: RecipeRun) -> None:
+        """Held-out numbers of the scripted policy (optional; kept in run.extra)."""
+
+    def warmup(self, run: RecipeRun) -> list[float]:
+        """The copy warm-up (`sft.copy_warmup_steps` > 0); saves the model to out/copy_warmup."""
+        s = run.cfg.sft
+        steps = getattr(s, "copy_warmup_steps", 0)
+        if not steps:
+            return []
+        losses = copy_warmup(run.model, run.tokenizer, steps, s.warmup_rows(), s.lr, run.cfg.seed,
+                             run.out / "copy_warmup", progress=run.tcfg.trainer.progress)
+        run.model.save_pretrained(run.out / "copy_warmup")
+        return losses
+
+    def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], Any]:
+        """(the cold start's rows, its statistics): the scripted policy played through the workflow."""
+        raise NotImplementedError
+
+    def sft_tensorboard(self, run: RecipeRun) -> bool:
+        """Whether the cold start also logs to TensorBoard (its metrics.jsonl is always written)."""
+        return False
+
+    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
+        """Held-out evaluation of `model` (policy "sft" or "rl")."""
+        raise NotImplementedError
+
+    def results(self, run: RecipeRun) -> dict[str, Any]:
+        """What results.json holds."""
+        raise NotImplementedError
+
+    def markdown(self, results: dict[str, Any]) -> str:
+        """results.md."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ reading results (the seed sweep)
+
+    def evals(self, results: dict[str, Any]) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+        """The one results schema: policy ("sft", "rl", a scripted one) -> decoding -> bucket (a length, an
+        objective count, "all") -> summary, read from a results.json (a KeyError when it lacks a part)."""
+        raise NotImplementedError
+
+    def heldout_seeds(self, cfg: Any) -> set[int]:
+        """The seeds held-out tasks are drawn from (no training task seed may equal one)."""
+        return {cfg.eval.seed}
+
+    def check_sweep(self, cfg: Any) -> None:
+        """Refuse settings the sweep's table cannot aggregate (before any run)."""
+
+    def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
+        """What must be equal across a sweep's runs for their held-out numbers to be comparable: the SHA-256
+        of data/heldout_tasks.jsonl."""
+        path = out / "data" / "heldout_tasks.jsonl"
+        if not path.is_file():
+            raise UserError(f"{path}: missing; cannot check that the run evaluated the same held-out tasks")
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+        """Entries of the sweep's per-capability aggregate beside the cells (e.g. the budget's mean +- sd)."""
+        return {}
+
+    def sweep_table(self, entry: dict[str, Any]) -> list[str]:
+        """The seed sweep's table (markdown lines) of one capability's aggregate (memrl.demos.seeds)."""
+        raise NotImplementedError
+
+    def write(self, results: dict[str, Any], out: Path) -> str:
+        """Write results.json and results.md (and a method's plots); returns the markdown."""
+        (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+        text = self.markdown(results)
+        (out / "results.md").write_text(text, encoding="utf-8")
+        return text
+
+
+# ---------------------------------------------------------------------------------------------- the pipeline
+
+
+def cold_start(run: RecipeRun, rows: list[Segment], tensorboard: bool = False) -> list[float]:
+    """SFT on the scripted policy's rows; saves the model to out/sft and returns the per-step losses."""
+    out = run.out / "sft"
+    return sft_train_logged(run.model, run.tokenizer, rows, run.cfg.sft.sft_config(run.cfg.seed), out,
+                            progress=run.tcfg.trainer.progress, tensorboard=tensorboard, save_dir=out)
+
+
+def train_rl(run: RecipeRun) -> Trainer:
+    """RL from the cold start (out/sft) with the run's RL config; run.history gets its per-step metrics."""
+    trainer = Trainer(assemble(run.tcfg, workflow=(run.spec, run.wf_cfg)))
+    run.history = trainer.fit()
+    return trainer
+
+
+def execute(recipe: Recipe, run: RecipeRun) -> dict[str, Any]:
+    """The stages on a loaded run; returns what results.json holds (the caller writes it)."""
+    t_start = time.perf_counter()
+    with stage(run, "init_s"):
+        recipe.init(run)
+    if not run.reused:
+        with stage(run, "eval_scripted_s"):
+            recipe.scripted(run)
+        with stage(run, "copy_warmup_s"):
+            run.warmup_losses = recipe.warmup(run)
+        with stage(run, "sft_s"):
+            rows, run.demo = recipe.demonstrations(run)
+            run.sft_losses = cold_start(run, rows, tensorboard=recipe.sft_tensorboard(run))
+        with stage(run, "eval_sft_s"):
+            run.evals["sft"] = recipe.evaluate(run, "sft", run.model, run.out / "sft")
+    with stage(run, "rl_s"):
+        trainer = train_rl(run)
+    with stage(run, "eval_rl_s"):
+        run.evals["rl"] = recipe.evaluate(run, "rl", trainer.model, latest_checkpoint(trainer.ckpt_root) or "")
+    run.timings["total_s"] = time.perf_counter() - t_start
+    return recipe.results(run)
+
+
+def run_recipe(recipe: Recipe | str, out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
+    """Run one method's demo: load its configs (a bad value fails before any work), then, with the output
+    directory locked (memrl.locks), write demo_config.yaml, run the stages and write its outputs."""
+    recipe = get_recipe(recipe) if isinstance(recipe, str) else recipe
+    run = recipe.load(list(overrides), out_dir)
+    with locked_dir(run.out, "--out"):  # one demo per directory
+        (run.out / "demo_config.yaml").write_text(to_yaml(run.cfg), encoding="utf-8")
+        results = execute(recipe, run)
+        text = recipe.write(results, run.out)
+    print(text, end="" if text.endswith("\n") else "\n")
+    print(f"wrote {', '.join(str(run.out / f) for f in recipe.outputs)} ({run.timings['total_s'] / 60:.1f} min)")
+    return results
+
+
+# ---------------------------------------------------------------------------------------------- the registry
+
+BUILTIN: dict[str, str] = {
+    "memagent": "memrl.demos.memagent:RECIPE",
+    "memact": "memrl.demos.memact:RECIPE",
+    "context": "memrl.demos.context:RECIPE",
+    "mem1": "memrl.demos.mem1:RECIPE",
+    "infmem": "memrl.demos.infmem:RECIPE",
+}
+"""The built-in methods, by import path (imported when first named)."""
+
+_REGISTERED: dict[str, Recipe | str] = {}
+
+
+def register_recipe(name: str, recipe: Recipe | str) -> None:
+    """Register a method under `name` (a Recipe instance or the import path of one)."""
+    if not name or ":" in name:
+        raise ConfigError(f"register_recipe: a method name is a plain word, got {name!r}")
+    _REGISTERED[name] = recipe
+
+
+def recipe_names() -> list[str]:
+    """The registered method names, built-ins first."""
+    return [*BUILTIN, *(n for n in _REGISTERED if n not in BUILTIN)]
+
+
+def get_recipe(name: str, where: str = "--agent") -> Recipe:
+    """The method `name` names: a registered name or an import path `package.module:ATTR` of a Recipe."""
+    ref: Recipe | str | None = _REGISTERED.get(name, BUILTIN.get(name))
+    if ref is None and is_import_path(name):
+        ref = name
+    if ref is None:
+        raise ConfigError(f"{where}: unknown recipe method {name!r}; one of {', '.join(recipe_names())} or an "
+                          "import path package.module:ATTR naming a memrl.demos.pipeline.Recipe")
+    if isinstance(ref, Recipe):
+        return ref
+    return load_object(ref, where, "a memrl.demos.pipeline.Recipe", lambda o: isinstance(o, Recipe),
+                       hint="an instance of a Recipe subclass")
+
+
+def needs(cond: bool, message: str) -> None:
+    """A one-line ConfigError with `message` unless `cond`."""
+    if not cond:
+        raise ConfigError(message)

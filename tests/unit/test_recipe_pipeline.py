@@ -1,0 +1,123 @@
+"""The recipe pipeline (memrl.demos.pipeline): methods resolved by name or import path like workflows,
+eval/ knowing no recipe method, and the "add a recipe method" page followed once with its toy method."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from memrl.cli import main
+from memrl.config import ConfigError
+from memrl.demos import seeds
+from memrl.demos.pipeline import BUILTIN, Recipe, get_recipe, recipe_names, register_recipe
+
+ROOT = Path(__file__).parents[2]
+METHOD_WORDS = ("memagent", "memact", "context", "mem1", "infmem", "reading", "fold", "lookback")
+
+
+def test_every_builtin_method_resolves_to_its_module_recipe():
+    import memrl.demos.context
+    import memrl.demos.infmem
+    import memrl.demos.mem1
+    import memrl.demos.memact
+    import memrl.demos.memagent
+
+    modules = {"memagent": memrl.demos.memagent, "memact": memrl.demos.memact, "context": memrl.demos.context,
+               "mem1": memrl.demos.mem1, "infmem": memrl.demos.infmem}
+    assert list(BUILTIN) == list(modules) and recipe_names()[:5] == list(modules)
+    for name, module in modules.items():
+        assert get_recipe(name) is module.RECIPE and module.RECIPE.name == name
+    assert get_recipe("memrl.demos.mem1:RECIPE") is memrl.demos.mem1.RECIPE
+
+
+def test_unknown_methods_and_non_recipes_are_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"^--agent: unknown recipe method 'nope'; one of memagent, memact, "
+                                          r"context, mem1, infmem or an import path"):
+        get_recipe("nope")
+    with pytest.raises(ConfigError, match=r"^--agent='memrl.demos.mem1:METHODS' is not a memrl.demos.pipeline.Recipe "
+                                          r"\(got dict\)"):
+        get_recipe("memrl.demos.mem1:METHODS")
+    with pytest.raises(ConfigError, match="a method name is a plain word"):
+        register_recipe("a:b", Recipe())
+
+
+def test_memrl_demo_refuses_an_unknown_agent_before_any_work(tmp_path, capsys):
+    assert main(["demo", "--agent", "nope", "--out", str(tmp_path / "d")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("memrl demo: error: --agent: unknown recipe method 'nope'")
+    assert not (tmp_path / "d").exists()
+
+
+def test_eval_names_no_recipe_method():
+    """The one evaluator and `memrl eval`'s runner know no recipe method: no module under memrl/eval imports
+    the demos or the scripted policies, and evaluator.py, runner.py and results_file.py import no workflow
+    module by name and define nothing named after a method (the per-method summaries are
+    memrl.demos.summaries'). report.py's MemAct table and ask.py's two workflows are `memrl eval report`'s and
+    `memrl ask`'s own, not recipe code."""
+    for path in sorted((ROOT / "memrl" / "eval").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        assert not [m for m in imported if m.startswith(("memrl.demos", "memrl.demonstrators"))], path.name
+        if path.name in ("report.py", "ask.py"):
+            continue
+        workflows = [m for m in imported if m.startswith("memrl.workflows.")]
+        assert set(workflows) <= {"memrl.workflows.runner", "memrl.workflows.templates"}, (path.name, workflows)
+        named = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)]
+        assert not [n for n in named if any(w in n.lower() for w in METHOD_WORDS)], (path.name, named)
+
+
+def test_the_recipe_method_page_shows_the_toy_method_verbatim():
+    page = (ROOT / "docs" / "guides" / "recipe_method.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    module = (ROOT / "tests" / "plugins_example" / "toy_recipe.py").read_text(encoding="utf-8")
+    assert blocks and blocks[0] == module
+
+
+@pytest.mark.slow
+def test_the_toy_method_runs_every_stage_through_memrl_demo(tmp_path, capsys):
+    out = tmp_path / "toy"
+    # 10 demonstration tasks of 2 chunks: the memagent workflow cuts 2 memory rows + the final per task
+    rc = main(["demo", "--agent", "plugins_example.toy_recipe:RECIPE", "--out", str(out), "sft.num_tasks=10",
+               "sft.epochs=1", "sft.batch_rows=8", "eval.num_tasks=4", "train.data.synthetic.num_chunks=2",
+               "train.data.synthetic.min_chunks=0", "train.trainer.steps=2", "train.trainer.batch_size=2",
+               "train.algorithm.n=2", "train.trainer.progress=false", "train.trainer.tensorboard=false"])
+    assert rc == 0
+    for name in ("demo_config.yaml", "init/config.json", "sft/model.safetensors", "rl/metrics.jsonl",
+                 "rl/checkpoints/step_000002/model.safetensors", "results.json", "results.md"):
+        assert (out / name).is_file(), name
+    res = json.loads((out / "results.json").read_text())
+    assert res["demonstrator"] == {"tasks": 10, "rows": 30}
+    assert len(res["sft_losses"]) == 4 and len(res["rl_reward"]) == 2  # 30 rows in batches of 8; 2 RL steps
+    assert set(res["timings"]) == {"init_s", "eval_scripted_s", "copy_warmup_s", "sft_s", "eval_sft_s", "rl_s",
+                                   "eval_rl_s", "total_s"}
+    for policy in ("sft", "rl"):
+        r = res[policy]["2"]["greedy"]
+        assert r["num_tasks"] == 4 and (r["accuracy"] / 25).is_integer()  # 4 tasks: steps of 25 points
+    assert (out / "results.md").read_text() in capsys.readouterr().out
+    # the method's results schema and table feed the one seed aggregation (a sweep of this single run)
+    run = seeds.Run(0, "native", out, ())
+    (out / "data").mkdir()
+    (out / "data" / "heldout_tasks.jsonl").write_text("the same held-out tasks\n")
+    agg = seeds.aggregate("plugins_example.toy_recipe:RECIPE", [run])
+    cell = agg["capabilities"]["native"]["cells"]["greedy"]["2"]
+    sft, rl = res["sft"]["2"]["greedy"]["accuracy"], res["rl"]["2"]["greedy"]["accuracy"]
+    assert cell["gain_accuracy"]["values"] == [rl - sft]
+    assert f"| 2 | {sft:.1f} ± n/a | {rl:.1f} ± n/a | {rl - sft:+.1f} ± n/a |" in seeds.markdown(agg).splitlines()
+
+
+@pytest.mark.parametrize(("timings", "shown"), [({"eval_scripted_s": 7.0}, "demonstrator eval 7s"),
+                                                ({"eval_demonstrator_s": 5.0}, "demonstrator eval 5s")])
+def test_the_memagent_table_times_the_demonstrator_under_the_pipeline_key_and_the_old_one(timings, shown):
+    # the pipeline times the scripted policy's evaluation as eval_scripted_s; results written before it have
+    # eval_demonstrator_s (before the fix the table showed 0s for a pipeline run)
+    from memrl.demos.report import memagent_markdown
+
+    results = {"recipe": {"train_chunks": 8, "min_chunks": 0, "chunk_words": 16, "p_aware": 0.9, "rl_steps": 2,
+                          "sft": {}, "eval": {"num_tasks": 4, "seed": 1, "samples": 1, "temperature": 1.0}},
+               "lengths": [], "stages": {}, "timings": timings}
+    assert shown in memagent_markdown(results)
