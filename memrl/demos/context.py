@@ -16,9 +16,9 @@ arm; it fails when the unmanaged agent would fit) -> init a tiny Qwen2 whose BPE
 task's text and every arm's scripted contexts, so all arms share it (memrl.demos.scratch.init_context_model) -> copy warm-up
 (memrl.demos.cold_start.copy_warmup) -> cold start: SFT on the arm's scripted agent (memrl.demonstrators.
 context, flaw `sft.late_prob`) played through the arm's workflow, every row as the workflow cuts it
-(memrl.demos.cold_start.context_cold_start) -> held-out evaluation of the SFT model -> RL (preset
+(memrl.demos.context.take_cold_start) -> held-out evaluation of the SFT model -> RL (preset
 context_cpu, `algorithm.name` from ARMS) -> the same evaluation after RL. The evaluation
-(memrl.eval.evaluator.evaluate_context) is greedy and sampled (one sample per task at `eval.temperature`):
+(memrl.demos.summaries.evaluate_context) is greedy and sampled (one sample per task at `eval.temperature`):
 accuracy (all sub-questions right) +- SE over tasks, mean peak / mean context, tokens discarded, turns,
 branches, summaries and the share stopped by the budget; beside them the scripted agent on its SFT tasks
 and the scripted search agent without a budget on the held-out tasks (`reference.react_unbounded`: the
@@ -313,7 +313,7 @@ def _section(tcfg: Any, name: str, **changes: Any) -> Any:
 
 def evaluate(model: Any, tokenizer: Any, spec: Any, wf_cfg: Any, tasks: list[Any], temperature: float, seed: int,
              engine_cfg: Any, model_dir: str | Path = "") -> dict[str, dict[str, float]]:
-    """{"greedy": summary, "sampled": summary} on the held-out tasks (memrl.eval.evaluator.evaluate_context)."""
+    """{"greedy": summary, "sampled": summary} on the held-out tasks (memrl.demos.summaries.evaluate_context)."""
     with model_engine(model, tokenizer, engine_cfg, model_dir) as engine:
         return evaluate_context(EngineRollout(engine, spec), wf_cfg, tasks, temperature, seed)
 

@@ -14,7 +14,7 @@ probability `sft.late_prob`), played through the real memact workflow, so the SF
 segments -> DCPO (preset memact_dcpo_cpu) -> the same held-out evaluation of the SFT and the SFT+DCPO
 policy: greedy and sampled (one sample per task, temperature `eval.temperature`), accuracy (all
 sub-questions right) with its standard error, mean and peak working-context tokens, prunes per task,
-overflow rate (memrl.eval.evaluator.evaluate_memact) -> results.md (printed), results.json,
+overflow rate (memrl.demos.summaries.evaluate_memact) -> results.md (printed), results.json,
 memact_results.png (memrl.demos.report).
 
 `variant=curation` (VARIANTS below) is the context-curation task of docs/concepts/memact.md "Context curation": a
@@ -236,7 +236,7 @@ def context_budget(cfg: MemActDemoConfig, tokenizer: Any, wf_cfg: Any, sft_tasks
 def evaluate(model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any], temperature: float,
              seed: int, engine_cfg: Any, model_dir: str | Path = "") -> dict[str, dict[str, float]]:
     """{"greedy": summary, "sampled": summary} of the policy on the held-out tasks (each searching its own
-    fact sheet): memrl.eval.evaluator.evaluate_memact through the engine `engine_cfg` names, the prune tool
+    fact sheet): memrl.demos.summaries.evaluate_memact through the engine `engine_cfg` names, the prune tool
     offered unless `wf_cfg.prune_tool` is False."""
     with model_engine(model, tokenizer, engine_cfg, model_dir) as engine:
         return evaluate_memact(EngineRollout(engine, get_workflow("memact")), wf_cfg, tasks, temperature, seed,
