@@ -168,8 +168,9 @@ def _rollout(path: str, stagger: bool = False) -> list[Segment]:
         return list(await asyncio.gather(*first, *rest))
 
     outs = asyncio.run(run())
-    if stagger:  # two prefills, then decode steps over the merged batch of 4 rows
-        assert eng.stats.prefill_calls == 2 and eng.stats.batch_sizes[4] > 0
+    if stagger:  # a later prefill merged into the decoding batch of 4 rows (the late two arrive together or,
+        # on a loaded machine, one engine step apart: two or three prefills)
+        assert eng.stats.prefill_calls in (2, 3) and eng.stats.batch_sizes[4] > 0
     asyncio.run(eng.close())
     segs = [call_segment(p, o, 0, {}) for p, o in zip(prompts, outs, strict=True)]
     for i, s in enumerate(segs):

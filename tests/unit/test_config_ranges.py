@@ -319,7 +319,8 @@ def test_out_of_range_command_line_options_fail_in_one_line(capsys):
 # Every string field either declares its choices (`valid(..., choices=...)`, so the one walker refuses a
 # wrong value by name with the others, before any work) or is free text, listed here with why.
 FREE_TEXT: dict[str, str] = {
-    "ConversationSection": "", "SFTRunConfig.out_dir": "a path", "SyntheticConfig.fact_sep": "text",
+    "ConversationSection": "", "SFTRunConfig.out_dir": "a path",
+    "DemonstratorSection.source": "a path, checked before any work (demonstrator.name=evidence)", "SyntheticConfig.fact_sep": "text",
     "MemActDemoConfig.variant": "joined variant names, checked by the demo before any work",
     "MemActDemoConfig.train_preset": "a preset name or path", "ContextDemoConfig.train_preset": "a preset name or path",
     "ContextDemoConfig.sft_from": "a run directory, checked before any work",
