@@ -16,28 +16,8 @@ Files are read with torch.load(weights_only=True): DTensor, DeviceMesh and place
 classes admitted besides tensors (torch registers them on import of torch.distributed.tensor; the older
 torch.distributed._tensor module paths are admitted as aliases of the same classes).
 
-Megatron torch_dist (slime / vime; slime's tools/convert_torch_dist_to_hf.py): SRC is one `iter_*`
-directory written by Megatron-core's dist checkpointing through torch.distributed.checkpoint (DCP):
-`.metadata` + `*.distcp`. DCP reassembles tensor-parallel shards into global tensors; decoder weights
-are either stacked (`decoder.layers.<name>`, leading axis = layer) or per layer
-(`decoder.layers.<i>.<name>`). Qwen2 / Qwen3 dense names (--hf-config gives the HF config: heads,
-query groups, head_dim, vocab size):
-  embedding.word_embeddings.weight            -> model.embed_tokens.weight (vocab padding rows cut)
-  output_layer.weight                         -> lm_head.weight (absent when tied)
-  decoder.final_layernorm.weight              -> model.norm.weight
-  self_attention.linear_qkv.weight / .bias    -> q/k/v_proj: rows grouped by query group g =
-      [q heads of g (heads/groups x head_dim rows), k head g, v head g], groups in order
-  self_attention.linear_proj.weight           -> self_attn.o_proj.weight
-  self_attention.linear_qkv.layer_norm_weight -> input_layernorm.weight (also input_layernorm.weight)
-  mlp.linear_fc1.weight                       -> [gate_proj; up_proj] (first half gate)
-  mlp.linear_fc1.layer_norm_weight            -> post_attention_layernorm.weight (also pre_mlp_layernorm)
-  mlp.linear_fc2.weight                       -> mlp.down_proj.weight
-  self_attention.q_layernorm / k_layernorm    -> self_attn.q_norm / k_norm (Qwen3)
-Other entries (optimizer state, RNG, Transformer Engine `_extra_state`, any non-tensor) are not read.
-Safety: `.metadata` is unpickled by an allowlist (DCP's metadata classes, BytesStorageMetadata, and
-Megatron's MCoreMetadata read as plain DCP Metadata); tensor data is read by DCP's FileSystemReader with
-torch.load(weights_only=True); byte entries (which DCP would unpickle freely) and `common.pt` (Megatron's
-pickled args) are never read.
+Megatron torch_dist (slime / vime): SRC is one `iter_*` directory of torch.distributed.checkpoint files; the
+name mapping and the reading rules are in memrl.models.convert_megatron.
 
 The output holds every weight the architecture expects (checked against the config's model class),
 in the stored dtype unless --dtype says otherwise, plus the source's config and tokenizer files.
