@@ -48,7 +48,7 @@ class HFSection:
     continuous batching with a time window (max_wait_ms): higher throughput, batch-dependent float rounding.
     `memrl eval` defaults to false (memrl.eval.runner.EVAL_ENGINE_DEFAULTS); HFEngine built directly takes
     this default too."""
-    kv_cache: str = valid("padded", choices=KV_CACHES)
+    kv_cache: str = valid("slots", choices=KV_CACHES)
     """padded: one left-padded KV cache for the whole batch; rows that join or leave rebuild it (a copy of
     every row), prompts admitted together are prefilled as one padded batch | slots: every row owns a slot
     of a preallocated cache; a row joins by writing its own slot and leaves by freeing it (the last row
@@ -67,7 +67,8 @@ class HFSection:
     prefilled over several steps, and a row joins the decode batch once its whole prompt is in. 0 = off:
     every admitted prompt is prefilled whole before the next decode step. Greedy tokens equal the unchunked
     engine's on the tests' prompts (float rounding may differ). Refused with kv_cache=padded and with
-    deterministic waves (their batches must not depend on how prefills are split)."""
+    deterministic waves (a wave is decoded alone: no running rows wait while it prefills, and
+    max_prefill_tokens already bounds its prefill's memory; docs/results/engine.md)."""
     compute_dtype: str | None = valid(None, choices=("float32", "bfloat16"))
     """bfloat16: the engine computes in bfloat16 (mixed precision, memrl.precision; logits cast to float32
     before sampling and log-probabilities): weights of its own are held in bfloat16 (engine.dtype is then
@@ -90,8 +91,8 @@ class HFSection:
                     "padded cache prefills admitted prompts as one batch); set kv_cache=slots or prefill_chunk_tokens=0")
         if self.prefill_chunk_tokens and self.deterministic:
             return (f"engine.hf.prefill_chunk_tokens={self.prefill_chunk_tokens} needs engine.hf.deterministic=false "
-                    "(a deterministic wave is prefilled whole, so its batches never depend on how prefills are "
-                    "split); set deterministic=false or prefill_chunk_tokens=0")
+                    "(a deterministic wave is decoded alone, so no running rows wait while it prefills); set "
+                    "deterministic=false or prefill_chunk_tokens=0")
         return None
 
 

@@ -442,8 +442,8 @@ class TrainConfig:
                    "trainer.num_workers > 1": self.trainer.num_workers > 1,
                    f"engine.name={self.engine.name} (r3 records in the in-process hf engine)":
                    replay == "r3" and (not engine_kind(self.engine.name).serves_policy or self.rollout.num_engines > 0),
-                   f"engine.hf.kv_cache={self.engine.hf.kv_cache} (r3 records the padded cache's forwards)":
-                   replay == "r3" and self.engine.hf.kv_cache != "padded"}
+                   f"engine.hf.kv_cache={self.engine.hf.kv_cache} (r3 records the padded cache's forwards; set "
+                   "engine.hf.kv_cache=padded)": replay == "r3" and self.engine.hf.kv_cache != "padded"}
         for what, on in refused.items():
             if on:
                 raise ConfigError(f"algorithm.routing_replay={replay} does not support {what}")

@@ -32,14 +32,14 @@ _PADDED_PREFIX = ("engine.hf.prefix_cache_tokens=64 needs engine.hf.kv_cache=slo
 _PADDED_CHUNK = ("engine.hf.prefill_chunk_tokens=64 needs engine.hf.kv_cache=slots (the padded cache prefills "
                  "admitted prompts as one batch); set kv_cache=slots or prefill_chunk_tokens=0")
 _WAVES_CHUNK = ("engine.hf.prefill_chunk_tokens=64 needs engine.hf.deterministic=false (a deterministic wave is "
-                "prefilled whole, so its batches never depend on how prefills are split); set deterministic=false "
-                "or prefill_chunk_tokens=0")
+                "decoded alone, so no running rows wait while it prefills); set deterministic=false or "
+                "prefill_chunk_tokens=0")
 
 
 @pytest.mark.parametrize(("ov", "said"), [
-    (["engine.hf.prefix_cache_tokens=64"], _PADDED_PREFIX),
-    (["engine.hf.prefill_chunk_tokens=64"], _PADDED_CHUNK),
-    (["engine.hf.kv_cache=slots", "engine.hf.prefill_chunk_tokens=64"], _WAVES_CHUNK),
+    (["engine.hf.kv_cache=padded", "engine.hf.prefix_cache_tokens=64"], _PADDED_PREFIX),
+    (["engine.hf.kv_cache=padded", "engine.hf.prefill_chunk_tokens=64"], _PADDED_CHUNK),
+    (["engine.hf.prefill_chunk_tokens=64"], _WAVES_CHUNK),  # slots is the default
 ])
 def test_train_refuses_contradictory_hf_engine_settings_before_the_model_loads(ov, said, tmp_path, capsys):
     # before: a ValueError traceback from HFEngine's constructor, after the policy had loaded; here the model
@@ -49,7 +49,7 @@ def test_train_refuses_contradictory_hf_engine_settings_before_the_model_loads(o
 
 
 @pytest.mark.parametrize(("ov", "said"), [
-    (["engine.hf.prefill_chunk_tokens=64"], _PADDED_CHUNK),
+    (["engine.hf.kv_cache=padded", "engine.hf.prefill_chunk_tokens=64"], _PADDED_CHUNK),
     (["engine.hf.kv_cache=slots", "engine.hf.deterministic=true", "engine.hf.prefill_chunk_tokens=64"], _WAVES_CHUNK),
 ])
 def test_eval_refuses_contradictory_hf_engine_settings_before_the_model_loads(ov, said, tmp_path, capsys):

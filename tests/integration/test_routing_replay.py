@@ -210,7 +210,7 @@ def test_r3_update_log_probs_equal_the_rollouts(moe_path, tmp_path, replay):
     segs = _rollout(moe_path)
     cfg = load_config(TrainConfig, [f"model.path={moe_path}", f"out_dir={tmp_path}", "algorithm.kl_coef=0",
                                     f"algorithm.routing_replay={replay}", "optim.lr=1e-3", "optim.warmup_steps=0",
-                                    "trainer.token_budget=60", "trainer.progress=false"])
+                                    "trainer.token_budget=60", "trainer.progress=false", "engine.hf.kv_cache=padded"])
     cfg.check()
     w = PolicyWorker(cfg)
     _move_router(w.model, collate(segs, None, 0), _layer0_picks(w.model, segs))
@@ -240,7 +240,7 @@ def test_one_memagent_rl_step_replays_every_row(moe_path, tmp_path, replay):
         "data.synthetic.num_chunks=2", "data.synthetic.chunk_words=8", "trainer.batch_size=2", "algorithm.n=2",
         "optim.lr=1e-3", "optim.warmup_steps=0", "trainer.token_budget=600", "trainer.progress=false",
         "trainer.loggers=[jsonl]", "engine.name=hf", "algorithm.old_logprobs=trainer",
-        f"algorithm.routing_replay={replay}"])
+        f"algorithm.routing_replay={replay}", "engine.hf.kv_cache=padded"])
     trainer = Trainer(assemble(cfg))
     worker = trainer.parts.workers.handles[0].worker
     (step,) = trainer.fit()
