@@ -160,7 +160,7 @@ def test_huge_nan_inf_and_surrogate_values_never_pass_a_numeric_field(sweep):
 
 
 @pytest.mark.parametrize(("ov", "field"), [
-    (["engine.hf.prefix_cache_tokens=64"], "engine.hf.prefix_cache_tokens"),
+    (["engine.hf.kv_cache=padded", "engine.hf.prefix_cache_tokens=64"], "engine.hf.prefix_cache_tokens"),
     (["engine.hf.kv_cache=slots", "engine.hf.prefill_chunk_tokens=8"], "engine.hf.prefill_chunk_tokens"),
     (["algorithm.name=rememr1", "workflow=fold"], "algorithm.name=rememr1"),
     (["workflow=summarize"], "workflow=summarize"),
