@@ -19,7 +19,9 @@
 `HealthMonitor` keeps the few numbers those need across steps (saved in every checkpoint, so a resumed
 run computes the same) and counts, per alarm, the consecutive steps its condition held:
 
-- dead: every sampled group has zero reward variance and no reward is above `health.dead_reward`;
+- dead: every sampled group has zero reward variance, no reward is above `health.dead_reward`, and no row
+  has a non-zero advantage (advantage/min and advantage/max 0: process rewards, FoldGRPO's token-level
+  terms, still give the update a gradient when every outcome is 0, and that run is not dead);
 - format: health/format_failure_share > `health.format_share`;
 - likelihood: health/right_logprob fell below the previous step's by more than `health.likelihood_tol`
   (a step without a right trajectory ends the streak).
@@ -165,7 +167,8 @@ class HealthMonitor:
             metrics["health/right_logprob_delta"] = right - statistics.fmean(self.right)
         held = {
             "dead": metrics.get("health/zero_variance_share") == 1.0
-            and metrics.get("health/reward_max", 0.0) <= c.dead_reward,
+            and metrics.get("health/reward_max", 0.0) <= c.dead_reward
+            and metrics.get("advantage/max", 0.0) == 0.0 and metrics.get("advantage/min", 0.0) == 0.0,
             "format": metrics.get("health/format_failure_share", 0.0) > c.format_share,
             "likelihood": right is not None and self.last_right is not None and right < self.last_right - c.likelihood_tol,
         }

@@ -64,6 +64,11 @@ def test_monitor_streaks_fire_at_patience_and_end():
     step = dict(live)
     assert m.observe(step) == [] and step["health/streak/dead"] == 0.0  # a reward above dead_reward ends it
     assert step["health/reward_trend"] == 1.0  # window 2: rewards 0 then 1
+    # every outcome 0, but process rewards gave some rows a token-level advantage: the update has a gradient
+    shaped = dict(dead, **{"advantage/min": 0.0, "advantage/max": 0.1115})
+    assert m.observe(dict(shaped)) == [] and m.observe(dict(shaped)) == [] and m.streaks["dead"] == 0
+    assert [a.name for a in (m.observe(dict(dead, **{"advantage/min": 0.0, "advantage/max": 0.0})),
+                             m.observe(dict(dead)))[1]] == ["dead"]
     # likelihood: -1.0, then -1.05 (fell by less than the 0.1 tolerance), -1.2, -1.4 (fell twice): fires
     seq = [-1.0, -1.05, -1.2, -1.4]
     out = [m.observe({"health/right_logprob": x}) for x in seq]
