@@ -188,9 +188,9 @@ class PolicyWorker:
     # ------------------------------------------------------------------ prefix sharing
     def _share_min(self) -> int:
         """trainer.prefix_sharing: the shortest prefix shared (trainer.prefix_min_tokens), 0 when off or when
-        the run or the model rules it out (auto; "on" was refused at config time, except for the model)."""
+        the run or the model rules it out (auto; "always" was refused at config time, except for the model)."""
         t = self.cfg.trainer
-        if t.prefix_sharing == "off" or prefix_sharing_blocker(self.cfg):
+        if t.prefix_sharing == "never" or prefix_sharing_blocker(self.cfg):
             return 0
         split = P.why_not(self.model, None, None)
         if not isinstance(split, HeadSplit):

@@ -195,11 +195,12 @@ def _cfg(tmp_path, *extra):
 @pytest.mark.parametrize("what,override", [("trainer.num_workers > 1", "trainer.num_workers=2"),
                                            ("model.gradient_checkpointing", "model.gradient_checkpointing=true"),
                                            ("trainer.router_aux_loss_coef > 0", "trainer.router_aux_loss_coef=0.001")])
-def test_on_refuses_what_it_cannot_share(tmp_path, what, override):
+def test_always_refuses_what_it_cannot_share(tmp_path, what, override):
     extra = ["rollout.num_engines=1"] if "num_workers" in override else []
-    with pytest.raises(ConfigError, match=rf"trainer.prefix_sharing=on does not support {what.replace('>', '.')}"):
-        _cfg(tmp_path, "trainer.prefix_sharing=on", override, *extra)
-    _cfg(tmp_path, "trainer.prefix_sharing=auto", override, *extra)  # auto: off for that run
+    with pytest.raises(ConfigError) as e:
+        _cfg(tmp_path, "trainer.prefix_sharing=always", override, *extra).check()
+    assert f"trainer.prefix_sharing=always does not support {what}" in str(e.value) and "\n" not in str(e.value)
+    _cfg(tmp_path, "trainer.prefix_sharing=auto", override, *extra).check()  # auto: per-row forwards for that run
 
 
 def _worker_rows():
@@ -215,7 +216,7 @@ def test_worker_self_checks_then_shares_and_counts_forwarded_tokens(tmp_path):
     from memrl.training.workers import PolicyWorker
 
     rows = _worker_rows()
-    w = PolicyWorker(_cfg(tmp_path, "trainer.prefix_sharing=on", "trainer.token_budget=4096",
+    w = PolicyWorker(_cfg(tmp_path, "trainer.prefix_sharing=always", "trainer.token_budget=4096",
                           "algorithm.temperature=0.7"))
     assert w.share_min == 16
     out = w.train_rows(weigh(rows, "token-mean"))
@@ -238,17 +239,17 @@ def test_a_failed_self_check_turns_sharing_off_for_the_run(tmp_path, monkeypatch
     real = P.shared_logprobs
     monkeypatch.setattr(P, "shared_logprobs", wrong)
     rows = _worker_rows()
-    w = PolicyWorker(_cfg(tmp_path, "trainer.prefix_sharing=on", "trainer.token_budget=4096"))
+    w = PolicyWorker(_cfg(tmp_path, "trainer.prefix_sharing=always", "trainer.token_budget=4096"))
     out = w.train_rows(weigh(rows, "token-mean"))
     assert out["perf/prefix_check_failed"] == 1.0 and out["perf/prefix_check_max_diff"] == pytest.approx(1.0)
     assert w.share_min == 0 and out["train/forwarded_tokens"] == out["train/tokens"]
 
 
-def test_off_forwards_every_row_whole(tmp_path):
+def test_never_forwards_every_row_whole(tmp_path):
     from memrl.training.workers import PolicyWorker
 
     rows = _worker_rows()
-    w = PolicyWorker(_cfg(tmp_path, "trainer.prefix_sharing=off", "trainer.token_budget=4096"))
+    w = PolicyWorker(_cfg(tmp_path, "trainer.prefix_sharing=never", "trainer.token_budget=4096"))
     out = w.train_rows(weigh(rows, "token-mean"))
     assert w.share_min == 0 and out["train/forwarded_tokens"] == out["train/tokens"]
     assert "perf/prefix_check_failed" not in out
