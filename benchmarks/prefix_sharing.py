@@ -1,12 +1,13 @@
 """Prefix-shared training forwards (trainer.prefix_sharing) side by side with the per-row forwards, per workflow.
 
-    .venv/bin/python benchmarks/prefix_sharing.py [--threads 1] [--dry-run]
+    .venv/bin/python benchmarks/prefix_sharing.py [--threads 1] [--tasks N] [--dry-run]
 
 Rows: each workflow's scripted rows at its CPU demo's sizes (memrl.demonstrators.rows): MemAgent on the demo's
 synthetic task (trainer.batch_size 16 tasks, n=4; n=16 with 8 tasks), token_budget 8192; fold, summarize,
 sliding_window (window_turns 2) and MemAct on the context demo's lookup task (3 facts, 40 filler words), 8
 tasks, n=1 (the scripted agents are deterministic: n copies would be identical rows), token_budget 32768.
-Model: the `tiny` preset (memrl.models.tiny), float32.
+Model: the `tiny` preset (memrl.models.tiny), float32. `--tasks N`: N tasks for every workflow instead (the
+recorded table used 2, to fit a loaded 2-core machine); `--dry-run`: 1 task.
 
 Per workflow, one run each way on the same rows, the same micro-batching rule otherwise: the old-logprob pass
 (no gradient) and the update (PPO loss forward + backward), the per-row path packed by
@@ -65,7 +66,8 @@ def timed(model: torch.nn.Module, mbs: list) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--dry-run", action="store_true", help="2 tasks per workflow, to check that it runs")
+    ap.add_argument("--tasks", type=int, default=0, help="tasks per workflow (0: the demo sizes)")
+    ap.add_argument("--dry-run", action="store_true", help="1 task per workflow, to check that it runs")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
@@ -78,7 +80,7 @@ def main() -> None:
     timed(model, micro_batches(workflow_rows("memagent", 1, n=2), 8192, True))  # warm-up of both paths
     timed(model, micro_batches(workflow_rows("memagent", 1, n=2), 8192, False))
     for name, wf, tasks, n, budget in CASES:
-        rows = workflow_rows(wf, 2 if args.dry_run else tasks, n=n)
+        rows = workflow_rows(wf, 1 if args.dry_run else args.tasks or tasks, n=n)
         for i, s in enumerate(rows):
             s.advantage = (i % 5 - 2) / 2 or 0.25
         row_tok = sum(s.num_tokens for s in rows)
