@@ -127,18 +127,25 @@ def pack_shared(rows: Sequence[Sequence[int]], token_budget: int, min_tokens: in
     """memrl.training.packing.pack_rows, keeping the rows of a shared prefix together: the groups of the whole
     share (`share_groups`) and the lone rows are the units, longest first, each micro-batch growing while
     rows x longest row stays within the budget; a group too big for one micro-batch is cut into runs that
-    fit. Every index appears exactly once."""
+    fit. The groups come first and the lone rows get micro-batches of their own: mixed in, a lone row's
+    whole length would set the padded width of every suffix (measured: it ate MemAgent's gain). Every
+    index appears exactly once."""
     if token_budget < 1:
         raise ValueError(f"pack_shared: token_budget must be >= 1, got {token_budget}")
     grouped = share_groups(rows, min_tokens)
     taken = {i for _, g in grouped for i in g}
-    units = [g for _, g in grouped] + [[i] for i in range(len(rows)) if i not in taken]
     size = [len(r) for r in rows]
-    units.sort(key=lambda u: (-max(size[i] for i in u), u[0]))
+    groups = sorted((g for _, g in grouped), key=lambda u: (-max(size[i] for i in u), u[0]))
+    lone = sorted(([i] for i in range(len(rows)) if i not in taken), key=lambda u: (-size[u[0]], u[0]))
     batches: list[list[int]] = []
     cur: list[int] = []
     cur_max = 0
-    for unit in units:
+    for unit in groups + [[]] + lone:  # [] closes the last micro-batch of groups
+        if not unit:
+            if cur:
+                batches.append(cur)
+            cur, cur_max = [], 0
+            continue
         longest = max(size[i] for i in unit)
         if cur and max(cur_max, longest) * (len(cur) + len(unit)) > token_budget:
             batches.append(cur)

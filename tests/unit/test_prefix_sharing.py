@@ -62,9 +62,9 @@ def test_pack_shared_keeps_groups_together_within_the_budget():
     rows = [[1] * 20 + [i] for i in range(6)] + [[2] * 30, [3] * 5]
     batches = P.pack_shared(rows, 10_000, 16)
     assert sorted(i for b in batches for i in b) == list(range(8))
-    assert batches == [[6, 0, 1, 2, 3, 4, 5, 7]]
+    assert batches == [[0, 1, 2, 3, 4, 5], [6, 7]]  # the groups, then the lone rows, longest first
     small = P.pack_shared(rows, 63, 16)  # three 21-token rows per micro-batch: the group is cut in runs of 3
-    assert small == [[6], [0, 1, 2], [3, 4, 5], [7]]
+    assert small == [[0, 1, 2], [3, 4, 5], [6, 7]]
 
 
 # ------------------------------------------------------------------------------------------- exactness
