@@ -1,6 +1,6 @@
 """Prefix-shared training forwards (trainer.prefix_sharing) side by side with the per-row forwards, per workflow.
 
-    .venv/bin/python benchmarks/prefix_sharing.py [--threads 1] [--tasks N] [--dry-run]
+    .venv/bin/python benchmarks/prefix_sharing.py [--threads 1] [--tasks N] [--dry-run] [--ratios-only]
 
 Rows: each workflow's scripted rows at its CPU demo's sizes (memrl.demonstrators.rows): MemAgent on the demo's
 synthetic task (trainer.batch_size 16 tasks, n=4; n=16 with 8 tasks), token_budget 8192; fold, summarize,
@@ -14,7 +14,9 @@ Per workflow, one run each way on the same rows, the same micro-batching rule ot
 memrl.training.packing.pack_rows, the shared path by prefix_sharing.pack_shared with each micro-batch's plan.
 Columns: rows, row tokens, forwarded tokens (shared: each shared prefix once), their ratio
 (perf/shared_token_ratio), update seconds and update row tokens/s each way, step seconds (old-logprob pass +
-update) each way, and the update's speedup. Timings on a loaded machine vary run to run; a speed claim needs
+update) each way, and the update's speedup. `--ratios-only`: no timing; per workflow the forwarded tokens of
+the two-level sharing implemented here against the trie's own size (every distinct prefix once: what sharing
+at every depth of the trie would forward). Timings on a loaded machine vary run to run; a speed claim needs
 the same machine for both columns (they are measured back to back here).
 """
 
@@ -63,13 +65,40 @@ def timed(model: torch.nn.Module, mbs: list) -> tuple[float, float]:
     return t1 - t0, time.perf_counter() - t1
 
 
+def trie_tokens(ids: list[list[int]]) -> int:
+    """Tokens of the trie over `ids` (each distinct prefix once): the sorted rows' lengths less each one's
+    common prefix with the row before it (every row keeps >= 1 token of its own, as the forward needs)."""
+    rows = sorted(ids)
+    return sum(len(r) - min(P._common(r, prev), len(r) - 1) for prev, r in zip([[]] + rows, rows, strict=False))
+
+
+def ratios(tasks: int) -> None:
+    """Per workflow: row tokens, the two-level plan's forwarded tokens (micro-batched as the worker does), the
+    trie's tokens over the whole step."""
+    print("| workflow | rows | row tokens | two-level forwarded | ratio | every-depth trie | ratio |\n|---|---|---|---|---|---|---|")
+    for name, wf, default_tasks, n, budget in CASES:
+        rows = workflow_rows(wf, tasks or default_tasks, n=n)
+        ids = [s.prompt_ids + s.response_ids for s in rows]
+        row_tok = sum(map(len, ids))
+        fwd = 0
+        for idx in P.pack_shared(ids, budget, 16):
+            plan = P.plan_shares([ids[i] for i in idx], 16)
+            fwd += plan.forwarded_tokens if plan else sum(len(ids[i]) for i in idx)
+        trie = trie_tokens(ids)
+        print(f"| {name} | {len(rows)} | {row_tok} | {fwd} | {fwd / row_tok:.2f} | {trie} | {trie / row_tok:.2f} |",
+              flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tasks", type=int, default=0, help="tasks per workflow (0: the demo sizes)")
     ap.add_argument("--dry-run", action="store_true", help="1 task per workflow, to check that it runs")
+    ap.add_argument("--ratios-only", action="store_true", help="token counts only (two-level vs every depth)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.ratios_only:
+        return ratios(1 if args.dry_run else args.tasks)
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(cached_tiny_model("tiny")).float()
