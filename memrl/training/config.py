@@ -182,6 +182,16 @@ class TrainerSection:
     docs/guides/scaleout.md). Models whose logits are not known to be plain lm_head(hidden) keep the full logits,
     the reason logged once. 0 = the full logits; 1024 holds ~0.6 GB of fp32 logits per chunk at a 152K
     vocabulary."""
+    prefix_sharing: str = valid("auto", choices=("never", "always", "auto"))
+    """Forward a prefix that rows of a micro-batch share once (memrl.training.prefix_sharing): the update, the
+    recomputed old logprobs and the KL reference's pass, the same values and gradients to float rounding,
+    self-checked against the per-row forward on the run's first shared micro-batch (a mismatch logs a
+    warning and turns it off for the run). "always" refuses what it cannot apply to (trainer.num_workers > 1,
+    sequence parallelism, gradient checkpointing, an MoE router loss, routing replay); "auto" is on where it
+    applies and off elsewhere; "never" forwards every row whole. perf/shared_token_ratio logs forwarded /
+    row tokens each step; docs/guides/prefix_sharing.md has the measurements."""
+    prefix_min_tokens: int = valid(16, ge=1, le=MAX_TOKENS)
+    """prefix_sharing: the shortest prefix worth a forward of its own (rows sharing fewer tokens forward whole)."""
     skip_zero_advantage: bool = True
     """Leave rows whose advantage is exactly 0 (uniform groups, unchanged steps) out of the forward and
     backward pass. Exact (same loss and gradient, the batch's normalizers kept) and applied only with the
@@ -483,6 +493,10 @@ class TrainConfig:
                 "engine serves the live module of world size 1)")
 
         self._check_sequence_parallel()
+        if self.trainer.prefix_sharing == "always":
+            blocker = prefix_sharing_blocker(self)
+            if blocker:
+                raise ConfigError(f"trainer.prefix_sharing=always does not support {blocker}; set it to auto or never")
         if self.trainer.on_collapse == "rollback":
             self._check_rollback()
         if self.algorithm.routing_replay != "none":
@@ -508,3 +522,15 @@ class TrainConfig:
         problem = kind.train_problem(self.engine) if kind.train_problem is not None else None
         if problem:
             raise ConfigError(problem)
+
+
+def prefix_sharing_blocker(cfg: TrainConfig) -> str:
+    """What keeps trainer.prefix_sharing from applying to a run ("" when nothing does): "always" refuses it, "auto"
+    forwards every row whole. Each one changes the forwards' count or shape per rank, or counts tokens."""
+    t, a = cfg.trainer, cfg.algorithm
+    blockers = {"trainer.num_workers > 1 (FSDP ranks must run as many forwards)": t.num_workers > 1,
+                "trainer.sequence_parallel > 1": t.sequence_parallel > 1,
+                "model.gradient_checkpointing (its layers drop the KV cache in training)": cfg.model.gradient_checkpointing,
+                "trainer.router_aux_loss_coef > 0 (the router loss counts shared tokens once)": t.router_aux_loss_coef > 0,
+                f"algorithm.routing_replay={a.routing_replay} (it records per-row forwards)": a.routing_replay != "none"}
+    return next((what for what, on in blockers.items() if on), "")

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from memrl.algorithms.losses import row_weights
 from memrl.types import Segment
+
+if TYPE_CHECKING:
+    from memrl.training.prefix_sharing import SharePlan
 
 
 @dataclass
@@ -142,6 +146,8 @@ class MicroBatch:
     position_ids: torch.Tensor | None = None
     """A sequence-parallel shard's global positions (memrl.training.ulysses.shard), else None (0, 1, ...).
     A shard's per-token tensors are as wide as its ids: its last column's target opens the next shard."""
+    share: SharePlan | None = None
+    """trainer.prefix_sharing: which rows share which prefix (memrl.training.prefix_sharing), else None."""
 
     def to(self, device: str | torch.device) -> MicroBatch:
         """The same micro-batch on `device`."""

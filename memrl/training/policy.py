@@ -12,6 +12,7 @@ from memrl.algorithms.losses import kl_penalty, mismatch_sums, off_policy_weight
 from memrl.algorithms.registry import get_loss
 from memrl.algorithms.remedies import llds_term
 from memrl.training import chunked_logprobs as C
+from memrl.training import prefix_sharing as P
 from memrl.training.packing import MicroBatch
 
 
@@ -27,10 +28,18 @@ def token_logprobs(
     Earlier positions are 0 (their loss mask and weights are 0). `router_aux` (a list): the forward also
     computes an MoE model's load-balancing loss (output_router_logits, transformers' aux_loss), appended.
     `chunk_tokens` > 0 (trainer.logits_chunk_tokens): the same numbers without the full logits, that many
-    tokens' logits at a time (memrl.training.chunked_logprobs), where the model allows it.
+    tokens' logits at a time (memrl.training.chunked_logprobs), where the model allows it. `mb.share` set
+    (trainer.prefix_sharing): each shared prefix forwarded once (memrl.training.prefix_sharing), the same
+    numbers to float rounding, where the model and the pass allow it.
     """
     width = mb.targets.shape[1]  # L-1; a sequence-parallel shard (mb.position_ids set): its width L
     first = _first_trained_position(mb)
+    if mb.share is not None:
+        split_or_why = P.why_not(model, router_aux, mb.position_ids)
+        if isinstance(split_or_why, C.HeadSplit):
+            return P.shared_logprobs(model, split_or_why, mb.share, mb.input_ids, mb.targets, first, temperature,
+                                     with_entropy, chunk_tokens)
+        P.fell_back(split_or_why)
     if chunk_tokens > 0:
         split = C.split_model(model)
         if isinstance(split, C.HeadSplit):

@@ -22,7 +22,7 @@ from memrl.training.rollout import RolloutResult
 from memrl.types import Group
 from memrl.workflows import format_counts, format_keys
 
-COUNTED = ("train/rows", "train/tokens", "train/micro_batches", "train/rows_zero_adv_skipped")
+COUNTED = ("train/rows", "train/tokens", "train/micro_batches", "train/rows_zero_adv_skipped", "train/forwarded_tokens")
 """Per-step metrics that count things: summed over an RL step's optimizer steps (the rest are averaged)."""
 
 MISMATCH_TOKENS = "/tokens"
@@ -162,6 +162,9 @@ def step_metrics(parts: list[dict[str, float]], res: RolloutResult, timer: Stage
     gen = metrics.get("rollout/generated_tokens", 0.0)
     metrics["perf/rollout_tokens_per_s"] = gen / max(res.seconds if asynchronous else rollout_s, 1e-9)
     metrics["perf/train_tokens_per_s"] = metrics.get("train/tokens", 0.0) / max(update_s, 1e-9)
+    # trainer.prefix_sharing: tokens the update forwarded / its rows' tokens (1 without sharing)
+    rows_tok = metrics.get("train/tokens", 0.0)
+    metrics["perf/shared_token_ratio"] = metrics.get("train/forwarded_tokens", rows_tok) / rows_tok if rows_tok else 1.0
     metrics["perf/trainer_idle_share"] = rollout_s / max(rollout_s + update_s, 1e-9)
     metrics.update(busy)
     metrics["data/position"] = position
