@@ -79,8 +79,9 @@ def test_stop_names_the_last_good_checkpoint(tiny_path, tmp_path):
     hist = Trainer(assemble(_cfg(tiny_path, run, 3, "stop", **{"health.guard": "[format]",
                                                               "health.format_share": "1.0"}))).fit()
     assert [h["health/alarms"] for h in hist] == [0.0, 1.0, 1.0]  # dead fires, not guarded: the run goes on
-    with pytest.raises(CollapseError, match=r"the last good checkpoint is .*step_000003 \(step 3, before the "
-                                            r"streak began at step 4\)"):
+    # the streak began at step 4, whose rollout sampled with step 3's weights: the last good ones are step 2's
+    with pytest.raises(CollapseError, match=r"the last good checkpoint is .*step_000002 \(step 2, whose weights "
+                                            r"sampled a step before the streak began at step 4\)"):
         Trainer(assemble(_cfg(tiny_path, run, 6, "stop", **{"health.guard": "[format]"}), resume=True)).fit()
 
 
