@@ -230,7 +230,8 @@ class TrainerSection:
     on_collapse: str = valid("warn", choices=ON_COLLAPSE)
     """What a health alarm of `health.guard` does (memrl.training.guard; docs/guides/health.md): warn = one line
     above the progress bar, the run goes on; stop = the run ends naming the last good checkpoint; rollback =
-    back to the newest checkpoint before the alarm's streak, the learning rate scaled and new sampling seeds
+    back to the last good checkpoint (whose weights sampled a step before the streak), the learning rate
+    scaled and new sampling seeds
     (health.rollback_*), at most health.max_rollbacks times. Every alarm is in the step metrics (health/*)."""
     dump_every: int = valid(10, ge=0, le=MAX_COUNT, note="0 = off")
     """Append a sample of this step's trajectories to trajectories.jsonl every k steps (`memrl view`); 0 = off."""
@@ -438,7 +439,7 @@ class TrainConfig:
         for what, on in refused.items():
             if on:
                 raise ConfigError(f"trainer.on_collapse=rollback does not support {what}")
-        within = -(-(h.patience - 1) // t.save_every)  # checkpoints saved inside a streak before it fires
+        within = -(-h.patience // t.save_every)  # saved from the streak's first sampling weights until it fires
         if t.keep_checkpoints and t.keep_checkpoints <= within:
             raise ConfigError(
                 f"trainer.keep_checkpoints={t.keep_checkpoints} must be > {within} with trainer.on_collapse=rollback, "

@@ -14,7 +14,8 @@ import datetime
 import os
 import socket
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,9 +183,25 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=True))
 
 
+@contextmanager
+def _untouched(opt: torch.optim.Optimizer) -> Iterator[None]:
+    """A context that leaves an optimizer that has not stepped yet as it was: torch's optimizer state-dict
+    helpers give it a state by running one step with zero gradients at learning rate 0, which leaves the
+    weights alone but counts a step (Adam's bias corrections of the first real step would then be the
+    second's). The state they return is kept; the optimizer forgets it afterwards."""
+    fresh = not opt.state
+    try:
+        yield
+    finally:
+        if fresh:
+            opt.state.clear()
+
+
 def full_optim_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer state keyed by parameter NAME (so it loads at any world size); full on rank 0."""
-    osd = get_optimizer_state_dict(model, opt, options=_options(full_state_dict=True, cpu_offload=True))
+    """The optimizer state keyed by parameter NAME (so it loads at any world size); full on rank 0. An
+    optimizer that has not stepped yet stays so (_untouched)."""
+    with _untouched(opt):
+        osd = get_optimizer_state_dict(model, opt, options=_options(full_state_dict=True, cpu_offload=True))
     # Plain tensors (all of them at world size 1, `step` at any) alias the live state: the next optimizer
     # step would change the returned dict in place. Copies only.
     if "state" in osd:
@@ -202,8 +219,9 @@ def load_optim_state(model: torch.nn.Module, opt: torch.optim.Optimizer, state: 
 def save_optim_dcp(model: torch.nn.Module, opt: torch.optim.Optimizer, path: str | os.PathLike) -> list[dict[str, Any]]:
     """Write the optimizer's tensors to the DCP directory `path` (collective: every rank writes its own
     shards; replicated tensors once). Returns the param groups (plain data, parameters by name), which
-    the caller stores beside them."""
-    osd = get_optimizer_state_dict(model, opt)
+    the caller stores beside them. An optimizer that has not stepped yet stays so (_untouched)."""
+    with _untouched(opt):
+        osd = get_optimizer_state_dict(model, opt)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.save(flatten_optim(osd["state"]), checkpoint_id=os.fspath(path), no_dist=not grouped())

@@ -3,7 +3,8 @@ trainer.on_collapse says.
 
 - warn: one line above the progress bar (the log without one) when an alarm first fires; the run goes on.
 - stop: the run ends with a one-line CollapseError naming the alarm and the last good checkpoint (the
-  newest one saved before the alarm's streak began); the collapsed step is not saved.
+  newest one whose weights sampled a step before the alarm's streak began: a streak from step s began with
+  the weights saved after step s - 1, so that is checkpoint s - 2 or older); the collapsed step is not saved.
 - rollback: the run goes back to that checkpoint (weights, optimizer, scheduler, RNG, data position and
   health state), the checkpoints after it are removed, the learning rate is scaled by
   health.rollback_lr_scale and the rollouts get new seeds (health.rollback_reseed), the event is appended
@@ -112,11 +113,19 @@ def alarm_line(step: int, alarms: list[Alarm], mode: str) -> str:
     return f"step {step}: health alarm ({said}); trainer.on_collapse={mode}"
 
 
+def last_good(root: Path, start: int) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint to go back to when an alarm's streak began at step `start`: step s's rollout samples
+    with the weights saved after step s - 1, so the streak's first bad rollout came from checkpoint start - 1
+    (the update that broke the run is in it) and the last good weights are the newest checkpoint before
+    that one; a streak from step 1 or 2 goes back to step 0, the run's initial weights (rollback saves them)."""
+    return good_checkpoint(root, max(start - 1, 1))
+
+
 def stop_message(step: int, alarms: list[Alarm], root: Path, start: int, why: str) -> str:
     """CollapseError's line: the alarms, why the run stops, and the last good checkpoint."""
-    good = good_checkpoint(root, start)
-    where = (f"the last good checkpoint is {good[0]} (step {int(good[1]['step'])}, before the streak began at step "
-             f"{start})" if good else f"no checkpoint from before step {start} is kept")
+    good = last_good(root, start)
+    where = (f"the last good checkpoint is {good[0]} (step {int(good[1]['step'])}, whose weights sampled a step "
+             f"before the streak began at step {start})" if good else f"no checkpoint from before step {start} is kept")
     said = "; ".join(f"{a.name}: {a.reason}" for a in alarms)
     return f"step {step}: training collapsed ({said}); {why}; {where}"
 
@@ -139,7 +148,7 @@ def act(trainer: Any, alarms: list[Alarm], metrics: dict[str, float], logger: An
     if trainer.health.rollbacks >= h.max_rollbacks:
         raise CollapseError(stop_message(step, acting, root, start, f"stopped after health.max_rollbacks="
                                          f"{h.max_rollbacks} rollback(s)"))
-    good = good_checkpoint(root, start)
+    good = last_good(root, start)
     if good is None:
         raise CollapseError(stop_message(step, acting, root, start, "cannot roll back"))
     rollback(trainer, good[0], good[1], step, acting, metrics, logger)

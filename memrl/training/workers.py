@@ -169,6 +169,8 @@ class PolicyWorker:
         else:
             raise ValueError(f"checkpoint {start}: its optimizer state is keyed by parameter index and "
                              "loads only at trainer.num_workers=1")
+        if state.get("optimizer_fresh"):  # saved before the first step: the next step is the first again
+            self.opt.state.clear()
         self.sched.load_state_dict(state["scheduler"])
 
     def load_checkpoint(self, path: str, lr_scale: float = 1.0) -> None:
@@ -452,10 +454,11 @@ class PolicyWorker:
             torch.distributed.barrier()  # the directory exists before any rank writes into it
         path = ""
         try:
+            fresh = not self.opt.state  # not stepped yet (a step-0 checkpoint): loading it must leave it so
             groups = D.save_optim_dcp(self.model, self.opt, tmp / OPTIM_DIR)
             if D.rank() == 0:
                 state = dict(driver_state, scheduler=self.sched.state_dict(), optimizer_layout="dcp",
-                             optimizer_groups=groups)
+                             optimizer_groups=groups, optimizer_fresh=fresh)
                 if L.is_peft(self.model):  # LoRA: PEFT's adapter files (from the gathered state under ranks)
                     model = L.checkpoint_model(self.model, self.tokenizer, self.cfg.model,
                                                weights if D.grouped() else None)

@@ -79,8 +79,9 @@ def test_stop_names_the_last_good_checkpoint(tiny_path, tmp_path):
     hist = Trainer(assemble(_cfg(tiny_path, run, 3, "stop", **{"health.guard": "[format]",
                                                               "health.format_share": "1.0"}))).fit()
     assert [h["health/alarms"] for h in hist] == [0.0, 1.0, 1.0]  # dead fires, not guarded: the run goes on
-    with pytest.raises(CollapseError, match=r"the last good checkpoint is .*step_000003 \(step 3, before the "
-                                            r"streak began at step 4\)"):
+    # the streak began at step 4, whose rollout sampled with step 3's weights: the last good ones are step 2's
+    with pytest.raises(CollapseError, match=r"the last good checkpoint is .*step_000002 \(step 2, whose weights "
+                                            r"sampled a step before the streak began at step 4\)"):
         Trainer(assemble(_cfg(tiny_path, run, 6, "stop", **{"health.guard": "[format]"}), resume=True)).fit()
 
 
@@ -137,3 +138,37 @@ def test_rollback_goes_back_rescales_reseeds_and_resumes_exactly(tiny_path, tmp_
             assert x[k] == y[k], k
     assert (tmp_path / "b" / RECORDS).read_text() == (tmp_path / "a" / RECORDS).read_text().replace(
         str(tmp_path / "a"), str(tmp_path / "b"))
+
+
+
+def test_the_step_0_checkpoint_of_rollback_leaves_the_run_as_it_was(tiny_path, tmp_path):
+    """on_collapse=rollback saves step 0 before the first update. torch's optimizer state-dict helpers give a
+    fresh AdamW a state by running one zero-gradient step, which counted as a step: Adam's first real update
+    then used the second step's bias corrections, and the run differed from the one with the guard at warn
+    (seen in the context demo from step 2 on). With an entropy bonus every step's update moves the weights
+    (the random model's reward is always 0); nothing acts (only the likelihood alarm guards, and no
+    trajectory is right), so both runs must train the same weights, and so must a run resumed from the
+    step-0 checkpoint (its optimizer starts fresh again)."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    extra = {"algorithm.entropy_coef": "0.05", "health.guard": "[likelihood]"}
+    warn = Trainer(assemble(_cfg(tiny_path, tmp_path / "w", 2, "warn", **extra)))
+    warn.fit()
+    guarded = Trainer(assemble(_cfg(tiny_path, tmp_path / "r", 2, "rollback", **extra)))
+    guarded.fit()
+    ckpts = tmp_path / "r" / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_000000", "step_000001", "step_000002"]
+    a, b = warn.model.state_dict(), guarded.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    start = load_file(ckpts / "step_000000" / "model.safetensors")
+    assert any(not torch.equal(a[k], v) for k, v in start.items() if k in a)  # the updates moved the weights
+    shutil.copytree(tmp_path / "r", tmp_path / "r0")
+    for name in ("step_000001", "step_000002"):
+        shutil.rmtree(tmp_path / "r0" / "checkpoints" / name)
+    (tmp_path / "r0" / "checkpoints" / "latest").write_text("step_000000\n")
+    again = Trainer(assemble(_cfg(tiny_path, tmp_path / "r0", 2, "rollback", **extra), resume=True))
+    again.fit()
+    assert again.model is not guarded.model
+    assert all(torch.equal(a[k], again.model.state_dict()[k]) for k in a)

@@ -145,7 +145,7 @@ def test_records_truncate_to_the_resumed_rollback_count(tmp_path):
     (["trainer.on_collapse=rollback", "trainer.num_workers=2", "rollout.num_engines=1"],
      "trainer.on_collapse=rollback does not support trainer.num_workers > 1"),
     (["trainer.on_collapse=rollback", "trainer.save_every=1", "trainer.keep_checkpoints=2"],
-     "trainer.keep_checkpoints=2 must be > 2 with trainer.on_collapse=rollback, trainer.save_every=1 and "
+     "trainer.keep_checkpoints=2 must be > 3 with trainer.on_collapse=rollback, trainer.save_every=1 and "
      "health.patience=3"),
 ])
 def test_bad_settings_are_one_line_errors_naming_the_field(extra, message, tmp_path):
