@@ -19,6 +19,7 @@ from memrl.config import load_config
 from memrl.errors import UserError
 from memrl.eval.runner import EvalConfig, make_eval_engine, workflow_config
 from memrl.runtime import RolloutRuntime
+from memrl.threads import apply as apply_threads
 from memrl.types import Task
 
 ASK_WORKFLOWS = ("memagent", "rememr1")
@@ -73,6 +74,7 @@ def ask(model: str | Path, text: str, question: str, workflow: str = "memagent",
     if not text.strip():
         raise UserError("the document is empty")
     cfg = load_config(EvalConfig, [f"engine.model={model}", f"workflow.name={workflow}", *overrides])
+    apply_threads(cfg.threads)
     spec, wf_cfg = workflow_config(cfg)
     task = Task(task_id="ask", question=question, context=text, answers=[])
     t0 = time.perf_counter()
