@@ -17,8 +17,8 @@ The wait policy is read by libgomp once, when torch is imported: setting os.envi
 nothing. `memrl.cli.main` therefore reads the `threads` section (from --preset and the `threads.*`
 overrides) before any command module, and so torch, is imported (`early_env`); `apply` then sets torch's
 thread counts from the fully loaded config and reports what is in effect. Called from Python after
-torch is loaded (`memrl.eval.ask.ask`, a Trainer built by hand), the counts apply and a wait policy the
-environment did not already give is logged as not in effect. This module imports torch only in `apply`.
+torch is loaded (`memrl.eval.ask.ask(..., apply_threads=True)`), the counts apply and a wait policy the
+environment did not already give is logged as not in effect. This module imports torch only in functions.
 
 Worker processes inherit the setting: `apply` exports the section as MEMRL_THREADS (and the wait policy as
 OMP_WAIT_POLICY) to the environment Ray workers and child processes start with; Ray training ranks and
