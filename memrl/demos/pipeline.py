@@ -40,7 +40,7 @@ from memrl.errors import UserError
 from memrl.locks import locked_dir
 from memrl.models.tiny import ModelPreset, shape_problem
 from memrl.plugins import is_import_path, load_object
-from memrl.threads import set_torch_threads
+from memrl.threads import ThreadsSection, set_torch_threads
 from memrl.training.assemble import assemble, check_writable, validate
 from memrl.training.checkpoint import latest_checkpoint
 from memrl.training.config import TrainConfig
@@ -173,6 +173,9 @@ def load_train(cfg: Any, train_ov: list[str], out_dir: str | Path, train: list[s
     tcfg = load_config(TrainConfig, [f"model.path={out / 'sft'}", f"out_dir={out / 'rl'}", *train, *train_ov],
                        preset=cfg.train_preset)
     spec, wf_cfg = validate(tcfg)
+    if tcfg.threads != ThreadsSection():
+        raise ConfigError("train.threads.* is not read by memrl demo: its threads=N sets torch's threads for the "
+                          "whole demo")
     return RecipeRun(cfg, tcfg, out, spec, wf_cfg)
 
 

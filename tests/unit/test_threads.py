@@ -227,3 +227,14 @@ def test_memrl_train_sets_torchs_threads_before_any_model_loads(tmp_path):
     assert "THREADS 1 1" in r.stdout, r.stderr
     r = _run(FAKE_TRAIN, "train", f"model.path={model}", f"out_dir={tmp_path / 'run2'}", OMP_NUM_THREADS="1")
     assert "THREADS 1 1" in r.stdout, r.stderr  # the default defers to the user's OMP_NUM_THREADS
+
+
+def test_the_demo_refuses_a_train_threads_section_it_would_not_read(tmp_path):
+    from memrl.demos.memagent import DemoConfig
+    from memrl.demos.pipeline import load_run
+
+    with pytest.raises(ConfigError) as e:
+        load_run(DemoConfig, ["train.threads.intra_op=1"], tmp_path / "demo")
+    assert str(e.value) == ("train.threads.* is not read by memrl demo: its threads=N sets torch's threads for the "
+                            "whole demo")
+    assert load_run(DemoConfig, ["threads=1"], tmp_path / "demo").cfg.threads == 1
