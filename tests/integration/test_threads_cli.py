@@ -59,3 +59,48 @@ def test_eval_records_its_threads(tiny, tmp_path):
     saved = json.loads((out / "eval_config.json").read_text())["threads"]
     assert (saved["intra_op"], saved["inter_op"], saved["wait_policy"]) == (1, 1, "ACTIVE")
     assert saved["cpus"] == len(os.sched_getaffinity(0))
+
+
+RAY_PROBE = """
+import json, os, sys
+from memrl.config import load_config
+from memrl.threads import apply
+from memrl.training.config import TrainConfig
+from memrl.training.placement import connect
+
+cfg = load_config(TrainConfig, ["model.path=x", "data.path=x", "ray.num_cpus=2", "ray.temp_dir=" + sys.argv[1],
+                                *sys.argv[2:]])
+apply(cfg.threads)  # what memrl train does before it builds anything
+connect(cfg)
+import ray
+
+@ray.remote(num_cpus=1)
+class Rank:  # as RankActor.setup and the engine replicas do
+    def threads(self):
+        from memrl.threads import apply_inherited
+        return {**apply_inherited(), "env": os.environ.get("OMP_WAIT_POLICY")}
+
+print(json.dumps(ray.get(Rank.remote().threads.remote())))
+ray.shutdown()
+"""
+
+
+def _ray_probe(*overrides: str) -> dict:
+    pytest.importorskip("ray")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rt", dir="/tmp") as tmp:  # AF_UNIX paths stay short
+        env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MEMRL_THREADS")}
+        env.update({"RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)})
+        out = subprocess.run([sys.executable, "-c", RAY_PROBE, tmp, *overrides], env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_ray_workers_inherit_the_section():
+    got = _ray_probe("threads.wait_policy=active")
+    # intra_op's default in an actor of one CPU: Ray's OMP_NUM_THREADS=1; the policy was in its environment
+    assert (got["intra_op"], got["inter_op"], got["wait_policy"], got["env"]) == (1, 1, "ACTIVE", "ACTIVE")
+    got = _ray_probe("threads.intra_op=2")
+    assert (got["intra_op"], got["wait_policy"]) == (2, "PASSIVE")
