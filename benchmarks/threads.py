@@ -23,6 +23,8 @@ burn CPU without speed), and the competitor's rate.
     python benchmarks/threads.py --quick      # tiny preset, 2 s phases, one round: a smoke run
     python benchmarks/threads.py --cores 0-15 --threads 1 2 4 8 16 --loads alone   # a 16-core laptop
     python benchmarks/threads.py --dry-run    # the cells, no work
+    python benchmarks/threads.py --spin 2000  # a 128x128 matmul loop at 1 and 2 threads under each wait policy,
+                                              # also PASSIVE set after `import torch` (no effect): wall and CPU s
 
 Each phase runs whole batches until --seconds have passed, so a slow cell overshoots by up to one batch (a
 fully loaded machine took 13 min for --quick).
@@ -144,6 +146,41 @@ def competitor(args: argparse.Namespace) -> int:
     return 0
 
 
+def spin_worker(mode: str, threads: int, iters: int) -> int:
+    """A 128x128 matmul loop with a Python yield between ops (an engine step's shape); `mode`: unset, ACTIVE,
+    PASSIVE (set before torch is imported) or PASSIVE-after-import (set after: libgomp has read it already)."""
+    if mode in ("ACTIVE", "PASSIVE"):
+        os.environ["OMP_WAIT_POLICY"] = mode
+    import torch
+
+    if mode == "PASSIVE-after-import":
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    torch.set_num_threads(threads)
+    a = torch.randn(128, 128)
+    for _ in range(200):
+        a @ a
+    c0, t0 = _cpu(), time.perf_counter()
+    for _ in range(iters):
+        a @ a
+        time.sleep(0)
+    wall, cpu = time.perf_counter() - t0, _cpu() - c0
+    print(f"| {mode} | {threads} | {wall:.2f} | {cpu:.2f} | {cpu / wall:.2f} |", flush=True)
+    return 0
+
+
+def spin(args: argparse.Namespace) -> int:
+    print(f"| OMP_WAIT_POLICY | threads | wall s ({args.spin} matmuls) | CPU s | CPU/wall |\n|---|---:|---:|---:|---:|",
+          flush=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")}
+    for mode, t in (("unset", 1), ("unset", 2), ("ACTIVE", 2), ("PASSIVE", 2), ("PASSIVE-after-import", 2)):
+        try:
+            subprocess.run([sys.executable, str(Path(__file__).resolve()), "--spin-worker", mode, str(t),
+                            str(args.spin)], env=env, timeout=args.spin_timeout, check=True)
+        except subprocess.TimeoutExpired:
+            print(f"| {mode} | {t} | > {args.spin_timeout:g} (stopped) | | |", flush=True)
+    return 0
+
+
 # --------------------------------------------------------------------------------------- orchestrator
 
 
@@ -234,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="", help="also write every cell's figures here")
     ap.add_argument("--quick", action="store_true", help="tiny preset, 2 s phases, one round")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--spin", type=int, default=0, help="only the matmul-loop check, this many matmuls per run")
+    ap.add_argument("--spin-timeout", type=float, default=100.0, help="--spin: seconds before a run is stopped")
+    ap.add_argument("--spin-worker", nargs=3, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--competitor", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="", help=argparse.SUPPRESS)
@@ -243,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         return worker(args)
     if args.competitor:
         return competitor(args)
+    if args.spin_worker:
+        return spin_worker(args.spin_worker[0], int(args.spin_worker[1]), int(args.spin_worker[2]))
+    if args.spin:
+        return spin(args)
     if args.quick:
         args.preset, args.seconds, args.rounds = "tiny", 2.0, 1
     plan = cells(args)
