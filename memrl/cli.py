@@ -14,6 +14,7 @@ from memrl.config import redact_text
 from memrl.engines.base import EngineError
 from memrl.errors import UserError, os_message
 from memrl.services.base import RetrievalError
+from memrl.threads import early_env
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -100,6 +101,7 @@ def redact_log_records() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     redact_log_records()
+    early_env(list(sys.argv[1:] if argv is None else argv))  # OMP_WAIT_POLICY before the commands import torch
     parser, modules = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)

@@ -36,6 +36,6 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         raise UsageError(f"memrl ask takes key=value overrides only, got {bad[0]!r}")
     text = read_document(args.file)
-    res = ask(args.model, text, args.question, workflow=args.workflow, overrides=args.overrides)
+    res = ask(args.model, text, args.question, workflow=args.workflow, overrides=args.overrides, apply_threads=True)
     print(render(res, args.show_memory))
     return 0

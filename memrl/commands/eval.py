@@ -34,6 +34,7 @@ from memrl.errors import UserError
 from memrl.eval.report import is_memact, report_dirs, summarize, summarize_memact, write_report
 from memrl.eval.runner import EvalConfig, evaluate
 from memrl.locks import locked_dir
+from memrl.threads import apply as apply_threads
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if args.no_progress:
         ev.append("progress=false")
     cfg = load_config(EvalConfig, ev, preset=args.preset)
+    apply_threads(cfg.threads)  # torch's thread counts; the wait policy was set before torch loaded (memrl.cli)
     with locked_dir(args.out, "--out"):  # a second eval into --out would answer every question again
         rows = evaluate(files, args.out, cfg)
     name = cfg.name or Path(args.out).resolve().name

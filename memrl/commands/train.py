@@ -19,6 +19,7 @@ import argparse
 
 from memrl.config import load_config, to_yaml
 from memrl.locks import locked_dir
+from memrl.threads import apply as apply_threads
 from memrl.training.assemble import assemble, validate
 from memrl.training.config import TrainConfig
 from memrl.training.run_dir import prepare_run_dir
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     with locked_dir(cfg.out_dir, "out_dir"):  # one process per out_dir
         prepare_run_dir(cfg.out_dir, args.resume, args.overwrite)
+        apply_threads(cfg.threads)  # before any model loads (and before Ray starts: its workers inherit it)
         trainer = Trainer(assemble(cfg, resume=args.resume, workflow=workflow))  # fails here, before any model loads
         history = trainer.fit()
     if history:

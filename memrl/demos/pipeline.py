@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import torch
-
 from memrl.config import (
     MAX_COUNT,
     MAX_LR,
@@ -42,6 +40,7 @@ from memrl.errors import UserError
 from memrl.locks import locked_dir
 from memrl.models.tiny import ModelPreset, shape_problem
 from memrl.plugins import is_import_path, load_object
+from memrl.threads import ThreadsSection, set_torch_threads
 from memrl.training.assemble import assemble, check_writable, validate
 from memrl.training.checkpoint import latest_checkpoint
 from memrl.training.config import TrainConfig
@@ -174,13 +173,17 @@ def load_train(cfg: Any, train_ov: list[str], out_dir: str | Path, train: list[s
     tcfg = load_config(TrainConfig, [f"model.path={out / 'sft'}", f"out_dir={out / 'rl'}", *train, *train_ov],
                        preset=cfg.train_preset)
     spec, wf_cfg = validate(tcfg)
+    if tcfg.threads != ThreadsSection():
+        raise ConfigError("train.threads.* is not read by memrl demo: its threads=N sets torch's threads for the "
+                          "whole demo")
     return RecipeRun(cfg, tcfg, out, spec, wf_cfg)
 
 
 def set_threads(cfg: Any) -> None:
-    """torch's thread count from the demo config's `threads` (0 = torch's default)."""
+    """torch's thread count from the demo config's `threads` (0 = torch's default), through memrl.threads
+    as `memrl train`'s threads.intra_op."""
     if getattr(cfg, "threads", 0):
-        torch.set_num_threads(cfg.threads)
+        set_torch_threads(cfg.threads)
 
 
 # ---------------------------------------------------------------------------------------------- methods

@@ -17,6 +17,7 @@ from typing import Any
 
 from memrl.engines import build_engine
 from memrl.engines.base import Capabilities, capabilities
+from memrl.threads import apply_inherited
 
 
 def on_bundle(pg: Any, i: int, cpus: float, gpus: float) -> dict[str, Any]:
@@ -32,6 +33,7 @@ class _EngineActor:
     actor: concurrent generate calls batch inside it."""
 
     def __init__(self, engine_cfg: Any) -> None:
+        apply_inherited()  # the driver's threads section (memrl.threads); intra_op's default: this actor's CPUs
         self.engine = build_engine(engine_cfg)
         self.engine_cfg = engine_cfg
 

@@ -19,6 +19,7 @@ from memrl.config import load_config
 from memrl.errors import UserError
 from memrl.eval.runner import EvalConfig, make_eval_engine, workflow_config
 from memrl.runtime import RolloutRuntime
+from memrl.threads import apply as set_threads
 from memrl.types import Task
 
 ASK_WORKFLOWS = ("memagent", "rememr1")
@@ -64,8 +65,10 @@ def read_document(path: str | Path) -> str:
 
 
 def ask(model: str | Path, text: str, question: str, workflow: str = "memagent",
-        overrides: list[str] | tuple[str, ...] = ()) -> AskResult:
-    """Run `workflow` (memagent or rememr1) of the model directory `model` over `text` for `question`."""
+        overrides: list[str] | tuple[str, ...] = (), apply_threads: bool = False) -> AskResult:
+    """Run `workflow` (memagent or rememr1) of the model directory `model` over `text` for `question`.
+    `apply_threads`: set this process's torch threads from the config's `threads` section (memrl.threads), as
+    `memrl ask` does; a Python caller keeps its own thread setting unless it asks for that."""
     if workflow not in ASK_WORKFLOWS:
         raise UserError(f"workflow {workflow!r}: memrl ask runs {' or '.join(ASK_WORKFLOWS)}")
     if not question.strip():
@@ -73,6 +76,8 @@ def ask(model: str | Path, text: str, question: str, workflow: str = "memagent",
     if not text.strip():
         raise UserError("the document is empty")
     cfg = load_config(EvalConfig, [f"engine.model={model}", f"workflow.name={workflow}", *overrides])
+    if apply_threads:
+        set_threads(cfg.threads)
     spec, wf_cfg = workflow_config(cfg)
     task = Task(task_id="ask", question=question, context=text, answers=[])
     t0 = time.perf_counter()

@@ -73,6 +73,7 @@ from memrl.rewards.published_metrics import METRIC_RULES, published_qa_metrics, 
 from memrl.rewards.qa import qa_metrics
 from memrl.runtime import RolloutRuntime
 from memrl.services.registry import retriever_problem
+from memrl.threads import ThreadsSection, in_effect
 from memrl.types import Task, Trajectory
 from memrl.workflows import parse_workflow
 from memrl.workflows.runner import takes_services
@@ -150,6 +151,9 @@ class EvalConfig:
     length_buckets: list[int] = valid(default_factory=lambda: [4000, 8000], ge=1, le=MAX_TOKENS)
     """LongBench files: increasing upper bounds of the length buckets the report groups rows by (each row's
     N = its bucket's lower bound); [4000, 8000] = LongBench-E's 0-4k, 4-8k, 8k+."""
+    threads: ThreadsSection = field(default_factory=ThreadsSection)
+    """CPU threads (memrl.threads): torch intra-op / inter-op, OpenMP wait policy; `memrl eval` and `memrl ask`
+    apply them (recorded in eval_config.json as what was in effect)."""
 
     def __post_init__(self) -> None:
         check_config(self)  # the declared ranges (valid), also for a config built in code
@@ -388,6 +392,7 @@ def evaluate(
               "scoring": {"golds": cfg.golds, "extract": cfg.extract,
                           # only when set, so directories from before the option still resume
                           **({"metric_rules": cfg.metric_rules} if cfg.metric_rules != "memrl" else {})}}
+    record["threads"] = in_effect()  # what this run ran with (not compared on resume)
     if cfg.strip_text:  # only when set, so directories from before the option still resume
         record["strip_text"] = True
     if list(cfg.length_buckets) != [4000, 8000]:  # LongBench rows' N depends on it (the default stays unrecorded)

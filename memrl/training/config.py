@@ -40,6 +40,7 @@ from memrl.engines.registry import engine_kind, replica_names
 from memrl.precision import check_compute_dtype
 from memrl.rewards.extract import EXTRACT_MODES
 from memrl.rewards.published_metrics import METRIC_RULES
+from memrl.threads import ThreadsSection
 from memrl.training.adapter_sync import check as check_lora_sync
 from memrl.training.algorithm_section import AlgorithmSection
 from memrl.training.health import ON_COLLAPSE, HealthSection
@@ -427,6 +428,8 @@ class TrainConfig:
     ray: RaySection = field(default_factory=RaySection)
     health: HealthSection = field(default_factory=HealthSection)
     """Training health (memrl.training.health): the alarms' thresholds and the rollback of trainer.on_collapse."""
+    threads: ThreadsSection = field(default_factory=ThreadsSection)
+    """CPU threads of the driver and its workers (memrl.threads): torch intra-op / inter-op, OpenMP wait policy."""
     out_dir: str = "runs/train"
 
     def _check_rollback(self) -> None:

@@ -24,6 +24,7 @@ from memrl.engines import engine_kind
 from memrl.engines.ray_engines import RayEngines
 from memrl.engines.registry import replica_names
 from memrl.errors import UserError
+from memrl.threads import worker_env
 from memrl.training.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,9 @@ def connect(cfg: TrainConfig) -> None:
             if sec.num_cpus:
                 kw["num_cpus"] = sec.num_cpus
             kw["_system_config"] = {"worker_niceness": sec.worker_niceness}
+        env = worker_env()  # the threads section (memrl.threads): set before a worker imports torch
+        if env:
+            kw["runtime_env"] = {"env_vars": env}
         ray.init(**kw)
     check_resources(cfg, ray.cluster_resources())
 

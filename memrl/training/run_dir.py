@@ -36,6 +36,8 @@ MAY_CHANGE = (
     "rollout.sync_check_tol", "rollout.sync_check_tokens", "ray",
     # how the run watches itself: a run resumed after a collapse may turn the guard on (memrl.training.guard)
     "trainer.on_collapse", "health",
+    # the CPU threads it runs with (memrl.threads): a laptop's run resumes on a shared node
+    "threads",
 )
 """Dotted keys (or sections) a resumed run may set differently from the run it continues: the number of
 steps, logging, trackers, progress bars, checkpoint cadence, trajectory dumps, and the resources and

@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from memrl import threads
 from memrl.algorithms.advantages import compute_group_advantages
 from memrl.algorithms.selection import segment_selection, selection_rng
 from memrl.config import to_yaml
@@ -292,10 +293,11 @@ class Trainer:
         if cfg.trainer.save_best:
             restore_best(self.ckpt_root, self.state.best)  # what a kill while replacing checkpoints/best left
         history: list[dict[str, float]] = []
+        thread_row = threads.metrics(threads.in_effect())  # every row says what threads it ran with
         if self.step == 0 and cfg.trainer.val_every and cfg.val.before_train:  # initial weights, as step 0
             logger.log(0, self.validate_step(0))
         while self.step < cfg.trainer.steps:
-            metrics = self.train_step()
+            metrics = {**self.train_step(), **thread_row}
             self.state.step += 1
             if cfg.trainer.val_every and self.step % cfg.trainer.val_every == 0:
                 metrics.update(self.validate_step(self.step))

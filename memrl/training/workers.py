@@ -33,6 +33,7 @@ from memrl.engines.weight_transfer import WeightTransfer
 from memrl.errors import UserError
 from memrl.model_open import open_model
 from memrl.precision import autocast, torch_dtype
+from memrl.threads import apply_inherited
 from memrl.training import distributed as D
 from memrl.training import lora as L
 from memrl.training import prefix_sharing as P
@@ -529,6 +530,7 @@ class RankActor:
         return node_address()
 
     def setup(self, cfg: TrainConfig, info: D.DistInfo, start: str | None) -> None:
+        apply_inherited()  # the driver's threads section (memrl.threads); intra_op's default: this actor's CPUs
         self.worker = PolicyWorker(cfg, info, start)
 
     def call(self, method: str, args: tuple[Any, ...], publish: bool) -> Any:

@@ -1,0 +1,248 @@
+"""CPU threads for `memrl train`, `memrl eval` and `memrl ask`: torch's intra-op and inter-op thread counts
+and the OpenMP wait policy (the `threads` section of TrainConfig and EvalConfig).
+
+    memrl train ... threads.intra_op=2 threads.inter_op=1 threads.wait_policy=passive
+
+Defaults: intra_op = OMP_NUM_THREADS when the environment sets it, else the CPUs this process may run on
+(os.sched_getaffinity), at most 16; inter_op = 1 (eager CPU work has no inter-op parallelism to use);
+wait_policy = OMP_WAIT_POLICY when the environment sets it, else PASSIVE. An explicit `threads.*` value
+wins over the environment; a value left at its default defers to it.
+
+Why PASSIVE: torch's OpenMP runtime (libgomp) spins after each parallel region (GOMP_SPINCOUNT 300000
+iterations by default) waiting for the next one; beside another busy process the spinning thread takes
+the core its partner needs, and a two-thread process ran 5-10x slower than a one-thread one
+(benchmarks/threads.py, docs/results/engine.md "Threads"). PASSIVE puts a waiting thread to sleep at once.
+
+The wait policy is read by libgomp once, when torch is imported: setting os.environ afterwards changes
+nothing. `memrl.cli.main` therefore reads the `threads` section (from --preset and the `threads.*`
+overrides) before any command module, and so torch, is imported (`early_env`); `apply` then sets torch's
+thread counts from the fully loaded config and reports what is in effect. Called from Python after
+torch is loaded (`memrl.eval.ask.ask(..., apply_threads=True)`), the counts apply and a wait policy the
+environment did not already give is logged as not in effect. This module imports torch only in functions.
+
+Worker processes inherit the setting: `apply` exports the section as MEMRL_THREADS (and the wait policy as
+OMP_WAIT_POLICY) to the environment Ray workers and child processes start with; Ray training ranks and
+engine replicas call `apply_inherited`, where intra_op's default is Ray's OMP_NUM_THREADS (the actor's CPUs).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from memrl.config import MAX_PARALLEL, check_config, valid
+
+log = logging.getLogger(__name__)
+
+WAIT_POLICIES = ("auto", "passive", "active")
+MAX_AUTO_THREADS = 16
+"""intra_op's default never exceeds this many threads (past it a step's small ops gain little)."""
+ENV = "MEMRL_THREADS"
+"""The environment variable that hands the section to worker processes (JSON)."""
+COMMANDS = ("train", "eval", "ask")
+"""The `memrl` commands that take the `threads` section."""
+
+
+@dataclass
+class ThreadsSection:
+    """CPU threads of this process (memrl.threads): torch's intra-op / inter-op pools, OpenMP's wait policy."""
+
+    intra_op: int = valid(0, ge=0, le=MAX_PARALLEL,
+                          note="0 = auto: OMP_NUM_THREADS if set, else the CPUs this process may use, at most 16")
+    """torch.set_num_threads: threads one op (a matmul, an attention) splits over."""
+    inter_op: int = valid(1, ge=0, le=MAX_PARALLEL, note="0 = torch's default, one per core")
+    """torch.set_num_interop_threads: threads that run independent ops at once (eager CPU code has none)."""
+    wait_policy: str = valid("auto", choices=WAIT_POLICIES)
+    """OMP_WAIT_POLICY for torch's OpenMP threads: passive = sleep between parallel regions (right beside
+    other jobs); active = spin (can be faster on cores nothing else uses); auto = the environment's
+    OMP_WAIT_POLICY if set, else passive. Takes effect only when set before torch is imported (memrl
+    train / eval / ask do)."""
+
+
+# The environment as memrl found it and what memrl set, fixed when this module is first imported (memrl.cli
+# imports it before torch): whether torch was already loaded, and the user's own OMP_WAIT_POLICY.
+_TORCH_BEFORE = "torch" in sys.modules
+_USER_POLICY = os.environ.get("OMP_WAIT_POLICY")
+_SET_BY_MEMRL: str | None = None
+"""The OMP_WAIT_POLICY value early_env put in the environment before torch was imported."""
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; os.cpu_count where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # macOS and Windows have no sched_getaffinity
+        return os.cpu_count() or 1
+
+
+def _env_threads() -> int | None:
+    raw = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
+def intra_op_threads(sec: ThreadsSection) -> tuple[int, str]:
+    """(threads, where the number comes from: threads.intra_op, OMP_NUM_THREADS or auto)."""
+    if sec.intra_op:
+        return sec.intra_op, "threads.intra_op"
+    env = _env_threads()
+    if env is not None:
+        return env, "OMP_NUM_THREADS"
+    return min(usable_cpus(), MAX_AUTO_THREADS), "auto"
+
+
+def wanted_policy(sec: ThreadsSection, user_env: str | None) -> str | None:
+    """The OMP_WAIT_POLICY value `sec` asks for ("PASSIVE" / "ACTIVE"); None = keep the user's `user_env`."""
+    if sec.wait_policy == "auto":
+        return None if user_env else "PASSIVE"
+    return sec.wait_policy.upper()
+
+
+def set_policy_env(sec: ThreadsSection) -> bool:
+    """Put `sec`'s wait policy in the environment if torch is not loaded yet (libgomp reads it at torch's
+    import); False when torch already is (then it cannot take effect in this process)."""
+    global _SET_BY_MEMRL
+    if "torch" in sys.modules:
+        return False
+    want = wanted_policy(sec, _USER_POLICY)
+    if want is not None:
+        os.environ["OMP_WAIT_POLICY"] = want
+        _SET_BY_MEMRL = want
+    return True
+
+
+def section_from(preset: str | None, overrides: list[str]) -> ThreadsSection:
+    """The `threads` section alone, from a preset's `threads:` mapping (and its `inherit:` chain) and the
+    `threads.*` overrides, as load_config would build it; raises what load_config raises on a bad value."""
+    from omegaconf import OmegaConf  # noqa: PLC0415 - as memrl.config does
+
+    from memrl.config import _preset_chain, preset_path  # noqa: PLC0415
+
+    node = OmegaConf.structured(ThreadsSection)
+    if preset:
+        for _, loaded in _preset_chain(preset_path(preset)):
+            sub = loaded.get("threads") if hasattr(loaded, "get") else None
+            if sub is not None:
+                node = OmegaConf.merge(node, sub)
+    for ov in overrides:
+        node = OmegaConf.merge(node, OmegaConf.from_dotlist([ov[len("threads."):]]))
+    sec = OmegaConf.to_object(node)
+    check_config(sec, "threads")
+    return sec  # type: ignore[return-value]
+
+
+def _preset_arg(args: list[str]) -> str | None:
+    for i, a in enumerate(args):
+        if a == "--preset" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--preset="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def early_env(argv: list[str]) -> None:
+    """`memrl` command line `argv` (without the program): for train / eval / ask, the wait policy of its
+    `threads` section into the environment before torch is imported. A section that does not load is left
+    to the command's own config load to report."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command not in COMMANDS or "torch" in sys.modules:
+        return
+    rest = argv[argv.index(command) + 1:]
+    overrides = [a for a in rest if a.startswith("threads.") and "=" in a]
+    try:
+        sec = section_from(_preset_arg(rest), overrides)
+    except Exception:  # noqa: BLE001 - the full config load names the problem
+        return
+    set_policy_env(sec)
+
+
+def _policy_in_effect() -> tuple[str, str]:
+    """(OMP_WAIT_POLICY as torch's OpenMP runtime read it, where it came from)."""
+    if _SET_BY_MEMRL is not None:
+        return _SET_BY_MEMRL, "memrl"
+    if _USER_POLICY:
+        return _USER_POLICY.upper(), "OMP_WAIT_POLICY"
+    return "unset", "OpenMP's default (spin, then sleep)"
+
+
+def set_torch_threads(intra_op: int, inter_op: int = 0) -> None:
+    """torch.set_num_threads(intra_op) and, when inter_op > 0, torch.set_num_interop_threads(inter_op) (which
+    torch takes once per process, before any inter-op work: a later different value is logged, not raised).
+    The one implementation of memrl's thread counts (the demos' `threads=` too)."""
+    import torch  # noqa: PLC0415 - this module is imported before torch on purpose
+
+    if intra_op > 0 and torch.get_num_threads() != intra_op:
+        torch.set_num_threads(intra_op)
+    if inter_op > 0 and torch.get_num_interop_threads() != inter_op:
+        try:
+            torch.set_num_interop_threads(inter_op)
+        except RuntimeError as e:  # already started, or set before
+            log.info("threads.inter_op=%d not applied (torch keeps %d): %s", inter_op,
+                     torch.get_num_interop_threads(), str(e).splitlines()[0])
+
+
+def apply(sec: ThreadsSection) -> dict[str, Any]:
+    """Set this process's torch threads from `sec`, export the section to worker processes, and return what
+    is in effect (recorded with the run): intra_op, inter_op, wait_policy and where each came from."""
+
+    intra, intra_from = intra_op_threads(sec)
+    set_torch_threads(intra, sec.inter_op)
+    policy, policy_from = _policy_in_effect()
+    want = wanted_policy(sec, _USER_POLICY if _SET_BY_MEMRL is None else None)
+    if want is not None and want != policy:
+        why = ("torch was imported before memrl could set it" if _TORCH_BEFORE or _SET_BY_MEMRL is None
+               else "it was read before the config was")
+        (log.warning if sec.wait_policy != "auto" else log.info)(
+            "threads.wait_policy=%s is not in effect (OpenMP uses %s: %s); set OMP_WAIT_POLICY=%s in the "
+            "environment", sec.wait_policy, policy, why, want)
+    os.environ[ENV] = json.dumps(asdict(sec))
+    child = want or (policy if policy != "unset" else None)
+    if child:
+        os.environ["OMP_WAIT_POLICY"] = child  # what worker processes start with (read at their torch import)
+    info = {**in_effect(), "intra_op_from": intra_from, "wait_policy_from": policy_from}
+    log.info("threads: intra_op=%d (%s), inter_op=%d, OMP_WAIT_POLICY=%s (%s), %d CPUs usable", info["intra_op"],
+             intra_from, info["inter_op"], policy, policy_from, info["cpus"])
+    return info
+
+
+def in_effect() -> dict[str, Any]:
+    """This process's threads as they are now: torch's intra-op and inter-op counts, the OpenMP wait policy
+    torch's runtime read (as far as this process can tell: "unset" = OpenMP's default) and the usable CPUs."""
+    import torch  # noqa: PLC0415
+
+    return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(),
+            "wait_policy": _policy_in_effect()[0], "cpus": usable_cpus()}
+
+
+def worker_env() -> dict[str, str]:
+    """The environment variables a worker process needs to run with this process's setting (for Ray's
+    runtime_env): MEMRL_THREADS and OMP_WAIT_POLICY, where set."""
+    return {k: os.environ[k] for k in (ENV, "OMP_WAIT_POLICY") if os.environ.get(k)}
+
+
+def apply_inherited() -> dict[str, Any] | None:
+    """In a worker process: apply the section the driver exported (MEMRL_THREADS); None when there is none.
+    Its wait policy took effect if OMP_WAIT_POLICY was in the environment the worker started with."""
+    raw = os.environ.get(ENV)
+    if not raw:
+        return None
+    try:
+        sec = ThreadsSection(**json.loads(raw))
+        check_config(sec, "threads")
+    except (TypeError, ValueError) as e:
+        log.warning("%s=%r ignored: %s", ENV, raw, e)
+        return None
+    intra, _ = intra_op_threads(sec)
+    set_torch_threads(intra, sec.inter_op)
+    return in_effect()
+
+
+def metrics(info: dict[str, Any]) -> dict[str, float]:
+    """`apply`'s result as numeric metrics (a training run's metrics rows): threads/intra_op, threads/inter_op,
+    threads/passive (1 = PASSIVE, 0 = ACTIVE, -1 = OpenMP's default)."""
+    p = str(info.get("wait_policy", "")).upper()
+    return {"threads/intra_op": float(info["intra_op"]), "threads/inter_op": float(info["inter_op"]),
+            "threads/passive": 1.0 if p == "PASSIVE" else 0.0 if p == "ACTIVE" else -1.0}
