@@ -49,7 +49,7 @@ def build(name: str, smollm2: str) -> torch.nn.Module:
     if name == "smollm2":
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(smollm2, torch_dtype=torch.float32, attn_implementation="sdpa")
+        return AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32, attn_implementation="sdpa")
     from transformers import Qwen2ForCausalLM
 
     from memrl.models.tiny import PRESETS, qwen2_config
