@@ -77,15 +77,16 @@ def build_prompts(args: argparse.Namespace, out: Path) -> Path:
 
     from memrl.quiet import encode_document
     from memrl.workflows.full_context import FULL_CONTEXT_TEMPLATE
-    from memrl.workflows.templates import chat_prompt
+    from memrl.workflows.templates import chat_prompt, load_template
 
     tok = AutoTokenizer.from_pretrained(args.model)
+    tpl = load_template("full_context", ("problem", "context"), None, FULL_CONTEXT_TEMPLATE)
     rows = json.loads((data / "eval_2.json").read_text())[: args.steps * args.prompts]
     (out / "train.json").write_text(json.dumps(rows))
     with (out / "prompts.jsonl").open("w") as f:
         for r in rows:
             ctx = tok.decode(encode_document(tok, r["context"]))  # as full_context: encoded, then decoded
-            text, _ = chat_prompt(tok, FULL_CONTEXT_TEMPLATE.format(problem=r["input"], context=ctx))
+            text, _ = chat_prompt(tok, tpl.render(problem=r["input"], context=ctx))
             f.write(json.dumps({"prompt": text, "answers": r["answers"]}) + "\n")
     return out / "prompts.jsonl"
 
