@@ -12,7 +12,7 @@ venv's python); the peak RSS is that child's (os.wait4's ru_maxrss). Measured pe
   update tok/s     prompt + completion tokens of the step's rows / (step time - generation time)
   reward           mean reward of the step's completions (the same verifier, `lenient` below, on both sides)
 Settings matched on both: full fine-tuning, float32, AdamW at --lr with no warmup, constant schedule, temperature
-1.0, top_p 1, no KL (beta 0), one optimizer step per generation batch (no PPO epochs), group-mean advantages
+1.0, top_p 1, no KL (beta 0), no gradient checkpointing (TRL's default turns it on: --trl-gradient-checkpointing), one optimizer step per generation batch (no PPO epochs), group-mean advantages
 without std scaling, token-mean loss over the step's rows. The prompt text is memrl's (chat template applied);
 TRL receives it as a plain-text prompt.
 """
@@ -126,7 +126,7 @@ def memrl_cmd(args: argparse.Namespace, out: Path) -> list[str]:
             "workflow.temperature=1.0", "workflow.reward=vs_trl:lenient", "algorithm=grpo", f"algorithm.n={args.n}",
             "algorithm.grpo.norm_by_std=false", "algorithm.loss_agg=token-mean", "algorithm.kl_coef=0",
             f"trainer.batch_size={args.prompts}", f"trainer.steps={args.steps}", f"optim.lr={args.lr}",
-            "optim.warmup_steps=0", "model.compute_dtype=float32", f"trainer.seed={args.seed}",
+            "optim.warmup_steps=0", "optim.weight_decay=0", "model.compute_dtype=float32", f"trainer.seed={args.seed}",
             f"out_dir={out / 'memrl'}", "--overwrite"]
 
 
@@ -163,7 +163,8 @@ def trl_side(args: argparse.Namespace) -> None:
                      num_generations=args.n, max_completion_length=args.max_tokens, temperature=1.0, top_p=1.0,
                      beta=0.0, num_iterations=1, scale_rewards="none", loss_type="dapo", learning_rate=args.lr,
                      lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, logging_steps=1,
-                     save_strategy="no", seed=args.seed, dataloader_num_workers=0, max_grad_norm=1.0)
+                     save_strategy="no", seed=args.seed, dataloader_num_workers=0, max_grad_norm=1.0,
+                     gradient_checkpointing=args.trl_gradient_checkpointing)
     stat = {"gen_s": 0.0, "gen_tokens": 0, "update_tokens": 0, "rewards": []}
 
     def reward(prompts, completions, answers, completion_ids=None, **kw):  # noqa: ANN001, ANN202
@@ -254,6 +255,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trl-gradient-checkpointing", action="store_true",
+                   help="TRL's own default (GRPOConfig turns it on); off = as memrl, which does not checkpoint")
     p.add_argument("--order", default="memrl,trl", help="which side runs first")
     p.add_argument("--out", default=str(ROOT / "runs" / "vs_trl"))
     p.add_argument("--side", choices=("both", "trl"), default="both", help=argparse.SUPPRESS)
@@ -281,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
                    "--model", args.model, "--steps", str(args.steps), "--prompts", str(args.prompts), "--n",
                    str(args.n), "--max-tokens", str(args.max_tokens), "--lr", str(args.lr), "--threads",
                    str(args.threads), "--seed", str(args.seed)]
+            cmd += ["--trl-gradient-checkpointing"] if args.trl_gradient_checkpointing else []
             wall, rss = run_child(cmd, env, out / "trl.log")
             rows = trl_steps(out)
         sides[side] = {**summarize(rows), "rss_mib": rss, "wall_s": wall, "rows": rows}
