@@ -107,8 +107,9 @@ def child_env(threads: int) -> dict[str, str]:
     return env
 
 
-def run_child(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, float]:
-    """(wall seconds, peak RSS in MiB) of one child process (its own ru_maxrss, from os.wait4)."""
+def run_child(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, float, float]:
+    """(wall seconds, peak RSS in MiB, CPU seconds user + system) of one child process (its own rusage, from
+    os.wait4): on a shared machine the CPU seconds move much less with the other jobs' load than wall time."""
     print("+", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
     with log.open("w") as f:
@@ -117,7 +118,7 @@ def run_child(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, fl
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"failed ({proc.returncode}), see {log}")
-    return time.perf_counter() - t0, ru.ru_maxrss / 1024
+    return time.perf_counter() - t0, ru.ru_maxrss / 1024, ru.ru_utime + ru.ru_stime
 
 
 def memrl_cmd(args: argparse.Namespace, out: Path) -> list[str]:
@@ -229,7 +230,8 @@ def table(sides: dict[str, dict]) -> str:
     lines = ["| measure | memrl | TRL | memrl / TRL |", "|---|---:|---:|---:|"]
     for key, name in (("step_s", "step time (s, median)"), ("gen_tok_s", "generation tokens/s (median)"),
                       ("update_tok_s", "update tokens/s (median)"), ("rss_mib", "peak RSS (MiB)"),
-                      ("reward", "mean reward (all steps)"), ("wall_s", "process wall time (s)")):
+                      ("reward", "mean reward (all steps)"), ("wall_s", "process wall time (s)"),
+                      ("cpu_s", "process CPU time (s, user + system)")):
         a, b = m.get(key, float("nan")), t.get(key, float("nan"))
         ratio = a / b if b == b and b and a == a else float("nan")
         lines.append(f"| {name} | {a:.3g} | {b:.3g} | {ratio:.2f} |")
@@ -277,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     sides: dict[str, dict] = {}
     for side in args.order.split(","):
         if side == "memrl":
-            wall, rss = run_child(memrl_cmd(args, out), env, out / "memrl.log")
+            wall, rss, cpu = run_child(memrl_cmd(args, out), env, out / "memrl.log")
             rows = memrl_steps(out)
         else:
             cmd = [args.trl_python, str(Path(__file__).resolve()), "--side", "trl", "--out", str(out),
@@ -285,9 +287,9 @@ def main(argv: list[str] | None = None) -> None:
                    str(args.n), "--max-tokens", str(args.max_tokens), "--lr", str(args.lr), "--threads",
                    str(args.threads), "--seed", str(args.seed)]
             cmd += ["--trl-gradient-checkpointing"] if args.trl_gradient_checkpointing else []
-            wall, rss = run_child(cmd, env, out / "trl.log")
+            wall, rss, cpu = run_child(cmd, env, out / "trl.log")
             rows = trl_steps(out)
-        sides[side] = {**summarize(rows), "rss_mib": rss, "wall_s": wall, "rows": rows}
+        sides[side] = {**summarize(rows), "rss_mib": rss, "wall_s": wall, "cpu_s": cpu, "rows": rows}
     text = table(sides)
     (out / "table.md").write_text(text + "\n")
     print(text)
