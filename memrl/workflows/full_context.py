@@ -48,6 +48,9 @@ class FullContextConfig:
     template_file: str | None = None
     enable_thinking: bool | None = None
     """The chat template's thinking switch (Qwen3's enable_thinking); None = the template's default."""
+    reward: str = "boxed_em"
+    """Outcome verifier, as the chunked workflows' `reward`: a name in memrl.rewards.verifiers (boxed_em,
+    verl_hotpotqa) or package.module:fn, a function marked with @memrl.rewards.verifiers.verifier."""
 
 
 async def run(task: Task, engine: Any, cfg: FullContextConfig, rng: random.Random) -> Trajectory:
@@ -78,7 +81,7 @@ async def run(task: Task, engine: Any, cfg: FullContextConfig, rng: random.Rando
                "truncated": float(len(kept) < len(ids)), "no_box": float(boxed is None),
                "generated_tokens": float(len(out.token_ids))}
     return Trajectory(task.task_id, "", [seg], final_answer=boxed or "", metrics=metrics,
-                      info={"answer_text": text, "memories": []})
+                      info={"answer_text": text, "memories": [], "reward": cfg.reward})
 
 
 SPEC = WorkflowSpec("full_context", run, FullContextConfig, boxed_em_outcome, format_keys=("no_box",))
