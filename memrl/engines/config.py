@@ -48,7 +48,7 @@ class HFSection:
     continuous batching with a time window (max_wait_ms): higher throughput, batch-dependent float rounding.
     `memrl eval` defaults to false (memrl.eval.runner.EVAL_ENGINE_DEFAULTS); HFEngine built directly takes
     this default too."""
-    kv_cache: str = valid("slots", choices=KV_CACHES)
+    kv_cache: str = valid("padded", choices=KV_CACHES)
     """padded: one left-padded KV cache for the whole batch; rows that join or leave rebuild it (a copy of
     every row), prompts admitted together are prefilled as one padded batch | slots: every row owns a slot
     of a preallocated cache; a row joins by writing its own slot and leaves by freeing it (the last row

@@ -39,7 +39,7 @@ _WAVES_CHUNK = ("engine.hf.prefill_chunk_tokens=64 needs engine.hf.deterministic
 @pytest.mark.parametrize(("ov", "said"), [
     (["engine.hf.kv_cache=padded", "engine.hf.prefix_cache_tokens=64"], _PADDED_PREFIX),
     (["engine.hf.kv_cache=padded", "engine.hf.prefill_chunk_tokens=64"], _PADDED_CHUNK),
-    (["engine.hf.prefill_chunk_tokens=64"], _WAVES_CHUNK),  # slots is the default
+    (["engine.hf.kv_cache=slots", "engine.hf.prefill_chunk_tokens=64"], _WAVES_CHUNK),
 ])
 def test_train_refuses_contradictory_hf_engine_settings_before_the_model_loads(ov, said, tmp_path, capsys):
     # before: a ValueError traceback from HFEngine's constructor, after the policy had loaded; here the model
