@@ -292,8 +292,7 @@ class Trainer:
         guard.begin(self)  # memrl.training.guard: health_events.jsonl cut back; rollback: the step-0 checkpoint
         if cfg.trainer.save_best:
             restore_best(self.ckpt_root, self.state.best)  # what a kill while replacing checkpoints/best left
-        history: list[dict[str, float]] = []
-        thread_row = threads.metrics(threads.in_effect())  # every row says what threads it ran with
+        history, thread_row = [], threads.metrics(threads.in_effect())  # every row says what threads it ran with
         if self.step == 0 and cfg.trainer.val_every and cfg.val.before_train:  # initial weights, as step 0
             logger.log(0, self.validate_step(0))
         while self.step < cfg.trainer.steps:
@@ -317,8 +316,7 @@ class Trainer:
         return history
 
     def close(self) -> None:
-        """End the run: the runtime (the services' clients, the engine, the event loop), then the workers.
-        fit() calls it; a caller that does not fit calls it itself."""
+        """End the run: the runtime (services' clients, engine, event loop), then the workers (fit() calls it)."""
         self.parts.close()
 
     def _open_trackers(self) -> list[Any]:
