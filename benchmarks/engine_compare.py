@@ -141,12 +141,13 @@ def mismatch(a: list[list[int]], b: list[list[int]]) -> str:
     return f"{diff}/{n} calls differ"
 
 
-def measure_peak(threads: int, n: int = 512, reps: int = 20) -> float:
-    """fp32 matmul FLOP/s of this process's torch with `threads` threads: best of `reps` n x n products."""
+def measure_peak(threads: int, n: int = 512, reps: int = 20, dtype: Any = None) -> float:
+    """Matmul FLOP/s of this process's torch with `threads` threads: best of `reps` n x n products, in `dtype`
+    (None: float32)."""
     import torch
 
     torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a, b = torch.randn(n, n).to(dtype or torch.float32), torch.randn(n, n).to(dtype or torch.float32)
     torch.mm(a, b)
     best = float("inf")
     for _ in range(reps):

@@ -29,18 +29,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-
-def matmul_peak(dtype: torch.dtype, n: int = 1024, reps: int = 20) -> float:
-    """FLOP/s of the best of `reps` n x n products in `dtype`."""
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
+from engine_compare import measure_peak  # noqa: E402  (the engine page's peak, in either dtype)
 
 
 def build(name: str, smollm2: str) -> torch.nn.Module:
@@ -107,8 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--response", type=int, default=64)
     p.add_argument("--reps", type=int, default=5)
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    peak = {"float32": matmul_peak(torch.float32), "bfloat16": matmul_peak(torch.bfloat16)}
+    peak = {"float32": measure_peak(args.threads, n=1024), "bfloat16": measure_peak(args.threads, n=1024,
+                                                                                     dtype=torch.bfloat16)}
     print(f"# {args.threads} thread(s); matmul peak float32 {peak['float32'] / 1e9:.1f} GFLOP/s, bfloat16 "
           f"{peak['bfloat16'] / 1e9:.1f} GFLOP/s; {args.rows} rows x ({args.prompt} + {args.response}) tokens")
     names = [m for m in args.models.split(",") if m] + (["smollm2"] if args.smollm2 else [])
