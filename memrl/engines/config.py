@@ -48,14 +48,15 @@ class HFSection:
     continuous batching with a time window (max_wait_ms): higher throughput, batch-dependent float rounding.
     `memrl eval` defaults to false (memrl.eval.runner.EVAL_ENGINE_DEFAULTS); HFEngine built directly takes
     this default too."""
-    kv_cache: str = valid("padded", choices=KV_CACHES)
-    """padded: one left-padded KV cache for the whole batch; rows that join or leave rebuild it (a copy of
-    every row), prompts admitted together are prefilled as one padded batch | slots: every row owns a slot
-    of a preallocated cache; a row joins by writing its own slot and leaves by freeing it (the last row
-    moves into the hole), the prompts admitted together are prefilled in batched passes, right padded,
-    each row's own positions written to its slot (an identical prompt admitted together once), decode
-    attends to each row's own length only. Greedy tokens agree with padded on the
-    tests' prompts; float rounding may differ (docs/results/engine.md)."""
+    kv_cache: str = valid("slots", choices=KV_CACHES)
+    """slots (the default; the faster layout on the CPU, docs/results/engine.md): every row owns a slot of a
+    preallocated cache; a row joins by writing its own slot and leaves by freeing it (the last row moves
+    into the hole), the prompts admitted together are prefilled in batched passes, right padded, each row's
+    own positions written to its slot (an identical prompt admitted together once), decode attends to each
+    row's own length only | padded: one left-padded KV cache for the whole batch; rows that join or leave
+    rebuild it (a copy of every row), prompts admitted together are prefilled as one padded batch (the
+    layout of the demo tables recorded before 2026-11-28, and the one algorithm.routing_replay=r3 records).
+    Greedy tokens agree on the tests' prompts; float rounding may differ."""
     prefix_cache_tokens: int | None = valid(None, ge=0, le=MAX_TOKENS)
     """kv_cache=slots: prompt tokens whose keys and values are kept so a later prompt that starts with the
     same tokens (in blocks of 16) computes only the rest; 0 = off, None = 16384 with slots. With

@@ -3,8 +3,8 @@
 Concurrent `generate` calls go into a queue; one worker thread runs a continuous-batching decode loop:
 waiting requests are prefilled and merged into the running batch between decode steps, every row keeps
 its own SamplingParams, and finished rows leave the batch. How the batch's KV cache is kept is
-`engine.hf.kv_cache`: `padded` (the default) prefills an admission together, left padded, into one padded
-cache; `slots` gives every row a slot of a preallocated cache, prefills an admission's distinct prompts in
+`engine.hf.kv_cache`: `padded` prefills an admission together, left padded, into one padded
+cache; `slots` (the default) gives every row a slot of a preallocated cache, prefills an admission's distinct prompts in
 right-padded passes grouped by their stored prefix (a block prefix cache, `prefix_cache_tokens`), and can
 prefill to a token budget between decode steps (`prefill_chunk_tokens`). A batch opens when
 `max_batch_size` requests wait or the oldest has waited `max_wait_ms`. The loop is written out here

@@ -183,16 +183,16 @@ class TrainerSection:
     docs/guides/scaleout.md). Models whose logits are not known to be plain lm_head(hidden) keep the full logits,
     the reason logged once. 0 = the full logits; 1024 holds ~0.6 GB of fp32 logits per chunk at a 152K
     vocabulary."""
-    prefix_sharing: str = valid("never", choices=("never", "always", "auto"))
+    prefix_sharing: str = valid("auto", choices=("never", "always", "auto"))
     """Forward a prefix that rows of a micro-batch share once (memrl.training.prefix_sharing): the update, the
     recomputed old logprobs and the KL reference's pass, the same values and gradients to float rounding,
     self-checked against the per-row forward on the run's first shared micro-batch (a mismatch logs a
     warning and turns it off for the run). "always" refuses what it cannot apply to (trainer.num_workers > 1,
     sequence parallelism, gradient checkpointing, an MoE router loss, routing replay); "auto" is on where it
-    applies and off elsewhere; "never" (the default until the demos' recorded tables are re-run with it:
-    float rounding changes every sampled token after the first update) forwards every row whole.
-    perf/shared_token_ratio logs forwarded / row tokens each step; docs/guides/prefix_sharing.md has the
-    measurements, which argue for auto."""
+    applies and off elsewhere (the default: faster on every workflow measured, docs/guides/prefix_sharing.md);
+    "never" forwards every row whole, as the per-row trainers do (float rounding then differs from auto, so
+    every sampled token after the first update may too: the demos' tables recorded before 2026-11-28 used it).
+    perf/shared_token_ratio logs forwarded / row tokens each step."""
     prefix_min_tokens: int = valid(16, ge=1, le=MAX_TOKENS)
     """prefix_sharing: the shortest prefix worth a forward of its own (rows sharing fewer tokens forward whole)."""
     skip_zero_advantage: bool = True
