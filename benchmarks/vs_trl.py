@@ -128,6 +128,7 @@ def memrl_cmd(args: argparse.Namespace, out: Path) -> list[str]:
             "algorithm.grpo.norm_by_std=false", "algorithm.loss_agg=token-mean", "algorithm.kl_coef=0",
             f"trainer.batch_size={args.prompts}", f"trainer.steps={args.steps}", f"optim.lr={args.lr}",
             "optim.warmup_steps=0", "optim.weight_decay=0", "model.compute_dtype=float32", f"trainer.seed={args.seed}",
+            f"trainer.skip_zero_advantage={str(args.memrl_skip_zero).lower()}",
             f"out_dir={out / 'memrl'}", "--overwrite"]
 
 
@@ -259,6 +260,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trl-gradient-checkpointing", action="store_true",
                    help="TRL's own default (GRPOConfig turns it on); off = as memrl, which does not checkpoint")
+    p.add_argument("--memrl-skip-zero", action="store_true",
+                   help="memrl leaves zero-advantage rows out of the update (its default, trainer.skip_zero_advantage); "
+                        "off here so both sides forward and backward every row (TRL does)")
     p.add_argument("--order", default="memrl,trl", help="which side runs first")
     p.add_argument("--out", default=str(ROOT / "runs" / "vs_trl"))
     p.add_argument("--side", choices=("both", "trl"), default="both", help=argparse.SUPPRESS)
