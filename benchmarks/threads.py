@@ -15,11 +15,13 @@ in its environment. A cell measures, for --seconds each:
 (what another user's job looks like), started before the worker and stopped after; its matmuls/s is
 reported, so a setting that slows the neighbour shows too. Cells are interleaved over --rounds (each round
 runs every cell once), so a burst of other load hits all settings alike; the table shows the median.
-Columns: tokens/s, the ratio to the 1-thread cell with the same load (goal: 2 threads alone >= 1.6x,
-2 threads beside a competitor >= 1.0x), CPU seconds per wall second of the worker (2 threads that spin
+"auto" cells run memrl's default thread count (threads.intra_op=0: the CPUs the worker may use less those
+other processes keep busy when it starts, memrl.threads.auto_threads) under memrl's default policy
+(PASSIVE); the table shows the count it picked. Columns: tokens/s, the ratio to the 1-thread cell with
+the same load (goal: 2 threads alone >= 1.6x, 2 threads beside a competitor >= 1.0x), CPU seconds per wall second of the worker (2 threads that spin
 burn CPU without speed), and the competitor's rate.
 
-    python benchmarks/threads.py              # small preset (23.6M), cores 0,1, 8 cells x 2 rounds: ~6 min quiet
+    python benchmarks/threads.py              # small preset (23.6M), cores 0,1, 10 cells x 2 rounds: ~8 min quiet
     python benchmarks/threads.py --quick      # tiny preset, 2 s phases, one round: a smoke run
     python benchmarks/threads.py --cores 0-15 --threads 1 2 4 8 16 --loads alone   # a 16-core laptop
     python benchmarks/threads.py --dry-run    # the cells, no work
@@ -116,6 +118,10 @@ def measure_update(path: str, args: argparse.Namespace, seconds: float) -> dict[
 def worker(args: argparse.Namespace) -> int:
     from memrl.threads import in_effect, set_torch_threads
 
+    if args.threads == 0:  # threads.intra_op=0, memrl's default: the CPUs other processes leave free
+        from memrl.threads import ThreadsSection, intra_op_threads
+
+        args.threads = intra_op_threads(ThreadsSection())[0]
     set_torch_threads(args.threads, 1)  # what memrl train / eval / ask do with threads.intra_op / inter_op
     from memrl.engines.hf import HFEngine
 
@@ -190,7 +196,7 @@ def cells(args: argparse.Namespace) -> list[tuple[int, str, str]]:
     out = []
     for load in args.loads:
         for t in args.threads:
-            for p in (["passive"] if t == 1 else args.policies):
+            for p in (["passive"] if t in (0, 1) else args.policies):  # auto: memrl's own policy
                 out.append((t, p, load))
     return out
 
@@ -246,16 +252,23 @@ def table(results: dict[tuple[int, str, str], list[dict[str, Any]]]) -> str:
         g, u = med(rows, "gen", "tok_s"), med(rows, "update", "tok_s")
         g1, u1 = med(one, "gen", "tok_s"), med(one, "update", "tok_s")
         comp = med(rows, "competitor")
-        lines.append(f"| {load} | {t} | {'-' if t == 1 else p} | {g:.0f} | {g / g1:.2f}x | "
+        label = str(t) if t else f"auto ({med(rows, 'threads', 'intra_op'):.0f})"
+        lines.append(f"| {load} | {label} | {'-' if t == 1 else p} | {g:.0f} | {g / g1:.2f}x | "
                      f"{med(rows, 'gen', 'cpu_per_wall'):.2f} | {u:.0f} | {u / u1:.2f}x | "
                      f"{med(rows, 'update', 'cpu_per_wall'):.2f} | {'-' if comp != comp else f'{comp:.0f}'} |")
     return "\n".join(lines)
 
 
+def _threads(text: str) -> int:
+    return 0 if text == "auto" else int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small", help="tiny model preset (memrl.models.tiny; built locally once)")
-    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--threads", nargs="+", type=_threads, default=[1, 2, 0],
+                    help="thread counts; auto (= 0) is memrl's default, threads.intra_op=0: the usable CPUs less "
+                         "those other processes keep busy when it starts (memrl.threads.auto_threads)")
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES,
                     help="OMP_WAIT_POLICY of the multi-thread cells (default = unset: OpenMP's spin, then sleep)")
     ap.add_argument("--loads", nargs="+", default=["alone", "beside"], choices=("alone", "beside"))

@@ -4,7 +4,8 @@ and the OpenMP wait policy (the `threads` section of TrainConfig and EvalConfig)
     memrl train ... threads.intra_op=2 threads.inter_op=1 threads.wait_policy=passive
 
 Defaults: intra_op = OMP_NUM_THREADS when the environment sets it, else the CPUs this process may run on
-(os.sched_getaffinity), at most 16; inter_op = 1 (eager CPU work has no inter-op parallelism to use);
+(os.sched_getaffinity), at most 16, less the ones other processes keep busy when it starts (busy_cpus: their
+share of those CPUs over a quarter second of /proc/stat, rounded; at least one thread); inter_op = 1 (eager CPU work has no inter-op parallelism to use);
 wait_policy = OMP_WAIT_POLICY when the environment sets it, else PASSIVE. An explicit `threads.*` value
 wins over the environment; a value left at its default defers to it.
 
@@ -52,7 +53,8 @@ class ThreadsSection:
     """CPU threads of this process (memrl.threads): torch's intra-op / inter-op pools, OpenMP's wait policy."""
 
     intra_op: int = valid(0, ge=0, le=MAX_PARALLEL,
-                          note="0 = auto: OMP_NUM_THREADS if set, else the CPUs this process may use, at most 16")
+                          note="0 = auto: OMP_NUM_THREADS if set, else the CPUs this process may use, at most 16, "
+                               "less those other processes keep busy at start")
     """torch.set_num_threads: threads one op (a matmul, an attention) splits over."""
     inter_op: int = valid(1, ge=0, le=MAX_PARALLEL, note="0 = torch's default, one per core")
     """torch.set_num_interop_threads: threads that run independent ops at once (eager CPU code has none)."""
@@ -79,6 +81,55 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+BUSY_SAMPLE_S = 0.25
+"""How long `busy_cpus` watches the CPUs (25 scheduler ticks per CPU at Linux's 100 Hz)."""
+
+
+def _cpu_ticks(cpus: set[int]) -> tuple[int, int] | None:
+    """(busy ticks, all ticks) summed over `cpus` from /proc/stat; None where there is no /proc/stat."""
+    try:
+        lines = open("/proc/stat").read().splitlines()  # noqa: SIM115 - one read
+    except OSError:
+        return None
+    busy = total = 0
+    for line in lines:
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+            continue
+        ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
+        total += sum(ticks)
+        busy += sum(ticks) - ticks[3] - ticks[4]
+    return busy, total
+
+
+def busy_cpus(cpus: set[int] | None = None, seconds: float = BUSY_SAMPLE_S) -> float | None:
+    """How many of `cpus` (default: this process's) other processes keep busy: the busy share of their ticks
+    over `seconds` while this process sleeps, times their number. None where /proc/stat is missing."""
+    import time  # noqa: PLC0415
+
+    cpus = cpus if cpus is not None else set(os.sched_getaffinity(0))
+    first = _cpu_ticks(cpus)
+    time.sleep(seconds)
+    last = _cpu_ticks(cpus)
+    if first is None or last is None or last[1] <= first[1]:
+        return None
+    return len(cpus) * (last[0] - first[0]) / (last[1] - first[1])
+
+
+def auto_threads() -> tuple[int, str]:
+    """intra_op's automatic value: the usable CPUs less those other processes keep busy now (busy_cpus,
+    rounded), at least 1 and at most MAX_AUTO_THREADS; and how it was found, for the log."""
+    cpus = usable_cpus()
+    try:
+        busy = busy_cpus() if cpus > 1 else None
+    except (AttributeError, OSError, ValueError):  # no affinity call or an unreadable /proc/stat: all CPUs
+        busy = None
+    if busy is None:
+        return min(cpus, MAX_AUTO_THREADS), "auto"
+    free = max(1, cpus - int(busy + 0.5))
+    return min(free, MAX_AUTO_THREADS), f"auto ({cpus} CPUs, {busy:.1f} busy with other processes)"
+
+
 def _env_threads() -> int | None:
     raw = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     return int(raw) if raw.isdigit() and int(raw) > 0 else None
@@ -91,7 +142,7 @@ def intra_op_threads(sec: ThreadsSection) -> tuple[int, str]:
     env = _env_threads()
     if env is not None:
         return env, "OMP_NUM_THREADS"
-    return min(usable_cpus(), MAX_AUTO_THREADS), "auto"
+    return auto_threads()
 
 
 def wanted_policy(sec: ThreadsSection, user_env: str | None) -> str | None:

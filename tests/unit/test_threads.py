@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,8 @@ def test_defaults_are_auto_intra_op_one_inter_op_and_auto_policy():
 @pytest.mark.parametrize(("override", "message"), [
     ("threads.wait_policy=spin", "threads.wait_policy='spin' is not allowed: must be one of auto, passive, active"),
     ("threads.intra_op=-1", "threads.intra_op=-1 is not allowed: must be in [0, 4096] (0 = auto: OMP_NUM_THREADS "
-                            "if set, else the CPUs this process may use, at most 16)"),
+                            "if set, else the CPUs this process may use, at most 16, less those other processes "
+                            "keep busy at start)"),
     ("threads.inter_op=5000", "threads.inter_op=5000 is not allowed: must be in [0, 4096] (0 = torch's default, "
                               "one per core)"),
 ])
@@ -73,6 +75,7 @@ def test_a_resumed_run_may_change_its_threads():
 def test_intra_op_explicit_then_environment_then_usable_cpus(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert T.intra_op_threads(T.ThreadsSection(intra_op=3)) == (3, "threads.intra_op")
+    monkeypatch.setattr(T, "busy_cpus", lambda: None)  # no /proc/stat: every usable CPU
     monkeypatch.setattr(T, "usable_cpus", lambda: 2)
     assert T.intra_op_threads(T.ThreadsSection()) == (2, "auto")
     monkeypatch.setattr(T, "usable_cpus", lambda: 64)
@@ -82,6 +85,34 @@ def test_intra_op_explicit_then_environment_then_usable_cpus(monkeypatch):
     assert T.intra_op_threads(T.ThreadsSection(intra_op=1)) == (1, "threads.intra_op")  # over the default only
     monkeypatch.setenv("OMP_NUM_THREADS", "junk")
     assert T.intra_op_threads(T.ThreadsSection()) == (16, "auto")
+
+
+@pytest.mark.parametrize("cpus,busy,threads", [
+    (2, 0.0, 2), (2, 0.4, 2), (2, 0.6, 1), (2, 1.0, 1), (2, 2.0, 1),  # a busy neighbour takes its core
+    (64, 10.0, 16), (64, 50.2, 14), (1, None, 1)])
+def test_auto_threads_leave_the_cores_other_processes_keep_busy(monkeypatch, cpus, busy, threads):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(T, "usable_cpus", lambda: cpus)
+    monkeypatch.setattr(T, "busy_cpus", lambda: busy)
+    n, where = T.intra_op_threads(T.ThreadsSection())
+    assert n == threads
+    assert where == ("auto" if busy is None else f"auto ({cpus} CPUs, {busy:.1f} busy with other processes)")
+
+
+def test_busy_cpus_sees_a_process_spinning_on_one_cpu(tmp_path):
+    cpu = min(os.sched_getaffinity(0))
+    spin = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\n"
+                             "open(os.sys.argv[1], 'w').close()\nwhile True: pass", str(tmp_path / "up")])
+    try:
+        for _ in range(200):  # until it spins
+            if (tmp_path / "up").exists():
+                break
+            time.sleep(0.05)
+        busy = T.busy_cpus({cpu}, seconds=0.5)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert busy is not None and busy >= 0.8  # one CPU, a busy loop on it: (nearly) all its ticks are busy
 
 
 def test_wait_policy_auto_keeps_the_users_environment_else_passive():
