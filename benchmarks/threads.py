@@ -15,11 +15,12 @@ in its environment. A cell measures, for --seconds each:
 (what another user's job looks like), started before the worker and stopped after; its matmuls/s is
 reported, so a setting that slows the neighbour shows too. Cells are interleaved over --rounds (each round
 runs every cell once), so a burst of other load hits all settings alike; the table shows the median.
-"auto" cells run memrl's default thread count (threads.intra_op=0: the CPUs the worker may use less those
-other processes keep busy when it starts, memrl.threads.auto_threads) under memrl's default policy
-(PASSIVE); the table shows the count it picked. Columns: tokens/s, the ratio to the 1-thread cell with
-the same load (goal: 2 threads alone >= 1.6x, 2 threads beside a competitor >= 1.0x), CPU seconds per wall second of the worker (2 threads that spin
-burn CPU without speed), and the competitor's rate.
+"auto" cells run `memrl eval` / `memrl ask`'s default thread count (threads.intra_op=0: the CPUs the worker
+may use less those other processes keep busy when it starts, memrl.threads.auto_threads; `memrl train` keeps
+every CPU) under memrl's default policy (PASSIVE); the table shows the count it picked. Columns: tokens/s,
+the ratio to the 1-thread cell with the same load (goal: 2 threads alone >= 1.6x, 2 threads beside a
+competitor >= 1.0x), CPU seconds per wall second of the worker (2 threads that spin burn CPU without speed),
+and the competitor's rate.
 
     python benchmarks/threads.py              # small preset (23.6M), cores 0,1, 10 cells x 2 rounds: ~8 min quiet
     python benchmarks/threads.py --quick      # tiny preset, 2 s phases, one round: a smoke run
@@ -118,7 +119,7 @@ def measure_update(path: str, args: argparse.Namespace, seconds: float) -> dict[
 def worker(args: argparse.Namespace) -> int:
     from memrl.threads import in_effect, set_torch_threads
 
-    if args.threads == 0:  # threads.intra_op=0, memrl's default: the CPUs other processes leave free
+    if args.threads == 0:  # threads.intra_op=0, memrl eval / ask's default: the CPUs other processes leave free
         from memrl.threads import ThreadsSection, intra_op_threads
 
         args.threads = intra_op_threads(ThreadsSection())[0]
@@ -267,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small", help="tiny model preset (memrl.models.tiny; built locally once)")
     ap.add_argument("--threads", nargs="+", type=_threads, default=[1, 2, 0],
-                    help="thread counts; auto (= 0) is memrl's default, threads.intra_op=0: the usable CPUs less "
-                         "those other processes keep busy when it starts (memrl.threads.auto_threads)")
+                    help="thread counts; auto (= 0) is memrl eval / ask's default, threads.intra_op=0: the usable "
+                         "CPUs less those other processes keep busy when it starts (memrl.threads.auto_threads)")
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES,
                     help="OMP_WAIT_POLICY of the multi-thread cells (default = unset: OpenMP's spin, then sleep)")
     ap.add_argument("--loads", nargs="+", default=["alone", "beside"], choices=("alone", "beside"))

@@ -4,8 +4,10 @@ and the OpenMP wait policy (the `threads` section of TrainConfig and EvalConfig)
     memrl train ... threads.intra_op=2 threads.inter_op=1 threads.wait_policy=passive
 
 Defaults: intra_op = OMP_NUM_THREADS when the environment sets it, else the CPUs this process may run on
-(os.sched_getaffinity), at most 16, less the ones other processes keep busy when it starts (busy_cpus: their
-share of those CPUs over a quarter second of /proc/stat, rounded; at least one thread); inter_op = 1 (eager CPU work has no inter-op parallelism to use);
+(os.sched_getaffinity), at most 16; for `memrl eval` and `memrl ask` less the ones other processes keep busy
+when it starts (busy_cpus: their share of those CPUs over a quarter second of /proc/stat, rounded; at least one
+thread), while `memrl train` keeps them all, so that its numbers do not depend on the load, and says which
+count would run faster; inter_op = 1 (eager CPU work has no inter-op parallelism to use);
 wait_policy = OMP_WAIT_POLICY when the environment sets it, else PASSIVE. An explicit `threads.*` value
 wins over the environment; a value left at its default defers to it.
 
@@ -53,8 +55,8 @@ class ThreadsSection:
     """CPU threads of this process (memrl.threads): torch's intra-op / inter-op pools, OpenMP's wait policy."""
 
     intra_op: int = valid(0, ge=0, le=MAX_PARALLEL,
-                          note="0 = auto: OMP_NUM_THREADS if set, else the CPUs this process may use, at most 16, "
-                               "less those other processes keep busy at start")
+                          note="0 = auto: OMP_NUM_THREADS if set, else the CPUs this process may use, at most 16 "
+                               "(eval / ask: less those other processes keep busy at start)")
     """torch.set_num_threads: threads one op (a matmul, an attention) splits over."""
     inter_op: int = valid(1, ge=0, le=MAX_PARALLEL, note="0 = torch's default, one per core")
     """torch.set_num_interop_threads: threads that run independent ops at once (eager CPU code has none)."""
@@ -116,18 +118,28 @@ def busy_cpus(cpus: set[int] | None = None, seconds: float = BUSY_SAMPLE_S) -> f
     return len(cpus) * (last[0] - first[0]) / (last[1] - first[1])
 
 
-def auto_threads() -> tuple[int, str]:
-    """intra_op's automatic value: the usable CPUs less those other processes keep busy now (busy_cpus,
-    rounded), at least 1 and at most MAX_AUTO_THREADS; and how it was found, for the log."""
+def auto_threads(load_aware: bool = True) -> tuple[int, str]:
+    """intra_op's automatic value and how it was found, for the log. Load-aware (memrl eval / ask): the usable
+    CPUs less those other processes keep busy now (busy_cpus, rounded), at least 1 and at most
+    MAX_AUTO_THREADS. Not (memrl train, whose numbers must not depend on the load: the thread count changes
+    float rounding, and a resumed run must continue the same computation): the usable CPUs, at most
+    MAX_AUTO_THREADS, with a warning naming the faster count when other processes keep CPUs busy."""
     cpus = usable_cpus()
     try:
         busy = busy_cpus() if cpus > 1 else None
     except (AttributeError, OSError, ValueError):  # no affinity call or an unreadable /proc/stat: all CPUs
         busy = None
+    every = min(cpus, MAX_AUTO_THREADS)
     if busy is None:
-        return min(cpus, MAX_AUTO_THREADS), "auto"
-    free = max(1, cpus - int(busy + 0.5))
-    return min(free, MAX_AUTO_THREADS), f"auto ({cpus} CPUs, {busy:.1f} busy with other processes)"
+        return every, "auto"
+    free = min(max(1, cpus - int(busy + 0.5)), MAX_AUTO_THREADS)
+    if load_aware:
+        return free, f"auto ({cpus} CPUs, {busy:.1f} busy with other processes)"
+    if free < every:
+        log.warning("threads: other processes keep %.1f of this process's %d CPUs busy; threads.intra_op stays at "
+                    "%d so that the run's numbers do not depend on the load (threads.intra_op=%d would run "
+                    "faster beside them)", busy, cpus, every, free)
+    return every, "auto"
 
 
 def _env_threads() -> int | None:
@@ -135,14 +147,14 @@ def _env_threads() -> int | None:
     return int(raw) if raw.isdigit() and int(raw) > 0 else None
 
 
-def intra_op_threads(sec: ThreadsSection) -> tuple[int, str]:
-    """(threads, where the number comes from: threads.intra_op, OMP_NUM_THREADS or auto)."""
+def intra_op_threads(sec: ThreadsSection, load_aware: bool = True) -> tuple[int, str]:
+    """(threads, where the number comes from: threads.intra_op, OMP_NUM_THREADS or auto; auto_threads)."""
     if sec.intra_op:
         return sec.intra_op, "threads.intra_op"
     env = _env_threads()
     if env is not None:
         return env, "OMP_NUM_THREADS"
-    return auto_threads()
+    return auto_threads(load_aware)
 
 
 def wanted_policy(sec: ThreadsSection, user_env: str | None) -> str | None:
@@ -235,11 +247,13 @@ def set_torch_threads(intra_op: int, inter_op: int = 0) -> None:
                      torch.get_num_interop_threads(), str(e).splitlines()[0])
 
 
-def apply(sec: ThreadsSection) -> dict[str, Any]:
+def apply(sec: ThreadsSection, load_aware: bool = True) -> dict[str, Any]:
     """Set this process's torch threads from `sec`, export the section to worker processes, and return what
-    is in effect (recorded with the run): intra_op, inter_op, wait_policy and where each came from."""
+    is in effect (recorded with the run): intra_op, inter_op, wait_policy and where each came from.
+    `load_aware`: intra_op's default leaves the CPUs other processes keep busy (memrl eval / ask; memrl train
+    passes False: auto_threads)."""
 
-    intra, intra_from = intra_op_threads(sec)
+    intra, intra_from = intra_op_threads(sec, load_aware)
     set_torch_threads(intra, sec.inter_op)
     policy, policy_from = _policy_in_effect()
     want = wanted_policy(sec, _USER_POLICY if _SET_BY_MEMRL is None else None)

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     with locked_dir(cfg.out_dir, "out_dir"):  # one process per out_dir
         prepare_run_dir(cfg.out_dir, args.resume, args.overwrite)
-        apply_threads(cfg.threads)  # before any model loads (and before Ray starts: its workers inherit it)
+        apply_threads(cfg.threads, load_aware=False)  # before any model loads (and before Ray starts: its workers inherit it)
         trainer = Trainer(assemble(cfg, resume=args.resume, workflow=workflow))  # fails here, before any model loads
         history = trainer.fit()
     if history:

@@ -56,8 +56,8 @@ def test_defaults_are_auto_intra_op_one_inter_op_and_auto_policy():
 @pytest.mark.parametrize(("override", "message"), [
     ("threads.wait_policy=spin", "threads.wait_policy='spin' is not allowed: must be one of auto, passive, active"),
     ("threads.intra_op=-1", "threads.intra_op=-1 is not allowed: must be in [0, 4096] (0 = auto: OMP_NUM_THREADS "
-                            "if set, else the CPUs this process may use, at most 16, less those other processes "
-                            "keep busy at start)"),
+                            "if set, else the CPUs this process may use, at most 16 (eval / ask: less those other "
+                            "processes keep busy at start))"),
     ("threads.inter_op=5000", "threads.inter_op=5000 is not allowed: must be in [0, 4096] (0 = torch's default, "
                               "one per core)"),
 ])
@@ -97,6 +97,21 @@ def test_auto_threads_leave_the_cores_other_processes_keep_busy(monkeypatch, cpu
     n, where = T.intra_op_threads(T.ThreadsSection())
     assert n == threads
     assert where == ("auto" if busy is None else f"auto ({cpus} CPUs, {busy:.1f} busy with other processes)")
+
+
+def test_train_keeps_every_cpu_and_says_which_count_would_be_faster(monkeypatch, caplog):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(T, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(T, "busy_cpus", lambda: 1.0)
+    with caplog.at_level("WARNING", logger="memrl.threads"):
+        assert T.intra_op_threads(T.ThreadsSection(), load_aware=False) == (2, "auto")
+    assert caplog.messages == ["threads: other processes keep 1.0 of this process's 2 CPUs busy; threads.intra_op "
+                               "stays at 2 so that the run's numbers do not depend on the load (threads.intra_op=1 "
+                               "would run faster beside them)"]
+    caplog.clear()
+    monkeypatch.setattr(T, "busy_cpus", lambda: 0.2)  # an idle machine: nothing to say
+    assert T.intra_op_threads(T.ThreadsSection(), load_aware=False) == (2, "auto")
+    assert caplog.messages == []
 
 
 def test_busy_cpus_sees_a_process_spinning_on_one_cpu(tmp_path):
