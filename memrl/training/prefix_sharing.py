@@ -31,7 +31,6 @@ per-row path (`fallbacks` counts why).
 from __future__ import annotations
 
 import logging
-import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -198,25 +197,13 @@ def fell_back(reason: str) -> None:
 
 
 def _forward(model: Any, split: C.HeadSplit, cache: Any = None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
-    """The decoder's last hidden state (a forward hook, as chunked_logprobs.final_hidden) and the KV cache of
-    the model's own forward (one position's logits): through the model so PEFT's adapters, a BaseReference's
-    adapters-off context and FSDP2's root gathering all apply."""
-    grabbed: list[torch.Tensor] = []
-    me = threading.get_ident()
-
-    def grab(_module: Any, _args: Any, out: Any) -> None:
-        if threading.get_ident() == me:  # an engine sharing the module may run in another thread
-            grabbed.append(out.last_hidden_state)
-
-    handle = split.decoder.register_forward_hook(grab)
+    """The decoder's last hidden state (chunked_logprobs.capture_final_hidden) and the KV cache of the model's
+    own forward (one position's logits): through the model so PEFT's adapters, a BaseReference's adapters-off
+    context and FSDP2's root gathering all apply."""
     if cache is not None:
         kwargs[cache_kwarg(_base(model))] = cache  # `cache` (transformers 5.24), else `past_key_values`
-    try:
+    with C.capture_final_hidden(model, split, "prefix sharing") as grabbed:
         out = model(logits_to_keep=1, use_cache=True, **kwargs)
-    finally:
-        handle.remove()
-    if len(grabbed) != 1:
-        raise RuntimeError(f"prefix sharing: the decoder of {type(model).__name__} ran {len(grabbed)} times")
     return grabbed[0], out.cache if "cache" in out else out.past_key_values
 
 
