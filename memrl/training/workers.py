@@ -84,12 +84,6 @@ def _read_state(start: str) -> dict[str, Any]:
         return load_state(start)
 
 
-def _is_name_keyed(optim_state: dict[str, Any]) -> bool:
-    groups = optim_state.get("param_groups") or [{}]
-    params = groups[0].get("params", [])
-    return bool(params) and isinstance(params[0], str)
-
-
 class PolicyWorker:
     """One training rank. `start`: a checkpoint directory to resume from (weights + optimizer), or None."""
 
@@ -156,17 +150,7 @@ class PolicyWorker:
     def _load_optimizer(self, start: str) -> None:
         """The optimizer and scheduler states of checkpoint `start`."""
         state = _read_state(start)
-        if state.get("optimizer_layout") == "dcp":
-            D.load_optim_dcp(self.model, self.opt, Path(start) / OPTIM_DIR, state["optimizer_groups"])
-        elif _is_name_keyed(state["optimizer"]):  # checkpoints written before the DCP layout
-            D.load_optim_state(self.model, self.opt, state["optimizer"])
-        elif self.info.world_size == 1:
-            self.opt.load_state_dict(state["optimizer"])  # checkpoints written before name-keyed states
-        else:
-            raise ValueError(f"checkpoint {start}: its optimizer state is keyed by parameter index and "
-                             "loads only at trainer.num_workers=1")
-        if state.get("optimizer_fresh"):  # saved before the first step: the next step is the first again
-            self.opt.state.clear()
+        D.load_optimizer(self.model, self.opt, start, state)
         self.sched.load_state_dict(state["scheduler"])
 
     def load_checkpoint(self, path: str, lr_scale: float = 1.0) -> None:
@@ -405,11 +389,9 @@ class PolicyWorker:
             torch.distributed.barrier()  # the directory exists before any rank writes into it
         path = ""
         try:
-            fresh = not self.opt.state  # not stepped yet (a step-0 checkpoint): loading it must leave it so
-            groups = D.save_optim_dcp(self.model, self.opt, tmp / OPTIM_DIR)
+            optim = D.save_optim_dcp(self.model, self.opt, tmp / OPTIM_DIR)  # layout, groups, fresh
             if D.rank() == 0:
-                state = dict(driver_state, scheduler=self.sched.state_dict(), optimizer_layout="dcp",
-                             optimizer_groups=groups, optimizer_fresh=fresh)
+                state = dict(driver_state, scheduler=self.sched.state_dict(), **optim)
                 if L.is_peft(self.model):  # LoRA: PEFT's adapter files (from the gathered state under ranks)
                     model = L.checkpoint_model(self.model, self.tokenizer, self.cfg.model,
                                                weights if D.grouped() else None)
