@@ -292,7 +292,7 @@ def shared_logprobs(model: Any, split: C.HeadSplit, plan: SharePlan, input_ids: 
 # ------------------------------------------------------------------------------------------- the worker's side
 
 
-def min_tokens(cfg: TrainConfig, model: Any) -> int:
+def min_tokens_for(cfg: TrainConfig, model: Any) -> int:
     """trainer.prefix_sharing: the shortest prefix shared (trainer.prefix_min_tokens), 0 when off or when
     the run or the model rules it out (auto; "always" was refused at config time, except for the model)."""
     t = cfg.trainer
@@ -314,7 +314,7 @@ class Sharer:
 
     def __init__(self, cfg: TrainConfig, model: Any, token_budget: int, low_precision: bool,
                  logprobs: Callable[[MicroBatch, MicroBatch], tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self.min_tokens = min_tokens(cfg, model)
+        self.min_tokens = min_tokens_for(cfg, model)
         self.token_budget, self.low_precision, self.logprobs = token_budget, low_precision, logprobs
         self.checked = False
         self.check: dict[str, float] = {}  # the first shared micro-batch's self-check, logged once (`take_check`)
