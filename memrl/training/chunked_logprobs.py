@@ -1,11 +1,11 @@
 """Per-token log-probabilities and entropy of a causal LM without its full logits (trainer.logits_chunk_tokens).
 
 The model's own forward runs with `logits_to_keep=1` and a hook takes its decoder's last hidden states
-(`final_hidden`); the vocabulary projection, temperature, log_softmax, gather and entropy then run on
-`chunk` tokens at a time, and the backward pass recomputes each chunk's
-logits (`ChunkedHeadLogprobs`), so no [tokens x vocab] tensor larger than one chunk's ever exists (a
-151,936-entry vocabulary makes the fp32 logits of one 32K-token row ~19.5 GB). Same formulas as
-memrl.training.policy.token_logprobs, with z = lm_head(h) / T, y the next token:
+(`final_hidden`, by `capture_final_hidden`, which prefix sharing's forwards use too); the vocabulary
+projection, temperature, log_softmax, gather and entropy then run on `chunk` tokens at a time, and the
+backward pass recomputes each chunk's logits (`ChunkedHeadLogprobs`), so no [tokens x vocab] tensor larger
+than one chunk's ever exists (a 151,936-entry vocabulary makes the fp32 logits of one 32K-token row ~19.5
+GB). Same formulas as memrl.training.policy.token_logprobs, with z = lm_head(h) / T, y the next token:
 
     logprob = log_softmax(z)[y]        entropy H = -sum_v p_v log p_v,   p = softmax(z)
     d logprob / dz = onehot(y) - p     dH / dz_v = -p_v (log p_v + H)
@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,33 +70,42 @@ def fell_back(model: Any, reason: str) -> None:
     fallbacks[reason] += 1
 
 
-def final_hidden(model: Any, split: HeadSplit, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 router_aux: list[torch.Tensor] | None = None, position_ids: torch.Tensor | None = None
-                 ) -> torch.Tensor:
-    """The decoder's last hidden state [B, L, H], taken by a forward hook during the model's own forward with
-    `logits_to_keep=1` (one position's logits). Going through that forward keeps what wraps the decoder:
-    PEFT's adapters, a BaseReference's adapters-off eval context, and FSDP2's root, which gathers the
-    embedding and lm_head (and leaves them gathered for the backward pass) only in its own forward.
-    `router_aux` (a list): the forward also computes an MoE model's load-balancing loss, appended.
-    `position_ids`: a sequence-parallel shard's global positions (memrl.training.ulysses)."""
+@contextmanager
+def capture_final_hidden(model: Any, split: HeadSplit, who: str) -> Iterator[list[torch.Tensor]]:
+    """A block around one forward of `model`: a forward hook on its decoder keeps the decoder's last hidden
+    state in the list it yields (only this thread's: an engine sharing the module may run in another).
+    Leaving the block checks that the decoder ran exactly once; `who` names the caller in the error."""
     grabbed: list[torch.Tensor] = []
     me = threading.get_ident()
 
     def grab(_module: Any, _args: Any, out: Any) -> None:
-        if threading.get_ident() == me:  # an engine sharing the module may run in another thread
+        if threading.get_ident() == me:
             grabbed.append(out.last_hidden_state)
 
     handle = split.decoder.register_forward_hook(grab)
     try:
-        extra: dict[str, Any] = {"output_router_logits": True} if router_aux is not None else {}
-        if position_ids is not None:
-            extra["position_ids"] = position_ids
-        out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=1, use_cache=False, **extra)
+        yield grabbed
     finally:
         handle.remove()
     if len(grabbed) != 1:
-        raise RuntimeError(f"chunked logprobs: the decoder of {type(model).__name__} ran {len(grabbed)} times in "
-                           "one forward (expected once)")
+        raise RuntimeError(f"{who}: the decoder of {type(model).__name__} ran {len(grabbed)} times in one forward "
+                           "(expected once)")
+
+
+def final_hidden(model: Any, split: HeadSplit, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 router_aux: list[torch.Tensor] | None = None, position_ids: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+    """The decoder's last hidden state [B, L, H], taken by a forward hook (`capture_final_hidden`) during the
+    model's own forward with `logits_to_keep=1` (one position's logits). Going through that forward keeps what
+    wraps the decoder: PEFT's adapters, a BaseReference's adapters-off eval context, and FSDP2's root, which
+    gathers the embedding and lm_head (and leaves them gathered for the backward pass) only in its own forward.
+    `router_aux` (a list): the forward also computes an MoE model's load-balancing loss, appended.
+    `position_ids`: a sequence-parallel shard's global positions (memrl.training.ulysses)."""
+    extra: dict[str, Any] = {"output_router_logits": True} if router_aux is not None else {}
+    if position_ids is not None:
+        extra["position_ids"] = position_ids
+    with capture_final_hidden(model, split, "chunked logprobs") as grabbed:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=1, use_cache=False, **extra)
     if router_aux is not None:
         router_aux.append(out.aux_loss)
     return grabbed[0]

@@ -1,5 +1,5 @@
-"""Process groups and FSDP2 for the policy update: rank setup, collectives, and full (gathered) state
-dicts for saving and weight sync.
+"""Process groups and FSDP2 for the policy update: rank setup, collectives, full (gathered) state dicts for
+saving and weight sync, and the optimizer's part of a checkpoint (`save_optim_dcp`, `load_optimizer`).
 
 At world size 1 there is no process group: every collective here is the identity, so the single-process
 trainer runs the same code. At world size N each rank trains on the share of the rows the driver sent it,
@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from memrl.tcpstore import tcp_store
-from memrl.training.checkpoint import dcp_reader, flatten_optim, unflatten_optim
+from memrl.training.checkpoint import OPTIM_DIR, dcp_reader, flatten_optim, unflatten_optim
 
 TIMEOUT_S = 60
 """Collective timeout: a dead peer fails the step fast instead of hanging it."""
@@ -216,16 +217,20 @@ def load_optim_state(model: torch.nn.Module, opt: torch.optim.Optimizer, state: 
     set_optimizer_state_dict(model, opt, state, options=_options(full_state_dict=True))
 
 
-def save_optim_dcp(model: torch.nn.Module, opt: torch.optim.Optimizer, path: str | os.PathLike) -> list[dict[str, Any]]:
+def save_optim_dcp(model: torch.nn.Module, opt: torch.optim.Optimizer, path: str | os.PathLike) -> dict[str, Any]:
     """Write the optimizer's tensors to the DCP directory `path` (collective: every rank writes its own
-    shards; replicated tensors once). Returns the param groups (plain data, parameters by name), which
-    the caller stores beside them. An optimizer that has not stepped yet stays so (_untouched)."""
+    shards; replicated tensors once). Returns the entries the caller stores beside them in the trainer
+    state (`load_optimizer` reads them): optimizer_layout="dcp", optimizer_groups (the param groups, plain
+    data, parameters by name) and optimizer_fresh (not stepped yet: a step-0 checkpoint, whose load must
+    leave it so). An optimizer that has not stepped yet stays so (_untouched)."""
+    fresh = not opt.state
     with _untouched(opt):
         osd = get_optimizer_state_dict(model, opt)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.save(flatten_optim(osd["state"]), checkpoint_id=os.fspath(path), no_dist=not grouped())
-    return [dict(g) for g in osd["param_groups"]]
+    return {"optimizer_layout": "dcp", "optimizer_groups": [dict(g) for g in osd["param_groups"]],
+            "optimizer_fresh": fresh}
 
 
 def load_optim_dcp(model: torch.nn.Module, opt: torch.optim.Optimizer, path: str | os.PathLike,
@@ -238,3 +243,28 @@ def load_optim_dcp(model: torch.nn.Module, opt: torch.optim.Optimizer, path: str
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(flat, storage_reader=dcp_reader(path), no_dist=not grouped())
     set_optimizer_state_dict(model, opt, {"state": unflatten_optim(flat), "param_groups": param_groups})
+
+
+def _is_name_keyed(optim_state: dict[str, Any]) -> bool:
+    groups = optim_state.get("param_groups") or [{}]
+    params = groups[0].get("params", [])
+    return bool(params) and isinstance(params[0], str)
+
+
+def load_optimizer(model: torch.nn.Module, opt: torch.optim.Optimizer, start: str | os.PathLike,
+                   state: dict[str, Any]) -> None:
+    """The optimizer state of checkpoint directory `start`, whose trainer state is `state`, in any layout memrl
+    wrote: DCP (`save_optim_dcp`; collective), or older, the whole state in `state["optimizer"]` keyed by
+    parameter name (any world size) or by index (world size 1 only). Saved with optimizer_fresh, it is left
+    not stepped again (checkpoints without the key load as saved)."""
+    if state.get("optimizer_layout") == "dcp":
+        load_optim_dcp(model, opt, Path(start) / OPTIM_DIR, state["optimizer_groups"])
+    elif _is_name_keyed(state["optimizer"]):  # checkpoints written before the DCP layout
+        load_optim_state(model, opt, state["optimizer"])
+    elif world_size() == 1:
+        opt.load_state_dict(state["optimizer"])  # checkpoints written before name-keyed states
+    else:
+        raise ValueError(f"checkpoint {start}: its optimizer state is keyed by parameter index and "
+                         "loads only at trainer.num_workers=1")
+    if state.get("optimizer_fresh"):  # saved before the first step: the next step is the first again
+        opt.state.clear()

@@ -14,15 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from memrl.algorithms.losses import row_weights
 from memrl.types import Segment
-
-if TYPE_CHECKING:
-    from memrl.training.prefix_sharing import SharePlan
 
 
 @dataclass
@@ -125,6 +121,28 @@ def pack_rows(segments: Sequence[Segment], token_budget: int) -> list[list[int]]
     if cur:
         batches.append(cur)
     return batches
+
+
+@dataclass(frozen=True)
+class SharePlan:
+    """Which rows of a micro-batch share which prefix (indices into the micro-batch's rows): made by
+    memrl.training.prefix_sharing.plan_shares, which forwards each group's prefix once."""
+
+    groups: tuple[tuple[int, ...], ...]
+    """Rows of each group, >= 2 each, disjoint."""
+    prefix: tuple[int, ...]
+    """Tokens of each group's shared prefix, forwarded once."""
+    lengths: tuple[int, ...]
+    """Tokens of each row."""
+
+    @property
+    def row_tokens(self) -> int:
+        return sum(self.lengths)
+
+    @property
+    def forwarded_tokens(self) -> int:
+        """Prefixes once plus every row's own tokens after its prefix."""
+        return self.row_tokens - sum((len(g) - 1) * p for g, p in zip(self.groups, self.prefix, strict=True))
 
 
 @dataclass

@@ -11,7 +11,8 @@ How, exactly and with standard attention (no packed 4D mask, whose cost is quadr
 1. `plan_shares`: each row's ids less its last token (so every row keeps a suffix of >= 1 token) go into a
    trie, built as a radix tree from the rows sorted lexicographically and their neighbours' longest common
    prefixes; a dynamic program over the tree picks disjoint groups of >= 2 rows sharing >= `min_tokens`
-   tokens that save the most forwarded tokens ((rows - 1) x prefix per group).
+   tokens that save the most forwarded tokens ((rows - 1) x prefix per group): the micro-batch's `SharePlan`
+   (memrl.training.packing, `MicroBatch.share`).
 2. `shared_logprobs`: the groups' prefixes are forwarded once, as one right-padded batch [G, P] with the KV
    cache on (its keys and values keep their autograd graph); then every row's remaining tokens (its
    suffix; the whole row for a row in no group) as a right-padded batch [B, S] over its group's keys and
@@ -26,15 +27,17 @@ The logits come from the decoder's final hidden states through the model's lm_he
 `chunk_tokens` at a time with memrl.training.chunked_logprobs), so models whose logits are not plain
 lm_head(hidden) (`split_model` names why), MoE router losses and sequence-parallel shards keep the
 per-row path (`fallbacks` counts why).
+
+The policy worker holds a `Sharer`: it packs a step's rows (`pack_shared`), gives each micro-batch its plan,
+and checks the run's first shared micro-batch against the per-row forward before trusting it.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -42,7 +45,10 @@ from transformers import DynamicCache
 
 from memrl.engines.hf_cache import cache_kwarg
 from memrl.training import chunked_logprobs as C
+from memrl.training.config import TrainConfig, prefix_sharing_blocker
 from memrl.training.lora import BaseReference
+from memrl.training.packing import MicroBatch, SharePlan, pack_rows
+from memrl.types import Segment
 
 log = logging.getLogger(__name__)
 
@@ -51,27 +57,6 @@ MAX_DEPTH = 200
 
 fallbacks: Counter[str] = Counter()
 """Forwards with a share plan that took the per-row path instead, by reason."""
-
-
-@dataclass(frozen=True)
-class SharePlan:
-    """Which rows of a micro-batch share which prefix (indices into the micro-batch's rows)."""
-
-    groups: tuple[tuple[int, ...], ...]
-    """Rows of each group, >= 2 each, disjoint."""
-    prefix: tuple[int, ...]
-    """Tokens of each group's shared prefix, forwarded once."""
-    lengths: tuple[int, ...]
-    """Tokens of each row."""
-
-    @property
-    def row_tokens(self) -> int:
-        return sum(self.lengths)
-
-    @property
-    def forwarded_tokens(self) -> int:
-        """Prefixes once plus every row's own tokens after its prefix."""
-        return self.row_tokens - sum((len(g) - 1) * p for g, p in zip(self.groups, self.prefix, strict=True))
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:
@@ -198,25 +183,13 @@ def fell_back(reason: str) -> None:
 
 
 def _forward(model: Any, split: C.HeadSplit, cache: Any = None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
-    """The decoder's last hidden state (a forward hook, as chunked_logprobs.final_hidden) and the KV cache of
-    the model's own forward (one position's logits): through the model so PEFT's adapters, a BaseReference's
-    adapters-off context and FSDP2's root gathering all apply."""
-    grabbed: list[torch.Tensor] = []
-    me = threading.get_ident()
-
-    def grab(_module: Any, _args: Any, out: Any) -> None:
-        if threading.get_ident() == me:  # an engine sharing the module may run in another thread
-            grabbed.append(out.last_hidden_state)
-
-    handle = split.decoder.register_forward_hook(grab)
+    """The decoder's last hidden state (chunked_logprobs.capture_final_hidden) and the KV cache of the model's
+    own forward (one position's logits): through the model so PEFT's adapters, a BaseReference's adapters-off
+    context and FSDP2's root gathering all apply."""
     if cache is not None:
         kwargs[cache_kwarg(_base(model))] = cache  # `cache` (transformers 5.24), else `past_key_values`
-    try:
+    with C.capture_final_hidden(model, split, "prefix sharing") as grabbed:
         out = model(logits_to_keep=1, use_cache=True, **kwargs)
-    finally:
-        handle.remove()
-    if len(grabbed) != 1:
-        raise RuntimeError(f"prefix sharing: the decoder of {type(model).__name__} ran {len(grabbed)} times")
     return grabbed[0], out.cache if "cache" in out else out.past_key_values
 
 
@@ -314,3 +287,72 @@ def shared_logprobs(model: Any, split: C.HeadSplit, plan: SharePlan, input_ids: 
         return torch.cat([x, x.new_zeros(1)]).index_select(0, where).view(b, width)
 
     return place(lp), None if ent is None else place(ent)
+
+
+# ------------------------------------------------------------------------------------------- the worker's side
+
+
+def min_tokens_for(cfg: TrainConfig, model: Any) -> int:
+    """trainer.prefix_sharing: the shortest prefix shared (trainer.prefix_min_tokens), 0 when off or when
+    the run or the model rules it out (auto; "always" was refused at config time, except for the model)."""
+    t = cfg.trainer
+    if t.prefix_sharing == "never" or prefix_sharing_blocker(cfg):
+        return 0
+    split = why_not(model, None, None)
+    if not isinstance(split, C.HeadSplit):
+        log.warning("trainer.prefix_sharing=%s: every row forwarded whole: %s", t.prefix_sharing, split)
+        return 0
+    return t.prefix_min_tokens
+
+
+class Sharer:
+    """A policy worker's prefix sharing over a run: how it packs rows into micro-batches of `token_budget`
+    tokens and which micro-batches get a share plan. `min_tokens`: the shortest prefix shared, 0 when sharing
+    is off (by the config, the model, or a failed self-check). `low_precision`: bfloat16 weights or compute
+    (the self-check's looser tolerance). `logprobs(a, b)`: the policy's logprobs of micro-batches a and b (no
+    gradient), for the self-check."""
+
+    def __init__(self, cfg: TrainConfig, model: Any, token_budget: int, low_precision: bool,
+                 logprobs: Callable[[MicroBatch, MicroBatch], tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.min_tokens = min_tokens_for(cfg, model)
+        self.token_budget, self.low_precision, self.logprobs = token_budget, low_precision, logprobs
+        self.checked = False
+        self.check: dict[str, float] = {}  # the first shared micro-batch's self-check, logged once (`take_check`)
+
+    def pack(self, rows: list[Segment]) -> list[list[int]]:
+        """Micro-batches of `rows` by the token budget; with prefix sharing the rows of a shared prefix together."""
+        if self.min_tokens:
+            return pack_shared([s.prompt_ids + s.response_ids for s in rows], self.token_budget, self.min_tokens)
+        return pack_rows(rows, self.token_budget)
+
+    def share(self, mb: MicroBatch, rows: list[Segment]) -> MicroBatch:
+        """`mb` (collated from `rows`) with its share plan when prefix sharing is on and some prefix is worth it.
+        The run's first such micro-batch is checked against the per-row forward first (`self_check`)."""
+        plan = plan_shares([s.prompt_ids + s.response_ids for s in rows], self.min_tokens) if self.min_tokens else None
+        if plan is None:
+            return mb
+        shared = replace(mb, share=plan)
+        if not self.checked:
+            self.checked = True
+            if not self.self_check(mb, shared):
+                return mb
+        return shared
+
+    def self_check(self, mb: MicroBatch, shared: MicroBatch) -> bool:
+        """Whether the shared forward's logprobs of `mb`'s trained tokens equal the per-row forward's (max
+        |difference| within 1e-3 in float32, 0.1 in bfloat16); when not, prefix sharing is off for the run."""
+        per_row, mine = self.logprobs(mb, shared)
+        diff = float(((per_row - mine).abs() * mb.loss_mask).max()) if mb.loss_mask.numel() else 0.0
+        ok = diff <= (0.1 if self.low_precision else 1e-3)  # NaN fails too
+        self.check = {"perf/prefix_check_max_diff": diff, "perf/prefix_check_failed": float(not ok)}
+        if not ok:
+            log.warning("trainer.prefix_sharing: the shared forward's logprobs differ from the per-row forward's by "
+                        "%.3g on the first shared micro-batch; every row is forwarded whole for the rest of the run", diff)
+            self.min_tokens = 0
+        return ok
+
+    def take_check(self) -> dict[str, float]:
+        """The self-check's metrics (perf/prefix_check_max_diff, perf/prefix_check_failed) once, in the step
+        that ran it; {} in every other step."""
+        out, self.check = self.check, {}
+        return out

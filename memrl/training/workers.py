@@ -12,7 +12,6 @@ run resumes at any world size (memrl.training.checkpoint).
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import shutil
@@ -36,24 +35,21 @@ from memrl.precision import autocast, torch_dtype
 from memrl.threads import apply_inherited
 from memrl.training import distributed as D
 from memrl.training import lora as L
-from memrl.training import prefix_sharing as P
 from memrl.training import ulysses as U
 from memrl.training.algorithm_section import off_policy_cap
 from memrl.training.checkpoint import OPTIM_DIR, STATE_FILE, load_state, save_checkpoint, temp_dir
-from memrl.training.chunked_logprobs import HeadSplit
-from memrl.training.config import TrainConfig, prefix_sharing_blocker
+from memrl.training.config import TrainConfig
 from memrl.training.optim import decay_groups, lr_lambda, skips_zero_advantage
-from memrl.training.packing import MicroBatch, TrainBatch, blank_row, collate, pack_rows
+from memrl.training.packing import MicroBatch, TrainBatch, blank_row, collate
 from memrl.training.placement import placement_group, replica_kind, share_gpu
 from memrl.training.policy import clip_norm, ppo_micro_loss, token_logprobs
+from memrl.training.prefix_sharing import Sharer
 from memrl.training.routing import RoutingReplay
 from memrl.training.sync_check import teacher_forced_logprobs
 from memrl.training.worker_group import LocalRank, RankGroup, WorkerGroup
 from memrl.types import Segment
 
 __all__ = ["PolicyWorker", "RayRank", "build_workers", "decay_groups", "node_address", "skips_zero_advantage"]
-
-log = logging.getLogger(__name__)
 
 
 def node_address() -> tuple[str, int]:
@@ -86,12 +82,6 @@ def _read_state(start: str) -> dict[str, Any]:
         return torch.load(Path(start) / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - older checkpoints pickled other objects
         return load_state(start)
-
-
-def _is_name_keyed(optim_state: dict[str, Any]) -> bool:
-    groups = optim_state.get("param_groups") or [{}]
-    params = groups[0].get("params", [])
-    return bool(params) and isinstance(params[0], str)
 
 
 class PolicyWorker:
@@ -148,9 +138,8 @@ class PolicyWorker:
             for p in self.ref.parameters():
                 p.requires_grad_(False)
             D.shard_model(self.ref, t.fsdp_bf16, t.cpu_offload)
-        self.share_min = self._share_min()
-        self.share_check: dict[str, float] = {}  # the first shared micro-batch's self-check, logged once
-        self.share_checked = False
+        low = self.weights_dtype != torch.float32 or self.compute_dtype not in (None, torch.float32)
+        self.sharer = Sharer(cfg, self.model, t.token_budget * self.sp, low, self._no_grad_logprobs)
         o = cfg.optim
         self.opt = torch.optim.AdamW(decay_groups(self.model, o.weight_decay_scope), lr=o.lr,
                                      betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
@@ -161,17 +150,7 @@ class PolicyWorker:
     def _load_optimizer(self, start: str) -> None:
         """The optimizer and scheduler states of checkpoint `start`."""
         state = _read_state(start)
-        if state.get("optimizer_layout") == "dcp":
-            D.load_optim_dcp(self.model, self.opt, Path(start) / OPTIM_DIR, state["optimizer_groups"])
-        elif _is_name_keyed(state["optimizer"]):  # checkpoints written before the DCP layout
-            D.load_optim_state(self.model, self.opt, state["optimizer"])
-        elif self.info.world_size == 1:
-            self.opt.load_state_dict(state["optimizer"])  # checkpoints written before name-keyed states
-        else:
-            raise ValueError(f"checkpoint {start}: its optimizer state is keyed by parameter index and "
-                             "loads only at trainer.num_workers=1")
-        if state.get("optimizer_fresh"):  # saved before the first step: the next step is the first again
-            self.opt.state.clear()
+        D.load_optimizer(self.model, self.opt, start, state)
         self.sched.load_state_dict(state["scheduler"])
 
     def load_checkpoint(self, path: str, lr_scale: float = 1.0) -> None:
@@ -188,55 +167,11 @@ class PolicyWorker:
             if "initial_lr" in g:
                 g["initial_lr"] *= lr_scale
 
-    # ------------------------------------------------------------------ prefix sharing
-    def _share_min(self) -> int:
-        """trainer.prefix_sharing: the shortest prefix shared (trainer.prefix_min_tokens), 0 when off or when
-        the run or the model rules it out (auto; "always" was refused at config time, except for the model)."""
-        t = self.cfg.trainer
-        if t.prefix_sharing == "never" or prefix_sharing_blocker(self.cfg):
-            return 0
-        split = P.why_not(self.model, None, None)
-        if not isinstance(split, HeadSplit):
-            log.warning("trainer.prefix_sharing=%s: every row forwarded whole: %s", t.prefix_sharing, split)
-            return 0
-        return t.prefix_min_tokens
-
-    def _pack(self, rows: list[Segment]) -> list[list[int]]:
-        """Micro-batches of `rows` by the token budget; with prefix sharing the rows of a shared prefix together."""
-        budget = self.cfg.trainer.token_budget * self.sp
-        if self.share_min:
-            return P.pack_shared([s.prompt_ids + s.response_ids for s in rows], budget, self.share_min)
-        return pack_rows(rows, budget)
-
-    def _share(self, mb: MicroBatch, rows: list[Segment]) -> MicroBatch:
-        """`mb` (collated from `rows`) with its share plan when prefix sharing is on and some prefix is worth it.
-        The run's first such micro-batch is checked against the per-row forward first (`_self_check`)."""
-        plan = P.plan_shares([s.prompt_ids + s.response_ids for s in rows], self.share_min) if self.share_min else None
-        if plan is None:
-            return mb
-        shared = replace(mb, share=plan)
-        if not self.share_checked:
-            self.share_checked = True
-            if not self._self_check(mb, shared):
-                return mb
-        return shared
-
-    def _self_check(self, mb: MicroBatch, shared: MicroBatch) -> bool:
-        """Whether the shared forward's logprobs of `mb`'s trained tokens equal the per-row forward's (max
-        |difference| within 1e-3 in float32, 0.1 in bfloat16); when not, prefix sharing is off for the run."""
+    def _no_grad_logprobs(self, *mbs: MicroBatch) -> tuple[torch.Tensor, ...]:
+        """The policy's logprobs of micro-batches `mbs` (no gradient; the prefix-sharing self-check's forwards)."""
         a, chunk = self.cfg.algorithm, self.cfg.trainer.logits_chunk_tokens
         with torch.no_grad(), self._compute():
-            per_row, _ = token_logprobs(self.model, mb, a.temperature, chunk_tokens=chunk)
-            mine, _ = token_logprobs(self.model, shared, a.temperature, chunk_tokens=chunk)
-        diff = float(((per_row - mine).abs() * mb.loss_mask).max()) if mb.loss_mask.numel() else 0.0
-        low = self.weights_dtype != torch.float32 or self.compute_dtype not in (None, torch.float32)
-        ok = diff <= (0.1 if low else 1e-3)  # NaN fails too
-        self.share_check = {"perf/prefix_check_max_diff": diff, "perf/prefix_check_failed": float(not ok)}
-        if not ok:
-            log.warning("trainer.prefix_sharing: the shared forward's logprobs differ from the per-row forward's by "
-                        "%.3g on the first shared micro-batch; every row is forwarded whole for the rest of the run", diff)
-            self.share_min = 0
-        return ok
+            return tuple(token_logprobs(self.model, mb, a.temperature, chunk_tokens=chunk)[0] for mb in mbs)
 
     # ------------------------------------------------------------------ the update
     def train_rows(self, share: TrainBatch, step_scheduler: bool = True) -> dict[str, float]:
@@ -255,7 +190,7 @@ class PolicyWorker:
                     or any(a != 0.0 for a in s.token_advantages or ())]
             mine = TrainBatch([share.segments[i] for i in keep], [share.weights[i] for i in keep], share.batch_rows)
             kept_w = mine.weight_sum()
-        batches = self._pack(mine.segments) if len(mine) else []
+        batches = self.sharer.pack(mine.segments) if len(mine) else []
         if self.routing is not None and self.cfg.algorithm.routing_replay == "r3":
             self.routing.recorded = self._rollout_routing(mine.segments)
         # FSDP collectives run per forward/backward: every rank runs the same number of micro-batches,
@@ -272,7 +207,7 @@ class PolicyWorker:
             if j < len(batches):
                 idx = batches[j]
                 rows = [mine.segments[i] for i in idx]
-                mb = self._share(collate(rows, [mine.weights[i] for i in idx], pad).to(self.device), rows)
+                mb = self.sharer.share(collate(rows, [mine.weights[i] for i in idx], pad).to(self.device), rows)
                 tokens += mb.num_tokens
                 forwarded += mb.share.forwarded_tokens if mb.share is not None else mb.num_tokens
             else:
@@ -326,8 +261,7 @@ class PolicyWorker:
         out["train/micro_batches"], out["train/rows"], out["train/tokens"] = n_mb, rows_all, n_tok
         out["train/rows_zero_adv_skipped"] = rows_all - rows_kept
         out["train/forwarded_tokens"] = n_fwd  # prefix sharing: each shared prefix once (else = train/tokens)
-        out.update(self.share_check)
-        self.share_check = {}
+        out.update(self.sharer.take_check())  # prefix sharing's self-check, in the step that ran it
         return out
 
     def _micro_step(self, mb: MicroBatch, ws: int) -> Any:
@@ -393,7 +327,7 @@ class PolicyWorker:
 
     def _response_pass(self, rows: list[Segment], with_entropy: bool) -> tuple[list[list[float]], list[list[float]]]:
         pad = self.tokenizer.pad_token_id or 0
-        batches = self._pack(rows) if rows else []
+        batches = self.sharer.pack(rows) if rows else []
         n_steps = D.all_reduce_max(len(batches), self._comm_device())
         out: list[list[float]] = [[] for _ in rows]
         ents: list[list[float]] = [[] for _ in rows]
@@ -404,7 +338,7 @@ class PolicyWorker:
             for j in range(n_steps):
                 idx = batches[j] if j < len(batches) else []
                 mb = collate([rows[i] for i in idx] or [blank_row(pad)], None, pad).to(self.device)
-                mb = self._share(mb, [rows[i] for i in idx]) if idx else mb
+                mb = self.sharer.share(mb, [rows[i] for i in idx]) if idx else mb
                 with self._record(rows, idx, mb):
                     lp, ent = token_logprobs(self.model, self._shard(mb), self.cfg.algorithm.temperature,
                                              with_entropy=with_entropy,
@@ -455,11 +389,9 @@ class PolicyWorker:
             torch.distributed.barrier()  # the directory exists before any rank writes into it
         path = ""
         try:
-            fresh = not self.opt.state  # not stepped yet (a step-0 checkpoint): loading it must leave it so
-            groups = D.save_optim_dcp(self.model, self.opt, tmp / OPTIM_DIR)
+            optim = D.save_optim_dcp(self.model, self.opt, tmp / OPTIM_DIR)  # layout, groups, fresh
             if D.rank() == 0:
-                state = dict(driver_state, scheduler=self.sched.state_dict(), optimizer_layout="dcp",
-                             optimizer_groups=groups, optimizer_fresh=fresh)
+                state = dict(driver_state, scheduler=self.sched.state_dict(), **optim)
                 if L.is_peft(self.model):  # LoRA: PEFT's adapter files (from the gathered state under ranks)
                     model = L.checkpoint_model(self.model, self.tokenizer, self.cfg.model,
                                                weights if D.grouped() else None)

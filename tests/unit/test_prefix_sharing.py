@@ -218,7 +218,7 @@ def test_worker_self_checks_then_shares_and_counts_forwarded_tokens(tmp_path):
     rows = _worker_rows()
     w = PolicyWorker(_cfg(tmp_path, "trainer.prefix_sharing=always", "trainer.token_budget=4096",
                           "algorithm.temperature=0.7"))
-    assert w.share_min == 16
+    assert w.sharer.min_tokens == 16
     out = w.train_rows(weigh(rows, "token-mean"))
     assert out["perf/prefix_check_failed"] == 0.0 and out["perf/prefix_check_max_diff"] < 1e-4
     assert out["train/tokens"] == sum(s.num_tokens for s in rows)
@@ -242,7 +242,7 @@ def test_a_failed_self_check_turns_sharing_off_for_the_run(tmp_path, monkeypatch
     w = PolicyWorker(_cfg(tmp_path, "trainer.prefix_sharing=always", "trainer.token_budget=4096"))
     out = w.train_rows(weigh(rows, "token-mean"))
     assert out["perf/prefix_check_failed"] == 1.0 and out["perf/prefix_check_max_diff"] == pytest.approx(1.0)
-    assert w.share_min == 0 and out["train/forwarded_tokens"] == out["train/tokens"]
+    assert w.sharer.min_tokens == 0 and out["train/forwarded_tokens"] == out["train/tokens"]
 
 
 def test_never_forwards_every_row_whole(tmp_path):
@@ -251,5 +251,5 @@ def test_never_forwards_every_row_whole(tmp_path):
     rows = _worker_rows()
     w = PolicyWorker(_cfg(tmp_path, "trainer.prefix_sharing=never", "trainer.token_budget=4096"))
     out = w.train_rows(weigh(rows, "token-mean"))
-    assert w.share_min == 0 and out["train/forwarded_tokens"] == out["train/tokens"]
+    assert w.sharer.min_tokens == 0 and out["train/forwarded_tokens"] == out["train/tokens"]
     assert "perf/prefix_check_failed" not in out
