@@ -17,7 +17,7 @@ The trained comparison (docs/results/context_management.md): per method a tiny m
 with and without its process rewards), 3 training seeds, greedy and sampled on held-out tasks of seed 901, at
 3 facts per task and 40 filler words:
 
-    C="task.sub_questions=[3] sft.num_tasks=1000 eval.num_tasks=200 rl_tasks=1000 train.trainer.steps=20 threads=1"
+    C="task.sub_questions=[3] sft.num_tasks=1000 eval.num_tasks=200 rl_tasks=1000 train.trainer.steps=20 threads=1 train.engine.hf.kv_cache=padded train.trainer.prefix_sharing=never"
     memrl demo --agent context --out runs/ctx/react --seeds 0,1,2 method=react $C sft.epochs=6
     memrl demo --agent context --out runs/ctx/window --seeds 0,1,2 method=window $C sft.epochs=6 sft.max_rows=4000
     memrl demo --agent context --out runs/ctx/summarize --seeds 0,1,2 method=summarize $C sft.epochs=6 \\
@@ -30,7 +30,7 @@ with and without its process rewards), 3 training seeds, greedy and sampled on h
 The process-reward ablation from a flawed cold start (the scripted folding agent searches one fact in the
 main thread with probability 0.2), 60 RL steps:
 
-    L="task.sub_questions=[3] sft.num_tasks=1000 eval.num_tasks=200 rl_tasks=1000 train.trainer.steps=60 threads=1"
+    L="task.sub_questions=[3] sft.num_tasks=1000 eval.num_tasks=200 rl_tasks=1000 train.trainer.steps=60 threads=1 train.engine.hf.kv_cache=padded train.trainer.prefix_sharing=never"
     memrl demo --agent context --out runs/ctx_late/fold --seeds 0,1,2 method=fold $L sft.epochs=12 sft.late_prob=0.2
     memrl demo --agent context --out runs/ctx_late/fold_no_process --seeds 0,1,2 method=fold_no_process $L \\
         sft.epochs=12 sft.late_prob=0.2 sft_from=runs/ctx_late/fold

@@ -14,7 +14,8 @@ with --seeds, OUT/seed<k>, whose recipe.json records the training options a resu
 4. rl: `Trainer` with presets lookback_memagent_cpu / lookback_rememr1_cpu (same steps, batch, n, lr);
 5. eval: memrl.eval.runner.evaluate per policy on the eval files, greedy and (--sampled) one sample at
    temperature 1; RL ReMemR1 also with recall disabled (workflow.recall=false, the ablation); the SFT
-   start and the scripted oracles are evaluated too, as references;
+   start and the scripted oracles are evaluated too, as references (rl and eval run with OLD_DEFAULTS,
+   engine.hf.kv_cache=padded and trainer.prefix_sharing=never, as the tables of docs/results/rememr1.md);
 6. report: accuracy (± s.e. over tasks) by length, recall rate and callback hit rate (OUT/eval_*/report.md);
    with --seeds, mean ± sd over the seeds, the paired gaps and the goal checks (OUT/seeds_report_*.md).
 
@@ -33,6 +34,9 @@ import time
 from pathlib import Path
 
 PRESETS = {"memagent": "lookback_memagent_cpu", "rememr1": "lookback_rememr1_cpu"}
+OLD_DEFAULTS = ["engine.hf.kv_cache=padded", "trainer.prefix_sharing=never"]
+"""The defaults before 2026-11-28, with which docs/results/rememr1.md's tables were recorded: RL runs with both,
+the evaluation with kv_cache=padded."""
 SHAPE = dict(chunk_words=8, facts_per_chunk=1, num_keys=16, num_values=8, fact_position="start")
 """The look-back tasks' shape (memrl.data.synthetic_lookback.LookbackConfig) for training and evaluation."""
 
@@ -176,7 +180,7 @@ def stage_rl(out: Path, sft_dir: Path, wf: str, args) -> Path:
     run = out / f"rl_{wf}"
     base = train_config(wf, ["model.path=x", "data.path=x"])
     ov = [f"model.path={sft_dir}", f"data.path={out / 'data' / 'train.json'}", f"out_dir={run}",
-          f"trainer.steps={args.rl_steps}", "trainer.progress=false",
+          f"trainer.steps={args.rl_steps}", "trainer.progress=false", *OLD_DEFAULTS,
           # training seed k shifts the RL task order and the RL sampling (k = 0: the presets' own)
           f"data.seed={base.data.seed + args.seed}", f"trainer.seed={base.trainer.seed + args.seed}"]
     if args.rl_lr is not None:
@@ -199,7 +203,7 @@ def stage_rl(out: Path, sft_dir: Path, wf: str, args) -> Path:
 
 def stage_eval(out: Path, name: str, wf: str, model_dir: Path | None, args, *, sampled: bool = False,
                recall: bool = True) -> Path:
-    from memrl.engines import EngineConfig
+    from memrl.engines import EngineConfig, HFSection
     from memrl.eval.runner import EvalConfig, evaluate
 
     res = eval_dir(out, args) / (name + ("_sampled" if sampled else ""))
@@ -227,7 +231,8 @@ def stage_eval(out: Path, name: str, wf: str, model_dir: Path | None, args, *, s
         from memrl.demonstrators import LookbackOracle, ScriptedEngine
 
         engine = ScriptedEngine(LookbackOracle.for_config(wf, c), tokenizer=AutoTokenizer.from_pretrained(out / "model"))
-    ecfg = EvalConfig(workflow=section, engine=EngineConfig(model=str(model_dir or "oracle"), max_batch_size=256),
+    ecfg = EvalConfig(workflow=section, engine=EngineConfig(model=str(model_dir or "oracle"), max_batch_size=256,
+                                                            hf=HFSection(kv_cache="padded")),  # OLD_DEFAULTS
                       concurrency=256, name=res.name, progress=False)
     evaluate(files, res, ecfg, engine=engine)
     (res / "done").write_text("ok")

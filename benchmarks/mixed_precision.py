@@ -16,6 +16,8 @@ task, preset demo_cpu, its batch); smollm2 = SmolLM2-135M-Instruct (`memrl model
 smollm2-135m-instruct`) on real HotpotQA questions (2 documents, 512-token chunks), LoRA rank 8 (the
 real-model preset's), 2 questions x 4 samples per step, micro-batches of 4096 tokens whose logits are taken
 1024 tokens at a time (trainer.logits_chunk_tokens; whole, they took 22 GB and the process was killed).
+Both models run with engine.hf.kv_cache=padded and trainer.prefix_sharing=never (OLD_DEFAULTS: the settings
+docs/results/real_model.md's table was recorded with).
 """
 
 from __future__ import annotations
@@ -46,12 +48,16 @@ def demo_model(out: Path) -> Path:
     return out / "init"
 
 
+OLD_DEFAULTS = ["engine.hf.kv_cache=padded", "trainer.prefix_sharing=never"]
+"""The defaults before 2026-11-28, with which docs/results/real_model.md's table was recorded."""
+
+
 def overrides(model: str, path: Path, args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """(preset args, overrides) of one model's runs."""
     if model == "demo":
         return (["--preset", "demo_cpu"], [f"model.path={path}", f"trainer.steps={args.steps}", "trainer.save_every=0",
-                                          "trainer.val_every=0"])
-    return ([], [f"model.path={path}", "data.name=file", f"data.path={args.hqa}", "workflow=memagent",
+                                          "trainer.val_every=0", *OLD_DEFAULTS])
+    return ([], [*OLD_DEFAULTS, f"model.path={path}", "data.name=file", f"data.path={args.hqa}", "workflow=memagent",
                  "workflow.chunk_tokens=512", "workflow.max_memory_tokens=64", "workflow.max_final_tokens=32",
                  "trainer.batch_size=2", "algorithm.n=4", f"trainer.steps={args.steps}", "trainer.save_every=0",
                  "model.lora.rank=8", "model.lora.alpha=16", "optim.lr=1e-4", "trainer.token_budget=4096",

@@ -9,7 +9,8 @@ Stages (each resumes: a finished stage's outputs are kept, `memrl train --resume
          (4x); training set: 480 other dev questions (seed 1) at 2 documents, minus any held-out question.
   sft    the cold start (a recipe choice: zero-shot, the model boxes no answer, so GRPO sees reward 0 on every
          trajectory): `memrl train-sft demonstrator.name=evidence` on the first 400 training questions.
-  rl     `memrl train --preset smollm2_memagent_cpu` from the cold-start model, one run per training seed.
+  rl     `memrl train --preset smollm2_memagent_cpu` from the cold-start model, one run per training seed
+         (trainer.prefix_sharing=never: the setting docs/results/real_model.md's table was recorded with).
   eval   every model on the held-out set at 1x and 4x, greedy and sampled (temperature 1, one sample,
          eval seed 0), with the workflow settings of training.
   table  accuracy (%) by the published verifier (MemAgent's training verifier, verl_hotpotqa), memrl's boxed
@@ -75,7 +76,8 @@ def rl(args: argparse.Namespace, out: Path) -> None:
         run = out / "rl" / f"seed{seed}"
         cmd = [*MEMRL, "train", "--preset", "smollm2_memagent_cpu", f"model.path={out / 'sft' / 'merged'}",
                f"data.path={out / 'train_2.json'}", f"trainer.seed={seed}", f"data.seed={seed}", f"engine.seed={seed}", f"trainer.steps={args.steps}",
-               f"out_dir={run}"]
+               f"out_dir={run}",
+               "trainer.prefix_sharing=never"]  # the default before 2026-11-28: docs/results/real_model.md's table
         if final_model(run, args.steps) is None:
             sh(cmd + (["--resume"] if (run / "checkpoints" / "latest").exists() else []))
 

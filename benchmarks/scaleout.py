@@ -4,7 +4,7 @@ safetensors directory, and the share of a real Ray training step spent in weight
 transformers engines, object store vs broadcast).
 
     PYTHONPATH=$PWD RAY_AUTH_MODE=disabled python benchmarks/scaleout.py [--skip-ray] [--skip-05b]
-        [--only-sync | --only-ray]
+        [--only-sync | --only-ray] [--kv-cache padded|slots]
 """
 
 from __future__ import annotations
@@ -224,8 +224,9 @@ def sync_modes_by_size(skip_05b: bool) -> None:
             del src, dst
 
 
-def ray_run_share(tmp: str, mode: str = "object_store") -> None:
-    """A real 2-rank + 2-engine run on the tiny model: mean sync and step time per step."""
+def ray_run_share(tmp: str, mode: str = "object_store", kv_cache: str = "") -> None:
+    """A real 2-rank + 2-engine run on the tiny model: mean sync and step time per step (`kv_cache`: the
+    replicas' engine.hf.kv_cache, "" = the default)."""
     from memrl.models.tiny import cached_tiny_model
     from memrl.training.assemble import assemble
     from memrl.training.trainer import Trainer
@@ -237,7 +238,7 @@ def ray_run_share(tmp: str, mode: str = "object_store") -> None:
         "trainer.batch_size=2", "algorithm.n=3", "optim.lr=1e-3", "trainer.save_every=0",
         "trainer.progress=false", "trainer.tensorboard=false", "trainer.num_workers=2",
         "trainer.cpus_per_worker=0.5", "rollout.num_engines=2", "rollout.cpus_per_engine=0.5",
-        f"rollout.weight_sync={mode}",
+        f"rollout.weight_sync={mode}", *([f"engine.hf.kv_cache={kv_cache}"] if kv_cache else []),
     ])
     hist = Trainer(assemble(cfg)).fit()[1:]  # the first step includes start-up work
     sync = statistics.fmean(h["time/sync_s"] for h in hist)
@@ -255,6 +256,9 @@ def main() -> None:
     ap.add_argument("--skip-05b", action="store_true")
     ap.add_argument("--only-sync", action="store_true", help="only the sync-by-mode table")
     ap.add_argument("--only-ray", action="store_true", help="only the Ray runs (object store vs broadcast)")
+    ap.add_argument("--kv-cache", choices=("padded", "slots"), default="",
+                    help="the Ray runs' engine.hf.kv_cache (default: the engine's; padded: the layout of the "
+                         "figures in docs/guides/scaleout.md, the default before 2026-11-28)")
     args = ap.parse_args()
     import ray
 
@@ -273,7 +277,7 @@ def main() -> None:
                 sync_modes_by_size(args.skip_05b)
             if not args.skip_ray and not args.only_sync:
                 for mode in ("object_store", "broadcast"):
-                    ray_run_share(tmp, mode)
+                    ray_run_share(tmp, mode, args.kv_cache)
         finally:
             ray.shutdown()
 

@@ -3,6 +3,7 @@ on the same model, prompts, group size, completion length, steps, dtype and thre
 
   .venv/bin/python benchmarks/vs_trl.py --trl-python .venv-trl/bin/python [--model DIR] [--steps 4]
       [--prompts 1] [--n 4] [--max-tokens 32] [--lr 1e-6] [--threads 1] [--out runs/vs_trl] [--order memrl,trl]
+      [KEY=VALUE ...]   (more `memrl train` overrides, memrl side only)
 
 TRL is not a memrl dependency: make its virtualenv with `bash scripts/install_trl.sh` (.venv-trl).
 Each side runs in its own subprocess (memrl: `memrl train`; TRL: this file with `--side trl` under the TRL
@@ -129,7 +130,7 @@ def memrl_cmd(args: argparse.Namespace, out: Path) -> list[str]:
             f"trainer.batch_size={args.prompts}", f"trainer.steps={args.steps}", f"optim.lr={args.lr}",
             "optim.warmup_steps=0", "optim.weight_decay=0", "model.compute_dtype=float32", f"trainer.seed={args.seed}",
             f"trainer.skip_zero_advantage={str(args.memrl_skip_zero).lower()}",
-            f"out_dir={out / 'memrl'}", "--overwrite"]
+            f"out_dir={out / 'memrl'}", *args.memrl_overrides, "--overwrite"]
 
 
 def memrl_steps(out: Path) -> list[dict]:
@@ -266,6 +267,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--order", default="memrl,trl", help="which side runs first")
     p.add_argument("--out", default=str(ROOT / "runs" / "vs_trl"))
     p.add_argument("--side", choices=("both", "trl"), default="both", help=argparse.SUPPRESS)
+    p.add_argument("memrl_overrides", nargs="*", metavar="KEY=VALUE",
+                   help="more `memrl train` overrides for the memrl side (docs/results/vs_trl.md's table: "
+                        "engine.hf.kv_cache=padded trainer.prefix_sharing=never, the defaults before 2026-11-28)")
     a = p.parse_args(argv)
     if sorted(a.order.split(",")) != ["memrl", "trl"]:
         p.error("--order must name memrl and trl")
