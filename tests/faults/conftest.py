@@ -62,6 +62,7 @@ def reference(tiny_model, tmp_path_factory):
     from memrl.training.logging import read_metrics
 
     out = tmp_path_factory.mktemp("reference") / "run"
+    torch.set_num_threads(SESSION_THREADS)  # set up before the test's own _keep_torch_threads
     trainer = make_trainer(tiny_model, out)
     trainer.fit()
     weights = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
@@ -81,11 +82,17 @@ def one_line(err: str) -> str:
     return lines[0]
 
 
+SESSION_THREADS = torch.get_num_threads()
+"""torch's thread count when the session started: what the kill tests' children (`memrl train`, whose
+threads.intra_op default is every usable CPU or OMP_NUM_THREADS) run with too."""
+
+
 @pytest.fixture(autouse=True)
 def _keep_torch_threads():
-    """A test that runs a demo's config loader in this process (`memrl demo` refusing a damaged input, the
-    hostile-option sweep) sets torch's thread count to the demo's `threads`; the in-process resumes of the
-    kill tests must compare against their reference at the count the session started with."""
-    n = torch.get_num_threads()
+    """A test that runs a command in this process sets torch's thread count: a demo's config loader to the
+    demo's `threads` (`memrl demo` refusing a damaged input, the hostile-option sweep), `memrl eval` to the
+    CPUs other processes leave free (memrl.threads.auto_threads), also from a fixture set up before this one;
+    the in-process resumes of the kill tests must compare against their reference at the session's count."""
+    torch.set_num_threads(SESSION_THREADS)
     yield
-    torch.set_num_threads(n)
+    torch.set_num_threads(SESSION_THREADS)
