@@ -188,7 +188,8 @@ def test_memact_dcpo_killed_mid_rollout_resumes_exactly(searching_model, tmp_pat
     env["MEMRL_FAULT_AT"] = "trajectory@12"
     proc = subprocess.run([sys.executable, "-c", CHILD.format(here=str(Path(__file__).parent),
                                                           threads=torch.get_num_threads()),
-                           *_overrides(searching_model, out, 2, save_every=1)],
+                           *_overrides(searching_model, out, 2, save_every=1),
+                           f"threads.intra_op={torch.get_num_threads()}"],  # memrl train sets it: this process's
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_000001"
