@@ -33,62 +33,43 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from memrl.config import (
-    MAX_COUNT,
-    MAX_PARALLEL,
-    MAX_SEED,
-    MAX_TOKENS,
-    MAX_VOCAB,
-    ConfigError,
-    load_config,
-    valid,
-)
+from memrl.config import MAX_COUNT, MAX_PARALLEL, MAX_SEED, MAX_TOKENS, MAX_VOCAB, ConfigError, valid
 from memrl.data.synthetic import at_length, make_tasks
 from memrl.demonstrators.infmem import ReadingOracle
 from memrl.demonstrators.stages import context_demonstrations
-from memrl.demos import split_overrides
-from memrl.demos.pipeline import (
-    EvalSettings,
-    ModelShape,
-    Recipe,
-    RecipeRun,
-    WarmupSFTSettings,
-    load_train,
-    run_recipe,
-    set_threads,
+from memrl.demos.parts import (
+    GRPO,
+    Arm,
+    ArmRecipe,
+    by_decoding,
+    count_parameters,
+    engine_eval,
+    results_head,
+    results_tail,
+    scripted_rows,
+    workflow_section,
 )
+from memrl.demos.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
 from memrl.demos.scratch import init_reading_model
 from memrl.demos.seeds import table_rows
-from memrl.demos.summaries import evaluate_reading, reading_summary_of
-from memrl.eval.evaluator import EngineRollout, model_engine
-from memrl.training.assemble import validate
+from memrl.demos.summaries import evaluate_reading, reading_markdown, reading_summary_of
 from memrl.types import Segment, Task
-from memrl.workflows import parse_workflow
 
 __all__ = ["ARMS", "Arm", "InfMemDemoConfig", "InfMemDemoEval", "InfMemDemoModel", "InfMemDemoSFT",
            "RECIPE", "heldout_tasks", "load_configs", "results_markdown", "run_infmem_demo"]
 
-
-@dataclass(frozen=True)
-class Arm:
-    """One method of the comparison: its workflow section (merged over the preset's) and its RL overrides."""
-
-    workflow: dict[str, Any]
-    algorithm: tuple[str, ...]
-
-
-_GRPO = ("algorithm.name=grpo", "algorithm.grpo.norm_by_std=true")
 ARMS: dict[str, Arm] = {
     "infmem": Arm({"name": "infmem",
                    "plan_template": "P: {problem}\nH: {history}\nM: {memory}\nPlan:",
                    "memory_template": "Q: {problem}\nH: {history}\nR: {retrieved}\nM: {memory}\nS:{chunk}",
                    "max_plan_tokens": 32, "retrieve_passage_tokens": 8, "retrieve_top_k": 1,
                    "plan_history_header": "{step}/{max_steps}", "memory_history_header": "{step}/{max_steps}",
-                   "history_line": "{query}", "retrieved_item": "{text}", "no_retrieval_text": "none"}, _GRPO),
-    "memagent": Arm({"name": "memagent", "memory_template": "Q: {problem}\nM: {memory}\nS:{chunk}"}, _GRPO),
+                   "history_line": "{query}", "retrieved_item": "{text}", "no_retrieval_text": "none"}, GRPO),
+    "memagent": Arm({"name": "memagent", "memory_template": "Q: {problem}\nM: {memory}\nS:{chunk}"}, GRPO),
 }
 """`method` -> its arm. Short templates and history lines (a CPU model reads every prompt token); InfMem's
 passages are one piece each (retrieve_passage_tokens = chunk_words), so a retrieval of the asked key returns
@@ -154,37 +135,8 @@ class InfMemDemoConfig:
 
 def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[InfMemDemoConfig, Any, Path, Arm]:
     """(demo config, RL config, writable output dir, arm); fails on a bad value before any work."""
-    demo_ov, train_ov = split_overrides(list(overrides))
-    cfg = load_config(InfMemDemoConfig, demo_ov)
-    if cfg.method not in ARMS:
-        raise ConfigError(f"method must be one of {', '.join(ARMS)}, got {cfg.method!r}")
-    bad = [m for m in cfg.eval.far_multipliers if m not in cfg.eval.multipliers]
-    if bad:
-        raise ConfigError(f"eval.far_multipliers: {bad[0]} is not one of eval.multipliers {cfg.eval.multipliers}")
-    arm = ARMS[cfg.method]
-    arm_ov = [f"workflow={arm.workflow['name']}",
-              *[f"workflow.{k}={json.dumps(v)}" for k, v in arm.workflow.items() if k != "name"], *arm.algorithm]
-    run = load_train(cfg, train_ov, out_dir, arm_ov)
-    tcfg, out, spec, wf_cfg = run.tcfg, run.out, run.spec, run.wf_cfg
-    if spec.name != arm.workflow["name"]:
-        raise ConfigError(f"workflow.name must be {arm.workflow['name']} for method={cfg.method}, got {spec.name!r}")
-    if tcfg.data.name != "synthetic":
-        raise ConfigError(f"train.data.name must be synthetic (the demo's task), got {tcfg.data.name!r}")
-    syn = tcfg.data.synthetic
-    if syn.min_chunks or syn.bridge_fraction:
-        raise ConfigError("train.data.synthetic: the demo needs fixed-length one-fact tasks (min_chunks 0, "
-                          f"bridge_fraction 0), got min_chunks {syn.min_chunks}, bridge_fraction {syn.bridge_fraction}")
-    if wf_cfg.chunk_tokens != syn.chunk_words:
-        raise ConfigError(f"workflow.chunk_tokens {wf_cfg.chunk_tokens} must equal train.data.synthetic.chunk_words "
-                          f"{syn.chunk_words} (a chunk is one piece)")
-    set_threads(cfg)
-    return cfg, tcfg, out, arm
-
-
-def _section(tcfg: Any, arm: Arm) -> Any:
-    """The workflow config of `arm`, its other fields from the RL config's workflow section where that
-    workflow has them (the tokenizer plays both arms)."""
-    return parse_workflow(arm.workflow, defaults=dict(tcfg.workflow))[1]
+    run = RECIPE.configs(overrides, out_dir)
+    return run.cfg, run.tcfg, run.out, ARMS[run.cfg.method]
 
 
 def heldout_tasks(cfg: InfMemDemoConfig, syn: Any) -> dict[int, list[Task]]:
@@ -209,43 +161,36 @@ def write_heldout(tasks: dict[int, list[Task]], path: Path) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def evaluate(model: Any, tokenizer: Any, spec: Any, wf_cfg: Any, tasks: dict[int, list[Task]], temperature: float,
-             seed: int, engine_cfg: Any, model_dir: str | Path = "") -> dict[str, dict[str, dict[str, float]]]:
-    """{length: {"greedy": summary, "sampled": summary}} on the held-out tasks (memrl.eval.evaluator.
-    evaluate_reading)."""
-    with model_engine(model, tokenizer, engine_cfg, model_dir) as engine:
-        return evaluate_reading(EngineRollout(engine, spec), wf_cfg, tasks, temperature, seed)
+results_markdown = reading_markdown
 
 
-def results_markdown(results: dict[str, Any]) -> str:
-    """The run's table: one row per policy, decoding and length."""
-    lines = [f"# InfMem demo: method={results['method']} ({results['eval_tasks']} held-out tasks per length, "
-             f"training length {results['train_chunks']} chunks)", "",
-             "| policy | decoding | length (chunks) | accuracy | model calls | chunks read | retrievals | stop rate "
-             "| stop step |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
-    for policy, label in (("sft", "SFT"), ("rl", "SFT + RL")):
-        for length, modes in results[policy].items():
-            for mode, r in modes.items():
-                lines.append(f"| {label} | {mode} | {length} | {r['accuracy']:.1f} +- {r['accuracy_se']:.1f} "
-                             f"| {r['model_calls']:.2f} | {r['chunks_read']:.2f} | {r['retrievals']:.2f} "
-                             f"| {r['stop_rate']:.0f}% | {r['stop_step']:.2f} |")
-    s = results["scripted"]
-    lines += ["", f"Scripted oracle on its SFT tasks: accuracy {s['accuracy']:.1f}%, {s['model_calls']:.2f} model "
-              f"calls, {s['chunks_read']:.2f} chunks read."]
-    return "\n".join(lines) + "\n"
-
-
-class InfMemRecipe(Recipe):
+class InfMemRecipe(ArmRecipe):
     """The InfMem vs MemAgent demo as a recipe method (module docstring)."""
 
     name = "infmem"
     config = InfMemDemoConfig
+    arms = ARMS
     seed_keys = (("seed", "demo"), ("sft.seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train"))
     task_seeds = ("sft.seed", "train.data.seed")
 
-    def load(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
-        cfg, tcfg, out, _ = load_configs(overrides, out_dir)
-        return RecipeRun(cfg, tcfg, out, *validate(tcfg))
+    def check(self, cfg: Any, train_overrides: list[str]) -> None:
+        self.arm(cfg)
+        bad = [m for m in cfg.eval.far_multipliers if m not in cfg.eval.multipliers]
+        if bad:
+            raise ConfigError(f"eval.far_multipliers: {bad[0]} is not one of eval.multipliers {cfg.eval.multipliers}")
+
+    def check_run(self, run: RecipeRun) -> None:
+        super().check_run(run)
+        tcfg, wf_cfg = run.tcfg, run.wf_cfg
+        if tcfg.data.name != "synthetic":
+            raise ConfigError(f"train.data.name must be synthetic (the demo's task), got {tcfg.data.name!r}")
+        syn = tcfg.data.synthetic
+        if syn.min_chunks or syn.bridge_fraction:
+            raise ConfigError("train.data.synthetic: the demo needs fixed-length one-fact tasks (min_chunks 0, "
+                              f"bridge_fraction 0), got min_chunks {syn.min_chunks}, bridge_fraction {syn.bridge_fraction}")
+        if wf_cfg.chunk_tokens != syn.chunk_words:
+            raise ConfigError(f"workflow.chunk_tokens {wf_cfg.chunk_tokens} must equal train.data.synthetic.chunk_words "
+                              f"{syn.chunk_words} (a chunk is one piece)")
 
     def init(self, run: RecipeRun) -> None:
         cfg, tcfg, syn = run.cfg, run.tcfg, run.tcfg.data.synthetic
@@ -254,11 +199,11 @@ class InfMemRecipe(Recipe):
         digest = write_heldout(heldout, run.out / "data" / "heldout_tasks.jsonl")
         plays = []
         for name, a in ARMS.items():  # both arms' contexts: the same tokenizer whatever the method
-            c = _section(tcfg, a)
+            c = workflow_section(tcfg, **a.workflow)
             plays.append((name, c, ReadingOracle.for_config(name, c, syn.fact_sep)))
         run.tokenizer, run.model = init_reading_model(run.out, syn, plays, sft_tasks, cfg.model.preset(),
                                                       cfg.model.vocab_size, cfg.seed)
-        n_params = sum(p.numel() for p in run.model.parameters())
+        n_params = count_parameters(run.model)
         print(f"method {cfg.method}: workflow {run.spec.name}, {tcfg.algorithm.name}; model {n_params / 1e6:.2f}M "
               f"parameters, vocabulary {len(run.tokenizer)}")
         run.extra.update(sft_tasks=sft_tasks, heldout=heldout, digest=digest, n_params=n_params)
@@ -268,8 +213,7 @@ class InfMemRecipe(Recipe):
         infmem: plan, memory, ..., the final), every row as the workflow cuts it."""
         oracle = ReadingOracle.for_config(run.spec.name, run.wf_cfg, run.tcfg.data.synthetic.fact_sep)
         groups = context_demonstrations(run.extra["sft_tasks"], run.tokenizer, run.spec.name, run.wf_cfg, oracle)
-        trajs = [g.trajectories[0] for g in groups]
-        rows = [s for t in trajs for s in t.segments]
+        trajs, rows = scripted_rows(groups)
         summary = reading_summary_of(groups)
         print(f"cold start: {len(rows)} rows from {len(groups)} scripted {run.spec.name} trajectories (its "
               f"accuracy {summary['accuracy']:.1f}%, {summary['model_calls']:.2f} calls per task)")
@@ -277,34 +221,26 @@ class InfMemRecipe(Recipe):
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         print("SFT, held-out:" if policy == "sft" else "SFT+RL, held-out:")
-        return evaluate(model, run.tokenizer, run.spec, run.wf_cfg, run.extra["heldout"], run.cfg.eval.temperature,
-                        run.cfg.eval.seed, run.tcfg.engine, model_dir)
+        return engine_eval(evaluate_reading, run, model, model_dir, run.extra["heldout"])
 
     def results(self, run: RecipeRun) -> dict[str, Any]:
         cfg, tcfg, heldout = run.cfg, run.tcfg, run.extra["heldout"]
         return {
-            "method": cfg.method, "workflow": dict(tcfg.workflow), "algorithm": tcfg.algorithm.name,
-            "train_chunks": tcfg.data.synthetic.num_chunks, "lengths": list(heldout), "eval_tasks": cfg.eval.num_tasks,
-            "eval": asdict(cfg.eval), "heldout_sha256": run.extra["digest"],
+            **results_head(run), "train_chunks": tcfg.data.synthetic.num_chunks, "lengths": list(heldout),
+            "eval_tasks": cfg.eval.num_tasks, "eval": asdict(cfg.eval), "heldout_sha256": run.extra["digest"],
             "scripted": run.demo["summary"], "sft": run.evals["sft"], "rl": run.evals["rl"],
             "demonstrator": {"rows": run.demo["rows"], "rows_per_task": run.demo["rows_per_task"]},
-            "timings": run.timings, "num_parameters": run.extra["n_params"], "vocab_size": len(run.tokenizer),
-            "sft_losses": run.sft_losses, "copy_warmup_losses": run.warmup_losses,
-            "rl_history": {k: [h.get(k, 0.0) for h in run.history] for k in ("reward/mean", "train/rows")},
+            **results_tail(run),
         }
 
     def markdown(self, results: dict[str, Any]) -> str:
-        return results_markdown(results)
+        return reading_markdown(results)
 
     summary_fields = ("accuracy", "model_calls", "chunks_read", "retrievals", "stop_rate")
 
     def evals(self, results: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {}  # policy -> length -> decoding -> summary, as policy -> decoding -> length
-        for p in ("sft", "rl"):
-            for n, modes in results[p].items():
-                for mode, summary in modes.items():
-                    out.setdefault(p, {}).setdefault(mode, {})[n] = summary
-        return out
+        # policy -> length -> decoding -> summary, as policy -> decoding -> length
+        return {p: v for p in ("sft", "rl") if (v := by_decoding(results[p]))}
 
     def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
         return {"method": done[0][1]["method"] if done else None}
@@ -319,8 +255,5 @@ class InfMemRecipe(Recipe):
 
 
 RECIPE = InfMemRecipe()
-
-
-def run_infmem_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
-    """Run the whole demo for one arm (module docstring); returns what results.json holds."""
-    return run_recipe(RECIPE, out_dir, overrides)
+run_infmem_demo = partial(run_recipe, RECIPE)
+"""Run the whole demo for one arm (module docstring): (out_dir, overrides) -> what results.json holds."""

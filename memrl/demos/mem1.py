@@ -28,31 +28,29 @@ cold start and evaluations use too; `workflow.context` is the method's and may n
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from memrl.config import MAX_COUNT, MAX_PARALLEL, MAX_SEED, ConfigError, load_config, valid
+from memrl.config import MAX_COUNT, MAX_PARALLEL, MAX_SEED, ConfigError, valid
 from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks
 from memrl.data.tasks_jsonl import write_tasks
 from memrl.demonstrators.mem1 import mem1_demonstrations
-from memrl.demos import split_overrides
-from memrl.demos.pipeline import (
-    EvalSettings,
-    ModelShape,
-    Recipe,
-    RecipeRun,
-    WarmupSFTSettings,
-    load_train,
-    run_recipe,
-    set_threads,
+from memrl.demos.parts import (
+    SplitRecipe,
+    count_parameters,
+    engine_eval,
+    results_head,
+    results_tail,
+    scripted_rows,
 )
+from memrl.demos.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
 from memrl.demos.scratch import init_mem1_model
 from memrl.demos.seeds import table_rows
-from memrl.eval.evaluator import EngineRollout, evaluate_tasks, mean_and_se, model_engine
+from memrl.demos.summaries import evaluate_mem1, mem1_markdown, mem1_summary
 from memrl.training.assemble import validate
-from memrl.types import Group, Segment, Task
+from memrl.types import Segment, Task
 
 __all__ = ["METHODS", "RECIPE", "Mem1DemoConfig", "Mem1DemoEval", "Mem1DemoSFT", "heldout_tasks", "load_configs",
            "mem1_summary", "results_markdown", "run_mem1_demo"]
@@ -115,49 +113,8 @@ class Mem1DemoConfig:
 
 def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[Mem1DemoConfig, Any, Path]:
     """(demo config, RL config, writable output dir); fails in one line on a bad value before any work."""
-    demo_ov, train_ov = split_overrides(list(overrides))
-    cfg = load_config(Mem1DemoConfig, demo_ov)
-    if cfg.method not in METHODS:
-        raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {cfg.method!r}")
-    set_context = [o for o in train_ov if o.split("=", 1)[0] in ("workflow.context", "train.workflow.context")]
-    if set_context:
-        raise ConfigError(f"workflow.context is set by method ({cfg.method}: {METHODS[cfg.method]}); drop "
-                          f"{set_context[0]!r}")
-    ks = cfg.eval.objectives
-    if len(set(ks)) != len(ks):
-        raise ConfigError(f"eval.objectives must be distinct counts, got {ks}")
-    if max(ks) > cfg.task.entities_per_task:
-        raise ConfigError(f"eval.objectives: {max(ks)} objectives need task.entities_per_task >= {max(ks)}, got "
-                          f"{cfg.task.entities_per_task}")
-    held = {cfg.eval.seed + k for k in ks}
-    for name, seed in (("sft.seed", cfg.sft.seed), ("rl_task_seed", cfg.rl_task_seed)):
-        if seed in held:
-            raise ConfigError(f"{name}={seed} is a held-out task seed (eval.seed + k: {sorted(held)}): the "
-                              "training tasks would be held-out ones")
-    run = load_train(cfg, train_ov, out_dir, ["data.name=file", f"data.path={Path(out_dir) / 'data' / 'train_tasks.jsonl'}",
-                                              "workflow=mem1", f"workflow.context={METHODS[cfg.method]}"])
-    tcfg, out = run.tcfg, run.out
-    spec, wf_cfg = validate(tcfg)
-    if spec.name != "mem1":
-        raise ConfigError(f"workflow.name must be mem1, got {spec.name!r}")
-    if wf_cfg.max_turns < max(ks) + 1:
-        raise ConfigError(f"workflow.max_turns {wf_cfg.max_turns} < {max(ks) + 1} (one search per objective and "
-                          f"the answer at eval.objectives' largest count {max(ks)})")
-    cap = cfg.model.max_positions - wf_cfg.max_turn_tokens
-    if cap < 1:
-        raise ConfigError(f"model.max_positions {cfg.model.max_positions} must exceed workflow.max_turn_tokens "
-                          f"{wf_cfg.max_turn_tokens}")
-    if wf_cfg.max_context_tokens > cap:
-        raise ConfigError(f"workflow.max_context_tokens {wf_cfg.max_context_tokens} > model.max_positions "
-                          f"{cfg.model.max_positions} - workflow.max_turn_tokens {wf_cfg.max_turn_tokens} = {cap}")
-    if not wf_cfg.max_context_tokens:  # no call may pass the model's positions (the engine refuses it)
-        tcfg.workflow["max_context_tokens"] = cap
-        spec, wf_cfg = validate(tcfg)
-    if wf_cfg.retriever_scope != "task":
-        raise ConfigError(f"workflow.retriever_scope must be task (each task searches its own fact sheet), got "
-                          f"{wf_cfg.retriever_scope!r}")
-    set_threads(cfg)
-    return cfg, tcfg, out
+    run = RECIPE.configs(overrides, out_dir)
+    return run.cfg, run.tcfg, run.out
 
 
 def heldout_tasks(cfg: Mem1DemoConfig) -> dict[int, list[Task]]:
@@ -166,73 +123,58 @@ def heldout_tasks(cfg: Mem1DemoConfig) -> dict[int, list[Task]]:
                           prefix=f"heldout_k{k}_") for k in cfg.eval.objectives}
 
 
-def mem1_summary(groups: list[Group]) -> dict[str, float]:
-    """One trajectory per task: accuracy (all objectives right, %) and its SE over tasks (sample std), the
-    objectives' mean accuracy (%), the per-task means of the peak context (the workflow's
-    peak_context_tokens: the longest prompt + reply) and of the mean prompt length over the task's calls,
-    turns, the share answered (%), and the number of tasks."""
-    trajs = [t for g in groups for t in g.trajectories]
-    if len(trajs) != len(groups):
-        raise ValueError(f"mem1_summary: {len(trajs)} trajectories for {len(groups)} tasks; one per task needed")
-    acc, se = mean_and_se([t.metrics.get("multiq_all_correct", 0.0) for t in trajs])
-
-    def mean(values: list[float]) -> float:
-        return math.fsum(values) / len(values)
-
-    return {
-        "accuracy": 100.0 * acc, "accuracy_se": 100.0 * se,
-        "objective_accuracy": 100.0 * mean([t.metrics.get("multiq_subq_accuracy", 0.0) for t in trajs]),
-        "peak_context_tokens": mean([t.metrics["peak_context_tokens"] for t in trajs]),
-        "mean_context_tokens": mean([mean([s.info["context_tokens"] for s in t.segments]) for t in trajs]),
-        "turns": mean([t.metrics["turns"] for t in trajs]),
-        "answered": 100.0 * mean([t.metrics["answered"] for t in trajs]),
-        "num_tasks": float(len(trajs)),
-    }
+results_markdown = mem1_markdown
 
 
-def evaluate(model: Any, tokenizer: Any, spec: Any, wf_cfg: Any, tasks: dict[int, list[Task]], temperature: float,
-             seed: int, engine_cfg: Any, model_dir: str | Path = "") -> dict[str, dict[str, dict[str, float]]]:
-    """{"greedy": {k: summary}, "sampled": {k: summary}} on the held-out tasks (one trajectory per task
-    each; sampled at `temperature`, top_p 1, no top-k; both seeded with `seed`)."""
-    base = replace(wf_cfg, top_p=1.0, top_k=-1)
-    out: dict[str, dict[str, dict[str, float]]] = {"greedy": {}, "sampled": {}}
-    with model_engine(model, tokenizer, engine_cfg, model_dir) as engine:
-        rollout = EngineRollout(engine, spec)
-        for k, ts in tasks.items():
-            for mode, temp in (("greedy", 0.0), ("sampled", temperature)):
-                res = evaluate_tasks(rollout, base, ts, 1, temp, seed, metrics=(), keep_groups=True)
-                out[mode][str(k)] = {**mem1_summary(res.groups), "seconds": res.seconds}
-    return out
-
-
-def results_markdown(results: dict[str, Any]) -> str:
-    """The run's table: one row per policy, decoding and objective count."""
-    n = results["eval_tasks"]
-    lines = [f"# MEM1 demo: method={results['method']} (workflow.context={results['workflow']['context']}; "
-             f"{n} held-out tasks per objective count)", "",
-             "| policy | decoding | objectives | accuracy (all right) | objectives right | peak context "
-             "| mean context | turns | answered |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
-    for policy, label in (("scripted", "scripted (held-out)"), ("sft", "SFT"), ("rl", "SFT + RL")):
-        for mode, by_k in results[policy].items():
-            for k, r in by_k.items():
-                lines.append(f"| {label} | {mode} | {k} | {r['accuracy']:.1f} +- {r['accuracy_se']:.1f} "
-                             f"| {r['objective_accuracy']:.1f} | {r['peak_context_tokens']:.0f} "
-                             f"| {r['mean_context_tokens']:.0f} | {r['turns']:.1f} | {r['answered']:.0f}% |")
-    return "\n".join(lines) + "\n"
-
-
-class Mem1Recipe(Recipe):
+class Mem1Recipe(SplitRecipe):
     """The MEM1 demo as a recipe method (module docstring)."""
 
     name = "mem1"
     config = Mem1DemoConfig
-    seed_keys = (("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"), ("train.data.seed", "train"),
-                 ("train.trainer.seed", "train"))
-    task_seeds = ("sft.seed", "rl_task_seed")
 
-    def load(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
-        cfg, tcfg, out = load_configs(overrides, out_dir)
-        return RecipeRun(cfg, tcfg, out, *validate(tcfg))
+    def check(self, cfg: Any, train_overrides: list[str]) -> None:
+        if cfg.method not in METHODS:
+            raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {cfg.method!r}")
+        set_context = [o for o in train_overrides if o.split("=", 1)[0] in ("workflow.context", "train.workflow.context")]
+        if set_context:
+            raise ConfigError(f"workflow.context is set by method ({cfg.method}: {METHODS[cfg.method]}); drop "
+                              f"{set_context[0]!r}")
+        ks = cfg.eval.objectives
+        if len(set(ks)) != len(ks):
+            raise ConfigError(f"eval.objectives must be distinct counts, got {ks}")
+        if max(ks) > cfg.task.entities_per_task:
+            raise ConfigError(f"eval.objectives: {max(ks)} objectives need task.entities_per_task >= {max(ks)}, got "
+                              f"{cfg.task.entities_per_task}")
+        held = {cfg.eval.seed + k for k in ks}
+        for name, seed in (("sft.seed", cfg.sft.seed), ("rl_task_seed", cfg.rl_task_seed)):
+            if seed in held:
+                raise ConfigError(f"{name}={seed} is a held-out task seed (eval.seed + k: {sorted(held)}): the "
+                                  "training tasks would be held-out ones")
+
+    def train_overrides(self, cfg: Any, out_dir: str | Path) -> list[str]:
+        return [*super().train_overrides(cfg, out_dir), "workflow=mem1", f"workflow.context={METHODS[cfg.method]}"]
+
+    def check_run(self, run: RecipeRun) -> None:
+        cfg, tcfg, ks = run.cfg, run.tcfg, run.cfg.eval.objectives
+        spec, wf_cfg = run.spec, run.wf_cfg
+        if spec.name != "mem1":
+            raise ConfigError(f"workflow.name must be mem1, got {spec.name!r}")
+        if wf_cfg.max_turns < max(ks) + 1:
+            raise ConfigError(f"workflow.max_turns {wf_cfg.max_turns} < {max(ks) + 1} (one search per objective and "
+                              f"the answer at eval.objectives' largest count {max(ks)})")
+        cap = cfg.model.max_positions - wf_cfg.max_turn_tokens
+        if cap < 1:
+            raise ConfigError(f"model.max_positions {cfg.model.max_positions} must exceed workflow.max_turn_tokens "
+                              f"{wf_cfg.max_turn_tokens}")
+        if wf_cfg.max_context_tokens > cap:
+            raise ConfigError(f"workflow.max_context_tokens {wf_cfg.max_context_tokens} > model.max_positions "
+                              f"{cfg.model.max_positions} - workflow.max_turn_tokens {wf_cfg.max_turn_tokens} = {cap}")
+        if not wf_cfg.max_context_tokens:  # no call may pass the model's positions (the engine refuses it)
+            tcfg.workflow["max_context_tokens"] = cap
+            run.spec, run.wf_cfg = validate(tcfg)
+        if run.wf_cfg.retriever_scope != "task":
+            raise ConfigError(f"workflow.retriever_scope must be task (each task searches its own fact sheet), got "
+                              f"{run.wf_cfg.retriever_scope!r}")
 
     def init(self, run: RecipeRun) -> None:
         cfg, out, wf_cfg = run.cfg, run.out, run.wf_cfg
@@ -252,7 +194,7 @@ class Mem1Recipe(Recipe):
                               f"{cfg.model.max_positions} - workflow.max_turn_tokens {wf_cfg.max_turn_tokens} unless "
                               f"set) < {full_prompt}, the scripted full-history agent's largest prompt at {kmax} "
                               "objectives")
-        n_params = sum(p.numel() for p in run.model.parameters())
+        n_params = count_parameters(run.model)
         print(f"method {cfg.method}: workflow mem1 context={wf_cfg.context}, {run.tcfg.algorithm.name}; model "
               f"{n_params / 1e6:.2f}M parameters, vocabulary {len(run.tokenizer)}, positions "
               f"{cfg.model.max_positions} (full history's scripted peak at k={kmax}: {full_peak})")
@@ -266,8 +208,7 @@ class Mem1Recipe(Recipe):
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
         groups = mem1_demonstrations(run.extra["sft_tasks"], run.tokenizer, run.wf_cfg, seed=run.cfg.sft.seed)
-        trajs = [g.trajectories[0] for g in groups]
-        rows = [seg for t in trajs for seg in t.segments]
+        trajs, rows = scripted_rows(groups)
         demo = mem1_summary(groups)
         print(f"cold start: {len(rows)} rows from {len(groups)} scripted trajectories (its accuracy "
               f"{demo['accuracy']:.1f}%, peak context {demo['peak_context_tokens']:.0f})")
@@ -275,25 +216,20 @@ class Mem1Recipe(Recipe):
                       "objectives_per_task": [len(t.meta["sub_questions"]) for t in run.extra["sft_tasks"]]}
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
-        return evaluate(model, run.tokenizer, run.spec, run.wf_cfg, run.extra["held"], run.cfg.eval.temperature,
-                        run.cfg.eval.seed, run.tcfg.engine, model_dir)
+        return engine_eval(evaluate_mem1, run, model, model_dir, run.extra["held"])
 
     def results(self, run: RecipeRun) -> dict[str, Any]:
-        cfg, tcfg = run.cfg, run.tcfg
+        cfg = run.cfg
         return {
-            "method": cfg.method, "workflow": dict(tcfg.workflow), "algorithm": tcfg.algorithm.name,
-            "objectives": list(cfg.eval.objectives), "train_objectives": list(cfg.task.sub_questions),
+            **results_head(run), "objectives": list(cfg.eval.objectives), "train_objectives": list(cfg.task.sub_questions),
             "eval_tasks": cfg.eval.num_tasks,
             "heldout_sha256": hashlib.sha256((run.out / "data" / "heldout_tasks.jsonl").read_bytes()).hexdigest(),
             "scripted": {"greedy": run.extra["scripted"]}, "sft": run.evals["sft"], "rl": run.evals["rl"],
-            "demonstrator": run.demo, "positions": run.extra["positions"], "timings": run.timings,
-            "num_parameters": run.extra["n_params"], "vocab_size": len(run.tokenizer),
-            "sft_losses": run.sft_losses, "copy_warmup_losses": run.warmup_losses,
-            "rl_history": {k: [h.get(k, 0.0) for h in run.history] for k in ("reward/mean", "train/rows")},
+            "demonstrator": run.demo, "positions": run.extra["positions"], **results_tail(run),
         }
 
     def markdown(self, results: dict[str, Any]) -> str:
-        return results_markdown(results)
+        return mem1_markdown(results)
 
     summary_fields = ("accuracy", "peak_context_tokens", "mean_context_tokens", "turns")
 
@@ -310,8 +246,5 @@ class Mem1Recipe(Recipe):
 
 
 RECIPE = Mem1Recipe()
-
-
-def run_mem1_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
-    """Run the whole demo for one method (module docstring); returns what results.json holds."""
-    return run_recipe(RECIPE, out_dir, overrides)
+run_mem1_demo = partial(run_recipe, RECIPE)
+"""Run the whole demo for one method (module docstring): (out_dir, overrides) -> what results.json holds."""

@@ -29,6 +29,7 @@ the DCPO config's sections, which the demo's cold start and evaluations use too)
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,24 +40,12 @@ from memrl.config import (
     MAX_TOKENS,
     MAX_VOCAB,
     ConfigError,
-    load_config,
     valid,
 )
-from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_splits
+from memrl.data.synthetic_memact import MemActTaskConfig
 from memrl.demonstrators.stages import calibrate_budget, calibrate_search_only_budget, memact_demonstrations
-from memrl.demos import split_overrides
-from memrl.demos.cold_start import copy_warmup as copy_warmup_stage
-from memrl.demos.pipeline import (
-    EvalSettings,
-    ModelShape,
-    Recipe,
-    RecipeRun,
-    WarmupSFTSettings,
-    load_train,
-    run_recipe,
-    set_threads,
-)
-from memrl.demos.pipeline import cold_start as pipeline_cold_start
+from memrl.demos.parts import SplitRecipe, count_parameters, write_data
+from memrl.demos.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
 from memrl.demos.report import print_memact_eval, write_memact_outputs
 from memrl.demos.scratch import init_memact_model
 from memrl.demos.seeds import budget_extra, budget_line, table_rows
@@ -65,13 +54,9 @@ from memrl.eval.evaluator import EngineRollout, model_engine
 from memrl.types import Segment
 from memrl.workflows import get_workflow
 
-__all__ = ["RECIPE", "DemoData", "MemActDemoConfig", "MemActDemoEval", "MemActDemoModel", "MemActDemoSFT", "calibrate_budget",
-           "VARIANTS", "cold_start", "context_budget", "copy_warmup", "copy_warmup_rows", "expand_variant", "demonstrations", "evaluate", "init_model", "load_configs", "run_memact_demo",
-           "summarize_groups", "write_data"]
-
-
-MemActDemoModel = ModelShape
-"""The tiny Qwen2 trained from scratch (the task's text runs out of merges at about 900 tokens)."""
+__all__ = ["RECIPE", "MemActDemoConfig", "MemActDemoEval", "MemActDemoSFT", "VARIANTS", "calibrate_budget",
+           "context_budget", "copy_warmup_rows", "demonstrations", "evaluate", "expand_variant", "init_model",
+           "load_configs", "run_memact_demo", "summarize_groups", "write_data"]
 
 
 @dataclass
@@ -115,7 +100,7 @@ class MemActDemoEval(EvalSettings):
 class MemActDemoConfig:
     """`memrl demo --agent memact` settings; the DCPO settings are the `memact_dcpo_cpu` preset (+ train.*)."""
 
-    model: MemActDemoModel = field(default_factory=MemActDemoModel)
+    model: ModelShape = field(default_factory=ModelShape)  # its text runs out of merges at about 900 tokens
     task: MemActTaskConfig = field(default_factory=MemActTaskConfig)
     sft: MemActDemoSFT = field(default_factory=MemActDemoSFT)
     eval: MemActDemoEval = field(default_factory=MemActDemoEval)
@@ -171,31 +156,13 @@ def expand_variant(overrides: list[str]) -> list[str]:
 
 def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[MemActDemoConfig, Any, Path, tuple[Any, Any]]:
     """(demo config, validated DCPO config, writable output dir, parsed workflow (spec, config)); fails on a
-    bad value before any work."""
-    demo_ov, train_ov = split_overrides(expand_variant(list(overrides)))
-    cfg = load_config(MemActDemoConfig, demo_ov)
-    if cfg.budget not in ("prune", "search_only"):
-        raise ConfigError(f"budget must be prune or search_only, got {cfg.budget!r}")
-    run = load_train(cfg, train_ov, out_dir, ["data.name=file",
-                                              f"data.path={Path(out_dir) / 'data' / 'train_tasks.jsonl'}"])
-    tcfg, out, workflow = run.tcfg, run.out, (run.spec, run.wf_cfg)
-    if workflow[0].name != "memact":
-        raise ConfigError(f"workflow.name must be memact for the MemAct demo, got {workflow[0].name!r}")
-    set_threads(cfg)
-    return cfg, tcfg, out, workflow
+    bad value before any work (MemActRecipe.configs)."""
+    run = RECIPE.configs(overrides, out_dir)
+    return run.cfg, run.tcfg, run.out, (run.spec, run.wf_cfg)
 
 
 # ------------------------------------------------------------------ the demo's configs on the library's stages
-# (one call each; benchmarks/ and tests call them by these names)
-
-DemoData = MemActSplits
-"""The tasks the demo made (memrl.data.synthetic_memact.MemActSplits)."""
-
-
-def write_data(cfg: MemActDemoConfig, data_dir: Path) -> MemActSplits:
-    """SFT tasks (in memory), DCPO tasks (data/train_tasks.jsonl), held-out tasks (data/heldout_tasks.jsonl)."""
-    return write_splits(cfg.task, data_dir, sft=(cfg.sft.num_tasks, cfg.sft.seed),
-                        rl=(cfg.rl_tasks, cfg.rl_task_seed), heldout=(cfg.eval.num_tasks, cfg.eval.seed))
+# (one call each; benchmarks/ and tests call them by these names; write_data is memrl.demos.parts')
 
 
 def init_model(cfg: MemActDemoConfig, wf_cfg: Any, sample_tasks: list[Any], out: Path) -> tuple[Any, Any]:
@@ -206,22 +173,7 @@ def init_model(cfg: MemActDemoConfig, wf_cfg: Any, sample_tasks: list[Any], out:
 
 def copy_warmup_rows(cfg: MemActDemoConfig) -> int:
     """Rows per copy warm-up step: `sft.copy_warmup_rows`, or 4 x `sft.batch_rows` when it is 0."""
-    return cfg.sft.copy_warmup_rows or 4 * cfg.sft.batch_rows
-
-
-def copy_warmup(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, out: Path) -> list[float]:
-    """memrl.demos.cold_start.copy_warmup: `sft.copy_warmup_steps` steps of `sft.copy_warmup_rows` rows."""
-    return copy_warmup_stage(model, tokenizer, cfg.sft.copy_warmup_steps, copy_warmup_rows(cfg), cfg.sft.lr,
-                             cfg.seed, out / "copy_warmup", progress=tcfg.trainer.progress)
-
-
-def cold_start(cfg: MemActDemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any],
-               out: Path) -> tuple[list[float], dict[str, float]]:
-    """The recipe's cold start on `tasks` (MemActRecipe.demonstrations, then memrl.demos.pipeline.cold_start);
-    saves the model to out/sft. Returns (losses, the scripted agent's statistics)."""
-    run = RecipeRun(cfg, tcfg, out, None, wf_cfg, tokenizer, model, extra={"sft_tasks": tasks})
-    rows, stats = RECIPE.demonstrations(run)
-    return pipeline_cold_start(run, rows), stats
+    return cfg.sft.warmup_rows()
 
 
 def context_budget(cfg: MemActDemoConfig, tokenizer: Any, wf_cfg: Any, sft_tasks: list[Any]) -> int:
@@ -250,25 +202,29 @@ summarize_groups = memact_summary_of
 # ---------------------------------------------------------------------------------------------- the demo
 
 
-class MemActRecipe(Recipe):
+class MemActRecipe(SplitRecipe):
     """The MemAct demo as a recipe method (module docstring)."""
 
     name = "memact"
     config = MemActDemoConfig
     outputs = ("results.md", "results.json", "memact_results.png")
-    seed_keys = (("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"), ("train.data.seed", "train"),
-                 ("train.trainer.seed", "train"))
-    task_seeds = ("sft.seed", "rl_task_seed")
 
-    def load(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
-        cfg, tcfg, out, (spec, wf_cfg) = load_configs(overrides, out_dir)
-        return RecipeRun(cfg, tcfg, out, spec, wf_cfg)
+    def expand(self, overrides: list[str]) -> list[str]:
+        return expand_variant(overrides)
+
+    def check(self, cfg: Any, train_overrides: list[str]) -> None:
+        if cfg.budget not in ("prune", "search_only"):
+            raise ConfigError(f"budget must be prune or search_only, got {cfg.budget!r}")
+
+    def check_run(self, run: RecipeRun) -> None:
+        if run.spec.name != "memact":
+            raise ConfigError(f"workflow.name must be memact for the MemAct demo, got {run.spec.name!r}")
 
     def init(self, run: RecipeRun) -> None:
         cfg = run.cfg
         data = write_data(cfg, run.out / "data")
         run.tokenizer, run.model = init_model(cfg, run.wf_cfg, data.sft_tasks, run.out)
-        n_params = sum(p.numel() for p in run.model.parameters())
+        n_params = count_parameters(run.model)
         budget = context_budget(cfg, run.tokenizer, run.wf_cfg, data.sft_tasks)
         run.wf_cfg = replace(run.wf_cfg, max_context_tokens=budget)
         run.tcfg.workflow["max_context_tokens"] = budget
@@ -330,8 +286,5 @@ class MemActRecipe(Recipe):
 
 
 RECIPE = MemActRecipe()
-
-
-def run_memact_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
-    """Run the whole demo (module docstring); returns what results.json holds."""
-    return run_recipe(RECIPE, out_dir, overrides)
+run_memact_demo = partial(run_recipe, RECIPE)
+"""Run the whole demo (module docstring): (out_dir, overrides) -> what results.json holds."""

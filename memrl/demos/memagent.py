@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +28,12 @@ from memrl.config import (
     MAX_TEMPERATURE,
     MAX_VOCAB,
     ConfigError,
-    load_config,
     valid,
 )
 from memrl.data.synthetic import make_tasks, tasks_by_length
 from memrl.demonstrators.stages import evaluate_rule, mixture_rule, reading_segments, record_demonstrations
-from memrl.demos import split_overrides
-from memrl.demos.pipeline import Recipe, RecipeRun, SFTSettings, load_train, run_recipe, set_threads
+from memrl.demos.parts import by_decoding
+from memrl.demos.pipeline import Recipe, RecipeRun, SFTSettings, run_recipe
 from memrl.demos.pipeline import cold_start as pipeline_cold_start
 from memrl.demos.report import write_memagent_outputs
 from memrl.demos.scratch import init_memagent_model
@@ -136,14 +136,10 @@ class DemoConfig:
 
 def load_demo_configs(overrides: list[str], out_dir: str | Path) -> tuple[DemoConfig, Any, Path, tuple[Any, Any]]:
     """(demo config, validated RL config, writable output dir, parsed workflow (spec, config)) from
-    `key=value` / `train.key=value` overrides; sets torch's thread count when `threads` is given. Fails
-    before any work on a bad value."""
-    demo_ov, train_ov = split_overrides(list(overrides))
-    cfg = load_config(DemoConfig, demo_ov)  # every field against its declared range
-    run = load_train(cfg, train_ov, out_dir)
-    tcfg, out, workflow = run.tcfg, run.out, (run.spec, run.wf_cfg)
-    set_threads(cfg)
-    return cfg, tcfg, out, workflow
+    `key=value` / `train.key=value` overrides (memrl.demos.pipeline.Recipe.configs); sets torch's thread count
+    when `threads` is given. Fails before any work on a bad value."""
+    run = RECIPE.configs(overrides, out_dir)
+    return run.cfg, run.tcfg, run.out, (run.spec, run.wf_cfg)
 
 
 def protocol(cfg: DemoConfig) -> EvalProtocol:
@@ -219,10 +215,6 @@ class MemAgentRecipe(Recipe):
     seed_keys = (("seed", "demo"), ("sft_seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train"))
     task_seeds = ("sft_seed", "train.data.seed")
 
-    def load(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
-        cfg, tcfg, out, (spec, wf_cfg) = load_demo_configs(overrides, out_dir)
-        return RecipeRun(cfg, tcfg, out, spec, wf_cfg)
-
     def init(self, run: RecipeRun) -> None:
         run.extra["tasks"] = heldout_tasks(run.cfg, run.tcfg)
         run.tokenizer, run.model = init_model(run.cfg, run.tcfg, run.out, run.wf_cfg)
@@ -277,7 +269,7 @@ class MemAgentRecipe(Recipe):
 
     def evals(self, results: dict[str, Any]) -> dict[str, Any]:
         st = results["stages"]  # stages -> length -> decoding -> summary
-        return {p: _by_decoding(st[p]) for p in ("sft", "rl", "demonstrator") if p in st}
+        return {p: by_decoding(st[p]) for p in ("sft", "rl", "demonstrator") if p in st}
 
     def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
         """The held-out protocol and lengths (the tasks are generated from them)."""
@@ -312,18 +304,6 @@ class MemAgentRecipe(Recipe):
         return write_memagent_outputs(results, out)
 
 
-def _by_decoding(by_length: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """length -> decoding -> summary as decoding -> length -> summary."""
-    out: dict[str, dict[str, Any]] = {}
-    for n, modes in by_length.items():
-        for mode, summary in modes.items():
-            out.setdefault(mode, {})[n] = summary
-    return out
-
-
 RECIPE = MemAgentRecipe()
-
-
-def run_memagent_demo(out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
-    """Run the whole demo (module docstring); returns what results.json holds."""
-    return run_recipe(RECIPE, out_dir, overrides)
+run_memagent_demo = partial(run_recipe, RECIPE)
+"""Run the whole demo (module docstring): (out_dir, overrides) -> what results.json holds."""

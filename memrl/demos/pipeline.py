@@ -208,10 +208,35 @@ class Recipe:
     """Summary fields a run may lack (e.g. no task with that question count): skipped, not an error."""
 
     def load(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
-        """Configs and their checks (fails before any work)."""
-        run = load_run(self.config, overrides, out_dir)
+        """Configs and their checks (fails before any work): `configs`, then what the method keeps beside them."""
+        return self.configs(overrides, out_dir)
+
+    def configs(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
+        """The demo config from the demo overrides (after `expand`), checked by `check`; the RL config
+        (`load_train` with `train_overrides`), checked by `check_run`; torch's threads set. Fails on a bad value
+        before any work."""
+        demo_ov, train_ov = split_overrides(self.expand(list(overrides)))
+        cfg = load_config(self.config, demo_ov)
+        self.check(cfg, train_ov)
+        run = load_train(cfg, train_ov, out_dir, self.train_overrides(cfg, out_dir))
+        self.check_run(run)
         set_threads(run.cfg)
         return run
+
+    def expand(self, overrides: list[str]) -> list[str]:
+        """The overrides a command line's stand for (e.g. a named variant's, put first)."""
+        return overrides
+
+    def check(self, cfg: Any, train_overrides: list[str]) -> None:
+        """Refuse a demo config (or a training override) the method cannot run, before the RL config loads."""
+
+    def train_overrides(self, cfg: Any, out_dir: str | Path) -> list[str]:
+        """The RL config's overrides the method sets (before the command line's, which win)."""
+        return []
+
+    def check_run(self, run: RecipeRun) -> None:
+        """Refuse an RL config the method cannot run (may also set what the method derives: run.tcfg, run.spec,
+        run.wf_cfg)."""
 
     def init(self, run: RecipeRun) -> None:
         """Tasks, tokenizer and model (run.tokenizer, run.model); run.reused = True when the cold start is

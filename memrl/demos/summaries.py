@@ -1,8 +1,10 @@
 """The demos' per-method summaries of a held-out evaluation, over the scored groups the one evaluator
 (memrl.eval.evaluator) keeps: MemAct's (peak context, prunes, overflow), the context-management family's
-(peak / mean context, tokens discarded, branches, summaries, stopped by the budget) and the reading methods'
-(MemAgent / InfMem on the synthetic task: model calls, chunks read, retrievals, stop rate). Each method's
-evaluation is greedy and sampled through `evaluate_tasks`, so the statistics are the evaluator's.
+(peak / mean context, tokens discarded, branches, summaries, stopped by the budget), the reading methods'
+(MemAgent / InfMem on the synthetic task: model calls, chunks read, retrievals, stop rate) and MEM1's
+(objectives right, peak and mean context per objective count). Each method's evaluation is greedy and
+sampled through `evaluate_tasks`, so the statistics are the evaluator's. Last, the context, MEM1 and InfMem
+demos' run tables (results.md; MemAgent's and MemAct's are memrl.demos.report's, with their plots).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from memrl.eval.evaluator import (
     EvalResult,
     Rollout,
     evaluate_policy,
+    evaluate_tasks,
     mean_and_se,
     metric_mean,
     result_from_groups,
@@ -169,3 +172,96 @@ def evaluate_reading(rollout: Rollout, wf_cfg: Any, tasks_by_length: dict[int, l
         print(f"  {length} chunks: " + ", ".join(f"{m} {s['accuracy']:.1f} ± {s['accuracy_se']:.1f}%, "
                                                  f"{s['model_calls']:.1f} calls" for m, s in out[str(length)].items()))
     return out
+
+
+# ---------------------------------------------------------------- MEM1
+
+
+def mem1_summary(groups: list[Group]) -> dict[str, float]:
+    """One trajectory per task: accuracy (all objectives right, %) and its SE over tasks (sample std), the
+    objectives' mean accuracy (%), the per-task means of the peak context (the workflow's
+    peak_context_tokens: the longest prompt + reply) and of the mean prompt length over the task's calls,
+    turns, the share answered (%), and the number of tasks."""
+    trajs = [t for g in groups for t in g.trajectories]
+    if len(trajs) != len(groups):
+        raise ValueError(f"mem1_summary: {len(trajs)} trajectories for {len(groups)} tasks; one per task needed")
+    acc, se = mean_and_se([t.metrics.get("multiq_all_correct", 0.0) for t in trajs])
+
+    def mean(values: list[float]) -> float:
+        return math.fsum(values) / len(values)
+
+    return {
+        "accuracy": 100.0 * acc, "accuracy_se": 100.0 * se,
+        "objective_accuracy": 100.0 * mean([t.metrics.get("multiq_subq_accuracy", 0.0) for t in trajs]),
+        "peak_context_tokens": mean([t.metrics["peak_context_tokens"] for t in trajs]),
+        "mean_context_tokens": mean([mean([s.info["context_tokens"] for s in t.segments]) for t in trajs]),
+        "turns": mean([t.metrics["turns"] for t in trajs]),
+        "answered": 100.0 * mean([t.metrics["answered"] for t in trajs]),
+        "num_tasks": float(len(trajs)),
+    }
+
+
+def evaluate_mem1(rollout: Rollout, wf_cfg: Any, tasks: dict[int, list[Task]], temperature: float,
+                  seed: int) -> dict[str, dict[str, dict[str, float]]]:
+    """The MEM1 demo's held-out protocol (memrl.demos.mem1): {"greedy": {k: summary}, "sampled": {k: summary}}
+    over the tasks of each objective count k (one trajectory per task each; sampled at `temperature`, top_p 1,
+    no top-k; both seeded with `seed`); each summary is `mem1_summary` plus the evaluation's `seconds`."""
+    base = replace(wf_cfg, top_p=1.0, top_k=-1)
+    out: dict[str, dict[str, dict[str, float]]] = {"greedy": {}, "sampled": {}}
+    for k, ts in tasks.items():
+        for mode, temp in (("greedy", 0.0), ("sampled", temperature)):
+            res = evaluate_tasks(rollout, base, ts, 1, temp, seed, metrics=(), keep_groups=True)
+            out[mode][str(k)] = {**mem1_summary(res.groups), "seconds": res.seconds}
+    return out
+
+
+# ---------------------------------------------------------------- run tables (results.md)
+
+
+def context_markdown(results: dict[str, Any]) -> str:
+    """The context demo's table: one row per policy and decoding."""
+    lines = [f"# context demo: method={results['method']} ({results['budget']['eval_tasks']} held-out tasks, "
+             f"budget {results['budget']['max_context_tokens']} tokens)", "",
+             "| policy | decoding | accuracy | peak context | mean context | tokens discarded | turns | branches "
+             "| summaries | stopped by budget |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for policy, label in (("scripted", "scripted (its SFT tasks)"), ("sft", "SFT"), ("rl", "SFT + RL")):
+        for mode, r in results[policy].items():
+            lines.append(f"| {label} | {mode} | {r['accuracy']:.1f} +- {r['accuracy_se']:.1f} "
+                         f"| {r['peak_context_tokens']:.0f} | {r['mean_context_tokens']:.0f} "
+                         f"| {r['tokens_discarded']:.0f} | {r['turns']:.1f} | {r['branches']:.2f} "
+                         f"| {r['summaries']:.2f} | {r['stopped_by_budget']:.0f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def mem1_markdown(results: dict[str, Any]) -> str:
+    """The MEM1 demo's table: one row per policy, decoding and objective count."""
+    n = results["eval_tasks"]
+    lines = [f"# MEM1 demo: method={results['method']} (workflow.context={results['workflow']['context']}; "
+             f"{n} held-out tasks per objective count)", "",
+             "| policy | decoding | objectives | accuracy (all right) | objectives right | peak context "
+             "| mean context | turns | answered |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    for policy, label in (("scripted", "scripted (held-out)"), ("sft", "SFT"), ("rl", "SFT + RL")):
+        for mode, by_k in results[policy].items():
+            for k, r in by_k.items():
+                lines.append(f"| {label} | {mode} | {k} | {r['accuracy']:.1f} +- {r['accuracy_se']:.1f} "
+                             f"| {r['objective_accuracy']:.1f} | {r['peak_context_tokens']:.0f} "
+                             f"| {r['mean_context_tokens']:.0f} | {r['turns']:.1f} | {r['answered']:.0f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def reading_markdown(results: dict[str, Any]) -> str:
+    """The InfMem demo's table: one row per policy, decoding and length."""
+    lines = [f"# InfMem demo: method={results['method']} ({results['eval_tasks']} held-out tasks per length, "
+             f"training length {results['train_chunks']} chunks)", "",
+             "| policy | decoding | length (chunks) | accuracy | model calls | chunks read | retrievals | stop rate "
+             "| stop step |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    for policy, label in (("sft", "SFT"), ("rl", "SFT + RL")):
+        for length, modes in results[policy].items():
+            for mode, r in modes.items():
+                lines.append(f"| {label} | {mode} | {length} | {r['accuracy']:.1f} +- {r['accuracy_se']:.1f} "
+                             f"| {r['model_calls']:.2f} | {r['chunks_read']:.2f} | {r['retrievals']:.2f} "
+                             f"| {r['stop_rate']:.0f}% | {r['stop_step']:.2f} |")
+    s = results["scripted"]
+    lines += ["", f"Scripted oracle on its SFT tasks: accuracy {s['accuracy']:.1f}%, {s['model_calls']:.2f} model "
+              f"calls, {s['chunks_read']:.2f} chunks read."]
+    return "\n".join(lines) + "\n"

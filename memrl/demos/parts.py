@@ -1,0 +1,132 @@
+"""The pieces several recipe methods share (memrl.demos.pipeline runs them; each method module declares only
+what differs): the task-split methods' seeds, files and tasks (`SplitRecipe`: memact, context, mem1), the
+arm-picking methods' RL config (`ArmRecipe`: context, infmem), the held-out evaluation through an engine,
+and the parts of results.json the trained methods (context, mem1, infmem) write alike.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from memrl.config import ConfigError
+from memrl.data.synthetic_memact import MemActSplits, write_splits
+from memrl.demos.pipeline import Recipe, RecipeRun
+from memrl.eval.evaluator import EngineRollout, model_engine
+from memrl.types import Group, Segment, Trajectory
+from memrl.workflows import parse_workflow
+
+# ---------------------------------------------------------------------------------------------- task splits
+
+
+class SplitRecipe(Recipe):
+    """A method trained on written task splits (memrl.data.synthetic_memact): SFT tasks at `sft.seed`, RL tasks
+    (`rl_tasks` at `rl_task_seed`, data/train_tasks.jsonl, read by RL as `data.name=file`), held-out tasks."""
+
+    seed_keys = (("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"), ("train.data.seed", "train"),
+                 ("train.trainer.seed", "train"))
+    task_seeds = ("sft.seed", "rl_task_seed")
+
+    def train_overrides(self, cfg: Any, out_dir: str | Path) -> list[str]:
+        return ["data.name=file", f"data.path={Path(out_dir) / 'data' / 'train_tasks.jsonl'}",
+                *super().train_overrides(cfg, out_dir)]
+
+
+def write_data(cfg: Any, data_dir: Path) -> MemActSplits:
+    """SFT tasks (in memory), RL tasks (data/train_tasks.jsonl), held-out tasks (data/heldout_tasks.jsonl)."""
+    return write_splits(cfg.task, data_dir, sft=(cfg.sft.num_tasks, cfg.sft.seed),
+                        rl=(cfg.rl_tasks, cfg.rl_task_seed), heldout=(cfg.eval.num_tasks, cfg.eval.seed))
+
+
+# ---------------------------------------------------------------------------------------------- arms
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One method of a comparison: its workflow section (merged over the preset's), its RL overrides and,
+    where the method names one, its scripted agent (memrl.demonstrators.stages.context_agent kind)."""
+
+    workflow: dict[str, Any]
+    algorithm: tuple[str, ...]
+    agent: str = ""
+
+
+GRPO = ("algorithm.name=grpo", "algorithm.grpo.norm_by_std=true")
+"""GRPO with the group's reward std normalised (as FoldGRPO does)."""
+
+
+class ArmRecipe(Recipe):
+    """A method whose config's `method` picks one of `arms`: the arm's workflow keys and RL overrides go first
+    in the RL config (explicit overrides win) and the workflow parsed must be the arm's."""
+
+    arms: ClassVar[dict[str, Arm]] = {}
+
+    def arm(self, cfg: Any) -> Arm:
+        if cfg.method not in self.arms:
+            raise ConfigError(f"method must be one of {', '.join(self.arms)}, got {cfg.method!r}")
+        return self.arms[cfg.method]
+
+    def train_overrides(self, cfg: Any, out_dir: str | Path) -> list[str]:
+        arm = self.arms[cfg.method]
+        return [*super().train_overrides(cfg, out_dir), f"workflow={arm.workflow['name']}",
+                *[f"workflow.{k}={json.dumps(v)}" for k, v in arm.workflow.items() if k != "name"], *arm.algorithm]
+
+    def check_run(self, run: RecipeRun) -> None:
+        super().check_run(run)
+        name = self.arms[run.cfg.method].workflow["name"]
+        if run.spec.name != name:
+            raise ConfigError(f"workflow.name must be {name} for method={run.cfg.method}, got {run.spec.name!r}")
+
+
+def workflow_section(tcfg: Any, name: str, **fields: Any) -> Any:
+    """The config of workflow `name` with `fields`, its other fields from the RL config's workflow section
+    where that workflow has them (the unbudgeted agents that train the shared tokenizer, calibrate the budget)."""
+    return parse_workflow({"name": name, **fields}, defaults=dict(tcfg.workflow))[1]
+
+
+# ---------------------------------------------------------------------------------------------- stages
+
+
+def engine_eval(evaluate: Callable[..., Any], run: RecipeRun, model: Any, model_dir: str | Path, tasks: Any) -> Any:
+    """`evaluate(rollout, run.wf_cfg, tasks, eval.temperature, eval.seed)` with `model` served by the RL
+    config's engine (memrl.demos.summaries' evaluations)."""
+    with model_engine(model, run.tokenizer, run.tcfg.engine, model_dir) as engine:
+        return evaluate(EngineRollout(engine, run.spec), run.wf_cfg, tasks, run.cfg.eval.temperature,
+                        run.cfg.eval.seed)
+
+
+def scripted_rows(groups: list[Group]) -> tuple[list[Trajectory], list[Segment]]:
+    """(each group's one trajectory, every row they cut): a scripted policy's cold-start rows."""
+    trajs = [g.trajectories[0] for g in groups]
+    return trajs, [s for t in trajs for s in t.segments]
+
+
+def count_parameters(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+
+def results_head(run: RecipeRun) -> dict[str, Any]:
+    """results.json's first entries: the method, the RL config's workflow section and estimator."""
+    return {"method": run.cfg.method, "workflow": dict(run.tcfg.workflow), "algorithm": run.tcfg.algorithm.name}
+
+
+def results_tail(run: RecipeRun) -> dict[str, Any]:
+    """results.json's run entries: timings, model size, the cold start's losses, RL's reward and rows."""
+    return {"timings": run.timings, "num_parameters": run.extra["n_params"], "vocab_size": len(run.tokenizer),
+            "sft_losses": run.sft_losses, "copy_warmup_losses": run.warmup_losses,
+            "rl_history": {k: [h.get(k, 0.0) for h in run.history] for k in ("reward/mean", "train/rows")}}
+
+
+def by_decoding(by_bucket: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """bucket -> decoding -> summary as decoding -> bucket -> summary (the seed sweep's schema)."""
+    out: dict[str, dict[str, Any]] = {}
+    for n, modes in by_bucket.items():
+        for mode, summary in modes.items():
+            out.setdefault(mode, {})[n] = summary
+    return out
