@@ -292,11 +292,17 @@ def shared_logprobs(model: Any, split: C.HeadSplit, plan: SharePlan, input_ids: 
 # ------------------------------------------------------------------------------------------- the worker's side
 
 
-def min_tokens_for(cfg: TrainConfig, model: Any) -> int:
+def min_tokens_for(cfg: TrainConfig, model: Any, world_size: int = 1) -> int:
     """trainer.prefix_sharing: the shortest prefix shared (trainer.prefix_min_tokens), 0 when off or when
-    the run or the model rules it out (auto; "always" was refused at config time, except for the model)."""
+    the run or the model rules it out (auto; "always" was refused at config time, except for the model and
+    for ranks started outside trainer.num_workers: `world_size` > 1, whose forwards must match in number)."""
     t = cfg.trainer
     if t.prefix_sharing == "never" or prefix_sharing_blocker(cfg):
+        return 0
+    if world_size > 1:
+        if t.prefix_sharing == "always":
+            log.warning("trainer.prefix_sharing=always: every row forwarded whole: %d ranks (FSDP ranks must run "
+                        "as many forwards)", world_size)
         return 0
     split = why_not(model, None, None)
     if not isinstance(split, C.HeadSplit):
@@ -313,8 +319,9 @@ class Sharer:
     gradient), for the self-check."""
 
     def __init__(self, cfg: TrainConfig, model: Any, token_budget: int, low_precision: bool,
-                 logprobs: Callable[[MicroBatch, MicroBatch], tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self.min_tokens = min_tokens_for(cfg, model)
+                 logprobs: Callable[[MicroBatch, MicroBatch], tuple[torch.Tensor, torch.Tensor]],
+                 world_size: int = 1) -> None:
+        self.min_tokens = min_tokens_for(cfg, model, world_size)
         self.token_budget, self.low_precision, self.logprobs = token_budget, low_precision, logprobs
         self.checked = False
         self.check: dict[str, float] = {}  # the first shared micro-batch's self-check, logged once (`take_check`)

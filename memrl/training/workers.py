@@ -139,7 +139,7 @@ class PolicyWorker:
                 p.requires_grad_(False)
             D.shard_model(self.ref, t.fsdp_bf16, t.cpu_offload)
         low = self.weights_dtype != torch.float32 or self.compute_dtype not in (None, torch.float32)
-        self.sharer = Sharer(cfg, self.model, t.token_budget * self.sp, low, self._no_grad_logprobs)
+        self.sharer = Sharer(cfg, self.model, t.token_budget * self.sp, low, self._no_grad_logprobs, info.world_size)
         o = cfg.optim
         self.opt = torch.optim.AdamW(decay_groups(self.model, o.weight_decay_scope), lr=o.lr,
                                      betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)

@@ -151,7 +151,8 @@ def _rollout(path: str, stagger: bool = False) -> list[Segment]:
     from memrl.training.routing import EngineRouting
     from memrl.workflows.chunked import call_segment
 
-    eng = HFEngine(path, max_batch_size=8, max_wait_ms=0.0 if stagger else 50.0, seed=0, deterministic=not stagger)
+    eng = HFEngine(path, max_batch_size=8, max_wait_ms=0.0 if stagger else 50.0, seed=0, deterministic=not stagger,
+                   kv_cache="padded")  # r3 records the padded cache's forwards
     eng.routing = EngineRouting(eng.model)
     rng = random.Random(7)
     prompts = [[rng.randrange(eng.vocab_size) for _ in range(rng.randint(4, 12))] for _ in range(4)]
