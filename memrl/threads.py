@@ -290,7 +290,8 @@ def worker_env() -> dict[str, str]:
 
 def apply_inherited() -> dict[str, Any] | None:
     """In a worker process: apply the section the driver exported (MEMRL_THREADS); None when there is none.
-    Its wait policy took effect if OMP_WAIT_POLICY was in the environment the worker started with."""
+    Its wait policy took effect if OMP_WAIT_POLICY was in the environment the worker started with. intra_op's
+    default is not load-aware here (training ranks, like memrl train, must not follow the load)."""
     raw = os.environ.get(ENV)
     if not raw:
         return None
@@ -300,7 +301,7 @@ def apply_inherited() -> dict[str, Any] | None:
     except (TypeError, ValueError) as e:
         log.warning("%s=%r ignored: %s", ENV, raw, e)
         return None
-    intra, _ = intra_op_threads(sec)
+    intra, _ = intra_op_threads(sec, load_aware=False)
     set_torch_threads(intra, sec.inter_op)
     return in_effect()
 
