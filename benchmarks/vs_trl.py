@@ -268,8 +268,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=str(ROOT / "runs" / "vs_trl"))
     p.add_argument("--side", choices=("both", "trl"), default="both", help=argparse.SUPPRESS)
     p.add_argument("memrl_overrides", nargs="*", metavar="KEY=VALUE",
-                   help="more `memrl train` overrides for the memrl side (docs/results/vs_trl.md's table: "
-                        "engine.hf.kv_cache=padded trainer.prefix_sharing=never, the defaults before 2026-11-28)")
+                   help="more `memrl train` overrides for the memrl side (the log's run at the defaults before "
+                        "2026-11-28: engine.hf.kv_cache=padded trainer.prefix_sharing=never)")
     a = p.parse_args(argv)
     if sorted(a.order.split(",")) != ["memrl", "trl"]:
         p.error("--order must name memrl and trl")
