@@ -1,7 +1,7 @@
 """RL on a real model on the CPU: SmolLM2-135M-Instruct, MemAgent on real HotpotQA, before and after RL.
 
   .venv/bin/python benchmarks/real_model_rl.py --model DIR [--seeds 0,1,2] [--steps 24] [--out runs/rl58] \
-      [--stages data,sft,rl,eval,table]
+      [--stages data,sft,rl,eval,table] [--rl KEY=VALUE ...]
 
 Stages (each resumes: a finished stage's outputs are kept, `memrl train --resume` continues a stopped run,
 `memrl eval` resumes its results.jsonl):
@@ -10,7 +10,8 @@ Stages (each resumes: a finished stage's outputs are kept, `memrl train --resume
   sft    the cold start (a recipe choice: zero-shot, the model boxes no answer, so GRPO sees reward 0 on every
          trajectory): `memrl train-sft demonstrator.name=evidence` on the first 400 training questions.
   rl     `memrl train --preset smollm2_memagent_cpu` from the cold-start model, one run per training seed
-         (trainer.prefix_sharing=never: the setting docs/results/real_model.md's table was recorded with).
+         (trainer.prefix_sharing=never: the setting docs/results/real_model.md's first table was recorded with);
+         `--rl KEY=VALUE` adds overrides to it (after the script's own, so they win).
   eval   every model on the held-out set at 1x and 4x, greedy and sampled (temperature 1, one sample,
          eval seed 0), with the workflow settings of training.
   table  accuracy (%) by the published verifier (MemAgent's training verifier, verl_hotpotqa), memrl's boxed
@@ -77,7 +78,8 @@ def rl(args: argparse.Namespace, out: Path) -> None:
         cmd = [*MEMRL, "train", "--preset", "smollm2_memagent_cpu", f"model.path={out / 'sft' / 'merged'}",
                f"data.path={out / 'train_2.json'}", f"trainer.seed={seed}", f"data.seed={seed}", f"engine.seed={seed}", f"trainer.steps={args.steps}",
                f"out_dir={run}",
-               "trainer.prefix_sharing=never"]  # the default before 2026-11-28: docs/results/real_model.md's table
+               "trainer.prefix_sharing=never",  # the default before 2026-11-28: docs/results/real_model.md's table
+               *args.rl]
         if final_model(run, args.steps) is None:
             sh(cmd + (["--resume"] if (run / "checkpoints" / "latest").exists() else []))
 
@@ -193,7 +195,7 @@ def curve(args: argparse.Namespace, out: Path) -> None:
             rows[seed] = {s["step"]: s for s in steps}
     if not rows:
         return
-    print("\ntraining reward (published verifier, mean over the step's trajectories) and no-box share per step")
+    print("\ntraining reward (the run's workflow.reward, mean over the step's trajectories) and no-box share per step")
     print("| step | " + " | ".join(f"seed {s} reward | seed {s} no box" for s in rows) + " | s / step |")
     print("|---:|" + "---:|---:|" * len(rows) + "---:|")
     for step in sorted({k for r in rows.values() for k in r}):
@@ -216,7 +218,7 @@ def curve(args: argparse.Namespace, out: Path) -> None:
     for seed, r in rows.items():
         ax.plot(sorted(r), [r[k]["reward/mean"] for k in sorted(r)], marker="o", label=f"seed {seed}")
     ax.set_xlabel("RL step")
-    ax.set_ylabel("training reward (published verifier)")
+    ax.set_ylabel("training reward (workflow.reward)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "curve.png", dpi=120)
@@ -231,6 +233,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--out", default="runs/rl58")
     ap.add_argument("--stages", default="data,sft,rl,eval,table")
+    ap.add_argument("--rl", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="overrides for the RL stage's memrl train (after the script's own)")
     ap.add_argument("--base", action="store_true", help="also evaluate the base model (slow: it never stops early)")
     args = ap.parse_args()
     out = Path(args.out)

@@ -32,6 +32,10 @@ The built-in ones:
   5. the score is the max over the gold list (a list of one for HotpotQA).
   One departure: vime does not lowercase the window before looking for the box, so `\\BOXED{x}` scores
   there 0 and here (MemAgent's order) as the answer x.
+- `published_box_f1` (memrl, a denser training reward): the answer `verl_hotpotqa` reads (rules 1-3 above),
+  scored by HotpotQA's token F1 (`memrl.rewards.qa.best_f1`), and 1.0 wherever `verl_hotpotqa` gives 1.0. A
+  partly right answer earns part of the reward, so a group of samples that all miss the exact string can still
+  differ. Evaluate with `verl_hotpotqa`; this one is for training.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memrl.plugins import is_import_path, load_object
-from memrl.rewards.qa import boxed_em_reward
+from memrl.rewards.qa import best_f1, boxed_em_reward
 
 Verifier = Callable[[str, "str | list[str]"], float]
 
@@ -191,3 +195,13 @@ def verl_hotpotqa(response_text: str, golds: str | list[str]) -> float:
         return 0.0
     mine = published_strip_string(answer)
     return float(any(mine == published_strip_string(g.lower()) for g in gold_list))
+
+
+@register_verifier("published_box_f1")
+def published_box_f1(response_text: str, golds: str | list[str]) -> float:
+    """The answer verl_hotpotqa reads (last 300 characters, last box), HotpotQA token F1 best over the golds;
+    1.0 where verl_hotpotqa gives 1.0 (its strip_string can match where F1's normalization does not)."""
+    if verl_hotpotqa(response_text, golds) == 1.0:
+        return 1.0
+    answer = published_answer(response_text)
+    return 0.0 if answer is None else best_f1(answer, _gold_list(golds))

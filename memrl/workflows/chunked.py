@@ -115,7 +115,8 @@ class ChunkedConfig:
     reward: str = "boxed_em"
     """Outcome verifier (memrl.rewards.verifiers): boxed_em = memrl's exact match of the last \\boxed{}
     over the whole text, best over all golds; verl_hotpotqa = the published MemAgent/ReMemR1 verifier
-    (last 300 characters, its strip_string, also the `\\boxed ans` form); or package.module:fn, your own
+    (last 300 characters, its strip_string, also the `\\boxed ans` form); published_box_f1 = that verifier's
+    answer scored by token F1 (a denser training reward); or package.module:fn, your own
     function marked with @memrl.rewards.verifiers.verifier."""
     prompt_assembly: str = valid("text", choices=PROMPT_ASSEMBLIES)
     """How a call's prompt ids are made. text (memrl): the template rendered to text and encoded once through
