@@ -346,20 +346,30 @@ class Sharer:
         return shared
 
     def self_check(self, mb: MicroBatch, shared: MicroBatch) -> bool:
-        """Whether the shared forward's logprobs of `mb`'s trained tokens equal the per-row forward's (max
-        |difference| within 1e-3 in float32, 0.1 in bfloat16); when not, prefix sharing is off for the run."""
+        """Whether the shared forward's logprobs of `mb`'s trained tokens equal the per-row forward's: in float32
+        the largest |difference| within 1e-3; in bfloat16 (weights or compute) the mean |difference| within 0.1,
+        since there the two forwards' different matmul shapes round differently at every layer (SmolLM2-135M,
+        30 layers: shared vs per-row max 0.23, mean 0.026, while the per-row bfloat16 forward itself is max
+        0.32, mean 0.028 from float32's), and a wrong share is off by nats on most tokens. When not, prefix
+        sharing is off for the run."""
         per_row, mine = self.logprobs(mb, shared)
-        diff = float(((per_row - mine).abs() * mb.loss_mask).max()) if mb.loss_mask.numel() else 0.0
-        ok = diff <= (0.1 if self.low_precision else 1e-3)  # NaN fails too
-        self.check = {"perf/prefix_check_max_diff": diff, "perf/prefix_check_failed": float(not ok)}
+        n = float(mb.loss_mask.sum())
+        err = (per_row - mine).abs() * mb.loss_mask
+        diff = float(err.max()) if n else 0.0
+        mean = float(err.sum()) / n if n else 0.0
+        ok = mean <= 0.1 if self.low_precision else diff <= 1e-3  # NaN fails too
+        self.check = {"perf/prefix_check_max_diff": diff, "perf/prefix_check_mean_diff": mean,
+                      "perf/prefix_check_failed": float(not ok)}
         if not ok:
             log.warning("trainer.prefix_sharing: the shared forward's logprobs differ from the per-row forward's by "
-                        "%.3g on the first shared micro-batch; every row is forwarded whole for the rest of the run", diff)
+                        "%.3g at most, %.3g on average on the first shared micro-batch (allowed: %s); every row is "
+                        "forwarded whole for the rest of the run", diff, mean,
+                        "a mean of 0.1 in bfloat16" if self.low_precision else "1e-3 on each token")
             self.min_tokens = 0
         return ok
 
     def take_check(self) -> dict[str, float]:
-        """The self-check's metrics (perf/prefix_check_max_diff, perf/prefix_check_failed) once, in the step
+        """The self-check's metrics (perf/prefix_check_max_diff, _mean_diff, _failed) once, in the step
         that ran it; {} in every other step."""
         out, self.check = self.check, {}
         return out

@@ -253,3 +253,28 @@ def test_never_forwards_every_row_whole(tmp_path):
     out = w.train_rows(weigh(rows, "token-mean"))
     assert w.sharer.min_tokens == 0 and out["train/forwarded_tokens"] == out["train/tokens"]
     assert "perf/prefix_check_failed" not in out
+
+
+@pytest.mark.parametrize(
+    ("low", "delta", "ok", "mean"),
+    [
+        # bfloat16: one trained token off by 0.25 of four -> max 0.25, mean 0.0625 <= 0.1: kept
+        (True, [0.25, 0.0, 0.0, 0.0], True, 0.0625),
+        # bfloat16: every token off by 0.2 -> mean 0.2 > 0.1: off
+        (True, [0.2, -0.2, 0.2, -0.2], False, 0.2),
+        # float32: one token off by 0.002 > 1e-3: off, though the mean is 0.0005
+        (False, [0.002, 0.0, 0.0, 0.0], False, 0.0005),
+    ],
+)
+def test_self_check_tolerance_by_precision(low, delta, ok, mean):
+    from types import SimpleNamespace
+
+    per_row = torch.tensor([[-1.0, -2.0, -3.0, -4.0, -5.0]])
+    mine = per_row + torch.tensor([[*delta, 7.0]])  # the last position is not trained (mask 0)
+    sharer = object.__new__(P.Sharer)
+    sharer.low_precision, sharer.min_tokens, sharer.logprobs = low, 64, lambda a, b: (per_row, mine)
+    mb = SimpleNamespace(loss_mask=torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]]))
+    assert sharer.self_check(mb, mb) is ok
+    assert sharer.check["perf/prefix_check_mean_diff"] == pytest.approx(mean, abs=1e-6)
+    assert sharer.check["perf/prefix_check_max_diff"] == pytest.approx(max(abs(d) for d in delta), abs=1e-6)
+    assert sharer.min_tokens == (64 if ok else 0)
