@@ -84,7 +84,7 @@ METHODS = (
 
 def run_method(method: Method, tasks: list[Any], tokenizer: Any, budget: int, max_turns: int) -> list[Any]:
     """The trajectories of `method`'s scripted agent on `tasks` (one each)."""
-    from memrl.demonstrators.stages import context_agent, context_demonstrations
+    from memrl.demonstrators.stages import context_demonstrations, context_demonstrator
     from memrl.workflows import parse_workflow
 
     section = {**method.workflow, "retriever_scope": "task", "max_turn_tokens": 96, "temperature": 0.0,
@@ -92,7 +92,7 @@ def run_method(method: Method, tasks: list[Any], tokenizer: Any, budget: int, ma
                "answer_instruction": "End with FINAL_ANSWER: a JSON object of the answers.",
                "max_context_tokens": 10**7 if method.unbounded else budget}
     spec, cfg = parse_workflow(section)
-    groups = context_demonstrations(tasks, tokenizer, spec.name, cfg, context_agent(method.agent))
+    groups = context_demonstrations(tasks, tokenizer, spec.name, cfg, context_demonstrator(method.agent))
     return [g.trajectories[0] for g in groups]
 
 

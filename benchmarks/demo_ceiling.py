@@ -2,7 +2,7 @@
 
 `memrl demo` asks RL to discover question-dependent retention (keep the fact whose key is the question's)
 from a question-blind cold start. This script trains the same freshly initialised model, with the same
-SFT budget, on traces of `memrl.demonstrators.QuestionAwareRule` (the optimal one-hop policy, 100% by
+SFT budget, on traces of `memrl.demonstrators.QuestionAwareDemonstrator` (the optimal one-hop policy, 100% by
 construction; the demo's mixture demonstrator at p_aware = 1) and evaluates it greedily on the demo's
 held-out tasks. If even full supervision stays near the
 question-blind level, the demo's RL goal is limited by the model, not by the RL algorithm.

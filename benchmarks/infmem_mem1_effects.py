@@ -17,7 +17,7 @@ What it measures (the workflows' mechanics, with policies that act perfectly by 
 
 Both policies answer every task right by construction: the accuracy column checks the plumbing (the
 retriever finds the fact, the state carries it), not a model. The oracles are memrl.demonstrators.infmem.
-ReadingOracle and memrl.demonstrators.mem1.StateOracle, the cold-start agents of the trained comparisons (3
+ReadingDemonstrator and memrl.demonstrators.mem1.StateDemonstrator, the cold-start agents of the trained comparisons (3
 training seeds, evaluation fixed before), which are not part of this script: `memrl demo --agent infmem`
 (table: benchmarks/infmem_trained.py --trained ROOT) and `memrl demo --agent mem1` (benchmarks/mem1_trained.py).
 """
@@ -35,18 +35,18 @@ from memrl.data.synthetic import SyntheticConfig, make_tasks
 from memrl.data.synthetic_memact import MemActTaskConfig
 from memrl.data.synthetic_memact import make_tasks as make_multi_tasks
 from memrl.demonstrators.engine import ScriptedEngine
-from memrl.demonstrators.infmem import ReadingOracle
-from memrl.demonstrators.mem1 import StateOracle
+from memrl.demonstrators.infmem import ReadingDemonstrator
+from memrl.demonstrators.mem1 import StateDemonstrator
 from memrl.types import Task
 from memrl.workflows import get_workflow, parse_workflow
 
 
 def _rollout(spec_name: str, tasks: list[Task], tokenizer, script, overrides: dict) -> list:
-    """(trajectory, score) per task of `script` (or, when None, the ReadingOracle in the workflow's
+    """(trajectory, score) per task of `script` (or, when None, the ReadingDemonstrator in the workflow's
     templates) played through `spec_name` configured by `overrides`."""
     spec = get_workflow(spec_name)
     _, cfg = parse_workflow({"name": spec_name, "temperature": 0.0, **overrides})
-    script = script if script is not None else ReadingOracle.for_config(spec_name, cfg)
+    script = script if script is not None else ReadingDemonstrator.for_config(spec_name, cfg)
     out = []
     for t in tasks:
         engine = ScriptedEngine(script, tokenizer)
@@ -82,7 +82,7 @@ def mem1_table(tasks_per_k: int, ks: list[int], seed: int, tokenizer) -> list[di
         for mode in ("latest_state", "full_history"):
             over = {"max_turns": k + 1, "max_turn_tokens": 400, "retriever_scope": "task", "topk": 1,
                     "context": mode, "hint_turns_left": "", "hint_last_turn": ""}
-            res = _rollout("mem1", tasks, tokenizer, StateOracle(), over)
+            res = _rollout("mem1", tasks, tokenizer, StateDemonstrator(), over)
             rows.append({"context": mode, "objectives": k, "tasks": len(tasks),
                          "accuracy": 100 * statistics.mean(s.metrics["multiq_all_correct"] for _, s in res),
                          "model_calls": statistics.mean(len(t.segments) for t, _ in res),

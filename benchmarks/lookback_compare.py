@@ -9,7 +9,7 @@ with --seeds, OUT/seed<k>, whose recipe.json records the training options a resu
    seeded --eval-seed + N for every training seed (OUT/data/eval_s<eval seed>_n<eval n>/);
 2. model: a random tiny Qwen2 whose tokenizer is trained on the task's words and both prompt formats;
 3. sft: optional copy warm-up (--copy-warmup-steps), then ONE cold-start checkpoint trained on the
-   scripted LookbackOracle traces of BOTH workflows (recall steps repeated --oversample-recall times),
+   scripted LookbackDemonstrator traces of BOTH workflows (recall steps repeated --oversample-recall times),
    so both RL runs start from the same weights;
 4. rl: `Trainer` with presets lookback_memagent_cpu / lookback_rememr1_cpu (same steps, batch, n, lr);
 5. eval: memrl.eval.runner.evaluate per policy on the eval files, greedy and (--sampled) one sample at
@@ -128,7 +128,7 @@ def stage_sft(out: Path, model_dir: Path, args) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from memrl.data.io import load_tasks
-    from memrl.demonstrators import LookbackOracle, ScriptedEngine
+    from memrl.demonstrators import LookbackDemonstrator, ScriptedEngine
     from memrl.runtime import rollout_once
     from memrl.training.sft import SFTConfig, sft_train
     from memrl.workflows import get_workflow
@@ -141,7 +141,7 @@ def stage_sft(out: Path, model_dir: Path, args) -> Path:
     segs = []
     for wf in PRESETS:
         c = workflow_cfg(wf, temperature=0.0)
-        eng = ScriptedEngine(LookbackOracle.for_config(wf, c), tokenizer=tok)
+        eng = ScriptedEngine(LookbackDemonstrator.for_config(wf, c), tokenizer=tok)
         groups = rollout_once(tasks, get_workflow(wf), eng, c, n=1)
         acc = sum(g.rewards[0] for g in groups) / len(groups)
         rows = [x for g in groups for x in g.segments()]
@@ -228,9 +228,9 @@ def stage_eval(out: Path, name: str, wf: str, model_dir: Path | None, args, *, s
     if model_dir is None:  # the scripted oracle
         from transformers import AutoTokenizer
 
-        from memrl.demonstrators import LookbackOracle, ScriptedEngine
+        from memrl.demonstrators import LookbackDemonstrator, ScriptedEngine
 
-        engine = ScriptedEngine(LookbackOracle.for_config(wf, c), tokenizer=AutoTokenizer.from_pretrained(out / "model"))
+        engine = ScriptedEngine(LookbackDemonstrator.for_config(wf, c), tokenizer=AutoTokenizer.from_pretrained(out / "model"))
     ecfg = EvalConfig(workflow=section, engine=EngineConfig(model=str(model_dir or "oracle"), max_batch_size=256,
                                                             hf=HFSection(kv_cache="padded")),  # OLD_DEFAULTS
                       concurrency=256, name=res.name, progress=False)

@@ -5,12 +5,12 @@
   memrl train-sft model.path=... data.name=file data.path=cold_start.parquet [conversations.max_length=18000]
 
 Demonstrations come from running the workflow with a scripted demonstrator engine; the built-in one is
-`memrl.demonstrators.MixtureRule` over synthetic tasks: per memory step the optimal QuestionAwareRule with
-probability demonstrator.p_aware, else the question-blind RecentFactsRule (keep the newest facts).
+`memrl.demonstrators.MixtureDemonstrator` over synthetic tasks: per memory step the optimal QuestionAwareDemonstrator with
+probability demonstrator.p_aware, else the question-blind RecentFactsDemonstrator (keep the newest facts).
 With `data.name=file`, `data.path` is a conversation file instead (rows of `messages` + `tools`, MemAct's
 cold-start layout; detected from its first row): each chat is one row, masked by MemAct's prune rule
 (memrl.data.conversations). With `data.name=file` and a task file (HotpotQA / 2Wiki built by `memrl data
-build`), `demonstrator.name=evidence` plays `memrl.demonstrators.evidence.EvidenceReader` over its tasks
+build`), `demonstrator.name=evidence` plays `memrl.demonstrators.evidence.EvidenceDemonstrator` over its tasks
 (memory: the supporting-fact sentences a section shows; final reply: the boxed gold answer), its facts read
 from `demonstrator.source`, the original HotpotQA / 2Wiki file. `model.compute_dtype=bfloat16` runs the
 forwards in bfloat16 over float32 weights. The result is a HuggingFace directory in out_dir.
@@ -29,8 +29,8 @@ from memrl.config import MAX_COUNT, MAX_TOKENS, ConfigError, load_config, to_yam
 from memrl.data.conversations import conversation_segments, is_conversation_file, load_conversations
 from memrl.data.io import load_tasks
 from memrl.data.synthetic import make_tasks
-from memrl.demonstrators import MixtureRule, ScriptedEngine
-from memrl.demonstrators.evidence import EvidenceReader
+from memrl.demonstrators import MixtureDemonstrator, ScriptedEngine
+from memrl.demonstrators.evidence import EvidenceDemonstrator
 from memrl.errors import model_dir
 from memrl.locks import locked_dir
 from memrl.model_open import open_model
@@ -59,8 +59,8 @@ class DemonstratorSection:
     skip_prob: float = valid(0.25, ge=0, le=1)
     """Chance the rule ignores a section's facts (a question-blind coin flip)."""
     p_aware: float = valid(0.0, ge=0, le=1)
-    """Per memory step, the chance of playing the optimal `QuestionAwareRule` instead (`MixtureRule`; 0 =
-    the question-blind `RecentFactsRule` exactly)."""
+    """Per memory step, the chance of playing the optimal `QuestionAwareDemonstrator` instead (`MixtureDemonstrator`; 0 =
+    the question-blind `RecentFactsDemonstrator` exactly)."""
 
 
 @dataclass
@@ -131,7 +131,7 @@ def _run_demonstrator(cfg: SFTRunConfig) -> int:
     model = open_model(cfg.model.path, "model.path").to(cfg.model.device)
     model = _lora(model, cfg)
     mem, fin = wf.templates()
-    rule = MixtureRule(mem.text, fin.text, cfg.demonstrator.budget, cfg.demonstrator.skip_prob,
+    rule = MixtureDemonstrator(mem.text, fin.text, cfg.demonstrator.budget, cfg.demonstrator.skip_prob,
                        wf.no_memory_text, cfg.data.seed, p_aware=cfg.demonstrator.p_aware)
     tasks = make_tasks(cfg.data.synthetic, cfg.demonstrator.num_tasks, seed=cfg.data.seed)
     groups = rollout_once(tasks, spec, ScriptedEngine(rule, tokenizer=tok), wf, n=1)
@@ -153,7 +153,7 @@ def _run_evidence(cfg: SFTRunConfig) -> int:
         raise ConfigError(f"data.path: {path!r} is not a file (demonstrator.name=evidence reads a task file)")
     tasks = load_tasks(path)
     try:
-        reader = EvidenceReader.for_tasks(wf, tasks, load_tasks(cfg.demonstrator.source))
+        reader = EvidenceDemonstrator.for_tasks(wf, tasks, load_tasks(cfg.demonstrator.source))
     except ValueError as e:
         raise ConfigError(f"demonstrator.source {cfg.demonstrator.source}: {e}") from None
     out = check_writable(cfg.out_dir)

@@ -12,7 +12,7 @@ tokenizer, a piece is exactly `chunk_words` tokens, so token chunks line up with
 counted in pieces. Exact-match single-word answers. Seeded: the same (config, seed, index) always gives
 the same task.
 
-`memrl.demonstrators.LookbackOracle` is a scripted policy (for `ScriptedEngine`) that keeps the facts known
+`memrl.demonstrators.LookbackDemonstrator` is a scripted policy (for `ScriptedEngine`) that keeps the facts known
 to matter plus the current piece's facts (about the best an overwriting memory of that size can do),
 and its ReMemR1 form that recalls a bridge key it has not kept. It makes SFT traces and references.
 """

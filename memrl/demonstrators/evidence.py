@@ -35,7 +35,7 @@ def supporting_sentences(task: Task) -> list[str]:
 
 
 @dataclass
-class EvidenceReader:
+class EvidenceDemonstrator:
     """Memory call: the old memory's supporting sentences plus those the section shows, one per line, in the
     facts' order (the old memory unchanged when the section shows none). Final call: `\\boxed{<first gold
     answer>}`. `evidence` maps a question to (its supporting sentences, its answer)."""
@@ -51,7 +51,7 @@ class EvidenceReader:
         self._fin = prompt_pattern(self.final_template, ("problem", "memory"))
 
     @classmethod
-    def for_tasks(cls, workflow_cfg: Any, tasks: Iterable[Task], sources: Iterable[Task]) -> EvidenceReader:
+    def for_tasks(cls, workflow_cfg: Any, tasks: Iterable[Task], sources: Iterable[Task]) -> EvidenceDemonstrator:
         """The reader for `tasks` (any layout) in a memagent workflow config's templates, with each task's
         supporting sentences looked up by task id in `sources` (the original HotpotQA / 2Wiki records)."""
         by_id = {s.task_id: s for s in sources}
@@ -73,7 +73,7 @@ class EvidenceReader:
     def _lookup(self, problem: str) -> tuple[list[str], str]:
         key = problem.strip()
         if key not in self.evidence:
-            raise ValueError(f"EvidenceReader: no evidence for the question {key[:80]!r}")
+            raise ValueError(f"EvidenceDemonstrator: no evidence for the question {key[:80]!r}")
         return self.evidence[key]
 
     def __call__(self, prompt_text: str, call_index: int = 0) -> str:
@@ -89,4 +89,4 @@ class EvidenceReader:
         if f:
             _, answer = self._lookup(f.group("problem"))
             return f"\\boxed{{{answer}}}"
-        raise ValueError(f"EvidenceReader: call {call_index}'s prompt matches neither the memory nor the final template")
+        raise ValueError(f"EvidenceDemonstrator: call {call_index}'s prompt matches neither the memory nor the final template")

@@ -1,10 +1,10 @@
-"""The scripted oracle reading agent of the synthetic one-fact task (memrl.data.synthetic) for MemAgent and
+"""The scripted optimal reading agent of the synthetic one-fact task (memrl.data.synthetic) for MemAgent and
 InfMem, as a ScriptedEngine script (prompt text in, reply out): it keeps the asked fact when a section (or
 the retrieved passages) shows it and answers from the memory; under InfMem its planner retrieves the asked
 key (top_k 1) until the memory holds the fact, then says STOP.
 
 Prompts are read back through the workflow's own templates (memrl.demonstrators.prompts), so the agent
-plays any template text that keeps the fields; `ReadingOracle.for_config` builds it from a workflow config.
+plays any template text that keeps the fields; `ReadingDemonstrator.for_config` builds it from a workflow config.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ def answer_reply(value: str) -> str:
 
 
 @dataclass
-class ReadingOracle:
-    """MemAgent / InfMem oracle on one-fact synthetic tasks. Memory call: the memory becomes the asked fact
+class ReadingDemonstrator:
+    """MemAgent / InfMem optimal reader on one-fact synthetic tasks. Memory call: the memory becomes the asked fact
     ("- Kalo is red") once the retrieved passages, the section or the old memory show it, else the old memory
     is kept. Plan call (InfMem, `plan_template` given): STOP when the memory holds the asked fact, else a
     retrieve call of the asked key with `top_k`. Final call: the memory's value of the asked key, or
@@ -56,8 +56,8 @@ class ReadingOracle:
         self._fin = prompt_pattern(self.final_template, ("problem", "memory"))
 
     @classmethod
-    def for_config(cls, workflow: str, cfg: Any, fact_sep: str | None = "is", top_k: int = 1) -> ReadingOracle:
-        """The oracle in the templates of `cfg` (a memagent or infmem workflow config)."""
+    def for_config(cls, workflow: str, cfg: Any, fact_sep: str | None = "is", top_k: int = 1) -> ReadingDemonstrator:
+        """The demonstrator in the templates of `cfg` (a memagent or infmem workflow config)."""
         if workflow == "infmem":
             plan, mem, fin = cfg.templates()
             return cls(mem.text, fin.text, plan.text, fact_sep=fact_sep, top_k=top_k, stop_marker=cfg.stop_marker,
@@ -65,7 +65,7 @@ class ReadingOracle:
         if workflow == "memagent":
             mem, fin = cfg.templates()
             return cls(mem.text, fin.text, None, fact_sep=fact_sep, top_k=top_k)
-        raise ValueError(f"ReadingOracle: workflow must be memagent or infmem, got {workflow!r}")
+        raise ValueError(f"ReadingDemonstrator: workflow must be memagent or infmem, got {workflow!r}")
 
     def _value(self, text: str, key: str) -> str | None:
         return next((v for k, v in find_facts(text, self.fact_sep) if k == key), None)
@@ -86,6 +86,6 @@ class ReadingOracle:
             return retrieve_reply(key, self.top_k, self.tool_name)
         f = self._fin.search(prompt_text)
         if not f:
-            raise ValueError(f"ReadingOracle: prompt matches none of its templates: {prompt_text[:200]!r}")
+            raise ValueError(f"ReadingDemonstrator: prompt matches none of its templates: {prompt_text[:200]!r}")
         key, _ = _asked(f.group("problem"))
         return answer_reply(self._value(f.group("memory"), key) or self.unknown_text)

@@ -11,7 +11,7 @@ from memrl.demonstrators.prompts import prompt_pattern
 
 
 @dataclass
-class LookbackOracle:
+class LookbackDemonstrator:
     """Reference policy for the look-back task, as a `ScriptedEngine` script.
 
     Memory step: new memory = the facts known to matter (the question's link, then the bridge key's
@@ -32,14 +32,14 @@ class LookbackOracle:
 
     def __post_init__(self) -> None:
         if self.workflow not in ("memagent", "rememr1"):
-            raise ValueError(f"LookbackOracle.workflow must be memagent or rememr1, got {self.workflow!r}")
+            raise ValueError(f"LookbackDemonstrator.workflow must be memagent or rememr1, got {self.workflow!r}")
         recalled = ("recalled_memory",) if self.workflow == "rememr1" else ()
         self._mem = prompt_pattern(self.memory_template, ("problem", *recalled, "memory", "chunk"))
         self._fin = prompt_pattern(self.final_template, ("problem", *recalled, "memory"))
 
     @classmethod
-    def for_config(cls, workflow: str, cfg: object, **kw: object) -> LookbackOracle:
-        """The oracle for a MemAgentConfig / ReMemR1Config (its templates, placeholder and tags)."""
+    def for_config(cls, workflow: str, cfg: object, **kw: object) -> LookbackDemonstrator:
+        """The demonstrator for a MemAgentConfig / ReMemR1Config (its templates, placeholder and tags)."""
         mem, fin = cfg.templates()  # type: ignore[attr-defined]
         tags = {k: getattr(cfg, k) for k in ("update_tag", "recall_tag") if hasattr(cfg, k)}
         return cls(
@@ -52,7 +52,7 @@ class LookbackOracle:
             return self._memory_step(m)
         f = self._fin.search(prompt)
         if not f:
-            raise ValueError(f"LookbackOracle: prompt matches neither template: {prompt[:200]!r}")
+            raise ValueError(f"LookbackDemonstrator: prompt matches neither template: {prompt[:200]!r}")
         return self._final(f)
 
     def _known(self, m: re.Match[str]) -> tuple[str | None, int, list[tuple[str, str]], dict[str, str]]:

@@ -1,4 +1,4 @@
-"""MEM1's scripted oracle: the cold-start agent of the MEM1 demo (memrl.demos.mem1) and the policy of
+"""MEM1's scripted optimal agent: the cold-start agent of the MEM1 demo (memrl.demos.mem1) and the policy of
 benchmarks/infmem_mem1_effects.py's MEM1 table.
 
 On memrl.data.synthetic_memact's multi-objective tasks (a combined question "Answer the following k
@@ -28,8 +28,8 @@ _TOP_HIT = re.compile(r"<information>.*?\(1\) ([^\n<]*)", re.DOTALL)
 
 
 @dataclass
-class StateOracle:
-    """The MEM1 oracle (module docstring); `separator` joins the state's and the answer's values (the
+class StateDemonstrator:
+    """The MEM1 demonstrator (module docstring); `separator` joins the state's and the answer's values (the
     workflow's answer_separator)."""
 
     separator: str = ";"
@@ -49,8 +49,8 @@ class StateOracle:
 
 
 def mem1_demonstrations(tasks: list[Task], tokenizer: Any, wf_cfg: Any, seed: int = 0) -> list[Group]:
-    """StateOracle played through `workflow=mem1` under `wf_cfg` (its `context` setting included), one
+    """StateDemonstrator played through `workflow=mem1` under `wf_cfg` (its `context` setting included), one
     trajectory per task: the cold start's SFT rows are its segments, one per turn, as RL cuts them."""
-    agent = StateOracle(wf_cfg.answer_separator)
+    agent = StateDemonstrator(wf_cfg.answer_separator)
     return rollout_once(tasks, get_workflow("mem1"), ScriptedEngine(agent, tokenizer=tokenizer), wf_cfg, n=1,
                         concurrency=256, seed=seed)

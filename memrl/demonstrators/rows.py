@@ -14,10 +14,10 @@ from transformers import AutoTokenizer
 from memrl.data import synthetic, synthetic_memact
 from memrl.demonstrators.engine import ScriptedEngine
 from memrl.demonstrators.stages import (
-    context_agent,
     context_demonstrations,
+    context_demonstrator,
     memact_demonstrations,
-    mixture_rule,
+    mixture_demonstrator,
 )
 from memrl.models.tiny import cached_tiny_model
 from memrl.runtime import rollout_once
@@ -64,7 +64,7 @@ def _memagent(tok: Any, tasks: int, n: int, seed: int) -> list[Any]:
     spec, wf = parse_workflow({"name": "memagent", **MEMAGENT_DEMO})
     data = synthetic.SyntheticConfig(min_chunks=2, num_chunks=8, chunk_words=8, fact_position="start", num_keys=16,
                            num_values=16)
-    rule = mixture_rule(wf, seed=seed, p_aware=0.5)
+    rule = mixture_demonstrator(wf, seed=seed, p_aware=0.5)
     return rollout_once(synthetic.make_tasks(data, tasks, seed=1000 + seed), spec, ScriptedEngine(rule, tokenizer=tok), wf, n=n,
                         seed=seed)
 
@@ -85,4 +85,4 @@ def _context(workflow: str, tok: Any, tasks: int, seed: int, sub_questions: int,
         section["window_turns"] = 2
     agent = {"fold": "fold", "summarize": "summary", "sliding_window": "search"}[workflow]
     _, wf = parse_workflow(section)
-    return context_demonstrations(task_list, tok, workflow, wf, context_agent(agent), seed=seed)
+    return context_demonstrations(task_list, tok, workflow, wf, context_demonstrator(agent), seed=seed)

@@ -2,9 +2,9 @@
 SFT rows are the workflow's own segments, built exactly as RL builds its rows), calibrate MemAct's
 working-context budget with it, and evaluate it with the one evaluator.
 
-- MemAgent (synthetic task): `mixture_rule`, `record_demonstrations`, `reading_segments`, `evaluate_rule`.
+- MemAgent (synthetic task): `mixture_demonstrator`, `record_demonstrations`, `reading_segments`, `evaluate_scripted`.
 - MemAct (synthetic_memact task): `memact_demonstrations`, `calibrate_budget`.
-- fold, summarize, sliding_window (synthetic_memact task): `context_agent`, `context_demonstrations`,
+- fold, summarize, sliding_window (synthetic_memact task): `context_demonstrator`, `context_demonstrations`,
   `calibrate_fold_budget`.
 
 Used by the recipe methods (memrl.demos: their cold starts, through memrl.demos.pipeline) and their model
@@ -20,7 +20,7 @@ from memrl.config import MAX_TOKENS
 from memrl.demonstrators.context import FoldDemonstrator, SearchDemonstrator, SummaryDemonstrator
 from memrl.demonstrators.engine import ScriptedEngine
 from memrl.demonstrators.memact import MemActDemonstrator
-from memrl.demonstrators.synthetic import MixtureRule
+from memrl.demonstrators.synthetic import MixtureDemonstrator
 from memrl.eval.evaluator import EngineRollout, evaluate_policy
 from memrl.runtime import rollout_once
 from memrl.types import Group, Segment, Task
@@ -30,14 +30,14 @@ from memrl.workflows.templates import chat_prompt
 # ------------------------------------------------------------------------------------------- MemAgent
 
 
-def mixture_rule(wf_cfg: Any, *, seed: int, p_aware: float, budget: int = 1, skip_prob: float = 0.4,
+def mixture_demonstrator(wf_cfg: Any, *, seed: int, p_aware: float, budget: int = 1, skip_prob: float = 0.4,
                  unanswerable_text: str | None = None, fact_sep: str | None = "is", restate_key: bool = False,
-                 restate_sep: str | None = ":", keep_distractors: bool = False) -> MixtureRule:
+                 restate_sep: str | None = ":", keep_distractors: bool = False) -> MixtureDemonstrator:
     """The MemAgent cold start's scripted demonstrator on the synthetic task, in the workflow's templates
-    (a `MixtureRule`: per memory step the optimal `QuestionAwareRule` with probability `p_aware`, the
-    question-blind `RecentFactsRule` otherwise; p_aware 0 plays `RecentFactsRule` exactly)."""
+    (a `MixtureDemonstrator`: per memory step the optimal `QuestionAwareDemonstrator` with probability `p_aware`, the
+    question-blind `RecentFactsDemonstrator` otherwise; p_aware 0 plays `RecentFactsDemonstrator` exactly)."""
     mem_tpl, fin_tpl = wf_cfg.templates()
-    return MixtureRule(mem_tpl.text, fin_tpl.text, budget=budget, skip_prob=skip_prob,
+    return MixtureDemonstrator(mem_tpl.text, fin_tpl.text, budget=budget, skip_prob=skip_prob,
                        no_memory_text=wf_cfg.no_memory_text, seed=seed, unanswerable_text=unanswerable_text or None,
                        fact_sep=fact_sep, restate_key=restate_key, restate_sep=restate_sep, p_aware=p_aware,
                        keep_distractors=keep_distractors)
@@ -62,7 +62,7 @@ def reading_segments(tasks: list[Task], tokenizer: Any, final_template: Any) -> 
     return out
 
 
-def evaluate_rule(rule: Any, tokenizer: Any, spec: Any, wf_cfg: Any, tasks_by_length: dict[int, list[Task]],
+def evaluate_scripted(rule: Any, tokenizer: Any, spec: Any, wf_cfg: Any, tasks_by_length: dict[int, list[Task]],
                   protocol: Any, log: Any = print) -> dict[int, dict[str, Any]]:
     """A scripted rule's accuracy through the workflow `spec` under the evaluator's `protocol`
     (memrl.eval.evaluator.evaluate_policy), with a fresh ScriptedEngine per length (it records every
@@ -126,19 +126,19 @@ def context_demonstrations(tasks: list[Task], tokenizer: Any, workflow: str, wf_
                         concurrency=256, seed=seed)
 
 
-def context_agent(kind: str, late_prob: float = 0.0, seed: int = 0, topk: int = 2) -> Any:
+def context_demonstrator(kind: str, late_prob: float = 0.0, seed: int = 0, topk: int = 2) -> Any:
     """The scripted agent of a context-management arm: "search" (SearchDemonstrator; it has no flaw, so
     `late_prob` must be 0), "fold" (FoldDemonstrator) or "summary" (SummaryDemonstrator), with `late_prob`
     and `seed`."""
     if kind == "search":
         if late_prob:
-            raise ValueError(f"context_agent: the search agent has no late_prob, got {late_prob}")
+            raise ValueError(f"context_demonstrator: the search agent has no late_prob, got {late_prob}")
         return SearchDemonstrator(topk)
     if kind == "fold":
         return FoldDemonstrator(late_prob=late_prob, seed=seed, topk=topk)
     if kind == "summary":
         return SummaryDemonstrator(late_prob=late_prob, seed=seed, topk=topk)
-    raise ValueError(f"context_agent: kind must be search, fold or summary, got {kind!r}")
+    raise ValueError(f"context_demonstrator: kind must be search, fold or summary, got {kind!r}")
 
 
 def calibrate_fold_budget(tasks: list[Task], tokenizer: Any, fold_cfg: Any, search_cfg: Any) -> int:
@@ -147,10 +147,10 @@ def calibrate_fold_budget(tasks: list[Task], tokenizer: Any, fold_cfg: Any, sear
     agent (sliding_window `search_cfg` with window_turns 0, no budget) fits in it on some task, so the budget
     would not force context management."""
     fold = context_demonstrations(tasks, tokenizer, "fold", replace(fold_cfg, max_context_tokens=MAX_TOKENS),
-                                  context_agent("fold"))
+                                  context_demonstrator("fold"))
     budget = int(max(g.trajectories[0].metrics["peak_context_tokens"] for g in fold))
     react = context_demonstrations(tasks, tokenizer, "sliding_window",
-                                   replace(search_cfg, window_turns=0, max_context_tokens=MAX_TOKENS), context_agent("search"))
+                                   replace(search_cfg, window_turns=0, max_context_tokens=MAX_TOKENS), context_demonstrator("search"))
     fits = [g.task_id for g in react if g.trajectories[0].metrics["peak_context_tokens"] <= budget]
     if fits:
         raise ValueError(f"context budget {budget}: the unmanaged search agent fits in it on {len(fits)} of "

@@ -11,7 +11,7 @@ from memrl.demonstrators.prompts import prompt_pattern
 
 
 @dataclass
-class RecentFactsRule:
+class RecentFactsDemonstrator:
     """MemAgent demonstrations that teach the FORMAT, not the strategy.
 
     Memory step: keep the `budget` most recent facts of (old memory + this section), regardless of the
@@ -41,7 +41,7 @@ class RecentFactsRule:
 
     def __post_init__(self) -> None:
         if self.restate_key and not self.fact_sep:
-            raise ValueError("RecentFactsRule.restate_key needs a fact separator (fact_sep), e.g. 'is'")
+            raise ValueError("RecentFactsDemonstrator.restate_key needs a fact separator (fact_sep), e.g. 'is'")
         self._mem = prompt_pattern(self.memory_template, ("problem", "memory", "chunk"))
         self._fin = prompt_pattern(self.final_template, ("problem", "memory"))
         self._rng = random.Random(f"rule:{self.seed}")
@@ -55,7 +55,7 @@ class RecentFactsRule:
             return self._memory(facts, m.group("problem"))
         f = self._fin.search(prompt_text)
         if not f:
-            raise ValueError(f"RecentFactsRule: prompt matches neither template: {prompt_text[:200]!r}")
+            raise ValueError(f"RecentFactsDemonstrator: prompt matches neither template: {prompt_text[:200]!r}")
         facts = find_facts(f.group("memory"), self.fact_sep)
         key, hops = _asked(f.group("problem"))
         table = dict(facts)
@@ -77,10 +77,10 @@ class RecentFactsRule:
 
 
 @dataclass
-class QuestionAwareRule(RecentFactsRule):
+class QuestionAwareDemonstrator(RecentFactsDemonstrator):
     """The optimal one-hop policy, as a reference (never the cold start): a memory step keeps the fact
     whose key is the question's (from the section, else from the memory), else the newest fact; the
-    final step answers like `RecentFactsRule`. SFT on its traces measures what a model can represent
+    final step answers like `RecentFactsDemonstrator`. SFT on its traces measures what a model can represent
     (benchmarks/demo_ceiling.py)."""
 
     keep_distractors: bool = True
@@ -107,12 +107,12 @@ def _relevant(old: list[tuple[str, str]], new: list[tuple[str, str]], problem: s
 
 
 @dataclass
-class MixtureRule(QuestionAwareRule):
+class MixtureDemonstrator(QuestionAwareDemonstrator):
     """A demonstrator that has the right strategy but uses it unreliably: each memory step plays the
-    optimal `QuestionAwareRule` with probability `p_aware` and the question-blind `RecentFactsRule`
+    optimal `QuestionAwareDemonstrator` with probability `p_aware` and the question-blind `RecentFactsDemonstrator`
     otherwise (one coin per memory step, from its own seeded stream); the final step answers like both.
 
-    p_aware = 0 plays `RecentFactsRule` exactly (same rng stream, no coin drawn), 1 `QuestionAwareRule`.
+    p_aware = 0 plays `RecentFactsDemonstrator` exactly (same rng stream, no coin drawn), 1 `QuestionAwareDemonstrator`.
     `aware_steps` / `memory_steps` count what was played.
     """
 
@@ -121,7 +121,7 @@ class MixtureRule(QuestionAwareRule):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 0.0 <= self.p_aware <= 1.0:
-            raise ValueError(f"MixtureRule.p_aware must be in [0, 1], got {self.p_aware}")
+            raise ValueError(f"MixtureDemonstrator.p_aware must be in [0, 1], got {self.p_aware}")
         self._coin = random.Random(f"mixture:{self.seed}")
         self.aware_steps = 0
         self.memory_steps = 0
@@ -129,10 +129,10 @@ class MixtureRule(QuestionAwareRule):
     def __call__(self, prompt_text: str, call_index: int = 0) -> str:
         m = self._mem.search(prompt_text)
         if not (m and "chunk" in m.groupdict()):
-            return RecentFactsRule.__call__(self, prompt_text, call_index)
+            return RecentFactsDemonstrator.__call__(self, prompt_text, call_index)
         self.memory_steps += 1
         aware = self.p_aware >= 1.0 or (self.p_aware > 0.0 and self._coin.random() < self.p_aware)
         if aware:
             self.aware_steps += 1
-            return QuestionAwareRule.__call__(self, prompt_text, call_index)
-        return RecentFactsRule.__call__(self, prompt_text, call_index)
+            return QuestionAwareDemonstrator.__call__(self, prompt_text, call_index)
+        return RecentFactsDemonstrator.__call__(self, prompt_text, call_index)

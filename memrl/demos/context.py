@@ -38,7 +38,7 @@ from typing import Any
 
 from memrl.config import MAX_COUNT, MAX_PARALLEL, MAX_SEED, MAX_TOKENS, ConfigError, valid
 from memrl.data.synthetic_memact import MemActTaskConfig
-from memrl.demonstrators.stages import calibrate_fold_budget, context_agent, context_demonstrations
+from memrl.demonstrators.stages import calibrate_fold_budget, context_demonstrations, context_demonstrator
 from memrl.demos.parts import (
     GRPO,
     Arm,
@@ -177,9 +177,9 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
         react_cfg = workflow_section(tcfg, "sliding_window", window_turns=0, max_context_tokens=MAX_TOKENS)
         # one tokenizer for every arm (the same seed gives the same tokenizer and budget whatever the method):
         # trained on every scripted agent's contexts without a budget
-        plays = [("fold", fold_cfg, context_agent("fold")), ("sliding_window", react_cfg, context_agent("search")),
+        plays = [("fold", fold_cfg, context_demonstrator("fold")), ("sliding_window", react_cfg, context_demonstrator("search")),
                  ("summarize", workflow_section(tcfg, "summarize", max_context_tokens=MAX_TOKENS),
-                  context_agent("summary"))]
+                  context_demonstrator("summary"))]
         run.tokenizer, run.model = init_context_model(out, cfg.task, plays, data.sft_tasks, cfg.model.preset(),
                                                       cfg.model.vocab_size, cfg.seed)
         budget = cfg.context_budget or calibrate_fold_budget(data.sft_tasks[:200], run.tokenizer, fold_cfg, react_cfg)
@@ -198,7 +198,7 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
         # a budget on the same held-out tasks, in this run's tokens
         run.extra["unbounded"] = context_summary_of(context_demonstrations(
             run.extra["data"].eval_tasks, run.tokenizer, "sliding_window", run.extra["react_cfg"],
-            context_agent("search")))
+            context_demonstrator("search")))
 
     def warmup(self, run: RecipeRun) -> list[float]:
         return reused_warmup(run.cfg, run.out, run.model) if run.cfg.warmup_from else super().warmup(run)
@@ -208,7 +208,7 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
         branch + the main thread; summarize: one per part; sliding_window: one per window shift + the last);
         `sft.max_rows` > 0 keeps the first max_rows rows (task order)."""
         s, workflow = run.cfg.sft, run.spec.name
-        agent = context_agent(run.extra["arm"].agent, s.late_prob, s.seed)
+        agent = context_demonstrator(run.extra["arm"].agent, s.late_prob, s.seed)
         groups = context_demonstrations(run.extra["data"].sft_tasks, run.tokenizer, workflow, run.wf_cfg, agent,
                                         seed=s.seed)
         trajs, rows = scripted_rows(groups)

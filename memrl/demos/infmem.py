@@ -16,7 +16,7 @@ infmem) or memagent (one memory call per chunk, then the final; GRPO on the outc
 data/heldout_tasks.jsonl) -> init a tiny Qwen2 whose BPE tokenizer is trained on the task's text and both
 arms' scripted contexts, so both methods share it (memrl.demos.scratch.init_reading_model) -> optional copy
 warm-up (memrl.demos.cold_start.copy_warmup) -> cold start: SFT on the reading oracle (memrl.demonstrators.
-infmem.ReadingOracle) played through the arm's workflow, every row as the workflow cuts it (memrl.demos.
+infmem.ReadingDemonstrator) played through the arm's workflow, every row as the workflow cuts it (memrl.demos.
 cold_start.reading_cold_start) -> held-out evaluation of the SFT model -> RL (preset infmem_cpu, on the
 preset's synthetic task stream) -> the same evaluation after RL. The evaluation (memrl.eval.evaluator.
 evaluate_reading) is greedy and sampled (one sample per task at `eval.temperature`), per length: accuracy
@@ -39,7 +39,7 @@ from typing import Any
 
 from memrl.config import MAX_COUNT, MAX_PARALLEL, MAX_SEED, MAX_TOKENS, MAX_VOCAB, ConfigError, valid
 from memrl.data.synthetic import at_length, make_tasks
-from memrl.demonstrators.infmem import ReadingOracle
+from memrl.demonstrators.infmem import ReadingDemonstrator
 from memrl.demonstrators.stages import context_demonstrations
 from memrl.demos.parts import (
     GRPO,
@@ -200,7 +200,7 @@ class InfMemRecipe(ArmRecipe):
         plays = []
         for name, a in ARMS.items():  # both arms' contexts: the same tokenizer whatever the method
             c = workflow_section(tcfg, **a.workflow)
-            plays.append((name, c, ReadingOracle.for_config(name, c, syn.fact_sep)))
+            plays.append((name, c, ReadingDemonstrator.for_config(name, c, syn.fact_sep)))
         run.tokenizer, run.model = init_reading_model(run.out, syn, plays, sft_tasks, cfg.model.preset(),
                                                       cfg.model.vocab_size, cfg.seed)
         n_params = count_parameters(run.model)
@@ -211,7 +211,7 @@ class InfMemRecipe(ArmRecipe):
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
         """The reading oracle through the arm's workflow (memagent: one memory row per chunk + the final;
         infmem: plan, memory, ..., the final), every row as the workflow cuts it."""
-        oracle = ReadingOracle.for_config(run.spec.name, run.wf_cfg, run.tcfg.data.synthetic.fact_sep)
+        oracle = ReadingDemonstrator.for_config(run.spec.name, run.wf_cfg, run.tcfg.data.synthetic.fact_sep)
         groups = context_demonstrations(run.extra["sft_tasks"], run.tokenizer, run.spec.name, run.wf_cfg, oracle)
         trajs, rows = scripted_rows(groups)
         summary = reading_summary_of(groups)

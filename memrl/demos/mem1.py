@@ -14,7 +14,7 @@ tokenizer is trained on the task's text and the scripted oracle's contexts under
 methods share it at one seed (memrl.demos.scratch.init_mem1_model) -> check that `model.max_positions`
 holds the scripted full-history agent's largest context at the largest held-out k (so both methods have
 the same model shape) -> copy warm-up (memrl.demos.cold_start.copy_warmup) -> cold start: SFT on the
-scripted oracle (memrl.demonstrators.mem1.StateOracle) played through `workflow=mem1` with the method's
+scripted oracle (memrl.demonstrators.mem1.StateDemonstrator) played through `workflow=mem1` with the method's
 `context`, every row as the workflow cuts it (one per turn) -> held-out evaluation of the SFT model -> RL
 (preset mem1_cpu, GRPO) -> the same evaluation after RL. The evaluation is, per k, greedy and one sample
 per task at `eval.temperature`: accuracy (all objectives right, %) +- SE over tasks, the objectives'
@@ -61,7 +61,7 @@ METHODS: dict[str, str] = {"mem1": "latest_state", "full_history": "full_history
 
 @dataclass
 class Mem1DemoSFT(WarmupSFTSettings):
-    """Cold start on the scripted oracle (memrl.demonstrators.mem1.StateOracle) through the method's workflow."""
+    """Cold start on the scripted oracle (memrl.demonstrators.mem1.StateDemonstrator) through the method's workflow."""
 
     num_tasks: int = valid(1000, ge=1, le=MAX_COUNT)
     seed: int = valid(500, ge=0, le=MAX_SEED)

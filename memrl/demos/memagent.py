@@ -3,8 +3,8 @@
 
 `memrl demo` (memrl/commands/demo.py) runs it through `run_recipe`. Stages: init a ~0.8M-parameter
 Qwen2 whose tokenizer is trained on the synthetic task's text (memrl.demos.scratch) -> cold-start SFT on a
-mixture demonstrator (memrl.demonstrators.stages.mixture_rule: per memory step the optimal
-`QuestionAwareRule` with probability `sft.p_aware`, the question-blind `RecentFactsRule` otherwise;
+mixture demonstrator (memrl.demonstrators.stages.mixture_demonstrator: per memory step the optimal
+`QuestionAwareDemonstrator` with probability `sft.p_aware`, the question-blind `RecentFactsDemonstrator` otherwise;
 memrl.demos.cold_start) -> multi-conversation GRPO on the MemAgent workflow (memrl.training.trainer)
 -> the demonstrator, the cold start and SFT+RL evaluated with one protocol (held-out tasks at 1x, 4x, 16x
 the training length; greedy and sampled; memrl.eval.evaluator) -> a results dict that
@@ -31,7 +31,12 @@ from memrl.config import (
     valid,
 )
 from memrl.data.synthetic import make_tasks, tasks_by_length
-from memrl.demonstrators.stages import evaluate_rule, mixture_rule, reading_segments, record_demonstrations
+from memrl.demonstrators.stages import (
+    evaluate_scripted,
+    mixture_demonstrator,
+    reading_segments,
+    record_demonstrations,
+)
 from memrl.demos.parts import by_decoding
 from memrl.demos.pipeline import Recipe, RecipeRun, SFTSettings, run_recipe
 from memrl.demos.pipeline import cold_start as pipeline_cold_start
@@ -51,15 +56,15 @@ class DemoSFT(SFTSettings):
     """Cold start: demonstrations from a mixture of the optimal and the question-blind rule."""
 
     p_aware: float = valid(0.9, ge=0, le=1)
-    """Per memory step, the chance the demonstrator plays the optimal `QuestionAwareRule` (keep the fact
-    whose key is the question's) instead of the question-blind `RecentFactsRule` (keep the newest fact,
+    """Per memory step, the chance the demonstrator plays the optimal `QuestionAwareDemonstrator` (keep the fact
+    whose key is the question's) instead of the question-blind `RecentFactsDemonstrator` (keep the newest fact,
     or skip it with `skip_prob`). 0 = question-blind cold start (the negative result of docs/results/demo.md),
     1 = the optimal policy (benchmarks/demo_ceiling.py)."""
     keep_distractors: bool = False
     """The optimal rule's choice when nothing is about the question's key yet: an empty memory (False) or
     the newest fact (True, the recipe before 2026-11-23 evening). With distractors kept, the sampled model
     confused a held distractor with the fact it had to capture (capture 70% after RL, docs/results/demo.md); with an
-    empty memory there is nothing to confuse. `QuestionAwareRule.keep_distractors`."""
+    empty memory there is nothing to confuse. `QuestionAwareDemonstrator.keep_distractors`."""
     num_tasks: int = valid(3000, ge=1, le=MAX_COUNT)
     """Training tasks to record demonstrations on (each gives num_chunks + 1 rows)."""
     budget: int = valid(1, ge=1, le=MAX_COUNT)
@@ -163,9 +168,9 @@ def heldout_tasks(cfg: DemoConfig, tcfg: Any) -> dict[int, list[Any]]:
 
 
 def demonstrator(cfg: DemoConfig, tcfg: Any, wf_cfg: Any, seed: int, p_aware: float | None = None) -> Any:
-    """The cold start's scripted demonstrator (memrl.demonstrators.stages.mixture_rule with `sft.*`)."""
+    """The cold start's scripted demonstrator (memrl.demonstrators.stages.mixture_demonstrator with `sft.*`)."""
     s = cfg.sft
-    return mixture_rule(wf_cfg, seed=seed, p_aware=s.p_aware if p_aware is None else p_aware, budget=s.budget,
+    return mixture_demonstrator(wf_cfg, seed=seed, p_aware=s.p_aware if p_aware is None else p_aware, budget=s.budget,
                         skip_prob=s.skip_prob, unanswerable_text=s.unanswerable_text,
                         fact_sep=tcfg.data.synthetic.fact_sep, restate_key=s.restate_key, restate_sep=s.restate_sep,
                         keep_distractors=s.keep_distractors)
@@ -192,7 +197,7 @@ def evaluate_demonstrator(cfg: DemoConfig, tcfg: Any, spec: Any, wf_cfg: Any, to
                           tasks_by_length: dict[int, list[Any]]) -> dict[int, dict[str, Any]]:
     """The demonstrator's own accuracy through the same workflow and tasks, sampled (`eval.samples` per task;
     a fresh rule seeded with eval.seed, not the one that recorded the SFT data)."""
-    return evaluate_rule(demonstrator(cfg, tcfg, wf_cfg, seed=cfg.eval.seed), tokenizer, spec, wf_cfg,
+    return evaluate_scripted(demonstrator(cfg, tcfg, wf_cfg, seed=cfg.eval.seed), tokenizer, spec, wf_cfg,
                          tasks_by_length, replace(protocol(cfg), greedy=False))
 
 

@@ -47,7 +47,7 @@ def write_data(cfg: Any, data_dir: Path) -> MemActSplits:
 @dataclass(frozen=True)
 class Arm:
     """One method of a comparison: its workflow section (merged over the preset's), its RL overrides and,
-    where the method names one, its scripted agent (memrl.demonstrators.stages.context_agent kind)."""
+    where the method names one, its scripted agent (memrl.demonstrators.stages.context_demonstrator kind)."""
 
     workflow: dict[str, Any]
     algorithm: tuple[str, ...]

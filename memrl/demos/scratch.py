@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
 from memrl.config import MAX_TOKENS
 from memrl.data.synthetic import corpus_text, make_task, memory_text
 from memrl.data.synthetic_memact import tokenizer_text
-from memrl.demonstrators.mem1 import StateOracle, mem1_demonstrations
+from memrl.demonstrators.mem1 import StateDemonstrator, mem1_demonstrations
 from memrl.demonstrators.memact import answer_reply, prune_reply, search_reply
 from memrl.demonstrators.stages import context_demonstrations, memact_demonstrations
 from memrl.models.tiny import (
@@ -140,7 +140,7 @@ def _two_pass_model(out: Path, task_cfg: Any, extra: list[str], play: Any, shape
 def init_context_model(out: str | Path, task_cfg: Any, plays: list[tuple[str, Any, Any]], sample_tasks: list[Task],
                        shape: ModelPreset, vocab_size: int, seed: int) -> tuple[Any, Any]:
     """(tokenizer, model) for the context-management family: `plays` is a list of (workflow, its config,
-    scripted agent) (memrl.demonstrators.stages.context_agent; the demo passes every arm's, so every method
+    scripted agent) (memrl.demonstrators.stages.context_demonstrator; the demo passes every arm's, so every method
     gets the same tokenizer and its budget counts the same tokens). BPE (out/tokenizer_corpus.txt) on the
     task's text, the agents' replies on the first 40 `sample_tasks` and the workflows' own messages (summary
     request and restart where a config has them), then again with the whole working contexts (every row's
@@ -171,13 +171,13 @@ def init_mem1_model(out: str | Path, task_cfg: Any, wf_cfgs: list[Any], sample_t
     passes both `context` settings, so both methods get the same tokenizer). BPE (out/tokenizer_corpus.txt)
     on the task's text, the prompt and the oracle's state / search / answer replies on the first 40
     `sample_tasks`, then again with the whole contexts (every row's prompt and response) the oracle
-    (memrl.demonstrators.mem1.StateOracle) reaches under each config on the first 60 with that first
+    (memrl.demonstrators.mem1.StateDemonstrator) reaches under each config on the first 60 with that first
     tokenizer; compact-tools ChatML, model_max_length the shape's positions; the model is saved to out/init."""
     out = Path(out)
     extra = []
     for task in sample_tasks[:40]:
         extra.append(wf_cfgs[0].template().render(question=task.question))
-        oracle = StateOracle(wf_cfgs[0].answer_separator)
+        oracle = StateDemonstrator(wf_cfgs[0].answer_separator)
         extra += [oracle(task.question), f"<IS>{';'.join(task.answers)}</IS><answer>{'; '.join(task.answers)}</answer>"]
 
     def contexts(tok: Any) -> list[Any]:
@@ -189,7 +189,7 @@ def init_mem1_model(out: str | Path, task_cfg: Any, wf_cfgs: list[Any], sample_t
 def init_reading_model(out: str | Path, syn: Any, plays: list[tuple[str, Any, Any]], sample_tasks: list[Task],
                        shape: ModelPreset, vocab_size: int, seed: int) -> tuple[Any, Any]:
     """(tokenizer, model) for the InfMem demo on the synthetic task `syn` (a SyntheticConfig): `plays` is a list
-    of (workflow, its config, scripted agent) (memrl.demonstrators.infmem.ReadingOracle; the demo passes both
+    of (workflow, its config, scripted agent) (memrl.demonstrators.infmem.ReadingDemonstrator; the demo passes both
     arms', so both methods get the same tokenizer). BPE (out/tokenizer_corpus.txt) on the task's text
     (memrl.data.synthetic.corpus_text), then again with the whole contexts (every row's prompt and response)
     each agent reaches on the first 60 `sample_tasks` with that first tokenizer; model_max_length the shape's

@@ -2,7 +2,7 @@
 token-mean negative log-likelihood of the masked response tokens.
 
 Traces come from running the workflow with a demonstrator engine (e.g. a `ScriptedEngine` whose
-script is `memrl.demonstrators.RecentFactsRule`), so SFT rows are built exactly as RL rows are.
+script is `memrl.demonstrators.RecentFactsDemonstrator`), so SFT rows are built exactly as RL rows are.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 from memrl.config import load_config
 from memrl.data.synthetic import SyntheticConfig, corpus_text, make_tasks
 from memrl.data.tasks_jsonl import write_tasks
-from memrl.demonstrators import RecentFactsRule, ScriptedEngine
+from memrl.demonstrators import RecentFactsDemonstrator, ScriptedEngine
 from memrl.eval import evaluator
 from memrl.eval.report import summarize
 from memrl.eval.runner import EvalConfig, evaluate, read_results, workflow_config
@@ -42,7 +42,7 @@ def setup(tmp_path_factory):
 
 
 def engine(tok):
-    return ScriptedEngine(RecentFactsRule(MT, FT, skip_prob=0.0), tokenizer=tok)
+    return ScriptedEngine(RecentFactsDemonstrator(MT, FT, skip_prob=0.0), tokenizer=tok)
 
 
 def by_task(rows, key):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from memrl.data.synthetic import SyntheticConfig, make_tasks
-from memrl.demonstrators import RecentFactsRule, ScriptedEngine
+from memrl.demonstrators import RecentFactsDemonstrator, ScriptedEngine
 from memrl.runtime import rollout_once
 from memrl.training.sft import SFTConfig, sft_train
 from memrl.workflows import get_workflow
@@ -27,7 +27,7 @@ def test_sft_on_rule_traces_lowers_loss():
     model = AutoModelForCausalLM.from_pretrained(path)
     wf = MemAgentConfig(chunk_tokens=24, max_memory_tokens=24, max_final_tokens=12, memory_template=MT,
                         final_template=FT)
-    rule = RecentFactsRule(MT, FT, budget=1, skip_prob=0.0)
+    rule = RecentFactsDemonstrator(MT, FT, budget=1, skip_prob=0.0)
     tasks = make_tasks(SyntheticConfig(num_chunks=2, chunk_words=8, num_keys=4, num_values=4), 24, seed=0)
     groups = rollout_once(tasks, get_workflow("memagent"), ScriptedEngine(rule, tokenizer=tok), wf, n=1)
     segments = [s for g in groups for s in g.segments()]
@@ -57,7 +57,7 @@ def test_sft_moves_every_micro_batch_to_the_models_device(monkeypatch):
                         final_template=FT)
     tasks = make_tasks(SyntheticConfig(num_chunks=2, chunk_words=8, num_keys=4, num_values=4), 4, seed=0)
     groups = rollout_once(tasks, get_workflow("memagent"),
-                          ScriptedEngine(RecentFactsRule(MT, FT, budget=1, skip_prob=0.0), tokenizer=tok), wf, n=1)
+                          ScriptedEngine(RecentFactsDemonstrator(MT, FT, budget=1, skip_prob=0.0), tokenizer=tok), wf, n=1)
     segments = [s for g in groups for s in g.segments()]
     moved: list[torch.device] = []
     collated: list[int] = []

@@ -8,7 +8,7 @@ from typing import Any
 
 from memrl.config import MAX_COUNT, MAX_SEED, valid
 from memrl.data.synthetic import make_tasks, tasks_by_length
-from memrl.demonstrators.stages import mixture_rule, record_demonstrations
+from memrl.demonstrators.stages import mixture_demonstrator, record_demonstrations
 from memrl.demos.pipeline import EvalSettings, Recipe, RecipeRun, SFTSettings
 from memrl.demos.scratch import init_memagent_model
 from memrl.demos.seeds import cell_of, fmt
@@ -46,7 +46,7 @@ class ToyRecipe(Recipe):
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Any], dict[str, int]]:
         syn = run.tcfg.data.synthetic
-        rule = mixture_rule(run.wf_cfg, seed=run.cfg.seed, p_aware=1.0, fact_sep=syn.fact_sep)
+        rule = mixture_demonstrator(run.wf_cfg, seed=run.cfg.seed, p_aware=1.0, fact_sep=syn.fact_sep)
         tasks = make_tasks(syn, run.cfg.sft.num_tasks, seed=run.cfg.sft.seed)
         groups = record_demonstrations(rule, tasks, run.tokenizer, run.wf_cfg)
         rows = [s for g in groups for s in g.segments()]

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from memrl.data.synthetic import SyntheticConfig, corpus_text, make_tasks
-from memrl.demonstrators import RecentFactsRule, ScriptedEngine
+from memrl.demonstrators import RecentFactsDemonstrator, ScriptedEngine
 from memrl.eval.evaluator import (
     EngineRollout,
     EvalProtocol,
@@ -61,7 +61,7 @@ def test_scripted_engine_accuracy_and_se_over_tasks(tokenizer):
     assert 0 < k < 40
     wf = MemAgentConfig(chunk_tokens=8, max_memory_tokens=10, max_final_tokens=6, memory_template=MT,
                         final_template=FT)
-    engine = ScriptedEngine(RecentFactsRule(MT, FT, skip_prob=0.0), tokenizer=tokenizer)
+    engine = ScriptedEngine(RecentFactsDemonstrator(MT, FT, skip_prob=0.0), tokenizer=tokenizer)
     res = evaluate_tasks(EngineRollout(engine, get_workflow("memagent")), wf, tasks, samples=3, temperature=1.0, seed=5)
     p = k / 40
     assert res.per_task == right

@@ -13,7 +13,7 @@ from memrl.data.synthetic_lookback import (
     make_lookback_task,
     make_lookback_tasks,
 )
-from memrl.demonstrators import LookbackOracle
+from memrl.demonstrators import LookbackDemonstrator
 from memrl.runtime import rollout_once
 from memrl.workflows import get_workflow
 from memrl.workflows.memagent import MemAgentConfig
@@ -83,7 +83,7 @@ def test_config_errors_name_the_field():
 def _accuracy(name: str, tasks, **kw):
     wcfg = {"chunk_tokens": 24, "max_memory_tokens": 64, "max_final_tokens": 16, "temperature": 0.0, **kw}
     cfg = MemAgentConfig(**wcfg) if name == "memagent" else ReMemR1Config(**wcfg)
-    engine = ScriptedEngine(LookbackOracle.for_config(name, cfg), tokenizer=WordTokenizer())
+    engine = ScriptedEngine(LookbackDemonstrator.for_config(name, cfg), tokenizer=WordTokenizer())
     groups = rollout_once(tasks, get_workflow(name), engine, cfg, n=1)
     return [g.trajectories[0] for g in groups]
 
@@ -119,4 +119,4 @@ def test_oracle_follows_short_templates_and_writes_document_tokens():
     assert step.info["memory"].startswith("- ")  # memory_text keeps " Key" tokens as in the document
     assert rem[0].segments[-1].info["answer_text"].startswith("\\boxed{ ")
     with pytest.raises(ValueError, match="matches neither template"):
-        LookbackOracle("rememr1", "X{problem}{recalled_memory}{memory}{chunk}", "Y{problem}{recalled_memory}{memory}")("zzz")
+        LookbackDemonstrator("rememr1", "X{problem}{recalled_memory}{memory}{chunk}", "Y{problem}{recalled_memory}{memory}")("zzz")

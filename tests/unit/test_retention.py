@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from memrl.data.synthetic import SyntheticConfig, corpus_text, make_tasks
-from memrl.demonstrators import QuestionAwareRule, RecentFactsRule, ScriptedEngine
+from memrl.demonstrators import QuestionAwareDemonstrator, RecentFactsDemonstrator, ScriptedEngine
 from memrl.demos.retention import RetentionCounter, classify_step
 from memrl.eval.evaluator import EngineRollout, evaluate_tasks
 from memrl.models.tiny import train_tokenizer
@@ -58,12 +58,12 @@ def test_counts_through_the_workflow(tokenizer):
     at = [next(iter(t.meta["fact_chunks"].values())) for t in tasks]
     after = [6 - 1 - c for c in at]  # rewrites after the fact's own section
     # The optimal rule captures every fact and keeps it through every later rewrite.
-    opt = _count(tokenizer, QuestionAwareRule(MT, FT), tasks)
+    opt = _count(tokenizer, QuestionAwareDemonstrator(MT, FT), tasks)
     assert opt.events["captured"] == 30 and opt.events["kept"] == sum(after) and opt.lost == 0
     assert opt.events["idle"] == 30 * 6 - 30 - sum(after)
     assert (opt.loss_rate, opt.capture_rate) == (0.0, 1.0)
     # The blind rule (keep the newest fact) captures it too, and the next section's fact replaces it.
-    blind = _count(tokenizer, RecentFactsRule(MT, FT, skip_prob=0.0), tasks)
+    blind = _count(tokenizer, RecentFactsDemonstrator(MT, FT, skip_prob=0.0), tasks)
     lost = sum(1 for a in after if a > 0)
     assert blind.events["captured"] == 30 and blind.events["lost_replaced"] == lost == blind.lost > 0
     assert blind.events["kept"] == 0 and blind.loss_rate == 1.0

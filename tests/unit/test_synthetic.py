@@ -13,7 +13,7 @@ from memrl.data.synthetic import (
     question_key,
     task_stream,
 )
-from memrl.demonstrators import MixtureRule, QuestionAwareRule, RecentFactsRule
+from memrl.demonstrators import MixtureDemonstrator, QuestionAwareDemonstrator, RecentFactsDemonstrator
 
 
 def test_seeded_and_independent():
@@ -79,32 +79,32 @@ FT = "Q: {problem}\nM: {memory}\nA:"
 
 
 def test_rule_keeps_recent_facts_regardless_of_question():
-    rule = RecentFactsRule(MT, FT, budget=1, skip_prob=0.0)
+    rule = RecentFactsDemonstrator(MT, FT, budget=1, skip_prob=0.0)
     prompt = "Q: what is Kalo\nM: Kalo is red\nS: the of Miran is blue and"
     assert rule(prompt) == "- Miran is blue"  # overwrites the answer: the rule is question-blind
     assert rule("Q: what is Kalo\nM: - Kalo is red\nS: the of and") == "- Kalo is red"
     assert rule("Q: what is Kalo\nM: No previous memory\nS: the of") == "No previous memory"
-    two = RecentFactsRule(MT, FT, budget=2, skip_prob=0.0)
+    two = RecentFactsDemonstrator(MT, FT, budget=2, skip_prob=0.0)
     assert two("Q: what is Kalo\nM: - Kalo is red\nS: Miran is blue") == "- Kalo is red ; Miran is blue"
 
 
 def test_rule_final_answer():
-    rule = RecentFactsRule(MT, FT)
+    rule = RecentFactsDemonstrator(MT, FT)
     assert rule("Q: what is Kalo\nM: - Kalo is red\nA:") == "\\boxed{ red}"
     # keep_distractors=False: an empty memory until a fact about the question's key arrives, then that fact
-    empty = QuestionAwareRule(MT, FT, keep_distractors=False)
+    empty = QuestionAwareDemonstrator(MT, FT, keep_distractors=False)
     assert empty("Q: what is Kalo\nM: - Miran is blue\nS: Tor is gold the") == "No previous memory"
     assert empty("Q: what is Kalo\nM: No previous memory\nS: Tor is gold the") == "No previous memory"
     assert empty("Q: what is Kalo\nM: No previous memory\nS: Kalo is red the") == "- Kalo is red"
     assert empty("Q: what is Kalo\nM: - Kalo is red\nS: Tor is gold the") == "- Kalo is red"
-    mix = MixtureRule(MT, FT, p_aware=1.0, keep_distractors=False)
+    mix = MixtureDemonstrator(MT, FT, p_aware=1.0, keep_distractors=False)
     assert mix("Q: what is Kalo\nM: - Miran is blue\nS: Tor is gold the") == "No previous memory"
     assert rule("Q: what is Kalo\nM: - Miran is blue\nA:") == "\\boxed{ blue}"
     assert rule("Q: what is what Kalo is\nM: - Kalo is Miran ; Miran is blue\nA:") == "\\boxed{ blue}"
 
 
 def test_rule_says_unknown_when_memory_does_not_answer():
-    rule = RecentFactsRule(MT, FT, unanswerable_text="unknown")
+    rule = RecentFactsDemonstrator(MT, FT, unanswerable_text="unknown")
     assert rule("Q: what is Kalo\nM: - Kalo is red\nA:") == "\\boxed{ red}"
     assert rule("Q: what is Kalo\nM: - Miran is blue\nA:") == "\\boxed{ unknown}"
     assert rule("Q: what is Kalo\nM: No previous memory\nA:") == "\\boxed{ unknown}"
@@ -113,15 +113,15 @@ def test_rule_says_unknown_when_memory_does_not_answer():
 
 
 def test_rule_skip_is_seeded():
-    a = RecentFactsRule(MT, FT, skip_prob=0.5, seed=1)
-    b = RecentFactsRule(MT, FT, skip_prob=0.5, seed=1)
+    a = RecentFactsDemonstrator(MT, FT, skip_prob=0.5, seed=1)
+    b = RecentFactsDemonstrator(MT, FT, skip_prob=0.5, seed=1)
     p = "Q: what is Kalo\nM: Kalo is red\nS: Miran is blue"
     assert [a(p) for _ in range(20)] == [b(p) for _ in range(20)]
     assert len({a(p) for _ in range(50)}) == 2
 
 
 def test_question_aware_rule_keeps_the_questions_fact():
-    rule = QuestionAwareRule(MT, FT)
+    rule = QuestionAwareDemonstrator(MT, FT)
     assert rule("Q: what is Kalo\nM: - Kalo is red\nS: Miran is blue the") == "- Kalo is red"
     assert rule("Q: what is Kalo\nM: - Miran is blue\nS: Kalo is red the") == "- Kalo is red"
     assert rule("Q: what is Kalo\nM: - Miran is blue\nS: Tor is gold the") == "- Tor is gold"
@@ -133,7 +133,7 @@ def test_question_aware_rule_keeps_the_questions_fact():
 def test_mixture_plays_the_aware_rule_with_probability_p(p):
     # memory holds the answer, the section a distractor: the aware rule keeps "- Kalo is red", the blind
     # rule (skip_prob 0) overwrites it, so every reply says which rule played the step
-    rule = MixtureRule(MT, FT, skip_prob=0.0, p_aware=p, seed=3)
+    rule = MixtureDemonstrator(MT, FT, skip_prob=0.0, p_aware=p, seed=3)
     prompt = "Q: what is Kalo\nM: - Kalo is red\nS: Miran is blue the"
     replies = [rule(prompt) for _ in range(4000)]
     assert set(replies) == {"- Kalo is red", "- Miran is blue"}
@@ -141,7 +141,7 @@ def test_mixture_plays_the_aware_rule_with_probability_p(p):
     assert rule.memory_steps == 4000 and rule.aware_steps == aware
     assert abs(aware / 4000 - p) < 0.025  # 3.4 binomial SEs at p = 0.5
     # seeded: the same seed plays the same steps; final answers draw no coin
-    twin = MixtureRule(MT, FT, skip_prob=0.0, p_aware=p, seed=3)
+    twin = MixtureDemonstrator(MT, FT, skip_prob=0.0, p_aware=p, seed=3)
     assert [twin(prompt) for _ in range(4000)] == replies
     assert rule("Q: what is Kalo\nM: - Kalo is red\nA:") == "\\boxed{ red}" and rule.memory_steps == 4000
 
@@ -150,28 +150,28 @@ def test_mixture_ends_are_the_two_rules():
     prompts = ["Q: what is Kalo\nM: - Kalo is red\nS: Miran is blue the",
                "Q: what is Kalo\nM: - Miran is blue\nS: Kalo is red the",
                "Q: what is Kalo\nM: - Miran is blue\nS: Tor is gold the", "Q: what is Kalo\nM: - Tor is gold\nA:"] * 50
-    blind, zero = RecentFactsRule(MT, FT, skip_prob=0.4, seed=2), MixtureRule(MT, FT, skip_prob=0.4, p_aware=0.0, seed=2)
+    blind, zero = RecentFactsDemonstrator(MT, FT, skip_prob=0.4, seed=2), MixtureDemonstrator(MT, FT, skip_prob=0.4, p_aware=0.0, seed=2)
     assert [zero(q) for q in prompts] == [blind(q) for q in prompts] and zero.aware_steps == 0
-    aware, one = QuestionAwareRule(MT, FT, seed=2), MixtureRule(MT, FT, skip_prob=0.4, p_aware=1.0, seed=2)
+    aware, one = QuestionAwareDemonstrator(MT, FT, seed=2), MixtureDemonstrator(MT, FT, skip_prob=0.4, p_aware=1.0, seed=2)
     assert [one(q) for q in prompts] == [aware(q) for q in prompts] and one.aware_steps == one.memory_steps == 150
     with pytest.raises(ValueError, match="p_aware"):
-        MixtureRule(MT, FT, p_aware=1.5)
+        MixtureDemonstrator(MT, FT, p_aware=1.5)
 
 
 def test_rule_restates_the_questions_key():
-    rule = RecentFactsRule(MT, FT, skip_prob=0.0, restate_key=True)
+    rule = RecentFactsDemonstrator(MT, FT, skip_prob=0.0, restate_key=True)
     # the memory opens with the question's key, the kept fact is still the newest (question-blind)
     assert rule("Q: what is Kalo\nM: - Kalo : Kalo is red\nS: Miran is blue the") == "- Kalo : Miran is blue"
     assert rule("Q: what is Kalo\nM: No previous memory\nS: the of and") == "No previous memory"
     # the restated key is not read as a fact, so the final answer is unchanged
     assert find_facts("- Kalo : Miran is blue") == [("Miran", "blue")]
     assert rule("Q: what is Kalo\nM: - Kalo : Kalo is red\nA:") == "\\boxed{ red}"
-    bare = RecentFactsRule(MT, FT, skip_prob=0.0, restate_key=True, restate_sep="")
+    bare = RecentFactsDemonstrator(MT, FT, skip_prob=0.0, restate_key=True, restate_sep="")
     assert bare("Q: what is Kalo\nM: No previous memory\nS: Miran is blue the") == "- Kalo Miran is blue"
-    oracle = QuestionAwareRule(MT, FT, restate_key=True)
+    oracle = QuestionAwareDemonstrator(MT, FT, restate_key=True)
     assert oracle("Q: what is Kalo\nM: - Kalo : Kalo is red\nS: Miran is blue the") == "- Kalo : Kalo is red"
     with pytest.raises(ValueError, match="restate_key needs a fact separator"):
-        RecentFactsRule(MT, FT, restate_key=True, fact_sep=None)
+        RecentFactsDemonstrator(MT, FT, restate_key=True, fact_sep=None)
 
 
 def test_facts_without_separator():
@@ -183,7 +183,7 @@ def test_facts_without_separator():
     key, _ = question_key(t.question)
     assert [(k, v) for k, v in facts if k == key] == [(key, t.answers[0])] and len(facts) == 3
     assert find_facts("No previous memory", None) == []
-    rule = QuestionAwareRule(MT, FT, fact_sep=None)
+    rule = QuestionAwareDemonstrator(MT, FT, fact_sep=None)
     k0, k1 = KEYS[0], KEYS[1]
     assert rule(f"Q: what is {k0}\nM: - {k0} red\nS: {k1} blue the") == f"- {k0} red"
     assert rule(f"Q: what is {k0}\nM: No previous memory\nS: {k1} blue the") == f"- {k1} blue"
@@ -215,7 +215,7 @@ def test_cloze_questions():
         assert (t.context, t.answers, (key, hops)) == (p.context, p.answers, question_key(p.question))
         assert t.question == (f"{key} is ? is ?" if hops == 2 else f"{key} is ?")
     assert question_key("Kalo ?") == ("Kalo", 1) and question_key("Kalo is ? is ?") == ("Kalo", 2)
-    rule = QuestionAwareRule(MT, FT)
+    rule = QuestionAwareDemonstrator(MT, FT)
     assert rule("Q: Kalo is ?\nM: - Miran is blue\nS: Kalo is red the") == "- Kalo is red"
     with pytest.raises(ValueError, match="question_style"):
         SyntheticConfig(question_style="how")

@@ -1,11 +1,11 @@
-"""The MemAgent / InfMem reading oracle (memrl.demonstrators.infmem.ReadingOracle) on prompts rendered through
+"""The MemAgent / InfMem reading oracle (memrl.demonstrators.infmem.ReadingDemonstrator) on prompts rendered through
 the InfMem demo's short templates and the workflows' default ones: each call's reply, written by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from memrl.demonstrators.infmem import ReadingOracle, answer_reply, retrieve_reply
+from memrl.demonstrators.infmem import ReadingDemonstrator, answer_reply, retrieve_reply
 from memrl.demos.infmem import ARMS
 from memrl.workflows import parse_workflow
 
@@ -18,7 +18,7 @@ def _cfg(section: dict) -> object:
 def test_infmem_oracle_retrieves_the_asked_key_then_stops(section):
     cfg = _cfg(section) if "plan_template" in section else parse_workflow(section)[1]
     plan, mem, fin = cfg.templates()
-    oracle = ReadingOracle.for_config("infmem", cfg)
+    oracle = ReadingDemonstrator.for_config("infmem", cfg)
     q = "what is Kalo"
     # nothing in memory: retrieve the asked key, top_k 1
     reply = oracle(plan.render(problem=q, history="0/8", memory="No previous memory"), 0)
@@ -41,7 +41,7 @@ def test_infmem_oracle_retrieves_the_asked_key_then_stops(section):
 def test_memagent_oracle_keeps_the_fact_from_the_section():
     cfg = _cfg(ARMS["memagent"].workflow)
     mem, fin = cfg.templates()
-    oracle = ReadingOracle.for_config("memagent", cfg)
+    oracle = ReadingDemonstrator.for_config("memagent", cfg)
     q = "what is Kalo"
     assert oracle(mem.render(problem=q, memory="No previous memory", chunk=" Miran is blue the"), 0) == \
         "No previous memory"
@@ -53,7 +53,7 @@ def test_memagent_oracle_keeps_the_fact_from_the_section():
 
 def test_oracle_refuses_a_prompt_of_no_template_and_an_unknown_workflow():
     cfg = _cfg(ARMS["memagent"].workflow)
-    with pytest.raises(ValueError, match="^ReadingOracle: prompt matches none of its templates"):
-        ReadingOracle.for_config("memagent", cfg)("hello", 0)
-    with pytest.raises(ValueError, match="^ReadingOracle: workflow must be memagent or infmem, got 'mem1'$"):
-        ReadingOracle.for_config("mem1", cfg)
+    with pytest.raises(ValueError, match="^ReadingDemonstrator: prompt matches none of its templates"):
+        ReadingDemonstrator.for_config("memagent", cfg)("hello", 0)
+    with pytest.raises(ValueError, match="^ReadingDemonstrator: workflow must be memagent or infmem, got 'mem1'$"):
+        ReadingDemonstrator.for_config("mem1", cfg)

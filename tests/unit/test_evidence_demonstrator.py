@@ -8,7 +8,7 @@ import pytest
 from doubles import CharTokenizer
 
 from memrl.demonstrators import ScriptedEngine
-from memrl.demonstrators.evidence import EvidenceReader, supporting_sentences
+from memrl.demonstrators.evidence import EvidenceDemonstrator, supporting_sentences
 from memrl.runtime import rollout_once
 from memrl.types import Task
 from memrl.workflows import get_workflow
@@ -34,9 +34,9 @@ def test_memory_keeps_the_sections_evidence_and_the_final_call_boxes_the_gold_an
     tasks = [Task(s.task_id, s.question, s.context, s.answers) for s in srcs]  # a built file keeps no facts
     wf = MemAgentConfig(chunk_tokens=24, max_memory_tokens=40, max_final_tokens=20, memory_template=MT,
                         final_template=FT)
-    reader = EvidenceReader(MT, FT, {t.question: (supporting_sentences(s), t.answers[0])
+    reader = EvidenceDemonstrator(MT, FT, {t.question: (supporting_sentences(s), t.answers[0])
                                      for t, s in zip(tasks, srcs, strict=True)})
-    assert reader.evidence == EvidenceReader.for_tasks(wf, tasks, srcs).evidence
+    assert reader.evidence == EvidenceDemonstrator.for_tasks(wf, tasks, srcs).evidence
     groups = rollout_once(tasks, get_workflow("memagent"), ScriptedEngine(reader, tokenizer=CharTokenizer()), wf, n=1)
     tok = CharTokenizer()
     replies = {g.task.task_id: [tok.decode(s.response_ids, skip_special_tokens=True)
@@ -52,8 +52,8 @@ def test_unknown_questions_and_missing_facts_are_one_line_errors():
     src = source("q1", "Who one?", [["A", 1]])
     wf = MemAgentConfig(memory_template=MT, final_template=FT)
     with pytest.raises(ValueError, match=r"1 task\(s\) have no supporting facts .*task id 'q9'"):
-        EvidenceReader.for_tasks(wf, [Task("q9", "Other?", CONTEXT, ["x"])], [src])
-    reader = EvidenceReader.for_tasks(wf, [Task("q1", "Who one?", CONTEXT, ["x"])], [src])
+        EvidenceDemonstrator.for_tasks(wf, [Task("q9", "Other?", CONTEXT, ["x"])], [src])
+    reader = EvidenceDemonstrator.for_tasks(wf, [Task("q1", "Who one?", CONTEXT, ["x"])], [src])
     with pytest.raises(ValueError, match="no evidence for the question 'Other\\?'"):
         reader("Q: Other?\nM: none\nA:")
     with pytest.raises(ValueError, match="matches neither the memory nor the final template"):
