@@ -1,5 +1,5 @@
 """Rewards scored by the trainer's own model in the score stage (`algorithm.model_reward`): their contract
-(registered with memrl.algorithms.base.register_model_reward; InfoMem's, memrl.rewards.infomem, is built in).
+(registered with memrl.algorithms.base.register_model_reward; InfoMem's, memrl.rewards.memory_gain, is built in).
 
 A model-scored reward is `fn(groups, *, scorer, memory_prompts, tokenizer, **options) -> ModelScored`:
 `scorer(rows)` returns each row's teacher-forced response log-probabilities under the current policy, all

@@ -14,7 +14,7 @@ from memrl.algorithms.base import (
     options_kwargs,
     registered_name,
 )
-from memrl.rewards import infomem as _infomem  # noqa: F401 - registers infomem
+from memrl.rewards import memory_gain as _memory_gain  # noqa: F401 - registers infomem
 from memrl.rewards.model_scored import NONE, MemoryPrompts, ModelScored, Scorer
 
 __all__ = ["NONE", "get_model_reward", "model_reward_name", "model_reward_names", "model_reward_options", "score_with"]

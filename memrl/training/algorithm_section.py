@@ -42,7 +42,7 @@ from memrl.config import (
     section_from_dict,
     valid,
 )
-from memrl.rewards.infomem import InfoMemOptions
+from memrl.rewards.memory_gain import InfoMemOptions
 from memrl.rewards.registry import NONE, model_reward_name, model_reward_names, model_reward_options
 from memrl.training.routing import REPLAY_MODES
 

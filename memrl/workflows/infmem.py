@@ -9,7 +9,7 @@ the last chunk, or a stop, the final call. Every call is one training segment (k
 final); `Segment.step` is 2t for plan t, 2t + 1 for memory t and 2 x chunks for the final call, so
 per-step statistics (algorithm=rememr1) compare like with like across trajectories that stopped at
 different steps. The outcome, the early-stop reward and the protocol reward are mixed by `reward`
-(memrl.rewards.infmem); the memory-gain step rewards are `step_rewards`.
+(memrl.rewards.early_stop); the memory-gain step rewards are `step_rewards`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from memrl.config import MAX_CHARS, MAX_COEF, MAX_TOKENS, MAX_VOCAB, valid
 from memrl.engines.base import ChatPrompt, Engine
-from memrl.rewards import infmem as rw
+from memrl.rewards import early_stop as rw
 from memrl.rewards import steps
 from memrl.rewards.qa import extract_boxed
 from memrl.services.in_document import SCORERS, DocumentRetriever, cut_passages
@@ -403,7 +403,7 @@ def memory_steps(traj: Trajectory) -> int:
 
 def reward_terms(task: Task, traj: Trajectory, batch_steps: int | None = None) -> dict[str, float]:
     """The terms of InfMem's mixed reward, read off the trajectory: outcome, early_stop, calls_ok,
-    memories_ok (memrl.rewards.infmem). `batch_steps`: the step a trajectory that never stopped is scored
+    memories_ok (memrl.rewards.early_stop). `batch_steps`: the step a trajectory that never stopped is scored
     at (early_stop_end=batch); None = its own memory steps."""
     opts = traj.info.get("infmem", {})
     memories = [s.info.get("memory", "") for s in traj.segments if s.info.get("kind") == "memory"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from memrl.config import load_config
-from memrl.rewards.infomem import infomem_reward
+from memrl.rewards.memory_gain import infomem_reward
 from memrl.training.assemble import assemble
 from memrl.training.config import TrainConfig
 from memrl.training.trainer import Trainer

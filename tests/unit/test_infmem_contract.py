@@ -10,7 +10,7 @@ import random
 import pytest
 from doubles import CharTokenizer, ScriptedEngine
 
-from memrl.rewards import infmem as rw
+from memrl.rewards import early_stop as rw
 from memrl.services.in_document import DocumentRetriever, OkapiBM25, Passage, cut_passages
 from memrl.types import Task
 from memrl.workflows import get_workflow, parse_workflow

@@ -7,7 +7,7 @@ import pytest
 
 from memrl.algorithms.base import register_model_reward
 from memrl.config import ConfigError, load_config
-from memrl.rewards.infomem import InfoMemOptions, infomem_reward, mean_gain, mix, normalized
+from memrl.rewards.memory_gain import InfoMemOptions, infomem_reward, mean_gain, mix, normalized
 from memrl.rewards.model_scored import ModelScored
 from memrl.rewards.registry import model_reward_names, score_with
 from memrl.training.config import TrainConfig
