@@ -3,7 +3,7 @@
 - Without `--resume` or `--overwrite`, an out_dir with checkpoints or metrics is refused: a re-run would
   start from step 0 and rotate the finished run's checkpoints away.
 - `--overwrite` deletes the old run's checkpoints and validation outputs first (metrics.jsonl and the
-  trajectory dump are cut back by the new run, memrl.training.logging / dump).
+  trajectory dump are cut back by the new run, memrl.training.metrics_log / dump).
 - `--resume` compares the config with the one the checkpoint saved: a setting that changes the run (data,
   model, algorithm, batch, optimizer, ...) is refused in one line listing every difference; only the
   settings in MAY_CHANGE (how long, how often to save and log, where to report) may differ.

@@ -42,7 +42,7 @@ from memrl.training import guard, health
 from memrl.training.assemble import RunParts
 from memrl.training.async_rollout import Producer, partial_metrics, stale_filter
 from memrl.training.checkpoint import LATEST, CheckpointError, disk_full_message, rng_state
-from memrl.training.logging import MetricsLogger
+from memrl.training.metrics_log import MetricsLogger
 from memrl.training.packing import TrainBatch, weigh, weigh_shares
 from memrl.training.rollout import RolloutResult, asample_groups
 from memrl.training.schedule import optimizer_steps, rank_steps

@@ -518,7 +518,7 @@ def test_a_tracker_failing_mid_run_is_logged_and_dropped(tiny_model, tmp_path, c
     # before: the run died with the tracker's exception at step 2
     import logging
 
-    from memrl.training.logging import read_metrics
+    from memrl.training.metrics_log import read_metrics
     from memrl.training.trackers import MlflowTracker
 
     real_log = MlflowTracker.log

@@ -13,7 +13,7 @@ import torch
 from conftest import assert_same_weights, make_trainer
 
 from memrl.training.checkpoint import CheckpointError, clean_stale, load_state, resume_point
-from memrl.training.logging import read_metrics
+from memrl.training.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
 

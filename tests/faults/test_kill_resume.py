@@ -10,7 +10,7 @@ import signal
 import pytest
 from conftest import assert_same_weights, make_trainer, run_child
 
-from memrl.training.logging import read_metrics
+from memrl.training.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from memrl.cli import main
 from memrl.config import ConfigError, load_config
 from memrl.training.assemble import assemble
 from memrl.training.config import TrainConfig
-from memrl.training.logging import read_metrics
+from memrl.training.metrics_log import read_metrics
 from memrl.training.trainer import Trainer
 
 pytestmark = pytest.mark.slow
