@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-__all__ = ["RolloutRuntime", "Services", "rollout_once"]
+__all__ = ["RolloutRuntime", "rollout_once"]
 
 
 async def _cancel_others() -> None:

@@ -85,7 +85,7 @@ def retriever_problem(cfg: Any, workflow: str) -> str | None:
 def build_retriever(kind: str, corpus: str | None, url: str | None) -> Any:
     """The retriever a config names.
 
-    url -> a NEW memrl.services.client.HTTPRetriever(url), owned by the caller (memrl.runtime.Services
+    url -> a NEW memrl.services.client.HTTPRetriever(url), owned by the caller (memrl.services.session.Services
     builds one per run and closes it); kind registered -> that object; corpus with kind
     "bm25" -> memrl.services.retrieval.BM25Retriever.from_file(corpus), "keyword" -> memrl.services.keyword.KeywordRetriever
     (word overlap; tests), "module:attr" -> attr(corpus) when attr is a @retriever_factory; an in-process

@@ -38,7 +38,7 @@ class WorkflowSpec:
     float or a memrl.types.Score, or an awaitable of one (an LLM judge); `step_rewards(task, traj)` returns
     one value (or None) per segment. Both are pure (they write nothing onto the trajectory): callers use
     memrl.workflows.runner.score_trajectory / score_groups, which return Scores. A function with a
-    `services` parameter gets the run's memrl.runtime.Services (retriever and judge clients).
+    `services` parameter gets the run's memrl.services.session.Services (retriever and judge clients).
     """
 
     name: str

@@ -41,9 +41,9 @@ from memrl.tools import context as ctx
 from memrl.tools import search as ts
 from memrl.types import Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec
+from memrl.workflows.chunked import decode_response
 from memrl.workflows.memact_config import COUNTERS, TOOL_TEXTS, MemActConfig, load_tool_texts, tool_schemas
 from memrl.workflows.memact_prompt import noprune_messages, render_messages, row_prompt, unescape_unicode
-from memrl.workflows.memagent import decode_response
 from memrl.workflows.templates import template_kwargs
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class _Run:
         self.last_prune_turn = -1
         self.context_lengths: list[int] = []
         self.turn_versions: dict[int, int] = {}  # asynchronous training: turn -> the policy version it ran under
-        # the run's retriever (memrl.runtime.Services, built once per run) before the first turn: a missing
+        # the run's retriever (memrl.services.session.Services, built once per run) before the first turn: a missing
         # retriever fails fast, by name
         self.retriever = (ts.task_retriever(task) if cfg.retriever_scope == "task" else
                           services.retriever(cfg.retriever_kind, cfg.retriever_corpus, cfg.retriever_url))
@@ -449,7 +449,7 @@ class _Run:
 async def run(task: Task, engine: Engine, cfg: MemActConfig, rng: random.Random,
               services: Any = None) -> Trajectory:
     """One MemAct trajectory for `task` (module docstring); generation only (the judge is the reward's).
-    `services`: the run's memrl.runtime.Services (its retriever); None = a Services for this call alone."""
+    `services`: the run's memrl.services.session.Services (its retriever); None = a Services for this call alone."""
     return await run_with(services, lambda s: _Run(task, engine, cfg, rng, s).run())
 
 

@@ -18,18 +18,11 @@ from memrl.rewards.qa import extract_boxed
 from memrl.rewards.steps import answer_word_recall
 from memrl.types import Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec, boxed_em_outcome
-from memrl.workflows.chunked import (  # noqa: F401 - chunking helpers re-exported under their old home
-    MEMORY_TEXTS,
-    NO_MEMORY,
+from memrl.workflows.chunked import (
     THINK_END,
     ChunkedConfig,
-    after_think,
-    call_model,
     call_segment,
     call_template,
-    centre_truncate,
-    chunk_context,
-    decode_response,
     loop_metrics,
     reply_ids,
     task_chunks,

@@ -118,7 +118,7 @@ async def rollout(
 
     score=False (the default, as RolloutRuntime.sample's): generation only, the score stage comes after;
     score=True: each trajectory is scored as soon as it is done (score_trajectory + apply_score, before
-    `on_done`). `services`: the run's memrl.runtime.Services, passed to
+    `on_done`). `services`: the run's memrl.services.session.Services, passed to
     workflows and rewards that take them. Callers go through memrl.runtime.RolloutRuntime (`sample`),
     which owns the event loop and the services.
     """

@@ -40,7 +40,7 @@ from memrl.tools import calls as tc
 from memrl.tools import context as ctx
 from memrl.tools import search as ts
 from memrl.types import Segment, Task, Trajectory
-from memrl.workflows.memagent import decode_response
+from memrl.workflows.chunked import decode_response
 from memrl.workflows.templates import load_template, template_kwargs
 
 _USER_SENTINEL = "\u2063USER\u2063"

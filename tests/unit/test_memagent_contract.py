@@ -14,7 +14,8 @@ from doubles import CharTokenizer, ScriptedEngine
 from memrl.runtime import rollout_once
 from memrl.types import Task
 from memrl.workflows import get_workflow
-from memrl.workflows.memagent import MemAgentConfig, centre_truncate, chunk_context, run
+from memrl.workflows.chunked import centre_truncate, chunk_context
+from memrl.workflows.memagent import MemAgentConfig, run
 from memrl.workflows.templates import TemplateError
 
 MEM_TPL = "P:{problem}|M:{memory}|C:{chunk}"

@@ -8,7 +8,8 @@ import asyncio
 import pytest
 from doubles import CharTokenizer, ScriptedEngine
 
-from memrl.runtime import RolloutRuntime, Services
+from memrl.runtime import RolloutRuntime
+from memrl.services.session import Services
 from memrl.types import Task
 from memrl.workflows import get_workflow
 
