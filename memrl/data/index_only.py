@@ -24,7 +24,7 @@ from functools import lru_cache
 from memrl.data.errors import DataError
 from memrl.data.files import open_text
 from memrl.data.hotpotqa import load_hotpotqa, paragraph_text
-from memrl.data.kinds import detect_kind, is_index_list  # noqa: F401 - is_index_list: re-exported
+from memrl.data.kinds import detect_kind
 from memrl.data.twowiki import load_twowiki
 
 _DATASET_NAMES = {"hotpotqa": "hotpotqa", "2wiki": "2wikimultihopqa", "squad": "squad"}

@@ -40,7 +40,8 @@ from memrl.data.files import (
     write_json,
     write_parquet,
 )
-from memrl.data.index_only import document_list, is_index_list, missing_docs_error, rebuild_context
+from memrl.data.index_only import document_list, missing_docs_error, rebuild_context
+from memrl.data.kinds import is_index_list
 from memrl.data.ruler import name_label
 from memrl.types import Task
 

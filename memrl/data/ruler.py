@@ -32,10 +32,10 @@ from memrl.data.files import ReadStats, first_record, parse_records, require, ro
 from memrl.data.index_only import (
     DocumentList,
     document_list,
-    is_index_list,
     missing_docs_error,
     rebuild_context,
 )
+from memrl.data.kinds import is_index_list
 from memrl.types import Task
 
 RULER_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
