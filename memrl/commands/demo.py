@@ -22,11 +22,6 @@ import argparse
 import shlex
 
 from memrl.config import MAX_PARALLEL, ConfigError, bounded
-from memrl.demos.memagent import (  # noqa: F401 - re-exported: benchmarks and tests import them from here
-    DemoConfig,
-    load_demo_configs,
-    reading_segments,
-)
 from memrl.demos.pipeline import get_recipe, run_recipe
 from memrl.demos.seeds import parse_capabilities, parse_seeds, run_sweep
 from memrl.locks import locked_dir

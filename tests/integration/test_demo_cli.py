@@ -111,8 +111,8 @@ def test_demo_refuses_unknown_override_before_work(tmp_path, capsys):
 
 
 def test_reading_rows_answer_from_the_whole_document(tmp_path):
-    from memrl.commands.demo import reading_segments
     from memrl.data.synthetic import SyntheticConfig, corpus_text, make_tasks
+    from memrl.demonstrators.stages import reading_segments
     from memrl.models.tiny import train_tokenizer
     from memrl.workflows.templates import load_template
 

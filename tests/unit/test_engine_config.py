@@ -26,7 +26,7 @@ def model_dir(tmp_path_factory):
 
 
 def test_every_engine_field_has_the_same_key_in_train_eval_and_demo():
-    from memrl.commands.demo import load_demo_configs
+    from memrl.demos.memagent import load_demo_configs
     from memrl.eval.runner import EvalConfig
     from memrl.training.config import TrainConfig
 
@@ -46,7 +46,7 @@ def test_every_engine_field_has_the_same_key_in_train_eval_and_demo():
 
 
 def test_workflow_settings_have_one_spelling_in_train_eval_and_demo(tmp_path):
-    from memrl.commands.demo import load_demo_configs
+    from memrl.demos.memagent import load_demo_configs
     from memrl.eval.runner import EvalConfig
     from memrl.eval.runner import workflow_config as eval_workflow
     from memrl.training.assemble import workflow_config as train_workflow
