@@ -29,8 +29,7 @@ from memrl.algorithms.options import (
 )
 from memrl.types import Group, Segment, Trajectory
 
-__all__ = ["STATE_TERMS", "DCPOOptions", "GRPOOptions", "RLOOOptions", "ReMemR1Options", "ReinforcePPOptions",
-           "assign_advantages", "compute_group_advantages", "dcpo_estimator", "grpo_advantages", "grpo_estimator",
+__all__ = ["assign_advantages", "compute_group_advantages", "dcpo_estimator", "grpo_advantages", "grpo_estimator",
            "grpo_task_advantages", "reinforce_pp_baseline_estimator", "reinforce_pp_estimator", "rememr1_advantages",
            "rememr1_estimator", "rloo_advantages", "rloo_estimator", "task_kind", "token_whiten"]
 

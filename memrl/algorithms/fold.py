@@ -36,11 +36,10 @@ from collections.abc import Sequence
 
 from memrl.algorithms.base import register_advantage
 from memrl.algorithms.options import FoldGRPOOptions
-from memrl.algorithms.process_rewards import PROCESS_REWARDS, process_rewards, register_process_reward
+from memrl.algorithms.process_rewards import process_rewards
 from memrl.types import Group, Segment, Trajectory
 
-__all__ = ["PROCESS_REWARDS", "foldgrpo_estimator", "foldgrpo_token_advantages", "process_rewards",
-           "register_process_reward"]
+__all__ = ["foldgrpo_estimator", "foldgrpo_token_advantages"]
 
 def foldgrpo_token_advantages(reward: float, q: Sequence[float], mean: float, std: float | None, clip: bool,
                               eps: float) -> list[float]:

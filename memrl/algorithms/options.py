@@ -142,7 +142,7 @@ class FoldGRPOOptions:
     """Options of the foldgrpo estimator (algorithm.foldgrpo.*; arXiv 2510.11967 section 2.3, memrl.algorithms.fold)."""
 
     process_rewards: list[str] = valid(default_factory=lambda: ["unfolded", "scope", "failure"])
-    """The token-level process rewards Q added before the clip (memrl.algorithms.fold.PROCESS_REWARDS:
+    """The token-level process rewards Q added before the clip (memrl.algorithms.process_rewards.PROCESS_REWARDS:
     unfolded, no_branch, scope, failure, or one given to register_process_reward); [] = GRPO over threads."""
     unfolded_fraction: float = valid(0.5, gt=0, le=1)
     """The unfolded-token penalty applies once the main thread's unfolded tokens pass this share of the

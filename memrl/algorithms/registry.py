@@ -6,7 +6,7 @@ mask, **options) -> (per_token_loss, stats)`. Each registers with an options dat
 its keyword options; an instance is the config section `algorithm.<registered name>`
 (`memrl.training.algorithm_section.AlgorithmSection.options()`), so the trainer calls any registered estimator or loss
 without knowing its name. A name may also be an import path "package.module:fn" of a function registered in
-a user's module (`memrl.algorithms.base.registered_name`); `fill_options` fills an options dataclass from any
+a user's module (`memrl.algorithms.base.registered_name`); `memrl.algorithms.base.fill_options` fills an options dataclass from any
 object's same-named attributes.
 
 The tables and decorators live in memrl.algorithms.base (what an implementation imports); this module
@@ -30,16 +30,12 @@ from memrl.algorithms.base import (
     LOSS,
     LOSSES,
     OPTIONS,
-    fill_options,
     lookup,
-    options_kwargs,
-    register_advantage,
-    register_loss,
     registered_name,
 )
 
-__all__ = ["advantage_name", "advantage_names", "advantage_options", "fill_options", "get_advantage", "get_loss",
-           "loss_name", "loss_names", "loss_options", "options_kwargs", "register_advantage", "register_loss"]
+__all__ = ["advantage_name", "advantage_names", "advantage_options", "get_advantage", "get_loss", "loss_name",
+           "loss_names", "loss_options"]
 
 
 def advantage_options(name: str) -> type | None:

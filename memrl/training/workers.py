@@ -25,8 +25,8 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoTokenizer
 
+from memrl.algorithms.base import options_kwargs
 from memrl.algorithms.losses import MISMATCH_PAIRS, MISMATCH_SUMS, mismatch_means
-from memrl.algorithms.registry import options_kwargs
 from memrl.engines.ray_engines import on_bundle
 from memrl.engines.weight_transfer import WeightTransfer
 from memrl.errors import UserError
@@ -49,7 +49,7 @@ from memrl.training.sync_check import teacher_forced_logprobs
 from memrl.training.worker_group import LocalRank, RankGroup, WorkerGroup
 from memrl.types import Segment
 
-__all__ = ["PolicyWorker", "RayRank", "build_workers", "decay_groups", "node_address", "skips_zero_advantage"]
+__all__ = ["PolicyWorker", "RayRank", "build_workers", "node_address"]
 
 
 def node_address() -> tuple[str, int]:

@@ -15,7 +15,8 @@ from memrl.algorithms.advantages import (
     grpo_advantages,
     rememr1_advantages,
 )
-from memrl.algorithms.registry import advantage_names, get_advantage, register_advantage
+from memrl.algorithms.base import register_advantage
+from memrl.algorithms.registry import advantage_names, get_advantage
 from memrl.types import Group, Segment, Trajectory
 
 # Hand values below ignore eps = 1e-6 in (std + eps): that moves them by about eps / std (< 3e-6 relative).
@@ -226,8 +227,8 @@ def test_registered_options_are_the_estimators_and_losses_keyword_options():
 
 
 def test_trainer_fills_options_from_the_algorithm_section_without_a_name_switch():
-    from memrl.algorithms.advantages import DCPOOptions, GRPOOptions
     from memrl.algorithms.losses import PPOOptions
+    from memrl.algorithms.options import DCPOOptions, GRPOOptions
     from memrl.config import load_config
     from memrl.training.assemble import algorithm_options
     from memrl.training.config import TrainConfig
@@ -304,7 +305,7 @@ def test_rememr1_released_single_member_step_is_verls_group_of_one():
 
 
 def test_rememr1_state_term_from_the_algorithm_section():
-    from memrl.algorithms.advantages import ReMemR1Options
+    from memrl.algorithms.options import ReMemR1Options
     from memrl.config import ConfigError, load_config
     from memrl.training.config import AlgorithmSection, TrainConfig
 

@@ -9,8 +9,9 @@ import math
 import pytest
 
 from memrl.algorithms.advantages import compute_group_advantages
-from memrl.algorithms.fold import PROCESS_REWARDS, foldgrpo_estimator, process_rewards
+from memrl.algorithms.fold import foldgrpo_estimator
 from memrl.algorithms.options import FoldGRPOOptions
+from memrl.algorithms.process_rewards import PROCESS_REWARDS, process_rewards
 from memrl.algorithms.registry import get_advantage
 from memrl.config import ConfigError, section_from_dict
 from memrl.rewards.fold import fold_score, rule_scope
