@@ -454,5 +454,4 @@ def summary_line(info: dict[str, Any], out: Path) -> str:
             f"{_fmt_params(info['parameters'])} parameters, {info['dtype']}, {', '.join(info['files'])}")
 
 
-__all__ = ["ConvertError", "FORMATS", "convert", "detect_format", "megatron_to_hf", "merge_fsdp_shards",
-           "read_dcp_tensors", "read_verl", "verl_files"]
+__all__ = ["FORMATS", "convert", "detect_format", "merge_fsdp_shards", "read_verl", "verl_files"]

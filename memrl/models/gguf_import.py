@@ -33,7 +33,8 @@ from typing import Any
 import torch
 
 from memrl.errors import UserError
-from memrl.models.convert import ConvertError, staged_dir
+from memrl.models.convert import staged_dir
+from memrl.models.errors import ConvertError
 from memrl.quiet import hf_progress_off
 
 log = logging.getLogger(__name__)

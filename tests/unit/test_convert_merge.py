@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from memrl.models.convert import ConvertError, detect_format, merge_fsdp_shards
+from memrl.models.convert import detect_format, merge_fsdp_shards
 from memrl.models.convert_megatron import megatron_layer_to_hf
+from memrl.models.errors import ConvertError
 
 FILES = [Path("/ckpt/actor/model_world_size_2_rank_0.pt"), Path("/ckpt/actor/model_world_size_2_rank_1.pt")]
 

@@ -14,7 +14,7 @@ import pytest
 
 from memrl.errors import UserError
 from memrl.models import gguf_import as G
-from memrl.models.convert import ConvertError
+from memrl.models.errors import ConvertError
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
