@@ -105,7 +105,9 @@ def markdown(agg: dict, lengths: list[str], command: str = "") -> str:
             accs = " | ".join(_fmt(c["em"][n]) for n in lengths)
             rr = _fmt(c["recall_rate"], 3) if arm == "rememr1" else "-"
             hr = _fmt(c["callback_hit_rate"], 3) if arm == "rememr1" else "-"
-            lines.append(f"| {name} | {accs} | {rr} | {hr} |")
+            n = c["em"][lengths[0]]["n"]
+            label = name if n == len(agg["seeds"]) else f"{name} (n = {n})"  # e.g. eval.oracle=false in some
+            lines.append(f"| {label} | {accs} | {rr} | {hr} |")
         g = agg["gaps"].get(mode, {})
         lines += ["", "| gap (points, paired per seed) | " + " | ".join(f"N={n}" for n in lengths) + " |",
                   "|---|" + "---:|" * len(lengths)]

@@ -87,7 +87,7 @@ def test_a_missed_goal_says_what_was_reached():
     assert goals["RL ReMemR1 - RL MemAgent >= 10 at N=16"] == (-5.0, False)
     md = lc.markdown(agg, ["8", "16"])
     assert "| callback hit rate > 0.5 | n/a | MISSED |" in md
-    assert "| oracle_rememr1 | 100.0 ± n/a | 100.0 ± n/a | 0.060 ± n/a | 1.000 ± n/a |" in md  # one seed had it
+    assert "| oracle_rememr1 (n = 1) | 100.0 ± n/a | 100.0 ± n/a | 0.060 ± n/a | 1.000 ± n/a |" in md
     assert "| RL ReMemR1 - RL MemAgent >= 10 at N=16 | -5.0 | MISSED |" in md
 
 
