@@ -429,7 +429,8 @@ def cells(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]], fields: tuple
     """The one aggregation over seeds: decoding -> bucket -> {"<policy>_<field>": `stat` over the runs (mean
     +- sd by default; the trained tables' benchmarks use mean_se), "gain_<field>": of the per-seed rl - sft},
     for each of `fields` (the method's `summary_fields` by default), read through its results schema
-    (`Recipe.evals`); a policy other than sft / rl (a scripted one) counts where a run has it. Fails in one
+    (`Recipe.evals`); a policy other than sft / rl (a scripted one) counts where a run has it, and an
+    optional field (`Recipe.optional_fields`) where its value is not None. Fails in one
     line naming the results.json that lacks a part."""
     fields = recipe.summary_fields if fields is None else fields
     stat = mean_sd if stat is None else stat
@@ -445,15 +446,18 @@ def cells(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]], fields: tuple
                 c = col.setdefault(mode, {}).setdefault(bucket, {})
                 rl = _part(view, ("rl", mode, bucket), out)
                 for f in fields:
-                    if f not in sft and f in recipe.optional_fields:
+                    opt = f in recipe.optional_fields
+                    if f not in sft and opt:
                         continue
-                    a, b = _num(sft, f, ("sft", mode, bucket), out), _num(rl, f, ("rl", mode, bucket), out)
-                    c.setdefault(f"sft_{f}", []).append(a)
-                    c.setdefault(f"rl_{f}", []).append(b)
-                    c.setdefault(f"gain_{f}", []).append(b - a)
+                    # an optional field may be None in one run (a rate over no events): that run does not count
+                    a = None if opt and sft[f] is None else _num(sft, f, ("sft", mode, bucket), out)
+                    b = None if opt and rl.get(f, 0) is None else _num(rl, f, ("rl", mode, bucket), out)
+                    for key, v in (("sft", a), ("rl", b), ("gain", None if a is None or b is None else b - a)):
+                        if v is not None:
+                            c.setdefault(f"{key}_{f}", []).append(v)
                     for pol in (p for p in view if p not in ("sft", "rl")):
                         other = view[pol].get(mode, {}).get(bucket)
-                        if other is not None and f in other:
+                        if other is not None and other.get(f) is not None:
                             c.setdefault(f"{pol}_{f}", []).append(float(other[f]))
     return {mode: {b: {k: stat(v) for k, v in c.items()} for b, c in by.items()} for mode, by in col.items()}
 
