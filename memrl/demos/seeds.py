@@ -96,11 +96,13 @@ def _get(obj: Any, dotted: str) -> Any:
 
 
 def _configs(agent: str, overrides: list[str]) -> tuple[Recipe, Any, Any]:
-    """(the method, its demo config, its RL config) under `overrides` (no directory is touched)."""
+    """(the method, its demo config, its RL config) under `overrides`, read as `Recipe.configs` reads them (a
+    named variant expanded, the method's own RL overrides first); no directory is touched."""
     recipe = get_recipe(agent)
-    demo_ov, train_ov = split_overrides(list(overrides))
+    demo_ov, train_ov = split_overrides(recipe.expand(list(overrides)))
     cfg = load_config(recipe.config, demo_ov)
-    return recipe, cfg, load_config(TrainConfig, train_ov, preset=cfg.train_preset)
+    own = recipe.train_overrides(cfg, Path("."))
+    return recipe, cfg, load_config(TrainConfig, [*own, *train_ov], preset=cfg.train_preset)
 
 
 def base_seeds(agent: str, overrides: list[str]) -> dict[str, int]:

@@ -457,3 +457,14 @@ def test_child_env_and_the_real_probe():
     assert env == {"PATH": "/bin", "ATEN_CPU_CAPABILITY": "avx2"}
     assert sw.child_env("native", {"PATH": "/bin", "ATEN_CPU_CAPABILITY": "avx512"}) == {"PATH": "/bin"}
     assert sw.probe_capability("default") == "default"
+
+
+def test_base_seeds_read_a_named_variant_as_the_demo_does(monkeypatch):
+    from memrl.demos import memact
+
+    # a variant standing for seed overrides: the sweep must shift from the variant's values, as `memrl demo
+    # variant=...` would run them (sft.seed 40 and data.seed 70 here, not the defaults 500 and 7)
+    monkeypatch.setitem(memact.VARIANTS, "probe", ("sft.seed=40", "train.data.seed=70"))
+    mc = sw.base_seeds("memact", ["variant=probe"])
+    assert (mc["sft.seed"], mc["train.data.seed"]) == (40, 70)
+    assert sw.seed_overrides("memact", 1, mc)[1:4] == ["sft.seed=41", "rl_task_seed=101", "train.data.seed=71"]
