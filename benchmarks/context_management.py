@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.demos.context import RECIPE
-from memrl.demos.seeds import cells, fmt_se, mean_se
+from memrl.demos.seeds import cells, fmt_se, mean_se, paired
 from memrl.demos.seeds import trained_runs as seed_runs
 
 HELDOUT_SEED = 901
@@ -191,8 +191,10 @@ def process_reward_ablation(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) 
             raise SystemExit(f"--trained: fold/{k} and fold_no_process/{k} do not share a cold start (their SFT "
                              "evaluations differ); run fold_no_process with sft_from=<the fold sweep's root>")
     out: dict[str, Any] = {"seeds": [k for k, _, _ in pairs]}
+    no_process = {d.name: r for d, r in runs["fold_no_process"]}
     for mode in ("greedy", "sampled"):
-        out[mode] = {f: mean_se([on["rl"][mode][f] - off["rl"][mode][f] for _, on, off in pairs])
+        out[mode] = {f: mean_se(paired({k: on for k, on, _ in pairs}, no_process,
+                                       lambda on, off, m=mode, f=f: on["rl"][m][f] - off["rl"][m][f]))
                      for f in ("accuracy", "peak_context_tokens", "turns", "branches", "stopped_by_budget")}
     return out
 

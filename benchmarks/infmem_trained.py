@@ -20,17 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from memrl.demos.infmem import RECIPE
-from memrl.demos.seeds import cells, fmt_se, mean_se
+from memrl.demos.seeds import cells, fmt_se, mean_se, paired
 from memrl.demos.seeds import trained_runs as seed_runs
 
 METHODS = ("infmem", "memagent")
 FIELDS = ("accuracy", "model_calls", "chunks_read")
 
 
-def trained_runs(root: Path) -> dict[str, dict[str, dict[str, Any]]]:
-    """{method: {seed dir name: results.json}} of the finished runs under ROOT/<method>/[<capability>/]seed<k>."""
-    out = {method: {d.name: res for d, res in rs} for method, rs in seed_runs(root, METHODS).items()}
-    digests = {(m, s): r.get("heldout_sha256") for m, rs in out.items() for s, r in rs.items()}
+def trained_runs(root: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
+    """{method: [(run dir, results.json)]} of the finished runs under ROOT/<method>/[<capability>/]seed<k>
+    (memrl.demos.seeds.trained_runs over METHODS); fails when two evaluated other held-out tasks."""
+    out = seed_runs(root, METHODS)
+    digests = {(m, d.name): r.get("heldout_sha256") for m, rs in out.items() for d, r in rs}
     if len(set(digests.values())) > 1:
         first = next(iter(digests))
         other = next(k for k, v in digests.items() if v != digests[first])
@@ -39,24 +40,27 @@ def trained_runs(root: Path) -> dict[str, dict[str, dict[str, Any]]]:
     return out
 
 
-def trained_aggregate(runs: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+def _calls(res: dict[str, Any], policy: str, length: str, mode: str) -> float:
+    return res[policy][length][mode]["model_calls"]
+
+
+def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> list[dict[str, Any]]:
     """One row per method, policy, decoding and length: {"method", "policy", "decoding", "length", "seeds",
-    field: (mean, se) for FIELDS, "vs_memagent": (mean, se) of the paired call ratio - 1 in % or None}."""
+    field: (mean, se) for FIELDS (memrl.demos.seeds.cells), "vs_memagent": (mean, se) of the paired call
+    ratio - 1 in % (memrl.demos.seeds.paired: the seeds both methods finished) or None}."""
     rows = []
-    base = runs.get("memagent", {})
+    base = {d.name: r for d, r in runs.get("memagent", [])}
     for method, rs in runs.items():
-        first = next(iter(rs.values()))
-        agg = cells(RECIPE, [(Path(s), r) for s, r in rs.items()], FIELDS, mean_se)  # the seed sweep's aggregation
+        agg = cells(RECIPE, rs, FIELDS, mean_se)  # the seed sweep's aggregation: decoding -> length -> cells
         for policy in ("sft", "rl"):
             for mode in ("greedy", "sampled"):
-                for n in first["lengths"]:
+                for n in rs[0][1]["lengths"]:
                     row: dict[str, Any] = {"method": method, "policy": policy, "decoding": mode, "length": n,
                                            "seeds": len(rs)}
                     row.update({f: agg[mode][str(n)][f"{policy}_{f}"] for f in FIELDS})
-                    paired = [100.0 * (r[policy][str(n)][mode]["model_calls"]
-                                       / base[s][policy][str(n)][mode]["model_calls"] - 1.0)
-                              for s, r in rs.items() if s in base]
-                    row["vs_memagent"] = mean_se(paired) if paired else None
+                    calls = paired({d.name: r for d, r in rs}, base, lambda r, m, k=(policy, str(n), mode):
+                                   100.0 * (_calls(r, *k) / _calls(m, *k) - 1.0))
+                    row["vs_memagent"] = mean_se(calls) if calls else None
                     rows.append(row)
     return rows
 
@@ -81,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         raise SystemExit(f"--trained: no finished run under {a.trained}/<method>/seed<k>/results.json "
                          f"(method: {', '.join(METHODS)})")
-    first = next(iter(next(iter(runs.values())).values()))
+    first = next(iter(runs.values()))[0][1]
     print(f"InfMem vs MemAgent, trained (memrl demo --agent infmem): {first['eval_tasks']} held-out tasks per length, "
           f"training length {first['train_chunks']} chunks; mean +- SE over training seeds\n")
     print(trained_table(trained_aggregate(runs)), end="")

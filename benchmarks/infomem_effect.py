@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memrl.demos.seeds import mean_se
+from memrl.demos.seeds import arm_cells, fmt_se, mean_se, paired
 
 ARMS = {"sft": "train.algorithm.model_reward=none", "outcome": "train.algorithm.model_reward=none",
         "infomem": "train.algorithm.model_reward=infomem"}
@@ -82,21 +82,20 @@ def run_one(src: Path, out: Path, arm: str, seed: int, overrides: list[str]) -> 
     return got
 
 
-def fmt(xs: list[float]) -> str:
-    m, se = mean_se(xs)
-    return f"{m:.1f} +- {se:.1f}" if se is not None else f"{m:.1f}"
-
-
 def aggregate(out: Path, src: Path | None) -> str:
-    """results.md text (also written, with results.json) from the finished runs under `out`."""
+    """results.md text (also written, with results.json) from the finished runs under `out`: per arm, length
+    and decoding the accuracy's mean +- SE over seeds (memrl.demos.seeds.arm_cells), and the paired
+    difference infomem - outcome over the seeds both arms finished (memrl.demos.seeds.paired)."""
     runs = [json.loads(p.read_text()) for p in sorted(out.glob("*/seed*/result.json"))]
     if not runs:
         return "no finished run"
     arms = [a for a in ARMS if any(r["arm"] == a for r in runs)]
     by = {a: {r["seed"]: r for r in runs if r["arm"] == a} for a in arms}
     lengths = sorted({int(n) for r in runs for n in r["rl"]})
-    acc = {(a, n, mode): [by[a][s]["rl"][str(n)][mode]["accuracy"] for s in sorted(by[a])]
-           for a in arms for n in lengths for mode in ("greedy", "sampled")}
+    modes = ("greedy", "sampled")
+    acc = arm_cells([{a: {mode: {str(n): by[a][s]["rl"][str(n)][mode] for n in lengths} for mode in modes}
+                      for a in arms if s in by[a]} for s in sorted({s for a in arms for s in by[a]})],
+                    ("accuracy",), mean_se)
     lines = [f"SFT+RL on the demo's held-out tasks, accuracy % (mean +- s.e. over seeds "
              f"{', '.join(f'{a}: {sorted(by[a])}' for a in arms)})", "",
              "| arm | length | greedy | sampled | RL s | model-scored reward s |", "|---|---:|---:|---:|---:|---:|"]
@@ -107,19 +106,19 @@ def aggregate(out: Path, src: Path | None) -> str:
             lines.append(f"| SFT (start, from --from) | {n} | {sft[str(n)]['greedy']['accuracy']:.1f} | "
                          f"{sft[str(n)]['sampled']['accuracy']:.1f} | | |")
         for a in arms:
-            rl_s = [r["rl_s"] for r in by[a].values()]
-            mr = [r["model_reward_s"] for r in by[a].values()]
-            lines.append(f"| {a} | {n} | {fmt(acc[a, n, 'greedy'])} | {fmt(acc[a, n, 'sampled'])} | "
-                         f"{sum(rl_s) / len(rl_s):.0f} | {sum(mr) / len(mr):.1f} |")
+            cell = {mode: fmt_se(acc[mode][str(n)][f"{a}_accuracy"], bare=True) for mode in modes}
+            lines.append(f"| {a} | {n} | {cell['greedy']} | {cell['sampled']} | "
+                         f"{mean_se([r['rl_s'] for r in by[a].values()])[0]:.0f} | "
+                         f"{mean_se([r['model_reward_s'] for r in by[a].values()])[0]:.1f} |")
     if {"outcome", "infomem"} <= set(arms):
         both = sorted(set(by["outcome"]) & set(by["infomem"]))
         lines += ["", f"paired difference infomem - outcome over seeds {both}, percentage points:", "",
                   "| length | greedy | sampled |", "|---:|---:|---:|"]
+        infomem = {s: by["infomem"][s] for s in both}
         for n in lengths:
-            d = {mode: [(by["infomem"][s]["rl"][str(n)][mode]["accuracy"]
-                               - by["outcome"][s]["rl"][str(n)][mode]["accuracy"]) for s in both]
-                 for mode in ("greedy", "sampled")}
-            lines.append(f"| {n} | {fmt(d['greedy'])} | {fmt(d['sampled'])} |" if both else f"| {n} | | |")
+            d = [fmt_se(mean_se(paired(infomem, by["outcome"], lambda i, o, k=str(n), m=mode: i["rl"][k][m]["accuracy"]
+                                       - o["rl"][k][m]["accuracy"])), bare=True) for mode in modes] if both else []
+            lines.append(f"| {n} | {d[0]} | {d[1]} |" if both else f"| {n} | | |")
     lines += ["", "per seed (greedy / sampled at each length):", ""]
     for a in arms:
         for s in sorted(by[a]):

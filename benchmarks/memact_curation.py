@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import shutil
 import sys
 import time
@@ -168,29 +167,29 @@ def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -
 
 
 def aggregate(results: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    """{seed: {arm: results.json}} -> per arm and decoding the mean +- sd over seeds of METRICS, and per
-    decoding the goal: accuracy difference (dcpo - withheld, mean over seeds) within one standard error
-    (sqrt(sum over seeds of se_dcpo^2 + se_withheld^2) / seeds: the standard error over tasks of the
-    seed-mean difference) and mean working context >= 30% shorter (1 - dcpo / withheld, seed means).
+    """{seed: {arm: results.json}} -> per arm and decoding the mean +- sd over seeds of METRICS
+    (memrl.demos.seeds.arm_cells), and per decoding the goal: accuracy difference (dcpo - withheld, mean over
+    seeds) within one standard error (memrl.demos.seeds.diff_se of the runs' standard errors over tasks: that
+    of the seed-mean difference) and mean working context >= 30% shorter (1 - dcpo / withheld, seed means).
     Only seeds with both arms count; every run must have evaluated the same tasks."""
-    from memrl.demos.seeds import mean_sd
+    from memrl.demos.seeds import EMPTY, arm_cells, diff_se
 
     seeds = sorted(s for s, arms in results.items() if all(a in arms for a in ARMS))
     shas = {r["heldout_sha256"] for s in seeds for r in results[s].values()}
     if len(shas) > 1:
         raise ValueError(f"the runs evaluated different task sets ({len(shas)} held-out files): not comparable")
+    cells = arm_cells([{arm: {mode: {"all": results[s][arm]["eval"][mode]} for mode in ("greedy", "sampled")}
+                        for arm in ARMS} for s in seeds], METRICS)
     table: dict[str, Any] = {}
     goal: dict[str, Any] = {}
     for mode in ("greedy", "sampled"):
         for arm in ARMS:
-            table[f"{arm}/{mode}"] = {m: mean_sd([float(results[s][arm]["eval"][mode][m]) for s in seeds])
-                                      for m in METRICS}
+            table[f"{arm}/{mode}"] = {m: cells.get(mode, {}).get("all", {}).get(f"{arm}_{m}", EMPTY) for m in METRICS}
         if not seeds:
             continue
         d, w = table[f"dcpo/{mode}"], table[f"withheld/{mode}"]
         diff = d["accuracy"]["mean"] - w["accuracy"]["mean"]
-        se = math.sqrt(math.fsum(results[s]["dcpo"]["eval"][mode]["accuracy_se"] ** 2
-                                 + results[s]["withheld"]["eval"][mode]["accuracy_se"] ** 2 for s in seeds)) / len(seeds)
+        se = diff_se(*([results[s][arm]["eval"][mode]["accuracy_se"] for s in seeds] for arm in ("dcpo", "withheld")))
         ctx_w = w["mean_context_tokens"]["mean"]
         reduction = 1.0 - d["mean_context_tokens"]["mean"] / ctx_w if ctx_w else 0.0
         equal = abs(diff) <= se
@@ -208,20 +207,18 @@ def _num(v: Any, digits: int) -> str:
 
 
 def markdown(agg: dict[str, Any], command: str = "") -> str:
-    from memrl.demos.seeds import fmt
+    from memrl.demos.seeds import table_rows
 
+    cells = {mode: {"all": {f"{arm}_{m}": agg["table"][f"{arm}/{mode}"][m] for arm in ARMS for m in METRICS}}
+             for mode in ("greedy", "sampled")}
     lines = [f"MemAct context curation, {len(agg['seeds'])} training seeds ({', '.join(map(str, agg['seeds']))}); "
              "mean ± sd over seeds", ""]
     if command:
         lines += [f"`{command}`", ""]
     lines += ["| training | decoding | accuracy (%) | s.e. over tasks | mean context (tokens) | peak context (tokens) "
               "| prunes / task | overflow (%) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for mode in ("greedy", "sampled"):
-        for arm in ARMS:
-            c = agg["table"][f"{arm}/{mode}"]
-            lines.append(f"| {ARM_NAMES[arm]} | {mode} | {fmt(c['accuracy'], digits=1)} | {fmt(c['accuracy_se'], digits=1)} | "
-                         f"{fmt(c['mean_context_tokens'], digits=1)} | {fmt(c['peak_context_tokens'], digits=1)} | "
-                         f"{fmt(c['prunes_per_task'], digits=2)} | {fmt(c['overflow'], digits=1)} |")
+    lines += table_rows({"cells": cells}, tuple((ARM_NAMES[a], a) for a in ARMS), METRICS, by_decoding=True,
+                        digits=lambda m: 2 if m == "prunes_per_task" else 1)
     lines.append("")
     for mode, g in agg["goal"].items():
         lines.append(f"- {mode}: accuracy DCPO - withheld {g['accuracy_diff']:+.1f} points (one s.e. "

@@ -42,6 +42,7 @@ from memrl.commands.train_sft import SFTRunConfig
 from memrl.config import allowed_of, preset_names
 from memrl.demos.context import ContextDemoConfig
 from memrl.demos.infmem import InfMemDemoConfig
+from memrl.demos.lookback import LookbackConfig
 from memrl.demos.mem1 import Mem1DemoConfig
 from memrl.demos.memact import MemActDemoConfig
 from memrl.demos.memagent import DemoConfig
@@ -305,6 +306,7 @@ def render_config() -> str:
     out += _config_tables("`memrl demo --agent context`", ContextDemoConfig, None, "", 2)
     out += _config_tables("`memrl demo --agent mem1`", Mem1DemoConfig, None, "", 2)
     out += _config_tables("`memrl demo --agent infmem`", InfMemDemoConfig, None, "", 2)
+    out += _config_tables("`memrl demo --agent lookback`", LookbackConfig, None, "", 2)
     return "\n".join(out)
 
 

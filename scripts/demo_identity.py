@@ -33,6 +33,9 @@ _MEM1 = ["sft.num_tasks=6", "sft.epochs=1", "sft.batch_rows=8", "sft.copy_warmup
          "rl_tasks=4", *_SMALL]
 _INFMEM = ["sft.num_tasks=6", "sft.epochs=1", "sft.batch_rows=8", "eval.num_tasks=4", "eval.multipliers=[1,2]",
            "eval.far_multipliers=[2]", *_SMALL]
+_LOOKBACK = ["rl_tasks=4", "sft.num_tasks=4", "sft.epochs=1", "sft.oversample_recall=3", "eval.num_tasks=2",
+             "eval.lengths=[2,4]", "eval.sampled=false", "train.trainer.steps=1", "train.trainer.batch_size=1",
+             "train.algorithm.n=2"]
 DEMOS: dict[str, tuple[str, list[str]]] = {
     # tests/integration/test_demo_cli.py
     "memagent": ("memagent", ["sft.num_tasks=40", "sft.epochs=1", "sft.p_aware=0.5", "eval.num_tasks=8",
@@ -55,6 +58,9 @@ DEMOS: dict[str, tuple[str, list[str]]] = {
     # tests/integration/test_infmem_demo_cli.py
     "infmem_infmem": ("infmem", ["method=infmem", *_INFMEM]),
     "infmem_memagent": ("infmem", ["method=memagent", *_INFMEM]),
+    # tests/integration/test_lookback_demo_cli.py
+    "lookback_memagent": ("lookback", ["method=memagent", *_LOOKBACK]),
+    "lookback_rememr1": ("lookback", ["method=rememr1", *_LOOKBACK]),
 }
 
 
@@ -94,7 +100,7 @@ def run(base: Path, names: list[str]) -> None:
 
 
 SWEEPS = {"memagent": "memagent", "memact": "memact", "context": "context_fold", "mem1": "mem1_mem1",
-          "infmem": "infmem_infmem"}
+          "infmem": "infmem_infmem", "lookback": "lookback_rememr1"}
 """agent -> the run whose results make both seeds of its fake sweep."""
 
 

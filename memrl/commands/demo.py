@@ -5,6 +5,7 @@
   memrl demo --agent context --out runs/ctx/fold/seed0 method=fold   # fold/summarize/window/react (memrl.demos.context)
   memrl demo --agent mem1 --out runs/mem1/mem1/seed0 method=mem1      # mem1/full_history (memrl.demos.mem1)
   memrl demo --agent infmem --out runs/infmem/infmem/seed0 method=infmem   # InfMem vs MemAgent (memrl.demos.infmem)
+  memrl demo --agent lookback --out runs/lookback/rememr1 method=rememr1   # ReMemR1 vs MemAgent (memrl.demos.lookback)
   memrl demo --out runs/demo sft.p_aware=0.7 train.trainer.steps=40 eval.num_tasks=200
 
 The recipe is `memrl.demos.memagent` (init -> cold-start SFT on a mixture demonstrator -> GRPO on
@@ -38,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "method=react|window|summarize|fold|fold_no_process, cold start + GRPO / FoldGRPO), mem1 "
                              "(memrl.demos.mem1: method=mem1|full_history, cold start + GRPO), infmem "
                              "(memrl.demos.infmem: method=infmem|memagent, cold start on the reading oracle + GRPO), "
+                             "lookback (memrl.demos.lookback: method=memagent|rememr1, the look-back task), "
                              "or an import path package.module:ATTR naming a Recipe")
     parser.add_argument("--seeds", default=None, metavar="K,K,...",
                         help="training seeds (0 = the recipe's own): one run each, in its own subprocess, then "

@@ -11,6 +11,9 @@ declares only what differs (the module's other functions map its configs onto on
 - infmem: `memrl demo --agent infmem method=infmem|memagent` (synthetic one-fact tasks, model init shared by
   both methods, cold start on the reading oracle through the method's workflow, GRPO, evaluation at 1x / 4x /
   16x the training length).
+- lookback: `memrl demo --agent lookback method=memagent|rememr1` (the look-back task: one cold start on both
+  workflows' scripted traces, the same in both arms; ReMemR1's recall-off ablation, recall and callback hit
+  rates; benchmarks/lookback_compare.py compares the arms).
 
 The stages they call: memrl.data.synthetic / synthetic_memact (tasks), memrl.demos.scratch (model init),
 memrl.demonstrators.stages (scripted policies, their demonstrations, MemAct's budget), memrl.demos.cold_start

@@ -6,8 +6,8 @@ cold start's rows (`demonstrations`), its held-out evaluation (`evaluate`), what
 (`results`) and its table (`markdown`). `run_recipe` runs the stages in that order for every method and
 times each one; the copy warm-up, the cold-start SFT and RL are the same code for all.
 
-Methods are registered like workflows: a built-in name (`memagent`, `memact`, `context`, `mem1`, `infmem`)
-or an import path `package.module:ATTR` naming a Recipe instance, so a method living outside
+Methods are registered like workflows: a built-in name (`memagent`, `memact`, `context`, `mem1`, `infmem`,
+`lookback`) or an import path `package.module:ATTR` naming a Recipe instance, so a method living outside
 memrl needs no edit here (docs/guides/recipe_method.md).
 """
 
@@ -377,6 +377,7 @@ BUILTIN: dict[str, str] = {
     "context": "memrl.demos.context:RECIPE",
     "mem1": "memrl.demos.mem1:RECIPE",
     "infmem": "memrl.demos.infmem:RECIPE",
+    "lookback": "memrl.demos.lookback:RECIPE",
 }
 """The built-in methods, by import path (imported when first named)."""
 

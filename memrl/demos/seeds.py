@@ -96,11 +96,13 @@ def _get(obj: Any, dotted: str) -> Any:
 
 
 def _configs(agent: str, overrides: list[str]) -> tuple[Recipe, Any, Any]:
-    """(the method, its demo config, its RL config) under `overrides` (no directory is touched)."""
+    """(the method, its demo config, its RL config) under `overrides`, read as `Recipe.configs` reads them (a
+    named variant expanded, the method's own RL overrides first); no directory is touched."""
     recipe = get_recipe(agent)
-    demo_ov, train_ov = split_overrides(list(overrides))
+    demo_ov, train_ov = split_overrides(recipe.expand(list(overrides)))
     cfg = load_config(recipe.config, demo_ov)
-    return recipe, cfg, load_config(TrainConfig, train_ov, preset=cfg.train_preset)
+    own = recipe.train_overrides(cfg, Path("."))
+    return recipe, cfg, load_config(TrainConfig, [*own, *train_ov], preset=cfg.train_preset)
 
 
 def base_seeds(agent: str, overrides: list[str]) -> dict[str, int]:
@@ -323,13 +325,46 @@ def mean_se(values: list[float]) -> tuple[float, float | None]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
-def fmt_se(v: tuple[float, float | None] | None, digits: int = 1, sign: bool = False, scale: float = 1.0) -> str:
-    """A trained table's cell: "mean +- SE" of `mean_se` (times `scale`; "n/a" for one seed, "-" for None)."""
+def fmt_se(v: tuple[float, float | None] | None, digits: int = 1, sign: bool = False, scale: float = 1.0,
+           bare: bool = False) -> str:
+    """A trained table's cell: "mean +- SE" of `mean_se` (times `scale`; "n/a" for one seed, or the mean
+    alone with `bare`; "-" for None)."""
     if v is None:
         return "-"
     mean, se = v
     m = f"{scale * mean:+.{digits}f}" if sign else f"{scale * mean:.{digits}f}"
+    if se is None and bare:
+        return m
     return f"{m} +- " + (f"{scale * se:.{digits}f}" if se is not None else "n/a")
+
+
+def paired(a: dict[Any, Any], b: dict[Any, Any], value: Callable[[Any, Any], float]) -> list[float]:
+    """A per-seed comparison of two arms: `value(a[k], b[k])` for each seed k both have (keys: the seeds),
+    in a's order; mean_se / mean_sd of it is the paired difference's cell."""
+    return [value(x, b[k]) for k, x in a.items() if k in b]
+
+
+def diff_se(se_a: list[float], se_b: list[float]) -> float:
+    """The standard error of the mean over n seeds of a per-seed difference a - b of two independent estimates,
+    from each one's own standard error (e.g. over tasks): sqrt(sum over seeds of se_a^2 + se_b^2) / n."""
+    return math.sqrt(math.fsum(a ** 2 + b ** 2 for a, b in zip(se_a, se_b, strict=True))) / len(se_a)
+
+
+def arm_cells(views: list[dict[str, Any]], fields: tuple[str, ...],
+              stat: Callable[[list[float]], Any] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """`cells` for a benchmark's own arms: one view per seed, arm -> decoding -> bucket -> summary (an arm a
+    seed lacks is left out of it); decoding -> bucket -> {"<arm>_<field>": `stat` (mean +- sd by default)
+    over the seeds that have it}."""
+    stat = mean_sd if stat is None else stat
+    col: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for view in views:
+        for arm, by_mode in view.items():
+            for mode, by_bucket in by_mode.items():
+                for bucket, summary in by_bucket.items():
+                    c = col.setdefault(mode, {}).setdefault(bucket, {})
+                    for f in fields:
+                        c.setdefault(f"{arm}_{f}", []).append(float(summary[f]))
+    return {mode: {b: {k: stat(v) for k, v in c.items()} for b, c in by.items()} for mode, by in col.items()}
 
 
 def trained_runs(root: Path, methods: tuple[str, ...]) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
@@ -396,7 +431,8 @@ def cells(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]], fields: tuple
     """The one aggregation over seeds: decoding -> bucket -> {"<policy>_<field>": `stat` over the runs (mean
     +- sd by default; the trained tables' benchmarks use mean_se), "gain_<field>": of the per-seed rl - sft},
     for each of `fields` (the method's `summary_fields` by default), read through its results schema
-    (`Recipe.evals`); a policy other than sft / rl (a scripted one) counts where a run has it. Fails in one
+    (`Recipe.evals`); a policy other than sft / rl (a scripted one) counts where a run has it, and an
+    optional field (`Recipe.optional_fields`) where its value is not None. Fails in one
     line naming the results.json that lacks a part."""
     fields = recipe.summary_fields if fields is None else fields
     stat = mean_sd if stat is None else stat
@@ -412,15 +448,18 @@ def cells(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]], fields: tuple
                 c = col.setdefault(mode, {}).setdefault(bucket, {})
                 rl = _part(view, ("rl", mode, bucket), out)
                 for f in fields:
-                    if f not in sft and f in recipe.optional_fields:
+                    opt = f in recipe.optional_fields
+                    if f not in sft and opt:
                         continue
-                    a, b = _num(sft, f, ("sft", mode, bucket), out), _num(rl, f, ("rl", mode, bucket), out)
-                    c.setdefault(f"sft_{f}", []).append(a)
-                    c.setdefault(f"rl_{f}", []).append(b)
-                    c.setdefault(f"gain_{f}", []).append(b - a)
+                    # an optional field may be None in one run (a rate over no events): that run does not count
+                    a = None if opt and sft[f] is None else _num(sft, f, ("sft", mode, bucket), out)
+                    b = None if opt and rl.get(f, 0) is None else _num(rl, f, ("rl", mode, bucket), out)
+                    for key, v in (("sft", a), ("rl", b), ("gain", None if a is None or b is None else b - a)):
+                        if v is not None:
+                            c.setdefault(f"{key}_{f}", []).append(v)
                     for pol in (p for p in view if p not in ("sft", "rl")):
                         other = view[pol].get(mode, {}).get(bucket)
-                        if other is not None and f in other:
+                        if other is not None and other.get(f) is not None:
                             c.setdefault(f"{pol}_{f}", []).append(float(other[f]))
     return {mode: {b: {k: stat(v) for k, v in c.items()} for b, c in by.items()} for mode, by in col.items()}
 
@@ -492,15 +531,18 @@ def cell_of(e: dict[str, Any], mode: str, bucket: str, key: str) -> dict[str, An
 
 
 def table_rows(e: dict[str, Any], labels: tuple[tuple[str, str], ...], fields: tuple[str, ...],
-               digits: Callable[[str], int] = lambda f: 1, per_bucket: bool = False) -> list[str]:
+               digits: Callable[[str], int] = lambda f: 1, per_bucket: bool = False,
+               by_decoding: bool = False) -> list[str]:
     """A sweep table's rows "| label | decoding | [bucket |] one cell per field |": per (label, policy key:
-    sft, rl or gain) of `labels`, decoding and (`per_bucket`) bucket; gains signed."""
+    sft, rl or gain; or an arm of `arm_cells`) of `labels`, decoding (the outer loop with `by_decoding`) and
+    (`per_bucket`) bucket; gains signed."""
     rows = []
-    for label, key in labels:
-        for mode in e["cells"] or DECODINGS:
-            for b in (e["cells"].get(mode, {}) if per_bucket else ["all"]):
-                cells = [fmt(cell_of(e, mode, b, f"{key}_{f}"), sign=key == "gain", digits=digits(f)) for f in fields]
-                rows.append(f"| {label} | {mode} | " + (f"{b} | " if per_bucket else "") + " | ".join(cells) + " |")
+    modes = list(e["cells"] or DECODINGS)
+    order = [(lk, m) for m in modes for lk in labels] if by_decoding else [(lk, m) for lk in labels for m in modes]
+    for (label, key), mode in order:
+        for b in (e["cells"].get(mode, {}) if per_bucket else ["all"]):
+            cells = [fmt(cell_of(e, mode, b, f"{key}_{f}"), sign=key == "gain", digits=digits(f)) for f in fields]
+            rows.append(f"| {label} | {mode} | " + (f"{b} | " if per_bucket else "") + " | ".join(cells) + " |")
     return rows
 
 

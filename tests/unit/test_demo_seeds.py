@@ -151,6 +151,44 @@ def test_mean_sd_by_hand():
     assert sw.fmt(sw.EMPTY) == "-"
 
 
+
+def test_arm_cells_paired_and_diff_se_by_hand():
+    """Two arms over seeds 0-2, arm b missing on seed 2: a's accuracy 50, 54, 61 -> mean 55, sd
+    sqrt((25 + 1 + 36) / 2) = sqrt(31); b's 52, 50 -> 51 +- sqrt(2); the paired a - b on seeds 0, 1: -2, 4 -> mean
+    1, SE sqrt(((-3)^2 + 3^2) / 1) / sqrt(2) = 3. diff_se of standard errors (3, 4) and (4, 3) over two seeds:
+    sqrt(9 + 16 + 16 + 9) / 2 = sqrt(50) / 2."""
+    def view(acc_a, acc_b=None):
+        out = {"a": {"greedy": {"all": {"accuracy": acc_a, "turns": 2}}}}
+        if acc_b is not None:
+            out["b"] = {"greedy": {"all": {"accuracy": acc_b, "turns": 3}}}
+        return out
+
+    c = sw.arm_cells([view(50, 52), view(54, 50), view(61)], ("accuracy", "turns"))["greedy"]["all"]
+    assert c["a_accuracy"]["mean"] == 55.0 and c["a_accuracy"]["sd"] == pytest.approx(31 ** 0.5)
+    assert c["a_accuracy"]["values"] == [50.0, 54.0, 61.0] and c["b_accuracy"]["values"] == [52.0, 50.0]
+    assert c["b_turns"] == {"mean": 3.0, "sd": 0.0, "n": 2, "values": [3.0, 3.0]}
+    se = sw.arm_cells([view(50, 52), view(54, 50)], ("accuracy",), sw.mean_se)["greedy"]["all"]
+    assert se["a_accuracy"] == (52.0, 2.0)  # sd 2 sqrt(2) / sqrt(2)
+    a, b = {0: 50.0, 1: 54.0, 2: 61.0}, {1: 50.0, 0: 52.0}
+    assert sw.paired(a, b, lambda x, y: x - y) == [-2.0, 4.0]  # seeds both have, in a's order
+    assert sw.mean_se(sw.paired(a, b, lambda x, y: x - y)) == (1.0, 3.0)
+    assert sw.paired(a, {}, lambda x, y: x - y) == []
+    assert sw.diff_se([3.0, 4.0], [4.0, 3.0]) == pytest.approx(50 ** 0.5 / 2)
+    assert sw.diff_se([2.0], [0.0]) == 2.0
+
+
+def test_fmt_se_bare_and_table_rows_by_decoding():
+    assert sw.fmt_se((5.0, None)) == "5.0 +- n/a" and sw.fmt_se((5.0, None), bare=True) == "5.0"
+    assert sw.fmt_se((5.0, 0.25), 2, bare=True) == "5.00 +- 0.25" and sw.fmt_se(None, bare=True) == "-"
+    e = {"cells": sw.arm_cells([{arm: {mode: {"all": {"x": v}} for mode in ("greedy", "sampled")}
+                                 for arm, v in (("a", 1.0), ("b", 2.0))}], ("x",))}
+    labels = (("A", "a"), ("B", "b"))
+    assert sw.table_rows(e, labels, ("x",)) == ["| A | greedy | 1.0 ± n/a |", "| A | sampled | 1.0 ± n/a |",
+                                                "| B | greedy | 2.0 ± n/a |", "| B | sampled | 2.0 ± n/a |"]
+    assert sw.table_rows(e, labels, ("x",), by_decoding=True) == [
+        "| A | greedy | 1.0 ± n/a |", "| B | greedy | 2.0 ± n/a |", "| A | sampled | 1.0 ± n/a |",
+        "| B | sampled | 2.0 ± n/a |"]
+
 def memagent_result(sft_s: float, rl_s: float, sft_g: float, rl_g: float, eval_seed: int = 987654) -> dict:
     def stage(s: float, g: float) -> dict:  # length 32 is length 8 minus 10 points
         return {str(n): {"sampled": {"accuracy": s - d}, "greedy": {"accuracy": g - d}} for n, d in ((8, 0), (32, 10))}
@@ -419,3 +457,14 @@ def test_child_env_and_the_real_probe():
     assert env == {"PATH": "/bin", "ATEN_CPU_CAPABILITY": "avx2"}
     assert sw.child_env("native", {"PATH": "/bin", "ATEN_CPU_CAPABILITY": "avx512"}) == {"PATH": "/bin"}
     assert sw.probe_capability("default") == "default"
+
+
+def test_base_seeds_read_a_named_variant_as_the_demo_does(monkeypatch):
+    from memrl.demos import memact
+
+    # a variant standing for seed overrides: the sweep must shift from the variant's values, as `memrl demo
+    # variant=...` would run them (sft.seed 40 and data.seed 70 here, not the defaults 500 and 7)
+    monkeypatch.setitem(memact.VARIANTS, "probe", ("sft.seed=40", "train.data.seed=70"))
+    mc = sw.base_seeds("memact", ["variant=probe"])
+    assert (mc["sft.seed"], mc["train.data.seed"]) == (40, 70)
+    assert sw.seed_overrides("memact", 1, mc)[1:4] == ["sft.seed=41", "rl_task_seed=101", "train.data.seed=71"]

@@ -1,5 +1,6 @@
-"""The multi-seed table of benchmarks/lookback_compare.py: hand-made per-seed numbers -> exact mean ± sd,
-paired gaps and goal checks."""
+"""The look-back comparison over seeds: hand-made per-seed results.json -> the one aggregation (memrl.demos.seeds.
+cells through memrl.demos.lookback's results schema) -> benchmarks/lookback_compare.py's exact mean ± sd, paired
+gaps and goal checks; the task streams never hit the held-out seeds."""
 
 from __future__ import annotations
 
@@ -9,30 +10,50 @@ from pathlib import Path
 
 import pytest
 
+from memrl.config import ConfigError
+from memrl.demos.lookback import RECIPE, LookbackConfig, streams
+from memrl.demos.seeds import cells
+
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "lookback_compare.py"
 _spec = importlib.util.spec_from_file_location("lookback_compare", _PATH)
 lc = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(lc)
 
 
-def cell(em8: float, em16: float, rr: float = 0.0, hr: float | None = None) -> dict:
-    return {"greedy": {"by_length": {"8": {"em": em8, "se": 5.0}, "16": {"em": em16, "se": 7.0}},
-                       "recall_rate": rr, "callback_hit_rate": hr}}
+def by_length(em8: float, em16: float, rr: float = 0.0, hr: float | None = None) -> dict:
+    s = {"recall_rate": rr, "callback_hit_rate": hr}
+    return {"8": {"accuracy": em8, **s}, "16": {"accuracy": em16, **s}, "all": {"accuracy": (em8 + em16) / 2, **s}}
 
 
-TABLES = {
-    0: {"rl_rememr1": cell(60, 50, 0.1, 0.5), "rl_rememr1_norecall": cell(40, 45), "rl_memagent": cell(50, 40)},
-    1: {"rl_rememr1": cell(70, 50, 0.2, 0.7), "rl_rememr1_norecall": cell(40, 50), "rl_memagent": cell(50, 40)},
-    2: {"rl_rememr1": cell(80, 80, 0.3, None), "rl_rememr1_norecall": cell(40, 55), "rl_memagent": cell(50, 40)},
-}
+def result(rl: tuple, norecall: tuple | None = None, oracle: tuple | None = None) -> dict:
+    res = {"sft": {"greedy": by_length(0, 0)}, "rl": {"greedy": by_length(*rl)}}
+    if norecall is not None:
+        res["rl_norecall"] = {"greedy": by_length(*norecall)}
+    if oracle is not None:
+        res["oracle"] = {"greedy": by_length(*oracle)}
+    return res
+
+
+def entry(results: list[dict]) -> dict:
+    return {"seeds": list(range(len(results))), "buckets": ["8", "16", "all"],
+            "cells": cells(RECIPE, [(Path(f"seed{k}"), r) for k, r in enumerate(results)])}
+
+
+REMEMR1 = [result((60, 50, 0.1, 0.5), (40, 45)), result((70, 50, 0.2, 0.7), (40, 50)),
+           result((80, 80, 0.3, None), (40, 55))]
+MEMAGENT = [result((50, 40))] * 3
 
 
 def test_mean_sd_gaps_and_goals_over_seeds():
-    agg = lc.aggregate(TABLES, [8, 16])
+    rem = entry(REMEMR1)
+    # a hit rate of None (no recalls) counts in no cell: the SFT policy never recalled, so no SFT rate or gain
+    assert "sft_callback_hit_rate" not in rem["cells"]["greedy"]["all"]
+    assert "gain_callback_hit_rate" not in rem["cells"]["greedy"]["all"]
+    assert rem["cells"]["greedy"]["all"]["rl_callback_hit_rate"]["values"] == [0.5, 0.7]  # seed 2: None
+    agg = lc.compare({"memagent": entry(MEMAGENT), "rememr1": rem}, ["8", "16"])
     rl = agg["runs"]["rl_rememr1"]["greedy"]
     assert rl["em"]["8"]["mean"] == 70.0 and rl["em"]["8"]["sd"] == 10.0  # 60, 70, 80
     assert rl["em"]["16"]["mean"] == 60.0 and rl["em"]["16"]["sd"] == pytest.approx(math.sqrt(300))  # 50, 50, 80
-    assert rl["se_tasks"] == {"8": 5.0, "16": 7.0}
     assert rl["recall_rate"]["mean"] == pytest.approx(0.2) and rl["recall_rate"]["sd"] == pytest.approx(0.1)
     # the hit rate averages the seeds that recalled (seed 2 has no recalls: None)
     assert rl["callback_hit_rate"]["n"] == 2 and rl["callback_hit_rate"]["mean"] == pytest.approx(0.6)
@@ -49,41 +70,45 @@ def test_mean_sd_gaps_and_goals_over_seeds():
     assert goals["recall off drops accuracy >= 10 at N=16"] == (10.0, True)  # exactly 10 is met
     assert goals["RL ReMemR1 - RL MemAgent >= 10 at N=16"] == (20.0, True)
     assert "sampled" not in agg["runs"]["rl_rememr1"] and agg["goals"]["sampled"] == {}
-    md = lc.aggregate_markdown(agg, [8, 16], "cmd")
+    md = lc.markdown(agg, ["8", "16"], "cmd")
     assert "| rl_rememr1 | 70.0 ± 10.0 | 60.0 ± 17.3 | 0.200 ± 0.100 | 0.600 ± 0.141 |" in md
     assert "| rl_memagent | 50.0 ± 0.0 | 40.0 ± 0.0 | - | - |" in md
+    assert "| sft_rememr1 | 0.0 ± 0.0 | 0.0 ± 0.0 | 0.000 ± 0.000 | n/a |" in md
     assert "| rl_rememr1 - rl_rememr1_norecall | +30.0 ± 10.0 | +10.0 ± 13.2 |" in md
     assert "| RL ReMemR1 - RL MemAgent >= 10 at N=16 | +20.0 | met |" in md
 
 
 def test_a_missed_goal_says_what_was_reached():
-    tables = {s: {"rl_rememr1": cell(50, 30, 0.0, None), "rl_rememr1_norecall": cell(50, 30),
-                  "rl_memagent": cell(50, 35)} for s in (0, 1)}
-    tables[0]["oracle_rememr1"] = cell(100, 100, 0.06, 1.0)  # the oracles: the first seed only
-    agg = lc.aggregate(tables, [8, 16])
+    rem = [result((50, 30, 0.0, None), (50, 30), oracle=(100, 100, 0.06, 1.0)), result((50, 30, 0.0, None), (50, 30))]
+    agg = lc.compare({"memagent": entry([result((50, 35))] * 2), "rememr1": entry(rem)}, ["8", "16"])
     goals = agg["goals"]["greedy"]
     assert goals["recall rate > 0"] == (0.0, False)
     assert goals["callback hit rate > 0.5"] == (None, False)  # no seed recalled
     assert goals["RL ReMemR1 - RL MemAgent >= 10 at N=16"] == (-5.0, False)
-    md = lc.aggregate_markdown(agg, [8, 16])
+    md = lc.markdown(agg, ["8", "16"])
     assert "| callback hit rate > 0.5 | n/a | MISSED |" in md
     assert "| oracle_rememr1 (n = 1) | 100.0 ± n/a | 100.0 ± n/a | 0.060 ± n/a | 1.000 ± n/a |" in md
     assert "| RL ReMemR1 - RL MemAgent >= 10 at N=16 | -5.0 | MISSED |" in md
 
 
+def test_the_arms_must_have_finished_the_same_seeds():
+    with pytest.raises(SystemExit, match="different seeds"):
+        lc.compare({"memagent": entry(MEMAGENT[:2]), "rememr1": entry(REMEMR1)}, ["8", "16"])
+
+
 def test_training_task_seeds_never_hit_the_eval_seeds():
-    assert lc.task_seeds(0, 1000, [2, 4]) == {"train": 1, "sft": 2}  # the one-seed benchmark's
-    assert lc.task_seeds(2, 1000, [2, 4]) == {"train": 5, "sft": 6}
-    with pytest.raises(SystemExit, match="eval task seed"):
-        lc.task_seeds(1, 2, [2, 4])  # sft seed 4 = eval seed 2 + 2
+    assert streams(LookbackConfig()) == {"rl": 1, "sft": 2}  # the old benchmark's seed 0
+    assert streams(LookbackConfig(seed=2)) == {"rl": 5, "sft": 6}  # its 1 + 2k, 2 + 2k
+    RECIPE.check(LookbackConfig(seed=1), [])
+    bad = LookbackConfig(seed=1)
+    bad.eval.seed, bad.eval.lengths = 2, [2, 4]
+    with pytest.raises(ConfigError, match="the sft task seed 4 is a held-out task seed"):
+        RECIPE.check(bad, [])  # sft seed 2 + 2 = eval seed 2 + length 2
+    with pytest.raises(ConfigError, match="not overridable"):
+        RECIPE.check(LookbackConfig(), ["workflow.recall=false"])
 
 
-def test_a_seed_directory_refuses_another_recipe(tmp_path):
-    import argparse
-
-    args = argparse.Namespace(**{k: 0 for k in lc.RECIPE_KEYS})
-    lc.check_recipe(tmp_path, args)  # first run: recorded
-    lc.check_recipe(tmp_path, args)  # resume with the same options: fine
-    args.rl_steps = 40
-    with pytest.raises(SystemExit, match="recipe.json: rl_steps is 0, this run has 40"):
-        lc.check_recipe(tmp_path, args)
+def test_each_arm_trains_from_its_own_preset():
+    assert LookbackConfig(method="memagent").train_preset == "lookback_memagent_cpu"
+    assert LookbackConfig().train_preset == "lookback_rememr1_cpu"
+    assert LookbackConfig(method="memagent", train_preset="x").train_preset == "x"

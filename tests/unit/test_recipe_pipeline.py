@@ -22,13 +22,14 @@ METHOD_WORDS = ("memagent", "memact", "context", "mem1", "infmem", "reading", "f
 def test_every_builtin_method_resolves_to_its_module_recipe():
     import memrl.demos.context
     import memrl.demos.infmem
+    import memrl.demos.lookback
     import memrl.demos.mem1
     import memrl.demos.memact
     import memrl.demos.memagent
 
     modules = {"memagent": memrl.demos.memagent, "memact": memrl.demos.memact, "context": memrl.demos.context,
-               "mem1": memrl.demos.mem1, "infmem": memrl.demos.infmem}
-    assert list(BUILTIN) == list(modules) and recipe_names()[:5] == list(modules)
+               "mem1": memrl.demos.mem1, "infmem": memrl.demos.infmem, "lookback": memrl.demos.lookback}
+    assert list(BUILTIN) == list(modules) and recipe_names()[:6] == list(modules)
     for name, module in modules.items():
         assert get_recipe(name) is module.RECIPE and module.RECIPE.name == name
     assert get_recipe("memrl.demos.mem1:RECIPE") is memrl.demos.mem1.RECIPE
@@ -36,7 +37,7 @@ def test_every_builtin_method_resolves_to_its_module_recipe():
 
 def test_unknown_methods_and_non_recipes_are_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^--agent: unknown recipe method 'nope'; one of memagent, memact, "
-                                          r"context, mem1, infmem or an import path"):
+                                          r"context, mem1, infmem, lookback or an import path"):
         get_recipe("nope")
     with pytest.raises(ConfigError, match=r"^--agent='memrl.demos.mem1:METHODS' is not a memrl.demos.pipeline.Recipe "
                                           r"\(got dict\)"):

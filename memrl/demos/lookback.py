@@ -1,0 +1,346 @@
+"""MemAgent vs ReMemR1 on the look-back synthetic task (memrl.data.synthetic_lookback), on CPU, as a recipe method
+(issue 60): same tokenizer, model init, cold start and RL budget for both arms.
+
+  memrl demo --agent lookback --out runs/lookback/rememr1 method=rememr1
+  memrl demo --agent lookback --out runs/lookback/memagent --seeds 0,1,2 method=memagent
+  python benchmarks/lookback_compare.py --out runs/lb3 --seeds 0,1,2 [overrides]   # both arms, the gaps
+
+`method` picks the arm: its RL preset (lookback_memagent_cpu: GRPO; lookback_rememr1_cpu: the multi-level
+advantage), whose workflow section the arm's evaluations use too. The stages (memrl.demos.pipeline):
+tasks (RL tasks of 4 pieces, data/train.json, read by RL as data.name=file; SFT tasks of `sft.chunks`
+pieces; `eval.num_tasks` held-out tasks per length N of `eval.lengths`, seeded eval.seed + N,
+data/eval_<N>.json) -> a random tiny Qwen2 whose tokenizer is trained on the task's words and both arms'
+prompt formats (model/) -> the scripted oracle's held-out numbers (memrl.demonstrators.LookbackDemonstrator:
+`oracle`) -> optional copy warm-up -> cold start on the oracle's traces of BOTH workflows (recall steps
+repeated `sft.oversample_recall` times) -> held-out evaluation -> RL -> the same evaluation, ReMemR1 also
+with recall disabled (workflow.recall=false: `rl_norecall`, the ablation). The cold start depends on no
+arm setting, so both arms' cold starts are the same checkpoint (the one-checkpoint design of the old
+benchmark, now by construction). Evaluations: memrl.eval.runner per policy (out/eval/<policy>[_sampled]),
+greedy and (eval.sampled) one sample per task at eval.temperature (1), eval seed 0; per length: accuracy (%) +- s.e.
+over tasks, recall rate (recalls / memory steps), callback hit rate (hits / recalls; None without recalls),
+format errors per step, and the same pooled over lengths (bucket "all").
+
+Training seed k (`seed`, shifted by `--seeds`) shifts the tokenizer corpus and BPE, the model init, the copy
+warm-up, the SFT order and, by 2k, the task streams (RL tasks rl_task_seed + 2k, SFT tasks sft.task_seed +
+2k: the old benchmark's 1 + 2k and 2 + 2k); `--seeds` shifts train.data.seed and train.trainer.seed by k.
+`old_defaults` (on) runs RL with engine.hf.kv_cache=padded and trainer.prefix_sharing=never and the
+evaluations with kv_cache=padded, as docs/results/rememr1.md's tables were recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from memrl.config import MAX_COUNT, MAX_LR, MAX_PARALLEL, MAX_SEED, ConfigError, load_config, valid
+from memrl.data.io import load_tasks
+from memrl.data.memagent_files import write_eval_json
+from memrl.data.synthetic import corpus_text
+from memrl.data.synthetic_lookback import LookbackConfig as Shape
+from memrl.data.synthetic_lookback import corpus_extra, make_lookback_tasks
+from memrl.demonstrators import LookbackDemonstrator, ScriptedEngine
+from memrl.demos.cold_start import copy_warmup
+from memrl.demos.parts import count_parameters, results_tail
+from memrl.demos.pipeline import EvalSettings, Recipe, RecipeRun, WarmupSFTSettings, run_recipe
+from memrl.demos.seeds import cell_of, fmt
+from memrl.engines import EngineConfig, HFSection
+from memrl.eval.runner import EvalConfig, evaluate
+from memrl.models.tiny import init_tiny_model
+from memrl.runtime import rollout_once
+from memrl.training.config import TrainConfig
+from memrl.types import Segment
+from memrl.workflows import get_workflow, parse_workflow
+
+__all__ = ["OLD_DEFAULTS", "PRESETS", "RECIPE", "LookbackConfig", "LookbackEval", "LookbackSFT", "run_lookback_demo",
+           "summarize"]
+
+PRESETS = {"memagent": "lookback_memagent_cpu", "rememr1": "lookback_rememr1_cpu"}
+"""`method` -> its RL preset (workflow, algorithm, RL budget)."""
+OLD_DEFAULTS = ("engine.hf.kv_cache=padded", "trainer.prefix_sharing=never")
+"""The defaults before 2026-11-28, with which docs/results/rememr1.md's tables were recorded (`old_defaults`)."""
+SHAPE = dict(chunk_words=8, facts_per_chunk=1, num_keys=16, num_values=8, fact_position="start")
+"""The look-back tasks' shape (memrl.data.synthetic_lookback.LookbackConfig) for training and evaluation."""
+RL_CHUNKS = 4
+"""Pieces per RL task."""
+POLICIES = ("oracle", "sft", "rl", "rl_norecall")
+"""The evaluated policies, in table order (oracle: the scripted reference; rl_norecall: ReMemR1 only)."""
+
+
+@dataclass
+class LookbackSFT(WarmupSFTSettings):
+    """Cold start on the scripted oracle's traces of both workflows, with the copy warm-up's own rows and lr."""
+
+    num_tasks: int = valid(500, ge=1, le=MAX_COUNT)
+    """SFT tasks (each played through both workflows)."""
+    chunks: int = valid(4, ge=1, le=MAX_COUNT)
+    """Pieces per SFT task."""
+    task_seed: int = valid(2, ge=0, le=MAX_SEED)
+    """Seed of the SFT tasks at training seed 0 (training seed k: task_seed + 2k)."""
+    oversample_recall: int = valid(1, ge=1, le=MAX_COUNT)
+    """Repeat each demonstrated recall step this many times (recalls are ~6% of the rows)."""
+    epochs: int = valid(2, ge=1, le=MAX_COUNT)
+    lr: float = valid(3e-3, gt=0, le=MAX_LR)
+    batch_rows: int = valid(32, ge=1, le=MAX_COUNT)
+    copy_warmup_rows: int = valid(32, ge=0, le=MAX_COUNT, note="0 = 4 x batch_rows")
+    copy_warmup_lr: float = valid(1e-3, gt=0, le=MAX_LR)
+    """The copy warm-up's learning rate (the cold start's is `lr`)."""
+
+
+@dataclass
+class LookbackEval(EvalSettings):
+    """Held-out tasks per length N, seeded eval.seed + N (the same for every training seed)."""
+
+    num_tasks: int = valid(48, ge=1, le=MAX_COUNT)
+    seed: int = valid(1000, ge=0, le=MAX_SEED)
+    """Held-out tasks of length N use seed + N (1000: the held-out tasks; tune on another, e.g. 5000)."""
+    lengths: list[int] = valid(default_factory=lambda: [2, 4, 8, 16], ge=1, le=MAX_COUNT)
+    """Pieces per held-out task, one set per length."""
+    sampled: bool = True
+    """Also evaluate one sample per task at `temperature` (evaluation seed 0)."""
+    oracle: bool = True
+    """Evaluate the arm's scripted oracle (the reference policy `oracle`)."""
+
+
+@dataclass
+class LookbackConfig:
+    """`memrl demo --agent lookback` settings; the RL settings are the arm's preset (+ train.*)."""
+
+    method: str = valid("rememr1", choices=tuple(PRESETS))
+    """The arm: memagent (preset lookback_memagent_cpu, GRPO) or rememr1 (lookback_rememr1_cpu)."""
+    sft: LookbackSFT = field(default_factory=LookbackSFT)
+    eval: LookbackEval = field(default_factory=LookbackEval)
+    rl_tasks: int = valid(2000, ge=1, le=MAX_COUNT)
+    """RL tasks (4 pieces each)."""
+    rl_task_seed: int = valid(1, ge=0, le=MAX_SEED)
+    """Seed of the RL tasks at training seed 0 (training seed k: rl_task_seed + 2k)."""
+    seed: int = valid(0, ge=0, le=MAX_SEED)
+    """Training seed: tokenizer corpus and BPE, model init, copy warm-up, SFT order; shifts the task streams."""
+    old_defaults: bool = True
+    """engine.hf.kv_cache=padded and trainer.prefix_sharing=never (docs/results/rememr1.md's tables)."""
+    train_preset: str = ""
+    """The RL preset; empty = the arm's (PRESETS)."""
+    threads: int = valid(1, ge=0, le=MAX_PARALLEL, note="0 = torch's default")
+    """torch's threads for the whole run (1: the recorded tables')."""
+
+    def __post_init__(self) -> None:
+        self.train_preset = self.train_preset or PRESETS.get(self.method, "")
+
+
+def streams(cfg: LookbackConfig) -> dict[str, int]:
+    """The task-stream seeds of the run: RL tasks and SFT tasks."""
+    return {"rl": cfg.rl_task_seed + 2 * cfg.seed, "sft": cfg.sft.task_seed + 2 * cfg.seed}
+
+
+def preset_workflow(wf: str, **extra: Any) -> Any:
+    """The parsed workflow config of arm `wf`'s preset (with `extra` fields)."""
+    section = dict(load_config(TrainConfig, ["model.path=x", "data.path=x"], preset=PRESETS[wf]).workflow)
+    return parse_workflow({**section, **extra})[1]
+
+
+def summarize(res_dir: Path) -> dict[str, dict[str, Any]]:
+    """Per length N (and "all", pooled): n tasks, accuracy (%), its s.e. over tasks, memory steps, recalls,
+    callback hits, recall rate (recalls / steps), callback hit rate (hits / recalls; None without recalls),
+    format errors per memory step."""
+    rows = [json.loads(x) for x in (res_dir / "results.jsonl").read_text().splitlines() if x.strip()]
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted(rows, key=lambda r: int(r["num_docs"])):
+        by.setdefault(str(int(r["num_docs"])), []).append(r)
+    by["all"] = rows
+    out = {}
+    for n, rs in by.items():
+        steps, recalls, hits, errors = (sum(r["metrics"].get(k, 0) for r in rs)
+                                        for k in ("num_chunks", "recalls", "callback_hits", "format_errors"))
+        p = sum(r["em"] for r in rs) / len(rs)
+        out[n] = {"n": len(rs), "accuracy": 100 * p, "se": 100 * math.sqrt(p * (1 - p) / len(rs)), "steps": steps,
+                  "recalls": recalls, "hits": hits, "recall_rate": recalls / steps if steps else 0.0,
+                  "callback_hit_rate": hits / recalls if recalls else None, "format_errors": errors / max(steps, 1)}
+    return out
+
+
+class LookbackRecipe(Recipe):
+    """The look-back comparison as a recipe method (module docstring)."""
+
+    name = "lookback"
+    config = LookbackConfig
+    seed_keys = (("seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train"))
+    summary_fields = ("accuracy", "recall_rate", "callback_hit_rate")
+    optional_fields = ("callback_hit_rate",)
+
+    def check(self, cfg: LookbackConfig, train_overrides: list[str]) -> None:
+        if cfg.method not in PRESETS:
+            raise ConfigError(f"method must be one of {', '.join(PRESETS)}, got {cfg.method!r}")
+        wf = [ov for ov in train_overrides if ov.startswith("workflow")]
+        if wf:
+            raise ConfigError(f"{wf[0]!r}: the arms' workflows are their presets' (the shared cold start plays "
+                              "both); not overridable")
+        held = self.heldout_seeds(cfg)
+        for k, v in streams(cfg).items():
+            if v in held:
+                raise ConfigError(f"seed {cfg.seed}: the {k} task seed {v} is a held-out task seed (eval.seed "
+                                  f"{cfg.eval.seed} + a length)")
+
+    def heldout_seeds(self, cfg: LookbackConfig) -> set[int]:
+        return {cfg.eval.seed + n for n in cfg.eval.lengths}
+
+    def train_overrides(self, cfg: LookbackConfig, out_dir: str | Path) -> list[str]:
+        return ["data.name=file", f"data.path={Path(out_dir) / 'data' / 'train.json'}", "trainer.progress=false",
+                *(OLD_DEFAULTS if cfg.old_defaults else ())]
+
+    def check_run(self, run: RecipeRun) -> None:
+        if run.spec.name != run.cfg.method:
+            raise ConfigError(f"train_preset {run.cfg.train_preset}: its workflow is {run.spec.name}, not the arm's "
+                              f"{run.cfg.method}")
+
+    def init(self, run: RecipeRun) -> None:
+        cfg, d = run.cfg, run.out / "data"
+        d.mkdir(parents=True, exist_ok=True)
+        seeds = streams(cfg)
+        write_eval_json(d / "train.json", make_lookback_tasks(Shape(num_chunks=RL_CHUNKS, **SHAPE), cfg.rl_tasks,
+                                                              seed=seeds["rl"]))
+        write_eval_json(d / "sft.json", make_lookback_tasks(Shape(num_chunks=cfg.sft.chunks, **SHAPE),
+                                                            cfg.sft.num_tasks, seed=seeds["sft"]))
+        digest = hashlib.sha256()
+        for n in cfg.eval.lengths:
+            tasks = make_lookback_tasks(Shape(num_chunks=n, **SHAPE), cfg.eval.num_tasks, seed=cfg.eval.seed + n)
+            for t in tasks:
+                t.meta["num_docs"] = n
+            write_eval_json(d / f"eval_{n}.json", tasks)
+            digest.update((d / f"eval_{n}.json").read_bytes())
+        tpls = [t.text for wf in PRESETS for t in preset_workflow(wf).templates()]
+        corpus = run.out / "corpus.txt"
+        corpus.write_text(corpus_text(seed=cfg.seed, extra=corpus_extra(tuple(tpls))), encoding="utf-8")
+        init_tiny_model(run.out / "model", "tiny", corpus=[corpus], vocab_size=2048, seed=cfg.seed)
+        run.tokenizer = AutoTokenizer.from_pretrained(run.out / "model")
+        run.model = AutoModelForCausalLM.from_pretrained(run.out / "model", dtype=torch.float32)
+        run.extra.update(sft_tasks=load_tasks(d / "sft.json"), heldout_sha256=digest.hexdigest(),
+                         n_params=count_parameters(run.model))
+
+    def scripted(self, run: RecipeRun) -> None:
+        if run.cfg.eval.oracle:
+            run.extra["oracle"] = {"greedy": self.eval_policy(run, "oracle", None)}
+
+    def warmup(self, run: RecipeRun) -> list[float]:
+        s = run.cfg.sft
+        if not s.copy_warmup_steps:
+            return []
+        return copy_warmup(run.model, run.tokenizer, s.copy_warmup_steps, s.warmup_rows(), s.copy_warmup_lr,
+                           run.cfg.seed, run.out / "copy_warmup", progress=False)
+
+    def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
+        """The oracle's traces of BOTH workflows (whatever the arm), recall steps repeated."""
+        rows_all: list[Segment] = []
+        stats = {}
+        k = run.cfg.sft.oversample_recall
+        for wf in PRESETS:
+            c = preset_workflow(wf, temperature=0.0)
+            eng = ScriptedEngine(LookbackDemonstrator.for_config(wf, c), tokenizer=run.tokenizer)
+            groups = rollout_once(run.extra["sft_tasks"], get_workflow(wf), eng, c, n=1)
+            rows = [x for g in groups for x in g.segments()]
+            recalls = [x for x in rows if x.info.get("recall_query")]
+            rows += recalls * (k - 1)
+            rows_all += rows
+            stats[wf] = {"rows": len(rows), "recall_steps": len(recalls),
+                         "accuracy": 100 * sum(g.rewards[0] for g in groups) / len(groups)}
+            print(f"sft traces {wf}: {len(rows)} rows ({len(recalls)} recall steps x{k}), demonstrator accuracy "
+                  f"{stats[wf]['accuracy']:.1f}%", flush=True)
+        return rows_all, stats
+
+    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
+        out = {"greedy": self.eval_policy(run, policy, Path(model_dir))}
+        if run.cfg.eval.sampled:
+            out["sampled"] = self.eval_policy(run, policy, Path(model_dir), sampled=True)
+        if policy == "rl" and run.cfg.method == "rememr1":  # the ablation: queries retrieve nothing
+            run.extra["rl_norecall"] = {m: self.eval_policy(run, "rl_norecall", Path(model_dir), sampled=m == "sampled",
+                                                            recall=False) for m in out}
+        return out
+
+    def eval_policy(self, run: RecipeRun, name: str, model_dir: Path | None, *, sampled: bool = False,
+                    recall: bool = True) -> dict[str, Any]:
+        """memrl.eval.runner on the held-out files: `model_dir`'s policy (None: the arm's scripted oracle)."""
+        wf, cfg = run.cfg.method, run.cfg
+        res = run.out / "eval" / (name + ("_sampled" if sampled else ""))
+        c = preset_workflow(wf)
+        tdir = run.out / "templates" / wf
+        tdir.mkdir(parents=True, exist_ok=True)
+        mem, fin = c.templates()
+        # a template file's text is used exactly (template_strip=false): the prompt text, no final newline
+        (tdir / "memory.txt").write_text(mem.text, encoding="utf-8", newline="")
+        (tdir / "final.txt").write_text(fin.text, encoding="utf-8", newline="")
+        keep = ("chunk_tokens", "max_memory_tokens", "max_final_tokens", "scorer")
+        section = {"name": wf, **{k: getattr(c, k) for k in keep if hasattr(c, k)},
+                   "memory_template_file": str(tdir / "memory.txt"), "final_template_file": str(tdir / "final.txt")}
+        if sampled:
+            section["temperature"] = cfg.eval.temperature
+        if not recall:
+            section["recall"] = False
+        engine = None
+        if model_dir is None:
+            engine = ScriptedEngine(LookbackDemonstrator.for_config(wf, c), tokenizer=run.tokenizer)
+        hf = HFSection(kv_cache="padded") if cfg.old_defaults else HFSection()
+        ecfg = EvalConfig(workflow=section, engine=EngineConfig(model=str(model_dir or "oracle"), max_batch_size=256,
+                                                                hf=hf), concurrency=256, name=res.name, progress=False)
+        files = [str(run.out / "data" / f"eval_{n}.json") for n in cfg.eval.lengths]
+        evaluate(files, res, ecfg, engine=engine)
+        return summarize(res)
+
+    def results(self, run: RecipeRun) -> dict[str, Any]:
+        cfg = run.cfg
+        return {"method": cfg.method, "workflow": dict(run.tcfg.workflow), "algorithm": run.tcfg.algorithm.name,
+                "lengths": list(cfg.eval.lengths), "eval": asdict(cfg.eval), "streams": streams(cfg),
+                "heldout_sha256": run.extra["heldout_sha256"],
+                **{p: run.extra[p] for p in ("oracle", "rl_norecall") if p in run.extra},
+                "sft": run.evals["sft"], "rl": run.evals["rl"], "demonstrator": run.demo, **results_tail(run)}
+
+    def markdown(self, results: dict[str, Any]) -> str:
+        lines = [f"method {results['method']} (accuracy % ± s.e. over tasks)", ""]
+        for mode in ("greedy", "sampled"):
+            rows = [(p, results[p][mode]) for p in POLICIES if mode in results.get(p, {})]
+            if not rows:
+                continue
+            lines += [f"{mode}:", "", "| policy | " + " | ".join(f"N={n}" for n in results["lengths"])
+                      + " | recall rate | callback hit rate |", "|---|" + "---:|" * (len(results["lengths"]) + 2)]
+            for p, by in rows:
+                hr = by["all"]["callback_hit_rate"]
+                lines.append(f"| {p} | " + " | ".join(f"{by[str(n)]['accuracy']:.1f} ± {by[str(n)]['se']:.1f}"
+                                                      for n in results["lengths"])
+                             + f" | {by['all']['recall_rate']:.3f} | {'n/a' if hr is None else f'{hr:.3f}'} |")
+            lines.append("")
+        return "\n".join(lines)
+
+    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
+        return {p: results[p] for p in POLICIES if p in results or p in ("sft", "rl")}
+
+    def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
+        return results["heldout_sha256"]
+
+    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+        return {"method": done[0][1]["method"] if done else None}
+
+    def sweep_table(self, e: dict[str, Any]) -> list[str]:
+        lengths = [b for b in e["buckets"] if b != "all"]
+        lines = [f"method {e['method']} (accuracy %)", ""]
+        for mode, by in e["cells"].items():
+            lines += [f"{mode}:", "", "| policy | " + " | ".join(f"N={n}" for n in lengths)
+                      + " | recall rate | callback hit rate |", "|---|" + "---:|" * (len(lengths) + 2)]
+            for p in ("oracle", "sft", "rl", "gain", "rl_norecall"):
+                if f"{p}_accuracy" not in by.get("all", {}):
+                    continue
+                acc = [fmt(cell_of(e, mode, n, f"{p}_accuracy"), sign=p == "gain") for n in lengths]
+                rates = [fmt(cell_of(e, mode, "all", f"{p}_{f}"), sign=p == "gain", digits=3)
+                         for f in ("recall_rate", "callback_hit_rate")]
+                lines.append(f"| {'rl - sft' if p == 'gain' else p} | " + " | ".join(acc + rates) + " |")
+            lines.append("")
+        return lines
+
+
+RECIPE = LookbackRecipe()
+run_lookback_demo = partial(run_recipe, RECIPE)
+"""Run one arm (module docstring): (out_dir, overrides) -> what results.json holds."""
