@@ -44,8 +44,8 @@ MODES = {
 
 
 def build_sft(out: Path, demo_overrides: list[str]) -> Path:
-    """The demo's init + cold-start stages (memrl.demos.memagent), once: <out>/sft."""
-    from memrl.demos import memagent as demo
+    """The demo's init + cold-start stages (memrl.recipes.memagent), once: <out>/sft."""
+    from memrl.recipes import memagent as demo
 
     cfg, tcfg, out, (spec, wf_cfg) = demo.load_demo_configs(demo_overrides, out)
     tokenizer, model = demo.init_model(cfg, tcfg, out, wf_cfg)
@@ -73,7 +73,7 @@ def child(mode: str, sft: Path, out: Path, steps: int, threshold: float, window:
           demo_overrides: list[str], pin: bool = False) -> dict:
     import torch
 
-    from memrl.demos import memagent as demo
+    from memrl.recipes import memagent as demo
     from memrl.training.assemble import assemble
     from memrl.training.trainer import Trainer
 

@@ -13,7 +13,7 @@ through the real workflows with the tiny models' tokenizer. They isolate what ea
 competent policy at the budget; they are not trained models.
 
 The trained comparison (docs/results/context_management.md): per method a tiny model trained from scratch by
-`memrl demo --agent context` (memrl.demos.context: cold start on these agents, then GRPO, or FoldGRPO for fold,
+`memrl demo --agent context` (memrl.recipes.context: cold start on these agents, then GRPO, or FoldGRPO for fold,
 with and without its process rewards), 3 training seeds, greedy and sampled on held-out tasks of seed 901, at
 3 facts per task and 40 filler words:
 
@@ -58,9 +58,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memrl.demos.context import RECIPE
-from memrl.demos.seeds import cells, fmt_se, mean_se, paired
-from memrl.demos.seeds import trained_runs as seed_runs
+from memrl.recipes.context import RECIPE
+from memrl.recipes.seeds import cells, fmt_se, mean_se, paired
+from memrl.recipes.seeds import trained_runs as seed_runs
 
 HELDOUT_SEED = 901
 
@@ -131,7 +131,7 @@ TRAINED_FIELDS = ("accuracy", "peak_context_tokens", "mean_context_tokens", "tok
 
 def trained_runs(root: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
     """{method: [(run dir, results.json)]} of the finished runs under ROOT/<method>/[<capability>/]seed<k>
-    (memrl.demos.seeds.trained_runs over TRAINED_METHODS)."""
+    (memrl.recipes.seeds.trained_runs over TRAINED_METHODS)."""
     return seed_runs(root, TRAINED_METHODS)
 
 

@@ -27,7 +27,7 @@ import argparse
 import time
 from dataclasses import replace
 
-from memrl.demos.memagent import cold_start, evaluate_model, heldout_tasks, init_model, load_demo_configs
+from memrl.recipes.memagent import cold_start, evaluate_model, heldout_tasks, init_model, load_demo_configs
 
 
 def main() -> int:

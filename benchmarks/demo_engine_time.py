@@ -25,8 +25,8 @@ from typing import Any
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from memrl.demos.memagent import evaluate_model, heldout_tasks, load_demo_configs
 from memrl.eval.evaluator import results_to_json
+from memrl.recipes.memagent import evaluate_model, heldout_tasks, load_demo_configs
 from memrl.training.assemble import assemble
 from memrl.training.checkpoint import latest_checkpoint
 from memrl.training.trainer import Trainer

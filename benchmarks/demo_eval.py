@@ -22,9 +22,9 @@ from pathlib import Path
 def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memrl.demos.memagent import evaluate_demonstrator, evaluate_model, heldout_tasks, load_demo_configs
-    from memrl.demos.report import write_memagent_outputs
     from memrl.eval.evaluator import results_to_json
+    from memrl.recipes.memagent import evaluate_demonstrator, evaluate_model, heldout_tasks, load_demo_configs
+    from memrl.recipes.report import write_memagent_outputs
     from memrl.training.checkpoint import latest_checkpoint
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from memrl.demos.memagent import heldout_tasks, load_demo_configs, protocol
 from memrl.eval.evaluator import EngineRollout, evaluate_policy, model_engine
+from memrl.recipes.memagent import heldout_tasks, load_demo_configs, protocol
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Where a demo policy's memory loses the asked fact: every memory call classified (memrl.demos.retention).
+"""Where a demo policy's memory loses the asked fact: every memory call classified (memrl.recipes.retention).
 
     .venv/bin/python benchmarks/demo_failures.py --run runs/demo --chunks 32 eval.seed=24680
 
@@ -20,9 +20,9 @@ def main() -> int:
 
     from memrl.data.synthetic import at_length, make_tasks
     from memrl.demonstrators import ScriptedEngine
-    from memrl.demos.memagent import demonstrator, load_demo_configs
-    from memrl.demos.retention import EVENTS, RetentionCounter
     from memrl.eval.evaluator import EngineRollout, evaluate_tasks, model_engine
+    from memrl.recipes.memagent import demonstrator, load_demo_configs
+    from memrl.recipes.retention import EVENTS, RetentionCounter
     from memrl.training.checkpoint import latest_checkpoint
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

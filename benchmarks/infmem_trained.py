@@ -1,5 +1,5 @@
 """The trained InfMem vs MemAgent table: mean +- SE over training seeds of finished `memrl demo --agent infmem`
-runs (memrl.demos.infmem).
+runs (memrl.recipes.infmem).
 
     .venv/bin/python benchmarks/infmem_trained.py --trained runs/infmem
 
@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from memrl.demos.infmem import RECIPE
-from memrl.demos.seeds import cells, fmt_se, mean_se, paired
-from memrl.demos.seeds import trained_runs as seed_runs
+from memrl.recipes.infmem import RECIPE
+from memrl.recipes.seeds import cells, fmt_se, mean_se, paired
+from memrl.recipes.seeds import trained_runs as seed_runs
 
 METHODS = ("infmem", "memagent")
 FIELDS = ("accuracy", "model_calls", "chunks_read")
@@ -29,7 +29,7 @@ FIELDS = ("accuracy", "model_calls", "chunks_read")
 
 def trained_runs(root: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
     """{method: [(run dir, results.json)]} of the finished runs under ROOT/<method>/[<capability>/]seed<k>
-    (memrl.demos.seeds.trained_runs over METHODS); fails when two evaluated other held-out tasks."""
+    (memrl.recipes.seeds.trained_runs over METHODS); fails when two evaluated other held-out tasks."""
     out = seed_runs(root, METHODS)
     digests = {(m, d.name): r.get("heldout_sha256") for m, rs in out.items() for d, r in rs}
     if len(set(digests.values())) > 1:
@@ -46,8 +46,8 @@ def _calls(res: dict[str, Any], policy: str, length: str, mode: str) -> float:
 
 def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> list[dict[str, Any]]:
     """One row per method, policy, decoding and length: {"method", "policy", "decoding", "length", "seeds",
-    field: (mean, se) for FIELDS (memrl.demos.seeds.cells), "vs_memagent": (mean, se) of the paired call
-    ratio - 1 in % (memrl.demos.seeds.paired: the seeds both methods finished) or None}."""
+    field: (mean, se) for FIELDS (memrl.recipes.seeds.cells), "vs_memagent": (mean, se) of the paired call
+    ratio - 1 in % (memrl.recipes.seeds.paired: the seeds both methods finished) or None}."""
     rows = []
     base = {d.name: r for d, r in runs.get("memagent", [])}
     for method, rs in runs.items():

@@ -7,7 +7,7 @@
 --from: a finished `memrl demo` directory; its SFT checkpoint (sft/) is the start of every run, and its
 results.json gives the SFT row of the table. Each (arm, seed) run is the demo's RL stage (preset demo_cpu,
 as `memrl demo` runs it) from that checkpoint, then the demo's held-out evaluation of the trained model (the
-protocol of `memrl.demos.memagent`, fixed before any run: eval.seed 987654, 128 tasks at 1x/4x/16x the
+protocol of `memrl.recipes.memagent`, fixed before any run: eval.seed 987654, 128 tasks at 1x/4x/16x the
 training length, greedy and 4 samples at temperature 1). Arms:
 - outcome: `algorithm.model_reward=none` (the demo's own RL);
 - infomem: `algorithm.model_reward=infomem` (defaults: coef 0.5, minmax over a group's successful
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memrl.demos.seeds import arm_cells, fmt_se, mean_se, paired
+from memrl.recipes.seeds import arm_cells, fmt_se, mean_se, paired
 
 ARMS = {"sft": "train.algorithm.model_reward=none", "outcome": "train.algorithm.model_reward=none",
         "infomem": "train.algorithm.model_reward=infomem"}
@@ -44,9 +44,9 @@ def run_one(src: Path, out: Path, arm: str, seed: int, overrides: list[str]) -> 
     """One arm and seed: the demo's RL stage from src/sft, then its held-out evaluation; writes result.json."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memrl.demos.memagent import evaluate_model, heldout_tasks, load_demo_configs
-    from memrl.demos.seeds import base_seeds
     from memrl.eval.evaluator import results_to_json
+    from memrl.recipes.memagent import evaluate_model, heldout_tasks, load_demo_configs
+    from memrl.recipes.seeds import base_seeds
     from memrl.training.assemble import assemble
     from memrl.training.checkpoint import latest_checkpoint
     from memrl.training.trainer import Trainer
@@ -84,8 +84,8 @@ def run_one(src: Path, out: Path, arm: str, seed: int, overrides: list[str]) -> 
 
 def aggregate(out: Path, src: Path | None) -> str:
     """results.md text (also written, with results.json) from the finished runs under `out`: per arm, length
-    and decoding the accuracy's mean +- SE over seeds (memrl.demos.seeds.arm_cells), and the paired
-    difference infomem - outcome over the seeds both arms finished (memrl.demos.seeds.paired)."""
+    and decoding the accuracy's mean +- SE over seeds (memrl.recipes.seeds.arm_cells), and the paired
+    difference infomem - outcome over the seeds both arms finished (memrl.recipes.seeds.paired)."""
     runs = [json.loads(p.read_text()) for p in sorted(out.glob("*/seed*/result.json"))]
     if not runs:
         return "no finished run"

@@ -1,15 +1,15 @@
 """MemAgent vs ReMemR1 on the look-back synthetic task: both arms of `memrl demo --agent lookback`
-(memrl.demos.lookback) over training seeds, then one table of both with the paired gaps and the goals.
+(memrl.recipes.lookback) over training seeds, then one table of both with the paired gaps and the goals.
 
     .venv/bin/python benchmarks/lookback_compare.py --out runs/lb3 --seeds 0,1,2 [demo overrides ...]
     .venv/bin/python benchmarks/lookback_compare.py --out runs/lb3 --seeds 0,1,2 --aggregate-only
 
-For each arm: `memrl demo --agent lookback --out OUT/<arm> --seeds SEEDS method=<arm> OVERRIDES` (memrl.demos.
+For each arm: `memrl demo --agent lookback --out OUT/<arm> --seeds SEEDS method=<arm> OVERRIDES` (memrl.recipes.
 seeds: one run per seed in OUT/<arm>/native/seed<k>, resumable; its table OUT/<arm>/seeds_results.md). Both
-arms' cold starts are the same checkpoint per seed (memrl.demos.lookback). Then OUT/compare.md and .json:
+arms' cold starts are the same checkpoint per seed (memrl.recipes.lookback). Then OUT/compare.md and .json:
 accuracy (%) mean ± sd over the seeds per policy and length, recall and callback hit rates (pooled over
 lengths), the gaps paired per seed (rl_rememr1 - rl_rememr1_norecall, rl_rememr1 - rl_memagent) and the goals,
-all read from the two sweeps' cells (memrl.demos.seeds.cells: their per-seed values are in seed order).
+all read from the two sweeps' cells (memrl.recipes.seeds.cells: their per-seed values are in seed order).
 
 docs/results/rememr1.md's tables: `--out runs/lb3 --seeds 0,1,2 eval.num_tasks=96 sft.copy_warmup_steps=1000
 sft.oversample_recall=4 sft.epochs=3 train.trainer.steps=40` (the method's defaults are the old script's,
@@ -35,7 +35,7 @@ MODES = ("greedy", "sampled")
 def compare(sweeps: dict[str, dict], lengths: list[str]) -> dict:
     """{"seeds", "runs": {row: {mode: {"em": {N: cell}, "recall_rate", "callback_hit_rate"}}}, "gaps", "goals"}
     from each arm's seeds_results.json (`sweeps`: arm -> its one capability's entry)."""
-    from memrl.demos.seeds import EMPTY, cell_of, mean_sd
+    from memrl.recipes.seeds import EMPTY, cell_of, mean_sd
 
     seeds = {arm: e["seeds"] for arm, e in sweeps.items()}
     if len({tuple(s) for s in seeds.values()}) > 1:
@@ -80,8 +80,8 @@ def compare(sweeps: dict[str, dict], lengths: list[str]) -> dict:
 
 
 def _fmt(c: dict | None, digits: int = 1, sign: bool = False) -> str:
-    """memrl.demos.seeds.fmt, with "n/a" for a cell no seed had (no recalls, a missing run)."""
-    from memrl.demos.seeds import fmt
+    """memrl.recipes.seeds.fmt, with "n/a" for a cell no seed had (no recalls, a missing run)."""
+    from memrl.recipes.seeds import fmt
 
     return "n/a" if c is None or c["mean"] is None else fmt(c, sign=sign, digits=digits)
 
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0", help="comma-separated training seeds (0: the one-seed run)")
     p.add_argument("--aggregate-only", action="store_true", help="start nothing, compare the finished runs")
     args = p.parse_args(argv)
-    from memrl.demos.seeds import parse_seeds, run_sweep
+    from memrl.recipes.seeds import parse_seeds, run_sweep
 
     out, seeds = Path(args.out), parse_seeds(args.seeds)
     command = "python benchmarks/lookback_compare.py " + " ".join(sys.argv[1:] if argv is None else argv)

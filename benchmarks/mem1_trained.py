@@ -1,5 +1,5 @@
 """The trained MEM1 vs full-history table (issue 45): mean +- SE over training seeds of `memrl demo --agent mem1`
-runs (memrl.demos.mem1), per method, policy, decoding and objective count k.
+runs (memrl.recipes.mem1), per method, policy, decoding and objective count k.
 
     .venv/bin/python benchmarks/mem1_trained.py --trained runs/mem1 [--json]
 
@@ -27,9 +27,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from memrl.demos.mem1 import RECIPE
-from memrl.demos.seeds import cells, fmt_se, mean_se
-from memrl.demos.seeds import trained_runs as seed_runs
+from memrl.recipes.mem1 import RECIPE
+from memrl.recipes.seeds import cells, fmt_se, mean_se
+from memrl.recipes.seeds import trained_runs as seed_runs
 
 METHODS = ("mem1", "full_history")
 FIELDS = ("accuracy", "objective_accuracy", "peak_context_tokens")
@@ -37,7 +37,7 @@ FIELDS = ("accuracy", "objective_accuracy", "peak_context_tokens")
 
 def trained_runs(root: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
     """{method: [(run dir, results.json)]} of the finished runs under ROOT/<method>/[<capability>/]seed<k>
-    (memrl.demos.seeds.trained_runs over METHODS)."""
+    (memrl.recipes.seeds.trained_runs over METHODS)."""
     return seed_runs(root, METHODS)
 
 

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/memact_curation.py --out runs/curation --seeds 0,1,2 threads=1
     .venv/bin/python benchmarks/memact_curation.py --out runs/curation --seeds 0,1,2 --aggregate-only
 
-The task is the MemAct demo's `variant=curation` (memrl.demos.memact.VARIANTS; docs/concepts/memact.md "Context
+The task is the MemAct demo's `variant=curation` (memrl.recipes.memact.VARIANTS; docs/concepts/memact.md "Context
 curation"): 8 sub-questions, 4 facts per search result, a working-context budget that holds the task prompt
 and every result, so the search-only agent answers every task and pruning only shortens the context. Per
 training seed k (shifting every training seed like `memrl demo --seeds`, never the held-out eval.seed) two
@@ -39,8 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memrl.demos.memact import MemActRecipe
-from memrl.demos.pipeline import RecipeRun, execute
+from memrl.recipes.memact import MemActRecipe
+from memrl.recipes.pipeline import RecipeRun, execute
 
 ARMS: dict[str, tuple[str, ...]] = {
     "dcpo": (),
@@ -62,10 +62,10 @@ METRICS = ("accuracy", "accuracy_se", "mean_context_tokens", "peak_context_token
 
 
 def arm_overrides(arm: str, seed: int, extra: list[str], only: tuple[str, ...] = ()) -> list[str]:
-    """The demo overrides of `arm` at training seed `seed` (memrl.demos.seeds: every training seed + seed):
+    """The demo overrides of `arm` at training seed `seed` (memrl.recipes.seeds: every training seed + seed):
     the variant, `extra` (both arms'), the arm's own (ARMS), then `only` (this arm's, from `--set`)."""
-    from memrl.demos.memact import expand_variant
-    from memrl.demos.seeds import base_seeds, seed_overrides
+    from memrl.recipes.memact import expand_variant
+    from memrl.recipes.seeds import base_seeds, seed_overrides
 
     user = ["variant=curation", *extra, *ARMS[arm], *only]
     return [*user, *seed_overrides("memact", seed, base_seeds("memact", expand_variant(user)))]
@@ -115,7 +115,7 @@ class CurationArm(MemActRecipe):
         if policy == "sft":
             return None  # the table compares the arms after RL
         from memrl.data.synthetic_memact import make_tasks
-        from memrl.demos import memact as demo
+        from memrl.recipes import memact as demo
 
         cfg, tcfg = run.cfg, run.tcfg
         rl_eval = demo.evaluate(model, run.tokenizer, run.wf_cfg, run.extra["data"].eval_tasks, cfg.eval.temperature,
@@ -142,7 +142,7 @@ class CurationArm(MemActRecipe):
 
 
 def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -> dict[str, Any]:
-    """One arm through the recipe pipeline (memrl.demos.pipeline.execute; module docstring); returns and
+    """One arm through the recipe pipeline (memrl.recipes.pipeline.execute; module docstring); returns and
     writes what its results.json holds. `dev`: also evaluates on the dev tasks (DEV_EVAL_SEED), which is what
     it prints."""
     out_dir = seed_dir / arm
@@ -168,11 +168,11 @@ def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -
 
 def aggregate(results: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
     """{seed: {arm: results.json}} -> per arm and decoding the mean +- sd over seeds of METRICS
-    (memrl.demos.seeds.arm_cells), and per decoding the goal: accuracy difference (dcpo - withheld, mean over
-    seeds) within one standard error (memrl.demos.seeds.diff_se of the runs' standard errors over tasks: that
+    (memrl.recipes.seeds.arm_cells), and per decoding the goal: accuracy difference (dcpo - withheld, mean over
+    seeds) within one standard error (memrl.recipes.seeds.diff_se of the runs' standard errors over tasks: that
     of the seed-mean difference) and mean working context >= 30% shorter (1 - dcpo / withheld, seed means).
     Only seeds with both arms count; every run must have evaluated the same tasks."""
-    from memrl.demos.seeds import EMPTY, arm_cells, diff_se
+    from memrl.recipes.seeds import EMPTY, arm_cells, diff_se
 
     seeds = sorted(s for s, arms in results.items() if all(a in arms for a in ARMS))
     shas = {r["heldout_sha256"] for s in seeds for r in results[s].values()}
@@ -207,7 +207,7 @@ def _num(v: Any, digits: int) -> str:
 
 
 def markdown(agg: dict[str, Any], command: str = "") -> str:
-    from memrl.demos.seeds import table_rows
+    from memrl.recipes.seeds import table_rows
 
     cells = {mode: {"all": {f"{arm}_{m}": agg["table"][f"{arm}/{mode}"][m] for arm in ARMS for m in METRICS}}
              for mode in ("greedy", "sampled")}
@@ -247,7 +247,7 @@ def load_results(root: Path, seeds: list[int]) -> dict[int, dict[str, dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from memrl.demos.seeds import parse_seeds
+    from memrl.recipes.seeds import parse_seeds
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="root directory (runs/ is git-ignored)")

@@ -39,7 +39,7 @@ KEYS = (("time/step_s", "step s"), ("time/rollout_s", "rollout s"), ("time/updat
 
 def demo_model(out: Path) -> Path:
     """The CPU demo's initial model (random weights; the timing does not depend on them)."""
-    from memrl.demos.memagent import init_model, load_demo_configs
+    from memrl.recipes.memagent import init_model, load_demo_configs
 
     if (out / "init" / "config.json").is_file():
         return out / "init"

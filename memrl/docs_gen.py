@@ -40,14 +40,14 @@ from memrl.algorithms.base import (
 from memrl.cli import build_parser
 from memrl.commands.train_sft import SFTRunConfig
 from memrl.config import allowed_of, preset_names
-from memrl.demos.context import ContextDemoConfig
-from memrl.demos.infmem import InfMemDemoConfig
-from memrl.demos.lookback import LookbackConfig
-from memrl.demos.mem1 import Mem1DemoConfig
-from memrl.demos.memact import MemActDemoConfig
-from memrl.demos.memagent import DemoConfig
 from memrl.engines.registry import engine_kind, engine_names
 from memrl.eval.runner import EvalConfig
+from memrl.recipes.context import ContextDemoConfig
+from memrl.recipes.infmem import InfMemDemoConfig
+from memrl.recipes.lookback import LookbackConfig
+from memrl.recipes.mem1 import Mem1DemoConfig
+from memrl.recipes.memact import MemActDemoConfig
+from memrl.recipes.memagent import DemoConfig
 from memrl.rewards import registry as _model_rewards  # noqa: F401 - registers infomem
 from memrl.rewards.verifiers import _VERIFIERS
 from memrl.services import registry as retrievers

@@ -114,10 +114,10 @@ def halved(value: Any) -> Any:
 
 
 def aggregate(base: Path, dest: Path) -> None:
-    """memrl.demos.seeds' aggregate and markdown over a fake two-seed sweep per agent (seed 0: the run's
+    """memrl.recipes.seeds' aggregate and markdown over a fake two-seed sweep per agent (seed 0: the run's
     results.json, seed 1: its floats halved plus one; both with the run's held-out tasks); writes
     dest/<agent>.md and dest/<agent>.json and prints their digests."""
-    from memrl.demos import seeds  # noqa: PLC0415 - the tree on PYTHONPATH (the run's), imported when asked
+    from memrl.recipes import seeds  # noqa: PLC0415 - the tree on PYTHONPATH (the run's), imported when asked
 
     for agent, name in SWEEPS.items():
         root = dest / agent

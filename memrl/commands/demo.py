@@ -1,18 +1,18 @@
 """The CPU demo: a tiny model learns, with RL, which facts a MemAgent memory must keep.
 
   memrl demo --out runs/demo
-  memrl demo --agent memact --out runs/memact   # MemAct: cold start + DCPO (memrl.demos.memact)
-  memrl demo --agent context --out runs/ctx/fold/seed0 method=fold   # fold/summarize/window/react (memrl.demos.context)
-  memrl demo --agent mem1 --out runs/mem1/mem1/seed0 method=mem1      # mem1/full_history (memrl.demos.mem1)
-  memrl demo --agent infmem --out runs/infmem/infmem/seed0 method=infmem   # InfMem vs MemAgent (memrl.demos.infmem)
-  memrl demo --agent lookback --out runs/lookback/rememr1 method=rememr1   # ReMemR1 vs MemAgent (memrl.demos.lookback)
+  memrl demo --agent memact --out runs/memact   # MemAct: cold start + DCPO (memrl.recipes.memact)
+  memrl demo --agent context --out runs/ctx/fold/seed0 method=fold   # fold/summarize/window/react (memrl.recipes.context)
+  memrl demo --agent mem1 --out runs/mem1/mem1/seed0 method=mem1      # mem1/full_history (memrl.recipes.mem1)
+  memrl demo --agent infmem --out runs/infmem/infmem/seed0 method=infmem   # InfMem vs MemAgent (memrl.recipes.infmem)
+  memrl demo --agent lookback --out runs/lookback/rememr1 method=rememr1   # ReMemR1 vs MemAgent (memrl.recipes.lookback)
   memrl demo --out runs/demo sft.p_aware=0.7 train.trainer.steps=40 eval.num_tasks=200
 
-The recipe is `memrl.demos.memagent` (init -> cold-start SFT on a mixture demonstrator -> GRPO on
+The recipe is `memrl.recipes.memagent` (init -> cold-start SFT on a mixture demonstrator -> GRPO on
 MemAgent -> the demonstrator, SFT and SFT+RL evaluated on held-out tasks at 1x/4x/16x the training length,
-greedy and sampled, by `memrl.eval.evaluator`); the tables and plots are `memrl.demos.report`. Writes results.md (printed),
+greedy and sampled, by `memrl.eval.evaluator`); the tables and plots are `memrl.recipes.report`. Writes results.md (printed),
 results.json, accuracy_vs_length.png, rl_reward.png. Overrides: `key=value` for the demo config
-(`memrl.demos.memagent.DemoConfig`), `train.<key>=value` for the RL config (preset demo_cpu); `engine.*`
+(`memrl.recipes.memagent.DemoConfig`), `train.<key>=value` for the RL config (preset demo_cpu); `engine.*`
 and `workflow.*` are spelled as in `memrl train` and `memrl eval` (they set the RL config's sections,
 which the demo's evaluations use too).
 """
@@ -23,9 +23,9 @@ import argparse
 import shlex
 
 from memrl.config import MAX_PARALLEL, ConfigError, bounded
-from memrl.demos.pipeline import get_recipe, run_recipe
-from memrl.demos.seeds import parse_capabilities, parse_seeds, run_sweep
 from memrl.locks import locked_dir
+from memrl.recipes.pipeline import get_recipe, run_recipe
+from memrl.recipes.seeds import parse_capabilities, parse_seeds, run_sweep
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,16 +34,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.add_argument("--agent", default="memagent", metavar="METHOD",
-                        help="the recipe method (memrl.demos.pipeline): memagent (default: memrl.demos.memagent), "
-                             "memact (memrl.demos.memact: cold start + DCPO), context (memrl.demos.context: "
+                        help="the recipe method (memrl.recipes.pipeline): memagent (default: memrl.recipes.memagent), "
+                             "memact (memrl.recipes.memact: cold start + DCPO), context (memrl.recipes.context: "
                              "method=react|window|summarize|fold|fold_no_process, cold start + GRPO / FoldGRPO), mem1 "
-                             "(memrl.demos.mem1: method=mem1|full_history, cold start + GRPO), infmem "
-                             "(memrl.demos.infmem: method=infmem|memagent, cold start on the reading oracle + GRPO), "
-                             "lookback (memrl.demos.lookback: method=memagent|rememr1, the look-back task), "
+                             "(memrl.recipes.mem1: method=mem1|full_history, cold start + GRPO), infmem "
+                             "(memrl.recipes.infmem: method=infmem|memagent, cold start on the reading oracle + GRPO), "
+                             "lookback (memrl.recipes.lookback: method=memagent|rememr1, the look-back task), "
                              "or an import path package.module:ATTR naming a Recipe")
     parser.add_argument("--seeds", default=None, metavar="K,K,...",
                         help="training seeds (0 = the recipe's own): one run each, in its own subprocess, then "
-                             "mean +- sd (memrl.demos.seeds)")
+                             "mean +- sd (memrl.recipes.seeds)")
     parser.add_argument("--cpu-capability", default=None, metavar="CAP,CAP,...",
                         help="ATEN_CPU_CAPABILITY of each run: avx2, avx512, default (scalar kernels) or native (unset: "
                              "torch's choice, the default); runs seed 0 when --seeds is not given")
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_seeds(args: argparse.Namespace) -> int:
-    """--seeds / --cpu-capability: memrl.demos.seeds.run_sweep; exit 1 when a run failed."""
+    """--seeds / --cpu-capability: memrl.recipes.seeds.run_sweep; exit 1 when a run failed."""
     seeds = parse_seeds(args.seeds if args.seeds is not None else "0")
     caps = parse_capabilities(args.cpu_capability if args.cpu_capability is not None else "native")
     command = shlex.join(["memrl", "demo", "--agent", args.agent, "--out", str(args.out), "--seeds",

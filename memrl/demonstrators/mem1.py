@@ -1,4 +1,4 @@
-"""MEM1's scripted optimal agent: the cold-start agent of the MEM1 demo (memrl.demos.mem1) and the policy of
+"""MEM1's scripted optimal agent: the cold-start agent of the MEM1 demo (memrl.recipes.mem1) and the policy of
 benchmarks/infmem_mem1_effects.py's MEM1 table.
 
 On memrl.data.synthetic_memact's multi-objective tasks (a combined question "Answer the following k

@@ -7,8 +7,8 @@ working-context budget with it, and evaluate it with the one evaluator.
 - fold, summarize, sliding_window (synthetic_memact task): `context_demonstrator`, `context_demonstrations`,
   `calibrate_fold_budget`.
 
-Used by the recipe methods (memrl.demos: their cold starts, through memrl.demos.pipeline) and their model
-init (memrl.demos.scratch).
+Used by the recipe methods (memrl.recipes: their cold starts, through memrl.recipes.pipeline) and their model
+init (memrl.recipes.scratch).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Three pieces:
   sampled per length, as the `EvalProtocol` says) return `EvalResult`s: accuracy +- SE over tasks, the
   per-task means (paired comparisons, `paired_gain`) and the means of the workflow's own trajectory
   metrics (context tokens, ...). The demos' per-method summaries over kept groups (`keep_groups`) live
-  with the demos (memrl.demos.summaries).
+  with the demos (memrl.recipes.summaries).
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ def test_a_sweep_child_ends_with_its_parent(tmp_path):
     """kill -9 of the sweep (memrl demo --seeds) ends the run it started (seeds.end_with_parent)."""
 
 
-    code = ("import os, subprocess, sys; sys.path.insert(0, {root!r}); from memrl.demos.seeds import end_with_parent; "
+    code = ("import os, subprocess, sys; sys.path.insert(0, {root!r}); from memrl.recipes.seeds import end_with_parent; "
             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
             "preexec_fn=end_with_parent(os.getpid())); print(p.pid, flush=True); p.wait()")
     parent = subprocess.Popen([sys.executable, "-c", code.format(root=str(ROOT))], stdout=subprocess.PIPE, text=True)
@@ -334,7 +334,7 @@ def test_wandb_run_files_keep_no_key_from_the_command_line_or_config(tmp_path, m
 
 
 def test_the_seed_sweep_record_keeps_no_key(tmp_path):
-    from memrl.demos.seeds import Run, marker_of, write_outputs
+    from memrl.recipes.seeds import Run, marker_of, write_outputs
 
     run = Run(0, "native", tmp_path / "native" / "seed0", (f"train.engine.openai.api_key={SECRET}",
                                                            f"train.engine.openai.base_url={CREDS}"))

@@ -61,9 +61,9 @@ def _eval_cases() -> list[str]:
     return [k for k in numeric_fields(EvalConfig) if not k.startswith("engine.")]  # engine.*: train's sweep
 
 
-DEMOS = {"memagent": "memrl.demos.memagent:DemoConfig", "context": "memrl.demos.context:ContextDemoConfig",
-         "memact": "memrl.demos.memact:MemActDemoConfig", "infmem": "memrl.demos.infmem:InfMemDemoConfig",
-         "mem1": "memrl.demos.mem1:Mem1DemoConfig"}
+DEMOS = {"memagent": "memrl.recipes.memagent:DemoConfig", "context": "memrl.recipes.context:ContextDemoConfig",
+         "memact": "memrl.recipes.memact:MemActDemoConfig", "infmem": "memrl.recipes.infmem:InfMemDemoConfig",
+         "mem1": "memrl.recipes.mem1:Mem1DemoConfig"}
 """`memrl demo --agent A` -> its config class (module:attr)."""
 
 

@@ -22,7 +22,7 @@ TOY = ["sft.num_tasks=12", "sft.epochs=1", "sft.batch_rows=8", "sft.copy_warmup_
     # trajectory is 5 branch rows + the main row = 6
     ("fold", "fold", "foldgrpo", 6, 5, 0, 100.0),
     # the summary agent at summary_fraction 0.7 of the budget calibrated on fold: 2 summaries per task
-    # (measured on 100 held-out tasks, module docstring of memrl.demos.context), one row per part = 3
+    # (measured on 100 held-out tasks, module docstring of memrl.recipes.context), one row per part = 3
     ("summarize", "summarize", "grpo", 3, 0, 2, 100.0),
     # the unmanaged agent: no window shift, so one row; the budget stops it before its last fact (accuracy 0)
     ("react", "sliding_window", "grpo", 1, 0, 0, 0.0),
@@ -75,7 +75,7 @@ def test_context_demo_refuses_an_unknown_method(tmp_path, capsys):
 
 
 def test_each_method_sets_its_workflow_and_estimator(tmp_path):
-    from memrl.demos.context import ARMS, load_configs
+    from memrl.recipes.context import ARMS, load_configs
 
     assert list(ARMS) == ["react", "window", "summarize", "fold", "fold_no_process"]
     want = {  # method -> (workflow section keys the arm sets, algorithm, process rewards, norm_by_std)
@@ -151,7 +151,7 @@ def test_fold_no_process_reuses_folds_cold_start_and_window_its_warmup(tmp_path,
 
 
 def test_a_seed_sweep_maps_a_reused_run_to_its_own_seed(tmp_path):
-    from memrl.demos.seeds import plan
+    from memrl.recipes.seeds import plan
 
     runs = plan("context", tmp_path / "np", [0, 2], ["native"],
                 ["method=fold_no_process", f"sft_from={tmp_path / 'fold'}", f"warmup_from={tmp_path / 'w'}"])

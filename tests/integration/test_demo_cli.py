@@ -76,8 +76,8 @@ def test_printed_table_is_results_json(demo):
 def test_sampled_evaluation_is_seeded_and_reproducible(demo):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memrl.demos.memagent import heldout_tasks, load_demo_configs
     from memrl.eval.evaluator import EngineRollout, evaluate_tasks, model_engine
+    from memrl.recipes.memagent import heldout_tasks, load_demo_configs
 
     out, _ = demo
     cfg, tcfg, _, (spec, wf_cfg) = load_demo_configs(TOY, out.parent / "again")

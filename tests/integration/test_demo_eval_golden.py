@@ -14,8 +14,8 @@ from dataclasses import replace
 
 import pytest
 
-from memrl.demos.summaries import evaluate_memact
 from memrl.eval.evaluator import EngineRollout, evaluate_tasks, model_engine, results_to_json
+from memrl.recipes.summaries import evaluate_memact
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ T3, T23 = 1 / 3, 2 / 3
 def memagent(tmp_path_factory):
     import torch
 
-    from memrl.demos import memagent as ma
+    from memrl.recipes import memagent as ma
 
     torch.set_num_threads(1)
     cfg, tcfg, out, (spec, wf) = ma.load_demo_configs(
@@ -105,7 +105,7 @@ def test_memagent_sampled_trajectories_unchanged_with_the_slots_cache(memagent, 
 def memact(tmp_path_factory):
     import torch
 
-    from memrl.demos import memact as mc
+    from memrl.recipes import memact as mc
 
     torch.set_num_threads(1)
     cfg, tcfg, out, (spec, wf) = mc.load_configs(

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from memrl.cli import main
-from memrl.demos.lookback import RECIPE
-from memrl.demos.seeds import base_seeds, seed_overrides
+from memrl.recipes.lookback import RECIPE
+from memrl.recipes.seeds import base_seeds, seed_overrides
 
 pytestmark = pytest.mark.slow
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))

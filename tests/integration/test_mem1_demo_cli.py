@@ -66,7 +66,7 @@ def test_scripted_contexts_latest_state_vs_full_history(tmp_path):
     the last kept reply and observation, d_t tokens), full_history c_t = c_0 + d_1 + ... + d_t. Its peak
     context (longest prompt + reply) therefore grows with k far faster under full history."""
     from memrl.demonstrators.mem1 import mem1_demonstrations
-    from memrl.demos.mem1 import heldout_tasks, load_configs
+    from memrl.recipes.mem1 import heldout_tasks, load_configs
     from memrl.training.assemble import validate
 
     out = tmp_path / "run"
@@ -125,7 +125,7 @@ def test_mem1_demo_refuses_too_few_positions(tmp_path, capsys):
 
 
 def test_mem1_demo_caps_the_prompt_at_the_positions(tmp_path):
-    from memrl.demos.mem1 import load_configs
+    from memrl.recipes.mem1 import load_configs
     from memrl.training.assemble import validate
 
     _, tcfg, _ = load_configs([], tmp_path / "a")

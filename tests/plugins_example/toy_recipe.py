@@ -9,11 +9,11 @@ from typing import Any
 from memrl.config import MAX_COUNT, MAX_SEED, valid
 from memrl.data.synthetic import make_tasks, tasks_by_length
 from memrl.demonstrators.stages import mixture_demonstrator, record_demonstrations
-from memrl.demos.pipeline import EvalSettings, Recipe, RecipeRun, SFTSettings
-from memrl.demos.scratch import init_memagent_model
-from memrl.demos.seeds import cell_of, fmt
 from memrl.eval.evaluator import EngineRollout, EvalProtocol, evaluate_policy, model_engine, results_to_json
 from memrl.models.tiny import ModelPreset
+from memrl.recipes.pipeline import EvalSettings, Recipe, RecipeRun, SFTSettings
+from memrl.recipes.scratch import init_memagent_model
+from memrl.recipes.seeds import cell_of, fmt
 
 
 @dataclass

@@ -168,9 +168,9 @@ def test_every_numeric_field_rejects_values_outside_its_range(cls):
 
 
 ROOTS = {"TrainConfig": "memrl.training.config", "EvalConfig": "memrl.eval.runner",
-         "DemoConfig": "memrl.demos.memagent", "MemActDemoConfig": "memrl.demos.memact",
-         "ContextDemoConfig": "memrl.demos.context", "Mem1DemoConfig": "memrl.demos.mem1",
-         "InfMemDemoConfig": "memrl.demos.infmem",
+         "DemoConfig": "memrl.recipes.memagent", "MemActDemoConfig": "memrl.recipes.memact",
+         "ContextDemoConfig": "memrl.recipes.context", "Mem1DemoConfig": "memrl.recipes.mem1",
+         "InfMemDemoConfig": "memrl.recipes.infmem",
          "SFTRunConfig": "memrl.commands.train_sft"}
 
 

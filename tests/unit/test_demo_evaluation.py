@@ -121,7 +121,7 @@ def test_rollout_sample_k_is_seeded_as_the_kth_trajectory():
 
 
 def test_memact_summary_needs_the_groups():
-    from memrl.demos.summaries import memact_summary
+    from memrl.recipes.summaries import memact_summary
     from memrl.types import Task
 
     res = evaluate_tasks(EngineRollout(None, _draw_spec()), MemAgentConfig(), [Task("t", "q", "c", ["a"])])

@@ -1,4 +1,4 @@
-"""`memrl demo --seeds --cpu-capability` (memrl.demos.seeds): the seed overrides, the fixed held-out tasks, the
+"""`memrl demo --seeds --cpu-capability` (memrl.recipes.seeds): the seed overrides, the fixed held-out tasks, the
 aggregation (hand-checked on fabricated results.json files), and the runner's environment and resume logic
 (with a stand-in command instead of the demo)."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from memrl.config import ConfigError
-from memrl.demos import seeds as sw
 from memrl.errors import UserError
+from memrl.recipes import seeds as sw
 
 # ---------------------------------------------------------------------------------------------- the plan
 
@@ -109,7 +109,7 @@ def test_plan_refuses_what_the_table_cannot_aggregate_before_any_run(tmp_path, c
 
 
 def test_memagent_heldout_tasks_do_not_depend_on_the_training_seed(tmp_path):
-    from memrl.demos.memagent import heldout_tasks, load_demo_configs
+    from memrl.recipes.memagent import heldout_tasks, load_demo_configs
 
     base = sw.base_seeds("memagent", [])
     tasks = []
@@ -125,7 +125,7 @@ def test_memagent_heldout_tasks_do_not_depend_on_the_training_seed(tmp_path):
 
 def test_memact_heldout_tasks_do_not_depend_on_the_training_seed(tmp_path):
     from memrl.config import load_config
-    from memrl.demos.memact import MemActDemoConfig, write_data
+    from memrl.recipes.memact import MemActDemoConfig, write_data
 
     base = sw.base_seeds("memact", [])
     files, sft = [], []
@@ -460,7 +460,7 @@ def test_child_env_and_the_real_probe():
 
 
 def test_base_seeds_read_a_named_variant_as_the_demo_does(monkeypatch):
-    from memrl.demos import memact
+    from memrl.recipes import memact
 
     # a variant standing for seed overrides: the sweep must shift from the variant's values, as `memrl demo
     # variant=...` would run them (sft.seed 40 and data.seed 70 here, not the defaults 500 and 7)

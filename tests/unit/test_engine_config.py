@@ -26,8 +26,8 @@ def model_dir(tmp_path_factory):
 
 
 def test_every_engine_field_has_the_same_key_in_train_eval_and_demo():
-    from memrl.demos.memagent import load_demo_configs
     from memrl.eval.runner import EvalConfig
+    from memrl.recipes.memagent import load_demo_configs
     from memrl.training.config import TrainConfig
 
     ov = ["engine=openai", "engine.max_batch_size=7", "engine.openai.timeout_s=12.5", "engine.hf.device=cpu",
@@ -46,9 +46,9 @@ def test_every_engine_field_has_the_same_key_in_train_eval_and_demo():
 
 
 def test_workflow_settings_have_one_spelling_in_train_eval_and_demo(tmp_path):
-    from memrl.demos.memagent import load_demo_configs
     from memrl.eval.runner import EvalConfig
     from memrl.eval.runner import workflow_config as eval_workflow
+    from memrl.recipes.memagent import load_demo_configs
     from memrl.training.assemble import workflow_config as train_workflow
     from memrl.training.config import TrainConfig
 

@@ -1,4 +1,4 @@
-"""benchmarks/infomem_effect.py's table (memrl.demos.seeds.arm_cells and paired), hand-checked on fabricated runs."""
+"""benchmarks/infomem_effect.py's table (memrl.recipes.seeds.arm_cells and paired), hand-checked on fabricated runs."""
 
 from __future__ import annotations
 

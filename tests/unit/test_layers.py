@@ -15,8 +15,8 @@ from test_import_graph import Edge, import_edges, memrl_edges, package_modules
 LAYERS: list[tuple[str, ...]] = [
     # top: the command line, and the generator of its reference pages
     ("cli", "commands", "docs_gen"),
-    # recipes: CPU demos, scratch models, cold starts, scripted demonstrators
-    ("demos", "demonstrators"),
+    # recipes: the recipe pipeline (memrl demo), scratch models, cold starts, scripted demonstrators
+    ("recipes", "demonstrators"),
     # trainer and workers; evaluator and reports; viewer; model init/convert
     ("training", "eval", "viewer", "models"),
     # one per run: event loop, engine, services

@@ -1,5 +1,5 @@
-"""The look-back comparison over seeds: hand-made per-seed results.json -> the one aggregation (memrl.demos.seeds.
-cells through memrl.demos.lookback's results schema) -> benchmarks/lookback_compare.py's exact mean ± sd, paired
+"""The look-back comparison over seeds: hand-made per-seed results.json -> the one aggregation (memrl.recipes.seeds.
+cells through memrl.recipes.lookback's results schema) -> benchmarks/lookback_compare.py's exact mean ± sd, paired
 gaps and goal checks; the task streams never hit the held-out seeds."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from memrl.config import ConfigError
-from memrl.demos.lookback import RECIPE, LookbackConfig, streams
-from memrl.demos.seeds import cells
+from memrl.recipes.lookback import RECIPE, LookbackConfig, streams
+from memrl.recipes.seeds import cells
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "lookback_compare.py"
 _spec = importlib.util.spec_from_file_location("lookback_compare", _PATH)

@@ -29,7 +29,7 @@ def _bench():
 
 
 def test_variant_overrides_go_first_so_explicit_ones_win():
-    from memrl.demos.memact import VARIANTS, expand_variant
+    from memrl.recipes.memact import VARIANTS, expand_variant
 
     assert expand_variant(["sft.epochs=1"]) == ["sft.epochs=1"]
     got = expand_variant(["variant=curation", "sft.late_prob=0.5"])
@@ -39,7 +39,7 @@ def test_variant_overrides_go_first_so_explicit_ones_win():
 
 
 def test_bad_budget_rule_names_the_field(tmp_path):
-    from memrl.demos.memact import load_configs
+    from memrl.recipes.memact import load_configs
 
     with pytest.raises(ConfigError, match="budget='all' is not allowed: must be one of prune, search_only"):
         load_configs(["budget=all"], tmp_path / "o")
@@ -49,7 +49,7 @@ def test_bad_budget_rule_names_the_field(tmp_path):
 def curation(tmp_path_factory):
     import torch
 
-    from memrl.demos import memact as demo
+    from memrl.recipes import memact as demo
 
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("curation")
@@ -187,7 +187,7 @@ def test_the_arms_cold_starts_take_as_many_steps_over_as_many_tokens(curation, t
     fixture's 60 tasks: the search-only agent gives one 742-token row per task (44,520 tokens), the pruning
     one 223 rows of 85,713 tokens; steps = ceil(rows / batch) x epochs."""
     from memrl.demonstrators.stages import memact_demonstrations
-    from memrl.demos import memact as demo
+    from memrl.recipes import memact as demo
     from memrl.training.sft import SFTConfig
 
     b = _bench()

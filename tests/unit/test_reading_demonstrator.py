@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from memrl.demonstrators.infmem import ReadingDemonstrator, answer_reply, retrieve_reply
-from memrl.demos.infmem import ARMS
+from memrl.recipes.infmem import ARMS
 from memrl.workflows import parse_workflow
 
 

@@ -1,4 +1,4 @@
-"""The recipe pipeline (memrl.demos.pipeline): methods resolved by name or import path like workflows,
+"""The recipe pipeline (memrl.recipes.pipeline): methods resolved by name or import path like workflows,
 eval/ knowing no recipe method, and the "add a recipe method" page followed once with its toy method."""
 
 from __future__ import annotations
@@ -12,36 +12,36 @@ import pytest
 
 from memrl.cli import main
 from memrl.config import ConfigError
-from memrl.demos import seeds
-from memrl.demos.pipeline import BUILTIN, Recipe, get_recipe, recipe_names, register_recipe
+from memrl.recipes import seeds
+from memrl.recipes.pipeline import BUILTIN, Recipe, get_recipe, recipe_names, register_recipe
 
 ROOT = Path(__file__).parents[2]
 METHOD_WORDS = ("memagent", "memact", "context", "mem1", "infmem", "reading", "fold", "lookback")
 
 
 def test_every_builtin_method_resolves_to_its_module_recipe():
-    import memrl.demos.context
-    import memrl.demos.infmem
-    import memrl.demos.lookback
-    import memrl.demos.mem1
-    import memrl.demos.memact
-    import memrl.demos.memagent
+    import memrl.recipes.context
+    import memrl.recipes.infmem
+    import memrl.recipes.lookback
+    import memrl.recipes.mem1
+    import memrl.recipes.memact
+    import memrl.recipes.memagent
 
-    modules = {"memagent": memrl.demos.memagent, "memact": memrl.demos.memact, "context": memrl.demos.context,
-               "mem1": memrl.demos.mem1, "infmem": memrl.demos.infmem, "lookback": memrl.demos.lookback}
+    modules = {"memagent": memrl.recipes.memagent, "memact": memrl.recipes.memact, "context": memrl.recipes.context,
+               "mem1": memrl.recipes.mem1, "infmem": memrl.recipes.infmem, "lookback": memrl.recipes.lookback}
     assert list(BUILTIN) == list(modules) and recipe_names()[:6] == list(modules)
     for name, module in modules.items():
         assert get_recipe(name) is module.RECIPE and module.RECIPE.name == name
-    assert get_recipe("memrl.demos.mem1:RECIPE") is memrl.demos.mem1.RECIPE
+    assert get_recipe("memrl.recipes.mem1:RECIPE") is memrl.recipes.mem1.RECIPE
 
 
 def test_unknown_methods_and_non_recipes_are_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^--agent: unknown recipe method 'nope'; one of memagent, memact, "
                                           r"context, mem1, infmem, lookback or an import path"):
         get_recipe("nope")
-    with pytest.raises(ConfigError, match=r"^--agent='memrl.demos.mem1:METHODS' is not a memrl.demos.pipeline.Recipe "
+    with pytest.raises(ConfigError, match=r"^--agent='memrl.recipes.mem1:METHODS' is not a memrl.recipes.pipeline.Recipe "
                                           r"\(got dict\)"):
-        get_recipe("memrl.demos.mem1:METHODS")
+        get_recipe("memrl.recipes.mem1:METHODS")
     with pytest.raises(ConfigError, match="a method name is a plain word"):
         register_recipe("a:b", Recipe())
 
@@ -57,13 +57,13 @@ def test_eval_names_no_recipe_method():
     """The one evaluator and `memrl eval`'s runner know no recipe method: no module under memrl/eval imports
     the demos or the scripted policies, and evaluator.py, runner.py and results_file.py import no workflow
     module by name and define nothing named after a method (the per-method summaries are
-    memrl.demos.summaries'). report.py's MemAct table and ask.py's two workflows are `memrl eval report`'s and
+    memrl.recipes.summaries'). report.py's MemAct table and ask.py's two workflows are `memrl eval report`'s and
     `memrl ask`'s own, not recipe code."""
     for path in sorted((ROOT / "memrl" / "eval").glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
         imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-        assert not [m for m in imported if m.startswith(("memrl.demos", "memrl.demonstrators"))], path.name
+        assert not [m for m in imported if m.startswith(("memrl.recipes", "memrl.demonstrators"))], path.name
         if path.name in ("report.py", "ask.py"):
             continue
         workflows = [m for m in imported if m.startswith("memrl.workflows.")]
@@ -116,7 +116,7 @@ def test_the_toy_method_runs_every_stage_through_memrl_demo(tmp_path, capsys):
 def test_the_memagent_table_times_the_demonstrator_under_the_pipeline_key_and_the_old_one(timings, shown):
     # the pipeline times the scripted policy's evaluation as eval_scripted_s; results written before it have
     # eval_demonstrator_s (before the fix the table showed 0s for a pipeline run)
-    from memrl.demos.report import memagent_markdown
+    from memrl.recipes.report import memagent_markdown
 
     results = {"recipe": {"train_chunks": 8, "min_chunks": 0, "chunk_words": 16, "p_aware": 0.9, "rl_steps": 2,
                           "sft": {}, "eval": {"num_tasks": 4, "seed": 1, "samples": 1, "temperature": 1.0}},

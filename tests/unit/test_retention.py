@@ -1,4 +1,4 @@
-"""memrl.demos.retention: each memory call classified by hand-checked cases, and the counts over the real
+"""memrl.recipes.retention: each memory call classified by hand-checked cases, and the counts over the real
 MemAgent workflow with two scripted policies whose events follow from where each task's fact sits."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 
 from memrl.data.synthetic import SyntheticConfig, corpus_text, make_tasks
 from memrl.demonstrators import QuestionAwareDemonstrator, RecentFactsDemonstrator, ScriptedEngine
-from memrl.demos.retention import RetentionCounter, classify_step
 from memrl.eval.evaluator import EngineRollout, evaluate_tasks
 from memrl.models.tiny import train_tokenizer
+from memrl.recipes.retention import RetentionCounter, classify_step
 from memrl.workflows import get_workflow
 from memrl.workflows.memagent import MemAgentConfig
 

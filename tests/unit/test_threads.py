@@ -181,7 +181,7 @@ def test_metrics_code_the_policy():
 
 
 def test_the_demos_threads_go_through_the_same_helper(monkeypatch):
-    from memrl.demos import pipeline
+    from memrl.recipes import pipeline
 
     calls = []
     monkeypatch.setattr(pipeline, "set_torch_threads", lambda n: calls.append(n))
@@ -276,8 +276,8 @@ def test_memrl_train_sets_torchs_threads_before_any_model_loads(tmp_path):
 
 
 def test_the_demo_refuses_a_train_threads_section_it_would_not_read(tmp_path):
-    from memrl.demos.memagent import DemoConfig
-    from memrl.demos.pipeline import load_run
+    from memrl.recipes.memagent import DemoConfig
+    from memrl.recipes.pipeline import load_run
 
     with pytest.raises(ConfigError) as e:
         load_run(DemoConfig, ["train.threads.intra_op=1"], tmp_path / "demo")

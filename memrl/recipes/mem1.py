@@ -11,9 +11,9 @@ tasks with k = 2, 4, 8, 16 objectives measure how each one's peak context grows 
 of objective counts `task.sub_questions`, 2..16 by default; held-out tasks at each of `eval.objectives`, the
 count k drawn from seed `eval.seed + k`, none of them a training seed) -> init a tiny Qwen2 whose BPE
 tokenizer is trained on the task's text and the scripted oracle's contexts under BOTH settings, so both
-methods share it at one seed (memrl.demos.scratch.init_mem1_model) -> check that `model.max_positions`
+methods share it at one seed (memrl.recipes.scratch.init_mem1_model) -> check that `model.max_positions`
 holds the scripted full-history agent's largest context at the largest held-out k (so both methods have
-the same model shape) -> copy warm-up (memrl.demos.cold_start.copy_warmup) -> cold start: SFT on the
+the same model shape) -> copy warm-up (memrl.recipes.cold_start.copy_warmup) -> cold start: SFT on the
 scripted oracle (memrl.demonstrators.mem1.StateDemonstrator) played through `workflow=mem1` with the method's
 `context`, every row as the workflow cuts it (one per turn) -> held-out evaluation of the SFT model -> RL
 (preset mem1_cpu, GRPO) -> the same evaluation after RL. The evaluation is, per k, greedy and one sample
@@ -37,7 +37,7 @@ from memrl.config import MAX_COUNT, MAX_PARALLEL, MAX_SEED, ConfigError, valid
 from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks
 from memrl.data.tasks_jsonl import write_tasks
 from memrl.demonstrators.mem1 import mem1_demonstrations
-from memrl.demos.parts import (
+from memrl.recipes.parts import (
     SplitRecipe,
     count_parameters,
     engine_eval,
@@ -45,10 +45,10 @@ from memrl.demos.parts import (
     results_tail,
     scripted_rows,
 )
-from memrl.demos.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
-from memrl.demos.scratch import init_mem1_model
-from memrl.demos.seeds import table_rows
-from memrl.demos.summaries import evaluate_mem1, mem1_markdown, mem1_summary
+from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
+from memrl.recipes.scratch import init_mem1_model
+from memrl.recipes.seeds import table_rows
+from memrl.recipes.summaries import evaluate_mem1, mem1_markdown, mem1_summary
 from memrl.training.assemble import validate
 from memrl.types import Segment, Task
 

@@ -14,9 +14,9 @@ infmem) or memagent (one memory call per chunk, then the final; GRPO on the outc
 `run_infmem_demo` chains the library's stages: the tasks (memrl.data.synthetic with the preset's
 `data.synthetic`: SFT tasks at `sft.seed`, the held-out sets at `eval.seed`, written to
 data/heldout_tasks.jsonl) -> init a tiny Qwen2 whose BPE tokenizer is trained on the task's text and both
-arms' scripted contexts, so both methods share it (memrl.demos.scratch.init_reading_model) -> optional copy
-warm-up (memrl.demos.cold_start.copy_warmup) -> cold start: SFT on the reading oracle (memrl.demonstrators.
-infmem.ReadingDemonstrator) played through the arm's workflow, every row as the workflow cuts it (memrl.demos.
+arms' scripted contexts, so both methods share it (memrl.recipes.scratch.init_reading_model) -> optional copy
+warm-up (memrl.recipes.cold_start.copy_warmup) -> cold start: SFT on the reading oracle (memrl.demonstrators.
+infmem.ReadingDemonstrator) played through the arm's workflow, every row as the workflow cuts it (memrl.recipes.
 cold_start.reading_cold_start) -> held-out evaluation of the SFT model -> RL (preset infmem_cpu, on the
 preset's synthetic task stream) -> the same evaluation after RL. The evaluation (memrl.eval.evaluator.
 evaluate_reading) is greedy and sampled (one sample per task at `eval.temperature`), per length: accuracy
@@ -41,7 +41,7 @@ from memrl.config import MAX_COUNT, MAX_PARALLEL, MAX_SEED, MAX_TOKENS, MAX_VOCA
 from memrl.data.synthetic import at_length, make_tasks
 from memrl.demonstrators.infmem import ReadingDemonstrator
 from memrl.demonstrators.stages import context_demonstrations
-from memrl.demos.parts import (
+from memrl.recipes.parts import (
     GRPO,
     Arm,
     ArmRecipe,
@@ -53,10 +53,10 @@ from memrl.demos.parts import (
     scripted_rows,
     workflow_section,
 )
-from memrl.demos.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
-from memrl.demos.scratch import init_reading_model
-from memrl.demos.seeds import table_rows
-from memrl.demos.summaries import evaluate_reading, reading_markdown, reading_summary_of
+from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
+from memrl.recipes.scratch import init_reading_model
+from memrl.recipes.seeds import table_rows
+from memrl.recipes.summaries import evaluate_reading, reading_markdown, reading_summary_of
 from memrl.types import Segment, Task
 
 __all__ = ["ARMS", "Arm", "InfMemDemoConfig", "InfMemDemoEval", "InfMemDemoModel", "InfMemDemoSFT",

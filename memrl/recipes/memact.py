@@ -7,15 +7,15 @@ This module holds the demo's configs and `run_memact_demo`, which chains the lib
 functions between them only map the configs onto one library call each): write the task splits
 (memrl.data.synthetic_memact.write_splits: SFT / RL / held-out tasks, each with its own fact sheet that
 the agent searches with BM25) -> init a ~0.6M-parameter Qwen2 whose tokenizer is trained on the task's
-text (memrl.demos.scratch.init_memact_model) -> calibrate the working-context budget
+text (memrl.recipes.scratch.init_memact_model) -> calibrate the working-context budget
 (memrl.demonstrators.stages.calibrate_budget) -> copy warm-up and cold-start SFT on the scripted agent's
-trajectories (memrl.demos.cold_start; the agent, memrl.demonstrators.memact, prunes late with
+trajectories (memrl.recipes.cold_start; the agent, memrl.demonstrators.memact, prunes late with
 probability `sft.late_prob`), played through the real memact workflow, so the SFT rows are the workflow's
 segments -> DCPO (preset memact_dcpo_cpu) -> the same held-out evaluation of the SFT and the SFT+DCPO
 policy: greedy and sampled (one sample per task, temperature `eval.temperature`), accuracy (all
 sub-questions right) with its standard error, mean and peak working-context tokens, prunes per task,
-overflow rate (memrl.demos.summaries.evaluate_memact) -> results.md (printed), results.json,
-memact_results.png (memrl.demos.report).
+overflow rate (memrl.recipes.summaries.evaluate_memact) -> results.md (printed), results.json,
+memact_results.png (memrl.recipes.report).
 
 `variant=curation` (VARIANTS below) is the context-curation task of docs/concepts/memact.md "Context curation": a
 budget in which search alone answers every task, so pruning only shortens the context; add
@@ -44,13 +44,13 @@ from memrl.config import (
 )
 from memrl.data.synthetic_memact import MemActTaskConfig
 from memrl.demonstrators.stages import calibrate_budget, calibrate_search_only_budget, memact_demonstrations
-from memrl.demos.parts import SplitRecipe, count_parameters, write_data
-from memrl.demos.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
-from memrl.demos.report import print_memact_eval, write_memact_outputs
-from memrl.demos.scratch import init_memact_model
-from memrl.demos.seeds import budget_extra, budget_line, table_rows
-from memrl.demos.summaries import evaluate_memact, memact_summary_of
 from memrl.eval.evaluator import EngineRollout, model_engine
+from memrl.recipes.parts import SplitRecipe, count_parameters, write_data
+from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
+from memrl.recipes.report import print_memact_eval, write_memact_outputs
+from memrl.recipes.scratch import init_memact_model
+from memrl.recipes.seeds import budget_extra, budget_line, table_rows
+from memrl.recipes.summaries import evaluate_memact, memact_summary_of
 from memrl.types import Segment
 from memrl.workflows import get_workflow
 
@@ -162,11 +162,11 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[MemActDemoC
 
 
 # ------------------------------------------------------------------ the demo's configs on the library's stages
-# (one call each; benchmarks/ and tests call them by these names; write_data is memrl.demos.parts')
+# (one call each; benchmarks/ and tests call them by these names; write_data is memrl.recipes.parts')
 
 
 def init_model(cfg: MemActDemoConfig, wf_cfg: Any, sample_tasks: list[Any], out: Path) -> tuple[Any, Any]:
-    """(tokenizer, model): memrl.demos.scratch.init_memact_model at the `model.*` shape."""
+    """(tokenizer, model): memrl.recipes.scratch.init_memact_model at the `model.*` shape."""
     return init_memact_model(out, cfg.task, wf_cfg, sample_tasks, cfg.model.preset(), cfg.model.vocab_size, cfg.seed,
                              cfg.sft.search_topk)
 
@@ -188,7 +188,7 @@ def context_budget(cfg: MemActDemoConfig, tokenizer: Any, wf_cfg: Any, sft_tasks
 def evaluate(model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any], temperature: float,
              seed: int, engine_cfg: Any, model_dir: str | Path = "") -> dict[str, dict[str, float]]:
     """{"greedy": summary, "sampled": summary} of the policy on the held-out tasks (each searching its own
-    fact sheet): memrl.demos.summaries.evaluate_memact through the engine `engine_cfg` names, the prune tool
+    fact sheet): memrl.recipes.summaries.evaluate_memact through the engine `engine_cfg` names, the prune tool
     offered unless `wf_cfg.prune_tool` is False."""
     with model_engine(model, tokenizer, engine_cfg, model_dir) as engine:
         return evaluate_memact(EngineRollout(engine, get_workflow("memact")), wf_cfg, tasks, temperature, seed,
@@ -281,7 +281,7 @@ class MemActRecipe(SplitRecipe):
                 *budget_line(e)]
 
     def write(self, results: dict[str, Any], out: Path) -> str:
-        """results.json, results.md and memact_results.png (memrl.demos.report)."""
+        """results.json, results.md and memact_results.png (memrl.recipes.report)."""
         return write_memact_outputs(results, out)
 
 

@@ -1,7 +1,7 @@
 """A run that reuses another finished run's copy warm-up (`warmup_from`) or cold start (`sft_from`): the
 checks that the other run made what this one would have (the same initial model and tokenizer, the same
 settings, the same scripted agent through the same workflow), each failing in one line that names the run
-and the first thing that differs. The context demo's (memrl.demos.context.ContextDemoConfig).
+and the first thing that differs. The context demo's (memrl.recipes.context.ContextDemoConfig).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from memrl.config import ConfigError, to_yaml
-from memrl.demos.pipeline import RecipeRun
+from memrl.recipes.pipeline import RecipeRun
 from memrl.training.assemble import validate
 
 NOT_COLD_START = ("method", "threads", "sft_from", "warmup_from")

@@ -167,7 +167,7 @@ def init_context_model(out: str | Path, task_cfg: Any, plays: list[tuple[str, An
 
 def init_mem1_model(out: str | Path, task_cfg: Any, wf_cfgs: list[Any], sample_tasks: list[Task], shape: ModelPreset,
                     vocab_size: int, seed: int) -> tuple[Any, Any]:
-    """(tokenizer, model) for the MEM1 demo (memrl.demos.mem1): `wf_cfgs` are mem1 workflow configs (the demo
+    """(tokenizer, model) for the MEM1 demo (memrl.recipes.mem1): `wf_cfgs` are mem1 workflow configs (the demo
     passes both `context` settings, so both methods get the same tokenizer). BPE (out/tokenizer_corpus.txt)
     on the task's text, the prompt and the oracle's state / search / answer replies on the first 40
     `sample_tasks`, then again with the whole contexts (every row's prompt and response) the oracle

@@ -34,12 +34,12 @@ from memrl.config import (
     to_yaml,
     valid,
 )
-from memrl.demos import split_overrides
-from memrl.demos.cold_start import copy_warmup
 from memrl.errors import UserError
 from memrl.locks import locked_dir
 from memrl.models.tiny import ModelPreset, shape_problem
 from memrl.plugins import is_import_path, load_object
+from memrl.recipes import split_overrides
+from memrl.recipes.cold_start import copy_warmup
 from memrl.threads import ThreadsSection, set_torch_threads
 from memrl.training.assemble import assemble, check_writable, validate
 from memrl.training.checkpoint import latest_checkpoint
@@ -71,7 +71,7 @@ class SFTSettings:
 
 @dataclass
 class WarmupSFTSettings(SFTSettings):
-    """SFTSettings plus the copy warm-up before the cold start (memrl.demos.cold_start.copy_warmup)."""
+    """SFTSettings plus the copy warm-up before the cold start (memrl.recipes.cold_start.copy_warmup)."""
 
     copy_warmup_steps: int = valid(0, ge=0, le=MAX_COUNT, note="0 = off")
     """Copy warm-up steps before the cold start: the induction heads a model trained from scratch needs to
@@ -203,7 +203,7 @@ class Recipe:
     outputs: ClassVar[tuple[str, ...]] = ("results.md", "results.json")
     """The files `write` makes in the output directory (printed when the run ends)."""
     summary_fields: ClassVar[tuple[str, ...]] = ("accuracy",)
-    """The summary fields the seed sweep aggregates (memrl.demos.seeds)."""
+    """The summary fields the seed sweep aggregates (memrl.recipes.seeds)."""
     optional_fields: ClassVar[tuple[str, ...]] = ()
     """Summary fields a run may lack (e.g. no task with that question count): skipped, not an error."""
 
@@ -304,7 +304,7 @@ class Recipe:
         return {}
 
     def sweep_table(self, entry: dict[str, Any]) -> list[str]:
-        """The seed sweep's table (markdown lines) of one capability's aggregate (memrl.demos.seeds)."""
+        """The seed sweep's table (markdown lines) of one capability's aggregate (memrl.recipes.seeds)."""
         raise NotImplementedError
 
     def write(self, results: dict[str, Any], out: Path) -> str:
@@ -372,12 +372,12 @@ def run_recipe(recipe: Recipe | str, out_dir: str | Path, overrides: list[str]) 
 # ---------------------------------------------------------------------------------------------- the registry
 
 BUILTIN: dict[str, str] = {
-    "memagent": "memrl.demos.memagent:RECIPE",
-    "memact": "memrl.demos.memact:RECIPE",
-    "context": "memrl.demos.context:RECIPE",
-    "mem1": "memrl.demos.mem1:RECIPE",
-    "infmem": "memrl.demos.infmem:RECIPE",
-    "lookback": "memrl.demos.lookback:RECIPE",
+    "memagent": "memrl.recipes.memagent:RECIPE",
+    "memact": "memrl.recipes.memact:RECIPE",
+    "context": "memrl.recipes.context:RECIPE",
+    "mem1": "memrl.recipes.mem1:RECIPE",
+    "infmem": "memrl.recipes.infmem:RECIPE",
+    "lookback": "memrl.recipes.lookback:RECIPE",
 }
 """The built-in methods, by import path (imported when first named)."""
 
@@ -403,10 +403,10 @@ def get_recipe(name: str, where: str = "--agent") -> Recipe:
         ref = name
     if ref is None:
         raise ConfigError(f"{where}: unknown recipe method {name!r}; one of {', '.join(recipe_names())} or an "
-                          "import path package.module:ATTR naming a memrl.demos.pipeline.Recipe")
+                          "import path package.module:ATTR naming a memrl.recipes.pipeline.Recipe")
     if isinstance(ref, Recipe):
         return ref
-    return load_object(ref, where, "a memrl.demos.pipeline.Recipe", lambda o: isinstance(o, Recipe),
+    return load_object(ref, where, "a memrl.recipes.pipeline.Recipe", lambda o: isinstance(o, Recipe),
                        hint="an instance of a Recipe subclass")
 
 

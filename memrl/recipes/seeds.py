@@ -15,7 +15,7 @@ capability's first run, a probe subprocess with the same environment checks that
 `native` runs without the variable (torch's own choice; the table names what torch reported).
 
 Training seed k shifts every seed the recipe TRAINS with by k from its value (seed 0 is the one-seed demo
-exactly): the method's `seed_keys` (memrl.demos.pipeline.Recipe; e.g. memact: `seed` for the model init,
+exactly): the method's `seed_keys` (memrl.recipes.pipeline.Recipe; e.g. memact: `seed` for the model init,
 tokenizer, copy warm-up and SFT order, `sft.seed` for the SFT tasks and the scripted agent's coins,
 `rl_task_seed`, `train.data.seed`, `train.trainer.seed`). The held-out evaluation (eval.seed, eval.num_tasks,
 the lengths) is never shifted, and no training task seed (`task_seeds`) may equal a held-out one
@@ -50,10 +50,10 @@ from pathlib import Path
 from typing import Any
 
 from memrl.config import MAX_SEED, ConfigError, load_config, redact_argv, redact_secrets, redact_text
-from memrl.demos import split_overrides
-from memrl.demos.pipeline import Recipe, get_recipe
 from memrl.errors import UserError
 from memrl.locks import acquire, release
+from memrl.recipes import split_overrides
+from memrl.recipes.pipeline import Recipe, get_recipe
 from memrl.training.config import TrainConfig
 
 CAPABILITIES = ("native", "default", "avx2", "avx512")

@@ -13,12 +13,12 @@ fold (FoldGRPO with its process rewards), fold_no_process (FoldGRPO with `proces
 with `task.padding_words`: every search result costs what a passage does) -> calibrate the budget (0 = the
 flawless folding agent's largest prompt, memrl.demonstrators.stages.calibrate_fold_budget, the same for every
 arm; it fails when the unmanaged agent would fit) -> init a tiny Qwen2 whose BPE tokenizer is trained on the
-task's text and every arm's scripted contexts, so all arms share it (memrl.demos.scratch.init_context_model) -> copy warm-up
-(memrl.demos.cold_start.copy_warmup) -> cold start: SFT on the arm's scripted agent (memrl.demonstrators.
+task's text and every arm's scripted contexts, so all arms share it (memrl.recipes.scratch.init_context_model) -> copy warm-up
+(memrl.recipes.cold_start.copy_warmup) -> cold start: SFT on the arm's scripted agent (memrl.demonstrators.
 context, flaw `sft.late_prob`) played through the arm's workflow, every row as the workflow cuts it
-(ContextRecipe.demonstrations; `sft_from` / `warmup_from` reuse another run's: memrl.demos.reuse) ->
+(ContextRecipe.demonstrations; `sft_from` / `warmup_from` reuse another run's: memrl.recipes.reuse) ->
 held-out evaluation of the SFT model -> RL (preset context_cpu, `algorithm.name` from ARMS) -> the same evaluation after RL. The evaluation
-(memrl.demos.summaries.evaluate_context) is greedy and sampled (one sample per task at `eval.temperature`):
+(memrl.recipes.summaries.evaluate_context) is greedy and sampled (one sample per task at `eval.temperature`):
 accuracy (all sub-questions right) +- SE over tasks, mean peak / mean context, tokens discarded, turns,
 branches, summaries and the share stopped by the budget; beside them the scripted agent on its SFT tasks
 and the scripted search agent without a budget on the held-out tasks (`reference.react_unbounded`: the
@@ -39,7 +39,7 @@ from typing import Any
 from memrl.config import MAX_COUNT, MAX_PARALLEL, MAX_SEED, MAX_TOKENS, ConfigError, valid
 from memrl.data.synthetic_memact import MemActTaskConfig
 from memrl.demonstrators.stages import calibrate_fold_budget, context_demonstrations, context_demonstrator
-from memrl.demos.parts import (
+from memrl.recipes.parts import (
     GRPO,
     Arm,
     ArmRecipe,
@@ -52,11 +52,11 @@ from memrl.demos.parts import (
     workflow_section,
     write_data,
 )
-from memrl.demos.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
-from memrl.demos.reuse import reused_cold_start, reused_warmup, take_cold_start
-from memrl.demos.scratch import init_context_model
-from memrl.demos.seeds import budget_extra, budget_line, table_rows
-from memrl.demos.summaries import context_markdown, context_summary_of, evaluate_context
+from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
+from memrl.recipes.reuse import reused_cold_start, reused_warmup, take_cold_start
+from memrl.recipes.scratch import init_context_model
+from memrl.recipes.seeds import budget_extra, budget_line, table_rows
+from memrl.recipes.summaries import context_markdown, context_summary_of, evaluate_context
 from memrl.training.assemble import validate
 from memrl.types import Segment
 

@@ -1,4 +1,4 @@
-"""The pieces several recipe methods share (memrl.demos.pipeline runs them; each method module declares only
+"""The pieces several recipe methods share (memrl.recipes.pipeline runs them; each method module declares only
 what differs): the task-split methods' seeds, files and tasks (`SplitRecipe`: memact, context, mem1), the
 arm-picking methods' RL config (`ArmRecipe`: context, infmem), the held-out evaluation through an engine,
 and the parts of results.json the trained methods (context, mem1, infmem) write alike.
@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 
 from memrl.config import ConfigError
 from memrl.data.synthetic_memact import MemActSplits, write_splits
-from memrl.demos.pipeline import Recipe, RecipeRun
 from memrl.eval.evaluator import EngineRollout, model_engine
+from memrl.recipes.pipeline import Recipe, RecipeRun
 from memrl.types import Group, Segment, Trajectory
 from memrl.workflows import parse_workflow
 
@@ -92,7 +92,7 @@ def workflow_section(tcfg: Any, name: str, **fields: Any) -> Any:
 
 def engine_eval(evaluate: Callable[..., Any], run: RecipeRun, model: Any, model_dir: str | Path, tasks: Any) -> Any:
     """`evaluate(rollout, run.wf_cfg, tasks, eval.temperature, eval.seed)` with `model` served by the RL
-    config's engine (memrl.demos.summaries' evaluations)."""
+    config's engine (memrl.recipes.summaries' evaluations)."""
     with model_engine(model, run.tokenizer, run.tcfg.engine, model_dir) as engine:
         return evaluate(EngineRollout(engine, run.spec), run.wf_cfg, tasks, run.cfg.eval.temperature,
                         run.cfg.eval.seed)

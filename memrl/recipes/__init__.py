@@ -1,4 +1,4 @@
-"""Recipes: the CPU demos as methods of one pipeline (memrl.demos.pipeline: init -> [copy warm-up] -> cold
+"""Recipes: the CPU demos as methods of one pipeline (memrl.recipes.pipeline: init -> [copy warm-up] -> cold
 start -> evaluate -> RL -> evaluate -> write). Each method module holds its configs and its `Recipe`, which
 declares only what differs (the module's other functions map its configs onto one library call each).
 
@@ -15,10 +15,10 @@ declares only what differs (the module's other functions map its configs onto on
   workflows' scripted traces, the same in both arms; ReMemR1's recall-off ablation, recall and callback hit
   rates; benchmarks/lookback_compare.py compares the arms).
 
-The stages they call: memrl.data.synthetic / synthetic_memact (tasks), memrl.demos.scratch (model init),
-memrl.demonstrators.stages (scripted policies, their demonstrations, MemAct's budget), memrl.demos.cold_start
+The stages they call: memrl.data.synthetic / synthetic_memact (tasks), memrl.recipes.scratch (model init),
+memrl.demonstrators.stages (scripted policies, their demonstrations, MemAct's budget), memrl.recipes.cold_start
 (copy warm-up), memrl.training.trainer (RL), memrl.eval.evaluator (the one evaluator) with the methods'
-summaries (memrl.demos.summaries), memrl.demos.report (tables and plots) and memrl.demos.seeds (the sweep
+summaries (memrl.recipes.summaries), memrl.recipes.report (tables and plots) and memrl.recipes.seeds (the sweep
 over training seeds and its one aggregation).
 """
 

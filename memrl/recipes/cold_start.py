@@ -1,5 +1,5 @@
 """The copy warm-up: random token sequences, each followed by itself, that give a model trained from
-scratch its induction heads before the cold start (the one cold start itself is memrl.demos.pipeline's:
+scratch its induction heads before the cold start (the one cold start itself is memrl.recipes.pipeline's:
 the method's scripted policy played through its workflow, its rows, the SFT update).
 """
 

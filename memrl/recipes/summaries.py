@@ -4,7 +4,7 @@
 (MemAgent / InfMem on the synthetic task: model calls, chunks read, retrievals, stop rate) and MEM1's
 (objectives right, peak and mean context per objective count). Each method's evaluation is greedy and
 sampled through `evaluate_tasks`, so the statistics are the evaluator's. Last, the context, MEM1 and InfMem
-demos' run tables (results.md; MemAgent's and MemAct's are memrl.demos.report's, with their plots).
+demos' run tables (results.md; MemAgent's and MemAct's are memrl.recipes.report's, with their plots).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def context_summary_of(groups: Sequence[Group]) -> dict[str, float]:
 
 def evaluate_context(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], temperature: float,
                      seed: int) -> dict[str, dict[str, float]]:
-    """The context demo's held-out protocol (memrl.demos.context): {"greedy": summary, "sampled": summary},
+    """The context demo's held-out protocol (memrl.recipes.context): {"greedy": summary, "sampled": summary},
     one trajectory per task each (sampled at `temperature`, top_p 1, no top-k), both seeded with `seed`; each
     summary is `context_summary` plus the evaluation's `seconds`."""
     base = replace(wf_cfg, top_p=1.0, top_k=-1)
@@ -130,7 +130,7 @@ def evaluate_context(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], tempe
 
 
 def reading_summary_of(groups: Sequence[Group], seconds: float = 0.0) -> dict[str, float]:
-    """A MemAgent / InfMem evaluation in the terms of the InfMem demo (memrl.demos.infmem), over scored groups
+    """A MemAgent / InfMem evaluation in the terms of the InfMem demo (memrl.recipes.infmem), over scored groups
     with their tasks: accuracy (%, the exact-match outcome `boxed_em_outcome`, whatever the workflow's training
     reward mixes in) and its SE over tasks (each task's mean over its samples, ddof 1); per trajectory the
     means of model calls (its segments), chunks read (memory calls), the document's chunks, retrievals and
@@ -160,7 +160,7 @@ def reading_summary_of(groups: Sequence[Group], seconds: float = 0.0) -> dict[st
 
 def evaluate_reading(rollout: Rollout, wf_cfg: Any, tasks_by_length: dict[int, list[Task]], temperature: float,
                      seed: int) -> dict[str, dict[str, dict[str, float]]]:
-    """The InfMem demo's held-out protocol (memrl.demos.infmem): {length (str): {"greedy": summary, "sampled":
+    """The InfMem demo's held-out protocol (memrl.recipes.infmem): {length (str): {"greedy": summary, "sampled":
     summary}}, one trajectory per task each (sampled at `temperature`, top_p 1, no top-k), both seeded with
     `seed`; each summary is `reading_summary_of`."""
     base = replace(wf_cfg, top_p=1.0, top_k=-1)
@@ -203,7 +203,7 @@ def mem1_summary(groups: list[Group]) -> dict[str, float]:
 
 def evaluate_mem1(rollout: Rollout, wf_cfg: Any, tasks: dict[int, list[Task]], temperature: float,
                   seed: int) -> dict[str, dict[str, dict[str, float]]]:
-    """The MEM1 demo's held-out protocol (memrl.demos.mem1): {"greedy": {k: summary}, "sampled": {k: summary}}
+    """The MEM1 demo's held-out protocol (memrl.recipes.mem1): {"greedy": {k: summary}, "sampled": {k: summary}}
     over the tasks of each objective count k (one trajectory per task each; sampled at `temperature`, top_p 1,
     no top-k; both seeded with `seed`); each summary is `mem1_summary` plus the evaluation's `seconds`."""
     base = replace(wf_cfg, top_p=1.0, top_k=-1)

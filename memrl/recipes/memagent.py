@@ -1,14 +1,14 @@
 """The MemAgent demo recipe: its configs, and `MemAgentRecipe`, its method of the recipe pipeline
-(memrl.demos.pipeline).
+(memrl.recipes.pipeline).
 
 `memrl demo` (memrl/commands/demo.py) runs it through `run_recipe`. Stages: init a ~0.8M-parameter
-Qwen2 whose tokenizer is trained on the synthetic task's text (memrl.demos.scratch) -> cold-start SFT on a
+Qwen2 whose tokenizer is trained on the synthetic task's text (memrl.recipes.scratch) -> cold-start SFT on a
 mixture demonstrator (memrl.demonstrators.stages.mixture_demonstrator: per memory step the optimal
 `QuestionAwareDemonstrator` with probability `sft.p_aware`, the question-blind `RecentFactsDemonstrator` otherwise;
-memrl.demos.cold_start) -> multi-conversation GRPO on the MemAgent workflow (memrl.training.trainer)
+memrl.recipes.cold_start) -> multi-conversation GRPO on the MemAgent workflow (memrl.training.trainer)
 -> the demonstrator, the cold start and SFT+RL evaluated with one protocol (held-out tasks at 1x, 4x, 16x
 the training length; greedy and sampled; memrl.eval.evaluator) -> a results dict that
-`memrl.demos.report` renders (`write_memagent_outputs`: results.md, results.json, the plots).
+`memrl.recipes.report` renders (`write_memagent_outputs`: results.md, results.json, the plots).
 The functions between the configs and the recipe only map the demo's configs onto one library call each.
 """
 
@@ -37,15 +37,15 @@ from memrl.demonstrators.stages import (
     reading_segments,
     record_demonstrations,
 )
-from memrl.demos.parts import by_decoding
-from memrl.demos.pipeline import Recipe, RecipeRun, SFTSettings, run_recipe
-from memrl.demos.pipeline import cold_start as pipeline_cold_start
-from memrl.demos.report import write_memagent_outputs
-from memrl.demos.scratch import init_memagent_model
-from memrl.demos.seeds import cell_of, fmt
 from memrl.errors import UserError
 from memrl.eval.evaluator import EngineRollout, EvalProtocol, evaluate_policy, model_engine, results_to_json
 from memrl.models.tiny import ModelPreset, shape_problem
+from memrl.recipes.parts import by_decoding
+from memrl.recipes.pipeline import Recipe, RecipeRun, SFTSettings, run_recipe
+from memrl.recipes.pipeline import cold_start as pipeline_cold_start
+from memrl.recipes.report import write_memagent_outputs
+from memrl.recipes.scratch import init_memagent_model
+from memrl.recipes.seeds import cell_of, fmt
 from memrl.types import Segment
 
 __all__ = ["RECIPE", "DemoConfig", "DemoEval", "DemoSFT", "cold_start", "demonstrator", "evaluate_demonstrator",
@@ -141,7 +141,7 @@ class DemoConfig:
 
 def load_demo_configs(overrides: list[str], out_dir: str | Path) -> tuple[DemoConfig, Any, Path, tuple[Any, Any]]:
     """(demo config, validated RL config, writable output dir, parsed workflow (spec, config)) from
-    `key=value` / `train.key=value` overrides (memrl.demos.pipeline.Recipe.configs); sets torch's thread count
+    `key=value` / `train.key=value` overrides (memrl.recipes.pipeline.Recipe.configs); sets torch's thread count
     when `threads` is given. Fails before any work on a bad value."""
     run = RECIPE.configs(overrides, out_dir)
     return run.cfg, run.tcfg, run.out, (run.spec, run.wf_cfg)
@@ -177,7 +177,7 @@ def demonstrator(cfg: DemoConfig, tcfg: Any, wf_cfg: Any, seed: int, p_aware: fl
 
 
 def init_model(cfg: DemoConfig, tcfg: Any, out: Path, wf_cfg: Any) -> tuple[Any, Any]:
-    """(tokenizer, model): memrl.demos.scratch.init_memagent_model at the "micro" shape or a tiny preset."""
+    """(tokenizer, model): memrl.recipes.scratch.init_memagent_model at the "micro" shape or a tiny preset."""
     shape = ModelPreset(cfg.vocab_size, cfg.hidden_size, 2 * cfg.hidden_size, cfg.num_layers, cfg.num_heads,
                         cfg.num_kv_heads, max_position_embeddings=4096) if cfg.model_preset == "micro" \
         else cfg.model_preset
@@ -188,7 +188,7 @@ def init_model(cfg: DemoConfig, tcfg: Any, out: Path, wf_cfg: Any) -> tuple[Any,
 
 def cold_start(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, out: Path) -> list[float]:
     """The recipe's cold start (MemAgentRecipe.demonstrations on `sft.num_tasks` tasks of seed `sft_seed`, then
-    memrl.demos.pipeline.cold_start); saves the model to out/sft and returns the per-step losses."""
+    memrl.recipes.pipeline.cold_start); saves the model to out/sft and returns the per-step losses."""
     run = RecipeRun(cfg, tcfg, out, None, wf_cfg, tokenizer, model)
     return pipeline_cold_start(run, RECIPE.demonstrations(run)[0], tensorboard=tcfg.trainer.tensorboard)
 
@@ -305,7 +305,7 @@ class MemAgentRecipe(Recipe):
         return lines
 
     def write(self, results: dict[str, Any], out: Path) -> str:
-        """results.md, results.json, accuracy_vs_length.png, rl_reward.png (memrl.demos.report)."""
+        """results.md, results.json, accuracy_vs_length.png, rl_reward.png (memrl.recipes.report)."""
         return write_memagent_outputs(results, out)
 
 

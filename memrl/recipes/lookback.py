@@ -6,7 +6,7 @@
   python benchmarks/lookback_compare.py --out runs/lb3 --seeds 0,1,2 [overrides]   # both arms, the gaps
 
 `method` picks the arm: its RL preset (lookback_memagent_cpu: GRPO; lookback_rememr1_cpu: the multi-level
-advantage), whose workflow section the arm's evaluations use too. The stages (memrl.demos.pipeline):
+advantage), whose workflow section the arm's evaluations use too. The stages (memrl.recipes.pipeline):
 tasks (RL tasks of 4 pieces, data/train.json, read by RL as data.name=file; SFT tasks of `sft.chunks`
 pieces; `eval.num_tasks` held-out tasks per length N of `eval.lengths`, seeded eval.seed + N,
 data/eval_<N>.json) -> a random tiny Qwen2 whose tokenizer is trained on the task's words and both arms'
@@ -47,13 +47,13 @@ from memrl.data.synthetic import corpus_text
 from memrl.data.synthetic_lookback import LookbackConfig as Shape
 from memrl.data.synthetic_lookback import corpus_extra, make_lookback_tasks
 from memrl.demonstrators import LookbackDemonstrator, ScriptedEngine
-from memrl.demos.cold_start import copy_warmup
-from memrl.demos.parts import count_parameters, results_tail
-from memrl.demos.pipeline import EvalSettings, Recipe, RecipeRun, WarmupSFTSettings, run_recipe
-from memrl.demos.seeds import cell_of, fmt
 from memrl.engines import EngineConfig, HFSection
 from memrl.eval.runner import EvalConfig, evaluate
 from memrl.models.tiny import init_tiny_model
+from memrl.recipes.cold_start import copy_warmup
+from memrl.recipes.parts import count_parameters, results_tail
+from memrl.recipes.pipeline import EvalSettings, Recipe, RecipeRun, WarmupSFTSettings, run_recipe
+from memrl.recipes.seeds import cell_of, fmt
 from memrl.runtime import rollout_once
 from memrl.training.config import TrainConfig
 from memrl.types import Segment
