@@ -31,7 +31,7 @@ from pathlib import Path
 
 from memrl.config import load_config
 from memrl.errors import UserError
-from memrl.eval.report import is_memact, report_dirs, summarize, summarize_memact, write_report
+from memrl.eval.report import report_dirs, section_summaries, summarize, write_report
 from memrl.eval.runner import EvalConfig, evaluate
 from memrl.locks import locked_dir
 from memrl.threads import apply as apply_threads
@@ -95,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
     with locked_dir(args.out, "--out"):  # a second eval into --out would answer every question again
         rows = evaluate(files, args.out, cfg)
     name = cfg.name or Path(args.out).resolve().name
-    memact = [summarize_memact(rows, name)] if is_memact(rows) else []
-    out = write_report(args.out, summarize(rows, name, args.group_by), memact=memact)
+    out = write_report(args.out, summarize(rows, name, args.group_by), sections=section_summaries(rows, name))
     print(out.markdown.read_text(), end="")
     print(f"wrote {Path(args.out) / 'results.jsonl'}, {out.markdown}, {out.csv}, {out.png}")
     return 0

@@ -21,8 +21,11 @@ from memrl.eval.runner import EvalConfig, make_eval_engine, workflow_config
 from memrl.runtime import RolloutRuntime
 from memrl.threads import apply as set_threads
 from memrl.types import Task
+from memrl.workflows import DEFAULT_WORKFLOW, ask_workflows
 
-ASK_WORKFLOWS = ("memagent", "rememr1")
+ASK_WORKFLOWS = ask_workflows()
+"""The workflows `memrl ask` runs: those whose WorkflowSpec says `ask` (they read chunk by chunk and keep a
+memory)."""
 MAX_FILE_BYTES = 256 << 20
 """The largest document read (256 MiB of text is far past any context a memory agent is run on here)."""
 
@@ -39,7 +42,8 @@ class AskResult:
     memories: list[str] = field(default_factory=list)
     """The memory after each chunk, in reading order."""
     recalls: list[str] = field(default_factory=list)
-    """ReMemR1: the recall query of each step ("" where none)."""
+    """The recall query of each step ("" where none), for a workflow that recalls (its spec's recall_key);
+    empty otherwise."""
     model_calls: int = 0
     seconds: float = 0.0
 
@@ -64,9 +68,9 @@ def read_document(path: str | Path) -> str:
     return text
 
 
-def ask(model: str | Path, text: str, question: str, workflow: str = "memagent",
+def ask(model: str | Path, text: str, question: str, workflow: str = DEFAULT_WORKFLOW,
         overrides: list[str] | tuple[str, ...] = (), apply_threads: bool = False) -> AskResult:
-    """Run `workflow` (memagent or rememr1) of the model directory `model` over `text` for `question`.
+    """Run `workflow` (one of ASK_WORKFLOWS) of the model directory `model` over `text` for `question`.
     `apply_threads`: set this process's torch threads from the config's `threads` section (memrl.threads), as
     `memrl ask` does; a Python caller keeps its own thread setting unless it asks for that."""
     if workflow not in ASK_WORKFLOWS:
@@ -88,9 +92,10 @@ def ask(model: str | Path, text: str, question: str, workflow: str = "memagent",
     final = str(traj.info.get("answer_text", ""))
     boxed = bool(traj.final_answer)
     mem = [s for s in segs if s.info.get("kind") == "memory"]
+    key = spec.recall_key
     return AskResult(answer=traj.final_answer if boxed else final.strip(), boxed=boxed, final_text=final,
                      memories=[str(s.info.get("memory", "")) for s in mem],
-                     recalls=[str(s.info.get("recall_query") or "") for s in mem] if workflow == "rememr1" else [],
+                     recalls=[str(s.info.get(key) or "") for s in mem] if key else [],
                      model_calls=len(segs), seconds=time.perf_counter() - t0)
 
 

@@ -173,8 +173,8 @@ class EvalResult:
     per_task: list[float] = field(default_factory=list)
     """Each task's mean reward (0..1), in task order: paired comparisons of two policies on the same tasks."""
     groups: list[Group] = field(default_factory=list, repr=False, compare=False)
-    """The scored groups when asked for (`keep_groups`; not in `to_json`): workflow-specific summaries such
-    as `memact_summary`. Empty by default, so a long evaluation does not hold every trajectory."""
+    """The scored groups when asked for (`keep_groups`; not in `to_json`): a workflow's own summary (the
+    recipes' ones in memrl.recipes.summaries). Empty by default, so a long evaluation does not hold every trajectory."""
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(replace(self, groups=[]))
@@ -235,7 +235,7 @@ class EvalProtocol:
     se_ddof: int = 1
     """1: the sample standard deviation over tasks; 0: the binomial SE (the MemAct demo's table)."""
     keep_groups: bool = False
-    """Keep the scored groups in each EvalResult (for a workflow summary such as `memact_summary`)."""
+    """Keep the scored groups in each EvalResult (for a workflow's own summary, memrl.recipes.summaries)."""
 
 
 def evaluate_policy(rollout: Rollout, wf_cfg: Any, tasks_by_length: dict[int, list[Task]],

@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt
 from memrl.errors import UserError
 from memrl.eval import evaluator
 from memrl.eval.runner import CONFIG_FILE, RESULTS_FILE, read_results
-from memrl.workflows import format_counts, format_keys, get_workflow
+from memrl.workflows import ReportSection, format_counts, format_keys, get_workflow, report_sections
 
 log = logging.getLogger(__name__)
 
@@ -324,139 +324,49 @@ def plot_accuracy(path: str | os.PathLike[str], summaries: Sequence[LengthSummar
 
 
 @dataclass
-class MemActSummary:
-    """One run of MemAct (multi-question rows): accuracy and what the context cost."""
-
-    run: str
-    questions: int
-    accuracy: float
-    """All sub-questions right, percent (MemAct's "fully correct")."""
-    subq_accuracy: float
-    """Sub-questions right, percent of all sub-questions."""
-    f1: float
-    """Mean sub-question F1, percent."""
-    mean_context_tokens: float
-    """Mean over questions of the mean working-context (prompt) tokens per turn."""
-    peak_context_tokens: float
-    """Mean over questions of the largest working context."""
-    max_context_tokens: float
-    """Largest working context of the run."""
-    mean_generated_tokens: float
-    mean_turns: float
-    mean_searches: float
-    mean_prunes: float
-    failed_prunes: int
-    """Totals over the run (counted failures)."""
-    malformed_calls: int
-    search_errors: int
-    reward_errors: int
-    prune_withheld: float
-    """Fraction of questions run without the prune tool."""
-    judge_errors: int = 0
-    """Questions whose LLM judgement failed (workflow.judge; scored 0 or excluded, by judge.on_failure);
-    the kinds are in each row's metrics (judge_error_http_error / _timeout / _no_verdict / _garbled)."""
-
-
-MEMACT_COLUMNS = [f.name for f in fields(MemActSummary)]
-
-
-def is_memact(rows: Sequence[dict[str, Any]]) -> bool:
-    return bool(rows) and all("multiq_questions" in r.get("metrics", {}) for r in rows)
-
-
-def summarize_memact(rows: Sequence[dict[str, Any]], run: str) -> MemActSummary:
-    """The MemAct summary of a run's rows (see memrl.workflows.memact for the metrics)."""
-    k = len(rows)
-    ms = [r["metrics"] for r in rows]
-
-    def mean(key: str) -> float:
-        return sum(float(m.get(key, 0.0)) for m in ms) / k
-
-    def total(key: str) -> int:
-        return int(sum(float(m.get(key, 0.0)) for m in ms))
-
-    subq = sum(float(m["multiq_questions"]) for m in ms)
-    return MemActSummary(
-        run=run, questions=k, accuracy=100 * mean("multiq_all_correct"),
-        subq_accuracy=100 * sum(float(m["multiq_correct"]) for m in ms) / subq if subq else 0.0,
-        f1=100 * mean("multiq_f1_mean"), mean_context_tokens=mean("mean_context_tokens"),
-        peak_context_tokens=mean("peak_context_tokens"),
-        max_context_tokens=max(float(m.get("peak_context_tokens", 0.0)) for m in ms),
-        mean_generated_tokens=mean("generated_tokens"), mean_turns=mean("turns"), mean_searches=mean("searches"),
-        mean_prunes=mean("prunes"), failed_prunes=total("failed_prunes"), malformed_calls=total("malformed_calls"),
-        search_errors=total("search_errors"), reward_errors=total("reward_error"),
-        prune_withheld=mean("prune_withheld"), judge_errors=total("judge_error"),
-    )
-
-
-def memact_markdown(summaries: Sequence[MemActSummary]) -> str:
-    """The MemAct table: accuracy against context size and tool use, one line per run."""
-    lines = ["| run | questions | accuracy (all) | sub-question acc. | F1 | mean context | peak context "
-             "| max context | generated | turns | searches | prunes | failed prunes | malformed calls "
-             "| search errors | reward errors | prune withheld | judge errors |",
-             "|---|" + "---:|" * 17]
-    for s in summaries:
-        lines.append(
-            f"| {s.run} | {s.questions} | {s.accuracy:.2f} | {s.subq_accuracy:.2f} | {s.f1:.2f} "
-            f"| {s.mean_context_tokens:.0f} | {s.peak_context_tokens:.0f} | {s.max_context_tokens:.0f} "
-            f"| {s.mean_generated_tokens:.1f} | {s.mean_turns:.2f} | {s.mean_searches:.2f} | {s.mean_prunes:.2f} "
-            f"| {s.failed_prunes} | {s.malformed_calls} | {s.search_errors} | {s.reward_errors} "
-            f"| {s.prune_withheld:.2f} | {s.judge_errors} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def write_memact_csv(path: str | os.PathLike[str], summaries: Sequence[MemActSummary]) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=MEMACT_COLUMNS)
-        w.writeheader()
-        for s in summaries:
-            w.writerow({k: repr(v) if isinstance(v, float) else v for k, v in asdict(s).items()})
-
-
-def plot_memact(path: str | os.PathLike[str], summaries: Sequence[MemActSummary]) -> None:
-    """PNG: accuracy (all correct, %) against mean working-context tokens, one point per run."""
-    matplotlib.use("Agg", force=True)
-
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    for s in summaries:
-        ax.scatter([s.mean_context_tokens], [s.accuracy], label=s.run)
-        ax.annotate(s.run, (s.mean_context_tokens, s.accuracy), fontsize=8)
-    ax.set_xlabel("mean working-context tokens")
-    ax.set_ylabel("accuracy (all sub-questions, %)")
-    ax.set_ylim(0, 100)
-    ax.grid(True, alpha=0.3)
-    ax.set_title("MemAct: accuracy vs context size")
-    ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-@dataclass
 class ReportFiles:
     markdown: Path
     csv: Path
     png: Path
-    memact_csv: Path | None = None
-    memact_png: Path | None = None
+    extra: tuple[Path, ...] = ()
+    """What the workflows' own report sections wrote beside them (a CSV, a plot)."""
+
+
+Sections = Sequence[tuple[ReportSection, Sequence[Any]]]
+"""A workflow's report section and its summaries, one per run (memrl.workflows.ReportSection)."""
+
+
+def section_summaries(rows: Sequence[dict[str, Any]], run: str, sections: Sections = ()) -> list:
+    """`sections` with the summary of `rows` added where a known workflow's section claims them (every
+    built-in's and every spec's resolved in this process, memrl.workflows.report_sections)."""
+    out = [(sec, list(sums)) for sec, sums in sections]
+    for sec in report_sections():
+        s = sec.summarize(rows, run)
+        if s is None:
+            continue
+        entry = next((e for e in out if e[0] == sec), None)
+        if entry is None:
+            out.append(entry := (sec, []))
+        entry[1].append(s)
+    return out
 
 
 def write_report(out_dir: str | os.PathLike[str], summaries: Sequence[LengthSummary], title: str = "",
-                 memact: Sequence[MemActSummary] = ()) -> ReportFiles:
-    """summary.md, summary.csv and accuracy.png in out_dir (+ the MemAct table, CSV and plot if given)."""
+                 sections: Sections = ()) -> ReportFiles:
+    """summary.md, summary.csv and accuracy.png in out_dir (+ each workflow section's table under the
+    standard one and its files beside them, for the sections given with summaries)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = ReportFiles(out / "summary.md", out / "summary.csv", out / "accuracy.png")
     files.markdown.write_text(markdown_table(summaries), encoding="utf-8")
     write_csv(files.csv, summaries)
     plot_accuracy(files.png, summaries, title)
-    if memact:  # the MemAct table goes under the standard one; CSV and plot beside them
+    for sec, sums in sections:
+        if not sums:
+            continue
         with open(files.markdown, "a", encoding="utf-8") as f:
-            f.write("\n" + memact_markdown(memact))
-        files.memact_csv, files.memact_png = out / "memact_summary.csv", out / "memact_context.png"
-        write_memact_csv(files.memact_csv, memact)
-        plot_memact(files.memact_png, memact)
+            f.write("\n" + sec.markdown(sums))
+        files.extra += sec.write(out, sums)
     return files
 
 
@@ -464,10 +374,8 @@ def report_dirs(result_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
                 group_by: str = "dataset") -> ReportFiles:
     """One table and one plot over several result directories (a line per run)."""
     summaries: list[LengthSummary] = []
-    memact: list[MemActSummary] = []
+    sections: list = []
     for d in result_dirs:
         summaries += load_summaries(d, group_by)
-        rows = read_results(Path(d) / RESULTS_FILE)
-        if is_memact(rows):
-            memact.append(summarize_memact(rows, run_name(d)))
-    return write_report(out_dir, summaries, memact=memact)
+        sections = section_summaries(read_results(Path(d) / RESULTS_FILE), run_name(d), sections)
+    return write_report(out_dir, summaries, sections=sections)

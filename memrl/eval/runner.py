@@ -75,7 +75,7 @@ from memrl.runtime import RolloutRuntime
 from memrl.services.registry import retriever_problem
 from memrl.threads import ThreadsSection, in_effect
 from memrl.types import Task, Trajectory
-from memrl.workflows import parse_workflow
+from memrl.workflows import DEFAULT_WORKFLOW, parse_workflow
 from memrl.workflows.runner import takes_services
 from memrl.workflows.templates import check_thinking_switch
 
@@ -83,7 +83,6 @@ log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.jsonl"
 CONFIG_FILE = "eval_config.json"
-FULL_CONTEXT = "full_context"
 
 EVAL_ENGINE_DEFAULTS: dict[str, Any] = {"max_batch_size": 16, "hf.deterministic": False}
 """Where `memrl eval`'s engine defaults differ from the `engine` section's (memrl.engines.config, `memrl train`
@@ -95,7 +94,7 @@ default is the section's. The one place these differences are written."""
 class EvalConfig:
     """One evaluation run: `memrl eval` overrides, spelled as in `memrl train` (workflow.*, engine.*)."""
 
-    workflow: dict[str, Any] = field(default_factory=lambda: {"name": "memagent"})
+    workflow: dict[str, Any] = field(default_factory=lambda: {"name": DEFAULT_WORKFLOW})
     """A registered workflow (`name`: memagent, rememr1, full_context = the baseline, ...) and its config
     fields (workflow.chunk_tokens=5000); greedy decoding unless workflow.temperature is given."""
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(

@@ -16,8 +16,9 @@ none of them).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from memrl.config import ConfigError, section_from_dict
@@ -27,6 +28,22 @@ from memrl.types import Task, Trajectory
 from memrl.workflows.templates import TemplateError, read_template_file
 
 STAGES = ("train", "eval")
+DEFAULT_WORKFLOW = "memagent"
+"""The workflow `memrl eval` and `memrl ask` run when none is named."""
+
+
+@dataclass(frozen=True)
+class ReportSection:
+    """A workflow's own summary in `memrl eval`'s report (WorkflowSpec.report): one summary per run whose
+    rows are the workflow's, a markdown table of them appended to summary.md, and files written beside it.
+    """
+
+    summarize: Callable[[Sequence[dict[str, Any]], str], Any | None]
+    """`(rows, run name) -> summary`, or None where the rows are not this workflow's."""
+    markdown: Callable[[Sequence[Any]], str]
+    """`(summaries) -> markdown table`."""
+    write: Callable[[Path, Sequence[Any]], tuple[Path, ...]]
+    """`(output directory, summaries) -> the files written there` (a CSV, a plot)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +86,15 @@ class WorkflowSpec:
     eval_defaults: Mapping[str, Any] | None = field(default=None, hash=False)
     """Values `memrl eval` and validation give config fields the section leaves out; None = greedy
     decoding ({"temperature": 0.0} when config_cls has a temperature field). Keys must be fields."""
+    report: ReportSection | None = None
+    """The workflow's own table in `memrl eval`'s report (under the standard one), with its CSV and plot;
+    None: the standard table only."""
+    ask: bool = False
+    """The workflow reads a document chunk by chunk and keeps a memory (segments with info "kind": "memory"
+    and "memory"), so `memrl ask` can run it."""
+    recall_key: str | None = None
+    """The memory segments' info key holding the query the step recalled by (`memrl ask --show-memory`
+    prints it); None: the workflow recalls nothing."""
 
     def __post_init__(self) -> None:
         if not dataclasses.is_dataclass(self.config_cls):
@@ -222,6 +248,19 @@ def format_keys(specs: Iterable[WorkflowSpec] | None = None) -> tuple[str, ...]:
     if specs is None:
         specs = [*(get_workflow(n) for n in BUILTIN_WORKFLOWS), *_SEEN.values()]
     return tuple(dict.fromkeys(k for s in specs for k in s.format_keys))
+
+
+def report_sections(specs: Iterable[WorkflowSpec] | None = None) -> tuple[ReportSection, ...]:
+    """The report sections of `specs` (first occurrence order); None = every built-in workflow's and every
+    spec's resolved in this process so far."""
+    if specs is None:
+        specs = [*(get_workflow(n) for n in BUILTIN_WORKFLOWS), *_SEEN.values()]
+    return tuple(dict.fromkeys(s.report for s in specs if s.report is not None))
+
+
+def ask_workflows() -> tuple[str, ...]:
+    """The built-in workflows `memrl ask` runs (WorkflowSpec.ask), in registration order."""
+    return tuple(n for n in BUILTIN_WORKFLOWS if get_workflow(n).ask)
 
 
 def format_counts(metrics: list[dict[str, float]], keys: Iterable[str] | None = None) -> dict[str, int]:

@@ -44,6 +44,7 @@ from memrl.workflows import WorkflowSpec
 from memrl.workflows.chunked import decode_response
 from memrl.workflows.memact_config import COUNTERS, TOOL_TEXTS, MemActConfig, load_tool_texts, tool_schemas
 from memrl.workflows.memact_prompt import noprune_messages, render_messages, row_prompt, unescape_unicode
+from memrl.workflows.memact_report import REPORT
 from memrl.workflows.templates import template_kwargs
 
 log = logging.getLogger(__name__)
@@ -457,4 +458,5 @@ SPEC = WorkflowSpec(
     "memact", run, MemActConfig, outcome_reward,
     format_keys=("no_final_marker", "malformed_calls", "answer_unparsed"),
     eval_defaults={"temperature": 0.0, "no_prune_prob": 0.0},  # greedy, and the prune tool always offered
+    report=REPORT,  # the MemAct table in `memrl eval`'s report (memrl.workflows.memact_report)
 )

@@ -168,6 +168,7 @@ SPEC = WorkflowSpec(
     "memagent", run, MemAgentConfig, reward, step_rewards=step_rewards, memory_prompts=memory_prompts,
     format_keys=("no_box",),
     train_defaults={"max_chunks": 8},  # training caps the context at 8 chunks (the published recipes)
+    ask=True,  # `memrl ask` runs it
 )
 """`workflow=memagent` (registered in memrl.workflows as memrl.workflows.memagent:SPEC); evaluation is
 greedy (the spec's default eval_defaults)."""

@@ -494,4 +494,5 @@ SPEC = WorkflowSpec(
     "rememr1", run, ReMemR1Config, reward, step_rewards=step_rewards,
     format_keys=("no_box", *FORMAT_FLAGS),
     train_defaults={"max_chunks": 8},  # training caps the context at 8 chunks, as for memagent
+    ask=True, recall_key="recall_query",  # `memrl ask` runs it and shows each step's recall query
 )

@@ -1,9 +1,9 @@
 """The MemAct eval table counts failed LLM judgements (workflow.judge): one per question whose judge call
-failed, whatever the kind, summed over the run's rows (memrl.eval.report.summarize_memact)."""
+failed, whatever the kind, summed over the run's rows (memrl.workflows.memact_report.summarize_memact)."""
 
 from __future__ import annotations
 
-from memrl.eval.report import memact_markdown, summarize_memact
+from memrl.workflows.memact_report import memact_markdown, summarize_memact
 
 
 def _row(correct: int, **judge: float) -> dict:
