@@ -336,7 +336,8 @@ Sections = Sequence[tuple[ReportSection, Sequence[Any]]]
 """A workflow's report section and its summaries, one per run (memrl.workflows.ReportSection)."""
 
 
-def section_summaries(rows: Sequence[dict[str, Any]], run: str, sections: Sections = ()) -> list:
+def section_summaries(rows: Sequence[dict[str, Any]], run: str,
+                      sections: Sections = ()) -> list[tuple[ReportSection, list[Any]]]:
     """`sections` with the summary of `rows` added where a known workflow's section claims them (every
     built-in's and every spec's resolved in this process, memrl.workflows.report_sections)."""
     out = [(sec, list(sums)) for sec, sums in sections]
@@ -374,7 +375,7 @@ def report_dirs(result_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
                 group_by: str = "dataset") -> ReportFiles:
     """One table and one plot over several result directories (a line per run)."""
     summaries: list[LengthSummary] = []
-    sections: list = []
+    sections: list[tuple[ReportSection, list[Any]]] = []
     for d in result_dirs:
         summaries += load_summaries(d, group_by)
         sections = section_summaries(read_results(Path(d) / RESULTS_FILE), run_name(d), sections)
