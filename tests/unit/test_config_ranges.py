@@ -325,7 +325,7 @@ FREE_TEXT: dict[str, str] = {
     "MemActDemoConfig.train_preset": "a preset name or path", "ContextDemoConfig.train_preset": "a preset name or path",
     "ContextDemoConfig.sft_from": "a run directory, checked before any work",
     "ContextDemoConfig.warmup_from": "a run directory, checked once the initial model exists",
-    "Mem1DemoConfig.train_preset": "a preset name or path",
+    "Mem1DemoConfig.train_preset": "a preset name or path", "LookbackConfig.train_preset": "a preset name or path",
     "InfMemDemoConfig.train_preset": "a preset name or path",
     "DemoConfig.model_preset": "a model preset name",
     "DemoConfig.train_preset": "a preset name or path", "DemoSFT.unanswerable_text": "text",
