@@ -193,15 +193,21 @@ def verl_hotpotqa(response_text: str, golds: str | list[str]) -> float:
     answer = published_answer(response_text)
     if answer is None:
         return 0.0
+    return float(_published_match(answer, gold_list))
+
+
+def _published_match(answer: str, gold_list: list[str]) -> bool:
+    """The published rule 4: strip_string(answer) == strip_string(gold.lower()) for some gold."""
     mine = published_strip_string(answer)
-    return float(any(mine == published_strip_string(g.lower()) for g in gold_list))
+    return any(mine == published_strip_string(g.lower()) for g in gold_list)
 
 
 @register_verifier("published_box_f1")
 def published_box_f1(response_text: str, golds: str | list[str]) -> float:
     """The answer verl_hotpotqa reads (last 300 characters, last box), HotpotQA token F1 best over the golds;
     1.0 where verl_hotpotqa gives 1.0 (its strip_string can match where F1's normalization does not)."""
-    if verl_hotpotqa(response_text, golds) == 1.0:
-        return 1.0
-    answer = published_answer(response_text)
-    return 0.0 if answer is None else best_f1(answer, _gold_list(golds))
+    gold_list = _gold_list(golds)
+    answer = published_answer(response_text)  # read once, for both rules
+    if answer is None:
+        return 0.0
+    return 1.0 if _published_match(answer, gold_list) else best_f1(answer, gold_list)
