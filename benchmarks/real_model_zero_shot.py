@@ -1,7 +1,7 @@
 """Zero-shot tables of a real model (SmolLM2-135M-Instruct) on real HotpotQA and on RULER needles.
 
   .venv/bin/python benchmarks/real_model_zero_shot.py --model DIR --hotpot ../shared/data/hotpotqa_dev_distractor_1143.json.xz \
-      [--docs 10,50,200] [--ruler-lengths 2k,8k,32k] [--questions 8] [--out runs/real_zero_shot] [--only hotpotqa]
+      [--docs 10,50,200] [--ruler-lengths 2k,8k,32k] [--questions 8] [--out runs/real_zero_shot] [--only hotpotqa] [--memagent-n 2048,8192]
 
 Builds the eval files (`memrl data build`: HotpotQA questions padded with other questions' paragraphs to
 N documents, seed 0; RULER niah_single_1 built locally, lengths measured in the model's tokenizer), then
@@ -59,6 +59,11 @@ def build(args: argparse.Namespace, out: Path) -> dict[str, list[Path]]:
     return sets
 
 
+def set_n(path: Path) -> int:
+    """N of an eval file: documents for HotpotQA (eval_<N>.json), tokens for RULER (<N>/data/<task>/...)."""
+    return int(path.stem.split("_")[1]) if path.stem.startswith("eval_") else int(path.parts[-4])
+
+
 def evaluate(args: argparse.Namespace, files: list[Path], run: Path, wf: list[str]) -> None:
     sh([sys.executable, "-m", "memrl.cli", "eval", "--model", args.model, "--out", str(run), "--no-progress",
         *map(str, files), *wf, *ENGINE])
@@ -102,15 +107,19 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=8)
     ap.add_argument("--only", choices=("", "hotpotqa", "ruler"), default="")
     ap.add_argument("--out", default="runs/real_zero_shot")
+    ap.add_argument("--memagent-n", default="", help="run MemAgent only at these N (documents for HotpotQA, "
+                    "tokens for RULER, comma-separated; default: every N); the full-context baseline runs at every N")
     ap.add_argument("--table-only", action="store_true", help="score finished runs, run nothing")
     args = ap.parse_args()
     out = Path(args.out)
     sets = build(args, out) if not args.table_only else {
         s: [] for s in ("hotpotqa", "ruler") if (out / s).is_dir() and args.only in ("", s)}
+    keep = {int(n) for n in args.memagent_n.split(",")} if args.memagent_n else None
     for name, files in sets.items():
         for wf_name, wf in (("memagent", MEMAGENT), ("full_context", FULL)):
-            if not args.table_only:
-                evaluate(args, files, out / name / wf_name, wf)
+            run_files = [f for f in files if wf_name != "memagent" or keep is None or set_n(f) in keep]
+            if not args.table_only and run_files:
+                evaluate(args, run_files, out / name / wf_name, wf)
     cols = ("questions", "published", "boxed EM", "lenient", "no box", "context tokens", "memory tokens", "s / question")
     print("| set | N | workflow | " + " | ".join(cols) + " |")
     print("|---|---:|---|" + "---:|" * len(cols))
