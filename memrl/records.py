@@ -7,9 +7,12 @@ add keys freely: MemAct's tool_calls, tool_results, prunes, context_tokens pass 
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import os
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 from memrl.types import Segment
@@ -64,3 +67,13 @@ def segment_records(segments: Sequence[Segment], tokenizer: Any = None) -> list[
 def dumps(row: dict[str, Any]) -> str:
     """One compact JSONL line."""
     return json.dumps(row, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def write_csv(path: str | os.PathLike[str], rows: Sequence[Any], columns: Sequence[str]) -> None:
+    """Dataclass rows as CSV, the `columns` of each in that order: floats at full precision (repr), None empty."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns))
+        w.writeheader()
+        for row in rows:
+            d = asdict(row)
+            w.writerow({k: repr(d[k]) if isinstance(d[k], float) else ("" if d[k] is None else d[k]) for k in columns})

@@ -9,13 +9,12 @@ give two rows; the dataset column appears once any row names a dataset. Percenta
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import os
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import matplotlib.pyplot as plt
 from memrl.errors import UserError
 from memrl.eval import evaluator
 from memrl.eval.runner import CONFIG_FILE, RESULTS_FILE, read_results
+from memrl.records import write_csv as write_rows_csv
 from memrl.workflows import ReportSection, format_counts, format_keys, get_workflow, report_sections
 
 log = logging.getLogger(__name__)
@@ -280,12 +280,7 @@ def write_csv(path: str | os.PathLike[str], summaries: Sequence[LengthSummary]) 
     """The summaries as CSV at full precision (columns = LengthSummary fields; an absent metric is empty)."""
     cols = TABLE_COLUMNS + [k for k in ACTION_COLUMNS if any(getattr(s, k) is not None for s in summaries)]
     cols += list(SAMPLED_COLUMNS) if any(s.samples > 1 for s in summaries) else []
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        for s in summaries:
-            w.writerow({k: repr(v) if isinstance(v, float) else ("" if v is None else v)
-                        for k, v in asdict(s).items() if k in cols})
+    write_rows_csv(path, summaries, cols)
 
 
 def plot_accuracy(path: str | os.PathLike[str], summaries: Sequence[LengthSummary], title: str = "") -> None:

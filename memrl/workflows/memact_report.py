@@ -4,13 +4,13 @@ beside it. Recomputed from results.jsonl rows, as the standard table is (memrl.e
 
 from __future__ import annotations
 
-import csv
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from memrl.records import write_csv
 from memrl.workflows import ReportSection
 
 
@@ -97,14 +97,6 @@ def memact_markdown(summaries: Sequence[MemActSummary]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_memact_csv(path: str | os.PathLike[str], summaries: Sequence[MemActSummary]) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=MEMACT_COLUMNS)
-        w.writeheader()
-        for s in summaries:
-            w.writerow({k: repr(v) if isinstance(v, float) else v for k, v in asdict(s).items()})
-
-
 def plot_memact(path: str | os.PathLike[str], summaries: Sequence[MemActSummary]) -> None:
     """PNG: accuracy (all correct, %) against mean working-context tokens, one point per run."""
     import matplotlib  # noqa: PLC0415 - here, so that loading the workflow loads no plotting library
@@ -135,7 +127,7 @@ def summarize_run(rows: Sequence[dict[str, Any]], run: str) -> MemActSummary | N
 def write_memact_files(out: Path, summaries: Sequence[MemActSummary]) -> tuple[Path, ...]:
     """memact_summary.csv and memact_context.png in `out`."""
     csv_path, png_path = out / "memact_summary.csv", out / "memact_context.png"
-    write_memact_csv(csv_path, summaries)
+    write_csv(csv_path, summaries, MEMACT_COLUMNS)
     plot_memact(png_path, summaries)
     return csv_path, png_path
 
