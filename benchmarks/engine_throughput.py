@@ -1,7 +1,7 @@
 """MemAgent-workflow throughput of the transformers (hf) and vLLM engines, and the framework overhead.
 
 For each engine x model preset x concurrency C: C MemAgent trajectories run at once through
-`memrl.workflows.runner.rollout` (one task each, sampled at temperature 1 with fixed seeds). Reported:
+`memrl.workflows.rollouts.rollout` (one task each, sampled at temperature 1 with fixed seeds). Reported:
 
 - tokens/s   = generated tokens / wall time of the rollout;
 - overhead   = wall time of the rollout / time the engine was generating (at least one `generate` call

@@ -7,9 +7,9 @@ module. The stages of a rollout are methods:
 
     sample(tasks, n, seed) -> groups        generation only (workflow.run), no rewards
     score(groups) -> scores                  outcome and step rewards (spec.reward, spec.step_rewards),
-                                             RETURNED as memrl.workflows.runner.Score per trajectory
+                                             RETURNED as memrl.workflows.rollouts.Score per trajectory
 
-`memrl.workflows.runner.apply_scores` writes a step's scores onto its trajectories (reward, metrics,
+`memrl.workflows.rollouts.apply_scores` writes a step's scores onto its trajectories (reward, metrics,
 info, `Segment.step_reward`) in one place; the advantage estimators read the returned step rewards.
 
     with RolloutRuntime(engine, spec, wf_cfg) as rt:
@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from memrl.services.session import Services
 from memrl.types import Group, Task, Trajectory
-from memrl.workflows.runner import rollout, score_groups
+from memrl.workflows.rollouts import rollout, score_groups
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class RolloutRuntime:
     def sample(self, tasks: Sequence[Task], n: int, seed: int, *, cfg: Any = None, spec: Any = None,
                on_done: Callable[[Task, Trajectory], None] | None = None, score: bool = False,
                concurrency: int | None = None) -> list[Group]:
-        """n trajectories per task through the engine (memrl.workflows.runner.rollout): one Group per task,
+        """n trajectories per task through the engine (memrl.workflows.rollouts.rollout): one Group per task,
         in task order, each carrying its Task; no rewards yet, or with `score` each trajectory scored (and
         its score applied) as soon as it is done, before `on_done` (evaluation streams its rows so).
         `concurrency`: the most trajectories in flight for this call (default: the runtime's)."""
@@ -120,8 +120,8 @@ class RolloutRuntime:
                              services=self.services)
 
     def score(self, groups: Sequence[Group], *, spec: Any = None) -> list[list[Any]]:
-        """The Score (memrl.workflows.runner.Score) of every trajectory, `[group][trajectory]`; nothing is
-        written onto the trajectories (memrl.workflows.runner.apply_scores does that)."""
+        """The Score (memrl.workflows.rollouts.Score) of every trajectory, `[group][trajectory]`; nothing is
+        written onto the trajectories (memrl.workflows.rollouts.apply_scores does that)."""
         return self.run(self.ascore(groups, spec=spec))
 
     async def ascore(self, groups: Sequence[Group], *, spec: Any = None) -> list[list[Any]]:

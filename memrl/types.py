@@ -168,12 +168,12 @@ class Group:
 
 @dataclass
 class Score:
-    """What the score stage returns for one trajectory (memrl.workflows.runner.score_trajectory).
+    """What the score stage returns for one trajectory (memrl.workflows.rollouts.score_trajectory).
 
     `reward`: the outcome reward; `step_rewards`: one value (or None) per segment, from the workflow's
     `step_rewards` function (None when it has none); `metrics` / `info`: what the reward reports (an LLM
     judge's verdict, a failed reward's `reward_error`), merged into the trajectory's by
-    memrl.workflows.runner.apply_scores, the one place that writes scores onto trajectories."""
+    memrl.workflows.rollouts.apply_scores, the one place that writes scores onto trajectories."""
 
     reward: float
     step_rewards: list[float | None] | None = None

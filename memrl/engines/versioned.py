@@ -42,7 +42,7 @@ class CallLog:
 
 
 CALLS: contextvars.ContextVar[CallLog | None] = contextvars.ContextVar("memrl_calls", default=None)
-"""The running trajectory's CallLog (set by memrl.workflows.runner.rollout in each trajectory's task)."""
+"""The running trajectory's CallLog (set by memrl.workflows.rollouts.rollout in each trajectory's task)."""
 
 
 def stamp_versions(segments: list[Any], log: CallLog | None) -> None:

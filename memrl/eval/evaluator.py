@@ -5,8 +5,8 @@ Three pieces:
 
 - **the rollout**, injected as ONE callable (`Rollout`): `rollout(tasks, wf_cfg, n, seed) -> list[Group]`,
   scored groups in task order, trajectory k of a task seeded by
-  `memrl.workflows.runner.trajectory_rng(seed, task_id, first_sample + k)`. `EngineRollout` is the default
-  (today's `memrl.workflows.runner.rollout` over one engine); a run-scoped runtime can stand in for it.
+  `memrl.workflows.rollouts.trajectory_rng(seed, task_id, first_sample + k)`. `EngineRollout` is the default
+  (today's `memrl.workflows.rollouts.rollout` over one engine); a run-scoped runtime can stand in for it.
 - **statistics over tasks**: each task's mean score over its samples is one observation; the accuracy is
   their mean and its standard error `mean_and_se` = std(task means, ddof 1) / sqrt(tasks) (the k samples
   of one task share the task, so k x tasks observations would understate it). pass@k likewise over each
@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from memrl.engines import build_engine, engine_kind
 from memrl.runtime import RolloutRuntime
 from memrl.types import Group, Task, Trajectory
-from memrl.workflows.runner import takes_services, trajectory_rng
+from memrl.workflows.rollouts import takes_services, trajectory_rng
 
 # ---------------------------------------------------------------- statistics over tasks
 

@@ -76,7 +76,7 @@ from memrl.services.registry import retriever_problem
 from memrl.threads import ThreadsSection, in_effect
 from memrl.types import Task, Trajectory
 from memrl.workflows import DEFAULT_WORKFLOW, parse_workflow
-from memrl.workflows.runner import takes_services
+from memrl.workflows.rollouts import takes_services
 from memrl.workflows.templates import check_thinking_switch
 
 log = logging.getLogger(__name__)

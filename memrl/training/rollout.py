@@ -10,7 +10,7 @@ from typing import Any
 
 from memrl.algorithms.selection import filter_zero_variance_groups
 from memrl.types import Group, Score, Task
-from memrl.workflows.runner import apply_scores
+from memrl.workflows.rollouts import apply_scores
 
 log = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ class WorkflowSpec:
     `run(task, engine, cfg, rng[, services])` generates only. `reward(task, traj[, services])` returns a
     float or a memrl.types.Score, or an awaitable of one (an LLM judge); `step_rewards(task, traj)` returns
     one value (or None) per segment. Both are pure (they write nothing onto the trajectory): callers use
-    memrl.workflows.runner.score_trajectory / score_groups, which return Scores. A function with a
+    memrl.workflows.rollouts.score_trajectory / score_groups, which return Scores. A function with a
     `services` parameter gets the run's memrl.services.session.Services (retriever and judge clients).
     """
 
@@ -71,7 +71,7 @@ class WorkflowSpec:
     batch_scores: Callable[..., Any] | None = None
     """`(groups, scores) -> scores`: the Scores of a scored batch (`[group][trajectory]`) adjusted with what
     only the whole batch shows (InfMem's published early-stop term reads the batch's step counter); run by
-    memrl.workflows.runner.score_groups after every trajectory is scored, never on a trajectory scored
+    memrl.workflows.rollouts.score_groups after every trajectory is scored, never on a trajectory scored
     alone (evaluation's streaming score). None: each trajectory's Score is its own."""
     branches: bool = False
     """The workflow records folding rows (row info "kind" main / branch, "branch_turns", "error_turns"; fold

@@ -21,7 +21,7 @@ from memrl.training.assemble import validate
 from memrl.training.config import TrainConfig
 from memrl.types import Group, Task
 from memrl.workflows.infmem import SPEC, parse_plan, reward, run
-from memrl.workflows.runner import score_groups
+from memrl.workflows.rollouts import score_groups
 
 SH = "infmem_4B.sh"  # UCMP13753/InfMem
 PY = "recurrent/impls/infmem.py"

@@ -100,7 +100,7 @@ def _draw_spec():
 
 def test_rollout_sample_k_is_seeded_as_the_kth_trajectory():
     from memrl.types import Task
-    from memrl.workflows.runner import trajectory_rng
+    from memrl.workflows.rollouts import trajectory_rng
 
     tasks = [Task(f"t{i}", "q", "c", ["a"]) for i in range(3)]
     rollout = EngineRollout(None, _draw_spec())

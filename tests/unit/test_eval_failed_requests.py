@@ -15,7 +15,7 @@ from memrl.engines.base import EngineError
 from memrl.eval import runner
 from memrl.eval.runner import EvalConfig
 from memrl.types import Task
-from memrl.workflows.runner import RolloutError
+from memrl.workflows.rollouts import RolloutError
 
 
 def script(prompt: str, _: int) -> str:

@@ -298,7 +298,7 @@ def test_memact_reward_is_the_judges_verdict_when_judge_url_is_set(judge_server)
     from memrl.types import Task
     from memrl.workflows import get_workflow
     from memrl.workflows.memact import MemActConfig, run
-    from memrl.workflows.runner import apply_score, score_trajectory
+    from memrl.workflows.rollouts import apply_score, score_trajectory
 
     register_retriever("kw_judge", KeywordRetriever([Document("d1", "Paris", "Paris is in France.")]))
     task = Task("t1", "What is the capital of France?", "", ["Lyon"])  # the rule reward says 0 for "Paris"

@@ -275,7 +275,7 @@ def test_no_marker_skips_the_judge():
     # nothing listens on port 9: a judge call would fail and count judge_error = 1
     from memrl.rewards.judge import JudgeSettings
     from memrl.workflows import get_workflow
-    from memrl.workflows.runner import apply_score, score_trajectory
+    from memrl.workflows.rollouts import apply_score, score_trajectory
 
     traj, _ = run_one(ROW_TASK, reply="Oslo", require_final_answer=True,
                       judge=JudgeSettings(url="http://127.0.0.1:9/v1", model="j", timeout_s=1.0))

@@ -67,7 +67,7 @@ def test_eval_names_no_recipe_method():
         if path.name in ("report.py", "ask.py"):
             continue
         workflows = [m for m in imported if m.startswith("memrl.workflows.")]
-        assert set(workflows) <= {"memrl.workflows.runner", "memrl.workflows.templates"}, (path.name, workflows)
+        assert set(workflows) <= {"memrl.workflows.rollouts", "memrl.workflows.templates"}, (path.name, workflows)
         named = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)]
         assert not [n for n in named if any(w in n.lower() for w in METHOD_WORDS)], (path.name, named)
 

@@ -82,7 +82,7 @@ async def _loop() -> int:
 def test_rollout_is_generation_only_unless_asked_to_score():
     """One default for `score`: the runner's rollout and the runtime's sample both generate only (False);
     the runtime passes its own on, so a direct runner call scores nothing either."""
-    from memrl.workflows.runner import rollout
+    from memrl.workflows.rollouts import rollout
 
     spec = get_workflow("memagent")
     cfg = spec.config_cls(chunk_tokens=100, max_memory_tokens=20, max_final_tokens=20)

@@ -16,7 +16,7 @@ from memrl.engines.versioned import VERSION_KEY, VersionedEngine
 from memrl.training.async_rollout import partial_metrics, stale_filter
 from memrl.types import Group, Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec
-from memrl.workflows.runner import rollout
+from memrl.workflows.rollouts import rollout
 
 
 @dataclasses.dataclass

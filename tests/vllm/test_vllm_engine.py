@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from memrl.engines.base import Completion, SamplingParams
-from memrl.workflows.runner import rollout
+from memrl.workflows.rollouts import rollout
 
 TEXTS = [
     "Who was the president of the river city?",
