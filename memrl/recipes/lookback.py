@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -51,9 +51,9 @@ from memrl.engines import EngineConfig, HFSection
 from memrl.eval.runner import EvalConfig, evaluate
 from memrl.models.tiny import init_tiny_model
 from memrl.recipes.cold_start import copy_warmup
-from memrl.recipes.parts import count_parameters, results_tail
+from memrl.recipes.parts import HEAD, SWEEP_METHOD, TAIL, count_parameters
 from memrl.recipes.pipeline import EvalSettings, Recipe, RecipeRun, WarmupSFTSettings, run_recipe
-from memrl.recipes.seeds import cell_of, fmt
+from memrl.recipes.tables import cell_of, fmt
 from memrl.runtime import rollout_once
 from memrl.training.config import TrainConfig
 from memrl.types import Segment
@@ -174,6 +174,14 @@ class LookbackRecipe(Recipe):
     summary_fields = ("accuracy", "recall_rate", "callback_hit_rate")
     optional_fields = ("callback_hit_rate",)
 
+    results_json = {**HEAD, "lengths": "cfg.eval.lengths", "eval": "cfg.eval", "streams": lambda run: streams(run.cfg),
+                    "heldout_sha256": "extra.heldout_sha256", "oracle?": "extra.oracle",
+                    "rl_norecall?": "extra.rl_norecall", "sft": "evals.sft", "rl": "evals.rl", "demonstrator": "demo",
+                    **TAIL}
+    policies = tuple((p, p) for p in POLICIES)
+    nesting = "decoding/bucket"  # policy -> decoding -> length or "all" -> summary
+    sweep_extras = SWEEP_METHOD
+
     def check(self, cfg: LookbackConfig, train_overrides: list[str]) -> None:
         if cfg.method not in PRESETS:
             raise ConfigError(f"method must be one of {', '.join(PRESETS)}, got {cfg.method!r}")
@@ -291,14 +299,6 @@ class LookbackRecipe(Recipe):
         evaluate(files, res, ecfg, engine=engine)
         return summarize(res)
 
-    def results(self, run: RecipeRun) -> dict[str, Any]:
-        cfg = run.cfg
-        return {"method": cfg.method, "workflow": dict(run.tcfg.workflow), "algorithm": run.tcfg.algorithm.name,
-                "lengths": list(cfg.eval.lengths), "eval": asdict(cfg.eval), "streams": streams(cfg),
-                "heldout_sha256": run.extra["heldout_sha256"],
-                **{p: run.extra[p] for p in ("oracle", "rl_norecall") if p in run.extra},
-                "sft": run.evals["sft"], "rl": run.evals["rl"], "demonstrator": run.demo, **results_tail(run)}
-
     def markdown(self, results: dict[str, Any]) -> str:
         lines = [f"method {results['method']} (accuracy % ± s.e. over tasks)", ""]
         for mode in ("greedy", "sampled"):
@@ -315,14 +315,8 @@ class LookbackRecipe(Recipe):
             lines.append("")
         return "\n".join(lines)
 
-    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
-        return {p: results[p] for p in POLICIES if p in results or p in ("sft", "rl")}
-
     def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
         return results["heldout_sha256"]
-
-    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
-        return {"method": done[0][1]["method"] if done else None}
 
     def sweep_table(self, e: dict[str, Any]) -> list[str]:
         lengths = [b for b in e["buckets"] if b != "all"]

@@ -7,7 +7,7 @@ columns compare two of them on the same tasks (paired standard error, `memrl.eva
 `memagent_markdown` / `write_memagent_outputs` write results.md, results.json and the plots.
 
 MemAct (`memrl demo --agent memact`): {"sft" / "dcpo": {mode: memact_summary(...)}, "demonstrator", ...};
-`memact_markdown`, `plot_memact`, `print_memact_eval`.
+`plot_memact`, `print_memact_eval` (its table is declared: memrl.recipes.memact.MemActRecipe.table).
 """
 
 from __future__ import annotations
@@ -188,37 +188,7 @@ def print_memact_eval(name: str, res: dict[str, dict[str, float]]) -> None:
 
 
 MEMACT_ROWS = (("cold start (SFT)", "sft"), ("SFT + DCPO", "dcpo"))
-
-
-def memact_markdown(res: dict[str, Any]) -> str:
-    """The demo's table: one row per policy and decoding, from results.json's numbers."""
-    lines = [
-        "| policy | decoding | accuracy (%) | +- s.e. | 2-question | 3-question | sub-question acc. (%) | "
-        "mean context (tokens) | peak context (tokens) | prunes / task | overflow (%) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for label, key in MEMACT_ROWS:
-        for dec in ("greedy", "sampled"):
-            r = res[key][dec]
-            lines.append(
-                f"| {label} | {dec} | {r['accuracy']:.1f} | {r['accuracy_se']:.1f} | {r.get('accuracy_2q', 0.0):.1f} | "
-                f"{r.get('accuracy_3q', 0.0):.1f} | {r['subq_accuracy']:.1f} | {r['mean_context_tokens']:.1f} | "
-                f"{r['peak_context_tokens']:.1f} | {r['prunes_per_task']:.2f} | {r['overflow']:.1f} |")
-    d, t, b = res["demonstrator"], res["timings"], res["budget"]
-    gain = {dec: res["dcpo"][dec]["accuracy"] - res["sft"][dec]["accuracy"] for dec in ("greedy", "sampled")}
-    lines += [
-        "",
-        f"DCPO - cold start: greedy {gain['greedy']:+.1f} points, sampled {gain['sampled']:+.1f} points.",
-        f"Held-out: {b['eval_tasks']} tasks (fact sheets never trained on), working-context budget "
-        f"{b['max_context_tokens']} tokens (the prompt and two search results; 3-question tasks need a prune).",
-        f"Scripted cold-start agent (SFT tasks): accuracy {d['accuracy']:.1f}%, prunes/task "
-        f"{d['prunes_per_task']:.2f}, overflow {d['overflow']:.1f}% (it prunes late on purpose).",
-        f"Model: {res['num_parameters'] / 1e6:.2f}M parameters. Time: init {t.get('init_s', 0):.0f}s, copy warm-up "
-        f"{t.get('copy_warmup_s', 0):.0f}s, SFT "
-        f"{t.get('sft_s', 0):.0f}s, SFT eval {t.get('eval_sft_s', 0):.0f}s, DCPO {t.get('rl_s', 0):.0f}s, DCPO eval "
-        f"{t.get('eval_rl_s', 0):.0f}s, total {t.get('total_s', 0) / 60:.1f} min.",
-    ]
-    return "\n".join(lines) + "\n"
+"""The MemAct demo's policies (row label, results.json key): its table's rows and its plot's bars."""
 
 
 def plot_memact(path: Path, res: dict[str, Any]) -> None:
@@ -251,12 +221,3 @@ def plot_memact(path: Path, res: dict[str, Any]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def write_memact_outputs(results: dict[str, Any], out: Path) -> str:
-    """results.md, results.json, memact_results.png in `out`; returns the markdown."""
-    table = memact_markdown(results)
-    (out / "results.md").write_text(table, encoding="utf-8")
-    (out / "results.json").write_text(json.dumps(redact_secrets(results), indent=2) + "\n", encoding="utf-8")
-    plot_memact(out / "memact_results.png", results)
-    return table

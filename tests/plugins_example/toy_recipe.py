@@ -13,7 +13,7 @@ from memrl.eval.evaluator import EngineRollout, EvalProtocol, evaluate_policy, m
 from memrl.models.tiny import ModelPreset
 from memrl.recipes.pipeline import EvalSettings, Recipe, RecipeRun, SFTSettings
 from memrl.recipes.scratch import init_memagent_model
-from memrl.recipes.seeds import cell_of, fmt
+from memrl.recipes.tables import cell_of, fmt
 
 
 @dataclass
