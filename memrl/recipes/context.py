@@ -50,6 +50,7 @@ from memrl.recipes.parts import (
     SplitRecipe,
     count_parameters,
     engine_eval,
+    eval_tasks,
     scripted_rows,
     workflow_section,
     write_data,
@@ -58,7 +59,7 @@ from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSF
 from memrl.recipes.reuse import reused_cold_start, reused_warmup, take_cold_start
 from memrl.recipes.scratch import init_context_model
 from memrl.recipes.summaries import context_summary_of, evaluate_context
-from memrl.recipes.tables import ACCURACY_SE, Column, RunTable, SweepTable
+from memrl.recipes.tables import ACCURACY_SE, RunTable, SweepTable
 from memrl.training.assemble import validate
 from memrl.types import Segment
 
@@ -148,6 +149,12 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[ContextDemo
     return run.cfg, run.tcfg, run.out, ARMS[run.cfg.method]
 
 
+def process_rewards(run: RecipeRun) -> list[str]:
+    """results.json's process_rewards: FoldGRPO's (none for another estimator)."""
+    tcfg = run.tcfg
+    return list(tcfg.algorithm.foldgrpo.process_rewards) if tcfg.algorithm.name == "foldgrpo" else []
+
+
 class ContextRecipe(SplitRecipe, ArmRecipe):
     """The context-management demo as a recipe method (module docstring)."""
 
@@ -155,22 +162,18 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
     config = ContextDemoConfig
     arms = ARMS
 
-    results_json = {
-        **HEAD, "process_rewards": lambda run: list(run.tcfg.algorithm.foldgrpo.process_rewards)
-        if run.tcfg.algorithm.name == "foldgrpo" else [],
-        "scripted": {"greedy": "demo.summary"}, "sft": "evals.sft", "rl": "evals.rl",
-        "reference": {"react_unbounded": "extra.unbounded"},
-        "demonstrator": lambda run: {k: v for k, v in run.demo.items() if k != "summary"}, **TAIL,
-        "budget": {"max_context_tokens": "extra.budget", "eval_tasks": lambda run: len(run.extra["data"].eval_tasks)},
-        "sft_from": "cfg.sft_from"}
-    table = RunTable((Column("accuracy", ACCURACY_SE), Column("peak context", "{peak_context_tokens:.0f}"),
-                      Column("mean context", "{mean_context_tokens:.0f}"),
-                      Column("tokens discarded", "{tokens_discarded:.0f}"), Column("turns", "{turns:.1f}"),
-                      Column("branches", "{branches:.2f}"), Column("summaries", "{summaries:.2f}"),
-                      Column("stopped by budget", "{stopped_by_budget:.0f}%")),
+    results_json = {**HEAD, "process_rewards": process_rewards, "scripted": {"greedy": "demo.summary"},
+                    "sft": "evals.sft", "rl": "evals.rl", "reference": {"react_unbounded": "extra.unbounded"},
+                    "demonstrator": lambda run: {k: v for k, v in run.demo.items() if k != "summary"}, **TAIL,
+                    "budget": {"max_context_tokens": "extra.budget", "eval_tasks": eval_tasks},
+                    "sft_from": "cfg.sft_from"}
+    table = RunTable((("accuracy", ACCURACY_SE), ("peak context", "{peak_context_tokens:.0f}"),
+                      ("mean context", "{mean_context_tokens:.0f}"), ("tokens discarded", "{tokens_discarded:.0f}"),
+                      ("turns", "{turns:.1f}"), ("branches", "{branches:.2f}"), ("summaries", "{summaries:.2f}"),
+                      ("stopped by budget", "{stopped_by_budget:.0f}%")),
                      (("scripted (its SFT tasks)", "scripted"), ("SFT", "sft"), ("SFT + RL", "rl")), align="---",
                      title="# context demo: method={method} ({budget[eval_tasks]} held-out tasks, budget "
-                     "{budget[max_context_tokens]} tokens)")
+                           "{budget[max_context_tokens]} tokens)")
     sweep = SweepTable((("accuracy (%)", "accuracy", 1), ("peak context", "peak_context_tokens", 1),
                         ("mean context", "mean_context_tokens", 1), ("tokens discarded", "tokens_discarded", 1),
                         ("branches", "branches", 2), ("summaries", "summaries", 2),

@@ -56,7 +56,7 @@ from memrl.recipes.parts import (
 from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
 from memrl.recipes.scratch import init_reading_model
 from memrl.recipes.summaries import evaluate_reading, reading_summary_of
-from memrl.recipes.tables import ACCURACY_SE, Column, RunTable, SweepTable
+from memrl.recipes.tables import ACCURACY_SE, RunTable, SweepTable
 from memrl.types import Segment, Task
 
 __all__ = ["ARMS", "Arm", "InfMemDemoConfig", "InfMemDemoEval", "InfMemDemoModel", "InfMemDemoSFT",
@@ -176,9 +176,9 @@ class InfMemRecipe(ArmRecipe):
                     "sft": "evals.sft", "rl": "evals.rl",
                     "demonstrator": {"rows": "demo.rows", "rows_per_task": "demo.rows_per_task"}, **TAIL}
     nesting = "bucket/decoding"  # policy -> length -> decoding -> summary
-    table = RunTable((Column("accuracy", ACCURACY_SE, "---"), Column("model calls", "{model_calls:.2f}"),
-                      Column("chunks read", "{chunks_read:.2f}"), Column("retrievals", "{retrievals:.2f}"),
-                      Column("stop rate", "{stop_rate:.0f}%"), Column("stop step", "{stop_step:.2f}")),
+    table = RunTable((("accuracy", ACCURACY_SE, "---"), ("model calls", "{model_calls:.2f}"),
+                      ("chunks read", "{chunks_read:.2f}"), ("retrievals", "{retrievals:.2f}"),
+                      ("stop rate", "{stop_rate:.0f}%"), ("stop step", "{stop_step:.2f}")),
                      (("SFT", "sft"), ("SFT + RL", "rl")), bucket="length (chunks)",
                      title="# InfMem demo: method={method} ({eval_tasks} held-out tasks per length, training length "
                      "{train_chunks} chunks)",

@@ -53,7 +53,7 @@ from memrl.models.tiny import init_tiny_model
 from memrl.recipes.cold_start import copy_warmup
 from memrl.recipes.parts import HEAD, SWEEP_METHOD, TAIL, count_parameters
 from memrl.recipes.pipeline import EvalSettings, Recipe, RecipeRun, WarmupSFTSettings, run_recipe
-from memrl.recipes.tables import cell_of, fmt
+from memrl.recipes.tables import GridTable
 from memrl.runtime import rollout_once
 from memrl.training.config import TrainConfig
 from memrl.types import Segment
@@ -163,6 +163,13 @@ def summarize(res_dir: Path) -> dict[str, dict[str, Any]]:
                   "recalls": recalls, "hits": hits, "recall_rate": recalls / steps if steps else 0.0,
                   "callback_hit_rate": hits / recalls if recalls else None, "format_errors": errors / max(steps, 1)}
     return out
+
+
+GRID = GridTable("{accuracy:.1f} ± {se:.1f}", "accuracy", (("recall rate", "recall_rate", 3),
+                                                            ("callback hit rate", "callback_hit_rate", 3)),
+                 bucket="N={}", title="method {method} (accuracy % ± s.e. over tasks)",
+                 sweep_title="method {method} (accuracy %)")
+"""The look-back tables: per decoding a row per policy, accuracy per length N, the pooled recall rates."""
 
 
 class LookbackRecipe(Recipe):
@@ -299,40 +306,14 @@ class LookbackRecipe(Recipe):
         evaluate(files, res, ecfg, engine=engine)
         return summarize(res)
 
-    def markdown(self, results: dict[str, Any]) -> str:
-        lines = [f"method {results['method']} (accuracy % ± s.e. over tasks)", ""]
-        for mode in ("greedy", "sampled"):
-            rows = [(p, results[p][mode]) for p in POLICIES if mode in results.get(p, {})]
-            if not rows:
-                continue
-            lines += [f"{mode}:", "", "| policy | " + " | ".join(f"N={n}" for n in results["lengths"])
-                      + " | recall rate | callback hit rate |", "|---|" + "---:|" * (len(results["lengths"]) + 2)]
-            for p, by in rows:
-                hr = by["all"]["callback_hit_rate"]
-                lines.append(f"| {p} | " + " | ".join(f"{by[str(n)]['accuracy']:.1f} ± {by[str(n)]['se']:.1f}"
-                                                      for n in results["lengths"])
-                             + f" | {by['all']['recall_rate']:.3f} | {'n/a' if hr is None else f'{hr:.3f}'} |")
-            lines.append("")
-        return "\n".join(lines)
-
     def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
         return results["heldout_sha256"]
 
+    def markdown(self, results: dict[str, Any]) -> str:
+        return GRID.render(results, self.policies)
+
     def sweep_table(self, e: dict[str, Any]) -> list[str]:
-        lengths = [b for b in e["buckets"] if b != "all"]
-        lines = [f"method {e['method']} (accuracy %)", ""]
-        for mode, by in e["cells"].items():
-            lines += [f"{mode}:", "", "| policy | " + " | ".join(f"N={n}" for n in lengths)
-                      + " | recall rate | callback hit rate |", "|---|" + "---:|" * (len(lengths) + 2)]
-            for p in ("oracle", "sft", "rl", "gain", "rl_norecall"):
-                if f"{p}_accuracy" not in by.get("all", {}):
-                    continue
-                acc = [fmt(cell_of(e, mode, n, f"{p}_accuracy"), sign=p == "gain") for n in lengths]
-                rates = [fmt(cell_of(e, mode, "all", f"{p}_{f}"), sign=p == "gain", digits=3)
-                         for f in ("recall_rate", "callback_hit_rate")]
-                lines.append(f"| {'rl - sft' if p == 'gain' else p} | " + " | ".join(acc + rates) + " |")
-            lines.append("")
-        return lines
+        return GRID.render_sweep(e, self.policies)
 
 
 RECIPE = LookbackRecipe()

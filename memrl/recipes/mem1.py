@@ -48,7 +48,7 @@ from memrl.recipes.parts import (
 from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
 from memrl.recipes.scratch import init_mem1_model
 from memrl.recipes.summaries import evaluate_mem1, mem1_summary
-from memrl.recipes.tables import ACCURACY_SE, GAIN_ROWS, Column, RunTable, SweepTable
+from memrl.recipes.tables import ACCURACY_SE, GAIN_ROWS, RunTable, SweepTable
 from memrl.training.assemble import validate
 from memrl.types import Segment, Task
 
@@ -134,9 +134,9 @@ class Mem1Recipe(SplitRecipe):
                     "scripted": {"greedy": "extra.scripted"}, "sft": "evals.sft", "rl": "evals.rl",
                     "demonstrator": "demo", "positions": "extra.positions", **TAIL}
     nesting = "decoding/bucket"  # policy -> decoding -> objective count -> summary
-    table = RunTable((Column("accuracy (all right)", ACCURACY_SE, "---"), Column("objectives right", "{objective_accuracy:.1f}"),
-                      Column("peak context", "{peak_context_tokens:.0f}"), Column("mean context", "{mean_context_tokens:.0f}"),
-                      Column("turns", "{turns:.1f}"), Column("answered", "{answered:.0f}%")),
+    table = RunTable((("accuracy (all right)", ACCURACY_SE, "---"), ("objectives right", "{objective_accuracy:.1f}"),
+                      ("peak context", "{peak_context_tokens:.0f}"), ("mean context", "{mean_context_tokens:.0f}"),
+                      ("turns", "{turns:.1f}"), ("answered", "{answered:.0f}%")),
                      (("scripted (held-out)", "scripted"), ("SFT", "sft"), ("SFT + RL", "rl")), bucket="objectives",
                      title="# MEM1 demo: method={method} (workflow.context={workflow[context]}; {eval_tasks} held-out "
                      "tasks per objective count)")

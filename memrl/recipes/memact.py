@@ -28,7 +28,6 @@ the DCPO config's sections, which the demo's cold start and evaluations use too)
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -52,14 +51,15 @@ from memrl.recipes.parts import (
     TAIL,
     SplitRecipe,
     count_parameters,
+    eval_tasks,
     history,
     write_data,
 )
 from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
-from memrl.recipes.report import MEMACT_ROWS, plot_memact, print_memact_eval
+from memrl.recipes.report import MEMACT_TABLE, plot_memact, print_memact_eval
 from memrl.recipes.scratch import init_memact_model
 from memrl.recipes.summaries import evaluate_memact, memact_summary_of
-from memrl.recipes.tables import DECODINGS, Column, RunTable, SweepTable
+from memrl.recipes.tables import SweepTable
 from memrl.types import Segment
 from memrl.workflows import get_workflow
 
@@ -222,25 +222,10 @@ class MemActRecipe(SplitRecipe):
                     **{k: v for k, v in TAIL.items() if k != "rl_history"},
                     "rl": history("reward/mean", "dcpo/pruned_share", "dcpo/selected", "dcpo/available",
                                   "dcpo/segments_per_trajectory", "rollout/segments"),
-                    "budget": {"max_context_tokens": "wf_cfg.max_context_tokens",
-                               "eval_tasks": lambda run: len(run.extra["data"].eval_tasks)}}
+                    "budget": {"max_context_tokens": "wf_cfg.max_context_tokens", "eval_tasks": eval_tasks}}
     json_indent, json_newline = 2, True
     policies = (("sft", "sft"), ("rl", "dcpo"))
-    table = RunTable(
-        (Column("accuracy (%)", "{accuracy:.1f}"), Column("+- s.e.", "{accuracy_se:.1f}"),
-         Column("2-question", "{accuracy_2q:.1f}"), Column("3-question", "{accuracy_3q:.1f}"),
-         Column("sub-question acc. (%)", "{subq_accuracy:.1f}"),
-         Column("mean context (tokens)", "{mean_context_tokens:.1f}"),
-         Column("peak context (tokens)", "{peak_context_tokens:.1f}"), Column("prunes / task", "{prunes_per_task:.2f}"),
-         Column("overflow (%)", "{overflow:.1f}")), MEMACT_ROWS, defaults={"accuracy_2q": 0.0, "accuracy_3q": 0.0},
-        notes=("DCPO - cold start: greedy {gain[greedy]:+.1f} points, sampled {gain[sampled]:+.1f} points.",
-               "Held-out: {budget[eval_tasks]} tasks (fact sheets never trained on), working-context budget "
-               "{budget[max_context_tokens]} tokens (the prompt and two search results; 3-question tasks need a prune).",
-               "Scripted cold-start agent (SFT tasks): accuracy {demonstrator[accuracy]:.1f}%, prunes/task "
-               "{demonstrator[prunes_per_task]:.2f}, overflow {demonstrator[overflow]:.1f}% (it prunes late on purpose).",
-               "Model: {params_m:.2f}M parameters. Time: init {t[init_s]:.0f}s, copy warm-up {t[copy_warmup_s]:.0f}s, "
-               "SFT {t[sft_s]:.0f}s, SFT eval {t[eval_sft_s]:.0f}s, DCPO {t[rl_s]:.0f}s, DCPO eval {t[eval_rl_s]:.0f}s, "
-               "total {total_min:.1f} min."))
+    table = MEMACT_TABLE
     sweep = SweepTable((("accuracy (%)", "accuracy", 1), ("2-question", "accuracy_2q", 1),
                         ("3-question", "accuracy_3q", 1), ("mean context (tokens)", "mean_context_tokens", 1),
                         ("peak context (tokens)", "peak_context_tokens", 1), ("prunes / task", "prunes_per_task", 2)),
@@ -289,11 +274,6 @@ class MemActRecipe(SplitRecipe):
                        run.cfg.eval.seed, run.tcfg.engine, model_dir)
         print_memact_eval("SFT" if policy == "sft" else "SFT+DCPO", res)
         return res
-
-    def table_values(self, results: dict[str, Any]) -> dict[str, Any]:
-        t = defaultdict(int, results["timings"])
-        return {"gain": {d: results["dcpo"][d]["accuracy"] - results["sft"][d]["accuracy"] for d in DECODINGS},
-                "params_m": results["num_parameters"] / 1e6, "t": t, "total_min": t["total_s"] / 60}
 
     def plot(self, results: dict[str, Any], out: Path) -> None:
         plot_memact(out / "memact_results.png", results)

@@ -8,7 +8,7 @@ mixture demonstrator (memrl.demonstrators.stages.mixture_demonstrator: per memor
 memrl.recipes.cold_start) -> multi-conversation GRPO on the MemAgent workflow (memrl.training.trainer)
 -> the demonstrator, the cold start and SFT+RL evaluated with one protocol (held-out tasks at 1x, 4x, 16x
 the training length; greedy and sampled; memrl.eval.evaluator) -> a results dict that
-`memrl.recipes.report` renders (`write_memagent_outputs`: results.md, results.json, the plots).
+`memrl.recipes.report` renders (`memagent_markdown`, `plot_memagent`: results.md and the plots).
 The functions between the configs and the recipe only map the demo's configs onto one library call each.
 """
 
@@ -42,7 +42,7 @@ from memrl.eval.evaluator import EngineRollout, EvalProtocol, evaluate_policy, m
 from memrl.models.tiny import ModelPreset, shape_problem
 from memrl.recipes.pipeline import Recipe, RecipeRun, SFTSettings, run_recipe
 from memrl.recipes.pipeline import cold_start as pipeline_cold_start
-from memrl.recipes.report import write_memagent_outputs
+from memrl.recipes.report import memagent_markdown, plot_memagent
 from memrl.recipes.scratch import init_memagent_model
 from memrl.recipes.tables import cell_of, fmt
 from memrl.types import Segment
@@ -231,6 +231,7 @@ class MemAgentRecipe(Recipe):
     policies = (("sft", "sft"), ("rl", "rl"), ("demonstrator", "demonstrator"))
     results_root, nesting = "stages", "bucket/decoding"  # stages -> length -> decoding -> summary
     sweep_extras = {"train_chunks": ("first", "recipe.train_chunks")}
+    json_newline = True
 
     def init(self, run: RecipeRun) -> None:
         run.extra["tasks"] = heldout_tasks(run.cfg, run.tcfg)
@@ -295,9 +296,11 @@ class MemAgentRecipe(Recipe):
             lines.append(f"| {n} | {x}x | {fmt(demo) if demo['n'] else '-'} | " + " | ".join(cells) + " |")
         return lines
 
-    def write(self, results: dict[str, Any], out: Path) -> str:
-        """results.md, results.json, accuracy_vs_length.png, rl_reward.png (memrl.recipes.report)."""
-        return write_memagent_outputs(results, out)
+    def markdown(self, results: dict[str, Any]) -> str:
+        return memagent_markdown(results)  # a row per length (memrl.recipes.report)
+
+    def plot(self, results: dict[str, Any], out: Path) -> None:
+        plot_memagent(results, out)
 
 
 RECIPE = MemAgentRecipe()

@@ -125,6 +125,11 @@ TAIL: dict[str, Any] = {"timings": "timings", "num_parameters": "extra.n_params"
                         "copy_warmup_losses": "warmup_losses", "rl_history": history("reward/mean", "train/rows")}
 """results.json's run entries: timings, model size, the cold start's losses, RL's reward and rows."""
 
+def eval_tasks(run: RecipeRun) -> int:
+    """A results.json declaration: the number of held-out tasks of the run's splits (`write_data`)."""
+    return len(run.extra["data"].eval_tasks)
+
+
 def heldout_sha256(run: RecipeRun) -> str:
     """A results.json declaration: the SHA-256 of data/heldout_tasks.jsonl (the sweep's `fingerprint`)."""
     return hashlib.sha256((run.out / "data" / "heldout_tasks.jsonl").read_bytes()).hexdigest()

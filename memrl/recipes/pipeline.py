@@ -2,9 +2,10 @@
 
 A recipe method (`Recipe`) declares only what differs between the demos: its configs and their checks
 (`load`), its tasks, tokenizer and model (`init`), its scripted policy's held-out numbers (`scripted`), the
-cold start's rows (`demonstrations`), its held-out evaluation (`evaluate`), what results.json holds
-(`results`) and its table (`markdown`). `run_recipe` runs the stages in that order for every method and
-times each one; the copy warm-up, the cold-start SFT and RL are the same code for all.
+cold start's rows (`demonstrations`), its held-out evaluation (`evaluate`), and as data what results.json
+holds (`results_json`) and its tables (`table`, `sweep`: memrl.recipes.tables). `run_recipe` runs the stages
+in that order for every method and times each one; the copy warm-up, the cold-start SFT, RL and writing the
+results are the same code for all.
 
 Methods are registered like workflows: a built-in name (`memagent`, `memact`, `context`, `mem1`, `infmem`,
 `lookback`) or an import path `package.module:ATTR` naming a Recipe instance, so a method living outside
@@ -313,11 +314,7 @@ class Recipe:
         """results.md (`table`)."""
         if self.table is None:
             raise NotImplementedError(f"{type(self).__name__}: no table declared")
-        return self.table.render(results, self.nesting, self.table_values(results))
-
-    def table_values(self, results: dict[str, Any]) -> dict[str, Any]:
-        """Values the table's title and notes name beside results.json's entries (e.g. a difference)."""
-        return {}
+        return self.table.render(results, self.nesting)
 
     def plot(self, results: dict[str, Any], out: Path) -> None:
         """The method's plots in `out` (beside results.md; list them in `outputs`)."""
@@ -358,7 +355,7 @@ class Recipe:
             for run_dir, res in done:
                 try:
                     values.append(float(_path(res, path)))
-                except (KeyError, TypeError):
+                except (KeyError, TypeError, AttributeError):
                     raise UserError(f"{run_dir / 'results.json'}: no {path}") from None
             out[name] = mean_sd(values)
         return out

@@ -48,25 +48,19 @@ def by_decoding(evaluation: dict[str, Any], nesting: str) -> dict[str, dict[str,
 # ---------------------------------------------------------------------------------------------- results.md
 
 
-@dataclass(frozen=True)
-class Column:
-    """One column of a run table: its header, its cell (a format template over one summary, e.g.
-    "{accuracy:.1f} +- {accuracy_se:.1f}") and its markdown alignment."""
-
-    header: str
-    cell: str
-    align: str = ""
-    """"---", "---:" ... ("" = the table's `align`)."""
+ACCURACY_SE = "{accuracy:.1f} +- {accuracy_se:.1f}"
+"""A run table's accuracy cell: accuracy +- its standard error."""
 
 
 @dataclass(frozen=True)
 class RunTable:
     """results.md: a title, one row "| label | decoding | [bucket |] cells |" per policy (in `policies`' order:
     row label, the results.json key of its evaluation), decoding and bucket as results.json holds them (the
-    method's nesting), then notes. Title and notes are format templates over results.json and the method's
-    `table_values`."""
+    method's nesting), then notes. A column is (header, cell[, alignment]): the cell a format template over one
+    summary, e.g. "{peak_context_tokens:.0f}"; title and notes are format templates over results.json and
+    `values`."""
 
-    columns: tuple[Column, ...]
+    columns: tuple[tuple[str, ...], ...]
     policies: tuple[tuple[str, str], ...]
     bucket: str = ""
     """The bucket column's header ("" = no bucket column)."""
@@ -75,18 +69,20 @@ class RunTable:
     defaults: Mapping[str, float] = field(default_factory=dict)
     """Summary fields a run may lack (e.g. no task with that question count), and the value shown then."""
     align: str = "---:"
-    """The columns' alignment unless a column sets its own."""
+    """The columns' markdown alignment unless a column sets its own ("---", "---:")."""
+    values: Callable[[dict[str, Any]], Mapping[str, Any]] | None = None
+    """What the title and notes name beside results.json's entries (e.g. a difference), from results.json."""
 
-    def render(self, results: dict[str, Any], nesting: str, values: Mapping[str, Any]) -> str:
-        ns = {**results, **values}
-        head = ["policy", "decoding", *([self.bucket] if self.bucket else []), *(c.header for c in self.columns)]
-        aligns = ["---", "---", *(["---:"] if self.bucket else []), *(c.align or self.align for c in self.columns)]
+    def render(self, results: dict[str, Any], nesting: str) -> str:
+        ns = {**results, **(self.values(results) if self.values else {})}
+        head = ["policy", "decoding", *([self.bucket] if self.bucket else []), *(c[0] for c in self.columns)]
+        aligns = ["---", "---", *(["---:"] if self.bucket else []), *(c[2] if c[2:] else self.align for c in self.columns)]
         lines = [self.title.format_map(ns), ""] if self.title else []
         lines += ["| " + " | ".join(head) + " |", "|" + "|".join(aligns) + "|"]
         for label, key in self.policies:
             for mode, bucket, summary in nested(results[key], nesting):
                 s = {**self.defaults, **summary}
-                cells = [label, mode, *([bucket] if self.bucket else []), *(c.cell.format_map(s) for c in self.columns)]
+                cells = [label, mode, *([bucket] if self.bucket else []), *(c[1].format_map(s) for c in self.columns)]
                 lines.append("| " + " | ".join(cells) + " |")
         if self.notes:
             lines += ["", *(n.format_map(ns) for n in self.notes)]
@@ -133,9 +129,6 @@ def table_rows(e: dict[str, Any], labels: tuple[tuple[str, str], ...], fields: t
     return rows
 
 
-ACCURACY_SE = "{accuracy:.1f} +- {accuracy_se:.1f}"
-"""A run table's accuracy cell: accuracy +- its standard error."""
-
 GAIN_ROWS = (("cold start (SFT)", "sft"), ("SFT + RL", "rl"), ("RL - SFT", "gain"))
 
 
@@ -164,4 +157,52 @@ class SweepTable:
                   *table_rows(e, self.policies, self.fields, digits.__getitem__, per_bucket=bool(self.bucket))]
         if self.note and e[self.note[0]]["n"]:
             lines += ["", self.note[1].format(fmt(e[self.note[0]]))]
+        return lines
+
+
+@dataclass(frozen=True)
+class GridTable:
+    """A table per decoding ("greedy:", "sampled:"), one row per policy (labelled by its key): a column per
+    bucket (header `bucket` with the bucket) of one cell, then `pooled` columns of the "all" bucket (header,
+    field, digits; "n/a" for a None). results.md (`render`): the policies a run has, the buckets its results.json
+    entry `buckets` lists, a bucket's cell the template `cell`; the seed sweep (`render_sweep`): mean ± sd of
+    `field` per bucket, the gain row ("rl - sft") after rl."""
+
+    cell: str
+    field: str
+    pooled: tuple[tuple[str, str, int], ...]
+    bucket: str = "{}"
+    buckets: str = "lengths"
+    title: str = ""
+    sweep_title: str = ""
+
+    def _head(self, buckets: list[Any]) -> list[str]:
+        head = ["policy", *(self.bucket.format(b) for b in buckets), *(h for h, _, _ in self.pooled)]
+        return ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+
+    def render(self, results: dict[str, Any], policies: tuple[tuple[str, str], ...]) -> str:
+        buckets = results[self.buckets]
+        lines = [self.title.format_map(results), ""]
+        for mode in DECODINGS:
+            rows = [(key, results[key][mode]) for _, key in policies if mode in results.get(key, {})]
+            if rows:
+                lines += [f"{mode}:", "", *self._head(buckets)]
+                for key, by in rows:
+                    pooled = ["n/a" if by["all"][f] is None else f"{by['all'][f]:.{d}f}" for _, f, d in self.pooled]
+                    lines.append(f"| {key} | " + " | ".join([*(self.cell.format_map(by[str(b)]) for b in buckets),
+                                                             *pooled]) + " |")
+                lines.append("")
+        return "\n".join(lines)
+
+    def render_sweep(self, e: dict[str, Any], policies: tuple[tuple[str, str], ...]) -> list[str]:
+        buckets = [b for b in e["buckets"] if b != "all"]
+        keys = [k for p, _ in policies for k in ((p, "gain") if p == "rl" else (p,))]
+        lines = [self.sweep_title.format_map(e), ""]
+        for mode, by in e["cells"].items():
+            lines += [f"{mode}:", "", *self._head(buckets)]
+            for p in (k for k in keys if f"{k}_{self.field}" in by.get("all", {})):
+                cells = [fmt(cell_of(e, mode, b, f"{p}_{self.field}"), sign=p == "gain") for b in buckets]
+                cells += [fmt(cell_of(e, mode, "all", f"{p}_{f}"), sign=p == "gain", digits=d) for _, f, d in self.pooled]
+                lines.append(f"| {'rl - sft' if p == 'gain' else p} | " + " | ".join(cells) + " |")
+            lines.append("")
         return lines
