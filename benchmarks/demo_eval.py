@@ -23,8 +23,13 @@ def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from memrl.eval.evaluator import results_to_json
-    from memrl.recipes.memagent import evaluate_demonstrator, evaluate_model, heldout_tasks, load_demo_configs
-    from memrl.recipes.report import write_memagent_outputs
+    from memrl.recipes.memagent import (
+        RECIPE,
+        evaluate_demonstrator,
+        evaluate_model,
+        heldout_tasks,
+        load_demo_configs,
+    )
     from memrl.training.checkpoint import latest_checkpoint
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,7 +63,7 @@ def main() -> int:
     timings["total_s"] = sum(v for k, v in timings.items() if k != "total_s")
     results = dict(old, lengths=list(tasks), stages=stages, timings=timings, rl_reward=rewards)
     results["recipe"] = dict(old["recipe"], eval=asdict(cfg.eval), rl_steps=len(rewards))
-    print(write_memagent_outputs(results, out), end="")
+    print(RECIPE.write(results, out), end="")
     return 0
 
 

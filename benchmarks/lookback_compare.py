@@ -35,7 +35,7 @@ MODES = ("greedy", "sampled")
 def compare(sweeps: dict[str, dict], lengths: list[str]) -> dict:
     """{"seeds", "runs": {row: {mode: {"em": {N: cell}, "recall_rate", "callback_hit_rate"}}}, "gaps", "goals"}
     from each arm's seeds_results.json (`sweeps`: arm -> its one capability's entry)."""
-    from memrl.recipes.seeds import EMPTY, cell_of, mean_sd
+    from memrl.recipes.tables import EMPTY, cell_of, mean_sd
 
     seeds = {arm: e["seeds"] for arm, e in sweeps.items()}
     if len({tuple(s) for s in seeds.values()}) > 1:
@@ -80,8 +80,8 @@ def compare(sweeps: dict[str, dict], lengths: list[str]) -> dict:
 
 
 def _fmt(c: dict | None, digits: int = 1, sign: bool = False) -> str:
-    """memrl.recipes.seeds.fmt, with "n/a" for a cell no seed had (no recalls, a missing run)."""
-    from memrl.recipes.seeds import fmt
+    """memrl.recipes.tables.fmt, with "n/a" for a cell no seed had (no recalls, a missing run)."""
+    from memrl.recipes.tables import fmt
 
     return "n/a" if c is None or c["mean"] is None else fmt(c, sign=sign, digits=digits)
 

@@ -172,7 +172,8 @@ def aggregate(results: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
     seeds) within one standard error (memrl.recipes.seeds.diff_se of the runs' standard errors over tasks: that
     of the seed-mean difference) and mean working context >= 30% shorter (1 - dcpo / withheld, seed means).
     Only seeds with both arms count; every run must have evaluated the same tasks."""
-    from memrl.recipes.seeds import EMPTY, arm_cells, diff_se
+    from memrl.recipes.seeds import arm_cells, diff_se
+    from memrl.recipes.tables import EMPTY
 
     seeds = sorted(s for s, arms in results.items() if all(a in arms for a in ARMS))
     shas = {r["heldout_sha256"] for s in seeds for r in results[s].values()}
@@ -207,7 +208,7 @@ def _num(v: Any, digits: int) -> str:
 
 
 def markdown(agg: dict[str, Any], command: str = "") -> str:
-    from memrl.recipes.seeds import table_rows
+    from memrl.recipes.tables import table_rows
 
     cells = {mode: {"all": {f"{arm}_{m}": agg["table"][f"{arm}/{mode}"][m] for arm in ARMS for m in METRICS}}
              for mode in ("greedy", "sampled")}

@@ -40,14 +40,17 @@ from memrl.config import MAX_COUNT, MAX_PARALLEL, MAX_SEED, MAX_TOKENS, ConfigEr
 from memrl.data.synthetic_memact import MemActTaskConfig
 from memrl.demonstrators.stages import calibrate_fold_budget, context_demonstrations, context_demonstrator
 from memrl.recipes.parts import (
+    BUDGET_NOTE,
     GRPO,
+    HEAD,
+    SWEEP_BUDGET,
+    TAIL,
     Arm,
     ArmRecipe,
     SplitRecipe,
     count_parameters,
     engine_eval,
-    results_head,
-    results_tail,
+    eval_tasks,
     scripted_rows,
     workflow_section,
     write_data,
@@ -55,13 +58,13 @@ from memrl.recipes.parts import (
 from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
 from memrl.recipes.reuse import reused_cold_start, reused_warmup, take_cold_start
 from memrl.recipes.scratch import init_context_model
-from memrl.recipes.seeds import budget_extra, budget_line, table_rows
-from memrl.recipes.summaries import context_markdown, context_summary_of, evaluate_context
+from memrl.recipes.summaries import context_summary_of, evaluate_context
+from memrl.recipes.tables import ACCURACY_SE, RunTable, SweepTable
 from memrl.training.assemble import validate
 from memrl.types import Segment
 
 __all__ = ["ARMS", "RECIPE", "Arm", "ContextDemoConfig", "ContextDemoEval", "ContextDemoSFT", "load_configs",
-           "results_markdown", "run_context_demo"]
+           "run_context_demo"]
 
 ARMS: dict[str, Arm] = {
     "react": Arm({"name": "sliding_window", "window_turns": 0}, GRPO, "search"),
@@ -146,7 +149,10 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[ContextDemo
     return run.cfg, run.tcfg, run.out, ARMS[run.cfg.method]
 
 
-results_markdown = context_markdown
+def process_rewards(run: RecipeRun) -> list[str]:
+    """results.json's process_rewards: FoldGRPO's (none for another estimator)."""
+    tcfg = run.tcfg
+    return list(tcfg.algorithm.foldgrpo.process_rewards) if tcfg.algorithm.name == "foldgrpo" else []
 
 
 class ContextRecipe(SplitRecipe, ArmRecipe):
@@ -155,6 +161,24 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
     name = "context"
     config = ContextDemoConfig
     arms = ARMS
+
+    results_json = {**HEAD, "process_rewards": process_rewards, "scripted": {"greedy": "demo.summary"},
+                    "sft": "evals.sft", "rl": "evals.rl", "reference": {"react_unbounded": "extra.unbounded"},
+                    "demonstrator": lambda run: {k: v for k, v in run.demo.items() if k != "summary"}, **TAIL,
+                    "budget": {"max_context_tokens": "extra.budget", "eval_tasks": eval_tasks},
+                    "sft_from": "cfg.sft_from"}
+    table = RunTable((("accuracy", ACCURACY_SE), ("peak context", "{peak_context_tokens:.0f}"),
+                      ("mean context", "{mean_context_tokens:.0f}"), ("tokens discarded", "{tokens_discarded:.0f}"),
+                      ("turns", "{turns:.1f}"), ("branches", "{branches:.2f}"), ("summaries", "{summaries:.2f}"),
+                      ("stopped by budget", "{stopped_by_budget:.0f}%")),
+                     (("scripted (its SFT tasks)", "scripted"), ("SFT", "sft"), ("SFT + RL", "rl")), align="---",
+                     title="# context demo: method={method} ({budget[eval_tasks]} held-out tasks, budget "
+                           "{budget[max_context_tokens]} tokens)")
+    sweep = SweepTable((("accuracy (%)", "accuracy", 1), ("peak context", "peak_context_tokens", 1),
+                        ("mean context", "mean_context_tokens", 1), ("tokens discarded", "tokens_discarded", 1),
+                        ("branches", "branches", 2), ("summaries", "summaries", 2),
+                        ("stopped by budget (%)", "stopped_by_budget", 1)), note=BUDGET_NOTE)
+    sweep_extras = SWEEP_BUDGET
 
     def check(self, cfg: Any, train_overrides: list[str]) -> None:
         if self.arm(cfg).agent == "search" and cfg.sft.late_prob:
@@ -225,37 +249,6 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         return engine_eval(evaluate_context, run, model, model_dir, run.extra["data"].eval_tasks)
-
-    def results(self, run: RecipeRun) -> dict[str, Any]:
-        tcfg, demo = run.tcfg, run.demo
-        return {
-            **results_head(run),
-            "process_rewards": list(tcfg.algorithm.foldgrpo.process_rewards) if tcfg.algorithm.name == "foldgrpo"
-            else [],
-            "scripted": {"greedy": demo["summary"]}, "sft": run.evals["sft"], "rl": run.evals["rl"],
-            "reference": {"react_unbounded": run.extra["unbounded"]},
-            "demonstrator": {k: v for k, v in demo.items() if k != "summary"}, **results_tail(run),
-            "budget": {"max_context_tokens": run.extra["budget"], "eval_tasks": len(run.extra["data"].eval_tasks)},
-            "sft_from": run.cfg.sft_from,
-        }
-
-    def markdown(self, results: dict[str, Any]) -> str:
-        return context_markdown(results)
-    summary_fields = ("accuracy", "peak_context_tokens", "mean_context_tokens", "tokens_discarded", "branches",
-                      "summaries", "stopped_by_budget")
-
-    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
-        return {p: {mode: {"all": s} for mode, s in results[p].items()} for p in ("sft", "rl")}
-
-    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
-        return budget_extra(done)
-
-    def sweep_table(self, e: dict[str, Any]) -> list[str]:
-        labels = (("cold start (SFT)", "sft"), ("SFT + RL", "rl"), ("RL - SFT", "gain"))
-        return ["| policy | decoding | accuracy (%) | peak context | mean context | tokens discarded | branches "
-                "| summaries | stopped by budget (%) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-                *table_rows(e, labels, self.summary_fields, lambda f: 2 if f in ("branches", "summaries") else 1),
-                *budget_line(e)]
 
 
 RECIPE = ContextRecipe()

@@ -43,24 +43,24 @@ from memrl.demonstrators.infmem import ReadingDemonstrator
 from memrl.demonstrators.stages import context_demonstrations
 from memrl.recipes.parts import (
     GRPO,
+    HEAD,
+    SWEEP_METHOD,
+    TAIL,
     Arm,
     ArmRecipe,
-    by_decoding,
     count_parameters,
     engine_eval,
-    results_head,
-    results_tail,
     scripted_rows,
     workflow_section,
 )
 from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
 from memrl.recipes.scratch import init_reading_model
-from memrl.recipes.seeds import table_rows
-from memrl.recipes.summaries import evaluate_reading, reading_markdown, reading_summary_of
+from memrl.recipes.summaries import evaluate_reading, reading_summary_of
+from memrl.recipes.tables import ACCURACY_SE, RunTable, SweepTable
 from memrl.types import Segment, Task
 
 __all__ = ["ARMS", "Arm", "InfMemDemoConfig", "InfMemDemoEval", "InfMemDemoModel", "InfMemDemoSFT",
-           "RECIPE", "heldout_tasks", "load_configs", "results_markdown", "run_infmem_demo"]
+           "RECIPE", "heldout_tasks", "load_configs", "run_infmem_demo"]
 
 ARMS: dict[str, Arm] = {
     "infmem": Arm({"name": "infmem",
@@ -161,9 +161,6 @@ def write_heldout(tasks: dict[int, list[Task]], path: Path) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-results_markdown = reading_markdown
-
-
 class InfMemRecipe(ArmRecipe):
     """The InfMem vs MemAgent demo as a recipe method (module docstring)."""
 
@@ -172,6 +169,25 @@ class InfMemRecipe(ArmRecipe):
     arms = ARMS
     seed_keys = (("seed", "demo"), ("sft.seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train"))
     task_seeds = ("sft.seed", "train.data.seed")
+
+    results_json = {**HEAD, "train_chunks": "tcfg.data.synthetic.num_chunks",
+                    "lengths": lambda run: list(run.extra["heldout"]), "eval_tasks": "cfg.eval.num_tasks",
+                    "eval": "cfg.eval", "heldout_sha256": "extra.digest", "scripted": "demo.summary",
+                    "sft": "evals.sft", "rl": "evals.rl",
+                    "demonstrator": {"rows": "demo.rows", "rows_per_task": "demo.rows_per_task"}, **TAIL}
+    nesting = "bucket/decoding"  # policy -> length -> decoding -> summary
+    table = RunTable((("accuracy", ACCURACY_SE, "---"), ("model calls", "{model_calls:.2f}"),
+                      ("chunks read", "{chunks_read:.2f}"), ("retrievals", "{retrievals:.2f}"),
+                      ("stop rate", "{stop_rate:.0f}%"), ("stop step", "{stop_step:.2f}")),
+                     (("SFT", "sft"), ("SFT + RL", "rl")), bucket="length (chunks)",
+                     title="# InfMem demo: method={method} ({eval_tasks} held-out tasks per length, training length "
+                     "{train_chunks} chunks)",
+                     notes=("Scripted oracle on its SFT tasks: accuracy {scripted[accuracy]:.1f}%, "
+                            "{scripted[model_calls]:.2f} model calls, {scripted[chunks_read]:.2f} chunks read.",))
+    sweep = SweepTable((("accuracy (%)", "accuracy", 1), ("model calls", "model_calls", 2),
+                        ("chunks read", "chunks_read", 2), ("retrievals", "retrievals", 2),
+                        ("stop rate (%)", "stop_rate", 1)), bucket="length (chunks)", title="method {method}")
+    sweep_extras = SWEEP_METHOD
 
     def check(self, cfg: Any, train_overrides: list[str]) -> None:
         self.arm(cfg)
@@ -222,36 +238,6 @@ class InfMemRecipe(ArmRecipe):
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         print("SFT, held-out:" if policy == "sft" else "SFT+RL, held-out:")
         return engine_eval(evaluate_reading, run, model, model_dir, run.extra["heldout"])
-
-    def results(self, run: RecipeRun) -> dict[str, Any]:
-        cfg, tcfg, heldout = run.cfg, run.tcfg, run.extra["heldout"]
-        return {
-            **results_head(run), "train_chunks": tcfg.data.synthetic.num_chunks, "lengths": list(heldout),
-            "eval_tasks": cfg.eval.num_tasks, "eval": asdict(cfg.eval), "heldout_sha256": run.extra["digest"],
-            "scripted": run.demo["summary"], "sft": run.evals["sft"], "rl": run.evals["rl"],
-            "demonstrator": {"rows": run.demo["rows"], "rows_per_task": run.demo["rows_per_task"]},
-            **results_tail(run),
-        }
-
-    def markdown(self, results: dict[str, Any]) -> str:
-        return reading_markdown(results)
-
-    summary_fields = ("accuracy", "model_calls", "chunks_read", "retrievals", "stop_rate")
-
-    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
-        # policy -> length -> decoding -> summary, as policy -> decoding -> length
-        return {p: v for p in ("sft", "rl") if (v := by_decoding(results[p]))}
-
-    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
-        return {"method": done[0][1]["method"] if done else None}
-
-    def sweep_table(self, e: dict[str, Any]) -> list[str]:
-        labels = (("cold start (SFT)", "sft"), ("SFT + RL", "rl"), ("RL - SFT", "gain"))
-        return [f"method {e['method']}", "",
-                "| policy | decoding | length (chunks) | accuracy (%) | model calls | chunks read | retrievals "
-                "| stop rate (%) |", "|---|---|---:|---:|---:|---:|---:|---:|",
-                *table_rows(e, labels, self.summary_fields, lambda f: 1 if f in ("accuracy", "stop_rate") else 2,
-                            per_bucket=True)]
 
 
 RECIPE = InfMemRecipe()

@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -51,9 +51,9 @@ from memrl.engines import EngineConfig, HFSection
 from memrl.eval.runner import EvalConfig, evaluate
 from memrl.models.tiny import init_tiny_model
 from memrl.recipes.cold_start import copy_warmup
-from memrl.recipes.parts import count_parameters, results_tail
+from memrl.recipes.parts import HEAD, SWEEP_METHOD, TAIL, count_parameters
 from memrl.recipes.pipeline import EvalSettings, Recipe, RecipeRun, WarmupSFTSettings, run_recipe
-from memrl.recipes.seeds import cell_of, fmt
+from memrl.recipes.tables import GridTable
 from memrl.runtime import rollout_once
 from memrl.training.config import TrainConfig
 from memrl.types import Segment
@@ -165,6 +165,13 @@ def summarize(res_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+GRID = GridTable("{accuracy:.1f} ± {se:.1f}", "accuracy", (("recall rate", "recall_rate", 3),
+                                                            ("callback hit rate", "callback_hit_rate", 3)),
+                 bucket="N={}", title="method {method} (accuracy % ± s.e. over tasks)",
+                 sweep_title="method {method} (accuracy %)")
+"""The look-back tables: per decoding a row per policy, accuracy per length N, the pooled recall rates."""
+
+
 class LookbackRecipe(Recipe):
     """The look-back comparison as a recipe method (module docstring)."""
 
@@ -173,6 +180,14 @@ class LookbackRecipe(Recipe):
     seed_keys = (("seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train"))
     summary_fields = ("accuracy", "recall_rate", "callback_hit_rate")
     optional_fields = ("callback_hit_rate",)
+
+    results_json = {**HEAD, "lengths": "cfg.eval.lengths", "eval": "cfg.eval", "streams": lambda run: streams(run.cfg),
+                    "heldout_sha256": "extra.heldout_sha256", "oracle?": "extra.oracle",
+                    "rl_norecall?": "extra.rl_norecall", "sft": "evals.sft", "rl": "evals.rl", "demonstrator": "demo",
+                    **TAIL}
+    policies = tuple((p, p) for p in POLICIES)
+    nesting = "decoding/bucket"  # policy -> decoding -> length or "all" -> summary
+    sweep_extras = SWEEP_METHOD
 
     def check(self, cfg: LookbackConfig, train_overrides: list[str]) -> None:
         if cfg.method not in PRESETS:
@@ -291,54 +306,14 @@ class LookbackRecipe(Recipe):
         evaluate(files, res, ecfg, engine=engine)
         return summarize(res)
 
-    def results(self, run: RecipeRun) -> dict[str, Any]:
-        cfg = run.cfg
-        return {"method": cfg.method, "workflow": dict(run.tcfg.workflow), "algorithm": run.tcfg.algorithm.name,
-                "lengths": list(cfg.eval.lengths), "eval": asdict(cfg.eval), "streams": streams(cfg),
-                "heldout_sha256": run.extra["heldout_sha256"],
-                **{p: run.extra[p] for p in ("oracle", "rl_norecall") if p in run.extra},
-                "sft": run.evals["sft"], "rl": run.evals["rl"], "demonstrator": run.demo, **results_tail(run)}
-
-    def markdown(self, results: dict[str, Any]) -> str:
-        lines = [f"method {results['method']} (accuracy % ± s.e. over tasks)", ""]
-        for mode in ("greedy", "sampled"):
-            rows = [(p, results[p][mode]) for p in POLICIES if mode in results.get(p, {})]
-            if not rows:
-                continue
-            lines += [f"{mode}:", "", "| policy | " + " | ".join(f"N={n}" for n in results["lengths"])
-                      + " | recall rate | callback hit rate |", "|---|" + "---:|" * (len(results["lengths"]) + 2)]
-            for p, by in rows:
-                hr = by["all"]["callback_hit_rate"]
-                lines.append(f"| {p} | " + " | ".join(f"{by[str(n)]['accuracy']:.1f} ± {by[str(n)]['se']:.1f}"
-                                                      for n in results["lengths"])
-                             + f" | {by['all']['recall_rate']:.3f} | {'n/a' if hr is None else f'{hr:.3f}'} |")
-            lines.append("")
-        return "\n".join(lines)
-
-    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
-        return {p: results[p] for p in POLICIES if p in results or p in ("sft", "rl")}
-
     def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
         return results["heldout_sha256"]
 
-    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
-        return {"method": done[0][1]["method"] if done else None}
+    def markdown(self, results: dict[str, Any]) -> str:
+        return GRID.render(results, self.policies)
 
     def sweep_table(self, e: dict[str, Any]) -> list[str]:
-        lengths = [b for b in e["buckets"] if b != "all"]
-        lines = [f"method {e['method']} (accuracy %)", ""]
-        for mode, by in e["cells"].items():
-            lines += [f"{mode}:", "", "| policy | " + " | ".join(f"N={n}" for n in lengths)
-                      + " | recall rate | callback hit rate |", "|---|" + "---:|" * (len(lengths) + 2)]
-            for p in ("oracle", "sft", "rl", "gain", "rl_norecall"):
-                if f"{p}_accuracy" not in by.get("all", {}):
-                    continue
-                acc = [fmt(cell_of(e, mode, n, f"{p}_accuracy"), sign=p == "gain") for n in lengths]
-                rates = [fmt(cell_of(e, mode, "all", f"{p}_{f}"), sign=p == "gain", digits=3)
-                         for f in ("recall_rate", "callback_hit_rate")]
-                lines.append(f"| {'rl - sft' if p == 'gain' else p} | " + " | ".join(acc + rates) + " |")
-            lines.append("")
-        return lines
+        return GRID.render_sweep(e, self.policies)
 
 
 RECIPE = LookbackRecipe()

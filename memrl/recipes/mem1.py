@@ -27,7 +27,6 @@ cold start and evaluations use too; `workflow.context` is the method's and may n
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -38,22 +37,23 @@ from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks
 from memrl.data.tasks_jsonl import write_tasks
 from memrl.demonstrators.mem1 import mem1_demonstrations
 from memrl.recipes.parts import (
+    HEAD,
+    TAIL,
     SplitRecipe,
     count_parameters,
     engine_eval,
-    results_head,
-    results_tail,
+    heldout_sha256,
     scripted_rows,
 )
 from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
 from memrl.recipes.scratch import init_mem1_model
-from memrl.recipes.seeds import table_rows
-from memrl.recipes.summaries import evaluate_mem1, mem1_markdown, mem1_summary
+from memrl.recipes.summaries import evaluate_mem1, mem1_summary
+from memrl.recipes.tables import ACCURACY_SE, GAIN_ROWS, RunTable, SweepTable
 from memrl.training.assemble import validate
 from memrl.types import Segment, Task
 
 __all__ = ["METHODS", "RECIPE", "Mem1DemoConfig", "Mem1DemoEval", "Mem1DemoSFT", "heldout_tasks", "load_configs",
-           "mem1_summary", "results_markdown", "run_mem1_demo"]
+           "mem1_summary", "run_mem1_demo"]
 
 METHODS: dict[str, str] = {"mem1": "latest_state", "full_history": "full_history"}
 """`method` -> the mem1 workflow's `context` setting."""
@@ -123,14 +123,26 @@ def heldout_tasks(cfg: Mem1DemoConfig) -> dict[int, list[Task]]:
                           prefix=f"heldout_k{k}_") for k in cfg.eval.objectives}
 
 
-results_markdown = mem1_markdown
-
-
 class Mem1Recipe(SplitRecipe):
     """The MEM1 demo as a recipe method (module docstring)."""
 
     name = "mem1"
     config = Mem1DemoConfig
+
+    results_json = {**HEAD, "objectives": "cfg.eval.objectives", "train_objectives": "cfg.task.sub_questions",
+                    "eval_tasks": "cfg.eval.num_tasks", "heldout_sha256": heldout_sha256,
+                    "scripted": {"greedy": "extra.scripted"}, "sft": "evals.sft", "rl": "evals.rl",
+                    "demonstrator": "demo", "positions": "extra.positions", **TAIL}
+    nesting = "decoding/bucket"  # policy -> decoding -> objective count -> summary
+    table = RunTable((("accuracy (all right)", ACCURACY_SE, "---"), ("objectives right", "{objective_accuracy:.1f}"),
+                      ("peak context", "{peak_context_tokens:.0f}"), ("mean context", "{mean_context_tokens:.0f}"),
+                      ("turns", "{turns:.1f}"), ("answered", "{answered:.0f}%")),
+                     (("scripted (held-out)", "scripted"), ("SFT", "sft"), ("SFT + RL", "rl")), bucket="objectives",
+                     title="# MEM1 demo: method={method} (workflow.context={workflow[context]}; {eval_tasks} held-out "
+                     "tasks per objective count)")
+    sweep = SweepTable((("accuracy (%)", "accuracy", 1), ("peak context", "peak_context_tokens", 1),
+                        ("mean context", "mean_context_tokens", 1), ("turns", "turns", 1)), GAIN_ROWS[:2],
+                       bucket="objectives")
 
     def check(self, cfg: Any, train_overrides: list[str]) -> None:
         if cfg.method not in METHODS:
@@ -218,31 +230,8 @@ class Mem1Recipe(SplitRecipe):
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         return engine_eval(evaluate_mem1, run, model, model_dir, run.extra["held"])
 
-    def results(self, run: RecipeRun) -> dict[str, Any]:
-        cfg = run.cfg
-        return {
-            **results_head(run), "objectives": list(cfg.eval.objectives), "train_objectives": list(cfg.task.sub_questions),
-            "eval_tasks": cfg.eval.num_tasks,
-            "heldout_sha256": hashlib.sha256((run.out / "data" / "heldout_tasks.jsonl").read_bytes()).hexdigest(),
-            "scripted": {"greedy": run.extra["scripted"]}, "sft": run.evals["sft"], "rl": run.evals["rl"],
-            "demonstrator": run.demo, "positions": run.extra["positions"], **results_tail(run),
-        }
-
-    def markdown(self, results: dict[str, Any]) -> str:
-        return mem1_markdown(results)
-
-    summary_fields = ("accuracy", "peak_context_tokens", "mean_context_tokens", "turns")
-
-    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
-        return {p: results[p] for p in ("sft", "rl")}  # policy -> decoding -> objective count -> summary
-
     def heldout_seeds(self, cfg: Any) -> set[int]:
         return {cfg.eval.seed + k for k in cfg.eval.objectives}  # one held-out set per objective count k
-
-    def sweep_table(self, e: dict[str, Any]) -> list[str]:
-        return ["| policy | decoding | objectives | accuracy (%) | peak context | mean context | turns |",
-                "|---|---|---:|---:|---:|---:|---:|",
-                *table_rows(e, (("cold start (SFT)", "sft"), ("SFT + RL", "rl")), self.summary_fields, per_bucket=True)]
 
 
 RECIPE = Mem1Recipe()

@@ -45,12 +45,21 @@ from memrl.config import (
 from memrl.data.synthetic_memact import MemActTaskConfig
 from memrl.demonstrators.stages import calibrate_budget, calibrate_search_only_budget, memact_demonstrations
 from memrl.eval.evaluator import EngineRollout, model_engine
-from memrl.recipes.parts import SplitRecipe, count_parameters, write_data
+from memrl.recipes.parts import (
+    BUDGET_NOTE,
+    SWEEP_BUDGET,
+    TAIL,
+    SplitRecipe,
+    count_parameters,
+    eval_tasks,
+    history,
+    write_data,
+)
 from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
-from memrl.recipes.report import print_memact_eval, write_memact_outputs
+from memrl.recipes.report import MEMACT_TABLE, plot_memact, print_memact_eval
 from memrl.recipes.scratch import init_memact_model
-from memrl.recipes.seeds import budget_extra, budget_line, table_rows
 from memrl.recipes.summaries import evaluate_memact, memact_summary_of
+from memrl.recipes.tables import SweepTable
 from memrl.types import Segment
 from memrl.workflows import get_workflow
 
@@ -209,6 +218,21 @@ class MemActRecipe(SplitRecipe):
     config = MemActDemoConfig
     outputs = ("results.md", "results.json", "memact_results.png")
 
+    results_json = {"sft": "evals.sft", "dcpo": "evals.rl", "demonstrator": "demo",
+                    **{k: v for k, v in TAIL.items() if k != "rl_history"},
+                    "rl": history("reward/mean", "dcpo/pruned_share", "dcpo/selected", "dcpo/available",
+                                  "dcpo/segments_per_trajectory", "rollout/segments"),
+                    "budget": {"max_context_tokens": "wf_cfg.max_context_tokens", "eval_tasks": eval_tasks}}
+    json_indent, json_newline = 2, True
+    policies = (("sft", "sft"), ("rl", "dcpo"))
+    table = MEMACT_TABLE
+    sweep = SweepTable((("accuracy (%)", "accuracy", 1), ("2-question", "accuracy_2q", 1),
+                        ("3-question", "accuracy_3q", 1), ("mean context (tokens)", "mean_context_tokens", 1),
+                        ("peak context (tokens)", "peak_context_tokens", 1), ("prunes / task", "prunes_per_task", 2)),
+                       (("cold start (SFT)", "sft"), ("SFT + DCPO", "rl"), ("DCPO - SFT", "gain")), note=BUDGET_NOTE)
+    optional_fields = ("accuracy_2q", "accuracy_3q")
+    sweep_extras = SWEEP_BUDGET
+
     def expand(self, overrides: list[str]) -> list[str]:
         return expand_variant(overrides)
 
@@ -251,38 +275,8 @@ class MemActRecipe(SplitRecipe):
         print_memact_eval("SFT" if policy == "sft" else "SFT+DCPO", res)
         return res
 
-    def results(self, run: RecipeRun) -> dict[str, Any]:
-        return {
-            "sft": run.evals["sft"], "dcpo": run.evals["rl"], "demonstrator": run.demo, "timings": run.timings,
-            "num_parameters": run.extra["n_params"], "vocab_size": len(run.tokenizer), "sft_losses": run.sft_losses,
-            "copy_warmup_losses": run.warmup_losses,
-            "rl": {k: [h.get(k, 0.0) for h in run.history]
-                   for k in ("reward/mean", "dcpo/pruned_share", "dcpo/selected", "dcpo/available",
-                             "dcpo/segments_per_trajectory", "rollout/segments")},
-            "budget": {"max_context_tokens": run.wf_cfg.max_context_tokens,
-                       "eval_tasks": len(run.extra["data"].eval_tasks)},
-        }
-
-    summary_fields = ("accuracy", "accuracy_2q", "accuracy_3q", "mean_context_tokens", "peak_context_tokens",
-                      "prunes_per_task")
-    optional_fields = ("accuracy_2q", "accuracy_3q")
-
-    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
-        return {p: {mode: {"all": s} for mode, s in results[key].items()} for p, key in (("sft", "sft"), ("rl", "dcpo"))}
-
-    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
-        return budget_extra(done)
-
-    def sweep_table(self, e: dict[str, Any]) -> list[str]:
-        labels = (("cold start (SFT)", "sft"), ("SFT + DCPO", "rl"), ("DCPO - SFT", "gain"))
-        return ["| policy | decoding | accuracy (%) | 2-question | 3-question | mean context (tokens) | "
-                "peak context (tokens) | prunes / task |", "|---|---|---:|---:|---:|---:|---:|---:|",
-                *table_rows(e, labels, self.summary_fields, lambda f: 2 if f == "prunes_per_task" else 1),
-                *budget_line(e)]
-
-    def write(self, results: dict[str, Any], out: Path) -> str:
-        """results.json, results.md and memact_results.png (memrl.recipes.report)."""
-        return write_memact_outputs(results, out)
+    def plot(self, results: dict[str, Any], out: Path) -> None:
+        plot_memact(out / "memact_results.png", results)
 
 
 RECIPE = MemActRecipe()

@@ -8,14 +8,14 @@ mixture demonstrator (memrl.demonstrators.stages.mixture_demonstrator: per memor
 memrl.recipes.cold_start) -> multi-conversation GRPO on the MemAgent workflow (memrl.training.trainer)
 -> the demonstrator, the cold start and SFT+RL evaluated with one protocol (held-out tasks at 1x, 4x, 16x
 the training length; greedy and sampled; memrl.eval.evaluator) -> a results dict that
-`memrl.recipes.report` renders (`write_memagent_outputs`: results.md, results.json, the plots).
+`memrl.recipes.report` renders (`memagent_markdown`, `plot_memagent`: results.md and the plots).
 The functions between the configs and the recipe only map the demo's configs onto one library call each.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,12 +40,11 @@ from memrl.demonstrators.stages import (
 from memrl.errors import UserError
 from memrl.eval.evaluator import EngineRollout, EvalProtocol, evaluate_policy, model_engine, results_to_json
 from memrl.models.tiny import ModelPreset, shape_problem
-from memrl.recipes.parts import by_decoding
 from memrl.recipes.pipeline import Recipe, RecipeRun, SFTSettings, run_recipe
 from memrl.recipes.pipeline import cold_start as pipeline_cold_start
-from memrl.recipes.report import write_memagent_outputs
+from memrl.recipes.report import memagent_markdown, plot_memagent
 from memrl.recipes.scratch import init_memagent_model
-from memrl.recipes.seeds import cell_of, fmt
+from memrl.recipes.tables import cell_of, fmt
 from memrl.types import Segment
 
 __all__ = ["RECIPE", "DemoConfig", "DemoEval", "DemoSFT", "cold_start", "demonstrator", "evaluate_demonstrator",
@@ -220,6 +219,20 @@ class MemAgentRecipe(Recipe):
     seed_keys = (("seed", "demo"), ("sft_seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train"))
     task_seeds = ("sft_seed", "train.data.seed")
 
+    results_json = {
+        "recipe": {"p_aware": "cfg.sft.p_aware", "train_chunks": "tcfg.data.synthetic.num_chunks",
+                   "min_chunks": "tcfg.data.synthetic.min_chunks", "chunk_words": "tcfg.data.synthetic.chunk_words",
+                   "sft": "cfg.sft", "rl_steps": "tcfg.trainer.steps", "eval": "cfg.eval"},
+        "lengths": lambda run: list(run.extra["tasks"]),
+        "stages": lambda run: {"demonstrator": results_to_json(run.extra["demonstrator"]),
+                               "sft": results_to_json(run.evals["sft"]), "rl": results_to_json(run.evals["rl"])},
+        "timings": "timings", "sft_losses": "sft_losses",
+        "rl_reward": lambda run: [h.get("reward/mean", 0.0) for h in run.history]}
+    policies = (("sft", "sft"), ("rl", "rl"), ("demonstrator", "demonstrator"))
+    results_root, nesting = "stages", "bucket/decoding"  # stages -> length -> decoding -> summary
+    sweep_extras = {"train_chunks": ("first", "recipe.train_chunks")}
+    json_newline = True
+
     def init(self, run: RecipeRun) -> None:
         run.extra["tasks"] = heldout_tasks(run.cfg, run.tcfg)
         run.tokenizer, run.model = init_model(run.cfg, run.tcfg, run.out, run.wf_cfg)
@@ -258,24 +271,6 @@ class MemAgentRecipe(Recipe):
         return evaluate_model(run.cfg, run.tcfg, run.spec, run.wf_cfg, model, run.tokenizer, run.extra["tasks"],
                               model_dir)
 
-    def results(self, run: RecipeRun) -> dict[str, Any]:
-        cfg, tcfg, syn = run.cfg, run.tcfg, run.tcfg.data.synthetic
-        return {
-            "recipe": {"p_aware": cfg.sft.p_aware, "train_chunks": syn.num_chunks, "min_chunks": syn.min_chunks,
-                       "chunk_words": syn.chunk_words, "sft": asdict(cfg.sft), "rl_steps": tcfg.trainer.steps,
-                       "eval": asdict(cfg.eval)},
-            "lengths": list(run.extra["tasks"]),
-            "stages": {"demonstrator": results_to_json(run.extra["demonstrator"]),
-                       "sft": results_to_json(run.evals["sft"]), "rl": results_to_json(run.evals["rl"])},
-            "timings": run.timings,
-            "sft_losses": run.sft_losses,
-            "rl_reward": [h.get("reward/mean", 0.0) for h in run.history],
-        }
-
-    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
-        st = results["stages"]  # stages -> length -> decoding -> summary
-        return {p: by_decoding(st[p]) for p in ("sft", "rl", "demonstrator") if p in st}
-
     def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
         """The held-out protocol and lengths (the tasks are generated from them)."""
         try:
@@ -290,9 +285,6 @@ class MemAgentRecipe(Recipe):
             raise ConfigError(f"--seeds: {what} accuracy, and the sweep's table aggregates sampled and greedy "
                               "accuracy of every run; drop the override")
 
-    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
-        return {"train_chunks": done[0][1]["recipe"]["train_chunks"] if done else None}
-
     def sweep_table(self, e: dict[str, Any]) -> list[str]:
         lines = ["| length (chunks) | x | demonstrator sampled | SFT sampled | SFT+RL sampled | gain sampled | "
                  "SFT greedy | SFT+RL greedy | gain greedy |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -304,9 +296,11 @@ class MemAgentRecipe(Recipe):
             lines.append(f"| {n} | {x}x | {fmt(demo) if demo['n'] else '-'} | " + " | ".join(cells) + " |")
         return lines
 
-    def write(self, results: dict[str, Any], out: Path) -> str:
-        """results.md, results.json, accuracy_vs_length.png, rl_reward.png (memrl.recipes.report)."""
-        return write_memagent_outputs(results, out)
+    def markdown(self, results: dict[str, Any]) -> str:
+        return memagent_markdown(results)  # a row per length (memrl.recipes.report)
+
+    def plot(self, results: dict[str, Any], out: Path) -> None:
+        plot_memagent(results, out)
 
 
 RECIPE = MemAgentRecipe()

@@ -1,11 +1,12 @@
 """The pieces several recipe methods share (memrl.recipes.pipeline runs them; each method module declares only
 what differs): the task-split methods' seeds, files and tasks (`SplitRecipe`: memact, context, mem1), the
 arm-picking methods' RL config (`ArmRecipe`: context, infmem), the held-out evaluation through an engine,
-and the parts of results.json the trained methods (context, mem1, infmem) write alike.
+and the parts of results.json several methods declare alike (`HEAD`, `TAIL`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -111,22 +112,33 @@ def count_parameters(model: Any) -> int:
 # ---------------------------------------------------------------------------------------------- results
 
 
-def results_head(run: RecipeRun) -> dict[str, Any]:
-    """results.json's first entries: the method, the RL config's workflow section and estimator."""
-    return {"method": run.cfg.method, "workflow": dict(run.tcfg.workflow), "algorithm": run.tcfg.algorithm.name}
+def history(*keys: str) -> Callable[[RecipeRun], dict[str, list[float]]]:
+    """A results.json declaration: RL's per-step values of `keys` (0.0 where a step lacks one)."""
+    return lambda run: {k: [h.get(k, 0.0) for h in run.history] for k in keys}
 
 
-def results_tail(run: RecipeRun) -> dict[str, Any]:
-    """results.json's run entries: timings, model size, the cold start's losses, RL's reward and rows."""
-    return {"timings": run.timings, "num_parameters": run.extra["n_params"], "vocab_size": len(run.tokenizer),
-            "sft_losses": run.sft_losses, "copy_warmup_losses": run.warmup_losses,
-            "rl_history": {k: [h.get(k, 0.0) for h in run.history] for k in ("reward/mean", "train/rows")}}
+HEAD: dict[str, Any] = {"method": "cfg.method", "workflow": "tcfg.workflow", "algorithm": "tcfg.algorithm.name"}
+"""results.json's first entries: the method, the RL config's workflow section and estimator."""
+
+TAIL: dict[str, Any] = {"timings": "timings", "num_parameters": "extra.n_params",
+                        "vocab_size": lambda run: len(run.tokenizer), "sft_losses": "sft_losses",
+                        "copy_warmup_losses": "warmup_losses", "rl_history": history("reward/mean", "train/rows")}
+"""results.json's run entries: timings, model size, the cold start's losses, RL's reward and rows."""
+
+def eval_tasks(run: RecipeRun) -> int:
+    """A results.json declaration: the number of held-out tasks of the run's splits (`write_data`)."""
+    return len(run.extra["data"].eval_tasks)
 
 
-def by_decoding(by_bucket: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """bucket -> decoding -> summary as decoding -> bucket -> summary (the seed sweep's schema)."""
-    out: dict[str, dict[str, Any]] = {}
-    for n, modes in by_bucket.items():
-        for mode, summary in modes.items():
-            out.setdefault(mode, {})[n] = summary
-    return out
+def heldout_sha256(run: RecipeRun) -> str:
+    """A results.json declaration: the SHA-256 of data/heldout_tasks.jsonl (the sweep's `fingerprint`)."""
+    return hashlib.sha256((run.out / "data" / "heldout_tasks.jsonl").read_bytes()).hexdigest()
+
+
+SWEEP_METHOD = {"method": ("first", "method")}
+"""A sweep extra: the method of the sweep's runs (its table's title)."""
+
+SWEEP_BUDGET = {"budget": ("mean", "budget.max_context_tokens")}
+"""A sweep extra: the runs' calibrated working-context budget, mean +- sd (memact, context)."""
+BUDGET_NOTE = ("budget", "Working-context budget (calibrated per run): {} tokens.")
+"""The sweep table's note of `SWEEP_BUDGET`."""

@@ -2,9 +2,10 @@
 
 A recipe method (`Recipe`) declares only what differs between the demos: its configs and their checks
 (`load`), its tasks, tokenizer and model (`init`), its scripted policy's held-out numbers (`scripted`), the
-cold start's rows (`demonstrations`), its held-out evaluation (`evaluate`), what results.json holds
-(`results`) and its table (`markdown`). `run_recipe` runs the stages in that order for every method and
-times each one; the copy warm-up, the cold-start SFT and RL are the same code for all.
+cold start's rows (`demonstrations`), its held-out evaluation (`evaluate`), and as data what results.json
+holds (`results_json`) and its tables (`table`, `sweep`: memrl.recipes.tables). `run_recipe` runs the stages
+in that order for every method and times each one; the copy warm-up, the cold-start SFT, RL and writing the
+results are the same code for all.
 
 Methods are registered like workflows: a built-in name (`memagent`, `memact`, `context`, `mem1`, `infmem`,
 `lookback`) or an import path `package.module:ATTR` naming a Recipe instance, so a method living outside
@@ -18,7 +19,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,6 +32,7 @@ from memrl.config import (
     MAX_VOCAB,
     ConfigError,
     load_config,
+    redact_secrets,
     to_yaml,
     valid,
 )
@@ -40,6 +42,7 @@ from memrl.models.tiny import ModelPreset, shape_problem
 from memrl.plugins import is_import_path, load_object
 from memrl.recipes import split_overrides
 from memrl.recipes.cold_start import copy_warmup
+from memrl.recipes.tables import RunTable, SweepTable, by_decoding, mean_sd
 from memrl.threads import ThreadsSection, set_torch_threads
 from memrl.training.assemble import assemble, check_writable, validate
 from memrl.training.checkpoint import latest_checkpoint
@@ -203,9 +206,36 @@ class Recipe:
     outputs: ClassVar[tuple[str, ...]] = ("results.md", "results.json")
     """The files `write` makes in the output directory (printed when the run ends)."""
     summary_fields: ClassVar[tuple[str, ...]] = ("accuracy",)
-    """The summary fields the seed sweep aggregates (memrl.recipes.seeds)."""
+    """The summary fields the seed sweep aggregates (memrl.recipes.seeds; `sweep`'s fields when it is set)."""
     optional_fields: ClassVar[tuple[str, ...]] = ()
     """Summary fields a run may lack (e.g. no task with that question count): skipped, not an error."""
+    # ------------------------------------------------------------------ results, declared
+    results_json: ClassVar[dict[str, Any]] = {}
+    """What results.json holds, in order: key -> a dotted path over the RecipeRun ("cfg.eval.seed", "extra.budget",
+    "evals.sft"; a dataclass is written as its dict), a dict of such declarations, or a callable of the run; a
+    key ending in "?" is left out when its path is missing (`resolve`)."""
+    policies: ClassVar[tuple[tuple[str, str], ...]] = (("sft", "sft"), ("rl", "rl"))
+    """The results schema's policies: (policy, its key in results.json); sft and rl required, others where a
+    run has them."""
+    results_root: ClassVar[str] = ""
+    """The results.json entry the policies' keys are under ("" = the top level)."""
+    nesting: ClassVar[str] = "decoding"
+    """How a policy's evaluation nests in results.json (memrl.recipes.tables.NESTINGS)."""
+    table: ClassVar[RunTable | None] = None
+    """results.md's table (`markdown`)."""
+    sweep: ClassVar[SweepTable | None] = None
+    """The seed sweep's table (`sweep_table`); its fields are the `summary_fields`."""
+    sweep_extras: ClassVar[dict[str, tuple[str, str]]] = {}
+    """Entries of the sweep's aggregate beside the cells: name -> ("mean", a dotted path in results.json: mean
+    +- sd over the runs) or ("first", a path: the first run's value)."""
+    json_indent: ClassVar[int] = 1
+    json_newline: ClassVar[bool] = False
+    """results.json's layout: its indent, and whether it ends in a newline."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("sweep") is not None and "summary_fields" not in cls.__dict__:
+            cls.summary_fields = cls.sweep.fields  # type: ignore[union-attr]
 
     def load(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
         """Configs and their checks (fails before any work): `configs`, then what the method keeps beside them."""
@@ -270,19 +300,34 @@ class Recipe:
         raise NotImplementedError
 
     def results(self, run: RecipeRun) -> dict[str, Any]:
-        """What results.json holds."""
-        raise NotImplementedError
+        """What results.json holds (`results_json`)."""
+        out = {}
+        for key, spec in self.results_json.items():
+            try:
+                out[key.removesuffix("?")] = resolve(run, spec)
+            except KeyError:
+                if not key.endswith("?"):
+                    raise
+        return out
 
     def markdown(self, results: dict[str, Any]) -> str:
-        """results.md."""
-        raise NotImplementedError
+        """results.md (`table`)."""
+        if self.table is None:
+            raise NotImplementedError(f"{type(self).__name__}: no table declared")
+        return self.table.render(results, self.nesting)
+
+    def plot(self, results: dict[str, Any], out: Path) -> None:
+        """The method's plots in `out` (beside results.md; list them in `outputs`)."""
 
     # ------------------------------------------------------------------ reading results (the seed sweep)
 
     def evals(self, results: dict[str, Any]) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
         """The one results schema: policy ("sft", "rl", a scripted one) -> decoding -> bucket (a length, an
-        objective count, "all") -> summary, read from a results.json (a KeyError when it lacks a part)."""
-        raise NotImplementedError
+        objective count, "all") -> summary, read from a results.json (a KeyError when it lacks a part): the
+        declared `policies` under `results_root`, as `nesting` says they nest."""
+        root = results[self.results_root] if self.results_root else results
+        return {p: by_decoding(root[key], self.nesting) for p, key in self.policies
+                if key in root or p in ("sft", "rl")}
 
     def heldout_seeds(self, cfg: Any) -> set[int]:
         """The seeds held-out tasks are drawn from (no training task seed may equal one)."""
@@ -300,19 +345,52 @@ class Recipe:
         return hashlib.sha256(path.read_bytes()).hexdigest()
 
     def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
-        """Entries of the sweep's per-capability aggregate beside the cells (e.g. the budget's mean +- sd)."""
-        return {}
+        """Entries of the sweep's per-capability aggregate beside the cells (`sweep_extras`)."""
+        out: dict[str, Any] = {}
+        for name, (how, path) in self.sweep_extras.items():
+            if how == "first":
+                out[name] = _path(done[0][1], path) if done else None
+                continue
+            values = []
+            for run_dir, res in done:
+                try:
+                    values.append(float(_path(res, path)))
+                except (KeyError, TypeError, AttributeError):
+                    raise UserError(f"{run_dir / 'results.json'}: no {path}") from None
+            out[name] = mean_sd(values)
+        return out
 
     def sweep_table(self, entry: dict[str, Any]) -> list[str]:
-        """The seed sweep's table (markdown lines) of one capability's aggregate (memrl.recipes.seeds)."""
-        raise NotImplementedError
+        """The seed sweep's table (markdown lines) of one capability's aggregate (memrl.recipes.seeds; `sweep`)."""
+        if self.sweep is None:
+            raise NotImplementedError(f"{type(self).__name__}: no sweep table declared")
+        return self.sweep.render(entry)
 
     def write(self, results: dict[str, Any], out: Path) -> str:
-        """Write results.json and results.md (and a method's plots); returns the markdown."""
-        (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
-        text = self.markdown(results)
-        (out / "results.md").write_text(text, encoding="utf-8")
-        return text
+        """Write results.json (secrets redacted), results.md and the method's plots; returns the markdown."""
+        text = json.dumps(redact_secrets(results), indent=self.json_indent) + ("\n" if self.json_newline else "")
+        (out / "results.json").write_text(text, encoding="utf-8")
+        md = self.markdown(results)
+        (out / "results.md").write_text(md, encoding="utf-8")
+        self.plot(results, out)
+        return md
+
+
+def _path(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return obj
+
+
+def resolve(run: RecipeRun, spec: Any) -> Any:
+    """A results.json entry from its declaration (`Recipe.results_json`): a callable of the run, a dict of
+    declarations, or a dotted path over the run (dict keys or attributes; a dataclass becomes its dict)."""
+    if callable(spec):
+        return spec(run)
+    if isinstance(spec, dict):
+        return {k: resolve(run, v) for k, v in spec.items()}
+    value = _path(run, spec)
+    return asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
 
 
 # ---------------------------------------------------------------------------------------------- the pipeline

@@ -4,23 +4,23 @@ MemAgent (`memrl demo`): `lengths` (evaluated lengths, in chunks), `recipe.train
 `recipe.chunk_words`, and `stages`: {stage: {length (str): {mode: EvalResult.to_json()}}} with modes
 "greedy" / "sampled". Stages are named by the caller (demonstrator, sft, rl: `MEMAGENT_STAGES`); the gain
 columns compare two of them on the same tasks (paired standard error, `memrl.eval.evaluator.paired_gain`).
-`memagent_markdown` / `write_memagent_outputs` write results.md, results.json and the plots.
+`memagent_markdown` and `plot_memagent` are its results.md and plots (memrl.recipes.memagent writes them).
 
 MemAct (`memrl demo --agent memact`): {"sft" / "dcpo": {mode: memact_summary(...)}, "demonstrator", ...};
-`memact_markdown`, `plot_memact`, `print_memact_eval`.
+`plot_memact`, `print_memact_eval` (its table is declared: memrl.recipes.memact.MemActRecipe.table).
 """
 
 from __future__ import annotations
 
-import json
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import matplotlib
 import matplotlib.pyplot as plt
 
-from memrl.config import redact_secrets
 from memrl.eval.evaluator import paired_gain
+from memrl.recipes.tables import RunTable
 
 MODES = ("sampled", "greedy")
 
@@ -168,14 +168,10 @@ def memagent_markdown(results: dict[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def write_memagent_outputs(results: dict[str, Any], out: Path) -> str:
-    """results.md, results.json, accuracy_vs_length.png, rl_reward.png in `out`; returns the markdown."""
-    table = memagent_markdown(results)
-    (out / "results.md").write_text(table, encoding="utf-8")
-    (out / "results.json").write_text(json.dumps(redact_secrets(results), indent=1) + "\n", encoding="utf-8")
+def plot_memagent(results: dict[str, Any], out: Path) -> None:
+    """accuracy_vs_length.png and rl_reward.png in `out`."""
     plot_accuracy(results, MEMAGENT_STAGES, out / "accuracy_vs_length.png")
     plot_reward(results["rl_reward"], out / "rl_reward.png")
-    return table
 
 
 # ---------------------------------------------------------------- the MemAct demo
@@ -188,37 +184,32 @@ def print_memact_eval(name: str, res: dict[str, dict[str, float]]) -> None:
 
 
 MEMACT_ROWS = (("cold start (SFT)", "sft"), ("SFT + DCPO", "dcpo"))
+"""The MemAct demo's policies (row label, results.json key): its table's rows and its plot's bars."""
 
 
-def memact_markdown(res: dict[str, Any]) -> str:
-    """The demo's table: one row per policy and decoding, from results.json's numbers."""
-    lines = [
-        "| policy | decoding | accuracy (%) | +- s.e. | 2-question | 3-question | sub-question acc. (%) | "
-        "mean context (tokens) | peak context (tokens) | prunes / task | overflow (%) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for label, key in MEMACT_ROWS:
-        for dec in ("greedy", "sampled"):
-            r = res[key][dec]
-            lines.append(
-                f"| {label} | {dec} | {r['accuracy']:.1f} | {r['accuracy_se']:.1f} | {r.get('accuracy_2q', 0.0):.1f} | "
-                f"{r.get('accuracy_3q', 0.0):.1f} | {r['subq_accuracy']:.1f} | {r['mean_context_tokens']:.1f} | "
-                f"{r['peak_context_tokens']:.1f} | {r['prunes_per_task']:.2f} | {r['overflow']:.1f} |")
-    d, t, b = res["demonstrator"], res["timings"], res["budget"]
-    gain = {dec: res["dcpo"][dec]["accuracy"] - res["sft"][dec]["accuracy"] for dec in ("greedy", "sampled")}
-    lines += [
-        "",
-        f"DCPO - cold start: greedy {gain['greedy']:+.1f} points, sampled {gain['sampled']:+.1f} points.",
-        f"Held-out: {b['eval_tasks']} tasks (fact sheets never trained on), working-context budget "
-        f"{b['max_context_tokens']} tokens (the prompt and two search results; 3-question tasks need a prune).",
-        f"Scripted cold-start agent (SFT tasks): accuracy {d['accuracy']:.1f}%, prunes/task "
-        f"{d['prunes_per_task']:.2f}, overflow {d['overflow']:.1f}% (it prunes late on purpose).",
-        f"Model: {res['num_parameters'] / 1e6:.2f}M parameters. Time: init {t.get('init_s', 0):.0f}s, copy warm-up "
-        f"{t.get('copy_warmup_s', 0):.0f}s, SFT "
-        f"{t.get('sft_s', 0):.0f}s, SFT eval {t.get('eval_sft_s', 0):.0f}s, DCPO {t.get('rl_s', 0):.0f}s, DCPO eval "
-        f"{t.get('eval_rl_s', 0):.0f}s, total {t.get('total_s', 0) / 60:.1f} min.",
-    ]
-    return "\n".join(lines) + "\n"
+def memact_values(res: dict[str, Any]) -> dict[str, Any]:
+    """The MemAct table's computed notes: DCPO's gain per decoding, the model's size, the timings (0 if absent)."""
+    t = defaultdict(int, res["timings"])
+    return {"gain": {d: res["dcpo"][d]["accuracy"] - res["sft"][d]["accuracy"] for d in MODES},
+            "params_m": res["num_parameters"] / 1e6, "t": t, "total_min": t["total_s"] / 60}
+
+
+MEMACT_TABLE = RunTable(
+    (("accuracy (%)", "{accuracy:.1f}"), ("+- s.e.", "{accuracy_se:.1f}"), ("2-question", "{accuracy_2q:.1f}"),
+     ("3-question", "{accuracy_3q:.1f}"), ("sub-question acc. (%)", "{subq_accuracy:.1f}"),
+     ("mean context (tokens)", "{mean_context_tokens:.1f}"), ("peak context (tokens)", "{peak_context_tokens:.1f}"),
+     ("prunes / task", "{prunes_per_task:.2f}"), ("overflow (%)", "{overflow:.1f}")),
+    MEMACT_ROWS, defaults={"accuracy_2q": 0.0, "accuracy_3q": 0.0}, values=memact_values,
+    notes=("DCPO - cold start: greedy {gain[greedy]:+.1f} points, sampled {gain[sampled]:+.1f} points.",
+           "Held-out: {budget[eval_tasks]} tasks (fact sheets never trained on), working-context budget "
+           "{budget[max_context_tokens]} tokens (the prompt and two search results; 3-question tasks need a prune).",
+           "Scripted cold-start agent (SFT tasks): accuracy {demonstrator[accuracy]:.1f}%, prunes/task "
+           "{demonstrator[prunes_per_task]:.2f}, overflow {demonstrator[overflow]:.1f}% (it prunes late on purpose).",
+           "Model: {params_m:.2f}M parameters. Time: init {t[init_s]:.0f}s, copy warm-up {t[copy_warmup_s]:.0f}s, "
+           "SFT {t[sft_s]:.0f}s, SFT eval {t[eval_sft_s]:.0f}s, DCPO {t[rl_s]:.0f}s, DCPO eval {t[eval_rl_s]:.0f}s, "
+           "total {total_min:.1f} min."))
+"""The MemAct demo's results.md: one row per policy and decoding, then DCPO's gain, the budget, the scripted
+agent and the timings."""
 
 
 def plot_memact(path: Path, res: dict[str, Any]) -> None:
@@ -251,12 +242,3 @@ def plot_memact(path: Path, res: dict[str, Any]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def write_memact_outputs(results: dict[str, Any], out: Path) -> str:
-    """results.md, results.json, memact_results.png in `out`; returns the markdown."""
-    table = memact_markdown(results)
-    (out / "results.md").write_text(table, encoding="utf-8")
-    (out / "results.json").write_text(json.dumps(redact_secrets(results), indent=2) + "\n", encoding="utf-8")
-    plot_memact(out / "memact_results.png", results)
-    return table

@@ -54,6 +54,7 @@ from memrl.errors import UserError
 from memrl.locks import acquire, release
 from memrl.recipes import split_overrides
 from memrl.recipes.pipeline import Recipe, get_recipe
+from memrl.recipes.tables import DECODINGS, mean_sd
 from memrl.training.config import TrainConfig
 
 CAPABILITIES = ("native", "default", "avx2", "avx512")
@@ -307,14 +308,6 @@ def run_all(agent: str, runs: list[Run], jobs: int = 1, log: Any = print) -> dic
 # ---------------------------------------------------------------------------------------------- aggregation
 
 
-def mean_sd(values: list[float]) -> dict[str, Any]:
-    """{"mean", "sd" (ddof 1; None for fewer than two values), "n", "values"}."""
-    n = len(values)
-    mean = math.fsum(values) / n if n else None
-    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None  # type: ignore[operator]
-    return {"mean": mean, "sd": sd, "n": n, "values": list(values)}
-
-
 def mean_se(values: list[float]) -> tuple[float, float | None]:
     """(mean, standard error: sd with ddof 1 / sqrt(n)); None for one value. The trained tables' cell
     (benchmarks/context_management.py, infmem_trained.py, mem1_trained.py)."""
@@ -391,13 +384,6 @@ def trained_runs(root: Path, methods: tuple[str, ...]) -> dict[str, list[tuple[P
     return out
 
 
-def fmt(cell: dict[str, Any], sign: bool = False, digits: int = 1) -> str:
-    if cell["mean"] is None:
-        return "-"
-    m = f"{cell['mean']:+.{digits}f}" if sign else f"{cell['mean']:.{digits}f}"
-    return f"{m} ± {cell['sd']:.{digits}f}" if cell["sd"] is not None else f"{m} ± n/a"
-
-
 def load_results(runs: list[Run]) -> dict[Path, dict[str, Any]]:
     """{out dir: results.json} of the finished runs."""
     out = {}
@@ -420,10 +406,6 @@ def reported_of(runs: list[Run]) -> set[str]:
         except (OSError, ValueError, KeyError):
             continue
     return out
-
-
-EMPTY = {"mean": None, "sd": None, "n": 0, "values": []}
-DECODINGS = ("greedy", "sampled")
 
 
 def cells(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]], fields: tuple[str, ...] | None = None,
@@ -523,42 +505,6 @@ def markdown(agg: dict[str, Any], command: str = "") -> str:
         lines += recipe.sweep_table(e)
         lines.append("")
     return "\n".join(lines)
-
-
-def cell_of(e: dict[str, Any], mode: str, bucket: str, key: str) -> dict[str, Any]:
-    """One aggregated cell of a capability's entry (EMPTY when no run has it)."""
-    return e["cells"].get(mode, {}).get(bucket, {}).get(key, EMPTY)
-
-
-def table_rows(e: dict[str, Any], labels: tuple[tuple[str, str], ...], fields: tuple[str, ...],
-               digits: Callable[[str], int] = lambda f: 1, per_bucket: bool = False,
-               by_decoding: bool = False) -> list[str]:
-    """A sweep table's rows "| label | decoding | [bucket |] one cell per field |": per (label, policy key:
-    sft, rl or gain; or an arm of `arm_cells`) of `labels`, decoding (the outer loop with `by_decoding`) and
-    (`per_bucket`) bucket; gains signed."""
-    rows = []
-    modes = list(e["cells"] or DECODINGS)
-    order = [(lk, m) for m in modes for lk in labels] if by_decoding else [(lk, m) for lk in labels for m in modes]
-    for (label, key), mode in order:
-        for b in (e["cells"].get(mode, {}) if per_bucket else ["all"]):
-            cells = [fmt(cell_of(e, mode, b, f"{key}_{f}"), sign=key == "gain", digits=digits(f)) for f in fields]
-            rows.append(f"| {label} | {mode} | " + (f"{b} | " if per_bucket else "") + " | ".join(cells) + " |")
-    return rows
-
-
-def budget_extra(done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
-    """{"budget": mean +- sd of the runs' calibrated working-context budget} (memact, context)."""
-    values = []
-    for out, res in done:
-        try:
-            values.append(float(res["budget"]["max_context_tokens"]))
-        except (KeyError, TypeError):
-            raise UserError(f"{out / 'results.json'}: no budget.max_context_tokens") from None
-    return {"budget": mean_sd(values)}
-
-
-def budget_line(e: dict[str, Any]) -> list[str]:
-    return ["", f"Working-context budget (calibrated per run): {fmt(e['budget'])} tokens."] if e["budget"]["n"] else []
 
 
 def write_outputs(agg: dict[str, Any], root: Path, command: str = "") -> str:

@@ -3,8 +3,8 @@
 (peak / mean context, tokens discarded, branches, summaries, stopped by the budget), the reading methods'
 (MemAgent / InfMem on the synthetic task: model calls, chunks read, retrievals, stop rate) and MEM1's
 (objectives right, peak and mean context per objective count). Each method's evaluation is greedy and
-sampled through `evaluate_tasks`, so the statistics are the evaluator's. Last, the context, MEM1 and InfMem
-demos' run tables (results.md; MemAgent's and MemAct's are memrl.recipes.report's, with their plots).
+sampled through `evaluate_tasks`, so the statistics are the evaluator's. The demos' tables are declared by
+the methods (memrl.recipes.tables).
 """
 
 from __future__ import annotations
@@ -213,55 +213,3 @@ def evaluate_mem1(rollout: Rollout, wf_cfg: Any, tasks: dict[int, list[Task]], t
             res = evaluate_tasks(rollout, base, ts, 1, temp, seed, metrics=(), keep_groups=True)
             out[mode][str(k)] = {**mem1_summary(res.groups), "seconds": res.seconds}
     return out
-
-
-# ---------------------------------------------------------------- run tables (results.md)
-
-
-def context_markdown(results: dict[str, Any]) -> str:
-    """The context demo's table: one row per policy and decoding."""
-    lines = [f"# context demo: method={results['method']} ({results['budget']['eval_tasks']} held-out tasks, "
-             f"budget {results['budget']['max_context_tokens']} tokens)", "",
-             "| policy | decoding | accuracy | peak context | mean context | tokens discarded | turns | branches "
-             "| summaries | stopped by budget |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for policy, label in (("scripted", "scripted (its SFT tasks)"), ("sft", "SFT"), ("rl", "SFT + RL")):
-        for mode, r in results[policy].items():
-            lines.append(f"| {label} | {mode} | {r['accuracy']:.1f} +- {r['accuracy_se']:.1f} "
-                         f"| {r['peak_context_tokens']:.0f} | {r['mean_context_tokens']:.0f} "
-                         f"| {r['tokens_discarded']:.0f} | {r['turns']:.1f} | {r['branches']:.2f} "
-                         f"| {r['summaries']:.2f} | {r['stopped_by_budget']:.0f}% |")
-    return "\n".join(lines) + "\n"
-
-
-def mem1_markdown(results: dict[str, Any]) -> str:
-    """The MEM1 demo's table: one row per policy, decoding and objective count."""
-    n = results["eval_tasks"]
-    lines = [f"# MEM1 demo: method={results['method']} (workflow.context={results['workflow']['context']}; "
-             f"{n} held-out tasks per objective count)", "",
-             "| policy | decoding | objectives | accuracy (all right) | objectives right | peak context "
-             "| mean context | turns | answered |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
-    for policy, label in (("scripted", "scripted (held-out)"), ("sft", "SFT"), ("rl", "SFT + RL")):
-        for mode, by_k in results[policy].items():
-            for k, r in by_k.items():
-                lines.append(f"| {label} | {mode} | {k} | {r['accuracy']:.1f} +- {r['accuracy_se']:.1f} "
-                             f"| {r['objective_accuracy']:.1f} | {r['peak_context_tokens']:.0f} "
-                             f"| {r['mean_context_tokens']:.0f} | {r['turns']:.1f} | {r['answered']:.0f}% |")
-    return "\n".join(lines) + "\n"
-
-
-def reading_markdown(results: dict[str, Any]) -> str:
-    """The InfMem demo's table: one row per policy, decoding and length."""
-    lines = [f"# InfMem demo: method={results['method']} ({results['eval_tasks']} held-out tasks per length, "
-             f"training length {results['train_chunks']} chunks)", "",
-             "| policy | decoding | length (chunks) | accuracy | model calls | chunks read | retrievals | stop rate "
-             "| stop step |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
-    for policy, label in (("sft", "SFT"), ("rl", "SFT + RL")):
-        for length, modes in results[policy].items():
-            for mode, r in modes.items():
-                lines.append(f"| {label} | {mode} | {length} | {r['accuracy']:.1f} +- {r['accuracy_se']:.1f} "
-                             f"| {r['model_calls']:.2f} | {r['chunks_read']:.2f} | {r['retrievals']:.2f} "
-                             f"| {r['stop_rate']:.0f}% | {r['stop_step']:.2f} |")
-    s = results["scripted"]
-    lines += ["", f"Scripted oracle on its SFT tasks: accuracy {s['accuracy']:.1f}%, {s['model_calls']:.2f} model "
-              f"calls, {s['chunks_read']:.2f} chunks read."]
-    return "\n".join(lines) + "\n"

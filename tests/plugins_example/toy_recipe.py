@@ -13,7 +13,7 @@ from memrl.eval.evaluator import EngineRollout, EvalProtocol, evaluate_policy, m
 from memrl.models.tiny import ModelPreset
 from memrl.recipes.pipeline import EvalSettings, Recipe, RecipeRun, SFTSettings
 from memrl.recipes.scratch import init_memagent_model
-from memrl.recipes.seeds import cell_of, fmt
+from memrl.recipes.tables import RunTable, SweepTable
 
 
 @dataclass
@@ -37,6 +37,12 @@ class ToyRecipe(Recipe):
     config = ToyConfig
     seed_keys = (("seed", "demo"), ("sft.seed", "demo"), ("train.trainer.seed", "train"))
     task_seeds = ("sft.seed",)
+    # results.json, results.md and the seed sweep's table, declared (memrl.recipes.tables renders them)
+    results_json = {"sft": "evals.sft", "rl": "evals.rl", "demonstrator": "demo", "sft_losses": "sft_losses",
+                    "rl_reward": lambda run: [h["reward/mean"] for h in run.history], "timings": "timings"}
+    nesting = "bucket/decoding"  # results.json's policy -> length -> decoding -> summary
+    table = RunTable((("accuracy (%)", "{accuracy:.1f}"),), (("SFT", "sft"), ("SFT + RL", "rl")), bucket="length")
+    sweep = SweepTable((("accuracy (%)", "accuracy", 1),), bucket="length")
 
     def init(self, run: RecipeRun) -> None:
         syn, h = run.tcfg.data.synthetic, run.cfg.hidden_size
@@ -57,23 +63,6 @@ class ToyRecipe(Recipe):
         with model_engine(model, run.tokenizer, run.tcfg.engine, model_dir) as engine:
             res = evaluate_policy(EngineRollout(engine, run.spec), run.wf_cfg, run.extra["heldout"], protocol)
         return results_to_json(res)  # length -> decoding -> summary
-
-    def results(self, run: RecipeRun) -> dict[str, Any]:
-        return {"sft": run.evals["sft"], "rl": run.evals["rl"], "demonstrator": run.demo,
-                "sft_losses": run.sft_losses, "rl_reward": [h["reward/mean"] for h in run.history],
-                "timings": run.timings}
-
-    def markdown(self, results: dict[str, Any]) -> str:
-        rows = [f"| {p} | {n} | {r['greedy']['accuracy']:.1f} |" for p in ("sft", "rl") for n, r in results[p].items()]
-        return "| policy | length | greedy accuracy (%) |\n|---|---:|---:|\n" + "\n".join(rows) + "\n"
-
-    def evals(self, results: dict[str, Any]) -> dict[str, Any]:
-        return {p: {"greedy": {n: r["greedy"] for n, r in results[p].items()}} for p in ("sft", "rl")}
-
-    def sweep_table(self, e: dict[str, Any]) -> list[str]:
-        return ["| length | SFT | SFT + RL | gain |", "|---:|---:|---:|---:|"] + [
-            f"| {n} | " + " | ".join(fmt(cell_of(e, "greedy", n, f"{k}_accuracy"), sign=k == "gain")
-                                     for k in ("sft", "rl", "gain")) + " |" for n in e["buckets"]]
 
 
 RECIPE = ToyRecipe()

@@ -13,6 +13,7 @@ import pytest
 from memrl.config import ConfigError
 from memrl.errors import UserError
 from memrl.recipes import seeds as sw
+from memrl.recipes import tables as tb
 
 # ---------------------------------------------------------------------------------------------- the plan
 
@@ -146,9 +147,9 @@ def test_mean_sd_by_hand():
     c = sw.mean_sd([1.0, 2.0, 4.0])
     assert c["mean"] == pytest.approx(7 / 3) and c["sd"] == pytest.approx((7 / 3) ** 0.5) and c["n"] == 3
     assert sw.mean_sd([5.0]) == {"mean": 5.0, "sd": None, "n": 1, "values": [5.0]}
-    assert sw.fmt(sw.mean_sd([60.0, 62.0, 64.0])) == "62.0 ± 2.0"
-    assert sw.fmt(sw.mean_sd([5.0]), sign=True) == "+5.0 ± n/a"
-    assert sw.fmt(sw.EMPTY) == "-"
+    assert tb.fmt(sw.mean_sd([60.0, 62.0, 64.0])) == "62.0 ± 2.0"
+    assert tb.fmt(sw.mean_sd([5.0]), sign=True) == "+5.0 ± n/a"
+    assert tb.fmt(tb.EMPTY) == "-"
 
 
 
@@ -183,9 +184,9 @@ def test_fmt_se_bare_and_table_rows_by_decoding():
     e = {"cells": sw.arm_cells([{arm: {mode: {"all": {"x": v}} for mode in ("greedy", "sampled")}
                                  for arm, v in (("a", 1.0), ("b", 2.0))}], ("x",))}
     labels = (("A", "a"), ("B", "b"))
-    assert sw.table_rows(e, labels, ("x",)) == ["| A | greedy | 1.0 ± n/a |", "| A | sampled | 1.0 ± n/a |",
+    assert tb.table_rows(e, labels, ("x",)) == ["| A | greedy | 1.0 ± n/a |", "| A | sampled | 1.0 ± n/a |",
                                                 "| B | greedy | 2.0 ± n/a |", "| B | sampled | 2.0 ± n/a |"]
-    assert sw.table_rows(e, labels, ("x",), by_decoding=True) == [
+    assert tb.table_rows(e, labels, ("x",), by_decoding=True) == [
         "| A | greedy | 1.0 ± n/a |", "| B | greedy | 2.0 ± n/a |", "| A | sampled | 1.0 ± n/a |",
         "| B | sampled | 2.0 ± n/a |"]
 

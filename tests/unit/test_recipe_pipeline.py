@@ -108,7 +108,9 @@ def test_the_toy_method_runs_every_stage_through_memrl_demo(tmp_path, capsys):
     cell = agg["capabilities"]["native"]["cells"]["greedy"]["2"]
     sft, rl = res["sft"]["2"]["greedy"]["accuracy"], res["rl"]["2"]["greedy"]["accuracy"]
     assert cell["gain_accuracy"]["values"] == [rl - sft]
-    assert f"| 2 | {sft:.1f} ± n/a | {rl:.1f} ± n/a | {rl - sft:+.1f} ± n/a |" in seeds.markdown(agg).splitlines()
+    table = seeds.markdown(agg).splitlines()
+    assert f"| cold start (SFT) | greedy | 2 | {sft:.1f} ± n/a |" in table
+    assert f"| RL - SFT | greedy | 2 | {rl - sft:+.1f} ± n/a |" in table
 
 
 @pytest.mark.parametrize(("timings", "shown"), [({"eval_scripted_s": 7.0}, "demonstrator eval 7s"),

@@ -1,0 +1,208 @@
+"""Tables as data: a recipe method declares its results.md run table (`RunTable`) and its seed sweep's table
+(`SweepTable`) and the code here renders both for every method (memrl.recipes.pipeline.Recipe's `markdown` and
+`sweep_table`). Also the results schema's one walk over a policy's evaluation (`nested`) and the sweep's cells:
+mean ± sd over seeds (`mean_sd`, aggregated by memrl.recipes.seeds.cells) and their text (`fmt`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DECODINGS = ("greedy", "sampled")
+EMPTY = {"mean": None, "sd": None, "n": 0, "values": []}
+"""The cell no run has."""
+
+NESTINGS = ("decoding", "decoding/bucket", "bucket/decoding")
+"""How a policy's evaluation nests in results.json: decoding -> summary (one bucket, "all"), decoding -> bucket
+-> summary, or bucket -> decoding -> summary."""
+
+
+def nested(evaluation: dict[str, Any], nesting: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(decoding, bucket, summary) of a policy's evaluation, in its order in results.json."""
+    if nesting == "decoding":
+        for mode, summary in evaluation.items():
+            yield mode, "all", summary
+    elif nesting == "decoding/bucket":
+        for mode, by_bucket in evaluation.items():
+            for bucket, summary in by_bucket.items():
+                yield mode, bucket, summary
+    elif nesting == "bucket/decoding":
+        for bucket, modes in evaluation.items():
+            for mode, summary in modes.items():
+                yield mode, bucket, summary
+    else:
+        raise ValueError(f"nesting must be one of {', '.join(NESTINGS)}, got {nesting!r}")
+
+
+def by_decoding(evaluation: dict[str, Any], nesting: str) -> dict[str, dict[str, Any]]:
+    """A policy's evaluation as the results schema's decoding -> bucket -> summary."""
+    out: dict[str, dict[str, Any]] = {}
+    for mode, bucket, summary in nested(evaluation, nesting):
+        out.setdefault(mode, {})[bucket] = summary
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- results.md
+
+
+ACCURACY_SE = "{accuracy:.1f} +- {accuracy_se:.1f}"
+"""A run table's accuracy cell: accuracy +- its standard error."""
+
+
+@dataclass(frozen=True)
+class RunTable:
+    """results.md: a title, one row "| label | decoding | [bucket |] cells |" per policy (in `policies`' order:
+    row label, the results.json key of its evaluation), decoding and bucket as results.json holds them (the
+    method's nesting), then notes. A column is (header, cell[, alignment]): the cell a format template over one
+    summary, e.g. "{peak_context_tokens:.0f}"; title and notes are format templates over results.json and
+    `values`."""
+
+    columns: tuple[tuple[str, ...], ...]
+    policies: tuple[tuple[str, str], ...]
+    bucket: str = ""
+    """The bucket column's header ("" = no bucket column)."""
+    title: str = ""
+    notes: tuple[str, ...] = ()
+    defaults: Mapping[str, float] = field(default_factory=dict)
+    """Summary fields a run may lack (e.g. no task with that question count), and the value shown then."""
+    align: str = "---:"
+    """The columns' markdown alignment unless a column sets its own ("---", "---:")."""
+    values: Callable[[dict[str, Any]], Mapping[str, Any]] | None = None
+    """What the title and notes name beside results.json's entries (e.g. a difference), from results.json."""
+
+    def render(self, results: dict[str, Any], nesting: str) -> str:
+        ns = {**results, **(self.values(results) if self.values else {})}
+        head = ["policy", "decoding", *([self.bucket] if self.bucket else []), *(c[0] for c in self.columns)]
+        aligns = ["---", "---", *(["---:"] if self.bucket else []), *(c[2] if c[2:] else self.align for c in self.columns)]
+        lines = [self.title.format_map(ns), ""] if self.title else []
+        lines += ["| " + " | ".join(head) + " |", "|" + "|".join(aligns) + "|"]
+        for label, key in self.policies:
+            for mode, bucket, summary in nested(results[key], nesting):
+                s = {**self.defaults, **summary}
+                cells = [label, mode, *([bucket] if self.bucket else []), *(c[1].format_map(s) for c in self.columns)]
+                lines.append("| " + " | ".join(cells) + " |")
+        if self.notes:
+            lines += ["", *(n.format_map(ns) for n in self.notes)]
+        return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- the seed sweep
+
+
+def mean_sd(values: list[float]) -> dict[str, Any]:
+    """{"mean", "sd" (ddof 1; None for fewer than two values), "n", "values"}."""
+    n = len(values)
+    mean = math.fsum(values) / n if n else None
+    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None  # type: ignore[operator]
+    return {"mean": mean, "sd": sd, "n": n, "values": list(values)}
+
+
+def fmt(cell: dict[str, Any], sign: bool = False, digits: int = 1) -> str:
+    """A sweep cell: "mean ± sd" ("± n/a" for one seed, "-" for none)."""
+    if cell["mean"] is None:
+        return "-"
+    m = f"{cell['mean']:+.{digits}f}" if sign else f"{cell['mean']:.{digits}f}"
+    return f"{m} ± {cell['sd']:.{digits}f}" if cell["sd"] is not None else f"{m} ± n/a"
+
+
+def cell_of(e: dict[str, Any], mode: str, bucket: str, key: str) -> dict[str, Any]:
+    """One aggregated cell of a capability's entry (EMPTY when no run has it)."""
+    return e["cells"].get(mode, {}).get(bucket, {}).get(key, EMPTY)
+
+
+def table_rows(e: dict[str, Any], labels: tuple[tuple[str, str], ...], fields: tuple[str, ...],
+               digits: Callable[[str], int] = lambda f: 1, per_bucket: bool = False,
+               by_decoding: bool = False) -> list[str]:
+    """A sweep table's rows "| label | decoding | [bucket |] one cell per field |": per (label, policy key:
+    sft, rl or gain; or an arm of `arm_cells`) of `labels`, decoding (the outer loop with `by_decoding`) and
+    (`per_bucket`) bucket; gains signed."""
+    rows = []
+    modes = list(e["cells"] or DECODINGS)
+    order = [(lk, m) for m in modes for lk in labels] if by_decoding else [(lk, m) for lk in labels for m in modes]
+    for (label, key), mode in order:
+        for b in (e["cells"].get(mode, {}) if per_bucket else ["all"]):
+            cells = [fmt(cell_of(e, mode, b, f"{key}_{f}"), sign=key == "gain", digits=digits(f)) for f in fields]
+            rows.append(f"| {label} | {mode} | " + (f"{b} | " if per_bucket else "") + " | ".join(cells) + " |")
+    return rows
+
+
+GAIN_ROWS = (("cold start (SFT)", "sft"), ("SFT + RL", "rl"), ("RL - SFT", "gain"))
+
+
+@dataclass(frozen=True)
+class SweepTable:
+    """The seed sweep's table: one row per policy (label, sft / rl / gain), decoding and (with `bucket`, its
+    header) bucket; one column per summary field (header, field, digits): mean ± sd over the seeds. `title`: a
+    format template over the capability's entry, above; `note`: (an entry of the method's sweep extras, a
+    template of its mean ± sd), below when some run has it."""
+
+    columns: tuple[tuple[str, str, int], ...]
+    policies: tuple[tuple[str, str], ...] = GAIN_ROWS
+    bucket: str = ""
+    title: str = ""
+    note: tuple[str, str] | None = None
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(f for _, f, _ in self.columns)
+
+    def render(self, e: dict[str, Any]) -> list[str]:
+        digits = {f: d for _, f, d in self.columns}
+        head = ["policy", "decoding", *([self.bucket] if self.bucket else []), *(h for h, _, _ in self.columns)]
+        lines = [self.title.format_map(e), ""] if self.title else []
+        lines += ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2),
+                  *table_rows(e, self.policies, self.fields, digits.__getitem__, per_bucket=bool(self.bucket))]
+        if self.note and e[self.note[0]]["n"]:
+            lines += ["", self.note[1].format(fmt(e[self.note[0]]))]
+        return lines
+
+
+@dataclass(frozen=True)
+class GridTable:
+    """A table per decoding ("greedy:", "sampled:"), one row per policy (labelled by its key): a column per
+    bucket (header `bucket` with the bucket) of one cell, then `pooled` columns of the "all" bucket (header,
+    field, digits; "n/a" for a None). results.md (`render`): the policies a run has, the buckets its results.json
+    entry `buckets` lists, a bucket's cell the template `cell`; the seed sweep (`render_sweep`): mean ± sd of
+    `field` per bucket, the gain row ("rl - sft") after rl."""
+
+    cell: str
+    field: str
+    pooled: tuple[tuple[str, str, int], ...]
+    bucket: str = "{}"
+    buckets: str = "lengths"
+    title: str = ""
+    sweep_title: str = ""
+
+    def _head(self, buckets: list[Any]) -> list[str]:
+        head = ["policy", *(self.bucket.format(b) for b in buckets), *(h for h, _, _ in self.pooled)]
+        return ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+
+    def render(self, results: dict[str, Any], policies: tuple[tuple[str, str], ...]) -> str:
+        buckets = results[self.buckets]
+        lines = [self.title.format_map(results), ""]
+        for mode in DECODINGS:
+            rows = [(key, results[key][mode]) for _, key in policies if mode in results.get(key, {})]
+            if rows:
+                lines += [f"{mode}:", "", *self._head(buckets)]
+                for key, by in rows:
+                    pooled = ["n/a" if by["all"][f] is None else f"{by['all'][f]:.{d}f}" for _, f, d in self.pooled]
+                    lines.append(f"| {key} | " + " | ".join([*(self.cell.format_map(by[str(b)]) for b in buckets),
+                                                             *pooled]) + " |")
+                lines.append("")
+        return "\n".join(lines)
+
+    def render_sweep(self, e: dict[str, Any], policies: tuple[tuple[str, str], ...]) -> list[str]:
+        buckets = [b for b in e["buckets"] if b != "all"]
+        keys = [k for p, _ in policies for k in ((p, "gain") if p == "rl" else (p,))]
+        lines = [self.sweep_title.format_map(e), ""]
+        for mode, by in e["cells"].items():
+            lines += [f"{mode}:", "", *self._head(buckets)]
+            for p in (k for k in keys if f"{k}_{self.field}" in by.get("all", {})):
+                cells = [fmt(cell_of(e, mode, b, f"{p}_{self.field}"), sign=p == "gain") for b in buckets]
+                cells += [fmt(cell_of(e, mode, "all", f"{p}_{f}"), sign=p == "gain", digits=d) for _, f, d in self.pooled]
+                lines.append(f"| {'rl - sft' if p == 'gain' else p} | " + " | ".join(cells) + " |")
+            lines.append("")
+        return lines
