@@ -246,20 +246,55 @@ class Recipe:
     def scripted(self, run: RecipeRun) -> None:
         """Held-out numbers of the scripted policy (optional; kept in run.extra)."""
 
+    save_warmup: ClassVar[bool] = True
+    """Whether the copy warm-up's model is saved to out/copy_warmup (a later run may reuse it)."""
+
     def warmup(self, run: RecipeRun) -> list[float]:
-        """The copy warm-up (`sft.copy_warmup_steps` > 0); saves the model to out/copy_warmup."""
+        """The copy warm-up (`sft.copy_warmup_steps` > 0) at `sft.copy_warmup_lr` where the SFT section has one
+        (else `sft.lr`); saves the model to out/copy_warmup when `save_warmup`."""
         s = run.cfg.sft
         steps = getattr(s, "copy_warmup_steps", 0)
         if not steps:
             return []
-        losses = copy_warmup(run.model, run.tokenizer, steps, s.warmup_rows(), s.lr, run.cfg.seed,
-                             run.out / "copy_warmup", progress=run.tcfg.trainer.progress)
-        run.model.save_pretrained(run.out / "copy_warmup")
+        losses = copy_warmup(run.model, run.tokenizer, steps, s.warmup_rows(), getattr(s, "copy_warmup_lr", s.lr),
+                             run.cfg.seed, run.out / "copy_warmup", progress=run.tcfg.trainer.progress)
+        if self.save_warmup:
+            run.model.save_pretrained(run.out / "copy_warmup")
         return losses
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], Any]:
-        """(the cold start's rows, its statistics): the scripted policy played through the workflow."""
+        """(the cold start's rows, its statistics): the scripted policy played through the workflow (`play`),
+        every row of each task's one trajectory as the workflow cuts it; the statistics are {"summary":
+        `demo_summary` of the groups, "rows", "rows_per_task", **`demo_extra`}. A line is printed
+        (`demo_words`, `demo_line`)."""
+        groups = self.play(run)
+        trajs = [g.trajectories[0] for g in groups]
+        rows = [s for t in trajs for s in t.segments]
+        summary = self.demo_summary(groups)
+        print(f"cold start: {len(rows)} rows from {len(groups)} scripted {self.demo_words(run)}trajectories (its "
+              f"accuracy {summary['accuracy']:.1f}%, {self.demo_line(summary)})")
+        return rows, {"summary": summary, "rows": len(rows), "rows_per_task": [len(t.segments) for t in trajs],
+                      **self.demo_extra(run, trajs)}
+
+    def play(self, run: RecipeRun) -> list[Any]:
+        """The scripted policy over the SFT tasks through the workflow: one Group (one trajectory) per task."""
         raise NotImplementedError
+
+    def demo_summary(self, groups: list[Any]) -> dict[str, Any]:
+        """The summary of the scripted groups (its "accuracy" in %)."""
+        raise NotImplementedError
+
+    def demo_words(self, run: RecipeRun) -> str:
+        """Words before "trajectories" in the cold start's line (e.g. the workflow's name and a space)."""
+        return ""
+
+    def demo_line(self, summary: dict[str, Any]) -> str:
+        """The cold start line's numbers after the scripted accuracy."""
+        return ""
+
+    def demo_extra(self, run: RecipeRun, trajs: list[Any]) -> dict[str, Any]:
+        """Statistics of the cold start beside the summary and the row counts."""
+        return {}
 
     def sft_tensorboard(self, run: RecipeRun) -> bool:
         """Whether the cold start also logs to TensorBoard (its metrics.jsonl is always written)."""
