@@ -229,12 +229,8 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
 
     demo_summary = staticmethod(context_summary_of)
 
-    def demo_words(self, run: RecipeRun) -> str:
-        return f"{run.spec.name} "
-
-    def demo_line(self, summary: dict[str, Any]) -> str:
-        return (f"peak context {summary['peak_context_tokens']:.0f}, stopped by the budget "
-                f"{summary['stopped_by_budget']:.1f}%")
+    demo_format = "peak context {peak_context_tokens:.0f}, stopped by the budget {stopped_by_budget:.1f}%"
+    demo_names_workflow = True
 
     def demo_extra(self, run: RecipeRun, trajs: list[Any]) -> dict[str, Any]:
         return {k: [int(t.metrics.get(m, 0)) for t in trajs]

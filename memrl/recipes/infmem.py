@@ -210,11 +210,8 @@ class InfMemRecipe(ArmRecipe):
 
     demo_summary = staticmethod(reading_summary_of)
 
-    def demo_words(self, run: RecipeRun) -> str:
-        return f"{run.spec.name} "
-
-    def demo_line(self, summary: dict[str, Any]) -> str:
-        return f"{summary['model_calls']:.2f} calls per task"
+    demo_format = "{model_calls:.2f} calls per task"
+    demo_names_workflow = True
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         print("SFT, held-out:" if policy == "sft" else "SFT+RL, held-out:")

@@ -216,8 +216,7 @@ class Mem1Recipe(SplitRecipe):
 
     demo_summary = staticmethod(mem1_summary)
 
-    def demo_line(self, summary: dict[str, Any]) -> str:
-        return f"peak context {summary['peak_context_tokens']:.0f}"
+    demo_format = "peak context {peak_context_tokens:.0f}"
 
     def demo_extra(self, run: RecipeRun, trajs: list[Any]) -> dict[str, Any]:
         return {"objectives_per_task": [len(t.meta["sub_questions"]) for t in run.extra["sft_tasks"]]}

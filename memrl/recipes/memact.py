@@ -232,8 +232,7 @@ class MemActRecipe(SplitRecipe):
 
     demo_summary = staticmethod(memact_summary_of)
 
-    def demo_line(self, stats: dict[str, Any]) -> str:
-        return f"prunes/task {stats['prunes_per_task']:.2f}, overflow {stats['overflow']:.1f}%"
+    demo_format = "prunes/task {prunes_per_task:.2f}, overflow {overflow:.1f}%"
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, float]]:
         rows, stats = super().demonstrations(run)

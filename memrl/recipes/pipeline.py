@@ -265,16 +265,21 @@ class Recipe:
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], Any]:
         """(the cold start's rows, its statistics): the scripted policy played through the workflow (`play`),
         every row of each task's one trajectory as the workflow cuts it; the statistics are {"summary":
-        `demo_summary` of the groups, "rows", "rows_per_task", **`demo_extra`}. A line is printed
-        (`demo_words`, `demo_line`)."""
+        `demo_summary` of the groups, "rows", "rows_per_task", **`demo_extra`}; a line is printed with the
+        summary's accuracy and `demo_format` (and the workflow's name where `demo_names_workflow`)."""
         groups = self.play(run)
         trajs = [g.trajectories[0] for g in groups]
         rows = [s for t in trajs for s in t.segments]
         summary = self.demo_summary(groups)
-        print(f"cold start: {len(rows)} rows from {len(groups)} scripted {self.demo_words(run)}trajectories (its "
-              f"accuracy {summary['accuracy']:.1f}%, {self.demo_line(summary)})")
+        name = f"{run.spec.name} " if self.demo_names_workflow else ""
+        print(f"cold start: {len(rows)} rows from {len(groups)} scripted {name}trajectories (its accuracy "
+              f"{summary['accuracy']:.1f}%, {self.demo_format.format(**summary)})")
         return rows, {"summary": summary, "rows": len(rows), "rows_per_task": [len(t.segments) for t in trajs],
                       **self.demo_extra(run, trajs)}
+
+    demo_format: ClassVar[str] = ""
+    """The cold start line's numbers after the scripted accuracy (str.format over the summary)."""
+    demo_names_workflow: ClassVar[bool] = False
 
     def play(self, run: RecipeRun) -> list[Any]:
         """The scripted policy over the SFT tasks through the workflow: one Group (one trajectory) per task."""
@@ -283,14 +288,6 @@ class Recipe:
     def demo_summary(self, groups: list[Any]) -> dict[str, Any]:
         """The summary of the scripted groups (its "accuracy" in %)."""
         raise NotImplementedError
-
-    def demo_words(self, run: RecipeRun) -> str:
-        """Words before "trajectories" in the cold start's line (e.g. the workflow's name and a space)."""
-        return ""
-
-    def demo_line(self, summary: dict[str, Any]) -> str:
-        """The cold start line's numbers after the scripted accuracy."""
-        return ""
 
     def demo_extra(self, run: RecipeRun, trajs: list[Any]) -> dict[str, Any]:
         """Statistics of the cold start beside the summary and the row counts."""
