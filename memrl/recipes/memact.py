@@ -3,8 +3,8 @@
   memrl demo --agent memact --out runs/memact_demo
   memrl demo --agent memact --out runs/m sft.epochs=2 train.trainer.steps=10 eval.num_tasks=100
 
-This module holds the demo's configs and `run_memact_demo`, which chains the library's stages (the
-functions between them only map the configs onto one library call each): write the task splits
+This module holds the demo's configs and `run_memact_demo`, which runs the recipe pipeline's stages (the
+method supplies its model's text, budget, scripted agent and evaluation): write the task splits
 (memrl.data.synthetic_memact.write_splits: SFT / RL / held-out tasks, each with its own fact sheet that
 the agent searches with BM25) -> init a ~0.6M-parameter Qwen2 whose tokenizer is trained on the task's
 text (memrl.recipes.scratch.init_model) -> calibrate the working-context budget

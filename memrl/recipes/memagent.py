@@ -9,7 +9,7 @@ memrl.recipes.cold_start) -> multi-conversation GRPO on the MemAgent workflow (m
 -> the demonstrator, the cold start and SFT+RL evaluated with one protocol (held-out tasks at 1x, 4x, 16x
 the training length; greedy and sampled; memrl.eval.evaluator) -> a results dict that
 `memrl.recipes.report` renders (`write_memagent_outputs`: results.md, results.json, the plots).
-The functions between the configs and the recipe only map the demo's configs onto one library call each.
+The functions between the configs and the recipe are its stage helpers (benchmarks/ and tests call them).
 """
 
 from __future__ import annotations
