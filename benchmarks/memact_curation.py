@@ -115,15 +115,15 @@ class CurationArm(MemActRecipe):
         if policy == "sft":
             return None  # the table compares the arms after RL
         from memrl.data.synthetic_memact import make_tasks
-        from memrl.recipes import memact as demo
+        from memrl.recipes.parts import engine_eval
+        from memrl.recipes.summaries import evaluate_memact
 
-        cfg, tcfg = run.cfg, run.tcfg
-        rl_eval = demo.evaluate(model, run.tokenizer, run.wf_cfg, run.extra["data"].eval_tasks, cfg.eval.temperature,
-                                cfg.eval.seed, tcfg.engine, model_dir)
+        cfg, prune = run.cfg, run.wf_cfg.prune_tool
+        rl_eval = engine_eval(evaluate_memact, run, model, model_dir, run.extra["data"].eval_tasks, prune_tool=prune)
         if self.dev:  # the dev tasks: what a pilot prints and tunes on (the held-out result is only stored)
             dev_tasks = make_tasks(cfg.task, cfg.eval.num_tasks, DEV_EVAL_SEED, prefix="dev")
-            run.extra["dev"] = demo.evaluate(model, run.tokenizer, run.wf_cfg, dev_tasks, cfg.eval.temperature,
-                                             DEV_EVAL_SEED, tcfg.engine, model_dir)
+            run.extra["dev"] = engine_eval(evaluate_memact, run, model, model_dir, dev_tasks, cfg.eval.temperature,
+                                           DEV_EVAL_SEED, prune_tool=prune)
         return rl_eval
 
     def results(self, run: RecipeRun) -> dict[str, Any]:

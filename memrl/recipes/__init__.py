@@ -1,6 +1,6 @@
 """Recipes: the CPU demos as methods of one pipeline (memrl.recipes.pipeline: init -> [copy warm-up] -> cold
 start -> evaluate -> RL -> evaluate -> write). Each method module holds its configs and its `Recipe`, which
-declares only what differs (the module's other functions map its configs onto one library call each).
+declares only what differs (the module's other functions are the stage helpers its `Recipe` and benchmarks call).
 
 - memagent: `memrl demo` (model init, cold start on a mixture demonstrator, GRPO, evaluation).
 - memact: `memrl demo --agent memact` (task splits, model init, budget, copy warm-up, cold start, DCPO,

@@ -13,7 +13,7 @@ fold (FoldGRPO with its process rewards), fold_no_process (FoldGRPO with `proces
 with `task.padding_words`: every search result costs what a passage does) -> calibrate the budget (0 = the
 flawless folding agent's largest prompt, memrl.demonstrators.stages.calibrate_fold_budget, the same for every
 arm; it fails when the unmanaged agent would fit) -> init a tiny Qwen2 whose BPE tokenizer is trained on the
-task's text and every arm's scripted contexts, so all arms share it (memrl.recipes.scratch.init_context_model) -> copy warm-up
+task's text and every arm's scripted contexts, so all arms share it (memrl.recipes.scratch.init_model) -> copy warm-up
 (memrl.recipes.cold_start.copy_warmup) -> cold start: SFT on the arm's scripted agent (memrl.demonstrators.
 context, flaw `sft.late_prob`) played through the arm's workflow, every row as the workflow cuts it
 (ContextRecipe.demonstrations; `sft_from` / `warmup_from` reuse another run's: memrl.recipes.reuse) ->
@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from memrl.config import MAX_COUNT, MAX_PARALLEL, MAX_SEED, MAX_TOKENS, ConfigError, valid
-from memrl.data.synthetic_memact import MemActTaskConfig
+from memrl.data.synthetic_memact import MemActTaskConfig, tokenizer_text
+from memrl.demonstrators.memact import answer_reply, search_reply
 from memrl.demonstrators.stages import calibrate_fold_budget, context_demonstrations, context_demonstrator
 from memrl.recipes.parts import (
     BUDGET_NOTE,
@@ -51,13 +52,12 @@ from memrl.recipes.parts import (
     count_parameters,
     engine_eval,
     eval_tasks,
-    scripted_rows,
     workflow_section,
     write_data,
 )
 from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
 from memrl.recipes.reuse import reused_cold_start, reused_warmup, take_cold_start
-from memrl.recipes.scratch import init_context_model
+from memrl.recipes.scratch import init_model
 from memrl.recipes.summaries import context_summary_of, evaluate_context
 from memrl.recipes.tables import ACCURACY_SE, RunTable, SweepTable
 from memrl.training.assemble import validate
@@ -155,6 +155,22 @@ def process_rewards(run: RecipeRun) -> list[str]:
     return list(tcfg.algorithm.foldgrpo.process_rewards) if tcfg.algorithm.name == "foldgrpo" else []
 
 
+def tokenizer_texts(plays: list[tuple[str, Any, Any]], sample_tasks: list[Any]) -> list[str]:
+    """The strings the shared tokenizer learns beside the task's text: each workflow's own messages (summary
+    request and restart where a config has them) and the agents' replies on the first 40 `sample_tasks`."""
+    extra = []
+    for _, wf_cfg, _ in plays:
+        extra += [f"{wf_cfg.answer_instruction or ''} {wf_cfg.system_template or ''}",
+                  getattr(wf_cfg, "summary_request", ""), getattr(wf_cfg, "summary_restart", "")]
+    for task in sample_tasks[:40]:
+        facts = list(zip(task.meta["entities"], task.meta["attributes"], task.answers, strict=True))
+        extra.append(task.question)
+        extra += [search_reply(a, n, 2) for n, a, _ in facts]
+        extra.append("<summary> " + "; ".join(f"{n} {a} {v}" for n, a, v in facts) + "</summary>")
+        extra.append(answer_reply(task.answers))
+    return extra
+
+
 class ContextRecipe(SplitRecipe, ArmRecipe):
     """The context-management demo as a recipe method (module docstring)."""
 
@@ -197,16 +213,17 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
         if prior is not None:
             return take_cold_start(run, prior)
         unbudgeted = workflow_section(tcfg, run.spec.name, max_context_tokens=MAX_TOKENS)
-        fold_cfg = workflow_section(tcfg, "fold", max_context_tokens=MAX_TOKENS)
-        react_cfg = workflow_section(tcfg, "sliding_window", window_turns=0, max_context_tokens=MAX_TOKENS)
         # one tokenizer for every arm (the same seed gives the same tokenizer and budget whatever the method):
         # trained on every scripted agent's contexts without a budget
-        plays = [("fold", fold_cfg, context_demonstrator("fold")), ("sliding_window", react_cfg, context_demonstrator("search")),
-                 ("summarize", workflow_section(tcfg, "summarize", max_context_tokens=MAX_TOKENS),
-                  context_demonstrator("summary"))]
-        run.tokenizer, run.model = init_context_model(out, cfg.task, plays, data.sft_tasks, cfg.model.preset(),
-                                                      cfg.model.vocab_size, cfg.seed)
-        budget = cfg.context_budget or calibrate_fold_budget(data.sft_tasks[:200], run.tokenizer, fold_cfg, react_cfg)
+        plays = [(wf, workflow_section(tcfg, wf, max_context_tokens=MAX_TOKENS, **kw), context_demonstrator(agent))
+                 for wf, agent, kw in (("fold", "fold", {}), ("sliding_window", "search", {"window_turns": 0}),
+                                       ("summarize", "summary", {}))]
+        run.tokenizer, run.model = init_model(out, cfg.model.preset(), cfg.model.vocab_size, cfg.seed,
+                                              partial(tokenizer_text, cfg.task), tokenizer_texts(plays, data.sft_tasks),
+                                              lambda tok: [g for wf, c, agent in plays for g in context_demonstrations(
+                                                  data.sft_tasks[:60], tok, wf, c, agent)])
+        react_cfg = plays[1][1]
+        budget = cfg.context_budget or calibrate_fold_budget(data.sft_tasks[:200], run.tokenizer, plays[0][1], react_cfg)
         if budget + unbudgeted.max_turn_tokens > cfg.model.max_positions:
             raise ConfigError(f"model.max_positions {cfg.model.max_positions} < the budget {budget} + "
                               f"workflow.max_turn_tokens {unbudgeted.max_turn_tokens}")
@@ -227,25 +244,29 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
     def warmup(self, run: RecipeRun) -> list[float]:
         return reused_warmup(run.cfg, run.out, run.model) if run.cfg.warmup_from else super().warmup(run)
 
-    def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
+    def play(self, run: RecipeRun) -> list[Any]:
         """The arm's scripted agent through its workflow, every row as the workflow cuts it (fold: one per
-        branch + the main thread; summarize: one per part; sliding_window: one per window shift + the last);
-        `sft.max_rows` > 0 keeps the first max_rows rows (task order)."""
-        s, workflow = run.cfg.sft, run.spec.name
-        agent = context_demonstrator(run.extra["arm"].agent, s.late_prob, s.seed)
-        groups = context_demonstrations(run.extra["data"].sft_tasks, run.tokenizer, workflow, run.wf_cfg, agent,
-                                        seed=s.seed)
-        trajs, rows = scripted_rows(groups)
-        summary = context_summary_of(groups)
-        print(f"cold start: {len(rows)} rows from {len(groups)} scripted {workflow} trajectories (its accuracy "
-              f"{summary['accuracy']:.1f}%, peak context {summary['peak_context_tokens']:.0f}, stopped by the "
-              f"budget {summary['stopped_by_budget']:.1f}%)" + (f"; the first {s.max_rows} trained (sft.max_rows)"
-                                                                if 0 < s.max_rows < len(rows) else ""))
-        trained = rows[:s.max_rows] if s.max_rows else rows
-        return trained, {"summary": summary, "rows": len(rows), "rows_trained": len(trained),
-                         "rows_per_task": [len(t.segments) for t in trajs],
-                         "branches_per_task": [int(t.metrics.get("branches", 0)) for t in trajs],
-                         "summaries_per_task": [int(t.metrics.get("summaries", 0)) for t in trajs]}
+        branch + the main thread; summarize: one per part; sliding_window: one per window shift + the last)."""
+        s = run.cfg.sft
+        return context_demonstrations(run.extra["data"].sft_tasks, run.tokenizer, run.spec.name, run.wf_cfg,
+                                      context_demonstrator(run.extra["arm"].agent, s.late_prob, s.seed), seed=s.seed)
+
+    demo_summary = staticmethod(context_summary_of)
+
+    demo_format = "peak context {peak_context_tokens:.0f}, stopped by the budget {stopped_by_budget:.1f}%"
+    demo_names_workflow = True
+
+    def demo_extra(self, run: RecipeRun, trajs: list[Any]) -> dict[str, Any]:
+        return {k: [int(t.metrics.get(m, 0)) for t in trajs]
+                for k, m in (("branches_per_task", "branches"), ("summaries_per_task", "summaries"))}
+
+    def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
+        """`sft.max_rows` > 0 trains the first max_rows rows (task order)."""
+        rows, stats = super().demonstrations(run)
+        trained = rows[:run.cfg.sft.max_rows] if run.cfg.sft.max_rows else rows
+        if len(trained) < len(rows):
+            print(f"cold start: the first {len(trained)} rows trained (sft.max_rows)")
+        return trained, {**stats, "rows_trained": len(trained)}
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         return engine_eval(evaluate_context, run, model, model_dir, run.extra["data"].eval_tasks)

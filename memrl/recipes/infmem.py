@@ -14,7 +14,7 @@ infmem) or memagent (one memory call per chunk, then the final; GRPO on the outc
 `run_infmem_demo` chains the library's stages: the tasks (memrl.data.synthetic with the preset's
 `data.synthetic`: SFT tasks at `sft.seed`, the held-out sets at `eval.seed`, written to
 data/heldout_tasks.jsonl) -> init a tiny Qwen2 whose BPE tokenizer is trained on the task's text and both
-arms' scripted contexts, so both methods share it (memrl.recipes.scratch.init_reading_model) -> optional copy
+arms' scripted contexts, so both methods share it (memrl.recipes.scratch.init_model) -> optional copy
 warm-up (memrl.recipes.cold_start.copy_warmup) -> cold start: SFT on the reading oracle (memrl.demonstrators.
 infmem.ReadingDemonstrator) played through the arm's workflow, every row as the workflow cuts it (memrl.recipes.
 cold_start.reading_cold_start) -> held-out evaluation of the SFT model -> RL (preset infmem_cpu, on the
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.config import MAX_COUNT, MAX_PARALLEL, MAX_SEED, MAX_TOKENS, MAX_VOCAB, ConfigError, valid
-from memrl.data.synthetic import at_length, make_tasks
+from memrl.data.synthetic import at_length, corpus_text, make_tasks
 from memrl.demonstrators.infmem import ReadingDemonstrator
 from memrl.demonstrators.stages import context_demonstrations
 from memrl.recipes.parts import (
@@ -50,14 +50,13 @@ from memrl.recipes.parts import (
     ArmRecipe,
     count_parameters,
     engine_eval,
-    scripted_rows,
     workflow_section,
 )
 from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
-from memrl.recipes.scratch import init_reading_model
+from memrl.recipes.scratch import check_pieces, init_model
 from memrl.recipes.summaries import evaluate_reading, reading_summary_of
 from memrl.recipes.tables import ACCURACY_SE, RunTable, SweepTable
-from memrl.types import Segment, Task
+from memrl.types import Task
 
 __all__ = ["ARMS", "Arm", "InfMemDemoConfig", "InfMemDemoEval", "InfMemDemoModel", "InfMemDemoSFT",
            "RECIPE", "heldout_tasks", "load_configs", "run_infmem_demo"]
@@ -139,26 +138,21 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[InfMemDemoC
     return run.cfg, run.tcfg, run.out, ARMS[run.cfg.method]
 
 
-def heldout_tasks(cfg: InfMemDemoConfig, syn: Any) -> dict[int, list[Task]]:
-    """{length in chunks: `eval.num_tasks` tasks at eval.seed}, one set per multiplier of the training length;
-    at `eval.far_multipliers` the asked fact sits in the first `eval.far_span` of the document."""
+def heldout_tasks(cfg: InfMemDemoConfig, syn: Any, path: Path) -> tuple[dict[int, list[Task]], str]:
+    """({length in chunks: `eval.num_tasks` tasks at eval.seed}, one set per multiplier of the training length;
+    at `eval.far_multipliers` the asked fact sits in the first `eval.far_span` of the document) written to
+    `path` (one JSON line each, length-major), and that file's SHA-256 (what the seed sweep checks)."""
     out = {}
     for m in cfg.eval.multipliers:
         shape = at_length(syn, syn.num_chunks * m)
         if m in cfg.eval.far_multipliers:
             shape = replace(shape, answer_span=cfg.eval.far_span)
         out[shape.num_chunks] = make_tasks(shape, cfg.eval.num_tasks, seed=cfg.eval.seed)
-    return out
-
-
-def write_heldout(tasks: dict[int, list[Task]], path: Path) -> str:
-    """Write the held-out tasks (one JSON line each, length-major) to `path`; returns its SHA-256 (what the
-    seed sweep checks every run evaluated)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({"length": n, **asdict(t)}, sort_keys=True) for n, ts in tasks.items() for t in ts]
+    lines = [json.dumps({"length": n, **asdict(t)}, sort_keys=True) for n, ts in out.items() for t in ts]
     data = ("\n".join(lines) + "\n").encode("utf-8")
     path.write_bytes(data)
-    return hashlib.sha256(data).hexdigest()
+    return out, hashlib.sha256(data).hexdigest()
 
 
 class InfMemRecipe(ArmRecipe):
@@ -211,29 +205,29 @@ class InfMemRecipe(ArmRecipe):
     def init(self, run: RecipeRun) -> None:
         cfg, tcfg, syn = run.cfg, run.tcfg, run.tcfg.data.synthetic
         sft_tasks = make_tasks(syn, cfg.sft.num_tasks, seed=cfg.sft.seed)
-        heldout = heldout_tasks(cfg, syn)
-        digest = write_heldout(heldout, run.out / "data" / "heldout_tasks.jsonl")
-        plays = []
-        for name, a in ARMS.items():  # both arms' contexts: the same tokenizer whatever the method
-            c = workflow_section(tcfg, **a.workflow)
-            plays.append((name, c, ReadingDemonstrator.for_config(name, c, syn.fact_sep)))
-        run.tokenizer, run.model = init_reading_model(run.out, syn, plays, sft_tasks, cfg.model.preset(),
-                                                      cfg.model.vocab_size, cfg.seed)
+        heldout, digest = heldout_tasks(cfg, syn, run.out / "data" / "heldout_tasks.jsonl")
+        plays = [(name, c, ReadingDemonstrator.for_config(name, c, syn.fact_sep))  # both arms: one tokenizer
+                 for name, c in ((n, workflow_section(tcfg, **a.workflow)) for n, a in ARMS.items())]
+        run.tokenizer, run.model = init_model(
+            run.out, cfg.model.preset(), cfg.model.vocab_size, cfg.seed, lambda e: corpus_text(seed=cfg.seed, extra=e),
+            play=lambda tok: [g for n, c, a in plays for g in context_demonstrations(sft_tasks[:60], tok, n, c, a)],
+            chat=False)
+        check_pieces(run.tokenizer, sft_tasks[0], syn.chunk_words)
         n_params = count_parameters(run.model)
         print(f"method {cfg.method}: workflow {run.spec.name}, {tcfg.algorithm.name}; model {n_params / 1e6:.2f}M "
               f"parameters, vocabulary {len(run.tokenizer)}")
         run.extra.update(sft_tasks=sft_tasks, heldout=heldout, digest=digest, n_params=n_params)
 
-    def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
+    def play(self, run: RecipeRun) -> list[Any]:
         """The reading oracle through the arm's workflow (memagent: one memory row per chunk + the final;
         infmem: plan, memory, ..., the final), every row as the workflow cuts it."""
         oracle = ReadingDemonstrator.for_config(run.spec.name, run.wf_cfg, run.tcfg.data.synthetic.fact_sep)
-        groups = context_demonstrations(run.extra["sft_tasks"], run.tokenizer, run.spec.name, run.wf_cfg, oracle)
-        trajs, rows = scripted_rows(groups)
-        summary = reading_summary_of(groups)
-        print(f"cold start: {len(rows)} rows from {len(groups)} scripted {run.spec.name} trajectories (its "
-              f"accuracy {summary['accuracy']:.1f}%, {summary['model_calls']:.2f} calls per task)")
-        return rows, {"summary": summary, "rows": len(rows), "rows_per_task": [len(t.segments) for t in trajs]}
+        return context_demonstrations(run.extra["sft_tasks"], run.tokenizer, run.spec.name, run.wf_cfg, oracle)
+
+    demo_summary = staticmethod(reading_summary_of)
+
+    demo_format = "{model_calls:.2f} calls per task"
+    demo_names_workflow = True
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         print("SFT, held-out:" if policy == "sft" else "SFT+RL, held-out:")

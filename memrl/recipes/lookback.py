@@ -50,7 +50,6 @@ from memrl.demonstrators import LookbackDemonstrator, ScriptedEngine
 from memrl.engines import EngineConfig, HFSection
 from memrl.eval.runner import EvalConfig, evaluate
 from memrl.models.tiny import init_tiny_model
-from memrl.recipes.cold_start import copy_warmup
 from memrl.recipes.parts import HEAD, SWEEP_METHOD, TAIL, count_parameters
 from memrl.recipes.pipeline import EvalSettings, Recipe, RecipeRun, WarmupSFTSettings, run_recipe
 from memrl.recipes.tables import GridTable
@@ -180,6 +179,7 @@ class LookbackRecipe(Recipe):
     seed_keys = (("seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train"))
     summary_fields = ("accuracy", "recall_rate", "callback_hit_rate")
     optional_fields = ("callback_hit_rate",)
+    save_warmup = False
 
     results_json = {**HEAD, "lengths": "cfg.eval.lengths", "eval": "cfg.eval", "streams": lambda run: streams(run.cfg),
                     "heldout_sha256": "extra.heldout_sha256", "oracle?": "extra.oracle",
@@ -241,13 +241,6 @@ class LookbackRecipe(Recipe):
     def scripted(self, run: RecipeRun) -> None:
         if run.cfg.eval.oracle:
             run.extra["oracle"] = {"greedy": self.eval_policy(run, "oracle", None)}
-
-    def warmup(self, run: RecipeRun) -> list[float]:
-        s = run.cfg.sft
-        if not s.copy_warmup_steps:
-            return []
-        return copy_warmup(run.model, run.tokenizer, s.copy_warmup_steps, s.warmup_rows(), s.copy_warmup_lr,
-                           run.cfg.seed, run.out / "copy_warmup", progress=False)
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
         """The oracle's traces of BOTH workflows (whatever the arm), recall steps repeated."""

@@ -11,7 +11,7 @@ tasks with k = 2, 4, 8, 16 objectives measure how each one's peak context grows 
 of objective counts `task.sub_questions`, 2..16 by default; held-out tasks at each of `eval.objectives`, the
 count k drawn from seed `eval.seed + k`, none of them a training seed) -> init a tiny Qwen2 whose BPE
 tokenizer is trained on the task's text and the scripted oracle's contexts under BOTH settings, so both
-methods share it at one seed (memrl.recipes.scratch.init_mem1_model) -> check that `model.max_positions`
+methods share it at one seed (memrl.recipes.scratch.init_model) -> check that `model.max_positions`
 holds the scripted full-history agent's largest context at the largest held-out k (so both methods have
 the same model shape) -> copy warm-up (memrl.recipes.cold_start.copy_warmup) -> cold start: SFT on the
 scripted oracle (memrl.demonstrators.mem1.StateDemonstrator) played through `workflow=mem1` with the method's
@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from memrl.config import MAX_COUNT, MAX_PARALLEL, MAX_SEED, ConfigError, valid
-from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks
+from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks, tokenizer_text
 from memrl.data.tasks_jsonl import write_tasks
-from memrl.demonstrators.mem1 import mem1_demonstrations
+from memrl.demonstrators.mem1 import StateDemonstrator, mem1_demonstrations
 from memrl.recipes.parts import (
     HEAD,
     TAIL,
@@ -43,14 +43,13 @@ from memrl.recipes.parts import (
     count_parameters,
     engine_eval,
     heldout_sha256,
-    scripted_rows,
 )
 from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
-from memrl.recipes.scratch import init_mem1_model
+from memrl.recipes.scratch import init_model
 from memrl.recipes.summaries import evaluate_mem1, mem1_summary
 from memrl.recipes.tables import ACCURACY_SE, GAIN_ROWS, RunTable, SweepTable
 from memrl.training.assemble import validate
-from memrl.types import Segment, Task
+from memrl.types import Task
 
 __all__ = ["METHODS", "RECIPE", "Mem1DemoConfig", "Mem1DemoEval", "Mem1DemoSFT", "heldout_tasks", "load_configs",
            "mem1_summary", "run_mem1_demo"]
@@ -194,9 +193,15 @@ class Mem1Recipe(SplitRecipe):
         write_tasks(out / "data" / "train_tasks.jsonl", make_tasks(cfg.task, cfg.rl_tasks, cfg.rl_task_seed, "rl"))
         held = heldout_tasks(cfg)
         write_tasks(out / "data" / "heldout_tasks.jsonl", [t for ts in held.values() for t in ts])
+        # both `context` settings' contexts: the same tokenizer whatever the method
         plays = {c: replace(wf_cfg, context=c, max_context_tokens=0) for c in METHODS.values()}
-        run.tokenizer, run.model = init_mem1_model(out, cfg.task, list(plays.values()), sft_tasks, cfg.model.preset(),
-                                                   cfg.model.vocab_size, cfg.seed)
+        first, extra = next(iter(plays.values())), []
+        for task in sft_tasks[:40]:
+            extra += [first.template().render(question=task.question), StateDemonstrator(first.answer_separator)(
+                task.question), f"<IS>{';'.join(task.answers)}</IS><answer>{'; '.join(task.answers)}</answer>"]
+        run.tokenizer, run.model = init_model(out, cfg.model.preset(), cfg.model.vocab_size, cfg.seed,
+                                              partial(tokenizer_text, cfg.task), extra, lambda tok: [
+                                                  g for c in plays.values() for g in mem1_demonstrations(sft_tasks[:60], tok, c)])
         kmax = max(cfg.eval.objectives)
         full = mem1_demonstrations(held[kmax], run.tokenizer, plays["full_history"])
         full_peak = int(max(g.trajectories[0].metrics["peak_context_tokens"] for g in full))
@@ -218,14 +223,15 @@ class Mem1Recipe(SplitRecipe):
         run.extra["scripted"] = {str(k): mem1_summary(mem1_demonstrations(ts, run.tokenizer, run.wf_cfg))
                                  for k, ts in run.extra["held"].items()}
 
-    def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
-        groups = mem1_demonstrations(run.extra["sft_tasks"], run.tokenizer, run.wf_cfg, seed=run.cfg.sft.seed)
-        trajs, rows = scripted_rows(groups)
-        demo = mem1_summary(groups)
-        print(f"cold start: {len(rows)} rows from {len(groups)} scripted trajectories (its accuracy "
-              f"{demo['accuracy']:.1f}%, peak context {demo['peak_context_tokens']:.0f})")
-        return rows, {"summary": demo, "rows": len(rows), "rows_per_task": [len(t.segments) for t in trajs],
-                      "objectives_per_task": [len(t.meta["sub_questions"]) for t in run.extra["sft_tasks"]]}
+    def play(self, run: RecipeRun) -> list[Any]:
+        return mem1_demonstrations(run.extra["sft_tasks"], run.tokenizer, run.wf_cfg, seed=run.cfg.sft.seed)
+
+    demo_summary = staticmethod(mem1_summary)
+
+    demo_format = "peak context {peak_context_tokens:.0f}"
+
+    def demo_extra(self, run: RecipeRun, trajs: list[Any]) -> dict[str, Any]:
+        return {"objectives_per_task": [len(t.meta["sub_questions"]) for t in run.extra["sft_tasks"]]}
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         return engine_eval(evaluate_mem1, run, model, model_dir, run.extra["held"])

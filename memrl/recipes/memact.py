@@ -3,11 +3,11 @@
   memrl demo --agent memact --out runs/memact_demo
   memrl demo --agent memact --out runs/m sft.epochs=2 train.trainer.steps=10 eval.num_tasks=100
 
-This module holds the demo's configs and `run_memact_demo`, which chains the library's stages (the
-functions between them only map the configs onto one library call each): write the task splits
+This module holds the demo's configs and `run_memact_demo`, which runs the recipe pipeline's stages (the
+method supplies its model's text, budget, scripted agent and evaluation): write the task splits
 (memrl.data.synthetic_memact.write_splits: SFT / RL / held-out tasks, each with its own fact sheet that
 the agent searches with BM25) -> init a ~0.6M-parameter Qwen2 whose tokenizer is trained on the task's
-text (memrl.recipes.scratch.init_memact_model) -> calibrate the working-context budget
+text (memrl.recipes.scratch.init_model) -> calibrate the working-context budget
 (memrl.demonstrators.stages.calibrate_budget) -> copy warm-up and cold-start SFT on the scripted agent's
 trajectories (memrl.recipes.cold_start; the agent, memrl.demonstrators.memact, prunes late with
 probability `sft.late_prob`), played through the real memact workflow, so the SFT rows are the workflow's
@@ -42,30 +42,30 @@ from memrl.config import (
     ConfigError,
     valid,
 )
-from memrl.data.synthetic_memact import MemActTaskConfig
+from memrl.data.synthetic_memact import MemActTaskConfig, tokenizer_text
+from memrl.demonstrators.memact import answer_reply, prune_reply, search_reply
 from memrl.demonstrators.stages import calibrate_budget, calibrate_search_only_budget, memact_demonstrations
-from memrl.eval.evaluator import EngineRollout, model_engine
 from memrl.recipes.parts import (
     BUDGET_NOTE,
     SWEEP_BUDGET,
     TAIL,
     SplitRecipe,
     count_parameters,
+    engine_eval,
     eval_tasks,
     history,
     write_data,
 )
 from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
 from memrl.recipes.report import MEMACT_TABLE, plot_memact, print_memact_eval
-from memrl.recipes.scratch import init_memact_model
+from memrl.recipes.scratch import init_model as scratch_init
 from memrl.recipes.summaries import evaluate_memact, memact_summary_of
 from memrl.recipes.tables import SweepTable
 from memrl.types import Segment
-from memrl.workflows import get_workflow
+from memrl.workflows.memact import answer_format
 
-__all__ = ["RECIPE", "MemActDemoConfig", "MemActDemoEval", "MemActDemoSFT", "VARIANTS", "calibrate_budget",
-           "context_budget", "copy_warmup_rows", "demonstrations", "evaluate", "expand_variant", "init_model",
-           "load_configs", "run_memact_demo", "summarize_groups", "write_data"]
+__all__ = ["RECIPE", "MemActDemoConfig", "MemActDemoEval", "MemActDemoSFT", "VARIANTS", "context_budget",
+           "expand_variant", "init_model", "load_configs", "run_memact_demo", "write_data"]
 
 
 @dataclass
@@ -170,42 +170,35 @@ def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[MemActDemoC
     return run.cfg, run.tcfg, run.out, (run.spec, run.wf_cfg)
 
 
-# ------------------------------------------------------------------ the demo's configs on the library's stages
-# (one call each; benchmarks/ and tests call them by these names; write_data is memrl.recipes.parts')
+# ------------------------------------------------------------------ stage helpers (tests call init_model)
 
 
 def init_model(cfg: MemActDemoConfig, wf_cfg: Any, sample_tasks: list[Any], out: Path) -> tuple[Any, Any]:
-    """(tokenizer, model): memrl.recipes.scratch.init_memact_model at the `model.*` shape."""
-    return init_memact_model(out, cfg.task, wf_cfg, sample_tasks, cfg.model.preset(), cfg.model.vocab_size, cfg.seed,
-                             cfg.sft.search_topk)
-
-
-def copy_warmup_rows(cfg: MemActDemoConfig) -> int:
-    """Rows per copy warm-up step: `sft.copy_warmup_rows`, or 4 x `sft.batch_rows` when it is 0."""
-    return cfg.sft.warmup_rows()
+    """(tokenizer, model) (memrl.recipes.scratch.init_model): BPE on the task's text, the filled templates and the
+    scripted agent's replies on the first 40 `sample_tasks`, then again with the whole working contexts it
+    reaches on the first 60 (no budget) with that first tokenizer; the model of `model.*` to out/init."""
+    sys_tpl, user_tpl = wf_cfg.templates(True)
+    extra = [sys_tpl.render(), "tools: search prune_context",
+             "Removed r1, r2, r3. Your memory note stays in your prune_context call above."]
+    for task in sample_tasks[:40]:
+        names, attrs = task.meta["entities"], task.meta["attributes"]
+        instruction = wf_cfg.answer_instruction if wf_cfg.answer_instruction is not None else answer_format(task)
+        extra.append(user_tpl.render(question=task.question, answer_format=instruction))
+        extra += [search_reply(a, n, cfg.sft.search_topk) for a, n in zip(attrs, names, strict=True)]
+        extra.append(prune_reply([(n, a, v) for n, a, v in zip(names, attrs, task.answers, strict=True)],
+                                 ["r1", "r2"]))
+        extra.append(answer_reply(task.answers))
+    big = replace(wf_cfg, max_context_tokens=MAX_TOKENS)
+    return scratch_init(out, cfg.model.preset(), cfg.model.vocab_size, cfg.seed, partial(tokenizer_text, cfg.task),
+                        extra, lambda tok: memact_demonstrations(sample_tasks[:60], tok, big, 0.5, 0, cfg.sft.search_topk))
 
 
 def context_budget(cfg: MemActDemoConfig, tokenizer: Any, wf_cfg: Any, sft_tasks: list[Any]) -> int:
-    """The working-context budget: `context_budget`, or calibrated by `budget` on the first 200 SFT tasks."""
+    """`context_budget`, or calibrated on the first 200 SFT tasks by `budget`."""
     if cfg.context_budget:
         return cfg.context_budget
-    if cfg.budget == "search_only":
-        return calibrate_search_only_budget(sft_tasks[:200], tokenizer, wf_cfg, cfg.sft.search_topk)
-    return calibrate_budget(sft_tasks[:200], tokenizer, wf_cfg, cfg.sft.search_topk)
-
-
-def evaluate(model: Any, tokenizer: Any, wf_cfg: Any, tasks: list[Any], temperature: float,
-             seed: int, engine_cfg: Any, model_dir: str | Path = "") -> dict[str, dict[str, float]]:
-    """{"greedy": summary, "sampled": summary} of the policy on the held-out tasks (each searching its own
-    fact sheet): memrl.recipes.summaries.evaluate_memact through the engine `engine_cfg` names, the prune tool
-    offered unless `wf_cfg.prune_tool` is False."""
-    with model_engine(model, tokenizer, engine_cfg, model_dir) as engine:
-        return evaluate_memact(EngineRollout(engine, get_workflow("memact")), wf_cfg, tasks, temperature, seed,
-                               prune_tool=wf_cfg.prune_tool)
-
-
-demonstrations = memact_demonstrations
-summarize_groups = memact_summary_of
+    calibrate = calibrate_search_only_budget if cfg.budget == "search_only" else calibrate_budget
+    return calibrate(sft_tasks[:200], tokenizer, wf_cfg, cfg.sft.search_topk)
 
 
 # ---------------------------------------------------------------------------------------------- the demo
@@ -246,32 +239,33 @@ class MemActRecipe(SplitRecipe):
 
     def init(self, run: RecipeRun) -> None:
         cfg = run.cfg
-        data = write_data(cfg, run.out / "data")
+        run.extra["data"] = data = write_data(cfg, run.out / "data")
         run.tokenizer, run.model = init_model(cfg, run.wf_cfg, data.sft_tasks, run.out)
-        n_params = count_parameters(run.model)
+        run.extra["n_params"] = n_params = count_parameters(run.model)
         budget = context_budget(cfg, run.tokenizer, run.wf_cfg, data.sft_tasks)
         run.wf_cfg = replace(run.wf_cfg, max_context_tokens=budget)
         run.tcfg.workflow["max_context_tokens"] = budget
         print(f"working-context budget: {budget} tokens")
         print(f"model: {n_params / 1e6:.2f}M parameters, vocabulary {len(run.tokenizer)}")
-        run.extra.update(data=data, sft_tasks=data.sft_tasks, n_params=n_params)
+
+    def play(self, run: RecipeRun) -> list[Any]:
+        """The scripted agent (it prunes late with `sft.late_prob`; never prunes where `workflow.prune_tool` is
+        false) through the memact workflow, one row per prune plus the final one."""
+        s = run.cfg.sft
+        return memact_demonstrations(run.extra["data"].sft_tasks, run.tokenizer, run.wf_cfg, s.late_prob, s.seed,
+                                     s.search_topk, s.keep_results, prune_tool=run.wf_cfg.prune_tool)
+
+    demo_summary = staticmethod(memact_summary_of)
+
+    demo_format = "prunes/task {prunes_per_task:.2f}, overflow {overflow:.1f}%"
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, float]]:
-        """The scripted agent (pruning late with probability `sft.late_prob`; the search-only agent when
-        `workflow.prune_tool` is false) through the memact workflow, one row per prune plus the final one."""
-        s, wf_cfg = run.cfg.sft, run.wf_cfg
-        groups = memact_demonstrations(run.extra["sft_tasks"], run.tokenizer, wf_cfg, s.late_prob, s.seed,
-                                       s.search_topk, s.keep_results, prune_tool=wf_cfg.prune_tool)
-        rows = [r for g in groups for r in g.trajectories[0].segments]
-        stats = memact_summary_of(groups)
-        print(f"cold start: {len(rows)} rows from {len(groups)} scripted trajectories (its accuracy "
-              f"{stats['accuracy']:.1f}%, prunes/task {stats['prunes_per_task']:.2f}, overflow "
-              f"{stats['overflow']:.1f}%)")
-        return rows, stats
+        rows, stats = super().demonstrations(run)
+        return rows, stats["summary"]
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
-        res = evaluate(model, run.tokenizer, run.wf_cfg, run.extra["data"].eval_tasks, run.cfg.eval.temperature,
-                       run.cfg.eval.seed, run.tcfg.engine, model_dir)
+        res = engine_eval(evaluate_memact, run, model, model_dir, run.extra["data"].eval_tasks,
+                          prune_tool=run.wf_cfg.prune_tool)
         print_memact_eval("SFT" if policy == "sft" else "SFT+DCPO", res)
         return res
 

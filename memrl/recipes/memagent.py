@@ -2,7 +2,7 @@
 (memrl.recipes.pipeline).
 
 `memrl demo` (memrl/commands/demo.py) runs it through `run_recipe`. Stages: init a ~0.8M-parameter
-Qwen2 whose tokenizer is trained on the synthetic task's text (memrl.recipes.scratch) -> cold-start SFT on a
+Qwen2 whose tokenizer is trained on the synthetic task's text (`init_model`) -> cold-start SFT on a
 mixture demonstrator (memrl.demonstrators.stages.mixture_demonstrator: per memory step the optimal
 `QuestionAwareDemonstrator` with probability `sft.p_aware`, the question-blind `RecentFactsDemonstrator` otherwise;
 memrl.recipes.cold_start) -> multi-conversation GRPO on the MemAgent workflow (memrl.training.trainer)
@@ -10,15 +10,20 @@ memrl.recipes.cold_start) -> multi-conversation GRPO on the MemAgent workflow (m
 the training length; greedy and sampled; memrl.eval.evaluator) -> a results dict that
 `memrl.recipes.report` renders (`memagent_markdown`, `plot_memagent`: results.md and the plots).
 The functions between the configs and the recipe only map the demo's configs onto one library call each.
+`memrl.recipes.report` renders (`write_memagent_outputs`: results.md, results.json, the plots).
+The functions between the configs and the recipe are its stage helpers (benchmarks/ and tests call them).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from memrl.config import (
     MAX_COUNT,
@@ -30,7 +35,7 @@ from memrl.config import (
     ConfigError,
     valid,
 )
-from memrl.data.synthetic import make_tasks, tasks_by_length
+from memrl.data.synthetic import corpus_text, make_task, make_tasks, memory_text, tasks_by_length
 from memrl.demonstrators.stages import (
     evaluate_scripted,
     mixture_demonstrator,
@@ -38,18 +43,24 @@ from memrl.demonstrators.stages import (
     record_demonstrations,
 )
 from memrl.errors import UserError
-from memrl.eval.evaluator import EngineRollout, EvalProtocol, evaluate_policy, model_engine, results_to_json
-from memrl.models.tiny import ModelPreset, shape_problem
+from memrl.eval.evaluator import EvalProtocol, evaluate_policy, results_to_json
+from memrl.models.tiny import ModelPreset, init_tiny_model, shape_problem, train_tokenizer
+from memrl.quiet import hf_progress_off
+from memrl.recipes.parts import engine_eval
 from memrl.recipes.pipeline import Recipe, RecipeRun, SFTSettings, run_recipe
 from memrl.recipes.pipeline import cold_start as pipeline_cold_start
 from memrl.recipes.report import memagent_markdown, plot_memagent
-from memrl.recipes.scratch import init_memagent_model
+from memrl.recipes.scratch import check_pieces, fresh_qwen2
 from memrl.recipes.tables import cell_of, fmt
 from memrl.types import Segment
+
+log = logging.getLogger(__name__)
 
 __all__ = ["RECIPE", "DemoConfig", "DemoEval", "DemoSFT", "cold_start", "demonstrator", "evaluate_demonstrator",
            "evaluate_model", "heldout_tasks", "init_model", "load_demo_configs", "protocol", "reading_segments",
            "run_memagent_demo"]
+
+
 @dataclass
 class DemoSFT(SFTSettings):
     """Cold start: demonstrations from a mixture of the optimal and the question-blind rule."""
@@ -152,18 +163,14 @@ def protocol(cfg: DemoConfig) -> EvalProtocol:
                         seed=cfg.eval.seed)
 
 
-# ------------------------------------------------------------------ the demo's configs on the library's stages
-# (one call each; benchmarks/ and tests call them by these names)
-
-
-def eval_lengths(cfg: DemoConfig, tcfg: Any) -> list[int]:
-    """Evaluated lengths in chunks: the training length (longest training document) x each multiplier."""
-    return [tcfg.data.synthetic.num_chunks * m for m in cfg.eval.multipliers]
+# ------------------------------------------------------------------ stage helpers (benchmarks/ and tests call them)
 
 
 def heldout_tasks(cfg: DemoConfig, tcfg: Any) -> dict[int, list[Any]]:
-    """{length: the held-out tasks of that length}, the same for every evaluated policy."""
-    return tasks_by_length(tcfg.data.synthetic, eval_lengths(cfg, tcfg), cfg.eval.num_tasks, cfg.eval.seed)
+    """{length: the held-out tasks of that length}, the same for every evaluated policy; the lengths (in chunks)
+    are the training length (the longest training document) x each of `eval.multipliers`."""
+    lengths = [tcfg.data.synthetic.num_chunks * m for m in cfg.eval.multipliers]
+    return tasks_by_length(tcfg.data.synthetic, lengths, cfg.eval.num_tasks, cfg.eval.seed)
 
 
 def demonstrator(cfg: DemoConfig, tcfg: Any, wf_cfg: Any, seed: int, p_aware: float | None = None) -> Any:
@@ -176,18 +183,39 @@ def demonstrator(cfg: DemoConfig, tcfg: Any, wf_cfg: Any, seed: int, p_aware: fl
 
 
 def init_model(cfg: DemoConfig, tcfg: Any, out: Path, wf_cfg: Any) -> tuple[Any, Any]:
-    """(tokenizer, model): memrl.recipes.scratch.init_memagent_model at the "micro" shape or a tiny preset."""
-    shape = ModelPreset(cfg.vocab_size, cfg.hidden_size, 2 * cfg.hidden_size, cfg.num_layers, cfg.num_heads,
-                        cfg.num_kv_heads, max_position_embeddings=4096) if cfg.model_preset == "micro" \
-        else cfg.model_preset
-    return init_memagent_model(out, tcfg.data.synthetic, wf_cfg, shape, cfg.vocab_size, cfg.seed,
-                               restate_key=cfg.sft.restate_key, restate_sep=cfg.sft.restate_sep,
-                               unanswerable_text=cfg.sft.unanswerable_text)
+    """(tokenizer, model): BPE (out/tokenizer_corpus.txt) on the synthetic task's text plus the filled templates
+    (and the restated-key memory / unanswerable answer the cold start demonstrates, when on), a model of the
+    "micro" shape or of the memrl.models.tiny preset `model_preset` saved to out/init. Warns when a piece is
+    not one token per word or the workflow's chunk size is not the task's piece size."""
+    syn, s, sample = tcfg.data.synthetic, cfg.sft, make_task(tcfg.data.synthetic, seed=0, index=0)
+    mem_tpl, fin_tpl = wf_cfg.templates()
+    filled = [mem_tpl.render(problem=sample.question, memory=wf_cfg.no_memory_text, chunk=" the"),
+              fin_tpl.render(problem=sample.question, memory="Kalo is red")]
+    if s.restate_key:
+        filled.append(memory_text([("Kalo", "red")], topic="Linka", topic_sep=s.restate_sep))
+    if s.unanswerable_text:
+        filled.append(f"\\boxed{{ {s.unanswerable_text}}}")
+    corpus = out / "tokenizer_corpus.txt"
+    corpus.write_text(corpus_text(seed=cfg.seed, extra=tuple(filled * 50)), encoding="utf-8")
+    if cfg.model_preset == "micro":
+        shape = ModelPreset(cfg.vocab_size, cfg.hidden_size, 2 * cfg.hidden_size, cfg.num_layers, cfg.num_heads,
+                            cfg.num_kv_heads, max_position_embeddings=4096)
+        tokenizer, model = fresh_qwen2(out / "init", train_tokenizer([corpus], cfg.vocab_size, cfg.seed), shape,
+                                       cfg.seed)
+    else:
+        init_tiny_model(out / "init", preset=cfg.model_preset, corpus=[corpus], seed=cfg.seed, vocab_size=cfg.vocab_size)
+        tokenizer = AutoTokenizer.from_pretrained(out / "init")
+        with hf_progress_off():
+            model = AutoModelForCausalLM.from_pretrained(out / "init")
+    check_pieces(tokenizer, sample, syn.chunk_words)
+    if wf_cfg.chunk_tokens != syn.chunk_words:
+        log.warning("workflow chunk_tokens=%d but synthetic chunk_words=%d", wf_cfg.chunk_tokens, syn.chunk_words)
+    return tokenizer, model
 
 
 def cold_start(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, out: Path) -> list[float]:
-    """The recipe's cold start (MemAgentRecipe.demonstrations on `sft.num_tasks` tasks of seed `sft_seed`, then
-    memrl.recipes.pipeline.cold_start); saves the model to out/sft and returns the per-step losses."""
+    """The recipe's cold start (MemAgentRecipe.demonstrations, then memrl.recipes.pipeline.cold_start); saves
+    the model to out/sft and returns the per-step losses."""
     run = RecipeRun(cfg, tcfg, out, None, wf_cfg, tokenizer, model)
     return pipeline_cold_start(run, RECIPE.demonstrations(run)[0], tensorboard=tcfg.trainer.tensorboard)
 
@@ -202,9 +230,9 @@ def evaluate_demonstrator(cfg: DemoConfig, tcfg: Any, spec: Any, wf_cfg: Any, to
 
 def evaluate_model(cfg: DemoConfig, tcfg: Any, spec: Any, wf_cfg: Any, model: Any, tokenizer: Any,
                    tasks_by_length: dict[int, list[Any]], model_dir: str | Path) -> dict[int, dict[str, Any]]:
-    """Greedy and sampled held-out evaluation of `model` through the RL config's engine."""
-    with model_engine(model, tokenizer, tcfg.engine, model_dir) as engine:
-        return evaluate_policy(EngineRollout(engine, spec), wf_cfg, tasks_by_length, protocol(cfg), log=print)
+    """Greedy and sampled held-out evaluation of `model` through the RL config's engine (parts.engine_eval)."""
+    return engine_eval(evaluate_policy, RecipeRun(cfg, tcfg, Path(model_dir), spec, wf_cfg, tokenizer), model,
+                       model_dir, tasks_by_length, protocol(cfg), log=print)
 
 
 # ---------------------------------------------------------------------------------------------- the recipe
@@ -268,8 +296,7 @@ class MemAgentRecipe(Recipe):
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         print("SFT, held-out:" if policy == "sft" else "SFT+RL, held-out:")
-        return evaluate_model(run.cfg, run.tcfg, run.spec, run.wf_cfg, model, run.tokenizer, run.extra["tasks"],
-                              model_dir)
+        return engine_eval(evaluate_policy, run, model, model_dir, run.extra["tasks"], protocol(run.cfg), log=print)
 
     def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
         """The held-out protocol and lengths (the tasks are generated from them)."""

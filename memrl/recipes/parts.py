@@ -17,7 +17,6 @@ from memrl.config import ConfigError
 from memrl.data.synthetic_memact import MemActSplits, write_splits
 from memrl.eval.evaluator import EngineRollout, model_engine
 from memrl.recipes.pipeline import Recipe, RecipeRun
-from memrl.types import Group, Segment, Trajectory
 from memrl.workflows import parse_workflow
 
 # ---------------------------------------------------------------------------------------------- task splits
@@ -91,18 +90,14 @@ def workflow_section(tcfg: Any, name: str, **fields: Any) -> Any:
 # ---------------------------------------------------------------------------------------------- stages
 
 
-def engine_eval(evaluate: Callable[..., Any], run: RecipeRun, model: Any, model_dir: str | Path, tasks: Any) -> Any:
-    """`evaluate(rollout, run.wf_cfg, tasks, eval.temperature, eval.seed)` with `model` served by the RL
-    config's engine (memrl.recipes.summaries' evaluations)."""
+def engine_eval(evaluate: Callable[..., Any], run: RecipeRun, model: Any, model_dir: str | Path, tasks: Any,
+                *args: Any, **kw: Any) -> Any:
+    """The one held-out evaluation through an engine: `evaluate(rollout, run.wf_cfg, tasks, *args, **kw)` with
+    `model` served by the RL config's engine; `args` default to (eval.temperature, eval.seed)
+    (memrl.recipes.summaries' evaluations)."""
     with model_engine(model, run.tokenizer, run.tcfg.engine, model_dir) as engine:
-        return evaluate(EngineRollout(engine, run.spec), run.wf_cfg, tasks, run.cfg.eval.temperature,
-                        run.cfg.eval.seed)
-
-
-def scripted_rows(groups: list[Group]) -> tuple[list[Trajectory], list[Segment]]:
-    """(each group's one trajectory, every row they cut): a scripted policy's cold-start rows."""
-    trajs = [g.trajectories[0] for g in groups]
-    return trajs, [s for t in trajs for s in t.segments]
+        return evaluate(EngineRollout(engine, run.spec), run.wf_cfg, tasks,
+                        *(args or (run.cfg.eval.temperature, run.cfg.eval.seed)), **kw)
 
 
 def count_parameters(model: Any) -> int:

@@ -276,20 +276,52 @@ class Recipe:
     def scripted(self, run: RecipeRun) -> None:
         """Held-out numbers of the scripted policy (optional; kept in run.extra)."""
 
+    save_warmup: ClassVar[bool] = True
+    """Whether the copy warm-up's model is saved to out/copy_warmup (a later run may reuse it)."""
+
     def warmup(self, run: RecipeRun) -> list[float]:
-        """The copy warm-up (`sft.copy_warmup_steps` > 0); saves the model to out/copy_warmup."""
+        """The copy warm-up (`sft.copy_warmup_steps` > 0) at `sft.copy_warmup_lr` where the SFT section has one
+        (else `sft.lr`); saves the model to out/copy_warmup when `save_warmup`."""
         s = run.cfg.sft
         steps = getattr(s, "copy_warmup_steps", 0)
         if not steps:
             return []
-        losses = copy_warmup(run.model, run.tokenizer, steps, s.warmup_rows(), s.lr, run.cfg.seed,
-                             run.out / "copy_warmup", progress=run.tcfg.trainer.progress)
-        run.model.save_pretrained(run.out / "copy_warmup")
+        losses = copy_warmup(run.model, run.tokenizer, steps, s.warmup_rows(), getattr(s, "copy_warmup_lr", s.lr),
+                             run.cfg.seed, run.out / "copy_warmup", progress=run.tcfg.trainer.progress)
+        if self.save_warmup:
+            run.model.save_pretrained(run.out / "copy_warmup")
         return losses
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], Any]:
-        """(the cold start's rows, its statistics): the scripted policy played through the workflow."""
+        """(the cold start's rows, its statistics): the scripted policy played through the workflow (`play`),
+        every row of each task's one trajectory as the workflow cuts it; the statistics are {"summary":
+        `demo_summary` of the groups, "rows", "rows_per_task", **`demo_extra`}; a line is printed with the
+        summary's accuracy and `demo_format` (and the workflow's name where `demo_names_workflow`)."""
+        groups = self.play(run)
+        trajs = [g.trajectories[0] for g in groups]
+        rows = [s for t in trajs for s in t.segments]
+        summary = self.demo_summary(groups)
+        name = f"{run.spec.name} " if self.demo_names_workflow else ""
+        print(f"cold start: {len(rows)} rows from {len(groups)} scripted {name}trajectories (its accuracy "
+              f"{summary['accuracy']:.1f}%, {self.demo_format.format(**summary)})")
+        return rows, {"summary": summary, "rows": len(rows), "rows_per_task": [len(t.segments) for t in trajs],
+                      **self.demo_extra(run, trajs)}
+
+    demo_format: ClassVar[str] = ""
+    """The cold start line's numbers after the scripted accuracy (str.format over the summary)."""
+    demo_names_workflow: ClassVar[bool] = False
+
+    def play(self, run: RecipeRun) -> list[Any]:
+        """The scripted policy over the SFT tasks through the workflow: one Group (one trajectory) per task."""
         raise NotImplementedError
+
+    def demo_summary(self, groups: list[Any]) -> dict[str, Any]:
+        """The summary of the scripted groups (its "accuracy" in %)."""
+        raise NotImplementedError
+
+    def demo_extra(self, run: RecipeRun, trajs: list[Any]) -> dict[str, Any]:
+        """Statistics of the cold start beside the summary and the row counts."""
+        return {}
 
     def sft_tensorboard(self, run: RecipeRun) -> bool:
         """Whether the cold start also logs to TensorBoard (its metrics.jsonl is always written)."""

@@ -125,14 +125,18 @@ SCRIPTED = {"accuracy": 75.0, "accuracy_se": 12.5, "subq_accuracy": 75.0, "mean_
 def test_memact_numbers_unchanged(memact):
     from memrl.demonstrators import ScriptedEngine
     from memrl.demonstrators.memact import MemActDemonstrator
+    from memrl.demonstrators.stages import calibrate_budget, memact_demonstrations
+    from memrl.recipes.parts import engine_eval
+    from memrl.recipes.pipeline import RecipeRun
+    from memrl.recipes.summaries import memact_summary_of
     from memrl.workflows import get_workflow
 
     mc, cfg, tcfg, out, wf, data, tok, model = memact
-    budget = mc.calibrate_budget(data.sft_tasks[:40], tok, wf, cfg.sft.search_topk)
+    budget = calibrate_budget(data.sft_tasks[:40], tok, wf, cfg.sft.search_topk)
     assert budget == 181
     wf = replace(wf, max_context_tokens=budget)
     # the cold start's statistics of the scripted agent (binomial SE: sqrt(0.7 * 0.3 / 10) = 0.144914)
-    stats = mc.summarize_groups(mc.demonstrations(data.eval_tasks, tok, wf, 0.5, 3, cfg.sft.search_topk))
+    stats = memact_summary_of(memact_demonstrations(data.eval_tasks, tok, wf, 0.5, 3, cfg.sft.search_topk))
     assert stats == {"accuracy": 70.0, "accuracy_se": 14.491376746189438, "subq_accuracy": 70.0,
                      "mean_context_tokens": 111.4, "peak_context_tokens": 166.0, "max_context_tokens": 181.0,
                      "prunes_per_task": 0.2, "failed_prunes_per_task": 0.0, "overflow": 30.0, "turns": 3.4,
@@ -147,8 +151,8 @@ def test_memact_numbers_unchanged(memact):
     assert {m: {k: v for k, v in r.items() if k != "seconds"} for m, r in res.items()} == \
         {"greedy": SCRIPTED, "sampled": SCRIPTED}
     # the demo's own evaluation of a (random) model through the HF engine
-    got = mc.evaluate(model, tok, wf, data.eval_tasks, cfg.eval.temperature, cfg.eval.seed, tcfg.engine,
-                      out / "init")
+    run = RecipeRun(cfg, tcfg, out, get_workflow("memact"), wf, tok)
+    got = engine_eval(evaluate_memact, run, model, out / "init", data.eval_tasks, prune_tool=wf.prune_tool)
     zero = {"accuracy": 0.0, "accuracy_se": 0.0, "subq_accuracy": 0.0, "mean_context_tokens": 53.0,
             "peak_context_tokens": 53.0, "max_context_tokens": 56.0, "prunes_per_task": 0.0,
             "failed_prunes_per_task": 0.0, "overflow": 0.0, "turns": 1.0, "num_tasks": 10.0,

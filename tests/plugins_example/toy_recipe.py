@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memrl.config import MAX_COUNT, MAX_SEED, valid
-from memrl.data.synthetic import make_tasks, tasks_by_length
+from memrl.data.synthetic import corpus_text, make_tasks, tasks_by_length
 from memrl.demonstrators.stages import mixture_demonstrator, record_demonstrations
-from memrl.eval.evaluator import EngineRollout, EvalProtocol, evaluate_policy, model_engine, results_to_json
+from memrl.eval.evaluator import EvalProtocol, evaluate_policy, results_to_json
 from memrl.models.tiny import ModelPreset
+from memrl.recipes.parts import engine_eval
 from memrl.recipes.pipeline import EvalSettings, Recipe, RecipeRun, SFTSettings
-from memrl.recipes.scratch import init_memagent_model
+from memrl.recipes.scratch import init_model
 from memrl.recipes.tables import RunTable, SweepTable
 
 
@@ -48,7 +49,8 @@ class ToyRecipe(Recipe):
         syn, h = run.tcfg.data.synthetic, run.cfg.hidden_size
         run.extra["heldout"] = tasks_by_length(syn, [syn.num_chunks], run.cfg.eval.num_tasks, run.cfg.eval.seed)
         shape = ModelPreset(2048, h, 2 * h, 1, 2, 1, max_position_embeddings=1024)
-        run.tokenizer, run.model = init_memagent_model(run.out, syn, run.wf_cfg, shape, 2048, run.cfg.seed)
+        run.tokenizer, run.model = init_model(run.out, shape, 2048, run.cfg.seed,
+                                              lambda extra: corpus_text(seed=run.cfg.seed, extra=extra), chat=False)
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Any], dict[str, int]]:
         syn = run.tcfg.data.synthetic
@@ -60,8 +62,7 @@ class ToyRecipe(Recipe):
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: Any) -> Any:
         protocol = EvalProtocol(greedy=True, samples=0, seed=run.cfg.eval.seed)
-        with model_engine(model, run.tokenizer, run.tcfg.engine, model_dir) as engine:
-            res = evaluate_policy(EngineRollout(engine, run.spec), run.wf_cfg, run.extra["heldout"], protocol)
+        res = engine_eval(evaluate_policy, run, model, model_dir, run.extra["heldout"], protocol)
         return results_to_json(res)  # length -> decoding -> summary
 
 

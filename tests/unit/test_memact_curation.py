@@ -196,7 +196,7 @@ def test_the_arms_cold_starts_take_as_many_steps_over_as_many_tokens(curation, t
     for arm in ("dcpo", "withheld"):
         ov = ["variant=curation", "sft.num_tasks=60", "sft.epochs=2", *b.ARMS[arm]]
         sft[arm] = demo.load_configs(ov, tmp_path / arm)[0]
-    assert demo.copy_warmup_rows(sft["dcpo"]) == demo.copy_warmup_rows(sft["withheld"]) == 32
+    assert sft["dcpo"].sft.warmup_rows() == sft["withheld"].sft.warmup_rows() == 32
     rows = {}
     for arm, offered in (("dcpo", True), ("withheld", False)):
         groups = memact_demonstrations(tasks, tok, wf, cfg.sft.late_prob, cfg.sft.seed, 4, 2, prune_tool=offered)
