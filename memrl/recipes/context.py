@@ -36,13 +36,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from memrl.config import MAX_COUNT, MAX_PARALLEL, MAX_SEED, MAX_TOKENS, ConfigError, valid
+from memrl.config import MAX_COUNT, MAX_SEED, MAX_TOKENS, ConfigError, valid
 from memrl.data.synthetic_memact import MemActTaskConfig
 from memrl.demonstrators.stages import calibrate_fold_budget, context_demonstrations, context_demonstrator
 from memrl.recipes.parts import (
     GRPO,
     Arm,
     ArmRecipe,
+    SplitConfig,
     SplitRecipe,
     count_parameters,
     engine_eval,
@@ -52,7 +53,7 @@ from memrl.recipes.parts import (
     workflow_section,
     write_data,
 )
-from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
+from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, TaskSFTSettings, run_recipe
 from memrl.recipes.reuse import reused_cold_start, reused_warmup, take_cold_start
 from memrl.recipes.scratch import init_context_model
 from memrl.recipes.seeds import budget_extra, budget_line, table_rows
@@ -60,7 +61,7 @@ from memrl.recipes.summaries import context_markdown, context_summary_of, evalua
 from memrl.training.assemble import validate
 from memrl.types import Segment
 
-__all__ = ["ARMS", "RECIPE", "Arm", "ContextDemoConfig", "ContextDemoEval", "ContextDemoSFT", "load_configs",
+__all__ = ["ARMS", "RECIPE", "Arm", "ContextDemoConfig", "ContextDemoEval", "ContextDemoSFT",
            "results_markdown", "run_context_demo"]
 
 ARMS: dict[str, Arm] = {
@@ -78,7 +79,7 @@ summary (0% on 100 held-out tasks, 100% at 0.7, seed 0)."""
 
 
 @dataclass
-class ContextDemoSFT(WarmupSFTSettings):
+class ContextDemoSFT(TaskSFTSettings):
     """Cold start on the arm's scripted agent (memrl.demonstrators.context) through the arm's workflow; the
     copy warm-up before it gives a model trained from scratch the induction heads it needs to copy names and
     values (the MemAct demo's finding)."""
@@ -106,7 +107,7 @@ class ContextDemoEval(EvalSettings):
 
 
 @dataclass
-class ContextDemoConfig:
+class ContextDemoConfig(SplitConfig):
     """`memrl demo --agent context` settings; the RL settings are the `context_cpu` preset (+ train.*)."""
 
     method: str = valid("fold", choices=tuple(ARMS))
@@ -116,15 +117,10 @@ class ContextDemoConfig:
     tokens at seed 0) stops the unmanaged agent after its second search (its unbounded peak is 784)."""
     sft: ContextDemoSFT = field(default_factory=ContextDemoSFT)
     eval: ContextDemoEval = field(default_factory=ContextDemoEval)
-    rl_tasks: int = valid(2000, ge=1, le=MAX_COUNT)
-    rl_task_seed: int = valid(100, ge=0, le=MAX_SEED)
     context_budget: int = valid(0, ge=0, le=MAX_TOKENS, note="0 = calibrated")
     """workflow.max_context_tokens of the cold start, RL and evaluation, the same for every arm. 0 = the
     flawless folding agent's largest prompt on the first 200 SFT tasks (calibrate_fold_budget)."""
-    seed: int = valid(0, ge=0, le=MAX_SEED)
-    """Seed of the tokenizer, the model's initial weights, the copy warm-up and the SFT order."""
     train_preset: str = "context_cpu"
-    threads: int = valid(0, ge=0, le=MAX_PARALLEL, note="0 = torch's default")
     warmup_from: str = ""
     """A finished run whose copy warm-up this one reuses ('' = run it here): the warm-up depends only on the
     initial model and tokenizer (the same for every method at one seed) and its own settings, so the methods
@@ -138,12 +134,6 @@ class ContextDemoConfig:
     run's apart from `method`, `threads` and `sft_from`, its method must play the same agent through the same
     workflow section, and its RL config's workflow and engine sections must equal this run's. Under
     `--seeds` it names the other sweep's root: each seed reuses the run of the same seed there."""
-
-
-def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[ContextDemoConfig, Any, Path, Arm]:
-    """(demo config, RL config, writable output dir, arm); fails on a bad value before any work."""
-    run = RECIPE.configs(overrides, out_dir)
-    return run.cfg, run.tcfg, run.out, ARMS[run.cfg.method]
 
 
 results_markdown = context_markdown
