@@ -36,7 +36,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from memrl.config import MAX_COUNT, MAX_PARALLEL, MAX_SEED, MAX_TOKENS, ConfigError, valid
+from memrl.config import MAX_COUNT, MAX_SEED, MAX_TOKENS, ConfigError, valid
 from memrl.data.synthetic_memact import MemActTaskConfig, tokenizer_text
 from memrl.demonstrators.memact import answer_reply, search_reply
 from memrl.demonstrators.stages import calibrate_fold_budget, context_demonstrations, context_demonstrator
@@ -48,6 +48,7 @@ from memrl.recipes.parts import (
     TAIL,
     Arm,
     ArmRecipe,
+    SplitConfig,
     SplitRecipe,
     count_parameters,
     engine_eval,
@@ -55,7 +56,7 @@ from memrl.recipes.parts import (
     workflow_section,
     write_data,
 )
-from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
+from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, TaskSFTSettings, run_recipe
 from memrl.recipes.reuse import reused_cold_start, reused_warmup, take_cold_start
 from memrl.recipes.scratch import init_model
 from memrl.recipes.summaries import context_summary_of, evaluate_context
@@ -63,8 +64,7 @@ from memrl.recipes.tables import ACCURACY_SE, RunTable, SweepTable
 from memrl.training.assemble import validate
 from memrl.types import Segment
 
-__all__ = ["ARMS", "RECIPE", "Arm", "ContextDemoConfig", "ContextDemoEval", "ContextDemoSFT", "load_configs",
-           "run_context_demo"]
+__all__ = ["ARMS", "RECIPE", "Arm", "ContextDemoConfig", "ContextDemoEval", "ContextDemoSFT", "run_context_demo"]
 
 ARMS: dict[str, Arm] = {
     "react": Arm({"name": "sliding_window", "window_turns": 0}, GRPO, "search"),
@@ -81,7 +81,7 @@ summary (0% on 100 held-out tasks, 100% at 0.7, seed 0)."""
 
 
 @dataclass
-class ContextDemoSFT(WarmupSFTSettings):
+class ContextDemoSFT(TaskSFTSettings):
     """Cold start on the arm's scripted agent (memrl.demonstrators.context) through the arm's workflow; the
     copy warm-up before it gives a model trained from scratch the induction heads it needs to copy names and
     values (the MemAct demo's finding)."""
@@ -109,7 +109,7 @@ class ContextDemoEval(EvalSettings):
 
 
 @dataclass
-class ContextDemoConfig:
+class ContextDemoConfig(SplitConfig):
     """`memrl demo --agent context` settings; the RL settings are the `context_cpu` preset (+ train.*)."""
 
     method: str = valid("fold", choices=tuple(ARMS))
@@ -119,15 +119,10 @@ class ContextDemoConfig:
     tokens at seed 0) stops the unmanaged agent after its second search (its unbounded peak is 784)."""
     sft: ContextDemoSFT = field(default_factory=ContextDemoSFT)
     eval: ContextDemoEval = field(default_factory=ContextDemoEval)
-    rl_tasks: int = valid(2000, ge=1, le=MAX_COUNT)
-    rl_task_seed: int = valid(100, ge=0, le=MAX_SEED)
     context_budget: int = valid(0, ge=0, le=MAX_TOKENS, note="0 = calibrated")
     """workflow.max_context_tokens of the cold start, RL and evaluation, the same for every arm. 0 = the
     flawless folding agent's largest prompt on the first 200 SFT tasks (calibrate_fold_budget)."""
-    seed: int = valid(0, ge=0, le=MAX_SEED)
-    """Seed of the tokenizer, the model's initial weights, the copy warm-up and the SFT order."""
     train_preset: str = "context_cpu"
-    threads: int = valid(0, ge=0, le=MAX_PARALLEL, note="0 = torch's default")
     warmup_from: str = ""
     """A finished run whose copy warm-up this one reuses ('' = run it here): the warm-up depends only on the
     initial model and tokenizer (the same for every method at one seed) and its own settings, so the methods
@@ -141,12 +136,6 @@ class ContextDemoConfig:
     run's apart from `method`, `threads` and `sft_from`, its method must play the same agent through the same
     workflow section, and its RL config's workflow and engine sections must equal this run's. Under
     `--seeds` it names the other sweep's root: each seed reuses the run of the same seed there."""
-
-
-def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[ContextDemoConfig, Any, Path, Arm]:
-    """(demo config, RL config, writable output dir, arm); fails on a bad value before any work."""
-    run = RECIPE.configs(overrides, out_dir)
-    return run.cfg, run.tcfg, run.out, ARMS[run.cfg.method]
 
 
 def process_rewards(run: RecipeRun) -> list[str]:

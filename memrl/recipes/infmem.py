@@ -37,7 +37,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from memrl.config import MAX_COUNT, MAX_PARALLEL, MAX_SEED, MAX_TOKENS, MAX_VOCAB, ConfigError, valid
+from memrl.config import MAX_COUNT, MAX_TOKENS, MAX_VOCAB, ConfigError, valid
 from memrl.data.synthetic import at_length, corpus_text, make_tasks
 from memrl.demonstrators.infmem import ReadingDemonstrator
 from memrl.demonstrators.stages import context_demonstrations
@@ -52,14 +52,21 @@ from memrl.recipes.parts import (
     engine_eval,
     workflow_section,
 )
-from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
+from memrl.recipes.pipeline import (
+    EvalSettings,
+    ModelShape,
+    RecipeConfig,
+    RecipeRun,
+    TaskSFTSettings,
+    run_recipe,
+)
 from memrl.recipes.scratch import check_pieces, init_model
 from memrl.recipes.summaries import evaluate_reading, reading_summary_of
 from memrl.recipes.tables import ACCURACY_SE, RunTable, SweepTable
 from memrl.types import Task
 
 __all__ = ["ARMS", "Arm", "InfMemDemoConfig", "InfMemDemoEval", "InfMemDemoModel", "InfMemDemoSFT",
-           "RECIPE", "heldout_tasks", "load_configs", "run_infmem_demo"]
+           "RECIPE", "heldout_tasks", "run_infmem_demo"]
 
 ARMS: dict[str, Arm] = {
     "infmem": Arm({"name": "infmem",
@@ -88,7 +95,7 @@ class InfMemDemoModel(ModelShape):
 
 
 @dataclass
-class InfMemDemoSFT(WarmupSFTSettings):
+class InfMemDemoSFT(TaskSFTSettings):
     """Cold start on the reading oracle (memrl.demonstrators.infmem) through the arm's workflow. The copy
     warm-up is off by default: the MemAgent demo's model learns to copy facts on this task without it."""
 
@@ -96,8 +103,6 @@ class InfMemDemoSFT(WarmupSFTSettings):
     """Training-length tasks to record demonstrations on (memagent: chunks + 1 rows each; infmem: 4 rows
     each, plan -> memory -> plan (STOP) -> final). 3000 x 2 epochs / 32: 750 steps (infmem), 1688 (memagent);
     the sizing is docs/guides/infmem_mem1.md's "The trained comparison"."""
-    seed: int = valid(500, ge=0, le=MAX_SEED)
-    """Seed of the demonstration tasks."""
     batch_rows: int = valid(32, ge=1, le=MAX_COUNT)
 
 
@@ -119,23 +124,14 @@ class InfMemDemoEval(EvalSettings):
 
 
 @dataclass
-class InfMemDemoConfig:
+class InfMemDemoConfig(RecipeConfig):
     """`memrl demo --agent infmem` settings; the RL settings are the `infmem_cpu` preset (+ train.*)."""
 
     method: str = valid("infmem", choices=tuple(ARMS))
     model: InfMemDemoModel = field(default_factory=InfMemDemoModel)
     sft: InfMemDemoSFT = field(default_factory=InfMemDemoSFT)
     eval: InfMemDemoEval = field(default_factory=InfMemDemoEval)
-    seed: int = valid(0, ge=0, le=MAX_SEED)
-    """Seed of the tokenizer, the model's initial weights, the copy warm-up and the SFT order."""
     train_preset: str = "infmem_cpu"
-    threads: int = valid(0, ge=0, le=MAX_PARALLEL, note="0 = torch's default")
-
-
-def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[InfMemDemoConfig, Any, Path, Arm]:
-    """(demo config, RL config, writable output dir, arm); fails on a bad value before any work."""
-    run = RECIPE.configs(overrides, out_dir)
-    return run.cfg, run.tcfg, run.out, ARMS[run.cfg.method]
 
 
 def heldout_tasks(cfg: InfMemDemoConfig, syn: Any, path: Path) -> tuple[dict[int, list[Task]], str]:
@@ -184,7 +180,6 @@ class InfMemRecipe(ArmRecipe):
     sweep_extras = SWEEP_METHOD
 
     def check(self, cfg: Any, train_overrides: list[str]) -> None:
-        self.arm(cfg)
         bad = [m for m in cfg.eval.far_multipliers if m not in cfg.eval.multipliers]
         if bad:
             raise ConfigError(f"eval.far_multipliers: {bad[0]} is not one of eval.multipliers {cfg.eval.multipliers}")

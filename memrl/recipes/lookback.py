@@ -190,11 +190,8 @@ class LookbackRecipe(Recipe):
     sweep_extras = SWEEP_METHOD
 
     def check(self, cfg: LookbackConfig, train_overrides: list[str]) -> None:
-        if cfg.method not in PRESETS:
-            raise ConfigError(f"method must be one of {', '.join(PRESETS)}, got {cfg.method!r}")
-        wf = [ov for ov in train_overrides if ov.startswith("workflow")]
-        if wf:
-            raise ConfigError(f"{wf[0]!r}: the arms' workflows are their presets' (the shared cold start plays "
+        if wf := self.overridden(train_overrides, "workflow"):
+            raise ConfigError(f"{wf!r}: the arms' workflows are their presets' (the shared cold start plays "
                               "both); not overridable")
         held = self.heldout_seeds(cfg)
         for k, v in streams(cfg).items():

@@ -32,39 +32,43 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from memrl.config import MAX_COUNT, MAX_PARALLEL, MAX_SEED, ConfigError, valid
+from memrl.config import MAX_COUNT, MAX_SEED, ConfigError, valid
 from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks, tokenizer_text
 from memrl.data.tasks_jsonl import write_tasks
 from memrl.demonstrators.mem1 import StateDemonstrator, mem1_demonstrations
 from memrl.recipes.parts import (
     HEAD,
     TAIL,
+    SplitConfig,
     SplitRecipe,
     count_parameters,
     engine_eval,
     heldout_sha256,
 )
-from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
+from memrl.recipes.pipeline import (
+    EvalSettings,
+    ModelShape,
+    RecipeRun,
+    TaskSFTSettings,
+    run_recipe,
+)
 from memrl.recipes.scratch import init_model
 from memrl.recipes.summaries import evaluate_mem1, mem1_summary
 from memrl.recipes.tables import ACCURACY_SE, GAIN_ROWS, RunTable, SweepTable
 from memrl.training.assemble import validate
 from memrl.types import Task
 
-__all__ = ["METHODS", "RECIPE", "Mem1DemoConfig", "Mem1DemoEval", "Mem1DemoSFT", "heldout_tasks", "load_configs",
-           "mem1_summary", "run_mem1_demo"]
+__all__ = ["METHODS", "RECIPE", "Mem1DemoConfig", "Mem1DemoEval", "Mem1DemoSFT", "heldout_tasks", "mem1_summary",
+           "run_mem1_demo"]
 
 METHODS: dict[str, str] = {"mem1": "latest_state", "full_history": "full_history"}
 """`method` -> the mem1 workflow's `context` setting."""
 
 
 @dataclass
-class Mem1DemoSFT(WarmupSFTSettings):
+class Mem1DemoSFT(TaskSFTSettings):
     """Cold start on the scripted oracle (memrl.demonstrators.mem1.StateDemonstrator) through the method's workflow."""
 
-    num_tasks: int = valid(1000, ge=1, le=MAX_COUNT)
-    seed: int = valid(500, ge=0, le=MAX_SEED)
-    """Seed of the demonstration tasks."""
     copy_warmup_steps: int = valid(1500, ge=0, le=MAX_COUNT, note="0 = off")
     epochs: int = valid(4, ge=1, le=MAX_COUNT)
     """~5,000 steps over 1,000 tasks of 2..16 objectives (about 10 rows per task). On 2..8 objectives, 1 epoch
@@ -85,7 +89,7 @@ class Mem1DemoEval(EvalSettings):
 
 
 @dataclass
-class Mem1DemoConfig:
+class Mem1DemoConfig(SplitConfig):
     """`memrl demo --agent mem1` settings; the RL settings are the `mem1_cpu` preset (+ train.*)."""
 
     method: str = valid("mem1", choices=tuple(METHODS))
@@ -102,18 +106,7 @@ class Mem1DemoConfig:
     prompt; docs/log/2026-11-26-mem1-train-2-8.md)."""
     sft: Mem1DemoSFT = field(default_factory=Mem1DemoSFT)
     eval: Mem1DemoEval = field(default_factory=Mem1DemoEval)
-    rl_tasks: int = valid(2000, ge=1, le=MAX_COUNT)
-    rl_task_seed: int = valid(100, ge=0, le=MAX_SEED)
-    seed: int = valid(0, ge=0, le=MAX_SEED)
-    """Seed of the tokenizer, the model's initial weights, the copy warm-up and the SFT order."""
     train_preset: str = "mem1_cpu"
-    threads: int = valid(0, ge=0, le=MAX_PARALLEL, note="0 = torch's default")
-
-
-def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[Mem1DemoConfig, Any, Path]:
-    """(demo config, RL config, writable output dir); fails in one line on a bad value before any work."""
-    run = RECIPE.configs(overrides, out_dir)
-    return run.cfg, run.tcfg, run.out
 
 
 def heldout_tasks(cfg: Mem1DemoConfig) -> dict[int, list[Task]]:
@@ -144,12 +137,9 @@ class Mem1Recipe(SplitRecipe):
                        bucket="objectives")
 
     def check(self, cfg: Any, train_overrides: list[str]) -> None:
-        if cfg.method not in METHODS:
-            raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {cfg.method!r}")
-        set_context = [o for o in train_overrides if o.split("=", 1)[0] in ("workflow.context", "train.workflow.context")]
-        if set_context:
+        if set_context := self.overridden(train_overrides, "workflow.context"):
             raise ConfigError(f"workflow.context is set by method ({cfg.method}: {METHODS[cfg.method]}); drop "
-                              f"{set_context[0]!r}")
+                              f"{set_context!r}")
         ks = cfg.eval.objectives
         if len(set(ks)) != len(ks):
             raise ConfigError(f"eval.objectives must be distinct counts, got {ks}")
@@ -167,9 +157,8 @@ class Mem1Recipe(SplitRecipe):
 
     def check_run(self, run: RecipeRun) -> None:
         cfg, tcfg, ks = run.cfg, run.tcfg, run.cfg.eval.objectives
-        spec, wf_cfg = run.spec, run.wf_cfg
-        if spec.name != "mem1":
-            raise ConfigError(f"workflow.name must be mem1, got {spec.name!r}")
+        wf_cfg = run.wf_cfg
+        self.need_workflow(run, "mem1")
         if wf_cfg.max_turns < max(ks) + 1:
             raise ConfigError(f"workflow.max_turns {wf_cfg.max_turns} < {max(ks) + 1} (one search per objective and "
                               f"the answer at eval.objectives' largest count {max(ks)})")

@@ -42,13 +42,14 @@ from memrl.config import (
     ConfigError,
     valid,
 )
-from memrl.data.synthetic_memact import MemActTaskConfig, tokenizer_text
+from memrl.data.synthetic_memact import tokenizer_text
 from memrl.demonstrators.memact import answer_reply, prune_reply, search_reply
 from memrl.demonstrators.stages import calibrate_budget, calibrate_search_only_budget, memact_demonstrations
 from memrl.recipes.parts import (
     BUDGET_NOTE,
     SWEEP_BUDGET,
     TAIL,
+    SplitConfig,
     SplitRecipe,
     count_parameters,
     engine_eval,
@@ -56,7 +57,12 @@ from memrl.recipes.parts import (
     history,
     write_data,
 )
-from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, WarmupSFTSettings, run_recipe
+from memrl.recipes.pipeline import (
+    EvalSettings,
+    RecipeRun,
+    TaskSFTSettings,
+    run_recipe,
+)
 from memrl.recipes.report import MEMACT_TABLE, plot_memact, print_memact_eval
 from memrl.recipes.scratch import init_model as scratch_init
 from memrl.recipes.summaries import evaluate_memact, memact_summary_of
@@ -65,11 +71,11 @@ from memrl.types import Segment
 from memrl.workflows.memact import answer_format
 
 __all__ = ["RECIPE", "MemActDemoConfig", "MemActDemoEval", "MemActDemoSFT", "VARIANTS", "context_budget",
-           "expand_variant", "init_model", "load_configs", "run_memact_demo", "write_data"]
+           "expand_variant", "init_model", "run_memact_demo", "write_data"]
 
 
 @dataclass
-class MemActDemoSFT(WarmupSFTSettings):
+class MemActDemoSFT(TaskSFTSettings):
     """Cold start on the scripted agent's trajectories (memrl.demonstrators.memact.MemActDemonstrator)."""
 
     num_tasks: int = valid(4000, ge=1, le=MAX_COUNT)
@@ -79,8 +85,6 @@ class MemActDemoSFT(WarmupSFTSettings):
     (under `budget=search_only` searching on fits: then it is how often the agent chooses not to prune)."""
     keep_results: int = valid(2, ge=1, le=MAX_COUNT)
     """Search results the scripted agent lets pile up before it prunes (MemActDemonstrator.keep_results)."""
-    seed: int = valid(500, ge=0, le=MAX_SEED)
-    """Seed of the demonstration tasks."""
     search_topk: int = valid(1, ge=1, le=MAX_VOCAB)
     """Passages the scripted agent's searches ask for (1: the asked fact alone; 2: also a distractor fact of
     the same name). The working-context budget is calibrated with it."""
@@ -106,16 +110,14 @@ class MemActDemoEval(EvalSettings):
 
 
 @dataclass
-class MemActDemoConfig:
+class MemActDemoConfig(SplitConfig):
     """`memrl demo --agent memact` settings; the DCPO settings are the `memact_dcpo_cpu` preset (+ train.*)."""
 
-    model: ModelShape = field(default_factory=ModelShape)  # its text runs out of merges at about 900 tokens
-    task: MemActTaskConfig = field(default_factory=MemActTaskConfig)
+    # model: its text runs out of merges at about 900 tokens
     sft: MemActDemoSFT = field(default_factory=MemActDemoSFT)
     eval: MemActDemoEval = field(default_factory=MemActDemoEval)
     rl_tasks: int = valid(5000, ge=1, le=MAX_COUNT)
     """Training tasks written for DCPO (read in shuffled epochs)."""
-    rl_task_seed: int = valid(100, ge=0, le=MAX_SEED)
     context_budget: int = valid(0, ge=0, le=MAX_TOKENS, note="0 = calibrated")
     """The working-context budget (workflow.max_context_tokens of the cold start, DCPO and evaluation).
     0 = calibrated with the demo's tokenizer on the first 200 SFT tasks, by `budget`."""
@@ -161,13 +163,6 @@ def expand_variant(overrides: list[str]) -> list[str]:
     if names[-1] not in VARIANTS:
         raise ConfigError(f"variant must be one of {', '.join(sorted(VARIANTS))} (or empty), got {names[-1]!r}")
     return [*VARIANTS[names[-1]], *overrides]
-
-
-def load_configs(overrides: list[str], out_dir: str | Path) -> tuple[MemActDemoConfig, Any, Path, tuple[Any, Any]]:
-    """(demo config, validated DCPO config, writable output dir, parsed workflow (spec, config)); fails on a
-    bad value before any work (MemActRecipe.configs)."""
-    run = RECIPE.configs(overrides, out_dir)
-    return run.cfg, run.tcfg, run.out, (run.spec, run.wf_cfg)
 
 
 # ------------------------------------------------------------------ stage helpers (tests call init_model)
@@ -229,13 +224,8 @@ class MemActRecipe(SplitRecipe):
     def expand(self, overrides: list[str]) -> list[str]:
         return expand_variant(overrides)
 
-    def check(self, cfg: Any, train_overrides: list[str]) -> None:
-        if cfg.budget not in ("prune", "search_only"):
-            raise ConfigError(f"budget must be prune or search_only, got {cfg.budget!r}")
-
     def check_run(self, run: RecipeRun) -> None:
-        if run.spec.name != "memact":
-            raise ConfigError(f"workflow.name must be memact for the MemAct demo, got {run.spec.name!r}")
+        self.need_workflow(run, "memact", " for the MemAct demo")
 
     def init(self, run: RecipeRun) -> None:
         cfg = run.cfg

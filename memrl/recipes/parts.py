@@ -9,17 +9,28 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from memrl.config import ConfigError
-from memrl.data.synthetic_memact import MemActSplits, write_splits
+from memrl.config import MAX_COUNT, MAX_SEED, valid
+from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_splits
 from memrl.eval.evaluator import EngineRollout, model_engine
-from memrl.recipes.pipeline import Recipe, RecipeRun
+from memrl.recipes.pipeline import ModelShape, Recipe, RecipeConfig, RecipeRun
 from memrl.workflows import parse_workflow
 
 # ---------------------------------------------------------------------------------------------- task splits
+
+
+@dataclass
+class SplitConfig(RecipeConfig):
+    """RecipeConfig plus what a task-split method's demo config shares: the model shape, the task and the RL
+    tasks written for training."""
+
+    model: ModelShape = field(default_factory=ModelShape)
+    task: MemActTaskConfig = field(default_factory=MemActTaskConfig)
+    rl_tasks: int = valid(2000, ge=1, le=MAX_COUNT)
+    rl_task_seed: int = valid(100, ge=0, le=MAX_SEED)
 
 
 class SplitRecipe(Recipe):
@@ -65,20 +76,16 @@ class ArmRecipe(Recipe):
     arms: ClassVar[dict[str, Arm]] = {}
 
     def arm(self, cfg: Any) -> Arm:
-        if cfg.method not in self.arms:
-            raise ConfigError(f"method must be one of {', '.join(self.arms)}, got {cfg.method!r}")
-        return self.arms[cfg.method]
+        return self.arms[cfg.method]  # `method`'s choices are the arms (checked as the config loads)
 
     def train_overrides(self, cfg: Any, out_dir: str | Path) -> list[str]:
-        arm = self.arms[cfg.method]
+        arm = self.arm(cfg)
         return [*super().train_overrides(cfg, out_dir), f"workflow={arm.workflow['name']}",
                 *[f"workflow.{k}={json.dumps(v)}" for k, v in arm.workflow.items() if k != "name"], *arm.algorithm]
 
     def check_run(self, run: RecipeRun) -> None:
         super().check_run(run)
-        name = self.arms[run.cfg.method].workflow["name"]
-        if run.spec.name != name:
-            raise ConfigError(f"workflow.name must be {name} for method={run.cfg.method}, got {run.spec.name!r}")
+        self.need_workflow(run, self.arm(run.cfg).workflow["name"], f" for method={run.cfg.method}")
 
 
 def workflow_section(tcfg: Any, name: str, **fields: Any) -> Any:

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 from memrl.config import (
     MAX_COUNT,
     MAX_LR,
+    MAX_PARALLEL,
     MAX_SEED,
     MAX_TEMPERATURE,
     MAX_TOKENS,
@@ -87,6 +88,15 @@ class WarmupSFTSettings(SFTSettings):
 
 
 @dataclass
+class TaskSFTSettings(WarmupSFTSettings):
+    """WarmupSFTSettings plus the scripted policy's training tasks: how many and their seed."""
+
+    num_tasks: int = valid(1000, ge=1, le=MAX_COUNT)
+    seed: int = valid(500, ge=0, le=MAX_SEED)
+    """Seed of the demonstration tasks."""
+
+
+@dataclass
 class EvalSettings:
     """The held-out evaluation every method shares: how many tasks, their seed (used by no training split)
     and the sampled decoding's temperature."""
@@ -120,6 +130,17 @@ class ModelShape:
         """The shape as a memrl.models.tiny ModelPreset (intermediate size 2 x hidden)."""
         return ModelPreset(self.vocab_size, self.hidden_size, 2 * self.hidden_size, self.num_layers, self.num_heads,
                            self.num_kv_heads, max_position_embeddings=self.max_positions)
+
+
+@dataclass
+class RecipeConfig:
+    """The settings every method's demo config shares (it extends this class and declares only its own fields
+    and the defaults it changes): the training seed, the RL preset and torch's threads."""
+
+    seed: int = valid(0, ge=0, le=MAX_SEED)
+    """Seed of the tokenizer, the model's initial weights, the copy warm-up and the SFT order."""
+    train_preset: str = ""
+    threads: int = valid(0, ge=0, le=MAX_PARALLEL, note="0 = torch's default")
 
 
 # ---------------------------------------------------------------------------------------------- a run
@@ -267,6 +288,18 @@ class Recipe:
     def check_run(self, run: RecipeRun) -> None:
         """Refuse an RL config the method cannot run (may also set what the method derives: run.tcfg, run.spec,
         run.wf_cfg)."""
+
+    @staticmethod
+    def need_workflow(run: RecipeRun, name: str, why: str = "") -> None:
+        """Refuse an RL config whose workflow is not `name` (`why` follows the name in the message)."""
+        needs(run.spec.name == name, f"workflow.name must be {name}{why}, got {run.spec.name!r}")
+
+    @staticmethod
+    def overridden(train_overrides: list[str], key: str) -> str:
+        """The first training override that sets `key` or a key under it ("" when none): a setting the
+        method makes and the command line may not."""
+        return next((ov for ov in train_overrides if (k := ov.split("=", 1)[0]) == key or k.startswith(key + ".")),
+                    "")
 
     def init(self, run: RecipeRun) -> None:
         """Tasks, tokenizer and model (run.tokenizer, run.model); run.reused = True when the cold start is

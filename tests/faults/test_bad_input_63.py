@@ -249,9 +249,10 @@ _TOY = ["threads=1", "model.hidden_size=32", "model.num_layers=1", "model.num_he
 def _finished_context_demo(src: Path, out: Path) -> None:
     """The files `sft_from` reads of a finished fold demo, matching this run's config (no training needed)."""
     from memrl.config import to_yaml
-    from memrl.recipes.context import load_configs
+    from memrl.recipes.context import RECIPE
 
-    cfg, tcfg, _, _ = load_configs(["method=fold", *_TOY], out)
+    run = RECIPE.configs(["method=fold", *_TOY], out)
+    cfg, tcfg = run.cfg, run.tcfg
     (src / "sft").mkdir(parents=True)
     (src / "sft" / "model.safetensors").write_bytes(b"")
     (src / "rl").mkdir()

@@ -75,8 +75,7 @@ def _demo_cases(agent: str) -> list[str]:
 
 def _demo_loader(agent: str):
     """The config loader `memrl demo --agent A` runs first: (overrides, out dir) -> configs."""
-    module = importlib.import_module(DEMOS[agent].split(":")[0])
-    return getattr(module, "load_demo_configs" if agent == "memagent" else "load_configs")
+    return importlib.import_module(DEMOS[agent].split(":")[0]).RECIPE.configs
 
 
 def _cases(keys: list[str], seed: int, per: int | None = None) -> list[tuple[str, str]]:

@@ -75,7 +75,7 @@ def test_context_demo_refuses_an_unknown_method(tmp_path, capsys):
 
 
 def test_each_method_sets_its_workflow_and_estimator(tmp_path):
-    from memrl.recipes.context import ARMS, load_configs
+    from memrl.recipes.context import ARMS, RECIPE
 
     assert list(ARMS) == ["react", "window", "summarize", "fold", "fold_no_process"]
     want = {  # method -> (workflow section keys the arm sets, algorithm, process rewards, norm_by_std)
@@ -86,7 +86,7 @@ def test_each_method_sets_its_workflow_and_estimator(tmp_path):
         "fold_no_process": ({"name": "fold"}, "foldgrpo", [], None),
     }
     for method, (section, algo, process, norm) in want.items():
-        _, tcfg, _, arm = load_configs([f"method={method}"], tmp_path / method)
+        tcfg = RECIPE.configs([f"method={method}"], tmp_path / method).tcfg
         assert {k: tcfg.workflow[k] for k in section} == section and tcfg.algorithm.name == algo
         if process is not None:
             assert tcfg.algorithm.foldgrpo.process_rewards == process
@@ -94,7 +94,7 @@ def test_each_method_sets_its_workflow_and_estimator(tmp_path):
             assert tcfg.algorithm.grpo.norm_by_std is norm
         assert tcfg.workflow["retriever_scope"] == "task" and tcfg.workflow["max_assistant_turns"] == 20
     # an explicit workflow key wins over the arm's
-    _, tcfg, _, _ = load_configs(["method=window", "workflow.window_turns=3"], tmp_path / "w3")
+    tcfg = RECIPE.configs(["method=window", "workflow.window_turns=3"], tmp_path / "w3").tcfg
     assert tcfg.workflow["window_turns"] == 3
 
 

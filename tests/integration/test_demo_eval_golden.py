@@ -108,9 +108,10 @@ def memact(tmp_path_factory):
     from memrl.recipes import memact as mc
 
     torch.set_num_threads(1)
-    cfg, tcfg, out, (spec, wf) = mc.load_configs(
+    run = mc.RECIPE.configs(
         ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
          "sft.num_tasks=80", "rl_tasks=4", "eval.num_tasks=10"], tmp_path_factory.mktemp("mc"))
+    cfg, tcfg, out, wf = run.cfg, run.tcfg, run.out, run.wf_cfg
     data = mc.write_data(cfg, out / "data")
     tok, model = mc.init_model(cfg, wf, data.sft_tasks, out)
     return mc, cfg, tcfg, out, wf, data, tok, model

@@ -66,13 +66,14 @@ def test_scripted_contexts_latest_state_vs_full_history(tmp_path):
     the last kept reply and observation, d_t tokens), full_history c_t = c_0 + d_1 + ... + d_t. Its peak
     context (longest prompt + reply) therefore grows with k far faster under full history."""
     from memrl.demonstrators.mem1 import mem1_demonstrations
-    from memrl.recipes.mem1 import heldout_tasks, load_configs
+    from memrl.recipes.mem1 import RECIPE, heldout_tasks
     from memrl.training.assemble import validate
 
     out = tmp_path / "run"
     assert main(["demo", "--agent", "mem1", "--out", str(out), "method=mem1", *TOY]) == 0
     tok = AutoTokenizer.from_pretrained(out / "init")
-    cfg, tcfg, _ = load_configs(["eval.num_tasks=2"], tmp_path / "cfg")
+    run = RECIPE.configs(["eval.num_tasks=2"], tmp_path / "cfg")
+    cfg, tcfg = run.cfg, run.tcfg
     _, wf = validate(tcfg)
     held = heldout_tasks(cfg)
     peaks = {}
@@ -125,10 +126,10 @@ def test_mem1_demo_refuses_too_few_positions(tmp_path, capsys):
 
 
 def test_mem1_demo_caps_the_prompt_at_the_positions(tmp_path):
-    from memrl.recipes.mem1 import load_configs
+    from memrl.recipes.mem1 import RECIPE
     from memrl.training.assemble import validate
 
-    _, tcfg, _ = load_configs([], tmp_path / "a")
+    tcfg = RECIPE.configs([], tmp_path / "a").tcfg
     assert validate(tcfg)[1].max_context_tokens == 1024 - 96  # model.max_positions - workflow.max_turn_tokens
-    _, tcfg, _ = load_configs(["workflow.max_context_tokens=800"], tmp_path / "b")
+    tcfg = RECIPE.configs(["workflow.max_context_tokens=800"], tmp_path / "b").tcfg
     assert validate(tcfg)[1].max_context_tokens == 800  # a lower cap is kept

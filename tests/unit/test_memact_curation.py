@@ -39,10 +39,10 @@ def test_variant_overrides_go_first_so_explicit_ones_win():
 
 
 def test_bad_budget_rule_names_the_field(tmp_path):
-    from memrl.recipes.memact import load_configs
+    from memrl.recipes.memact import RECIPE
 
     with pytest.raises(ConfigError, match="budget='all' is not allowed: must be one of prune, search_only"):
-        load_configs(["budget=all"], tmp_path / "o")
+        RECIPE.configs(["budget=all"], tmp_path / "o")
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +53,8 @@ def curation(tmp_path_factory):
 
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("curation")
-    cfg, _, out, wf = demo.load_configs(["variant=curation", "sft.num_tasks=60", "rl_tasks=2", "eval.num_tasks=2"],
-                                        out)
+    run = demo.RECIPE.configs(["variant=curation", "sft.num_tasks=60", "rl_tasks=2", "eval.num_tasks=2"], out)
+    cfg, out, wf = run.cfg, run.out, (run.spec, run.wf_cfg)
     data = demo.write_data(cfg, out / "data")
     tok, _ = demo.init_model(cfg, wf[1], data.sft_tasks, out)
     budget = demo.context_budget(cfg, tok, wf[1], data.sft_tasks)
@@ -195,7 +195,7 @@ def test_the_arms_cold_starts_take_as_many_steps_over_as_many_tokens(curation, t
     sft = {}
     for arm in ("dcpo", "withheld"):
         ov = ["variant=curation", "sft.num_tasks=60", "sft.epochs=2", *b.ARMS[arm]]
-        sft[arm] = demo.load_configs(ov, tmp_path / arm)[0]
+        sft[arm] = demo.RECIPE.configs(ov, tmp_path / arm).cfg
     assert sft["dcpo"].sft.warmup_rows() == sft["withheld"].sft.warmup_rows() == 32
     rows = {}
     for arm, offered in (("dcpo", True), ("withheld", False)):
