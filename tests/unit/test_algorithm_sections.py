@@ -57,7 +57,7 @@ def test_the_value_in_force_reads_under_the_old_name():
         a.credit  # noqa: B018 - grpo's option, not rememr1's
 
 
-def test_a_plugin_estimator_and_loss_by_import_path_get_their_options():
+def test_a_plugin_estimator_and_loss_by_import_path_get_their_options(tmp_path):
     from plugins_example.estimators import ClippedPPOOptions, ScaledGRPOOptions
 
     ov = [f"algorithm.name={EST}:scaled_grpo", "algorithm.scaled_grpo.scale=0.25",
@@ -68,7 +68,7 @@ def test_a_plugin_estimator_and_loss_by_import_path_get_their_options():
     # the saved config (config.yaml) loads back to the same options
     saved = yaml.safe_load(to_yaml(cfg))["algorithm"]
     assert saved["plugins"] == {"scaled_grpo": {"scale": 0.25}, "clipped_ppo": {"clip": 0.1}}
-    p = __import__("pathlib").Path(__import__("tempfile").mkdtemp()) / "config.yaml"
+    p = tmp_path / "config.yaml"
     p.write_text(to_yaml(cfg))
     assert load_config(TrainConfig, preset=str(p)).algorithm.options() == cfg.algorithm.options()
     # a preset spells them the same way
