@@ -29,7 +29,6 @@ evaluations with kv_cache=padded, as docs/results/rememr1.md's tables were recor
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -144,6 +143,41 @@ def preset_workflow(wf: str, **extra: Any) -> Any:
     return parse_workflow({**section, **extra})[1]
 
 
+def write_tasks(path: Path, pieces: int, num: int, seed: int, **meta: Any) -> None:
+    """`num` look-back tasks of `pieces` pieces (SHAPE) from `seed`, `meta` in each one's meta, to `path`."""
+    tasks = make_lookback_tasks(Shape(num_chunks=pieces, **SHAPE), num, seed=seed)
+    for t in tasks:
+        t.meta.update(meta)
+    write_eval_json(path, tasks)
+
+
+def oracle(wf: str, c: Any, tokenizer: Any) -> ScriptedEngine:
+    """Arm `wf`'s scripted oracle (workflow config `c`) as an engine."""
+    return ScriptedEngine(LookbackDemonstrator.for_config(wf, c), tokenizer=tokenizer)
+
+
+def heldout_eval(run: RecipeRun, name: str, model_dir: Path | None, *, sampled: bool = False,
+                 recall: bool = True) -> dict[str, Any]:
+    """memrl.eval.runner on the held-out files: `model_dir`'s policy (None: the arm's scripted oracle), its
+    results in out/eval/<name>[_sampled], summarized."""
+    wf, cfg, c = run.cfg.method, run.cfg, preset_workflow(run.cfg.method)
+    res, tdir = run.out / "eval" / (name + ("_sampled" if sampled else "")), run.out / "templates" / wf
+    tdir.mkdir(parents=True, exist_ok=True)
+    for kind, t in zip(("memory", "final"), c.templates(), strict=True):
+        # a template file's text is used exactly (template_strip=false): the prompt text, no final newline
+        (tdir / f"{kind}.txt").write_text(t.text, encoding="utf-8", newline="")
+    keep = ("chunk_tokens", "max_memory_tokens", "max_final_tokens", "scorer")
+    section = {"name": wf, **{k: getattr(c, k) for k in keep if hasattr(c, k)},
+               "memory_template_file": str(tdir / "memory.txt"), "final_template_file": str(tdir / "final.txt"),
+               **({"temperature": cfg.eval.temperature} if sampled else {}), **({} if recall else {"recall": False})}
+    hf = HFSection(kv_cache="padded") if cfg.old_defaults else HFSection()
+    ecfg = EvalConfig(workflow=section, engine=EngineConfig(model=str(model_dir or "oracle"), max_batch_size=256,
+                                                            hf=hf), concurrency=256, name=res.name, progress=False)
+    evaluate([str(run.out / "data" / f"eval_{n}.json") for n in cfg.eval.lengths], res, ecfg,
+             engine=None if model_dir else oracle(wf, c, run.tokenizer))
+    return summarize(res)
+
+
 def summarize(res_dir: Path) -> dict[str, dict[str, Any]]:
     """Per length N (and "all", pooled): n tasks, accuracy (%), its s.e. over tasks, memory steps, recalls,
     callback hits, recall rate (recalls / steps), callback hit rate (hits / recalls; None without recalls),
@@ -167,7 +201,7 @@ def summarize(res_dir: Path) -> dict[str, dict[str, Any]]:
 GRID = GridTable("{accuracy:.1f} ± {se:.1f}", "accuracy", (("recall rate", "recall_rate", 3),
                                                             ("callback hit rate", "callback_hit_rate", 3)),
                  bucket="N={}", title="method {method} (accuracy % ± s.e. over tasks)",
-                 sweep_title="method {method} (accuracy %)")
+                 sweep_title="method {method} (accuracy %)", policies=tuple((p, p) for p in POLICIES))
 """The look-back tables: per decoding a row per policy, accuracy per length N, the pooled recall rates."""
 
 
@@ -180,12 +214,13 @@ class LookbackRecipe(Recipe):
     summary_fields = ("accuracy", "recall_rate", "callback_hit_rate")
     optional_fields = ("callback_hit_rate",)
     save_warmup = False
+    heldout_per, heldout_files = "lengths", "data/eval_{}.json"  # length N: eval.seed + N, data/eval_<N>.json
 
     results_json = {**HEAD, "lengths": "cfg.eval.lengths", "eval": "cfg.eval", "streams": lambda run: streams(run.cfg),
-                    "heldout_sha256": "extra.heldout_sha256", "oracle?": "extra.oracle",
-                    "rl_norecall?": "extra.rl_norecall", "sft": "evals.sft", "rl": "evals.rl", "demonstrator": "demo",
-                    **TAIL}
-    policies = tuple((p, p) for p in POLICIES)
+                    "heldout_sha256": lambda run: RECIPE.fingerprint(run.out, {"lengths": run.cfg.eval.lengths}),
+                    "oracle?": "extra.oracle", "rl_norecall?": "extra.rl_norecall", "sft": "evals.sft",
+                    "rl": "evals.rl", "demonstrator": "demo", **TAIL}
+    table, policies = GRID, GRID.policies
     nesting = "decoding/bucket"  # policy -> decoding -> length or "all" -> summary
     sweep_extras = SWEEP_METHOD
 
@@ -193,117 +228,62 @@ class LookbackRecipe(Recipe):
         if wf := self.overridden(train_overrides, "workflow"):
             raise ConfigError(f"{wf!r}: the arms' workflows are their presets' (the shared cold start plays "
                               "both); not overridable")
-        held = self.heldout_seeds(cfg)
-        for k, v in streams(cfg).items():
-            if v in held:
-                raise ConfigError(f"seed {cfg.seed}: the {k} task seed {v} is a held-out task seed (eval.seed "
-                                  f"{cfg.eval.seed} + a length)")
 
-    def heldout_seeds(self, cfg: LookbackConfig) -> set[int]:
-        return {cfg.eval.seed + n for n in cfg.eval.lengths}
+    def training_task_seeds(self, cfg: LookbackConfig) -> dict[str, int]:
+        return {f"seed {cfg.seed}: the {k} task seed": v for k, v in streams(cfg).items()}
 
     def train_overrides(self, cfg: LookbackConfig, out_dir: str | Path) -> list[str]:
         return ["data.name=file", f"data.path={Path(out_dir) / 'data' / 'train.json'}", "trainer.progress=false",
                 *(OLD_DEFAULTS if cfg.old_defaults else ())]
 
     def check_run(self, run: RecipeRun) -> None:
-        if run.spec.name != run.cfg.method:
-            raise ConfigError(f"train_preset {run.cfg.train_preset}: its workflow is {run.spec.name}, not the arm's "
-                              f"{run.cfg.method}")
+        self.need_workflow(run, run.cfg.method, f" (the arm's; train_preset {run.cfg.train_preset})")
 
     def init(self, run: RecipeRun) -> None:
-        cfg, d = run.cfg, run.out / "data"
+        cfg, d, seeds = run.cfg, run.out / "data", streams(run.cfg)
         d.mkdir(parents=True, exist_ok=True)
-        seeds = streams(cfg)
-        write_eval_json(d / "train.json", make_lookback_tasks(Shape(num_chunks=RL_CHUNKS, **SHAPE), cfg.rl_tasks,
-                                                              seed=seeds["rl"]))
-        write_eval_json(d / "sft.json", make_lookback_tasks(Shape(num_chunks=cfg.sft.chunks, **SHAPE),
-                                                            cfg.sft.num_tasks, seed=seeds["sft"]))
-        digest = hashlib.sha256()
+        write_tasks(d / "train.json", RL_CHUNKS, cfg.rl_tasks, seeds["rl"])
+        write_tasks(d / "sft.json", cfg.sft.chunks, cfg.sft.num_tasks, seeds["sft"])
         for n in cfg.eval.lengths:
-            tasks = make_lookback_tasks(Shape(num_chunks=n, **SHAPE), cfg.eval.num_tasks, seed=cfg.eval.seed + n)
-            for t in tasks:
-                t.meta["num_docs"] = n
-            write_eval_json(d / f"eval_{n}.json", tasks)
-            digest.update((d / f"eval_{n}.json").read_bytes())
+            write_tasks(d / f"eval_{n}.json", n, cfg.eval.num_tasks, cfg.eval.seed + n, num_docs=n)
         tpls = [t.text for wf in PRESETS for t in preset_workflow(wf).templates()]
         corpus = run.out / "corpus.txt"
         corpus.write_text(corpus_text(seed=cfg.seed, extra=corpus_extra(tuple(tpls))), encoding="utf-8")
         init_tiny_model(run.out / "model", "tiny", corpus=[corpus], vocab_size=2048, seed=cfg.seed)
         run.tokenizer = AutoTokenizer.from_pretrained(run.out / "model")
         run.model = AutoModelForCausalLM.from_pretrained(run.out / "model", dtype=torch.float32)
-        run.extra.update(sft_tasks=load_tasks(d / "sft.json"), heldout_sha256=digest.hexdigest(),
-                         n_params=count_parameters(run.model))
+        run.extra.update(sft_tasks=load_tasks(d / "sft.json"), n_params=count_parameters(run.model))
 
     def scripted(self, run: RecipeRun) -> None:
         if run.cfg.eval.oracle:
-            run.extra["oracle"] = {"greedy": self.eval_policy(run, "oracle", None)}
+            run.extra["oracle"] = {"greedy": heldout_eval(run, "oracle", None)}
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
         """The oracle's traces of BOTH workflows (whatever the arm), recall steps repeated."""
         rows_all: list[Segment] = []
-        stats = {}
-        k = run.cfg.sft.oversample_recall
+        stats, k = {}, run.cfg.sft.oversample_recall
         for wf in PRESETS:
             c = preset_workflow(wf, temperature=0.0)
-            eng = ScriptedEngine(LookbackDemonstrator.for_config(wf, c), tokenizer=run.tokenizer)
-            groups = rollout_once(run.extra["sft_tasks"], get_workflow(wf), eng, c, n=1)
+            groups = rollout_once(run.extra["sft_tasks"], get_workflow(wf), oracle(wf, c, run.tokenizer), c, n=1)
             rows = [x for g in groups for x in g.segments()]
             recalls = [x for x in rows if x.info.get("recall_query")]
-            rows += recalls * (k - 1)
-            rows_all += rows
-            stats[wf] = {"rows": len(rows), "recall_steps": len(recalls),
+            rows_all += rows + recalls * (k - 1)
+            stats[wf] = {"rows": len(rows) + len(recalls) * (k - 1), "recall_steps": len(recalls),
                          "accuracy": 100 * sum(g.rewards[0] for g in groups) / len(groups)}
-            print(f"sft traces {wf}: {len(rows)} rows ({len(recalls)} recall steps x{k}), demonstrator accuracy "
-                  f"{stats[wf]['accuracy']:.1f}%", flush=True)
+            print(f"sft traces {wf}: {stats[wf]['rows']} rows ({len(recalls)} recall steps x{k}), demonstrator "
+                  f"accuracy {stats[wf]['accuracy']:.1f}%", flush=True)
         return rows_all, stats
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
-        out = {"greedy": self.eval_policy(run, policy, Path(model_dir))}
-        if run.cfg.eval.sampled:
-            out["sampled"] = self.eval_policy(run, policy, Path(model_dir), sampled=True)
+        modes = ("greedy", "sampled") if run.cfg.eval.sampled else ("greedy",)
+        out = {m: heldout_eval(run, policy, Path(model_dir), sampled=m == "sampled") for m in modes}
         if policy == "rl" and run.cfg.method == "rememr1":  # the ablation: queries retrieve nothing
-            run.extra["rl_norecall"] = {m: self.eval_policy(run, "rl_norecall", Path(model_dir), sampled=m == "sampled",
-                                                            recall=False) for m in out}
+            run.extra["rl_norecall"] = {m: heldout_eval(run, "rl_norecall", Path(model_dir), sampled=m == "sampled",
+                                                        recall=False) for m in modes}
         return out
 
-    def eval_policy(self, run: RecipeRun, name: str, model_dir: Path | None, *, sampled: bool = False,
-                    recall: bool = True) -> dict[str, Any]:
-        """memrl.eval.runner on the held-out files: `model_dir`'s policy (None: the arm's scripted oracle)."""
-        wf, cfg = run.cfg.method, run.cfg
-        res = run.out / "eval" / (name + ("_sampled" if sampled else ""))
-        c = preset_workflow(wf)
-        tdir = run.out / "templates" / wf
-        tdir.mkdir(parents=True, exist_ok=True)
-        mem, fin = c.templates()
-        # a template file's text is used exactly (template_strip=false): the prompt text, no final newline
-        (tdir / "memory.txt").write_text(mem.text, encoding="utf-8", newline="")
-        (tdir / "final.txt").write_text(fin.text, encoding="utf-8", newline="")
-        keep = ("chunk_tokens", "max_memory_tokens", "max_final_tokens", "scorer")
-        section = {"name": wf, **{k: getattr(c, k) for k in keep if hasattr(c, k)},
-                   "memory_template_file": str(tdir / "memory.txt"), "final_template_file": str(tdir / "final.txt")}
-        if sampled:
-            section["temperature"] = cfg.eval.temperature
-        if not recall:
-            section["recall"] = False
-        engine = None
-        if model_dir is None:
-            engine = ScriptedEngine(LookbackDemonstrator.for_config(wf, c), tokenizer=run.tokenizer)
-        hf = HFSection(kv_cache="padded") if cfg.old_defaults else HFSection()
-        ecfg = EvalConfig(workflow=section, engine=EngineConfig(model=str(model_dir or "oracle"), max_batch_size=256,
-                                                                hf=hf), concurrency=256, name=res.name, progress=False)
-        files = [str(run.out / "data" / f"eval_{n}.json") for n in cfg.eval.lengths]
-        evaluate(files, res, ecfg, engine=engine)
-        return summarize(res)
-
-    def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
-        return results["heldout_sha256"]
-
-    def markdown(self, results: dict[str, Any]) -> str:
-        return GRID.render(results, self.policies)
-
     def sweep_table(self, e: dict[str, Any]) -> list[str]:
-        return GRID.render_sweep(e, self.policies)
+        return GRID.render_sweep(e)
 
 
 RECIPE = LookbackRecipe()

@@ -6,7 +6,6 @@ and the parts of results.json several methods declare alike (`HEAD`, `TAIL`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from typing import Any, ClassVar
 from memrl.config import MAX_COUNT, MAX_SEED, valid
 from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_splits
 from memrl.eval.evaluator import EngineRollout, model_engine
-from memrl.recipes.pipeline import ModelShape, Recipe, RecipeConfig, RecipeRun
+from memrl.recipes.pipeline import ModelShape, Recipe, RecipeConfig, RecipeRun, files_sha256
 from memrl.workflows import parse_workflow
 
 # ---------------------------------------------------------------------------------------------- task splits
@@ -134,7 +133,7 @@ def eval_tasks(run: RecipeRun) -> int:
 
 def heldout_sha256(run: RecipeRun) -> str:
     """A results.json declaration: the SHA-256 of data/heldout_tasks.jsonl (the sweep's `fingerprint`)."""
-    return hashlib.sha256((run.out / "data" / "heldout_tasks.jsonl").read_bytes()).hexdigest()
+    return files_sha256([run.out / "data" / "heldout_tasks.jsonl"])
 
 
 SWEEP_METHOD = {"method": ("first", "method")}

@@ -224,6 +224,10 @@ class Recipe:
     value is read)."""
     task_seeds: ClassVar[tuple[str, ...]] = ()
     """The seed keys that generate training tasks (never equal to a held-out task seed)."""
+    heldout_per: ClassVar[str] = ""
+    """The eval field listing the held-out sets, set n drawn at eval.seed + n ("" = one set at eval.seed)."""
+    heldout_files: ClassVar[str] = "data/heldout_tasks.jsonl"
+    """The held-out file(s) `fingerprint` hashes; with "{}", one per entry of results.json's "lengths"."""
     outputs: ClassVar[tuple[str, ...]] = ("results.md", "results.json")
     """The files `write` makes in the output directory (printed when the run ends)."""
     summary_fields: ClassVar[tuple[str, ...]] = ("accuracy",)
@@ -269,6 +273,7 @@ class Recipe:
         demo_ov, train_ov = split_overrides(self.expand(list(overrides)))
         cfg = load_config(self.config, demo_ov)
         self.check(cfg, train_ov)
+        self.check_task_seeds(cfg)
         run = load_train(cfg, train_ov, out_dir, self.train_overrides(cfg, out_dir))
         self.check_run(run)
         set_threads(run.cfg)
@@ -280,6 +285,17 @@ class Recipe:
 
     def check(self, cfg: Any, train_overrides: list[str]) -> None:
         """Refuse a demo config (or a training override) the method cannot run, before the RL config loads."""
+
+    def training_task_seeds(self, cfg: Any) -> dict[str, int]:
+        """The training task seeds `check_task_seeds` refuses when held-out (its name in the message -> value)."""
+        return {}
+
+    def check_task_seeds(self, cfg: Any) -> None:
+        """Refuse a training task seed (`training_task_seeds`) that is a held-out one (after `check`)."""
+        held = self.heldout_seeds(cfg)
+        for what, seed in self.training_task_seeds(cfg).items():
+            needs(seed not in held, f"{what} {seed} is a held-out task seed ({', '.join(map(str, sorted(held)))}): "
+                  "the training tasks would be held-out ones")
 
     def train_overrides(self, cfg: Any, out_dir: str | Path) -> list[str]:
         """The RL config's overrides the method sets (before the command line's, which win)."""
@@ -395,19 +411,17 @@ class Recipe:
                 if key in root or p in ("sft", "rl")}
 
     def heldout_seeds(self, cfg: Any) -> set[int]:
-        """The seeds held-out tasks are drawn from (no training task seed may equal one)."""
-        return {cfg.eval.seed}
+        """The seeds held-out tasks are drawn from (no training task seed may equal one; `heldout_per`)."""
+        return {cfg.eval.seed + n for n in getattr(cfg.eval, self.heldout_per)} if self.heldout_per else {cfg.eval.seed}
 
     def check_sweep(self, cfg: Any) -> None:
         """Refuse settings the sweep's table cannot aggregate (before any run)."""
 
     def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
         """What must be equal across a sweep's runs for their held-out numbers to be comparable: the SHA-256
-        of data/heldout_tasks.jsonl."""
-        path = out / "data" / "heldout_tasks.jsonl"
-        if not path.is_file():
-            raise UserError(f"{path}: missing; cannot check that the run evaluated the same held-out tasks")
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        of the held-out task files (`heldout_files`)."""
+        each = results["lengths"] if "{}" in self.heldout_files else [""]
+        return files_sha256([out / self.heldout_files.format(n) for n in each])
 
     def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
         """Entries of the sweep's per-capability aggregate beside the cells (`sweep_extras`)."""
@@ -439,6 +453,16 @@ class Recipe:
         (out / "results.md").write_text(md, encoding="utf-8")
         self.plot(results, out)
         return md
+
+
+def files_sha256(paths: list[Path]) -> str:
+    """The SHA-256 of the files' bytes one after another (a run's held-out task files: `Recipe.fingerprint`)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        if not path.is_file():
+            raise UserError(f"{path}: missing; cannot check that the run evaluated the same held-out tasks")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def _path(obj: Any, dotted: str) -> Any:

@@ -175,16 +175,19 @@ class GridTable:
     buckets: str = "lengths"
     title: str = ""
     sweep_title: str = ""
+    policies: tuple[tuple[str, str], ...] = ()
+    """The rows: (policy, its results.json key), in table order (a method's `policies`)."""
 
     def _head(self, buckets: list[Any]) -> list[str]:
         head = ["policy", *(self.bucket.format(b) for b in buckets), *(h for h, _, _ in self.pooled)]
         return ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
 
-    def render(self, results: dict[str, Any], policies: tuple[tuple[str, str], ...]) -> str:
+    def render(self, results: dict[str, Any], nesting: str = "") -> str:
+        """results.md (a method's `table`; `nesting` is always decoding -> bucket)."""
         buckets = results[self.buckets]
         lines = [self.title.format_map(results), ""]
         for mode in DECODINGS:
-            rows = [(key, results[key][mode]) for _, key in policies if mode in results.get(key, {})]
+            rows = [(key, results[key][mode]) for _, key in self.policies if mode in results.get(key, {})]
             if rows:
                 lines += [f"{mode}:", "", *self._head(buckets)]
                 for key, by in rows:
@@ -194,9 +197,9 @@ class GridTable:
                 lines.append("")
         return "\n".join(lines)
 
-    def render_sweep(self, e: dict[str, Any], policies: tuple[tuple[str, str], ...]) -> list[str]:
+    def render_sweep(self, e: dict[str, Any]) -> list[str]:
         buckets = [b for b in e["buckets"] if b != "all"]
-        keys = [k for p, _ in policies for k in ((p, "gain") if p == "rl" else (p,))]
+        keys = [k for p, _ in self.policies for k in ((p, "gain") if p == "rl" else (p,))]
         lines = [self.sweep_title.format_map(e), ""]
         for mode, by in e["cells"].items():
             lines += [f"{mode}:", "", *self._head(buckets)]
