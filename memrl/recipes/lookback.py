@@ -30,7 +30,6 @@ evaluations with kv_cache=padded, as docs/results/rememr1.md's tables were recor
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -47,6 +46,7 @@ from memrl.data.synthetic_lookback import LookbackConfig as Shape
 from memrl.data.synthetic_lookback import corpus_extra, make_lookback_tasks
 from memrl.demonstrators import LookbackDemonstrator, ScriptedEngine
 from memrl.engines import EngineConfig, HFSection
+from memrl.eval.evaluator import mean_and_se
 from memrl.eval.runner import EvalConfig, evaluate
 from memrl.models.tiny import init_tiny_model
 from memrl.recipes.parts import HEAD, SWEEP_METHOD, TAIL, count_parameters
@@ -191,8 +191,8 @@ def summarize(res_dir: Path) -> dict[str, dict[str, Any]]:
     for n, rs in by.items():
         steps, recalls, hits, errors = (sum(r["metrics"].get(k, 0) for r in rs)
                                         for k in ("num_chunks", "recalls", "callback_hits", "format_errors"))
-        p = sum(r["em"] for r in rs) / len(rs)
-        out[n] = {"n": len(rs), "accuracy": 100 * p, "se": 100 * math.sqrt(p * (1 - p) / len(rs)), "steps": steps,
+        p, se = mean_and_se([r["em"] for r in rs], ddof=0)  # the binomial sqrt(p (1 - p) / n)
+        out[n] = {"n": len(rs), "accuracy": 100 * p, "se": 100 * se, "steps": steps,
                   "recalls": recalls, "hits": hits, "recall_rate": recalls / steps if steps else 0.0,
                   "callback_hit_rate": hits / recalls if recalls else None, "format_errors": errors / max(steps, 1)}
     return out

@@ -32,30 +32,26 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from memrl.config import MAX_COUNT, MAX_SEED, ConfigError, valid
+from memrl.config import MAX_COUNT, MAX_SEED, valid
 from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks, tokenizer_text
 from memrl.data.tasks_jsonl import write_tasks
 from memrl.demonstrators.mem1 import StateDemonstrator, mem1_demonstrations
 from memrl.recipes.parts import (
     HEAD,
     TAIL,
+    Arm,
+    ArmRecipe,
     SplitConfig,
     SplitRecipe,
-    count_parameters,
+    describe,
     engine_eval,
     heldout_sha256,
+    set_workflow,
 )
-from memrl.recipes.pipeline import (
-    EvalSettings,
-    ModelShape,
-    RecipeRun,
-    TaskSFTSettings,
-    run_recipe,
-)
+from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, TaskSFTSettings, needs, run_recipe
 from memrl.recipes.scratch import init_model
 from memrl.recipes.summaries import evaluate_mem1, mem1_summary
 from memrl.recipes.tables import ACCURACY_SE, GAIN_ROWS, RunTable, SweepTable
-from memrl.training.assemble import validate
 from memrl.types import Task
 
 __all__ = ["METHODS", "RECIPE", "Mem1DemoConfig", "Mem1DemoEval", "Mem1DemoSFT", "heldout_tasks", "mem1_summary",
@@ -63,6 +59,8 @@ __all__ = ["METHODS", "RECIPE", "Mem1DemoConfig", "Mem1DemoEval", "Mem1DemoSFT",
 
 METHODS: dict[str, str] = {"mem1": "latest_state", "full_history": "full_history"}
 """`method` -> the mem1 workflow's `context` setting."""
+ARMS = {m: Arm({"name": "mem1", "context": c}, ()) for m, c in METHODS.items()}
+"""`method` -> its RL config's workflow (memrl.recipes.parts.ArmRecipe)."""
 
 
 @dataclass
@@ -115,11 +113,35 @@ def heldout_tasks(cfg: Mem1DemoConfig) -> dict[int, list[Task]]:
                           prefix=f"heldout_k{k}_") for k in cfg.eval.objectives}
 
 
-class Mem1Recipe(SplitRecipe):
+def oracle_texts(tasks: list[Task], plays: dict[str, Any]) -> list[str]:
+    """Beside the task text, the tokenizer's: each task's prompt, the oracle's first reply and its answer."""
+    first, out = next(iter(plays.values())), []
+    for task in tasks:
+        out += [first.template().render(question=task.question), StateDemonstrator(first.answer_separator)(
+            task.question), f"<IS>{';'.join(task.answers)}</IS><answer>{'; '.join(task.answers)}</answer>"]
+    return out
+
+
+def positions(cfg: Mem1DemoConfig, wf_cfg: Any, full: list[Any], kmax: int) -> dict[str, int]:
+    """results.json's "positions": the model's, the prompt cap, the scripted full-history agent's (its groups
+    `full` at the largest held-out count `kmax`) peak context and largest prompt, which the cap must hold."""
+    full_peak = int(max(g.trajectories[0].metrics["peak_context_tokens"] for g in full))
+    full_prompt = max(s.info["context_tokens"] for g in full for s in g.trajectories[0].segments)
+    needs(full_prompt <= wf_cfg.max_context_tokens, f"workflow.max_context_tokens {wf_cfg.max_context_tokens} "
+          f"(model.max_positions {cfg.model.max_positions} - workflow.max_turn_tokens {wf_cfg.max_turn_tokens} unless "
+          f"set) < {full_prompt}, the scripted full-history agent's largest prompt at {kmax} objectives")
+    return {"max_positions": cfg.model.max_positions, "max_context_tokens": wf_cfg.max_context_tokens,
+            "full_history_scripted_peak": full_peak, "full_history_scripted_prompt": full_prompt}
+
+
+class Mem1Recipe(SplitRecipe, ArmRecipe):
     """The MEM1 demo as a recipe method (module docstring)."""
 
     name = "mem1"
     config = Mem1DemoConfig
+    arms = ARMS
+    heldout_per = "objectives"  # one held-out set per objective count k, drawn at eval.seed + k
+    demo_summary, demo_format = staticmethod(mem1_summary), "peak context {peak_context_tokens:.0f}"
 
     results_json = {**HEAD, "objectives": "cfg.eval.objectives", "train_objectives": "cfg.task.sub_questions",
                     "eval_tasks": "cfg.eval.num_tasks", "heldout_sha256": heldout_sha256,
@@ -137,44 +159,29 @@ class Mem1Recipe(SplitRecipe):
                        bucket="objectives")
 
     def check(self, cfg: Any, train_overrides: list[str]) -> None:
-        if set_context := self.overridden(train_overrides, "workflow.context"):
-            raise ConfigError(f"workflow.context is set by method ({cfg.method}: {METHODS[cfg.method]}); drop "
-                              f"{set_context!r}")
-        ks = cfg.eval.objectives
-        if len(set(ks)) != len(ks):
-            raise ConfigError(f"eval.objectives must be distinct counts, got {ks}")
-        if max(ks) > cfg.task.entities_per_task:
-            raise ConfigError(f"eval.objectives: {max(ks)} objectives need task.entities_per_task >= {max(ks)}, got "
-                              f"{cfg.task.entities_per_task}")
-        held = {cfg.eval.seed + k for k in ks}
-        for name, seed in (("sft.seed", cfg.sft.seed), ("rl_task_seed", cfg.rl_task_seed)):
-            if seed in held:
-                raise ConfigError(f"{name}={seed} is a held-out task seed (eval.seed + k: {sorted(held)}): the "
-                                  "training tasks would be held-out ones")
+        set_context, ks = self.overridden(train_overrides, "workflow.context"), cfg.eval.objectives
+        needs(not set_context, f"workflow.context is set by method ({cfg.method}: {METHODS[cfg.method]}); drop "
+              f"{set_context!r}")
+        needs(len(set(ks)) == len(ks), f"eval.objectives must be distinct counts, got {ks}")
+        needs(max(ks) <= cfg.task.entities_per_task, f"eval.objectives: {max(ks)} objectives need "
+              f"task.entities_per_task >= {max(ks)}, got {cfg.task.entities_per_task}")
 
-    def train_overrides(self, cfg: Any, out_dir: str | Path) -> list[str]:
-        return [*super().train_overrides(cfg, out_dir), "workflow=mem1", f"workflow.context={METHODS[cfg.method]}"]
+    def training_task_seeds(self, cfg: Any) -> dict[str, int]:
+        return {"sft.seed": cfg.sft.seed, "rl_task_seed": cfg.rl_task_seed}
 
     def check_run(self, run: RecipeRun) -> None:
-        cfg, tcfg, ks = run.cfg, run.tcfg, run.cfg.eval.objectives
-        wf_cfg = run.wf_cfg
-        self.need_workflow(run, "mem1")
-        if wf_cfg.max_turns < max(ks) + 1:
-            raise ConfigError(f"workflow.max_turns {wf_cfg.max_turns} < {max(ks) + 1} (one search per objective and "
-                              f"the answer at eval.objectives' largest count {max(ks)})")
-        cap = cfg.model.max_positions - wf_cfg.max_turn_tokens
-        if cap < 1:
-            raise ConfigError(f"model.max_positions {cfg.model.max_positions} must exceed workflow.max_turn_tokens "
-                              f"{wf_cfg.max_turn_tokens}")
-        if wf_cfg.max_context_tokens > cap:
-            raise ConfigError(f"workflow.max_context_tokens {wf_cfg.max_context_tokens} > model.max_positions "
-                              f"{cfg.model.max_positions} - workflow.max_turn_tokens {wf_cfg.max_turn_tokens} = {cap}")
+        super().check_run(run)
+        maxpos, wf_cfg, kmax = run.cfg.model.max_positions, run.wf_cfg, max(run.cfg.eval.objectives)
+        needs(wf_cfg.max_turns >= kmax + 1, f"workflow.max_turns {wf_cfg.max_turns} < {kmax + 1} (one search per "
+              f"objective and the answer at eval.objectives' largest count {kmax})")
+        cap = maxpos - wf_cfg.max_turn_tokens
+        needs(cap >= 1, f"model.max_positions {maxpos} must exceed workflow.max_turn_tokens {wf_cfg.max_turn_tokens}")
+        needs(wf_cfg.max_context_tokens <= cap, f"workflow.max_context_tokens {wf_cfg.max_context_tokens} > model."
+              f"max_positions {maxpos} - workflow.max_turn_tokens {wf_cfg.max_turn_tokens} = {cap}")
         if not wf_cfg.max_context_tokens:  # no call may pass the model's positions (the engine refuses it)
-            tcfg.workflow["max_context_tokens"] = cap
-            run.spec, run.wf_cfg = validate(tcfg)
-        if run.wf_cfg.retriever_scope != "task":
-            raise ConfigError(f"workflow.retriever_scope must be task (each task searches its own fact sheet), got "
-                              f"{run.wf_cfg.retriever_scope!r}")
+            set_workflow(run, max_context_tokens=cap)
+        needs(run.wf_cfg.retriever_scope == "task", "workflow.retriever_scope must be task (each task searches its "
+              f"own fact sheet), got {run.wf_cfg.retriever_scope!r}")
 
     def init(self, run: RecipeRun) -> None:
         cfg, out, wf_cfg = run.cfg, run.out, run.wf_cfg
@@ -184,29 +191,15 @@ class Mem1Recipe(SplitRecipe):
         write_tasks(out / "data" / "heldout_tasks.jsonl", [t for ts in held.values() for t in ts])
         # both `context` settings' contexts: the same tokenizer whatever the method
         plays = {c: replace(wf_cfg, context=c, max_context_tokens=0) for c in METHODS.values()}
-        first, extra = next(iter(plays.values())), []
-        for task in sft_tasks[:40]:
-            extra += [first.template().render(question=task.question), StateDemonstrator(first.answer_separator)(
-                task.question), f"<IS>{';'.join(task.answers)}</IS><answer>{'; '.join(task.answers)}</answer>"]
         run.tokenizer, run.model = init_model(out, cfg.model.preset(), cfg.model.vocab_size, cfg.seed,
-                                              partial(tokenizer_text, cfg.task), extra, lambda tok: [
-                                                  g for c in plays.values() for g in mem1_demonstrations(sft_tasks[:60], tok, c)])
+                                              partial(tokenizer_text, cfg.task), oracle_texts(sft_tasks[:40], plays),
+                                              lambda tok: [g for c in plays.values()
+                                                           for g in mem1_demonstrations(sft_tasks[:60], tok, c)])
         kmax = max(cfg.eval.objectives)
-        full = mem1_demonstrations(held[kmax], run.tokenizer, plays["full_history"])
-        full_peak = int(max(g.trajectories[0].metrics["peak_context_tokens"] for g in full))
-        full_prompt = max(s.info["context_tokens"] for g in full for s in g.trajectories[0].segments)
-        if full_prompt > wf_cfg.max_context_tokens:
-            raise ConfigError(f"workflow.max_context_tokens {wf_cfg.max_context_tokens} (model.max_positions "
-                              f"{cfg.model.max_positions} - workflow.max_turn_tokens {wf_cfg.max_turn_tokens} unless "
-                              f"set) < {full_prompt}, the scripted full-history agent's largest prompt at {kmax} "
-                              "objectives")
-        n_params = count_parameters(run.model)
-        print(f"method {cfg.method}: workflow mem1 context={wf_cfg.context}, {run.tcfg.algorithm.name}; model "
-              f"{n_params / 1e6:.2f}M parameters, vocabulary {len(run.tokenizer)}, positions "
-              f"{cfg.model.max_positions} (full history's scripted peak at k={kmax}: {full_peak})")
-        run.extra.update(sft_tasks=sft_tasks, held=held, n_params=n_params, positions={
-            "max_positions": cfg.model.max_positions, "max_context_tokens": wf_cfg.max_context_tokens,
-            "full_history_scripted_peak": full_peak, "full_history_scripted_prompt": full_prompt})
+        pos = positions(cfg, wf_cfg, mem1_demonstrations(held[kmax], run.tokenizer, plays["full_history"]), kmax)
+        describe(run, f" context={wf_cfg.context}", tail=f", positions {cfg.model.max_positions} (full history's "
+                 f"scripted peak at k={kmax}: {pos['full_history_scripted_peak']})")
+        run.extra.update(sft_tasks=sft_tasks, held=held, positions=pos)
 
     def scripted(self, run: RecipeRun) -> None:
         run.extra["scripted"] = {str(k): mem1_summary(mem1_demonstrations(ts, run.tokenizer, run.wf_cfg))
@@ -215,18 +208,11 @@ class Mem1Recipe(SplitRecipe):
     def play(self, run: RecipeRun) -> list[Any]:
         return mem1_demonstrations(run.extra["sft_tasks"], run.tokenizer, run.wf_cfg, seed=run.cfg.sft.seed)
 
-    demo_summary = staticmethod(mem1_summary)
-
-    demo_format = "peak context {peak_context_tokens:.0f}"
-
     def demo_extra(self, run: RecipeRun, trajs: list[Any]) -> dict[str, Any]:
         return {"objectives_per_task": [len(t.meta["sub_questions"]) for t in run.extra["sft_tasks"]]}
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         return engine_eval(evaluate_mem1, run, model, model_dir, run.extra["held"])
-
-    def heldout_seeds(self, cfg: Any) -> set[int]:
-        return {cfg.eval.seed + k for k in cfg.eval.objectives}  # one held-out set per objective count k
 
 
 RECIPE = Mem1Recipe()

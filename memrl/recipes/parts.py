@@ -16,6 +16,7 @@ from memrl.config import MAX_COUNT, MAX_SEED, valid
 from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_splits
 from memrl.eval.evaluator import EngineRollout, model_engine
 from memrl.recipes.pipeline import ModelShape, Recipe, RecipeConfig, RecipeRun, files_sha256
+from memrl.training.assemble import validate
 from memrl.workflows import parse_workflow
 
 # ---------------------------------------------------------------------------------------------- task splits
@@ -93,6 +94,12 @@ def workflow_section(tcfg: Any, name: str, **fields: Any) -> Any:
     return parse_workflow({"name": name, **fields}, defaults=dict(tcfg.workflow))[1]
 
 
+def set_workflow(run: RecipeRun, **fields: Any) -> None:
+    """Set `fields` in the RL config's workflow section and validate it again (run.spec, run.wf_cfg)."""
+    run.tcfg.workflow.update(fields)
+    run.spec, run.wf_cfg = validate(run.tcfg)
+
+
 # ---------------------------------------------------------------------------------------------- stages
 
 
@@ -108,6 +115,14 @@ def engine_eval(evaluate: Callable[..., Any], run: RecipeRun, model: Any, model_
 
 def count_parameters(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def describe(run: RecipeRun, workflow: str = "", mid: str = "", tail: str = "") -> None:
+    """Print the run's line (method, workflow + `workflow`, estimator, `mid`, the model's size and vocabulary,
+    `tail`) once the model is made; run.extra["n_params"] = its parameter count."""
+    run.extra["n_params"] = n = count_parameters(run.model)
+    print(f"method {run.cfg.method}: workflow {run.spec.name}{workflow}, {run.tcfg.algorithm.name}; {mid}model "
+          f"{n / 1e6:.2f}M parameters, vocabulary {len(run.tokenizer)}{tail}")
 
 
 # ---------------------------------------------------------------------------------------------- results

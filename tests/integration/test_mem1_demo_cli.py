@@ -100,7 +100,7 @@ def test_scripted_contexts_latest_state_vs_full_history(tmp_path):
     ("method=folding", "method"),
     ("train.workflow.context=full_history", "workflow.context is set by method"),
     ("eval.objectives=[2,32]", "eval.objectives: 32 objectives need task.entities_per_task >= 32"),
-    ("sft.seed=903", "sft.seed=903 is a held-out task seed"),
+    ("sft.seed=903", "sft.seed 903 is a held-out task seed"),
     ("train.workflow.max_turns=9", "workflow.max_turns 9 < 17"),
     ("eval.objectives=[2,2]", "eval.objectives must be distinct"),
     ("workflow.max_context_tokens=1000", "workflow.max_context_tokens 1000 > model.max_positions 1024 - "
