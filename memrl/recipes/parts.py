@@ -17,6 +17,7 @@ from memrl.config import MAX_COUNT, MAX_SEED, valid
 from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_splits
 from memrl.eval.evaluator import EngineRollout, model_engine
 from memrl.recipes.pipeline import ModelShape, Recipe, RecipeConfig, RecipeRun
+from memrl.training.assemble import validate
 from memrl.workflows import parse_workflow
 
 # ---------------------------------------------------------------------------------------------- task splits
@@ -94,6 +95,13 @@ def workflow_section(tcfg: Any, name: str, **fields: Any) -> Any:
     return parse_workflow({"name": name, **fields}, defaults=dict(tcfg.workflow))[1]
 
 
+def set_workflow(run: RecipeRun, **fields: Any) -> None:
+    """Set `fields` in the RL config's workflow section and parse it again (run.spec, run.wf_cfg): what a method
+    derives once its model is made (a calibrated budget)."""
+    run.tcfg.workflow.update(fields)
+    run.spec, run.wf_cfg = validate(run.tcfg)
+
+
 # ---------------------------------------------------------------------------------------------- stages
 
 
@@ -111,6 +119,14 @@ def count_parameters(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def print_model(run: RecipeRun, note: str = "") -> None:
+    """Count the model's parameters into run.extra["n_params"] (results.json's `TAIL`) and print the method's
+    line: its workflow and estimator, `note`, the model's size and vocabulary."""
+    run.extra["n_params"] = n_params = count_parameters(run.model)
+    print(f"method {run.cfg.method}: workflow {run.spec.name}, {run.tcfg.algorithm.name}; {note}model "
+          f"{n_params / 1e6:.2f}M parameters, vocabulary {len(run.tokenizer)}")
+
+
 # ---------------------------------------------------------------------------------------------- results
 
 
@@ -126,6 +142,7 @@ TAIL: dict[str, Any] = {"timings": "timings", "num_parameters": "extra.n_params"
                         "vocab_size": lambda run: len(run.tokenizer), "sft_losses": "sft_losses",
                         "copy_warmup_losses": "warmup_losses", "rl_history": history("reward/mean", "train/rows")}
 """results.json's run entries: timings, model size, the cold start's losses, RL's reward and rows."""
+
 
 def eval_tasks(run: RecipeRun) -> int:
     """A results.json declaration: the number of held-out tasks of the run's splits (`write_data`)."""
