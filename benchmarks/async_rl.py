@@ -45,12 +45,13 @@ MODES = {
 
 def build_sft(out: Path, demo_overrides: list[str]) -> Path:
     """The demo's init + cold-start stages (memrl.recipes.memagent), once: <out>/sft."""
-    from memrl.recipes import memagent as demo
+    from memrl.recipes.memagent import RECIPE
+    from memrl.recipes.pipeline import cold_start
 
-    cfg, tcfg, out, (spec, wf_cfg) = demo.load_demo_configs(demo_overrides, out)
-    tokenizer, model = demo.init_model(cfg, tcfg, out, wf_cfg)
-    demo.cold_start(cfg, tcfg, model, tokenizer, wf_cfg, out)
-    return out / "sft"
+    run = RECIPE.configs(demo_overrides, out)
+    RECIPE.init(run)
+    cold_start(run, RECIPE.demonstrations(run)[0], tensorboard=run.tcfg.trainer.tensorboard)
+    return run.out / "sft"
 
 
 def pin_placement() -> None:
@@ -73,7 +74,9 @@ def child(mode: str, sft: Path, out: Path, steps: int, threshold: float, window:
           demo_overrides: list[str], pin: bool = False) -> dict:
     import torch
 
-    from memrl.recipes import memagent as demo
+    from memrl.eval.evaluator import evaluate_policy
+    from memrl.recipes.memagent import RECIPE, heldout_tasks, protocol
+    from memrl.recipes.parts import engine_eval
     from memrl.training.assemble import assemble
     from memrl.training.trainer import Trainer
 
@@ -83,7 +86,8 @@ def child(mode: str, sft: Path, out: Path, steps: int, threshold: float, window:
              "train.trainer.progress=false", "train.trainer.tensorboard=false",
              f"train.ray.temp_dir={Path('/tmp') / ('ray_async_' + mode)}", "train.ray.num_cpus=2",
              *[f"train.{o}" for o in MODES[mode]]]
-    cfg, tcfg, _, workflow = demo.load_demo_configs([*demo_overrides, *train], run)
+    demo = RECIPE.configs([*demo_overrides, *train], run)
+    cfg, tcfg, workflow = demo.cfg, demo.tcfg, (demo.spec, demo.wf_cfg)
     stamps: list[tuple[float, dict[str, float]]] = []
     t0 = time.perf_counter()
     trainer = Trainer(assemble(tcfg, workflow=workflow),
@@ -105,10 +109,10 @@ def child(mode: str, sft: Path, out: Path, steps: int, threshold: float, window:
         return statistics.fmean(vals) if vals else None
 
     step_s = sum(m["time/step_s"] for _, m in stamps)
-    spec, wf_cfg = workflow
-    tasks = demo.heldout_tasks(cfg, tcfg)
+    tasks = heldout_tasks(cfg, tcfg)
     t_eval = time.perf_counter()
-    ev = demo.evaluate_model(cfg, tcfg, spec, wf_cfg, trainer.model, trainer.parts.tokenizer, tasks, sft)
+    demo.tokenizer = trainer.parts.tokenizer
+    ev = engine_eval(evaluate_policy, demo, trainer.model, sft, tasks, protocol(cfg), log=print)
     res = {
         "mode": mode, "steps": len(stamps), "setup_s": t_fit - t0, "fit_s": t_end - t_fit,
         "steps_per_hour": len(stamps) / (t_end - t_fit) * 3600, "threshold": threshold, "window": window,

@@ -27,7 +27,10 @@ import argparse
 import time
 from dataclasses import replace
 
-from memrl.recipes.memagent import cold_start, evaluate_model, heldout_tasks, init_model, load_demo_configs
+from memrl.eval.evaluator import evaluate_policy
+from memrl.recipes.memagent import RECIPE, heldout_tasks, protocol
+from memrl.recipes.parts import engine_eval
+from memrl.recipes.pipeline import cold_start
 
 
 def main() -> int:
@@ -37,23 +40,24 @@ def main() -> int:
     ap.add_argument("--start-from", default=None, metavar="DIR",
                     help="HF checkpoint to fine-tune (default: a fresh model, as `memrl demo` inits it)")
     args = ap.parse_args()
-    cfg, tcfg, out, (spec, wf_cfg) = load_demo_configs(["train.trainer.progress=false", *args.overrides], args.out)
-    cfg = replace(cfg, sft=replace(cfg.sft, p_aware=1.0), eval=replace(cfg.eval, samples=0, greedy=True))
+    run = RECIPE.configs(["train.trainer.progress=false", *args.overrides], args.out)
+    cfg = run.cfg = replace(run.cfg, sft=replace(run.cfg.sft, p_aware=1.0),
+                            eval=replace(run.cfg.eval, samples=0, greedy=True))
     t0 = time.perf_counter()
     if args.start_from:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(args.start_from)
-        model = AutoModelForCausalLM.from_pretrained(args.start_from)
+        run.tokenizer = AutoTokenizer.from_pretrained(args.start_from)
+        run.model = AutoModelForCausalLM.from_pretrained(args.start_from)
     else:
-        tokenizer, model = init_model(cfg, tcfg, out, wf_cfg)
-    cold_start(cfg, tcfg, model, tokenizer, wf_cfg, out)
+        RECIPE.init(run)
+    cold_start(run, RECIPE.demonstrations(run)[0], tensorboard=run.tcfg.trainer.tensorboard)
     sft_s = time.perf_counter() - t0
-    tasks = heldout_tasks(cfg, tcfg)
+    tasks = heldout_tasks(cfg, run.tcfg)
     lengths = list(tasks)
     res = {n: r["greedy"].to_json() for n, r in
-           evaluate_model(cfg, tcfg, spec, wf_cfg, model, tokenizer, tasks, out / "sft").items()}
-    params = sum(p.numel() for p in model.parameters())
+           engine_eval(evaluate_policy, run, run.model, run.out / "sft", tasks, protocol(cfg), log=print).items()}
+    params = sum(p.numel() for p in run.model.parameters())
     print("| overrides | params | SFT s | " + " | ".join(f"{n} chunks" for n in lengths) + " |")
     print("|---|---:|---:|" + "---:|" * len(lengths))
     cells = " | ".join(f"{res[n]['accuracy']:.1f}" for n in lengths)

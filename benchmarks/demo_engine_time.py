@@ -25,8 +25,9 @@ from typing import Any
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from memrl.eval.evaluator import results_to_json
-from memrl.recipes.memagent import evaluate_model, heldout_tasks, load_demo_configs
+from memrl.eval.evaluator import evaluate_policy, results_to_json
+from memrl.recipes.memagent import RECIPE, heldout_tasks, protocol
+from memrl.recipes.parts import engine_eval
 from memrl.training.assemble import assemble
 from memrl.training.checkpoint import latest_checkpoint
 from memrl.training.trainer import Trainer
@@ -41,11 +42,10 @@ def run_mode(src: Path, out: Path, mode: str, overrides: list[str], stages: list
         shutil.rmtree(out)
     out.mkdir(parents=True)
     shutil.copytree(src / "sft", out / "sft")
-    cfg, tcfg, out, workflow = load_demo_configs([*overrides, f"engine.hf.kv_cache={mode}",
-                                                  "train.trainer.progress=false"], out)
-    spec, wf_cfg = workflow
+    run = RECIPE.configs([*overrides, f"engine.hf.kv_cache={mode}", "train.trainer.progress=false"], out)
+    cfg, tcfg, out = run.cfg, run.tcfg, run.out
     tasks = heldout_tasks(cfg, tcfg)
-    tokenizer = AutoTokenizer.from_pretrained(out / "sft")
+    run.tokenizer = AutoTokenizer.from_pretrained(out / "sft")
     got: dict[str, Any] = {"mode": mode, "timings": {}}
 
     def done(stage: str, t0: float) -> None:
@@ -55,19 +55,21 @@ def run_mode(src: Path, out: Path, mode: str, overrides: list[str], stages: list
     if "eval_sft" in stages:
         t0 = time.perf_counter()
         model = AutoModelForCausalLM.from_pretrained(out / "sft")
-        got["sft"] = results_to_json(evaluate_model(cfg, tcfg, spec, wf_cfg, model, tokenizer, tasks, out / "sft"))
+        got["sft"] = results_to_json(engine_eval(evaluate_policy, run, model, out / "sft", tasks, protocol(cfg),
+                                                 log=print))
         done("eval_sft", t0)
     if "rl" in stages or "eval_rl" in stages:
         t0 = time.perf_counter()
-        trainer = Trainer(assemble(tcfg, workflow=workflow))
+        trainer = Trainer(assemble(tcfg, workflow=(run.spec, run.wf_cfg)))
         history = trainer.fit()
         got["timings"]["rl_rollout_s"] = sum(h.get("time/rollout_s", 0.0) for h in history)
         got["rl_metrics"] = [{k: v for k, v in h.items() if not k.startswith(("time/", "perf/"))} for h in history]
         done("rl", t0)
     if "eval_rl" in stages:
         t0 = time.perf_counter()
-        got["rl"] = results_to_json(evaluate_model(cfg, tcfg, spec, wf_cfg, trainer.model, tokenizer, tasks,
-                                                   latest_checkpoint(trainer.ckpt_root) or ""))
+        got["rl"] = results_to_json(engine_eval(evaluate_policy, run, trainer.model,
+                                                latest_checkpoint(trainer.ckpt_root) or "", tasks, protocol(cfg),
+                                                log=print))
         done("eval_rl", t0)
     return got
 

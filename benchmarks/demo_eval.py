@@ -22,14 +22,9 @@ from pathlib import Path
 def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memrl.eval.evaluator import results_to_json
-    from memrl.recipes.memagent import (
-        RECIPE,
-        evaluate_demonstrator,
-        evaluate_model,
-        heldout_tasks,
-        load_demo_configs,
-    )
+    from memrl.eval.evaluator import evaluate_policy, results_to_json
+    from memrl.recipes.memagent import RECIPE, evaluate_demonstrator, heldout_tasks, protocol
+    from memrl.recipes.parts import engine_eval
     from memrl.training.checkpoint import latest_checkpoint
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -38,22 +33,23 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     run = Path(args.run)
-    cfg, tcfg, out, (spec, wf_cfg) = load_demo_configs(args.overrides, args.out)
+    demo = RECIPE.configs(args.overrides, args.out)
+    cfg, out = demo.cfg, demo.out
     old = json.loads((run / "results.json").read_text())
-    tasks = heldout_tasks(cfg, tcfg)
-    tok = AutoTokenizer.from_pretrained(run / "sft")
+    tasks = heldout_tasks(cfg, demo.tcfg)
+    demo.tokenizer = AutoTokenizer.from_pretrained(run / "sft")
     timings = dict(old["timings"])
     t0 = time.perf_counter()
-    demo = evaluate_demonstrator(cfg, tcfg, spec, wf_cfg, tok, tasks) if cfg.eval.demonstrator else {}
+    scripted = evaluate_demonstrator(demo, tasks) if cfg.eval.demonstrator else {}
     timings["eval_demonstrator_s"] = time.perf_counter() - t0
-    stages = {"demonstrator": results_to_json(demo)}
+    stages = {"demonstrator": results_to_json(scripted)}
     for stage, path in (("sft", run / "sft"), ("rl", latest_checkpoint(run / "rl" / "checkpoints"))):
         if path is None:
             raise SystemExit(f"{run}: no RL checkpoint under {run / 'rl' / 'checkpoints'}")
         t0 = time.perf_counter()
         print(f"{stage} ({path}), held-out:")
         model = AutoModelForCausalLM.from_pretrained(path)
-        stages[stage] = results_to_json(evaluate_model(cfg, tcfg, spec, wf_cfg, model, tok, tasks, path))
+        stages[stage] = results_to_json(engine_eval(evaluate_policy, demo, model, path, tasks, protocol(cfg), log=print))
         timings[f"eval_{stage}_s"] = time.perf_counter() - t0
     from dataclasses import asdict
 

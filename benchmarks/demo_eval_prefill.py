@@ -21,7 +21,7 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from memrl.eval.evaluator import EngineRollout, evaluate_policy, model_engine
-from memrl.recipes.memagent import heldout_tasks, load_demo_configs, protocol
+from memrl.recipes.memagent import RECIPE, heldout_tasks, protocol
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True)
     shutil.copytree(args.sft, out / "sft")
     overrides = [f"engine.hf.kv_cache={args.layout}", "eval.multipliers=[1]", "threads=1", *args.overrides]
-    cfg, tcfg, out, (spec, wf) = load_demo_configs(overrides, out)
+    run = RECIPE.configs(overrides, out)
+    cfg, tcfg, out, spec, wf = run.cfg, run.tcfg, run.out, run.spec, run.wf_cfg
     tasks = heldout_tasks(cfg, tcfg)
     tok = AutoTokenizer.from_pretrained(out / "sft")
     model = AutoModelForCausalLM.from_pretrained(out / "sft")

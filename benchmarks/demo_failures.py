@@ -21,7 +21,7 @@ def main() -> int:
     from memrl.data.synthetic import at_length, make_tasks
     from memrl.demonstrators import ScriptedEngine
     from memrl.eval.evaluator import EngineRollout, evaluate_tasks, model_engine
-    from memrl.recipes.memagent import demonstrator, load_demo_configs
+    from memrl.recipes.memagent import RECIPE, demonstrator
     from memrl.recipes.retention import EVENTS, RetentionCounter
     from memrl.training.checkpoint import latest_checkpoint
 
@@ -35,7 +35,8 @@ def main() -> int:
     ap.add_argument("--demonstrator", action="store_true", help="also the scripted mixture demonstrator")
     args = ap.parse_args()
     run = Path(args.run)
-    cfg, tcfg, _, (spec, wf_cfg) = load_demo_configs(args.overrides, run / "failures_tmp")
+    demo = RECIPE.configs(args.overrides, run / "failures_tmp")
+    cfg, tcfg, spec, wf_cfg = demo.cfg, demo.tcfg, demo.spec, demo.wf_cfg
     syn = at_length(tcfg.data.synthetic, args.chunks)
     tasks = make_tasks(syn, cfg.eval.num_tasks, seed=cfg.eval.seed)
     tok = AutoTokenizer.from_pretrained(run / "sft")

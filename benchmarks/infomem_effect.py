@@ -44,8 +44,9 @@ def run_one(src: Path, out: Path, arm: str, seed: int, overrides: list[str]) -> 
     """One arm and seed: the demo's RL stage from src/sft, then its held-out evaluation; writes result.json."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memrl.eval.evaluator import results_to_json
-    from memrl.recipes.memagent import evaluate_model, heldout_tasks, load_demo_configs
+    from memrl.eval.evaluator import evaluate_policy, results_to_json
+    from memrl.recipes.memagent import RECIPE, heldout_tasks, protocol
+    from memrl.recipes.parts import engine_eval
     from memrl.recipes.seeds import base_seeds
     from memrl.training.assemble import assemble
     from memrl.training.checkpoint import latest_checkpoint
@@ -57,21 +58,21 @@ def run_one(src: Path, out: Path, arm: str, seed: int, overrides: list[str]) -> 
     shutil.copytree(src / "sft", out / "sft")
     base = base_seeds("memagent", overrides)
     shifted = [f"{key}={base[key] + seed}" for key in SEED_KEYS]
-    cfg, tcfg, out, workflow = load_demo_configs([*overrides, ARMS[arm], "train.trainer.progress=false",
-                                                  *shifted], out)
-    spec, wf_cfg = workflow
-    tokenizer = AutoTokenizer.from_pretrained(out / "sft")
+    run = RECIPE.configs([*overrides, ARMS[arm], "train.trainer.progress=false", *shifted], out)
+    cfg, tcfg, out = run.cfg, run.tcfg, run.out
+    run.tokenizer = AutoTokenizer.from_pretrained(out / "sft")
     t0 = time.perf_counter()
     history: list[dict[str, float]] = []
     if arm == "sft":
         model, model_dir = AutoModelForCausalLM.from_pretrained(out / "sft"), out / "sft"
     else:
-        trainer = Trainer(assemble(tcfg, workflow=workflow))
+        trainer = Trainer(assemble(tcfg, workflow=(run.spec, run.wf_cfg)))
         history = trainer.fit()
         model, model_dir = trainer.model, latest_checkpoint(trainer.ckpt_root) or ""
     rl_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    rl = results_to_json(evaluate_model(cfg, tcfg, spec, wf_cfg, model, tokenizer, heldout_tasks(cfg, tcfg), model_dir))
+    rl = results_to_json(engine_eval(evaluate_policy, run, model, model_dir, heldout_tasks(cfg, tcfg), protocol(cfg),
+                                     log=print))
     got = {"arm": arm, "seed": seed, "data_seed": tcfg.data.seed, "trainer_seed": tcfg.trainer.seed,
            "rl": rl, "rl_s": rl_s, "eval_s": time.perf_counter() - t0,
            "model_reward_s": sum(h.get("time/model_reward_s", 0.0) for h in history),

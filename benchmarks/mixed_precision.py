@@ -39,12 +39,11 @@ KEYS = (("time/step_s", "step s"), ("time/rollout_s", "rollout s"), ("time/updat
 
 def demo_model(out: Path) -> Path:
     """The CPU demo's initial model (random weights; the timing does not depend on them)."""
-    from memrl.recipes.memagent import init_model, load_demo_configs
+    from memrl.recipes.memagent import RECIPE
 
     if (out / "init" / "config.json").is_file():
         return out / "init"
-    cfg, tcfg, _, (_, wf_cfg) = load_demo_configs([], out)
-    init_model(cfg, tcfg, out, wf_cfg)
+    RECIPE.init(RECIPE.configs([], out))
     return out / "init"
 
 

@@ -50,18 +50,18 @@ from memrl.recipes.parts import (
     ArmRecipe,
     SplitConfig,
     SplitRecipe,
-    count_parameters,
+    describe,
     engine_eval,
     eval_tasks,
+    set_workflow,
     workflow_section,
     write_data,
 )
 from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, TaskSFTSettings, run_recipe
 from memrl.recipes.reuse import reused_cold_start, reused_warmup, take_cold_start
-from memrl.recipes.scratch import init_model
+from memrl.recipes.scratch import init_model as scratch_init
 from memrl.recipes.summaries import context_summary_of, evaluate_context
 from memrl.recipes.tables import ACCURACY_SE, RunTable, SweepTable
-from memrl.training.assemble import validate
 from memrl.types import Segment
 
 __all__ = ["ARMS", "RECIPE", "Arm", "ContextDemoConfig", "ContextDemoEval", "ContextDemoSFT", "run_context_demo"]
@@ -160,6 +160,37 @@ def tokenizer_texts(plays: list[tuple[str, Any, Any]], sample_tasks: list[Any]) 
     return extra
 
 
+PLAYS = (("fold", "fold", {}), ("sliding_window", "search", {"window_turns": 0}), ("summarize", "summary", {}))
+"""The scripted agents the shared tokenizer learns the contexts of, without a budget: (workflow, agent, workflow
+fields) of every arm's agent, so the same seed gives the same tokenizer and budget whatever the method (fold's
+calibrates the budget; the search agent's is the unbounded reference)."""
+
+
+def init_model(cfg: ContextDemoConfig, tcfg: Any, sft_tasks: list[Any], out: Path) -> tuple[Any, Any, list[Any]]:
+    """(tokenizer, model, the unbudgeted plays of `PLAYS`) (memrl.recipes.scratch.init_model): BPE on the task's
+    text and `tokenizer_texts`, then again with every play's whole contexts on the first 60 `sft_tasks`; the model
+    of `model.*` to out/init."""
+    plays = [(wf, workflow_section(tcfg, wf, max_context_tokens=MAX_TOKENS, **kw), context_demonstrator(agent))
+             for wf, agent, kw in PLAYS]
+    tokenizer, model = scratch_init(out, cfg.model.preset(), cfg.model.vocab_size, cfg.seed,
+                                    partial(tokenizer_text, cfg.task), tokenizer_texts(plays, sft_tasks),
+                                    lambda tok: [g for wf, c, agent in plays for g in context_demonstrations(
+                                        sft_tasks[:60], tok, wf, c, agent)])
+    return tokenizer, model, plays
+
+
+def context_budget(cfg: ContextDemoConfig, tokenizer: Any, plays: list[Any], sft_tasks: list[Any],
+                   max_turn_tokens: int) -> int:
+    """`context_budget`, or the flawless folding agent's largest prompt on the first 200 `sft_tasks`
+    (calibrate_fold_budget; it fails when the unmanaged agent would fit); refused when the budget plus one turn
+    passes the model's positions."""
+    budget = cfg.context_budget or calibrate_fold_budget(sft_tasks[:200], tokenizer, plays[0][1], plays[1][1])
+    if budget + max_turn_tokens > cfg.model.max_positions:
+        raise ConfigError(f"model.max_positions {cfg.model.max_positions} < the budget {budget} + "
+                          f"workflow.max_turn_tokens {max_turn_tokens}")
+    return budget
+
+
 class ContextRecipe(SplitRecipe, ArmRecipe):
     """The context-management demo as a recipe method (module docstring)."""
 
@@ -170,8 +201,7 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
     results_json = {**HEAD, "process_rewards": process_rewards, "scripted": {"greedy": "demo.summary"},
                     "sft": "evals.sft", "rl": "evals.rl", "reference": {"react_unbounded": "extra.unbounded"},
                     "demonstrator": lambda run: {k: v for k, v in run.demo.items() if k != "summary"}, **TAIL,
-                    "budget": {"max_context_tokens": "extra.budget", "eval_tasks": eval_tasks},
-                    "sft_from": "cfg.sft_from"}
+                    "budget": {"max_context_tokens": "extra.budget", "eval_tasks": eval_tasks}, "sft_from": "cfg.sft_from"}
     table = RunTable((("accuracy", ACCURACY_SE), ("peak context", "{peak_context_tokens:.0f}"),
                       ("mean context", "{mean_context_tokens:.0f}"), ("tokens discarded", "{tokens_discarded:.0f}"),
                       ("turns", "{turns:.1f}"), ("branches", "{branches:.2f}"), ("summaries", "{summaries:.2f}"),
@@ -190,42 +220,25 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
             raise ConfigError(f"sft.late_prob must be 0 for method={cfg.method} (the search agent has no flaw), "
                               f"got {cfg.sft.late_prob}")
 
-    def load(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
-        run = self.configs(overrides, out_dir)
-        arm = ARMS[run.cfg.method]
-        run.extra.update(arm=arm, prior=reused_cold_start(run.cfg, run.tcfg, arm, ARMS) if run.cfg.sft_from else None)
-        return run
+    def check_run(self, run: RecipeRun) -> None:
+        super().check_run(run)  # then `sft_from`'s run checked (memrl.recipes.reuse)
+        run.extra["prior"] = reused_cold_start(run.cfg, run.tcfg, self.arm(run.cfg), ARMS) if run.cfg.sft_from else None
 
     def init(self, run: RecipeRun) -> None:
-        cfg, tcfg, out, prior = run.cfg, run.tcfg, run.out, run.extra["prior"]
-        run.extra["data"] = data = write_data(cfg, out / "data")
+        """The task splits; `sft_from`'s cold start, or the shared tokenizer (`init_model`) and `context_budget`."""
+        cfg, prior = run.cfg, run.extra["prior"]
+        run.extra["data"] = data = write_data(cfg, run.out / "data")
         if prior is not None:
             return take_cold_start(run, prior)
-        unbudgeted = workflow_section(tcfg, run.spec.name, max_context_tokens=MAX_TOKENS)
-        # one tokenizer for every arm (the same seed gives the same tokenizer and budget whatever the method):
-        # trained on every scripted agent's contexts without a budget
-        plays = [(wf, workflow_section(tcfg, wf, max_context_tokens=MAX_TOKENS, **kw), context_demonstrator(agent))
-                 for wf, agent, kw in (("fold", "fold", {}), ("sliding_window", "search", {"window_turns": 0}),
-                                       ("summarize", "summary", {}))]
-        run.tokenizer, run.model = init_model(out, cfg.model.preset(), cfg.model.vocab_size, cfg.seed,
-                                              partial(tokenizer_text, cfg.task), tokenizer_texts(plays, data.sft_tasks),
-                                              lambda tok: [g for wf, c, agent in plays for g in context_demonstrations(
-                                                  data.sft_tasks[:60], tok, wf, c, agent)])
-        react_cfg = plays[1][1]
-        budget = cfg.context_budget or calibrate_fold_budget(data.sft_tasks[:200], run.tokenizer, plays[0][1], react_cfg)
-        if budget + unbudgeted.max_turn_tokens > cfg.model.max_positions:
-            raise ConfigError(f"model.max_positions {cfg.model.max_positions} < the budget {budget} + "
-                              f"workflow.max_turn_tokens {unbudgeted.max_turn_tokens}")
-        tcfg.workflow["max_context_tokens"] = budget
-        run.spec, run.wf_cfg = validate(tcfg)
-        n_params = count_parameters(run.model)
-        print(f"method {cfg.method}: workflow {run.spec.name}, {tcfg.algorithm.name}; budget {budget} tokens; "
-              f"model {n_params / 1e6:.2f}M parameters, vocabulary {len(run.tokenizer)}")
-        run.extra.update(budget=budget, n_params=n_params, react_cfg=react_cfg)
+        run.tokenizer, run.model, plays = init_model(cfg, run.tcfg, data.sft_tasks, run.out)
+        budget = context_budget(cfg, run.tokenizer, plays, data.sft_tasks, run.wf_cfg.max_turn_tokens)
+        set_workflow(run, max_context_tokens=budget)
+        describe(run, mid=f"budget {budget} tokens; ")
+        run.extra.update(budget=budget, react_cfg=plays[1][1])
 
     def scripted(self, run: RecipeRun) -> None:
-        # the reference of the trained table's "vs unbounded ReAct" column: the scripted search agent without
-        # a budget on the same held-out tasks, in this run's tokens
+        """The trained table's "vs unbounded ReAct" reference: the scripted search agent without a budget on the
+        held-out tasks, in this run's tokens."""
         run.extra["unbounded"] = context_summary_of(context_demonstrations(
             run.extra["data"].eval_tasks, run.tokenizer, "sliding_window", run.extra["react_cfg"],
             context_demonstrator("search")))
@@ -238,10 +251,9 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
         branch + the main thread; summarize: one per part; sliding_window: one per window shift + the last)."""
         s = run.cfg.sft
         return context_demonstrations(run.extra["data"].sft_tasks, run.tokenizer, run.spec.name, run.wf_cfg,
-                                      context_demonstrator(run.extra["arm"].agent, s.late_prob, s.seed), seed=s.seed)
+                                      context_demonstrator(self.arm(run.cfg).agent, s.late_prob, s.seed), seed=s.seed)
 
     demo_summary = staticmethod(context_summary_of)
-
     demo_format = "peak context {peak_context_tokens:.0f}, stopped by the budget {stopped_by_budget:.1f}%"
     demo_names_workflow = True
 

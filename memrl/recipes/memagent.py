@@ -2,16 +2,15 @@
 (memrl.recipes.pipeline).
 
 `memrl demo` (memrl/commands/demo.py) runs it through `run_recipe`. Stages: init a ~0.8M-parameter
-Qwen2 whose tokenizer is trained on the synthetic task's text (`init_model`) -> cold-start SFT on a
-mixture demonstrator (memrl.demonstrators.stages.mixture_demonstrator: per memory step the optimal
+Qwen2 whose tokenizer is trained on the synthetic task's text (memrl.recipes.scratch.init_model) -> cold-start
+SFT on a mixture demonstrator (memrl.demonstrators.stages.mixture_demonstrator: per memory step the optimal
 `QuestionAwareDemonstrator` with probability `sft.p_aware`, the question-blind `RecentFactsDemonstrator` otherwise;
-memrl.recipes.cold_start) -> multi-conversation GRPO on the MemAgent workflow (memrl.training.trainer)
+memrl.recipes.pipeline.cold_start) -> multi-conversation GRPO on the MemAgent workflow (memrl.training.trainer)
 -> the demonstrator, the cold start and SFT+RL evaluated with one protocol (held-out tasks at 1x, 4x, 16x
-the training length; greedy and sampled; memrl.eval.evaluator) -> a results dict that
-`memrl.recipes.report` renders (`memagent_markdown`, `plot_memagent`: results.md and the plots).
-The functions between the configs and the recipe only map the demo's configs onto one library call each.
-`memrl.recipes.report` renders (`write_memagent_outputs`: results.md, results.json, the plots).
-The functions between the configs and the recipe are its stage helpers (benchmarks/ and tests call them).
+the training length; greedy and sampled; memrl.eval.evaluator through memrl.recipes.parts.engine_eval) -> a
+results dict that `memrl.recipes.report` renders (`memagent_markdown`, `plot_memagent`: results.md and the plots).
+The functions between the configs and the recipe are its stage helpers (benchmarks/ and tests call them beside
+the pipeline's own: `RECIPE.configs`, `RECIPE.init`, memrl.recipes.pipeline.cold_start, parts.engine_eval).
 """
 
 from __future__ import annotations
@@ -44,21 +43,19 @@ from memrl.demonstrators.stages import (
 )
 from memrl.errors import UserError
 from memrl.eval.evaluator import EvalProtocol, evaluate_policy, results_to_json
-from memrl.models.tiny import ModelPreset, init_tiny_model, shape_problem, train_tokenizer
+from memrl.models.tiny import ModelPreset, init_tiny_model, shape_problem
 from memrl.quiet import hf_progress_off
 from memrl.recipes.parts import engine_eval
 from memrl.recipes.pipeline import Recipe, RecipeRun, SFTSettings, run_recipe
-from memrl.recipes.pipeline import cold_start as pipeline_cold_start
 from memrl.recipes.report import memagent_markdown, plot_memagent
-from memrl.recipes.scratch import check_pieces, fresh_qwen2
+from memrl.recipes.scratch import check_pieces, init_model
 from memrl.recipes.tables import cell_of, fmt
 from memrl.types import Segment
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RECIPE", "DemoConfig", "DemoEval", "DemoSFT", "cold_start", "demonstrator", "evaluate_demonstrator",
-           "evaluate_model", "heldout_tasks", "init_model", "load_demo_configs", "protocol", "reading_segments",
-           "run_memagent_demo"]
+__all__ = ["RECIPE", "DemoConfig", "DemoEval", "DemoSFT", "demonstrator", "evaluate_demonstrator", "heldout_tasks",
+           "protocol", "reading_segments", "run_memagent_demo", "tokenizer_strings"]
 
 
 @dataclass
@@ -148,13 +145,10 @@ class DemoConfig:
         if problem:
             raise ValueError(problem)
 
-
-def load_demo_configs(overrides: list[str], out_dir: str | Path) -> tuple[DemoConfig, Any, Path, tuple[Any, Any]]:
-    """(demo config, validated RL config, writable output dir, parsed workflow (spec, config)) from
-    `key=value` / `train.key=value` overrides (memrl.recipes.pipeline.Recipe.configs); sets torch's thread count
-    when `threads` is given. Fails before any work on a bad value."""
-    run = RECIPE.configs(overrides, out_dir)
-    return run.cfg, run.tcfg, run.out, (run.spec, run.wf_cfg)
+    def shape(self) -> ModelPreset:
+        """The "micro" shape (intermediate size 2 x hidden, 4096 positions)."""
+        return ModelPreset(self.vocab_size, self.hidden_size, 2 * self.hidden_size, self.num_layers, self.num_heads,
+                           self.num_kv_heads, max_position_embeddings=4096)
 
 
 def protocol(cfg: DemoConfig) -> EvalProtocol:
@@ -182,57 +176,49 @@ def demonstrator(cfg: DemoConfig, tcfg: Any, wf_cfg: Any, seed: int, p_aware: fl
                         keep_distractors=s.keep_distractors)
 
 
-def init_model(cfg: DemoConfig, tcfg: Any, out: Path, wf_cfg: Any) -> tuple[Any, Any]:
-    """(tokenizer, model): BPE (out/tokenizer_corpus.txt) on the synthetic task's text plus the filled templates
-    (and the restated-key memory / unanswerable answer the cold start demonstrates, when on), a model of the
-    "micro" shape or of the memrl.models.tiny preset `model_preset` saved to out/init. Warns when a piece is
-    not one token per word or the workflow's chunk size is not the task's piece size."""
-    syn, s, sample = tcfg.data.synthetic, cfg.sft, make_task(tcfg.data.synthetic, seed=0, index=0)
-    mem_tpl, fin_tpl = wf_cfg.templates()
+def tokenizer_strings(cfg: DemoConfig, tcfg: Any, wf_cfg: Any) -> list[str]:
+    """What the tokenizer learns beside the task's text: the workflow's filled templates, and the restated-key
+    memory / unanswerable answer the cold start demonstrates, when on."""
+    sample, mem_tpl, fin_tpl = make_task(tcfg.data.synthetic, seed=0, index=0), *wf_cfg.templates()
     filled = [mem_tpl.render(problem=sample.question, memory=wf_cfg.no_memory_text, chunk=" the"),
               fin_tpl.render(problem=sample.question, memory="Kalo is red")]
-    if s.restate_key:
-        filled.append(memory_text([("Kalo", "red")], topic="Linka", topic_sep=s.restate_sep))
-    if s.unanswerable_text:
-        filled.append(f"\\boxed{{ {s.unanswerable_text}}}")
-    corpus = out / "tokenizer_corpus.txt"
-    corpus.write_text(corpus_text(seed=cfg.seed, extra=tuple(filled * 50)), encoding="utf-8")
-    if cfg.model_preset == "micro":
-        shape = ModelPreset(cfg.vocab_size, cfg.hidden_size, 2 * cfg.hidden_size, cfg.num_layers, cfg.num_heads,
-                            cfg.num_kv_heads, max_position_embeddings=4096)
-        tokenizer, model = fresh_qwen2(out / "init", train_tokenizer([corpus], cfg.vocab_size, cfg.seed), shape,
-                                       cfg.seed)
-    else:
-        init_tiny_model(out / "init", preset=cfg.model_preset, corpus=[corpus], seed=cfg.seed, vocab_size=cfg.vocab_size)
-        tokenizer = AutoTokenizer.from_pretrained(out / "init")
-        with hf_progress_off():
-            model = AutoModelForCausalLM.from_pretrained(out / "init")
-    check_pieces(tokenizer, sample, syn.chunk_words)
-    if wf_cfg.chunk_tokens != syn.chunk_words:
-        log.warning("workflow chunk_tokens=%d but synthetic chunk_words=%d", wf_cfg.chunk_tokens, syn.chunk_words)
-    return tokenizer, model
+    if cfg.sft.restate_key:
+        filled.append(memory_text([("Kalo", "red")], topic="Linka", topic_sep=cfg.sft.restate_sep))
+    if cfg.sft.unanswerable_text:
+        filled.append(f"\\boxed{{ {cfg.sft.unanswerable_text}}}")
+    return filled
 
 
-def cold_start(cfg: DemoConfig, tcfg: Any, model: Any, tokenizer: Any, wf_cfg: Any, out: Path) -> list[float]:
-    """The recipe's cold start (MemAgentRecipe.demonstrations, then memrl.recipes.pipeline.cold_start); saves
-    the model to out/sft and returns the per-step losses."""
-    run = RecipeRun(cfg, tcfg, out, None, wf_cfg, tokenizer, model)
-    return pipeline_cold_start(run, RECIPE.demonstrations(run)[0], tensorboard=tcfg.trainer.tensorboard)
+def preset_model(out: Path, cfg: DemoConfig, corpus: str) -> tuple[Any, Any]:
+    """(tokenizer, model) of the memrl.models.tiny preset `model_preset` (init_tiny_model: its arch and generation
+    config), its BPE trained on `corpus` (written to out/tokenizer_corpus.txt), saved to out/init."""
+    path = out / "tokenizer_corpus.txt"
+    path.write_text(corpus, encoding="utf-8")
+    init_tiny_model(out / "init", preset=cfg.model_preset, corpus=[path], seed=cfg.seed, vocab_size=cfg.vocab_size)
+    with hf_progress_off():
+        return AutoTokenizer.from_pretrained(out / "init"), AutoModelForCausalLM.from_pretrained(out / "init")
 
 
-def evaluate_demonstrator(cfg: DemoConfig, tcfg: Any, spec: Any, wf_cfg: Any, tokenizer: Any,
-                          tasks_by_length: dict[int, list[Any]]) -> dict[int, dict[str, Any]]:
-    """The demonstrator's own accuracy through the same workflow and tasks, sampled (`eval.samples` per task;
-    a fresh rule seeded with eval.seed, not the one that recorded the SFT data)."""
-    return evaluate_scripted(demonstrator(cfg, tcfg, wf_cfg, seed=cfg.eval.seed), tokenizer, spec, wf_cfg,
-                         tasks_by_length, replace(protocol(cfg), greedy=False))
+def evaluate_demonstrator(run: RecipeRun, tasks_by_length: dict[int, list[Any]]) -> dict[int, dict[str, Any]]:
+    """The demonstrator's own accuracy through the run's workflow (run.tokenizer) on `tasks_by_length`, sampled
+    (`eval.samples` per task; a fresh rule seeded with eval.seed, not the one that recorded the SFT data)."""
+    cfg = run.cfg
+    return evaluate_scripted(demonstrator(cfg, run.tcfg, run.wf_cfg, seed=cfg.eval.seed), run.tokenizer, run.spec,
+                             run.wf_cfg, tasks_by_length, replace(protocol(cfg), greedy=False))
 
 
-def evaluate_model(cfg: DemoConfig, tcfg: Any, spec: Any, wf_cfg: Any, model: Any, tokenizer: Any,
-                   tasks_by_length: dict[int, list[Any]], model_dir: str | Path) -> dict[int, dict[str, Any]]:
-    """Greedy and sampled held-out evaluation of `model` through the RL config's engine (parts.engine_eval)."""
-    return engine_eval(evaluate_policy, RecipeRun(cfg, tcfg, Path(model_dir), spec, wf_cfg, tokenizer), model,
-                       model_dir, tasks_by_length, protocol(cfg), log=print)
+def sweep_rows(e: dict[str, Any]) -> list[str]:
+    """The seed sweep's table (`Recipe.sweep_table`): a row per length, the demonstrator's, the cold start's and
+    SFT+RL's accuracy and the gain, sampled and greedy."""
+    lines = ["| length (chunks) | x | demonstrator sampled | SFT sampled | SFT+RL sampled | gain sampled | "
+             "SFT greedy | SFT+RL greedy | gain greedy |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for n in e["buckets"]:
+        x = int(n) // e["train_chunks"] if e["train_chunks"] else 0
+        demo = cell_of(e, "sampled", n, "demonstrator_accuracy")
+        cells = [fmt(cell_of(e, m, n, f"{s}_accuracy"), sign=s == "gain")
+                 for m in ("sampled", "greedy") for s in ("sft", "rl", "gain")]
+        lines.append(f"| {n} | {x}x | {fmt(demo) if demo['n'] else '-'} | " + " | ".join(cells) + " |")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------- the recipe
@@ -252,25 +238,35 @@ class MemAgentRecipe(Recipe):
                    "min_chunks": "tcfg.data.synthetic.min_chunks", "chunk_words": "tcfg.data.synthetic.chunk_words",
                    "sft": "cfg.sft", "rl_steps": "tcfg.trainer.steps", "eval": "cfg.eval"},
         "lengths": lambda run: list(run.extra["tasks"]),
-        "stages": lambda run: {"demonstrator": results_to_json(run.extra["demonstrator"]),
-                               "sft": results_to_json(run.evals["sft"]), "rl": results_to_json(run.evals["rl"])},
+        "stages": {"demonstrator": "extra.demonstrator", "sft": "evals.sft", "rl": "evals.rl"},  # results_to_json's
         "timings": "timings", "sft_losses": "sft_losses",
         "rl_reward": lambda run: [h.get("reward/mean", 0.0) for h in run.history]}
     policies = (("sft", "sft"), ("rl", "rl"), ("demonstrator", "demonstrator"))
     results_root, nesting = "stages", "bucket/decoding"  # stages -> length -> decoding -> summary
     sweep_extras = {"train_chunks": ("first", "recipe.train_chunks")}
     json_newline = True
+    markdown = staticmethod(memagent_markdown)  # a row per length (memrl.recipes.report)
+    plot = staticmethod(plot_memagent)
+    sweep_table = staticmethod(sweep_rows)
 
     def init(self, run: RecipeRun) -> None:
-        run.extra["tasks"] = heldout_tasks(run.cfg, run.tcfg)
-        run.tokenizer, run.model = init_model(run.cfg, run.tcfg, run.out, run.wf_cfg)
+        """Held-out tasks; BPE on the task's text and 50 copies of `tokenizer_strings` (init_model repeats them
+        10 times), a model of the "micro" shape (scratch.init_model) or of the preset `model_preset`."""
+        cfg, syn, wf = run.cfg, run.tcfg.data.synthetic, run.wf_cfg
+        run.extra["tasks"] = heldout_tasks(cfg, run.tcfg)
+        extra, text = tokenizer_strings(cfg, run.tcfg, wf), lambda e: corpus_text(seed=cfg.seed, extra=e)
+        run.tokenizer, run.model = (preset_model(run.out, cfg, text(tuple(extra * 50))) if cfg.model_preset != "micro"
+                                    else init_model(run.out, cfg.shape(), cfg.vocab_size, cfg.seed, text, extra * 5,
+                                                    chat=False, fit_length=False))
+        check_pieces(run.tokenizer, make_task(syn, seed=0, index=0), syn.chunk_words)
+        if wf.chunk_tokens != syn.chunk_words:
+            log.warning("workflow chunk_tokens=%d but synthetic chunk_words=%d", wf.chunk_tokens, syn.chunk_words)
 
     def scripted(self, run: RecipeRun) -> None:
-        cfg, demo_eval = run.cfg, {}
+        cfg, run.extra["demonstrator"] = run.cfg, {}
         if cfg.eval.demonstrator and cfg.eval.samples:
             print(f"demonstrator (p_aware {cfg.sft.p_aware}), held-out:")
-            demo_eval = evaluate_demonstrator(cfg, run.tcfg, run.spec, run.wf_cfg, run.tokenizer, run.extra["tasks"])
-        run.extra["demonstrator"] = demo_eval
+            run.extra["demonstrator"] = results_to_json(evaluate_demonstrator(run, run.extra["tasks"]))
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], None]:
         """The mixture demonstrator's traces through the memagent workflow (plus `sft.reading_tasks`
@@ -278,16 +274,13 @@ class MemAgentRecipe(Recipe):
         cfg, syn, s = run.cfg, run.tcfg.data.synthetic, run.cfg.sft
         rule = demonstrator(cfg, run.tcfg, run.wf_cfg, seed=cfg.seed)
         groups = record_demonstrations(rule, make_tasks(syn, s.num_tasks, seed=cfg.sft_seed), run.tokenizer, run.wf_cfg)
-        rows = [r for g in groups for r in g.segments()]
-        rule_acc = sum(g.rewards[0] for g in groups) / len(groups)
-        share = rule.aware_steps / max(1, rule.memory_steps)
+        rows, share = [r for g in groups for r in g.segments()], rule.aware_steps / max(1, rule.memory_steps)
         print(f"SFT: {len(rows)} rows from {len(groups)} demonstrations (p_aware {rule.p_aware}: "
               f"{100 * share:.1f}% of {rule.memory_steps} memory steps question-aware; the demonstrator's own "
-              f"accuracy {100 * rule_acc:.1f}%)")
+              f"accuracy {100 * (sum(g.rewards[0] for g in groups) / len(groups)):.1f}%)")
         if s.reading_tasks:
-            reading = reading_segments(make_tasks(syn, s.reading_tasks, seed=cfg.sft_seed + 1), run.tokenizer,
-                                       run.wf_cfg.templates()[1])
-            rows += reading
+            rows += (reading := reading_segments(make_tasks(syn, s.reading_tasks, seed=cfg.sft_seed + 1),
+                                                 run.tokenizer, run.wf_cfg.templates()[1]))
             print(f"SFT: + {len(reading)} reading-comprehension rows (answer from the whole document)")
         return rows, None
 
@@ -296,7 +289,8 @@ class MemAgentRecipe(Recipe):
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         print("SFT, held-out:" if policy == "sft" else "SFT+RL, held-out:")
-        return engine_eval(evaluate_policy, run, model, model_dir, run.extra["tasks"], protocol(run.cfg), log=print)
+        return results_to_json(engine_eval(evaluate_policy, run, model, model_dir, run.extra["tasks"],
+                                           protocol(run.cfg), log=print))
 
     def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
         """The held-out protocol and lengths (the tasks are generated from them)."""
@@ -306,28 +300,10 @@ class MemAgentRecipe(Recipe):
             raise UserError(f"{out / 'results.json'}: no {e.args[0]!r}; not a memagent demo result") from None
 
     def check_sweep(self, cfg: Any) -> None:
-        ev = cfg.eval  # the table aggregates both decodings at every length
-        if ev.samples == 0 or not ev.greedy:
-            what = "eval.samples=0 leaves no sampled" if ev.samples == 0 else "eval.greedy=false leaves no greedy"
+        if cfg.eval.samples == 0 or not cfg.eval.greedy:  # the table aggregates both decodings at every length
+            what = "eval.samples=0 leaves no sampled" if cfg.eval.samples == 0 else "eval.greedy=false leaves no greedy"
             raise ConfigError(f"--seeds: {what} accuracy, and the sweep's table aggregates sampled and greedy "
                               "accuracy of every run; drop the override")
-
-    def sweep_table(self, e: dict[str, Any]) -> list[str]:
-        lines = ["| length (chunks) | x | demonstrator sampled | SFT sampled | SFT+RL sampled | gain sampled | "
-                 "SFT greedy | SFT+RL greedy | gain greedy |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for n in e["buckets"]:
-            x = int(n) // e["train_chunks"] if e["train_chunks"] else 0
-            demo = cell_of(e, "sampled", n, "demonstrator_accuracy")
-            cells = [fmt(cell_of(e, m, n, f"{s}_accuracy"), sign=s == "gain")
-                     for m in ("sampled", "greedy") for s in ("sft", "rl", "gain")]
-            lines.append(f"| {n} | {x}x | {fmt(demo) if demo['n'] else '-'} | " + " | ".join(cells) + " |")
-        return lines
-
-    def markdown(self, results: dict[str, Any]) -> str:
-        return memagent_markdown(results)  # a row per length (memrl.recipes.report)
-
-    def plot(self, results: dict[str, Any], out: Path) -> None:
-        plot_memagent(results, out)
 
 
 RECIPE = MemAgentRecipe()

@@ -95,7 +95,8 @@ def workflow_section(tcfg: Any, name: str, **fields: Any) -> Any:
 
 
 def set_workflow(run: RecipeRun, **fields: Any) -> None:
-    """Set `fields` in the RL config's workflow section and validate it again (run.spec, run.wf_cfg)."""
+    """Set `fields` in the RL config's workflow section and validate it again (run.spec, run.wf_cfg): what a method
+    derives once its model is made (a calibrated budget)."""
     run.tcfg.workflow.update(fields)
     run.spec, run.wf_cfg = validate(run.tcfg)
 
@@ -140,6 +141,7 @@ TAIL: dict[str, Any] = {"timings": "timings", "num_parameters": "extra.n_params"
                         "vocab_size": lambda run: len(run.tokenizer), "sft_losses": "sft_losses",
                         "copy_warmup_losses": "warmup_losses", "rl_history": history("reward/mean", "train/rows")}
 """results.json's run entries: timings, model size, the cold start's losses, RL's reward and rows."""
+
 
 def eval_tasks(run: RecipeRun) -> int:
     """A results.json declaration: the number of held-out tasks of the run's splits (`write_data`)."""

@@ -38,12 +38,12 @@ def fresh_qwen2(init_dir: str | Path, tokenizer: Any, shape: ModelPreset, seed: 
 
 def init_model(out: str | Path, shape: ModelPreset, vocab_size: int, seed: int,
                text: Callable[[tuple[str, ...]], str], extra: list[str] = (), play: Callable[[Any], list[Any]] | None = None,
-               chat: bool = True) -> tuple[Any, Any]:
+               chat: bool = True, fit_length: bool = True) -> tuple[Any, Any]:
     """(tokenizer, model): BPE (`vocab_size`, `seed`) on `text(extra x 10)` (written to out/tokenizer_corpus.txt);
     with `play`, a second pass: the first tokenizer plays the scripted agents (`play(tokenizer)` -> their groups)
     and the whole contexts they reach (every row's prompt and response) join the text, `text(extra x 10 + seen
-    x 10)`. `chat`: compact-tools ChatML; model_max_length the shape's positions; a Qwen2 of `shape` saved to
-    out/init (fresh_qwen2)."""
+    x 10)`. `chat`: compact-tools ChatML; `fit_length`: model_max_length the shape's positions (else
+    train_tokenizer's); a Qwen2 of `shape` saved to out/init (fresh_qwen2)."""
     out = Path(out)
     corpus = out / "tokenizer_corpus.txt"
 
@@ -58,7 +58,8 @@ def init_model(out: str | Path, shape: ModelPreset, vocab_size: int, seed: int,
     if play is not None:
         seen = [tok.decode(s.prompt_ids + s.response_ids) for g in play(tok) for s in g.trajectories[0].segments]
         tok = tokenizer(list(extra) * 10 + seen * 10)
-    tok.model_max_length = shape.max_position_embeddings
+    if fit_length:
+        tok.model_max_length = shape.max_position_embeddings
     return fresh_qwen2(out / "init", tok, shape, seed)
 
 

@@ -77,10 +77,11 @@ def test_sampled_evaluation_is_seeded_and_reproducible(demo):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from memrl.eval.evaluator import EngineRollout, evaluate_tasks, model_engine
-    from memrl.recipes.memagent import heldout_tasks, load_demo_configs
+    from memrl.recipes.memagent import RECIPE, heldout_tasks
 
     out, _ = demo
-    cfg, tcfg, _, (spec, wf_cfg) = load_demo_configs(TOY, out.parent / "again")
+    again = RECIPE.configs(TOY, out.parent / "again")
+    cfg, tcfg, spec, wf_cfg = again.cfg, again.tcfg, again.spec, again.wf_cfg
     tasks = heldout_tasks(cfg, tcfg)[2]
     tok = AutoTokenizer.from_pretrained(out / "sft")
     model = AutoModelForCausalLM.from_pretrained(out / "sft")

@@ -14,7 +14,8 @@ from dataclasses import replace
 
 import pytest
 
-from memrl.eval.evaluator import EngineRollout, evaluate_tasks, model_engine, results_to_json
+from memrl.eval.evaluator import EngineRollout, evaluate_policy, evaluate_tasks, model_engine, results_to_json
+from memrl.recipes.parts import engine_eval
 from memrl.recipes.summaries import evaluate_memact
 
 pytestmark = pytest.mark.slow
@@ -29,13 +30,12 @@ def memagent(tmp_path_factory):
     from memrl.recipes import memagent as ma
 
     torch.set_num_threads(1)
-    cfg, tcfg, out, (spec, wf) = ma.load_demo_configs(
+    run = ma.RECIPE.configs(
         ["hidden_size=32", "num_layers=1", "num_heads=2", "num_kv_heads=1", "vocab_size=800", "eval.num_tasks=6",
          "eval.multipliers=[1,2]", "eval.samples=3", "sft.p_aware=0.5", "train.data.synthetic.num_chunks=2",
          "train.data.synthetic.min_chunks=0"], tmp_path_factory.mktemp("ma"))
-    tasks = ma.heldout_tasks(cfg, tcfg)
-    tok, model = ma.init_model(cfg, tcfg, out, wf)
-    return ma, cfg, tcfg, out, spec, wf, tasks, tok, model
+    ma.RECIPE.init(run)
+    return ma, run, run.cfg, run.tcfg, run.out, run.spec, run.wf_cfg, run.extra["tasks"], run.tokenizer, run.model
 
 
 def _strip(res):
@@ -46,8 +46,8 @@ def _strip(res):
 
 
 def test_memagent_demonstrator_numbers_unchanged(memagent):
-    ma, cfg, tcfg, _, spec, wf, tasks, tok, _ = memagent
-    got = _strip(results_to_json(ma.evaluate_demonstrator(cfg, tcfg, spec, wf, tok, tasks)))
+    ma, run, *_, tasks, _, _ = memagent
+    got = _strip(results_to_json(ma.evaluate_demonstrator(run, tasks)))
     # length 2: per-task means 2/3, 2/3, 1, 1/3, 1/3, 1 -> mean 2/3; deviations 0, 0, +-1/3 (x4):
     # variance (4/9) / 5, SE = sqrt(4/45 / 6) = 0.12172 (by hand)
     assert got == {
@@ -63,8 +63,9 @@ def test_memagent_demonstrator_numbers_unchanged(memagent):
 
 
 def test_memagent_model_numbers_and_sampled_trajectories_unchanged(memagent):
-    ma, cfg, tcfg, out, spec, wf, tasks, tok, model = memagent
-    got = _strip(results_to_json(ma.evaluate_model(cfg, tcfg, spec, wf, model, tok, tasks, out / "init")))
+    ma, run, cfg, tcfg, out, spec, wf, tasks, tok, model = memagent
+    got = _strip(results_to_json(engine_eval(evaluate_policy, run, model, out / "init", tasks, ma.protocol(cfg),
+                                             log=print)))
     for n, ctx in (("2", 20.166666666666668), ("4", 39.5)):
         for mode, samples, temp in (("greedy", 1, 0.0), ("sampled", 3, 1.0)):
             assert got[n][mode] == {"accuracy": 0.0, "se": 0.0, "num_tasks": 6, "samples": samples,
@@ -89,7 +90,7 @@ SAMPLED_DIGEST = "5ea084163d09cf5ed445b81814aa85708f9b75f84a870c3e441e19eae8ce60
 def test_memagent_sampled_trajectories_unchanged_with_the_slots_cache(memagent, deterministic):
     """engine.hf.kv_cache=slots (issue 47) samples the same tokens as the padded cache on the demo's
     evaluation path: the digest above, in wave and in continuous batching."""
-    ma, cfg, tcfg, out, spec, wf, tasks, tok, model = memagent
+    ma, run, cfg, tcfg, out, spec, wf, tasks, tok, model = memagent
     ecfg = replace(tcfg.engine, hf=replace(tcfg.engine.hf, kv_cache="slots", deterministic=deterministic))
     seen = {}
     with model_engine(model, tok, ecfg) as engine:
@@ -127,7 +128,6 @@ def test_memact_numbers_unchanged(memact):
     from memrl.demonstrators import ScriptedEngine
     from memrl.demonstrators.memact import MemActDemonstrator
     from memrl.demonstrators.stages import calibrate_budget, memact_demonstrations
-    from memrl.recipes.parts import engine_eval
     from memrl.recipes.pipeline import RecipeRun
     from memrl.recipes.summaries import memact_summary_of
     from memrl.workflows import get_workflow

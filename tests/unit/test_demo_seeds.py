@@ -110,13 +110,13 @@ def test_plan_refuses_what_the_table_cannot_aggregate_before_any_run(tmp_path, c
 
 
 def test_memagent_heldout_tasks_do_not_depend_on_the_training_seed(tmp_path):
-    from memrl.recipes.memagent import heldout_tasks, load_demo_configs
+    from memrl.recipes.memagent import RECIPE, heldout_tasks
 
     base = sw.base_seeds("memagent", [])
     tasks = []
     for k in (0, 1, 7):
-        cfg, tcfg, _, _ = load_demo_configs(["eval.num_tasks=3", *sw.seed_overrides("memagent", k, base)],
-                                            tmp_path / f"s{k}")
+        run = RECIPE.configs(["eval.num_tasks=3", *sw.seed_overrides("memagent", k, base)], tmp_path / f"s{k}")
+        cfg, tcfg = run.cfg, run.tcfg
         assert (cfg.seed, tcfg.trainer.seed) == (k, k)
         tasks.append({n: [(t.question, t.context, t.answers) for t in ts]
                       for n, ts in heldout_tasks(cfg, tcfg).items()})

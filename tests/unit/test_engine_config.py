@@ -27,7 +27,7 @@ def model_dir(tmp_path_factory):
 
 def test_every_engine_field_has_the_same_key_in_train_eval_and_demo():
     from memrl.eval.runner import EvalConfig
-    from memrl.recipes.memagent import load_demo_configs
+    from memrl.recipes.memagent import RECIPE
     from memrl.training.config import TrainConfig
 
     ov = ["engine=openai", "engine.max_batch_size=7", "engine.openai.timeout_s=12.5", "engine.hf.device=cpu",
@@ -41,21 +41,22 @@ def test_every_engine_field_has_the_same_key_in_train_eval_and_demo():
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
-        _, tcfg, _, _ = load_demo_configs(ov, d)
+        tcfg = RECIPE.configs(ov, d).tcfg
     assert tcfg.engine == train
 
 
 def test_workflow_settings_have_one_spelling_in_train_eval_and_demo(tmp_path):
     from memrl.eval.runner import EvalConfig
     from memrl.eval.runner import workflow_config as eval_workflow
-    from memrl.recipes.memagent import load_demo_configs
+    from memrl.recipes.memagent import RECIPE
     from memrl.training.assemble import workflow_config as train_workflow
     from memrl.training.config import TrainConfig
 
     ov = ["workflow=rememr1", "workflow.chunk_tokens=12", "workflow.max_memory_tokens=5"]
     _, tr = train_workflow(load_config(TrainConfig, ["model.path=x", *ov]))
     _, ev = eval_workflow(load_config(EvalConfig, ov))
-    _, _, _, (spec, demo) = load_demo_configs(ov[1:], tmp_path)  # the demo preset's workflow is memagent
+    run = RECIPE.configs(ov[1:], tmp_path)  # the demo preset's workflow is memagent
+    spec, demo = run.spec, run.wf_cfg
     assert spec.name == "memagent" and type(tr).__name__ == "ReMemR1Config"
     assert (tr.chunk_tokens, tr.max_memory_tokens, tr.temperature) == (12, 5, 1.0)
     assert (ev.chunk_tokens, ev.max_memory_tokens, ev.temperature) == (12, 5, 0.0)  # eval decodes greedily
