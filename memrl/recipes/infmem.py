@@ -48,7 +48,7 @@ from memrl.recipes.parts import (
     TAIL,
     Arm,
     ArmRecipe,
-    count_parameters,
+    describe,
     engine_eval,
     workflow_section,
 )
@@ -208,10 +208,8 @@ class InfMemRecipe(ArmRecipe):
             play=lambda tok: [g for n, c, a in plays for g in context_demonstrations(sft_tasks[:60], tok, n, c, a)],
             chat=False)
         check_pieces(run.tokenizer, sft_tasks[0], syn.chunk_words)
-        n_params = count_parameters(run.model)
-        print(f"method {cfg.method}: workflow {run.spec.name}, {tcfg.algorithm.name}; model {n_params / 1e6:.2f}M "
-              f"parameters, vocabulary {len(run.tokenizer)}")
-        run.extra.update(sft_tasks=sft_tasks, heldout=heldout, digest=digest, n_params=n_params)
+        describe(run)
+        run.extra.update(sft_tasks=sft_tasks, heldout=heldout, digest=digest)
 
     def play(self, run: RecipeRun) -> list[Any]:
         """The reading oracle through the arm's workflow (memagent: one memory row per chunk + the final;
