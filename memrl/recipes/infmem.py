@@ -30,7 +30,6 @@ cold start and evaluations use too; the arm's own workflow keys go first, so exp
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -53,6 +52,7 @@ from memrl.recipes.parts import (
     workflow_section,
 )
 from memrl.recipes.pipeline import (
+    HELDOUT_SHA256,
     EvalSettings,
     ModelShape,
     RecipeConfig,
@@ -134,10 +134,10 @@ class InfMemDemoConfig(RecipeConfig):
     train_preset: str = "infmem_cpu"
 
 
-def heldout_tasks(cfg: InfMemDemoConfig, syn: Any, path: Path) -> tuple[dict[int, list[Task]], str]:
+def heldout_tasks(cfg: InfMemDemoConfig, syn: Any, path: Path) -> dict[int, list[Task]]:
     """({length in chunks: `eval.num_tasks` tasks at eval.seed}, one set per multiplier of the training length;
     at `eval.far_multipliers` the asked fact sits in the first `eval.far_span` of the document) written to
-    `path` (one JSON line each, length-major), and that file's SHA-256 (what the seed sweep checks)."""
+    `path` (one JSON line each, length-major; its SHA-256 is the run's `fingerprint`)."""
     out = {}
     for m in cfg.eval.multipliers:
         shape = at_length(syn, syn.num_chunks * m)
@@ -146,9 +146,8 @@ def heldout_tasks(cfg: InfMemDemoConfig, syn: Any, path: Path) -> tuple[dict[int
         out[shape.num_chunks] = make_tasks(shape, cfg.eval.num_tasks, seed=cfg.eval.seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"length": n, **asdict(t)}, sort_keys=True) for n, ts in out.items() for t in ts]
-    data = ("\n".join(lines) + "\n").encode("utf-8")
-    path.write_bytes(data)
-    return out, hashlib.sha256(data).hexdigest()
+    path.write_bytes(("\n".join(lines) + "\n").encode("utf-8"))
+    return out
 
 
 class InfMemRecipe(ArmRecipe):
@@ -162,7 +161,7 @@ class InfMemRecipe(ArmRecipe):
 
     results_json = {**HEAD, "train_chunks": "tcfg.data.synthetic.num_chunks",
                     "lengths": lambda run: list(run.extra["heldout"]), "eval_tasks": "cfg.eval.num_tasks",
-                    "eval": "cfg.eval", "heldout_sha256": "extra.digest", "scripted": "demo.summary",
+                    "eval": "cfg.eval", "heldout_sha256": HELDOUT_SHA256, "scripted": "demo.summary",
                     "sft": "evals.sft", "rl": "evals.rl",
                     "demonstrator": {"rows": "demo.rows", "rows_per_task": "demo.rows_per_task"}, **TAIL}
     nesting = "bucket/decoding"  # policy -> length -> decoding -> summary
@@ -200,7 +199,7 @@ class InfMemRecipe(ArmRecipe):
     def init(self, run: RecipeRun) -> None:
         cfg, tcfg, syn = run.cfg, run.tcfg, run.tcfg.data.synthetic
         sft_tasks = make_tasks(syn, cfg.sft.num_tasks, seed=cfg.sft.seed)
-        heldout, digest = heldout_tasks(cfg, syn, run.out / "data" / "heldout_tasks.jsonl")
+        heldout = heldout_tasks(cfg, syn, run.out / "data" / "heldout_tasks.jsonl")
         plays = [(name, c, ReadingDemonstrator.for_config(name, c, syn.fact_sep))  # both arms: one tokenizer
                  for name, c in ((n, workflow_section(tcfg, **a.workflow)) for n, a in ARMS.items())]
         run.tokenizer, run.model = init_model(
@@ -209,7 +208,7 @@ class InfMemRecipe(ArmRecipe):
             chat=False)
         check_pieces(run.tokenizer, sft_tasks[0], syn.chunk_words)
         describe(run)
-        run.extra.update(sft_tasks=sft_tasks, heldout=heldout, digest=digest)
+        run.extra.update(sft_tasks=sft_tasks, heldout=heldout)
 
     def play(self, run: RecipeRun) -> list[Any]:
         """The reading oracle through the arm's workflow (memagent: one memory row per chunk + the final;

@@ -50,7 +50,14 @@ from memrl.eval.evaluator import mean_and_se
 from memrl.eval.runner import EvalConfig, evaluate
 from memrl.models.tiny import init_tiny_model
 from memrl.recipes.parts import HEAD, SWEEP_METHOD, TAIL, count_parameters
-from memrl.recipes.pipeline import EvalSettings, Recipe, RecipeRun, WarmupSFTSettings, run_recipe
+from memrl.recipes.pipeline import (
+    HELDOUT_SHA256,
+    EvalSettings,
+    Recipe,
+    RecipeRun,
+    WarmupSFTSettings,
+    run_recipe,
+)
 from memrl.recipes.tables import GridTable
 from memrl.runtime import rollout_once
 from memrl.training.config import TrainConfig
@@ -217,7 +224,7 @@ class LookbackRecipe(Recipe):
     heldout_per, heldout_files = "lengths", "data/eval_{}.json"  # length N: eval.seed + N, data/eval_<N>.json
 
     results_json = {**HEAD, "lengths": "cfg.eval.lengths", "eval": "cfg.eval", "streams": lambda run: streams(run.cfg),
-                    "heldout_sha256": lambda run: RECIPE.fingerprint(run.out, {"lengths": run.cfg.eval.lengths}),
+                    "heldout_sha256": HELDOUT_SHA256,
                     "oracle?": "extra.oracle", "rl_norecall?": "extra.rl_norecall", "sft": "evals.sft",
                     "rl": "evals.rl", "demonstrator": "demo", **TAIL}
     table, policies = GRID, GRID.policies

@@ -45,10 +45,17 @@ from memrl.recipes.parts import (
     SplitRecipe,
     describe,
     engine_eval,
-    heldout_sha256,
     set_workflow,
 )
-from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, TaskSFTSettings, needs, run_recipe
+from memrl.recipes.pipeline import (
+    HELDOUT_SHA256,
+    EvalSettings,
+    ModelShape,
+    RecipeRun,
+    TaskSFTSettings,
+    needs,
+    run_recipe,
+)
 from memrl.recipes.scratch import init_model
 from memrl.recipes.summaries import evaluate_mem1, mem1_summary
 from memrl.recipes.tables import ACCURACY_SE, GAIN_ROWS, RunTable, SweepTable
@@ -144,7 +151,7 @@ class Mem1Recipe(SplitRecipe, ArmRecipe):
     demo_summary, demo_format = staticmethod(mem1_summary), "peak context {peak_context_tokens:.0f}"
 
     results_json = {**HEAD, "objectives": "cfg.eval.objectives", "train_objectives": "cfg.task.sub_questions",
-                    "eval_tasks": "cfg.eval.num_tasks", "heldout_sha256": heldout_sha256,
+                    "eval_tasks": "cfg.eval.num_tasks", "heldout_sha256": HELDOUT_SHA256,
                     "scripted": {"greedy": "extra.scripted"}, "sft": "evals.sft", "rl": "evals.rl",
                     "demonstrator": "demo", "positions": "extra.positions", **TAIL}
     nesting = "decoding/bucket"  # policy -> decoding -> objective count -> summary

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from memrl.config import MAX_COUNT, MAX_SEED, valid
 from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_splits
 from memrl.eval.evaluator import EngineRollout, model_engine
-from memrl.recipes.pipeline import ModelShape, Recipe, RecipeConfig, RecipeRun, files_sha256
+from memrl.recipes.pipeline import ModelShape, Recipe, RecipeConfig, RecipeRun
 from memrl.training.assemble import validate
 from memrl.workflows import parse_workflow
 
@@ -146,11 +146,6 @@ TAIL: dict[str, Any] = {"timings": "timings", "num_parameters": "extra.n_params"
 def eval_tasks(run: RecipeRun) -> int:
     """A results.json declaration: the number of held-out tasks of the run's splits (`write_data`)."""
     return len(run.extra["data"].eval_tasks)
-
-
-def heldout_sha256(run: RecipeRun) -> str:
-    """A results.json declaration: the SHA-256 of data/heldout_tasks.jsonl (the sweep's `fingerprint`)."""
-    return files_sha256([run.out / "data" / "heldout_tasks.jsonl"])
 
 
 SWEEP_METHOD = {"method": ("first", "method")}

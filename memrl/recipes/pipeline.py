@@ -382,10 +382,11 @@ class Recipe:
 
     def results(self, run: RecipeRun) -> dict[str, Any]:
         """What results.json holds (`results_json`)."""
-        out = {}
+        out: dict[str, Any] = {}
         for key, spec in self.results_json.items():
             try:
-                out[key.removesuffix("?")] = resolve(run, spec)
+                held = spec is HELDOUT_SHA256  # over the entries declared before it
+                out[key.removesuffix("?")] = self.fingerprint(run.out, out) if held else resolve(run, spec)
             except KeyError:
                 if not key.endswith("?"):
                     raise
@@ -453,6 +454,16 @@ class Recipe:
         (out / "results.md").write_text(md, encoding="utf-8")
         self.plot(results, out)
         return md
+
+
+class _HeldoutSha256:
+    def __repr__(self) -> str:
+        return "HELDOUT_SHA256"
+
+
+HELDOUT_SHA256 = _HeldoutSha256()
+"""A results.json declaration: the run's `Recipe.fingerprint` over the entries declared before it (the SHA-256
+of its held-out task files, `heldout_files`), the value the seed sweep checks across runs."""
 
 
 def files_sha256(paths: list[Path]) -> str:
