@@ -340,14 +340,30 @@ def result_row(
 # ---------------------------------------------------------------- the run
 
 
-def _check_config(out: Path, record: dict[str, Any]) -> None:
-    """Refuse to resume into a directory made with another workflow, model or workflow config."""
+def _defaults(config_cls: type) -> dict[str, Any] | None:
+    """A workflow config's default fields as its record holds them (None: it has no defaults)."""
+    try:
+        return redact_secrets(dataclasses.asdict(config_cls()))
+    except TypeError:
+        return None
+
+
+def _check_config(out: Path, record: dict[str, Any], wf_defaults: dict[str, Any] | None = None) -> None:
+    """Refuse to resume into a directory made with another workflow, model or workflow config. A workflow
+    field the directory's record lacks (added to the workflow's config since) counts as its default
+    (`wf_defaults`): such a run resumes when this one leaves the field at that default."""
     p = out / CONFIG_FILE
     if p.exists():
         old = json.loads(p.read_text())
         keys = ("workflow", "model", "workflow_config", "scoring", "strip_text")
         # directories written before scoring options existed were scored with today's defaults
         old.setdefault("scoring", {"golds": "any", "extract": "boxed"})
+        if isinstance(old.get("workflow_config"), dict) and wf_defaults and old.get("workflow") == record["workflow"]:
+            added = {k: v for k, v in wf_defaults.items() if k not in old["workflow_config"]}
+            old["workflow_config"] = {**old["workflow_config"], **added}
+            if added and old["workflow_config"] == record.get("workflow_config"):
+                log.info("%s: resuming; workflow fields newer than its record, at their defaults: %s", out,
+                         ", ".join(sorted(added)))
         diff = [k for k in keys if old.get(k) != record.get(k)]
         if old.get("length_buckets", [4000, 8000]) != record.get("length_buckets", [4000, 8000]):
             diff.append("length_buckets")  # LongBench rows' N (their bucket) would change
@@ -401,7 +417,7 @@ def evaluate(
             raise UserError(f"docs_from {cfg.docs_from} does not exist (the dev file of index-only eval files)")
         record["docs_from"] = cfg.docs_from
         record["docs_from_sha256"] = file_identity(cfg.docs_from)["file_sha256"]
-    _check_config(out, redact_secrets(record))  # api keys never reach the disk
+    _check_config(out, redact_secrets(record), _defaults(spec.config_cls))
 
     loaded: list[EvalFile] = []
     for f in files:

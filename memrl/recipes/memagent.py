@@ -9,8 +9,9 @@ memrl.recipes.pipeline.cold_start) -> multi-conversation GRPO on the MemAgent wo
 -> the demonstrator, the cold start and SFT+RL evaluated with one protocol (held-out tasks at 1x, 4x, 16x
 the training length; greedy and sampled; memrl.eval.evaluator through memrl.recipes.parts.engine_eval) -> a
 results dict that `memrl.recipes.report` renders (`memagent_markdown`, `plot_memagent`: results.md and the plots).
-The functions between the configs and the recipe are its stage helpers (benchmarks/ and tests call them beside
-the pipeline's own: `RECIPE.configs`, `RECIPE.init`, memrl.recipes.pipeline.cold_start, parts.engine_eval).
+Between the configs and the recipe: what only MemAgent's stages need (`protocol`, `heldout_tasks`, `demonstrator`,
+`tokenizer_strings`, `preset_model`, `evaluate_demonstrator`, `sweep_rows`); benchmarks/ and tests call them beside
+the pipeline's own (`RECIPE.configs`, `RECIPE.init`, memrl.recipes.pipeline.cold_start, parts.engine_eval).
 """
 
 from __future__ import annotations

@@ -124,6 +124,24 @@ def test_refuses_to_resume_a_different_run(tmp_path, files):
         evaluate(files[:1], out, _cfg(limit=1, wf={**WF, "chunk_tokens": 41}), engine=ScriptedEngine(_reply))
 
 
+def test_a_record_older_than_a_workflow_field_resumes_at_its_default(tmp_path, files, caplog):
+    out = tmp_path / "run"
+    evaluate(files[:1], out, _cfg(limit=1), engine=ScriptedEngine(_reply))
+    saved = json.loads((out / "eval_config.json").read_text())
+    assert saved["workflow_config"]["reward"] == "boxed_em"  # the default
+    del saved["workflow_config"]["reward"]  # a directory written before workflow.reward existed
+    (out / "eval_config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"\(workflow_config differ"):  # set to another value: another run
+        evaluate(files[:1], out, _cfg(limit=1, wf={**WF, "reward": "verl_hotpotqa"}), engine=ScriptedEngine(_reply))
+    eng = ScriptedEngine(_reply)
+    with caplog.at_level("INFO", logger="memrl.eval.runner"):
+        assert len(evaluate(files[:1], out, _cfg(limit=1), engine=eng)) == 1
+    assert not eng.calls  # resumed: its row was kept, nothing left to run
+    assert any("workflow fields newer than its record, at their defaults: reward" in r.getMessage()
+               for r in caplog.records)
+    assert json.loads((out / "eval_config.json").read_text())["workflow_config"]["reward"] == "boxed_em"
+
+
 def test_bad_line_in_the_middle_is_named(tmp_path, caplog):
     p = tmp_path / RESULTS_FILE
     p.write_text('{"task_id": "a", "num_docs": 1}\n{broken\n{"a": 2}\n')
