@@ -341,10 +341,11 @@ def result_row(
 
 
 def _defaults(config_cls: type) -> dict[str, Any] | None:
-    """A workflow config's default fields as its record holds them (None: it has no defaults)."""
+    """A workflow config's default fields as its record holds them (None: a plugin's config that has required
+    fields, or whose defaults alone do not validate; an older record then resumes only field for field)."""
     try:
         return redact_secrets(dataclasses.asdict(config_cls()))
-    except TypeError:
+    except (TypeError, ValueError):
         return None
 
 

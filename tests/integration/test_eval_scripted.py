@@ -142,6 +142,26 @@ def test_a_record_older_than_a_workflow_field_resumes_at_its_default(tmp_path, f
     assert json.loads((out / "eval_config.json").read_text())["workflow_config"]["reward"] == "boxed_em"
 
 
+def test_a_workflow_config_without_usable_defaults_fills_in_nothing():
+    from dataclasses import dataclass
+
+    from memrl.eval.runner import _defaults
+
+    @dataclass
+    class Required:
+        corpus: str
+
+    @dataclass
+    class Checked:
+        corpus: str = ""
+
+        def __post_init__(self) -> None:
+            if not self.corpus:
+                raise ValueError("corpus: set it")
+
+    assert _defaults(Required) is None and _defaults(Checked) is None
+
+
 def test_bad_line_in_the_middle_is_named(tmp_path, caplog):
     p = tmp_path / RESULTS_FILE
     p.write_text('{"task_id": "a", "num_docs": 1}\n{broken\n{"a": 2}\n')
