@@ -8,7 +8,8 @@ Stages (each resumes: a finished stage's outputs are kept, `memrl train --resume
   data   held-out set: 48 HotpotQA dev questions (seed 0) at 2 documents (the training length, 1x) and at 8
          (4x); training set: 480 other dev questions (seed 1) at 2 documents, minus any held-out question.
   sft    the cold start (a recipe choice: zero-shot, the model boxes no answer, so GRPO sees reward 0 on every
-         trajectory): `memrl train-sft demonstrator.name=evidence` on the first 400 training questions.
+         trajectory): `memrl train-sft demonstrator.name=evidence` on the first 400 training questions
+         (--cold-start-questions N; --sft KEY=VALUE adds overrides).
   rl     `memrl train --preset smollm2_memagent_cpu` from the cold-start model, one run per training seed
          (trainer.prefix_sharing=never: the setting docs/results/real_model.md's first table was recorded with);
          `--rl KEY=VALUE` adds overrides to it (after the script's own, so they win).
@@ -61,15 +62,16 @@ def data(args: argparse.Namespace, out: Path) -> None:
     held = {r["id"] for r in json.loads((out / "eval" / "eval_2.json").read_text())}
     train = [r for r in json.loads((out / "pool" / "eval_2.json").read_text()) if r["id"] not in held]
     (out / "train_2.json").write_text(json.dumps(train))
-    (out / "sft_2.json").write_text(json.dumps(train[:400]))
-    print(f"held out {len(held)} questions; {len(train)} training questions, the first 400 for the cold start")
+    n = args.cold_start_questions
+    (out / "sft_2.json").write_text(json.dumps(train[:n]))
+    print(f"held out {len(held)} questions; {len(train)} training questions, the first {n} for the cold start")
 
 
 def sft(args: argparse.Namespace, out: Path) -> None:
     if not (out / "sft" / "merged" / "config.json").is_file():
         sh([*MEMRL, "train-sft", f"model.path={args.model}", "data.name=file", f"data.path={out / 'sft_2.json'}",
             "demonstrator.name=evidence", f"demonstrator.source={args.hotpot}", *WORKFLOW, *SFT,
-            f"out_dir={out / 'sft'}"])
+            f"out_dir={out / 'sft'}", *args.sft])
 
 
 def rl(args: argparse.Namespace, out: Path) -> None:
@@ -235,6 +237,10 @@ def main() -> None:
     ap.add_argument("--stages", default="data,sft,rl,eval,table")
     ap.add_argument("--rl", nargs="*", default=[], metavar="KEY=VALUE",
                     help="overrides for the RL stage's memrl train (after the script's own)")
+    ap.add_argument("--cold-start-questions", type=int, default=400,
+                    help="training questions the cold start's SFT reads (the first N; 400 in the first four recipes)")
+    ap.add_argument("--sft", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="overrides for the cold start's memrl train-sft (after the script's own)")
     ap.add_argument("--base", action="store_true", help="also evaluate the base model (slow: it never stops early)")
     args = ap.parse_args()
     out = Path(args.out)
