@@ -72,6 +72,23 @@ def sft(args: argparse.Namespace, out: Path) -> None:
         sh([*MEMRL, "train-sft", f"model.path={args.model}", "data.name=file", f"data.path={out / 'sft_2.json'}",
             "demonstrator.name=evidence", f"demonstrator.source={args.hotpot}", *WORKFLOW, *SFT,
             f"out_dir={out / 'sft'}", *args.sft])
+        (out / "sft" / "recipe.json").write_text(json.dumps(cold_start_recipe(args)))
+
+
+def cold_start_recipe(args: argparse.Namespace) -> dict:
+    return {"questions": args.cold_start_questions, "sft": args.sft}
+
+
+def check_cold_start(args: argparse.Namespace, out: Path) -> None:
+    """A trained cold start is kept (the stages resume), so refuse --cold-start-questions / --sft values that
+    describe another one instead of ignoring them."""
+    if not (out / "sft" / "merged" / "config.json").is_file():
+        return
+    f = out / "sft" / "recipe.json"
+    had = json.loads(f.read_text()) if f.is_file() else {"questions": 400, "sft": []}  # trained before the switches
+    if had != cold_start_recipe(args):
+        raise SystemExit(f"{out / 'sft'}: the cold start there was trained with {had}, this run asks for "
+                         f"{cold_start_recipe(args)}; pass those values or another --out")
 
 
 def rl(args: argparse.Namespace, out: Path) -> None:
@@ -245,6 +262,8 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     stages = {"data": data, "sft": sft, "rl": rl, "eval": evaluate, "table": table}
+    if {"data", "sft"} & set(args.stages.split(",")):
+        check_cold_start(args, out)
     for name in args.stages.split(","):
         stages[name](args, out)
 
