@@ -14,7 +14,8 @@ import string
 import unicodedata
 from collections import Counter
 
-_BOX_OPEN = re.compile(r"\\boxed\s*\{")
+BOX_OPEN = re.compile(r"\\boxed\s*\{")
+"""A box's opening, `\\boxed{` (spaces allowed before the brace)."""
 _BRACES = re.compile(r"\\[{}]|[{}]")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _ASCII_PUNCT = frozenset(string.punctuation)
@@ -27,7 +28,7 @@ def _box_contents(text: str) -> list[str | None]:
     One pass over the braces with a stack (linear time, also on many unclosed boxes); an escaped brace
     `\\{` / `\\}` is literal text, not nesting.
     """
-    boxes = {m.end(): k for k, m in enumerate(_BOX_OPEN.finditer(text))}  # content start -> box index
+    boxes = {m.end(): k for k, m in enumerate(BOX_OPEN.finditer(text))}  # content start -> box index
     out: list[str | None] = [None] * len(boxes)
     stack: list[int] = []  # content start of every open brace
     for m in _BRACES.finditer(text):

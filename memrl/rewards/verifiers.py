@@ -36,6 +36,11 @@ The built-in ones:
   scored by HotpotQA's token F1 (`memrl.rewards.qa.best_f1`), and 1.0 wherever `verl_hotpotqa` gives 1.0. A
   partly right answer earns part of the reward, so a group of samples that all miss the exact string can still
   differ. Evaluate with `verl_hotpotqa`; this one is for training.
+- `format_f1` (memrl, a training reward for a model that has yet to learn the box): half for the format (exactly
+  one non-empty `\\boxed{}`, ReMemR1's format term) and half for the reply's words, HotpotQA token F1 of the
+  whole reply (every `\\boxed{` opening removed) best over the golds. A box alone earns 0.5 whatever it holds,
+  the right answer written plainly 0.5, the right answer boxed and nothing else 1.0; words after the box lower
+  the F1. Evaluate with `verl_hotpotqa`; this one is for training.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memrl.plugins import is_import_path, load_object
-from memrl.rewards.qa import best_f1, boxed_em_reward
+from memrl.rewards.qa import BOX_OPEN, best_f1, boxed_em_reward, count_boxed
 
 Verifier = Callable[[str, "str | list[str]"], float]
 
@@ -211,3 +216,13 @@ def published_box_f1(response_text: str, golds: str | list[str]) -> float:
     if answer is None:
         return 0.0
     return 1.0 if _published_match(answer, gold_list) else best_f1(answer, gold_list)
+
+
+@register_verifier("format_f1")
+def format_f1(response_text: str, golds: str | list[str]) -> float:
+    """0.5 * (exactly one non-empty box) + 0.5 * token F1 of the reply, box openings removed, best over the
+    golds (module docstring)."""
+    gold_list = _gold_list(golds)
+    opened, filled = count_boxed(response_text or "")
+    words = BOX_OPEN.sub(" ", response_text or "")
+    return 0.5 * float(opened == 1 and filled == 1) + 0.5 * best_f1(words, gold_list)

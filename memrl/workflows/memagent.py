@@ -16,6 +16,7 @@ from memrl.engines.base import Engine
 from memrl.rewards import steps
 from memrl.rewards.qa import extract_boxed
 from memrl.rewards.steps import answer_word_recall
+from memrl.rewards.verifiers import check_verifier, get_verifier
 from memrl.types import Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec, boxed_em_outcome
 from memrl.workflows.chunked import (
@@ -50,9 +51,16 @@ class MemAgentConfig(ChunkedConfig):
     """Inline memory-update prompt (wins over the file)."""
     final_template: str | None = None
     """Inline final-answer prompt (wins over the file)."""
+    final_step_reward: str = "format"
+    """The final call's step reward under `algorithm=rememr1` (`step_rewards`): format = 1 for exactly one
+    non-empty `\\boxed{}` (ReMemR1's format term, any box earns it); or a verifier, named as `reward` is
+    (e.g. published_box_f1 or format_f1: a box pays more with the answer's words in it), scored on the final reply.
+    GRPO ignores step rewards."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.final_step_reward != "format":
+            check_verifier(self.final_step_reward, f"{type(self).__name__}.final_step_reward (format, or a verifier)")
         if any(v is not None for v in (self.memory_template_file, self.final_template_file,
                                        self.memory_template, self.final_template)):
             self.templates()  # a bad template is a one-line error now, not in the middle of a rollout
@@ -116,7 +124,8 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
         **memory_recall_metrics(memories, task.answers),
     }
     return Trajectory(task.task_id, "", segments, final_answer=boxed or "", metrics=metrics,
-                      info={"answer_text": answer_text, "memories": memories, "reward": cfg.reward})
+                      info={"answer_text": answer_text, "memories": memories, "reward": cfg.reward,
+                            "final_step_reward": cfg.final_step_reward})
 
 
 def memory_recall_metrics(memories: list[str], golds: list[str]) -> dict[str, float]:
@@ -133,13 +142,19 @@ def memory_recall_metrics(memories: list[str], golds: list[str]) -> dict[str, fl
 def step_rewards(task: Task, traj: Trajectory) -> list[float]:
     """The step reward of each call of a MemAgent trajectory (ReMemR1's terms, no tags): a memory call
     earns its memory gain, recall(m_t) - recall(m_{t-1}) of the gold-answer words (memrl.rewards.steps);
-    the final call earns 1 for exactly one non-empty `\\boxed{}`. Lets `algorithm=rememr1` mix
+    the final call earns what `workflow.final_step_reward` names: 1 for exactly one non-empty `\\boxed{}`
+    (format, the default), or a verifier's score of the final reply. Lets `algorithm=rememr1` mix
     per-call credit into MemAgent's outcome advantage; GRPO ignores these values. Pure: the score stage
     returns them (WorkflowSpec.step_rewards)."""
+    final_rule = traj.info.get("final_step_reward", "format")
     out: list[float] = []
     for seg in traj.segments:
         if seg.info.get("kind") == "final":
-            r = steps.format_reward(seg.info.get("answer_text", ""), final=True)
+            text = seg.info.get("answer_text", "")
+            if final_rule == "format":
+                r = steps.format_reward(text, final=True)
+            else:
+                r = get_verifier(final_rule)(text, task.answers)
         else:
             r = steps.memory_gain(seg.info.get("memory", ""), seg.info.get("previous_memory"), task.answers)
         out.append(r)

@@ -352,6 +352,7 @@ FREE_TEXT: dict[str, str] = {
     "ValSection.files": "paths", "LoraSection.target_modules": "module names of the model",
     "no_memory_text": "text", "no_recall_text": "text", "update_tag": "a tag", "recall_tag": "a tag",
     "thinking_tag": "a tag", "reward": "a registered verifier or an import path, checked by check_verifier",
+    "MemAgentConfig.final_step_reward": "format, a registered verifier or an import path, checked by check_verifier",
     "FullContextConfig": "", "memory_template_file": "a path", "final_template_file": "a path",
     "memory_template": "text", "final_template": "text", "retriever_kind": "a registry name or import path",
     "retriever_corpus": "a path", "retriever_url": "a URL", "tool_texts_file": "a path",

@@ -206,6 +206,28 @@ def test_memagent_reward_writes_memory_gain_step_rewards():
     assert spec.step_rewards(task, traj)[3] == 1.0
 
 
+def test_final_step_reward_names_a_verifier_that_a_constant_box_cannot_earn():
+    """workflow.final_step_reward: format (default) pays any one non-empty box; published_box_f1 pays the box's
+    token F1 against the gold (1 where the published verifier matches)."""
+    spec = get_workflow("memagent")
+    task = Task("t", "what colour is Kalo", "abcd", ["deep red"])  # one chunk, so [memory gain, final]
+
+    def steps_for(final_reply: str, **kw) -> list[float]:
+        traj = run_one(task, ScriptedEngine(["Kalo is deep red", final_reply]), cfg(**kw))
+        return spec.step_rewards(task, traj)
+
+    # the memory call gains both gold words (1.0) under either rule
+    assert steps_for("\\boxed{2}") == [1.0, 1.0]  # format: any single box earns it
+    assert steps_for("\\boxed{2}", final_step_reward="published_box_f1") == [1.0, 0.0]
+    # {deep, blue} against {deep, red}: precision 1/2, recall 1/2, F1 1/2
+    assert steps_for("\\boxed{deep blue}", final_step_reward="published_box_f1") == [1.0, 0.5]
+    assert steps_for("\\boxed{Deep red}", final_step_reward="published_box_f1") == [1.0, 1.0]
+    assert steps_for("deep red", final_step_reward="published_box_f1") == [1.0, 0.0]  # no box: nothing
+    assert steps_for("deep red") == [1.0, 0.0]
+    with pytest.raises(ValueError, match=r"final_step_reward \(format, or a verifier\) must be one of boxed_em"):
+        cfg(final_step_reward="box")
+
+
 def test_memory_text_after_think_keeps_what_follows_the_last_think_end():
     """memory_text=after_think: BytedTsinghua-SIA/MemAgent @ 76b7a658, taskutils/memory_eval/utils/
     recurrent.py async_query_llm sets memory = extract_solution(reply)[0] (utils/__init__.py): with
