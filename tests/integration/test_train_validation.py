@@ -151,18 +151,22 @@ def test_validation_equals_memrl_eval(tiny_path, tmp_path, val_files):
     cfg = _cfg(tiny_path, out, 2, val_files, "trainer.val_every=2", "trainer.save_every=2", "val.samples=2",
                "val.temperature=1.0", "val.top_p=0.7")
     Trainer(assemble(cfg)).fit()
+    trained_threads = __import__("torch").get_num_threads()  # the intra-op count validation ran with
     rows = read_metrics(out / "metrics.jsonl")
     assert [("val/mean_accuracy" in r) for r in rows] == [False, True]
     assert {"val/hq/2/mean_at_k", "val/hq/2/pass_at_k"} <= set(rows[1])
     val = [json.loads(x) for x in (out / "val" / "step_2" / "results.jsonl").read_text().splitlines()]
     # memrl eval's own engine defaults differ from training's (max_batch_size, hf.deterministic): pass the
-    # training engine's values, so both runs use the same engine settings
+    # training engine's values, so both runs use the same engine settings. Its thread count is load-aware
+    # (memrl.threads: fewer threads beside busy processes), and another count rounds floats differently, so
+    # the sampled answers would part under load: pin it to validation's
     assert main(["eval", "--model", str(out / "checkpoints" / "step_000002"), "--out", str(tmp_path / "eval"),
                  *val_files, "--no-progress", "workflow=memagent", "workflow.chunk_tokens=24",
                  "workflow.max_memory_tokens=6", "workflow.max_final_tokens=8", "workflow.temperature=1.0",
                  "workflow.top_p=0.7", "samples=2", "seed=0", "engine.name=hf",
                  f"engine.max_batch_size={cfg.engine.max_batch_size}",
-                 f"engine.hf.deterministic={str(cfg.engine.hf.deterministic).lower()}"]) == 0
+                 f"engine.hf.deterministic={str(cfg.engine.hf.deterministic).lower()}",
+                 f"threads.intra_op={trained_threads}"]) == 0
     ev = [json.loads(x) for x in (tmp_path / "eval" / "results.jsonl").read_text().splitlines()]
 
     def key(r):
