@@ -49,7 +49,8 @@ from collections.abc import Callable
 from typing import Any
 
 from memrl.plugins import is_import_path, load_object
-from memrl.rewards.qa import BOX_OPEN, best_f1, boxed_em_reward, count_boxed
+from memrl.rewards.qa import BOX_OPEN, best_f1, boxed_em_reward
+from memrl.rewards.steps import format_reward
 
 Verifier = Callable[[str, "str | list[str]"], float]
 
@@ -222,7 +223,5 @@ def published_box_f1(response_text: str, golds: str | list[str]) -> float:
 def format_f1(response_text: str, golds: str | list[str]) -> float:
     """0.5 * (exactly one non-empty box) + 0.5 * token F1 of the reply, box openings removed, best over the
     golds (module docstring)."""
-    gold_list = _gold_list(golds)
-    opened, filled = count_boxed(response_text or "")
-    words = BOX_OPEN.sub(" ", response_text or "")
-    return 0.5 * float(opened == 1 and filled == 1) + 0.5 * best_f1(words, gold_list)
+    text = response_text or ""
+    return 0.5 * format_reward(text, final=True) + 0.5 * best_f1(BOX_OPEN.sub(" ", text), _gold_list(golds))
