@@ -41,6 +41,10 @@ The built-in ones:
   whole reply (every `\\boxed{` opening removed) best over the golds. A box alone earns 0.5 whatever it holds,
   the right answer written plainly 0.5, the right answer boxed and nothing else 1.0; words after the box lower
   the F1. Evaluate with `verl_hotpotqa`; this one is for training.
+- `box_weighted_f1` (memrl, a training reward with no credit for the box alone): the reply's token F1 as in
+  `format_f1`, weighted 1.0 with exactly one non-empty `\\boxed{}` and 0.25 without. The right answer boxed
+  and nothing else earns 1.0, written plainly 0.25, any wrong answer 0 boxed or not, so a constant box earns
+  nothing. Evaluate with `verl_hotpotqa`; this one is for training.
 """
 
 from __future__ import annotations
@@ -225,3 +229,16 @@ def format_f1(response_text: str, golds: str | list[str]) -> float:
     golds (module docstring)."""
     text = response_text or ""
     return 0.5 * format_reward(text, final=True) + 0.5 * best_f1(BOX_OPEN.sub(" ", text), _gold_list(golds))
+
+
+UNBOXED_WEIGHT = 0.25
+"""box_weighted_f1's weight on a reply without exactly one non-empty box (a boxed one weighs 1.0)."""
+
+
+@register_verifier("box_weighted_f1")
+def box_weighted_f1(response_text: str, golds: str | list[str]) -> float:
+    """Token F1 of the reply (box openings removed, best over the golds), times 1.0 with exactly one non-empty
+    box and UNBOXED_WEIGHT without (module docstring): no credit for a box that holds a wrong answer."""
+    text = response_text or ""
+    weight = 1.0 if format_reward(text, final=True) else UNBOXED_WEIGHT
+    return weight * best_f1(BOX_OPEN.sub(" ", text), _gold_list(golds))

@@ -117,7 +117,8 @@ class ChunkedConfig:
     over the whole text, best over all golds; verl_hotpotqa = the published MemAgent/ReMemR1 verifier
     (last 300 characters, its strip_string, also the `\\boxed ans` form); published_box_f1 = that verifier's
     answer scored by token F1 (a denser training reward); format_f1 = half for one non-empty box, half for
-    the reply's token F1 (a training reward while the box is unlearned); or package.module:fn, your own
+    the reply's token F1 (a training reward while the box is unlearned); box_weighted_f1 = the reply's token
+    F1, weighted 1 when boxed and 0.25 when not (no credit for a box alone); or package.module:fn, your own
     function marked with @memrl.rewards.verifiers.verifier."""
     prompt_assembly: str = valid("text", choices=PROMPT_ASSEMBLIES)
     """How a call's prompt ids are made. text (memrl): the template rendered to text and encoded once through

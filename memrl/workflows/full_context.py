@@ -50,7 +50,8 @@ class FullContextConfig:
     """The chat template's thinking switch (Qwen3's enable_thinking); None = the template's default."""
     reward: str = "boxed_em"
     """Outcome verifier, as the chunked workflows' `reward`: a name in memrl.rewards.verifiers (boxed_em,
-    verl_hotpotqa, published_box_f1, format_f1) or package.module:fn, a function marked with @memrl.rewards.verifiers.verifier."""
+    verl_hotpotqa, published_box_f1, format_f1, box_weighted_f1) or package.module:fn, a function marked with
+    @memrl.rewards.verifiers.verifier."""
 
 
 async def run(task: Task, engine: Any, cfg: FullContextConfig, rng: random.Random) -> Trajectory:

@@ -54,8 +54,8 @@ class MemAgentConfig(ChunkedConfig):
     final_step_reward: str = "format"
     """The final call's step reward under `algorithm=rememr1` (`step_rewards`): format = 1 for exactly one
     non-empty `\\boxed{}` (ReMemR1's format term, any box earns it); or a verifier, named as `reward` is
-    (e.g. published_box_f1 or format_f1: a box pays more with the answer's words in it), scored on the final reply.
-    GRPO ignores step rewards."""
+    (e.g. published_box_f1, format_f1 or box_weighted_f1: a box pays more with the answer's words in it),
+    scored on the final reply. GRPO ignores step rewards."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
