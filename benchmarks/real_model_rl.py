@@ -94,7 +94,10 @@ def check_cold_start(args: argparse.Namespace, out: Path) -> None:
 def rl(args: argparse.Namespace, out: Path) -> None:
     for seed in args.seeds:
         run = out / "rl" / f"seed{seed}"
-        cmd = [*MEMRL, "train", "--preset", "smollm2_memagent_cpu", f"model.path={out / 'sft' / 'merged'}",
+        start = args.init.format(seed=seed) if args.init else out / "sft" / "merged"
+        if not (Path(start) / "config.json").is_file():
+            raise SystemExit(f"--init: no model at {start} (a directory with config.json) for seed {seed}")
+        cmd = [*MEMRL, "train", "--preset", "smollm2_memagent_cpu", f"model.path={start}",
                f"data.path={out / 'train_2.json'}", f"trainer.seed={seed}", f"data.seed={seed}", f"engine.seed={seed}", f"trainer.steps={args.steps}",
                f"out_dir={run}",
                "trainer.prefix_sharing=never",  # the default before 2026-11-28: docs/results/real_model.md's table
@@ -258,6 +261,10 @@ def main() -> None:
                     help="training questions the cold start's SFT reads (the first N; 400 in the first four recipes)")
     ap.add_argument("--sft", nargs="*", default=[], metavar="KEY=VALUE",
                     help="overrides for the cold start's memrl train-sft (after the script's own)")
+    ap.add_argument("--init", default=None, metavar="DIR",
+                    help="start RL from this model instead of the cold start, {seed} replaced by the training seed "
+                         "(a second RL stage from an earlier run's final model); the paired column stays against "
+                         "the cold start")
     ap.add_argument("--base", action="store_true", help="also evaluate the base model (slow: it never stops early)")
     args = ap.parse_args()
     out = Path(args.out)
