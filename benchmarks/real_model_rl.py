@@ -101,7 +101,7 @@ def rl(args: argparse.Namespace, out: Path) -> None:
                f"data.path={out / 'train_2.json'}", f"trainer.seed={seed}", f"data.seed={seed}", f"engine.seed={seed}", f"trainer.steps={args.steps}",
                f"out_dir={run}",
                "trainer.prefix_sharing=never",  # the default before 2026-11-28: docs/results/real_model.md's table
-               *args.rl]
+               *(o.replace("{seed}", str(seed)) for o in args.rl)]
         if final_model(run, args.steps) is None:
             sh(cmd + (["--resume"] if (run / "checkpoints" / "latest").exists() else []))
 
@@ -256,7 +256,8 @@ def main() -> None:
     ap.add_argument("--out", default="runs/rl58")
     ap.add_argument("--stages", default="data,sft,rl,eval,table")
     ap.add_argument("--rl", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="overrides for the RL stage's memrl train (after the script's own)")
+                    help="overrides for the RL stage's memrl train (after the script's own; {seed} in a value is "
+                         "replaced by the training seed)")
     ap.add_argument("--cold-start-questions", type=int, default=400,
                     help="training questions the cold start's SFT reads (the first N; 400 in the first four recipes)")
     ap.add_argument("--sft", nargs="*", default=[], metavar="KEY=VALUE",
