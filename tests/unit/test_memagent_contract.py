@@ -224,7 +224,7 @@ def test_final_step_reward_names_a_verifier_that_a_constant_box_cannot_earn():
     assert steps_for("\\boxed{Deep red}", final_step_reward="published_box_f1") == [1.0, 1.0]
     assert steps_for("deep red", final_step_reward="published_box_f1") == [1.0, 0.0]  # no box: nothing
     assert steps_for("deep red") == [1.0, 0.0]
-    with pytest.raises(ValueError, match=r"final_step_reward \(format, or a verifier\) must be one of boxed_em"):
+    with pytest.raises(ValueError, match=r"final_step_reward \(format, or a verifier\) must be one of box_weighted_f1, boxed_em"):
         cfg(final_step_reward="box")
 
 
