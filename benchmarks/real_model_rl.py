@@ -94,8 +94,8 @@ def check_cold_start(args: argparse.Namespace, out: Path) -> None:
 def rl(args: argparse.Namespace, out: Path) -> None:
     for seed in args.seeds:
         run = out / "rl" / f"seed{seed}"
-        start = args.init.format(seed=seed) if args.init else out / "sft" / "merged"
-        if not (Path(start) / "config.json").is_file():
+        start = Path(args.init.replace("{seed}", str(seed))) if args.init else out / "sft" / "merged"
+        if args.init and not (start / "config.json").is_file():
             raise SystemExit(f"--init: no model at {start} (a directory with config.json) for seed {seed}")
         cmd = [*MEMRL, "train", "--preset", "smollm2_memagent_cpu", f"model.path={start}",
                f"data.path={out / 'train_2.json'}", f"trainer.seed={seed}", f"data.seed={seed}", f"engine.seed={seed}", f"trainer.steps={args.steps}",

@@ -227,8 +227,15 @@ def published_box_f1(response_text: str, golds: str | list[str]) -> float:
 def format_f1(response_text: str, golds: str | list[str]) -> float:
     """0.5 * (exactly one non-empty box) + 0.5 * token F1 of the reply, box openings removed, best over the
     golds (module docstring)."""
+    boxed, f1 = _boxed_once_and_reply_f1(response_text, golds)
+    return 0.5 * boxed + 0.5 * f1
+
+
+def _boxed_once_and_reply_f1(response_text: str, golds: str | list[str]) -> tuple[float, float]:
+    """(1.0 for exactly one non-empty box else 0.0, token F1 of the reply with box openings removed, best over
+    the golds): the two parts format_f1 and box_weighted_f1 are made of."""
     text = response_text or ""
-    return 0.5 * format_reward(text, final=True) + 0.5 * best_f1(BOX_OPEN.sub(" ", text), _gold_list(golds))
+    return format_reward(text, final=True), best_f1(BOX_OPEN.sub(" ", text), _gold_list(golds))
 
 
 UNBOXED_WEIGHT = 0.25
@@ -239,6 +246,5 @@ UNBOXED_WEIGHT = 0.25
 def box_weighted_f1(response_text: str, golds: str | list[str]) -> float:
     """Token F1 of the reply (box openings removed, best over the golds), times 1.0 with exactly one non-empty
     box and UNBOXED_WEIGHT without (module docstring): no credit for a box that holds a wrong answer."""
-    text = response_text or ""
-    weight = 1.0 if format_reward(text, final=True) else UNBOXED_WEIGHT
-    return weight * best_f1(BOX_OPEN.sub(" ", text), _gold_list(golds))
+    boxed, f1 = _boxed_once_and_reply_f1(response_text, golds)
+    return (1.0 if boxed else UNBOXED_WEIGHT) * f1

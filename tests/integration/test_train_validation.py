@@ -7,6 +7,7 @@ import json
 import struct
 
 import pytest
+import torch
 
 from memrl.cli import main
 from memrl.config import ConfigError, load_config
@@ -151,7 +152,7 @@ def test_validation_equals_memrl_eval(tiny_path, tmp_path, val_files):
     cfg = _cfg(tiny_path, out, 2, val_files, "trainer.val_every=2", "trainer.save_every=2", "val.samples=2",
                "val.temperature=1.0", "val.top_p=0.7")
     Trainer(assemble(cfg)).fit()
-    trained_threads = __import__("torch").get_num_threads()  # the intra-op count validation ran with
+    trained_threads = torch.get_num_threads()  # the intra-op count validation ran with
     rows = read_metrics(out / "metrics.jsonl")
     assert [("val/mean_accuracy" in r) for r in rows] == [False, True]
     assert {"val/hq/2/mean_at_k", "val/hq/2/pass_at_k"} <= set(rows[1])
