@@ -10,8 +10,9 @@ Stages (each resumes: a finished stage's outputs are kept, `memrl train --resume
   sft    the cold start (a recipe choice: zero-shot, the model boxes no answer, so GRPO sees reward 0 on every
          trajectory): `memrl train-sft demonstrator.name=evidence` on the first 400 training questions
          (--cold-start-questions N; --sft KEY=VALUE adds overrides).
-  rl     `memrl train --preset smollm2_memagent_cpu` from the cold-start model, one run per training seed
-         (trainer.prefix_sharing=never: the setting docs/results/real_model.md's first table was recorded with);
+  rl     `memrl train --preset smollm2_memagent_cpu` (--preset NAME for another) from the cold-start model
+         (--init DIR for another), one run per training seed (with the default preset also
+         trainer.prefix_sharing=never: the setting docs/results/real_model.md's first table was recorded with);
          `--rl KEY=VALUE` adds overrides to it (after the script's own, so they win).
   eval   every model on the held-out set at 1x and 4x, greedy and sampled (temperature 1, one sample,
          eval seed 0), with the workflow settings of training.
@@ -43,6 +44,7 @@ SFT = ["model.compute_dtype=bfloat16", "model.lora.rank=16", "model.lora.alpha=3
        "sft.lr=3e-4", "sft.batch_rows=16", "sft.warmup_steps=5", "sft.logits_chunk_tokens=1024",
        "sft.token_budget=4096"]
 MEMRL = [sys.executable, "-m", "memrl.cli"]
+DEFAULT_PRESET = "smollm2_memagent_cpu"
 
 
 def sh(cmd: list[str]) -> None:
@@ -97,10 +99,11 @@ def rl(args: argparse.Namespace, out: Path) -> None:
         start = Path(args.init.replace("{seed}", str(seed))) if args.init else out / "sft" / "merged"
         if args.init and not (start / "config.json").is_file():
             raise SystemExit(f"--init: no model at {start} (a directory with config.json) for seed {seed}")
-        cmd = [*MEMRL, "train", "--preset", "smollm2_memagent_cpu", f"model.path={start}",
+        # the default before 2026-11-28, which docs/results/real_model.md's first table was recorded with
+        recorded = ["trainer.prefix_sharing=never"] if args.preset == DEFAULT_PRESET else []
+        cmd = [*MEMRL, "train", "--preset", args.preset, f"model.path={start}",
                f"data.path={out / 'train_2.json'}", f"trainer.seed={seed}", f"data.seed={seed}", f"engine.seed={seed}", f"trainer.steps={args.steps}",
-               f"out_dir={run}",
-               "trainer.prefix_sharing=never",  # the default before 2026-11-28: docs/results/real_model.md's table
+               f"out_dir={run}", *recorded,
                *(o.replace("{seed}", str(seed)) for o in args.rl)]
         if final_model(run, args.steps) is None:
             sh(cmd + (["--resume"] if (run / "checkpoints" / "latest").exists() else []))
@@ -253,6 +256,8 @@ def main() -> None:
     ap.add_argument("--hotpot", default=str(HOTPOT))
     ap.add_argument("--seeds", default="0,1,2", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--preset", default=DEFAULT_PRESET,
+                    help="the RL stage's preset (e.g. smollm2_memagent_box_cpu, then smollm2_memagent_answer_cpu)")
     ap.add_argument("--out", default="runs/rl58")
     ap.add_argument("--stages", default="data,sft,rl,eval,table")
     ap.add_argument("--rl", nargs="*", default=[], metavar="KEY=VALUE",
