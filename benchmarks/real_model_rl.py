@@ -255,7 +255,8 @@ def main() -> None:
     ap.add_argument("--model", required=True, help="SmolLM2 directory (memrl model fetch smollm2-135m-instruct)")
     ap.add_argument("--hotpot", default=str(HOTPOT))
     ap.add_argument("--seeds", default="0,1,2", type=lambda s: [int(x) for x in s.split(",")])
-    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="RL steps a seed (default: the preset's trainer.steps, 24 for smollm2_memagent_cpu)")
     ap.add_argument("--preset", default=DEFAULT_PRESET,
                     help="the RL stage's preset (e.g. smollm2_memagent_box_cpu, then smollm2_memagent_answer_cpu)")
     ap.add_argument("--out", default="runs/rl58")
@@ -273,6 +274,13 @@ def main() -> None:
                          "the cold start")
     ap.add_argument("--base", action="store_true", help="also evaluate the base model (slow: it never stops early)")
     args = ap.parse_args()
+    if args.steps is None:  # the preset's own count, so that a stage preset's steps are not overridden
+        from memrl.config import ConfigError, load_config
+        from memrl.training.config import TrainConfig
+        try:
+            args.steps = load_config(TrainConfig, [], preset=args.preset).trainer.steps
+        except ConfigError as e:
+            raise SystemExit(f"--preset: {e}") from None
     out = Path(args.out)
     stages = {"data": data, "sft": sft, "rl": rl, "eval": evaluate, "table": table}
     if {"data", "sft"} & set(args.stages.split(",")):
