@@ -37,10 +37,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 HOTPOT = ROOT.parent / "shared" / "data" / "hotpotqa_dev_distractor_1143.json.xz"
 WORKFLOW = ["workflow.chunk_tokens=512", "workflow.max_memory_tokens=96", "workflow.max_final_tokens=32"]
-ENGINE = ["engine.hf.compute_dtype=bfloat16", "engine.hf.kv_cache=slots", "engine.max_batch_size=48",
+ENGINE = ["engine.hf.compute_dtype=auto", "engine.hf.kv_cache=slots", "engine.max_batch_size=48",
           "concurrency=48"]
 DECODING = {"greedy": [], "sampled": ["workflow.temperature=1.0", "seed=0"]}
-SFT = ["model.compute_dtype=bfloat16", "model.lora.rank=16", "model.lora.alpha=32", "model.lora.save_merged=true",
+SFT = ["model.compute_dtype=auto", "model.lora.rank=16", "model.lora.alpha=32", "model.lora.save_merged=true",
        "sft.lr=3e-4", "sft.batch_rows=16", "sft.warmup_steps=5", "sft.logits_chunk_tokens=1024",
        "sft.token_budget=4096"]
 MEMRL = [sys.executable, "-m", "memrl.cli"]

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MEMAGENT = ["workflow=memagent", "workflow.chunk_tokens=1024", "workflow.max_memory_tokens=128",
             "workflow.max_final_tokens=32"]
 FULL = ["workflow=full_context", "workflow.max_final_tokens=32"]
-ENGINE = ["engine.hf.compute_dtype=bfloat16", "engine.hf.kv_cache=slots", "engine.max_batch_size=16"]
+ENGINE = ["engine.hf.compute_dtype=auto", "engine.hf.kv_cache=slots", "engine.max_batch_size=16"]
 
 
 def sh(cmd: list[str]) -> None:

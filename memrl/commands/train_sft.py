@@ -34,7 +34,7 @@ from memrl.demonstrators.evidence import EvidenceDemonstrator
 from memrl.errors import model_dir
 from memrl.locks import locked_dir
 from memrl.model_open import open_model
-from memrl.precision import check_compute_dtype, torch_dtype
+from memrl.precision import resolve_compute_dtype, torch_dtype
 from memrl.runtime import rollout_once
 from memrl.training import lora
 from memrl.training.assemble import check_writable
@@ -105,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(SFTRunConfig, args.overrides, preset=args.preset)
     model_dir(cfg.model.path, "model.path")
-    check_compute_dtype(cfg.model.compute_dtype, cfg.model.device, "model.compute_dtype")
+    cfg.model.compute_dtype = resolve_compute_dtype(cfg.model.compute_dtype, cfg.model.device, "model.compute_dtype")
     if cfg.data.name not in ("file", "synthetic"):
         raise ConfigError(f"data.name: train-sft takes synthetic (the built-in demonstrator) or file (a "
                           f"conversation file, or a task file with demonstrator.name=evidence), got {cfg.data.name!r}")

@@ -70,13 +70,14 @@ class HFSection:
     engine's on the tests' prompts (float rounding may differ). Refused with kv_cache=padded and with
     deterministic waves (a wave is decoded alone: no running rows wait while it prefills, and
     max_prefill_tokens already bounds its prefill's memory; docs/results/engine.md)."""
-    compute_dtype: str | None = valid(None, choices=("float32", "bfloat16"))
+    compute_dtype: str | None = valid(None, choices=("float32", "bfloat16", "auto"))
     """bfloat16: the engine computes in bfloat16 (mixed precision, memrl.precision; logits cast to float32
     before sampling and log-probabilities): weights of its own are held in bfloat16 (engine.dtype is then
     bfloat16; a weight sync casts), shared weights (share_weights) are cast under autocast at every forward,
     which costs a decode step more than it saves on the CPU. On a CPU it needs bfloat16 instructions. None =
     the weights' dtype; training with model.compute_dtype=bfloat16 and this unset: bfloat16, on a copy of
-    the policy (share_weights off; the run's log says so)."""
+    the policy (share_weights off; the run's log says so). auto: bfloat16 where the engine's device has
+    bfloat16 instructions, else float32 (memrl.precision.resolve_compute_dtype; the log says which)."""
     share_weights: bool = True
     """Training only: serve the very module being trained (no copy; weight sync is a no-op). False = a
     copy of the policy, synced after every update."""

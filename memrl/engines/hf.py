@@ -47,7 +47,7 @@ from memrl.engines.hf_scheduler import Request, Scheduler
 from memrl.engines.hf_weights import load_state_dict, strip_wrappers
 from memrl.engines.weight_transfer import WeightTransfer, receive_all
 from memrl.model_open import open_model
-from memrl.precision import autocast, check_compute_dtype, torch_dtype
+from memrl.precision import autocast, resolve_compute_dtype, torch_dtype
 
 PREFIX_CACHE_TOKENS = 16384
 """engine.hf.prefix_cache_tokens=None with kv_cache=slots."""
@@ -142,16 +142,17 @@ class HFEngine(Scheduler):
                 raise EngineError("HFEngine(share_weights=True) needs a loaded model, not a path")
             param = next(model_or_path.parameters())
             self.device, self.dtype = param.device, param.dtype
+            compute_dtype = resolve_compute_dtype(compute_dtype, str(self.device), "engine.hf.compute_dtype")
             self.model, self.tokenizer = self._shared(model_or_path, tokenizer)
         else:
             self.device = torch.device(device or "cpu")
             if self.device.type == "cuda" and not torch.cuda.is_available():
                 raise EngineError("HFEngine: device 'cuda' requested but torch.cuda.is_available() is False")
+            compute_dtype = resolve_compute_dtype(compute_dtype, str(self.device), "engine.hf.compute_dtype")
             # Mixed precision on weights of its own: held in the compute dtype (cast once per load or sync),
             # not cast at every forward as autocast would (a decode step's cost on the CPU).
             self.dtype = self._resolve_dtype(compute_dtype if compute_dtype == "bfloat16" else dtype)
             self.model, self.tokenizer = self._load(model_or_path, tokenizer, attn_implementation)
-        check_compute_dtype(compute_dtype, str(self.device), "engine.hf.compute_dtype")
         self.compute_dtype = torch_dtype(compute_dtype)
         """Mixed precision: the dtype forwards compute in (None = the weights' dtype); over shared weights of
         another dtype, under autocast."""

@@ -37,7 +37,7 @@ from memrl.data.synthetic import SyntheticConfig
 from memrl.engines.base import FAILED_REQUEST_MODES
 from memrl.engines.config import EngineConfig
 from memrl.engines.registry import engine_kind, replica_names
-from memrl.precision import check_compute_dtype
+from memrl.precision import COMPUTE_CHOICES, resolve_compute_dtype
 from memrl.rewards.extract import EXTRACT_MODES
 from memrl.rewards.published_metrics import METRIC_RULES
 from memrl.threads import ThreadsSection
@@ -56,12 +56,13 @@ class ModelSection:
     """HF model directory (config, safetensors, tokenizer). Required."""
     dtype: str = valid("float32", choices=("float32", "bfloat16"))
     """Weights (and optimizer state) dtype: float32 or bfloat16."""
-    compute_dtype: str | None = valid(None, choices=("float32", "bfloat16"))
+    compute_dtype: str | None = valid(None, choices=COMPUTE_CHOICES)
     """Mixed precision (memrl.precision): bfloat16 = the forward and backward of the update, the old-logprob
     and reference passes (and the hf engine, unless engine.hf.compute_dtype says otherwise) compute in
     bfloat16 under autocast over the float32 weights and optimizer state; logits, log-probabilities and the
     loss in float32. None = the weights' dtype. On a CPU it needs bfloat16 instructions (refused without);
-    docs/results/real_model.md has the side-by-side measurement."""
+    docs/results/real_model.md has the side-by-side measurement. auto = bfloat16 where the hardware has
+    bfloat16 instructions, else float32; `check()` replaces auto with the dtype chosen and logs it."""
     device: str = "cpu"
     """Where the trainer runs ("cpu", "cuda")."""
     gradient_checkpointing: bool = False
@@ -79,7 +80,7 @@ class ModelSection:
         if self.device.startswith("cuda"):
             if not torch.cuda.is_available():
                 raise ConfigError(f"model.device={self.device} but torch.cuda.is_available() is False")
-        check_compute_dtype(self.compute_dtype, self.device, "model.compute_dtype")
+        self.compute_dtype = resolve_compute_dtype(self.compute_dtype, self.device, "model.compute_dtype")
 
 
 @dataclass
@@ -134,6 +135,12 @@ class OptimSection:
     grad_clip: float = valid(1.0, ge=0, le=MAX_COEF, note="0 = no clipping")
     """Clip the global gradient norm to this before every optimizer step; 0 = no clipping (never a
     zero-length update)."""
+    zero_grad_steps: str = valid("take", choices=("take", "skip"))
+    """An optimizer step whose global gradient is exactly zero (every row's advantage 0 and no KL, entropy or
+    other term: a group-relative step where all rewards agree). "take" (verl, slime, TRL; memrl's default):
+    AdamW still steps, so its momentum from earlier steps and the weight decay move the weights with no
+    learning signal (docs/results/health.md). "skip": no optimizer step (the learning-rate schedule still
+    advances, as it follows RL steps); train/zero_grad_skipped says when."""
 
 
 @dataclass

@@ -229,9 +229,10 @@ class PolicyWorker:
                     p.grad = torch.zeros_like(p)
         gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip_norm(self.cfg.optim.grad_clip))
         grad_norm = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)  # global: the same on every rank
-        if math.isfinite(grad_norm):
+        skip_zero = grad_norm == 0.0 and self.cfg.optim.zero_grad_steps == "skip"  # the norm is global: every rank agrees
+        if math.isfinite(grad_norm) and not skip_zero:
             self.opt.step()
-        else:  # no weight changes; the driver sees the norm and stops the run (memrl.training.trainer)
+        else:  # no weight changes; a non-finite norm: the driver sees it and stops the run (memrl.training.trainer)
             self.opt.zero_grad(set_to_none=True)
         if step_scheduler and math.isfinite(grad_norm):
             self.sched.step()
@@ -257,6 +258,7 @@ class PolicyWorker:
                 if k in out:
                     out[k] *= w_all / w_kept
         out["train/grad_norm"] = grad_norm
+        out["train/zero_grad_skipped"] = float(skip_zero)
         out["train/lr"] = self.sched.get_last_lr()[0]
         out["train/micro_batches"], out["train/rows"], out["train/tokens"] = n_mb, rows_all, n_tok
         out["train/rows_zero_adv_skipped"] = rows_all - rows_kept

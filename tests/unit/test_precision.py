@@ -20,7 +20,8 @@ def test_bfloat16_compute_is_refused_on_a_cpu_without_bfloat16_instructions(monk
     with pytest.raises(ConfigError) as e:
         P.check_compute_dtype("bfloat16", "cpu", "model.compute_dtype")
     assert str(e.value) == ("model.compute_dtype=bfloat16 needs a CPU with bfloat16 instructions (avx512_bf16 or "
-                            "AMX); this one has none, where bfloat16 is slower than float32: leave it unset (float32)")
+                            "AMX); this one has none, where bfloat16 is slower than float32: leave it unset (float32) or "
+                            "say auto")
     P.check_compute_dtype(None, "cpu", "model.compute_dtype")  # float32 needs nothing
     P.check_compute_dtype("float32", "cpu", "model.compute_dtype")
 
@@ -33,6 +34,37 @@ def test_train_refuses_it_in_one_line_before_the_model_loads(monkeypatch, tmp_pa
     cfg = load_config(TrainConfig, [f"model.path={tmp_path}", "model.compute_dtype=bfloat16"])
     with pytest.raises(ConfigError, match=r"^model\.compute_dtype=bfloat16 needs a CPU with bfloat16"):
         cfg.model.check()
+
+
+@pytest.mark.parametrize("has_bf16", [True, False])
+def test_auto_follows_the_cpu_and_says_so(monkeypatch, caplog, tmp_path, has_bf16) -> None:
+    """compute_dtype=auto: bfloat16 where the CPU has bfloat16 instructions, else float32 (the detection faked),
+    one log line naming the choice; the train config holds the resolved dtype after its check."""
+    import logging
+
+    from memrl.config import load_config
+    from memrl.training.config import TrainConfig
+
+    monkeypatch.setattr(P, "cpu_has_bf16", lambda: has_bf16)
+    chosen = "bfloat16" if has_bf16 else "float32"
+    why = ("this CPU has bfloat16 instructions (avx512_bf16 or AMX)" if has_bf16 else "this CPU has no bfloat16 "
+           "instructions (avx512_bf16 or AMX), where bfloat16 is slower than float32")
+    with caplog.at_level(logging.INFO, logger="memrl.precision"):
+        assert P.resolve_compute_dtype("auto", "cpu", "model.compute_dtype") == chosen
+    assert [r.getMessage() for r in caplog.records] == [f"model.compute_dtype=auto: {chosen} ({why})"]
+    assert P.resolve_compute_dtype(None, "cpu", "k") is None  # anything else passes through, checked
+    assert P.resolve_compute_dtype("float32", "cpu", "k") == "float32"
+    cfg = load_config(TrainConfig, [f"model.path={tmp_path}", "model.compute_dtype=auto"])
+    cfg.model.check()
+    assert cfg.model.compute_dtype == chosen
+
+
+@pytest.mark.parametrize("has_bf16", [True, False])
+def test_the_hf_engine_resolves_auto_for_its_own_weights(monkeypatch, has_bf16) -> None:
+    monkeypatch.setattr(P, "cpu_has_bf16", lambda: has_bf16)
+    eng = HFEngine(str(cached_tiny_model("tiny")), compute_dtype="auto", dtype="float32")
+    want = torch.bfloat16 if has_bf16 else torch.float32
+    assert eng.compute_dtype == want and next(eng.model.parameters()).dtype == want
 
 
 def test_autocast_is_a_no_op_unless_the_compute_dtype_differs_from_the_weights() -> None:
