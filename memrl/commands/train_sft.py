@@ -12,7 +12,8 @@ cold-start layout; detected from its first row): each chat is one row, masked by
 (memrl.data.conversations). With `data.name=file` and a task file (HotpotQA / 2Wiki built by `memrl data
 build`), `demonstrator.name=evidence` plays `memrl.demonstrators.evidence.EvidenceDemonstrator` over its tasks
 (memory: the supporting-fact sentences a section shows; final reply: the boxed gold answer), its facts read
-from `demonstrator.source`, the original HotpotQA / 2Wiki file. `model.compute_dtype=bfloat16` runs the
+from `demonstrator.source`, the original HotpotQA / 2Wiki file; `demonstrator.name=needle` plays the same reader over
+a RULER task file, keeping the needle sentences. `model.compute_dtype=bfloat16` runs the
 forwards in bfloat16 over float32 weights. The result is a HuggingFace directory in out_dir.
 """
 
@@ -47,9 +48,11 @@ from memrl.workflows import parse_workflow
 class DemonstratorSection:
     """The rule that writes the demonstrations."""
 
-    name: str = valid("synthetic", choices=("synthetic", "evidence"))
+    name: str = valid("synthetic", choices=("synthetic", "evidence", "needle"))
     """synthetic: the built-in rule over synthetic tasks (the fields below); evidence: the supporting-fact
-    reader over a HotpotQA / 2Wiki task file (data.name=file, demonstrator.source)."""
+    reader over a HotpotQA / 2Wiki task file (data.name=file, demonstrator.source); needle: the same reader over
+    a RULER task file (data.name=file), keeping the sentences that hold a gold value (the needle, the links of
+    a variable chain) and boxing the gold values (memrl.demonstrators.evidence.needle_evidence)."""
     source: str = ""
     """demonstrator.name=evidence: the original HotpotQA / 2Wiki file (with supporting_facts) the task file in
     data.path was built from."""
@@ -109,11 +112,11 @@ def run(args: argparse.Namespace) -> int:
     if cfg.data.name not in ("file", "synthetic"):
         raise ConfigError(f"data.name: train-sft takes synthetic (the built-in demonstrator) or file (a "
                           f"conversation file, or a task file with demonstrator.name=evidence), got {cfg.data.name!r}")
-    evidence = cfg.demonstrator.name == "evidence"
+    evidence = cfg.demonstrator.name in ("evidence", "needle")
     if evidence and cfg.data.name != "file":
-        raise ConfigError("demonstrator.name=evidence reads a HotpotQA / 2Wiki task file: set data.name=file and "
+        raise ConfigError(f"demonstrator.name={cfg.demonstrator.name} reads a task file: set data.name=file and "
                           "data.path")
-    if evidence and not Path(cfg.demonstrator.source).is_file():
+    if cfg.demonstrator.name == "evidence" and not Path(cfg.demonstrator.source).is_file():
         raise ConfigError(f"demonstrator.source: {cfg.demonstrator.source!r} is not a file (demonstrator.name=evidence "
                           "needs the original HotpotQA / 2Wiki file, with its supporting_facts)")
     with locked_dir(check_writable(cfg.out_dir), "out_dir"):  # one process per out_dir, as memrl train
@@ -144,18 +147,26 @@ def _run_demonstrator(cfg: SFTRunConfig) -> int:
 
 
 def _run_evidence(cfg: SFTRunConfig) -> int:
-    """SFT on the evidence reader's trajectories over a HotpotQA / 2Wiki task file (memrl.demonstrators.evidence)."""
+    """SFT on the evidence reader's trajectories over a HotpotQA / 2Wiki task file, or over a RULER task file
+    with demonstrator.name=needle (memrl.demonstrators.evidence)."""
     spec, wf = parse_workflow(cfg.workflow, stage="train")
+    name = cfg.demonstrator.name
     if spec.name != "memagent":
-        raise ConfigError(f"demonstrator.name=evidence plays the memagent workflow, got workflow.name={spec.name!r}")
+        raise ConfigError(f"demonstrator.name={name} plays the memagent workflow, got workflow.name={spec.name!r}")
     path = cfg.data.path
     if not path or not Path(path).is_file():
-        raise ConfigError(f"data.path: {path!r} is not a file (demonstrator.name=evidence reads a task file)")
+        raise ConfigError(f"data.path: {path!r} is not a file (demonstrator.name={name} reads a task file)")
     tasks = load_tasks(path)
-    try:
-        reader = EvidenceDemonstrator.for_tasks(wf, tasks, load_tasks(cfg.demonstrator.source))
-    except ValueError as e:
-        raise ConfigError(f"demonstrator.source {cfg.demonstrator.source}: {e}") from None
+    if name == "needle":
+        reader, tasks = EvidenceDemonstrator.for_needles(wf, tasks)
+        if not tasks:
+            raise ConfigError(f"data.path {path}: no task holds a gold value in its context (demonstrator.name=needle "
+                              "reads RULER task files)")
+    else:
+        try:
+            reader = EvidenceDemonstrator.for_tasks(wf, tasks, load_tasks(cfg.demonstrator.source))
+        except ValueError as e:
+            raise ConfigError(f"demonstrator.source {cfg.demonstrator.source}: {e}") from None
     out = check_writable(cfg.out_dir)
     (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     tok = AutoTokenizer.from_pretrained(cfg.model.path)

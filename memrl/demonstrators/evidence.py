@@ -1,5 +1,6 @@
 """MemAgent's scripted reader on real multi-hop QA: the memory keeps the supporting-fact sentences a section
-shows, the final reply boxes the gold answer.
+shows, the final reply boxes the gold answer. On RULER's synthetic tasks (needles, variable tracking) the same
+reader keeps the sentences that hold a gold value (`needle_evidence`, `EvidenceDemonstrator.for_needles`).
 
 HotpotQA and 2WikiMultihopQA name, for every question, the sentences that answer it (`supporting_facts`:
 title + sentence index). A model that has never written a memory or boxed an answer (SmolLM2-135M-Instruct
@@ -13,12 +14,20 @@ A supporting sentence split across two sections is in neither: the reader keeps 
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from memrl.demonstrators.prompts import prompt_pattern
 from memrl.types import Task
+
+log = logging.getLogger(__name__)
+
+_SENTENCE_END = re.compile(r"\n+|(?<=[.!?])\s+")
+"""Where a RULER context's sentences end: every line break (noise lines, needles, variable assignments) and
+whitespace after a full stop (an essay haystack, where needles sit between its sentences)."""
 
 
 def supporting_sentences(task: Task) -> list[str]:
@@ -32,6 +41,17 @@ def supporting_sentences(task: Task) -> list[str]:
         if 0 <= int(sid) < len(sents) and sents[int(sid)].strip() and sents[int(sid)].strip() not in out:
             out.append(sents[int(sid)].strip())
     return out
+
+
+def needle_evidence(task: Task) -> tuple[list[str], str]:
+    """The sentences of a RULER task's context that hold a gold value (the needle with the asked key, each link
+    of a variable chain), in context order, and the answer the final call boxes: the gold values joined by
+    ", ". A value is matched as a whole word, so a needle holding 12345 does not count for 1234."""
+    golds = [g.strip() for g in task.answers if g.strip()]
+    words = [re.compile(rf"(?<![\w-]){re.escape(g)}(?![\w-])") for g in golds]
+    sentences = [s.strip() for s in _SENTENCE_END.split(task.context) if s.strip()]
+    kept = [s for s in sentences if any(w.search(s) for w in words)]
+    return list(dict.fromkeys(kept)), ", ".join(golds)
 
 
 @dataclass
@@ -69,6 +89,30 @@ class EvidenceDemonstrator:
                              "built from")
         mem, fin = workflow_cfg.templates()
         return cls(mem.text, fin.text, evidence)
+
+    @classmethod
+    def for_needles(cls, workflow_cfg: Any, tasks: Iterable[Task]) -> tuple[EvidenceDemonstrator, list[Task]]:
+        """The reader for RULER tasks (memrl.data.ruler) in a memagent workflow config's templates, with the
+        evidence read from each task's own context (`needle_evidence`), and the tasks it can play: a task whose
+        question another task already asks with other evidence (the reader looks a prompt up by its question)
+        or whose context holds no gold value is left out, counted in one log line."""
+        evidence: dict[str, tuple[list[str], str]] = {}
+        playable, clashes, empty = [], 0, 0
+        for t in tasks:
+            ev = needle_evidence(t)
+            key = t.question.strip()
+            if not ev[0]:
+                empty += 1
+            elif key in evidence and evidence[key] != ev:
+                clashes += 1
+            else:
+                evidence[key] = ev
+                playable.append(t)
+        if clashes or empty:
+            log.info("needle demonstrations: %d task(s) left out (%d ask a question another task asks with other "
+                     "evidence, %d hold no gold value in their context)", clashes + empty, clashes, empty)
+        mem, fin = workflow_cfg.templates()
+        return cls(mem.text, fin.text, evidence), playable
 
     def _lookup(self, problem: str) -> tuple[list[str], str]:
         key = problem.strip()

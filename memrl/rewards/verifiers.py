@@ -41,6 +41,10 @@ The built-in ones:
   whole reply (every `\\boxed{` opening removed) best over the golds. A box alone earns 0.5 whatever it holds,
   the right answer written plainly 0.5, the right answer boxed and nothing else 1.0; words after the box lower
   the F1. Evaluate with `verl_hotpotqa`; this one is for training.
+- `ruler_match` (memrl, format-free): RULER's own `string_match_all` (`memrl.rewards.eval_metrics`): the share
+  of the gold values found anywhere in the reply, case-insensitively. The reward of the needle recipe: it pays
+  the value carried to the answer, not its format. It does not charge for extra values: a reply listing every
+  number its memory holds earns the one it needed, so read it beside a boxed verifier.
 - `box_weighted_f1` (memrl, a training reward with no credit for the box alone): the reply's token F1 as in
   `format_f1`, weighted 1.0 with exactly one non-empty `\\boxed{}` and 0.25 without. The right answer boxed
   and nothing else earns 1.0, written plainly 0.25, any wrong answer 0 boxed or not, so a constant box earns
@@ -53,6 +57,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memrl.plugins import is_import_path, load_object
+from memrl.rewards.eval_metrics import string_match_all
 from memrl.rewards.qa import BOX_OPEN, best_f1, boxed_em_reward
 from memrl.rewards.steps import format_reward
 
@@ -248,3 +253,10 @@ def box_weighted_f1(response_text: str, golds: str | list[str]) -> float:
     box and UNBOXED_WEIGHT without (module docstring): no credit for a box that holds a wrong answer."""
     boxed, f1 = _boxed_once_and_reply_f1(response_text, golds)
     return (1.0 if boxed else UNBOXED_WEIGHT) * f1
+
+
+@register_verifier("ruler_match")
+def ruler_match(response_text: str, golds: str | list[str]) -> float:
+    """RULER's string_match_all: the share of the golds contained in the reply, case-insensitively (module
+    docstring)."""
+    return string_match_all(response_text or "", _gold_list(golds))
