@@ -219,7 +219,7 @@ def test_reward_path_errors_name_the_field(plugin):
     assert importlib.import_module(plugin).CALLED == []
     # a registered name still gives the list of names
     assert _error({"name": "memagent", "reward": "em"}) == (
-        "workflow: MemAgentConfig.reward must be one of box_weighted_f1, boxed_em, format_f1, published_box_f1, verl_hotpotqa, got 'em' (or the import path "
+        "workflow: MemAgentConfig.reward must be one of box_weighted_f1, boxed_em, format_f1, published_box_f1, ruler_match, verl_hotpotqa, got 'em' (or the import path "
         "module:fn of a @memrl.rewards.verifiers.verifier function)")
 
 

@@ -306,7 +306,7 @@ def test_config_values_are_checked():
     from memrl.eval.runner import EvalConfig
     from memrl.workflows import parse_workflow
 
-    with pytest.raises(ConfigError, match=r"MemAgentConfig.reward must be one of box_weighted_f1, boxed_em, format_f1, published_box_f1, verl_hotpotqa, got 'em'"):
+    with pytest.raises(ConfigError, match=r"MemAgentConfig.reward must be one of box_weighted_f1, boxed_em, format_f1, published_box_f1, ruler_match, verl_hotpotqa, got 'em'"):
         parse_workflow({"name": "memagent", "reward": "em"})
     with pytest.raises(ConfigError, match=r"golds='all' is not allowed: must be one of any, first"):
         load_config(EvalConfig, ["golds=all"])
