@@ -18,7 +18,7 @@ CPU_CAPS ?= avx2,avx512
 SEEDS_OUT ?= runs/demo_seeds
 SITE_DIR ?= site
 
-.PHONY: demo demo-seeds test docs test-vllm lint lock bench clean
+.PHONY: demo demo-seeds test docs test-vllm lint lock bench clean needle needle-full
 
 $(VENV)/.installed: pyproject.toml constraints.txt $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,19 @@ demo: $(VENV)/.installed
 # The demo over training seeds x CPU capabilities (one run after another; resumable), mean +- sd per capability.
 demo-seeds: $(VENV)/.installed
 	$(VENV)/bin/memrl demo --out $(SEEDS_OUT) --seeds $(SEEDS) --cpu-capability $(CPU_CAPS)
+
+# The needle recipe (benchmarks/needle_recipe.py; docs/results/real_model.md, "Needles"): SmolLM2 fetched, RULER
+# needles built in its tokenizer on a real-text haystack (HOTPOT=<a HotpotQA dev file in its original layout>),
+# the SFT-only model, RL, evaluation by length, the table and plot. Resumes after a kill. `needle` is the quick
+# size (one seed, 4K and 16K); `needle-full` the results page's.
+HOTPOT ?=
+NEEDLE_OUT ?= runs/needle
+needle: $(VENV)/.installed
+	$(VENV)/bin/python benchmarks/needle_recipe.py --size quick --out $(NEEDLE_OUT)_quick $(if $(HOTPOT),--hotpot $(HOTPOT),)
+
+needle-full: $(VENV)/.installed
+	$(VENV)/bin/python benchmarks/needle_recipe.py --size full --out $(NEEDLE_OUT)_full \
+		--heldout-record docs/results/needle_heldout.json $(if $(HOTPOT),--hotpot $(HOTPOT),)
 
 test: $(VENV)/.installed
 	$(VENV)/bin/ruff check memrl tests benchmarks

@@ -12,8 +12,9 @@ Stages (`--stages`, default all; each resumes after a kill: a finished stage's o
           layout, one after another), then RULER's niah_single_1 (noise haystack), niah_single_2 (the real-text
           haystack), niah_multikey_2 (needles as haystack) and vt, built locally in the model's tokenizer
           (`memrl data build --kind ruler`): training rows at the training lengths with seed 1, held-out rows
-          at the evaluation lengths with seed 0. The held-out files' sha256 digest is written to
+          at the evaluation lengths with seed 0 (the quick size: seed 3, so it never scores the full size's). The held-out files' sha256 digest is written to
           <out>/heldout.json and, when --heldout-record names a file (the page's committed record), must equal it.
+          Development rows (seed 2) for choosing settings: `--split dev` evaluates and tables those instead.
   sft     the SFT-only model: `memrl train-sft demonstrator.name=needle` (memory = the sentences holding a gold
           value, final reply = the boxed gold values) on the first training rows; the strongest SFT-only
           baseline this recipe has, and RL's starting point.
@@ -24,7 +25,8 @@ Stages (`--stages`, default all; each resumes after a kill: a finished stage's o
   table   RULER's string match (each gold value anywhere in the reply, format-free; the main metric), the
           share of gold values inside the last \\boxed{} (boxed), MemAgent's published verifier and the memory
           length, mean +- SE over questions (RL: mean over seeds +- SE over seeds), the paired gain of RL over
-          the SFT model per question, and the training curve; written to <out>/results.md and printed.
+          the SFT model per question, and the training curve; written to <out>/results.md (results_dev.md) and
+          printed.
 The evaluation, sizes and bar were fixed before the first run (docs/results/real_model.md).
 """
 
@@ -59,9 +61,13 @@ class Size:
     """Training rows per task and training length (seed 1)."""
     eval_rows: dict[int, int]
     """Held-out rows per task, by evaluation length (seed 0)."""
+    dev_rows: dict[int, int]
+    """Development rows per task, by length (seed 2): where recipe settings are chosen (--split dev)."""
     sft_rows: int
     """Training rows the SFT model reads (the first ones, every task and length mixed)."""
     seeds: str
+    eval_seed: int = 0
+    """The held-out rows' build seed (the quick size reads its own, so it never scores the full size's rows)."""
     rl: list[str] = field(default_factory=list)
     """Overrides of the RL stage beyond the preset."""
     sft: list[str] = field(default_factory=list)
@@ -71,11 +77,12 @@ class Size:
 
 
 SIZES = {
-    "full": Size("2k,4k", "4k,16k,64k,128k", 64, {4096: 16, 16384: 16, 65536: 8, 131072: 8}, 256, "0,1,2"),
-    "quick": Size("2k,4k", "4k,16k", 16, {4096: 2, 16384: 2}, 64, "0", rl=["trainer.steps=6", "trainer.batch_size=2"],
+    "full": Size("2k,4k", "4k,16k,64k,128k", 64, {4096: 16, 16384: 16, 65536: 8, 131072: 8}, {4096: 4, 16384: 4},
+                 256, "0,1,2"),
+    "quick": Size("2k,4k", "4k,16k", 16, {4096: 2, 16384: 2}, {4096: 1}, 64, "0", eval_seed=3, rl=["trainer.steps=6", "trainer.batch_size=2"],
                   sft=["sft.epochs=1"], decodings=("greedy",)),
     # CI: a tiny model, tiny lengths; every stage runs once (tests/integration/test_needle_recipe.py)
-    "smoke": Size("1024", "1536,2048", 2, {1536: 1, 2048: 1}, 8, "0",
+    "smoke": Size("1024", "1536,2048", 2, {1536: 1, 2048: 1}, {1536: 1}, 8, "0",
                   rl=["trainer.steps=1", "trainer.batch_size=1", "algorithm.n=2", "trainer.token_budget=1024",
                       "model.lora.rank=0", "model.compute_dtype=float32"],
                   sft=["sft.epochs=1", "model.lora.rank=0", "model.compute_dtype=float32"],
@@ -115,26 +122,42 @@ def model(args: argparse.Namespace, out: Path) -> None:
         sh([*MEMRL, "model", "fetch", "smollm2-135m-instruct", "--out", str(out / "model")])
 
 
-def haystack(args: argparse.Namespace, out: Path) -> Path:
-    """The real-text haystack: --haystack as given, else --hotpot's paragraphs in file order."""
+HAYSTACK_QUESTIONS = 300
+"""HotpotQA questions whose paragraphs make the real-text haystack (about 130K SmolLM2 tokens or more)."""
+
+
+def haystack(args: argparse.Namespace, out: Path) -> tuple[Path, list[str]]:
+    """The real-text haystack and the HotpotQA ids it came from: --haystack as given (no ids), else the
+    paragraphs of HAYSTACK_QUESTIONS questions of --hotpot, each title once, in the order of their ids: the
+    recorded ids when --heldout-record names some (so any HotpotQA dev file holding them, the full one or a
+    subset, rebuilds the same text), else the first ids in sorted order."""
     if args.haystack:
-        return Path(args.haystack)
-    path = out / "haystack.txt"
-    if not path.is_file():
-        if not args.hotpot:
-            raise SystemExit("data: give --haystack FILE (a text file) or --hotpot FILE (a HotpotQA file in its original "
-                             "layout, e.g. from `memrl data fetch hotpotqa_dev`) for the real-text haystack")
-        src = Path(args.hotpot)
-        raw = lzma.decompress(src.read_bytes()) if src.suffix == ".xz" else src.read_bytes()
-        seen, paragraphs = set(), []
-        for q in json.loads(raw):
-            for title, sentences in q["context"]:
-                if title not in seen:
-                    seen.add(title)
-                    paragraphs.append("".join(sentences).strip())
-        path.write_text("\n\n".join(p for p in paragraphs if p) + "\n", encoding="utf-8")
-        print(f"haystack: {len(paragraphs)} HotpotQA paragraphs, {path.stat().st_size:,} bytes -> {path}")
-    return path
+        return Path(args.haystack), []
+    path, ids_file = out / "haystack.txt", out / "haystack_ids.json"
+    if path.is_file() and ids_file.is_file():
+        return path, json.loads(ids_file.read_text())
+    if not args.hotpot:
+        raise SystemExit("data: give --haystack FILE (a text file) or --hotpot FILE (a HotpotQA file in its original "
+                         "layout, e.g. from `memrl data fetch hotpotqa_dev`) for the real-text haystack")
+    src = Path(args.hotpot)
+    raw = lzma.decompress(src.read_bytes()) if src.suffix == ".xz" else src.read_bytes()
+    by_id = {q["_id"]: q for q in json.loads(raw)}
+    recorded = json.loads(Path(args.heldout_record).read_text()).get("haystack_ids") if args.heldout_record else None
+    ids = recorded or sorted(by_id)[:HAYSTACK_QUESTIONS]
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        raise SystemExit(f"data: --hotpot {src} lacks {len(missing)} of the haystack's recorded HotpotQA ids (first: "
+                         f"{missing[0]}); use the HotpotQA dev distractor file")
+    seen, paragraphs = set(), []
+    for i in ids:
+        for title, sentences in by_id[i]["context"]:
+            if title not in seen:
+                seen.add(title)
+                paragraphs.append("".join(sentences).strip())
+    path.write_text("\n\n".join(p for p in paragraphs if p) + "\n", encoding="utf-8")
+    ids_file.write_text(json.dumps(ids) + "\n")
+    print(f"haystack: {len(paragraphs)} paragraphs of {len(ids)} HotpotQA questions, {path.stat().st_size:,} bytes -> {path}")
+    return path, ids
 
 
 def ruler_files(d: Path) -> list[Path]:
@@ -150,21 +173,23 @@ def digest(files: list[Path], root: Path) -> str:
 
 def data(args: argparse.Namespace, out: Path) -> None:
     size, tok = SIZES[args.size], str(model_dir(args, out))
-    hay = haystack(args, out)
+    hay, hay_ids = haystack(args, out)
     common = ["--kind", "ruler", "--tasks", ",".join(TASKS), "--tokenizer", tok, "--haystack", str(hay)]
     if not (out / "train_ruler" / "manifest.json").is_file():  # written last: a killed build is redone
         sh([*MEMRL, "data", "build", *common, "--lengths", size.train_lengths, "--samples", str(size.train_rows),
             "--seed", "1", "--out", str(out / "train_ruler")])
     held = out / "heldout"
-    for n, rows in size.eval_rows.items():
-        if not (held / str(n) / "manifest.json").is_file():
-            sh([*MEMRL, "data", "build", *common, "--lengths", str(n), "--samples", str(rows), "--seed", "0",
-                "--out", str(held / str(n))])
+    for split, rows_by_n, seed in (("heldout", size.eval_rows, str(size.eval_seed)), ("dev", size.dev_rows, "2")):
+        for n, rows in rows_by_n.items():
+            if not (out / split / str(n) / "manifest.json").is_file():
+                sh([*MEMRL, "data", "build", *common, "--lengths", str(n), "--samples", str(rows), "--seed", seed,
+                    "--out", str(out / split / str(n))])
     files = [f for n in size.eval_rows for f in ruler_files(held / str(n))]
-    record = {"size": args.size, "tasks": list(TASKS), "seed": 0, "rows": {str(n): r for n, r in size.eval_rows.items()},
+    record = {"size": args.size, "tasks": list(TASKS), "seed": size.eval_seed, "rows": {str(n): r for n, r in size.eval_rows.items()},
               "ids": [f"{f.parts[-2]}@{f.parts[-4]}#{i}" for f in files for i in range(len(f.read_text().splitlines()))],
               "files": {f.relative_to(held).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest() for f in files},
-              "sha256": digest(files, held)}
+              "sha256": digest(files, held), "haystack_sha256": hashlib.sha256(hay.read_bytes()).hexdigest(),
+              "haystack_ids": hay_ids}
     (out / "heldout.json").write_text(json.dumps(record, indent=1) + "\n")
     if args.heldout_record:
         want = json.loads(Path(args.heldout_record).read_text())
@@ -243,13 +268,22 @@ def models(args: argparse.Namespace, out: Path) -> dict[str, tuple[Path, str]]:
 
 def evaluate(args: argparse.Namespace, out: Path) -> None:
     size = SIZES[args.size]
-    files = [str(f) for n in size.eval_rows for f in ruler_files(out / "heldout" / str(n))]
+    files = [str(f) for n in split_rows(args) for f in ruler_files(out / args.split / str(n))]
     for name, (path, wf) in models(args, out).items():
         settings = workflow(size) if wf == "memagent" else ["workflow=full_context",
                                                             *(w for w in workflow(size) if "max_final_tokens" in w)]
         for dec in size.decodings:
-            sh([*MEMRL, "eval", "--model", str(path), "--out", str(out / "eval" / slug(name) / dec), "--no-progress",
+            sh([*MEMRL, "eval", "--model", str(path), "--out", str(out / eval_dir(args) / slug(name) / dec), "--no-progress",
                 *files, *settings, *ENGINE, *DECODING[dec]])
+
+
+def split_rows(args: argparse.Namespace) -> dict[int, int]:
+    size = SIZES[args.size]
+    return size.eval_rows if args.split == "heldout" else size.dev_rows
+
+
+def eval_dir(args: argparse.Namespace) -> str:
+    return "eval" if args.split == "heldout" else "eval_dev"
 
 
 def slug(name: str) -> str:
@@ -303,15 +337,15 @@ def table(args: argparse.Namespace, out: Path) -> None:
     size = SIZES[args.size]
     names = list(models(args, out))
     rl_names = [n for n in names if n.startswith("rl seed")]
-    lines = [f"# Needles: {args.size} size (held-out sha256 {json.loads((out / 'heldout.json').read_text())['sha256'][:12]})",
+    lines = [f"# Needles: {args.size} size, {args.split} rows (held-out sha256 {json.loads((out / 'heldout.json').read_text())['sha256'][:12]})",
              "", "| model | decoding | length | questions | " + " | ".join(COLUMNS) + " | string match - SFT (paired) |",
              "|---|---|---:|---:|" + "---:|" * (len(COLUMNS) + 1)]
     for dec in size.decodings:
-        sft_scores = scores(out / "eval" / "sft" / dec)
-        for n in size.eval_rows:
+        sft_scores = scores(out / eval_dir(args) / "sft" / dec)
+        for n in split_rows(args):
             for name in names + (["rl (seeds)"] if len(rl_names) > 1 else []):
                 runs = rl_names if name == "rl (seeds)" else [name]
-                got = [s[n] for s in (scores(out / "eval" / slug(r) / dec) for r in runs) if n in s]
+                got = [s[n] for s in (scores(out / eval_dir(args) / slug(r) / dec) for r in runs) if n in s]
                 if not got:
                     continue
                 base = sft_scores.get(n, {})
@@ -325,7 +359,7 @@ def table(args: argparse.Namespace, out: Path) -> None:
                 lines.append(f"| {name} | {dec} | {n} | {len(got[0])} | " + " | ".join(cells) + f" | {delta} |")
     lines += curve(args, out)
     text = "\n".join(lines) + "\n"
-    (out / "results.md").write_text(text, encoding="utf-8")
+    (out / ("results.md" if args.split == "heldout" else "results_dev.md")).write_text(text, encoding="utf-8")
     print(text, end="")
 
 
@@ -370,6 +404,9 @@ def main() -> None:
     ap.add_argument("--heldout-record", default=None, metavar="FILE",
                     help="the committed held-out record (docs/results/needle_heldout.json): the data stage refuses a "
                          "held-out set whose digest differs")
+    ap.add_argument("--split", choices=("heldout", "dev"), default="heldout",
+                    help="the rows eval and table read: heldout (scored once per final recipe) or dev (seed 2, where "
+                         "settings are chosen)")
     ap.add_argument("--seeds", default=None, help="training seeds (default: the size's)")
     ap.add_argument("--stages", default="model,data,sft,rl,eval,table")
     ap.add_argument("--rl", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for the RL stage")
