@@ -195,3 +195,15 @@ def fetch_dataset(name: str, out: str | os.PathLike | None = None, file: str | o
 
 def next_command(name: str, path: Path) -> str:
     return DATASETS[name].next_command.format(path=path)
+
+
+def fetched_path(name: str) -> Path:
+    """The cached file of data set `name` (what the guides and benchmarks default to); UserError naming the
+    `memrl data fetch` command when it has not been fetched (a file of another size there counts as absent;
+    its sha256 was checked when it was fetched)."""
+    pin = DATASETS[name]
+    path = cache_root() / "data" / name / pin.target_name()
+    size = pin.member_size if pin.member else pin.size
+    if not path.is_file() or path.stat().st_size != size:
+        raise UserError(f"{name} has not been fetched ({path} is missing); run `memrl data fetch {name}`")
+    return path

@@ -7,20 +7,29 @@ HotpotQA-layout file of 600 made-up questions, `$JUDGE_URL` an address nothing l
 writes a final answer, so no judge is called), and the prompt files the guides name, in our own wording.
 `memrl ...` lines run in this process (memrl.cli.main) with TINY's overrides appended for their command and
 workflow (later overrides win); other lines (`cat > FILE <<'EOF'`) run in bash. `$(cat FILE)` is read here.
+`memrl data fetch NAME` downloads from a local server this test starts: every entry of memrl.data.fetch.DATASETS
+is replaced by a stand-in file it serves (pinned by the stand-in's sha256), the cache is the test's directory,
+and `dev-v2.0.json` (the guide's `--file` example) is the SQuAD entry's stand-in.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import re
 import shlex
 import subprocess
+import threading
+import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from memrl.cli import main
+from memrl.data import fetch as F
 
 pytestmark = pytest.mark.slow
 
@@ -140,6 +149,48 @@ def workspace(tmp: Path, model: str) -> dict[str, str]:
             "HOTPOT": str(tmp / "hotpot.json"), "JUDGE_URL": "http://127.0.0.1:9/v1"}
 
 
+@pytest.fixture
+def data_server(tmp_path, monkeypatch):
+    """Stand-ins for every `memrl data fetch` entry, served from 127.0.0.1 (a free port); {name: bytes}."""
+    files: dict[str, bytes] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = files.get(self.path.split("?")[0].lstrip("/"), b"")
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    monkeypatch.setenv("MEMRL_CACHE", str(tmp_path / "cache"))
+    stand_ins = {}
+    for name, pin in list(F.DATASETS.items()):
+        data = json.dumps(_hotpot(20)).encode() if name.startswith(("hotpot", "2wiki")) else json.dumps({name: 1}).encode()
+        stand_ins[name] = data
+        if pin.member:
+            buf = io.BytesIO()
+            with zipfile.ZipFile(buf, "w") as z:
+                z.writestr(pin.member, data)
+            files[name] = buf.getvalue()
+            extra = {"member_sha256": hashlib.sha256(data).hexdigest(), "member_size": len(data)}
+        else:
+            files[name] = data
+            extra = {}
+        monkeypatch.setitem(F.DATASETS, name, F.PinnedFile(**{
+            **pin.__dict__, **extra, "url": f"http://127.0.0.1:{httpd.server_address[1]}/{name}",
+            "filename": pin.target_name(),
+            "sha256": hashlib.sha256(files[name]).hexdigest(), "size": len(files[name])}))
+    (tmp_path / "dev-v2.0.json").write_bytes(stand_ins["squad_v2_dev"])
+    yield stand_ins
+    httpd.shutdown()
+    httpd.server_close()
+
+
 BLOCKS = blocks()
 
 
@@ -151,7 +202,7 @@ def test_the_docs_have_tested_blocks():
 
 
 @pytest.mark.parametrize("where, block", BLOCKS, ids=[w for w, _ in BLOCKS])
-def test_a_tested_block_runs(where, block, tiny_model, tmp_path, monkeypatch):
+def test_a_tested_block_runs(where, block, tiny_model, tmp_path, monkeypatch, data_server):
     env = workspace(tmp_path, tiny_model)
     monkeypatch.chdir(tmp_path)
     for command in commands(block):

@@ -217,3 +217,14 @@ def test_every_entry_is_pinned_with_url_size_sha256_licence_and_next_command():
         assert bool(pin.member) == bool(pin.member_sha256) == bool(pin.member_size), name
     assert F.DATASETS["2wiki_dev"].target_name() == "2wikimultihopqa_dev.json"
     assert F.DATASETS["hotpotqa_dev_distractor"].target_name() == "hotpot_dev_distractor_v1.json"
+
+
+def test_fetched_path_names_the_fetch_command_until_the_file_is_there(server, cache, monkeypatch):
+    monkeypatch.setitem(F.DATASETS, "hotpotqa_dev_distractor", _pin(server.url + "/data.json"))
+    target = cache / "data" / "hotpotqa_dev_distractor" / "data.json"
+    with pytest.raises(UserError) as e:
+        F.fetched_path("hotpotqa_dev_distractor")
+    assert str(e.value) == (f"hotpotqa_dev_distractor has not been fetched ({target} is missing); run "
+                            "`memrl data fetch hotpotqa_dev_distractor`")
+    assert F.fetch_dataset("hotpotqa_dev_distractor", quiet=True) == (target, True)
+    assert F.fetched_path("hotpotqa_dev_distractor") == target
