@@ -62,8 +62,8 @@ class Server:
                 self.send_header("Content-Length", str(len(part)))
                 self.end_headers()
                 n = srv.cut.pop(path, len(part))
+                srv.sent += min(n, len(part))  # counted before the client can have read it
                 self.wfile.write(part[:n])
-                srv.sent += min(n, len(part))
                 self.wfile.flush()
                 if n < len(part):
                     self.close_connection = True
@@ -228,3 +228,22 @@ def test_fetched_path_names_the_fetch_command_until_the_file_is_there(server, ca
                             "`memrl data fetch hotpotqa_dev_distractor`")
     assert F.fetch_dataset("hotpotqa_dev_distractor", quiet=True) == (target, True)
     assert F.fetched_path("hotpotqa_dev_distractor") == target
+
+
+def test_a_second_process_waits_for_the_first_and_finds_the_file_done(server, tmp_path, capsys):
+    import fcntl
+    import os
+
+    dest = tmp_path / "data.json"
+    fd = os.open(tmp_path / "data.json.partial.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # "the first process", downloading
+    result: list = []
+    t = threading.Thread(target=lambda: result.append(download(server.url + "/data.json", dest, SHA, len(BODY))))
+    t.start()
+    t.join(timeout=1.0)
+    assert t.is_alive() and server.ranges == []  # waiting, not downloading
+    dest.write_bytes(BODY)  # the first process finishes
+    os.close(fd)
+    t.join(timeout=30)
+    assert result == [dest] and server.ranges == []  # found it done: nothing fetched
+    assert "waiting for another process downloading data.json" in capsys.readouterr().err
