@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SOURCE = ROOT / ".." / "shared" / "data" / "hotpotqa_dev_distractor_1143.json.xz"
 DOCS = (50, 100, 200, 400, 800, 1600, 3200, 6400)
 
 
@@ -56,7 +55,8 @@ def one(source: str, n: int, questions: int, out_dir: str, trace: bool) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--source", default=str(DEFAULT_SOURCE))
+    ap.add_argument("--source", default=None,
+                   help="HotpotQA dev distractor file (default: `memrl data fetch hotpotqa_dev_distractor`'s)")
     ap.add_argument("--questions", type=int, default=128)
     ap.add_argument("--docs", default=",".join(map(str, DOCS)))
     ap.add_argument("--tracemalloc", action="store_true", help="also measure the Python heap peak (slower)")
@@ -64,6 +64,14 @@ def main() -> int:
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.source is None:
+        from memrl.data.fetch import fetched_path  # noqa: PLC0415 - only for the default
+        from memrl.errors import UserError  # noqa: PLC0415
+
+        try:
+            args.source = str(fetched_path("hotpotqa_dev_distractor"))
+        except UserError as e:
+            raise SystemExit(f"--source: {e} (or pass --source FILE)") from None
     if args.one is not None:
         print(json.dumps(one(args.source, args.one, args.questions, args.out, args.tracemalloc)))
         return 0

@@ -35,7 +35,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HOTPOT = ROOT.parent / "shared" / "data" / "hotpotqa_dev_distractor_1143.json.xz"
 WORKFLOW = ["workflow.chunk_tokens=512", "workflow.max_memory_tokens=96", "workflow.max_final_tokens=32"]
 ENGINE = ["engine.hf.compute_dtype=auto", "engine.hf.kv_cache=slots", "engine.max_batch_size=48",
           "concurrency=48"]
@@ -253,7 +252,8 @@ def curve(args: argparse.Namespace, out: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="SmolLM2 directory (memrl model fetch smollm2-135m-instruct)")
-    ap.add_argument("--hotpot", default=str(HOTPOT))
+    ap.add_argument("--hotpot", default=None,
+                    help="HotpotQA dev distractor file (default: `memrl data fetch hotpotqa_dev_distractor`'s)")
     ap.add_argument("--seeds", default="0,1,2", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--steps", type=int, default=None,
                     help="RL steps a seed (default: the preset's trainer.steps, 24 for smollm2_memagent_cpu)")
@@ -274,6 +274,14 @@ def main() -> None:
                          "the cold start")
     ap.add_argument("--base", action="store_true", help="also evaluate the base model (slow: it never stops early)")
     args = ap.parse_args()
+    if args.hotpot is None:
+        from memrl.data.fetch import fetched_path  # noqa: PLC0415 - only for the default
+        from memrl.errors import UserError  # noqa: PLC0415
+
+        try:
+            args.hotpot = str(fetched_path("hotpotqa_dev_distractor"))
+        except UserError as e:
+            raise SystemExit(f"--hotpot: {e} (or pass --hotpot FILE)") from None
     if args.steps is None:  # the preset's own count, so that a stage preset's steps are not overridden
         from memrl.config import ConfigError, load_config
         from memrl.training.config import TrainConfig

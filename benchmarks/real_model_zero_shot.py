@@ -1,6 +1,6 @@
 """Zero-shot tables of a real model (SmolLM2-135M-Instruct) on real HotpotQA and on RULER needles.
 
-  .venv/bin/python benchmarks/real_model_zero_shot.py --model DIR --hotpot ../shared/data/hotpotqa_dev_distractor_1143.json.xz \
+  .venv/bin/python benchmarks/real_model_zero_shot.py --model DIR --hotpot hotpot_dev_distractor_v1.json \
       [--docs 10,50,200] [--ruler-lengths 2k,8k,32k] [--questions 8] [--out runs/real_zero_shot] [--only hotpotqa] [--memagent-n 2048,8192]
 
 Builds the eval files (`memrl data build`: HotpotQA questions padded with other questions' paragraphs to
@@ -101,7 +101,8 @@ def score(run: Path) -> list[tuple[int, dict[str, float]]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--hotpot", default=str(ROOT.parent / "shared" / "data" / "hotpotqa_dev_distractor_1143.json.xz"))
+    ap.add_argument("--hotpot", default=None,
+                   help="HotpotQA dev distractor file (default: `memrl data fetch hotpotqa_dev_distractor`'s)")
     ap.add_argument("--docs", default="10,50,200")
     ap.add_argument("--ruler-lengths", default="2k,8k,32k")
     ap.add_argument("--questions", type=int, default=8)
@@ -111,6 +112,14 @@ def main() -> None:
                     "tokens for RULER, comma-separated; default: every N); the full-context baseline runs at every N")
     ap.add_argument("--table-only", action="store_true", help="score finished runs, run nothing")
     args = ap.parse_args()
+    if args.hotpot is None:
+        from memrl.data.fetch import fetched_path  # noqa: PLC0415 - only for the default
+        from memrl.errors import UserError  # noqa: PLC0415
+
+        try:
+            args.hotpot = str(fetched_path("hotpotqa_dev_distractor"))
+        except UserError as e:
+            raise SystemExit(f"--hotpot: {e} (or pass --hotpot FILE)") from None
     out = Path(args.out)
     sets = build(args, out) if not args.table_only else {
         s: [] for s in ("hotpotqa", "ruler") if (out / s).is_dir() and args.only in ("", s)}

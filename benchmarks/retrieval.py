@@ -25,9 +25,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-_NAME = "hotpotqa_dev_distractor_1143.json.xz"
-# a HotpotQA dev file in its original layout: --source, else $MEMRL_HOTPOTQA_DEV, else data/<name> here
-DEFAULT_SOURCE = Path(os.environ.get("MEMRL_HOTPOTQA_DEV", str(ROOT / "data" / _NAME)))
+# a HotpotQA dev file in its original layout: --source, else $MEMRL_HOTPOTQA_DEV, else the one
+# `memrl data fetch hotpotqa_dev_distractor` cached
 
 
 def free_port() -> int:
@@ -103,12 +102,22 @@ def compare_libraries(docs, queries: list[str]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--source", default=str(DEFAULT_SOURCE))
+    ap.add_argument("--source", default=os.environ.get("MEMRL_HOTPOTQA_DEV") or None,
+                    help="HotpotQA dev distractor file (default: $MEMRL_HOTPOTQA_DEV, else `memrl data fetch "
+                         "hotpotqa_dev_distractor`'s)")
     ap.add_argument("--queries", type=int, default=1000, help="requests per (mode, concurrency)")
     ap.add_argument("--topk", type=int, default=5)
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--compare", action="store_true", help="also time rank_bm25 against bm25s")
     args = ap.parse_args()
+    if args.source is None:
+        from memrl.data.fetch import fetched_path
+        from memrl.errors import UserError
+
+        try:
+            args.source = str(fetched_path("hotpotqa_dev_distractor"))
+        except UserError as e:
+            raise SystemExit(f"--source: {e} (or pass --source FILE)") from None
     levels = [int(x) for x in args.concurrency.split(",")]
 
     from memrl.data.corpus import build_corpus, write_corpus

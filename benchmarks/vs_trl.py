@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HOTPOT = ROOT.parent / "shared" / "data" / "hotpotqa_dev_distractor_1143.json.xz"
 MODEL = Path.home() / ".cache" / "memrl" / "hf" / "smollm2-135m-instruct"
 
 try:  # the memrl side names `vs_trl:lenient` as workflow.reward, which must be a marked verifier
@@ -250,7 +249,8 @@ def table(sides: dict[str, dict]) -> str:
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=str(MODEL))
-    p.add_argument("--hotpot", default=str(HOTPOT))
+    p.add_argument("--hotpot", default=None,
+                   help="HotpotQA dev distractor file (default: `memrl data fetch hotpotqa_dev_distractor`'s)")
     p.add_argument("--trl-python", default=str(ROOT / ".venv-trl" / "bin" / "python"))
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--prompts", type=int, default=1, help="prompts per step")
@@ -271,6 +271,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="more `memrl train` overrides for the memrl side (the log's run at the defaults before "
                         "2026-11-28: engine.hf.kv_cache=padded trainer.prefix_sharing=never)")
     a = p.parse_args(argv)
+    if a.hotpot is None and a.side != "trl":  # the TRL side reads the prompts the memrl side built
+        from memrl.data.fetch import fetched_path  # noqa: PLC0415 - only for the default
+        from memrl.errors import UserError  # noqa: PLC0415
+
+        try:
+            a.hotpot = str(fetched_path("hotpotqa_dev_distractor"))
+        except UserError as e:
+            raise SystemExit(f"--hotpot: {e} (or pass --hotpot FILE)") from None
     if sorted(a.order.split(",")) != ["memrl", "trl"]:
         p.error("--order must name memrl and trl")
     return a

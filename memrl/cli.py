@@ -7,6 +7,7 @@ import argparse
 import importlib
 import logging
 import sys
+from collections.abc import Iterable
 from typing import Any, NoReturn
 
 from memrl import __version__
@@ -46,22 +47,36 @@ class OneLineParser(argparse.ArgumentParser):
         raise ArgumentError(self.prog, message)
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
+def build_parser(commands: Iterable[str] | None = None) -> tuple[argparse.ArgumentParser, dict[str, object]]:
+    """The `memrl` parser: every command is listed (name and help, for `memrl --help`), and the commands in
+    `commands` (default: all) get their module imported and their options added. `main` asks only for the
+    command on its line, so `memrl --version`, `memrl --help` and `memrl data ...` import no other command's
+    module (those pull in torch and transformers); docs_gen asks for all."""
     parser = OneLineParser(prog="memrl", description="Long-context memory agents trained with RL.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = set(COMMANDS if commands is None else commands)
     modules: dict[str, object] = {}
     for name, (modname, help_) in COMMANDS.items():
-        try:
-            mod = importlib.import_module(modname)
-        except ModuleNotFoundError as e:
-            if e.name == modname:  # command not built yet in this version
-                continue
-            raise
-        p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip())
-        mod.add_arguments(p)
-        modules[name] = mod
+        mod = None
+        if name in wanted:
+            try:
+                mod = importlib.import_module(modname)
+            except ModuleNotFoundError as e:
+                if e.name == modname:  # command not built yet in this version
+                    continue
+                raise
+        p = sub.add_parser(name, help=help_, description=((mod.__doc__ if mod else None) or help_).strip())
+        if mod is not None:
+            mod.add_arguments(p)
+            modules[name] = mod
     return parser, modules
+
+
+def chosen_command(argv: list[str]) -> str | None:
+    """The command a `memrl` line names: its first word that is not an option (the top-level parser has
+    only flags, --version and --help), or None."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 # Positional list arguments that take `key=value` overrides (and files) wherever they appear on the line.
@@ -101,8 +116,9 @@ def redact_log_records() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     redact_log_records()
-    early_env(list(sys.argv[1:] if argv is None else argv))  # OMP_WAIT_POLICY before the commands import torch
-    parser, modules = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    early_env(words)  # OMP_WAIT_POLICY before the commands import torch
+    parser, modules = build_parser([c] if (c := chosen_command(words)) in COMMANDS else [])
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:

@@ -12,6 +12,7 @@
   memrl data convert SRC DST [--kind auto] [--to hf|original|eval|memagent]
   memrl data stats --tokenizer MODEL_DIR eval_50.json eval_100.json ...  -> average context tokens per N
   memrl data show FILE [--rows 1] [--docs-from hotpot_dev_distractor_v1.json]   -> detected kind + tasks
+  memrl data fetch NAME [--out DIR] [--file LOCAL]   -> a public data set, pinned by URL and sha256, cached
 
 Every reader takes --skip-bad (malformed rows are skipped and counted instead of failing the command;
 malformed includes a task without a usable gold answer and a task id an earlier row used) and
@@ -27,12 +28,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer
-
 from memrl.commands.options import refuse_unused, track_given
 from memrl.config import MAX_CHARS, MAX_COUNT, MAX_SEED, bounded
 from memrl.data import hotpotqa, memagent_files, twowiki
 from memrl.data.corpus import CorpusStats, build_corpus, write_corpus
+from memrl.data.fetch import DATASETS, fetch_dataset, next_command
 from memrl.data.io import (
     KIND_NAMES,
     KINDS,
@@ -49,7 +49,6 @@ from memrl.data.ruler_build import BUILD_TASKS, PAPER_TASKS, BuildOptions, build
 from memrl.data.slime import to_slime_record
 from memrl.errors import UsageError, UserError, writable_dir, writable_file
 from memrl.model_files import ModelFilesError, check_tokenizer_files
-from memrl.workflows.memact import default_prompt
 
 
 def _counts(text: str | list[int], opt: str) -> list[int]:
@@ -175,6 +174,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--tokenizer", required=True, help="tokenizer / model directory (HuggingFace format)")
     common(s)
 
+    f = sub.add_parser("fetch", help="download a public data set (pinned URL and sha256; cached)")
+    f.add_argument("name", metavar="NAME", choices=sorted(DATASETS), help=f"one of: {', '.join(sorted(DATASETS))}")
+    f.add_argument("--out", default=None, metavar="DIR",
+                   help="copy the file into DIR (default: print the cached file; $MEMRL_CACHE or ~/.cache/memrl)")
+    f.add_argument("--file", default=None, metavar="LOCAL",
+                   help="a copy you already have (offline machines); checked against the same sha256")
+    f.add_argument("--debug", action="store_true", help="show tracebacks")
+
     sh = sub.add_parser("show", help="print the first rows of a file as tasks")
     sh.add_argument("file")
     sh.add_argument("--rows", type=bounded(int, ge=1, le=MAX_COUNT), default=1)
@@ -194,9 +201,8 @@ def _load_sources(paths: list[str], kind: str, skip_bad: bool, docs_from: str | 
 
 def run(args: argparse.Namespace) -> int:
     check_args(args)
-    return {"build": _build, "corpus": _corpus, "train": _train, "convert": _convert, "stats": _stats, "show": _show}[
-        args.data_command
-    ](args)
+    return {"build": _build, "corpus": _corpus, "train": _train, "convert": _convert, "stats": _stats, "show": _show,
+            "fetch": _fetch}[args.data_command](args)
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -262,6 +268,8 @@ def _build_ruler(args: argparse.Namespace) -> int:
 
 
 def _build_multiobjective(args: argparse.Namespace) -> int:
+    from memrl.workflows.memact import default_prompt  # noqa: PLC0415 - pulls in transformers: only this kind
+
     writable_file(args.out, "--out")
     file_format(args.out)  # a file type it can write, before reading the sources
     pool = []
@@ -330,6 +338,8 @@ def _counting_tokenizer(path: str) -> Any:
             check_tokenizer_files(Path(path), f"--tokenizer {path}", chat_template=False)
         except ModelFilesError as e:
             raise UserError(str(e)) from None
+    from transformers import AutoTokenizer  # noqa: PLC0415 - heavy: only the commands that count tokens load it
+
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError, KeyError, ImportError) as e:
@@ -388,4 +398,13 @@ def _show(args: argparse.Namespace) -> int:
                           "context_chars": len(t.context)}, ensure_ascii=False, default=str)[:2000])
         print(t.context[: args.chars] + ("..." if len(t.context) > args.chars else ""))
         print()
+    return 0
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    pin = DATASETS[args.name]
+    path, fresh = fetch_dataset(args.name, args.out, args.file)
+    how = ("from --file" if args.file else "downloaded") if fresh else "from the cache"
+    print(f"{args.name} ({pin.license}; {how}): {path}")
+    print(f"next: {next_command(args.name, path)}")
     return 0

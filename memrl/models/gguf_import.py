@@ -18,7 +18,6 @@ checked, and the imported directory is cached too, so a second fetch copies noth
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -32,6 +31,7 @@ from typing import Any
 
 import torch
 
+from memrl.downloads import cache_root, sha256_file
 from memrl.errors import UserError
 from memrl.models.convert import staged_dir
 from memrl.models.errors import ConvertError
@@ -70,20 +70,6 @@ KNOWN_MODELS: dict[str, PinnedModel] = {
         about="SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576, vocabulary 49,152, 8,192 positions, ChatML), "
               "Q4_1 quantized: dequantized to float32 it is a little weaker than the bf16 original"),
 }
-
-
-def cache_root() -> Path:
-    """Where fetched wheels and imported models are kept: $MEMRL_CACHE, else ~/.cache/memrl."""
-    env = os.environ.get("MEMRL_CACHE", "").strip()
-    return Path(env) if env else Path.home() / ".cache" / "memrl"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _check_gguf(path: Path) -> Any:

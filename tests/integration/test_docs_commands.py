@@ -3,24 +3,35 @@ and docs/) run as written, at tiny sizes.
 
 Each block runs in a fresh directory holding what a reader brings, our own stand-ins: `$MODEL` a tiny random
 model (memrl.models.tiny), `$TRAIN` 4 tasks, `$EVAL` a MemAgent-layout eval file of 4 questions, `$HOTPOT` a
-HotpotQA-layout file of 600 made-up questions, `$JUDGE_URL` an address nothing listens on (the tiny model never
+HotpotQA-layout file of 600 made-up questions (also at `data/hotpot_dev_distractor_v1.json`, where `memrl data fetch
+--out data` puts the real one), `models/smollm2` the tiny model (the real-model guide's path), `report.txt` a
+short document, `$JUDGE_URL` an address nothing listens on (the tiny model never
 writes a final answer, so no judge is called), and the prompt files the guides name, in our own wording.
 `memrl ...` lines run in this process (memrl.cli.main) with TINY's overrides appended for their command and
 workflow (later overrides win); other lines (`cat > FILE <<'EOF'`) run in bash. `$(cat FILE)` is read here.
+`memrl data fetch NAME` downloads from a local server this test starts: every entry of memrl.data.fetch.DATASETS
+is replaced by a stand-in file it serves (pinned by the stand-in's sha256), the cache is the test's directory,
+and `dev-v2.0.json` (the guide's `--file` example) is the SQuAD entry's stand-in.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import re
 import shlex
 import subprocess
+import threading
+import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from memrl.cli import main
+from memrl.data import fetch as F
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +48,7 @@ _EVAL = ["engine=hf", "engine.max_batch_size=8", "limit=2", "progress=false"]
 TINY: dict[tuple[str, str], list[str]] = {
     ("train", "chunked"): _TRAIN + _CHUNKED, ("train", "memact"): _TRAIN + _MEMACT,
     ("eval", "chunked"): _EVAL + _CHUNKED, ("eval", "memact"): _EVAL + _MEMACT,
+    ("eval", "full_context"): _EVAL + ["workflow.max_final_tokens=8"],
 }
 """The sizes appended to each `memrl train` / `memrl eval` line of a tested block, by workflow."""
 
@@ -94,17 +106,29 @@ def commands(block: str) -> list[str]:
 
 
 def expand(command: str, env: dict[str, str], cwd: Path) -> list[str]:
-    """shlex words of a memrl command, `$(cat FILE)` and `$VAR` substituted."""
+    """shlex words of a memrl command, `$(cat FILE)` and `$VAR` substituted, `*` patterns globbed as bash does."""
     command = re.sub(r"\$\(cat ([^)]+)\)", lambda m: (cwd / m.group(1)).read_text().strip(), command)
     command = re.sub(r"\$(\w+)", lambda m: env[m.group(1)], command)
-    return shlex.split(command, comments=True)
+    words = []
+    for w in shlex.split(command, comments=True):
+        found = sorted(str(p.relative_to(cwd)) for p in cwd.glob(w)) if "*" in w and "=" not in w else []
+        words += found or [w]
+    return words
 
 
 def tiny_sizes(argv: list[str]) -> list[str]:
+    """TINY's sizes for the line's command and workflow; on a CPU without bfloat16 instructions also float32
+    compute where the line asks for bfloat16 (memrl refuses it there: emulated, slower than float32)."""
+    from memrl.precision import cpu_has_bf16
+
+    fp32 = [w.replace("bfloat16", "float32") for w in argv if w.endswith("compute_dtype=bfloat16")]
+    extra = [] if cpu_has_bf16() else fp32
     if argv[:1] not in (["train"], ["eval"]) or argv[1:2] == ["report"]:
-        return []
-    memact = any("memact" in w for w in argv)
-    return TINY[(argv[0], "memact" if memact else "chunked")]
+        return extra
+    kind = "memact" if any("memact" in w for w in argv) else "chunked"
+    if "workflow=full_context" in argv:
+        kind = "full_context"
+    return TINY[(argv[0], kind)] + extra
 
 
 def _hotpot(n: int) -> list[dict]:
@@ -132,12 +156,59 @@ def workspace(tmp: Path, model: str) -> dict[str, str]:
                                                     "context": CONTEXT, "answers": ["The Beatles"], "num_docs": 50}
                                                    for i in range(4)]))
     (tmp / "hotpot.json").write_text(json.dumps(_hotpot(600)))
+    (tmp / "data").mkdir()
+    (tmp / "data" / "hotpot_dev_distractor_v1.json").write_text(json.dumps(_hotpot(600)))
+    (tmp / "models").mkdir()
+    (tmp / "models" / "smollm2").symlink_to(model, target_is_directory=True)
+    (tmp / "report.txt").write_text(CONTEXT)
     for name, (style, recall) in PROMPT_FILES.items():
         memory, final = _templates(style, recall)
         (tmp / f"{name}_memory.txt").write_text(memory)
         (tmp / f"{name}_final.txt").write_text(final)
     return {"MODEL": model, "TRAIN": str(tmp / "train.jsonl"), "EVAL": str(tmp / "eval_50.json"),
             "HOTPOT": str(tmp / "hotpot.json"), "JUDGE_URL": "http://127.0.0.1:9/v1"}
+
+
+@pytest.fixture
+def data_server(tmp_path, monkeypatch):
+    """Stand-ins for every `memrl data fetch` entry, served from 127.0.0.1 (a free port); {name: bytes}."""
+    files: dict[str, bytes] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = files.get(self.path.split("?")[0].lstrip("/"), b"")
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    monkeypatch.setenv("MEMRL_CACHE", str(tmp_path / "cache"))
+    stand_ins = {}
+    for name, pin in list(F.DATASETS.items()):
+        data = json.dumps(_hotpot(20)).encode() if name.startswith(("hotpot", "2wiki")) else json.dumps({name: 1}).encode()
+        stand_ins[name] = data
+        if pin.member:
+            buf = io.BytesIO()
+            with zipfile.ZipFile(buf, "w") as z:
+                z.writestr(pin.member, data)
+            files[name] = buf.getvalue()
+            extra = {"member_sha256": hashlib.sha256(data).hexdigest(), "member_size": len(data)}
+        else:
+            files[name] = data
+            extra = {}
+        monkeypatch.setitem(F.DATASETS, name, F.PinnedFile(**{
+            **pin.__dict__, **extra, "url": f"http://127.0.0.1:{httpd.server_address[1]}/{name}",
+            "filename": pin.target_name(),
+            "sha256": hashlib.sha256(files[name]).hexdigest(), "size": len(files[name])}))
+    (tmp_path / "dev-v2.0.json").write_bytes(stand_ins["squad_v2_dev"])
+    yield stand_ins
+    httpd.shutdown()
+    httpd.server_close()
 
 
 BLOCKS = blocks()
@@ -151,7 +222,7 @@ def test_the_docs_have_tested_blocks():
 
 
 @pytest.mark.parametrize("where, block", BLOCKS, ids=[w for w, _ in BLOCKS])
-def test_a_tested_block_runs(where, block, tiny_model, tmp_path, monkeypatch):
+def test_a_tested_block_runs(where, block, tiny_model, tmp_path, monkeypatch, data_server):
     env = workspace(tmp_path, tiny_model)
     monkeypatch.chdir(tmp_path)
     for command in commands(block):
