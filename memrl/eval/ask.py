@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memrl.config import load_config
-from memrl.errors import UserError
+from memrl.errors import UsageError, UserError
 from memrl.eval.runner import EvalConfig, make_eval_engine, workflow_config
 from memrl.runtime import RolloutRuntime
 from memrl.threads import apply as set_threads
@@ -80,6 +80,10 @@ def ask(model: str | Path, text: str, question: str, workflow: str = DEFAULT_WOR
     if not text.strip():
         raise UserError("the document is empty")
     cfg = load_config(EvalConfig, [f"engine.model={model}", f"workflow.name={workflow}", *overrides])
+    name = cfg.workflow.get("name")
+    if name not in ASK_WORKFLOWS:  # an override may name any workflow; ask runs those that read chunk by chunk
+        raise UsageError(f"workflow.name={name!r}: memrl ask runs {' or '.join(ASK_WORKFLOWS)} "
+                         "(choose with --workflow)")
     if apply_threads:
         set_threads(cfg.threads)
     spec, wf_cfg = workflow_config(cfg)

@@ -28,12 +28,15 @@ config and the .distcp sizes before allocating; the output is written beside --o
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import glob
 import json
 import logging
 import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -311,13 +314,63 @@ def load_hf_config(path: Path, key: str) -> Any:
         raise ConvertError(f"{key}={f}: not a HuggingFace config ({first_sentence(e)})") from e
 
 
+MODEL_FILES = re.compile(
+    r"config\.json|generation_config\.json|(pre)?processor_config\.json|adapter_config\.json"
+    r"|tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json|added_tokens\.json|chat_template\.(jinja|json)"
+    r"|vocab\.(json|txt)|merges\.txt|tokenizer\.model|spiece\.model|sentencepiece\.bpe\.model|.*\.tiktoken"
+    r"|memrl_[a-z_]+\.json|additional_chat_templates")
+"""Files (and transformers' additional_chat_templates folder) of a HuggingFace model directory besides its
+weights: configs, every tokenizer side file transformers reads, memrl's own records."""
+STALE_AFTER_S = 10.0
+"""A staging directory nobody holds, untouched this long, was left by a killed process."""
+
+
+def _hold(d: Path) -> int | None:
+    """An open descriptor of directory `d` holding an exclusive flock on it, None when another process holds it."""
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def remove_stale_staging(out: Path) -> list[Path]:
+    """Remove the staging directories (`.<name>.partial-*` beside `out`) that killed writes of `out` left: those
+    no live process holds (each writer flocks its own) and untouched for STALE_AFTER_S; one log line each."""
+    removed = []
+    for d in sorted(out.parent.glob(f".{glob.escape(out.name)}.partial-*")):
+        try:
+            if not d.is_dir() or d.is_symlink() or time.time() - d.stat().st_mtime < STALE_AFTER_S:
+                continue
+            fd = _hold(d)
+        except OSError:
+            continue
+        if fd is None:
+            continue
+        try:
+            size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+            shutil.rmtree(d, ignore_errors=True)
+            log.warning("removed %s (%.1f MB), the staging directory of a write of %s that was killed", d, size / 1e6,
+                        out)
+            removed.append(d)
+        finally:
+            os.close(fd)
+    return removed
+
+
 @contextlib.contextmanager
 def staged_dir(out: Path) -> Iterator[Path]:
     """A fresh directory beside `out` to write into; when the block succeeds its files become `out`'s (a
     rename of the whole directory when `out` is absent or empty), and it is removed either way: a failed
-    or killed conversion leaves no half-written model at `out`."""
+    or killed conversion leaves no half-written model at `out`. Over an older model (--force) the older
+    model's files (weights and MODEL_FILES) go first: `out` then holds the model written and nothing of the
+    older one. Staging directories of killed writes of `out` are removed first (remove_stale_staging)."""
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(out)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    fd = _hold(tmp)
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -328,13 +381,24 @@ def staged_dir(out: Path) -> Iterator[Path]:
         if not out.exists():
             tmp.rename(out)
             return
-        for p in out.iterdir():  # --force over an older model: its weight files must not outlive it
-            if p.is_file() and WEIGHT_FILES.fullmatch(p.name):
-                p.unlink()
+        kept = []
+        for p in sorted(out.iterdir()):  # --force over an older model: none of its files may outlive it
+            if WEIGHT_FILES.fullmatch(p.name) or MODEL_FILES.fullmatch(p.name):
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink()
+            elif not p.name.startswith("."):
+                kept.append(p.name)
         for p in sorted(tmp.iterdir()):
             p.replace(out / p.name)
+        if kept:
+            log.warning("%s: the older model's files were replaced; %d other file(s) stay (%s)", out, len(kept),
+                        ", ".join(kept[:5]) + (", ..." if len(kept) > 5 else ""))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if fd is not None:
+            os.close(fd)
 
 
 def check_links(assets: Path, root: Path) -> None:
