@@ -48,7 +48,8 @@ from memrl.demonstrators import LookbackDemonstrator, ScriptedEngine
 from memrl.engines import EngineConfig, HFSection
 from memrl.eval.evaluator import mean_and_se
 from memrl.eval.runner import EvalConfig, evaluate
-from memrl.models.tiny import init_tiny_model
+from memrl.models.tiny import PRESETS as MODEL_PRESETS
+from memrl.models.tiny import ModelPreset, init_tiny_model
 from memrl.recipes.parts import HEAD, SWEEP_METHOD, TAIL, count_parameters
 from memrl.recipes.pipeline import (
     HELDOUT_SHA256,
@@ -245,6 +246,10 @@ class LookbackRecipe(Recipe):
 
     def check_run(self, run: RecipeRun) -> None:
         self.need_workflow(run, run.cfg.method, f" (the arm's; train_preset {run.cfg.train_preset})")
+
+    def policy_shape(self, cfg: Any) -> ModelPreset | None:
+        """memrl.models.tiny's "tiny" preset (`init`)."""
+        return MODEL_PRESETS["tiny"]
 
     def init(self, run: RecipeRun) -> None:
         cfg, d, seeds = run.cfg, run.out / "data", streams(run.cfg)

@@ -44,10 +44,10 @@ from memrl.demonstrators.stages import (
 )
 from memrl.errors import UserError
 from memrl.eval.evaluator import EvalProtocol, evaluate_policy, results_to_json
-from memrl.models.tiny import ModelPreset, init_tiny_model, shape_problem
+from memrl.models.tiny import PRESETS, ModelPreset, init_tiny_model
 from memrl.quiet import hf_progress_off
 from memrl.recipes.parts import engine_eval
-from memrl.recipes.pipeline import Recipe, RecipeRun, SFTSettings, run_recipe
+from memrl.recipes.pipeline import Recipe, RecipeRun, SFTSettings, demo_shape_problem, run_recipe
 from memrl.recipes.report import memagent_markdown, plot_memagent
 from memrl.recipes.scratch import check_pieces, init_model
 from memrl.recipes.tables import cell_of, fmt
@@ -142,7 +142,7 @@ class DemoConfig:
     """torch threads (0 = torch's default)."""
 
     def __post_init__(self) -> None:
-        problem = shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "")
+        problem = demo_shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "")
         if problem:
             raise ValueError(problem)
 
@@ -249,6 +249,10 @@ class MemAgentRecipe(Recipe):
     markdown = staticmethod(memagent_markdown)  # a row per length (memrl.recipes.report)
     plot = staticmethod(plot_memagent)
     sweep_table = staticmethod(sweep_rows)
+
+    def policy_shape(self, cfg: DemoConfig) -> ModelPreset | None:
+        """The "micro" shape, or the memrl.models.tiny preset `model_preset`."""
+        return cfg.shape() if cfg.model_preset == "micro" else PRESETS.get(cfg.model_preset)
 
     def init(self, run: RecipeRun) -> None:
         """Held-out tasks; BPE on the task's text and 50 copies of `tokenizer_strings` (init_model repeats them
