@@ -176,8 +176,8 @@ def warn_oversubscribed(threads: int, source: str) -> None:
     cpus = usable_cpus()
     if threads > cpus:
         log.warning("threads: %s=%d is more than the %d CPU(s) this process may use; every op's threads take turns "
-                    "on them and run slower (threads.intra_op=%d, or unset it: the default picks the CPUs)", source,
-                    threads, cpus, cpus)
+                    "on them and run slower (%s=%d, or leave it unset: the default picks the CPUs)", source,
+                    threads, cpus, source, cpus)
 
 
 def intra_op_threads(sec: ThreadsSection, load_aware: bool = True) -> tuple[int, str]:

@@ -45,7 +45,7 @@ from memrl.plugins import is_import_path, load_object
 from memrl.recipes import split_overrides
 from memrl.recipes.cold_start import copy_warmup
 from memrl.recipes.tables import RunTable, SweepTable, by_decoding, mean_sd
-from memrl.threads import ThreadsSection, set_torch_threads
+from memrl.threads import ThreadsSection, set_torch_threads, warn_oversubscribed
 from memrl.training.assemble import assemble, check_policy_model, check_writable, validate
 from memrl.training.checkpoint import latest_checkpoint
 from memrl.training.config import TrainConfig
@@ -222,6 +222,7 @@ def set_threads(cfg: Any) -> None:
     """torch's thread count from the demo config's `threads` (0 = torch's default), through memrl.threads
     as `memrl train`'s threads.intra_op."""
     if getattr(cfg, "threads", 0):
+        warn_oversubscribed(cfg.threads, "threads")  # more threads than CPUs: said, as memrl train says it
         set_torch_threads(cfg.threads)
 
 

@@ -182,12 +182,26 @@ def test_more_threads_than_usable_cpus_are_warned_about(env, section, source, mo
     assert (n, where) == ((4096, source) if env is None else (8, source))
     assert [r.getMessage() for r in caplog.records] == [
         f"threads: {source}={n} is more than the 2 CPU(s) this process may use; every op's threads take turns on "
-        "them and run slower (threads.intra_op=2, or unset it: the default picks the CPUs)"]
+        f"them and run slower ({source}=2, or leave it unset: the default picks the CPUs)"]
     caplog.clear()
     monkeypatch.setattr(threads, "usable_cpus", lambda: 8192)
     with caplog.at_level(logging.WARNING, logger="memrl.threads"):
         threads.intra_op_threads(threads.ThreadsSection(intra_op=section))
     assert caplog.records == []  # within the CPUs: not a word
+
+
+def test_the_demos_threads_setting_is_warned_about_too(monkeypatch, caplog):
+    import memrl.threads as threads
+    from memrl.recipes.memagent import DemoConfig
+    from memrl.recipes.pipeline import set_threads
+
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 2)
+    monkeypatch.setattr("memrl.recipes.pipeline.set_torch_threads", lambda n: None)  # torch's pool left as it is
+    with caplog.at_level(logging.WARNING, logger="memrl.threads"):
+        set_threads(DemoConfig(threads=64))
+    assert [r.getMessage() for r in caplog.records] == [
+        "threads: threads=64 is more than the 2 CPU(s) this process may use; every op's threads take turns on them "
+        "and run slower (threads=2, or leave it unset: the default picks the CPUs)"]
 
 
 # ---------------------------------------------------------- item 11: memrl ask's progress and memories
