@@ -139,6 +139,10 @@ class LookbackConfig:
     def __post_init__(self) -> None:
         self.train_preset = self.train_preset or PRESETS.get(self.method, "")
 
+    def policy_shape(self) -> ModelPreset:
+        """The model the first stage builds (memrl.recipes.policy): memrl.models.tiny's "tiny" (`init`)."""
+        return MODEL_PRESETS["tiny"]
+
 
 def streams(cfg: LookbackConfig) -> dict[str, int]:
     """The task-stream seeds of the run: RL tasks and SFT tasks."""
@@ -246,10 +250,6 @@ class LookbackRecipe(Recipe):
 
     def check_run(self, run: RecipeRun) -> None:
         self.need_workflow(run, run.cfg.method, f" (the arm's; train_preset {run.cfg.train_preset})")
-
-    def policy_shape(self, cfg: Any) -> ModelPreset | None:
-        """memrl.models.tiny's "tiny" preset (`init`)."""
-        return MODEL_PRESETS["tiny"]
 
     def init(self, run: RecipeRun) -> None:
         cfg, d, seeds = run.cfg, run.out / "data", streams(run.cfg)

@@ -47,7 +47,8 @@ from memrl.eval.evaluator import EvalProtocol, evaluate_policy, results_to_json
 from memrl.models.tiny import PRESETS, ModelPreset, init_tiny_model
 from memrl.quiet import hf_progress_off
 from memrl.recipes.parts import engine_eval
-from memrl.recipes.pipeline import Recipe, RecipeRun, SFTSettings, demo_shape_problem, run_recipe
+from memrl.recipes.pipeline import Recipe, RecipeRun, SFTSettings, run_recipe
+from memrl.recipes.policy import demo_shape_problem
 from memrl.recipes.report import memagent_markdown, plot_memagent
 from memrl.recipes.scratch import check_pieces, init_model
 from memrl.recipes.tables import cell_of, fmt
@@ -145,6 +146,10 @@ class DemoConfig:
         problem = demo_shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "")
         if problem:
             raise ValueError(problem)
+
+    def policy_shape(self) -> ModelPreset | None:
+        """The model the first stage builds (memrl.recipes.policy): the "micro" shape or the preset `model_preset`."""
+        return self.shape() if self.model_preset == "micro" else PRESETS.get(self.model_preset)
 
     def shape(self) -> ModelPreset:
         """The "micro" shape (intermediate size 2 x hidden, 4096 positions)."""
@@ -249,10 +254,6 @@ class MemAgentRecipe(Recipe):
     markdown = staticmethod(memagent_markdown)  # a row per length (memrl.recipes.report)
     plot = staticmethod(plot_memagent)
     sweep_table = staticmethod(sweep_rows)
-
-    def policy_shape(self, cfg: DemoConfig) -> ModelPreset | None:
-        """The "micro" shape, or the memrl.models.tiny preset `model_preset`."""
-        return cfg.shape() if cfg.model_preset == "micro" else PRESETS.get(cfg.model_preset)
 
     def init(self, run: RecipeRun) -> None:
         """Held-out tasks; BPE on the task's text and 50 copies of `tokenizer_strings` (init_model repeats them

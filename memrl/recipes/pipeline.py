@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, ClassVar
 
 from memrl.config import (
@@ -40,13 +39,14 @@ from memrl.config import (
 )
 from memrl.errors import UserError
 from memrl.locks import locked_dir
-from memrl.models.tiny import CHAT_TEMPLATE, QWEN3_CHAT_TEMPLATE, ModelPreset, model_config, shape_problem
+from memrl.models.tiny import ModelPreset
 from memrl.plugins import is_import_path, load_object
 from memrl.recipes import split_overrides
 from memrl.recipes.cold_start import copy_warmup
+from memrl.recipes.policy import check_policy, demo_shape_problem
 from memrl.recipes.tables import RunTable, SweepTable, by_decoding, mean_sd
 from memrl.threads import ThreadsSection, set_torch_threads, warn_oversubscribed
-from memrl.training.assemble import assemble, check_policy_model, check_writable, validate
+from memrl.training.assemble import assemble, check_writable, validate
 from memrl.training.checkpoint import latest_checkpoint
 from memrl.training.config import TrainConfig
 from memrl.training.sft import SFTConfig, sft_train_logged
@@ -108,20 +108,6 @@ class EvalSettings:
     """Seed of the held-out tasks and of the sampled evaluation (no training split uses it)."""
     temperature: float = valid(1.0, gt=0, le=MAX_TEMPERATURE)
     """The sampled evaluation's temperature (the RL rollouts' own)."""
-
-
-def demo_shape_problem(hidden_size: int, num_heads: int, num_kv_heads: int, prefix: str = "") -> str | None:
-    """memrl.models.tiny.shape_problem, and an odd head dimension (hidden_size / num_heads): rotary position
-    embeddings turn each head's dimensions in pairs, so transformers fails on an odd one at the first forward,
-    after the demo's setup work. None when the shape is sound."""
-    problem = shape_problem(hidden_size, num_heads, num_kv_heads, prefix)
-    if problem or num_heads < 1:
-        return problem
-    head_dim = hidden_size // num_heads
-    if head_dim % 2:
-        return (f"{prefix}hidden_size={hidden_size} / {prefix}num_heads={num_heads} gives an odd head dimension "
-                f"({head_dim}); rotary position embeddings need an even one")
-    return None
 
 
 @dataclass
@@ -292,29 +278,9 @@ class Recipe:
         self.check_task_seeds(cfg)
         run = load_train(cfg, train_ov, out_dir, self.train_overrides(cfg, out_dir))
         self.check_run(run)
-        self.check_policy(run)
+        check_policy(run.cfg, run.tcfg, run.wf_cfg)  # the RL stage's model checks, before any stage (recipes.policy)
         set_threads(run.cfg)
         return run
-
-    def policy_shape(self, cfg: Any) -> ModelPreset | None:
-        """The shape (and arch) of the model the method's first stage builds, known from its config alone: by
-        default its `model` section's (a ModelShape: a Qwen2); None = unknown (then `check_policy` has nothing
-        to check before the RL stage does)."""
-        model = getattr(cfg, "model", None)
-        return model.preset() if isinstance(model, ModelShape) else None
-
-    def check_policy(self, run: RecipeRun) -> None:
-        """The RL stage's own checks of its policy model (memrl.training.assemble.check_policy_model: routing
-        replay, the router loss, the thinking switch) on the model `policy_shape` says the first stage will
-        build, before any stage starts: a setting the RL stage refuses never costs the stages before it."""
-        shape = self.policy_shape(run.cfg)
-        if shape is None:
-            return
-        config = model_config(shape, shape.vocab_size, eos_token_id=0, pad_token_id=0)
-        # memrl's tiny models: Qwen3's thinking template for the qwen3 archs, ChatML (no switch) for Qwen2
-        template = QWEN3_CHAT_TEMPLATE if shape.arch.startswith("qwen3") else CHAT_TEMPLATE
-        check_policy_model(run.tcfg, run.wf_cfg, config, SimpleNamespace(chat_template=template),
-                           f"the demo's model (a {shape.arch} it trains from scratch)")
 
     def expand(self, overrides: list[str]) -> list[str]:
         """The overrides a command line's stand for (e.g. a named variant's, put first)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 
 import pytest
@@ -215,6 +216,7 @@ def test_memrl_ask_shows_a_progress_bar_over_the_chunks(tiny_model, doc, capsys)
     assert n > 2
     bars = [ln for ln in io.err.replace("\r", "\n").splitlines() if ln.startswith("reading:")]
     assert bars and f"{n}/{n} [" in bars[-1] and "chunk/s" in bars[-1], io.err[-500:]
+    assert re.search(r"\[\d\d:\d\d<\d\d:\d\d", bars[-1]), bars[-1]  # elapsed < time left: the estimate
     assert main(["ask", "--model", tiny_model, "--file", doc, "--question", "Who signed?", "--no-progress",
                  *ASK_SMALL]) == 0
     assert "reading:" not in capsys.readouterr().err
