@@ -15,7 +15,7 @@ from memrl.config import redact_text
 from memrl.engines.base import EngineError
 from memrl.errors import UserError, os_message
 from memrl.services.base import RetrievalError
-from memrl.threads import early_env
+from memrl.threads import check_env_threads, early_env
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -116,6 +116,11 @@ def redact_log_records() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     redact_log_records()
+    try:
+        check_env_threads()  # an absurd OMP_NUM_THREADS, before any command imports torch (which reads it)
+    except UserError as e:
+        print(f"memrl: error: {e}", file=sys.stderr)
+        return 2
     words = list(sys.argv[1:] if argv is None else argv)
     early_env(words)  # OMP_WAIT_POLICY before the commands import torch
     parser, modules = build_parser([c] if (c := chosen_command(words)) in COMMANDS else [])

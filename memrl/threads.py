@@ -11,6 +11,11 @@ count would run faster; inter_op = 1 (eager CPU work has no inter-op parallelism
 wait_policy = OMP_WAIT_POLICY when the environment sets it, else PASSIVE. An explicit `threads.*` value
 wins over the environment; a value left at its default defers to it.
 
+Bounds: OMP_NUM_THREADS is bounded as threads.intra_op is (at most MAX_PARALLEL = 4096 threads): a larger
+count is refused in one line before torch is imported (`check_env_threads`, from memrl.cli), since torch's
+OpenMP runtime would start that many threads at its first parallel op. A count from either above the CPUs
+this process may use is run, with a warning (the threads take turns on the CPUs: slower, never faster).
+
 Why PASSIVE: torch's OpenMP runtime (libgomp) spins after each parallel region (GOMP_SPINCOUNT 300000
 iterations by default) waiting for the next one; beside another busy process the spinning thread takes
 the core its partner needs, and a two-thread process ran 5-10x slower than a one-thread one
@@ -37,7 +42,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from memrl.config import MAX_PARALLEL, check_config, valid
+from memrl.config import MAX_PARALLEL, ConfigError, check_config, valid
 
 log = logging.getLogger(__name__)
 
@@ -143,16 +148,48 @@ def auto_threads(load_aware: bool = True) -> tuple[int, str]:
 
 
 def _env_threads() -> int | None:
+    """OMP_NUM_THREADS's first count (OpenMP reads a list: one count per nesting level), bounded as
+    threads.intra_op is (check_env_threads); None when unset or not a positive count."""
     raw = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+    if not (raw.isdigit() and int(raw) > 0):
+        return None
+    check_env_threads()
+    return int(raw)
+
+
+def check_env_threads() -> None:
+    """ConfigError when OMP_NUM_THREADS asks for more than MAX_PARALLEL threads (the bound of threads.intra_op):
+    torch's OpenMP runtime reads it when torch is imported and starts that many threads at the first parallel op
+    (100,000 exhausted the process's threads and crashed; 5,000 made one tiny step take minutes). memrl.cli
+    calls it before any command imports torch."""
+    raw = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if raw.isdigit() and int(raw) > MAX_PARALLEL:
+        raise ConfigError(f"OMP_NUM_THREADS={int(raw)} is more threads than memrl runs ({MAX_PARALLEL} at most, as "
+                          f"threads.intra_op; this process may use {usable_cpus()} CPUs): set it to at most the "
+                          "CPUs, or unset it")
+
+
+def warn_oversubscribed(threads: int, source: str) -> None:
+    """A warning when `threads` (from `source`: threads.intra_op or OMP_NUM_THREADS) is more than the CPUs this
+    process may use: the threads of every op then take turns on them, and a step runs several times slower
+    (4096 threads on 2 CPUs: 13x)."""
+    cpus = usable_cpus()
+    if threads > cpus:
+        log.warning("threads: %s=%d is more than the %d CPU(s) this process may use; every op's threads take turns "
+                    "on them and run slower (%s=%d, or leave it unset: the default picks the CPUs)", source,
+                    threads, cpus, source, cpus)
 
 
 def intra_op_threads(sec: ThreadsSection, load_aware: bool = True) -> tuple[int, str]:
-    """(threads, where the number comes from: threads.intra_op, OMP_NUM_THREADS or auto; auto_threads)."""
+    """(threads, where the number comes from: threads.intra_op, OMP_NUM_THREADS or auto; auto_threads). A count
+    from the setting or the environment above the usable CPUs is warned about (warn_oversubscribed); the
+    environment's, above MAX_PARALLEL, is refused (check_env_threads), as the setting's is by its range."""
     if sec.intra_op:
+        warn_oversubscribed(sec.intra_op, "threads.intra_op")
         return sec.intra_op, "threads.intra_op"
     env = _env_threads()
     if env is not None:
+        warn_oversubscribed(env, "OMP_NUM_THREADS")
         return env, "OMP_NUM_THREADS"
     return auto_threads(load_aware)
 

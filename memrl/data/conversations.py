@@ -35,6 +35,7 @@ from typing import Any
 
 from memrl.data.errors import DataError
 from memrl.data.files import iter_records
+from memrl.quiet import encode_rendered
 from memrl.types import Segment
 
 PRUNE_TOOL = "prune_context"
@@ -155,13 +156,23 @@ def conversation_pieces(tok: Any, conv: Conversation) -> list[tuple[list[int], l
     if conv.enable_thinking is not None:
         kw["enable_thinking"] = conv.enable_thinking
 
-    def render(k: int, gen: bool = False) -> str:
+    def render(k: int, gen: bool = False, ms: list[dict[str, Any]] | None = None) -> str:
+        ms = msgs if ms is None else ms
         if k == 0:
             return ""
-        return tok.apply_chat_template(msgs[:k], tokenize=False, add_generation_prompt=gen, **kw)
+        return tok.apply_chat_template(ms[:k], tokenize=False, add_generation_prompt=gen, **kw)
 
     def encode(text: str) -> list[int]:
         return list(tok.encode(text, add_special_tokens=False))
+
+    def encode_span(lo: int, hi: int, start: str) -> list[int]:
+        """The ids of render(hi)[len(start):] with the contents of msgs[lo:hi] as plain text (a row's
+        `<|im_end|>` is never a control id; memrl.quiet.encode_rendered)."""
+        def with_contents(values: list[Any]) -> str:
+            ms = msgs[:lo] + [{**m, "content": v} for m, v in zip(msgs[lo:hi], values, strict=True)]
+            return render(hi, ms=ms)[len(start):]
+
+        return encode_rendered(tok, [m.get("content") for m in msgs[lo:hi]], with_contents)[1]
 
     pieces = []
     i = 0
@@ -171,13 +182,13 @@ def conversation_pieces(tok: Any, conv: Conversation) -> list[tuple[list[int], l
         if role == "tool":
             while end < len(msgs) and msgs[end]["role"] == "tool":
                 end += 1
-        before, cur = render(i), render(end)
+        before = render(i)
         if role == "assistant":
             with_gen = render(i, gen=True)
-            header, body = encode(with_gen[len(before):]), encode(cur[len(with_gen):])
+            header, body = encode(with_gen[len(before):]), encode_span(i, end, with_gen)
             pieces.append((header + body, [0] * len(header) + [int(i in train)] * len(body), i))
         else:
-            ids = encode(cur[len(before):])
+            ids = encode_span(i, end, before)
             pieces.append((ids, [0] * len(ids), i))
         i = end
     return pieces

@@ -22,6 +22,7 @@ from memrl.demonstrators.engine import ScriptedEngine
 from memrl.demonstrators.memact import MemActDemonstrator
 from memrl.demonstrators.synthetic import MixtureDemonstrator
 from memrl.eval.evaluator import EngineRollout, evaluate_policy
+from memrl.quiet import encode_text
 from memrl.runtime import rollout_once
 from memrl.types import Group, Segment, Task
 from memrl.workflows import get_workflow
@@ -55,7 +56,7 @@ def reading_segments(tasks: list[Task], tokenizer: Any, final_template: Any) -> 
     out = []
     for t in tasks:
         _, prompt_ids = chat_prompt(tokenizer, final_template.render(problem=t.question, memory=t.context.strip()))
-        resp = list(tokenizer.encode(f"\\boxed{{ {t.answers[0]}}}", add_special_tokens=False))
+        resp = encode_text(tokenizer, f"\\boxed{{ {t.answers[0]}}}")  # a row's answer: plain text
         resp.append(tokenizer.eos_token_id)
         out.append(Segment(prompt_ids=prompt_ids, response_ids=resp, response_logprobs=[0.0] * len(resp),
                            step=0, info={"kind": "reading"}, task_id=t.task_id))

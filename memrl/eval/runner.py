@@ -11,7 +11,9 @@ A re-run skips the rows whose (file_sha256, dataset, num_docs, task_id, sample) 
 second file, or a second dataset at the same N, into the same --out runs in full. Rows written before
 this identity existed resume by (file name, num_docs, task_id). A half-written last line (a killed run)
 is cut off and that question re-run; any other unreadable line (invalid JSON, not UTF-8, not a row) is
-counted and named in one warning, left in place, and its question re-run.
+counted and named in one warning, left in place, and its question re-run. The run's record (eval_config.json)
+holds the SHA-256 of engine.model's weight files (`weights_sha256`): a resume onto other weights at the same
+path (a `checkpoints/latest` that training moved since) is refused, since it would mix two models' rows.
 Row metrics use memrl.rewards.qa on the boxed prediction: em, sub_em (MemAgent's "accuracy"), f1; a MemAct
 row (multi-question reward metrics present) has em = sub_em = all sub-questions right, f1 = their mean F1.
 Scoring (`golds`, `extract`; docs/guides/eval_scoring.md): the prediction is the last \\boxed{} (extract=boxed),
@@ -65,6 +67,7 @@ from memrl.engines.config import EngineConfig, HFSection
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.eval.evaluator import EngineRollout
 from memrl.eval.results_file import file_identity, read_results, row_key
+from memrl.model_files import weights_digest
 from memrl.model_open import model_config
 from memrl.records import segment_records
 from memrl.rewards.eval_metrics import get_metric
@@ -377,7 +380,23 @@ def _check_config(out: Path, record: dict[str, Any], wf_defaults: dict[str, Any]
                 f"{out} holds results of a different run ({', '.join(diff)} differ from {p}); "
                 "use another --out directory or delete it"
             )
+        was, now = old.get("weights_sha256"), record.get("weights_sha256")
+        if was and now and was != now and (out / RESULTS_FILE).exists():
+            raise UserError(
+                f"{out}: engine.model={record.get('model')} now holds other weights (SHA-256 of its weight files "
+                f"{now[:16]}...) than the rows in {RESULTS_FILE} were answered with ({was[:16]}..., {p}); "
+                "resuming would mix two models: use another --out directory or delete it"
+            )
     p.write_text(json.dumps(record, indent=1, default=str) + "\n")
+
+
+def _weights_identity(model: str) -> str | None:
+    """The SHA-256 of the model directory's weight files (memrl.model_files.weights_digest), or None where
+    `model` is no directory holding any (a tokenizer directory of a served model)."""
+    p = Path(model) if model else None
+    if p is None or not p.is_dir() or not (any(p.glob("*.safetensors")) or any(p.glob("*.bin"))):
+        return None
+    return weights_digest(p)
 
 
 def evaluate(
@@ -413,6 +432,10 @@ def evaluate(
         record["strip_text"] = True
     if list(cfg.length_buckets) != [4000, 8000]:  # LongBench rows' N depends on it (the default stays unrecorded)
         record["length_buckets"] = list(cfg.length_buckets)
+    if engine is None and rollout is None and runtime is None:  # the weights are read from engine.model
+        digest = _weights_identity(cfg.engine.model)
+        if digest is not None:  # compared on resume (the same path may hold other weights by then)
+            record["weights_sha256"] = digest
     if cfg.docs_from:
         if not Path(cfg.docs_from).is_file():
             raise UserError(f"docs_from {cfg.docs_from} does not exist (the dev file of index-only eval files)")

@@ -48,7 +48,8 @@ from memrl.demonstrators import LookbackDemonstrator, ScriptedEngine
 from memrl.engines import EngineConfig, HFSection
 from memrl.eval.evaluator import mean_and_se
 from memrl.eval.runner import EvalConfig, evaluate
-from memrl.models.tiny import init_tiny_model
+from memrl.models.tiny import PRESETS as MODEL_PRESETS
+from memrl.models.tiny import ModelPreset, init_tiny_model
 from memrl.recipes.parts import HEAD, SWEEP_METHOD, TAIL, count_parameters
 from memrl.recipes.pipeline import (
     HELDOUT_SHA256,
@@ -137,6 +138,10 @@ class LookbackConfig:
 
     def __post_init__(self) -> None:
         self.train_preset = self.train_preset or PRESETS.get(self.method, "")
+
+    def policy_shape(self) -> ModelPreset:
+        """The model the first stage builds (memrl.recipes.policy): memrl.models.tiny's "tiny" (`init`)."""
+        return MODEL_PRESETS["tiny"]
 
 
 def streams(cfg: LookbackConfig) -> dict[str, int]:

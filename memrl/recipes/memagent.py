@@ -44,10 +44,11 @@ from memrl.demonstrators.stages import (
 )
 from memrl.errors import UserError
 from memrl.eval.evaluator import EvalProtocol, evaluate_policy, results_to_json
-from memrl.models.tiny import ModelPreset, init_tiny_model, shape_problem
+from memrl.models.tiny import PRESETS, ModelPreset, init_tiny_model
 from memrl.quiet import hf_progress_off
 from memrl.recipes.parts import engine_eval
 from memrl.recipes.pipeline import Recipe, RecipeRun, SFTSettings, run_recipe
+from memrl.recipes.policy import demo_shape_problem
 from memrl.recipes.report import memagent_markdown, plot_memagent
 from memrl.recipes.scratch import check_pieces, init_model
 from memrl.recipes.tables import cell_of, fmt
@@ -142,9 +143,13 @@ class DemoConfig:
     """torch threads (0 = torch's default)."""
 
     def __post_init__(self) -> None:
-        problem = shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "")
+        problem = demo_shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "")
         if problem:
             raise ValueError(problem)
+
+    def policy_shape(self) -> ModelPreset | None:
+        """The model the first stage builds (memrl.recipes.policy): the "micro" shape or the preset `model_preset`."""
+        return self.shape() if self.model_preset == "micro" else PRESETS.get(self.model_preset)
 
     def shape(self) -> ModelPreset:
         """The "micro" shape (intermediate size 2 x hidden, 4096 positions)."""

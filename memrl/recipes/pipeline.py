@@ -39,12 +39,13 @@ from memrl.config import (
 )
 from memrl.errors import UserError
 from memrl.locks import locked_dir
-from memrl.models.tiny import ModelPreset, shape_problem
+from memrl.models.tiny import ModelPreset
 from memrl.plugins import is_import_path, load_object
 from memrl.recipes import split_overrides
 from memrl.recipes.cold_start import copy_warmup
+from memrl.recipes.policy import check_policy, demo_shape_problem
 from memrl.recipes.tables import RunTable, SweepTable, by_decoding, mean_sd
-from memrl.threads import ThreadsSection, set_torch_threads
+from memrl.threads import ThreadsSection, set_torch_threads, warn_oversubscribed
 from memrl.training.assemble import assemble, check_writable, validate
 from memrl.training.checkpoint import latest_checkpoint
 from memrl.training.config import TrainConfig
@@ -122,7 +123,7 @@ class ModelShape:
     max_positions: int = valid(1024, ge=1, le=MAX_TOKENS)
 
     def __post_init__(self) -> None:
-        problem = shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "model.")
+        problem = demo_shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "model.")
         if problem:
             raise ValueError(problem)
 
@@ -207,6 +208,7 @@ def set_threads(cfg: Any) -> None:
     """torch's thread count from the demo config's `threads` (0 = torch's default), through memrl.threads
     as `memrl train`'s threads.intra_op."""
     if getattr(cfg, "threads", 0):
+        warn_oversubscribed(cfg.threads, "threads")  # more threads than CPUs: said, as memrl train says it
         set_torch_threads(cfg.threads)
 
 
@@ -276,6 +278,7 @@ class Recipe:
         self.check_task_seeds(cfg)
         run = load_train(cfg, train_ov, out_dir, self.train_overrides(cfg, out_dir))
         self.check_run(run)
+        check_policy(run.cfg, run.tcfg, run.wf_cfg)  # the RL stage's model checks, before any stage (recipes.policy)
         set_threads(run.cfg)
         return run
 

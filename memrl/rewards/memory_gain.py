@@ -21,6 +21,7 @@ from typing import Any
 
 from memrl.algorithms.base import register_model_reward
 from memrl.config import MAX_COEF, valid
+from memrl.quiet import encode_text
 from memrl.rewards.model_scored import MemoryPrompts, ModelScored, Scorer
 from memrl.types import Group, Segment
 
@@ -100,8 +101,8 @@ def infomem_reward(
     for gi, g in enumerate(groups):
         if g.task is None:
             raise ValueError(f"infomem: group {g.task_id} carries no Task")
-        answer = tokenizer.encode(answer_template.replace("{answer}", g.task.answers[0] if g.task.answers else ""),
-                                  add_special_tokens=False)
+        answer = encode_text(  # a row's answer: plain text, never a control id
+            tokenizer, answer_template.replace("{answer}", g.task.answers[0] if g.task.answers else ""))
         for ti, t in enumerate(g.trajectories):
             if t.reward is None or t.reward < success or not answer:
                 continue

@@ -302,6 +302,28 @@ def _engine(cfg: TrainConfig, src: str, workers: Any, tokenizer: Any) -> Any:
     return build_engine(sec, policy=policy, tokenizer=tokenizer, lora_rank=lora_rank)
 
 
+MOE_ROUTED_TYPES = ("qwen3_moe",)
+"""Model types whose routers routing replay records and replays (memrl.training.routing: Qwen3-MoE's)."""
+
+
+def check_policy_model(cfg: TrainConfig, wf_cfg: Any, config: Any, tokenizer: Any, where: str) -> None:
+    """The RL config's needs of the policy model, from its transformers config and its tokenizer (chat template)
+    alone, before any weights load: routing replay needs a model of MOE_ROUTED_TYPES, trainer.router_aux_loss_coef
+    a mixture-of-experts config (output_router_logits), workflow.enable_thinking a chat template that reads it
+    (check_thinking_switch). A ConfigError naming the setting and `where` (the model). `memrl train` runs it on
+    model.path; `memrl demo` on the model its first stage will build, before that stage starts."""
+    model_type = getattr(config, "model_type", type(config).__name__)
+    replay = cfg.algorithm.routing_replay
+    if replay != "none" and model_type not in MOE_ROUTED_TYPES:
+        raise ConfigError(f"algorithm.routing_replay={replay} needs a mixture-of-experts model with Qwen3-MoE routers "
+                          f"(model_type {' or '.join(MOE_ROUTED_TYPES)}); {where} is {model_type}")
+    coef = cfg.trainer.router_aux_loss_coef
+    if coef > 0 and not hasattr(config, "output_router_logits"):
+        raise ConfigError(f"trainer.router_aux_loss_coef={coef} needs a mixture-of-experts model (a config with "
+                          f"output_router_logits, e.g. qwen3_moe); {where} is {model_type}")
+    check_thinking_switch(tokenizer, getattr(wf_cfg, "enable_thinking", None), where)
+
+
 def assemble(cfg: TrainConfig, resume: bool = False, workflow: tuple[Any, Any] | None = None, *,
              workers: Any = None, engine: Any = None, tokenizer: Any = None,
              tasks: list[Task] | None = None) -> RunParts:
@@ -338,7 +360,7 @@ def assemble(cfg: TrainConfig, resume: bool = False, workflow: tuple[Any, Any] |
         if uses_ray(cfg):
             connect(cfg)  # address and resources checked before any model is loaded
         tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(src)
-        check_thinking_switch(tokenizer, getattr(wf_cfg, "enable_thinking", None), f"model.path {src}")
+        check_policy_model(cfg, wf_cfg, model_config(src, "model.path"), tokenizer, f"model.path {src}")
         workers = build_workers(cfg, start)  # model, KL reference, optimizer, scheduler (resumed)
     random.seed(cfg.trainer.seed)
     torch.manual_seed(cfg.trainer.seed)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,10 @@ EMPTY_MEMORY_RULES: tuple[str, ...] = ("placeholder", "keep_previous", "empty")
 MEMORY_TEXTS: tuple[str, ...] = ("reply", "after_think", "strip_think")
 PROMPT_ASSEMBLIES: tuple[str, ...] = ("text", "spliced")
 THINK_OPEN, THINK_END = "<think>", "</think>"
+READING: ContextVar = ContextVar("memrl_reading", default=None)
+"""An observer of the chunked loop in this context (`memrl ask`'s progress bar and streamed memories), or None
+(everywhere else): its `chunks(n)` is called once a task's document is cut into n chunks, its `segment(seg)`
+after each model call (a memory step, then the final answer). It watches; it changes nothing."""
 _THINK_BLOCK = re.compile(re.escape(THINK_OPEN) + r".*?" + re.escape(THINK_END), re.DOTALL)
 
 
@@ -216,6 +221,8 @@ def task_chunks(task: Task, tokenizer: Any, cfg: ChunkedConfig) -> tuple[list[in
     chunks, truncated = chunk_context(context_ids, cfg.chunk_tokens, cfg.max_chunks, cfg.truncation)
     if not chunks:
         log.warning("task %s has an empty context: answering from the empty memory", task.task_id)
+    if (observer := READING.get()) is not None:
+        observer.chunks(len(chunks))
     return context_ids, chunks, truncated
 
 
@@ -271,6 +278,8 @@ def call_segment(prompt_ids: list[int], out: Completion, step: int, info: dict[s
     if VERSION_KEY in out.info:  # asynchronous training: the policy version this call ran under
         seg.info[VERSION_KEY] = out.info[VERSION_KEY]
     seg.routing = out.info.get("routing")  # MoE routing replay r3 (memrl.training.routing.ROUTING_KEY)
+    if (observer := READING.get()) is not None:
+        observer.segment(seg)
     return seg
 
 

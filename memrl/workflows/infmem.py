@@ -23,6 +23,7 @@ from typing import Any
 
 from memrl.config import MAX_CHARS, MAX_COEF, MAX_TOKENS, MAX_VOCAB, valid
 from memrl.engines.base import ChatPrompt, Engine
+from memrl.quiet import chat_pieces, encode_chat, encode_pieces
 from memrl.rewards import early_stop as rw
 from memrl.rewards import steps
 from memrl.rewards.qa import extract_boxed
@@ -274,19 +275,31 @@ def open_user_prompt(tokenizer: Any, user_text: str, enable_thinking: bool | Non
                      system: str | None = None) -> list[int]:
     """The released plan frame: the (system and) user message rendered through the chat template without a
     generation prompt, cut right after the user message's content (its end-of-turn text dropped)."""
-    text = tokenizer.apply_chat_template(plan_messages(user_text, system), tokenize=False,
-                                         add_generation_prompt=False, **template_kwargs(enable_thinking))
+    messages, kw = plan_messages(user_text, system), template_kwargs(enable_thinking)
+
+    def render(msgs: list[dict[str, str]]) -> str:
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False, **kw)
+
+    text = render(messages)
     cut = text.rfind(user_text)
     if cut < 0:
         raise ValueError("planner_frame=open_user: the chat template does not keep the user message as written")
-    return list(tokenizer.encode(text[: cut + len(user_text)], add_special_tokens=False))
+    pieces = chat_pieces(tokenizer, messages, render, text)  # the messages as plain text (memrl.quiet)
+    kept, left = [], cut + len(user_text)
+    for piece, user in pieces:  # up to the end of the user message's content
+        kept.append((piece[:left], user))
+        left -= len(piece)
+        if left <= 0:
+            break
+    return encode_pieces(tokenizer, kept)
 
 
 def system_chat_prompt(tokenizer: Any, user_text: str, system: str, enable_thinking: bool | None = None) -> ChatPrompt:
     """A system and a user message through the chat template with the assistant's generation prompt."""
     messages, kw = plan_messages(user_text, system), template_kwargs(enable_thinking)
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kw)
-    return ChatPrompt(tokenizer.encode(text, add_special_tokens=False), messages, kw)
+    _, ids = encode_chat(tokenizer, messages, lambda msgs: tokenizer.apply_chat_template(
+        msgs, tokenize=False, add_generation_prompt=True, **kw))  # the messages as plain text (memrl.quiet)
+    return ChatPrompt(ids, messages, kw)
 
 
 def retrieved_block(hits_text: list[str], cfg: InfMemConfig) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 
 from memrl.config import MAX_COUNT, MAX_TEMPERATURE, MAX_TOKENS, MAX_VOCAB, valid
 from memrl.engines.base import Engine, SamplingParams
+from memrl.quiet import encode_text
 from memrl.rewards.multiq import gold_aliases
 from memrl.rewards.qa import best_em, best_f1
 from memrl.services.session import Services
@@ -239,7 +240,7 @@ async def run(task: Task, engine: Engine, cfg: Mem1Config, rng: random.Random, s
             outcome = await ts.run_search(retriever, {"query": content, "topk": cfg.topk}, "published")
             body = format_results(outcome.hits, cfg.result_format) if outcome.error is None else outcome.text
             obs = f"\n\n<information>{hint(cfg, cfg.max_turns - turn - 1)}\n\n{body.strip()}</information>\n\n"
-            obs_ids = list(tok.encode(obs, add_special_tokens=False))[: cfg.max_obs_tokens]
+            obs_ids = encode_text(tok, obs)[: cfg.max_obs_tokens]  # retrieved passages: plain text, no control ids
             info.update(query=content, observation=tok.decode(obs_ids))
         segments.append(call_segment(prompt, out, turn, info))
         if action != "search":

@@ -34,6 +34,7 @@ from typing import Any
 
 from memrl.engines.base import Engine
 from memrl.engines.versioned import VERSION_KEY
+from memrl.quiet import encode_pieces, encode_rendered
 from memrl.rewards.multiq import MARKER, PUBLISHED_MARKER, answer_format, final_answer_text, outcome_reward
 from memrl.services.session import run_with
 from memrl.tools import calls as tc
@@ -153,7 +154,8 @@ class _Run:
                 continue
             key = tuple(m.text for m in msgs[i:j])
             if key not in self.group_ids:
-                self.group_ids[key] = self.encode(ctx.tool_group_text(self.tok, self.fmt, list(key)))
+                self.group_ids[key] = encode_rendered(  # the results as plain text
+                    self.tok, list(key), lambda v: ctx.tool_group_text(self.tok, self.fmt, v))[1]
             for k, m in enumerate(msgs[i:j]):
                 m.ids = list(self.group_ids[key]) if k == 0 else []
                 m.mask, m.logprobs = [0] * len(m.ids), [0.0] * len(m.ids)
@@ -179,7 +181,8 @@ class _Run:
         body, cut = ts.truncate_middle(body, self.cfg.max_tool_response_chars, self.cfg.tool_truncation_marker)
         self.counts["tool_truncations"] += int(cut)
         content = body if self.published else f"[{rid}] {body}"
-        ids = self.encode(self.fmt.tool_prefix + content + self.fmt.tool_suffix)
+        # a tool result (retrieved passages) as plain text: a control token's text in it is never a control id
+        ids = encode_pieces(self.tok, [(self.fmt.tool_prefix, False), (content, True), (self.fmt.tool_suffix, False)])
         self.messages.append(ctx.tool_message(ids, turn, rid, content))
         owner.call_ids.append(rid)
         return rid
@@ -307,25 +310,36 @@ class _Run:
         ids = {id(m) for m in kept}
         self.counts["tokens_discarded"] += sum(len(m.ids) for m in self.messages if id(m) not in ids)
 
-    def head(self) -> tuple[str, bool]:
-        """(text of the first prompt without the assistant header, whether the template took `tools=`)."""
+    def head(self) -> tuple[str, bool, list[int]]:
+        """(text of the first prompt without the assistant header, whether the template took `tools=`, its ids:
+        the messages' text, a row's and the question included, as plain text, memrl.quiet.encode_rendered)."""
         cfg, task = self.cfg, self.task
         row = row_prompt(task, cfg)
         if row is not None:
             if not self.prune_on:
                 row = noprune_messages(row, cfg)
-            return render_messages(self.tok, row, self.tools, self.template_kw, self.call_format)
-        sys_tpl, user_tpl = cfg.templates(self.prune_on)
-        return tc.render_system(
-            self.tok, sys_tpl.render(), user_tpl.render(question=task.question, answer_format=(
-                cfg.answer_instruction if cfg.answer_instruction is not None else answer_format(task))),
-            self.tools, self.template_kw, self.call_format,
-        )
+
+            def render(contents: list[str]) -> tuple[str, bool]:
+                msgs = [{**m, "content": c} for m, c in zip(row, contents, strict=True)]
+                return render_messages(self.tok, msgs, self.tools, self.template_kw, self.call_format)
+
+            values = [m["content"] for m in row]
+        else:
+            sys_tpl, user_tpl = cfg.templates(self.prune_on)
+            values = [sys_tpl.render(), user_tpl.render(question=task.question, answer_format=(
+                cfg.answer_instruction if cfg.answer_instruction is not None else answer_format(task)))]
+
+            def render(contents: list[str]) -> tuple[str, bool]:
+                return tc.render_system(self.tok, contents[0], contents[1], self.tools, self.template_kw,
+                                        self.call_format)
+
+        text, ids = encode_rendered(self.tok, values, lambda v: render(v)[0])
+        return text, render(values)[1], ids
 
     async def run(self) -> Trajectory:
         cfg, task = self.cfg, self.task
-        head_text, native = self.head()
-        self.messages.append(ctx.head_message(self.encode(head_text), head_text))
+        head_text, native, head_ids = self.head()
+        self.messages.append(ctx.head_message(head_ids, head_text))
         header = self.encode(self.fmt.assistant_header)
         eos = getattr(self.tok, "eos_token_id", None)
         eos_text = self.tok.decode([eos]) if eos is not None else None

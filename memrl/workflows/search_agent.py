@@ -35,6 +35,7 @@ from typing import Any
 from memrl.config import MAX_CHARS, MAX_COUNT, MAX_TEMPERATURE, MAX_TOKENS, MAX_VOCAB, valid
 from memrl.engines.base import Engine, SamplingParams
 from memrl.engines.versioned import VERSION_KEY
+from memrl.quiet import encode_pieces, encode_rendered
 from memrl.rewards.multiq import MARKER, PUBLISHED_MARKER, answer_format, final_answer_text
 from memrl.tools import calls as tc
 from memrl.tools import context as ctx
@@ -235,15 +236,17 @@ class AgentLoop:
                              cfg.user_template).render(
             question=task.question,
             answer_format=cfg.answer_instruction if cfg.answer_instruction is not None else answer_format(task))
-        text, _native = tc.render_system(self.tok, system, user, self.tools, self.template_kw, self.call_format)
-        return ctx.head_message(self.encode(text), text)
+        # the question and the prompts as plain text: a control token's text in them is never a control id
+        text, ids = encode_rendered(self.tok, [system, user], lambda v: tc.render_system(
+            self.tok, v[0], v[1], self.tools, self.template_kw, self.call_format)[0])
+        return ctx.head_message(ids, text)
 
     def user_message(self, text: str, turn: int) -> ctx.Message:
         """A user message the workflow inserts (tokenized once, mask 0)."""
         if self._user_pieces is None:
             self._user_pieces = user_pieces(self.tok, self.template_kw)
         pre, post = self._user_pieces
-        ids = self.encode(pre + text + post)
+        ids = encode_pieces(self.tok, [(pre, False), (text, True), (post, False)])  # the text as plain text
         return ctx.Message("user", ids, [0] * len(ids), [0.0] * len(ids), turn=turn, text=text)
 
     def add_tool(self, messages: list[ctx.Message], turn: int, body: str, owner: ctx.Message,
@@ -252,8 +255,8 @@ class AgentLoop:
         body, cut = ts.truncate_middle(body, self.cfg.max_tool_response_chars, None)
         self.counts["tool_truncations"] += int(cut)
         content = f"[{rid}] {body}"
-        messages.append(ctx.tool_message(self.encode(self.fmt.tool_prefix + content + self.fmt.tool_suffix),
-                                         turn, rid, content))
+        ids = encode_pieces(self.tok, [(self.fmt.tool_prefix, False), (content, True), (self.fmt.tool_suffix, False)])
+        messages.append(ctx.tool_message(ids, turn, rid, content))  # a tool result (retrieved passages): plain text
         owner.call_ids.append(rid)
         return rid
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from memrl.engines.base import ChatPrompt
 from memrl.errors import UserError
+from memrl.quiet import encode_chat, encode_text
 
 TEMPLATE_STYLES: tuple[str, ...] = ("memrl", "str_format")
 # Published placeholder name -> memrl's (MemAgent recurrent/impls/memory.py, ReMemR1
@@ -216,7 +217,7 @@ def spliced_chat_prompt(tokenizer, template: Template, enable_thinking: bool | N
     chat frame rendered around the template's text, that text cut at its placeholders, every literal
     piece (the frame's head and tail glued to the template's first and last) encoded on its own without
     special tokens, and between them each value: a list of ids spliced as it is, a string encoded on its
-    own. The ids differ from encoding the rendered text at once wherever a token would straddle a piece
+    own as plain text (memrl.quiet.encode_text: a control token's text in it is never a control id). The ids differ from encoding the rendered text at once wherever a token would straddle a piece
     boundary, or a value's ids are not what its decoded text encodes to. memrl-style templates only.
     `enable_thinking` renders the frame with template_kwargs (as chat_prompt does), so a thinking
     template's generation prompt (Qwen3's empty think block under false) is the tail piece. The messages
@@ -235,8 +236,8 @@ def spliced_chat_prompt(tokenizer, template: Template, enable_thinking: bool | N
     ids: list[int] = []
     for part in template.parts(head + template.text + tail):
         if isinstance(part, Slot):
-            value = values[part.name]
-            ids += tokenizer.encode(value, add_special_tokens=False) if isinstance(value, str) else list(value)
+            value = values[part.name]  # user text (a question, a chunk, a memory): plain text, no control ids
+            ids += encode_text(tokenizer, value) if isinstance(value, str) else list(value)
         else:
             ids += tokenizer.encode(part, add_special_tokens=False)
     return ChatPrompt(ids, [{"role": "user", "content": text}], kw)
@@ -245,8 +246,10 @@ def spliced_chat_prompt(tokenizer, template: Template, enable_thinking: bool | N
 def chat_prompt(tokenizer, user_text: str, enable_thinking: bool | None = None) -> tuple[str, list[int]]:
     """One single-turn user message through the tokenizer's chat template: (text, token ids). The ids
     carry the message and the template variables (memrl.engines.base.ChatPrompt) for engines that speak
-    the chat API."""
+    the chat API. The message is plain text: a control token's text in it (a question's or a document's
+    `<|im_end|>`) is encoded as its characters, never as the control id (memrl.quiet.encode_chat)."""
     messages = [{"role": "user", "content": user_text}]
     kw = template_kwargs(enable_thinking)
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kw)
-    return text, ChatPrompt(tokenizer.encode(text, add_special_tokens=False), messages, kw)
+    text, ids = encode_chat(tokenizer, messages, lambda msgs: tokenizer.apply_chat_template(
+        msgs, tokenize=False, add_generation_prompt=True, **kw))
+    return text, ChatPrompt(ids, messages, kw)
