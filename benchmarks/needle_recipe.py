@@ -79,8 +79,10 @@ class Size:
 SIZES = {
     "full": Size("2k,4k", "4k,16k,64k,128k", 64, {4096: 16, 16384: 16, 65536: 8, 131072: 8}, {4096: 4, 16384: 4},
                  256, "0,1,2"),
-    "quick": Size("2k,4k", "4k,16k", 16, {4096: 2, 16384: 2}, {4096: 1}, 64, "0", eval_seed=3, rl=["trainer.steps=6", "trainer.batch_size=2"],
-                  sft=["sft.epochs=1"], decodings=("greedy",)),
+    # the pipeline at its smallest real size (not a result): 16 SFT rows, 3 RL steps of 2 tasks x 4 samples
+    "quick": Size("2k,4k", "4k,16k", 16, {4096: 1, 16384: 1}, {4096: 1}, 16, "0", eval_seed=3,
+                  rl=["trainer.steps=3", "trainer.batch_size=2", "algorithm.n=4", "trainer.save_every=3"],
+                  sft=["sft.epochs=1", "sft.warmup_steps=1"], decodings=("greedy",)),
     # CI: a tiny model, tiny lengths; every stage runs once (tests/integration/test_needle_recipe.py)
     "smoke": Size("1024", "1536,2048", 2, {1536: 1, 2048: 1}, {1536: 1}, 8, "0",
                   rl=["trainer.steps=1", "trainer.batch_size=1", "algorithm.n=2", "trainer.token_budget=1024",

@@ -14,7 +14,8 @@ scripted policy is a `*Demonstrator` class in this package:
 - context.SearchDemonstrator / FoldDemonstrator / SummaryDemonstrator: the context-management family's
   agents (stages.context_demonstrator builds one by kind).
 - evidence.EvidenceDemonstrator: MemAgent's supporting-fact reader on HotpotQA / 2Wiki task files
-  (`memrl train-sft ... demonstrator.name=evidence`).
+  (`memrl train-sft ... demonstrator.name=evidence`), and on RULER task files the needle reader
+  (`EvidenceDemonstrator.for_needles`, `demonstrator.name=needle`: the sentences that hold a gold value).
 """
 
 from memrl.demonstrators.engine import ScriptedEngine
