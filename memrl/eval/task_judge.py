@@ -14,14 +14,18 @@ row's metrics as judge_error and judge_error_<kind>. Without judge.url nothing i
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+from memrl.data.longmemeval import JUDGE
 from memrl.rewards import longmemeval
 from memrl.rewards.extract import extract_prediction
 from memrl.rewards.judge import JudgeSettings
 from memrl.types import Score, Task, Trajectory
 from memrl.workflows.rollouts import score_trajectory
+
+log = logging.getLogger(__name__)
 
 JUDGE_COLUMN = "longmemeval_judge"
 """The row column (and trajectory metric) of the judge's verdict."""
@@ -59,7 +63,7 @@ class TaskJudge(JudgeSettings):
 
 def judged(task: Task) -> bool:
     """Whether `task`'s official score is a judge's this module runs."""
-    return task.meta.get("judge") == longmemeval.JUDGE
+    return task.meta.get("judge") == JUDGE
 
 
 def prediction_of(traj: Trajectory, extract: str) -> str:
@@ -76,8 +80,15 @@ async def judge_task(task: Task, prediction: str, settings: TaskJudge, prompts: 
         return {JUDGE_COLUMN: 0.0, "judge_empty": 1.0}
     question = str(task.meta.get("question", task.question))
     prompt = longmemeval.judge_prompt(task.meta, question, task.answers[0], prediction, prompts)
-    kind, text = await services.judge(settings.client_settings()).chat(prompt)
+    client = services.judge(settings.client_settings())
+    kind, text = await client.chat(prompt)
+    client.counters["judge_calls"] += 1
     if kind is not None:
+        client.counters["judge_error"] += 1
+        n = client.counters["judge_error"]
+        if n == 1 or str(n).strip("0") == "1":  # the first failure, then at 10, 100, ... (the run goes on)
+            log.warning("judge %s: %d judgement(s) failed so far, each scored 0 (this one: %s: %s)", settings.url, n,
+                        kind, text[:300])
         return {JUDGE_COLUMN: 0.0, "judge_error": 1.0, f"judge_error_{kind}": 1.0}
     return {JUDGE_COLUMN: float(longmemeval.verdict_yes(text))}
 
