@@ -63,7 +63,7 @@ def _mean_line(run: str, dataset: str, lines: Sequence[TypeLine]) -> TypeLine:
                     **{k: avg([s.score(k) for s in lines]) for k in BENCHMARK_COLUMNS})
 
 
-def summarize_types(rows: Sequence[dict[str, Any]], run: str) -> list[TypeLine] | None:
+def type_lines(rows: Sequence[dict[str, Any]], run: str) -> list[TypeLine] | None:
     """The by-type lines of one run's rows; None when no row has a question_type."""
     typed = [r for r in rows if r.get("question_type")]
     if not typed:
@@ -104,5 +104,5 @@ def write_types(out_dir: Path, summaries: Sequence[Sequence[TypeLine]]) -> tuple
     return (path,)
 
 
-SECTION = ReportSection(summarize=summarize_types, markdown=types_markdown, write=write_types)
+SECTION = ReportSection(type_lines, types_markdown, write_types)  # (rows, run) -> lines; markdown; files
 """The by-type table as a report section (memrl.eval.report.section_summaries adds it to every report)."""
