@@ -409,6 +409,8 @@ def evaluate(
     check_config(cfg)  # also when called with a config built in code, not by load_config
     out = writable_dir(out_dir, "--out")
     spec, wf_cfg = workflow_config(cfg)
+    if cfg.judge.url:
+        cfg.judge.api_key()  # a missing key variable: one line now, not a zero score per question later
     problem = retriever_problem(wf_cfg, spec.name)  # before any engine is built, not at the first search
     if problem:
         raise ConfigError(problem)

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
+from memrl.config import ConfigError
 from memrl.data.longmemeval import JUDGE
 from memrl.rewards import longmemeval
 from memrl.rewards.extract import extract_prediction
@@ -48,6 +50,14 @@ class TaskJudge(JudgeSettings):
         super().__post_init__()
         if self.url:
             longmemeval.load_prompts(self.prompts_dir or None)  # a missing or bad file fails now, named
+
+    def api_key(self) -> str | None:
+        """The key the variable `api_key_env` names (None without one); a one-line ConfigError naming
+        judge.api_key_env when that variable is not set (memrl eval checks it before any model loads)."""
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        if self.api_key_env and not key:
+            raise ConfigError(f"judge.api_key_env={self.api_key_env}: that environment variable is not set")
+        return key
 
     def client_settings(self) -> dict[str, Any]:
         """The fields the run's judge client is built from (memrl.services.session.Services.judge)."""
@@ -100,7 +110,12 @@ def with_task_judge(spec: Any, settings: TaskJudge, extract: str) -> Any:
     async def reward(task: Task, traj: Trajectory, services: Any = None) -> Score:
         score = await score_trajectory(spec, task, traj, services)
         if judged(task):
-            score.metrics.update(await judge_task(task, prediction_of(traj, extract), settings, prompts, services))
+            try:
+                verdict = await judge_task(task, prediction_of(traj, extract), settings, prompts, services)
+            except Exception as e:  # noqa: BLE001 - the workflow's own score stays; the judgement scores 0
+                log.warning("judging task %s failed: %s: %s", task.task_id, type(e).__name__, e)
+                verdict = {JUDGE_COLUMN: 0.0, "judge_error": 1.0, "judge_error_exception": 1.0}
+            score.metrics.update(verdict)
         return score
 
     return dataclasses.replace(spec, reward=reward, step_rewards=None)

@@ -168,3 +168,16 @@ def test_other_workflows_give_the_by_type_table(model, tmp_path, workflow):
     md = (out / "summary.md").read_text()
     assert "### By question type" in md and "| locomo | single-hop | 1 |" in md
     assert "| longmemeval_s | abstention | 1 |" in md and "longmemeval_judge" not in md  # no judge.url: no judge
+
+
+def test_judge_setting_mistakes_are_one_line_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("MEMRL_TEST_NO_SUCH_KEY", raising=False)
+    base = ["eval", "--model", str(tmp_path / "no_model"), "--out", str(tmp_path / "out"), str(LME),
+            "judge.url=http://127.0.0.1:9/v1", "judge.model=fake"]
+    assert main([*base, "judge.api_key_env=MEMRL_TEST_NO_SUCH_KEY"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "judge.api_key_env=MEMRL_TEST_NO_SUCH_KEY: that environment variable is not set" in err
+    (tmp_path / "prompts").mkdir()
+    assert main([*base, f"judge.prompts_dir={tmp_path / 'prompts'}"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "missing answer.txt, temporal.txt, update.txt, preference.txt, abstention.txt" in err
