@@ -10,7 +10,10 @@
   memrl eval --model MODEL_DIR --out runs/eval/over1m eval_12800.json --docs-from hotpot_dev_distractor_v1.json
 
 Eval files: MemAgent / ReMemR1 eval_{N}.json (index-only ones with --docs-from), MemAgent parquet,
-vime / slime JSONL, RULER (validation.jsonl or MemAgent's eval_<task>_<len>.json), memrl task files.
+vime / slime JSONL, RULER (validation.jsonl or MemAgent's eval_<task>_<len>.json), LongBench, LoCoMo
+(locomo10.json) and LongMemEval (longmemeval_s / _m / _oracle), memrl task files. Rows with a question type
+(LoCoMo, LongMemEval) add a by-type table to summary.md; `judge.url=... judge.model=...` has an LLM judge
+score LongMemEval's answers (docs/guides/conversational.md).
 
 Arguments with '=' are dotted overrides of memrl.eval.runner.EvalConfig, spelled as in `memrl train`:
 `workflow.<field>` sets the workflow's config (greedy decoding by default), `engine.*` the engine;

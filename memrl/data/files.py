@@ -156,16 +156,18 @@ def _records(path: str, fmt: str) -> Iterator[tuple[int, Any]]:
 
 def parse_records(
     path: str | os.PathLike[str],
-    parse: Callable[[Any, str], Task],
+    parse: Callable[[Any, str], Task | list[Task]],
     skip_bad: bool = False,
     limit: int | None = None,
     stats: ReadStats | None = None,
 ) -> list[Task]:
     """Tasks from every record of `path` via `parse(record, where)`; `where` names file and row for errors.
 
-    A malformed record raises DataError naming file, row and what is wrong; with skip_bad=True it is
-    skipped and the count (with the first reasons) is logged at WARNING level. Malformed includes a task
-    that can never be scored or whose id an earlier row used (memrl.data.checks).
+    `parse` returns one Task, or a list of them for a record holding several questions (a LoCoMo
+    conversation); `limit` counts tasks. A malformed record raises DataError naming file, row and what is
+    wrong; with skip_bad=True it is skipped (all its tasks) and the count (with the first reasons) is logged
+    at WARNING level. Malformed includes a task that can never be scored or whose id an earlier row used
+    (memrl.data.checks).
     """
     st = stats if stats is not None else ReadStats(str(path))
     tasks: list[Task] = []
@@ -181,11 +183,13 @@ def parse_records(
             problem = text_problem(rec)  # a lone surrogate would pass here and fail in a tokenizer later
             if problem:
                 raise DataError(f"{where}: {problem}")
-            task = parse(rec, where)
-            problem = gold_problem(task) or ids.problem(task.task_id, row)  # memrl.data.checks
-            if problem:
-                raise DataError(f"{where}: {problem}")
-            tasks.append(task)
+            parsed = parse(rec, where)
+            batch = parsed if isinstance(parsed, list) else [parsed]
+            for task in batch:
+                problem = gold_problem(task) or ids.problem(task.task_id, row)  # memrl.data.checks
+                if problem:
+                    raise DataError(f"{where}: {problem}")
+            tasks.extend(batch[: None if limit is None else limit - len(tasks)])
         except (DataError, DataModelError, KeyError, TypeError, ValueError, IndexError) as e:
             msg = str(e) if isinstance(e, DataError) else f"{where}: {type(e).__name__}: {e}"
             if not skip_bad:

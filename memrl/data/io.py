@@ -13,7 +13,9 @@ from collections.abc import Sequence
 
 from memrl.data import (
     hotpotqa,
+    locomo,
     longbench,
+    longmemeval,
     mem1_files,
     memagent_files,
     multiobjective,
@@ -67,6 +69,8 @@ def load_tasks(
         "mem1": mem1_files.load_mem1,
         "tasks": tasks_jsonl.load_task_file,
         "slime": slime.load_slime,
+        "locomo": locomo.load_locomo,
+        "longmemeval": longmemeval.load_longmemeval,
     }
     if kind in ("eval", "eval_index"):
         return memagent_files.load_eval_json(path, skip_bad=skip_bad, limit=limit, stats=stats, docs_from=docs_from)

@@ -9,7 +9,7 @@ from memrl.data.errors import DataError
 from memrl.data.files import first_record
 
 KINDS = ("hotpotqa", "2wiki", "eval", "eval_index", "memagent", "multiobjective", "mem1", "tasks", "slime", "ruler",
-         "longbench")
+         "longbench", "locomo", "longmemeval")
 KIND_NAMES = {
     "hotpotqa": "HotpotQA (original or HF layout)",
     "2wiki": "2WikiMultihopQA (original or HF layout)",
@@ -22,6 +22,9 @@ KIND_NAMES = {
     "slime": "vime / slime JSONL rows (prompt, label, metadata.context)",
     "ruler": "RULER rows (input, outputs; RULER's or MemAgent's layout)",
     "longbench": "LongBench / LongBench-E rows (input, context, answers, length, dataset, all_classes, _id)",
+    "locomo": "LoCoMo conversations (sample_id, conversation: speakers and dated sessions, qa: question, answer, "
+              "category)",
+    "longmemeval": "LongMemEval questions (question_id, question_type, question, answer, question_date, haystack_sessions)",
 }
 
 
@@ -47,6 +50,10 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
             if isinstance(gt, dict) and isinstance(gt.get("target"), list):
                 return "mem1"
             return "memagent"
+        if {"conversation", "qa"} <= keys:
+            return "locomo"
+        if {"question_id", "question_type", "haystack_sessions"} <= keys:
+            return "longmemeval"
         if {"input", "outputs"} <= keys:
             return "ruler"
         if {"input", "answers", "context", "length"} <= keys and ("all_classes" in keys or "_id" in keys):

@@ -22,7 +22,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 
 from memrl.errors import UserError
-from memrl.eval import evaluator
+from memrl.eval import by_type, evaluator
 from memrl.eval.runner import CONFIG_FILE, RESULTS_FILE, read_results
 from memrl.records import write_csv as write_rows_csv
 from memrl.workflows import ReportSection, format_counts, format_keys, get_workflow, report_sections
@@ -334,9 +334,10 @@ Sections = Sequence[tuple[ReportSection, Sequence[Any]]]
 def section_summaries(rows: Sequence[dict[str, Any]], run: str,
                       sections: Sections = ()) -> list[tuple[ReportSection, list[Any]]]:
     """`sections` with the summary of `rows` added where a known workflow's section claims them (every
-    built-in's and every spec's resolved in this process, memrl.workflows.report_sections)."""
+    built-in's and every spec's resolved in this process, memrl.workflows.report_sections), and the
+    by-question-type table when rows carry a question type (memrl.eval.by_type)."""
     out = [(sec, list(sums)) for sec, sums in sections]
-    for sec in report_sections():
+    for sec in (*report_sections(), by_type.SECTION):  # the workflows' own tables, then the by-type one
         s = sec.summarize(rows, run)
         if s is None:
             continue

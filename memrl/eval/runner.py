@@ -67,10 +67,11 @@ from memrl.engines.config import EngineConfig, HFSection
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.eval.evaluator import EngineRollout
 from memrl.eval.results_file import file_identity, read_results, row_key
+from memrl.eval.task_judge import JUDGE_COLUMN, TaskJudge, with_task_judge
 from memrl.model_files import weights_digest
 from memrl.model_open import model_config
 from memrl.records import segment_records
-from memrl.rewards.eval_metrics import get_metric
+from memrl.rewards.eval_metrics import get_metric, metric_value
 from memrl.rewards.extract import EXTRACT_MODES, extract_prediction
 from memrl.rewards.published_metrics import METRIC_RULES, published_qa_metrics, published_task_metric
 from memrl.rewards.qa import qa_metrics
@@ -153,6 +154,10 @@ class EvalConfig:
     length_buckets: list[int] = valid(default_factory=lambda: [4000, 8000], ge=1, le=MAX_TOKENS)
     """LongBench files: increasing upper bounds of the length buckets the report groups rows by (each row's
     N = its bucket's lower bound); [4000, 8000] = LongBench-E's 0-4k, 4-8k, 8k+."""
+    judge: TaskJudge = field(default_factory=TaskJudge)
+    """The LLM judge of tasks whose official score is a judge's (LongMemEval; memrl.eval.task_judge): with
+    `judge.url` (and judge.model) each such answer gets a `longmemeval_judge` verdict; no url = no judge
+    calls (the rule score is still reported)."""
     threads: ThreadsSection = field(default_factory=ThreadsSection)
     """CPU threads (memrl.threads): torch intra-op / inter-op, OpenMP wait policy; `memrl eval` and `memrl ask`
     apply them (recorded in eval_config.json as what was in effect)."""
@@ -283,10 +288,11 @@ def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: 
     name = task.meta.get("metric")
     if name:
         try:
-            fn = get_metric(str(name))
+            get_metric(str(name))
         except KeyError as e:
             raise UserError(f"task {task.task_id}: meta['metric']: {e.args[0]}") from e
-        m[str(name)] = published_task_metric(fn(pred, task.answers), pred, metric_rules)
+        value = metric_value(str(name), pred, task.answers, task.meta)
+        m[str(name)] = published_task_metric(value, pred, metric_rules)
     return pred, m
 
 
@@ -307,11 +313,14 @@ def result_row(
     memories = traj.info.get("memories")
     if memories is None:
         memories = [s.info["memory"] for s in traj.segments if s.info.get("kind") != "final" and "memory" in s.info]
+    # the question's type (LoCoMo's category name, LongMemEval's question_type): the report's by-type table
+    kinds = {k: task.meta[k] for k in ("question_type", "abstention") if task.meta.get(k) not in (None, False)}
     return {
         "task_id": task.task_id,
         "num_docs": num_docs,
         "dataset": dataset,
         "sample": sample,
+        **kinds,
         **(ident or {"file": Path(file).name}),
         "question": task.question,
         "answers": task.answers,
@@ -322,6 +331,7 @@ def result_row(
         "sub_em": m["sub_em"],
         "f1": m["f1"],
         **extra,
+        **({JUDGE_COLUMN: tm[JUDGE_COLUMN]} if JUDGE_COLUMN in tm else {}),
         "tokens_read": int(tm.get("tokens_read", tm.get("context_tokens", 0))),
         "context_tokens": int(tm.get("context_tokens", 0)),
         # MemAct rows also hold tool output; their own count is what the model generated
@@ -418,6 +428,8 @@ def evaluate(
     check_config(cfg)  # also when called with a config built in code, not by load_config
     out = writable_dir(out_dir, "--out")
     spec, wf_cfg = workflow_config(cfg)
+    if cfg.judge.url:
+        cfg.judge.api_key()  # a missing key variable: one line now, not a zero score per question later
     problem = retriever_problem(wf_cfg, spec.name)  # before any engine is built, not at the first search
     if problem:
         raise ConfigError(problem)
@@ -426,7 +438,8 @@ def evaluate(
               "name": cfg.name or out.resolve().name, "seed": cfg.seed, "samples": cfg.samples,
               "scoring": {"golds": cfg.golds, "extract": cfg.extract,
                           # only when set, so directories from before the option still resume
-                          **({"metric_rules": cfg.metric_rules} if cfg.metric_rules != "memrl" else {})}}
+                          **({"metric_rules": cfg.metric_rules} if cfg.metric_rules != "memrl" else {}),
+                          **({"judge": cfg.judge.record()} if cfg.judge.url else {})}}
     record["threads"] = in_effect()  # what this run ran with (not compared on resume)
     if cfg.strip_text:  # only when set, so directories from before the option still resume
         record["strip_text"] = True
@@ -479,6 +492,8 @@ def evaluate(
         with open(results_path, "a", encoding="utf-8") as fh:
             if rollout is None:
                 run_spec = dropping_failed_requests(spec) if cfg.failed_requests != "error" else spec
+                if cfg.judge.url:  # tasks scored by a judge (LongMemEval) get its verdict in the score stage
+                    run_spec = with_task_judge(run_spec, cfg.judge, cfg.extract)
                 rollout = EngineRollout(runtime.engine, run_spec, cfg.concurrency, runtime=runtime)
             tokenizer = getattr(rollout, "tokenizer", None) or getattr(engine, "tokenizer", None)
             rows += _run_all(todo, rollout, wf_cfg, cfg, fh, total, tokenizer)

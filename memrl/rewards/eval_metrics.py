@@ -13,26 +13,47 @@ every control character U+0000-U+001F becomes a newline, strip):
 - `string_match_part`: 1 if any reference is found, else 0 (RULER's qa tasks).
 
 RULER averages these over samples, x 100, rounded to 2 decimals; memrl reports the same mean unrounded.
+
+A metric registered with `uses_meta=True` is `fn(prediction, references, meta)`: it also reads the task's
+meta (its category or question type). The conversational benchmarks' are:
+
+- `locomo_f1`: LoCoMo's official QA score, category by category (memrl.rewards.locomo);
+- `longmemeval_rule`: memrl's rule score for LongMemEval, NOT the official one (that is an LLM judge's,
+  `longmemeval_judge`: memrl.rewards.longmemeval).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-EvalMetric = Callable[[str, Sequence[str]], float]
+from memrl.rewards import locomo, longmemeval
+
+EvalMetric = Callable[..., float]
 
 _METRICS: dict[str, EvalMetric] = {}
+_USES_META: set[str] = set()
 _CONTROL = re.compile(r"[\x00-\x1f]")
 
 
-def register_metric(name: str) -> Callable[[EvalMetric], EvalMetric]:
-    """Decorator: register `fn(prediction, references) -> float` as eval metric `name`."""
+def register_metric(name: str, uses_meta: bool = False) -> Callable[[EvalMetric], EvalMetric]:
+    """Decorator: register `fn(prediction, references) -> float` as eval metric `name` (with uses_meta:
+    `fn(prediction, references, meta)`, meta = the task's)."""
     def deco(fn: EvalMetric) -> EvalMetric:
         _METRICS[name] = fn
+        _USES_META.discard(name)
+        if uses_meta:
+            _USES_META.add(name)
         return fn
 
     return deco
+
+
+def metric_value(name: str, prediction: str, references: Sequence[str], meta: Mapping[str, Any]) -> float:
+    """Eval metric `name` of one prediction (KeyError for an unknown name, as get_metric)."""
+    fn = get_metric(name)
+    return fn(prediction, references, meta) if name in _USES_META else fn(prediction, references)
 
 
 def metric_names() -> list[str]:
@@ -70,3 +91,7 @@ def string_match_part(prediction: str, references: Sequence[str]) -> float:
     """1.0 when at least one reference occurs in the prediction (case-insensitive substring)."""
     pred = ruler_postprocess(prediction).lower()
     return float(any(r.lower() in pred for r in _refs(references)))
+
+
+register_metric("locomo_f1", uses_meta=True)(locomo.locomo_f1)
+register_metric("longmemeval_rule", uses_meta=True)(longmemeval.longmemeval_rule)

@@ -59,6 +59,7 @@ SHARED_NAMES: dict[str, str] = {
     "max_context_tokens": "the full-context baseline's window vs MemAct's working context vs MEM1's cut (0 = none)",
     "truncation": "a chunked workflow's document cut vs an SFT conversation's",
     "max_turn_tokens": "each multi-turn agent's own turn budget (MemAct 2048; MEM1's published 1000)",
+    "max_tokens": "a judge verdict's budget: memrl's rubric judges 8 vs LongMemEval's published 10 (memrl eval.judge)",
 }
 
 COMMAND_DIFFERENCES: dict[str, str] = {
