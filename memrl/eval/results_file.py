@@ -1,6 +1,6 @@
 """A `memrl eval` run's results.jsonl: reading it back after a kill (a half-written last line dropped,
-unreadable lines counted), and the key a row resumes by (the source file's digest, dataset, length, task,
-sample).
+unreadable lines counted), the key a row resumes by (the source file's digest, dataset, length, task,
+sample), and the digest of the weights its rows were answered with.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import logging
 import os
 from pathlib import Path
 from typing import Any
+
+from memrl.model_files import weights_digest
 
 log = logging.getLogger("memrl.eval.runner")
 
@@ -89,3 +91,12 @@ def row_key(row: dict[str, Any]) -> tuple[Any, ...]:
         return (row["file_sha256"], row.get("dataset", ""), int(row["num_docs"]), str(row["task_id"]),
                 int(row.get("sample", 0)))
     return ("legacy", row.get("file", ""), int(row["num_docs"]), str(row["task_id"]), int(row.get("sample", 0)))
+
+
+def weights_identity(model: str) -> str | None:
+    """The SHA-256 of the model directory's weight files (memrl.model_files.weights_digest), or None where
+    `model` is no directory holding any (a tokenizer directory of a served model)."""
+    p = Path(model) if model else None
+    if p is None or not p.is_dir() or not (any(p.glob("*.safetensors")) or any(p.glob("*.bin"))):
+        return None
+    return weights_digest(p)

@@ -66,9 +66,8 @@ from memrl.engines.base import FAILED_REQUEST_MODES, EngineError, SamplingParams
 from memrl.engines.config import EngineConfig, HFSection
 from memrl.errors import UserError, model_dir, writable_dir
 from memrl.eval.evaluator import EngineRollout
-from memrl.eval.results_file import file_identity, read_results, row_key
+from memrl.eval.results_file import file_identity, read_results, row_key, weights_identity
 from memrl.eval.task_judge import JUDGE_COLUMN, TaskJudge, with_task_judge
-from memrl.model_files import weights_digest
 from memrl.model_open import model_config
 from memrl.records import segment_records
 from memrl.rewards.eval_metrics import get_metric, metric_value
@@ -400,15 +399,6 @@ def _check_config(out: Path, record: dict[str, Any], wf_defaults: dict[str, Any]
     p.write_text(json.dumps(record, indent=1, default=str) + "\n")
 
 
-def _weights_identity(model: str) -> str | None:
-    """The SHA-256 of the model directory's weight files (memrl.model_files.weights_digest), or None where
-    `model` is no directory holding any (a tokenizer directory of a served model)."""
-    p = Path(model) if model else None
-    if p is None or not p.is_dir() or not (any(p.glob("*.safetensors")) or any(p.glob("*.bin"))):
-        return None
-    return weights_digest(p)
-
-
 def evaluate(
     files: Sequence[str | os.PathLike[str]],
     out_dir: str | os.PathLike[str],
@@ -446,7 +436,7 @@ def evaluate(
     if list(cfg.length_buckets) != [4000, 8000]:  # LongBench rows' N depends on it (the default stays unrecorded)
         record["length_buckets"] = list(cfg.length_buckets)
     if engine is None and rollout is None and runtime is None:  # the weights are read from engine.model
-        digest = _weights_identity(cfg.engine.model)
+        digest = weights_identity(cfg.engine.model)
         if digest is not None:  # compared on resume (the same path may hold other weights by then)
             record["weights_sha256"] = digest
     if cfg.docs_from:
