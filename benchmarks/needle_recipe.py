@@ -102,14 +102,17 @@ def sh(cmd: list[str]) -> None:
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}")
 
 
-def workflow(size: Size) -> list[str]:
-    """The workflow settings of SFT, RL and eval: the preset's (so all three read the same prompts and sizes)."""
+def workflow(size: Size, stage: str = "train") -> list[str]:
+    """The workflow settings of SFT, RL and eval: the preset's (so all three read the same prompts and sizes),
+    except that evaluation reads the whole document: the preset's max_chunks (8, MemAgent's training cap) is a
+    training setting, and an evaluation at 16K-128K capped at 8 chunks would read only their head and tail."""
     from memrl.config import load_config
     from memrl.training.config import TrainConfig
 
     wf = load_config(TrainConfig, [], preset=PRESET).workflow
-    keys = ("chunk_tokens", "max_chunks", "max_memory_tokens", "max_final_tokens")
-    return ["workflow=memagent", *(f"workflow.{k}={wf[k]}" for k in keys if k in wf), *size.workflow]
+    keys = ("chunk_tokens", "max_memory_tokens", "max_final_tokens") + (("max_chunks",) if stage == "train" else ())
+    uncapped = ["workflow.max_chunks=0"] if stage == "eval" else []
+    return ["workflow=memagent", *(f"workflow.{k}={wf[k]}" for k in keys if k in wf), *uncapped, *size.workflow]
 
 
 # ---------------------------------------------------------------------------------------------- stages
@@ -272,8 +275,8 @@ def evaluate(args: argparse.Namespace, out: Path) -> None:
     size = SIZES[args.size]
     files = [str(f) for n in split_rows(args) for f in ruler_files(out / args.split / str(n))]
     for name, (path, wf) in models(args, out).items():
-        settings = workflow(size) if wf == "memagent" else ["workflow=full_context",
-                                                            *(w for w in workflow(size) if "max_final_tokens" in w)]
+        settings = workflow(size, "eval") if wf == "memagent" else [
+            "workflow=full_context", *(w for w in workflow(size) if "max_final_tokens" in w)]
         for dec in size.decodings:
             sh([*MEMRL, "eval", "--model", str(path), "--out", str(out / eval_dir(args) / slug(name) / dec), "--no-progress",
                 *files, *settings, *ENGINE, *DECODING[dec]])

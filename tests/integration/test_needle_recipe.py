@@ -48,6 +48,10 @@ def test_the_smoke_size_runs_every_stage_and_resumes(tmp_path):
     assert [ln.split(" | ")[:4] for ln in table] == [
         ["| " + m, "greedy", str(n), "4"] for n in (1536, 2048) for m in ("zero-shot", "full context", "sft", "rl seed 0")]
     assert (out / "curve.png").is_file()
+    # evaluation reads the whole document: no training cap on the chunks (the RL run keeps the preset's 8)
+    evals = {p.parent.parent.name: json.loads(p.read_text()) for p in (out / "eval").glob("*/greedy/eval_config.json")}
+    assert sorted(evals) == ["full_context", "rl_seed_0", "sft", "zero-shot"]
+    assert [evals[m]["workflow_config"]["max_chunks"] for m in ("rl_seed_0", "sft", "zero-shot")] == [0, 0, 0]
 
     # a recorded held-out set that differs: refused in one line by the data stage
     bad = tmp_path / "record.json"
