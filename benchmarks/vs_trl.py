@@ -71,6 +71,14 @@ def build_prompts(args: argparse.Namespace, out: Path) -> Path:
     the model's chat template: prompts.jsonl (prompt text, answers) for TRL, train.json for memrl."""
     data = out / "data"
     if not (data / "eval_2.json").is_file():
+        if args.hotpot is None:  # the default: the file `memrl data fetch` keeps, looked up only when needed
+            from memrl.data.fetch import fetched_path  # noqa: PLC0415
+            from memrl.errors import UserError  # noqa: PLC0415
+
+            try:
+                args.hotpot = str(fetched_path("hotpotqa_dev_distractor"))
+            except UserError as e:
+                raise SystemExit(f"--hotpot: {e} (or pass --hotpot FILE)") from None
         sh([sys.executable, "-m", "memrl.cli", "data", "build", "--kind", "hotpotqa", "--source", str(args.hotpot),
             "--docs", "2", "--num-questions", str(args.steps * args.prompts), "--seed", "0", "--out", str(data)])
     from transformers import AutoTokenizer
@@ -271,14 +279,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="more `memrl train` overrides for the memrl side (the log's run at the defaults before "
                         "2026-11-28: engine.hf.kv_cache=padded trainer.prefix_sharing=never)")
     a = p.parse_args(argv)
-    if a.hotpot is None and a.side != "trl":  # the TRL side reads the prompts the memrl side built
-        from memrl.data.fetch import fetched_path  # noqa: PLC0415 - only for the default
-        from memrl.errors import UserError  # noqa: PLC0415
-
-        try:
-            a.hotpot = str(fetched_path("hotpotqa_dev_distractor"))
-        except UserError as e:
-            raise SystemExit(f"--hotpot: {e} (or pass --hotpot FILE)") from None
     if sorted(a.order.split(",")) != ["memrl", "trl"]:
         p.error("--order must name memrl and trl")
     return a

@@ -114,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
                           f"conversation file, or a task file with demonstrator.name=evidence), got {cfg.data.name!r}")
     evidence = cfg.demonstrator.name in ("evidence", "needle")
     if evidence and cfg.data.name != "file":
-        raise ConfigError(f"demonstrator.name={cfg.demonstrator.name} reads a task file: set data.name=file and "
+        kind = "HotpotQA / 2Wiki" if cfg.demonstrator.name == "evidence" else "RULER"
+        raise ConfigError(f"demonstrator.name={cfg.demonstrator.name} reads a {kind} task file: set data.name=file and "
                           "data.path")
     if cfg.demonstrator.name == "evidence" and not Path(cfg.demonstrator.source).is_file():
         raise ConfigError(f"demonstrator.source: {cfg.demonstrator.source!r} is not a file (demonstrator.name=evidence "

@@ -148,10 +148,6 @@ def ask(model: str | Path, text: str, question: str, workflow: str = DEFAULT_WOR
         raise UserError("the document is empty")
     check_overrides(overrides)
     cfg = load_config(EvalConfig, [f"engine.model={model}", f"workflow.name={workflow}", *overrides])
-    name = cfg.workflow.get("name")
-    if name not in ASK_WORKFLOWS:  # an override may name any workflow; ask runs those that read chunk by chunk
-        raise UsageError(f"workflow.name={name!r}: memrl ask runs {' or '.join(ASK_WORKFLOWS)} "
-                         "(choose with --workflow)")
     if apply_threads:
         set_threads(cfg.threads)
     spec, wf_cfg = workflow_config(cfg)

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from memrl.config import ConfigError
+from memrl.config import MAX_TOKENS, ConfigError, valid
 from memrl.data.longmemeval import JUDGE
 from memrl.rewards import longmemeval
 from memrl.rewards.extract import extract_prediction
@@ -39,7 +39,7 @@ class TaskJudge(JudgeSettings):
     its rubric and verdict tags are not used here: the prompt is per question type and the verdict is "yes"),
     with LongMemEval's published call: at most 10 tokens, temperature 0."""
 
-    max_tokens: int = 10
+    max_tokens: int = valid(10, ge=1, le=MAX_TOKENS)
     """Generation budget of one verdict (published: 10)."""
     prompts_dir: str = ""
     """A directory with the user's judge prompts, one text file per kind (answer.txt, temporal.txt,

@@ -289,7 +289,8 @@ def test_ask_with_a_workflow_it_does_not_run_names_the_ones_it_does(name, tiny_m
                  f"workflow.name={name}"])
     assert code == 2
     assert one_line(capsys.readouterr().err) == (
-        f"memrl ask: error: workflow.name={name!r}: memrl ask runs memagent or rememr1 (choose with --workflow)")
+        "memrl ask: error: override workflow.name=...: memrl ask takes the workflow from --workflow only "
+        "(memagent or rememr1); drop the override")
 
 
 # ------------------------------------------------------------------------------ 9: a full disk while fetching

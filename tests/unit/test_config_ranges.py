@@ -342,7 +342,9 @@ FREE_TEXT: dict[str, str] = {
     "VLLMConfig.model": "a path", "EvalConfig.name": "a run name", "EvalConfig.docs_from": "a path",
     "JudgeSettings.url": "a URL", "JudgeSettings.model": "a model name", "JudgeSettings.api_key_env": "a variable",
     "JudgeSettings.rubric_file": "a path", "JudgeSettings.correct_tag": "text", "JudgeSettings.partial_tag": "text",
-    "JudgeSettings.incorrect_tag": "text", "DataSection.path": "a path", "DataSection.docs_from": "a path",
+    "JudgeSettings.incorrect_tag": "text", **{f"TaskJudge.{k}": "inherited declaration in JudgeSettings" for k in (
+        "url", "model", "api_key_env", "rubric_file", "correct_tag", "partial_tag", "incorrect_tag")},
+    "TaskJudge.prompts_dir": "a path", "DataSection.path": "a path", "DataSection.docs_from": "a path",
     "DataSection.task_key": "a Task.meta key", "GRPOOptions.task_key": "a Task.meta key",
     "InfoMemOptions.answer_template": "text with {answer}, checked by InfoMemOptions",
     "ModelSection.path": "a path", "ModelSection.device": "a torch device string, parsed by ModelSection.check",
