@@ -36,12 +36,13 @@ import argparse
 import hashlib
 import json
 import lzma
-import math
 import statistics
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from real_model_rl import mean_se  # one mean ± SE cell for the real-model pages (benchmarks/ on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMRL = [sys.executable, "-m", "memrl.cli"]
@@ -323,14 +324,6 @@ def scores(run: Path) -> dict[int, dict[str, dict[str, float]]]:
             r = json.loads(line)
             out.setdefault(int(r["num_docs"]), {})[f"{r.get('dataset')}#{r['task_id']}"] = row_scores(r)
     return out
-
-
-def mean_se(xs: list[float]) -> str:
-    xs = [x for x in xs if x == x]
-    if not xs:
-        return "-"
-    se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
-    return f"{statistics.mean(xs):.1f} ± {se:.1f}"
 
 
 def paired(run: dict[str, dict[str, float]], base: dict[str, dict[str, float]]) -> list[float]:

@@ -22,6 +22,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from cli_startup import cpu_name  # noqa: E402  (the benchmarks' CPU line)
 
 
 def rows(vocab: int, scale: float, seed: int) -> list:
@@ -87,16 +90,6 @@ def main(argv: list[str] | None = None) -> None:
             print(f"| {i} | {kind} | {gn:.3g} | " + " | ".join(cells) + " |")
         print(f"\nweights moved over the {args.zero} zero-gradient steps (sum of L2): take {total['take']:.4g}, "
               f"skip {total['skip']:.4g}")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":
