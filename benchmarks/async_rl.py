@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from memrl.eval.stats import cell, recorded
+
 ROOT = Path(__file__).resolve().parents[1]
 
 MODES = {
@@ -149,7 +151,7 @@ def table(rows: list[dict]) -> str:
                  fmt(r["mismatch_kl_k3"], ".1e"), fmt(r["staleness_mean"], ".2f"), fmt(r["partial_trajectories"], ".0f")]
         for n in lengths:
             h = r["heldout"][n]
-            cells.append(" / ".join(f"{h[m]['accuracy']:.1f} ± {h[m]['se']:.1f}" if m in h else "-"
+            cells.append(" / ".join(cell(recorded(h[m]["accuracy"], h[m]["se"])) if m in h else "-"
                                     for m in ("greedy", "sampled")))
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)

@@ -52,14 +52,14 @@ discarded, turns, branches, summaries per task, and the runs stopped by the budg
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memrl.eval.stats import cell, stat
 from memrl.recipes.context import RECIPE
-from memrl.recipes.seeds import cells, fmt_se, mean_se, paired
+from memrl.recipes.seeds import cells, paired
 from memrl.recipes.seeds import trained_runs as seed_runs
 
 HELDOUT_SEED = 901
@@ -96,16 +96,13 @@ def run_method(method: Method, tasks: list[Any], tokenizer: Any, budget: int, ma
     return [g.trajectories[0] for g in groups]
 
 
-def summarize_rows(trajs: list[Any]) -> dict[str, float]:
+def summarize_rows(trajs: list[Any]) -> dict[str, Any]:
     n = len(trajs)
-    acc = [float(t.reward or 0.0) for t in trajs]
-    mean = sum(acc) / n
-    se = math.sqrt(sum((a - mean) ** 2 for a in acc) / (n - 1) / n) if n > 1 else 0.0
 
     def avg(key: str) -> float:
         return sum(t.metrics.get(key, 0.0) for t in trajs) / n
 
-    return {"accuracy": mean, "se": se, "peak": avg("peak_context_tokens"), "mean_ctx": avg("mean_context_tokens"),
+    return {"accuracy": stat(float(t.reward or 0.0) for t in trajs), "peak": avg("peak_context_tokens"), "mean_ctx": avg("mean_context_tokens"),
             "discarded": avg("tokens_discarded"), "turns": avg("turns"), "branches": avg("branches"),
             "summaries": avg("summaries"), "over_budget": avg("stop_context_budget"), "n": float(n)}
 
@@ -118,7 +115,7 @@ def table(rows: list[tuple[str, dict[str, float]]], budget: int) -> str:
     for name, r in rows:
         share = f"{100 * r['peak'] / base:.0f}%" if base else "-"
         b = "none" if name == "react (unbounded)" else str(budget)
-        lines.append(f"| {name} | {b} | {100 * r['accuracy']:.1f} +- {100 * r['se']:.1f} | {r['peak']:.0f} | {share} "
+        lines.append(f"| {name} | {b} | {cell(r['accuracy'], scale=100)} | {r['peak']:.0f} | {share} "
                      f"| {r['mean_ctx']:.0f} | {r['discarded']:.0f} | {r['turns']:.1f} | {r['branches']:.2f} "
                      f"| {r['summaries']:.2f} | {100 * r['over_budget']:.0f}% |")
     return "\n".join(lines)
@@ -145,13 +142,13 @@ def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dic
         raise SystemExit(f"--trained: runs evaluated different numbers of held-out tasks: {sorted(tasks)}")
     for method, rs in runs.items():
         entry: dict[str, Any] = {"seeds": [d.name for d, _ in rs], "eval_tasks": rs[0][1]["budget"]["eval_tasks"],
-                                 "budget": mean_se([float(r["budget"]["max_context_tokens"]) for _, r in rs])}
-        agg_m = cells(RECIPE, rs, TRAINED_FIELDS, mean_se)  # the seed sweep's aggregation: decoding -> "all" -> cells
+                                 "budget": stat([float(r["budget"]["max_context_tokens"]) for _, r in rs])}
+        agg_m = cells(RECIPE, rs, TRAINED_FIELDS)  # the seed sweep's aggregation: decoding -> "all" -> cells
         for policy in ("sft", "rl"):
             entry[policy] = {}
             for mode in ("greedy", "sampled"):
                 row = {f: agg_m[mode]["all"][f"{policy}_{f}"] for f in TRAINED_FIELDS}
-                row["vs_unbounded"] = mean_se([r[policy][mode]["peak_context_tokens"]
+                row["vs_unbounded"] = stat([r[policy][mode]["peak_context_tokens"]
                                                / r["reference"]["react_unbounded"]["peak_context_tokens"] for _, r in rs])
                 entry[policy][mode] = row
         agg[method] = entry
@@ -167,11 +164,11 @@ def trained_table(agg: dict[str, Any]) -> str:
         for method, e in agg.items():
             for policy, label in (("sft", "SFT"), ("rl", "SFT + RL")):
                 r = e[policy][mode]
-                lines.append(f"| {method} | {label} | {len(e['seeds'])} | {fmt_se(r['accuracy'])} "
-                             f"| {fmt_se(r['peak_context_tokens'], 0)} | {fmt_se(r['vs_unbounded'], 0, scale=100)}% "
-                             f"| {fmt_se(r['mean_context_tokens'], digits=0)} | {fmt_se(r['tokens_discarded'], digits=0)} "
-                             f"| {fmt_se(r['turns'])} | {fmt_se(r['branches'], digits=2)} | {fmt_se(r['summaries'], digits=2)} "
-                             f"| {fmt_se(r['stopped_by_budget'], digits=0)}% |")
+                lines.append(f"| {method} | {label} | {len(e['seeds'])} | {cell(r['accuracy'])} "
+                             f"| {cell(r['peak_context_tokens'], 0)} | {cell(r['vs_unbounded'], 0, scale=100)}% "
+                             f"| {cell(r['mean_context_tokens'], digits=0)} | {cell(r['tokens_discarded'], digits=0)} "
+                             f"| {cell(r['turns'])} | {cell(r['branches'], digits=2)} | {cell(r['summaries'], digits=2)} "
+                             f"| {cell(r['stopped_by_budget'], digits=0)}% |")
         lines.append("")
     return "\n".join(lines)
 
@@ -193,7 +190,7 @@ def process_reward_ablation(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) 
     out: dict[str, Any] = {"seeds": [k for k, _, _ in pairs]}
     no_process = {d.name: r for d, r in runs["fold_no_process"]}
     for mode in ("greedy", "sampled"):
-        out[mode] = {f: mean_se(paired({k: on for k, on, _ in pairs}, no_process,
+        out[mode] = {f: stat(paired({k: on for k, on, _ in pairs}, no_process,
                                        lambda on, off, m=mode, f=f: on["rl"][m][f] - off["rl"][m][f]))
                      for f in ("accuracy", "peak_context_tokens", "turns", "branches", "stopped_by_budget")}
     return out
@@ -204,10 +201,10 @@ def ablation_lines(abl: dict[str, Any]) -> list[str]:
              f"seed: {', '.join(abl['seeds'])}):", ""]
     for mode in ("greedy", "sampled"):
         r = abl[mode]
-        lines.append(f"- {mode}: accuracy {fmt_se(r['accuracy'], sign=True)} points, peak context "
-                     f"{fmt_se(r['peak_context_tokens'], digits=0, sign=True)} tokens, turns {fmt_se(r['turns'], sign=True)}, "
-                     f"branches {fmt_se(r['branches'], digits=2, sign=True)}, stopped by the budget "
-                     f"{fmt_se(r['stopped_by_budget'], digits=0, sign=True)} points")
+        lines.append(f"- {mode}: accuracy {cell(r['accuracy'], sign=True)} points, peak context "
+                     f"{cell(r['peak_context_tokens'], digits=0, sign=True)} tokens, turns {cell(r['turns'], sign=True)}, "
+                     f"branches {cell(r['branches'], digits=2, sign=True)}, stopped by the budget "
+                     f"{cell(r['stopped_by_budget'], digits=0, sign=True)} points")
     return lines + [""]
 
 
@@ -217,9 +214,9 @@ def main_trained(root: Path) -> int:
         raise SystemExit(f"--trained: no finished run under {root}/<method>/seed<k>/results.json "
                          f"(methods {', '.join(TRAINED_METHODS)})")
     agg = trained_aggregate(runs)
-    budgets = ", ".join(f"{m} {fmt_se(e['budget'], digits=0)}" for m, e in agg.items())
+    budgets = ", ".join(f"{m} {cell(e['budget'], digits=0)}" for m, e in agg.items())
     print(f"context management, trained (memrl demo --agent context): {next(iter(agg.values()))['eval_tasks']} "
-          f"held-out tasks; mean +- SE over training seeds; budgets (tokens of each run's tokenizer): {budgets}")
+          f"held-out tasks; mean ± SE over training seeds; budgets (tokens of each run's tokenizer): {budgets}")
     print(trained_table(agg))
     abl = process_reward_ablation(runs)
     if abl is not None:

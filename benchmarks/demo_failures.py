@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from memrl.eval.stats import cell, recorded
+
 
 def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -63,7 +65,7 @@ def main() -> int:
     print("| policy | acc % | loss rate / rewrite % | capture % | " + " | ".join(EVENTS) + " |")
     print("|---|---:|---:|---:|" + "---:|" * len(EVENTS))
     for path, res, c in rows:
-        print(f"| {path} | {res.accuracy:.1f} ± {res.se:.1f} | {100 * c.loss_rate:.2f} | {100 * c.capture_rate:.1f} | "
+        print(f"| {path} | {cell(recorded(res.accuracy, res.se))} | {100 * c.loss_rate:.2f} | {100 * c.capture_rate:.1f} | "
               + " | ".join(str(c.events[e]) for e in EVENTS) + " |")
     for path, _, c in rows:
         print(f"\n{path}: examples (previous memory | section | new memory)")

@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from memrl.eval.stats import cell, stat
 from memrl.recipes.infmem import RECIPE
-from memrl.recipes.seeds import cells, fmt_se, mean_se, paired
+from memrl.recipes.seeds import cells, paired
 from memrl.recipes.seeds import trained_runs as seed_runs
 
 METHODS = ("infmem", "memagent")
@@ -51,7 +52,7 @@ def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> lis
     rows = []
     base = {d.name: r for d, r in runs.get("memagent", [])}
     for method, rs in runs.items():
-        agg = cells(RECIPE, rs, FIELDS, mean_se)  # the seed sweep's aggregation: decoding -> length -> cells
+        agg = cells(RECIPE, rs, FIELDS)  # the seed sweep's aggregation: decoding -> length -> cells
         for policy in ("sft", "rl"):
             for mode in ("greedy", "sampled"):
                 for n in rs[0][1]["lengths"]:
@@ -60,7 +61,7 @@ def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> lis
                     row.update({f: agg[mode][str(n)][f"{policy}_{f}"] for f in FIELDS})
                     calls = paired({d.name: r for d, r in rs}, base, lambda r, m, k=(policy, str(n), mode):
                                    100.0 * (_calls(r, *k) / _calls(m, *k) - 1.0))
-                    row["vs_memagent"] = mean_se(calls) if calls else None
+                    row["vs_memagent"] = stat(calls) if calls else None
                     rows.append(row)
     return rows
 
@@ -71,8 +72,8 @@ def trained_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         label = "SFT" if r["policy"] == "sft" else "SFT + RL"
         lines.append(f"| {r['method']} | {label} | {r['decoding']} | {r['length']} | {r['seeds']} "
-                     f"| {fmt_se(r['accuracy'])} | {fmt_se(r['model_calls'], 2)} | {fmt_se(r['chunks_read'], 2)} "
-                     f"| {fmt_se(r['vs_memagent'], 1, sign=True)} |")
+                     f"| {cell(r['accuracy'])} | {cell(r['model_calls'], 2)} | {cell(r['chunks_read'], 2)} "
+                     f"| {cell(r['vs_memagent'], 1, sign=True)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"(method: {', '.join(METHODS)})")
     first = next(iter(runs.values()))[0][1]
     print(f"InfMem vs MemAgent, trained (memrl demo --agent infmem): {first['eval_tasks']} held-out tasks per length, "
-          f"training length {first['train_chunks']} chunks; mean +- SE over training seeds\n")
+          f"training length {first['train_chunks']} chunks; mean ± SE over training seeds\n")
     print(trained_table(trained_aggregate(runs)), end="")
     return 0
 

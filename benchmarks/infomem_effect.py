@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memrl.recipes.seeds import arm_cells, fmt_se, mean_se, paired
+from memrl.eval.stats import cell, stat
+from memrl.recipes.seeds import arm_cells, paired
 
 ARMS = {"sft": "train.algorithm.model_reward=none", "outcome": "train.algorithm.model_reward=none",
         "infomem": "train.algorithm.model_reward=infomem"}
@@ -96,8 +97,8 @@ def aggregate(out: Path, src: Path | None) -> str:
     modes = ("greedy", "sampled")
     acc = arm_cells([{a: {mode: {str(n): by[a][s]["rl"][str(n)][mode] for n in lengths} for mode in modes}
                       for a in arms if s in by[a]} for s in sorted({s for a in arms for s in by[a]})],
-                    ("accuracy",), mean_se)
-    lines = [f"SFT+RL on the demo's held-out tasks, accuracy % (mean +- s.e. over seeds "
+                    ("accuracy",))
+    lines = [f"SFT+RL on the demo's held-out tasks, accuracy % (mean ± s.e. over seeds "
              f"{', '.join(f'{a}: {sorted(by[a])}' for a in arms)})", "",
              "| arm | length | greedy | sampled | RL s | model-scored reward s |", "|---|---:|---:|---:|---:|---:|"]
     sft = json.loads((src / "results.json").read_text())["stages"]["sft"] if src and "sft" not in arms and \
@@ -107,17 +108,17 @@ def aggregate(out: Path, src: Path | None) -> str:
             lines.append(f"| SFT (start, from --from) | {n} | {sft[str(n)]['greedy']['accuracy']:.1f} | "
                          f"{sft[str(n)]['sampled']['accuracy']:.1f} | | |")
         for a in arms:
-            cell = {mode: fmt_se(acc[mode][str(n)][f"{a}_accuracy"], bare=True) for mode in modes}
-            lines.append(f"| {a} | {n} | {cell['greedy']} | {cell['sampled']} | "
-                         f"{mean_se([r['rl_s'] for r in by[a].values()])[0]:.0f} | "
-                         f"{mean_se([r['model_reward_s'] for r in by[a].values()])[0]:.1f} |")
+            text = {mode: cell(acc[mode][str(n)][f"{a}_accuracy"], bare=True) for mode in modes}
+            lines.append(f"| {a} | {n} | {text['greedy']} | {text['sampled']} | "
+                         f"{stat([r['rl_s'] for r in by[a].values()])['mean']:.0f} | "
+                         f"{stat([r['model_reward_s'] for r in by[a].values()])['mean']:.1f} |")
     if {"outcome", "infomem"} <= set(arms):
         both = sorted(set(by["outcome"]) & set(by["infomem"]))
         lines += ["", f"paired difference infomem - outcome over seeds {both}, percentage points:", "",
                   "| length | greedy | sampled |", "|---:|---:|---:|"]
         infomem = {s: by["infomem"][s] for s in both}
         for n in lengths:
-            d = [fmt_se(mean_se(paired(infomem, by["outcome"], lambda i, o, k=str(n), m=mode: i["rl"][k][m]["accuracy"]
+            d = [cell(stat(paired(infomem, by["outcome"], lambda i, o, k=str(n), m=mode: i["rl"][k][m]["accuracy"]
                                        - o["rl"][k][m]["accuracy"])), bare=True) for mode in modes] if both else []
             lines.append(f"| {n} | {d[0]} | {d[1]} |" if both else f"| {n} | | |")
     lines += ["", "per seed (greedy / sampled at each length):", ""]

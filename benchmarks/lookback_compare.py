@@ -35,7 +35,8 @@ MODES = ("greedy", "sampled")
 def compare(sweeps: dict[str, dict], lengths: list[str]) -> dict:
     """{"seeds", "runs": {row: {mode: {"em": {N: cell}, "recall_rate", "callback_hit_rate"}}}, "gaps", "goals"}
     from each arm's seeds_results.json (`sweeps`: arm -> its one capability's entry)."""
-    from memrl.recipes.tables import EMPTY, cell_of, mean_sd
+    from memrl.eval.stats import EMPTY, stat
+    from memrl.recipes.tables import cell_of
 
     seeds = {arm: e["seeds"] for arm, e in sweeps.items()}
     if len({tuple(s) for s in seeds.values()}) > 1:
@@ -54,7 +55,7 @@ def compare(sweeps: dict[str, dict], lengths: list[str]) -> dict:
         ca, cb = (out["runs"].get(r, {}).get(mode, {}).get("em", {}).get(n, EMPTY) for r in (a, b))
         if not ca["n"] or ca["n"] != cb["n"]:
             return None
-        return mean_sd([x - y for x, y in zip(ca["values"], cb["values"], strict=True)])
+        return stat([x - y for x, y in zip(ca["values"], cb["values"], strict=True)])
 
     for mode in MODES:
         g = {}
@@ -80,10 +81,10 @@ def compare(sweeps: dict[str, dict], lengths: list[str]) -> dict:
 
 
 def _fmt(c: dict | None, digits: int = 1, sign: bool = False) -> str:
-    """memrl.recipes.tables.fmt, with "n/a" for a cell no seed had (no recalls, a missing run)."""
-    from memrl.recipes.tables import fmt
+    """memrl.eval.stats.cell (mean ± sd), with "n/a" for a cell no seed had (no recalls, a missing run)."""
+    from memrl.eval.stats import cell
 
-    return "n/a" if c is None or c["mean"] is None else fmt(c, sign=sign, digits=digits)
+    return "n/a" if c is None or c["mean"] is None else cell(c, digits, sign, spread="sd")
 
 
 def markdown(agg: dict, lengths: list[str], command: str = "") -> str:

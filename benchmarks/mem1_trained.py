@@ -27,8 +27,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from memrl.eval.stats import cell, stat
 from memrl.recipes.mem1 import RECIPE
-from memrl.recipes.seeds import cells, fmt_se, mean_se
+from memrl.recipes.seeds import cells
 from memrl.recipes.seeds import trained_runs as seed_runs
 
 METHODS = ("mem1", "full_history")
@@ -70,14 +71,14 @@ def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dic
         entry: dict[str, Any] = {"seeds": [d.name for d, _ in rs], "objectives": ks,
                                  "eval_tasks": rs[0][1]["eval_tasks"],
                                  "train_objectives": rs[0][1].get("train_objectives")}
-        agg_k = cells(RECIPE, rs, FIELDS, mean_se)  # the seed sweep's aggregation: decoding -> k -> cells
+        agg_k = cells(RECIPE, rs, FIELDS)  # the seed sweep's aggregation: decoding -> k -> cells
         for policy in ("sft", "rl"):
             entry[policy] = {}
             for mode in ("greedy", "sampled"):
                 by_k = {k: {f: agg_k[mode][k][f"{policy}_{f}"] for f in FIELDS} for k in ks}
-                growth = mean_se([r[policy][mode][ks[-1]]["peak_context_tokens"]
+                growth = stat([r[policy][mode][ks[-1]]["peak_context_tokens"]
                                   / r[policy][mode][ks[0]]["peak_context_tokens"] for _, r in rs])
-                slopes = mean_se([slope([float(k) for k in ks], [float(r[policy][mode][k]["peak_context_tokens"])
+                slopes = stat([slope([float(k) for k in ks], [float(r[policy][mode][k]["peak_context_tokens"])
                                                                   for k in ks]) for _, r in rs])
                 entry[policy][mode] = {"k": by_k, "growth": growth, "slope": slopes}
         agg[method] = entry
@@ -95,12 +96,12 @@ def trained_table(agg: dict[str, Any]) -> str:
                 r = e[policy][mode]
                 for k in e["objectives"]:
                     c = r["k"][k]
-                    lines.append(f"| {method} | {label} | {mode} | {len(e['seeds'])} | {k} | {fmt_se(c['accuracy'])} "
-                                 f"| {fmt_se(c['objective_accuracy'])} | {fmt_se(c['peak_context_tokens'], 0)} |")
-                growth.append(f"| {method} | {label} | {mode} | {fmt_se(r['growth'], 2)} | {fmt_se(r['slope'])} |")
+                    lines.append(f"| {method} | {label} | {mode} | {len(e['seeds'])} | {k} | {cell(c['accuracy'])} "
+                                 f"| {cell(c['objective_accuracy'])} | {cell(c['peak_context_tokens'], 0)} |")
+                growth.append(f"| {method} | {label} | {mode} | {cell(r['growth'], 2)} | {cell(r['slope'])} |")
     ks = next(iter(agg.values()))["objectives"]
     return "\n".join(lines) + f"\n\nPeak context at {ks[-1]} objectives / at {ks[0]}, and its least-squares slope over " \
-        f"k = {', '.join(ks)} (per seed, then mean +- SE):\n\n" + "\n".join(growth) + "\n"
+        f"k = {', '.join(ks)} (per seed, then mean ± SE):\n\n" + "\n".join(growth) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         e = next(iter(agg.values()))
         print(f"MEM1 vs full history, trained (memrl demo --agent mem1) on {e['train_objectives']} objectives: "
-              f"{e['eval_tasks']} held-out tasks per objective count; mean +- SE over training seeds")
+              f"{e['eval_tasks']} held-out tasks per objective count; mean ± SE over training seeds")
         print(trained_table(agg))
     return 0
 

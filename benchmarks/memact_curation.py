@@ -172,8 +172,8 @@ def aggregate(results: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
     seeds) within one standard error (memrl.recipes.seeds.diff_se of the runs' standard errors over tasks: that
     of the seed-mean difference) and mean working context >= 30% shorter (1 - dcpo / withheld, seed means).
     Only seeds with both arms count; every run must have evaluated the same tasks."""
+    from memrl.eval.stats import EMPTY
     from memrl.recipes.seeds import arm_cells, diff_se
-    from memrl.recipes.tables import EMPTY
 
     seeds = sorted(s for s, arms in results.items() if all(a in arms for a in ARMS))
     shas = {r["heldout_sha256"] for s in seeds for r in results[s].values()}

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from memrl.eval.stats import cell, stat
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = ["workflow.chunk_tokens=512", "workflow.max_memory_tokens=96", "workflow.max_final_tokens=32"]
@@ -159,11 +160,8 @@ def score(run: Path) -> dict[int, dict[str, list[float]]]:
 
 
 def mean_se(xs: list[float]) -> str:
-    xs = [x for x in xs if x == x]
-    if not xs:
-        return "-"
-    se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
-    return f"{statistics.mean(xs):.1f} ± {se:.1f}"
+    """The table's cell of `xs` without its nans (a metric a row lacks): memrl.eval.stats' mean ± SE."""
+    return cell(stat(x for x in xs if x == x))
 
 
 def paired(run: Path, base: Path, n_docs: int) -> list[float]:

@@ -129,9 +129,9 @@ def aggregate(base: Path, dest: Path) -> None:
             out = root / "native" / f"seed{seed}"
             (out / "data").mkdir(parents=True)
             (out / "results.json").write_text(json.dumps(value), encoding="utf-8")
-            held = base / name / "data" / "heldout_tasks.jsonl"
-            if held.is_file():
-                shutil.copy(held, out / "data" / "heldout_tasks.jsonl")
+            for held in [base / name / "data" / "heldout_tasks.jsonl", *(base / name / "data").glob("eval_*.json")]:
+                if held.is_file():  # the held-out files the method's fingerprint reads (lookback: eval_<N>.json)
+                    shutil.copy(held, out / "data" / held.name)
             runs.append(seeds.Run(seed, "native", out, ()))
         agg = seeds.aggregate(agent, runs)
         text = seeds.markdown(agg).replace(str(root), "<ROOT>")

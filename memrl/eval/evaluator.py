@@ -8,7 +8,7 @@ Three pieces:
   `memrl.workflows.rollouts.trajectory_rng(seed, task_id, first_sample + k)`. `EngineRollout` is the default
   (today's `memrl.workflows.rollouts.rollout` over one engine); a run-scoped runtime can stand in for it.
 - **statistics over tasks**: each task's mean score over its samples is one observation; the accuracy is
-  their mean and its standard error `mean_and_se` = std(task means, ddof 1) / sqrt(tasks) (the k samples
+  their mean and its standard error `mean_and_se` (memrl.eval.stats.stat: std(task means, ddof 1) / sqrt(tasks); the k samples
   of one task share the task, so k x tasks observations would understate it). pass@k likewise over each
   task's best sample. `memrl.eval.report` (mean@k, pass@k of results.jsonl rows) calls the same functions.
 - **one evaluation**: `evaluate_tasks` (one task set, one decoding) and `evaluate_policy` (greedy and
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from memrl.engines import build_engine, engine_kind
+from memrl.eval.stats import stat
 from memrl.runtime import RolloutRuntime
 from memrl.types import Group, Task, Trajectory
 from memrl.workflows.rollouts import takes_services, trajectory_rng
@@ -37,22 +38,14 @@ from memrl.workflows.rollouts import takes_services, trajectory_rng
 
 
 def mean_and_se(per_task: Sequence[float], ddof: int = 1) -> tuple[float, float]:
-    """(mean, standard error of the mean) of per-task values; SE = sqrt(sum of squared deviations /
-    (n - ddof) / n): ddof 1 = the sample standard deviation (every evaluation here), ddof 0 = the population
-    one, for 0/1 values the binomial sqrt(p (1 - p) / n), computed in that closed form (the MemAct demo's
-    published table). 0 for one task."""
-    n = len(per_task)
-    if n == 0:
+    """(mean, standard error of the mean) of per-task values for an evaluation's record: memrl.eval.stats.stat's
+    (ddof 1: the sample standard deviation, every evaluation here; ddof 0 over 0/1 values: the binomial
+    sqrt(p (1 - p) / n), the MemAct demo's published table); the SE of one task is recorded as 0.0 (the stats
+    module's n = 1 rule). Fails on no tasks."""
+    if not per_task:
         raise ValueError("mean_and_se: no tasks")
-    if ddof not in (0, 1):
-        raise ValueError(f"mean_and_se: ddof must be 0 or 1, got {ddof}")
-    mean = sum(per_task) / n
-    if n == 1:
-        return mean, 0.0
-    if ddof == 0 and all(x in (0.0, 1.0) for x in per_task):  # 0/1 values: the binomial closed form
-        return mean, math.sqrt(mean * (1 - mean) / n)
-    var = sum((x - mean) ** 2 for x in per_task) / (n - ddof)
-    return mean, math.sqrt(var / n)
+    s = stat(per_task, ddof)
+    return s["mean"], 0.0 if s["se"] is None else s["se"]
 
 
 def task_means(scores_by_task: Iterable[Sequence[float]]) -> list[float]:

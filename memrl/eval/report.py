@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt
 from memrl.errors import UserError
 from memrl.eval import by_type, evaluator
 from memrl.eval.runner import CONFIG_FILE, RESULTS_FILE, read_results
+from memrl.eval.stats import cell, recorded
 from memrl.records import write_csv as write_rows_csv
 from memrl.workflows import ReportSection, format_counts, format_keys, get_workflow, report_sections
 
@@ -265,8 +266,8 @@ def markdown_table(summaries: Sequence[LengthSummary]) -> str:
         cells = "".join("- | " if getattr(s, k) is None else f"{getattr(s, k):.2f} | " for k in extra)
         if sampled:
             cells += f"{s.samples} | " + ("- | - | " if s.mean_at_k is None else
-                                          f"{s.mean_at_k:.2f} ± {s.mean_at_k_se:.2f} | "
-                                          f"{s.pass_at_k:.2f} ± {s.pass_at_k_se:.2f} | ")
+                                          f"{cell(recorded(s.mean_at_k, s.mean_at_k_se), 2)} | "
+                                          f"{cell(recorded(s.pass_at_k, s.pass_at_k_se), 2)} | ")
         lines.append(
             f"| {s.run} |{ds} {s.num_docs} | {s.questions} | {s.em:.2f} | {s.accuracy:.2f} | {s.f1:.2f} | {cells}"
             f"{s.mean_context_tokens:.0f} | {s.mean_tokens_read:.0f} | {s.mean_generated_tokens:.1f} "

@@ -14,8 +14,9 @@ is cut off and that question re-run; any other unreadable line (invalid JSON, no
 counted and named in one warning, left in place, and its question re-run. The run's record (eval_config.json)
 holds the SHA-256 of engine.model's weight files (`weights_sha256`): a resume onto other weights at the same
 path (a `checkpoints/latest` that training moved since) is refused, since it would mix two models' rows.
-Row metrics use memrl.rewards.qa on the boxed prediction: em, sub_em (MemAgent's "accuracy"), f1; a MemAct
-row (multi-question reward metrics present) has em = sub_em = all sub-questions right, f1 = their mean F1.
+Row metrics use memrl.rewards.qa on the boxed prediction: em, sub_em (MemAgent's "accuracy"), f1; a workflow
+that declares its own row columns (WorkflowSpec.row_columns) gives the values of those it names (a
+multi-question trajectory scores itself) and adds the others.
 Scoring (`golds`, `extract`; docs/guides/eval_scoring.md): the prediction is the last \\boxed{} (extract=boxed),
 the text after the last "the answer is" (answer_is, MemAgent's protocol) or the whole final text (raw),
 scored against the best of all gold answers (golds=any) or answers[0] only (golds=first, as the public
@@ -42,7 +43,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -273,12 +274,13 @@ def load_eval_file(path: str | os.PathLike[str], cfg: EvalConfig) -> EvalFile:
 
 
 def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: str = "boxed",
-                     metric_rules: str = "memrl") -> tuple[str, dict[str, float]]:
+                     metric_rules: str = "memrl", final_answer: bool = False) -> tuple[str, dict[str, float]]:
     """(prediction, metrics) of a finished question: em / sub_em / f1 of the prediction `extract` reads,
     against all gold answers (golds=any, best of them) or answers[0] (first); plus the eval metric the
-    task's meta["metric"] names, over all answers. A MemAct row keeps its own final answer. em / sub_em /
+    task's meta["metric"] names, over all answers. With `final_answer` (a trajectory that scored itself:
+    its workflow's row_columns name em) the prediction is its own final answer. em / sub_em /
     f1 follow `metric_rules` (memrl, or a published evaluation's: memrl.rewards.published_metrics)."""
-    if extract == "boxed" or "answer_text" not in traj.info or "multiq_questions" in traj.metrics:
+    if extract == "boxed" or "answer_text" not in traj.info or final_answer:
         pred = traj.final_answer or ""
     else:
         pred = extract_prediction(traj.info["answer_text"], extract)
@@ -295,20 +297,25 @@ def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: 
     return pred, m
 
 
+ROW_SCORES = ("em", "sub_em", "f1", "generated_tokens")
+"""The standard row columns a workflow's own row_columns may give the value of."""
+
+
 def result_row(
     task: Task, traj: Trajectory, num_docs: int, file: str, started: float, finished: float, session: str = "",
     tokenizer: Any = None, ident: dict[str, Any] | None = None, dataset: str = "", sample: int = 0,
     golds: str = "any", extract: str = "boxed", metric_rules: str = "memrl",
+    row_columns: Callable[[Trajectory], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The JSONL row of one finished question; started/finished are wall-clock times (time.time()).
     `ident` is the source file's file_identity(); `steps` holds one memrl.records record per model call
     (what `memrl view` shows). Scoring: `score_prediction`; a task's named eval metric (meta["metric"])
-    is a column of its own."""
-    pred, m = score_prediction(task, traj, golds, extract, metric_rules)
+    is a column of its own. `row_columns`: the workflow's own columns (WorkflowSpec.row_columns)."""
+    own = dict(row_columns(traj)) if row_columns is not None else {}
+    pred, m = score_prediction(task, traj, golds, extract, metric_rules, final_answer="em" in own)
     extra = {k: v for k, v in m.items() if k not in ("em", "sub_em", "f1")}
     tm = traj.metrics
-    if "multiq_questions" in tm:  # MemAct: all sub-questions right (memrl.rewards.multiq), mean sub-question F1
-        m = {"em": tm["multiq_all_correct"], "sub_em": tm["multiq_all_correct"], "f1": tm["multiq_f1_mean"]}
+    m = {**m, **{k: own[k] for k in ("em", "sub_em", "f1") if k in own}}
     memories = traj.info.get("memories")
     if memories is None:
         memories = [s.info["memory"] for s in traj.segments if s.info.get("kind") != "final" and "memory" in s.info]
@@ -333,12 +340,9 @@ def result_row(
         **({JUDGE_COLUMN: tm[JUDGE_COLUMN]} if JUDGE_COLUMN in tm else {}),
         "tokens_read": int(tm.get("tokens_read", tm.get("context_tokens", 0))),
         "context_tokens": int(tm.get("context_tokens", 0)),
-        # MemAct rows also hold tool output; their own count is what the model generated
-        "generated_tokens": int(tm.get("generated_tokens", 0) if "multiq_questions" in tm
-                                else sum(len(s.response_ids) for s in traj.segments)),
+        "generated_tokens": own.get("generated_tokens", sum(len(s.response_ids) for s in traj.segments)),
         "model_calls": len(traj.segments),
-        # InfMem's decided actions (its retrievals and where it stopped reading), where the workflow reports them
-        **{k: tm[k] for k in ("retrievals", "stopped", "stop_step") if k in tm},
+        **{k: v for k, v in own.items() if k not in ROW_SCORES},
         "reward": traj.reward,
         "seconds": round(finished - started, 4),
         "started": round(started, 4),
@@ -486,7 +490,7 @@ def evaluate(
                     run_spec = with_task_judge(run_spec, cfg.judge, cfg.extract)
                 rollout = EngineRollout(runtime.engine, run_spec, cfg.concurrency, runtime=runtime)
             tokenizer = getattr(rollout, "tokenizer", None) or getattr(engine, "tokenizer", None)
-            rows += _run_all(todo, rollout, wf_cfg, cfg, fh, total, tokenizer)
+            rows += _run_all(todo, rollout, wf_cfg, cfg, fh, total, tokenizer, spec.row_columns)
     finally:
         if own:
             runtime.close()
@@ -547,9 +551,11 @@ def dropped_because(traj: Trajectory, mode: str) -> str:
     return ""
 
 
-def _run_all(todo, rollout, wf_cfg, cfg: EvalConfig, fh, total: int, tokenizer: Any) -> list[dict[str, Any]]:
+def _run_all(todo, rollout, wf_cfg, cfg: EvalConfig, fh, total: int, tokenizer: Any,
+             row_columns: Callable[[Trajectory], Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Each (file, sample k, tasks) of `todo` through `rollout` (sample k seeded as the rollout's k-th
-    trajectory of a task); one row per finished question, written and flushed as it finishes."""
+    trajectory of a task); one row per finished question (with the workflow's `row_columns`), written and
+    flushed as it finishes."""
     new: list[dict[str, Any]] = []
     bar = tqdm(total=total, unit="q", disable=not cfg.progress, dynamic_ncols=True)
     starts: dict[str, float] = {}
@@ -577,7 +583,7 @@ def _run_all(todo, rollout, wf_cfg, cfg: EvalConfig, fh, total: int, tokenizer: 
                 row = result_row(task, traj, n, ef.path, starts.pop(task.task_id), time.time(), session,
                                  tokenizer=tokenizer, ident=ef.ident, dataset=ds, sample=k,
                                  golds=cfg.golds, extract=cfg.extract,
-                                 metric_rules=cfg.metric_rules)
+                                 metric_rules=cfg.metric_rules, row_columns=row_columns)
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
                 fh.flush()
                 new.append(row)

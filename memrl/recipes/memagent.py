@@ -44,6 +44,7 @@ from memrl.demonstrators.stages import (
 )
 from memrl.errors import UserError
 from memrl.eval.evaluator import EvalProtocol, evaluate_policy, results_to_json
+from memrl.eval.stats import cell
 from memrl.models.tiny import PRESETS, ModelPreset, init_tiny_model
 from memrl.quiet import hf_progress_off
 from memrl.recipes.parts import engine_eval
@@ -51,7 +52,7 @@ from memrl.recipes.pipeline import Recipe, RecipeRun, SFTSettings, run_recipe
 from memrl.recipes.policy import demo_shape_problem
 from memrl.recipes.report import memagent_markdown, plot_memagent
 from memrl.recipes.scratch import check_pieces, init_model
-from memrl.recipes.tables import cell_of, fmt
+from memrl.recipes.tables import cell_of
 from memrl.types import Segment
 
 log = logging.getLogger(__name__)
@@ -221,9 +222,9 @@ def sweep_rows(e: dict[str, Any]) -> list[str]:
     for n in e["buckets"]:
         x = int(n) // e["train_chunks"] if e["train_chunks"] else 0
         demo = cell_of(e, "sampled", n, "demonstrator_accuracy")
-        cells = [fmt(cell_of(e, m, n, f"{s}_accuracy"), sign=s == "gain")
+        cells = [cell(cell_of(e, m, n, f"{s}_accuracy"), sign=s == "gain", spread="sd")
                  for m in ("sampled", "greedy") for s in ("sft", "rl", "gain")]
-        lines.append(f"| {n} | {x}x | {fmt(demo) if demo['n'] else '-'} | " + " | ".join(cells) + " |")
+        lines.append(f"| {n} | {x}x | {cell(demo, spread='sd')} | " + " | ".join(cells) + " |")
     return lines
 
 

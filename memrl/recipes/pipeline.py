@@ -38,13 +38,14 @@ from memrl.config import (
     valid,
 )
 from memrl.errors import UserError
+from memrl.eval.stats import stat
 from memrl.locks import locked_dir
 from memrl.models.tiny import ModelPreset
 from memrl.plugins import is_import_path, load_object
 from memrl.recipes import split_overrides
 from memrl.recipes.cold_start import copy_warmup
 from memrl.recipes.policy import check_policy, demo_shape_problem
-from memrl.recipes.tables import RunTable, SweepTable, by_decoding, mean_sd
+from memrl.recipes.tables import RunTable, SweepTable, by_decoding
 from memrl.threads import ThreadsSection, set_torch_threads, warn_oversubscribed
 from memrl.training.assemble import assemble, check_writable, validate
 from memrl.training.checkpoint import latest_checkpoint
@@ -440,7 +441,7 @@ class Recipe:
                     values.append(float(_path(res, path)))
                 except (KeyError, TypeError, AttributeError):
                     raise UserError(f"{run_dir / 'results.json'}: no {path}") from None
-            out[name] = mean_sd(values)
+            out[name] = stat(values)
         return out
 
     def sweep_table(self, entry: dict[str, Any]) -> list[str]:

@@ -19,6 +19,7 @@ from typing import Any
 import matplotlib
 import matplotlib.pyplot as plt
 
+from memrl.eval import stats
 from memrl.eval.evaluator import paired_gain
 from memrl.recipes.tables import RunTable
 
@@ -26,16 +27,15 @@ MODES = ("sampled", "greedy")
 
 
 def cell(res: dict[str, Any] | None) -> str:
-    """"45.3 ± 2.1" (accuracy ± one standard error, percent), "-" when not evaluated."""
-    return "-" if res is None else f"{res['accuracy']:.1f} ± {res['se']:.1f}"
+    """"45.3 ± 2.1" (accuracy ± one standard error, percent; memrl.eval.stats.cell), "-" when not evaluated."""
+    return stats.cell(None if res is None else stats.recorded(res["accuracy"], res["se"]))
 
 
 def gain_cell(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
     """"+12.3 ± 2.0": the paired gain in points and its standard error, "-" when either is missing."""
     if before is None or after is None:
         return "-"
-    g, se = paired_gain(before["per_task"], after["per_task"])
-    return f"{g:+.1f} ± {se:.1f}"
+    return stats.cell(stats.recorded(*paired_gain(before["per_task"], after["per_task"])), sign=True)
 
 
 def accuracy_table(results: dict[str, Any], stages: list[tuple[str, str]], gain: tuple[str, str] | None) -> str:

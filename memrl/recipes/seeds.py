@@ -51,10 +51,11 @@ from typing import Any
 
 from memrl.config import MAX_SEED, ConfigError, load_config, redact_argv, redact_secrets, redact_text
 from memrl.errors import UserError
+from memrl.eval.stats import stat
 from memrl.locks import acquire, release
 from memrl.recipes import split_overrides
 from memrl.recipes.pipeline import Recipe, get_recipe
-from memrl.recipes.tables import DECODINGS, mean_sd
+from memrl.recipes.tables import DECODINGS
 from memrl.training.config import TrainConfig
 
 CAPABILITIES = ("native", "default", "avx2", "avx512")
@@ -308,32 +309,9 @@ def run_all(agent: str, runs: list[Run], jobs: int = 1, log: Any = print) -> dic
 # ---------------------------------------------------------------------------------------------- aggregation
 
 
-def mean_se(values: list[float]) -> tuple[float, float | None]:
-    """(mean, standard error: sd with ddof 1 / sqrt(n)); None for one value. The trained tables' cell
-    (benchmarks/context_management.py, infmem_trained.py, mem1_trained.py)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, None
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
-
-
-def fmt_se(v: tuple[float, float | None] | None, digits: int = 1, sign: bool = False, scale: float = 1.0,
-           bare: bool = False) -> str:
-    """A trained table's cell: "mean +- SE" of `mean_se` (times `scale`; "n/a" for one seed, or the mean
-    alone with `bare`; "-" for None)."""
-    if v is None:
-        return "-"
-    mean, se = v
-    m = f"{scale * mean:+.{digits}f}" if sign else f"{scale * mean:.{digits}f}"
-    if se is None and bare:
-        return m
-    return f"{m} +- " + (f"{scale * se:.{digits}f}" if se is not None else "n/a")
-
-
 def paired(a: dict[Any, Any], b: dict[Any, Any], value: Callable[[Any, Any], float]) -> list[float]:
     """A per-seed comparison of two arms: `value(a[k], b[k])` for each seed k both have (keys: the seeds),
-    in a's order; mean_se / mean_sd of it is the paired difference's cell."""
+    in a's order; memrl.eval.stats.stat of it is the paired difference's cell."""
     return [value(x, b[k]) for k, x in a.items() if k in b]
 
 
@@ -343,12 +321,10 @@ def diff_se(se_a: list[float], se_b: list[float]) -> float:
     return math.sqrt(math.fsum(a ** 2 + b ** 2 for a, b in zip(se_a, se_b, strict=True))) / len(se_a)
 
 
-def arm_cells(views: list[dict[str, Any]], fields: tuple[str, ...],
-              stat: Callable[[list[float]], Any] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+def arm_cells(views: list[dict[str, Any]], fields: tuple[str, ...]) -> dict[str, dict[str, dict[str, Any]]]:
     """`cells` for a benchmark's own arms: one view per seed, arm -> decoding -> bucket -> summary (an arm a
-    seed lacks is left out of it); decoding -> bucket -> {"<arm>_<field>": `stat` (mean +- sd by default)
+    seed lacks is left out of it); decoding -> bucket -> {"<arm>_<field>": memrl.eval.stats.stat (mean, sd, SE)
     over the seeds that have it}."""
-    stat = mean_sd if stat is None else stat
     col: dict[str, dict[str, dict[str, list[float]]]] = {}
     for view in views:
         for arm, by_mode in view.items():
@@ -408,16 +384,16 @@ def reported_of(runs: list[Run]) -> set[str]:
     return out
 
 
-def cells(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]], fields: tuple[str, ...] | None = None,
-          stat: Callable[[list[float]], Any] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
-    """The one aggregation over seeds: decoding -> bucket -> {"<policy>_<field>": `stat` over the runs (mean
-    +- sd by default; the trained tables' benchmarks use mean_se), "gain_<field>": of the per-seed rl - sft},
+def cells(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]],
+          fields: tuple[str, ...] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """The one aggregation over seeds: decoding -> bucket -> {"<policy>_<field>": memrl.eval.stats.stat over the
+    runs (mean, sd, SE: the sweep tables show ± sd, the trained tables' benchmarks ± SE), "gain_<field>": of the
+    per-seed rl - sft},
     for each of `fields` (the method's `summary_fields` by default), read through its results schema
     (`Recipe.evals`); a policy other than sft / rl (a scripted one) counts where a run has it, and an
     optional field (`Recipe.optional_fields`) where its value is not None. Fails in one
     line naming the results.json that lacks a part."""
     fields = recipe.summary_fields if fields is None else fields
-    stat = mean_sd if stat is None else stat
     col: dict[str, dict[str, dict[str, list[float]]]] = {}
     for out, res in done:
         try:

@@ -1,19 +1,19 @@
 """Tables as data: a recipe method declares its results.md run table (`RunTable`) and its seed sweep's table
 (`SweepTable`) and the code here renders both for every method (memrl.recipes.pipeline.Recipe's `markdown` and
 `sweep_table`). Also the results schema's one walk over a policy's evaluation (`nested`) and the sweep's cells:
-mean ± sd over seeds (`mean_sd`, aggregated by memrl.recipes.seeds.cells) and their text (`fmt`).
+mean ± sd over seeds (memrl.eval.stats' `stat`, aggregated by memrl.recipes.seeds.cells) and their text
+(memrl.eval.stats' `cell`, spread "sd").
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from memrl.eval.stats import EMPTY, cell
+
 DECODINGS = ("greedy", "sampled")
-EMPTY = {"mean": None, "sd": None, "n": 0, "values": []}
-"""The cell no run has."""
 
 NESTINGS = ("decoding", "decoding/bucket", "bucket/decoding")
 """How a policy's evaluation nests in results.json: decoding -> summary (one bucket, "all"), decoding -> bucket
@@ -92,22 +92,6 @@ class RunTable:
 # ---------------------------------------------------------------------------------------------- the seed sweep
 
 
-def mean_sd(values: list[float]) -> dict[str, Any]:
-    """{"mean", "sd" (ddof 1; None for fewer than two values), "n", "values"}."""
-    n = len(values)
-    mean = math.fsum(values) / n if n else None
-    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None  # type: ignore[operator]
-    return {"mean": mean, "sd": sd, "n": n, "values": list(values)}
-
-
-def fmt(cell: dict[str, Any], sign: bool = False, digits: int = 1) -> str:
-    """A sweep cell: "mean ± sd" ("± n/a" for one seed, "-" for none)."""
-    if cell["mean"] is None:
-        return "-"
-    m = f"{cell['mean']:+.{digits}f}" if sign else f"{cell['mean']:.{digits}f}"
-    return f"{m} ± {cell['sd']:.{digits}f}" if cell["sd"] is not None else f"{m} ± n/a"
-
-
 def cell_of(e: dict[str, Any], mode: str, bucket: str, key: str) -> dict[str, Any]:
     """One aggregated cell of a capability's entry (EMPTY when no run has it)."""
     return e["cells"].get(mode, {}).get(bucket, {}).get(key, EMPTY)
@@ -124,7 +108,7 @@ def table_rows(e: dict[str, Any], labels: tuple[tuple[str, str], ...], fields: t
     order = [(lk, m) for m in modes for lk in labels] if by_decoding else [(lk, m) for lk in labels for m in modes]
     for (label, key), mode in order:
         for b in (e["cells"].get(mode, {}) if per_bucket else ["all"]):
-            cells = [fmt(cell_of(e, mode, b, f"{key}_{f}"), sign=key == "gain", digits=digits(f)) for f in fields]
+            cells = [cell(cell_of(e, mode, b, f"{key}_{f}"), digits(f), key == "gain", spread="sd") for f in fields]
             rows.append(f"| {label} | {mode} | " + (f"{b} | " if per_bucket else "") + " | ".join(cells) + " |")
     return rows
 
@@ -156,7 +140,7 @@ class SweepTable:
         lines += ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2),
                   *table_rows(e, self.policies, self.fields, digits.__getitem__, per_bucket=bool(self.bucket))]
         if self.note and e[self.note[0]]["n"]:
-            lines += ["", self.note[1].format(fmt(e[self.note[0]]))]
+            lines += ["", self.note[1].format(cell(e[self.note[0]], spread="sd"))]
         return lines
 
 
@@ -204,8 +188,8 @@ class GridTable:
         for mode, by in e["cells"].items():
             lines += [f"{mode}:", "", *self._head(buckets)]
             for p in (k for k in keys if f"{k}_{self.field}" in by.get("all", {})):
-                cells = [fmt(cell_of(e, mode, b, f"{p}_{self.field}"), sign=p == "gain") for b in buckets]
-                cells += [fmt(cell_of(e, mode, "all", f"{p}_{f}"), sign=p == "gain", digits=d) for _, f, d in self.pooled]
+                cells = [cell(cell_of(e, mode, b, f"{p}_{self.field}"), sign=p == "gain", spread="sd") for b in buckets]
+                cells += [cell(cell_of(e, mode, "all", f"{p}_{f}"), d, p == "gain", spread="sd") for _, f, d in self.pooled]
                 lines.append(f"| {'rl - sft' if p == 'gain' else p} | " + " | ".join(cells) + " |")
             lines.append("")
         return lines

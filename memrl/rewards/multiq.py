@@ -238,3 +238,15 @@ async def _judged(task: Task, traj: Trajectory, settings: dict[str, Any], servic
         return await judge_score(task, traj, on_failure, client)
     finally:
         await client.close()
+
+
+def row_columns(traj: Trajectory) -> dict[str, Any]:
+    """A multi-question trajectory's own evaluation-row columns (WorkflowSpec.row_columns of the workflows this
+    reward or its metrics score): all sub-questions right as em and sub_em, the mean sub-question F1 as f1, and
+    the workflow's own count of generated tokens (a row of a tool-using agent also holds tool output); none for
+    a trajectory without the multiq_* metrics."""
+    tm = traj.metrics
+    if "multiq_questions" not in tm:
+        return {}
+    return {"em": tm["multiq_all_correct"], "sub_em": tm["multiq_all_correct"], "f1": tm["multiq_f1_mean"],
+            "generated_tokens": int(tm.get("generated_tokens", 0))}

@@ -95,6 +95,11 @@ class WorkflowSpec:
     recall_key: str | None = None
     """The memory segments' info key holding the query the step recalled by (`memrl ask --show-memory`
     prints it); None: the workflow recalls nothing."""
+    row_columns: Callable[[Trajectory], Mapping[str, Any]] | None = None
+    """The workflow's own columns of an evaluation row (`memrl eval`'s results.jsonl) from a scored trajectory:
+    a standard score column it names (em, sub_em, f1: the trajectory scored itself, so its prediction is its
+    final answer; generated_tokens) takes its value, any other is added after model_calls (e.g. InfMem's
+    retrievals and stop step). None: the standard columns only (memrl.eval.runner.result_row)."""
 
     def __post_init__(self) -> None:
         if not dataclasses.is_dataclass(self.config_cls):

@@ -35,6 +35,7 @@ from memrl.config import MAX_COUNT, valid
 from memrl.engines.base import Engine
 from memrl.rewards.fold import fold_score
 from memrl.rewards.judge import JudgeSettings
+from memrl.rewards.multiq import row_columns
 from memrl.services.session import run_with
 from memrl.tools import calls as tc
 from memrl.tools import context as ctx
@@ -254,4 +255,5 @@ SPEC = WorkflowSpec(
     "fold", run, FoldConfig, reward, branches=True,
     format_keys=("no_final_marker", "malformed_calls"),
     eval_defaults={"temperature": 0.0},
+    row_columns=row_columns,
 )

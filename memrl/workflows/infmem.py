@@ -478,9 +478,14 @@ def step_rewards(task: Task, traj: Trajectory) -> list[float | None]:
     return out
 
 
+def row_columns(traj: Trajectory) -> dict[str, Any]:
+    """InfMem's decided actions as evaluation-row columns: its retrievals and where it stopped reading."""
+    return {k: traj.metrics[k] for k in ("retrievals", "stopped", "stop_step") if k in traj.metrics}
+
+
 SPEC = WorkflowSpec(
     "infmem", run, InfMemConfig, reward, step_rewards=step_rewards, batch_scores=batch_scores,
-    format_keys=("no_box",),
+    format_keys=("no_box",), row_columns=row_columns,
     train_defaults={"max_chunks": 8},  # the released config's recurrent.infmem.config.max_chunks
 )
 """`workflow=infmem` (registered in memrl.workflows); evaluation is greedy (the spec's default)."""

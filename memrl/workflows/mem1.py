@@ -27,7 +27,7 @@ from typing import Any
 from memrl.config import MAX_COUNT, MAX_TEMPERATURE, MAX_TOKENS, MAX_VOCAB, valid
 from memrl.engines.base import Engine, SamplingParams
 from memrl.quiet import encode_text
-from memrl.rewards.multiq import gold_aliases
+from memrl.rewards.multiq import gold_aliases, row_columns
 from memrl.rewards.qa import best_em, best_f1
 from memrl.services.session import Services
 from memrl.tools import search as ts
@@ -287,5 +287,5 @@ def reward(task: Task, traj: Trajectory) -> Score:
                                  "multiq_f1_mean": sum(f1s) / k})
 
 
-SPEC = WorkflowSpec("mem1", run, Mem1Config, reward, format_keys=("invalid_turn",))
+SPEC = WorkflowSpec("mem1", run, Mem1Config, reward, format_keys=("invalid_turn",), row_columns=row_columns)
 """`workflow=mem1` (registered in memrl.workflows); evaluation is greedy (the spec's default)."""

@@ -21,6 +21,7 @@ from typing import Any
 from memrl.config import MAX_COUNT, valid
 from memrl.engines.base import Engine
 from memrl.rewards.multiq import outcome_reward as rule_reward
+from memrl.rewards.multiq import row_columns
 from memrl.services.session import run_with
 from memrl.tools import context as ctx
 from memrl.types import Trajectory
@@ -67,4 +68,5 @@ SPEC = WorkflowSpec(
     "sliding_window", run, SlidingWindowConfig, rule_reward,
     format_keys=("no_final_marker", "malformed_calls"),
     eval_defaults={"temperature": 0.0},
+    row_columns=row_columns,
 )

@@ -32,6 +32,7 @@ from memrl.config import MAX_COUNT, valid
 from memrl.engines.base import Engine
 from memrl.rewards.judge import JudgeClient, JudgeSettings
 from memrl.rewards.multiq import outcome_reward as rule_reward
+from memrl.rewards.multiq import row_columns
 from memrl.services.session import run_with
 from memrl.tools import context as ctx
 from memrl.types import Trajectory
@@ -164,4 +165,5 @@ SPEC = WorkflowSpec(
     "summarize", run, SummarizeConfig, rule_reward,
     format_keys=("no_final_marker", "malformed_calls"),
     eval_defaults={"temperature": 0.0},
+    row_columns=row_columns,
 )

@@ -120,10 +120,10 @@ def test_trained_table_by_hand(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     # infmem accuracy 80, 90: mean 85, SE = sd / sqrt(2) = 7.07 / 1.414 = 5.0; calls 4, 5: 4.50 +- 0.50;
     # vs MemAgent per seed 4/9 - 1 = -55.6%, 5/9 - 1 = -44.4%: mean -50.0, SE 5.6
-    assert "| infmem | SFT | greedy | 8 | 2 | 85.0 +- 5.0 | 4.50 +- 0.50 | 3.50 +- 0.50 | -50.0 +- 5.6 |" in lines
-    assert "| infmem | SFT + RL | greedy | 8 | 2 | 95.0 +- 5.0 | 4.50 +- 0.50 | 3.50 +- 0.50 | -50.0 +- 5.6 |" in lines
-    # memagent against itself: 0 on every seed; accuracy 70, 90: 80 +- 10
-    assert "| memagent | SFT | sampled | 8 | 2 | 80.0 +- 10.0 | 9.00 +- 0.00 | 8.00 +- 0.00 | +0.0 +- 0.0 |" in lines
+    assert "| infmem | SFT | greedy | 8 | 2 | 85.0 ± 5.0 | 4.50 ± 0.50 | 3.50 ± 0.50 | -50.0 ± 5.6 |" in lines
+    assert "| infmem | SFT + RL | greedy | 8 | 2 | 95.0 ± 5.0 | 4.50 ± 0.50 | 3.50 ± 0.50 | -50.0 ± 5.6 |" in lines
+    # memagent against itself: 0 on every seed; accuracy 70, 90: 80 ± 10
+    assert "| memagent | SFT | sampled | 8 | 2 | 80.0 ± 10.0 | 9.00 ± 0.00 | 8.00 ± 0.00 | +0.0 ± 0.0 |" in lines
     _write(tmp_path, "memagent", 2, _fake("memagent", 2, 50.0, 9.0, sha="other"))
     with pytest.raises(SystemExit, match="evaluated other held-out tasks"):
         bench.main(["--trained", str(tmp_path)])

@@ -21,10 +21,10 @@ def test_dry_run_prints_the_table(capsys):
     rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in out.splitlines() if line.startswith("| ")
             and not line.startswith("| method")}
     assert list(rows) == ["react (unbounded)", "react", "sliding_window k=2", "summarize", "fold"]
-    assert rows["react (unbounded)"][2] == "100.0 +- 0.0" and rows["react"][2] == "0.0 +- 0.0"
+    assert rows["react (unbounded)"][2] == "100.0 ± 0.0" and rows["react"][2] == "0.0 ± 0.0"
     assert rows["react"][-1] == "100% |"  # stopped by the budget
-    assert rows["sliding_window k=2"][2] == "0.0 +- 0.0" and rows["summarize"][2] == "100.0 +- 0.0"
-    assert rows["fold"][2] == "100.0 +- 0.0" and rows["fold"][8] == "5.00"  # one branch per fact
+    assert rows["sliding_window k=2"][2] == "0.0 ± 0.0" and rows["summarize"][2] == "100.0 ± 0.0"
+    assert rows["fold"][2] == "100.0 ± 0.0" and rows["fold"][8] == "5.00"  # one branch per fact
     assert "policy: the scripted cold-start agents (not trained)" in out
 
 
@@ -71,16 +71,17 @@ def test_trained_table_is_mean_and_se_over_seeds(tmp_path, capsys):
     agg = mod.trained_aggregate(mod.trained_runs(tmp_path))
     assert list(agg) == ["react", "fold"] and agg["fold"]["seeds"] == ["seed0", "seed1", "seed2"]
     acc = agg["fold"]["rl"]["greedy"]["accuracy"]
-    assert acc[0] == 75.0 and abs(acc[1] - 25 / 3 ** 0.5) < 1e-9
-    mean, se = agg["fold"]["rl"]["greedy"]["vs_unbounded"]
-    assert abs(mean - 0.575) < 1e-12 and abs(se - (0.00875 / 2) ** 0.5 / 3 ** 0.5) < 1e-12
-    assert agg["fold"]["rl"]["sampled"]["accuracy"][0] == 37.5  # 25, 37.5, 50
-    assert agg["react"]["rl"]["greedy"]["accuracy"] == (0.0, None)
+    assert acc["mean"] == 75.0 and abs(acc["se"] - 25 / 3 ** 0.5) < 1e-9
+    vs = agg["fold"]["rl"]["greedy"]["vs_unbounded"]
+    assert abs(vs["mean"] - 0.575) < 1e-12 and abs(vs["se"] - (0.00875 / 2) ** 0.5 / 3 ** 0.5) < 1e-12
+    assert agg["fold"]["rl"]["sampled"]["accuracy"]["mean"] == 37.5  # 25, 37.5, 50
+    r = agg["react"]["rl"]["greedy"]["accuracy"]
+    assert (r["mean"], r["se"], r["n"]) == (0.0, None, 1)
     assert mod.main(["--trained", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "| fold | SFT + RL | 3 | 75.0 +- 14.4 | 500 +- 58 | 58 +- 4% |" in out
-    assert "| react | SFT + RL | 1 | 0.0 +- n/a | 350 +- n/a | 50 +- n/a% |" in out
-    assert "budgets (tokens of each run's tokenizer): react 480 +- n/a, fold 483 +- 3" in out  # sd 5.77 / sqrt 3
+    assert "| fold | SFT + RL | 3 | 75.0 ± 14.4 | 500 ± 58 | 58 ± 4% |" in out
+    assert "| react | SFT + RL | 1 | 0.0 ± n/a | 350 ± n/a | 50 ± n/a% |" in out
+    assert "budgets (tokens of each run's tokenizer): react 480 ± n/a, fold 483 ± 3" in out  # sd 5.77 / sqrt 3
 
 
 def test_trained_refuses_a_run_of_another_method_and_mixed_task_counts(tmp_path):
@@ -120,19 +121,19 @@ def test_process_reward_ablation_is_paired_by_seed(tmp_path, capsys):
         _write(tmp_path, "fold_no_process", seed, acc, peak, 800.0, 480, branches_rl=branches, stopped_rl=stopped)
     abl = mod.process_reward_ablation(mod.trained_runs(tmp_path))
     assert abl["seeds"] == ["seed0", "seed1"]
-    assert abl["greedy"]["accuracy"][0] == 0.0 and abs(abl["greedy"]["accuracy"][1] - 10.0) < 1e-9
-    assert abl["greedy"]["peak_context_tokens"][0] == -10.0 and abs(abl["greedy"]["peak_context_tokens"][1] - 10.0) < 1e-9
-    assert abl["greedy"]["turns"] == (0.0, 0.0)
-    assert abl["greedy"]["branches"][0] == 0.5 and abs(abl["greedy"]["branches"][1] - 0.5) < 1e-9
-    assert abl["greedy"]["stopped_by_budget"][0] == -20.0 and abs(abl["greedy"]["stopped_by_budget"][1] - 10.0) < 1e-9
-    assert abl["sampled"]["accuracy"][0] == 0.0 and abs(abl["sampled"]["accuracy"][1] - 5.0) < 1e-9
+    assert abl["greedy"]["accuracy"]["mean"] == 0.0 and abs(abl["greedy"]["accuracy"]["se"] - 10.0) < 1e-9
+    assert abl["greedy"]["peak_context_tokens"]["mean"] == -10.0 and abs(abl["greedy"]["peak_context_tokens"]["se"] - 10.0) < 1e-9
+    assert (abl["greedy"]["turns"]["mean"], abl["greedy"]["turns"]["se"]) == (0.0, 0.0)
+    assert abl["greedy"]["branches"]["mean"] == 0.5 and abs(abl["greedy"]["branches"]["se"] - 0.5) < 1e-9
+    assert abl["greedy"]["stopped_by_budget"]["mean"] == -20.0 and abs(abl["greedy"]["stopped_by_budget"]["se"] - 10.0) < 1e-9
+    assert abl["sampled"]["accuracy"]["mean"] == 0.0 and abs(abl["sampled"]["accuracy"]["se"] - 5.0) < 1e-9
     assert mod.main(["--trained", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "paired by seed: seed0, seed1):" in out
-    assert ("- greedy: accuracy +0.0 +- 10.0 points, peak context -10 +- 10 tokens, turns +0.0 +- 0.0, branches "
-            "+0.50 +- 0.50, stopped by the budget -20 +- 10 points") in out
-    assert ("- sampled: accuracy +0.0 +- 5.0 points, peak context -10 +- 10 tokens, turns +0.0 +- 0.0, branches "
-            "+0.00 +- 0.00, stopped by the budget +0 +- 0 points") in out
+    assert ("- greedy: accuracy +0.0 ± 10.0 points, peak context -10 ± 10 tokens, turns +0.0 ± 0.0, branches "
+            "+0.50 ± 0.50, stopped by the budget -20 ± 10 points") in out
+    assert ("- sampled: accuracy +0.0 ± 5.0 points, peak context -10 ± 10 tokens, turns +0.0 ± 0.0, branches "
+            "+0.00 ± 0.00, stopped by the budget +0 ± 0 points") in out
     # no fold_no_process run: no ablation line
     _write(tmp_path / "c", "fold", "seed0", 50.0, 400.0, 800.0, 480)
     assert mod.process_reward_ablation(mod.trained_runs(tmp_path / "c")) is None

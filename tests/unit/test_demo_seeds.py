@@ -12,6 +12,7 @@ import pytest
 
 from memrl.config import ConfigError
 from memrl.errors import UserError
+from memrl.eval.stats import cell, stat
 from memrl.recipes import seeds as sw
 from memrl.recipes import tables as tb
 
@@ -143,14 +144,13 @@ def test_memact_heldout_tasks_do_not_depend_on_the_training_seed(tmp_path):
 # ---------------------------------------------------------------------------------------------- aggregation
 
 
-def test_mean_sd_by_hand():
-    c = sw.mean_sd([1.0, 2.0, 4.0])
+def test_sweep_cells_are_mean_sd_of_the_one_statistic():
+    c = stat([1.0, 2.0, 4.0])
     assert c["mean"] == pytest.approx(7 / 3) and c["sd"] == pytest.approx((7 / 3) ** 0.5) and c["n"] == 3
-    assert sw.mean_sd([5.0]) == {"mean": 5.0, "sd": None, "n": 1, "values": [5.0]}
-    assert tb.fmt(sw.mean_sd([60.0, 62.0, 64.0])) == "62.0 ± 2.0"
-    assert tb.fmt(sw.mean_sd([5.0]), sign=True) == "+5.0 ± n/a"
-    assert tb.fmt(tb.EMPTY) == "-"
-
+    assert stat([5.0]) == {"mean": 5.0, "sd": None, "se": None, "n": 1, "values": [5.0]}
+    assert cell(stat([60.0, 62.0, 64.0]), spread="sd") == "62.0 ± 2.0"
+    assert cell(stat([5.0]), sign=True, spread="sd") == "+5.0 ± n/a"
+    assert cell(tb.cell_of({"cells": {}}, "greedy", "all", "sft_accuracy")) == "-"  # no run has it
 
 
 def test_arm_cells_paired_and_diff_se_by_hand():
@@ -167,20 +167,21 @@ def test_arm_cells_paired_and_diff_se_by_hand():
     c = sw.arm_cells([view(50, 52), view(54, 50), view(61)], ("accuracy", "turns"))["greedy"]["all"]
     assert c["a_accuracy"]["mean"] == 55.0 and c["a_accuracy"]["sd"] == pytest.approx(31 ** 0.5)
     assert c["a_accuracy"]["values"] == [50.0, 54.0, 61.0] and c["b_accuracy"]["values"] == [52.0, 50.0]
-    assert c["b_turns"] == {"mean": 3.0, "sd": 0.0, "n": 2, "values": [3.0, 3.0]}
-    se = sw.arm_cells([view(50, 52), view(54, 50)], ("accuracy",), sw.mean_se)["greedy"]["all"]
-    assert se["a_accuracy"] == (52.0, 2.0)  # sd 2 sqrt(2) / sqrt(2)
+    assert c["b_turns"] == {"mean": 3.0, "sd": 0.0, "se": 0.0, "n": 2, "values": [3.0, 3.0]}
+    se = sw.arm_cells([view(50, 52), view(54, 50)], ("accuracy",))["greedy"]["all"]
+    assert (se["a_accuracy"]["mean"], se["a_accuracy"]["se"]) == (52.0, 2.0)  # sd 2 sqrt(2) / sqrt(2)
     a, b = {0: 50.0, 1: 54.0, 2: 61.0}, {1: 50.0, 0: 52.0}
     assert sw.paired(a, b, lambda x, y: x - y) == [-2.0, 4.0]  # seeds both have, in a's order
-    assert sw.mean_se(sw.paired(a, b, lambda x, y: x - y)) == (1.0, 3.0)
+    d = stat(sw.paired(a, b, lambda x, y: x - y))
+    assert (d["mean"], d["se"]) == (1.0, 3.0)
     assert sw.paired(a, {}, lambda x, y: x - y) == []
     assert sw.diff_se([3.0, 4.0], [4.0, 3.0]) == pytest.approx(50 ** 0.5 / 2)
     assert sw.diff_se([2.0], [0.0]) == 2.0
 
 
-def test_fmt_se_bare_and_table_rows_by_decoding():
-    assert sw.fmt_se((5.0, None)) == "5.0 +- n/a" and sw.fmt_se((5.0, None), bare=True) == "5.0"
-    assert sw.fmt_se((5.0, 0.25), 2, bare=True) == "5.00 +- 0.25" and sw.fmt_se(None, bare=True) == "-"
+def test_cell_bare_and_table_rows_by_decoding():
+    assert cell(stat([5.0])) == "5.0 ± n/a" and cell(stat([5.0]), bare=True) == "5.0"
+    assert cell(stat([4.75, 5.25]), 2, bare=True) == "5.00 ± 0.25" and cell(None, bare=True) == "-"
     e = {"cells": sw.arm_cells([{arm: {mode: {"all": {"x": v}} for mode in ("greedy", "sampled")}
                                  for arm, v in (("a", 1.0), ("b", 2.0))}], ("x",))}
     labels = (("A", "a"), ("B", "b"))

@@ -35,11 +35,11 @@ def test_table_by_hand(tmp_path):
     for seed, (g, s) in enumerate(((85.0, 52.0), (99.0, 60.0))):
         _run(tmp_path, "infomem", seed, g, s, 130.0 + 10 * seed, 8.0 + seed)
     text = b.aggregate(tmp_path, None)
-    assert "(mean +- s.e. over seeds outcome: [0, 1, 2], infomem: [0, 1])" in text
-    assert "| outcome | 8 | 80.0 +- 5.8 | 50.0 +- 5.8 | 101 | 0.0 |" in text  # 80, 90, 70: sd 10 / sqrt(3)
-    assert "| infomem | 8 | 92.0 +- 7.0 | 56.0 +- 4.0 | 135 | 8.5 |" in text
+    assert "(mean ± s.e. over seeds outcome: [0, 1, 2], infomem: [0, 1])" in text
+    assert "| outcome | 8 | 80.0 ± 5.8 | 50.0 ± 5.8 | 101 | 0.0 |" in text  # 80, 90, 70: sd 10 / sqrt(3)
+    assert "| infomem | 8 | 92.0 ± 7.0 | 56.0 ± 4.0 | 135 | 8.5 |" in text
     assert "paired difference infomem - outcome over seeds [0, 1]" in text
-    assert "| 8 | 7.0 +- 2.0 | 1.0 +- 1.0 |" in text  # unsigned, as before
+    assert "| 8 | 7.0 ± 2.0 | 1.0 ± 1.0 |" in text  # unsigned, as before
     assert "- infomem seed 1 (data.seed 8, trainer.seed 1): 8: 99.0 / 60.0" in text
     assert (tmp_path / "results.md").read_text() == text
 

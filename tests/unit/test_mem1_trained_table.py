@@ -33,6 +33,11 @@ def _result(method: str, acc2: float, peak2: float, acc16: float, peak16: float,
                                      for k, v in by_k.items()} for m, by_k in stage.items()}}
 
 
+def _ms(s: dict) -> list:
+    """A cell's (mean, SE) (memrl.eval.stats.stat)."""
+    return [s["mean"], s["se"]]
+
+
 def _write(root: Path, method: str, seed: int, res: dict) -> None:
     d = root / method / "native" / f"seed{seed}"
     d.mkdir(parents=True)
@@ -48,25 +53,25 @@ def test_trained_table_by_hand(tmp_path, capsys):
     agg = json.loads(capsys.readouterr().out)
     m = agg["mem1"]["sft"]["greedy"]
     # accuracy at k=2: 50, 70 -> mean 60, sd sqrt((10^2 + 10^2) / 1) = 14.14, SE 14.14 / sqrt(2) = 10
-    assert m["k"]["2"]["accuracy"] == pytest.approx([60.0, 10.0])
+    assert _ms(m["k"]["2"]["accuracy"]) == pytest.approx([60.0, 10.0])
     # peak at k=2: 100, 110 -> 105, SE 7.07 / sqrt(2) = 5; at k=16: 150, 165 -> 157.5, SE 10.61 / sqrt(2) = 7.5
-    assert m["k"]["2"]["peak_context_tokens"] == pytest.approx([105.0, 5.0])
-    assert m["k"]["16"]["peak_context_tokens"] == pytest.approx([157.5, 7.5])
-    assert m["growth"] == pytest.approx([1.5, 0.0])  # 150 / 100 = 165 / 110 = 1.5
+    assert _ms(m["k"]["2"]["peak_context_tokens"]) == pytest.approx([105.0, 5.0])
+    assert _ms(m["k"]["16"]["peak_context_tokens"]) == pytest.approx([157.5, 7.5])
+    assert _ms(m["growth"]) == pytest.approx([1.5, 0.0])  # 150 / 100 = 165 / 110 = 1.5
     # slope over k = 2, 16: 50 / 14 = 3.5714 and 55 / 14 = 3.9286 -> mean 3.75, sd 0.2526, SE 0.1786
-    assert m["slope"] == pytest.approx([3.75, 5 / 14 / 2])
-    assert m["k"]["16"]["objective_accuracy"] == pytest.approx([25.0, 10.0])  # 35, 15
-    assert agg["mem1"]["rl"]["greedy"]["k"]["16"]["accuracy"] == pytest.approx([30.0, 10.0])  # 40, 20
+    assert _ms(m["slope"]) == pytest.approx([3.75, 5 / 14 / 2])
+    assert _ms(m["k"]["16"]["objective_accuracy"]) == pytest.approx([25.0, 10.0])  # 35, 15
+    assert _ms(agg["mem1"]["rl"]["greedy"]["k"]["16"]["accuracy"]) == pytest.approx([30.0, 10.0])  # 40, 20
     f = agg["full_history"]["sft"]["sampled"]
-    assert f["growth"] == [8.0, None] and f["k"]["16"]["accuracy"] == [20.0, None]  # one seed: no SE
+    assert _ms(f["growth"]) == [8.0, None] and _ms(f["k"]["16"]["accuracy"]) == [20.0, None]  # one seed: no SE
     assert mod.main(["--trained", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "trained (memrl demo --agent mem1) on [2, 3] objectives: 100 held-out tasks" in text
-    assert "| mem1 | SFT | greedy | 2 | 2 | 60.0 +- 10.0 | 65.0 +- 10.0 | 105 +- 5 |" in text
-    assert "| full_history | SFT + RL | sampled | 1 | 16 | 30.0 +- n/a | 25.0 +- n/a | 960 +- n/a |" in text  # objectives: SFT's 20 + 5
+    assert "| mem1 | SFT | greedy | 2 | 2 | 60.0 ± 10.0 | 65.0 ± 10.0 | 105 ± 5 |" in text
+    assert "| full_history | SFT + RL | sampled | 1 | 16 | 30.0 ± n/a | 25.0 ± n/a | 960 ± n/a |" in text  # objectives: SFT's 20 + 5
     # full history: (960 - 120) / 14 = 60 tokens per objective
-    assert "| full_history | SFT | greedy | 8.00 +- n/a | 60.0 +- n/a |" in text
-    assert "| mem1 | SFT | greedy | 1.50 +- 0.00 | 3.8 +- 0.2 |" in text
+    assert "| full_history | SFT | greedy | 8.00 ± n/a | 60.0 ± n/a |" in text
+    assert "| mem1 | SFT | greedy | 1.50 ± 0.00 | 3.8 ± 0.2 |" in text
 
 
 def test_slope_by_hand():

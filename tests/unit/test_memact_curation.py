@@ -148,7 +148,7 @@ def test_aggregate_mean_sd_and_goal_hand_checked():
     d = agg["table"]["dcpo/greedy"]
     assert d["accuracy"]["mean"] == 52.0 and math.isclose(d["accuracy"]["sd"], math.sqrt(8.0))  # (4+4)/1
     assert d["mean_context_tokens"]["mean"] == 130.0 and math.isclose(d["mean_context_tokens"]["sd"], math.sqrt(200))
-    assert agg["table"]["withheld/sampled"]["prunes_per_task"] == {"mean": 0.0, "sd": 0.0, "n": 2, "values": [0, 0]}
+    assert agg["table"]["withheld/sampled"]["prunes_per_task"] == {"mean": 0.0, "sd": 0.0, "se": 0.0, "n": 2, "values": [0, 0]}
     g = agg["goal"]["greedy"]
     assert g["accuracy_diff"] == 1.0  # 52 - 51
     assert math.isclose(g["accuracy_diff_se"], math.sqrt(9 + 16 + 16 + 9) / 2)  # sqrt(50)/2 = 3.54
