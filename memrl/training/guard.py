@@ -22,16 +22,29 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from memrl.errors import UserError
 from memrl.training.checkpoint import LATEST, STEP_DIR, CheckpointError, verify_checkpoint
-from memrl.training.health import Alarm
-
-if TYPE_CHECKING:
-    from memrl.training.trainer import Trainer
+from memrl.training.health import Alarm, HealthMonitor
 
 log = logging.getLogger(__name__)
+
+
+class Trainer(Protocol):
+    """What the guard uses of memrl.training.trainer.Trainer (which imports this module)."""
+
+    cfg: Any
+    parts: Any
+    health: HealthMonitor
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def ckpt_root(self) -> Path: ...
+    def save(self) -> Path: ...
+    def sync(self, first: bool = False) -> dict[str, float]: ...
+    def restore(self, checkpoint: Path, state: dict[str, Any], lr_scale: float = 1.0) -> None: ...
 
 RECORDS = "health_events.jsonl"
 """The run's record of the guard's actions (one JSON object a line), beside metrics.jsonl."""
