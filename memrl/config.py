@@ -112,7 +112,7 @@ INHERIT_KEY = "inherit"
 """A preset's top-level `inherit: <preset name or path>`: that preset is loaded first, this one on top."""
 
 
-def _preset_chain(path: Path) -> list[tuple[Path, Any]]:
+def preset_chain(path: Path) -> list[tuple[Path, Any]]:
     """[(path, loaded YAML without its inherit key)] from the root ancestor to `path`."""
     chain: list[tuple[Path, Any]] = []
     seen: list[Path] = []
@@ -249,7 +249,7 @@ def load_config(schema: type[T], overrides: list[str] | tuple[str, ...] = (), pr
     if preset:
         path = preset_path(preset)
         try:
-            for part_path, loaded in _preset_chain(path):  # `inherit: <preset>`: the parent first
+            for part_path, loaded in preset_chain(path):  # `inherit: <preset>`: the parent first
                 refuse_interpolations(loaded, f"preset {part_path}")
                 refuse_surrogates(loaded, f"preset {part_path}")
                 _check_removed(_flat_keys(OmegaConf.to_container(loaded)), f"preset {part_path}")

@@ -49,11 +49,10 @@ from memrl.recipes.mem1 import Mem1DemoConfig
 from memrl.recipes.memact import MemActDemoConfig
 from memrl.recipes.memagent import DemoConfig
 from memrl.rewards import registry as _model_rewards  # noqa: F401 - registers infomem
-from memrl.rewards.verifiers import _VERIFIERS
+from memrl.rewards.verifiers import get_verifier, verifier_names
 from memrl.services import registry as retrievers
 from memrl.training.config import TrainConfig
-from memrl.workflows import _REGISTRY as WORKFLOWS
-from memrl.workflows import get_workflow
+from memrl.workflows import get_workflow, workflow_names, workflow_ref
 
 PAGES = ("cli", "config", "presets", "registries")
 REGENERATE = "python -m memrl.docs_gen"
@@ -291,7 +290,7 @@ def render_config() -> str:
     out.append("## Workflows (`workflow.*`)\n")
     out.append("`workflow=<name>` chooses one; `workflow.<field>=value` sets a field of its config. The same "
                "keys in `memrl train`, `memrl eval`, `memrl train-sft` and `memrl demo`.\n")
-    for name in sorted(WORKFLOWS):
+    for name in workflow_names():
         spec = get_workflow(name)
         out += _config_tables(f"`workflow={name}`", spec.config_cls, None, "workflow.", 3,
                               extra=_workflow_extra(spec))
@@ -429,9 +428,9 @@ def render_registries() -> str:
                "the config class (fields on the [configuration](config.md#workflows-workflow) page), the "
                "outcome reward, the format-error metrics and the per-command defaults.\n")
     rows = []
-    for name in sorted(WORKFLOWS):
+    for name in workflow_names():
         spec = get_workflow(name)
-        ref = WORKFLOWS[name]
+        ref = workflow_ref(name)
         rows.append([code(name), code(ref if isinstance(ref, str) else qualname(ref)),
                      code(spec.config_cls.__name__), cell(", ".join(f"`{k}`" for k in spec.format_keys)),
                      cell(", ".join(f"`{k}={show(v)}`" for k, v in spec.train_defaults.items())),
@@ -466,7 +465,8 @@ def render_registries() -> str:
     out.append("## Training verifiers (`workflow.reward`)\n")
     out.append("The outcome reward of the chunked workflows (memagent, rememr1); your own is a "
                "`@memrl.rewards.verifiers.verifier` function named by import path.\n")
-    rows = [[code(n), code(qualname(fn)), cell(first_paragraph(fn.__doc__))] for n, fn in sorted(_VERIFIERS.items())]
+    rows = [[code(n), code(qualname(fn := get_verifier(n))), cell(first_paragraph(fn.__doc__))]
+            for n in verifier_names()]
     out.append(table(["name", "function", "rule"], rows))
     out.append("## Retrievers (`workflow.retriever_kind`)\n")
     out.append("MemAct's search tool over `workflow.retriever_corpus` (or `workflow.retriever_url`, a "

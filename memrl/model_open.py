@@ -11,6 +11,9 @@ model): transformers' refusals become one `UserError` naming the directory.
   for, or one of another shape: transformers would initialize those at random, or raise "size mismatch"),
   and when a weight holds NaN or inf (a diverged or damaged checkpoint: refused before it generates).
 
+- `cache_kwarg(model)`: the keyword under which a loaded model's forward takes its KV cache (the hf
+  engine's decoding and the trainer's shared-prefix forwards both pass one).
+
 The files themselves (config.json present, weights whole, a tokenizer) are checked earlier by
 `memrl.errors.model_dir`; this module is what runs once transformers reads them.
 """
@@ -18,6 +21,7 @@ The files themselves (config.json present, weights whole, a tokenizer) are check
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 from collections.abc import Iterator
@@ -141,3 +145,18 @@ def check_finite(model: Any, where: str) -> None:
                             "or damaged checkpoint); refusing to generate from it")
         raise UserError(f"{where}: weight {name} holds values so large that their sum overflows (a diverged "
                         "checkpoint); refusing to generate from it")
+
+
+def cache_kwarg(model: Any) -> str:
+    """The keyword of `model.forward` that takes the KV cache: `cache` (transformers' current name, e.g.
+    Qwen2ForCausalLM in transformers 5.24), or `past_key_values` for a model whose forward names only
+    that (older transformers, remote code). transformers 5.x still accepts `past_key_values` where it
+    renamed it, with a FutureWarning on every run and removal announced for 5.40, so the new name is
+    used wherever the signature has it; the two reach the same code (the argument is only renamed)."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a forward without a readable signature: the current name
+        return "cache"
+    if "cache" not in params and "past_key_values" in params:
+        return "past_key_values"
+    return "cache"

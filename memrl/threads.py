@@ -219,11 +219,11 @@ def section_from(preset: str | None, overrides: list[str]) -> ThreadsSection:
     `threads.*` overrides, as load_config would build it; raises what load_config raises on a bad value."""
     from omegaconf import OmegaConf  # noqa: PLC0415 - as memrl.config does
 
-    from memrl.config import _preset_chain, preset_path  # noqa: PLC0415
+    from memrl.config import preset_chain, preset_path  # noqa: PLC0415
 
     node = OmegaConf.structured(ThreadsSection)
     if preset:
-        for _, loaded in _preset_chain(preset_path(preset)):
+        for _, loaded in preset_chain(preset_path(preset)):
             sub = loaded.get("threads") if hasattr(loaded, "get") else None
             if sub is not None:
                 node = OmegaConf.merge(node, sub)

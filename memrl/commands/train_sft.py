@@ -20,6 +20,7 @@ forwards in bfloat16 over float32 weights. The result is a HuggingFace directory
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,17 +31,17 @@ from memrl.config import MAX_COUNT, MAX_TOKENS, ConfigError, load_config, to_yam
 from memrl.data.conversations import conversation_segments, is_conversation_file, load_conversations
 from memrl.data.io import load_tasks
 from memrl.data.synthetic import make_tasks
-from memrl.demonstrators import MixtureDemonstrator, ScriptedEngine
+from memrl.demonstrators import MixtureDemonstrator, play_scripted
 from memrl.demonstrators.evidence import EvidenceDemonstrator
 from memrl.errors import model_dir
 from memrl.locks import locked_dir
 from memrl.model_open import open_model
 from memrl.precision import resolve_compute_dtype, torch_dtype
-from memrl.runtime import rollout_once
 from memrl.training import lora
 from memrl.training.assemble import check_writable
 from memrl.training.config import DataSection, ModelSection
 from memrl.training.sft import SFTConfig, sft_train_logged
+from memrl.types import Group, Segment
 from memrl.workflows import parse_workflow
 
 
@@ -129,20 +130,11 @@ def run(args: argparse.Namespace) -> int:
 def _run_demonstrator(cfg: SFTRunConfig) -> int:
     """SFT on the built-in demonstrator's replies to synthetic tasks."""
     spec, wf = parse_workflow(cfg.workflow, stage="train")
-    out = check_writable(cfg.out_dir)
-    (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
-    tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    model = open_model(cfg.model.path, "model.path").to(cfg.model.device)
-    model = _lora(model, cfg)
     mem, fin = wf.templates()
     rule = MixtureDemonstrator(mem.text, fin.text, cfg.demonstrator.budget, cfg.demonstrator.skip_prob,
                        wf.no_memory_text, cfg.data.seed, p_aware=cfg.demonstrator.p_aware)
     tasks = make_tasks(cfg.data.synthetic, cfg.demonstrator.num_tasks, seed=cfg.data.seed)
-    groups = rollout_once(tasks, spec, ScriptedEngine(rule, tokenizer=tok), wf, n=1)
-    segments = [s for g in groups for s in g.segments()]
-    losses = sft_train_logged(model, tok, segments, cfg.sft, out, save_dir=out,
-                              compute=torch_dtype(cfg.model.compute_dtype))
-    _save_merged(model, tok, out, cfg)
+    segments, losses, out = _sft(cfg, lambda tok: _rows(play_scripted(rule, tasks, tok, spec, wf)))
     print(f"SFT on {len(segments)} rows: loss {losses[0]:.3f} -> {losses[-1]:.3f}; model in {out}")
     return 0
 
@@ -168,15 +160,7 @@ def _run_evidence(cfg: SFTRunConfig) -> int:
             reader = EvidenceDemonstrator.for_tasks(wf, tasks, load_tasks(cfg.demonstrator.source))
         except ValueError as e:
             raise ConfigError(f"demonstrator.source {cfg.demonstrator.source}: {e}") from None
-    out = check_writable(cfg.out_dir)
-    (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
-    tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    groups = rollout_once(tasks, spec, ScriptedEngine(reader, tokenizer=tok), wf, n=1)
-    segments = [s for g in groups for s in g.segments()]
-    model = _lora(open_model(cfg.model.path, "model.path").to(cfg.model.device), cfg)
-    losses = sft_train_logged(model, tok, segments, cfg.sft, out, save_dir=out,
-                              compute=torch_dtype(cfg.model.compute_dtype))
-    _save_merged(model, tok, out, cfg)
+    segments, losses, out = _sft(cfg, lambda tok: _rows(play_scripted(reader, tasks, tok, spec, wf)))
     trained = sum(s.num_trained_tokens for s in segments)
     print(f"SFT on {len(segments)} rows of {len(tasks)} tasks, {trained} trained tokens: loss {losses[0]:.3f} -> "
           f"{losses[-1]:.3f}; model in {out}")
@@ -193,20 +177,32 @@ def _run_conversations(cfg: SFTRunConfig) -> int:
                           "(train-sft reads rows of messages + tools; a HotpotQA / 2Wiki task file needs "
                           "demonstrator.name=evidence)")
     convs, skipped = load_conversations(path, skip_bad=cfg.conversations.skip_bad)
-    out = check_writable(cfg.out_dir)
-    (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
-    tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    segments = conversation_segments(tok, convs, cfg.conversations.max_length, cfg.conversations.truncation)
-    model = open_model(cfg.model.path, "model.path").to(cfg.model.device)
-    model = _lora(model, cfg)
-    losses = sft_train_logged(model, tok, segments, cfg.sft, out, save_dir=out,
-                              compute=torch_dtype(cfg.model.compute_dtype))
-    _save_merged(model, tok, out, cfg)
+    c = cfg.conversations
+    segments, losses, out = _sft(cfg, lambda tok: conversation_segments(tok, convs, c.max_length, c.truncation))
     note = f" ({skipped} malformed rows skipped)" if skipped else ""
     trained = sum(s.num_trained_tokens for s in segments)
     print(f"SFT on {len(segments)} chats{note}, {trained} trained tokens: loss {losses[0]:.3f} -> "
           f"{losses[-1]:.3f}; model in {out}")
     return 0
+
+
+def _sft(cfg: SFTRunConfig, rows: Callable[[Any], list[Segment]]) -> tuple[list[Segment], list[float], Path]:
+    """The one SFT pipeline of every source: config.yaml in out_dir, the model's tokenizer, the rows
+    `rows(tokenizer)` makes, the model (with LoRA adapters under model.lora), SFT (memrl.training.sft,
+    checkpoints in out_dir), the merged model when asked; returns (the rows, the losses, out_dir)."""
+    out = check_writable(cfg.out_dir)
+    (out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
+    tok = AutoTokenizer.from_pretrained(cfg.model.path)
+    segments = rows(tok)
+    model = _lora(open_model(cfg.model.path, "model.path").to(cfg.model.device), cfg)
+    losses = sft_train_logged(model, tok, segments, cfg.sft, out, save_dir=out,
+                              compute=torch_dtype(cfg.model.compute_dtype))
+    _save_merged(model, tok, out, cfg)
+    return segments, losses, out
+
+
+def _rows(groups: list[Group]) -> list[Segment]:
+    return [s for g in groups for s in g.segments()]
 
 
 def _lora(model: Any, cfg: SFTRunConfig) -> Any:

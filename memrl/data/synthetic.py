@@ -190,8 +190,9 @@ def question_key(question: str) -> tuple[str, int]:
     raise ValueError(f"not a synthetic question: {question!r}")
 
 
-def _asked(problem: str) -> tuple[str, int]:
-    """`question_key(problem)`, or ("", 1) for a problem this module did not write (matches no fact)."""
+def asked_key(problem: str) -> tuple[str, int]:
+    """`question_key(problem)`, or ("", 1) for a problem this module did not write (matches no fact): the
+    scripted demonstrators (memrl.demonstrators) read the asked key by it."""
     try:
         return question_key(problem)
     except ValueError:

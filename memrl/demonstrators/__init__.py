@@ -1,7 +1,8 @@
 """Demonstrators: scripted policies (prompt text in, reply text out) and the engine that plays them. Every
 scripted policy is a `*Demonstrator` class in this package:
 
-- engine.ScriptedEngine: the Engine protocol over a script (records demonstrations; scripts tests).
+- engine.ScriptedEngine: the Engine protocol over a script (records demonstrations; scripts tests), and
+  engine.play_scripted: a scripted policy played through a workflow by it (the one way traces are recorded).
 - synthetic.RecentFactsDemonstrator / QuestionAwareDemonstrator / MixtureDemonstrator: the synthetic task's
   question-blind rule, optimal policy, and the mixture of the two (the demo's cold start: optimal with
   probability p_aware per memory step).
@@ -18,7 +19,7 @@ scripted policy is a `*Demonstrator` class in this package:
   (`EvidenceDemonstrator.for_needles`, `demonstrator.name=needle`: the sentences that hold a gold value).
 """
 
-from memrl.demonstrators.engine import ScriptedEngine
+from memrl.demonstrators.engine import ScriptedEngine, play_scripted
 from memrl.demonstrators.infmem import ReadingDemonstrator
 from memrl.demonstrators.lookback import LookbackDemonstrator
 from memrl.demonstrators.synthetic import (
@@ -28,4 +29,4 @@ from memrl.demonstrators.synthetic import (
 )
 
 __all__ = ["LookbackDemonstrator", "MixtureDemonstrator", "QuestionAwareDemonstrator", "ReadingDemonstrator",
-           "RecentFactsDemonstrator", "ScriptedEngine"]
+           "RecentFactsDemonstrator", "ScriptedEngine", "play_scripted"]

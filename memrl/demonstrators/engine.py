@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memrl.engines.base import Completion, SamplingParams
+from memrl.runtime import rollout_once
+from memrl.types import Group, Task
+from memrl.workflows import WorkflowSpec, get_workflow
 
 
 @dataclass
@@ -60,3 +63,13 @@ class ScriptedEngine:
 
     async def close(self) -> None:
         return None
+
+
+def play_scripted(agent: Any, tasks: list[Task], tokenizer: Any, workflow: str | WorkflowSpec, wf_cfg: Any,
+                  n: int = 1, seed: int = 0, concurrency: int = 64) -> list[Group]:
+    """A scripted `agent` played through `workflow` (a name or its spec) under `wf_cfg` by a ScriptedEngine:
+    `n` trajectories per task, scored (memrl.runtime.rollout_once). The one way a demonstrator's traces are
+    recorded: every row is cut as RL cuts its rows."""
+    spec = get_workflow(workflow) if isinstance(workflow, str) else workflow
+    return rollout_once(tasks, spec, ScriptedEngine(agent, tokenizer=tokenizer), wf_cfg, n=n, seed=seed,
+                        concurrency=concurrency)

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from memrl.data.synthetic import _asked, find_facts, memory_text
+from memrl.data.synthetic import asked_key, find_facts, memory_text
 from memrl.demonstrators.prompts import prompt_pattern
 
 
@@ -73,19 +73,19 @@ class ReadingDemonstrator:
     def __call__(self, prompt_text: str, call_index: int = 0) -> str:
         m = self._mem.search(prompt_text)
         if m:
-            key, _ = _asked(m.group("problem"))
+            key, _ = asked_key(m.group("problem"))
             memory = m.group("memory")
             seen = self._value(" ".join(m.groupdict().get(f) or "" for f in ("retrieved", "chunk")) + " " + memory,
                                key)
             return memory_text([(key, seen)], self.fact_sep) if seen else memory
         p = self._plan.search(prompt_text) if self._plan is not None else None
         if p:
-            key, _ = _asked(p.group("problem"))
+            key, _ = asked_key(p.group("problem"))
             if self._value(p.group("memory"), key):
                 return self.stop_marker
             return retrieve_reply(key, self.top_k, self.tool_name)
         f = self._fin.search(prompt_text)
         if not f:
             raise ValueError(f"ReadingDemonstrator: prompt matches none of its templates: {prompt_text[:200]!r}")
-        key, _ = _asked(f.group("problem"))
+        key, _ = asked_key(f.group("problem"))
         return answer_reply(self._value(f.group("memory"), key) or self.unknown_text)

@@ -16,10 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from memrl.demonstrators.engine import ScriptedEngine
-from memrl.runtime import rollout_once
+from memrl.demonstrators.engine import play_scripted
 from memrl.types import Group, Task
-from memrl.workflows import get_workflow
 
 _QUESTION_HEAD = "Answer the following"
 _SUB = re.compile(r"^\d+\. (.+?)(?:<|$)", re.MULTILINE)
@@ -52,5 +50,4 @@ def mem1_demonstrations(tasks: list[Task], tokenizer: Any, wf_cfg: Any, seed: in
     """StateDemonstrator played through `workflow=mem1` under `wf_cfg` (its `context` setting included), one
     trajectory per task: the cold start's SFT rows are its segments, one per turn, as RL cuts them."""
     agent = StateDemonstrator(wf_cfg.answer_separator)
-    return rollout_once(tasks, get_workflow("mem1"), ScriptedEngine(agent, tokenizer=tokenizer), wf_cfg, n=1,
-                        concurrency=256, seed=seed)
+    return play_scripted(agent, tasks, tokenizer, "mem1", wf_cfg, seed=seed, concurrency=256)

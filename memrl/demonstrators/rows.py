@@ -12,7 +12,7 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from memrl.data import synthetic, synthetic_memact
-from memrl.demonstrators.engine import ScriptedEngine
+from memrl.demonstrators.engine import play_scripted
 from memrl.demonstrators.stages import (
     context_demonstrations,
     context_demonstrator,
@@ -20,7 +20,6 @@ from memrl.demonstrators.stages import (
     mixture_demonstrator,
 )
 from memrl.models.tiny import cached_tiny_model
-from memrl.runtime import rollout_once
 from memrl.types import Segment
 from memrl.workflows import parse_workflow
 
@@ -65,8 +64,7 @@ def _memagent(tok: Any, tasks: int, n: int, seed: int) -> list[Any]:
     data = synthetic.SyntheticConfig(min_chunks=2, num_chunks=8, chunk_words=8, fact_position="start", num_keys=16,
                            num_values=16)
     rule = mixture_demonstrator(wf, seed=seed, p_aware=0.5)
-    return rollout_once(synthetic.make_tasks(data, tasks, seed=1000 + seed), spec, ScriptedEngine(rule, tokenizer=tok), wf, n=n,
-                        seed=seed)
+    return play_scripted(rule, synthetic.make_tasks(data, tasks, seed=1000 + seed), tok, spec, wf, n=n, seed=seed)
 
 
 def _context(workflow: str, tok: Any, tasks: int, seed: int, sub_questions: int, padding_words: int,

@@ -18,14 +18,12 @@ from typing import Any
 
 from memrl.config import MAX_TOKENS
 from memrl.demonstrators.context import FoldDemonstrator, SearchDemonstrator, SummaryDemonstrator
-from memrl.demonstrators.engine import ScriptedEngine
+from memrl.demonstrators.engine import ScriptedEngine, play_scripted
 from memrl.demonstrators.memact import MemActDemonstrator
 from memrl.demonstrators.synthetic import MixtureDemonstrator
 from memrl.eval.evaluator import EngineRollout, evaluate_policy
 from memrl.quiet import encode_text
-from memrl.runtime import rollout_once
 from memrl.types import Group, Segment, Task
-from memrl.workflows import get_workflow
 from memrl.workflows.templates import chat_prompt
 
 # ------------------------------------------------------------------------------------------- MemAgent
@@ -47,7 +45,7 @@ def mixture_demonstrator(wf_cfg: Any, *, seed: int, p_aware: float, budget: int 
 def record_demonstrations(rule: Any, tasks: list[Task], tokenizer: Any, wf_cfg: Any,
                           workflow: str = "memagent") -> list[Group]:
     """The scripted `rule` played through `workflow` by ScriptedEngine, one trajectory per task."""
-    return rollout_once(tasks, get_workflow(workflow), ScriptedEngine(rule, tokenizer=tokenizer), wf_cfg, n=1)
+    return play_scripted(rule, tasks, tokenizer, workflow, wf_cfg)
 
 
 def reading_segments(tasks: list[Task], tokenizer: Any, final_template: Any) -> list[Segment]:
@@ -86,8 +84,7 @@ def memact_demonstrations(tasks: list[Task], tokenizer: Any, wf_cfg: Any, late_p
     script = MemActDemonstrator(keep_results=keep_results, late_prob=late_prob if prune_tool else 1.0, seed=seed,
                                 topk=topk)
     wf = replace(wf_cfg, no_prune_prob=0.0, prune_tool=prune_tool)
-    return rollout_once(tasks, get_workflow("memact"), ScriptedEngine(script, tokenizer=tokenizer), wf, n=1,
-                        concurrency=256, seed=seed)
+    return play_scripted(script, tasks, tokenizer, "memact", wf, seed=seed, concurrency=256)
 
 
 def calibrate_budget(tasks: list[Task], tokenizer: Any, wf_cfg: Any, topk: int = 2) -> int:
@@ -123,8 +120,7 @@ def context_demonstrations(tasks: list[Task], tokenizer: Any, workflow: str, wf_
     """The scripted `agent` (memrl.demonstrators.context: SearchDemonstrator, FoldDemonstrator,
     SummaryDemonstrator) played through `workflow` (fold, summarize, sliding_window), one trajectory per task:
     the cold start's SFT rows are its segments, cut exactly as RL cuts its rows."""
-    return rollout_once(tasks, get_workflow(workflow), ScriptedEngine(agent, tokenizer=tokenizer), wf_cfg, n=1,
-                        concurrency=256, seed=seed)
+    return play_scripted(agent, tasks, tokenizer, workflow, wf_cfg, seed=seed, concurrency=256)
 
 
 def context_demonstrator(kind: str, late_prob: float = 0.0, seed: int = 0, topk: int = 2) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from memrl.data.synthetic import VALUES, _asked, find_facts, memory_text
+from memrl.data.synthetic import VALUES, asked_key, find_facts, memory_text
 from memrl.demonstrators.prompts import prompt_pattern
 
 
@@ -57,7 +57,7 @@ class RecentFactsDemonstrator:
         if not f:
             raise ValueError(f"RecentFactsDemonstrator: prompt matches neither template: {prompt_text[:200]!r}")
         facts = find_facts(f.group("memory"), self.fact_sep)
-        key, hops = _asked(f.group("problem"))
+        key, hops = asked_key(f.group("problem"))
         table = dict(facts)
         answer = table.get(key)
         if answer is not None and hops == 2:
@@ -72,7 +72,7 @@ class RecentFactsDemonstrator:
     def _memory(self, facts: list[tuple[str, str]], problem: str) -> str:
         if not facts:
             return self.no_memory_text
-        topic = _asked(problem)[0] if self.restate_key else None
+        topic = asked_key(problem)[0] if self.restate_key else None
         return memory_text(facts, self.fact_sep, topic, self.restate_sep)
 
 
@@ -101,7 +101,7 @@ def _relevant(old: list[tuple[str, str]], new: list[tuple[str, str]], problem: s
               keep_distractors: bool = True) -> list[tuple[str, str]]:
     """The optimal one-hop choice: the section's fact about the question's key, else the memory's, else
     every fact (old + new, newest last) or, without `keep_distractors`, none."""
-    key, _ = _asked(problem)
+    key, _ = asked_key(problem)
     about = [f for f in new if f[0] == key] or [f for f in old if f[0] == key]
     return about or ((old + new) if keep_distractors else [])
 

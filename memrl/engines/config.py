@@ -12,7 +12,7 @@ OpenAIConfig take theirs from here (tests/unit/test_config_defaults.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memrl.config import MAX_COUNT, MAX_MB, MAX_PARALLEL, MAX_SECONDS, MAX_SEED, MAX_TOKENS, valid
@@ -81,6 +81,15 @@ class HFSection:
     share_weights: bool = True
     """Training only: serve the very module being trained (no copy; weight sync is a no-op). False = a
     copy of the policy, synced after every update."""
+
+    def serving_policy(self, policy_compute_dtype: str | None) -> str | None:
+        """The compute dtype when the engine serves a trained policy whose forwards compute in
+        `policy_compute_dtype` (model.compute_dtype, resolved): this section's when set, else bfloat16 under a
+        bfloat16 policy, else the weights' dtype (None). The one rule for the in-process engine and the Ray
+        replicas."""
+        if self.compute_dtype is not None:
+            return self.compute_dtype
+        return "bfloat16" if policy_compute_dtype == "bfloat16" else None
 
     def contradiction(self) -> str | None:
         """What two of these settings contradict (one line naming both), None when they agree: checked when
@@ -214,3 +223,15 @@ class EngineConfig:
         problem = self.hf.contradiction()
         if problem:
             raise ValueError(problem)
+
+    def for_replica(self, kind: str, model: str, dtype: str | None, gpus: float, policy_compute_dtype: str | None,
+                    gpu_memory_utilization: float, sleeps: bool) -> EngineConfig:
+        """This section as every Ray replica runs it: kind `kind` loading `model` in `dtype`, on "cuda" when it
+        has `gpus` > 0 else "cpu"; hf: a copy of the policy (share_weights off) computing in
+        HFSection.serving_policy's dtype; vllm: `gpu_memory_utilization`, and sleep mode when `sleeps` (or
+        engine.vllm.enable_sleep_mode)."""
+        hf = replace(self.hf, device="cuda" if gpus > 0 else "cpu", share_weights=False,
+                     compute_dtype=self.hf.serving_policy(policy_compute_dtype))
+        vllm = replace(self.vllm, gpu_memory_utilization=gpu_memory_utilization,
+                       enable_sleep_mode=self.vllm.enable_sleep_mode or sleeps)
+        return replace(self, name=kind, model=model, dtype=dtype, hf=hf, vllm=vllm)

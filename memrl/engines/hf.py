@@ -40,13 +40,13 @@ from transformers.cache_utils import Cache
 
 from memrl.engines.base import Capabilities, EngineError, SamplingParams
 from memrl.engines.config import KV_CACHES, EngineConfig, HFSection
-from memrl.engines.hf_cache import PrefixStore, cache_kwarg, cache_layer_class
+from memrl.engines.hf_cache import PrefixStore, cache_layer_class
 from memrl.engines.hf_layouts import PaddedLayout, SlotLayout
 from memrl.engines.hf_sampling import sample_into
 from memrl.engines.hf_scheduler import Request, Scheduler
 from memrl.engines.hf_weights import load_state_dict, strip_wrappers
 from memrl.engines.weight_transfer import WeightTransfer, receive_all
-from memrl.model_open import open_model
+from memrl.model_open import cache_kwarg, open_model
 from memrl.precision import autocast, resolve_compute_dtype, torch_dtype
 
 PREFIX_CACHE_TOKENS = 16384

@@ -1,9 +1,8 @@
-"""The KV cache of the transformers engine: transformers cache layers that grow a preallocated buffer,
-and the name under which a model's forward takes its cache."""
+"""The KV cache of the transformers engine: transformers cache layers that grow a preallocated buffer (the
+keyword a model's forward takes its cache by is memrl.model_open.cache_kwarg)."""
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
@@ -15,21 +14,6 @@ except ImportError:  # transformers before the layered Cache API: cache_layer_cl
     DynamicLayer = None
 
 from memrl.engines.base import EngineError
-
-
-def cache_kwarg(model: Any) -> str:
-    """The keyword of `model.forward` that takes the KV cache: `cache` (transformers' current name, e.g.
-    Qwen2ForCausalLM in transformers 5.24), or `past_key_values` for a model whose forward names only
-    that (older transformers, remote code). transformers 5.x still accepts `past_key_values` where it
-    renamed it, with a FutureWarning on every run and removal announced for 5.40, so the new name is
-    used wherever the signature has it; the two reach the same code (the argument is only renamed)."""
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):  # a forward without a readable signature: the current name
-        return "cache"
-    if "cache" not in params and "past_key_values" in params:
-        return "past_key_values"
-    return "cache"
 
 
 def cache_layer_class() -> type:

@@ -59,7 +59,7 @@ def _build_hf(cfg: EngineConfig, policy: Any = None, tokenizer: Any = None, lora
 
 
 def _hf_for_policy(cfg: EngineConfig, compute_dtype: str | None) -> EngineConfig:
-    if cfg.hf.compute_dtype is None and compute_dtype == "bfloat16":
+    if cfg.hf.compute_dtype is None and cfg.hf.serving_policy(compute_dtype) == "bfloat16":
         # Mixed precision: the engine decodes on a bfloat16 copy of the policy, synced after every update (the
         # shared float32 module under autocast costs a decode step more than it saves on the CPU).
         log.info("model.compute_dtype=bfloat16: the hf engine serves a bfloat16 copy of the policy, synced after "
@@ -75,10 +75,17 @@ def _hf_async_problem(cfg: EngineConfig, k: int) -> str | None:
     return None
 
 
+def _hf_routing_problem(cfg: EngineConfig) -> str | None:
+    if cfg.hf.kv_cache != "padded":
+        return (f"engine.hf.kv_cache={cfg.hf.kv_cache} (r3 records the padded cache's forwards; set "
+                "engine.hf.kv_cache=padded)")
+    return None
+
+
 HF = EngineKind(
     "hf", _build_hf, section="hf", serves_policy=True, replica="hf",
     shares_policy=lambda cfg: bool(cfg.hf.share_weights), for_policy=_hf_for_policy,
-    async_problem=_hf_async_problem,
+    async_problem=_hf_async_problem, routing_problem=_hf_routing_problem,
     describe=lambda cfg: "hf (in process, engine.hf.share_weights=" + str(cfg.hf.share_weights).lower() + ")",
 )
 

@@ -55,6 +55,9 @@ class EngineKind:
     """(cfg, rollout.max_staleness) -> why it cannot sample in process while the trainer updates."""
     train_problem: Callable[[Any], str | None] | None = None
     """cfg -> why its settings cannot train (they may still evaluate)."""
+    routing_problem: Callable[[Any], str | None] | None = None
+    """cfg -> why an engine that serves the policy in process cannot record a mixture-of-experts model's
+    routing as it samples (algorithm.routing_replay=r3); None = it can."""
     adapter_problem: Callable[[Any, str, int], str | None] | None = None
     """(cfg, the lora_sync field, model.lora.rank) -> why it cannot take adapters of that rank."""
     describe: Callable[[Any], str] | None = None

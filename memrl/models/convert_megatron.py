@@ -43,15 +43,15 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from memrl.dcp_metadata import DCP_METADATA_CLASSES
 from memrl.models.errors import ConvertError, why
-from memrl.training.checkpoint import _DCP_CLASSES
 
 
 def _metadata_classes() -> dict[tuple[str, str], Any]:
     class MCoreMetadata(Metadata):
         """Megatron-core's Metadata subclass (an extra `mcore_data` dict of plain data), read as DCP's."""
 
-    allowed: dict[tuple[str, str], Any] = {k: None for k in _DCP_CLASSES}
+    allowed: dict[tuple[str, str], Any] = {k: None for k in DCP_METADATA_CLASSES}
     allowed[("torch.distributed.checkpoint.metadata", "BytesStorageMetadata")] = BytesStorageMetadata
     allowed[("megatron.core.dist_checkpointing.strategies.torch", "MCoreMetadata")] = MCoreMetadata
     return allowed

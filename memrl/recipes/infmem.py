@@ -16,9 +16,9 @@ infmem) or memagent (one memory call per chunk, then the final; GRPO on the outc
 data/heldout_tasks.jsonl) -> init a tiny Qwen2 whose BPE tokenizer is trained on the task's text and both
 arms' scripted contexts, so both methods share it (memrl.recipes.scratch.init_model) -> optional copy
 warm-up (memrl.recipes.cold_start.copy_warmup) -> cold start: SFT on the reading oracle (memrl.demonstrators.
-infmem.ReadingDemonstrator) played through the arm's workflow, every row as the workflow cuts it (memrl.recipes.
-cold_start.reading_cold_start) -> held-out evaluation of the SFT model -> RL (preset infmem_cpu, on the
-preset's synthetic task stream) -> the same evaluation after RL. The evaluation (memrl.eval.evaluator.
+infmem.ReadingDemonstrator) played through the arm's workflow, every row as the workflow cuts it (memrl.demonstrators.
+stages.context_demonstrations) -> held-out evaluation of the SFT model -> RL (preset infmem_cpu, on the
+preset's synthetic task stream) -> the same evaluation after RL. The evaluation (memrl.recipes.summaries.
 evaluate_reading) is greedy and sampled (one sample per task at `eval.temperature`), per length: accuracy
 (exact match) +- SE over tasks, model calls, chunks read, retrievals, tokens read, stop rate and stop step.
 Writes results.json and results.md.

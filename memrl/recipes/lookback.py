@@ -44,7 +44,7 @@ from memrl.data.memagent_files import write_eval_json
 from memrl.data.synthetic import corpus_text
 from memrl.data.synthetic_lookback import LookbackConfig as Shape
 from memrl.data.synthetic_lookback import corpus_extra, make_lookback_tasks
-from memrl.demonstrators import LookbackDemonstrator, ScriptedEngine
+from memrl.demonstrators import LookbackDemonstrator, ScriptedEngine, play_scripted
 from memrl.engines import EngineConfig, HFSection
 from memrl.eval.evaluator import mean_and_se
 from memrl.eval.runner import EvalConfig, evaluate
@@ -55,15 +55,15 @@ from memrl.recipes.pipeline import (
     HELDOUT_SHA256,
     EvalSettings,
     Recipe,
+    RecipeConfig,
     RecipeRun,
     WarmupSFTSettings,
     run_recipe,
 )
 from memrl.recipes.tables import GridTable
-from memrl.runtime import rollout_once
 from memrl.training.config import TrainConfig
 from memrl.types import Segment
-from memrl.workflows import get_workflow, parse_workflow
+from memrl.workflows import parse_workflow
 
 __all__ = ["OLD_DEFAULTS", "PRESETS", "RECIPE", "LookbackConfig", "LookbackEval", "LookbackSFT", "run_lookback_demo",
            "summarize"]
@@ -116,7 +116,7 @@ class LookbackEval(EvalSettings):
 
 
 @dataclass
-class LookbackConfig:
+class LookbackConfig(RecipeConfig):
     """`memrl demo --agent lookback` settings; the RL settings are the arm's preset (+ train.*)."""
 
     method: str = valid("rememr1", choices=tuple(PRESETS))
@@ -276,7 +276,8 @@ class LookbackRecipe(Recipe):
         stats, k = {}, run.cfg.sft.oversample_recall
         for wf in PRESETS:
             c = preset_workflow(wf, temperature=0.0)
-            groups = rollout_once(run.extra["sft_tasks"], get_workflow(wf), oracle(wf, c, run.tokenizer), c, n=1)
+            rule = LookbackDemonstrator.for_config(wf, c)
+            groups = play_scripted(rule, run.extra["sft_tasks"], run.tokenizer, wf, c)
             rows = [x for g in groups for x in g.segments()]
             recalls = [x for x in rows if x.info.get("recall_query")]
             rows_all += rows + recalls * (k - 1)

@@ -55,6 +55,7 @@ from memrl.recipes.parts import (
     engine_eval,
     eval_tasks,
     history,
+    set_workflow,
     write_data,
 )
 from memrl.recipes.pipeline import (
@@ -233,8 +234,7 @@ class MemActRecipe(SplitRecipe):
         run.tokenizer, run.model = init_model(cfg, run.wf_cfg, data.sft_tasks, run.out)
         run.extra["n_params"] = n_params = count_parameters(run.model)
         budget = context_budget(cfg, run.tokenizer, run.wf_cfg, data.sft_tasks)
-        run.wf_cfg = replace(run.wf_cfg, max_context_tokens=budget)
-        run.tcfg.workflow["max_context_tokens"] = budget
+        set_workflow(run, max_context_tokens=budget)
         print(f"working-context budget: {budget} tokens")
         print(f"model: {n_params / 1e6:.2f}M parameters, vocabulary {len(run.tokenizer)}")
 

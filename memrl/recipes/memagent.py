@@ -21,16 +21,15 @@ import logging
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from memrl.config import (
     MAX_COUNT,
     MAX_LR,
-    MAX_PARALLEL,
     MAX_SEED,
-    MAX_TEMPERATURE,
+    MAX_TOKENS,
     MAX_VOCAB,
     ConfigError,
     valid,
@@ -48,8 +47,15 @@ from memrl.eval.stats import cell
 from memrl.models.tiny import PRESETS, ModelPreset, init_tiny_model
 from memrl.quiet import hf_progress_off
 from memrl.recipes.parts import engine_eval
-from memrl.recipes.pipeline import Recipe, RecipeRun, SFTSettings, run_recipe
-from memrl.recipes.policy import demo_shape_problem
+from memrl.recipes.pipeline import (
+    EvalSettings,
+    ModelShape,
+    Recipe,
+    RecipeConfig,
+    RecipeRun,
+    SFTSettings,
+    run_recipe,
+)
 from memrl.recipes.report import memagent_markdown, plot_memagent
 from memrl.recipes.scratch import check_pieces, init_model
 from memrl.recipes.tables import cell_of
@@ -102,60 +108,44 @@ class DemoSFT(SFTSettings):
 
 
 @dataclass
-class DemoEval:
-    """Held-out evaluation, the same for every row: seeds never used in training."""
+class DemoEval(EvalSettings):
+    """Held-out evaluation, the same for every row: seeds never used in training (the sampled evaluation's
+    seed is eval.seed too)."""
 
     num_tasks: int = valid(128, ge=1, le=MAX_COUNT)
     """Tasks per length."""
     multipliers: list[int] = valid(default_factory=lambda: [1, 4, 16], ge=1, le=MAX_COUNT)
     """Lengths evaluated, as multiples of the training length (the longest training document, in chunks)."""
-    seed: int = valid(987654, ge=0, le=MAX_SEED)
-    """Seed of the held-out task stream and of the sampled evaluation (training uses data.seed and sft_seed)."""
     greedy: bool = True
     """Greedy decoding (one trajectory per task)."""
     samples: int = valid(4, ge=0, le=MAX_COUNT, note="0 = no sampled evaluation")
     """Sampled trajectories per task (0 = no sampled evaluation): the policy RL optimizes."""
-    temperature: float = valid(1.0, gt=0, le=MAX_TEMPERATURE)
-    """Temperature of the sampled evaluation."""
     demonstrator: bool = True
     """Also evaluate the scripted demonstrator (sampled) through the same workflow."""
 
 
 @dataclass
-class DemoConfig:
-    """`memrl demo` settings; the RL settings are the `demo_cpu` training preset (+ train.* overrides)."""
+class DemoConfig(RecipeConfig, ModelShape):
+    """`memrl demo` settings; the RL settings are the `demo_cpu` training preset (+ train.* overrides). The
+    "micro" shape's fields (ModelShape) sit at the top level here (`hidden_size=...`)."""
 
+    shape_key: ClassVar[str] = ""
     model_preset: str = "micro"
     """"micro" (the shape below, ~0.8M parameters: learns to copy facts within the CPU budget) or a
     memrl.models.tiny preset ("tiny" ~3M, "small" ~24M)."""
-    hidden_size: int = valid(128, ge=1, le=65536)
-    num_layers: int = valid(4, ge=1, le=1024)
-    num_heads: int = valid(4, ge=1, le=1024)
-    num_kv_heads: int = valid(2, ge=1, le="num_heads")
     vocab_size: int = valid(2048, ge=1, le=MAX_VOCAB)
     """BPE target; the trained vocabulary stops earlier when the corpus runs out of merges."""
-    seed: int = valid(0, ge=0, le=MAX_SEED)
+    max_positions: int = valid(4096, ge=1, le=MAX_TOKENS)
+    """The "micro" shape's position embeddings."""
     sft_seed: int = valid(500, ge=0, le=MAX_SEED)
     """Seed of the SFT demonstration tasks."""
     sft: DemoSFT = field(default_factory=DemoSFT)
     eval: DemoEval = field(default_factory=DemoEval)
     train_preset: str = "demo_cpu"
-    threads: int = valid(0, ge=0, le=MAX_PARALLEL, note="0 = torch's default")
-    """torch threads (0 = torch's default)."""
-
-    def __post_init__(self) -> None:
-        problem = demo_shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "")
-        if problem:
-            raise ValueError(problem)
 
     def policy_shape(self) -> ModelPreset | None:
         """The model the first stage builds (memrl.recipes.policy): the "micro" shape or the preset `model_preset`."""
-        return self.shape() if self.model_preset == "micro" else PRESETS.get(self.model_preset)
-
-    def shape(self) -> ModelPreset:
-        """The "micro" shape (intermediate size 2 x hidden, 4096 positions)."""
-        return ModelPreset(self.vocab_size, self.hidden_size, 2 * self.hidden_size, self.num_layers, self.num_heads,
-                           self.num_kv_heads, max_position_embeddings=4096)
+        return self.preset() if self.model_preset == "micro" else PRESETS.get(self.model_preset)
 
 
 def protocol(cfg: DemoConfig) -> EvalProtocol:
@@ -263,7 +253,7 @@ class MemAgentRecipe(Recipe):
         run.extra["tasks"] = heldout_tasks(cfg, run.tcfg)
         extra, text = tokenizer_strings(cfg, run.tcfg, wf), lambda e: corpus_text(seed=cfg.seed, extra=e)
         run.tokenizer, run.model = (preset_model(run.out, cfg, text(tuple(extra * 50))) if cfg.model_preset != "micro"
-                                    else init_model(run.out, cfg.shape(), cfg.vocab_size, cfg.seed, text, extra * 5,
+                                    else init_model(run.out, cfg.preset(), cfg.vocab_size, cfg.seed, text, extra * 5,
                                                     chat=False, fit_length=False))
         check_pieces(run.tokenizer, make_task(syn, seed=0, index=0), syn.chunk_words)
         if wf.chunk_tokens != syn.chunk_words:

@@ -122,9 +122,10 @@ class ModelShape:
     vocab_size: int = valid(2048, ge=1, le=MAX_VOCAB)
     """BPE target; the trained vocabulary stops earlier when the task's text runs out of merges."""
     max_positions: int = valid(1024, ge=1, le=MAX_TOKENS)
+    shape_key: ClassVar[str] = "model."  # where a config holds these fields, as its errors name them
 
     def __post_init__(self) -> None:
-        problem = demo_shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, "model.")
+        problem = demo_shape_problem(self.hidden_size, self.num_heads, self.num_kv_heads, self.shape_key)
         if problem:
             raise ValueError(problem)
 
@@ -143,6 +144,7 @@ class RecipeConfig:
     """Seed of the tokenizer, the model's initial weights, the copy warm-up and the SFT order."""
     train_preset: str = ""
     threads: int = valid(0, ge=0, le=MAX_PARALLEL, note="0 = torch's default")
+    """torch's threads for the whole run (0 = torch's default)."""
 
 
 # ---------------------------------------------------------------------------------------------- a run

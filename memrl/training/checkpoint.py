@@ -36,6 +36,7 @@ from safetensors import safe_open
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
+from memrl.dcp_metadata import DCP_METADATA_CLASSES
 from memrl.errors import UserError, fault_point
 from memrl.quiet import hf_progress_off
 
@@ -52,7 +53,8 @@ LATEST = "latest"
 STATE_KEYS = ("scheduler", "rng", "step", "data_position")
 """Keys every trainer_state.pt has; the optimizer is either `optimizer` (older layout) or
 `optimizer_groups` + OPTIM_DIR (optimizer_layout="dcp")."""
-_STEP_DIR = re.compile(r"step_(\d+)")
+STEP_DIR = re.compile(r"step_(\d+)")
+"""The name of a step's checkpoint directory (step_<n>); the step guard lists and prunes them by it."""
 _TEMP_DIR = re.compile(r"\.step_\d+-")
 
 
@@ -261,19 +263,11 @@ def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- DCP optimizer shards
-_DCP_CLASSES = {
-    ("torch.distributed.checkpoint.metadata", n)
-    for n in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
-              "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
-} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch.serialization", "_get_layout"),
-     ("torch", "Size"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("collections", "OrderedDict")}
-
-
 class _MetadataUnpickler(pickle.Unpickler):
     """Admits DCP's metadata classes and torch dtypes only: anything else in `.metadata` is refused."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _DCP_CLASSES:
+        if (module, name) in DCP_METADATA_CLASSES:
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
@@ -365,7 +359,7 @@ class ResumePoint:
 
 def _candidates(root: Path) -> list[Path]:
     """Checkpoint dirs to try, best first: the one `latest` names, then the others newest first."""
-    dirs = sorted((p for p in root.glob("step_*") if p.is_dir() and _STEP_DIR.fullmatch(p.name)),
+    dirs = sorted((p for p in root.glob("step_*") if p.is_dir() and STEP_DIR.fullmatch(p.name)),
                   key=lambda p: int(p.name[5:]), reverse=True)
     pointer = root / LATEST
     if pointer.is_file():
@@ -374,7 +368,7 @@ def _candidates(root: Path) -> list[Path]:
         except (OSError, UnicodeDecodeError) as e:
             log.warning("%s is unreadable (%s); trying the checkpoints newest first", pointer, e)
             return dirs
-        if _STEP_DIR.fullmatch(name):
+        if STEP_DIR.fullmatch(name):
             named = root / name
             return [named] + [d for d in dirs if d != named]
         log.warning("%s names %r, not a step_N checkpoint; trying the checkpoints newest first", pointer, name)

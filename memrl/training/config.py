@@ -459,17 +459,18 @@ class TrainConfig:
     def _check_routing_replay(self) -> None:
         """algorithm.routing_replay: r2 records in the trainer's old-logprob pass, r3 in the in-process engine's
         padded cache; one rank."""
-        replay = self.algorithm.routing_replay
+        replay, kind = self.algorithm.routing_replay, engine_kind(self.engine.name)
         refused = {"algorithm.old_logprobs=engine (r2 records in the trainer's old-logprob pass)":
                    replay == "r2" and self.algorithm.old_logprobs != "trainer",
                    "trainer.num_workers > 1": self.trainer.num_workers > 1,
                    f"engine.name={self.engine.name} (r3 records in the in-process hf engine)":
-                   replay == "r3" and (not engine_kind(self.engine.name).serves_policy or self.rollout.num_engines > 0),
-                   f"engine.hf.kv_cache={self.engine.hf.kv_cache} (r3 records the padded cache's forwards; set "
-                   "engine.hf.kv_cache=padded)": replay == "r3" and self.engine.hf.kv_cache != "padded"}
+                   replay == "r3" and (not kind.serves_policy or self.rollout.num_engines > 0)}
         for what, on in refused.items():
             if on:
                 raise ConfigError(f"algorithm.routing_replay={replay} does not support {what}")
+        problem = kind.routing_problem(self.engine) if replay == "r3" and kind.routing_problem else None
+        if problem:  # the engine kind's own say (EngineKind.routing_problem)
+            raise ConfigError(f"algorithm.routing_replay={replay} does not support {problem}")
 
     def _check_async_engine(self) -> None:
         """rollout.max_staleness > 0 with the in-process engine: it must keep its own weights."""

@@ -22,14 +22,29 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from memrl.errors import UserError
-from memrl.training.assemble import task_stream
-from memrl.training.checkpoint import _STEP_DIR, LATEST, CheckpointError, set_rng_state, verify_checkpoint
-from memrl.training.health import Alarm
+from memrl.training.checkpoint import LATEST, STEP_DIR, CheckpointError, verify_checkpoint
+from memrl.training.health import Alarm, HealthMonitor
 
 log = logging.getLogger(__name__)
+
+
+class Trainer(Protocol):
+    """What the guard uses of memrl.training.trainer.Trainer (which imports this module)."""
+
+    cfg: Any
+    parts: Any
+    health: HealthMonitor
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def ckpt_root(self) -> Path: ...
+    def save(self) -> Path: ...
+    def sync(self, first: bool = False) -> dict[str, float]: ...
+    def restore(self, checkpoint: Path, state: dict[str, Any], lr_scale: float = 1.0) -> None: ...
 
 RECORDS = "health_events.jsonl"
 """The run's record of the guard's actions (one JSON object a line), beside metrics.jsonl."""
@@ -44,7 +59,7 @@ class CollapseError(UserError):
 
 def good_checkpoint(root: Path, before: int) -> tuple[Path, dict[str, Any]] | None:
     """The newest loadable checkpoint under `root` of a step < `before`, with its state (None: none kept)."""
-    steps = sorted((int(p.name[5:]), p) for p in root.glob("step_*") if p.is_dir() and _STEP_DIR.fullmatch(p.name))
+    steps = sorted((int(p.name[5:]), p) for p in root.glob("step_*") if p.is_dir() and STEP_DIR.fullmatch(p.name))
     for step, p in reversed(steps):
         if step >= before:
             continue
@@ -58,7 +73,7 @@ def good_checkpoint(root: Path, before: int) -> tuple[Path, dict[str, Any]] | No
 def drop_after(root: Path, keep: Path) -> list[str]:
     """Remove the checkpoints newer than `keep` and point `latest` at it (a rollback); returns their names."""
     step = int(keep.name[5:])
-    gone = [p for p in root.glob("step_*") if p.is_dir() and _STEP_DIR.fullmatch(p.name) and int(p.name[5:]) > step]
+    gone = [p for p in root.glob("step_*") if p.is_dir() and STEP_DIR.fullmatch(p.name) and int(p.name[5:]) > step]
     pointer = root / f".{LATEST}.tmp"
     pointer.write_text(keep.name + "\n", encoding="utf-8")
     os.replace(pointer, root / LATEST)  # first: a kill while removing resumes from `keep`
@@ -98,7 +113,7 @@ def seed_offset(cfg: Any, rollbacks: int) -> int:
     return rollbacks * SEED_STRIDE if cfg.rollback_reseed else 0
 
 
-def begin(trainer: Any) -> None:
+def begin(trainer: Trainer) -> None:
     """At the start of the loop (fresh or resumed): health_events.jsonl holds the rollbacks the checkpoint
     counts; under on_collapse=rollback a fresh run saves its step-0 checkpoint (a collapse in the first steps
     goes back to the initial weights)."""
@@ -130,7 +145,7 @@ def stop_message(step: int, alarms: list[Alarm], root: Path, start: int, why: st
     return f"step {step}: training collapsed ({said}); {why}; {where}"
 
 
-def act(trainer: Any, alarms: list[Alarm], metrics: dict[str, float], logger: Any) -> bool:
+def act(trainer: Trainer, alarms: list[Alarm], metrics: dict[str, float], logger: Any) -> bool:
     """After step `trainer.step` was logged (`metrics`) with `alarms` firing: show the ones that fired first now, then
     do what trainer.on_collapse says. Returns True when the run rolled back (the step is not saved);
     raises CollapseError to stop."""
@@ -155,27 +170,21 @@ def act(trainer: Any, alarms: list[Alarm], metrics: dict[str, float], logger: An
     return True
 
 
-def rollback(trainer: Any, path: Path, state: dict[str, Any], step: int, alarms: list[Alarm],
+def rollback(trainer: Trainer, path: Path, state: dict[str, Any], step: int, alarms: list[Alarm],
              metrics: dict[str, float], logger: Any) -> None:
     """Back to checkpoint `path` (its `state`) in place, with the next rollback's learning rate and seeds; the
     event row keeps the trigger step's health/* and reward/mean (metrics.jsonl drops the steps undone)."""
-    cfg, health, parts = trainer.cfg, trainer.health, trainer.parts
+    cfg, health = trainer.cfg, trainer.health
     count = health.rollbacks + 1
     at_ckpt = int((state.get("health") or {}).get("rollbacks", 0))  # the rollbacks its learning rate already has
     scale = cfg.health.rollback_lr_scale ** (count - at_ckpt)
-    parts.workers.load_checkpoint(str(path), scale)
+    trainer.restore(path, state, scale)
     gone = drop_after(trainer.ckpt_root, path)
-    set_rng_state(state["rng"])
-    s = trainer.state
-    s.step, s.position, s.best = int(state["step"]), int(state["data_position"]), state.get("best")
-    health.restore(state.get("health"), keep_rollbacks=True)
     health.rollbacks = count
-    parts.stream = task_stream(cfg, s.position, parts.tasks)
-    parts.dump.truncate(s.step)
-    logger.rewind(s.step)
-    row = {"event": "rollback", "rollback": count, "step": step, "to_step": s.step, "checkpoint": str(path),
+    logger.rewind(trainer.step)
+    row = {"event": "rollback", "rollback": count, "step": step, "to_step": trainer.step, "checkpoint": str(path),
            "removed": gone, "alarms": [a.name for a in alarms], "lr_scale": cfg.health.rollback_lr_scale ** count,
-           "seed_offset": count * SEED_STRIDE if cfg.health.rollback_reseed else 0,
+           "seed_offset": seed_offset(cfg.health, count),
            "metrics": {k: v for k, v in metrics.items() if k.startswith("health/") or k == "reward/mean"}}
     record(trainer.parts.out, row)
     logger.note(f"step {step}: rolled back to {path} (rollback {count} of {cfg.health.max_rollbacks}, learning rate "

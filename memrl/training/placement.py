@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -168,18 +167,20 @@ def share_gpu(cfg: TrainConfig) -> float:
 
 
 def replica_engine_config(cfg: TrainConfig, path: str, gpus: float) -> Any:
-    """The EngineConfig of every replica: the whole `engine` section, with the replica kind, the model
-    `path` (the policy or the resumed checkpoint), a device from its resources, weights in the compute
-    dtype unless engine.dtype says otherwise, and for vLLM rollout.gpu_memory_utilization (plus sleep
-    mode when colocated on GPUs)."""
-    e, r = cfg.engine, cfg.rollout
-    kind = replica_kind(cfg)
+    """The EngineConfig of every replica (EngineConfig.for_replica): the whole `engine` section, with the
+    replica kind, the model `path` (the policy or the resumed checkpoint), a device from its resources, weights
+    in the compute dtype unless engine.dtype says otherwise, and for vLLM rollout.gpu_memory_utilization (plus
+    sleep mode when colocated on GPUs)."""
+    e = cfg.engine
     dtype = e.dtype or ("bfloat16" if cfg.trainer.fsdp_bf16 else cfg.model.dtype)
-    hf = replace(e.hf, device="cuda" if gpus > 0 else "cpu", share_weights=False,
-                 compute_dtype=e.hf.compute_dtype or cfg.model.compute_dtype)
-    vllm = replace(e.vllm, gpu_memory_utilization=r.gpu_memory_utilization,
-                   enable_sleep_mode=e.vllm.enable_sleep_mode or (r.colocate and engine_kind(kind).replica_sleeps and gpus > 0))
-    return replace(e, name=kind, model=path, dtype=dtype, hf=hf, vllm=vllm)
+    return e.for_replica(replica_kind(cfg), path, dtype, gpus, cfg.model.compute_dtype,
+                         cfg.rollout.gpu_memory_utilization, replicas_sleep(cfg, gpus))
+
+
+def replicas_sleep(cfg: TrainConfig, gpus: float) -> bool:
+    """Whether the replicas sleep between rollouts: colocated with the ranks, on GPUs (`gpus` each), of a kind
+    that sleeps (EngineKind.replica_sleeps)."""
+    return cfg.rollout.colocate and engine_kind(replica_kind(cfg)).replica_sleeps and gpus > 0
 
 
 def ray_engines(cfg: TrainConfig, path: str | Path, tokenizer: Any, shared_pg: Any = None) -> RayEngines:
@@ -194,6 +195,5 @@ def ray_engines(cfg: TrainConfig, path: str | Path, tokenizer: Any, shared_pg: A
         gpus = r.gpus_per_engine
     else:  # engine i in rank i's bundle, on the GPU share the rank leaves
         pg, gpus = shared_pg, share_gpu(cfg)
-    sleeps = r.colocate and engine_kind(replica_kind(cfg)).replica_sleeps and gpus > 0
     return RayEngines(replica_engine_config(cfg, str(path), gpus), tokenizer, pg, own_pg, r.num_engines,
-                      r.cpus_per_engine, gpus, sleeps)
+                      r.cpus_per_engine, gpus, replicas_sleep(cfg, gpus))

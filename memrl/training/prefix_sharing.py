@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from memrl.engines.hf_cache import cache_kwarg
+from memrl.model_open import cache_kwarg
 from memrl.training import chunked_logprobs as C
 from memrl.training.config import TrainConfig, prefix_sharing_blocker
 from memrl.training.lora import BaseReference

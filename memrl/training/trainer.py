@@ -39,9 +39,9 @@ from memrl.engines.base import NonFiniteLogprobError
 from memrl.errors import UserError, disk_full
 from memrl.rewards.registry import NONE
 from memrl.training import guard, health
-from memrl.training.assemble import RunParts
+from memrl.training.assemble import RunParts, task_stream
 from memrl.training.async_rollout import Producer, partial_metrics, stale_filter
-from memrl.training.checkpoint import LATEST, CheckpointError, disk_full_message, rng_state
+from memrl.training.checkpoint import LATEST, CheckpointError, disk_full_message, rng_state, set_rng_state
 from memrl.training.metrics_log import MetricsLogger
 from memrl.training.packing import TrainBatch, weigh, weigh_shares
 from memrl.training.rollout import RolloutResult, asample_groups
@@ -336,6 +336,20 @@ class Trainer:
         metrics = run_validation(self.cfg, self.parts.out, step, engine=self.parts.engine, runtime=self.parts.runtime)
         metrics["time/val_s"] = time.perf_counter() - t0
         return metrics
+
+    def restore(self, checkpoint: Path, state: dict[str, Any], lr_scale: float = 1.0) -> None:
+        """Back to `checkpoint` in place (`state`: its trainer state, as verify_checkpoint reads it): the workers'
+        weights and optimizer (the learning rate times `lr_scale`), the RNG, the loop's step, data position and
+        best, the health monitor's trends (its rollback count is the caller's), the task stream at that
+        position, and the trajectory dump cut back to that step. The engines keep their weights until the next
+        sync (`sync(first=True)`)."""
+        self.parts.workers.load_checkpoint(str(checkpoint), lr_scale)
+        set_rng_state(state["rng"])
+        s = self.state
+        s.step, s.position, s.best = int(state["step"]), int(state["data_position"]), state.get("best")
+        self.health.restore(state.get("health"), keep_rollbacks=True)
+        self.parts.stream = task_stream(self.cfg, s.position, self.parts.tasks)
+        self.parts.dump.truncate(s.step)
 
     def save(self) -> Path:
         """Checkpoint the current step: the workers' weights and optimizer, the RNG and the loop state."""

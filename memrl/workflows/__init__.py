@@ -192,6 +192,12 @@ def workflow_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def workflow_ref(name: str) -> WorkflowRef:
+    """What `name` was registered as (register_workflow): its import path, or the function giving its spec;
+    a KeyError for a name not registered."""
+    return _REGISTRY[name]
+
+
 def parse_workflow(
     section: Mapping[str, Any], defaults: Mapping[str, Any] | None = None, where: str = "workflow",
     stage: str | None = None,

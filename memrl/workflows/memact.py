@@ -57,6 +57,9 @@ from memrl.workflows.templates import template_kwargs
 
 log = logging.getLogger(__name__)
 
+STOPS = ("answer", "max_turns", "context_budget", "unparsable_calls", "tool_error", "invalid_tool_calls")
+"""Why a trajectory's turns stopped (its `stop` info; a stop_<why> metric each, in this order)."""
+
 
 def default_prompt(task: Task) -> list[dict[str, str]]:
     """The prompt messages memrl writes for a multi-objective task without its own (the `prompt` builder of
@@ -344,42 +347,45 @@ class _Run:
         return text, render(values)[1], ids
 
     async def run(self) -> Trajectory:
-        cfg, task = self.cfg, self.task
+        """The trajectory: the first prompt, the turns, the final row, what it read and its metrics."""
         head_text, native, head_ids = self.head()
         self.messages.append(ctx.head_message(head_ids, head_text))
-        header = self.encode(self.fmt.assistant_header)
-        eos = getattr(self.tok, "eos_token_id", None)
-        eos_text = self.tok.decode([eos]) if eos is not None else None
-        end_full = self.encode(self.fmt.assistant_end)
-        end_after_eos = self.encode(self.fmt.assistant_end[len(eos_text):]) if (
-            eos_text and self.fmt.assistant_end.startswith(eos_text)) else end_full
+        self.header = self.encode(self.fmt.assistant_header)
+        self.eos = getattr(self.tok, "eos_token_id", None)
+        eos_text = self.tok.decode([self.eos]) if self.eos is not None else None
+        self.end_full = self.encode(self.fmt.assistant_end)  # a turn's end, and after a sampled eos its rest
+        self.end_after_eos = self.encode(self.fmt.assistant_end[len(eos_text):]) if (
+            eos_text and self.fmt.assistant_end.startswith(eos_text)) else self.end_full
+        answer_text, stop, turns = await self.turns()
+        if self.reencoded:
+            self.regroup_tools()
+        since = -1 if self.cfg.final_segment == "whole_context" else self.last_prune_turn
+        final = segment_from(self.messages, since, len(self.segments), {"kind": "final"})
+        if final is not None:
+            self.add_segment(final)
+        if turns == 0:  # the very first prompt is over the budget: counted, no segment, no answer
+            log.warning("memact: task %s: the first prompt (%d tokens) is over max_context_tokens=%d",
+                        self.task.task_id, len(ctx.context_ids(self.messages)) + len(self.header),
+                        self.cfg.max_context_tokens)
+        return self.trajectory(answer_text, stop, turns, native)
+
+    async def turns(self) -> tuple[str, str, int]:
+        """The assistant turns until one answers or something ends the trajectory: (the last reply's text where
+        it ended the loop, why it stopped, turns generated)."""
+        cfg = self.cfg
         answer_text, stop, turns = "", "max_turns", 0
         for turn in range(cfg.max_assistant_turns):
             if self.reencoded:
                 self.regroup_tools()
             if cfg.prune_every and turn > 0 and turn % cfg.prune_every == 0:
                 self.interval_prune(turn)
-            prompt = ctx.context_ids(self.messages) + header
+            prompt = ctx.context_ids(self.messages) + self.header
             if len(prompt) > cfg.max_context_tokens:
                 stop = "context_budget"
                 break
             self.context_lengths.append(len(prompt))
-            out = await self.engine.generate(prompt, cfg.sampling(self.rng))
-            if VERSION_KEY in out.info:
-                self.turn_versions[turn] = int(out.info[VERSION_KEY])
+            owner, text = await self.generate(turn, prompt)
             turns += 1
-            gen = list(out.token_ids)
-            self.generated += len(gen)
-            text = decode_response(self.tok, gen)
-            end = end_after_eos if gen and gen[-1] == eos else end_full
-            if self.reencoded:  # published: the turn's text but its last id, encoded again
-                owner, unsampled = ctx.reencoded_assistant(
-                    self.tok, self.fmt, self.tok.decode(gen[:-1], skip_special_tokens=False), gen,
-                    list(out.logprobs), turn, text)
-                self.counts["reencoded_unsampled_tokens"] += unsampled
-            else:
-                owner = ctx.assistant_message(header, gen, list(out.logprobs), end, turn, text)
-            self.messages.append(owner)
             parsed = tc.parse_tool_calls(text, cfg.max_parallel_calls, cfg.tool_parser, self.call_format,
                                          self.schemas)
             if not parsed.attempted:
@@ -393,42 +399,63 @@ class _Run:
             if silent and not parsed.calls:  # ... and a reply with none that parse ends the trajectory
                 answer_text, stop = text, "unparsable_calls"
                 break
-            owner.has_prune = self.prune_runs and any(c.name == ts.PRUNE for c in parsed.calls)
-            order = list(range(len(parsed.calls)))
-            if cfg.prune_timing == "first":  # published: the turn's prunes, then its other calls
-                order.sort(key=lambda k: parsed.calls[k].name != ts.PRUNE)
-            made: dict[int, list[str]] = {}  # call index -> the result ids its tool messages got
-            for k in order:
-                c = parsed.calls[k]
-                before = len(owner.call_ids)
-                await self.call(turn, c, owner)
-                made[k] = owner.call_ids[before:]
-                if cfg.deleted_call_text == "cut" and (c.name != ts.PRUNE or cfg.prune_turns_deletable):
-                    owner.call_texts.update(dict.fromkeys(made[k], tc.published_call_text(c)))
-            if order != sorted(order):
-                self.in_call_order(owner, [rid for k in sorted(made) for rid in made[k]])
-            for err in [] if silent else parsed.errors:
-                self.add_tool(turn, f"Error: {err}. Write each call as {tc.call_example(self.call_format)}.", owner)
-            if parsed.dropped:
-                self.counts["dropped_calls"] += parsed.dropped
-            if parsed.dropped and cfg.excess_tool_calls == "reply_error":
-                self.add_tool(turn, f"Error: at most {cfg.max_parallel_calls} tool calls run per turn; "
-                                    f"{parsed.dropped} more were not run.", owner)
+            await self.run_calls(turn, owner, parsed, silent)
             if self.tool_failed:
                 answer_text, stop = text, "tool_error"
                 break
             if self.count_invalid(parsed):  # after the turn's valid calls ran
                 answer_text, stop = text, "invalid_tool_calls"
                 break
-        if self.reencoded:
-            self.regroup_tools()
-        since = -1 if cfg.final_segment == "whole_context" else self.last_prune_turn
-        final = segment_from(self.messages, since, len(self.segments), {"kind": "final"})
-        if final is not None:
-            self.add_segment(final)
-        if turns == 0:  # the very first prompt is over the budget: counted, no segment, no answer
-            log.warning("memact: task %s: the first prompt (%d tokens) is over max_context_tokens=%d",
-                        task.task_id, len(ctx.context_ids(self.messages)) + len(header), cfg.max_context_tokens)
+        return answer_text, stop, turns
+
+    async def generate(self, turn: int, prompt: list[int]) -> tuple[ctx.Message, str]:
+        """One assistant turn sampled on `prompt` and appended to the messages: (its message, its text)."""
+        out = await self.engine.generate(prompt, self.cfg.sampling(self.rng))
+        if VERSION_KEY in out.info:
+            self.turn_versions[turn] = int(out.info[VERSION_KEY])
+        gen = list(out.token_ids)
+        self.generated += len(gen)
+        text = decode_response(self.tok, gen)
+        if self.reencoded:  # published: the turn's text but its last id, encoded again
+            owner, unsampled = ctx.reencoded_assistant(
+                self.tok, self.fmt, self.tok.decode(gen[:-1], skip_special_tokens=False), gen,
+                list(out.logprobs), turn, text)
+            self.counts["reencoded_unsampled_tokens"] += unsampled
+        else:
+            end = self.end_after_eos if gen and gen[-1] == self.eos else self.end_full
+            owner = ctx.assistant_message(self.header, gen, list(out.logprobs), end, turn, text)
+        self.messages.append(owner)
+        return owner, text
+
+    async def run_calls(self, turn: int, owner: ctx.Message, parsed: tc.ParseResult, silent: bool) -> None:
+        """The turn's parsed calls run (prunes first under prune_timing=first, results kept in call order), then
+        the replies to its malformed (unless `silent`) and dropped calls."""
+        cfg = self.cfg
+        owner.has_prune = self.prune_runs and any(c.name == ts.PRUNE for c in parsed.calls)
+        order = list(range(len(parsed.calls)))
+        if cfg.prune_timing == "first":  # published: the turn's prunes, then its other calls
+            order.sort(key=lambda k: parsed.calls[k].name != ts.PRUNE)
+        made: dict[int, list[str]] = {}  # call index -> the result ids its tool messages got
+        for k in order:
+            c = parsed.calls[k]
+            before = len(owner.call_ids)
+            await self.call(turn, c, owner)
+            made[k] = owner.call_ids[before:]
+            if cfg.deleted_call_text == "cut" and (c.name != ts.PRUNE or cfg.prune_turns_deletable):
+                owner.call_texts.update(dict.fromkeys(made[k], tc.published_call_text(c)))
+        if order != sorted(order):
+            self.in_call_order(owner, [rid for k in sorted(made) for rid in made[k]])
+        for err in [] if silent else parsed.errors:
+            self.add_tool(turn, f"Error: {err}. Write each call as {tc.call_example(self.call_format)}.", owner)
+        if parsed.dropped:
+            self.counts["dropped_calls"] += parsed.dropped
+        if parsed.dropped and cfg.excess_tool_calls == "reply_error":
+            self.add_tool(turn, f"Error: at most {cfg.max_parallel_calls} tool calls run per turn; "
+                                f"{parsed.dropped} more were not run.", owner)
+
+    def trajectory(self, answer_text: str, stop: str, turns: int, native: bool) -> Trajectory:
+        """The Trajectory: its answer (read from the last reply, or the final context), metrics and info."""
+        cfg, task = self.cfg, self.task
         read = answer_text
         if cfg.answer_source == "final_context":  # published: the decoded final row, special tokens kept
             read = self.tok.decode(ctx.context_ids(self.messages[1:]), skip_special_tokens=False)
@@ -442,12 +469,7 @@ class _Run:
             "final_context_tokens": float(len(ctx.context_ids(self.messages))),
             "prune_withheld": float(not self.prune_on),
             "native_tools_template": float(native),
-            "stop_answer": float(stop == "answer"),
-            "stop_max_turns": float(stop == "max_turns"),
-            "stop_context_budget": float(stop == "context_budget"),
-            "stop_unparsable_calls": float(stop == "unparsable_calls"),
-            "stop_tool_error": float(stop == "tool_error"),
-            "stop_invalid_tool_calls": float(stop == "invalid_tool_calls"),
+            **{f"stop_{s}": float(stop == s) for s in STOPS},
             "xml_tool_calls": float(self.call_format == "xml"),
             "no_final_marker": float((PUBLISHED_MARKER if cfg.require_final_answer else MARKER)
                                      not in read),
@@ -466,7 +488,6 @@ class _Run:
                   "transcript": [{"kind": m.kind, "turn": m.turn, "id": m.result_id, "text": m.text}
                                  for m in self.messages]},
         )
-
 
 async def run(task: Task, engine: Engine, cfg: MemActConfig, rng: random.Random,
               services: Any = None) -> Trajectory:

@@ -27,7 +27,8 @@ from __future__ import annotations
 import logging
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from memrl.config import MAX_COEF, MAX_TOKENS, valid
 from memrl.engines.base import Engine
@@ -289,126 +290,145 @@ def strip_recall_memory(text: str, recall_tag: str = "recall") -> str:
     return block.sub("", text or "").strip()
 
 
+@dataclass
+class _Reading:
+    """What the memory steps carry from one chunk to the next, and their counts."""
+
+    memory: str
+    shown_recall: str  # what the next prompt's <recalled_memory> block holds
+    history: list[tuple[int, str]] = field(default_factory=list)  # (step, memory) of steps already finished
+    segments: list[Segment] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FORMAT_FLAGS, 0))
+    memory_lengths: list[int] = field(default_factory=list)
+    recalls: int = 0
+    retrieved: int = 0
+    callback_hits: int = 0
+    well_formed: int = 0
+    thinking: int = 0
+
+
 async def run(task: Task, engine: Engine, cfg: ReMemR1Config, rng: random.Random) -> Trajectory:
     """One ReMemR1 trajectory: memory steps over the chunks (with callbacks), then the final answer."""
     mem_tpl, fin_tpl = cfg.templates()
     context_ids, chunks, truncated = task_chunks(task, engine.tokenizer, cfg)
-    released_recall = cfg.recall_scoring == "released"
-    terms = subword_terms(engine.tokenizer) if released_recall else None
-
-    memory = cfg.no_memory_text
-    shown_recall = cfg.no_recall_text  # what the next prompt's <recalled_memory> block holds
-    history: list[tuple[int, str]] = []  # (step, memory) of steps already finished
-    segments: list[Segment] = []
-    counts = dict.fromkeys(FORMAT_FLAGS, 0)
-    recalls = retrieved = callback_hits = well_formed = 0
-    memory_lengths: list[int] = []
-    thinking = 0
+    terms = subword_terms(engine.tokenizer) if cfg.recall_scoring == "released" else None
+    st = _Reading(cfg.no_memory_text, cfg.no_recall_text)
     for t, chunk_ids in enumerate(chunks):
-        chunk = engine.tokenizer.decode(chunk_ids)
-        # spliced (memory_revisit.py): each text value encoded on its own, the chunk's ids as cut; the memory is
-        # the parsed update text, encoded again (the released update keeps no reply ids)
-        prompt_ids, out, reply = await call_template(
-            engine, mem_tpl, cfg.sampling(cfg.max_memory_tokens, rng), cfg.prompt_assembly, cfg.enable_thinking,
-            problem=task.question, recalled_memory=shown_recall, memory=memory, chunk=chunk_ids)
-        thinking += int(THINK_END in reply or THINK_OPEN in reply)
-        # memory_text: the tags (and strip_recall's memory) are read from the reply without its reasoning
-        response = think_text_rule(reply, cfg.memory_text)
-        parsed = parse_step(response, cfg.update_tag, cfg.recall_tag)
-        for k, v in parsed.flags.items():
-            counts[k] += int(v)
-        well_formed += int(parsed.well_formed)
-        query = greedy_line_query(response, cfg.recall_tag) if cfg.query_rule == "greedy_line" else parsed.query
-        new_memory = cfg.memory_after(
-            strip_recall_memory(response, cfg.recall_tag) if cfg.memory_rule == "strip_recall" else parsed.memory,
-            memory,
-        )
-        # Retrieval sees only the memories of steps < t: m_t joins the history after its own query
-        # (with_current: before it, as the released evaluation does).
-        # released: every memory joins the history (the released code adds whatever the step parsed)
-        recallable = released_recall or (bool(new_memory) and new_memory != cfg.no_memory_text)
-        candidates = history + [(t, new_memory)] if cfg.recall_candidates == "with_current" and recallable else history
-        hit = (
-            recall_top1(query, candidates, cfg.scorer, cfg.min_recall_score, cfg.bm25_k1, cfg.bm25_b,
-                        rule=cfg.recall_scoring, tokenize=terms)
-            if query and cfg.recall
-            else None
-        )
-        recalls += int(query is not None)
-        retrieved += int(hit is not None)
-        gold_in_recall = hit is not None and step_rewards_lib.answer_word_recall(hit.text, task.answers) > 0
-        callback_hits += int(gold_in_recall)
-        memory_lengths.append(len(out.token_ids))
-        segments.append(call_segment(prompt_ids, out, t, {
-            "kind": "memory",
-            "chunk_index": t,
-            "chunk_tokens": len(chunk_ids),
-            "chunk": chunk,
-            "response_text": response,
-            **({"reply_text": reply} if reply != response else {}),  # the whole reply, <think> text included
-            "previous_memory": memory,
-            "memory": new_memory,
-            "shown_recalled_memory": shown_recall,
-            "recall_query": query,
-            "recalled_memory": hit.text if hit else None,
-            "recalled_step": hit.step if hit else None,
-            "recall_score": hit.score if hit else None,
-            "recall_hit": hit is not None,
-            "callback_hit": gold_in_recall,
-            "format_ok": parsed.well_formed,
-            "format_flags": [k for k, v in parsed.flags.items() if v],
-        }))
-        if recallable:  # the placeholder is not a memory worth recalling (memrl)
-            history.append((t, new_memory))
-        memory = new_memory
-        shown_recall = hit.text if hit else cfg.no_recall_text
-
+        await _memory_step(st, t, chunk_ids, task, engine, cfg, rng, mem_tpl, terms)
     prompt_ids, out, answer_text = await call_template(
         engine, fin_tpl, cfg.sampling(cfg.max_final_tokens, rng), cfg.prompt_assembly, cfg.enable_thinking,
-        problem=task.question, recalled_memory=shown_recall, memory=memory)
+        problem=task.question, recalled_memory=st.shown_recall, memory=st.memory)
     boxed = extract_boxed(answer_text)
-    segments.append(call_segment(prompt_ids, out, len(chunks), {
-        "kind": "final", "response_text": answer_text, "memory": memory, "shown_recalled_memory": shown_recall,
+    st.segments.append(call_segment(prompt_ids, out, len(chunks), {
+        "kind": "final", "response_text": answer_text, "memory": st.memory, "shown_recalled_memory": st.shown_recall,
         "answer_text": answer_text, "prediction": boxed or "",
     }))
-    n = len(chunks)
-    metrics = {
-        **loop_metrics(context_ids, chunks, truncated, memory_lengths, boxed, segments),
-        "recalls": float(recalls),
-        "recall_rate": recalls / n if n else 0.0,
-        "recall_retrieved": float(retrieved),
-        "recalls_blocked": float(0 if cfg.recall else recalls),
-        "callback_hits": float(callback_hits),
-        "callback_hit_rate": callback_hits / recalls if recalls else 0.0,
-        "format_ok_rate": well_formed / n if n else 1.0,
-        "format_errors": float(n - well_formed),
-        "thinking_memory_calls": float(thinking),  # memory replies holding <think> or </think> text
-        **{k: float(v) for k, v in counts.items()},
-    }
-    return Trajectory(
-        task_id=task.task_id,
-        trajectory_id="",
-        segments=segments,
-        final_answer=boxed or "",
-        metrics=metrics,
-        info={
-            "answer_text": answer_text,
-            # One memory per memory call, as MemAgent's (the eval JSONL's memory_trace); the recall
-            # candidates leave out placeholder memories, so they can be fewer.
-            "memories": [s.info["memory"] for s in segments if s.info.get("kind") == "memory"],
-            "recall_candidates": [m for _, m in history],
-            "step_reward_weights": [cfg.format_weight, cfg.memory_weight, cfg.callback_weight],
-            "update_tag": cfg.update_tag,
-            "reward": cfg.reward,
-            "callback_rule": cfg.callback_rule,
-            # the released callback and memory rules read the whole step prompt: re-rendered from this at
-            # reward time
-            **({"memory_template_text": mem_tpl.text, "no_recall_text": cfg.no_recall_text}
-               if "released" in (cfg.callback_rule, cfg.memory_gain_rule) else {}),
-            **({"format_rule": cfg.format_rule} if cfg.format_rule != "paper" else {}),
-            **({"memory_gain_rule": cfg.memory_gain_rule} if cfg.memory_gain_rule != "paper" else {}),
-        },
+    return Trajectory(task_id=task.task_id, trajectory_id="", segments=st.segments, final_answer=boxed or "",
+                      metrics=_metrics(st, cfg, context_ids, chunks, truncated, boxed),
+                      info=_info(st, cfg, mem_tpl, answer_text))
+
+
+async def _memory_step(st: _Reading, t: int, chunk_ids: list[int], task: Task, engine: Engine, cfg: ReMemR1Config,
+                       rng: random.Random, mem_tpl: Template, terms: Any) -> None:
+    """Memory step t on chunk `chunk_ids`: the call, its memory and recall query read, the recall, its row."""
+    chunk = engine.tokenizer.decode(chunk_ids)
+    # spliced (memory_revisit.py): each text value encoded on its own, the chunk's ids as cut; the memory is
+    # the parsed update text, encoded again (the released update keeps no reply ids)
+    prompt_ids, out, reply = await call_template(
+        engine, mem_tpl, cfg.sampling(cfg.max_memory_tokens, rng), cfg.prompt_assembly, cfg.enable_thinking,
+        problem=task.question, recalled_memory=st.shown_recall, memory=st.memory, chunk=chunk_ids)
+    st.thinking += int(THINK_END in reply or THINK_OPEN in reply)
+    # memory_text: the tags (and strip_recall's memory) are read from the reply without its reasoning
+    response = think_text_rule(reply, cfg.memory_text)
+    parsed = parse_step(response, cfg.update_tag, cfg.recall_tag)
+    for k, v in parsed.flags.items():
+        st.counts[k] += int(v)
+    st.well_formed += int(parsed.well_formed)
+    query = greedy_line_query(response, cfg.recall_tag) if cfg.query_rule == "greedy_line" else parsed.query
+    new_memory = cfg.memory_after(
+        strip_recall_memory(response, cfg.recall_tag) if cfg.memory_rule == "strip_recall" else parsed.memory,
+        st.memory,
     )
+    # Retrieval sees only the memories of steps < t: m_t joins the history after its own query
+    # (with_current: before it, as the released evaluation does).
+    # released: every memory joins the history (the released code adds whatever the step parsed)
+    recallable = cfg.recall_scoring == "released" or (bool(new_memory) and new_memory != cfg.no_memory_text)
+    candidates = (st.history + [(t, new_memory)] if cfg.recall_candidates == "with_current" and recallable
+                  else st.history)
+    hit = (
+        recall_top1(query, candidates, cfg.scorer, cfg.min_recall_score, cfg.bm25_k1, cfg.bm25_b,
+                    rule=cfg.recall_scoring, tokenize=terms)
+        if query and cfg.recall
+        else None
+    )
+    st.recalls += int(query is not None)
+    st.retrieved += int(hit is not None)
+    gold_in_recall = hit is not None and step_rewards_lib.answer_word_recall(hit.text, task.answers) > 0
+    st.callback_hits += int(gold_in_recall)
+    st.memory_lengths.append(len(out.token_ids))
+    st.segments.append(call_segment(prompt_ids, out, t, {
+        "kind": "memory",
+        "chunk_index": t,
+        "chunk_tokens": len(chunk_ids),
+        "chunk": chunk,
+        "response_text": response,
+        **({"reply_text": reply} if reply != response else {}),  # the whole reply, <think> text included
+        "previous_memory": st.memory,
+        "memory": new_memory,
+        "shown_recalled_memory": st.shown_recall,
+        "recall_query": query,
+        "recalled_memory": hit.text if hit else None,
+        "recalled_step": hit.step if hit else None,
+        "recall_score": hit.score if hit else None,
+        "recall_hit": hit is not None,
+        "callback_hit": gold_in_recall,
+        "format_ok": parsed.well_formed,
+        "format_flags": [k for k, v in parsed.flags.items() if v],
+    }))
+    if recallable:  # the placeholder is not a memory worth recalling (memrl)
+        st.history.append((t, new_memory))
+    st.memory = new_memory
+    st.shown_recall = hit.text if hit else cfg.no_recall_text
+
+
+def _metrics(st: _Reading, cfg: ReMemR1Config, context_ids: list[int], chunks: list[Any], truncated: Any,
+             boxed: str | None) -> dict[str, float]:
+    """The trajectory's metrics: the chunked loop's, then the recall and format counts."""
+    n = len(chunks)
+    return {
+        **loop_metrics(context_ids, chunks, truncated, st.memory_lengths, boxed, st.segments),
+        "recalls": float(st.recalls),
+        "recall_rate": st.recalls / n if n else 0.0,
+        "recall_retrieved": float(st.retrieved),
+        "recalls_blocked": float(0 if cfg.recall else st.recalls),
+        "callback_hits": float(st.callback_hits),
+        "callback_hit_rate": st.callback_hits / st.recalls if st.recalls else 0.0,
+        "format_ok_rate": st.well_formed / n if n else 1.0,
+        "format_errors": float(n - st.well_formed),
+        "thinking_memory_calls": float(st.thinking),  # memory replies holding <think> or </think> text
+        **{k: float(v) for k, v in st.counts.items()},
+    }
+
+
+def _info(st: _Reading, cfg: ReMemR1Config, mem_tpl: Template, answer_text: str) -> dict[str, Any]:
+    """The trajectory's info: the answer text, the memories, and what its step rewards read."""
+    return {
+        "answer_text": answer_text,
+        # One memory per memory call, as MemAgent's (the eval JSONL's memory_trace); the recall
+        # candidates leave out placeholder memories, so they can be fewer.
+        "memories": [s.info["memory"] for s in st.segments if s.info.get("kind") == "memory"],
+        "recall_candidates": [m for _, m in st.history],
+        "step_reward_weights": [cfg.format_weight, cfg.memory_weight, cfg.callback_weight],
+        "update_tag": cfg.update_tag,
+        "reward": cfg.reward,
+        "callback_rule": cfg.callback_rule,
+        # the released callback and memory rules read the whole step prompt: re-rendered from this at
+        # reward time
+        **({"memory_template_text": mem_tpl.text, "no_recall_text": cfg.no_recall_text}
+           if "released" in (cfg.callback_rule, cfg.memory_gain_rule) else {}),
+        **({"format_rule": cfg.format_rule} if cfg.format_rule != "paper" else {}),
+        **({"memory_gain_rule": cfg.memory_gain_rule} if cfg.memory_gain_rule != "paper" else {}),
+    }
 
 
 def step_rewards(task: Task, traj: Trajectory, cfg: ReMemR1Config | None = None) -> list[float]:

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from memrl.config import load_config
-from memrl.training.assemble import assemble
+from memrl.training.assemble import assemble, task_stream
+from memrl.training.checkpoint import verify_checkpoint
 from memrl.training.config import TrainConfig
 from memrl.training.guard import RECORDS, SEED_STRIDE, CollapseError
 from memrl.training.trainer import Trainer
@@ -172,3 +173,36 @@ def test_the_step_0_checkpoint_of_rollback_leaves_the_run_as_it_was(tiny_path, t
     again.fit()
     assert again.model is not guarded.model
     assert all(torch.equal(a[k], again.model.state_dict()[k]) for k in a)
+
+
+def test_trainer_restore_puts_weights_loop_state_rng_and_stream_back(tiny_path, tmp_path):
+    """Trainer.restore (the guard's rollback) on its own: save step 0, run one step, restore step 0 with the
+    learning rate halved: the initial weights, step 0 at data position 0 with no best, the health trends of
+    step 0 (the rollback count untouched), the RNG as saved, the task stream from its start, the learning rate
+    x 0.5."""
+    trainer = Trainer(assemble(_cfg(tiny_path, tmp_path / "r", 3, "warn")))
+    try:
+        trainer.sync(first=True)
+        before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        fresh = task_stream(trainer.cfg, 0, trainer.parts.tasks)
+        first_tasks = [next(fresh).task_id for _ in range(2)]
+        torch.manual_seed(7)
+        path = trainer.save()
+        saved_draw = torch.rand(3)
+        metrics = trainer.train_step()
+        trainer.state.step += 1
+        trainer.health.observe(metrics)
+        trainer.health.rollbacks = 3
+        assert trainer.state.position == 2 and trainer.health.rewards
+        assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+
+        trainer.restore(path, verify_checkpoint(path), 0.5)
+        assert (trainer.step, trainer.state.position, trainer.state.best) == (0, 0, None)
+        assert trainer.health.rewards == [] and trainer.health.rollbacks == 3
+        for k, v in trainer.model.state_dict().items():
+            assert torch.equal(before[k], v), k
+        assert torch.equal(torch.rand(3), saved_draw)  # the RNG as the checkpoint saved it
+        assert [t.task_id for t in trainer._next_tasks(2)] == first_tasks
+        assert trainer.parts.workers.opt.param_groups[0]["lr"] == 0.5e-3  # no warm-up: the peak, halved
+    finally:
+        trainer.close()

@@ -99,6 +99,31 @@ def test_declared_refusals_reach_the_train_config():
         load_config(TrainConfig, ["rollout.engine=openai"])
 
 
+def test_the_engine_owns_its_compute_dtype_replica_and_routing_rules():
+    """HFSection.serving_policy is the one compute-dtype rule of an hf engine serving a policy (in process and
+    as a Ray replica); EngineConfig.for_replica sets the replica's sections; the hf kind says why it cannot
+    record routing (r3)."""
+    hf = EngineConfig().hf
+    assert [hf.serving_policy(d) for d in (None, "float32", "bfloat16")] == [None, None, "bfloat16"]
+    hf.compute_dtype = "float32"
+    assert hf.serving_policy("bfloat16") == "float32"  # engine.hf.compute_dtype, when set, wins
+    in_process = engine_kind("hf").for_policy(EngineConfig(), "bfloat16")
+    assert (in_process.hf.compute_dtype, in_process.hf.share_weights) == ("bfloat16", False)  # a bfloat16 copy
+    assert engine_kind("hf").for_policy(EngineConfig(), "float32").hf == EngineConfig().hf
+    r = EngineConfig().for_replica("hf", "/ckpt", "float32", 0, "bfloat16", 0.3, False)
+    assert (r.name, r.model, r.dtype, r.hf.device, r.hf.share_weights, r.hf.compute_dtype) == (
+        "hf", "/ckpt", "float32", "cpu", False, "bfloat16")
+    assert (r.vllm.gpu_memory_utilization, r.vllm.enable_sleep_mode) == (0.3, False)
+    v = EngineConfig(name="vllm").for_replica("vllm", "/m", None, 0.5, None, 0.5, True)
+    assert (v.hf.device, v.hf.compute_dtype, v.vllm.enable_sleep_mode) == ("cuda", None, True)
+    slots = EngineConfig()
+    slots.hf.kv_cache = "slots"
+    assert engine_kind("hf").routing_problem(slots) == (
+        "engine.hf.kv_cache=slots (r3 records the padded cache's forwards; set engine.hf.kv_cache=padded)")
+    slots.hf.kv_cache = "padded"
+    assert engine_kind("hf").routing_problem(slots) is None and engine_kind("vllm").routing_problem is None
+
+
 PLUGIN = '''
 from memrl.engines.registry import EngineKind
 

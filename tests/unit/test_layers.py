@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("services", "rewards"),
     ("data", "engines", "algorithms"),
     # the data model and config machinery; "memrl" is the package's own __init__ (__version__)
-    ("config", "types", "errors", "downloads", "locks", "model_files", "model_open", "plugins", "precision", "quiet", "records",
+    ("config", "types", "errors", "dcp_metadata", "downloads", "locks", "model_files", "model_open", "plugins", "precision", "quiet", "records",
      "tcpstore", "threads", "memrl"),
 ]
 """Top to bottom. A package (memrl/x/) or top-level module (memrl/x.py) is named by x."""

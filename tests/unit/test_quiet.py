@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from memrl.engines.base import SamplingParams
-from memrl.engines.hf_cache import cache_kwarg
+from memrl.model_open import cache_kwarg
 from memrl.models.tiny import cached_tiny_model
 from memrl.quiet import encode_document, hf_progress_off
 
