@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="runs/step_profile")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--report", action="store_true", help="print the tables from --out's steps.json (no run)")
     args = ap.parse_args(argv)
     if args.steps < 2:
         ap.error("--steps must be at least 2 (the first step is reported apart)")
@@ -124,8 +125,15 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    if args.report:
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(args.threads)
+        steps = json.loads((out / "steps.json").read_text())
+        report(steps, AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32), args)
+        return 0
+
     torch.set_num_threads(args.threads)
-    from engine_compare import measure_peak
 
     from memrl.cli import main as memrl
     from memrl.engines import hf as hf_mod
@@ -178,6 +186,17 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"train failed ({rc})")
     (out / "steps.json").write_text(json.dumps(steps, indent=1))
 
+    model = models[0]
+    report(steps, model, args)
+    lora_share(model, args.threads)
+    return 0
+
+
+def report(steps: list[dict], model, args: argparse.Namespace) -> None:
+    """The two tables from the recorded steps (steps.json): time by phase, matmul rates against the peaks."""
+    import torch
+    from engine_compare import measure_peak
+
     later = steps[1:]
 
     def mean(get) -> float:
@@ -217,25 +236,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| **step** | {wall:.1f} | 100% | rollout {rollout:.1f} s, update {update:.1f} s; "
           f"{cpu:.1f} CPU s ({cpu / wall:.2f} cores busy) |")
 
-    model = models[0]
     lin, head = linear_weights(model)
     p32 = measure_peak(args.threads, n=1024, dtype=torch.float32) / 1e9
     pbf = measure_peak(args.threads, n=1024, dtype=torch.bfloat16) / 1e9
     pre_f = 2 * lin * eng("prefill_tokens") + 2 * head * eng("prefill_calls")
     dec_f = (2 * lin + 2 * head) * eng("generated_tokens")
-    trained = met("train/tokens")
-    upd_f = 3 * (2 * lin + 2 * head) * trained
-    old_f = (2 * lin + 2 * head) * trained
+    trained, forwarded = met("train/tokens"), met("train/forwarded_tokens") or met("train/tokens")
+    upd_f = 3 * (2 * lin + 2 * head) * forwarded  # prefix sharing forwards each shared prefix once
+    old_f = (2 * lin + 2 * head) * forwarded
     print("\n| work | GFLOP/s | of fp32 peak | of bf16 peak |\n|---|---:|---:|---:|")
     for name, f, s in (("prefill", pre_f, eng("prefill_s")), ("decode", dec_f, eng("decode_s")),
                        ("old log-probs", old_f, old),
                        ("update fwd+bwd", upd_f, piece("ppo forward") + piece("backward"))):
-        rate = f / max(s, 1e-9) / 1e9
+        if s <= 0:
+            print(f"| {name} | - | - | - |")
+            continue
+        rate = f / s / 1e9
         print(f"| {name} | {rate:.1f} | {100 * rate / p32:.0f}% | {100 * rate / pbf:.0f}% |")
     print(f"peaks at {args.threads} threads: fp32 {p32:.1f} GFLOP/s, bf16 {pbf:.1f} GFLOP/s; "
-          f"trained tokens/step {trained:.0f}, update {trained / max(update, 1e-9):.0f} tok/s")
-    lora_share(model, args.threads)
-    return 0
+          f"trained tokens/step {trained:.0f} ({forwarded:.0f} forwarded), update {trained / max(update, 1e-9):.0f} tok/s")
+
+
 
 
 def lora_share(model, threads: int) -> None:
