@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="runs/real_model_step")
     args = ap.parse_args(argv)
+    args.model = str(Path(args.model).resolve())  # the old code runs from its own tree
     if args.steps < 2:
         ap.error("--steps must be at least 2 (each run's first step is left out)")
     out = (ROOT / args.out).resolve()
