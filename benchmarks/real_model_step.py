@@ -113,9 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"\nold = {args.old} ({' '.join(old_extra) or 'preset as written'}), new = this checkout; "
           f"{args.threads} thread(s); steps 2..{args.steps} of each run, {args.rounds} round(s)")
-    print("| code | step s (median) | CPU s per step | ratio old/new |\n|---|---:|---:|---:|")
+    cpu = {k: statistics.fmean(v) for k, v in cpus.items()}
+    print("| code | step s (median) | wall ratio old/new | CPU s per step | CPU ratio old/new |\n|---|---:|---:|---:|---:|")
     for side in ("old", "new"):
-        print(f"| {side} | {med[side]:.1f} | {statistics.fmean(cpus[side]):.1f} | {med['old'] / med[side]:.2f}x |")
+        print(f"| {side} | {med[side]:.1f} | {med['old'] / med[side]:.2f}x | {cpu[side]:.1f} | {cpu['old'] / cpu[side]:.2f}x |")
+    print("(CPU s per step: the run's CPU seconds, start-up included, over its steps; it moves far less than wall time "
+          "when other jobs load the machine)")
     return 0
 
 
