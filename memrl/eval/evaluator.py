@@ -12,8 +12,10 @@ Three pieces:
   of one task share the task, so k x tasks observations would understate it). pass@k likewise over each
   task's best sample. `memrl.eval.report` (mean@k, pass@k of results.jsonl rows) calls the same functions.
 - **one evaluation**: `evaluate_tasks` (one task set, one decoding) and `evaluate_policy` (greedy and
-  sampled per length, as the `EvalProtocol` says) return `EvalResult`s: accuracy +- SE over tasks, the
-  per-task means (paired comparisons, `paired_gain`) and the means of the workflow's own trajectory
+  sampled per length, as the `EvalProtocol` says) make one row per trajectory (`evaluation_rows`: the
+  policy, decoding, bucket, seed and held-out digest columns beside the workflow's own; written to a JSONL
+  file with `rows_to`) and return the `EvalResult`s computed from the rows (`result_from_rows`): accuracy +- SE
+  over tasks, the per-task means (paired comparisons, `paired_gain`) and the means of the trajectory
   metrics (context tokens, ...). The demos' per-method summaries over kept groups (`keep_groups`) live
   with the demos (memrl.recipes.summaries).
 """
@@ -255,20 +257,24 @@ def evaluate_tasks(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], samples
                    temperature: float = 0.0, seed: int = 0, metrics: Sequence[str] = DEFAULT_METRICS,
                    on_trajectory: Callable[[Task, Trajectory], None] | None = None,
                    se_ddof: int = 1, keep_groups: bool = False, bucket: Any = None, policy: str = "",
-                   heldout_sha256: str = "") -> EvalResult:
+                   heldout_sha256: str = "", rows_to: str | Path | None = None) -> EvalResult:
     """`samples` trajectories per task through `rollout` at `temperature` (0 = greedy, one per task; the
     workflow config's `temperature` is replaced); their rows (`evaluation_rows`, with the rollout's workflow
     columns) and, from them, the accuracy and its standard error over tasks, plus the mean of each named
-    trajectory metric. `on_trajectory` sees every finished trajectory."""
+    trajectory metric. `on_trajectory` sees every finished trajectory. With `rows_to` the rows are appended
+    to that JSONL file."""
     if samples < 1:
         raise ValueError(f"evaluate_tasks: samples must be >= 1, got {samples}")
     if temperature == 0 and samples != 1:
         raise ValueError("evaluate_tasks: greedy decoding (temperature 0) gives one trajectory per task; samples must be 1")
     t0 = time.perf_counter()
     groups = rollout(list(tasks), replace(wf_cfg, temperature=temperature), samples, seed, on_done=on_trajectory)
-    return result_from_groups(groups, samples, temperature, time.perf_counter() - t0, metrics, se_ddof,
-                              keep_groups, seed, bucket, policy, heldout_sha256,
-                              getattr(getattr(rollout, "spec", None), "row_columns", None))
+    res = result_from_groups(groups, samples, temperature, time.perf_counter() - t0, metrics, se_ddof,
+                             keep_groups, seed, bucket, policy, heldout_sha256,
+                             getattr(getattr(rollout, "spec", None), "row_columns", None))
+    if rows_to is not None:
+        append_rows(rows_to, res.rows)
+    return res
 
 
 @dataclass
@@ -291,22 +297,21 @@ class EvalProtocol:
 
 def evaluate_policy(rollout: Rollout, wf_cfg: Any, tasks_by_length: dict[int, list[Task]],
                     protocol: EvalProtocol, modes: Sequence[str] = ("greedy", "sampled"),
-                    log: Any = None, policy: str = "", heldout_sha256: str = "") -> dict[int, dict[str, EvalResult]]:
+                    log: Any = None, **labels: Any) -> dict[int, dict[str, EvalResult]]:
     """{length: {"greedy": ..., "sampled": ...}} for the modes the protocol enables (and `modes` asks for);
-    greedy then sampled at each length, both seeded with protocol.seed; each result's rows labelled with
-    `policy`, its decoding, the length (bucket), the seed and `heldout_sha256`."""
+    greedy then sampled at each length, both seeded with protocol.seed; each result's rows have the length as
+    their bucket. `labels`: evaluate_tasks' policy, heldout_sha256 and rows_to."""
     out: dict[int, dict[str, EvalResult]] = {}
     for length, tasks in tasks_by_length.items():
         row: dict[str, EvalResult] = {}
         if protocol.greedy and "greedy" in modes:
             row["greedy"] = evaluate_tasks(rollout, wf_cfg, tasks, 1, 0.0, protocol.seed, protocol.metrics,
                                            se_ddof=protocol.se_ddof, keep_groups=protocol.keep_groups,
-                                           bucket=length, policy=policy, heldout_sha256=heldout_sha256)
+                                           bucket=length, **labels)
         if protocol.samples > 0 and "sampled" in modes:
             row["sampled"] = evaluate_tasks(rollout, wf_cfg, tasks, protocol.samples, protocol.temperature,
                                             protocol.seed, protocol.metrics, se_ddof=protocol.se_ddof,
-                                            keep_groups=protocol.keep_groups, bucket=length, policy=policy,
-                                            heldout_sha256=heldout_sha256)
+                                            keep_groups=protocol.keep_groups, bucket=length, **labels)
         out[length] = row
         if log is not None:
             log(f"  {length}: " + ", ".join(f"{m} {r.accuracy:.1f} ± {r.se:.1f}% ({r.seconds:.0f}s)"
@@ -329,15 +334,10 @@ def tasks_sha256(tasks: Iterable[Task]) -> str:
     return digest.hexdigest()
 
 
-def policy_rows(res: dict[int, dict[str, EvalResult]]) -> list[dict[str, Any]]:
-    """All rows of `evaluate_policy`'s result, length then decoding order."""
-    return [r for row in res.values() for e in row.values() for r in e.rows]
-
-
-def write_rows(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> None:
-    """Evaluation rows to the JSONL file `path` (written anew, its folder created)."""
+def append_rows(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Append evaluation rows to the JSONL file `path` (created with its folder)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as fh:
+    with path.open("a", encoding="utf-8") as fh:
         for r in rows:
             fh.write(json.dumps(r, ensure_ascii=False) + "\n")

@@ -43,18 +43,11 @@ from memrl.demonstrators.stages import (
     record_demonstrations,
 )
 from memrl.errors import UserError
-from memrl.eval.evaluator import (
-    EvalProtocol,
-    evaluate_policy,
-    policy_rows,
-    results_to_json,
-    tasks_sha256,
-    write_rows,
-)
+from memrl.eval.evaluator import EvalProtocol, evaluate_policy, results_to_json
 from memrl.eval.stats import cell
 from memrl.models.tiny import PRESETS, ModelPreset, init_tiny_model
 from memrl.quiet import hf_progress_off
-from memrl.recipes.parts import engine_eval
+from memrl.recipes.parts import engine_eval, row_labels
 from memrl.recipes.pipeline import Recipe, RecipeRun, SFTSettings, run_recipe
 from memrl.recipes.policy import demo_shape_problem
 from memrl.recipes.report import memagent_markdown, plot_memagent
@@ -218,25 +211,8 @@ def evaluate_demonstrator(run: RecipeRun, tasks_by_length: dict[int, list[Any]])
     (`eval.samples` per task; a fresh rule seeded with eval.seed, not the one that recorded the SFT data)."""
     cfg = run.cfg
     return evaluate_scripted(demonstrator(cfg, run.tcfg, run.wf_cfg, seed=cfg.eval.seed), run.tokenizer, run.spec,
-                             run.wf_cfg, tasks_by_length, replace(protocol(cfg), greedy=False), policy="demonstrator",
-                             heldout_sha256=heldout_sha256(tasks_by_length))
-
-
-ROWS = "eval_rows/{}.jsonl"
-"""A policy's evaluation rows in the run's folder (memrl.eval.evaluator.evaluation_rows: one per trajectory of
-its held-out evaluation, every length and decoding)."""
-
-
-def heldout_sha256(tasks_by_length: dict[int, list[Any]]) -> str:
-    """The held-out tasks' digest (memrl.eval.evaluator.tasks_sha256 over every length's tasks)."""
-    return tasks_sha256(t for ts in tasks_by_length.values() for t in ts)
-
-
-def recorded(run: RecipeRun, res: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """`res`'s rows written to the run's ROWS file of their policy; its results.json entry (from the rows)."""
-    rows = policy_rows(res)
-    write_rows(run.out / ROWS.format(rows[0]["policy"] if rows else "none"), rows)
-    return results_to_json(res)
+                             run.wf_cfg, tasks_by_length, replace(protocol(cfg), greedy=False),
+                             **row_labels(run, "demonstrator", tasks_by_length))
 
 
 def sweep_rows(e: dict[str, Any]) -> list[str]:
@@ -298,7 +274,7 @@ class MemAgentRecipe(Recipe):
         cfg, run.extra["demonstrator"] = run.cfg, {}
         if cfg.eval.demonstrator and cfg.eval.samples:
             print(f"demonstrator (p_aware {cfg.sft.p_aware}), held-out:")
-            run.extra["demonstrator"] = recorded(run, evaluate_demonstrator(run, run.extra["tasks"]))
+            run.extra["demonstrator"] = results_to_json(evaluate_demonstrator(run, run.extra["tasks"]))
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], None]:
         """The mixture demonstrator's traces through the memagent workflow (plus `sft.reading_tasks`
@@ -321,9 +297,8 @@ class MemAgentRecipe(Recipe):
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         print("SFT, held-out:" if policy == "sft" else "SFT+RL, held-out:")
-        tasks = run.extra["tasks"]
-        return recorded(run, engine_eval(evaluate_policy, run, model, model_dir, tasks, protocol(run.cfg), log=print,
-                                         policy=policy, heldout_sha256=heldout_sha256(tasks)))
+        return results_to_json(engine_eval(evaluate_policy, run, model, model_dir, run.extra["tasks"],
+                                           protocol(run.cfg), log=print, policy=policy))
 
     def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
         """The held-out protocol and lengths (the tasks are generated from them)."""

@@ -135,15 +135,16 @@ def test_memact_summary_needs_the_groups():
 def test_every_evaluation_is_rows_with_its_labels(tmp_path):
     """The one evaluation row: task, sample, policy, decoding, bucket, seed, held-out digest, the workflow's own
     columns, reward and metrics; the EvalResult (results.json's numbers) is computed from the rows."""
-    from memrl.eval.evaluator import ROW_COLUMNS, policy_rows, result_from_rows, tasks_sha256, write_rows
+    from memrl.eval.evaluator import ROW_COLUMNS, result_from_rows, tasks_sha256
     from memrl.types import Task
     from memrl.workflows.rollouts import trajectory_rng
 
     tasks = [Task(f"t{i}", "q", "c", ["a"]) for i in range(2)]
     spec = dataclasses.replace(_draw_spec(), row_columns=lambda traj: {"half": traj.info["draw"] / 2})
     digest = tasks_sha256(tasks)
+    path = tmp_path / "r" / "sft.jsonl"
     res = evaluate_policy(EngineRollout(None, spec), MemAgentConfig(), {5: tasks}, EvalProtocol(samples=2, seed=9),
-                          policy="sft", heldout_sha256=digest)
+                          policy="sft", heldout_sha256=digest, rows_to=path)
     greedy, sampled = res[5]["greedy"], res[5]["sampled"]
     draw = {(t, k): trajectory_rng(9, t, k).random() for t in ("t0", "t1") for k in range(2)}
     assert sampled.rows == [
@@ -158,8 +159,8 @@ def test_every_evaluation_is_rows_with_its_labels(tmp_path):
     assert "rows" not in sampled.to_json() and "groups" not in sampled.to_json()
     # the digest: SHA-256 of the tasks' [id, question, context, answers] JSON lines
     assert digest == hashlib.sha256(b'["t0", "q", "c", ["a"]]\n["t1", "q", "c", ["a"]]\n').hexdigest()
-    write_rows(tmp_path / "r" / "sft.jsonl", policy_rows(res))
-    lines = (tmp_path / "r" / "sft.jsonl").read_text(encoding="utf-8").splitlines()
+    # written as they are made: greedy then sampled, appended to the file
+    lines = path.read_text(encoding="utf-8").splitlines()
     assert [json.loads(x) for x in lines] == greedy.rows + sampled.rows
     with pytest.raises(ValueError, match="task t0 has 2 rows, not 1"):
         result_from_rows(sampled.rows, 1, 1.0)
