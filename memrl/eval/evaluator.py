@@ -200,14 +200,19 @@ def decoding_of(temperature: float) -> str:
     return "greedy" if temperature == 0 else "sampled"
 
 
+def row_labels(policy: str, temperature: float, bucket: Any, seed: int, heldout_sha256: str) -> dict[str, Any]:
+    """An evaluation row's ROW_COLUMNS (`memrl eval`'s rows: memrl.eval.results_file.result_row, too)."""
+    return {"policy": policy, "decoding": decoding_of(temperature), "bucket": bucket, "seed": seed,
+            "heldout_sha256": heldout_sha256}
+
+
 def evaluation_rows(groups: Sequence[Group], seed: int, temperature: float, bucket: Any = None, policy: str = "",
                     heldout_sha256: str = "",
                     row_columns: Callable[[Trajectory], Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
     """One row per scored trajectory, in task then sample order: task_id, sample, the ROW_COLUMNS, the
     workflow's own columns (`row_columns`: WorkflowSpec.row_columns, as `memrl eval`'s rows), the reward and
     the trajectory's metrics. Every recipe evaluation's numbers (`result_from_rows`) are computed from these."""
-    labels = {"policy": policy, "decoding": decoding_of(temperature), "bucket": bucket, "seed": seed,
-              "heldout_sha256": heldout_sha256}
+    labels = row_labels(policy, temperature, bucket, seed, heldout_sha256)
     rows = []
     for g in groups:
         for k, (t, reward) in enumerate(zip(g.trajectories, g.rewards, strict=True)):

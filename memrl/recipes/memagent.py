@@ -47,7 +47,7 @@ from memrl.eval.evaluator import EvalProtocol, evaluate_policy, results_to_json
 from memrl.eval.stats import cell
 from memrl.models.tiny import PRESETS, ModelPreset, init_tiny_model
 from memrl.quiet import hf_progress_off
-from memrl.recipes.parts import engine_eval, row_labels
+from memrl.recipes.parts import engine_eval, policy_labels
 from memrl.recipes.pipeline import Recipe, RecipeRun, SFTSettings, run_recipe
 from memrl.recipes.policy import demo_shape_problem
 from memrl.recipes.report import memagent_markdown, plot_memagent
@@ -212,7 +212,7 @@ def evaluate_demonstrator(run: RecipeRun, tasks_by_length: dict[int, list[Any]])
     cfg = run.cfg
     return evaluate_scripted(demonstrator(cfg, run.tcfg, run.wf_cfg, seed=cfg.eval.seed), run.tokenizer, run.spec,
                              run.wf_cfg, tasks_by_length, replace(protocol(cfg), greedy=False),
-                             **row_labels(run, "demonstrator", tasks_by_length))
+                             **policy_labels(run, "demonstrator", tasks_by_length))
 
 
 def sweep_rows(e: dict[str, Any]) -> list[str]:

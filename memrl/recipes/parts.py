@@ -108,10 +108,10 @@ def engine_eval(evaluate: Callable[..., Any], run: RecipeRun, model: Any, model_
                 *args: Any, policy: str = "", **kw: Any) -> Any:
     """The one held-out evaluation through an engine: `evaluate(rollout, run.wf_cfg, tasks, *args, **kw)` with
     `model` served by the RL config's engine; `args` default to (eval.temperature, eval.seed)
-    (memrl.recipes.summaries' evaluations). With `policy`, `kw` gains its `row_labels`: the evaluation's rows
+    (memrl.recipes.summaries' evaluations). With `policy`, `kw` gains its `policy_labels`: the evaluation's rows
     go to the run's ROWS file of that policy."""
     if policy:
-        kw.update(row_labels(run, policy, tasks))
+        kw.update(policy_labels(run, policy, tasks))
     with model_engine(model, run.tokenizer, run.tcfg.engine, model_dir) as engine:
         return evaluate(EngineRollout(engine, run.spec), run.wf_cfg, tasks,
                         *(args or (run.cfg.eval.temperature, run.cfg.eval.seed)), **kw)
@@ -122,7 +122,7 @@ ROWS = "eval_rows/{}.jsonl"
 trajectory of its held-out evaluation, every bucket and decoding)."""
 
 
-def row_labels(run: RecipeRun, policy: str, tasks: Any) -> dict[str, Any]:
+def policy_labels(run: RecipeRun, policy: str, tasks: Any) -> dict[str, Any]:
     """memrl.eval.evaluator.evaluate_tasks' row labels of `policy`'s evaluation on `tasks` (a list, or lists by
     bucket): the policy, the tasks' digest (tasks_sha256) and the run's ROWS file of the policy, emptied."""
     path = run.out / ROWS.format(policy)
