@@ -62,14 +62,15 @@ def reading_segments(tasks: list[Task], tokenizer: Any, final_template: Any) -> 
 
 
 def evaluate_scripted(rule: Any, tokenizer: Any, spec: Any, wf_cfg: Any, tasks_by_length: dict[int, list[Task]],
-                  protocol: Any, log: Any = print) -> dict[int, dict[str, Any]]:
+                  protocol: Any, log: Any = print, **labels: Any) -> dict[int, dict[str, Any]]:
     """A scripted rule's accuracy through the workflow `spec` under the evaluator's `protocol`
     (memrl.eval.evaluator.evaluate_policy), with a fresh ScriptedEngine per length (it records every
-    call); the rule's own random state runs on across the lengths."""
+    call); the rule's own random state runs on across the lengths. `labels`: evaluate_policy's row labels
+    (policy, heldout_sha256)."""
     out = {}
     for n, tasks in tasks_by_length.items():
         rollout = EngineRollout(ScriptedEngine(rule, tokenizer=tokenizer), spec)
-        out.update(evaluate_policy(rollout, wf_cfg, {n: tasks}, protocol, log=log))
+        out.update(evaluate_policy(rollout, wf_cfg, {n: tasks}, protocol, log=log, **labels))
     return out
 
 

@@ -12,17 +12,21 @@ Three pieces:
   of one task share the task, so k x tasks observations would understate it). pass@k likewise over each
   task's best sample. `memrl.eval.report` (mean@k, pass@k of results.jsonl rows) calls the same functions.
 - **one evaluation**: `evaluate_tasks` (one task set, one decoding) and `evaluate_policy` (greedy and
-  sampled per length, as the `EvalProtocol` says) return `EvalResult`s: accuracy +- SE over tasks, the
-  per-task means (paired comparisons, `paired_gain`) and the means of the workflow's own trajectory
+  sampled per length, as the `EvalProtocol` says) make one row per trajectory (`evaluation_rows`: the
+  policy, decoding, bucket, seed and held-out digest columns beside the workflow's own; written to a JSONL
+  file with `rows_to`) and return the `EvalResult`s computed from the rows (`result_from_rows`): accuracy +- SE
+  over tasks, the per-task means (paired comparisons, `paired_gain`) and the means of the trajectory
   metrics (context tokens, ...). The demos' per-method summaries over kept groups (`keep_groups`) live
   with the demos (memrl.recipes.summaries).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -168,10 +172,12 @@ class EvalResult:
     groups: list[Group] = field(default_factory=list, repr=False, compare=False)
     """The scored groups when asked for (`keep_groups`; not in `to_json`): a workflow's own summary (the
     recipes' ones in memrl.recipes.summaries). Empty by default, so a long evaluation does not hold every trajectory."""
+    rows: list[dict[str, Any]] = field(default_factory=list, repr=False, compare=False)
+    """The evaluation's rows (`evaluation_rows`) its numbers are computed from; not in `to_json`."""
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(replace(self, groups=[]))
-        del d["groups"]
+        d = asdict(replace(self, groups=[], rows=[]))
+        del d["groups"], d["rows"]
         return d
 
 
@@ -180,37 +186,100 @@ def metric_mean(trajs: Sequence[Trajectory], name: str) -> float:
     return math.fsum(t.metrics.get(name, 0.0) for t in trajs) / len(trajs)
 
 
-def result_from_groups(groups: Sequence[Group], samples: int, temperature: float, seconds: float = 0.0,
-                       metrics: Sequence[str] = DEFAULT_METRICS, se_ddof: int = 1,
-                       keep_groups: bool = False) -> EvalResult:
-    """Accuracy +- SE over tasks (each task's mean reward over its samples) and the trajectory metrics'
-    means, from scored groups (kept in the result with `keep_groups`)."""
-    per_task = task_means(g.rewards for g in groups)
+# ---------------------------------------------------------------- the evaluation row
+
+
+ROW_COLUMNS = ("policy", "decoding", "bucket", "seed", "heldout_sha256")
+"""The columns every evaluation row carries beside its trajectory's own: the policy evaluated (a recipe's stage:
+demonstrator, sft, rl, ...), the decoding (greedy or sampled), the task bucket (a length or document count),
+the sampling seed and the SHA-256 of the held-out tasks ("" where the caller has none)."""
+
+
+def decoding_of(temperature: float) -> str:
+    """An evaluation's decoding column: greedy at temperature 0, sampled otherwise."""
+    return "greedy" if temperature == 0 else "sampled"
+
+
+def row_labels(policy: str, temperature: float, bucket: Any, seed: int, heldout_sha256: str) -> dict[str, Any]:
+    """An evaluation row's ROW_COLUMNS (`memrl eval`'s rows: memrl.eval.results_file.result_row, too)."""
+    return {"policy": policy, "decoding": decoding_of(temperature), "bucket": bucket, "seed": seed,
+            "heldout_sha256": heldout_sha256}
+
+
+def evaluation_rows(groups: Sequence[Group], seed: int, temperature: float, bucket: Any = None, policy: str = "",
+                    heldout_sha256: str = "",
+                    row_columns: Callable[[Trajectory], Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """One row per scored trajectory, in task then sample order: task_id, sample, the ROW_COLUMNS, the
+    workflow's own columns (`row_columns`: WorkflowSpec.row_columns, as `memrl eval`'s rows), the reward and
+    the trajectory's metrics. Every recipe evaluation's numbers (`result_from_rows`) are computed from these."""
+    labels = row_labels(policy, temperature, bucket, seed, heldout_sha256)
+    rows = []
+    for g in groups:
+        for k, (t, reward) in enumerate(zip(g.trajectories, g.rewards, strict=True)):
+            own = dict(row_columns(t)) if row_columns is not None else {}
+            rows.append({"task_id": g.task_id, "sample": k, **labels, **own, "reward": reward,
+                         "metrics": {name: float(v) for name, v in t.metrics.items()}})
+    return rows
+
+
+def result_from_rows(rows: Sequence[Mapping[str, Any]], samples: int, temperature: float, seconds: float = 0.0,
+                     metrics: Sequence[str] = DEFAULT_METRICS, se_ddof: int = 1) -> EvalResult:
+    """Accuracy +- SE over tasks (each task's mean reward over its `samples` rows, tasks in first-row order) and
+    the means of the named trajectory metrics over all rows (percent for those in PERCENT), from one
+    evaluation's rows (`evaluation_rows`: one policy, decoding and bucket). Fails unless every task has
+    `samples` rows."""
+    by_task: dict[str, list[float]] = {}
+    for r in rows:
+        by_task.setdefault(r["task_id"], []).append(r["reward"])
+    if bad := [t for t, v in by_task.items() if len(v) != samples]:
+        raise ValueError(f"result_from_rows: task {bad[0]} has {len(by_task[bad[0]])} rows, not {samples} "
+                         "(one evaluation's rows, one task id per task)")
+    per_task = task_means(by_task.values())
     acc, se = mean_and_se(per_task, se_ddof)
-    trajs = [t for g in groups for t in g.trajectories]
     means = {}
     for name in metrics:
-        m = metric_mean(trajs, name)
+        m = math.fsum(r["metrics"].get(name, 0.0) for r in rows) / len(rows)
         means[name] = 100.0 * m if name in PERCENT else m
-    return EvalResult(100.0 * acc, 100.0 * se, len(groups), samples, temperature, means, seconds, per_task,
-                      list(groups) if keep_groups else [])
+    return EvalResult(100.0 * acc, 100.0 * se, len(per_task), samples, temperature, means, seconds, per_task,
+                      rows=list(rows))
+
+
+def result_from_groups(groups: Sequence[Group], samples: int, temperature: float, seconds: float = 0.0,
+                       metrics: Sequence[str] = DEFAULT_METRICS, se_ddof: int = 1,
+                       keep_groups: bool = False, seed: int = 0, bucket: Any = None, policy: str = "",
+                       heldout_sha256: str = "",
+                       row_columns: Callable[[Trajectory], Mapping[str, Any]] | None = None) -> EvalResult:
+    """`result_from_rows` over the scored groups' `evaluation_rows` (the groups kept in the result with
+    `keep_groups`)."""
+    rows = evaluation_rows(groups, seed, temperature, bucket, policy, heldout_sha256, row_columns)
+    res = result_from_rows(rows, samples, temperature, seconds, metrics, se_ddof)
+    if keep_groups:
+        res.groups = list(groups)
+    return res
 
 
 def evaluate_tasks(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], samples: int = 1,
                    temperature: float = 0.0, seed: int = 0, metrics: Sequence[str] = DEFAULT_METRICS,
                    on_trajectory: Callable[[Task, Trajectory], None] | None = None,
-                   se_ddof: int = 1, keep_groups: bool = False) -> EvalResult:
+                   se_ddof: int = 1, keep_groups: bool = False, bucket: Any = None, policy: str = "",
+                   heldout_sha256: str = "", rows_to: str | Path | None = None) -> EvalResult:
     """`samples` trajectories per task through `rollout` at `temperature` (0 = greedy, one per task; the
-    workflow config's `temperature` is replaced); the accuracy and its standard error over tasks, plus the
-    mean of each named trajectory metric. `on_trajectory` sees every finished trajectory."""
+    workflow config's `temperature` is replaced); their rows (`evaluation_rows`, with the rollout's workflow
+    columns) and, from them, the accuracy and its standard error over tasks, plus the mean of each named
+    trajectory metric. `on_trajectory` sees every finished trajectory. With `rows_to` the rows are appended
+    to that JSONL file."""
     if samples < 1:
         raise ValueError(f"evaluate_tasks: samples must be >= 1, got {samples}")
     if temperature == 0 and samples != 1:
         raise ValueError("evaluate_tasks: greedy decoding (temperature 0) gives one trajectory per task; samples must be 1")
     t0 = time.perf_counter()
     groups = rollout(list(tasks), replace(wf_cfg, temperature=temperature), samples, seed, on_done=on_trajectory)
-    return result_from_groups(groups, samples, temperature, time.perf_counter() - t0, metrics, se_ddof,
-                              keep_groups)
+    res = result_from_groups(groups, samples, temperature, time.perf_counter() - t0, metrics, se_ddof,
+                             keep_groups, seed, bucket, policy, heldout_sha256,
+                             getattr(getattr(rollout, "spec", None), "row_columns", None))
+    if rows_to is not None:
+        append_rows(rows_to, res.rows)
+    return res
 
 
 @dataclass
@@ -233,19 +302,21 @@ class EvalProtocol:
 
 def evaluate_policy(rollout: Rollout, wf_cfg: Any, tasks_by_length: dict[int, list[Task]],
                     protocol: EvalProtocol, modes: Sequence[str] = ("greedy", "sampled"),
-                    log: Any = None) -> dict[int, dict[str, EvalResult]]:
+                    log: Any = None, **labels: Any) -> dict[int, dict[str, EvalResult]]:
     """{length: {"greedy": ..., "sampled": ...}} for the modes the protocol enables (and `modes` asks for);
-    greedy then sampled at each length, both seeded with protocol.seed."""
+    greedy then sampled at each length, both seeded with protocol.seed; each result's rows have the length as
+    their bucket. `labels`: evaluate_tasks' policy, heldout_sha256 and rows_to."""
     out: dict[int, dict[str, EvalResult]] = {}
     for length, tasks in tasks_by_length.items():
         row: dict[str, EvalResult] = {}
         if protocol.greedy and "greedy" in modes:
             row["greedy"] = evaluate_tasks(rollout, wf_cfg, tasks, 1, 0.0, protocol.seed, protocol.metrics,
-                                           se_ddof=protocol.se_ddof, keep_groups=protocol.keep_groups)
+                                           se_ddof=protocol.se_ddof, keep_groups=protocol.keep_groups,
+                                           bucket=length, **labels)
         if protocol.samples > 0 and "sampled" in modes:
             row["sampled"] = evaluate_tasks(rollout, wf_cfg, tasks, protocol.samples, protocol.temperature,
                                             protocol.seed, protocol.metrics, se_ddof=protocol.se_ddof,
-                                            keep_groups=protocol.keep_groups)
+                                            keep_groups=protocol.keep_groups, bucket=length, **labels)
         out[length] = row
         if log is not None:
             log(f"  {length}: " + ", ".join(f"{m} {r.accuracy:.1f} ± {r.se:.1f}% ({r.seconds:.0f}s)"
@@ -256,3 +327,22 @@ def evaluate_policy(rollout: Rollout, wf_cfg: Any, tasks_by_length: dict[int, li
 def results_to_json(res: dict[int, dict[str, EvalResult]]) -> dict[str, dict[str, Any]]:
     """JSON form of `evaluate_policy`'s result: lengths become strings."""
     return {str(n): {m: r.to_json() for m, r in row.items()} for n, row in res.items()}
+
+
+def tasks_sha256(tasks: Iterable[Task]) -> str:
+    """The held-out digest of tasks held in memory: the SHA-256 of their id, question, context and answers as
+    JSON lines, in order (a row's `heldout_sha256` where no held-out file is written)."""
+    digest = hashlib.sha256()
+    for t in tasks:
+        line = json.dumps([t.task_id, t.question, t.context, t.answers], ensure_ascii=False)
+        digest.update(line.encode("utf-8") + b"\n")
+    return digest.hexdigest()
+
+
+def append_rows(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Append evaluation rows to the JSONL file `path` (created with its folder)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as fh:
+        for r in rows:
+            fh.write(json.dumps(r, ensure_ascii=False) + "\n")

@@ -1,6 +1,7 @@
-"""A `memrl eval` run's results.jsonl: reading it back after a kill (a half-written last line dropped,
-unreadable lines counted), the key a row resumes by (the source file's digest, dataset, length, task,
-sample), and the digest of the weights its rows were answered with.
+"""A `memrl eval` run's results.jsonl: one question's row (`result_row`, scored by `score_prediction`),
+reading the file back after a kill (a half-written last line dropped, unreadable lines counted), the key a
+row resumes by (the source file's digest, dataset, length, task, sample), and the digest of the weights its
+rows were answered with.
 """
 
 from __future__ import annotations
@@ -9,10 +10,19 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from memrl.errors import UserError
+from memrl.eval.task_judge import JUDGE_COLUMN
 from memrl.model_files import weights_digest
+from memrl.records import segment_records
+from memrl.rewards.eval_metrics import get_metric, metric_value
+from memrl.rewards.extract import extract_prediction
+from memrl.rewards.published_metrics import published_qa_metrics, published_task_metric
+from memrl.rewards.qa import qa_metrics
+from memrl.types import Task, Trajectory
 
 log = logging.getLogger("memrl.eval.runner")
 
@@ -100,3 +110,85 @@ def weights_identity(model: str) -> str | None:
     if p is None or not p.is_dir() or not (any(p.glob("*.safetensors")) or any(p.glob("*.bin"))):
         return None
     return weights_digest(p)
+
+
+def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: str = "boxed",
+                     metric_rules: str = "memrl", final_answer: bool = False) -> tuple[str, dict[str, float]]:
+    """(prediction, metrics) of a finished question: em / sub_em / f1 of the prediction `extract` reads,
+    against all gold answers (golds=any, best of them) or answers[0] (first); plus the eval metric the
+    task's meta["metric"] names, over all answers. With `final_answer` (a trajectory that scored itself:
+    its workflow's row_columns name em) the prediction is its own final answer. em / sub_em /
+    f1 follow `metric_rules` (memrl, or a published evaluation's: memrl.rewards.published_metrics)."""
+    if extract == "boxed" or "answer_text" not in traj.info or final_answer:
+        pred = traj.final_answer or ""
+    else:
+        pred = extract_prediction(traj.info["answer_text"], extract)
+    answers = task.answers if golds == "any" else task.answers[:1]
+    m = qa_metrics(pred, answers) if metric_rules == "memrl" else published_qa_metrics(pred, answers, metric_rules)
+    name = task.meta.get("metric")
+    if name:
+        try:
+            get_metric(str(name))
+        except KeyError as e:
+            raise UserError(f"task {task.task_id}: meta['metric']: {e.args[0]}") from e
+        value = metric_value(str(name), pred, task.answers, task.meta)
+        m[str(name)] = published_task_metric(value, pred, metric_rules)
+    return pred, m
+
+
+ROW_SCORES = ("em", "sub_em", "f1", "generated_tokens")
+"""The standard row columns a workflow's own row_columns may give the value of."""
+
+
+def result_row(
+    task: Task, traj: Trajectory, num_docs: int, file: str, started: float, finished: float, session: str = "",
+    tokenizer: Any = None, ident: dict[str, Any] | None = None, dataset: str = "", sample: int = 0,
+    golds: str = "any", extract: str = "boxed", metric_rules: str = "memrl",
+    row_columns: Callable[[Trajectory], Mapping[str, Any]] | None = None, labels: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSONL row of one finished question; started/finished are wall-clock times (time.time()).
+    `ident` is the source file's file_identity(); `steps` holds one memrl.records record per model call
+    (what `memrl view` shows). Scoring: `score_prediction`; a task's named eval metric (meta["metric"])
+    is a column of its own. `row_columns`: the workflow's own columns (WorkflowSpec.row_columns); `labels`: the
+    evaluation row's ROW_COLUMNS (memrl.eval.evaluator.row_labels), after `sample`."""
+    own = dict(row_columns(traj)) if row_columns is not None else {}
+    pred, m = score_prediction(task, traj, golds, extract, metric_rules, final_answer="em" in own)
+    extra = {k: v for k, v in m.items() if k not in ("em", "sub_em", "f1")}
+    tm = traj.metrics
+    m = {**m, **{k: own[k] for k in ("em", "sub_em", "f1") if k in own}}
+    memories = traj.info.get("memories")
+    if memories is None:
+        memories = [s.info["memory"] for s in traj.segments if s.info.get("kind") != "final" and "memory" in s.info]
+    # the question's type (LoCoMo's category name, LongMemEval's question_type): the report's by-type table
+    kinds = {k: task.meta[k] for k in ("question_type", "abstention") if task.meta.get(k) not in (None, False)}
+    return {
+        "task_id": task.task_id,
+        "num_docs": num_docs,
+        "dataset": dataset,
+        "sample": sample,
+        **(labels or {}),
+        **kinds,
+        **(ident or {"file": Path(file).name}),
+        "question": task.question,
+        "answers": task.answers,
+        "prediction": pred,
+        "answer_text": traj.info.get("answer_text", ""),
+        "memory_trace": list(memories),
+        "em": m["em"],
+        "sub_em": m["sub_em"],
+        "f1": m["f1"],
+        **extra,
+        **({JUDGE_COLUMN: tm[JUDGE_COLUMN]} if JUDGE_COLUMN in tm else {}),
+        "tokens_read": int(tm.get("tokens_read", tm.get("context_tokens", 0))),
+        "context_tokens": int(tm.get("context_tokens", 0)),
+        "generated_tokens": own.get("generated_tokens", sum(len(s.response_ids) for s in traj.segments)),
+        "model_calls": len(traj.segments),
+        **{k: v for k, v in own.items() if k not in ROW_SCORES},
+        "reward": traj.reward,
+        "seconds": round(finished - started, 4),
+        "started": round(started, 4),
+        "finished": round(finished, 4),
+        "session": session,
+        "metrics": {k: float(v) for k, v in tm.items()},
+        "steps": segment_records(traj.segments, tokenizer),
+    }

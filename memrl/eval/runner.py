@@ -66,15 +66,14 @@ from memrl.engines import build_engine, engine_kind
 from memrl.engines.base import FAILED_REQUEST_MODES, EngineError, SamplingParams
 from memrl.engines.config import EngineConfig, HFSection
 from memrl.errors import UserError, model_dir, writable_dir
-from memrl.eval.evaluator import EngineRollout
-from memrl.eval.results_file import file_identity, read_results, row_key, weights_identity
-from memrl.eval.task_judge import JUDGE_COLUMN, TaskJudge, with_task_judge
+from memrl.eval.evaluator import EngineRollout, row_labels
+from memrl.eval.results_file import ROW_SCORES as ROW_SCORES
+from memrl.eval.results_file import file_identity, read_results, result_row, row_key, weights_identity
+from memrl.eval.results_file import score_prediction as score_prediction
+from memrl.eval.task_judge import TaskJudge, with_task_judge
 from memrl.model_open import model_config
-from memrl.records import segment_records
-from memrl.rewards.eval_metrics import get_metric, metric_value
-from memrl.rewards.extract import EXTRACT_MODES, extract_prediction
-from memrl.rewards.published_metrics import METRIC_RULES, published_qa_metrics, published_task_metric
-from memrl.rewards.qa import qa_metrics
+from memrl.rewards.extract import EXTRACT_MODES
+from memrl.rewards.published_metrics import METRIC_RULES
 from memrl.runtime import RolloutRuntime
 from memrl.services.registry import retriever_problem
 from memrl.threads import ThreadsSection, in_effect
@@ -273,86 +272,6 @@ def load_eval_file(path: str | os.PathLike[str], cfg: EvalConfig) -> EvalFile:
     return EvalFile(str(path), file_identity(path), n, tasks, labels)
 
 
-def score_prediction(task: Task, traj: Trajectory, golds: str = "any", extract: str = "boxed",
-                     metric_rules: str = "memrl", final_answer: bool = False) -> tuple[str, dict[str, float]]:
-    """(prediction, metrics) of a finished question: em / sub_em / f1 of the prediction `extract` reads,
-    against all gold answers (golds=any, best of them) or answers[0] (first); plus the eval metric the
-    task's meta["metric"] names, over all answers. With `final_answer` (a trajectory that scored itself:
-    its workflow's row_columns name em) the prediction is its own final answer. em / sub_em /
-    f1 follow `metric_rules` (memrl, or a published evaluation's: memrl.rewards.published_metrics)."""
-    if extract == "boxed" or "answer_text" not in traj.info or final_answer:
-        pred = traj.final_answer or ""
-    else:
-        pred = extract_prediction(traj.info["answer_text"], extract)
-    answers = task.answers if golds == "any" else task.answers[:1]
-    m = qa_metrics(pred, answers) if metric_rules == "memrl" else published_qa_metrics(pred, answers, metric_rules)
-    name = task.meta.get("metric")
-    if name:
-        try:
-            get_metric(str(name))
-        except KeyError as e:
-            raise UserError(f"task {task.task_id}: meta['metric']: {e.args[0]}") from e
-        value = metric_value(str(name), pred, task.answers, task.meta)
-        m[str(name)] = published_task_metric(value, pred, metric_rules)
-    return pred, m
-
-
-ROW_SCORES = ("em", "sub_em", "f1", "generated_tokens")
-"""The standard row columns a workflow's own row_columns may give the value of."""
-
-
-def result_row(
-    task: Task, traj: Trajectory, num_docs: int, file: str, started: float, finished: float, session: str = "",
-    tokenizer: Any = None, ident: dict[str, Any] | None = None, dataset: str = "", sample: int = 0,
-    golds: str = "any", extract: str = "boxed", metric_rules: str = "memrl",
-    row_columns: Callable[[Trajectory], Mapping[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """The JSONL row of one finished question; started/finished are wall-clock times (time.time()).
-    `ident` is the source file's file_identity(); `steps` holds one memrl.records record per model call
-    (what `memrl view` shows). Scoring: `score_prediction`; a task's named eval metric (meta["metric"])
-    is a column of its own. `row_columns`: the workflow's own columns (WorkflowSpec.row_columns)."""
-    own = dict(row_columns(traj)) if row_columns is not None else {}
-    pred, m = score_prediction(task, traj, golds, extract, metric_rules, final_answer="em" in own)
-    extra = {k: v for k, v in m.items() if k not in ("em", "sub_em", "f1")}
-    tm = traj.metrics
-    m = {**m, **{k: own[k] for k in ("em", "sub_em", "f1") if k in own}}
-    memories = traj.info.get("memories")
-    if memories is None:
-        memories = [s.info["memory"] for s in traj.segments if s.info.get("kind") != "final" and "memory" in s.info]
-    # the question's type (LoCoMo's category name, LongMemEval's question_type): the report's by-type table
-    kinds = {k: task.meta[k] for k in ("question_type", "abstention") if task.meta.get(k) not in (None, False)}
-    return {
-        "task_id": task.task_id,
-        "num_docs": num_docs,
-        "dataset": dataset,
-        "sample": sample,
-        **kinds,
-        **(ident or {"file": Path(file).name}),
-        "question": task.question,
-        "answers": task.answers,
-        "prediction": pred,
-        "answer_text": traj.info.get("answer_text", ""),
-        "memory_trace": list(memories),
-        "em": m["em"],
-        "sub_em": m["sub_em"],
-        "f1": m["f1"],
-        **extra,
-        **({JUDGE_COLUMN: tm[JUDGE_COLUMN]} if JUDGE_COLUMN in tm else {}),
-        "tokens_read": int(tm.get("tokens_read", tm.get("context_tokens", 0))),
-        "context_tokens": int(tm.get("context_tokens", 0)),
-        "generated_tokens": own.get("generated_tokens", sum(len(s.response_ids) for s in traj.segments)),
-        "model_calls": len(traj.segments),
-        **{k: v for k, v in own.items() if k not in ROW_SCORES},
-        "reward": traj.reward,
-        "seconds": round(finished - started, 4),
-        "started": round(started, 4),
-        "finished": round(finished, 4),
-        "session": session,
-        "metrics": {k: float(v) for k, v in tm.items()},
-        "steps": segment_records(traj.segments, tokenizer),
-    }
-
-
 # ---------------------------------------------------------------- the run
 
 
@@ -490,7 +409,7 @@ def evaluate(
                     run_spec = with_task_judge(run_spec, cfg.judge, cfg.extract)
                 rollout = EngineRollout(runtime.engine, run_spec, cfg.concurrency, runtime=runtime)
             tokenizer = getattr(rollout, "tokenizer", None) or getattr(engine, "tokenizer", None)
-            rows += _run_all(todo, rollout, wf_cfg, cfg, fh, total, tokenizer, spec.row_columns)
+            rows += _run_all(todo, rollout, wf_cfg, cfg, fh, total, tokenizer, spec.row_columns, record["name"])
     finally:
         if own:
             runtime.close()
@@ -552,10 +471,12 @@ def dropped_because(traj: Trajectory, mode: str) -> str:
 
 
 def _run_all(todo, rollout, wf_cfg, cfg: EvalConfig, fh, total: int, tokenizer: Any,
-             row_columns: Callable[[Trajectory], Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+             row_columns: Callable[[Trajectory], Mapping[str, Any]] | None = None,
+             policy: str = "") -> list[dict[str, Any]]:
     """Each (file, sample k, tasks) of `todo` through `rollout` (sample k seeded as the rollout's k-th
-    trajectory of a task); one row per finished question (with the workflow's `row_columns`), written and
-    flushed as it finishes."""
+    trajectory of a task); one row per finished question (with the workflow's `row_columns` and the
+    evaluation row's labels: `policy` (the run's name), the decoding, the length as bucket, the seed and the
+    file's digest), written and flushed as it finishes."""
     new: list[dict[str, Any]] = []
     bar = tqdm(total=total, unit="q", disable=not cfg.progress, dynamic_ncols=True)
     starts: dict[str, float] = {}
@@ -583,7 +504,9 @@ def _run_all(todo, rollout, wf_cfg, cfg: EvalConfig, fh, total: int, tokenizer: 
                 row = result_row(task, traj, n, ef.path, starts.pop(task.task_id), time.time(), session,
                                  tokenizer=tokenizer, ident=ef.ident, dataset=ds, sample=k,
                                  golds=cfg.golds, extract=cfg.extract,
-                                 metric_rules=cfg.metric_rules, row_columns=row_columns)
+                                 metric_rules=cfg.metric_rules, row_columns=row_columns,
+                                 labels=row_labels(policy, getattr(wf_cfg, "temperature", 0.0), n, cfg.seed,
+                                                   ef.ident["file_sha256"]))
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
                 fh.flush()
                 new.append(row)

@@ -270,7 +270,7 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
         return trained, {**stats, "rows_trained": len(trained)}
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
-        return engine_eval(evaluate_context, run, model, model_dir, run.extra["data"].eval_tasks)
+        return engine_eval(evaluate_context, run, model, model_dir, run.extra["data"].eval_tasks, policy=policy)
 
 
 RECIPE = ContextRecipe()

@@ -223,7 +223,7 @@ class InfMemRecipe(ArmRecipe):
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         print("SFT, held-out:" if policy == "sft" else "SFT+RL, held-out:")
-        return engine_eval(evaluate_reading, run, model, model_dir, run.extra["heldout"])
+        return engine_eval(evaluate_reading, run, model, model_dir, run.extra["heldout"], policy=policy)
 
 
 RECIPE = InfMemRecipe()

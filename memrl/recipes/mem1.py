@@ -219,7 +219,7 @@ class Mem1Recipe(SplitRecipe, ArmRecipe):
         return {"objectives_per_task": [len(t.meta["sub_questions"]) for t in run.extra["sft_tasks"]]}
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
-        return engine_eval(evaluate_mem1, run, model, model_dir, run.extra["held"])
+        return engine_eval(evaluate_mem1, run, model, model_dir, run.extra["held"], policy=policy)
 
 
 RECIPE = Mem1Recipe()

@@ -255,7 +255,7 @@ class MemActRecipe(SplitRecipe):
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         res = engine_eval(evaluate_memact, run, model, model_dir, run.extra["data"].eval_tasks,
-                          prune_tool=run.wf_cfg.prune_tool)
+                          prune_tool=run.wf_cfg.prune_tool, policy=policy)
         print_memact_eval("SFT" if policy == "sft" else "SFT+DCPO", res)
         return res
 

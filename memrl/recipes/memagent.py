@@ -46,7 +46,7 @@ from memrl.eval.evaluator import EvalProtocol, evaluate_policy, results_to_json
 from memrl.eval.stats import cell
 from memrl.models.tiny import PRESETS, ModelPreset, init_tiny_model
 from memrl.quiet import hf_progress_off
-from memrl.recipes.parts import engine_eval
+from memrl.recipes.parts import engine_eval, policy_labels
 from memrl.recipes.pipeline import (
     EvalSettings,
     ModelShape,
@@ -201,7 +201,8 @@ def evaluate_demonstrator(run: RecipeRun, tasks_by_length: dict[int, list[Any]])
     (`eval.samples` per task; a fresh rule seeded with eval.seed, not the one that recorded the SFT data)."""
     cfg = run.cfg
     return evaluate_scripted(demonstrator(cfg, run.tcfg, run.wf_cfg, seed=cfg.eval.seed), run.tokenizer, run.spec,
-                             run.wf_cfg, tasks_by_length, replace(protocol(cfg), greedy=False))
+                             run.wf_cfg, tasks_by_length, replace(protocol(cfg), greedy=False),
+                             **policy_labels(run, "demonstrator", tasks_by_length))
 
 
 def sweep_rows(e: dict[str, Any]) -> list[str]:
@@ -287,7 +288,7 @@ class MemAgentRecipe(Recipe):
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         print("SFT, held-out:" if policy == "sft" else "SFT+RL, held-out:")
         return results_to_json(engine_eval(evaluate_policy, run, model, model_dir, run.extra["tasks"],
-                                           protocol(run.cfg), log=print))
+                                           protocol(run.cfg), log=print, policy=policy))
 
     def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
         """The held-out protocol and lengths (the tasks are generated from them)."""

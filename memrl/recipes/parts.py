@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from memrl.config import MAX_COUNT, MAX_SEED, valid
 from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_splits
-from memrl.eval.evaluator import EngineRollout, model_engine
+from memrl.eval.evaluator import EngineRollout, model_engine, tasks_sha256
 from memrl.recipes.pipeline import ModelShape, Recipe, RecipeConfig, RecipeRun
 from memrl.training.assemble import validate
 from memrl.workflows import parse_workflow
@@ -105,13 +105,30 @@ def set_workflow(run: RecipeRun, **fields: Any) -> None:
 
 
 def engine_eval(evaluate: Callable[..., Any], run: RecipeRun, model: Any, model_dir: str | Path, tasks: Any,
-                *args: Any, **kw: Any) -> Any:
+                *args: Any, policy: str = "", **kw: Any) -> Any:
     """The one held-out evaluation through an engine: `evaluate(rollout, run.wf_cfg, tasks, *args, **kw)` with
     `model` served by the RL config's engine; `args` default to (eval.temperature, eval.seed)
-    (memrl.recipes.summaries' evaluations)."""
+    (memrl.recipes.summaries' evaluations). With `policy`, `kw` gains its `policy_labels`: the evaluation's rows
+    go to the run's ROWS file of that policy."""
+    if policy:
+        kw.update(policy_labels(run, policy, tasks))
     with model_engine(model, run.tokenizer, run.tcfg.engine, model_dir) as engine:
         return evaluate(EngineRollout(engine, run.spec), run.wf_cfg, tasks,
                         *(args or (run.cfg.eval.temperature, run.cfg.eval.seed)), **kw)
+
+
+ROWS = "eval_rows/{}.jsonl"
+"""A policy's evaluation rows in a recipe run's folder (memrl.eval.evaluator.evaluation_rows: one per
+trajectory of its held-out evaluation, every bucket and decoding)."""
+
+
+def policy_labels(run: RecipeRun, policy: str, tasks: Any) -> dict[str, Any]:
+    """memrl.eval.evaluator.evaluate_tasks' row labels of `policy`'s evaluation on `tasks` (a list, or lists by
+    bucket): the policy, the tasks' digest (tasks_sha256) and the run's ROWS file of the policy, emptied."""
+    path = run.out / ROWS.format(policy)
+    path.unlink(missing_ok=True)
+    flat = [t for ts in tasks.values() for t in ts] if isinstance(tasks, dict) else list(tasks)
+    return {"policy": policy, "heldout_sha256": tasks_sha256(flat), "rows_to": path}
 
 
 def count_parameters(model: Any) -> int:

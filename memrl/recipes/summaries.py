@@ -67,15 +67,15 @@ def memact_summary_of(groups: Sequence[Group]) -> dict[str, float]:
 
 
 def evaluate_memact(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], temperature: float,
-                    seed: int, prune_tool: bool = True) -> dict[str, dict[str, float]]:
+                    seed: int, prune_tool: bool = True, **labels: Any) -> dict[str, dict[str, float]]:
     """The MemAct demo's held-out protocol: {"greedy": summary, "sampled": summary}, one trajectory per task
     each (sampled at `temperature`, top_p 1, no top-k), the prune tool offered and never withheld (or, with
     `prune_tool=False`, withheld in every trajectory: the search-only baseline), both seeded with `seed`;
-    each summary is `memact_summary` plus the evaluation's `seconds`."""
+    each summary is `memact_summary` plus the evaluation's `seconds`. `labels`: the rows' (evaluate_tasks)."""
     base = replace(wf_cfg, no_prune_prob=0.0, prune_tool=prune_tool, top_p=1.0, top_k=-1)
     proto = EvalProtocol(greedy=True, samples=1, temperature=temperature, seed=seed, metrics=(),
                          se_ddof=MEMACT_SE_DDOF, keep_groups=True)
-    res = evaluate_policy(rollout, base, {0: list(tasks)}, proto)[0]
+    res = evaluate_policy(rollout, base, {0: list(tasks)}, proto, **labels)[0]
     return {mode: {**memact_summary(r), "seconds": r.seconds} for mode, r in res.items()}
 
 
@@ -115,14 +115,14 @@ def context_summary_of(groups: Sequence[Group]) -> dict[str, float]:
 
 
 def evaluate_context(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], temperature: float,
-                     seed: int) -> dict[str, dict[str, float]]:
+                     seed: int, **labels: Any) -> dict[str, dict[str, float]]:
     """The context demo's held-out protocol (memrl.recipes.context): {"greedy": summary, "sampled": summary},
     one trajectory per task each (sampled at `temperature`, top_p 1, no top-k), both seeded with `seed`; each
-    summary is `context_summary` plus the evaluation's `seconds`."""
+    summary is `context_summary` plus the evaluation's `seconds`. `labels`: the rows' (evaluate_tasks)."""
     base = replace(wf_cfg, top_p=1.0, top_k=-1)
     proto = EvalProtocol(greedy=True, samples=1, temperature=temperature, seed=seed, metrics=(),
                          se_ddof=CONTEXT_SE_DDOF, keep_groups=True)
-    res = evaluate_policy(rollout, base, {0: list(tasks)}, proto)[0]
+    res = evaluate_policy(rollout, base, {0: list(tasks)}, proto, **labels)[0]
     return {mode: {**context_summary(r), "seconds": r.seconds} for mode, r in res.items()}
 
 
@@ -159,15 +159,15 @@ def reading_summary_of(groups: Sequence[Group], seconds: float = 0.0) -> dict[st
 
 
 def evaluate_reading(rollout: Rollout, wf_cfg: Any, tasks_by_length: dict[int, list[Task]], temperature: float,
-                     seed: int) -> dict[str, dict[str, dict[str, float]]]:
+                     seed: int, **labels: Any) -> dict[str, dict[str, dict[str, float]]]:
     """The InfMem demo's held-out protocol (memrl.recipes.infmem): {length (str): {"greedy": summary, "sampled":
     summary}}, one trajectory per task each (sampled at `temperature`, top_p 1, no top-k), both seeded with
-    `seed`; each summary is `reading_summary_of`."""
+    `seed`; each summary is `reading_summary_of`. `labels`: the rows' (evaluate_tasks)."""
     base = replace(wf_cfg, top_p=1.0, top_k=-1)
     proto = EvalProtocol(greedy=True, samples=1, temperature=temperature, seed=seed, metrics=(), keep_groups=True)
     out: dict[str, dict[str, dict[str, float]]] = {}
     for length, tasks in tasks_by_length.items():
-        res = evaluate_policy(rollout, base, {length: tasks}, proto)[length]
+        res = evaluate_policy(rollout, base, {length: tasks}, proto, **labels)[length]
         out[str(length)] = {mode: reading_summary_of(r.groups, r.seconds) for mode, r in res.items()}
         print(f"  {length} chunks: " + ", ".join(f"{m} {s['accuracy']:.1f} ± {s['accuracy_se']:.1f}%, "
                                                  f"{s['model_calls']:.1f} calls" for m, s in out[str(length)].items()))
@@ -202,14 +202,15 @@ def mem1_summary(groups: list[Group]) -> dict[str, float]:
 
 
 def evaluate_mem1(rollout: Rollout, wf_cfg: Any, tasks: dict[int, list[Task]], temperature: float,
-                  seed: int) -> dict[str, dict[str, dict[str, float]]]:
+                  seed: int, **labels: Any) -> dict[str, dict[str, dict[str, float]]]:
     """The MEM1 demo's held-out protocol (memrl.recipes.mem1): {"greedy": {k: summary}, "sampled": {k: summary}}
     over the tasks of each objective count k (one trajectory per task each; sampled at `temperature`, top_p 1,
-    no top-k; both seeded with `seed`); each summary is `mem1_summary` plus the evaluation's `seconds`."""
+    no top-k; both seeded with `seed`); each summary is `mem1_summary` plus the evaluation's `seconds`.
+    `labels`: the rows' (evaluate_tasks; the bucket is k)."""
     base = replace(wf_cfg, top_p=1.0, top_k=-1)
     out: dict[str, dict[str, dict[str, float]]] = {"greedy": {}, "sampled": {}}
     for k, ts in tasks.items():
         for mode, temp in (("greedy", 0.0), ("sampled", temperature)):
-            res = evaluate_tasks(rollout, base, ts, 1, temp, seed, metrics=(), keep_groups=True)
+            res = evaluate_tasks(rollout, base, ts, 1, temp, seed, metrics=(), keep_groups=True, bucket=k, **labels)
             out[mode][str(k)] = {**mem1_summary(res.groups), "seconds": res.seconds}
     return out

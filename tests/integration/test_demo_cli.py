@@ -129,3 +129,27 @@ def test_reading_rows_answer_from_the_whole_document(tmp_path):
         assert f"Q: {t.question}\nM: {t.context.strip()}\nA:" in prompt  # the whole document, no memory
         assert tok.decode(s.response_ids) == f"\\boxed{{ {t.answers[0]}}}<|im_end|>"
         assert s.loss_mask == [1] * len(s.response_ids) and s.info["kind"] == "reading"
+
+
+def test_results_json_is_computed_from_the_rows(demo):
+    """Each policy's evaluation rows (eval_rows/<policy>.jsonl: one per trajectory, with policy, decoding, bucket,
+    seed and held-out digest) give results.json's entries exactly (memrl.eval.evaluator.result_from_rows)."""
+    from memrl.eval.evaluator import DEFAULT_METRICS, ROW_COLUMNS, result_from_rows
+
+    out, _ = demo
+    st = json.loads((out / "results.json").read_text())["stages"]
+    digests = set()
+    for stage in ("demonstrator", "sft", "rl"):
+        rows = [json.loads(x) for x in (out / "eval_rows" / f"{stage}.jsonl").read_text().splitlines()]
+        assert {r["policy"] for r in rows} == {stage} and {r["seed"] for r in rows} == {987654}
+        digests |= {r["heldout_sha256"] for r in rows}
+        cells: dict[tuple[str, str], list[dict]] = {}
+        for r in rows:
+            assert set(ROW_COLUMNS) <= set(r)
+            cells.setdefault((str(r["bucket"]), r["decoding"]), []).append(r)
+        assert sorted(cells) == sorted((n, m) for n, modes in st[stage].items() for m in modes)
+        for (n, mode), rs in cells.items():
+            want = dict(st[stage][n][mode])
+            got = result_from_rows(rs, want["samples"], want["temperature"], want["seconds"], DEFAULT_METRICS).to_json()
+            assert got == want, (stage, n, mode)
+    assert len(digests) == 1 and len(digests.pop()) == 64  # the same held-out tasks for every policy

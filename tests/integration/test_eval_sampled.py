@@ -14,7 +14,9 @@ from memrl.data.io import detect_kind, load_tasks
 from memrl.data.longbench import bucket_of, load_longbench
 from memrl.data.memagent_files import write_eval_json
 from memrl.engines import EngineConfig
+from memrl.eval.evaluator import ROW_COLUMNS
 from memrl.eval.report import SAMPLED_COLUMNS, TABLE_COLUMNS, summarize, write_report
+from memrl.eval.results_file import file_identity
 from memrl.eval.runner import EvalConfig, evaluate
 from memrl.types import Task
 
@@ -50,6 +52,11 @@ def test_mean_and_pass_at_4_with_standard_errors(tmp_path):
     rows = evaluate([_file(tmp_path)], tmp_path / "run", _cfg(samples=4), engine=ScriptedEngine(_counting_reply()))
     assert sorted((r["task_id"], r["sample"], r["sub_em"]) for r in rows)[:5] == [
         ("q0", 0, 1.0), ("q0", 1, 1.0), ("q0", 2, 1.0), ("q0", 3, 1.0), ("q1", 0, 0.0)]
+    # the evaluation row's labels (memrl.eval.evaluator.ROW_COLUMNS), as every recipe evaluation's rows:
+    # the run's name, sampled (temperature 1), the length, the seed, the file's digest
+    digest = file_identity(tmp_path / "eval_1.json")["file_sha256"]
+    assert {tuple(r[c] for c in ROW_COLUMNS) for r in rows} == {("run", "sampled", 1, 0, digest)}
+    assert list(rows[0])[:9] == ["task_id", "num_docs", "dataset", "sample", *ROW_COLUMNS]
     [s] = summarize(rows, "r")
     # per question, mean over 4 samples: q0 4/4 = 1, q1 1/4 = 0.25, q2 0 -> mean@4 = 1.25/3 = 41.667%;
     # SE = stdev(n-1) / sqrt(3): deviations 0.58333, -0.16667, -0.41667, squares sum 0.541667, / 2 = 0.270833,

@@ -62,8 +62,8 @@ class ToyRecipe(Recipe):
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: Any) -> Any:
         protocol = EvalProtocol(greedy=True, samples=0, seed=run.cfg.eval.seed)
-        res = engine_eval(evaluate_policy, run, model, model_dir, run.extra["heldout"], protocol)
-        return results_to_json(res)  # length -> decoding -> summary
+        res = engine_eval(evaluate_policy, run, model, model_dir, run.extra["heldout"], protocol, policy=policy)
+        return results_to_json(res)  # length -> decoding -> summary; the rows: eval_rows/<policy>.jsonl
 
 
 RECIPE = ToyRecipe()

@@ -3,6 +3,9 @@ engine through the real MemAgent workflow (exact, hand-checked accuracies)."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
 
 import pytest
@@ -127,3 +130,37 @@ def test_memact_summary_needs_the_groups():
     res = evaluate_tasks(EngineRollout(None, _draw_spec()), MemAgentConfig(), [Task("t", "q", "c", ["a"])])
     with pytest.raises(ValueError, match="keep_groups"):
         memact_summary(res)
+
+
+def test_every_evaluation_is_rows_with_its_labels(tmp_path):
+    """The one evaluation row: task, sample, policy, decoding, bucket, seed, held-out digest, the workflow's own
+    columns, reward and metrics; the EvalResult (results.json's numbers) is computed from the rows."""
+    from memrl.eval.evaluator import ROW_COLUMNS, result_from_rows, tasks_sha256
+    from memrl.types import Task
+    from memrl.workflows.rollouts import trajectory_rng
+
+    tasks = [Task(f"t{i}", "q", "c", ["a"]) for i in range(2)]
+    spec = dataclasses.replace(_draw_spec(), row_columns=lambda traj: {"half": traj.info["draw"] / 2})
+    digest = tasks_sha256(tasks)
+    path = tmp_path / "r" / "sft.jsonl"
+    res = evaluate_policy(EngineRollout(None, spec), MemAgentConfig(), {5: tasks}, EvalProtocol(samples=2, seed=9),
+                          policy="sft", heldout_sha256=digest, rows_to=path)
+    greedy, sampled = res[5]["greedy"], res[5]["sampled"]
+    draw = {(t, k): trajectory_rng(9, t, k).random() for t in ("t0", "t1") for k in range(2)}
+    assert sampled.rows == [
+        {"task_id": t, "sample": k, "policy": "sft", "decoding": "sampled", "bucket": 5, "seed": 9,
+         "heldout_sha256": digest, "half": draw[t, k] / 2, "reward": draw[t, k], "metrics": {"context_tokens": 3.0}}
+        for t in ("t0", "t1") for k in range(2)]
+    assert [(r["task_id"], r["decoding"], r["reward"]) for r in greedy.rows] == [
+        ("t0", "greedy", draw["t0", 0]), ("t1", "greedy", draw["t1", 0])]
+    assert tuple(sampled.rows[0])[2:7] == ROW_COLUMNS
+    assert sampled.per_task == [(draw["t0", 0] + draw["t0", 1]) / 2, (draw["t1", 0] + draw["t1", 1]) / 2]
+    assert result_from_rows(sampled.rows, 2, 1.0, sampled.seconds) == sampled
+    assert "rows" not in sampled.to_json() and "groups" not in sampled.to_json()
+    # the digest: SHA-256 of the tasks' [id, question, context, answers] JSON lines
+    assert digest == hashlib.sha256(b'["t0", "q", "c", ["a"]]\n["t1", "q", "c", ["a"]]\n').hexdigest()
+    # written as they are made: greedy then sampled, appended to the file
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert [json.loads(x) for x in lines] == greedy.rows + sampled.rows
+    with pytest.raises(ValueError, match="task t0 has 2 rows, not 1"):
+        result_from_rows(sampled.rows, 1, 1.0)

@@ -99,6 +99,10 @@ def test_the_toy_method_runs_every_stage_through_memrl_demo(tmp_path, capsys):
     for policy in ("sft", "rl"):
         r = res[policy]["2"]["greedy"]
         assert r["num_tasks"] == 4 and (r["accuracy"] / 25).is_integer()  # 4 tasks: steps of 25 points
+        # its evaluation rows: one per held-out task, labelled, their rewards the accuracy
+        rows = [json.loads(x) for x in (out / "eval_rows" / f"{policy}.jsonl").read_text().splitlines()]
+        assert [(x["policy"], x["decoding"], x["bucket"], x["sample"]) for x in rows] == [(policy, "greedy", 2, 0)] * 4
+        assert 100 * sum(x["reward"] for x in rows) / 4 == r["accuracy"]
     assert (out / "results.md").read_text() in capsys.readouterr().out
     # the method's results schema and table feed the one seed aggregation (a sweep of this single run)
     run = seeds.Run(0, "native", out, ())
