@@ -42,6 +42,8 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,10 @@ class Cell:
     """Generated tokens per CPU second of the engine's processes (empty without psutil)."""
     flops_per_s: list[float] = field(default_factory=list)
     outputs: list[list[list[int]]] = field(default_factory=list)
+    logprobs: list[list[list[float]]] = field(default_factory=list)
+    """Per round, per call: the engine's logprob of each generated token."""
+    prompts: list[list[int]] = field(default_factory=list)
+    """Per round, per call: crc32 of the prompt's token ids (which calls saw the same prompt as the reference)."""
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -99,8 +105,8 @@ def format_table(cells: list[Cell], peak: float, reference: str) -> str:
     """The markdown table: tok/s median (min-max), x the reference engine's median, tokens identical to the
     reference engine's in every round, % peak."""
     lines = [f"| model | C | engine | tok/s median (min-max) | x {reference} | prompt tok/s | "
-             f"tok/CPU-s median (min-max) | x {reference} | tokens = {reference} | % fp32 peak |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---|---:|"]
+             f"tok/CPU-s median (min-max) | x {reference} | tokens = {reference} | max \\|Δ logprob\\| | % fp32 peak |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|"]
     ref = {(c.preset, c.concurrency): c for c in cells if c.engine == reference}
     for c in cells:
         med, lo, hi = summarize(c.tokens_per_s)
@@ -116,8 +122,10 @@ def format_table(cells: list[Cell], peak: float, reference: str) -> str:
             if r and r.tokens_per_cpu_s:
                 cpu_ratio = f"{cmed / summarize(r.tokens_per_cpu_s)[0]:.2f}x"
         prompt = f"{summarize(c.prompt_per_s)[0]:.0f}" if c.prompt_per_s else "-"
+        gap = logprob_gap(r, c) if r is not None else None
+        gap_s = "-" if gap is None else f"{gap:.1e}"
         lines.append(f"| {Path(c.preset).name} | {c.concurrency} | {c.engine} | {med:.0f} ({lo:.0f}-{hi:.0f}) | "
-                     f"{ratio} | {prompt} | {cpu} | {cpu_ratio} | {same} | {frac} |")
+                     f"{ratio} | {prompt} | {cpu} | {cpu_ratio} | {same} | {gap_s} | {frac} |")
     return "\n".join(lines)
 
 
@@ -138,6 +146,23 @@ def format_latency(cells: list[Cell]) -> str:
                      f"{st['max_first_token_s']:.3f} | {st['max_decode_gap_s']:.3f} | {st['prefill_chunks']} | "
                      f"{st['decode_steps_beside_prefill']} |")
     return "\n".join(lines)
+
+
+def logprob_gap(ref: Cell, other: Cell) -> float | None:
+    """The largest |logprob difference| between two engines on the tokens both generated for the same prompt
+    (every round, every call whose prompt is the reference's, up to the first differing token); None when
+    no call qualifies or either side did not record logprobs."""
+    gap = None
+    for r_out, r_lp, r_pr, o_out, o_lp, o_pr in zip(ref.outputs, ref.logprobs, ref.prompts, other.outputs,
+                                                    other.logprobs, other.prompts, strict=False):
+        for a, alp, ap, b, blp, bp in zip(r_out, r_lp, r_pr, o_out, o_lp, o_pr, strict=False):
+            if ap != bp:
+                continue
+            for ta, la, tb, lb in zip(a, alp, b, blp, strict=False):
+                if ta != tb:
+                    break
+                gap = max(gap or 0.0, abs(la - lb))
+    return gap
 
 
 def mismatch(a: list[list[int]], b: list[list[int]]) -> str:
@@ -530,7 +555,9 @@ def serve(args: argparse.Namespace, engine: Any, runtime: Any, tasks: Any) -> No
         prompt = sum(len(s.prompt_ids) for s in segs)
         out: dict[str, Any] = {"wall_s": wall, "cpu_s": None if c0 is None else c1 - c0, "generated": gen,
                                "prompt": prompt,
-                               "outputs": [list(s.response_ids) for s in segs]}
+                               "outputs": [list(s.response_ids) for s in segs],
+                               "logprobs": [[round(x, 7) for x in s.response_logprobs] for s in segs],
+                               "prompts": [zlib.crc32(array("q", s.prompt_ids).tobytes()) for s in segs]}
         if stats is not None:
             out["stats"] = {k: getattr(stats, k) for k in ("forward_calls", "prefill_calls", "decode_steps",
                                                            "prompt_tokens", "generated_tokens")}
@@ -691,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
                         cell.tokens_per_cpu_s.append(res["generated"] / res["cpu_s"])
                     cell.flops_per_s.append(fpt[preset] * (res["generated"] + res["prompt"]) / res["wall_s"])
                     cell.outputs.append(res["outputs"])
+                    cell.logprobs.append(res.get("logprobs", []))
+                    cell.prompts.append(res.get("prompts", []))
                     cell.stats = res.get("stats", {})
                     cpu = f", {res['generated'] / res['cpu_s']:.0f} tok/CPU-s" if res.get("cpu_s") else ""
                     print(f"# round {r} {kind}/{preset} C={c}: {res['generated']} tokens, "
@@ -711,7 +740,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(c.stats.get("first_tokens") for c in ordered):
         print("\n" + format_latency(ordered))
     if args.json:
-        Path(args.json).write_text(json.dumps([{**c.__dict__, "outputs": None} for c in ordered], indent=1))
+        Path(args.json).write_text(json.dumps([{**c.__dict__, "outputs": None, "logprobs": None, "prompts": None}
+                                               for c in ordered], indent=1))
     return 0
 
 

@@ -21,8 +21,9 @@ start=$(date +%s)
 # pip's exit status is kept; only this machine's noise about absent local index folders is dropped.
 pip_q() { "$VENV/bin/pip" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 # The source package (--no-binary), never a prebuilt wheel: a wheel built elsewhere targets another CPU.
-# BLAS off: ggml's own kernels are what the comparison measures; tests/examples/server are not needed.
-export CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF ${CMAKE_ARGS:-}"
+# BLAS off: ggml's own kernels are what the comparison measures; tests, examples, server and the multimodal
+# library (LLAVA_BUILD) are not needed.
+export CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF ${CMAKE_ARGS:-}"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 pip_q install -q --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
 # The benchmark's worker drives llama.cpp from memrl's MemAgent runtime: memrl itself, torch pinned to the

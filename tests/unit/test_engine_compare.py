@@ -35,9 +35,24 @@ def test_table_medians_ratios_identity_and_peak_fraction():
     lines = ec.format_table([ref, other], peak=10e9, reference="hf").splitlines()
     # medians 200 and 250 -> 1.25x; per CPU second 410 and 205 -> 0.50x; flops medians 2e9 and 5e9 of a
     # 10e9 peak -> 20.0 % and 50.0 %; prompt tok/s median 1000, "-" where not measured
-    assert lines[2] == "| tiny | 16 | hf | 200 (100-300) | 1.00x | 1000 | 410 (400-420) | 1.00x | yes | 20.0 |"
+    # no logprobs recorded: "-" in the logprob column
+    assert lines[2] == "| tiny | 16 | hf | 200 (100-300) | 1.00x | 1000 | 410 (400-420) | 1.00x | yes | - | 20.0 |"
     assert lines[3] == ("| tiny | 16 | vllm | 250 (150-500) | 1.25x | - | 205 (100-300) | 0.50x | "
-                        "no (1/1 calls differ) | 50.0 |")
+                        "no (1/1 calls differ) | - | 50.0 |")
+
+
+def test_logprob_gap_counts_only_shared_prompts_up_to_the_first_differing_token():
+    # one round, three calls: call 0 same prompt, tokens agree then differ at position 2 (its 0.5 gap there
+    # is not counted); call 1 same prompt and tokens, gaps 0.25 and 0.125; call 2 another prompt (gap 9
+    # not counted)
+    ref = ec.Cell("hf", "m", 16, tokens_per_s=[1.0], outputs=[[[1, 2, 3], [4, 5], [6]]],
+                  logprobs=[[[-1.0, -2.0, -3.0], [-1.0, -1.0], [-1.0]]], prompts=[[11, 12, 13]])
+    other = ec.Cell("llama", "m", 16, tokens_per_s=[1.0], outputs=[[[1, 2, 7], [4, 5], [6]]],
+                    logprobs=[[[-1.0625, -2.0, -2.5], [-1.25, -1.125], [-10.0]]], prompts=[[11, 12, 99]])
+    assert ec.logprob_gap(ref, other) == 0.25
+    assert ec.logprob_gap(ref, ec.Cell("x", "m", 16)) is None
+    line = ec.format_table([ref, other], peak=0, reference="hf").splitlines()[3]
+    assert line.endswith("| no (1/3 calls differ) | 2.5e-01 | - |")  # call 2: other prompt, same tokens
 
 
 def test_latency_table_of_the_last_rounds_stats():
