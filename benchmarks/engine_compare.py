@@ -327,10 +327,12 @@ class LlamaCppEngine:
     chunk of rows still prefilling (a prompt longer than what is left of the budget is prefilled in pieces
     over several steps). Greedy only: argmax of the row's logits; its logprob is log_softmax of the same
     logits (memrl's engine convention, T = 1). A finished row's KV cells are freed (llama_memory_seq_rm).
-    Prompts come as memrl's token ids (the tokenizer of the imported model, the same vocabulary as the GGUF)."""
+    Prompts come as memrl's token ids (the tokenizer of the imported model, the same vocabulary as the GGUF).
+    `exact` (llama-f32): float32 KV cache and flash attention off; else llama.cpp's defaults (float16 KV cache,
+    flash attention where it chooses)."""
 
     def __init__(self, gguf: str, tokenizer_dir: str, max_batch: int, threads: int, ctx_per_seq: int,
-                 kv_f32: bool, budget: int = 2048) -> None:
+                 exact: bool, budget: int = 2048) -> None:
         import llama_cpp as lc
         import numpy as np
         from transformers import AutoTokenizer
@@ -346,8 +348,10 @@ class LlamaCppEngine:
         cp.n_batch, cp.n_ubatch = budget, min(budget, 512)
         cp.n_threads = cp.n_threads_batch = threads
         cp.no_perf = True
-        if kv_f32:
+        if exact:  # float32 all through: a float32 KV cache, and no flash attention (on the CPU it rounds
+            # attention through float16: logprobs 1e-3 from the hf engine's, against 1e-4 without it)
             cp.type_k = cp.type_v = lc.GGML_TYPE_F32
+            cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self.ctx = lc.llama_init_from_model(self.model, cp)
         if not self.ctx:
             raise RuntimeError(f"{gguf}: llama.cpp could not make a context of {max_batch} x {ctx_per_seq} tokens")
@@ -478,7 +482,7 @@ def build_engine(kind: str, path: str, max_batch: int, threads: int, prefill_chu
         return VLLMEngine(model=path, dtype="float32", max_model_len=4096, enforce_eager=True, kv_cache_gib=1.0,
                           max_num_seqs=max(max_batch, 64), seed=0, cpu_threads_bind=",".join(map(str, cores[:threads])))
     if kind.startswith("llama"):
-        return LlamaCppEngine(gguf, path, max_batch, threads, ctx_per_seq, kv_f32=kind == "llama-f32")
+        return LlamaCppEngine(gguf, path, max_batch, threads, ctx_per_seq, exact=kind == "llama-f32")
     raise ValueError(f"unknown engine {kind!r}; use one of {', '.join(ENGINES)}")
 
 
