@@ -339,6 +339,12 @@ class LlamaCppEngine:
 
         self.lc, self.np = lc, np
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        # llama.cpp logs every tensor and graph input at load: keep its errors (level 4) only
+        def log(level: int, text: bytes, _user: Any) -> None:
+            if level == 4:
+                sys.stderr.write(text.decode(errors="replace"))
+        self._log = lc.llama_log_callback(log)
+        lc.llama_log_set(self._log, None)
         lc.llama_backend_init()
         self.model = lc.llama_model_load_from_file(gguf.encode(), lc.llama_model_default_params())
         if not self.model:
