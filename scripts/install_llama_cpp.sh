@@ -30,6 +30,8 @@ pip_q install -q --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_CPP_PYTH
 # CPU build (never let a resolver pull the CUDA one).
 pip_q install -q -c constraints.txt torch
 pip_q install -q -c constraints.txt -e .
+# psutil: benchmarks/engine_compare.py's CPU seconds per token (without it the llama rows have none).
+pip_q install -q psutil
 "$VENV/bin/python" - <<'PY'
 import llama_cpp
 print("llama-cpp-python", llama_cpp.__version__)
