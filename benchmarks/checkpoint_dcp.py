@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 from memrl.config import load_config
-from memrl.training import distributed as D
 from memrl.training.config import TrainConfig
-from memrl.training.packing import TrainBatch, weigh
+from memrl.training.ranks import distributed as D
+from memrl.training.update.packing import TrainBatch, weigh
 from memrl.types import Segment
 
 
@@ -54,7 +54,7 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import AutoConfig
 
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     backend = "nccl" if args.device == "cuda" else "gloo"
     if backend == "nccl":

@@ -29,7 +29,7 @@ from memrl.eval.evaluator import evaluate_policy, results_to_json
 from memrl.recipes.memagent import RECIPE, heldout_tasks, protocol
 from memrl.recipes.parts import engine_eval
 from memrl.training.assemble import assemble
-from memrl.training.checkpoint import latest_checkpoint
+from memrl.training.checkpoints.checkpoint import latest_checkpoint
 from memrl.training.trainer import Trainer
 
 STAGES = ("eval_sft", "rl", "eval_rl")

@@ -25,7 +25,7 @@ def main() -> int:
     from memrl.eval.evaluator import evaluate_policy, results_to_json
     from memrl.recipes.memagent import RECIPE, evaluate_demonstrator, heldout_tasks, protocol
     from memrl.recipes.parts import engine_eval
-    from memrl.training.checkpoint import latest_checkpoint
+    from memrl.training.checkpoints.checkpoint import latest_checkpoint
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")

@@ -25,7 +25,7 @@ def main() -> int:
     from memrl.eval.evaluator import EngineRollout, evaluate_tasks, model_engine
     from memrl.recipes.memagent import RECIPE, demonstrator
     from memrl.recipes.retention import EVENTS, RetentionCounter
-    from memrl.training.checkpoint import latest_checkpoint
+    from memrl.training.checkpoints.checkpoint import latest_checkpoint
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")

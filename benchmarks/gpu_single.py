@@ -30,7 +30,7 @@ from scaleout import _random_05b  # noqa: E402  (same 0.5B-shaped model as the C
 
 from memrl.config import load_config  # noqa: E402
 from memrl.training.config import TrainConfig  # noqa: E402
-from memrl.training.packing import TrainBatch, weigh  # noqa: E402
+from memrl.training.update.packing import TrainBatch, weigh  # noqa: E402
 from memrl.types import Segment  # noqa: E402
 
 WARMUP, TIMED = 2, 5
@@ -53,7 +53,7 @@ def _sync() -> None:
 def update_figures(path: str, dtype: str) -> dict[str, float]:
     from transformers import AutoConfig
 
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     cfg = load_config(TrainConfig, [f"model.path={path}", f"model.device={DEVICE}", f"model.dtype={dtype}",
                                     "algorithm.kl_coef=0.001", "optim.lr=1e-5", "trainer.token_budget=4096"])

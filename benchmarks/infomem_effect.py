@@ -50,7 +50,7 @@ def run_one(src: Path, out: Path, arm: str, seed: int, overrides: list[str]) -> 
     from memrl.recipes.parts import engine_eval
     from memrl.recipes.seeds import base_seeds
     from memrl.training.assemble import assemble
-    from memrl.training.checkpoint import latest_checkpoint
+    from memrl.training.checkpoints.checkpoint import latest_checkpoint
     from memrl.training.trainer import Trainer
 
     if out.exists():

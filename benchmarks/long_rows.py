@@ -29,8 +29,8 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from memrl.training.packing import collate
-from memrl.training.policy import ppo_micro_loss
+from memrl.training.update.packing import collate
+from memrl.training.update.policy import ppo_micro_loss
 from memrl.types import Segment
 
 VOCAB = 151_936

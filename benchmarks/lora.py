@@ -7,7 +7,7 @@ Each (shape, mode) runs in a fresh subprocess so its peak RSS is its own. One Po
 `memrl train` at world size 1; memrl.models.tiny shapes, float32) takes `--steps` timed optimizer steps
 (after one untimed) on the same random rows: `--rows` rows of `--prompt` + `--response` tokens, the
 whole batch one micro-batch. With `--kl` > 0 the full run loads a second model as the KL reference and
-the LoRA run uses the policy with its adapters off (memrl.training.lora.BaseReference).
+the LoRA run uses the policy with its adapters off (memrl.training.update.lora.BaseReference).
 
 Columns: trainable parameters, the optimizer's state (Adam moments), RSS after the worker is built and
 the process's peak RSS (ru_maxrss; both include Python, torch and transformers, ~the "imports" row), and
@@ -46,8 +46,8 @@ def one(shape: str, rank: int, args: argparse.Namespace) -> dict:
     from memrl.config import load_config
     from memrl.models.tiny import cached_tiny_model
     from memrl.training.config import TrainConfig
-    from memrl.training.packing import Row
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
+    from memrl.training.update.packing import Row
 
     path = cached_tiny_model(shape)
     imports_mb = _rss_mb()

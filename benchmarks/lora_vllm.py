@@ -8,11 +8,11 @@ For each memrl.models.tiny shape (float32, enforce_eager) a PEFT adapter (rank -
 linear layer) stands in for the trained policy; before each sync its B matrices get new seeded values, as
 an update would. Two engines, one after the other:
 
-- merged: a plain VLLMEngine; a sync is the trainer's merge (memrl.training.lora.merged_state: W + scaling
+- merged: a plain VLLMEngine; a sync is the trainer's merge (memrl.training.update.lora.merged_state: W + scaling
   * B A for every adapted weight) and `update_weights(state dict)` (safetensors blob through vLLM's RPC,
   in-place reload, prefix cache reset);
 - adapter: a VLLMEngine built with enable_lora (max_lora_rank = rank); a sync writes the adapter in PEFT's
-  format to a new directory (model.save_pretrained, as memrl.training.adapter_sync does) and
+  format to a new directory (model.save_pretrained, as memrl.training.sync.adapter_sync does) and
   `load_adapter(dir)` (a new LoRARequest, added to the engine at once, the previous one removed).
 
 Per sync: the median seconds of each part over --syncs syncs (the first sync untimed: warm-up). Generation:
@@ -77,7 +77,7 @@ def _batch(engine, prompts: list[list[int]], tokens: int) -> tuple[float, list]:
 
 def _measure(kind: str, path: Path, pm, args: argparse.Namespace, prompts: list[list[int]], tmp: Path) -> dict:  # noqa: ANN001
     from memrl.engines.vllm import VLLMEngine
-    from memrl.training.lora import merged_state
+    from memrl.training.update.lora import merged_state
 
     t0 = time.perf_counter()
     eng = VLLMEngine(model=str(path), dtype="float32", enforce_eager=True, max_model_len=args.prompt + args.tokens + 8,

@@ -11,7 +11,7 @@ recorded table used 2, to fit a loaded 2-core machine); `--dry-run`: 1 task.
 
 Per workflow, one run each way on the same rows, the same micro-batching rule otherwise: the old-logprob pass
 (no gradient) and the update (PPO loss forward + backward), the per-row path packed by
-memrl.training.packing.pack_rows, the shared path by prefix_sharing.pack_shared with each micro-batch's plan.
+memrl.training.update.packing.pack_rows, the shared path by prefix_sharing.pack_shared with each micro-batch's plan.
 Columns: rows, row tokens, forwarded tokens (shared: each shared prefix once), their ratio
 (perf/shared_token_ratio), update seconds and update row tokens/s each way, step seconds (old-logprob pass +
 update) each way, and the update's speedup. `--ratios-only`: no timing; per workflow the forwarded tokens of
@@ -31,9 +31,9 @@ import torch
 
 from memrl.demonstrators.rows import workflow_rows
 from memrl.models.tiny import cached_tiny_model
-from memrl.training import prefix_sharing as P
-from memrl.training.packing import collate, pack_rows, weigh
-from memrl.training.policy import ppo_micro_loss, token_logprobs
+from memrl.training.update import prefix_sharing as P
+from memrl.training.update.packing import collate, pack_rows, weigh
+from memrl.training.update.policy import ppo_micro_loss, token_logprobs
 
 CASES = (("memagent n=4", "memagent", 16, 4, 8192), ("memagent n=16", "memagent", 8, 16, 8192),
          ("fold", "fold", 8, 1, 32768), ("summarize", "summarize", 8, 1, 32768),

@@ -45,7 +45,7 @@ def metrics(out: Path) -> list[dict]:
 def digest(out: Path, steps: int) -> dict[str, str]:
     """sha256 (16 hex) of the final LoRA adapter file and of the optimizer's tensors and param groups as
     memrl reads them back (the DCP files' own metadata differs between two saves of equal tensors)."""
-    from memrl.training.checkpoint import read_optimizer
+    from memrl.training.checkpoints.checkpoint import read_optimizer
 
     ckpt = out / "checkpoints" / f"step_{steps:06d}"
     opt = read_optimizer(ckpt)

@@ -21,9 +21,9 @@ import torch
 import torch.multiprocessing as mp
 
 from memrl.config import load_config
-from memrl.training import distributed as D
 from memrl.training.config import TrainConfig
-from memrl.training.packing import TrainBatch, split, weigh
+from memrl.training.ranks import distributed as D
+from memrl.training.update.packing import TrainBatch, split, weigh
 from memrl.types import Segment
 
 WARMUP, TIMED = 2, 5
@@ -59,7 +59,7 @@ def _time_steps(worker, rows: TrainBatch) -> tuple[float, float]:
 
 def _rank(rank: int, model: str, port: int, vocab: int, out: str) -> None:
     torch.set_num_threads(1)
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     w = PolicyWorker(_cfg(model), D.DistInfo(rank, 2, "127.0.0.1", port))
     step, gather = _time_steps(w, split(_rows(vocab), 2)[rank])  # this rank's share, as the driver sends it
@@ -71,7 +71,7 @@ def _rank(rank: int, model: str, port: int, vocab: int, out: str) -> None:
 def world_size_step(model: str) -> None:
     from transformers import AutoConfig
 
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     vocab = AutoConfig.from_pretrained(model).vocab_size
     torch.set_num_threads(1)  # the same one thread per process as each rank

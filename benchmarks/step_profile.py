@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     from memrl.cli import main as memrl
     from memrl.engines import hf as hf_mod
     from memrl.training import trainer as trainer_mod
-    from memrl.training import workers as workers_mod
+    from memrl.training.ranks import workers as workers_mod
 
     train = build_data(args.hotpot, out)
     clock = Clock()

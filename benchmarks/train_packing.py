@@ -25,8 +25,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from memrl.training.packing import collate, pack_rows, weigh
-    from memrl.training.policy import ppo_micro_loss
+    from memrl.training.update.packing import collate, pack_rows, weigh
+    from memrl.training.update.policy import ppo_micro_loss
     from memrl.types import Segment
 
     rng = random.Random(0)

@@ -4,8 +4,8 @@
       [--rows 8] [--prompt 192] [--response 64] [--reps 5]
 
 One micro-batch of `rows` rows (`prompt` prompt tokens + `response` trained tokens each, right padded as
-memrl.training.packing.collate pads them) goes through the update's forward and backward exactly as a
-worker runs it (memrl.training.policy.ppo_micro_loss, PPO's clipped loss, token-mean weights), in float32
+memrl.training.update.packing.collate pads them) goes through the update's forward and backward exactly as a
+worker runs it (memrl.training.update.policy.ppo_micro_loss, PPO's clipped loss, token-mean weights), in float32
 and under bfloat16 autocast over float32 weights (model.compute_dtype=bfloat16, memrl.precision). The two
 alternate rep by rep, so load on the machine falls on both; the median of `reps` timings is kept.
 
@@ -64,7 +64,7 @@ def flops(model: torch.nn.Module, rows: int, prompt: int, response: int) -> floa
 
 
 def micro_batch(vocab: int, rows: int, prompt: int, response: int):
-    from memrl.training.packing import collate
+    from memrl.training.update.packing import collate
     from memrl.types import Segment
 
     g = torch.Generator().manual_seed(1)
@@ -78,7 +78,7 @@ def micro_batch(vocab: int, rows: int, prompt: int, response: int):
 
 
 def time_update(model: torch.nn.Module, mb, mixed: bool) -> float:
-    from memrl.training.policy import ppo_micro_loss
+    from memrl.training.update.policy import ppo_micro_loss
 
     model.zero_grad(set_to_none=True)
     t0 = time.perf_counter()

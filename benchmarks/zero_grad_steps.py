@@ -43,7 +43,7 @@ def rows(vocab: int, scale: float, seed: int) -> list:
 def worker(model: str, out: str, lr: float, mode: str):
     from memrl.config import load_config
     from memrl.training.config import TrainConfig
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     torch.manual_seed(0)
     cfg = load_config(TrainConfig, [f"model.path={model}", f"out_dir={out}", "algorithm.kl_coef=0", f"optim.lr={lr}",
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoConfig
 
     from memrl.models.tiny import cached_tiny_model
-    from memrl.training.packing import weigh
+    from memrl.training.update.packing import weigh
 
     model = args.model or str(cached_tiny_model("tiny"))
     vocab = AutoConfig.from_pretrained(model).vocab_size

@@ -1,5 +1,5 @@
 """The classes a torch.distributed.checkpoint (DCP) `.metadata` file may name: the one allowlist both readers of
-DCP metadata unpickle by (a training checkpoint's optimizer shards, memrl.training.checkpoint; a Megatron
+DCP metadata unpickle by (a training checkpoint's optimizer shards, memrl.training.checkpoints.checkpoint; a Megatron
 torch_dist checkpoint, memrl.models.convert_megatron, which admits Megatron's own classes beside them).
 Torch dtypes are admitted by each reader on their own; anything else is refused."""
 

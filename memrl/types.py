@@ -69,7 +69,7 @@ class Segment:
     recomputed once per RL step, before its first optimizer step); None: the PPO ratio takes
     `response_logprobs`, the engine's."""
     routing: Any = None
-    """MoE routing replay r3 (memrl.training.routing): the engine's experts of the row's fed tokens, uint8
+    """MoE routing replay r3 (memrl.training.update.routing): the engine's experts of the row's fed tokens, uint8
     [layers, tokens - 1, top_k]; None: the trainer routes the row freely."""
 
     def __post_init__(self) -> None:

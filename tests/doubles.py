@@ -22,7 +22,7 @@ from memrl.demonstrators.engine import ScriptedEngine as _ScriptedEngine
 from memrl.engines.base import SamplingParams
 from memrl.services.base import RetrievalError
 from memrl.services.keyword import KeywordRetriever as _KeywordRetriever
-from memrl.training.distributed import free_port  # noqa: F401 - re-exported for tests
+from memrl.training.ranks.distributed import free_port  # noqa: F401 - re-exported for tests
 
 
 class CharTokenizer:
@@ -258,7 +258,7 @@ def save_verl_fsdp_checkpoint(model_dir: str, step_dir: str, world_size: int, re
 
     import torch.multiprocessing as mp
 
-    from memrl.training.distributed import free_port
+    from memrl.training.ranks.distributed import free_port
 
     actor = os.path.join(step_dir, "actor")
     os.makedirs(actor, exist_ok=True)

@@ -5,7 +5,7 @@
   memrl train ... --resume          # continue from out_dir/checkpoints/latest, exactly
   memrl train ... --overwrite       # delete the run out_dir holds and start again from step 0
 
-An out_dir holding a run is refused without --resume or --overwrite (memrl.training.run_dir); the
+An out_dir holding a run is refused without --resume or --overwrite (memrl.training.checkpoints.run_dir); the
 directory is locked while the run lasts (memrl.locks).
 
 Overrides: `section.key=value`; `workflow=memagent` / `algorithm=grpo` / `engine=vllm` select by name;
@@ -21,8 +21,8 @@ from memrl.config import load_config, to_yaml
 from memrl.locks import locked_dir
 from memrl.threads import apply as apply_threads
 from memrl.training.assemble import assemble, validate
+from memrl.training.checkpoints.run_dir import prepare_run_dir
 from memrl.training.config import TrainConfig
-from memrl.training.run_dir import prepare_run_dir
 from memrl.training.trainer import Trainer
 
 

@@ -37,10 +37,10 @@ from memrl.errors import model_dir
 from memrl.locks import locked_dir
 from memrl.model_open import open_model
 from memrl.precision import resolve_compute_dtype, torch_dtype
-from memrl.training import lora
 from memrl.training.assemble import check_writable
 from memrl.training.config import DataSection, ModelSection
 from memrl.training.sft import SFTConfig, sft_train_logged
+from memrl.training.update import lora
 from memrl.types import Group, Segment
 from memrl.workflows import parse_workflow
 
@@ -206,7 +206,7 @@ def _rows(groups: list[Group]) -> list[Segment]:
 
 
 def _lora(model: Any, cfg: SFTRunConfig) -> Any:
-    """model.lora.rank > 0: the model with PEFT LoRA adapters (only they train; memrl.training.lora)."""
+    """model.lora.rank > 0: the model with PEFT LoRA adapters (only they train; memrl.training.update.lora)."""
     return lora.wrap(model, cfg.model.lora, cfg.sft.seed) if lora.enabled(cfg.model) else model
 
 

@@ -1,7 +1,7 @@
 """The training rows of each workflow without a trained model: the scripted agents played through the real
 workflows with the tiny models' tokenizer, cut into rows exactly as RL cuts them (memrl.demonstrators.stages).
 
-Used by prefix sharing's exactness test and its benchmark (memrl.training.prefix_sharing,
+Used by prefix sharing's exactness test and its benchmark (memrl.training.update.prefix_sharing,
 benchmarks/prefix_sharing.py), which need the rows' real shapes: which rows share which prefix.
 """
 

@@ -144,7 +144,7 @@ class Scheduler:
     source = "(the policy being trained)"
     """What error messages call the model: its directory when loaded from one."""
     routing: Any = None
-    """memrl.training.routing.EngineRouting: MoE experts recorded per request (algorithm.routing_replay=r3)."""
+    """memrl.training.update.routing.EngineRouting: MoE experts recorded per request (algorithm.routing_replay=r3)."""
 
     def __init__(self, max_batch_size: int, max_wait_ms: float, max_prefill_tokens: int, deterministic: bool) -> None:
         self.max_batch_size = max_batch_size

@@ -5,7 +5,7 @@ EngineConfig (memrl.engines.build_engine); each request goes to the replica with
 requests, and the requests of one event-loop turn travel to a replica in one call. Weights reach them
 through the object store (one put, every replica reads it), a directory, or a collective broadcast
 (memrl.engines.weight_transfer). Where the actors go (the placement group, the GPU share) is the
-trainer's: memrl.training.placement.ray_engines builds one from a training config.
+trainer's: memrl.training.ranks.placement.ray_engines builds one from a training config.
 """
 
 from __future__ import annotations

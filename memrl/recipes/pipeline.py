@@ -48,7 +48,7 @@ from memrl.recipes.policy import check_policy, demo_shape_problem
 from memrl.recipes.tables import RunTable, SweepTable, by_decoding
 from memrl.threads import ThreadsSection, set_torch_threads, warn_oversubscribed
 from memrl.training.assemble import assemble, check_writable, validate
-from memrl.training.checkpoint import latest_checkpoint
+from memrl.training.checkpoints.checkpoint import latest_checkpoint
 from memrl.training.config import TrainConfig
 from memrl.training.sft import SFTConfig, sft_train_logged
 from memrl.training.trainer import Trainer

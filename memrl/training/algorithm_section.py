@@ -44,7 +44,7 @@ from memrl.config import (
 )
 from memrl.rewards.memory_gain import InfoMemOptions
 from memrl.rewards.registry import NONE, model_reward_name, model_reward_names, model_reward_options
-from memrl.training.routing import REPLAY_MODES
+from memrl.training.update.routing import REPLAY_MODES
 
 
 def off_policy_cap(a: AlgorithmSection) -> float | None:
@@ -154,7 +154,7 @@ class AlgorithmSection:
     decoupled_cap: float | None = valid(None, gt=1, le=MAX_COEF, note="null = no cap")
     """off_policy=decoupled: tokens whose behaviour weight exp(proximal - engine) exceeds it weigh 0 (AReaL)."""
     routing_replay: str = valid("none", choices=REPLAY_MODES)
-    """A mixture-of-experts policy (Qwen3-MoE; memrl.training.routing): "r2" records every token's experts in
+    """A mixture-of-experts policy (Qwen3-MoE; memrl.training.update.routing): "r2" records every token's experts in
     the old-logprob pass (needs old_logprobs=trainer) and replays them in every forward of the update, so the
     PPO ratio compares one network; "r3" records them in the in-process hf engine (kv_cache=padded) as it
     samples, and the old-logprob pass and the update replay the rollout's; layers x top_k bytes per token.

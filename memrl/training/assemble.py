@@ -39,18 +39,18 @@ from memrl.model_files import weights_digest
 from memrl.model_open import model_config
 from memrl.runtime import RolloutRuntime
 from memrl.services.registry import retriever_problem
-from memrl.training import adapter_sync
-from memrl.training import validation as val
-from memrl.training.checkpoint import clean_stale, resume_point, set_rng_state
+from memrl.training.checkpoints.checkpoint import clean_stale, resume_point, set_rng_state
+from memrl.training.checkpoints.run_dir import check_resumed_config
 from memrl.training.config import TrainConfig
-from memrl.training.dump import TrajectoryDump
-from memrl.training.engine_sync import EngineSync
-from memrl.training.lora import base_source, enabled, engine_policy
-from memrl.training.placement import connect, ray_engines, uses_ray
-from memrl.training.routing import EngineRouting
-from memrl.training.run_dir import check_resumed_config
-from memrl.training.weight_sync import WeightSync
-from memrl.training.workers import build_workers
+from memrl.training.monitor.dump import TrajectoryDump
+from memrl.training.ranks.placement import connect, ray_engines, uses_ray
+from memrl.training.ranks.workers import build_workers
+from memrl.training.step import validation as val
+from memrl.training.sync import adapter_sync
+from memrl.training.sync.engine_sync import EngineSync
+from memrl.training.sync.weight_sync import WeightSync
+from memrl.training.update.lora import base_source, enabled, engine_policy
+from memrl.training.update.routing import EngineRouting
 from memrl.types import Task
 from memrl.workflows import parse_workflow
 from memrl.workflows.templates import check_thinking_switch
@@ -82,7 +82,7 @@ def validate(cfg: TrainConfig) -> tuple[Any, Any]:
     """Fail fast, naming the field, before any work: every field against its declared range or set
     (`memrl.config.check_config`), then what involves several fields (`TrainConfig.check()`: each section's
     `check()` in memrl.training.config, then what spans sections; the val section's files and metric,
-    memrl.training.validation.check); returns the parsed workflow (spec, config), which `assemble` takes
+    memrl.training.step.validation.check); returns the parsed workflow (spec, config), which `assemble` takes
     so it is parsed once."""
     check_config(cfg)
     cfg.check()
@@ -197,17 +197,17 @@ class TrainState:
     position: int = 0
     """Tasks drawn from the task stream so far (a resume continues there)."""
     tracker_ids: dict[str, str] = field(default_factory=dict)
-    """wandb / mlflow run ids (memrl.training.trackers), so a resumed run continues them."""
+    """wandb / mlflow run ids (memrl.training.monitor.trackers), so a resumed run continues them."""
     best: dict[str, Any] | None = None
     """trainer.save_best: {"metric", "value", "step"} of the best step so far."""
     base_weights: str | None = None
     """LoRA: the SHA-256 of model.path's weight files (memrl.model_files.weights_digest), the base the
     checkpoints' adapters were trained on; `--resume` refuses other weights."""
     health: dict[str, Any] | None = None
-    """memrl.training.health.HealthMonitor.saved() as the checkpoint holds it (None: a fresh run)."""
+    """memrl.training.monitor.health.HealthMonitor.saved() as the checkpoint holds it (None: a fresh run)."""
 
     def saved(self, async_in_flight: int | None = None) -> dict[str, Any]:
-        """The driver state a checkpoint holds (memrl.training.checkpoint), without the RNG."""
+        """The driver state a checkpoint holds (memrl.training.checkpoints.checkpoint), without the RNG."""
         out: dict[str, Any] = {"step": self.step, "data_position": self.position}
         if async_in_flight is not None:  # asynchronous: what a resume from here discards
             out["async_in_flight"] = async_in_flight
@@ -238,7 +238,7 @@ class RunParts:
     """data.path's tasks (None for synthetic data)."""
     tokenizer: Any
     workers: Any
-    """The policy's ranks (memrl.training.worker_group.WorkerGroup)."""
+    """The policy's ranks (memrl.training.ranks.worker_group.WorkerGroup)."""
     engine: Any
     runtime: RolloutRuntime
     gate: VersionedEngine | None
@@ -303,7 +303,7 @@ def _engine(cfg: TrainConfig, src: str, workers: Any, tokenizer: Any) -> Any:
 
 
 MOE_ROUTED_TYPES = ("qwen3_moe",)
-"""Model types whose routers routing replay records and replays (memrl.training.routing: Qwen3-MoE's)."""
+"""Model types whose routers routing replay records and replays (memrl.training.update.routing: Qwen3-MoE's)."""
 
 
 def check_policy_model(cfg: TrainConfig, wf_cfg: Any, config: Any, tokenizer: Any, where: str) -> None:

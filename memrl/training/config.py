@@ -41,11 +41,11 @@ from memrl.precision import COMPUTE_CHOICES, resolve_compute_dtype
 from memrl.rewards.extract import EXTRACT_MODES
 from memrl.rewards.published_metrics import METRIC_RULES
 from memrl.threads import ThreadsSection
-from memrl.training.adapter_sync import check as check_lora_sync
 from memrl.training.algorithm_section import AlgorithmSection
-from memrl.training.health import ON_COLLAPSE, HealthSection
-from memrl.training.lora import LoraSection
-from memrl.training.trackers import check_installed, mlflow_uri_problem, wandb_id_problem
+from memrl.training.monitor.health import ON_COLLAPSE, HealthSection
+from memrl.training.monitor.trackers import check_installed, mlflow_uri_problem, wandb_id_problem
+from memrl.training.sync.adapter_sync import check as check_lora_sync
+from memrl.training.update.lora import LoraSection
 
 
 @dataclass
@@ -67,7 +67,7 @@ class ModelSection:
     """Where the trainer runs ("cpu", "cuda")."""
     gradient_checkpointing: bool = False
     lora: LoraSection = field(default_factory=LoraSection)
-    """LoRA adapters (memrl.training.lora; docs/guides/lora.md); rank 0 = full fine-tuning."""
+    """LoRA adapters (memrl.training.update.lora; docs/guides/lora.md); rank 0 = full fine-tuning."""
 
     def check(self) -> None:
         """A model directory is named; a CUDA device exists when one is asked for."""
@@ -167,7 +167,7 @@ class TrainerSection:
     mini_batch_ranks: int = valid(1, ge=1, le=4096)
     """mini_batch_split=rows: the data-parallel size of the published run whose cut to reproduce. verl cuts
     each rank's contiguous share of the batch into `mini_batches` slices and optimizer step j trains slice j
-    of every share (memrl.training.schedule); 1 cuts the whole batch at once (memrl's rule, and a 1-GPU
+    of every share (memrl.training.step.schedule); 1 cuts the whole batch at once (memrl's rule, and a 1-GPU
     verl run). Independent of memrl's own trainer.num_workers: the same rows per step at any world size."""
     loss_weights: str = valid("mini_batch", choices=("mini_batch", "per_rank"))
     """How a row's loss weight is normalized within its optimizer step. "mini_batch" (memrl): over the whole
@@ -186,12 +186,12 @@ class TrainerSection:
     """> 0: the update, the recomputed old logprobs and the KL reference's pass compute log-probabilities
     and entropy from this many tokens' logits at a time, recomputed in the backward pass, never holding
     the [tokens x vocabulary] fp32 logits (~19.5 GB for one 32K-token row of a 152K vocabulary); the same
-    values and gradients to float rounding, also under FSDP2 and LoRA (memrl.training.chunked_logprobs;
+    values and gradients to float rounding, also under FSDP2 and LoRA (memrl.training.update.chunked_logprobs;
     docs/guides/scaleout.md). Models whose logits are not known to be plain lm_head(hidden) keep the full logits,
     the reason logged once. 0 = the full logits; 1024 holds ~0.6 GB of fp32 logits per chunk at a 152K
     vocabulary."""
     prefix_sharing: str = valid("auto", choices=("never", "always", "auto"))
-    """Forward a prefix that rows of a micro-batch share once (memrl.training.prefix_sharing): the update, the
+    """Forward a prefix that rows of a micro-batch share once (memrl.training.update.prefix_sharing): the update, the
     recomputed old logprobs and the KL reference's pass, the same values and gradients to float rounding,
     self-checked against the per-row forward on the run's first shared micro-batch (a mismatch logs a
     warning and turns it off for the run). "always" refuses what it cannot apply to (trainer.num_workers > 1,
@@ -216,7 +216,7 @@ class TrainerSection:
     """False drops "tensorboard" from `loggers` (the older switch, kept as an alias)."""
     loggers: list[str] = valid(default_factory=lambda: ["jsonl", "tensorboard"],
                                choices=("jsonl", "tensorboard", "wandb", "mlflow"))
-    """Where step metrics go (memrl.training.trackers): jsonl (metrics.jsonl, always written: resume and
+    """Where step metrics go (memrl.training.monitor.trackers): jsonl (metrics.jsonl, always written: resume and
     `memrl view` read it), tensorboard (<out_dir>/tb), wandb (offline, <out_dir>/wandb), mlflow (local
     store, <out_dir>/mlruns unless mlflow_uri). The tracker run ids live in the checkpoints, so a resumed
     run continues the same runs. wandb / mlflow need `pip install 'memrl[track]'`."""
@@ -225,7 +225,7 @@ class TrainerSection:
     mode; recommended for local tracking: sqlite:///<dir>/mlflow.db, which needs sqlalchemy). Checked before
     the run: the scheme, a file store that is a file, a sqlite store without sqlalchemy."""
     val_every: int = valid(0, ge=0, le=MAX_COUNT, note="0 = off")
-    """Validate on the `val` section's files every k steps (memrl.training.validation); 0 = off. The
+    """Validate on the `val` section's files every k steps (memrl.training.step.validation); 0 = off. The
     published MemAgent script validates every 5 steps, ReMemR1's and MemAct's every 10."""
     save_best: str = ""
     """A logged metric whose highest value's checkpoint is kept as checkpoints/best; "" = off. memrl ranks
@@ -236,7 +236,7 @@ class TrainerSection:
     first 20 steps so: `global_steps > 20`)."""
     progress: bool = True
     on_collapse: str = valid("warn", choices=ON_COLLAPSE)
-    """What a health alarm of `health.guard` does (memrl.training.guard; docs/guides/health.md): warn = one line
+    """What a health alarm of `health.guard` does (memrl.training.monitor.guard; docs/guides/health.md): warn = one line
     above the progress bar, the run goes on; stop = the run ends naming the last good checkpoint; rollback =
     back to the last good checkpoint (whose weights sampled a step before the streak), the learning rate
     scaled and new sampling seeds
@@ -248,7 +248,7 @@ class TrainerSection:
     dump_max_mb: float = valid(200.0, ge=0, le=MAX_MB)
     """Stop dumping (one warning) once trajectories.jsonl reaches this size."""
     num_workers: int = valid(1, ge=1, le=MAX_PARALLEL)
-    """Training ranks (FSDP2). 1 = in the trainer's process; N > 1 = Ray actors (memrl.training.placement)."""
+    """Training ranks (FSDP2). 1 = in the trainer's process; N > 1 = Ray actors (memrl.training.ranks.placement)."""
     cpus_per_worker: float = valid(1.0, gt=0, le=MAX_PARALLEL)
     gpus_per_worker: float = valid(0.0, ge=0, le=MAX_PARALLEL)
     """Ray resources of each training rank (GPUs > 0 trains on CUDA with NCCL)."""
@@ -261,7 +261,7 @@ class TrainerSection:
     forward's aux_loss with output_router_logits) to each micro-batch's loss, weighted by its share of the
     mini-batch; logged as loss/router_aux. 0 = off (memrl, and verl's actor); Qwen3-MoE's config says 0.001."""
     sequence_parallel: int = valid(1, ge=1, le=MAX_PARALLEL, note="1 = off")
-    """Ulysses sequence parallelism (memrl.training.ulysses; docs/guides/scaleout.md): groups of S consecutive
+    """Ulysses sequence parallelism (memrl.training.update.ulysses; docs/guides/scaleout.md): groups of S consecutive
     ranks share each micro-batch, every row cut into S runs of tokens, with all-to-alls over the attention
     heads; the data-parallel size is num_workers / S. S must divide num_workers and the model's attention
     heads (and its KV heads divide S or S divide them); Qwen2 / Qwen3 dense models, full fine-tuning, the
@@ -369,7 +369,7 @@ class RolloutSection:
     """vLLM: share of its GPU for weights + KV cache (keep room for the trainer when colocated)."""
     sync_check: bool = False
     """After every weight sync, the engine's greedy logprobs on a fixed probe must match the trainer's
-    within sync_check_tol, else the run stops naming the engine (memrl.training.sync_check; its cost is
+    within sync_check_tol, else the run stops naming the engine (memrl.training.sync.sync_check; its cost is
     logged as time/sync_check_s). With trainer.num_workers > 1 the ranks score the probe (rank 0's result)."""
     sync_check_tol: float = valid(1e-3, gt=0, le=MAX_COEF)
     """sync_check: the largest |engine logprob - trainer logprob| allowed (float32: 1e-3; bf16 engines ~0.1)."""
@@ -434,7 +434,7 @@ class TrainConfig:
     rollout: RolloutSection = field(default_factory=RolloutSection)
     ray: RaySection = field(default_factory=RaySection)
     health: HealthSection = field(default_factory=HealthSection)
-    """Training health (memrl.training.health): the alarms' thresholds and the rollback of trainer.on_collapse."""
+    """Training health (memrl.training.monitor.health): the alarms' thresholds and the rollback of trainer.on_collapse."""
     threads: ThreadsSection = field(default_factory=ThreadsSection)
     """CPU threads of the driver and its workers (memrl.threads): torch intra-op / inter-op, OpenMP wait policy."""
     out_dir: str = "runs/train"

@@ -22,9 +22,9 @@ from memrl.config import MAX_COEF, MAX_COUNT, MAX_LR, MAX_SEED, MAX_TOKENS, chec
 from memrl.errors import UserError
 from memrl.precision import autocast
 from memrl.quiet import hf_progress_off, peft_rename_warning_off
-from memrl.training.metrics_log import MetricsLogger
-from memrl.training.packing import collate, pack_rows, weigh
-from memrl.training.policy import clip_norm, sft_micro_loss
+from memrl.training.monitor.metrics_log import MetricsLogger
+from memrl.training.update.packing import collate, pack_rows, weigh
+from memrl.training.update.policy import clip_norm, sft_micro_loss
 from memrl.types import Segment
 
 log = logging.getLogger(__name__)

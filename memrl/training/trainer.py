@@ -6,14 +6,14 @@ services, the task stream, the dump, the sync stage); one step is the arrow
               returned and applied in one place; dynamic sampling: rounds of both until the batch is full)
     -> advantages (the registered estimator, algorithm.name; rememr1 takes the scored step rewards)
     -> select (algorithm.selection: which segments of each group train; asynchronous: the staleness filter)
-    -> update (memrl.training.schedule cuts the rows into one or more optimizer steps' mini-batches, each
+    -> update (memrl.training.step.schedule cuts the rows into one or more optimizer steps' mini-batches, each
        weighed once over all of it; each rank trains its share in micro-batches packed by a token budget:
        logprobs recomputed as log_softmax(logits / T) -> PPO loss -> optimizer step; one learning-rate
        scheduler step per RL step)
-    -> sync (memrl.training.engine_sync: the engine(s) get the new weights)
+    -> sync (memrl.training.sync.engine_sync: the engine(s) get the new weights)
 
-timed by a stage timer and logged by memrl.training.step_metrics around it; then validation, the health
-alarms (memrl.training.guard acts on them), the best checkpoint, the metrics row, checkpoints. The engine's
+timed by a stage timer and logged by memrl.training.step.step_metrics around it; then validation, the health
+alarms (memrl.training.monitor.guard acts on them), the best checkpoint, the metrics row, checkpoints. The engine's
 weights are synced once more before the first rollout of every run (fresh or resumed), so an engine that
 loaded other weights (a server started on the initial model) never samples from them.
 
@@ -38,16 +38,22 @@ from memrl.config import to_yaml
 from memrl.engines.base import NonFiniteLogprobError
 from memrl.errors import UserError, disk_full
 from memrl.rewards.registry import NONE
-from memrl.training import guard, health
 from memrl.training.assemble import RunParts, task_stream
-from memrl.training.async_rollout import Producer, partial_metrics, stale_filter
-from memrl.training.checkpoint import LATEST, CheckpointError, disk_full_message, rng_state, set_rng_state
-from memrl.training.metrics_log import MetricsLogger
-from memrl.training.packing import TrainBatch, weigh, weigh_shares
-from memrl.training.rollout import RolloutResult, asample_groups
-from memrl.training.schedule import optimizer_steps, rank_steps
-from memrl.training.step_extras import aepo_select, apply_model_reward
-from memrl.training.step_metrics import (
+from memrl.training.checkpoints.checkpoint import (
+    LATEST,
+    CheckpointError,
+    disk_full_message,
+    rng_state,
+    set_rng_state,
+)
+from memrl.training.monitor import guard, health
+from memrl.training.monitor.metrics_log import MetricsLogger
+from memrl.training.monitor.trackers import open_trackers
+from memrl.training.step.async_rollout import Producer, partial_metrics, stale_filter
+from memrl.training.step.rollout import RolloutResult, asample_groups
+from memrl.training.step.schedule import optimizer_steps, rank_steps
+from memrl.training.step.step_extras import aepo_select, apply_model_reward
+from memrl.training.step.step_metrics import (
     EngineBusy,
     StageTimer,
     advantage_metrics,
@@ -55,8 +61,8 @@ from memrl.training.step_metrics import (
     rollout_metrics,
     step_metrics,
 )
-from memrl.training.trackers import open_trackers
-from memrl.training.validation import keep_best, restore_best, run_validation
+from memrl.training.step.validation import keep_best, restore_best, run_validation
+from memrl.training.update.packing import TrainBatch, weigh, weigh_shares
 from memrl.types import Group, Segment, Task
 
 log = logging.getLogger(__name__)
@@ -166,7 +172,7 @@ class Trainer:
     def sample_and_score(self) -> RolloutResult:
         """sample -> score on the run's runtime (with dynamic sampling: rounds of both until the batch is
         full or the refills run out); the scores are applied onto the kept groups' trajectories.
-        Asynchronous training: the batch the producer sampled for this step (memrl.training.async_rollout)."""
+        Asynchronous training: the batch the producer sampled for this step (memrl.training.step.async_rollout)."""
         p, a = self.parts, self.cfg.algorithm
         if p.gate is not None:
             if self.producer is None:
@@ -215,7 +221,7 @@ class Trainer:
 
     def update(self, per_group: list[list[Segment]], groups: list[Group] | None = None) -> dict[str, float]:
         """The selected segments of each group -> rows -> PPO update(s) over micro-batches; returns loss
-        statistics (memrl.training.step_metrics.combine_step_metrics over the optimizer steps). With
+        statistics (memrl.training.step.step_metrics.combine_step_metrics over the optimizer steps). With
         algorithm.old_logprobs=trainer the rows' old logprobs are recomputed first (Segment.old_logprobs);
         with algorithm.aepo.enabled that pass also gives the batch's entropy, and AEPO's gate may drop the
         rows without a positive advantage and reward (`groups`: their trajectories' rewards)."""
@@ -252,7 +258,7 @@ class Trainer:
                                                  for j, batch in enumerate(steps)])}
 
     def train_rows(self, batch: TrainBatch, step_scheduler: bool = True) -> dict[str, float]:
-        """One optimizer step on the weighed mini-batch `batch` (memrl.training.worker_group: each rank
+        """One optimizer step on the weighed mini-batch `batch` (memrl.training.ranks.worker_group: each rank
         trains its share, PolicyWorker.train_rows); `step_scheduler`: advance the learning-rate schedule
         after it (once per RL step)."""
         out = self.parts.workers.train_rows(batch, step_scheduler)
@@ -260,7 +266,7 @@ class Trainer:
         return out
 
     def sync(self, first: bool = False) -> dict[str, float]:
-        """The engine(s) get the policy's weights (memrl.training.engine_sync): after this step's update, or
+        """The engine(s) get the policy's weights (memrl.training.sync.engine_sync): after this step's update, or
         `first`, before the first rollout of the run."""
         if first:
             return self.parts.sync(self.step, "before the first rollout")
@@ -289,7 +295,7 @@ class Trainer:
             log.warning("%s: replaced %d row(s) of steps after %d, which are redone", logger.path,
                         logger.dropped, self.step)
         self.parts.dump.truncate(self.step)  # trajectories.jsonl likewise holds each step once
-        guard.begin(self)  # memrl.training.guard: health_events.jsonl cut back; rollback: the step-0 checkpoint
+        guard.begin(self)  # memrl.training.monitor.guard: health_events.jsonl cut back; rollback: the step-0 checkpoint
         if cfg.trainer.save_best:
             restore_best(self.ckpt_root, self.state.best)  # what a kill while replacing checkpoints/best left
         history, thread_row = [], threads.metrics(threads.in_effect())  # every row says what threads it ran with
@@ -305,7 +311,7 @@ class Trainer:
             if alarms and guard.act(self, alarms, metrics, logger):  # on_collapse: stop raises; rollback went back
                 continue
             saved = keep_best(cfg.trainer, self.state, self.step, metrics, self.save)  # trainer.save_best
-            if self.dumped_rows:  # memrl.training.dump: this step's sample
+            if self.dumped_rows:  # memrl.training.monitor.dump: this step's sample
                 logger.table(self.step, self.dumped_rows)
             history.append(metrics)
             if self.on_step is not None:
@@ -331,7 +337,7 @@ class Trainer:
         return made
 
     def validate_step(self, step: int) -> dict[str, float]:
-        """Validation of the current weights (memrl.training.validation): val/... metrics of `step`."""
+        """Validation of the current weights (memrl.training.step.validation): val/... metrics of `step`."""
         t0 = time.perf_counter()
         metrics = run_validation(self.cfg, self.parts.out, step, engine=self.parts.engine, runtime=self.parts.runtime)
         metrics["time/val_s"] = time.perf_counter() - t0

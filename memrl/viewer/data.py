@@ -1,7 +1,7 @@
 """A run directory as the viewer reads it: a byte-offset index over its rows, loaded on demand.
 
 Eval runs hold results.jsonl (one row per question), training runs trajectories.jsonl (the dump of
-memrl.training.dump) and metrics.jsonl. Only a small summary per row stays in memory; a trajectory is
+memrl.training.monitor.dump) and metrics.jsonl. Only a small summary per row stays in memory; a trajectory is
 read from disk by its offset when asked for. The index grows when the file does (a live run).
 """
 

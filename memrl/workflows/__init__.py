@@ -66,7 +66,7 @@ class WorkflowSpec:
     """Per-segment step rewards (ReMemR1's; memagent's for algorithm=rememr1), returned by the score stage."""
     memory_prompts: Callable[..., tuple[list[int], list[int]]] | None = None
     """`(task, traj, cfg, tokenizer) -> (prompt ids with the final memory, the same prompt without memory)`:
-    the pair InfoMem's final-memory reward scores the gold answer after (memrl.training.step_extras);
+    the pair InfoMem's final-memory reward scores the gold answer after (memrl.training.step.step_extras);
     None: the workflow has no final memory to score (memagent has one)."""
     batch_scores: Callable[..., Any] | None = None
     """`(groups, scores) -> scores`: the Scores of a scored batch (`[group][trajectory]`) adjusted with what

@@ -277,7 +277,7 @@ def call_segment(prompt_ids: list[int], out: Completion, step: int, info: dict[s
                   step=step, info={**info, "finish_reason": out.finish_reason})
     if VERSION_KEY in out.info:  # asynchronous training: the policy version this call ran under
         seg.info[VERSION_KEY] = out.info[VERSION_KEY]
-    seg.routing = out.info.get("routing")  # MoE routing replay r3 (memrl.training.routing.ROUTING_KEY)
+    seg.routing = out.info.get("routing")  # MoE routing replay r3 (memrl.training.update.routing.ROUTING_KEY)
     if (observer := READING.get()) is not None:
         observer.segment(seg)
     return seg

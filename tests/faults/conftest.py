@@ -59,7 +59,7 @@ def run_child(model: str, out: Path, fault: str | None, *extra: str) -> subproce
 @pytest.fixture(scope="session")
 def reference(tiny_model, tmp_path_factory):
     """(out dir, final state dict, metrics rows) of an uninterrupted 3-step run."""
-    from memrl.training.metrics_log import read_metrics
+    from memrl.training.monitor.metrics_log import read_metrics
 
     out = tmp_path_factory.mktemp("reference") / "run"
     torch.set_num_threads(SESSION_THREADS)  # set up before the test's own _keep_torch_threads

@@ -331,7 +331,7 @@ def test_multiobjective_build_refuses_multi_question_sources(hotpot, tmp_path, c
 
 
 def test_a_training_run_given_as_the_model_names_its_latest_checkpoint(tmp_path, tiny_model, capsys):
-    # the layout memrl.training.checkpoint writes: out_dir/checkpoints/{step_N/, latest (text "step_N")}
+    # the layout memrl.training.checkpoints.checkpoint writes: out_dir/checkpoints/{step_N/, latest (text "step_N")}
     run = tmp_path / "run"
     shutil.copytree(tiny_model, run / "checkpoints" / "step_2")
     (run / "checkpoints" / "latest").write_text("step_2\n", encoding="utf-8")

@@ -387,8 +387,8 @@ def test_train_save_onto_a_full_disk_is_one_line_and_resume_continues(where, tin
     from conftest import assert_same_weights, make_trainer, train_overrides
     from safetensors import SafetensorError
 
-    import memrl.training.distributed as D
-    import memrl.training.workers as W
+    import memrl.training.ranks.distributed as D
+    import memrl.training.ranks.workers as W
 
     real_dcp, real_save, real_torch_save = D.save_optim_dcp, W.save_checkpoint, torch.save
 
@@ -518,8 +518,8 @@ def test_a_tracker_failing_mid_run_is_logged_and_dropped(tiny_model, tmp_path, c
     # before: the run died with the tracker's exception at step 2
     import logging
 
-    from memrl.training.metrics_log import read_metrics
-    from memrl.training.trackers import MlflowTracker
+    from memrl.training.monitor.metrics_log import read_metrics
+    from memrl.training.monitor.trackers import MlflowTracker
 
     real_log = MlflowTracker.log
     calls = []
@@ -547,7 +547,7 @@ def test_training_policy_turning_non_finite_names_the_step_and_keeps_the_checkpo
     import torch
     from safetensors.torch import load_file
 
-    from memrl.training.checkpoint import verify_checkpoint
+    from memrl.training.checkpoints.checkpoint import verify_checkpoint
     from memrl.training.trainer import Trainer
 
     real = Trainer.sample_and_score

@@ -341,7 +341,7 @@ def test_the_mlflow_scheme_message_recommends_only_a_store_this_install_has(inst
     # before: sqlite was recommended also where its check then refused it (no sqlalchemy)
     import importlib.util
 
-    from memrl.training import trackers
+    from memrl.training.monitor import trackers
 
     real = importlib.util.find_spec
     monkeypatch.setattr(trackers.importlib.util, "find_spec",
@@ -410,7 +410,7 @@ def test_a_cluster_too_small_is_one_line_too(capsys, monkeypatch):
     from memrl.config import load_config
     from memrl.errors import UserError
     from memrl.training.config import TrainConfig
-    from memrl.training.placement import PlacementError, check_resources
+    from memrl.training.ranks.placement import PlacementError, check_resources
 
     cfg = load_config(TrainConfig, ["model.path=x", "trainer.num_workers=2", "rollout.num_engines=1"])
     with pytest.raises(PlacementError) as e:

@@ -286,7 +286,7 @@ def test_the_mlflow_probe_takes_any_answer_but_a_gateways(status, ok):
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from memrl.training.trackers import mlflow_uri_problem
+    from memrl.training.monitor.trackers import mlflow_uri_problem
 
     class Answer(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server API
@@ -391,7 +391,7 @@ def test_resume_of_a_lora_run_checks_the_base_weights_by_content(tiny_model, tmp
     from safetensors.torch import load_file, save_file
 
     from memrl.model_files import weights_digest
-    from memrl.training.checkpoint import load_state
+    from memrl.training.checkpoints.checkpoint import load_state
 
     base = tmp_path / "base"
     shutil.copytree(tiny_model, base)

@@ -21,7 +21,7 @@ import train_child  # noqa: F401 - registers memagent_parity
 from conftest import ROOT, make_trainer, one_line, run_child, train_overrides
 
 import memrl.data.files as files
-import memrl.training.workers as workers
+import memrl.training.ranks.workers as workers
 from memrl.cli import main
 from memrl.config import ConfigError, check_config, load_config
 from memrl.data.io import write_records
@@ -320,7 +320,7 @@ def _tree_holds(root: Path, *needles: str) -> list[str]:
 
 def test_wandb_run_files_keep_no_key_from_the_command_line_or_config(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
-    from memrl.training.trackers import open_trackers
+    from memrl.training.monitor.trackers import open_trackers
 
     monkeypatch.setattr(sys, "argv", ["memrl", "train", f"engine.openai.api_key={SECRET}",
                                       f"engine.openai.base_url={CREDS}"])

@@ -12,8 +12,8 @@ import pytest
 import torch
 from conftest import assert_same_weights, make_trainer
 
-from memrl.training.checkpoint import CheckpointError, clean_stale, load_state, resume_point
-from memrl.training.metrics_log import read_metrics
+from memrl.training.checkpoints.checkpoint import CheckpointError, clean_stale, load_state, resume_point
+from memrl.training.monitor.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import signal
 import pytest
 from conftest import make_trainer, run_child
 
-from memrl.training.metrics_log import read_metrics
+from memrl.training.monitor.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
 

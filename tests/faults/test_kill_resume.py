@@ -10,7 +10,7 @@ import signal
 import pytest
 from conftest import assert_same_weights, make_trainer, run_child
 
-from memrl.training.metrics_log import read_metrics
+from memrl.training.monitor.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ def test_kill_then_resume_matches_uninterrupted_run(fault, tiny_model, reference
 def test_trajectory_dump_holds_each_step_once_after_a_kill_during_a_save(tiny_model, tmp_path, caplog):
     """Step 2 is dumped, then the run dies saving its checkpoint: the resumed run redoes step 2 and replaces
     its dumped rows (as metrics.jsonl's), so trajectories.jsonl holds steps 1, 2, 3 once each."""
-    from memrl.training.dump import DUMP_FILE
+    from memrl.training.monitor.dump import DUMP_FILE
 
     out = tmp_path / "run"
     dump = ("trainer.dump_every=1", "trainer.dump_trajectories=2")  # one group of 2 trajectories per step

@@ -9,8 +9,8 @@ import torch
 from memrl.config import load_config
 from memrl.training.assemble import assemble
 from memrl.training.config import TrainConfig
+from memrl.training.ranks.workers import build_workers
 from memrl.training.trainer import Trainer
-from memrl.training.workers import build_workers
 from memrl.types import Segment
 
 pytestmark = pytest.mark.slow

@@ -12,10 +12,10 @@ import torch
 import torch.multiprocessing as mp
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from memrl.training import chunked_logprobs as C
-from memrl.training import distributed as D
-from memrl.training.packing import collate, weigh
-from memrl.training.policy import ppo_micro_loss
+from memrl.training.ranks import distributed as D
+from memrl.training.update import chunked_logprobs as C
+from memrl.training.update.packing import collate, weigh
+from memrl.training.update.policy import ppo_micro_loss
 from memrl.types import Segment
 
 pytestmark = pytest.mark.slow

@@ -23,9 +23,9 @@ import torch.multiprocessing as mp
 
 from memrl.algorithms.losses import AGG_MODES, row_weights
 from memrl.config import load_config
-from memrl.training import distributed as D
 from memrl.training.config import TrainConfig
-from memrl.training.packing import TrainBatch, split, split_rows, weigh
+from memrl.training.ranks import distributed as D
+from memrl.training.update.packing import TrainBatch, split, split_rows, weigh
 from memrl.types import Segment
 
 pytestmark = pytest.mark.slow
@@ -74,7 +74,7 @@ def _same_optim(a: dict, b: dict) -> None:
 
 def _legacy(src: str, dst: str, optimizer: dict) -> str:
     """A copy of checkpoint `src` in the older layout: the optimizer dict inside trainer_state.pt."""
-    from memrl.training.checkpoint import OPTIM_DIR, STATE_FILE
+    from memrl.training.checkpoints.checkpoint import OPTIM_DIR, STATE_FILE
 
     shutil.copytree(src, dst)
     shutil.rmtree(os.path.join(dst, OPTIM_DIR))
@@ -87,7 +87,7 @@ def _legacy(src: str, dst: str, optimizer: dict) -> str:
 
 def _rank_main(rank: int, model: str, tmp: str, port: int, vocab: int) -> None:
     torch.set_num_threads(1)
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     info = D.DistInfo(rank, 2, "127.0.0.1", port)
     D.init_group(info)
@@ -132,7 +132,7 @@ def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 def test_two_ranks_equal_one_and_checkpoints_cross_world_sizes(tmp_path):
     from memrl.models.tiny import cached_tiny_model
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     model = str(cached_tiny_model("tiny"))
     from transformers import AutoConfig

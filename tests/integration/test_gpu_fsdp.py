@@ -21,7 +21,7 @@ import torch
 
 from memrl.config import load_config
 from memrl.training.config import TrainConfig
-from memrl.training.packing import TrainBatch, weigh
+from memrl.training.update.packing import TrainBatch, weigh
 from memrl.types import Segment
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
@@ -69,9 +69,9 @@ def test_fsdp2_in_an_nccl_group_of_one_equals_plain_and_resumes_from_dcp(tiny_pa
     from torch.distributed.tensor import DTensor
     from transformers import AutoConfig
 
-    from memrl.training import distributed as D
-    from memrl.training.checkpoint import read_optimizer
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.checkpoints.checkpoint import read_optimizer
+    from memrl.training.ranks import distributed as D
+    from memrl.training.ranks.workers import PolicyWorker
 
     torch.backends.cuda.matmul.allow_tf32 = False
     vocab = AutoConfig.from_pretrained(tiny_path).vocab_size
@@ -115,7 +115,7 @@ def test_fsdp2_in_an_nccl_group_of_one_equals_plain_and_resumes_from_dcp(tiny_pa
 def test_nccl_transfer_group_of_one_sends_cuda_buckets():
     """The sender side of the NCCL weight transfer on one device (a group of one: nobody receives)."""
     from memrl.engines.weight_transfer import TransferSpec, WeightTransfer
-    from memrl.training.distributed import free_port
+    from memrl.training.ranks.distributed import free_port
 
     weights = {"a": torch.randn(64, 32, device="cuda"), "b": torch.randn(1000, device="cuda").to(torch.bfloat16),
                "c": torch.arange(5, device="cuda")}
@@ -127,7 +127,7 @@ def test_nccl_transfer_group_of_one_sends_cuda_buckets():
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs 2 CUDA devices for a 2-member group")
 def test_nccl_weight_broadcast_between_two_devices():
     from memrl.engines.weight_transfer import TransferSpec, WeightTransfer, receive_all
-    from memrl.training.distributed import free_port
+    from memrl.training.ranks.distributed import free_port
 
     g = torch.Generator().manual_seed(0)
     weights = {"a": torch.randn(64, 32, generator=g).to("cuda:0"),

@@ -20,7 +20,7 @@ import torch
 
 from memrl.config import load_config
 from memrl.training.config import TrainConfig
-from memrl.training.packing import TrainBatch, weigh
+from memrl.training.update.packing import TrainBatch, weigh
 from memrl.types import Segment
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
@@ -65,7 +65,7 @@ def _maxdiff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 def test_one_update_on_cuda_equals_cpu(tiny_path):
     from transformers import AutoConfig
 
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     torch.backends.cuda.matmul.allow_tf32 = False
     vocab = AutoConfig.from_pretrained(tiny_path).vocab_size

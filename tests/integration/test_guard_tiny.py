@@ -13,9 +13,9 @@ import torch
 
 from memrl.config import load_config
 from memrl.training.assemble import assemble, task_stream
-from memrl.training.checkpoint import verify_checkpoint
+from memrl.training.checkpoints.checkpoint import verify_checkpoint
 from memrl.training.config import TrainConfig
-from memrl.training.guard import RECORDS, SEED_STRIDE, CollapseError
+from memrl.training.monitor.guard import RECORDS, SEED_STRIDE, CollapseError
 from memrl.training.trainer import Trainer
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ from memrl.config import load_config
 from memrl.rewards.memory_gain import infomem_reward
 from memrl.training.assemble import assemble
 from memrl.training.config import TrainConfig
+from memrl.training.ranks.workers import build_workers
 from memrl.training.trainer import Trainer
-from memrl.training.workers import build_workers
 from memrl.types import Group, Segment, Task, Trajectory
 from memrl.workflows import memagent
 from memrl.workflows.chunked import template_prompt_ids

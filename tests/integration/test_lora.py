@@ -108,7 +108,7 @@ def test_sync_check_passes_after_every_sync(tiny_path, tmp_path, share):
 
 def test_sync_check_fails_when_the_sync_is_removed(tiny_path, tmp_path, monkeypatch):
     from memrl.engines.hf import HFEngine
-    from memrl.training.sync_check import SyncCheckError
+    from memrl.training.sync.sync_check import SyncCheckError
 
     monkeypatch.setattr(HFEngine, "update_weights", lambda self, weights: None)
     trainer = Trainer(assemble(_cfg(tiny_path, tmp_path / "run", 3, "engine.hf.share_weights=false")))
@@ -130,7 +130,7 @@ def test_openai_server_reloads_the_merged_directory(tiny_path, tmp_path, monkeyp
     from transformers import AutoModelForCausalLM
 
     from memrl.engines.hf import HFEngine
-    from memrl.training.sync_check import SyncCheckError
+    from memrl.training.sync.sync_check import SyncCheckError
 
     sync_dir = tmp_path / "sync"
     with CompletionServer(HFEngine(tiny_path, device="cpu", dtype="float32", seed=0, deterministic=False)) as srv:
@@ -196,9 +196,9 @@ def test_train_sft_with_lora_writes_the_adapter_and_the_merged_model(tiny_path, 
 def test_kl_reference_is_the_base_with_adapters_off(tiny_path, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from memrl.training.lora import BaseReference
-    from memrl.training.packing import collate
-    from memrl.training.policy import token_logprobs
+    from memrl.training.update.lora import BaseReference
+    from memrl.training.update.packing import collate
+    from memrl.training.update.policy import token_logprobs
     from memrl.types import Segment
 
     trainer = Trainer(assemble(_cfg(tiny_path, tmp_path / "run", 1, "algorithm.kl_coef=0.05", "trainer.save_every=0")))

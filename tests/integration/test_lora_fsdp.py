@@ -32,8 +32,8 @@ from test_fsdp_parity import _rows, _same_optim
 pytest.importorskip("peft")
 
 from memrl.config import load_config  # noqa: E402
-from memrl.training import distributed as D  # noqa: E402
 from memrl.training.config import TrainConfig  # noqa: E402
+from memrl.training.ranks import distributed as D  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,7 @@ def _worker_cfg(model: str, out: str) -> TrainConfig:
 
 def _rank_main(rank: int, model: str, tmp: str, port: int, vocab: int) -> None:
     torch.set_num_threads(1)
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     info = D.DistInfo(rank, 2, "127.0.0.1", port)
     cfg = _worker_cfg(model, tmp)
@@ -105,8 +105,8 @@ def test_two_ranks_train_the_adapter_as_one_and_checkpoint_it(tiny_path, tmp_pat
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from memrl.quiet import peft_rename_warning_off
-    from memrl.training.lora import merge_state_dict
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
+    from memrl.training.update.lora import merge_state_dict
 
     vocab = AutoConfig.from_pretrained(tiny_path).vocab_size
     cfg = _worker_cfg(tiny_path, str(tmp_path))
@@ -197,8 +197,8 @@ def _cfg(model: str, out, steps: int, *extra: str) -> TrainConfig:
 @pytest.mark.parametrize("mode", ["object_store", "directory", "broadcast"])
 def test_ranks_sync_merged_weights_to_a_replica_and_the_check_passes(ray_session, tiny_path, tmp_path, mode):
     from memrl.training.assemble import assemble
-    from memrl.training.lora import merge_state_dict
     from memrl.training.trainer import Trainer
+    from memrl.training.update.lora import merge_state_dict
 
     seen: list[int] = []
 
@@ -219,7 +219,7 @@ def test_ranks_sync_merged_weights_to_a_replica_and_the_check_passes(ray_session
 def test_sync_check_with_ranks_fails_when_the_sync_is_removed(ray_session, tiny_path, tmp_path, monkeypatch):
     from memrl.engines.ray_engines import RayEngines
     from memrl.training.assemble import assemble
-    from memrl.training.sync_check import SyncCheckError
+    from memrl.training.sync.sync_check import SyncCheckError
     from memrl.training.trainer import Trainer
 
     monkeypatch.setattr(RayEngines, "update_weights", lambda self, weights: None)
@@ -244,7 +244,7 @@ def test_ranks_resume_from_the_adapter_checkpoint(ray_session, tiny_path, tmp_pa
     from safetensors.torch import load_file
 
     from memrl.training.assemble import assemble
-    from memrl.training.checkpoint import read_optimizer
+    from memrl.training.checkpoints.checkpoint import read_optimizer
     from memrl.training.trainer import Trainer
 
     Trainer(assemble(_cfg(tiny_path, tmp_path / "run", 1, "trainer.save_every=1"))).fit()

@@ -16,9 +16,9 @@ import torch
 import torch.multiprocessing as mp
 
 from memrl.config import load_config
-from memrl.training import distributed as D
 from memrl.training.config import TrainConfig
-from memrl.training.packing import TrainBatch, split, weigh
+from memrl.training.ranks import distributed as D
+from memrl.training.update.packing import TrainBatch, split, weigh
 from memrl.types import Segment
 
 pytestmark = pytest.mark.slow
@@ -52,7 +52,7 @@ def _rank_main(rank: int, model: str, tmp: str, port: int, vocab: int, mode: str
     """One rank of a 2-rank group holding one PolicyWorker, as the other FSDP parity tests do (a group
     per mode: two workers in one group once aborted a rank at exit, under load)."""
     torch.set_num_threads(1)
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     info = D.DistInfo(rank, 2, "127.0.0.1", port)
     D.init_group(info)
@@ -67,7 +67,7 @@ def test_mismatch_metrics_two_ranks_equal_one(tmp_path):
     from transformers import AutoConfig
 
     from memrl.models.tiny import cached_tiny_model
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     model = str(cached_tiny_model("tiny"))
     vocab = AutoConfig.from_pretrained(model).vocab_size

@@ -11,9 +11,9 @@ import torch
 
 from memrl.config import load_config
 from memrl.training.config import TrainConfig
-from memrl.training.packing import collate, weigh
-from memrl.training.policy import token_logprobs
-from memrl.training.workers import build_workers
+from memrl.training.ranks.workers import build_workers
+from memrl.training.update.packing import collate, weigh
+from memrl.training.update.policy import token_logprobs
 from memrl.types import Segment
 
 pytestmark = pytest.mark.slow

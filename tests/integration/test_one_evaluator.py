@@ -17,7 +17,7 @@ from memrl.eval.report import summarize
 from memrl.eval.runner import EvalConfig, evaluate, read_results, workflow_config
 from memrl.models.tiny import train_tokenizer
 from memrl.training.config import TrainConfig
-from memrl.training.validation import run_validation
+from memrl.training.step.validation import run_validation
 
 MT = "Q: {problem}\nM: {memory}\nS:{chunk}"
 FT = "Q: {problem}\nM: {memory}\nA:"

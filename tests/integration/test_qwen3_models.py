@@ -14,13 +14,13 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from memrl.config import load_config
 from memrl.errors import UserError
 from memrl.models.tiny import cached_tiny_model
-from memrl.training import distributed as D
 from memrl.training.assemble import assemble
 from memrl.training.config import TrainConfig
-from memrl.training.packing import TrainBatch, collate, split, weigh
-from memrl.training.policy import ppo_micro_loss
+from memrl.training.ranks import distributed as D
+from memrl.training.ranks.workers import PolicyWorker
 from memrl.training.trainer import Trainer
-from memrl.training.workers import PolicyWorker
+from memrl.training.update.packing import TrainBatch, collate, split, weigh
+from memrl.training.update.policy import ppo_micro_loss
 from memrl.types import Segment
 
 pytestmark = pytest.mark.slow

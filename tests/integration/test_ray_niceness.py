@@ -23,7 +23,7 @@ import json, os, sys
 import ray
 from memrl.config import load_config
 from memrl.training.config import TrainConfig
-from memrl.training.placement import connect
+from memrl.training.ranks.placement import connect
 
 cfg = load_config(TrainConfig, ["model.path=x", "data.path=x", "ray.num_cpus=1", "ray.temp_dir=" + sys.argv[1],
                                 *sys.argv[2:]])

@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from memrl.config import ConfigError, load_config
 from memrl.training.assemble import assemble
 from memrl.training.config import TrainConfig
-from memrl.training.distributed import free_port
-from memrl.training.placement import PlacementError
+from memrl.training.ranks.distributed import free_port
+from memrl.training.ranks.placement import PlacementError
 from memrl.training.trainer import Trainer
 
 ray = pytest.importorskip("ray")
@@ -55,7 +55,7 @@ def _cfg(model: str, out, steps: int, *extra: str) -> TrainConfig:
 def test_two_ranks_two_engines_train_save_and_resume_exactly(ray_session, tiny_path, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from memrl.training.checkpoint import read_optimizer
+    from memrl.training.checkpoints.checkpoint import read_optimizer
 
     run = tmp_path / "run"
     synced: list[int] = []

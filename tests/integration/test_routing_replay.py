@@ -1,4 +1,4 @@
-"""MoE routing replay (memrl.training.routing) on the tiny Qwen3-MoE: the routing of a recorded pass,
+"""MoE routing replay (memrl.training.update.routing) on the tiny Qwen3-MoE: the routing of a recorded pass,
 replayed on a model whose router now picks other experts, gives the recorded pass's log-probabilities to
 float tolerance; the same model routing afresh does not.
 
@@ -19,10 +19,10 @@ from transformers import AutoModelForCausalLM
 from memrl.config import ConfigError, load_config
 from memrl.models.tiny import cached_tiny_model
 from memrl.training.config import TrainConfig
-from memrl.training.packing import collate, weigh
-from memrl.training.policy import token_logprobs
-from memrl.training.routing import RoutingReplay, bytes_per_token, routers
-from memrl.training.workers import PolicyWorker
+from memrl.training.ranks.workers import PolicyWorker
+from memrl.training.update.packing import collate, weigh
+from memrl.training.update.policy import token_logprobs
+from memrl.training.update.routing import RoutingReplay, bytes_per_token, routers
 from memrl.types import Segment
 
 pytestmark = pytest.mark.slow
@@ -148,7 +148,7 @@ def _rollout(path: str, stagger: bool = False) -> list[Segment]:
 
     from memrl.engines.base import SamplingParams
     from memrl.engines.hf import HFEngine
-    from memrl.training.routing import EngineRouting
+    from memrl.training.update.routing import EngineRouting
     from memrl.workflows.chunked import call_segment
 
     eng = HFEngine(path, max_batch_size=8, max_wait_ms=0.0 if stagger else 50.0, seed=0, deterministic=not stagger,

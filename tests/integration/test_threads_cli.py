@@ -66,7 +66,7 @@ import json, os, sys
 from memrl.config import load_config
 from memrl.threads import apply
 from memrl.training.config import TrainConfig
-from memrl.training.placement import connect
+from memrl.training.ranks.placement import connect
 
 cfg = load_config(TrainConfig, ["model.path=x", "data.path=x", "ray.num_cpus=2", "ray.temp_dir=" + sys.argv[1],
                                 *sys.argv[2:]])

@@ -91,7 +91,7 @@ def test_resume_with_http_engine_samples_from_the_checkpoint(tiny_path, tmp_path
     from transformers import AutoModelForCausalLM
 
     from memrl.engines.hf import HFEngine
-    from memrl.training.checkpoint import latest_checkpoint
+    from memrl.training.checkpoints.checkpoint import latest_checkpoint
 
     Trainer(assemble(_cfg(tiny_path, tmp_path / "b", 2))).fit()
     ckpt = latest_checkpoint(tmp_path / "b" / "checkpoints")

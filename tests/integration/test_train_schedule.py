@@ -135,8 +135,8 @@ def _rows(vocab: int):
 def test_grad_clip_zero_means_no_clipping_never_a_frozen_or_reversed_update(tiny_path, tmp_path):
     from transformers import AutoConfig
 
-    from memrl.training.packing import weigh
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
+    from memrl.training.update.packing import weigh
 
     vocab = AutoConfig.from_pretrained(tiny_path).vocab_size
     rows = _rows(vocab)

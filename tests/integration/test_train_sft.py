@@ -47,8 +47,8 @@ def test_sft_moves_every_micro_batch_to_the_models_device(monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from memrl.models.tiny import cached_tiny_model
-    from memrl.training import packing
     from memrl.training import sft as sft_module
+    from memrl.training.update import packing
 
     path = cached_tiny_model("tiny")
     tok = AutoTokenizer.from_pretrained(path)

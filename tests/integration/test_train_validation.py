@@ -13,7 +13,7 @@ from memrl.cli import main
 from memrl.config import ConfigError, load_config
 from memrl.training.assemble import assemble
 from memrl.training.config import TrainConfig
-from memrl.training.metrics_log import read_metrics
+from memrl.training.monitor.metrics_log import read_metrics
 from memrl.training.trainer import Trainer
 
 pytestmark = pytest.mark.slow
@@ -246,7 +246,7 @@ def test_save_best_after_tracks_the_best_but_saves_only_later(tmp_path):
     step 3 (7 > 5) saves, step 4 (6 < 7) does not."""
     from types import SimpleNamespace
 
-    from memrl.training.validation import keep_best
+    from memrl.training.step.validation import keep_best
 
     saved: list[int] = []
     root = tmp_path / "checkpoints"
@@ -288,7 +288,7 @@ def test_restore_best_after_a_kill(tmp_path):
     """restore_best on resume: (a) killed between moving best aside and swapping the copy in: the old
     best comes back and the half copy goes; (b) killed after saving step_3 as the new best but before the
     copy: best is copied from step_3."""
-    from memrl.training.validation import restore_best
+    from memrl.training.step.validation import restore_best
 
     root = tmp_path / "checkpoints"
     (root / ".best-old").mkdir(parents=True)

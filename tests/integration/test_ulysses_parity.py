@@ -26,9 +26,9 @@ import torch
 import torch.multiprocessing as mp
 
 from memrl.config import load_config
-from memrl.training import distributed as D
 from memrl.training.config import TrainConfig
-from memrl.training.packing import split, split_rows, weigh
+from memrl.training.ranks import distributed as D
+from memrl.training.update.packing import split, split_rows, weigh
 from memrl.types import Segment
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ LP_TOL = {"olp": 1e-5, "olp_after": 5e-5}
 SP = 2
 CASES = {"qwen2": ("tiny", 2, False, 0), "qwen3": ("tiny-qwen3", 1, False, 7), "qwen2_1kv": ("mqa", 1, True, 0)}
 """name: (model, optimizer steps, gradient checkpointing, trainer.logits_chunk_tokens). The qwen3 case takes
-its log-probabilities 7 tokens at a time (memrl.training.chunked_logprobs) in both runs: a shard's last
+its log-probabilities 7 tokens at a time (memrl.training.update.chunked_logprobs) in both runs: a shard's last
 position then predicts the next shard's first token through the chunked path too."""
 SUMS = ("loss/total", "loss/pg_loss", "loss/kl", "loss/entropy", "loss/clipfrac", "loss/approx_kl",
         "mismatch/hf/abs_logprob_diff_mean", "mismatch/hf/kl_k3")
@@ -78,7 +78,7 @@ def _run(model: str, out: str, sp: int, steps: int, checkpointing: bool, chunk: 
          info: D.DistInfo = D.DistInfo()) -> dict:
     """This rank's results; its block's share of each batch as the driver cuts it (RankGroup: data-parallel
     size world / sp). Old log-probs: {row index: log-probs} of the rows of its block's share."""
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     dp, block = info.world_size // sp, info.rank // sp
     w = PolicyWorker(_cfg(model, out, sp, checkpointing, info.world_size, chunk), info)

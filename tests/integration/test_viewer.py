@@ -19,7 +19,7 @@ from memrl.data.memagent_files import write_eval_json
 from memrl.engines import EngineConfig
 from memrl.eval.runner import RESULTS_FILE, EvalConfig, evaluate
 from memrl.training.config import TrainConfig
-from memrl.training.dump import DUMP_FILE, TrajectoryDump, trajectory_rows
+from memrl.training.monitor.dump import DUMP_FILE, TrajectoryDump, trajectory_rows
 from memrl.types import Group, Segment, Task, Trajectory
 from memrl.viewer.data import word_diff
 from memrl.viewer.server import make_server, serve_in_thread, url_of
@@ -523,7 +523,7 @@ def test_page_in_headless_chromium(runs):
 def test_validation_curves_in_headless_chromium(runs, tmp_path):
     """A training run that validated (trainer.val_every, val.before_train): its metrics.jsonl holds
     val/<dataset>/<N>/<metric> on the steps that validated only (step 0 = before training), as
-    memrl.training.validation logs them; the page's metric picker lists them and draws just those points."""
+    memrl.training.step.validation logs them; the page's metric picker lists them and draws just those points."""
     chromium, sync_playwright = _browser()
     d = tmp_path / "validated"
     shutil.copytree(runs["train"], d)

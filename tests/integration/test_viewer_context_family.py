@@ -14,7 +14,7 @@ from doubles import CharTokenizer, KeywordRetriever, ScriptedEngine
 from memrl.services.base import Document
 from memrl.tools.search import register_retriever
 from memrl.training.config import TrainConfig
-from memrl.training.dump import TrajectoryDump
+from memrl.training.monitor.dump import TrajectoryDump
 from memrl.types import Group, Task
 from memrl.viewer.server import make_server, serve_in_thread, url_of
 from memrl.workflows.fold import FoldConfig

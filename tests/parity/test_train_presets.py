@@ -14,7 +14,7 @@ import pytest
 from memrl.config import ConfigError, load_config
 from memrl.training.assemble import validate
 from memrl.training.config import TrainConfig
-from memrl.training.schedule import optimizer_steps
+from memrl.training.step.schedule import optimizer_steps
 from memrl.types import Group, Segment, Trajectory
 
 MA = "run_memory_7B.sh"  # BytedTsinghua-SIA/MemAgent

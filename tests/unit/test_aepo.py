@@ -8,7 +8,7 @@ from memrl.algorithms.losses import row_weights
 from memrl.algorithms.selection import aepo_gate, aepo_rows, batch_entropy, truncate_to_multiple
 from memrl.config import ConfigError, load_config
 from memrl.training.config import TrainConfig
-from memrl.training.step_extras import aepo_select
+from memrl.training.step.step_extras import aepo_select
 from memrl.types import Group, Segment, Trajectory
 
 

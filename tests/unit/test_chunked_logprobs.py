@@ -1,5 +1,5 @@
 """trainer.logits_chunk_tokens: log-probabilities and entropy from the hidden states, a chunk of tokens' logits
-at a time (memrl.training.chunked_logprobs), equal the full-logits path's values and gradients.
+at a time (memrl.training.update.chunked_logprobs), equal the full-logits path's values and gradients.
 
 Tolerances: float32 values 1e-5 absolute and gradients rtol 1e-4 / atol 1e-6 (measured: logprobs equal,
 entropy 5e-7, gradients 4e-7 of the largest entry: the same ops on chunks of rows, d/dz written out
@@ -28,12 +28,12 @@ from transformers import (
 
 from memrl.config import load_config
 from memrl.models.tiny import cached_tiny_model
-from memrl.training import chunked_logprobs as C
 from memrl.training.config import TrainConfig
-from memrl.training.lora import BaseReference
-from memrl.training.packing import collate, weigh
-from memrl.training.policy import ppo_micro_loss, token_logprobs
-from memrl.training.workers import PolicyWorker
+from memrl.training.ranks.workers import PolicyWorker
+from memrl.training.update import chunked_logprobs as C
+from memrl.training.update.lora import BaseReference
+from memrl.training.update.packing import collate, weigh
+from memrl.training.update.policy import ppo_micro_loss, token_logprobs
 from memrl.types import Segment
 
 VOCAB = 64

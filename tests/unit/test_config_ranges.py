@@ -270,7 +270,7 @@ def test_a_config_built_in_code_is_checked_too(tmp_path):
 
 
 def test_clip_norm_never_reverses_or_freezes_an_update():
-    from memrl.training.policy import clip_norm
+    from memrl.training.update.policy import clip_norm
 
     assert clip_norm(1.0) == 1.0 and clip_norm(0.0) == float("inf")  # 0 = no clipping, never max_norm 0
     with pytest.raises(ValueError, match="grad_clip must be >= 0"):
@@ -349,7 +349,7 @@ FREE_TEXT: dict[str, str] = {
     "InfoMemOptions.answer_template": "text with {answer}, checked by InfoMemOptions",
     "ModelSection.path": "a path", "ModelSection.device": "a torch device string, parsed by ModelSection.check",
     "RaySection.address": "an address", "RaySection.temp_dir": "a path", "RolloutSection.sync_dir": "a path",
-    "TrainConfig.out_dir": "a path", "TrainerSection.mlflow_uri": "a URI, checked by memrl.training.trackers",
+    "TrainConfig.out_dir": "a path", "TrainerSection.mlflow_uri": "a URI, checked by memrl.training.monitor.trackers",
     "TrainerSection.save_best": "a metric name, checked against the val metrics",
     "ValSection.files": "paths", "LoraSection.target_modules": "module names of the model",
     "no_memory_text": "text", "no_recall_text": "text", "update_tag": "a tag", "recall_tag": "a tag",

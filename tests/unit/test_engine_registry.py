@@ -154,7 +154,7 @@ def test_capabilities_are_declared_not_probed():
     from memrl.engines.hf import HFEngine
     from memrl.engines.openai_http import OpenAIEngine
     from memrl.engines.vllm import VLLMEngine
-    from memrl.training.step_metrics import EngineBusy
+    from memrl.training.step.step_metrics import EngineBusy
 
     assert HFEngine.capabilities == Capabilities(weight_transfer=True, busy_accounting=True)
     assert VLLMEngine.capabilities == Capabilities(sleep=True, weight_transfer=True, adapters=True)

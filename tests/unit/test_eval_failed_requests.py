@@ -82,7 +82,7 @@ def test_strip_text_strips_the_question_and_the_context(tmp_path):
 def test_validation_during_training_takes_the_same_switches(tmp_path):
     from memrl.config import load_config
     from memrl.training.config import TrainConfig
-    from memrl.training.validation import run_validation
+    from memrl.training.step.validation import run_validation
 
     train = load_config(TrainConfig, ["workflow.name=memagent", "workflow.chunk_tokens=40", f"out_dir={tmp_path}",
                                       f"val.files=[{files(tmp_path)[0]}]", "val.failed_requests=drop_or_empty"])

@@ -15,7 +15,7 @@ from memrl.algorithms.process_rewards import PROCESS_REWARDS, process_rewards
 from memrl.algorithms.registry import get_advantage
 from memrl.config import ConfigError, section_from_dict
 from memrl.rewards.fold import fold_score, rule_scope
-from memrl.training.packing import collate
+from memrl.training.update.packing import collate
 from memrl.types import Group, Segment, Task, Trajectory
 
 OPTS = FoldGRPOOptions()

@@ -1,4 +1,4 @@
-"""Training health (memrl.training.health) and the guard's file helpers (memrl.training.guard), by hand."""
+"""Training health (memrl.training.monitor.health) and the guard's file helpers (memrl.training.monitor.guard), by hand."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 
 from memrl.config import ConfigError, load_config
 from memrl.training.config import TrainConfig
-from memrl.training.guard import drop_after, good_checkpoint, read_records, record, truncate_records
-from memrl.training.health import HealthMonitor, HealthSection, rollout_health, slope
-from memrl.training.rollout import RolloutResult
+from memrl.training.monitor.guard import drop_after, good_checkpoint, read_records, record, truncate_records
+from memrl.training.monitor.health import HealthMonitor, HealthSection, rollout_health, slope
+from memrl.training.step.rollout import RolloutResult
 from memrl.types import Group, Segment, Trajectory
 
 
@@ -104,7 +104,7 @@ def test_monitor_state_round_trips_and_rollback_keeps_its_count():
 def _ckpt(root, step: int) -> None:
     import torch
 
-    from memrl.training.checkpoint import STATE_FILE
+    from memrl.training.checkpoints.checkpoint import STATE_FILE
 
     d = root / f"step_{step:06d}"
     d.mkdir(parents=True)
@@ -113,7 +113,7 @@ def _ckpt(root, step: int) -> None:
 
 
 def test_good_checkpoint_and_drop_after(tmp_path, monkeypatch):
-    import memrl.training.guard as guard
+    import memrl.training.monitor.guard as guard
 
     monkeypatch.setattr(guard, "verify_checkpoint", lambda p: {"step": int(p.name[5:])})
     for s in (0, 2, 4):

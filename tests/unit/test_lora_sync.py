@@ -14,8 +14,8 @@ import pytest
 from memrl.config import ConfigError, load_config
 from memrl.engines.base import EngineError, SamplingParams
 from memrl.engines.openai_http import OpenAIEngine
-from memrl.training import adapter_sync
 from memrl.training.config import TrainConfig
+from memrl.training.sync import adapter_sync
 
 
 def _cfg(*extra: str) -> TrainConfig:

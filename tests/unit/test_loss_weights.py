@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from memrl.algorithms.losses import row_weights
-from memrl.training.packing import weigh, weigh_shares
-from memrl.training.schedule import optimizer_steps, rank_steps
+from memrl.training.step.schedule import optimizer_steps, rank_steps
+from memrl.training.update.packing import weigh, weigh_shares
 from memrl.types import Segment
 
 # Six single-call trajectories (final answers only, so verl's turn-major order is the batch order), with

@@ -13,9 +13,9 @@ from memrl.algorithms.losses import mismatch_means, mismatch_sums, off_policy_we
 from memrl.config import ConfigError, load_config
 from memrl.training.algorithm_section import off_policy_cap
 from memrl.training.config import TrainConfig
-from memrl.training.packing import collate
-from memrl.training.policy import ppo_micro_loss
-from memrl.training.step_metrics import combine_step_metrics
+from memrl.training.step.step_metrics import combine_step_metrics
+from memrl.training.update.packing import collate
+from memrl.training.update.policy import ppo_micro_loss
 from memrl.types import Segment
 
 # Three trained tokens (a fourth, masked out, must count nowhere). Trainer lp, engine lp:

@@ -97,8 +97,8 @@ def test_engine_with_weights_of_its_own_holds_them_in_bfloat16_and_returns_float
 def test_worker_keeps_float32_master_weights_and_adam_state_under_bfloat16_compute() -> None:
     from memrl.config import load_config
     from memrl.training.config import TrainConfig
-    from memrl.training.packing import weigh
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
+    from memrl.training.update.packing import weigh
     from memrl.types import Segment
 
     path = cached_tiny_model("tiny")

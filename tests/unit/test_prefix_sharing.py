@@ -1,4 +1,4 @@
-"""trainer.prefix_sharing (memrl.training.prefix_sharing): the trie grouping by hand-derivable cases, and the
+"""trainer.prefix_sharing (memrl.training.update.prefix_sharing): the trie grouping by hand-derivable cases, and the
 shared forward's logprobs, entropy, loss and gradients equal to the per-row forward's on every workflow's rows.
 
 Tolerances (float32): logprobs and entropy 1e-5 absolute, loss 1e-6 relative, gradients 1e-5 of the largest
@@ -17,12 +17,12 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Qwen
 
 from memrl.config import ConfigError, load_config
 from memrl.models.tiny import cached_tiny_model
-from memrl.training import prefix_sharing as P
 from memrl.training.config import TrainConfig
-from memrl.training.lora import BaseReference
-from memrl.training.packing import collate, weigh
-from memrl.training.policy import ppo_micro_loss, token_logprobs
-from memrl.training.step_metrics import combine_step_metrics
+from memrl.training.step.step_metrics import combine_step_metrics
+from memrl.training.update import prefix_sharing as P
+from memrl.training.update.lora import BaseReference
+from memrl.training.update.packing import collate, weigh
+from memrl.training.update.policy import ppo_micro_loss, token_logprobs
 from memrl.types import Segment
 
 VOCAB = 64
@@ -213,7 +213,7 @@ def _worker_rows():
 
 
 def test_worker_self_checks_then_shares_and_counts_forwarded_tokens(tmp_path):
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     rows = _worker_rows()
     w = PolicyWorker(_cfg(tmp_path, "trainer.prefix_sharing=always", "trainer.token_budget=4096",
@@ -230,7 +230,7 @@ def test_worker_self_checks_then_shares_and_counts_forwarded_tokens(tmp_path):
 
 
 def test_a_failed_self_check_turns_sharing_off_for_the_run(tmp_path, monkeypatch):
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     def wrong(*args, **kwargs):
         lp, ent = real(*args, **kwargs)
@@ -246,7 +246,7 @@ def test_a_failed_self_check_turns_sharing_off_for_the_run(tmp_path, monkeypatch
 
 
 def test_never_forwards_every_row_whole(tmp_path):
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     rows = _worker_rows()
     w = PolicyWorker(_cfg(tmp_path, "trainer.prefix_sharing=never", "trainer.token_budget=4096"))

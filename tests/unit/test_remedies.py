@@ -97,7 +97,7 @@ def test_llds_term_acts_only_where_the_row_likelihood_fell():
 def test_registered_with_options_and_config_sections():
     from memrl.config import load_config
     from memrl.training.config import TrainConfig
-    from memrl.training.optim import skips_zero_advantage
+    from memrl.training.update.optim import skips_zero_advantage
 
     assert get_loss("clip_cov") is clip_cov_loss and get_loss("kl_cov") is kl_cov_loss
     cfg = load_config(TrainConfig, ["model.path=x", "algorithm.loss=kl_cov", "algorithm.kl_cov.kl_cov_ratio=0.002"])

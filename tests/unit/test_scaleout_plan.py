@@ -8,9 +8,9 @@ import pytest
 from memrl.algorithms.losses import AGG_MODES, loss_token_weights
 from memrl.config import ConfigError, load_config
 from memrl.training.config import TrainConfig
-from memrl.training.packing import TrainBatch, split, split_rows, weigh
-from memrl.training.placement import PlacementError, check_address, check_resources, needs
-from memrl.training.worker_group import LocalRank, RankGroup
+from memrl.training.ranks.placement import PlacementError, check_address, check_resources, needs
+from memrl.training.ranks.worker_group import LocalRank, RankGroup
+from memrl.training.update.packing import TrainBatch, split, split_rows, weigh
 from memrl.types import Segment
 
 
@@ -123,7 +123,7 @@ def test_eight_gpu_preset_places_eight_colocated_ranks():
 
 
 def test_replicas_take_the_whole_engine_section():
-    from memrl.training.placement import replica_engine_config, replica_kind
+    from memrl.training.ranks.placement import replica_engine_config, replica_kind
 
     cfg = _cfg("engine=vllm", "engine.seed=3", "engine.max_batch_size=32", "engine.vllm.max_model_len=2048",
                "engine.vllm.enforce_eager=true", "engine.hf.max_prefill_tokens=100", "trainer.num_workers=2",
@@ -154,7 +154,7 @@ def test_replicas_take_the_whole_engine_section():
     (("rollout.num_engines=2", "rollout.weight_sync=broadcast", "rollout.broadcast_backend=nccl"), "broadcast", "nccl"),
 ])
 def test_weight_sync_auto_modes(overrides, mode, backend):
-    from memrl.training.weight_sync import broadcast_backend, resolve_mode
+    from memrl.training.sync.weight_sync import broadcast_backend, resolve_mode
 
     cfg = _cfg(*overrides)
     assert resolve_mode(cfg) == mode

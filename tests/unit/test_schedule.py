@@ -1,13 +1,13 @@
-"""The update schedule (memrl.training.schedule): which rows each optimizer step of an RL step trains.
+"""The update schedule (memrl.training.step.schedule): which rows each optimizer step of an RL step trains.
 
-Expected rows are written out by hand from the published rules (memrl/training/schedule.py cites them):
+Expected rows are written out by hand from the published rules (memrl/training/step/schedule.py cites them):
 verl's multi-conversation batch is turn-major with the final answers last, and td_split cuts n rows into
 k slices as torch.tensor_split does (n mod k slices of ceil(n/k) first); slime steps every r rows.
 """
 
 from __future__ import annotations
 
-from memrl.training.schedule import even_slices, optimizer_steps, turn_major
+from memrl.training.step.schedule import even_slices, optimizer_steps, turn_major
 from memrl.types import Segment
 
 # 4 groups x 2 trajectories; m = a memory call, f = the final answer. Row counts differ (3, 2, 4, 1, 2, 3,

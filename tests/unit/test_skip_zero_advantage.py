@@ -16,7 +16,7 @@ import torch
 
 from memrl.config import load_config
 from memrl.training.config import TrainConfig
-from memrl.training.packing import weigh
+from memrl.training.update.packing import weigh
 from memrl.types import Segment
 
 ZERO = (1, 4, 7)
@@ -34,7 +34,7 @@ def _rows(vocab: int) -> list[Segment]:
 
 
 def _worker(model: str, tmp: str, *extra: str):
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     torch.manual_seed(0)
     cfg = load_config(TrainConfig, [f"model.path={model}", f"out_dir={tmp}", "algorithm.kl_coef=0",

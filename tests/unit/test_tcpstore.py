@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from memrl.tcpstore import tcp_store
-from memrl.training.distributed import free_port
+from memrl.training.ranks.distributed import free_port
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").is_file(), reason="reads Linux's /proc/net/tcp")
 
@@ -98,7 +98,7 @@ def test_training_ranks_rendezvous_on_master_addr_only(tmp_path):
     script = textwrap.dedent(f"""
         import sys, torch, torch.distributed as dist
         sys.path.insert(0, {str(ROOT)!r})
-        from memrl.training.distributed import DistInfo, init_group, leave_group
+        from memrl.training.ranks.distributed import DistInfo, init_group, leave_group
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_tcpstore import listeners
         rank = int(sys.argv[1])
@@ -126,7 +126,7 @@ def test_training_ranks_rendezvous_on_master_addr_only(tmp_path):
 def test_leaving_without_a_group_does_nothing():
     import torch
 
-    from memrl.training.distributed import leave_group
+    from memrl.training.ranks.distributed import leave_group
 
     assert not torch.distributed.is_initialized()
     leave_group()  # the single-process trainer's close: no group, no barrier, no error

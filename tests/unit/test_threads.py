@@ -17,8 +17,8 @@ import torch
 from memrl import threads as T
 from memrl.config import ConfigError, load_config
 from memrl.eval.runner import EvalConfig
+from memrl.training.checkpoints.run_dir import config_changes
 from memrl.training.config import TrainConfig
-from memrl.training.run_dir import config_changes
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -55,7 +55,7 @@ def test_weight_decay_scope_matrices_leaves_biases_and_norms_undecayed(tmp_path)
     RMSNorm weights (1-D) in a group with weight decay 0, every matrix in the decayed group; "all" (memrl,
     verl) keeps one group of every parameter."""
     from memrl.models.tiny import cached_tiny_model
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     model = str(cached_tiny_model("tiny"))
     base = [f"model.path={model}", "algorithm.kl_coef=0", "optim.weight_decay=0.1"]

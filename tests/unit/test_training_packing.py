@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from memrl.algorithms.losses import AGG_MODES, agg_loss, ppo_clip_loss
-from memrl.training.packing import TrainBatch, collate, pack_rows, weigh
-from memrl.training.policy import ppo_micro_loss, sft_micro_loss, token_logprobs
+from memrl.training.update.packing import TrainBatch, collate, pack_rows, weigh
+from memrl.training.update.policy import ppo_micro_loss, sft_micro_loss, token_logprobs
 from memrl.types import Segment
 
 

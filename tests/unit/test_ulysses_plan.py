@@ -9,10 +9,10 @@ import torch
 from transformers import Qwen2Config, Qwen3Config
 
 from memrl.config import ConfigError, load_config
-from memrl.training import ulysses as U
 from memrl.training.config import TrainConfig
-from memrl.training.packing import collate, weigh
-from memrl.training.worker_group import LocalRank, RankGroup
+from memrl.training.ranks.worker_group import LocalRank, RankGroup
+from memrl.training.update import ulysses as U
+from memrl.training.update.packing import collate, weigh
 from memrl.types import Segment
 
 

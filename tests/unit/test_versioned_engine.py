@@ -1,4 +1,4 @@
-"""memrl.engines.versioned (asynchronous training's gate) and memrl.training.async_rollout.stale_filter:
+"""memrl.engines.versioned (asynchronous training's gate) and memrl.training.step.async_rollout.stale_filter:
 a weight sync between a trajectory's calls, in both partial-rollout modes; the versions segments carry;
 the staleness filter's counts. Everything here is hand-scripted: an engine whose calls block until the
 test lets them go, a workflow of three calls, the sync driven by the test on the same event loop."""
@@ -13,7 +13,7 @@ import pytest
 
 from memrl.engines.base import Completion
 from memrl.engines.versioned import VERSION_KEY, VersionedEngine
-from memrl.training.async_rollout import partial_metrics, stale_filter
+from memrl.training.step.async_rollout import partial_metrics, stale_filter
 from memrl.types import Group, Segment, Task, Trajectory
 from memrl.workflows import WorkflowSpec
 from memrl.workflows.rollouts import rollout

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from memrl.engines.weight_transfer import TransferSpec, WeightTransfer, receive_all
-from memrl.training.distributed import free_port
+from memrl.training.ranks.distributed import free_port
 
 
 def _weights() -> dict[str, torch.Tensor]:

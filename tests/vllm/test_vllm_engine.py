@@ -194,7 +194,7 @@ def test_broadcast_weight_transfer_into_vllm_workers(vllm_engine, tiny_model) ->
 
     from memrl.engines.hf import HFEngine
     from memrl.engines.weight_transfer import TransferSpec, WeightTransfer
-    from memrl.training.distributed import free_port
+    from memrl.training.ranks.distributed import free_port
 
     prompts = chat_prompts(vllm_engine.tokenizer)
     greedy = SamplingParams(temperature=0, max_tokens=16)

@@ -51,7 +51,7 @@ def test_in_process_vllm_serves_the_merged_adapter_after_every_sync(tiny_model, 
 def test_in_process_vllm_without_the_sync_stops_the_run(tiny_model, tmp_path, monkeypatch):
     from memrl.engines.vllm import VLLMEngine
     from memrl.training.assemble import assemble
-    from memrl.training.sync_check import SyncCheckError
+    from memrl.training.sync.sync_check import SyncCheckError
     from memrl.training.trainer import Trainer
 
     monkeypatch.setattr(VLLMEngine, "update_weights", lambda self, weights: None)
@@ -125,7 +125,7 @@ def test_in_process_vllm_serves_the_adapter_after_every_sync(tiny_model, tmp_pat
 def test_in_process_vllm_adapter_without_the_sync_stops_the_run(tiny_model, tmp_path, monkeypatch):
     from memrl.engines.vllm import VLLMEngine
     from memrl.training.assemble import assemble
-    from memrl.training.sync_check import SyncCheckError
+    from memrl.training.sync.sync_check import SyncCheckError
     from memrl.training.trainer import Trainer
 
     monkeypatch.setattr(VLLMEngine, "load_adapter", lambda self, path: "dropped")
@@ -185,7 +185,7 @@ def test_vllm_server_loads_the_adapter_after_every_sync(lora_server, tiny_model,
 def test_vllm_server_adapter_without_the_sync_stops_the_run(lora_server, tiny_model, tmp_path, monkeypatch):
     from memrl.engines.openai_http import OpenAIEngine
     from memrl.training.assemble import assemble
-    from memrl.training.sync_check import SyncCheckError
+    from memrl.training.sync.sync_check import SyncCheckError
     from memrl.training.trainer import Trainer
 
     monkeypatch.setattr(OpenAIEngine, "load_adapter", lambda self, path: "dropped")

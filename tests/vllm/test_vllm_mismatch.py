@@ -12,7 +12,7 @@ import pytest
 from memrl.config import load_config
 from memrl.engines.base import SamplingParams
 from memrl.training.config import TrainConfig
-from memrl.training.packing import weigh
+from memrl.training.update.packing import weigh
 from memrl.types import Segment
 
 TEXTS = ["Who was the president of the river city?", "The answer is", "How many people live in the county?",
@@ -36,7 +36,7 @@ def _segments(engine, temperature: float) -> list[Segment]:  # noqa: ANN001
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_mismatch_metrics_of_vllm_and_hf_segments(vllm_engine, hf_engine, tiny_model, tmp_path, temperature) -> None:  # noqa: ANN001
-    from memrl.training.workers import PolicyWorker
+    from memrl.training.ranks.workers import PolicyWorker
 
     seen = {}
     for kind, engine in (("vllm", vllm_engine), ("hf", hf_engine)):

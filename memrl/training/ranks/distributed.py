@@ -3,7 +3,7 @@ saving and weight sync, and the optimizer's part of a checkpoint (`save_optim_dc
 
 At world size 1 there is no process group: every collective here is the identity, so the single-process
 trainer runs the same code. At world size N each rank trains on the share of the rows the driver sent it,
-with the row weights the driver computed over the whole mini-batch (memrl.training.packing), and scales
+with the row weights the driver computed over the whole mini-batch (memrl.training.update.packing), and scales
 its loss by N because FSDP averages gradients over ranks; the sum over ranks then equals the
 single-process loss and gradient (measured: notes/scaleout.md).
 """
@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from memrl.tcpstore import tcp_store
-from memrl.training.checkpoint import OPTIM_DIR, dcp_reader, flatten_optim, unflatten_optim
+from memrl.training.checkpoints.checkpoint import OPTIM_DIR, dcp_reader, flatten_optim, unflatten_optim
 
 TIMEOUT_S = 60
 """Collective timeout: a dead peer fails the step fast instead of hanging it."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.records import dumps, json_safe, segment_records
-from memrl.training.metrics_log import truncate_steps
+from memrl.training.monitor.metrics_log import truncate_steps
 from memrl.types import Group
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ class TrajectoryDump:
     def truncate(self, step: int) -> int:
         """On resume at step k: drop the dumped rows of steps after k (a kill between a dump and the next
         checkpoint), which the resumed run dumps again; returns how many
-        (memrl.training.metrics_log.truncate_steps)."""
+        (memrl.training.monitor.metrics_log.truncate_steps)."""
         dropped = truncate_steps(self.path, step)
         if dropped:
             log.warning("%s: replaced %d row(s) of steps after %d, which are redone", self.path, dropped, step)

@@ -3,7 +3,7 @@
 - Without `--resume` or `--overwrite`, an out_dir with checkpoints or metrics is refused: a re-run would
   start from step 0 and rotate the finished run's checkpoints away.
 - `--overwrite` deletes the old run's checkpoints and validation outputs first (metrics.jsonl and the
-  trajectory dump are cut back by the new run, memrl.training.metrics_log / dump).
+  trajectory dump are cut back by the new run, memrl.training.monitor.metrics_log / dump).
 - `--resume` compares the config with the one the checkpoint saved: a setting that changes the run (data,
   model, algorithm, batch, optimizer, ...) is refused in one line listing every difference; only the
   settings in MAY_CHANGE (how long, how often to save and log, where to report) may differ.
@@ -34,7 +34,7 @@ MAY_CHANGE = (
     "rollout.engine", "rollout.weight_sync", "rollout.broadcast_backend", "rollout.broadcast_bucket_mb",
     "rollout.sync_dir", "rollout.colocate", "rollout.gpu_memory_utilization", "rollout.sync_check",
     "rollout.sync_check_tol", "rollout.sync_check_tokens", "ray",
-    # how the run watches itself: a run resumed after a collapse may turn the guard on (memrl.training.guard)
+    # how the run watches itself: a run resumed after a collapse may turn the guard on (memrl.training.monitor.guard)
     "trainer.on_collapse", "health",
     # the CPU threads it runs with (memrl.threads): a laptop's run resumes on a shared node
     "threads",

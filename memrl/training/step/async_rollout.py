@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from memrl.engines.versioned import VersionedEngine, segment_version
-from memrl.training.rollout import RolloutResult, asample_groups
+from memrl.training.step.rollout import RolloutResult, asample_groups
 from memrl.types import Group, Segment, Task
 
 log = logging.getLogger(__name__)

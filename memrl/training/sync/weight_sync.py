@@ -25,8 +25,8 @@ from memrl.config import ConfigError
 from memrl.engines.registry import engine_kind
 from memrl.engines.weight_transfer import TransferSpec
 from memrl.training.config import TrainConfig
-from memrl.training.placement import replica_kind, share_gpu
-from memrl.training.worker_group import WorkerGroup
+from memrl.training.ranks.placement import replica_kind, share_gpu
+from memrl.training.ranks.worker_group import WorkerGroup
 
 MODES = ("object_store", "broadcast", "directory")
 
@@ -56,7 +56,7 @@ def broadcast_backend(cfg: TrainConfig) -> str:
 
 
 class WeightSync:
-    """Moves the policy's weights from `workers` (memrl.training.worker_group) into `engines` (memrl.engines.ray_engines.RayEngines)."""
+    """Moves the policy's weights from `workers` (memrl.training.ranks.worker_group) into `engines` (memrl.engines.ray_engines.RayEngines)."""
 
     def __init__(self, cfg: TrainConfig, workers: WorkerGroup, engines: Any, out_dir: Path) -> None:
         self.cfg, self.workers, self.engines = cfg, workers, engines

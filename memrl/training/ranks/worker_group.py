@@ -1,17 +1,17 @@
 """The trainer's worker group: the one contract between the driver and its training ranks.
 
-`WorkerGroup` declares everything the trainer, the weight sync (memrl.training.weight_sync), validation
+`WorkerGroup` declares everything the trainer, the weight sync (memrl.training.sync.weight_sync), validation
 and checkpointing call. `RankGroup` implements it once over N rank handles: a call starts the method on
 every rank (collectives need them all), then waits for every result and returns rank 0's (the ranks
 all-reduce their metrics, and rank 0 holds what is gathered). A handle runs a `PolicyWorker` method:
 
 - `LocalRank`: the worker in the trainer's own process (world size 1): a direct call.
-- `RayRank` (memrl.training.workers): a Ray actor holding one rank's worker: an actor call.
+- `RayRank` (memrl.training.ranks.workers): a Ray actor holding one rank's worker: an actor call.
 
-`train_rows` takes the mini-batch the driver weighed (memrl.training.packing.weigh: one weight per row
+`train_rows` takes the mini-batch the driver weighed (memrl.training.update.packing.weigh: one weight per row
 over the whole mini-batch) and sends each rank only its token-balanced share (packing.split). Under
 sequence parallelism (trainer.sequence_parallel=S) the shares are per block of S consecutive ranks: the
-data-parallel size is N / S, and the ranks of a block get the same rows (memrl.training.ulysses).
+data-parallel size is N / S, and the ranks of a block get the same rows (memrl.training.update.ulysses).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from typing import Any, Protocol
 
 import torch
 
-from memrl.training.packing import TrainBatch, split, split_rows
+from memrl.training.update.packing import TrainBatch, split, split_rows
 from memrl.types import Segment
 
 
 class WorkerGroup(Protocol):
-    """What the driver uses of its training ranks (built by memrl.training.workers.build_workers)."""
+    """What the driver uses of its training ranks (built by memrl.training.ranks.workers.build_workers)."""
 
     world_size: int
     model: torch.nn.Module | None
@@ -62,17 +62,17 @@ class WorkerGroup(Protocol):
         ...
 
     def optim_state(self) -> dict[str, Any]:
-        """The optimizer state keyed by parameter name (memrl.training.distributed.full_optim_state)."""
+        """The optimizer state keyed by parameter name (memrl.training.ranks.distributed.full_optim_state)."""
         ...
 
     def probe_logprobs(self, prompt: list[int], tokens: list[int]) -> list[float]:
         """The policy's teacher-forced logprobs of `tokens` after `prompt` (every rank runs the forward;
-        rank 0's): the trainer's side of rollout.sync_check (memrl.training.sync_check)."""
+        rank 0's): the trainer's side of rollout.sync_check (memrl.training.sync.sync_check)."""
         ...
 
     def save(self, root: str | Path, step: int, driver_state: dict[str, Any], keep: int = 0,
              extra_files: dict[str, str] | None = None) -> Path:
-        """Checkpoint `root/step_XXXXXX` (memrl.training.workers.PolicyWorker.save); its path."""
+        """Checkpoint `root/step_XXXXXX` (memrl.training.ranks.workers.PolicyWorker.save); its path."""
         ...
 
     def transfer_address(self) -> tuple[str, int]:

@@ -5,7 +5,7 @@ The model's own forward runs with `logits_to_keep=1` and a hook takes its decode
 projection, temperature, log_softmax, gather and entropy then run on `chunk` tokens at a time, and the
 backward pass recomputes each chunk's logits (`ChunkedHeadLogprobs`), so no [tokens x vocab] tensor larger
 than one chunk's ever exists (a 151,936-entry vocabulary makes the fp32 logits of one 32K-token row ~19.5
-GB). Same formulas as memrl.training.policy.token_logprobs, with z = lm_head(h) / T, y the next token:
+GB). Same formulas as memrl.training.update.policy.token_logprobs, with z = lm_head(h) / T, y the next token:
 
     logprob = log_softmax(z)[y]        entropy H = -sum_v p_v log p_v,   p = softmax(z)
     d logprob / dz = onehot(y) - p     dH / dz_v = -p_v (log p_v + H)
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from memrl.training.lora import BaseReference
+from memrl.training.update.lora import BaseReference
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def final_hidden(model: Any, split: HeadSplit, input_ids: torch.Tensor, attentio
     wraps the decoder: PEFT's adapters, a BaseReference's adapters-off eval context, and FSDP2's root, which
     gathers the embedding and lm_head (and leaves them gathered for the backward pass) only in its own forward.
     `router_aux` (a list): the forward also computes an MoE model's load-balancing loss, appended.
-    `position_ids`: a sequence-parallel shard's global positions (memrl.training.ulysses)."""
+    `position_ids`: a sequence-parallel shard's global positions (memrl.training.update.ulysses)."""
     extra: dict[str, Any] = {"output_router_logits": True} if router_aux is not None else {}
     if position_ids is not None:
         extra["position_ids"] = position_ids

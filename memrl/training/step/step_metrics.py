@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from memrl.engines.base import capabilities
-from memrl.training.rollout import RolloutResult
+from memrl.training.step.rollout import RolloutResult
 from memrl.types import Group
 from memrl.workflows import format_counts, format_keys
 
@@ -59,7 +59,7 @@ def _mismatch_tokens(key: str) -> str:
 
 
 def combine_step_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
-    """One RL step's metrics from its optimizer steps' (memrl.training.schedule): counts summed, train/lr
+    """One RL step's metrics from its optimizer steps' (memrl.training.step.schedule): counts summed, train/lr
     the last step's, the mismatch/<engine>/* token means weighed by their steps' mismatch/<engine>/tokens
     (summed), everything else the mean over the steps taken; train/optimizer_steps counts them."""
     out: dict[str, float] = {}

@@ -1,13 +1,13 @@
 """The policy worker: model (+ KL reference), optimizer and the sharded update of one training rank, and
-`build_workers`, which makes the trainer's worker group of them (memrl.training.worker_group).
+`build_workers`, which makes the trainer's worker group of them (memrl.training.ranks.worker_group).
 
 `PolicyWorker` is the same code at world size 1 (in the trainer's process, no process group, a plain
 module) and at world size N (one per rank in a Ray actor, FSDP2 over gloo/NCCL; placed in bundles of a
-placement group, memrl.training.placement). `train_rows` takes this rank's share of a mini-batch, whose
-row weights the driver fixed over the whole mini-batch (memrl.training.packing), so the update equals the
+placement group, memrl.training.ranks.placement). `train_rows` takes this rank's share of a mini-batch, whose
+row weights the driver fixed over the whole mini-batch (memrl.training.update.packing), so the update equals the
 single-process one. Checkpoints are HF directories written by rank 0 from the gathered state dict, with
 the optimizer's tensors as a torch.distributed.checkpoint directory every rank writes its shards to, so a
-run resumes at any world size (memrl.training.checkpoint).
+run resumes at any world size (memrl.training.checkpoints.checkpoint).
 """
 
 from __future__ import annotations
@@ -33,20 +33,20 @@ from memrl.errors import UserError
 from memrl.model_open import open_model
 from memrl.precision import autocast, torch_dtype
 from memrl.threads import apply_inherited
-from memrl.training import distributed as D
-from memrl.training import lora as L
-from memrl.training import ulysses as U
 from memrl.training.algorithm_section import off_policy_cap
-from memrl.training.checkpoint import OPTIM_DIR, STATE_FILE, load_state, save_checkpoint, temp_dir
+from memrl.training.checkpoints.checkpoint import OPTIM_DIR, STATE_FILE, load_state, save_checkpoint, temp_dir
 from memrl.training.config import TrainConfig
-from memrl.training.optim import decay_groups, lr_lambda, skips_zero_advantage
-from memrl.training.packing import MicroBatch, TrainBatch, blank_row, collate
-from memrl.training.placement import placement_group, replica_kind, share_gpu
-from memrl.training.policy import clip_norm, ppo_micro_loss, token_logprobs
-from memrl.training.prefix_sharing import Sharer
-from memrl.training.routing import RoutingReplay
-from memrl.training.sync_check import teacher_forced_logprobs
-from memrl.training.worker_group import LocalRank, RankGroup, WorkerGroup
+from memrl.training.ranks import distributed as D
+from memrl.training.ranks.placement import placement_group, replica_kind, share_gpu
+from memrl.training.ranks.worker_group import LocalRank, RankGroup, WorkerGroup
+from memrl.training.sync.sync_check import teacher_forced_logprobs
+from memrl.training.update import lora as L
+from memrl.training.update import ulysses as U
+from memrl.training.update.optim import decay_groups, lr_lambda, skips_zero_advantage
+from memrl.training.update.packing import MicroBatch, TrainBatch, blank_row, collate
+from memrl.training.update.policy import clip_norm, ppo_micro_loss, token_logprobs
+from memrl.training.update.prefix_sharing import Sharer
+from memrl.training.update.routing import RoutingReplay
 from memrl.types import Segment
 
 __all__ = ["PolicyWorker", "RayRank", "build_workers", "node_address"]
@@ -112,7 +112,7 @@ class PolicyWorker:
                              f"(a config with output_router_logits, e.g. qwen3_moe); {src} is "
                              f"{self.model.config.model_type}")
         self.sp, self.sp_group, self.sp_rank = t.sequence_parallel, None, 0
-        if self.sp > 1:  # Ulysses: blocks of sp consecutive ranks share each micro-batch (memrl.training.ulysses)
+        if self.sp > 1:  # Ulysses: blocks of sp consecutive ranks share each micro-batch (memrl.training.update.ulysses)
             if info.world_size % self.sp:
                 raise UserError(f"trainer.sequence_parallel={self.sp} must divide the world size {info.world_size}")
             try:
@@ -123,7 +123,7 @@ class PolicyWorker:
         D.shard_model(self.model, t.fsdp_bf16, t.cpu_offload)
         if L.enabled(cfg.model) and D.grouped():
             L.first_forward(self.model, self.tokenizer.pad_token_id or 0)  # FSDP2's dtypes, adapter on
-        self.routing = None  # algorithm.routing_replay=r2 (memrl.training.routing)
+        self.routing = None  # algorithm.routing_replay=r2 (memrl.training.update.routing)
         if cfg.algorithm.routing_replay != "none":
             try:
                 self.routing = RoutingReplay(self.model)
@@ -292,7 +292,7 @@ class PolicyWorker:
         return autocast(self.device, self.compute_dtype, self.weights_dtype)
 
     def _shard(self, mb: MicroBatch) -> MicroBatch:
-        """This rank's sequence shard of `mb` (memrl.training.ulysses.shard); `mb` itself without SP."""
+        """This rank's sequence shard of `mb` (memrl.training.update.ulysses.shard); `mb` itself without SP."""
         return U.shard(mb, self.sp, self.sp_rank) if self.sp > 1 else mb
 
     def _sequence_parallel(self) -> Any:
@@ -376,7 +376,7 @@ class PolicyWorker:
 
     def probe_logprobs(self, prompt: list[int], tokens: list[int]) -> list[float]:
         """The policy's teacher-forced logprobs (log_softmax at T=1) of `tokens` after `prompt`
-        (memrl.training.sync_check; collective at world size > 1: every rank runs the sharded forward)."""
+        (memrl.training.sync.sync_check; collective at world size > 1: every rank runs the sharded forward)."""
         with self._compute():
             return teacher_forced_logprobs(self.model, prompt, tokens)
 

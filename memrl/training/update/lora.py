@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from memrl.config import MAX_COEF, ConfigError, valid
 from memrl.quiet import hf_progress_off, peft_rename_warning_off
-from memrl.training.checkpoint import ADAPTER_WEIGHTS
+from memrl.training.checkpoints.checkpoint import ADAPTER_WEIGHTS
 
 MERGED_DIR = "merged"
 
@@ -130,7 +130,7 @@ def first_forward(model: Any, token: int = 0) -> None:
 class BaseReference:
     """The KL reference of a LoRA policy: the policy's own module with its adapters switched off. PEFT
     starts B at 0, so that is the initial policy, with no second copy of the weights (the base stays
-    frozen, also across resumes). Called like a model (memrl.training.policy.token_logprobs); runs in eval
+    frozen, also across resumes). Called like a model (memrl.training.update.policy.token_logprobs); runs in eval
     mode as a separately loaded reference would."""
 
     def __init__(self, model: Any) -> None:

@@ -25,7 +25,7 @@ Three rules (`trainer.*`), each returning the rows of every optimizer step, in o
 Each step's loss is normalized over its own rows (verl scales each micro-batch by its share of the
 mini-batch's tokens or rows, so the mini-batch loss is the token- or sequence-mean of that mini-batch).
 With `trainer.loss_weights=per_rank` it is normalized over each rank's slice instead (`rank_steps` gives
-the slices; memrl.training.packing.weigh_shares), as the MemAgent / ReMemR1 forks do at world size W.
+the slices; memrl.training.update.packing.weigh_shares), as the MemAgent / ReMemR1 forks do at world size W.
 """
 
 from __future__ import annotations

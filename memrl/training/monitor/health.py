@@ -96,7 +96,7 @@ def _truncated(t: Any) -> bool | None:
 
 
 def rollout_health(res: Any, format_keys: tuple[str, ...]) -> dict[str, float]:
-    """The step's health/* metrics that its rollout `res` (memrl.training.rollout.RolloutResult) gives (module
+    """The step's health/* metrics that its rollout `res` (memrl.training.step.rollout.RolloutResult) gives (module
     docstring); those a workflow has no data for are left out (no format keys, finish reasons, right answer)."""
     groups, all_rewards, sampled_groups, dropped_groups = res.groups, res.all_rewards, res.sampled_groups, \
         res.dropped_groups

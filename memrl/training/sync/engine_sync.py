@@ -2,12 +2,12 @@
 the first rollout of every run, fresh or resumed: an engine may hold other weights than the policy).
 
 How the weights travel depends on the placement, chosen once when the run is assembled:
-- Ray replicas (`rollout.num_engines > 0`): `rollout.weight_sync` (memrl.training.weight_sync.WeightSync);
-- `lora_sync=adapter` (engine.vllm / engine.openai): the adapter alone (memrl.training.adapter_sync);
+- Ray replicas (`rollout.num_engines > 0`): `rollout.weight_sync` (memrl.training.sync.weight_sync.WeightSync);
+- `lora_sync=adapter` (engine.vllm / engine.openai): the adapter alone (memrl.training.sync.adapter_sync);
 - in process: the state dict (a no-op for an hf engine sharing the trained module);
 - a server (`engine=openai`): a saved HuggingFace directory it reloads (`engine.openai.sync_dir`).
 
-With `rollout.sync_check` the probe of memrl.training.sync_check then proves the engine serves them.
+With `rollout.sync_check` the probe of memrl.training.sync.sync_check then proves the engine serves them.
 Asynchronous training: the producer's gate (memrl.engines.versioned) is closed around the sync (no call
 starts; the calls in flight finish on the old weights) and reopened on the new policy version.
 """
@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from memrl.engines.registry import engine_kind
-from memrl.training import adapter_sync
 from memrl.training.config import TrainConfig
-from memrl.training.lora import engine_weights, save_engine_dir
-from memrl.training.sync_check import check_sync
+from memrl.training.sync import adapter_sync
+from memrl.training.sync.sync_check import check_sync
+from memrl.training.update.lora import engine_weights, save_engine_dir
 
 
 def _transfer(cfg: TrainConfig, workers: Any, engine: Any, tokenizer: Any, out: Path,

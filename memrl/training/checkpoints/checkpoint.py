@@ -42,7 +42,7 @@ from memrl.quiet import hf_progress_off
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-"""A LoRA checkpoint's files (PEFT's format; memrl.training.lora writes them)."""
+"""A LoRA checkpoint's files (PEFT's format; memrl.training.update.lora writes them)."""
 
 log = logging.getLogger(__name__)
 

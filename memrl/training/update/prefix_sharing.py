@@ -12,7 +12,7 @@ How, exactly and with standard attention (no packed 4D mask, whose cost is quadr
    trie, built as a radix tree from the rows sorted lexicographically and their neighbours' longest common
    prefixes; a dynamic program over the tree picks disjoint groups of >= 2 rows sharing >= `min_tokens`
    tokens that save the most forwarded tokens ((rows - 1) x prefix per group): the micro-batch's `SharePlan`
-   (memrl.training.packing, `MicroBatch.share`).
+   (memrl.training.update.packing, `MicroBatch.share`).
 2. `shared_logprobs`: the groups' prefixes are forwarded once, as one right-padded batch [G, P] with the KV
    cache on (its keys and values keep their autograd graph); then every row's remaining tokens (its
    suffix; the whole row for a row in no group) as a right-padded batch [B, S] over its group's keys and
@@ -20,11 +20,11 @@ How, exactly and with standard attention (no packed 4D mask, whose cost is quadr
    alone), the attention mask covering the group's real prefix tokens and the row's own suffix. A row's
    logprob at a prefix position comes from its group's prefix hidden state (the last one predicts the
    row's own first suffix token), the rest from its suffix; the result is laid out [B, L-1] exactly as
-   memrl.training.policy.token_logprobs lays out the per-row path's, so the losses, weights and masks are
+   memrl.training.update.policy.token_logprobs lays out the per-row path's, so the losses, weights and masks are
    untouched, and the gradient reaches a shared prefix once per row through the gather.
 
 The logits come from the decoder's final hidden states through the model's lm_head (full, or
-`chunk_tokens` at a time with memrl.training.chunked_logprobs), so models whose logits are not plain
+`chunk_tokens` at a time with memrl.training.update.chunked_logprobs), so models whose logits are not plain
 lm_head(hidden) (`split_model` names why), MoE router losses and sequence-parallel shards keep the
 per-row path (`fallbacks` counts why).
 
@@ -44,10 +44,10 @@ import torch
 from transformers import DynamicCache
 
 from memrl.model_open import cache_kwarg
-from memrl.training import chunked_logprobs as C
 from memrl.training.config import TrainConfig, prefix_sharing_blocker
-from memrl.training.lora import BaseReference
-from memrl.training.packing import MicroBatch, SharePlan, pack_rows
+from memrl.training.update import chunked_logprobs as C
+from memrl.training.update.lora import BaseReference
+from memrl.training.update.packing import MicroBatch, SharePlan, pack_rows
 from memrl.types import Segment
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ def plan_shares(rows: Sequence[Sequence[int]], min_tokens: int) -> SharePlan | N
 
 
 def pack_shared(rows: Sequence[Sequence[int]], token_budget: int, min_tokens: int) -> list[list[int]]:
-    """memrl.training.packing.pack_rows, keeping the rows of a shared prefix together: the groups of the whole
+    """memrl.training.update.packing.pack_rows, keeping the rows of a shared prefix together: the groups of the whole
     share (`share_groups`) and the lone rows are the units, longest first, each micro-batch growing while
     rows x longest row stays within the budget; a group too big for one micro-batch is cut into runs that
     fit. The groups come first and the lone rows get micro-batches of their own: mixed in, a lone row's

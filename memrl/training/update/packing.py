@@ -126,7 +126,7 @@ def pack_rows(segments: Sequence[Segment], token_budget: int) -> list[list[int]]
 @dataclass(frozen=True)
 class SharePlan:
     """Which rows of a micro-batch share which prefix (indices into the micro-batch's rows): made by
-    memrl.training.prefix_sharing.plan_shares, which forwards each group's prefix once."""
+    memrl.training.update.prefix_sharing.plan_shares, which forwards each group's prefix once."""
 
     groups: tuple[tuple[int, ...], ...]
     """Rows of each group, >= 2 each, disjoint."""
@@ -162,10 +162,10 @@ class MicroBatch:
     prox_logprobs: torch.Tensor | None = None
     """The trainer's recomputed old logprobs (Segment.old_logprobs) when every row has them, else None."""
     position_ids: torch.Tensor | None = None
-    """A sequence-parallel shard's global positions (memrl.training.ulysses.shard), else None (0, 1, ...).
+    """A sequence-parallel shard's global positions (memrl.training.update.ulysses.shard), else None (0, 1, ...).
     A shard's per-token tensors are as wide as its ids: its last column's target opens the next shard."""
     share: SharePlan | None = None
-    """trainer.prefix_sharing: which rows share which prefix (memrl.training.prefix_sharing), else None."""
+    """trainer.prefix_sharing: which rows share which prefix (memrl.training.update.prefix_sharing), else None."""
 
     def to(self, device: str | torch.device) -> MicroBatch:
         """The same micro-batch on `device`."""

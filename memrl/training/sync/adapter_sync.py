@@ -1,6 +1,6 @@
 """LoRA weight sync by adapter (`engine.vllm.lora_sync=adapter`, `engine.openai.lora_sync=adapter`).
 
-Instead of the merged weights (memrl.training.lora.merged_state), each sync writes the policy's current
+Instead of the merged weights (memrl.training.update.lora.merged_state), each sync writes the policy's current
 adapter in PEFT's format (adapter_config.json + adapter_model.safetensors) to a new directory
 `<root>/adapter-<version>` and hands it to the engine:
 

@@ -1,7 +1,7 @@
 """The optimizer side of one training rank, shared by the driver and the workers: the learning-rate
 schedule, the weight-decay groups, and whether the update may leave out rows whose advantage is 0.
 
-A leaf module (it imports only the config), so memrl.training.workers does not import the trainer."""
+A leaf module (it imports only the config), so memrl.training.ranks.workers does not import the trainer."""
 
 from __future__ import annotations
 

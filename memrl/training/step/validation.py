@@ -66,7 +66,7 @@ def check(cfg: Any) -> None:
 
 METRIC_FAMILIES = ("reward", "rollout", "traj", "format", "judge", "loss", "train", "mismatch", "time", "perf",
                    "dcpo", "async", "val")
-"""The first part of every metric a training step or validation logs (memrl.training.step_metrics)."""
+"""The first part of every metric a training step or validation logs (memrl.training.step.step_metrics)."""
 VAL_KEYS = ("accuracy", "em", "f1", "questions", "mean_at_k", "pass_at_k", "string_match_all", "string_match_part")
 """What `val_metrics` logs under val/<dataset>/<N>/."""
 

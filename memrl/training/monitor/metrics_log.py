@@ -28,7 +28,7 @@ class MetricsLogger:
     def __init__(self, out_dir: str | os.PathLike, tensorboard: bool = True, progress_total: int = 0,
                  progress_initial: int = 0, progress: bool = True, desc: str = "train",
                  keep_until: int | None = None, trackers: list[Any] | None = None) -> None:
-        self.trackers = list(trackers or [])  # memrl.training.trackers (wandb, mlflow): every row goes there too
+        self.trackers = list(trackers or [])  # memrl.training.monitor.trackers (wandb, mlflow): every row goes there too
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
@@ -67,7 +67,7 @@ class MetricsLogger:
             log.warning("%s", line)
 
     def rewind(self, step: int) -> None:
-        """Drop the rows of steps after `step` (a rollback, memrl.training.guard: they are redone)."""
+        """Drop the rows of steps after `step` (a rollback, memrl.training.monitor.guard: they are redone)."""
         self._fh.close()
         truncate_steps(self.path, step)
         self._fh = self.path.open("a", encoding="utf-8")
@@ -76,7 +76,7 @@ class MetricsLogger:
             self._bar.refresh()
 
     def table(self, step: int, rows: list[dict[str, Any]]) -> None:
-        """A sample of trajectories (memrl.training.dump rows) to the trackers that keep tables."""
+        """A sample of trajectories (memrl.training.monitor.dump rows) to the trackers that keep tables."""
         self._to_trackers("table", step, rows)
 
     def _to_trackers(self, method: str, step: int, data: Any) -> None:

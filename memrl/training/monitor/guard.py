@@ -1,4 +1,4 @@
-"""The collapse guard: what a run does when a health alarm fires (memrl.training.health), as
+"""The collapse guard: what a run does when a health alarm fires (memrl.training.monitor.health), as
 trainer.on_collapse says.
 
 - warn: one line above the progress bar (the log without one) when an alarm first fires; the run goes on.
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from memrl.errors import UserError
-from memrl.training.checkpoint import LATEST, STEP_DIR, CheckpointError, verify_checkpoint
-from memrl.training.health import Alarm, HealthMonitor
+from memrl.training.checkpoints.checkpoint import LATEST, STEP_DIR, CheckpointError, verify_checkpoint
+from memrl.training.monitor.health import Alarm, HealthMonitor
 
 log = logging.getLogger(__name__)
 

@@ -3,12 +3,12 @@
 - `connect(cfg)`: checks the Ray address is reachable, joins (or starts) Ray, and checks the cluster has
   the CPUs / GPUs the config asks for, each before any model is loaded.
 - `placement_group` (and memrl.engines.ray_engines.on_bundle): the bundles the training ranks take
-  (memrl.training.workers builds the ranks' actors in them: one FSDP2 group, gloo on CPU, NCCL when
+  (memrl.training.ranks.workers builds the ranks' actors in them: one FSDP2 group, gloo on CPU, NCCL when
   `trainer.gpus_per_worker` > 0).
 - `ray_engines`: `rollout.num_engines` engine replicas (memrl.engines.ray_engines.RayEngines, each built from
   the whole `engine` config section with the replica kind and resources) placed in a group of their own or
   beside the ranks. Weights reach them through the object store, a directory, or a collective broadcast
-  (memrl.training.weight_sync chooses and times it).
+  (memrl.training.sync.weight_sync chooses and times it).
 """
 
 from __future__ import annotations

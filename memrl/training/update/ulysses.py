@@ -9,7 +9,7 @@ and runs on the shard. A rank's log-prob at its last position predicts the first
 `shard` cuts the [B, L-1] per-token tensors (targets, masks, weights) at the same columns as the ids, so
 that boundary is in place. The group's losses sum to the unsharded loss, and the gradients of every rank
 (each its share of the backward through the all-to-alls) sum to its gradient: with FSDP averaging over
-the world, memrl's loss scale by the world size (memrl.training.distributed) stays exact.
+the world, memrl's loss scale by the world size (memrl.training.ranks.distributed) stays exact.
 
 KV heads: when S does not divide num_key_value_heads but num_key_value_heads divides S, each KV head is
 repeated S / num_key_value_heads times before the all-to-all (as verl's ulysses does), so each rank gets
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from transformers import AttentionInterface
 
-from memrl.training.packing import MicroBatch
+from memrl.training.update.packing import MicroBatch
 
 ATTN_NAME = "memrl_ulysses"
 """The attention implementation a model's config names while `sharded` is active."""
@@ -113,7 +113,7 @@ def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
                **kwargs: Any) -> tuple[torch.Tensor, None]:
     """Ulysses attention: q [B, H, c, D], k / v [B, Hkv, c, D] (this rank's tokens, all heads) -> all L
     tokens of H/S heads -> causal attention over the whole sequence -> [B, c, H, D]. The model's mask is
-    not used (it covers the shard only): rows are right-padded (memrl.training.packing.collate), so the
+    not used (it covers the shard only): rows are right-padded (memrl.training.update.packing.collate), so the
     causal mask alone keeps every real token from padding."""
     group = _GROUP[-1]
     size = dist.get_world_size(group)

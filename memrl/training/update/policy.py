@@ -11,9 +11,9 @@ import torch
 from memrl.algorithms.losses import kl_penalty, mismatch_sums, off_policy_weights
 from memrl.algorithms.registry import get_loss
 from memrl.algorithms.remedies import llds_term
-from memrl.training import chunked_logprobs as C
-from memrl.training import prefix_sharing as P
-from memrl.training.packing import MicroBatch
+from memrl.training.update import chunked_logprobs as C
+from memrl.training.update import prefix_sharing as P
+from memrl.training.update.packing import MicroBatch
 
 
 def token_logprobs(
@@ -28,8 +28,8 @@ def token_logprobs(
     Earlier positions are 0 (their loss mask and weights are 0). `router_aux` (a list): the forward also
     computes an MoE model's load-balancing loss (output_router_logits, transformers' aux_loss), appended.
     `chunk_tokens` > 0 (trainer.logits_chunk_tokens): the same numbers without the full logits, that many
-    tokens' logits at a time (memrl.training.chunked_logprobs), where the model allows it. `mb.share` set
-    (trainer.prefix_sharing): each shared prefix forwarded once (memrl.training.prefix_sharing), the same
+    tokens' logits at a time (memrl.training.update.chunked_logprobs), where the model allows it. `mb.share` set
+    (trainer.prefix_sharing): each shared prefix forwarded once (memrl.training.update.prefix_sharing), the same
     numbers to float rounding, where the model and the pass allow it.
     """
     width = mb.targets.shape[1]  # L-1; a sequence-parallel shard (mb.position_ids set): its width L
