@@ -48,3 +48,46 @@ def test_a_renamed_test_is_caught(tmp_path):
     (tmp_path / "tests" / "test_x.py").write_text("def test_kept():\n    pass\n")
     text = "`tests/test_x.py::test_kept` and `tests/test_x.py::test_gone`, `tests/test_y.py::test_a`"
     assert missing_tests(text, tmp_path) == ["tests/test_x.py::test_gone", "tests/test_y.py::test_a"]
+
+
+def training_layout_gaps(text: str, training: Path) -> list[str]:
+    """Where the Layout block's `training/` entry and the folder `training` differ: a subpackage or a module
+    (`name.py`, by the folder it sits in) that one has and the other has not."""
+    block = _sections(text)["Layout"]
+    entry = re.search(r"^  training/(.*?)(?=^  \S)", block, flags=re.M | re.S)
+    assert entry, "docs/CONTRACTS.md's Layout block has no `training/` entry"
+    parts = re.split(r"^    (\w+)/", entry.group(1), flags=re.M)
+    named = {"": parts[0], **{parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}}
+    folders = {""} | {p.name for p in training.iterdir() if (p / "__init__.py").is_file()}
+    out = [f"training/{f}/ is not in the Layout block" for f in sorted(folders - set(named))]
+    out += [f"the Layout block names training/{f}/, which does not exist" for f in sorted(set(named) - folders)]
+    for folder in sorted(folders & set(named)):
+        where = f"training/{folder}/" if folder else "training/"
+        have = {p.name for p in (training / folder).glob("*.py") if p.name != "__init__.py"}
+        said = set(re.findall(r"\b\w+\.py\b", named[folder]))
+        out += [f"{where}{m} is not named under {where}" for m in sorted(have - said)]
+        out += [f"the Layout block names {where}{m}, which does not exist" for m in sorted(said - have)]
+    return out
+
+
+def test_layout_names_every_training_folder_and_module():
+    """A newcomer finds a part of training/ by its folder: the map says which folder holds each module."""
+    gaps = training_layout_gaps((ROOT / "docs" / "CONTRACTS.md").read_text(encoding="utf-8"),
+                                ROOT / "memrl" / "training")
+    assert gaps == []
+
+
+def test_a_training_module_missing_from_the_layout_is_caught(tmp_path):
+    for rel in ("__init__.py", "trainer.py", "step/__init__.py", "step/rollout.py", "step/new.py",
+                "ranks/__init__.py", "ranks/workers.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    text = ("## Layout\n\n```\nmemrl/\n  training/       trainer.py (the loop), config.py\n"
+            "    step/         rollout.py\n    sync/         engine_sync.py\n  data/           io.py\n```\n"
+            "## Next\n")
+    assert training_layout_gaps(text, tmp_path) == [
+        "training/ranks/ is not in the Layout block",
+        "the Layout block names training/sync/, which does not exist",
+        "the Layout block names training/config.py, which does not exist",
+        "training/step/new.py is not named under training/step/",
+    ]
