@@ -35,14 +35,8 @@ from typing import Any
 from memrl.engines.base import Engine
 from memrl.engines.versioned import VERSION_KEY
 from memrl.quiet import encode_pieces, encode_rendered
-from memrl.rewards.multiq import (
-    MARKER,
-    PUBLISHED_MARKER,
-    answer_format,
-    final_answer_text,
-    outcome_reward,
-    row_columns,
-)
+from memrl.rewards import multiq
+from memrl.rewards.multiq import MARKER, PUBLISHED_MARKER, answer_format, final_answer_text, outcome_reward
 from memrl.services.session import run_with
 from memrl.tools import calls as tc
 from memrl.tools import context as ctx
@@ -501,5 +495,5 @@ SPEC = WorkflowSpec(
     format_keys=("no_final_marker", "malformed_calls", "answer_unparsed"),
     eval_defaults={"temperature": 0.0, "no_prune_prob": 0.0},  # greedy, and the prune tool always offered
     report=REPORT,  # the MemAct table in `memrl eval`'s report (memrl.workflows.memact_report)
-    row_columns=row_columns,  # all sub-questions right, mean sub-question F1, what the model generated
+    row_columns=multiq.row_columns,  # all sub-questions right, mean sub-question F1, what the model generated
 )
