@@ -39,13 +39,7 @@ from memrl.engines.base import NonFiniteLogprobError
 from memrl.errors import UserError, disk_full
 from memrl.rewards.registry import NONE
 from memrl.training.assemble import RunParts, task_stream
-from memrl.training.checkpoints.checkpoint import (
-    LATEST,
-    CheckpointError,
-    disk_full_message,
-    rng_state,
-    set_rng_state,
-)
+from memrl.training.checkpoints import checkpoint as ckpt
 from memrl.training.monitor import guard, health
 from memrl.training.monitor.metrics_log import MetricsLogger
 from memrl.training.monitor.trackers import open_trackers
@@ -147,26 +141,7 @@ class Trainer:
         except Exception as e:
             if not non_finite_logprobs(e):
                 raise
-            raise NonFiniteModelError(self._non_finite_message(e)) from e
-
-    def _non_finite_message(self, e: BaseException) -> str:
-        """Step k's rollout met a non-finite log-probability: which weights, and what is on disk."""
-        done = f"after {self.step} update(s)" if self.step else "before any update"
-        try:
-            latest = (self.ckpt_root / LATEST).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError):
-            latest = ""
-        if not latest:
-            kept = "no checkpoint of this run was written"
-        elif self.step and latest == f"step_{self.step:06d}":  # saved after the update this rollout sampled from
-            earlier = sorted(p.name for p in self.ckpt_root.glob("step_*") if p.name < latest)
-            kept = (f"the last checkpoint {self.ckpt_root / latest} holds these weights (saved after step "
-                    f"{self.step}'s update); " + (f"{self.ckpt_root / earlier[-1]} predates them" if earlier
-                                                  else "no earlier checkpoint is kept"))
-        else:
-            kept = f"the last checkpoint {self.ckpt_root / latest} is untouched"
-        return (f"step {self.step + 1}: the policy (model.path={self.cfg.model.path}, {done} in this run) produced a "
-                f"non-finite log-probability: {e}; {kept}")
+            raise NonFiniteModelError(ckpt.non_finite_message(e, self.step, self.ckpt_root, self.cfg.model.path)) from e
 
     # -------------------------------------------------------------- the stages
     def sample_and_score(self) -> RolloutResult:
@@ -350,7 +325,7 @@ class Trainer:
         position, and the trajectory dump cut back to that step. The engines keep their weights until the next
         sync (`sync(first=True)`)."""
         self.parts.workers.load_checkpoint(str(checkpoint), lr_scale)
-        set_rng_state(state["rng"])
+        ckpt.set_rng_state(state["rng"])
         s = self.state
         s.step, s.position, s.best = int(state["step"]), int(state["data_position"]), state.get("best")
         self.health.restore(state.get("health"), keep_rollbacks=True)
@@ -360,11 +335,11 @@ class Trainer:
     def save(self) -> Path:
         """Checkpoint the current step: the workers' weights and optimizer, the RNG and the loop state."""
         in_flight = self.producer.in_flight(self.step) if self.producer is not None else None
-        state = {"rng": rng_state(), **self.state.saved(in_flight), "health": self.health.saved()}
+        state = {"rng": ckpt.rng_state(), **self.state.saved(in_flight), "health": self.health.saved()}
         try:
             return self.parts.workers.save(self.ckpt_root, self.step, state, keep=self.cfg.trainer.keep_checkpoints,
                                            extra_files={"config.yaml": to_yaml(self.cfg)})
         except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
             if not disk_full(e):
                 raise
-            raise CheckpointError(disk_full_message(self.ckpt_root, self.step, self.cfg.out_dir)) from e
+            raise ckpt.CheckpointError(ckpt.disk_full_message(self.ckpt_root, self.step, self.cfg.out_dir)) from e

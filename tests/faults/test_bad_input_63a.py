@@ -462,14 +462,11 @@ def test_ruler_builder_refuses_a_directory_without_a_tokenizer_in_one_line(tiny_
 def test_the_non_finite_message_says_which_checkpoint_holds_the_broken_weights(saved, step, said, tmp_path):
     """`optim.lr=1e30` trained and saved garbage weights, and the next step's message called that checkpoint
     "untouched"."""
-    from types import SimpleNamespace
-
-    from memrl.training.trainer import Trainer
+    from memrl.training.checkpoints.checkpoint import non_finite_message
 
     for name in saved:
         (tmp_path / name).mkdir()
     if saved:
         (tmp_path / "latest").write_text(saved[-1])
-    me = SimpleNamespace(step=step, ckpt_root=tmp_path, cfg=SimpleNamespace(model=SimpleNamespace(path="M")))
-    msg = Trainer._non_finite_message(me, RuntimeError("nan at token 0"))
+    msg = non_finite_message(RuntimeError("nan at token 0"), step, tmp_path, "M")
     assert msg.endswith("produced a non-finite log-probability: nan at token 0; " + said.format(r=tmp_path))

@@ -155,6 +155,26 @@ def disk_full_message(root: str | os.PathLike, step: int, out_dir: str) -> str:
     return f"the disk is full: saving checkpoint step_{step:06d} in {root} failed ({free}); {kept}"
 
 
+def non_finite_message(e: BaseException, step: int, root: Path, model_path: str) -> str:
+    """The run's step `step + 1` met a non-finite log-probability: which weights, and what is on disk under
+    the checkpoint root `root` (whether the last checkpoint holds the weights that produced it)."""
+    done = f"after {step} update(s)" if step else "before any update"
+    try:
+        latest = (root / LATEST).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        latest = ""
+    if not latest:
+        kept = "no checkpoint of this run was written"
+    elif step and latest == f"step_{step:06d}":  # saved after the update this rollout sampled from
+        earlier = sorted(p.name for p in root.glob("step_*") if p.name < latest)
+        kept = (f"the last checkpoint {root / latest} holds these weights (saved after step {step}'s update); "
+                + (f"{root / earlier[-1]} predates them" if earlier else "no earlier checkpoint is kept"))
+    else:
+        kept = f"the last checkpoint {root / latest} is untouched"
+    return (f"step {step + 1}: the policy (model.path={model_path}, {done} in this run) produced a "
+            f"non-finite log-probability: {e}; {kept}")
+
+
 def clean_stale(root: str | os.PathLike) -> list[str]:
     """Remove what a killed save left in `root` (temp dirs, a half-moved pointer); returns their names.
 
