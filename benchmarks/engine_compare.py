@@ -255,6 +255,25 @@ def step_costs(preset: str, threads: int, context: int = 400, prompt: int = 300)
 # --------------------------------------------------------------------------------------- engines (worker side)
 
 
+def _start_worker(engine: Any) -> None:
+    """The request queue the benchmark's own engines share: `_pending` (prompt, sampling, loop, future) under
+    `_cond`, drained by `engine._run` in a daemon thread."""
+    engine._pending = []
+    engine._cond = threading.Condition()
+    engine._thread = threading.Thread(target=engine._run, daemon=True)
+    engine._thread.start()
+
+
+async def _submit(engine: Any, prompt_ids: list[int], sampling: Any) -> Any:
+    """Queue one request for `engine._run` and wait for its Completion."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    with engine._cond:
+        engine._pending.append((list(prompt_ids), sampling, loop, fut))
+        engine._cond.notify()
+    return await fut
+
+
 class GenerateEngine:
     """Batched `model.generate`, what a transformers user would write: a thread takes every request
     waiting when it is free and runs one greedy `generate` over them (left padded); a row stops at its
@@ -271,20 +290,12 @@ class GenerateEngine:
         with hf_progress_off():
             self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        self._pending: list[tuple[list[int], Any, asyncio.AbstractEventLoop, asyncio.Future]] = []
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        _start_worker(self)
 
     async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
         if not sampling.greedy:
             raise ValueError("GenerateEngine is greedy only")
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        with self._cond:
-            self._pending.append((list(prompt_ids), sampling, loop, fut))
-            self._cond.notify()
-        return await fut
+        return await _submit(self, prompt_ids, sampling)
 
     def _run(self) -> None:
         torch = self.torch
@@ -372,10 +383,7 @@ class LlamaCppEngine:
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
         self.ctx_per_seq, self.budget, self.max_batch = ctx_per_seq, budget, max_batch
         self.batch = lc.llama_batch_init(budget, 0, 1)
-        self._pending: list[tuple[list[int], Any, asyncio.AbstractEventLoop, asyncio.Future]] = []
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        _start_worker(self)
 
     async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
         if not sampling.greedy:
@@ -383,12 +391,7 @@ class LlamaCppEngine:
         if len(prompt_ids) + sampling.max_tokens > self.ctx_per_seq:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_tokens {sampling.max_tokens} exceeds the "
                              f"llama engine's {self.ctx_per_seq} tokens per sequence")
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        with self._cond:
-            self._pending.append((list(prompt_ids), sampling, loop, fut))
-            self._cond.notify()
-        return await fut
+        return await _submit(self, prompt_ids, sampling)
 
     def _run(self) -> None:
         lc, np = self.lc, self.np
