@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -93,8 +94,6 @@ def main(argv: list[str] | None = None) -> int:
         for side, tree in (("old", old_tree), ("new", ROOT)):
             run_dir = out / f"{side}-{r}"
             if run_dir.exists():
-                import shutil
-
                 shutil.rmtree(run_dir)
             t0 = time.perf_counter()
             extra = old_extra if side == "old" else []

@@ -103,7 +103,7 @@ def linear_weights(model) -> tuple[int, int]:
     head = model.get_output_embeddings().weight
     lin = sum(m.weight.numel() for m in model.modules()
               if isinstance(m, torch.nn.Linear) and m.weight is not head and "lora_" not in type(m).__name__.lower())
-    return lin - 0, head.numel()
+    return lin, head.numel()
 
 
 def main(argv: list[str] | None = None) -> int:
