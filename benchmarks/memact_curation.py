@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memrl.eval.stats import cell, recorded
 from memrl.recipes.memact import MemActRecipe
 from memrl.recipes.pipeline import RecipeRun, execute
 
@@ -156,8 +157,8 @@ def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -
     shown = res.get("eval_dev", res["eval"])
     for mode in ("greedy", "sampled"):
         e = shown[mode]
-        print(f"[{arm}] {'dev ' if 'eval_dev' in res else ''}{mode}: accuracy {e['accuracy']:.1f} +- "
-              f"{e['accuracy_se']:.1f}, mean context {e['mean_context_tokens']:.1f}, peak "
+        print(f"[{arm}] {'dev ' if 'eval_dev' in res else ''}{mode}: accuracy "
+              f"{cell(recorded(e['accuracy'], e['accuracy_se']))}, mean context {e['mean_context_tokens']:.1f}, peak "
               f"{e['peak_context_tokens']:.1f}, prunes/task {e['prunes_per_task']:.2f}, overflow {e['overflow']:.1f}% "
               f"({run.timings['total_s'] / 60:.1f} min)", flush=True)
     return res
@@ -211,7 +212,6 @@ def _num(v: Any, digits: int) -> str:
 
 
 def markdown(agg: dict[str, Any], command: str = "") -> str:
-    from memrl.eval.stats import cell, recorded
     from memrl.recipes.tables import table_rows
 
     cells = {mode: {"all": {f"{arm}_{m}": agg["table"][f"{arm}/{mode}"][m] for arm in ARMS for m in METRICS}}

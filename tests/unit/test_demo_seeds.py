@@ -479,3 +479,13 @@ def test_base_seeds_read_a_named_variant_as_the_demo_does(monkeypatch):
     mc = sw.base_seeds("memact", ["variant=probe"])
     assert (mc["sft.seed"], mc["train.data.seed"]) == (40, 70)
     assert sw.seed_overrides("memact", 1, mc)[1:4] == ["sft.seed=41", "rl_task_seed=101", "train.data.seed=71"]
+
+
+def test_run_tables_write_mean_se_through_the_one_cell():
+    """results.md's accuracy ± SE (RunTable's ACCURACY_SE, the look-back grid's mean_se) is memrl.eval.stats.cell
+    of the two recorded numbers: 62.04 ± 1.25 -> "62.0 ± 1.2" (1.25 rounds half to even), no second "+-" text."""
+    s = {"accuracy": 62.04, "accuracy_se": 1.25, "se": 0.35, "turns": 3.0}
+    assert tb.ACCURACY_SE(s) == cell(stats.recorded(62.04, 1.25)) == "62.0 ± 1.2"
+    assert tb.mean_se("accuracy", "se", 2)(s) == "62.04 ± 0.35"
+    t = tb.RunTable((("accuracy", tb.ACCURACY_SE), ("turns", "{turns:.1f}")), (("SFT", "sft"),))
+    assert t.render({"sft": {"greedy": s}}, "decoding").splitlines()[-1] == "| SFT | greedy | 62.0 ± 1.2 | 3.0 |"
