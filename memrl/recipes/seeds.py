@@ -29,7 +29,9 @@ agent, seed, capability and overrides); a run started before and not finished is
 empty directory. Writes ROOT/seeds_results.md (printed; the method's `sweep_table`) and
 ROOT/seeds_results.json: per capability, `cells` (decoding -> bucket -> "<policy>_<field>" and
 "gain_<field>"): mean +- sd over the finished seeds (sd with ddof 1; "n/a" for one seed) of the method's
-summary fields for SFT, SFT+RL and their per-seed gain, read through its results schema (`Recipe.evals`).
+summary fields for SFT, SFT+RL and their per-seed gain, read through its results schema (`Recipe.evals`): the
+runs' long rows (`run_rows`: run, seed, policy, decoding, bucket, field, value) grouped by (policy, decoding,
+bucket, field) and reduced with memrl.eval.stats.stat (`cells`; the benchmarks group their own rows the same way).
 """
 
 from __future__ import annotations
