@@ -57,9 +57,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memrl.eval.stats import cell, stat
+from memrl.eval.stats import cell, group_stats, nest, stat
 from memrl.recipes.context import RECIPE
-from memrl.recipes.seeds import cells, paired
+from memrl.recipes.seeds import run_rows
 from memrl.recipes.seeds import trained_runs as seed_runs
 
 HELDOUT_SEED = 901
@@ -136,23 +136,23 @@ def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dic
     """{method: {"seeds", "eval_tasks", "budget", policy: {decoding: {field: (mean, se)}, "vs_unbounded"}}}:
     mean +- SE over the runs (seeds) of each run's held-out summary; "vs_unbounded" is the mean over runs of
     peak / the run's unbounded scripted ReAct peak. Fails when runs evaluated different numbers of tasks."""
-    agg: dict[str, Any] = {}
     tasks = {res["budget"]["eval_tasks"] for rs in runs.values() for _, res in rs}
     if len(tasks) > 1:
         raise SystemExit(f"--trained: runs evaluated different numbers of held-out tasks: {sorted(tasks)}")
-    for method, rs in runs.items():
-        entry: dict[str, Any] = {"seeds": [d.name for d, _ in rs], "eval_tasks": rs[0][1]["budget"]["eval_tasks"],
-                                 "budget": stat([float(r["budget"]["max_context_tokens"]) for _, r in rs])}
-        agg_m = cells(RECIPE, rs, TRAINED_FIELDS)  # the seed sweep's aggregation: decoding -> "all" -> cells
-        for policy in ("sft", "rl"):
-            entry[policy] = {}
-            for mode in ("greedy", "sampled"):
-                row = {f: agg_m[mode]["all"][f"{policy}_{f}"] for f in TRAINED_FIELDS}
-                row["vs_unbounded"] = stat([r[policy][mode]["peak_context_tokens"]
-                                               / r["reference"]["react_unbounded"]["peak_context_tokens"] for _, r in rs])
-                entry[policy][mode] = row
-        agg[method] = entry
-    return agg
+    rows = [{**row, "method": method} for method, rs in runs.items() for row in run_rows(RECIPE, rs, TRAINED_FIELDS)]
+    for method, rs in runs.items():  # per run: its budget, and its peak / its unbounded scripted ReAct peak
+        for _, r in rs:
+            rows.append({"method": method, "policy": "run", "decoding": "all", "bucket": "all", "field": "budget",
+                         "value": float(r["budget"]["max_context_tokens"])})
+            rows += [{"method": method, "policy": policy, "decoding": mode, "bucket": "all", "field": "vs_unbounded",
+                      "value": r[policy][mode]["peak_context_tokens"] / r["reference"]["react_unbounded"]["peak_context_tokens"]}
+                     for policy in ("sft", "rl") for mode in ("greedy", "sampled")]
+    agg = group_stats(rows, ("method", "policy", "decoding", "bucket", "field"))
+    return {method: {"seeds": [d.name for d, _ in rs], "eval_tasks": rs[0][1]["budget"]["eval_tasks"],
+                     "budget": agg[method, "run", "all", "all", "budget"],
+                     **{policy: {mode: {f: agg[method, policy, mode, "all", f] for f in (*TRAINED_FIELDS, "vs_unbounded")}
+                                 for mode in ("greedy", "sampled")} for policy in ("sft", "rl")}}
+            for method, rs in runs.items()}
 
 
 def trained_table(agg: dict[str, Any]) -> str:
@@ -187,13 +187,10 @@ def process_reward_ablation(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) 
         if on["sft"] != off["sft"]:
             raise SystemExit(f"--trained: fold/{k} and fold_no_process/{k} do not share a cold start (their SFT "
                              "evaluations differ); run fold_no_process with sft_from=<the fold sweep's root>")
-    out: dict[str, Any] = {"seeds": [k for k, _, _ in pairs]}
-    no_process = {d.name: r for d, r in runs["fold_no_process"]}
-    for mode in ("greedy", "sampled"):
-        out[mode] = {f: stat(paired({k: on for k, on, _ in pairs}, no_process,
-                                       lambda on, off, m=mode, f=f: on["rl"][m][f] - off["rl"][m][f]))
-                     for f in ("accuracy", "peak_context_tokens", "turns", "branches", "stopped_by_budget")}
-    return out
+    fields = ("accuracy", "peak_context_tokens", "turns", "branches", "stopped_by_budget")
+    rows = [{"decoding": mode, "field": f, "value": on["rl"][mode][f] - off["rl"][mode][f]}
+            for _, on, off in pairs for mode in ("greedy", "sampled") for f in fields]
+    return {"seeds": [k for k, _, _ in pairs], **nest(group_stats(rows, ("decoding", "field")))}
 
 
 def ablation_lines(abl: dict[str, Any]) -> list[str]:

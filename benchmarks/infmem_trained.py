@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from memrl.eval.stats import cell, stat
+from memrl.eval.stats import cell, group_stats
 from memrl.recipes.infmem import RECIPE
-from memrl.recipes.seeds import cells, paired
+from memrl.recipes.seeds import run_rows
 from memrl.recipes.seeds import trained_runs as seed_runs
 
 METHODS = ("infmem", "memagent")
@@ -41,29 +41,27 @@ def trained_runs(root: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
     return out
 
 
-def _calls(res: dict[str, Any], policy: str, length: str, mode: str) -> float:
-    return res[policy][length][mode]["model_calls"]
+def _calls(res: dict[str, Any], policy: str, mode: str, length: str) -> float:
+    return res[policy][str(length)][mode]["model_calls"]
 
 
 def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> list[dict[str, Any]]:
     """One row per method, policy, decoding and length: {"method", "policy", "decoding", "length", "seeds",
-    field: (mean, se) for FIELDS (memrl.recipes.seeds.cells), "vs_memagent": (mean, se) of the paired call
-    ratio - 1 in % (memrl.recipes.seeds.paired: the seeds both methods finished) or None}."""
-    rows = []
+    field: stat for FIELDS, "vs_memagent": stat of the paired call ratio - 1 in % (the seeds both methods
+    finished) or None}: the runs' long rows (memrl.recipes.seeds.run_rows, plus a "vs_memagent" row per seed
+    that has a MemAgent run) grouped by (method, policy, decoding, length, field), memrl.eval.stats.stat each."""
     base = {d.name: r for d, r in runs.get("memagent", [])}
-    for method, rs in runs.items():
-        agg = cells(RECIPE, rs, FIELDS)  # the seed sweep's aggregation: decoding -> length -> cells
-        for policy in ("sft", "rl"):
-            for mode in ("greedy", "sampled"):
-                for n in rs[0][1]["lengths"]:
-                    row: dict[str, Any] = {"method": method, "policy": policy, "decoding": mode, "length": n,
-                                           "seeds": len(rs)}
-                    row.update({f: agg[mode][str(n)][f"{policy}_{f}"] for f in FIELDS})
-                    calls = paired({d.name: r for d, r in rs}, base, lambda r, m, k=(policy, str(n), mode):
-                                   100.0 * (_calls(r, *k) / _calls(m, *k) - 1.0))
-                    row["vs_memagent"] = stat(calls) if calls else None
-                    rows.append(row)
-    return rows
+    keys = {m: [(p, mode, n) for p in ("sft", "rl") for mode in ("greedy", "sampled") for n in rs[0][1]["lengths"]]
+            for m, rs in runs.items()}
+    rows = [{**row, "method": method} for method, rs in runs.items() for row in run_rows(RECIPE, rs, FIELDS)]
+    rows += [{"method": method, "policy": k[0], "decoding": k[1], "bucket": str(k[2]), "field": "vs_memagent",
+              "value": 100.0 * (_calls(r, *k) / _calls(base[d.name], *k) - 1.0)}
+             for method, rs in runs.items() for d, r in rs if d.name in base for k in keys[method]]
+    agg = group_stats(rows, ("method", "policy", "decoding", "bucket", "field"))
+    return [{"method": method, "policy": p, "decoding": mode, "length": n, "seeds": len(runs[method]),
+             **{f: agg[method, p, mode, str(n), f] for f in FIELDS},
+             "vs_memagent": agg.get((method, p, mode, str(n), "vs_memagent"))}
+            for method, ks in keys.items() for p, mode, n in ks]
 
 
 def trained_table(rows: list[dict[str, Any]]) -> str:

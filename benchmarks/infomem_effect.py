@@ -32,8 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memrl.eval.stats import cell, stat
-from memrl.recipes.seeds import arm_cells, paired
+from memrl.eval.stats import cell, group_stats, stat
+from memrl.recipes.seeds import cells as group_cells
+from memrl.recipes.seeds import view_rows
 
 ARMS = {"sft": "train.algorithm.model_reward=none", "outcome": "train.algorithm.model_reward=none",
         "infomem": "train.algorithm.model_reward=infomem"}
@@ -86,8 +87,9 @@ def run_one(src: Path, out: Path, arm: str, seed: int, overrides: list[str]) -> 
 
 def aggregate(out: Path, src: Path | None) -> str:
     """results.md text (also written, with results.json) from the finished runs under `out`: per arm, length
-    and decoding the accuracy's mean +- SE over seeds (memrl.recipes.seeds.arm_cells), and the paired
-    difference infomem - outcome over the seeds both arms finished (memrl.recipes.seeds.paired)."""
+    and decoding the accuracy's mean +- SE over seeds (each seed's long rows, memrl.recipes.seeds.view_rows,
+    grouped by memrl.recipes.seeds.cells), and the paired difference infomem - outcome over the seeds both arms
+    finished (one row per seed, length and decoding, grouped by length and decoding)."""
     runs = [json.loads(p.read_text()) for p in sorted(out.glob("*/seed*/result.json"))]
     if not runs:
         return "no finished run"
@@ -95,9 +97,9 @@ def aggregate(out: Path, src: Path | None) -> str:
     by = {a: {r["seed"]: r for r in runs if r["arm"] == a} for a in arms}
     lengths = sorted({int(n) for r in runs for n in r["rl"]})
     modes = ("greedy", "sampled")
-    acc = arm_cells([{a: {mode: {str(n): by[a][s]["rl"][str(n)][mode] for n in lengths} for mode in modes}
-                      for a in arms if s in by[a]} for s in sorted({s for a in arms for s in by[a]})],
-                    ("accuracy",))
+    acc = group_cells([row for s in sorted({s for a in arms for s in by[a]}) for row in view_rows(
+        {a: {mode: {str(n): by[a][s]["rl"][str(n)][mode] for n in lengths} for mode in modes} for a in arms if s in by[a]},
+        ("accuracy",), seed=s)])
     lines = [f"SFT+RL on the demo's held-out tasks, accuracy % (mean ± s.e. over seeds "
              f"{', '.join(f'{a}: {sorted(by[a])}' for a in arms)})", "",
              "| arm | length | greedy | sampled | RL s | model-scored reward s |", "|---|---:|---:|---:|---:|---:|"]
@@ -116,10 +118,11 @@ def aggregate(out: Path, src: Path | None) -> str:
         both = sorted(set(by["outcome"]) & set(by["infomem"]))
         lines += ["", f"paired difference infomem - outcome over seeds {both}, percentage points:", "",
                   "| length | greedy | sampled |", "|---:|---:|---:|"]
-        infomem = {s: by["infomem"][s] for s in both}
+        diff = group_stats([{"bucket": str(n), "decoding": m, "value": by["infomem"][s]["rl"][str(n)][m]["accuracy"]
+                             - by["outcome"][s]["rl"][str(n)][m]["accuracy"]}
+                            for s in both for n in lengths for m in modes], ("bucket", "decoding"))
         for n in lengths:
-            d = [cell(stat(paired(infomem, by["outcome"], lambda i, o, k=str(n), m=mode: i["rl"][k][m]["accuracy"]
-                                       - o["rl"][k][m]["accuracy"])), bare=True) for mode in modes] if both else []
+            d = [cell(diff[str(n), mode], bare=True) for mode in modes] if both else []
             lines.append(f"| {n} | {d[0]} | {d[1]} |" if both else f"| {n} | | |")
     lines += ["", "per seed (greedy / sampled at each length):", ""]
     for a in arms:

@@ -27,9 +27,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from memrl.eval.stats import cell, stat
+from memrl.eval.stats import cell, group_stats
 from memrl.recipes.mem1 import RECIPE
-from memrl.recipes.seeds import cells
+from memrl.recipes.seeds import run_rows
 from memrl.recipes.seeds import trained_runs as seed_runs
 
 METHODS = ("mem1", "full_history")
@@ -65,24 +65,26 @@ def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dic
                 raise SystemExit(f"--trained: {d / 'results.json'} trained on objective counts "
                                  f"{res.get('train_objectives')}, {first[0] / 'results.json'} on "
                                  f"{first[1].get('train_objectives')}; compare runs of one training mixture")
-    agg: dict[str, Any] = {}
+    rows = [{**row, "method": method} for method, rs in runs.items() for row in run_rows(RECIPE, rs, FIELDS)]
+    for method, rs in runs.items():  # per seed: the peak's growth from the smallest k to the largest, its slope
+        ks = [str(k) for k in rs[0][1]["objectives"]]
+        for _, r in rs:
+            for policy in ("sft", "rl"):
+                for mode in ("greedy", "sampled"):
+                    peaks = [float(r[policy][mode][k]["peak_context_tokens"]) for k in ks]
+                    rows += [{"method": method, "policy": policy, "decoding": mode, "bucket": "all", "field": f,
+                              "value": v} for f, v in (("growth", peaks[-1] / peaks[0]),
+                                                       ("slope", slope([float(k) for k in ks], peaks)))]
+    agg = group_stats(rows, ("method", "policy", "decoding", "bucket", "field"))
+    out: dict[str, Any] = {}
     for method, rs in runs.items():
         ks = [str(k) for k in rs[0][1]["objectives"]]
-        entry: dict[str, Any] = {"seeds": [d.name for d, _ in rs], "objectives": ks,
-                                 "eval_tasks": rs[0][1]["eval_tasks"],
-                                 "train_objectives": rs[0][1].get("train_objectives")}
-        agg_k = cells(RECIPE, rs, FIELDS)  # the seed sweep's aggregation: decoding -> k -> cells
-        for policy in ("sft", "rl"):
-            entry[policy] = {}
-            for mode in ("greedy", "sampled"):
-                by_k = {k: {f: agg_k[mode][k][f"{policy}_{f}"] for f in FIELDS} for k in ks}
-                growth = stat([r[policy][mode][ks[-1]]["peak_context_tokens"]
-                                  / r[policy][mode][ks[0]]["peak_context_tokens"] for _, r in rs])
-                slopes = stat([slope([float(k) for k in ks], [float(r[policy][mode][k]["peak_context_tokens"])
-                                                                  for k in ks]) for _, r in rs])
-                entry[policy][mode] = {"k": by_k, "growth": growth, "slope": slopes}
-        agg[method] = entry
-    return agg
+        out[method] = {"seeds": [d.name for d, _ in rs], "objectives": ks, "eval_tasks": rs[0][1]["eval_tasks"],
+                       "train_objectives": rs[0][1].get("train_objectives"),
+                       **{policy: {mode: {"k": {k: {f: agg[method, policy, mode, k, f] for f in FIELDS} for k in ks},
+                                          **{f: agg[method, policy, mode, "all", f] for f in ("growth", "slope")}}
+                                   for mode in ("greedy", "sampled")} for policy in ("sft", "rl")}}
+    return out
 
 
 def trained_table(agg: dict[str, Any]) -> str:

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memrl.eval.stats import cell, recorded
 from memrl.recipes.memact import MemActRecipe
 from memrl.recipes.pipeline import RecipeRun, execute
 
@@ -156,8 +157,8 @@ def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -
     shown = res.get("eval_dev", res["eval"])
     for mode in ("greedy", "sampled"):
         e = shown[mode]
-        print(f"[{arm}] {'dev ' if 'eval_dev' in res else ''}{mode}: accuracy {e['accuracy']:.1f} +- "
-              f"{e['accuracy_se']:.1f}, mean context {e['mean_context_tokens']:.1f}, peak "
+        print(f"[{arm}] {'dev ' if 'eval_dev' in res else ''}{mode}: accuracy "
+              f"{cell(recorded(e['accuracy'], e['accuracy_se']))}, mean context {e['mean_context_tokens']:.1f}, peak "
               f"{e['peak_context_tokens']:.1f}, prunes/task {e['prunes_per_task']:.2f}, overflow {e['overflow']:.1f}% "
               f"({run.timings['total_s'] / 60:.1f} min)", flush=True)
     return res
@@ -168,19 +169,22 @@ def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -
 
 def aggregate(results: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
     """{seed: {arm: results.json}} -> per arm and decoding the mean +- sd over seeds of METRICS
-    (memrl.recipes.seeds.arm_cells), and per decoding the goal: accuracy difference (dcpo - withheld, mean over
-    seeds) within one standard error (memrl.recipes.seeds.diff_se of the runs' standard errors over tasks: that
+    (each seed's long rows, memrl.recipes.seeds.view_rows, grouped by memrl.recipes.seeds.cells), and per decoding
+    the goal: accuracy difference (dcpo - withheld, mean over seeds) within one standard error
+    (memrl.eval.stats.diff_se of the runs' standard errors over tasks: that
     of the seed-mean difference) and mean working context >= 30% shorter (1 - dcpo / withheld, seed means).
     Only seeds with both arms count; every run must have evaluated the same tasks."""
-    from memrl.eval.stats import EMPTY
-    from memrl.recipes.seeds import arm_cells, diff_se
+    from memrl.eval.stats import EMPTY, diff_se
+    from memrl.recipes.seeds import cells as group_cells
+    from memrl.recipes.seeds import view_rows
 
     seeds = sorted(s for s, arms in results.items() if all(a in arms for a in ARMS))
     shas = {r["heldout_sha256"] for s in seeds for r in results[s].values()}
     if len(shas) > 1:
         raise ValueError(f"the runs evaluated different task sets ({len(shas)} held-out files): not comparable")
-    cells = arm_cells([{arm: {mode: {"all": results[s][arm]["eval"][mode]} for mode in ("greedy", "sampled")}
-                        for arm in ARMS} for s in seeds], METRICS)
+    cells = group_cells([row for s in seeds for row in view_rows(
+        {arm: {mode: {"all": results[s][arm]["eval"][mode]} for mode in ("greedy", "sampled")} for arm in ARMS},
+        METRICS, seed=s)])
     table: dict[str, Any] = {}
     goal: dict[str, Any] = {}
     for mode in ("greedy", "sampled"):
@@ -230,7 +234,8 @@ def markdown(agg: dict[str, Any], command: str = "") -> str:
               "", "| seed | arm | decoding | accuracy (%) ± s.e. | sub-question acc. (%) | mean context | peak context "
               "| prunes / task | overflow (%) | turns | SFT steps |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in agg.get("per_seed", []):
-        lines.append(f"| {r['seed']} | {r['arm']} | {r['mode']} | {_num(r['accuracy'], 1)} ± {_num(r['accuracy_se'], 1)} | "
+        acc = "–" if r["accuracy"] is None else cell(recorded(r["accuracy"], r["accuracy_se"]))
+        lines.append(f"| {r['seed']} | {r['arm']} | {r['mode']} | {acc} | "
                      f"{_num(r['subq_accuracy'], 1)} | {_num(r['mean_context_tokens'], 1)} | "
                      f"{_num(r['peak_context_tokens'], 1)} | {_num(r['prunes_per_task'], 2)} | {_num(r['overflow'], 1)} | "
                      f"{_num(r['turns'], 1)} | {'–' if r['sft_steps'] is None else r['sft_steps']} |")

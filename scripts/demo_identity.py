@@ -136,7 +136,10 @@ def aggregate(base: Path, dest: Path) -> None:
         agg = seeds.aggregate(agent, runs)
         text = seeds.markdown(agg).replace(str(root), "<ROOT>")
         (dest / f"{agent}.md").write_text(text, encoding="utf-8")
-        print(f"{agent}: table {hashlib.sha256(text.encode()).hexdigest()}", flush=True)
+        data = json.dumps(agg, indent=1).replace(str(root), "<ROOT>")
+        (dest / f"{agent}.json").write_text(data + "\n", encoding="utf-8")
+        print(f"{agent}: table {hashlib.sha256(text.encode()).hexdigest()} json "
+              f"{hashlib.sha256(data.encode()).hexdigest()}", flush=True)
 
 
 TRAINED = {"context_management": {"fold": "context_fold", "summarize": "context_summarize", "react": "context_react"},

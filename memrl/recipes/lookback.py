@@ -60,7 +60,7 @@ from memrl.recipes.pipeline import (
     WarmupSFTSettings,
     run_recipe,
 )
-from memrl.recipes.tables import GridTable
+from memrl.recipes.tables import GridTable, mean_se
 from memrl.training.config import TrainConfig
 from memrl.types import Segment
 from memrl.workflows import parse_workflow
@@ -210,7 +210,7 @@ def summarize(res_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-GRID = GridTable("{accuracy:.1f} ± {se:.1f}", "accuracy", (("recall rate", "recall_rate", 3),
+GRID = GridTable(mean_se("accuracy", "se"), "accuracy", (("recall rate", "recall_rate", 3),
                                                             ("callback hit rate", "callback_hit_rate", 3)),
                  bucket="N={}", title="method {method} (accuracy % ± s.e. over tasks)",
                  sweep_title="method {method} (accuracy %)", policies=tuple((p, p) for p in POLICIES))

@@ -29,14 +29,15 @@ agent, seed, capability and overrides); a run started before and not finished is
 empty directory. Writes ROOT/seeds_results.md (printed; the method's `sweep_table`) and
 ROOT/seeds_results.json: per capability, `cells` (decoding -> bucket -> "<policy>_<field>" and
 "gain_<field>"): mean +- sd over the finished seeds (sd with ddof 1; "n/a" for one seed) of the method's
-summary fields for SFT, SFT+RL and their per-seed gain, read through its results schema (`Recipe.evals`).
+summary fields for SFT, SFT+RL and their per-seed gain, read through its results schema (`Recipe.evals`): the
+runs' long rows (`run_rows`: run, seed, policy, decoding, bucket, field, value) grouped by (policy, decoding,
+bucket, field) and reduced with memrl.eval.stats.stat (`cells`; the benchmarks group their own rows the same way).
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
-import math
 import os
 import re
 import shutil
@@ -51,7 +52,7 @@ from typing import Any
 
 from memrl.config import MAX_SEED, ConfigError, load_config, redact_argv, redact_secrets, redact_text
 from memrl.errors import UserError
-from memrl.eval.stats import stat
+from memrl.eval.stats import group_stats, nest
 from memrl.locks import acquire, release
 from memrl.recipes import split_overrides
 from memrl.recipes.pipeline import Recipe, get_recipe
@@ -309,31 +310,22 @@ def run_all(agent: str, runs: list[Run], jobs: int = 1, log: Any = print) -> dic
 # ---------------------------------------------------------------------------------------------- aggregation
 
 
-def paired(a: dict[Any, Any], b: dict[Any, Any], value: Callable[[Any, Any], float]) -> list[float]:
-    """A per-seed comparison of two arms: `value(a[k], b[k])` for each seed k both have (keys: the seeds),
-    in a's order; memrl.eval.stats.stat of it is the paired difference's cell."""
-    return [value(x, b[k]) for k, x in a.items() if k in b]
+def view_rows(view: dict[str, Any], fields: tuple[str, ...], **columns: Any) -> list[dict[str, Any]]:
+    """The long rows of one run's view, policy (or arm) -> decoding -> bucket -> summary: {**columns, "policy",
+    "decoding", "bucket", "field", "value"} for each of `fields` (a policy, decoding or bucket a run lacks
+    gives no row); what `cells` groups."""
+    return [{**columns, "policy": pol, "decoding": mode, "bucket": bucket, "field": f, "value": float(summary[f])}
+            for pol, by_mode in view.items() for mode, by_bucket in by_mode.items()
+            for bucket, summary in by_bucket.items() for f in fields]
 
 
-def diff_se(se_a: list[float], se_b: list[float]) -> float:
-    """The standard error of the mean over n seeds of a per-seed difference a - b of two independent estimates,
-    from each one's own standard error (e.g. over tasks): sqrt(sum over seeds of se_a^2 + se_b^2) / n."""
-    return math.sqrt(math.fsum(a ** 2 + b ** 2 for a, b in zip(se_a, se_b, strict=True))) / len(se_a)
-
-
-def arm_cells(views: list[dict[str, Any]], fields: tuple[str, ...]) -> dict[str, dict[str, dict[str, Any]]]:
-    """`cells` for a benchmark's own arms: one view per seed, arm -> decoding -> bucket -> summary (an arm a
-    seed lacks is left out of it); decoding -> bucket -> {"<arm>_<field>": memrl.eval.stats.stat (mean, sd, SE)
-    over the seeds that have it}."""
-    col: dict[str, dict[str, dict[str, list[float]]]] = {}
-    for view in views:
-        for arm, by_mode in view.items():
-            for mode, by_bucket in by_mode.items():
-                for bucket, summary in by_bucket.items():
-                    c = col.setdefault(mode, {}).setdefault(bucket, {})
-                    for f in fields:
-                        c.setdefault(f"{arm}_{f}", []).append(float(summary[f]))
-    return {mode: {b: {k: stat(v) for k, v in c.items()} for b, c in by.items()} for mode, by in col.items()}
+def cells(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The one aggregation over seeds: long rows ({"policy", "decoding", "bucket", "field", "value"}, e.g.
+    `run_rows`, `view_rows`) grouped by (policy, decoding, bucket, field) and reduced with memrl.eval.stats.stat
+    (mean, sd, SE: the sweep tables show ± sd, the trained tables' benchmarks ± SE), as decoding -> bucket ->
+    {"<policy>_<field>": stat}, each in first-seen order."""
+    flat = group_stats(rows, ("policy", "decoding", "bucket", "field"))
+    return nest({(mode, bucket, f"{pol}_{f}"): s for (pol, mode, bucket, f), s in flat.items()})
 
 
 def trained_runs(root: Path, methods: tuple[str, ...]) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
@@ -384,17 +376,15 @@ def reported_of(runs: list[Run]) -> set[str]:
     return out
 
 
-def cells(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]],
-          fields: tuple[str, ...] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
-    """The one aggregation over seeds: decoding -> bucket -> {"<policy>_<field>": memrl.eval.stats.stat over the
-    runs (mean, sd, SE: the sweep tables show ± sd, the trained tables' benchmarks ± SE), "gain_<field>": of the
-    per-seed rl - sft},
-    for each of `fields` (the method's `summary_fields` by default), read through its results schema
-    (`Recipe.evals`); a policy other than sft / rl (a scripted one) counts where a run has it, and an
-    optional field (`Recipe.optional_fields`) where its value is not None. Fails in one
-    line naming the results.json that lacks a part."""
+def run_rows(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]],
+             fields: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """The runs' long rows {"run", "seed", "policy", "decoding", "bucket", "field", "value"}: per run (its out
+    dir; seed: the dir's name), decoding and bucket, for each of `fields` (the method's `summary_fields` by
+    default) read through its results schema (`Recipe.evals`), sft, rl and "gain" (the run's rl - sft), then any
+    other policy (a scripted one) where the run has it; an optional field (`Recipe.optional_fields`) only where
+    its value is not None. Fails in one line naming the results.json that lacks a part."""
     fields = recipe.summary_fields if fields is None else fields
-    col: dict[str, dict[str, dict[str, list[float]]]] = {}
+    rows: list[dict[str, Any]] = []
     for out, res in done:
         try:
             view = recipe.evals(res)
@@ -403,7 +393,6 @@ def cells(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]],
                             f"{recipe.name} demo result") from None
         for mode in (d for d in DECODINGS if d in view["sft"]):
             for bucket, sft in view["sft"][mode].items():
-                c = col.setdefault(mode, {}).setdefault(bucket, {})
                 rl = _part(view, ("rl", mode, bucket), out)
                 for f in fields:
                     opt = f in recipe.optional_fields
@@ -412,14 +401,13 @@ def cells(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]],
                     # an optional field may be None in one run (a rate over no events): that run does not count
                     a = None if opt and sft[f] is None else _num(sft, f, ("sft", mode, bucket), out)
                     b = None if opt and rl.get(f, 0) is None else _num(rl, f, ("rl", mode, bucket), out)
-                    for key, v in (("sft", a), ("rl", b), ("gain", None if a is None or b is None else b - a)):
-                        if v is not None:
-                            c.setdefault(f"{key}_{f}", []).append(v)
+                    values = [("sft", a), ("rl", b), ("gain", None if a is None or b is None else b - a)]
                     for pol in (p for p in view if p not in ("sft", "rl")):
                         other = view[pol].get(mode, {}).get(bucket)
-                        if other is not None and other.get(f) is not None:
-                            c.setdefault(f"{pol}_{f}", []).append(float(other[f]))
-    return {mode: {b: {k: stat(v) for k, v in c.items()} for b, c in by.items()} for mode, by in col.items()}
+                        values.append((pol, None if other is None or other.get(f) is None else float(other[f])))
+                    rows += [{"run": str(out), "seed": out.name, "policy": pol, "decoding": mode, "bucket": bucket,
+                              "field": f, "value": v} for pol, v in values if v is not None]
+    return rows
 
 
 def _part(view: dict[str, Any], path: tuple[str, ...], out: Path) -> dict[str, Any]:
@@ -456,7 +444,7 @@ def aggregate(agent: str, runs: list[Run]) -> dict[str, Any]:
             "seeds": [r.seed for r in runs if r.capability == cap and r.out in results],
             "reported": sorted(reported_of([r for r in runs if r.capability == cap and r.out in results])),
             "pending": [r.seed for r in runs if r.capability == cap and r.out not in results]}
-        entry["cells"] = cells(recipe, done)
+        entry["cells"] = cells(run_rows(recipe, done))
         entry["buckets"] = list(next(iter(entry["cells"].values()), {}))
         entry.update(recipe.sweep_extra(done))
         table[cap] = entry

@@ -1,8 +1,8 @@
 """Tables as data: a recipe method declares its results.md run table (`RunTable`) and its seed sweep's table
 (`SweepTable`) and the code here renders both for every method (memrl.recipes.pipeline.Recipe's `markdown` and
 `sweep_table`). Also the results schema's one walk over a policy's evaluation (`nested`) and the sweep's cells:
-mean ± sd over seeds (memrl.eval.stats' `stat`, aggregated by memrl.recipes.seeds.cells) and their text
-(memrl.eval.stats' `cell`, spread "sd").
+mean ± sd over seeds (memrl.eval.stats' `stat` of the runs' long rows, grouped by memrl.recipes.seeds.cells) and
+their text (memrl.eval.stats' `cell`, spread "sd"; a run table's mean ± SE, `mean_se`, is that cell too).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from memrl.eval.stats import EMPTY, cell
+from memrl.eval.stats import EMPTY, cell, recorded
 
 DECODINGS = ("greedy", "sampled")
 
@@ -48,19 +48,32 @@ def by_decoding(evaluation: dict[str, Any], nesting: str) -> dict[str, dict[str,
 # ---------------------------------------------------------------------------------------------- results.md
 
 
-ACCURACY_SE = "{accuracy:.1f} +- {accuracy_se:.1f}"
-"""A run table's accuracy cell: accuracy +- its standard error."""
+Cell = str | Callable[[Mapping[str, Any]], str]
+"""A run table's cell of one summary: a format template ("{peak_context_tokens:.0f}") or a function (`mean_se`)."""
+
+
+def mean_se(mean: str, se: str, digits: int = 1) -> Callable[[Mapping[str, Any]], str]:
+    """The cell of a summary's `mean` ± its `se` (two recorded numbers), through memrl.eval.stats.cell."""
+    return lambda s: cell(recorded(s[mean], s[se]), digits)
+
+
+ACCURACY_SE = mean_se("accuracy", "accuracy_se")
+"""A run table's accuracy cell: accuracy ± its standard error."""
+
+
+def _text(c: Cell, summary: Mapping[str, Any]) -> str:
+    return c(summary) if callable(c) else c.format_map(summary)
 
 
 @dataclass(frozen=True)
 class RunTable:
     """results.md: a title, one row "| label | decoding | [bucket |] cells |" per policy (in `policies`' order:
     row label, the results.json key of its evaluation), decoding and bucket as results.json holds them (the
-    method's nesting), then notes. A column is (header, cell[, alignment]): the cell a format template over one
-    summary, e.g. "{peak_context_tokens:.0f}"; title and notes are format templates over results.json and
+    method's nesting), then notes. A column is (header, cell[, alignment]): the cell a `Cell` of one summary,
+    e.g. "{peak_context_tokens:.0f}" or ACCURACY_SE; title and notes are format templates over results.json and
     `values`."""
 
-    columns: tuple[tuple[str, ...], ...]
+    columns: tuple[tuple[Any, ...], ...]
     policies: tuple[tuple[str, str], ...]
     bucket: str = ""
     """The bucket column's header ("" = no bucket column)."""
@@ -82,7 +95,7 @@ class RunTable:
         for label, key in self.policies:
             for mode, bucket, summary in nested(results[key], nesting):
                 s = {**self.defaults, **summary}
-                cells = [label, mode, *([bucket] if self.bucket else []), *(c[1].format_map(s) for c in self.columns)]
+                cells = [label, mode, *([bucket] if self.bucket else []), *(_text(c[1], s) for c in self.columns)]
                 lines.append("| " + " | ".join(cells) + " |")
         if self.notes:
             lines += ["", *(n.format_map(ns) for n in self.notes)]
@@ -101,7 +114,7 @@ def table_rows(e: dict[str, Any], labels: tuple[tuple[str, str], ...], fields: t
                digits: Callable[[str], int] = lambda f: 1, per_bucket: bool = False,
                by_decoding: bool = False) -> list[str]:
     """A sweep table's rows "| label | decoding | [bucket |] one cell per field |": per (label, policy key:
-    sft, rl or gain; or an arm of `arm_cells`) of `labels`, decoding (the outer loop with `by_decoding`) and
+    sft, rl, gain or a benchmark's arm: the "<key>_<field>" cells of memrl.recipes.seeds.cells) of `labels`, decoding (the outer loop with `by_decoding`) and
     (`per_bucket`) bucket; gains signed."""
     rows = []
     modes = list(e["cells"] or DECODINGS)
@@ -149,10 +162,10 @@ class GridTable:
     """A table per decoding ("greedy:", "sampled:"), one row per policy (labelled by its key): a column per
     bucket (header `bucket` with the bucket) of one cell, then `pooled` columns of the "all" bucket (header,
     field, digits; "n/a" for a None). results.md (`render`): the policies a run has, the buckets its results.json
-    entry `buckets` lists, a bucket's cell the template `cell`; the seed sweep (`render_sweep`): mean ± sd of
+    entry `buckets` lists, a bucket's cell `cell` (a `Cell` of its summary); the seed sweep (`render_sweep`): mean ± sd of
     `field` per bucket, the gain row ("rl - sft") after rl."""
 
-    cell: str
+    cell: Cell
     field: str
     pooled: tuple[tuple[str, str, int], ...]
     bucket: str = "{}"
@@ -176,7 +189,7 @@ class GridTable:
                 lines += [f"{mode}:", "", *self._head(buckets)]
                 for key, by in rows:
                     pooled = ["n/a" if by["all"][f] is None else f"{by['all'][f]:.{d}f}" for _, f, d in self.pooled]
-                    lines.append(f"| {key} | " + " | ".join([*(self.cell.format_map(by[str(b)]) for b in buckets),
+                    lines.append(f"| {key} | " + " | ".join([*(_text(self.cell, by[str(b)]) for b in buckets),
                                                              *pooled]) + " |")
                 lines.append("")
         return "\n".join(lines)

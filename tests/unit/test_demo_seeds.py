@@ -12,6 +12,7 @@ import pytest
 
 from memrl.config import ConfigError
 from memrl.errors import UserError
+from memrl.eval import stats
 from memrl.eval.stats import cell, stat
 from memrl.recipes import seeds as sw
 from memrl.recipes import tables as tb
@@ -153,7 +154,12 @@ def test_sweep_cells_are_mean_sd_of_the_one_statistic():
     assert cell(tb.cell_of({"cells": {}}, "greedy", "all", "sft_accuracy")) == "-"  # no run has it
 
 
-def test_arm_cells_paired_and_diff_se_by_hand():
+def arm_cells(views: list[dict], fields: tuple[str, ...]) -> dict:
+    """A benchmark's arms over seeds: each seed's view's long rows (seeds.view_rows), grouped (seeds.cells)."""
+    return sw.cells([row for k, view in enumerate(views) for row in sw.view_rows(view, fields, seed=k)])
+
+
+def test_view_rows_cells_paired_and_diff_se_by_hand():
     """Two arms over seeds 0-2, arm b missing on seed 2: a's accuracy 50, 54, 61 -> mean 55, sd
     sqrt((25 + 1 + 36) / 2) = sqrt(31); b's 52, 50 -> 51 +- sqrt(2); the paired a - b on seeds 0, 1: -2, 4 -> mean
     1, SE sqrt(((-3)^2 + 3^2) / 1) / sqrt(2) = 3. diff_se of standard errors (3, 4) and (4, 3) over two seeds:
@@ -164,25 +170,28 @@ def test_arm_cells_paired_and_diff_se_by_hand():
             out["b"] = {"greedy": {"all": {"accuracy": acc_b, "turns": 3}}}
         return out
 
-    c = sw.arm_cells([view(50, 52), view(54, 50), view(61)], ("accuracy", "turns"))["greedy"]["all"]
+    assert sw.view_rows(view(61), ("accuracy",), seed=2) == [
+        {"seed": 2, "policy": "a", "decoding": "greedy", "bucket": "all", "field": "accuracy", "value": 61.0}]
+    c = arm_cells([view(50, 52), view(54, 50), view(61)], ("accuracy", "turns"))["greedy"]["all"]
+    assert list(c) == ["a_accuracy", "a_turns", "b_accuracy", "b_turns"]  # first-seen order
     assert c["a_accuracy"]["mean"] == 55.0 and c["a_accuracy"]["sd"] == pytest.approx(31 ** 0.5)
     assert c["a_accuracy"]["values"] == [50.0, 54.0, 61.0] and c["b_accuracy"]["values"] == [52.0, 50.0]
     assert c["b_turns"] == {"mean": 3.0, "sd": 0.0, "se": 0.0, "n": 2, "values": [3.0, 3.0]}
-    se = sw.arm_cells([view(50, 52), view(54, 50)], ("accuracy",))["greedy"]["all"]
+    se = arm_cells([view(50, 52), view(54, 50)], ("accuracy",))["greedy"]["all"]
     assert (se["a_accuracy"]["mean"], se["a_accuracy"]["se"]) == (52.0, 2.0)  # sd 2 sqrt(2) / sqrt(2)
     a, b = {0: 50.0, 1: 54.0, 2: 61.0}, {1: 50.0, 0: 52.0}
-    assert sw.paired(a, b, lambda x, y: x - y) == [-2.0, 4.0]  # seeds both have, in a's order
-    d = stat(sw.paired(a, b, lambda x, y: x - y))
+    assert stats.paired(a, b, lambda x, y: x - y) == [-2.0, 4.0]  # seeds both have, in a's order
+    d = stat(stats.paired(a, b, lambda x, y: x - y))
     assert (d["mean"], d["se"]) == (1.0, 3.0)
-    assert sw.paired(a, {}, lambda x, y: x - y) == []
-    assert sw.diff_se([3.0, 4.0], [4.0, 3.0]) == pytest.approx(50 ** 0.5 / 2)
-    assert sw.diff_se([2.0], [0.0]) == 2.0
+    assert stats.paired(a, {}, lambda x, y: x - y) == []
+    assert stats.diff_se([3.0, 4.0], [4.0, 3.0]) == pytest.approx(50 ** 0.5 / 2)
+    assert stats.diff_se([2.0], [0.0]) == 2.0
 
 
 def test_cell_bare_and_table_rows_by_decoding():
     assert cell(stat([5.0])) == "5.0 ± n/a" and cell(stat([5.0]), bare=True) == "5.0"
     assert cell(stat([4.75, 5.25]), 2, bare=True) == "5.00 ± 0.25" and cell(None, bare=True) == "-"
-    e = {"cells": sw.arm_cells([{arm: {mode: {"all": {"x": v}} for mode in ("greedy", "sampled")}
+    e = {"cells": arm_cells([{arm: {mode: {"all": {"x": v}} for mode in ("greedy", "sampled")}
                                  for arm, v in (("a", 1.0), ("b", 2.0))}], ("x",))}
     labels = (("A", "a"), ("B", "b"))
     assert tb.table_rows(e, labels, ("x",)) == ["| A | greedy | 1.0 ± n/a |", "| A | sampled | 1.0 ± n/a |",
@@ -470,3 +479,13 @@ def test_base_seeds_read_a_named_variant_as_the_demo_does(monkeypatch):
     mc = sw.base_seeds("memact", ["variant=probe"])
     assert (mc["sft.seed"], mc["train.data.seed"]) == (40, 70)
     assert sw.seed_overrides("memact", 1, mc)[1:4] == ["sft.seed=41", "rl_task_seed=101", "train.data.seed=71"]
+
+
+def test_run_tables_write_mean_se_through_the_one_cell():
+    """results.md's accuracy ± SE (RunTable's ACCURACY_SE, the look-back grid's mean_se) is memrl.eval.stats.cell
+    of the two recorded numbers: 62.04 ± 1.25 -> "62.0 ± 1.2" (1.25 rounds half to even), no second "+-" text."""
+    s = {"accuracy": 62.04, "accuracy_se": 1.25, "se": 0.35, "turns": 3.0}
+    assert tb.ACCURACY_SE(s) == cell(stats.recorded(62.04, 1.25)) == "62.0 ± 1.2"
+    assert tb.mean_se("accuracy", "se", 2)(s) == "62.04 ± 0.35"
+    t = tb.RunTable((("accuracy", tb.ACCURACY_SE), ("turns", "{turns:.1f}")), (("SFT", "sft"),))
+    assert t.render({"sft": {"greedy": s}}, "decoding").splitlines()[-1] == "| SFT | greedy | 62.0 ± 1.2 | 3.0 |"

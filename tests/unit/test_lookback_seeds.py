@@ -12,7 +12,7 @@ import pytest
 
 from memrl.config import ConfigError
 from memrl.recipes.lookback import RECIPE, LookbackConfig, streams
-from memrl.recipes.seeds import cells
+from memrl.recipes.seeds import cells, run_rows
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "lookback_compare.py"
 _spec = importlib.util.spec_from_file_location("lookback_compare", _PATH)
@@ -36,7 +36,7 @@ def result(rl: tuple, norecall: tuple | None = None, oracle: tuple | None = None
 
 def entry(results: list[dict]) -> dict:
     return {"seeds": list(range(len(results))), "buckets": ["8", "16", "all"],
-            "cells": cells(RECIPE, [(Path(f"seed{k}"), r) for k, r in enumerate(results)])}
+            "cells": cells(run_rows(RECIPE, [(Path(f"seed{k}"), r) for k, r in enumerate(results)]))}
 
 
 REMEMR1 = [result((60, 50, 0.1, 0.5), (40, 45)), result((70, 50, 0.2, 0.7), (40, 50)),

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from memrl.eval.evaluator import mean_and_se
-from memrl.eval.stats import EMPTY, cell, stat
+from memrl.eval.stats import EMPTY, cell, group, group_stats, nest, stat
 
 
 def test_stat_by_hand():
@@ -51,3 +51,22 @@ def test_cell_text():
     assert cell(stat([0.25, 0.75]), 0, scale=100) == "50 ± 25"  # mean .5, se sqrt(.125 / 2) = .25, in percent
     with pytest.raises(ValueError, match="spread"):
         cell(s, spread="ci")
+
+
+def test_group_by_in_first_seen_order_and_one_stat_per_group():
+    rows = [{"seed": 0, "policy": "rl", "field": "acc", "value": 60.0},
+            {"seed": 0, "policy": "sft", "field": "acc", "value": 50.0},
+            {"seed": 1, "policy": "rl", "field": "acc", "value": 64.0},
+            {"seed": 1, "policy": "sft", "field": "turns", "value": 3.0}]
+    g = group(rows, ("policy", "field"))
+    assert list(g) == [("rl", "acc"), ("sft", "acc"), ("sft", "turns")]  # first-seen, not sorted
+    assert g["rl", "acc"] == [rows[0], rows[2]]
+    s = group_stats(rows, ("policy", "field"))
+    # rl acc 60, 64: mean 62, sd sqrt(8), se sqrt(8 / 2) = 2; one value: no spread
+    assert s["rl", "acc"] == {"mean": 62.0, "sd": math.sqrt(8), "se": 2.0, "n": 2, "values": [60.0, 64.0]}
+    assert s["sft", "turns"] == stat([3.0])
+    assert group_stats(rows, ("field",), ddof=0)["turns",]["se"] == 0.0
+    assert nest(s)["sft"]["acc"]["values"] == [50.0] and list(nest(s)) == ["rl", "sft"]
+    assert group([], ("x",)) == {} and nest({}) == {}
+    with pytest.raises(ValueError, match="row 1 has no column 'policy'"):
+        group([{"policy": "a"}, {"field": "b"}], ("policy",))
