@@ -6,7 +6,9 @@
 Stages (each resumes: a finished stage's outputs are kept, `memrl train --resume` continues a stopped run,
 `memrl eval` resumes its results.jsonl):
   data   held-out set: 48 HotpotQA dev questions (seed 0) at 2 documents (the training length, 1x) and at 8
-         (4x); training set: 480 other dev questions (seed 1) at 2 documents, minus any held-out question.
+         (4x); training set: 480 other dev questions (seed 1) at 2 documents, minus any held-out question;
+         fresh set: 96 dev questions in neither (the first 96 of a seed-3 draw of 400, at 2 and 8 documents),
+         checked against the ids committed in docs/results/hotpot_fresh.json.
   sft    the cold start (a recipe choice: zero-shot, the model boxes no answer, so GRPO sees reward 0 on every
          trajectory): `memrl train-sft demonstrator.name=evidence` on the first 400 training questions
          (--cold-start-questions N; --sft KEY=VALUE adds overrides).
@@ -15,7 +17,7 @@ Stages (each resumes: a finished stage's outputs are kept, `memrl train --resume
          trainer.prefix_sharing=never: the setting docs/results/real_model.md's first table was recorded with);
          `--rl KEY=VALUE` adds overrides to it (after the script's own, so they win).
   eval   every model on the held-out set at 1x and 4x, greedy and sampled (temperature 1, one sample,
-         eval seed 0), with the workflow settings of training.
+         eval seed 0), with the workflow settings of training (`--sets heldout,fresh`: on the fresh set too).
   table  accuracy (%) by the published verifier (MemAgent's training verifier, verl_hotpotqa), memrl's boxed
          exact match and a lenient reader (a gold answer anywhere in the final reply), the no-box rate and
          the memory length, mean and standard error over the 48 questions (RL rows: mean over seeds, the
@@ -27,6 +29,7 @@ The evaluation above was fixed before any run.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import subprocess
@@ -67,6 +70,37 @@ def data(args: argparse.Namespace, out: Path) -> None:
     n = args.cold_start_questions
     (out / "sft_2.json").write_text(json.dumps(train[:n]))
     print(f"held out {len(held)} questions; {len(train)} training questions, the first {n} for the cold start")
+    fresh(args, out, held | {r["id"] for r in json.loads((out / "pool" / "eval_2.json").read_text())})
+
+
+FRESH_RECORD = ROOT / "docs" / "results" / "hotpot_fresh.json"
+"""The fresh set's ids (in order), their digest and the build (`fresh`), committed."""
+FRESH_QUESTIONS = 96
+
+
+def ids_sha256(ids: list[str]) -> str:
+    """The SHA-256 of question ids, one per line, in order (the fresh set's digest)."""
+    return hashlib.sha256("".join(f"{i}\n" for i in ids).encode()).hexdigest()
+
+
+def fresh(args: argparse.Namespace, out: Path, used: set[str]) -> None:
+    """out/fresh/eval_{2,8}.json: the first FRESH_QUESTIONS of a seed-3 draw of 400 dev questions (at 2 and 8
+    documents) that are neither held out nor in the training pool (`used`); refuses a set whose ids differ from
+    FRESH_RECORD's."""
+    if not (out / "fresh_pool" / "manifest.json").is_file():
+        sh([*MEMRL, "data", "build", "--kind", "hotpotqa", "--source", args.hotpot, "--docs", "2,8",
+            "--num-questions", "400", "--seed", "3", "--out", str(out / "fresh_pool")])
+    pool = {n: json.loads((out / "fresh_pool" / f"eval_{n}.json").read_text()) for n in (2, 8)}
+    ids = [r["id"] for r in pool[2] if r["id"] not in used][:FRESH_QUESTIONS]
+    record = json.loads(FRESH_RECORD.read_text())
+    if ids != record["ids"]:
+        raise SystemExit(f"{FRESH_RECORD}: the fresh set built from {args.hotpot} has other ids (sha256 "
+                         f"{ids_sha256(ids)[:16]}..., recorded {record['sha256'][:16]}...); another HotpotQA file?")
+    (out / "fresh").mkdir(parents=True, exist_ok=True)
+    keep = set(ids)
+    for n, rows in pool.items():
+        (out / "fresh" / f"eval_{n}.json").write_text(json.dumps([r for r in rows if r["id"] in keep]))
+    print(f"fresh set: {len(ids)} questions (sha256 {record['sha256'][:16]}...)")
 
 
 def sft(args: argparse.Namespace, out: Path) -> None:
@@ -123,14 +157,20 @@ def models(args: argparse.Namespace, out: Path) -> dict[str, Path]:
     return found
 
 
+SETS = {"heldout": ("eval", ""), "fresh": ("fresh", "fresh_")}
+"""A question set: (its folder under --out, the prefix of its evaluation folders' decoding name)."""
+
+
 def evaluate(args: argparse.Namespace, out: Path) -> None:
-    files = [str(out / "eval" / f"eval_{n}.json") for n in (2, 8)]
-    for name, model in models(args, out).items():
-        if name == "base" and not args.base:
-            continue
-        for dec, extra in DECODING.items():
-            sh([*MEMRL, "eval", "--model", str(model), "--out", str(out / "eval_runs" / slug(name) / dec),
-                "--no-progress", *files, "workflow=memagent", *WORKFLOW, *ENGINE, *extra])
+    for folder, prefix in (SETS[s] for s in args.sets):
+        files = [str(out / folder / f"eval_{n}.json") for n in (2, 8)]
+        for name, model in models(args, out).items():
+            if name == "base" and not args.base:
+                continue
+            for dec, extra in DECODING.items():
+                sh([*MEMRL, "eval", "--model", str(model), "--out",
+                    str(out / "eval_runs" / slug(name) / (prefix + dec)), "--no-progress", *files,
+                    "workflow=memagent", *WORKFLOW, *ENGINE, *extra])
 
 
 def slug(name: str) -> str:
@@ -179,6 +219,15 @@ def paired(run: Path, base: Path, n_docs: int) -> list[float]:
 
 
 def table(args: argparse.Namespace, out: Path) -> None:
+    for name in args.sets:
+        if name != "heldout":
+            print(f"\n{name} set ({FRESH_RECORD.name}'s {FRESH_QUESTIONS} questions):")
+        set_table(args, out, SETS[name][1])
+    curve(args, out)
+
+
+def set_table(args: argparse.Namespace, out: Path, prefix: str) -> None:
+    """The table of one question set (its evaluation folders' `prefix`)."""
     cols = ("published", "boxed EM", "lenient", "no box", "memory tokens")
     print("| model | decoding | docs | questions | " + " | ".join(cols) + " | published - cold start (paired) |")
     print("|---|---|---:|---:|" + "---:|" * (len(cols) + 1))
@@ -186,11 +235,11 @@ def table(args: argparse.Namespace, out: Path) -> None:
     rl_names = [n for n in names if n.startswith("rl seed")]
     runs_dir = out / "eval_runs"
     for dec in DECODING:
-        base = runs_dir / "cold_start" / dec
+        base = runs_dir / "cold_start" / (prefix + dec)
         for n_docs in (2, 8):
             for name in names + (["rl (seeds)"] if len(rl_names) > 1 else []):
                 runs = rl_names if name == "rl (seeds)" else [name]
-                found = [runs_dir / slug(r) / dec for r in runs]
+                found = [runs_dir / slug(r) / (prefix + dec) for r in runs]
                 found = [p for p in found if (p / "results.jsonl").is_file() and n_docs in score(p)]
                 if not found:
                     continue
@@ -205,7 +254,6 @@ def table(args: argparse.Namespace, out: Path) -> None:
                     delta = mean_se([statistics.mean(paired(p, base, n_docs)) for p in found]) if has_base else "-"
                     name = f"rl ({len(scored)} seeds)"
                 print(f"| {name} | {dec} | {n_docs} | {q} | " + " | ".join(cells) + f" | {delta} |")
-    curve(args, out)
 
 
 def curve(args: argparse.Namespace, out: Path) -> None:
@@ -259,6 +307,9 @@ def main() -> None:
                     help="the RL stage's preset (e.g. smollm2_memagent_box_cpu, then smollm2_memagent_answer_cpu)")
     ap.add_argument("--out", default="runs/rl58")
     ap.add_argument("--stages", default="data,sft,rl,eval,table")
+    ap.add_argument("--sets", default=["heldout"], type=lambda s: s.split(","),
+                    help="question sets the eval and table stages score: heldout (the 48), fresh (the 96 of "
+                         "docs/results/hotpot_fresh.json), or heldout,fresh")
     ap.add_argument("--rl", nargs="*", default=[], metavar="KEY=VALUE",
                     help="overrides for the RL stage's memrl train (after the script's own; {seed} in a value is "
                          "replaced by the training seed)")
@@ -287,6 +338,8 @@ def main() -> None:
             args.steps = load_config(TrainConfig, [], preset=args.preset).trainer.steps
         except ConfigError as e:
             raise SystemExit(f"--preset: {e}") from None
+    if bad := [s for s in args.sets if s not in SETS]:
+        raise SystemExit(f"--sets: unknown set {bad[0]!r}; heldout, fresh or both")
     out = Path(args.out)
     stages = {"data": data, "sft": sft, "rl": rl, "eval": evaluate, "table": table}
     if {"data", "sft"} & set(args.stages.split(",")):
