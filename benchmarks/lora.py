@@ -47,7 +47,8 @@ def one(shape: str, rank: int, args: argparse.Namespace) -> dict:
     from memrl.models.tiny import cached_tiny_model
     from memrl.training.config import TrainConfig
     from memrl.training.ranks.workers import PolicyWorker
-    from memrl.training.update.packing import Row
+    from memrl.training.update.packing import weigh
+    from memrl.types import Segment
 
     path = cached_tiny_model(shape)
     imports_mb = _rss_mb()
@@ -58,10 +59,11 @@ def one(shape: str, rank: int, args: argparse.Namespace) -> dict:
     built_mb = _rss_mb()
     vocab = worker.model.config.vocab_size
     rng = random.Random(0)
-    rows = [Row(prompt_ids=[rng.randrange(3, vocab) for _ in range(args.prompt)],
-                response_ids=[rng.randrange(3, vocab) for _ in range(args.response)],
-                loss_mask=[1] * args.response, old_logprobs=[-8.0] * args.response,
-                advantage=1.0 if i % 2 else -1.0, trajectory_id=f"t{i}") for i in range(args.rows)]
+    rows = weigh([Segment(prompt_ids=[rng.randrange(3, vocab) for _ in range(args.prompt)],
+                          response_ids=[rng.randrange(3, vocab) for _ in range(args.response)],
+                          response_logprobs=[-8.0] * args.response, loss_mask=[1] * args.response,
+                          advantage=1.0 if i % 2 else -1.0, trajectory_id=f"t{i}") for i in range(args.rows)],
+                 cfg.algorithm.loss_agg)  # one weight per row, as the trainer weighs a mini-batch
     times = []
     for s in range(args.steps + 1):
         t0 = time.perf_counter()

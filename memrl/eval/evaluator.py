@@ -191,7 +191,8 @@ def metric_mean(trajs: Sequence[Trajectory], name: str) -> float:
 
 ROW_COLUMNS = ("policy", "decoding", "bucket", "seed", "heldout_sha256")
 """The columns every evaluation row carries beside its trajectory's own: the policy evaluated (a recipe's stage:
-demonstrator, sft, rl, ...), the decoding (greedy or sampled), the task bucket (a length or document count),
+demonstrator, sft, rl, ...), the decoding (greedy or sampled), the task bucket (a length or document count;
+"all" where the evaluation has one bucket, MemAct's and the context family's: the tables' name of it),
 the sampling seed and the SHA-256 of the held-out tasks ("" where the caller has none)."""
 
 

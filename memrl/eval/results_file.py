@@ -6,7 +6,6 @@ rows were answered with.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -14,6 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from memrl.downloads import sha256_file
 from memrl.errors import UserError
 from memrl.eval.task_judge import JUDGE_COLUMN
 from memrl.model_files import weights_digest
@@ -83,15 +83,12 @@ def _parse_row(line: bytes) -> tuple[dict[str, Any] | None, str]:
     return row, ""
 
 
-def file_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The source file of a row: name, resolved path, size and the first 16 hex digits of its SHA-256."""
+def file_identity(path: str | os.PathLike[str], sha256: str = "") -> dict[str, Any]:
+    """The source file of a row: name, resolved path, size and the first 16 hex digits of its SHA-256 (the
+    resume key's; `sha256`: the file's full digest where the caller has it, memrl.downloads.sha256_file)."""
     p = Path(path)
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
     return {"file": p.name, "file_path": str(p.resolve()), "file_bytes": p.stat().st_size,
-            "file_sha256": h.hexdigest()[:16]}
+            "file_sha256": (sha256 or sha256_file(p))[:16]}
 
 
 def row_key(row: dict[str, Any]) -> tuple[Any, ...]:

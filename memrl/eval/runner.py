@@ -4,7 +4,8 @@
 
 Rows go to `<out_dir>/results.jsonl` as each question finishes. Each row names what it answered: the
 source file (`file` name, `file_path`, `file_bytes` and `file_sha256`, the first 16 hex digits of the
-SHA-256 of the file's bytes: the identity, so a moved file resumes and a changed one re-runs), `dataset`
+SHA-256 of the file's bytes: the identity, so a moved file resumes and a changed one re-runs; the row's
+`heldout_sha256`, memrl.eval.evaluator.ROW_COLUMNS, is the whole SHA-256, as a recipe's rows), `dataset`
 (Task.meta["dataset"], "" when the file does not say), `num_docs` (the row's N: its num_docs, else RULER's
 sequence length, else the N of an `eval_..._<N>` file name, else 0), `task_id` and `sample` (0..samples-1).
 A re-run skips the rows whose (file_sha256, dataset, num_docs, task_id, sample) is already there, so a
@@ -62,6 +63,7 @@ from memrl.config import (
 )
 from memrl.data.io import DataError, load_tasks
 from memrl.data.ruler import name_label
+from memrl.downloads import sha256_file
 from memrl.engines import build_engine, engine_kind
 from memrl.engines.base import FAILED_REQUEST_MODES, EngineError, SamplingParams
 from memrl.engines.config import EngineConfig, HFSection
@@ -241,6 +243,9 @@ class EvalFile:
     tasks: list[Task]
     labels: dict[str, tuple[str, int]]
     """task_id -> (dataset, N)."""
+    sha256: str
+    """The SHA-256 of the file's bytes, 64 hex digits: its rows' heldout_sha256, as a recipe's rows carry the
+    held-out tasks' (`ident`'s file_sha256, the resume key, is its first 16)."""
 
     def key(self, task: Task, sample: int) -> tuple[Any, ...]:
         ds, n = self.labels[task.task_id]
@@ -269,7 +274,8 @@ def load_eval_file(path: str | os.PathLike[str], cfg: EvalConfig) -> EvalFile:
         ds = t.meta.get("dataset")
         labels[t.task_id] = (ds if isinstance(ds, str) else "", task_length(t, file_n))
     n = min((v[1] for v in labels.values()), default=file_n)
-    return EvalFile(str(path), file_identity(path), n, tasks, labels)
+    sha = sha256_file(path)
+    return EvalFile(str(path), file_identity(path, sha), n, tasks, labels, sha)
 
 
 # ---------------------------------------------------------------- the run
@@ -506,7 +512,7 @@ def _run_all(todo, rollout, wf_cfg, cfg: EvalConfig, fh, total: int, tokenizer: 
                                  golds=cfg.golds, extract=cfg.extract,
                                  metric_rules=cfg.metric_rules, row_columns=row_columns,
                                  labels=row_labels(policy, getattr(wf_cfg, "temperature", 0.0), n, cfg.seed,
-                                                   ef.ident["file_sha256"]))
+                                                   ef.sha256))
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
                 fh.flush()
                 new.append(row)

@@ -75,7 +75,7 @@ def evaluate_memact(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], temper
     base = replace(wf_cfg, no_prune_prob=0.0, prune_tool=prune_tool, top_p=1.0, top_k=-1)
     proto = EvalProtocol(greedy=True, samples=1, temperature=temperature, seed=seed, metrics=(),
                          se_ddof=MEMACT_SE_DDOF, keep_groups=True)
-    res = evaluate_policy(rollout, base, {0: list(tasks)}, proto, **labels)[0]
+    res = evaluate_policy(rollout, base, {"all": list(tasks)}, proto, **labels)["all"]
     return {mode: {**memact_summary(r), "seconds": r.seconds} for mode, r in res.items()}
 
 
@@ -122,7 +122,7 @@ def evaluate_context(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], tempe
     base = replace(wf_cfg, top_p=1.0, top_k=-1)
     proto = EvalProtocol(greedy=True, samples=1, temperature=temperature, seed=seed, metrics=(),
                          se_ddof=CONTEXT_SE_DDOF, keep_groups=True)
-    res = evaluate_policy(rollout, base, {0: list(tasks)}, proto, **labels)[0]
+    res = evaluate_policy(rollout, base, {"all": list(tasks)}, proto, **labels)["all"]
     return {mode: {**context_summary(r), "seconds": r.seconds} for mode, r in res.items()}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import re
@@ -53,9 +54,12 @@ def test_mean_and_pass_at_4_with_standard_errors(tmp_path):
     assert sorted((r["task_id"], r["sample"], r["sub_em"]) for r in rows)[:5] == [
         ("q0", 0, 1.0), ("q0", 1, 1.0), ("q0", 2, 1.0), ("q0", 3, 1.0), ("q1", 0, 0.0)]
     # the evaluation row's labels (memrl.eval.evaluator.ROW_COLUMNS), as every recipe evaluation's rows:
-    # the run's name, sampled (temperature 1), the length, the seed, the file's digest
-    digest = file_identity(tmp_path / "eval_1.json")["file_sha256"]
+    # the run's name, sampled (temperature 1), the length, the seed, the file's whole SHA-256 (64 hex digits, as
+    # a recipe's rows carry the held-out tasks'); file_sha256, the resume key, stays its first 16
+    digest = hashlib.sha256((tmp_path / "eval_1.json").read_bytes()).hexdigest()
     assert {tuple(r[c] for c in ROW_COLUMNS) for r in rows} == {("run", "sampled", 1, 0, digest)}
+    assert len(digest) == 64 and {r["file_sha256"] for r in rows} == {digest[:16]}
+    assert file_identity(tmp_path / "eval_1.json")["file_sha256"] == digest[:16]
     assert list(rows[0])[:9] == ["task_id", "num_docs", "dataset", "sample", *ROW_COLUMNS]
     [s] = summarize(rows, "r")
     # per question, mean over 4 samples: q0 4/4 = 1, q1 1/4 = 0.25, q2 0 -> mean@4 = 1.25/3 = 41.667%;

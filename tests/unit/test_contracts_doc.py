@@ -91,3 +91,31 @@ def test_a_training_module_missing_from_the_layout_is_caught(tmp_path):
         "the Layout block names training/config.py, which does not exist",
         "training/step/new.py is not named under training/step/",
     ]
+
+
+def repeated_sentences(text: str, shortest: int = 60) -> list[str]:
+    """The sentences or clauses (split at . ! ? ; and blank lines, code blocks left out, whitespace folded) of at
+    least `shortest` characters that `text` holds more than once: a paragraph pasted twice, also when one copy
+    grew a clause."""
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    seen: dict[str, int] = {}
+    for piece in re.split(r"(?<=[.!?;])\s+|\n\s*\n", prose):
+        s = " ".join(piece.split()).rstrip(".;")
+        if len(s) >= shortest:
+            seen[s] = seen.get(s, 0) + 1
+    return [s for s, n in seen.items() if n > 1]
+
+
+def test_no_sentence_is_written_twice():
+    twice = repeated_sentences((ROOT / "docs" / "CONTRACTS.md").read_text(encoding="utf-8"))
+    assert twice == [], "docs/CONTRACTS.md says these twice (keep one):\n" + "\n".join(twice)
+
+
+def test_a_pasted_paragraph_is_caught_also_when_one_copy_grew():
+    para = ("The doubles live outside the package, in tests/doubles.py (on the tests' path); the import graph "
+            "checks that the package holds none.")
+    text = f"{para}\n\n```\nsame line in a code block, same line in a code block, same line\n```\n\n" \
+           "```\nsame line in a code block, same line in a code block, same line\n```\n\n" \
+           "The doubles live outside the package, in tests/doubles.py (on the tests'\npath).\n"
+    assert repeated_sentences(text) == ["The doubles live outside the package, in tests/doubles.py (on the tests' path)"]
+    assert repeated_sentences(para) == []

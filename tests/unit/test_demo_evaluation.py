@@ -164,3 +164,31 @@ def test_every_evaluation_is_rows_with_its_labels(tmp_path):
     assert [json.loads(x) for x in lines] == greedy.rows + sampled.rows
     with pytest.raises(ValueError, match="task t0 has 2 rows, not 1"):
         result_from_rows(sampled.rows, 1, 1.0)
+
+
+@pytest.mark.parametrize("method", ["memact", "context"])
+def test_one_bucket_evaluations_label_their_rows_all(tmp_path, method):
+    """MemAct's and the context family's held-out evaluations have one bucket (no lengths): their rows say
+    "all" (memrl.eval.evaluator.ROW_COLUMNS), the name the tables give a single or pooled bucket
+    (memrl.recipes.tables.nested, the look-back demo's pooled summary), not 0, which reads as a length."""
+    from memrl.recipes.summaries import evaluate_context, evaluate_memact
+    from memrl.types import Task, Trajectory
+    from memrl.workflows import WorkflowSpec
+    from memrl.workflows.fold import FoldConfig
+    from memrl.workflows.memact_config import MemActConfig
+
+    async def run(task, engine, cfg, rng):
+        return Trajectory(task.task_id, "", [], metrics={"peak_context_tokens": 7.0}, info={"draw": rng.random()})
+
+    cfg_cls, evaluate = (MemActConfig, evaluate_memact) if method == "memact" else (FoldConfig, evaluate_context)
+    spec = WorkflowSpec("draw", run, cfg_cls, lambda task, traj: float(traj.info["draw"] >= 0.5))
+    tasks = [Task(f"t{i}", "q", "c", ["a"]) for i in range(2)]
+    path = tmp_path / "rows.jsonl"
+    res = evaluate(EngineRollout(None, spec), cfg_cls(), tasks, 1.0, 9, policy="rl", heldout_sha256="d",
+                   rows_to=path)
+    rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+    assert [(r["task_id"], r["policy"], r["decoding"], r["bucket"], r["seed"]) for r in rows] == [
+        ("t0", "rl", "greedy", "all", 9), ("t1", "rl", "greedy", "all", 9),
+        ("t0", "rl", "sampled", "all", 9), ("t1", "rl", "sampled", "all", 9)]
+    assert sorted(res) == ["greedy", "sampled"] and res["greedy"]["num_tasks"] == 2.0
+    assert res["greedy"]["peak_context_tokens"] == 7.0

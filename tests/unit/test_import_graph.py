@@ -152,12 +152,13 @@ def _one_cycle(comp: list[str], edges: list[Edge]) -> list[str]:
     return paths[start]
 
 
-def describe(comps: list[list[str]], edges: list[Edge]) -> str:
-    """Each cycle as `a -> b -> a`, then every import inside its component with its file:line."""
+def describe(comps: list[list[str]], edges: list[Edge], kind: str = "modules") -> str:
+    """Each cycle as `a -> b -> a`, then every import inside its component with its file:line. `kind`: what the
+    graph's nodes are (modules, folders)."""
     out = []
     for comp in comps:
         inside = set(comp)
-        out.append(f"import cycle among {len(comp)} modules: {' -> '.join(_one_cycle(comp, edges))}")
+        out.append(f"import cycle among {len(comp)} {kind}: {' -> '.join(_one_cycle(comp, edges))}")
         for e in sorted((e for e in edges if e.src in inside and e.dst in inside),
                         key=lambda e: (e.src, e.dst, e.line)):
             out.append(f"    {e.src} -> {e.dst}   {e.where()}")
@@ -174,6 +175,49 @@ def test_memrl_has_no_import_cycle():
     comps = cycles(edges)
     assert not comps, "memrl's imports must run one way (import a shared base module instead):\n" + \
         describe(comps, edges)
+
+
+def folder_of(module: str, package: str) -> str | None:
+    """The folder of `package` that holds `module` (memrl.training.ranks.workers -> memrl.training.ranks), None
+    for a module at the package's top (memrl.training.config) or outside it."""
+    parts = module.split(".")
+    top = package.split(".")
+    if parts[: len(top)] != top or len(parts) < len(top) + 2:
+        return None
+    return ".".join(parts[: len(top) + 1])
+
+
+def folder_edges(edges: list[Edge], package: str) -> list[Edge]:
+    """The imports from one folder of `package` into another, as edges between the folders (file and line
+    kept). An import of a module at the package's top (memrl.training.config, the shared base) is none."""
+    out = []
+    for e in edges:
+        a, b = folder_of(e.src, package), folder_of(e.dst, package)
+        if a and b and a != b:
+            out.append(Edge(a, b, e.file, e.line, e.text))
+    return out
+
+
+def packages_with_folders(mods: dict[str, Path], package: str) -> list[str]:
+    """The packages inside `package` that hold folders (packages) of their own: memrl.training (step/, update/,
+    ranks/, ...). `package`'s own folders are memrl's layers (tests/unit/test_layers.py)."""
+    return sorted({m.rsplit(".", 1)[0] for m, p in mods.items()
+                   if p.name == "__init__.py" and m.startswith(package + ".") and m.count(".") > package.count(".") + 1})
+
+
+def test_the_folders_of_a_package_import_each_other_without_a_circle():
+    """memrl.training's folders (step/, update/, ranks/, sync/, checkpoints/, monitor/) are parts: one imports
+    another only one way round, also through a third (ranks/ -> sync/ -> ranks/ is a circle even when no two
+    modules form one)."""
+    mods, edges = memrl_edges()
+    assert "memrl.training" in packages_with_folders(mods, "memrl")
+    bad = []
+    for package in packages_with_folders(mods, "memrl"):
+        between = folder_edges(edges, package)
+        comps = cycles(between)
+        if comps:
+            bad.append(describe(comps, between, "folders"))
+    assert not bad, "a package's folders import each other in a circle (move the shared piece):\n" + "\n".join(bad)
 
 
 def test_the_installed_package_holds_no_test_doubles():
@@ -235,6 +279,33 @@ def test_the_walker_sees_imports_in_functions_import_module_submodules_and_relat
     assert f"    pkg.a -> pkg.b   {pkg / 'a.py'}:5: from pkg import b" in text
     assert f"    pkg.sub.c -> pkg.a   {pkg / 'sub' / 'c.py'}:1: from .. import a  # relative, two levels" in text
     assert "pkg.sub.d" not in text
+
+
+def test_folder_edges_fold_modules_into_their_folders_and_find_a_circle_of_folders(tmp_path: Path):
+    pkg = tmp_path / "pkg"
+    _write(pkg, {
+        "__init__.py": "",
+        "base.py": "X = 1\n",
+        "a/__init__.py": "",
+        "a/x.py": "from pkg import base\nfrom pkg.a import y\n",
+        "a/y.py": "from pkg.b import z\n",
+        "b/__init__.py": "",
+        "b/z.py": "from pkg import base\n",
+        "b/w.py": "from pkg.a.x import NAME\n",
+    })
+    mods = package_modules(pkg, "pkg")
+    edges = import_edges(mods, "pkg")
+    assert cycles(edges) == []  # no module-level circle: x -> y -> z -> base, w -> x -> base
+    assert packages_with_folders(mods, "pkg") == []  # pkg's own folders are the layers' business
+    between = folder_edges(edges, "pkg")
+    assert sorted((e.src, e.dst, e.line) for e in between) == [("pkg.a", "pkg.b", 1), ("pkg.b", "pkg.a", 1)]
+    comps = cycles(between)
+    assert comps == [["pkg.a", "pkg.b"]]
+    text = describe(comps, between, "folders")
+    assert text.splitlines()[0] == "import cycle among 2 folders: pkg.a -> pkg.b -> pkg.a"
+    assert f"    pkg.b -> pkg.a   {pkg / 'b' / 'w.py'}:1: from pkg.a.x import NAME" in text
+    (pkg / "b" / "w.py").write_text("from pkg import base\n", encoding="utf-8")
+    assert cycles(folder_edges(import_edges(package_modules(pkg, "pkg"), "pkg"), "pkg")) == []
 
 
 def test_two_separate_cycles_are_both_reported():

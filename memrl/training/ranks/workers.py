@@ -39,12 +39,11 @@ from memrl.training.config import TrainConfig
 from memrl.training.ranks import distributed as D
 from memrl.training.ranks.placement import placement_group, replica_kind, share_gpu
 from memrl.training.ranks.worker_group import LocalRank, RankGroup, WorkerGroup
-from memrl.training.sync.sync_check import teacher_forced_logprobs
 from memrl.training.update import lora as L
 from memrl.training.update import ulysses as U
 from memrl.training.update.optim import decay_groups, lr_lambda, skips_zero_advantage
 from memrl.training.update.packing import MicroBatch, TrainBatch, blank_row, collate
-from memrl.training.update.policy import clip_norm, ppo_micro_loss, token_logprobs
+from memrl.training.update.policy import clip_norm, ppo_micro_loss, teacher_forced_logprobs, token_logprobs
 from memrl.training.update.prefix_sharing import Sharer
 from memrl.training.update.routing import RoutingReplay
 from memrl.types import Segment
@@ -376,7 +375,8 @@ class PolicyWorker:
 
     def probe_logprobs(self, prompt: list[int], tokens: list[int]) -> list[float]:
         """The policy's teacher-forced logprobs (log_softmax at T=1) of `tokens` after `prompt`
-        (memrl.training.sync.sync_check; collective at world size > 1: every rank runs the sharded forward)."""
+        (rollout.sync_check, memrl.training.sync.sync_check; collective at world size > 1: every rank runs the
+        sharded forward)."""
         with self._compute():
             return teacher_forced_logprobs(self.model, prompt, tokens)
 

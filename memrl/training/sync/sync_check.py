@@ -10,9 +10,9 @@ sync/probe_max_abs_diff.
 The tolerance must sit above the engine's numerical noise (float32 on the CPU: ~1e-5; bfloat16 engines
 need ~0.05-0.1) and below what one update moves: with a tiny learning rate a stale engine may differ by
 less than the noise and pass. The trainer's side scores the probe through the worker group
-(`WorkerGroup.probe_logprobs`: the policy in process at world size 1; every FSDP2 rank runs the sharded
-forward above, rank 0's result); Ray replicas are probed through the engine group (the replica that takes
-the request).
+(`WorkerGroup.probe_logprobs`: memrl.training.update.policy.teacher_forced_logprobs, the policy in process
+at world size 1; every FSDP2 rank runs the sharded forward, rank 0's result); Ray replicas are probed
+through the engine group (the replica that takes the request).
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from __future__ import annotations
 import math
 import time
 from typing import Any
-
-import torch
 
 from memrl.engines.base import SamplingParams
 from memrl.engines.registry import engine_kind
@@ -41,23 +39,6 @@ def probe_ids(tokenizer: Any) -> list[int]:
     if not ids:
         raise UserError("rollout.sync_check: the tokenizer encodes the probe text to no tokens")
     return ids
-
-
-def teacher_forced_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> list[float]:
-    """log_softmax (T=1) of each of `tokens` after `prompt` and the tokens before it, under `model`."""
-    if not tokens:
-        return []
-    device = next(model.parameters()).device
-    ids = torch.tensor([prompt + tokens], dtype=torch.long, device=device)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float()
-    finally:
-        model.train(was_training)
-    logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
-    return logp.gather(-1, ids[0, len(prompt):].unsqueeze(-1)).squeeze(-1).tolist()
 
 
 def engine_name(cfg: Any) -> str:

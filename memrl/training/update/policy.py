@@ -1,5 +1,5 @@
-"""The policy side of training: token logprobs under the engine's temperature convention, and the
-weighted PPO / SFT losses of one micro-batch."""
+"""The policy side of training: token logprobs under the engine's temperature convention, the teacher-forced
+logprobs of rollout.sync_check's probe, and the weighted PPO / SFT losses of one micro-batch."""
 
 from __future__ import annotations
 
@@ -63,6 +63,24 @@ def token_logprobs(
     lp = logp.gather(-1, mb.targets[:, start:].unsqueeze(-1)).squeeze(-1)
     ent = -(logp.exp() * logp).sum(-1) if with_entropy else None
     return _pad_front(lp, start), None if ent is None else _pad_front(ent, start)
+
+
+def teacher_forced_logprobs(model: torch.nn.Module, prompt: list[int], tokens: list[int]) -> list[float]:
+    """log_softmax (T=1) of each of `tokens` after `prompt` and the tokens before it, under `model` (in eval
+    mode, no gradient): the trainer's side of rollout.sync_check's probe (memrl.training.sync.sync_check)."""
+    if not tokens:
+        return []
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt + tokens], dtype=torch.long, device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float()
+    finally:
+        model.train(was_training)
+    logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    return logp.gather(-1, ids[0, len(prompt):].unsqueeze(-1)).squeeze(-1).tolist()
 
 
 def _pad_front(x: torch.Tensor, n: int) -> torch.Tensor:
