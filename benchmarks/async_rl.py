@@ -76,8 +76,7 @@ def child(mode: str, sft: Path, out: Path, steps: int, threshold: float, window:
           demo_overrides: list[str], pin: bool = False) -> dict:
     import torch
 
-    from memrl.eval.evaluator import evaluate_policy
-    from memrl.recipes.memagent import RECIPE, heldout_tasks, protocol
+    from memrl.recipes.memagent import RECIPE, evaluate_lengths, heldout_tasks
     from memrl.recipes.parts import engine_eval
     from memrl.training.assemble import assemble
     from memrl.training.trainer import Trainer
@@ -114,7 +113,7 @@ def child(mode: str, sft: Path, out: Path, steps: int, threshold: float, window:
     tasks = heldout_tasks(cfg, tcfg)
     t_eval = time.perf_counter()
     demo.tokenizer = trainer.parts.tokenizer
-    ev = engine_eval(evaluate_policy, demo, trainer.model, sft, tasks, protocol(cfg), log=print)
+    ev = engine_eval(evaluate_lengths, demo, trainer.model, sft, tasks, cfg.eval, log=print)
     res = {
         "mode": mode, "steps": len(stamps), "setup_s": t_fit - t0, "fit_s": t_end - t_fit,
         "steps_per_hour": len(stamps) / (t_end - t_fit) * 3600, "threshold": threshold, "window": window,
@@ -129,7 +128,7 @@ def child(mode: str, sft: Path, out: Path, steps: int, threshold: float, window:
         "reward_first10": statistics.fmean(rewards[:10]) if rewards else None,
         "reward_last10": statistics.fmean(rewards[-10:]) if rewards else None,
         "eval_s": time.perf_counter() - t_eval,
-        "heldout": {str(n): {m: {"accuracy": e.accuracy, "se": e.se} for m, e in row.items()} for n, row in ev.items()},
+        "heldout": {n: {m: {"accuracy": e["accuracy"], "se": e["se"]} for m, e in row.items()} for n, row in ev.items()},
     }
     return res
 

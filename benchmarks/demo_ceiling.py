@@ -27,8 +27,7 @@ import argparse
 import time
 from dataclasses import replace
 
-from memrl.eval.evaluator import evaluate_policy
-from memrl.recipes.memagent import RECIPE, heldout_tasks, protocol
+from memrl.recipes.memagent import RECIPE, evaluate_lengths, heldout_tasks
 from memrl.recipes.parts import engine_eval
 from memrl.recipes.pipeline import cold_start
 
@@ -55,8 +54,8 @@ def main() -> int:
     sft_s = time.perf_counter() - t0
     tasks = heldout_tasks(cfg, run.tcfg)
     lengths = list(tasks)
-    res = {n: r["greedy"].to_json() for n, r in
-           engine_eval(evaluate_policy, run, run.model, run.out / "sft", tasks, protocol(cfg), log=print).items()}
+    res = {int(n): r["greedy"] for n, r in
+           engine_eval(evaluate_lengths, run, run.model, run.out / "sft", tasks, cfg.eval, log=print).items()}
     params = sum(p.numel() for p in run.model.parameters())
     print("| overrides | params | SFT s | " + " | ".join(f"{n} chunks" for n in lengths) + " |")
     print("|---|---:|---:|" + "---:|" * len(lengths))

@@ -25,8 +25,7 @@ from typing import Any
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from memrl.eval.evaluator import evaluate_policy, results_to_json
-from memrl.recipes.memagent import RECIPE, heldout_tasks, protocol
+from memrl.recipes.memagent import RECIPE, evaluate_lengths, heldout_tasks
 from memrl.recipes.parts import engine_eval
 from memrl.training.assemble import assemble
 from memrl.training.checkpoints.checkpoint import latest_checkpoint
@@ -55,8 +54,7 @@ def run_mode(src: Path, out: Path, mode: str, overrides: list[str], stages: list
     if "eval_sft" in stages:
         t0 = time.perf_counter()
         model = AutoModelForCausalLM.from_pretrained(out / "sft")
-        got["sft"] = results_to_json(engine_eval(evaluate_policy, run, model, out / "sft", tasks, protocol(cfg),
-                                                 log=print))
+        got["sft"] = engine_eval(evaluate_lengths, run, model, out / "sft", tasks, cfg.eval, log=print)
         done("eval_sft", t0)
     if "rl" in stages or "eval_rl" in stages:
         t0 = time.perf_counter()
@@ -67,9 +65,8 @@ def run_mode(src: Path, out: Path, mode: str, overrides: list[str], stages: list
         done("rl", t0)
     if "eval_rl" in stages:
         t0 = time.perf_counter()
-        got["rl"] = results_to_json(engine_eval(evaluate_policy, run, trainer.model,
-                                                latest_checkpoint(trainer.ckpt_root) or "", tasks, protocol(cfg),
-                                                log=print))
+        got["rl"] = engine_eval(evaluate_lengths, run, trainer.model, latest_checkpoint(trainer.ckpt_root) or "",
+                                tasks, cfg.eval, log=print)
         done("eval_rl", t0)
     return got
 

@@ -22,8 +22,7 @@ from pathlib import Path
 def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memrl.eval.evaluator import evaluate_policy, results_to_json
-    from memrl.recipes.memagent import RECIPE, evaluate_demonstrator, heldout_tasks, protocol
+    from memrl.recipes.memagent import RECIPE, evaluate_demonstrator, evaluate_lengths, heldout_tasks
     from memrl.recipes.parts import engine_eval
     from memrl.training.checkpoints.checkpoint import latest_checkpoint
 
@@ -42,14 +41,14 @@ def main() -> int:
     t0 = time.perf_counter()
     scripted = evaluate_demonstrator(demo, tasks) if cfg.eval.demonstrator else {}
     timings["eval_demonstrator_s"] = time.perf_counter() - t0
-    stages = {"demonstrator": results_to_json(scripted)}
+    stages = {"demonstrator": scripted}
     for stage, path in (("sft", run / "sft"), ("rl", latest_checkpoint(run / "rl" / "checkpoints"))):
         if path is None:
             raise SystemExit(f"{run}: no RL checkpoint under {run / 'rl' / 'checkpoints'}")
         t0 = time.perf_counter()
         print(f"{stage} ({path}), held-out:")
         model = AutoModelForCausalLM.from_pretrained(path)
-        stages[stage] = results_to_json(engine_eval(evaluate_policy, demo, model, path, tasks, protocol(cfg), log=print))
+        stages[stage] = engine_eval(evaluate_lengths, demo, model, path, tasks, cfg.eval, log=print)
         timings[f"eval_{stage}_s"] = time.perf_counter() - t0
     from dataclasses import asdict
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from memrl.eval.evaluator import EngineRollout, evaluate_policy, model_engine
-from memrl.recipes.memagent import RECIPE, heldout_tasks, protocol
+from memrl.eval.evaluator import EngineRollout, model_engine
+from memrl.recipes.memagent import RECIPE, evaluate_lengths, heldout_tasks
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     model = AutoModelForCausalLM.from_pretrained(out / "sft")
     with model_engine(model, tok, tcfg.engine, out / "sft") as engine:
         t0 = time.perf_counter()
-        evaluate_policy(EngineRollout(engine, spec), wf, tasks, protocol(cfg), log=print)
+        evaluate_lengths(EngineRollout(engine, spec), wf, tasks, cfg.eval, log=print)
         wall = time.perf_counter() - t0
         st = engine.stats
     print(f"layout {args.layout}: wall {wall:.1f} s")

@@ -22,7 +22,7 @@ def main() -> int:
 
     from memrl.data.synthetic import at_length, make_tasks
     from memrl.demonstrators import ScriptedEngine
-    from memrl.eval.evaluator import EngineRollout, evaluate_tasks, model_engine
+    from memrl.eval.evaluator import EngineRollout, accuracy, evaluate_rows, model_engine
     from memrl.recipes.memagent import RECIPE, demonstrator
     from memrl.recipes.retention import EVENTS, RetentionCounter
     from memrl.training.checkpoints.checkpoint import latest_checkpoint
@@ -50,9 +50,9 @@ def main() -> int:
 
     def score(label: str, engine) -> None:  # noqa: ANN001
         counter = RetentionCounter(sep=syn.fact_sep, keep_examples=args.examples)
-        res = evaluate_tasks(EngineRollout(engine, spec), wf_cfg, tasks, cfg.eval.samples, cfg.eval.temperature,
-                             cfg.eval.seed, on_trajectory=counter.add)
-        rows.append((label, res, counter))
+        res = evaluate_rows(EngineRollout(engine, spec), wf_cfg, tasks, cfg.eval.samples, cfg.eval.temperature,
+                            cfg.eval.seed, on_trajectory=counter.add)
+        rows.append((label, accuracy(res), counter))
 
     if args.demonstrator:
         rule = demonstrator(cfg, tcfg, wf_cfg, seed=cfg.eval.seed)
@@ -64,8 +64,8 @@ def main() -> int:
           f"seed {cfg.eval.seed}\n")
     print("| policy | acc % | loss rate / rewrite % | capture % | " + " | ".join(EVENTS) + " |")
     print("|---|---:|---:|---:|" + "---:|" * len(EVENTS))
-    for path, res, c in rows:
-        print(f"| {path} | {cell(recorded(res.accuracy, res.se))} | {100 * c.loss_rate:.2f} | {100 * c.capture_rate:.1f} | "
+    for path, (acc, se), c in rows:
+        print(f"| {path} | {cell(recorded(acc, se))} | {100 * c.loss_rate:.2f} | {100 * c.capture_rate:.1f} | "
               + " | ".join(str(c.events[e]) for e in EVENTS) + " |")
     for path, _, c in rows:
         print(f"\n{path}: examples (previous memory | section | new memory)")

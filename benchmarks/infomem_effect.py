@@ -46,8 +46,7 @@ def run_one(src: Path, out: Path, arm: str, seed: int, overrides: list[str]) -> 
     """One arm and seed: the demo's RL stage from src/sft, then its held-out evaluation; writes result.json."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memrl.eval.evaluator import evaluate_policy, results_to_json
-    from memrl.recipes.memagent import RECIPE, heldout_tasks, protocol
+    from memrl.recipes.memagent import RECIPE, evaluate_lengths, heldout_tasks
     from memrl.recipes.parts import engine_eval
     from memrl.recipes.seeds import base_seeds
     from memrl.training.assemble import assemble
@@ -73,8 +72,7 @@ def run_one(src: Path, out: Path, arm: str, seed: int, overrides: list[str]) -> 
         model, model_dir = trainer.model, latest_checkpoint(trainer.ckpt_root) or ""
     rl_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    rl = results_to_json(engine_eval(evaluate_policy, run, model, model_dir, heldout_tasks(cfg, tcfg), protocol(cfg),
-                                     log=print))
+    rl = engine_eval(evaluate_lengths, run, model, model_dir, heldout_tasks(cfg, tcfg), cfg.eval, log=print)
     got = {"arm": arm, "seed": seed, "data_seed": tcfg.data.seed, "trainer_seed": tcfg.trainer.seed,
            "rl": rl, "rl_s": rl_s, "eval_s": time.perf_counter() - t0,
            "model_reward_s": sum(h.get("time/model_reward_s", 0.0) for h in history),

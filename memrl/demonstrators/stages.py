@@ -1,8 +1,8 @@
 """Scripted policies as stages of a recipe: build one, record its demonstrations through a workflow (the
-SFT rows are the workflow's own segments, built exactly as RL builds its rows), calibrate MemAct's
-working-context budget with it, and evaluate it with the one evaluator.
+SFT rows are the workflow's own segments, built exactly as RL builds its rows) and calibrate MemAct's
+working-context budget with it.
 
-- MemAgent (synthetic task): `mixture_demonstrator`, `record_demonstrations`, `reading_segments`, `evaluate_scripted`.
+- MemAgent (synthetic task): `mixture_demonstrator`, `record_demonstrations`, `reading_segments`.
 - MemAct (synthetic_memact task): `memact_demonstrations`, `calibrate_budget`.
 - fold, summarize, sliding_window (synthetic_memact task): `context_demonstrator`, `context_demonstrations`,
   `calibrate_fold_budget`.
@@ -18,10 +18,9 @@ from typing import Any
 
 from memrl.config import MAX_TOKENS
 from memrl.demonstrators.context import FoldDemonstrator, SearchDemonstrator, SummaryDemonstrator
-from memrl.demonstrators.engine import ScriptedEngine, play_scripted
+from memrl.demonstrators.engine import play_scripted
 from memrl.demonstrators.memact import MemActDemonstrator
 from memrl.demonstrators.synthetic import MixtureDemonstrator
-from memrl.eval.evaluator import EngineRollout, evaluate_policy
 from memrl.quiet import encode_text
 from memrl.types import Group, Segment, Task
 from memrl.workflows.templates import chat_prompt
@@ -58,19 +57,6 @@ def reading_segments(tasks: list[Task], tokenizer: Any, final_template: Any) -> 
         resp.append(tokenizer.eos_token_id)
         out.append(Segment(prompt_ids=prompt_ids, response_ids=resp, response_logprobs=[0.0] * len(resp),
                            step=0, info={"kind": "reading"}, task_id=t.task_id))
-    return out
-
-
-def evaluate_scripted(rule: Any, tokenizer: Any, spec: Any, wf_cfg: Any, tasks_by_length: dict[int, list[Task]],
-                  protocol: Any, log: Any = print, **labels: Any) -> dict[int, dict[str, Any]]:
-    """A scripted rule's accuracy through the workflow `spec` under the evaluator's `protocol`
-    (memrl.eval.evaluator.evaluate_policy), with a fresh ScriptedEngine per length (it records every
-    call); the rule's own random state runs on across the lengths. `labels`: evaluate_policy's row labels
-    (policy, heldout_sha256)."""
-    out = {}
-    for n, tasks in tasks_by_length.items():
-        rollout = EngineRollout(ScriptedEngine(rule, tokenizer=tokenizer), spec)
-        out.update(evaluate_policy(rollout, wf_cfg, {n: tasks}, protocol, log=log, **labels))
     return out
 
 

@@ -11,13 +11,13 @@ Three pieces:
   their mean and its standard error `mean_and_se` (memrl.eval.stats.stat: std(task means, ddof 1) / sqrt(tasks); the k samples
   of one task share the task, so k x tasks observations would understate it). pass@k likewise over each
   task's best sample. `memrl.eval.report` (mean@k, pass@k of results.jsonl rows) calls the same functions.
-- **one evaluation**: `evaluate_tasks` (one task set, one decoding) and `evaluate_policy` (greedy and
-  sampled per length, as the `EvalProtocol` says) make one row per trajectory (`evaluation_rows`: the
-  policy, decoding, bucket, seed and held-out digest columns beside the workflow's own; written to a JSONL
-  file with `rows_to`) and return the `EvalResult`s computed from the rows (`result_from_rows`): accuracy +- SE
-  over tasks, the per-task means (paired comparisons, `paired_gain`) and the means of the trajectory
-  metrics (context tokens, ...). The demos' per-method summaries over kept groups (`keep_groups`) live
-  with the demos (memrl.recipes.summaries).
+- **one evaluation**: `evaluate_rows` (one task set, one decoding) makes one row per trajectory
+  (`evaluation_rows`: the policy, decoding, bucket, seed and held-out digest columns beside the workflow's own,
+  the reward and the metrics; written to a JSONL file with `rows_to`) and returns them. Every number is a
+  reducer's over rows: `eval_record` (results.json's record of one evaluation: accuracy +- SE over tasks, the
+  per-task means for paired comparisons, `paired_gain`, and the means of the trajectory metrics), `accuracy`,
+  `per_task`, `pass_at_k`, `row_mean`, `group_rows` (by policy, decoding, bucket). The demos' per-method
+  summaries over rows live with the demos (memrl.recipes.summaries).
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -144,50 +143,13 @@ def model_engine(model: Any, tokenizer: Any, engine_cfg: Any, model_dir: str | P
         runtime.close()
 
 
-# ---------------------------------------------------------------- one evaluation
+# ---------------------------------------------------------------- the evaluation row
 
 
 PERCENT = ("no_box", "answer_seen", "answer_kept")
 """Trajectory metrics that are 0/1 per trajectory, reported in percent."""
 DEFAULT_METRICS = ("context_tokens", *PERCENT)
-"""The MemAgent workflow's trajectory metrics an `EvalResult` reports by default."""
-
-
-@dataclass
-class EvalResult:
-    """One policy, one task set (one length), one decoding mode."""
-
-    accuracy: float
-    """Mean reward over tasks x samples, in percent."""
-    se: float
-    """Standard error of `accuracy` over tasks (of each task's mean reward), in percent; 0 for one task."""
-    num_tasks: int
-    samples: int
-    temperature: float
-    metrics: dict[str, float] = field(default_factory=dict)
-    """Means of trajectory metrics over all trajectories (percent for the 0/1 ones named in PERCENT)."""
-    seconds: float = 0.0
-    per_task: list[float] = field(default_factory=list)
-    """Each task's mean reward (0..1), in task order: paired comparisons of two policies on the same tasks."""
-    groups: list[Group] = field(default_factory=list, repr=False, compare=False)
-    """The scored groups when asked for (`keep_groups`; not in `to_json`): a workflow's own summary (the
-    recipes' ones in memrl.recipes.summaries). Empty by default, so a long evaluation does not hold every trajectory."""
-    rows: list[dict[str, Any]] = field(default_factory=list, repr=False, compare=False)
-    """The evaluation's rows (`evaluation_rows`) its numbers are computed from; not in `to_json`."""
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(replace(self, groups=[], rows=[]))
-        del d["groups"], d["rows"]
-        return d
-
-
-def metric_mean(trajs: Sequence[Trajectory], name: str) -> float:
-    """Mean of one trajectory metric (0 where a trajectory lacks it), summed exactly (math.fsum)."""
-    return math.fsum(t.metrics.get(name, 0.0) for t in trajs) / len(trajs)
-
-
-# ---------------------------------------------------------------- the evaluation row
-
+"""The MemAgent workflow's trajectory metrics an evaluation's record (`eval_record`) reports by default."""
 
 ROW_COLUMNS = ("policy", "decoding", "bucket", "seed", "heldout_sha256")
 """The columns every evaluation row carries beside its trajectory's own: the policy evaluated (a recipe's stage:
@@ -207,12 +169,13 @@ def row_labels(policy: str, temperature: float, bucket: Any, seed: int, heldout_
             "heldout_sha256": heldout_sha256}
 
 
-def evaluation_rows(groups: Sequence[Group], seed: int, temperature: float, bucket: Any = None, policy: str = "",
-                    heldout_sha256: str = "",
+def evaluation_rows(groups: Sequence[Group], seed: int = 0, temperature: float = 0.0, bucket: Any = None,
+                    policy: str = "", heldout_sha256: str = "",
                     row_columns: Callable[[Trajectory], Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
     """One row per scored trajectory, in task then sample order: task_id, sample, the ROW_COLUMNS, the
     workflow's own columns (`row_columns`: WorkflowSpec.row_columns, as `memrl eval`'s rows), the reward and
-    the trajectory's metrics. Every recipe evaluation's numbers (`result_from_rows`) are computed from these."""
+    the trajectory's metrics. Every evaluation's numbers are computed from these (the reducers below), and so
+    are a scripted agent's (its played groups' rows)."""
     labels = row_labels(policy, temperature, bucket, seed, heldout_sha256)
     rows = []
     for g in groups:
@@ -223,111 +186,98 @@ def evaluation_rows(groups: Sequence[Group], seed: int, temperature: float, buck
     return rows
 
 
-def result_from_rows(rows: Sequence[Mapping[str, Any]], samples: int, temperature: float, seconds: float = 0.0,
-                     metrics: Sequence[str] = DEFAULT_METRICS, se_ddof: int = 1) -> EvalResult:
-    """Accuracy +- SE over tasks (each task's mean reward over its `samples` rows, tasks in first-row order) and
-    the means of the named trajectory metrics over all rows (percent for those in PERCENT), from one
-    evaluation's rows (`evaluation_rows`: one policy, decoding and bucket). Fails unless every task has
-    `samples` rows."""
-    by_task: dict[str, list[float]] = {}
-    for r in rows:
-        by_task.setdefault(r["task_id"], []).append(r["reward"])
-    if bad := [t for t, v in by_task.items() if len(v) != samples]:
-        raise ValueError(f"result_from_rows: task {bad[0]} has {len(by_task[bad[0]])} rows, not {samples} "
-                         "(one evaluation's rows, one task id per task)")
-    per_task = task_means(by_task.values())
-    acc, se = mean_and_se(per_task, se_ddof)
-    means = {}
-    for name in metrics:
-        m = math.fsum(r["metrics"].get(name, 0.0) for r in rows) / len(rows)
-        means[name] = 100.0 * m if name in PERCENT else m
-    return EvalResult(100.0 * acc, 100.0 * se, len(per_task), samples, temperature, means, seconds, per_task,
-                      rows=list(rows))
+# ---------------------------------------------------------------- one evaluation
 
 
-def result_from_groups(groups: Sequence[Group], samples: int, temperature: float, seconds: float = 0.0,
-                       metrics: Sequence[str] = DEFAULT_METRICS, se_ddof: int = 1,
-                       keep_groups: bool = False, seed: int = 0, bucket: Any = None, policy: str = "",
-                       heldout_sha256: str = "",
-                       row_columns: Callable[[Trajectory], Mapping[str, Any]] | None = None) -> EvalResult:
-    """`result_from_rows` over the scored groups' `evaluation_rows` (the groups kept in the result with
-    `keep_groups`)."""
-    rows = evaluation_rows(groups, seed, temperature, bucket, policy, heldout_sha256, row_columns)
-    res = result_from_rows(rows, samples, temperature, seconds, metrics, se_ddof)
-    if keep_groups:
-        res.groups = list(groups)
-    return res
-
-
-def evaluate_tasks(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], samples: int = 1,
-                   temperature: float = 0.0, seed: int = 0, metrics: Sequence[str] = DEFAULT_METRICS,
-                   on_trajectory: Callable[[Task, Trajectory], None] | None = None,
-                   se_ddof: int = 1, keep_groups: bool = False, bucket: Any = None, policy: str = "",
-                   heldout_sha256: str = "", rows_to: str | Path | None = None) -> EvalResult:
-    """`samples` trajectories per task through `rollout` at `temperature` (0 = greedy, one per task; the
-    workflow config's `temperature` is replaced); their rows (`evaluation_rows`, with the rollout's workflow
-    columns) and, from them, the accuracy and its standard error over tasks, plus the mean of each named
-    trajectory metric. `on_trajectory` sees every finished trajectory. With `rows_to` the rows are appended
-    to that JSONL file."""
+def evaluate_rows(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], samples: int = 1, temperature: float = 0.0,
+                  seed: int = 0, *, bucket: Any = None, policy: str = "", heldout_sha256: str = "",
+                  on_trajectory: Callable[[Task, Trajectory], None] | None = None,
+                  rows_to: str | Path | None = None) -> list[dict[str, Any]]:
+    """THE evaluation: `samples` trajectories per task through `rollout` at `temperature` (0 = greedy, one per
+    task; the workflow config's `temperature` is replaced), seeded with `seed`; their rows (`evaluation_rows`,
+    labelled with `bucket`, `policy` and `heldout_sha256`, with the rollout's workflow columns). `on_trajectory`
+    sees every finished trajectory; with `rows_to` the rows are appended to that JSONL file. The numbers are the
+    reducers' over the rows (`eval_record`: results.json's record); a caller that records time times the call."""
     if samples < 1:
-        raise ValueError(f"evaluate_tasks: samples must be >= 1, got {samples}")
+        raise ValueError(f"evaluate_rows: samples must be >= 1, got {samples}")
     if temperature == 0 and samples != 1:
-        raise ValueError("evaluate_tasks: greedy decoding (temperature 0) gives one trajectory per task; samples must be 1")
-    t0 = time.perf_counter()
+        raise ValueError("evaluate_rows: greedy decoding (temperature 0) gives one trajectory per task; samples must be 1")
     groups = rollout(list(tasks), replace(wf_cfg, temperature=temperature), samples, seed, on_done=on_trajectory)
-    res = result_from_groups(groups, samples, temperature, time.perf_counter() - t0, metrics, se_ddof,
-                             keep_groups, seed, bucket, policy, heldout_sha256,
-                             getattr(getattr(rollout, "spec", None), "row_columns", None))
+    rows = evaluation_rows(groups, seed, temperature, bucket, policy, heldout_sha256,
+                           getattr(getattr(rollout, "spec", None), "row_columns", None))
     if rows_to is not None:
-        append_rows(rows_to, res.rows)
-    return res
+        append_rows(rows_to, rows)
+    return rows
 
 
-@dataclass
-class EvalProtocol:
-    """What every evaluated policy is run on (fixed before any run)."""
-
-    greedy: bool = True
-    samples: int = 4
-    """Sampled trajectories per task (0 = no sampled evaluation)."""
-    temperature: float = 1.0
-    seed: int = 987654
-    """Seeds the tasks' sampling (the task set itself is the caller's)."""
-    metrics: tuple[str, ...] = DEFAULT_METRICS
-    """The trajectory metrics averaged into EvalResult.metrics."""
-    se_ddof: int = 1
-    """1: the sample standard deviation over tasks; 0: the binomial SE (the MemAct demo's table)."""
-    keep_groups: bool = False
-    """Keep the scored groups in each EvalResult (for a workflow's own summary, memrl.recipes.summaries)."""
+# ---------------------------------------------------------------- reducers over rows
 
 
-def evaluate_policy(rollout: Rollout, wf_cfg: Any, tasks_by_length: dict[int, list[Task]],
-                    protocol: EvalProtocol, modes: Sequence[str] = ("greedy", "sampled"),
-                    log: Any = None, **labels: Any) -> dict[int, dict[str, EvalResult]]:
-    """{length: {"greedy": ..., "sampled": ...}} for the modes the protocol enables (and `modes` asks for);
-    greedy then sampled at each length, both seeded with protocol.seed; each result's rows have the length as
-    their bucket. `labels`: evaluate_tasks' policy, heldout_sha256 and rows_to."""
-    out: dict[int, dict[str, EvalResult]] = {}
-    for length, tasks in tasks_by_length.items():
-        row: dict[str, EvalResult] = {}
-        if protocol.greedy and "greedy" in modes:
-            row["greedy"] = evaluate_tasks(rollout, wf_cfg, tasks, 1, 0.0, protocol.seed, protocol.metrics,
-                                           se_ddof=protocol.se_ddof, keep_groups=protocol.keep_groups,
-                                           bucket=length, **labels)
-        if protocol.samples > 0 and "sampled" in modes:
-            row["sampled"] = evaluate_tasks(rollout, wf_cfg, tasks, protocol.samples, protocol.temperature,
-                                            protocol.seed, protocol.metrics, se_ddof=protocol.se_ddof,
-                                            keep_groups=protocol.keep_groups, bucket=length, **labels)
-        out[length] = row
-        if log is not None:
-            log(f"  {length}: " + ", ".join(f"{m} {r.accuracy:.1f} ± {r.se:.1f}% ({r.seconds:.0f}s)"
-                                            for m, r in row.items()))
+def reward_of(row: Mapping[str, Any]) -> float:
+    """A row's reward (the reducers' default value)."""
+    return row["reward"]
+
+
+def by_task(rows: Iterable[Mapping[str, Any]], value: Callable[[Mapping[str, Any]], float] = reward_of,
+            samples: int | None = None) -> dict[str, list[float]]:
+    """{task_id: `value` of each of its rows}, tasks in first-row order. With `samples`, fails unless every task
+    has that many rows (one evaluation's rows: one policy, decoding and bucket)."""
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        out.setdefault(r["task_id"], []).append(value(r))
+    if samples is not None and (bad := [t for t, v in out.items() if len(v) != samples]):
+        raise ValueError(f"rows: task {bad[0]} has {len(out[bad[0]])} rows, not {samples} "
+                         "(one evaluation's rows, one task id per task)")
     return out
 
 
-def results_to_json(res: dict[int, dict[str, EvalResult]]) -> dict[str, dict[str, Any]]:
-    """JSON form of `evaluate_policy`'s result: lengths become strings."""
-    return {str(n): {m: r.to_json() for m, r in row.items()} for n, row in res.items()}
+def per_task(rows: Iterable[Mapping[str, Any]], value: Callable[[Mapping[str, Any]], float] = reward_of,
+             samples: int | None = None) -> list[float]:
+    """Each task's mean `value` over its rows (mean@k's per-task value), tasks in first-row order."""
+    return task_means(by_task(rows, value, samples).values())
+
+
+def accuracy(rows: Iterable[Mapping[str, Any]], ddof: int = 1,
+             value: Callable[[Mapping[str, Any]], float] = reward_of) -> tuple[float, float]:
+    """(accuracy, its standard error) in percent: mean +- SE over tasks of each task's mean `value`
+    (`mean_and_se`; ddof 1, or 0: the binomial SE)."""
+    mean, se = mean_and_se(per_task(rows, value), ddof)
+    return 100.0 * mean, 100.0 * se
+
+
+def pass_at_k(rows: Iterable[Mapping[str, Any]], ddof: int = 1) -> tuple[float, float]:
+    """(pass@k, its standard error) in percent: mean +- SE over tasks of each task's best reward."""
+    mean, se = mean_and_se(task_best(by_task(rows).values()), ddof)
+    return 100.0 * mean, 100.0 * se
+
+
+def row_mean(rows: Sequence[Mapping[str, Any]], name: str) -> float:
+    """Mean of one trajectory metric over the rows (0 where a row lacks it), summed exactly (math.fsum)."""
+    return math.fsum(r["metrics"].get(name, 0.0) for r in rows) / len(rows)
+
+
+def group_rows(rows: Iterable[Mapping[str, Any]],
+               by: Sequence[str] = ("policy", "decoding", "bucket")) -> dict[tuple[Any, ...], list[Mapping[str, Any]]]:
+    """The rows grouped by the values of the columns `by`, groups in first-seen order, rows in their order."""
+    out: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(tuple(r[c] for c in by), []).append(r)
+    return out
+
+
+def eval_record(rows: Sequence[Mapping[str, Any]], samples: int, temperature: float, seconds: float = 0.0,
+                metrics: Sequence[str] = DEFAULT_METRICS, se_ddof: int = 1) -> dict[str, Any]:
+    """What results.json records for one evaluation (one policy, decoding and bucket) from its rows: accuracy
+    (mean reward over tasks x samples, %) and its SE over tasks (of each task's mean reward, %; 0.0 for one
+    task), num_tasks, samples, temperature, the means of the named trajectory metrics over all rows (percent
+    for those in PERCENT), seconds, and per_task: each task's mean reward (0..1) in first-row order, for
+    paired comparisons (`paired_gain`). Fails unless every task has `samples` rows."""
+    means = per_task(rows, samples=samples)
+    acc, se = mean_and_se(means, se_ddof)
+    return {"accuracy": 100.0 * acc, "se": 100.0 * se, "num_tasks": len(means), "samples": samples,
+            "temperature": temperature,
+            "metrics": {m: 100.0 * row_mean(rows, m) if m in PERCENT else row_mean(rows, m) for m in metrics},
+            "seconds": seconds, "per_task": means}
 
 
 def tasks_sha256(tasks: Iterable[Task]) -> str:

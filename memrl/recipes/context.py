@@ -40,6 +40,7 @@ from memrl.config import MAX_COUNT, MAX_SEED, MAX_TOKENS, ConfigError, valid
 from memrl.data.synthetic_memact import MemActTaskConfig, tokenizer_text
 from memrl.demonstrators.memact import answer_reply, search_reply
 from memrl.demonstrators.stages import calibrate_fold_budget, context_demonstrations, context_demonstrator
+from memrl.eval.evaluator import evaluation_rows
 from memrl.recipes.parts import (
     BUDGET_NOTE,
     GRPO,
@@ -60,7 +61,7 @@ from memrl.recipes.parts import (
 from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, TaskSFTSettings, run_recipe
 from memrl.recipes.reuse import reused_cold_start, reused_warmup, take_cold_start
 from memrl.recipes.scratch import init_model as scratch_init
-from memrl.recipes.summaries import context_summary_of, evaluate_context
+from memrl.recipes.summaries import context_summary, evaluate_context
 from memrl.recipes.tables import ACCURACY_SE, RunTable, SweepTable
 from memrl.types import Segment
 
@@ -239,9 +240,9 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
     def scripted(self, run: RecipeRun) -> None:
         """The trained table's "vs unbounded ReAct" reference: the scripted search agent without a budget on the
         held-out tasks, in this run's tokens."""
-        run.extra["unbounded"] = context_summary_of(context_demonstrations(
+        run.extra["unbounded"] = context_summary(evaluation_rows(context_demonstrations(
             run.extra["data"].eval_tasks, run.tokenizer, "sliding_window", run.extra["react_cfg"],
-            context_demonstrator("search")))
+            context_demonstrator("search"))))
 
     def warmup(self, run: RecipeRun) -> list[float]:
         return reused_warmup(run.cfg, run.out, run.model) if run.cfg.warmup_from else super().warmup(run)
@@ -253,7 +254,7 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
         return context_demonstrations(run.extra["data"].sft_tasks, run.tokenizer, run.spec.name, run.wf_cfg,
                                       context_demonstrator(self.arm(run.cfg).agent, s.late_prob, s.seed), seed=s.seed)
 
-    demo_summary = staticmethod(context_summary_of)
+    demo_summary = staticmethod(context_summary)
     demo_format = "peak context {peak_context_tokens:.0f}, stopped by the budget {stopped_by_budget:.1f}%"
     demo_names_workflow = True
 

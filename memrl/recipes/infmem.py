@@ -61,7 +61,7 @@ from memrl.recipes.pipeline import (
     run_recipe,
 )
 from memrl.recipes.scratch import check_pieces, init_model
-from memrl.recipes.summaries import evaluate_reading, reading_summary_of
+from memrl.recipes.summaries import evaluate_reading, reading_summary
 from memrl.recipes.tables import ACCURACY_SE, RunTable, SweepTable
 from memrl.types import Task
 
@@ -216,7 +216,7 @@ class InfMemRecipe(ArmRecipe):
         oracle = ReadingDemonstrator.for_config(run.spec.name, run.wf_cfg, run.tcfg.data.synthetic.fact_sep)
         return context_demonstrations(run.extra["sft_tasks"], run.tokenizer, run.spec.name, run.wf_cfg, oracle)
 
-    demo_summary = staticmethod(reading_summary_of)
+    demo_summary = staticmethod(reading_summary)
 
     demo_format = "{model_calls:.2f} calls per task"
     demo_names_workflow = True

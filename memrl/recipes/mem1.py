@@ -36,6 +36,7 @@ from memrl.config import MAX_COUNT, MAX_SEED, valid
 from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks, tokenizer_text
 from memrl.data.tasks_jsonl import write_tasks
 from memrl.demonstrators.mem1 import StateDemonstrator, mem1_demonstrations
+from memrl.eval.evaluator import evaluation_rows
 from memrl.recipes.parts import (
     HEAD,
     TAIL,
@@ -209,7 +210,8 @@ class Mem1Recipe(SplitRecipe, ArmRecipe):
         run.extra.update(sft_tasks=sft_tasks, held=held, positions=pos)
 
     def scripted(self, run: RecipeRun) -> None:
-        run.extra["scripted"] = {str(k): mem1_summary(mem1_demonstrations(ts, run.tokenizer, run.wf_cfg))
+        run.extra["scripted"] = {str(k): mem1_summary(evaluation_rows(mem1_demonstrations(ts, run.tokenizer,
+                                                                                          run.wf_cfg)))
                                  for k, ts in run.extra["held"].items()}
 
     def play(self, run: RecipeRun) -> list[Any]:

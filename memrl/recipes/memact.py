@@ -66,7 +66,7 @@ from memrl.recipes.pipeline import (
 )
 from memrl.recipes.report import MEMACT_TABLE, plot_memact, print_memact_eval
 from memrl.recipes.scratch import init_model as scratch_init
-from memrl.recipes.summaries import evaluate_memact, memact_summary_of
+from memrl.recipes.summaries import evaluate_memact, memact_summary
 from memrl.recipes.tables import SweepTable
 from memrl.types import Segment
 from memrl.workflows.memact import answer_format
@@ -245,7 +245,7 @@ class MemActRecipe(SplitRecipe):
         return memact_demonstrations(run.extra["data"].sft_tasks, run.tokenizer, run.wf_cfg, s.late_prob, s.seed,
                                      s.search_topk, s.keep_results, prune_tool=run.wf_cfg.prune_tool)
 
-    demo_summary = staticmethod(memact_summary_of)
+    demo_summary = staticmethod(memact_summary)
 
     demo_format = "prunes/task {prunes_per_task:.2f}, overflow {overflow:.1f}%"
 

@@ -9,7 +9,7 @@ memrl.recipes.pipeline.cold_start) -> multi-conversation GRPO on the MemAgent wo
 -> the demonstrator, the cold start and SFT+RL evaluated with one protocol (held-out tasks at 1x, 4x, 16x
 the training length; greedy and sampled; memrl.eval.evaluator through memrl.recipes.parts.engine_eval) -> a
 results dict that `memrl.recipes.report` renders (`memagent_markdown`, `plot_memagent`: results.md and the plots).
-Between the configs and the recipe: what only MemAgent's stages need (`protocol`, `heldout_tasks`, `demonstrator`,
+Between the configs and the recipe: what only MemAgent's stages need (`evaluate_lengths`, `heldout_tasks`, `demonstrator`,
 `tokenizer_strings`, `preset_model`, `evaluate_demonstrator`, `sweep_rows`); benchmarks/ and tests call them beside
 the pipeline's own (`RECIPE.configs`, `RECIPE.init`, memrl.recipes.pipeline.cold_start, parts.engine_eval).
 """
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field, replace
+import time
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
@@ -35,14 +36,10 @@ from memrl.config import (
     valid,
 )
 from memrl.data.synthetic import corpus_text, make_task, make_tasks, memory_text, tasks_by_length
-from memrl.demonstrators.stages import (
-    evaluate_scripted,
-    mixture_demonstrator,
-    reading_segments,
-    record_demonstrations,
-)
+from memrl.demonstrators.engine import ScriptedEngine
+from memrl.demonstrators.stages import mixture_demonstrator, reading_segments, record_demonstrations
 from memrl.errors import UserError
-from memrl.eval.evaluator import EvalProtocol, evaluate_policy, results_to_json
+from memrl.eval.evaluator import EngineRollout, eval_record, evaluate_rows
 from memrl.eval.stats import cell
 from memrl.models.tiny import PRESETS, ModelPreset, init_tiny_model
 from memrl.quiet import hf_progress_off
@@ -63,8 +60,8 @@ from memrl.types import Segment
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RECIPE", "DemoConfig", "DemoEval", "DemoSFT", "demonstrator", "evaluate_demonstrator", "heldout_tasks",
-           "protocol", "reading_segments", "run_memagent_demo", "tokenizer_strings"]
+__all__ = ["RECIPE", "DemoConfig", "DemoEval", "DemoSFT", "demonstrator", "evaluate_demonstrator", "evaluate_lengths",
+           "heldout_tasks", "reading_segments", "run_memagent_demo", "tokenizer_strings"]
 
 
 @dataclass
@@ -148,10 +145,27 @@ class DemoConfig(RecipeConfig, ModelShape):
         return self.preset() if self.model_preset == "micro" else PRESETS.get(self.model_preset)
 
 
-def protocol(cfg: DemoConfig) -> EvalProtocol:
-    """The held-out protocol every policy is evaluated under (greedy and/or `eval.samples` per task)."""
-    return EvalProtocol(greedy=cfg.eval.greedy, samples=cfg.eval.samples, temperature=cfg.eval.temperature,
-                        seed=cfg.eval.seed)
+def evaluate_lengths(rollout: Any, wf_cfg: Any, tasks_by_length: dict[int, list[Any]], ev: DemoEval,
+                     modes: tuple[str, ...] = ("greedy", "sampled"), log: Any = None,
+                     **labels: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    """The held-out protocol every policy is evaluated under: {length (str): {"greedy": record, "sampled":
+    record}} (memrl.eval.evaluator.eval_record: results.json's `stages` entries) for the modes `ev` enables and
+    `modes` asks for; at each length greedy (`ev.greedy`, one trajectory per task) then `ev.samples` per task
+    at `ev.temperature` (0 = none), both seeded with `ev.seed`, the length the rows' bucket. `labels`:
+    memrl.eval.evaluator.evaluate_rows' policy, heldout_sha256 and rows_to."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for length, tasks in tasks_by_length.items():
+        row = {}
+        for mode, n, temp in (("greedy", 1, 0.0), ("sampled", ev.samples, ev.temperature)):
+            if mode in modes and (ev.greedy if mode == "greedy" else n > 0):
+                t0 = time.perf_counter()
+                rows = evaluate_rows(rollout, wf_cfg, tasks, n, temp, ev.seed, bucket=length, **labels)
+                row[mode] = eval_record(rows, n, temp, time.perf_counter() - t0)
+        out[str(length)] = row
+        if log is not None:
+            log(f"  {length}: " + ", ".join(f"{m} {r['accuracy']:.1f} ± {r['se']:.1f}% ({r['seconds']:.0f}s)"
+                                            for m, r in row.items()))
+    return out
 
 
 # ------------------------------------------------------------------ stage helpers (benchmarks/ and tests call them)
@@ -196,13 +210,18 @@ def preset_model(out: Path, cfg: DemoConfig, corpus: str) -> tuple[Any, Any]:
         return AutoTokenizer.from_pretrained(out / "init"), AutoModelForCausalLM.from_pretrained(out / "init")
 
 
-def evaluate_demonstrator(run: RecipeRun, tasks_by_length: dict[int, list[Any]]) -> dict[int, dict[str, Any]]:
+def evaluate_demonstrator(run: RecipeRun, tasks_by_length: dict[int, list[Any]]) -> dict[str, dict[str, Any]]:
     """The demonstrator's own accuracy through the run's workflow (run.tokenizer) on `tasks_by_length`, sampled
-    (`eval.samples` per task; a fresh rule seeded with eval.seed, not the one that recorded the SFT data)."""
-    cfg = run.cfg
-    return evaluate_scripted(demonstrator(cfg, run.tcfg, run.wf_cfg, seed=cfg.eval.seed), run.tokenizer, run.spec,
-                             run.wf_cfg, tasks_by_length, replace(protocol(cfg), greedy=False),
-                             **policy_labels(run, "demonstrator", tasks_by_length))
+    (`evaluate_lengths`, `eval.samples` per task; a fresh rule seeded with eval.seed, not the one that recorded
+    the SFT data), a fresh ScriptedEngine per length (it records every call); the rule's own random state runs
+    on across the lengths."""
+    cfg, out = run.cfg, {}
+    rule, labels = demonstrator(cfg, run.tcfg, run.wf_cfg, seed=cfg.eval.seed), policy_labels(run, "demonstrator",
+                                                                                              tasks_by_length)
+    for n, tasks in tasks_by_length.items():
+        rollout = EngineRollout(ScriptedEngine(rule, tokenizer=run.tokenizer), run.spec)
+        out.update(evaluate_lengths(rollout, run.wf_cfg, {n: tasks}, cfg.eval, ("sampled",), print, **labels))
+    return out
 
 
 def sweep_rows(e: dict[str, Any]) -> list[str]:
@@ -236,7 +255,7 @@ class MemAgentRecipe(Recipe):
                    "min_chunks": "tcfg.data.synthetic.min_chunks", "chunk_words": "tcfg.data.synthetic.chunk_words",
                    "sft": "cfg.sft", "rl_steps": "tcfg.trainer.steps", "eval": "cfg.eval"},
         "lengths": lambda run: list(run.extra["tasks"]),
-        "stages": {"demonstrator": "extra.demonstrator", "sft": "evals.sft", "rl": "evals.rl"},  # results_to_json's
+        "stages": {"demonstrator": "extra.demonstrator", "sft": "evals.sft", "rl": "evals.rl"},  # evaluate_lengths'
         "timings": "timings", "sft_losses": "sft_losses",
         "rl_reward": lambda run: [h.get("reward/mean", 0.0) for h in run.history]}
     policies = (("sft", "sft"), ("rl", "rl"), ("demonstrator", "demonstrator"))
@@ -264,7 +283,7 @@ class MemAgentRecipe(Recipe):
         cfg, run.extra["demonstrator"] = run.cfg, {}
         if cfg.eval.demonstrator and cfg.eval.samples:
             print(f"demonstrator (p_aware {cfg.sft.p_aware}), held-out:")
-            run.extra["demonstrator"] = results_to_json(evaluate_demonstrator(run, run.extra["tasks"]))
+            run.extra["demonstrator"] = evaluate_demonstrator(run, run.extra["tasks"])
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], None]:
         """The mixture demonstrator's traces through the memagent workflow (plus `sft.reading_tasks`
@@ -287,8 +306,8 @@ class MemAgentRecipe(Recipe):
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         print("SFT, held-out:" if policy == "sft" else "SFT+RL, held-out:")
-        return results_to_json(engine_eval(evaluate_policy, run, model, model_dir, run.extra["tasks"],
-                                           protocol(run.cfg), log=print, policy=policy))
+        return engine_eval(evaluate_lengths, run, model, model_dir, run.extra["tasks"], run.cfg.eval, log=print,
+                           policy=policy)
 
     def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
         """The held-out protocol and lengths (the tasks are generated from them)."""

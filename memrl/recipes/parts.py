@@ -123,7 +123,7 @@ trajectory of its held-out evaluation, every bucket and decoding)."""
 
 
 def policy_labels(run: RecipeRun, policy: str, tasks: Any) -> dict[str, Any]:
-    """memrl.eval.evaluator.evaluate_tasks' row labels of `policy`'s evaluation on `tasks` (a list, or lists by
+    """memrl.eval.evaluator.evaluate_rows' row labels of `policy`'s evaluation on `tasks` (a list, or lists by
     bucket): the policy, the tasks' digest (tasks_sha256) and the run's ROWS file of the policy, emptied."""
     path = run.out / ROWS.format(policy)
     path.unlink(missing_ok=True)

@@ -38,6 +38,7 @@ from memrl.config import (
     valid,
 )
 from memrl.errors import UserError
+from memrl.eval.evaluator import evaluation_rows
 from memrl.eval.stats import stat
 from memrl.locks import locked_dir
 from memrl.models.tiny import ModelPreset
@@ -350,12 +351,11 @@ class Recipe:
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], Any]:
         """(the cold start's rows, its statistics): the scripted policy played through the workflow (`play`),
         every row of each task's one trajectory as the workflow cuts it; the statistics are {"summary":
-        `demo_summary` of the groups, "rows", "rows_per_task", **`demo_extra`}; a line is printed with the
+        `demo_summary` of the groups' rows, "rows", "rows_per_task", **`demo_extra`}; a line is printed with the
         summary's accuracy and `demo_format` (and the workflow's name where `demo_names_workflow`)."""
         groups = self.play(run)
-        trajs = [g.trajectories[0] for g in groups]
+        trajs, summary = [g.trajectories[0] for g in groups], self.demo_summary(evaluation_rows(groups))
         rows = [s for t in trajs for s in t.segments]
-        summary = self.demo_summary(groups)
         name = f"{run.spec.name} " if self.demo_names_workflow else ""
         print(f"cold start: {len(rows)} rows from {len(groups)} scripted {name}trajectories (its accuracy "
               f"{summary['accuracy']:.1f}%, {self.demo_format.format(**summary)})")
@@ -370,8 +370,8 @@ class Recipe:
         """The scripted policy over the SFT tasks through the workflow: one Group (one trajectory) per task."""
         raise NotImplementedError
 
-    def demo_summary(self, groups: list[Any]) -> dict[str, Any]:
-        """The summary of the scripted groups (its "accuracy" in %)."""
+    def demo_summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """The summary of the scripted groups' rows (memrl.eval.evaluator.evaluation_rows; its "accuracy" in %)."""
         raise NotImplementedError
 
     def demo_extra(self, run: RecipeRun, trajs: list[Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The demos' reports: markdown tables and matplotlib plots from a demo's results dict (results.json).
 
 MemAgent (`memrl demo`): `lengths` (evaluated lengths, in chunks), `recipe.train_chunks`,
-`recipe.chunk_words`, and `stages`: {stage: {length (str): {mode: EvalResult.to_json()}}} with modes
+`recipe.chunk_words`, and `stages`: {stage: {length (str): {mode: memrl.eval.evaluator.eval_record}}} with modes
 "greedy" / "sampled". Stages are named by the caller (demonstrator, sft, rl: `MEMAGENT_STAGES`); the gain
 columns compare two of them on the same tasks (paired standard error, `memrl.eval.evaluator.paired_gain`).
 `memagent_markdown` and `plot_memagent` are its results.md and plots (memrl.recipes.memagent writes them).

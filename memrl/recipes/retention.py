@@ -55,7 +55,7 @@ def classify_step(previous_memory: str, memory: str, section: str, key: str, ans
 
 @dataclass
 class RetentionCounter:
-    """Counts events over finished trajectories; pass `add` as `evaluate_tasks(on_trajectory=...)`.
+    """Counts events over finished trajectories; pass `add` as `evaluate_rows(on_trajectory=...)`.
     Bridge (two-fact) questions are skipped and counted in `skipped_tasks`."""
 
     sep: str | None = "is"

@@ -19,6 +19,7 @@ stays in the context (a ReAct-style agent whose context grows with the turns).
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import dataclass
@@ -257,6 +258,8 @@ async def run(task: Task, engine: Engine, cfg: Mem1Config, rng: random.Random, s
         "invalid_turn": float(stop == "invalid"),
         "peak_context_tokens": float(peak),
         "context_tokens": 0.0,
+        # the mean prompt over the calls (as MemAct's and fold's mean_context_tokens)
+        "mean_context_tokens": math.fsum(s.info["context_tokens"] for s in segments) / len(segments) if segments else 0.0,
         "generated_tokens": float(sum(len(s.response_ids) for s in segments)),
     }
     return Trajectory(task.task_id, "", segments, final_answer=answer, metrics=metrics,

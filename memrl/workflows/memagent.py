@@ -122,6 +122,8 @@ async def run(task: Task, engine: Engine, cfg: MemAgentConfig, rng: random.Rando
         "empty_memories": float(empty_memories),
         "thinking_memory_calls": float(thinking),  # memory replies holding <think> or </think> text
         **memory_recall_metrics(memories, task.answers),
+        "model_calls": float(len(segments)),  # as InfMem reports them (the reading summary's calls, chunks read)
+        "memory_steps": float(sum(s.info["kind"] == "memory" for s in segments)),
     }
     return Trajectory(task.task_id, "", segments, final_answer=boxed or "", metrics=metrics,
                       info={"answer_text": answer_text, "memories": memories, "reward": cfg.reward,

@@ -76,7 +76,7 @@ def test_printed_table_is_results_json(demo):
 def test_sampled_evaluation_is_seeded_and_reproducible(demo):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memrl.eval.evaluator import EngineRollout, evaluate_tasks, model_engine
+    from memrl.eval.evaluator import EngineRollout, eval_record, evaluate_rows, model_engine
     from memrl.recipes.memagent import RECIPE, heldout_tasks
 
     out, _ = demo
@@ -89,15 +89,15 @@ def test_sampled_evaluation_is_seeded_and_reproducible(demo):
     def run(seed: int, temperature: float = 1.0, samples: int = 3):
         seen = {}
         with model_engine(model, tok, tcfg.engine) as engine:
-            res = evaluate_tasks(EngineRollout(engine, spec), wf_cfg, tasks, samples, temperature, seed,
+            rows = evaluate_rows(EngineRollout(engine, spec), wf_cfg, tasks, samples, temperature, seed,
                                  on_trajectory=lambda t, tr: seen.setdefault(tr.trajectory_id, [
                                      s.response_ids for s in tr.segments]))
-        return res, seen
+        return eval_record(rows, samples, temperature), seen
 
     a, ta = run(7)
     b, tb = run(7)
     c, tc = run(8)
-    assert len(ta) == 8 * 3 and ta == tb and a.to_json() | {"seconds": 0} == b.to_json() | {"seconds": 0}
+    assert len(ta) == 8 * 3 and ta == tb and a == b
     assert ta != tc  # another seed samples other trajectories
     assert len({tuple(map(tuple, v)) for v in ta.values()}) > 8  # it samples: the 3 samples of a task differ
 
@@ -133,8 +133,8 @@ def test_reading_rows_answer_from_the_whole_document(tmp_path):
 
 def test_results_json_is_computed_from_the_rows(demo):
     """Each policy's evaluation rows (eval_rows/<policy>.jsonl: one per trajectory, with policy, decoding, bucket,
-    seed and held-out digest) give results.json's entries exactly (memrl.eval.evaluator.result_from_rows)."""
-    from memrl.eval.evaluator import DEFAULT_METRICS, ROW_COLUMNS, result_from_rows
+    seed and held-out digest) give results.json's entries exactly (memrl.eval.evaluator.eval_record)."""
+    from memrl.eval.evaluator import DEFAULT_METRICS, ROW_COLUMNS, eval_record, group_rows
 
     out, _ = demo
     st = json.loads((out / "results.json").read_text())["stages"]
@@ -143,13 +143,12 @@ def test_results_json_is_computed_from_the_rows(demo):
         rows = [json.loads(x) for x in (out / "eval_rows" / f"{stage}.jsonl").read_text().splitlines()]
         assert {r["policy"] for r in rows} == {stage} and {r["seed"] for r in rows} == {987654}
         digests |= {r["heldout_sha256"] for r in rows}
-        cells: dict[tuple[str, str], list[dict]] = {}
-        for r in rows:
-            assert set(ROW_COLUMNS) <= set(r)
-            cells.setdefault((str(r["bucket"]), r["decoding"]), []).append(r)
-        assert sorted(cells) == sorted((n, m) for n, modes in st[stage].items() for m in modes)
+        assert all(set(ROW_COLUMNS) <= set(r) for r in rows)
+        cells = group_rows(rows, by=("bucket", "decoding"))
+        # results.json's order: length, then greedy before sampled
+        assert [(str(n), m) for n, m in cells] == [(n, m) for n, modes in st[stage].items() for m in modes]
         for (n, mode), rs in cells.items():
-            want = dict(st[stage][n][mode])
-            got = result_from_rows(rs, want["samples"], want["temperature"], want["seconds"], DEFAULT_METRICS).to_json()
-            assert got == want, (stage, n, mode)
+            want = st[stage][str(n)][mode]
+            got = eval_record(rs, want["samples"], want["temperature"], want["seconds"], DEFAULT_METRICS)
+            assert json.loads(json.dumps(got)) == want, (stage, n, mode)
     assert len(digests) == 1 and len(digests.pop()) == 64  # the same held-out tasks for every policy

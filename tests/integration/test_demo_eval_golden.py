@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from memrl.eval.evaluator import EngineRollout, evaluate_policy, evaluate_tasks, model_engine, results_to_json
+from memrl.eval.evaluator import EngineRollout, evaluate_rows, model_engine
 from memrl.recipes.parts import engine_eval
 from memrl.recipes.summaries import evaluate_memact
 
@@ -47,7 +47,7 @@ def _strip(res):
 
 def test_memagent_demonstrator_numbers_unchanged(memagent):
     ma, run, *_, tasks, _, _ = memagent
-    got = _strip(results_to_json(ma.evaluate_demonstrator(run, tasks)))
+    got = _strip(ma.evaluate_demonstrator(run, tasks))
     # length 2: per-task means 2/3, 2/3, 1, 1/3, 1/3, 1 -> mean 2/3; deviations 0, 0, +-1/3 (x4):
     # variance (4/9) / 5, SE = sqrt(4/45 / 6) = 0.12172 (by hand)
     assert got == {
@@ -64,8 +64,7 @@ def test_memagent_demonstrator_numbers_unchanged(memagent):
 
 def test_memagent_model_numbers_and_sampled_trajectories_unchanged(memagent):
     ma, run, cfg, tcfg, out, spec, wf, tasks, tok, model = memagent
-    got = _strip(results_to_json(engine_eval(evaluate_policy, run, model, out / "init", tasks, ma.protocol(cfg),
-                                             log=print)))
+    got = _strip(engine_eval(ma.evaluate_lengths, run, model, out / "init", tasks, cfg.eval, log=print))
     for n, ctx in (("2", 20.166666666666668), ("4", 39.5)):
         for mode, samples, temp in (("greedy", 1, 0.0), ("sampled", 3, 1.0)):
             assert got[n][mode] == {"accuracy": 0.0, "se": 0.0, "num_tasks": 6, "samples": samples,
@@ -75,9 +74,9 @@ def test_memagent_model_numbers_and_sampled_trajectories_unchanged(memagent):
     # the sampled trajectories themselves (same seeds per (seed, task, sample)): their token ids' digest
     seen = {}
     with model_engine(model, tok, tcfg.engine) as engine:
-        evaluate_tasks(EngineRollout(engine, spec), wf, tasks[2], 3, 1.0, 987654,
-                       on_trajectory=lambda t, tr: seen.__setitem__(tr.trajectory_id,
-                                                                    [s.response_ids for s in tr.segments]))
+        evaluate_rows(EngineRollout(engine, spec), wf, tasks[2], 3, 1.0, 987654,
+                      on_trajectory=lambda t, tr: seen.__setitem__(tr.trajectory_id,
+                                                                   [s.response_ids for s in tr.segments]))
     assert len(seen) == 18 and len({json.dumps(v) for v in seen.values()}) == 18
     digest = hashlib.sha256(json.dumps(sorted(seen.items())).encode()).hexdigest()
     assert digest == SAMPLED_DIGEST
@@ -94,9 +93,9 @@ def test_memagent_sampled_trajectories_unchanged_with_the_slots_cache(memagent, 
     ecfg = replace(tcfg.engine, hf=replace(tcfg.engine.hf, kv_cache="slots", deterministic=deterministic))
     seen = {}
     with model_engine(model, tok, ecfg) as engine:
-        evaluate_tasks(EngineRollout(engine, spec), wf, tasks[2], 3, 1.0, 987654,
-                       on_trajectory=lambda t, tr: seen.__setitem__(tr.trajectory_id,
-                                                                    [s.response_ids for s in tr.segments]))
+        evaluate_rows(EngineRollout(engine, spec), wf, tasks[2], 3, 1.0, 987654,
+                      on_trajectory=lambda t, tr: seen.__setitem__(tr.trajectory_id,
+                                                                   [s.response_ids for s in tr.segments]))
         assert engine.kv_cache == "slots"
     digest = hashlib.sha256(json.dumps(sorted(seen.items())).encode()).hexdigest()
     assert digest == SAMPLED_DIGEST
@@ -128,8 +127,9 @@ def test_memact_numbers_unchanged(memact):
     from memrl.demonstrators import ScriptedEngine
     from memrl.demonstrators.memact import MemActDemonstrator
     from memrl.demonstrators.stages import calibrate_budget, memact_demonstrations
+    from memrl.eval.evaluator import evaluation_rows
     from memrl.recipes.pipeline import RecipeRun
-    from memrl.recipes.summaries import memact_summary_of
+    from memrl.recipes.summaries import memact_summary
     from memrl.workflows import get_workflow
 
     mc, cfg, tcfg, out, wf, data, tok, model = memact
@@ -137,7 +137,7 @@ def test_memact_numbers_unchanged(memact):
     assert budget == 181
     wf = replace(wf, max_context_tokens=budget)
     # the cold start's statistics of the scripted agent (binomial SE: sqrt(0.7 * 0.3 / 10) = 0.144914)
-    stats = memact_summary_of(memact_demonstrations(data.eval_tasks, tok, wf, 0.5, 3, cfg.sft.search_topk))
+    stats = memact_summary(evaluation_rows(memact_demonstrations(data.eval_tasks, tok, wf, 0.5, 3, cfg.sft.search_topk)))
     assert stats == {"accuracy": 70.0, "accuracy_se": 14.491376746189438, "subq_accuracy": 70.0,
                      "mean_context_tokens": 111.4, "peak_context_tokens": 166.0, "max_context_tokens": 181.0,
                      "prunes_per_task": 0.2, "failed_prunes_per_task": 0.0, "overflow": 30.0, "turns": 3.4,

@@ -66,12 +66,13 @@ def test_demo_eval_and_validation_give_the_same_scores(setup):
             calls.append((len(tasks), n, kw.get("first_sample", 0)))
             return super().__call__(tasks, wf_cfg, n, seed, **kw)
 
-    demo = evaluator.evaluate_tasks(Counting(engine(tok), spec), wf, tasks, SAMPLES, 1.0, SEED)
+    demo_rows = evaluator.evaluate_rows(Counting(engine(tok), spec), wf, tasks, SAMPLES, 1.0, SEED)
     assert calls == [(30, SAMPLES, 0)]
-    assert demo.per_task == right
+    demo = evaluator.eval_record(demo_rows, SAMPLES, 1.0)
+    assert demo["per_task"] == right
     p = k / len(tasks)  # by hand: 0/1 task means, ddof 1 over the 30 tasks
-    assert demo.accuracy == pytest.approx(100 * p)
-    assert demo.se == pytest.approx(100 * math.sqrt(p * (1 - p) * 30 / 29 / 30))
+    assert demo["accuracy"] == pytest.approx(100 * p)
+    assert demo["se"] == pytest.approx(100 * math.sqrt(p * (1 - p) * 30 / 29 / 30))
 
     # `memrl eval` (sample k of a task is the demo's k-th trajectory), through an injected rollout
     calls.clear()
@@ -81,12 +82,12 @@ def test_demo_eval_and_validation_give_the_same_scores(setup):
     assert all(r["reward"] == r["sub_em"] for r in rows)
     rewards = by_task(rows, "reward")
     per_task = evaluator.task_means(rewards[t.task_id] for t in tasks)
-    assert per_task == demo.per_task
+    assert per_task == demo["per_task"]
     mean, se = evaluator.mean_and_se(per_task)
-    assert (100 * mean, 100 * se) == (demo.accuracy, demo.se)
+    assert (100 * mean, 100 * se) == (demo["accuracy"], demo["se"])
     (s,) = summarize(rows, "eval")
     assert (s.samples, s.questions) == (SAMPLES, 30)
-    assert (s.mean_at_k, s.mean_at_k_se) == (demo.accuracy, demo.se)
+    assert (s.mean_at_k, s.mean_at_k_se) == (demo["accuracy"], demo["se"])
 
     # in-training validation: memrl.eval.runner.evaluate on the trainer's runtime, its rows summarized
     tcfg = load_config(TrainConfig, ["workflow=memagent", *(f"workflow.{k}={v}" for k, v in WORKFLOW.items()
@@ -99,6 +100,6 @@ def test_demo_eval_and_validation_give_the_same_scores(setup):
     eng = engine(tok)
     with RolloutRuntime(eng, close_engine=False) as runtime:  # the trainer's run-long runtime
         val = run_validation(tcfg, root / "train", 3, engine=eng, runtime=runtime)
-    assert val["val/syn/3/mean_at_k"] == demo.accuracy and val["val/mean_accuracy"] == demo.accuracy
+    assert val["val/syn/3/mean_at_k"] == demo["accuracy"] and val["val/mean_accuracy"] == demo["accuracy"]
     val_rows = read_results(root / "train" / "val" / "step_3" / "results.jsonl")
     assert by_task(val_rows, "reward") == rewards

@@ -9,7 +9,7 @@ from typing import Any
 from memrl.config import MAX_COUNT, MAX_SEED, valid
 from memrl.data.synthetic import corpus_text, make_tasks, tasks_by_length
 from memrl.demonstrators.stages import mixture_demonstrator, record_demonstrations
-from memrl.eval.evaluator import EvalProtocol, evaluate_policy, results_to_json
+from memrl.eval.evaluator import eval_record, evaluate_rows
 from memrl.models.tiny import ModelPreset
 from memrl.recipes.parts import engine_eval
 from memrl.recipes.pipeline import EvalSettings, Recipe, RecipeRun, SFTSettings
@@ -61,9 +61,15 @@ class ToyRecipe(Recipe):
         return rows, {"tasks": len(groups), "rows": len(rows)}
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: Any) -> Any:
-        protocol = EvalProtocol(greedy=True, samples=0, seed=run.cfg.eval.seed)
-        res = engine_eval(evaluate_policy, run, model, model_dir, run.extra["heldout"], protocol, policy=policy)
-        return results_to_json(res)  # length -> decoding -> summary; the rows: eval_rows/<policy>.jsonl
+        return engine_eval(greedy_by_length, run, model, model_dir, run.extra["heldout"], policy=policy)
+
+
+def greedy_by_length(rollout: Any, wf_cfg: Any, tasks: dict[int, list[Any]], temperature: float, seed: int,
+                     **labels: Any) -> dict[str, dict[str, Any]]:
+    """length -> decoding -> summary: each length's greedy rows (the one evaluator; `labels` write them to
+    eval_rows/<policy>.jsonl) reduced to results.json's record (untimed)."""
+    return {str(n): {"greedy": eval_record(evaluate_rows(rollout, wf_cfg, ts, 1, 0.0, seed, bucket=n, **labels),
+                                           1, 0.0)} for n, ts in tasks.items()}
 
 
 RECIPE = ToyRecipe()

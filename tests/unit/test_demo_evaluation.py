@@ -14,11 +14,14 @@ from memrl.data.synthetic import SyntheticConfig, corpus_text, make_tasks
 from memrl.demonstrators import RecentFactsDemonstrator, ScriptedEngine
 from memrl.eval.evaluator import (
     EngineRollout,
-    EvalProtocol,
-    evaluate_policy,
-    evaluate_tasks,
+    accuracy,
+    eval_record,
+    evaluate_rows,
+    group_rows,
     mean_and_se,
     paired_gain,
+    pass_at_k,
+    row_mean,
 )
 from memrl.models.tiny import train_tokenizer
 from memrl.workflows import get_workflow
@@ -65,18 +68,25 @@ def test_scripted_engine_accuracy_and_se_over_tasks(tokenizer):
     wf = MemAgentConfig(chunk_tokens=8, max_memory_tokens=10, max_final_tokens=6, memory_template=MT,
                         final_template=FT)
     engine = ScriptedEngine(RecentFactsDemonstrator(MT, FT, skip_prob=0.0), tokenizer=tokenizer)
-    res = evaluate_tasks(EngineRollout(engine, get_workflow("memagent")), wf, tasks, samples=3, temperature=1.0, seed=5)
+    rows = evaluate_rows(EngineRollout(engine, get_workflow("memagent")), wf, tasks, samples=3, temperature=1.0, seed=5)
+    res = eval_record(rows, 3, 1.0)
     p = k / 40
-    assert res.per_task == right
-    assert res.accuracy == pytest.approx(100 * p)
-    assert res.se == pytest.approx(100 * math.sqrt(p * (1 - p) * 40 / 39 / 40))  # ddof 1 over 40 tasks
-    assert (res.num_tasks, res.samples, res.temperature) == (40, 3, 1.0)
+    assert res["per_task"] == right
+    assert res["accuracy"] == pytest.approx(100 * p)
+    assert res["se"] == pytest.approx(100 * math.sqrt(p * (1 - p) * 40 / 39 / 40))  # ddof 1 over 40 tasks
+    assert (res["num_tasks"], res["samples"], res["temperature"]) == (40, 3, 1.0)
     assert len(engine.calls) == 40 * 3 * 4  # 3 memory calls + 1 final per trajectory
-    assert res.metrics["answer_kept"] == pytest.approx(100 * p) and res.metrics["no_box"] == 0.0
-    both = evaluate_policy(EngineRollout(engine, get_workflow("memagent")), wf, {3: tasks}, EvalProtocol(samples=2, seed=5))
-    assert set(both[3]) == {"greedy", "sampled"} and both[3]["greedy"].per_task == right
+    assert res["metrics"]["answer_kept"] == pytest.approx(100 * p) and res["metrics"]["no_box"] == 0.0
+    # every sample of a task agrees, so pass@3 (each task's best) is the accuracy, with the same SE over tasks
+    assert accuracy(rows) == pass_at_k(rows) == (res["accuracy"], res["se"])
+    # the MemAgent demo's protocol: greedy then sampled at each length, the length the rows' bucket
+    from memrl.recipes.memagent import DemoEval, evaluate_lengths
+
+    both = evaluate_lengths(EngineRollout(engine, get_workflow("memagent")), wf, {3: tasks}, DemoEval(samples=2, seed=5))
+    assert list(both["3"]) == ["greedy", "sampled"] and both["3"]["greedy"]["per_task"] == right
+    assert (both["3"]["greedy"]["samples"], both["3"]["sampled"]["samples"]) == (1, 2)
     with pytest.raises(ValueError, match="samples must be 1"):
-        evaluate_tasks(EngineRollout(engine, get_workflow("memagent")), wf, tasks, samples=2, temperature=0.0)
+        evaluate_rows(EngineRollout(engine, get_workflow("memagent")), wf, tasks, samples=2, temperature=0.0)
 
 
 def test_binomial_se_is_ddof_0():
@@ -116,26 +126,63 @@ def test_rollout_sample_k_is_seeded_as_the_kth_trajectory():
     assert started == ["t0", "t1", "t2"] * 3
     with pytest.raises(ValueError, match="needs n=1"):
         rollout(tasks, MemAgentConfig(), 2, 9, first_sample=1)
-    # the per-task mean over samples, then mean and SE over tasks
-    res = evaluate_tasks(rollout, MemAgentConfig(), tasks, samples=3, temperature=1.0, seed=9)
-    assert res.per_task == [sum(g.rewards) / 3 for g in together]
-    assert (res.accuracy, res.se) == tuple(100 * x for x in mean_and_se(res.per_task))
-    assert res.metrics["context_tokens"] == 3.0 and res.groups == []
+    # the per-task mean over samples, then mean and SE over tasks; pass@k over each task's best sample
+    rows = evaluate_rows(rollout, MemAgentConfig(), tasks, samples=3, temperature=1.0, seed=9)
+    res = eval_record(rows, 3, 1.0)
+    assert res["per_task"] == [sum(g.rewards) / 3 for g in together]
+    assert (res["accuracy"], res["se"]) == tuple(100 * x for x in mean_and_se(res["per_task"]))
+    assert pass_at_k(rows) == tuple(100 * x for x in mean_and_se([max(g.rewards) for g in together]))
+    assert res["metrics"] == {"context_tokens": 3.0, "no_box": 0.0, "answer_seen": 0.0, "answer_kept": 0.0}
+    # results.json's record of one evaluation: these keys, in this order
+    assert list(res) == ["accuracy", "se", "num_tasks", "samples", "temperature", "metrics", "seconds", "per_task"]
 
 
-def test_memact_summary_needs_the_groups():
-    from memrl.recipes.summaries import memact_summary
+def test_one_task_records_se_0_and_row_means_are_exact():
     from memrl.types import Task
 
-    res = evaluate_tasks(EngineRollout(None, _draw_spec()), MemAgentConfig(), [Task("t", "q", "c", ["a"])])
-    with pytest.raises(ValueError, match="keep_groups"):
-        memact_summary(res)
+    rows = evaluate_rows(EngineRollout(None, _draw_spec()), MemAgentConfig(), [Task("t", "q", "c", ["a"])])
+    res = eval_record(rows, 1, 0.0, seconds=2.5, metrics=("context_tokens",))
+    draw = rows[0]["reward"]
+    assert res == {"accuracy": 100 * draw, "se": 0.0, "num_tasks": 1, "samples": 1, "temperature": 0.0,
+                   "metrics": {"context_tokens": 3.0}, "seconds": 2.5, "per_task": [draw]}
+    # math.fsum: ten rows of 0.1 sum to exactly 1.0 (a plain sum gives 0.9999999999999999)
+    tenths = [{"metrics": {"x": 0.1}} for _ in range(10)] + [{"metrics": {}}] * 10  # a missing metric counts 0
+    assert row_mean(tenths[:10], "x") == 0.1 and row_mean(tenths, "x") == 0.05
+
+
+def test_summaries_need_one_trajectory_per_task():
+    from memrl.recipes.summaries import context_summary, mem1_summary, memact_summary
+    from memrl.types import Task
+
+    rows = evaluate_rows(EngineRollout(None, _draw_spec()), MemAgentConfig(), [Task("t", "q", "c", ["a"])], 2, 1.0)
+    for summary in (memact_summary, context_summary, mem1_summary):
+        with pytest.raises(ValueError, match="2 rows for 1 tasks; one trajectory per task"):
+            summary(rows)
+
+
+def test_reading_summary_scores_the_exact_match_outcome():
+    """InfMem's reward mixes in early-stop and format terms: its accuracy is the outcome term (infmem_outcome);
+    MemAgent's reward is the outcome. By hand over three tasks, one row each."""
+    from memrl.recipes.summaries import reading_summary
+
+    rows = [
+        {"task_id": "a", "reward": 0.9, "metrics": {"infmem_outcome": 0.0, "model_calls": 5.0, "memory_steps": 2.0,
+                                                    "num_chunks": 4.0, "stopped": 1.0, "stop_step": 2.0}},
+        {"task_id": "b", "reward": 0.3, "metrics": {"infmem_outcome": 1.0, "model_calls": 9.0, "memory_steps": 4.0,
+                                                    "num_chunks": 4.0, "stopped": 0.0, "stop_step": 4.0}},
+        {"task_id": "c", "reward": 1.0, "metrics": {"model_calls": 5.0, "memory_steps": 4.0, "num_chunks": 4.0}},
+    ]
+    s = reading_summary(rows, seconds=1.5)
+    # outcomes 0, 1, 1: mean 2/3, sample sd sqrt(1/3), SE sqrt(1/3 / 3) = 1/3
+    assert s["accuracy"] == pytest.approx(200 / 3) and s["accuracy_se"] == pytest.approx(100 / 3)
+    assert (s["model_calls"], s["chunks_read"], s["chunks"]) == (19 / 3, 10 / 3, 4.0)
+    assert (s["stop_rate"], s["stop_step"], s["num_tasks"], s["seconds"]) == (100 / 3, 2.0, 3.0, 1.5)
 
 
 def test_every_evaluation_is_rows_with_its_labels(tmp_path):
     """The one evaluation row: task, sample, policy, decoding, bucket, seed, held-out digest, the workflow's own
-    columns, reward and metrics; the EvalResult (results.json's numbers) is computed from the rows."""
-    from memrl.eval.evaluator import ROW_COLUMNS, result_from_rows, tasks_sha256
+    columns, reward and metrics; results.json's numbers (eval_record) are computed from the rows."""
+    from memrl.eval.evaluator import ROW_COLUMNS, tasks_sha256
     from memrl.types import Task
     from memrl.workflows.rollouts import trajectory_rng
 
@@ -143,27 +190,33 @@ def test_every_evaluation_is_rows_with_its_labels(tmp_path):
     spec = dataclasses.replace(_draw_spec(), row_columns=lambda traj: {"half": traj.info["draw"] / 2})
     digest = tasks_sha256(tasks)
     path = tmp_path / "r" / "sft.jsonl"
-    res = evaluate_policy(EngineRollout(None, spec), MemAgentConfig(), {5: tasks}, EvalProtocol(samples=2, seed=9),
-                          policy="sft", heldout_sha256=digest, rows_to=path)
-    greedy, sampled = res[5]["greedy"], res[5]["sampled"]
+    labels = {"bucket": 5, "policy": "sft", "heldout_sha256": digest, "rows_to": path}
+    greedy = evaluate_rows(EngineRollout(None, spec), MemAgentConfig(), tasks, 1, 0.0, 9, **labels)
+    sampled = evaluate_rows(EngineRollout(None, spec), MemAgentConfig(), tasks, 2, 1.0, 9, **labels)
     draw = {(t, k): trajectory_rng(9, t, k).random() for t in ("t0", "t1") for k in range(2)}
-    assert sampled.rows == [
+    assert sampled == [
         {"task_id": t, "sample": k, "policy": "sft", "decoding": "sampled", "bucket": 5, "seed": 9,
          "heldout_sha256": digest, "half": draw[t, k] / 2, "reward": draw[t, k], "metrics": {"context_tokens": 3.0}}
         for t in ("t0", "t1") for k in range(2)]
-    assert [(r["task_id"], r["decoding"], r["reward"]) for r in greedy.rows] == [
+    assert [(r["task_id"], r["decoding"], r["reward"]) for r in greedy] == [
         ("t0", "greedy", draw["t0", 0]), ("t1", "greedy", draw["t1", 0])]
-    assert tuple(sampled.rows[0])[2:7] == ROW_COLUMNS
-    assert sampled.per_task == [(draw["t0", 0] + draw["t0", 1]) / 2, (draw["t1", 0] + draw["t1", 1]) / 2]
-    assert result_from_rows(sampled.rows, 2, 1.0, sampled.seconds) == sampled
-    assert "rows" not in sampled.to_json() and "groups" not in sampled.to_json()
+    assert tuple(sampled[0])[2:7] == ROW_COLUMNS
+    rec = eval_record(sampled, 2, 1.0)
+    p0, p1 = (draw["t0", 0] + draw["t0", 1]) / 2, (draw["t1", 0] + draw["t1", 1]) / 2
+    assert rec["per_task"] == [p0, p1] and rec["num_tasks"] == 2
+    # two tasks: mean (p0 + p1) / 2, sample sd |p0 - p1| / sqrt(2), SE |p0 - p1| / 2
+    assert rec["accuracy"] == pytest.approx(50 * (p0 + p1)) and rec["se"] == pytest.approx(50 * abs(p0 - p1))
+    # grouped by (policy, decoding, bucket) in first-seen order, each group's rows in their order
+    both = greedy + sampled
+    assert group_rows(both) == {("sft", "greedy", 5): greedy, ("sft", "sampled", 5): sampled}
+    assert list(group_rows(both, by=("task_id",))) == [("t0",), ("t1",)]
     # the digest: SHA-256 of the tasks' [id, question, context, answers] JSON lines
     assert digest == hashlib.sha256(b'["t0", "q", "c", ["a"]]\n["t1", "q", "c", ["a"]]\n').hexdigest()
     # written as they are made: greedy then sampled, appended to the file
     lines = path.read_text(encoding="utf-8").splitlines()
-    assert [json.loads(x) for x in lines] == greedy.rows + sampled.rows
+    assert [json.loads(x) for x in lines] == greedy + sampled
     with pytest.raises(ValueError, match="task t0 has 2 rows, not 1"):
-        result_from_rows(sampled.rows, 1, 1.0)
+        eval_record(sampled, 1, 1.0)
 
 
 @pytest.mark.parametrize("method", ["memact", "context"])

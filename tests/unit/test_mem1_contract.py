@@ -63,6 +63,8 @@ def test_exact_contexts_latest_state_only():
     assert (traj.metrics["turns"], traj.metrics["searches"], traj.metrics["answered"]) == (3, 2, 1)
     # peak = the last call: its context + its 41 reply ids + EOS
     assert traj.metrics["peak_context_tokens"] == len(head) + 33 + len(o1) + 42
+    # the mean prompt over the three calls (the MEM1 demo's mean context)
+    assert traj.metrics["mean_context_tokens"] == (3 * len(head) + 32 + len(o0) + 33 + len(o1)) / 3
     s = reward(task, traj)
     assert (s.reward, s.metrics["multiq_all_correct"], s.metrics["multiq_correct"]) == (1.0, 1.0, 2.0)
 

@@ -66,6 +66,8 @@ def test_exact_prompts_memory_overwrite_and_final_segment():
     assert traj.final_answer == "x"
     assert traj.metrics["num_chunks"] == 3.0
     assert traj.metrics["tokens_read"] == 10.0
+    # 3 memory calls + the final (InfMem's metrics by the same names: the reading summary's calls, chunks read)
+    assert (traj.metrics["model_calls"], traj.metrics["memory_steps"]) == (4.0, 3.0)
     assert traj.metrics["no_box"] == 0.0
     # greedy: sampling carries no seed; budgets come from the config
     assert [c.sampling.max_tokens for c in engine.calls] == [20, 20, 20, 20]

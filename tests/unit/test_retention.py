@@ -7,7 +7,7 @@ import pytest
 
 from memrl.data.synthetic import SyntheticConfig, corpus_text, make_tasks
 from memrl.demonstrators import QuestionAwareDemonstrator, RecentFactsDemonstrator, ScriptedEngine
-from memrl.eval.evaluator import EngineRollout, evaluate_tasks
+from memrl.eval.evaluator import EngineRollout, evaluate_rows
 from memrl.models.tiny import train_tokenizer
 from memrl.recipes.retention import RetentionCounter, classify_step
 from memrl.workflows import get_workflow
@@ -47,8 +47,8 @@ def _count(tokenizer, rule, tasks) -> RetentionCounter:
     wf = MemAgentConfig(chunk_tokens=8, max_memory_tokens=10, max_final_tokens=6, memory_template=MT,
                         final_template=FT)
     counter = RetentionCounter()
-    evaluate_tasks(EngineRollout(ScriptedEngine(rule, tokenizer=tokenizer), get_workflow("memagent")), wf, tasks, samples=1,
-                   temperature=0.0, on_trajectory=counter.add)
+    evaluate_rows(EngineRollout(ScriptedEngine(rule, tokenizer=tokenizer), get_workflow("memagent")), wf, tasks, samples=1,
+                  temperature=0.0, on_trajectory=counter.add)
     return counter
 
 
