@@ -11,7 +11,6 @@ its played groups' rows (`evaluation_rows`). The demos' tables are declared by t
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -31,16 +30,11 @@ def one_per_task(rows: Sequence[Row], who: str) -> int:
 
 
 def greedy_and_sampled(rollout: Rollout, wf_cfg: Any, tasks: Sequence[Task], temperature: float, seed: int,
-                       summary: Any, **labels: Any) -> dict[str, dict[str, float]]:
-    """{"greedy": summary, "sampled": summary}: one trajectory per task each (sampled at `temperature`), both
-    seeded with `seed`; each `summary(rows)` plus the evaluation's `seconds`. `labels`: evaluate_rows' (the
-    rows' bucket: the length or objective count; 0 for one task set)."""
-    out = {}
-    for mode, temp in (("greedy", 0.0), ("sampled", temperature)):
-        t0 = time.perf_counter()
-        rows = evaluate_rows(rollout, wf_cfg, tasks, 1, temp, seed, **labels)
-        out[mode] = {**summary(rows), "seconds": time.perf_counter() - t0}
-    return out
+                       **labels: Any) -> list[dict[str, Any]]:
+    """The rows of a greedy then a sampled evaluation (at `temperature`), one trajectory per task each, both
+    seeded with `seed`. `labels`: evaluate_rows' (the rows' bucket: the length or objective count, "all" for
+    one task set; the policy, held-out digest and rows file: memrl.recipes.parts.policy_labels)."""
+    return [r for temp in (0.0, temperature) for r in evaluate_rows(rollout, wf_cfg, tasks, 1, temp, seed, **labels)]
 
 
 # ---------------------------------------------------------------- MemAct
