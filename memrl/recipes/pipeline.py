@@ -248,6 +248,11 @@ class Recipe:
     group of the run's evaluation rows; results.json's "summary" rows hold them, the tables show them."""
     pooled: ClassVar[bool] = False
     """Whether the summary also has a pooled "all" bucket per (policy, decoding) (memrl.eval.fields.summarize)."""
+
+    def fields_for(self, cfg: Any) -> tuple[Field, ...]:
+        """The summary's fields of a run of demo config `cfg`: `fields` (a method whose fields follow its
+        config, e.g. one accuracy per question count its tasks draw, adds them here)."""
+        return self.fields
     train_keys: ClassVar[tuple[str, ...]] = ("workflow", "algorithm.name")
     """The RL config's entries results.json's "train" holds (dotted paths; a dataclass as its dict)."""
     table: ClassVar[Any] = None
@@ -349,7 +354,7 @@ class Recipe:
         `demo_format` (and the workflow's name where `demo_names_workflow`)."""
         groups = self.play(run)
         trajs = [g.trajectories[0] for g in groups]
-        summary = summarize(evaluation_rows(groups, policy="cold_start", bucket=POOLED), self.fields)[0]
+        summary = summarize(evaluation_rows(groups, policy="cold_start", bucket=POOLED), self.fields_for(run.cfg))[0]
         rows = [s for t in trajs for s in t.segments]
         name = f"{run.spec.name} " if self.demo_names_workflow else ""
         print(f"cold start: {len(rows)} rows from {len(groups)} scripted {name}trajectories (its accuracy "
@@ -394,7 +399,7 @@ class Recipe:
             "history": run.history, "num_parameters": run.num_parameters,
             "vocab_size": len(run.tokenizer) if run.tokenizer is not None else 0,
             "heldout_sha256": list(dict.fromkeys(r["heldout_sha256"] for r in run.rows if r.get("heldout_sha256"))),
-            "summary": summarize(run.rows, self.fields, self.pooled)}
+            "summary": summarize(run.rows, self.fields_for(cfg), self.pooled)}
 
     def markdown(self, results: dict[str, Any]) -> str:
         """results.md (`table`)."""

@@ -43,9 +43,12 @@ def _text(c: Cell, summary: Mapping[str, Any]) -> str:
     return c(summary) if callable(c) else c.format_map(summary)
 
 
-def policy_rows(results: Mapping[str, Any], policy: str) -> list[Mapping[str, Any]]:
-    """The summary rows of `policy` in results.json, decoding-major (decodings, then buckets, in first-seen order)."""
+def policy_rows(results: Mapping[str, Any], policy: str, decoding_major: bool = True) -> list[Mapping[str, Any]]:
+    """The summary rows of `policy` in results.json, decoding-major (decodings, then buckets, in first-seen order),
+    or else in the summary's order (the evaluation's: e.g. each bucket's greedy then sampled rows)."""
     rows = [s for s in results["summary"] if s["policy"] == policy]
+    if not decoding_major:
+        return rows
     order = {d: i for i, d in enumerate(dict.fromkeys(s["decoding"] for s in rows))}
     return sorted(rows, key=lambda s: order[s["decoding"]])
 
@@ -75,6 +78,9 @@ class RunTable:
     """The columns' markdown alignment unless a column sets its own ("---", "---:")."""
     values: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
     """What the title and notes name beside results.json's entries (e.g. a difference), from results.json."""
+    decoding_major: bool = True
+    """A policy's rows decoding-major (`policy_rows`), or in the summary's order (False: bucket-major where the
+    evaluation ran each bucket's decodings in turn)."""
 
     def render(self, results: Mapping[str, Any]) -> str:
         ns = namespace(results, self.values)
@@ -83,7 +89,7 @@ class RunTable:
         lines = [self.title.format_map(ns), ""] if self.title else []
         lines += ["| " + " | ".join(head) + " |", "|" + "|".join(aligns) + "|"]
         for label, key in self.policies:
-            for summary in policy_rows(results, key):
+            for summary in policy_rows(results, key, self.decoding_major):
                 s = {**summary, **{k: v for k, v in self.defaults.items() if summary.get(k) is None}}
                 cells = [label, s["decoding"], *([s["bucket"]] if self.bucket else []),
                          *(_text(c[1], s) for c in self.columns)]
