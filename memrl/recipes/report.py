@@ -6,8 +6,9 @@ MemAgent (`memrl demo`): `lengths` (evaluated lengths, in chunks), `recipe.train
 columns compare two of them on the same tasks (paired standard error, `memrl.eval.evaluator.paired_gain`).
 `memagent_markdown` and `plot_memagent` are its results.md and plots (memrl.recipes.memagent writes them).
 
-MemAct (`memrl demo --agent memact`): {"sft" / "dcpo": {mode: memact_summary(...)}, "demonstrator", ...};
-`plot_memact`, `print_memact_eval` (its table is declared: memrl.recipes.memact.MemActRecipe.table).
+MemAct (`memrl demo --agent memact`): the one results layout (memrl.recipes.pipeline.Recipe.results), its
+summary rows of policies sft and rl (memrl.recipes.memact.FIELDS); `MEMACT_TABLE`, `plot_memact`,
+`print_memact_eval`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import matplotlib.pyplot as plt
 
 from memrl.eval import stats
 from memrl.eval.evaluator import paired_gain
+from memrl.eval.fields import one
 from memrl.recipes.tables import RunTable
 
 MODES = ("sampled", "greedy")
@@ -177,20 +179,28 @@ def plot_memagent(results: dict[str, Any], out: Path) -> None:
 # ---------------------------------------------------------------- the MemAct demo
 
 
-def print_memact_eval(name: str, res: dict[str, dict[str, float]]) -> None:
-    g, s = res["greedy"], res["sampled"]
+def print_memact_eval(name: str, summary: list[dict[str, Any]]) -> None:
+    """The line of one policy's held-out evaluation (its summary rows: memrl.eval.fields.summarize)."""
+    g, s = (one(summary, decoding=d) for d in ("greedy", "sampled"))
     print(f"{name} held-out: greedy {g['accuracy']:.1f}% (+-{g['accuracy_se']:.1f}), sampled {s['accuracy']:.1f}% "
           f"(+-{s['accuracy_se']:.1f}); greedy prunes/task {g['prunes_per_task']:.2f}, overflow {g['overflow']:.1f}%")
 
 
-MEMACT_ROWS = (("cold start (SFT)", "sft"), ("SFT + DCPO", "dcpo"))
-"""The MemAct demo's policies (row label, results.json key): its table's rows and its plot's bars."""
+MEMACT_ROWS = (("cold start (SFT)", "sft"), ("SFT + DCPO", "rl"))
+"""The MemAct demo's policies (row label, the summary rows' policy): its table's rows and its plot's bars."""
+
+
+def _memact_row(res: dict[str, Any], policy: str, decoding: str) -> dict[str, Any]:
+    row = one(res["summary"], policy=policy, decoding=decoding, bucket="all")
+    if row is None:
+        raise KeyError(f"summary row {policy}/{decoding}")
+    return dict(row)
 
 
 def memact_values(res: dict[str, Any]) -> dict[str, Any]:
     """The MemAct table's computed notes: DCPO's gain per decoding, the model's size, the timings (0 if absent)."""
     t = defaultdict(int, res["timings"])
-    return {"gain": {d: res["dcpo"][d]["accuracy"] - res["sft"][d]["accuracy"] for d in MODES},
+    return {"gain": {d: _memact_row(res, "rl", d)["accuracy"] - _memact_row(res, "sft", d)["accuracy"] for d in MODES},
             "params_m": res["num_parameters"] / 1e6, "t": t, "total_min": t["total_s"] / 60}
 
 
@@ -203,8 +213,9 @@ MEMACT_TABLE = RunTable(
     notes=("DCPO - cold start: greedy {gain[greedy]:+.1f} points, sampled {gain[sampled]:+.1f} points.",
            "Held-out: {budget[eval_tasks]} tasks (fact sheets never trained on), working-context budget "
            "{budget[max_context_tokens]} tokens (the prompt and two search results; 3-question tasks need a prune).",
-           "Scripted cold-start agent (SFT tasks): accuracy {demonstrator[accuracy]:.1f}%, prunes/task "
-           "{demonstrator[prunes_per_task]:.2f}, overflow {demonstrator[overflow]:.1f}% (it prunes late on purpose).",
+           "Scripted cold-start agent (SFT tasks): accuracy {cold_start[summary][accuracy]:.1f}%, prunes/task "
+           "{cold_start[summary][prunes_per_task]:.2f}, overflow {cold_start[summary][overflow]:.1f}% (it prunes "
+           "late on purpose).",
            "Model: {params_m:.2f}M parameters. Time: init {t[init_s]:.0f}s, copy warm-up {t[copy_warmup_s]:.0f}s, "
            "SFT {t[sft_s]:.0f}s, SFT eval {t[eval_sft_s]:.0f}s, DCPO {t[rl_s]:.0f}s, DCPO eval {t[eval_rl_s]:.0f}s, "
            "total {total_min:.1f} min."))
@@ -218,11 +229,12 @@ def plot_memact(path: Path, res: dict[str, Any]) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     xs = range(len(MEMACT_ROWS))
+    at = {(k, dec): _memact_row(res, k, dec) for _, k in MEMACT_ROWS for dec in ("greedy", "sampled")}
     for j, dec in enumerate(("greedy", "sampled")):
-        accs = [res[k][dec]["accuracy"] for _, k in MEMACT_ROWS]
-        ses = [res[k][dec]["accuracy_se"] for _, k in MEMACT_ROWS]
+        accs = [at[k, dec]["accuracy"] for _, k in MEMACT_ROWS]
+        ses = [at[k, dec]["accuracy_se"] for _, k in MEMACT_ROWS]
         axes[0].bar([x + 0.38 * j for x in xs], accs, 0.38, yerr=ses, capsize=3, label=dec)
-        axes[1].bar([x + 0.38 * j for x in xs], [res[k][dec]["mean_context_tokens"] for _, k in MEMACT_ROWS], 0.38,
+        axes[1].bar([x + 0.38 * j for x in xs], [at[k, dec]["mean_context_tokens"] for _, k in MEMACT_ROWS], 0.38,
                     label=dec)
     for ax, ylabel in ((axes[0], "held-out accuracy (%)"), (axes[1], "mean working context (tokens)")):
         ax.set_xticks([x + 0.19 for x in xs], [label for label, _ in MEMACT_ROWS])
@@ -230,11 +242,11 @@ def plot_memact(path: Path, res: dict[str, Any]) -> None:
         ax.legend(loc="upper left", fontsize=8)
         ax.grid(alpha=0.3, axis="y")
     axes[0].set_ylim(0, 100)
-    top = max(res[k][dec]["mean_context_tokens"] for _, k in MEMACT_ROWS for dec in ("greedy", "sampled"))
+    top = max(r["mean_context_tokens"] for r in at.values())
     axes[1].set_ylim(0, 1.35 * top if top > 0 else 1)  # room for the legend above the bars
-    rewards = res["rl"]["reward/mean"]
-    axes[2].plot(range(1, len(rewards) + 1), rewards, "-", label="mean reward")
-    axes[2].plot(range(1, len(rewards) + 1), res["rl"]["dcpo/pruned_share"], "--", label="share that pruned")
+    steps = range(1, len(res["history"]) + 1)
+    axes[2].plot(steps, [h.get("reward/mean", 0.0) for h in res["history"]], "-", label="mean reward")
+    axes[2].plot(steps, [h.get("dcpo/pruned_share", 0.0) for h in res["history"]], "--", label="share that pruned")
     axes[2].set_xlabel("DCPO step")
     axes[2].set_ylim(0, 1)
     axes[2].legend()
