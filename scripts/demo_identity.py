@@ -5,7 +5,7 @@ refactor of the recipe code can show that every demo still gives the same result
   python scripts/demo_identity.py run /tmp/after memagent    # only some
   python scripts/demo_identity.py compare /tmp/before /tmp/after   # the same layout: digests
   python scripts/demo_identity.py migrated /tmp/before /tmp/after  # before: the old layout, after: the one layout
-  python scripts/demo_identity.py aggregate /tmp/before /tmp/agg   # the seed sweep's table over two fake seeds
+  python scripts/demo_identity.py aggregate /tmp/before /tmp/agg [AGENT ...]  # the seed sweep's table, two fake seeds
   python scripts/demo_identity.py trained /tmp/before /tmp/trained  # the trained-table benchmarks likewise
 
 Each run writes DIR/<name>/ (the demo's --out) and DIR/<name>.digest: the SHA-256 of results.json with every
@@ -120,13 +120,15 @@ def halved(value: Any) -> Any:
     return value * 0.5 + 1 if isinstance(value, float) else value
 
 
-def aggregate(base: Path, dest: Path) -> None:
+def aggregate(base: Path, dest: Path, agents: list[str] | None = None) -> None:
     """memrl.recipes.seeds' aggregate and markdown over a fake two-seed sweep per agent (seed 0: the run's
     results.json, seed 1: its floats halved plus one; both with the run's held-out tasks); writes
     dest/<agent>.md and dest/<agent>.json and prints their digests."""
     from memrl.recipes import seeds  # noqa: PLC0415 - the tree on PYTHONPATH (the run's), imported when asked
 
     for agent, name in SWEEPS.items():
+        if agents and agent not in agents:
+            continue
         root = dest / agent
         shutil.rmtree(root, ignore_errors=True)
         res = json.loads((base / name / "results.json").read_text(encoding="utf-8"))
@@ -242,7 +244,7 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["run"]:
         run(Path(sys.argv[2]), sys.argv[3:])
     elif sys.argv[1:2] == ["aggregate"]:
-        aggregate(Path(sys.argv[2]), Path(sys.argv[3]))
+        aggregate(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:])
     elif sys.argv[1:2] == ["trained"]:
         trained(Path(sys.argv[2]), Path(sys.argv[3]))
     elif sys.argv[1:2] == ["migrated"]:
