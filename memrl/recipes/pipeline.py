@@ -254,7 +254,8 @@ class Recipe:
         config, e.g. one accuracy per question count its tasks draw, adds them here)."""
         return self.fields
     train_keys: ClassVar[tuple[str, ...]] = ("workflow", "algorithm.name")
-    """The RL config's entries results.json's "train" holds (dotted paths; a dataclass as its dict)."""
+    """The RL config's entries results.json's "train" holds (dotted paths, nested there as in the config: "trainer.steps"
+    -> {"trainer": {"steps": ...}}; a dataclass as its dict)."""
     table: ClassVar[Any] = None
     """results.md's table (memrl.recipes.tables.RunTable or GridTable: `render(results)`)."""
     sweep: ClassVar[Any] = None
@@ -394,7 +395,7 @@ class Recipe:
         cfg, tcfg = run.cfg, run.tcfg
         return {
             "recipe": self.name, "method": getattr(cfg, "method", self.name), "config": _plain(cfg),
-            "train": {k: _plain(_path(tcfg, k)) for k in self.train_keys}, "facts": run.facts,
+            "train": _subset(tcfg, self.train_keys), "facts": run.facts,
             "timings": run.timings, "losses": {"sft": run.sft_losses, "copy_warmup": run.warmup_losses},
             "history": run.history, "num_parameters": run.num_parameters,
             "vocab_size": len(run.tokenizer) if run.tokenizer is not None else 0,
@@ -455,6 +456,19 @@ def _path(obj: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
     return obj
+
+
+def _subset(obj: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The entries `keys` (dotted paths) of a config, nested as the config nests them ("trainer.steps" ->
+    {"trainer": {"steps": ...}})."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        *parents, last = key.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = _plain(_path(obj, key))
+    return out
 
 
 def _plain(value: Any) -> Any:

@@ -1,10 +1,11 @@
 """The demos' reports: markdown tables and matplotlib plots from a demo's results dict (results.json).
 
-MemAgent (`memrl demo`): `lengths` (evaluated lengths, in chunks), `recipe.train_chunks`,
-`recipe.chunk_words`, and `stages`: {stage: {length (str): {mode: memrl.eval.evaluator.eval_record}}} with modes
-"greedy" / "sampled". Stages are named by the caller (demonstrator, sft, rl: `MEMAGENT_STAGES`); the gain
-columns compare two of them on the same tasks (paired standard error, `memrl.eval.evaluator.paired_gain`).
-`memagent_markdown` and `plot_memagent` are its results.md and plots (memrl.recipes.memagent writes them).
+MemAgent (`memrl demo`): results.json's one layout (memrl.recipes.pipeline.Recipe.results): facts["lengths"]
+(evaluated lengths, in chunks), the RL config's train.data.synthetic (num_chunks, min_chunks, chunk_words), and
+the summary rows (policy, decoding "greedy" / "sampled", bucket: the length) of memrl.recipes.memagent.FIELDS.
+Stages are the rows' policies (demonstrator, sft, rl: `MEMAGENT_STAGES`); the gain columns compare two of them on
+the same tasks (paired standard error, `memrl.eval.evaluator.paired_gain`). `memagent_markdown` and
+`plot_memagent` are its results.md and plots (memrl.recipes.memagent writes them).
 
 MemAct (`memrl demo --agent memact`): the one results layout (memrl.recipes.pipeline.Recipe.results), its
 summary rows of policies sft and rl (memrl.recipes.memact.FIELDS); `MEMACT_TABLE`, `plot_memact`,
@@ -40,15 +41,24 @@ def gain_cell(before: dict[str, Any] | None, after: dict[str, Any] | None) -> st
     return stats.cell(stats.recorded(*paired_gain(before["per_task"], after["per_task"])), sign=True)
 
 
+def _syn(results: dict[str, Any]) -> dict[str, Any]:
+    """The RL config's synthetic task section results.json's train holds (memrl.recipes.memagent.train_keys)."""
+    return results["train"]["data"]["synthetic"]
+
+
+def _get(results: dict[str, Any], stage: str, n: str, mode: str) -> dict[str, Any] | None:
+    """The summary row of policy `stage`, decoding `mode`, length `n` (None when not evaluated)."""
+    return one(results["summary"], policy=stage, decoding=mode, bucket=n)  # type: ignore[return-value]
+
+
 def accuracy_table(results: dict[str, Any], stages: list[tuple[str, str]], gain: tuple[str, str] | None) -> str:
     """One row per length; for each mode the stages' accuracy ± SE and, with `gain` = (before, after), the
     paired gain. Columns of a stage/mode that was not evaluated anywhere are left out."""
-    st = results["stages"]
-    lengths = [str(n) for n in results["lengths"]]
-    train, words = results["recipe"]["train_chunks"], results["recipe"]["chunk_words"]
+    lengths = [str(n) for n in results["facts"]["lengths"]]
+    train, words = _syn(results)["num_chunks"], _syn(results)["chunk_words"]
 
     def get(stage: str, n: str, mode: str) -> dict[str, Any] | None:
-        return st.get(stage, {}).get(n, {}).get(mode)
+        return _get(results, stage, n, mode)
 
     head = ["length (chunks)", "context tokens", "x training length"]
     cols: list[tuple[str, Any]] = []
@@ -73,15 +83,14 @@ def accuracy_table(results: dict[str, Any], stages: list[tuple[str, str]], gain:
 def retention_table(results: dict[str, Any], stages: list[tuple[str, str]], mode: str = "greedy") -> str:
     """Memory retention per length: % of trajectories whose memory held the answer at some call (seen) and
     at the end (kept)."""
-    st = results["stages"]
-    lengths = [str(n) for n in results["lengths"]]
-    present = [(k, label) for k, label in stages if any(st.get(k, {}).get(n, {}).get(mode) for n in lengths)]
+    lengths = [str(n) for n in results["facts"]["lengths"]]
+    present = [(k, label) for k, label in stages if any(_get(results, k, n, mode) for n in lengths)]
     head = ["length (chunks)"] + [f"{label} {w}" for _, label in present for w in ("seen", "kept")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for n in lengths:
         row = [n]
         for k, _ in present:
-            m = st[k][n][mode]["metrics"]
+            m = _get(results, k, n, mode) or {}
             row += [f"{m.get('answer_seen', 0.0):.1f}%", f"{m.get('answer_kept', 0.0):.1f}%"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
@@ -92,14 +101,14 @@ def plot_accuracy(results: dict[str, Any], stages: list[tuple[str, str]], path: 
     error bars of one standard error."""
     matplotlib.use("Agg")
 
-    st, words = results["stages"], results["recipe"]["chunk_words"]
-    lengths = [str(n) for n in results["lengths"]]
+    words = _syn(results)["chunk_words"]
+    lengths = [str(n) for n in results["facts"]["lengths"]]
     xs = [int(n) * words for n in lengths]
     markers = "o^sdv*"
     fig, ax = plt.subplots(figsize=(6, 4))
     for i, (key, label) in enumerate(stages):
         for mode, style in (("sampled", "-"), ("greedy", "--")):
-            pts = [st.get(key, {}).get(n, {}).get(mode) for n in lengths]
+            pts = [_get(results, key, n, mode) for n in lengths]
             if not all(pts):
                 continue
             ax.errorbar(xs, [p["accuracy"] for p in pts], yerr=[p["se"] for p in pts], fmt=markers[i % 6] + style,
@@ -139,25 +148,26 @@ MEMAGENT_STAGES = [("demonstrator", "demonstrator"), ("sft", "SFT"), ("rl", "SFT
 """The rows of the MemAgent demo's results, in order, with their table labels."""
 
 
-def _empty_note(recipe: dict[str, Any]) -> str:
+def _empty_note(config: dict[str, Any]) -> str:
     """How the optimal rule treats the memory before the asked fact (runs written before the option: kept)."""
-    keep = recipe.get("sft", {}).get("keep_distractors", True)
+    keep = config.get("sft", {}).get("keep_distractors", True)
     return " (an empty memory until the asked fact is read)" if keep is False else " (keeping the newest fact until the asked one is read)"
 
 
 def memagent_markdown(results: dict[str, Any]) -> str:
     """The demo's results.md: accuracy (sampled and greedy, ± SE) per length, retention, recipe, timings."""
-    r, e, t = results["recipe"], results["recipe"]["eval"], results["timings"]
-    train = (f"{r['min_chunks']}-{r['train_chunks']} chunks (mixed)" if r["min_chunks"] else f"{r['train_chunks']} chunks")
+    c, e, t, syn = results["config"], results["config"]["eval"], results["timings"], _syn(results)
+    train = (f"{syn['min_chunks']}-{syn['num_chunks']} chunks (mixed)" if syn["min_chunks"]
+             else f"{syn['num_chunks']} chunks")
     parts = [
         accuracy_table(results, MEMAGENT_STAGES, gain=("sft", "rl")),
         f"Held-out synthetic tasks ({e['num_tasks']} per length, seed {e['seed']}), boxed exact match, accuracy in % "
         f"± one standard error over tasks. Sampled: {e['samples']} trajectories per task at temperature "
         f"{e['temperature']:g} (SE over the tasks' mean rewards); greedy: one per task. Gain: SFT+RL minus SFT "
         f"on the same tasks (paired SE). Cold start: SFT on a demonstrator that plays the optimal rule on "
-        f"p_aware = {r['p_aware']:g} of its memory steps{_empty_note(r)} and the question-blind rule otherwise; "
+        f"p_aware = {c['sft']['p_aware']:g} of its memory steps{_empty_note(c)} and the question-blind rule otherwise; "
         f"its own accuracy "
-        f"is the demonstrator column. Training documents: {train}; {r['rl_steps']} RL steps.",
+        f"is the demonstrator column. Training documents: {train}; {results['train']['trainer']['steps']} RL steps.",
         "",
         "Memory retention (held-out, greedy, % of tasks): the answer was in some memory (seen) / in the last one (kept).",
         "",
@@ -173,7 +183,7 @@ def memagent_markdown(results: dict[str, Any]) -> str:
 def plot_memagent(results: dict[str, Any], out: Path) -> None:
     """accuracy_vs_length.png and rl_reward.png in `out`."""
     plot_accuracy(results, MEMAGENT_STAGES, out / "accuracy_vs_length.png")
-    plot_reward(results["rl_reward"], out / "rl_reward.png")
+    plot_reward([h.get("reward/mean", 0.0) for h in results["history"]], out / "rl_reward.png")
 
 
 # ---------------------------------------------------------------- the MemAct demo

@@ -422,7 +422,7 @@ def aggregate(agent: str, runs: list[Run]) -> dict[str, Any]:
     runs that evaluated other held-out tasks (their results.json's heldout_sha256: the digests their rows carry)."""
     recipe = get_recipe(agent)
     results = load_results(runs)
-    prints = {r.out: results[r.out].get("heldout_sha256") for r in runs if r.out in results}
+    prints = {r.out: tuple(results[r.out].get("heldout_sha256") or ()) for r in runs if r.out in results}
     if len(set(prints.values())) > 1:
         first = next(iter(prints))
         a = next(p for p, f in prints.items() if f != prints[first])
