@@ -80,7 +80,66 @@ def lookback(old: dict[str, Any]) -> dict[str, Any]:
             "summary": _rows(policies, "decoding/bucket")}
 
 
-MIGRATE: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"memagent": memagent, "lookback": lookback}
+def _cold_start(summary: dict[str, Any]) -> dict[str, Any]:
+    """A scripted cold-start agent's old summary as its summary row (policy cold_start, greedy, bucket all)."""
+    return {"policy": "cold_start", "decoding": "greedy", "bucket": "all",
+            **{k: v for k, v in summary.items() if k != "seconds"}}
+
+
+def memact(old: dict[str, Any]) -> dict[str, Any]:
+    """The MemAct demo's old layout (indent 2): sft / dcpo {decoding: summary}, demonstrator (the scripted agent's
+    summary), timings, num_parameters, vocab_size, sft_losses, copy_warmup_losses, rl {metric: per-step values},
+    budget {max_context_tokens, eval_tasks}."""
+    rl = old["rl"]
+    steps = max((len(v) for v in rl.values()), default=0)
+    return {"recipe": "memact", "method": "memact", "timings": old["timings"],
+            "num_parameters": old["num_parameters"], "vocab_size": old["vocab_size"],
+            "losses": {"sft": old["sft_losses"], "copy_warmup": old["copy_warmup_losses"]},
+            "history": [{k: v[i] for k, v in rl.items()} for i in range(steps)],
+            "facts": {"budget": old["budget"], "cold_start": {"summary": _cold_start(old["demonstrator"])}},
+            "summary": _rows({"sft": old["sft"], "rl": old["dcpo"]}, "decoding")}
+
+
+def context(old: dict[str, Any]) -> dict[str, Any]:
+    """The context demo's old layout: HEAD, process_rewards, scripted {greedy: summary} (its SFT tasks), sft / rl
+    {decoding: summary}, reference {react_unbounded: summary}, demonstrator (the cold start's row counts), TAIL,
+    budget {max_context_tokens, eval_tasks}, sft_from."""
+    policies = {"react_unbounded": {"greedy": old["reference"]["react_unbounded"]}, "scripted": old["scripted"],
+                "sft": old["sft"], "rl": old["rl"]}
+    return {"recipe": "context", **_tail(old), "config": {"sft_from": old["sft_from"]},
+            "facts": {"budget": old["budget"], "process_rewards": old["process_rewards"],
+                      "cold_start": old["demonstrator"]},
+            "summary": _rows(policies, "decoding")}
+
+
+def mem1(old: dict[str, Any]) -> dict[str, Any]:
+    """The MEM1 demo's old layout: HEAD, objectives, train_objectives, eval_tasks, heldout_sha256 (of its held-out
+    file), scripted / sft / rl {decoding: {objective count: summary}}, demonstrator (the cold start's statistics
+    and its summary), positions, TAIL. The summary rows in evaluation order: each count's greedy, then sampled."""
+    policies = {p: {b: {mode: old[p][mode][b] for mode in old[p] if b in old[p][mode]} for b in old[p]["greedy"]}
+                for p in ("scripted", "sft", "rl")}
+    demo = old["demonstrator"]
+    return {"recipe": "mem1", **_tail(old),
+            "config": {"eval": {"objectives": old["objectives"], "num_tasks": old["eval_tasks"]},
+                       "task": {"sub_questions": old["train_objectives"]}},
+            "facts": {"positions": old["positions"], "cold_start": {**demo, "summary": _cold_start(demo["summary"])}},
+            "summary": _rows(policies, "bucket/decoding")}
+
+
+def infmem(old: dict[str, Any]) -> dict[str, Any]:
+    """The InfMem demo's old layout: HEAD, train_chunks, lengths, eval_tasks, eval (the demo config's eval section),
+    heldout_sha256 (of its held-out file), scripted (the oracle's summary on its SFT tasks), sft / rl {length:
+    {decoding: summary}}, demonstrator {rows, rows_per_task}, TAIL."""
+    tail = _tail(old)
+    return {"recipe": "infmem", **tail, "config": {"eval": old["eval"]},
+            "train": {**tail["train"], "data": {"synthetic": {"num_chunks": old["train_chunks"]}}},
+            "facts": {"lengths": old["lengths"],
+                      "cold_start": {"summary": _cold_start(old["scripted"]), **old["demonstrator"]}},
+            "summary": _rows({"sft": old["sft"], "rl": old["rl"]}, "bucket/decoding")}
+
+
+MIGRATE: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "memagent": memagent, "lookback": lookback, "memact": memact, "context": context, "mem1": mem1, "infmem": infmem}
 """method -> its old layout's conversion."""
 
 

@@ -84,15 +84,16 @@ SE_DDOF = 1
 """The context-management evaluations' standard error: the sample standard deviation over tasks / sqrt(tasks)."""
 
 FIELDS = (
+    Field("num_tasks", one_per_task("context")),  # first: the one-trajectory-per-task check
     Field("accuracy", accuracy(SE_DDOF)), Field("accuracy_se", accuracy_se(SE_DDOF)),
     Field("peak_context_tokens", mean("peak_context_tokens")), Field("mean_context_tokens", mean("mean_context_tokens")),
     Field("tokens_discarded", mean("tokens_discarded")), Field("turns", mean("turns")),
     Field("branches", mean("branches")), Field("summaries", mean("summaries")),
-    Field("stopped_by_budget", mean("stop_context_budget", 100.0)), Field("num_tasks", one_per_task("context")))
+    Field("stopped_by_budget", mean("stop_context_budget", 100.0)))
 """A fold / summarize / sliding_window evaluation's summary (one trajectory per task), in the terms of
 benchmarks/context_management.py: accuracy (all sub-questions right, %) and its SE over tasks, per-task means of
 peak / mean working context, tokens discarded, turns, branches, summaries, the share stopped by the budget (%),
-and the number of tasks."""
+and the number of tasks (first: it checks one trajectory per task)."""
 
 
 @dataclass

@@ -77,14 +77,15 @@ def all_correct(row: Any) -> float:
 
 
 FIELDS = (
+    Field("num_tasks", one_per_task("mem1")),  # first: the one-trajectory-per-task check
     Field("accuracy", accuracy(1, all_correct)), Field("accuracy_se", accuracy_se(1, all_correct)),
     Field("objective_accuracy", mean("multiq_subq_accuracy", 100.0)),
     Field("peak_context_tokens", mean("peak_context_tokens")), Field("mean_context_tokens", mean("mean_context_tokens")),
-    Field("turns", mean("turns")), Field("answered", mean("answered", 100.0)), Field("num_tasks", one_per_task("mem1")))
+    Field("turns", mean("turns")), Field("answered", mean("answered", 100.0)))
 """A MEM1 evaluation's summary per objective count (one trajectory per task): accuracy (all objectives right, %)
 and its SE over tasks (sample std), the objectives' mean accuracy (%), the per-task means of the peak context
 (the workflow's peak_context_tokens: the longest prompt + reply) and of the mean prompt length over the task's
-calls (mean_context_tokens), turns, the share answered (%), and the number of tasks."""
+calls (mean_context_tokens), turns, the share answered (%), and the number of tasks (first: it checks one trajectory per task)."""
 
 
 @dataclass

@@ -77,12 +77,13 @@ SE_DDOF = 0
 """The MemAct demo's standard error: binomial, sqrt(p (1 - p) / tasks) (one 0/1 sample per task)."""
 
 FIELDS = (
+    Field("num_tasks", one_per_task("memact")),  # first: the one-trajectory-per-task check
     Field("accuracy", accuracy(SE_DDOF)), Field("accuracy_se", accuracy_se(SE_DDOF)),
     Field("subq_accuracy", mean("multiq_subq_accuracy", 100.0)),
     Field("mean_context_tokens", mean("mean_context_tokens")), Field("peak_context_tokens", mean("peak_context_tokens")),
     Field("max_context_tokens", maximum("peak_context_tokens")), Field("prunes_per_task", mean("prunes")),
     Field("failed_prunes_per_task", mean("failed_prunes")), Field("overflow", mean("stop_context_budget", 100.0)),
-    Field("turns", mean("turns")), Field("num_tasks", one_per_task("memact")))
+    Field("turns", mean("turns")))
 """A MemAct evaluation's summary (one trajectory per task): accuracy (all sub-questions right, %) and its
 binomial SE, sub-question accuracy (%), mean / peak working context, the largest peak, prunes and failed prunes
 per task, overflow (stopped by the context budget, %), turns, the number of tasks; `fields_for` adds the
