@@ -166,10 +166,11 @@ def trained(base: Path, dest: Path) -> None:
         for method, name in methods.items():
             res = json.loads((base / name / "results.json").read_text(encoding="utf-8"))
             keep = ("heldout_sha256", "objectives", "train_objectives", "lengths", "eval_tasks", "train_chunks",
-                    "method", "eval")
+                    "method", "eval", "config", "train")  # the old layout's and the one layout's (its facts: ints)
             other = {k: v if k in keep else halved(v) for k, v in res.items()}
-            other["budget"] = {**res.get("budget", {}), **{k: v for k, v in other.get("budget", {}).items()
-                                                           if k == "max_context_tokens"}}
+            if "budget" in res:  # the old layout
+                other["budget"] = {**res["budget"], **{k: v for k, v in other["budget"].items()
+                                                       if k == "max_context_tokens"}}
             for seed, value in ((0, res), (1, other)):
                 out = root / method / f"seed{seed}"
                 out.mkdir(parents=True)
