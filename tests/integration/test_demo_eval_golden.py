@@ -128,9 +128,9 @@ def test_memact_numbers_unchanged(memact):
     from memrl.demonstrators.memact import MemActDemonstrator
     from memrl.demonstrators.stages import calibrate_budget, memact_demonstrations
     from memrl.eval.evaluator import evaluation_rows
-    from memrl.recipes.pipeline import RecipeRun
     from memrl.eval.fields import summarize
     from memrl.recipes.memact import fields_for
+    from memrl.recipes.pipeline import RecipeRun
     from memrl.workflows import get_workflow
 
     def memact_summary(rows):  # the demo's summary of one (policy, decoding, bucket) group, without its labels
