@@ -101,8 +101,12 @@ def aggregate(out: Path, src: Path | None) -> str:
     lines = [f"SFT+RL on the demo's held-out tasks, accuracy % (mean ± s.e. over seeds "
              f"{', '.join(f'{a}: {sorted(by[a])}' for a in arms)})", "",
              "| arm | length | greedy | sampled | RL s | model-scored reward s |", "|---|---:|---:|---:|---:|---:|"]
-    sft = json.loads((src / "results.json").read_text())["stages"]["sft"] if src and "sft" not in arms and \
-        (src / "results.json").is_file() else None
+    sft: dict | None = None  # length -> decoding -> the --from run's SFT summary row (results.json's one layout)
+    if src and "sft" not in arms and (src / "results.json").is_file():
+        sft = {}
+        for s in json.loads((src / "results.json").read_text())["summary"]:
+            if s["policy"] == "sft":
+                sft.setdefault(s["bucket"], {})[s["decoding"]] = s
     for n in lengths:
         if sft and str(n) in sft:
             lines.append(f"| SFT (start, from --from) | {n} | {sft[str(n)]['greedy']['accuracy']:.1f} | "
