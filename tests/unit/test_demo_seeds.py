@@ -200,13 +200,15 @@ def test_cell_bare_and_table_rows_by_decoding():
         "| A | greedy | 1.0 ± n/a |", "| B | greedy | 2.0 ± n/a |", "| A | sampled | 1.0 ± n/a |",
         "| B | sampled | 2.0 ± n/a |"]
 
-def memagent_result(sft_s: float, rl_s: float, sft_g: float, rl_g: float, eval_seed: int = 987654) -> dict:
-    def stage(s: float, g: float) -> dict:  # length 32 is length 8 minus 10 points
-        return {str(n): {"sampled": {"accuracy": s - d}, "greedy": {"accuracy": g - d}} for n, d in ((8, 0), (32, 10))}
-
-    return {"recipe": {"train_chunks": 8, "eval": {"seed": eval_seed, "num_tasks": 128}}, "lengths": [8, 32],
-            "stages": {"demonstrator": {"8": {"sampled": {"accuracy": 83.4}}, "32": {"sampled": {"accuracy": 44.7}}},
-                       "sft": stage(sft_s, sft_g), "rl": stage(rl_s, rl_g)}}
+def memagent_result(sft_s: float, rl_s: float, sft_g: float, rl_g: float, heldout: str = "h0") -> dict:
+    """A memagent results.json in the one layout: its summary rows (length 32 is length 8 minus 10 points)."""
+    rows = [{"policy": "demonstrator", "decoding": "sampled", "bucket": "8", "accuracy": 83.4},
+            {"policy": "demonstrator", "decoding": "sampled", "bucket": "32", "accuracy": 44.7}]
+    for policy, s, g in (("sft", sft_s, sft_g), ("rl", rl_s, rl_g)):
+        rows += [{"policy": policy, "decoding": mode, "bucket": str(n), "accuracy": a - d}
+                 for n, d in ((8, 0), (32, 10)) for mode, a in (("sampled", s), ("greedy", g))]
+    return {"recipe": "memagent", "method": "memagent", "train": {"data": {"synthetic": {"num_chunks": 8}}},
+            "facts": {"lengths": [8, 32]}, "heldout_sha256": [heldout], "summary": rows}
 
 
 def write_run(run: sw.Run, agent: str, res: dict) -> None:
@@ -270,7 +272,7 @@ def test_sweep_options_without_seeds_are_refused(capsys):
 def test_aggregate_refuses_runs_with_other_heldout_tasks(tmp_path):
     runs = sw.plan("memagent", tmp_path, [0, 1], ["avx2"], [])
     write_run(runs[0], "memagent", memagent_result(60, 90, 95, 100))
-    write_run(runs[1], "memagent", memagent_result(60, 90, 95, 100, eval_seed=1))
+    write_run(runs[1], "memagent", memagent_result(60, 90, 95, 100, heldout="h1"))
     with pytest.raises(UserError, match=r"seed1: evaluated other held-out tasks than .*seed0; runs with different "
                                         r"evaluations cannot be aggregated$"):
         sw.aggregate("memagent", runs)
