@@ -9,7 +9,8 @@ refactor of the recipe code can show that every demo still gives the same result
   python scripts/demo_identity.py trained /tmp/before /tmp/trained  # the trained-table benchmarks likewise
 
 Each run writes DIR/<name>/ (the demo's --out) and DIR/<name>.digest: the SHA-256 of results.json with every
-"timings" and "seconds" entry dropped and the run's directory written as "<OUT>".
+"timings" and "seconds" entry (and RL's "time/" and "perf/" metrics) dropped and the run's directory written as
+"<OUT>".
 
 `migrated` compares runs across the change to the one results layout: each before-run's results.json converted
 by scripts/migrate_results.py must be contained in the after-run's (every key it has equal, every number to the
@@ -72,9 +73,11 @@ DEMOS: dict[str, tuple[str, list[str]]] = {
 
 
 def stripped(value: Any, out: str) -> Any:
-    """`value` without "timings" / "seconds" entries, `out` written as "<OUT>" in every string."""
+    """`value` without "timings" / "seconds" entries and RL's wall-clock metrics ("time/...", "perf/...": the
+    one layout's history has every per-step metric), `out` written as "<OUT>" in every string."""
     if isinstance(value, dict):
-        return {k: stripped(v, out) for k, v in value.items() if k not in ("timings", "seconds")}
+        return {k: stripped(v, out) for k, v in value.items()
+                if k not in ("timings", "seconds") and not k.startswith(("time/", "perf/"))}
     if isinstance(value, list):
         return [stripped(v, out) for v in value]
     if isinstance(value, str):

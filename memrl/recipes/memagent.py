@@ -230,7 +230,7 @@ def evaluate_demonstrator(run: RecipeRun, tasks_by_length: dict[int, list[Any]],
 
 
 def sweep_rows(e: dict[str, Any]) -> list[str]:
-    """The seed sweep's table (`Recipe.sweep_table`): a row per length, the demonstrator's, the cold start's and
+    """The seed sweep's table (its `sweep`): a row per length, the demonstrator's, the cold start's and
     SFT+RL's accuracy and the gain, sampled and greedy."""
     lines = ["| length (chunks) | x | demonstrator sampled | SFT sampled | SFT+RL sampled | gain sampled | "
              "SFT greedy | SFT+RL greedy | gain greedy |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

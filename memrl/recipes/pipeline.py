@@ -37,10 +37,8 @@ from memrl.config import (
     to_yaml,
     valid,
 )
-from memrl.errors import UserError
 from memrl.eval.evaluator import evaluation_rows
 from memrl.eval.fields import POOLED, Field, summarize
-from memrl.eval.stats import stat
 from memrl.locks import locked_dir
 from memrl.models.tiny import ModelPreset
 from memrl.plugins import is_import_path, load_object
@@ -260,7 +258,7 @@ class Recipe:
     """results.md's table (memrl.recipes.tables.RunTable or GridTable: `render(results)`)."""
     sweep: ClassVar[Any] = None
     """The seed sweep's table (memrl.recipes.tables.SweepTable, or a Sweep: its `fields`, `policies` and
-    `render(entry)`)."""
+    `render(entry)`: memrl.recipes.seeds renders one per capability)."""
     sweep_extras: ClassVar[dict[str, tuple[str, str]]] = {}
     """Entries of the sweep's aggregate beside the cells: name -> ("mean", a dotted path in results.json, e.g.
     "facts.budget.max_context_tokens": mean +- sd over the runs) or ("first", a path: the first run's value)."""
@@ -420,28 +418,6 @@ class Recipe:
     def check_sweep(self, cfg: Any) -> None:
         """Refuse settings the sweep's table cannot aggregate (before any run)."""
 
-    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
-        """Entries of the sweep's per-capability aggregate beside the cells (`sweep_extras`)."""
-        out: dict[str, Any] = {}
-        for name, (how, path) in self.sweep_extras.items():
-            if how == "first":
-                out[name] = _path(done[0][1], path) if done else None
-                continue
-            values = []
-            for run_dir, res in done:
-                try:
-                    values.append(float(_path(res, path)))
-                except (KeyError, TypeError, AttributeError):
-                    raise UserError(f"{run_dir / 'results.json'}: no {path}") from None
-            out[name] = stat(values)
-        return out
-
-    def sweep_table(self, entry: dict[str, Any]) -> list[str]:
-        """The seed sweep's table (markdown lines) of one capability's aggregate (memrl.recipes.seeds; `sweep`)."""
-        if self.sweep is None:
-            raise NotImplementedError(f"{type(self).__name__}: no sweep table declared")
-        return self.sweep.render(entry)
-
     def write(self, results: dict[str, Any], out: Path) -> str:
         """Write results.json (secrets redacted; indent 1, a newline at the end), results.md and the method's
         plots; returns the markdown."""
@@ -452,7 +428,8 @@ class Recipe:
         return md
 
 
-def _path(obj: Any, dotted: str) -> Any:
+def path_of(obj: Any, dotted: str) -> Any:
+    """The entry `dotted` ("facts.budget.max_context_tokens") of nested dicts or attributes."""
     for part in dotted.split("."):
         obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
     return obj
@@ -467,7 +444,7 @@ def _subset(obj: Any, keys: tuple[str, ...]) -> dict[str, Any]:
         node = out
         for p in parents:
             node = node.setdefault(p, {})
-        node[last] = _plain(_path(obj, key))
+        node[last] = _plain(path_of(obj, key))
     return out
 
 

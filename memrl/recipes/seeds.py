@@ -26,7 +26,7 @@ carry) and refuses to mix them.
 
 Resumable: a run whose out dir has results.json is not run again (its sweep_run.json must name the same
 agent, seed, capability and overrides); a run started before and not finished is started again from an
-empty directory. Writes ROOT/seeds_results.md (printed; the method's `sweep_table`) and
+empty directory. Writes ROOT/seeds_results.md (printed; the method's `sweep` table) and
 ROOT/seeds_results.json: per capability, `cells` (decoding -> bucket -> "<policy>_<field>" and
 "gain_<field>"): mean +- sd over the finished seeds (sd with ddof 1; "n/a" for one seed) of the sweep table's
 fields for SFT, SFT+RL and their per-seed gain, read from the runs' summary rows (results.json's "summary",
@@ -53,10 +53,10 @@ from typing import Any
 
 from memrl.config import MAX_SEED, ConfigError, load_config, redact_argv, redact_secrets, redact_text
 from memrl.errors import UserError
-from memrl.eval.stats import group_stats, nest
+from memrl.eval.stats import group_stats, nest, stat
 from memrl.locks import acquire, release
 from memrl.recipes import split_overrides
-from memrl.recipes.pipeline import Recipe, get_recipe
+from memrl.recipes.pipeline import Recipe, get_recipe, path_of
 from memrl.recipes.tables import DECODINGS
 from memrl.training.config import TrainConfig
 
@@ -416,6 +416,24 @@ def _num(summary: dict[str, Any], f: str, out: Path) -> float | None:
     return None if summary[f] is None else float(summary[f])
 
 
+def sweep_extra(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+    """Entries of a capability's aggregate beside the cells (the method's `sweep_extras`: name -> ("mean", a
+    dotted path in results.json: stat over the runs) or ("first", a path: the first run's value))."""
+    out: dict[str, Any] = {}
+    for name, (how, path) in recipe.sweep_extras.items():
+        if how == "first":
+            out[name] = path_of(done[0][1], path) if done else None
+            continue
+        values = []
+        for run_dir, res in done:
+            try:
+                values.append(float(path_of(res, path)))
+            except (KeyError, TypeError, AttributeError):
+                raise UserError(f"{run_dir / 'results.json'}: no {path}") from None
+        out[name] = stat(values)
+    return out
+
+
 def aggregate(agent: str, runs: list[Run]) -> dict[str, Any]:
     """Per capability: the finished seeds, and mean +- sd over them of every summary field of SFT and SFT+RL
     and of their per-seed gain, per decoding and bucket (`cells`), plus the method's `sweep_extra`. Refuses
@@ -437,7 +455,7 @@ def aggregate(agent: str, runs: list[Run]) -> dict[str, Any]:
             "pending": [r.seed for r in runs if r.capability == cap and r.out not in results]}
         entry["cells"] = cells(run_rows(recipe, done))
         entry["buckets"] = list(next(iter(entry["cells"].values()), {}))
-        entry.update(recipe.sweep_extra(done))
+        entry.update(sweep_extra(recipe, done))
         table[cap] = entry
     return {"agent": agent, "runs": [{"seed": r.seed, "capability": r.capability, "out": str(r.out),
                                       "finished": r.out in results} for r in runs],
@@ -445,7 +463,7 @@ def aggregate(agent: str, runs: list[Run]) -> dict[str, Any]:
 
 
 def markdown(agg: dict[str, Any], command: str = "") -> str:
-    """The aggregate as markdown: one table per capability (the method's `sweep_table`)."""
+    """The aggregate as markdown: one table per capability (the method's `sweep` table)."""
     recipe = get_recipe(agg["agent"])
     lines = []
     if command:
@@ -457,7 +475,9 @@ def markdown(agg: dict[str, Any], command: str = "") -> str:
         if e["reported"] and e["reported"] != [cap]:
             var += f" (torch reported {', '.join(e['reported'])})"
         lines += [f"{var}: mean ± sd over training seeds {seeds} (n = {len(e['seeds'])}{pend})", ""]
-        lines += recipe.sweep_table(e)
+        if recipe.sweep is None:
+            raise UserError(f"{recipe.name}: the method declares no sweep table")
+        lines += recipe.sweep.render(e)
         lines.append("")
     return "\n".join(lines)
 

@@ -1,6 +1,6 @@
 """Tables as data, rendered from summary rows: a recipe method declares its results.md table (`RunTable` or
 `GridTable`) and its seed sweep's table (`SweepTable`, or any `Sweep`), and the code here renders them for every
-method (memrl.recipes.pipeline.Recipe's `markdown` and `sweep_table`).
+method (memrl.recipes.pipeline.Recipe's `markdown`; memrl.recipes.seeds renders the `sweep`).
 
 results.md reads results.json's "summary" (memrl.eval.fields.summarize: one row {"policy", "decoding",
 "bucket", <field>: value, ...} per group of evaluation rows); a column names a field (a format template over the

@@ -490,4 +490,22 @@ def test_run_tables_write_mean_se_through_the_one_cell():
     assert tb.ACCURACY_SE(s) == cell(stats.recorded(62.04, 1.25)) == "62.0 ± 1.2"
     assert tb.mean_se("accuracy", "se", 2)(s) == "62.04 ± 0.35"
     t = tb.RunTable((("accuracy", tb.ACCURACY_SE), ("turns", "{turns:.1f}")), (("SFT", "sft"),))
-    assert t.render({"sft": {"greedy": s}}, "decoding").splitlines()[-1] == "| SFT | greedy | 62.0 ± 1.2 | 3.0 |"
+    row = {"policy": "sft", "decoding": "greedy", "bucket": "all", **s}
+    assert t.render({"summary": [row]}).splitlines()[-1] == "| SFT | greedy | 62.0 ± 1.2 | 3.0 |"
+
+
+def test_run_tables_render_summary_rows_decoding_major_with_defaults_for_none():
+    """A run table's rows are each policy's summary rows, decodings then buckets in first-seen order (an
+    evaluation that ran each bucket's greedy then sampled still shows all greedy rows first); a field a row
+    holds as None shows the table's default; title and notes read results.json's entries and its facts."""
+    rows = [{"policy": p, "decoding": d, "bucket": b, "acc": a, "q2": None if b == "1" else 5.0}
+            for p, a in (("rl", 2.0), ("sft", 1.0)) for b in ("1", "2") for d in ("greedy", "sampled")]
+    t = tb.RunTable((("acc", "{acc:.1f}"), ("2q", "{q2:.1f}")), (("SFT", "sft"), ("RL", "rl")), bucket="k",
+                    defaults={"q2": 0.0}, title="method {method}, budget {budget[tokens]}", notes=("n {n}",),
+                    values=lambda res: {"n": len(res["summary"])})
+    text = t.render({"method": "m", "facts": {"budget": {"tokens": 96}}, "summary": rows})
+    assert text.splitlines() == [
+        "method m, budget 96", "", "| policy | decoding | k | acc | 2q |", "|---|---|---:|---:|---:|",
+        "| SFT | greedy | 1 | 1.0 | 0.0 |", "| SFT | greedy | 2 | 1.0 | 5.0 |", "| SFT | sampled | 1 | 1.0 | 0.0 |",
+        "| SFT | sampled | 2 | 1.0 | 5.0 |", "| RL | greedy | 1 | 2.0 | 0.0 |", "| RL | greedy | 2 | 2.0 | 5.0 |",
+        "| RL | sampled | 1 | 2.0 | 0.0 |", "| RL | sampled | 2 | 2.0 | 5.0 |", "", "n 8"]
