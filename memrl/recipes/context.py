@@ -207,6 +207,16 @@ def context_budget(cfg: ContextDemoConfig, tokenizer: Any, plays: list[Any], sft
     return budget
 
 
+TABLE = RunTable((("accuracy", ACCURACY_SE), ("peak context", "{peak_context_tokens:.0f}"),
+                  ("mean context", "{mean_context_tokens:.0f}"), ("tokens discarded", "{tokens_discarded:.0f}"),
+                  ("turns", "{turns:.1f}"), ("branches", "{branches:.2f}"), ("summaries", "{summaries:.2f}"),
+                  ("stopped by budget", "{stopped_by_budget:.0f}%")),
+                 (("scripted (its SFT tasks)", "scripted"), ("SFT", "sft"), ("SFT + RL", "rl")), align="---",
+                 title="# context demo: method={method} ({budget[eval_tasks]} held-out tasks, budget "
+                       "{budget[max_context_tokens]} tokens)")
+"""results.md: the scripted agent on its SFT tasks, then SFT and SFT + RL per decoding (`FIELDS`' summary rows)."""
+
+
 class ContextRecipe(SplitRecipe, ArmRecipe):
     """The context-management demo as a recipe method (module docstring)."""
 
@@ -214,14 +224,7 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
     config = ContextDemoConfig
     arms = ARMS
 
-    fields = FIELDS
-    table = RunTable((("accuracy", ACCURACY_SE), ("peak context", "{peak_context_tokens:.0f}"),
-                      ("mean context", "{mean_context_tokens:.0f}"), ("tokens discarded", "{tokens_discarded:.0f}"),
-                      ("turns", "{turns:.1f}"), ("branches", "{branches:.2f}"), ("summaries", "{summaries:.2f}"),
-                      ("stopped by budget", "{stopped_by_budget:.0f}%")),
-                     (("scripted (its SFT tasks)", "scripted"), ("SFT", "sft"), ("SFT + RL", "rl")), align="---",
-                     title="# context demo: method={method} ({budget[eval_tasks]} held-out tasks, budget "
-                           "{budget[max_context_tokens]} tokens)")
+    fields, table = FIELDS, TABLE
     sweep = SweepTable((("accuracy (%)", "accuracy", 1), ("peak context", "peak_context_tokens", 1),
                         ("mean context", "mean_context_tokens", 1), ("tokens discarded", "tokens_discarded", 1),
                         ("branches", "branches", 2), ("summaries", "summaries", 2),
