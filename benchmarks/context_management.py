@@ -39,8 +39,8 @@ main thread with probability 0.2), 60 RL steps:
 `--trained ROOT` reads ROOT/<method>/seed<k>/results.json (or ROOT/<method>/<capability>/seed<k>/, the
 layout of --seeds) and prints, per decoding, each method's SFT and SFT+RL rows: mean +- standard error over
 the training seeds (sd with ddof 1 / sqrt(seeds)) of each run's held-out accuracy and context metrics, and
-the peak as a share of the unbounded scripted ReAct agent's peak on the same tasks (each run's
-`reference.react_unbounded`, in its own tokens); then FoldGRPO's process rewards on vs off, fold minus
+the peak as a share of the unbounded scripted ReAct agent's peak on the same tasks (each run's summary row of
+policy react_unbounded, in its own tokens); then FoldGRPO's process rewards on vs off, fold minus
 fold_no_process after RL, paired by seed (the two share a cold start through `sft_from`).
 
 Rows: ReAct without management at the budget (sliding_window, window_turns=0) and unbounded; the sliding
@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memrl.eval.fields import one
 from memrl.eval.stats import cell, group_stats, nest, stat
 from memrl.recipes.context import RECIPE
 from memrl.recipes.seeds import run_rows
@@ -132,23 +133,32 @@ def trained_runs(root: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
     return seed_runs(root, TRAINED_METHODS)
 
 
+def summary_row(res: dict[str, Any], policy: str, mode: str) -> dict[str, Any]:
+    """A run's summary row of `policy` and decoding `mode` (results.json's "summary"); fails in one line."""
+    row = one(res["summary"], policy=policy, decoding=mode)
+    if row is None:
+        raise SystemExit(f"--trained: a {res.get('method')} run has no summary row of {policy}, {mode}")
+    return dict(row)
+
+
 def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dict[str, Any]:
     """{method: {"seeds", "eval_tasks", "budget", policy: {decoding: {field: (mean, se)}, "vs_unbounded"}}}:
     mean +- SE over the runs (seeds) of each run's held-out summary; "vs_unbounded" is the mean over runs of
     peak / the run's unbounded scripted ReAct peak. Fails when runs evaluated different numbers of tasks."""
-    tasks = {res["budget"]["eval_tasks"] for rs in runs.values() for _, res in rs}
+    tasks = {res["facts"]["budget"]["eval_tasks"] for rs in runs.values() for _, res in rs}
     if len(tasks) > 1:
         raise SystemExit(f"--trained: runs evaluated different numbers of held-out tasks: {sorted(tasks)}")
     rows = [{**row, "method": method} for method, rs in runs.items() for row in run_rows(RECIPE, rs, TRAINED_FIELDS)]
     for method, rs in runs.items():  # per run: its budget, and its peak / its unbounded scripted ReAct peak
         for _, r in rs:
             rows.append({"method": method, "policy": "run", "decoding": "all", "bucket": "all", "field": "budget",
-                         "value": float(r["budget"]["max_context_tokens"])})
+                         "value": float(r["facts"]["budget"]["max_context_tokens"])})
+            unbounded = summary_row(r, "react_unbounded", "greedy")["peak_context_tokens"]
             rows += [{"method": method, "policy": policy, "decoding": mode, "bucket": "all", "field": "vs_unbounded",
-                      "value": r[policy][mode]["peak_context_tokens"] / r["reference"]["react_unbounded"]["peak_context_tokens"]}
+                      "value": summary_row(r, policy, mode)["peak_context_tokens"] / unbounded}
                      for policy in ("sft", "rl") for mode in ("greedy", "sampled")]
     agg = group_stats(rows, ("method", "policy", "decoding", "bucket", "field"))
-    return {method: {"seeds": [d.name for d, _ in rs], "eval_tasks": rs[0][1]["budget"]["eval_tasks"],
+    return {method: {"seeds": [d.name for d, _ in rs], "eval_tasks": rs[0][1]["facts"]["budget"]["eval_tasks"],
                      "budget": agg[method, "run", "all", "all", "budget"],
                      **{policy: {mode: {f: agg[method, policy, mode, "all", f] for f in (*TRAINED_FIELDS, "vs_unbounded")}
                                  for mode in ("greedy", "sampled")} for policy in ("sft", "rl")}}
@@ -184,11 +194,11 @@ def process_reward_ablation(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) 
     if not pairs:
         return None
     for k, on, off in pairs:
-        if on["sft"] != off["sft"]:
+        if [s for s in on["summary"] if s["policy"] == "sft"] != [s for s in off["summary"] if s["policy"] == "sft"]:
             raise SystemExit(f"--trained: fold/{k} and fold_no_process/{k} do not share a cold start (their SFT "
                              "evaluations differ); run fold_no_process with sft_from=<the fold sweep's root>")
     fields = ("accuracy", "peak_context_tokens", "turns", "branches", "stopped_by_budget")
-    rows = [{"decoding": mode, "field": f, "value": on["rl"][mode][f] - off["rl"][mode][f]}
+    rows = [{"decoding": mode, "field": f, "value": summary_row(on, "rl", mode)[f] - summary_row(off, "rl", mode)[f]}
             for _, on, off in pairs for mode in ("greedy", "sampled") for f in fields]
     return {"seeds": [k for k, _, _ in pairs], **nest(group_stats(rows, ("decoding", "field")))}
 

@@ -7,8 +7,9 @@ Training is seeded and independent of the evaluation, so a run trained once can 
 
 Give the run's own overrides (the task / demonstrator settings must match; `eval.*` may differ). Reads
 RUN/sft and RUN/rl's latest checkpoint, evaluates the demonstrator, SFT and SFT+RL like `memrl demo`,
-and writes results.md / results.json / plots to --out (timings and SFT losses copied from
-RUN/results.json, RL rewards read from RUN/rl/metrics.jsonl; the evaluation times are this script's).
+and writes results.md / results.json (the demo's one layout: summary rows of this evaluation's rows) / plots
+to --out (timings, SFT losses and the model's size copied from RUN/results.json, RL's per-step metrics read
+from RUN/rl/metrics.jsonl; the evaluation times are this script's).
 """
 
 from __future__ import annotations
@@ -37,27 +38,24 @@ def main() -> int:
     old = json.loads((run / "results.json").read_text())
     tasks = heldout_tasks(cfg, demo.tcfg)
     demo.tokenizer = AutoTokenizer.from_pretrained(run / "sft")
-    timings = dict(old["timings"])
+    demo.facts["lengths"] = list(tasks)
+    demo.timings, demo.sft_losses, demo.num_parameters = dict(old["timings"]), old["losses"]["sft"], old["num_parameters"]
     t0 = time.perf_counter()
-    scripted = evaluate_demonstrator(demo, tasks) if cfg.eval.demonstrator else {}
-    timings["eval_demonstrator_s"] = time.perf_counter() - t0
-    stages = {"demonstrator": scripted}
+    if cfg.eval.demonstrator:
+        evaluate_demonstrator(demo, tasks, demo.rows)
+    demo.timings["eval_scripted_s"] = time.perf_counter() - t0
     for stage, path in (("sft", run / "sft"), ("rl", latest_checkpoint(run / "rl" / "checkpoints"))):
         if path is None:
             raise SystemExit(f"{run}: no RL checkpoint under {run / 'rl' / 'checkpoints'}")
         t0 = time.perf_counter()
         print(f"{stage} ({path}), held-out:")
         model = AutoModelForCausalLM.from_pretrained(path)
-        stages[stage] = engine_eval(evaluate_lengths, demo, model, path, tasks, cfg.eval, log=print)
-        timings[f"eval_{stage}_s"] = time.perf_counter() - t0
-    from dataclasses import asdict
-
-    rl_rows = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    rewards = [r.get("reward/mean", 0.0) for r in rl_rows]
-    timings["rl_s"] = sum(r.get("time/step_s", 0.0) for r in rl_rows)
-    timings["total_s"] = sum(v for k, v in timings.items() if k != "total_s")
-    results = dict(old, lengths=list(tasks), stages=stages, timings=timings, rl_reward=rewards)
-    results["recipe"] = dict(old["recipe"], eval=asdict(cfg.eval), rl_steps=len(rewards))
+        engine_eval(evaluate_lengths, demo, model, path, tasks, cfg.eval, log=print, rows=demo.rows, policy=stage)
+        demo.timings[f"eval_{stage}_s"] = time.perf_counter() - t0
+    demo.history = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    demo.timings["rl_s"] = sum(r.get("time/step_s", 0.0) for r in demo.history)
+    demo.timings["total_s"] = sum(v for k, v in demo.timings.items() if k != "total_s")
+    results = RECIPE.results(demo)
     print(RECIPE.write(results, out), end="")
     return 0
 

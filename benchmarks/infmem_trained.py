@@ -8,8 +8,9 @@ them; one capability per method), method infmem and/or memagent. Per method, pol
 decoding and held-out length: accuracy, model calls and chunks read, mean +- SE over the seeds (SE = sd
 with ddof 1 / sqrt(seeds); n/a for one seed), and "calls vs MemAgent": per seed, this run's model calls /
 the MemAgent run's of the same seed at the same policy, decoding and length, minus 1 (in %; negative =
-fewer calls), mean +- SE over the seeds both methods finished. Fails on runs that evaluated other held-out
-tasks (their heldout_sha256 differ), or on a run whose method is not its directory's.
+fewer calls), mean +- SE over the seeds both methods finished; all read from the runs' summary rows
+(results.json's "summary", one row per policy, decoding and length). Fails on runs that evaluated other
+held-out tasks (their heldout_sha256 differ), or on a run whose method is not its directory's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from memrl.eval.fields import one
 from memrl.eval.stats import cell, group_stats
 from memrl.recipes.infmem import RECIPE
 from memrl.recipes.seeds import run_rows
@@ -32,7 +34,7 @@ def trained_runs(root: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
     """{method: [(run dir, results.json)]} of the finished runs under ROOT/<method>/[<capability>/]seed<k>
     (memrl.recipes.seeds.trained_runs over METHODS); fails when two evaluated other held-out tasks."""
     out = seed_runs(root, METHODS)
-    digests = {(m, d.name): r.get("heldout_sha256") for m, rs in out.items() for d, r in rs}
+    digests = {(m, d.name): tuple(r.get("heldout_sha256") or ()) for m, rs in out.items() for d, r in rs}
     if len(set(digests.values())) > 1:
         first = next(iter(digests))
         other = next(k for k, v in digests.items() if v != digests[first])
@@ -42,7 +44,10 @@ def trained_runs(root: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
 
 
 def _calls(res: dict[str, Any], policy: str, mode: str, length: str) -> float:
-    return res[policy][str(length)][mode]["model_calls"]
+    row = one(res["summary"], policy=policy, decoding=mode, bucket=str(length))
+    if row is None:
+        raise SystemExit(f"--trained: a {res.get('method')} run has no summary row of {policy}, {mode}, length {length}")
+    return row["model_calls"]
 
 
 def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> list[dict[str, Any]]:
@@ -51,7 +56,8 @@ def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> lis
     finished) or None}: the runs' long rows (memrl.recipes.seeds.run_rows, plus a "vs_memagent" row per seed
     that has a MemAgent run) grouped by (method, policy, decoding, length, field), memrl.eval.stats.stat each."""
     base = {d.name: r for d, r in runs.get("memagent", [])}
-    keys = {m: [(p, mode, n) for p in ("sft", "rl") for mode in ("greedy", "sampled") for n in rs[0][1]["lengths"]]
+    keys = {m: [(p, mode, n) for p in ("sft", "rl") for mode in ("greedy", "sampled")
+                for n in rs[0][1]["facts"]["lengths"]]
             for m, rs in runs.items()}
     rows = [{**row, "method": method} for method, rs in runs.items() for row in run_rows(RECIPE, rs, FIELDS)]
     rows += [{"method": method, "policy": k[0], "decoding": k[1], "bucket": str(k[2]), "field": "vs_memagent",
@@ -85,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--trained: no finished run under {a.trained}/<method>/seed<k>/results.json "
                          f"(method: {', '.join(METHODS)})")
     first = next(iter(runs.values()))[0][1]
-    print(f"InfMem vs MemAgent, trained (memrl demo --agent infmem): {first['eval_tasks']} held-out tasks per length, "
-          f"training length {first['train_chunks']} chunks; mean ± SE over training seeds\n")
+    print(f"InfMem vs MemAgent, trained (memrl demo --agent infmem): {first['config']['eval']['num_tasks']} held-out "
+          f"tasks per length, training length {first['train']['data']['synthetic']['num_chunks']} chunks; mean ± SE "
+          "over training seeds\n")
     print(trained_table(trained_aggregate(runs)), end="")
     return 0
 

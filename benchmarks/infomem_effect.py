@@ -5,7 +5,7 @@
     PYTHONPATH=$PWD python benchmarks/infomem_effect.py --out runs/infomem_effect --aggregate-only
 
 --from: a finished `memrl demo` directory; its SFT checkpoint (sft/) is the start of every run, and its
-results.json gives the SFT row of the table. Each (arm, seed) run is the demo's RL stage (preset demo_cpu,
+results.json's summary rows of policy sft give the SFT row of the table. Each (arm, seed) run is the demo's RL stage (preset demo_cpu,
 as `memrl demo` runs it) from that checkpoint, then the demo's held-out evaluation of the trained model (the
 protocol of `memrl.recipes.memagent`, fixed before any run: eval.seed 987654, 128 tasks at 1x/4x/16x the
 training length, greedy and 4 samples at temperature 1). Arms:
@@ -83,6 +83,20 @@ def run_one(src: Path, out: Path, arm: str, seed: int, overrides: list[str]) -> 
     return got
 
 
+def start_rows(src: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """{(length, decoding): summary row} of the --from demo's SFT evaluation (its results.json's summary rows of
+    policy sft; the one results layout); {} when it has no results.json."""
+    path = src / "results.json"
+    if not path.is_file():
+        return {}
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))["summary"]
+        return {(str(r["bucket"]), r["decoding"]): r for r in summary if r["policy"] == "sft"}
+    except (ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--from {src}: results.json has no summary rows ({e}); scripts/migrate_results.py "
+                         "converts an older one") from None
+
+
 def aggregate(out: Path, src: Path | None) -> str:
     """results.md text (also written, with results.json) from the finished runs under `out`: per arm, length
     and decoding the accuracy's mean +- SE over seeds (each seed's long rows, memrl.recipes.seeds.view_rows,
@@ -101,12 +115,11 @@ def aggregate(out: Path, src: Path | None) -> str:
     lines = [f"SFT+RL on the demo's held-out tasks, accuracy % (mean ± s.e. over seeds "
              f"{', '.join(f'{a}: {sorted(by[a])}' for a in arms)})", "",
              "| arm | length | greedy | sampled | RL s | model-scored reward s |", "|---|---:|---:|---:|---:|---:|"]
-    sft = json.loads((src / "results.json").read_text())["stages"]["sft"] if src and "sft" not in arms and \
-        (src / "results.json").is_file() else None
+    sft = start_rows(src) if src and "sft" not in arms else {}
     for n in lengths:
-        if sft and str(n) in sft:
-            lines.append(f"| SFT (start, from --from) | {n} | {sft[str(n)]['greedy']['accuracy']:.1f} | "
-                         f"{sft[str(n)]['sampled']['accuracy']:.1f} | | |")
+        if all((str(n), m) in sft for m in modes):
+            lines.append(f"| SFT (start, from --from) | {n} | {sft[str(n), 'greedy']['accuracy']:.1f} | "
+                         f"{sft[str(n), 'sampled']['accuracy']:.1f} | | |")
         for a in arms:
             text = {mode: cell(acc[mode][str(n)][f"{a}_accuracy"], bare=True) for mode in modes}
             lines.append(f"| {a} | {n} | {text['greedy']} | {text['sampled']} | "

@@ -14,9 +14,10 @@ count k: accuracy (all objectives right, %), the objectives' accuracy (share of 
 mean peak context (tokens per task), each mean +- SE over the seeds (SE = sd with ddof 1 / sqrt(n); n/a for
 one seed); then the peak's growth from the smallest to the largest k (each seed's peak at k_max / its peak at
 k_min, then mean +- SE) and its slope (each seed's least-squares slope of the peak over all held-out k, in
-tokens per objective, then mean +- SE). It refuses runs that evaluated other held-out tasks (the SHA-256 of
-their data/heldout_tasks.jsonl, recorded in results.json), that trained on other objective counts, or whose
-directory names another method. The figures are the runs' as measured; nothing here trains.
+tokens per objective, then mean +- SE), all read from the runs' summary rows (results.json's "summary", one row
+per policy, decoding and objective count). It refuses runs that evaluated other held-out tasks (results.json's
+heldout_sha256, or other config.eval.objectives), that trained on other objective counts (config.task.
+sub_questions), or whose directory names another method. The figures are the runs' as measured; nothing here trains.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from memrl.eval.fields import one
 from memrl.eval.stats import cell, group_stats
 from memrl.recipes.mem1 import RECIPE
 from memrl.recipes.seeds import run_rows
@@ -48,6 +50,22 @@ def slope(ks: list[float], ys: list[float]) -> float:
     return sum((k - kb) * (y - yb) for k, y in zip(ks, ys, strict=True)) / sum((k - kb) ** 2 for k in ks)
 
 
+def evaluated(res: dict[str, Any]) -> dict[str, Any]:
+    """What must be equal across the runs for their tables to be comparable: their held-out digests, objective
+    counts and training mixture (results.json's heldout_sha256 and config)."""
+    cfg = res["config"]
+    return {"heldout_sha256": res.get("heldout_sha256"), "objectives": cfg["eval"]["objectives"],
+            "train_objectives": cfg["task"]["sub_questions"], "eval_tasks": cfg["eval"]["num_tasks"]}
+
+
+def peak(res: dict[str, Any], policy: str, mode: str, k: str) -> float:
+    """A run's mean peak context of `policy`, decoding `mode`, objective count `k` (its summary row)."""
+    row = one(res["summary"], policy=policy, decoding=mode, bucket=k)
+    if row is None:
+        raise SystemExit(f"--trained: a {res.get('method')} run has no summary row of {policy}, {mode}, {k} objectives")
+    return float(row["peak_context_tokens"])
+
+
 def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dict[str, Any]:
     """{method: {"seeds", policy: {decoding: {"k": {k: {field: (mean, se)}}, "growth": (mean, se),
     "slope": (mean, se)}}}}; fails in one line when two runs evaluated different held-out tasks or objective
@@ -55,32 +73,34 @@ def trained_aggregate(runs: dict[str, list[tuple[Path, dict[str, Any]]]]) -> dic
     first: tuple[Path, dict[str, Any]] | None = None
     for rs in runs.values():
         for d, res in rs:
+            ev = evaluated(res)
             if first is None:
-                first = (d, res)
+                first = (d, ev)
             for key in ("heldout_sha256", "objectives"):
-                if res.get(key) != first[1].get(key):
+                if ev[key] != first[1][key]:
                     raise SystemExit(f"--trained: {d / 'results.json'} evaluated other held-out tasks than "
                                      f"{first[0] / 'results.json'} ({key} differs)")
-            if res.get("train_objectives") != first[1].get("train_objectives"):
+            if ev["train_objectives"] != first[1]["train_objectives"]:
                 raise SystemExit(f"--trained: {d / 'results.json'} trained on objective counts "
-                                 f"{res.get('train_objectives')}, {first[0] / 'results.json'} on "
-                                 f"{first[1].get('train_objectives')}; compare runs of one training mixture")
+                                 f"{ev['train_objectives']}, {first[0] / 'results.json'} on "
+                                 f"{first[1]['train_objectives']}; compare runs of one training mixture")
     rows = [{**row, "method": method} for method, rs in runs.items() for row in run_rows(RECIPE, rs, FIELDS)]
     for method, rs in runs.items():  # per seed: the peak's growth from the smallest k to the largest, its slope
-        ks = [str(k) for k in rs[0][1]["objectives"]]
+        ks = [str(k) for k in evaluated(rs[0][1])["objectives"]]
         for _, r in rs:
             for policy in ("sft", "rl"):
                 for mode in ("greedy", "sampled"):
-                    peaks = [float(r[policy][mode][k]["peak_context_tokens"]) for k in ks]
+                    peaks = [peak(r, policy, mode, k) for k in ks]
                     rows += [{"method": method, "policy": policy, "decoding": mode, "bucket": "all", "field": f,
                               "value": v} for f, v in (("growth", peaks[-1] / peaks[0]),
                                                        ("slope", slope([float(k) for k in ks], peaks)))]
     agg = group_stats(rows, ("method", "policy", "decoding", "bucket", "field"))
     out: dict[str, Any] = {}
     for method, rs in runs.items():
-        ks = [str(k) for k in rs[0][1]["objectives"]]
-        out[method] = {"seeds": [d.name for d, _ in rs], "objectives": ks, "eval_tasks": rs[0][1]["eval_tasks"],
-                       "train_objectives": rs[0][1].get("train_objectives"),
+        ev = evaluated(rs[0][1])
+        ks = [str(k) for k in ev["objectives"]]
+        out[method] = {"seeds": [d.name for d, _ in rs], "objectives": ks, "eval_tasks": ev["eval_tasks"],
+                       "train_objectives": ev["train_objectives"],
                        **{policy: {mode: {"k": {k: {f: agg[method, policy, mode, k, f] for f in FIELDS} for k in ks},
                                           **{f: agg[method, policy, mode, "all", f] for f in ("growth", "slope")}}
                                    for mode in ("greedy", "sampled")} for policy in ("sft", "rl")}}

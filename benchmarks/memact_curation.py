@@ -15,13 +15,16 @@ arms with the same model shape, init, tokenizer, SFT and RL budgets:
   answers, DCPO and the evaluation never offer prune_context.
 
 The copy warm-up is computed once per seed (SEED_DIR/copy_warmup.pt, with the tokenizer's hash) and loaded
-by both arms. Each arm runs the demo's stages in this process and writes SEED_DIR/<arm>/results.json;
+by both arms. Each arm runs the demo's stages in this process and writes SEED_DIR/<arm>/results.json (the demo's
+one results layout, memrl.recipes.pipeline.Recipe.results: its summary rows are the arm after RL, policy rl;
+its facts add the arm, the prune tool, the overrides and the cold start's size);
 resumable: a finished arm is not run again, an unfinished one starts again from an empty directory. Then
 ROOT/curation_results.md (printed) and ROOT/curation_results.json: per arm and decoding, mean +- sd over
 seeds (ddof 1) of accuracy, its standard error over tasks, mean and peak working context, prunes per
 task, overflow; and the goal (equal accuracy within one standard error, mean context >= 30% shorter).
 
-`--dev` also evaluates each arm on the dev tasks (DEV_EVAL_SEED; results.json "eval_dev") and prints those
+`--dev` also evaluates each arm on the dev tasks (DEV_EVAL_SEED; results.json's facts "eval_dev": their summary
+rows) and prints those
 instead of the held-out result: pilots and tuning look at the dev tasks only. Training does not depend on
 the evaluation, so a pilot whose recipe is kept is a finished arm of the sweep (its held-out result, stored
 but not looked at, counts like any other). Other arguments are demo overrides
@@ -39,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memrl.eval.fields import one, summarize
 from memrl.eval.stats import cell, recorded
 from memrl.recipes.memact import MemActRecipe
 from memrl.recipes.pipeline import RecipeRun, execute
@@ -112,34 +116,31 @@ class CurationArm(MemActRecipe):
         tmp.replace(warm)
         return losses
 
-    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
+    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> list[dict[str, Any]]:
         if policy == "sft":
-            return None  # the table compares the arms after RL
+            return []  # the table compares the arms after RL
         from memrl.data.synthetic_memact import make_tasks
         from memrl.recipes.parts import engine_eval
         from memrl.recipes.summaries import evaluate_memact
 
         cfg, prune = run.cfg, run.wf_cfg.prune_tool
-        rl_eval = engine_eval(evaluate_memact, run, model, model_dir, run.extra["data"].eval_tasks, prune_tool=prune)
+        rows = engine_eval(evaluate_memact, run, model, model_dir, run.extra["data"].eval_tasks, prune_tool=prune,
+                           policy=policy)
         if self.dev:  # the dev tasks: what a pilot prints and tunes on (the held-out result is only stored)
             dev_tasks = make_tasks(cfg.task, cfg.eval.num_tasks, DEV_EVAL_SEED, prefix="dev")
-            run.extra["dev"] = engine_eval(evaluate_memact, run, model, model_dir, dev_tasks, cfg.eval.temperature,
-                                           DEV_EVAL_SEED, prune_tool=prune)
-        return rl_eval
+            dev = engine_eval(evaluate_memact, run, model, model_dir, dev_tasks, cfg.eval.temperature, DEV_EVAL_SEED,
+                              prune_tool=prune, policy="dev")
+            run.facts["eval_dev"] = summarize(dev, self.fields_for(cfg))
+        return rows
 
     def results(self, run: RecipeRun) -> dict[str, Any]:
+        """The demo's results.json (one layout) with the arm's facts: the arm, the prune tool, the overrides and
+        the cold start's size (its steps, rows per step, epochs, final loss)."""
         cfg, losses = run.cfg, run.sft_losses
-        dev_eval = run.extra.get("dev")
-        return {
-            "arm": self.arm, "eval": run.evals["rl"], "demonstrator": run.demo, "timings": run.timings,
-            "budget": run.wf_cfg.max_context_tokens, "prune_tool": run.wf_cfg.prune_tool, "eval_seed": cfg.eval.seed,
-            "overrides": run.extra["overrides"],
-            "sft": {"steps": len(losses), "batch_rows": cfg.sft.batch_rows, "epochs": cfg.sft.epochs,
-                    "final_loss": losses[-1] if losses else None},
-            "heldout_sha256": hashlib.sha256((run.out / "data" / "heldout_tasks.jsonl").read_bytes()).hexdigest(),
-            "rl": {k: [h.get(k, 0.0) for h in run.history] for k in ("reward/mean", "dcpo/pruned_share")},
-            **({"eval_dev": dev_eval} if dev_eval is not None else {}),
-        }
+        run.facts.update(arm=self.arm, prune_tool=run.wf_cfg.prune_tool, overrides=run.extra["overrides"],
+                         sft={"steps": len(losses), "batch_rows": cfg.sft.batch_rows, "epochs": cfg.sft.epochs,
+                              "final_loss": losses[-1] if losses else None})
+        return super().results(run)
 
 
 def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -> dict[str, Any]:
@@ -153,11 +154,11 @@ def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -
     run = recipe.load(overrides, out_dir)
     run.extra["overrides"] = overrides
     res = execute(recipe, run)
-    (run.out / "results.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
-    shown = res.get("eval_dev", res["eval"])
+    (run.out / "results.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+    dev = "eval_dev" in res["facts"]
     for mode in ("greedy", "sampled"):
-        e = shown[mode]
-        print(f"[{arm}] {'dev ' if 'eval_dev' in res else ''}{mode}: accuracy "
+        e = one(res["facts"]["eval_dev"] if dev else res["summary"], decoding=mode)
+        print(f"[{arm}] {'dev ' if dev else ''}{mode}: accuracy "
               f"{cell(recorded(e['accuracy'], e['accuracy_se']))}, mean context {e['mean_context_tokens']:.1f}, peak "
               f"{e['peak_context_tokens']:.1f}, prunes/task {e['prunes_per_task']:.2f}, overflow {e['overflow']:.1f}% "
               f"({run.timings['total_s'] / 60:.1f} min)", flush=True)
@@ -165,6 +166,14 @@ def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -
 
 
 # ---------------------------------------------------------------------------------------------- the table
+
+
+def arm_eval(res: dict[str, Any], mode: str) -> dict[str, Any]:
+    """An arm's held-out summary row after RL (policy rl) of decoding `mode`, from its results.json."""
+    row = one(res["summary"], policy="rl", decoding=mode)
+    if row is None:
+        raise ValueError(f"an arm's results.json has no summary row of rl, {mode}")
+    return dict(row)
 
 
 def aggregate(results: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -179,11 +188,11 @@ def aggregate(results: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
     from memrl.recipes.seeds import view_rows
 
     seeds = sorted(s for s, arms in results.items() if all(a in arms for a in ARMS))
-    shas = {r["heldout_sha256"] for s in seeds for r in results[s].values()}
+    shas = {tuple(r["heldout_sha256"]) for s in seeds for r in results[s].values()}
     if len(shas) > 1:
         raise ValueError(f"the runs evaluated different task sets ({len(shas)} held-out files): not comparable")
     cells = group_cells([row for s in seeds for row in view_rows(
-        {arm: {mode: {"all": results[s][arm]["eval"][mode]} for mode in ("greedy", "sampled")} for arm in ARMS},
+        {arm: {mode: {"all": arm_eval(results[s][arm], mode)} for mode in ("greedy", "sampled")} for arm in ARMS},
         METRICS, seed=s)])
     table: dict[str, Any] = {}
     goal: dict[str, Any] = {}
@@ -194,15 +203,15 @@ def aggregate(results: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
             continue
         d, w = table[f"dcpo/{mode}"], table[f"withheld/{mode}"]
         diff = d["accuracy"]["mean"] - w["accuracy"]["mean"]
-        se = diff_se(*([results[s][arm]["eval"][mode]["accuracy_se"] for s in seeds] for arm in ("dcpo", "withheld")))
+        se = diff_se(*([arm_eval(results[s][arm], mode)["accuracy_se"] for s in seeds] for arm in ("dcpo", "withheld")))
         ctx_w = w["mean_context_tokens"]["mean"]
         reduction = 1.0 - d["mean_context_tokens"]["mean"] / ctx_w if ctx_w else 0.0
         equal = abs(diff) <= se
         goal[mode] = {"accuracy_diff": diff, "accuracy_diff_se": se, "equal_accuracy": equal,
                       "context_reduction": reduction, "shorter_30": reduction >= GOAL_REDUCTION,
                       "met": equal and reduction >= GOAL_REDUCTION}
-    per_seed = [{"seed": s, "arm": arm, "mode": mode, "sft_steps": results[s][arm].get("sft", {}).get("steps"),
-                 **{m: results[s][arm]["eval"][mode].get(m) for m in (*METRICS, "subq_accuracy", "turns")}}
+    per_seed = [{"seed": s, "arm": arm, "mode": mode, "sft_steps": results[s][arm]["facts"].get("sft", {}).get("steps"),
+                 **{m: arm_eval(results[s][arm], mode).get(m) for m in (*METRICS, "subq_accuracy", "turns")}}
                 for s in seeds for arm in ARMS for mode in ("greedy", "sampled")]
     return {"seeds": seeds, "table": table, "goal": goal, "per_seed": per_seed}
 

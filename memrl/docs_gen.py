@@ -42,12 +42,7 @@ from memrl.commands.train_sft import SFTRunConfig
 from memrl.config import allowed_of, preset_names
 from memrl.engines.registry import engine_kind, engine_names
 from memrl.eval.runner import EvalConfig
-from memrl.recipes.context import ContextDemoConfig
-from memrl.recipes.infmem import InfMemDemoConfig
-from memrl.recipes.lookback import LookbackConfig
-from memrl.recipes.mem1 import Mem1DemoConfig
-from memrl.recipes.memact import MemActDemoConfig
-from memrl.recipes.memagent import DemoConfig
+from memrl.recipes.pipeline import BUILTIN, get_recipe
 from memrl.rewards import registry as _model_rewards  # noqa: F401 - registers infomem
 from memrl.rewards.verifiers import get_verifier, verifier_names
 from memrl.services import registry as retrievers
@@ -298,14 +293,13 @@ def render_config() -> str:
                           "`memrl eval` reads the same `workflow.*` and `engine.*` keys as `memrl train`; its "
                           "engine defaults differ where the table says.")
     out += _config_tables("`memrl train-sft`", SFTRunConfig, None, "", 2)
-    out += _config_tables("`memrl demo`", DemoConfig, None, "", 2,
-                          "Demo keys as `key=value`; `train.<key>=value` reaches the RL stage's `memrl train` "
-                          "config.")
-    out += _config_tables("`memrl demo --agent memact`", MemActDemoConfig, None, "", 2)
-    out += _config_tables("`memrl demo --agent context`", ContextDemoConfig, None, "", 2)
-    out += _config_tables("`memrl demo --agent mem1`", Mem1DemoConfig, None, "", 2)
-    out += _config_tables("`memrl demo --agent infmem`", InfMemDemoConfig, None, "", 2)
-    out += _config_tables("`memrl demo --agent lookback`", LookbackConfig, None, "", 2)
+    for name in BUILTIN:  # every built-in recipe method's demo config, in the registry's order
+        if name == "memagent":
+            out += _config_tables("`memrl demo`", get_recipe(name).config, None, "", 2,
+                                  "Demo keys as `key=value`; `train.<key>=value` reaches the RL stage's `memrl train` "
+                                  "config.")
+        else:
+            out += _config_tables(f"`memrl demo --agent {name}`", get_recipe(name).config, None, "", 2)
     return "\n".join(out)
 
 

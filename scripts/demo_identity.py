@@ -3,12 +3,19 @@ refactor of the recipe code can show that every demo still gives the same result
 
   python scripts/demo_identity.py run /tmp/before            # every demo, one subprocess each
   python scripts/demo_identity.py run /tmp/after memagent    # only some
-  python scripts/demo_identity.py compare /tmp/before /tmp/after
-  python scripts/demo_identity.py aggregate /tmp/before /tmp/agg   # the seed sweep's table over two fake seeds
+  python scripts/demo_identity.py compare /tmp/before /tmp/after   # the same layout: digests
+  python scripts/demo_identity.py migrated /tmp/before /tmp/after  # before: the old layout, after: the one layout
+  python scripts/demo_identity.py aggregate /tmp/before /tmp/agg [AGENT ...]  # the seed sweep's table, two fake seeds
   python scripts/demo_identity.py trained /tmp/before /tmp/trained  # the trained-table benchmarks likewise
 
 Each run writes DIR/<name>/ (the demo's --out) and DIR/<name>.digest: the SHA-256 of results.json with every
-"timings" and "seconds" entry dropped and the run's directory written as "<OUT>".
+"timings" and "seconds" entry (and RL's "time/" and "perf/" metrics) dropped and the run's directory written as
+"<OUT>".
+
+`migrated` compares runs across the change to the one results layout: each before-run's results.json converted
+by scripts/migrate_results.py must be contained in the after-run's (every key it has equal, every number to the
+bit, lists of the same length; "timings" and "seconds" dropped; the after-run may hold more: the whole config,
+RL's every per-step metric), and results.md must be byte-identical but for the numbers of its "Time:" line.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -65,9 +73,11 @@ DEMOS: dict[str, tuple[str, list[str]]] = {
 
 
 def stripped(value: Any, out: str) -> Any:
-    """`value` without "timings" / "seconds" entries, `out` written as "<OUT>" in every string."""
+    """`value` without "timings" / "seconds" entries and RL's wall-clock metrics ("time/...", "perf/...": the
+    one layout's history has every per-step metric), `out` written as "<OUT>" in every string."""
     if isinstance(value, dict):
-        return {k: stripped(v, out) for k, v in value.items() if k not in ("timings", "seconds")}
+        return {k: stripped(v, out) for k, v in value.items()
+                if k not in ("timings", "seconds") and not k.startswith(("time/", "perf/"))}
     if isinstance(value, list):
         return [stripped(v, out) for v in value]
     if isinstance(value, str):
@@ -113,18 +123,20 @@ def halved(value: Any) -> Any:
     return value * 0.5 + 1 if isinstance(value, float) else value
 
 
-def aggregate(base: Path, dest: Path) -> None:
+def aggregate(base: Path, dest: Path, agents: list[str] | None = None) -> None:
     """memrl.recipes.seeds' aggregate and markdown over a fake two-seed sweep per agent (seed 0: the run's
     results.json, seed 1: its floats halved plus one; both with the run's held-out tasks); writes
     dest/<agent>.md and dest/<agent>.json and prints their digests."""
     from memrl.recipes import seeds  # noqa: PLC0415 - the tree on PYTHONPATH (the run's), imported when asked
 
     for agent, name in SWEEPS.items():
+        if agents and agent not in agents:
+            continue
         root = dest / agent
         shutil.rmtree(root, ignore_errors=True)
         res = json.loads((base / name / "results.json").read_text(encoding="utf-8"))
         runs = []
-        other = {k: v if k in ("recipe", "eval") else halved(v) for k, v in res.items()}  # the same evaluation
+        other = {k: v if k in ("config", "train", "heldout_sha256") else halved(v) for k, v in res.items()}  # same eval
         for seed, value in ((0, res), (1, other)):
             out = root / "native" / f"seed{seed}"
             (out / "data").mkdir(parents=True)
@@ -157,10 +169,11 @@ def trained(base: Path, dest: Path) -> None:
         for method, name in methods.items():
             res = json.loads((base / name / "results.json").read_text(encoding="utf-8"))
             keep = ("heldout_sha256", "objectives", "train_objectives", "lengths", "eval_tasks", "train_chunks",
-                    "method", "eval")
+                    "method", "eval", "config", "train")  # the old layout's and the one layout's (its facts: ints)
             other = {k: v if k in keep else halved(v) for k, v in res.items()}
-            other["budget"] = {**res.get("budget", {}), **{k: v for k, v in other.get("budget", {}).items()
-                                                           if k == "max_context_tokens"}}
+            if "budget" in res:  # the old layout
+                other["budget"] = {**res["budget"], **{k: v for k, v in other["budget"].items()
+                                                       if k == "max_context_tokens"}}
             for seed, value in ((0, res), (1, other)):
                 out = root / method / f"seed{seed}"
                 out.mkdir(parents=True)
@@ -191,13 +204,55 @@ def compare(a: Path, b: Path) -> int:
     return 1 if bad else 0
 
 
+def contained(x: Any, y: Any, path: str = "") -> list[str]:
+    """Where `x` is not contained in `y` (dicts: every key of x in y, contained; lists: the same length, each
+    contained; else equal), as paths."""
+    if isinstance(x, dict):
+        if not isinstance(y, dict):
+            return [path or "/"]
+        return [p for k, v in x.items() for p in (contained(v, y[k], f"{path}/{k}") if k in y else [f"{path}/{k} (missing)"])]
+    if isinstance(x, list):
+        if not isinstance(y, list) or len(x) != len(y):
+            return [f"{path} (length)"]
+        return [p for i, (a, b) in enumerate(zip(x, y, strict=True)) for p in contained(a, b, f"{path}/{i}")]
+    return [] if x == y and type(x) in (type(y), int, float) else [f"{path}: {x!r} != {y!r}"]
+
+
+def untimed(md: str) -> str:
+    """results.md with the numbers of its "Time:" lines written as "<T>"."""
+    return "\n".join(re.sub(r"\d+(\.\d+)?(?=s\b| min)", "<T>", line) if "Time:" in line else line
+                     for line in md.split("\n"))
+
+
+def migrated(a: Path, b: Path) -> int:
+    """Old-layout runs `a` against one-layout runs `b` (module docstring); 1 when any differs."""
+    spec = importlib.util.spec_from_file_location("migrate_results", Path(__file__).with_name("migrate_results.py"))
+    mig = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mig)
+    bad = 0
+    for name, (agent, _) in DEMOS.items():
+        if not (a / name / "results.json").is_file() or not (b / name / "results.json").is_file():
+            print(f"{name}: missing")
+            continue
+        old = json.loads((a / name / "results.json").read_text(encoding="utf-8"))
+        new = json.loads((b / name / "results.json").read_text(encoding="utf-8"))
+        diff = contained(stripped(mig.migrate(old, agent), str(a / name)), stripped(new, str(b / name)))
+        same_md = untimed((a / name / "results.md").read_text()) == untimed((b / name / "results.md").read_text())
+        print(f"{name}: results.json {'contained' if not diff else 'DIFFERENT ' + '; '.join(diff[:3])}, "
+              f"results.md {'identical' if same_md else 'DIFFERENT'}")
+        bad += bool(diff) or not same_md
+    return 1 if bad else 0
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["run"]:
         run(Path(sys.argv[2]), sys.argv[3:])
     elif sys.argv[1:2] == ["aggregate"]:
-        aggregate(Path(sys.argv[2]), Path(sys.argv[3]))
+        aggregate(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:])
     elif sys.argv[1:2] == ["trained"]:
         trained(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif sys.argv[1:2] == ["migrated"]:
+        sys.exit(migrated(Path(sys.argv[2]), Path(sys.argv[3])))
     elif sys.argv[1:2] == ["compare"]:
         sys.exit(compare(Path(sys.argv[2]), Path(sys.argv[3])))
     else:

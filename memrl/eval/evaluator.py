@@ -16,8 +16,8 @@ Three pieces:
   the reward and the metrics; written to a JSONL file with `rows_to`) and returns them. Every number is a
   reducer's over rows: `eval_record` (results.json's record of one evaluation: accuracy +- SE over tasks, the
   per-task means for paired comparisons, `paired_gain`, and the means of the trajectory metrics), `accuracy`,
-  `per_task`, `pass_at_k`, `row_mean`, `group_rows` (by policy, decoding, bucket). The demos' per-method
-  summaries over rows live with the demos (memrl.recipes.summaries).
+  `per_task`, `pass_at_k`, `row_mean`, `group_rows` (by policy, decoding, bucket). The demos' summaries over
+  rows are their methods' fields (memrl.eval.fields reducers, declared beside each method).
 """
 
 from __future__ import annotations

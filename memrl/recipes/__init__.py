@@ -18,8 +18,8 @@ declares only what differs (the module's other functions are the stage helpers i
 The stages they call: memrl.data.synthetic / synthetic_memact (tasks), memrl.recipes.scratch (model init),
 memrl.demonstrators.stages (scripted policies, their demonstrations, MemAct's budget), memrl.recipes.cold_start
 (copy warm-up), memrl.training.trainer (RL), memrl.eval.evaluator (the one evaluator) with the methods'
-summaries (memrl.recipes.summaries), memrl.recipes.report (tables and plots) and memrl.recipes.seeds (the sweep
-over training seeds and its one aggregation).
+held-out protocols (memrl.recipes.summaries) and their fields (memrl.eval.fields), memrl.recipes.report (tables
+and plots) and memrl.recipes.seeds (the sweep over training seeds and its one aggregation).
 """
 
 SHARED_SECTIONS = ("engine", "workflow")

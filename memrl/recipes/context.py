@@ -18,11 +18,12 @@ task's text and every arm's scripted contexts, so all arms share it (memrl.recip
 context, flaw `sft.late_prob`) played through the arm's workflow, every row as the workflow cuts it
 (ContextRecipe.demonstrations; `sft_from` / `warmup_from` reuse another run's: memrl.recipes.reuse) ->
 held-out evaluation of the SFT model -> RL (preset context_cpu, `algorithm.name` from ARMS) -> the same evaluation after RL. The evaluation
-(memrl.recipes.summaries.evaluate_context) is greedy and sampled (one sample per task at `eval.temperature`):
-accuracy (all sub-questions right) +- SE over tasks, mean peak / mean context, tokens discarded, turns,
-branches, summaries and the share stopped by the budget; beside them the scripted agent on its SFT tasks
-and the scripted search agent without a budget on the held-out tasks (`reference.react_unbounded`: the
-trained table's "vs unbounded ReAct" peak). Writes results.json and results.md.
+(memrl.recipes.summaries.evaluate_context) is greedy and sampled (one sample per task at `eval.temperature`),
+summarized by `FIELDS`: accuracy (all sub-questions right) +- SE over tasks, mean peak / mean context, tokens
+discarded, turns, branches, summaries and the share stopped by the budget; beside them the scripted agent on
+its SFT tasks (policy "scripted") and the scripted search agent without a budget on the held-out tasks (policy
+"react_unbounded": the trained table's "vs unbounded ReAct" peak). Writes results.json (memrl.recipes.pipeline.
+Recipe.results; its facts: the budget, the process rewards, the cold start's statistics) and results.md.
 
 Overrides: `key=value` for ContextDemoConfig, `train.<key>=value` for the RL config (preset context_cpu);
 `engine.*` and `workflow.*` are spelled as in `memrl train` (they set the RL config's sections, which the
@@ -40,20 +41,18 @@ from memrl.config import MAX_COUNT, MAX_SEED, MAX_TOKENS, ConfigError, valid
 from memrl.data.synthetic_memact import MemActTaskConfig, tokenizer_text
 from memrl.demonstrators.memact import answer_reply, search_reply
 from memrl.demonstrators.stages import calibrate_fold_budget, context_demonstrations, context_demonstrator
-from memrl.eval.evaluator import evaluation_rows
+from memrl.eval.fields import Field, accuracy, accuracy_se, mean
 from memrl.recipes.parts import (
     BUDGET_NOTE,
     GRPO,
-    HEAD,
     SWEEP_BUDGET,
-    TAIL,
     Arm,
     ArmRecipe,
     SplitConfig,
     SplitRecipe,
     describe,
     engine_eval,
-    eval_tasks,
+    policy_labels,
     set_workflow,
     workflow_section,
     write_data,
@@ -61,11 +60,11 @@ from memrl.recipes.parts import (
 from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, TaskSFTSettings, run_recipe
 from memrl.recipes.reuse import reused_cold_start, reused_warmup, take_cold_start
 from memrl.recipes.scratch import init_model as scratch_init
-from memrl.recipes.summaries import context_summary, evaluate_context
+from memrl.recipes.summaries import evaluate_context, one_per_task, played_rows
 from memrl.recipes.tables import ACCURACY_SE, RunTable, SweepTable
 from memrl.types import Segment
 
-__all__ = ["ARMS", "RECIPE", "Arm", "ContextDemoConfig", "ContextDemoEval", "ContextDemoSFT", "run_context_demo"]
+__all__ = ["ARMS", "FIELDS", "RECIPE", "Arm", "ContextDemoConfig", "ContextDemoEval", "ContextDemoSFT", "run_context_demo"]
 
 ARMS: dict[str, Arm] = {
     "react": Arm({"name": "sliding_window", "window_turns": 0}, GRPO, "search"),
@@ -79,6 +78,22 @@ only in the process rewards and the rows they weigh; the scripted agents are ben
 summary_fraction 0.7 (the benchmark's 0.8 at its sizes): at the demo's sizes one search result is ~30% of the
 calibrated budget, and at 0.8 the flawless summary agent searches past the budget before it is asked for a
 summary (0% on 100 held-out tasks, 100% at 0.7, seed 0)."""
+
+
+SE_DDOF = 1
+"""The context-management evaluations' standard error: the sample standard deviation over tasks / sqrt(tasks)."""
+
+FIELDS = (
+    Field("num_tasks", one_per_task("context")),  # first: the one-trajectory-per-task check
+    Field("accuracy", accuracy(SE_DDOF)), Field("accuracy_se", accuracy_se(SE_DDOF)),
+    Field("peak_context_tokens", mean("peak_context_tokens")), Field("mean_context_tokens", mean("mean_context_tokens")),
+    Field("tokens_discarded", mean("tokens_discarded")), Field("turns", mean("turns")),
+    Field("branches", mean("branches")), Field("summaries", mean("summaries")),
+    Field("stopped_by_budget", mean("stop_context_budget", 100.0)))
+"""A fold / summarize / sliding_window evaluation's summary (one trajectory per task), in the terms of
+benchmarks/context_management.py: accuracy (all sub-questions right, %) and its SE over tasks, per-task means of
+peak / mean working context, tokens discarded, turns, branches, summaries, the share stopped by the budget (%),
+and the number of tasks (first: it checks one trajectory per task)."""
 
 
 @dataclass
@@ -140,7 +155,7 @@ class ContextDemoConfig(SplitConfig):
 
 
 def process_rewards(run: RecipeRun) -> list[str]:
-    """results.json's process_rewards: FoldGRPO's (none for another estimator)."""
+    """The facts' process_rewards: FoldGRPO's (none for another estimator)."""
     tcfg = run.tcfg
     return list(tcfg.algorithm.foldgrpo.process_rewards) if tcfg.algorithm.name == "foldgrpo" else []
 
@@ -192,6 +207,16 @@ def context_budget(cfg: ContextDemoConfig, tokenizer: Any, plays: list[Any], sft
     return budget
 
 
+TABLE = RunTable((("accuracy", ACCURACY_SE), ("peak context", "{peak_context_tokens:.0f}"),
+                  ("mean context", "{mean_context_tokens:.0f}"), ("tokens discarded", "{tokens_discarded:.0f}"),
+                  ("turns", "{turns:.1f}"), ("branches", "{branches:.2f}"), ("summaries", "{summaries:.2f}"),
+                  ("stopped by budget", "{stopped_by_budget:.0f}%")),
+                 (("scripted (its SFT tasks)", "scripted"), ("SFT", "sft"), ("SFT + RL", "rl")), align="---",
+                 title="# context demo: method={method} ({budget[eval_tasks]} held-out tasks, budget "
+                       "{budget[max_context_tokens]} tokens)")
+"""results.md: the scripted agent on its SFT tasks, then SFT and SFT + RL per decoding (`FIELDS`' summary rows)."""
+
+
 class ContextRecipe(SplitRecipe, ArmRecipe):
     """The context-management demo as a recipe method (module docstring)."""
 
@@ -199,17 +224,7 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
     config = ContextDemoConfig
     arms = ARMS
 
-    results_json = {**HEAD, "process_rewards": process_rewards, "scripted": {"greedy": "demo.summary"},
-                    "sft": "evals.sft", "rl": "evals.rl", "reference": {"react_unbounded": "extra.unbounded"},
-                    "demonstrator": lambda run: {k: v for k, v in run.demo.items() if k != "summary"}, **TAIL,
-                    "budget": {"max_context_tokens": "extra.budget", "eval_tasks": eval_tasks}, "sft_from": "cfg.sft_from"}
-    table = RunTable((("accuracy", ACCURACY_SE), ("peak context", "{peak_context_tokens:.0f}"),
-                      ("mean context", "{mean_context_tokens:.0f}"), ("tokens discarded", "{tokens_discarded:.0f}"),
-                      ("turns", "{turns:.1f}"), ("branches", "{branches:.2f}"), ("summaries", "{summaries:.2f}"),
-                      ("stopped by budget", "{stopped_by_budget:.0f}%")),
-                     (("scripted (its SFT tasks)", "scripted"), ("SFT", "sft"), ("SFT + RL", "rl")), align="---",
-                     title="# context demo: method={method} ({budget[eval_tasks]} held-out tasks, budget "
-                           "{budget[max_context_tokens]} tokens)")
+    fields, table = FIELDS, TABLE
     sweep = SweepTable((("accuracy (%)", "accuracy", 1), ("peak context", "peak_context_tokens", 1),
                         ("mean context", "mean_context_tokens", 1), ("tokens discarded", "tokens_discarded", 1),
                         ("branches", "branches", 2), ("summaries", "summaries", 2),
@@ -230,19 +245,23 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
         cfg, prior = run.cfg, run.extra["prior"]
         run.extra["data"] = data = write_data(cfg, run.out / "data")
         if prior is not None:
-            return take_cold_start(run, prior)
-        run.tokenizer, run.model, plays = init_model(cfg, run.tcfg, data.sft_tasks, run.out)
-        budget = context_budget(cfg, run.tokenizer, plays, data.sft_tasks, run.wf_cfg.max_turn_tokens)
-        set_workflow(run, max_context_tokens=budget)
-        describe(run, mid=f"budget {budget} tokens; ")
-        run.extra.update(budget=budget, react_cfg=plays[1][1])
+            take_cold_start(run, prior)
+        else:
+            run.tokenizer, run.model, plays = init_model(cfg, run.tcfg, data.sft_tasks, run.out)
+            budget = context_budget(cfg, run.tokenizer, plays, data.sft_tasks, run.wf_cfg.max_turn_tokens)
+            set_workflow(run, max_context_tokens=budget)
+            describe(run, mid=f"budget {budget} tokens; ")
+            run.extra["react_cfg"] = plays[1][1]
+            run.facts["budget"] = {"max_context_tokens": budget, "eval_tasks": len(data.eval_tasks)}
+        run.facts["process_rewards"] = process_rewards(run)
 
-    def scripted(self, run: RecipeRun) -> None:
-        """The trained table's "vs unbounded ReAct" reference: the scripted search agent without a budget on the
-        held-out tasks, in this run's tokens."""
-        run.extra["unbounded"] = context_summary(evaluation_rows(context_demonstrations(
-            run.extra["data"].eval_tasks, run.tokenizer, "sliding_window", run.extra["react_cfg"],
-            context_demonstrator("search"))))
+    def scripted(self, run: RecipeRun) -> list[dict[str, Any]]:
+        """The trained table's "vs unbounded ReAct" reference (policy "react_unbounded"): the scripted search
+        agent without a budget on the held-out tasks, in this run's tokens."""
+        tasks = run.extra["data"].eval_tasks
+        return played_rows(context_demonstrations(tasks, run.tokenizer, "sliding_window", run.extra["react_cfg"],
+                                                  context_demonstrator("search")),
+                           "all", policy_labels(run, "react_unbounded", tasks))
 
     def warmup(self, run: RecipeRun) -> list[float]:
         return reused_warmup(run.cfg, run.out, run.model) if run.cfg.warmup_from else super().warmup(run)
@@ -251,10 +270,12 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
         """The arm's scripted agent through its workflow, every row as the workflow cuts it (fold: one per
         branch + the main thread; summarize: one per part; sliding_window: one per window shift + the last)."""
         s = run.cfg.sft
-        return context_demonstrations(run.extra["data"].sft_tasks, run.tokenizer, run.spec.name, run.wf_cfg,
-                                      context_demonstrator(self.arm(run.cfg).agent, s.late_prob, s.seed), seed=s.seed)
+        groups = context_demonstrations(run.extra["data"].sft_tasks, run.tokenizer, run.spec.name, run.wf_cfg,
+                                        context_demonstrator(self.arm(run.cfg).agent, s.late_prob, s.seed), seed=s.seed)
+        # the table's "scripted (its SFT tasks)" row: the played rows, policy "scripted" (no held-out digest)
+        run.rows += played_rows(groups, "all", {**policy_labels(run, "scripted", []), "heldout_sha256": ""})
+        return groups
 
-    demo_summary = staticmethod(context_summary)
     demo_format = "peak context {peak_context_tokens:.0f}, stopped by the budget {stopped_by_budget:.1f}%"
     demo_names_workflow = True
 
@@ -263,14 +284,15 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
                 for k, m in (("branches_per_task", "branches"), ("summaries_per_task", "summaries"))}
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
-        """`sft.max_rows` > 0 trains the first max_rows rows (task order)."""
+        """`sft.max_rows` > 0 trains the first max_rows rows (task order). The statistics (the facts' cold_start)
+        are the row counts; the scripted agent's summary is the summary's "scripted" rows (`play`)."""
         rows, stats = super().demonstrations(run)
         trained = rows[:run.cfg.sft.max_rows] if run.cfg.sft.max_rows else rows
         if len(trained) < len(rows):
             print(f"cold start: the first {len(trained)} rows trained (sft.max_rows)")
-        return trained, {**stats, "rows_trained": len(trained)}
+        return trained, {**{k: v for k, v in stats.items() if k != "summary"}, "rows_trained": len(trained)}
 
-    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
+    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> list[dict[str, Any]]:
         return engine_eval(evaluate_context, run, model, model_dir, run.extra["data"].eval_tasks, policy=policy)
 
 

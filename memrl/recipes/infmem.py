@@ -19,9 +19,10 @@ warm-up (memrl.recipes.cold_start.copy_warmup) -> cold start: SFT on the reading
 infmem.ReadingDemonstrator) played through the arm's workflow, every row as the workflow cuts it (memrl.demonstrators.
 stages.context_demonstrations) -> held-out evaluation of the SFT model -> RL (preset infmem_cpu, on the
 preset's synthetic task stream) -> the same evaluation after RL. The evaluation (memrl.recipes.summaries.
-evaluate_reading) is greedy and sampled (one sample per task at `eval.temperature`), per length: accuracy
-(exact match) +- SE over tasks, model calls, chunks read, retrievals, tokens read, stop rate and stop step.
-Writes results.json and results.md.
+evaluate_by_bucket) is greedy and sampled (one sample per task at `eval.temperature`), per length, summarized by
+`FIELDS`: accuracy (exact match) +- SE over tasks, model calls, chunks read, retrievals, tokens read, stop rate
+and stop step. Writes results.json (memrl.recipes.pipeline.Recipe.results; its facts: the lengths and the cold
+start's statistics) and results.md.
 
 Overrides: `key=value` for InfMemDemoConfig, `train.<key>=value` for the RL config (preset infmem_cpu);
 `engine.*` and `workflow.*` are spelled as in `memrl train` (they set the RL config's sections, which the
@@ -40,11 +41,10 @@ from memrl.config import MAX_COUNT, MAX_TOKENS, MAX_VOCAB, ConfigError, valid
 from memrl.data.synthetic import at_length, corpus_text, make_tasks
 from memrl.demonstrators.infmem import ReadingDemonstrator
 from memrl.demonstrators.stages import context_demonstrations
+from memrl.eval.fields import Field, accuracy, accuracy_se, mean, mean_of, share, summarize, tasks
 from memrl.recipes.parts import (
     GRPO,
-    HEAD,
     SWEEP_METHOD,
-    TAIL,
     Arm,
     ArmRecipe,
     describe,
@@ -52,7 +52,6 @@ from memrl.recipes.parts import (
     workflow_section,
 )
 from memrl.recipes.pipeline import (
-    HELDOUT_SHA256,
     EvalSettings,
     ModelShape,
     RecipeConfig,
@@ -61,11 +60,11 @@ from memrl.recipes.pipeline import (
     run_recipe,
 )
 from memrl.recipes.scratch import check_pieces, init_model
-from memrl.recipes.summaries import evaluate_reading, reading_summary
+from memrl.recipes.summaries import evaluate_by_bucket, outcome
 from memrl.recipes.tables import ACCURACY_SE, RunTable, SweepTable
 from memrl.types import Task
 
-__all__ = ["ARMS", "Arm", "InfMemDemoConfig", "InfMemDemoEval", "InfMemDemoModel", "InfMemDemoSFT",
+__all__ = ["ARMS", "FIELDS", "Arm", "InfMemDemoConfig", "InfMemDemoEval", "InfMemDemoModel", "InfMemDemoSFT",
            "RECIPE", "heldout_tasks", "run_infmem_demo"]
 
 ARMS: dict[str, Arm] = {
@@ -81,6 +80,24 @@ ARMS: dict[str, Arm] = {
 passages are one piece each (retrieve_passage_tokens = chunk_words), so a retrieval of the asked key returns
 the piece that holds its fact. Both arms are GRPO with the reward std normalised: they differ in the
 workflow and the reward only (InfMem's early-stop and protocol terms; MemAgent's outcome)."""
+
+
+def stopped(row: Any) -> bool:
+    """Whether a reading trajectory stopped early (the workflow's `stopped` metric)."""
+    return bool(row["metrics"].get("stopped", 0.0))
+
+
+FIELDS = (
+    Field("accuracy", accuracy(1, outcome)), Field("accuracy_se", accuracy_se(1, outcome)),
+    Field("model_calls", mean("model_calls")), Field("chunks_read", mean("memory_steps")),
+    Field("chunks", mean("num_chunks")), Field("retrievals", mean("retrievals")), Field("tokens_read", mean("tokens_read")),
+    Field("stop_rate", share(stopped)), Field("stop_step", mean_of(stopped, "stop_step")),
+    Field("num_tasks", tasks(float)))
+"""A MemAgent / InfMem evaluation's summary per length: accuracy (%, the exact-match `outcome`, whatever the
+workflow's training reward mixes in) and its SE over tasks (each task's mean over its samples, ddof 1); per
+trajectory the means of model calls, chunks read (memory calls), the document's chunks, retrievals and tokens
+read (the workflows' metrics); the share that stopped early (%) and the mean stop step of those that did (0 when
+none did); the number of tasks."""
 
 
 @dataclass
@@ -137,7 +154,7 @@ class InfMemDemoConfig(RecipeConfig):
 def heldout_tasks(cfg: InfMemDemoConfig, syn: Any, path: Path) -> dict[int, list[Task]]:
     """({length in chunks: `eval.num_tasks` tasks at eval.seed}, one set per multiplier of the training length;
     at `eval.far_multipliers` the asked fact sits in the first `eval.far_span` of the document) written to
-    `path` (one JSON line each, length-major; its SHA-256 is the run's `fingerprint`)."""
+    `path` (one JSON line each, length-major)."""
     out = {}
     for m in cfg.eval.multipliers:
         shape = at_length(syn, syn.num_chunks * m)
@@ -159,20 +176,17 @@ class InfMemRecipe(ArmRecipe):
     seed_keys = (("seed", "demo"), ("sft.seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train"))
     task_seeds = ("sft.seed", "train.data.seed")
 
-    results_json = {**HEAD, "train_chunks": "tcfg.data.synthetic.num_chunks",
-                    "lengths": lambda run: list(run.extra["heldout"]), "eval_tasks": "cfg.eval.num_tasks",
-                    "eval": "cfg.eval", "heldout_sha256": HELDOUT_SHA256, "scripted": "demo.summary",
-                    "sft": "evals.sft", "rl": "evals.rl",
-                    "demonstrator": {"rows": "demo.rows", "rows_per_task": "demo.rows_per_task"}, **TAIL}
-    nesting = "bucket/decoding"  # policy -> length -> decoding -> summary
+    fields = FIELDS
+    train_keys = ("workflow", "algorithm.name", "data.synthetic.num_chunks")
     table = RunTable((("accuracy", ACCURACY_SE, "---"), ("model calls", "{model_calls:.2f}"),
                       ("chunks read", "{chunks_read:.2f}"), ("retrievals", "{retrievals:.2f}"),
                       ("stop rate", "{stop_rate:.0f}%"), ("stop step", "{stop_step:.2f}")),
                      (("SFT", "sft"), ("SFT + RL", "rl")), bucket="length (chunks)",
-                     title="# InfMem demo: method={method} ({eval_tasks} held-out tasks per length, training length "
-                     "{train_chunks} chunks)",
-                     notes=("Scripted oracle on its SFT tasks: accuracy {scripted[accuracy]:.1f}%, "
-                            "{scripted[model_calls]:.2f} model calls, {scripted[chunks_read]:.2f} chunks read.",))
+                     title="# InfMem demo: method={method} ({config[eval][num_tasks]} held-out tasks per length, "
+                     "training length {train[data][synthetic][num_chunks]} chunks)",
+                     notes=("Scripted oracle on its SFT tasks: accuracy {cold_start[summary][accuracy]:.1f}%, "
+                            "{cold_start[summary][model_calls]:.2f} model calls, {cold_start[summary][chunks_read]:.2f} "
+                            "chunks read.",), decoding_major=False)
     sweep = SweepTable((("accuracy (%)", "accuracy", 1), ("model calls", "model_calls", 2),
                         ("chunks read", "chunks_read", 2), ("retrievals", "retrievals", 2),
                         ("stop rate (%)", "stop_rate", 1)), bucket="length (chunks)", title="method {method}")
@@ -209,6 +223,7 @@ class InfMemRecipe(ArmRecipe):
         check_pieces(run.tokenizer, sft_tasks[0], syn.chunk_words)
         describe(run)
         run.extra.update(sft_tasks=sft_tasks, heldout=heldout)
+        run.facts["lengths"] = list(heldout)
 
     def play(self, run: RecipeRun) -> list[Any]:
         """The reading oracle through the arm's workflow (memagent: one memory row per chunk + the final;
@@ -216,14 +231,18 @@ class InfMemRecipe(ArmRecipe):
         oracle = ReadingDemonstrator.for_config(run.spec.name, run.wf_cfg, run.tcfg.data.synthetic.fact_sep)
         return context_demonstrations(run.extra["sft_tasks"], run.tokenizer, run.spec.name, run.wf_cfg, oracle)
 
-    demo_summary = staticmethod(reading_summary)
-
     demo_format = "{model_calls:.2f} calls per task"
     demo_names_workflow = True
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         print("SFT, held-out:" if policy == "sft" else "SFT+RL, held-out:")
-        return engine_eval(evaluate_reading, run, model, model_dir, run.extra["heldout"], policy=policy)
+        rows = engine_eval(evaluate_by_bucket, run, model, model_dir, run.extra["heldout"], policy=policy)
+        summary = summarize(rows, self.fields)
+        for length in run.extra["heldout"]:
+            print(f"  {length} chunks: " + ", ".join(f"{s['decoding']} {s['accuracy']:.1f} ± {s['accuracy_se']:.1f}%, "
+                                                     f"{s['model_calls']:.1f} calls" for s in summary
+                                                     if s["bucket"] == str(length)))
+        return rows
 
 
 RECIPE = InfMemRecipe()

@@ -46,13 +46,13 @@ from memrl.data.synthetic_lookback import LookbackConfig as Shape
 from memrl.data.synthetic_lookback import corpus_extra, make_lookback_tasks
 from memrl.demonstrators import LookbackDemonstrator, ScriptedEngine, play_scripted
 from memrl.engines import EngineConfig, HFSection
-from memrl.eval.evaluator import mean_and_se
+from memrl.eval import fields
+from memrl.eval.fields import Field
 from memrl.eval.runner import EvalConfig, evaluate
 from memrl.models.tiny import PRESETS as MODEL_PRESETS
 from memrl.models.tiny import ModelPreset, init_tiny_model
-from memrl.recipes.parts import HEAD, SWEEP_METHOD, TAIL, count_parameters
+from memrl.recipes.parts import SWEEP_METHOD
 from memrl.recipes.pipeline import (
-    HELDOUT_SHA256,
     EvalSettings,
     Recipe,
     RecipeConfig,
@@ -65,8 +65,8 @@ from memrl.training.config import TrainConfig
 from memrl.types import Segment
 from memrl.workflows import parse_workflow
 
-__all__ = ["OLD_DEFAULTS", "PRESETS", "RECIPE", "LookbackConfig", "LookbackEval", "LookbackSFT", "run_lookback_demo",
-           "summarize"]
+__all__ = ["FIELDS", "OLD_DEFAULTS", "PRESETS", "RECIPE", "LookbackConfig", "LookbackEval", "LookbackSFT",
+           "run_lookback_demo"]
 
 PRESETS = {"memagent": "lookback_memagent_cpu", "rememr1": "lookback_rememr1_cpu"}
 """`method` -> its RL preset (workflow, algorithm, RL budget)."""
@@ -169,9 +169,9 @@ def oracle(wf: str, c: Any, tokenizer: Any) -> ScriptedEngine:
 
 
 def heldout_eval(run: RecipeRun, name: str, model_dir: Path | None, *, sampled: bool = False,
-                 recall: bool = True) -> dict[str, Any]:
+                 recall: bool = True) -> list[dict[str, Any]]:
     """memrl.eval.runner on the held-out files: `model_dir`'s policy (None: the arm's scripted oracle), its
-    results in out/eval/<name>[_sampled], summarized."""
+    results in out/eval/<name>[_sampled]; returns their rows (`rows`)."""
     wf, cfg, c = run.cfg.method, run.cfg, preset_workflow(run.cfg.method)
     res, tdir = run.out / "eval" / (name + ("_sampled" if sampled else "")), run.out / "templates" / wf
     tdir.mkdir(parents=True, exist_ok=True)
@@ -187,32 +187,42 @@ def heldout_eval(run: RecipeRun, name: str, model_dir: Path | None, *, sampled: 
                                                             hf=hf), concurrency=256, name=res.name, progress=False)
     evaluate([str(run.out / "data" / f"eval_{n}.json") for n in cfg.eval.lengths], res, ecfg,
              engine=None if model_dir else oracle(wf, c, run.tokenizer))
-    return summarize(res)
+    return rows(res, name)
 
 
-def summarize(res_dir: Path) -> dict[str, dict[str, Any]]:
-    """Per length N (and "all", pooled): n tasks, accuracy (%), its s.e. over tasks, memory steps, recalls,
-    callback hits, recall rate (recalls / steps), callback hit rate (hits / recalls; None without recalls),
-    format errors per memory step."""
-    rows = [json.loads(x) for x in (res_dir / "results.jsonl").read_text().splitlines() if x.strip()]
-    by: dict[str, list[dict[str, Any]]] = {}
-    for r in sorted(rows, key=lambda r: int(r["num_docs"])):
-        by.setdefault(str(int(r["num_docs"])), []).append(r)
-    by["all"] = rows
-    out = {}
-    for n, rs in by.items():
-        steps, recalls, hits, errors = (sum(r["metrics"].get(k, 0) for r in rs)
-                                        for k in ("num_chunks", "recalls", "callback_hits", "format_errors"))
-        p, se = mean_and_se([r["em"] for r in rs], ddof=0)  # the binomial sqrt(p (1 - p) / n)
-        out[n] = {"n": len(rs), "accuracy": 100 * p, "se": 100 * se, "steps": steps,
-                  "recalls": recalls, "hits": hits, "recall_rate": recalls / steps if steps else 0.0,
-                  "callback_hit_rate": hits / recalls if recalls else None, "format_errors": errors / max(steps, 1)}
-    return out
+def rows(res_dir: Path, policy: str) -> list[dict[str, Any]]:
+    """The evaluation rows of memrl.eval.runner's results.jsonl in `res_dir`, by length (stable), their policy
+    column `policy` (the runner's is the folder's name, "<policy>_sampled" for the sampled one)."""
+    got = [json.loads(x) for x in (res_dir / "results.jsonl").read_text().splitlines() if x.strip()]
+    return [{**r, "policy": policy} for r in sorted(got, key=lambda r: int(r["num_docs"]))]
+
+
+def _sum(metric: str) -> Any:
+    return lambda rs: sum(r["metrics"].get(metric, 0) for r in rs)
+
+
+def _rate(num: str, den: str, none: float | None) -> Any:
+    def reduce(rs: list[dict[str, Any]]) -> float | None:
+        d = _sum(den)(rs)
+        return _sum(num)(rs) / d if d else none
+    return reduce
+
+
+EM = lambda r: r["em"]  # noqa: E731 - the runner's exact match column
+FIELDS = (Field("n", fields.tasks()), Field("accuracy", fields.accuracy(0, EM)), Field("se", fields.accuracy_se(0, EM)),
+          Field("steps", _sum("num_chunks")), Field("recalls", _sum("recalls")), Field("hits", _sum("callback_hits")),
+          Field("recall_rate", _rate("recalls", "num_chunks", 0.0)),
+          Field("callback_hit_rate", _rate("callback_hits", "recalls", None)),
+          Field("format_errors", lambda rs: _sum("format_errors")(rs) / max(_sum("num_chunks")(rs), 1)))
+"""Per policy, decoding and length N (and "all", pooled): n tasks, accuracy (%) and its binomial s.e.
+(sqrt(p (1 - p) / n), one sample per task), memory steps, recalls, callback hits, recall rate (recalls /
+steps; 0.0 without steps), callback hit rate (hits / recalls; None without recalls), format errors per memory
+step."""
 
 
 GRID = GridTable(mean_se("accuracy", "se"), "accuracy", (("recall rate", "recall_rate", 3),
                                                             ("callback hit rate", "callback_hit_rate", 3)),
-                 bucket="N={}", title="method {method} (accuracy % ± s.e. over tasks)",
+                 bucket="N={}", buckets="config.eval.lengths", title="method {method} (accuracy % ± s.e. over tasks)",
                  sweep_title="method {method} (accuracy %)", policies=tuple((p, p) for p in POLICIES))
 """The look-back tables: per decoding a row per policy, accuracy per length N, the pooled recall rates."""
 
@@ -223,17 +233,10 @@ class LookbackRecipe(Recipe):
     name = "lookback"
     config = LookbackConfig
     seed_keys = (("seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train"))
-    summary_fields = ("accuracy", "recall_rate", "callback_hit_rate")
-    optional_fields = ("callback_hit_rate",)
     save_warmup = False
-    heldout_per, heldout_files = "lengths", "data/eval_{}.json"  # length N: eval.seed + N, data/eval_<N>.json
-
-    results_json = {**HEAD, "lengths": "cfg.eval.lengths", "eval": "cfg.eval", "streams": lambda run: streams(run.cfg),
-                    "heldout_sha256": HELDOUT_SHA256,
-                    "oracle?": "extra.oracle", "rl_norecall?": "extra.rl_norecall", "sft": "evals.sft",
-                    "rl": "evals.rl", "demonstrator": "demo", **TAIL}
-    table, policies = GRID, GRID.policies
-    nesting = "decoding/bucket"  # policy -> decoding -> length or "all" -> summary
+    heldout_per = "lengths"  # length N: eval.seed + N, data/eval_<N>.json
+    fields, pooled = FIELDS, True
+    table, sweep = GRID, GRID.sweep()
     sweep_extras = SWEEP_METHOD
 
     def check(self, cfg: LookbackConfig, train_overrides: list[str]) -> None:
@@ -264,11 +267,11 @@ class LookbackRecipe(Recipe):
         init_tiny_model(run.out / "model", "tiny", corpus=[corpus], vocab_size=2048, seed=cfg.seed)
         run.tokenizer = AutoTokenizer.from_pretrained(run.out / "model")
         run.model = AutoModelForCausalLM.from_pretrained(run.out / "model", dtype=torch.float32)
-        run.extra.update(sft_tasks=load_tasks(d / "sft.json"), n_params=count_parameters(run.model))
+        run.extra["sft_tasks"] = load_tasks(d / "sft.json")
+        run.facts["streams"] = seeds
 
-    def scripted(self, run: RecipeRun) -> None:
-        if run.cfg.eval.oracle:
-            run.extra["oracle"] = {"greedy": heldout_eval(run, "oracle", None)}
+    def scripted(self, run: RecipeRun) -> list[dict[str, Any]]:
+        return heldout_eval(run, "oracle", None) if run.cfg.eval.oracle else []
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
         """The oracle's traces of BOTH workflows (whatever the arm), recall steps repeated."""
@@ -287,16 +290,15 @@ class LookbackRecipe(Recipe):
                   f"accuracy {stats[wf]['accuracy']:.1f}%", flush=True)
         return rows_all, stats
 
-    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
+    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> list[dict[str, Any]]:
+        """Greedy (and sampled) rows of `policy`; after RL, ReMemR1's with recall off too (policy rl_norecall: the
+        ablation, queries retrieve nothing)."""
         modes = ("greedy", "sampled") if run.cfg.eval.sampled else ("greedy",)
-        out = {m: heldout_eval(run, policy, Path(model_dir), sampled=m == "sampled") for m in modes}
-        if policy == "rl" and run.cfg.method == "rememr1":  # the ablation: queries retrieve nothing
-            run.extra["rl_norecall"] = {m: heldout_eval(run, "rl_norecall", Path(model_dir), sampled=m == "sampled",
-                                                        recall=False) for m in modes}
+        out = [r for m in modes for r in heldout_eval(run, policy, Path(model_dir), sampled=m == "sampled")]
+        if policy == "rl" and run.cfg.method == "rememr1":
+            out += [r for m in modes for r in heldout_eval(run, "rl_norecall", Path(model_dir),
+                                                          sampled=m == "sampled", recall=False)]
         return out
-
-    def sweep_table(self, e: dict[str, Any]) -> list[str]:
-        return GRID.render_sweep(e)
 
 
 RECIPE = LookbackRecipe()

@@ -17,8 +17,10 @@ the same model shape) -> copy warm-up (memrl.recipes.cold_start.copy_warmup) -> 
 scripted oracle (memrl.demonstrators.mem1.StateDemonstrator) played through `workflow=mem1` with the method's
 `context`, every row as the workflow cuts it (one per turn) -> held-out evaluation of the SFT model -> RL
 (preset mem1_cpu, GRPO) -> the same evaluation after RL. The evaluation is, per k, greedy and one sample
-per task at `eval.temperature`: accuracy (all objectives right, %) +- SE over tasks, the objectives'
-mean accuracy, mean peak and mean context tokens per task, turns. Writes results.json and results.md.
+per task at `eval.temperature`, summarized by `FIELDS`: accuracy (all objectives right, %) +- SE over tasks, the
+objectives' mean accuracy, mean peak and mean context tokens per task, turns; beside them the scripted oracle
+on the held-out tasks (policy "scripted"). Writes results.json (memrl.recipes.pipeline.Recipe.results; its
+facts: the positions and the cold start's statistics) and results.md.
 
 Overrides: `key=value` for Mem1DemoConfig, `train.<key>=value` for the RL config (preset mem1_cpu);
 `engine.*` and `workflow.*` are spelled as in `memrl train` (they set the RL config's sections, which the
@@ -36,20 +38,18 @@ from memrl.config import MAX_COUNT, MAX_SEED, valid
 from memrl.data.synthetic_memact import MemActTaskConfig, make_tasks, tokenizer_text
 from memrl.data.tasks_jsonl import write_tasks
 from memrl.demonstrators.mem1 import StateDemonstrator, mem1_demonstrations
-from memrl.eval.evaluator import evaluation_rows
+from memrl.eval.fields import Field, accuracy, accuracy_se, mean
 from memrl.recipes.parts import (
-    HEAD,
-    TAIL,
     Arm,
     ArmRecipe,
     SplitConfig,
     SplitRecipe,
     describe,
     engine_eval,
+    policy_labels,
     set_workflow,
 )
 from memrl.recipes.pipeline import (
-    HELDOUT_SHA256,
     EvalSettings,
     ModelShape,
     RecipeRun,
@@ -58,17 +58,34 @@ from memrl.recipes.pipeline import (
     run_recipe,
 )
 from memrl.recipes.scratch import init_model
-from memrl.recipes.summaries import evaluate_mem1, mem1_summary
+from memrl.recipes.summaries import evaluate_by_bucket, one_per_task, played_rows
 from memrl.recipes.tables import ACCURACY_SE, GAIN_ROWS, RunTable, SweepTable
 from memrl.types import Task
 
-__all__ = ["METHODS", "RECIPE", "Mem1DemoConfig", "Mem1DemoEval", "Mem1DemoSFT", "heldout_tasks", "mem1_summary",
+__all__ = ["FIELDS", "METHODS", "RECIPE", "Mem1DemoConfig", "Mem1DemoEval", "Mem1DemoSFT", "heldout_tasks",
            "run_mem1_demo"]
 
 METHODS: dict[str, str] = {"mem1": "latest_state", "full_history": "full_history"}
 """`method` -> the mem1 workflow's `context` setting."""
 ARMS = {m: Arm({"name": "mem1", "context": c}, ()) for m, c in METHODS.items()}
 """`method` -> its RL config's workflow (memrl.recipes.parts.ArmRecipe)."""
+
+
+def all_correct(row: Any) -> float:
+    """A row's value for the MEM1 demo's accuracy: every objective right (the workflow's multiq_all_correct)."""
+    return row["metrics"].get("multiq_all_correct", 0.0)
+
+
+FIELDS = (
+    Field("num_tasks", one_per_task("mem1")),  # first: the one-trajectory-per-task check
+    Field("accuracy", accuracy(1, all_correct)), Field("accuracy_se", accuracy_se(1, all_correct)),
+    Field("objective_accuracy", mean("multiq_subq_accuracy", 100.0)),
+    Field("peak_context_tokens", mean("peak_context_tokens")), Field("mean_context_tokens", mean("mean_context_tokens")),
+    Field("turns", mean("turns")), Field("answered", mean("answered", 100.0)))
+"""A MEM1 evaluation's summary per objective count (one trajectory per task): accuracy (all objectives right, %)
+and its SE over tasks (sample std), the objectives' mean accuracy (%), the per-task means of the peak context
+(the workflow's peak_context_tokens: the longest prompt + reply) and of the mean prompt length over the task's
+calls (mean_context_tokens), turns, the share answered (%), and the number of tasks (first: it checks one trajectory per task)."""
 
 
 @dataclass
@@ -131,7 +148,7 @@ def oracle_texts(tasks: list[Task], plays: dict[str, Any]) -> list[str]:
 
 
 def positions(cfg: Mem1DemoConfig, wf_cfg: Any, full: list[Any], kmax: int) -> dict[str, int]:
-    """results.json's "positions": the model's, the prompt cap, the scripted full-history agent's (its groups
+    """The facts' "positions": the model's, the prompt cap, the scripted full-history agent's (its groups
     `full` at the largest held-out count `kmax`) peak context and largest prompt, which the cap must hold."""
     full_peak = int(max(g.trajectories[0].metrics["peak_context_tokens"] for g in full))
     full_prompt = max(s.info["context_tokens"] for g in full for s in g.trajectories[0].segments)
@@ -149,19 +166,14 @@ class Mem1Recipe(SplitRecipe, ArmRecipe):
     config = Mem1DemoConfig
     arms = ARMS
     heldout_per = "objectives"  # one held-out set per objective count k, drawn at eval.seed + k
-    demo_summary, demo_format = staticmethod(mem1_summary), "peak context {peak_context_tokens:.0f}"
-
-    results_json = {**HEAD, "objectives": "cfg.eval.objectives", "train_objectives": "cfg.task.sub_questions",
-                    "eval_tasks": "cfg.eval.num_tasks", "heldout_sha256": HELDOUT_SHA256,
-                    "scripted": {"greedy": "extra.scripted"}, "sft": "evals.sft", "rl": "evals.rl",
-                    "demonstrator": "demo", "positions": "extra.positions", **TAIL}
-    nesting = "decoding/bucket"  # policy -> decoding -> objective count -> summary
+    demo_format = "peak context {peak_context_tokens:.0f}"
+    fields = FIELDS
     table = RunTable((("accuracy (all right)", ACCURACY_SE, "---"), ("objectives right", "{objective_accuracy:.1f}"),
                       ("peak context", "{peak_context_tokens:.0f}"), ("mean context", "{mean_context_tokens:.0f}"),
                       ("turns", "{turns:.1f}"), ("answered", "{answered:.0f}%")),
                      (("scripted (held-out)", "scripted"), ("SFT", "sft"), ("SFT + RL", "rl")), bucket="objectives",
-                     title="# MEM1 demo: method={method} (workflow.context={workflow[context]}; {eval_tasks} held-out "
-                     "tasks per objective count)")
+                     title="# MEM1 demo: method={method} (workflow.context={train[workflow][context]}; "
+                     "{config[eval][num_tasks]} held-out tasks per objective count)")
     sweep = SweepTable((("accuracy (%)", "accuracy", 1), ("peak context", "peak_context_tokens", 1),
                         ("mean context", "mean_context_tokens", 1), ("turns", "turns", 1)), GAIN_ROWS[:2],
                        bucket="objectives")
@@ -207,12 +219,15 @@ class Mem1Recipe(SplitRecipe, ArmRecipe):
         pos = positions(cfg, wf_cfg, mem1_demonstrations(held[kmax], run.tokenizer, plays["full_history"]), kmax)
         describe(run, f" context={wf_cfg.context}", tail=f", positions {cfg.model.max_positions} (full history's "
                  f"scripted peak at k={kmax}: {pos['full_history_scripted_peak']})")
-        run.extra.update(sft_tasks=sft_tasks, held=held, positions=pos)
+        run.extra.update(sft_tasks=sft_tasks, held=held)
+        run.facts["positions"] = pos
 
-    def scripted(self, run: RecipeRun) -> None:
-        run.extra["scripted"] = {str(k): mem1_summary(evaluation_rows(mem1_demonstrations(ts, run.tokenizer,
-                                                                                          run.wf_cfg)))
-                                 for k, ts in run.extra["held"].items()}
+    def scripted(self, run: RecipeRun) -> list[dict[str, Any]]:
+        """The scripted oracle on the held-out tasks of each objective count (policy "scripted", greedy)."""
+        held = run.extra["held"]
+        labels = policy_labels(run, "scripted", held)
+        return [r for k, ts in held.items() for r in played_rows(mem1_demonstrations(ts, run.tokenizer, run.wf_cfg),
+                                                                  k, labels)]
 
     def play(self, run: RecipeRun) -> list[Any]:
         return mem1_demonstrations(run.extra["sft_tasks"], run.tokenizer, run.wf_cfg, seed=run.cfg.sft.seed)
@@ -220,8 +235,8 @@ class Mem1Recipe(SplitRecipe, ArmRecipe):
     def demo_extra(self, run: RecipeRun, trajs: list[Any]) -> dict[str, Any]:
         return {"objectives_per_task": [len(t.meta["sub_questions"]) for t in run.extra["sft_tasks"]]}
 
-    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
-        return engine_eval(evaluate_mem1, run, model, model_dir, run.extra["held"], policy=policy)
+    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> list[dict[str, Any]]:
+        return engine_eval(evaluate_by_bucket, run, model, model_dir, run.extra["held"], policy=policy)
 
 
 RECIPE = Mem1Recipe()

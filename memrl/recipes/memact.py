@@ -12,10 +12,11 @@ text (memrl.recipes.scratch.init_model) -> calibrate the working-context budget
 trajectories (memrl.recipes.cold_start; the agent, memrl.demonstrators.memact, prunes late with
 probability `sft.late_prob`), played through the real memact workflow, so the SFT rows are the workflow's
 segments -> DCPO (preset memact_dcpo_cpu) -> the same held-out evaluation of the SFT and the SFT+DCPO
-policy: greedy and sampled (one sample per task, temperature `eval.temperature`), accuracy (all
-sub-questions right) with its standard error, mean and peak working-context tokens, prunes per task,
-overflow rate (memrl.recipes.summaries.evaluate_memact) -> results.md (printed), results.json,
-memact_results.png (memrl.recipes.report).
+policy: greedy and sampled (one sample per task, temperature `eval.temperature`;
+memrl.recipes.summaries.evaluate_memact), summarized by `FIELDS`: accuracy (all sub-questions right) with its
+standard error, accuracy per question count, mean and peak working-context tokens, prunes per task, overflow
+rate -> results.md (printed), results.json (memrl.recipes.pipeline.Recipe.results; its facts: the budget and
+the cold start's statistics), memact_results.png (memrl.recipes.report).
 
 `variant=curation` (VARIANTS below) is the context-curation task of docs/concepts/memact.md "Context curation": a
 budget in which search alone answers every task, so pruning only shortens the context; add
@@ -45,16 +46,14 @@ from memrl.config import (
 from memrl.data.synthetic_memact import tokenizer_text
 from memrl.demonstrators.memact import answer_reply, prune_reply, search_reply
 from memrl.demonstrators.stages import calibrate_budget, calibrate_search_only_budget, memact_demonstrations
+from memrl.eval.fields import Field, accuracy, accuracy_se, maximum, mean, mean_where, summarize
 from memrl.recipes.parts import (
     BUDGET_NOTE,
     SWEEP_BUDGET,
-    TAIL,
     SplitConfig,
     SplitRecipe,
     count_parameters,
     engine_eval,
-    eval_tasks,
-    history,
     set_workflow,
     write_data,
 )
@@ -66,13 +65,35 @@ from memrl.recipes.pipeline import (
 )
 from memrl.recipes.report import MEMACT_TABLE, plot_memact, print_memact_eval
 from memrl.recipes.scratch import init_model as scratch_init
-from memrl.recipes.summaries import evaluate_memact, memact_summary
+from memrl.recipes.summaries import evaluate_memact, one_per_task
 from memrl.recipes.tables import SweepTable
 from memrl.types import Segment
 from memrl.workflows.memact import answer_format
 
-__all__ = ["RECIPE", "MemActDemoConfig", "MemActDemoEval", "MemActDemoSFT", "VARIANTS", "context_budget",
-           "expand_variant", "init_model", "run_memact_demo", "write_data"]
+__all__ = ["FIELDS", "RECIPE", "MemActDemoConfig", "MemActDemoEval", "MemActDemoSFT", "VARIANTS", "context_budget",
+           "expand_variant", "fields_for", "init_model", "run_memact_demo", "write_data"]
+
+SE_DDOF = 0
+"""The MemAct demo's standard error: binomial, sqrt(p (1 - p) / tasks) (one 0/1 sample per task)."""
+
+FIELDS = (
+    Field("num_tasks", one_per_task("memact")),  # first: the one-trajectory-per-task check
+    Field("accuracy", accuracy(SE_DDOF)), Field("accuracy_se", accuracy_se(SE_DDOF)),
+    Field("subq_accuracy", mean("multiq_subq_accuracy", 100.0)),
+    Field("mean_context_tokens", mean("mean_context_tokens")), Field("peak_context_tokens", mean("peak_context_tokens")),
+    Field("max_context_tokens", maximum("peak_context_tokens")), Field("prunes_per_task", mean("prunes")),
+    Field("failed_prunes_per_task", mean("failed_prunes")), Field("overflow", mean("stop_context_budget", 100.0)),
+    Field("turns", mean("turns")))
+"""A MemAct evaluation's summary (one trajectory per task): accuracy (all sub-questions right, %) and its
+binomial SE, sub-question accuracy (%), mean / peak working context, the largest peak, prunes and failed prunes
+per task, overflow (stopped by the context budget, %), turns, the number of tasks; `fields_for` adds the
+accuracy per question count."""
+
+
+def fields_for(sub_questions: list[int]) -> tuple[Field, ...]:
+    """`FIELDS` plus "accuracy_<k>q" for each question count k the tasks draw (sorted): the mean reward (%) of the
+    tasks with k sub-questions (None where the rows have none)."""
+    return (*FIELDS, *(Field(f"accuracy_{k}q", mean_where("multiq_questions", k)) for k in sorted(set(sub_questions))))
 
 
 @dataclass
@@ -207,20 +228,16 @@ class MemActRecipe(SplitRecipe):
     config = MemActDemoConfig
     outputs = ("results.md", "results.json", "memact_results.png")
 
-    results_json = {"sft": "evals.sft", "dcpo": "evals.rl", "demonstrator": "demo",
-                    **{k: v for k, v in TAIL.items() if k != "rl_history"},
-                    "rl": history("reward/mean", "dcpo/pruned_share", "dcpo/selected", "dcpo/available",
-                                  "dcpo/segments_per_trajectory", "rollout/segments"),
-                    "budget": {"max_context_tokens": "wf_cfg.max_context_tokens", "eval_tasks": eval_tasks}}
-    json_indent, json_newline = 2, True
-    policies = (("sft", "sft"), ("rl", "dcpo"))
+    fields = FIELDS
     table = MEMACT_TABLE
     sweep = SweepTable((("accuracy (%)", "accuracy", 1), ("2-question", "accuracy_2q", 1),
                         ("3-question", "accuracy_3q", 1), ("mean context (tokens)", "mean_context_tokens", 1),
                         ("peak context (tokens)", "peak_context_tokens", 1), ("prunes / task", "prunes_per_task", 2)),
                        (("cold start (SFT)", "sft"), ("SFT + DCPO", "rl"), ("DCPO - SFT", "gain")), note=BUDGET_NOTE)
-    optional_fields = ("accuracy_2q", "accuracy_3q")
     sweep_extras = SWEEP_BUDGET
+
+    def fields_for(self, cfg: Any) -> tuple[Any, ...]:
+        return fields_for(cfg.task.sub_questions)
 
     def expand(self, overrides: list[str]) -> list[str]:
         return expand_variant(overrides)
@@ -232,9 +249,10 @@ class MemActRecipe(SplitRecipe):
         cfg = run.cfg
         run.extra["data"] = data = write_data(cfg, run.out / "data")
         run.tokenizer, run.model = init_model(cfg, run.wf_cfg, data.sft_tasks, run.out)
-        run.extra["n_params"] = n_params = count_parameters(run.model)
+        n_params = count_parameters(run.model)
         budget = context_budget(cfg, run.tokenizer, run.wf_cfg, data.sft_tasks)
         set_workflow(run, max_context_tokens=budget)
+        run.facts["budget"] = {"max_context_tokens": budget, "eval_tasks": len(data.eval_tasks)}
         print(f"working-context budget: {budget} tokens")
         print(f"model: {n_params / 1e6:.2f}M parameters, vocabulary {len(run.tokenizer)}")
 
@@ -245,19 +263,18 @@ class MemActRecipe(SplitRecipe):
         return memact_demonstrations(run.extra["data"].sft_tasks, run.tokenizer, run.wf_cfg, s.late_prob, s.seed,
                                      s.search_topk, s.keep_results, prune_tool=run.wf_cfg.prune_tool)
 
-    demo_summary = staticmethod(memact_summary)
-
     demo_format = "prunes/task {prunes_per_task:.2f}, overflow {overflow:.1f}%"
 
-    def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, float]]:
+    def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
+        """The cold start's rows and its scripted agent's summary only (the facts' cold_start)."""
         rows, stats = super().demonstrations(run)
-        return rows, stats["summary"]
+        return rows, {"summary": stats["summary"]}
 
-    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
-        res = engine_eval(evaluate_memact, run, model, model_dir, run.extra["data"].eval_tasks,
-                          prune_tool=run.wf_cfg.prune_tool, policy=policy)
-        print_memact_eval("SFT" if policy == "sft" else "SFT+DCPO", res)
-        return res
+    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> list[dict[str, Any]]:
+        rows = engine_eval(evaluate_memact, run, model, model_dir, run.extra["data"].eval_tasks,
+                           prune_tool=run.wf_cfg.prune_tool, policy=policy)
+        print_memact_eval("SFT" if policy == "sft" else "SFT+DCPO", summarize(rows, self.fields_for(run.cfg)))
+        return rows
 
     def plot(self, results: dict[str, Any], out: Path) -> None:
         plot_memact(out / "memact_results.png", results)

@@ -7,8 +7,9 @@ SFT on a mixture demonstrator (memrl.demonstrators.stages.mixture_demonstrator: 
 `QuestionAwareDemonstrator` with probability `sft.p_aware`, the question-blind `RecentFactsDemonstrator` otherwise;
 memrl.recipes.pipeline.cold_start) -> multi-conversation GRPO on the MemAgent workflow (memrl.training.trainer)
 -> the demonstrator, the cold start and SFT+RL evaluated with one protocol (held-out tasks at 1x, 4x, 16x
-the training length; greedy and sampled; memrl.eval.evaluator through memrl.recipes.parts.engine_eval) -> a
-results dict that `memrl.recipes.report` renders (`memagent_markdown`, `plot_memagent`: results.md and the plots).
+the training length; greedy and sampled; memrl.eval.evaluator through memrl.recipes.parts.engine_eval) -> results.json
+(memrl.recipes.pipeline's one layout: its summary rows reduced by `FIELDS`, facts["lengths"]) that
+`memrl.recipes.report` renders (`memagent_markdown`, `plot_memagent`: results.md and the plots).
 Between the configs and the recipe: what only MemAgent's stages need (`evaluate_lengths`, `heldout_tasks`, `demonstrator`,
 `tokenizer_strings`, `preset_model`, `evaluate_demonstrator`, `sweep_rows`); benchmarks/ and tests call them beside
 the pipeline's own (`RECIPE.configs`, `RECIPE.init`, memrl.recipes.pipeline.cold_start, parts.engine_eval).
@@ -16,7 +17,6 @@ the pipeline's own (`RECIPE.configs`, `RECIPE.init`, memrl.recipes.pipeline.cold
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -38,8 +38,9 @@ from memrl.config import (
 from memrl.data.synthetic import corpus_text, make_task, make_tasks, memory_text, tasks_by_length
 from memrl.demonstrators.engine import ScriptedEngine
 from memrl.demonstrators.stages import mixture_demonstrator, reading_segments, record_demonstrations
-from memrl.errors import UserError
-from memrl.eval.evaluator import EngineRollout, eval_record, evaluate_rows
+from memrl.eval import fields
+from memrl.eval.evaluator import PERCENT, EngineRollout, eval_record, evaluate_rows
+from memrl.eval.fields import Field
 from memrl.eval.stats import cell
 from memrl.models.tiny import PRESETS, ModelPreset, init_tiny_model
 from memrl.quiet import hf_progress_off
@@ -55,7 +56,7 @@ from memrl.recipes.pipeline import (
 )
 from memrl.recipes.report import memagent_markdown, plot_memagent
 from memrl.recipes.scratch import check_pieces, init_model
-from memrl.recipes.tables import cell_of
+from memrl.recipes.tables import Sweep, cell_of
 from memrl.types import Segment
 
 log = logging.getLogger(__name__)
@@ -146,12 +147,13 @@ class DemoConfig(RecipeConfig, ModelShape):
 
 
 def evaluate_lengths(rollout: Any, wf_cfg: Any, tasks_by_length: dict[int, list[Any]], ev: DemoEval,
-                     modes: tuple[str, ...] = ("greedy", "sampled"), log: Any = None,
+                     modes: tuple[str, ...] = ("greedy", "sampled"), log: Any = None, rows: list[Any] | None = None,
                      **labels: Any) -> dict[str, dict[str, dict[str, Any]]]:
     """The held-out protocol every policy is evaluated under: {length (str): {"greedy": record, "sampled":
-    record}} (memrl.eval.evaluator.eval_record: results.json's `stages` entries) for the modes `ev` enables and
-    `modes` asks for; at each length greedy (`ev.greedy`, one trajectory per task) then `ev.samples` per task
-    at `ev.temperature` (0 = none), both seeded with `ev.seed`, the length the rows' bucket. `labels`:
+    record}} (memrl.eval.evaluator.eval_record) for the modes `ev` enables and `modes` asks for; at each length
+    greedy (`ev.greedy`, one trajectory per task) then `ev.samples` per task at `ev.temperature` (0 = none), both
+    seeded with `ev.seed`, the length the rows' bucket. The evaluation rows are appended to `rows` where given
+    (the recipe's: results.json's summary reduces them by `FIELDS`, the same numbers as the records). `labels`:
     memrl.eval.evaluator.evaluate_rows' policy, heldout_sha256 and rows_to."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for length, tasks in tasks_by_length.items():
@@ -159,8 +161,10 @@ def evaluate_lengths(rollout: Any, wf_cfg: Any, tasks_by_length: dict[int, list[
         for mode, n, temp in (("greedy", 1, 0.0), ("sampled", ev.samples, ev.temperature)):
             if mode in modes and (ev.greedy if mode == "greedy" else n > 0):
                 t0 = time.perf_counter()
-                rows = evaluate_rows(rollout, wf_cfg, tasks, n, temp, ev.seed, bucket=length, **labels)
-                row[mode] = eval_record(rows, n, temp, time.perf_counter() - t0)
+                got = evaluate_rows(rollout, wf_cfg, tasks, n, temp, ev.seed, bucket=length, **labels)
+                row[mode] = eval_record(got, n, temp, time.perf_counter() - t0)
+                if rows is not None:
+                    rows += got
         out[str(length)] = row
         if log is not None:
             log(f"  {length}: " + ", ".join(f"{m} {r['accuracy']:.1f} ± {r['se']:.1f}% ({r['seconds']:.0f}s)"
@@ -210,22 +214,23 @@ def preset_model(out: Path, cfg: DemoConfig, corpus: str) -> tuple[Any, Any]:
         return AutoTokenizer.from_pretrained(out / "init"), AutoModelForCausalLM.from_pretrained(out / "init")
 
 
-def evaluate_demonstrator(run: RecipeRun, tasks_by_length: dict[int, list[Any]]) -> dict[str, dict[str, Any]]:
+def evaluate_demonstrator(run: RecipeRun, tasks_by_length: dict[int, list[Any]],
+                          rows: list[Any] | None = None) -> dict[str, dict[str, Any]]:
     """The demonstrator's own accuracy through the run's workflow (run.tokenizer) on `tasks_by_length`, sampled
-    (`evaluate_lengths`, `eval.samples` per task; a fresh rule seeded with eval.seed, not the one that recorded
-    the SFT data), a fresh ScriptedEngine per length (it records every call); the rule's own random state runs
-    on across the lengths."""
+    (`evaluate_lengths`, `eval.samples` per task, its rows appended to `rows` where given; a fresh rule seeded
+    with eval.seed, not the one that recorded the SFT data), a fresh ScriptedEngine per length (it records every
+    call); the rule's own random state runs on across the lengths."""
     cfg, out = run.cfg, {}
     rule, labels = demonstrator(cfg, run.tcfg, run.wf_cfg, seed=cfg.eval.seed), policy_labels(run, "demonstrator",
                                                                                               tasks_by_length)
     for n, tasks in tasks_by_length.items():
         rollout = EngineRollout(ScriptedEngine(rule, tokenizer=run.tokenizer), run.spec)
-        out.update(evaluate_lengths(rollout, run.wf_cfg, {n: tasks}, cfg.eval, ("sampled",), print, **labels))
+        out.update(evaluate_lengths(rollout, run.wf_cfg, {n: tasks}, cfg.eval, ("sampled",), print, rows, **labels))
     return out
 
 
 def sweep_rows(e: dict[str, Any]) -> list[str]:
-    """The seed sweep's table (`Recipe.sweep_table`): a row per length, the demonstrator's, the cold start's and
+    """The seed sweep's table (its `sweep`): a row per length, the demonstrator's, the cold start's and
     SFT+RL's accuracy and the gain, sampled and greedy."""
     lines = ["| length (chunks) | x | demonstrator sampled | SFT sampled | SFT+RL sampled | gain sampled | "
              "SFT greedy | SFT+RL greedy | gain greedy |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -241,6 +246,15 @@ def sweep_rows(e: dict[str, Any]) -> list[str]:
 # ---------------------------------------------------------------------------------------------- the recipe
 
 
+FIELDS = (Field("accuracy", fields.accuracy()), Field("se", fields.accuracy_se()), Field("num_tasks", fields.tasks()),
+          Field("samples", fields.samples()), Field("context_tokens", fields.mean("context_tokens")),
+          *(Field(m, fields.mean(m, 100.0)) for m in PERCENT), Field("per_task", fields.per_task_means()))
+"""The MemAgent demo's summary of one evaluation (policy, decoding, length): what
+memrl.eval.evaluator.eval_record computes, flat: accuracy ± SE over tasks (%), tasks, samples per task, the mean
+context and the 0/1 metrics in % (no_box, answer_seen, answer_kept), and each task's mean reward (the paired
+gain's input)."""
+
+
 class MemAgentRecipe(Recipe):
     """The MemAgent demo as a recipe method (module docstring)."""
 
@@ -249,28 +263,20 @@ class MemAgentRecipe(Recipe):
     outputs = ("results.md", "results.json", "accuracy_vs_length.png", "rl_reward.png")
     seed_keys = (("seed", "demo"), ("sft_seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train"))
     task_seeds = ("sft_seed", "train.data.seed")
-
-    results_json = {
-        "recipe": {"p_aware": "cfg.sft.p_aware", "train_chunks": "tcfg.data.synthetic.num_chunks",
-                   "min_chunks": "tcfg.data.synthetic.min_chunks", "chunk_words": "tcfg.data.synthetic.chunk_words",
-                   "sft": "cfg.sft", "rl_steps": "tcfg.trainer.steps", "eval": "cfg.eval"},
-        "lengths": lambda run: list(run.extra["tasks"]),
-        "stages": {"demonstrator": "extra.demonstrator", "sft": "evals.sft", "rl": "evals.rl"},  # evaluate_lengths'
-        "timings": "timings", "sft_losses": "sft_losses",
-        "rl_reward": lambda run: [h.get("reward/mean", 0.0) for h in run.history]}
-    policies = (("sft", "sft"), ("rl", "rl"), ("demonstrator", "demonstrator"))
-    results_root, nesting = "stages", "bucket/decoding"  # stages -> length -> decoding -> summary
-    sweep_extras = {"train_chunks": ("first", "recipe.train_chunks")}
-    json_newline = True
+    fields = FIELDS
+    train_keys = ("workflow", "algorithm.name", "data.synthetic.num_chunks", "data.synthetic.min_chunks",
+                  "data.synthetic.chunk_words", "trainer.steps")
+    sweep = Sweep(("accuracy",), sweep_rows, (("demonstrator", "demonstrator"),))
+    sweep_extras = {"train_chunks": ("first", "train.data.synthetic.num_chunks")}
     markdown = staticmethod(memagent_markdown)  # a row per length (memrl.recipes.report)
     plot = staticmethod(plot_memagent)
-    sweep_table = staticmethod(sweep_rows)
 
     def init(self, run: RecipeRun) -> None:
         """Held-out tasks; BPE on the task's text and 50 copies of `tokenizer_strings` (init_model repeats them
         10 times), a model of the "micro" shape (scratch.init_model) or of the preset `model_preset`."""
         cfg, syn, wf = run.cfg, run.tcfg.data.synthetic, run.wf_cfg
         run.extra["tasks"] = heldout_tasks(cfg, run.tcfg)
+        run.facts["lengths"] = list(run.extra["tasks"])
         extra, text = tokenizer_strings(cfg, run.tcfg, wf), lambda e: corpus_text(seed=cfg.seed, extra=e)
         run.tokenizer, run.model = (preset_model(run.out, cfg, text(tuple(extra * 50))) if cfg.model_preset != "micro"
                                     else init_model(run.out, cfg.preset(), cfg.vocab_size, cfg.seed, text, extra * 5,
@@ -279,11 +285,12 @@ class MemAgentRecipe(Recipe):
         if wf.chunk_tokens != syn.chunk_words:
             log.warning("workflow chunk_tokens=%d but synthetic chunk_words=%d", wf.chunk_tokens, syn.chunk_words)
 
-    def scripted(self, run: RecipeRun) -> None:
-        cfg, run.extra["demonstrator"] = run.cfg, {}
+    def scripted(self, run: RecipeRun) -> list[dict[str, Any]]:
+        cfg, rows = run.cfg, []
         if cfg.eval.demonstrator and cfg.eval.samples:
             print(f"demonstrator (p_aware {cfg.sft.p_aware}), held-out:")
-            run.extra["demonstrator"] = evaluate_demonstrator(run, run.extra["tasks"])
+            evaluate_demonstrator(run, run.extra["tasks"], rows)
+        return rows
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], None]:
         """The mixture demonstrator's traces through the memagent workflow (plus `sft.reading_tasks`
@@ -304,17 +311,12 @@ class MemAgentRecipe(Recipe):
     def sft_tensorboard(self, run: RecipeRun) -> bool:
         return run.tcfg.trainer.tensorboard
 
-    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
+    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> list[dict[str, Any]]:
         print("SFT, held-out:" if policy == "sft" else "SFT+RL, held-out:")
-        return engine_eval(evaluate_lengths, run, model, model_dir, run.extra["tasks"], run.cfg.eval, log=print,
-                           policy=policy)
-
-    def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
-        """The held-out protocol and lengths (the tasks are generated from them)."""
-        try:
-            return json.dumps({"eval": results["recipe"]["eval"], "lengths": results["lengths"]}, sort_keys=True)
-        except KeyError as e:
-            raise UserError(f"{out / 'results.json'}: no {e.args[0]!r}; not a memagent demo result") from None
+        rows: list[dict[str, Any]] = []
+        engine_eval(evaluate_lengths, run, model, model_dir, run.extra["tasks"], run.cfg.eval, log=print, rows=rows,
+                    policy=policy)
+        return rows
 
     def check_sweep(self, cfg: Any) -> None:
         if cfg.eval.samples == 0 or not cfg.eval.greedy:  # the table aggregates both decodings at every length

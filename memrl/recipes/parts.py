@@ -1,7 +1,7 @@
 """The pieces several recipe methods share (memrl.recipes.pipeline runs them; each method module declares only
 what differs): the task-split methods' seeds, files and tasks (`SplitRecipe`: memact, context, mem1), the
-arm-picking methods' RL config (`ArmRecipe`: context, infmem), the held-out evaluation through an engine,
-and the parts of results.json several methods declare alike (`HEAD`, `TAIL`).
+arm-picking methods' RL config (`ArmRecipe`: context, infmem), the held-out evaluation through an engine
+and its rows' labels (`engine_eval`, `policy_labels`), and the sweep extras several methods declare alike.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def engine_eval(evaluate: Callable[..., Any], run: RecipeRun, model: Any, model_
                 *args: Any, policy: str = "", **kw: Any) -> Any:
     """The one held-out evaluation through an engine: `evaluate(rollout, run.wf_cfg, tasks, *args, **kw)` with
     `model` served by the RL config's engine; `args` default to (eval.temperature, eval.seed)
-    (memrl.recipes.summaries' evaluations). With `policy`, `kw` gains its `policy_labels`: the evaluation's rows
+    (memrl.recipes.summaries' protocols, which return rows). With `policy`, `kw` gains its `policy_labels`: the evaluation's rows
     go to the run's ROWS file of that policy."""
     if policy:
         kw.update(policy_labels(run, policy, tasks))
@@ -143,32 +143,13 @@ def describe(run: RecipeRun, workflow: str = "", mid: str = "", tail: str = "") 
           f"{n / 1e6:.2f}M parameters, vocabulary {len(run.tokenizer)}{tail}")
 
 
-# ---------------------------------------------------------------------------------------------- results
-
-
-def history(*keys: str) -> Callable[[RecipeRun], dict[str, list[float]]]:
-    """A results.json declaration: RL's per-step values of `keys` (0.0 where a step lacks one)."""
-    return lambda run: {k: [h.get(k, 0.0) for h in run.history] for k in keys}
-
-
-HEAD: dict[str, Any] = {"method": "cfg.method", "workflow": "tcfg.workflow", "algorithm": "tcfg.algorithm.name"}
-"""results.json's first entries: the method, the RL config's workflow section and estimator."""
-
-TAIL: dict[str, Any] = {"timings": "timings", "num_parameters": "extra.n_params",
-                        "vocab_size": lambda run: len(run.tokenizer), "sft_losses": "sft_losses",
-                        "copy_warmup_losses": "warmup_losses", "rl_history": history("reward/mean", "train/rows")}
-"""results.json's run entries: timings, model size, the cold start's losses, RL's reward and rows."""
-
-
-def eval_tasks(run: RecipeRun) -> int:
-    """A results.json declaration: the number of held-out tasks of the run's splits (`write_data`)."""
-    return len(run.extra["data"].eval_tasks)
+# ---------------------------------------------------------------------------------------------- sweep extras
 
 
 SWEEP_METHOD = {"method": ("first", "method")}
 """A sweep extra: the method of the sweep's runs (its table's title)."""
 
-SWEEP_BUDGET = {"budget": ("mean", "budget.max_context_tokens")}
-"""A sweep extra: the runs' calibrated working-context budget, mean +- sd (memact, context)."""
+SWEEP_BUDGET = {"budget": ("mean", "facts.budget.max_context_tokens")}
+"""A sweep extra: the runs' calibrated working-context budget (their facts' budget), mean +- sd (memact, context)."""
 BUDGET_NOTE = ("budget", "Working-context budget (calibrated per run): {} tokens.")
 """The sweep table's note of `SWEEP_BUDGET`."""

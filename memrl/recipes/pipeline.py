@@ -1,11 +1,12 @@
 """One recipe pipeline for every demo: init -> [copy warm-up] -> cold start -> evaluate -> RL -> evaluate -> write.
 
 A recipe method (`Recipe`) declares only what differs between the demos: its configs and their checks
-(`load`), its tasks, tokenizer and model (`init`), its scripted policy's held-out numbers (`scripted`), the
-cold start's rows (`demonstrations`), its held-out evaluation (`evaluate`), and as data what results.json
-holds (`results_json`) and its tables (`table`, `sweep`: memrl.recipes.tables). `run_recipe` runs the stages
-in that order for every method and times each one; the copy warm-up, the cold-start SFT, RL and writing the
-results are the same code for all.
+(`load`), its tasks, tokenizer and model (`init`), its scripted policy's held-out rows (`scripted`), the
+cold start's rows (`demonstrations`), its held-out evaluation's rows (`evaluate`), the `fields` its summary
+reduces those rows to (memrl.eval.fields) and its tables (`table`, `sweep`: memrl.recipes.tables). Its own run
+facts (a budget, lengths, streams ...) go into run.facts. `run_recipe` runs the stages in that order for every
+method and times each one; the copy warm-up, the cold-start SFT, RL and results.json (one layout for every
+method: `Recipe.results`) are the same code for all.
 
 Methods are registered like workflows: a built-in name (`memagent`, `memact`, `context`, `mem1`, `infmem`,
 `lookback`) or an import path `package.module:ATTR` naming a Recipe instance, so a method living outside
@@ -14,7 +15,6 @@ memrl needs no edit here (docs/guides/recipe_method.md).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Iterator
@@ -37,16 +37,14 @@ from memrl.config import (
     to_yaml,
     valid,
 )
-from memrl.errors import UserError
 from memrl.eval.evaluator import evaluation_rows
-from memrl.eval.stats import stat
+from memrl.eval.fields import POOLED, Field, summarize
 from memrl.locks import locked_dir
 from memrl.models.tiny import ModelPreset
 from memrl.plugins import is_import_path, load_object
 from memrl.recipes import split_overrides
 from memrl.recipes.cold_start import copy_warmup
 from memrl.recipes.policy import check_policy, demo_shape_problem
-from memrl.recipes.tables import RunTable, SweepTable, by_decoding
 from memrl.threads import ThreadsSection, set_torch_threads, warn_oversubscribed
 from memrl.training.assemble import assemble, check_writable, validate
 from memrl.training.checkpoints.checkpoint import latest_checkpoint
@@ -165,18 +163,21 @@ class RecipeRun:
     tokenizer: Any = None
     model: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
-    """The method's own state (tasks, budget, a reused cold start ...)."""
+    """The method's own working state (tasks, a reused cold start ...): never written."""
+    facts: dict[str, Any] = field(default_factory=dict)
+    """The method's own run facts (budget, streams, lengths, calibrations ...): results.json's "facts"."""
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    """Every evaluation row of the run (memrl.eval.evaluator.evaluation_rows), in the order made: results.json's
+    "summary" is their group-by (memrl.eval.fields.summarize)."""
     reused: bool = False
     """The cold start (warm-up, SFT and its evaluation) comes from another run: `init` filled them in."""
     timings: dict[str, float] = field(default_factory=dict)
     warmup_losses: list[float] = field(default_factory=list)
     sft_losses: list[float] = field(default_factory=list)
-    demo: Any = None
-    """The cold start's statistics (`Recipe.demonstrations`' second value)."""
-    evals: dict[str, Any] = field(default_factory=dict)
-    """policy ("sft", "rl") -> what `Recipe.evaluate` returned."""
     history: list[dict[str, float]] = field(default_factory=list)
     """RL's per-step metrics."""
+    num_parameters: int = 0
+    """The trained model's parameter count (set once RL has run)."""
 
 
 @contextmanager
@@ -220,7 +221,13 @@ def set_threads(cfg: Any) -> None:
 
 
 class Recipe:
-    """A recipe method: what one demo declares. Subclass it and override the hooks; `run_recipe` calls them."""
+    """A recipe method: what one demo declares. Subclass it and override the hooks; `run_recipe` calls them.
+
+    The hooks: configs (`config`, `load` / `configs` with `expand`, `check`, `train_overrides`, `check_run`,
+    `training_task_seeds`), `init`, `scripted`, `warmup`, `demonstrations` (or `play`), `evaluate`, the
+    `fields` of its summary, its tables (`table`, `sweep`) and `plot`. Every evaluation returns rows
+    (memrl.eval.evaluator.evaluate_rows); the method fills run.facts with its own run facts; results.json has
+    ONE layout for every method (`results`)."""
 
     name: ClassVar[str] = ""
     config: ClassVar[type] = object
@@ -232,41 +239,29 @@ class Recipe:
     """The seed keys that generate training tasks (never equal to a held-out task seed)."""
     heldout_per: ClassVar[str] = ""
     """The eval field listing the held-out sets, set n drawn at eval.seed + n ("" = one set at eval.seed)."""
-    heldout_files: ClassVar[str] = "data/heldout_tasks.jsonl"
-    """The held-out file(s) `fingerprint` hashes; with "{}", one per entry of results.json's "lengths"."""
     outputs: ClassVar[tuple[str, ...]] = ("results.md", "results.json")
     """The files `write` makes in the output directory (printed when the run ends)."""
-    summary_fields: ClassVar[tuple[str, ...]] = ("accuracy",)
-    """The summary fields the seed sweep aggregates (memrl.recipes.seeds; `sweep`'s fields when it is set)."""
-    optional_fields: ClassVar[tuple[str, ...]] = ()
-    """Summary fields a run may lack (e.g. no task with that question count): skipped, not an error."""
-    # ------------------------------------------------------------------ results, declared
-    results_json: ClassVar[dict[str, Any]] = {}
-    """What results.json holds, in order: key -> a dotted path over the RecipeRun ("cfg.eval.seed", "extra.budget",
-    "evals.sft"; a dataclass is written as its dict), a dict of such declarations, or a callable of the run; a
-    key ending in "?" is left out when its path is missing (`resolve`)."""
-    policies: ClassVar[tuple[tuple[str, str], ...]] = (("sft", "sft"), ("rl", "rl"))
-    """The results schema's policies: (policy, its key in results.json); sft and rl required, others where a
-    run has them."""
-    results_root: ClassVar[str] = ""
-    """The results.json entry the policies' keys are under ("" = the top level)."""
-    nesting: ClassVar[str] = "decoding"
-    """How a policy's evaluation nests in results.json (memrl.recipes.tables.NESTINGS)."""
-    table: ClassVar[RunTable | None] = None
-    """results.md's table (`markdown`)."""
-    sweep: ClassVar[SweepTable | None] = None
-    """The seed sweep's table (`sweep_table`); its fields are the `summary_fields`."""
-    sweep_extras: ClassVar[dict[str, tuple[str, str]]] = {}
-    """Entries of the sweep's aggregate beside the cells: name -> ("mean", a dotted path in results.json: mean
-    +- sd over the runs) or ("first", a path: the first run's value)."""
-    json_indent: ClassVar[int] = 1
-    json_newline: ClassVar[bool] = False
-    """results.json's layout: its indent, and whether it ends in a newline."""
+    fields: ClassVar[tuple[Field, ...]] = ()
+    """The summary's fields (memrl.eval.fields): each a name and a reducer over one (policy, decoding, bucket)
+    group of the run's evaluation rows; results.json's "summary" rows hold them, the tables show them."""
+    pooled: ClassVar[bool] = False
+    """Whether the summary also has a pooled "all" bucket per (policy, decoding) (memrl.eval.fields.summarize)."""
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.__dict__.get("sweep") is not None and "summary_fields" not in cls.__dict__:
-            cls.summary_fields = cls.sweep.fields  # type: ignore[union-attr]
+    def fields_for(self, cfg: Any) -> tuple[Field, ...]:
+        """The summary's fields of a run of demo config `cfg`: `fields` (a method whose fields follow its
+        config, e.g. one accuracy per question count its tasks draw, adds them here)."""
+        return self.fields
+    train_keys: ClassVar[tuple[str, ...]] = ("workflow", "algorithm.name")
+    """The RL config's entries results.json's "train" holds (dotted paths, nested there as in the config: "trainer.steps"
+    -> {"trainer": {"steps": ...}}; a dataclass as its dict)."""
+    table: ClassVar[Any] = None
+    """results.md's table (memrl.recipes.tables.RunTable or GridTable: `render(results)`)."""
+    sweep: ClassVar[Any] = None
+    """The seed sweep's table (memrl.recipes.tables.SweepTable, or a Sweep: its `fields`, `policies` and
+    `render(entry)`: memrl.recipes.seeds renders one per capability)."""
+    sweep_extras: ClassVar[dict[str, tuple[str, str]]] = {}
+    """Entries of the sweep's aggregate beside the cells: name -> ("mean", a dotted path in results.json, e.g.
+    "facts.budget.max_context_tokens": mean +- sd over the runs) or ("first", a path: the first run's value)."""
 
     def load(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
         """Configs and their checks (fails before any work): `configs`, then what the method keeps beside them."""
@@ -326,11 +321,13 @@ class Recipe:
 
     def init(self, run: RecipeRun) -> None:
         """Tasks, tokenizer and model (run.tokenizer, run.model); run.reused = True when the cold start is
-        another run's (then fill run.warmup_losses, run.sft_losses, run.demo, run.evals["sft"])."""
+        another run's (then fill run.warmup_losses, run.sft_losses, run.facts["cold_start"] and run.rows with
+        its SFT evaluation's rows)."""
         raise NotImplementedError
 
-    def scripted(self, run: RecipeRun) -> None:
-        """Held-out numbers of the scripted policy (optional; kept in run.extra)."""
+    def scripted(self, run: RecipeRun) -> list[dict[str, Any]]:
+        """Held-out evaluation rows of the scripted policy (optional; their policy column names it)."""
+        return []
 
     save_warmup: ClassVar[bool] = True
     """Whether the copy warm-up's model is saved to out/copy_warmup (a later run may reuse it)."""
@@ -349,12 +346,14 @@ class Recipe:
         return losses
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], Any]:
-        """(the cold start's rows, its statistics): the scripted policy played through the workflow (`play`),
-        every row of each task's one trajectory as the workflow cuts it; the statistics are {"summary":
-        `demo_summary` of the groups' rows, "rows", "rows_per_task", **`demo_extra`}; a line is printed with the
-        summary's accuracy and `demo_format` (and the workflow's name where `demo_names_workflow`)."""
+        """(the cold start's rows, its statistics or None): the scripted policy played through the workflow
+        (`play`), every row of each task's one trajectory as the workflow cuts it; the statistics (run.facts'
+        "cold_start") are {"summary": the `fields` of the played groups' rows (one summary row, policy
+        "cold_start"), "rows", "rows_per_task", **`demo_extra`}; a line is printed with the summary's accuracy and
+        `demo_format` (and the workflow's name where `demo_names_workflow`)."""
         groups = self.play(run)
-        trajs, summary = [g.trajectories[0] for g in groups], self.demo_summary(evaluation_rows(groups))
+        trajs = [g.trajectories[0] for g in groups]
+        summary = summarize(evaluation_rows(groups, policy="cold_start", bucket=POOLED), self.fields_for(run.cfg))[0]
         rows = [s for t in trajs for s in t.segments]
         name = f"{run.spec.name} " if self.demo_names_workflow else ""
         print(f"cold start: {len(rows)} rows from {len(groups)} scripted {name}trajectories (its accuracy "
@@ -370,10 +369,6 @@ class Recipe:
         """The scripted policy over the SFT tasks through the workflow: one Group (one trajectory) per task."""
         raise NotImplementedError
 
-    def demo_summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        """The summary of the scripted groups' rows (memrl.eval.evaluator.evaluation_rows; its "accuracy" in %)."""
-        raise NotImplementedError
-
     def demo_extra(self, run: RecipeRun, trajs: list[Any]) -> dict[str, Any]:
         """Statistics of the cold start beside the summary and the row counts."""
         return {}
@@ -382,40 +377,39 @@ class Recipe:
         """Whether the cold start also logs to TensorBoard (its metrics.jsonl is always written)."""
         return False
 
-    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
-        """Held-out evaluation of `model` (policy "sft" or "rl")."""
+    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> list[dict[str, Any]]:
+        """Held-out evaluation rows of `model` (policy "sft" or "rl"; memrl.eval.evaluator.evaluate_rows, labelled
+        with memrl.recipes.parts.policy_labels). A method may add rows of other policies it evaluates beside."""
         raise NotImplementedError
 
     def results(self, run: RecipeRun) -> dict[str, Any]:
-        """What results.json holds (`results_json`)."""
-        out: dict[str, Any] = {}
-        for key, spec in self.results_json.items():
-            try:
-                held = spec is HELDOUT_SHA256  # over the entries declared before it
-                out[key.removesuffix("?")] = self.fingerprint(run.out, out) if held else resolve(run, spec)
-            except KeyError:
-                if not key.endswith("?"):
-                    raise
-        return out
+        """What results.json holds, the one layout of every method:
+
+        {"recipe": the method's name, "method": the config's `method` (the arm) where it has one, else the name,
+        "config": the demo config as a dict, "train": the RL config's `train_keys`, "facts": run.facts,
+        "timings", "losses": {"sft", "copy_warmup"}, "history": RL's per-step metrics, "num_parameters",
+        "vocab_size", "heldout_sha256": the distinct held-out digests the rows carry, "summary": the rows
+        grouped by (policy, decoding, bucket) and reduced by `fields` (memrl.eval.fields.summarize)}."""
+        cfg, tcfg = run.cfg, run.tcfg
+        return {
+            "recipe": self.name, "method": getattr(cfg, "method", self.name), "config": _plain(cfg),
+            "train": _subset(tcfg, self.train_keys), "facts": run.facts,
+            "timings": run.timings, "losses": {"sft": run.sft_losses, "copy_warmup": run.warmup_losses},
+            "history": run.history, "num_parameters": run.num_parameters,
+            "vocab_size": len(run.tokenizer) if run.tokenizer is not None else 0,
+            "heldout_sha256": list(dict.fromkeys(r["heldout_sha256"] for r in run.rows if r.get("heldout_sha256"))),
+            "summary": summarize(run.rows, self.fields_for(cfg), self.pooled)}
 
     def markdown(self, results: dict[str, Any]) -> str:
         """results.md (`table`)."""
         if self.table is None:
             raise NotImplementedError(f"{type(self).__name__}: no table declared")
-        return self.table.render(results, self.nesting)
+        return self.table.render(results)
 
     def plot(self, results: dict[str, Any], out: Path) -> None:
         """The method's plots in `out` (beside results.md; list them in `outputs`)."""
 
-    # ------------------------------------------------------------------ reading results (the seed sweep)
-
-    def evals(self, results: dict[str, Any]) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
-        """The one results schema: policy ("sft", "rl", a scripted one) -> decoding -> bucket (a length, an
-        objective count, "all") -> summary, read from a results.json (a KeyError when it lacks a part): the
-        declared `policies` under `results_root`, as `nesting` says they nest."""
-        root = results[self.results_root] if self.results_root else results
-        return {p: by_decoding(root[key], self.nesting) for p, key in self.policies
-                if key in root or p in ("sft", "rl")}
+    # ------------------------------------------------------------------ the seed sweep
 
     def heldout_seeds(self, cfg: Any) -> set[int]:
         """The seeds held-out tasks are drawn from (no training task seed may equal one; `heldout_per`)."""
@@ -424,79 +418,41 @@ class Recipe:
     def check_sweep(self, cfg: Any) -> None:
         """Refuse settings the sweep's table cannot aggregate (before any run)."""
 
-    def fingerprint(self, out: Path, results: dict[str, Any]) -> str:
-        """What must be equal across a sweep's runs for their held-out numbers to be comparable: the SHA-256
-        of the held-out task files (`heldout_files`)."""
-        each = results["lengths"] if "{}" in self.heldout_files else [""]
-        return files_sha256([out / self.heldout_files.format(n) for n in each])
-
-    def sweep_extra(self, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
-        """Entries of the sweep's per-capability aggregate beside the cells (`sweep_extras`)."""
-        out: dict[str, Any] = {}
-        for name, (how, path) in self.sweep_extras.items():
-            if how == "first":
-                out[name] = _path(done[0][1], path) if done else None
-                continue
-            values = []
-            for run_dir, res in done:
-                try:
-                    values.append(float(_path(res, path)))
-                except (KeyError, TypeError, AttributeError):
-                    raise UserError(f"{run_dir / 'results.json'}: no {path}") from None
-            out[name] = stat(values)
-        return out
-
-    def sweep_table(self, entry: dict[str, Any]) -> list[str]:
-        """The seed sweep's table (markdown lines) of one capability's aggregate (memrl.recipes.seeds; `sweep`)."""
-        if self.sweep is None:
-            raise NotImplementedError(f"{type(self).__name__}: no sweep table declared")
-        return self.sweep.render(entry)
-
     def write(self, results: dict[str, Any], out: Path) -> str:
-        """Write results.json (secrets redacted), results.md and the method's plots; returns the markdown."""
-        text = json.dumps(redact_secrets(results), indent=self.json_indent) + ("\n" if self.json_newline else "")
-        (out / "results.json").write_text(text, encoding="utf-8")
+        """Write results.json (secrets redacted; indent 1, a newline at the end), results.md and the method's
+        plots; returns the markdown."""
+        (out / "results.json").write_text(json.dumps(redact_secrets(results), indent=1) + "\n", encoding="utf-8")
         md = self.markdown(results)
         (out / "results.md").write_text(md, encoding="utf-8")
         self.plot(results, out)
         return md
 
 
-class _HeldoutSha256:
-    def __repr__(self) -> str:
-        return "HELDOUT_SHA256"
-
-
-HELDOUT_SHA256 = _HeldoutSha256()
-"""A results.json declaration: the run's `Recipe.fingerprint` over the entries declared before it (the SHA-256
-of its held-out task files, `heldout_files`), the value the seed sweep checks across runs."""
-
-
-def files_sha256(paths: list[Path]) -> str:
-    """The SHA-256 of the files' bytes one after another (a run's held-out task files: `Recipe.fingerprint`)."""
-    digest = hashlib.sha256()
-    for path in paths:
-        if not path.is_file():
-            raise UserError(f"{path}: missing; cannot check that the run evaluated the same held-out tasks")
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def _path(obj: Any, dotted: str) -> Any:
+def path_of(obj: Any, dotted: str) -> Any:
+    """The entry `dotted` ("facts.budget.max_context_tokens") of nested dicts or attributes."""
     for part in dotted.split("."):
         obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
     return obj
 
 
-def resolve(run: RecipeRun, spec: Any) -> Any:
-    """A results.json entry from its declaration (`Recipe.results_json`): a callable of the run, a dict of
-    declarations, or a dotted path over the run (dict keys or attributes; a dataclass becomes its dict)."""
-    if callable(spec):
-        return spec(run)
-    if isinstance(spec, dict):
-        return {k: resolve(run, v) for k, v in spec.items()}
-    value = _path(run, spec)
-    return asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
+def _subset(obj: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The entries `keys` (dotted paths) of a config, nested as the config nests them ("trainer.steps" ->
+    {"trainer": {"steps": ...}})."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        *parents, last = key.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = _plain(path_of(obj, key))
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """A dataclass as its dict, a mapping as a dict (results.json's config and train entries)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    return dict(value) if isinstance(value, dict) else value
 
 
 # ---------------------------------------------------------------------------------------------- the pipeline
@@ -523,18 +479,21 @@ def execute(recipe: Recipe, run: RecipeRun) -> dict[str, Any]:
         recipe.init(run)
     if not run.reused:
         with stage(run, "eval_scripted_s"):
-            recipe.scripted(run)
+            run.rows += recipe.scripted(run)
         with stage(run, "copy_warmup_s"):
             run.warmup_losses = recipe.warmup(run)
         with stage(run, "sft_s"):
-            rows, run.demo = recipe.demonstrations(run)
+            rows, demo = recipe.demonstrations(run)
+            if demo is not None:
+                run.facts["cold_start"] = demo
             run.sft_losses = cold_start(run, rows, tensorboard=recipe.sft_tensorboard(run))
         with stage(run, "eval_sft_s"):
-            run.evals["sft"] = recipe.evaluate(run, "sft", run.model, run.out / "sft")
+            run.rows += recipe.evaluate(run, "sft", run.model, run.out / "sft")
     with stage(run, "rl_s"):
         trainer = train_rl(run)
     with stage(run, "eval_rl_s"):
-        run.evals["rl"] = recipe.evaluate(run, "rl", trainer.model, latest_checkpoint(trainer.ckpt_root) or "")
+        run.rows += recipe.evaluate(run, "rl", trainer.model, latest_checkpoint(trainer.ckpt_root) or "")
+    run.num_parameters = sum(p.numel() for p in (run.model if run.model is not None else trainer.model).parameters())
     run.timings["total_s"] = time.perf_counter() - t_start
     return recipe.results(run)
 

@@ -18,14 +18,15 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from memrl.config import ConfigError, to_yaml
+from memrl.recipes.parts import ROWS
 from memrl.recipes.pipeline import RecipeRun
 from memrl.training.assemble import validate
 
 NOT_COLD_START = ("method", "threads", "sft_from", "warmup_from")
 """Demo config fields that may differ between a run and the run whose cold start it reuses."""
-RESULT_KEYS = ("budget.max_context_tokens", "num_parameters", "copy_warmup_losses", "sft_losses", "sft",
-               "reference.react_unbounded", "demonstrator", "scripted.greedy")
-"""The results.json entries a run reusing another's cold start (sft_from) reads."""
+RESULT_KEYS = ("facts.budget.max_context_tokens", "facts.cold_start", "losses.copy_warmup", "losses.sft", "summary")
+"""The results.json entries a run reusing another's cold start (sft_from) reads (the one results layout,
+memrl.recipes.pipeline.Recipe.results)."""
 WARMUP_FIELDS = ("seed", "sft.copy_warmup_steps", "sft.copy_warmup_rows", "sft.lr", "sft.batch_rows")
 """Demo config fields the copy warm-up depends on (beside the initial model and tokenizer)."""
 
@@ -140,16 +141,27 @@ def reused_cold_start(cfg: Any, tcfg: Any, arm: Any, arms: dict[str, Any]) -> di
 
 def take_cold_start(run: RecipeRun, prior: dict[str, Any]) -> None:
     """Fill `run` with the cold start of run.cfg.sft_from (its results.json `prior`, checked by
-    reused_cold_start): its SFT checkpoint and tokenizer, budget, losses, scripted and SFT evaluations."""
-    cfg, tcfg, out = run.cfg, run.tcfg, run.out
-    shutil.copytree(Path(cfg.sft_from) / "sft", out / "sft", dirs_exist_ok=True)
+    reused_cold_start): its SFT checkpoint and tokenizer, budget, losses, facts, and the evaluation rows of
+    every policy but rl (its eval_rows/<policy>.jsonl, memrl.recipes.parts.ROWS: the scripted and SFT
+    evaluations), copied into this run's folder."""
+    cfg, tcfg, out, src = run.cfg, run.tcfg, run.out, Path(run.cfg.sft_from)
+    shutil.copytree(src / "sft", out / "sft", dirs_exist_ok=True)
     run.tokenizer = AutoTokenizer.from_pretrained(out / "sft")
-    budget = int(prior["budget"]["max_context_tokens"])
+    budget = int(prior["facts"]["budget"]["max_context_tokens"])
     tcfg.workflow["max_context_tokens"] = budget
     run.spec, run.wf_cfg = validate(tcfg)
     print(f"method {cfg.method}: workflow {run.spec.name}, {tcfg.algorithm.name}; budget {budget} tokens; the cold "
           f"start of {cfg.sft_from}")
     run.reused = True
-    run.warmup_losses, run.sft_losses, run.evals["sft"] = prior["copy_warmup_losses"], prior["sft_losses"], prior["sft"]
-    run.demo = {**prior["demonstrator"], "summary": prior["scripted"]["greedy"]}
-    run.extra.update(budget=budget, n_params=int(prior["num_parameters"]), unbounded=prior["reference"]["react_unbounded"])
+    run.warmup_losses, run.sft_losses = prior["losses"]["copy_warmup"], prior["losses"]["sft"]
+    run.facts.update(prior["facts"])
+    for policy in dict.fromkeys(s["policy"] for s in prior["summary"] if s["policy"] != "rl"):
+        rows = src / ROWS.format(policy)
+        try:
+            text = rows.read_text(encoding="utf-8")
+            run.rows += [json.loads(line) for line in text.splitlines() if line.strip()]
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"sft_from={src}: {ROWS.format(policy)} is missing or damaged ({e}); rerun that demo "
+                              "or drop sft_from") from None
+        (out / ROWS.format(policy)).parent.mkdir(parents=True, exist_ok=True)
+        (out / ROWS.format(policy)).write_text(text, encoding="utf-8")

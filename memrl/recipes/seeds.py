@@ -21,17 +21,18 @@ tokenizer, copy warm-up and SFT order, `sft.seed` for the SFT tasks and the scri
 the lengths) is never shifted, and no training task seed (`task_seeds`) may equal a held-out one
 (`heldout_seeds`). context: `sft_from=ROOT` / `warmup_from=ROOT` name another context sweep: each run reuses
 the cold start / copy warm-up of ROOT's run of the same capability and seed. The aggregation checks that
-every run evaluated the same held-out tasks (the method's `fingerprint`: the SHA-256 of
-data/heldout_tasks.jsonl; memagent: its `recipe.eval` and lengths) and refuses to mix them.
+every run evaluated the same held-out tasks (results.json's heldout_sha256: the digests its evaluation rows
+carry) and refuses to mix them.
 
 Resumable: a run whose out dir has results.json is not run again (its sweep_run.json must name the same
 agent, seed, capability and overrides); a run started before and not finished is started again from an
-empty directory. Writes ROOT/seeds_results.md (printed; the method's `sweep_table`) and
+empty directory. Writes ROOT/seeds_results.md (printed; the method's `sweep` table) and
 ROOT/seeds_results.json: per capability, `cells` (decoding -> bucket -> "<policy>_<field>" and
-"gain_<field>"): mean +- sd over the finished seeds (sd with ddof 1; "n/a" for one seed) of the method's
-summary fields for SFT, SFT+RL and their per-seed gain, read through its results schema (`Recipe.evals`): the
-runs' long rows (`run_rows`: run, seed, policy, decoding, bucket, field, value) grouped by (policy, decoding,
-bucket, field) and reduced with memrl.eval.stats.stat (`cells`; the benchmarks group their own rows the same way).
+"gain_<field>"): mean +- sd over the finished seeds (sd with ddof 1; "n/a" for one seed) of the sweep table's
+fields for SFT, SFT+RL and their per-seed gain, read from the runs' summary rows (results.json's "summary",
+memrl.eval.fields.summarize): the runs' long rows (`run_rows`: run, seed, policy, decoding, bucket, field,
+value) grouped by (policy, decoding, bucket, field) and reduced with memrl.eval.stats.stat (`cells`; the
+benchmarks group their own rows the same way).
 """
 
 from __future__ import annotations
@@ -52,10 +53,10 @@ from typing import Any
 
 from memrl.config import MAX_SEED, ConfigError, load_config, redact_argv, redact_secrets, redact_text
 from memrl.errors import UserError
-from memrl.eval.stats import group_stats, nest
+from memrl.eval.stats import group_stats, nest, stat
 from memrl.locks import acquire, release
 from memrl.recipes import split_overrides
-from memrl.recipes.pipeline import Recipe, get_recipe
+from memrl.recipes.pipeline import Recipe, get_recipe, path_of
 from memrl.recipes.tables import DECODINGS
 from memrl.training.config import TrainConfig
 
@@ -378,60 +379,68 @@ def reported_of(runs: list[Run]) -> set[str]:
 
 def run_rows(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]],
              fields: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-    """The runs' long rows {"run", "seed", "policy", "decoding", "bucket", "field", "value"}: per run (its out
-    dir; seed: the dir's name), decoding and bucket, for each of `fields` (the method's `summary_fields` by
-    default) read through its results schema (`Recipe.evals`), sft, rl and "gain" (the run's rl - sft), then any
-    other policy (a scripted one) where the run has it; an optional field (`Recipe.optional_fields`) only where
-    its value is not None. Fails in one line naming the results.json that lacks a part."""
-    fields = recipe.summary_fields if fields is None else fields
+    """The runs' long rows {"run", "seed", "policy", "decoding", "bucket", "field", "value"} from their
+    results.json summary rows (memrl.eval.fields.summarize): per run (its out dir; seed: the dir's name), per
+    decoding (greedy, sampled) and bucket of its sft rows, for each of `fields` (the sweep table's by default):
+    sft, rl and "gain" (the run's rl - sft of the same decoding and bucket), then the other policies the sweep
+    table names where the run has them; a None value (a rate over no events) gives no row, nor a gain. Fails
+    in one line naming the results.json that lacks a part."""
+    fields = recipe.sweep.fields if fields is None else fields
+    others = [p for _, p in getattr(recipe.sweep, "policies", ()) if p not in ("sft", "rl", "gain")]
     rows: list[dict[str, Any]] = []
     for out, res in done:
-        try:
-            view = recipe.evals(res)
-        except (KeyError, TypeError) as e:
-            raise UserError(f"{out / 'results.json'}: no {e.args[0] if e.args else 'results'!s}; not a "
-                            f"{recipe.name} demo result") from None
-        for mode in (d for d in DECODINGS if d in view["sft"]):
-            for bucket, sft in view["sft"][mode].items():
-                rl = _part(view, ("rl", mode, bucket), out)
+        summary = res.get("summary") if isinstance(res, dict) else None
+        if not isinstance(summary, list):
+            raise UserError(f"{out / 'results.json'}: no summary; not a {recipe.name} demo result in the one "
+                            "results layout (scripts/migrate_results.py converts an older one)")
+        at = {(s["policy"], s["decoding"], s["bucket"]): s for s in summary}
+        for mode in DECODINGS:
+            for sft in (s for s in summary if s["policy"] == "sft" and s["decoding"] == mode):
+                bucket = sft["bucket"]
+                rl = at.get(("rl", mode, bucket))
+                if rl is None:
+                    raise UserError(f"{out / 'results.json'}: no summary row of rl, {mode}, bucket {bucket}")
                 for f in fields:
-                    opt = f in recipe.optional_fields
-                    if f not in sft and opt:
-                        continue
-                    # an optional field may be None in one run (a rate over no events): that run does not count
-                    a = None if opt and sft[f] is None else _num(sft, f, ("sft", mode, bucket), out)
-                    b = None if opt and rl.get(f, 0) is None else _num(rl, f, ("rl", mode, bucket), out)
+                    a, b = _num(sft, f, out), _num(rl, f, out)
                     values = [("sft", a), ("rl", b), ("gain", None if a is None or b is None else b - a)]
-                    for pol in (p for p in view if p not in ("sft", "rl")):
-                        other = view[pol].get(mode, {}).get(bucket)
-                        values.append((pol, None if other is None or other.get(f) is None else float(other[f])))
+                    values += [(p, _num(at[(p, mode, bucket)], f, out)) for p in others if (p, mode, bucket) in at]
                     rows += [{"run": str(out), "seed": out.name, "policy": pol, "decoding": mode, "bucket": bucket,
                               "field": f, "value": v} for pol, v in values if v is not None]
     return rows
 
 
-def _part(view: dict[str, Any], path: tuple[str, ...], out: Path) -> dict[str, Any]:
-    obj: Any = view
-    for p in path:
-        if not isinstance(obj, dict) or p not in obj:
-            raise UserError(f"{out / 'results.json'}: no {'.'.join(path)}")
-        obj = obj[p]
-    return obj
-
-
-def _num(summary: dict[str, Any], f: str, path: tuple[str, ...], out: Path) -> float:
+def _num(summary: dict[str, Any], f: str, out: Path) -> float | None:
     if f not in summary:
-        raise UserError(f"{out / 'results.json'}: no {'.'.join(path)}.{f}")
-    return float(summary[f])
+        raise UserError(f"{out / 'results.json'}: the summary row of {summary['policy']}, {summary['decoding']}, "
+                        f"bucket {summary['bucket']} has no {f}")
+    return None if summary[f] is None else float(summary[f])
+
+
+def sweep_extra(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+    """Entries of a capability's aggregate beside the cells (the method's `sweep_extras`: name -> ("mean", a
+    dotted path in results.json: stat over the runs) or ("first", a path: the first run's value))."""
+    out: dict[str, Any] = {}
+    for name, (how, path) in recipe.sweep_extras.items():
+        if how == "first":
+            out[name] = path_of(done[0][1], path) if done else None
+            continue
+        values = []
+        for run_dir, res in done:
+            try:
+                values.append(float(path_of(res, path)))
+            except (KeyError, TypeError, AttributeError):
+                raise UserError(f"{run_dir / 'results.json'}: no {path}") from None
+        out[name] = stat(values)
+    return out
 
 
 def aggregate(agent: str, runs: list[Run]) -> dict[str, Any]:
     """Per capability: the finished seeds, and mean +- sd over them of every summary field of SFT and SFT+RL
     and of their per-seed gain, per decoding and bucket (`cells`), plus the method's `sweep_extra`. Refuses
-    runs that evaluated other held-out tasks (the method's `fingerprint`)."""
+    runs that evaluated other held-out tasks (their results.json's heldout_sha256: the digests their rows carry)."""
     recipe = get_recipe(agent)
     results = load_results(runs)
-    prints = {r.out: recipe.fingerprint(r.out, results[r.out]) for r in runs if r.out in results}
+    prints = {r.out: tuple(results[r.out].get("heldout_sha256") or ()) for r in runs if r.out in results}
     if len(set(prints.values())) > 1:
         first = next(iter(prints))
         a = next(p for p, f in prints.items() if f != prints[first])
@@ -446,7 +455,7 @@ def aggregate(agent: str, runs: list[Run]) -> dict[str, Any]:
             "pending": [r.seed for r in runs if r.capability == cap and r.out not in results]}
         entry["cells"] = cells(run_rows(recipe, done))
         entry["buckets"] = list(next(iter(entry["cells"].values()), {}))
-        entry.update(recipe.sweep_extra(done))
+        entry.update(sweep_extra(recipe, done))
         table[cap] = entry
     return {"agent": agent, "runs": [{"seed": r.seed, "capability": r.capability, "out": str(r.out),
                                       "finished": r.out in results} for r in runs],
@@ -454,7 +463,7 @@ def aggregate(agent: str, runs: list[Run]) -> dict[str, Any]:
 
 
 def markdown(agg: dict[str, Any], command: str = "") -> str:
-    """The aggregate as markdown: one table per capability (the method's `sweep_table`)."""
+    """The aggregate as markdown: one table per capability (the method's `sweep` table)."""
     recipe = get_recipe(agg["agent"])
     lines = []
     if command:
@@ -466,7 +475,9 @@ def markdown(agg: dict[str, Any], command: str = "") -> str:
         if e["reported"] and e["reported"] != [cap]:
             var += f" (torch reported {', '.join(e['reported'])})"
         lines += [f"{var}: mean ± sd over training seeds {seeds} (n = {len(e['seeds'])}{pend})", ""]
-        lines += recipe.sweep_table(e)
+        if recipe.sweep is None:
+            raise UserError(f"{recipe.name}: the method declares no sweep table")
+        lines += recipe.sweep.render(e)
         lines.append("")
     return "\n".join(lines)
 

@@ -259,8 +259,8 @@ def _finished_context_demo(src: Path, out: Path) -> None:
     (src / "rl" / "config.yaml").write_text(to_yaml(tcfg))
     (src / "demo_config.yaml").write_text(to_yaml(cfg))
     (src / "results.json").write_text(json.dumps({
-        "budget": {"max_context_tokens": 100}, "num_parameters": 1, "copy_warmup_losses": [], "sft_losses": [],
-        "sft": {}, "reference": {"react_unbounded": {}}, "demonstrator": {}, "scripted": {"greedy": {}}}))
+        "facts": {"budget": {"max_context_tokens": 100}, "cold_start": {}}, "num_parameters": 1,
+        "losses": {"copy_warmup": [], "sft": []}, "summary": []}))
 
 
 @pytest.mark.parametrize(("name", "text", "said"), [
@@ -270,7 +270,7 @@ def _finished_context_demo(src: Path, out: Path) -> None:
                                         "converted to Integer)"),
     ("results.json", '{"budget": {', "results.json is damaged (Expecting property name enclosed in double quotes: "
                                      "line 1 column 13 (char 12))"),
-    ("results.json", '{"budget": {}}', "results.json is damaged (it has no budget.max_context_tokens)"),
+    ("results.json", '{"facts": {"budget": {}}}', "results.json is damaged (it has no facts.budget.max_context_tokens)"),
     ("results.json", "[]", "results.json is damaged (it holds a list, not a mapping)"),
     ("rl/config.yaml", "workflow: 3\n", "rl/config.yaml is damaged (it has no workflow section)"),
 ])

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from memrl.cli import main
+from memrl.eval.fields import one
 
 pytestmark = pytest.mark.slow
 
@@ -38,25 +39,30 @@ def test_context_demo_runs_every_stage(tmp_path, capsys, method, workflow, algor
         assert (out / name).is_file(), name
     res = json.loads((out / "results.json").read_text())
     assert (out / "results.md").read_text() in capsys.readouterr().out
-    assert res["method"] == method and res["workflow"]["name"] == workflow and res["algorithm"] == algorithm
-    assert res["process_rewards"] == (["unfolded", "scope", "failure"] if method == "fold" else [])
-    budget = res["budget"]["max_context_tokens"]
-    assert res["workflow"]["max_context_tokens"] == budget and res["budget"]["eval_tasks"] == 4
-    assert len(res["copy_warmup_losses"]) == 3 and len(res["rl_history"]["reward/mean"]) == 2
-    d = res["demonstrator"]
+    train, facts = res["train"], res["facts"]
+    assert res["method"] == method and train["workflow"]["name"] == workflow
+    assert train["algorithm"]["name"] == algorithm
+    assert facts["process_rewards"] == (["unfolded", "scope", "failure"] if method == "fold" else [])
+    budget = facts["budget"]["max_context_tokens"]
+    assert train["workflow"]["max_context_tokens"] == budget and facts["budget"]["eval_tasks"] == 4
+    assert len(res["losses"]["copy_warmup"]) == 3 and len(res["history"]) == 2
+    d = facts["cold_start"]
     assert d["rows_per_task"] == [rows_per_task] * 12 and d["rows"] == d["rows_trained"] == 12 * rows_per_task
     assert d["branches_per_task"] == [branches] * 12 and d["summaries_per_task"] == [summaries] * 12
     # 12 tasks x rows_per_task rows in batches of 8, one epoch
-    assert len(res["sft_losses"]) == -(-12 * rows_per_task // 8)
-    s = res["scripted"]["greedy"]
+    assert len(res["losses"]["sft"]) == -(-12 * rows_per_task // 8)
+    assert [(r["policy"], r["decoding"], r["bucket"]) for r in res["summary"]] == [
+        ("react_unbounded", "greedy", "all"), ("scripted", "greedy", "all"), ("sft", "greedy", "all"),
+        ("sft", "sampled", "all"), ("rl", "greedy", "all"), ("rl", "sampled", "all")]
+    s = one(res["summary"], policy="scripted")
     assert s["accuracy"] == scripted_acc and s["stopped_by_budget"] == 100.0 - scripted_acc and s["num_tasks"] == 12.0
     if method == "fold":
         assert s["peak_context_tokens"] <= budget  # the budget is the largest fold peak on these tasks
-    ref = res["reference"]["react_unbounded"]
+    ref = one(res["summary"], policy="react_unbounded")
     assert ref["accuracy"] == 100.0 and ref["peak_context_tokens"] > budget  # the unmanaged agent passes it
     for policy in ("sft", "rl"):
         for mode in ("greedy", "sampled"):
-            r = res[policy][mode]
+            r = one(res["summary"], policy=policy, decoding=mode)
             assert r["num_tasks"] == 4.0 and (r["accuracy"] / 25).is_integer()  # 4 tasks: steps of 25 points
             assert r["peak_context_tokens"] <= budget
 
@@ -110,25 +116,34 @@ def test_fold_no_process_reuses_folds_cold_start_and_window_its_warmup(tmp_path,
     assert f"the cold start of {fold}" in capsys.readouterr().out
     a, f = (json.loads((d / "results.json").read_text()) for d in (ablation, fold))
     assert (ablation / "sft" / "model.safetensors").read_bytes() == (fold / "sft" / "model.safetensors").read_bytes()
-    for key in ("sft", "sft_losses", "copy_warmup_losses", "scripted", "demonstrator", "reference", "budget"):
-        assert a[key] == f[key], key
-    assert a["sft_from"] == str(fold) and f["sft_from"] == ""
-    assert a["process_rewards"] == [] and len(a["rl_history"]["reward/mean"]) == 2
+    assert a["losses"] == f["losses"] and a["heldout_sha256"] == f["heldout_sha256"]
+    for key in ("cold_start", "budget"):
+        assert a["facts"][key] == f["facts"][key], key
+    # fold's scripted, unbounded and SFT rows (its eval_rows files, copied), not evaluated again
+    assert a["summary"][:4] == f["summary"][:4] and [r["policy"] for r in a["summary"][:4]] == [
+        "react_unbounded", "scripted", "sft", "sft"]
+    for policy in ("react_unbounded", "scripted", "sft"):
+        rows = f"eval_rows/{policy}.jsonl"
+        assert (ablation / rows).read_bytes() == (fold / rows).read_bytes(), rows
+    assert a["config"]["sft_from"] == str(fold) and f["config"]["sft_from"] == ""
+    assert a["facts"]["process_rewards"] == [] and f["facts"]["process_rewards"] == ["unfolded", "scope", "failure"]
+    assert len(a["history"]) == 2
     assert "sft_s" not in a["timings"] and "sft_s" in f["timings"]
 
     assert main(["demo", "--agent", "context", "--out", str(window), "method=window", f"warmup_from={fold}",
                  *TOY, "sft.max_rows=10"]) == 0
     assert f"copy warm-up: the 3 steps of {fold}" in capsys.readouterr().out
     w = json.loads((window / "results.json").read_text())
-    assert w["copy_warmup_losses"] == f["copy_warmup_losses"]
+    assert w["losses"]["copy_warmup"] == f["losses"]["copy_warmup"]
     assert ((window / "copy_warmup" / "model.safetensors").read_bytes()
             == (fold / "copy_warmup" / "model.safetensors").read_bytes())
     # sft.max_rows=10 trains the first 10 of its rows: ceil(10 / 8) = 2 steps of one epoch
-    assert w["demonstrator"]["rows_trained"] == 10 and len(w["sft_losses"]) == 2
-    assert w["demonstrator"]["rows"] == sum(w["demonstrator"]["rows_per_task"]) > 10
+    wd, fd = w["facts"]["cold_start"], f["facts"]["cold_start"]
+    assert wd["rows_trained"] == 10 and len(w["losses"]["sft"]) == 2
+    assert wd["rows"] == sum(wd["rows_per_task"]) > 10
     # its own cold start (the search agent through the window), not fold's 6 rows per task
-    assert w["workflow"]["name"] == "sliding_window" and w["demonstrator"]["rows_per_task"] != f["demonstrator"][
-        "rows_per_task"] and w["sft_from"] == ""
+    assert w["train"]["workflow"]["name"] == "sliding_window" and wd["rows_per_task"] != fd["rows_per_task"]
+    assert w["config"]["sft_from"] == ""
 
     # a run written before a field existed counts as having its default: drop sft.max_rows from fold's config
     cfg_path = fold / "demo_config.yaml"

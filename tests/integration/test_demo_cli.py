@@ -40,13 +40,22 @@ def test_demo_writes_every_output(demo):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def stages(res: dict) -> dict:
+    """policy -> length -> decoding -> summary row, of results.json's summary rows (the one layout)."""
+    out: dict = {}
+    for s in res["summary"]:
+        out.setdefault(s["policy"], {}).setdefault(s["bucket"], {})[s["decoding"]] = s
+    return out
+
+
 def test_printed_table_is_results_json(demo):
     out, printed = demo
     res = json.loads((out / "results.json").read_text())
     table = (out / "results.md").read_text()
     assert table in printed
-    assert res["lengths"] == [2, 4] and len(res["rl_reward"]) == 2 and res["recipe"]["p_aware"] == 0.5
-    st = res["stages"]
+    assert res["facts"] == {"lengths": [2, 4]} and len(res["history"]) == 2 and res["config"]["sft"]["p_aware"] == 0.5
+    assert res["train"]["data"]["synthetic"] == {"num_chunks": 2, "min_chunks": 1, "chunk_words": 8}
+    st = stages(res)
     assert sorted(st) == ["demonstrator", "rl", "sft"]
     for n in ("2", "4"):
         assert set(st["demonstrator"][n]) == {"sampled"} and set(st["sft"][n]) == set(st["rl"][n]) == {"greedy", "sampled"}
@@ -66,11 +75,11 @@ def test_printed_table_is_results_json(demo):
                f"{s['greedy']['accuracy']:.1f} ± {s['greedy']['se']:.1f} | "
                f"{g['greedy']['accuracy']:.1f} ± {g['greedy']['se']:.1f} | {gg} |")
         assert row in table.splitlines()
-        ret = (f"| {n} | {s['greedy']['metrics']['answer_seen']:.1f}% | {s['greedy']['metrics']['answer_kept']:.1f}% | "
-               f"{g['greedy']['metrics']['answer_seen']:.1f}% | {g['greedy']['metrics']['answer_kept']:.1f}% |")
+        ret = (f"| {n} | {s['greedy']['answer_seen']:.1f}% | {s['greedy']['answer_kept']:.1f}% | "
+               f"{g['greedy']['answer_seen']:.1f}% | {g['greedy']['answer_kept']:.1f}% |")
         assert ret in table.splitlines()
         for r in (s["greedy"], g["greedy"]):  # a memory that ends with the answer held it at some call
-            assert r["metrics"]["answer_kept"] <= r["metrics"]["answer_seen"]
+            assert r["answer_kept"] <= r["answer_seen"]
 
 
 def test_sampled_evaluation_is_seeded_and_reproducible(demo):
@@ -133,11 +142,13 @@ def test_reading_rows_answer_from_the_whole_document(tmp_path):
 
 def test_results_json_is_computed_from_the_rows(demo):
     """Each policy's evaluation rows (eval_rows/<policy>.jsonl: one per trajectory, with policy, decoding, bucket,
-    seed and held-out digest) give results.json's entries exactly (memrl.eval.evaluator.eval_record)."""
+    seed and held-out digest) give results.json's summary rows exactly: memrl.eval.evaluator.eval_record's
+    numbers, flat (memrl.recipes.memagent.FIELDS)."""
     from memrl.eval.evaluator import DEFAULT_METRICS, ROW_COLUMNS, eval_record, group_rows
 
     out, _ = demo
-    st = json.loads((out / "results.json").read_text())["stages"]
+    res = json.loads((out / "results.json").read_text())
+    st = stages(res)
     digests = set()
     for stage in ("demonstrator", "sft", "rl"):
         rows = [json.loads(x) for x in (out / "eval_rows" / f"{stage}.jsonl").read_text().splitlines()]
@@ -149,6 +160,10 @@ def test_results_json_is_computed_from_the_rows(demo):
         assert [(str(n), m) for n, m in cells] == [(n, m) for n, modes in st[stage].items() for m in modes]
         for (n, mode), rs in cells.items():
             want = st[stage][str(n)][mode]
-            got = eval_record(rs, want["samples"], want["temperature"], want["seconds"], DEFAULT_METRICS)
+            rec = eval_record(rs, want["samples"], 0.0 if mode == "greedy" else 1.0, 0.0, DEFAULT_METRICS)
+            got = {"policy": stage, "decoding": mode, "bucket": str(n), "accuracy": rec["accuracy"], "se": rec["se"],
+                   "num_tasks": rec["num_tasks"], "samples": rec["samples"], **rec["metrics"],
+                   "per_task": rec["per_task"]}
             assert json.loads(json.dumps(got)) == want, (stage, n, mode)
-    assert len(digests) == 1 and len(digests.pop()) == 64  # the same held-out tasks for every policy
+    assert len(digests) == 1 and len(d := digests.pop()) == 64  # the same held-out tasks for every policy
+    assert res["heldout_sha256"] == [d]

@@ -30,14 +30,17 @@ def test_memagent_seeds_end_to_end(tmp_path, capsys):
     assert table in printed
     assert "ATEN_CPU_CAPABILITY=default: mean ± sd over training seeds 0, 1 (n = 2)" in table
     res = [json.loads((out / "default" / f"seed{k}" / "results.json").read_text()) for k in (0, 1)]
-    assert res[0]["sft_losses"] != res[1]["sft_losses"]  # the seed changes the training ...
-    for n in ("2", "4"):  # ... not the held-out tasks: the scripted demonstrator scores the same on each
-        d0, d1 = (r["stages"]["demonstrator"][n]["sampled"] for r in res)
+    def row(r: dict, policy: str, n: str) -> dict:  # a summary row of results.json's one layout
+        return next(s for s in r["summary"] if (s["policy"], s["decoding"], s["bucket"]) == (policy, "sampled", n))
+
+    assert res[0]["losses"]["sft"] != res[1]["losses"]["sft"]  # the seed changes the training ...
+    assert res[0]["heldout_sha256"] == res[1]["heldout_sha256"]  # ... not the held-out tasks
+    for n in ("2", "4"):  # the scripted demonstrator scores the same on each
+        d0, d1 = (row(r, "demonstrator", n) for r in res)
         assert (d0["accuracy"], d0["per_task"]) == (d1["accuracy"], d1["per_task"])
     agg = json.loads((out / "seeds_results.json").read_text())
     cell = agg["capabilities"]["default"]["cells"]["sampled"]["2"]["gain_accuracy"]  # decoding -> length -> cell
-    assert cell["values"] == [r["stages"]["rl"]["2"]["sampled"]["accuracy"] - r["stages"]["sft"]["2"]["sampled"]
-                              ["accuracy"] for r in res]
+    assert cell["values"] == [row(r, "rl", "2")["accuracy"] - row(r, "sft", "2")["accuracy"] for r in res]
     mtimes = [(out / "default" / f"seed{k}" / "results.json").stat().st_mtime_ns for k in (0, 1)]
     assert main(argv) == 0
     assert capsys.readouterr().out.count("finished before, kept") == 2

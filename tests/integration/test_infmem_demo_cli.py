@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from memrl.cli import main
+from memrl.eval.fields import one
 
 pytestmark = pytest.mark.slow
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
@@ -48,19 +49,26 @@ def test_infmem_demo_runs_every_stage(runs, method, rows_per_task, scripted):
                  "rl/checkpoints/step_000002/model.safetensors", "data/heldout_tasks.jsonl", "init/config.json"):
         assert (out / name).is_file(), name
     res = json.loads((out / "results.json").read_text())
-    assert res["method"] == method and res["workflow"]["name"] == method and res["algorithm"] == "grpo"
-    assert res["train_chunks"] == 8 and res["lengths"] == [8, 16] and res["eval_tasks"] == 4
-    assert res["demonstrator"] == {"rows": 6 * rows_per_task, "rows_per_task": [rows_per_task] * 6}
+    train, facts = res["train"], res["facts"]
+    assert res["method"] == method and train["workflow"]["name"] == method and train["algorithm"]["name"] == "grpo"
+    assert train["data"]["synthetic"]["num_chunks"] == 8 and facts["lengths"] == [8, 16]
+    assert res["config"]["eval"]["num_tasks"] == 4
+    cold = facts["cold_start"]
+    assert {k: cold[k] for k in ("rows", "rows_per_task")} == {"rows": 6 * rows_per_task,
+                                                                 "rows_per_task": [rows_per_task] * 6}
     # 6 tasks x rows_per_task rows in batches of 8, one epoch: 24 rows -> 3 steps, 54 rows -> 7 steps
-    assert len(res["sft_losses"]) == -(-6 * rows_per_task // 8)
-    assert len(res["rl_history"]["reward/mean"]) == 2 and res["copy_warmup_losses"] == []
-    s = res["scripted"]
+    assert len(res["losses"]["sft"]) == -(-6 * rows_per_task // 8)
+    assert len(res["history"]) == 2 and res["losses"]["copy_warmup"] == []
+    s = cold["summary"]
     assert s["accuracy"] == 100.0 and s["num_tasks"] == 6.0 and s["chunks"] == 8.0
     assert {k: s[k] for k in scripted} == scripted
+    # the summary rows in evaluation order: per length, greedy then sampled
+    assert [(r["policy"], r["bucket"], r["decoding"]) for r in res["summary"]] == [
+        (p, n, m) for p in ("sft", "rl") for n in ("8", "16") for m in ("greedy", "sampled")]
     for policy in ("sft", "rl"):
         for n in (8, 16):
             for mode in ("greedy", "sampled"):
-                r = res[policy][str(n)][mode]
+                r = one(res["summary"], policy=policy, decoding=mode, bucket=str(n))
                 assert r["num_tasks"] == 4.0 and (r["accuracy"] / 25).is_integer()  # 4 tasks: steps of 25 points
                 assert r["chunks"] == n
                 if method == "memagent":  # reads everything: n memory calls + the final
@@ -99,10 +107,12 @@ def test_infmem_demo_refuses_bad_config_in_one_line(tmp_path, capsys, overrides,
 
 
 def _fake(method: str, seed: int, acc: float, calls: float, sha: str = "abc") -> dict:
-    cell = {"accuracy": acc, "model_calls": calls, "chunks_read": calls - 1}
-    return {"method": method, "lengths": [8], "eval_tasks": 100, "train_chunks": 8, "heldout_sha256": sha,
-            "sft": {"8": {"greedy": cell, "sampled": cell}},
-            "rl": {"8": {"greedy": {**cell, "accuracy": acc + 10}, "sampled": cell}}}
+    cell = {"bucket": "8", "accuracy": acc, "model_calls": calls, "chunks_read": calls - 1}
+    return {"method": method, "config": {"eval": {"num_tasks": 100}},
+            "train": {"data": {"synthetic": {"num_chunks": 8}}}, "facts": {"lengths": [8]}, "heldout_sha256": [sha],
+            "summary": [{"policy": "sft", "decoding": "greedy", **cell}, {"policy": "sft", "decoding": "sampled", **cell},
+                        {"policy": "rl", "decoding": "greedy", **cell, "accuracy": acc + 10},
+                        {"policy": "rl", "decoding": "sampled", **cell}]}
 
 
 def _write(root: Path, method: str, seed: int, res: dict) -> None:
@@ -143,11 +153,11 @@ def test_infmem_seeds_end_to_end(tmp_path, capsys):
     assert table in capsys.readouterr().out
     assert "mean ± sd over training seeds 0, 1 (n = 2)" in table and "| RL - SFT | sampled | 16 |" in table
     res = [json.loads((out / "native" / f"seed{k}" / "results.json").read_text()) for k in (0, 1)]
-    assert res[0]["sft_losses"] != res[1]["sft_losses"]  # the seed changes the training, not the held-out tasks
+    assert res[0]["losses"]["sft"] != res[1]["losses"]["sft"]  # the seed changes the training, not the held-out tasks
     assert res[0]["heldout_sha256"] == res[1]["heldout_sha256"]
     marker = json.loads((out / "native" / "seed1" / "sweep_run.json").read_text())
     assert marker["overrides"][-4:] == ["seed=1", "sft.seed=501", "train.data.seed=1001", "train.trainer.seed=1"]
     agg = json.loads((out / "seeds_results.json").read_text())
     cell = agg["capabilities"]["native"]["cells"]["greedy"]["8"]["gain_model_calls"]  # decoding -> length -> cell
-    assert cell["values"] == [r["rl"]["8"]["greedy"]["model_calls"] - r["sft"]["8"]["greedy"]["model_calls"]
-                              for r in res]
+    assert cell["values"] == [one(r["summary"], policy="rl", decoding="greedy", bucket="8")["model_calls"]
+                              - one(r["summary"], policy="sft", decoding="greedy", bucket="8")["model_calls"] for r in res]

@@ -5,6 +5,7 @@ on top of it) reads two seeds' runs."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -12,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from memrl.cli import main
-from memrl.recipes.lookback import RECIPE
 from memrl.recipes.seeds import base_seeds, seed_overrides
 
 pytestmark = pytest.mark.slow
@@ -38,6 +38,14 @@ def results(root: Path, arm: str, seed: int = 0) -> dict:
     return json.loads((root / arm / "native" / f"seed{seed}" / "results.json").read_text())
 
 
+def view(res: dict) -> dict:
+    """policy -> decoding -> bucket -> summary row, of results.json's summary rows."""
+    out: dict = {}
+    for s in res["summary"]:
+        out.setdefault(s["policy"], {}).setdefault(s["decoding"], {})[s["bucket"]] = s
+    return out
+
+
 @pytest.mark.parametrize("arm", ["memagent", "rememr1"])
 def test_every_stage_ran_and_results_hold_the_one_schema(root, arm):
     out = root / arm / "native" / "seed0"
@@ -46,10 +54,13 @@ def test_every_stage_ran_and_results_hold_the_one_schema(root, arm):
                  "rl/checkpoints/step_000001/model.safetensors", "eval/oracle/results.jsonl", "eval/rl/results.jsonl"):
         assert (out / name).is_file(), name
     res = results(root, arm)
-    assert res["method"] == arm and res["workflow"]["name"] == arm
-    assert res["algorithm"] == {"memagent": "grpo", "rememr1": "rememr1"}[arm]
-    assert res["streams"] == {"rl": 1, "sft": 2} and res["lengths"] == [2, 4]
-    view = RECIPE.evals(res)
+    assert res["recipe"] == "lookback" and res["method"] == arm and res["train"]["workflow"]["name"] == arm
+    assert res["train"]["algorithm"] == {"name": {"memagent": "grpo", "rememr1": "rememr1"}[arm]}
+    assert res["facts"]["streams"] == {"rl": 1, "sft": 2} and res["config"]["eval"]["lengths"] == [2, 4]
+    # the rows' held-out digests: the SHA-256 of each length's file, in length order
+    assert res["heldout_sha256"] == [hashlib.sha256((out / f"data/eval_{n}.json").read_bytes()).hexdigest()
+                                     for n in (2, 4)]
+    view = globals()["view"](res)
     policies = ["oracle", "sft", "rl"] + (["rl_norecall"] if arm == "rememr1" else [])
     assert sorted(view) == sorted(policies)
     for p in policies:
@@ -66,11 +77,11 @@ def test_every_stage_ran_and_results_hold_the_one_schema(root, arm):
     assert all(s["accuracy"] == 100.0 for s in view["oracle"]["greedy"].values()) or arm == "memagent"
     # the cold start: both workflows' traces of the 4 SFT tasks (4 pieces: 4 memory rows + the final), recall
     # steps x3; one epoch of 32-row batches
-    d = res["demonstrator"]
+    d = res["facts"]["cold_start"]
     assert d["memagent"] == {"rows": 20, "recall_steps": 0, "accuracy": d["memagent"]["accuracy"]}
     assert d["rememr1"]["rows"] == 20 + 2 * d["rememr1"]["recall_steps"] and d["rememr1"]["accuracy"] == 100.0
-    assert len(res["sft_losses"]) == -(-(d["memagent"]["rows"] + d["rememr1"]["rows"]) // 32)
-    assert len(res["rl_history"]["reward/mean"]) == 1 and res["copy_warmup_losses"] == []
+    assert len(res["losses"]["sft"]) == -(-(d["memagent"]["rows"] + d["rememr1"]["rows"]) // 32)
+    assert len(res["history"]) == 1 and res["losses"]["copy_warmup"] == []
 
 
 def test_both_arms_cold_starts_are_one_checkpoint(root):
@@ -79,11 +90,11 @@ def test_both_arms_cold_starts_are_one_checkpoint(root):
                  "data/eval_4.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     ra, rb = results(root, "memagent"), results(root, "rememr1")
-    assert ra["sft_losses"] == rb["sft_losses"] and ra["demonstrator"] == rb["demonstrator"]
+    assert ra["losses"]["sft"] == rb["losses"]["sft"] and ra["facts"]["cold_start"] == rb["facts"]["cold_start"]
     # seed 1 shifts the task streams by 2 and trains another cold start
     r1 = results(root, "rememr1", 1)
-    assert r1["streams"] == {"rl": 3, "sft": 4} and r1["heldout_sha256"] == rb["heldout_sha256"]
-    assert r1["sft_losses"] != rb["sft_losses"]
+    assert r1["facts"]["streams"] == {"rl": 3, "sft": 4} and r1["heldout_sha256"] == rb["heldout_sha256"]
+    assert r1["losses"]["sft"] != rb["losses"]["sft"]
 
 
 def test_the_sweep_aggregates_two_seeds_and_the_benchmark_compares_the_arms(root, capsys):
@@ -91,7 +102,7 @@ def test_the_sweep_aggregates_two_seeds_and_the_benchmark_compares_the_arms(root
                  "method=rememr1", *TOY]) == 0
     agg = json.loads((root / "rememr1" / "seeds_results.json").read_text())["capabilities"]["native"]
     assert agg["seeds"] == [0, 1] and agg["buckets"] == ["2", "4", "all"] and agg["method"] == "rememr1"
-    r = [results(root, "rememr1", k) for k in (0, 1)]
+    r = [view(results(root, "rememr1", k)) for k in (0, 1)]
     c = agg["cells"]["greedy"]["4"]
     for p in ("sft", "rl", "rl_norecall"):
         assert c[f"{p}_accuracy"]["values"] == [x[p]["greedy"]["4"]["accuracy"] for x in r]
@@ -104,7 +115,7 @@ def test_the_sweep_aggregates_two_seeds_and_the_benchmark_compares_the_arms(root
     # the benchmark on seed 0 of both arms (nothing run again)
     assert bench.main(["--out", str(root), "--seeds", "0", "--aggregate-only", *TOY]) == 0
     text = (root / "compare.md").read_text()
-    ma, rm = results(root, "memagent"), r[0]
+    ma, rm = view(results(root, "memagent")), r[0]
     assert (f"| rl_memagent | {ma['rl']['greedy']['2']['accuracy']:.1f} ± n/a | "
             f"{ma['rl']['greedy']['4']['accuracy']:.1f} ± n/a | - | - |") in text
     gap = rm["rl"]["greedy"]["4"]["accuracy"] - ma["rl"]["greedy"]["4"]["accuracy"]

@@ -11,6 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from memrl.cli import main
+from memrl.eval.fields import one
 
 pytestmark = pytest.mark.slow
 
@@ -31,32 +32,36 @@ def test_mem1_demo_runs_every_stage(tmp_path, capsys, method, context):
         assert (out / name).is_file(), name
     res = json.loads((out / "results.json").read_text())
     assert (out / "results.md").read_text() in capsys.readouterr().out
-    assert res["method"] == method and res["workflow"]["context"] == context and res["algorithm"] == "grpo"
-    assert res["objectives"] == [2, 4, 8, 16] and res["train_objectives"] == list(range(2, 17))
-    assert len(res["copy_warmup_losses"]) == 3 and len(res["rl_history"]["reward/mean"]) == 2
+    train, cfg = res["train"], res["config"]
+    assert res["method"] == method and train["workflow"]["context"] == context and train["algorithm"]["name"] == "grpo"
+    assert cfg["eval"]["objectives"] == [2, 4, 8, 16] and cfg["task"]["sub_questions"] == list(range(2, 17))
+    assert len(res["losses"]["copy_warmup"]) == 3 and len(res["history"]) == 2
     # 2 held-out tasks per k, k objectives each: 8 lines of data/heldout_tasks.jsonl, k = 2, 2, 4, 4, 8, 8, 16, 16
     held = [json.loads(line) for line in (out / "data" / "heldout_tasks.jsonl").read_text().splitlines()]
     assert [len(t["meta"]["sub_questions"]) for t in held] == [2, 2, 4, 4, 8, 8, 16, 16]
     # the oracle: one search per objective, then the answer, one row per turn -> k + 1 rows per task
-    d = res["demonstrator"]
+    d = res["facts"]["cold_start"]
     ks = d["objectives_per_task"]
     assert len(ks) == 6 and set(ks) <= set(range(2, 17))
     assert d["rows_per_task"] == [k + 1 for k in ks] and d["rows"] == sum(ks) + 6
     assert d["summary"]["accuracy"] == 100.0
-    assert len(res["sft_losses"]) == math.ceil(d["rows"] / 8)  # one epoch in batches of 8 rows
-    scripted = res["scripted"]["greedy"]
+    assert len(res["losses"]["sft"]) == math.ceil(d["rows"] / 8)  # one epoch in batches of 8 rows
+    # the summary rows in evaluation order: the scripted oracle per k, then per k greedy and sampled
+    assert [(r["policy"], r["decoding"], r["bucket"]) for r in res["summary"]] == [
+        ("scripted", "greedy", k) for k in ("2", "4", "8", "16")] + [
+        (p, m, k) for p in ("sft", "rl") for k in ("2", "4", "8", "16") for m in ("greedy", "sampled")]
     for k in (2, 4, 8, 16):
-        s = scripted[str(k)]
+        s = one(res["summary"], policy="scripted", bucket=str(k))
         assert (s["accuracy"], s["turns"], s["answered"], s["num_tasks"]) == (100.0, k + 1, 100.0, 2.0)
+    pos = res["facts"]["positions"]
     for policy in ("sft", "rl"):
         for mode in ("greedy", "sampled"):
             for k in ("2", "4", "8", "16"):
-                r = res[policy][mode][k]
+                r = one(res["summary"], policy=policy, decoding=mode, bucket=k)
                 assert r["num_tasks"] == 2.0 and (r["accuracy"] / 50).is_integer()  # 2 tasks: steps of 50 points
                 # workflow.max_turns 17 (preset mem1_cpu); a context never passes the model's positions
-                assert 1 <= r["turns"] <= 17 and r["peak_context_tokens"] <= res["positions"]["max_positions"]
-    pos = res["positions"]
-    assert pos["max_positions"] == 1024 and pos["max_context_tokens"] == res["workflow"]["max_context_tokens"] == 928
+                assert 1 <= r["turns"] <= 17 and r["peak_context_tokens"] <= pos["max_positions"]
+    assert pos["max_positions"] == 1024 and pos["max_context_tokens"] == train["workflow"]["max_context_tokens"] == 928
     assert pos["full_history_scripted_prompt"] <= 928 and pos["full_history_scripted_peak"] <= 1024
 
 

@@ -28,19 +28,23 @@ def test_memact_demo_writes_table_json_and_plot(tmp_path, capsys):
     res = json.loads((out / "results.json").read_text())
     table = (out / "results.md").read_text()
     assert table in capsys.readouterr().out
-    assert len(res["copy_warmup_losses"]) == 3
-    assert len(res["rl"]["reward/mean"]) == 2 and res["budget"]["eval_tasks"] == 8
-    for label, key in (("cold start (SFT)", "sft"), ("SFT + DCPO", "dcpo")):
-        for dec in ("greedy", "sampled"):
-            r = res[key][dec]
-            assert r["num_tasks"] == 8 and (r["accuracy"] / 12.5).is_integer()  # 8 tasks: steps of 12.5 points
-            assert r["peak_context_tokens"] <= res["budget"]["max_context_tokens"] + 0.0
-            row = (f"| {label} | {dec} | {r['accuracy']:.1f} | {r['accuracy_se']:.1f} | "
-                   f"{r.get('accuracy_2q', 0.0):.1f} | {r.get('accuracy_3q', 0.0):.1f} | {r['subq_accuracy']:.1f} | "
-                   f"{r['mean_context_tokens']:.1f} | {r['peak_context_tokens']:.1f} | {r['prunes_per_task']:.2f} | "
-                   f"{r['overflow']:.1f} |")
-            assert row in table
-    d = res["demonstrator"]
+    budget = res["facts"]["budget"]
+    assert len(res["losses"]["copy_warmup"]) == 3
+    assert len(res["history"]) == 2 and budget["eval_tasks"] == 8
+    assert [(r["policy"], r["decoding"], r["bucket"]) for r in res["summary"]] == [
+        (p, d, "all") for p in ("sft", "rl") for d in ("greedy", "sampled")]
+    for label, r in zip(("cold start (SFT)",) * 2 + ("SFT + DCPO",) * 2, res["summary"], strict=True):
+        dec = r["decoding"]
+        assert r["num_tasks"] == 8 and (r["accuracy"] / 12.5).is_integer()  # 8 tasks: steps of 12.5 points
+        assert r["peak_context_tokens"] <= budget["max_context_tokens"] + 0.0
+        # the default tasks draw 2 or 3 sub-questions: one accuracy per count (None where no task has it)
+        q2, q3 = (0.0 if r[f"accuracy_{k}q"] is None else r[f"accuracy_{k}q"] for k in (2, 3))
+        row = (f"| {label} | {dec} | {r['accuracy']:.1f} | {r['accuracy_se']:.1f} | "
+               f"{q2:.1f} | {q3:.1f} | {r['subq_accuracy']:.1f} | "
+               f"{r['mean_context_tokens']:.1f} | {r['peak_context_tokens']:.1f} | {r['prunes_per_task']:.2f} | "
+               f"{r['overflow']:.1f} |")
+        assert row in table
+    d = res["facts"]["cold_start"]["summary"]
     assert 0.0 <= d["overflow"] < 100.0 and d["accuracy"] + d["overflow"] <= 100.0 + 1e-9
     png = (out / "memact_results.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"

@@ -9,7 +9,8 @@ from typing import Any
 from memrl.config import MAX_COUNT, MAX_SEED, valid
 from memrl.data.synthetic import corpus_text, make_tasks, tasks_by_length
 from memrl.demonstrators.stages import mixture_demonstrator, record_demonstrations
-from memrl.eval.evaluator import eval_record, evaluate_rows
+from memrl.eval.evaluator import evaluate_rows
+from memrl.eval.fields import Field, accuracy, tasks
 from memrl.models.tiny import ModelPreset
 from memrl.recipes.parts import engine_eval
 from memrl.recipes.pipeline import EvalSettings, Recipe, RecipeRun, SFTSettings
@@ -38,16 +39,15 @@ class ToyRecipe(Recipe):
     config = ToyConfig
     seed_keys = (("seed", "demo"), ("sft.seed", "demo"), ("train.trainer.seed", "train"))
     task_seeds = ("sft.seed",)
-    # results.json, results.md and the seed sweep's table, declared (memrl.recipes.tables renders them)
-    results_json = {"sft": "evals.sft", "rl": "evals.rl", "demonstrator": "demo", "sft_losses": "sft_losses",
-                    "rl_reward": lambda run: [h["reward/mean"] for h in run.history], "timings": "timings"}
-    nesting = "bucket/decoding"  # results.json's policy -> length -> decoding -> summary
+    # the fields of its summary over rows (memrl.eval.fields), results.md's table and the seed sweep's table
+    fields = (Field("accuracy", accuracy()), Field("num_tasks", tasks()))
     table = RunTable((("accuracy (%)", "{accuracy:.1f}"),), (("SFT", "sft"), ("SFT + RL", "rl")), bucket="length")
     sweep = SweepTable((("accuracy (%)", "accuracy", 1),), bucket="length")
 
     def init(self, run: RecipeRun) -> None:
         syn, h = run.tcfg.data.synthetic, run.cfg.hidden_size
         run.extra["heldout"] = tasks_by_length(syn, [syn.num_chunks], run.cfg.eval.num_tasks, run.cfg.eval.seed)
+        run.facts["lengths"] = list(run.extra["heldout"])  # a run fact: results.json's facts
         shape = ModelPreset(2048, h, 2 * h, 1, 2, 1, max_position_embeddings=1024)
         run.tokenizer, run.model = init_model(run.out, shape, 2048, run.cfg.seed,
                                               lambda extra: corpus_text(seed=run.cfg.seed, extra=extra), chat=False)
@@ -60,16 +60,15 @@ class ToyRecipe(Recipe):
         rows = [s for g in groups for s in g.segments()]
         return rows, {"tasks": len(groups), "rows": len(rows)}
 
-    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: Any) -> Any:
+    def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: Any) -> list[dict[str, Any]]:
         return engine_eval(greedy_by_length, run, model, model_dir, run.extra["heldout"], policy=policy)
 
 
-def greedy_by_length(rollout: Any, wf_cfg: Any, tasks: dict[int, list[Any]], temperature: float, seed: int,
-                     **labels: Any) -> dict[str, dict[str, Any]]:
-    """length -> decoding -> summary: each length's greedy rows (the one evaluator; `labels` write them to
-    eval_rows/<policy>.jsonl) reduced to results.json's record (untimed)."""
-    return {str(n): {"greedy": eval_record(evaluate_rows(rollout, wf_cfg, ts, 1, 0.0, seed, bucket=n, **labels),
-                                           1, 0.0)} for n, ts in tasks.items()}
+def greedy_by_length(rollout: Any, wf_cfg: Any, by_length: dict[int, list[Any]], temperature: float, seed: int,
+                     **labels: Any) -> list[dict[str, Any]]:
+    """Each length's greedy rows (the one evaluator, the length their bucket; `labels` name the policy and write
+    them to eval_rows/<policy>.jsonl)."""
+    return [r for n, ts in by_length.items() for r in evaluate_rows(rollout, wf_cfg, ts, 1, 0.0, seed, bucket=n, **labels)]
 
 
 RECIPE = ToyRecipe()

@@ -48,11 +48,12 @@ def _write(root: Path, method: str, seed: str, acc_rl: float, peak_rl: float, un
 
     d = root / method / seed
     d.mkdir(parents=True)
-    res = {"method": method, "budget": {"max_context_tokens": budget, "eval_tasks": eval_tasks},
-           "reference": {"react_unbounded": _summary(100.0, unbounded)},
-           "sft": {"greedy": _summary(25.0, 300.0), "sampled": _summary(0.0, 200.0)},
-           "rl": {"greedy": _summary(acc_rl, peak_rl, branches=branches_rl, stopped=stopped_rl),
-                  "sampled": _summary(acc_rl / 2, peak_rl)}}
+    rows = [("react_unbounded", "greedy", _summary(100.0, unbounded)), ("sft", "greedy", _summary(25.0, 300.0)),
+            ("sft", "sampled", _summary(0.0, 200.0)),
+            ("rl", "greedy", _summary(acc_rl, peak_rl, branches=branches_rl, stopped=stopped_rl)),
+            ("rl", "sampled", _summary(acc_rl / 2, peak_rl))]
+    res = {"method": method, "facts": {"budget": {"max_context_tokens": budget, "eval_tasks": eval_tasks}},
+           "summary": [{"policy": p, "decoding": m, "bucket": "all", **s} for p, m, s in rows]}
     (d / "results.json").write_text(json.dumps(res))
 
 
@@ -140,7 +141,9 @@ def test_process_reward_ablation_is_paired_by_seed(tmp_path, capsys):
     # a fold_no_process run that did not start from the fold run's cold start
     p = tmp_path / "fold_no_process" / "seed1" / "results.json"
     res = json.loads(p.read_text())
-    res["sft"]["greedy"]["accuracy"] = 30.0
+    sft_greedy = res["summary"][1]
+    assert (sft_greedy["policy"], sft_greedy["decoding"]) == ("sft", "greedy")
+    sft_greedy["accuracy"] = 30.0
     p.write_text(json.dumps(res))
     with pytest.raises(SystemExit, match="fold/seed1 and fold_no_process/seed1 do not share a cold start"):
         mod.main(["--trained", str(tmp_path)])

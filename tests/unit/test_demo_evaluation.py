@@ -151,19 +151,21 @@ def test_one_task_records_se_0_and_row_means_are_exact():
 
 
 def test_summaries_need_one_trajectory_per_task():
-    from memrl.recipes.summaries import context_summary, mem1_summary, memact_summary
+    from memrl.eval.fields import summarize
+    from memrl.recipes import context, mem1, memact
     from memrl.types import Task
 
     rows = evaluate_rows(EngineRollout(None, _draw_spec()), MemAgentConfig(), [Task("t", "q", "c", ["a"])], 2, 1.0)
-    for summary in (memact_summary, context_summary, mem1_summary):
-        with pytest.raises(ValueError, match="2 rows for 1 tasks; one trajectory per task"):
-            summary(rows)
+    for who, fields in (("memact", memact.FIELDS), ("context", context.FIELDS), ("mem1", mem1.FIELDS)):
+        with pytest.raises(ValueError, match=f"{who}: 2 rows for 1 tasks; one trajectory per task"):
+            summarize(rows, fields)
 
 
 def test_reading_summary_scores_the_exact_match_outcome():
     """InfMem's reward mixes in early-stop and format terms: its accuracy is the outcome term (infmem_outcome);
     MemAgent's reward is the outcome. By hand over three tasks, one row each."""
-    from memrl.recipes.summaries import reading_summary
+    from memrl.eval.fields import summarize
+    from memrl.recipes.infmem import FIELDS
 
     rows = [
         {"task_id": "a", "reward": 0.9, "metrics": {"infmem_outcome": 0.0, "model_calls": 5.0, "memory_steps": 2.0,
@@ -172,11 +174,31 @@ def test_reading_summary_scores_the_exact_match_outcome():
                                                     "num_chunks": 4.0, "stopped": 0.0, "stop_step": 4.0}},
         {"task_id": "c", "reward": 1.0, "metrics": {"model_calls": 5.0, "memory_steps": 4.0, "num_chunks": 4.0}},
     ]
-    s = reading_summary(rows, seconds=1.5)
+    (s,) = summarize([{**r, "policy": "rl", "decoding": "greedy", "bucket": 4} for r in rows], FIELDS)
+    assert (s["policy"], s["decoding"], s["bucket"]) == ("rl", "greedy", "4")
     # outcomes 0, 1, 1: mean 2/3, sample sd sqrt(1/3), SE sqrt(1/3 / 3) = 1/3
     assert s["accuracy"] == pytest.approx(200 / 3) and s["accuracy_se"] == pytest.approx(100 / 3)
     assert (s["model_calls"], s["chunks_read"], s["chunks"]) == (19 / 3, 10 / 3, 4.0)
-    assert (s["stop_rate"], s["stop_step"], s["num_tasks"], s["seconds"]) == (100 / 3, 2.0, 3.0, 1.5)
+    assert (s["stop_rate"], s["stop_step"], s["num_tasks"]) == (100 / 3, 2.0, 3.0)
+
+
+def test_memact_accuracy_per_question_count_follows_the_tasks_counts():
+    """MemAct's summary has one accuracy per question count its config draws (memrl.recipes.memact.fields_for):
+    the mean reward of the rows with that many sub-questions, None where no row has it. By hand: rewards 1, 0
+    at 2 questions, 1 at 3."""
+    from memrl.eval.fields import summarize
+    from memrl.recipes.memact import FIELDS, fields_for
+
+    rows = [{"task_id": t, "policy": "sft", "decoding": "greedy", "bucket": "all", "reward": rew,
+             "metrics": {"multiq_questions": q, "peak_context_tokens": 10.0 * q}}
+            for t, rew, q in (("a", 1.0, 2.0), ("b", 0.0, 2.0), ("c", 1.0, 3.0))]
+    assert [f.name for f in fields_for([3, 2, 5])] == [f.name for f in FIELDS] + ["accuracy_2q", "accuracy_3q",
+                                                                                  "accuracy_5q"]
+    (s,) = summarize(rows, fields_for([3, 2, 5]))
+    assert (s["accuracy_2q"], s["accuracy_3q"], s["accuracy_5q"]) == (50.0, 100.0, None)
+    # 2 of 3 right: 66.7%, binomial SE sqrt(p (1 - p) / 3); the largest peak, the mean one
+    assert s["accuracy"] == pytest.approx(200 / 3) and s["accuracy_se"] == pytest.approx(100 * (2 / 27) ** 0.5)
+    assert (s["max_context_tokens"], s["peak_context_tokens"], s["num_tasks"]) == (30.0, 70 / 3, 3.0)
 
 
 def test_every_evaluation_is_rows_with_its_labels(tmp_path):
@@ -224,6 +246,9 @@ def test_one_bucket_evaluations_label_their_rows_all(tmp_path, method):
     """MemAct's and the context family's held-out evaluations have one bucket (no lengths): their rows say
     "all" (memrl.eval.evaluator.ROW_COLUMNS), the name the tables give a single or pooled bucket
     (memrl.recipes.tables.nested, the look-back demo's pooled summary), not 0, which reads as a length."""
+    from memrl.eval.fields import summarize
+    from memrl.recipes.context import FIELDS as context_fields
+    from memrl.recipes.memact import FIELDS as memact_fields
     from memrl.recipes.summaries import evaluate_context, evaluate_memact
     from memrl.types import Task, Trajectory
     from memrl.workflows import WorkflowSpec
@@ -234,14 +259,17 @@ def test_one_bucket_evaluations_label_their_rows_all(tmp_path, method):
         return Trajectory(task.task_id, "", [], metrics={"peak_context_tokens": 7.0}, info={"draw": rng.random()})
 
     cfg_cls, evaluate = (MemActConfig, evaluate_memact) if method == "memact" else (FoldConfig, evaluate_context)
+    FIELDS = memact_fields if method == "memact" else context_fields  # noqa: N806
     spec = WorkflowSpec("draw", run, cfg_cls, lambda task, traj: float(traj.info["draw"] >= 0.5))
     tasks = [Task(f"t{i}", "q", "c", ["a"]) for i in range(2)]
     path = tmp_path / "rows.jsonl"
     res = evaluate(EngineRollout(None, spec), cfg_cls(), tasks, 1.0, 9, policy="rl", heldout_sha256="d",
                    rows_to=path)
     rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+    assert rows == res
     assert [(r["task_id"], r["policy"], r["decoding"], r["bucket"], r["seed"]) for r in rows] == [
         ("t0", "rl", "greedy", "all", 9), ("t1", "rl", "greedy", "all", 9),
         ("t0", "rl", "sampled", "all", 9), ("t1", "rl", "sampled", "all", 9)]
-    assert sorted(res) == ["greedy", "sampled"] and res["greedy"]["num_tasks"] == 2.0
-    assert res["greedy"]["peak_context_tokens"] == 7.0
+    summary = summarize(res, FIELDS)
+    assert [(s["decoding"], s["bucket"], s["num_tasks"], s["peak_context_tokens"]) for s in summary] == [
+        ("greedy", "all", 2.0, 7.0), ("sampled", "all", 2.0, 7.0)]

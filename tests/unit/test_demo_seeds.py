@@ -200,13 +200,15 @@ def test_cell_bare_and_table_rows_by_decoding():
         "| A | greedy | 1.0 ± n/a |", "| B | greedy | 2.0 ± n/a |", "| A | sampled | 1.0 ± n/a |",
         "| B | sampled | 2.0 ± n/a |"]
 
-def memagent_result(sft_s: float, rl_s: float, sft_g: float, rl_g: float, eval_seed: int = 987654) -> dict:
-    def stage(s: float, g: float) -> dict:  # length 32 is length 8 minus 10 points
-        return {str(n): {"sampled": {"accuracy": s - d}, "greedy": {"accuracy": g - d}} for n, d in ((8, 0), (32, 10))}
-
-    return {"recipe": {"train_chunks": 8, "eval": {"seed": eval_seed, "num_tasks": 128}}, "lengths": [8, 32],
-            "stages": {"demonstrator": {"8": {"sampled": {"accuracy": 83.4}}, "32": {"sampled": {"accuracy": 44.7}}},
-                       "sft": stage(sft_s, sft_g), "rl": stage(rl_s, rl_g)}}
+def memagent_result(sft_s: float, rl_s: float, sft_g: float, rl_g: float, heldout: str = "h0") -> dict:
+    """A memagent results.json in the one layout: its summary rows (length 32 is length 8 minus 10 points)."""
+    rows = [{"policy": "demonstrator", "decoding": "sampled", "bucket": "8", "accuracy": 83.4},
+            {"policy": "demonstrator", "decoding": "sampled", "bucket": "32", "accuracy": 44.7}]
+    for policy, s, g in (("sft", sft_s, sft_g), ("rl", rl_s, rl_g)):
+        rows += [{"policy": policy, "decoding": mode, "bucket": str(n), "accuracy": a - d}
+                 for n, d in ((8, 0), (32, 10)) for mode, a in (("sampled", s), ("greedy", g))]
+    return {"recipe": "memagent", "method": "memagent", "train": {"data": {"synthetic": {"num_chunks": 8}}},
+            "facts": {"lengths": [8, 32]}, "heldout_sha256": [heldout], "summary": rows}
 
 
 def write_run(run: sw.Run, agent: str, res: dict) -> None:
@@ -270,10 +272,18 @@ def test_sweep_options_without_seeds_are_refused(capsys):
 def test_aggregate_refuses_runs_with_other_heldout_tasks(tmp_path):
     runs = sw.plan("memagent", tmp_path, [0, 1], ["avx2"], [])
     write_run(runs[0], "memagent", memagent_result(60, 90, 95, 100))
-    write_run(runs[1], "memagent", memagent_result(60, 90, 95, 100, eval_seed=1))
+    write_run(runs[1], "memagent", memagent_result(60, 90, 95, 100, heldout="h1"))
     with pytest.raises(UserError, match=r"seed1: evaluated other held-out tasks than .*seed0; runs with different "
                                         r"evaluations cannot be aggregated$"):
         sw.aggregate("memagent", runs)
+
+
+def one_layout(policies: dict, heldout: str = "h0", **entries) -> dict:
+    """A results.json in the one layout: {policy: {decoding: {bucket: summary}}} as its summary rows (in that
+    order), the held-out digest, and `entries` (facts, config ...)."""
+    rows = [{"policy": p, "decoding": d, "bucket": b, **s} for p, by_mode in policies.items()
+            for d, by_bucket in by_mode.items() for b, s in by_bucket.items()]
+    return {"heldout_sha256": [heldout], "summary": rows, **entries}
 
 
 def memact_result(sft_acc: float, rl_acc: float, sft_ctx: float, rl_ctx: float, budget: int) -> dict:
@@ -281,9 +291,9 @@ def memact_result(sft_acc: float, rl_acc: float, sft_ctx: float, rl_ctx: float, 
         return {"accuracy": acc, "accuracy_2q": acc + 10, "accuracy_3q": acc - 10, "mean_context_tokens": ctx,
                 "peak_context_tokens": ctx + 20, "prunes_per_task": acc / 100}
 
-    return {"sft": {d: summary(sft_acc, sft_ctx) for d in ("greedy", "sampled")},
-            "dcpo": {d: summary(rl_acc, rl_ctx) for d in ("greedy", "sampled")},
-            "budget": {"max_context_tokens": budget, "eval_tasks": 300}}
+    return one_layout({"sft": {d: {"all": summary(sft_acc, sft_ctx)} for d in ("greedy", "sampled")},
+                       "rl": {d: {"all": summary(rl_acc, rl_ctx)} for d in ("greedy", "sampled")}},
+                      facts={"budget": {"max_context_tokens": budget, "eval_tasks": 300}})
 
 
 def test_memact_aggregate_by_hand(tmp_path):
@@ -291,8 +301,6 @@ def test_memact_aggregate_by_hand(tmp_path):
     for r, res in zip(runs, (memact_result(40, 90, 100, 80, 120), memact_result(50, 80, 110, 70, 124)),
                       strict=True):
         write_run(r, "memact", res)
-        (r.out / "data").mkdir()
-        (r.out / "data" / "heldout_tasks.jsonl").write_text('{"id": "heldout-0"}\n')
     agg = sw.aggregate("memact", runs)
     g = agg["capabilities"]["avx512"]["cells"]["greedy"]["all"]
     assert g["gain_accuracy"]["values"] == [50, 30] and g["gain_mean_context_tokens"]["values"] == [-20, -40]
@@ -306,9 +314,17 @@ def test_memact_aggregate_by_hand(tmp_path):
     assert "| DCPO - SFT | greedy | +40.0 ± 14.1 | +40.0 ± 14.1 | +40.0 ± 14.1 | -30.0 ± 14.1 | -30.0 ± 14.1 | " \
            "+0.40 ± 0.14 |" in lines
     assert "Working-context budget (calibrated per run): 122.0 ± 2.8 tokens." in lines
-    (runs[1].out / "data" / "heldout_tasks.jsonl").write_text('{"id": "heldout-1"}\n')
+    (runs[1].out / "results.json").write_text(json.dumps({**memact_result(50, 80, 110, 70, 124),
+                                                          "heldout_sha256": ["h1"]}))
     with pytest.raises(UserError, match="evaluated other held-out tasks"):
         sw.aggregate("memact", runs)
+    # a question count no task of a run has (None in its summary) leaves that run out of the cell
+    res = memact_result(50, 80, 110, 70, 124)
+    res["summary"][0]["accuracy_3q"] = None  # sft greedy
+    (runs[1].out / "results.json").write_text(json.dumps(res))
+    g = sw.aggregate("memact", runs)["capabilities"]["avx512"]["cells"]["greedy"]["all"]
+    assert g["sft_accuracy_3q"]["values"] == [30] and g["rl_accuracy_3q"]["values"] == [80, 70]
+    assert g["gain_accuracy_3q"]["values"] == [50]
 
 
 def test_context_aggregate_by_hand(tmp_path):
@@ -318,11 +334,9 @@ def test_context_aggregate_by_hand(tmp_path):
 
     runs = sw.plan("context", tmp_path, [0, 1], ["native"], ["method=fold"])
     for r, (sft, rl) in zip(runs, ((20.0, 60.0), (30.0, 50.0)), strict=True):
-        write_run(r, "context", {"sft": {d: summary(sft, 400.0) for d in ("greedy", "sampled")},
-                                 "rl": {d: summary(rl, 440.0) for d in ("greedy", "sampled")},
-                                 "budget": {"max_context_tokens": 481, "eval_tasks": 200}})
-        (r.out / "data").mkdir()
-        (r.out / "data" / "heldout_tasks.jsonl").write_text('{"id": "heldout-0"}\n')
+        write_run(r, "context", one_layout({"sft": {d: {"all": summary(sft, 400.0)} for d in ("greedy", "sampled")},
+                                            "rl": {d: {"all": summary(rl, 440.0)} for d in ("greedy", "sampled")}},
+                                           facts={"budget": {"max_context_tokens": 481, "eval_tasks": 200}}))
     agg = sw.aggregate("context", runs)
     g = agg["capabilities"]["native"]["cells"]["greedy"]["all"]
     assert g["gain_accuracy"]["values"] == [40.0, 20.0] and g["gain_peak_context_tokens"]["values"] == [40.0, 40.0]
@@ -342,10 +356,9 @@ def test_mem1_aggregate_by_hand(tmp_path):
 
     runs = sw.plan("mem1", tmp_path, [0, 1], ["native"], ["method=mem1"])
     for r, (sft, rl) in zip(runs, ((20.0, 60.0), (30.0, 50.0)), strict=True):
-        write_run(r, "mem1", {"objectives": [2, 16], "sft": {d: by_k(sft, 10.0) for d in ("greedy", "sampled")},
-                              "rl": {d: by_k(rl, 12.0) for d in ("greedy", "sampled")}})
-        (r.out / "data").mkdir()
-        (r.out / "data" / "heldout_tasks.jsonl").write_text('{"id": "heldout-0"}\n')
+        write_run(r, "mem1", one_layout({"sft": {d: by_k(sft, 10.0) for d in ("greedy", "sampled")},
+                                         "rl": {d: by_k(rl, 12.0) for d in ("greedy", "sampled")}},
+                                        config={"eval": {"objectives": [2, 16]}}))
     agg = sw.aggregate("mem1", runs)
     g = agg["capabilities"]["native"]["cells"]["greedy"]["16"]
     assert g["rl_accuracy"]["values"] == [60.0, 50.0] and g["sft_peak_context_tokens"]["values"] == [160.0] * 2
@@ -369,11 +382,10 @@ def test_infmem_seeds_and_aggregate_by_hand(tmp_path):
 
     runs = sw.plan("infmem", tmp_path, [0, 1], ["native"], ["method=infmem"])
     for r, (sft, rl) in zip(runs, ((20.0, 60.0), (30.0, 50.0)), strict=True):
-        write_run(r, "infmem", {"method": "infmem", "lengths": [8, 128],
-                                "sft": {str(n): {d: summary(sft, 5.0) for d in ("greedy", "sampled")} for n in (8, 128)},
-                                "rl": {str(n): {d: summary(rl, 4.0) for d in ("greedy", "sampled")} for n in (8, 128)}})
-        (r.out / "data").mkdir()
-        (r.out / "data" / "heldout_tasks.jsonl").write_text('{"id": "heldout-0"}\n')
+        write_run(r, "infmem", one_layout({p: {d: {str(n): summary(acc, calls) for n in (8, 128)}
+                                               for d in ("greedy", "sampled")}
+                                           for p, acc, calls in (("sft", sft, 5.0), ("rl", rl, 4.0))},
+                                          method="infmem", facts={"lengths": [8, 128]}))
     agg = sw.aggregate("infmem", runs)
     row = agg["capabilities"]["native"]["cells"]["greedy"]["128"]
     assert row["gain_accuracy"]["values"] == [40.0, 20.0] and row["gain_model_calls"]["values"] == [-1.0, -1.0]
@@ -381,7 +393,8 @@ def test_infmem_seeds_and_aggregate_by_hand(tmp_path):
     # sd of two values a, b is |a - b| / sqrt(2): 10 -> 7.1, 20 -> 14.1; chunks read (4 - 1) / 2 = 1.5
     assert "| SFT + RL | sampled | 8 | 55.0 ± 7.1 | 4.00 ± 0.00 | 1.50 ± 0.00 | 1.00 ± 0.00 | 100.0 ± 0.0 |" in lines
     assert "| RL - SFT | greedy | 128 | +30.0 ± 14.1 | -1.00 ± 0.00 | -0.50 ± 0.00 | +0.00 ± 0.00 | +0.0 ± 0.0 |" in lines
-    (runs[1].out / "data" / "heldout_tasks.jsonl").write_text('{"id": "heldout-1"}\n')
+    res = json.loads((runs[1].out / "results.json").read_text())
+    (runs[1].out / "results.json").write_text(json.dumps({**res, "heldout_sha256": ["h1"]}))
     with pytest.raises(UserError, match="evaluated other held-out tasks"):
         sw.aggregate("infmem", runs)
 
@@ -488,4 +501,22 @@ def test_run_tables_write_mean_se_through_the_one_cell():
     assert tb.ACCURACY_SE(s) == cell(stats.recorded(62.04, 1.25)) == "62.0 ± 1.2"
     assert tb.mean_se("accuracy", "se", 2)(s) == "62.04 ± 0.35"
     t = tb.RunTable((("accuracy", tb.ACCURACY_SE), ("turns", "{turns:.1f}")), (("SFT", "sft"),))
-    assert t.render({"sft": {"greedy": s}}, "decoding").splitlines()[-1] == "| SFT | greedy | 62.0 ± 1.2 | 3.0 |"
+    row = {"policy": "sft", "decoding": "greedy", "bucket": "all", **s}
+    assert t.render({"summary": [row]}).splitlines()[-1] == "| SFT | greedy | 62.0 ± 1.2 | 3.0 |"
+
+
+def test_run_tables_render_summary_rows_decoding_major_with_defaults_for_none():
+    """A run table's rows are each policy's summary rows, decodings then buckets in first-seen order (an
+    evaluation that ran each bucket's greedy then sampled still shows all greedy rows first); a field a row
+    holds as None shows the table's default; title and notes read results.json's entries and its facts."""
+    rows = [{"policy": p, "decoding": d, "bucket": b, "acc": a, "q2": None if b == "1" else 5.0}
+            for p, a in (("rl", 2.0), ("sft", 1.0)) for b in ("1", "2") for d in ("greedy", "sampled")]
+    t = tb.RunTable((("acc", "{acc:.1f}"), ("2q", "{q2:.1f}")), (("SFT", "sft"), ("RL", "rl")), bucket="k",
+                    defaults={"q2": 0.0}, title="method {method}, budget {budget[tokens]}", notes=("n {n}",),
+                    values=lambda res: {"n": len(res["summary"])})
+    text = t.render({"method": "m", "facts": {"budget": {"tokens": 96}}, "summary": rows})
+    assert text.splitlines() == [
+        "method m, budget 96", "", "| policy | decoding | k | acc | 2q |", "|---|---|---:|---:|---:|",
+        "| SFT | greedy | 1 | 1.0 | 0.0 |", "| SFT | greedy | 2 | 1.0 | 5.0 |", "| SFT | sampled | 1 | 1.0 | 0.0 |",
+        "| SFT | sampled | 2 | 1.0 | 5.0 |", "| RL | greedy | 1 | 2.0 | 0.0 |", "| RL | greedy | 2 | 2.0 | 5.0 |",
+        "| RL | sampled | 1 | 2.0 | 0.0 |", "| RL | sampled | 2 | 2.0 | 5.0 |", "", "n 8"]

@@ -51,3 +51,23 @@ def test_one_seed_prints_the_mean_alone(tmp_path):
     text = b.aggregate(tmp_path, None)
     assert "| outcome | 8 | 80.0 | 50.0 | 100 | 0.0 |" in text
     assert "over seeds [], percentage points" in text and "| 8 | | |" in text  # no seed has both arms
+
+
+def test_the_start_row_is_the_from_demos_sft_summary(tmp_path):
+    """--from: the demo's results.json (the one layout) gives the SFT row, its summary rows of policy sft at the
+    run's lengths; a results.json of the old layout is refused in one line."""
+    import pytest
+
+    b = _bench()
+    _run(tmp_path / "out", "outcome", 0, 80.0, 50.0, 100.0, 0.0)
+    src = tmp_path / "demo"
+    src.mkdir()
+    summary = [{"policy": p, "decoding": m, "bucket": n, "accuracy": acc}
+               for p, n, m, acc in (("sft", "8", "greedy", 62.5), ("sft", "8", "sampled", 41.25),
+                                    ("rl", "8", "greedy", 99.0), ("sft", "16", "greedy", 3.0))]
+    (src / "results.json").write_text(json.dumps({"summary": summary}))
+    text = b.aggregate(tmp_path / "out", src)
+    assert "| SFT (start, from --from) | 8 | 62.5 | 41.2 | | |" in text
+    (src / "results.json").write_text(json.dumps({"stages": {"sft": {}}}))
+    with pytest.raises(SystemExit, match="results.json has no summary rows"):
+        b.aggregate(tmp_path / "out", src)

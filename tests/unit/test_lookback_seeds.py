@@ -1,5 +1,5 @@
 """The look-back comparison over seeds: hand-made per-seed results.json -> the one aggregation (memrl.recipes.seeds.
-cells through memrl.recipes.lookback's results schema) -> benchmarks/lookback_compare.py's exact mean ± sd, paired
+cells of the runs' summary rows) -> benchmarks/lookback_compare.py's exact mean ± sd, paired
 gaps and goal checks; the task streams never hit the held-out seeds."""
 
 from __future__ import annotations
@@ -20,18 +20,17 @@ lc = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(lc)
 
 
-def by_length(em8: float, em16: float, rr: float = 0.0, hr: float | None = None) -> dict:
+def by_length(policy: str, em8: float, em16: float, rr: float = 0.0, hr: float | None = None) -> list[dict]:
+    """A policy's greedy summary rows: lengths 8 and 16, and pooled."""
     s = {"recall_rate": rr, "callback_hit_rate": hr}
-    return {"8": {"accuracy": em8, **s}, "16": {"accuracy": em16, **s}, "all": {"accuracy": (em8 + em16) / 2, **s}}
+    return [{"policy": policy, "decoding": "greedy", "bucket": b, "accuracy": a, **s}
+            for b, a in (("8", em8), ("16", em16), ("all", (em8 + em16) / 2))]
 
 
 def result(rl: tuple, norecall: tuple | None = None, oracle: tuple | None = None) -> dict:
-    res = {"sft": {"greedy": by_length(0, 0)}, "rl": {"greedy": by_length(*rl)}}
-    if norecall is not None:
-        res["rl_norecall"] = {"greedy": by_length(*norecall)}
-    if oracle is not None:
-        res["oracle"] = {"greedy": by_length(*oracle)}
-    return res
+    """A results.json in the one layout: its summary rows."""
+    return {"summary": [*(by_length("oracle", *oracle) if oracle else []), *by_length("sft", 0, 0),
+                        *by_length("rl", *rl), *(by_length("rl_norecall", *norecall) if norecall else [])]}
 
 
 def entry(results: list[dict]) -> dict:

@@ -23,14 +23,16 @@ def _bench():
 
 def _result(method: str, acc2: float, peak2: float, acc16: float, peak16: float, sha: str = "abc",
             train: tuple[int, ...] = (2, 3)) -> dict:
-    def summ(acc: float, peak: float) -> dict:
-        return {"accuracy": acc, "objective_accuracy": acc + 5, "peak_context_tokens": peak}
+    def summ(policy: str, mode: str, k: str, acc: float, peak: float) -> dict:
+        return {"policy": policy, "decoding": mode, "bucket": k, "accuracy": acc + (10 if policy == "rl" else 0),
+                "objective_accuracy": acc + 5, "peak_context_tokens": peak}
 
-    stage = {mode: {"2": summ(acc2, peak2), "16": summ(acc16, peak16)} for mode in ("greedy", "sampled")}
-    return {"method": method, "objectives": [2, 16], "train_objectives": list(train), "eval_tasks": 100,
-            "heldout_sha256": sha,
-            "sft": stage, "rl": {m: {k: {**v, "accuracy": v["accuracy"] + 10}
-                                     for k, v in by_k.items()} for m, by_k in stage.items()}}
+    summary = [summ(p, mode, k, acc, peak) for p in ("sft", "rl") for k, acc, peak in (("2", acc2, peak2),
+                                                                                    ("16", acc16, peak16))
+               for mode in ("greedy", "sampled")]
+    return {"method": method, "config": {"eval": {"objectives": [2, 16], "num_tasks": 100},
+                                         "task": {"sub_questions": list(train)}},
+            "heldout_sha256": [sha], "summary": summary}
 
 
 def _ms(s: dict) -> list:

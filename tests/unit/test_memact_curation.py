@@ -138,7 +138,8 @@ def test_aggregate_mean_sd_and_goal_hand_checked():
     def res(acc, se, ctx, peak, prunes):
         e = {"accuracy": acc, "accuracy_se": se, "mean_context_tokens": ctx, "peak_context_tokens": peak,
              "prunes_per_task": prunes, "overflow": 0.0}
-        return {"eval": {"greedy": e, "sampled": e}, "heldout_sha256": "x"}
+        return {"summary": [{"policy": "rl", "decoding": d, "bucket": "all", **e} for d in ("greedy", "sampled")],
+                "facts": {}, "heldout_sha256": ["x"]}
 
     results = {0: {"dcpo": res(50.0, 3.0, 140.0, 250.0, 1.0), "withheld": res(52.0, 4.0, 200.0, 360.0, 0.0)},
                1: {"dcpo": res(54.0, 4.0, 120.0, 230.0, 1.5), "withheld": res(50.0, 3.0, 200.0, 360.0, 0.0)},
@@ -164,8 +165,9 @@ def test_aggregate_refuses_different_heldout_tasks():
     b = _bench()
     e = {"accuracy": 1.0, "accuracy_se": 1.0, "mean_context_tokens": 1.0, "peak_context_tokens": 1.0,
          "prunes_per_task": 0.0, "overflow": 0.0}
-    results = {0: {"dcpo": {"eval": {"greedy": e, "sampled": e}, "heldout_sha256": "a"},
-                   "withheld": {"eval": {"greedy": e, "sampled": e}, "heldout_sha256": "b"}}}
+    rows = [{"policy": "rl", "decoding": d, "bucket": "all", **e} for d in ("greedy", "sampled")]
+    results = {0: {"dcpo": {"summary": rows, "facts": {}, "heldout_sha256": ["a"]},
+                   "withheld": {"summary": rows, "facts": {}, "heldout_sha256": ["b"]}}}
     with pytest.raises(ValueError, match="different task sets"):
         b.aggregate(results)
 

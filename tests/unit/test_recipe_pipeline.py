@@ -20,19 +20,16 @@ METHOD_WORDS = ("memagent", "memact", "context", "mem1", "infmem", "reading", "f
 
 
 def test_every_builtin_method_resolves_to_its_module_recipe():
-    import memrl.recipes.context
-    import memrl.recipes.infmem
-    import memrl.recipes.lookback
-    import memrl.recipes.mem1
-    import memrl.recipes.memact
-    import memrl.recipes.memagent
+    """Each BUILTIN entry names the RECIPE of memrl/recipes/<name>.py, called by its name (whatever their
+    number: a new method adds its line, no test counts them), and the built-ins come first."""
+    import importlib
 
-    modules = {"memagent": memrl.recipes.memagent, "memact": memrl.recipes.memact, "context": memrl.recipes.context,
-               "mem1": memrl.recipes.mem1, "infmem": memrl.recipes.infmem, "lookback": memrl.recipes.lookback}
-    assert list(BUILTIN) == list(modules) and recipe_names()[:6] == list(modules)
-    for name, module in modules.items():
-        assert get_recipe(name) is module.RECIPE and module.RECIPE.name == name
-    assert get_recipe("memrl.recipes.mem1:RECIPE") is memrl.recipes.mem1.RECIPE
+    assert recipe_names()[:len(BUILTIN)] == list(BUILTIN)
+    for name, path in BUILTIN.items():
+        assert path == f"memrl.recipes.{name}:RECIPE"
+        module = importlib.import_module(f"memrl.recipes.{name}")
+        assert get_recipe(name) is module.RECIPE and module.RECIPE.name == name and isinstance(module.RECIPE, Recipe)
+        assert get_recipe(path) is module.RECIPE
 
 
 def test_unknown_methods_and_non_recipes_are_refused_in_one_line():
@@ -92,25 +89,38 @@ def test_the_toy_method_runs_every_stage_through_memrl_demo(tmp_path, capsys):
                  "rl/checkpoints/step_000002/model.safetensors", "results.json", "results.md"):
         assert (out / name).is_file(), name
     res = json.loads((out / "results.json").read_text())
-    assert res["demonstrator"] == {"tasks": 10, "rows": 30}
-    assert len(res["sft_losses"]) == 4 and len(res["rl_reward"]) == 2  # 30 rows in batches of 8; 2 RL steps
+    # the one results layout (memrl.recipes.pipeline.Recipe.results)
+    assert list(res) == ["recipe", "method", "config", "train", "facts", "timings", "losses", "history",
+                         "num_parameters", "vocab_size", "heldout_sha256", "summary"]
+    assert res["recipe"] == res["method"] == "toy" and res["config"]["hidden_size"] == 32
+    assert res["train"] == {"workflow": res["train"]["workflow"], "algorithm": {"name": "rememr1"}}  # demo_cpu's
+    assert res["train"]["workflow"]["name"] == "memagent"
+    assert res["facts"] == {"lengths": [2], "cold_start": {"tasks": 10, "rows": 30}}
+    assert len(res["losses"]["sft"]) == 4 and res["losses"]["copy_warmup"] == []  # 30 rows in batches of 8
+    assert len(res["history"]) == 2 and all("reward/mean" in h for h in res["history"])  # 2 RL steps
     assert set(res["timings"]) == {"init_s", "eval_scripted_s", "copy_warmup_s", "sft_s", "eval_sft_s", "rl_s",
                                    "eval_rl_s", "total_s"}
-    for policy in ("sft", "rl"):
-        r = res[policy]["2"]["greedy"]
-        assert r["num_tasks"] == 4 and (r["accuracy"] / 25).is_integer()  # 4 tasks: steps of 25 points
+    # tied embeddings of the trained vocabulary x hidden 32; 1 layer: q (32 x 32 + bias), k and v (one KV head of
+    # 16: 32 x 16 + bias each), o (32 x 32), the MLP (3 x 32 x 64), two norms and the final one (3 x 32)
+    v = res["vocab_size"]
+    assert res["num_parameters"] == v * 32 + (32 * 32 + 32) + 2 * (32 * 16 + 16) + 32 * 32 + 3 * 32 * 64 + 3 * 32
+    assert [(s["policy"], s["decoding"], s["bucket"]) for s in res["summary"]] == [("sft", "greedy", "2"),
+                                                                                 ("rl", "greedy", "2")]
+    digests = set()
+    for s in res["summary"]:
+        assert s["num_tasks"] == 4 and (s["accuracy"] / 25).is_integer()  # 4 tasks: steps of 25 points
         # its evaluation rows: one per held-out task, labelled, their rewards the accuracy
-        rows = [json.loads(x) for x in (out / "eval_rows" / f"{policy}.jsonl").read_text().splitlines()]
-        assert [(x["policy"], x["decoding"], x["bucket"], x["sample"]) for x in rows] == [(policy, "greedy", 2, 0)] * 4
-        assert 100 * sum(x["reward"] for x in rows) / 4 == r["accuracy"]
+        rows = [json.loads(x) for x in (out / "eval_rows" / f"{s['policy']}.jsonl").read_text().splitlines()]
+        assert [(x["policy"], x["decoding"], x["bucket"], x["sample"]) for x in rows] == [(s["policy"], "greedy", 2, 0)] * 4
+        assert 100 * sum(x["reward"] for x in rows) / 4 == s["accuracy"]
+        digests |= {x["heldout_sha256"] for x in rows}
+    assert len(digests) == 1 and res["heldout_sha256"] == list(digests)  # the same held-out tasks for both
     assert (out / "results.md").read_text() in capsys.readouterr().out
-    # the method's results schema and table feed the one seed aggregation (a sweep of this single run)
+    # the method's summary rows and sweep table feed the one seed aggregation (a sweep of this single run)
     run = seeds.Run(0, "native", out, ())
-    (out / "data").mkdir()
-    (out / "data" / "heldout_tasks.jsonl").write_text("the same held-out tasks\n")
     agg = seeds.aggregate("plugins_example.toy_recipe:RECIPE", [run])
     cell = agg["capabilities"]["native"]["cells"]["greedy"]["2"]
-    sft, rl = res["sft"]["2"]["greedy"]["accuracy"], res["rl"]["2"]["greedy"]["accuracy"]
+    sft, rl = (s["accuracy"] for s in res["summary"])
     assert cell["gain_accuracy"]["values"] == [rl - sft]
     table = seeds.markdown(agg).splitlines()
     assert f"| cold start (SFT) | greedy | 2 | {sft:.1f} ± n/a |" in table
@@ -124,7 +134,7 @@ def test_the_memagent_table_times_the_demonstrator_under_the_pipeline_key_and_th
     # eval_demonstrator_s (before the fix the table showed 0s for a pipeline run)
     from memrl.recipes.report import memagent_markdown
 
-    results = {"recipe": {"train_chunks": 8, "min_chunks": 0, "chunk_words": 16, "p_aware": 0.9, "rl_steps": 2,
-                          "sft": {}, "eval": {"num_tasks": 4, "seed": 1, "samples": 1, "temperature": 1.0}},
-               "lengths": [], "stages": {}, "timings": timings}
+    results = {"config": {"sft": {"p_aware": 0.9}, "eval": {"num_tasks": 4, "seed": 1, "samples": 1, "temperature": 1.0}},
+               "train": {"data": {"synthetic": {"num_chunks": 8, "min_chunks": 0, "chunk_words": 16}},
+                         "trainer": {"steps": 2}}, "facts": {"lengths": []}, "summary": [], "timings": timings}
     assert shown in memagent_markdown(results)
