@@ -36,7 +36,7 @@ demo-seeds: $(VENV)/.installed
 # The needle recipe (benchmarks/needle_recipe.py; docs/results/real_model.md, "Needles"): SmolLM2 fetched, RULER
 # needles built in its tokenizer on a real-text haystack (HOTPOT=<a HotpotQA dev file in its original layout>),
 # the SFT-only model, RL, evaluation by length, the table and plot. Resumes after a kill. `needle` is the quick
-# size (one seed, 4K and 16K); `needle-full` the results page's.
+# size (one seed, held-out 4K only); `needle-full` the results page's.
 HOTPOT ?=
 NEEDLE_OUT ?= runs/needle
 needle: $(VENV)/.installed

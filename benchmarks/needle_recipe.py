@@ -1,7 +1,7 @@
 """A real model learns a memory skill: SmolLM2-135M-Instruct with MemAgent carries RULER needles through
 documents many times its training length (docs/results/real_model.md, "Needles").
 
-  .venv/bin/python benchmarks/needle_recipe.py --size quick [--out runs/needle_quick]     # about 30 min, 1 seed
+  .venv/bin/python benchmarks/needle_recipe.py --size quick [--out runs/needle_quick]     # 1 seed, held-out 4K only (about 31 min by its stages' times)
   .venv/bin/python benchmarks/needle_recipe.py --size full --hotpot hotpot_dev_distractor_v1.json   # the page
   make needle        # the quick size, everything from the model fetch on (make needle-full: the full size)
 
@@ -80,9 +80,11 @@ class Size:
 SIZES = {
     "full": Size("2k,4k", "4k,16k,64k,128k", 64, {4096: 16, 16384: 16, 65536: 8, 131072: 8}, {4096: 4, 16384: 4},
                  256, "0,1,2"),
-    # the pipeline at its smallest real size (not a result): 16 SFT rows, 3 RL steps of 2 tasks x 4 samples
-    "quick": Size("2k,4k", "4k,16k", 16, {4096: 1, 16384: 1}, {4096: 1}, 16, "0", eval_seed=3,
-                  rl=["trainer.steps=3", "trainer.batch_size=2", "algorithm.n=4", "trainer.save_every=3"],
+    # the pipeline at its smallest real size (not a result): 8 SFT tasks, 2 RL steps of 2 tasks x 4 samples,
+    # held-out 4K only (the evaluation is most of the time: docs/log/2026-11-29-needle-quick-size.md), one
+    # question per task
+    "quick": Size("2k,4k", "4k", 16, {4096: 1}, {4096: 1}, 8, "0", eval_seed=3,
+                  rl=["trainer.steps=2", "trainer.batch_size=2", "algorithm.n=4", "trainer.save_every=2"],
                   sft=["sft.epochs=1", "sft.warmup_steps=1"], decodings=("greedy",)),
     # CI: a tiny model, tiny lengths; every stage runs once (tests/integration/test_needle_recipe.py)
     "smoke": Size("1024", "1536,2048", 2, {1536: 1, 2048: 1}, {1536: 1}, 8, "0",
