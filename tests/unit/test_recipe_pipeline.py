@@ -89,7 +89,7 @@ def test_the_toy_method_runs_every_stage_through_memrl_demo(tmp_path, capsys):
                  "rl/checkpoints/step_000002/model.safetensors", "results.json", "results.md"):
         assert (out / name).is_file(), name
     res = json.loads((out / "results.json").read_text())
-    # the one results layout (memrl.recipes.pipeline.Recipe.results)
+    # the one results layout (memrl.recipes.pipeline.results)
     assert list(res) == ["recipe", "method", "config", "train", "facts", "timings", "losses", "history",
                          "num_parameters", "vocab_size", "heldout_sha256", "summary"]
     assert res["recipe"] == res["method"] == "toy" and res["config"]["hidden_size"] == 32
