@@ -48,9 +48,9 @@ MODES = {
 def build_sft(out: Path, demo_overrides: list[str]) -> Path:
     """The demo's init + cold-start stages (memrl.recipes.memagent), once: <out>/sft."""
     from memrl.recipes.memagent import RECIPE
-    from memrl.recipes.pipeline import cold_start
+    from memrl.recipes.pipeline import cold_start, load_recipe
 
-    run = RECIPE.configs(demo_overrides, out)
+    run = load_recipe(RECIPE, demo_overrides, out)
     RECIPE.init(run)
     cold_start(run, RECIPE.demonstrations(run)[0], tensorboard=run.tcfg.trainer.tensorboard)
     return run.out / "sft"
@@ -78,6 +78,7 @@ def child(mode: str, sft: Path, out: Path, steps: int, threshold: float, window:
 
     from memrl.recipes.memagent import RECIPE, evaluate_lengths, heldout_tasks
     from memrl.recipes.parts import engine_eval
+    from memrl.recipes.pipeline import load_recipe
     from memrl.training.assemble import assemble
     from memrl.training.trainer import Trainer
 
@@ -87,7 +88,7 @@ def child(mode: str, sft: Path, out: Path, steps: int, threshold: float, window:
              "train.trainer.progress=false", "train.trainer.tensorboard=false",
              f"train.ray.temp_dir={Path('/tmp') / ('ray_async_' + mode)}", "train.ray.num_cpus=2",
              *[f"train.{o}" for o in MODES[mode]]]
-    demo = RECIPE.configs([*demo_overrides, *train], run)
+    demo = load_recipe(RECIPE, [*demo_overrides, *train], run)
     cfg, tcfg, workflow = demo.cfg, demo.tcfg, (demo.spec, demo.wf_cfg)
     stamps: list[tuple[float, dict[str, float]]] = []
     t0 = time.perf_counter()

@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from memrl.recipes.memagent import RECIPE, evaluate_lengths, heldout_tasks
 from memrl.recipes.parts import engine_eval
-from memrl.recipes.pipeline import cold_start
+from memrl.recipes.pipeline import cold_start, load_recipe
 
 
 def main() -> int:
@@ -39,7 +39,7 @@ def main() -> int:
     ap.add_argument("--start-from", default=None, metavar="DIR",
                     help="HF checkpoint to fine-tune (default: a fresh model, as `memrl demo` inits it)")
     args = ap.parse_args()
-    run = RECIPE.configs(["train.trainer.progress=false", *args.overrides], args.out)
+    run = load_recipe(RECIPE, ["train.trainer.progress=false", *args.overrides], args.out)
     cfg = run.cfg = replace(run.cfg, sft=replace(run.cfg.sft, p_aware=1.0),
                             eval=replace(run.cfg.eval, samples=0, greedy=True))
     t0 = time.perf_counter()

@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from memrl.recipes.memagent import RECIPE, evaluate_lengths, heldout_tasks
 from memrl.recipes.parts import engine_eval
+from memrl.recipes.pipeline import load_recipe
 from memrl.training.assemble import assemble
 from memrl.training.checkpoints.checkpoint import latest_checkpoint
 from memrl.training.trainer import Trainer
@@ -41,7 +42,7 @@ def run_mode(src: Path, out: Path, mode: str, overrides: list[str], stages: list
         shutil.rmtree(out)
     out.mkdir(parents=True)
     shutil.copytree(src / "sft", out / "sft")
-    run = RECIPE.configs([*overrides, f"engine.hf.kv_cache={mode}", "train.trainer.progress=false"], out)
+    run = load_recipe(RECIPE, [*overrides, f"engine.hf.kv_cache={mode}", "train.trainer.progress=false"], out)
     cfg, tcfg, out = run.cfg, run.tcfg, run.out
     tasks = heldout_tasks(cfg, tcfg)
     run.tokenizer = AutoTokenizer.from_pretrained(out / "sft")

@@ -25,6 +25,7 @@ def main() -> int:
 
     from memrl.recipes.memagent import RECIPE, evaluate_demonstrator, evaluate_lengths, heldout_tasks
     from memrl.recipes.parts import engine_eval
+    from memrl.recipes.pipeline import load_recipe, results, write
     from memrl.training.checkpoints.checkpoint import latest_checkpoint
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -33,7 +34,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     run = Path(args.run)
-    demo = RECIPE.configs(args.overrides, args.out)
+    demo = load_recipe(RECIPE, args.overrides, args.out)
     cfg, out = demo.cfg, demo.out
     old = json.loads((run / "results.json").read_text())
     tasks = heldout_tasks(cfg, demo.tcfg)
@@ -55,8 +56,8 @@ def main() -> int:
     demo.history = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     demo.timings["rl_s"] = sum(r.get("time/step_s", 0.0) for r in demo.history)
     demo.timings["total_s"] = sum(v for k, v in demo.timings.items() if k != "total_s")
-    results = RECIPE.results(demo)
-    print(RECIPE.write(results, out), end="")
+    res = results(RECIPE, demo)
+    print(write(RECIPE, res, out), end="")
     return 0
 
 

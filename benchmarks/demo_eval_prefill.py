@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from memrl.eval.evaluator import EngineRollout, model_engine
 from memrl.recipes.memagent import RECIPE, evaluate_lengths, heldout_tasks
+from memrl.recipes.pipeline import load_recipe
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True)
     shutil.copytree(args.sft, out / "sft")
     overrides = [f"engine.hf.kv_cache={args.layout}", "eval.multipliers=[1]", "threads=1", *args.overrides]
-    run = RECIPE.configs(overrides, out)
+    run = load_recipe(RECIPE, overrides, out)
     cfg, tcfg, out, spec, wf = run.cfg, run.tcfg, run.out, run.spec, run.wf_cfg
     tasks = heldout_tasks(cfg, tcfg)
     tok = AutoTokenizer.from_pretrained(out / "sft")

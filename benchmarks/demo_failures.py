@@ -24,6 +24,7 @@ def main() -> int:
     from memrl.demonstrators import ScriptedEngine
     from memrl.eval.evaluator import EngineRollout, accuracy, evaluate_rows, model_engine
     from memrl.recipes.memagent import RECIPE, demonstrator
+    from memrl.recipes.pipeline import load_recipe
     from memrl.recipes.retention import EVENTS, RetentionCounter
     from memrl.training.checkpoints.checkpoint import latest_checkpoint
 
@@ -37,7 +38,7 @@ def main() -> int:
     ap.add_argument("--demonstrator", action="store_true", help="also the scripted mixture demonstrator")
     args = ap.parse_args()
     run = Path(args.run)
-    demo = RECIPE.configs(args.overrides, run / "failures_tmp")
+    demo = load_recipe(RECIPE, args.overrides, run / "failures_tmp")
     cfg, tcfg, spec, wf_cfg = demo.cfg, demo.tcfg, demo.spec, demo.wf_cfg
     syn = at_length(tcfg.data.synthetic, args.chunks)
     tasks = make_tasks(syn, cfg.eval.num_tasks, seed=cfg.eval.seed)

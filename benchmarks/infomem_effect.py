@@ -48,6 +48,7 @@ def run_one(src: Path, out: Path, arm: str, seed: int, overrides: list[str]) -> 
 
     from memrl.recipes.memagent import RECIPE, evaluate_lengths, heldout_tasks
     from memrl.recipes.parts import engine_eval
+    from memrl.recipes.pipeline import load_recipe
     from memrl.recipes.seeds import base_seeds
     from memrl.training.assemble import assemble
     from memrl.training.checkpoints.checkpoint import latest_checkpoint
@@ -59,7 +60,7 @@ def run_one(src: Path, out: Path, arm: str, seed: int, overrides: list[str]) -> 
     shutil.copytree(src / "sft", out / "sft")
     base = base_seeds("memagent", overrides)
     shifted = [f"{key}={base[key] + seed}" for key in SEED_KEYS]
-    run = RECIPE.configs([*overrides, ARMS[arm], "train.trainer.progress=false", *shifted], out)
+    run = load_recipe(RECIPE, [*overrides, ARMS[arm], "train.trainer.progress=false", *shifted], out)
     cfg, tcfg, out = run.cfg, run.tcfg, run.out
     run.tokenizer = AutoTokenizer.from_pretrained(out / "sft")
     t0 = time.perf_counter()

@@ -16,7 +16,7 @@ arms with the same model shape, init, tokenizer, SFT and RL budgets:
 
 The copy warm-up is computed once per seed (SEED_DIR/copy_warmup.pt, with the tokenizer's hash) and loaded
 by both arms. Each arm runs the demo's stages in this process and writes SEED_DIR/<arm>/results.json (the demo's
-one results layout, memrl.recipes.pipeline.Recipe.results: its summary rows are the arm after RL, policy rl;
+one results layout, memrl.recipes.pipeline.results: its summary rows are the arm after RL, policy rl;
 its facts add the arm, the prune tool, the overrides and the cold start's size);
 resumable: a finished arm is not run again, an unfinished one starts again from an empty directory. Then
 ROOT/curation_results.md (printed) and ROOT/curation_results.json: per arm and decoding, mean +- sd over
@@ -45,7 +45,7 @@ from typing import Any
 from memrl.eval.fields import one, summarize
 from memrl.eval.stats import cell, recorded
 from memrl.recipes.memact import MemActRecipe
-from memrl.recipes.pipeline import RecipeRun, execute
+from memrl.recipes.pipeline import RecipeRun, execute, load_recipe
 
 ARMS: dict[str, tuple[str, ...]] = {
     "dcpo": (),
@@ -133,14 +133,13 @@ class CurationArm(MemActRecipe):
             run.facts["eval_dev"] = summarize(dev, self.fields_for(cfg))
         return rows
 
-    def results(self, run: RecipeRun) -> dict[str, Any]:
-        """The demo's results.json (one layout) with the arm's facts: the arm, the prune tool, the overrides and
-        the cold start's size (its steps, rows per step, epochs, final loss)."""
+    def arm_facts(self, run: RecipeRun) -> dict[str, Any]:
+        """The arm's facts beside the demo's: the arm, the prune tool, the overrides and the cold start's size
+        (its steps, rows per step, epochs, final loss)."""
         cfg, losses = run.cfg, run.sft_losses
-        run.facts.update(arm=self.arm, prune_tool=run.wf_cfg.prune_tool, overrides=run.extra["overrides"],
-                         sft={"steps": len(losses), "batch_rows": cfg.sft.batch_rows, "epochs": cfg.sft.epochs,
-                              "final_loss": losses[-1] if losses else None})
-        return super().results(run)
+        return dict(arm=self.arm, prune_tool=run.wf_cfg.prune_tool, overrides=run.extra["overrides"],
+                    sft={"steps": len(losses), "batch_rows": cfg.sft.batch_rows, "epochs": cfg.sft.epochs,
+                         "final_loss": losses[-1] if losses else None})
 
 
 def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -> dict[str, Any]:
@@ -151,9 +150,10 @@ def run_arm(seed_dir: Path, arm: str, overrides: list[str], dev: bool = False) -
     if out_dir.exists():
         shutil.rmtree(out_dir)  # an unfinished arm starts again from nothing
     recipe = CurationArm(arm, seed_dir, dev)
-    run = recipe.load(overrides, out_dir)
+    run = load_recipe(recipe, overrides, out_dir)
     run.extra["overrides"] = overrides
     res = execute(recipe, run)
+    res["facts"].update(recipe.arm_facts(run))  # the demo's results.json (one layout) with the arm's facts
     (run.out / "results.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
     dev = "eval_dev" in res["facts"]
     for mode in ("greedy", "sampled"):

@@ -40,10 +40,11 @@ KEYS = (("time/step_s", "step s"), ("time/rollout_s", "rollout s"), ("time/updat
 def demo_model(out: Path) -> Path:
     """The CPU demo's initial model (random weights; the timing does not depend on them)."""
     from memrl.recipes.memagent import RECIPE
+    from memrl.recipes.pipeline import load_recipe
 
     if (out / "init" / "config.json").is_file():
         return out / "init"
-    RECIPE.init(RECIPE.configs([], out))
+    RECIPE.init(load_recipe(RECIPE, [], out))
     return out / "init"
 
 

@@ -3,7 +3,7 @@
   python scripts/migrate_results.py runs/demo/results.json --method memagent -o runs/demo/results.new.json
   python scripts/migrate_results.py runs/lookback/rememr1/results.json --method lookback   # prints it
 
-The one layout is memrl.recipes.pipeline.Recipe.results': {"recipe", "method", "config", "train", "facts",
+The one layout is memrl.recipes.pipeline.results': {"recipe", "method", "config", "train", "facts",
 "timings", "losses": {"sft", "copy_warmup"}, "history", "num_parameters", "vocab_size", "heldout_sha256",
 "summary": [{"policy", "decoding", "bucket", <field>: value, ...}]}. The old layouts (each method's own nesting
 of policy, decoding and bucket, its renamed keys and roots) live here only, one function per method in

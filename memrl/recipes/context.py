@@ -23,7 +23,7 @@ summarized by `FIELDS`: accuracy (all sub-questions right) +- SE over tasks, mea
 discarded, turns, branches, summaries and the share stopped by the budget; beside them the scripted agent on
 its SFT tasks (policy "scripted") and the scripted search agent without a budget on the held-out tasks (policy
 "react_unbounded": the trained table's "vs unbounded ReAct" peak). Writes results.json (memrl.recipes.pipeline.
-Recipe.results; its facts: the budget, the process rewards, the cold start's statistics) and results.md.
+results; its facts: the budget, the process rewards, the cold start's statistics) and results.md.
 
 Overrides: `key=value` for ContextDemoConfig, `train.<key>=value` for the RL config (preset context_cpu);
 `engine.*` and `workflow.*` are spelled as in `memrl train` (they set the RL config's sections, which the
@@ -32,7 +32,7 @@ cold start and evaluations use too; the arm's own workflow keys go first, so exp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,14 @@ from memrl.recipes.parts import (
     workflow_section,
     write_data,
 )
-from memrl.recipes.pipeline import EvalSettings, ModelShape, RecipeRun, TaskSFTSettings, run_recipe
+from memrl.recipes.pipeline import (
+    EvalSettings,
+    ModelShape,
+    RecipeRun,
+    TaskSFTSettings,
+    play_demonstrations,
+    run_recipe,
+)
 from memrl.recipes.reuse import reused_cold_start, reused_warmup, take_cold_start
 from memrl.recipes.scratch import init_model as scratch_init
 from memrl.recipes.summaries import evaluate_context, one_per_task, played_rows
@@ -223,13 +230,14 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
     name = "context"
     config = ContextDemoConfig
     arms = ARMS
-
+    settings = replace(SplitRecipe.settings, sweep_extras=SWEEP_BUDGET, demo_names_workflow=True,
+                       demo_format="peak context {peak_context_tokens:.0f}, stopped by the budget "
+                       "{stopped_by_budget:.1f}%")
     fields, table = FIELDS, TABLE
     sweep = SweepTable((("accuracy (%)", "accuracy", 1), ("peak context", "peak_context_tokens", 1),
                         ("mean context", "mean_context_tokens", 1), ("tokens discarded", "tokens_discarded", 1),
                         ("branches", "branches", 2), ("summaries", "summaries", 2),
                         ("stopped by budget (%)", "stopped_by_budget", 1)), note=BUDGET_NOTE)
-    sweep_extras = SWEEP_BUDGET
 
     def check(self, cfg: Any, train_overrides: list[str]) -> None:
         if self.arm(cfg).agent == "search" and cfg.sft.late_prob:
@@ -276,17 +284,10 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
         run.rows += played_rows(groups, "all", {**policy_labels(run, "scripted", []), "heldout_sha256": ""})
         return groups
 
-    demo_format = "peak context {peak_context_tokens:.0f}, stopped by the budget {stopped_by_budget:.1f}%"
-    demo_names_workflow = True
-
-    def demo_extra(self, run: RecipeRun, trajs: list[Any]) -> dict[str, Any]:
-        return {k: [int(t.metrics.get(m, 0)) for t in trajs]
-                for k, m in (("branches_per_task", "branches"), ("summaries_per_task", "summaries"))}
-
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
         """`sft.max_rows` > 0 trains the first max_rows rows (task order). The statistics (the facts' cold_start)
         are the row counts; the scripted agent's summary is the summary's "scripted" rows (`play`)."""
-        rows, stats = super().demonstrations(run)
+        rows, stats = play_demonstrations(self, run, fold_counts)
         trained = rows[:run.cfg.sft.max_rows] if run.cfg.sft.max_rows else rows
         if len(trained) < len(rows):
             print(f"cold start: the first {len(trained)} rows trained (sft.max_rows)")
@@ -294,6 +295,12 @@ class ContextRecipe(SplitRecipe, ArmRecipe):
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> list[dict[str, Any]]:
         return engine_eval(evaluate_context, run, model, model_dir, run.extra["data"].eval_tasks, policy=policy)
+
+
+def fold_counts(trajs: list[Any]) -> dict[str, list[int]]:
+    """The cold start's branches and summaries per task (its statistics beside the row counts)."""
+    return {k: [int(t.metrics.get(m, 0)) for t in trajs]
+            for k, m in (("branches_per_task", "branches"), ("summaries_per_task", "summaries"))}
 
 
 RECIPE = ContextRecipe()

@@ -21,7 +21,7 @@ stages.context_demonstrations) -> held-out evaluation of the SFT model -> RL (pr
 preset's synthetic task stream) -> the same evaluation after RL. The evaluation (memrl.recipes.summaries.
 evaluate_by_bucket) is greedy and sampled (one sample per task at `eval.temperature`), per length, summarized by
 `FIELDS`: accuracy (exact match) +- SE over tasks, model calls, chunks read, retrievals, tokens read, stop rate
-and stop step. Writes results.json (memrl.recipes.pipeline.Recipe.results; its facts: the lengths and the cold
+and stop step. Writes results.json (memrl.recipes.pipeline.results; its facts: the lengths and the cold
 start's statistics) and results.md.
 
 Overrides: `key=value` for InfMemDemoConfig, `train.<key>=value` for the RL config (preset infmem_cpu);
@@ -53,6 +53,7 @@ from memrl.recipes.parts import (
 )
 from memrl.recipes.pipeline import (
     EvalSettings,
+    MethodSettings,
     ModelShape,
     RecipeConfig,
     RecipeRun,
@@ -173,11 +174,11 @@ class InfMemRecipe(ArmRecipe):
     name = "infmem"
     config = InfMemDemoConfig
     arms = ARMS
-    seed_keys = (("seed", "demo"), ("sft.seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train"))
-    task_seeds = ("sft.seed", "train.data.seed")
-
+    settings = MethodSettings(
+        seed_keys=(("seed", "demo"), ("sft.seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train")),
+        task_seeds=("sft.seed", "train.data.seed"), train_keys=("workflow", "algorithm.name", "data.synthetic.num_chunks"),
+        sweep_extras=SWEEP_METHOD, demo_format="{model_calls:.2f} calls per task", demo_names_workflow=True)
     fields = FIELDS
-    train_keys = ("workflow", "algorithm.name", "data.synthetic.num_chunks")
     table = RunTable((("accuracy", ACCURACY_SE, "---"), ("model calls", "{model_calls:.2f}"),
                       ("chunks read", "{chunks_read:.2f}"), ("retrievals", "{retrievals:.2f}"),
                       ("stop rate", "{stop_rate:.0f}%"), ("stop step", "{stop_step:.2f}")),
@@ -190,7 +191,6 @@ class InfMemRecipe(ArmRecipe):
     sweep = SweepTable((("accuracy (%)", "accuracy", 1), ("model calls", "model_calls", 2),
                         ("chunks read", "chunks_read", 2), ("retrievals", "retrievals", 2),
                         ("stop rate (%)", "stop_rate", 1)), bucket="length (chunks)", title="method {method}")
-    sweep_extras = SWEEP_METHOD
 
     def check(self, cfg: Any, train_overrides: list[str]) -> None:
         bad = [m for m in cfg.eval.far_multipliers if m not in cfg.eval.multipliers]
@@ -230,9 +230,6 @@ class InfMemRecipe(ArmRecipe):
         infmem: plan, memory, ..., the final), every row as the workflow cuts it."""
         oracle = ReadingDemonstrator.for_config(run.spec.name, run.wf_cfg, run.tcfg.data.synthetic.fact_sep)
         return context_demonstrations(run.extra["sft_tasks"], run.tokenizer, run.spec.name, run.wf_cfg, oracle)
-
-    demo_format = "{model_calls:.2f} calls per task"
-    demo_names_workflow = True
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         print("SFT, held-out:" if policy == "sft" else "SFT+RL, held-out:")

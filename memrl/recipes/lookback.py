@@ -54,10 +54,13 @@ from memrl.models.tiny import ModelPreset, init_tiny_model
 from memrl.recipes.parts import SWEEP_METHOD
 from memrl.recipes.pipeline import (
     EvalSettings,
+    MethodSettings,
     Recipe,
     RecipeConfig,
     RecipeRun,
     WarmupSFTSettings,
+    need_workflow,
+    overridden,
     run_recipe,
 )
 from memrl.recipes.tables import GridTable, mean_se
@@ -232,15 +235,14 @@ class LookbackRecipe(Recipe):
 
     name = "lookback"
     config = LookbackConfig
-    seed_keys = (("seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train"))
-    save_warmup = False
-    heldout_per = "lengths"  # length N: eval.seed + N, data/eval_<N>.json
-    fields, pooled = FIELDS, True
+    settings = MethodSettings(seed_keys=(("seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train")),
+                              heldout_per="lengths",  # length N: eval.seed + N, data/eval_<N>.json
+                              pooled=True, sweep_extras=SWEEP_METHOD, save_warmup=False)
+    fields = FIELDS
     table, sweep = GRID, GRID.sweep()
-    sweep_extras = SWEEP_METHOD
 
     def check(self, cfg: LookbackConfig, train_overrides: list[str]) -> None:
-        if wf := self.overridden(train_overrides, "workflow"):
+        if wf := overridden(train_overrides, "workflow"):
             raise ConfigError(f"{wf!r}: the arms' workflows are their presets' (the shared cold start plays "
                               "both); not overridable")
 
@@ -252,7 +254,7 @@ class LookbackRecipe(Recipe):
                 *(OLD_DEFAULTS if cfg.old_defaults else ())]
 
     def check_run(self, run: RecipeRun) -> None:
-        self.need_workflow(run, run.cfg.method, f" (the arm's; train_preset {run.cfg.train_preset})")
+        need_workflow(run, run.cfg.method, f" (the arm's; train_preset {run.cfg.train_preset})")
 
     def init(self, run: RecipeRun) -> None:
         cfg, d, seeds = run.cfg, run.out / "data", streams(run.cfg)

@@ -19,7 +19,7 @@ scripted oracle (memrl.demonstrators.mem1.StateDemonstrator) played through `wor
 (preset mem1_cpu, GRPO) -> the same evaluation after RL. The evaluation is, per k, greedy and one sample
 per task at `eval.temperature`, summarized by `FIELDS`: accuracy (all objectives right, %) +- SE over tasks, the
 objectives' mean accuracy, mean peak and mean context tokens per task, turns; beside them the scripted oracle
-on the held-out tasks (policy "scripted"). Writes results.json (memrl.recipes.pipeline.Recipe.results; its
+on the held-out tasks (policy "scripted"). Writes results.json (memrl.recipes.pipeline.results; its
 facts: the positions and the cold start's statistics) and results.md.
 
 Overrides: `key=value` for Mem1DemoConfig, `train.<key>=value` for the RL config (preset mem1_cpu);
@@ -55,12 +55,14 @@ from memrl.recipes.pipeline import (
     RecipeRun,
     TaskSFTSettings,
     needs,
+    overridden,
+    play_demonstrations,
     run_recipe,
 )
 from memrl.recipes.scratch import init_model
 from memrl.recipes.summaries import evaluate_by_bucket, one_per_task, played_rows
 from memrl.recipes.tables import ACCURACY_SE, GAIN_ROWS, RunTable, SweepTable
-from memrl.types import Task
+from memrl.types import Segment, Task
 
 __all__ = ["FIELDS", "METHODS", "RECIPE", "Mem1DemoConfig", "Mem1DemoEval", "Mem1DemoSFT", "heldout_tasks",
            "run_mem1_demo"]
@@ -165,8 +167,8 @@ class Mem1Recipe(SplitRecipe, ArmRecipe):
     name = "mem1"
     config = Mem1DemoConfig
     arms = ARMS
-    heldout_per = "objectives"  # one held-out set per objective count k, drawn at eval.seed + k
-    demo_format = "peak context {peak_context_tokens:.0f}"
+    settings = replace(SplitRecipe.settings, heldout_per="objectives",  # set k drawn at eval.seed + k
+                       demo_format="peak context {peak_context_tokens:.0f}")
     fields = FIELDS
     table = RunTable((("accuracy (all right)", ACCURACY_SE, "---"), ("objectives right", "{objective_accuracy:.1f}"),
                       ("peak context", "{peak_context_tokens:.0f}"), ("mean context", "{mean_context_tokens:.0f}"),
@@ -179,7 +181,7 @@ class Mem1Recipe(SplitRecipe, ArmRecipe):
                        bucket="objectives")
 
     def check(self, cfg: Any, train_overrides: list[str]) -> None:
-        set_context, ks = self.overridden(train_overrides, "workflow.context"), cfg.eval.objectives
+        set_context, ks = overridden(train_overrides, "workflow.context"), cfg.eval.objectives
         needs(not set_context, f"workflow.context is set by method ({cfg.method}: {METHODS[cfg.method]}); drop "
               f"{set_context!r}")
         needs(len(set(ks)) == len(ks), f"eval.objectives must be distinct counts, got {ks}")
@@ -232,8 +234,9 @@ class Mem1Recipe(SplitRecipe, ArmRecipe):
     def play(self, run: RecipeRun) -> list[Any]:
         return mem1_demonstrations(run.extra["sft_tasks"], run.tokenizer, run.wf_cfg, seed=run.cfg.sft.seed)
 
-    def demo_extra(self, run: RecipeRun, trajs: list[Any]) -> dict[str, Any]:
-        return {"objectives_per_task": [len(t.meta["sub_questions"]) for t in run.extra["sft_tasks"]]}
+    def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
+        return play_demonstrations(self, run, lambda trajs: {
+            "objectives_per_task": [len(t.meta["sub_questions"]) for t in run.extra["sft_tasks"]]})
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> list[dict[str, Any]]:
         return engine_eval(evaluate_by_bucket, run, model, model_dir, run.extra["held"], policy=policy)

@@ -15,7 +15,7 @@ segments -> DCPO (preset memact_dcpo_cpu) -> the same held-out evaluation of the
 policy: greedy and sampled (one sample per task, temperature `eval.temperature`;
 memrl.recipes.summaries.evaluate_memact), summarized by `FIELDS`: accuracy (all sub-questions right) with its
 standard error, accuracy per question count, mean and peak working-context tokens, prunes per task, overflow
-rate -> results.md (printed), results.json (memrl.recipes.pipeline.Recipe.results; its facts: the budget and
+rate -> results.md (printed), results.json (memrl.recipes.pipeline.results; its facts: the budget and
 the cold start's statistics), memact_results.png (memrl.recipes.report).
 
 `variant=curation` (VARIANTS below) is the context-curation task of docs/concepts/memact.md "Context curation": a
@@ -61,6 +61,7 @@ from memrl.recipes.pipeline import (
     EvalSettings,
     RecipeRun,
     TaskSFTSettings,
+    need_workflow,
     run_recipe,
 )
 from memrl.recipes.report import MEMACT_TABLE, plot_memact, print_memact_eval
@@ -226,7 +227,9 @@ class MemActRecipe(SplitRecipe):
 
     name = "memact"
     config = MemActDemoConfig
-    outputs = ("results.md", "results.json", "memact_results.png")
+    settings = replace(SplitRecipe.settings, outputs=("results.md", "results.json", "memact_results.png"),
+                       sweep_extras=SWEEP_BUDGET,
+                       demo_format="prunes/task {prunes_per_task:.2f}, overflow {overflow:.1f}%")
 
     fields = FIELDS
     table = MEMACT_TABLE
@@ -234,7 +237,6 @@ class MemActRecipe(SplitRecipe):
                         ("3-question", "accuracy_3q", 1), ("mean context (tokens)", "mean_context_tokens", 1),
                         ("peak context (tokens)", "peak_context_tokens", 1), ("prunes / task", "prunes_per_task", 2)),
                        (("cold start (SFT)", "sft"), ("SFT + DCPO", "rl"), ("DCPO - SFT", "gain")), note=BUDGET_NOTE)
-    sweep_extras = SWEEP_BUDGET
 
     def fields_for(self, cfg: Any) -> tuple[Any, ...]:
         return fields_for(cfg.task.sub_questions)
@@ -243,7 +245,7 @@ class MemActRecipe(SplitRecipe):
         return expand_variant(overrides)
 
     def check_run(self, run: RecipeRun) -> None:
-        self.need_workflow(run, "memact", " for the MemAct demo")
+        need_workflow(run, "memact", " for the MemAct demo")
 
     def init(self, run: RecipeRun) -> None:
         cfg = run.cfg
@@ -262,8 +264,6 @@ class MemActRecipe(SplitRecipe):
         s = run.cfg.sft
         return memact_demonstrations(run.extra["data"].sft_tasks, run.tokenizer, run.wf_cfg, s.late_prob, s.seed,
                                      s.search_topk, s.keep_results, prune_tool=run.wf_cfg.prune_tool)
-
-    demo_format = "prunes/task {prunes_per_task:.2f}, overflow {overflow:.1f}%"
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], dict[str, Any]]:
         """The cold start's rows and its scripted agent's summary only (the facts' cold_start)."""

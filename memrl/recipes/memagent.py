@@ -47,6 +47,7 @@ from memrl.quiet import hf_progress_off
 from memrl.recipes.parts import engine_eval, policy_labels
 from memrl.recipes.pipeline import (
     EvalSettings,
+    MethodSettings,
     ModelShape,
     Recipe,
     RecipeConfig,
@@ -56,7 +57,7 @@ from memrl.recipes.pipeline import (
 )
 from memrl.recipes.report import memagent_markdown, plot_memagent
 from memrl.recipes.scratch import check_pieces, init_model
-from memrl.recipes.tables import Sweep, cell_of
+from memrl.recipes.tables import CustomTable, Sweep, cell_of
 from memrl.types import Segment
 
 log = logging.getLogger(__name__)
@@ -260,15 +261,17 @@ class MemAgentRecipe(Recipe):
 
     name = "memagent"
     config = DemoConfig
-    outputs = ("results.md", "results.json", "accuracy_vs_length.png", "rl_reward.png")
-    seed_keys = (("seed", "demo"), ("sft_seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train"))
-    task_seeds = ("sft_seed", "train.data.seed")
+    settings = MethodSettings(
+        seed_keys=(("seed", "demo"), ("sft_seed", "demo"), ("train.data.seed", "train"), ("train.trainer.seed", "train")),
+        task_seeds=("sft_seed", "train.data.seed"),
+        outputs=("results.md", "results.json", "accuracy_vs_length.png", "rl_reward.png"),
+        train_keys=("workflow", "algorithm.name", "data.synthetic.num_chunks", "data.synthetic.min_chunks",
+                    "data.synthetic.chunk_words", "trainer.steps"),
+        sweep_extras={"train_chunks": ("first", "train.data.synthetic.num_chunks")},
+        sft_tensorboard=True)  # the cold start logs to TensorBoard where trainer.tensorboard is on
     fields = FIELDS
-    train_keys = ("workflow", "algorithm.name", "data.synthetic.num_chunks", "data.synthetic.min_chunks",
-                  "data.synthetic.chunk_words", "trainer.steps")
+    table = CustomTable(memagent_markdown)  # a row per length (memrl.recipes.report)
     sweep = Sweep(("accuracy",), sweep_rows, (("demonstrator", "demonstrator"),))
-    sweep_extras = {"train_chunks": ("first", "train.data.synthetic.num_chunks")}
-    markdown = staticmethod(memagent_markdown)  # a row per length (memrl.recipes.report)
     plot = staticmethod(plot_memagent)
 
     def init(self, run: RecipeRun) -> None:
@@ -307,9 +310,6 @@ class MemAgentRecipe(Recipe):
                                                  run.tokenizer, run.wf_cfg.templates()[1]))
             print(f"SFT: + {len(reading)} reading-comprehension rows (answer from the whole document)")
         return rows, None
-
-    def sft_tensorboard(self, run: RecipeRun) -> bool:
-        return run.tcfg.trainer.tensorboard
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> list[dict[str, Any]]:
         print("SFT, held-out:" if policy == "sft" else "SFT+RL, held-out:")

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from memrl.config import MAX_COUNT, MAX_SEED, valid
 from memrl.data.synthetic_memact import MemActSplits, MemActTaskConfig, write_splits
 from memrl.eval.evaluator import EngineRollout, model_engine, tasks_sha256
-from memrl.recipes.pipeline import ModelShape, Recipe, RecipeConfig, RecipeRun
+from memrl.recipes.pipeline import MethodSettings, ModelShape, Recipe, RecipeConfig, RecipeRun, need_workflow
 from memrl.training.assemble import validate
 from memrl.workflows import parse_workflow
 
@@ -37,9 +37,9 @@ class SplitRecipe(Recipe):
     """A method trained on written task splits (memrl.data.synthetic_memact): SFT tasks at `sft.seed`, RL tasks
     (`rl_tasks` at `rl_task_seed`, data/train_tasks.jsonl, read by RL as `data.name=file`), held-out tasks."""
 
-    seed_keys = (("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"), ("train.data.seed", "train"),
-                 ("train.trainer.seed", "train"))
-    task_seeds = ("sft.seed", "rl_task_seed")
+    settings = MethodSettings(seed_keys=(("seed", "demo"), ("sft.seed", "demo"), ("rl_task_seed", "demo"),
+                                         ("train.data.seed", "train"), ("train.trainer.seed", "train")),
+                              task_seeds=("sft.seed", "rl_task_seed"))
 
     def train_overrides(self, cfg: Any, out_dir: str | Path) -> list[str]:
         return ["data.name=file", f"data.path={Path(out_dir) / 'data' / 'train_tasks.jsonl'}",
@@ -85,7 +85,7 @@ class ArmRecipe(Recipe):
 
     def check_run(self, run: RecipeRun) -> None:
         super().check_run(run)
-        self.need_workflow(run, self.arm(run.cfg).workflow["name"], f" for method={run.cfg.method}")
+        need_workflow(run, self.arm(run.cfg).workflow["name"], f" for method={run.cfg.method}")
 
 
 def workflow_section(tcfg: Any, name: str, **fields: Any) -> Any:

@@ -1,12 +1,12 @@
 """One recipe pipeline for every demo: init -> [copy warm-up] -> cold start -> evaluate -> RL -> evaluate -> write.
 
 A recipe method (`Recipe`) declares only what differs between the demos: its configs and their checks
-(`load`), its tasks, tokenizer and model (`init`), its scripted policy's held-out rows (`scripted`), the
+(`check`, `check_run` ...: `load_recipe`), its tasks, tokenizer and model (`init`), its scripted policy's held-out rows (`scripted`), the
 cold start's rows (`demonstrations`), its held-out evaluation's rows (`evaluate`), the `fields` its summary
 reduces those rows to (memrl.eval.fields) and its tables (`table`, `sweep`: memrl.recipes.tables). Its own run
 facts (a budget, lengths, streams ...) go into run.facts. `run_recipe` runs the stages in that order for every
 method and times each one; the copy warm-up, the cold-start SFT, RL and results.json (one layout for every
-method: `Recipe.results`) are the same code for all.
+method: `results`) are the same code for all: module functions here, not hooks.
 
 Methods are registered like workflows: a built-in name (`memagent`, `memact`, `context`, `mem1`, `infmem`,
 `lookback`) or an import path `package.module:ATTR` naming a Recipe instance, so a method living outside
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
@@ -220,66 +220,67 @@ def set_threads(cfg: Any) -> None:
 # ---------------------------------------------------------------------------------------------- methods
 
 
+@dataclass(frozen=True)
+class MethodSettings:
+    """The small declarations a method makes beside its hooks (`Recipe.settings`; the defaults suit most)."""
+
+    seed_keys: tuple[tuple[str, str], ...] = ()
+    """The overrides a training seed of `--seeds` shifts: (override key, "demo" or "train": where its base
+    value is read)."""
+    task_seeds: tuple[str, ...] = ()
+    """The seed keys that generate training tasks (never equal to a held-out task seed)."""
+    heldout_per: str = ""
+    """The eval field listing the held-out sets, set n drawn at eval.seed + n ("" = one set at eval.seed)."""
+    outputs: tuple[str, ...] = ("results.md", "results.json")
+    """The files `write` makes in the output directory (printed when the run ends)."""
+    pooled: bool = False
+    """Whether the summary also has a pooled "all" bucket per (policy, decoding) (memrl.eval.fields.summarize)."""
+    train_keys: tuple[str, ...] = ("workflow", "algorithm.name")
+    """The RL config's entries results.json's "train" holds (dotted paths, nested there as in the config:
+    "trainer.steps" -> {"trainer": {"steps": ...}}; a dataclass as its dict)."""
+    sweep_extras: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """Entries of the sweep's aggregate beside the cells: name -> ("mean", a dotted path in results.json, e.g.
+    "facts.budget.max_context_tokens": mean +- sd over the runs) or ("first", a path: the first run's value)."""
+    save_warmup: bool = True
+    """Whether the copy warm-up's model is saved to out/copy_warmup (a later run may reuse it)."""
+    demo_format: str = ""
+    """The cold start line's numbers after the scripted accuracy (str.format over its summary; `play_demonstrations`)."""
+    demo_names_workflow: bool = False
+    """Whether the cold start line names the workflow."""
+    sft_tensorboard: bool = False
+    """Whether the cold start also logs to TensorBoard where the RL config's trainer.tensorboard is on (its
+    metrics.jsonl is always written)."""
+
+
 class Recipe:
     """A recipe method: what one demo declares. Subclass it and override the hooks; `run_recipe` calls them.
 
-    The hooks: configs (`config`, `load` / `configs` with `expand`, `check`, `train_overrides`, `check_run`,
-    `training_task_seeds`), `init`, `scripted`, `warmup`, `demonstrations` (or `play`), `evaluate`, the
-    `fields` of its summary, its tables (`table`, `sweep`) and `plot`. Every evaluation returns rows
-    (memrl.eval.evaluator.evaluate_rows); the method fills run.facts with its own run facts; results.json has
-    ONE layout for every method (`results`)."""
+    The declarations: `name`, `config`, `settings` (MethodSettings), the `fields` of its summary (`fields_for`),
+    its tables (`table`, `sweep`). The hooks: the config checks (`expand`, `check`, `training_task_seeds`,
+    `train_overrides`, `check_run`, `check_sweep`), `init`, `scripted`, `warmup`, `demonstrations` (or `play`),
+    `evaluate` and `plot`. Every evaluation returns rows (memrl.eval.evaluator.evaluate_rows); the method fills
+    run.facts with its own run facts. The rest is the pipeline's, the same for every method (module functions:
+    `load_recipe`, `results`, `write` ...): results.json has ONE layout for every method."""
 
     name: ClassVar[str] = ""
     config: ClassVar[type] = object
     """The demo config dataclass (`memrl demo --agent NAME key=value` sets its fields)."""
-    seed_keys: ClassVar[tuple[tuple[str, str], ...]] = ()
-    """The overrides a training seed of `--seeds` shifts: (override key, "demo" or "train": where its base
-    value is read)."""
-    task_seeds: ClassVar[tuple[str, ...]] = ()
-    """The seed keys that generate training tasks (never equal to a held-out task seed)."""
-    heldout_per: ClassVar[str] = ""
-    """The eval field listing the held-out sets, set n drawn at eval.seed + n ("" = one set at eval.seed)."""
-    outputs: ClassVar[tuple[str, ...]] = ("results.md", "results.json")
-    """The files `write` makes in the output directory (printed when the run ends)."""
+    settings: ClassVar[MethodSettings] = MethodSettings()
     fields: ClassVar[tuple[Field, ...]] = ()
     """The summary's fields (memrl.eval.fields): each a name and a reducer over one (policy, decoding, bucket)
     group of the run's evaluation rows; results.json's "summary" rows hold them, the tables show them."""
-    pooled: ClassVar[bool] = False
-    """Whether the summary also has a pooled "all" bucket per (policy, decoding) (memrl.eval.fields.summarize)."""
+    table: ClassVar[Any] = None
+    """results.md's table (memrl.recipes.tables.RunTable, GridTable or CustomTable: `render(results)`)."""
+    sweep: ClassVar[Any] = None
+    """The seed sweep's table (memrl.recipes.tables.SweepTable, or a Sweep: its `fields`, `policies` and
+    `render(entry)`: memrl.recipes.seeds renders one per capability)."""
 
     def fields_for(self, cfg: Any) -> tuple[Field, ...]:
         """The summary's fields of a run of demo config `cfg`: `fields` (a method whose fields follow its
         config, e.g. one accuracy per question count its tasks draw, adds them here)."""
         return self.fields
-    train_keys: ClassVar[tuple[str, ...]] = ("workflow", "algorithm.name")
-    """The RL config's entries results.json's "train" holds (dotted paths, nested there as in the config: "trainer.steps"
-    -> {"trainer": {"steps": ...}}; a dataclass as its dict)."""
-    table: ClassVar[Any] = None
-    """results.md's table (memrl.recipes.tables.RunTable or GridTable: `render(results)`)."""
-    sweep: ClassVar[Any] = None
-    """The seed sweep's table (memrl.recipes.tables.SweepTable, or a Sweep: its `fields`, `policies` and
-    `render(entry)`: memrl.recipes.seeds renders one per capability)."""
-    sweep_extras: ClassVar[dict[str, tuple[str, str]]] = {}
-    """Entries of the sweep's aggregate beside the cells: name -> ("mean", a dotted path in results.json, e.g.
-    "facts.budget.max_context_tokens": mean +- sd over the runs) or ("first", a path: the first run's value)."""
 
-    def load(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
-        """Configs and their checks (fails before any work): `configs`, then what the method keeps beside them."""
-        return self.configs(overrides, out_dir)
-
-    def configs(self, overrides: list[str], out_dir: str | Path) -> RecipeRun:
-        """The demo config from the demo overrides (after `expand`), checked by `check`; the RL config
-        (`load_train` with `train_overrides`), checked by `check_run`; torch's threads set. Fails on a bad value
-        before any work."""
-        demo_ov, train_ov = split_overrides(self.expand(list(overrides)))
-        cfg = load_config(self.config, demo_ov)
-        self.check(cfg, train_ov)
-        self.check_task_seeds(cfg)
-        run = load_train(cfg, train_ov, out_dir, self.train_overrides(cfg, out_dir))
-        self.check_run(run)
-        check_policy(run.cfg, run.tcfg, run.wf_cfg)  # the RL stage's model checks, before any stage (recipes.policy)
-        set_threads(run.cfg)
-        return run
+    # ------------------------------------------------------------------ config checks (`load_recipe` calls them)
 
     def expand(self, overrides: list[str]) -> list[str]:
         """The overrides a command line's stand for (e.g. a named variant's, put first)."""
@@ -292,13 +293,6 @@ class Recipe:
         """The training task seeds `check_task_seeds` refuses when held-out (its name in the message -> value)."""
         return {}
 
-    def check_task_seeds(self, cfg: Any) -> None:
-        """Refuse a training task seed (`training_task_seeds`) that is a held-out one (after `check`)."""
-        held = self.heldout_seeds(cfg)
-        for what, seed in self.training_task_seeds(cfg).items():
-            needs(seed not in held, f"{what} {seed} is a held-out task seed ({', '.join(map(str, sorted(held)))}): "
-                  "the training tasks would be held-out ones")
-
     def train_overrides(self, cfg: Any, out_dir: str | Path) -> list[str]:
         """The RL config's overrides the method sets (before the command line's, which win)."""
         return []
@@ -307,17 +301,10 @@ class Recipe:
         """Refuse an RL config the method cannot run (may also set what the method derives: run.tcfg, run.spec,
         run.wf_cfg)."""
 
-    @staticmethod
-    def need_workflow(run: RecipeRun, name: str, why: str = "") -> None:
-        """Refuse an RL config whose workflow is not `name` (`why` follows the name in the message)."""
-        needs(run.spec.name == name, f"workflow.name must be {name}{why}, got {run.spec.name!r}")
+    def check_sweep(self, cfg: Any) -> None:
+        """Refuse settings the sweep's table cannot aggregate (before any run)."""
 
-    @staticmethod
-    def overridden(train_overrides: list[str], key: str) -> str:
-        """The first training override that sets `key` or a key under it ("" when none): a setting the
-        method makes and the command line may not."""
-        return next((ov for ov in train_overrides if (k := ov.split("=", 1)[0]) == key or k.startswith(key + ".")),
-                    "")
+    # ------------------------------------------------------------------ the stages (`execute` calls them)
 
     def init(self, run: RecipeRun) -> None:
         """Tasks, tokenizer and model (run.tokenizer, run.model); run.reused = True when the cold start is
@@ -329,103 +316,144 @@ class Recipe:
         """Held-out evaluation rows of the scripted policy (optional; their policy column names it)."""
         return []
 
-    save_warmup: ClassVar[bool] = True
-    """Whether the copy warm-up's model is saved to out/copy_warmup (a later run may reuse it)."""
-
     def warmup(self, run: RecipeRun) -> list[float]:
-        """The copy warm-up (`sft.copy_warmup_steps` > 0) at `sft.copy_warmup_lr` where the SFT section has one
-        (else `sft.lr`); saves the model to out/copy_warmup when `save_warmup`."""
-        s = run.cfg.sft
-        steps = getattr(s, "copy_warmup_steps", 0)
-        if not steps:
-            return []
-        losses = copy_warmup(run.model, run.tokenizer, steps, s.warmup_rows(), getattr(s, "copy_warmup_lr", s.lr),
-                             run.cfg.seed, run.out / "copy_warmup", progress=run.tcfg.trainer.progress)
-        if self.save_warmup:
-            run.model.save_pretrained(run.out / "copy_warmup")
-        return losses
+        """The copy warm-up's per-step losses (`copy_warmup_stage`)."""
+        return copy_warmup_stage(self, run)
 
     def demonstrations(self, run: RecipeRun) -> tuple[list[Segment], Any]:
-        """(the cold start's rows, its statistics or None): the scripted policy played through the workflow
-        (`play`), every row of each task's one trajectory as the workflow cuts it; the statistics (run.facts'
-        "cold_start") are {"summary": the `fields` of the played groups' rows (one summary row, policy
-        "cold_start"), "rows", "rows_per_task", **`demo_extra`}; a line is printed with the summary's accuracy and
-        `demo_format` (and the workflow's name where `demo_names_workflow`)."""
-        groups = self.play(run)
-        trajs = [g.trajectories[0] for g in groups]
-        summary = summarize(evaluation_rows(groups, policy="cold_start", bucket=POOLED), self.fields_for(run.cfg))[0]
-        rows = [s for t in trajs for s in t.segments]
-        name = f"{run.spec.name} " if self.demo_names_workflow else ""
-        print(f"cold start: {len(rows)} rows from {len(groups)} scripted {name}trajectories (its accuracy "
-              f"{summary['accuracy']:.1f}%, {self.demo_format.format(**summary)})")
-        return rows, {"summary": summary, "rows": len(rows), "rows_per_task": [len(t.segments) for t in trajs],
-                      **self.demo_extra(run, trajs)}
-
-    demo_format: ClassVar[str] = ""
-    """The cold start line's numbers after the scripted accuracy (str.format over the summary)."""
-    demo_names_workflow: ClassVar[bool] = False
+        """(the cold start's rows, its statistics or None): `play_demonstrations` (the scripted policy played
+        through the workflow by `play`)."""
+        return play_demonstrations(self, run)
 
     def play(self, run: RecipeRun) -> list[Any]:
         """The scripted policy over the SFT tasks through the workflow: one Group (one trajectory) per task."""
         raise NotImplementedError
-
-    def demo_extra(self, run: RecipeRun, trajs: list[Any]) -> dict[str, Any]:
-        """Statistics of the cold start beside the summary and the row counts."""
-        return {}
-
-    def sft_tensorboard(self, run: RecipeRun) -> bool:
-        """Whether the cold start also logs to TensorBoard (its metrics.jsonl is always written)."""
-        return False
 
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> list[dict[str, Any]]:
         """Held-out evaluation rows of `model` (policy "sft" or "rl"; memrl.eval.evaluator.evaluate_rows, labelled
         with memrl.recipes.parts.policy_labels). A method may add rows of other policies it evaluates beside."""
         raise NotImplementedError
 
-    def results(self, run: RecipeRun) -> dict[str, Any]:
-        """What results.json holds, the one layout of every method:
-
-        {"recipe": the method's name, "method": the config's `method` (the arm) where it has one, else the name,
-        "config": the demo config as a dict, "train": the RL config's `train_keys`, "facts": run.facts,
-        "timings", "losses": {"sft", "copy_warmup"}, "history": RL's per-step metrics, "num_parameters",
-        "vocab_size", "heldout_sha256": the distinct held-out digests the rows carry, "summary": the rows
-        grouped by (policy, decoding, bucket) and reduced by `fields` (memrl.eval.fields.summarize)}."""
-        cfg, tcfg = run.cfg, run.tcfg
-        return {
-            "recipe": self.name, "method": getattr(cfg, "method", self.name), "config": _plain(cfg),
-            "train": _subset(tcfg, self.train_keys), "facts": run.facts,
-            "timings": run.timings, "losses": {"sft": run.sft_losses, "copy_warmup": run.warmup_losses},
-            "history": run.history, "num_parameters": run.num_parameters,
-            "vocab_size": len(run.tokenizer) if run.tokenizer is not None else 0,
-            "heldout_sha256": list(dict.fromkeys(r["heldout_sha256"] for r in run.rows if r.get("heldout_sha256"))),
-            "summary": summarize(run.rows, self.fields_for(cfg), self.pooled)}
-
-    def markdown(self, results: dict[str, Any]) -> str:
-        """results.md (`table`)."""
-        if self.table is None:
-            raise NotImplementedError(f"{type(self).__name__}: no table declared")
-        return self.table.render(results)
-
     def plot(self, results: dict[str, Any], out: Path) -> None:
-        """The method's plots in `out` (beside results.md; list them in `outputs`)."""
+        """The method's plots in `out` (beside results.md; list them in `settings.outputs`)."""
 
-    # ------------------------------------------------------------------ the seed sweep
 
-    def heldout_seeds(self, cfg: Any) -> set[int]:
-        """The seeds held-out tasks are drawn from (no training task seed may equal one; `heldout_per`)."""
-        return {cfg.eval.seed + n for n in getattr(cfg.eval, self.heldout_per)} if self.heldout_per else {cfg.eval.seed}
+# ---------------------------------------------------------------------------------------------- configs and checks
 
-    def check_sweep(self, cfg: Any) -> None:
-        """Refuse settings the sweep's table cannot aggregate (before any run)."""
 
-    def write(self, results: dict[str, Any], out: Path) -> str:
-        """Write results.json (secrets redacted; indent 1, a newline at the end), results.md and the method's
-        plots; returns the markdown."""
-        (out / "results.json").write_text(json.dumps(redact_secrets(results), indent=1) + "\n", encoding="utf-8")
-        md = self.markdown(results)
-        (out / "results.md").write_text(md, encoding="utf-8")
-        self.plot(results, out)
-        return md
+def load_recipe(recipe: Recipe, overrides: list[str], out_dir: str | Path) -> RecipeRun:
+    """A method's configs and their checks (fails on a bad value before any work): the demo config from the
+    demo overrides (after `expand`), checked by `check` and `check_task_seeds`; the RL config (`load_train` with
+    `train_overrides`), checked by `check_run` and memrl.recipes.policy.check_policy; torch's threads set."""
+    demo_ov, train_ov = split_overrides(recipe.expand(list(overrides)))
+    cfg = load_config(recipe.config, demo_ov)
+    recipe.check(cfg, train_ov)
+    check_task_seeds(recipe, cfg)
+    run = load_train(cfg, train_ov, out_dir, recipe.train_overrides(cfg, out_dir))
+    recipe.check_run(run)
+    check_policy(run.cfg, run.tcfg, run.wf_cfg)  # the RL stage's model checks, before any stage (recipes.policy)
+    set_threads(run.cfg)
+    return run
+
+
+def heldout_seeds(recipe: Recipe, cfg: Any) -> set[int]:
+    """The seeds held-out tasks are drawn from (no training task seed may equal one; `settings.heldout_per`)."""
+    per = recipe.settings.heldout_per
+    return {cfg.eval.seed + n for n in getattr(cfg.eval, per)} if per else {cfg.eval.seed}
+
+
+def check_task_seeds(recipe: Recipe, cfg: Any) -> None:
+    """Refuse a training task seed (`training_task_seeds`) that is a held-out one."""
+    held = heldout_seeds(recipe, cfg)
+    for what, seed in recipe.training_task_seeds(cfg).items():
+        needs(seed not in held, f"{what} {seed} is a held-out task seed ({', '.join(map(str, sorted(held)))}): "
+              "the training tasks would be held-out ones")
+
+
+def need_workflow(run: RecipeRun, name: str, why: str = "") -> None:
+    """Refuse an RL config whose workflow is not `name` (`why` follows the name in the message)."""
+    needs(run.spec.name == name, f"workflow.name must be {name}{why}, got {run.spec.name!r}")
+
+
+def overridden(train_overrides: list[str], key: str) -> str:
+    """The first training override that sets `key` or a key under it ("" when none): a setting the method makes
+    and the command line may not."""
+    return next((ov for ov in train_overrides if (k := ov.split("=", 1)[0]) == key or k.startswith(key + ".")), "")
+
+
+# ---------------------------------------------------------------------------------------------- default stage bodies
+
+
+def copy_warmup_stage(recipe: Recipe, run: RecipeRun) -> list[float]:
+    """The copy warm-up (`sft.copy_warmup_steps` > 0) at `sft.copy_warmup_lr` where the SFT section has one
+    (else `sft.lr`); saves the model to out/copy_warmup when `settings.save_warmup`."""
+    s = run.cfg.sft
+    steps = getattr(s, "copy_warmup_steps", 0)
+    if not steps:
+        return []
+    losses = copy_warmup(run.model, run.tokenizer, steps, s.warmup_rows(), getattr(s, "copy_warmup_lr", s.lr),
+                         run.cfg.seed, run.out / "copy_warmup", progress=run.tcfg.trainer.progress)
+    if recipe.settings.save_warmup:
+        run.model.save_pretrained(run.out / "copy_warmup")
+    return losses
+
+
+def play_demonstrations(recipe: Recipe, run: RecipeRun,
+                        extra: Callable[[list[Any]], dict[str, Any]] | None = None) -> tuple[list[Segment], Any]:
+    """(the cold start's rows, its statistics): the scripted policy played through the workflow (`play`),
+    every row of each task's one trajectory as the workflow cuts it; the statistics (run.facts' "cold_start")
+    are {"summary": the `fields` of the played groups' rows (one summary row, policy "cold_start"), "rows",
+    "rows_per_task", **`extra`(the trajectories)}; a line is printed with the summary's accuracy and
+    `settings.demo_format` (and the workflow's name where `settings.demo_names_workflow`)."""
+    groups = recipe.play(run)
+    trajs = [g.trajectories[0] for g in groups]
+    summary = summarize(evaluation_rows(groups, policy="cold_start", bucket=POOLED), recipe.fields_for(run.cfg))[0]
+    rows = [s for t in trajs for s in t.segments]
+    decl = recipe.settings
+    name = f"{run.spec.name} " if decl.demo_names_workflow else ""
+    print(f"cold start: {len(rows)} rows from {len(groups)} scripted {name}trajectories (its accuracy "
+          f"{summary['accuracy']:.1f}%, {decl.demo_format.format(**summary)})")
+    return rows, {"summary": summary, "rows": len(rows), "rows_per_task": [len(t.segments) for t in trajs],
+                  **(extra(trajs) if extra else {})}
+
+
+# ---------------------------------------------------------------------------------------------- the outputs
+
+
+def results(recipe: Recipe, run: RecipeRun) -> dict[str, Any]:
+    """What results.json holds, the one layout of every method:
+
+    {"recipe": the method's name, "method": the config's `method` (the arm) where it has one, else the name,
+    "config": the demo config as a dict, "train": the RL config's `settings.train_keys`, "facts": run.facts,
+    "timings", "losses": {"sft", "copy_warmup"}, "history": RL's per-step metrics, "num_parameters",
+    "vocab_size", "heldout_sha256": the distinct held-out digests the rows carry, "summary": the rows
+    grouped by (policy, decoding, bucket) and reduced by `fields` (memrl.eval.fields.summarize)}."""
+    cfg, tcfg = run.cfg, run.tcfg
+    return {
+        "recipe": recipe.name, "method": getattr(cfg, "method", recipe.name), "config": _plain(cfg),
+        "train": _subset(tcfg, recipe.settings.train_keys), "facts": run.facts,
+        "timings": run.timings, "losses": {"sft": run.sft_losses, "copy_warmup": run.warmup_losses},
+        "history": run.history, "num_parameters": run.num_parameters,
+        "vocab_size": len(run.tokenizer) if run.tokenizer is not None else 0,
+        "heldout_sha256": list(dict.fromkeys(r["heldout_sha256"] for r in run.rows if r.get("heldout_sha256"))),
+        "summary": summarize(run.rows, recipe.fields_for(cfg), recipe.settings.pooled)}
+
+
+def markdown(recipe: Recipe, results: dict[str, Any]) -> str:
+    """results.md: the method's `table` rendered over `results`."""
+    if recipe.table is None:
+        raise NotImplementedError(f"{type(recipe).__name__}: no table declared")
+    return recipe.table.render(results)
+
+
+def write(recipe: Recipe, results: dict[str, Any], out: Path) -> str:
+    """Write results.json (secrets redacted; indent 1, a newline at the end), results.md and the method's
+    plots; returns the markdown."""
+    (out / "results.json").write_text(json.dumps(redact_secrets(results), indent=1) + "\n", encoding="utf-8")
+    md = markdown(recipe, results)
+    (out / "results.md").write_text(md, encoding="utf-8")
+    recipe.plot(results, out)
+    return md
 
 
 def path_of(obj: Any, dotted: str) -> Any:
@@ -486,7 +514,8 @@ def execute(recipe: Recipe, run: RecipeRun) -> dict[str, Any]:
             rows, demo = recipe.demonstrations(run)
             if demo is not None:
                 run.facts["cold_start"] = demo
-            run.sft_losses = cold_start(run, rows, tensorboard=recipe.sft_tensorboard(run))
+            tensorboard = recipe.settings.sft_tensorboard and run.tcfg.trainer.tensorboard
+            run.sft_losses = cold_start(run, rows, tensorboard=tensorboard)
         with stage(run, "eval_sft_s"):
             run.rows += recipe.evaluate(run, "sft", run.model, run.out / "sft")
     with stage(run, "rl_s"):
@@ -495,21 +524,22 @@ def execute(recipe: Recipe, run: RecipeRun) -> dict[str, Any]:
         run.rows += recipe.evaluate(run, "rl", trainer.model, latest_checkpoint(trainer.ckpt_root) or "")
     run.num_parameters = sum(p.numel() for p in (run.model if run.model is not None else trainer.model).parameters())
     run.timings["total_s"] = time.perf_counter() - t_start
-    return recipe.results(run)
+    return results(recipe, run)
 
 
 def run_recipe(recipe: Recipe | str, out_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
     """Run one method's demo: load its configs (a bad value fails before any work), then, with the output
     directory locked (memrl.locks), write demo_config.yaml, run the stages and write its outputs."""
     recipe = get_recipe(recipe) if isinstance(recipe, str) else recipe
-    run = recipe.load(list(overrides), out_dir)
+    run = load_recipe(recipe, list(overrides), out_dir)
     with locked_dir(run.out, "--out"):  # one demo per directory
         (run.out / "demo_config.yaml").write_text(to_yaml(run.cfg), encoding="utf-8")
-        results = execute(recipe, run)
-        text = recipe.write(results, run.out)
+        res = execute(recipe, run)
+        text = write(recipe, res, run.out)
     print(text, end="" if text.endswith("\n") else "\n")
-    print(f"wrote {', '.join(str(run.out / f) for f in recipe.outputs)} ({run.timings['total_s'] / 60:.1f} min)")
-    return results
+    outputs = ", ".join(str(run.out / f) for f in recipe.settings.outputs)
+    print(f"wrote {outputs} ({run.timings['total_s'] / 60:.1f} min)")
+    return res
 
 
 # ---------------------------------------------------------------------------------------------- the registry

@@ -1,13 +1,13 @@
 """The demos' reports: markdown tables and matplotlib plots from a demo's results dict (results.json).
 
-MemAgent (`memrl demo`): results.json's one layout (memrl.recipes.pipeline.Recipe.results): facts["lengths"]
+MemAgent (`memrl demo`): results.json's one layout (memrl.recipes.pipeline.results): facts["lengths"]
 (evaluated lengths, in chunks), the RL config's train.data.synthetic (num_chunks, min_chunks, chunk_words), and
 the summary rows (policy, decoding "greedy" / "sampled", bucket: the length) of memrl.recipes.memagent.FIELDS.
 Stages are the rows' policies (demonstrator, sft, rl: `MEMAGENT_STAGES`); the gain columns compare two of them on
 the same tasks (paired standard error, `memrl.eval.evaluator.paired_gain`). `memagent_markdown` and
 `plot_memagent` are its results.md and plots (memrl.recipes.memagent writes them).
 
-MemAct (`memrl demo --agent memact`): the one results layout (memrl.recipes.pipeline.Recipe.results), its
+MemAct (`memrl demo --agent memact`): the one results layout (memrl.recipes.pipeline.results), its
 summary rows of policies sft and rl (memrl.recipes.memact.FIELDS); `MEMACT_TABLE`, `plot_memact`,
 `print_memact_eval`.
 """
@@ -42,7 +42,7 @@ def gain_cell(before: dict[str, Any] | None, after: dict[str, Any] | None) -> st
 
 
 def _syn(results: dict[str, Any]) -> dict[str, Any]:
-    """The RL config's synthetic task section results.json's train holds (memrl.recipes.memagent.train_keys)."""
+    """The RL config's synthetic task section results.json's train holds (memrl.recipes.memagent settings.train_keys)."""
     return results["train"]["data"]["synthetic"]
 
 

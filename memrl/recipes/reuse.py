@@ -26,7 +26,7 @@ NOT_COLD_START = ("method", "threads", "sft_from", "warmup_from")
 """Demo config fields that may differ between a run and the run whose cold start it reuses."""
 RESULT_KEYS = ("facts.budget.max_context_tokens", "facts.cold_start", "losses.copy_warmup", "losses.sft", "summary")
 """The results.json entries a run reusing another's cold start (sft_from) reads (the one results layout,
-memrl.recipes.pipeline.Recipe.results)."""
+memrl.recipes.pipeline.results)."""
 WARMUP_FIELDS = ("seed", "sft.copy_warmup_steps", "sft.copy_warmup_rows", "sft.lr", "sft.batch_rows")
 """Demo config fields the copy warm-up depends on (beside the initial model and tokenizer)."""
 

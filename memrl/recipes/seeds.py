@@ -15,7 +15,7 @@ capability's first run, a probe subprocess with the same environment checks that
 `native` runs without the variable (torch's own choice; the table names what torch reported).
 
 Training seed k shifts every seed the recipe TRAINS with by k from its value (seed 0 is the one-seed demo
-exactly): the method's `seed_keys` (memrl.recipes.pipeline.Recipe; e.g. memact: `seed` for the model init,
+exactly): the method's `settings.seed_keys` (memrl.recipes.pipeline.MethodSettings; e.g. memact: `seed` for the model init,
 tokenizer, copy warm-up and SFT order, `sft.seed` for the SFT tasks and the scripted agent's coins,
 `rl_task_seed`, `train.data.seed`, `train.trainer.seed`). The held-out evaluation (eval.seed, eval.num_tasks,
 the lengths) is never shifted, and no training task seed (`task_seeds`) may equal a held-out one
@@ -56,7 +56,7 @@ from memrl.errors import UserError
 from memrl.eval.stats import group_stats, nest, stat
 from memrl.locks import acquire, release
 from memrl.recipes import split_overrides
-from memrl.recipes.pipeline import Recipe, get_recipe, path_of
+from memrl.recipes.pipeline import Recipe, get_recipe, heldout_seeds, path_of
 from memrl.recipes.tables import DECODINGS
 from memrl.training.config import TrainConfig
 
@@ -100,7 +100,7 @@ def _get(obj: Any, dotted: str) -> Any:
 
 
 def _configs(agent: str, overrides: list[str]) -> tuple[Recipe, Any, Any]:
-    """(the method, its demo config, its RL config) under `overrides`, read as `Recipe.configs` reads them (a
+    """(the method, its demo config, its RL config) under `overrides`, read as `memrl.recipes.pipeline.load_recipe` reads them (a
     named variant expanded, the method's own RL overrides first); no directory is touched."""
     recipe = get_recipe(agent)
     demo_ov, train_ov = split_overrides(recipe.expand(list(overrides)))
@@ -114,14 +114,14 @@ def base_seeds(agent: str, overrides: list[str]) -> dict[str, int]:
     training seed shifts (the method's `seed_keys`), and "eval.seed"."""
     recipe, cfg, tcfg = _configs(agent, overrides)
     out = {key: int(_get(cfg if where == "demo" else tcfg, key.removeprefix("train.")))
-           for key, where in recipe.seed_keys}
+           for key, where in recipe.settings.seed_keys}
     out["eval.seed"] = int(cfg.eval.seed)
     return out
 
 
 def seed_overrides(agent: str, seed: int, base: dict[str, int]) -> list[str]:
     """The overrides of training seed `seed`: every training seed shifted by `seed` (0 = the recipe's own)."""
-    return [f"{key}={base[key] + seed}" for key, _ in get_recipe(agent).seed_keys]
+    return [f"{key}={base[key] + seed}" for key, _ in get_recipe(agent).settings.seed_keys]
 
 
 @dataclass(frozen=True)
@@ -137,19 +137,19 @@ def plan(agent: str, root: Path, seeds: list[int], capabilities: list[str], over
     """The runs, seed-major (both capabilities of seed 0 first), each with its out dir and overrides; fails
     when an override sets a seed the sweep shifts, or when a training task seed would equal eval.seed."""
     recipe, cfg, _ = _configs(agent, overrides)
-    keys = {key for key, _ in recipe.seed_keys}
+    keys = {key for key, _ in recipe.settings.seed_keys}
     fixed = [ov for ov in overrides if ov.split("=", 1)[0] in keys]
     if fixed:
         raise ConfigError(f"--seeds: {fixed[0].split('=', 1)[0]} is set by the training seed; drop the override "
                           f"{fixed[0]!r}")
     recipe.check_sweep(cfg)
     base = base_seeds(agent, overrides)
-    over = [(key, base[key] + max(seeds)) for key, _ in recipe.seed_keys if base[key] + max(seeds) > MAX_SEED]
+    over = [(key, base[key] + max(seeds)) for key, _ in recipe.settings.seed_keys if base[key] + max(seeds) > MAX_SEED]
     if over:
         raise ConfigError(f"--seeds: training seed {max(seeds)} makes {over[0][0]}={over[0][1]}, past the largest "
                           f"seed {MAX_SEED}")
-    held = recipe.heldout_seeds(cfg)
-    for key in recipe.task_seeds:
+    held = heldout_seeds(recipe, cfg)
+    for key in recipe.settings.task_seeds:
         hit = [s for s in seeds if base[key] + s in held]
         if hit:
             what = (f"equal eval.seed ({base['eval.seed']})" if len(held) == 1 else
@@ -420,7 +420,7 @@ def sweep_extra(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]]) -> dict
     """Entries of a capability's aggregate beside the cells (the method's `sweep_extras`: name -> ("mean", a
     dotted path in results.json: stat over the runs) or ("first", a path: the first run's value))."""
     out: dict[str, Any] = {}
-    for name, (how, path) in recipe.sweep_extras.items():
+    for name, (how, path) in recipe.settings.sweep_extras.items():
         if how == "first":
             out[name] = path_of(done[0][1], path) if done else None
             continue

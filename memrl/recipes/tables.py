@@ -1,6 +1,6 @@
 """Tables as data, rendered from summary rows: a recipe method declares its results.md table (`RunTable` or
 `GridTable`) and its seed sweep's table (`SweepTable`, or any `Sweep`), and the code here renders them for every
-method (memrl.recipes.pipeline.Recipe's `markdown`; memrl.recipes.seeds renders the `sweep`).
+method (memrl.recipes.pipeline.markdown; memrl.recipes.seeds renders the `sweep`).
 
 results.md reads results.json's "summary" (memrl.eval.fields.summarize: one row {"policy", "decoding",
 "bucket", <field>: value, ...} per group of evaluation rows); a column names a field (a format template over the
@@ -134,6 +134,13 @@ class Sweep:
     fields: tuple[str, ...]
     render: Callable[[dict[str, Any]], list[str]]
     policies: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class CustomTable:
+    """results.md written by a function of results.json's dict (a table no RunTable / GridTable shape holds)."""
+
+    render: Callable[[Mapping[str, Any]], str]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import pytest
 from conftest import one_line
 
 from memrl.cli import main
+from memrl.recipes.pipeline import load_recipe
 
 
 def _fails(argv: list[str], capsys, code: int = 2) -> str:
@@ -251,7 +252,7 @@ def _finished_context_demo(src: Path, out: Path) -> None:
     from memrl.config import to_yaml
     from memrl.recipes.context import RECIPE
 
-    run = RECIPE.configs(["method=fold", *_TOY], out)
+    run = load_recipe(RECIPE, ["method=fold", *_TOY], out)
     cfg, tcfg = run.cfg, run.tcfg
     (src / "sft").mkdir(parents=True)
     (src / "sft" / "model.safetensors").write_bytes(b"")

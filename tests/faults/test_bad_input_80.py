@@ -14,6 +14,7 @@ import pytest
 from conftest import one_line
 
 from memrl.cli import main
+from memrl.recipes.pipeline import load_recipe
 
 
 def _fails(argv: list[str], capsys, code: int = 2) -> str:
@@ -121,11 +122,11 @@ def test_the_early_checks_pass_a_demo_model_that_has_what_the_rl_stage_needs(tmp
     from memrl.recipes.pipeline import get_recipe
 
     recipe = get_recipe("memagent")
-    run = recipe.load(["model_preset=tiny-qwen3-moe", "train.algorithm.routing_replay=r2",
+    run = load_recipe(recipe, ["model_preset=tiny-qwen3-moe", "train.algorithm.routing_replay=r2",
                        "train.algorithm.old_logprobs=trainer", "train.trainer.router_aux_loss_coef=0.01",
                        "train.workflow.enable_thinking=true"], tmp_path / "moe")
     assert run.tcfg.algorithm.routing_replay == "r2" and run.wf_cfg.enable_thinking is True
-    run = recipe.load(["model_preset=tiny-qwen3", "train.workflow.enable_thinking=true"], tmp_path / "qwen3")
+    run = load_recipe(recipe, ["model_preset=tiny-qwen3", "train.workflow.enable_thinking=true"], tmp_path / "qwen3")
     assert run.wf_cfg.enable_thinking is True
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from memrl.cli import main
 from memrl.eval.fields import one
+from memrl.recipes.pipeline import load_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +93,7 @@ def test_each_method_sets_its_workflow_and_estimator(tmp_path):
         "fold_no_process": ({"name": "fold"}, "foldgrpo", [], None),
     }
     for method, (section, algo, process, norm) in want.items():
-        tcfg = RECIPE.configs([f"method={method}"], tmp_path / method).tcfg
+        tcfg = load_recipe(RECIPE, [f"method={method}"], tmp_path / method).tcfg
         assert {k: tcfg.workflow[k] for k in section} == section and tcfg.algorithm.name == algo
         if process is not None:
             assert tcfg.algorithm.foldgrpo.process_rewards == process
@@ -100,7 +101,7 @@ def test_each_method_sets_its_workflow_and_estimator(tmp_path):
             assert tcfg.algorithm.grpo.norm_by_std is norm
         assert tcfg.workflow["retriever_scope"] == "task" and tcfg.workflow["max_assistant_turns"] == 20
     # an explicit workflow key wins over the arm's
-    tcfg = RECIPE.configs(["method=window", "workflow.window_turns=3"], tmp_path / "w3").tcfg
+    tcfg = load_recipe(RECIPE, ["method=window", "workflow.window_turns=3"], tmp_path / "w3").tcfg
     assert tcfg.workflow["window_turns"] == 3
 
 

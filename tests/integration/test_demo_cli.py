@@ -9,6 +9,7 @@ import pytest
 
 from memrl.cli import main
 from memrl.eval.evaluator import paired_gain
+from memrl.recipes.pipeline import load_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +90,7 @@ def test_sampled_evaluation_is_seeded_and_reproducible(demo):
     from memrl.recipes.memagent import RECIPE, heldout_tasks
 
     out, _ = demo
-    again = RECIPE.configs(TOY, out.parent / "again")
+    again = load_recipe(RECIPE, TOY, out.parent / "again")
     cfg, tcfg, spec, wf_cfg = again.cfg, again.tcfg, again.spec, again.wf_cfg
     tasks = heldout_tasks(cfg, tcfg)[2]
     tok = AutoTokenizer.from_pretrained(out / "sft")

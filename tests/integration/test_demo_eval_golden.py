@@ -16,6 +16,7 @@ import pytest
 
 from memrl.eval.evaluator import EngineRollout, evaluate_rows, model_engine
 from memrl.recipes.parts import engine_eval
+from memrl.recipes.pipeline import load_recipe
 from memrl.recipes.summaries import evaluate_memact
 
 pytestmark = pytest.mark.slow
@@ -30,7 +31,7 @@ def memagent(tmp_path_factory):
     from memrl.recipes import memagent as ma
 
     torch.set_num_threads(1)
-    run = ma.RECIPE.configs(
+    run = load_recipe(ma.RECIPE,
         ["hidden_size=32", "num_layers=1", "num_heads=2", "num_kv_heads=1", "vocab_size=800", "eval.num_tasks=6",
          "eval.multipliers=[1,2]", "eval.samples=3", "sft.p_aware=0.5", "train.data.synthetic.num_chunks=2",
          "train.data.synthetic.min_chunks=0"], tmp_path_factory.mktemp("ma"))
@@ -108,7 +109,7 @@ def memact(tmp_path_factory):
     from memrl.recipes import memact as mc
 
     torch.set_num_threads(1)
-    run = mc.RECIPE.configs(
+    run = load_recipe(mc.RECIPE,
         ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
          "sft.num_tasks=80", "rl_tasks=4", "eval.num_tasks=10"], tmp_path_factory.mktemp("mc"))
     cfg, tcfg, out, wf = run.cfg, run.tcfg, run.out, run.wf_cfg

@@ -12,6 +12,7 @@ from transformers import AutoTokenizer
 
 from memrl.cli import main
 from memrl.eval.fields import one
+from memrl.recipes.pipeline import load_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +78,7 @@ def test_scripted_contexts_latest_state_vs_full_history(tmp_path):
     out = tmp_path / "run"
     assert main(["demo", "--agent", "mem1", "--out", str(out), "method=mem1", *TOY]) == 0
     tok = AutoTokenizer.from_pretrained(out / "init")
-    run = RECIPE.configs(["eval.num_tasks=2"], tmp_path / "cfg")
+    run = load_recipe(RECIPE, ["eval.num_tasks=2"], tmp_path / "cfg")
     cfg, tcfg = run.cfg, run.tcfg
     _, wf = validate(tcfg)
     held = heldout_tasks(cfg)
@@ -134,7 +135,7 @@ def test_mem1_demo_caps_the_prompt_at_the_positions(tmp_path):
     from memrl.recipes.mem1 import RECIPE
     from memrl.training.assemble import validate
 
-    tcfg = RECIPE.configs([], tmp_path / "a").tcfg
+    tcfg = load_recipe(RECIPE, [], tmp_path / "a").tcfg
     assert validate(tcfg)[1].max_context_tokens == 1024 - 96  # model.max_positions - workflow.max_turn_tokens
-    tcfg = RECIPE.configs(["workflow.max_context_tokens=800"], tmp_path / "b").tcfg
+    tcfg = load_recipe(RECIPE, ["workflow.max_context_tokens=800"], tmp_path / "b").tcfg
     assert validate(tcfg)[1].max_context_tokens == 800  # a lower cap is kept

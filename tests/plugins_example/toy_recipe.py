@@ -13,7 +13,7 @@ from memrl.eval.evaluator import evaluate_rows
 from memrl.eval.fields import Field, accuracy, tasks
 from memrl.models.tiny import ModelPreset
 from memrl.recipes.parts import engine_eval
-from memrl.recipes.pipeline import EvalSettings, Recipe, RecipeRun, SFTSettings
+from memrl.recipes.pipeline import EvalSettings, MethodSettings, Recipe, RecipeRun, SFTSettings
 from memrl.recipes.scratch import init_model
 from memrl.recipes.tables import RunTable, SweepTable
 
@@ -37,8 +37,9 @@ class ToyConfig:
 class ToyRecipe(Recipe):
     name = "toy"
     config = ToyConfig
-    seed_keys = (("seed", "demo"), ("sft.seed", "demo"), ("train.trainer.seed", "train"))
-    task_seeds = ("sft.seed",)
+    # the seeds a training seed of --seeds shifts, and those that make training tasks
+    settings = MethodSettings(seed_keys=(("seed", "demo"), ("sft.seed", "demo"), ("train.trainer.seed", "train")),
+                              task_seeds=("sft.seed",))
     # the fields of its summary over rows (memrl.eval.fields), results.md's table and the seed sweep's table
     fields = (Field("accuracy", accuracy()), Field("num_tasks", tasks()))
     table = RunTable((("accuracy (%)", "{accuracy:.1f}"),), (("SFT", "sft"), ("SFT + RL", "rl")), bucket="length")

@@ -16,6 +16,7 @@ from memrl.eval import stats
 from memrl.eval.stats import cell, stat
 from memrl.recipes import seeds as sw
 from memrl.recipes import tables as tb
+from memrl.recipes.pipeline import load_recipe
 
 # ---------------------------------------------------------------------------------------------- the plan
 
@@ -117,7 +118,7 @@ def test_memagent_heldout_tasks_do_not_depend_on_the_training_seed(tmp_path):
     base = sw.base_seeds("memagent", [])
     tasks = []
     for k in (0, 1, 7):
-        run = RECIPE.configs(["eval.num_tasks=3", *sw.seed_overrides("memagent", k, base)], tmp_path / f"s{k}")
+        run = load_recipe(RECIPE, ["eval.num_tasks=3", *sw.seed_overrides("memagent", k, base)], tmp_path / f"s{k}")
         cfg, tcfg = run.cfg, run.tcfg
         assert (cfg.seed, tcfg.trainer.seed) == (k, k)
         tasks.append({n: [(t.question, t.context, t.answers) for t in ts]

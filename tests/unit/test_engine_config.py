@@ -16,6 +16,7 @@ from memrl.engines.base import SamplingParams
 from memrl.engines.hf import HFEngine
 from memrl.engines.openai_http import OpenAIEngine
 from memrl.models.tiny import cached_tiny_model
+from memrl.recipes.pipeline import load_recipe
 
 GOLDEN = Path(__file__).parents[1] / "data" / "memagent_greedy_hf.json"
 
@@ -41,7 +42,7 @@ def test_every_engine_field_has_the_same_key_in_train_eval_and_demo():
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
-        tcfg = RECIPE.configs(ov, d).tcfg
+        tcfg = load_recipe(RECIPE, ov, d).tcfg
     assert tcfg.engine == train
 
 
@@ -55,7 +56,7 @@ def test_workflow_settings_have_one_spelling_in_train_eval_and_demo(tmp_path):
     ov = ["workflow=rememr1", "workflow.chunk_tokens=12", "workflow.max_memory_tokens=5"]
     _, tr = train_workflow(load_config(TrainConfig, ["model.path=x", *ov]))
     _, ev = eval_workflow(load_config(EvalConfig, ov))
-    run = RECIPE.configs(ov[1:], tmp_path)  # the demo preset's workflow is memagent
+    run = load_recipe(RECIPE, ov[1:], tmp_path)  # the demo preset's workflow is memagent
     spec, demo = run.spec, run.wf_cfg
     assert spec.name == "memagent" and type(tr).__name__ == "ReMemR1Config"
     assert (tr.chunk_tokens, tr.max_memory_tokens, tr.temperature) == (12, 5, 1.0)

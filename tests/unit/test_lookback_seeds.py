@@ -12,6 +12,7 @@ import pytest
 
 from memrl.config import ConfigError
 from memrl.recipes.lookback import RECIPE, LookbackConfig, streams
+from memrl.recipes.pipeline import check_task_seeds
 from memrl.recipes.seeds import cells, run_rows
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "lookback_compare.py"
@@ -99,11 +100,11 @@ def test_training_task_seeds_never_hit_the_eval_seeds():
     assert streams(LookbackConfig()) == {"rl": 1, "sft": 2}  # the old benchmark's seed 0
     assert streams(LookbackConfig(seed=2)) == {"rl": 5, "sft": 6}  # its 1 + 2k, 2 + 2k
     RECIPE.check(LookbackConfig(seed=1), [])
-    RECIPE.check_task_seeds(LookbackConfig(seed=1))
+    check_task_seeds(RECIPE, LookbackConfig(seed=1))
     bad = LookbackConfig(seed=1)
     bad.eval.seed, bad.eval.lengths = 2, [2, 4]
     with pytest.raises(ConfigError, match="the sft task seed 4 is a held-out task seed"):
-        RECIPE.check_task_seeds(bad)  # sft seed 2 + 2 = eval seed 2 + length 2
+        check_task_seeds(RECIPE, bad)  # sft seed 2 + 2 = eval seed 2 + length 2
     with pytest.raises(ConfigError, match="not overridable"):
         RECIPE.check(LookbackConfig(), ["workflow.recall=false"])
 

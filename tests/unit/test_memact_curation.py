@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from memrl.config import ConfigError
+from memrl.recipes.pipeline import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +43,7 @@ def test_bad_budget_rule_names_the_field(tmp_path):
     from memrl.recipes.memact import RECIPE
 
     with pytest.raises(ConfigError, match="budget='all' is not allowed: must be one of prune, search_only"):
-        RECIPE.configs(["budget=all"], tmp_path / "o")
+        load_recipe(RECIPE, ["budget=all"], tmp_path / "o")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def curation(tmp_path_factory):
 
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("curation")
-    run = demo.RECIPE.configs(["variant=curation", "sft.num_tasks=60", "rl_tasks=2", "eval.num_tasks=2"], out)
+    run = load_recipe(demo.RECIPE, ["variant=curation", "sft.num_tasks=60", "rl_tasks=2", "eval.num_tasks=2"], out)
     cfg, out, wf = run.cfg, run.out, (run.spec, run.wf_cfg)
     data = demo.write_data(cfg, out / "data")
     tok, _ = demo.init_model(cfg, wf[1], data.sft_tasks, out)
@@ -197,7 +198,7 @@ def test_the_arms_cold_starts_take_as_many_steps_over_as_many_tokens(curation, t
     sft = {}
     for arm in ("dcpo", "withheld"):
         ov = ["variant=curation", "sft.num_tasks=60", "sft.epochs=2", *b.ARMS[arm]]
-        sft[arm] = demo.RECIPE.configs(ov, tmp_path / arm).cfg
+        sft[arm] = load_recipe(demo.RECIPE, ov, tmp_path / arm).cfg
     assert sft["dcpo"].sft.warmup_rows() == sft["withheld"].sft.warmup_rows() == 32
     rows = {}
     for arm, offered in (("dcpo", True), ("withheld", False)):

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from memrl.recipes.pipeline import markdown
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "old_results"
 _spec = importlib.util.spec_from_file_location("migrate_results", ROOT / "scripts" / "migrate_results.py")
@@ -46,7 +48,7 @@ def test_memagent_old_layout_converts_and_renders_the_same_table():
                                                                          rec["per_task"])
     assert d4["answer_seen"] == rec["metrics"]["answer_seen"] and "seconds" not in d4 and "metrics" not in d4
     # the timings come along too, so even the "Time:" line is the old run's
-    assert RECIPE.markdown(res) == (DATA / "memagent.md").read_text(encoding="utf-8")
+    assert markdown(RECIPE, res) == (DATA / "memagent.md").read_text(encoding="utf-8")
 
 
 def test_lookback_old_layout_converts_and_renders_the_same_table():
@@ -61,7 +63,7 @@ def test_lookback_old_layout_converts_and_renders_the_same_table():
         4, 100.0, 1 / 12, 1.0)  # one recall over 12 memory steps, and it hit
     assert summary_row(res, "sft", "greedy", "4")["callback_hit_rate"] is None  # no recalls
     assert {s["policy"] for s in res["summary"]} == {"oracle", "sft", "rl", "rl_norecall"}
-    assert RECIPE.markdown(res) == (DATA / "lookback_rememr1.md").read_text(encoding="utf-8")
+    assert markdown(RECIPE, res) == (DATA / "lookback_rememr1.md").read_text(encoding="utf-8")
 
 
 def test_memact_old_layout_converts_and_renders_the_same_table():
@@ -78,7 +80,7 @@ def test_memact_old_layout_converts_and_renders_the_same_table():
     assert (cold["policy"], cold["accuracy_3q"], cold["num_tasks"]) == ("cold_start", 30.434782608695656, 40.0)
     # the old "rl" entry's six per-step metrics become RL's history, one dict per step
     assert len(res["history"]) == 2 and set(res["history"][0]) == set(src["rl"])
-    assert RECIPE.markdown(res) == (DATA / "memact.md").read_text(encoding="utf-8")
+    assert markdown(RECIPE, res) == (DATA / "memact.md").read_text(encoding="utf-8")
 
 
 def test_context_old_layout_converts_and_renders_the_same_table():
@@ -93,7 +95,7 @@ def test_context_old_layout_converts_and_renders_the_same_table():
         ("rl", "sampled")]
     assert summary_row(res, "react_unbounded", "greedy", "all")["peak_context_tokens"] == 784.0
     assert res["facts"]["cold_start"]["rows"] == 72 and len(res["history"]) == 2
-    assert RECIPE.markdown(res) == (DATA / "context_fold.md").read_text(encoding="utf-8")
+    assert markdown(RECIPE, res) == (DATA / "context_fold.md").read_text(encoding="utf-8")
 
 
 def test_mem1_old_layout_converts_in_evaluation_order_and_renders_the_same_table():
@@ -111,7 +113,7 @@ def test_mem1_old_layout_converts_in_evaluation_order_and_renders_the_same_table
                                                      for d in ("greedy", "sampled"))]
     assert summary_row(res, "sft", "sampled", "4")["peak_context_tokens"] == src["sft"]["sampled"]["4"]["peak_context_tokens"]
     assert res["facts"]["cold_start"]["summary"]["policy"] == "cold_start"
-    assert RECIPE.markdown(res) == (DATA / "mem1_mem1.md").read_text(encoding="utf-8")
+    assert markdown(RECIPE, res) == (DATA / "mem1_mem1.md").read_text(encoding="utf-8")
 
 
 def test_infmem_old_layout_converts_and_renders_the_same_table():
@@ -126,7 +128,7 @@ def test_infmem_old_layout_converts_and_renders_the_same_table():
         "rows": 24, "rows_per_task": [4, 4, 4, 4, 4, 4]}
     assert [(s["policy"], s["bucket"], s["decoding"]) for s in res["summary"]] == [
         (p, n, d) for p in ("sft", "rl") for n in ("8", "16") for d in ("greedy", "sampled")]
-    assert RECIPE.markdown(res) == (DATA / "infmem_infmem.md").read_text(encoding="utf-8")
+    assert markdown(RECIPE, res) == (DATA / "infmem_infmem.md").read_text(encoding="utf-8")
 
 
 def test_the_command_writes_the_file_and_refuses_what_it_cannot_read(tmp_path, capsys):

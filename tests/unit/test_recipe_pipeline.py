@@ -69,6 +69,23 @@ def test_eval_names_no_recipe_method():
         assert not [n for n in named if any(w in n.lower() for w in METHOD_WORDS)], (path.name, named)
 
 
+def test_the_recipe_class_holds_only_what_some_method_declares_or_overrides():
+    """Recipe is the methods' declarations and hooks, not the pipeline's machinery (module functions of
+    memrl.recipes.pipeline): every name its class body defines is set or overridden by a built-in method or the
+    guide's toy method, and the loader, results.json, results.md and the writer are not on it."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    body = next(n for n in ast.parse((ROOT / "memrl" / "recipes" / "pipeline.py").read_text(encoding="utf-8")).body
+                if isinstance(n, ast.ClassDef) and n.name == "Recipe").body
+    names = {n.name if isinstance(n, ast.FunctionDef) else n.target.id for n in body
+             if isinstance(n, ast.FunctionDef | ast.AnnAssign)}
+    methods = [get_recipe(name) for name in [*BUILTIN, "plugins_example.toy_recipe:RECIPE"]]
+    declared = {k for r in methods for c in type(r).__mro__ if c not in (Recipe, object) for k in vars(c)}
+    assert names - declared == set()
+    assert not names & {"load", "configs", "results", "markdown", "write", "heldout_seeds", "check_task_seeds"}
+
+
 def test_the_recipe_method_page_shows_the_toy_method_verbatim():
     page = (ROOT / "docs" / "guides" / "recipe_method.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
@@ -89,7 +106,7 @@ def test_the_toy_method_runs_every_stage_through_memrl_demo(tmp_path, capsys):
                  "rl/checkpoints/step_000002/model.safetensors", "results.json", "results.md"):
         assert (out / name).is_file(), name
     res = json.loads((out / "results.json").read_text())
-    # the one results layout (memrl.recipes.pipeline.Recipe.results)
+    # the one results layout (memrl.recipes.pipeline.results)
     assert list(res) == ["recipe", "method", "config", "train", "facts", "timings", "losses", "history",
                          "num_parameters", "vocab_size", "heldout_sha256", "summary"]
     assert res["recipe"] == res["method"] == "toy" and res["config"]["hidden_size"] == 32
