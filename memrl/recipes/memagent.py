@@ -12,7 +12,7 @@ the training length; greedy and sampled; memrl.eval.evaluator through memrl.reci
 `memrl.recipes.report` renders (`memagent_markdown`, `plot_memagent`: results.md and the plots).
 Between the configs and the recipe: what only MemAgent's stages need (`evaluate_lengths`, `heldout_tasks`, `demonstrator`,
 `tokenizer_strings`, `preset_model`, `evaluate_demonstrator`, `sweep_rows`); benchmarks/ and tests call them beside
-the pipeline's own (`RECIPE.configs`, `RECIPE.init`, memrl.recipes.pipeline.cold_start, parts.engine_eval).
+the pipeline's own (`pipeline.load_recipe`, `RECIPE.init`, memrl.recipes.pipeline.cold_start, parts.engine_eval).
 """
 
 from __future__ import annotations

@@ -20,12 +20,14 @@ import math
 import os
 import random
 import typing
+from functools import partial
 
 import pytest
 import torch
 from conftest import one_line
 
 from memrl.cli import main
+from memrl.recipes.pipeline import load_recipe
 
 HOSTILE = ["1e308", "-1e308", "nan", "inf", "-inf", "-1", "0", "1e-300", "100000000000000000000000", "''",
            '"\\ud800"', "[1, 2]", "{a: 1}", "abc", "true", "3.5"]
@@ -75,7 +77,7 @@ def _demo_cases(agent: str) -> list[str]:
 
 def _demo_loader(agent: str):
     """The config loader `memrl demo --agent A` runs first: (overrides, out dir) -> configs."""
-    return importlib.import_module(DEMOS[agent].split(":")[0]).RECIPE.configs
+    return partial(load_recipe, importlib.import_module(DEMOS[agent].split(":")[0]).RECIPE)
 
 
 def _cases(keys: list[str], seed: int, per: int | None = None) -> list[tuple[str, str]]:
