@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memrl.eval.fields import one, summarize
+from memrl.eval.fields import one, summary_rows
 from memrl.eval.stats import cell, recorded
 from memrl.recipes.memact import MemActRecipe
 from memrl.recipes.pipeline import RecipeRun, execute, load_recipe
@@ -130,7 +130,7 @@ class CurationArm(MemActRecipe):
             dev_tasks = make_tasks(cfg.task, cfg.eval.num_tasks, DEV_EVAL_SEED, prefix="dev")
             dev = engine_eval(evaluate_memact, run, model, model_dir, dev_tasks, cfg.eval.temperature, DEV_EVAL_SEED,
                               prune_tool=prune, policy="dev")
-            run.facts["eval_dev"] = summarize(dev, self.fields_for(cfg))
+            run.facts["eval_dev"] = summary_rows(dev, self.fields_for(cfg))
         return rows
 
     def arm_facts(self, run: RecipeRun) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 A recipe method (memrl.recipes.pipeline.Recipe) declares `fields: tuple[Field, ...]`. A `Field` is a name and a
 reducer over ONE group's rows (memrl.eval.evaluator.evaluation_rows: task_id, sample, policy, decoding, bucket,
-seed, heldout_sha256, the workflow's columns, reward, metrics). `summarize` groups every evaluation row of a
+seed, heldout_sha256, the workflow's columns, reward, metrics). `summary_rows` groups every evaluation row of a
 run by (policy, decoding, bucket), in first-seen order, and reduces each group with the fields: one summary
 row {"policy", "decoding", "bucket", <field name>: value, ...} per group (the bucket as text: "2", "all"), plus,
 with `pooled`, an "all" row per (policy, decoding) over all its buckets' rows, right after its last bucket.
@@ -55,7 +55,7 @@ class Field:
     reduce: Reducer
 
 
-def summarize(rows: Sequence[Row], fields: Sequence[Field], pooled: bool = False) -> list[dict[str, Any]]:
+def summary_rows(rows: Sequence[Row], fields: Sequence[Field], pooled: bool = False) -> list[dict[str, Any]]:
     """The summary rows of `rows` (module docstring): one per (policy, decoding, bucket) in first-seen order,
     each {"policy", "decoding", "bucket" (str), <field>: its reducer's value}; with `pooled`, a (policy,
     decoding, "all") row over all its rows after the last bucket row of each (policy, decoding) (unless its
@@ -65,7 +65,7 @@ def summarize(rows: Sequence[Row], fields: Sequence[Field], pooled: bool = False
         try:
             key = (str(r["policy"]), str(r["decoding"]), str(r["bucket"]))
         except KeyError as e:
-            raise ValueError(f"summarize: row {i} has no column {e.args[0]!r}") from None
+            raise ValueError(f"summary_rows: row {i} has no column {e.args[0]!r}") from None
         groups.setdefault(key, []).append(r)
     keys = list(groups)
     if pooled:

@@ -41,7 +41,7 @@ from memrl.config import MAX_COUNT, MAX_TOKENS, MAX_VOCAB, ConfigError, valid
 from memrl.data.synthetic import at_length, corpus_text, make_tasks
 from memrl.demonstrators.infmem import ReadingDemonstrator
 from memrl.demonstrators.stages import context_demonstrations
-from memrl.eval.fields import Field, accuracy, accuracy_se, mean, mean_of, share, summarize, tasks
+from memrl.eval.fields import Field, accuracy, accuracy_se, mean, mean_of, share, summary_rows, tasks
 from memrl.recipes.parts import (
     GRPO,
     SWEEP_METHOD,
@@ -234,7 +234,7 @@ class InfMemRecipe(ArmRecipe):
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> Any:
         print("SFT, held-out:" if policy == "sft" else "SFT+RL, held-out:")
         rows = engine_eval(evaluate_by_bucket, run, model, model_dir, run.extra["heldout"], policy=policy)
-        summary = summarize(rows, self.fields)
+        summary = summary_rows(rows, self.fields)
         for length in run.extra["heldout"]:
             print(f"  {length} chunks: " + ", ".join(f"{s['decoding']} {s['accuracy']:.1f} ± {s['accuracy_se']:.1f}%, "
                                                      f"{s['model_calls']:.1f} calls" for s in summary

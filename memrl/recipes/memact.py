@@ -46,7 +46,7 @@ from memrl.config import (
 from memrl.data.synthetic_memact import tokenizer_text
 from memrl.demonstrators.memact import answer_reply, prune_reply, search_reply
 from memrl.demonstrators.stages import calibrate_budget, calibrate_search_only_budget, memact_demonstrations
-from memrl.eval.fields import Field, accuracy, accuracy_se, maximum, mean, mean_where, summarize
+from memrl.eval.fields import Field, accuracy, accuracy_se, maximum, mean, mean_where, summary_rows
 from memrl.recipes.parts import (
     BUDGET_NOTE,
     SWEEP_BUDGET,
@@ -273,7 +273,7 @@ class MemActRecipe(SplitRecipe):
     def evaluate(self, run: RecipeRun, policy: str, model: Any, model_dir: str | Path) -> list[dict[str, Any]]:
         rows = engine_eval(evaluate_memact, run, model, model_dir, run.extra["data"].eval_tasks,
                            prune_tool=run.wf_cfg.prune_tool, policy=policy)
-        print_memact_eval("SFT" if policy == "sft" else "SFT+DCPO", summarize(rows, self.fields_for(run.cfg)))
+        print_memact_eval("SFT" if policy == "sft" else "SFT+DCPO", summary_rows(rows, self.fields_for(run.cfg)))
         return rows
 
     def plot(self, results: dict[str, Any], out: Path) -> None:

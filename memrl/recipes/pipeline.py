@@ -38,7 +38,7 @@ from memrl.config import (
     valid,
 )
 from memrl.eval.evaluator import evaluation_rows
-from memrl.eval.fields import POOLED, Field, summarize
+from memrl.eval.fields import POOLED, Field, summary_rows
 from memrl.locks import locked_dir
 from memrl.models.tiny import ModelPreset
 from memrl.plugins import is_import_path, load_object
@@ -168,7 +168,7 @@ class RecipeRun:
     """The method's own run facts (budget, streams, lengths, calibrations ...): results.json's "facts"."""
     rows: list[dict[str, Any]] = field(default_factory=list)
     """Every evaluation row of the run (memrl.eval.evaluator.evaluation_rows), in the order made: results.json's
-    "summary" is their group-by (memrl.eval.fields.summarize)."""
+    "summary" is their group-by (memrl.eval.fields.summary_rows)."""
     reused: bool = False
     """The cold start (warm-up, SFT and its evaluation) comes from another run: `init` filled them in."""
     timings: dict[str, float] = field(default_factory=dict)
@@ -234,7 +234,7 @@ class MethodSettings:
     outputs: tuple[str, ...] = ("results.md", "results.json")
     """The files `write` makes in the output directory (printed when the run ends)."""
     pooled: bool = False
-    """Whether the summary also has a pooled "all" bucket per (policy, decoding) (memrl.eval.fields.summarize)."""
+    """Whether the summary also has a pooled "all" bucket per (policy, decoding) (memrl.eval.fields.summary_rows)."""
     train_keys: tuple[str, ...] = ("workflow", "algorithm.name")
     """The RL config's entries results.json's "train" holds (dotted paths, nested there as in the config:
     "trainer.steps" -> {"trainer": {"steps": ...}}; a dataclass as its dict)."""
@@ -407,7 +407,7 @@ def play_demonstrations(recipe: Recipe, run: RecipeRun,
     `settings.demo_format` (and the workflow's name where `settings.demo_names_workflow`)."""
     groups = recipe.play(run)
     trajs = [g.trajectories[0] for g in groups]
-    summary = summarize(evaluation_rows(groups, policy="cold_start", bucket=POOLED), recipe.fields_for(run.cfg))[0]
+    summary = summary_rows(evaluation_rows(groups, policy="cold_start", bucket=POOLED), recipe.fields_for(run.cfg))[0]
     rows = [s for t in trajs for s in t.segments]
     decl = recipe.settings
     name = f"{run.spec.name} " if decl.demo_names_workflow else ""
@@ -427,7 +427,7 @@ def results(recipe: Recipe, run: RecipeRun) -> dict[str, Any]:
     "config": the demo config as a dict, "train": the RL config's `settings.train_keys`, "facts": run.facts,
     "timings", "losses": {"sft", "copy_warmup"}, "history": RL's per-step metrics, "num_parameters",
     "vocab_size", "heldout_sha256": the distinct held-out digests the rows carry, "summary": the rows
-    grouped by (policy, decoding, bucket) and reduced by `fields` (memrl.eval.fields.summarize)}."""
+    grouped by (policy, decoding, bucket) and reduced by `fields` (memrl.eval.fields.summary_rows)}."""
     cfg, tcfg = run.cfg, run.tcfg
     return {
         "recipe": recipe.name, "method": getattr(cfg, "method", recipe.name), "config": _plain(cfg),
@@ -436,7 +436,7 @@ def results(recipe: Recipe, run: RecipeRun) -> dict[str, Any]:
         "history": run.history, "num_parameters": run.num_parameters,
         "vocab_size": len(run.tokenizer) if run.tokenizer is not None else 0,
         "heldout_sha256": list(dict.fromkeys(r["heldout_sha256"] for r in run.rows if r.get("heldout_sha256"))),
-        "summary": summarize(run.rows, recipe.fields_for(cfg), recipe.settings.pooled)}
+        "summary": summary_rows(run.rows, recipe.fields_for(cfg), recipe.settings.pooled)}
 
 
 def markdown(recipe: Recipe, results: dict[str, Any]) -> str:

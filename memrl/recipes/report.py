@@ -190,7 +190,7 @@ def plot_memagent(results: dict[str, Any], out: Path) -> None:
 
 
 def print_memact_eval(name: str, summary: list[dict[str, Any]]) -> None:
-    """The line of one policy's held-out evaluation (its summary rows: memrl.eval.fields.summarize)."""
+    """The line of one policy's held-out evaluation (its summary rows: memrl.eval.fields.summary_rows)."""
     g, s = (one(summary, decoding=d) for d in ("greedy", "sampled"))
     print(f"{name} held-out: greedy {g['accuracy']:.1f}% (+-{g['accuracy_se']:.1f}), sampled {s['accuracy']:.1f}% "
           f"(+-{s['accuracy_se']:.1f}); greedy prunes/task {g['prunes_per_task']:.2f}, overflow {g['overflow']:.1f}%")

@@ -30,7 +30,7 @@ empty directory. Writes ROOT/seeds_results.md (printed; the method's `sweep` tab
 ROOT/seeds_results.json: per capability, `cells` (decoding -> bucket -> "<policy>_<field>" and
 "gain_<field>"): mean +- sd over the finished seeds (sd with ddof 1; "n/a" for one seed) of the sweep table's
 fields for SFT, SFT+RL and their per-seed gain, read from the runs' summary rows (results.json's "summary",
-memrl.eval.fields.summarize): the runs' long rows (`run_rows`: run, seed, policy, decoding, bucket, field,
+memrl.eval.fields.summary_rows): the runs' long rows (`run_rows`: run, seed, policy, decoding, bucket, field,
 value) grouped by (policy, decoding, bucket, field) and reduced with memrl.eval.stats.stat (`cells`; the
 benchmarks group their own rows the same way).
 """
@@ -380,7 +380,7 @@ def reported_of(runs: list[Run]) -> set[str]:
 def run_rows(recipe: Recipe, done: list[tuple[Path, dict[str, Any]]],
              fields: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
     """The runs' long rows {"run", "seed", "policy", "decoding", "bucket", "field", "value"} from their
-    results.json summary rows (memrl.eval.fields.summarize): per run (its out dir; seed: the dir's name), per
+    results.json summary rows (memrl.eval.fields.summary_rows): per run (its out dir; seed: the dir's name), per
     decoding (greedy, sampled) and bucket of its sft rows, for each of `fields` (the sweep table's by default):
     sft, rl and "gain" (the run's rl - sft of the same decoding and bucket), then the other policies the sweep
     table names where the run has them; a None value (a rate over no events) gives no row, nor a gain. Fails

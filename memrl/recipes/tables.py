@@ -2,7 +2,7 @@
 `GridTable`) and its seed sweep's table (`SweepTable`, or any `Sweep`), and the code here renders them for every
 method (memrl.recipes.pipeline.markdown; memrl.recipes.seeds renders the `sweep`).
 
-results.md reads results.json's "summary" (memrl.eval.fields.summarize: one row {"policy", "decoding",
+results.md reads results.json's "summary" (memrl.eval.fields.summary_rows: one row {"policy", "decoding",
 "bucket", <field>: value, ...} per group of evaluation rows); a column names a field (a format template over the
 summary row, "{peak_context_tokens:.0f}", or a function of it, `mean_se`). Titles and notes are templates over
 results.json, its "facts" entries by their own name, and the table's computed `values`.

@@ -129,13 +129,13 @@ def test_memact_numbers_unchanged(memact):
     from memrl.demonstrators.memact import MemActDemonstrator
     from memrl.demonstrators.stages import calibrate_budget, memact_demonstrations
     from memrl.eval.evaluator import evaluation_rows
-    from memrl.eval.fields import summarize
+    from memrl.eval.fields import summary_rows
     from memrl.recipes.memact import fields_for
     from memrl.recipes.pipeline import RecipeRun
     from memrl.workflows import get_workflow
 
     def memact_summary(rows):  # the demo's summary of one (policy, decoding, bucket) group, without its labels
-        (s,) = summarize(rows, fields_for(cfg.task.sub_questions))
+        (s,) = summary_rows(rows, fields_for(cfg.task.sub_questions))
         return {k: v for k, v in s.items() if k not in ("policy", "decoding", "bucket")}
 
     mc, cfg, tcfg, out, wf, data, tok, model = memact

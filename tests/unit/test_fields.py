@@ -8,7 +8,7 @@ import math
 import pytest
 
 from memrl.eval import fields as F
-from memrl.eval.fields import Field, summarize
+from memrl.eval.fields import Field, summary_rows
 
 
 def row(task: str, reward: float, policy: str = "sft", decoding: str = "greedy", bucket: object = 2,
@@ -21,7 +21,7 @@ def test_summarize_groups_in_first_seen_order_and_pools_per_bucket_tasks():
     rows = [row("a", 1.0, bucket=2, q=2), row("b", 0.0, bucket=2, q=3), row("a", 1.0, decoding="sampled", bucket=2),
             row("a", 0.0, bucket=4, q=2), row("b", 0.0, bucket=4, q=2), row("c", 1.0, policy="rl", bucket=2)]
     fs = (Field("accuracy", F.accuracy()), Field("tasks", F.tasks()), Field("q2", F.mean_where("q", 2)))
-    got = summarize(rows, fs, pooled=True)
+    got = summary_rows(rows, fs, pooled=True)
     # each pooled row right after the last bucket of its policy and decoding
     assert [(s["policy"], s["decoding"], s["bucket"]) for s in got] == [
         ("sft", "greedy", "2"), ("sft", "sampled", "2"), ("sft", "sampled", "all"), ("sft", "greedy", "4"),
@@ -32,8 +32,8 @@ def test_summarize_groups_in_first_seen_order_and_pools_per_bucket_tasks():
     assert by["sft", "greedy", "4"]["q2"] == 0.0 and by["sft", "sampled", "2"]["q2"] is None  # no row with q = 2
     # pooled: task "a" of length 2 and task "a" of length 4 are two tasks (1, 0, 0, 0 -> 25%, 4 tasks)
     assert (by["sft", "greedy", "all"]["accuracy"], by["sft", "greedy", "all"]["tasks"]) == (25.0, 4)
-    with pytest.raises(ValueError, match=r"^summarize: row 1 has no column 'bucket'$"):
-        summarize([row("a", 1.0), {"policy": "sft", "decoding": "greedy"}], fs)
+    with pytest.raises(ValueError, match=r"^summary_rows: row 1 has no column 'bucket'$"):
+        summary_rows([row("a", 1.0), {"policy": "sft", "decoding": "greedy"}], fs)
 
 
 def test_reducers_by_hand():
