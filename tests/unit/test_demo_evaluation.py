@@ -151,20 +151,20 @@ def test_one_task_records_se_0_and_row_means_are_exact():
 
 
 def test_summaries_need_one_trajectory_per_task():
-    from memrl.eval.fields import summarize
+    from memrl.eval.fields import summary_rows
     from memrl.recipes import context, mem1, memact
     from memrl.types import Task
 
     rows = evaluate_rows(EngineRollout(None, _draw_spec()), MemAgentConfig(), [Task("t", "q", "c", ["a"])], 2, 1.0)
     for who, fields in (("memact", memact.FIELDS), ("context", context.FIELDS), ("mem1", mem1.FIELDS)):
         with pytest.raises(ValueError, match=f"{who}: 2 rows for 1 tasks; one trajectory per task"):
-            summarize(rows, fields)
+            summary_rows(rows, fields)
 
 
 def test_reading_summary_scores_the_exact_match_outcome():
     """InfMem's reward mixes in early-stop and format terms: its accuracy is the outcome term (infmem_outcome);
     MemAgent's reward is the outcome. By hand over three tasks, one row each."""
-    from memrl.eval.fields import summarize
+    from memrl.eval.fields import summary_rows
     from memrl.recipes.infmem import FIELDS
 
     rows = [
@@ -174,7 +174,7 @@ def test_reading_summary_scores_the_exact_match_outcome():
                                                     "num_chunks": 4.0, "stopped": 0.0, "stop_step": 4.0}},
         {"task_id": "c", "reward": 1.0, "metrics": {"model_calls": 5.0, "memory_steps": 4.0, "num_chunks": 4.0}},
     ]
-    (s,) = summarize([{**r, "policy": "rl", "decoding": "greedy", "bucket": 4} for r in rows], FIELDS)
+    (s,) = summary_rows([{**r, "policy": "rl", "decoding": "greedy", "bucket": 4} for r in rows], FIELDS)
     assert (s["policy"], s["decoding"], s["bucket"]) == ("rl", "greedy", "4")
     # outcomes 0, 1, 1: mean 2/3, sample sd sqrt(1/3), SE sqrt(1/3 / 3) = 1/3
     assert s["accuracy"] == pytest.approx(200 / 3) and s["accuracy_se"] == pytest.approx(100 / 3)
@@ -186,7 +186,7 @@ def test_memact_accuracy_per_question_count_follows_the_tasks_counts():
     """MemAct's summary has one accuracy per question count its config draws (memrl.recipes.memact.fields_for):
     the mean reward of the rows with that many sub-questions, None where no row has it. By hand: rewards 1, 0
     at 2 questions, 1 at 3."""
-    from memrl.eval.fields import summarize
+    from memrl.eval.fields import summary_rows
     from memrl.recipes.memact import FIELDS, fields_for
 
     rows = [{"task_id": t, "policy": "sft", "decoding": "greedy", "bucket": "all", "reward": rew,
@@ -194,7 +194,7 @@ def test_memact_accuracy_per_question_count_follows_the_tasks_counts():
             for t, rew, q in (("a", 1.0, 2.0), ("b", 0.0, 2.0), ("c", 1.0, 3.0))]
     assert [f.name for f in fields_for([3, 2, 5])] == [f.name for f in FIELDS] + ["accuracy_2q", "accuracy_3q",
                                                                                   "accuracy_5q"]
-    (s,) = summarize(rows, fields_for([3, 2, 5]))
+    (s,) = summary_rows(rows, fields_for([3, 2, 5]))
     assert (s["accuracy_2q"], s["accuracy_3q"], s["accuracy_5q"]) == (50.0, 100.0, None)
     # 2 of 3 right: 66.7%, binomial SE sqrt(p (1 - p) / 3); the largest peak, the mean one
     assert s["accuracy"] == pytest.approx(200 / 3) and s["accuracy_se"] == pytest.approx(100 * (2 / 27) ** 0.5)
@@ -246,7 +246,7 @@ def test_one_bucket_evaluations_label_their_rows_all(tmp_path, method):
     """MemAct's and the context family's held-out evaluations have one bucket (no lengths): their rows say
     "all" (memrl.eval.evaluator.ROW_COLUMNS), the name the tables give a single or pooled bucket
     (memrl.recipes.tables.nested, the look-back demo's pooled summary), not 0, which reads as a length."""
-    from memrl.eval.fields import summarize
+    from memrl.eval.fields import summary_rows
     from memrl.recipes.context import FIELDS as context_fields
     from memrl.recipes.memact import FIELDS as memact_fields
     from memrl.recipes.summaries import evaluate_context, evaluate_memact
@@ -270,6 +270,6 @@ def test_one_bucket_evaluations_label_their_rows_all(tmp_path, method):
     assert [(r["task_id"], r["policy"], r["decoding"], r["bucket"], r["seed"]) for r in rows] == [
         ("t0", "rl", "greedy", "all", 9), ("t1", "rl", "greedy", "all", 9),
         ("t0", "rl", "sampled", "all", 9), ("t1", "rl", "sampled", "all", 9)]
-    summary = summarize(res, FIELDS)
+    summary = summary_rows(res, FIELDS)
     assert [(s["decoding"], s["bucket"], s["num_tasks"], s["peak_context_tokens"]) for s in summary] == [
         ("greedy", "all", 2.0, 7.0), ("sampled", "all", 2.0, 7.0)]
